@@ -1,0 +1,37 @@
+# Every target sets itself up on a fresh machine: Debian packages (ffmpeg), a virtualenv and
+# the Python packages. torch is pinned to the CPU build before anything that depends on it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps demo test bench lint clean
+
+setup: $(STAMP)
+
+system-deps:
+	@if ! command -v ffmpeg >/dev/null || ! command -v ffprobe >/dev/null || ! command -v tar >/dev/null; then \
+	  echo "installing Debian packages: ffmpeg tar"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends ffmpeg tar >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml Makefile | system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[pipelines,ray,dev]'
+	touch $@
+
+demo: setup system-deps
+	$(BIN)/python -m tests.tools.demo
+
+test: setup system-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup system-deps
+	$(BIN)/python -m tests.benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) demo-out bench-out .pytest_cache

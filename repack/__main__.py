@@ -1,0 +1,3 @@
+from repack.cli import main
+
+main()

@@ -1,0 +1,110 @@
+"""Typed, frozen option objects for jobs, and validation of option values."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from repack.errors import UsageError
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+               "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str | int | None) -> int | None:
+    """Parse '512MB', '1GiB', '100000' into bytes; None stays None."""
+    if text is None or isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not match or match.group(2).upper() not in _SIZE_UNITS:
+        raise UsageError(f"bad size {text!r}: use a number with an optional unit, e.g. 512MB or 1GiB")
+    value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+    if value <= 0:
+        raise UsageError(f"bad size {text!r}: must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How a job runs; none of this changes its output."""
+
+    workers: int | None = None
+    executor: str = "local"
+    ray_address: str | None = None
+    retries: int = 2
+    num_nodes: int = 1
+    node_rank: int = 0
+    overwrite: bool = False
+    strict: bool = False
+    quiet: bool = False
+    json_summary: bool = False
+    command: str = ""
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise UsageError(f"--workers must be at least 1, got {self.workers}")
+        if self.num_nodes < 1 or not 0 <= self.node_rank < self.num_nodes:
+            raise UsageError(f"--node-rank must be in [0, {self.num_nodes}), got {self.node_rank}")
+        if self.retries < 0:
+            raise UsageError("--retries must be >= 0")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Base of every modality's spec: what determines the output, and nothing else."""
+
+    source: str
+    out: str
+
+    def options(self) -> dict[str, Any]:
+        """The output-determining options, as canonical JSON-able data (OUT excluded)."""
+        data = dataclasses.asdict(self)
+        data.pop("out")
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str):
+        data = json.loads(text)
+        for f in dataclasses.fields(cls):
+            if isinstance(data.get(f.name), list):
+                data[f.name] = tuple(data[f.name])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ImagesSpec(JobSpec):
+    """Options of `repack images`."""
+
+    to: str = "webdataset"
+    list_file: bool = False
+    shard_size: int | None = None
+    shard_bytes: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    verify: str = "decode"
+    follow_symlinks: bool = True
+    normalize: bool = False
+    quality: int = 90
+    max_side: int | None = None
+    dedup: bool = False
+    max_pixels: int = 178_956_970
+
+    def __post_init__(self) -> None:
+        if self.verify not in ("decode", "header", "none"):
+            raise UsageError(f"--verify must be decode, header or none, got {self.verify!r}")
+        if self.shard_size is not None and self.shard_size < 1:
+            raise UsageError(f"--shard-size must be at least 1, got {self.shard_size}")
+        if not 1 <= self.quality <= 100:
+            raise UsageError(f"--quality must be in 1..100, got {self.quality}")
+        if self.max_side is not None and self.max_side < 16:
+            raise UsageError(f"--max-side must be at least 16, got {self.max_side}")
+
+
+DEFAULT_SHARD_BYTES = 512 * 10**6
+DEFAULT_SHARD_SIZE = 10_000

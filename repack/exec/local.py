@@ -1,0 +1,63 @@
+"""The default executor: a local process pool sized to the usable CPUs.
+
+Only JSON strings cross the process boundary (the pool's own transport aside, no object
+of the data path is pickled). A single task, or ``workers=1``, runs in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Iterator
+
+from repack.exec.base import TaskFailure
+from repack.exec.cpus import available_cpus
+
+
+def _call(call: tuple[str, str, str, str]) -> str:
+    from repack.jobs.engine import execute_task
+
+    return execute_task(*call)
+
+
+class LocalExecutor:
+    """Process-pool executor with per-task retries."""
+
+    def __init__(self, workers: int | None = None, retries: int = 2, **_ignored) -> None:
+        self.workers = workers or available_cpus()
+        self.retries = retries
+
+    def run(self, calls: list[tuple[str, str, str, str]], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
+        if not calls:
+            return
+        if self.workers == 1 or len(calls) == 1:
+            for call, task_id in zip(calls, task_ids):
+                yield self._run_inline(call, task_id)
+            return
+        ctx = multiprocessing.get_context("forkserver")
+        with ProcessPoolExecutor(max_workers=min(self.workers, len(calls)), mp_context=ctx) as pool:
+            attempts = {i: 0 for i in range(len(calls))}
+            pending = {pool.submit(_call, calls[i]): i for i in range(len(calls))}
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i = pending.pop(future)
+                    try:
+                        yield json.loads(future.result())
+                    except Exception as exc:  # noqa: BLE001 - a task failure is a value
+                        attempts[i] += 1
+                        if attempts[i] <= self.retries:
+                            pending[pool.submit(_call, calls[i])] = i
+                        else:
+                            yield TaskFailure(task_ids[i], f"{type(exc).__name__}: {exc}")
+
+    def _run_inline(self, call, task_id) -> dict | TaskFailure:
+        error = ""
+        for _ in range(self.retries + 1):
+            try:
+                return json.loads(_call(call))
+            except Exception as exc:  # noqa: BLE001
+                error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+        return TaskFailure(task_id, error)

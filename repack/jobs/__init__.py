@@ -1,0 +1,6 @@
+"""Jobs: one module per modality (plan -> tasks, run_task -> record, finalize -> manifest),
+and the engine that runs any of them."""
+
+JOBS: dict[str, str] = {
+    "images": "repack.jobs.images:ImagesJob",
+}

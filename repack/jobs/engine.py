@@ -1,0 +1,272 @@
+"""The job engine shared by every modality.
+
+State lives under ``OUT/.repack/``::
+
+  job.json           job name, spec, options fingerprint, plan digest (refuses changed options)
+  plan.json          the planned tasks (read by `repack merge`)
+  tasks/<id>.json    one record per finished task, written atomically after its outputs
+  lock[-<part>]      flock held while a run (or partition) is alive
+
+A run plans, skips tasks whose record and outputs check out, runs the rest on an executor,
+and writes ``manifest.json`` last and atomically. kill -9 at any point, re-run, and the
+result equals an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from repack import __version__
+from repack.config import EngineOptions, JobSpec
+from repack.errors import IncompleteJobError, JobLockedError, RepackError, StrictModeError, UsageError
+from repack.exec import TaskFailure, available_cpus, get_executor
+from repack.jobs import JOBS
+from repack.jobs.base import Job, Plan, Task
+from repack.manifest import MANIFEST_NAME, atomic_write_json, dumps_canonical, write_manifest
+
+STATE_DIR = ".repack"
+
+
+def load_job(name: str, spec_json: str) -> Job:
+    """Instantiate the registered job ``name`` from its spec's JSON."""
+    module_name, _, cls_name = JOBS[name].partition(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls(cls.spec_type.from_json(spec_json))
+
+
+def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str) -> str:
+    """Run one task anywhere (pool worker, Ray worker, static partition) and persist its record."""
+    job = load_job(job_name, spec_json)
+    task = Task.from_json(json.loads(task_json))
+    started = time.perf_counter()
+    record = job.run_task(task)
+    record.update(task_id=task.task_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
+    atomic_write_json(state_dir(job.out) / "tasks" / f"{task.task_id}.json", record)
+    return json.dumps(record)
+
+
+def state_dir(out: Path) -> Path:
+    return Path(out) / STATE_DIR
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run did: the manifest (None for a partition), and counts for the summary."""
+
+    manifest: dict | None
+    ran: int
+    skipped: int
+    seconds: float
+    nothing_to_do: bool = False
+
+
+class JobLock:
+    """An exclusive, non-blocking flock on OUT/.repack/lock[-part]; refuses a second live run."""
+
+    def __init__(self, out: Path, part: str = "") -> None:
+        self.path = state_dir(out) / (f"lock-{part}" if part else "lock")
+        self.fd: int | None = None
+
+    def __enter__(self) -> "JobLock":
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
+            raise JobLockedError(f"another repack process (pid {holder}) is already running this job on "
+                                 f"{self.path.parent.parent}; wait for it or stop it first") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def prepare_out(out: Path) -> None:
+    """Create OUT and its state folder, failing fast when it is not writable."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"output {str(out)!r} exists and is not a folder")
+    try:
+        (state_dir(out) / "tasks").mkdir(parents=True, exist_ok=True)
+        probe = state_dir(out) / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"output {str(out)!r} is not writable: {exc.strerror}") from None
+
+
+def options_fingerprint(job: Job) -> str:
+    return hashlib.sha256(dumps_canonical({"job": job.name, "options": job.spec.options()})).hexdigest()
+
+
+class Engine:
+    """Runs one job: plan, resume, execute, finalize."""
+
+    def __init__(self, job: Job, options: EngineOptions) -> None:
+        self.job = job
+        self.options = options
+        self.out = job.out
+
+    # -- state ---------------------------------------------------------------------------
+    def _check_state(self, plan: Plan) -> None:
+        job_file = state_dir(self.out) / "job.json"
+        state = {"job": self.job.name, "spec": json.loads(self.job.spec.to_json()), "tool_version": __version__,
+                 "options_sha256": options_fingerprint(self.job), "plan_digest": plan.digest(),
+                 "num_tasks": len(plan.tasks)}
+        if job_file.exists():
+            old = json.loads(job_file.read_text())
+            if old.get("options_sha256") != state["options_sha256"]:
+                raise UsageError(f"{self.out} holds a job run with other options ({old.get('job')}: "
+                                 f"{json.dumps(old.get('spec'), sort_keys=True)}); use --overwrite to replace it")
+            if old.get("plan_digest") != state["plan_digest"]:
+                raise UsageError(f"the source changed since {self.out} was started (the planned tasks differ); "
+                                 "use --overwrite to start over")
+        else:
+            atomic_write_json(state_dir(self.out) / "plan.json", plan.to_json())
+            atomic_write_json(job_file, state)
+
+    def _wipe(self) -> None:
+        """--overwrite: remove what an earlier job wrote (files its records and manifest name)."""
+        tasks_dir = state_dir(self.out) / "tasks"
+        names: set[str] = set()
+        for record_file in tasks_dir.glob("*.json") if tasks_dir.exists() else ():
+            try:
+                names.update(o["path"] for o in json.loads(record_file.read_text()).get("outputs", []))
+            except (ValueError, KeyError, TypeError):
+                continue
+        for rel in names | {MANIFEST_NAME}:
+            target = self.out / rel
+            if target.resolve().is_relative_to(self.out.resolve()) and target.is_file():
+                target.unlink()
+        shutil.rmtree(state_dir(self.out), ignore_errors=True)
+
+    def _clean_temps(self, task_ids: set[str]) -> None:
+        """Remove temp files left by a killed run of these tasks (we hold their lock)."""
+        for path in self.out.rglob(".*.tmp*"):
+            if any(tid in path.name for tid in task_ids) and path.is_file():
+                path.unlink(missing_ok=True)
+
+    def load_record(self, task: Task, plan_digest: str) -> dict | None:
+        """A finished task's record, if it belongs to this plan and its outputs are intact."""
+        path = state_dir(self.out) / "tasks" / f"{task.task_id}.json"
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if record.get("plan_digest") != plan_digest or not self.job.outputs_intact(record):
+            return None
+        return record
+
+    # -- run -----------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        started = time.time()
+        self.job.check()
+        opts = self.options
+        if opts.overwrite and opts.num_nodes > 1:
+            raise UsageError("--overwrite cannot be combined with --num-nodes; clear OUT once, then start the nodes")
+        prepare_out(self.out)
+        part = f"{opts.node_rank}-of-{opts.num_nodes}" if opts.num_nodes > 1 else ""
+        with JobLock(self.out, part):
+            if opts.overwrite:
+                self._wipe()
+                prepare_out(self.out)
+            plan = self.job.plan()
+            if not plan.tasks and not plan.quarantine:
+                raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
+            self._check_state(plan)
+            digest = plan.digest()
+            mine = [t for i, t in enumerate(plan.tasks) if i % opts.num_nodes == opts.node_rank]
+            records = {t.task_id: self.load_record(t, digest) for t in mine}
+            todo = [t for t in mine if records[t.task_id] is None]
+            manifest_path = self.out / MANIFEST_NAME
+            if not todo and opts.num_nodes == 1 and manifest_path.exists():
+                manifest = json.loads(manifest_path.read_text())
+                return RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
+            if todo:
+                manifest_path.unlink(missing_ok=True)
+            self._clean_temps({t.task_id for t in todo})
+            failures = self._execute(todo, digest, records)
+            if failures:
+                lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
+                                  for f in failures)
+                raise IncompleteJobError(f"{len(failures)} task(s) failed; finished shards are kept and a "
+                                         f"re-run resumes:\n{lines}")
+            if opts.num_nodes > 1:
+                return RunResult(None, len(todo), len(mine) - len(todo), time.time() - started)
+            manifest = self.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
+            result = RunResult(manifest, len(todo), len(mine) - len(todo), time.time() - started)
+        if opts.strict and manifest["totals"].get("quarantined"):
+            raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
+                                  f"(see {manifest_path})")
+        return result
+
+    def _execute(self, todo: list[Task], digest: str, records: dict) -> list[TaskFailure]:
+        from tqdm import tqdm
+
+        if not todo:
+            return []
+        opts = self.options
+        workers = opts.workers or available_cpus()
+        executor = get_executor(opts.executor, workers=workers, retries=opts.retries, address=opts.ray_address)
+        spec_json = self.job.spec.to_json()
+        calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest) for t in todo]
+        units = {t.task_id: self.job.task_units(t) for t in todo}
+        failures: list[TaskFailure] = []
+        bar = tqdm(total=sum(units.values()), unit=self.job.progress_unit, unit_scale=True, file=sys.stderr,
+                   disable=opts.quiet or None, desc=f"repack {self.job.name}", dynamic_ncols=True)
+        with bar:
+            for item in executor.run(calls, [t.task_id for t in todo]):
+                if isinstance(item, TaskFailure):
+                    failures.append(item)
+                    bar.update(units[item.task_id])
+                    continue
+                records[item["task_id"]] = item
+                bar.update(units[item["task_id"]])
+        return failures
+
+    def finalize(self, plan: Plan, records: list[dict], started: float) -> dict:
+        """Build and atomically write the manifest from all task records."""
+        body = self.job.finalize(plan, records)
+        body.update(schema="repack.manifest", version=1, modality=self.job.name)
+        body["created_by"] = {"tool": "repack", "version": __version__, "options": self.job.spec.options()}
+        body["run"] = {"command": self.options.command, "executor": self.options.executor,
+                       "workers": self.options.workers or available_cpus(),
+                       "finished_unix": int(time.time()), "seconds": round(time.time() - started, 3),
+                       "task_seconds": round(sum(r.get("seconds", 0.0) for r in records), 3),
+                       **body.pop("run_stats", {})}
+        write_manifest(self.out, body)
+        return body
+
+
+def merge(out: Path, options: EngineOptions) -> RunResult:
+    """`repack merge`: check every planned task finished (all partitions) and write the manifest."""
+    started = time.time()
+    job_file = state_dir(out) / "job.json"
+    if not job_file.exists():
+        raise UsageError(f"{out} holds no repack job state (.repack/job.json)")
+    state = json.loads(job_file.read_text())
+    job = load_job(state["job"], json.dumps(state["spec"]))
+    plan = Plan.from_json(json.loads((state_dir(out) / "plan.json").read_text()))
+    if plan.digest() != state["plan_digest"]:
+        raise RepackError(f"{out}: plan.json does not match job.json (plan digest differs)")
+    engine = Engine(job, options)
+    with JobLock(out, "merge"):
+        records = {t.task_id: engine.load_record(t, state["plan_digest"]) for t in plan.tasks}
+        missing = [tid for tid, rec in records.items() if rec is None]
+        if missing:
+            shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
+            raise IncompleteJobError(f"{len(missing)} of {len(plan.tasks)} task(s) are missing or damaged: {shown}")
+        manifest = engine.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
+    return RunResult(manifest, 0, len(plan.tasks), time.time() - started)

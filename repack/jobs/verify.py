@@ -1,0 +1,74 @@
+"""`repack verify` and `repack inspect`: check a dataset against its manifest; summarize it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from repack.manifest import ManifestError, read_manifest
+from repack.manifest.paths import PathEscapeError
+from repack.sinks import SINKS, get_sink
+
+
+def verify_dataset(root: str | Path) -> list[str]:
+    """Every problem found (empty list = the dataset matches its manifest)."""
+    problems: list[str] = []
+
+    def check(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    try:
+        manifest = read_manifest(root)
+    except ManifestError as exc:
+        return [str(exc)]
+    if manifest.format not in SINKS:
+        return [f"unknown format {manifest.format!r} in manifest"]
+    sink = get_sink(manifest.format)
+    for shard in manifest.data["shards"]:
+        try:
+            manifest.path(shard["path"])
+        except PathEscapeError as exc:
+            problems.append(str(exc))
+            continue
+        sink.verify_shard(manifest.root, shard, check)
+    totals = manifest.totals
+    check(totals.get("samples") == manifest.num_samples,
+          f"totals.samples {totals.get('samples')} != sum over shards {manifest.num_samples}")
+    check(totals.get("quarantined") == len(manifest.quarantine),
+          f"totals.quarantined {totals.get('quarantined')} != {len(manifest.quarantine)} quarantine records")
+    return problems
+
+
+def inspect_lines(root: str | Path) -> list[str]:
+    """A short human summary of a dataset."""
+    manifest = read_manifest(root)
+    data = manifest.data
+    shards = data["shards"]
+    sizes = sorted(s["bytes"] for s in shards)
+    lines = [f"{manifest.root}: {data['modality']} / {data['format']}, manifest v{data['version']} "
+             f"(repack {data.get('created_by', {}).get('version', '?')})",
+             f"samples {manifest.num_samples} in {len(shards)} shard(s), {sum(sizes) / 1e6:.1f} MB"]
+    if sizes:
+        lines.append(f"shard bytes: min {sizes[0] / 1e6:.1f} MB, median {sizes[len(sizes) // 2] / 1e6:.1f} MB, "
+                     f"max {sizes[-1] / 1e6:.1f} MB")
+    if data.get("fields"):
+        lines.append("fields: " + ", ".join(f"{k} ({v})" for k, v in data["fields"].items()))
+    classes = manifest.classes
+    if classes:
+        shown = ", ".join(f"{name}={idx}" for name, idx in list(classes.items())[:20])
+        lines.append(f"classes ({len(classes)}): {shown}{' ...' if len(classes) > 20 else ''}")
+    reasons: dict[str, int] = {}
+    for q in manifest.quarantine:
+        reasons[q["reason"]] = reasons.get(q["reason"], 0) + 1
+    lines.append(f"quarantined: {len(manifest.quarantine)}")
+    lines += [f"  {n} x {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:15]]
+    timing = data.get("run", {}).get("timing", {})
+    for name in ("read_ms", "check_ms"):
+        if timing.get(name):
+            t = timing[name]
+            lines.append(f"{name[:-3]} time per sample (ms): p50 {t['p50']} p90 {t['p90']} p99 {t['p99']} max {t['max']}")
+    if timing.get("slowest"):
+        lines.append("slowest inputs:")
+        lines += [f"  {s['us'] / 1000:.1f} ms  {s['source']}  {s['bytes']} B  {s['width']}x{s['height']}"
+                  for s in timing["slowest"][:5]]
+    return lines

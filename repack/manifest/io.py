@@ -1,0 +1,81 @@
+"""Atomic, canonical reading and writing of JSON state (manifest, task records)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from repack.manifest.schema import MANIFEST_NAME, Manifest, ManifestError
+
+
+def dumps_canonical(obj: Any) -> bytes:
+    """Deterministic JSON: sorted keys, ASCII only, fixed separators, trailing newline."""
+    return (json.dumps(obj, sort_keys=True, ensure_ascii=True, indent=1, separators=(",", ": ")) + "\n").encode()
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same folder, fsync, then rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """fsync a directory so a rename inside it is durable."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Atomically write ``obj`` as canonical JSON."""
+    atomic_write_bytes(path, dumps_canonical(obj))
+
+
+def write_manifest(root: str | os.PathLike, data: dict) -> Path:
+    """Validate and atomically write ``root/manifest.json``; returns its path."""
+    Manifest(Path(root), data).validate()
+    path = Path(root) / MANIFEST_NAME
+    atomic_write_json(path, data)
+    return path
+
+
+def read_manifest(root: str | os.PathLike) -> Manifest:
+    """Read and validate ``root/manifest.json`` (schema, major version, confined paths)."""
+    path = Path(root)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no manifest (the job has not finished, or this is not a repack output)")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+    manifest = Manifest(path.parent, data)
+    manifest.validate()
+    return manifest

@@ -1,0 +1,121 @@
+"""Manifest schema: names, version and validation.
+
+Top-level keys (the contract; fields may be added, never renamed)::
+
+  schema, version            "repack.manifest", 1 (readers refuse another major version)
+  modality, format           e.g. "images", "webdataset"
+  created_by                 {tool, version, options} (deterministic)
+  fields                     {member extension or field: type}
+  classes                    {class name: index}
+  shards                     [{path, samples, bytes, sha256, index?, ...}] (paths relative to the root)
+  totals                     {inputs, samples, quarantined, bytes, ...}
+  quarantine                 [{source, reason}]
+  stats                      deterministic statistics (sizes, dimensions, ...)
+  run                        what varies between runs: command, timing, executor (excluded from
+                             byte-identity comparisons)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from repack.manifest.paths import PathEscapeError, safe_join
+
+SCHEMA = "repack.manifest"
+VERSION = 1
+MANIFEST_NAME = "manifest.json"
+REQUIRED_KEYS = ("schema", "version", "modality", "format", "shards", "totals", "quarantine")
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be trusted: wrong schema, unknown version, bad paths."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One output file recorded in the manifest."""
+
+    path: str
+    samples: int
+    bytes: int
+    sha256: str
+    index: str | None = None
+    extra: tuple = ()
+
+    @classmethod
+    def from_dict(cls, entry: dict) -> "Shard":
+        known = {"path", "samples", "bytes", "sha256", "index"}
+        return cls(entry["path"], int(entry["samples"]), int(entry["bytes"]), entry["sha256"], entry.get("index"),
+                   tuple(sorted((k, v) for k, v in entry.items() if k not in known and isinstance(v, (str, int, float)))))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest bound to the folder it lives in."""
+
+    root: Path
+    data: dict
+
+    def validate(self) -> None:
+        """Raise ManifestError unless schema, version, keys and every path hold."""
+        data = self.data
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise ManifestError(f"{self.root}: not a repack manifest (schema {data.get('schema')!r})")
+        version = data.get("version")
+        if not isinstance(version, int) or version != VERSION:
+            raise ManifestError(f"{self.root}: manifest version {version!r} is not supported (this reader knows {VERSION})")
+        missing = [k for k in REQUIRED_KEYS if k not in data]
+        if missing:
+            raise ManifestError(f"{self.root}: manifest lacks {', '.join(missing)}")
+        for rel in self.relative_paths():
+            try:
+                safe_join(self.root, rel)
+            except PathEscapeError as exc:
+                raise ManifestError(f"{self.root}: {exc}") from None
+
+    def relative_paths(self) -> Iterator[str]:
+        """Every file path the manifest names (shards, index files, side files)."""
+        for entry in self.data["shards"]:
+            yield entry["path"]
+            if entry.get("index"):
+                yield entry["index"]
+        for rel in self.data.get("files", {}).values():
+            yield rel
+
+    def path(self, rel: str) -> Path:
+        """Absolute path of a manifest-relative path, confined to the root."""
+        return safe_join(self.root, rel)
+
+    @property
+    def modality(self) -> str:
+        return self.data["modality"]
+
+    @property
+    def format(self) -> str:
+        return self.data["format"]
+
+    @property
+    def shards(self) -> list[Shard]:
+        return [Shard.from_dict(s) for s in self.data["shards"]]
+
+    @property
+    def classes(self) -> dict[str, int]:
+        return dict(self.data.get("classes") or {})
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return dict(self.data.get("fields") or {})
+
+    @property
+    def totals(self) -> dict[str, Any]:
+        return dict(self.data["totals"])
+
+    @property
+    def quarantine(self) -> list[dict]:
+        return list(self.data["quarantine"])
+
+    @property
+    def num_samples(self) -> int:
+        return sum(int(s["samples"]) for s in self.data["shards"])

@@ -1,0 +1,132 @@
+"""WebDataset tar shards with DALI index files (see tar_format for the byte layout).
+
+A shard is written to a hidden temp name and renamed into place only when complete,
+after its index; the sha256 is computed while writing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from repack.manifest.io import fsync_dir
+from repack.sinks.tar_format import BLOCK, end_of_archive, index_from_tar, index_text, padding, ustar_header
+
+
+class TarShardWriter:
+    """Appends samples (adjacent members sharing one key) to one tar shard."""
+
+    def __init__(self, out: Path, stem: str) -> None:
+        self.out = Path(out)
+        self.stem = stem
+        self.tar_name = f"{stem}.tar"
+        self.idx_name = f"{stem}.idx"
+        self._tmp = self.out / f".{self.tar_name}.tmp-{os.getpid()}"
+        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._sha = hashlib.sha256()
+        self._offset = 0
+        self._index: list[list[tuple[str, int, int, str]]] = []
+
+    def add_sample(self, key: str, members: list[tuple[str, bytes]]) -> None:
+        """Write one sample: members [(extension, data)], in the given order."""
+        entry = []
+        for ext, data in members:
+            name = f"{key}.{ext}"
+            header = ustar_header(name.encode("ascii"), len(data))
+            pad = padding(len(data))
+            chunks = [header, data, pad] if pad else [header, data]
+            written = os.writev(self._fd, chunks)
+            expected = BLOCK + len(data) + len(pad)
+            while written < expected:  # short write: finish it
+                rest = b"".join(chunks)[written:]
+                written += os.write(self._fd, rest)
+            for chunk in chunks:
+                self._sha.update(chunk)
+            entry.append((ext, self._offset + BLOCK, len(data), name))
+            self._offset += expected
+        self._index.append(entry)
+
+    @property
+    def samples(self) -> int:
+        return len(self._index)
+
+    def commit(self) -> dict | None:
+        """Finish the shard; rename tar and index into place. None (and nothing on disk) if empty."""
+        if not self._index:
+            self.abort()
+            return None
+        tail = end_of_archive(self._offset)
+        os.write(self._fd, tail)
+        self._sha.update(tail)
+        size = self._offset + len(tail)
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        index = index_text(self._index).encode()
+        idx_tmp = self.out / f".{self.idx_name}.tmp-{os.getpid()}"
+        idx_tmp.write_bytes(index)
+        os.replace(idx_tmp, self.out / self.idx_name)
+        os.replace(self._tmp, self.out / self.tar_name)
+        fsync_dir(self.out)
+        return {"path": self.tar_name, "samples": len(self._index), "bytes": size,
+                "sha256": self._sha.hexdigest(), "index": self.idx_name, "index_bytes": len(index),
+                "index_sha256": hashlib.sha256(index).hexdigest()}
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._tmp.unlink(missing_ok=True)
+
+
+class WebDatasetSink:
+    """The ``--to webdataset`` plugin."""
+
+    name = "webdataset"
+    shard_level = True  # one output file per task
+
+    @staticmethod
+    def open_shard(out: Path, stem: str) -> TarShardWriter:
+        return TarShardWriter(out, stem)
+
+    @staticmethod
+    def outputs(shard: dict) -> list[dict]:
+        """Files a shard entry stands for, with sizes (used to trust a task record on resume)."""
+        return [{"path": shard["path"], "bytes": shard["bytes"]},
+                {"path": shard["index"], "bytes": shard["index_bytes"]}]
+
+    @staticmethod
+    def verify_shard(root: Path, shard: dict, check) -> None:
+        """Check one shard against its manifest entry; report problems through ``check``."""
+        tar_path = root / shard["path"]
+        try:
+            size = tar_path.stat().st_size
+        except OSError as exc:
+            check(False, f"{shard['path']}: missing ({exc.strerror})")
+            return
+        check(size == shard["bytes"], f"{shard['path']}: {size} bytes, manifest says {shard['bytes']}")
+        sha = hashlib.sha256()
+        with open(tar_path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                sha.update(block)
+        check(sha.hexdigest() == shard["sha256"], f"{shard['path']}: sha256 mismatch")
+        try:
+            with open(tar_path, "rb") as fh:
+                rebuilt = index_from_tar(fh)
+        except ValueError as exc:
+            check(False, f"{shard['path']}: unreadable tar ({exc})")
+            return
+        count = int(rebuilt.split("\n", 1)[0].split()[1])
+        check(count == shard["samples"], f"{shard['path']}: {count} samples, manifest says {shard['samples']}")
+        for line in rebuilt.splitlines()[1:]:
+            name = line.split(" ")[3]
+            check("/" not in name and ".." not in name.split(".")[0],
+                  f"{shard['path']}: member {name!r} would escape the root")
+        if shard.get("index"):
+            try:
+                on_disk = (root / shard["index"]).read_text()
+            except OSError as exc:
+                check(False, f"{shard['index']}: missing ({exc.strerror})")
+                return
+            check(on_disk == rebuilt, f"{shard['index']}: does not match the tar's members")

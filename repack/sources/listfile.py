@@ -1,0 +1,78 @@
+"""List files: .csv, .tsv (header row with a ``path`` column) and .jsonl ({"path", "label"}).
+
+Paths are relative to the list file's folder, or absolute. The label column is optional
+(``label``, ``class`` or ``cls``). Inputs keep the list's order after a stable sort by path
+so that the plan does not depend on how the list was produced.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+from repack.errors import UsageError
+from repack.sources.base import InputItem, Scan, quarantine_record, sort_key
+
+LABEL_COLUMNS = ("label", "class", "cls")
+
+
+def _rows(list_path: str):
+    ext = os.path.splitext(list_path)[1].lower()
+    with open(list_path, encoding="utf-8", newline="", errors="surrogateescape") as fh:
+        if ext == ".jsonl":
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    yield lineno, None, f"malformed JSON line: {exc.msg}"
+                    continue
+                yield lineno, row if isinstance(row, dict) else None, "JSON line is not an object"
+        elif ext in (".csv", ".tsv"):
+            reader = csv.DictReader(fh, delimiter="\t" if ext == ".tsv" else ",")
+            if not reader.fieldnames or "path" not in reader.fieldnames:
+                raise UsageError(f"list file {list_path!r} needs a header row with a 'path' column")
+            for row in reader:
+                yield reader.line_num, row, ""
+        else:
+            raise UsageError(f"list file {list_path!r}: use .csv, .tsv or .jsonl")
+
+
+def scan_list_file(list_path: str) -> Scan:
+    """Read a list file into inputs; rows that point nowhere are quarantined."""
+    if not os.path.isfile(list_path):
+        raise UsageError(f"list file {list_path!r} does not exist")
+    base = os.path.dirname(os.path.abspath(list_path))
+    items: list[InputItem] = []
+    quarantine: list[dict] = []
+    seen: set[str] = set()
+    labeled = False
+    for lineno, row, problem in _rows(list_path):
+        if row is None:
+            quarantine.append(quarantine_record(f"{os.path.basename(list_path)}:{lineno}", problem))
+            continue
+        rel = row.get("path")
+        if not isinstance(rel, str) or not rel:
+            quarantine.append(quarantine_record(f"{os.path.basename(list_path)}:{lineno}", "row has no path"))
+            continue
+        label = next((str(row[c]) for c in LABEL_COLUMNS if row.get(c) not in (None, "")), None)
+        labeled = labeled or label is not None
+        path = rel if os.path.isabs(rel) else os.path.join(base, rel)
+        real = os.path.realpath(path)
+        if real in seen:
+            quarantine.append(quarantine_record(rel, "listed twice", label))
+            continue
+        seen.add(real)
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            quarantine.append(quarantine_record(rel, f"unreadable: {exc.strerror}", label))
+            continue
+        if not os.path.isfile(path):
+            quarantine.append(quarantine_record(rel, "not a regular file", label))
+            continue
+        items.append(InputItem(os.path.abspath(path), rel, label, size))
+    items.sort(key=lambda i: sort_key(i.rel))
+    return Scan(tuple(items), tuple(quarantine), labeled)

@@ -1,0 +1,1 @@
+"""Pure functions on sample bytes: image checks/normalization, probing rules, tokenization."""

@@ -1,0 +1,98 @@
+"""Image type detection (from content, not the file name) and integrity checks.
+
+Levels:
+  none    detect the type from magic bytes and read the header (dimensions for metadata)
+  header  + a trailer check (JPEG EOI, PNG IEND, GIF trailer): catches truncation cheaply
+  decode  + a full entropy decode; JPEGs are decoded at 1/8 scale through libjpeg's DCT
+          scaling (every coefficient is still Huffman-decoded, so truncated or corrupt
+          streams fail) which is several times cheaper than a full-resolution decode.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image, ImageFile
+
+ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+# magic prefix -> canonical extension
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xd8\xff", "jpg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"GIF87a", "gif"),
+    (b"GIF89a", "gif"),
+    (b"BM", "bmp"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+)
+IMAGE_EXTENSIONS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
+
+
+class BadImage(ValueError):
+    """An input that is not a usable image; the message is the quarantine reason."""
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    ext: str
+    width: int
+    height: int
+    mode: str
+    progressive: bool = False
+
+
+def detect_type(data: bytes) -> str | None:
+    """Canonical extension of an image from its first bytes, or None."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    for magic, ext in _MAGIC:
+        if data.startswith(magic):
+            return ext
+    return None
+
+
+def _has_trailer(ext: str, data: bytes) -> bool:
+    tail = data[-4096:]
+    if ext == "jpg":
+        return b"\xff\xd9" in tail
+    if ext == "png":
+        return b"IEND" in tail
+    if ext == "gif":
+        return b";" in tail
+    return True
+
+
+def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_970) -> ImageInfo:
+    """Check ``data`` at ``level``; return its type and size, or raise BadImage with the reason."""
+    if not data:
+        raise BadImage("empty file (0 bytes)")
+    ext = detect_type(data)
+    if ext is None:
+        raise BadImage("not a recognized image format (checked the content, not the name)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if width * height > max_pixels:
+                raise BadImage(f"decompression bomb: {width}x{height} exceeds {max_pixels} pixels")
+            info = ImageInfo(ext, width, height, image.mode, bool(image.info.get("progressive") or image.info.get("progression")))
+            if level == "none":
+                return info
+            if not _has_trailer(ext, data):
+                raise BadImage(f"truncated {ext.upper()} (no end marker)")
+            if level == "decode":
+                if ext == "jpg":
+                    image.draft(image.mode, (max(1, width // 8), max(1, height // 8)))
+                image.load()
+            return info
+        except BadImage:
+            raise
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise BadImage(f"decompression bomb: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
+            message = str(exc) or type(exc).__name__
+            raise BadImage(f"cannot decode {ext.upper()}: {message}") from None

@@ -1,0 +1,44 @@
+"""Shared fixtures: generated photo trees and a helper that runs the real `repack` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tools.photos import make_photo_tree
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_repack(*args: str, check: bool = True, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `python -m repack ARGS` as a user would; returns the completed process."""
+    proc = subprocess.run([sys.executable, "-m", "repack", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"repack {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def read_manifest_json(out: Path) -> dict:
+    return json.loads((Path(out) / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def photo_tree(tmp_path_factory) -> Path:
+    """A 10-class ImageFolder tree of 120 small real-photo crops (JPEG and PNG)."""
+    root = tmp_path_factory.mktemp("photos")
+    make_photo_tree(root, per_class=12, seed=1, max_side=160)
+    return root
+
+
+@pytest.fixture(scope="session")
+def packed_photos(photo_tree, tmp_path_factory) -> Path:
+    """photo_tree packed to WebDataset shards of 25 samples (read-only for tests)."""
+    out = tmp_path_factory.mktemp("packed") / "out"
+    run_repack("images", photo_tree, out, "--shard-size", "25", "--quiet")
+    return out
