@@ -24,6 +24,7 @@ from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
 from repack.jobs.stats import merge_slowest, percentiles
 from repack.sinks import get_sink
+from repack.sinks.tar_format import BLOCK, RECORD
 from repack.sources import InputItem, scan_source
 from repack.transforms.image_check import BadImage, inspect_image
 
@@ -38,20 +39,33 @@ def sample_key(position: int, rel: str) -> str:
     return f"{position:08d}_{slug}" if slug else f"{position:08d}"
 
 
+ARCHIVE_TAIL_MAX = 2 * BLOCK + RECORD  # end-of-archive blocks + padding to the record size
+
+
+def _blocks(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK
+
+
+def sample_bytes_bound(item: InputItem) -> int:
+    """Upper bound of a sample's bytes in a tar: headers, padded image, cls and json members."""
+    json_bound = 256 + 6 * len(item.rel.encode("utf-8", "surrogateescape")) + 6 * len(item.label or "")
+    return 3 * BLOCK + _blocks(item.size) + BLOCK + _blocks(json_bound)
+
+
 def cut_into_shards(items: list[InputItem], shard_size: int | None, shard_bytes: int | None) -> list[list[int]]:
     """Group item positions into shards of at most ``shard_size`` items and ``shard_bytes`` bytes."""
     if shard_size is None and shard_bytes is None:
         shard_bytes = DEFAULT_SHARD_BYTES
     shards: list[list[int]] = []
     current: list[int] = []
-    current_bytes = 0
+    current_bytes = ARCHIVE_TAIL_MAX
     for position, item in enumerate(items):
-        estimate = item.size + 1536  # + headers of image, cls and json members
+        estimate = sample_bytes_bound(item)
         full = (shard_size is not None and len(current) >= shard_size) or (
             shard_bytes is not None and current and current_bytes + estimate > shard_bytes)
         if full:
             shards.append(current)
-            current, current_bytes = [], 0
+            current, current_bytes = [], ARCHIVE_TAIL_MAX
         current.append(position)
         current_bytes += estimate
     if current:

@@ -1,0 +1,354 @@
+"""`repack images` to WebDataset end to end through the real CLI: layout, quarantine, scan rules,
+determinism, resume after kill -9, locking, option changes, fail-fast errors, verify."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from repack.sinks.tar_format import iter_members
+from repack.transforms.image_check import BadImage, inspect_image
+from tests.conftest import ROOT, read_manifest_json, run_repack
+from tests.tools.photos import load_photos
+
+WDS2IDX = Path(sys.executable).with_name("wds2idx")
+
+
+def jpeg_bytes(size=(64, 48), quality=85, seed=0, mode="RGB") -> bytes:
+    photo = load_photos()["coffee"].convert(mode)
+    x = (seed * 37) % (photo.width - size[0])
+    buf = io.BytesIO()
+    photo.crop((x, 0, x + size[0], size[1])).save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def png_bytes(size=(40, 30)) -> bytes:
+    buf = io.BytesIO()
+    load_photos()["chelsea"].resize(size).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix in (".tar", ".idx")}
+
+
+def manifest_without_run(out: Path) -> dict:
+    data = read_manifest_json(out)
+    data.pop("run")
+    return data
+
+
+@pytest.fixture()
+def messy_tree(tmp_path) -> Path:
+    """A labeled tree with every kind of trouble the scan and the checks must handle."""
+    root = tmp_path / "src"
+    for cls in ("cat", "dog"):
+        (root / cls).mkdir(parents=True)
+    (root / "cat" / "a.v2.jpg").write_bytes(jpeg_bytes(seed=1))
+    (root / "cat" / "same.jpg").write_bytes(jpeg_bytes(seed=2))
+    (root / "dog" / "same.jpg").write_bytes(jpeg_bytes(seed=3))
+    (root / "dog" / "photo.JPEG").write_bytes(jpeg_bytes(seed=4))
+    (root / "dog" / "really_png.jpg").write_bytes(png_bytes())
+    (root / "dog" / "it's $(rm -rf x); \"q\".jpg").write_bytes(jpeg_bytes(seed=5))
+    (root / os.fsdecode(b"cat/caf\xe9-latin1.jpg")).write_bytes(jpeg_bytes(seed=6))
+    full = jpeg_bytes(seed=7, size=(120, 90))
+    (root / "cat" / "truncated.jpg").write_bytes(full[: len(full) // 2])
+    (root / "cat" / "empty.jpg").write_bytes(b"")
+    (root / "dog" / "notes.txt").write_bytes(b"not an image at all")
+    (root / "dog" / "broken_link.jpg").symlink_to(root / "does-not-exist.jpg")
+    (root / "dog" / "link_to_cat.jpg").symlink_to(root / "cat" / "a.v2.jpg")
+    (root / "cat" / "loop").symlink_to(root / "cat")
+    (root / "cat" / ".DS_Store").write_bytes(b"junk")
+    (root / "dog" / "Thumbs.db").write_bytes(b"junk")
+    (root / "dog" / "@eaDir").mkdir()
+    (root / "dog" / "@eaDir" / "x.jpg").write_bytes(jpeg_bytes(seed=8))
+    (root / ".hidden").mkdir()
+    (root / ".hidden" / "y.jpg").write_bytes(jpeg_bytes(seed=9))
+    return root
+
+
+def test_pack_layout_and_quarantine(messy_tree, tmp_path):
+    out = tmp_path / "out"
+    proc = run_repack("images", messy_tree, out, "--shard-size", "3", "--quiet", "--json")
+    summary = json.loads(proc.stdout)
+    m = read_manifest_json(out)
+    assert m["schema"] == "repack.manifest" and m["version"] == 1 and m["format"] == "webdataset"
+    assert m["classes"] == {"cat": 0, "dog": 1}
+    reasons = {q["source"]: q["reason"] for q in m["quarantine"]}
+    assert "truncated" in reasons["cat/truncated.jpg"]
+    assert "empty" in reasons["cat/empty.jpg"]
+    assert "not a recognized image" in reasons["dog/notes.txt"]
+    assert reasons["dog/broken_link.jpg"] == "broken symlink"
+    assert "symlink loop" in reasons["cat/loop"]
+    assert "same file as cat/a.v2.jpg" in reasons["dog/link_to_cat.jpg"]
+    assert len(reasons) == 6 and m["totals"]["quarantined"] == 6 == summary["totals"]["quarantined"]
+    assert m["totals"]["samples"] == 7 and m["totals"]["inputs"] == 13
+    assert m["totals"]["skipped_junk"] >= 4
+    # every sample: image under its real type, cls, json; keys unique, short, ASCII, dot-free
+    metas, keys = {}, set()
+    for shard in m["shards"]:
+        assert shard["samples"] > 0
+        with tarfile.open(out / shard["path"]) as tf:
+            members = tf.getmembers()
+        assert all(not mem.pax_headers and mem.mtime == 0 and mem.uid == 0 and mem.isreg() for mem in members)
+        assert all(len(mem.name) < 100 and mem.name.isascii() for mem in members)
+        with tarfile.open(out / shard["path"]) as tf:
+            for i in range(0, len(members), 3):
+                group = members[i:i + 3]
+                key = group[0].name.split(".")[0]
+                assert [mem.name.split(".", 1)[0] for mem in group] == [key] * 3 and "." not in key
+                exts = [mem.name.split(".", 1)[1] for mem in group]
+                assert exts[1:] == ["cls", "json"]
+                meta = json.loads(tf.extractfile(group[2]).read())
+                assert exts[0] == meta["format"]
+                assert int(tf.extractfile(group[1]).read()) == m["classes"][meta["class"]]
+                assert tf.extractfile(group[0]).read() == (messy_tree / meta["path"]).read_bytes()
+                keys.add(key)
+                metas[meta["path"]] = (exts[0], meta)
+    assert len(keys) == 7
+    assert metas["dog/really_png.jpg"][0] == "png"
+    assert metas["dog/photo.JPEG"][0] == "jpg"
+    assert {"cat/same.jpg", "dog/same.jpg", "cat/a.v2.jpg"} <= set(metas)
+    assert metas["cat/a.v2.jpg"][1]["width"] == 64 and metas["cat/a.v2.jpg"][1]["height"] == 48
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_index_files_match_dalis_wds2idx(packed_photos, tmp_path):
+    m = read_manifest_json(packed_photos)
+    assert len(m["shards"]) == 5
+    for shard in m["shards"]:
+        theirs = tmp_path / (shard["path"] + ".idx")
+        subprocess.run([str(WDS2IDX), str(packed_photos / shard["path"]), str(theirs)], check=True,
+                       capture_output=True)
+        assert (packed_photos / shard["index"]).read_bytes() == theirs.read_bytes()
+
+
+def test_no_follow_symlinks_and_strict(messy_tree, tmp_path):
+    out = tmp_path / "out"
+    proc = run_repack("images", messy_tree, out, "--no-follow-symlinks", "--strict", "--quiet", check=False)
+    assert proc.returncode == 6 and "--strict" in proc.stderr
+    reasons = {q["source"]: q["reason"] for q in read_manifest_json(out)["quarantine"]}
+    assert all("symlink (not followed" in reasons[p] for p in ("dog/link_to_cat.jpg", "cat/loop", "dog/broken_link.jpg"))
+
+
+def test_flat_folder_is_unlabeled(tmp_path):
+    src = tmp_path / "flat"
+    src.mkdir()
+    for i in range(3):
+        (src / f"img{i}.jpg").write_bytes(jpeg_bytes(seed=i))
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    m = read_manifest_json(out)
+    assert m["classes"] == {} and "cls" not in m["fields"] and m["totals"]["samples"] == 3
+    with tarfile.open(out / m["shards"][0]["path"]) as tf:
+        assert [n.rsplit(".", 1)[1] for n in tf.getnames()] == ["jpg", "json"] * 3
+
+
+@pytest.mark.parametrize("kind", ["csv", "tsv", "jsonl"])
+def test_list_files(tmp_path, kind):
+    images = tmp_path / "imgs"
+    images.mkdir()
+    rows = []
+    for i, label in enumerate(["b", "a", "b"]):
+        (images / f"{i}.jpg").write_bytes(jpeg_bytes(seed=i))
+        path = f"imgs/{i}.jpg" if i != 2 else str(images / f"{i}.jpg")  # relative and absolute
+        rows.append((path, label))
+    rows.append(("imgs/missing.jpg", "a"))
+    listing = tmp_path / f"files.{kind}"
+    if kind == "jsonl":
+        listing.write_text("".join(json.dumps({"path": p, "label": l}) + "\n" for p, l in rows) + "{broken\n")
+    else:
+        sep = "," if kind == "csv" else "\t"
+        listing.write_text(f"path{sep}label\n" + "".join(f"{p}{sep}{l}\n" for p, l in rows))
+    out = tmp_path / "out"
+    run_repack("images", listing, out, "--list", "--quiet")
+    m = read_manifest_json(out)
+    assert m["classes"] == {"a": 0, "b": 1} and m["totals"]["samples"] == 3
+    reasons = [q["reason"] for q in m["quarantine"]]
+    assert any("unreadable" in r for r in reasons)
+    assert len(reasons) == (2 if kind == "jsonl" else 1)
+
+
+def test_shuffle_mixes_classes_deterministically(photo_tree, tmp_path):
+    def cls_sequence(out):
+        seq = []
+        for shard in read_manifest_json(out)["shards"]:
+            with tarfile.open(out / shard["path"]) as tf:
+                seq.append([int(tf.extractfile(n).read()) for n in tf.getmembers() if n.name.endswith(".cls")])
+        return seq
+
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for out, seed in ((a, 5), (b, 5), (c, 6)):
+        run_repack("images", photo_tree, out, "--shuffle", "--seed", seed, "--shard-size", "40", "--quiet")
+    assert shard_bytes(a) == shard_bytes(b) and shard_bytes(a) != shard_bytes(c)
+    assert all(len(set(s)) >= 6 for s in cls_sequence(a))
+    unshuffled = tmp_path / "d"
+    run_repack("images", photo_tree, unshuffled, "--shard-size", "40", "--quiet")
+    seq = [x for s in cls_sequence(unshuffled) for x in s]
+    assert seq == sorted(seq)
+
+
+def test_shard_bytes_cut(photo_tree, tmp_path):
+    out = tmp_path / "out"
+    run_repack("images", photo_tree, out, "--shard-bytes", "300KB", "--quiet")
+    m = read_manifest_json(out)
+    assert len(m["shards"]) > 3
+    assert all(s["bytes"] <= 300_000 or s["samples"] == 1 for s in m["shards"])
+
+
+def test_byte_identical_reruns_and_worker_counts(photo_tree, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_repack("images", photo_tree, a, "--shard-size", "30", "--workers", "1", "--quiet")
+    run_repack("images", photo_tree, b, "--shard-size", "30", "--workers", "2", "--quiet")
+    assert shard_bytes(a) == shard_bytes(b)
+    assert manifest_without_run(a) == manifest_without_run(b)
+    again = run_repack("images", photo_tree, a, "--shard-size", "30")
+    assert "nothing to do" in again.stdout
+
+
+def test_resume_after_kill_is_byte_identical(photo_tree, tmp_path):
+    reference = tmp_path / "ref"
+    run_repack("images", photo_tree, reference, "--shard-size", "4", "--workers", "1", "--quiet")
+    for kill_after in (1, 7, 19):
+        out = tmp_path / f"killed{kill_after}"
+        proc = subprocess.Popen([sys.executable, "-m", "repack", "images", str(photo_tree), str(out),
+                                 "--shard-size", "4", "--workers", "1", "--quiet"], cwd=ROOT)
+        records = out / ".repack" / "tasks"
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            if records.exists() and len(list(records.glob("*.json"))) >= kill_after:
+                break
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not (out / "manifest.json").exists() or kill_after >= 30
+        resumed = run_repack("images", photo_tree, out, "--shard-size", "4", "--workers", "1")
+        assert "resumed" in resumed.stdout
+        assert shard_bytes(out) == shard_bytes(reference)
+        assert manifest_without_run(out) == manifest_without_run(reference)
+        assert not [p for p in out.iterdir() if p.name.startswith(".") and p.name != ".repack"]
+
+
+def test_second_live_run_is_refused(photo_tree, tmp_path):
+    out = tmp_path / "out"
+    (out / ".repack" / "tasks").mkdir(parents=True)
+    with open(out / ".repack" / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("12345")
+        held.flush()
+        proc = run_repack("images", photo_tree, out, "--quiet", check=False)
+    assert proc.returncode == 3 and "already running" in proc.stderr
+    assert not (out / "manifest.json").exists()
+
+
+def test_changed_options_refused_unless_overwrite(photo_tree, tmp_path):
+    out = tmp_path / "out"
+    run_repack("images", photo_tree, out, "--shard-size", "50", "--quiet")
+    proc = run_repack("images", photo_tree, out, "--shard-size", "60", "--quiet", check=False)
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr
+    run_repack("images", photo_tree, out, "--shard-size", "60", "--overwrite", "--quiet")
+    m = read_manifest_json(out)
+    assert [s["samples"] for s in m["shards"]] == [60, 60]
+    assert sorted(p.name for p in out.glob("shard-*")) == [f"shard-00000{i}.{e}" for i in (0, 1) for e in ("idx", "tar")]
+
+
+def test_bad_jobs_fail_fast(tmp_path, photo_tree):
+    (tmp_path / "emptysrc").mkdir()
+    (tmp_path / "afile").write_text("x")
+    cases = [
+        (["images", tmp_path / "missing", tmp_path / "o1"], "does not exist"),
+        (["images", tmp_path / "emptysrc", tmp_path / "o2"], "holds no inputs"),
+        (["images", photo_tree, tmp_path / "afile" / "out"], "not writable"),
+        (["images", photo_tree, tmp_path / "o3", "--to", "parquet"], "unknown output format"),
+        (["images", photo_tree, tmp_path / "o4", "--shard-bytes", "lots"], "bad size"),
+        (["images", photo_tree, tmp_path / "o5", "--shard-size", "0"], "--shard-size"),
+    ]
+    for args, message in cases:
+        proc = run_repack(*args, check=False)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_verify_finds_damage(packed_photos, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(packed_photos, out)
+    assert run_repack("verify", out).returncode == 0
+    tar = out / "shard-000001.tar"
+    data = bytearray(tar.read_bytes())
+    data[2000] ^= 0xFF
+    tar.write_bytes(bytes(data))
+    (out / "shard-000002.idx").write_text("v1.2 0\n")
+    proc = run_repack("verify", out, check=False)
+    assert proc.returncode == 5
+    assert "shard-000001.tar: sha256 mismatch" in proc.stderr
+    assert "shard-000002.idx: does not match" in proc.stderr
+
+
+def test_readers_refuse_escaping_paths_and_unknown_versions(packed_photos, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(packed_photos, out)
+    manifest = read_manifest_json(out)
+    manifest["shards"][0]["path"] = "../outside.tar"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_repack("verify", out, check=False)
+    assert proc.returncode == 5 and "escapes" in proc.stderr
+    manifest["shards"][0]["path"] = "shard-000000.tar"
+    manifest["version"] = 2
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_repack("inspect", out, check=False)
+    assert proc.returncode == 5 and "version 2 is not supported" in proc.stderr
+
+
+def test_inspect_summary(packed_photos):
+    text = run_repack("inspect", packed_photos).stdout
+    assert "samples 120 in 5 shard(s)" in text and "classes (10)" in text and "quarantined: 0" in text
+
+
+def corruptions(data: bytes) -> dict[str, bytes]:
+    return {"half": data[: len(data) // 2], "header_only": data[:600], "stream_ff": data[:3000] + b"\xff" * 200 + data[3200:],
+            "bad_sof": data[:150] + b"\x00" * 20 + data[170:], "zeros_mid": data[:3000] + b"\x00" * 2000 + data[5000:],
+            "last_byte": data[:-1], "intact": data}
+
+
+def test_fast_decode_check_agrees_with_full_decode():
+    """The 1/8-scale JPEG check must reject exactly what a full PIL decode rejects, truncation included."""
+    photo = load_photos()["astronaut"].resize((256, 256))
+    for progressive in (False, True):
+        buf = io.BytesIO()
+        photo.save(buf, "JPEG", quality=90, progressive=progressive)
+        for name, data in corruptions(buf.getvalue()).items():
+            try:
+                full = Image.open(io.BytesIO(data))
+                full.load()
+                full_ok = True
+            except Exception:  # noqa: BLE001
+                full_ok = False
+            try:
+                inspect_image(data, "decode")
+                ours_ok = True
+            except BadImage:
+                ours_ok = False
+            assert ours_ok == full_ok, (name, progressive)
+            if name in ("half", "header_only", "last_byte"):
+                assert not ours_ok, name
+
+
+def test_own_tar_reader_matches_tarfile(packed_photos):
+    shard = packed_photos / "shard-000000.tar"
+    with open(shard, "rb") as fh:
+        ours = [(m.name, m.offset, m.size) for m in iter_members(fh)]
+    with tarfile.open(shard) as tf:
+        theirs = [(m.name, m.offset_data, m.size) for m in tf.getmembers()]
+    assert ours == theirs
