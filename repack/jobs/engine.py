@@ -174,6 +174,8 @@ class Engine:
         started = time.time()
         self.job.check()
         opts = self.options
+        executor = get_executor(opts.executor, workers=opts.workers or available_cpus(), retries=opts.retries,
+                                address=opts.ray_address)  # fails fast, e.g. Ray not installed
         if opts.overwrite and opts.num_nodes > 1:
             raise UsageError("--overwrite cannot be combined with --num-nodes; clear OUT once, then start the nodes")
         prepare_out(self.out)
@@ -197,7 +199,7 @@ class Engine:
             if todo:
                 manifest_path.unlink(missing_ok=True)
             self._clean_temps({t.task_id for t in todo})
-            failures = self._execute(todo, digest, records)
+            failures = self._execute(executor, todo, digest, records)
             if failures:
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
@@ -212,14 +214,12 @@ class Engine:
                                   f"(see {manifest_path})")
         return result
 
-    def _execute(self, todo: list[Task], digest: str, records: dict) -> list[TaskFailure]:
+    def _execute(self, executor, todo: list[Task], digest: str, records: dict) -> list[TaskFailure]:
         from tqdm import tqdm
 
         if not todo:
             return []
         opts = self.options
-        workers = opts.workers or available_cpus()
-        executor = get_executor(opts.executor, workers=workers, retries=opts.retries, address=opts.ray_address)
         spec_json = self.job.spec.to_json()
         calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest) for t in todo]
         units = {t.task_id: self.job.task_units(t) for t in todo}

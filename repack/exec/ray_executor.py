@@ -1,0 +1,75 @@
+"""Ray executor: every task (one output shard) is a Ray task, retried on failure.
+
+Only JSON strings cross to the workers; the workers write their outputs and task records
+straight into OUT (which must be storage every node can reach), exactly as the local pool
+does, so the output is byte-identical whichever executor ran the job. Workers must be able
+to import ``repack`` (install it on every node, or pass a runtime_env through RAY_* settings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterator
+
+from repack.errors import UsageError
+from repack.exec.base import TaskFailure
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs Ray, which is not installed: pip install 'repack[ray]'") from None
+    return ray
+
+
+def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str) -> str:
+    from repack.jobs.engine import execute_task
+
+    return execute_task(job_name, spec_json, task_json, plan_digest)
+
+
+class RayExecutor:
+    """Runs tasks on a Ray cluster (``address``) or on a local Ray instance started for the job."""
+
+    def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None, **_ignored) -> None:
+        self.ray = _import_ray()
+        self.workers = workers
+        self.retries = retries
+        self.address = address
+
+    def _init(self) -> bool:
+        ray = self.ray
+        if ray.is_initialized():
+            return False
+        kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                      configure_logging=True)
+        if self.address:
+            ray.init(address=self.address, **kwargs)
+        elif os.environ.get("RAY_ADDRESS"):
+            ray.init(**kwargs)
+        else:
+            ray.init(num_cpus=self.workers, **kwargs)
+        return True
+
+    def run(self, calls: list[tuple[str, str, str, str]], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
+        if not calls:
+            return
+        ray = self.ray
+        started_here = self._init()
+        try:
+            remote = ray.remote(num_cpus=1, max_retries=self.retries, retry_exceptions=True)(_execute)
+            pending = {remote.remote(*call): task_id for call, task_id in zip(calls, task_ids)}
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                for ref in done:
+                    task_id = pending.pop(ref)
+                    try:
+                        yield json.loads(ray.get(ref))
+                    except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the task's exception
+                        cause = getattr(exc, "cause", None) or exc
+                        yield TaskFailure(task_id, f"{type(cause).__name__}: {cause}")
+        finally:
+            if started_here:
+                ray.shutdown()
