@@ -88,15 +88,23 @@ def cli() -> None:
 @click.option("--verify", type=click.Choice(["decode", "header", "none"]), default="decode", show_default=True,
               help="How hard each image is checked before it is packed.")
 @click.option("--no-follow-symlinks", "no_follow", is_flag=True, help="Quarantine symlinks instead of following.")
+@click.option("--normalize", is_flag=True, help="Re-encode non-conforming images as baseline 4:2:0 RGB JPEG.")
+@click.option("--quality", type=int, default=90, show_default=True, help="JPEG quality of --normalize output.")
+@click.option("--max-side", type=int, default=None, help="With --normalize: downscale so the longer side <= N.")
+@click.option("--dedup", is_flag=True, help="Drop exact duplicates (same content), keeping the first.")
+@click.option("--max-pixels", type=int, default=178_956_970, show_default=True,
+              help="Quarantine images declaring more pixels (decompression bombs).")
 @engine_options
-def images(source, out, to, list_file, shard_size, shard_bytes, shuffle, seed, verify, no_follow, **kwargs):
+def images(source, out, to, list_file, shard_size, shard_bytes, shuffle, seed, verify, no_follow, normalize,
+           quality, max_side, dedup, max_pixels, **kwargs):
     """Pack an ImageFolder tree (or a list file) SOURCE into shards under OUT."""
     from repack.jobs.images import ImagesJob
 
     options = split_engine_options(kwargs)
     spec = ImagesSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
                       list_file=list_file, shard_size=shard_size, shard_bytes=parse_size(shard_bytes),
-                      shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow)
+                      shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow,
+                      normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels)
     run_job(ImagesJob(spec), options)
 
 
@@ -141,6 +149,13 @@ def merge(out, **kwargs):
     job = engine.load_job(result.manifest["modality"], json.dumps(
         json.loads((Path(out) / ".repack" / "job.json").read_text())["spec"]))
     report(job, options, result)
+
+
+from repack.commands_text import text as _text_command  # noqa: E402  (repack text)
+
+cli.add_command(_text_command)
+from repack.commands_video import video as _video_command  # noqa: E402  (repack video)
+cli.add_command(_video_command)
 
 
 def main() -> None:

@@ -104,6 +104,10 @@ class ImagesSpec(JobSpec):
             raise UsageError(f"--quality must be in 1..100, got {self.quality}")
         if self.max_side is not None and self.max_side < 16:
             raise UsageError(f"--max-side must be at least 16, got {self.max_side}")
+        if self.max_side is not None and not self.normalize:
+            raise UsageError("--max-side re-encodes images: use it with --normalize")
+        if self.max_pixels < 1:
+            raise UsageError(f"--max-pixels must be positive, got {self.max_pixels}")
 
 
 DEFAULT_SHARD_BYTES = 512 * 10**6

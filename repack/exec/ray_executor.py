@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from typing import Iterator
 
 from repack.errors import UsageError
@@ -38,6 +39,18 @@ class RayExecutor:
         self.workers = workers
         self.retries = retries
         self.address = address
+        self._check_reachable()
+
+    def _check_reachable(self) -> None:
+        """Fail fast on a host:port that does not answer (ray.init would retry for minutes)."""
+        address = self.address or ""
+        host, sep, port = address.rpartition(":")
+        if not sep or "://" in address or not port.isdigit():
+            return
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as exc:
+            raise UsageError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
 
     def _init(self) -> bool:
         ray = self.ray
@@ -45,12 +58,16 @@ class RayExecutor:
             return False
         kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                       configure_logging=True)
-        if self.address:
-            ray.init(address=self.address, **kwargs)
-        elif os.environ.get("RAY_ADDRESS"):
-            ray.init(**kwargs)
-        else:
-            ray.init(num_cpus=self.workers, **kwargs)
+        try:
+            if self.address:
+                ray.init(address=self.address, **kwargs)
+            elif os.environ.get("RAY_ADDRESS"):
+                ray.init(**kwargs)
+            else:
+                ray.init(num_cpus=self.workers, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = self.address or os.environ.get("RAY_ADDRESS") or "a local instance"
+            raise UsageError(f"cannot start or reach Ray ({where}): {exc}") from None
         return True
 
     def run(self, calls: list[tuple[str, str, str, str]], task_ids: list[str]) -> Iterator[dict | TaskFailure]:

@@ -199,7 +199,15 @@ class Engine:
             if todo:
                 manifest_path.unlink(missing_ok=True)
             self._clean_temps({t.task_id for t in todo})
-            failures = self._execute(executor, todo, digest, records)
+            # Optional hook ``Job.absorb(record)``: called in this (driver) process for every finished
+            # task, resumed ones first in plan order, then each as it arrives, before the run moves on;
+            # only in runs that write the manifest (static partitions leave it to `repack merge`'s
+            # finalize). A single-writer output (LMDB) imports the task's part there.
+            absorb = getattr(self.job, "absorb", None) if opts.num_nodes == 1 else None
+            for task in plan.tasks if absorb else ():
+                if records[task.task_id] is not None:
+                    absorb(records[task.task_id])
+            failures = self._execute(executor, todo, digest, records, absorb)
             if failures:
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
@@ -214,7 +222,7 @@ class Engine:
                                   f"(see {manifest_path})")
         return result
 
-    def _execute(self, executor, todo: list[Task], digest: str, records: dict) -> list[TaskFailure]:
+    def _execute(self, executor, todo: list[Task], digest: str, records: dict, absorb=None) -> list[TaskFailure]:
         from tqdm import tqdm
 
         if not todo:
@@ -232,6 +240,8 @@ class Engine:
                     failures.append(item)
                     bar.update(units[item.task_id])
                     continue
+                if absorb is not None:
+                    absorb(item)
                 records[item["task_id"]] = item
                 bar.update(units[item["task_id"]])
         return failures

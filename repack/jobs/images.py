@@ -9,14 +9,31 @@ short stem, ASCII, dot-free, unique): ``<key>.<jpg|png|...>`` (type from content
 ``<key>.cls`` (class index as zero-padded ASCII digits, fixed width per dataset, so DALI
 reads equal-length label bytes) when labeled, and ``<key>.json`` (path, class, width,
 height, bytes, format).
+
+``--to lmdb`` (a single-writer sink): tasks write parts, the driver's collector imports them in
+plan order as they finish (``absorb``) and builds the database in finalize (see
+``repack.sinks.lmdb_sink``).
+
+``--normalize`` (see ``repack.transforms.normalize``): non-conforming images become baseline
+4:2:0 RGB JPEGs; the manifest's ``stats.normalize`` counts conversions and their reasons.
+
+Duplicates (equal content sha256) are only possible among inputs of equal size (known from the
+scan, no I/O). Without ``--dedup`` workers hash those candidates while packing and the manifest
+reports the groups. With ``--dedup`` the plan hashes the candidates (a thread pool; files of a
+unique size are never read) and drops every copy after the first in plan order *before* the
+shards are cut: deterministic, parallel-safe, and the shards never need rewriting. The
+manifest's ``stats.duplicates`` lists the groups with their paths either way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec
@@ -27,6 +44,7 @@ from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
 from repack.sources import InputItem, scan_source
 from repack.transforms.image_check import BadImage, inspect_image
+from repack.transforms.normalize import NormalizeOptions, normalize_image
 
 SLOWEST_N = 10
 
@@ -73,6 +91,41 @@ def cut_into_shards(items: list[InputItem], shard_size: int | None, shard_bytes:
     return shards
 
 
+def size_collisions(items: list[InputItem]) -> set[int]:
+    """Positions of inputs whose size equals another input's: the only possible duplicates."""
+    seen: dict[int, int] = {}
+    for item in items:
+        seen[item.size] = seen.get(item.size, 0) + 1
+    return {p for p, item in enumerate(items) if seen[item.size] > 1}
+
+
+def content_sha256(path: str) -> str | None:
+    """sha256 of a file's bytes (None when unreadable: the task will quarantine it)."""
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def find_duplicates(items: list[InputItem]) -> list[tuple[str, list[int]]]:
+    """(sha256, positions) of inputs with equal content, positions sorted; ordered by first position."""
+    candidates = sorted(size_collisions(items))
+    with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
+        digests = list(pool.map(lambda p: content_sha256(items[p].path), candidates))
+    groups: dict[str, list[int]] = {}
+    for position, digest in zip(candidates, digests):
+        if digest is not None:
+            groups.setdefault(digest, []).append(position)
+    return sorted(((d, g) for d, g in groups.items() if len(g) > 1), key=lambda dg: dg[1][0])
+
+
+def duplicate_report(groups: list[dict], dropped: int) -> dict:
+    """The manifest's stats.duplicates: counts and every group's paths (first = kept)."""
+    return {"groups": len(groups), "extra_copies": sum(len(g["paths"]) - 1 for g in groups), "dropped": dropped,
+            "list": groups}
+
+
 class ImagesJob(Job):
     """Plans, runs and finalizes an image repack."""
 
@@ -83,6 +136,9 @@ class ImagesJob(Job):
     def __init__(self, spec: ImagesSpec) -> None:
         super().__init__(spec)
         self.sink = get_sink(spec.to)
+        make_collector = getattr(self.sink, "collector", None)  # single-writer sinks (lmdb)
+        self.collector = make_collector(self.out) if make_collector else None
+        self._order: list[str] = []
 
     def check(self) -> None:
         src = Path(self.spec.source)
@@ -97,14 +153,26 @@ class ImagesJob(Job):
             random.Random(spec.seed).shuffle(items)
         classes = scan.classes
         width = len(str(max(len(classes) - 1, 0)))
+        inputs_total = len(items) + len(scan.quarantine)
+        dup_groups: list[dict] = []
+        if spec.dedup:
+            groups = find_duplicates(items)
+            dup_groups = [{"sha256": digest, "paths": [items[p].rel for p in g]} for digest, g in groups]
+            drop = {p for _, g in groups for p in g[1:]}
+            items = [item for p, item in enumerate(items) if p not in drop]
+        candidates = size_collisions(items)
         tasks = []
         for index, positions in enumerate(cut_into_shards(items, spec.shard_size, spec.shard_bytes)):
             inputs = [{**items[p].to_json(), "key": sample_key(p, items[p].rel),
-                       "cls": classes.get(items[p].label) if items[p].label is not None else None}
+                       "cls": classes.get(items[p].label) if items[p].label is not None else None,
+                       **({"hash": True} if p in candidates else {})}
                       for p in positions]
             tasks.append(Task(f"shard-{index:06d}", {"index": index, "inputs": inputs, "cls_width": width}))
-        info = {"classes": classes, "labeled": scan.labeled, "inputs": len(items) + len(scan.quarantine),
+        info = {"classes": classes, "labeled": scan.labeled, "inputs": inputs_total,
                 "skipped_junk": scan.skipped}
+        if spec.dedup:
+            info["dedup"] = dup_groups
+        self._order = [t.task_id for t in tasks]
         return Plan(tuple(tasks), scan.quarantine, info)
 
     def run_task(self, task: Task) -> dict:
@@ -115,6 +183,10 @@ class ImagesJob(Job):
         check_us: list[int] = []
         slowest: list[dict] = []
         formats: dict[str, int] = {}
+        hashes: list[list[str]] = []
+        converted: dict[str, int] = {}
+        normalized = 0
+        norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels) if spec.normalize else None
         width = task.payload["cls_width"]
         try:
             for entry in task.payload["inputs"]:
@@ -126,45 +198,104 @@ class ImagesJob(Job):
                     quarantine.append({"source": entry["rel"], "reason": f"unreadable: {exc.strerror or exc}"})
                     continue
                 t1 = time.perf_counter()
+                source_bytes = len(data)
+                if entry.get("hash"):
+                    hashes.append([entry["rel"], hashlib.sha256(data).hexdigest()])
                 try:
-                    info = inspect_image(data, spec.verify, spec.max_pixels)
+                    if norm is not None:
+                        result = normalize_image(data, norm, spec.verify)
+                        ext, img_w, img_h, data = result.ext, result.width, result.height, result.data
+                        src_w, src_h = result.source_size
+                        for reason in result.reasons:
+                            converted[reason] = converted.get(reason, 0) + 1
+                        normalized += bool(result.reasons)
+                    else:
+                        info = inspect_image(data, spec.verify, spec.max_pixels)
+                        ext, img_w, img_h = info.ext, info.width, info.height
+                        src_w, src_h = img_w, img_h
                 except BadImage as exc:
                     quarantine.append({"source": entry["rel"], "reason": str(exc)})
+                    if hashes and hashes[-1][0] == entry["rel"]:
+                        hashes.pop()
                     continue
                 t2 = time.perf_counter()
-                members = [(info.ext, data)]
+                members = [(ext if self.collector is None else "img", data)]
                 if entry["cls"] is not None:
                     members.append(("cls", b"%0*d" % (width, entry["cls"])))
-                meta = {"path": entry["rel"], "class": entry["label"], "width": info.width, "height": info.height,
-                        "bytes": len(data), "format": info.ext}
+                meta = {"path": entry["rel"], "class": entry["label"], "width": img_w, "height": img_h,
+                        "bytes": len(data), "format": ext}
+                if norm is not None and result.reasons:
+                    meta.update(source_bytes=source_bytes, source_width=src_w, source_height=src_h,
+                                normalized=list(result.reasons))
                 members.append(("json", json.dumps(meta, sort_keys=True).encode()))
                 writer.add_sample(entry["key"], members)
-                formats[info.ext] = formats.get(info.ext, 0) + 1
+                formats[ext] = formats.get(ext, 0) + 1
                 read_us.append(round((t1 - t0) * 1e6))
                 check_us.append(round((t2 - t1) * 1e6))
                 slowest = merge_slowest(slowest, [{"source": entry["rel"], "us": read_us[-1] + check_us[-1],
-                                                   "bytes": len(data), "width": info.width,
-                                                   "height": info.height}], SLOWEST_N)
+                                                   "bytes": source_bytes, "width": src_w,
+                                                   "height": src_h}], SLOWEST_N)
             shard = writer.commit()
         except BaseException:
             writer.abort()
             raise
-        return {"shard": shard, "outputs": self.sink.outputs(shard) if shard else [], "quarantine": quarantine,
-                "inputs": len(task.payload["inputs"]), "formats": formats,
-                "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
+        record = {"shard": shard, "outputs": self.sink.outputs(shard) if shard else [], "quarantine": quarantine,
+                  "inputs": len(task.payload["inputs"]), "formats": formats, "hashes": hashes,
+                  "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
+        if norm is not None:
+            record["normalize"] = {"converted": normalized, "reasons": converted}
+        if self.collector is not None:  # the part is imported by the driver; no shard of its own
+            record["part"], record["shard"] = shard, None
+        return record
+
+    # -- single-writer sinks (lmdb) ------------------------------------------------------------
+    def outputs_intact(self, record: dict) -> bool:
+        if self.collector is not None:
+            return self.collector.intact(record)
+        return super().outputs_intact(record)
+
+    def absorb(self, record: dict) -> None:
+        """Engine hook (driver process): hand a finished task to the single writer, if any."""
+        if self.collector is not None:
+            if not self._order:
+                raise RuntimeError("absorb() before plan()")
+            self.collector.absorb(record, self._order)
 
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
-        shards = [r["shard"] for r in records if r["shard"]]
         quarantine = list(plan.quarantine) + [q for r in records for q in r["quarantine"]]
         formats: dict[str, int] = {}
         for r in records:
             for ext, n in r["formats"].items():
                 formats[ext] = formats.get(ext, 0) + n
-        fields = {ext: "image" for ext in sorted(formats)}
+        fields = {ext: "image" for ext in sorted(formats)} if self.collector is None else {"img": "image"}
         if plan.info["labeled"]:
             fields["cls"] = "int"
         fields["json"] = "metadata"
+        if self.collector is not None:
+            shards = [self.collector.finish(records, {"classes": plan.info["classes"], "fields": fields,
+                                                      "labeled": plan.info["labeled"]})]
+        else:
+            shards = [r["shard"] for r in records if r["shard"]]
         samples = sum(s["samples"] for s in shards)
+        stats: dict = {"formats": formats}
+        if self.spec.normalize:
+            reasons: dict[str, int] = {}
+            for r in records:
+                for reason, n in r.get("normalize", {}).get("reasons", {}).items():
+                    reasons[reason] = reasons.get(reason, 0) + n
+            converted = sum(r.get("normalize", {}).get("converted", 0) for r in records)
+            stats["normalize"] = {"converted": converted, "passed_through": samples - converted,
+                                  "reasons": dict(sorted(reasons.items()))}
+        if self.spec.dedup:
+            stats["duplicates"] = duplicate_report(plan.info.get("dedup", []),
+                                                   sum(len(g["paths"]) - 1 for g in plan.info.get("dedup", [])))
+        else:
+            groups: dict[str, list[str]] = {}
+            for r in records:
+                for rel, digest in r.get("hashes", []):
+                    groups.setdefault(digest, []).append(rel)
+            stats["duplicates"] = duplicate_report(
+                [{"sha256": d, "paths": paths} for d, paths in groups.items() if len(paths) > 1], 0)
         read_us = [v for r in records for v in r["timing"]["read_us"]]
         check_us = [v for r in records for v in r["timing"]["check_us"]]
         slowest: list[dict] = []
@@ -177,9 +308,10 @@ class ImagesJob(Job):
             "shards": shards,
             "totals": {"inputs": plan.info["inputs"], "samples": samples, "quarantined": len(quarantine),
                        "bytes": sum(s["bytes"] for s in shards), "shards": len(shards),
-                       "skipped_junk": plan.info["skipped_junk"]},
+                       "skipped_junk": plan.info["skipped_junk"],
+                       **({"duplicates_dropped": stats["duplicates"]["dropped"]} if self.spec.dedup else {})},
             "quarantine": quarantine,
-            "stats": {"formats": formats},
+            "stats": stats,
             "run_stats": {"timing": {"read_ms": percentiles(read_us, 1e-3), "check_ms": percentiles(check_us, 1e-3),
                                      "slowest": slowest}},
         }

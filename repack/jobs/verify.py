@@ -63,12 +63,32 @@ def inspect_lines(root: str | Path) -> list[str]:
     lines.append(f"quarantined: {len(manifest.quarantine)}")
     lines += [f"  {n} x {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:15]]
     timing = data.get("run", {}).get("timing", {})
+    labels = {"read_ms": "read", "check_ms": "decode/check (+normalize)"}
     for name in ("read_ms", "check_ms"):
         if timing.get(name):
             t = timing[name]
-            lines.append(f"{name[:-3]} time per sample (ms): p50 {t['p50']} p90 {t['p90']} p99 {t['p99']} max {t['max']}")
+            lines.append(f"{labels[name]} time per sample (ms): p50 {t['p50']} p90 {t['p90']} p99 {t['p99']} max {t['max']}")
     if timing.get("slowest"):
         lines.append("slowest inputs:")
         lines += [f"  {s['us'] / 1000:.1f} ms  {s['source']}  {s['bytes']} B  {s['width']}x{s['height']}"
                   for s in timing["slowest"][:5]]
+    lines += image_report_lines(data.get("stats", {}))
+    hook = getattr(get_sink(manifest.format), "inspect_lines", None) if manifest.format in SINKS else None
+    if hook is not None:  # format-specific lines (e.g. text stats and the first document decoded)
+        lines += hook(manifest)
+    return lines
+
+
+def image_report_lines(stats: dict) -> list[str]:
+    """--normalize conversions and exact duplicates, from the manifest's stats."""
+    lines = []
+    norm = stats.get("normalize")
+    if norm:
+        lines.append(f"normalize: {norm['converted']} converted, {norm['passed_through']} passed through unchanged")
+        lines += [f"  {n} x {reason}" for reason, n in sorted(norm["reasons"].items(), key=lambda kv: -kv[1])]
+    dups = stats.get("duplicates")
+    if dups and dups.get("groups"):
+        dropped = f", {dups['dropped']} dropped by --dedup" if dups.get("dropped") else " (--dedup drops them)"
+        lines.append(f"exact duplicates: {dups['groups']} group(s), {dups['extra_copies']} extra cop(ies){dropped}")
+        lines += [f"  {' = '.join(g['paths'][:4])}{' ...' if len(g['paths']) > 4 else ''}" for g in dups["list"][:5]]
     return lines

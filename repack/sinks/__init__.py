@@ -8,6 +8,9 @@ from repack.errors import UsageError
 
 SINKS: dict[str, str] = {
     "webdataset": "repack.sinks.webdataset:WebDatasetSink",
+    "lmdb": "repack.sinks.lmdb_sink:LmdbSink",
+    "memmap": "repack.sinks.megatron:MemmapSink",
+    "videos": "repack.sinks.videos:VideosSink",
 }
 
 

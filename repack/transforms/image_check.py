@@ -17,6 +17,12 @@ from dataclasses import dataclass
 from PIL import Image, ImageFile
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False
+# The pixel limit is ours (``max_pixels``, checked on the declared size right after the header is
+# parsed and before any pixel is decoded); Pillow's own global limit would silently cap it.
+Image.MAX_IMAGE_PIXELS = None
+# Load every format plugin now, not inside the first sample's timed check (tens of ms that
+# would otherwise show up as a bogus "slowest input" in each worker).
+Image.init()
 
 # magic prefix -> canonical extension
 _MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -78,7 +84,8 @@ def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_
             image = Image.open(io.BytesIO(data))
             width, height = image.size
             if width * height > max_pixels:
-                raise BadImage(f"decompression bomb: {width}x{height} exceeds {max_pixels} pixels")
+                raise BadImage(f"decompression bomb: {width}x{height} = {width * height} pixels exceeds "
+                               f"--max-pixels {max_pixels}")
             info = ImageInfo(ext, width, height, image.mode, bool(image.info.get("progressive") or image.info.get("progression")))
             if level == "none":
                 return info

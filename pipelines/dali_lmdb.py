@@ -1,0 +1,114 @@
+"""NVIDIA DALI reader for ``repack images --to lmdb`` datasets.
+
+DALI has no LMDB reader for this layout, so ``fn.external_source`` is fed from the database
+(read-only, ``lock=False``; raw bytes and ASCII labels, never pickle) and the images are
+decoded by ``fn.decoders.image``: on the GPU (``device="mixed"``, nvJPEG, the hardware decoder
+for baseline JPEGs, which ``--normalize`` guarantees) when ``device_id`` is given, else on the
+CPU backend.
+
+Each pipeline (``shard_id`` of ``num_shards``) reads a contiguous, balanced range of the
+samples; with ``random_shuffle`` the range is read in a fresh permutation every epoch (seed +
+epoch). An epoch ends with the range: the source raises StopIteration and ``pipe.reset()``
+(or the DALI iterator) starts the next one. The last batch is partial unless ``pad_last_batch``
+(it repeats the range's last sample).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+
+from pipelines.torch_lmdb import LmdbReader, open_lmdb_dataset
+
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+class LmdbBatchSource:
+    """A batch callable for ``fn.external_source``: ([encoded images], [labels]) per call."""
+
+    def __init__(self, path: str, count: int, batch_size: int, shard_id: int = 0, num_shards: int = 1,
+                 random_shuffle: bool = False, seed: int = 0, pad_last_batch: bool = False) -> None:
+        if num_shards < 1 or not 0 <= shard_id < num_shards:
+            raise ValueError(f"shard {shard_id} of {num_shards} is not valid")
+        self.reader = LmdbReader(path, count)
+        self.start, self.stop = count * shard_id // num_shards, count * (shard_id + 1) // num_shards
+        self.batch_size, self.random_shuffle, self.seed, self.pad = batch_size, random_shuffle, seed, pad_last_batch
+        self.epoch = -1
+        self._order: list[int] = []
+        self._pos = 0
+        self._new_epoch()
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def _new_epoch(self) -> None:
+        self.epoch += 1
+        self._order = list(range(self.start, self.stop))
+        if self.random_shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(self._order)
+        self._pos = 0
+
+    def __call__(self):
+        if self._pos >= len(self._order):
+            self._new_epoch()
+            raise StopIteration
+        indices = self._order[self._pos:self._pos + self.batch_size]
+        self._pos += len(indices)
+        if self.pad and indices and len(indices) < self.batch_size:
+            indices += [indices[-1]] * (self.batch_size - len(indices))
+        images, labels = [], []
+        for index in indices:
+            raw = self.reader.get(index)
+            images.append(np.frombuffer(raw["img"], dtype=np.uint8))
+            labels.append(np.array([int(raw["cls"]) if raw["cls"] is not None else -1], dtype=np.int32))
+        return images, labels
+
+
+def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: int = 4,
+                        device_id: int | None = None, shard_id: int = 0, num_shards: int = 1,
+                        size: int | None = 224, random_shuffle: bool = False, seed: int = 0,
+                        normalize: bool = True, pad_last_batch: bool = False, prefetch_queue_depth: int = 2):
+    """A built DALI pipeline with outputs ``images`` and ``labels`` (int32, -1 when unlabeled).
+
+    ``size`` given: resize the shorter side to ``size`` and center-crop ``size`` x ``size``, then
+    (``normalize``) float CHW with ImageNet mean/std, else uint8 HWC; ``size=None``: decoded
+    uint8 HWC RGB. ``device_id=None`` runs on the CPU backend.
+    """
+    from nvidia.dali import fn, types
+    from nvidia.dali.pipeline import Pipeline
+
+    _, path, count = open_lmdb_dataset(root)
+    source = LmdbBatchSource(path, count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch)
+    gpu = device_id is not None
+    pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
+                    prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True)
+    with pipe:
+        jpegs, labels = fn.external_source(source=source, num_outputs=2, batch=True, parallel=False,
+                                           dtype=[types.UINT8, types.INT32])
+        images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
+        if size is not None:
+            images = fn.resize(images, resize_shorter=size)
+            if normalize:
+                images = fn.crop_mirror_normalize(images, crop=(size, size), mean=list(IMAGENET_MEAN),
+                                                  std=list(IMAGENET_STD), dtype=types.FLOAT,
+                                                  output_layout="CHW")
+            else:
+                images = fn.crop(images, crop=(size, size))
+        labels = fn.reshape(labels, shape=[])
+        pipe.set_outputs(images, labels.gpu() if gpu else labels)
+    pipe.build()
+    return pipe
+
+
+def read_epoch(pipe) -> list:
+    """Run ``pipe`` until its source ends one epoch; the list of (images, labels) batches (then reset)."""
+    batches = []
+    while True:
+        try:
+            batches.append(pipe.run())
+        except StopIteration:
+            pipe.reset()
+            return batches

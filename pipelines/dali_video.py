@@ -1,0 +1,73 @@
+"""DALI video pipeline over a `repack video` output: ``fn.readers.video`` on the GPU (NVDEC).
+
+``build_video_pipeline`` reads the manifest's usable videos (files under OUT/videos, paths
+confined to the root) with their class indices and returns a pipeline whose outputs are
+``frames`` (N, F, H, W, 3) uint8 and ``labels`` (N, 1) int32. Sampling: ``sequence_length``
+frames ``stride`` apart, clip starts ``step`` apart (``-1``: ``sequence_length``), exactly as
+pipelines.torch_video. ``resize=(h, w)`` makes a batch uniform when videos differ in size.
+
+``reader="legacy"`` (default) is ``fn.readers.video`` (GPU only: DALI's PyPI FFmpeg has no
+software H.264/HEVC decoder); ``reader="experimental"`` is ``fn.experimental.readers.video``,
+which also runs on the CPU for VP8/VP9/MJPEG (used by the CI tests).
+"""
+
+from __future__ import annotations
+
+from pipelines.torch_video import manifest_videos
+
+READER_NAME = "VideoReader"
+
+
+def video_inputs(root) -> tuple[list[str], list[int]]:
+    """(absolute file paths, class indices) of the manifest's videos, in manifest order."""
+    entries, manifest = manifest_videos(root)
+    return [str(manifest.path(e["path"])) for e in entries], [int(e.get("cls") or 0) for e in entries]
+
+
+def build_video_pipeline(root, *, sequence_length: int, batch_size: int, stride: int = 1, step: int = -1,
+                         shard_id: int = 0, num_shards: int = 1, random_shuffle: bool = False, seed: int = 0,
+                         device: str = "gpu", device_id: int | None = 0, num_threads: int = 4,
+                         initial_fill: int = 64, resize: tuple[int, int] | None = None, reader: str = "legacy",
+                         prefetch_queue_depth: int = 2, pad_last_batch: bool = True):
+    """A built DALI Pipeline over the videos of the dataset in ``root``."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    files, labels = video_inputs(root)
+    if not files:
+        raise ValueError(f"{root}: the manifest lists no videos")
+
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
+                  prefetch_queue_depth=prefetch_queue_depth)
+    def video_pipeline():
+        common = dict(filenames=files, labels=labels, sequence_length=sequence_length, stride=stride, step=step,
+                      shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle,
+                      initial_fill=initial_fill, pad_last_batch=pad_last_batch, name=READER_NAME)
+        if reader == "legacy":
+            frames, label = fn.readers.video(device="gpu", dtype=types.UINT8, **common)
+        else:
+            frames, label = fn.experimental.readers.video(device=device, **common)
+        if resize is not None:
+            frames = fn.resize(frames, resize_y=resize[0], resize_x=resize[1])
+        return frames, label
+
+    pipe = video_pipeline()
+    pipe.build()
+    return pipe
+
+
+class DALIVideoLoader:
+    """A PyTorch-style iterator over a video pipeline: yields (frames, labels) torch tensors."""
+
+    def __init__(self, root, *, sequence_length: int, batch_size: int, auto_reset: bool = True, **kwargs) -> None:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        self.pipe = build_video_pipeline(root, sequence_length=sequence_length, batch_size=batch_size, **kwargs)
+        self._it = DALIGenericIterator([self.pipe], ["frames", "labels"], reader_name=READER_NAME,
+                                       last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=auto_reset)
+
+    def __iter__(self):
+        for batch in self._it:
+            yield batch[0]["frames"], batch[0]["labels"].view(-1).long()
+
+    def __len__(self) -> int:
+        return len(self._it)

@@ -1,0 +1,132 @@
+"""NVIDIA DALI reader for image WebDatasets written by ``repack images``.
+
+``build_image_pipeline`` reads the manifest's shards with ``fn.readers.webdataset`` and their
+DALI index files, with ``missing_component_behavior="error"`` (DALI's default would silently
+yield empty samples), decodes on the GPU (``device="mixed"``) when a ``device_id`` is given and
+on the CPU backend otherwise, and optionally resizes, crops and normalizes.
+
+The label is computed inside DALI from the ``.cls`` member: zero-padded ASCII digits of one
+fixed width per dataset (repack guarantees it). The bytes are cast to int32, 48 (``'0'``) is
+subtracted, each digit is weighted by its power of ten and the row is summed.
+
+``dali_image_loader`` wraps the pipeline in a ``DALIGenericIterator`` (torch tensors) that
+knows the reader's epoch size through ``reader_name``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from pipelines.manifest_access import image_extensions, is_labeled, open_webdataset, read_index, shard_files
+from repack.manifest import ManifestError
+
+READER = "Reader"
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+def cls_width(manifest) -> int:
+    """Width in bytes of the dataset's ``.cls`` members (checked on the first sample)."""
+    for shard, entry in enumerate(manifest.shards):
+        if entry.samples:
+            for ext, _, size in read_index(manifest, shard, 0, 1)[0].members:
+                if ext == "cls":
+                    return size
+            raise ManifestError(f"{manifest.root}: the manifest has a cls field, the first sample has no .cls")
+    raise ManifestError(f"{manifest.root}: no samples")
+
+
+def output_names(root: str | os.PathLike, with_meta: bool = False) -> list[str]:
+    """Names of the pipeline's outputs, in order: images[, labels][, meta]."""
+    names = ["images"]
+    if is_labeled(open_webdataset(root, "images")):
+        names.append("labels")
+    if with_meta:
+        names.append("meta")
+    return names
+
+
+def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: int = 4,
+                         device_id: int | None = None, shard_id: int = 0, num_shards: int = 1,
+                         size: int | None = 224, random_shuffle: bool = False, seed: int = 0,
+                         train: bool = False, mean: Sequence[float] = IMAGENET_MEAN,
+                         std: Sequence[float] = IMAGENET_STD, with_meta: bool = False,
+                         initial_fill: int = 1024, pad_last_batch: bool = True, prefetch_queue_depth: int = 2,
+                         hw_decoder_load: float | None = None):
+    """A built DALI pipeline over the dataset in ``root``.
+
+    Outputs (see ``output_names``): ``images`` (``size`` given: float CHW normalized
+    ``size`` x ``size``; else decoded uint8 HWC RGB), ``labels`` (int32 scalars, when the dataset
+    is labeled) and, with ``with_meta``, ``meta`` (the ``.json`` member's bytes, zero-padded
+    to the longest in the batch). ``train`` uses a random resized crop and a random mirror
+    instead of resize-shorter + center crop. ``device_id=None`` runs on the CPU backend.
+    """
+    from nvidia.dali import fn, types
+    from nvidia.dali.pipeline import Pipeline
+
+    manifest = open_webdataset(root, "images")
+    paths, index_paths = shard_files(manifest)
+    labeled = is_labeled(manifest)
+    exts = [";".join(image_extensions(manifest))]
+    if labeled:
+        exts.append("cls")
+        width = cls_width(manifest)
+    if with_meta:
+        exts.append("json")
+    gpu = device_id is not None
+    pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
+                    prefetch_queue_depth=prefetch_queue_depth)
+    with pipe:
+        outputs = fn.readers.webdataset(
+            paths=paths, index_paths=index_paths, ext=exts, missing_component_behavior="error", name=READER,
+            shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle, initial_fill=initial_fill,
+            pad_last_batch=pad_last_batch, seed=seed)
+        outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        encoded = outputs.pop(0)
+        decoder_args = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB}
+        if gpu and hw_decoder_load is not None:
+            decoder_args["hw_decoder_load"] = hw_decoder_load
+        if size is not None and train:
+            images = fn.decoders.image_random_crop(encoded, **decoder_args, seed=seed)
+            images = fn.resize(images, resize_x=size, resize_y=size)
+            mirror = fn.random.coin_flip(probability=0.5, seed=seed)
+        else:
+            images = fn.decoders.image(encoded, **decoder_args)
+            if size is not None:
+                images = fn.resize(images, resize_shorter=size)
+            mirror = 0
+        if size is not None:
+            images = fn.crop_mirror_normalize(images, crop=(size, size), mean=list(mean), std=list(std),
+                                              mirror=mirror, dtype=types.FLOAT, output_layout="CHW")
+        results = [images]
+        if labeled:
+            digits = fn.cast(outputs.pop(0), dtype=types.INT32) - 48
+            powers = types.Constant(np.array([10 ** (width - 1 - i) for i in range(width)], dtype=np.int32))
+            results.append(fn.reductions.sum(digits * powers, axes=0))
+        if with_meta:
+            results.append(fn.pad(outputs.pop(0), fill_value=0))
+        pipe.set_outputs(*results)
+    pipe.build()
+    return pipe
+
+
+def dali_image_loader(root: str | os.PathLike, batch_size: int, num_threads: int = 4, device_id: int | None = None,
+                      shard_id: int = 0, num_shards: int = 1, last_batch: str = "partial", auto_reset: bool = True,
+                      **pipeline_args):
+    """A ``DALIGenericIterator`` over ``build_image_pipeline``; yields dicts of torch tensors.
+
+    ``last_batch``: ``"partial"`` (every sample of the shard once per epoch, the last batch
+    smaller), ``"drop"`` or ``"fill"`` (DALI's LastBatchPolicy).
+    """
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    policies = {"partial": LastBatchPolicy.PARTIAL, "drop": LastBatchPolicy.DROP, "fill": LastBatchPolicy.FILL}
+    if last_batch not in policies:
+        raise ValueError(f"last_batch must be one of {sorted(policies)}, not {last_batch!r}")
+    pipe = build_image_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards, **pipeline_args)
+    names = output_names(root, pipeline_args.get("with_meta", False))
+    return DALIGenericIterator([pipe], names, reader_name=READER, last_batch_policy=policies[last_batch],
+                               auto_reset=auto_reset)

@@ -1,0 +1,130 @@
+"""Shared helpers for the readers: open a WebDataset manifest, parse DALI index files, split work.
+
+Stdlib only; imports ``repack.manifest`` and nothing else from repack. Every file path comes
+from the manifest through ``Manifest.path`` (confined to the dataset root).
+
+An index file (``.idx``, DALI's format v1.2, written by repack next to each tar) has a header
+line ``v1.2 <samples>`` and one line per sample: groups of four tokens
+``<ext> <data offset> <size> <member name>``, the members of a sample being adjacent in the tar.
+The readers use it to ``pread`` exactly the bytes of the samples they own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from repack.manifest import Manifest, ManifestError, read_manifest
+
+IMAGE_EXTENSIONS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Where one sample's members lie in its shard: ``members`` is ((ext, offset, size), ...)."""
+
+    shard: int
+    key: str
+    members: tuple
+    start: int  # first data byte of the sample in the tar
+    end: int  # one past its last data byte
+
+
+def open_webdataset(root: str | os.PathLike, modality: str = "images") -> Manifest:
+    """Read and validate ``root/manifest.json``; require a WebDataset of ``modality`` with index files."""
+    manifest = read_manifest(root)
+    if manifest.format != "webdataset":
+        raise ManifestError(f"{manifest.root}: format {manifest.format!r}, this reader reads 'webdataset'")
+    if manifest.modality != modality:
+        raise ManifestError(f"{manifest.root}: modality {manifest.modality!r}, this reader reads {modality!r}")
+    for shard in manifest.shards:
+        if not shard.index:
+            raise ManifestError(f"{manifest.root}: shard {shard.path} has no index file")
+    return manifest
+
+
+def image_extensions(manifest: Manifest) -> list[str]:
+    """The image member extensions of the dataset (fields typed ``image`` or ``image/...``), sorted."""
+    exts = sorted(ext for ext, kind in manifest.fields.items()
+                  if isinstance(kind, str) and (kind == "image" or kind.startswith("image/")))
+    if not exts:
+        raise ManifestError(f"{manifest.root}: the manifest names no image field ({sorted(manifest.fields)})")
+    return exts
+
+
+def is_labeled(manifest: Manifest) -> bool:
+    """True when samples carry a ``.cls`` member."""
+    return "cls" in manifest.fields
+
+
+def shard_files(manifest: Manifest) -> tuple[list[str], list[str]]:
+    """Absolute tar paths and index paths, in manifest order (confined to the root)."""
+    shards = manifest.shards
+    return [str(manifest.path(s.path)) for s in shards], [str(manifest.path(s.index)) for s in shards]
+
+
+def parse_index_lines(text: str, where: str) -> list[str]:
+    """The sample lines of an index file, after checking its header."""
+    lines = text.splitlines()
+    if not lines:
+        raise ManifestError(f"{where}: empty index file")
+    head = lines[0].split()
+    if len(head) != 2 or head[0] != "v1.2" or not head[1].isdigit() or int(head[1]) != len(lines) - 1:
+        raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
+    return lines[1:]
+
+
+def parse_sample(line: str, shard: int, where: str) -> Sample:
+    """One index line -> Sample."""
+    tokens = line.split(" ")
+    if not tokens or len(tokens) % 4:
+        raise ManifestError(f"{where}: malformed index line {line[:80]!r}")
+    members = []
+    key = None
+    for i in range(0, len(tokens), 4):
+        ext, off, size, name = tokens[i:i + 4]
+        if not (off.isdigit() and size.isdigit()):
+            raise ManifestError(f"{where}: malformed index line {line[:80]!r}")
+        members.append((ext, int(off), int(size)))
+        key = key or name.split(".", 1)[0]
+    return Sample(shard, key, tuple(members), min(m[1] for m in members), max(m[1] + m[2] for m in members))
+
+
+def read_index(manifest: Manifest, shard: int, start: int = 0, stop: int | None = None) -> list[Sample]:
+    """Samples ``start:stop`` of shard number ``shard``, from its index file."""
+    entry = manifest.data["shards"][shard]
+    path = manifest.path(entry["index"])
+    lines = parse_index_lines(Path(path).read_text(encoding="ascii"), str(path))
+    if len(lines) != int(entry["samples"]):
+        raise ManifestError(f"{path}: {len(lines)} samples, the manifest says {entry['samples']}")
+    return [parse_sample(line, shard, str(path)) for line in lines[start:stop]]
+
+
+def split_range(n: int, parts: int, index: int) -> tuple[int, int]:
+    """The ``index``-th of ``parts`` contiguous, balanced pieces of ``range(n)``: (start, stop)."""
+    if parts < 1 or not 0 <= index < parts:
+        raise ValueError(f"part {index} of {parts} is not a valid split")
+    return n * index // parts, n * (index + 1) // parts
+
+
+def segments(counts: list[int], order: list[int], start: int, stop: int) -> list[tuple[int, int, int]]:
+    """Map positions ``start:stop`` of the shards concatenated in ``order`` to (shard, local start, local stop)."""
+    out = []
+    base = 0
+    for shard in order:
+        n = counts[shard]
+        lo, hi = max(start, base), min(stop, base + n)
+        if lo < hi:
+            out.append((shard, lo - base, hi - base))
+        base += n
+        if base >= stop:
+            break
+    return out
+
+
+def parse_label(data: bytes) -> int:
+    """A ``.cls`` member (ASCII decimal digits, zero-padded) -> int; never unpickles anything."""
+    if not data or not data.isdigit():
+        raise ValueError(f"a .cls member must be ASCII digits, got {bytes(data[:20])!r}")
+    return int(data)

@@ -1,0 +1,140 @@
+"""PyTorch reader for ``repack images --to lmdb`` datasets: a map-style Dataset.
+
+Random access by index (``len``, ``dataset[i]``), so any sampler works (``shuffle=True``,
+``DistributedSampler``). The LMDB environment is opened lazily in the process that first
+reads (each DataLoader worker opens its own: read-only, ``lock=False``; OS readahead stays on,
+since an image value spans many pages) and is never pickled. Keys (see ``repack/sinks/lmdb_sink.py``): ``s/<index:010d>/img`` image bytes,
+``.../cls`` ASCII decimal label, ``.../json`` metadata; ``__meta__`` JSON. No pickle.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any, Callable
+
+from torch.utils.data import Dataset
+
+from repack.manifest import Manifest, ManifestError, read_manifest
+
+LAYOUT = "repack-lmdb/1"
+UNLABELED = -1
+
+
+def open_lmdb_dataset(root: str | os.PathLike) -> tuple[Manifest, str, int]:
+    """Validate the manifest of an image LMDB dataset: (manifest, absolute db path, samples)."""
+    manifest = read_manifest(root)
+    if manifest.format != "lmdb":
+        raise ManifestError(f"{manifest.root}: format {manifest.format!r}, this reader reads 'lmdb'")
+    entries = manifest.data["shards"]
+    if len(entries) != 1 or entries[0].get("layout") != LAYOUT:
+        raise ManifestError(f"{manifest.root}: expected one database of layout {LAYOUT}")
+    return manifest, str(manifest.path(entries[0]["path"])), int(entries[0]["samples"])
+
+
+_ENVS: dict[str, tuple[int, Any]] = {}  # path -> (pid, environment): LMDB allows one per file per process
+
+
+def _environment(path: str):
+    """This process's read-only environment of ``path``; one inherited through fork is closed, not used."""
+    pid, env = _ENVS.get(path, (None, None))
+    if pid != os.getpid():
+        import lmdb
+
+        if env is not None:  # a parent's handle (fork): unusable here, and it blocks a new open
+            env.close()
+        env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=True, max_readers=1024,
+                        meminit=False)
+        _ENVS[path] = (os.getpid(), env)
+    return env
+
+
+class LmdbReader:
+    """Lazily opened, fork-safe read access to the samples of one database."""
+
+    def __init__(self, path: str, count: int) -> None:
+        self.path = path
+        self.count = count
+
+    def _txn(self):
+        return _environment(self.path).begin(buffers=False)
+
+    def get(self, index: int, fields: tuple[str, ...] = ("img", "cls")) -> dict[str, bytes | None]:
+        """Raw values of sample ``index`` (None for a missing field)."""
+        if not 0 <= index < self.count:
+            raise IndexError(f"sample {index} out of range 0..{self.count - 1}")
+        with self._txn() as txn:
+            return {f: txn.get(b"s/%010d/%s" % (index, f.encode())) for f in fields}
+
+    def meta(self) -> dict:
+        with self._txn() as txn:
+            return json.loads(txn.get(b"__meta__"))
+
+
+
+class LmdbImageDataset(Dataset):
+    """``dataset[i] -> (image, label)`` (or a dict with ``output="dict"``) over an image LMDB.
+
+    Args:
+        root: the dataset folder (holds ``manifest.json`` and ``data.lmdb``).
+        transform: applied to each decoded PIL image.
+        mode: PIL mode to convert to (``"RGB"``); None keeps the stored mode.
+        decode: False returns the raw image bytes.
+        output: ``"tuple"`` or ``"dict"`` ({"index", "image", "label", "meta"}).
+    """
+
+    def __init__(self, root: str | os.PathLike, transform: Callable | None = None, mode: str | None = "RGB",
+                 decode: bool = True, output: str = "tuple") -> None:
+        if output not in ("tuple", "dict"):
+            raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
+        self.manifest, path, count = open_lmdb_dataset(root)
+        self.reader = LmdbReader(path, count)
+        self.labeled = "cls" in self.manifest.fields
+        self.transform, self.mode, self.decode, self.output = transform, mode, decode, output
+
+    @property
+    def classes(self) -> dict[str, int]:
+        return self.manifest.classes
+
+    def __len__(self) -> int:
+        return self.reader.count
+
+    def __getitem__(self, index: int) -> Any:
+        if index < 0:
+            index += len(self)
+        fields = ("img", "cls", "json") if self.output == "dict" else ("img", "cls")
+        raw = self.reader.get(index, fields)
+        label = int(raw["cls"]) if raw["cls"] is not None else UNLABELED
+        image: Any = raw["img"]
+        if self.decode:
+            from PIL import Image
+
+            image = Image.open(io.BytesIO(image))
+            if self.mode is not None and image.mode != self.mode:
+                image = image.convert(self.mode)
+            if self.transform is not None:
+                image = self.transform(image)
+        if self.output == "dict":
+            return {"index": index, "image": image, "label": label,
+                    "meta": json.loads(raw["json"]) if raw.get("json") else None}
+        return image, label
+
+
+def resize_to_tensor(size: int = 224) -> Callable:
+    """A transform: resize (shorter side, bilinear) + center crop to ``size``, then a uint8 CHW tensor."""
+
+    def transform(image):
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        w, h = image.size
+        scale = size / min(w, h)
+        image = image.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
+        w, h = image.size
+        left, top = (w - size) // 2, (h - size) // 2
+        image = image.crop((left, top, left + size, top + size))
+        return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+    return transform

@@ -1,0 +1,283 @@
+"""PyTorch readers for token memmaps written by ``repack text --tokenize memmap``.
+
+- ``PackedTokenDataset``: fixed ``seq_len + 1`` token windows over the concatenated stream
+  of every document (crossing document and prefix boundaries, like nanoGPT and Megatron's
+  GPTDataset), window ``w`` = tokens ``[w*seq_len, w*seq_len + seq_len + 1)``; a seeded
+  permutation per epoch (``set_epoch``), split evenly across ranks.
+- ``DocumentDataset``: one document per item (optionally truncated to ``max_len``), with
+  ``collate_pad`` (dynamic padding to the longest in the batch, attention mask) and
+  ``LengthGroupedBatchSampler`` (batches of similar lengths; ``padding_fraction`` measures
+  what it saves against random batching).
+
+Zero-copy: items are views of the ``.bin`` memmap (opened copy-on-write, so torch accepts
+the buffer without a copy, and the file is never written); the only copy is the batch
+``torch.stack``. Tokens keep the storage dtype (uint16 or int32) unless ``dtype`` is given:
+cast on the GPU with ``.long()``, which also moves 4x fewer bytes. The memmaps are opened
+lazily in each process (DataLoader workers included) and never pickled: only paths travel.
+
+Imports ``repack.manifest`` and nothing else from repack; the ``.idx`` layout
+(Megatron MMIDIDX) is parsed here independently.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from repack.manifest import read_manifest
+
+_HEADER = struct.Struct("<9sQBQQ")
+_DTYPES = {8: np.dtype("<u2"), 4: np.dtype("<i4")}
+
+
+@dataclass
+class _Prefix:
+    bin_path: str
+    idx_path: str
+    documents: int
+    tokens: int
+
+
+def _parse_idx(path: str) -> tuple[np.dtype, np.ndarray, np.ndarray]:
+    """(dtype, lengths int32[N], byte pointers int64[N]) of a Megatron .idx, memory-mapped."""
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    magic, version, code, n, d = _HEADER.unpack(bytes(buf[:_HEADER.size]))
+    if magic != b"MMIDIDX\x00\x00" or version != 1 or code not in _DTYPES:
+        raise ValueError(f"{path}: not a Megatron MMIDIDX v1 token index")
+    if len(buf) != _HEADER.size + 12 * n + 8 * d:
+        raise ValueError(f"{path}: size does not match its header")
+    lengths = np.frombuffer(buf, dtype="<i4", count=n, offset=_HEADER.size)
+    pointers = np.frombuffer(buf, dtype="<i8", count=n, offset=_HEADER.size + 4 * n)
+    return _DTYPES[code], lengths, pointers
+
+
+class TokenMemmap:
+    """The prefixes of one repack text dataset, opened lazily (and re-opened after a fork)."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        manifest = read_manifest(root)
+        if manifest.format != "memmap":
+            raise ValueError(f"{root}: format {manifest.format!r}, not a token memmap")
+        self.root = str(manifest.root)
+        self.prefixes = [_Prefix(str(manifest.path(s["path"])), str(manifest.path(s["index"])), int(s["samples"]),
+                                 int(s["tokens"])) for s in manifest.data["shards"]]
+        self.dtype = np.dtype(manifest.data["dtype"])
+        self.eos_id = manifest.data.get("tokenizer", {}).get("eos_id")
+        self.num_documents = sum(p.documents for p in self.prefixes)
+        self.num_tokens = sum(p.tokens for p in self.prefixes)
+        self.doc_starts = np.cumsum([0] + [p.documents for p in self.prefixes], dtype=np.int64)
+        self.token_starts = np.cumsum([0] + [p.tokens for p in self.prefixes], dtype=np.int64)
+        self._pid = -1
+        self._bins: list[np.ndarray] = []
+        self._lengths: list[np.ndarray] = []
+        self._pointers: list[np.ndarray] = []
+
+    def __getstate__(self) -> dict:  # only paths and counts travel to workers
+        state = dict(self.__dict__)
+        state.update(_pid=-1, _bins=[], _lengths=[], _pointers=[])
+        return state
+
+    def _open(self) -> None:
+        if self._pid == os.getpid():
+            return
+        bins, lengths, pointers = [], [], []
+        for p in self.prefixes:
+            dtype, lens, ptrs = _parse_idx(p.idx_path)
+            if dtype != self.dtype:
+                raise ValueError(f"{p.idx_path}: dtype {dtype} differs from the manifest's {self.dtype}")
+            bins.append(np.memmap(p.bin_path, dtype=dtype, mode="c") if p.tokens else np.zeros(0, dtype))
+            lengths.append(lens)
+            pointers.append(ptrs)
+        self._bins, self._lengths, self._pointers, self._pid = bins, lengths, pointers, os.getpid()
+
+    def lengths(self) -> np.ndarray:
+        """Tokens per document, all prefixes in order (int64; one copy, index-sized)."""
+        self._open()
+        return np.concatenate([np.asarray(x, dtype=np.int64) for x in self._lengths]) if self._lengths \
+            else np.zeros(0, np.int64)
+
+    def document(self, index: int, max_len: int | None = None) -> np.ndarray:
+        """Document ``index`` (global), a view on the memmap."""
+        self._open()
+        if not 0 <= index < self.num_documents:
+            raise IndexError(index)
+        p = int(np.searchsorted(self.doc_starts, index, side="right")) - 1
+        i = index - int(self.doc_starts[p])
+        start = int(self._pointers[p][i]) // self.dtype.itemsize
+        count = int(self._lengths[p][i])
+        if max_len is not None:
+            count = min(count, max_len)
+        return self._bins[p][start:start + count]
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of the concatenated stream: a view when inside one prefix."""
+        self._open()
+        p = int(np.searchsorted(self.token_starts, start, side="right")) - 1
+        local = start - int(self.token_starts[p])
+        if stop <= int(self.token_starts[p + 1]):
+            return self._bins[p][local:local + (stop - start)]
+        pieces = []
+        while start < stop:  # a window crossing prefixes: the one case that copies
+            p = int(np.searchsorted(self.token_starts, start, side="right")) - 1
+            local = start - int(self.token_starts[p])
+            take = min(stop, int(self.token_starts[p + 1])) - start
+            pieces.append(self._bins[p][local:local + take])
+            start += take
+        return np.concatenate(pieces)
+
+
+def _as_tensor(array: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:
+    tensor = torch.from_numpy(array)  # shares the copy-on-write memmap pages
+    return tensor if dtype is None else tensor.to(dtype)
+
+
+class PackedTokenDataset(Dataset):
+    """Map-style dataset of ``seq_len + 1``-token windows (inputs = w[:-1], targets = w[1:])."""
+
+    def __init__(self, root: str | os.PathLike, seq_len: int, *, shuffle: bool = True, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, dtype: torch.dtype | None = None) -> None:
+        if seq_len < 1:
+            raise ValueError("seq_len must be >= 1")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} not in [0, {world_size})")
+        self.data = TokenMemmap(root)
+        self.seq_len = seq_len
+        self.shuffle, self.seed, self.rank, self.world_size, self.dtype = shuffle, seed, rank, world_size, dtype
+        self.num_windows = max(0, (self.data.num_tokens - 1) // seq_len)
+        self.per_rank = self.num_windows // world_size  # equal counts on every rank (tail dropped)
+        self.epoch = 0
+        self._order: np.ndarray | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle deterministically for ``epoch`` (same on every rank)."""
+        self.epoch = epoch
+        self._order = None
+
+    def window_ids(self) -> np.ndarray:
+        """The global window numbers this rank reads, in order, for the current epoch."""
+        if self._order is None:
+            total = self.per_rank * self.world_size
+            order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.num_windows)[:total]
+                     if self.shuffle else np.arange(total))
+            self._order = order[self.rank::self.world_size]
+        return self._order
+
+    def __len__(self) -> int:
+        return self.per_rank
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if not 0 <= index < self.per_rank:
+            raise IndexError(index)
+        w = int(self.window_ids()[index])
+        start = w * self.seq_len
+        return _as_tensor(self.data.tokens(start, start + self.seq_len + 1), self.dtype)
+
+
+def split_inputs_targets(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of a batch of windows, as int64."""
+    batch = batch.long()
+    return batch[:, :-1], batch[:, 1:]
+
+
+class DocumentDataset(Dataset):
+    """One document per item, truncated to ``max_len`` tokens when given."""
+
+    def __init__(self, root: str | os.PathLike, max_len: int | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        self.data = TokenMemmap(root)
+        self.max_len = max_len
+        self.dtype = dtype
+        self._lengths: np.ndarray | None = None
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Item lengths after truncation (for LengthGroupedBatchSampler)."""
+        if self._lengths is None:
+            lengths = self.data.lengths()
+            self._lengths = np.minimum(lengths, self.max_len) if self.max_len else lengths
+        return self._lengths
+
+    def __len__(self) -> int:
+        return self.data.num_documents
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return _as_tensor(self.data.document(index, self.max_len), self.dtype)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_lengths"] = None
+        return state
+
+
+def collate_pad(batch: Sequence[torch.Tensor], pad_id: int = 0, pad_to_multiple_of: int = 1) -> dict:
+    """Pad to the longest document of the batch: {input_ids int64 [B, L], attention_mask [B, L], lengths [B]}."""
+    lengths = torch.tensor([len(x) for x in batch], dtype=torch.int64)
+    longest = int(lengths.max()) if len(batch) else 0
+    longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+    ids = torch.full((len(batch), longest), pad_id, dtype=torch.int64)
+    for row, x in enumerate(batch):
+        ids[row, :len(x)] = x
+    mask = torch.arange(longest)[None, :] < lengths[:, None]
+    return {"input_ids": ids, "attention_mask": mask.to(torch.int64), "lengths": lengths}
+
+
+class LengthGroupedBatchSampler(Sampler[list[int]]):
+    """Batches of similar length: a seeded shuffle cut into mega-batches of ``mega`` batches,
+    each sorted by length and cut into batches, then the batch order shuffled.
+
+    With ``world_size > 1`` each rank gets every ``world_size``-th batch (equal counts).
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, *, seed: int = 0, mega: int = 50,
+                 drop_last: bool = False, rank: int = 0, world_size: int = 1) -> None:
+        self.lengths = np.asarray(lengths)
+        self.batch_size, self.seed, self.mega, self.drop_last = batch_size, seed, mega, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(len(self.lengths))
+        span = self.batch_size * self.mega
+        out: list[list[int]] = []
+        for start in range(0, len(order), span):
+            chunk = order[start:start + span]
+            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+            out += [chunk[i:i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
+        if self.drop_last:
+            out = [b for b in out if len(b) == self.batch_size]
+        out = [out[i] for i in rng.permutation(len(out))]
+        usable = len(out) // self.world_size * self.world_size if self.world_size > 1 else len(out)
+        return out[:usable][self.rank::self.world_size]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches())
+
+    def __len__(self) -> int:
+        return len(self.batches())
+
+
+def random_batches(n: int, batch_size: int, seed: int = 0) -> list[list[int]]:
+    """Plain shuffled batches (the baseline for padding_fraction)."""
+    order = np.random.default_rng(seed).permutation(n)
+    return [order[i:i + batch_size].tolist() for i in range(0, n, batch_size)]
+
+
+def padding_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
+    """Share of padded positions when each batch is padded to its longest item."""
+    lengths = np.asarray(lengths)
+    real = padded = 0
+    for batch in batches:
+        ls = lengths[np.asarray(batch, dtype=np.int64)]
+        real += int(ls.sum())
+        padded += int(ls.max()) * len(ls) if len(ls) else 0
+    return 1.0 - real / padded if padded else 0.0

@@ -1,0 +1,86 @@
+"""PyTorch clip dataset over a `repack video` output, decoding on the CPU with PyAV.
+
+Sampling follows DALI's ``fn.readers.video``: a clip is ``sequence_length`` frames taken
+``stride`` frames apart; clip starts are ``step`` frames apart (``step <= 0`` means
+``sequence_length``, DALI's default) and a clip never runs past the last frame. Frame numbers
+count decoded frames from 0, located through the constant frame rate repack guarantees.
+
+DataLoader-worker safe: the dataset holds only paths and integers; each ``__getitem__`` opens
+its own container. Items: ``(frames uint8 tensor (F, H, W, 3), label int)``.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from repack.manifest import read_manifest
+
+
+def manifest_videos(root) -> tuple[list[dict], object]:
+    """The per-video entries of a `repack video` manifest (either format) and the Manifest."""
+    manifest = read_manifest(root)
+    if manifest.modality != "video":
+        raise ValueError(f"{manifest.root}: a {manifest.modality!r} dataset, not video")
+    entries = manifest.data["videos"] if manifest.format == "webdataset" else manifest.data["shards"]
+    return list(entries), manifest
+
+
+def clip_starts(frames: int, sequence_length: int, stride: int = 1, step: int = -1) -> list[int]:
+    """First-frame indices of every clip of a ``frames``-long video (DALI's sampling)."""
+    step = sequence_length if step is None or step <= 0 else step
+    span = (sequence_length - 1) * stride + 1
+    return list(range(0, frames - span + 1, step)) if frames >= span else []
+
+
+class VideoClipDataset:
+    """Map-style dataset of clips; ``shard_id``/``num_shards`` split the clips like DALI does."""
+
+    def __init__(self, root, sequence_length: int, stride: int = 1, step: int = -1, shard_id: int = 0,
+                 num_shards: int = 1, transform=None) -> None:
+        if sequence_length < 1 or stride < 1:
+            raise ValueError("sequence_length and stride must be >= 1")
+        entries, manifest = manifest_videos(root)
+        self.paths = [str(manifest.path(e["path"])) for e in entries]
+        self.labels = [int(e["cls"]) if e.get("cls") is not None else -1 for e in entries]
+        self.sequence_length, self.stride, self.transform = sequence_length, stride, transform
+        index = [(v, s) for v, e in enumerate(entries)
+                 for s in clip_starts(int(e["frames"]), sequence_length, stride, step)]
+        per = len(index) / num_shards
+        self.index = index[int(round(shard_id * per)):int(round((shard_id + 1) * per))]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def frame_indices(self, i: int) -> list[int]:
+        start = self.index[i][1]
+        return [start + k * self.stride for k in range(self.sequence_length)]
+
+    def __getitem__(self, i: int):
+        import av
+        import numpy as np
+        import torch
+
+        video, _ = self.index[i]
+        wanted = self.frame_indices(i)
+        got: dict[int, np.ndarray] = {}
+        with av.open(self.paths[video]) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            rate = Fraction(stream.average_rate or stream.guessed_rate)
+            tb = Fraction(stream.time_base)
+            origin = stream.start_time or 0
+            first_pts = origin + int(Fraction(wanted[0]) / rate / tb)
+            container.seek(first_pts, stream=stream, backward=True, any_frame=False)
+            for frame in container.decode(stream):
+                number = round((Fraction(frame.pts - origin) * tb) * rate)
+                if number in wanted:
+                    got[number] = frame.to_ndarray(format="rgb24")
+                if number >= wanted[-1]:
+                    break
+        missing = [n for n in wanted if n not in got]
+        if missing:
+            raise IndexError(f"{self.paths[video]}: frames {missing} could not be decoded")
+        clip = torch.from_numpy(np.stack([got[n] for n in wanted]))
+        if self.transform is not None:
+            clip = self.transform(clip)
+        return clip, self.labels[video]

@@ -1,0 +1,48 @@
+"""The `repack text` command (registered on the group in cli.py). Imports nothing heavy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from repack.cli import engine_options, run_job, split_engine_options
+from repack.config import parse_size
+
+
+@click.command("text")
+@click.argument("source")
+@click.argument("out")
+@click.option("--tokenize", default="memmap", show_default=True, type=click.Choice(["memmap"]),
+              help="Output: Megatron-LM .bin/.idx token memmap.")
+@click.option("--tokenizer", "tokenizer", required=True,
+              help="A local HuggingFace tokenizer.json, or a folder holding one (never downloaded).")
+@click.option("--field", default="text", show_default=True, help="JSON-lines key / parquet column of the text.")
+@click.option("--doc-per", type=click.Choice(["line", "file", "blank-line"]), default="line", show_default=True,
+              help=".txt inputs: one document per line, per file, or per blank-line-separated paragraph.")
+@click.option("--list", "list_file", is_flag=True, help="SOURCE is a file naming the inputs, one per line.")
+@click.option("--append-eos/--no-append-eos", default=True, show_default=True,
+              help="End every document with the EOS token.")
+@click.option("--eos-token", default=None, help="EOS token (default: found among the special tokens).")
+@click.option("--add-bos", is_flag=True, help="Start every document with the BOS token.")
+@click.option("--bos-token", default=None, help="BOS token (default: found among the special tokens).")
+@click.option("--no-special-tokens", is_flag=True,
+              help="Do not add the tokenizer template's special tokens (Megatron's --tokenizer-hf-no-include-"
+                   "special-tokens).")
+@click.option("--name", default="text_document", show_default=True, help="Output prefix: OUT/NAME.bin/.idx.")
+@click.option("--chunk-bytes", default="auto", show_default=True,
+              help="Input bytes per task, one part each (auto: corpus/256, within 2MB..256MB).")
+@click.option("--no-merge", is_flag=True, help="Keep one prefix per part (Megatron weighted --data-path list).")
+@engine_options
+def text(source, out, tokenize, tokenizer, field, doc_per, list_file, append_eos, eos_token, add_bos, bos_token,
+         no_special_tokens, name, chunk_bytes, no_merge, **kwargs):
+    """Tokenize the text corpus SOURCE (.jsonl/.txt/.parquet, .gz/.zst; file, folder or --list) into OUT."""
+    from repack.jobs.text import TextJob, TextSpec
+
+    options = split_engine_options(kwargs)
+    spec = TextSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), tokenize=tokenize,
+                    tokenizer=str(Path(tokenizer).absolute()), field=field, doc_per=doc_per, list_file=list_file,
+                    append_eos=append_eos, eos_token=eos_token, add_bos=add_bos, bos_token=bos_token,
+                    special_tokens=not no_special_tokens, name=name, chunk_bytes=None if chunk_bytes == "auto" else parse_size(chunk_bytes),
+                    merge=not no_merge)
+    run_job(TextJob(spec), options)

@@ -1,0 +1,355 @@
+"""`repack text SRC OUT --tokenize memmap`: tokenize a corpus once into Megatron MMIDIDX prefixes.
+
+Plan: list the text files (sorted), load and identify the tokenizer (sha256 in the plan, so a
+changed tokenizer is a changed plan), pick the token dtype from the largest id it can produce
+(uint16 if < 65536, else int32), and cut the corpus into about-equal chunks that never split
+a document (sources/text_docs.py). One task = one chunk = one part prefix, tokenized in a
+worker process (processes, not the tokenizer's threads: see README "Text" for the
+measurement) and written atomically.
+
+Finalize: quarantine lines are turned into file lines (1-based) from each segment's line
+count; then, unless ``--no-merge``, the parts are concatenated in input order into
+``OUT/<name>.bin/.idx`` (byte-identical for any worker count, executor or interruption), a
+marker ``.repack/merged.json`` is written and the parts are removed. With ``--no-merge`` the
+parts stay as prefixes ``OUT/<name>_part-NNNNNN`` and the manifest (and summary) give
+Megatron's weighted ``--data-path`` list. The tokenizer is copied to ``OUT/tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from itertools import chain
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from repack.config import JobSpec
+from repack.errors import UsageError
+from repack.jobs.base import Job, Plan, Task
+from repack.manifest import atomic_write_bytes, atomic_write_json
+from repack.sinks.megatron import CODE_OF, PartWriter, merge_parts, read_index, token_dtype
+from repack.sources.text_docs import DOC_PER, Segment, SegmentReader, list_text_files, plan_chunks
+
+BATCH_CHARS = 1 << 20  # characters handed to one encode_batch call
+BATCH_DOCS = 2048
+MERGED_MARKER = "merged.json"
+TOKENIZER_COPY = "tokenizer.json"
+
+
+@dataclass(frozen=True)
+class TextSpec(JobSpec):
+    """Options of `repack text` (everything that determines the output)."""
+
+    tokenizer: str = ""
+    tokenize: str = "memmap"
+    field: str = "text"
+    doc_per: str = "line"
+    list_file: bool = False
+    append_eos: bool = True
+    eos_token: str | None = None
+    add_bos: bool = False
+    bos_token: str | None = None
+    special_tokens: bool = True
+    name: str = "text_document"
+    chunk_bytes: int | None = None  # None: auto (sources.text_docs.auto_chunk_bytes)
+    merge: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.tokenizer:
+            raise UsageError("--tokenizer is required (a local tokenizer.json or a folder holding one)")
+        if self.doc_per not in DOC_PER:
+            raise UsageError(f"--doc-per must be one of {', '.join(DOC_PER)}, got {self.doc_per!r}")
+        if not self.field:
+            raise UsageError("--field must not be empty")
+        if not self.name or "/" in self.name or self.name.startswith(".") or self.name == "tokenizer":
+            raise UsageError(f"--name must be a plain file stem, got {self.name!r}")
+        if self.chunk_bytes is not None and self.chunk_bytes < 1:
+            raise UsageError("--chunk-bytes must be positive")
+
+
+def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
+    """Nearest-rank p50/p90/p99/max/mean of document lengths, and a power-of-two histogram."""
+    if not len(lengths):
+        return {}, []
+    n = len(lengths)
+    ranks = sorted({min(n - 1, max(0, int(np.ceil(q * n)) - 1)) for q in (0.5, 0.9, 0.99)})
+    part = np.partition(lengths, ranks)
+    value = {r: int(part[r]) for r in ranks}
+
+    def rank(q: float) -> int:
+        return value[min(n - 1, max(0, int(np.ceil(q * n)) - 1))]
+
+    stats = {"p50": rank(0.5), "p90": rank(0.9), "p99": rank(0.99), "max": int(lengths.max()),
+             "min": int(lengths.min()), "mean": round(float(lengths.mean(dtype=np.float64)), 3), "count": n}
+    buckets = np.bincount(np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64))
+    histogram = [{"from": 2**k, "to": 2 ** (k + 1) - 1, "documents": int(c)}
+                 for k, c in enumerate(buckets) if c]
+    return stats, histogram
+
+
+class TextJob(Job):
+    """Plans, runs and finalizes a text tokenization job."""
+
+    name = "text"
+    spec_type = TextSpec
+    progress_unit = "B"
+
+    # -- planning ------------------------------------------------------------------------
+    def check(self) -> None:
+        spec = self.spec
+        if spec.tokenize not in ("memmap",):
+            raise UsageError(f"--tokenize {spec.tokenize!r}: only 'memmap' (Megatron .bin/.idx) is supported")
+        if not Path(spec.source).exists():
+            raise UsageError(f"source {spec.source!r} does not exist")
+        if spec.list_file and not Path(spec.source).is_file():
+            raise UsageError(f"--list: {spec.source!r} is not a file")
+        self.tokenizer_info()
+
+    def tokenizer_info(self):
+        from repack.transforms.tokenize import describe_tokenizer
+
+        spec = self.spec
+        return describe_tokenizer(spec.tokenizer, eos_token=spec.eos_token, bos_token=spec.bos_token,
+                                  need_eos=spec.append_eos, need_bos=spec.add_bos)
+
+    def plan(self) -> Plan:
+        spec = self.spec
+        info = self.tokenizer_info()
+        files, quarantine, skipped = list_text_files(spec.source, spec.list_file)
+        chunks, more = plan_chunks(files, spec.chunk_bytes, spec.doc_per, spec.field)
+        quarantine += more
+        dtype = token_dtype(info.max_token_id)
+        common = {"tokenizer": info.path, "tokenizer_sha256": info.sha256, "dtype": dtype,
+                  "eos_id": info.eos_id if spec.append_eos else None,
+                  "bos_id": info.bos_id if spec.add_bos else None}
+        tasks = []
+        for index, segments in enumerate(chunks):
+            size = sum(s.end - s.start if s.unit != "rowgroups" else 0 for s in segments)
+            tasks.append(Task(f"part-{index:06d}", {"index": index, **common, "bytes": size,
+                                                    "segments": [s.to_json() for s in segments]}))
+        plan_info = {"tokenizer": info.to_json(), "dtype": dtype, "inputs": len(files) + len(quarantine),
+                     "files": len(files), "skipped_files": skipped, "input_bytes": sum(f.size for f in files)}
+        return Plan(tuple(tasks), tuple(quarantine), plan_info)
+
+    def task_units(self, task: Task) -> int:
+        return max(1, task.payload["bytes"])
+
+    # -- one task ------------------------------------------------------------------------
+    def part_folder(self) -> tuple[Path, str]:
+        """Where parts go and their path prefix relative to OUT."""
+        if self.spec.merge:
+            return self.out / ".repack" / "parts", ".repack/parts/"
+        return self.out, ""
+
+    def part_stem(self, index: int) -> str:
+        return f"part-{index:06d}" if self.spec.merge else f"{self.spec.name}_part-{index:06d}"
+
+    def run_task(self, task: Task) -> dict:
+        from repack.transforms.tokenize import BatchEncoder, load_tokenizer
+
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per task: see README "Text"
+        p = task.payload
+        tokenizer, _ = load_tokenizer(p["tokenizer"], p["tokenizer_sha256"])
+        encoder = BatchEncoder(tokenizer, special_tokens=self.spec.special_tokens, bos_id=p["bos_id"],
+                               eos_id=p["eos_id"])
+        folder, rel_prefix = self.part_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        writer = PartWriter(folder, self.part_stem(p["index"]), p["dtype"])
+        quarantine: list[dict] = []
+        segments: list[dict] = []
+        counts = {"empty_documents": 0, "blank_lines": 0, "characters": 0}
+        batch: list[str] = []
+        where: list[tuple[int, int]] = []  # (segment number, line) of each document in the batch
+        chars = 0
+        tokenize_s = 0.0
+
+        def flush() -> None:
+            nonlocal chars, tokenize_s
+            if not batch:
+                return
+            t0 = time.perf_counter()
+            results = encoder.encode(batch)
+            tokenize_s += time.perf_counter() - t0
+            kept: list[list[int]] = []
+            for ids, (seg, line) in zip(results, where):
+                if isinstance(ids, str):
+                    quarantine.append({"seg": seg, "line": line, "reason": ids})
+                elif not ids:
+                    counts["empty_documents"] += 1
+                else:  # ids beyond the dtype cannot occur (dtype from the tokenizer); PartWriter re-checks
+                    kept.append(ids)
+            if kept:
+                lengths = np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))
+                flat = np.fromiter(chain.from_iterable(kept), dtype=np.int64, count=int(lengths.sum()))
+                writer.add_documents(flat, lengths)
+            batch.clear()
+            where.clear()
+            chars = 0
+
+        try:
+            for number, seg_json in enumerate(p["segments"]):
+                segment = Segment.from_json(seg_json)
+                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per)
+                for doc in reader:
+                    if doc.reason is not None:
+                        quarantine.append({"seg": number, "line": doc.line, "reason": doc.reason})
+                        continue
+                    if not doc.text.strip():
+                        counts["empty_documents"] += 1
+                        continue
+                    batch.append(doc.text)
+                    where.append((number, doc.line))
+                    chars += len(doc.text)
+                    counts["characters"] += len(doc.text)
+                    if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
+                        flush()
+                flush()
+                counts["blank_lines"] += reader.blank_lines
+                segments.append({"rel": segment.rel, "lines": reader.lines})
+            part = writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        part.update(bin=rel_prefix + part["bin"], idx=rel_prefix + part["idx"])
+        return {"part": part, "outputs": [{"path": part["bin"], "bytes": part["bytes"]},
+                                          {"path": part["idx"], "bytes": part["index_bytes"]}],
+                "segments": segments, "quarantine": quarantine, **counts,
+                "tokenize_seconds": round(tokenize_s, 4)}
+
+    # -- resume ---------------------------------------------------------------------------
+    def _marker(self) -> dict | None:
+        try:
+            return json.loads((self.out / ".repack" / MERGED_MARKER).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def outputs_intact(self, record: dict) -> bool:
+        """A part is intact on disk, or already merged into the final prefix (parts removed)."""
+        if super().outputs_intact(record):
+            return True
+        marker = self._marker()
+        if not self.spec.merge or not marker or record.get("plan_digest") != marker.get("plan_digest"):
+            return False
+        if marker["parts"].get(record.get("task_id")) != record["part"]["sha256"]:
+            return False
+        return self._final_intact(marker["entry"])
+
+    def _final_intact(self, entry: dict) -> bool:
+        try:
+            return (os.path.getsize(self.out / entry["path"]) == entry["bytes"]
+                    and os.path.getsize(self.out / entry["index"]) == entry["index_bytes"])
+        except OSError:
+            return False
+
+    # -- finalize -------------------------------------------------------------------------
+    def finalize(self, plan: Plan, records: list[dict]) -> dict:
+        spec = self.spec
+        info = plan.info
+        dtype = info["dtype"]
+        quarantine = [dict(q) for q in plan.quarantine]
+        lines_before: dict[str, int] = {}
+        for record in records:
+            offsets = []
+            for seg in record["segments"]:
+                offsets.append(lines_before.get(seg["rel"], 0))
+                lines_before[seg["rel"]] = offsets[-1] + seg["lines"]
+            for q in sorted(record["quarantine"], key=lambda q: (q["seg"], q["line"])):
+                seg = record["segments"][q["seg"]] if q["seg"] < len(record["segments"]) else None
+                rel = seg["rel"] if seg else record["segments"][-1]["rel"] if record["segments"] else "?"
+                quarantine.append({"source": rel, "line": offsets[q["seg"]] + q["line"] if seg else q["line"],
+                                   "reason": q["reason"]})
+        parts = [r["part"] for r in records]
+        if spec.merge:
+            entries = [self._merge(plan, records, dtype)]
+            lengths = read_index(self.out / entries[0]["index"]).lengths
+        else:
+            entries = [{"path": pt["bin"], "index": pt["idx"], "prefix": pt["bin"][:-4], "samples": pt["documents"],
+                        "tokens": pt["tokens"], "bytes": pt["bytes"], "sha256": pt["sha256"],
+                        "index_bytes": pt["index_bytes"], "index_sha256": pt["index_sha256"], "dtype": dtype,
+                        "max_token_id": pt["max_token_id"]} for pt in parts if pt["documents"]]
+            arrays = [np.asarray(read_index(self.out / e["index"]).lengths) for e in entries]
+            lengths = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
+        doc_stats, histogram = _token_stats(np.asarray(lengths))
+        tok = dict(info["tokenizer"])
+        tokenizer_src = Path(tok.pop("path"))
+        atomic_write_bytes(self.out / TOKENIZER_COPY, tokenizer_src.read_bytes())
+        documents = sum(pt["documents"] for pt in parts)
+        tokens = sum(pt["tokens"] for pt in parts)
+        weights = " ".join(f"{e['tokens']} {e['prefix']}" for e in entries)
+        return {
+            "format": "memmap",
+            "layout": "megatron-mmidx-v1",
+            "fields": {"tokens": dtype},
+            "dtype": dtype,
+            "prefixes": [e["prefix"] for e in entries],
+            "data_path": weights,
+            "files": {"tokenizer": TOKENIZER_COPY},
+            "tokenizer": {**tok, "append_eos": spec.append_eos, "add_bos": spec.add_bos,
+                          "template_special_tokens": spec.special_tokens, "file": TOKENIZER_COPY},
+            "shards": entries,
+            "totals": {"inputs": info["inputs"], "files": info["files"], "documents": documents, "samples": documents,
+                       "tokens": tokens, "quarantined": len(quarantine),
+                       "empty_documents": sum(r["empty_documents"] for r in records),
+                       "blank_lines": sum(r["blank_lines"] for r in records),
+                       "bytes": sum(e["bytes"] + e["index_bytes"] for e in entries),
+                       "input_bytes": info["input_bytes"], "skipped_files": info["skipped_files"],
+                       "parts": len(parts)},
+            "quarantine": quarantine,
+            "stats": {"document_tokens": doc_stats, "document_tokens_histogram": histogram,
+                      "characters": sum(r["characters"] for r in records),
+                      "parts": [{"part": r["task_id"], "documents": r["part"]["documents"],
+                                 "tokens": r["part"]["tokens"], "sha256": r["part"]["sha256"],
+                                 "index_sha256": r["part"]["index_sha256"], "lines": sum(s["lines"] for s in r["segments"])}
+                                for r in records]},
+            "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3)},
+        }
+
+    def _merge(self, plan: Plan, records: list[dict], dtype: str) -> dict:
+        """Concatenate the parts in plan order into OUT/<name>.bin/.idx (once), then drop them."""
+        name = self.spec.name
+        digest = plan.digest()
+        marker = self._marker()
+        wanted = {r["task_id"]: r["part"]["sha256"] for r in records}
+        if marker and marker.get("plan_digest") == digest and marker.get("parts") == wanted \
+                and self._final_intact(marker["entry"]):
+            entry = marker["entry"]
+        else:
+            for stale in self.out.glob(f".{name}.*.tmp-*"):
+                stale.unlink(missing_ok=True)
+            merged = merge_parts([(self.out / r["part"]["bin"], self.out / r["part"]["idx"]) for r in records],
+                                 CODE_OF[dtype], self.out / f"{name}.bin", self.out / f"{name}.idx")
+            entry = {"path": f"{name}.bin", "index": f"{name}.idx", "prefix": name, "samples": merged["documents"],
+                     "tokens": merged["tokens"], "bytes": merged["bytes"], "sha256": merged["sha256"],
+                     "index_bytes": merged["index_bytes"], "index_sha256": merged["index_sha256"], "dtype": dtype,
+                     "max_token_id": max((r["part"]["max_token_id"] for r in records), default=-1)}
+            atomic_write_json(self.out / ".repack" / MERGED_MARKER,
+                              {"plan_digest": digest, "parts": wanted, "entry": entry})
+        for r in records:
+            for key in ("bin", "idx"):
+                (self.out / r["part"][key]).unlink(missing_ok=True)
+        shutil.rmtree(self.out / ".repack" / "parts", ignore_errors=True)
+        return entry
+
+    def summary_lines(self, manifest: dict) -> list[str]:
+        t = manifest["totals"]
+        stats = manifest["stats"].get("document_tokens", {})
+        lines = [f"{t['documents']} documents, {t['tokens']} tokens ({manifest['dtype']}) from {t['files']} file(s) "
+                 f"in {t['parts']} part(s); {t['empty_documents']} empty skipped; {t['quarantined']} quarantined"]
+        if stats:
+            lines.append(f"tokens per document: p50 {stats['p50']} p90 {stats['p90']} p99 {stats['p99']} "
+                         f"max {stats['max']}")
+        if len(manifest["prefixes"]) > 1:
+            lines.append("Megatron --data-path " + " ".join(f"{e['tokens']} {self.out / e['prefix']}"
+                                                            for e in manifest["shards"]))
+        else:
+            lines += [f"Megatron --data-path {self.out / p}" for p in manifest["prefixes"]]
+        reasons: dict[str, int] = {}
+        for q in manifest["quarantine"]:
+            key = q["reason"].split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+        lines += [f"  quarantined {n}: {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:10]]
+        return lines

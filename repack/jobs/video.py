@@ -1,0 +1,321 @@
+"""`repack video`: probe every video, decide per GPU target, optionally transcode what needs it.
+
+Plan: sorted scan (class = first folder level, or a list file), cut into tasks of
+``shard_size`` videos. Each task probes its videos (one ffprobe run each: streams + packet
+scan, no decoding) and applies the NVDEC rule; with ``transcode`` it re-encodes what needs it
+into ``OUT/videos/<rel>`` (``.mp4``), copies or hard-links the compatible ones, re-probes every
+output (quarantined unless it passes the rule) and, with ``--to webdataset``, packs the task's
+videos into ``shard-NNNNNN.tar`` (+ DALI ``.idx``). Every output is written to a hidden temp
+name containing the task id and renamed when complete.
+
+Outputs of a finished job::
+
+  manifest.json     format "videos": one shards[] entry per usable video (path videos/..., samples 1,
+                    bytes, sha256, label, cls, frames, fps, duration_s, width, height, codec,
+                    transcoded, source); format "webdataset": the tar shards, and the same
+                    per-video entries under "videos". A probe-only run has no shards.
+  probe.jsonl       one JSON object per input (sorted keys): probe facts + decision + reasons
+  file_list.txt     DALI file_list: "videos/<rel> <class index>" per usable video
+
+Tar members per video (key = zero-padded position + slug): ``KEY.<ext>`` (the video bytes),
+``KEY.cls`` (zero-padded ASCII class index, when labeled), ``KEY.json`` (the per-video entry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from repack.config import JobSpec
+from repack.errors import UsageError
+from repack.jobs.base import Job, Plan, Task
+from repack.jobs.images import sample_key
+from repack.manifest import atomic_write_bytes
+from repack.manifest.paths import PathEscapeError, safe_join
+from repack.sources import scan_source
+from repack.transforms.nvdec_rules import OK, REJECT, TRANSCODE, decide, get_target
+
+VIDEO_FORMATS = ("videos", "webdataset")
+
+
+@dataclass(frozen=True)
+class VideoSpec(JobSpec):
+    """Options of `repack video` (all of them determine the output)."""
+
+    to: str = "videos"
+    list_file: bool = False
+    transcode: bool = False
+    link: bool = False
+    target: str = "h100"
+    max_gop: float = 1.0
+    crf: int = 18
+    preset: str = "fast"
+    gop: int | None = None
+    max_height: int | None = None
+    bframes: int = 0
+    threads: int = 1
+    shard_size: int = 8
+
+    def __post_init__(self) -> None:
+        get_target(self.target)
+        if self.to not in VIDEO_FORMATS:
+            raise UsageError(f"--to must be one of {', '.join(VIDEO_FORMATS)}, got {self.to!r}")
+        if self.to == "webdataset" and not self.transcode:
+            raise UsageError("--to webdataset packs the prepared videos: add --transcode")
+        if self.link and not self.transcode:
+            raise UsageError("--link only applies with --transcode")
+        if not 0 <= self.crf <= 51:
+            raise UsageError(f"--crf must be in 0..51, got {self.crf}")
+        if self.preset not in ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower",
+                               "veryslow", "placebo"):
+            raise UsageError(f"--preset {self.preset!r} is not an x264 preset")
+        if self.max_gop <= 0:
+            raise UsageError("--max-gop must be positive (seconds)")
+        if self.gop is not None and self.gop < 1:
+            raise UsageError("--gop must be at least 1 frame")
+        if self.max_height is not None and self.max_height < 16:
+            raise UsageError("--max-height must be at least 16")
+        if self.threads < 1 or self.shard_size < 1 or self.bframes < 0:
+            raise UsageError("--threads and --shard-size must be >= 1, --bframes >= 0")
+
+    @property
+    def mode(self) -> str:
+        return "transcode" if self.transcode else "probe"
+
+
+def sha256_file(path: str) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def output_names(rels: list[str]) -> list[tuple[str, str]]:
+    """Per input: (name when copied, name when transcoded), relative to OUT/videos, unique and
+    confined (absolute or ``..`` list-file paths are flattened to ``_outside/NNNNNNNN_name``)."""
+    safe = []
+    for pos, rel in enumerate(rels):
+        pure = PurePosixPath(rel)
+        if pure.is_absolute() or ".." in pure.parts or not rel or "\\" in rel:
+            rel = f"_outside/{pos:08d}_{pure.name or 'video'}"
+        safe.append(rel)
+    taken = set(safe)
+    names = []
+    seen_mp4: set[str] = set()
+    for rel in safe:
+        stem = str(PurePosixPath(rel).with_suffix(".mp4")) if PurePosixPath(rel).suffix else rel + ".mp4"
+        if stem != rel and (stem in taken or stem in seen_mp4):
+            stem = rel + ".mp4"
+        seen_mp4.add(stem)
+        names.append((rel, stem))
+    return names
+
+
+class VideoJob(Job):
+    """Plans, runs and finalizes a video probe / transcode."""
+
+    name = "video"
+    spec_type = VideoSpec
+    progress_unit = "video"
+
+    def check(self) -> None:
+        if not os.path.exists(self.spec.source):
+            raise UsageError(f"source {self.spec.source!r} does not exist")
+        needed = ["ffprobe"] + (["ffmpeg"] if self.spec.transcode else [])
+        missing = [tool for tool in needed if shutil.which(tool) is None]
+        if missing:
+            raise UsageError(f"{' and '.join(missing)} not found on PATH: install ffmpeg "
+                             "(Debian/Ubuntu: apt-get install ffmpeg; `make setup` does it)")
+
+    def plan(self) -> Plan:
+        spec = self.spec
+        scan = scan_source(spec.source, list_file=spec.list_file)
+        items = list(scan.items)
+        classes = scan.classes
+        names = output_names([i.rel for i in items])
+        tasks = []
+        for index, start in enumerate(range(0, len(items), spec.shard_size)):
+            inputs = []
+            for pos in range(start, min(start + spec.shard_size, len(items))):
+                item = items[pos]
+                inputs.append({**item.to_json(), "key": sample_key(pos, item.rel), "out_copy": names[pos][0],
+                               "out_transcode": names[pos][1],
+                               "cls": classes.get(item.label) if item.label is not None else None})
+            tasks.append(Task(f"shard-{index:06d}", {"index": index, "inputs": inputs,
+                                                     "cls_width": len(str(max(len(classes) - 1, 0)))}))
+        info = {"classes": classes, "labeled": scan.labeled, "inputs": len(items) + len(scan.quarantine)}
+        return Plan(tuple(tasks), scan.quarantine, info)
+
+    # -- one task --------------------------------------------------------------------------
+    def run_task(self, task: Task) -> dict:
+        from repack.transforms.probe import probe_file
+
+        spec = self.spec
+        entries, probes, quarantine, outputs = [], [], [], []
+        timing = {"probe_s": 0.0, "transcode_s": 0.0, "frames_transcoded": 0}
+        for entry in task.payload["inputs"]:
+            t0 = time.perf_counter()
+            info = probe_file(entry["path"])
+            timing["probe_s"] += time.perf_counter() - t0
+            verdict = decide(info, spec.target, spec.max_gop)
+            probes.append({"source": entry["rel"], "label": entry["label"], **info, **verdict.to_json(),
+                           "target": spec.target})
+            if verdict.decision == REJECT:
+                quarantine.append({"source": entry["rel"], "reason": "; ".join(r["message"] for r in verdict.reasons),
+                                   "codes": verdict.codes})
+                continue
+            if not spec.transcode:
+                continue
+            result = self._prepare_output(task, entry, info, verdict.decision, timing)
+            if "reason" in result:
+                quarantine.append({"source": entry["rel"], **result})
+                continue
+            entries.append(result)
+            outputs.append({"path": result["path"], "bytes": result["bytes"]})
+        shard = None
+        if spec.to == "webdataset" and entries:
+            shard = self._pack(task, entries)
+            outputs += [{"path": shard["path"], "bytes": shard["bytes"]},
+                        {"path": shard["index"], "bytes": shard["index_bytes"]}]
+        return {"videos": entries, "probes": probes, "quarantine": quarantine, "outputs": outputs, "shard": shard,
+                "timing": {k: round(v, 4) for k, v in timing.items()}}
+
+    def _prepare_output(self, task: Task, entry: dict, info: dict, decision: str, timing: dict) -> dict:
+        """Copy/link or transcode one input into OUT/videos; re-probe; the manifest entry or a quarantine."""
+        from repack.transforms.probe import probe_file
+        from repack.transforms.transcode import Recipe, build_command, run_transcode
+
+        spec = self.spec
+        transcoded = decision == TRANSCODE
+        rel = "videos/" + (entry["out_transcode"] if transcoded else entry["out_copy"])
+        try:
+            final = safe_join(self.out, rel)
+        except PathEscapeError as exc:
+            return {"reason": f"output path refused: {exc}"}
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".{final.name}.tmp-{task.task_id}"
+        try:
+            if transcoded:
+                recipe = Recipe(crf=spec.crf, preset=spec.preset, gop=spec.gop, max_gop_s=spec.max_gop,
+                                max_height=spec.max_height, bframes=spec.bframes, threads=spec.threads,
+                                target=spec.target)
+                t0 = time.perf_counter()
+                error = run_transcode(build_command(entry["path"], str(tmp), info, recipe))
+                timing["transcode_s"] += time.perf_counter() - t0
+                if error:
+                    return {"reason": f"transcode failed: {error}", "codes": ["transcode_failed"]}
+            elif spec.link:
+                tmp.unlink(missing_ok=True)
+                try:
+                    os.link(entry["path"], tmp)
+                except OSError:  # another file system: fall back to a copy
+                    shutil.copyfile(entry["path"], tmp)
+            else:
+                shutil.copyfile(entry["path"], tmp)
+            after = probe_file(str(tmp))
+            verdict = decide(after, spec.target, spec.max_gop)
+            if verdict.decision != OK:
+                return {"reason": "output still not GPU-decodable: " + "; ".join(r["message"] for r in verdict.reasons),
+                        "codes": ["output_fails_rule"] + verdict.codes}
+            if transcoded:
+                timing["frames_transcoded"] += after["frames"]
+            digest = sha256_file(str(tmp))
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return {"path": rel, "samples": 1, "bytes": after["bytes"], "sha256": digest, "source": entry["rel"],
+                "label": entry["label"], "cls": entry["cls"], "key": entry["key"], "transcoded": transcoded,
+                "frames": after["frames"], "fps": after["fps"], "duration_s": after["duration_s"],
+                "width": after["width"], "height": after["height"], "codec": after["codec"],
+                "pix_fmt": after["pix_fmt"], "max_gop_s": after["max_gop_s"]}
+
+    def _pack(self, task: Task, entries: list[dict]) -> dict | None:
+        from repack.sinks.webdataset import TarShardWriter
+
+        writer = TarShardWriter(self.out, task.task_id)
+        width = task.payload["cls_width"]
+        try:
+            for e in entries:
+                data = safe_join(self.out, e["path"]).read_bytes()
+                ext = PurePosixPath(e["path"]).suffix.lstrip(".").lower() or "bin"
+                members = [(ext, data)]
+                if e["cls"] is not None:
+                    members.append(("cls", b"%0*d" % (width, e["cls"])))
+                members.append(("json", json.dumps(e, sort_keys=True).encode()))
+                writer.add_sample(e["key"], members)
+            return writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+
+    # -- manifest ----------------------------------------------------------------------------
+    def finalize(self, plan: Plan, records: list[dict]) -> dict:
+        spec = self.spec
+        videos = [v for r in records for v in r["videos"]]
+        probes = [p for r in records for p in r["probes"]]
+        quarantine = list(plan.quarantine) + [q for r in records for q in r["quarantine"]]
+        lines = b"".join(json.dumps(p, sort_keys=True).encode() + b"\n" for p in probes)
+        atomic_write_bytes(self.out / "probe.jsonl", lines)
+        files = {"probe": "probe.jsonl"}
+        if spec.transcode:
+            listing = "".join(f"{v['path']} {v['cls'] if v['cls'] is not None else 0}\n" for v in videos)
+            atomic_write_bytes(self.out / "file_list.txt", listing.encode())
+            files["file_list"] = "file_list.txt"
+        decisions = {OK: 0, TRANSCODE: 0, REJECT: 0}
+        reasons: dict[str, int] = {}
+        for p in probes:
+            decisions[p["decision"]] += 1
+            for r in p["reasons"]:
+                reasons[r["code"]] = reasons.get(r["code"], 0) + 1
+        codecs: dict[str, int] = {}
+        for p in probes:
+            if p.get("codec"):
+                codecs[p["codec"]] = codecs.get(p["codec"], 0) + 1
+        if spec.to == "webdataset":
+            shards = [r["shard"] for r in records if r.get("shard")]
+            fields = {"video": "video/mp4 (or the original container when copied)", "json": "metadata"}
+            if plan.info["labeled"]:
+                fields["cls"] = "int"
+        else:
+            shards = videos
+            fields = {"video": "file", "label": "class name", "cls": "int"}
+        frames = sum(v["frames"] for v in videos)
+        transcode_s = sum(r["timing"]["transcode_s"] for r in records)
+        frames_tc = sum(r["timing"]["frames_transcoded"] for r in records)
+        body = {
+            "format": spec.to, "mode": spec.mode, "target": spec.target,
+            "fields": fields, "classes": plan.info["classes"], "shards": shards, "files": files,
+            "totals": {"inputs": plan.info["inputs"], "samples": sum(s["samples"] for s in shards),
+                       "quarantined": len(quarantine), "bytes": sum(s["bytes"] for s in shards),
+                       "videos": len(videos), "frames": frames, "ok": decisions[OK],
+                       "needs_transcode": decisions[TRANSCODE], "rejected": decisions[REJECT],
+                       "transcoded": sum(1 for v in videos if v["transcoded"]),
+                       "copied": sum(1 for v in videos if not v["transcoded"])},
+            "quarantine": quarantine,
+            "stats": {"decisions": decisions, "reasons": dict(sorted(reasons.items())), "codecs": codecs},
+            "run_stats": {"timing": {"probe_s": round(sum(r["timing"]["probe_s"] for r in records), 3),
+                                     "transcode_s": round(transcode_s, 3),
+                                     "transcode_fps": round(frames_tc / transcode_s, 1) if transcode_s else None}},
+        }
+        if spec.to == "webdataset":
+            body["videos"] = videos
+        return body
+
+    def summary_lines(self, manifest: dict) -> list[str]:
+        t, stats = manifest["totals"], manifest["stats"]
+        lines = [f"{t['inputs']} input(s) probed for target {manifest['target']}: {t['ok']} GPU-decodable as is, "
+                 f"{t['needs_transcode']} need transcoding, {t['rejected']} rejected"]
+        if manifest["mode"] == "transcode":
+            fps = manifest.get("run", {}).get("timing", {}).get("transcode_fps")
+            lines.append(f"{t['videos']} usable video(s), {t['frames']} frames: {t['transcoded']} transcoded"
+                         f"{f' ({fps} frames/s)' if fps else ''}, {t['copied']} copied; {t['quarantined']} quarantined")
+        lines.append(f"  {'reason':<24}{'videos':>7}")
+        lines += [f"  {code:<24}{n:>7}" for code, n in sorted(stats["reasons"].items(), key=lambda kv: (-kv[1], kv[0]))]
+        lines += [f"  quarantined: {q['source']}: {q['reason']}" for q in manifest["quarantine"][:10]]
+        return lines

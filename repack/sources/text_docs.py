@@ -1,0 +1,441 @@
+"""Text corpora as streams of documents: listing, cutting into balanced chunks, reading.
+
+Inputs: ``.jsonl``/``.ndjson``/``.json`` (JSON lines, one document per line, text in a
+field), ``.txt`` (one document per line, per file, or per blank-line-separated paragraph)
+and ``.parquet`` (a string column), the first two optionally ``.gz`` or ``.zst``. SOURCE is
+one such file, a folder of them (recursive, sorted by byte path, hidden files skipped) or,
+with ``--list``, a file naming them one per line.
+
+Planning cuts the corpus into chunks of about equal size that never split a document:
+uncompressed JSON lines/text files are cut at byte offsets snapped forward to the next
+document boundary; compressed files and whole-file documents are indivisible; parquet files
+are cut at row-group boundaries. The cut depends only on the files and the options, so the
+same corpus always gives the same chunks.
+
+Reading a segment streams it line by line (bounded memory) and yields ``Doc`` values: a
+document (text), or a problem (reason) with its 1-based line within the segment; the
+caller turns segment lines into file lines using each segment's line count.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from repack.errors import UsageError
+from repack.sources.base import sort_key
+
+JSONL_EXTS = (".jsonl", ".ndjson", ".json")
+TXT_EXTS = (".txt",)
+PARQUET_EXTS = (".parquet",)
+COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
+DOC_PER = ("line", "file", "blank-line")
+SNAP_READ = 1 << 16
+AUTO_CHUNKS = 256              # --chunk-bytes auto: about this many chunks,
+AUTO_MIN, AUTO_MAX = 2 * 10**6, 256 * 10**6  # each between 2 MB and 256 MB
+
+
+def auto_chunk_bytes(total: int) -> int:
+    """The default chunk size: total/256 clamped to [2 MB, 256 MB] (depends on the corpus only)."""
+    return min(AUTO_MAX, max(AUTO_MIN, -(-total // AUTO_CHUNKS)))
+
+
+@dataclass(frozen=True)
+class TextFile:
+    """One input file: where it is, how to name it, its kind and compression, its size."""
+
+    path: str
+    rel: str
+    kind: str         # "jsonl" | "txt" | "parquet"
+    compression: str  # "" | "gz" | "zst"
+    size: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A contiguous piece of one file: bytes [start, end) or row groups [start, end)."""
+
+    path: str
+    rel: str
+    kind: str
+    compression: str
+    start: int
+    end: int
+    unit: str  # "bytes" | "rowgroups" | "file"
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "rel": self.rel, "kind": self.kind, "compression": self.compression,
+                "start": self.start, "end": self.end, "unit": self.unit}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Segment":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Doc:
+    """A document (``text``) or a problem (``reason``), at a 1-based ``line`` of its segment."""
+
+    line: int
+    text: str | None = None
+    reason: str | None = None
+
+
+def classify(name: str) -> tuple[str, str] | None:
+    """(kind, compression) from a file name, or None for a file that is not a text input."""
+    lower = name.lower()
+    compression = ""
+    for ext, comp in COMPRESSIONS.items():
+        if lower.endswith(ext):
+            compression, lower = comp, lower[: -len(ext)]
+            break
+    if lower.endswith(JSONL_EXTS):
+        return "jsonl", compression
+    if lower.endswith(TXT_EXTS):
+        return "txt", compression
+    if lower.endswith(PARQUET_EXTS) and not compression:
+        return "parquet", compression
+    return None
+
+
+def list_text_files(source: str, list_file: bool = False) -> tuple[list[TextFile], list[dict], int]:
+    """The input files in deterministic order, quarantine records, and the count of skipped files."""
+    src = Path(source)
+    quarantine: list[dict] = []
+    skipped = 0
+    candidates: list[tuple[str, str]] = []  # (path, rel)
+    if list_file:
+        base = src.parent
+        for number, line in enumerate(src.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            entry = line.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            path = Path(entry) if os.path.isabs(entry) else base / entry
+            candidates.append((str(path), entry))
+    elif src.is_dir():
+        found = []
+        for folder, dirs, names in os.walk(src, followlinks=True):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            for name in names:
+                if name.startswith("."):
+                    skipped += 1
+                    continue
+                full = os.path.join(folder, name)
+                found.append((full, os.path.relpath(full, src).replace(os.sep, "/")))
+        candidates = sorted(found, key=lambda pr: sort_key(pr[1]))
+    else:
+        candidates = [(str(src), src.name)]
+    files: list[TextFile] = []
+    for path, rel in candidates:
+        kind = classify(os.path.basename(path))
+        if kind is None:
+            if list_file or not src.is_dir():
+                quarantine.append({"source": rel, "line": None, "reason": "not a .jsonl/.txt/.parquet file "
+                                   "(optionally .gz/.zst)"})
+            else:
+                skipped += 1
+            continue
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            quarantine.append({"source": rel, "line": None, "reason": f"unreadable: {exc.strerror or exc}"})
+            continue
+        files.append(TextFile(path, rel, kind[0], kind[1], size))
+    return files, quarantine, skipped
+
+
+# -- planning ----------------------------------------------------------------------------------
+
+def snap_line(fh: BinaryIO, pos: int, size: int) -> int:
+    """The first line start at or after ``pos``."""
+    if pos <= 0 or pos >= size:
+        return min(max(pos, 0), size)
+    fh.seek(pos - 1)
+    skipped = 0
+    while True:
+        block = fh.read(SNAP_READ)
+        if not block:
+            return size
+        newline = block.find(b"\n")
+        if newline >= 0:
+            return pos + skipped + newline
+        skipped += len(block)
+
+
+def snap_paragraph(fh: BinaryIO, pos: int, size: int) -> int:
+    """The first position at or after ``pos`` that follows a blank (whitespace-only) line."""
+    start = snap_line(fh, pos, size)
+    if start >= size:
+        return size
+    fh.seek(start)
+    offset = start
+    for line in fh:
+        offset += len(line)
+        if not line.strip():
+            return offset
+    return size
+
+
+def parquet_row_groups(path: str, field: str) -> tuple[list[int], str | None]:
+    """Compressed byte size of each row group, and a reason when the file cannot be used."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UsageError("reading .parquet needs pyarrow: pip install pyarrow (or the 'text' extra)") from None
+    try:
+        meta = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 - a bad file is a quarantine record
+        return [], f"unreadable parquet: {exc}"
+    schema = meta.schema_arrow
+    if field not in schema.names:
+        return [], f"no column {field!r} (columns: {', '.join(schema.names[:10])})"
+    import pyarrow as pa
+
+    kind = schema.field(field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        return [], f"column {field!r} is {kind}, not a string column"
+    md = meta.metadata
+    sizes = [max(1, sum(md.row_group(i).column(j).total_compressed_size for j in range(md.num_columns)))
+             for i in range(md.num_row_groups)]
+    return sizes, None
+
+
+def plan_chunks(files: list[TextFile], chunk_bytes: int | None, doc_per: str, field: str
+                ) -> tuple[list[list[Segment]], list[dict]]:
+    """Cut the files into about-equal chunks of segments (never inside a document); ``chunk_bytes``
+    None = auto_chunk_bytes."""
+    quarantine: list[dict] = []
+    atoms: list[tuple[TextFile, str, list[int]]] = []  # (file, unit, sizes of indivisible pieces or [size])
+    for f in files:
+        if f.kind == "parquet":
+            sizes, reason = parquet_row_groups(f.path, field)
+            if reason:
+                quarantine.append({"source": f.rel, "line": None, "reason": reason})
+                continue
+            atoms.append((f, "rowgroups", sizes))
+        elif f.compression or (f.kind == "txt" and doc_per == "file"):
+            atoms.append((f, "file", [f.size]))
+        else:
+            atoms.append((f, "bytes", [f.size]))
+    total = sum(sum(sizes) for _, _, sizes in atoms)
+    n = max(1, math.ceil(total / (chunk_bytes or auto_chunk_bytes(total))))
+    cuts = [round(k * total / n) for k in range(1, n)]
+    chunks: list[list[Segment]] = [[]]
+    ci = 0
+    pos = 0
+
+    def close() -> None:
+        if chunks[-1]:
+            chunks.append([])
+
+    for f, unit, sizes in atoms:
+        def seg(start: int, end: int) -> Segment:
+            return Segment(f.path, f.rel, f.kind, f.compression, start, end, unit)
+
+        if unit == "bytes":
+            local = 0
+            with open(f.path, "rb") as fh:
+                while ci < len(cuts) and cuts[ci] < pos + f.size:
+                    cut = cuts[ci] - pos
+                    boundary = (snap_paragraph if f.kind == "txt" and doc_per == "blank-line" else snap_line)(
+                        fh, cut, f.size)
+                    if boundary > local:
+                        chunks[-1].append(seg(local, boundary))
+                        local = boundary
+                    close()
+                    ci += 1
+            if local < f.size:
+                chunks[-1].append(seg(local, f.size))
+        elif unit == "rowgroups":
+            offset = pos
+            first = 0
+            for i, size in enumerate(sizes):
+                offset += size
+                if ci < len(cuts) and cuts[ci] <= offset:
+                    chunks[-1].append(seg(first, i + 1))
+                    first = i + 1
+                    close()
+                    while ci < len(cuts) and cuts[ci] <= offset:
+                        ci += 1
+            if first < len(sizes):
+                chunks[-1].append(seg(first, len(sizes)))
+        else:
+            chunks[-1].append(seg(0, f.size))
+            if ci < len(cuts) and cuts[ci] <= pos + f.size:
+                close()
+                while ci < len(cuts) and cuts[ci] <= pos + f.size:
+                    ci += 1
+        pos += sum(sizes)
+    return [c for c in chunks if c], quarantine
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+def _open_stream(segment: Segment) -> BinaryIO:
+    if segment.compression == "gz":
+        return gzip.open(segment.path, "rb")
+    if segment.compression == "zst":
+        try:
+            import zstandard
+        except ImportError:
+            raise UsageError("reading .zst needs zstandard: pip install zstandard") from None
+        raw = open(segment.path, "rb")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), 1 << 20)
+    fh = open(segment.path, "rb", buffering=1 << 20)
+    if segment.unit == "bytes":
+        fh.seek(segment.start)
+    return fh
+
+
+def _lines(segment: Segment) -> Iterator[bytes]:
+    """Raw lines (with their newline) of a byte-range or whole-file segment."""
+    with _open_stream(segment) as fh:
+        if segment.unit != "bytes":
+            yield from fh
+            return
+        remaining = segment.end - segment.start
+        for raw in fh:
+            if remaining <= 0:
+                return
+            if len(raw) > remaining:  # the file grew or changed since planning
+                raw = raw[:remaining]
+            remaining -= len(raw)
+            yield raw
+
+
+def _decode(raw: bytes) -> tuple[str | None, str | None]:
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return None, f"undecodable UTF-8 at byte {exc.start} of the document ({exc.reason})"
+
+
+def _strip_newline(raw: bytes) -> bytes:
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+    return raw
+
+
+class SegmentReader:
+    """Iterates one segment's documents; ``lines`` holds how many lines (rows) it consumed."""
+
+    def __init__(self, segment: Segment, field: str = "text", doc_per: str = "line") -> None:
+        if doc_per not in DOC_PER:
+            raise UsageError(f"--doc-per must be one of {', '.join(DOC_PER)}, got {doc_per!r}")
+        self.segment = segment
+        self.field = field
+        self.doc_per = doc_per
+        self.lines = 0
+        self.blank_lines = 0
+
+    def __iter__(self) -> Iterator[Doc]:
+        kind = self.segment.kind
+        try:
+            if kind == "jsonl":
+                yield from self._jsonl()
+            elif kind == "parquet":
+                yield from self._parquet()
+            elif self.doc_per == "line":
+                yield from self._txt_lines()
+            elif self.doc_per == "file":
+                yield from self._txt_file()
+            else:
+                yield from self._txt_paragraphs()
+        except (OSError, EOFError, ValueError) as exc:  # truncated/corrupt file: keep what was read
+            if isinstance(exc, UnicodeDecodeError):
+                raise
+            yield Doc(self.lines + 1, reason=f"unreadable after line {self.lines}: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - zstandard raises its own ZstdError
+            if type(exc).__name__ != "ZstdError":
+                raise
+            yield Doc(self.lines + 1, reason=f"unreadable after line {self.lines}: zstd: {exc}")
+
+    def _jsonl(self) -> Iterator[Doc]:
+        field = self.field
+        for raw in _lines(self.segment):
+            self.lines += 1
+            if not raw.strip():
+                self.blank_lines += 1
+                continue
+            text, reason = _decode(raw)
+            if reason:
+                yield Doc(self.lines, reason=reason)
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError as exc:
+                yield Doc(self.lines, reason=f"malformed JSON: {exc}")
+                continue
+            if not isinstance(obj, dict):
+                yield Doc(self.lines, reason=f"JSON line is a {type(obj).__name__}, not an object")
+                continue
+            value = obj.get(field)
+            if field not in obj or value is None:
+                yield Doc(self.lines, reason=f"missing field {field!r}")
+            elif not isinstance(value, str):
+                yield Doc(self.lines, reason=f"field {field!r} is a {type(value).__name__}, not a string")
+            else:
+                yield Doc(self.lines, text=value)
+
+    def _txt_lines(self) -> Iterator[Doc]:
+        for raw in _lines(self.segment):
+            self.lines += 1
+            text, reason = _decode(_strip_newline(raw))
+            yield Doc(self.lines, text=text, reason=reason)
+
+    def _txt_file(self) -> Iterator[Doc]:
+        with _open_stream(self.segment) as fh:
+            data = fh.read()
+        self.lines = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+        try:
+            yield Doc(1, text=data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            yield Doc(1, reason=f"undecodable UTF-8 at line {line} ({exc.reason})")
+
+    def _txt_paragraphs(self) -> Iterator[Doc]:
+        para: list[bytes] = []
+        first = 0
+        for raw in _lines(self.segment):
+            self.lines += 1
+            if raw.strip():
+                if not para:
+                    first = self.lines
+                para.append(raw)
+                continue
+            if para:
+                yield self._paragraph(para, first)
+                para = []
+        if para:
+            yield self._paragraph(para, first)
+
+    @staticmethod
+    def _paragraph(lines: list[bytes], first: int) -> Doc:
+        data = _strip_newline(b"".join(lines))
+        try:
+            return Doc(first, text=data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            line = first + data.count(b"\n", 0, exc.start)
+            return Doc(first, reason=f"undecodable UTF-8 at line {line} ({exc.reason})")
+
+    def _parquet(self) -> Iterator[Doc]:
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(self.segment.path)
+        groups = list(range(self.segment.start, self.segment.end))
+        field = self.field
+        for batch in pf.iter_batches(batch_size=4096, row_groups=groups, columns=[field], use_threads=False):
+            for value in batch.column(0).to_pylist():
+                self.lines += 1
+                if value is None:
+                    yield Doc(self.lines, reason=f"missing field {field!r} (null)")
+                else:
+                    yield Doc(self.lines, text=value)

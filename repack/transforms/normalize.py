@@ -1,0 +1,190 @@
+"""`--normalize`: make every image hit the fastest GPU decode path (baseline 4:2:0 RGB JPEG).
+
+An input *conforms* when it is a baseline (SOF0), 8-bit, 3-component YCbCr JPEG with 4:2:0
+chroma subsampling, no EXIF orientation other than 1, and no side longer than ``max_side``.
+Conforming inputs pass through byte-for-byte (no generation loss). Everything else is
+decoded and re-encoded:
+
+- mode: 16-bit (I;16*, I) is scaled to 8 bits (not clipped); transparency (RGBA, LA, P with a
+  transparent colour) is composited over white; L, CMYK, YCbCr-less, palette -> RGB;
+- animation (GIF, WebP): the first frame;
+- EXIF orientation is applied to the pixels; EXIF is not copied (so the tag is gone);
+- ``max_side``: the longer side is reduced to ``max_side`` (aspect kept, never upscaled):
+  JPEG DCT-domain draft to >= 2x the target, then Lanczos with an integer reduce() first when
+  the factor allows (reducing_gap 2, as Pillow's thumbnail);
+- written as baseline (non-progressive) JPEG, 4:2:0, at ``quality``; an RGB source's ICC
+  profile is kept.
+
+Decompression bombs are refused before any pixel is decoded (``inspect_image`` checks the
+declared size against ``max_pixels``).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps
+
+from repack.transforms.image_check import BadImage, ImageInfo, inspect_image
+
+ORIENTATION_TAG = 0x0112
+_SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+@dataclass(frozen=True)
+class NormalizeOptions:
+    quality: int = 90
+    max_side: int | None = None
+    max_pixels: int = 178_956_970
+
+
+@dataclass(frozen=True)
+class Normalized:
+    """The bytes to store and what was done: ``reasons`` is empty when the input passed through."""
+
+    data: bytes
+    ext: str
+    width: int
+    height: int
+    reasons: tuple[str, ...]
+    source_size: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True)
+class JpegHeader:
+    sof: int                      # the SOFn marker byte (0xC0 = baseline)
+    precision: int
+    sampling: tuple[tuple[int, int], ...]  # (h, v) per component
+
+
+def jpeg_header(data: bytes) -> JpegHeader | None:
+    """Parse JPEG markers up to the first SOFn: frame type, precision, sampling factors."""
+    pos, n = 2, len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        if marker in _SOF_MARKERS:
+            seg = data[pos + 4:pos + 2 + length]
+            if len(seg) < 6:
+                return None
+            count = seg[5]
+            sampling = tuple((seg[6 + 3 * i + 1] >> 4, seg[6 + 3 * i + 1] & 15) for i in range(count)
+                             if 6 + 3 * i + 1 < len(seg))
+            return JpegHeader(marker, seg[0], sampling)
+        if marker == 0xDA:  # start of scan before any frame header
+            return None
+        pos += 2 + length
+    return None
+
+
+def nonconformity(data: bytes, info: ImageInfo, image: Image.Image, max_side: int | None) -> list[str]:
+    """Why an opened image is not a pass-through baseline 4:2:0 RGB JPEG (empty list: it is)."""
+    reasons: list[str] = []
+    if info.ext != "jpg":
+        reasons.append(f"format {info.ext}")
+    else:
+        header = jpeg_header(data)
+        if header is None:
+            reasons.append("unparsable JPEG header")
+        else:
+            if header.sof == 0xC2 or header.sof in (0xC6, 0xCA, 0xCE):
+                reasons.append("progressive JPEG")
+            elif header.sof != 0xC0:
+                reasons.append(f"non-baseline JPEG (SOF{header.sof - 0xC0})")
+            if header.precision != 8:
+                reasons.append(f"{header.precision}-bit JPEG")
+            if len(header.sampling) == 3 and header.sampling != ((2, 2), (1, 1), (1, 1)):
+                h, v = header.sampling[0]
+                reasons.append(f"chroma subsampling {h}x{v} (not 4:2:0)")
+        if image.mode != "RGB":
+            reasons.append(f"mode {image.mode}")
+        elif image.info.get("adobe_transform") == 0:
+            reasons.append("RGB-coded JPEG (not YCbCr)")
+    if info.ext == "jpg" or info.ext in ("png", "webp", "tiff"):
+        try:
+            orientation = image.getexif().get(ORIENTATION_TAG, 1)
+        except Exception:  # noqa: BLE001 - a broken EXIF block is not worth a quarantine
+            orientation = 1
+        if orientation not in (1, None):
+            reasons.append("EXIF orientation")
+    if max_side is not None and max(info.width, info.height) > max_side:
+        reasons.append("longer side > max_side")
+    if info.ext != "jpg" and image.mode != "RGB":
+        reasons.append(f"mode {image.mode}")
+    return reasons
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """Any Pillow mode -> 8-bit RGB (16-bit scaled, transparency over white)."""
+    mode = image.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        scale = 1 / 256 if mode != "I" or image.getextrema()[1] > 255 else 1.0
+        image = image.convert("I").point(lambda v: v * scale).convert("L")
+        mode = "L"
+    if mode == "F":
+        image = image.convert("L")
+        mode = "L"
+    if mode == "P":
+        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+        mode = image.mode
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image if mode == "RGB" else image.convert("RGB")
+
+
+def _target_size(width: int, height: int, max_side: int | None) -> tuple[int, int] | None:
+    if max_side is None or max(width, height) <= max_side:
+        return None
+    scale = max_side / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def normalize_image(data: bytes, options: NormalizeOptions, verify: str = "decode") -> Normalized:
+    """Pass ``data`` through if it conforms (checked at ``verify``), else convert it; BadImage on bad input."""
+    info = inspect_image(data, "none", options.max_pixels)
+    try:
+        image = Image.open(io.BytesIO(data))
+        reasons = nonconformity(data, info, image, options.max_side)
+    except BadImage:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise BadImage(f"cannot decode {info.ext.upper()}: {exc or type(exc).__name__}") from None
+    if not reasons:
+        checked = inspect_image(data, verify, options.max_pixels)
+        return Normalized(data, "jpg", checked.width, checked.height, (), (checked.width, checked.height))
+    if getattr(image, "n_frames", 1) > 1:
+        reasons.append("animated (first frame kept)")
+    try:
+        target = _target_size(info.width, info.height, options.max_side)
+        if target is not None and info.ext == "jpg":
+            image.draft(None, (target[0] * 2, target[1] * 2))
+        icc = image.info.get("icc_profile") if image.mode == "RGB" else None
+        image.load()
+        image = ImageOps.exif_transpose(image) if "EXIF orientation" in reasons else image
+        rgb = _to_rgb(image)
+        if target is not None:
+            final = _target_size(*rgb.size, options.max_side)  # from the (drafted) decoded size
+            if final is not None:
+                rgb = rgb.resize(final, Image.LANCZOS, reducing_gap=2.0)  # as Image.thumbnail
+        out = io.BytesIO()
+        save = {"quality": options.quality, "subsampling": 2, "progressive": False, "optimize": False}
+        if icc:
+            save["icc_profile"] = icc
+        rgb.save(out, "JPEG", **save)
+    except BadImage:
+        raise
+    except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
+        raise BadImage(f"cannot decode {info.ext.upper()}: {str(exc) or type(exc).__name__}") from None
+    return Normalized(out.getvalue(), "jpg", rgb.size[0], rgb.size[1], tuple(dict.fromkeys(reasons)),
+                      (info.width, info.height))

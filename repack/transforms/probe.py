@@ -1,0 +1,228 @@
+"""Probe a video file: ffprobe JSON (through ffmpeg-python) plus a packet scan without decoding.
+
+One ffprobe run gives the container, every stream, and the video packets' pts/dts/flags/pos/
+size. From the packets of the first video stream we derive what the header fields cannot be
+trusted for: keyframe spacing (GOP), B-frame reordering, timestamp regularity (VFR), missing
+timestamps, whether the first packet is a keyframe, and truncation (packets past the end of
+the file, or fewer packets than the container declares).
+
+``probe_file`` returns a flat, JSON-able record (see ``VideoInfo``); an unreadable file gives
+a record with ``error`` set. ``pyav_probe`` is the in-process alternative measured by the
+benchmark (PyAV is optional and not used by the job).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+from fractions import Fraction
+
+IMAGE_FORMATS = frozenset({"image2", "gif", "apng", "webp", "png", "bmp", "tiff", "ico", "svg"})
+
+
+def _rate(text: str | None) -> float | None:
+    try:
+        value = Fraction(text) if text else None
+    except (ValueError, ZeroDivisionError):
+        return None
+    return float(value) if value else None
+
+
+def bit_depth(pix_fmt: str | None, raw_bits: str | int | None = None) -> int | None:
+    """Bits per component of ``pix_fmt`` ('yuv420p10le' -> 10, 'p010le' -> 10, 'yuv420p' -> 8)."""
+    if not pix_fmt:
+        return None
+    match = re.search(r"p(\d{2})(le|be)?$", pix_fmt) or re.match(r"p0(\d{2})", pix_fmt)
+    if match:
+        return int(match.group(1))
+    if raw_bits and str(raw_bits).isdigit():
+        return int(raw_bits)
+    return 8
+
+
+def chroma(pix_fmt: str | None) -> str | None:
+    """Chroma subsampling of ``pix_fmt``: '420', '422', '444', '440', '411', '400' or 'rgb'."""
+    if not pix_fmt:
+        return None
+    match = re.match(r"(?:yuvj?|yuva)(4\d\d)", pix_fmt)
+    if match:
+        return match.group(1)
+    if pix_fmt.startswith(("nv12", "nv21", "p010", "p016", "p012")):
+        return "420"
+    if pix_fmt.startswith(("nv16", "p210", "p216")):
+        return "422"
+    if pix_fmt.startswith("gray"):
+        return "400"
+    if pix_fmt.startswith(("rgb", "bgr", "gbr", "argb", "abgr", "rgba", "bgra", "0rgb", "rgb0", "pal8")):
+        return "rgb"
+    return pix_fmt
+
+
+def rotation(stream: dict) -> int:
+    """Display rotation in degrees (0, 90, 180, 270) from the display matrix or the rotate tag."""
+    degrees = 0.0
+    for side in stream.get("side_data_list") or ():
+        if "rotation" in side:
+            degrees = float(side["rotation"])
+    if not degrees and (stream.get("tags") or {}).get("rotate"):
+        degrees = float(stream["tags"]["rotate"])
+    return int(round(degrees)) % 360
+
+
+def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> dict:
+    """GOP, B-frame, timestamp and truncation facts from one stream's packets (decode order)."""
+    n = len(packets)
+    pts = [p.get("pts") for p in packets]
+    missing_pts = sum(1 for v in pts if v is None)
+    keys = [i for i, p in enumerate(packets) if "K" in (p.get("flags") or "")]
+    reordered = False
+    highest = None
+    for v in pts:
+        if v is None:
+            continue
+        if highest is not None and v < highest:
+            reordered = True
+            break
+        highest = v if highest is None else max(highest, v)
+    truncated_packets = sum(1 for p in packets if p.get("pos") is not None and p.get("size") is not None
+                            and int(p["pos"]) + int(p["size"]) > file_size)
+    stats = {"packets": n, "keyframes": len(keys), "first_packet_key": bool(keys) and keys[0] == 0,
+             "missing_pts": missing_pts, "b_frames": reordered, "packets_past_eof": truncated_packets,
+             "max_gop_frames": None, "max_gop_s": None, "frame_interval_s": None, "irregular_intervals": 0,
+             "span_s": None, "fps_measured": None}
+    present = sorted(int(v) for v in pts if v is not None)
+    if len(present) >= 2:
+        deltas = [b - a for a, b in zip(present, present[1:])]
+        median = statistics.median(deltas)
+        tolerance = max(1.5, 0.2 * median)
+        stats["irregular_intervals"] = sum(1 for d in deltas if abs(d - median) > tolerance)
+        stats["frame_interval_s"] = round(float(median * time_base), 6)
+        span = (present[-1] - present[0] + median) * time_base
+        stats["span_s"] = round(float(span), 6)
+        stats["fps_measured"] = round(len(present) / float(span), 4) if span > 0 else None
+        if keys:
+            key_pts = sorted(int(packets[i]["pts"]) for i in keys if packets[i].get("pts") is not None)
+            bounds = key_pts + [present[-1] + median]
+            gaps = [b - a for a, b in zip(bounds, bounds[1:])]
+            if gaps:
+                stats["max_gop_s"] = round(float(max(gaps) * time_base), 6)
+    if keys:
+        bounds = keys + [n]
+        stats["max_gop_frames"] = max(b - a for a, b in zip(bounds, bounds[1:]))
+    return stats
+
+
+def summarize(data: dict, path: str) -> dict:
+    """Turn ffprobe's JSON (streams, format, packets) into the flat probe record."""
+    fmt = data.get("format") or {}
+    streams = data.get("streams") or []
+    videos = [s for s in streams if s.get("codec_type") == "video"]
+    record = {"container": fmt.get("format_name"), "bytes": os.path.getsize(path),
+              "duration_s": _float(fmt.get("duration")), "bit_rate": _int(fmt.get("bit_rate")),
+              "video_streams": [{"index": s["index"], "codec": s.get("codec_name"), "width": s.get("width"),
+                                 "height": s.get("height"),
+                                 "attached_pic": bool((s.get("disposition") or {}).get("attached_pic"))}
+                                for s in videos],
+              "audio_streams": sum(1 for s in streams if s.get("codec_type") == "audio"),
+              "other_streams": sum(1 for s in streams if s.get("codec_type") not in ("video", "audio")),
+              "error": None}
+    main = next((s for s in videos if not (s.get("disposition") or {}).get("attached_pic")), None)
+    if main is None:
+        return record
+    pix_fmt = main.get("pix_fmt")
+    time_base = Fraction(main.get("time_base") or "1/1")
+    packets = [p for p in data.get("packets") or () if p.get("stream_index") == main["index"]]
+    record.update({
+        "stream_index": main["index"], "codec": main.get("codec_name"), "profile": main.get("profile"),
+        "pix_fmt": pix_fmt, "bit_depth": bit_depth(pix_fmt, main.get("bits_per_raw_sample")),
+        "chroma": chroma(pix_fmt), "width": main.get("width"), "height": main.get("height"),
+        "sar": main.get("sample_aspect_ratio"), "field_order": main.get("field_order") or "unknown",
+        "rotation": rotation(main), "r_frame_rate": _rate(main.get("r_frame_rate")),
+        "avg_frame_rate": _rate(main.get("avg_frame_rate")), "time_base": str(time_base),
+        "nb_frames": _int(main.get("nb_frames")), "stream_duration_s": _float(main.get("duration")),
+        "has_b_frames": _int(main.get("has_b_frames")),
+    })
+    record.update(packet_stats(packets, time_base, record["bytes"]))
+    record["frames"] = record["packets"]
+    fps = record["fps_measured"] or record["avg_frame_rate"] or record["r_frame_rate"]
+    record["fps"] = round(fps, 4) if fps else None
+    if record["span_s"] is not None:
+        record["duration_s"] = record["span_s"]
+    return record
+
+
+def _float(text) -> float | None:
+    try:
+        return round(float(text), 6)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(text) -> int | None:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def probe_file(path: str, ffprobe: str = "ffprobe") -> dict:
+    """Probe ``path`` with one ffprobe run (streams, format, video packets); never raises for bad input."""
+    import ffmpeg
+
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        return {"error": f"unreadable: {exc.strerror}", "error_code": "probe_failed", "bytes": None}
+    if size == 0:
+        return {"error": "empty file (0 bytes)", "error_code": "empty", "bytes": 0}
+    try:
+        data = ffmpeg.probe(path, cmd=ffprobe, v="error",
+                            show_entries="packet=stream_index,pts,dts,flags,pos,size")
+    except ffmpeg.Error as exc:
+        lines = [line for line in (exc.stderr or b"").decode(errors="replace").splitlines() if line.strip()]
+        message = lines[-1] if lines else "ffprobe failed"
+        message = message.replace(path, "<file>")
+        return {"error": f"ffprobe: {message}", "error_code": "probe_failed", "bytes": size}
+    except Exception as exc:  # timeout, JSON errors
+        return {"error": f"ffprobe: {type(exc).__name__}: {exc}", "error_code": "probe_failed", "bytes": size}
+    return summarize(data, path)
+
+
+def pyav_probe(path: str) -> dict:
+    """The same record computed in-process with PyAV (for the benchmark and agreement tests)."""
+    import av
+
+    size = os.path.getsize(path)
+    if size == 0:
+        return {"error": "empty file (0 bytes)", "error_code": "empty", "bytes": 0}
+    try:
+        with av.open(path, metadata_errors="ignore") as container:
+            streams = []
+            for s in container.streams:
+                entry = {"index": s.index, "codec_type": s.type, "time_base": str(s.time_base or "1/1")}
+                if s.type == "video":
+                    cc = s.codec_context
+                    entry.update(codec_name=getattr(cc.codec, "canonical_name", cc.name), profile=cc.profile, pix_fmt=cc.format.name
+                                 if cc.format else None, width=cc.width, height=cc.height,
+                                 r_frame_rate=str(s.base_rate) if s.base_rate else None,
+                                 avg_frame_rate=str(s.average_rate) if s.average_rate else None,
+                                 nb_frames=s.frames or None, disposition={"attached_pic": int(
+                                     bool(s.disposition & av.stream.Disposition.attached_pic))})
+                streams.append(entry)
+            video = [s for s in streams if s["codec_type"] == "video"]
+            packets = []
+            if video:
+                index = video[0]["index"]
+                for packet in container.demux(container.streams[index]):
+                    if packet.size == 0:
+                        continue
+                    packets.append({"stream_index": index, "pts": packet.pts, "dts": packet.dts,
+                                    "flags": "K_" if packet.is_keyframe else "__", "pos": packet.pos,
+                                    "size": packet.size})
+            fmt = {"format_name": container.format.name,
+                   "duration": container.duration / 1e6 if container.duration else None,
+                   "bit_rate": container.bit_rate}
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        return {"error": f"pyav: {exc}", "error_code": "probe_failed", "bytes": size}
+    return summarize({"format": fmt, "streams": streams, "packets": packets}, path)

@@ -1,0 +1,151 @@
+"""Tokenization: load a local HuggingFace tokenizer, identify it, find EOS/BOS, encode batches.
+
+Only local files: ``--tokenizer`` is a ``tokenizer.json`` or a folder holding one (its
+``tokenizer_config.json``, when present, names the EOS/BOS tokens). Never a hub download.
+
+Encoding: ``encode_batch_fast`` (no offsets) with the template's special tokens unless
+``special_tokens=False``; then BOS is put in front when asked (unless the template already
+did) and EOS appended (unless the document already ends with it). A batch the tokenizer
+rejects is retried document by document so only the offending documents are quarantined.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from repack.errors import UsageError
+
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[EOS]", "<|end|>")
+BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|bos|>", "[BOS]")
+
+_CACHE: dict[str, object] = {}
+
+
+def resolve_tokenizer_path(path: str) -> Path:
+    """The tokenizer.json that ``path`` names (a file, or a folder holding tokenizer.json)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    if not p.is_file():
+        raise UsageError(f"--tokenizer {path!r}: no tokenizer.json there (a local HuggingFace tokenizer.json "
+                         "or a folder holding one is needed; nothing is downloaded)")
+    return p.absolute()
+
+
+def load_tokenizer(path: str | os.PathLike, expected_sha256: str | None = None):
+    """(Tokenizer, sha256 of its file); cached per process; refuses a file whose sha256 changed."""
+    from tokenizers import Tokenizer
+
+    data = Path(path).read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    if expected_sha256 and sha != expected_sha256:
+        raise UsageError(f"{path}: the tokenizer changed since the job was planned (sha256 {sha[:12]}...)")
+    if sha not in _CACHE:
+        try:
+            _CACHE[sha] = Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception
+            raise UsageError(f"{path}: not a loadable tokenizer.json ({exc})") from None
+    return _CACHE[sha], sha
+
+
+def _config_token(folder: Path, key: str) -> str | None:
+    try:
+        value = json.loads((folder / "tokenizer_config.json").read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def find_special(tokenizer, explicit: str | None, config_value: str | None, candidates: tuple[str, ...]
+                 ) -> tuple[str, int] | None:
+    """(token, id) of an explicit token, else the config's, else the first candidate present."""
+    if explicit is not None:
+        tid = tokenizer.token_to_id(explicit)
+        if tid is None:
+            raise UsageError(f"token {explicit!r} is not in the tokenizer's vocabulary")
+        return explicit, tid
+    if config_value is not None and tokenizer.token_to_id(config_value) is not None:
+        return config_value, tokenizer.token_to_id(config_value)
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    for pool in (special, None):  # special added tokens first, then the whole vocabulary
+        for token in candidates:
+            if (pool is None or token in pool) and tokenizer.token_to_id(token) is not None:
+                return token, tokenizer.token_to_id(token)
+    return None
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """The tokenizer's identity as recorded in the manifest and handed to every task."""
+
+    path: str
+    sha256: str
+    vocab_size: int      # with added tokens
+    max_token_id: int    # the largest id it can produce
+    eos_token: str | None
+    eos_id: int | None
+    bos_token: str | None
+    bos_id: int | None
+    special_token_ids: dict  # special added tokens: {content: id}
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def describe_tokenizer(path: str, *, eos_token: str | None, bos_token: str | None, need_eos: bool,
+                       need_bos: bool) -> TokenizerInfo:
+    """Load and identify a tokenizer; fail fast when a needed EOS/BOS cannot be found."""
+    file = resolve_tokenizer_path(path)
+    tokenizer, sha = load_tokenizer(file)
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    eos = find_special(tokenizer, eos_token, _config_token(file.parent, "eos_token"), EOS_CANDIDATES)
+    if need_eos and eos is None:
+        raise UsageError(f"{file}: no end-of-document token found among its special tokens "
+                         f"({', '.join(EOS_CANDIDATES[:4])}, ...); name one with --eos-token, "
+                         "or pass --no-append-eos")
+    bos = find_special(tokenizer, bos_token, _config_token(file.parent, "bos_token"), BOS_CANDIDATES)
+    if need_bos and bos is None:
+        raise UsageError(f"{file}: no beginning-of-document token found ({', '.join(BOS_CANDIDATES[:4])}, ...); "
+                         "name one with --bos-token")
+    specials = {t.content: tid for tid, t in sorted(tokenizer.get_added_tokens_decoder().items()) if t.special}
+    return TokenizerInfo(str(file), sha, len(vocab), max(vocab.values()) if vocab else 0,
+                         eos[0] if eos else None, eos[1] if eos else None,
+                         bos[0] if bos else None, bos[1] if bos else None, specials)
+
+
+class BatchEncoder:
+    """Encodes lists of documents into lists of ids, with the job's BOS/EOS rules."""
+
+    def __init__(self, tokenizer, *, special_tokens: bool, bos_id: int | None, eos_id: int | None) -> None:
+        self.tokenizer = tokenizer
+        self.special_tokens = special_tokens
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self._fast = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+
+    def _finish(self, ids: list[int]) -> list[int]:
+        if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids.insert(0, self.bos_id)
+        if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
+            ids.append(self.eos_id)
+        return ids
+
+    def encode(self, texts: list[str]) -> list[list[int] | str]:
+        """Ids per document, or the error message for a document the tokenizer rejected."""
+        try:
+            encodings = self._fast(texts, add_special_tokens=self.special_tokens)
+        except Exception:  # noqa: BLE001 - find the documents that fail, keep the rest
+            out: list[list[int] | str] = []
+            for text in texts:
+                try:
+                    out.append(self._finish(list(self._fast([text], add_special_tokens=self.special_tokens)[0].ids)))
+                except Exception as exc:  # noqa: BLE001
+                    out.append(f"tokenizer failed: {type(exc).__name__}: {str(exc)[:200]}")
+            return out
+        return [self._finish(e.ids) for e in encodings]

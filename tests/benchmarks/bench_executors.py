@@ -1,0 +1,65 @@
+"""Issue 6 benchmark: the same `repack images` job on the local process pool vs Ray.
+
+Ray is measured two ways: started by the job itself (cold, `--executor ray`) and joined by
+the job (`ray start --head` first, then `--ray-address`), which is how a cluster runs it.
+Same worker count everywhere; ratios are against the local pool measured in the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.tools.photos import make_photo_tree
+
+IMAGES = int(os.environ.get("BENCH_EXECUTOR_IMAGES", "3000"))
+WORKERS = "2"
+
+
+def _repack(*args: str) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "repack", *args], check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def main(out_dir: str | os.PathLike) -> dict:
+    out_dir = Path(out_dir) / "executors"
+    src = out_dir / f"photos-{IMAGES}"
+    if not src.exists():
+        make_photo_tree(src, per_class=IMAGES // 10, seed=3, min_side=200, max_side=700, png_share=0)
+    common = ["--shard-size", "100", "--workers", WORKERS, "--quiet"]
+    results = {}
+
+    def timed(name: str, *extra: str) -> None:
+        out = out_dir / name
+        shutil.rmtree(out, ignore_errors=True)
+        results[name] = _repack("images", str(src), str(out), *common, *extra)
+
+    timed("local")
+    timed("ray_started_by_job", "--executor", "ray")
+    ray = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
+    port = "6391"
+    subprocess.run([ray, "start", "--head", f"--port={port}", f"--num-cpus={WORKERS}", "--node-ip-address=127.0.0.1",
+                    "--include-dashboard=false",
+                    "--disable-usage-stats"], check=True, capture_output=True)
+    try:
+        timed("ray_joined_cluster", "--executor", "ray", "--ray-address", f"127.0.0.1:{port}")
+    finally:
+        subprocess.run([ray, "stop", "--force"], capture_output=True)
+    same = all((out_dir / n / "shard-000000.tar").read_bytes() == (out_dir / "local" / "shard-000000.tar").read_bytes()
+               for n in ("ray_started_by_job", "ray_joined_cluster"))
+    print(f"\n## executors: {IMAGES} images, --verify decode, {WORKERS} workers, {os.cpu_count()} cores")
+    print(f"| executor | seconds | images/s | time vs local pool |\n|---|---|---|---|")
+    for name, seconds in results.items():
+        print(f"| {name} | {seconds:.2f} | {IMAGES / seconds:.0f} | {seconds / results['local']:.2f}x |")
+    print(f"outputs byte-identical across executors: {same}")
+    return {"images": IMAGES, "seconds": results, "identical": same,
+            "ratios": {k: round(v / results["local"], 3) for k, v in results.items()}}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench-out")

@@ -1,0 +1,274 @@
+"""Benchmark of issue 2: `repack images` against its baselines, measured in one run on one dataset.
+
+Dataset: REPACK_BENCH_IMAGES (default 4000) real-photo JPEGs of mixed sizes (~100 KB mean),
+generated once into OUT/images-data and reused. Rows (images/s; ratio = repack / baseline):
+
+  pack   `repack images --verify none`  vs `tar cf` of the same folder (warm page cache)
+  check  `repack images --verify decode` vs one process: webdataset ShardWriter + full PIL decode
+  read   PyTorch reader over the shards vs a folder-of-files Dataset (same PIL decode, resize 224,
+         same num_workers, both shuffled), warm and cold page cache; then the same without
+         decoding (raw bytes: the I/O path alone)
+
+Cold cache: every file involved is fsynced and dropped with posix_fadvise(DONTNEED) (or, with
+REPACK_BENCH_DROP_CACHES=1, the whole page cache through /proc/sys/vm/drop_caches). Other knobs:
+REPACK_BENCH_READ_WORKERS (default: the usable CPUs), REPACK_BENCH_SHARD_SIZE.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGETS = {"pack": 0.8, "check": 3.0}
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name) or default)
+
+
+# ---- data -------------------------------------------------------------------------------
+
+def make_dataset(data_dir: Path, count: int) -> Path:
+    """ImageFolder tree of ``count`` JPEG photos (10 classes), generated once and reused."""
+    from tests.tools.photos import make_photo_tree
+
+    src = data_dir / f"photos-{count}"
+    marker = src / ".complete"
+    if not marker.exists():
+        shutil.rmtree(src, ignore_errors=True)
+        started = time.perf_counter()
+        make_photo_tree(src, per_class=max(1, count // 10), seed=7, min_side=400, max_side=2200, png_share=0.0)
+        print(f"[images] generated {count} photos in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        marker.write_text("ok\n")
+    return src
+
+
+def image_files(src: Path) -> list[Path]:
+    return sorted(p for p in src.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def warm(files: list[Path]) -> None:
+    for path in files:
+        with open(path, "rb") as fh:
+            while fh.read(1 << 22):
+                pass
+
+
+def drop_cache(files: list[Path]) -> str:
+    """Evict ``files`` from the page cache; returns the method used."""
+    if os.environ.get("REPACK_BENCH_DROP_CACHES") == "1":
+        os.sync()
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            return "drop_caches"
+        except OSError:
+            pass
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return "posix_fadvise"
+
+
+# ---- writers ----------------------------------------------------------------------------
+
+def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return seconds, proc
+
+
+def run_tar(src: Path, work: Path) -> float:
+    target = work / "tar" / "images.tar"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    best = min(timed(["tar", "cf", str(target), "-C", str(src), "."])[0] for _ in range(2))
+    target.unlink()
+    return best
+
+
+def run_repack(src: Path, out: Path, verify: str, shard_size: int, repeats: int = 1) -> tuple[float, float]:
+    """Best (wall seconds, engine seconds) of ``repeats`` fresh runs of the real CLI."""
+    results = []
+    for _ in range(repeats):
+        shutil.rmtree(out, ignore_errors=True)
+        wall, proc = timed([sys.executable, "-m", "repack", "images", str(src), str(out), "--verify", verify,
+                            "--shard-size", str(shard_size), "--quiet", "--json"])
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        results.append((wall, float(summary["seconds"])))
+    return min(results)
+
+
+def run_shardwriter_pil(src: Path, files: list[Path], work: Path, shard_size: int) -> float:
+    """The baseline: one process, webdataset ShardWriter, full PIL decode of every image."""
+    import webdataset as wds
+    from PIL import Image
+
+    out = work / "shardwriter"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    classes = {name: i for i, name in enumerate(sorted({p.parent.name for p in files}))}
+    started = time.perf_counter()
+    with wds.ShardWriter(str(out / "shard-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
+        for i, path in enumerate(files):
+            data = path.read_bytes()
+            image = Image.open(io.BytesIO(data))
+            image.load()
+            sink.write({"__key__": f"{i:08d}", "jpg": data, "cls": str(classes[path.parent.name]).encode(),
+                        "json": json.dumps({"path": str(path.relative_to(src)), "width": image.width,
+                                            "height": image.height}).encode()})
+    seconds = time.perf_counter() - started
+    shutil.rmtree(out)
+    return seconds
+
+
+# ---- readers ----------------------------------------------------------------------------
+
+def to_224(image):
+    """The per-image work both readers do after decoding: RGB, resize to 224x224, CHW uint8 tensor."""
+    import torch
+    from PIL import Image
+
+    image = image.convert("RGB").resize((224, 224), Image.BILINEAR)
+    return torch.from_numpy(np.array(image)).permute(2, 0, 1)
+
+
+class FolderDataset:
+    """The baseline: a map-style Dataset over the original files (ImageFolder-like)."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+        names = sorted({p.parent.name for p in files})
+        self.labels = [names.index(p.parent.name) for p in files]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        with Image.open(self.files[i]) as image:
+            return to_224(image), self.labels[i]
+
+
+class FolderBytes(FolderDataset):
+    """The baseline without decoding: the raw bytes of each file."""
+
+    def __getitem__(self, i: int):
+        return self.files[i].read_bytes(), self.labels[i]
+
+
+def read_rate(kind: str, packed: Path, files: list[Path], workers: int) -> tuple[float, int]:
+    """(seconds, samples) of one shuffled epoch through a DataLoader (batch 64)."""
+    from torch.utils.data import DataLoader
+
+    from pipelines.torch_webdataset import ImageShardDataset
+
+    if kind in ("repack", "repack-bytes"):
+        decode = kind == "repack"
+        dataset = ImageShardDataset(packed, transform=to_224 if decode else None, shuffle=True, seed=0, decode=decode)
+        loader = DataLoader(dataset, batch_size=64, num_workers=workers)
+    else:
+        dataset = FolderDataset(files) if kind == "folder" else FolderBytes(files)
+        loader = DataLoader(dataset, batch_size=64, num_workers=workers, shuffle=True)
+    started = time.perf_counter()
+    count = sum(len(labels) for _, labels in loader)
+    return time.perf_counter() - started, count
+
+
+# ---- report -----------------------------------------------------------------------------
+
+def table(rows: list[dict], header: str) -> str:
+    lines = [header, f"{'measure':<44} {'img/s':>8}  {'baseline':<36} {'img/s':>8} {'ratio':>6}  target"]
+    for r in rows:
+        target = r.get("target")
+        verdict = "" if target is None else (f">= {target}x " + ("ok" if r["ratio"] >= target else "MISSED"))
+        lines.append(f"{r['measure']:<44} {r['rate']:>8.0f}  {r['baseline']:<36} {r['baseline_rate']:>8.0f} "
+                     f"{r['ratio']:>5.2f}x  {verdict}")
+    return "\n".join(lines)
+
+
+def row(measure: str, rate: float, baseline: str, baseline_rate: float, target: float | None = None, **extra) -> dict:
+    return {"measure": measure, "rate": round(rate, 1), "baseline": baseline, "baseline_rate": round(baseline_rate, 1),
+            "ratio": round(rate / baseline_rate, 3), "target": target, **extra}
+
+
+def main(out_dir: str | os.PathLike = "bench-out") -> dict:
+    out_dir = Path(out_dir).absolute()
+    work = out_dir / "images-work"
+    work.mkdir(parents=True, exist_ok=True)
+    count = env_int("REPACK_BENCH_IMAGES", 4000)
+    cpus = usable_cpus()
+    read_workers = env_int("REPACK_BENCH_READ_WORKERS", cpus)
+    shard_size = env_int("REPACK_BENCH_SHARD_SIZE", max(50, count // 16))
+    src = make_dataset(out_dir / "images-data", count)
+    files = image_files(src)
+    n = len(files)
+    total_bytes = sum(p.stat().st_size for p in files)
+    print(f"[images] {n} JPEGs, {total_bytes / n / 1e3:.0f} KB mean, {cpus} usable CPUs", file=sys.stderr)
+    warm(files)
+
+    rows = []
+    tar_s = run_tar(src, work)
+    none_wall, none_engine = run_repack(src, work / "none", "none", shard_size, repeats=2)
+    rows.append(row("repack --verify none (wall, incl. startup)", n / none_wall, "tar cf (warm cache)", n / tar_s,
+                    TARGETS["pack"], seconds=round(none_wall, 3), baseline_seconds=round(tar_s, 3)))
+    rows.append(row("repack --verify none (engine time)", n / none_engine, "tar cf (warm cache)", n / tar_s,
+                    seconds=round(none_engine, 3), baseline_seconds=round(tar_s, 3)))
+
+    sw_s = run_shardwriter_pil(src, files, work, shard_size)
+    dec_wall, dec_engine = run_repack(src, work / "decode", "decode", shard_size)
+    rows.append(row(f"repack --verify decode ({cpus} workers, wall)", n / dec_wall, "ShardWriter + PIL decode, 1 proc",
+                    n / sw_s, TARGETS["check"], seconds=round(dec_wall, 3), baseline_seconds=round(sw_s, 3)))
+    rows.append(row(f"repack --verify decode ({cpus} workers, engine)", n / dec_engine,
+                    "ShardWriter + PIL decode, 1 proc", n / sw_s, seconds=round(dec_engine, 3)))
+
+    packed = work / "decode"
+    shards = sorted(packed.glob("*.tar"))
+    method = None
+    for decode in (True, False):
+        for cache in ("warm", "cold"):
+            rates = {}
+            for kind in ("folder", "repack"):
+                involved = files if kind == "folder" else shards
+                if cache == "warm":
+                    warm(involved)
+                else:
+                    method = drop_cache(involved)
+                seconds, got = read_rate(kind if decode else f"{kind}-bytes", packed, files, read_workers)
+                if got != n:
+                    raise RuntimeError(f"{kind} reader yielded {got} of {n} samples")
+                rates[kind] = n / seconds
+            what = "decode+resize 224" if decode else "bytes only"
+            rows.append(row(f"PyTorch reader, {what}, {cache}", rates["repack"],
+                            f"folder Dataset, {what}, {cache}", rates["folder"]))
+
+    header = (f"images: {n} JPEG photos, {total_bytes / n / 1e3:.0f} KB mean, {cpus} usable CPU cores, "
+              f"shards of {shard_size}, {read_workers} DataLoader workers; cold cache via {method}; "
+              f"load average {os.getloadavg()[0]:.1f}")
+    text = table(rows, header)
+    print(text)
+    return {"name": "images", "cpus": cpus, "images": n, "mean_bytes": round(total_bytes / n),
+            "shard_size": shard_size, "read_workers": read_workers, "cold_cache": method, "rows": rows, "table": text}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench-out")

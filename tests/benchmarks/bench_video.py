@@ -1,0 +1,83 @@
+"""Video benchmark: probe files/s (ffprobe subprocess vs PyAV in-process) and transcode
+frames/s (`repack video --transcode` vs the same ffmpeg commands run by hand), measured in the
+same run on the same generated clips. Sizes via REPACK_BENCH_VIDEO_FILES (default 24)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from repack.transforms.probe import probe_file, pyav_probe
+from repack.transforms.transcode import Recipe, build_command
+from tests.tools.videos import make_index_clip
+
+ROOT = Path(__file__).resolve().parents[2]
+AGREE_KEYS = ("codec", "pix_fmt", "width", "height", "frames", "keyframes", "first_packet_key", "max_gop_s",
+              "irregular_intervals", "missing_pts", "b_frames", "fps")
+
+
+def _clips(root: Path, n: int) -> tuple[list[Path], list[Path]]:
+    good, bad = [], []
+    for i in range(n):
+        p = root / "probe" / f"c{i % 4}" / f"v{i:03d}.mp4"
+        make_index_clip(p, 50, ("-c:v", "libx264", "-preset", "ultrafast", "-g", "25", "-pix_fmt", "yuv420p"),
+                        size=(320, 240))
+        good.append(p)
+    for i in range(max(2, n // 4)):
+        p = root / "tc" / f"c{i % 2}" / f"t{i:03d}.mp4"
+        make_index_clip(p, 75, ("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p10le"), size=(320, 240))
+        bad.append(p)
+    return good, bad
+
+
+def main(out_dir) -> dict:
+    out = Path(out_dir) / "video"
+    n = int(os.environ.get("REPACK_BENCH_VIDEO_FILES") or 24)
+    good, bad = _clips(out / "src", n)
+    t0 = time.perf_counter()
+    ff = [probe_file(str(p)) for p in good]
+    t_ff = time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        pa = [pyav_probe(str(p)) for p in good]
+        t_pa = time.perf_counter() - t0
+        agree = sum(all(a.get(k) == b.get(k) for k in AGREE_KEYS) for a, b in zip(ff, pa))
+    except ImportError:
+        t_pa, agree = None, None
+    # transcode: repack (one worker, one thread) vs the identical commands by hand, sequentially
+    frames = sum(probe_file(str(p))["frames"] for p in bad)
+    dst = out / "repack-out"
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "repack", "video", str(out / "src" / "tc"), str(dst), "--transcode",
+                    "--overwrite", "--workers", "1", "--threads", "1", "--quiet"], check=True, cwd=ROOT)
+    t_repack = time.perf_counter() - t0
+    hand = out / "by-hand"
+    hand.mkdir(parents=True, exist_ok=True)
+    cmds = [build_command(str(p), str(hand / f"{i}.mp4"), probe_file(str(p)), Recipe()) for i, p in enumerate(bad)]
+    t0 = time.perf_counter()
+    for cmd in cmds:
+        subprocess.run(cmd, check=True)
+    t_hand = time.perf_counter() - t0
+    rows = [("probe ffprobe subprocess", f"{len(good) / t_ff:.1f} files/s", "1.00"),
+            ("probe PyAV in-process", f"{len(good) / t_pa:.1f} files/s" if t_pa else "n/a",
+             f"{t_ff / t_pa:.2f}" if t_pa else "n/a"),
+            ("transcode ffmpeg by hand", f"{frames / t_hand:.1f} frames/s", "1.00"),
+            ("transcode repack (probe+encode+re-probe+sha)", f"{frames / t_repack:.1f} frames/s",
+             f"{t_hand / t_repack:.2f}")]
+    table = "\n".join(f"{a:<46}{b:>18}{c:>8}" for a, b, c in [("video", "throughput", "ratio")] + rows)
+    print(table)
+    result = {"probe_files": len(good), "probe_ffprobe_files_s": round(len(good) / t_ff, 2),
+              "probe_pyav_files_s": round(len(good) / t_pa, 2) if t_pa else None,
+              "pyav_agrees": f"{agree}/{len(good)}" if agree is not None else None,
+              "transcode_frames": frames, "transcode_hand_fps": round(frames / t_hand, 1),
+              "transcode_repack_fps": round(frames / t_repack, 1), "table": table}
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench-out")

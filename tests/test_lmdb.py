@@ -1,0 +1,190 @@
+"""`repack images --to lmdb` end to end: layout, quarantine, verify, determinism, kill -9 resume,
+map growth, partitions + merge, and the PyTorch and DALI (CPU) readers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+import torch
+
+from repack.sinks.lmdb_sink import LmdbCollector, PartWriter
+from tests.conftest import ROOT, read_manifest_json, run_repack
+from tests.tools.photos import make_photo_tree
+
+ARGS = ("--to", "lmdb", "--shard-size", "3")
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """36 small real photos in 6 classes, plus two inputs that must be quarantined."""
+    root = tmp_path_factory.mktemp("lmdbsrc")
+    make_photo_tree(root, per_class=6, classes=6, seed=3, max_side=96, min_side=40)
+    (root / "coffee" / "coffee_9998.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    (root / "chelsea" / "chelsea_0002_empty.png").write_bytes(b"")
+    return root
+
+
+@pytest.fixture(scope="module")
+def packed(tree, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("lmdbout") / "out"
+    run_repack("images", tree, out, *ARGS, "--workers", "2", "--quiet")
+    return out
+
+
+def without_run(out: Path) -> dict:
+    data = read_manifest_json(out)
+    data.pop("run")
+    return data
+
+
+def db_items(path: Path) -> list[tuple[bytes, bytes]]:
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return [(bytes(k), bytes(v)) for k, v in txn.cursor()]
+    finally:
+        env.close()
+
+
+def test_layout_quarantine_and_verify(tree, packed):
+    m = read_manifest_json(packed)
+    assert m["format"] == "lmdb" and m["totals"]["samples"] == 36 and m["totals"]["quarantined"] == 2
+    assert {q["source"] for q in m["quarantine"]} == {"coffee/coffee_9998.jpg", "chelsea/chelsea_0002_empty.png"}
+    assert m["shards"][0]["path"] == "data.lmdb" and m["shards"][0]["samples"] == 36
+    names = sorted(p.name for p in packed.iterdir())
+    assert names == [".repack", "data.lmdb", "manifest.json"]  # no lock file, no parts, no temps
+    assert not (packed / ".repack" / "parts").exists()
+    items = dict(db_items(packed / "data.lmdb"))
+    meta = json.loads(items[b"__meta__"])
+    assert meta["count"] == 36 and meta["classes"] == m["classes"] and meta["layout"] == "repack-lmdb/1"
+    sample_keys = sorted(k for k in items if k.startswith(b"s/"))
+    assert sample_keys == sorted(b"s/%010d/%s" % (i, f) for i in range(36) for f in (b"img", b"cls", b"json"))
+    # indices follow plan order (sorted paths) with the quarantined inputs skipped, labels agree
+    rels = [json.loads(items[b"s/%010d/json" % i])["path"] for i in range(36)]
+    expected = sorted(str(p.relative_to(tree)) for p in tree.rglob("*.*")
+                      if p.name not in ("coffee_9998.jpg", "chelsea_0002_empty.png"))
+    assert rels == sorted(rels, key=lambda r: r.encode()) == expected
+    for i in range(36):
+        meta_i = json.loads(items[b"s/%010d/json" % i])
+        assert int(items[b"s/%010d/cls" % i]) == m["classes"][meta_i["class"]]
+        assert items[b"s/%010d/img" % i] == (tree / meta_i["path"]).read_bytes()
+    ok = run_repack("verify", packed)
+    assert "OK" in ok.stdout
+    again = run_repack("images", tree, packed, *ARGS)
+    assert "nothing to do" in again.stdout
+
+
+def test_verify_finds_damage(packed, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(packed, copy)
+    data = bytearray((copy / "data.lmdb").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / "data.lmdb").write_bytes(bytes(data))
+    proc = run_repack("verify", copy, check=False)
+    assert proc.returncode == 5 and "sha256 mismatch" in proc.stderr
+
+
+def test_deterministic_across_workers_and_resume_after_kill(tree, packed, tmp_path):
+    single = tmp_path / "single"
+    run_repack("images", tree, single, *ARGS, "--workers", "1", "--quiet")
+    assert (single / "data.lmdb").read_bytes() == (packed / "data.lmdb").read_bytes()
+    assert without_run(single) == without_run(packed)
+    for kill_after in (1, 6):
+        out = tmp_path / f"killed{kill_after}"
+        proc = subprocess.Popen([sys.executable, "-m", "repack", "images", str(tree), str(out), *ARGS,
+                                 "--workers", "2", "--quiet"], cwd=ROOT)
+        records = out / ".repack" / "tasks"
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            if records.exists() and len(list(records.glob("*.json"))) >= kill_after:
+                break
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        resumed = run_repack("images", tree, out, *ARGS, "--workers", "2")
+        assert "done" in resumed.stdout
+        assert (out / "data.lmdb").read_bytes() == (packed / "data.lmdb").read_bytes()
+        assert without_run(out) == without_run(packed)
+        assert "OK" in run_repack("verify", out).stdout
+
+
+def test_partitions_and_merge_match_single_run(tree, packed, tmp_path):
+    out = tmp_path / "parts"
+    for rank in ("0", "1"):
+        run_repack("images", tree, out, *ARGS, "--num-nodes", "2", "--node-rank", rank, "--quiet")
+    assert not (out / "data.lmdb").exists()  # partitions only write parts; merge is the single writer
+    run_repack("merge", out, "--quiet")
+    assert (out / "data.lmdb").read_bytes() == (packed / "data.lmdb").read_bytes()
+
+
+def test_map_grows_and_rebuild_is_history_free(tmp_path):
+    """A 1 MiB initial map must grow (MapFullError caught) and give the same file as a roomy one."""
+    rng = np.random.default_rng(0)
+    payloads = [[rng.bytes(int(n)) for n in rng.integers(20_000, 90_000, 12)] for _ in range(5)]
+    files = {}
+    for name, initial in (("small", 1 << 20), ("roomy", 256 << 20)):
+        out = tmp_path / name
+        out.mkdir()
+        collector = LmdbCollector(out, initial_map=initial)
+        records = []
+        for t, chunk in enumerate(payloads):
+            writer = PartWriter(out, f"shard-{t:06d}")
+            for i, blob in enumerate(chunk):
+                writer.add_sample(f"{t:04d}{i:04d}", [("img", blob), ("cls", b"%02d" % t), ("json", b"{}")])
+            records.append({"task_id": f"shard-{t:06d}", "part": writer.commit()})
+        order = [r["task_id"] for r in records]
+        for r in reversed(records):  # out of order: imported in plan order anyway
+            collector.absorb(r, order)
+        if name == "small":
+            env = collector._writer()
+            assert env.info()["map_size"] > initial  # it grew
+        shard = collector.finish(records, {"classes": {}, "fields": {}, "labeled": True})
+        assert shard["samples"] == 60
+        files[name] = (out / "data.lmdb").read_bytes()
+        items = dict(db_items(out / "data.lmdb"))
+        assert items[b"s/%010d/img" % 13] == payloads[1][1] and items[b"s/%010d/cls" % 13] == b"1"
+    assert files["small"] == files["roomy"]
+
+
+def test_torch_reader_with_workers(packed):
+    from pipelines.torch_lmdb import LmdbImageDataset, resize_to_tensor
+
+    ds = LmdbImageDataset(packed, transform=resize_to_tensor(32))
+    assert len(ds) == 36
+    m = read_manifest_json(packed)
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2, shuffle=True,
+                                         generator=torch.Generator().manual_seed(0))
+    labels = []
+    for images, y in loader:
+        assert images.shape[1:] == (3, 32, 32) and images.dtype == torch.uint8
+        labels += y.tolist()
+    plain = [ds[i][1] for i in range(len(ds))]
+    assert sorted(labels) == sorted(plain) and len(labels) == 36
+    rec = LmdbImageDataset(packed, output="dict", decode=False)[7]
+    assert rec["label"] == m["classes"][rec["meta"]["class"]]
+    assert rec["image"][:2] == b"\xff\xd8" or rec["image"][:4] == b"\x89PNG"
+
+
+def test_dali_reader_cpu(packed):
+    from pipelines.dali_lmdb import build_lmdb_pipeline, read_epoch
+    from pipelines.torch_lmdb import LmdbImageDataset
+
+    ds = LmdbImageDataset(packed)
+    expected = [ds[i][1] for i in range(len(ds))]
+    for shard_id in range(2):
+        pipe = build_lmdb_pipeline(packed, batch_size=8, num_threads=1, size=32, shard_id=shard_id, num_shards=2)
+        for _epoch in range(2):
+            batches = read_epoch(pipe)
+            labels = np.concatenate([np.asarray(b[1].as_array()) for b in batches]).tolist()
+            assert labels == expected[18 * shard_id:18 * (shard_id + 1)]
+            assert all(b[0].as_array().shape[1:] == (3, 32, 32) for b in batches)

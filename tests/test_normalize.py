@@ -1,0 +1,174 @@
+"""`--normalize`: every kind of non-conforming input becomes a baseline 4:2:0 RGB JPEG, conforming
+inputs pass through byte-for-byte, --max-side downscales (never up), bombs are quarantined."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from repack.transforms.image_check import BadImage
+from repack.transforms.normalize import NormalizeOptions, jpeg_header, normalize_image
+from tests.conftest import read_manifest_json, run_repack
+from tests.tools.photos import load_photos
+
+PHOTO = load_photos()["chelsea"].crop((0, 0, 120, 90))  # real RGB photo, 120x90
+
+
+def encode(image: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def assert_conforming(data: bytes) -> Image.Image:
+    header = jpeg_header(data)
+    assert header is not None and header.sof == 0xC0 and header.precision == 8
+    assert header.sampling == ((2, 2), (1, 1), (1, 1))
+    image = Image.open(io.BytesIO(data))
+    assert image.mode == "RGB" and not image.info.get("progressive")
+    assert image.getexif().get(0x0112) is None
+    return image
+
+
+def mean_abs_diff(a: Image.Image, b: Image.Image) -> float:
+    """Mean absolute RGB difference at 1/3 scale (box-averaged: palette dithering averages out)."""
+    a, b = a.convert("RGB").reduce(3), b.convert("RGB").reduce(3)
+    return float(np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).mean())
+
+
+def sixteen_bit_png() -> bytes:
+    gradient = (np.arange(64 * 48, dtype=np.uint32).reshape(48, 64) * 65535 // (64 * 48 - 1)).astype(np.uint16)
+    image = Image.fromarray(gradient)
+    assert image.mode.startswith("I;16")
+    return encode(image, "PNG")
+
+
+def animated_gif() -> bytes:
+    frames = [PHOTO.convert("P"), PHOTO.transpose(Image.FLIP_LEFT_RIGHT).convert("P")]
+    return encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50)
+
+
+def rgba_png() -> bytes:
+    rgba = PHOTO.convert("RGBA")
+    alpha = Image.new("L", rgba.size, 255)
+    alpha.paste(0, (0, 0, 60, 90))  # left half fully transparent
+    rgba.putalpha(alpha)
+    return encode(rgba, "PNG")
+
+
+CASES = {
+    "grayscale JPEG": (lambda: encode(PHOTO.convert("L"), "JPEG", quality=90), "mode L"),
+    "CMYK JPEG": (lambda: encode(PHOTO.convert("CMYK"), "JPEG", quality=90), "mode CMYK"),
+    "progressive JPEG": (lambda: encode(PHOTO, "JPEG", quality=90, progressive=True), "progressive JPEG"),
+    "4:4:4 JPEG": (lambda: encode(PHOTO, "JPEG", quality=90, subsampling=0), "chroma subsampling 1x1 (not 4:2:0)"),
+    "palette PNG": (lambda: encode(PHOTO.convert("P"), "PNG"), "format png"),
+    "RGBA PNG": (rgba_png, "format png"),
+    "16-bit PNG": (sixteen_bit_png, "mode I;16"),
+    "WebP": (lambda: encode(PHOTO, "WEBP", quality=90), "format webp"),
+    "BMP": (lambda: encode(PHOTO, "BMP"), "format bmp"),
+    "TIFF": (lambda: encode(PHOTO, "TIFF"), "format tiff"),
+    "animated GIF": (animated_gif, "animated (first frame kept)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_non_conforming_inputs_become_baseline_420_rgb_jpeg(name):
+    make, reason = CASES[name]
+    data = make()
+    source = Image.open(io.BytesIO(data))
+    result = normalize_image(data, NormalizeOptions(quality=90))
+    assert reason in result.reasons
+    out = assert_conforming(result.data)
+    assert out.size == source.size == (result.width, result.height)
+    if name == "RGBA PNG":  # transparency composited over white, the opaque half kept
+        pixels = np.asarray(out)
+        assert pixels[:, :50].min() > 240 and mean_abs_diff(out.crop((70, 0, 120, 90)), PHOTO.crop((70, 0, 120, 90))) < 6
+    elif name == "16-bit PNG":  # scaled to 8 bits, not clipped at 255
+        pixels = np.asarray(out.convert("L"), np.float64)
+        assert pixels[0, 0] < 3 and pixels[-1, -1] > 250 and 110 < pixels.mean() < 145
+    elif name == "animated GIF":
+        source.seek(0)
+        assert mean_abs_diff(out, source) < 12
+    elif name == "CMYK JPEG":
+        assert mean_abs_diff(out, PHOTO) < 12
+    else:
+        assert mean_abs_diff(out, source) < 8
+
+
+def test_conforming_jpeg_passes_through_byte_for_byte():
+    data = encode(PHOTO, "JPEG", quality=75)  # Pillow's default: baseline, 4:2:0
+    result = normalize_image(data, NormalizeOptions(quality=95, max_side=512))
+    assert result.reasons == () and result.data is data and (result.width, result.height) == (120, 90)
+
+
+def test_exif_orientation_applied_and_dropped():
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    data = encode(PHOTO, "JPEG", quality=90, exif=exif.tobytes())
+    result = normalize_image(data, NormalizeOptions())
+    assert "EXIF orientation" in result.reasons
+    out = assert_conforming(result.data)
+    assert out.size == (90, 120)
+    assert mean_abs_diff(out, PHOTO.transpose(Image.ROTATE_270)) < 8
+
+
+def test_max_side_downscales_never_upscales():
+    big = load_photos()["astronaut"]  # 512x512
+    data = encode(big.crop((0, 0, 512, 300)), "JPEG", quality=90)
+    result = normalize_image(data, NormalizeOptions(max_side=128))
+    assert result.reasons == ("longer side > max_side",)
+    out = assert_conforming(result.data)
+    assert out.size == (128, 75) and result.source_size == (512, 300)
+    reference = big.crop((0, 0, 512, 300)).resize((128, 75), Image.LANCZOS)
+    assert mean_abs_diff(out, reference) < 6
+    small = encode(PHOTO, "JPEG", quality=90)
+    assert normalize_image(small, NormalizeOptions(max_side=512)).data is small
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A tiny, valid-looking PNG whose header declares width x height pixels."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+
+
+def test_decompression_bomb_is_refused_before_decoding():
+    with pytest.raises(BadImage, match="decompression bomb: 60000x60000"):
+        normalize_image(png_declaring(60000, 60000), NormalizeOptions())
+    with pytest.raises(BadImage, match="--max-pixels 10000"):
+        normalize_image(encode(PHOTO, "PNG"), NormalizeOptions(max_pixels=10_000))
+
+
+def test_cli_normalize_counts_conversions(tmp_path):
+    src = tmp_path / "src" / "cat"
+    src.mkdir(parents=True)
+    (src / "a_conforming.jpg").write_bytes(encode(PHOTO, "JPEG", quality=80))
+    (src / "b_gray.png").write_bytes(encode(PHOTO.convert("L"), "PNG"))
+    (src / "c_big.jpg").write_bytes(encode(load_photos()["astronaut"], "JPEG", quality=90))
+    (src / "d_bomb.png").write_bytes(png_declaring(50000, 50000))
+    out = tmp_path / "out"
+    run_repack("images", tmp_path / "src", out, "--normalize", "--max-side", "256", "--quality", "85", "--quiet")
+    m = read_manifest_json(out)
+    assert m["stats"]["normalize"] == {"converted": 2, "passed_through": 1,
+                                       "reasons": {"format png": 1, "longer side > max_side": 1, "mode L": 1}}
+    assert m["stats"]["formats"] == {"jpg": 3}
+    assert [q["source"] for q in m["quarantine"]] == ["cat/d_bomb.png"]
+    assert "decompression bomb" in m["quarantine"][0]["reason"]
+    import tarfile
+
+    with tarfile.open(out / "shard-000000.tar") as tar:
+        members = {mem.name.split(".", 1)[1] + ":" + mem.name.split("_", 1)[1].split(".")[0]: tar.extractfile(mem).read()
+                   for mem in tar.getmembers()}
+    assert members["jpg:a_conforming"] == (src / "a_conforming.jpg").read_bytes()
+    assert assert_conforming(members["jpg:c_big"]).size == (256, 256)
+    meta = json.loads(members["json:c_big"])
+    assert meta["source_width"] == 512 and meta["width"] == 256 and meta["normalized"] == ["longer side > max_side"]
+    inspect = run_repack("inspect", out).stdout
+    assert "normalize: 2 converted, 1 passed through unchanged" in inspect

@@ -1,0 +1,213 @@
+"""Contract tests: `repack images` writes, both bundled readers read back every sample once,
+with the right label and pixels (PIL decode of the original file as the reference)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from pipelines.dali_webdataset import build_image_pipeline, dali_image_loader, output_names
+from pipelines.manifest_access import parse_label, split_range
+from pipelines.torch_webdataset import ImageShardDataset
+from repack.manifest import ManifestError
+from tests.conftest import read_manifest_json, run_repack
+
+SIDE = 24
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create", "ignore:.pin_memory. argument")
+
+
+def reference(photo_tree: Path, rel: str) -> np.ndarray:
+    return np.asarray(Image.open(photo_tree / rel).convert("RGB"))
+
+
+def to_array(image: Image.Image) -> np.ndarray:
+    return np.array(image)
+
+
+def small_tensor(image: Image.Image) -> torch.Tensor:
+    return torch.from_numpy(np.array(image.resize((SIDE, SIDE)))).permute(2, 0, 1)
+
+
+def source_files(tree: Path) -> list[str]:
+    return sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file())
+
+
+def check_dicts(samples: list[dict], photo_tree: Path, classes: dict[str, int]) -> None:
+    """Every source file exactly once, right label, identical pixels."""
+    paths = [s["meta"]["path"] for s in samples]
+    assert sorted(paths) == source_files(photo_tree)
+    assert len(set(s["key"] for s in samples)) == len(samples)
+    for s in samples:
+        assert s["label"] == classes[s["meta"]["class"]] == classes[s["meta"]["path"].split("/")[0]]
+        np.testing.assert_array_equal(np.asarray(s["image"]), reference(photo_tree, s["meta"]["path"]))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+def test_torch_reader_every_sample_once(packed_photos, photo_tree, num_workers):
+    classes = read_manifest_json(packed_photos)["classes"]
+    dataset = ImageShardDataset(packed_photos, transform=to_array, output="dict")
+    assert len(dataset) == len(source_files(photo_tree)) == 120
+    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
+    check_dicts(list(loader), photo_tree, classes)
+
+
+def test_torch_reader_ranks_and_workers_cover_once(packed_photos, photo_tree):
+    classes = read_manifest_json(packed_photos)["classes"]
+    seen, lengths = [], []
+    for rank in range(2):
+        dataset = ImageShardDataset(packed_photos, transform=to_array, output="dict", rank=rank, world_size=2)
+        rank_samples = list(DataLoader(dataset, batch_size=None, num_workers=2))
+        assert len(rank_samples) == len(dataset)
+        lengths.append(len(dataset))
+        seen += rank_samples
+    assert lengths == [60, 60]
+    check_dicts(seen, photo_tree, classes)
+    # 7 ranks x 3 workers: uneven splits across shard boundaries, still exactly once
+    keys = []
+    for rank in range(7):
+        dataset = ImageShardDataset(packed_photos, rank=rank, world_size=7, decode=False)
+        keys += [s.key for worker in range(3) for s in dataset.worker_samples(worker, 3)]
+    assert len(keys) == len(set(keys)) == 120
+    # drop_last: equal shares for DDP, the remainder skipped
+    shares = [len(ImageShardDataset(packed_photos, rank=r, world_size=7, drop_last=True)) for r in range(7)]
+    assert shares == [120 // 7] * 7
+
+
+def test_torch_reader_shuffle_epochs_persistent_pinned(packed_photos):
+    dataset = ImageShardDataset(packed_photos, transform=small_tensor, shuffle=True, seed=3)
+    loader = DataLoader(dataset, batch_size=16, num_workers=2, persistent_workers=True, pin_memory=True)
+    plain = ImageShardDataset(packed_photos, output="dict", decode=False)
+    expected = Counter(s["label"] for s in plain)
+    orders = []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        batches = list(loader)
+        images = torch.cat([b[0] for b in batches])
+        labels = torch.cat([b[1] for b in batches]).tolist()
+        assert images.shape == (120, 3, SIDE, SIDE) and images.dtype == torch.uint8
+        assert Counter(labels) == expected
+        orders.append(labels)
+    assert orders[0] != orders[1] != orders[2]
+    # the order of an epoch depends on (seed, epoch) only
+    again = ImageShardDataset(packed_photos, shuffle=True, seed=3, decode=False)
+    again.set_epoch(1)
+    replay = [label for batch in DataLoader(again, batch_size=16, num_workers=2) for label in batch[1].tolist()]
+    assert replay == orders[1]
+    keys = [s.key for w in range(2) for s in again.worker_samples(w, 2)]
+    assert len(set(keys)) == 120 and keys != sorted(keys)
+
+
+def test_dali_two_shards_cover_once_with_pixels(packed_photos, photo_tree):
+    classes = read_manifest_json(packed_photos)["classes"]
+    assert output_names(packed_photos, with_meta=True) == ["images", "labels", "meta"]
+    seen = []
+    for shard_id in range(2):
+        pipe = build_image_pipeline(packed_photos, batch_size=16, num_threads=2, device_id=None, shard_id=shard_id,
+                                    num_shards=2, size=None, with_meta=True)
+        epoch = pipe.epoch_size("Reader")
+        start, stop = split_range(120, 2, shard_id)
+        assert epoch == 120
+        count = 0
+        while count < stop - start:
+            images, labels, metas = pipe.run()
+            for i in range(min(len(images), stop - start - count)):
+                meta = json.loads(bytes(metas.at(i)).rstrip(b"\x00"))
+                seen.append(meta["path"])
+                assert int(labels.at(i)) == classes[meta["class"]]
+                got = images.at(i).astype(np.int16)
+                ref = reference(photo_tree, meta["path"]).astype(np.int16)
+                assert got.shape == ref.shape
+                diff = np.abs(got - ref)
+                assert diff.max() <= 4 and diff.mean() < 0.5, (meta["path"], diff.max(), diff.mean())
+            count += len(images)
+    assert sorted(seen) == source_files(photo_tree)
+
+
+def test_dali_loader_resized_normalized_epochs(packed_photos):
+    manifest = read_manifest_json(packed_photos)
+    labels_in_order = [s["label"] for s in ImageShardDataset(packed_photos, output="dict", decode=False)]
+    assert len(labels_in_order) == manifest["totals"]["samples"]
+    loader = dali_image_loader(packed_photos, batch_size=32, num_threads=2, size=32)
+    for _ in range(2):  # auto_reset: two full epochs, the last batch partial
+        images, labels = [], []
+        for batch in loader:
+            images.append(batch[0]["images"])
+            labels += batch[0]["labels"].tolist()
+        images = torch.cat(images)
+        assert images.shape == (120, 3, 32, 32) and images.dtype == torch.float32
+        assert labels == labels_in_order
+        pixels = images * torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1) * 255 + \
+            torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1) * 255
+        assert pixels.min() > -0.5 and pixels.max() < 255.5 and pixels.std() > 10
+
+
+def test_missing_component_is_an_error(packed_photos, tmp_path):
+    """A sample without its .cls must stop both readers (DALI's default would yield an empty label)."""
+    broken = tmp_path / "broken"
+    shutil.copytree(packed_photos, broken)
+    idx = broken / "shard-000000.idx"
+    lines = idx.read_text().splitlines()
+    tokens = lines[2].split(" ")
+    cls_at = tokens.index("cls")
+    lines[2] = " ".join(tokens[:cls_at] + tokens[cls_at + 4:])
+    idx.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RuntimeError, match="Underful sample"):
+        pipe = build_image_pipeline(broken, batch_size=8, num_threads=1, size=None)
+        pipe.run()
+    with pytest.raises(ValueError, match="no .cls member"):
+        list(ImageShardDataset(broken, decode=False))
+    # the same index through DALI's default behaviour passes silently: the option matters
+    from nvidia.dali import fn
+    from nvidia.dali.pipeline import Pipeline
+    pipe = Pipeline(batch_size=8, num_threads=1, device_id=None)
+    with pipe:
+        pipe.set_outputs(*fn.readers.webdataset(paths=[str(broken / "shard-000000.tar")], index_paths=[str(idx)],
+                                                ext=["jpg;png", "cls"]))
+    pipe.build()
+    _, cls = pipe.run()
+    assert [len(cls.at(i)) for i in range(3)] == [1, 0, 1]
+
+
+def test_unlabeled_flat_folder(photo_tree, tmp_path):
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    files = source_files(photo_tree)[::10]
+    for rel in files:
+        shutil.copy(photo_tree / rel, flat / rel.replace("/", "_"))
+    out = tmp_path / "out"
+    run_repack("images", flat, out, "--shard-size", "5", "--quiet")
+    assert "cls" not in read_manifest_json(out)["fields"]
+    samples = list(DataLoader(ImageShardDataset(out, transform=to_array, output="dict"), batch_size=None,
+                              num_workers=2))
+    assert sorted(s["meta"]["path"] for s in samples) == sorted(r.replace("/", "_") for r in files)
+    for s in samples:
+        assert s["label"] == -1
+        np.testing.assert_array_equal(np.asarray(s["image"]), reference(flat, s["meta"]["path"]))
+    assert output_names(out) == ["images"]
+    loader = dali_image_loader(out, batch_size=4, num_threads=1, size=16, num_shards=2, shard_id=1)
+    batches = [b[0] for b in loader]
+    assert sum(b["images"].shape[0] for b in batches) == len(files) - len(files) // 2
+    assert all(set(b) == {"images"} for b in batches)
+
+
+def test_reader_refuses_bad_inputs(packed_photos, tmp_path):
+    with pytest.raises(ValueError):
+        parse_label(b"\x80\x04K")  # a pickle opcode stream is not a label
+    assert parse_label(b"007") == 7
+    moved = tmp_path / "evil"
+    shutil.copytree(packed_photos, moved)
+    data = json.loads((moved / "manifest.json").read_text())
+    data["shards"][0]["index"] = "../../etc/passwd"
+    (moved / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError):
+        ImageShardDataset(moved)
+    with pytest.raises(ManifestError):
+        build_image_pipeline(moved, batch_size=2)

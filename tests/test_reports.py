@@ -1,0 +1,110 @@
+"""Reports users act on: read/decode time percentiles and the slowest inputs (long tail), exact
+duplicates with their paths, and --dedup keeping the first copy in plan order."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.tools.photos import make_photo_tree
+
+
+@pytest.fixture(scope="module")
+def dup_tree(tmp_path_factory) -> Path:
+    """24 small photos, one huge noisy PNG (the long tail) and exact copies across classes."""
+    root = tmp_path_factory.mktemp("reports")
+    make_photo_tree(root, per_class=6, classes=4, seed=5, max_side=80, min_side=40)
+    noise = np.random.default_rng(0).integers(0, 256, (1400, 1800, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(root / "chelsea" / "chelsea_huge.png", compress_level=1)
+    shutil.copy(root / "astronaut" / "astronaut_0001.jpg", root / "coffee" / "zz_copy_of_astronaut.jpg")
+    shutil.copy(root / "astronaut" / "astronaut_0001.jpg", root / "rocket" / "again.jpg")
+    shutil.copy(root / "coffee" / "coffee_0003.jpg", root / "coffee" / "coffee_0003_dup.jpg")
+    return root
+
+
+def test_timing_percentiles_and_slowest_inputs(dup_tree, tmp_path):
+    out = tmp_path / "out"
+    run_repack("images", dup_tree, out, "--shard-size", "8", "--quiet")
+    m = read_manifest_json(out)
+    timing = m["run"]["timing"]
+    for name in ("read_ms", "check_ms"):
+        t = timing[name]
+        assert t["count"] == m["totals"]["samples"] == 28
+        assert 0 <= t["p50"] <= t["p90"] <= t["p99"] <= t["max"]
+    slowest = timing["slowest"]
+    # ~20 ms to decode vs < 1 ms for the others: at the top (top 3 tolerates a scheduler hiccup)
+    top = next(s for s in slowest[:3] if s["source"] == "chelsea/chelsea_huge.png")
+    assert (top["width"], top["height"]) == (1800, 1400)
+    assert top["bytes"] == (dup_tree / "chelsea" / "chelsea_huge.png").stat().st_size
+    assert [s["us"] for s in slowest] == sorted((s["us"] for s in slowest), reverse=True)
+    lines = run_repack("inspect", out).stdout
+    assert "read time per sample (ms): p50" in lines and "decode/check (+normalize) time per sample" in lines
+    assert "chelsea/chelsea_huge.png" in "".join(lines.split("slowest inputs:")[1].splitlines()[1:4])
+    assert "1800x1400" in lines
+
+
+def test_duplicates_reported_with_paths(dup_tree, tmp_path):
+    out = tmp_path / "out"
+    run_repack("images", dup_tree, out, "--shard-size", "8", "--quiet")
+    dups = read_manifest_json(out)["stats"]["duplicates"]
+    assert dups["groups"] == 2 and dups["extra_copies"] == 3 and dups["dropped"] == 0
+    assert [g["paths"] for g in dups["list"]] == [
+        ["astronaut/astronaut_0001.jpg", "coffee/zz_copy_of_astronaut.jpg", "rocket/again.jpg"],
+        ["coffee/coffee_0003.jpg", "coffee/coffee_0003_dup.jpg"]]
+    digest = __import__("hashlib").sha256((dup_tree / "coffee" / "coffee_0003.jpg").read_bytes()).hexdigest()
+    assert dups["list"][1]["sha256"] == digest
+    assert read_manifest_json(out)["totals"]["samples"] == 28  # reported, not dropped
+    assert "exact duplicates: 2 group(s), 3 extra cop(ies)" in run_repack("inspect", out).stdout
+
+
+def tar_paths(out: Path) -> list[str]:
+    paths = []
+    for shard in sorted(out.glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            paths += [json.loads(tar.extractfile(m).read())["path"] for m in tar.getmembers() if m.name.endswith(".json")]
+    return paths
+
+
+def test_dedup_keeps_first_in_plan_order_deterministically(dup_tree, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_repack("images", dup_tree, a, "--shard-size", "5", "--dedup", "--workers", "1", "--quiet")
+    run_repack("images", dup_tree, b, "--shard-size", "5", "--dedup", "--workers", "2", "--quiet")
+    ma, mb = read_manifest_json(a), read_manifest_json(b)
+    ma.pop("run"), mb.pop("run")
+    assert ma == mb and [s["sha256"] for s in ma["shards"]] == [s["sha256"] for s in mb["shards"]]
+    assert ma["totals"]["samples"] == 25 and ma["totals"]["duplicates_dropped"] == 3
+    assert ma["stats"]["duplicates"]["dropped"] == 3 and ma["totals"]["quarantined"] == 0
+    kept = tar_paths(a)
+    assert "astronaut/astronaut_0001.jpg" in kept and "coffee/coffee_0003.jpg" in kept
+    assert not {"coffee/zz_copy_of_astronaut.jpg", "rocket/again.jpg", "coffee/coffee_0003_dup.jpg"} & set(kept)
+    assert len(kept) == len(set(kept)) == 25
+    # shuffled: the first copy in the shuffled plan order is the one kept
+    c = tmp_path / "c"
+    run_repack("images", dup_tree, c, "--shard-size", "5", "--dedup", "--shuffle", "--seed", "7", "--quiet")
+    order = tar_paths(c)
+    groups = read_manifest_json(c)["stats"]["duplicates"]["list"]
+    for group in groups:
+        assert group["paths"][0] in order and not set(group["paths"][1:]) & set(order)
+
+
+def test_dedup_into_lmdb(dup_tree, tmp_path):
+    out = tmp_path / "lmdb"
+    run_repack("images", dup_tree, out, "--to", "lmdb", "--shard-size", "5", "--dedup", "--quiet")
+    m = read_manifest_json(out)
+    assert m["totals"]["samples"] == m["shards"][0]["samples"] == 25
+    from pipelines.torch_lmdb import LmdbImageDataset
+
+    ds = LmdbImageDataset(out, output="dict", decode=False)
+    paths = [ds[i]["meta"]["path"] for i in range(len(ds))]
+    assert len(set(paths)) == 25 and "rocket/again.jpg" not in paths
+    assert paths == sorted(paths, key=str.encode)
+    image = Image.open(io.BytesIO(ds[0]["image"]))
+    assert image.size[0] > 0

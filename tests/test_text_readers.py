@@ -1,0 +1,113 @@
+"""Contract: `repack text` writes (real CLI), pipelines/torch_text.py reads back under DataLoader workers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from pipelines.torch_text import (DocumentDataset, LengthGroupedBatchSampler, PackedTokenDataset, collate_pad,
+                                  padding_fraction, random_batches, split_inputs_targets)
+from tests.conftest import run_repack
+from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """300 documents tokenized twice: one merged prefix, and --no-merge (several prefixes)."""
+    base = tmp_path_factory.mktemp("textreaders")
+    tok_dir = base / "tok"
+    tok = gpt2_tokenizer()
+    write_tokenizer(tok, tok_dir)
+    docs = documents(300, seed=11)
+    src = base / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    merged, parts = base / "merged", base / "parts"
+    run_repack("text", src, merged, "--tokenizer", tok_dir, "--chunk-bytes", "80KB")
+    run_repack("text", src, parts, "--tokenizer", tok_dir, "--chunk-bytes", "80KB", "--no-merge")
+    ids = [tok.encode(d).ids + [50256] for d in docs]
+    return {"docs": docs, "ids": ids, "stream": np.array([t for x in ids for t in x], dtype=np.int64),
+            "merged": merged, "parts": parts, "tok": tok}
+
+
+@pytest.mark.parametrize("which", ["merged", "parts"])
+def test_packed_windows_cover_the_stream_under_workers(corpus, which):
+    stream = corpus["stream"]
+    seen = {}
+    for rank in range(2):
+        ds = PackedTokenDataset(corpus[which], SEQ, seed=5, rank=rank, world_size=2)
+        loader = DataLoader(ds, batch_size=8, num_workers=2, shuffle=False)
+        order = ds.window_ids()
+        rows = torch.cat(list(loader))
+        assert rows.dtype == torch.uint16 and rows.shape == (len(ds), SEQ + 1)
+        for w, row in zip(order.tolist(), rows.long().numpy()):
+            assert w not in seen
+            seen[w] = True
+            assert np.array_equal(row, stream[w * SEQ: w * SEQ + SEQ + 1])  # crosses documents (and prefixes)
+    total = (len(stream) - 1) // SEQ
+    assert len(seen) == total // 2 * 2 and max(seen) < total
+    if which == "parts":
+        assert len(json.loads((corpus["parts"] / "manifest.json").read_text())["prefixes"]) > 2
+
+
+def test_packed_is_deterministic_per_seed_and_epoch(corpus):
+    a = PackedTokenDataset(corpus["merged"], SEQ, seed=1)
+    b = PackedTokenDataset(corpus["merged"], SEQ, seed=1)
+    assert torch.equal(a[3], b[3]) and np.array_equal(a.window_ids(), b.window_ids())
+    first = a.window_ids().copy()
+    a.set_epoch(1)
+    assert not np.array_equal(first, a.window_ids())
+    assert sorted(first.tolist()) == sorted(a.window_ids().tolist())
+    x, y = split_inputs_targets(torch.stack([a[0], a[1]]))
+    assert x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
+    assert PackedTokenDataset(corpus["merged"], SEQ, dtype=torch.int64)[0].dtype == torch.int64
+
+
+def test_packed_items_are_zero_copy_views(corpus):
+    ds = PackedTokenDataset(corpus["merged"], SEQ, shuffle=False)
+    t0, t1 = ds[0], ds[1]
+    # consecutive windows overlap by one token and share the memmap's pages
+    assert t1.data_ptr() - t0.data_ptr() == SEQ * 2
+    base = ds.data._bins[0].ctypes.data  # the memmap of text_document.bin in this process
+    assert t0.data_ptr() == base + int(ds.window_ids()[0]) * SEQ * 2
+
+
+def test_documents_round_trip_with_dynamic_padding(corpus):
+    tok = corpus["tok"]
+    ds = DocumentDataset(corpus["parts"])
+    assert len(ds) == len(corpus["docs"])
+    sampler = LengthGroupedBatchSampler(ds.lengths, 16, seed=2)
+    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate_pad, num_workers=2)
+    seen = []
+    for batch, idx in zip(loader, sampler.batches()):
+        ids, mask, lengths = batch["input_ids"], batch["attention_mask"], batch["lengths"]
+        assert ids.shape[1] == int(lengths.max())  # padded to the longest of this batch only
+        assert torch.equal(mask.sum(1), lengths)
+        for row, i in enumerate(idx):
+            n = int(lengths[row])
+            assert ids[row, :n].tolist() == corpus["ids"][i] and not ids[row, n:].any()
+            assert tok.decode(ids[row, :n - 1].tolist()) == corpus["docs"][i]
+            seen.append(i)
+    assert sorted(seen) == list(range(len(ds)))
+    grouped = padding_fraction(ds.lengths, sampler.batches())
+    random = padding_fraction(ds.lengths, random_batches(len(ds), 16, seed=2))
+    assert grouped < random / 2, (grouped, random)
+
+
+def test_truncation_and_rank_split(corpus):
+    ds = DocumentDataset(corpus["merged"], max_len=32)
+    assert int(ds.lengths.max()) <= 32 and len(ds[int(np.argmax(DocumentDataset(corpus["merged"]).lengths))]) == 32
+    a = LengthGroupedBatchSampler(ds.lengths, 8, seed=0, rank=0, world_size=2)
+    b = LengthGroupedBatchSampler(ds.lengths, 8, seed=0, rank=1, world_size=2)
+    assert len(a) == len(b) and not {i for x in a for i in x} & {i for x in b for i in x}
+
+
+def test_reader_refuses_other_formats(packed_photos):
+    with pytest.raises(ValueError, match="not a token memmap"):
+        DocumentDataset(packed_photos)

@@ -1,0 +1,181 @@
+"""`repack video`: probe + NVDEC decision on generated clips of every branch, transcode, resume,
+determinism, webdataset packing and failure modes. Real ffmpeg/ffprobe throughout."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from repack.transforms.nvdec_rules import decide
+from repack.transforms.probe import probe_file
+from repack.transforms.transcode import Recipe, build_command, output_geometry, snap_rate
+from tests.conftest import read_manifest_json, run_repack
+from tests.tools.videos import CLIPS, encoders, make_clips
+
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
+
+
+@pytest.fixture(scope="session")
+def video_clips(tmp_path_factory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("clips")
+    return root, make_clips(root)
+
+
+@pytest.fixture(scope="session")
+def transcoded(video_clips, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("video-out") / "out"
+    run_repack("video", video_clips[0], out, "--transcode", "--shard-size", "4", "--quiet", "--preset", "ultrafast")
+    return out
+
+
+@pytest.mark.parametrize("clip", CLIPS, ids=[c.rel for c in CLIPS])
+def test_decision_and_reasons_per_branch(video_clips, clip):
+    root, made = video_clips
+    if clip.rel not in made:
+        pytest.skip(f"this ffmpeg has no {clip.needs} encoder")
+    verdict = decide(probe_file(str(root / clip.rel)), "h100", 1.0)
+    assert verdict.decision == clip.decision, verdict.reasons
+    assert set(verdict.codes) == set(clip.reasons), verdict.reasons
+    assert all(r["message"] for r in verdict.reasons)
+
+
+def test_av1_depends_on_target(video_clips):
+    root, made = video_clips
+    if "bad/av1.mkv" not in made:
+        pytest.skip("this ffmpeg has no AV1 encoder (libaom-av1)")
+    info = probe_file(str(root / "bad/av1.mkv"))
+    assert decide(info, "h100").codes == ["codec"]
+    assert decide(info, "a100").codes == ["codec"]
+    assert decide(info, "l4").decision == "ok"
+    assert decide(info, "l40").decision == "ok"
+
+
+def test_max_gop_threshold(video_clips):
+    info = probe_file(str(video_clips[0] / "bad/long_gop.mp4"))
+    assert info["max_gop_s"] == pytest.approx(2.0) and info["keyframes"] == 1
+    assert decide(info, "h100", max_gop_s=1.0).codes == ["long_gop"]
+    assert decide(info, "h100", max_gop_s=3.0).decision == "ok"
+
+
+def test_probe_cli_report_and_strict(video_clips, tmp_path):
+    root, made = video_clips
+    proc = run_repack("video", root, tmp_path / "p", "--probe", "--json", "--quiet")
+    summary = json.loads(proc.stdout)
+    lines = [json.loads(x) for x in (tmp_path / "p" / "probe.jsonl").read_text().splitlines()]
+    assert sorted(rec["source"] for rec in lines) == sorted(made)
+    expected = {d: sum(1 for c in made.values() if c.decision == d) for d in ("ok", "transcode", "reject")}
+    assert summary["decisions"] == expected
+    by_source = {rec["source"]: rec for rec in lines}
+    for rel, clip in made.items():
+        assert by_source[rel]["decision"] == clip.decision
+        assert {r["code"] for r in by_source[rel]["reasons"]} == set(clip.reasons)
+    assert not (tmp_path / "p" / "videos").exists()
+    human = run_repack("video", root, tmp_path / "p2", "--probe")
+    assert "need transcoding" in human.stdout and "several_video_streams" in human.stdout
+    strict = run_repack("video", root, tmp_path / "p3", "--probe", "--strict", check=False)
+    assert strict.returncode == 6
+
+
+def test_transcode_outputs_pass_the_rule(video_clips, transcoded):
+    root, made = video_clips
+    manifest = read_manifest_json(transcoded)
+    entries = {e["source"]: e for e in manifest["shards"]}
+    usable = {rel for rel, c in made.items() if c.decision != "reject"}
+    assert set(entries) == usable
+    assert {q["source"] for q in manifest["quarantine"]} == {rel for rel, c in made.items() if c.decision == "reject"}
+    for rel, entry in entries.items():
+        assert entry["transcoded"] == (made[rel].decision == "transcode")
+        if entry["transcoded"]:
+            assert entry["path"].endswith(".mp4") and entry["codec"] == "h264"
+        else:
+            assert (transcoded / entry["path"]).read_bytes() == (root / rel).read_bytes()
+        again = decide(probe_file(str(transcoded / entry["path"])), "h100", 1.0)
+        assert again.decision == "ok", (rel, again.reasons)
+        assert entry["frames"] >= 2 and entry["fps"] > 0 and entry["width"] % 2 == 0
+    rot = entries["bad/rotated.mp4"]
+    assert (rot["width"], rot["height"]) == (120, 160)  # rotation baked in
+    assert (entries["bad/tiny.mp4"]["width"], entries["bad/tiny.mp4"]["height"]) == (48, 32)  # padded to 48x16 min
+    listing = (transcoded / "file_list.txt").read_text().splitlines()
+    assert listing == [f"{e['path']} {e['cls']}" for e in manifest["shards"]]
+    assert manifest["classes"] == {"bad": 0, "good": 1, "junk": 2}
+    assert run_repack("verify", transcoded).returncode == 0
+    again = run_repack("video", root, transcoded, "--transcode", "--shard-size", "4", "--preset", "ultrafast")
+    assert "nothing to do" in again.stdout
+
+
+def test_transcode_is_deterministic_and_resumes(video_clips, tmp_path):
+    src = tmp_path / "src"
+    for rel in ("bad/interlaced.mp4", "bad/vfr.mkv", "good/h264.mp4"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(video_clips[0] / rel, src / rel)
+    args = ("--transcode", "--shard-size", "1", "--preset", "ultrafast", "--quiet")
+    run_repack("video", src, tmp_path / "a", *args)
+    run_repack("video", src, tmp_path / "b", *args, "--workers", "1", "--link")
+    run_repack("video", src, tmp_path / "c", *args)
+    a, b = read_manifest_json(tmp_path / "a"), read_manifest_json(tmp_path / "b")
+    assert [(s["path"], s["sha256"]) for s in a["shards"]] == [(s["path"], s["sha256"]) for s in b["shards"]]
+    # a lost output and task record: only that task is redone, with the same bytes
+    victim = a["shards"][0]
+    (tmp_path / "c" / victim["path"]).unlink()
+    proc = run_repack("video", src, tmp_path / "c", *args[:-1])
+    assert "1 task(s) run, 2 resumed" in proc.stdout
+    assert read_manifest_json(tmp_path / "c")["shards"] == a["shards"]
+    assert (tmp_path / "a" / "manifest.json").read_bytes() != b""
+    linked = tmp_path / "b" / "videos/good/h264.mp4"
+    assert linked.stat().st_ino == (src / "good/h264.mp4").stat().st_ino  # --link hard-links compatible inputs
+
+
+def test_webdataset_packing(video_clips, tmp_path):
+    src = tmp_path / "src"
+    for rel in ("bad/tiny.mp4", "good/h264.mp4", "good/mjpeg.avi", "junk/empty.mp4"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(video_clips[0] / rel, src / rel)
+    out = tmp_path / "wds"
+    run_repack("video", src, out, "--transcode", "--to", "webdataset", "--shard-size", "2", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["format"] == "webdataset" and manifest["totals"]["samples"] == 3
+    assert [v["source"] for v in manifest["videos"]] == ["bad/tiny.mp4", "good/h264.mp4", "good/mjpeg.avi"]
+    names = []
+    for shard in manifest["shards"]:
+        with tarfile.open(out / shard["path"]) as tar:
+            names += tar.getnames()
+            for member in tar.getmembers():
+                if member.name.endswith(".json"):
+                    meta = json.loads(tar.extractfile(member).read())
+                    assert meta["sha256"] and meta["frames"] >= 2
+    assert [n.split(".", 1)[1] for n in names] == ["mp4", "cls", "json", "mp4", "cls", "json", "avi", "cls", "json"]
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_missing_ffmpeg_fails_fast(video_clips, tmp_path):
+    proc = run_repack("video", video_clips[0], tmp_path / "x", "--transcode", check=False,
+                      env={"PATH": str(tmp_path / "empty-bin")})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "ffprobe and ffmpeg not found" in proc.stderr
+    assert not (tmp_path / "x" / "manifest.json").exists()
+
+
+def test_bad_options_fail_fast(video_clips, tmp_path):
+    proc = run_repack("video", video_clips[0], tmp_path / "y", "--to", "webdataset", check=False)
+    assert proc.returncode == 2 and "--transcode" in proc.stderr
+
+
+def test_recipe_command_is_an_argument_list():
+    info = {"width": 161, "height": 131, "fps": 29.969, "field_order": "tt", "rotation": 90, "stream_index": 1}
+    cmd = build_command("/in put.mkv", "/out.mp4", info, Recipe(max_height=100, crf=20))
+    assert cmd[0] == "ffmpeg" and "/in put.mkv" in cmd and cmd[-1] == "/out.mp4"
+    vf = cmd[cmd.index("-vf") + 1]
+    assert vf.startswith("yadif=") and "fps=fps=30000/1001" in vf and "scale=82:100" in vf
+    for flag in ("-map_metadata", "-an", "+faststart", "+bitexact", "+cgop+bitexact"):
+        assert flag in cmd
+    assert cmd[cmd.index("-map") + 1] == "0:1" and cmd[cmd.index("-bf") + 1] == "0"
+    assert snap_rate(23.98)[1] == "24000/1001" and snap_rate(7.0) == (7.0, "7")
+    assert output_geometry({"width": 8000, "height": 4000}, Recipe()) == (4096, 2048, 4096, 2048)
+
+
+def test_encoders_listed():
+    assert "libx264" in encoders()

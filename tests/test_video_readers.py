@@ -1,0 +1,79 @@
+"""Video readers over `repack video` outputs: the PyTorch clip dataset (PyAV, CPU) and the DALI
+pipeline (experimental reader on DALI's CPU backend with MJPEG, the codec its PyPI FFmpeg
+decodes). Each clip frame N has luma 16 + 4*N, so decoded frames reveal their index."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from pipelines.torch_video import VideoClipDataset, clip_starts
+from tests.conftest import run_repack
+from tests.tools.videos import make_index_clip
+
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
+MJPEG = ("-c:v", "mjpeg", "-pix_fmt", "yuvj420p", "-q:v", "2")
+
+
+def frame_numbers(clip) -> list[float]:
+    return [round((float(np.asarray(f, dtype=np.float64).mean()) - 16) / 4, 1) for f in clip]
+
+
+@pytest.fixture(scope="session")
+def index_datasets(tmp_path_factory):
+    """(MJPEG copied as is, H.264 transcoded from 64x48 MJPEG) datasets, two classes each."""
+    src = tmp_path_factory.mktemp("index-src")
+    make_index_clip(src / "mj/a/one.avi", 30, MJPEG, size=(96, 64))
+    make_index_clip(src / "mj/b/two.avi", 23, MJPEG, size=(96, 64))
+    make_index_clip(src / "tc/a/one.avi", 30, MJPEG, size=(64, 48))
+    make_index_clip(src / "tc/b/two.avi", 23, MJPEG, size=(64, 48))
+    out = tmp_path_factory.mktemp("index-out")
+    run_repack("video", src / "mj", out / "mj", "--transcode", "--quiet")
+    run_repack("video", src / "tc", out / "tc", "--transcode", "--quiet", "--crf", "10")
+    return out / "mj", out / "tc"
+
+
+def test_clip_starts_follow_dali():
+    assert clip_starts(30, 4, stride=2, step=5) == [0, 5, 10, 15, 20]
+    assert clip_starts(23, 4, stride=2) == [0, 4, 8, 12, 16]
+    assert clip_starts(6, 4, stride=2) == []
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["copied-mjpeg", "transcoded-h264"])
+def test_torch_clips_decode_the_right_frames(index_datasets, which):
+    ds = VideoClipDataset(index_datasets[which], sequence_length=4, stride=2, step=5)
+    assert len(ds) == 5 + 4
+    for i in range(len(ds)):
+        clip, label = ds[i]
+        assert tuple(clip.shape[:1]) == (4,) and clip.shape[-1] == 3
+        assert frame_numbers(clip) == pytest.approx(ds.frame_indices(i), abs=0.5)
+        assert label == (0 if i < 5 else 1)
+
+
+def test_torch_dataloader_workers(index_datasets):
+    import torch
+
+    ds = VideoClipDataset(index_datasets[1], sequence_length=3, stride=1, step=7)
+    loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2, shuffle=False)
+    labels = torch.cat([lab for _, lab in loader]).tolist()
+    assert labels == [ds[i][1] for i in range(len(ds))]
+    halves = [VideoClipDataset(index_datasets[1], 3, 1, 7, shard_id=k, num_shards=2) for k in (0, 1)]
+    assert halves[0].index + halves[1].index == ds.index
+
+
+def test_dali_pipeline_matches_torch_sampling(index_datasets):
+    from pipelines.dali_video import build_video_pipeline
+
+    root = index_datasets[0]
+    ds = VideoClipDataset(root, sequence_length=4, stride=2, step=5)
+    pipe = build_video_pipeline(root, sequence_length=4, stride=2, step=5, batch_size=3, device="cpu",
+                                device_id=None, reader="experimental", num_threads=1)
+    seen = []
+    for _ in range(3):
+        frames, labels = pipe.run()
+        for k in range(len(frames)):
+            seen.append((int(np.asarray(labels[k]).ravel()[0]), frame_numbers(np.asarray(frames[k]))))
+    expected = [(ds[i][1], [float(n) for n in ds.frame_indices(i)]) for i in range(len(ds))]
+    assert [(lab, [round(x) for x in nums]) for lab, nums in seen] == [(lab, [round(x) for x in n]) for lab, n in expected]

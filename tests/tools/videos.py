@@ -1,0 +1,153 @@
+"""Tiny generated video clips (ffmpeg lavfi testsrc2) covering every branch of the NVDEC rule.
+
+``CLIPS`` names each clip: its relative path (class folder/file), how to make it, and the
+decision and reason codes the rule must give for target h100. ``make_clips(root)`` writes
+them in parallel (ffmpeg does the work in subprocesses; a thread pool is enough).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SRC = "testsrc2=s={w}x{h}:r={r}:d={d}"
+
+
+@dataclass(frozen=True)
+class Clip:
+    rel: str
+    args: tuple[str, ...]            # ffmpeg args after the lavfi input ('' for special clips)
+    decision: str                    # expected for target h100
+    reasons: frozenset = field(default_factory=frozenset)
+    size: tuple[int, int, int, float] = (160, 120, 25, 1.0)  # w, h, fps, seconds
+    special: str = ""                # empty | rotate | truncate | jpeg | audio | dual | vfr | nokey
+    needs: str = ""                  # encoder that must exist, else the clip is skipped
+
+
+def _r(*codes: str) -> frozenset:
+    return frozenset(codes)
+
+
+X264 = ("-c:v", "libx264", "-preset", "ultrafast", "-g", "25", "-bf", "0")
+CLIPS: tuple[Clip, ...] = (
+    Clip("good/h264.mp4", X264 + ("-pix_fmt", "yuv420p"), "ok"),
+    Clip("good/hevc.mp4", ("-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=none:keyint=25",
+                           "-pix_fmt", "yuv420p", "-tag:v", "hvc1"), "ok", size=(192, 144, 25, 1.0), needs="libx265"),
+    Clip("good/hevc10.mkv", ("-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=none:keyint=25",
+                             "-pix_fmt", "yuv420p10le"), "ok", size=(192, 144, 25, 1.0), needs="libx265"),
+    Clip("good/vp9.webm", ("-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8", "-g", "25",
+                           "-pix_fmt", "yuv420p"), "ok", size=(160, 128, 25, 1.0), needs="libvpx-vp9"),
+    Clip("good/vp8.webm", ("-c:v", "libvpx", "-deadline", "realtime", "-cpu-used", "8", "-g", "25"), "ok",
+         needs="libvpx"),
+    Clip("good/mjpeg.avi", ("-c:v", "mjpeg", "-pix_fmt", "yuvj420p", "-q:v", "5"), "ok"),
+    Clip("good/mpeg4.avi", ("-c:v", "mpeg4", "-g", "25", "-q:v", "5"), "ok"),
+    Clip("good/audio_b.mp4", X264 + ("-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest"), "ok", special="audio_b"),
+    Clip("bad/h264_10bit.mp4", X264 + ("-pix_fmt", "yuv420p10le"), "transcode", _r("bit_depth", "profile")),
+    Clip("bad/h264_444.mp4", X264 + ("-pix_fmt", "yuv444p"), "transcode", _r("chroma", "profile")),
+    Clip("bad/hevc444.mkv", ("-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=none:keyint=25",
+                             "-pix_fmt", "yuv444p"), "transcode", _r("chroma"), size=(192, 144, 25, 1.0),
+         needs="libx265"),
+    Clip("bad/av1.mkv", ("-c:v", "libaom-av1", "-cpu-used", "8", "-g", "25", "-pix_fmt", "yuv420p"), "transcode",
+         _r("codec"), size=(128, 128, 25, 1.0), needs="libaom-av1"),
+    Clip("bad/rotated.mp4", X264 + ("-pix_fmt", "yuv420p"), "transcode", _r("rotated"), special="rotate"),
+    Clip("bad/interlaced.mp4", ("-vf", "setfield=tff", "-flags", "+ildct+ilme", "-x264opts", "tff=1") + X264 +
+         ("-pix_fmt", "yuv420p"), "transcode", _r("interlaced")),
+    Clip("bad/odd.webm", ("-vf", "scale=161:131", "-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8", "-g", "25"),
+         "transcode", _r("odd_size"), size=(161, 131, 25, 1.0), needs="libvpx-vp9"),
+    Clip("bad/tiny.mp4", X264 + ("-pix_fmt", "yuv420p"), "transcode", _r("too_small"), size=(32, 32, 25, 1.0)),
+    Clip("bad/tiny_vp9.webm", ("-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8", "-g", "25"),
+         "transcode", _r("too_small"), size=(64, 64, 25, 1.0), needs="libvpx-vp9"),
+    Clip("bad/vfr.mkv", ("-vf", "settb=1/1000,setpts='(N*0.04+mod(N\\,2)*0.02)/TB'", "-fps_mode", "passthrough") + X264 +
+         ("-pix_fmt", "yuv420p"), "transcode", _r("vfr")),
+    Clip("bad/long_gop.mp4", ("-c:v", "libx264", "-preset", "ultrafast", "-g", "250", "-keyint_min", "250",
+                              "-sc_threshold", "0", "-pix_fmt", "yuv420p"), "transcode", _r("long_gop"),
+         size=(160, 120, 25, 2.0)),
+    Clip("bad/two_streams.mkv", X264 + ("-pix_fmt", "yuv420p"), "transcode", _r("several_video_streams"),
+         special="dual"),
+    Clip("bad/no_keyframe_first.ts", ("-c:v", "libx264", "-preset", "ultrafast", "-g", "10", "-bf", "0",
+                                      "-x264-params", "repeat-headers=1", "-pix_fmt", "yuv420p",
+                                      "-bsf:v", "noise=drop=eq(n\\,0)"), "transcode", _r("first_not_keyframe")),
+    Clip("junk/audio_only.m4a", (), "reject", _r("no_video"), special="audio"),
+    Clip("junk/empty.mp4", (), "reject", _r("empty"), special="empty"),
+    Clip("junk/photo.mp4", (), "reject", _r("still_image"), special="jpeg"),
+    Clip("junk/truncated.mp4", X264 + ("-pix_fmt", "yuv420p"), "reject", _r("probe_failed"), special="truncate"),
+    Clip("junk/truncated_faststart.mp4", X264 + ("-pix_fmt", "yuv420p", "-movflags", "+faststart"), "reject",
+         _r("truncated"), special="truncate"),
+)
+
+
+def encoders() -> set[str]:
+    """Names of the video/audio encoders this ffmpeg has."""
+    out = subprocess.run(["ffmpeg", "-hide_banner", "-encoders"], capture_output=True, text=True).stdout
+    return {line.split()[1] for line in out.splitlines()[10:] if len(line.split()) > 1}
+
+
+def _ffmpeg(args: list[str]) -> None:
+    proc = subprocess.run(["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", *args],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ffmpeg {' '.join(args)} failed: {proc.stderr.strip()[-400:]}")
+
+
+def rotate_mp4(path: Path, degrees: int = 90) -> None:
+    """Patch the first track header's display matrix (ffmpeg 5 cannot write it) to rotate."""
+    data = bytearray(path.read_bytes())
+    i = data.find(b"tkhd")
+    version = data[i + 4]
+    offset = i + 8 + (20 if version == 0 else 32) + 8 + 8
+    matrix = {90: (0, 65536, 0, -65536, 0, 0, 0, 0, 1 << 30), 180: (-65536, 0, 0, 0, -65536, 0, 0, 0, 1 << 30)}
+    data[offset:offset + 36] = struct.pack(">9i", *matrix[degrees])
+    path.write_bytes(bytes(data))
+
+
+def make_clip(root: Path, clip: Clip) -> Path:
+    """Write one clip under ``root``; returns its path."""
+    path = root / clip.rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w, h, r, d = clip.size
+    lavfi = ["-f", "lavfi", "-i", SRC.format(w=w, h=h, r=r, d=d)]
+    if clip.special == "empty":
+        path.write_bytes(b"")
+    elif clip.special == "audio":
+        _ffmpeg(["-f", "lavfi", "-i", "sine=frequency=440:duration=1", "-c:a", "aac", str(path)])
+    elif clip.special == "jpeg":
+        _ffmpeg(lavfi + ["-frames:v", "1", "-f", "image2", "-c:v", "mjpeg", str(path)])
+    elif clip.special == "audio_b":
+        _ffmpeg(lavfi + ["-f", "lavfi", "-i", "sine=frequency=440:duration=1", *clip.args, str(path)])
+    elif clip.special == "dual":
+        _ffmpeg(lavfi + ["-f", "lavfi", "-i", SRC.format(w=2 * w, h=2 * h, r=r, d=d), "-map", "0:v", "-map", "1:v",
+                         *clip.args, str(path)])
+    else:
+        _ffmpeg(lavfi + list(clip.args) + [str(path)])
+    if clip.special == "rotate":
+        rotate_mp4(path)
+    elif clip.special == "truncate":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) * 2 // 3])
+    return path
+
+
+def make_clips(root: str | os.PathLike, clips=CLIPS, workers: int = 4) -> dict[str, Clip]:
+    """Generate ``clips`` under ``root`` in parallel; returns {rel: clip} of those made
+    (clips whose encoder is missing are skipped)."""
+    if not shutil.which("ffmpeg"):
+        raise RuntimeError("ffmpeg is not installed")
+    root = Path(root)
+    have = encoders()
+    todo = [c for c in clips if not c.needs or c.needs in have]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda c: make_clip(root, c), todo))
+    return {c.rel: c for c in todo}
+
+
+def make_index_clip(path: str | os.PathLike, frames: int, codec_args: tuple[str, ...], size=(64, 48), fps: int = 25) -> None:
+    """A clip whose frame N has uniform luma 16 + 4*N (so a decoded frame tells its index)."""
+    w, h = size
+    src = f"color=c=black:s={w}x{h}:r={fps}:d={frames / fps},format=gray,geq=lum='16+4*N'"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    _ffmpeg(["-f", "lavfi", "-i", src, "-frames:v", str(frames), *codec_args, str(path)])
