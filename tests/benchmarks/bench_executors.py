@@ -22,7 +22,9 @@ WORKERS = "2"
 
 def _repack(*args: str) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "repack", *args], check=True, capture_output=True)
+    # Ray >= 2.5x clusters started by `ray start` use token auth; the driver must opt in too.
+    subprocess.run([sys.executable, "-m", "repack", *args], check=True, capture_output=True,
+                   env={**os.environ, "RAY_AUTH_MODE": "token"})
     return time.perf_counter() - started
 
 
@@ -30,7 +32,7 @@ def main(out_dir: str | os.PathLike) -> dict:
     out_dir = Path(out_dir) / "executors"
     src = out_dir / f"photos-{IMAGES}"
     if not src.exists():
-        make_photo_tree(src, per_class=IMAGES // 10, seed=3, min_side=200, max_side=700, png_share=0)
+        make_photo_tree(src, per_class=IMAGES // 10, seed=3, min_side=400, max_side=1000, png_share=0)  # ~100 KB JPEGs
     common = ["--shard-size", "100", "--workers", WORKERS, "--quiet"]
     results = {}
 
@@ -43,11 +45,10 @@ def main(out_dir: str | os.PathLike) -> dict:
     timed("ray_started_by_job", "--executor", "ray")
     ray = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
     port = "6391"
-    subprocess.run([ray, "start", "--head", f"--port={port}", f"--num-cpus={WORKERS}", "--node-ip-address=127.0.0.1",
-                    "--include-dashboard=false",
+    subprocess.run([ray, "start", "--head", f"--port={port}", f"--num-cpus={WORKERS}", "--include-dashboard=false",
                     "--disable-usage-stats"], check=True, capture_output=True)
     try:
-        timed("ray_joined_cluster", "--executor", "ray", "--ray-address", f"127.0.0.1:{port}")
+        timed("ray_joined_cluster", "--executor", "ray", "--ray-address", "auto")
     finally:
         subprocess.run([ray, "stop", "--force"], capture_output=True)
     same = all((out_dir / n / "shard-000000.tar").read_bytes() == (out_dir / "local" / "shard-000000.tar").read_bytes()
