@@ -73,3 +73,38 @@ def test_ray_missing_is_a_clear_error(photo_tree, tmp_path):
                       env={"PYTHONPATH": f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     assert proc.returncode == 2 and "pip install 'repack[ray]'" in proc.stderr
     assert not (tmp_path / "o").exists()  # refused before any work
+
+
+@pytest.fixture(scope="module")
+def video_tree(tmp_path_factory) -> Path:
+    """Six tiny clips in two classes: some compatible (copied), some 10-bit/odd-size (transcoded)."""
+    from tests.tools.videos import make_index_clip
+
+    root = tmp_path_factory.mktemp("videos")
+    h264 = ("-c:v", "libx264", "-preset", "ultrafast", "-g", "10", "-bf", "0", "-pix_fmt", "yuv420p")
+    for i in range(6):
+        codec = h264 if i % 2 == 0 else ("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv444p")
+        make_index_clip(root / f"class{i % 2}" / f"v{i}.mp4", 12, codec, size=(64, 48))
+    return root
+
+
+def test_video_job_is_identical_across_executors(video_tree, tmp_path):
+    """Every modality runs on every executor: video through local pool, Ray, and 2 partitions + merge."""
+    pytest.importorskip("ray")
+    args = ("--transcode", "--quiet", "--workers", "2")
+    outs = {name: tmp_path / name for name in ("local", "ray", "parts")}
+    run_repack("video", video_tree, outs["local"], *args)
+    run_repack("video", video_tree, outs["ray"], *args, "--executor", "ray")
+    for rank in (0, 1):
+        run_repack("video", video_tree, outs["parts"], *args, "--num-nodes", "2", "--node-rank", rank)
+    run_repack("merge", outs["parts"], "--quiet")
+
+    def files(out: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+                if p.is_file() and ".repack" not in p.parts and p.name != "manifest.json"}
+
+    reference = files(outs["local"])
+    assert any(name.startswith("videos/") for name in reference)
+    for name in ("ray", "parts"):
+        assert files(outs[name]) == reference, name
+        assert manifest_without_run(outs[name]) == manifest_without_run(outs["local"])
