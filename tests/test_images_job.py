@@ -352,3 +352,26 @@ def test_own_tar_reader_matches_tarfile(packed_photos):
     with tarfile.open(shard) as tf:
         theirs = [(m.name, m.offset_data, m.size) for m in tf.getmembers()]
     assert ours == theirs
+
+
+def test_fast_header_parse_agrees_with_pil():
+    """--verify none reads JPEG/PNG dimensions without PIL; they must equal PIL's."""
+    photo = load_photos()["astronaut"].resize((123, 77))
+    variants = []
+    for mode in ("RGB", "L", "CMYK"):
+        for progressive in (False, True):
+            buf = io.BytesIO()
+            photo.convert(mode).save(buf, "JPEG", quality=80, progressive=progressive)
+            variants.append(buf.getvalue())
+    for mode in ("RGB", "L", "P", "RGBA", "I;16"):
+        buf = io.BytesIO()
+        photo.convert(mode if mode != "I;16" else "L").convert(mode).save(buf, "PNG")
+        variants.append(buf.getvalue())
+    buf = io.BytesIO()
+    photo.save(buf, "JPEG", exif=Image.Exif().tobytes())  # APP1 segment before SOF
+    variants.append(buf.getvalue())
+    for data in variants:
+        fast = inspect_image(data, "none")
+        pil = Image.open(io.BytesIO(data))
+        assert (fast.width, fast.height) == pil.size == (123, 77)
+        assert fast.ext == {"JPEG": "jpg", "PNG": "png"}[pil.format]

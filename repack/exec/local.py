@@ -37,6 +37,8 @@ class LocalExecutor:
                 yield self._run_inline(call, task_id)
             return
         ctx = multiprocessing.get_context("forkserver")
+        # Import the engine, jobs and PIL once in the fork server instead of in every worker.
+        ctx.set_forkserver_preload(["repack.jobs.engine", "repack.jobs.images", "PIL.Image"])
         with ProcessPoolExecutor(max_workers=min(self.workers, len(calls)), mp_context=ctx) as pool:
             attempts = {i: 0 for i in range(len(calls))}
             pending = {pool.submit(_call, calls[i]): i for i in range(len(calls))}

@@ -71,6 +71,47 @@ def _has_trailer(ext: str, data: bytes) -> bool:
     return True
 
 
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
+_PNG_MODES = {0: "L", 2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
+
+
+def _jpeg_header(data: bytes) -> ImageInfo | None:
+    """Dimensions from the first SOF marker (no PIL): ~20x cheaper than Image.open."""
+    pos, end = 2, min(len(data), 1 << 20)
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:
+            pos += 1
+            continue
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        if marker in _JPEG_SOF:
+            if pos + 10 > len(data):
+                return None
+            height = int.from_bytes(data[pos + 5:pos + 7], "big")
+            width = int.from_bytes(data[pos + 7:pos + 9], "big")
+            mode = _JPEG_MODES.get(data[pos + 9])
+            if not width or not height or mode is None:
+                return None
+            return ImageInfo("jpg", width, height, mode, marker in (0xC2, 0xC6, 0xCA, 0xCE))
+        if marker == 0xDA or length < 2:
+            return None
+        pos += 2 + length
+    return None
+
+
+def _png_header(data: bytes) -> ImageInfo | None:
+    if len(data) < 33 or data[12:16] != b"IHDR":
+        return None
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    mode = _PNG_MODES.get(data[25])
+    if not width or not height or mode is None:
+        return None
+    return ImageInfo("png", width, height, mode if data[24] <= 8 else f"{mode};16", data[28] == 1)
+
+
 def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_970) -> ImageInfo:
     """Check ``data`` at ``level``; return its type and size, or raise BadImage with the reason."""
     if not data:
@@ -78,6 +119,10 @@ def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_
     ext = detect_type(data)
     if ext is None:
         raise BadImage("not a recognized image format (checked the content, not the name)")
+    if level == "none" and ext in ("jpg", "png"):
+        info = _jpeg_header(data) if ext == "jpg" else _png_header(data)
+        if info is not None and info.width * info.height <= max_pixels:
+            return info  # otherwise PIL below gives the precise reason
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
