@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
@@ -35,10 +36,10 @@ class Plan:
     quarantine: tuple[dict, ...] = ()
     info: dict = field(default_factory=dict)
 
+    @cached_property
     def digest(self) -> str:
-        """sha256 of the canonical plan: equal plans, equal outputs."""
-        body = {"tasks": [t.to_json() for t in self.tasks], "quarantine": list(self.quarantine), "info": self.info}
-        return hashlib.sha256(dumps_canonical(body)).hexdigest()
+        """sha256 of the canonical plan: equal plans, equal outputs (computed once)."""
+        return hashlib.sha256(dumps_canonical(self.to_json())).hexdigest()
 
     def to_json(self) -> dict:
         return {"tasks": [t.to_json() for t in self.tasks], "quarantine": list(self.quarantine), "info": self.info}

@@ -110,11 +110,15 @@ class TextJob(Job):
         self.tokenizer_info()
 
     def tokenizer_info(self):
+        """The tokenizer's identity (loaded once per job object)."""
         from repack.transforms.tokenize import describe_tokenizer
 
-        spec = self.spec
-        return describe_tokenizer(spec.tokenizer, eos_token=spec.eos_token, bos_token=spec.bos_token,
-                                  need_eos=spec.append_eos, need_bos=spec.add_bos)
+        if getattr(self, "_tokenizer_info", None) is None:
+            spec = self.spec
+            self._tokenizer_info = describe_tokenizer(spec.tokenizer, eos_token=spec.eos_token,
+                                                      bos_token=spec.bos_token, need_eos=spec.append_eos,
+                                                      need_bos=spec.add_bos)
+        return self._tokenizer_info
 
     def plan(self) -> Plan:
         spec = self.spec
@@ -311,7 +315,7 @@ class TextJob(Job):
     def _merge(self, plan: Plan, records: list[dict], dtype: str) -> dict:
         """Concatenate the parts in plan order into OUT/<name>.bin/.idx (once), then drop them."""
         name = self.spec.name
-        digest = plan.digest()
+        digest = plan.digest
         marker = self._marker()
         wanted = {r["task_id"]: r["part"]["sha256"] for r in records}
         if marker and marker.get("plan_digest") == digest and marker.get("parts") == wanted \
