@@ -156,6 +156,8 @@ from repack.commands_text import text as _text_command  # noqa: E402  (repack te
 cli.add_command(_text_command)
 from repack.commands_video import video as _video_command  # noqa: E402  (repack video)
 cli.add_command(_video_command)
+from repack.commands_bench import bench as _bench_command  # noqa: E402  (repack bench)
+cli.add_command(_bench_command)
 
 
 def main() -> None:

@@ -139,6 +139,8 @@ def test_no_follow_symlinks_and_strict(messy_tree, tmp_path):
     out = tmp_path / "out"
     proc = run_repack("images", messy_tree, out, "--no-follow-symlinks", "--strict", "--quiet", check=False)
     assert proc.returncode == 6 and "--strict" in proc.stderr
+    again = run_repack("images", messy_tree, out, "--no-follow-symlinks", "--strict", "--quiet", check=False)
+    assert again.returncode == 6  # a finished job re-run under --strict still reports the quarantine
     reasons = {q["source"]: q["reason"] for q in read_manifest_json(out)["quarantine"]}
     assert all("symlink (not followed" in reasons[p] for p in ("dog/link_to_cat.jpg", "cat/loop", "dog/broken_link.jpg"))
 

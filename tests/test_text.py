@@ -7,7 +7,6 @@ import functools
 import gzip
 import hashlib
 import json
-import os
 import signal
 import struct
 import subprocess

@@ -196,7 +196,9 @@ class Engine:
             manifest_path = self.out / MANIFEST_NAME
             if not todo and opts.num_nodes == 1 and manifest_path.exists():
                 manifest = json.loads(manifest_path.read_text())
-                return RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
+                result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
+                self._check_strict(manifest, manifest_path)
+                return result
             if todo:
                 manifest_path.unlink(missing_ok=True)
             self._clean_temps({t.task_id for t in todo})
@@ -218,10 +220,13 @@ class Engine:
                 return RunResult(None, len(todo), len(mine) - len(todo), time.time() - started)
             manifest = self.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
             result = RunResult(manifest, len(todo), len(mine) - len(todo), time.time() - started)
-        if opts.strict and manifest["totals"].get("quarantined"):
+        self._check_strict(manifest, manifest_path)
+        return result
+
+    def _check_strict(self, manifest: dict, manifest_path: Path) -> None:
+        if self.options.strict and manifest["totals"].get("quarantined"):
             raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
                                   f"(see {manifest_path})")
-        return result
 
     def _execute(self, executor, todo: list[Task], digest: str, records: dict, absorb=None) -> list[TaskFailure]:
         from tqdm import tqdm

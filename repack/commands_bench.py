@@ -1,0 +1,77 @@
+"""The `repack bench` command (registered on the group in cli.py).
+
+The one deliberate place where the CLI reaches the consumer package (``pipelines.bench``):
+users want one command. The import happens inside the command, so `repack --help` loads
+neither torch nor DALI.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from repack.errors import UsageError
+
+
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{name} takes comma-separated integers, not {text!r}") from None
+    if not values:
+        raise UsageError(f"{name} needs at least one value")
+    return values
+
+
+@click.command("bench")
+@click.argument("out")
+@click.option("--source", default=None, help="Also measure the original small-file layout (an image folder tree).")
+@click.option("--steps", type=int, default=50, show_default=True, help="Measured steps per setting.")
+@click.option("--warmup", type=int, default=5, show_default=True, help="Unmeasured steps first (workers start).")
+@click.option("--workers", default="0,2,4", show_default=True, help="DataLoader num_workers to sweep.")
+@click.option("--threads", default="2,4", show_default=True, help="DALI num_threads to sweep.")
+@click.option("--batch-size", default="64", show_default=True, help="Batch size(s) to sweep, e.g. 32,64.")
+@click.option("--pin-memory/--no-pin-memory", default=None, help="DataLoader pin_memory (default: when CUDA is up).")
+@click.option("--persistent-workers/--no-persistent-workers", default=False, show_default=True)
+@click.option("--prefetch-factor", type=int, default=2, show_default=True,
+              help="DataLoader batches prefetched per worker; DALI prefetch_queue_depth.")
+@click.option("--compute-ms", type=float, default=0.0, show_default=True,
+              help="Simulated training step per batch (0: none, raw reader speed).")
+@click.option("--compute-mode", type=click.Choice(["sleep", "busy"]), default="sleep", show_default=True,
+              help="sleep: a GPU-bound step; busy: the step keeps one CPU core busy.")
+@click.option("--reader", "readers", default="", help="Only these readers, e.g. torch or dali (default: all).")
+@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+              help="gpu: DALI decodes on device 0 (mixed), DataLoader batches are copied to cuda:0.")
+@click.option("--size", type=int, default=224, show_default=True, help="Images: decode + resize/crop to this.")
+@click.option("--seq-len", type=int, default=1024, show_default=True, help="Text: tokens per sequence.")
+@click.option("--clip-frames", type=int, default=8, show_default=True, help="Video: frames per clip.")
+@click.option("--json", "json_out", is_flag=True, help="Print the full report as JSON on stdout.")
+def bench(out, source, steps, warmup, workers, threads, batch_size, pin_memory, persistent_workers,
+          prefetch_factor, compute_ms, compute_mode, readers, device, size, seq_len, clip_frames, json_out):
+    """Measure how fast the bundled readers feed a training loop from the dataset in OUT.
+
+    Each row: samples/s, the time a step waits for data, its share of the step, and the
+    implied upper bound on GPU utilization, compute / (compute + wait).
+    """
+    from pipelines.bench import BenchError, BenchOptions, format_table, run_bench
+
+    opts = BenchOptions(steps=steps, warmup=warmup, workers=_ints(workers, "--workers"),
+                        threads=_ints(threads, "--threads"), batch_sizes=_ints(batch_size, "--batch-size"),
+                        pin_memory=pin_memory, persistent_workers=persistent_workers,
+                        prefetch_factor=prefetch_factor, compute_ms=compute_ms, compute_mode=compute_mode,
+                        readers=tuple(r.strip() for r in readers.split(",") if r.strip()), device=device,
+                        size=size, seq_len=seq_len, clip_frames=clip_frames, source=source)
+    progress = None if json_out else (lambda what: click.echo(f"measuring {what} ...", err=True))
+    try:
+        report = run_bench(out, opts, progress)
+    except BenchError as exc:
+        raise UsageError(str(exc)) from None
+    if json_out:
+        for warning in report["warnings"]:
+            click.echo(f"repack bench: warning: {warning}", err=True)
+        click.echo(json.dumps(report, sort_keys=True))
+    else:
+        click.echo(format_table(report))
+    sys.stdout.flush()

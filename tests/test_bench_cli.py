@@ -1,0 +1,130 @@
+"""`repack bench` through the real CLI on small datasets written by repack: every format's
+readers run, the numbers add up, the table prints, the CPU warning and the --source row appear."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pipelines.bench import BenchOptions, recommendation, usable_cpus
+from tests.conftest import ROOT, run_repack
+
+STEPS, BATCH = 3, 8
+FAST = ("--steps", str(STEPS), "--warmup", "1", "--batch-size", str(BATCH))
+
+
+def bench_json(*args) -> dict:
+    proc = run_repack("bench", *args, "--json")
+    return json.loads(proc.stdout)
+
+
+def check_rows(report: dict, readers: set[str], unit: str, compute: bool) -> None:
+    assert {r["reader"] for r in report["results"]} == readers
+    for row in report["results"]:
+        assert "error" not in row, row
+        assert row["unit"] == unit and row["steps"] == STEPS
+        assert row["samples"] == STEPS * row["batch_size"]
+        assert 0.0 <= row["wait_share"] <= 1.0
+        assert row["samples_per_s"] == pytest.approx(row["samples"] / row["seconds"], rel=1e-3)
+        assert row["wait_s"] + row["compute_s"] <= row["seconds"] * 1.001
+        if compute:
+            assert 0.0 <= row["gpu_util_bound"] <= 1.0
+            assert row["gpu_util_bound"] + row["wait_share"] == pytest.approx(1.0, abs=2e-4)
+            assert row["compute_s"] >= STEPS * 0.004  # --compute-ms 4 per step really happened
+        else:
+            assert row["gpu_util_bound"] is None
+    best = report["best"]
+    assert best["samples_per_s"] == max(r["samples_per_s"] for r in report["results"])
+    assert report["recommendation"].startswith(f"fastest: {best['reader']} ")
+    assert report["usable_cpus"] == usable_cpus()
+
+
+def test_webdataset_with_source_json(packed_photos, photo_tree):
+    report = bench_json(packed_photos, *FAST, "--workers", "0,2", "--threads", "2", "--compute-ms", "4",
+                        "--source", photo_tree)
+    assert (report["modality"], report["format"]) == ("images", "webdataset")
+    check_rows(report, {"torch", "dali", "files"}, "images", compute=True)
+    kinds = sorted((r["reader"], r["workers"], r["threads"]) for r in report["results"])
+    assert kinds == [("dali", None, 2), ("files", 0, None), ("files", 2, None), ("torch", 0, None),
+                     ("torch", 2, None)]
+    assert isinstance(report["data_bound"], bool)
+    assert "packed vs original files, same DataLoader decode: " in report["recommendation"]
+    assert report["warnings"] == []
+
+
+def test_lmdb_table_and_cpu_warning(photo_tree, tmp_path):
+    out = tmp_path / "lmdb"
+    run_repack("images", photo_tree, out, "--to", "lmdb", "--quiet")
+    too_many = usable_cpus() + 1
+    proc = run_repack("bench", out, *FAST, "--workers", f"0,{too_many}", "--threads", "1",
+                      "--persistent-workers", "--prefetch-factor", "3")
+    lines = proc.stdout.splitlines()
+    assert "(images/lmdb)" in lines[0]
+    assert lines[1].split() == ["reader", "setting", "batch", "samples/s", "wait", "ms/step", "wait", "%",
+                                "GPU", "util", "<="]
+    rows = [line.split() for line in lines[2:5]]
+    assert [(r[0].lstrip("*"), r[1]) for r in rows] == [("torch", "workers=0"), ("torch", f"workers={too_many}"),
+                                                       ("dali", "threads=1")]
+    assert sum(r[0].startswith("*") for r in rows) == 1
+    assert all(float(r[3]) > 0 and r[2] == str(BATCH) for r in rows)
+    assert f"warning: --workers {too_many} exceeds the {usable_cpus()} CPU(s)" in proc.stdout
+    assert any(line.startswith("fastest: ") for line in lines)
+    assert "no --compute-ms given" in proc.stdout
+
+
+def test_text_memmap(tmp_path):
+    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+    write_tokenizer(gpt2_tokenizer(), tmp_path / "tok")
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(120, seed=4)))
+    run_repack("text", src, tmp_path / "text", "--tokenizer", tmp_path / "tok", "--quiet")
+    report = bench_json(tmp_path / "text", *FAST, "--workers", "0,1", "--seq-len", "64", "--compute-ms", "4",
+                        "--compute-mode", "busy")
+    assert (report["modality"], report["format"]) == ("text", "memmap")
+    check_rows(report, {"torch"}, "sequences", compute=True)
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
+def test_video_clips(tmp_path):
+    from tests.tools.videos import make_index_clip
+
+    mjpeg = ("-c:v", "mjpeg", "-pix_fmt", "yuvj420p", "-q:v", "2")
+    make_index_clip(tmp_path / "src/a/one.avi", 20, mjpeg, size=(64, 48))
+    make_index_clip(tmp_path / "src/b/two.avi", 16, mjpeg, size=(64, 48))
+    run_repack("video", tmp_path / "src", tmp_path / "video", "--transcode", "--quiet")
+    report = bench_json(tmp_path / "video", "--steps", str(STEPS), "--warmup", "1", "--batch-size", "2",
+                        "--clip-frames", "4", "--workers", "0")
+    check_rows(report, {"torch"}, "clips", compute=False)
+    assert any("dali: skipped" in note and "--device gpu" in note for note in report["notes"])
+
+
+def test_verdicts_follow_the_wait_share():
+    row = {"reader": "torch", "kind": "dataloader", "workers": 2, "threads": None, "batch_size": 64,
+           "unit": "images", "samples_per_s": 900.0, "gpu_util_bound": 0.95, "wait_share": 0.05}
+    opts = BenchOptions(compute_ms=50)
+    assert "the data path is not the bottleneck" in recommendation(row, [row], opts)
+    slow = {**row, "samples_per_s": 300.0, "gpu_util_bound": 0.6, "wait_share": 0.4}
+    text = recommendation(slow, [slow], opts)
+    assert "the data path is a bottleneck: 40%" in text and "1280 images/s" in text
+    assert "no --compute-ms given" in recommendation(row, [row], BenchOptions())
+
+
+def test_bad_requests_fail_with_one_line(packed_photos, tmp_path):
+    proc = run_repack("bench", tmp_path, check=False)
+    assert proc.returncode == 5 and "manifest" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_repack("bench", packed_photos, "--batch-size", "0", check=False)
+    assert proc.returncode == 2 and "--batch-size must be >= 1" in proc.stderr
+    proc = run_repack("bench", packed_photos, "--workers", "two", check=False)
+    assert proc.returncode == 2 and "comma-separated integers" in proc.stderr
+
+
+def test_cli_import_stays_light():
+    code = ("import sys, repack.cli; heavy = [m for m in ('torch', 'nvidia.dali', 'pipelines.bench') "
+            "if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
