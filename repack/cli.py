@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from functools import wraps
 from pathlib import Path
 
 import click

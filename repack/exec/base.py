@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Iterator, Protocol
 
 from repack.errors import UsageError
 

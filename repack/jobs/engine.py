@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack import __version__
-from repack.config import EngineOptions, JobSpec
+from repack.config import EngineOptions
 from repack.errors import IncompleteJobError, JobLockedError, RepackError, StrictModeError, UsageError
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS

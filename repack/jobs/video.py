@@ -23,7 +23,6 @@ Tar members per video (key = zero-padded position + slug): ``KEY.<ext>`` (the vi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -37,6 +36,7 @@ from repack.jobs.base import Job, Plan, Task
 from repack.jobs.images import sample_key
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
+from repack.sinks.checks import sha256_file
 from repack.sources import scan_source
 from repack.transforms.nvdec_rules import OK, REJECT, TRANSCODE, decide, get_target
 
@@ -86,14 +86,6 @@ class VideoSpec(JobSpec):
     @property
     def mode(self) -> str:
         return "transcode" if self.transcode else "probe"
-
-
-def sha256_file(path: str) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            sha.update(block)
-    return sha.hexdigest()
 
 
 def output_names(rels: list[str]) -> list[tuple[str, str]]:

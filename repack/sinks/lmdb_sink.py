@@ -30,7 +30,6 @@ The manifest holds one shard entry: ``{"path": "data.lmdb", "samples", "bytes", 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from repack.errors import RepackError
 from repack.manifest.io import fsync_dir
+from repack.sinks.checks import check_file, sha256_file
 from repack.sinks.webdataset import TarShardWriter
 
 LAYOUT = "repack-lmdb/1"
@@ -100,14 +100,6 @@ def _read_part(root: Path, part: dict):
                 ext, off, size = tokens[i], int(tokens[i + 1]), int(tokens[i + 2])
                 sample[ext] = os.pread(fh.fileno(), size, off)
             yield sample
-
-
-def _sha256_file(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            sha.update(block)
-    return sha.hexdigest()
 
 
 class LmdbCollector:
@@ -238,7 +230,7 @@ class LmdbCollector:
         self._rebuild()
         shutil.rmtree(self.out / PARTS_DIR, ignore_errors=True)
         return {"path": DB_NAME, "samples": self._count, "bytes": self.path.stat().st_size,
-                "sha256": _sha256_file(self.path), "layout": LAYOUT}
+                "sha256": sha256_file(self.path), "layout": LAYOUT}
 
     def _rebuild(self) -> None:
         """Copy every key, in order, into a fresh environment; rename it over data.lmdb.
@@ -304,13 +296,8 @@ class LmdbSink:
     def verify_shard(root: Path, shard: dict, check) -> None:
         """Size, sha256, metadata count and the contiguous s/ keys of the database."""
         path = Path(root) / shard["path"]
-        try:
-            size = path.stat().st_size
-        except OSError as exc:
-            check(False, f"{shard['path']}: missing ({exc.strerror})")
+        if not check_file(root, shard["path"], shard["bytes"], shard["sha256"], check):
             return
-        check(size == shard["bytes"], f"{shard['path']}: {size} bytes, manifest says {shard['bytes']}")
-        check(_sha256_file(path) == shard["sha256"], f"{shard['path']}: sha256 mismatch")
         check(shard.get("layout") == LAYOUT, f"{shard['path']}: unknown layout {shard.get('layout')!r}")
         try:
             env = _open(path, readonly=True)

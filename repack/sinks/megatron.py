@@ -42,6 +42,7 @@ from typing import Iterable
 import numpy as np
 
 from repack.manifest.io import fsync_dir
+from repack.sinks.checks import file_and_index_outputs
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -304,10 +305,7 @@ class MemmapSink:
 
     name = "memmap"
 
-    @staticmethod
-    def outputs(shard: dict) -> list[dict]:
-        return [{"path": shard["path"], "bytes": shard["bytes"]},
-                {"path": shard["index"], "bytes": shard["index_bytes"]}]
+    outputs = staticmethod(file_and_index_outputs)
 
     @staticmethod
     def verify_shard(root: Path, shard: dict, check) -> None:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from repack.manifest.io import fsync_dir
+from repack.sinks.checks import check_file, file_and_index_outputs
 from repack.sinks.tar_format import BLOCK, end_of_archive, index_from_tar, index_text, padding, ustar_header
 
 
@@ -90,27 +91,14 @@ class WebDatasetSink:
     def open_shard(out: Path, stem: str) -> TarShardWriter:
         return TarShardWriter(out, stem)
 
-    @staticmethod
-    def outputs(shard: dict) -> list[dict]:
-        """Files a shard entry stands for, with sizes (used to trust a task record on resume)."""
-        return [{"path": shard["path"], "bytes": shard["bytes"]},
-                {"path": shard["index"], "bytes": shard["index_bytes"]}]
+    outputs = staticmethod(file_and_index_outputs)
 
     @staticmethod
     def verify_shard(root: Path, shard: dict, check) -> None:
         """Check one shard against its manifest entry; report problems through ``check``."""
         tar_path = root / shard["path"]
-        try:
-            size = tar_path.stat().st_size
-        except OSError as exc:
-            check(False, f"{shard['path']}: missing ({exc.strerror})")
+        if not check_file(root, shard["path"], shard["bytes"], shard["sha256"], check):
             return
-        check(size == shard["bytes"], f"{shard['path']}: {size} bytes, manifest says {shard['bytes']}")
-        sha = hashlib.sha256()
-        with open(tar_path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                sha.update(block)
-        check(sha.hexdigest() == shard["sha256"], f"{shard['path']}: sha256 mismatch")
         try:
             with open(tar_path, "rb") as fh:
                 rebuilt = index_from_tar(fh)

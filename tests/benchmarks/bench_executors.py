@@ -54,7 +54,7 @@ def main(out_dir: str | os.PathLike) -> dict:
     same = all((out_dir / n / "shard-000000.tar").read_bytes() == (out_dir / "local" / "shard-000000.tar").read_bytes()
                for n in ("ray_started_by_job", "ray_joined_cluster"))
     print(f"\n## executors: {IMAGES} images, --verify decode, {WORKERS} workers, {os.cpu_count()} cores")
-    print(f"| executor | seconds | images/s | time vs local pool |\n|---|---|---|---|")
+    print("| executor | seconds | images/s | time vs local pool |\n|---|---|---|---|")
     for name, seconds in results.items():
         print(f"| {name} | {seconds:.2f} | {IMAGES / seconds:.0f} | {seconds / results['local']:.2f}x |")
     print(f"outputs byte-identical across executors: {same}")

@@ -14,7 +14,6 @@ baseline):
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -23,13 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+
+from tests.benchmarks.bench_images import FolderDataset, drop_cache, image_files, to_224, usable_cpus, warm
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def usable_cpus() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 def make_dataset(data_dir: Path, count: int) -> Path:
@@ -45,10 +41,6 @@ def make_dataset(data_dir: Path, count: int) -> Path:
     return src
 
 
-def image_files(src: Path) -> list[Path]:
-    return sorted(p for p in src.rglob("*") if p.is_file() and not p.name.startswith("."))
-
-
 def repack(src: Path, out: Path, *args: str) -> float:
     """Wall seconds of one fresh run of the real CLI."""
     shutil.rmtree(out, ignore_errors=True)
@@ -58,50 +50,6 @@ def repack(src: Path, out: Path, *args: str) -> float:
     if proc.returncode != 0:
         raise RuntimeError(f"repack exited {proc.returncode}: {proc.stderr[-2000:]}")
     return time.perf_counter() - started
-
-
-def drop_cache(paths: list[Path]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def warm(paths: list[Path]) -> None:
-    for path in paths:
-        with open(path, "rb") as fh:
-            while fh.read(1 << 22):
-                pass
-
-
-def to_224(image):
-    """The per-image work of every reader: RGB, resize to 224x224, CHW uint8 tensor."""
-    import torch
-    from PIL import Image
-
-    image = image.convert("RGB").resize((224, 224), Image.BILINEAR)
-    return torch.from_numpy(np.array(image)).permute(2, 0, 1)
-
-
-class FolderDataset:
-    """Baseline: a map-style Dataset over the original files (ImageFolder-like)."""
-
-    def __init__(self, files: list[Path]) -> None:
-        self.files = files
-        names = sorted({p.parent.name for p in files})
-        self.labels = [names.index(p.parent.name) for p in files]
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int):
-        from PIL import Image
-
-        with Image.open(self.files[i]) as image:
-            return to_224(image), self.labels[i]
 
 
 def read_epoch(kind: str, lmdb_out: Path, wds_out: Path, files: list[Path], workers: int) -> tuple[float, int]:

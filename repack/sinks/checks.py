@@ -1,0 +1,38 @@
+"""Checks shared by every sink's ``verify_shard``: a file's presence, size and sha256."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Callable
+
+Check = Callable[[bool, str], None]
+
+
+def sha256_file(path: str | Path, block: int = 1 << 22) -> str:
+    """sha256 of a file, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(block), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_file(root: Path, rel: str, size: int, sha256: str | None, check: Check) -> bool:
+    """Report a missing file, a size or a sha256 mismatch; False when the file is missing."""
+    path = Path(root) / rel
+    try:
+        actual = path.stat().st_size
+    except OSError as exc:
+        check(False, f"{rel}: missing ({exc.strerror})")
+        return False
+    check(actual == size, f"{rel}: {actual} bytes, manifest says {size}")
+    if sha256 is not None:
+        check(sha256_file(path) == sha256, f"{rel}: sha256 mismatch")
+    return True
+
+
+def file_and_index_outputs(shard: dict) -> list[dict]:
+    """[{path, bytes}] of a shard entry with a side index (tar + .idx, .bin + .idx)."""
+    return [{"path": shard["path"], "bytes": shard["bytes"]},
+            {"path": shard["index"], "bytes": shard["index_bytes"]}]
