@@ -22,6 +22,16 @@ def _call(call: tuple[str, str, str, str]) -> str:
     return execute_task(*call)
 
 
+def _pool_context():
+    """fork where the platform has it: workers start ~0.2 s sooner than with forkserver and
+    inherit the imported job modules. The driver runs no threads of its own when the pool
+    starts (the engine turns tqdm's monitor thread off), which is what makes fork safe."""
+    if "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")
+    return ctx
+
+
 class LocalExecutor:
     """Process-pool executor with per-task retries."""
 
@@ -36,9 +46,7 @@ class LocalExecutor:
             for call, task_id in zip(calls, task_ids):
                 yield self._run_inline(call, task_id)
             return
-        ctx = multiprocessing.get_context("forkserver")
-        # Import the engine, jobs and PIL once in the fork server instead of in every worker.
-        ctx.set_forkserver_preload(["repack.jobs.engine", "repack.jobs.images", "PIL.Image"])
+        ctx = _pool_context()
         with ProcessPoolExecutor(max_workers=min(self.workers, len(calls)), mp_context=ctx) as pool:
             attempts = {i: 0 for i in range(len(calls))}
             pending = {pool.submit(_call, calls[i]): i for i in range(len(calls))}

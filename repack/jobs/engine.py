@@ -231,6 +231,7 @@ class Engine:
     def _execute(self, executor, todo: list[Task], digest: str, records: dict, absorb=None) -> list[TaskFailure]:
         from tqdm import tqdm
 
+        tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
         if not todo:
             return []
         opts = self.options

@@ -30,7 +30,7 @@ def scan_folder(root: str, *, follow_symlinks: bool = True) -> Scan:
     if not os.path.isdir(root):
         raise UsageError(f"source {root!r} is not a folder (use --list for a list file)")
     root = os.path.abspath(root)
-    entries: list[tuple[str, str]] = []  # (rel, abs)
+    entries: list[tuple[str, str, os.stat_result]] = []  # (rel, abs, stat)
     quarantine: list[dict] = []
     skipped = 0
     top_dirs: list[str] = []
@@ -70,7 +70,7 @@ def scan_folder(root: str, *, follow_symlinks: bool = True) -> Scan:
             elif stat_mod.S_ISREG(st.st_mode):
                 if not rel_folder:
                     top_files += 1
-                entries.append((rel, entry.path))
+                entries.append((rel, entry.path, st))
             else:
                 quarantine.append(quarantine_record(rel, "not a regular file"))
 
@@ -79,13 +79,8 @@ def scan_folder(root: str, *, follow_symlinks: bool = True) -> Scan:
     labeled = bool(top_dirs)
     items: list[InputItem] = []
     seen: dict[tuple[int, int], str] = {}
-    for rel, path in sorted(entries, key=lambda e: sort_key(e[0])):
+    for rel, path, st in sorted(entries, key=lambda e: sort_key(e[0])):
         label = rel.split("/", 1)[0] if labeled and "/" in rel else None
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            quarantine.append(quarantine_record(rel, f"unreadable: {exc.strerror}"))
-            continue
         ident = (st.st_dev, st.st_ino)
         if ident in seen:
             quarantine.append(quarantine_record(rel, f"same file as {seen[ident]} (reached twice through symlinks)", label))
