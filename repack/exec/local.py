@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Iterator
@@ -20,6 +21,20 @@ def _call(call: tuple[str, str, str, str]) -> str:
     from repack.jobs.engine import execute_task
 
     return execute_task(*call)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Pool initializer: a worker must not outlive a killed driver (it would hold OUT's lock,
+    inherited through fork, and keep writing). Linux: PR_SET_PDEATHSIG = SIGKILL."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the driver died before prctl took effect
+        os._exit(1)
 
 
 def _pool_context():
@@ -47,7 +62,8 @@ class LocalExecutor:
                 yield self._run_inline(call, task_id)
             return
         ctx = _pool_context()
-        with ProcessPoolExecutor(max_workers=min(self.workers, len(calls)), mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=min(self.workers, len(calls)), mp_context=ctx,
+                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
             attempts = {i: 0 for i in range(len(calls))}
             pending = {pool.submit(_call, calls[i]): i for i in range(len(calls))}
             while pending:
