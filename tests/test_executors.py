@@ -3,6 +3,7 @@ instance, or static partitions + merge. Failing tasks are reported and resumable
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -108,3 +109,45 @@ def test_video_job_is_identical_across_executors(video_tree, tmp_path):
     for name in ("ray", "parts"):
         assert files(outs[name]) == reference, name
         assert manifest_without_run(outs[name]) == manifest_without_run(outs["local"])
+
+
+def child_pids(parent: int) -> list[int]:
+    """Children of ``parent``, from /proc (no procps needed)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_killed_worker_is_retried_on_a_new_pool(photo_tree, tmp_path):
+    """A pool worker killed mid-job (as by the OOM killer) costs a retry, not the job."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    reference = tmp_path / "ref"
+    run_repack("images", photo_tree, reference, "--shard-size", "2", "--workers", "1", "--quiet")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "repack", "images", str(photo_tree), str(out), "--shard-size", "2",
+                             "--workers", "2", "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    killed = None
+    deadline = time.time() + 60
+    while killed is None and time.time() < deadline and proc.poll() is None:
+        records = list((out / ".repack" / "tasks").glob("*.json")) if (out / ".repack" / "tasks").exists() else []
+        children = child_pids(proc.pid)
+        if len(records) >= 2 and children:
+            killed = children[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.005)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert killed is not None, "the job finished before a worker could be killed"
+    assert proc.returncode == 0, stderr
+    assert shard_bytes(out) == shard_bytes(reference)

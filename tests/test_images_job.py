@@ -377,3 +377,24 @@ def test_fast_header_parse_agrees_with_pil():
         pil = Image.open(io.BytesIO(data))
         assert (fast.width, fast.height) == pil.size == (123, 77)
         assert fast.ext == {"JPEG": "jpg", "PNG": "png"}[pil.format]
+
+
+def test_partitions_and_full_runs_exclude_each_other(photo_tree, tmp_path):
+    """A live partition blocks a full run (and vice versa), but not another partition."""
+    out = tmp_path / "out"
+    (out / ".repack" / "tasks").mkdir(parents=True)
+    with open(out / ".repack" / "lock", "w") as main, open(out / ".repack" / "lock-0-of-2", "w") as part:
+        fcntl.flock(main, fcntl.LOCK_SH)
+        fcntl.flock(part, fcntl.LOCK_EX)  # as a live `--num-nodes 2 --node-rank 0` holds them
+        full = run_repack("images", photo_tree, out, "--quiet", check=False)
+        assert full.returncode == 3 and "already running a job" in full.stderr
+        same = run_repack("images", photo_tree, out, "--quiet", "--num-nodes", "2", "--node-rank", "0", check=False)
+        assert same.returncode == 3 and "partition 0-of-2" in same.stderr
+        run_repack("images", photo_tree, out, "--quiet", "--num-nodes", "2", "--node-rank", "1")
+    with open(out / ".repack" / "tasks" / "shard-000000.lock", "w") as task:
+        fcntl.flock(task, fcntl.LOCK_EX)  # another process is writing this very task
+        proc = run_repack("images", photo_tree, out, "--quiet", "--retries", "0", check=False)
+        assert proc.returncode == 4 and "shard-000000" in proc.stderr
+    run_repack("merge", out, "--quiet", check=False)
+    run_repack("images", photo_tree, out, "--quiet")
+    assert run_repack("verify", out).returncode == 0

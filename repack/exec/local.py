@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator
 
 from repack.exec.base import TaskFailure
@@ -61,23 +62,38 @@ class LocalExecutor:
             for call, task_id in zip(calls, task_ids):
                 yield self._run_inline(call, task_id)
             return
-        ctx = _pool_context()
-        with ProcessPoolExecutor(max_workers=min(self.workers, len(calls)), mp_context=ctx,
+        attempts = [0] * len(calls)
+        remaining = set(range(len(calls)))
+        while remaining:  # a new pool after a worker died (segfault, OOM kill): BrokenProcessPool
+            yield from self._run_pool(calls, task_ids, remaining, attempts)
+
+    def _run_pool(self, calls, task_ids, remaining: set[int], attempts: list[int]) -> Iterator[dict | TaskFailure]:
+        """Run ``remaining`` on one pool; returns early (leaving work in ``remaining``) if it breaks."""
+        with ProcessPoolExecutor(max_workers=min(self.workers, len(remaining)), mp_context=_pool_context(),
                                  initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
-            attempts = {i: 0 for i in range(len(calls))}
-            pending = {pool.submit(_call, calls[i]): i for i in range(len(calls))}
+            pending = {pool.submit(_call, calls[i]): i for i in sorted(remaining)}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                broken = False
                 for future in done:
                     i = pending.pop(future)
                     try:
-                        yield json.loads(future.result())
+                        record = json.loads(future.result())
                     except Exception as exc:  # noqa: BLE001 - a task failure is a value
                         attempts[i] += 1
-                        if attempts[i] <= self.retries:
-                            pending[pool.submit(_call, calls[i])] = i
-                        else:
+                        broken = broken or isinstance(exc, BrokenProcessPool)
+                        if attempts[i] > self.retries:
+                            remaining.discard(i)
                             yield TaskFailure(task_ids[i], f"{type(exc).__name__}: {exc}")
+                        elif not broken:
+                            pending[pool.submit(_call, calls[i])] = i
+                        continue
+                    remaining.discard(i)
+                    yield record
+                if broken:
+                    for future in pending:  # every in-flight task of a broken pool counts one attempt
+                        future.cancel()
+                    return
 
     def _run_inline(self, call, task_id) -> dict | TaskFailure:
         error = ""

@@ -48,10 +48,11 @@ def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str
     job = load_job(job_name, spec_json)
     task = Task.from_json(json.loads(task_json))
     started = time.perf_counter()
-    record = job.run_task(task)
-    record.update(task_id=task.task_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
-    # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
-    atomic_write_json(state_dir(job.out) / "tasks" / f"{task.task_id}.json", record, durable=False)
+    with TaskLock(job.out, task.task_id):
+        record = job.run_task(task)
+        record.update(task_id=task.task_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
+        # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
+        atomic_write_json(state_dir(job.out) / "tasks" / f"{task.task_id}.json", record, durable=False)
     return json.dumps(record)
 
 
@@ -70,24 +71,61 @@ class RunResult:
     nothing_to_do: bool = False
 
 
+def _flock(path: Path, mode: int, what: str, out: Path) -> int:
+    """Open ``path`` and flock it without blocking; JobLockedError (naming the holder) if taken."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise JobLockedError(f"another repack process (pid {holder}) is already running {what} on {out}; "
+                             "wait for it or stop it first") from None
+    if mode == fcntl.LOCK_EX:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 class JobLock:
-    """An exclusive, non-blocking flock on OUT/.repack/lock[-part]; refuses a second live run."""
+    """Refuses a second live run on OUT. A full run, --overwrite and merge hold OUT/.repack/lock
+    exclusively; a static partition holds it shared plus lock-<part> exclusively, so partitions
+    run side by side but never beside a full run, nor twice. Tasks are locked one by one too
+    (``TaskLock``), so even overlapping partition schemes never write the same task."""
 
     def __init__(self, out: Path, part: str = "") -> None:
-        self.path = state_dir(out) / (f"lock-{part}" if part else "lock")
-        self.fd: int | None = None
+        self.out = out
+        self.part = part
+        self.fds: list[int] = []
 
     def __enter__(self) -> "JobLock":
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        main = state_dir(self.out) / "lock"
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(self.fd)
-            raise JobLockedError(f"another repack process (pid {holder}) is already running this job on "
-                                 f"{self.path.parent.parent}; wait for it or stop it first") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+            self.fds.append(_flock(main, fcntl.LOCK_SH if self.part else fcntl.LOCK_EX, "a job", self.out))
+            if self.part:
+                self.fds.append(_flock(state_dir(self.out) / f"lock-{self.part}", fcntl.LOCK_EX,
+                                       f"partition {self.part}", self.out))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self.fds:
+            os.close(self.fds.pop())
+
+
+class TaskLock:
+    """Exclusive flock on OUT/.repack/tasks/<id>.lock while one process writes that task."""
+
+    def __init__(self, out: Path, task_id: str) -> None:
+        self.out = out
+        self.path = state_dir(out) / "tasks" / f"{task_id}.lock"
+        self.task_id = task_id
+        self.fd: int | None = None
+
+    def __enter__(self) -> "TaskLock":
+        self.fd = _flock(self.path, fcntl.LOCK_EX, f"task {self.task_id}", self.out)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -279,7 +317,7 @@ def merge(out: Path, options: EngineOptions) -> RunResult:
     if plan.digest != state["plan_digest"]:
         raise RepackError(f"{out}: plan.json does not match job.json (plan digest differs)")
     engine = Engine(job, options)
-    with JobLock(out, "merge"):
+    with JobLock(out):
         records = {t.task_id: engine.load_record(t, state["plan_digest"]) for t in plan.tasks}
         missing = [tid for tid, rec in records.items() if rec is None]
         if missing:
