@@ -24,6 +24,8 @@ from pipelines.manifest_access import image_extensions, is_labeled, open_webdata
 from repack.manifest import ManifestError
 
 READER = "Reader"
+DALI_UNDECODABLE = frozenset({"gif"})  # fn.decoders.image: JPEG, PNG, BMP, TIFF, PNM, JPEG 2000, WebP
+
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
@@ -70,7 +72,12 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     manifest = open_webdataset(root, "images")
     paths, index_paths = shard_files(manifest)
     labeled = is_labeled(manifest)
-    exts = [";".join(image_extensions(manifest))]
+    image_exts = image_extensions(manifest)
+    if set(image_exts) & DALI_UNDECODABLE:
+        raise ValueError(f"{manifest.root}: DALI's image decoder cannot read {sorted(set(image_exts) & DALI_UNDECODABLE)} "
+                         "members; repack with --normalize (every image becomes a baseline JPEG) or use the "
+                         "PyTorch reader")
+    exts = [";".join(image_exts)]
     if labeled:
         exts.append("cls")
         width = cls_width(manifest)

@@ -163,6 +163,9 @@ def main() -> None:
     """Entry point: run the CLI, turning RepackError into a one-line message and exit code."""
     from repack.manifest import ManifestError
 
+    for stream in (sys.stdout, sys.stderr):  # non-UTF-8 file names must never crash a summary
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

@@ -98,6 +98,9 @@ class ImagesSpec(JobSpec):
     def __post_init__(self) -> None:
         if self.verify not in ("decode", "header", "none"):
             raise UsageError(f"--verify must be decode, header or none, got {self.verify!r}")
+        if self.shard_bytes is not None and self.shard_bytes < MIN_SHARD_BYTES:
+            raise UsageError(f"--shard-bytes {self.shard_bytes} is below one small sample's shard "
+                             f"({MIN_SHARD_BYTES} bytes); use at least 64KiB")
         if self.shard_size is not None and self.shard_size < 1:
             raise UsageError(f"--shard-size must be at least 1, got {self.shard_size}")
         if not 1 <= self.quality <= 100:
@@ -111,4 +114,5 @@ class ImagesSpec(JobSpec):
 
 
 DEFAULT_SHARD_BYTES = 512 * 10**6
+MIN_SHARD_BYTES = 64 * 2**10
 DEFAULT_SHARD_SIZE = 10_000

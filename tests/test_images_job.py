@@ -398,3 +398,92 @@ def test_partitions_and_full_runs_exclude_each_other(photo_tree, tmp_path):
     run_repack("merge", out, "--quiet", check=False)
     run_repack("images", photo_tree, out, "--quiet")
     assert run_repack("verify", out).returncode == 0
+
+
+def test_out_inside_source_is_refused(tmp_path):
+    src = tmp_path / "flat"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(jpeg_bytes())
+    proc = run_repack("images", src, src / "out", "--quiet", check=False)
+    assert proc.returncode == 2 and "inside the source folder" in proc.stderr
+    assert not (src / "out").exists()
+
+
+def test_list_file_edge_rows(tmp_path):
+    """Unlabeled rows of a labeled list, NUL bytes and duplicates: quarantined, order-independent."""
+    (tmp_path / "sub").mkdir()
+    for name in ("a", "b", "c"):
+        (tmp_path / "sub" / f"{name}.jpg").write_bytes(jpeg_bytes(seed=ord(name)))
+    rows = [{"path": "sub/a.jpg", "label": "x"}, {"path": "sub/b.jpg"}, {"path": "sub/c\u0000.jpg", "label": "x"},
+            {"path": "./sub/a.jpg", "label": "y"}, {"path": "sub/c.jpg", "label": "y"}]
+    outs = []
+    for order in (rows, rows[::-1]):
+        listing = tmp_path / f"list{len(outs)}.jsonl"
+        listing.write_text("".join(json.dumps(r) + "\n" for r in order))
+        out = tmp_path / f"out{len(outs)}"
+        run_repack("images", listing, out, "--list", "--quiet")
+        outs.append(out)
+    m = read_manifest_json(outs[0])
+    reasons = sorted(q["reason"].split(" (")[0] for q in m["quarantine"])
+    assert reasons == ["listed twice", "no label", "row has no usable path"]
+    assert m["totals"]["samples"] == 2
+    assert shard_bytes(outs[0]) == shard_bytes(outs[1])
+
+
+def test_non_utf8_names_print_on_a_strict_utf8_console(messy_tree, tmp_path):
+    out = tmp_path / "out"
+    env = {"PYTHONIOENCODING": "utf-8"}  # strict UTF-8 console: surrogate escapes cannot be encoded
+    (messy_tree / os.fsdecode(b"\xe9t\xe9")).mkdir()
+    (messy_tree / os.fsdecode(b"\xe9t\xe9") / "x.jpg").write_bytes(jpeg_bytes(seed=11))
+    assert "packed" in run_repack("images", messy_tree, out, env=env).stdout
+    text = run_repack("inspect", out, env=env).stdout
+    assert "\\udce9t\\udce9=" in text  # the class name, escaped rather than a crash
+    assert "nothing to do" in run_repack("images", messy_tree, out, env=env).stdout
+
+
+def test_verify_flags_foreign_members_and_missing_fields(tmp_path):
+    src = tmp_path / "src" / "cls"
+    src.mkdir(parents=True)
+    for i in range(2):
+        (src / f"{i}.jpg").write_bytes(jpeg_bytes(seed=i))
+    out = tmp_path / "out"
+    run_repack("images", tmp_path / "src", out, "--quiet")
+    manifest = read_manifest_json(out)
+    shard = out / manifest["shards"][0]["path"]
+    with tarfile.open(shard) as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for member, data in members:
+            if member.name.endswith("00000001_1.cls"):
+                continue  # a sample without its label
+            tf.addfile(member, io.BytesIO(data))
+        link = tarfile.TarInfo("00000002_x.cls")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/shadow"
+        tf.addfile(link)
+    from repack.sinks.checks import sha256_file
+    from repack.sinks.tar_format import index_from_tar
+
+    with open(shard, "rb") as fh:
+        (out / manifest["shards"][0]["index"]).write_text(index_from_tar(fh))
+    manifest["shards"][0].update(bytes=shard.stat().st_size, sha256=sha256_file(shard))
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_repack("verify", out, check=False)
+    assert proc.returncode == 5
+    assert "is not a regular file" in proc.stderr and "some sample lacks a field" in proc.stderr
+
+
+@pytest.mark.parametrize("body", ["[]", '{"schema": "repack.manifest", "version": 1, "modality": "images", '
+                                        '"format": "webdataset", "shards": [{"samples": 1}], "totals": {}, '
+                                        '"quarantine": []}'])
+def test_malformed_manifest_is_a_clear_error(tmp_path, body):
+    (tmp_path / "manifest.json").write_text(body)
+    for command in ("verify", "inspect"):
+        proc = run_repack(command, tmp_path, check=False)
+        assert proc.returncode == 5 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_more_bad_jobs_fail_fast(photo_tree, tmp_path):
+    for args, message in ((["--to", "videos"], "cannot hold images"), (["--shard-bytes", "100B"], "--shard-bytes")):
+        proc = run_repack("images", photo_tree, tmp_path / "o", *args, check=False)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert not (tmp_path / "o").exists()

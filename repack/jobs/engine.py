@@ -146,6 +146,15 @@ def prepare_out(out: Path) -> None:
         raise UsageError(f"output {str(out)!r} is not writable: {exc.strerror}") from None
 
 
+def refuse_out_inside_source(source: str, out: Path) -> None:
+    """OUT inside a source folder would be scanned as input (a class, a document folder)."""
+    src = Path(source)
+    if src.is_dir():
+        src_real, out_real = src.resolve(), out.resolve()
+        if out_real == src_real or src_real in out_real.parents:
+            raise UsageError(f"output {str(out)!r} is inside the source folder {source!r}: choose an OUT outside it")
+
+
 def options_fingerprint(job: Job) -> str:
     return hashlib.sha256(dumps_canonical({"job": job.name, "options": job.spec.options()})).hexdigest()
 
@@ -212,6 +221,7 @@ class Engine:
     def run(self) -> RunResult:
         started = time.time()
         self.job.check()
+        refuse_out_inside_source(self.job.spec.source, self.out)
         opts = self.options
         executor = get_executor(opts.executor, workers=opts.workers or available_cpus(), retries=opts.retries,
                                 address=opts.ray_address)  # fails fast, e.g. Ray not installed

@@ -136,6 +136,8 @@ class ImagesJob(Job):
     def __init__(self, spec: ImagesSpec) -> None:
         super().__init__(spec)
         self.sink = get_sink(spec.to)
+        if not (hasattr(self.sink, "open_shard") or hasattr(self.sink, "collector")):
+            raise UsageError(f"--to {spec.to} cannot hold images; use webdataset or lmdb")
         make_collector = getattr(self.sink, "collector", None)  # single-writer sinks (lmdb)
         self.collector = make_collector(self.out) if make_collector else None
         self._order: list[str] = []

@@ -9,6 +9,9 @@ from repack.manifest.paths import PathEscapeError
 from repack.sinks import SINKS, get_sink
 
 
+LONG_SIDE_HINT = 2048  # px: beyond this, decode dominates a DataLoader step
+
+
 def verify_dataset(root: str | Path) -> list[str]:
     """Every problem found (empty list = the dataset matches its manifest)."""
     problems: list[str] = []
@@ -72,6 +75,11 @@ def inspect_lines(root: str | Path) -> list[str]:
         lines.append("slowest inputs:")
         lines += [f"  {s['us'] / 1000:.1f} ms  {s['source']}  {s['bytes']} B  {s['width']}x{s['height']}"
                   for s in timing["slowest"][:5]]
+        longest = max(max(s.get("width", 0), s.get("height", 0)) for s in timing["slowest"])
+        options = data.get("created_by", {}).get("options", {})
+        if longest > LONG_SIDE_HINT and options.get("max_side") is None and data.get("modality") == "images":
+            lines.append(f"hint: the slowest inputs are up to {longest} px on the longer side; every epoch decodes "
+                         f"them in full. Repack with --normalize --max-side {LONG_SIDE_HINT // 2} to cap decode cost.")
     lines += image_report_lines(data.get("stats", {}))
     hook = getattr(get_sink(manifest.format), "inspect_lines", None) if manifest.format in SINKS else None
     if hook is not None:  # format-specific lines (e.g. text stats and the first document decoded)

@@ -62,13 +62,23 @@ class Manifest:
         """Raise ManifestError unless schema, version, keys and every path hold."""
         data = self.data
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise ManifestError(f"{self.root}: not a repack manifest (schema {data.get('schema')!r})")
+            found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+            raise ManifestError(f"{self.root}: not a repack manifest (schema {found!r})")
         version = data.get("version")
         if not isinstance(version, int) or version != VERSION:
             raise ManifestError(f"{self.root}: manifest version {version!r} is not supported (this reader knows {VERSION})")
         missing = [k for k in REQUIRED_KEYS if k not in data]
         if missing:
             raise ManifestError(f"{self.root}: manifest lacks {', '.join(missing)}")
+        shards = data["shards"]
+        if not isinstance(shards, list) or not all(
+                isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("samples"), int)
+                and isinstance(s.get("bytes"), int) and isinstance(s.get("sha256"), str) for s in shards):
+            raise ManifestError(f"{self.root}: manifest shards must be a list of {{path, samples, bytes, sha256}}")
+        for key, kind in (("totals", dict), ("quarantine", list), ("classes", dict), ("fields", dict),
+                          ("files", dict)):
+            if key in data and not isinstance(data[key], kind):
+                raise ManifestError(f"{self.root}: manifest {key} must be a {kind.__name__}")
         for rel in self.relative_paths():
             try:
                 safe_join(self.root, rel)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from repack.manifest.io import fsync_dir
 from repack.sinks.checks import check_file, file_and_index_outputs
-from repack.sinks.tar_format import BLOCK, end_of_archive, index_from_tar, index_text, padding, ustar_header
+from repack.sinks.tar_format import (BLOCK, end_of_archive, index_from_tar, index_text, iter_members, padding,
+                                     split_key, ustar_header)
 
 
 class TarShardWriter:
@@ -66,7 +67,10 @@ class TarShardWriter:
         self._fd = -1
         index = index_text(self._index).encode()
         idx_tmp = self.out / f".{self.idx_name}.tmp-{os.getpid()}"
-        idx_tmp.write_bytes(index)
+        with open(idx_tmp, "wb") as fh:
+            fh.write(index)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(idx_tmp, self.out / self.idx_name)
         os.replace(self._tmp, self.out / self.tar_name)
         fsync_dir(self.out)
@@ -101,16 +105,23 @@ class WebDatasetSink:
             return
         try:
             with open(tar_path, "rb") as fh:
+                for member in iter_members(fh):
+                    check(member.typeflag in (b"0", b"\x00"), f"{shard['path']}: member {member.name!r} is not "
+                                                             "a regular file")
+                    key, ext = split_key(member.name)
+                    check(bool(key) and bool(ext) and member.name.isascii() and "/" not in member.name
+                          and not member.name.startswith("."),
+                          f"{shard['path']}: member name {member.name!r} is not a flat KEY.EXT name")
+                fh.seek(0)
                 rebuilt = index_from_tar(fh)
         except ValueError as exc:
             check(False, f"{shard['path']}: unreadable tar ({exc})")
             return
         count = int(rebuilt.split("\n", 1)[0].split()[1])
         check(count == shard["samples"], f"{shard['path']}: {count} samples, manifest says {shard['samples']}")
-        for line in rebuilt.splitlines()[1:]:
-            name = line.split(" ")[3]
-            check("/" not in name and ".." not in name.split(".")[0],
-                  f"{shard['path']}: member {name!r} would escape the root")
+        layouts = {tuple(line.split(" ")[4::4]) for line in rebuilt.splitlines()[1:]}
+        check(len(layouts) <= 1, f"{shard['path']}: samples differ in their members after the data member "
+                                 f"({sorted(layouts)[:3]}): some sample lacks a field")
         if shard.get("index"):
             try:
                 on_disk = (root / shard["index"]).read_text()

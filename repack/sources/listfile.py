@@ -41,28 +41,40 @@ def _rows(list_path: str):
 
 
 def scan_list_file(list_path: str) -> Scan:
-    """Read a list file into inputs; rows that point nowhere are quarantined."""
+    """Read a list file into inputs; rows that point nowhere are quarantined.
+
+    Rows are taken in path order (then line order), so which of two rows naming the same file
+    is kept does not depend on how the list was written. In a labeled list (any row has a
+    label) an unlabeled row is quarantined, as a file outside the class folders is.
+    """
     if not os.path.isfile(list_path):
         raise UsageError(f"list file {list_path!r} does not exist")
     base = os.path.dirname(os.path.abspath(list_path))
-    items: list[InputItem] = []
+    name = os.path.basename(list_path)
     quarantine: list[dict] = []
-    seen: set[str] = set()
-    labeled = False
+    rows: list[tuple[str, int, str | None]] = []
     for lineno, row, problem in _rows(list_path):
         if row is None:
-            quarantine.append(quarantine_record(f"{os.path.basename(list_path)}:{lineno}", problem))
+            quarantine.append(quarantine_record(f"{name}:{lineno}", problem))
             continue
         rel = row.get("path")
-        if not isinstance(rel, str) or not rel:
-            quarantine.append(quarantine_record(f"{os.path.basename(list_path)}:{lineno}", "row has no path"))
+        if not isinstance(rel, str) or not rel or "\x00" in rel:
+            quarantine.append(quarantine_record(f"{name}:{lineno}", "row has no usable path"))
             continue
         label = next((str(row[c]) for c in LABEL_COLUMNS if row.get(c) not in (None, "")), None)
-        labeled = labeled or label is not None
+        rows.append((rel, lineno, label))
+    rows.sort(key=lambda r: (sort_key(r[0]), r[1]))
+    labeled = any(label is not None for _, _, label in rows)
+    items: list[InputItem] = []
+    seen: set[str] = set()
+    for rel, lineno, label in rows:
+        if labeled and label is None:
+            quarantine.append(quarantine_record(rel, f"no label ({name}:{lineno}) in a labeled list"))
+            continue
         path = rel if os.path.isabs(rel) else os.path.join(base, rel)
         real = os.path.realpath(path)
         if real in seen:
-            quarantine.append(quarantine_record(rel, "listed twice", label))
+            quarantine.append(quarantine_record(rel, f"listed twice ({name}:{lineno})", label))
             continue
         seen.add(real)
         try:
@@ -74,5 +86,4 @@ def scan_list_file(list_path: str) -> Scan:
             quarantine.append(quarantine_record(rel, "not a regular file", label))
             continue
         items.append(InputItem(os.path.abspath(path), rel, label, size))
-    items.sort(key=lambda i: sort_key(i.rel))
     return Scan(tuple(items), tuple(quarantine), labeled)
