@@ -17,11 +17,12 @@ system-deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends ffmpeg tar >/dev/null; \
 	fi
 
-$(STAMP): pyproject.toml Makefile | system-deps
+$(STAMP): pyproject.toml Makefile $(wildcard docker/requirements*.txt) | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[pipelines,ray,dev]'
+	sed 's/\[[^]]*\]//' docker/requirements*.txt > $(VENV)/constraints.txt  # the images' pins, extras dropped
+	$(BIN)/pip install -q --disable-pip-version-check -c $(VENV)/constraints.txt -e '.[pipelines,ray,dev]'
 	touch $@
 
 demo: setup system-deps

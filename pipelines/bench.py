@@ -8,6 +8,13 @@ then ``steps`` measured steps. A step is ``next(batch)`` (time waiting for data;
 Per setting: samples/s, the data-wait share of the step and the implied upper bound on GPU
 utilization, ``compute / (compute + wait)``.
 
+Every step must deliver a full batch (readers drop the short last batch of an epoch); a short
+batch fails the setting instead of being counted as a step. Epochs are chained; DataLoader
+workers persist across epochs by default, and a setting whose measured steps cross an epoch
+boundary is reported (``epochs_started``) and warned about. ``device="auto"`` (the default) is
+``gpu`` when CUDA is visible, else ``cpu``; on ``gpu`` DALI runs both its GPU (mixed) decode and
+its CPU decode, so the table compares them.
+
 Readers are plugins: ``READERS`` maps (modality, format) to reader factories; each factory
 returns a ``Run`` whose ``epoch()`` yields batches. Images are decoded and resized to ``size``
 (224) by every image reader. Imports ``repack.manifest`` and nothing else from repack.
@@ -20,7 +27,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -44,12 +51,12 @@ class BenchOptions:
     threads: tuple[int, ...] = (2, 4)
     batch_sizes: tuple[int, ...] = (64,)
     pin_memory: bool | None = None  # None: when CUDA is available
-    persistent_workers: bool = False
+    persistent_workers: bool = True
     prefetch_factor: int = 2
     compute_ms: float = 0.0
     compute_mode: str = "sleep"  # or "busy"
     readers: tuple[str, ...] = ()  # empty: every reader available for the format
-    device: str = "cpu"  # "gpu": DALI mixed decode on device 0, DataLoader batches copied to cuda:0
+    device: str = "auto"  # "gpu": DALI mixed decode on device 0, batches copied to cuda:0; auto: gpu if CUDA
     size: int = 224
     seq_len: int = 1024
     clip_frames: int = 8
@@ -65,8 +72,8 @@ class BenchOptions:
             raise BenchError("--workers must be >= 0 and --threads >= 1")
         if self.prefetch_factor < 1 or self.compute_ms < 0:
             raise BenchError("--prefetch-factor must be >= 1 and --compute-ms >= 0")
-        if self.compute_mode not in ("sleep", "busy") or self.device not in ("cpu", "gpu"):
-            raise BenchError("--compute-mode is sleep|busy and --device cpu|gpu")
+        if self.compute_mode not in ("sleep", "busy") or self.device not in ("auto", "cpu", "gpu"):
+            raise BenchError("--compute-mode is sleep|busy and --device auto|cpu|gpu")
 
 
 @dataclass(frozen=True)
@@ -78,9 +85,12 @@ class Setting:
     batch_size: int
     workers: int | None = None
     threads: int | None = None
+    device: str = "cpu"  # DALI rows: where images are decoded ("gpu": mixed on device 0)
 
     def label(self) -> str:
-        return f"workers={self.workers}" if self.kind == "dataloader" else f"threads={self.threads}"
+        if self.kind == "dataloader":
+            return f"workers={self.workers}"
+        return f"threads={self.threads}" + (" gpu" if self.device == "gpu" else "")
 
 
 @dataclass
@@ -157,10 +167,16 @@ def _dataloader(dataset, setting: Setting, opts: BenchOptions, collate=None, shu
     def epoch():
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-            batches = iter(loader)
+            batches = iter(loader)  # persistent workers: the same processes, reset for a new epoch
         yield from batches
 
-    return Run(epoch=epoch, count=_count_first)
+    def close():
+        workers = getattr(loader, "_iterator", None)  # only set with persistent workers
+        if workers is not None and hasattr(workers, "_shutdown_workers"):
+            workers._shutdown_workers()  # now, not when the loader is garbage-collected
+        loader._iterator = None
+
+    return Run(epoch=epoch, count=_count_first, close=close)
 
 
 def _pin(opts: BenchOptions) -> bool:
@@ -208,14 +224,14 @@ def _dali_iterator(pipe, names: list[str], reader_name: str | None) -> Run:
     return Run(epoch=epoch, count=lambda batch: len(batch[names[0]]))
 
 
-def _device_id(opts: BenchOptions) -> int | None:
-    return 0 if opts.device == "gpu" else None
+def _device_id(setting: Setting) -> int | None:
+    return 0 if setting.device == "gpu" else None
 
 
 def dali_webdataset(root, manifest: Manifest, setting: Setting, opts: BenchOptions) -> Run:
     from pipelines.dali_webdataset import READER, build_image_pipeline, output_names
 
-    pipe = build_image_pipeline(root, setting.batch_size, setting.threads, _device_id(opts), size=opts.size,
+    pipe = build_image_pipeline(root, setting.batch_size, setting.threads, _device_id(setting), size=opts.size,
                                 random_shuffle=True, seed=opts.seed, initial_fill=min(1024, manifest.num_samples),
                                 prefetch_queue_depth=opts.prefetch_factor)
     return _dali_iterator(pipe, output_names(root), READER)
@@ -224,8 +240,11 @@ def dali_webdataset(root, manifest: Manifest, setting: Setting, opts: BenchOptio
 def dali_lmdb(root, manifest: Manifest, setting: Setting, opts: BenchOptions) -> Run:
     from pipelines.dali_lmdb import build_lmdb_pipeline
 
-    pipe = build_lmdb_pipeline(root, setting.batch_size, setting.threads, _device_id(opts), size=opts.size,
-                               random_shuffle=True, seed=opts.seed, prefetch_queue_depth=opts.prefetch_factor)
+    if manifest.num_samples < setting.batch_size:
+        raise BenchError(f"the dataset holds {manifest.num_samples} samples, less than one batch; lower --batch-size")
+    pipe = build_lmdb_pipeline(root, setting.batch_size, setting.threads, _device_id(setting), size=opts.size,
+                               random_shuffle=True, seed=opts.seed, prefetch_queue_depth=opts.prefetch_factor,
+                               drop_last=True)  # no reader_name: the source itself ends an epoch before a short batch
     return _dali_iterator(pipe, ["images", "labels"], None)
 
 
@@ -382,30 +401,67 @@ def _to_device(batch, device: str):
     return moved
 
 
-def endless(run: Run) -> Iterator[Any]:
+class Endless:
+    """Batches across epochs (``epochs``: how many were started); an epoch without a batch is an error."""
+
+    def __init__(self, run: Run) -> None:
+        self.epochs = 0
+        self._gen = self._batches(run)
+
+    def _batches(self, run: Run) -> Iterator[Any]:
+        while True:
+            self.epochs += 1
+            got = 0
+            for batch in run.epoch():
+                got += 1
+                yield batch
+            if not got:
+                raise BenchError("the dataset holds less than one full batch per worker; lower --batch-size")
+
+    def __iter__(self) -> Endless:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._gen)
+
+    def close(self) -> None:
+        self._gen.close()
+
+
+def endless(run: Run) -> Endless:
     """Batches across epochs; an epoch without a single full batch is an error."""
-    while True:
-        got = 0
-        for batch in run.epoch():
-            got += 1
-            yield batch
-        if not got:
-            raise BenchError("the dataset holds less than one full batch per worker; lower --batch-size")
+    return Endless(run)
 
 
-def measure(run: Run, opts: BenchOptions) -> dict:
-    """Run warm-up then measured steps; times and counts of the measured ones."""
+def _full(run: Run, batch, batch_size: int | None) -> int:
+    """The samples in ``batch``; a batch shorter than ``batch_size`` is an error, never a step."""
+    n = run.count(batch)
+    if batch_size is not None and n != batch_size:
+        raise BenchError(f"the reader returned a batch of {n} samples, not {batch_size}: "
+                         f"a partial batch is not a step (the dataset may be smaller than one batch)")
+    return n
+
+
+def measure(run: Run, opts: BenchOptions, batch_size: int | None = None) -> dict:
+    """Run warm-up then measured steps; times and counts of the measured ones.
+
+    ``batch_size`` given: every batch must hold exactly that many samples (BenchError otherwise).
+    ``epochs_started``: epochs begun during the measured steps (their start-up counts as wait).
+    """
     batches = endless(run)
     wait = compute = 0.0
     samples = 0
     try:
         for _ in range(opts.warmup):
-            _to_device(next(batches), opts.device)
+            batch = next(batches)
+            _full(run, batch, batch_size)
+            _to_device(batch, opts.device)
+        warm_epochs = batches.epochs
         start = time.perf_counter()
         for _ in range(opts.steps):
             t0 = time.perf_counter()
             batch = next(batches)
-            samples += run.count(batch)
+            samples += _full(run, batch, batch_size)
             _to_device(batch, opts.device)
             t1 = time.perf_counter()
             simulate_compute(opts.compute_ms, opts.compute_mode)
@@ -418,6 +474,7 @@ def measure(run: Run, opts: BenchOptions) -> dict:
         run.close()
     step = wait + compute
     return {"steps": opts.steps, "samples": samples, "seconds": round(seconds, 6),
+            "epochs_started": batches.epochs - warm_epochs,
             "samples_per_s": round(samples / seconds, 3) if seconds > 0 else None,
             "wait_s": round(wait, 6), "compute_s": round(compute, 6),
             "wait_ms_per_step": round(1000 * wait / opts.steps, 3),
@@ -426,17 +483,26 @@ def measure(run: Run, opts: BenchOptions) -> dict:
 
 
 def settings_for(reader: Reader, opts: BenchOptions) -> list[Setting]:
-    """The sweep of one reader: batch sizes x (workers | threads)."""
+    """The sweep of one reader: batch sizes x (workers | threads); DALI on a GPU run: x (gpu, cpu) decode."""
     if reader.kind == "dali":
-        return [Setting(reader.name, "dali", b, threads=t) for b in opts.batch_sizes for t in opts.threads]
-    return [Setting(reader.name, "dataloader", b, workers=w) for b in opts.batch_sizes for w in opts.workers]
+        devices = ["gpu"] if reader.gpu_only or opts.device == "gpu" else ["cpu"]
+        if opts.device == "gpu" and not reader.gpu_only:
+            devices.append("cpu")  # DALI's CPU decode too: what a GPU-less or GPU-busy node would get
+        return [Setting(reader.name, "dali", b, threads=t, device=d)
+                for d in devices for b in opts.batch_sizes for t in opts.threads]
+    device = "gpu" if opts.device == "gpu" else "cpu"  # gpu: each batch is copied to cuda:0
+    return [Setting(reader.name, "dataloader", b, workers=w, device=device)
+            for b in opts.batch_sizes for w in opts.workers]
 
 
 def run_bench(root: str | os.PathLike, opts: BenchOptions, progress: Callable[[str], None] | None = None) -> dict:
     """Measure every reader and setting on the dataset in ``root``; the report as a JSON-able dict."""
     opts.validate()
     manifest = read_manifest(root)
-    if opts.device == "gpu" and not _cuda_visible():
+    requested = opts.device
+    if opts.device == "auto":
+        opts = replace(opts, device="gpu" if _cuda_visible() else "cpu")
+    elif opts.device == "gpu" and not _cuda_visible():
         raise BenchError("--device gpu: no CUDA device is visible to this process")
     notes: list[str] = []
     readers = select_readers(manifest, opts, notes)
@@ -457,27 +523,47 @@ def run_bench(root: str | os.PathLike, opts: BenchOptions, progress: Callable[[s
                 row.update(pin_memory=_pin(opts), persistent_workers=bool(setting.workers and opts.persistent_workers),
                            prefetch_factor=opts.prefetch_factor if setting.workers else None)
             else:
-                row.update(device=opts.device, prefetch_queue_depth=opts.prefetch_factor)
+                row.update(prefetch_queue_depth=opts.prefetch_factor)
             try:
-                row.update(measure(reader.make(str(manifest.root), manifest, setting, opts), opts))
+                row.update(measure(reader.make(str(manifest.root), manifest, setting, opts), opts,
+                                   setting.batch_size))
             except Exception as exc:  # one failing setting is a row with its reason; the sweep goes on
                 row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             results.append(row)
     measured = [r for r in results if "error" not in r]
+    warnings += _epoch_warnings(measured, opts)
     if not measured:
         raise BenchError(f"every setting failed; first: {results[0]['reader']}: {results[0]['error']}")
     best = max(measured, key=lambda r: r["samples_per_s"] or 0.0)
     data_bound = None if opts.compute_ms <= 0 else best["wait_share"] >= DATA_BOUND_SHARE
     report = {"dataset": str(manifest.root), "modality": manifest.modality, "format": manifest.format,
-              "usable_cpus": cpus, "options": {**asdict(opts), "pin_memory": _pin(opts)},
+              "usable_cpus": cpus,
+              "options": {**asdict(opts), "pin_memory": _pin(opts), "device_requested": requested},
               "results": results, "best": best, "data_bound": data_bound,
               "recommendation": recommendation(best, results, opts), "warnings": warnings, "notes": notes}
     return report
 
 
+def _epoch_warnings(rows: list[dict], opts: BenchOptions) -> list[str]:
+    """A warning when measured steps crossed an epoch boundary (its restart is measured as data wait)."""
+    crossed = [r for r in rows if r.get("epochs_started")]
+    if not crossed:
+        return []
+    text = (f"{len(crossed)} setting(s) ran past the end of an epoch during the {opts.steps} measured steps "
+            f"(e.g. {_describe(crossed[0])}): the epoch restart counts as data wait")
+    if any(r["kind"] == "dataloader" and r["workers"] and not r.get("persistent_workers") for r in crossed):
+        text += ", including DataLoader worker start-up (--no-persistent-workers)"
+    return [text + "; use fewer --warmup/--steps or a larger dataset for steady-state numbers"]
+
+
+def _label(row: dict) -> str:
+    if row["kind"] == "dataloader":
+        return f"workers={row['workers']}"
+    return f"threads={row['threads']}" + (" gpu" if row.get("device") == "gpu" else "")
+
+
 def _describe(row: dict) -> str:
-    label = f"workers={row['workers']}" if row["kind"] == "dataloader" else f"threads={row['threads']}"
-    return f"{row['reader']} {label} batch={row['batch_size']}"
+    return f"{row['reader']} {_label(row)} batch={row['batch_size']}"
 
 
 def recommendation(best: dict, results: list[dict], opts: BenchOptions) -> str:
@@ -510,7 +596,7 @@ def format_table(report: dict) -> str:
     head = ["reader", "setting", "batch", "samples/s", "wait ms/step", "wait %", "GPU util <="]
     rows, errors = [], []
     for r in report["results"]:
-        setting = f"workers={r['workers']}" if r["kind"] == "dataloader" else f"threads={r['threads']}"
+        setting = _label(r)
         if "error" in r:
             rows.append([" " + r["reader"], setting, str(r["batch_size"]), "failed", "-", "-", "-"])
             errors.append(f"{r['reader']} {setting} batch={r['batch_size']}: {r['error']}")

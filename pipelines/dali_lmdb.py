@@ -10,7 +10,8 @@ Each pipeline (``shard_id`` of ``num_shards``) reads a contiguous, balanced rang
 samples; with ``random_shuffle`` the range is read in a fresh permutation every epoch (seed +
 epoch). An epoch ends with the range: the source raises StopIteration and ``pipe.reset()``
 (or the DALI iterator) starts the next one. The last batch is partial unless ``pad_last_batch``
-(it repeats the range's last sample).
+(it repeats the range's last sample) or ``drop_last`` (the epoch ends before a short batch: every
+batch holds exactly ``batch_size`` samples; a range smaller than one batch yields none).
 """
 
 from __future__ import annotations
@@ -30,12 +31,16 @@ class LmdbBatchSource:
     """A batch callable for ``fn.external_source``: ([encoded images], [labels]) per call."""
 
     def __init__(self, path: str, count: int, batch_size: int, shard_id: int = 0, num_shards: int = 1,
-                 random_shuffle: bool = False, seed: int = 0, pad_last_batch: bool = False) -> None:
+                 random_shuffle: bool = False, seed: int = 0, pad_last_batch: bool = False,
+                 drop_last: bool = False) -> None:
         if num_shards < 1 or not 0 <= shard_id < num_shards:
             raise ValueError(f"shard {shard_id} of {num_shards} is not valid")
+        if pad_last_batch and drop_last:
+            raise ValueError("pad_last_batch and drop_last exclude each other")
         self.reader = LmdbReader(path, count)
         self.start, self.stop = count * shard_id // num_shards, count * (shard_id + 1) // num_shards
         self.batch_size, self.random_shuffle, self.seed, self.pad = batch_size, random_shuffle, seed, pad_last_batch
+        self.drop_last = drop_last
         self.epoch = -1
         self._order: list[int] = []
         self._pos = 0
@@ -52,7 +57,8 @@ class LmdbBatchSource:
         self._pos = 0
 
     def __call__(self):
-        if self._pos >= len(self._order):
+        left = len(self._order) - self._pos
+        if left <= 0 or (self.drop_last and left < self.batch_size):
             self._new_epoch()
             raise StopIteration
         indices = self._order[self._pos:self._pos + self.batch_size]
@@ -70,8 +76,12 @@ class LmdbBatchSource:
 def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: int = 4,
                         device_id: int | None = None, shard_id: int = 0, num_shards: int = 1,
                         size: int | None = 224, random_shuffle: bool = False, seed: int = 0,
-                        normalize: bool = True, pad_last_batch: bool = False, prefetch_queue_depth: int = 2):
+                        normalize: bool = True, pad_last_batch: bool = False, prefetch_queue_depth: int = 2,
+                        drop_last: bool = False):
     """A built DALI pipeline with outputs ``images`` and ``labels`` (int32, -1 when unlabeled).
+
+    ``drop_last``: an epoch ends before a short last batch (every batch is full); ``pad_last_batch``:
+    the short last batch is filled with the range's last sample; neither: it is short.
 
     ``size`` given: resize the shorter side to ``size`` and center-crop ``size`` x ``size``, then
     (``normalize``) float CHW with ImageNet mean/std, else uint8 HWC; ``size=None``: decoded
@@ -81,7 +91,8 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
     from nvidia.dali.pipeline import Pipeline
 
     _, path, count = open_lmdb_dataset(root)
-    source = LmdbBatchSource(path, count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch)
+    source = LmdbBatchSource(path, count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
+                             drop_last)
     gpu = device_id is not None
     pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                     prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True)

@@ -121,14 +121,25 @@ class LmdbImageDataset(Dataset):
         return image, label
 
 
-def resize_to_tensor(size: int = 224) -> Callable:
-    """A transform: resize (shorter side, bilinear) + center crop to ``size``, then a uint8 CHW tensor."""
+class ResizeToTensor:
+    """Resize (shorter side, bilinear) + center crop to ``size``, then a uint8 CHW tensor.
 
-    def transform(image):
+    A plain class (not a closure), so it pickles into DataLoader workers under any start method
+    (fork, spawn, forkserver).
+    """
+
+    def __init__(self, size: int = 224) -> None:
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"ResizeToTensor(size={self.size})"
+
+    def __call__(self, image):
         import numpy as np
         import torch
         from PIL import Image
 
+        size = self.size
         w, h = image.size
         scale = size / min(w, h)
         image = image.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
@@ -137,4 +148,7 @@ def resize_to_tensor(size: int = 224) -> Callable:
         image = image.crop((left, top, left + size, top + size))
         return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
 
-    return transform
+
+def resize_to_tensor(size: int = 224) -> ResizeToTensor:
+    """A transform: resize (shorter side, bilinear) + center crop to ``size``, then a uint8 CHW tensor."""
+    return ResizeToTensor(size)

@@ -34,7 +34,8 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 @click.option("--threads", default="2,4", show_default=True, help="DALI num_threads to sweep.")
 @click.option("--batch-size", default="64", show_default=True, help="Batch size(s) to sweep, e.g. 32,64.")
 @click.option("--pin-memory/--no-pin-memory", default=None, help="DataLoader pin_memory (default: when CUDA is up).")
-@click.option("--persistent-workers/--no-persistent-workers", default=False, show_default=True)
+@click.option("--persistent-workers/--no-persistent-workers", default=True, show_default=True,
+              help="Keep DataLoader workers across epochs (off: each epoch's worker start-up is measured as wait).")
 @click.option("--prefetch-factor", type=int, default=2, show_default=True,
               help="DataLoader batches prefetched per worker; DALI prefetch_queue_depth.")
 @click.option("--compute-ms", type=float, default=0.0, show_default=True,
@@ -42,8 +43,9 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 @click.option("--compute-mode", type=click.Choice(["sleep", "busy"]), default="sleep", show_default=True,
               help="sleep: a GPU-bound step; busy: the step keeps one CPU core busy.")
 @click.option("--reader", "readers", default="", help="Only these readers, e.g. torch or dali (default: all).")
-@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
-              help="gpu: DALI decodes on device 0 (mixed), DataLoader batches are copied to cuda:0.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True,
+              help="gpu: DALI decodes on device 0 (mixed; its CPU decode is measured too), batches are "
+                   "copied to cuda:0. auto: gpu when CUDA is visible, else cpu.")
 @click.option("--size", type=int, default=224, show_default=True, help="Images: decode + resize/crop to this.")
 @click.option("--seq-len", type=int, default=1024, show_default=True, help="Text: tokens per sequence.")
 @click.option("--clip-frames", type=int, default=8, show_default=True, help="Video: frames per clip.")

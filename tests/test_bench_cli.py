@@ -128,3 +128,61 @@ def test_cli_import_stays_light():
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def small_lmdb(tmp_path, name: str, per_class: int, classes: int):
+    from tests.tools.photos import make_photo_tree
+
+    make_photo_tree(tmp_path / f"{name}-src", per_class=per_class, classes=classes, seed=5, min_side=40, max_side=64)
+    run_repack("images", tmp_path / f"{name}-src", tmp_path / name, "--to", "lmdb", "--quiet")
+    return tmp_path / name
+
+
+def test_partial_batches_are_never_steps_and_epoch_crossing_is_flagged(tmp_path):
+    import torch
+
+    out = small_lmdb(tmp_path, "ten", per_class=5, classes=2)  # 10 samples: 2 full batches of 4, then 2 left
+    report = bench_json(out, "--steps", "3", "--warmup", "1", "--batch-size", "4", "--workers", "0,1",
+                        "--threads", "1")
+    rows = report["results"]
+    assert sorted((r["reader"], r["workers"], r["threads"]) for r in rows) == [
+        ("dali", None, 1), ("torch", 0, None), ("torch", 1, None)]
+    for row in rows:
+        assert "error" not in row, row
+        assert row["samples"] == row["steps"] * row["batch_size"] == 12
+        assert row["epochs_started"] >= 1  # 4 batches from 2-batch epochs
+    assert [r["persistent_workers"] for r in rows if r["reader"] == "torch"] == [False, True]  # the default
+    assert any("ran past the end of an epoch" in w for w in report["warnings"])
+    assert report["options"]["device_requested"] == "auto"
+    assert report["options"]["device"] == ("gpu" if torch.cuda.is_available() else "cpu")
+
+    tiny = small_lmdb(tmp_path, "one", per_class=1, classes=1)  # 1 sample at batch 64: no row may be "fastest"
+    proc = run_repack("bench", tiny, "--steps", "2", "--warmup", "0", "--batch-size", "64", "--workers", "0",
+                      "--threads", "1", check=False)
+    assert proc.returncode == 2 and "every setting failed" in proc.stderr and "fastest" not in proc.stdout
+    assert "less than one full batch" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_short_batch_fails_the_step_loop(tmp_path):
+    from pipelines.bench import BenchError, _dali_iterator, measure
+    from pipelines.dali_lmdb import build_lmdb_pipeline
+
+    out = small_lmdb(tmp_path, "ten", per_class=5, classes=2)
+    pipe = build_lmdb_pipeline(out, batch_size=4, num_threads=1, size=32)  # without drop_last: 4, 4, 2
+    with pytest.raises(BenchError, match="batch of 2 samples, not 4"):
+        measure(_dali_iterator(pipe, ["images", "labels"], None), BenchOptions(steps=3, warmup=0), 4)
+
+
+def test_gpu_runs_measure_dali_on_both_devices():
+    from pipelines.bench import READERS, settings_for
+
+    image_dali = READERS[("images", "lmdb")][1]
+    video_dali = READERS[("video", "videos")][1]
+    gpu = BenchOptions(device="gpu", threads=(2,), batch_sizes=(32,))
+    assert [(s.device, s.label()) for s in settings_for(image_dali, gpu)] == [("gpu", "threads=2 gpu"),
+                                                                            ("cpu", "threads=2")]
+    assert [s.device for s in settings_for(video_dali, gpu)] == ["gpu"]
+    assert [s.device for s in settings_for(image_dali, BenchOptions(device="cpu", threads=(2,)))] == ["cpu"]
+    assert BenchOptions().device == "auto" and BenchOptions().persistent_workers
+    helptext = run_repack("bench", "--help").stdout
+    assert "[default: auto]" in helptext and "--no-persistent-workers" in helptext

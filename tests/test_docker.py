@@ -62,3 +62,38 @@ def test_pinned_requirements_cover_pyproject():
     for dep in project["dependencies"] + project["optional-dependencies"]["ray"]:
         name = re.split(r"[<>=\[ ]", dep, maxsplit=1)[0].lower()
         assert name in pinned and pinned[name], f"{name} is not pinned for the container images"
+
+
+def pins(name: str) -> dict[str, str]:
+    """docker/<name>: {distribution name (lower case, no extras): pinned version}."""
+    out = {}
+    for line in (ROOT / "docker" / name).read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            pkg, sep, version = line.strip().partition("==")
+            assert sep and version, f"{name}: {line!r} is not pinned with =="
+            out[re.sub(r"\[.*\]", "", pkg).lower()] = version
+    return out
+
+
+def installed(dist: str) -> str:
+    """The installed version without its local label (torch 2.13.0+cpu -> 2.13.0)."""
+    from importlib.metadata import version
+
+    return version(dist).split("+", 1)[0]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "docker").glob("requirements*.txt")))
+def test_every_pin_is_the_tested_version(name):
+    """The images install exactly what the test environment (.venv, from the Makefile) runs."""
+    for dist, version in pins(name).items():
+        assert installed(dist) == version, f"{name}: {dist}=={version}, tested with {installed(dist)}"
+
+
+def test_gpu_torch_pin_matches_the_makefile_and_the_extras_are_in_the_images():
+    makefile = re.findall(r"torch==([\w.]+)", (ROOT / "Makefile").read_text())
+    gpu = re.findall(r"torch==([\w.]+)", (ROOT / "docker" / "Dockerfile.gpu").read_text())
+    assert makefile and gpu and set(gpu) == set(makefile) == {installed("torch")}
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {key: {re.split(r"[<>=\[ ]", dep, maxsplit=1)[0].lower() for dep in deps} for key, deps in extras.items()}
+    assert names["text"] <= set(pins("requirements.txt"))  # repack text reads .parquet/.zst in the producer image
+    assert names["pipelines"] - {"torch"} <= set(pins("requirements-gpu.txt"))

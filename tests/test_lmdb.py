@@ -188,3 +188,38 @@ def test_dali_reader_cpu(packed):
             labels = np.concatenate([np.asarray(b[1].as_array()) for b in batches]).tolist()
             assert labels == expected[18 * shard_id:18 * (shard_id + 1)]
             assert all(b[0].as_array().shape[1:] == (3, 32, 32) for b in batches)
+
+
+def test_dali_source_drop_last_ends_the_epoch_before_a_short_batch(packed):
+    from pipelines.dali_lmdb import LmdbBatchSource
+    from pipelines.torch_lmdb import open_lmdb_dataset
+
+    _, path, count = open_lmdb_dataset(packed)
+    assert count % 8 == 4  # 36 samples: 4 full batches of 8, then 4 left
+    for drop_last, sizes in ((True, [8, 8, 8, 8]), (False, [8, 8, 8, 8, 4])):
+        source = LmdbBatchSource(path, count, 8, random_shuffle=True, seed=1, drop_last=drop_last)
+        for _epoch in range(2):
+            got = []
+            while True:
+                try:
+                    got.append(source()[1])
+                except StopIteration:
+                    break
+            assert [len(labels) for labels in got] == sizes
+    small = LmdbBatchSource(path, count, 64, drop_last=True)  # less than one batch: no batch at all
+    with pytest.raises(StopIteration):
+        small()
+    with pytest.raises(ValueError, match="exclude"):
+        LmdbBatchSource(path, count, 8, pad_last_batch=True, drop_last=True)
+
+
+def test_torch_reader_transform_pickles_for_spawned_workers(packed):
+    from pipelines.torch_lmdb import LmdbImageDataset, ResizeToTensor, resize_to_tensor
+
+    ds = torch.utils.data.Subset(LmdbImageDataset(packed, transform=resize_to_tensor(16)), range(4))
+    assert isinstance(ds.dataset.transform, ResizeToTensor)
+    loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context="spawn")
+    batches = list(loader)
+    assert [tuple(images.shape) for images, _ in batches] == [(2, 3, 16, 16)] * 2
+    expected = torch.stack([ds[i][0] for i in range(4)])
+    assert torch.equal(torch.cat([images for images, _ in batches]), expected)

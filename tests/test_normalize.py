@@ -172,3 +172,39 @@ def test_cli_normalize_counts_conversions(tmp_path):
     assert meta["source_width"] == 512 and meta["width"] == 256 and meta["normalized"] == ["longer side > max_side"]
     inspect = run_repack("inspect", out).stdout
     assert "normalize: 2 converted, 1 passed through unchanged" in inspect
+
+
+def uniform_gray(value: int, fmt: str) -> bytes:
+    """A 16x16 image of one value: a 16-bit PNG (mode I;16) or a 32-bit integer TIFF (mode I)."""
+    if fmt == "PNG":
+        image = Image.fromarray(np.full((16, 16), value, np.uint16))
+        assert image.mode == "I;16"
+    else:
+        image = Image.fromarray(np.full((16, 16), value, np.int32), "I")
+    data = encode(image, fmt)
+    assert Image.open(io.BytesIO(data)).mode == ("I;16" if fmt == "PNG" else "I")
+    return data
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "TIFF"])
+def test_sixteen_bit_scaling_is_fixed_not_by_the_image_maximum(fmt):
+    """200 and 1000 are dark 16-bit values: >> 8 gives 0 and 3 in every image, whatever its maximum."""
+    cases = [(200, 0), (1000, 3), (40000, 156), (65535, 255)]
+    if fmt == "TIFF":  # mode I is clamped to the 16-bit range first
+        cases += [(-5, 0), (70000, 255)]
+    for value, expected in cases:
+        result = normalize_image(uniform_gray(value, fmt), NormalizeOptions())
+        out = np.asarray(assert_conforming(result.data).convert("L"), np.int16)
+        assert np.abs(out - expected).max() <= 1, (value, out.min(), out.max())
+
+
+def test_source_size_is_in_displayed_orientation():
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored 120x90, displayed 90x120
+    data = encode(PHOTO, "JPEG", quality=90, exif=exif.tobytes())
+    result = normalize_image(data, NormalizeOptions())
+    assert result.source_size == (result.width, result.height) == (90, 120)
+    smaller = normalize_image(data, NormalizeOptions(max_side=60))
+    assert smaller.source_size == (90, 120) and (smaller.width, smaller.height) == (45, 60)
+    plain = normalize_image(encode(PHOTO, "PNG"), NormalizeOptions())
+    assert plain.source_size == (plain.width, plain.height) == (120, 90)

@@ -5,10 +5,13 @@ chroma subsampling, no EXIF orientation other than 1, and no side longer than ``
 Conforming inputs pass through byte-for-byte (no generation loss). Everything else is
 decoded and re-encoded:
 
-- mode: 16-bit (I;16*, I) is scaled to 8 bits (not clipped); transparency (RGBA, LA, P with a
-  transparent colour) is composited over white; L, CMYK, YCbCr-less, palette -> RGB;
+- mode: 16-bit (I;16*, I) is scaled to 8 bits by a fixed shift, never by the image's own range:
+  I;16* (16-bit PNG/TIFF) ``>> 8``; 32-bit I (TIFF, older Pillow's 16-bit PNG) clamped to 0..65535
+  then ``>> 8``; transparency (RGBA, LA, P with a transparent colour) is composited over white;
+  L, CMYK, YCbCr-less, palette -> RGB;
 - animation (GIF, WebP): the first frame;
-- EXIF orientation is applied to the pixels; EXIF is not copied (so the tag is gone);
+- EXIF orientation is applied to the pixels; EXIF is not copied (so the tag is gone); the source
+  size is reported as displayed (after the orientation's transpose), like the output size;
 - ``max_side``: the longer side is reduced to ``max_side`` (aspect kept, never upscaled):
   JPEG DCT-domain draft to >= 2x the target, then Lanczos with an integer reduce() first when
   the factor allows (reducing_gap 2, as Pillow's thumbnail);
@@ -24,6 +27,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image, ImageOps
 
 from repack.transforms.image_check import BadImage, ImageInfo, inspect_image
@@ -123,12 +127,36 @@ def nonconformity(data: bytes, info: ImageInfo, image: Image.Image, max_side: in
     return reasons
 
 
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+
+
+def to_8bit(image: Image.Image) -> np.ndarray:
+    """A 16-bit (I;16*) or 32-bit integer (I) grayscale image as uint8, by a fixed ``>> 8``.
+
+    The scale depends on the mode only (an all-1000 image becomes 3 whatever else it holds);
+    mode I is clamped to 0..65535 first.
+    """
+    values = np.asarray(image)
+    if image.mode == "I":
+        values = np.clip(values, 0, 65535)
+    return (values.astype(np.uint32) >> 8).astype(np.uint8)
+
+
+def _displayed_size(width: int, height: int, image: Image.Image) -> tuple[int, int]:
+    """(width, height) as displayed: swapped when the image's EXIF orientation transposes it."""
+    try:
+        orientation = image.getexif().get(ORIENTATION_TAG, 1)
+    except Exception:  # noqa: BLE001 - as in nonconformity: a broken EXIF block is ignored
+        orientation = 1
+    return (height, width) if orientation in TRANSPOSING_ORIENTATIONS else (width, height)
+
+
 def _to_rgb(image: Image.Image) -> Image.Image:
     """Any Pillow mode -> 8-bit RGB (16-bit scaled, transparency over white)."""
     mode = image.mode
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-        scale = 1 / 256 if mode != "I" or image.getextrema()[1] > 255 else 1.0
-        image = image.convert("I").point(lambda v: v * scale).convert("L")
+    if mode in SIXTEEN_BIT_MODES or mode == "I":
+        image = Image.fromarray(to_8bit(image), "L")
         mode = "L"
     if mode == "F":
         image = image.convert("L")
@@ -171,7 +199,10 @@ def normalize_image(data: bytes, options: NormalizeOptions, verify: str = "decod
             image.draft(None, (target[0] * 2, target[1] * 2))
         icc = image.info.get("icc_profile") if image.mode == "RGB" else None
         image.load()
-        image = ImageOps.exif_transpose(image) if "EXIF orientation" in reasons else image
+        source_size = (info.width, info.height)
+        if "EXIF orientation" in reasons:
+            source_size = _displayed_size(info.width, info.height, image)
+            image = ImageOps.exif_transpose(image)
         rgb = _to_rgb(image)
         if target is not None:
             final = _target_size(*rgb.size, options.max_side)  # from the (drafted) decoded size
@@ -187,4 +218,4 @@ def normalize_image(data: bytes, options: NormalizeOptions, verify: str = "decod
     except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
         raise BadImage(f"cannot decode {info.ext.upper()}: {str(exc) or type(exc).__name__}") from None
     return Normalized(out.getvalue(), "jpg", rgb.size[0], rgb.size[1], tuple(dict.fromkeys(reasons)),
-                      (info.width, info.height))
+                      source_size)
