@@ -42,3 +42,19 @@ def packed_photos(photo_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("packed") / "out"
     run_repack("images", photo_tree, out, "--shard-size", "25", "--quiet")
     return out
+
+
+def kill_after_records(args: list, out: Path, records: int, timeout: float = 60) -> None:
+    """Start `repack ARGS`, SIGKILL it once OUT holds ``records`` task records (or it ended)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "repack", *map(str, args)], cwd=ROOT)
+    tasks = Path(out) / ".repack" / "tasks"
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if tasks.exists() and len(list(tasks.glob("*.json"))) >= records:
+            break
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()

@@ -8,11 +8,9 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from PIL import Image
 
 from repack.sinks.tar_format import iter_members
 from repack.transforms.image_check import BadImage, inspect_image
-from tests.conftest import ROOT, read_manifest_json, run_repack
+from tests.conftest import kill_after_records, read_manifest_json, run_repack
 from tests.tools.photos import load_photos
 
 WDS2IDX = Path(sys.executable).with_name("wds2idx")
@@ -225,16 +223,8 @@ def test_resume_after_kill_is_byte_identical(photo_tree, tmp_path):
     run_repack("images", photo_tree, reference, "--shard-size", "4", "--workers", "1", "--quiet")
     for kill_after in (1, 7, 19):
         out = tmp_path / f"killed{kill_after}"
-        proc = subprocess.Popen([sys.executable, "-m", "repack", "images", str(photo_tree), str(out),
-                                 "--shard-size", "4", "--workers", "1", "--quiet"], cwd=ROOT)
-        records = out / ".repack" / "tasks"
-        deadline = time.time() + 60
-        while time.time() < deadline and proc.poll() is None:
-            if records.exists() and len(list(records.glob("*.json"))) >= kill_after:
-                break
-            time.sleep(0.002)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill_after_records(["images", photo_tree, out, "--shard-size", "4", "--workers", "1", "--quiet"], out,
+                           kill_after)
         assert not (out / "manifest.json").exists() or kill_after >= 30
         resumed = run_repack("images", photo_tree, out, "--shard-size", "4", "--workers", "1")
         assert "resumed" in resumed.stdout

@@ -4,10 +4,6 @@ map growth, partitions + merge, and the PyTorch and DALI (CPU) readers."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import lmdb
@@ -16,7 +12,7 @@ import pytest
 import torch
 
 from repack.sinks.lmdb_sink import LmdbCollector, PartWriter
-from tests.conftest import ROOT, read_manifest_json, run_repack
+from tests.conftest import kill_after_records, read_manifest_json, run_repack
 from tests.tools.photos import make_photo_tree
 
 ARGS = ("--to", "lmdb", "--shard-size", "3")
@@ -101,16 +97,7 @@ def test_deterministic_across_workers_and_resume_after_kill(tree, packed, tmp_pa
     assert without_run(single) == without_run(packed)
     for kill_after in (1, 6):
         out = tmp_path / f"killed{kill_after}"
-        proc = subprocess.Popen([sys.executable, "-m", "repack", "images", str(tree), str(out), *ARGS,
-                                 "--workers", "2", "--quiet"], cwd=ROOT)
-        records = out / ".repack" / "tasks"
-        deadline = time.time() + 60
-        while time.time() < deadline and proc.poll() is None:
-            if records.exists() and len(list(records.glob("*.json"))) >= kill_after:
-                break
-            time.sleep(0.002)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill_after_records(["images", tree, out, *ARGS, "--workers", "2", "--quiet"], out, kill_after)
         resumed = run_repack("images", tree, out, *ARGS, "--workers", "2")
         assert "done" in resumed.stdout
         assert (out / "data.lmdb").read_bytes() == (packed / "data.lmdb").read_bytes()
