@@ -9,11 +9,18 @@ pipelines.torch_video. ``resize=(h, w)`` makes a batch uniform when videos diffe
 ``reader="legacy"`` (default) is ``fn.readers.video`` (GPU only: DALI's PyPI FFmpeg has no
 software H.264/HEVC decoder); ``reader="experimental"`` is ``fn.experimental.readers.video``,
 which also runs on the CPU for VP8/VP9/MJPEG (used by the CI tests).
+
+Labels: the class index, ``-1`` (``UNLABELED``) for a video without a class, as in
+pipelines.torch_video (DALI accepts negative values in ``labels=``; only its ``file_list``
+rejects them, which is why OUT/file_list.txt writes 0 there). Files are passed as absolute
+paths from the manifest, confined to OUT (``safe_join``), not through OUT/file_list.txt: DALI
+forbids ``file_root`` with ``file_list`` and resolves file_list paths against the working
+directory.
 """
 
 from __future__ import annotations
 
-from pipelines.torch_video import manifest_videos
+from pipelines.torch_video import UNLABELED, manifest_videos
 
 READER_NAME = "VideoReader"
 
@@ -21,7 +28,8 @@ READER_NAME = "VideoReader"
 def video_inputs(root) -> tuple[list[str], list[int]]:
     """(absolute file paths, class indices) of the manifest's videos, in manifest order."""
     entries, manifest = manifest_videos(root)
-    return [str(manifest.path(e["path"])) for e in entries], [int(e.get("cls") or 0) for e in entries]
+    return ([str(manifest.path(e["path"])) for e in entries],
+            [int(e["cls"]) if e.get("cls") is not None else UNLABELED for e in entries])
 
 
 def build_video_pipeline(root, *, sequence_length: int, batch_size: int, stride: int = 1, step: int = -1,

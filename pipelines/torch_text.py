@@ -151,21 +151,29 @@ class PackedTokenDataset(Dataset):
         self.shuffle, self.seed, self.rank, self.world_size, self.dtype = shuffle, seed, rank, world_size, dtype
         self.num_windows = max(0, (self.data.num_tokens - 1) // seq_len)
         self.per_rank = self.num_windows // world_size  # equal counts on every rank (tail dropped)
-        self.epoch = 0
+        # the epoch lives in shared memory: DataLoader workers (persistent ones included) hold a
+        # copy of the dataset made when they started, and still see set_epoch()
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self._order: np.ndarray | None = None
+        self._order_epoch: int | None = None
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.item())
 
     def set_epoch(self, epoch: int) -> None:
-        """Reshuffle deterministically for ``epoch`` (same on every rank)."""
-        self.epoch = epoch
-        self._order = None
+        """Reshuffle deterministically for ``epoch`` (same on every rank and in every worker,
+        also with ``persistent_workers=True``)."""
+        self._epoch.fill_(int(epoch))
 
     def window_ids(self) -> np.ndarray:
         """The global window numbers this rank reads, in order, for the current epoch."""
-        if self._order is None:
+        epoch = self.epoch
+        if self._order is None or self._order_epoch != epoch:
             total = self.per_rank * self.world_size
-            order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.num_windows)[:total]
+            order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)[:total]
                      if self.shuffle else np.arange(total))
-            self._order = order[self.rank::self.world_size]
+            self._order, self._order_epoch = order[self.rank::self.world_size], epoch
         return self._order
 
     def __len__(self) -> int:

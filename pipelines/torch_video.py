@@ -6,7 +6,9 @@ Sampling follows DALI's ``fn.readers.video``: a clip is ``sequence_length`` fram
 count decoded frames from 0, located through the constant frame rate repack guarantees.
 
 DataLoader-worker safe: the dataset holds only paths and integers; each ``__getitem__`` opens
-its own container. Items: ``(frames uint8 tensor (F, H, W, 3), label int)``.
+its own container. Items: ``(frames uint8 tensor (F, H, W, 3), label int)``; the label is
+``-1`` (``UNLABELED``) for a video without a class, as in pipelines.dali_video. A clip whose
+frames cannot be decoded raises RuntimeError naming the file.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from repack.manifest import read_manifest
+
+UNLABELED = -1  # the label of a video without a class (both readers)
 
 
 def manifest_videos(root) -> tuple[list[dict], object]:
@@ -41,7 +45,7 @@ class VideoClipDataset:
             raise ValueError("sequence_length and stride must be >= 1")
         entries, manifest = manifest_videos(root)
         self.paths = [str(manifest.path(e["path"])) for e in entries]
-        self.labels = [int(e["cls"]) if e.get("cls") is not None else -1 for e in entries]
+        self.labels = [int(e["cls"]) if e.get("cls") is not None else UNLABELED for e in entries]
         self.sequence_length, self.stride, self.transform = sequence_length, stride, transform
         index = [(v, s) for v, e in enumerate(entries)
                  for s in clip_starts(int(e["frames"]), sequence_length, stride, step)]
@@ -79,7 +83,8 @@ class VideoClipDataset:
                     break
         missing = [n for n in wanted if n not in got]
         if missing:
-            raise IndexError(f"{self.paths[video]}: frames {missing} could not be decoded")
+            # not IndexError: that would silently end a plain ``for clip in dataset`` loop
+            raise RuntimeError(f"{self.paths[video]}: frames {missing} could not be decoded")
         clip = torch.from_numpy(np.stack([got[n] for n in wanted]))
         if self.transform is not None:
             clip = self.transform(clip)

@@ -29,7 +29,8 @@ from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
 @click.option("--crf", type=int, default=18, show_default=True, help="x264 quality (lower = better, bigger).")
 @click.option("--preset", default="fast", show_default=True, help="x264 preset.")
 @click.option("--gop", type=int, default=None, help="Keyframe interval in frames (default: 1 s, capped by --max-gop).")
-@click.option("--max-height", type=int, default=None, help="Scale taller videos down to this height.")
+@click.option("--max-height", type=int, default=None,
+              help="Scale taller videos down to this height (a taller compatible video is transcoded too: too_tall).")
 @click.option("--bframes", type=int, default=0, show_default=True, help="B-frames in transcoded output.")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="ffmpeg threads per transcode (fixed: the output depends on it); the default pool is CPUs/threads.")

@@ -439,3 +439,60 @@ def test_truncated_gzip_keeps_what_was_read(tmp_path, gpt2_dir, docs):
     assert [decode(gpt2_dir, ids[:-1]) for ids in spec_read(tmp_path / "out" / "text_document")["docs"]] == docs[:n]
     (q,) = m["quarantine"]
     assert q["source"] == "cut.jsonl.gz" and q["line"] >= n + 1 and q["reason"].startswith("unreadable after line")
+
+
+def test_folder_symlink_loop_and_repeats_are_read_once(tmp_path, gpt2_dir, docs):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    write_jsonl(src / "a" / "one.jsonl", [{"text": d} for d in docs[:5]])
+    write_jsonl(src / "two.jsonl", [{"text": d} for d in docs[5:8]])
+    (src / "a" / "loop").symlink_to("..")            # a loop back to the source root
+    (src / "z_again").symlink_to("a")               # a second link to a folder already scanned
+    (src / "same.jsonl").symlink_to("two.jsonl")    # a file reached twice
+    run_repack("text", src, tmp_path / "out", "--tokenizer", gpt2_dir)
+    m = read_manifest_json(tmp_path / "out")
+    got = [decode(gpt2_dir, ids[:-1]) for ids in spec_read(tmp_path / "out" / "text_document")["docs"]]
+    assert got == docs[:8] and m["totals"]["files"] == 2
+    reasons = {q["source"]: q["reason"] for q in m["quarantine"]}
+    assert set(reasons) == {"a/loop", "z_again", "two.jsonl"}
+    assert "symlink loop" in reasons["a/loop"] and "already scanned as a" in reasons["z_again"]
+    assert "same file as same.jsonl" in reasons["two.jsonl"]
+
+    listing = tmp_path / "files.txt"
+    listing.write_text("src/a/one.jsonl\nsrc/two.jsonl\nsrc/a/one.jsonl\n")
+    run_repack("text", listing, tmp_path / "listed", "--list", "--tokenizer", gpt2_dir)
+    m = read_manifest_json(tmp_path / "listed")
+    assert m["totals"]["documents"] == 8
+    assert [(q["source"], "read once" in q["reason"]) for q in m["quarantine"]] == [("src/a/one.jsonl", True)]
+
+
+def test_no_merge_removes_empty_parts(tmp_path, gpt2_dir, docs):
+    src = tmp_path / "src"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", [{"text": d} for d in docs[:10]])
+    write_jsonl(src / "b.jsonl", [b"{broken line, padding padding padding\n"] * 400)  # whole chunks: no document
+    out = tmp_path / "out"
+    run_repack("text", src, out, "--tokenizer", gpt2_dir, "--no-merge", "--chunk-bytes", "4KB")
+    m = read_manifest_json(out)
+    assert m["totals"]["parts"] > len(m["prefixes"]) >= 1 and m["totals"]["quarantined"] == 400
+    listed = {s[k] for s in m["shards"] for k in ("path", "index")}
+    on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.suffix in (".bin", ".idx")
+               and ".repack" not in p.parts}
+    assert on_disk == listed
+    again = run_repack("text", src, out, "--tokenizer", gpt2_dir, "--no-merge", "--chunk-bytes", "4KB")
+    assert "nothing to do" in again.stdout and read_manifest_json(out)["shards"] == m["shards"]
+
+
+def test_eos_is_never_a_plain_vocabulary_entry(tmp_path, docs):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "</s>": 1, "the": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "wordlevel"
+    write_tokenizer(tok, folder)
+    src = tmp_path / "in.jsonl"
+    write_jsonl(src, [{"text": "the the"}])
+    proc = run_repack("text", src, tmp_path / "out", "--tokenizer", folder, check=False)
+    assert proc.returncode == 2 and "--eos-token" in proc.stderr and "special tokens" in proc.stderr
+    run_repack("text", src, tmp_path / "named", "--tokenizer", folder, "--eos-token", "</s>")
+    assert spec_read(tmp_path / "named" / "text_document")["docs"] == [[2, 2, 1]]

@@ -110,3 +110,18 @@ def test_truncation_and_rank_split(corpus):
 def test_reader_refuses_other_formats(packed_photos):
     with pytest.raises(ValueError, match="not a token memmap"):
         DocumentDataset(packed_photos)
+
+
+def test_set_epoch_reaches_persistent_workers(corpus):
+    stream = corpus["stream"]
+    ds = PackedTokenDataset(corpus["merged"], SEQ, seed=3)
+    loader = DataLoader(ds, batch_size=16, num_workers=2, shuffle=False, persistent_workers=True)
+    orders = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        rows = torch.cat(list(loader)).long().numpy()
+        order = ds.window_ids().tolist()
+        for w, row in zip(order, rows):  # what the (persistent) workers served is this epoch's order
+            assert np.array_equal(row, stream[w * SEQ: w * SEQ + SEQ + 1])
+        orders.append(order)
+    assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])

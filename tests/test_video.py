@@ -4,17 +4,23 @@ determinism, webdataset packing and failure modes. Real ffmpeg/ffprobe throughou
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from repack.transforms.nvdec_rules import decide
 from repack.transforms.probe import probe_file
-from repack.transforms.transcode import Recipe, build_command, output_geometry, snap_rate
+from repack.transforms.transcode import Recipe, build_command, gop_frames, output_geometry, snap_rate
 from tests.conftest import read_manifest_json, run_repack
-from tests.tools.videos import CLIPS, encoders, make_clips
+from tests.tools.videos import CLIPS, encoders, make_clips, make_index_clip
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
 
@@ -179,3 +185,98 @@ def test_recipe_command_is_an_argument_list():
 
 def test_encoders_listed():
     assert "libx264" in encoders()
+
+
+def _mjpeg(path: Path, frames: int = 6, size=(96, 64)) -> None:
+    make_index_clip(path, frames, ("-c:v", "mjpeg", "-pix_fmt", "yuvj420p", "-q:v", "5"), size=size)
+
+
+def test_unsafe_names_get_safe_outputs_and_a_dali_file_list(tmp_path, monkeypatch):
+    """Whitespace, newline and non-UTF-8 names: renamed outputs, original source kept, file_list
+    readable by DALI (relative to OUT), and the run finishes."""
+    src = tmp_path / "src"
+    _mjpeg(src / "cls/plain.avi")
+    for name in (b"a b.avi", b"new\nline.avi", b"caf\xe9.avi"):
+        shutil.copy(src / "cls/plain.avi", os.fsdecode(bytes(src / "cls") + b"/" + name))
+    out = tmp_path / "out"
+    run_repack("video", src, out, "--transcode", "--quiet")
+    manifest = read_manifest_json(out)
+    by_source = {e["source"]: e for e in manifest["shards"]}
+    assert set(by_source) == {"cls/plain.avi", "cls/a b.avi", "cls/new\nline.avi", os.fsdecode(b"cls/caf\xe9.avi")}
+    assert by_source["cls/plain.avi"]["path"] == "videos/cls/plain.avi"
+    renamed = sorted(e["path"] for s, e in by_source.items() if s != "cls/plain.avi")
+    assert renamed == ["videos/_renamed/00000000_a_b.avi", "videos/_renamed/00000001_caf.avi",
+                       "videos/_renamed/00000002_new_line.avi"]
+    assert all((out / p).read_bytes() == (src / "cls/plain.avi").read_bytes() for p in renamed)
+    listing = (out / "file_list.txt").read_bytes().decode("utf-8").splitlines()
+    assert sorted(listing) == sorted(f"{e['path']} 0" for e in manifest["shards"])
+    from nvidia.dali import fn, pipeline_def
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None)
+    def from_list():
+        frames, labels = fn.experimental.readers.video(device="cpu", file_list=str(out / "file_list.txt"),
+                                                       sequence_length=2)
+        return frames, labels
+
+    monkeypatch.chdir(out)  # DALI resolves file_list paths against the working directory
+    pipe = from_list()
+    pipe.build()
+    frames, labels = pipe.run()
+    assert len(frames) == 4 and np.asarray(frames[0]).shape == (2, 64, 96, 3)
+
+
+def test_gop_is_capped_and_max_height_applies_to_copies(tmp_path):
+    src = tmp_path / "src"
+    (src / "c").mkdir(parents=True)
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc2=s=160x120:r=25:d=3", "-c:v",
+                    "libx264", "-preset", "ultrafast", "-g", "25", "-bf", "0", "-pix_fmt", "yuv420p",
+                    str(src / "c/tall.mp4")], check=True)
+    _mjpeg(src / "c/small.avi")
+    assert decide(probe_file(str(src / "c/tall.mp4")), "h100", 1.0, max_height=96).codes == ["too_tall"]
+    out = tmp_path / "out"
+    run_repack("video", src, out, "--transcode", "--gop", "50", "--max-height", "96", "--preset", "ultrafast",
+               "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["quarantine"] == []
+    entries = {e["source"]: e for e in manifest["shards"]}
+    tall, small = entries["c/tall.mp4"], entries["c/small.avi"]
+    assert tall["transcoded"] and tall["height"] == 96 and tall["max_gop_s"] <= 1.0 and tall["frames"] == 75
+    assert not small["transcoded"] and small["height"] == 64
+    assert gop_frames(25.0, Recipe(gop=50)) == 25 and gop_frames(25.0, Recipe(gop=10)) == 10
+
+
+def test_truncated_matroska_keeps_declared_duration(video_clips):
+    root, made = video_clips
+    info = probe_file(str(root / "junk/truncated.mkv"))
+    assert info["duration_s"] == pytest.approx(2.0, abs=0.01) and info["span_s"] < 1.8
+    assert decide(info).codes == ["truncated"]
+    whole = probe_file(str(root / "good/vp9.webm")) if "good/vp9.webm" in made else None
+    assert whole is None or decide(whole).decision == "ok"
+
+
+def test_killed_worker_takes_ffmpeg_with_it(tmp_path):
+    """ffmpeg started by run_transcode dies (PR_SET_PDEATHSIG) when its worker is SIGKILLed."""
+    code = ("from repack.transforms.transcode import run_transcode; run_transcode(['ffmpeg', '-nostdin', '-re', "
+            "'-f', 'lavfi', '-i', 'testsrc2=s=64x48:d=60', '-f', 'null', '-'])")
+    worker = subprocess.Popen([sys.executable, "-c", code])
+    children: list[int] = []
+    deadline = time.monotonic() + 20
+    while not children and time.monotonic() < deadline:
+        for task in Path(f"/proc/{worker.pid}/task").iterdir():
+            children += [int(x) for x in (task / "children").read_text().split()]
+        time.sleep(0.05)
+    assert children, "ffmpeg did not start"
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(children[0]):
+        time.sleep(0.05)
+    assert not _alive(children[0])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")

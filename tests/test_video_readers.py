@@ -77,3 +77,30 @@ def test_dali_pipeline_matches_torch_sampling(index_datasets):
             seen.append((int(np.asarray(labels[k]).ravel()[0]), frame_numbers(np.asarray(frames[k]))))
     expected = [(ds[i][1], [float(n) for n in ds.frame_indices(i)]) for i in range(len(ds))]
     assert [(lab, [round(x) for x in nums]) for lab, nums in seen] == [(lab, [round(x) for x in n]) for lab, n in expected]
+
+
+def test_unlabeled_videos_are_minus_one_in_both_readers(tmp_path):
+    from pipelines.dali_video import build_video_pipeline, video_inputs
+
+    make_index_clip(tmp_path / "src/flat.avi", 8, MJPEG, size=(96, 64))  # no class folder: unlabeled
+    out = tmp_path / "out"
+    run_repack("video", tmp_path / "src", out, "--transcode", "--quiet")
+    ds = VideoClipDataset(out, sequence_length=4)
+    assert [ds[i][1] for i in range(len(ds))] == [-1, -1]
+    assert video_inputs(out)[1] == [-1]
+    pipe = build_video_pipeline(out, sequence_length=4, batch_size=2, device="cpu", device_id=None,
+                                reader="experimental", num_threads=1)
+    _, labels = pipe.run()
+    assert [int(np.asarray(labels[k]).ravel()[0]) for k in range(len(labels))] == [-1, -1]
+    assert (out / "file_list.txt").read_text().split() == ["videos/flat.avi", "0"]  # DALI file_list: >= 0
+
+
+def test_undecodable_clip_raises_runtime_error_naming_the_file(tmp_path):
+    make_index_clip(tmp_path / "src/a/v.avi", 30, MJPEG, size=(96, 64))
+    out = tmp_path / "out"
+    run_repack("video", tmp_path / "src", out, "--transcode", "--quiet")
+    ds = VideoClipDataset(out, sequence_length=4, step=8)
+    make_index_clip(out / "videos/a/v.avi", 10, MJPEG, size=(96, 64))  # the file lost its tail since
+    with pytest.raises(RuntimeError, match="videos/a/v.avi"):
+        for _ in ds:  # an IndexError would end this loop silently after 2 clips
+            pass

@@ -235,6 +235,12 @@ class TextJob(Job):
         except (OSError, ValueError):
             return None
 
+    def record_outputs(self, record: dict) -> list[dict]:
+        """With --no-merge an empty part is deleted at finalize (not listed): it has no outputs."""
+        if not self.spec.merge and not record.get("part", {}).get("documents"):
+            return []
+        return super().record_outputs(record)
+
     def outputs_intact(self, record: dict) -> bool:
         """A part is intact on disk, or already merged into the final prefix (parts removed)."""
         if super().outputs_intact(record):
@@ -279,6 +285,10 @@ class TextJob(Job):
                         "tokens": pt["tokens"], "bytes": pt["bytes"], "sha256": pt["sha256"],
                         "index_bytes": pt["index_bytes"], "index_sha256": pt["index_sha256"], "dtype": dtype,
                         "max_token_id": pt["max_token_id"]} for pt in parts if pt["documents"]]
+            for pt in parts:  # an empty part is not a prefix: remove it (its record lists no outputs)
+                if not pt["documents"]:
+                    for key in ("bin", "idx"):
+                        (self.out / pt[key]).unlink(missing_ok=True)
             arrays = [np.asarray(read_index(self.out / e["index"]).lengths) for e in entries]
             lengths = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
         doc_stats, histogram = _token_stats(np.asarray(lengths))

@@ -15,7 +15,19 @@ Outputs of a finished job::
                     transcoded, source); format "webdataset": the tar shards, and the same
                     per-video entries under "videos". A probe-only run has no shards.
   probe.jsonl       one JSON object per input (sorted keys): probe facts + decision + reasons
-  file_list.txt     DALI file_list: "videos/<rel> <class index>" per usable video
+  file_list.txt     DALI file_list: "videos/<rel> <class index>" per usable video (UTF-8; unlabeled
+                    videos get 0 because DALI's file_list rejects negative labels; the readers in
+                    pipelines/ give -1 for them). The paths are relative to OUT: DALI forbids
+                    ``file_root`` together with ``file_list`` and resolves them against the working
+                    directory, so run DALI from OUT, or use pipelines.dali_video (absolute paths
+                    from the manifest, confined to OUT).
+
+Output names: ``videos/<rel>`` (``.mp4`` when transcoded). A relative path DALI's file_list
+cannot hold (whitespace, control characters, non-UTF-8 bytes) becomes
+``videos/_renamed/NNNNNNNN_<ascii slug>.<ext>`` (NNNNNNNN = input position, deterministic); list
+paths outside the source become ``videos/_outside/NNNNNNNN_<name>``. The entry's ``source``
+keeps the original path (a non-UTF-8 byte is JSON-escaped as a lone surrogate ``\\udcXX``, as
+Python's ``os.fsdecode`` gives it; ``os.fsencode`` restores the bytes).
 
 Tar members per video (key = zero-padded position + slug): ``KEY.<ext>`` (the video bytes),
 ``KEY.cls`` (zero-padded ASCII class index, when labeled), ``KEY.json`` (the per-video entry).
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -88,14 +101,35 @@ class VideoSpec(JobSpec):
         return "transcode" if self.transcode else "probe"
 
 
+def dali_safe(rel: str) -> bool:
+    """True if ``rel`` can stand in DALI's file_list as is: valid UTF-8, printable, no whitespace."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:  # a surrogate-escaped (non-UTF-8) file name
+        return False
+    return all(c.isprintable() and not c.isspace() for c in rel)
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", text.encode("ascii", "ignore").decode())[:limit].strip("_")
+
+
 def output_names(rels: list[str]) -> list[tuple[str, str]]:
     """Per input: (name when copied, name when transcoded), relative to OUT/videos, unique and
-    confined (absolute or ``..`` list-file paths are flattened to ``_outside/NNNNNNNN_name``)."""
+    confined (absolute or ``..`` list-file paths are flattened to ``_outside/NNNNNNNN_name``) and
+    DALI-safe: a path with whitespace, control characters or non-UTF-8 bytes becomes
+    ``_renamed/NNNNNNNN_<slug>.<ext>`` (NNNNNNNN = input position; the manifest's ``source``
+    keeps the original path)."""
     safe = []
     for pos, rel in enumerate(rels):
         pure = PurePosixPath(rel)
         if pure.is_absolute() or ".." in pure.parts or not rel or "\\" in rel:
             rel = f"_outside/{pos:08d}_{pure.name or 'video'}"
+            pure = PurePosixPath(rel)
+        if not dali_safe(rel) or pure.parts[0] in ("_renamed", "_outside") and not rel.startswith(f"_outside/{pos:08d}_"):
+            ext = _slug(pure.suffix.lstrip("."), 10).lower()
+            stem = _slug(pure.stem) or "video"
+            rel = f"_renamed/{pos:08d}_{stem}" + (f".{ext}" if ext else "")
         safe.append(rel)
     taken = set(safe)
     names = []
@@ -155,7 +189,7 @@ class VideoJob(Job):
             t0 = time.perf_counter()
             info = probe_file(entry["path"])
             timing["probe_s"] += time.perf_counter() - t0
-            verdict = decide(info, spec.target, spec.max_gop)
+            verdict = decide(info, spec.target, spec.max_gop, spec.max_height)
             probes.append({"source": entry["rel"], "label": entry["label"], **info, **verdict.to_json(),
                            "target": spec.target})
             if verdict.decision == REJECT:
@@ -211,7 +245,7 @@ class VideoJob(Job):
             else:
                 shutil.copyfile(entry["path"], tmp)
             after = probe_file(str(tmp))
-            verdict = decide(after, spec.target, spec.max_gop)
+            verdict = decide(after, spec.target, spec.max_gop, spec.max_height)
             if verdict.decision != OK:
                 return {"reason": "output still not GPU-decodable: " + "; ".join(r["message"] for r in verdict.reasons),
                         "codes": ["output_fails_rule"] + verdict.codes}
@@ -257,7 +291,7 @@ class VideoJob(Job):
         files = {"probe": "probe.jsonl"}
         if spec.transcode:
             listing = "".join(f"{v['path']} {v['cls'] if v['cls'] is not None else 0}\n" for v in videos)
-            atomic_write_bytes(self.out / "file_list.txt", listing.encode())
+            atomic_write_bytes(self.out / "file_list.txt", listing.encode("utf-8"))  # paths are dali_safe
             files["file_list"] = "file_list.txt"
         decisions = {OK: 0, TRANSCODE: 0, REJECT: 0}
         reasons: dict[str, int] = {}

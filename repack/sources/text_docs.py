@@ -104,6 +104,56 @@ def classify(name: str) -> tuple[str, str] | None:
     return None
 
 
+def walk_folder(src: Path, quarantine: list[dict]) -> tuple[list[tuple[str, str]], int]:
+    """(path, rel) of every non-hidden file under ``src`` following folder symlinks, and the count
+    of hidden files skipped. Each folder is scanned once, by (st_dev, st_ino): the real tree
+    first, then linked folders in name order; a link reaching a folder already scanned (a loop,
+    or a second link) becomes a quarantine record instead of repeating its documents."""
+    visited: dict[tuple[int, int], str] = {}
+    found: list[tuple[str, str]] = []
+    links: list[tuple[str, str]] = []
+    skipped = 0
+
+    def scan(folder: str, rel: str) -> None:
+        nonlocal skipped
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            quarantine.append({"source": rel or ".", "line": None, "reason": f"unreadable folder: {exc.strerror}"})
+            return
+        for entry in entries:
+            child = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.name.startswith("."):
+                skipped += 0 if entry.is_dir() else 1
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                visit(entry.path, child)
+            elif entry.is_symlink() and entry.is_dir():
+                links.append((entry.path, child))
+            else:
+                found.append((entry.path, child))
+
+    def visit(folder: str, rel: str) -> None:
+        try:
+            st = os.stat(folder)
+        except OSError as exc:
+            quarantine.append({"source": rel, "line": None, "reason": f"unreadable folder: {exc.strerror}"})
+            return
+        key = (st.st_dev, st.st_ino)
+        if key in visited:
+            quarantine.append({"source": rel, "line": None, "reason": f"folder already scanned as "
+                               f"{visited[key] or '.'} (symlink loop or second link): skipped"})
+            return
+        visited[key] = rel
+        scan(folder, rel)
+
+    visit(str(src), "")
+    while links:  # linked folders after the whole real tree, so a real path wins over a link
+        links.sort(key=lambda pr: sort_key(pr[1]))
+        visit(*links.pop(0))
+    return found, skipped
+
+
 def list_text_files(source: str, list_file: bool = False) -> tuple[list[TextFile], list[dict], int]:
     """The input files in deterministic order, quarantine records, and the count of skipped files."""
     src = Path(source)
@@ -119,19 +169,12 @@ def list_text_files(source: str, list_file: bool = False) -> tuple[list[TextFile
             path = Path(entry) if os.path.isabs(entry) else base / entry
             candidates.append((str(path), entry))
     elif src.is_dir():
-        found = []
-        for folder, dirs, names in os.walk(src, followlinks=True):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            for name in names:
-                if name.startswith("."):
-                    skipped += 1
-                    continue
-                full = os.path.join(folder, name)
-                found.append((full, os.path.relpath(full, src).replace(os.sep, "/")))
+        found, skipped = walk_folder(src, quarantine)
         candidates = sorted(found, key=lambda pr: sort_key(pr[1]))
     else:
         candidates = [(str(src), src.name)]
     files: list[TextFile] = []
+    seen_files: dict[tuple[int, int], str] = {}
     for path, rel in candidates:
         kind = classify(os.path.basename(path))
         if kind is None:
@@ -142,11 +185,17 @@ def list_text_files(source: str, list_file: bool = False) -> tuple[list[TextFile
                 skipped += 1
             continue
         try:
-            size = os.stat(path).st_size
+            st = os.stat(path)
         except OSError as exc:
             quarantine.append({"source": rel, "line": None, "reason": f"unreadable: {exc.strerror or exc}"})
             continue
-        files.append(TextFile(path, rel, kind[0], kind[1], size))
+        first = seen_files.get((st.st_dev, st.st_ino))
+        if first is not None:  # a file reached twice (list repeat, file symlink, hard link) is read once
+            quarantine.append({"source": rel, "line": None, "reason": f"the same file as {first} (listed or "
+                               "linked twice): read once"})
+            continue
+        seen_files[(st.st_dev, st.st_ino)] = rel
+        files.append(TextFile(path, rel, kind[0], kind[1], st.st_size))
     return files, quarantine, skipped
 
 

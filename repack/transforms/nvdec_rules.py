@@ -1,10 +1,14 @@
 """The decoder-support rule: can NVDEC, as driven by DALI's video readers, decode this video
 correctly and fast on the chosen GPU?
 
-``decide(info, target, max_gop_s)`` takes a probe record (repack.transforms.probe) and returns
-a ``Decision``: ``ok`` (use as is), ``transcode`` (re-encode with the DALI-friendly recipe) or
-``reject`` (quarantine: not a usable video), with every reason spelled out. Non-blocking
-observations (B-frames, ignored audio) are ``notes``.
+``decide(info, target, max_gop_s, max_height)`` takes a probe record (repack.transforms.probe)
+and returns a ``Decision``: ``ok`` (use as is), ``transcode`` (re-encode with the DALI-friendly
+recipe) or ``reject`` (quarantine: not a usable video), with every reason spelled out.
+Non-blocking observations (B-frames, ignored audio) are ``notes``. User limits: a keyframe gap
+above ``max_gop_s`` (``long_gop``) or a displayed height above ``max_height`` (``too_tall``)
+means transcode. Truncated (reject): packets past the end of the file, fewer packets than the
+declared frame count, or (Matroska/WebM) a packet span short of the header's duration by more
+than one frame and 5 %.
 
 Facts (NVDEC as measured on an H200; A100/H100/H200 share the NVDEC column; L4/L40 are Ada):
 
@@ -123,13 +127,23 @@ def _reject(info: dict) -> list[dict]:
         return [_r("truncated", f"truncated: {info['packets_past_eof']} packet(s) point past the end of the file")]
     if nb and packets < nb:
         return [_r("truncated", f"truncated: the container declares {nb} frames, only {packets} packets are readable")]
+    declared, span = info.get("declared_duration_s"), info.get("span_s")
+    if declared and span is not None:
+        tolerance = max(info.get("frame_interval_s") or 0.0, 0.05 * declared)
+        if declared - span > tolerance + 1e-6:
+            return [_r("truncated", f"truncated: the header declares {declared:.3f} s, the packets cover only "
+                                    f"{span:.3f} s")]
     if packets < 2:
         return [_r("too_few_frames", f"{packets} video packet(s): not a video")]
     return []
 
 
-def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float = 1.0) -> Decision:
-    """Apply the rule to one probe record; see the module docstring for the facts used."""
+def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float = 1.0,
+           max_height: int | None = None) -> Decision:
+    """Apply the rule to one probe record; see the module docstring for the facts used.
+
+    ``max_height`` (the user's ``--max-height``): a taller video (displayed height, rotation
+    applied) needs transcoding (reason ``too_tall``) so the recipe scales it down."""
     tgt = target if isinstance(target, Target) else get_target(target)
     rejects = _reject(info)
     if rejects:
@@ -161,6 +175,9 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
             reasons.append(_r("too_small", f"{w}x{h} is below NVDEC's {limits.label} minimum {min_w}x{min_h}"))
         if w > max_w or h > max_h:
             reasons.append(_r("too_large", f"{w}x{h} exceeds NVDEC's {limits.label} maximum {max_w}x{max_h}"))
+    shown_h = w if info.get("rotation") in (90, 270) else h
+    if max_height and shown_h > max_height:
+        reasons.append(_r("too_tall", f"{shown_h} px tall (displayed) exceeds --max-height {max_height}"))
     if w % 2 or h % 2:
         reasons.append(_r("odd_size", f"odd dimensions {w}x{h}: NVDEC output surfaces need even width and height"))
     if info.get("field_order") not in ("progressive", "unknown", None):

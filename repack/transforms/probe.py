@@ -1,10 +1,12 @@
-"""Probe a video file: ffprobe JSON (through ffmpeg-python) plus a packet scan without decoding.
+"""Probe a video file: ffprobe JSON (one subprocess, argument list) plus a packet scan without decoding.
 
 One ffprobe run gives the container, every stream, and the video packets' pts/dts/flags/pos/
 size. From the packets of the first video stream we derive what the header fields cannot be
 trusted for: keyframe spacing (GOP), B-frame reordering, timestamp regularity (VFR), missing
 timestamps, whether the first packet is a keyframe, and truncation (packets past the end of
-the file, or fewer packets than the container declares).
+the file, fewer packets than the container declares, or a packet span shorter than the
+Matroska/WebM header's duration). ``duration_s`` is the container's declared duration (the
+packet span only when none is declared); ``span_s`` is what the packets cover.
 
 ``probe_file`` returns a flat, JSON-able record (see ``VideoInfo``); an unreadable file gives
 a record with ``error`` set. ``pyav_probe`` is the in-process alternative measured by the
@@ -147,9 +149,36 @@ def summarize(data: dict, path: str) -> dict:
     record["frames"] = record["packets"]
     fps = record["fps_measured"] or record["avg_frame_rate"] or record["r_frame_rate"]
     record["fps"] = round(fps, 4) if fps else None
-    if record["span_s"] is not None:
+    record["declared_duration_s"] = declared_duration(record["container"], main, record)
+    if record["duration_s"] is None:
         record["duration_s"] = record["span_s"]
     return record
+
+
+def _clock(text) -> float | None:
+    """Seconds of a Matroska ``DURATION`` tag ('00:00:02.003000000')."""
+    try:
+        h, m, sec = str(text).split(":")
+        return round(int(h) * 3600 + int(m) * 60 + float(sec), 6)
+    except (TypeError, ValueError):
+        return None
+
+
+def declared_duration(container: str | None, stream: dict, record: dict) -> float | None:
+    """The video stream's duration as the container header declares it, for the truncation check.
+
+    Only Matroska/WebM, whose header (written when the file is finalized) survives a cut tail:
+    the stream's ``DURATION`` tag, else the segment duration when the file has no other stream
+    (an audio track may be longer than the video). None elsewhere (MP4 and friends are checked
+    through packets past the end of the file and the declared frame count)."""
+    if "matroska" not in (container or "") and "webm" not in (container or ""):
+        return None
+    tags = {k.upper(): v for k, v in (stream.get("tags") or {}).items()}
+    value = _clock(tags.get("DURATION"))
+    if value is None and not record.get("audio_streams") and not record.get("other_streams") \
+            and len(record.get("video_streams") or ()) == 1:
+        value = record.get("duration_s")
+    return value
 
 
 def _float(text) -> float | None:
@@ -166,9 +195,14 @@ def _int(text) -> int | None:
         return None
 
 
-def probe_file(path: str, ffprobe: str = "ffprobe") -> dict:
-    """Probe ``path`` with one ffprobe run (streams, format, video packets); never raises for bad input."""
-    import ffmpeg
+def probe_file(path: str, ffprobe: str = "ffprobe", timeout: float | None = None) -> dict:
+    """Probe ``path`` with one ffprobe run (streams, format, video packets); never raises for bad input.
+
+    ffprobe runs with ``die_with_parent`` (PR_SET_PDEATHSIG on Linux): it dies with its worker."""
+    import json
+    import subprocess
+
+    from repack.transforms.transcode import die_with_parent
 
     try:
         size = os.path.getsize(path)
@@ -176,14 +210,17 @@ def probe_file(path: str, ffprobe: str = "ffprobe") -> dict:
         return {"error": f"unreadable: {exc.strerror}", "error_code": "probe_failed", "bytes": None}
     if size == 0:
         return {"error": "empty file (0 bytes)", "error_code": "empty", "bytes": 0}
+    cmd = [ffprobe, "-v", "error", "-show_format", "-show_streams", "-of", "json",
+           "-show_entries", "packet=stream_index,pts,dts,flags,pos,size", path]
     try:
-        data = ffmpeg.probe(path, cmd=ffprobe, v="error",
-                            show_entries="packet=stream_index,pts,dts,flags,pos,size")
-    except ffmpeg.Error as exc:
-        lines = [line for line in (exc.stderr or b"").decode(errors="replace").splitlines() if line.strip()]
-        message = lines[-1] if lines else "ffprobe failed"
-        message = message.replace(path, "<file>")
-        return {"error": f"ffprobe: {message}", "error_code": "probe_failed", "bytes": size}
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
+                              preexec_fn=die_with_parent)
+        if proc.returncode != 0:
+            lines = [line for line in proc.stderr.decode(errors="replace").splitlines() if line.strip()]
+            message = lines[-1] if lines else "ffprobe failed"
+            message = message.replace(path, "<file>")
+            return {"error": f"ffprobe: {message}", "error_code": "probe_failed", "bytes": size}
+        data = json.loads(proc.stdout.decode("utf-8", errors="replace"))
     except Exception as exc:  # timeout, JSON errors
         return {"error": f"ffprobe: {type(exc).__name__}: {exc}", "error_code": "probe_failed", "bytes": size}
     return summarize(data, path)

@@ -64,7 +64,9 @@ def _config_token(folder: Path, key: str) -> str | None:
 
 def find_special(tokenizer, explicit: str | None, config_value: str | None, candidates: tuple[str, ...]
                  ) -> tuple[str, int] | None:
-    """(token, id) of an explicit token, else the config's, else the first candidate present."""
+    """(token, id) of an explicit token, else the config's, else the first candidate among the
+    tokenizer's special tokens, then its other added tokens; never a plain vocabulary entry (a
+    word piece spelled like ``</s>`` is not an end-of-text marker): None if there is none."""
     if explicit is not None:
         tid = tokenizer.token_to_id(explicit)
         if tid is None:
@@ -72,10 +74,11 @@ def find_special(tokenizer, explicit: str | None, config_value: str | None, cand
         return explicit, tid
     if config_value is not None and tokenizer.token_to_id(config_value) is not None:
         return config_value, tokenizer.token_to_id(config_value)
-    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
-    for pool in (special, None):  # special added tokens first, then the whole vocabulary
+    added = list(tokenizer.get_added_tokens_decoder().values())
+    special = {t.content for t in added if t.special}
+    for pool in (special, {t.content for t in added}):  # special added tokens first, then other added ones
         for token in candidates:
-            if (pool is None or token in pool) and tokenizer.token_to_id(token) is not None:
+            if token in pool and tokenizer.token_to_id(token) is not None:
                 return token, tokenizer.token_to_id(token)
     return None
 

@@ -11,7 +11,9 @@ depend only on the input, the options and the ffmpeg/x264 build.
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 
 from repack.transforms.nvdec_rules import H264, get_target
@@ -66,10 +68,11 @@ def output_geometry(info: dict, recipe: Recipe) -> tuple[int, int, int, int]:
 
 
 def gop_frames(rate: float, recipe: Recipe) -> int:
-    """Keyframe interval in frames: ``recipe.gop``, else one second, never above ``max_gop_s``."""
+    """Keyframe interval in frames: ``recipe.gop``, else one second; never above ``max_gop_s``
+    (so every output passes the re-probe's long-GOP check)."""
     limit = max(1, int(rate * recipe.max_gop_s + 1e-6))
     if recipe.gop:
-        return recipe.gop
+        return min(recipe.gop, limit)
     return max(1, min(int(round(rate)), limit))
 
 
@@ -108,10 +111,26 @@ def build_command(src: str, dst: str, info: dict, recipe: Recipe, ffmpeg: str = 
     ]
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for ffmpeg/ffprobe children: on Linux, ask the kernel to SIGKILL the child
+    when the worker that started it dies (prctl(PR_SET_PDEATHSIG, SIGKILL)), so a killed repack
+    leaves no ffmpeg running. A no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def run_transcode(cmd: list[str], timeout: float | None = None) -> str | None:
     """Run an ffmpeg command list; None on success, else the last line of ffmpeg's error output."""
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
+                              preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired:
         return f"ffmpeg timed out after {timeout:.0f} s"
     if proc.returncode == 0:

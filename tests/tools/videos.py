@@ -78,6 +78,10 @@ CLIPS: tuple[Clip, ...] = (
     Clip("junk/truncated.mp4", X264 + ("-pix_fmt", "yuv420p"), "reject", _r("probe_failed"), special="truncate"),
     Clip("junk/truncated_faststart.mp4", X264 + ("-pix_fmt", "yuv420p", "-movflags", "+faststart"), "reject",
          _r("truncated"), special="truncate"),
+    Clip("junk/truncated.mkv", X264 + ("-pix_fmt", "yuv420p"), "reject", _r("truncated"), special="truncate",
+         size=(160, 120, 25, 2.0)),
+    Clip("junk/truncated.webm", ("-c:v", "libvpx", "-deadline", "realtime", "-cpu-used", "8", "-g", "25"), "reject",
+         _r("truncated"), special="truncate", size=(160, 120, 25, 2.0), needs="libvpx"),
 )
 
 
