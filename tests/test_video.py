@@ -280,3 +280,28 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state not in ("Z", "X")
+
+
+def test_progress_bar_shows_frames_per_second(tmp_path, monkeypatch):
+    """Issue 4: the progress bar reports frames/s (the engine's per-record counters)."""
+    import io
+    import sys
+
+    from repack.config import EngineOptions
+    from repack.jobs.engine import Engine
+    from repack.jobs.video import VideoJob, VideoSpec
+    from tests.tools.videos import make_index_clip
+
+    for i in range(3):
+        make_index_clip(tmp_path / "src" / "c" / f"v{i}.mp4", 20,
+                        ("-c:v", "libx264", "-preset", "ultrafast", "-g", "10", "-bf", "0", "-pix_fmt", "yuv420p"))
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    spec = VideoSpec(source=str(tmp_path / "src"), out=str(tmp_path / "out"), transcode=True, shard_size=1)
+    Engine(VideoJob(spec), EngineOptions(workers=1)).run()
+    assert "frames/s=" in terminal.getvalue() and "video/s" in terminal.getvalue()

@@ -75,6 +75,10 @@ class Job:
         """Progress units (samples, files, documents) a task covers."""
         return len(task.payload.get("inputs", ()))
 
+    def progress_counts(self, record: dict) -> dict[str, int]:
+        """Extra counters a finished task adds to the progress bar as rates (e.g. frames/s)."""
+        return {}
+
     def record_outputs(self, record: dict) -> list[dict]:
         """[{path, bytes}] the task produced: a resumed run trusts a record only if these hold."""
         return [{"path": o["path"], "bytes": o["bytes"]} for o in record.get("outputs", [])]

@@ -289,6 +289,8 @@ class Engine:
         failures: list[TaskFailure] = []
         bar = tqdm(total=sum(units.values()), unit=self.job.progress_unit, unit_scale=True, file=sys.stderr,
                    disable=opts.quiet or None, desc=f"repack {self.job.name}", dynamic_ncols=True)
+        counts: dict[str, int] = {}
+        started = time.perf_counter()
         with bar:
             for item in executor.run(calls, [t.task_id for t in todo]):
                 if isinstance(item, TaskFailure):
@@ -298,6 +300,12 @@ class Engine:
                 if absorb is not None:
                     absorb(item)
                 records[item["task_id"]] = item
+                for name, value in self.job.progress_counts(item).items():
+                    counts[name] = counts.get(name, 0) + value
+                if counts:
+                    elapsed = max(time.perf_counter() - started, 1e-9)
+                    bar.set_postfix({f"{name}/s": f"{value / elapsed:.0f}" for name, value in counts.items()},
+                                    refresh=False)
                 bar.update(units[item["task_id"]])
         return failures
 

@@ -179,6 +179,10 @@ class VideoJob(Job):
         return Plan(tuple(tasks), scan.quarantine, info)
 
     # -- one task --------------------------------------------------------------------------
+    def progress_counts(self, record: dict) -> dict[str, int]:
+        """frames/s on the progress bar: frames of the usable videos a task finished."""
+        return {"frames": sum(v["frames"] for v in record["videos"])}
+
     def run_task(self, task: Task) -> dict:
         from repack.transforms.probe import probe_file
 
