@@ -151,3 +151,35 @@ def test_killed_worker_is_retried_on_a_new_pool(photo_tree, tmp_path):
     assert killed is not None, "the job finished before a worker could be killed"
     assert proc.returncode == 0, stderr
     assert shard_bytes(out) == shard_bytes(reference)
+
+
+def test_text_job_is_identical_across_executors(tmp_path):
+    """Text too: local pool, Ray and 2 partitions + merge give the same .bin/.idx and manifest."""
+    import json
+
+    pytest.importorskip("ray")
+    from tests.tools.text import documents, train_bpe, write_tokenizer
+
+    docs = documents(300, seed=5)
+    tokenizer = write_tokenizer(train_bpe(docs[:100]), tmp_path / "tok")
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for part in range(3):
+        (src / f"part{part}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[part::3]))
+    args = ("--tokenizer", tokenizer, "--chunk-bytes", "20KB", "--quiet", "--workers", "2")
+    outs = {name: tmp_path / name for name in ("local", "ray", "parts")}
+    run_repack("text", src, outs["local"], *args)
+    run_repack("text", src, outs["ray"], *args, "--executor", "ray")
+    for rank in (0, 1):
+        run_repack("text", src, outs["parts"], *args, "--num-nodes", "2", "--node-rank", rank)
+    run_repack("merge", outs["parts"], "--quiet")
+
+    def token_files(out: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix in (".bin", ".idx")}
+
+    reference = token_files(outs["local"])
+    assert reference and read_manifest_json(outs["local"])["totals"]["documents"] == 300
+    assert len(list((outs["parts"] / ".repack" / "tasks").glob("*.json"))) >= 4  # several tasks per node
+    for name in ("ray", "parts"):
+        assert token_files(outs[name]) == reference, name
+        assert manifest_without_run(outs[name]) == manifest_without_run(outs["local"]), name
