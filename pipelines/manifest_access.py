@@ -17,7 +17,6 @@ from pathlib import Path
 
 from repack.manifest import Manifest, ManifestError, read_manifest
 
-IMAGE_EXTENSIONS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import click
 
 from repack import __version__
 from repack.config import EngineOptions, ImagesSpec, parse_size
-from repack.errors import RepackError
+from repack.errors import VERIFICATION_EXIT_CODE, RepackError
 
 
 def engine_options(fn):
@@ -124,7 +124,7 @@ def verify(out, json_out):
     else:
         click.echo(f"{out}: OK, every file matches the manifest")
     if problems:
-        sys.exit(5)
+        sys.exit(VERIFICATION_EXIT_CODE)
 
 
 @cli.command()
@@ -179,7 +179,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except ManifestError as exc:
         click.echo(f"repack: error: {exc}", err=True)
-        sys.exit(5)
+        sys.exit(VERIFICATION_EXIT_CODE)
     except KeyboardInterrupt:
         click.echo("interrupted; re-run the same command to resume", err=True)
         sys.exit(130)

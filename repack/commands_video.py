@@ -39,6 +39,7 @@ from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
 def video(source, out, probe_only, transcode, target, max_gop, to, list_file, link, crf, preset, gop, max_height,
           bframes, threads, shard_size, **kwargs):
     """Probe the videos in SOURCE for GPU decoding; with --transcode, write DALI-ready videos to OUT."""
+    del probe_only  # every run probes; --probe only spells out the default (report without transcoding)
     from repack.exec import available_cpus
     from repack.jobs.engine import Engine
     from repack.jobs.video import VideoJob, VideoSpec

@@ -23,10 +23,8 @@ class IncompleteJobError(RepackError):
     exit_code = 4
 
 
-class VerificationError(RepackError):
-    """A dataset does not match its manifest."""
-
-    exit_code = 5
+# A dataset that does not match its manifest, or a manifest that cannot be trusted.
+VERIFICATION_EXIT_CODE = 5
 
 
 class StrictModeError(RepackError):

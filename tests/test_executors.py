@@ -76,6 +76,30 @@ def test_ray_missing_is_a_clear_error(photo_tree, tmp_path):
     assert not (tmp_path / "o").exists()  # refused before any work
 
 
+def run_on_every_executor(command: str, source: Path, tmp_path: Path, *args) -> dict[str, Path]:
+    """Run one job on the local pool, on a local Ray instance, and as 2 static partitions + merge."""
+    outs = {name: tmp_path / name for name in ("local", "ray", "parts")}
+    run_repack(command, source, outs["local"], *args)
+    run_repack(command, source, outs["ray"], *args, "--executor", "ray")
+    for rank in (0, 1):
+        run_repack(command, source, outs["parts"], *args, "--num-nodes", "2", "--node-rank", rank)
+    run_repack("merge", outs["parts"], "--quiet")
+    return outs
+
+
+def output_files(out: Path) -> dict[str, bytes]:
+    """Every file a job wrote, by relative path (its state folder and manifest aside)."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and ".repack" not in p.parts and p.name != "manifest.json"}
+
+
+def assert_identical_outputs(outs: dict[str, Path]) -> None:
+    reference = output_files(outs["local"])
+    for name, out in outs.items():
+        assert output_files(out) == reference, name
+        assert manifest_without_run(out) == manifest_without_run(outs["local"]), name
+
+
 @pytest.fixture(scope="module")
 def video_tree(tmp_path_factory) -> Path:
     """Six tiny clips in two classes: some compatible (copied), some 10-bit/odd-size (transcoded)."""
@@ -92,23 +116,9 @@ def video_tree(tmp_path_factory) -> Path:
 def test_video_job_is_identical_across_executors(video_tree, tmp_path):
     """Every modality runs on every executor: video through local pool, Ray, and 2 partitions + merge."""
     pytest.importorskip("ray")
-    args = ("--transcode", "--quiet", "--workers", "2")
-    outs = {name: tmp_path / name for name in ("local", "ray", "parts")}
-    run_repack("video", video_tree, outs["local"], *args)
-    run_repack("video", video_tree, outs["ray"], *args, "--executor", "ray")
-    for rank in (0, 1):
-        run_repack("video", video_tree, outs["parts"], *args, "--num-nodes", "2", "--node-rank", rank)
-    run_repack("merge", outs["parts"], "--quiet")
-
-    def files(out: Path) -> dict[str, bytes]:
-        return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
-                if p.is_file() and ".repack" not in p.parts and p.name != "manifest.json"}
-
-    reference = files(outs["local"])
-    assert any(name.startswith("videos/") for name in reference)
-    for name in ("ray", "parts"):
-        assert files(outs[name]) == reference, name
-        assert manifest_without_run(outs[name]) == manifest_without_run(outs["local"])
+    outs = run_on_every_executor("video", video_tree, tmp_path, "--transcode", "--quiet", "--workers", "2")
+    assert any(name.startswith("videos/") for name in output_files(outs["local"]))
+    assert_identical_outputs(outs)
 
 
 def child_pids(parent: int) -> list[int]:
@@ -166,20 +176,9 @@ def test_text_job_is_identical_across_executors(tmp_path):
     src.mkdir()
     for part in range(3):
         (src / f"part{part}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[part::3]))
-    args = ("--tokenizer", tokenizer, "--chunk-bytes", "20KB", "--quiet", "--workers", "2")
-    outs = {name: tmp_path / name for name in ("local", "ray", "parts")}
-    run_repack("text", src, outs["local"], *args)
-    run_repack("text", src, outs["ray"], *args, "--executor", "ray")
-    for rank in (0, 1):
-        run_repack("text", src, outs["parts"], *args, "--num-nodes", "2", "--node-rank", rank)
-    run_repack("merge", outs["parts"], "--quiet")
-
-    def token_files(out: Path) -> dict[str, bytes]:
-        return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix in (".bin", ".idx")}
-
-    reference = token_files(outs["local"])
-    assert reference and read_manifest_json(outs["local"])["totals"]["documents"] == 300
+    outs = run_on_every_executor("text", src, tmp_path, "--tokenizer", tokenizer, "--chunk-bytes", "20KB", "--quiet",
+                                 "--workers", "2")
+    assert read_manifest_json(outs["local"])["totals"]["documents"] == 300
     assert len(list((outs["parts"] / ".repack" / "tasks").glob("*.json"))) >= 4  # several tasks per node
-    for name in ("ray", "parts"):
-        assert token_files(outs[name]) == reference, name
-        assert manifest_without_run(outs[name]) == manifest_without_run(outs["local"]), name
+    assert any(name.endswith(".bin") for name in output_files(outs["local"]))
+    assert_identical_outputs(outs)

@@ -276,7 +276,6 @@ class LmdbSink:
     """The ``--to lmdb`` plugin: workers write parts, the driver's collector owns the database."""
 
     name = "lmdb"
-    shard_level = False
 
     @staticmethod
     def open_shard(out: Path, stem: str) -> PartWriter:

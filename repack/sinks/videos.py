@@ -15,7 +15,6 @@ class VideosSink:
     """The ``videos`` format: one file per sample."""
 
     name = "videos"
-    shard_level = False
 
     @staticmethod
     def outputs(entry: dict) -> list[dict]:

@@ -89,7 +89,6 @@ class WebDatasetSink:
     """The ``--to webdataset`` plugin."""
 
     name = "webdataset"
-    shard_level = True  # one output file per task
 
     @staticmethod
     def open_shard(out: Path, stem: str) -> TarShardWriter:

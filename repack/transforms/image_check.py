@@ -34,7 +34,6 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"II*\x00", "tiff"),
     (b"MM\x00*", "tiff"),
 )
-IMAGE_EXTENSIONS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
 
 
 class BadImage(ValueError):

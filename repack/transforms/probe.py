@@ -20,7 +20,6 @@ import re
 import statistics
 from fractions import Fraction
 
-IMAGE_FORMATS = frozenset({"image2", "gif", "apng", "webp", "png", "bmp", "tiff", "ico", "svg"})
 
 
 def _rate(text: str | None) -> float | None:
