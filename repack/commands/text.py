@@ -1,4 +1,4 @@
-"""The `repack text` command (registered on the group in cli.py). Imports nothing heavy."""
+"""The `repack text` command. Imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from repack.cli import engine_options, run_job, split_engine_options
+from repack.commands.options import engine_options, run_job, split_engine_options
 from repack.config import parse_size
 
 

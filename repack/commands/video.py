@@ -1,4 +1,4 @@
-"""The `repack video` command (registered on the group in cli.py). Imports nothing heavy."""
+"""The `repack video` command. Imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from repack.cli import engine_options, report, split_engine_options
+from repack.commands.options import engine_options, report, split_engine_options
 from repack.errors import StrictModeError
 from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
 

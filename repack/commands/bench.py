@@ -1,4 +1,4 @@
-"""The `repack bench` command (registered on the group in cli.py).
+"""The `repack bench` command.
 
 The one deliberate place where the CLI reaches the consumer package (``pipelines.bench``):
 users want one command. The import happens inside the command, so `repack --help` loads

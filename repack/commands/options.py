@@ -1,0 +1,66 @@
+"""What every job command shares: the engine options, turning them into EngineOptions, running a
+job through the engine and printing its summary."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import click
+
+from repack.config import EngineOptions
+
+
+def engine_options(fn):
+    """Options shared by every job command: how it runs, never what it outputs."""
+    decorators = [
+        click.option("--workers", type=int, default=None, help="Parallel workers (default: the usable CPUs)."),
+        click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True),
+        click.option("--ray-address", default=None, help="Ray cluster address (default: start or join a local one)."),
+        click.option("--retries", type=int, default=2, show_default=True, help="Retries of a failing task."),
+        click.option("--num-nodes", type=int, default=1, show_default=True, help="Static partitions: total nodes."),
+        click.option("--node-rank", type=int, default=0, show_default=True, help="Static partitions: this node."),
+        click.option("--overwrite", is_flag=True, help="Replace an existing job in OUT run with other options."),
+        click.option("--strict", is_flag=True, help="Exit non-zero when any input was quarantined."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+        click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout."),
+    ]
+    for decorator in reversed(decorators):
+        fn = decorator(fn)
+    return fn
+
+
+def split_engine_options(kwargs: dict) -> EngineOptions:
+    """Pop the engine options out of a command's kwargs."""
+    names = ("workers", "executor", "ray_address", "retries", "num_nodes", "node_rank", "overwrite", "strict",
+             "quiet", "json_summary")
+    values = {n: kwargs.pop(n) for n in names}
+    return EngineOptions(**values, command=shlex.join(sys.argv))
+
+
+def run_job(job, options: EngineOptions) -> None:
+    """Run a job through the engine and print its summary."""
+    from repack.jobs.engine import Engine
+
+    result = Engine(job, options).run()
+    report(job, options, result)
+
+
+def report(job, options: EngineOptions, result) -> None:
+    if result.manifest is None:
+        message = (f"partition {options.node_rank} of {options.num_nodes}: {result.ran} task(s) run, "
+                   f"{result.skipped} already done; run `repack merge {job.out}` once every node has finished")
+        summary = {"partition": options.node_rank, "num_nodes": options.num_nodes, "ran": result.ran,
+                   "skipped": result.skipped}
+    else:
+        head = ("nothing to do: the job in OUT is complete" if result.nothing_to_do
+                else f"done in {result.seconds:.1f} s ({result.ran} task(s) run, {result.skipped} resumed)")
+        message = "\n".join([head] + job.summary_lines(result.manifest) + [f"manifest: {job.out / 'manifest.json'}"])
+        summary = {"out": str(job.out), "ran": result.ran, "skipped": result.skipped,
+                   "nothing_to_do": result.nothing_to_do, "seconds": round(result.seconds, 3),
+                   "totals": result.manifest["totals"], "quarantine": result.manifest["quarantine"]}
+    if options.json_summary:
+        click.echo(json.dumps(summary, sort_keys=True))
+    if not options.quiet or not options.json_summary:
+        click.echo(message, err=options.json_summary)

@@ -1,0 +1,39 @@
+"""The `repack verify` and `repack inspect` commands: read a finished dataset back."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from repack.errors import VERIFICATION_EXIT_CODE
+
+
+@click.command("verify")
+@click.argument("out")
+@click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
+def verify(out, json_out):
+    """Re-read every file of the dataset in OUT and check it against its manifest."""
+    from repack.jobs.verify import verify_dataset
+
+    problems = verify_dataset(out)
+    if json_out:
+        click.echo(json.dumps({"ok": not problems, "problems": problems}))
+    elif problems:
+        click.echo(f"{out}: {len(problems)} problem(s):", err=True)
+        for problem in problems:
+            click.echo(f"  - {problem}", err=True)
+    else:
+        click.echo(f"{out}: OK, every file matches the manifest")
+    if problems:
+        sys.exit(VERIFICATION_EXIT_CODE)
+
+
+@click.command("inspect")
+@click.argument("out")
+def inspect(out):
+    """Print a short human summary of the dataset in OUT."""
+    from repack.jobs.verify import inspect_lines
+
+    click.echo("\n".join(inspect_lines(out)))
