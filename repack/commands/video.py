@@ -10,7 +10,7 @@ import click
 
 from repack.commands.options import engine_options, report, split_engine_options
 from repack.errors import StrictModeError
-from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
+from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEFAULT_TARGET, TARGETS
 
 
 @click.command("video")
@@ -20,6 +20,12 @@ from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
 @click.option("--transcode", is_flag=True, help="Re-encode what needs it into OUT/videos; copy the rest.")
 @click.option("--target", type=click.Choice(sorted(TARGETS)), default=DEFAULT_TARGET, show_default=True,
               help="GPU whose NVDEC (through DALI) must decode the videos.")
+@click.option("--dali-reader", type=click.Choice(list(DALI_READERS)), default=DEFAULT_DALI_READER, show_default=True,
+              help="DALI reader the videos must be read by: legacy = fn.readers.video (pipelines.dali_video's "
+                   "default), experimental = fn.experimental.readers.video. Recorded in the manifest.")
+@click.option("--verify", type=click.Choice(["packets", "decode"]), default="packets", show_default=True,
+              help="packets: scan packet headers (fast); decode: also decode every frame and quarantine files "
+                   "with decoder errors (slower, see make bench).")
 @click.option("--max-gop", type=float, default=1.0, show_default=True,
               help="Longest keyframe gap (seconds) accepted as is; longer is transcoded.")
 @click.option("--to", "to", type=click.Choice(["videos", "webdataset"]), default="videos", show_default=True,
@@ -36,7 +42,7 @@ from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
               help="ffmpeg threads per transcode (fixed: the output depends on it); the default pool is CPUs/threads.")
 @click.option("--shard-size", type=int, default=8, show_default=True, help="Videos per task (and per tar shard).")
 @engine_options
-def video(source, out, probe_only, transcode, target, max_gop, to, list_file, link, crf, preset, gop, max_height,
+def video(source, out, probe_only, transcode, target, dali_reader, verify, max_gop, to, list_file, link, crf, preset, gop, max_height,
           bframes, threads, shard_size, **kwargs):
     """Probe the videos in SOURCE for GPU decoding; with --transcode, write DALI-ready videos to OUT."""
     del probe_only  # every run probes; --probe only spells out the default (report without transcoding)
@@ -50,7 +56,7 @@ def video(source, out, probe_only, transcode, target, max_gop, to, list_file, li
     spec = VideoSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
                      list_file=list_file, transcode=transcode, link=link, target=target, max_gop=max_gop, crf=crf,
                      preset=preset, gop=gop, max_height=max_height, bframes=bframes, threads=threads,
-                     shard_size=shard_size)
+                     shard_size=shard_size, verify=verify, dali_reader=dali_reader)
     job = VideoJob(spec)
     result = Engine(job, options).run()
     manifest = result.manifest
