@@ -89,6 +89,7 @@ def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> di
     truncated_packets = sum(1 for p in packets if p.get("pos") is not None and p.get("size") is not None
                             and int(p["pos"]) + int(p["size"]) > file_size)
     stats = {"packets": n, "keyframes": len(keys), "first_packet_key": bool(keys) and keys[0] == 0,
+             "packets_before_key": keys[0] if keys else n,
              "missing_pts": missing_pts, "b_frames": reordered, "packets_past_eof": truncated_packets,
              "max_gop_frames": None, "max_gop_s": None, "frame_interval_s": None, "irregular_intervals": 0,
              "span_s": None, "fps_measured": None}

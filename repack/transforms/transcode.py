@@ -78,10 +78,13 @@ def snap_rate(fps: float | None) -> tuple[float, str]:
 
 
 def source_frames(info: dict) -> int:
-    """Frames in the source: decoded frames when a full decode ran (``--verify decode``), else
-    the video packets of the scan."""
+    """Frames the source decodes to: the decoded frames when a full decode ran (``--verify
+    decode``), else the video packets of the scan from the first keyframe on (packets before
+    it reference a picture that is not in the file: no decoder can output them)."""
     decoded = info.get("decoded_frames")
-    return int(decoded) if decoded else int(info.get("frames") or 0)
+    if decoded:
+        return int(decoded)
+    return int(info.get("frames") or 0) - int(info.get("packets_before_key") or 0)
 
 
 def plan_timing(info: dict) -> Timing:
