@@ -213,7 +213,7 @@ class VideoJob(Job):
                 timing["decode_s"] += time.perf_counter() - t0
             verdict = self._decide(info)
             probes.append({"source": entry["rel"], "label": entry["label"], **info, **verdict.to_json(),
-                           "target": spec.target, "dali_reader": spec.dali_reader})
+                           "target": spec.target, "dali_reader": spec.dali_reader, "verify": spec.verify})
             if verdict.decision == REJECT:
                 quarantine.append({"source": entry["rel"], "reason": "; ".join(r["message"] for r in verdict.reasons),
                                    "codes": verdict.codes})
