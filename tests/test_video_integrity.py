@@ -114,14 +114,14 @@ def test_scaled_or_padded_output_has_square_pixels(src, out, entries):
     entry = entries["bad/sar_pad.mp4"]
     stream = ffprobe_json(out / entry["path"], "-show_streams")["streams"][0]
     assert (stream["width"], stream["height"]) == (48, 32)
-    assert stream.get("sample_aspect_ratio", "1:1") == "1:1" and stream.get("display_aspect_ratio", "3:2") == "3:2"
+    assert (stream["sample_aspect_ratio"], stream["display_aspect_ratio"]) == ("1:1", "3:2")
     with av.open(str(out / entry["path"])) as container:
         luma = next(container.decode(video=0)).to_ndarray(format="gray").astype(int)
     assert luma[:, :8].max() <= 20 and luma[:, 40:].max() <= 20  # the pad bars: black
     assert luma[:, 8:40].mean() > 40  # the 32x32 picture between them
     for rel in ("bad/packed_bframes.avi", "bad/vfr.mkv"):
         stream = ffprobe_json(out / entries[rel]["path"], "-show_streams")["streams"][0]
-        assert stream.get("sample_aspect_ratio", "1:1") == "1:1"
+        assert stream["sample_aspect_ratio"] == "1:1"
 
 
 def test_moov_at_end_copy_is_remuxed_with_faststart(src, out, entries):
