@@ -42,18 +42,25 @@ def video_inputs(root) -> tuple[list[str], list[int]]:
             [int(e["cls"]) if e.get("cls") is not None else UNLABELED for e in entries])
 
 
-def build_video_pipeline(root, *, sequence_length: int, batch_size: int, stride: int = 1, step: int = -1,
-                         shard_id: int = 0, num_shards: int = 1, random_shuffle: bool = False, seed: int = 0,
-                         device: str = "gpu", device_id: int | None = 0, num_threads: int = 4,
-                         initial_fill: int = 64, resize: tuple[int, int] | None = None, reader: str | None = None,
-                         prefetch_queue_depth: int = 2, pad_last_batch: bool = True):
-    """A built DALI Pipeline over the videos of the dataset in ``root``."""
-    from nvidia.dali import fn, pipeline_def, types
-
+def build_video_pipeline(root, *, sequence_length: int, batch_size: int, reader: str | None = None, **options):
+    """A built DALI Pipeline over the videos of the dataset in ``root``, read with ``reader``
+    (default: the reader the dataset was judged for); ``options`` as ``build_files_pipeline``."""
     files, labels = video_inputs(root)
     if not files:
         raise ValueError(f"{root}: the manifest lists no videos")
-    reader = reader or dataset_reader(root)
+    return build_files_pipeline(files, labels, sequence_length=sequence_length, batch_size=batch_size,
+                                reader=reader or dataset_reader(root), **options)
+
+
+def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length: int, batch_size: int,
+                         reader: str = "legacy", stride: int = 1, step: int = -1, shard_id: int = 0,
+                         num_shards: int = 1, random_shuffle: bool = False, seed: int = 0, device: str = "gpu",
+                         device_id: int | None = 0, num_threads: int = 4, initial_fill: int = 64,
+                         resize: tuple[int, int] | None = None, prefetch_queue_depth: int = 2,
+                         pad_last_batch: bool = True):
+    """A built DALI Pipeline reading ``files`` (with ``labels``) through ``reader`` (``READERS``)."""
+    from nvidia.dali import fn, pipeline_def, types
+
     if reader not in READERS:
         raise ValueError(f"reader must be one of {', '.join(READERS)}, got {reader!r}")
 
