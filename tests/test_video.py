@@ -171,6 +171,9 @@ def test_missing_ffmpeg_fails_fast(video_clips, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "ffprobe and ffmpeg not found" in proc.stderr
     assert not (tmp_path / "x" / "manifest.json").exists()
+    decode = run_repack("video", video_clips[0], tmp_path / "z", "--verify", "decode", check=False,
+                        env={"PATH": str(tmp_path / "empty-bin")})  # a full decode needs ffmpeg too
+    assert decode.returncode == 2 and "ffprobe and ffmpeg not found" in decode.stderr
 
 
 def test_bad_options_fail_fast(video_clips, tmp_path):

@@ -166,7 +166,7 @@ class VideoJob(Job):
     def check(self) -> None:
         if not os.path.exists(self.spec.source):
             raise UsageError(f"source {self.spec.source!r} does not exist")
-        needed = ["ffprobe"] + (["ffmpeg"] if self.spec.transcode else [])
+        needed = ["ffprobe"] + (["ffmpeg"] if self.spec.transcode or self.spec.verify == "decode" else [])
         missing = [tool for tool in needed if shutil.which(tool) is None]
         if missing:
             raise UsageError(f"{' and '.join(missing)} not found on PATH: install ffmpeg "

@@ -1,5 +1,12 @@
 """Probe a video file: ffprobe JSON (one subprocess, argument list) plus a packet scan without decoding.
 
+ffprobe reads only the file (repack.transforms.ffmpeg_cli: file protocol, allow-listed
+single-file containers); a refused container (an HLS playlist, a concat list, ...) gives a
+record with ``error_code`` ``format_refused`` naming the demuxer. For MP4/MOV,
+``moov_after_mdat`` tells whether the index follows the media (a copy is then remuxed with
+faststart); ``packets_before_key`` counts the packets before the first keyframe (no decoder can
+output them).
+
 One ffprobe run gives the container, every stream, and the video packets' pts/dts/flags/pos/
 size. From the packets of the first video stream we derive what the header fields cannot be
 trusted for: keyframe spacing (GOP), B-frame reordering, timestamp regularity (VFR), missing

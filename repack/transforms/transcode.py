@@ -36,7 +36,7 @@ STANDARD_RATES = (8.0, 10.0, 12.0, 12.5, 15.0, 20.0, 24000 / 1001, 24.0, 25.0, 3
                   60000 / 1001, 60.0, 90.0, 100.0, 120000 / 1001, 120.0)
 RATE_TEXT = {24000 / 1001: "24000/1001", 30000 / 1001: "30000/1001", 60000 / 1001: "60000/1001",
              120000 / 1001: "120000/1001"}
-KEEP, RESAMPLE = "keep", "resample"
+KEEP, RESAMPLE, COPY = "keep", "resample", "copy"
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Timing:
 
     rate: float
     rate_text: str
-    mode: str                   # KEEP (setpts, every frame kept), RESAMPLE (fps filter, VFR) or "copy"
+    mode: str                   # KEEP (setpts, every frame kept), RESAMPLE (fps filter, VFR) or COPY
     rate_from: str              # "measured" or "declared"
     frames_in: int
     expected_frames: int
@@ -189,7 +189,7 @@ def copy_timing(info: dict) -> Timing:
     """The expectation for a copy or a stream-copy remux: the same packets, the same frames."""
     rate, text = snap_rate(info.get("fps"))
     frames = int(info.get("frames") or 0)
-    return Timing(rate, text, "copy", "measured", frames, frames, float(info.get("duration_s") or 0.0))
+    return Timing(rate, text, COPY, "measured", frames, frames, float(info.get("duration_s") or 0.0))
 
 
 def frames_problem(timing: Timing, output: dict) -> str | None:

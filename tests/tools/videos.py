@@ -109,6 +109,9 @@ def encoders() -> set[str]:
 
 
 def _ffmpeg(args: list[str]) -> None:
+    """Run ffmpeg with ``args`` verbatim. The generators speak ffmpeg's own flags on purpose (odd
+    inputs are what they make); repack's own ffmpeg/ffprobe commands are built with ffmpeg-python
+    (repack.transforms.ffmpeg_cli)."""
     proc = subprocess.run(["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", *args],
                           capture_output=True, text=True)
     if proc.returncode != 0:
