@@ -17,9 +17,9 @@ Outputs of a finished job::
   manifest.json     format "videos": one shards[] entry per usable video (path videos/..., samples 1,
                     bytes, sha256, label, cls, frames (= frames_out), frames_in, frame_timing
                     (keep | resample | copy), fps, duration_s, width, height, codec, transcoded,
-                    remuxed, source); ``dali_reader`` (the
-                    reader the decisions hold for) and ``verify`` at the top level; format "webdataset": the tar shards, and the same
-                    per-video entries under "videos". A probe-only run has no shards.
+                    remuxed, source); format "webdataset": the tar shards, and the same per-video
+                    entries under "videos". A probe-only run has no shards. Top level: ``dali_reader``
+                    (the reader the decisions hold for) and ``verify``.
   probe.jsonl       one JSON object per input (sorted keys): probe facts + decision + reasons
                     + target + dali_reader (+ decoded_frames/decode_errors with verify "decode")
   file_list.txt     DALI file_list: "videos/<rel> <class index>" per usable video (UTF-8; unlabeled
@@ -297,7 +297,8 @@ class VideoJob(Job):
         return {"path": rel, "samples": 1, "bytes": after["bytes"], "sha256": digest, "source": entry["rel"],
                 "label": entry["label"], "cls": entry["cls"], "key": entry["key"], "transcoded": transcoded,
                 "remuxed": remuxed, "frames": after["frames"], "frames_in": plan.frames_in,
-                "frames_out": after["frames"], "frame_timing": plan.mode, "fps": after["fps"], "duration_s": after["duration_s"],
+                "frames_out": after["frames"], "frame_timing": plan.mode, "fps": after["fps"],
+                "duration_s": after["duration_s"],
                 "width": after["width"], "height": after["height"], "codec": after["codec"],
                 "pix_fmt": after["pix_fmt"], "max_gop_s": after["max_gop_s"]}
 
@@ -384,8 +385,8 @@ class VideoJob(Job):
         if manifest["mode"] == "transcode":
             fps = manifest.get("run", {}).get("timing", {}).get("transcode_fps")
             lines.append(f"{t['videos']} usable video(s), {t['frames']} frames: {t['transcoded']} transcoded"
-                         f"{f' ({fps} frames/s)' if fps else ''}, {t['remuxed']} remuxed (faststart), {t['copied']} copied; "
-                         f"{t['quarantined']} quarantined")
+                         f"{f' ({fps} frames/s)' if fps else ''}, {t['remuxed']} remuxed (faststart), "
+                         f"{t['copied']} copied; {t['quarantined']} quarantined")
         lines.append(f"  {'reason':<24}{'videos':>7}")
         lines += [f"  {code:<24}{n:>7}" for code, n in sorted(stats["reasons"].items(), key=lambda kv: (-kv[1], kv[0]))]
         lines += [f"  quarantined: {q['source']}: {q['reason']}" for q in manifest["quarantine"][:10]]

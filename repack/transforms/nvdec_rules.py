@@ -2,14 +2,16 @@
 video correctly and fast on the chosen GPU?
 
 ``decide(info, target, max_gop_s, max_height, reader)`` takes a probe record
-(repack.transforms.probe) and returns a ``Decision``: ``ok`` (use as is), ``transcode`` (re-encode with the DALI-friendly
-recipe) or ``reject`` (quarantine: not a usable video), with every reason spelled out.
-Non-blocking observations (B-frames, ignored audio) are ``notes``. User limits: a keyframe gap
-above ``max_gop_s`` (``long_gop``) or a displayed height above ``max_height`` (``too_tall``)
-means transcode. ``reader`` is the DALI reader the videos are judged for (``DALI_READERS``):
-``legacy`` = ``fn.readers.video``, what pipelines.dali_video uses by default; ``experimental``
-= ``fn.experimental.readers.video`` / ``fn.experimental.decoders.video``. Decoder errors found
-by ``--verify decode`` (``decode_errors`` in the record) mean reject. Truncated (reject): packets past the end of the file, fewer packets than the
+(repack.transforms.probe) and returns a ``Decision``: ``ok`` (use as is), ``transcode``
+(re-encode with the DALI-friendly recipe) or ``reject`` (quarantine: not a usable video), with
+every reason spelled out. Non-blocking observations (B-frames, ignored audio, moov at the end,
+non-square pixels) are ``notes``. User limits: a keyframe gap above ``max_gop_s``
+(``long_gop``) or a displayed height above ``max_height`` (``too_tall``) means transcode.
+``reader`` is the DALI reader the videos are judged for (``DALI_READERS``): ``legacy`` =
+``fn.readers.video``, what pipelines.dali_video uses by default; ``experimental`` =
+``fn.experimental.readers.video`` / ``fn.experimental.decoders.video``. Reject: decoder errors
+found by ``--verify decode`` (``decode_errors`` in the record); a refused container
+(``format_refused``); truncated: packets past the end of the file, fewer packets than the
 declared frame count, or (Matroska/WebM) a packet span short of the header's duration by more
 than one frame and 5 %.
 

@@ -121,8 +121,8 @@ def decode_all(paths: list[str], reader: str, work: Path, device: str = "gpu") -
         listing.write_text("\n".join(todo) + "\n")
         results.unlink(missing_ok=True)
         proc = subprocess.run([sys.executable, "-m", "tests.gpu.gpu_video", "--check-many", str(listing),
-                               "--reader", reader, "--results", str(results), "--device", device], capture_output=True, text=True,
-                              cwd=ROOT)
+                               "--reader", reader, "--results", str(results), "--device", device],
+                              capture_output=True, text=True, cwd=ROOT)
         lines = results.read_text().splitlines() if results.exists() else []
         for line in lines:
             record = json.loads(line)
