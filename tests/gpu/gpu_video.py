@@ -127,7 +127,7 @@ def decode_all(paths: list[str], reader: str, work: Path, device: str = "gpu") -
         for line in lines:
             record = json.loads(line)
             done[record.pop("path")] = record
-        if proc.returncode != 0 and len(lines) < len(todo):
+        if len(lines) < len(todo):  # the child died on the next file
             tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][-300:]
             done[todo[len(lines)]] = {"error": f"crashed: {tail}"}
     return done
