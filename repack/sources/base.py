@@ -14,13 +14,25 @@ class InputItem:
     rel: str           # path relative to the source root (or as given in the list file)
     label: str | None  # class name, None when unlabeled
     size: int          # bytes, from stat, used to plan shards before any decoding
+    mtime_ns: int = 0  # with size and inode: the fingerprint a task checks before reading (resume)
+    ino: int = 0
+
+    @property
+    def fingerprint(self) -> list[int]:
+        return [self.size, self.mtime_ns, self.ino]
 
     def to_json(self) -> dict:
-        return {"path": self.path, "rel": self.rel, "label": self.label, "size": self.size}
+        return {"path": self.path, "rel": self.rel, "label": self.label, "size": self.size,
+                "fingerprint": self.fingerprint}
 
     @classmethod
     def from_json(cls, data: dict) -> "InputItem":
-        return cls(data["path"], data["rel"], data["label"], int(data["size"]))
+        size, mtime_ns, ino = data.get("fingerprint") or (data["size"], 0, 0)
+        return cls(data["path"], data["rel"], data["label"], int(size), int(mtime_ns), int(ino))
+
+    @classmethod
+    def from_stat(cls, path: str, rel: str, label: str | None, st: os.stat_result) -> "InputItem":
+        return cls(path, rel, label, st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 @dataclass(frozen=True)
