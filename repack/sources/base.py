@@ -63,3 +63,23 @@ def quarantine_record(rel: str, reason: str, label: str | None = None) -> dict:
     if label is not None:
         record["label"] = label
     return record
+
+
+def pick_real_paths(entries: list[tuple[str, str, os.stat_result]], root: str) -> dict[str, str]:
+    """For files reached through several paths (``entries``: (rel, real path, stat), sorted): rel ->
+    the rel that is kept for the same file. The real path (no symlink on the way) wins over an
+    alias; between real paths (hard links) the first in sorted order."""
+    groups: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    for rel, real, st in entries:
+        groups.setdefault((st.st_dev, st.st_ino), []).append((rel, real))
+    kept: dict[str, str] = {}
+    for group in groups.values():
+        winner = next((rel for rel, real in group if real == os.path.join(root, rel)), group[0][0])
+        kept.update((rel, winner) for rel, _ in group)
+    return kept
+
+
+def alias_reason(rel: str, real: str, kept: str, root: str) -> str:
+    """Why ``rel`` is not read: the same file is read under ``kept``."""
+    how = "symlink inside the source root" if real != os.path.join(root, rel) else "hard link or second path"
+    return f"same file as {kept} ({how}): read once, under {kept}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from repack.errors import UsageError
-from repack.sources.base import InputItem, Scan, quarantine_record, sort_key
+from repack.sources.base import InputItem, Scan, alias_reason, pick_real_paths, quarantine_record, sort_key
 from repack.sources.confine import Confinement
 
 JUNK_NAMES = frozenset({"Thumbs.db", "thumbs.db", "desktop.ini", "Desktop.ini", "@eaDir", "__MACOSX",
@@ -69,21 +69,12 @@ def scan_folder(root: str, confinement: Confinement | None = None) -> Scan:
     walk(conf.root, "", frozenset({(root_st.st_dev, root_st.st_ino)}))
     labeled = bool(top_dirs)
     entries.sort(key=lambda e: sort_key(e[0]))
-    groups: dict[tuple[int, int], list[tuple[str, str]]] = {}
-    for rel, real, st in entries:
-        groups.setdefault((st.st_dev, st.st_ino), []).append((rel, real))
-    # a file reached twice is packed once: under its real path (no symlink on the way) if walked, else first
-    winner = {ident: next((rel for rel, real in group if real == os.path.join(conf.root, rel)), group[0][0])
-              for ident, group in groups.items()}
+    kept = pick_real_paths(entries, conf.root)
     items: list[InputItem] = []
     for rel, real, st in entries:
         label = rel.split("/", 1)[0] if labeled and "/" in rel else None
-        first = winner[(st.st_dev, st.st_ino)]
-        if first != rel:
-            how = ("symlink inside the source root" if real != os.path.join(conf.root, rel)
-                   else "hard link or second path")
-            quarantine.append(quarantine_record(rel, f"same file as {first} ({how}): packed once, under {first}",
-                                                label))
+        if kept[rel] != rel:
+            quarantine.append(quarantine_record(rel, alias_reason(rel, real, kept[rel], conf.root), label))
             continue
         if labeled and label is None:
             quarantine.append(quarantine_record(rel, "file outside the class folders of a labeled tree"))
