@@ -46,11 +46,14 @@ class NothingPackedError(RepackError):
     exit_code = 7
 
 
-class Interrupted(RepackError):
-    """SIGTERM (exit 143) or SIGINT (exit 130): workers stopped, temp files removed; a re-run resumes."""
+class Interrupted(BaseException):
+    """SIGTERM (exit 143) or SIGINT (exit 130), raised by cli.main's signal handler. A BaseException
+    (like KeyboardInterrupt) so that no per-record ``except Exception`` swallows it; the engine stops
+    the workers and removes temp files on its way out."""
 
     def __init__(self, signal_name: str, exit_code: int) -> None:
-        super().__init__(f"{signal_name}: stopped; finished shards are kept, re-run the same command to resume")
+        super().__init__(f"interrupted by {signal_name}: workers stopped, temp files removed; finished shards "
+                         "are kept, re-run the same command to resume")
         self.exit_code = exit_code
 
 

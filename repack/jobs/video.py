@@ -50,7 +50,8 @@ from repack.jobs.images import sample_key
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
 from repack.sinks.checks import sha256_file
-from repack.sources import scan_source
+from repack.sources import Confinement, scan_source
+from repack.sources.confine import InputRefused, open_input
 from repack.transforms.nvdec_rules import OK, REJECT, TRANSCODE, decide, get_target
 
 VIDEO_FORMATS = ("videos", "webdataset")
@@ -73,6 +74,8 @@ class VideoSpec(JobSpec):
     bframes: int = 0
     threads: int = 1
     shard_size: int = 8
+    follow_symlinks: bool = True
+    allow_outside_source: bool = False
 
     def __post_init__(self) -> None:
         get_target(self.target)
@@ -161,7 +164,8 @@ class VideoJob(Job):
 
     def plan(self) -> Plan:
         spec = self.spec
-        scan = scan_source(spec.source, list_file=spec.list_file)
+        scan = scan_source(spec.source, list_file=spec.list_file, confinement=Confinement(
+            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
         items = list(scan.items)
         classes = scan.classes
         names = output_names([i.rel for i in items])
@@ -190,6 +194,11 @@ class VideoJob(Job):
         entries, probes, quarantine, outputs = [], [], [], []
         timing = {"probe_s": 0.0, "transcode_s": 0.0, "frames_transcoded": 0}
         for entry in task.payload["inputs"]:
+            try:  # still the planned regular file (SourceChanged otherwise); never blocks
+                open_input(entry["path"], entry.get("fingerprint"), entry["rel"]).close()
+            except InputRefused as exc:
+                quarantine.append({"source": entry["rel"], "reason": str(exc)})
+                continue
             t0 = time.perf_counter()
             info = probe_file(entry["path"])
             timing["probe_s"] += time.perf_counter() - t0
@@ -336,6 +345,11 @@ class VideoJob(Job):
         if spec.to == "webdataset":
             body["videos"] = videos
         return body
+
+    def packed(self, manifest: dict) -> int:
+        """Usable videos: prepared ones with --transcode, else the probed ones a GPU can take (as is or transcoded)."""
+        t = manifest["totals"]
+        return t["videos"] if self.spec.transcode else t["ok"] + t["needs_transcode"]
 
     def summary_lines(self, manifest: dict) -> list[str]:
         t, stats = manifest["totals"], manifest["stats"]
