@@ -139,7 +139,9 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement) -> tuple[l
                 visit(entry.path, child)
                 continue
             checked = conf.check(entry.path)
-            if checked.reason is None and checked.is_dir:
+            if checked.reason is not None and checked.is_link:  # whatever its name: reported, never followed
+                quarantine.append({"source": child, "line": None, "reason": checked.reason})
+            elif checked.reason is None and checked.is_dir:
                 links.append((entry.path, child))
             else:
                 found.append((entry.path, child))
