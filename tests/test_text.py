@@ -366,7 +366,7 @@ def test_parquet_row_groups_and_nulls(tmp_path, bpe_dir, docs):
     assert m["totals"]["parts"] > 2
     assert [(q["source"], q["line"]) for q in m["quarantine"]] == [("d.parquet", 18), ("d.parquet", 151)]
     proc = run_repack("text", tmp_path / "d.parquet", tmp_path / "out2", "--tokenizer", bpe_dir, check=False)
-    assert proc.returncode == 0
+    assert proc.returncode == 7 and "nothing was packed" in proc.stderr  # a wrong column: nothing to pack
     assert "no column 'text'" in read_manifest_json(tmp_path / "out2")["quarantine"][0]["reason"]
 
 
