@@ -504,3 +504,12 @@ def test_16_bit_gray_png_reads_back_scaled(tmp_path):
     run_repack("images", src, lmdb_out, "--to", "lmdb", "--quiet")
     image, _ = LmdbImageDataset(lmdb_out)[0]
     assert np.array_equal(np.asarray(image)[..., 0], (ramp >> 8).astype(np.uint8))
+
+    from pipelines.dali_lmdb import build_lmdb_pipeline, read_epoch
+    from pipelines.dali_webdataset import build_image_pipeline
+
+    pipe = build_image_pipeline(out, batch_size=1, num_threads=1, device_id=None, size=None)
+    dali = np.asarray(pipe.run()[0].at(0))
+    assert np.abs(dali[..., 0].astype(int) - (ramp >> 8)).max() <= 1  # DALI's own decoder scales 16 bits right
+    lmdb_images = read_epoch(build_lmdb_pipeline(lmdb_out, batch_size=1, num_threads=1, device_id=None, size=None))
+    assert np.abs(np.asarray(lmdb_images[0][0])[..., 0].astype(int) - (ramp >> 8)).max() <= 1
