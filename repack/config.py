@@ -77,6 +77,9 @@ class JobSpec:
         return cls(**data)
 
 
+DEFAULT_MAX_FILE_BYTES = 256 * 2**20  # images: --max-file-size (larger files are quarantined from stat)
+
+
 @dataclass(frozen=True)
 class ImagesSpec(JobSpec):
     """Options of `repack images`."""
@@ -90,7 +93,7 @@ class ImagesSpec(JobSpec):
     verify: str = "decode"
     follow_symlinks: bool = True
     allow_outside_source: bool = False
-    max_file_size: int = 256 * 2**20  # DEFAULT_MAX_FILE_BYTES
+    max_file_size: int = DEFAULT_MAX_FILE_BYTES
     normalize: bool = False
     quality: int = 90
     max_side: int | None = None
@@ -118,5 +121,4 @@ class ImagesSpec(JobSpec):
 
 
 DEFAULT_SHARD_BYTES = 512 * 10**6
-DEFAULT_MAX_FILE_BYTES = 256 * 2**20  # images: --max-file-size
 MIN_SHARD_BYTES = 64 * 2**10

@@ -32,15 +32,14 @@ from repack.config import ImagesSpec, parse_size
 @source_options
 @engine_options
 def images(source, out, to, list_file, shard_size, shard_bytes, shuffle, seed, verify, no_follow, normalize,
-           quality, max_side, dedup, max_pixels, max_file_size, allow_outside,
-           **kwargs):
+           quality, max_side, dedup, max_pixels, max_file_size, allow_outside, **kwargs):
     """Pack an ImageFolder tree (or a list file) SOURCE into shards under OUT."""
     from repack.jobs.images import ImagesJob
 
     options = split_engine_options(kwargs)
     spec = ImagesSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
                       list_file=list_file, shard_size=shard_size, shard_bytes=parse_size(shard_bytes),
-                      shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow, allow_outside_source=allow_outside,
-                      max_file_size=parse_size(max_file_size),
+                      shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow,
+                      allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels)
     run_job(ImagesJob(spec), options)

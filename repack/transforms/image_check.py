@@ -175,8 +175,8 @@ def verify_decodes(ext: str, data: bytes, image: Image.Image) -> None:
     elif ext == "png":
         _verify_png(data)
     else:
-        bands = len(image.getbands()) * (2 if image.mode.startswith("I;16") else 4 if image.mode in ("I", "F") else 1)
-        need = image.size[0] * image.size[1] * bands
+        sample_bytes = 2 if image.mode.startswith("I;16") else 4 if image.mode in ("I", "F") else 1
+        need = image.size[0] * image.size[1] * len(image.getbands()) * sample_bytes
         if need > DECODE_MEMORY_CAP:
             raise BadImage(f"{ext.upper()} of {image.size[0]}x{image.size[1]} needs {need} bytes to decode, over "
                            f"the {DECODE_MEMORY_CAP}-byte decode cap (use --verify header)")
@@ -217,7 +217,7 @@ def _png_rows(width: int, height: int, bits_per_pixel: int, interlaced: bool) ->
 def _verify_png(data: bytes) -> None:
     """Chunk CRCs, then the IDAT stream inflated in pieces against the exact size and filter bytes."""
     pos, n = 8, len(data)
-    header = None
+    have_header = False
     inflater = zlib.decompressobj()
     rows: list[tuple[int, int]] = []
     row_left, pass_index, rows_left, filters_bad, produced, expected = 0, 0, 0, 0, 0, 0
@@ -249,26 +249,23 @@ def _verify_png(data: bytes) -> None:
         if zlib.crc32(data[pos + 4:end]) != int.from_bytes(data[end:end + 4], "big"):
             raise BadImage(f"corrupt PNG: bad CRC in chunk {kind.decode('latin-1')!r}")
         if kind == b"IHDR":
-            width, height = int.from_bytes(data[pos + 8:pos + 12], "big"), int.from_bytes(data[pos + 12:pos + 16], "big")
+            width = int.from_bytes(data[pos + 8:pos + 12], "big")
+            height = int.from_bytes(data[pos + 12:pos + 16], "big")
             depth, color, interlace = data[pos + 16], data[pos + 17], data[pos + 20]
             if color not in _PNG_CHANNELS or depth not in (1, 2, 4, 8, 16):
                 raise BadImage(f"corrupt PNG: bit depth {depth} / colour type {color}")
             rows = _png_rows(width, height, depth * _PNG_CHANNELS[color], interlace == 1)
             expected = sum(r * b for r, b in rows)
-            header = True
+            have_header = True
         elif kind == b"IDAT":
-            if header is None:
+            if not have_header:
                 raise BadImage("corrupt PNG: image data before the header")
-            piece = inflater.decompress(data[pos + 8:end], _INFLATE_PIECE)
-            consume(piece)
+            consume(inflater.decompress(data[pos + 8:end], _INFLATE_PIECE))
             while inflater.unconsumed_tail and produced <= expected:
                 consume(inflater.decompress(inflater.unconsumed_tail, _INFLATE_PIECE))
         elif kind == b"IEND":
             seen_iend = True
         pos = end + 4
-    if produced <= expected and not inflater.eof:
-        while inflater.unconsumed_tail and produced <= expected:
-            consume(inflater.decompress(inflater.unconsumed_tail, _INFLATE_PIECE))
     if not seen_iend:
         raise BadImage("truncated PNG (no IEND chunk)")
     if not inflater.eof or produced != expected:
