@@ -132,9 +132,13 @@ def test_text_and_video_sources_are_confined_too(tmp_path, gpt2_dir):
     videos.mkdir()
     (videos / "clip.mp4").symlink_to(outside / "leak.jsonl")
     (videos / "notes.txt").write_text("not a video")
+    (videos / "list.mp4").write_text(f"ffconcat version 1.0\nfile '{outside / 'leak.jsonl'}'\n")
+    (videos / "live.mkv").write_text(f"#EXTM3U\n#EXTINF:1,\nfile://{outside / 'leak.jsonl'}\n")
     proc = run_repack("video", videos, tmp_path / "v", "--quiet", check=False)
     assert proc.returncode == 7 and "nothing was packed" in proc.stderr  # a folder without videos
-    assert reasons_of(tmp_path / "v")["clip.mp4"] == "symlink leaves the source root"
+    reasons = reasons_of(tmp_path / "v")
+    assert reasons["clip.mp4"] == "symlink leaves the source root"
+    assert all(reasons[name].startswith("a playlist or reference file") for name in ("list.mp4", "live.mkv"))
 
 
 # ---- 2. special files are never opened ----------------------------------------------------------
