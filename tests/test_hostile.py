@@ -435,12 +435,13 @@ def test_signals_stop_workers_remove_temps_and_resume(photo_tree, tmp_path, sign
     run_repack("images", photo_tree, ref, "--shard-size", "5", "--quiet", "--normalize")
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "repack", "images", photo_tree, out, "--shard-size", "5",
-                             "--quiet", "--normalize", "--workers", "2"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                             "--quiet", "--normalize", "--workers", "2"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     tasks = out / ".repack" / "tasks"
     deadline = time.time() + 60
     while time.time() < deadline and not (tasks.exists() and list(tasks.glob("*.json"))):
         time.sleep(0.005)
-    proc.send_signal(signum)
+    os.killpg(proc.pid, signum)  # to the whole process group, as a terminal's Ctrl-C or `kill -- -PGID` does
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
     assert "re-run the same command to resume" in err and "Traceback" not in err
