@@ -20,18 +20,17 @@ with ``json``). Nothing is ever unpickled.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
 from typing import Any, Callable, Iterator
 
 import torch
-from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, open_webdataset, parse_label,
                                        read_index, segments, split_range)
+from pipelines.pil_images import decode_image
 
 UNLABELED = -1
 
@@ -213,11 +212,7 @@ class ImageShardDataset(IterableDataset):
     def _decode(self, data: bytes, sample: Sample):
         if not self.decode:
             return data
-        image = Image.open(io.BytesIO(data))
-        if self.mode is not None and image.mode != self.mode:
-            return image.convert(self.mode)
-        image.load()
-        return image
+        return decode_image(data, self.mode)
 
 
 def _pread_exact(fd: int, view: memoryview, offset: int, where: str) -> memoryview:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, run_job, split_engine_options
+from repack.commands.options import engine_options, run_job, source_options, split_engine_options
 from repack.config import ImagesSpec, parse_size
 
 
@@ -21,16 +21,18 @@ from repack.config import ImagesSpec, parse_size
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
 @click.option("--verify", type=click.Choice(["decode", "header", "none"]), default="decode", show_default=True,
               help="How hard each image is checked before it is packed.")
-@click.option("--no-follow-symlinks", "no_follow", is_flag=True, help="Quarantine symlinks instead of following.")
 @click.option("--normalize", is_flag=True, help="Re-encode non-conforming images as baseline 4:2:0 RGB JPEG.")
 @click.option("--quality", type=int, default=90, show_default=True, help="JPEG quality of --normalize output.")
 @click.option("--max-side", type=int, default=None, help="With --normalize: downscale so the longer side <= N.")
 @click.option("--dedup", is_flag=True, help="Drop exact duplicates (same content), keeping the first.")
 @click.option("--max-pixels", type=int, default=178_956_970, show_default=True,
               help="Quarantine images declaring more pixels (decompression bombs).")
+@click.option("--max-file-size", default="256MiB", show_default=True,
+              help="Quarantine input files larger than SIZE, from their size (never read).")
+@source_options
 @engine_options
 def images(source, out, to, list_file, shard_size, shard_bytes, shuffle, seed, verify, no_follow, normalize,
-           quality, max_side, dedup, max_pixels, **kwargs):
+           quality, max_side, dedup, max_pixels, max_file_size, allow_outside, **kwargs):
     """Pack an ImageFolder tree (or a list file) SOURCE into shards under OUT."""
     from repack.jobs.images import ImagesJob
 
@@ -38,5 +40,6 @@ def images(source, out, to, list_file, shard_size, shard_bytes, shuffle, seed, v
     spec = ImagesSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
                       list_file=list_file, shard_size=shard_size, shard_bytes=parse_size(shard_bytes),
                       shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow,
+                      allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels)
     run_job(ImagesJob(spec), options)

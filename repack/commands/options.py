@@ -31,6 +31,15 @@ def engine_options(fn):
     return fn
 
 
+def source_options(fn):
+    """What every job command may read (the confinement rules of ``repack.sources.confine``)."""
+    fn = click.option("--allow-outside-source", "allow_outside", is_flag=True,
+                      help="Read symlink targets (and list-file paths) outside the source root "
+                           "(default: quarantined as 'symlink leaves the source root').")(fn)
+    return click.option("--no-follow-symlinks", "no_follow", is_flag=True,
+                        help="Quarantine every symlink instead of following it inside the source root.")(fn)
+
+
 def split_engine_options(kwargs: dict) -> EngineOptions:
     """Pop the engine options out of a command's kwargs."""
     names = ("workers", "executor", "ray_address", "retries", "num_nodes", "node_rank", "overwrite", "strict",

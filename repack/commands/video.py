@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, report, split_engine_options
+from repack.commands.options import engine_options, report, source_options, split_engine_options
 from repack.errors import StrictModeError
 from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEFAULT_TARGET, TARGETS
 
@@ -41,9 +41,10 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
 @click.option("--threads", type=int, default=1, show_default=True,
               help="ffmpeg threads per transcode (fixed: the output depends on it); the default pool is CPUs/threads.")
 @click.option("--shard-size", type=int, default=8, show_default=True, help="Videos per task (and per tar shard).")
+@source_options
 @engine_options
-def video(source, out, probe_only, transcode, target, dali_reader, verify, max_gop, to, list_file, link, crf, preset, gop, max_height,
-          bframes, threads, shard_size, **kwargs):
+def video(source, out, probe_only, transcode, target, dali_reader, verify, max_gop, to, list_file, link, crf,
+          preset, gop, max_height, bframes, threads, shard_size, no_follow, allow_outside, **kwargs):
     """Probe the videos in SOURCE for GPU decoding; with --transcode, write DALI-ready videos to OUT."""
     del probe_only  # every run probes; --probe only spells out the default (report without transcoding)
     from repack.exec import available_cpus
@@ -56,7 +57,8 @@ def video(source, out, probe_only, transcode, target, dali_reader, verify, max_g
     spec = VideoSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
                      list_file=list_file, transcode=transcode, link=link, target=target, max_gop=max_gop, crf=crf,
                      preset=preset, gop=gop, max_height=max_height, bframes=bframes, threads=threads,
-                     shard_size=shard_size, verify=verify, dali_reader=dali_reader)
+                     shard_size=shard_size, verify=verify, dali_reader=dali_reader,
+                     follow_symlinks=not no_follow, allow_outside_source=allow_outside)
     job = VideoJob(spec)
     result = Engine(job, options).run()
     manifest = result.manifest

@@ -14,6 +14,7 @@ result equals an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from repack import __version__
 from repack.config import EngineOptions
-from repack.errors import IncompleteJobError, JobLockedError, RepackError, StrictModeError, UsageError
+from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, NothingPackedError, RepackError,
+                           StrictModeError, UsageError)
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
 from repack.jobs.base import Job, Plan, Task
@@ -155,6 +157,15 @@ def refuse_out_inside_source(source: str, out: Path) -> None:
             raise UsageError(f"output {str(out)!r} is inside the source folder {source!r}: choose an OUT outside it")
 
 
+def input_fingerprints(plan: Plan) -> dict[str, list]:
+    """rel -> [size, mtime_ns, inode] of every planned input (images/video inputs, text segments)."""
+    found: dict[str, list] = {}
+    for task in plan.tasks:
+        for entry in task.payload.get("inputs", ()) or task.payload.get("segments", ()):
+            found[entry["rel"]] = list(entry.get("fingerprint", ()))
+    return found
+
+
 def options_fingerprint(job: Job) -> str:
     return hashlib.sha256(dumps_canonical({"job": job.name, "options": job.spec.options()})).hexdigest()
 
@@ -179,11 +190,24 @@ class Engine:
                 raise UsageError(f"{self.out} holds a job run with other options ({old.get('job')}: "
                                  f"{json.dumps(old.get('spec'), sort_keys=True)}); use --overwrite to replace it")
             if old.get("plan_digest") != state["plan_digest"]:
-                raise UsageError(f"the source changed since {self.out} was started (the planned tasks differ); "
+                raise UsageError(f"source changed since {self.out} was started: {self._changes(plan)}; "
                                  "use --overwrite to start over")
         else:
             atomic_write_json(state_dir(self.out) / "plan.json", plan.to_json())
             atomic_write_json(job_file, state)
+
+    def _changes(self, plan: Plan) -> str:
+        """Which inputs differ from the recorded plan (size, mtime_ns, inode), in words."""
+        try:
+            old = Plan.from_json(json.loads((state_dir(self.out) / "plan.json").read_text()))
+        except (OSError, ValueError, KeyError):
+            return "the planned tasks differ"
+        before, now = input_fingerprints(old), input_fingerprints(plan)
+        changed = sorted(rel for rel in before.keys() | now.keys() if before.get(rel) != now.get(rel))
+        if not changed:
+            return "the planned tasks differ"
+        return (f"{len(changed)} input(s) differ in size, mtime or inode, or were added or removed "
+                f"({', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''})")
 
     def _wipe(self) -> None:
         """--overwrite: remove what an earlier job wrote (files its records and manifest name)."""
@@ -245,7 +269,7 @@ class Engine:
             if not todo and opts.num_nodes == 1 and manifest_path.exists():
                 manifest = json.loads(manifest_path.read_text())
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
-                self._check_strict(manifest, manifest_path)
+                self._check_outcome(manifest, manifest_path)
                 return result
             if todo:
                 manifest_path.unlink(missing_ok=True)
@@ -258,7 +282,11 @@ class Engine:
             for task in plan.tasks if absorb else ():
                 if records[task.task_id] is not None:
                     absorb(records[task.task_id])
-            failures = self._execute(executor, todo, digest, records, absorb)
+            try:
+                failures = self._execute(executor, todo, digest, records, absorb)
+            except Interrupted:
+                self._clean_temps({t.task_id for t in todo})  # the workers are stopped: their temps go
+                raise
             if failures:
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
@@ -268,10 +296,17 @@ class Engine:
                 return RunResult(None, len(todo), len(mine) - len(todo), time.time() - started)
             manifest = self.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
             result = RunResult(manifest, len(todo), len(mine) - len(todo), time.time() - started)
-        self._check_strict(manifest, manifest_path)
+        self._check_outcome(manifest, manifest_path)
         return result
 
-    def _check_strict(self, manifest: dict, manifest_path: Path) -> None:
+    def _check_outcome(self, manifest: dict, manifest_path: Path) -> None:
+        """Exit 7 when inputs were found and nothing was packed; exit 6 under --strict with a quarantine."""
+        totals = manifest["totals"]
+        if totals.get("inputs") and not self.job.packed(manifest):
+            first = manifest["quarantine"][0] if manifest["quarantine"] else None
+            example = f"; e.g. {first['source']}: {first['reason']}" if first else ""
+            raise NothingPackedError(f"{totals['inputs']} input(s) found but nothing was packed: every one was "
+                                     f"quarantined (see {manifest_path}{example})")
         if self.options.strict and manifest["totals"].get("quarantined"):
             raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
                                   f"(see {manifest_path})")
@@ -291,8 +326,9 @@ class Engine:
                    disable=opts.quiet or None, desc=f"repack {self.job.name}", dynamic_ncols=True)
         counts: dict[str, int] = {}
         started = time.perf_counter()
-        with bar:
-            for item in executor.run(calls, [t.task_id for t in todo]):
+        results = executor.run(calls, [t.task_id for t in todo])
+        with bar, contextlib.closing(results):  # closed at once when interrupted: the executor stops its workers
+            for item in results:
                 if isinstance(item, TaskFailure):
                     failures.append(item)
                     bar.update(units[item.task_id])
@@ -342,4 +378,5 @@ def merge(out: Path, options: EngineOptions) -> RunResult:
             shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
             raise IncompleteJobError(f"{len(missing)} of {len(plan.tasks)} task(s) are missing or damaged: {shown}")
         manifest = engine.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
+    engine._check_outcome(manifest, out / MANIFEST_NAME)
     return RunResult(manifest, 0, len(plan.tasks), time.time() - started)

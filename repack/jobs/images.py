@@ -37,12 +37,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec
-from repack.errors import UsageError
+from repack.errors import UsageError, stable_reason
 from repack.jobs.base import Job, Plan, Task
 from repack.jobs.stats import merge_slowest, percentiles
 from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
-from repack.sources import InputItem, scan_source
+from repack.sources import Confinement, InputItem, scan_source
+from repack.sources.confine import InputRefused, open_input, read_input
 from repack.transforms.image_check import BadImage, inspect_image
 from repack.transforms.normalize import NormalizeOptions, normalize_image
 
@@ -102,7 +103,7 @@ def size_collisions(items: list[InputItem]) -> set[int]:
 def content_sha256(path: str) -> str | None:
     """sha256 of a file's bytes (None when unreadable: the task will quarantine it)."""
     try:
-        with open(path, "rb") as fh:
+        with open_input(path) as fh:
             return hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError:
         return None
@@ -149,7 +150,9 @@ class ImagesJob(Job):
 
     def plan(self) -> Plan:
         spec = self.spec
-        scan = scan_source(spec.source, list_file=spec.list_file, follow_symlinks=spec.follow_symlinks)
+        scan = scan_source(spec.source, list_file=spec.list_file, confinement=Confinement(
+            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source,
+            max_file_bytes=spec.max_file_size))
         items = list(scan.items)
         if spec.shuffle:
             random.Random(spec.seed).shuffle(items)
@@ -194,10 +197,10 @@ class ImagesJob(Job):
             for entry in task.payload["inputs"]:
                 t0 = time.perf_counter()
                 try:
-                    with open(entry["path"], "rb") as fh:
-                        data = fh.read()
+                    data = read_input(entry["path"], entry.get("fingerprint"), entry["rel"])
                 except OSError as exc:
-                    quarantine.append({"source": entry["rel"], "reason": f"unreadable: {exc.strerror or exc}"})
+                    reason = str(exc) if isinstance(exc, InputRefused) else f"unreadable: {exc.strerror or exc}"
+                    quarantine.append({"source": entry["rel"], "reason": reason})
                     continue
                 t1 = time.perf_counter()
                 source_bytes = len(data)
@@ -215,8 +218,9 @@ class ImagesJob(Job):
                         info = inspect_image(data, spec.verify, spec.max_pixels)
                         ext, img_w, img_h = info.ext, info.width, info.height
                         src_w, src_h = img_w, img_h
-                except BadImage as exc:
-                    quarantine.append({"source": entry["rel"], "reason": str(exc)})
+                except Exception as exc:  # noqa: BLE001 - one bad record never fails the task
+                    reason = str(exc) if isinstance(exc, BadImage) else stable_reason(exc, "cannot check: ")
+                    quarantine.append({"source": entry["rel"], "reason": reason})
                     if hashes and hashes[-1][0] == entry["rel"]:
                         hashes.pop()
                     continue

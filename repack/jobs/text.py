@@ -33,7 +33,9 @@ from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
 from repack.manifest import atomic_write_bytes, atomic_write_json
 from repack.sinks.megatron import CODE_OF, PartWriter, merge_parts, read_index, token_dtype
-from repack.sources.text_docs import DOC_PER, Segment, SegmentReader, list_text_files, plan_chunks
+from repack.sources import Confinement
+from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, Segment, SegmentReader, list_text_files,
+                                      plan_chunks, require_decompressors)
 
 BATCH_CHARS = 1 << 20  # characters handed to one encode_batch call
 BATCH_DOCS = 2048
@@ -59,6 +61,9 @@ class TextSpec(JobSpec):
     name: str = "text_document"
     chunk_bytes: int | None = None  # None: auto (sources.text_docs.auto_chunk_bytes)
     merge: bool = True
+    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
+    follow_symlinks: bool = True
+    allow_outside_source: bool = False
 
     def __post_init__(self) -> None:
         if not self.tokenizer:
@@ -71,6 +76,8 @@ class TextSpec(JobSpec):
             raise UsageError(f"--name must be a plain file stem, got {self.name!r}")
         if self.chunk_bytes is not None and self.chunk_bytes < 1:
             raise UsageError("--chunk-bytes must be positive")
+        if self.max_doc_bytes < 1:
+            raise UsageError("--max-doc-bytes must be positive")
 
 
 def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
@@ -125,7 +132,9 @@ class TextJob(Job):
     def plan(self) -> Plan:
         spec = self.spec
         info = self.tokenizer_info()
-        files, quarantine, skipped = list_text_files(spec.source, spec.list_file)
+        files, quarantine, skipped = list_text_files(spec.source, spec.list_file, Confinement(
+            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
+        require_decompressors(files)
         chunks, more = plan_chunks(files, spec.chunk_bytes, spec.doc_per, spec.field)
         quarantine += more
         dtype = token_dtype(info.max_token_id)
@@ -201,7 +210,7 @@ class TextJob(Job):
         try:
             for number, seg_json in enumerate(p["segments"]):
                 segment = Segment.from_json(seg_json)
-                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per)
+                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per, self.spec.max_doc_bytes)
                 for doc in reader:
                     if doc.reason is not None:
                         quarantine.append({"seg": number, "line": doc.line, "reason": doc.reason})

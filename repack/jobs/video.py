@@ -57,7 +57,8 @@ from repack.jobs.images import sample_key
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
 from repack.sinks.checks import sha256_file
-from repack.sources import scan_source
+from repack.sources import Confinement, scan_source
+from repack.sources.confine import InputRefused, open_input
 from repack.transforms.nvdec_rules import DEFAULT_DALI_READER, OK, REJECT, TRANSCODE, decide, get_reader, get_target
 
 VIDEO_FORMATS = ("videos", "webdataset")
@@ -83,6 +84,8 @@ class VideoSpec(JobSpec):
     shard_size: int = 8
     verify: str = "packets"
     dali_reader: str = DEFAULT_DALI_READER
+    follow_symlinks: bool = True
+    allow_outside_source: bool = False
 
     def __post_init__(self) -> None:
         get_target(self.target)
@@ -156,6 +159,21 @@ def output_names(rels: list[str]) -> list[tuple[str, str]]:
     return names
 
 
+REFERENCE_SNIFF = 64
+# Text formats that make ffmpeg open other files or URLs (HLS, concat, DASH/SMIL/XSPF, PLS, SDP, RTSP
+# descriptions): never handed to ffprobe/ffmpeg, whatever the file is called.
+_REFERENCE_MAGIC = (b"#EXTM3U", b"#EXT-X", b"ffconcat", b"file ", b"file\t", b"[playlist]", b"<?xml", b"<MPD",
+                    b"<smil", b"<playlist", b"v=0", b"#!")
+
+
+def reference_file_reason(head: bytes) -> str | None:
+    """Why a file must not reach ffmpeg, from its first bytes (None: it may)."""
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    if text.startswith(_REFERENCE_MAGIC):
+        return "a playlist or reference file (it would make ffmpeg open other files or URLs): not probed"
+    return None
+
+
 class VideoJob(Job):
     """Plans, runs and finalizes a video probe / transcode."""
 
@@ -174,7 +192,8 @@ class VideoJob(Job):
 
     def plan(self) -> Plan:
         spec = self.spec
-        scan = scan_source(spec.source, list_file=spec.list_file)
+        scan = scan_source(spec.source, list_file=spec.list_file, confinement=Confinement(
+            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
         items = list(scan.items)
         classes = scan.classes
         names = output_names([i.rel for i in items])
@@ -204,6 +223,14 @@ class VideoJob(Job):
         entries, probes, quarantine, outputs = [], [], [], []
         timing = {"probe_s": 0.0, "decode_s": 0.0, "transcode_s": 0.0, "frames_transcoded": 0}
         for entry in task.payload["inputs"]:
+            try:  # still the planned regular file (SourceChanged otherwise); never blocks
+                with open_input(entry["path"], entry.get("fingerprint"), entry["rel"]) as fh:
+                    reason = reference_file_reason(fh.read(REFERENCE_SNIFF))
+            except InputRefused as exc:
+                reason = str(exc)
+            if reason:
+                quarantine.append({"source": entry["rel"], "reason": reason})
+                continue
             t0 = time.perf_counter()
             info = probe_file(entry["path"])
             timing["probe_s"] += time.perf_counter() - t0
@@ -376,6 +403,11 @@ class VideoJob(Job):
         if spec.to == "webdataset":
             body["videos"] = videos
         return body
+
+    def packed(self, manifest: dict) -> int:
+        """Usable videos: prepared ones with --transcode, else the probed ones a GPU can take (as is or transcoded)."""
+        t = manifest["totals"]
+        return t["videos"] if self.spec.transcode else t["ok"] + t["needs_transcode"]
 
     def summary_lines(self, manifest: dict) -> list[str]:
         t, stats = manifest["totals"], manifest["stats"]

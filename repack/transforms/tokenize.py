@@ -40,7 +40,10 @@ def load_tokenizer(path: str | os.PathLike, expected_sha256: str | None = None):
     """(Tokenizer, sha256 of its file); cached per process; refuses a file whose sha256 changed."""
     from tokenizers import Tokenizer
 
-    data = Path(path).read_bytes()
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--tokenizer {str(path)!r}: cannot read it ({exc.strerror})") from None
     sha = hashlib.sha256(data).hexdigest()
     if expected_sha256 and sha != expected_sha256:
         raise UsageError(f"{path}: the tokenizer changed since the job was planned (sha256 {sha[:12]}...)")
