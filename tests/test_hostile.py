@@ -138,7 +138,10 @@ def test_text_and_video_sources_are_confined_too(tmp_path, gpt2_dir):
     assert proc.returncode == 7 and "nothing was packed" in proc.stderr  # a folder without videos
     reasons = reasons_of(tmp_path / "v")
     assert reasons["clip.mp4"] == "symlink leaves the source root"
-    assert all(reasons[name].startswith("a playlist or reference file") for name in ("list.mp4", "live.mkv"))
+    probes = {r["source"]: r for r in map(json.loads, (tmp_path / "v" / "probe.jsonl").read_text().splitlines())}
+    # a concat list is refused by ffprobe's demuxer allow-list; a playlist named .mkv is no Matroska: never followed
+    assert probes["list.mp4"]["decision"] == "reject" and "format_refused" in json.dumps(probes["list.mp4"])
+    assert probes["live.mkv"]["decision"] == "reject"
 
 
 # ---- 2. special files are never opened ----------------------------------------------------------

@@ -75,7 +75,8 @@ def test_a_listed_file_named_dot_mp4_is_quarantined_with_the_reason(tmp_path):
     hidden.write_text("#EXTM3U\n#EXT-X-TARGETDURATION:1\n#EXTINF:1.0,\n../../outside/secret.ts\n#EXT-X-ENDLIST\n")
     (tmp_path / "list.csv").write_text("path,label\nin/.mp4,a\n")
     out = tmp_path / "out"
-    run_repack("video", tmp_path / "list.csv", out, "--list", "--transcode", "--quiet")
+    proc = run_repack("video", tmp_path / "list.csv", out, "--list", "--transcode", "--quiet", check=False)
+    assert proc.returncode == 7 and "nothing was packed" in proc.stderr  # its only input was refused
     [record] = read_manifest_json(out)["quarantine"]
     assert record["source"] == "in/.mp4" and record["codes"] == ["format_refused"] and "'hls'" in record["reason"]
 

@@ -159,21 +159,6 @@ def output_names(rels: list[str]) -> list[tuple[str, str]]:
     return names
 
 
-REFERENCE_SNIFF = 64
-# Text formats that make ffmpeg open other files or URLs (HLS, concat, DASH/SMIL/XSPF, PLS, SDP, RTSP
-# descriptions): never handed to ffprobe/ffmpeg, whatever the file is called.
-_REFERENCE_MAGIC = (b"#EXTM3U", b"#EXT-X", b"ffconcat", b"file ", b"file\t", b"[playlist]", b"<?xml", b"<MPD",
-                    b"<smil", b"<playlist", b"v=0", b"#!")
-
-
-def reference_file_reason(head: bytes) -> str | None:
-    """Why a file must not reach ffmpeg, from its first bytes (None: it may)."""
-    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
-    if text.startswith(_REFERENCE_MAGIC):
-        return "a playlist or reference file (it would make ffmpeg open other files or URLs): not probed"
-    return None
-
-
 class VideoJob(Job):
     """Plans, runs and finalizes a video probe / transcode."""
 
@@ -223,13 +208,12 @@ class VideoJob(Job):
         entries, probes, quarantine, outputs = [], [], [], []
         timing = {"probe_s": 0.0, "decode_s": 0.0, "transcode_s": 0.0, "frames_transcoded": 0}
         for entry in task.payload["inputs"]:
-            try:  # still the planned regular file (SourceChanged otherwise); never blocks
-                with open_input(entry["path"], entry.get("fingerprint"), entry["rel"]) as fh:
-                    reason = reference_file_reason(fh.read(REFERENCE_SNIFF))
+            try:  # still the planned regular file (SourceChanged otherwise); never blocks. Playlists and
+                # reference files are refused by ffprobe's demuxer allow-list (probe.py), never followed.
+                with open_input(entry["path"], entry.get("fingerprint"), entry["rel"]):
+                    pass
             except InputRefused as exc:
-                reason = str(exc)
-            if reason:
-                quarantine.append({"source": entry["rel"], "reason": reason})
+                quarantine.append({"source": entry["rel"], "reason": str(exc)})
                 continue
             t0 = time.perf_counter()
             info = probe_file(entry["path"])
