@@ -34,6 +34,6 @@ def verify(out, json_out):
 @click.argument("out")
 def inspect(out):
     """Print a short human summary of the dataset in OUT."""
-    from repack.jobs.verify import inspect_lines
+    from repack.report.inspect import inspect_lines
 
     click.echo("\n".join(inspect_lines(out)))
