@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, run_job, split_engine_options
+from repack.commands.options import engine_options, job_command, run_job, split_engine_options
 from repack.config import parse_size
 
 
-@click.command("text")
+@job_command("text", input=("field", "doc_per", "list_file"),
+             output=("tokenize", "tokenizer", "append_eos", "eos_token", "add_bos", "bos_token",
+                     "no_special_tokens", "name", "chunk_bytes", "no_merge"))
 @click.argument("source")
 @click.argument("out")
 @click.option("--tokenize", default="memmap", show_default=True, type=click.Choice(["memmap"]),
