@@ -52,8 +52,10 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 @click.option("--seq-len", type=int, default=1024, show_default=True, help="Text: tokens per sequence.")
 @click.option("--clip-frames", type=int, default=8, show_default=True, help="Video: frames per clip.")
 @click.option("--json", "json_out", is_flag=True, help="Print the full report as JSON on stdout.")
+@click.option("--html", "html_file", default=None, metavar="FILE",
+              help="Also write a self-contained HTML page plotting samples/s and wait share against workers.")
 def bench(out, source, steps, warmup, loader_workers, legacy_workers, threads, batch_size, pin_memory, persistent_workers,
-          prefetch_factor, compute_ms, compute_mode, readers, device, size, seq_len, clip_frames, json_out):
+          prefetch_factor, compute_ms, compute_mode, readers, device, size, seq_len, clip_frames, json_out, html_file):
     """Measure how fast the bundled readers feed a training loop from the dataset in OUT.
 
     Each row: samples/s, the time a step waits for data, its share of the step, and the
@@ -77,6 +79,10 @@ def bench(out, source, steps, warmup, loader_workers, legacy_workers, threads, b
         report = run_bench(out, opts, progress)
     except BenchError as exc:
         raise UsageError(str(exc)) from None
+    if html_file:
+        from repack.report.html import bench_page, write_page
+
+        write_page(html_file, bench_page(report))
     if json_out:
         for warning in report["warnings"]:
             click.echo(f"repack bench: warning: {warning}", err=True)
