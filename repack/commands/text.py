@@ -18,7 +18,8 @@ from repack.config import parse_size
 @click.option("--tokenize", default="memmap", show_default=True, type=click.Choice(["memmap"]),
               help="Output: Megatron-LM .bin/.idx token memmap.")
 @click.option("--tokenizer", "tokenizer", required=True,
-              help="A local HuggingFace tokenizer.json, or a folder holding one (never downloaded).")
+              help="A local HuggingFace tokenizer.json, a model folder holding one, or a HuggingFace cache folder "
+                   "(~/.cache/huggingface/hub/models--org--name); never downloaded.")
 @click.option("--field", default="text", show_default=True, help="JSON-lines key / parquet column of the text.")
 @click.option("--doc-per", type=click.Choice(["line", "file", "blank-line"]), default="line", show_default=True,
               help=".txt inputs: one document per line, per file, or per blank-line-separated paragraph.")
@@ -43,7 +44,7 @@ def text(source, out, tokenize, tokenizer, field, doc_per, list_file, append_eos
 
     options = split_engine_options(kwargs)
     spec = TextSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), tokenize=tokenize,
-                    tokenizer=str(Path(tokenizer).absolute()), field=field, doc_per=doc_per, list_file=list_file,
+                    tokenizer=str(Path(tokenizer).expanduser().absolute()), field=field, doc_per=doc_per, list_file=list_file,
                     append_eos=append_eos, eos_token=eos_token, add_bos=add_bos, bos_token=bos_token,
                     special_tokens=not no_special_tokens, name=name, chunk_bytes=None if chunk_bytes == "auto" else parse_size(chunk_bytes),
                     merge=not no_merge)
