@@ -263,7 +263,6 @@ def test_bad_jobs_fail_fast(tmp_path, photo_tree):
         (["images", tmp_path / "missing", tmp_path / "o1"], "does not exist"),
         (["images", tmp_path / "emptysrc", tmp_path / "o2"], "holds no inputs"),
         (["images", photo_tree, tmp_path / "afile" / "out"], "not writable"),
-        (["images", photo_tree, tmp_path / "o3", "--to", "parquet"], "unknown output format"),
         (["images", photo_tree, tmp_path / "o4", "--shard-bytes", "lots"], "bad size"),
         (["images", photo_tree, tmp_path / "o5", "--shard-size", "0"], "--shard-size"),
     ]

@@ -1,7 +1,7 @@
 """Every `bash` and `python` block of README.md runs as written.
 
-Each block carries a marker on the line above it: ``<!-- readme-test: run SANDBOX -->`` or
-``<!-- readme-test: not run: REASON -->``. Blocks of one sandbox run in README order in one
+Each block carries a marker on the line above it: ``<!-- readme-test: run SANDBOX -->``, or,
+visible to readers, ``*Not run by the README test: REASON.*``. Blocks of one sandbox run in README order in one
 directory that holds what the README's placeholders name (``SRC``, ``corpus/``, ``docs.txt.zst``,
 ``list.txt``, and ``OUT`` where a block reads a dataset it did not make), generated here, small.
 Bash runs with ``-euo pipefail`` and this checkout's ``repack`` first on PATH; Python blocks run
@@ -26,7 +26,7 @@ from tests.tools.photos import make_photo_tree
 from tests.tools.text import documents
 from tests.tools.videos import CLIPS, make_clips
 
-MARKER = re.compile(r"^<!-- readme-test: (?:run (?P<sandbox>[\w-]+)|not run: (?P<reason>.+\S)) -->$")
+MARKER = re.compile(r"^(?:<!-- readme-test: run (?P<sandbox>[\w-]+) -->|\*Not run by the README test: (?P<reason>.+\S)\.\*)$")
 CODE = ("bash", "sh", "python")
 
 

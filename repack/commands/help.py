@@ -48,7 +48,7 @@ class JobCommand(click.Command):
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
             if record is not None:
-                rows["running" if param.name == "help" else self.section_of(param)].append(record)
+                rows[self.section_of(param)].append(record)
         for name in SECTIONS:
             if rows[name]:
                 with formatter.section(f"{name.capitalize()} options"):
