@@ -472,7 +472,7 @@ def test_malformed_manifest_is_a_clear_error(tmp_path, body):
 
 
 def test_more_bad_jobs_fail_fast(photo_tree, tmp_path):
-    for args, message in ((["--to", "videos"], "cannot hold images"), (["--shard-bytes", "100B"], "--shard-bytes")):
+    for args, message in ((["--to", "videos"], "'videos' is not one of 'webdataset', 'lmdb'"), (["--shard-bytes", "100B"], "--shard-bytes")):
         proc = run_repack("images", photo_tree, tmp_path / "o", *args, check=False)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert not (tmp_path / "o").exists()
