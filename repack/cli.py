@@ -10,6 +10,7 @@ import click
 
 from repack import __version__
 from repack.commands.bench import bench
+from repack.commands.help import RepackGroup
 from repack.commands.images import images
 from repack.commands.merge import merge
 from repack.commands.text import text
@@ -18,7 +19,7 @@ from repack.commands.video import video
 from repack.errors import VERIFICATION_EXIT_CODE, Interrupted, RepackError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=RepackGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="repack")
 def cli() -> None:
     """Repack training data once, offline, into formats that keep GPUs fed."""

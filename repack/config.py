@@ -27,6 +27,16 @@ def parse_size(text: str | int | None) -> int | None:
     return value
 
 
+def format_size(num_bytes: int | float) -> str:
+    """Bytes for people: '512 B', '3.4 KB', '118.0 MB', '1.2 GB' (decimal units, as parse_size reads)."""
+    value = float(num_bytes)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(value) < 1000 or unit == "TB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """How a job runs; none of this changes its output."""

@@ -6,14 +6,18 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, run_job, source_options, split_engine_options
+from repack.commands.options import engine_options, job_command, run_job, source_options, split_engine_options
 from repack.config import ImagesSpec, parse_size
 
 
-@click.command("images")
+@job_command("images", input=("list_file",),
+             output=("to", "shard_size", "shard_bytes", "shuffle", "seed", "normalize", "quality", "max_side",
+                     "dedup"),
+             checking=("verify", "max_pixels", "max_file_size"))
 @click.argument("source")
 @click.argument("out")
-@click.option("--to", "to", default="webdataset", show_default=True, help="Output format (webdataset, lmdb).")
+@click.option("--to", "to", type=click.Choice(["webdataset", "lmdb"]), default="webdataset", show_default=True,
+              help="Output format: WebDataset tar shards (+ DALI .idx) or one LMDB file.")
 @click.option("--list", "list_file", is_flag=True, help="SOURCE is a .csv/.tsv/.jsonl list file (path[,label]).")
 @click.option("--shard-size", type=int, default=None, help="At most N inputs per shard.")
 @click.option("--shard-bytes", default=None, help="At most SIZE per shard, e.g. 512MB (default when no --shard-size).")

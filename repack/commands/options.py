@@ -9,14 +9,28 @@ import sys
 
 import click
 
+from repack.commands.help import JobCommand
 from repack.config import EngineOptions
+
+# Sections of the options every job command shares (source_options, engine_options); the other
+# engine options are "running".
+SHARED_SECTIONS = {"input": ("no_follow", "allow_outside"), "checking": ("strict",)}
+
+
+def job_command(name: str, **sections: tuple[str, ...]):
+    """``click.command`` for a job: its options listed by section (input, output, checking; the rest
+    and the engine options: running) and the exit codes at the end of --help."""
+    for section, names in SHARED_SECTIONS.items():
+        sections[section] = tuple(sections.get(section, ())) + names
+    return click.command(name, cls=JobCommand, sections=sections)
 
 
 def engine_options(fn):
     """Options shared by every job command: how it runs, never what it outputs."""
     decorators = [
         click.option("--workers", type=int, default=None, help="Parallel workers (default: the usable CPUs)."),
-        click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True),
+        click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="Where tasks run: a process pool on this machine, or a Ray cluster."),
         click.option("--ray-address", default=None, help="Ray cluster address (default: start or join a local one)."),
         click.option("--retries", type=int, default=2, show_default=True, help="Retries of a failing task."),
         click.option("--num-nodes", type=int, default=1, show_default=True, help="Static partitions: total nodes."),

@@ -8,15 +8,17 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, report, source_options, split_engine_options
-from repack.errors import StrictModeError
+from repack.commands.options import engine_options, job_command, report, source_options, split_engine_options
+from repack.errors import StrictModeError, UsageError
 from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEFAULT_TARGET, TARGETS
 
 
-@click.command("video")
+@job_command("video", input=("list_file",),
+             output=("transcode", "to", "link", "crf", "preset", "gop", "max_height", "bframes", "shard_size"),
+             checking=("target", "dali_reader", "verify", "max_gop"))
 @click.argument("source")
 @click.argument("out")
-@click.option("--probe", "probe_only", is_flag=True, help="Probe and decide only (the default without --transcode).")
+@click.option("--probe", "probe_only", is_flag=True, hidden=True, help="Deprecated: every run probes; omit it.")
 @click.option("--transcode", is_flag=True, help="Re-encode what needs it into OUT/videos; copy the rest.")
 @click.option("--target", type=click.Choice(sorted(TARGETS)), default=DEFAULT_TARGET, show_default=True,
               help="GPU whose NVDEC (through DALI) must decode the videos.")
@@ -46,7 +48,11 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
 def video(source, out, probe_only, transcode, target, dali_reader, verify, max_gop, to, list_file, link, crf,
           preset, gop, max_height, bframes, threads, shard_size, no_follow, allow_outside, **kwargs):
     """Probe the videos in SOURCE for GPU decoding; with --transcode, write DALI-ready videos to OUT."""
-    del probe_only  # every run probes; --probe only spells out the default (report without transcoding)
+    if probe_only:  # deprecated: it only spelled out the default (probe and report, no --transcode)
+        click.echo("repack video: warning: --probe is deprecated and does nothing: every run probes, and without "
+                   "--transcode that is all it does; drop the flag", err=True)
+        if transcode:
+            raise UsageError("--probe (probe only) contradicts --transcode; drop --probe")
     from repack.exec import available_cpus
     from repack.jobs.engine import Engine
     from repack.jobs.video import VideoJob, VideoSpec

@@ -187,8 +187,15 @@ class Engine:
         if job_file.exists():
             old = json.loads(job_file.read_text())
             if old.get("options_sha256") != state["options_sha256"]:
-                raise UsageError(f"{self.out} holds a job run with other options ({old.get('job')}: "
-                                 f"{json.dumps(old.get('spec'), sort_keys=True)}); use --overwrite to replace it")
+                old_spec, new_spec = old.get("spec") or {}, state["spec"]
+                differ = [f"--{key.replace('_', '-')}: {json.dumps(old_spec.get(key))} -> "
+                          f"{json.dumps(new_spec.get(key))}" for key in sorted(set(old_spec) | set(new_spec))
+                          if key != "out" and old_spec.get(key) != new_spec.get(key)]
+                if old.get("job") != self.job.name:
+                    differ.insert(0, f"command: {old.get('job')} -> {self.job.name}")
+                raise UsageError(f"{self.out} holds a job run with other options ("
+                                 f"{'; '.join(differ) or 'same values, older tool version'}); "
+                                 "use --overwrite to replace it")
             if old.get("plan_digest") != state["plan_digest"]:
                 raise UsageError(f"source changed since {self.out} was started: {self._changes(plan)}; "
                                  "use --overwrite to start over")
