@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from repack.errors import VERIFICATION_EXIT_CODE, IncompleteJobError, JobLockedError, StrictModeError, UsageError
+from repack.errors import (VERIFICATION_EXIT_CODE, IncompleteJobError, JobLockedError, NothingPackedError,
+                           StrictModeError, UsageError)
 from tests.conftest import run_repack
 
 JOBS = ("images", "video", "text")
@@ -31,7 +32,8 @@ def test_job_help_has_sections_and_exit_codes(command):
     codes = [line.split()[0] for line in helptext.split("Exit codes:")[1].splitlines() if line.strip()
              and line.startswith("  ") and line.split()[0].isdigit()]
     assert codes == ["0", *map(str, (UsageError.exit_code, JobLockedError.exit_code, IncompleteJobError.exit_code,
-                                     VERIFICATION_EXIT_CODE, StrictModeError.exit_code)), "130"]
+                                     VERIFICATION_EXIT_CODE, StrictModeError.exit_code,
+                                     NothingPackedError.exit_code)), "130", "143"]
 
 
 def test_command_list_shows_whole_descriptions():
