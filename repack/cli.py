@@ -3,6 +3,7 @@ This is the one place where exceptions become messages and exit codes."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -51,9 +52,11 @@ def main() -> None:
         signal.signal(signum, _on_signal)
     try:
         cli.main(standalone_mode=False)
-    except Interrupted as exc:
+    except Interrupted as exc:  # workers stopped and temps removed on the way here
         click.echo(f"repack: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exc.exit_code)  # never wait at exit on a pool's helper threads that a killed worker left waiting
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
