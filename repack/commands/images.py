@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from repack.commands.options import engine_options, run_job, split_engine_options
+from repack.commands.options import engine_options, location, run_job, split_engine_options
 from repack.config import ImagesSpec, parse_size
+from repack.errors import UsageError
+from repack.store import is_remote
 
 
 @click.command("images")
@@ -35,7 +35,10 @@ def images(source, out, to, list_file, shard_size, shard_bytes, shuffle, seed, v
     from repack.jobs.images import ImagesJob
 
     options = split_engine_options(kwargs)
-    spec = ImagesSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
+    if is_remote(out) and to == "lmdb":
+        raise UsageError("--to lmdb writes one local database file: OUT must be a local folder, not "
+                         f"{out!r} (write it locally, or use --to webdataset for object storage)")
+    spec = ImagesSpec(source=location(source), out=location(out), to=to,
                       list_file=list_file, shard_size=shard_size, shard_bytes=parse_size(shard_bytes),
                       shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow,
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, report, split_engine_options
+from repack.commands.options import engine_options, location, report, split_engine_options
 from repack.errors import StrictModeError
 from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
 
@@ -47,7 +47,7 @@ def video(source, out, probe_only, transcode, target, max_gop, to, list_file, li
     options = split_engine_options(kwargs)
     if transcode and options.workers is None:
         options = dataclasses.replace(options, workers=max(1, available_cpus() // threads))
-    spec = VideoSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
+    spec = VideoSpec(source=str(Path(source).absolute()), out=location(out), to=to,
                      list_file=list_file, transcode=transcode, link=link, target=target, max_gop=max_gop, crf=crf,
                      preset=preset, gop=gop, max_height=max_height, bframes=bframes, threads=threads,
                      shard_size=shard_size)
@@ -55,10 +55,10 @@ def video(source, out, probe_only, transcode, target, max_gop, to, list_file, li
     result = Engine(job, options).run()
     manifest = result.manifest
     if options.json_summary and manifest is not None:
-        click.echo(json.dumps({"out": str(job.out), "ran": result.ran, "skipped": result.skipped,
+        click.echo(json.dumps({"out": job.store.url, "ran": result.ran, "skipped": result.skipped,
                                "seconds": round(result.seconds, 3), "totals": manifest["totals"],
                                "decisions": manifest["stats"]["decisions"], "reasons": manifest["stats"]["reasons"],
-                               "quarantine": manifest["quarantine"], "probe": str(job.out / "probe.jsonl")},
+                               "quarantine": manifest["quarantine"], "probe": f"{job.store.url}/probe.jsonl"},
                               sort_keys=True))
         if not options.quiet:
             click.echo("\n".join(job.summary_lines(manifest)), err=True)
@@ -66,4 +66,4 @@ def video(source, out, probe_only, transcode, target, max_gop, to, list_file, li
         report(job, options, result)
     if options.strict and manifest is not None and not transcode and manifest["totals"]["needs_transcode"]:
         raise StrictModeError(f"--strict: {manifest['totals']['needs_transcode']} video(s) need transcoding "
-                              f"(see {job.out / 'probe.jsonl'})")
+                              f"(see {job.store.url}/probe.jsonl)")

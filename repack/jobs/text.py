@@ -31,7 +31,7 @@ import numpy as np
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
-from repack.manifest import atomic_write_bytes, atomic_write_json
+from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.sinks.megatron import CODE_OF, PartWriter, merge_parts, read_index, token_dtype
 from repack.sources.text_docs import DOC_PER, Segment, SegmentReader, list_text_files, plan_chunks
 
@@ -231,8 +231,8 @@ class TextJob(Job):
     # -- resume ---------------------------------------------------------------------------
     def _marker(self) -> dict | None:
         try:
-            return json.loads((self.out / ".repack" / MERGED_MARKER).read_text())
-        except (OSError, ValueError):
+            return json.loads(self.store.read_bytes(f".repack/{MERGED_MARKER}") or b"null")
+        except ValueError:
             return None
 
     def record_outputs(self, record: dict) -> list[dict]:
@@ -253,11 +253,8 @@ class TextJob(Job):
         return self._final_intact(marker["entry"])
 
     def _final_intact(self, entry: dict) -> bool:
-        try:
-            return (os.path.getsize(self.out / entry["path"]) == entry["bytes"]
-                    and os.path.getsize(self.out / entry["index"]) == entry["index_bytes"])
-        except OSError:
-            return False
+        return (self.store.size(entry["path"]) == entry["bytes"]
+                and self.store.size(entry["index"]) == entry["index_bytes"])
 
     # -- finalize -------------------------------------------------------------------------
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
@@ -335,6 +332,9 @@ class TextJob(Job):
         if marker and marker.get("plan_digest") == digest and marker.get("parts") == wanted \
                 and self._final_intact(marker["entry"]):
             entry = marker["entry"]
+            for rel in (entry["path"], entry["index"]):  # object store, scratch lost: finalize reads them
+                if not (self.out / rel).is_file():
+                    self.store.fetch(rel, self.out / rel)
         else:
             for stale in self.out.glob(f".{name}.*.tmp-*"):
                 stale.unlink(missing_ok=True)
@@ -344,8 +344,10 @@ class TextJob(Job):
                      "tokens": merged["tokens"], "bytes": merged["bytes"], "sha256": merged["sha256"],
                      "index_bytes": merged["index_bytes"], "index_sha256": merged["index_sha256"], "dtype": dtype,
                      "max_token_id": max((r["part"]["max_token_id"] for r in records), default=-1)}
-            atomic_write_json(self.out / ".repack" / MERGED_MARKER,
-                              {"plan_digest": digest, "parts": wanted, "entry": entry})
+            for rel in (entry["path"], entry["index"]):  # object store: uploaded (checked) before the marker
+                self.store.publish(rel, self.out / rel)
+            self.store.put_bytes(f".repack/{MERGED_MARKER}",
+                                 dumps_canonical({"plan_digest": digest, "parts": wanted, "entry": entry}))
         for r in records:
             for key in ("bin", "idx"):
                 (self.out / r["part"][key]).unlink(missing_ok=True)
