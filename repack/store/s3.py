@@ -242,8 +242,27 @@ class S3Store:
             for upload in page.get("Uploads", ()):
                 client().abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
 
+    def digest(self, rel: str) -> tuple[int, str, str | None] | None:
+        """(size, sha256 of the content, sha256 stored at upload or None) streaming the object;
+        None when it does not exist."""
+        try:
+            answer = self._call(rel, "get_object", Key=self.key(rel))
+        except FileNotFoundError:
+            return None
+        sha, size = hashlib.sha256(), 0
+        for chunk in answer["Body"].iter_chunks(1 << 20):
+            sha.update(chunk)
+            size += len(chunk)
+        return size, sha.hexdigest(), answer.get("Metadata", {}).get(SHA_META)
+
     def fetch(self, rel: str, local: Path, sha256: str | None = None) -> None:
-        """Download ``rel`` to ``local`` (temp name, then rename), checking the sha256 when known."""
+        """Download ``rel`` to ``local`` (temp name, then rename), checking its sha256 against
+        ``sha256``, else against the sha256 stored at upload."""
+        if sha256 is None:
+            try:
+                sha256 = self._call(rel, "head_object", Key=self.key(rel)).get("Metadata", {}).get(SHA_META)
+            except FileNotFoundError:
+                raise RepackError(f"{self.where(rel)}: missing") from None
         local = Path(local)
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(f".{local.name}.tmp-{os.getpid()}")
