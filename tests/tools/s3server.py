@@ -75,11 +75,13 @@ def objects(s3, bucket: str, prefix: str) -> dict[str, bytes]:
 
 class FaultProxy:
     """Forwards HTTP to ``target``; every ``every``-th request is answered 503 SlowDown instead
-    (not forwarded), as S3 does under load. ``failed`` counts the injected faults."""
+    (not forwarded), as S3 does under load (``every=0``: never). ``failed`` counts the injected
+    faults; ``requests`` records (method, path, Range header) of each request."""
 
-    def __init__(self, target_port: int, every: int) -> None:
+    def __init__(self, target_port: int, every: int = 0) -> None:
         self.failed = 0
         self.count = 0
+        self.requests: list[tuple[str, str, str | None]] = []
         lock = threading.Lock()
         proxy = self
 
@@ -94,7 +96,8 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else None
                 with lock:
                     proxy.count += 1
-                    fail = proxy.count % every == 0
+                    proxy.requests.append((self.command, self.path, self.headers.get("Range")))
+                    fail = every > 0 and proxy.count % every == 0
                     proxy.failed += fail
                 if fail:
                     payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
