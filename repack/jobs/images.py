@@ -43,6 +43,8 @@ from repack.jobs.stats import merge_slowest, percentiles
 from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
 from repack.sources import InputItem, scan_source
+from repack.sources.s3 import open_input, read_inputs
+from repack.store import is_remote
 from repack.transforms.image_check import BadImage, inspect_image
 from repack.transforms.normalize import NormalizeOptions, normalize_image
 
@@ -102,7 +104,7 @@ def size_collisions(items: list[InputItem]) -> set[int]:
 def content_sha256(path: str) -> str | None:
     """sha256 of a file's bytes (None when unreadable: the task will quarantine it)."""
     try:
-        with open(path, "rb") as fh:
+        with open_input(path) as fh:
             return hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError:
         return None
@@ -144,7 +146,7 @@ class ImagesJob(Job):
 
     def check(self) -> None:
         src = Path(self.spec.source)
-        if not src.exists():
+        if not is_remote(self.spec.source) and not src.exists():
             raise UsageError(f"source {self.spec.source!r} does not exist")
 
     def plan(self) -> Plan:
@@ -190,14 +192,13 @@ class ImagesJob(Job):
         normalized = 0
         norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels) if spec.normalize else None
         width = task.payload["cls_width"]
+        reads = read_inputs([entry["path"] for entry in task.payload["inputs"]])
         try:
             for entry in task.payload["inputs"]:
                 t0 = time.perf_counter()
-                try:
-                    with open(entry["path"], "rb") as fh:
-                        data = fh.read()
-                except OSError as exc:
-                    quarantine.append({"source": entry["rel"], "reason": f"unreadable: {exc.strerror or exc}"})
+                data = next(reads)
+                if isinstance(data, OSError):
+                    quarantine.append({"source": entry["rel"], "reason": f"unreadable: {data.strerror or data}"})
                     continue
                 t1 = time.perf_counter()
                 source_bytes = len(data)

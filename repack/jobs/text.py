@@ -33,6 +33,7 @@ from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
 from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.sinks.megatron import CODE_OF, PartWriter, merge_parts, read_index, token_dtype
+from repack.store import is_remote
 from repack.sources.text_docs import DOC_PER, Segment, SegmentReader, list_text_files, plan_chunks
 
 BATCH_CHARS = 1 << 20  # characters handed to one encode_batch call
@@ -105,7 +106,7 @@ class TextJob(Job):
         spec = self.spec
         if spec.tokenize not in ("memmap",):
             raise UsageError(f"--tokenize {spec.tokenize!r}: only 'memmap' (Megatron .bin/.idx) is supported")
-        if not Path(spec.source).exists():
+        if not is_remote(spec.source) and not Path(spec.source).exists():
             raise UsageError(f"source {spec.source!r} does not exist")
         if spec.list_file and not Path(spec.source).is_file():
             raise UsageError(f"--list: {spec.source!r} is not a file")

@@ -30,6 +30,8 @@ from typing import BinaryIO, Iterator
 
 from repack.errors import UsageError
 from repack.sources.base import sort_key
+from repack.sources.s3 import list_objects, open_input
+from repack.store import is_remote
 
 JSONL_EXTS = (".jsonl", ".ndjson", ".json")
 TXT_EXTS = (".txt",)
@@ -156,6 +158,8 @@ def walk_folder(src: Path, quarantine: list[dict]) -> tuple[list[tuple[str, str]
 
 def list_text_files(source: str, list_file: bool = False) -> tuple[list[TextFile], list[dict], int]:
     """The input files in deterministic order, quarantine records, and the count of skipped files."""
+    if is_remote(source):
+        return list_remote_text_files(source, list_file)
     src = Path(source)
     quarantine: list[dict] = []
     skipped = 0
@@ -199,6 +203,21 @@ def list_text_files(source: str, list_file: bool = False) -> tuple[list[TextFile
     return files, quarantine, skipped
 
 
+def list_remote_text_files(url: str, list_file: bool) -> tuple[list[TextFile], list[dict], int]:
+    """``list_text_files`` for an s3:// prefix (paged listing, sorted by byte path)."""
+    if list_file:
+        raise UsageError("--list reads a local list file: SOURCE cannot be an s3:// URL with --list")
+    files: list[TextFile] = []
+    skipped = 0
+    for path, rel, size in list_objects(url):
+        kind = classify(rel.rsplit("/", 1)[-1])
+        if kind is None:
+            skipped += 1
+            continue
+        files.append(TextFile(path, rel, kind[0], kind[1], size))
+    return files, [], skipped
+
+
 # -- planning ----------------------------------------------------------------------------------
 
 def snap_line(fh: BinaryIO, pos: int, size: int) -> int:
@@ -238,7 +257,7 @@ def parquet_row_groups(path: str, field: str) -> tuple[list[int], str | None]:
     except ImportError:
         raise UsageError("reading .parquet needs pyarrow: pip install pyarrow (or the 'text' extra)") from None
     try:
-        meta = pq.ParquetFile(path)
+        meta = pq.ParquetFile(open_input(path) if is_remote(path) else path)
     except Exception as exc:  # noqa: BLE001 - a bad file is a quarantine record
         return [], f"unreadable parquet: {exc}"
     schema = meta.schema_arrow
@@ -289,7 +308,7 @@ def plan_chunks(files: list[TextFile], chunk_bytes: int | None, doc_per: str, fi
 
         if unit == "bytes":
             local = 0
-            with open(f.path, "rb") as fh:
+            with open_input(f.path, f.size) as fh:
                 while ci < len(cuts) and cuts[ci] < pos + f.size:
                     cut = cuts[ci] - pos
                     boundary = (snap_paragraph if f.kind == "txt" and doc_per == "blank-line" else snap_line)(
@@ -328,15 +347,15 @@ def plan_chunks(files: list[TextFile], chunk_bytes: int | None, doc_per: str, fi
 
 def _open_stream(segment: Segment) -> BinaryIO:
     if segment.compression == "gz":
-        return gzip.open(segment.path, "rb")
+        return gzip.open(open_input(segment.path) if is_remote(segment.path) else segment.path, "rb")
     if segment.compression == "zst":
         try:
             import zstandard
         except ImportError:
             raise UsageError("reading .zst needs zstandard: pip install zstandard") from None
-        raw = open(segment.path, "rb")
+        raw = open_input(segment.path)
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), 1 << 20)
-    fh = open(segment.path, "rb", buffering=1 << 20)
+    fh = open_input(segment.path)
     if segment.unit == "bytes":
         fh.seek(segment.start)
     return fh
@@ -478,7 +497,7 @@ class SegmentReader:
     def _parquet(self) -> Iterator[Doc]:
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(self.segment.path)
+        pf = pq.ParquetFile(open_input(self.segment.path) if is_remote(self.segment.path) else self.segment.path)
         groups = list(range(self.segment.start, self.segment.end))
         field = self.field
         for batch in pf.iter_batches(batch_size=4096, row_groups=groups, columns=[field], use_threads=False):
