@@ -190,3 +190,17 @@ def test_video_to_s3_equals_local(server, s3, tmp_path):
     assert dataset_files(objs) == local_files(tmp_path / "local")
     assert hashlib.sha256(objs["probe.jsonl"]).digest() == hashlib.sha256((tmp_path / "local" / "probe.jsonl")
                                                                           .read_bytes()).digest()
+
+
+def test_static_partitions_then_merge_on_s3(server, s3, photo_tree, packed_photos, tmp_path):
+    env = env_for(server.endpoint, tmp_path)
+    s3.create_bucket(Bucket="parts")
+    for rank in range(2):
+        proc = run_repack("images", photo_tree, "s3://parts/run", "--shard-size", "25", "--num-nodes", "2",
+                          "--node-rank", str(rank), env={**env, "REPACK_SCRATCH": str(tmp_path / f"node{rank}")})
+        assert "repack merge s3://parts/run" in proc.stdout + proc.stderr
+    assert "manifest.json" not in objects(s3, "parts", "run")
+    run_repack("merge", "s3://parts/run", "--quiet", env={**env, "REPACK_SCRATCH": str(tmp_path / "merger")})
+    objs = objects(s3, "parts", "run")
+    assert dataset_files(objs) == local_files(packed_photos)
+    assert stable(json.loads(objs["manifest.json"])) == stable(read_manifest_json(packed_photos))

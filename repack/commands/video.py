@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from repack.commands.options import engine_options, location, report, split_engine_options
-from repack.errors import StrictModeError
+from repack.errors import StrictModeError, UsageError
+from repack.store import is_remote
 from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
 
 
@@ -45,6 +46,9 @@ def video(source, out, probe_only, transcode, target, max_gop, to, list_file, li
     from repack.jobs.video import VideoJob, VideoSpec
 
     options = split_engine_options(kwargs)
+    if is_remote(source):
+        raise UsageError(f"repack video probes local files with ffprobe: SOURCE must be a local folder or list, "
+                         f"not {source!r} (OUT may be s3://)")
     if transcode and options.workers is None:
         options = dataclasses.replace(options, workers=max(1, available_cpus() // threads))
     spec = VideoSpec(source=str(Path(source).absolute()), out=location(out), to=to,

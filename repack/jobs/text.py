@@ -364,10 +364,10 @@ class TextJob(Job):
             lines.append(f"tokens per document: p50 {stats['p50']} p90 {stats['p90']} p99 {stats['p99']} "
                          f"max {stats['max']}")
         if len(manifest["prefixes"]) > 1:
-            lines.append("Megatron --data-path " + " ".join(f"{e['tokens']} {self.out / e['prefix']}"
+            lines.append("Megatron --data-path " + " ".join(f"{e['tokens']} {self.store.url}/{e['prefix']}"
                                                             for e in manifest["shards"]))
         else:
-            lines += [f"Megatron --data-path {self.out / p}" for p in manifest["prefixes"]]
+            lines += [f"Megatron --data-path {self.store.url}/{p}" for p in manifest["prefixes"]]
         reasons: dict[str, int] = {}
         for q in manifest["quarantine"]:
             key = q["reason"].split(":")[0]

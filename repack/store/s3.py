@@ -235,12 +235,19 @@ class S3Store:
         self.abort_uploads()
 
     def abort_uploads(self) -> None:
-        """Abort multipart uploads left under the prefix by a killed run (their parts cost storage)."""
+        """Abort multipart uploads left under the prefix by a killed run (their parts cost storage).
+        Best effort: a store or a policy without ListMultipartUploads leaves them to its lifecycle rules."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
         base = f"{self.prefix}/" if self.prefix else ""
-        pages = client().get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=base)
-        for page in pages:
-            for upload in page.get("Uploads", ()):
-                client().abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+        try:
+            pages = client().get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=base)
+            for page in pages:
+                for upload in page.get("Uploads", ()):
+                    client().abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                    UploadId=upload["UploadId"])
+        except (BotoCoreError, ClientError):
+            return
 
     def digest(self, rel: str) -> tuple[int, str, str | None] | None:
         """(size, sha256 of the content, sha256 stored at upload or None) streaming the object;
