@@ -204,3 +204,22 @@ def test_static_partitions_then_merge_on_s3(server, s3, photo_tree, packed_photo
     objs = objects(s3, "parts", "run")
     assert dataset_files(objs) == local_files(packed_photos)
     assert stable(json.loads(objs["manifest.json"])) == stable(read_manifest_json(packed_photos))
+
+
+def test_text_partitions_on_separate_machines_then_merge(server, s3, tmp_path):
+    """Each node has its own scratch; the merging node has none: it fetches the parts from the store."""
+    folder = tmp_path / "tok"
+    write_tokenizer(gpt2_tokenizer(), folder)
+    src = tmp_path / "corpus.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(120, seed=7)))
+    s3.create_bucket(Bucket="textparts")
+    env = env_for(server.endpoint, tmp_path)
+    common = ["--tokenizer", folder, "--chunk-bytes", "10KB", "--quiet"]
+    run_repack("text", src, tmp_path / "local", *common)
+    for rank in range(2):
+        run_repack("text", src, "s3://textparts/run", *common, "--num-nodes", "2", "--node-rank", str(rank),
+                   env={**env, "REPACK_SCRATCH": str(tmp_path / f"node{rank}")})
+    run_repack("merge", "s3://textparts/run", "--quiet", env={**env, "REPACK_SCRATCH": str(tmp_path / "merger")})
+    objs = objects(s3, "textparts", "run")
+    assert dataset_files(objs) == local_files(tmp_path / "local")
+    assert not [k for k in objs if k.startswith(".repack/parts/")]

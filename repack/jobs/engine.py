@@ -299,7 +299,7 @@ class Engine:
             manifest = read_json(store, MANIFEST_NAME) if not todo and opts.num_nodes == 1 else None
             if manifest is not None:
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
-                self._check_strict(manifest, manifest_path)
+                self._check_strict(manifest, f"{store.url}/{MANIFEST_NAME}")
                 return result
             if todo:
                 store.delete(MANIFEST_NAME)
@@ -323,7 +323,7 @@ class Engine:
                 return RunResult(None, len(todo), len(mine) - len(todo), time.time() - started)
             manifest = self.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
             result = RunResult(manifest, len(todo), len(mine) - len(todo), time.time() - started)
-        self._check_strict(manifest, manifest_path)
+        self._check_strict(manifest, f"{store.url}/{MANIFEST_NAME}")
         return result
 
     def load_records(self, tasks: list[Task], digest: str) -> dict[str, dict | None]:
@@ -334,7 +334,7 @@ class Engine:
         with ThreadPoolExecutor(16) as pool:
             return dict(zip((t.task_id for t in tasks), pool.map(lambda t: self.load_record(t, digest), tasks)))
 
-    def _check_strict(self, manifest: dict, manifest_path: Path) -> None:
+    def _check_strict(self, manifest: dict, manifest_path: str) -> None:
         if self.options.strict and manifest["totals"].get("quarantined"):
             raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
                                   f"(see {manifest_path})")
@@ -374,6 +374,8 @@ class Engine:
 
     def finalize(self, plan: Plan, records: list[dict], started: float) -> dict:
         """Build and atomically write the manifest from all task records."""
+        if self.job.store.remote:
+            self._hydrate(records)
         body = self.job.finalize(plan, records)
         body.update(schema="repack.manifest", version=1, modality=self.job.name)
         body["created_by"] = {"tool": "repack", "version": __version__, "options": self.job.spec.options()}
@@ -382,8 +384,6 @@ class Engine:
                        "finished_unix": int(time.time()), "seconds": round(time.time() - started, 3),
                        "task_seconds": round(sum(r.get("seconds", 0.0) for r in records), 3),
                        **body.pop("run_stats", {})}
-        if self.job.store.remote:
-            self._hydrate(records)
         write_manifest(self.out, body)
         if self.job.store.remote:
             self._publish_dataset(body, records)
