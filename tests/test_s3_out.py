@@ -76,6 +76,9 @@ def test_images_to_s3_equal_local_then_verify_pull_and_repair(server, s3, photo_
     s3.put_object(Bucket="imgs", Key="run/shard-000001.tar", Body=b"\0" * 1024)
     bad = run_repack("verify", "s3://imgs/run", env=env, check=False)
     assert bad.returncode == 5 and "shard-000001.tar" in bad.stderr
+    refused = run_repack("pull", "s3://imgs/run", tmp_path / "pulled2", env=env, check=False)
+    assert refused.returncode == 2 and "shard-000001.tar" in refused.stderr
+    assert not (tmp_path / "pulled2" / "manifest.json").exists()
     again = run_repack("images", photo_tree, "s3://imgs/run", "--shard-size", "25", env=env)
     assert "1 task(s) run, 4 resumed" in again.stdout  # the damaged shard is redone, the rest resumed
     assert dataset_files(objects(s3, "imgs", "run")) == local_files(packed_photos)
@@ -94,6 +97,27 @@ def test_second_live_run_refused_and_stale_lock_taken_over(server, s3, photo_tre
     s3.put_object(Bucket="locks", Key="run/.repack/lock", Body=json.dumps(holder).encode())
     run_repack("images", photo_tree, "s3://locks/run", "--quiet", env=env)
     assert "run/.repack/lock" not in {o["Key"] for o in s3.list_objects_v2(Bucket="locks")["Contents"]}
+    elsewhere = {"pid": 1, "host": "another-host", "started": 0, "heartbeat": time.time()}
+    s3.put_object(Bucket="locks", Key="run/.repack/lock", Body=json.dumps(elsewhere).encode())
+    proc = run_repack("images", photo_tree, "s3://locks/run", "--quiet", env=env, check=False)
+    assert proc.returncode == 3 and "another-host" in proc.stderr  # alive elsewhere: refused
+    elsewhere["heartbeat"] = time.time() - 3600  # not refreshed for an hour: a dead run, taken over
+    s3.put_object(Bucket="locks", Key="run/.repack/lock", Body=json.dumps(elsewhere).encode())
+    assert "nothing to do" in run_repack("images", photo_tree, "s3://locks/run", env=env).stdout
+
+
+def test_other_options_refused_unless_overwrite(server, s3, photo_tree, tmp_path):
+    env = env_for(server.endpoint, tmp_path)
+    s3.create_bucket(Bucket="over")
+    run_repack("images", photo_tree, "s3://over/run", "--shard-size", "25", "--quiet", env=env)
+    refused = run_repack("images", photo_tree, "s3://over/run", "--shard-size", "60", env=env, check=False)
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr
+    run_repack("images", photo_tree, "s3://over/run", "--shard-size", "60", "--overwrite", "--quiet", env=env)
+    objs = objects(s3, "over", "run")
+    assert sorted(k for k in dataset_files(objs)) == ["shard-000000.idx", "shard-000000.tar", "shard-000001.idx",
+                                                      "shard-000001.tar"]
+    assert sorted(k for k in objs if k.startswith(".repack/tasks/")) == [".repack/tasks/shard-000000.json",
+                                                                       ".repack/tasks/shard-000001.json"]
 
 
 def test_lmdb_and_wrong_credentials_are_clear_errors(server, photo_tree, tmp_path):
@@ -107,6 +131,8 @@ def test_lmdb_and_wrong_credentials_are_clear_errors(server, photo_tree, tmp_pat
         strict.stop()
     assert proc.returncode == 2 and "access refused" in proc.stderr and "Traceback" not in proc.stderr
     assert SECRET not in proc.stderr + proc.stdout
+    proc = run_repack("images", photo_tree, "s3://no-such-bucket/x", env=env, check=False)
+    assert proc.returncode == 2 and "bucket does not exist" in proc.stderr
 
 
 def kill_after_objects(args: list, env: dict, s3, bucket: str, prefix: str, count: int) -> None:

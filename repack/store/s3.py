@@ -89,7 +89,7 @@ def describe_error(exc: BaseException, where: str) -> RepackError:
         if code in AUTH_CODES:
             return UsageError(f"{where}: access refused ({code}): check the AWS credentials "
                               "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and their permissions")
-        if code in ("NoSuchBucket", "404") and "bucket" in str(exc).lower():
+        if code == "NoSuchBucket":
             return UsageError(f"{where}: the bucket does not exist")
         return RepackError(f"{where}: S3 error {code}")
     return RepackError(f"{where}: {type(exc).__name__}: {exc}")
