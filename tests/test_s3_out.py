@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -156,7 +157,8 @@ def test_kill_during_upload_then_resume_is_identical(server, s3, photo_tree, tmp
     run_repack(*args[:2], "s3://kill/ref", *args[2:], env=env)
     kill_after_objects([*args[:2], "s3://kill/run", *args[2:]], env, s3, "kill", "run", 4)
     assert "manifest.json" not in objects(s3, "kill", "run")
-    run_repack(*args[:2], "s3://kill/run", *args[2:], env=env)
+    resumed = run_repack(*args[:2], "s3://kill/run", *args[2:], env=env).stdout
+    assert int(re.search(r"(\d+) resumed", resumed).group(1)) >= 4  # only the missing tasks are redone
     ref, run = objects(s3, "kill", "ref"), objects(s3, "kill", "run")
     assert dataset_files(run) == dataset_files(ref) and len(dataset_files(ref)) == 40
     assert stable(json.loads(run["manifest.json"])) == stable(json.loads(ref["manifest.json"]))
