@@ -251,3 +251,13 @@ def test_text_partitions_on_separate_machines_then_merge(server, s3, tmp_path):
     objs = objects(s3, "textparts", "run")
     assert dataset_files(objs) == local_files(tmp_path / "local")
     assert not [k for k in objs if k.startswith(".repack/parts/")]
+
+
+def test_ray_executor_to_s3_equals_local(server, s3, photo_tree, packed_photos, tmp_path):
+    pytest.importorskip("ray")
+    s3.create_bucket(Bucket="ray")
+    run_repack("images", photo_tree, "s3://ray/run", "--shard-size", "25", "--executor", "ray", "--workers", "2",
+               "--quiet", env=env_for(server.endpoint, tmp_path))
+    objs = objects(s3, "ray", "run")
+    assert dataset_files(objs) == local_files(packed_photos)
+    assert json.loads(objs["manifest.json"])["run"]["executor"] == "ray"
