@@ -3,6 +3,7 @@
 Objects are read with boto3 (credentials and endpoint the standard AWS way: ``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles). A byte range is
 a ranged GET whose body is read as it arrives: a shard is streamed, never downloaded whole first.
+A connection lost in the middle of a range is resumed from the byte where it stopped.
 One client per process (DataLoader workers make their own).
 """
 
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from typing import BinaryIO
 
-REQUEST_ATTEMPTS = 8
+REQUEST_ATTEMPTS = 8  # botocore retries of one request (5xx, throttling, connection errors)
+RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way
 _clients: dict[int, object] = {}
 
 
@@ -77,9 +80,53 @@ class _Window(io.RawIOBase):
         super().close()
 
 
+class _ObjectRange(io.RawIOBase):
+    """Bytes [start, end) of an object: one ranged GET read as it arrives; when the stream breaks
+    (connection reset, short body), a new ranged GET resumes at the first byte not yet read."""
+
+    def __init__(self, url: str, start: int, end: int) -> None:
+        self.url = url
+        self.bucket, self.key = split_url(url)
+        self.pos, self.end = start, end
+        self.body = None
+        self.resumed = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        from botocore.exceptions import BotoCoreError
+
+        want = min(len(buffer), self.end - self.pos)
+        if want <= 0:
+            return 0
+        while True:
+            try:
+                if self.body is None:
+                    self.body = _client().get_object(Bucket=self.bucket, Key=self.key,
+                                                     Range=f"bytes={self.pos}-{self.end - 1}")["Body"]
+                data = self.body.read(want)
+                if data:
+                    break
+                raise OSError(f"{self.url}: stream ended at byte {self.pos}, expected {self.end}")
+            except (BotoCoreError, OSError):
+                self.body = None
+                self.resumed += 1
+                if self.resumed > RESUME_ATTEMPTS:
+                    raise
+                time.sleep(0.1 * 2**self.resumed)
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if self.body is not None:
+            self.body.close()
+            self.body = None
+        super().close()
+
+
 def open_range(location: str, start: int, end: int, buffer: int = 1 << 20) -> BinaryIO:
-    """A buffered stream of bytes [start, end) of a local file or an object (one ranged GET)."""
-    if not is_remote(location):
-        return io.BufferedReader(_Window(location, start, end), buffer)
-    bucket, key = split_url(location)
-    return _client().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")["Body"]
+    """A buffered stream of bytes [start, end) of a local file or an object (ranged GETs)."""
+    raw = _ObjectRange(location, start, end) if is_remote(location) else _Window(location, start, end)
+    return io.BufferedReader(raw, buffer)

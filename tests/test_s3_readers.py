@@ -94,6 +94,19 @@ def test_dali_reads_s3_directly(s3_environment, packed_photos, monkeypatch):
     assert labels("s3://readers/photos") == labels(packed_photos)
 
 
+def test_stream_cut_mid_shard_is_resumed(s3_environment, packed_photos, monkeypatch):
+    cutting = FaultProxy(int(s3_environment.server_endpoint.rsplit(":", 1)[1]), cut_every=2)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", cutting.endpoint)
+    try:
+        dataset = ImageShardDataset("s3://readers/photos", output="dict", decode=False)
+        # a loader worker: a new process, so a new S3 client on the cutting proxy
+        got = {s["key"]: s["image"] for s in DataLoader(dataset, batch_size=None, num_workers=1)}
+    finally:
+        cutting.stop()
+    assert cutting.cut >= 2
+    assert got == {s["key"]: s["image"] for s in ImageShardDataset(packed_photos, output="dict", decode=False)}
+
+
 def test_missing_remote_dataset_is_a_manifest_error(s3_environment):
     with pytest.raises(ManifestError, match="no manifest"):
         ImageShardDataset("s3://readers/nothing-here")

@@ -75,11 +75,14 @@ def objects(s3, bucket: str, prefix: str) -> dict[str, bytes]:
 
 class FaultProxy:
     """Forwards HTTP to ``target``; every ``every``-th request is answered 503 SlowDown instead
-    (not forwarded), as S3 does under load (``every=0``: never). ``failed`` counts the injected
-    faults; ``requests`` records (method, path, Range header) of each request."""
+    (not forwarded), as S3 does under load (``every=0``: never). With ``cut_every`` N, every Nth
+    ranged GET answer is cut after half its body and the connection dropped (a network failure
+    mid-stream; counted in ``cut``). ``requests`` records (method, path, Range header)."""
 
-    def __init__(self, target_port: int, every: int = 0) -> None:
+    def __init__(self, target_port: int, every: int = 0, cut_every: int = 0) -> None:
         self.failed = 0
+        self.cut = 0
+        self.ranged = 0
         self.count = 0
         self.requests: list[tuple[str, str, str | None]] = []
         lock = threading.Lock()
@@ -118,7 +121,17 @@ class FaultProxy:
                 length = answer.getheader("Content-Length") if self.command == "HEAD" else None
                 self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
-                if self.command != "HEAD":
+                with lock:
+                    ranged = self.command == "GET" and self.headers.get("Range") is not None and len(data) > 1024
+                    proxy.ranged += ranged
+                    cut = ranged and cut_every > 0 and proxy.ranged % cut_every == 0
+                    proxy.cut += cut
+                if cut:
+                    self.wfile.write(data[:len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                elif self.command != "HEAD":
                     self.wfile.write(data)
                 conn.close()
 
