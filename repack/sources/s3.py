@@ -21,7 +21,7 @@ from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, quarantine_record, sort_key
 from repack.sources.folder import is_junk
 from repack.store import is_remote
-from repack.store.s3 import client, describe_error, is_missing, parse_url
+from repack.store.s3_client import client, describe_error, is_missing, parse_url
 
 READ_BLOCK = 8 << 20   # bytes per ranged GET of a sequential read
 PREFETCH_THREADS = 16  # concurrent GETs of one task's inputs

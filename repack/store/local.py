@@ -8,6 +8,20 @@ import shutil
 from pathlib import Path
 
 from repack.manifest import atomic_write_bytes
+from repack.manifest.io import fsync_dir
+
+
+def copy_atomically(src: Path, dst: Path) -> None:
+    """Copy ``src`` to a temp name beside ``dst``, fsync, rename: ``dst`` appears only whole."""
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    try:
+        shutil.copyfile(src, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(dst.parent)
 
 
 class LocalStore:
@@ -27,7 +41,7 @@ class LocalStore:
         """Make the finished file ``local`` visible as ``rel`` (a rename or copy when elsewhere)."""
         target = self.path(rel)
         if Path(local).resolve() != target.resolve():
-            atomic_write_bytes(target, Path(local).read_bytes())
+            copy_atomically(Path(local), target)
 
     def put_bytes(self, rel: str, data: bytes, durable: bool = True) -> None:
         atomic_write_bytes(self.path(rel), data, durable)
@@ -65,7 +79,7 @@ class LocalStore:
     def fetch(self, rel: str, local: Path) -> None:
         """Copy ``rel`` to the local path (nothing to do when it is the same file)."""
         if Path(local).resolve() != self.path(rel).resolve():
-            shutil.copyfile(self.path(rel), local)
+            copy_atomically(self.path(rel), Path(local))
 
     def lock(self, name: str):
         """Local runs are locked with flock on the folder itself (see the engine): nothing more."""

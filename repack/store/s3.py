@@ -19,87 +19,17 @@ Scratch: jobs write into a local folder, ``$REPACK_SCRATCH/<sha256 of the URL>``
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import socket
-import threading
 import time
 from pathlib import Path
 
-from repack.errors import JobLockedError, RepackError, UsageError
+from repack.errors import RepackError
+from repack.store.s3_client import AUTH_CODES, client, describe_error, is_missing, parse_url, transfer_config
+from repack.store.s3_lock import ObjectLock
 
-SHA_META = "sha256"
-UPLOAD_ATTEMPTS = 4          # whole-file attempts on top of botocore's per-request retries
-REQUEST_ATTEMPTS = 8         # botocore "standard" retries: 5xx, throttling, connection errors
-MULTIPART_BYTES = 64 << 20   # files larger than this are uploaded in parts of this size
-TRANSFER_THREADS = 8
-HEARTBEAT_S = 15             # a live lock's holder refreshes it this often
-STALE_LOCK_S = 120           # a lock not refreshed this long belongs to a dead run
-AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
-              "InvalidClientTokenId", "UnrecognizedClientException", "403", "AllAccessDisabled"}
-
-
-def parse_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/some/prefix/`` -> ("bucket", "some/prefix")."""
-    if not url.startswith("s3://"):
-        raise UsageError(f"{url!r} is not an s3:// URL")
-    bucket, _, prefix = url[5:].partition("/")
-    if not bucket:
-        raise UsageError(f"{url!r} names no bucket (use s3://bucket/prefix)")
-    return bucket, prefix.strip("/")
-
-
-_clients: dict[int, object] = {}
-
-
-def client():
-    """One boto3 S3 client per process (clients are not fork-safe: a forked worker makes its own)."""
-    pid = os.getpid()
-    if pid not in _clients:
-        try:
-            import boto3
-            from botocore.config import Config
-        except ImportError:
-            raise UsageError("s3:// needs boto3: pip install 'repack[s3]'") from None
-        config = Config(retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
-                        max_pool_connections=4 * TRANSFER_THREADS, connect_timeout=10, read_timeout=120)
-        _clients[pid] = boto3.session.Session().client("s3", config=config)
-    return _clients[pid]
-
-
-def transfer_config():
-    from boto3.s3.transfer import TransferConfig
-
-    return TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES,
-                          max_concurrency=TRANSFER_THREADS, use_threads=True)
-
-
-def describe_error(exc: BaseException, where: str) -> RepackError:
-    """A one-line, credential-free error for a failed S3 call (auth/missing bucket: UsageError, exit 2)."""
-    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
-
-    if isinstance(exc, NoCredentialsError):
-        return UsageError(f"{where}: no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
-                          "AWS_PROFILE or an instance role)")
-    if isinstance(exc, EndpointConnectionError):
-        return UsageError(f"{where}: cannot reach the S3 endpoint ({exc.kwargs.get('endpoint_url', '?')}); "
-                          "check AWS_ENDPOINT_URL")
-    if isinstance(exc, ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", "?"))
-        if code in AUTH_CODES:
-            return UsageError(f"{where}: access refused ({code}): check the AWS credentials "
-                              "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and their permissions")
-        if code == "NoSuchBucket":
-            return UsageError(f"{where}: the bucket does not exist")
-        return RepackError(f"{where}: S3 error {code}")
-    return RepackError(f"{where}: {type(exc).__name__}: {exc}")
-
-
-def is_missing(exc: BaseException) -> bool:
-    from botocore.exceptions import ClientError
-
-    return isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code")) in (
-        "NoSuchKey", "404", "NotFound")
+SHA_META = "sha256"   # object metadata x-amz-meta-sha256: the content's sha256, set at upload
+UPLOAD_ATTEMPTS = 4   # whole-file attempts on top of botocore's per-request retries
 
 
 def sha256_file(path: str | Path) -> str:
@@ -285,83 +215,6 @@ class S3Store:
             raise RepackError(f"{self.where(rel)}: sha256 mismatch after download")
         os.replace(tmp, local)
 
-    def lock(self, name: str) -> "ObjectLock":
+    def lock(self, name: str) -> ObjectLock:
+        """A lock object ``.repack/<name>`` refusing a second live run (see ``s3_lock``)."""
         return ObjectLock(self, f".repack/{name}")
-
-
-def _holder_is_dead(holder: dict) -> bool:
-    """A lock whose holder is a dead process on this host, or that was not refreshed in time."""
-    if time.time() - float(holder.get("heartbeat", 0)) > STALE_LOCK_S:
-        return True
-    if holder.get("host") != socket.gethostname():
-        return False
-    try:
-        os.kill(int(holder.get("pid", 0)), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError):
-        return False
-    return False
-
-
-class ObjectLock:
-    """A lock object created with a conditional PUT (``If-None-Match: *``): only one run creates it.
-
-    It holds {pid, host, started, heartbeat}; a thread refreshes the heartbeat. A lock left by a
-    killed run is taken over when its holder is a dead process on this host, or when its
-    heartbeat is older than STALE_LOCK_S (another host)."""
-
-    def __init__(self, store: S3Store, rel: str) -> None:
-        self.store = store
-        self.rel = rel
-        self.started = time.time()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _body(self) -> bytes:
-        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": self.started,
-                           "heartbeat": time.time()}).encode()
-
-    def _create(self) -> bool:
-        from botocore.exceptions import ClientError
-
-        try:
-            client().put_object(Bucket=self.store.bucket, Key=self.store.key(self.rel), Body=self._body(),
-                                IfNoneMatch="*")
-            return True
-        except ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code")) in ("PreconditionFailed", "412",
-                                                                  "ConditionalRequestConflict"):
-                return False
-            raise describe_error(exc, self.store.where(self.rel)) from None
-
-    def __enter__(self) -> "ObjectLock":
-        if not self._create():
-            raw = self.store.read_bytes(self.rel)
-            try:
-                holder = json.loads(raw) if raw else {}
-            except ValueError:
-                holder = {}
-            if not (raw is None or _holder_is_dead(holder)):
-                raise JobLockedError(f"another repack process (pid {holder.get('pid', '?')} on "
-                                     f"{holder.get('host', '?')}) is already running on {self.store.url}; wait for "
-                                     f"it or stop it first (a lock not refreshed for {STALE_LOCK_S} s is taken over)")
-            self.store.delete(self.rel)
-            if not self._create():
-                raise JobLockedError(f"another repack process took the lock on {self.store.url} just now")
-        self._thread = threading.Thread(target=self._beat, daemon=True, name="repack-s3-lock")
-        self._thread.start()
-        return self
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                client().put_object(Bucket=self.store.bucket, Key=self.store.key(self.rel), Body=self._body())
-            except Exception:  # noqa: BLE001 - a missed heartbeat is retried at the next beat
-                continue
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.store.delete(self.rel)
