@@ -25,7 +25,6 @@ gives every rank ``len // world_size`` samples (DDP). ``set_epoch`` reaches pers
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
@@ -34,12 +33,12 @@ from typing import Any, Callable, Iterator
 
 import torch
 import webdataset as wds
-from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines import object_store
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, open_webdataset, parse_label,
                                        read_index, segments, split_range)
+from pipelines.pil_images import decode_image
 
 UNLABELED = -1
 TAR_HEADER = 512  # repack writes one ustar header per member, no long-name records (sinks/tar_format.py)
@@ -254,11 +253,7 @@ class ImageShardDataset(IterableDataset):
     def _decode(self, data: bytes):
         if not self.decode:
             return data
-        image = Image.open(io.BytesIO(data))
-        if self.mode is not None and image.mode != self.mode:
-            return image.convert(self.mode)
-        image.load()
-        return image
+        return decode_image(data, self.mode)
 
 
 def image_pipeline(root: str | os.PathLike, **options) -> wds.DataPipeline:

@@ -10,14 +10,28 @@ from pathlib import Path
 
 import click
 
+from repack.commands.help import JobCommand
 from repack.config import EngineOptions
+
+# Sections of the options every job command shares (source_options, engine_options); the other
+# engine options are "running".
+SHARED_SECTIONS = {"input": ("no_follow", "allow_outside"), "checking": ("strict",)}
+
+
+def job_command(name: str, **sections: tuple[str, ...]):
+    """``click.command`` for a job: its options listed by section (input, output, checking; the rest
+    and the engine options: running) and the exit codes at the end of --help."""
+    for section, names in SHARED_SECTIONS.items():
+        sections[section] = tuple(sections.get(section, ())) + names
+    return click.command(name, cls=JobCommand, sections=sections)
 
 
 def engine_options(fn):
     """Options shared by every job command: how it runs, never what it outputs."""
     decorators = [
         click.option("--workers", type=int, default=None, help="Parallel workers (default: the usable CPUs)."),
-        click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True),
+        click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="Where tasks run: a process pool on this machine, or a Ray cluster."),
         click.option("--ray-address", default=None, help="Ray cluster address (default: start or join a local one)."),
         click.option("--retries", type=int, default=2, show_default=True, help="Retries of a failing task."),
         click.option("--num-nodes", type=int, default=1, show_default=True, help="Static partitions: total nodes."),
@@ -37,6 +51,15 @@ def location(path_or_url: str) -> str:
     from repack.store import is_remote
 
     return path_or_url if is_remote(path_or_url) else str(Path(path_or_url).absolute())
+
+
+def source_options(fn):
+    """What every job command may read (the confinement rules of ``repack.sources.confine``)."""
+    fn = click.option("--allow-outside-source", "allow_outside", is_flag=True,
+                      help="Read symlink targets (and list-file paths) outside the source root "
+                           "(default: quarantined as 'symlink leaves the source root').")(fn)
+    return click.option("--no-follow-symlinks", "no_follow", is_flag=True,
+                        help="Quarantine every symlink instead of following it inside the source root.")(fn)
 
 
 def split_engine_options(kwargs: dict) -> EngineOptions:

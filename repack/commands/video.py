@@ -8,19 +8,28 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, location, report, split_engine_options
+from repack.commands.options import (engine_options, job_command, location, report, source_options,
+                                     split_engine_options)
 from repack.errors import StrictModeError, UsageError
 from repack.store import is_remote
-from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
+from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEFAULT_TARGET, TARGETS
 
 
-@click.command("video")
+@job_command("video", input=("list_file",),
+             output=("transcode", "to", "link", "crf", "preset", "gop", "max_height", "bframes", "shard_size"),
+             checking=("target", "dali_reader", "verify", "max_gop"))
 @click.argument("source")
 @click.argument("out")
-@click.option("--probe", "probe_only", is_flag=True, help="Probe and decide only (the default without --transcode).")
+@click.option("--probe", "probe_only", is_flag=True, hidden=True, help="Deprecated: every run probes; omit it.")
 @click.option("--transcode", is_flag=True, help="Re-encode what needs it into OUT/videos; copy the rest.")
 @click.option("--target", type=click.Choice(sorted(TARGETS)), default=DEFAULT_TARGET, show_default=True,
               help="GPU whose NVDEC (through DALI) must decode the videos.")
+@click.option("--dali-reader", type=click.Choice(list(DALI_READERS)), default=DEFAULT_DALI_READER, show_default=True,
+              help="DALI reader the videos must be read by: legacy = fn.readers.video (pipelines.dali_video's "
+                   "default), experimental = fn.experimental.readers.video. Recorded in the manifest.")
+@click.option("--verify", type=click.Choice(["packets", "decode"]), default="packets", show_default=True,
+              help="packets: scan packet headers (fast); decode: also decode every frame and quarantine files "
+                   "with decoder errors (slower, see make bench).")
 @click.option("--max-gop", type=float, default=1.0, show_default=True,
               help="Longest keyframe gap (seconds) accepted as is; longer is transcoded.")
 @click.option("--to", "to", type=click.Choice(["videos", "webdataset"]), default="videos", show_default=True,
@@ -36,11 +45,16 @@ from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
 @click.option("--threads", type=int, default=1, show_default=True,
               help="ffmpeg threads per transcode (fixed: the output depends on it); the default pool is CPUs/threads.")
 @click.option("--shard-size", type=int, default=8, show_default=True, help="Videos per task (and per tar shard).")
+@source_options
 @engine_options
-def video(source, out, probe_only, transcode, target, max_gop, to, list_file, link, crf, preset, gop, max_height,
-          bframes, threads, shard_size, **kwargs):
+def video(source, out, probe_only, transcode, target, dali_reader, verify, max_gop, to, list_file, link, crf,
+          preset, gop, max_height, bframes, threads, shard_size, no_follow, allow_outside, **kwargs):
     """Probe the videos in SOURCE for GPU decoding; with --transcode, write DALI-ready videos to OUT."""
-    del probe_only  # every run probes; --probe only spells out the default (report without transcoding)
+    if probe_only:  # deprecated: it only spelled out the default (probe and report, no --transcode)
+        click.echo("repack video: warning: --probe is deprecated and does nothing: every run probes, and without "
+                   "--transcode that is all it does; drop the flag", err=True)
+        if transcode:
+            raise UsageError("--probe (probe only) contradicts --transcode; drop --probe")
     from repack.exec import available_cpus
     from repack.jobs.engine import Engine
     from repack.jobs.video import VideoJob, VideoSpec
@@ -54,7 +68,8 @@ def video(source, out, probe_only, transcode, target, max_gop, to, list_file, li
     spec = VideoSpec(source=str(Path(source).absolute()), out=location(out), to=to,
                      list_file=list_file, transcode=transcode, link=link, target=target, max_gop=max_gop, crf=crf,
                      preset=preset, gop=gop, max_height=max_height, bframes=bframes, threads=threads,
-                     shard_size=shard_size)
+                     shard_size=shard_size, verify=verify, dali_reader=dali_reader,
+                     follow_symlinks=not no_follow, allow_outside_source=allow_outside)
     job = VideoJob(spec)
     result = Engine(job, options).run()
     manifest = result.manifest

@@ -91,6 +91,10 @@ class Job:
         """Build the manifest body (without created_by/run) from the plan and task records."""
         raise NotImplementedError
 
+    def packed(self, manifest: dict) -> int:
+        """How many usable outputs the job made (0 with inputs found: exit 7, nothing packed)."""
+        return manifest["totals"].get("samples", 0)
+
     def summary_lines(self, manifest: dict) -> list[str]:
         """A few human lines for the end-of-job summary."""
         totals = manifest["totals"]

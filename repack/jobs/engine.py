@@ -19,6 +19,7 @@ result equals an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib
@@ -33,7 +34,8 @@ from pathlib import Path
 
 from repack import __version__
 from repack.config import EngineOptions
-from repack.errors import IncompleteJobError, JobLockedError, RepackError, StrictModeError, UsageError
+from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, NothingPackedError, RepackError,
+                           StrictModeError, UsageError)
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
 from repack.jobs.base import Job, Plan, Task
@@ -202,6 +204,15 @@ def refuse_out_inside_source(source: str, out: Path) -> None:
             raise UsageError(f"output {str(out)!r} is inside the source folder {source!r}: choose an OUT outside it")
 
 
+def input_fingerprints(plan: Plan) -> dict[str, list]:
+    """rel -> [size, mtime_ns, inode] of every planned input (images/video inputs, text segments)."""
+    found: dict[str, list] = {}
+    for task in plan.tasks:
+        for entry in task.payload.get("inputs", ()) or task.payload.get("segments", ()):
+            found[entry["rel"]] = list(entry.get("fingerprint", ()))
+    return found
+
+
 def options_fingerprint(job: Job) -> str:
     return hashlib.sha256(dumps_canonical({"job": job.name, "options": job.spec.options()})).hexdigest()
 
@@ -223,14 +234,34 @@ class Engine:
         old = read_json(store, f"{STATE_DIR}/job.json")
         if old is not None:
             if old.get("options_sha256") != state["options_sha256"]:
-                raise UsageError(f"{self.out} holds a job run with other options ({old.get('job')}: "
-                                 f"{json.dumps(old.get('spec'), sort_keys=True)}); use --overwrite to replace it")
+                old_spec, new_spec = old.get("spec") or {}, state["spec"]
+                differ = [f"--{key.replace('_', '-')}: {json.dumps(old_spec.get(key))} -> "
+                          f"{json.dumps(new_spec.get(key))}" for key in sorted(set(old_spec) | set(new_spec))
+                          if key != "out" and old_spec.get(key) != new_spec.get(key)]
+                if old.get("job") != self.job.name:
+                    differ.insert(0, f"command: {old.get('job')} -> {self.job.name}")
+                raise UsageError(f"{self.out} holds a job run with other options ("
+                                 f"{'; '.join(differ) or 'same values, older tool version'}); "
+                                 "use --overwrite to replace it")
             if old.get("plan_digest") != state["plan_digest"]:
-                raise UsageError(f"the source changed since {self.out} was started (the planned tasks differ); "
+                raise UsageError(f"source changed since {self.out} was started: {self._changes(plan)}; "
                                  "use --overwrite to start over")
         else:
             store.put_bytes(f"{STATE_DIR}/plan.json", dumps_canonical(plan.to_json()))
             store.put_bytes(f"{STATE_DIR}/job.json", dumps_canonical(state))
+
+    def _changes(self, plan: Plan) -> str:
+        """Which inputs differ from the recorded plan (size, mtime_ns, inode), in words."""
+        try:
+            old = Plan.from_json(read_json(self.job.store, f"{STATE_DIR}/plan.json") or {})
+        except (ValueError, KeyError, TypeError):
+            return "the planned tasks differ"
+        before, now = input_fingerprints(old), input_fingerprints(plan)
+        changed = sorted(rel for rel in before.keys() | now.keys() if before.get(rel) != now.get(rel))
+        if not changed:
+            return "the planned tasks differ"
+        return (f"{len(changed)} input(s) differ in size, mtime or inode, or were added or removed "
+                f"({', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''})")
 
     def _wipe(self) -> None:
         """--overwrite: remove what an earlier job wrote (files its records and manifest name)."""
@@ -299,7 +330,7 @@ class Engine:
             manifest = read_json(store, MANIFEST_NAME) if not todo and opts.num_nodes == 1 else None
             if manifest is not None:
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
-                self._check_strict(manifest, f"{store.url}/{MANIFEST_NAME}")
+                self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
                 return result
             if todo:
                 store.delete(MANIFEST_NAME)
@@ -313,7 +344,11 @@ class Engine:
             for task in plan.tasks if absorb else ():
                 if records[task.task_id] is not None:
                     absorb(records[task.task_id])
-            failures = self._execute(executor, todo, digest, records, absorb)
+            try:
+                failures = self._execute(executor, todo, digest, records, absorb)
+            except Interrupted:
+                self._clean_temps({t.task_id for t in todo})  # the workers are stopped: their temps go
+                raise
             if failures:
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
@@ -323,7 +358,7 @@ class Engine:
                 return RunResult(None, len(todo), len(mine) - len(todo), time.time() - started)
             manifest = self.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
             result = RunResult(manifest, len(todo), len(mine) - len(todo), time.time() - started)
-        self._check_strict(manifest, f"{store.url}/{MANIFEST_NAME}")
+        self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
         return result
 
     def load_records(self, tasks: list[Task], digest: str) -> dict[str, dict | None]:
@@ -334,7 +369,14 @@ class Engine:
         with ThreadPoolExecutor(16) as pool:
             return dict(zip((t.task_id for t in tasks), pool.map(lambda t: self.load_record(t, digest), tasks)))
 
-    def _check_strict(self, manifest: dict, manifest_path: str) -> None:
+    def _check_outcome(self, manifest: dict, manifest_path: str) -> None:
+        """Exit 7 when inputs were found and nothing was packed; exit 6 under --strict with a quarantine."""
+        totals = manifest["totals"]
+        if totals.get("inputs") and not self.job.packed(manifest):
+            first = manifest["quarantine"][0] if manifest["quarantine"] else None
+            example = f"; e.g. {first['source']}: {first['reason']}" if first else ""
+            raise NothingPackedError(f"{totals['inputs']} input(s) found but nothing was packed: every one was "
+                                     f"quarantined (see {manifest_path}{example})")
         if self.options.strict and manifest["totals"].get("quarantined"):
             raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
                                   f"(see {manifest_path})")
@@ -354,8 +396,9 @@ class Engine:
                    disable=opts.quiet or None, desc=f"repack {self.job.name}", dynamic_ncols=True)
         counts: dict[str, int] = {}
         started = time.perf_counter()
-        with bar:
-            for item in executor.run(calls, [t.task_id for t in todo]):
+        results = executor.run(calls, [t.task_id for t in todo])
+        with bar, contextlib.closing(results):  # closed at once when interrupted: the executor stops its workers
+            for item in results:
                 if isinstance(item, TaskFailure):
                     failures.append(item)
                     bar.update(units[item.task_id])
@@ -437,4 +480,5 @@ def merge(out: str, options: EngineOptions) -> RunResult:
             shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
             raise IncompleteJobError(f"{len(missing)} of {len(plan.tasks)} task(s) are missing or damaged: {shown}")
         manifest = engine.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
+    engine._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
     return RunResult(manifest, 0, len(plan.tasks), time.time() - started)

@@ -36,14 +36,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec
-from repack.errors import UsageError
+from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec, format_size
+from repack.errors import UsageError, stable_reason
 from repack.jobs.base import Job, Plan, Task
-from repack.jobs.stats import merge_slowest, percentiles
+from repack.jobs.stats import count_into, histogram, merge_counts, merge_slowest, percentiles
 from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
-from repack.sources import InputItem, scan_source
-from repack.sources.s3 import open_input, read_inputs
+from repack.sources import Confinement, InputItem, scan_source
+from repack.sources.reading import open_input, read_inputs, unreadable_reason
 from repack.store import is_remote
 from repack.transforms.image_check import BadImage, inspect_image
 from repack.transforms.normalize import NormalizeOptions, normalize_image
@@ -151,7 +151,9 @@ class ImagesJob(Job):
 
     def plan(self) -> Plan:
         spec = self.spec
-        scan = scan_source(spec.source, list_file=spec.list_file, follow_symlinks=spec.follow_symlinks)
+        scan = scan_source(spec.source, list_file=spec.list_file, confinement=Confinement(
+            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source,
+            max_file_bytes=spec.max_file_size))
         items = list(scan.items)
         if spec.shuffle:
             random.Random(spec.seed).shuffle(items)
@@ -190,15 +192,16 @@ class ImagesJob(Job):
         hashes: list[list[str]] = []
         converted: dict[str, int] = {}
         normalized = 0
+        profile: dict[str, dict] = {"bytes": {}, "width": {}, "height": {}, "classes": {}}
         norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels) if spec.normalize else None
         width = task.payload["cls_width"]
-        reads = read_inputs([entry["path"] for entry in task.payload["inputs"]])
+        reads = read_inputs(task.payload["inputs"])
         try:
             for entry in task.payload["inputs"]:
                 t0 = time.perf_counter()
                 data = next(reads)
                 if isinstance(data, OSError):
-                    quarantine.append({"source": entry["rel"], "reason": f"unreadable: {data.strerror or data}"})
+                    quarantine.append({"source": entry["rel"], "reason": unreadable_reason(data)})
                     continue
                 t1 = time.perf_counter()
                 source_bytes = len(data)
@@ -216,8 +219,9 @@ class ImagesJob(Job):
                         info = inspect_image(data, spec.verify, spec.max_pixels)
                         ext, img_w, img_h = info.ext, info.width, info.height
                         src_w, src_h = img_w, img_h
-                except BadImage as exc:
-                    quarantine.append({"source": entry["rel"], "reason": str(exc)})
+                except Exception as exc:  # noqa: BLE001 - one bad record never fails the task
+                    reason = str(exc) if isinstance(exc, BadImage) else stable_reason(exc, "cannot check: ")
+                    quarantine.append({"source": entry["rel"], "reason": reason})
                     if hashes and hashes[-1][0] == entry["rel"]:
                         hashes.pop()
                     continue
@@ -233,6 +237,11 @@ class ImagesJob(Job):
                 members.append(("json", json.dumps(meta, sort_keys=True).encode()))
                 writer.add_sample(entry["key"], members)
                 formats[ext] = formats.get(ext, 0) + 1
+                count_into(profile["bytes"], source_bytes)
+                count_into(profile["width"], src_w)
+                count_into(profile["height"], src_h)
+                label = entry["label"] if entry["label"] is not None else ""
+                profile["classes"][label] = profile["classes"].get(label, 0) + 1
                 read_us.append(round((t1 - t0) * 1e6))
                 check_us.append(round((t2 - t1) * 1e6))
                 slowest = merge_slowest(slowest, [{"source": entry["rel"], "us": read_us[-1] + check_us[-1],
@@ -243,7 +252,7 @@ class ImagesJob(Job):
             writer.abort()
             raise
         record = {"shard": shard, "outputs": self.sink.outputs(shard) if shard else [], "quarantine": quarantine,
-                  "inputs": len(task.payload["inputs"]), "formats": formats, "hashes": hashes,
+                  "inputs": len(task.payload["inputs"]), "formats": formats, "hashes": hashes, "profile": profile,
                   "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
         if norm is not None:
             record["normalize"] = {"converted": normalized, "reasons": converted}
@@ -280,7 +289,7 @@ class ImagesJob(Job):
         else:
             shards = [r["shard"] for r in records if r["shard"]]
         samples = sum(s["samples"] for s in shards)
-        stats: dict = {"formats": formats}
+        stats: dict = {"formats": formats, **_profile_stats([r.get("profile", {}) for r in records])}
         if self.spec.normalize:
             reasons: dict[str, int] = {}
             for r in records:
@@ -316,15 +325,33 @@ class ImagesJob(Job):
             "quarantine": quarantine,
             "stats": stats,
             "run_stats": {"timing": {"read_ms": percentiles(read_us, 1e-3), "check_ms": percentiles(check_us, 1e-3),
+                                     "sample_us_histogram": _time_histogram(read_us, check_us),
                                      "slowest": slowest}},
         }
 
     def summary_lines(self, manifest: dict) -> list[str]:
         t = manifest["totals"]
         lines = [f"{t['samples']} of {t['inputs']} inputs packed into {t['shards']} {manifest['format']} shard(s), "
-                 f"{t['bytes'] / 1e6:.1f} MB; {t['quarantined']} quarantined"]
+                 f"{format_size(t['bytes'])}; {t['quarantined']} quarantined"]
         reasons: dict[str, int] = {}
         for q in manifest["quarantine"]:
             reasons[q["reason"]] = reasons.get(q["reason"], 0) + 1
         lines += [f"  quarantined {n}: {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:10]]
         return lines
+
+
+def _profile_stats(profiles: list[dict]) -> dict:
+    """Source file size and dimension histograms and samples per class (label "" = unlabeled)."""
+    merged = {name: merge_counts(p.get(name, {}) for p in profiles) for name in ("bytes", "width", "height")}
+    classes = merge_counts(p.get("classes", {}) for p in profiles)
+    return {"histograms": {"source_bytes": histogram(merged["bytes"]), "width": histogram(merged["width"]),
+                           "height": histogram(merged["height"])},
+            "class_counts": dict(sorted(classes.items()))}
+
+
+def _time_histogram(read_us: list[int], check_us: list[int]) -> list[dict]:
+    """Read + decode/check time per sample (microseconds), half-octave buckets."""
+    counts: dict[str, int] = {}
+    for read, check in zip(read_us, check_us):
+        count_into(counts, read + check)
+    return histogram(counts)

@@ -31,16 +31,21 @@ import numpy as np
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
+from repack.jobs.stats import count_into
+from repack.jobs.stats import histogram as half_octave_histogram
 from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.sinks.megatron import CODE_OF, PartWriter, merge_parts, read_index, token_dtype
+from repack.sources import Confinement
+from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, Segment, SegmentReader, list_text_files,
+                                      plan_chunks, require_decompressors)
 from repack.store import is_remote
-from repack.sources.text_docs import DOC_PER, Segment, SegmentReader, list_text_files, plan_chunks
 
 BATCH_CHARS = 1 << 20  # characters handed to one encode_batch call
 BATCH_DOCS = 2048
 TOKENIZER_THREADS = 2  # Rust threads of encode_batch inside each worker process (unless set in the env)
 MERGED_MARKER = "merged.json"
 TOKENIZER_COPY = "tokenizer.json"
+FILES_LISTED = 20  # stats.files.largest: the files with the most tokens
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,9 @@ class TextSpec(JobSpec):
     name: str = "text_document"
     chunk_bytes: int | None = None  # None: auto (sources.text_docs.auto_chunk_bytes)
     merge: bool = True
+    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
+    follow_symlinks: bool = True
+    allow_outside_source: bool = False
 
     def __post_init__(self) -> None:
         if not self.tokenizer:
@@ -72,6 +80,24 @@ class TextSpec(JobSpec):
             raise UsageError(f"--name must be a plain file stem, got {self.name!r}")
         if self.chunk_bytes is not None and self.chunk_bytes < 1:
             raise UsageError("--chunk-bytes must be positive")
+        if self.max_doc_bytes < 1:
+            raise UsageError("--max-doc-bytes must be positive")
+
+
+def _file_stats(records: list[dict]) -> dict:
+    """Tokens per input file: a half-octave histogram and the largest files (a file may span tasks)."""
+    per_file: dict[str, list[int]] = {}
+    for record in records:
+        for seg in record["segments"]:
+            tally = per_file.setdefault(seg["rel"], [0, 0])
+            tally[0] += seg.get("documents", 0)
+            tally[1] += seg.get("tokens", 0)
+    counts: dict[str, int] = {}
+    for _, tokens in per_file.values():
+        count_into(counts, tokens)
+    largest = sorted(per_file.items(), key=lambda kv: (-kv[1][1], kv[0]))[:FILES_LISTED]
+    return {"count": len(per_file), "tokens_histogram": half_octave_histogram(counts),
+            "largest": [{"source": rel, "documents": d, "tokens": t} for rel, (d, t) in largest]}
 
 
 def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
@@ -126,7 +152,9 @@ class TextJob(Job):
     def plan(self) -> Plan:
         spec = self.spec
         info = self.tokenizer_info()
-        files, quarantine, skipped = list_text_files(spec.source, spec.list_file)
+        files, quarantine, skipped = list_text_files(spec.source, spec.list_file, Confinement(
+            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
+        require_decompressors(files)
         chunks, more = plan_chunks(files, spec.chunk_bytes, spec.doc_per, spec.field)
         quarantine += more
         dtype = token_dtype(info.max_token_id)
@@ -171,6 +199,7 @@ class TextJob(Job):
         quarantine: list[dict] = []
         segments: list[dict] = []
         counts = {"empty_documents": 0, "blank_lines": 0, "characters": 0}
+        seg_counts: dict[int, list[int]] = {}  # segment number -> [documents, tokens]
         batch: list[str] = []
         where: list[tuple[int, int]] = []  # (segment number, line) of each document in the batch
         chars = 0
@@ -191,6 +220,9 @@ class TextJob(Job):
                     counts["empty_documents"] += 1
                 else:  # ids beyond the dtype cannot occur (dtype from the tokenizer); PartWriter re-checks
                     kept.append(ids)
+                    tally = seg_counts.setdefault(seg, [0, 0])
+                    tally[0] += 1
+                    tally[1] += len(ids)
             if kept:
                 lengths = np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))
                 flat = np.fromiter(chain.from_iterable(kept), dtype=np.int64, count=int(lengths.sum()))
@@ -202,7 +234,7 @@ class TextJob(Job):
         try:
             for number, seg_json in enumerate(p["segments"]):
                 segment = Segment.from_json(seg_json)
-                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per)
+                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per, self.spec.max_doc_bytes)
                 for doc in reader:
                     if doc.reason is not None:
                         quarantine.append({"seg": number, "line": doc.line, "reason": doc.reason})
@@ -218,7 +250,8 @@ class TextJob(Job):
                         flush()
                 flush()
                 counts["blank_lines"] += reader.blank_lines
-                segments.append({"rel": segment.rel, "lines": reader.lines})
+                documents, tokens = seg_counts.get(number, (0, 0))
+                segments.append({"rel": segment.rel, "lines": reader.lines, "documents": documents, "tokens": tokens})
             part = writer.commit()
         except BaseException:
             writer.abort()
@@ -320,7 +353,8 @@ class TextJob(Job):
                       "parts": [{"part": r["task_id"], "documents": r["part"]["documents"],
                                  "tokens": r["part"]["tokens"], "sha256": r["part"]["sha256"],
                                  "index_sha256": r["part"]["index_sha256"], "lines": sum(s["lines"] for s in r["segments"])}
-                                for r in records]},
+                                for r in records],
+                      "files": _file_stats(records)},
             "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3)},
         }
 

@@ -3,11 +3,13 @@
 Listing: every object under the prefix, through the paged ListObjectsV2 (1000 keys a page),
 sorted by byte path like a folder scan; hidden names and OS junk (in any path component) are
 skipped. Images: the class is the first level under the prefix, as in an ImageFolder tree.
+Objects are neither symlinks nor special files: of the confinement's rules only the size cap
+applies (an object over it is quarantined from its listed size, never read).
 
-Reading: ``open_input`` gives a buffered, seekable file over ranged GETs (so text planning can
-snap chunk cuts to line starts, and gzip/zstd/parquet readers work unchanged); ``prefetched``
-reads a task's inputs on a thread pool, in order, a bounded window ahead, so a worker keeps
-the network busy while it checks and packs.
+Reading (through ``repack.sources.reading``): ``open_object`` gives a buffered, seekable file
+over ranged GETs (so text planning can snap chunk cuts to line starts, and gzip/zstd/parquet
+readers work unchanged); ``prefetched`` reads a task's inputs on a thread pool, in order, a
+bounded window ahead, so a worker keeps the network busy while it checks and packs.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import BinaryIO, Iterable, Iterator
 
 from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, quarantine_record, sort_key
+from repack.sources.confine import Confinement, SourceChanged
 from repack.sources.folder import is_junk
-from repack.store import is_remote
 from repack.store.s3_client import client, describe_error, is_missing, parse_url
 
 READ_BLOCK = 8 << 20   # bytes per ranged GET of a sequential read
@@ -45,21 +47,28 @@ def list_objects(url: str) -> list[tuple[str, str, int]]:
     return sorted(found, key=lambda item: sort_key(item[1]))
 
 
-def scan_s3(url: str) -> Scan:
-    """Objects under ``url`` as image inputs: class = first level, a flat prefix is unlabeled."""
+def scan_s3(url: str, confinement: Confinement) -> Scan:
+    """Objects under ``url`` as image inputs: class = first level, a flat prefix is unlabeled; an
+    object over the confinement's size cap is quarantined."""
     objects = list_objects(url)
     labeled = any("/" in rel for _, rel, _ in objects)
     items, quarantine = [], []
     for path, rel, size in objects:
+        label = rel.split("/", 1)[0] if labeled else None
         if labeled and "/" not in rel:
             quarantine.append(quarantine_record(rel, "file outside the class folders of a labeled tree"))
             continue
-        items.append(InputItem(path, rel, rel.split("/", 1)[0] if labeled else None, size))
+        too_big = confinement.size_refusal(size)
+        if too_big is not None:
+            quarantine.append(quarantine_record(rel, too_big))
+            continue
+        items.append(InputItem(path, rel, label, size))
     return Scan(tuple(items), tuple(quarantine), labeled)
 
 
 class RemoteFile(io.RawIOBase):
-    """A read-only, seekable object: each read is one ranged GET (buffer it: ``open_input``)."""
+    """A read-only, seekable object: each read is one ranged GET (buffer it: ``open_object``); an
+    object whose size is no longer ``size`` (the planned one) raises SourceChanged."""
 
     def __init__(self, url: str, size: int | None = None) -> None:
         self.url = url
@@ -91,10 +100,15 @@ class RemoteFile(io.RawIOBase):
         if want <= 0:
             return 0
         try:
-            body = client().get_object(Bucket=self.bucket, Key=self.key,
-                                       Range=f"bytes={self.pos}-{self.pos + want - 1}")["Body"].read()
+            answer = client().get_object(Bucket=self.bucket, Key=self.key,
+                                         Range=f"bytes={self.pos}-{self.pos + want - 1}")
+            body = answer["Body"].read()
         except Exception as exc:  # noqa: BLE001
             raise _os_error(exc, self.url) from None
+        total = answer.get("ContentRange", "").rpartition("/")[2]
+        if total.isdigit() and int(total) != self.size:  # "bytes a-b/total": the object was replaced
+            raise SourceChanged(f"source changed: {self.url} is {total} bytes, {self.size} when planned; "
+                                "re-run with --overwrite to start over")
         buffer[:len(body)] = body
         self.pos += len(body)
         return len(body)
@@ -107,11 +121,9 @@ def _os_error(exc: BaseException, url: str) -> OSError:
     return OSError(5, str(describe_error(exc, url)), url)
 
 
-def open_input(path: str, size: int | None = None) -> BinaryIO:
-    """Open an input for reading: a local file, or a buffered seekable s3:// object."""
-    if is_remote(path):
-        return io.BufferedReader(RemoteFile(path, size), READ_BLOCK)
-    return open(path, "rb", buffering=1 << 20)
+def open_object(url: str, size: int | None = None) -> BinaryIO:
+    """A buffered, seekable s3:// object (its size from a HEAD unless given)."""
+    return io.BufferedReader(RemoteFile(url, size), READ_BLOCK)
 
 
 def read_object(url: str) -> bytes:
@@ -140,17 +152,3 @@ def prefetched(urls: Iterable[str], threads: int = PREFETCH_THREADS) -> Iterator
             if i + 2 * threads < len(urls):
                 window.append(pool.submit(read, urls[i + 2 * threads]))
             yield result
-
-
-def read_inputs(paths: list[str]) -> Iterator[bytes | OSError]:
-    """The bytes of each input (or the OSError reading it), in order: local files read one by one
-    when asked for, s3:// objects prefetched concurrently."""
-    if any(is_remote(p) for p in paths):
-        yield from prefetched(paths)
-        return
-    for path in paths:
-        try:
-            with open(path, "rb") as fh:
-                yield fh.read()
-        except OSError as exc:
-            yield exc
