@@ -65,3 +65,34 @@ def test_text_from_s3_equal_local_source(server, tmp_path):
     remote = json.loads((tmp_path / "remote" / "manifest.json").read_text())
     assert local["totals"]["parts"] > 3 and remote["stats"]["parts"] == local["stats"]["parts"]
     assert tar_files(tmp_path / "remote") == tar_files(tmp_path / "local")
+
+
+def test_s3_objects_over_the_size_cap_are_quarantined_and_a_resized_object_stops_the_job(server, photo_tree,
+                                                                                          tmp_path, monkeypatch):
+    s3 = client(server.endpoint)
+    upload_tree(s3, photo_tree, "capped", "tree")
+    sizes = sorted(p.stat().st_size for p in photo_tree.rglob("*") if p.is_file())
+    cap = sizes[len(sizes) // 2]
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    run_repack("images", "s3://capped/tree", tmp_path / "out", "--max-file-size", str(cap), "--quiet", env=env)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    over = sorted(q["source"] for q in manifest["quarantine"] if "--max-file-size" in q["reason"])
+    expected = sorted(p.relative_to(photo_tree).as_posix() for p in photo_tree.rglob("*")
+                      if p.is_file() and p.stat().st_size > cap)
+    assert over and over == expected and manifest["totals"]["samples"] == len(sizes) - len(expected)
+
+    # an object whose size differs from the planned one: SourceChanged, from the ranged GET's answer
+    from repack.sources.confine import SourceChanged
+    from repack.sources.reading import open_input, read_inputs
+
+    from repack.store import s3_client
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(s3_client, "_clients", {})  # a client for this server's endpoint
+    url = "s3://capped/tree/" + expected[0]
+    with pytest.raises(SourceChanged, match="source changed"):
+        with open_input(url, [sizes[-1] + 1, 0, 0], expected[0]) as fh:
+            fh.read(16)
+    with pytest.raises(SourceChanged, match="source changed"):
+        list(read_inputs([{"path": url, "rel": expected[0], "fingerprint": [sizes[-1] + 1, 0, 0]}]))
