@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile $(wildcard docker/requirements*.txt) | system-
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	sed 's/\[[^]]*\]//' docker/requirements*.txt > $(VENV)/constraints.txt  # the images' pins, extras dropped
-	$(BIN)/pip install -q --disable-pip-version-check -c $(VENV)/constraints.txt -e '.[pipelines,ray,dev]'
+	$(BIN)/pip install -q --disable-pip-version-check -c $(VENV)/constraints.txt -e '.[pipelines,ray,s3,dev]'
 	touch $@
 
 demo: setup system-deps

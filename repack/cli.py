@@ -14,6 +14,7 @@ from repack.commands.bench import bench
 from repack.commands.help import RepackGroup
 from repack.commands.images import images
 from repack.commands.merge import merge
+from repack.commands.pull import pull
 from repack.commands.text import text
 from repack.commands.verify import inspect, verify
 from repack.commands.video import video
@@ -26,7 +27,7 @@ def cli() -> None:
     """Repack training data once, offline, into formats that keep GPUs fed."""
 
 
-for _command in (images, video, text, verify, inspect, merge, bench):
+for _command in (images, video, text, verify, inspect, merge, pull, bench):
     cli.add_command(_command)
 
 

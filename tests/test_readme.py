@@ -4,6 +4,8 @@ Each block carries a marker on the line above it: ``<!-- readme-test: run SANDBO
 visible to readers, ``*Not run by the README test: REASON.*``. Blocks of one sandbox run in README order in one
 directory that holds what the README's placeholders name (``SRC``, ``corpus/``, ``docs.txt.zst``,
 ``list.txt``, and ``OUT`` where a block reads a dataset it did not make), generated here, small.
+The ``s3`` sandbox also starts moto's S3 server on loopback (tests/tools/s3server.py), fills the
+buckets its blocks read and sets the standard AWS variables for them.
 Bash runs with ``-euo pipefail`` and this checkout's ``repack`` first on PATH; Python blocks run
 as scripts with this interpreter.
 """
@@ -23,7 +25,8 @@ import pytest
 
 from tests.conftest import ROOT, run_repack
 from tests.tools.photos import make_photo_tree
-from tests.tools.text import documents
+from tests.tools.s3server import MotoServer, client, s3_env
+from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
 from tests.tools.videos import CLIPS, make_clips
 
 MARKER = re.compile(r"^(?:<!-- readme-test: run (?P<sandbox>[\w-]+) -->|\*Not run by the README test: (?P<reason>.+\S)\.\*)$")
@@ -99,8 +102,41 @@ def video_sandbox(cwd: Path) -> None:
     make_clips(cwd / "SRC", [c for c in CLIPS if c.rel in chosen], workers=2)
 
 
+def confine_sandbox(cwd: Path) -> None:
+    """SRC with what the confinement refuses (a symlink leaving SRC, a FIFO, a link inside SRC);
+    corpus/ (JSON lines) and tokenizer tok/."""
+    photos(cwd / "SRC", 4, 2, 120)
+    first = sorted((cwd / "SRC").rglob("*.*"))[0]
+    (cwd / "elsewhere.jpg").write_bytes(first.read_bytes())
+    (first.parent / "outside.jpg").symlink_to(cwd / "elsewhere.jpg")
+    (first.parent / "inside.jpg").symlink_to(first)
+    os.mkfifo(first.parent / "pipe.jpg")
+    (cwd / "corpus").mkdir()
+    (cwd / "corpus" / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(40, seed=3)))
+    write_tokenizer(gpt2_tokenizer(), cwd / "tok")
+
+
+def s3_sandbox(cwd: Path, server: MotoServer) -> dict[str, str]:
+    """raw-bucket/photos (an image tree), raw-bucket/corpus (JSON lines), an empty train-bucket, a
+    local video folder SRC and tokenizer tok/; the environment a user sets for the endpoint."""
+    photos(cwd / "photos", 6, 3, 120)
+    s3 = client(server.endpoint)
+    for bucket in ("raw-bucket", "train-bucket"):
+        s3.create_bucket(Bucket=bucket)
+    for path in sorted((cwd / "photos").rglob("*")):
+        if path.is_file():
+            s3.upload_file(str(path), "raw-bucket", f"photos/{path.relative_to(cwd / 'photos').as_posix()}")
+    docs = documents(120, seed=5)
+    for i in range(2):
+        s3.put_object(Bucket="raw-bucket", Key=f"corpus/part-{i}.jsonl",
+                      Body="".join(json.dumps({"text": d}) + "\n" for d in docs[i::2]).encode())
+    write_tokenizer(gpt2_tokenizer(), cwd / "tok")
+    make_clips(cwd / "SRC", [c for c in CLIPS if c.rel == "good/h264.mp4"], workers=1)
+    return {**s3_env(server.endpoint), "REPACK_SCRATCH": str(cwd / "scratch")}
+
+
 SANDBOXES = {"images": images_sandbox, "lmdb": images_sandbox, "text": text_sandbox, "bench": bench_sandbox,
-             "report": report_sandbox, "video": video_sandbox}
+             "report": report_sandbox, "video": video_sandbox, "confine": confine_sandbox, "s3": s3_sandbox}
 
 
 def test_every_code_block_is_marked():
@@ -113,8 +149,9 @@ def test_every_code_block_is_marked():
     assert sum(1 for b in blocks if b.sandbox) >= 10
 
 
-def run_block(block: Block, cwd: Path, number: int) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+def run_block(block: Block, cwd: Path, number: int, extra_env: dict[str, str]) -> None:
+    env = {**os.environ, **extra_env, "PYTHONPATH": str(ROOT),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     if block.language == "python":
         script = cwd / f"readme_block_{number}.py"
         script.write_text(block.code)
@@ -126,13 +163,22 @@ def run_block(block: Block, cwd: Path, number: int) -> None:
                                   f"{block.code}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
 
 
+@pytest.fixture
+def moto_server():
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
 @pytest.mark.parametrize("sandbox", sorted(SANDBOXES))
-def test_readme_blocks_run_as_written(sandbox, tmp_path):
-    SANDBOXES[sandbox](tmp_path)
+def test_readme_blocks_run_as_written(sandbox, tmp_path, request):
+    needs = (request.getfixturevalue("moto_server"),) if sandbox == "s3" else ()
+    env = SANDBOXES[sandbox](tmp_path, *needs) or {}
     blocks = [b for b in readme_blocks() if b.sandbox == sandbox]
     for number, block in enumerate(blocks):
-        run_block(block, tmp_path, number)
+        run_block(block, tmp_path, number, env)
     made = {"images": "OUT/manifest.json", "lmdb": "OUT/data.lmdb", "text": "OUT/text_document.bin",
-            "bench": "bench.html", "report": "report.html", "video": "OUT-TAR/manifest.json"}[sandbox]
+            "bench": "bench.html", "report": "report.html", "video": "OUT-TAR/manifest.json",
+            "confine": "OUT-no-links/manifest.json", "s3": "photos-wds/manifest.json"}[sandbox]
     assert (tmp_path / made).is_file()
     shutil.rmtree(tmp_path, ignore_errors=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from repack.commands.options import engine_options, job_command, run_job, source_options, split_engine_options
+from repack.commands.options import (engine_options, job_command, location, run_job, source_options,
+                                     split_engine_options)
 from repack.config import ImagesSpec, parse_size
+from repack.errors import UsageError
+from repack.store import is_remote
 
 
 @job_command("images", input=("list_file",),
@@ -41,7 +42,10 @@ def images(source, out, to, list_file, shard_size, shard_bytes, shuffle, seed, v
     from repack.jobs.images import ImagesJob
 
     options = split_engine_options(kwargs)
-    spec = ImagesSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
+    if is_remote(out) and to == "lmdb":
+        raise UsageError("--to lmdb writes one local database file: OUT must be a local folder, not "
+                         f"{out!r} (write it locally, or use --to webdataset for object storage)")
+    spec = ImagesSpec(source=location(source), out=location(out), to=to,
                       list_file=list_file, shard_size=shard_size, shard_bytes=parse_size(shard_bytes),
                       shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow,
                       allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),

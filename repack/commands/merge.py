@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from pathlib import Path
 
 import click
 
-from repack.commands.options import report
+from repack.commands.options import location, report
 from repack.config import EngineOptions
 
 
@@ -24,9 +23,9 @@ def merge(out, quiet, json_summary):
     OUT/manifest.json. Exit codes: 0 done, 2 no job in OUT, 4 tasks missing (listed).
     """
     from repack.jobs import engine
+    from repack.store import open_store
 
     options = EngineOptions(quiet=quiet, json_summary=json_summary, command=shlex.join(sys.argv))
-    result = engine.merge(Path(out).absolute(), options)
-    job = engine.load_job(result.manifest["modality"], json.dumps(
-        json.loads((Path(out) / ".repack" / "job.json").read_text())["spec"]))
-    report(job, options, result)
+    result = engine.merge(location(out), options)
+    state = engine.read_json(open_store(location(out)), ".repack/job.json")
+    report(engine.load_job(result.manifest["modality"], json.dumps(state["spec"])), options, result)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from pathlib import Path
 
 import click
 
@@ -45,6 +46,13 @@ def engine_options(fn):
     return fn
 
 
+def location(path_or_url: str) -> str:
+    """A job's SOURCE/OUT as the spec holds it: an s3:// URL as given, a local path made absolute."""
+    from repack.store import is_remote
+
+    return path_or_url if is_remote(path_or_url) else str(Path(path_or_url).absolute())
+
+
 def source_options(fn):
     """What every job command may read (the confinement rules of ``repack.sources.confine``)."""
     fn = click.option("--allow-outside-source", "allow_outside", is_flag=True,
@@ -73,14 +81,14 @@ def run_job(job, options: EngineOptions) -> None:
 def report(job, options: EngineOptions, result) -> None:
     if result.manifest is None:
         message = (f"partition {options.node_rank} of {options.num_nodes}: {result.ran} task(s) run, "
-                   f"{result.skipped} already done; run `repack merge {job.out}` once every node has finished")
+                   f"{result.skipped} already done; run `repack merge {job.store.url}` once every node has finished")
         summary = {"partition": options.node_rank, "num_nodes": options.num_nodes, "ran": result.ran,
                    "skipped": result.skipped}
     else:
         head = ("nothing to do: the job in OUT is complete" if result.nothing_to_do
                 else f"done in {result.seconds:.1f} s ({result.ran} task(s) run, {result.skipped} resumed)")
-        message = "\n".join([head] + job.summary_lines(result.manifest) + [f"manifest: {job.out / 'manifest.json'}"])
-        summary = {"out": str(job.out), "ran": result.ran, "skipped": result.skipped,
+        message = "\n".join([head] + job.summary_lines(result.manifest) + [f"manifest: {job.store.url}/manifest.json"])
+        summary = {"out": job.store.url, "ran": result.ran, "skipped": result.skipped,
                    "nothing_to_do": result.nothing_to_do, "seconds": round(result.seconds, 3),
                    "totals": result.manifest["totals"], "quarantine": result.manifest["quarantine"]}
     if options.json_summary:

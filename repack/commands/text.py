@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, job_command, run_job, source_options, split_engine_options
+from repack.commands.options import (engine_options, job_command, location, run_job, source_options,
+                                     split_engine_options)
 from repack.config import parse_size
 
 
@@ -47,7 +48,7 @@ def text(source, out, tokenize, tokenizer, field, doc_per, list_file, append_eos
     from repack.jobs.text import TextJob, TextSpec
 
     options = split_engine_options(kwargs)
-    spec = TextSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), tokenize=tokenize,
+    spec = TextSpec(source=location(source), out=location(out), tokenize=tokenize,
                     tokenizer=str(Path(tokenizer).expanduser().absolute()), field=field, doc_per=doc_per, list_file=list_file,
                     append_eos=append_eos, eos_token=eos_token, add_bos=add_bos, bos_token=bos_token,
                     special_tokens=not no_special_tokens, name=name, chunk_bytes=None if chunk_bytes == "auto" else parse_size(chunk_bytes),

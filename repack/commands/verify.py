@@ -14,9 +14,14 @@ from repack.errors import VERIFICATION_EXIT_CODE
 @click.argument("out")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 def verify(out, json_out):
-    """Re-read every file of the dataset in OUT and check it against its manifest."""
-    from repack.jobs.verify import verify_dataset
+    """Re-read every file of the dataset in OUT (a folder or s3://bucket/prefix) and check it against its
+    manifest (in object storage: every object's size and sha256)."""
+    from repack.store import is_remote
 
+    if is_remote(out):
+        from repack.store.dataset import verify_remote as verify_dataset
+    else:
+        from repack.jobs.verify import verify_dataset
     problems = verify_dataset(out)
     if json_out:
         click.echo(json.dumps({"ok": not problems, "problems": problems}))

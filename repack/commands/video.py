@@ -8,8 +8,10 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, job_command, report, source_options, split_engine_options
+from repack.commands.options import (engine_options, job_command, location, report, source_options,
+                                     split_engine_options)
 from repack.errors import StrictModeError, UsageError
+from repack.store import is_remote
 from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEFAULT_TARGET, TARGETS
 
 
@@ -58,9 +60,12 @@ def video(source, out, probe_only, transcode, target, dali_reader, verify, max_g
     from repack.jobs.video import VideoJob, VideoSpec
 
     options = split_engine_options(kwargs)
+    if is_remote(source):
+        raise UsageError(f"repack video probes local files with ffprobe: SOURCE must be a local folder or list, "
+                         f"not {source!r} (OUT may be s3://)")
     if transcode and options.workers is None:
         options = dataclasses.replace(options, workers=max(1, available_cpus() // threads))
-    spec = VideoSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
+    spec = VideoSpec(source=str(Path(source).absolute()), out=location(out), to=to,
                      list_file=list_file, transcode=transcode, link=link, target=target, max_gop=max_gop, crf=crf,
                      preset=preset, gop=gop, max_height=max_height, bframes=bframes, threads=threads,
                      shard_size=shard_size, verify=verify, dali_reader=dali_reader,
@@ -69,10 +74,10 @@ def video(source, out, probe_only, transcode, target, dali_reader, verify, max_g
     result = Engine(job, options).run()
     manifest = result.manifest
     if options.json_summary and manifest is not None:
-        click.echo(json.dumps({"out": str(job.out), "ran": result.ran, "skipped": result.skipped,
+        click.echo(json.dumps({"out": job.store.url, "ran": result.ran, "skipped": result.skipped,
                                "seconds": round(result.seconds, 3), "totals": manifest["totals"],
                                "decisions": manifest["stats"]["decisions"], "reasons": manifest["stats"]["reasons"],
-                               "quarantine": manifest["quarantine"], "probe": str(job.out / "probe.jsonl")},
+                               "quarantine": manifest["quarantine"], "probe": f"{job.store.url}/probe.jsonl"},
                               sort_keys=True))
         if not options.quiet:
             click.echo("\n".join(job.summary_lines(manifest)), err=True)
@@ -80,4 +85,4 @@ def video(source, out, probe_only, transcode, target, dali_reader, verify, max_g
         report(job, options, result)
     if options.strict and manifest is not None and not transcode and manifest["totals"]["needs_transcode"]:
         raise StrictModeError(f"--strict: {manifest['totals']['needs_transcode']} video(s) need transcoding "
-                              f"(see {job.out / 'probe.jsonl'})")
+                              f"(see {job.store.url}/probe.jsonl)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import ClassVar
 
 from repack.config import JobSpec
 from repack.manifest import dumps_canonical
+from repack.store import open_store
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class Job:
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
-        self.out = Path(spec.out)
+        self.store = open_store(spec.out)  # where outputs end up (a folder, or s3://)
+        self.out = Path(self.store.scratch)  # where the job writes them (the folder itself, or a scratch)
 
     def check(self) -> None:
         """Fail fast (raise RepackError) on a bad job, before any work."""
@@ -84,13 +85,7 @@ class Job:
         return [{"path": o["path"], "bytes": o["bytes"]} for o in record.get("outputs", [])]
 
     def outputs_intact(self, record: dict) -> bool:
-        for output in self.record_outputs(record):
-            try:
-                if os.path.getsize(self.out / output["path"]) != output["bytes"]:
-                    return False
-            except OSError:
-                return False
-        return True
+        return all(self.store.size(o["path"]) == o["bytes"] for o in self.record_outputs(record))
 
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
         """Build the manifest body (without created_by/run) from the plan and task records."""

@@ -7,6 +7,11 @@ State lives under ``OUT/.repack/``::
   tasks/<id>.json    one record per finished task, written atomically after its outputs
   lock[-<part>]      flock held while a run (or partition) is alive
 
+All of it, the outputs and the manifest go through the job's store (``repack.store``): a local
+OUT is written in place; for ``s3://`` OUT the job writes into a local scratch folder, each task
+uploads its outputs (checked) before its record, locks are objects created with a conditional
+PUT, and the manifest is uploaded last.
+
 A run plans, skips tasks whose record and outputs check out, runs the rest on an executor,
 and writes ``manifest.json`` last and atomically. kill -9 at any point, re-run, and the
 result equals an uninterrupted run.
@@ -23,6 +28,7 @@ import os
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +39,8 @@ from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, Noth
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
 from repack.jobs.base import Job, Plan, Task
-from repack.manifest import MANIFEST_NAME, atomic_write_json, dumps_canonical, write_manifest
+from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
+from repack.store import open_store
 
 STATE_DIR = ".repack"
 
@@ -53,13 +60,30 @@ def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str
     with TaskLock(job.out, task.task_id):
         record = job.run_task(task)
         record.update(task_id=task.task_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
+        for output in job.record_outputs(record):  # object store: upload (checked) before the record
+            job.store.publish(output["path"], job.out / output["path"])
         # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
-        atomic_write_json(state_dir(job.out) / "tasks" / f"{task.task_id}.json", record, durable=False)
+        job.store.put_bytes(record_name(task.task_id), dumps_canonical(record), durable=False)
     return json.dumps(record)
 
 
 def state_dir(out: Path) -> Path:
     return Path(out) / STATE_DIR
+
+
+def record_name(task_id: str) -> str:
+    """A task record's path in the store."""
+    return f"{STATE_DIR}/tasks/{task_id}.json"
+
+
+def read_json(store, rel: str) -> dict | None:
+    """A JSON object from the store; None when missing or unreadable."""
+    raw = store.read_bytes(rel)
+    try:
+        data = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 @dataclass(frozen=True)
@@ -93,12 +117,16 @@ class JobLock:
     """Refuses a second live run on OUT. A full run, --overwrite and merge hold OUT/.repack/lock
     exclusively; a static partition holds it shared plus lock-<part> exclusively, so partitions
     run side by side but never beside a full run, nor twice. Tasks are locked one by one too
-    (``TaskLock``), so even overlapping partition schemes never write the same task."""
+    (``TaskLock``), so even overlapping partition schemes never write the same task.
 
-    def __init__(self, out: Path, part: str = "") -> None:
+    With an object store the flocks guard the local scratch, and a lock object in the store
+    (``.repack/lock`` or ``.repack/lock-<part>``) refuses a second run from any host."""
+
+    def __init__(self, out: Path, part: str = "", store=None) -> None:
         self.out = out
         self.part = part
         self.fds: list[int] = []
+        self.store_lock = store.lock(f"lock-{part}" if part else "lock") if store is not None else None
 
     def __enter__(self) -> "JobLock":
         main = state_dir(self.out) / "lock"
@@ -107,12 +135,18 @@ class JobLock:
             if self.part:
                 self.fds.append(_flock(state_dir(self.out) / f"lock-{self.part}", fcntl.LOCK_EX,
                                        f"partition {self.part}", self.out))
+            if self.store_lock is not None:
+                self.store_lock.__enter__()
         except BaseException:
+            self.store_lock = None
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.store_lock is not None:
+            self.store_lock.__exit__(*exc)
+            self.store_lock = None
         while self.fds:
             os.close(self.fds.pop())
 
@@ -135,8 +169,11 @@ class TaskLock:
             os.close(self.fd)
 
 
-def prepare_out(out: Path) -> None:
-    """Create OUT and its state folder, failing fast when it is not writable."""
+def prepare_out(out: Path, store=None) -> None:
+    """Create OUT (or the scratch of an object store) and its state folder, failing fast when it
+    is not writable (an object store: wrong credentials, no bucket, read-only prefix)."""
+    if store is not None and store.remote:
+        store.check_writable()
     if out.exists() and not out.is_dir():
         raise UsageError(f"output {str(out)!r} exists and is not a folder")
     try:
@@ -146,6 +183,16 @@ def prepare_out(out: Path) -> None:
         probe.unlink()
     except OSError as exc:
         raise UsageError(f"output {str(out)!r} is not writable: {exc.strerror}") from None
+
+
+def remove_local(root: Path, rel: str) -> None:
+    """Delete ``root/rel`` if it is a file confined to ``root``."""
+    try:
+        target = safe_join(root, rel)
+    except PathEscapeError:
+        return
+    if target.is_file():
+        target.unlink()
 
 
 def refuse_out_inside_source(source: str, out: Path) -> None:
@@ -180,12 +227,12 @@ class Engine:
 
     # -- state ---------------------------------------------------------------------------
     def _check_state(self, plan: Plan) -> None:
-        job_file = state_dir(self.out) / "job.json"
+        store = self.job.store
         state = {"job": self.job.name, "spec": json.loads(self.job.spec.to_json()), "tool_version": __version__,
                  "options_sha256": options_fingerprint(self.job), "plan_digest": plan.digest,
                  "num_tasks": len(plan.tasks)}
-        if job_file.exists():
-            old = json.loads(job_file.read_text())
+        old = read_json(store, f"{STATE_DIR}/job.json")
+        if old is not None:
             if old.get("options_sha256") != state["options_sha256"]:
                 old_spec, new_spec = old.get("spec") or {}, state["spec"]
                 differ = [f"--{key.replace('_', '-')}: {json.dumps(old_spec.get(key))} -> "
@@ -200,14 +247,14 @@ class Engine:
                 raise UsageError(f"source changed since {self.out} was started: {self._changes(plan)}; "
                                  "use --overwrite to start over")
         else:
-            atomic_write_json(state_dir(self.out) / "plan.json", plan.to_json())
-            atomic_write_json(job_file, state)
+            store.put_bytes(f"{STATE_DIR}/plan.json", dumps_canonical(plan.to_json()))
+            store.put_bytes(f"{STATE_DIR}/job.json", dumps_canonical(state))
 
     def _changes(self, plan: Plan) -> str:
         """Which inputs differ from the recorded plan (size, mtime_ns, inode), in words."""
         try:
-            old = Plan.from_json(json.loads((state_dir(self.out) / "plan.json").read_text()))
-        except (OSError, ValueError, KeyError):
+            old = Plan.from_json(read_json(self.job.store, f"{STATE_DIR}/plan.json") or {})
+        except (ValueError, KeyError, TypeError):
             return "the planned tasks differ"
         before, now = input_fingerprints(old), input_fingerprints(plan)
         changed = sorted(rel for rel in before.keys() | now.keys() if before.get(rel) != now.get(rel))
@@ -218,18 +265,26 @@ class Engine:
 
     def _wipe(self) -> None:
         """--overwrite: remove what an earlier job wrote (files its records and manifest name)."""
-        tasks_dir = state_dir(self.out) / "tasks"
+        store = self.job.store
         names: set[str] = set()
-        for record_file in tasks_dir.glob("*.json") if tasks_dir.exists() else ():
-            try:
-                names.update(o["path"] for o in json.loads(record_file.read_text()).get("outputs", []))
-            except (ValueError, KeyError, TypeError):
+        for rel in store.list_sizes(f"{STATE_DIR}/tasks/"):
+            if not rel.endswith(".json"):
                 continue
-        for rel in names | {MANIFEST_NAME}:
-            target = self.out / rel
-            if target.resolve().is_relative_to(self.out.resolve()) and target.is_file():
-                target.unlink()
-        shutil.rmtree(state_dir(self.out), ignore_errors=True)
+            try:
+                names.update(o["path"] for o in (read_json(store, rel) or {}).get("outputs", []))
+            except (KeyError, TypeError):
+                continue
+        for rel in sorted(names | {MANIFEST_NAME}):
+            try:
+                safe_join(self.out, rel)
+            except PathEscapeError:
+                continue
+            store.delete(rel)
+            if store.remote:
+                remove_local(self.out, rel)
+        store.clear_state(STATE_DIR)
+        if store.remote:
+            shutil.rmtree(state_dir(self.out), ignore_errors=True)
 
     def _clean_temps(self, task_ids: set[str]) -> None:
         """Remove temp files left by a killed run of these tasks (we hold their lock)."""
@@ -239,12 +294,8 @@ class Engine:
 
     def load_record(self, task: Task, plan_digest: str) -> dict | None:
         """A finished task's record, if it belongs to this plan and its outputs are intact."""
-        path = state_dir(self.out) / "tasks" / f"{task.task_id}.json"
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        if record.get("plan_digest") != plan_digest or not self.job.outputs_intact(record):
+        record = read_json(self.job.store, record_name(task.task_id))
+        if record is None or record.get("plan_digest") != plan_digest or not self.job.outputs_intact(record):
             return None
         return record
 
@@ -258,27 +309,31 @@ class Engine:
                                 address=opts.ray_address)  # fails fast, e.g. Ray not installed
         if opts.overwrite and opts.num_nodes > 1:
             raise UsageError("--overwrite cannot be combined with --num-nodes; clear OUT once, then start the nodes")
-        prepare_out(self.out)
+        store = self.job.store
+        prepare_out(self.out, store)
         part = f"{opts.node_rank}-of-{opts.num_nodes}" if opts.num_nodes > 1 else ""
-        with JobLock(self.out, part):
+        with JobLock(self.out, part, store if store.remote else None):
             if opts.overwrite:
                 self._wipe()
                 prepare_out(self.out)
+            if store.remote:
+                store.abort_uploads()  # left by a killed run: we hold the lock
             plan = self.job.plan()
             if not plan.tasks and not plan.quarantine:
                 raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
             self._check_state(plan)
             digest = plan.digest
             mine = [t for i, t in enumerate(plan.tasks) if i % opts.num_nodes == opts.node_rank]
-            records = {t.task_id: self.load_record(t, digest) for t in mine}
+            records = self.load_records(mine, digest)
             todo = [t for t in mine if records[t.task_id] is None]
             manifest_path = self.out / MANIFEST_NAME
-            if not todo and opts.num_nodes == 1 and manifest_path.exists():
-                manifest = json.loads(manifest_path.read_text())
+            manifest = read_json(store, MANIFEST_NAME) if not todo and opts.num_nodes == 1 else None
+            if manifest is not None:
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
-                self._check_outcome(manifest, manifest_path)
+                self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
                 return result
             if todo:
+                store.delete(MANIFEST_NAME)
                 manifest_path.unlink(missing_ok=True)
             self._clean_temps({t.task_id for t in todo})
             # Optional hook ``Job.absorb(record)``: called in this (driver) process for every finished
@@ -303,10 +358,18 @@ class Engine:
                 return RunResult(None, len(todo), len(mine) - len(todo), time.time() - started)
             manifest = self.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
             result = RunResult(manifest, len(todo), len(mine) - len(todo), time.time() - started)
-        self._check_outcome(manifest, manifest_path)
+        self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
         return result
 
-    def _check_outcome(self, manifest: dict, manifest_path: Path) -> None:
+    def load_records(self, tasks: list[Task], digest: str) -> dict[str, dict | None]:
+        """{task id: record or None} (an object store is read by a few threads: one GET per record)."""
+        if not self.job.store.remote:
+            return {t.task_id: self.load_record(t, digest) for t in tasks}
+        self.job.store.cache_listing()  # one paged listing of the prefix serves every output check
+        with ThreadPoolExecutor(16) as pool:
+            return dict(zip((t.task_id for t in tasks), pool.map(lambda t: self.load_record(t, digest), tasks)))
+
+    def _check_outcome(self, manifest: dict, manifest_path: str) -> None:
         """Exit 7 when inputs were found and nothing was packed; exit 6 under --strict with a quarantine."""
         totals = manifest["totals"]
         if totals.get("inputs") and not self.job.packed(manifest):
@@ -354,6 +417,8 @@ class Engine:
 
     def finalize(self, plan: Plan, records: list[dict], started: float) -> dict:
         """Build and atomically write the manifest from all task records."""
+        if self.job.store.remote:
+            self._hydrate(records)
         body = self.job.finalize(plan, records)
         body.update(schema="repack.manifest", version=1, modality=self.job.name)
         body["created_by"] = {"tool": "repack", "version": __version__, "options": self.job.spec.options()}
@@ -363,27 +428,57 @@ class Engine:
                        "task_seconds": round(sum(r.get("seconds", 0.0) for r in records), 3),
                        **body.pop("run_stats", {})}
         write_manifest(self.out, body)
+        if self.job.store.remote:
+            self._publish_dataset(body, records)
         return body
 
+    def _hydrate(self, records: list[dict]) -> None:
+        """Object store: download intermediate outputs (under .repack/, e.g. text parts) that the
+        job's finalize reads and the local scratch lost (a re-run on another machine)."""
+        store = self.job.store
+        for record in records:
+            for output in self.job.record_outputs(record):
+                rel, local = output["path"], self.out / output["path"]
+                if rel.startswith(f"{STATE_DIR}/") and not (local.is_file() and local.stat().st_size == output["bytes"]) \
+                        and store.size(rel) == output["bytes"]:
+                    store.fetch(rel, local)
 
-def merge(out: Path, options: EngineOptions) -> RunResult:
+    def _publish_dataset(self, body: dict, records: list[dict]) -> None:
+        """Object store: upload the files finalize wrote, then the manifest (last), then drop the
+        intermediate outputs finalize consumed."""
+        store = self.job.store
+        published = {o["path"] for r in records for o in self.job.record_outputs(r)}
+        for rel in Manifest(self.out, body).relative_paths():
+            if rel not in published:
+                store.publish(rel, self.out / rel)
+        store.publish(MANIFEST_NAME, self.out / MANIFEST_NAME)
+        for rel in sorted(published):
+            if rel.startswith(f"{STATE_DIR}/") and not (self.out / rel).exists():
+                store.delete(rel)
+
+
+def merge(out: str, options: EngineOptions) -> RunResult:
     """`repack merge`: check every planned task finished (all partitions) and write the manifest."""
     started = time.time()
-    job_file = state_dir(out) / "job.json"
-    if not job_file.exists():
+    store = open_store(str(out))
+    state = read_json(store, f"{STATE_DIR}/job.json")
+    if state is None:
         raise UsageError(f"{out} holds no repack job state (.repack/job.json)")
-    state = json.loads(job_file.read_text())
     job = load_job(state["job"], json.dumps(state["spec"]))
-    plan = Plan.from_json(json.loads((state_dir(out) / "plan.json").read_text()))
+    plan_data = read_json(store, f"{STATE_DIR}/plan.json")
+    if plan_data is None:
+        raise UsageError(f"{out} holds no repack job state (.repack/plan.json)")
+    plan = Plan.from_json(plan_data)
     if plan.digest != state["plan_digest"]:
         raise RepackError(f"{out}: plan.json does not match job.json (plan digest differs)")
     engine = Engine(job, options)
-    with JobLock(out):
+    prepare_out(job.out, store)
+    with JobLock(job.out, store=store if store.remote else None):
         records = {t.task_id: engine.load_record(t, state["plan_digest"]) for t in plan.tasks}
         missing = [tid for tid, rec in records.items() if rec is None]
         if missing:
             shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
             raise IncompleteJobError(f"{len(missing)} of {len(plan.tasks)} task(s) are missing or damaged: {shown}")
         manifest = engine.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
-    engine._check_outcome(manifest, out / MANIFEST_NAME)
+    engine._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
     return RunResult(manifest, 0, len(plan.tasks), time.time() - started)

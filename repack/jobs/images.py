@@ -43,7 +43,8 @@ from repack.jobs.stats import count_into, histogram, merge_counts, merge_slowest
 from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
 from repack.sources import Confinement, InputItem, scan_source
-from repack.sources.confine import InputRefused, open_input, read_input
+from repack.sources.reading import open_input, read_inputs, unreadable_reason
+from repack.store import is_remote
 from repack.transforms.image_check import BadImage, inspect_image
 from repack.transforms.normalize import NormalizeOptions, normalize_image
 
@@ -145,7 +146,7 @@ class ImagesJob(Job):
 
     def check(self) -> None:
         src = Path(self.spec.source)
-        if not src.exists():
+        if not is_remote(self.spec.source) and not src.exists():
             raise UsageError(f"source {self.spec.source!r} does not exist")
 
     def plan(self) -> Plan:
@@ -194,14 +195,13 @@ class ImagesJob(Job):
         profile: dict[str, dict] = {"bytes": {}, "width": {}, "height": {}, "classes": {}}
         norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels) if spec.normalize else None
         width = task.payload["cls_width"]
+        reads = read_inputs(task.payload["inputs"])
         try:
             for entry in task.payload["inputs"]:
                 t0 = time.perf_counter()
-                try:
-                    data = read_input(entry["path"], entry.get("fingerprint"), entry["rel"])
-                except OSError as exc:
-                    reason = str(exc) if isinstance(exc, InputRefused) else f"unreadable: {exc.strerror or exc}"
-                    quarantine.append({"source": entry["rel"], "reason": reason})
+                data = next(reads)
+                if isinstance(data, OSError):
+                    quarantine.append({"source": entry["rel"], "reason": unreadable_reason(data)})
                     continue
                 t1 = time.perf_counter()
                 source_bytes = len(data)

@@ -33,11 +33,12 @@ from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
 from repack.jobs.stats import count_into
 from repack.jobs.stats import histogram as half_octave_histogram
-from repack.manifest import atomic_write_bytes, atomic_write_json
+from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.sinks.megatron import CODE_OF, PartWriter, merge_parts, read_index, token_dtype
 from repack.sources import Confinement
 from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, Segment, SegmentReader, list_text_files,
                                       plan_chunks, require_decompressors)
+from repack.store import is_remote
 
 BATCH_CHARS = 1 << 20  # characters handed to one encode_batch call
 BATCH_DOCS = 2048
@@ -131,7 +132,7 @@ class TextJob(Job):
         spec = self.spec
         if spec.tokenize not in ("memmap",):
             raise UsageError(f"--tokenize {spec.tokenize!r}: only 'memmap' (Megatron .bin/.idx) is supported")
-        if not Path(spec.source).exists():
+        if not is_remote(spec.source) and not Path(spec.source).exists():
             raise UsageError(f"source {spec.source!r} does not exist")
         if spec.list_file and not Path(spec.source).is_file():
             raise UsageError(f"--list: {spec.source!r} is not a file")
@@ -264,8 +265,8 @@ class TextJob(Job):
     # -- resume ---------------------------------------------------------------------------
     def _marker(self) -> dict | None:
         try:
-            return json.loads((self.out / ".repack" / MERGED_MARKER).read_text())
-        except (OSError, ValueError):
+            return json.loads(self.store.read_bytes(f".repack/{MERGED_MARKER}") or b"null")
+        except ValueError:
             return None
 
     def record_outputs(self, record: dict) -> list[dict]:
@@ -286,11 +287,8 @@ class TextJob(Job):
         return self._final_intact(marker["entry"])
 
     def _final_intact(self, entry: dict) -> bool:
-        try:
-            return (os.path.getsize(self.out / entry["path"]) == entry["bytes"]
-                    and os.path.getsize(self.out / entry["index"]) == entry["index_bytes"])
-        except OSError:
-            return False
+        return (self.store.size(entry["path"]) == entry["bytes"]
+                and self.store.size(entry["index"]) == entry["index_bytes"])
 
     # -- finalize -------------------------------------------------------------------------
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
@@ -369,6 +367,9 @@ class TextJob(Job):
         if marker and marker.get("plan_digest") == digest and marker.get("parts") == wanted \
                 and self._final_intact(marker["entry"]):
             entry = marker["entry"]
+            for rel in (entry["path"], entry["index"]):  # object store, scratch lost: finalize reads them
+                if not (self.out / rel).is_file():
+                    self.store.fetch(rel, self.out / rel)
         else:
             for stale in self.out.glob(f".{name}.*.tmp-*"):
                 stale.unlink(missing_ok=True)
@@ -378,8 +379,10 @@ class TextJob(Job):
                      "tokens": merged["tokens"], "bytes": merged["bytes"], "sha256": merged["sha256"],
                      "index_bytes": merged["index_bytes"], "index_sha256": merged["index_sha256"], "dtype": dtype,
                      "max_token_id": max((r["part"]["max_token_id"] for r in records), default=-1)}
-            atomic_write_json(self.out / ".repack" / MERGED_MARKER,
-                              {"plan_digest": digest, "parts": wanted, "entry": entry})
+            for rel in (entry["path"], entry["index"]):  # object store: uploaded (checked) before the marker
+                self.store.publish(rel, self.out / rel)
+            self.store.put_bytes(f".repack/{MERGED_MARKER}",
+                                 dumps_canonical({"plan_digest": digest, "parts": wanted, "entry": entry}))
         for r in records:
             for key in ("bin", "idx"):
                 (self.out / r["part"][key]).unlink(missing_ok=True)
@@ -395,10 +398,10 @@ class TextJob(Job):
             lines.append(f"tokens per document: p50 {stats['p50']} p90 {stats['p90']} p99 {stats['p99']} "
                          f"max {stats['max']}")
         if len(manifest["prefixes"]) > 1:
-            lines.append("Megatron --data-path " + " ".join(f"{e['tokens']} {self.out / e['prefix']}"
+            lines.append("Megatron --data-path " + " ".join(f"{e['tokens']} {self.store.url}/{e['prefix']}"
                                                             for e in manifest["shards"]))
         else:
-            lines += [f"Megatron --data-path {self.out / p}" for p in manifest["prefixes"]]
+            lines += [f"Megatron --data-path {self.store.url}/{p}" for p in manifest["prefixes"]]
         reasons: dict[str, int] = {}
         for q in manifest["quarantine"]:
             key = q["reason"].split(":")[0]

@@ -112,10 +112,17 @@ class Confinement:
             return Checked(real, st, is_link=is_link)
         if not stat_mod.S_ISREG(st.st_mode):
             return Checked(reason=not_regular(st.st_mode), is_link=is_link)
-        if self.max_file_bytes is not None and st.st_size > self.max_file_bytes:
-            return Checked(reason=f"file of {st.st_size} bytes is over the size cap of {self.max_file_bytes} "
-                                  "bytes (--max-file-size): not read", is_link=is_link)
+        too_big = self.size_refusal(st.st_size)
+        if too_big is not None:
+            return Checked(reason=too_big, is_link=is_link)
         return Checked(real, st, is_link=is_link)
+
+    def size_refusal(self, size: int) -> str | None:
+        """The quarantine reason of a file of ``size`` bytes over the size cap, else None."""
+        if self.max_file_bytes is not None and size > self.max_file_bytes:
+            return (f"file of {size} bytes is over the size cap of {self.max_file_bytes} bytes "
+                    "(--max-file-size): not read")
+        return None
 
 
 def open_input(path: str, expected: list[int] | None = None, rel: str | None = None,

@@ -33,7 +33,10 @@ from typing import BinaryIO, Iterator
 
 from repack.errors import UsageError, stable_reason
 from repack.sources.base import alias_reason, pick_real_paths, sort_key
-from repack.sources.confine import Confinement, open_input
+from repack.sources.confine import Confinement
+from repack.sources.reading import open_input
+from repack.sources.s3 import list_objects
+from repack.store import is_remote
 
 JSONL_EXTS = (".jsonl", ".ndjson", ".json")
 TXT_EXTS = (".txt",)
@@ -171,8 +174,10 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
                     ) -> tuple[list[TextFile], list[dict], int]:
     """The input files in deterministic order, quarantine records, and the count of skipped files.
 
-    Every input goes through the confinement rooted at the source folder (or the list file's
+    Every local input goes through the confinement rooted at the source folder (or the list file's
     folder, or a single file's own folder): see ``repack.sources.confine``."""
+    if is_remote(source):
+        return list_remote_text_files(source, list_file, confinement or Confinement())
     src = Path(source)
     rules = confinement or Confinement()
     quarantine: list[dict] = []
@@ -223,6 +228,27 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
         read.add(rel)
         kind, compression = classify(os.path.basename(rel))
         files.append(TextFile(real, rel, kind, compression, st.st_size, st.st_mtime_ns, st.st_ino))
+    return files, quarantine, skipped
+
+
+def list_remote_text_files(url: str, list_file: bool, rules: Confinement) -> tuple[list[TextFile], list[dict], int]:
+    """``list_text_files`` for an s3:// prefix (paged listing, sorted by byte path); objects are
+    neither symlinks nor special files: of the confinement only the size cap applies."""
+    if list_file:
+        raise UsageError("--list reads a local list file: SOURCE cannot be an s3:// URL with --list")
+    files: list[TextFile] = []
+    quarantine: list[dict] = []
+    skipped = 0
+    for path, rel, size in list_objects(url):
+        kind = classify(rel.rsplit("/", 1)[-1])
+        if kind is None:
+            skipped += 1
+            continue
+        too_big = rules.size_refusal(size)
+        if too_big is not None:
+            quarantine.append({"source": rel, "line": None, "reason": too_big})
+            continue
+        files.append(TextFile(path, rel, kind[0], kind[1], size))
     return files, quarantine, skipped
 
 
