@@ -1,4 +1,4 @@
-"""DALI video pipeline over a `repack video` output: ``fn.readers.video`` on the GPU (NVDEC).
+"""DALI video pipeline over a `repack video` output: DALI's video reader on the GPU (NVDEC).
 
 ``build_video_pipeline`` reads the manifest's usable videos (files under OUT/videos, paths
 confined to the root) with their class indices and returns a pipeline whose outputs are
@@ -6,12 +6,14 @@ confined to the root) with their class indices and returns a pipeline whose outp
 frames ``stride`` apart, clip starts ``step`` apart (``-1``: ``sequence_length``), exactly as
 pipelines.torch_video. ``resize=(h, w)`` makes a batch uniform when videos differ in size.
 
-``reader="legacy"`` is ``fn.readers.video`` (GPU only: DALI's PyPI FFmpeg has no software
-H.264/HEVC decoder); ``reader="experimental"`` is ``fn.experimental.readers.video``, which also
-runs on the CPU for VP8/VP9/MJPEG (used by the CI tests). The default (``reader=None``) is the
-reader the dataset was judged for: the manifest's ``dali_reader`` (`repack video
---dali-reader`, ``legacy`` unless chosen otherwise), so every video the rule passed as is is
-one this reader decodes (e.g. MJPEG is transcoded for the experimental reader).
+``reader="experimental"`` is ``fn.experimental.readers.video``, which reads a dataset of mixed
+codecs and also runs on the CPU for VP8/VP9/MJPEG (used by the CI tests); ``reader="legacy"``
+is ``fn.readers.video`` (GPU only: DALI's PyPI FFmpeg has no software H.264/HEVC decoder),
+which reads one codec per reader. The default (``reader=None``) is the reader the dataset was
+judged for: the manifest's ``dali_reader`` (`repack video --dali-reader`, ``experimental``
+unless chosen otherwise; ``legacy`` for manifests written before the field existed), so every
+video the rule passed as is is one this reader decodes, in one pass over the whole dataset
+(MJPEG is transcoded for the experimental reader; every codec but H.264 for the legacy one).
 
 Labels: the class index, ``-1`` (``UNLABELED``) for a video without a class, as in
 pipelines.torch_video (DALI accepts negative values in ``labels=``; only its ``file_list``
@@ -30,7 +32,8 @@ READERS = ("legacy", "experimental")  # the keys of repack's DALI_READERS (the m
 
 
 def dataset_reader(root) -> str:
-    """The DALI reader the dataset in ``root`` was judged for (``legacy`` for older manifests)."""
+    """The DALI reader the dataset in ``root`` was judged for (``legacy`` for manifests without
+    ``dali_reader``: those were judged for it)."""
     _, manifest = manifest_videos(root)
     return manifest.data.get("dali_reader") or "legacy"
 
@@ -53,7 +56,7 @@ def build_video_pipeline(root, *, sequence_length: int, batch_size: int, reader:
 
 
 def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length: int, batch_size: int,
-                         reader: str = "legacy", stride: int = 1, step: int = -1, shard_id: int = 0,
+                         reader: str = "experimental", stride: int = 1, step: int = -1, shard_id: int = 0,
                          num_shards: int = 1, random_shuffle: bool = False, seed: int = 0, device: str = "gpu",
                          device_id: int | None = 0, num_threads: int = 4, initial_fill: int = 64,
                          resize: tuple[int, int] | None = None, prefetch_queue_depth: int = 2,

@@ -20,7 +20,7 @@ from repack.transforms.nvdec_rules import decide
 from repack.transforms.probe import probe_file
 from repack.transforms.transcode import Recipe, build_command, gop_frames, output_geometry, snap_rate
 from tests.conftest import read_manifest_json, run_repack
-from tests.tools.videos import CLIPS, encoders, make_clips, make_index_clip
+from tests.tools.videos import CLIPS, encoders, make_clips, make_index_clip, video_codecs
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
 
@@ -38,14 +38,16 @@ def transcoded(video_clips, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.parametrize("reader", ["experimental", "legacy"])
 @pytest.mark.parametrize("clip", CLIPS, ids=[c.rel for c in CLIPS])
-def test_decision_and_reasons_per_branch(video_clips, clip):
+def test_decision_and_reasons_per_branch(video_clips, clip, reader):
     root, made = video_clips
     if clip.rel not in made:
         pytest.skip(f"this ffmpeg has no {clip.needs} encoder")
-    verdict = decide(probe_file(str(root / clip.rel)), "h100", 1.0)
-    assert verdict.decision == clip.decision, verdict.reasons
-    assert set(verdict.codes) == set(clip.reasons), verdict.reasons
+    verdict = decide(probe_file(str(root / clip.rel)), "h100", 1.0, reader=reader)
+    decision, reasons = clip.expected(reader)
+    assert verdict.decision == decision, verdict.reasons
+    assert set(verdict.codes) == set(reasons), verdict.reasons
     assert all(r["message"] for r in verdict.reasons)
 
 
@@ -58,6 +60,7 @@ def test_av1_depends_on_target(video_clips):
     assert decide(info, "a100").codes == ["codec"]
     assert decide(info, "l4").decision == "ok"
     assert decide(info, "l40").decision == "ok"
+    assert decide(info, "l4", reader="legacy").codes == ["legacy_one_codec"]  # fn.readers.video has no AV1
 
 
 def test_max_gop_threshold(video_clips):
@@ -73,12 +76,13 @@ def test_probe_cli_report_and_strict(video_clips, tmp_path):
     summary = json.loads(proc.stdout)
     lines = [json.loads(x) for x in (tmp_path / "p" / "probe.jsonl").read_text().splitlines()]
     assert sorted(rec["source"] for rec in lines) == sorted(made)
-    expected = {d: sum(1 for c in made.values() if c.decision == d) for d in ("ok", "transcode", "reject")}
+    expected = {d: sum(1 for c in made.values() if c.expected()[0] == d) for d in ("ok", "transcode", "reject")}
     assert summary["decisions"] == expected
     by_source = {rec["source"]: rec for rec in lines}
     for rel, clip in made.items():
-        assert by_source[rel]["decision"] == clip.decision
-        assert {r["code"] for r in by_source[rel]["reasons"]} == set(clip.reasons)
+        assert by_source[rel]["dali_reader"] == "experimental"  # the default
+        assert by_source[rel]["decision"] == clip.expected()[0]
+        assert {r["code"] for r in by_source[rel]["reasons"]} == set(clip.expected()[1])
     assert not (tmp_path / "p" / "videos").exists()
     human = run_repack("video", root, tmp_path / "p2", "--probe")
     assert "need transcoding" in human.stdout and "several_video_streams" in human.stdout
@@ -121,6 +125,37 @@ def test_transcode_outputs_pass_the_rule(video_clips, transcoded):
     assert "nothing to do" in again.stdout
 
 
+def test_legacy_reader_dataset_holds_one_codec(video_clips, transcoded, tmp_path):
+    """DALI's legacy fn.readers.video reads one codec per reader (on the H200 a dataset of H.264 and
+    HEVC outputs failed: "... is not the same codec as previous files"). Judged for it, only H.264
+    stays as is and every other codec is transcoded (legacy_one_codec), file by file; an
+    independent ffprobe finds H.264 in every output, where the default (experimental) reader's
+    dataset keeps the mix. Codecs are checked, not decoding: DALI's CPU backend has no H.264
+    decoder (tests/gpu/gpu_video.py reads both datasets whole on the GPU)."""
+    root, made = video_clips
+    out = tmp_path / "legacy"
+    run_repack("video", root, out, "--transcode", "--dali-reader", "legacy", "--shard-size", "4", "--quiet",
+               "--preset", "ultrafast")
+    manifest = read_manifest_json(out)
+    assert manifest["dali_reader"] == "legacy"
+    probes = {p["source"]: p for p in map(json.loads, (out / "probe.jsonl").read_text().splitlines())}
+    for rel, clip in made.items():
+        decision, reasons = clip.expected("legacy")
+        assert (probes[rel]["decision"], {r["code"] for r in probes[rel]["reasons"]}) == (decision, set(reasons)), rel
+        assert probes[rel]["dali_reader"] == "legacy"
+    one_codec = sum(1 for c in made.values() if "legacy_one_codec" in c.expected("legacy")[1])
+    assert manifest["stats"]["reasons"]["legacy_one_codec"] == one_codec
+    entries = {e["source"]: e for e in manifest["shards"]}
+    assert set(entries) == {rel for rel, c in made.items() if c.expected("legacy")[0] != "reject" and not c.quarantined}
+    for rel, entry in entries.items():
+        assert entry["transcoded"] == (made[rel].expected("legacy")[0] == "transcode")
+        assert decide(probe_file(str(out / entry["path"])), "h100", 1.0, reader="legacy").decision == "ok"
+    legacy_codecs = {codec for e in entries.values() for codec in video_codecs(out / e["path"])}
+    assert legacy_codecs == {"h264"}
+    mixed = {codec for e in read_manifest_json(transcoded)["shards"] for codec in video_codecs(transcoded / e["path"])}
+    assert {"h264", "mpeg4"} <= mixed  # the same inputs for the experimental reader: several codecs kept
+
+
 def test_transcode_is_deterministic_and_resumes(video_clips, tmp_path):
     src = tmp_path / "src"
     for rel in ("bad/interlaced.mp4", "bad/vfr.mkv", "good/h264.mp4", "good/moov_at_end.mp4"):
@@ -145,14 +180,14 @@ def test_transcode_is_deterministic_and_resumes(video_clips, tmp_path):
 
 def test_webdataset_packing(video_clips, tmp_path):
     src = tmp_path / "src"
-    for rel in ("bad/tiny.mp4", "good/h264.mp4", "good/mjpeg.avi", "junk/empty.mp4"):
+    for rel in ("bad/tiny.mp4", "good/h264.mp4", "good/mpeg4.avi", "junk/empty.mp4"):
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(video_clips[0] / rel, src / rel)
     out = tmp_path / "wds"
     run_repack("video", src, out, "--transcode", "--to", "webdataset", "--shard-size", "2", "--quiet")
     manifest = read_manifest_json(out)
     assert manifest["format"] == "webdataset" and manifest["totals"]["samples"] == 3
-    assert [v["source"] for v in manifest["videos"]] == ["bad/tiny.mp4", "good/h264.mp4", "good/mjpeg.avi"]
+    assert [v["source"] for v in manifest["videos"]] == ["bad/tiny.mp4", "good/h264.mp4", "good/mpeg4.avi"]
     names = []
     for shard in manifest["shards"]:
         with tarfile.open(out / shard["path"]) as tar:
@@ -200,27 +235,30 @@ def test_encoders_listed():
     assert "libx264" in encoders()
 
 
-def _mjpeg(path: Path, frames: int = 6, size=(96, 64)) -> None:
-    make_index_clip(path, frames, ("-c:v", "mjpeg", "-pix_fmt", "yuvj420p", "-q:v", "5"), size=size)
+def _vp8(path: Path, frames: int = 6, size=(96, 64)) -> None:
+    """A VP8 clip: kept as is by the default (experimental) reader's rule and decoded by DALI's CPU backend."""
+    make_index_clip(path, frames, ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p"),
+                    size=size)
 
 
 def test_unsafe_names_get_safe_outputs_and_a_dali_file_list(tmp_path, monkeypatch):
     """Whitespace, newline and non-UTF-8 names: renamed outputs, original source kept, file_list
     readable by DALI (relative to OUT), and the run finishes."""
     src = tmp_path / "src"
-    _mjpeg(src / "cls/plain.avi")
-    for name in (b"a b.avi", b"new\nline.avi", b"caf\xe9.avi"):
-        shutil.copy(src / "cls/plain.avi", os.fsdecode(bytes(src / "cls") + b"/" + name))
+    _vp8(src / "cls/plain.webm")
+    for name in (b"a b.webm", b"new\nline.webm", b"caf\xe9.webm"):
+        shutil.copy(src / "cls/plain.webm", os.fsdecode(bytes(src / "cls") + b"/" + name))
     out = tmp_path / "out"
     run_repack("video", src, out, "--transcode", "--quiet")
     manifest = read_manifest_json(out)
     by_source = {e["source"]: e for e in manifest["shards"]}
-    assert set(by_source) == {"cls/plain.avi", "cls/a b.avi", "cls/new\nline.avi", os.fsdecode(b"cls/caf\xe9.avi")}
-    assert by_source["cls/plain.avi"]["path"] == "videos/cls/plain.avi"
-    renamed = sorted(e["path"] for s, e in by_source.items() if s != "cls/plain.avi")
-    assert renamed == ["videos/_renamed/00000000_a_b.avi", "videos/_renamed/00000001_caf.avi",
-                       "videos/_renamed/00000002_new_line.avi"]
-    assert all((out / p).read_bytes() == (src / "cls/plain.avi").read_bytes() for p in renamed)
+    assert set(by_source) == {"cls/plain.webm", "cls/a b.webm", "cls/new\nline.webm",
+                              os.fsdecode(b"cls/caf\xe9.webm")}
+    assert by_source["cls/plain.webm"]["path"] == "videos/cls/plain.webm"
+    renamed = sorted(e["path"] for s, e in by_source.items() if s != "cls/plain.webm")
+    assert renamed == ["videos/_renamed/00000000_a_b.webm", "videos/_renamed/00000001_caf.webm",
+                       "videos/_renamed/00000002_new_line.webm"]
+    assert all((out / p).read_bytes() == (src / "cls/plain.webm").read_bytes() for p in renamed)
     listing = (out / "file_list.txt").read_bytes().decode("utf-8").splitlines()
     assert sorted(listing) == sorted(f"{e['path']} 0" for e in manifest["shards"])
     from nvidia.dali import fn, pipeline_def
@@ -244,7 +282,7 @@ def test_gop_is_capped_and_max_height_applies_to_copies(tmp_path):
     subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc2=s=160x120:r=25:d=3", "-c:v",
                     "libx264", "-preset", "ultrafast", "-g", "25", "-bf", "0", "-pix_fmt", "yuv420p",
                     str(src / "c/tall.mp4")], check=True)
-    _mjpeg(src / "c/small.avi")
+    _vp8(src / "c/small.webm")
     assert decide(probe_file(str(src / "c/tall.mp4")), "h100", 1.0, max_height=96).codes == ["too_tall"]
     out = tmp_path / "out"
     run_repack("video", src, out, "--transcode", "--gop", "50", "--max-height", "96", "--preset", "ultrafast",
@@ -252,7 +290,7 @@ def test_gop_is_capped_and_max_height_applies_to_copies(tmp_path):
     manifest = read_manifest_json(out)
     assert manifest["quarantine"] == []
     entries = {e["source"]: e for e in manifest["shards"]}
-    tall, small = entries["c/tall.mp4"], entries["c/small.avi"]
+    tall, small = entries["c/tall.mp4"], entries["c/small.webm"]
     assert tall["transcoded"] and tall["height"] == 96 and tall["max_gop_s"] <= 1.0 and tall["frames"] == 75
     assert not small["transcoded"] and small["height"] == 64
     assert gop_frames(25.0, Recipe(gop=50)) == 25 and gop_frames(25.0, Recipe(gop=10)) == 10

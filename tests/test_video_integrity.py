@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from fractions import Fraction
 from pathlib import Path
 
@@ -16,19 +15,12 @@ import pytest
 from repack.transforms.probe import probe_file
 from repack.transforms.transcode import Timing, frames_problem, plan_timing
 from tests.conftest import read_manifest_json, run_repack
-from tests.tools.videos import CLIPS, make_clips
+from tests.tools.videos import CLIPS, ffprobe_json, make_clips
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
 BY_REL = {c.rel: c for c in CLIPS}
 USED = ("bad/packed_bframes.avi", "bad/vfr.mkv", "bad/sar_pad.mp4", "bad/corrupt_middle.mp4", "good/moov_at_end.mp4",
         "good/h264.mp4")
-
-
-def ffprobe_json(path: Path, *args: str) -> dict:
-    """An independent ffprobe run (not repack's code path)."""
-    out = subprocess.run(["ffprobe", "-v", "error", "-of", "json", *args, str(path)], capture_output=True, text=True,
-                         check=True).stdout
-    return json.loads(out)
 
 
 def decoded_frames(path: Path) -> int:

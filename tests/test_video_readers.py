@@ -1,6 +1,7 @@
 """Video readers over `repack video` outputs: the PyTorch clip dataset (PyAV, CPU) and the DALI
-pipeline (experimental reader on DALI's CPU backend with MJPEG, the codec its PyPI FFmpeg
-decodes). Each clip frame N has luma 16 + 4*N, so decoded frames reveal their index."""
+pipeline (experimental reader on DALI's CPU backend with VP8/VP9, codecs its PyPI FFmpeg decodes
+and the default reader keeps as is). Each clip frame N has luma 16 + 4*N, so decoded frames
+reveal their index."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import pytest
 
 from pipelines.torch_video import VideoClipDataset, clip_starts
 from tests.conftest import run_repack
-from tests.tools.videos import make_index_clip
+from tests.tools.videos import encoders, make_index_clip
 
-pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None or "libvpx" not in encoders(),
+                                reason="ffmpeg with the libvpx (VP8) encoder is not installed")
 MJPEG = ("-c:v", "mjpeg", "-pix_fmt", "yuvj420p", "-q:v", "2")
+VP8 = ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")
+VP9 = ("-c:v", "libvpx-vp9", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")
 
 
 def frame_numbers(clip) -> list[float]:
@@ -23,10 +27,10 @@ def frame_numbers(clip) -> list[float]:
 
 @pytest.fixture(scope="session")
 def index_datasets(tmp_path_factory):
-    """(MJPEG copied as is, H.264 transcoded from 64x48 MJPEG) datasets, two classes each."""
+    """(VP8 copied as is, H.264 transcoded from 64x48 MJPEG) datasets, two classes each."""
     src = tmp_path_factory.mktemp("index-src")
-    make_index_clip(src / "mj/a/one.avi", 30, MJPEG, size=(96, 64))
-    make_index_clip(src / "mj/b/two.avi", 23, MJPEG, size=(96, 64))
+    make_index_clip(src / "mj/a/one.webm", 30, VP8, size=(96, 64))
+    make_index_clip(src / "mj/b/two.webm", 23, VP8, size=(96, 64))
     make_index_clip(src / "tc/a/one.avi", 30, MJPEG, size=(64, 48))
     make_index_clip(src / "tc/b/two.avi", 23, MJPEG, size=(64, 48))
     out = tmp_path_factory.mktemp("index-out")
@@ -41,7 +45,7 @@ def test_clip_starts_follow_dali():
     assert clip_starts(6, 4, stride=2) == []
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["copied-mjpeg", "transcoded-h264"])
+@pytest.mark.parametrize("which", [0, 1], ids=["copied-vp8", "transcoded-h264"])
 def test_torch_clips_decode_the_right_frames(index_datasets, which):
     ds = VideoClipDataset(index_datasets[which], sequence_length=4, stride=2, step=5)
     assert len(ds) == 5 + 4
@@ -82,7 +86,7 @@ def test_dali_pipeline_matches_torch_sampling(index_datasets):
 def test_unlabeled_videos_are_minus_one_in_both_readers(tmp_path):
     from pipelines.dali_video import build_video_pipeline, video_inputs
 
-    make_index_clip(tmp_path / "src/flat.avi", 8, MJPEG, size=(96, 64))  # no class folder: unlabeled
+    make_index_clip(tmp_path / "src/flat.webm", 8, VP8, size=(96, 64))  # no class folder: unlabeled
     out = tmp_path / "out"
     run_repack("video", tmp_path / "src", out, "--transcode", "--quiet")
     ds = VideoClipDataset(out, sequence_length=4)
@@ -92,63 +96,71 @@ def test_unlabeled_videos_are_minus_one_in_both_readers(tmp_path):
                                 reader="experimental", num_threads=1)
     _, labels = pipe.run()
     assert [int(np.asarray(labels[k]).ravel()[0]) for k in range(len(labels))] == [-1, -1]
-    assert (out / "file_list.txt").read_text().split() == ["videos/flat.avi", "0"]  # DALI file_list: >= 0
+    assert (out / "file_list.txt").read_text().split() == ["videos/flat.webm", "0"]  # DALI file_list: >= 0
 
 
 def test_undecodable_clip_raises_runtime_error_naming_the_file(tmp_path):
-    make_index_clip(tmp_path / "src/a/v.avi", 30, MJPEG, size=(96, 64))
+    make_index_clip(tmp_path / "src/a/v.webm", 30, VP8, size=(96, 64))
     out = tmp_path / "out"
     run_repack("video", tmp_path / "src", out, "--transcode", "--quiet")
     ds = VideoClipDataset(out, sequence_length=4, step=8)
-    make_index_clip(out / "videos/a/v.avi", 10, MJPEG, size=(96, 64))  # the file lost its tail since
-    with pytest.raises(RuntimeError, match="videos/a/v.avi"):
+    make_index_clip(out / "videos/a/v.webm", 10, VP8, size=(96, 64))  # the file lost its tail since
+    with pytest.raises(RuntimeError, match="videos/a/v.webm"):
         for _ in ds:  # an IndexError would end this loop silently after 2 clips
             pass
 
 
 def test_decision_per_dali_reader(tmp_path):
-    """MJPEG is fine for the legacy reader and transcoded for the experimental one (its GPU decoder
-    cannot create an NVDEC decoder for MJPEG); an unknown reader is a usage error."""
+    """Experimental (default): MJPEG is transcoded (its GPU decoder cannot create an NVDEC decoder
+    for it), VP8 and H.264 are kept. Legacy: only H.264 is kept, every other codec is transcoded
+    (legacy_one_codec: fn.readers.video reads one codec per reader), whatever the other files are.
+    An unknown reader is a usage error."""
     from repack.errors import UsageError
-    from repack.transforms.nvdec_rules import decide
+    from repack.transforms.nvdec_rules import DEFAULT_DALI_READER, decide
     from repack.transforms.probe import probe_file
 
     make_index_clip(tmp_path / "v.avi", 8, MJPEG, size=(96, 64))
-    info = probe_file(str(tmp_path / "v.avi"))
-    assert decide(info, reader="legacy").decision == "ok"
-    verdict = decide(info, reader="experimental")
+    make_index_clip(tmp_path / "v.webm", 8, VP8, size=(96, 64))
+    make_index_clip(tmp_path / "v.mp4", 8, ("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"),
+                    size=(96, 64))
+    mjpeg, vp8, h264 = (probe_file(str(tmp_path / name)) for name in ("v.avi", "v.webm", "v.mp4"))
+    assert DEFAULT_DALI_READER == "experimental"
+    verdict = decide(mjpeg)
     assert verdict.decision == "transcode" and verdict.codes == ["codec"]
     assert "experimental" in verdict.reasons[0]["message"] and "MJPEG" in verdict.reasons[0]["message"]
+    assert decide(vp8).decision == decide(h264).decision == "ok"
+    for info, label in ((mjpeg, "MJPEG"), (vp8, "VP8")):
+        verdict = decide(info, reader="legacy")
+        assert verdict.decision == "transcode" and verdict.codes == ["legacy_one_codec"]
+        assert verdict.reasons[0]["message"].startswith(f"{label}: DALI's legacy fn.readers.video reads one codec")
+    assert decide(h264, reader="legacy").decision == "ok" and decide(h264, reader="legacy").reasons == ()
     with pytest.raises(UsageError, match="dali-reader"):
-        decide(info, reader="nvdec")
+        decide(mjpeg, reader="nvdec")
 
 
 def test_manifest_records_the_reader_and_the_pipeline_reads_every_ok_file(tmp_path):
-    """Judged for the experimental reader: MJPEG is transcoded, VP8/VP9 kept; probe.jsonl and the
-    manifest name the reader; pipelines.dali_video reads with it by default (here on DALI's CPU
-    backend, which decodes VP8/VP9) and decodes every video judged ok as is."""
+    """Judged for the experimental reader (the default): MJPEG is transcoded, VP8/VP9 kept;
+    probe.jsonl and the manifest name the reader; pipelines.dali_video reads with it by default
+    (here on DALI's CPU backend, which decodes VP8/VP9) and decodes the whole mixed dataset in one
+    pass. Judged for the legacy reader, the same VP8/VP9 files become H.264; a manifest without
+    the field (written before it existed) means legacy."""
     import json
 
     from pipelines.dali_video import build_video_pipeline, dataset_reader
-    from tests.tools.videos import encoders
 
     have = encoders()
-    codecs = {"vp8.webm": ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p"),
-              "vp9.webm": ("-c:v", "libvpx-vp9", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")}
-    codecs = {name: args for name, args in codecs.items() if args[1] in have}
-    if not codecs:
-        pytest.skip("this ffmpeg has no libvpx encoder")
+    codecs = {name: args for name, args in {"vp8.webm": VP8, "vp9.webm": VP9}.items() if args[1] in have}
     for name, args in codecs.items():
         make_index_clip(tmp_path / "src/ok" / name, 12, args, size=(160, 128))
     make_index_clip(tmp_path / "src/mj/v.avi", 12, MJPEG, size=(96, 64))
     out = tmp_path / "out"
-    run_repack("video", tmp_path / "src", out, "--dali-reader", "experimental", "--quiet")
+    run_repack("video", tmp_path / "src", out, "--quiet")
     probes = [json.loads(x) for x in (out / "probe.jsonl").read_text().splitlines()]
     assert {p["dali_reader"] for p in probes} == {"experimental"}
     assert {p["source"]: p["decision"] for p in probes} == {"mj/v.avi": "transcode",
                                                              **{f"ok/{n}": "ok" for n in codecs}}
     ok_only = tmp_path / "ok-out"
-    run_repack("video", tmp_path / "src/ok", ok_only, "--transcode", "--dali-reader", "experimental", "--quiet")
+    run_repack("video", tmp_path / "src/ok", ok_only, "--transcode", "--quiet")
     manifest = json.loads((ok_only / "manifest.json").read_text())
     assert manifest["dali_reader"] == dataset_reader(ok_only) == "experimental"
     assert manifest["totals"]["ok"] == len(codecs) and manifest["quarantine"] == []
@@ -158,6 +170,10 @@ def test_manifest_records_the_reader_and_the_pipeline_reads_every_ok_file(tmp_pa
     for k in range(len(codecs)):
         assert frame_numbers(np.asarray(frames[k])) == pytest.approx(list(range(12)), abs=0.5)
     legacy = tmp_path / "legacy-out"
-    run_repack("video", tmp_path / "src/mj", legacy, "--transcode", "--quiet")
+    run_repack("video", tmp_path / "src/ok", legacy, "--transcode", "--dali-reader", "legacy", "--quiet")
+    manifest = json.loads((legacy / "manifest.json").read_text())
+    assert dataset_reader(legacy) == "legacy" and manifest["totals"]["ok"] == 0
+    assert {e["codec"] for e in manifest["shards"]} == {"h264"} and all(e["transcoded"] for e in manifest["shards"])
+    del manifest["dali_reader"]
+    (legacy / "manifest.json").write_text(json.dumps(manifest))
     assert dataset_reader(legacy) == "legacy"
-    assert json.loads((legacy / "manifest.json").read_text())["totals"]["ok"] == 1  # MJPEG: fine for legacy

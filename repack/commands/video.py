@@ -25,8 +25,10 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
 @click.option("--target", type=click.Choice(sorted(TARGETS)), default=DEFAULT_TARGET, show_default=True,
               help="GPU whose NVDEC (through DALI) must decode the videos.")
 @click.option("--dali-reader", type=click.Choice(list(DALI_READERS)), default=DEFAULT_DALI_READER, show_default=True,
-              help="DALI reader the videos must be read by: legacy = fn.readers.video (pipelines.dali_video's "
-                   "default), experimental = fn.experimental.readers.video. Recorded in the manifest.")
+              help="DALI reader the videos must be read by (recorded in the manifest; pipelines.dali_video reads "
+                   "with it): experimental = fn.experimental.readers.video, reads mixed codecs (MJPEG is "
+                   "transcoded); legacy = fn.readers.video, reads one codec per reader, so only H.264 is kept "
+                   "and other codecs are transcoded to H.264 (legacy_one_codec).")
 @click.option("--verify", type=click.Choice(["packets", "decode"]), default="packets", show_default=True,
               help="packets: scan packet headers (fast); decode: also decode every frame and quarantine files "
                    "with decoder errors (slower, see make bench).")

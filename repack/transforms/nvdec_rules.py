@@ -7,9 +7,12 @@ video correctly and fast on the chosen GPU?
 every reason spelled out. Non-blocking observations (B-frames, ignored audio, moov at the end,
 non-square pixels) are ``notes``. User limits: a keyframe gap above ``max_gop_s``
 (``long_gop``) or a displayed height above ``max_height`` (``too_tall``) means transcode.
-``reader`` is the DALI reader the videos are judged for (``DALI_READERS``): ``legacy`` =
-``fn.readers.video``, what pipelines.dali_video uses by default; ``experimental`` =
-``fn.experimental.readers.video`` / ``fn.experimental.decoders.video``. Reject: decoder errors
+``reader`` is the DALI reader the videos are judged for (``DALI_READERS``): ``experimental``
+(the default) = ``fn.experimental.readers.video`` / ``fn.experimental.decoders.video``, which
+reads a dataset of mixed codecs; ``legacy`` = ``fn.readers.video``, which reads one codec per
+reader, so only H.264 (the codec of repack's transcodes) is ``ok`` for it and every other codec
+is transcoded (``legacy_one_codec``): a per-file rule that makes any mix of outputs one codec.
+pipelines.dali_video reads with the reader the manifest names. Reject: decoder errors
 found by ``--verify decode`` (``decode_errors`` in the record); a refused container
 (``format_refused``); truncated: packets past the end of the file, fewer packets than the
 declared frame count, or (Matroska/WebM) a packet span short of the header's duration by more
@@ -23,6 +26,11 @@ Facts (NVDEC as measured on an H200; A100/H100/H200 share the NVDEC column; L4/L
 - VP8, MPEG-4 Part 2, MJPEG: supported (8-bit 4:2:0 taken as the safe set) by the legacy
   reader; DALI's newer GPU decoder (the experimental reader) fails to create an NVDEC decoder
   for MJPEG on the H200, so MJPEG is transcoded for it.
+- The legacy reader creates one NVDEC decoder per reader for the codec of the first file it
+  opens and fails on a file of another codec ("... is not the same codec as previous files",
+  seen on the H200 with H.264 and HEVC outputs in one dataset); every file decodes alone. It
+  has no AV1 path at all ("Unhandled codec"). The experimental reader read a mix of H.264,
+  HEVC (8- and 10-bit), VP8, VP9 and MPEG-4 Part 2 in one pass.
 - AV1: not on A100/H100/H200 (no AV1 in their NVDEC); yes on Ada (L4, L40, L40S) and A10.
 - DALI's reader ignores rotation metadata, decodes frames not fields (interlaced), needs even
   dimensions and constant frame rate, picks the largest video stream (not the first), and
@@ -86,11 +94,10 @@ TARGETS: dict[str, Target] = {
 }
 DEFAULT_TARGET = "h100"
 # The DALI video readers the rule knows; the manifest records which one the decisions were made
-# for, and pipelines.dali_video reads with that one by default.
+# for, and pipelines.dali_video reads with that one by default (legacy for manifests without it).
 DALI_READERS = {"legacy": "fn.readers.video", "experimental": "fn.experimental.readers.video"}
-DEFAULT_DALI_READER = "legacy"
-READER_UNSUPPORTED = {"experimental": {"mjpeg": "DALI's experimental video reader (fn.experimental.readers.video, "
-                                                "the new GPU decoder) fails to create an NVDEC decoder for MJPEG"}}
+DEFAULT_DALI_READER = "experimental"
+LEGACY_CODEC = "h264"  # the one codec of a dataset for the legacy reader: the codec repack transcodes to
 REJECT, TRANSCODE, OK = "reject", "transcode", "ok"
 CODEC_NAMES = {"av1": "AV1", "mpeg2video": "MPEG-2", "mpeg1video": "MPEG-1", "vc1": "VC-1", "wmv3": "WMV9",
                "prores": "ProRes", "dnxhd": "DNxHD", "gif": "GIF", "rawvideo": "raw video", "theora": "Theora"}
@@ -129,6 +136,17 @@ def get_reader(name: str) -> str:
     if name not in DALI_READERS:
         raise UsageError(f"unknown --dali-reader {name!r}; choose from {', '.join(DALI_READERS)}")
     return name
+
+
+def _reader_reason(reader: str, codec: str, label: str) -> dict | None:
+    """Why ``reader`` cannot take a ``codec`` video that NVDEC decodes, or None."""
+    if reader == "legacy" and codec != LEGACY_CODEC:
+        return _r("legacy_one_codec", f"{label}: DALI's legacy fn.readers.video reads one codec per reader; "
+                                      "transcoded to H.264, the codec of every legacy dataset")
+    if reader == "experimental" and codec == "mjpeg":
+        return _r("codec", "DALI's experimental video reader (fn.experimental.readers.video, the new GPU decoder) "
+                           "fails to create an NVDEC decoder for MJPEG")
+    return None
 
 
 def _reject(info: dict) -> list[dict]:
@@ -183,9 +201,10 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
     if limits is None:
         name = CODEC_NAMES.get(codec, codec)
         reasons.append(_r("codec", f"{name} is not decoded by NVDEC through DALI on {tgt.name} ({tgt.arch})"))
-    elif codec in READER_UNSUPPORTED.get(reader, {}):
-        reasons.append(_r("codec", READER_UNSUPPORTED[reader][codec]))
     else:
+        unread = _reader_reason(reader, codec, limits.label)
+        if unread:
+            reasons.append(unread)
         profile = info.get("profile") or ""
         bad = next((p for p in limits.bad_profiles if p.lower() in profile.lower()), None)
         if bad:

@@ -1,12 +1,14 @@
 """Tiny generated video clips (ffmpeg lavfi testsrc2) covering every branch of the NVDEC rule.
 
 ``CLIPS`` names each clip: its relative path (class folder/file), how to make it, and the
-decision and reason codes the rule must give for target h100. ``make_clips(root)`` writes
-them in parallel (ffmpeg does the work in subprocesses; a thread pool is enough).
+decision and reason codes the rule must give for target h100, per DALI reader
+(``Clip.expected``). ``make_clips(root)`` writes them in parallel (ffmpeg does the work in
+subprocesses; a thread pool is enough).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -23,16 +25,25 @@ SRC = "testsrc2=s={w}x{h}:r={r}:d={d}"
 class Clip:
     rel: str
     args: tuple[str, ...]            # ffmpeg args after the lavfi input ('' for special clips)
-    decision: str                    # expected for target h100
+    decision: str                    # expected for target h100 and the experimental reader (the default)
     reasons: frozenset = field(default_factory=frozenset)
     size: tuple = (160, 120, 25, 1.0)  # w, h, fps (a number or 'num/den'), seconds
     special: str = ""                # empty | rotate | truncate | jpeg | audio | dual | hls | corrupt
     needs: str = ""                  # encoder that must exist, else the clip is skipped
     quarantined: str = ""            # the code when --transcode quarantines it after all (the frame check)
+    legacy: tuple = ()               # (decision, reasons) for --dali-reader legacy where they differ
+
+    def expected(self, reader: str = "experimental") -> tuple[str, frozenset]:
+        """(decision, reason codes) the rule must give for target h100 and ``reader``."""
+        return self.legacy if reader == "legacy" and self.legacy else (self.decision, self.reasons)
 
 
 def _r(*codes: str) -> frozenset:
     return frozenset(codes)
+
+
+# the legacy reader (fn.readers.video) reads one codec per reader: every codec but H.264 is transcoded
+ONE_CODEC = ("transcode", _r("legacy_one_codec"))
 
 
 X264 = ("-c:v", "libx264", "-preset", "ultrafast", "-g", "25", "-bf", "0")
@@ -41,19 +52,25 @@ CLIPS: tuple[Clip, ...] = (
     # ffmpeg's default MP4 layout: moov after mdat; ok, and remuxed with +faststart when copied
     Clip("good/moov_at_end.mp4", X264 + ("-pix_fmt", "yuv420p"), "ok"),
     Clip("good/hevc.mp4", ("-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=none:keyint=25",
-                           "-pix_fmt", "yuv420p", "-tag:v", "hvc1"), "ok", size=(192, 144, 25, 1.0), needs="libx265"),
+                           "-pix_fmt", "yuv420p", "-tag:v", "hvc1"), "ok", size=(192, 144, 25, 1.0), needs="libx265",
+         legacy=ONE_CODEC),
     Clip("good/hevc10.mkv", ("-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=none:keyint=25",
-                             "-pix_fmt", "yuv420p10le"), "ok", size=(192, 144, 25, 1.0), needs="libx265"),
+                             "-pix_fmt", "yuv420p10le"), "ok", size=(192, 144, 25, 1.0), needs="libx265",
+         legacy=ONE_CODEC),
     Clip("good/vp9.webm", ("-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8", "-g", "25",
-                           "-pix_fmt", "yuv420p"), "ok", size=(160, 128, 25, 1.0), needs="libvpx-vp9"),
+                           "-pix_fmt", "yuv420p"), "ok", size=(160, 128, 25, 1.0), needs="libvpx-vp9",
+         legacy=ONE_CODEC),
     Clip("good/vp8.webm", ("-c:v", "libvpx", "-deadline", "realtime", "-cpu-used", "8", "-g", "25"), "ok",
-         needs="libvpx"),
-    Clip("good/mjpeg.avi", ("-c:v", "mjpeg", "-pix_fmt", "yuvj420p", "-q:v", "5"), "ok"),
-    Clip("good/mpeg4.avi", ("-c:v", "mpeg4", "-g", "25", "-q:v", "5"), "ok"),
+         needs="libvpx", legacy=ONE_CODEC),
+    # the experimental reader's GPU decoder cannot create an NVDEC decoder for MJPEG
+    Clip("good/mjpeg.avi", ("-c:v", "mjpeg", "-pix_fmt", "yuvj420p", "-q:v", "5"), "transcode", _r("codec"),
+         legacy=ONE_CODEC),
+    Clip("good/mpeg4.avi", ("-c:v", "mpeg4", "-g", "25", "-q:v", "5"), "ok", legacy=ONE_CODEC),
     Clip("good/audio_b.mp4", X264 + ("-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest"), "ok", special="audio_b"),
     # MPEG-4 Part 2 in AVI with packed B-frames: a third of the packets carry no timestamp
     Clip("bad/packed_bframes.avi", ("-frames:v", "120", "-c:v", "mpeg4", "-bf", "2", "-q:v", "5", "-f", "avi"),
-         "transcode", _r("missing_timestamps"), size=(160, 120, "30000/1001", 4.004)),
+         "transcode", _r("missing_timestamps"), size=(160, 120, "30000/1001", 4.004),
+         legacy=("transcode", _r("missing_timestamps", "legacy_one_codec"))),
     # 24x32 with 4:3 pixels shows as 32x32: scaled to square pixels, padded to 48x32 (H.264's minimum width)
     Clip("bad/sar_pad.mp4", ("-vf", "setsar=4/3") + X264 + ("-pix_fmt", "yuv420p"), "transcode", _r("too_small"),
          size=(24, 32, 25, 1.0)),
@@ -65,17 +82,19 @@ CLIPS: tuple[Clip, ...] = (
     Clip("bad/h264_444.mp4", X264 + ("-pix_fmt", "yuv444p"), "transcode", _r("chroma", "profile")),
     Clip("bad/hevc444.mkv", ("-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=none:keyint=25",
                              "-pix_fmt", "yuv444p"), "transcode", _r("chroma"), size=(192, 144, 25, 1.0),
-         needs="libx265"),
+         needs="libx265", legacy=("transcode", _r("chroma", "legacy_one_codec"))),
     Clip("bad/av1.mkv", ("-c:v", "libaom-av1", "-cpu-used", "8", "-g", "25", "-pix_fmt", "yuv420p"), "transcode",
          _r("codec"), size=(128, 128, 25, 1.0), needs="libaom-av1"),
     Clip("bad/rotated.mp4", X264 + ("-pix_fmt", "yuv420p"), "transcode", _r("rotated"), special="rotate"),
     Clip("bad/interlaced.mp4", ("-vf", "setfield=tff", "-flags", "+ildct+ilme", "-x264opts", "tff=1") + X264 +
          ("-pix_fmt", "yuv420p"), "transcode", _r("interlaced")),
     Clip("bad/odd.webm", ("-vf", "scale=161:131", "-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8", "-g", "25"),
-         "transcode", _r("odd_size"), size=(161, 131, 25, 1.0), needs="libvpx-vp9"),
+         "transcode", _r("odd_size"), size=(161, 131, 25, 1.0), needs="libvpx-vp9",
+         legacy=("transcode", _r("odd_size", "legacy_one_codec"))),
     Clip("bad/tiny.mp4", X264 + ("-pix_fmt", "yuv420p"), "transcode", _r("too_small"), size=(32, 32, 25, 1.0)),
     Clip("bad/tiny_vp9.webm", ("-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8", "-g", "25"),
-         "transcode", _r("too_small"), size=(64, 64, 25, 1.0), needs="libvpx-vp9"),
+         "transcode", _r("too_small"), size=(64, 64, 25, 1.0), needs="libvpx-vp9",
+         legacy=("transcode", _r("too_small", "legacy_one_codec"))),
     Clip("bad/vfr.mkv", ("-vf", "settb=1/1000,setpts='(N*0.04+mod(N\\,2)*0.02)/TB'", "-fps_mode", "passthrough") + X264 +
          ("-pix_fmt", "yuv420p"), "transcode", _r("vfr")),
     Clip("bad/long_gop.mp4", ("-c:v", "libx264", "-preset", "ultrafast", "-g", "250", "-keyint_min", "250",
@@ -106,6 +125,19 @@ def encoders() -> set[str]:
     """Names of the video/audio encoders this ffmpeg has."""
     out = subprocess.run(["ffmpeg", "-hide_banner", "-encoders"], capture_output=True, text=True).stdout
     return {line.split()[1] for line in out.splitlines()[10:] if len(line.split()) > 1}
+
+
+def ffprobe_json(path: str | os.PathLike, *args: str) -> dict:
+    """An independent ffprobe run (not repack's code path): its JSON output for ``args``."""
+    out = subprocess.run(["ffprobe", "-v", "error", "-of", "json", *args, str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)
+
+
+def video_codecs(path: str | os.PathLike) -> list[str]:
+    """The codec of every video stream of ``path``, by an independent ffprobe run."""
+    streams = ffprobe_json(path, "-select_streams", "v", "-show_entries", "stream=codec_name")["streams"]
+    return [s["codec_name"] for s in streams]
 
 
 def _ffmpeg(args: list[str]) -> None:
