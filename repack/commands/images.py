@@ -17,6 +17,8 @@ from repack.config import ImagesSpec, parse_size
 @click.option("--list", "list_file", is_flag=True, help="SOURCE is a .csv/.tsv/.jsonl list file (path[,label]).")
 @click.option("--shard-size", type=int, default=None, help="At most N inputs per shard.")
 @click.option("--shard-bytes", default=None, help="At most SIZE per shard, e.g. 512MB (default when no --shard-size).")
+@click.option("--chunk-size", type=int, default=128, show_default=True,
+              help="At most N inputs per task (work unit; shards are assembled from chunks, their bytes do not depend on it).")
 @click.option("--shuffle", is_flag=True, help="Shuffle inputs across shards before cutting.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
 @click.option("--verify", type=click.Choice(["decode", "header", "none"]), default="decode", show_default=True,
@@ -29,14 +31,14 @@ from repack.config import ImagesSpec, parse_size
 @click.option("--max-pixels", type=int, default=178_956_970, show_default=True,
               help="Quarantine images declaring more pixels (decompression bombs).")
 @engine_options
-def images(source, out, to, list_file, shard_size, shard_bytes, shuffle, seed, verify, no_follow, normalize,
+def images(source, out, to, list_file, shard_size, shard_bytes, chunk_size, shuffle, seed, verify, no_follow, normalize,
            quality, max_side, dedup, max_pixels, **kwargs):
     """Pack an ImageFolder tree (or a list file) SOURCE into shards under OUT."""
     from repack.jobs.images import ImagesJob
 
     options = split_engine_options(kwargs)
     spec = ImagesSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
-                      list_file=list_file, shard_size=shard_size, shard_bytes=parse_size(shard_bytes),
+                      list_file=list_file, shard_size=shard_size, shard_bytes=parse_size(shard_bytes), chunk_size=chunk_size,
                       shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow,
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels)
     run_job(ImagesJob(spec), options)

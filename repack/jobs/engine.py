@@ -10,6 +10,15 @@ State lives under ``OUT/.repack/``::
 A run plans, skips tasks whose record and outputs check out, runs the rest on an executor,
 and writes ``manifest.json`` last and atomically. kill -9 at any point, re-run, and the
 result equals an uninterrupted run.
+
+Tasks, chunks and outputs: a plan's *units* are its outputs in plan order (``Plan.units``). An
+ungrouped task is a unit by itself. Tasks that share a ``group`` are *chunks* of one unit: each
+writes a temporary piece and its own record; when every chunk of a group has a record, the
+driver assembles the group on a small thread pool (``Job.assemble``, overlapping the
+executor), writes the group's record ``tasks/<group>.json`` and only then removes the pieces.
+A resumed run trusts a group record whose outputs are intact, else each chunk record whose
+piece is intact, and redoes the rest. Static partitions split the units (never a group), so
+each node assembles its own.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import os
 import shutil
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +44,7 @@ from repack.jobs.base import Job, Plan, Task
 from repack.manifest import MANIFEST_NAME, atomic_write_json, dumps_canonical, write_manifest
 
 STATE_DIR = ".repack"
+ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
 
 
 def load_job(name: str, spec_json: str) -> Job:
@@ -47,13 +58,18 @@ def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str
     """Run one task anywhere (pool worker, Ray worker, static partition) and persist its record."""
     job = load_job(job_name, spec_json)
     task = Task.from_json(json.loads(task_json))
+    return json.dumps(_run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest))
+
+
+def _run_and_record(job: Job, unit_id: str, work, plan_digest: str) -> dict:
+    """Run ``work()`` under the unit's lock and save the record it returns as tasks/<unit_id>.json."""
     started = time.perf_counter()
-    with TaskLock(job.out, task.task_id):
-        record = job.run_task(task)
-        record.update(task_id=task.task_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
+    with TaskLock(job.out, unit_id):
+        record = work()
+        record.update(task_id=unit_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
         # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
-        atomic_write_json(state_dir(job.out) / "tasks" / f"{task.task_id}.json", record, durable=False)
-    return json.dumps(record)
+        atomic_write_json(state_dir(job.out) / "tasks" / f"{unit_id}.json", record, durable=False)
+    return record
 
 
 def state_dir(out: Path) -> Path:
@@ -207,7 +223,7 @@ class Engine:
                 path.unlink(missing_ok=True)
 
     def load_record(self, task: Task, plan_digest: str) -> dict | None:
-        """A finished task's record, if it belongs to this plan and its outputs are intact."""
+        """A finished task's (or group's) record, if it belongs to this plan and its outputs are intact."""
         path = state_dir(self.out) / "tasks" / f"{task.task_id}.json"
         try:
             record = json.loads(path.read_text())
@@ -215,6 +231,43 @@ class Engine:
             return None
         if record.get("plan_digest") != plan_digest or not self.job.outputs_intact(record):
             return None
+        return record
+
+    def resume_state(self, units, plan_digest: str) -> tuple[dict, dict]:
+        """(unit id -> its record or None, task id -> record of a finished chunk of an unfinished group)."""
+        unit_records: dict[str, dict | None] = {}
+        chunk_records: dict[str, dict] = {}
+        for uid, tasks in units:
+            grouped = bool(tasks[0].group)
+            unit_records[uid] = self.load_record(Task(uid, {}) if grouped else tasks[0], plan_digest)
+            if grouped and unit_records[uid] is None:
+                for task in tasks:
+                    record = self.load_record(task, plan_digest)
+                    if record is not None:
+                        chunk_records[task.task_id] = record
+        return unit_records, chunk_records
+
+    def assemble_step(self, group: str, tasks, chunk_records: dict, assemblies: dict, prev: Future | None,
+                      batch: list[dict], plan_digest: str) -> dict | None:
+        """Feed ``batch`` (the next chunk records of ``group`` in plan order) to its assembly, after the
+        previous step ``prev``; once the last chunk is in, save the group's record, then drop the pieces."""
+        if prev is not None:
+            prev.result()  # the group's earlier step (re-raises its error)
+        assembly = assemblies.get(group)
+        if assembly is None:
+            assembly = assemblies[group] = self.job.open_assembly(group)
+        try:
+            for record in batch:
+                assembly.add(record)
+            if batch[-1]["task_id"] != tasks[-1].task_id:
+                return None
+            record = _run_and_record(self.job, group, assembly.finish, plan_digest)
+        except BaseException:
+            assembly.abort()
+            raise
+        for task in tasks:
+            for output in chunk_records[task.task_id].get("outputs", []):
+                (self.out / output["path"]).unlink(missing_ok=True)
         return record
 
     # -- run -----------------------------------------------------------------------------
@@ -238,36 +291,38 @@ class Engine:
                 raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
             self._check_state(plan)
             digest = plan.digest
-            mine = [t for i, t in enumerate(plan.tasks) if i % opts.num_nodes == opts.node_rank]
-            records = {t.task_id: self.load_record(t, digest) for t in mine}
-            todo = [t for t in mine if records[t.task_id] is None]
+            mine = [u for i, u in enumerate(plan.units) if i % opts.num_nodes == opts.node_rank]
+            records, chunk_records = self.resume_state(mine, digest)
+            todo = [t for uid, tasks in mine if records[uid] is None for t in tasks if t.task_id not in chunk_records]
+            unfinished = [uid for uid, _ in mine if records[uid] is None]
             manifest_path = self.out / MANIFEST_NAME
-            if not todo and opts.num_nodes == 1 and manifest_path.exists():
+            if not unfinished and opts.num_nodes == 1 and manifest_path.exists():
                 manifest = json.loads(manifest_path.read_text())
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
                 self._check_strict(manifest, manifest_path)
                 return result
-            if todo:
+            if unfinished:
                 manifest_path.unlink(missing_ok=True)
-            self._clean_temps({t.task_id for t in todo})
+            self._clean_temps({t.task_id for t in todo} | set(unfinished))
             # Optional hook ``Job.absorb(record)``: called in this (driver) process for every finished
-            # task, resumed ones first in plan order, then each as it arrives, before the run moves on;
+            # unit, resumed ones first in plan order, then each as it arrives, before the run moves on;
             # only in runs that write the manifest (static partitions leave it to `repack merge`'s
             # finalize). A single-writer output (LMDB) imports the task's part there.
             absorb = getattr(self.job, "absorb", None) if opts.num_nodes == 1 else None
-            for task in plan.tasks if absorb else ():
-                if records[task.task_id] is not None:
-                    absorb(records[task.task_id])
-            failures = self._execute(executor, todo, digest, records, absorb)
+            for uid, _ in plan.units if absorb else ():
+                if records[uid] is not None:
+                    absorb(records[uid])
+            failures = self._execute(executor, mine, todo, digest, records, chunk_records, absorb)
             if failures:
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
                 raise IncompleteJobError(f"{len(failures)} task(s) failed; finished shards are kept and a "
                                          f"re-run resumes:\n{lines}")
+            ran, skipped = len(unfinished), len(mine) - len(unfinished)
             if opts.num_nodes > 1:
-                return RunResult(None, len(todo), len(mine) - len(todo), time.time() - started)
-            manifest = self.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
-            result = RunResult(manifest, len(todo), len(mine) - len(todo), time.time() - started)
+                return RunResult(None, ran, skipped, time.time() - started)
+            manifest = self.finalize(plan, [records[uid] for uid, _ in plan.units], started)
+            result = RunResult(manifest, ran, skipped, time.time() - started)
         self._check_strict(manifest, manifest_path)
         return result
 
@@ -276,37 +331,105 @@ class Engine:
             raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
                                   f"(see {manifest_path})")
 
-    def _execute(self, executor, todo: list[Task], digest: str, records: dict, absorb=None) -> list[TaskFailure]:
+    def _execute(self, executor, units, todo: list[Task], digest: str, records: dict, chunk_records: dict,
+                 absorb=None) -> list[TaskFailure]:
+        """Run ``todo`` on the executor; assemble each group of ``units`` as soon as its chunks are done.
+
+        Fills ``records`` (unit id -> record); absorbs each finished unit. Failures are returned."""
         from tqdm import tqdm
 
         tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
-        if not todo:
-            return []
         opts = self.options
         spec_json = self.job.spec.to_json()
         calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest) for t in todo]
-        units = {t.task_id: self.job.task_units(t) for t in todo}
+        units_of = {t.task_id: self.job.task_units(t) for t in todo}
+        group_tasks = {uid: tasks for uid, tasks in units if tasks[0].group and records[uid] is None}
+        group_of = {t.task_id: uid for uid, tasks in group_tasks.items() for t in tasks}
+        fed = dict.fromkeys(group_tasks, 0)  # chunks handed to each group's assembly so far
+        last_step: dict[str, Future] = {}
+        assemblies: dict = {}
         failures: list[TaskFailure] = []
-        bar = tqdm(total=sum(units.values()), unit=self.job.progress_unit, unit_scale=True, file=sys.stderr,
+        final_steps: dict[Future, str] = {}
+        # Threads start only once a record arrived: the local pool has forked all its workers by then.
+        assembler: ThreadPoolExecutor | None = None
+
+        def feed(uid: str) -> None:
+            """Hand the group's next chunk records in plan order (those finished) to its assembly."""
+            nonlocal assembler
+            tasks = group_tasks[uid]
+            batch = []
+            while fed[uid] < len(tasks) and tasks[fed[uid]].task_id in chunk_records:
+                batch.append(chunk_records[tasks[fed[uid]].task_id])
+                fed[uid] += 1
+            if not batch:
+                return
+            if assembler is None:
+                assembler = ThreadPoolExecutor(min(ASSEMBLY_THREADS, len(group_tasks)),
+                                               thread_name_prefix="repack-assemble")
+            # Steps of one group run in order: each waits for the previous one, which was queued first.
+            step = assembler.submit(self.assemble_step, uid, tasks, chunk_records, assemblies, last_step.get(uid),
+                                    batch, digest)
+            last_step[uid] = step
+            if fed[uid] == len(tasks):
+                final_steps[step] = uid
+
+        def collect(block: bool) -> None:
+            for step in [f for f in final_steps if block or f.done()]:
+                uid = final_steps.pop(step)
+                try:
+                    record = step.result()
+                except Exception as exc:  # noqa: BLE001 - a failed assembly is the group's failure
+                    failures.append(TaskFailure(uid, f"{type(exc).__name__}: {exc}"))
+                    continue
+                if absorb is not None:
+                    absorb(record)
+                records[uid] = record
+
+        def finished(task_id: str, record: dict) -> None:
+            uid = group_of.get(task_id)
+            if uid is None:
+                if absorb is not None:
+                    absorb(record)
+                records[task_id] = record
+                return
+            chunk_records[task_id] = record
+            feed(uid)
+
+        bar = tqdm(total=sum(units_of.values()), unit=self.job.progress_unit, unit_scale=True, file=sys.stderr,
                    disable=opts.quiet or None, desc=f"repack {self.job.name}", dynamic_ncols=True)
         counts: dict[str, int] = {}
         started = time.perf_counter()
-        with bar:
-            for item in executor.run(calls, [t.task_id for t in todo]):
-                if isinstance(item, TaskFailure):
-                    failures.append(item)
-                    bar.update(units[item.task_id])
-                    continue
-                if absorb is not None:
-                    absorb(item)
-                records[item["task_id"]] = item
-                for name, value in self.job.progress_counts(item).items():
-                    counts[name] = counts.get(name, 0) + value
-                if counts:
-                    elapsed = max(time.perf_counter() - started, 1e-9)
-                    bar.set_postfix({f"{name}/s": f"{value / elapsed:.0f}" for name, value in counts.items()},
-                                    refresh=False)
-                bar.update(units[item["task_id"]])
+        try:
+            with bar:
+                resumed_fed = False
+                for item in executor.run(calls, [t.task_id for t in todo]) if calls else ():
+                    if not resumed_fed:  # chunks finished before an interruption (threads after the fork)
+                        resumed_fed = True
+                        for uid in group_tasks:
+                            feed(uid)
+                    if isinstance(item, TaskFailure):
+                        failures.append(item)
+                        bar.update(units_of[item.task_id])
+                        continue
+                    finished(item["task_id"], item)
+                    collect(block=False)
+                    for name, value in self.job.progress_counts(item).items():
+                        counts[name] = counts.get(name, 0) + value
+                    if counts:
+                        elapsed = max(time.perf_counter() - started, 1e-9)
+                        bar.set_postfix({f"{name}/s": f"{value / elapsed:.0f}" for name, value in counts.items()},
+                                        refresh=False)
+                    bar.update(units_of[item["task_id"]])
+                if not resumed_fed:
+                    for uid in group_tasks:
+                        feed(uid)
+            collect(block=True)
+        finally:
+            if assembler is not None:
+                assembler.shutdown(wait=True)
+            for uid, assembly in assemblies.items():  # groups left unfinished by a failed chunk
+                if records.get(uid) is None:
+                    assembly.abort()
         return failures
 
     def finalize(self, plan: Plan, records: list[dict], started: float) -> dict:
@@ -336,10 +459,15 @@ def merge(out: Path, options: EngineOptions) -> RunResult:
         raise RepackError(f"{out}: plan.json does not match job.json (plan digest differs)")
     engine = Engine(job, options)
     with JobLock(out):
-        records = {t.task_id: engine.load_record(t, state["plan_digest"]) for t in plan.tasks}
-        missing = [tid for tid, rec in records.items() if rec is None]
+        digest = state["plan_digest"]
+        records, chunk_records = engine.resume_state(plan.units, digest)
+        for uid, tasks in plan.units:  # groups whose chunks all finished on their nodes but never assembled
+            if records[uid] is None and tasks[0].group and all(t.task_id in chunk_records for t in tasks):
+                records[uid] = engine.assemble_step(uid, tasks, chunk_records, {}, None,
+                                                    [chunk_records[t.task_id] for t in tasks], digest)
+        missing = [uid for uid, rec in records.items() if rec is None]
         if missing:
             shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
-            raise IncompleteJobError(f"{len(missing)} of {len(plan.tasks)} task(s) are missing or damaged: {shown}")
-        manifest = engine.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
-    return RunResult(manifest, 0, len(plan.tasks), time.time() - started)
+            raise IncompleteJobError(f"{len(missing)} of {len(plan.units)} task(s) are missing or damaged: {shown}")
+        manifest = engine.finalize(plan, [records[uid] for uid, _ in plan.units], started)
+    return RunResult(manifest, 0, len(plan.units), time.time() - started)

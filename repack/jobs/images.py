@@ -1,8 +1,13 @@
 """`repack images`: an image tree or list file -> checked samples in shards of the chosen format.
 
 Plan: scan (sorted), optional seeded shuffle, then cut into shards by count and/or stat()
-bytes before any decoding. Each task reads, checks and writes one shard; bad inputs become
-quarantine records.
+bytes before any decoding, and each shard into chunks of at most ``--chunk-size`` inputs and
+about ``CHUNK_BYTES`` (fixed: never derived from the worker count). A shard of one chunk is one
+task that reads, checks and writes the shard. A larger shard is a group of chunk tasks: each
+writes a tar segment (the same members, no end-of-archive) under ``OUT/.repack/segments``, and
+the engine's driver appends the segments in plan order into the shard as they finish
+(``ShardAssembly``), so the shard's bytes do not depend on the chunking, the worker count or
+the order tasks finish in. Bad inputs become quarantine records.
 
 Each sample's members (WebDataset naming, key = zero-padded global position + a sanitized
 short stem, ASCII, dot-free, unique): ``<key>.<jpg|png|...>`` (type from content),
@@ -28,6 +33,7 @@ manifest's ``stats.duplicates`` lists the groups with their paths either way.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import os
 import random
@@ -47,6 +53,9 @@ from repack.transforms.image_check import BadImage, inspect_image
 from repack.transforms.normalize import NormalizeOptions, normalize_image
 
 SLOWEST_N = 10
+CHUNK_BYTES = 8 * 10**6  # a chunk task's inputs: at most --chunk-size inputs and about this many bytes
+SEGMENTS_DIR = ".repack/segments"
+_META_JSON = json.JSONEncoder(sort_keys=True).encode
 
 
 def sample_key(position: int, rel: str) -> str:
@@ -126,6 +135,50 @@ def duplicate_report(groups: list[dict], dropped: int) -> dict:
             "list": groups}
 
 
+def combine_records(records: list[dict], shard: dict | None, outputs: list[dict]) -> dict:
+    """One record for a shard assembled from its chunks' records (in plan order)."""
+    formats: dict[str, int] = {}
+    for r in records:
+        for ext, n in r["formats"].items():
+            formats[ext] = formats.get(ext, 0) + n
+    slowest: list[dict] = []
+    for r in records:
+        slowest = merge_slowest(slowest, r["timing"]["slowest"], SLOWEST_N)
+    combined = {"shard": shard, "outputs": outputs, "quarantine": [q for r in records for q in r["quarantine"]],
+                "inputs": sum(r["inputs"] for r in records), "formats": formats,
+                "hashes": [h for r in records for h in r["hashes"]],
+                "timing": {"read_us": [v for r in records for v in r["timing"]["read_us"]],
+                           "check_us": [v for r in records for v in r["timing"]["check_us"]], "slowest": slowest},
+                "chunks": len(records)}
+    if "normalize" in records[0]:
+        reasons: dict[str, int] = {}
+        for r in records:
+            for reason, n in r["normalize"]["reasons"].items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        combined["normalize"] = {"converted": sum(r["normalize"]["converted"] for r in records), "reasons": reasons}
+    return combined
+
+
+class ShardAssembly:
+    """The engine's assembly of one shard: appends its chunks' segments in plan order (see module doc)."""
+
+    def __init__(self, job: "ImagesJob", group: str) -> None:
+        self.job = job
+        self.builder = job.sink.open_assembler(job.out, group)
+        self.records: list[dict] = []
+
+    def add(self, record: dict) -> None:
+        self.builder.add_segment(self.job.out / record["outputs"][0]["path"], record["segment"])
+        self.records.append(record)
+
+    def finish(self) -> dict:
+        shard = self.builder.commit()
+        return combine_records(self.records, shard, self.job.sink.outputs(shard) if shard else [])
+
+    def abort(self) -> None:
+        self.builder.abort()
+
+
 class ImagesJob(Job):
     """Plans, runs and finalizes an image repack."""
 
@@ -165,11 +218,19 @@ class ImagesJob(Job):
         candidates = size_collisions(items)
         tasks = []
         for index, positions in enumerate(cut_into_shards(items, spec.shard_size, spec.shard_bytes)):
-            inputs = [{**items[p].to_json(), "key": sample_key(p, items[p].rel),
-                       "cls": classes.get(items[p].label) if items[p].label is not None else None,
-                       **({"hash": True} if p in candidates else {})}
-                      for p in positions]
-            tasks.append(Task(f"shard-{index:06d}", {"index": index, "inputs": inputs, "cls_width": width}))
+            stem = f"shard-{index:06d}"
+            chunks = cut_into_shards([items[p] for p in positions], spec.chunk_size, CHUNK_BYTES)
+            for number, chunk in enumerate(chunks):
+                inputs = [{**items[p].to_json(), "key": sample_key(p, items[p].rel),
+                           "cls": classes.get(items[p].label) if items[p].label is not None else None,
+                           **({"hash": True} if p in candidates else {})}
+                          for p in (positions[i] for i in chunk)]
+                payload = {"index": index, "inputs": inputs, "cls_width": width}
+                if len(chunks) == 1:
+                    tasks.append(Task(stem, payload))
+                else:  # a single-writer sink imports chunks as parts: they need no assembly
+                    tasks.append(Task(f"{stem}-c{number:04d}", {**payload, "chunk": number},
+                                      group="" if self.collector is not None else stem))
         info = {"classes": classes, "labeled": scan.labeled, "inputs": inputs_total,
                 "skipped_junk": scan.skipped}
         if spec.dedup:
@@ -179,11 +240,14 @@ class ImagesJob(Job):
 
     def run_task(self, task: Task) -> dict:
         spec = self.spec
-        writer = self.sink.open_shard(self.out, task.task_id)
+        if task.group:
+            writer = self.sink.open_segment(self.out / SEGMENTS_DIR, task.task_id)
+        else:
+            writer = self.sink.open_shard(self.out, task.task_id)
         quarantine: list[dict] = []
         read_us: list[int] = []
         check_us: list[int] = []
-        slowest: list[dict] = []
+        timed: list[tuple[int, str, int, int, int]] = []  # (us, source, bytes, width, height)
         formats: dict[str, int] = {}
         hashes: list[list[str]] = []
         converted: dict[str, int] = {}
@@ -229,26 +293,33 @@ class ImagesJob(Job):
                 if norm is not None and result.reasons:
                     meta.update(source_bytes=source_bytes, source_width=src_w, source_height=src_h,
                                 normalized=list(result.reasons))
-                members.append(("json", json.dumps(meta, sort_keys=True).encode()))
+                members.append(("json", _META_JSON(meta).encode()))
                 writer.add_sample(entry["key"], members)
                 formats[ext] = formats.get(ext, 0) + 1
                 read_us.append(round((t1 - t0) * 1e6))
                 check_us.append(round((t2 - t1) * 1e6))
-                slowest = merge_slowest(slowest, [{"source": entry["rel"], "us": read_us[-1] + check_us[-1],
-                                                   "bytes": source_bytes, "width": src_w,
-                                                   "height": src_h}], SLOWEST_N)
+                timed.append((read_us[-1] + check_us[-1], entry["rel"], source_bytes, src_w, src_h))
             shard = writer.commit()
         except BaseException:
             writer.abort()
             raise
-        record = {"shard": shard, "outputs": self.sink.outputs(shard) if shard else [], "quarantine": quarantine,
-                  "inputs": len(task.payload["inputs"]), "formats": formats, "hashes": hashes,
-                  "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
+        slowest = [{"source": rel, "us": us, "bytes": size, "width": w, "height": h}
+                   for us, rel, size, w, h in heapq.nsmallest(SLOWEST_N, timed, key=lambda t: (-t[0], t[1]))]
+        record = {"shard": shard, "quarantine": quarantine, "inputs": len(task.payload["inputs"]), "formats": formats,
+                  "hashes": hashes, "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
+        if task.group:  # a segment of the group's shard (see ShardAssembly)
+            record.update(shard=None, segment=shard,
+                          outputs=[{"path": f"{SEGMENTS_DIR}/{shard['name']}", "bytes": shard["bytes"]}])
+        else:
+            record["outputs"] = self.sink.outputs(shard) if shard else []
         if norm is not None:
             record["normalize"] = {"converted": normalized, "reasons": converted}
         if self.collector is not None:  # the part is imported by the driver; no shard of its own
             record["part"], record["shard"] = shard, None
         return record
+
+    def open_assembly(self, group: str) -> "ShardAssembly":
+        return ShardAssembly(self, group)
 
     # -- single-writer sinks (lmdb) ------------------------------------------------------------
     def outputs_intact(self, record: dict) -> bool:

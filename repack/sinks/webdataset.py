@@ -1,7 +1,10 @@
 """WebDataset tar shards with DALI index files (see tar_format for the byte layout).
 
 A shard is written to a hidden temp name and renamed into place only when complete,
-after its index; the sha256 is computed while writing.
+after its index; the sha256 is computed while writing. A shard is written either whole by one
+task (``TarShardWriter``), or as segments by several chunk tasks (``TarSegmentWriter``: the same
+members, no end-of-archive) that ``ShardAssembler`` concatenates in plan order: the bytes are
+the same either way.
 """
 
 from __future__ import annotations
@@ -16,42 +19,65 @@ from repack.sinks.tar_format import (BLOCK, end_of_archive, index_from_tar, inde
                                      split_key, ustar_header)
 
 
-class TarShardWriter:
-    """Appends samples (adjacent members sharing one key) to one tar shard."""
+class TarMemberWriter:
+    """Appends samples (adjacent members sharing one key) as ustar members to a hidden temp file.
 
-    def __init__(self, out: Path, stem: str) -> None:
-        self.out = Path(out)
-        self.stem = stem
-        self.tar_name = f"{stem}.tar"
-        self.idx_name = f"{stem}.idx"
-        self._tmp = self.out / f".{self.tar_name}.tmp-{os.getpid()}"
-        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._sha = hashlib.sha256()
+    One ``writev`` per sample; ``hashed`` keeps a running sha256 of everything written."""
+
+    def __init__(self, tmp: Path, hashed: bool) -> None:
+        self._tmp = tmp
+        self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._sha = hashlib.sha256() if hashed else None
         self._offset = 0
         self._index: list[list[tuple[str, int, int, str]]] = []
 
     def add_sample(self, key: str, members: list[tuple[str, bytes]]) -> None:
         """Write one sample: members [(extension, data)], in the given order."""
         entry = []
+        chunks: list[bytes] = []
+        offset = self._offset
         for ext, data in members:
             name = f"{key}.{ext}"
-            header = ustar_header(name.encode("ascii"), len(data))
-            pad = padding(len(data))
-            chunks = [header, data, pad] if pad else [header, data]
-            written = os.writev(self._fd, chunks)
-            expected = BLOCK + len(data) + len(pad)
-            while written < expected:  # short write: finish it
-                rest = b"".join(chunks)[written:]
-                written += os.write(self._fd, rest)
+            size = len(data)
+            chunks.append(ustar_header(name.encode("ascii"), size))
+            chunks.append(data)
+            if size % BLOCK:
+                chunks.append(padding(size))
+            entry.append((ext, offset + BLOCK, size, name))
+            offset += BLOCK + size + (-size % BLOCK)
+        _write_all(self._fd, chunks, offset - self._offset)
+        if self._sha is not None:
             for chunk in chunks:
                 self._sha.update(chunk)
-            entry.append((ext, self._offset + BLOCK, len(data), name))
-            self._offset += expected
+        self._offset = offset
         self._index.append(entry)
 
     @property
     def samples(self) -> int:
         return len(self._index)
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._tmp.unlink(missing_ok=True)
+
+
+def _write_all(fd: int, chunks: list, expected: int) -> None:
+    written = os.writev(fd, chunks)
+    if written < expected:  # short write: finish it
+        rest = memoryview(b"".join(chunks))[written:]
+        while rest:
+            rest = rest[os.write(fd, rest):]
+
+
+class TarShardWriter(TarMemberWriter):
+    """Writes one whole tar shard (``<stem>.tar`` + DALI ``<stem>.idx``), renamed into place on commit."""
+
+    def __init__(self, out: Path, stem: str) -> None:
+        self.out = Path(out)
+        self.stem = stem
+        super().__init__(self.out / f".{stem}.tar.tmp-{os.getpid()}", hashed=True)
 
     def commit(self) -> dict | None:
         """Finish the shard; rename tar and index into place. None (and nothing on disk) if empty."""
@@ -61,28 +87,102 @@ class TarShardWriter:
         tail = end_of_archive(self._offset)
         os.write(self._fd, tail)
         self._sha.update(tail)
-        size = self._offset + len(tail)
-        os.fsync(self._fd)
+        fd, self._fd = self._fd, -1
+        return publish_shard(self.out, self.stem, fd, self._tmp, self._offset + len(tail), self._sha, self._index)
+
+
+class TarSegmentWriter(TarMemberWriter):
+    """A chunk's piece of a shard: complete ustar members, no end-of-archive, not hashed, not fsynced
+    (``ShardAssembler`` concatenates the pieces, hashing them once, and fsyncs the shard)."""
+
+    def __init__(self, folder: Path, stem: str) -> None:
+        self.folder = Path(folder)
+        self.name = f"{stem}.seg"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        super().__init__(self.folder / f".{self.name}.tmp-{os.getpid()}", hashed=False)
+
+    def commit(self) -> dict:
+        """Rename the piece into place; {name, bytes, samples: [[key, [[ext, offset, size], ...]], ...]}."""
         os.close(self._fd)
         self._fd = -1
-        index = index_text(self._index).encode()
-        idx_tmp = self.out / f".{self.idx_name}.tmp-{os.getpid()}"
-        with open(idx_tmp, "wb") as fh:
-            fh.write(index)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(idx_tmp, self.out / self.idx_name)
-        os.replace(self._tmp, self.out / self.tar_name)
-        fsync_dir(self.out)
-        return {"path": self.tar_name, "samples": len(self._index), "bytes": size,
-                "sha256": self._sha.hexdigest(), "index": self.idx_name, "index_bytes": len(index),
-                "index_sha256": hashlib.sha256(index).hexdigest()}
+        os.replace(self._tmp, self.folder / self.name)
+        samples = [[entry[0][3].split(".", 1)[0], [[ext, off, size] for ext, off, size, _ in entry]]
+                   for entry in self._index]
+        return {"name": self.name, "bytes": self._offset, "samples": samples}
+
+
+class ShardAssembler:
+    """Builds ``<stem>.tar`` (+ ``.idx``) from segments appended in plan order, as they become
+    available: one pass per segment that reads into a reused buffer, hashes and writes."""
+
+    def __init__(self, out: Path, stem: str) -> None:
+        self.out = Path(out)
+        self.stem = stem
+        self._tmp = self.out / f".{stem}.tar.tmp-{os.getpid()}"
+        self._fd = -1
+        self._sha = hashlib.sha256()
+        self._offset = 0
+        self._index: list[list[tuple[str, int, int, str]]] = []
+        self._buf = bytearray(ASSEMBLY_BUFFER)
+
+    def add_segment(self, path: Path, piece: dict) -> None:
+        """Append one segment (``path`` holds what ``TarSegmentWriter.commit`` described as ``piece``)."""
+        if not piece["samples"]:
+            return
+        if self._fd < 0:
+            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        view = memoryview(self._buf)
+        copied = 0
+        with open(path, "rb", buffering=0) as src:
+            while n := src.readinto(self._buf):
+                self._sha.update(view[:n])
+                _write_all(self._fd, [view[:n]], n)
+                copied += n
+        if copied != piece["bytes"]:
+            raise OSError(f"segment {path} holds {copied} bytes, its record says {piece['bytes']}")
+        base = self._offset
+        for key, members in piece["samples"]:
+            self._index.append([(ext, base + off, size, f"{key}.{ext}") for ext, off, size in members])
+        self._offset += copied
+
+    def commit(self) -> dict | None:
+        """Finish and rename into place; the shard entry. None (and nothing on disk) if no samples."""
+        if self._fd < 0:
+            return None
+        tail = end_of_archive(self._offset)
+        _write_all(self._fd, [tail], len(tail))
+        self._sha.update(tail)
+        fd, self._fd = self._fd, -1
+        return publish_shard(self.out, self.stem, fd, self._tmp, self._offset + len(tail), self._sha, self._index)
 
     def abort(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self._tmp.unlink(missing_ok=True)
+
+
+ASSEMBLY_BUFFER = 1 << 20
+
+
+def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, index) -> dict:
+    """fsync and close a finished tar temp file, write its index, rename both into place; the shard entry."""
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    tar_name, idx_name = f"{stem}.tar", f"{stem}.idx"
+    text = index_text(index).encode()
+    idx_tmp = out / f".{idx_name}.tmp-{os.getpid()}"
+    with open(idx_tmp, "wb") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(idx_tmp, out / idx_name)
+    os.replace(tmp, out / tar_name)
+    fsync_dir(out)
+    return {"path": tar_name, "samples": len(index), "bytes": size, "sha256": sha.hexdigest(), "index": idx_name,
+            "index_bytes": len(text), "index_sha256": hashlib.sha256(text).hexdigest()}
 
 
 class WebDatasetSink:
@@ -93,6 +193,9 @@ class WebDatasetSink:
     @staticmethod
     def open_shard(out: Path, stem: str) -> TarShardWriter:
         return TarShardWriter(out, stem)
+
+    open_segment = staticmethod(TarSegmentWriter)
+    open_assembler = staticmethod(ShardAssembler)
 
     outputs = staticmethod(file_and_index_outputs)
 
