@@ -130,8 +130,8 @@ class Job:
 
         Runs in the driver, on a thread, as soon as the next chunk in plan order has a record (so
         a shard grows while later chunks still run). The record ``finish`` returns stands for the
-        whole group in ``finalize`` and on resume; the files the chunk records list under
-        ``outputs`` are temporary and removed once it is saved."""
+        whole group in ``finalize`` and on resume; files the chunk records list under ``outputs``
+        that it does not list are pieces, removed once it is saved."""
         raise NotImplementedError(f"{self.name} plans grouped tasks but cannot assemble them")
 
     def finalize(self, plan: Plan, records: list[dict]) -> dict:

@@ -14,8 +14,10 @@ result equals an uninterrupted run.
 Tasks, chunks and outputs: a plan's *units* are its outputs in plan order (``Plan.units``). An
 ungrouped task is a unit by itself. Tasks that share a ``group`` are *chunks* of one unit: each
 writes a temporary piece and its own record; when every chunk of a group has a record, the
-driver assembles the group on a small thread pool (``Job.assemble``, overlapping the
-executor), writes the group's record ``tasks/<group>.json`` and only then removes the pieces.
+driver feeds their records, in plan order and as soon as the next one is there, to the
+group's assembly (``Job.open_assembly``) on a small thread pool overlapping the executor;
+once the last is in it writes the group's record ``tasks/<group>.json`` and only then removes
+the pieces (the chunk outputs the group's record does not list).
 A resumed run trusts a group record whose outputs are intact, else each chunk record whose
 piece is intact, and redoes the rest. Static partitions split the units (never a group), so
 each node assembles its own.
@@ -265,9 +267,11 @@ class Engine:
         except BaseException:
             assembly.abort()
             raise
+        kept = {output["path"] for output in record.get("outputs", [])}
         for task in tasks:
             for output in chunk_records[task.task_id].get("outputs", []):
-                (self.out / output["path"]).unlink(missing_ok=True)
+                if output["path"] not in kept:
+                    (self.out / output["path"]).unlink(missing_ok=True)
         return record
 
     # -- run -----------------------------------------------------------------------------

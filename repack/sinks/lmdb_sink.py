@@ -47,6 +47,7 @@ KEY_WIDTH = 10
 META_KEY = b"__meta__"
 INITIAL_MAP = 64 << 20
 REBUILD_BATCH = 2000
+REBUILD_WINDOW = 64 << 20  # bytes copied per opening of the source (bounds mapped memory)
 
 
 def sample_key(index: int, field: str) -> bytes:
@@ -178,28 +179,30 @@ class LmdbCollector:
             self._next += 1
 
     def _import(self, record: dict) -> None:
+        """Stream one part into ONE write transaction (memory: one sample at a time, not the part)."""
         import lmdb
 
         part = record.get("part")
-        samples = list(_read_part(self.out, part)) if part else []
         start = self._count
-        entry = {"task_id": record["task_id"], "start": start, "samples": len(samples),
-                 "part_sha256": part["sha256"] if part else None}
         env = self._writer()
         while True:
+            count = 0
             try:
                 with env.begin(write=True) as txn:
-                    for i, sample in enumerate(samples):
+                    for sample in _read_part(self.out, part) if part else ():
                         for field, value in sample.items():
                             if field == "cls":
                                 value = b"%d" % int(value)
-                            txn.put(sample_key(start + i, field), value)
+                            txn.put(sample_key(start + count, field), value)
+                        count += 1
+                    entry = {"task_id": record["task_id"], "start": start, "samples": count,
+                             "part_sha256": part["sha256"] if part else None}
                     txn.put(task_key(record["task_id"]), _json(entry))
-                    txn.put(META_KEY, _json({"layout": LAYOUT, "count": start + len(samples)}))
+                    txn.put(META_KEY, _json({"layout": LAYOUT, "count": start + count}))
                 break
             except lmdb.MapFullError:
                 env.set_mapsize(env.info()["map_size"] * 2)
-        self._count = start + len(samples)
+        self._count = start + count
         self._done[record["task_id"]] = entry
         self._drop_part(record)
 
@@ -248,28 +251,48 @@ class LmdbCollector:
         map_size = max(INITIAL_MAP, 1 << (2 * content).bit_length())
         while True:
             tmp.unlink(missing_ok=True)
-            src = _open(self.path, readonly=True)
             dst = _open(tmp, readonly=False, map_size=map_size)
             try:
-                with src.begin() as rtxn:
-                    cursor = rtxn.cursor()
-                    more = cursor.first()
-                    while more:
-                        with dst.begin(write=True) as wtxn:
-                            for _ in range(REBUILD_BATCH):
-                                wtxn.put(cursor.key(), cursor.value(), append=True)
-                                more = cursor.next()
-                                if not more:
-                                    break
+                after, more = None, True
+                while more:
+                    after, more = self._copy_window(dst, after)
                 dst.sync(True)
                 break
             except lmdb.MapFullError:
                 map_size *= 2
             finally:
                 dst.close()
-                src.close()
         os.replace(tmp, self.path)
         fsync_dir(self.out)
+
+    def _copy_window(self, dst, after: bytes | None) -> tuple[bytes | None, bool]:
+        """Copy the keys after ``after`` (from the first when None), in order, until about
+        REBUILD_WINDOW bytes; (last key copied, whether keys remain). The source is opened for
+        this window only: closing it unmaps the pages read, so memory stays flat."""
+        src = _open(self.path, readonly=True)
+        copied = 0
+        try:
+            with src.begin() as rtxn:
+                cursor = rtxn.cursor()
+                if after is None:
+                    more = cursor.first()
+                else:
+                    more = cursor.set_range(after)
+                    if more and cursor.key() == after:
+                        more = cursor.next()
+                while more and copied < REBUILD_WINDOW:
+                    with dst.begin(write=True) as wtxn:
+                        for _ in range(REBUILD_BATCH):
+                            key, value = cursor.key(), cursor.value()
+                            wtxn.put(key, value, append=True)
+                            copied += len(key) + len(value)
+                            after = key
+                            more = cursor.next()
+                            if not more:
+                                break
+        finally:
+            src.close()
+        return after, more
 
 
 class LmdbSink:
