@@ -50,7 +50,6 @@ from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
 from repack.sources import InputItem, scan_source
 from repack.transforms.image_check import BadImage, inspect_image
-from repack.transforms.normalize import NormalizeOptions, normalize_image
 
 SLOWEST_N = 10
 CHUNK_BYTES = 8 * 10**6  # a chunk task's inputs: at most --chunk-size inputs and about this many bytes
@@ -252,7 +251,11 @@ class ImagesJob(Job):
         hashes: list[list[str]] = []
         converted: dict[str, int] = {}
         normalized = 0
-        norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels) if spec.normalize else None
+        norm = None
+        if spec.normalize:  # imported here: numpy and the encoder cost ~0.1 s of start-up otherwise
+            from repack.transforms.normalize import NormalizeOptions, normalize_image
+
+            norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels)
         width = task.payload["cls_width"]
         try:
             for entry in task.payload["inputs"]:
