@@ -263,7 +263,9 @@ class Engine:
                 assembly.add(record)
             if batch[-1]["task_id"] != tasks[-1].task_id:
                 return None
-            record = _run_and_record(self.job, group, assembly.finish, plan_digest)
+            chunk_seconds = round(sum(chunk_records[t.task_id].get("seconds", 0.0) for t in tasks), 4)
+            record = _run_and_record(self.job, group, lambda: {**assembly.finish(), "chunk_seconds": chunk_seconds},
+                                     plan_digest)
         except BaseException:
             assembly.abort()
             raise
@@ -444,7 +446,8 @@ class Engine:
         body["run"] = {"command": self.options.command, "executor": self.options.executor,
                        "workers": self.options.workers or available_cpus(),
                        "finished_unix": int(time.time()), "seconds": round(time.time() - started, 3),
-                       "task_seconds": round(sum(r.get("seconds", 0.0) for r in records), 3),
+                       "task_seconds": round(sum(r.get("seconds", 0.0) + r.get("chunk_seconds", 0.0)
+                                                 for r in records), 3),
                        **body.pop("run_stats", {})}
         write_manifest(self.out, body)
         return body
