@@ -46,9 +46,14 @@ class Plan:
     info: dict = field(default_factory=dict)
 
     @cached_property
+    def canonical(self) -> bytes:
+        """The plan as canonical JSON (encoded once: it is hashed and saved as plan.json)."""
+        return dumps_canonical(self.to_json())
+
+    @cached_property
     def digest(self) -> str:
         """sha256 of the canonical plan: equal plans, equal outputs (computed once)."""
-        return hashlib.sha256(dumps_canonical(self.to_json())).hexdigest()
+        return hashlib.sha256(self.canonical).hexdigest()
 
     @cached_property
     def units(self) -> tuple[tuple[str, tuple[Task, ...]], ...]:

@@ -43,7 +43,7 @@ from repack.errors import IncompleteJobError, JobLockedError, RepackError, Stric
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
 from repack.jobs.base import Job, Plan, Task
-from repack.manifest import MANIFEST_NAME, atomic_write_json, dumps_canonical, write_manifest
+from repack.manifest import MANIFEST_NAME, atomic_write_bytes, atomic_write_json, dumps_canonical, write_manifest
 
 STATE_DIR = ".repack"
 ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
@@ -200,7 +200,7 @@ class Engine:
                 raise UsageError(f"the source changed since {self.out} was started (the planned tasks differ); "
                                  "use --overwrite to start over")
         else:
-            atomic_write_json(state_dir(self.out) / "plan.json", plan.to_json())
+            atomic_write_bytes(state_dir(self.out) / "plan.json", plan.canonical)
             atomic_write_json(job_file, state)
 
     def _wipe(self) -> None:

@@ -54,7 +54,26 @@ from repack.transforms.image_check import BadImage, inspect_image
 SLOWEST_N = 10
 CHUNK_BYTES = 8 * 10**6  # a chunk task's inputs: at most --chunk-size inputs and about this many bytes
 SEGMENTS_DIR = ".repack/segments"
-_META_JSON = json.JSONEncoder(sort_keys=True).encode
+_JSON_STR = json.encoder.encode_basestring_ascii
+
+
+def sample_json(path: str, label: str | None, width: int, height: int, size: int, ext: str) -> bytes:
+    """A sample's metadata member: exactly ``json.dumps(meta, sort_keys=True)``, built directly (hot path)."""
+    cls = "null" if label is None else _JSON_STR(label)
+    return (f'{{"bytes": {size}, "class": {cls}, "format": "{ext}", "height": {height}, '
+            f'"path": {_JSON_STR(path)}, "width": {width}}}').encode()
+
+
+def read_whole(path: str, planned_size: int) -> bytes:
+    """A file's bytes: one read() of its planned size, one more to see its end (it may have changed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        parts = [os.read(fd, planned_size + 1)]
+        while parts[-1]:
+            parts.append(os.read(fd, 1 << 20))
+    finally:
+        os.close(fd)
+    return parts[0] if len(parts) == 2 else b"".join(parts)
 
 
 def sample_key(position: int, rel: str) -> str:
@@ -261,8 +280,7 @@ class ImagesJob(Job):
             for entry in task.payload["inputs"]:
                 t0 = time.perf_counter()
                 try:
-                    with open(entry["path"], "rb") as fh:
-                        data = fh.read()
+                    data = read_whole(entry["path"], entry["size"])
                 except OSError as exc:
                     quarantine.append({"source": entry["rel"], "reason": f"unreadable: {exc.strerror or exc}"})
                     continue
@@ -291,12 +309,13 @@ class ImagesJob(Job):
                 members = [(ext if self.collector is None else "img", data)]
                 if entry["cls"] is not None:
                     members.append(("cls", b"%0*d" % (width, entry["cls"])))
-                meta = {"path": entry["rel"], "class": entry["label"], "width": img_w, "height": img_h,
-                        "bytes": len(data), "format": ext}
                 if norm is not None and result.reasons:
-                    meta.update(source_bytes=source_bytes, source_width=src_w, source_height=src_h,
-                                normalized=list(result.reasons))
-                members.append(("json", _META_JSON(meta).encode()))
+                    meta = {"path": entry["rel"], "class": entry["label"], "width": img_w, "height": img_h,
+                            "bytes": len(data), "format": ext, "source_bytes": source_bytes, "source_width": src_w,
+                            "source_height": src_h, "normalized": list(result.reasons)}
+                    members.append(("json", json.dumps(meta, sort_keys=True).encode()))
+                else:
+                    members.append(("json", sample_json(entry["rel"], entry["label"], img_w, img_h, len(data), ext)))
                 writer.add_sample(entry["key"], members)
                 formats[ext] = formats.get(ext, 0) + 1
                 read_us.append(round((t1 - t0) * 1e6))

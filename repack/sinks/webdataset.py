@@ -16,14 +16,14 @@ from pathlib import Path
 
 from repack.manifest.io import fsync_dir
 from repack.sinks.checks import check_file, file_and_index_outputs
-from repack.sinks.tar_format import (BLOCK, end_of_archive, index_from_tar, index_text, iter_members, padding,
+from repack.sinks.tar_format import (BLOCK, PADDING, end_of_archive, index_from_tar, index_text, iter_members,
                                      split_key, ustar_header)
 
 
 class TarMemberWriter:
     """Appends samples (adjacent members sharing one key) as ustar members to a hidden temp file.
 
-    One ``writev`` per sample; ``hashed`` keeps a running sha256 of everything written."""
+    Writes are batched (one ``writev`` per ~1 MiB); ``hashed`` keeps a running sha256 of it all."""
 
     def __init__(self, tmp: Path, hashed: bool) -> None:
         self._tmp = tmp
@@ -31,37 +31,53 @@ class TarMemberWriter:
         self._sha = hashlib.sha256() if hashed else None
         self._offset = 0
         self._index: list[list[tuple[str, int, int, str]]] = []
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
 
     def add_sample(self, key: str, members: list[tuple[str, bytes]]) -> None:
         """Write one sample: members [(extension, data)], in the given order."""
         entry = []
-        chunks: list[bytes] = []
+        pending = self._pending
         offset = self._offset
         for ext, data in members:
             name = f"{key}.{ext}"
             size = len(data)
-            chunks.append(ustar_header(name.encode("ascii"), size))
-            chunks.append(data)
-            if size % BLOCK:
-                chunks.append(padding(size))
+            pending.append(ustar_header(name.encode("ascii"), size))
+            pending.append(data)
+            pad = -size % BLOCK
+            if pad:
+                pending.append(PADDING[pad])
             entry.append((ext, offset + BLOCK, size, name))
-            offset += BLOCK + size + (-size % BLOCK)
-        _write_all(self._fd, chunks, offset - self._offset)
-        if self._sha is not None:
-            for chunk in chunks:
-                self._sha.update(chunk)
+            offset += BLOCK + size + pad
+        self._pending_bytes += offset - self._offset
         self._offset = offset
         self._index.append(entry)
+        if self._pending_bytes >= WRITE_BATCH or len(pending) >= WRITE_BATCH_IOVECS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            _write_all(self._fd, self._pending, self._pending_bytes)
+            if self._sha is not None:
+                for chunk in self._pending:
+                    self._sha.update(chunk)
+            self._pending.clear()
+            self._pending_bytes = 0
 
     @property
     def samples(self) -> int:
         return len(self._index)
 
     def abort(self) -> None:
+        self._pending.clear()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self._tmp.unlink(missing_ok=True)
+
+
+WRITE_BATCH = 1 << 20
+WRITE_BATCH_IOVECS = 900  # below IOV_MAX (1024)
 
 
 def _write_all(fd: int, chunks: list, expected: int) -> None:
@@ -85,6 +101,7 @@ class TarShardWriter(TarMemberWriter):
         if not self._index:
             self.abort()
             return None
+        self._flush()
         tail = end_of_archive(self._offset)
         os.write(self._fd, tail)
         self._sha.update(tail)
@@ -104,6 +121,7 @@ class TarSegmentWriter(TarMemberWriter):
 
     def commit(self) -> dict:
         """Rename the piece into place; {name, bytes, samples: [[key, [[ext, offset, size], ...]], ...]}."""
+        self._flush()
         os.close(self._fd)
         self._fd = -1
         os.replace(self._tmp, self.folder / self.name)
