@@ -47,7 +47,8 @@ KEY_WIDTH = 10
 META_KEY = b"__meta__"
 INITIAL_MAP = 64 << 20
 REBUILD_BATCH = 2000
-REBUILD_WINDOW = 64 << 20  # bytes copied per opening of the source (bounds mapped memory)
+REBUILD_BATCH_BYTES = 8 << 20  # ... or this many bytes per write transaction (its dirty pages live in memory)
+REBUILD_WINDOW = 32 << 20  # bytes copied per opening of the source (bounds mapped memory)
 
 
 def sample_key(index: int, field: str) -> bytes:
@@ -245,31 +246,36 @@ class LmdbCollector:
 
         tmp = self.out / f".{DB_NAME}.tmp-rebuild"
         src = _open(self.path, readonly=True)
-        with src.begin(buffers=True) as rtxn:  # lengths come from the leaf nodes: no data is read
-            content = sum(len(k) + len(v) + 4096 for k, v in rtxn.cursor())
+        stat = src.stat()  # live entries and their overflow pages: set by the content, not the history
         src.close()
+        content = stat["overflow_pages"] * stat["psize"] + stat["entries"] * 4096
         map_size = max(INITIAL_MAP, 1 << (2 * content).bit_length())
         while True:
             tmp.unlink(missing_ok=True)
-            dst = _open(tmp, readonly=False, map_size=map_size)
             try:
                 after, more = None, True
                 while more:
-                    after, more = self._copy_window(dst, after)
-                dst.sync(True)
+                    after, more = self._copy_window(tmp, map_size, after)
                 break
             except lmdb.MapFullError:
                 map_size *= 2
-            finally:
-                dst.close()
+        fd = os.open(tmp, os.O_RDONLY)  # the copy commits without fsync; one fsync before the rename
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, self.path)
         fsync_dir(self.out)
 
-    def _copy_window(self, dst, after: bytes | None) -> tuple[bytes | None, bool]:
-        """Copy the keys after ``after`` (from the first when None), in order, until about
-        REBUILD_WINDOW bytes; (last key copied, whether keys remain). The source is opened for
-        this window only: closing it unmaps the pages read, so memory stays flat."""
+    def _copy_window(self, tmp: Path, map_size: int, after: bytes | None) -> tuple[bytes | None, bool]:
+        """Copy the keys after ``after`` (from the first when None), in order, into ``tmp`` until about
+        REBUILD_WINDOW bytes; (last key copied, whether keys remain). Both environments are open
+        for this window only: closing them unmaps the pages touched, so memory stays flat."""
+        import lmdb
+
         src = _open(self.path, readonly=True)
+        dst = lmdb.open(str(tmp), subdir=False, lock=False, map_size=map_size, readahead=False, max_dbs=0,
+                        meminit=True, sync=False)
         copied = 0
         try:
             with src.begin() as rtxn:
@@ -281,16 +287,18 @@ class LmdbCollector:
                     if more and cursor.key() == after:
                         more = cursor.next()
                 while more and copied < REBUILD_WINDOW:
-                    with dst.begin(write=True) as wtxn:
+                    with dst.begin(write=True) as wtxn:  # a batch: REBUILD_BATCH keys or REBUILD_BATCH_BYTES
+                        batch_end = copied + REBUILD_BATCH_BYTES
                         for _ in range(REBUILD_BATCH):
                             key, value = cursor.key(), cursor.value()
                             wtxn.put(key, value, append=True)
                             copied += len(key) + len(value)
                             after = key
                             more = cursor.next()
-                            if not more:
+                            if not more or copied >= batch_end:
                                 break
         finally:
+            dst.close()
             src.close()
         return after, more
 
