@@ -310,15 +310,7 @@ class Engine:
             if unfinished:
                 manifest_path.unlink(missing_ok=True)
             self._clean_temps({t.task_id for t in todo} | set(unfinished))
-            # Optional hook ``Job.absorb(record)``: called in this (driver) process for every finished
-            # unit, resumed ones first in plan order, then each as it arrives, before the run moves on;
-            # only in runs that write the manifest (static partitions leave it to `repack merge`'s
-            # finalize). A single-writer output (LMDB) imports the task's part there.
-            absorb = getattr(self.job, "absorb", None) if opts.num_nodes == 1 else None
-            for uid, _ in plan.units if absorb else ():
-                if records[uid] is not None:
-                    absorb(records[uid])
-            failures = self._execute(executor, mine, todo, digest, records, chunk_records, absorb)
+            failures = self._execute(executor, mine, todo, digest, records, chunk_records)
             if failures:
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
@@ -337,11 +329,11 @@ class Engine:
             raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
                                   f"(see {manifest_path})")
 
-    def _execute(self, executor, units, todo: list[Task], digest: str, records: dict, chunk_records: dict,
-                 absorb=None) -> list[TaskFailure]:
+    def _execute(self, executor, units, todo: list[Task], digest: str, records: dict,
+                 chunk_records: dict) -> list[TaskFailure]:
         """Run ``todo`` on the executor; assemble each group of ``units`` as soon as its chunks are done.
 
-        Fills ``records`` (unit id -> record); absorbs each finished unit. Failures are returned."""
+        Fills ``records`` (unit id -> record); returns the failures."""
         from tqdm import tqdm
 
         tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
@@ -387,15 +379,11 @@ class Engine:
                 except Exception as exc:  # noqa: BLE001 - a failed assembly is the group's failure
                     failures.append(TaskFailure(uid, f"{type(exc).__name__}: {exc}"))
                     continue
-                if absorb is not None:
-                    absorb(record)
                 records[uid] = record
 
         def finished(task_id: str, record: dict) -> None:
             uid = group_of.get(task_id)
             if uid is None:
-                if absorb is not None:
-                    absorb(record)
                 records[task_id] = record
                 return
             chunk_records[task_id] = record

@@ -15,8 +15,8 @@ short stem, ASCII, dot-free, unique): ``<key>.<jpg|png|...>`` (type from content
 reads equal-length label bytes) when labeled, and ``<key>.json`` (path, class, width,
 height, bytes, format).
 
-``--to lmdb`` (a single-writer sink): tasks write parts, the driver's collector imports them in
-plan order as they finish (``absorb``) and builds the database in finalize (see
+``--to lmdb`` (a single-writer sink): each chunk is a task of its own that writes a part; the
+driver's collector writes the database from the parts, in plan order, in finalize (see
 ``repack.sinks.lmdb_sink``).
 
 ``--normalize`` (see ``repack.transforms.normalize``): non-conforming images become baseline
@@ -211,7 +211,6 @@ class ImagesJob(Job):
             raise UsageError(f"--to {spec.to} cannot hold images; use webdataset or lmdb")
         make_collector = getattr(self.sink, "collector", None)  # single-writer sinks (lmdb)
         self.collector = make_collector(self.out) if make_collector else None
-        self._order: list[str] = []
 
     def check(self) -> None:
         src = Path(self.spec.source)
@@ -253,7 +252,6 @@ class ImagesJob(Job):
                 "skipped_junk": scan.skipped}
         if spec.dedup:
             info["dedup"] = dup_groups
-        self._order = [t.task_id for t in tasks]
         return Plan(tuple(tasks), scan.quarantine, info)
 
     def run_task(self, task: Task) -> dict:
@@ -348,13 +346,6 @@ class ImagesJob(Job):
         if self.collector is not None:
             return self.collector.intact(record)
         return super().outputs_intact(record)
-
-    def absorb(self, record: dict) -> None:
-        """Engine hook (driver process): hand a finished task to the single writer, if any."""
-        if self.collector is not None:
-            if not self._order:
-                raise RuntimeError("absorb() before plan()")
-            self.collector.absorb(record, self._order)
 
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
         quarantine = list(plan.quarantine) + [q for r in records for q in r["quarantine"]]
