@@ -41,6 +41,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
 from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec
 from repack.errors import UsageError
@@ -97,25 +98,24 @@ def sample_bytes_bound(item: InputItem) -> int:
     return 3 * BLOCK + _blocks(item.size) + BLOCK + _blocks(json_bound)
 
 
-def cut_into_shards(items: list[InputItem], shard_size: int | None, shard_bytes: int | None) -> list[list[int]]:
-    """Group item positions into shards of at most ``shard_size`` items and ``shard_bytes`` bytes."""
-    if shard_size is None and shard_bytes is None:
-        shard_bytes = DEFAULT_SHARD_BYTES
-    shards: list[list[int]] = []
+def cut_by_budget(bounds: list[int], positions: Sequence[int], max_count: int | None,
+                  max_bytes: int | None) -> list[list[int]]:
+    """Cut ``positions`` (in order) into runs of at most ``max_count`` positions and ``max_bytes`` bytes
+    (``bounds[p]``: the sample's bytes bound, plus the end-of-archive once)."""
+    runs: list[list[int]] = []
     current: list[int] = []
     current_bytes = ARCHIVE_TAIL_MAX
-    for position, item in enumerate(items):
-        estimate = sample_bytes_bound(item)
-        full = (shard_size is not None and len(current) >= shard_size) or (
-            shard_bytes is not None and current and current_bytes + estimate > shard_bytes)
-        if full:
-            shards.append(current)
+    for position in positions:
+        estimate = bounds[position]
+        if (max_count is not None and len(current) >= max_count) or (
+                max_bytes is not None and current and current_bytes + estimate > max_bytes):
+            runs.append(current)
             current, current_bytes = [], ARCHIVE_TAIL_MAX
         current.append(position)
         current_bytes += estimate
     if current:
-        shards.append(current)
-    return shards
+        runs.append(current)
+    return runs
 
 
 def size_collisions(items: list[InputItem]) -> set[int]:
@@ -234,14 +234,16 @@ class ImagesJob(Job):
             items = [item for p, item in enumerate(items) if p not in drop]
         candidates = size_collisions(items)
         tasks = []
-        for index, positions in enumerate(cut_into_shards(items, spec.shard_size, spec.shard_bytes)):
+        bounds = [sample_bytes_bound(item) for item in items]
+        shard_bytes = DEFAULT_SHARD_BYTES if spec.shard_size is None and spec.shard_bytes is None else spec.shard_bytes
+        for index, positions in enumerate(cut_by_budget(bounds, range(len(items)), spec.shard_size, shard_bytes)):
             stem = f"shard-{index:06d}"
-            chunks = cut_into_shards([items[p] for p in positions], spec.chunk_size, CHUNK_BYTES)
+            chunks = cut_by_budget(bounds, positions, spec.chunk_size, CHUNK_BYTES)
             for number, chunk in enumerate(chunks):
                 inputs = [{**items[p].to_json(), "key": sample_key(p, items[p].rel),
                            "cls": classes.get(items[p].label) if items[p].label is not None else None,
                            **({"hash": True} if p in candidates else {})}
-                          for p in (positions[i] for i in chunk)]
+                          for p in chunk]
                 payload = {"index": index, "inputs": inputs, "cls_width": width}
                 if len(chunks) == 1:
                     tasks.append(Task(stem, payload))
