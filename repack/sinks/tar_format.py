@@ -121,9 +121,13 @@ def split_key(name: str) -> tuple[str, str]:
 
 def index_text(samples: list[list[tuple[str, int, int, str]]]) -> str:
     """The DALI index for samples given as [(ext, data offset, size, name), ...] each."""
-    lines = [f"{INDEX_VERSION} {len(samples)}"]
-    lines += [" ".join(f"{ext} {off} {size} {name}" for ext, off, size, name in sample) for sample in samples]
-    return "\n".join(lines) + "\n"
+    return index_from_lines([" ".join([f"{ext} {off} {size} {name}" for ext, off, size, name in sample])
+                             for sample in samples])
+
+
+def index_from_lines(lines: list[str]) -> str:
+    """The DALI index from its per-sample lines."""
+    return "\n".join([f"{INDEX_VERSION} {len(lines)}", *lines]) + "\n"
 
 
 def index_from_tar(fh: BinaryIO) -> str:

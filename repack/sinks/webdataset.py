@@ -16,8 +16,8 @@ from pathlib import Path
 
 from repack.manifest.io import fsync_dir
 from repack.sinks.checks import check_file, file_and_index_outputs
-from repack.sinks.tar_format import (BLOCK, PADDING, end_of_archive, index_from_tar, index_text, iter_members,
-                                     split_key, ustar_header)
+from repack.sinks.tar_format import (BLOCK, PADDING, end_of_archive, index_from_lines,
+                                     index_from_tar, index_text, iter_members, split_key, ustar_header)
 
 
 class TarMemberWriter:
@@ -106,7 +106,8 @@ class TarShardWriter(TarMemberWriter):
         os.write(self._fd, tail)
         self._sha.update(tail)
         fd, self._fd = self._fd, -1
-        return publish_shard(self.out, self.stem, fd, self._tmp, self._offset + len(tail), self._sha, self._index)
+        return publish_shard(self.out, self.stem, fd, self._tmp, self._offset + len(tail), self._sha,
+                             index_text(self._index), len(self._index))
 
 
 class TarSegmentWriter(TarMemberWriter):
@@ -140,7 +141,7 @@ class ShardAssembler:
         self._fd = -1
         self._sha = hashlib.sha256()
         self._offset = 0
-        self._index: list[list[tuple[str, int, int, str]]] = []
+        self._lines: list[str] = []  # the DALI index, one line per sample
         self._unsynced = 0
 
     def add_segment(self, path: Path, piece: dict) -> None:
@@ -162,8 +163,8 @@ class ShardAssembler:
             os.fdatasync(self._fd)
             self._unsynced = 0
         base = self._offset
-        for key, members in piece["samples"]:
-            self._index.append([(ext, base + off, size, f"{key}.{ext}") for ext, off, size in members])
+        self._lines += [" ".join([f"{ext} {base + off} {size} {key}.{ext}" for ext, off, size in members])
+                        for key, members in piece["samples"]]
         self._offset += size
 
     def commit(self) -> dict | None:
@@ -174,7 +175,8 @@ class ShardAssembler:
         _write_all(self._fd, [tail], len(tail))
         self._sha.update(tail)
         fd, self._fd = self._fd, -1
-        return publish_shard(self.out, self.stem, fd, self._tmp, self._offset + len(tail), self._sha, self._index)
+        return publish_shard(self.out, self.stem, fd, self._tmp, self._offset + len(tail), self._sha,
+                             index_from_lines(self._lines), len(self._lines))
 
     def abort(self) -> None:
         if self._fd >= 0:
@@ -196,14 +198,14 @@ def copy_range(src: int, dst: int, size: int) -> None:
         offset += n
 
 
-def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, index) -> dict:
+def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, index: str, samples: int) -> dict:
     """fsync and close a finished tar temp file, write its index, rename both into place; the shard entry."""
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
     tar_name, idx_name = f"{stem}.tar", f"{stem}.idx"
-    text = index_text(index).encode()
+    text = index.encode()
     idx_tmp = out / f".{idx_name}.tmp-{os.getpid()}"
     with open(idx_tmp, "wb") as fh:
         fh.write(text)
@@ -212,7 +214,7 @@ def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, inde
     os.replace(idx_tmp, out / idx_name)
     os.replace(tmp, out / tar_name)
     fsync_dir(out)
-    return {"path": tar_name, "samples": len(index), "bytes": size, "sha256": sha.hexdigest(), "index": idx_name,
+    return {"path": tar_name, "samples": samples, "bytes": size, "sha256": sha.hexdigest(), "index": idx_name,
             "index_bytes": len(text), "index_sha256": hashlib.sha256(text).hexdigest()}
 
 
