@@ -14,7 +14,8 @@ Rows (ratio = repack / baseline; rates in images/s):
   sweep   `--verify decode` at 1, 2, 4, 8, 16, ... workers up to the usable CPUs: images/s and
           scaling efficiency rate(W) / (W x rate(1)); target >= 0.8 at 16
   lmdb    `--to lmdb --verify none` vs plain LMDB puts of the same files (one process, one
-          transaction per 1000 puts): CPU seconds and peak RSS; target CPU <= 2x, flat memory
+          transaction per 1000 puts): CPU seconds and peak RSS of the largest process; target
+          CPU <= 2x, memory that does not grow with the dataset
   growth  `--verify none` images/s at 1k, 10k and 100k tiny generated JPEGs (REPACK_BENCH_GROWTH,
           comma-separated counts): flat, not falling
   scan    scan + plan of REPACK_BENCH_SCAN_ENTRIES (default 1,000,000) tiny files in 1000 folders:
@@ -34,10 +35,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from tests.benchmarks.bench_images import image_files, make_dataset, run_shardwriter_pil, warm
+from tests.benchmarks.bench_text import tree_sample
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("pack", "check", "sweep", "lmdb", "growth", "scan")
@@ -58,21 +61,34 @@ def worker_sweep(cpus: int) -> list[int]:
 
 
 def run_measured(cmd: list[str], env: dict | None = None) -> dict:
-    """Wall seconds, CPU seconds (user+sys of the process and the children it waited for) and peak
-    RSS (its largest process) of one command, from ``wait4``."""
+    """Wall seconds, CPU seconds (user+sys of the process and the children it waited for, from
+    ``wait4``) and peak RSS (the largest process of its tree, sampled from /proc every 20 ms: a
+    child's own ``ru_maxrss`` would include the forking parent's) of one command."""
     os.sync()  # earlier runs' dirty pages must not land on this one's writeback
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT, env={**os.environ, **(env or {})})
+        peak = [0]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.02):
+                tree = tree_sample(proc.pid)
+                peak[0] = max([peak[0], *(rss for rss, _ in tree.values())])
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
+        done.set()
+        sampler.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(), err.read().decode()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd[:6]))} ... exited {proc.returncode}: {stderr[-2000:]}")
-    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024, "stdout": stdout}
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": peak[0] / 1e6, "stdout": stdout}
 
 
 def repack_cmd(src: Path, out: Path, *options: str) -> list[str]:
@@ -81,6 +97,12 @@ def repack_cmd(src: Path, out: Path, *options: str) -> list[str]:
 
 def best(runs: list[dict]) -> dict:
     return min(runs, key=lambda r: r["wall"])
+
+
+def fresh(src: Path, out: Path, *options: str) -> dict:
+    """One measured run of `repack images` into an empty OUT."""
+    remove(out)
+    return run_measured(repack_cmd(src, out, *options))
 
 
 def remove(path: Path) -> None:
@@ -119,7 +141,7 @@ def part_pack(src: Path, n: int, work: Path, repeats: int) -> list[dict]:
 def part_check(src: Path, files: list[Path], n: int, work: Path, repeats: int) -> list[dict]:
     out = work / "decode"
     sw = min(run_shardwriter_pil(src, files, work, 1000) for _ in range(max(1, repeats - 1)))
-    rp = best([run_measured(repack_cmd(src, out, "--verify", "decode", "--overwrite")) for _ in range(repeats)])
+    rp = best([fresh(src, out, "--verify", "decode") for _ in range(repeats)])
     return [row(f"check: --verify decode, {usable_cpus()} workers vs ShardWriter+PIL 1 proc", n / rp["wall"], n / sw,
                 TARGETS["check"], seconds=rp["wall"], baseline_seconds=sw)]
 
@@ -128,8 +150,7 @@ def part_sweep(src: Path, n: int, work: Path, repeats: int, cpus: int) -> list[d
     rows, rate1 = [], None
     for workers in worker_sweep(cpus):
         out = work / f"sweep-{workers}"
-        r = best([run_measured(repack_cmd(src, out, "--verify", "decode", "--workers", str(workers), "--overwrite"))
-                  for _ in range(repeats)])
+        r = best([fresh(src, out, "--verify", "decode", "--workers", str(workers)) for _ in range(repeats)])
         engine = float(json.loads(r["stdout"].strip().splitlines()[-1])["seconds"])
         rate = n / engine
         rate1 = rate1 or rate
@@ -192,11 +213,12 @@ def tiny_jpegs(root: Path, count: int) -> Path:
     return src
 
 
-def part_growth(data: Path, work: Path, counts: list[int]) -> list[dict]:
+def part_growth(data: Path, work: Path, counts: list[int], repeats: int) -> list[dict]:
     rows, rate1 = [], None
     for count in counts:
         src = tiny_jpegs(data, count)
-        r = run_measured(repack_cmd(src, work / "growth", "--verify", "none", "--overwrite"))
+        warm(image_files(src))
+        r = best([fresh(src, work / "growth", "--verify", "none") for _ in range(repeats)])
         rate = count / r["wall"]
         rate1 = rate1 or rate
         rows.append(row(f"growth: --verify none, {count} tiny JPEGs (wall)", rate, rate1, None, seconds=r["wall"],
@@ -286,7 +308,7 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
         rows += part_lmdb(src, n, work, repeats)
     if "growth" in parts:
         counts = [int(c) for c in (os.environ.get("REPACK_BENCH_GROWTH") or "1000,10000,100000").split(",")]
-        rows += part_growth(out_dir / "images-data", work, counts)
+        rows += part_growth(out_dir / "images-data", work, counts, max(1, repeats - 1))
     if "scan" in parts:
         rows += part_scan(out_dir / "images-data", work, int(os.environ.get("REPACK_BENCH_SCAN_ENTRIES") or 1_000_000))
     header = (f"producer: {n} JPEG photos, {mean_kb:.0f} KB mean, default options, {cpus} usable CPU cores, "
