@@ -76,3 +76,23 @@ def test_lmdb_chunk_parts_are_deterministic(photo_tree, tmp_path):
         assert run_repack("verify", out).returncode == 0
         dbs.append((out / "data.lmdb").read_bytes())
     assert dbs[0] == dbs[1]
+
+
+@pytest.mark.parametrize("rel,label", [("cat/a b.jpg", "cat"), ("flat/\udcff\u00e9\"\\\n.png", None),
+                                       ("x/\u4e2d.jpg", "\u00fc")])
+def test_sample_json_equals_json_dumps(rel, label):
+    """The hot-path metadata member is byte-identical to json.dumps(sort_keys=True) of the same dict."""
+    from repack.jobs.images import sample_json
+
+    meta = {"path": rel, "class": label, "width": 640, "height": 480, "bytes": 123456, "format": "jpg"}
+    assert sample_json(rel, label, 640, 480, 123456, "jpg") == json.dumps(meta, sort_keys=True).encode()
+
+
+def test_group_tasks_must_be_adjacent():
+    from repack.jobs.base import Plan, Task
+
+    plan = Plan((Task("a-0", {}, "a"), Task("b", {}), Task("a-1", {}, "a")))
+    with pytest.raises(ValueError, match="adjacent"):
+        plan.units
+    ok = Plan((Task("a-0", {}, "a"), Task("a-1", {}, "a"), Task("b", {})))
+    assert [(uid, [t.task_id for t in tasks]) for uid, tasks in ok.units] == [("a", ["a-0", "a-1"]), ("b", ["b"])]
