@@ -97,7 +97,7 @@ def main(out_dir) -> dict:
              f"{t_hand / t_repack:.2f}")]
     rows += [(f"transcode repack, {w} worker(s) x 1 thread", f"{fps:.1f} frames/s", f"eff {eff:.2f}")
              for w, fps, eff in sweep]
-    table = "\n".join(f"{a:<46}{b:>18}{c:>8}" for a, b, c in [("video", "throughput", "ratio")] + rows)
+    table = "\n".join(f"{a:<46}{b:>18}{c:>10}" for a, b, c in [("video", "throughput", "ratio")] + rows)
     print(table)
     result = {"probe_files": len(good), "probe_ffprobe_files_s": round(len(good) / t_ff, 2),
               "probe_pyav_files_s": round(len(good) / t_pa, 2) if t_pa else None,
