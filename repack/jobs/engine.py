@@ -13,14 +13,13 @@ result equals an uninterrupted run.
 
 Tasks, chunks and outputs: a plan's *units* are its outputs in plan order (``Plan.units``). An
 ungrouped task is a unit by itself. Tasks that share a ``group`` are *chunks* of one unit: each
-writes a temporary piece and its own record; when every chunk of a group has a record, the
-driver feeds their records, in plan order and as soon as the next one is there, to the
-group's assembly (``Job.open_assembly``) on a small thread pool overlapping the executor;
-once the last is in it writes the group's record ``tasks/<group>.json`` and only then removes
-the pieces (the chunk outputs the group's record does not list).
-A resumed run trusts a group record whose outputs are intact, else each chunk record whose
-piece is intact, and redoes the rest. Static partitions split the units (never a group), so
-each node assembles its own.
+writes a temporary piece and its own record; the driver feeds the records, in plan order and
+as soon as the next one is there, to the group's assembly (``Job.open_assembly``) on a small
+thread pool overlapping the executor; once the last is in, it writes the group's record
+``tasks/<group>.json`` and only then removes the pieces (the chunk outputs the group's record
+does not list). A resumed run trusts a group record whose outputs are intact, else each chunk
+record whose piece is intact, and redoes the rest. Static partitions split the units (never a
+group), so each node assembles its own.
 """
 
 from __future__ import annotations
@@ -393,14 +392,12 @@ class Engine:
                    disable=opts.quiet or None, desc=f"repack {self.job.name}", dynamic_ncols=True)
         counts: dict[str, int] = {}
         started = time.perf_counter()
+        resumed = list(group_tasks)  # chunks finished before an interruption: fed once the pool has forked
         try:
             with bar:
-                resumed_fed = False
                 for item in executor.run(calls, [t.task_id for t in todo]) if calls else ():
-                    if not resumed_fed:  # chunks finished before an interruption (threads after the fork)
-                        resumed_fed = True
-                        for uid in group_tasks:
-                            feed(uid)
+                    while resumed:
+                        feed(resumed.pop())
                     if isinstance(item, TaskFailure):
                         failures.append(item)
                         bar.update(units_of[item.task_id])
@@ -414,9 +411,8 @@ class Engine:
                         bar.set_postfix({f"{name}/s": f"{value / elapsed:.0f}" for name, value in counts.items()},
                                         refresh=False)
                     bar.update(units_of[item["task_id"]])
-                if not resumed_fed:
-                    for uid in group_tasks:
-                        feed(uid)
+            while resumed:
+                feed(resumed.pop())
             collect(block=True)
         finally:
             if assembler is not None:
