@@ -118,6 +118,22 @@ def cut_by_budget(bounds: list[int], positions: Sequence[int], max_count: int | 
     return runs
 
 
+def source_root(source: str) -> str:
+    """The folder prefix of a folder scan's paths (a task's input gives ``rel`` only when path = root + rel)."""
+    return os.path.abspath(source) + "/"
+
+
+def input_entry(item: InputItem, position: int, classes: dict[str, int], hash_it: bool, root: str | None) -> dict:
+    """One input of a task's payload: rel, label, size, key, cls (+ path unless root + rel, + hash)."""
+    entry = {"rel": item.rel, "label": item.label, "size": item.size, "key": sample_key(position, item.rel),
+             "cls": classes.get(item.label) if item.label is not None else None}
+    if root is None or item.path != root + item.rel:
+        entry["path"] = item.path
+    if hash_it:
+        entry["hash"] = True
+    return entry
+
+
 def size_collisions(items: list[InputItem]) -> set[int]:
     """Positions of inputs whose size equals another input's: the only possible duplicates."""
     seen: dict[int, int] = {}
@@ -233,6 +249,7 @@ class ImagesJob(Job):
             drop = {p for _, g in groups for p in g[1:]}
             items = [item for p, item in enumerate(items) if p not in drop]
         candidates = size_collisions(items)
+        root = None if spec.list_file else source_root(spec.source)
         tasks = []
         bounds = [sample_bytes_bound(item) for item in items]
         shard_bytes = DEFAULT_SHARD_BYTES if spec.shard_size is None and spec.shard_bytes is None else spec.shard_bytes
@@ -240,10 +257,7 @@ class ImagesJob(Job):
             stem = f"shard-{index:06d}"
             chunks = cut_by_budget(bounds, positions, spec.chunk_size, CHUNK_BYTES)
             for number, chunk in enumerate(chunks):
-                inputs = [{**items[p].to_json(), "key": sample_key(p, items[p].rel),
-                           "cls": classes.get(items[p].label) if items[p].label is not None else None,
-                           **({"hash": True} if p in candidates else {})}
-                          for p in chunk]
+                inputs = [input_entry(items[p], p, classes, p in candidates, root) for p in chunk]
                 payload = {"index": index, "inputs": inputs, "cls_width": width}
                 if len(chunks) == 1:
                     tasks.append(Task(stem, payload))
@@ -276,11 +290,12 @@ class ImagesJob(Job):
 
             norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels)
         width = task.payload["cls_width"]
+        root = source_root(spec.source)
         try:
             for entry in task.payload["inputs"]:
                 t0 = time.perf_counter()
                 try:
-                    data = read_whole(entry["path"], entry["size"])
+                    data = read_whole(entry.get("path") or root + entry["rel"], entry["size"])
                 except OSError as exc:
                     quarantine.append({"source": entry["rel"], "reason": f"unreadable: {exc.strerror or exc}"})
                     continue
