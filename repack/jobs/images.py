@@ -77,11 +77,17 @@ def read_whole(path: str, planned_size: int) -> bytes:
     return parts[0] if len(parts) == 2 else b"".join(parts)
 
 
+_NOT_SLUG = re.compile(r"[^A-Za-z0-9_-]+")
+
+
 def sample_key(position: int, rel: str) -> str:
     """Unique, short, ASCII, dot-free key: ``00000042_cat_001``."""
-    stem = rel.rsplit("/", 1)[-1]
-    stem = stem.split(".", 1)[0] if not stem.startswith(".") else stem
-    slug = re.sub(r"[^A-Za-z0-9_-]+", "_", stem.encode("ascii", "ignore").decode())[:40].strip("_")
+    stem = rel[rel.rfind("/") + 1:]
+    if not stem.startswith("."):
+        stem = stem.partition(".")[0]
+    if not stem.isascii():
+        stem = stem.encode("ascii", "ignore").decode()
+    slug = _NOT_SLUG.sub("_", stem)[:40].strip("_")
     return f"{position:08d}_{slug}" if slug else f"{position:08d}"
 
 
@@ -94,7 +100,8 @@ def _blocks(size: int) -> int:
 
 def sample_bytes_bound(item: InputItem) -> int:
     """Upper bound of a sample's bytes in a tar: headers, padded image, cls and json members."""
-    json_bound = 256 + 6 * len(item.rel.encode("utf-8", "surrogateescape")) + 6 * len(item.label or "")
+    rel_bytes = len(item.rel) if item.rel.isascii() else len(item.rel.encode("utf-8", "surrogateescape"))
+    json_bound = 256 + 6 * rel_bytes + 6 * len(item.label or "")
     return 3 * BLOCK + _blocks(item.size) + BLOCK + _blocks(json_bound)
 
 
