@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from repack.manifest.io import fsync_dir
@@ -132,7 +133,12 @@ class TarSegmentWriter(TarMemberWriter):
 
 
 class ShardAssembler:
-    """Builds ``<stem>.tar`` (+ ``.idx``) from segments appended in plan order, as they become available."""
+    """Builds ``<stem>.tar`` (+ ``.idx``) from segments appended in plan order, as they become available.
+
+    The sha256 runs in the caller's thread over a read-only map of each segment (no copy), in
+    order; the copy into the shard runs beside it on one helper thread (``copy_file_range`` at
+    the segment's offset, inside the kernel), which also writes back every SYNC_EVERY bytes so
+    the final fsync stays short."""
 
     def __init__(self, out: Path, stem: str) -> None:
         self.out = Path(out)
@@ -142,60 +148,76 @@ class ShardAssembler:
         self._sha = hashlib.sha256()
         self._offset = 0
         self._lines: list[str] = []  # the DALI index, one line per sample
-        self._unsynced = 0
+        self._copier: ThreadPoolExecutor | None = None
+        self._copies: list[Future] = []
+        self._unsynced = 0  # the copier's alone
 
     def add_segment(self, path: Path, piece: dict) -> None:
-        """Append one segment (``path`` holds what ``TarSegmentWriter.commit`` described as ``piece``):
-        hashed from a read-only map (no copy) and copied in the kernel (``copy_file_range``)."""
+        """Append one segment (``path`` holds what ``TarSegmentWriter.commit`` described as ``piece``)."""
         if not piece["samples"]:
             return
         if self._fd < 0:
             self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._copier = ThreadPoolExecutor(1, thread_name_prefix="repack-copy")
         size = piece["bytes"]
         with open(path, "rb", buffering=0) as src:
             if os.fstat(src.fileno()).st_size != size:
                 raise OSError(f"segment {path} is not the {size} bytes its record says")
             with mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as view:
                 self._sha.update(view)
-            copy_range(src.fileno(), self._fd, size)
-        self._unsynced += size
-        if self._unsynced >= SYNC_EVERY:  # write back while later chunks run: commit's fsync stays short
-            os.fdatasync(self._fd)
-            self._unsynced = 0
         base = self._offset
+        self._copies.append(self._copier.submit(self._copy, path, size, base))
         self._lines += [" ".join([f"{ext} {base + off} {size} {key}.{ext}" for ext, off, size in members])
                         for key, members in piece["samples"]]
         self._offset += size
+
+    def _copy(self, path: Path, size: int, base: int) -> None:
+        with open(path, "rb", buffering=0) as src:
+            done = 0
+            while done < size:
+                n = os.copy_file_range(src.fileno(), self._fd, size - done, done, base + done)
+                if n == 0:
+                    raise OSError(f"copy_file_range stopped after {done} of {size} bytes of {path}")
+                done += n
+        self._unsynced += size
+        if self._unsynced >= SYNC_EVERY:
+            os.fdatasync(self._fd)
+            self._unsynced = 0
+
+    def _drain(self) -> None:
+        """Wait for every copy; re-raise the first that failed."""
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
+            self._copier = None
+        copies, self._copies = self._copies, []
+        for copy in copies:
+            copy.result()
 
     def commit(self) -> dict | None:
         """Finish and rename into place; the shard entry. None (and nothing on disk) if no samples."""
         if self._fd < 0:
             return None
+        self._drain()
         tail = end_of_archive(self._offset)
-        _write_all(self._fd, [tail], len(tail))
+        if os.pwrite(self._fd, tail, self._offset) != len(tail):
+            raise OSError(f"short write at the end of {self._tmp}")
         self._sha.update(tail)
         fd, self._fd = self._fd, -1
         return publish_shard(self.out, self.stem, fd, self._tmp, self._offset + len(tail), self._sha,
                              index_from_lines(self._lines), len(self._lines))
 
     def abort(self) -> None:
+        try:
+            self._drain()
+        except OSError:
+            pass  # the shard is dropped anyway
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self._tmp.unlink(missing_ok=True)
 
 
-SYNC_EVERY = 64 << 20  # bytes appended to a shard between write-backs
-
-
-def copy_range(src: int, dst: int, size: int) -> None:
-    """Copy ``size`` bytes from ``src``'s offset 0 to ``dst``'s current offset, inside the kernel."""
-    offset = 0
-    while offset < size:
-        n = os.copy_file_range(src, dst, size - offset, offset)
-        if n == 0:
-            raise OSError(f"copy_file_range stopped after {offset} of {size} bytes")
-        offset += n
+SYNC_EVERY = 64 << 20  # bytes copied into a shard between write-backs
 
 
 def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, index: str, samples: int) -> dict:
