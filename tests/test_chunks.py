@@ -33,10 +33,12 @@ def whole(photo_tree, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_chunked_shards_equal_whole_shards(photo_tree, whole, tmp_path, workers):
+@pytest.mark.parametrize("workers,executor", [("1", "local"), ("2", "local"), ("2", "ray")])
+def test_chunked_shards_equal_whole_shards(photo_tree, whole, tmp_path, workers, executor):
+    if executor == "ray":
+        pytest.importorskip("ray")
     out = tmp_path / "chunked"
-    run_repack("images", photo_tree, out, *SHARDED, "--chunk-size", "7", "--workers", workers)
+    run_repack("images", photo_tree, out, *SHARDED, "--chunk-size", "7", "--workers", workers, "--executor", executor)
     plan = json.loads((out / ".repack" / "plan.json").read_text())
     assert len(plan["tasks"]) == 8 + 8 + 3 and {t.get("group") for t in plan["tasks"]} == {
         "shard-000000", "shard-000001", "shard-000002"}
