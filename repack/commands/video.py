@@ -34,7 +34,8 @@ from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
 @click.option("--bframes", type=int, default=0, show_default=True, help="B-frames in transcoded output.")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="ffmpeg threads per transcode (fixed: the output depends on it); the default pool is CPUs/threads.")
-@click.option("--shard-size", type=int, default=8, show_default=True, help="Videos per task (and per tar shard).")
+@click.option("--shard-size", type=int, default=8, show_default=True,
+              help="Videos per tar shard (--to webdataset); every video is a task of its own.")
 @engine_options
 def video(source, out, probe_only, transcode, target, max_gop, to, list_file, link, crf, preset, gop, max_height,
           bframes, threads, shard_size, **kwargs):
