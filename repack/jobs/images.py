@@ -268,7 +268,7 @@ class ImagesJob(Job):
                 payload = {"index": index, "inputs": inputs, "cls_width": width}
                 if len(chunks) == 1:
                     tasks.append(Task(stem, payload))
-                else:  # a single-writer sink imports chunks as parts: they need no assembly
+                else:  # a single-writer sink (lmdb) reads chunk parts at finalize: no assembly
                     tasks.append(Task(f"{stem}-c{number:04d}", {**payload, "chunk": number},
                                       group="" if self.collector is not None else stem))
         info = {"classes": classes, "labeled": scan.labeled, "inputs": inputs_total,
