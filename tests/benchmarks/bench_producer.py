@@ -18,7 +18,7 @@ Rows (ratio = repack / baseline; rates in images/s):
           CPU <= 2x, memory that does not grow with the dataset
   growth  `--verify none` images/s at 1k, 10k and 100k tiny generated JPEGs (REPACK_BENCH_GROWTH,
           comma-separated counts): flat, not falling
-  scan    scan + plan of REPACK_BENCH_SCAN_ENTRIES (default 1,000,000) tiny files in 1000 folders:
+  scan    scan + plan of REPACK_BENCH_SCAN_ENTRIES (default 1,000,000) empty files in 1000 folders:
           seconds and peak RSS (of a process that only plans)
 
 The photos are bench_images' (REPACK_BENCH_IMAGES, default 4000, ~100 KB mean), generated once.
@@ -239,7 +239,8 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "tasks": len(plan.tasks),
 
 
 def tiny_tree(root: Path, entries: int) -> Path:
-    """``entries`` one-byte .jpg files in 1000 folders (only scanned and planned, never read)."""
+    """``entries`` empty .jpg files in 1000 folders (only scanned and planned, never read; empty
+    files take inodes but no data blocks)."""
     src = root / f"scan-{entries}"
     if (src / ".complete").exists():
         return src
@@ -249,8 +250,7 @@ def tiny_tree(root: Path, entries: int) -> Path:
         folder = src / f"c{d:03d}"
         folder.mkdir(parents=True)
         for i in range(min(per, entries - d * per)):
-            with open(folder / f"{i:07d}.jpg", "wb") as fh:
-                fh.write(b"x")
+            open(folder / f"{i:07d}.jpg", "wb").close()
     (src / ".complete").write_text("ok\n")
     return src
 
