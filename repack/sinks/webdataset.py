@@ -9,6 +9,7 @@ the same either way.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
@@ -163,8 +164,13 @@ class ShardAssembler:
         with open(path, "rb", buffering=0) as src:
             if os.fstat(src.fileno()).st_size != size:
                 raise OSError(f"segment {path} is not the {size} bytes its record says")
-            with mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                self._sha.update(view)
+            try:
+                with mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                    self._sha.update(view)
+            except (OSError, ValueError):  # a file system without mmap (some FUSE mounts): read it
+                src.seek(0)
+                while block := src.read(ASSEMBLY_BLOCK):
+                    self._sha.update(block)
         base = self._offset
         self._copies.append(self._copier.submit(self._copy, path, size, base))
         self._lines += [" ".join([f"{ext} {base + off} {size} {key}.{ext}" for ext, off, size in members])
@@ -175,9 +181,14 @@ class ShardAssembler:
         with open(path, "rb", buffering=0) as src:
             done = 0
             while done < size:
-                n = os.copy_file_range(src.fileno(), self._fd, size - done, done, base + done)
+                try:
+                    n = os.copy_file_range(src.fileno(), self._fd, size - done, done, base + done)
+                except OSError as exc:
+                    if exc.errno not in NO_COPY_FILE_RANGE or done:
+                        raise
+                    n = _copy_by_blocks(src.fileno(), self._fd, size, base)
                 if n == 0:
-                    raise OSError(f"copy_file_range stopped after {done} of {size} bytes of {path}")
+                    raise OSError(f"segment {path} ended after {done} of {size} bytes")
                 done += n
         self._unsynced += size
         if self._unsynced >= SYNC_EVERY:
@@ -218,6 +229,22 @@ class ShardAssembler:
 
 
 SYNC_EVERY = 64 << 20  # bytes copied into a shard between write-backs
+ASSEMBLY_BLOCK = 1 << 20
+NO_COPY_FILE_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}  # e.g. older kernels, FUSE
+
+
+def _copy_by_blocks(src: int, dst: int, size: int, base: int) -> int:
+    """The fallback of ``copy_file_range``: ``size`` bytes of ``src`` from 0 to ``dst`` at ``base``."""
+    done = 0
+    while done < size:
+        block = os.pread(src, min(ASSEMBLY_BLOCK, size - done), done)
+        if not block:
+            break
+        written = 0
+        while written < len(block):
+            written += os.pwrite(dst, block[written:], base + done + written)
+        done += len(block)
+    return done
 
 
 def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, index: str, samples: int) -> dict:
