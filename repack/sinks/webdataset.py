@@ -66,10 +66,6 @@ class TarMemberWriter:
             self._pending.clear()
             self._pending_bytes = 0
 
-    @property
-    def samples(self) -> int:
-        return len(self._index)
-
     def abort(self) -> None:
         self._pending.clear()
         if self._fd >= 0:
