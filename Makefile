@@ -1,20 +1,23 @@
-# Every target sets itself up on a fresh machine: Debian packages (ffmpeg), a virtualenv and
-# the Python packages. torch is pinned to the CPU build before anything that depends on it.
+# Every target sets itself up on a fresh machine: Debian packages (ffmpeg, chromium), a virtualenv
+# and the Python packages. torch is pinned to the CPU build before anything that depends on it.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT    := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600  # waits for another apt
 PYTEST_ARGS ?=
 
 .PHONY: setup system-deps demo test bench lint clean
 
 setup: $(STAMP)
 
+# chromium: the HTML report's test loads it in a real headless browser
 system-deps:
-	@if ! command -v ffmpeg >/dev/null || ! command -v ffprobe >/dev/null || ! command -v tar >/dev/null; then \
-	  echo "installing Debian packages: ffmpeg tar"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends ffmpeg tar >/dev/null; \
+	@if ! command -v ffmpeg >/dev/null || ! command -v ffprobe >/dev/null || ! command -v tar >/dev/null \
+	    || ! command -v chromium >/dev/null; then \
+	  echo "installing Debian packages: ffmpeg tar chromium"; \
+	  $(APT) update -qq && $(APT) install -y -qq --no-install-recommends ffmpeg tar chromium >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml Makefile $(wildcard docker/requirements*.txt) | system-deps
@@ -22,7 +25,7 @@ $(STAMP): pyproject.toml Makefile $(wildcard docker/requirements*.txt) | system-
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	sed 's/\[[^]]*\]//' docker/requirements*.txt > $(VENV)/constraints.txt  # the images' pins, extras dropped
-	$(BIN)/pip install -q --disable-pip-version-check -c $(VENV)/constraints.txt -e '.[pipelines,ray,dev]'
+	$(BIN)/pip install -q --disable-pip-version-check -c $(VENV)/constraints.txt -e '.[pipelines,ray,s3,dev]'
 	touch $@
 
 demo: setup system-deps

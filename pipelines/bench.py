@@ -69,7 +69,7 @@ class BenchOptions:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise BenchError("--batch-size must be >= 1")
         if min(self.workers, default=0) < 0 or min(self.threads, default=1) < 1:
-            raise BenchError("--workers must be >= 0 and --threads >= 1")
+            raise BenchError("--loader-workers must be >= 0 and --threads >= 1")
         if self.prefetch_factor < 1 or self.compute_ms < 0:
             raise BenchError("--prefetch-factor must be >= 1 and --compute-ms >= 0")
         if self.compute_mode not in ("sleep", "busy") or self.device not in ("auto", "cpu", "gpu"):
@@ -518,7 +518,7 @@ def run_bench(root: str | os.PathLike, opts: BenchOptions, progress: Callable[[s
     cpus = usable_cpus()
     warnings = []
     if max(opts.workers, default=0) > cpus and any(r.kind == "dataloader" for r in readers):
-        warnings.append(f"--workers {max(opts.workers)} exceeds the {cpus} CPU(s) this process may use "
+        warnings.append(f"--loader-workers {max(opts.workers)} exceeds the {cpus} CPU(s) this process may use "
                         f"(affinity and cgroup quota): extra workers only compete for the same cores")
     if max(opts.threads, default=0) > cpus and any(r.kind == "dali" for r in readers):
         warnings.append(f"--threads {max(opts.threads)} exceeds the {cpus} usable CPU(s)")

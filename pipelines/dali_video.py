@@ -6,9 +6,12 @@ confined to the root) with their class indices and returns a pipeline whose outp
 frames ``stride`` apart, clip starts ``step`` apart (``-1``: ``sequence_length``), exactly as
 pipelines.torch_video. ``resize=(h, w)`` makes a batch uniform when videos differ in size.
 
-``reader="legacy"`` (default) is ``fn.readers.video`` (GPU only: DALI's PyPI FFmpeg has no
-software H.264/HEVC decoder); ``reader="experimental"`` is ``fn.experimental.readers.video``,
-which also runs on the CPU for VP8/VP9/MJPEG (used by the CI tests).
+``reader="legacy"`` is ``fn.readers.video`` (GPU only: DALI's PyPI FFmpeg has no software
+H.264/HEVC decoder); ``reader="experimental"`` is ``fn.experimental.readers.video``, which also
+runs on the CPU for VP8/VP9/MJPEG (used by the CI tests). The default (``reader=None``) is the
+reader the dataset was judged for: the manifest's ``dali_reader`` (`repack video
+--dali-reader`, ``legacy`` unless chosen otherwise), so every video the rule passed as is is
+one this reader decodes (e.g. MJPEG is transcoded for the experimental reader).
 
 Labels: the class index, ``-1`` (``UNLABELED``) for a video without a class, as in
 pipelines.torch_video (DALI accepts negative values in ``labels=``; only its ``file_list``
@@ -23,6 +26,13 @@ from __future__ import annotations
 from pipelines.torch_video import UNLABELED, manifest_videos
 
 READER_NAME = "VideoReader"
+READERS = ("legacy", "experimental")  # the keys of repack's DALI_READERS (the manifest's dali_reader)
+
+
+def dataset_reader(root) -> str:
+    """The DALI reader the dataset in ``root`` was judged for (``legacy`` for older manifests)."""
+    _, manifest = manifest_videos(root)
+    return manifest.data.get("dali_reader") or "legacy"
 
 
 def video_inputs(root) -> tuple[list[str], list[int]]:
@@ -32,17 +42,27 @@ def video_inputs(root) -> tuple[list[str], list[int]]:
             [int(e["cls"]) if e.get("cls") is not None else UNLABELED for e in entries])
 
 
-def build_video_pipeline(root, *, sequence_length: int, batch_size: int, stride: int = 1, step: int = -1,
-                         shard_id: int = 0, num_shards: int = 1, random_shuffle: bool = False, seed: int = 0,
-                         device: str = "gpu", device_id: int | None = 0, num_threads: int = 4,
-                         initial_fill: int = 64, resize: tuple[int, int] | None = None, reader: str = "legacy",
-                         prefetch_queue_depth: int = 2, pad_last_batch: bool = True):
-    """A built DALI Pipeline over the videos of the dataset in ``root``."""
-    from nvidia.dali import fn, pipeline_def, types
-
+def build_video_pipeline(root, *, sequence_length: int, batch_size: int, reader: str | None = None, **options):
+    """A built DALI Pipeline over the videos of the dataset in ``root``, read with ``reader``
+    (default: the reader the dataset was judged for); ``options`` as ``build_files_pipeline``."""
     files, labels = video_inputs(root)
     if not files:
         raise ValueError(f"{root}: the manifest lists no videos")
+    return build_files_pipeline(files, labels, sequence_length=sequence_length, batch_size=batch_size,
+                                reader=reader or dataset_reader(root), **options)
+
+
+def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length: int, batch_size: int,
+                         reader: str = "legacy", stride: int = 1, step: int = -1, shard_id: int = 0,
+                         num_shards: int = 1, random_shuffle: bool = False, seed: int = 0, device: str = "gpu",
+                         device_id: int | None = 0, num_threads: int = 4, initial_fill: int = 64,
+                         resize: tuple[int, int] | None = None, prefetch_queue_depth: int = 2,
+                         pad_last_batch: bool = True):
+    """A built DALI Pipeline reading ``files`` (with ``labels``) through ``reader`` (``READERS``)."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    if reader not in READERS:
+        raise ValueError(f"reader must be one of {', '.join(READERS)}, got {reader!r}")
 
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                   prefetch_queue_depth=prefetch_queue_depth)

@@ -1,7 +1,8 @@
 """Shared helpers for the readers: open a WebDataset manifest, parse DALI index files, split work.
 
-Stdlib only; imports ``repack.manifest`` and nothing else from repack. Every file path comes
-from the manifest through ``Manifest.path`` (confined to the dataset root).
+Imports ``repack.manifest`` and nothing else from repack. Every file path comes from the
+manifest through ``Manifest.path`` (confined to the dataset root). A root may be a folder or
+``s3://bucket/prefix`` (``RemoteManifest``: paths are URLs, read through ``object_store``).
 
 An index file (``.idx``, DALI's format v1.2, written by repack next to each tar) has a header
 line ``v1.2 <samples>`` and one line per sample: groups of four tokens
@@ -11,12 +12,13 @@ The readers use it to ``pread`` exactly the bytes of the samples they own.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from repack.manifest import Manifest, ManifestError, read_manifest
-
+from pipelines import object_store
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,38 @@ class Sample:
     end: int  # one past its last data byte
 
 
+@dataclass(frozen=True)
+class RemoteManifest(Manifest):
+    """A manifest read from ``url`` (s3://bucket/prefix): ``path`` gives confined object URLs.
+    Confinement is checked as for a folder, against a virtual root named after the URL."""
+
+    url: str = ""
+
+    def path(self, rel: str) -> str:  # type: ignore[override]
+        super().path(rel)
+        return f"{self.url}/{rel}"
+
+
+def open_manifest(root: str | os.PathLike) -> Manifest:
+    """Read and validate the manifest of a folder or of ``s3://bucket/prefix``."""
+    if not object_store.is_remote(root):
+        return read_manifest(root)
+    url = str(root).rstrip("/")
+    try:
+        data = json.loads(object_store.read_bytes(f"{url}/{MANIFEST_NAME}"))
+    except FileNotFoundError:
+        raise ManifestError(f"{url}/{MANIFEST_NAME}: no manifest (the job has not finished, or this is not a "
+                            "repack output)") from None
+    except ValueError as exc:
+        raise ManifestError(f"{url}/{MANIFEST_NAME}: not valid JSON ({exc})") from None
+    manifest = RemoteManifest(Path("/", *object_store.split_url(url)), data, url)
+    manifest.validate()
+    return manifest
+
+
 def open_webdataset(root: str | os.PathLike, modality: str = "images") -> Manifest:
     """Read and validate ``root/manifest.json``; require a WebDataset of ``modality`` with index files."""
-    manifest = read_manifest(root)
+    manifest = open_manifest(root)
     if manifest.format != "webdataset":
         raise ManifestError(f"{manifest.root}: format {manifest.format!r}, this reader reads 'webdataset'")
     if manifest.modality != modality:
@@ -58,7 +89,7 @@ def is_labeled(manifest: Manifest) -> bool:
 
 
 def shard_files(manifest: Manifest) -> tuple[list[str], list[str]]:
-    """Absolute tar paths and index paths, in manifest order (confined to the root)."""
+    """Tar and index locations (absolute paths, or s3:// URLs), in manifest order (confined to the root)."""
     shards = manifest.shards
     return [str(manifest.path(s.path)) for s in shards], [str(manifest.path(s.index)) for s in shards]
 
@@ -94,7 +125,7 @@ def read_index(manifest: Manifest, shard: int, start: int = 0, stop: int | None 
     """Samples ``start:stop`` of shard number ``shard``, from its index file."""
     entry = manifest.data["shards"][shard]
     path = manifest.path(entry["index"])
-    lines = parse_index_lines(Path(path).read_text(encoding="ascii"), str(path))
+    lines = parse_index_lines(object_store.read_bytes(path).decode("ascii"), str(path))
     if len(lines) != int(entry["samples"]):
         raise ManifestError(f"{path}: {len(lines)} samples, the manifest says {entry['samples']}")
     return [parse_sample(line, shard, str(path)) for line in lines[start:stop]]

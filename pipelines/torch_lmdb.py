@@ -9,7 +9,6 @@ since an image value spans many pages) and is never pickled. Keys (see ``repack/
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from typing import Any, Callable
@@ -30,7 +29,15 @@ def open_lmdb_dataset(root: str | os.PathLike) -> tuple[Manifest, str, int]:
     entries = manifest.data["shards"]
     if len(entries) != 1 or entries[0].get("layout") != LAYOUT:
         raise ManifestError(f"{manifest.root}: expected one database of layout {LAYOUT}")
-    return manifest, str(manifest.path(entries[0]["path"])), int(entries[0]["samples"])
+    path = manifest.path(entries[0]["path"])
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise ManifestError(f"{path}: {exc.strerror}") from None
+    if size != entries[0]["bytes"]:  # a short file would be mapped and read past its end: SIGBUS
+        raise ManifestError(f"{path}: {size} bytes, the manifest says {entries[0]['bytes']} (truncated or "
+                            "changed; run `repack verify`)")
+    return manifest, str(path), int(entries[0]["samples"])
 
 
 _ENVS: dict[str, tuple[int, Any]] = {}  # path -> (pid, environment): LMDB allows one per file per process
@@ -108,11 +115,9 @@ class LmdbImageDataset(Dataset):
         label = int(raw["cls"]) if raw["cls"] is not None else UNLABELED
         image: Any = raw["img"]
         if self.decode:
-            from PIL import Image
+            from pipelines.pil_images import decode_image
 
-            image = Image.open(io.BytesIO(image))
-            if self.mode is not None and image.mode != self.mode:
-                image = image.convert(self.mode)
+            image = decode_image(image, self.mode)
             if self.transform is not None:
                 image = self.transform(image)
         if self.output == "dict":

@@ -3,28 +3,43 @@ This is the one place where exceptions become messages and exit codes."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import click
 
 from repack import __version__
 from repack.commands.bench import bench
+from repack.commands.help import RepackGroup
 from repack.commands.images import images
 from repack.commands.merge import merge
+from repack.commands.pull import pull
 from repack.commands.text import text
 from repack.commands.verify import inspect, verify
 from repack.commands.video import video
-from repack.errors import VERIFICATION_EXIT_CODE, RepackError
+from repack.errors import VERIFICATION_EXIT_CODE, Interrupted, RepackError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=RepackGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="repack")
 def cli() -> None:
     """Repack training data once, offline, into formats that keep GPUs fed."""
 
 
-for _command in (images, video, text, verify, inspect, merge, bench):
+for _command in (images, video, text, verify, inspect, merge, pull, bench):
     cli.add_command(_command)
+
+
+SIGNAL_EXIT = {signal.SIGTERM: ("SIGTERM", 143), signal.SIGINT: ("SIGINT", 130)}
+
+
+def _on_signal(signum: int, _frame) -> None:
+    """SIGTERM/SIGINT: raise Interrupted (the engine stops workers and removes temps on its way out);
+    a second signal gets the default behaviour (kill, KeyboardInterrupt)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise Interrupted(*SIGNAL_EXIT[signum])
 
 
 def main() -> None:
@@ -34,8 +49,15 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # non-UTF-8 file names must never crash a summary
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    for signum in SIGNAL_EXIT:
+        signal.signal(signum, _on_signal)
     try:
         cli.main(standalone_mode=False)
+    except Interrupted as exc:  # workers stopped and temps removed on the way here
+        click.echo(f"repack: {exc}", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exc.exit_code)  # never wait at exit on a pool's helper threads that a killed worker left waiting
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
@@ -51,6 +73,10 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("interrupted; re-run the same command to resume", err=True)
         sys.exit(130)
+    except OSError as exc:  # an unexpected I/O failure of the job itself (disk full, lost mount)
+        where = f": {exc.filename}" if exc.filename else ""
+        click.echo(f"repack: error: {exc.strerror or exc}{where}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,16 @@ def parse_size(text: str | int | None) -> int | None:
     return value
 
 
+def format_size(num_bytes: int | float) -> str:
+    """Bytes for people: '512 B', '3.4 KB', '118.0 MB', '1.2 GB' (decimal units, as parse_size reads)."""
+    value = float(num_bytes)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(value) < 1000 or unit == "TB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """How a job runs; none of this changes its output."""
@@ -77,6 +87,9 @@ class JobSpec:
         return cls(**data)
 
 
+DEFAULT_MAX_FILE_BYTES = 256 * 2**20  # images: --max-file-size (larger files are quarantined from stat)
+
+
 @dataclass(frozen=True)
 class ImagesSpec(JobSpec):
     """Options of `repack images`."""
@@ -90,6 +103,8 @@ class ImagesSpec(JobSpec):
     seed: int = 0
     verify: str = "decode"
     follow_symlinks: bool = True
+    allow_outside_source: bool = False
+    max_file_size: int = DEFAULT_MAX_FILE_BYTES
     normalize: bool = False
     quality: int = 90
     max_side: int | None = None
@@ -112,6 +127,8 @@ class ImagesSpec(JobSpec):
             raise UsageError(f"--max-side must be at least 16, got {self.max_side}")
         if self.max_side is not None and not self.normalize:
             raise UsageError("--max-side re-encodes images: use it with --normalize")
+        if self.max_file_size < 1:
+            raise UsageError(f"--max-file-size must be positive, got {self.max_file_size}")
         if self.max_pixels < 1:
             raise UsageError(f"--max-pixels must be positive, got {self.max_pixels}")
 

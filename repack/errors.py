@@ -1,4 +1,17 @@
-"""The few exception types a job can fail with; cli.py maps them to exit codes."""
+"""The few exception types a job can fail with (cli.py maps them to exit codes), and
+``stable_reason``: an exception as quarantine text that is the same on every run."""
+
+import re
+
+_ADDRESS = re.compile(r"\s*<[^<>]*? at 0x[0-9a-fA-F]+>")
+REASON_MAX = 300
+
+
+def stable_reason(exc: BaseException, prefix: str = "") -> str:
+    """``Type: message`` without object reprs or memory addresses, at most REASON_MAX characters."""
+    message = _ADDRESS.sub("", str(exc)).strip()
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return (prefix + text)[:REASON_MAX]
 
 
 class RepackError(Exception):
@@ -25,6 +38,23 @@ class IncompleteJobError(RepackError):
 
 # A dataset that does not match its manifest, or a manifest that cannot be trusted.
 VERIFICATION_EXIT_CODE = 5
+
+
+class NothingPackedError(RepackError):
+    """Inputs were found but every one was quarantined: the dataset is empty."""
+
+    exit_code = 7
+
+
+class Interrupted(BaseException):
+    """SIGTERM (exit 143) or SIGINT (exit 130), raised by cli.main's signal handler. A BaseException
+    (like KeyboardInterrupt) so that no per-record ``except Exception`` swallows it; the engine stops
+    the workers and removes temp files on its way out."""
+
+    def __init__(self, signal_name: str, exit_code: int) -> None:
+        super().__init__(f"interrupted by {signal_name}: workers stopped, temp files removed; finished shards "
+                         "are kept, re-run the same command to resume")
+        self.exit_code = exit_code
 
 
 class StrictModeError(RepackError):

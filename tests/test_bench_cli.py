@@ -44,7 +44,7 @@ def check_rows(report: dict, readers: set[str], unit: str, compute: bool) -> Non
 
 
 def test_webdataset_with_source_json(packed_photos, photo_tree):
-    report = bench_json(packed_photos, *FAST, "--workers", "0,2", "--threads", "2", "--compute-ms", "4",
+    report = bench_json(packed_photos, *FAST, "--loader-workers", "0,2", "--threads", "2", "--compute-ms", "4",
                         "--source", photo_tree)
     assert (report["modality"], report["format"]) == ("images", "webdataset")
     check_rows(report, {"torch", "dali", "files"}, "images", compute=True)
@@ -60,7 +60,7 @@ def test_lmdb_table_and_cpu_warning(photo_tree, tmp_path):
     out = tmp_path / "lmdb"
     run_repack("images", photo_tree, out, "--to", "lmdb", "--quiet")
     too_many = usable_cpus() + 1
-    proc = run_repack("bench", out, *FAST, "--workers", f"0,{too_many}", "--threads", "1",
+    proc = run_repack("bench", out, *FAST, "--loader-workers", f"0,{too_many}", "--threads", "1",
                       "--persistent-workers", "--prefetch-factor", "3")
     lines = proc.stdout.splitlines()
     assert "(images/lmdb)" in lines[0]
@@ -71,7 +71,7 @@ def test_lmdb_table_and_cpu_warning(photo_tree, tmp_path):
                                                        ("dali", "threads=1")]
     assert sum(r[0].startswith("*") for r in rows) == 1
     assert all(float(r[3]) > 0 and r[2] == str(BATCH) for r in rows)
-    assert f"warning: --workers {too_many} exceeds the {usable_cpus()} CPU(s)" in proc.stdout
+    assert f"warning: --loader-workers {too_many} exceeds the {usable_cpus()} CPU(s)" in proc.stdout
     assert any(line.startswith("fastest: ") for line in lines)
     assert "no --compute-ms given" in proc.stdout
 
@@ -83,7 +83,7 @@ def test_text_memmap(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(120, seed=4)))
     run_repack("text", src, tmp_path / "text", "--tokenizer", tmp_path / "tok", "--quiet")
-    report = bench_json(tmp_path / "text", *FAST, "--workers", "0,1", "--seq-len", "64", "--compute-ms", "4",
+    report = bench_json(tmp_path / "text", *FAST, "--loader-workers", "0,1", "--seq-len", "64", "--compute-ms", "4",
                         "--compute-mode", "busy")
     assert (report["modality"], report["format"]) == ("text", "memmap")
     check_rows(report, {"torch"}, "sequences", compute=True)
@@ -98,7 +98,7 @@ def test_video_clips(tmp_path):
     make_index_clip(tmp_path / "src/b/two.avi", 16, mjpeg, size=(64, 48))
     run_repack("video", tmp_path / "src", tmp_path / "video", "--transcode", "--quiet")
     report = bench_json(tmp_path / "video", "--steps", str(STEPS), "--warmup", "1", "--batch-size", "2",
-                        "--clip-frames", "4", "--workers", "0")
+                        "--clip-frames", "4", "--loader-workers", "0")
     check_rows(report, {"torch"}, "clips", compute=False)
     assert any("dali: skipped" in note and "--device gpu" in note for note in report["notes"])
 
@@ -142,7 +142,7 @@ def test_partial_batches_are_never_steps_and_epoch_crossing_is_flagged(tmp_path)
     import torch
 
     out = small_lmdb(tmp_path, "ten", per_class=5, classes=2)  # 10 samples: 2 full batches of 4, then 2 left
-    report = bench_json(out, "--steps", "3", "--warmup", "1", "--batch-size", "4", "--workers", "0,1",
+    report = bench_json(out, "--steps", "3", "--warmup", "1", "--batch-size", "4", "--loader-workers", "0,1",
                         "--threads", "1")
     rows = report["results"]
     assert sorted((r["reader"], r["workers"], r["threads"]) for r in rows) == [
@@ -157,7 +157,7 @@ def test_partial_batches_are_never_steps_and_epoch_crossing_is_flagged(tmp_path)
     assert report["options"]["device"] == ("gpu" if torch.cuda.is_available() else "cpu")
 
     tiny = small_lmdb(tmp_path, "one", per_class=1, classes=1)  # 1 sample at batch 64: no row may be "fastest"
-    proc = run_repack("bench", tiny, "--steps", "2", "--warmup", "0", "--batch-size", "64", "--workers", "0",
+    proc = run_repack("bench", tiny, "--steps", "2", "--warmup", "0", "--batch-size", "64", "--loader-workers", "0",
                       "--threads", "1", check=False)
     assert proc.returncode == 2 and "every setting failed" in proc.stderr and "fastest" not in proc.stdout
     assert "less than one full batch" in proc.stderr and "Traceback" not in proc.stderr

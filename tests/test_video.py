@@ -90,18 +90,26 @@ def test_transcode_outputs_pass_the_rule(video_clips, transcoded):
     root, made = video_clips
     manifest = read_manifest_json(transcoded)
     entries = {e["source"]: e for e in manifest["shards"]}
-    usable = {rel for rel, c in made.items() if c.decision != "reject"}
+    usable = {rel for rel, c in made.items() if c.decision != "reject" and not c.quarantined}
     assert set(entries) == usable
-    assert {q["source"] for q in manifest["quarantine"]} == {rel for rel, c in made.items() if c.decision == "reject"}
+    codes = {q["source"]: q["codes"] for q in manifest["quarantine"]}
+    assert codes == {rel: [c.quarantined or next(iter(c.reasons))] for rel, c in made.items()
+                     if c.decision == "reject" or c.quarantined}
     for rel, entry in entries.items():
+        source = probe_file(str(root / rel))
         assert entry["transcoded"] == (made[rel].decision == "transcode")
+        assert entry["remuxed"] == (not entry["transcoded"] and source["moov_after_mdat"])
         if entry["transcoded"]:
             assert entry["path"].endswith(".mp4") and entry["codec"] == "h264"
-        else:
+        elif not entry["remuxed"]:
             assert (transcoded / entry["path"]).read_bytes() == (root / rel).read_bytes()
-        again = decide(probe_file(str(transcoded / entry["path"])), "h100", 1.0)
+        output = probe_file(str(transcoded / entry["path"]))
+        again = decide(output, "h100", 1.0)
         assert again.decision == "ok", (rel, again.reasons)
         assert entry["frames"] >= 2 and entry["fps"] > 0 and entry["width"] % 2 == 0
+        assert entry["frames_out"] == entry["frames"] == output["frames"]
+        assert abs(entry["frames_out"] - entry["frames_in"]) <= 1 or entry["frame_timing"] == "resample"
+        assert not output["moov_after_mdat"]
     rot = entries["bad/rotated.mp4"]
     assert (rot["width"], rot["height"]) == (120, 160)  # rotation baked in
     assert (entries["bad/tiny.mp4"]["width"], entries["bad/tiny.mp4"]["height"]) == (48, 32)  # padded to 48x16 min
@@ -115,7 +123,7 @@ def test_transcode_outputs_pass_the_rule(video_clips, transcoded):
 
 def test_transcode_is_deterministic_and_resumes(video_clips, tmp_path):
     src = tmp_path / "src"
-    for rel in ("bad/interlaced.mp4", "bad/vfr.mkv", "good/h264.mp4"):
+    for rel in ("bad/interlaced.mp4", "bad/vfr.mkv", "good/h264.mp4", "good/moov_at_end.mp4"):
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(video_clips[0] / rel, src / rel)
     args = ("--transcode", "--shard-size", "1", "--preset", "ultrafast", "--quiet")
@@ -128,7 +136,7 @@ def test_transcode_is_deterministic_and_resumes(video_clips, tmp_path):
     victim = a["shards"][0]
     (tmp_path / "c" / victim["path"]).unlink()
     proc = run_repack("video", src, tmp_path / "c", *args[:-1])
-    assert "1 task(s) run, 2 resumed" in proc.stdout
+    assert "1 task(s) run, 3 resumed" in proc.stdout
     assert read_manifest_json(tmp_path / "c")["shards"] == a["shards"]
     assert (tmp_path / "a" / "manifest.json").read_bytes() != b""
     linked = tmp_path / "b" / "videos/good/h264.mp4"
@@ -163,6 +171,9 @@ def test_missing_ffmpeg_fails_fast(video_clips, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "ffprobe and ffmpeg not found" in proc.stderr
     assert not (tmp_path / "x" / "manifest.json").exists()
+    decode = run_repack("video", video_clips[0], tmp_path / "z", "--verify", "decode", check=False,
+                        env={"PATH": str(tmp_path / "empty-bin")})  # a full decode needs ffmpeg too
+    assert decode.returncode == 2 and "ffprobe and ffmpeg not found" in decode.stderr
 
 
 def test_bad_options_fail_fast(video_clips, tmp_path):
@@ -173,12 +184,14 @@ def test_bad_options_fail_fast(video_clips, tmp_path):
 def test_recipe_command_is_an_argument_list():
     info = {"width": 161, "height": 131, "fps": 29.969, "field_order": "tt", "rotation": 90, "stream_index": 1}
     cmd = build_command("/in put.mkv", "/out.mp4", info, Recipe(max_height=100, crf=20))
-    assert cmd[0] == "ffmpeg" and "/in put.mkv" in cmd and cmd[-1] == "/out.mp4"
-    vf = cmd[cmd.index("-vf") + 1]
-    assert vf.startswith("yadif=") and "fps=fps=30000/1001" in vf and "scale=82:100" in vf
-    for flag in ("-map_metadata", "-an", "+faststart", "+bitexact", "+cgop+bitexact"):
+    assert cmd[0] == "ffmpeg" and "file:/in put.mkv" in cmd and "/out.mp4" in cmd
+    assert cmd[cmd.index("-protocol_whitelist") + 1] == "file" and "hls" not in cmd[cmd.index("-format_whitelist") + 1]
+    graph = cmd[cmd.index("-filter_complex") + 1]
+    assert graph.startswith("[0:1]yadif=") and "setpts=N/(30000/1001)/TB" in graph and "scale=82:100" in graph
+    assert "setsar=1" in graph
+    for flag in ("-map_metadata", "+faststart", "+bitexact", "+cgop+bitexact"):
         assert flag in cmd
-    assert cmd[cmd.index("-map") + 1] == "0:1" and cmd[cmd.index("-bf") + 1] == "0"
+    assert cmd[cmd.index("-bf") + 1] == "0"
     assert snap_rate(23.98)[1] == "24000/1001" and snap_rate(7.0) == (7.0, "7")
     assert output_geometry({"width": 8000, "height": 4000}, Recipe()) == (4096, 2048, 4096, 2048)
 
@@ -255,8 +268,8 @@ def test_truncated_matroska_keeps_declared_duration(video_clips):
 
 
 def test_killed_worker_takes_ffmpeg_with_it(tmp_path):
-    """ffmpeg started by run_transcode dies (PR_SET_PDEATHSIG) when its worker is SIGKILLed."""
-    code = ("from repack.transforms.transcode import run_transcode; run_transcode(['ffmpeg', '-nostdin', '-re', "
+    """ffmpeg started by ffmpeg_cli.run dies (PR_SET_PDEATHSIG) when its worker is SIGKILLed."""
+    code = ("from repack.transforms.ffmpeg_cli import run; run(['ffmpeg', '-nostdin', '-re', "
             "'-f', 'lavfi', '-i', 'testsrc2=s=64x48:d=60', '-f', 'null', '-'])")
     worker = subprocess.Popen([sys.executable, "-c", code])
     children: list[int] = []

@@ -104,3 +104,60 @@ def test_undecodable_clip_raises_runtime_error_naming_the_file(tmp_path):
     with pytest.raises(RuntimeError, match="videos/a/v.avi"):
         for _ in ds:  # an IndexError would end this loop silently after 2 clips
             pass
+
+
+def test_decision_per_dali_reader(tmp_path):
+    """MJPEG is fine for the legacy reader and transcoded for the experimental one (its GPU decoder
+    cannot create an NVDEC decoder for MJPEG); an unknown reader is a usage error."""
+    from repack.errors import UsageError
+    from repack.transforms.nvdec_rules import decide
+    from repack.transforms.probe import probe_file
+
+    make_index_clip(tmp_path / "v.avi", 8, MJPEG, size=(96, 64))
+    info = probe_file(str(tmp_path / "v.avi"))
+    assert decide(info, reader="legacy").decision == "ok"
+    verdict = decide(info, reader="experimental")
+    assert verdict.decision == "transcode" and verdict.codes == ["codec"]
+    assert "experimental" in verdict.reasons[0]["message"] and "MJPEG" in verdict.reasons[0]["message"]
+    with pytest.raises(UsageError, match="dali-reader"):
+        decide(info, reader="nvdec")
+
+
+def test_manifest_records_the_reader_and_the_pipeline_reads_every_ok_file(tmp_path):
+    """Judged for the experimental reader: MJPEG is transcoded, VP8/VP9 kept; probe.jsonl and the
+    manifest name the reader; pipelines.dali_video reads with it by default (here on DALI's CPU
+    backend, which decodes VP8/VP9) and decodes every video judged ok as is."""
+    import json
+
+    from pipelines.dali_video import build_video_pipeline, dataset_reader
+    from tests.tools.videos import encoders
+
+    have = encoders()
+    codecs = {"vp8.webm": ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p"),
+              "vp9.webm": ("-c:v", "libvpx-vp9", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")}
+    codecs = {name: args for name, args in codecs.items() if args[1] in have}
+    if not codecs:
+        pytest.skip("this ffmpeg has no libvpx encoder")
+    for name, args in codecs.items():
+        make_index_clip(tmp_path / "src/ok" / name, 12, args, size=(160, 128))
+    make_index_clip(tmp_path / "src/mj/v.avi", 12, MJPEG, size=(96, 64))
+    out = tmp_path / "out"
+    run_repack("video", tmp_path / "src", out, "--dali-reader", "experimental", "--quiet")
+    probes = [json.loads(x) for x in (out / "probe.jsonl").read_text().splitlines()]
+    assert {p["dali_reader"] for p in probes} == {"experimental"}
+    assert {p["source"]: p["decision"] for p in probes} == {"mj/v.avi": "transcode",
+                                                             **{f"ok/{n}": "ok" for n in codecs}}
+    ok_only = tmp_path / "ok-out"
+    run_repack("video", tmp_path / "src/ok", ok_only, "--transcode", "--dali-reader", "experimental", "--quiet")
+    manifest = json.loads((ok_only / "manifest.json").read_text())
+    assert manifest["dali_reader"] == dataset_reader(ok_only) == "experimental"
+    assert manifest["totals"]["ok"] == len(codecs) and manifest["quarantine"] == []
+    pipe = build_video_pipeline(ok_only, sequence_length=12, batch_size=len(codecs), device="cpu", device_id=None,
+                                num_threads=1)  # reader=None: the manifest's
+    frames, _ = pipe.run()
+    for k in range(len(codecs)):
+        assert frame_numbers(np.asarray(frames[k])) == pytest.approx(list(range(12)), abs=0.5)
+    legacy = tmp_path / "legacy-out"
+    run_repack("video", tmp_path / "src/mj", legacy, "--transcode", "--quiet")
+    assert dataset_reader(legacy) == "legacy"
+    assert json.loads((legacy / "manifest.json").read_text())["totals"]["ok"] == 1  # MJPEG: fine for legacy

@@ -30,8 +30,10 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 @click.option("--source", default=None, help="Also measure the original small-file layout (an image folder tree).")
 @click.option("--steps", type=int, default=50, show_default=True, help="Measured steps per setting.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Unmeasured steps first (workers start).")
-@click.option("--workers", default=None, help="DataLoader num_workers to sweep (default: 0,2,4,8,... up to the "
-                                                "usable CPUs).")
+@click.option("--loader-workers", "loader_workers", default=None,
+              help="DataLoader num_workers to sweep, a comma-separated list (jobs' --workers is one number; "
+                   "default: 0,2,4,8,... up to the usable CPUs).")
+@click.option("--workers", "legacy_workers", default=None, hidden=True, help="Old name of --loader-workers.")
 @click.option("--threads", default=None, help="DALI num_threads to sweep (default: 2,4,8,... up to the usable CPUs).")
 @click.option("--batch-size", default="64", show_default=True, help="Batch size(s) to sweep, e.g. 32,64.")
 @click.option("--pin-memory/--no-pin-memory", default=None, help="DataLoader pin_memory (default: when CUDA is up).")
@@ -51,8 +53,10 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 @click.option("--seq-len", type=int, default=1024, show_default=True, help="Text: tokens per sequence.")
 @click.option("--clip-frames", type=int, default=8, show_default=True, help="Video: frames per clip.")
 @click.option("--json", "json_out", is_flag=True, help="Print the full report as JSON on stdout.")
-def bench(out, source, steps, warmup, workers, threads, batch_size, pin_memory, persistent_workers,
-          prefetch_factor, compute_ms, compute_mode, readers, device, size, seq_len, clip_frames, json_out):
+@click.option("--html", "html_file", default=None, metavar="FILE",
+              help="Also write a self-contained HTML page plotting samples/s and wait share against workers.")
+def bench(out, source, steps, warmup, loader_workers, legacy_workers, threads, batch_size, pin_memory, persistent_workers,
+          prefetch_factor, compute_ms, compute_mode, readers, device, size, seq_len, clip_frames, json_out, html_file):
     """Measure how fast the bundled readers feed a training loop from the dataset in OUT.
 
     Each row: samples/s, the time a step waits for data, its share of the step, and the
@@ -60,7 +64,12 @@ def bench(out, source, steps, warmup, workers, threads, batch_size, pin_memory, 
     """
     from pipelines.bench import BenchError, BenchOptions, format_table, run_bench
 
-    sweeps = {"workers": _ints(workers, "--workers")} if workers is not None else {}
+    if legacy_workers is not None:
+        click.echo("repack bench: warning: --workers is now --loader-workers (a list of DataLoader num_workers)",
+                   err=True)
+        loader_workers = legacy_workers
+
+    sweeps = {"workers": _ints(loader_workers, "--loader-workers")} if loader_workers is not None else {}
     if threads is not None:
         sweeps["threads"] = _ints(threads, "--threads")
     opts = BenchOptions(steps=steps, warmup=warmup, **sweeps, batch_sizes=_ints(batch_size, "--batch-size"),
@@ -73,6 +82,10 @@ def bench(out, source, steps, warmup, workers, threads, batch_size, pin_memory, 
         report = run_bench(out, opts, progress)
     except BenchError as exc:
         raise UsageError(str(exc)) from None
+    if html_file:
+        from repack.report.html import bench_page, write_page
+
+        write_page(html_file, bench_page(report))
     if json_out:
         for warning in report["warnings"]:
             click.echo(f"repack bench: warning: {warning}", err=True)

@@ -2,43 +2,55 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from repack.commands.options import engine_options, run_job, split_engine_options
+from repack.commands.options import (engine_options, job_command, location, run_job, source_options,
+                                     split_engine_options)
 from repack.config import ImagesSpec, parse_size
+from repack.errors import UsageError
+from repack.store import is_remote
 
 
-@click.command("images")
+@job_command("images", input=("list_file",),
+             output=("to", "shard_size", "shard_bytes", "shuffle", "seed", "normalize", "quality", "max_side",
+                     "dedup"),
+             checking=("verify", "max_pixels", "max_file_size"))
 @click.argument("source")
 @click.argument("out")
-@click.option("--to", "to", default="webdataset", show_default=True, help="Output format (webdataset, lmdb).")
+@click.option("--to", "to", type=click.Choice(["webdataset", "lmdb"]), default="webdataset", show_default=True,
+              help="Output format: WebDataset tar shards (+ DALI .idx) or one LMDB file.")
 @click.option("--list", "list_file", is_flag=True, help="SOURCE is a .csv/.tsv/.jsonl list file (path[,label]).")
 @click.option("--shard-size", type=int, default=None, help="At most N inputs per shard.")
 @click.option("--shard-bytes", default=None, help="At most SIZE per shard, e.g. 512MB (default when no --shard-size).")
 @click.option("--chunk-size", type=int, default=128, show_default=True,
-              help="At most N inputs per task (work unit; shards are assembled from chunks, their bytes do not depend on it).")
+              help="At most N inputs per task (the work unit; shards are assembled from chunks: their bytes "
+                   "do not depend on it).")
 @click.option("--shuffle", is_flag=True, help="Shuffle inputs across shards before cutting.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
 @click.option("--verify", type=click.Choice(["decode", "header", "none"]), default="decode", show_default=True,
               help="How hard each image is checked before it is packed.")
-@click.option("--no-follow-symlinks", "no_follow", is_flag=True, help="Quarantine symlinks instead of following.")
 @click.option("--normalize", is_flag=True, help="Re-encode non-conforming images as baseline 4:2:0 RGB JPEG.")
 @click.option("--quality", type=int, default=90, show_default=True, help="JPEG quality of --normalize output.")
 @click.option("--max-side", type=int, default=None, help="With --normalize: downscale so the longer side <= N.")
 @click.option("--dedup", is_flag=True, help="Drop exact duplicates (same content), keeping the first.")
 @click.option("--max-pixels", type=int, default=178_956_970, show_default=True,
               help="Quarantine images declaring more pixels (decompression bombs).")
+@click.option("--max-file-size", default="256MiB", show_default=True,
+              help="Quarantine input files larger than SIZE, from their size (never read).")
+@source_options
 @engine_options
 def images(source, out, to, list_file, shard_size, shard_bytes, chunk_size, shuffle, seed, verify, no_follow, normalize,
-           quality, max_side, dedup, max_pixels, **kwargs):
+           quality, max_side, dedup, max_pixels, max_file_size, allow_outside, **kwargs):
     """Pack an ImageFolder tree (or a list file) SOURCE into shards under OUT."""
     from repack.jobs.images import ImagesJob
 
     options = split_engine_options(kwargs)
-    spec = ImagesSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
-                      list_file=list_file, shard_size=shard_size, shard_bytes=parse_size(shard_bytes), chunk_size=chunk_size,
+    if is_remote(out) and to == "lmdb":
+        raise UsageError("--to lmdb writes one local database file: OUT must be a local folder, not "
+                         f"{out!r} (write it locally, or use --to webdataset for object storage)")
+    spec = ImagesSpec(source=location(source), out=location(out), to=to, list_file=list_file,
+                      shard_size=shard_size, shard_bytes=parse_size(shard_bytes), chunk_size=chunk_size,
                       shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow,
+                      allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels)
     run_job(ImagesJob(spec), options)

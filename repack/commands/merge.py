@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import shlex
+import sys
 
 import click
 
-from repack.commands.options import engine_options, report, split_engine_options
+from repack.commands.options import location, report
+from repack.config import EngineOptions
 
 
 @click.command("merge")
 @click.argument("out")
-@engine_options
-def merge(out, **kwargs):
-    """Write the manifest of a job run as static partitions (--num-nodes/--node-rank)."""
-    from repack.jobs import engine
+@click.option("--quiet", "-q", is_flag=True, help="With --json: no summary on stderr.")
+@click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout.")
+def merge(out, quiet, json_summary):
+    """Write the manifest of a job run as static partitions (--num-nodes/--node-rank), once all finished.
 
-    options = split_engine_options(kwargs)
-    result = engine.merge(Path(out).absolute(), options)
-    job = engine.load_job(result.manifest["modality"], json.dumps(
-        json.loads((Path(out) / ".repack" / "job.json").read_text())["spec"]))
-    report(job, options, result)
+    Runs no task: it checks that every planned task of every partition finished, then writes
+    OUT/manifest.json. Exit codes: 0 done, 2 no job in OUT, 4 tasks missing (listed).
+    """
+    from repack.jobs import engine
+    from repack.store import open_store
+
+    options = EngineOptions(quiet=quiet, json_summary=json_summary, command=shlex.join(sys.argv))
+    result = engine.merge(location(out), options)
+    state = engine.read_json(open_store(location(out)), ".repack/job.json")
+    report(engine.load_job(result.manifest["modality"], json.dumps(state["spec"])), options, result)

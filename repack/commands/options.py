@@ -6,17 +6,32 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from pathlib import Path
 
 import click
 
+from repack.commands.help import JobCommand
 from repack.config import EngineOptions
+
+# Sections of the options every job command shares (source_options, engine_options); the other
+# engine options are "running".
+SHARED_SECTIONS = {"input": ("no_follow", "allow_outside"), "checking": ("strict",)}
+
+
+def job_command(name: str, **sections: tuple[str, ...]):
+    """``click.command`` for a job: its options listed by section (input, output, checking; the rest
+    and the engine options: running) and the exit codes at the end of --help."""
+    for section, names in SHARED_SECTIONS.items():
+        sections[section] = tuple(sections.get(section, ())) + names
+    return click.command(name, cls=JobCommand, sections=sections)
 
 
 def engine_options(fn):
     """Options shared by every job command: how it runs, never what it outputs."""
     decorators = [
         click.option("--workers", type=int, default=None, help="Parallel workers (default: the usable CPUs)."),
-        click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True),
+        click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="Where tasks run: a process pool on this machine, or a Ray cluster."),
         click.option("--ray-address", default=None, help="Ray cluster address (default: start or join a local one)."),
         click.option("--retries", type=int, default=2, show_default=True, help="Retries of a failing task."),
         click.option("--num-nodes", type=int, default=1, show_default=True, help="Static partitions: total nodes."),
@@ -29,6 +44,22 @@ def engine_options(fn):
     for decorator in reversed(decorators):
         fn = decorator(fn)
     return fn
+
+
+def location(path_or_url: str) -> str:
+    """A job's SOURCE/OUT as the spec holds it: an s3:// URL as given, a local path made absolute."""
+    from repack.store import is_remote
+
+    return path_or_url if is_remote(path_or_url) else str(Path(path_or_url).absolute())
+
+
+def source_options(fn):
+    """What every job command may read (the confinement rules of ``repack.sources.confine``)."""
+    fn = click.option("--allow-outside-source", "allow_outside", is_flag=True,
+                      help="Read symlink targets (and list-file paths) outside the source root "
+                           "(default: quarantined as 'symlink leaves the source root').")(fn)
+    return click.option("--no-follow-symlinks", "no_follow", is_flag=True,
+                        help="Quarantine every symlink instead of following it inside the source root.")(fn)
 
 
 def split_engine_options(kwargs: dict) -> EngineOptions:
@@ -50,14 +81,14 @@ def run_job(job, options: EngineOptions) -> None:
 def report(job, options: EngineOptions, result) -> None:
     if result.manifest is None:
         message = (f"partition {options.node_rank} of {options.num_nodes}: {result.ran} task(s) run, "
-                   f"{result.skipped} already done; run `repack merge {job.out}` once every node has finished")
+                   f"{result.skipped} already done; run `repack merge {job.store.url}` once every node has finished")
         summary = {"partition": options.node_rank, "num_nodes": options.num_nodes, "ran": result.ran,
                    "skipped": result.skipped}
     else:
         head = ("nothing to do: the job in OUT is complete" if result.nothing_to_do
                 else f"done in {result.seconds:.1f} s ({result.ran} task(s) run, {result.skipped} resumed)")
-        message = "\n".join([head] + job.summary_lines(result.manifest) + [f"manifest: {job.out / 'manifest.json'}"])
-        summary = {"out": str(job.out), "ran": result.ran, "skipped": result.skipped,
+        message = "\n".join([head] + job.summary_lines(result.manifest) + [f"manifest: {job.store.url}/manifest.json"])
+        summary = {"out": job.store.url, "ran": result.ran, "skipped": result.skipped,
                    "nothing_to_do": result.nothing_to_do, "seconds": round(result.seconds, 3),
                    "totals": result.manifest["totals"], "quarantine": result.manifest["quarantine"]}
     if options.json_summary:

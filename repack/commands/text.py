@@ -6,17 +6,22 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, run_job, split_engine_options
+from repack.commands.options import (engine_options, job_command, location, run_job, source_options,
+                                     split_engine_options)
 from repack.config import parse_size
 
 
-@click.command("text")
+@job_command("text", input=("field", "doc_per", "list_file"),
+             output=("tokenize", "tokenizer", "append_eos", "eos_token", "add_bos", "bos_token",
+                     "no_special_tokens", "name", "chunk_bytes", "no_merge"),
+             checking=("max_doc_bytes",))
 @click.argument("source")
 @click.argument("out")
 @click.option("--tokenize", default="memmap", show_default=True, type=click.Choice(["memmap"]),
               help="Output: Megatron-LM .bin/.idx token memmap.")
 @click.option("--tokenizer", "tokenizer", required=True,
-              help="A local HuggingFace tokenizer.json, or a folder holding one (never downloaded).")
+              help="A local HuggingFace tokenizer.json, a model folder holding one, or a HuggingFace cache folder "
+                   "(~/.cache/huggingface/hub/models--org--name); never downloaded.")
 @click.option("--field", default="text", show_default=True, help="JSON-lines key / parquet column of the text.")
 @click.option("--doc-per", type=click.Choice(["line", "file", "blank-line"]), default="line", show_default=True,
               help=".txt inputs: one document per line, per file, or per blank-line-separated paragraph.")
@@ -33,16 +38,20 @@ from repack.config import parse_size
 @click.option("--chunk-bytes", default="auto", show_default=True,
               help="Input bytes per task, one part each (auto: corpus/256, within 2MB..256MB).")
 @click.option("--no-merge", is_flag=True, help="Keep one prefix per part (Megatron weighted --data-path list).")
+@click.option("--max-doc-bytes", default="8MiB", show_default=True,
+              help="Quarantine documents longer than SIZE (bounds each worker's memory).")
+@source_options
 @engine_options
 def text(source, out, tokenize, tokenizer, field, doc_per, list_file, append_eos, eos_token, add_bos, bos_token,
-         no_special_tokens, name, chunk_bytes, no_merge, **kwargs):
+         no_special_tokens, name, chunk_bytes, no_merge, max_doc_bytes, no_follow, allow_outside, **kwargs):
     """Tokenize the text corpus SOURCE (.jsonl/.txt/.parquet, .gz/.zst; file, folder or --list) into OUT."""
     from repack.jobs.text import TextJob, TextSpec
 
     options = split_engine_options(kwargs)
-    spec = TextSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), tokenize=tokenize,
-                    tokenizer=str(Path(tokenizer).absolute()), field=field, doc_per=doc_per, list_file=list_file,
+    spec = TextSpec(source=location(source), out=location(out), tokenize=tokenize,
+                    tokenizer=str(Path(tokenizer).expanduser().absolute()), field=field, doc_per=doc_per, list_file=list_file,
                     append_eos=append_eos, eos_token=eos_token, add_bos=add_bos, bos_token=bos_token,
                     special_tokens=not no_special_tokens, name=name, chunk_bytes=None if chunk_bytes == "auto" else parse_size(chunk_bytes),
-                    merge=not no_merge)
+                    merge=not no_merge, max_doc_bytes=parse_size(max_doc_bytes), follow_symlinks=not no_follow,
+                    allow_outside_source=allow_outside)
     run_job(TextJob(spec), options)

@@ -14,9 +14,14 @@ from repack.errors import VERIFICATION_EXIT_CODE
 @click.argument("out")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 def verify(out, json_out):
-    """Re-read every file of the dataset in OUT and check it against its manifest."""
-    from repack.jobs.verify import verify_dataset
+    """Re-read every file of the dataset in OUT (a folder or s3://bucket/prefix) and check it against its
+    manifest (in object storage: every object's size and sha256)."""
+    from repack.store import is_remote
 
+    if is_remote(out):
+        from repack.store.dataset import verify_remote as verify_dataset
+    else:
+        from repack.jobs.verify import verify_dataset
     problems = verify_dataset(out)
     if json_out:
         click.echo(json.dumps({"ok": not problems, "problems": problems}))
@@ -32,8 +37,21 @@ def verify(out, json_out):
 
 @click.command("inspect")
 @click.argument("out")
-def inspect(out):
-    """Print a short human summary of the dataset in OUT."""
-    from repack.jobs.verify import inspect_lines
+@click.option("--json", "json_out", is_flag=True, help="Print the summary as JSON (the data the HTML report shows).")
+@click.option("--html", "html_file", default=None, metavar="FILE",
+              help="Also write a self-contained HTML report (charts inline, no network) to FILE.")
+def inspect(out, json_out, html_file):
+    """Summarize the dataset in OUT: counts, sizes, classes, quarantine, timing; --html draws it."""
+    from repack.report.collect import collect
+    from repack.report.inspect import inspect_lines
 
-    click.echo("\n".join(inspect_lines(out)))
+    if html_file:
+        from repack.report.html import dataset_page, write_page
+
+        write_page(html_file, dataset_page(collect(out)))
+    if json_out:
+        click.echo(json.dumps(collect(out), sort_keys=True))
+    else:
+        click.echo("\n".join(inspect_lines(out)))
+    if html_file:
+        click.echo(f"report: {html_file}", err=True)

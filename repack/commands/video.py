@@ -8,18 +8,28 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import engine_options, report, split_engine_options
-from repack.errors import StrictModeError
-from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
+from repack.commands.options import (engine_options, job_command, location, report, source_options,
+                                     split_engine_options)
+from repack.errors import StrictModeError, UsageError
+from repack.store import is_remote
+from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEFAULT_TARGET, TARGETS
 
 
-@click.command("video")
+@job_command("video", input=("list_file",),
+             output=("transcode", "to", "link", "crf", "preset", "gop", "max_height", "bframes", "shard_size"),
+             checking=("target", "dali_reader", "verify", "max_gop"))
 @click.argument("source")
 @click.argument("out")
-@click.option("--probe", "probe_only", is_flag=True, help="Probe and decide only (the default without --transcode).")
+@click.option("--probe", "probe_only", is_flag=True, hidden=True, help="Deprecated: every run probes; omit it.")
 @click.option("--transcode", is_flag=True, help="Re-encode what needs it into OUT/videos; copy the rest.")
 @click.option("--target", type=click.Choice(sorted(TARGETS)), default=DEFAULT_TARGET, show_default=True,
               help="GPU whose NVDEC (through DALI) must decode the videos.")
+@click.option("--dali-reader", type=click.Choice(list(DALI_READERS)), default=DEFAULT_DALI_READER, show_default=True,
+              help="DALI reader the videos must be read by: legacy = fn.readers.video (pipelines.dali_video's "
+                   "default), experimental = fn.experimental.readers.video. Recorded in the manifest.")
+@click.option("--verify", type=click.Choice(["packets", "decode"]), default="packets", show_default=True,
+              help="packets: scan packet headers (fast); decode: also decode every frame and quarantine files "
+                   "with decoder errors (slower, see make bench).")
 @click.option("--max-gop", type=float, default=1.0, show_default=True,
               help="Longest keyframe gap (seconds) accepted as is; longer is transcoded.")
 @click.option("--to", "to", type=click.Choice(["videos", "webdataset"]), default="videos", show_default=True,
@@ -36,30 +46,39 @@ from repack.transforms.nvdec_rules import DEFAULT_TARGET, TARGETS
               help="ffmpeg threads per transcode (fixed: the output depends on it); the default pool is CPUs/threads.")
 @click.option("--shard-size", type=int, default=8, show_default=True,
               help="Videos per tar shard (--to webdataset); every video is a task of its own.")
+@source_options
 @engine_options
-def video(source, out, probe_only, transcode, target, max_gop, to, list_file, link, crf, preset, gop, max_height,
-          bframes, threads, shard_size, **kwargs):
+def video(source, out, probe_only, transcode, target, dali_reader, verify, max_gop, to, list_file, link, crf,
+          preset, gop, max_height, bframes, threads, shard_size, no_follow, allow_outside, **kwargs):
     """Probe the videos in SOURCE for GPU decoding; with --transcode, write DALI-ready videos to OUT."""
-    del probe_only  # every run probes; --probe only spells out the default (report without transcoding)
+    if probe_only:  # deprecated: it only spelled out the default (probe and report, no --transcode)
+        click.echo("repack video: warning: --probe is deprecated and does nothing: every run probes, and without "
+                   "--transcode that is all it does; drop the flag", err=True)
+        if transcode:
+            raise UsageError("--probe (probe only) contradicts --transcode; drop --probe")
     from repack.exec import available_cpus
     from repack.jobs.engine import Engine
     from repack.jobs.video import VideoJob, VideoSpec
 
     options = split_engine_options(kwargs)
+    if is_remote(source):
+        raise UsageError(f"repack video probes local files with ffprobe: SOURCE must be a local folder or list, "
+                         f"not {source!r} (OUT may be s3://)")
     if transcode and options.workers is None:
         options = dataclasses.replace(options, workers=max(1, available_cpus() // threads))
-    spec = VideoSpec(source=str(Path(source).absolute()), out=str(Path(out).absolute()), to=to,
+    spec = VideoSpec(source=str(Path(source).absolute()), out=location(out), to=to,
                      list_file=list_file, transcode=transcode, link=link, target=target, max_gop=max_gop, crf=crf,
                      preset=preset, gop=gop, max_height=max_height, bframes=bframes, threads=threads,
-                     shard_size=shard_size)
+                     shard_size=shard_size, verify=verify, dali_reader=dali_reader,
+                     follow_symlinks=not no_follow, allow_outside_source=allow_outside)
     job = VideoJob(spec)
     result = Engine(job, options).run()
     manifest = result.manifest
     if options.json_summary and manifest is not None:
-        click.echo(json.dumps({"out": str(job.out), "ran": result.ran, "skipped": result.skipped,
+        click.echo(json.dumps({"out": job.store.url, "ran": result.ran, "skipped": result.skipped,
                                "seconds": round(result.seconds, 3), "totals": manifest["totals"],
                                "decisions": manifest["stats"]["decisions"], "reasons": manifest["stats"]["reasons"],
-                               "quarantine": manifest["quarantine"], "probe": str(job.out / "probe.jsonl")},
+                               "quarantine": manifest["quarantine"], "probe": f"{job.store.url}/probe.jsonl"},
                               sort_keys=True))
         if not options.quiet:
             click.echo("\n".join(job.summary_lines(manifest)), err=True)
@@ -67,4 +86,4 @@ def video(source, out, probe_only, transcode, target, max_gop, to, list_file, li
         report(job, options, result)
     if options.strict and manifest is not None and not transcode and manifest["totals"]["needs_transcode"]:
         raise StrictModeError(f"--strict: {manifest['totals']['needs_transcode']} video(s) need transcoding "
-                              f"(see {job.out / 'probe.jsonl'})")
+                              f"(see {job.store.url}/probe.jsonl)")

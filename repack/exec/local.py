@@ -6,9 +6,11 @@ of the data path is pickled). A single task, or ``workers=1``, runs in-process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
+import signal
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -26,10 +28,13 @@ def _call(call: tuple[str, str, str, str]) -> str:
 
 def _die_with_parent(parent_pid: int) -> None:
     """Pool initializer: a worker must not outlive a killed driver (it would hold OUT's lock,
-    inherited through fork, and keep writing). Linux: PR_SET_PDEATHSIG = SIGKILL."""
+    inherited through fork, and keep writing). Linux: PR_SET_PDEATHSIG = SIGKILL. Signals are the
+    driver's business: a worker ignores SIGINT (Ctrl-C reaches the whole process group) and dies on
+    SIGTERM, which the driver sends when it is interrupted (it then removes the temp files)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         import ctypes
-        import signal
 
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -46,6 +51,21 @@ def _pool_context():
         return multiprocessing.get_context("fork")
     ctx = multiprocessing.get_context("spawn")
     return ctx
+
+
+@contextlib.contextmanager
+def _stop_on_exit(pool: ProcessPoolExecutor):
+    """Interrupted (or any error) while the pool runs: cancel what has not started and kill the workers
+    now, instead of waiting for their tasks (the engine then removes their temp files)."""
+    try:
+        yield
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in multiprocessing.active_children():
+            worker.terminate()
+        for worker in multiprocessing.active_children():
+            worker.join(5)
+        raise
 
 
 class LocalExecutor:
@@ -70,7 +90,7 @@ class LocalExecutor:
     def _run_pool(self, calls, task_ids, remaining: set[int], attempts: list[int]) -> Iterator[dict | TaskFailure]:
         """Run ``remaining`` on one pool; returns early (leaving work in ``remaining``) if it breaks."""
         with ProcessPoolExecutor(max_workers=min(self.workers, len(remaining)), mp_context=_pool_context(),
-                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool, _stop_on_exit(pool):
             pending = {pool.submit(_call, calls[i]): i for i in sorted(remaining)}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)

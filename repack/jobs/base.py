@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import ClassVar, Protocol
 
 from repack.config import JobSpec
 from repack.manifest import dumps_canonical
+from repack.store import open_store
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,8 @@ class Job:
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
-        self.out = Path(spec.out)
+        self.store = open_store(spec.out)  # where outputs end up (a folder, or s3://)
+        self.out = Path(self.store.scratch)  # where the job writes them (the folder itself, or a scratch)
 
     def check(self) -> None:
         """Fail fast (raise RepackError) on a bad job, before any work."""
@@ -122,13 +123,7 @@ class Job:
         return [{"path": o["path"], "bytes": o["bytes"]} for o in record.get("outputs", [])]
 
     def outputs_intact(self, record: dict) -> bool:
-        for output in self.record_outputs(record):
-            try:
-                if os.path.getsize(self.out / output["path"]) != output["bytes"]:
-                    return False
-            except OSError:
-                return False
-        return True
+        return all(self.store.size(o["path"]) == o["bytes"] for o in self.record_outputs(record))
 
     def open_assembly(self, group: str) -> "Assembly":
         """Start building the output of ``group``; the engine feeds it the chunk records in plan order.
@@ -143,6 +138,10 @@ class Job:
         """Build the manifest body (without created_by/run) from the plan and the records of its
         units in plan order: one per ungrouped task, one per group (what ``assemble`` returned)."""
         raise NotImplementedError
+
+    def packed(self, manifest: dict) -> int:
+        """How many usable outputs the job made (0 with inputs found: exit 7, nothing packed)."""
+        return manifest["totals"].get("samples", 0)
 
     def summary_lines(self, manifest: dict) -> list[str]:
         """A few human lines for the end-of-job summary."""

@@ -7,6 +7,11 @@ State lives under ``OUT/.repack/``::
   tasks/<id>.json    one record per finished task, written atomically after its outputs
   lock[-<part>]      flock held while a run (or partition) is alive
 
+All of it, the outputs and the manifest go through the job's store (``repack.store``): a local
+OUT is written in place; for ``s3://`` OUT the job writes into a local scratch folder, each task
+uploads its outputs (checked) before its record, locks are objects created with a conditional
+PUT, and the manifest is uploaded last.
+
 A run plans, skips tasks whose record and outputs check out, runs the rest on an executor,
 and writes ``manifest.json`` last and atomically. kill -9 at any point, re-run, and the
 result equals an uninterrupted run.
@@ -19,11 +24,14 @@ thread pool overlapping the executor; once the last is in, it writes the group's
 ``tasks/<group>.json`` and only then removes the pieces (the chunk outputs the group's record
 does not list). A resumed run trusts a group record whose outputs are intact, else each chunk
 record whose piece is intact, and redoes the rest. Static partitions split the units (never a
-group), so each node assembles its own.
+group), so each node assembles its own; `repack merge` assembles a group whose chunks all have
+records but whose assembly never ran. With an object store the pieces are published like any
+output (see ``_run_and_record``) and deleted from it once the group's record is saved.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib
@@ -38,11 +46,13 @@ from pathlib import Path
 
 from repack import __version__
 from repack.config import EngineOptions
-from repack.errors import IncompleteJobError, JobLockedError, RepackError, StrictModeError, UsageError
+from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, NothingPackedError, RepackError,
+                           StrictModeError, UsageError)
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
 from repack.jobs.base import Job, Plan, Task
-from repack.manifest import MANIFEST_NAME, atomic_write_bytes, atomic_write_json, dumps_canonical, write_manifest
+from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
+from repack.store import open_store
 
 STATE_DIR = ".repack"
 ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
@@ -62,19 +72,44 @@ def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str
     return json.dumps(_run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest))
 
 
-def _run_and_record(job: Job, unit_id: str, work, plan_digest: str) -> dict:
-    """Run ``work()`` under the unit's lock and save the record it returns as tasks/<unit_id>.json."""
+def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: frozenset = frozenset()) -> dict:
+    """Run ``work()`` under the unit's lock, publish the outputs its record lists (but ``published``,
+    those already in the store), then save the record as tasks/<unit_id>.json in the store.
+
+    Every output a record lists is published, a chunk's piece under .repack/ too: with an object
+    store, a resume on another machine, a Ray worker on another host or `repack merge` can then
+    assemble the group from the store (``Engine.assemble_step`` fetches what the scratch lacks);
+    the pieces are deleted from the store once the group's record is saved. The cost is a second
+    upload of a grouped shard's bytes (the pieces, then the shard)."""
     started = time.perf_counter()
     with TaskLock(job.out, unit_id):
         record = work()
         record.update(task_id=unit_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
+        for output in job.record_outputs(record):  # object store: upload (checked) before the record
+            if output["path"] not in published:
+                job.store.publish(output["path"], job.out / output["path"])
         # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
-        atomic_write_json(state_dir(job.out) / "tasks" / f"{unit_id}.json", record, durable=False)
+        job.store.put_bytes(record_name(unit_id), dumps_canonical(record), durable=False)
     return record
 
 
 def state_dir(out: Path) -> Path:
     return Path(out) / STATE_DIR
+
+
+def record_name(task_id: str) -> str:
+    """A task record's path in the store."""
+    return f"{STATE_DIR}/tasks/{task_id}.json"
+
+
+def read_json(store, rel: str) -> dict | None:
+    """A JSON object from the store; None when missing or unreadable."""
+    raw = store.read_bytes(rel)
+    try:
+        data = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 @dataclass(frozen=True)
@@ -108,12 +143,16 @@ class JobLock:
     """Refuses a second live run on OUT. A full run, --overwrite and merge hold OUT/.repack/lock
     exclusively; a static partition holds it shared plus lock-<part> exclusively, so partitions
     run side by side but never beside a full run, nor twice. Tasks are locked one by one too
-    (``TaskLock``), so even overlapping partition schemes never write the same task."""
+    (``TaskLock``), so even overlapping partition schemes never write the same task.
 
-    def __init__(self, out: Path, part: str = "") -> None:
+    With an object store the flocks guard the local scratch, and a lock object in the store
+    (``.repack/lock`` or ``.repack/lock-<part>``) refuses a second run from any host."""
+
+    def __init__(self, out: Path, part: str = "", store=None) -> None:
         self.out = out
         self.part = part
         self.fds: list[int] = []
+        self.store_lock = store.lock(f"lock-{part}" if part else "lock") if store is not None else None
 
     def __enter__(self) -> "JobLock":
         main = state_dir(self.out) / "lock"
@@ -122,12 +161,18 @@ class JobLock:
             if self.part:
                 self.fds.append(_flock(state_dir(self.out) / f"lock-{self.part}", fcntl.LOCK_EX,
                                        f"partition {self.part}", self.out))
+            if self.store_lock is not None:
+                self.store_lock.__enter__()
         except BaseException:
+            self.store_lock = None
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.store_lock is not None:
+            self.store_lock.__exit__(*exc)
+            self.store_lock = None
         while self.fds:
             os.close(self.fds.pop())
 
@@ -150,8 +195,11 @@ class TaskLock:
             os.close(self.fd)
 
 
-def prepare_out(out: Path) -> None:
-    """Create OUT and its state folder, failing fast when it is not writable."""
+def prepare_out(out: Path, store=None) -> None:
+    """Create OUT (or the scratch of an object store) and its state folder, failing fast when it
+    is not writable (an object store: wrong credentials, no bucket, read-only prefix)."""
+    if store is not None and store.remote:
+        store.check_writable()
     if out.exists() and not out.is_dir():
         raise UsageError(f"output {str(out)!r} exists and is not a folder")
     try:
@@ -163,6 +211,16 @@ def prepare_out(out: Path) -> None:
         raise UsageError(f"output {str(out)!r} is not writable: {exc.strerror}") from None
 
 
+def remove_local(root: Path, rel: str) -> None:
+    """Delete ``root/rel`` if it is a file confined to ``root``."""
+    try:
+        target = safe_join(root, rel)
+    except PathEscapeError:
+        return
+    if target.is_file():
+        target.unlink()
+
+
 def refuse_out_inside_source(source: str, out: Path) -> None:
     """OUT inside a source folder would be scanned as input (a class, a document folder)."""
     src = Path(source)
@@ -170,6 +228,15 @@ def refuse_out_inside_source(source: str, out: Path) -> None:
         src_real, out_real = src.resolve(), out.resolve()
         if out_real == src_real or src_real in out_real.parents:
             raise UsageError(f"output {str(out)!r} is inside the source folder {source!r}: choose an OUT outside it")
+
+
+def input_fingerprints(plan: Plan) -> dict[str, list]:
+    """rel -> [size, mtime_ns, inode] of every planned input (images/video inputs, text segments)."""
+    found: dict[str, list] = {}
+    for task in plan.tasks:
+        for entry in task.payload.get("inputs", ()) or task.payload.get("segments", ()):
+            found[entry["rel"]] = list(entry.get("fingerprint", ()))
+    return found
 
 
 def options_fingerprint(job: Job) -> str:
@@ -186,36 +253,64 @@ class Engine:
 
     # -- state ---------------------------------------------------------------------------
     def _check_state(self, plan: Plan) -> None:
-        job_file = state_dir(self.out) / "job.json"
+        store = self.job.store
         state = {"job": self.job.name, "spec": json.loads(self.job.spec.to_json()), "tool_version": __version__,
                  "options_sha256": options_fingerprint(self.job), "plan_digest": plan.digest,
                  "num_tasks": len(plan.tasks)}
-        if job_file.exists():
-            old = json.loads(job_file.read_text())
+        old = read_json(store, f"{STATE_DIR}/job.json")
+        if old is not None:
             if old.get("options_sha256") != state["options_sha256"]:
-                raise UsageError(f"{self.out} holds a job run with other options ({old.get('job')}: "
-                                 f"{json.dumps(old.get('spec'), sort_keys=True)}); use --overwrite to replace it")
+                old_spec, new_spec = old.get("spec") or {}, state["spec"]
+                differ = [f"--{key.replace('_', '-')}: {json.dumps(old_spec.get(key))} -> "
+                          f"{json.dumps(new_spec.get(key))}" for key in sorted(set(old_spec) | set(new_spec))
+                          if key != "out" and old_spec.get(key) != new_spec.get(key)]
+                if old.get("job") != self.job.name:
+                    differ.insert(0, f"command: {old.get('job')} -> {self.job.name}")
+                raise UsageError(f"{self.out} holds a job run with other options ("
+                                 f"{'; '.join(differ) or 'same values, older tool version'}); "
+                                 "use --overwrite to replace it")
             if old.get("plan_digest") != state["plan_digest"]:
-                raise UsageError(f"the source changed since {self.out} was started (the planned tasks differ); "
+                raise UsageError(f"source changed since {self.out} was started: {self._changes(plan)}; "
                                  "use --overwrite to start over")
         else:
-            atomic_write_bytes(state_dir(self.out) / "plan.json", plan.canonical)
-            atomic_write_json(job_file, state)
+            store.put_bytes(f"{STATE_DIR}/plan.json", plan.canonical)
+            store.put_bytes(f"{STATE_DIR}/job.json", dumps_canonical(state))
+
+    def _changes(self, plan: Plan) -> str:
+        """Which inputs differ from the recorded plan (size, mtime_ns, inode), in words."""
+        try:
+            old = Plan.from_json(read_json(self.job.store, f"{STATE_DIR}/plan.json") or {})
+        except (ValueError, KeyError, TypeError):
+            return "the planned tasks differ"
+        before, now = input_fingerprints(old), input_fingerprints(plan)
+        changed = sorted(rel for rel in before.keys() | now.keys() if before.get(rel) != now.get(rel))
+        if not changed:
+            return "the planned tasks differ"
+        return (f"{len(changed)} input(s) differ in size, mtime or inode, or were added or removed "
+                f"({', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''})")
 
     def _wipe(self) -> None:
         """--overwrite: remove what an earlier job wrote (files its records and manifest name)."""
-        tasks_dir = state_dir(self.out) / "tasks"
+        store = self.job.store
         names: set[str] = set()
-        for record_file in tasks_dir.glob("*.json") if tasks_dir.exists() else ():
-            try:
-                names.update(o["path"] for o in json.loads(record_file.read_text()).get("outputs", []))
-            except (ValueError, KeyError, TypeError):
+        for rel in store.list_sizes(f"{STATE_DIR}/tasks/"):
+            if not rel.endswith(".json"):
                 continue
-        for rel in names | {MANIFEST_NAME}:
-            target = self.out / rel
-            if target.resolve().is_relative_to(self.out.resolve()) and target.is_file():
-                target.unlink()
-        shutil.rmtree(state_dir(self.out), ignore_errors=True)
+            try:
+                names.update(o["path"] for o in (read_json(store, rel) or {}).get("outputs", []))
+            except (KeyError, TypeError):
+                continue
+        for rel in sorted(names | {MANIFEST_NAME}):
+            try:
+                safe_join(self.out, rel)
+            except PathEscapeError:
+                continue
+            store.delete(rel)
+            if store.remote:
+                remove_local(self.out, rel)
+        store.clear_state(STATE_DIR)
+        if store.remote:
+            shutil.rmtree(state_dir(self.out), ignore_errors=True)
 
     def _clean_temps(self, task_ids: set[str]) -> None:
         """Remove temp files left by a killed run of these tasks (we hold their lock)."""
@@ -225,27 +320,17 @@ class Engine:
 
     def load_record(self, task: Task, plan_digest: str) -> dict | None:
         """A finished task's (or group's) record, if it belongs to this plan and its outputs are intact."""
-        path = state_dir(self.out) / "tasks" / f"{task.task_id}.json"
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        if record.get("plan_digest") != plan_digest or not self.job.outputs_intact(record):
+        record = read_json(self.job.store, record_name(task.task_id))
+        if record is None or record.get("plan_digest") != plan_digest or not self.job.outputs_intact(record):
             return None
         return record
 
     def resume_state(self, units, plan_digest: str) -> tuple[dict, dict]:
         """(unit id -> its record or None, task id -> record of a finished chunk of an unfinished group)."""
-        unit_records: dict[str, dict | None] = {}
-        chunk_records: dict[str, dict] = {}
-        for uid, tasks in units:
-            grouped = bool(tasks[0].group)
-            unit_records[uid] = self.load_record(Task(uid, {}) if grouped else tasks[0], plan_digest)
-            if grouped and unit_records[uid] is None:
-                for task in tasks:
-                    record = self.load_record(task, plan_digest)
-                    if record is not None:
-                        chunk_records[task.task_id] = record
+        unit_records = self.load_records([Task(uid, {}) if tasks[0].group else tasks[0] for uid, tasks in units],
+                                         plan_digest)
+        chunks = [t for uid, tasks in units if tasks[0].group and unit_records[uid] is None for t in tasks]
+        chunk_records = {tid: r for tid, r in self.load_records(chunks, plan_digest).items() if r is not None}
         return unit_records, chunk_records
 
     def assemble_step(self, group: str, tasks, chunk_records: dict, assemblies: dict, prev: Future | None,
@@ -257,22 +342,28 @@ class Engine:
         assembly = assemblies.get(group)
         if assembly is None:
             assembly = assemblies[group] = self.job.open_assembly(group)
+        store = self.job.store
         try:
+            if store.remote:  # chunks run on another host (Ray) or before a move: their outputs from the store
+                for output in (o for r in batch for o in self.job.record_outputs(r)):
+                    local = self.out / output["path"]
+                    if not (local.is_file() and local.stat().st_size == output["bytes"]):
+                        store.fetch(output["path"], local)
             for record in batch:
                 assembly.add(record)
             if batch[-1]["task_id"] != tasks[-1].task_id:
                 return None
             chunk_seconds = round(sum(chunk_records[t.task_id].get("seconds", 0.0) for t in tasks), 4)
+            chunk_outputs = frozenset(o["path"] for t in tasks for o in chunk_records[t.task_id].get("outputs", []))
             record = _run_and_record(self.job, group, lambda: {**assembly.finish(), "chunk_seconds": chunk_seconds},
-                                     plan_digest)
+                                     plan_digest, published=chunk_outputs)
         except BaseException:
             assembly.abort()
             raise
-        kept = {output["path"] for output in record.get("outputs", [])}
-        for task in tasks:
-            for output in chunk_records[task.task_id].get("outputs", []):
-                if output["path"] not in kept:
-                    (self.out / output["path"]).unlink(missing_ok=True)
+        for rel in sorted(chunk_outputs - {output["path"] for output in record.get("outputs", [])}):  # the pieces
+            (self.out / rel).unlink(missing_ok=True)
+            if store.remote:
+                store.delete(rel)
         return record
 
     # -- run -----------------------------------------------------------------------------
@@ -285,12 +376,15 @@ class Engine:
                                 address=opts.ray_address)  # fails fast, e.g. Ray not installed
         if opts.overwrite and opts.num_nodes > 1:
             raise UsageError("--overwrite cannot be combined with --num-nodes; clear OUT once, then start the nodes")
-        prepare_out(self.out)
+        store = self.job.store
+        prepare_out(self.out, store)
         part = f"{opts.node_rank}-of-{opts.num_nodes}" if opts.num_nodes > 1 else ""
-        with JobLock(self.out, part):
+        with JobLock(self.out, part, store if store.remote else None):
             if opts.overwrite:
                 self._wipe()
                 prepare_out(self.out)
+            if store.remote:
+                store.abort_uploads()  # left by a killed run: we hold the lock
             plan = self.job.plan()
             if not plan.tasks and not plan.quarantine:
                 raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
@@ -301,15 +395,21 @@ class Engine:
             todo = [t for uid, tasks in mine if records[uid] is None for t in tasks if t.task_id not in chunk_records]
             unfinished = [uid for uid, _ in mine if records[uid] is None]
             manifest_path = self.out / MANIFEST_NAME
-            if not unfinished and opts.num_nodes == 1 and manifest_path.exists():
-                manifest = json.loads(manifest_path.read_text())
+            manifest = read_json(store, MANIFEST_NAME) if not unfinished and opts.num_nodes == 1 else None
+            if manifest is not None:
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
-                self._check_strict(manifest, manifest_path)
+                self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
                 return result
             if unfinished:
+                store.delete(MANIFEST_NAME)
                 manifest_path.unlink(missing_ok=True)
-            self._clean_temps({t.task_id for t in todo} | set(unfinished))
-            failures = self._execute(executor, mine, todo, digest, records, chunk_records)
+            temps = {t.task_id for t in todo} | set(unfinished)  # chunks and unfinished assemblies
+            self._clean_temps(temps)
+            try:
+                failures = self._execute(executor, mine, todo, digest, records, chunk_records)
+            except Interrupted:
+                self._clean_temps(temps)  # the workers and assemblies are stopped: their temps go
+                raise
             if failures:
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
@@ -320,10 +420,25 @@ class Engine:
                 return RunResult(None, ran, skipped, time.time() - started)
             manifest = self.finalize(plan, [records[uid] for uid, _ in plan.units], started)
             result = RunResult(manifest, ran, skipped, time.time() - started)
-        self._check_strict(manifest, manifest_path)
+        self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
         return result
 
-    def _check_strict(self, manifest: dict, manifest_path: Path) -> None:
+    def load_records(self, tasks: list[Task], digest: str) -> dict[str, dict | None]:
+        """{task id: record or None} (an object store is read by a few threads: one GET per record)."""
+        if not self.job.store.remote or not tasks:
+            return {t.task_id: self.load_record(t, digest) for t in tasks}
+        self.job.store.cache_listing()  # one paged listing of the prefix serves every output check
+        with ThreadPoolExecutor(16) as pool:
+            return dict(zip((t.task_id for t in tasks), pool.map(lambda t: self.load_record(t, digest), tasks)))
+
+    def _check_outcome(self, manifest: dict, manifest_path: str) -> None:
+        """Exit 7 when inputs were found and nothing was packed; exit 6 under --strict with a quarantine."""
+        totals = manifest["totals"]
+        if totals.get("inputs") and not self.job.packed(manifest):
+            first = manifest["quarantine"][0] if manifest["quarantine"] else None
+            example = f"; e.g. {first['source']}: {first['reason']}" if first else ""
+            raise NothingPackedError(f"{totals['inputs']} input(s) found but nothing was packed: every one was "
+                                     f"quarantined (see {manifest_path}{example})")
         if self.options.strict and manifest["totals"].get("quarantined"):
             raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
                                   f"(see {manifest_path})")
@@ -393,9 +508,11 @@ class Engine:
         counts: dict[str, int] = {}
         started = time.perf_counter()
         resumed = list(group_tasks)  # chunks finished before an interruption: fed once the pool has forked
+        stopped = False
+        results = executor.run(calls, [t.task_id for t in todo])
         try:
-            with bar:
-                for item in executor.run(calls, [t.task_id for t in todo]) if calls else ():
+            with bar, contextlib.closing(results):  # closed at once when interrupted: the executor stops its workers
+                for item in results:
                     while resumed:
                         feed(resumed.pop())
                     if isinstance(item, TaskFailure):
@@ -414,16 +531,21 @@ class Engine:
             while resumed:
                 feed(resumed.pop())
             collect(block=True)
+        except BaseException:
+            stopped = True  # interrupted: queued assembly steps are cancelled, the running ones end
+            raise
         finally:
             if assembler is not None:
-                assembler.shutdown(wait=True)
-            for uid, assembly in assemblies.items():  # groups left unfinished by a failed chunk
+                assembler.shutdown(wait=True, cancel_futures=stopped)
+            for uid, assembly in assemblies.items():  # groups left unfinished by a failed chunk or a stop
                 if records.get(uid) is None:
                     assembly.abort()
         return failures
 
     def finalize(self, plan: Plan, records: list[dict], started: float) -> dict:
         """Build and atomically write the manifest from all task records."""
+        if self.job.store.remote:
+            self._hydrate(records)
         body = self.job.finalize(plan, records)
         body.update(schema="repack.manifest", version=1, modality=self.job.name)
         body["created_by"] = {"tool": "repack", "version": __version__, "options": self.job.spec.options()}
@@ -434,22 +556,52 @@ class Engine:
                                                  for r in records), 3),
                        **body.pop("run_stats", {})}
         write_manifest(self.out, body)
+        if self.job.store.remote:
+            self._publish_dataset(body, records)
         return body
 
+    def _hydrate(self, records: list[dict]) -> None:
+        """Object store: download intermediate outputs (under .repack/, e.g. text parts) that the
+        job's finalize reads and the local scratch lost (a re-run on another machine)."""
+        store = self.job.store
+        for record in records:
+            for output in self.job.record_outputs(record):
+                rel, local = output["path"], self.out / output["path"]
+                if rel.startswith(f"{STATE_DIR}/") and not (local.is_file() and local.stat().st_size == output["bytes"]) \
+                        and store.size(rel) == output["bytes"]:
+                    store.fetch(rel, local)
 
-def merge(out: Path, options: EngineOptions) -> RunResult:
+    def _publish_dataset(self, body: dict, records: list[dict]) -> None:
+        """Object store: upload the files finalize wrote, then the manifest (last), then drop the
+        intermediate outputs finalize consumed."""
+        store = self.job.store
+        published = {o["path"] for r in records for o in self.job.record_outputs(r)}
+        for rel in Manifest(self.out, body).relative_paths():
+            if rel not in published:
+                store.publish(rel, self.out / rel)
+        store.publish(MANIFEST_NAME, self.out / MANIFEST_NAME)
+        for rel in sorted(published):
+            if rel.startswith(f"{STATE_DIR}/") and not (self.out / rel).exists():
+                store.delete(rel)
+
+
+def merge(out: str, options: EngineOptions) -> RunResult:
     """`repack merge`: check every planned task finished (all partitions) and write the manifest."""
     started = time.time()
-    job_file = state_dir(out) / "job.json"
-    if not job_file.exists():
+    store = open_store(str(out))
+    state = read_json(store, f"{STATE_DIR}/job.json")
+    if state is None:
         raise UsageError(f"{out} holds no repack job state (.repack/job.json)")
-    state = json.loads(job_file.read_text())
     job = load_job(state["job"], json.dumps(state["spec"]))
-    plan = Plan.from_json(json.loads((state_dir(out) / "plan.json").read_text()))
+    plan_data = read_json(store, f"{STATE_DIR}/plan.json")
+    if plan_data is None:
+        raise UsageError(f"{out} holds no repack job state (.repack/plan.json)")
+    plan = Plan.from_json(plan_data)
     if plan.digest != state["plan_digest"]:
         raise RepackError(f"{out}: plan.json does not match job.json (plan digest differs)")
     engine = Engine(job, options)
-    with JobLock(out):
+    prepare_out(job.out, store)
+    with JobLock(job.out, store=store if store.remote else None):
         digest = state["plan_digest"]
         records, chunk_records = engine.resume_state(plan.units, digest)
         for uid, tasks in plan.units:  # groups whose chunks all finished on their nodes but never assembled
@@ -461,4 +613,5 @@ def merge(out: Path, options: EngineOptions) -> RunResult:
             shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
             raise IncompleteJobError(f"{len(missing)} of {len(plan.units)} task(s) are missing or damaged: {shown}")
         manifest = engine.finalize(plan, [records[uid] for uid, _ in plan.units], started)
+    engine._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
     return RunResult(manifest, 0, len(plan.units), time.time() - started)

@@ -43,13 +43,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec
-from repack.errors import UsageError
+from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec, format_size
+from repack.errors import UsageError, stable_reason
 from repack.jobs.base import Job, Plan, Task
-from repack.jobs.stats import merge_slowest, percentiles
+from repack.jobs.stats import count_into, histogram, merge_counts, merge_slowest, percentiles
 from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
-from repack.sources import InputItem, scan_source
+from repack.sources import Confinement, InputItem, scan_source
+from repack.sources.reading import open_input, read_inputs, unreadable_reason
+from repack.store import is_remote
 from repack.transforms.image_check import BadImage, inspect_image
 
 SLOWEST_N = 10
@@ -63,18 +65,6 @@ def sample_json(path: str, label: str | None, width: int, height: int, size: int
     cls = "null" if label is None else _JSON_STR(label)
     return (f'{{"bytes": {size}, "class": {cls}, "format": "{ext}", "height": {height}, '
             f'"path": {_JSON_STR(path)}, "width": {width}}}').encode()
-
-
-def read_whole(path: str, planned_size: int) -> bytes:
-    """A file's bytes: one read() of its planned size, one more to see its end (it may have changed)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        parts = [os.read(fd, planned_size + 1)]
-        while parts[-1]:
-            parts.append(os.read(fd, 1 << 20))
-    finally:
-        os.close(fd)
-    return parts[0] if len(parts) == 2 else b"".join(parts)
 
 
 _NOT_SLUG = re.compile(r"[^A-Za-z0-9_-]+")
@@ -131,9 +121,10 @@ def source_root(source: str) -> str:
 
 
 def input_entry(item: InputItem, position: int, classes: dict[str, int], hash_it: bool, root: str | None) -> dict:
-    """One input of a task's payload: rel, label, size, key, cls (+ path unless root + rel, + hash)."""
-    entry = {"rel": item.rel, "label": item.label, "size": item.size, "key": sample_key(position, item.rel),
-             "cls": classes.get(item.label) if item.label is not None else None}
+    """One input of a task's payload: rel, label, fingerprint ([size, mtime_ns, inode], checked before
+    reading), key, cls (+ path unless root + rel, + hash)."""
+    entry = {"rel": item.rel, "label": item.label, "fingerprint": item.fingerprint,
+             "key": sample_key(position, item.rel), "cls": classes.get(item.label) if item.label is not None else None}
     if root is None or item.path != root + item.rel:
         entry["path"] = item.path
     if hash_it:
@@ -152,7 +143,7 @@ def size_collisions(items: list[InputItem]) -> set[int]:
 def content_sha256(path: str) -> str | None:
     """sha256 of a file's bytes (None when unreadable: the task will quarantine it)."""
     try:
-        with open(path, "rb") as fh:
+        with open_input(path) as fh:
             return hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError:
         return None
@@ -188,6 +179,8 @@ def combine_records(records: list[dict], shard: dict | None, outputs: list[dict]
     combined = {"shard": shard, "outputs": outputs, "quarantine": [q for r in records for q in r["quarantine"]],
                 "inputs": sum(r["inputs"] for r in records), "formats": formats,
                 "hashes": [h for r in records for h in r["hashes"]],
+                "profile": {name: merge_counts(r["profile"][name] for r in records)
+                            for name in ("bytes", "width", "height", "classes")},
                 "timing": {"read_us": [v for r in records for v in r["timing"]["read_us"]],
                            "check_us": [v for r in records for v in r["timing"]["check_us"]], "slowest": slowest},
                 "chunks": len(records)}
@@ -237,12 +230,14 @@ class ImagesJob(Job):
 
     def check(self) -> None:
         src = Path(self.spec.source)
-        if not src.exists():
+        if not is_remote(self.spec.source) and not src.exists():
             raise UsageError(f"source {self.spec.source!r} does not exist")
 
     def plan(self) -> Plan:
         spec = self.spec
-        scan = scan_source(spec.source, list_file=spec.list_file, follow_symlinks=spec.follow_symlinks)
+        scan = scan_source(spec.source, list_file=spec.list_file, confinement=Confinement(
+            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source,
+            max_file_bytes=spec.max_file_size))
         items = list(scan.items)
         if spec.shuffle:
             random.Random(spec.seed).shuffle(items)
@@ -256,7 +251,7 @@ class ImagesJob(Job):
             drop = {p for _, g in groups for p in g[1:]}
             items = [item for p, item in enumerate(items) if p not in drop]
         candidates = size_collisions(items)
-        root = None if spec.list_file else source_root(spec.source)
+        root = None if spec.list_file or is_remote(spec.source) else source_root(spec.source)
         tasks = []
         bounds = [sample_bytes_bound(item) for item in items]
         shard_bytes = DEFAULT_SHARD_BYTES if spec.shard_size is None and spec.shard_bytes is None else spec.shard_bytes
@@ -291,6 +286,7 @@ class ImagesJob(Job):
         hashes: list[list[str]] = []
         converted: dict[str, int] = {}
         normalized = 0
+        profile: dict[str, dict] = {"bytes": {}, "width": {}, "height": {}, "classes": {}}
         norm = None
         if spec.normalize:  # imported here: numpy and the encoder cost ~0.1 s of start-up otherwise
             from repack.transforms.normalize import NormalizeOptions, normalize_image
@@ -298,13 +294,13 @@ class ImagesJob(Job):
             norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels)
         width = task.payload["cls_width"]
         root = source_root(spec.source)
+        reads = read_inputs([e if "path" in e else {**e, "path": root + e["rel"]} for e in task.payload["inputs"]])
         try:
             for entry in task.payload["inputs"]:
                 t0 = time.perf_counter()
-                try:
-                    data = read_whole(entry.get("path") or root + entry["rel"], entry["size"])
-                except OSError as exc:
-                    quarantine.append({"source": entry["rel"], "reason": f"unreadable: {exc.strerror or exc}"})
+                data = next(reads)
+                if isinstance(data, OSError):
+                    quarantine.append({"source": entry["rel"], "reason": unreadable_reason(data)})
                     continue
                 t1 = time.perf_counter()
                 source_bytes = len(data)
@@ -322,8 +318,9 @@ class ImagesJob(Job):
                         info = inspect_image(data, spec.verify, spec.max_pixels)
                         ext, img_w, img_h = info.ext, info.width, info.height
                         src_w, src_h = img_w, img_h
-                except BadImage as exc:
-                    quarantine.append({"source": entry["rel"], "reason": str(exc)})
+                except Exception as exc:  # noqa: BLE001 - one bad record never fails the task
+                    reason = str(exc) if isinstance(exc, BadImage) else stable_reason(exc, "cannot check: ")
+                    quarantine.append({"source": entry["rel"], "reason": reason})
                     if hashes and hashes[-1][0] == entry["rel"]:
                         hashes.pop()
                     continue
@@ -340,6 +337,11 @@ class ImagesJob(Job):
                     members.append(("json", sample_json(entry["rel"], entry["label"], img_w, img_h, len(data), ext)))
                 writer.add_sample(entry["key"], members)
                 formats[ext] = formats.get(ext, 0) + 1
+                count_into(profile["bytes"], source_bytes)
+                count_into(profile["width"], src_w)
+                count_into(profile["height"], src_h)
+                label = entry["label"] if entry["label"] is not None else ""
+                profile["classes"][label] = profile["classes"].get(label, 0) + 1
                 read_us.append(round((t1 - t0) * 1e6))
                 check_us.append(round((t2 - t1) * 1e6))
                 timed.append((read_us[-1] + check_us[-1], entry["rel"], source_bytes, src_w, src_h))
@@ -350,7 +352,8 @@ class ImagesJob(Job):
         slowest = [{"source": rel, "us": us, "bytes": size, "width": w, "height": h}
                    for us, rel, size, w, h in heapq.nsmallest(SLOWEST_N, timed, key=lambda t: (-t[0], t[1]))]
         record = {"shard": shard, "quarantine": quarantine, "inputs": len(task.payload["inputs"]), "formats": formats,
-                  "hashes": hashes, "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
+                  "hashes": hashes, "profile": profile,
+                  "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
         if task.group:  # a segment of the group's shard (see ShardAssembly)
             record.update(shard=None, segment=shard,
                           outputs=[{"path": f"{SEGMENTS_DIR}/{shard['name']}", "bytes": shard["bytes"]}])
@@ -387,7 +390,7 @@ class ImagesJob(Job):
         else:
             shards = [r["shard"] for r in records if r["shard"]]
         samples = sum(s["samples"] for s in shards)
-        stats: dict = {"formats": formats}
+        stats: dict = {"formats": formats, **_profile_stats([r.get("profile", {}) for r in records])}
         if self.spec.normalize:
             reasons: dict[str, int] = {}
             for r in records:
@@ -423,15 +426,33 @@ class ImagesJob(Job):
             "quarantine": quarantine,
             "stats": stats,
             "run_stats": {"timing": {"read_ms": percentiles(read_us, 1e-3), "check_ms": percentiles(check_us, 1e-3),
+                                     "sample_us_histogram": _time_histogram(read_us, check_us),
                                      "slowest": slowest}},
         }
 
     def summary_lines(self, manifest: dict) -> list[str]:
         t = manifest["totals"]
         lines = [f"{t['samples']} of {t['inputs']} inputs packed into {t['shards']} {manifest['format']} shard(s), "
-                 f"{t['bytes'] / 1e6:.1f} MB; {t['quarantined']} quarantined"]
+                 f"{format_size(t['bytes'])}; {t['quarantined']} quarantined"]
         reasons: dict[str, int] = {}
         for q in manifest["quarantine"]:
             reasons[q["reason"]] = reasons.get(q["reason"], 0) + 1
         lines += [f"  quarantined {n}: {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:10]]
         return lines
+
+
+def _profile_stats(profiles: list[dict]) -> dict:
+    """Source file size and dimension histograms and samples per class (label "" = unlabeled)."""
+    merged = {name: merge_counts(p.get(name, {}) for p in profiles) for name in ("bytes", "width", "height")}
+    classes = merge_counts(p.get("classes", {}) for p in profiles)
+    return {"histograms": {"source_bytes": histogram(merged["bytes"]), "width": histogram(merged["width"]),
+                           "height": histogram(merged["height"])},
+            "class_counts": dict(sorted(classes.items()))}
+
+
+def _time_histogram(read_us: list[int], check_us: list[int]) -> list[dict]:
+    """Read + decode/check time per sample (microseconds), half-octave buckets."""
+    counts: dict[str, int] = {}
+    for read, check in zip(read_us, check_us):
+        count_into(counts, read + check)
+    return histogram(counts)

@@ -1,4 +1,5 @@
-"""Small statistics helpers shared by jobs: percentiles and a bounded slowest-N list."""
+"""Small statistics helpers shared by jobs: percentiles, a bounded slowest-N list and
+half-octave histograms (deterministic integer bucket edges: 1, 2, 3, 4, 6, 8, 12, 16, 24, ...)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,40 @@ def merge_slowest(current: list[dict], new: list[dict], limit: int, key: str = "
     """Keep the ``limit`` entries with the largest ``key`` (ties by source, deterministic)."""
     merged = sorted(current + new, key=lambda e: (-e[key], e.get("source", "")))
     return merged[:limit]
+
+
+def bucket(value: int) -> int:
+    """The lower edge of ``value``'s half-octave bucket: 2**k or 1.5 * 2**k (0 for values < 1)."""
+    value = int(value)
+    if value < 1:
+        return 0
+    base = 1 << (value.bit_length() - 1)
+    half = base + (base >> 1)
+    return half if base > 1 and value >= half else base
+
+
+def count_into(counts: dict[str, int], value: int) -> None:
+    """Add ``value`` to a histogram kept as {str(bucket lower edge): count} (JSON-friendly, mergeable)."""
+    key = str(bucket(value))
+    counts[key] = counts.get(key, 0) + 1
+
+
+def merge_counts(many) -> dict[str, int]:
+    """Sum several {key: count} dicts."""
+    total: dict[str, int] = {}
+    for counts in many:
+        for key, n in counts.items():
+            total[key] = total.get(key, 0) + n
+    return total
+
+
+def _next_edge(lower: int) -> int:
+    if lower < 2:
+        return lower + 1
+    return lower + (lower >> 1) if lower & (lower - 1) == 0 else lower * 4 // 3
+
+
+def histogram(counts: dict[str, int]) -> list[dict]:
+    """[{from, to, count}] in bucket order from {str(lower edge): count}; ``to`` is inclusive."""
+    return [{"from": lower, "to": _next_edge(lower) - 1, "count": counts[str(lower)]}
+            for lower in sorted(int(k) for k in counts)]

@@ -31,15 +31,21 @@ import numpy as np
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
-from repack.manifest import atomic_write_bytes, atomic_write_json
+from repack.jobs.stats import count_into
+from repack.jobs.stats import histogram as half_octave_histogram
+from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.sinks.megatron import CODE_OF, PartWriter, merge_parts, read_index, token_dtype
-from repack.sources.text_docs import DOC_PER, Segment, SegmentReader, list_text_files, plan_chunks
+from repack.sources import Confinement
+from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, Segment, SegmentReader, list_text_files,
+                                      plan_chunks, require_decompressors)
+from repack.store import is_remote
 
 BATCH_CHARS = 1 << 20  # characters handed to one encode_batch call
 BATCH_DOCS = 2048
 TOKENIZER_THREADS = 2  # Rust threads of encode_batch inside each worker process (unless set in the env)
 MERGED_MARKER = "merged.json"
 TOKENIZER_COPY = "tokenizer.json"
+FILES_LISTED = 20  # stats.files.largest: the files with the most tokens
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,9 @@ class TextSpec(JobSpec):
     name: str = "text_document"
     chunk_bytes: int | None = None  # None: auto (sources.text_docs.auto_chunk_bytes)
     merge: bool = True
+    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
+    follow_symlinks: bool = True
+    allow_outside_source: bool = False
 
     def __post_init__(self) -> None:
         if not self.tokenizer:
@@ -71,6 +80,24 @@ class TextSpec(JobSpec):
             raise UsageError(f"--name must be a plain file stem, got {self.name!r}")
         if self.chunk_bytes is not None and self.chunk_bytes < 1:
             raise UsageError("--chunk-bytes must be positive")
+        if self.max_doc_bytes < 1:
+            raise UsageError("--max-doc-bytes must be positive")
+
+
+def _file_stats(records: list[dict]) -> dict:
+    """Tokens per input file: a half-octave histogram and the largest files (a file may span tasks)."""
+    per_file: dict[str, list[int]] = {}
+    for record in records:
+        for seg in record["segments"]:
+            tally = per_file.setdefault(seg["rel"], [0, 0])
+            tally[0] += seg.get("documents", 0)
+            tally[1] += seg.get("tokens", 0)
+    counts: dict[str, int] = {}
+    for _, tokens in per_file.values():
+        count_into(counts, tokens)
+    largest = sorted(per_file.items(), key=lambda kv: (-kv[1][1], kv[0]))[:FILES_LISTED]
+    return {"count": len(per_file), "tokens_histogram": half_octave_histogram(counts),
+            "largest": [{"source": rel, "documents": d, "tokens": t} for rel, (d, t) in largest]}
 
 
 def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
@@ -105,7 +132,7 @@ class TextJob(Job):
         spec = self.spec
         if spec.tokenize not in ("memmap",):
             raise UsageError(f"--tokenize {spec.tokenize!r}: only 'memmap' (Megatron .bin/.idx) is supported")
-        if not Path(spec.source).exists():
+        if not is_remote(spec.source) and not Path(spec.source).exists():
             raise UsageError(f"source {spec.source!r} does not exist")
         if spec.list_file and not Path(spec.source).is_file():
             raise UsageError(f"--list: {spec.source!r} is not a file")
@@ -125,7 +152,9 @@ class TextJob(Job):
     def plan(self) -> Plan:
         spec = self.spec
         info = self.tokenizer_info()
-        files, quarantine, skipped = list_text_files(spec.source, spec.list_file)
+        files, quarantine, skipped = list_text_files(spec.source, spec.list_file, Confinement(
+            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
+        require_decompressors(files)
         chunks, more = plan_chunks(files, spec.chunk_bytes, spec.doc_per, spec.field)
         quarantine += more
         dtype = token_dtype(info.max_token_id)
@@ -170,6 +199,7 @@ class TextJob(Job):
         quarantine: list[dict] = []
         segments: list[dict] = []
         counts = {"empty_documents": 0, "blank_lines": 0, "characters": 0}
+        seg_counts: dict[int, list[int]] = {}  # segment number -> [documents, tokens]
         batch: list[str] = []
         where: list[tuple[int, int]] = []  # (segment number, line) of each document in the batch
         chars = 0
@@ -190,6 +220,9 @@ class TextJob(Job):
                     counts["empty_documents"] += 1
                 else:  # ids beyond the dtype cannot occur (dtype from the tokenizer); PartWriter re-checks
                     kept.append(ids)
+                    tally = seg_counts.setdefault(seg, [0, 0])
+                    tally[0] += 1
+                    tally[1] += len(ids)
             if kept:
                 lengths = np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))
                 flat = np.fromiter(chain.from_iterable(kept), dtype=np.int64, count=int(lengths.sum()))
@@ -201,7 +234,7 @@ class TextJob(Job):
         try:
             for number, seg_json in enumerate(p["segments"]):
                 segment = Segment.from_json(seg_json)
-                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per)
+                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per, self.spec.max_doc_bytes)
                 for doc in reader:
                     if doc.reason is not None:
                         quarantine.append({"seg": number, "line": doc.line, "reason": doc.reason})
@@ -217,7 +250,8 @@ class TextJob(Job):
                         flush()
                 flush()
                 counts["blank_lines"] += reader.blank_lines
-                segments.append({"rel": segment.rel, "lines": reader.lines})
+                documents, tokens = seg_counts.get(number, (0, 0))
+                segments.append({"rel": segment.rel, "lines": reader.lines, "documents": documents, "tokens": tokens})
             part = writer.commit()
         except BaseException:
             writer.abort()
@@ -231,8 +265,8 @@ class TextJob(Job):
     # -- resume ---------------------------------------------------------------------------
     def _marker(self) -> dict | None:
         try:
-            return json.loads((self.out / ".repack" / MERGED_MARKER).read_text())
-        except (OSError, ValueError):
+            return json.loads(self.store.read_bytes(f".repack/{MERGED_MARKER}") or b"null")
+        except ValueError:
             return None
 
     def record_outputs(self, record: dict) -> list[dict]:
@@ -253,11 +287,8 @@ class TextJob(Job):
         return self._final_intact(marker["entry"])
 
     def _final_intact(self, entry: dict) -> bool:
-        try:
-            return (os.path.getsize(self.out / entry["path"]) == entry["bytes"]
-                    and os.path.getsize(self.out / entry["index"]) == entry["index_bytes"])
-        except OSError:
-            return False
+        return (self.store.size(entry["path"]) == entry["bytes"]
+                and self.store.size(entry["index"]) == entry["index_bytes"])
 
     # -- finalize -------------------------------------------------------------------------
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
@@ -322,7 +353,8 @@ class TextJob(Job):
                       "parts": [{"part": r["task_id"], "documents": r["part"]["documents"],
                                  "tokens": r["part"]["tokens"], "sha256": r["part"]["sha256"],
                                  "index_sha256": r["part"]["index_sha256"], "lines": sum(s["lines"] for s in r["segments"])}
-                                for r in records]},
+                                for r in records],
+                      "files": _file_stats(records)},
             "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3)},
         }
 
@@ -335,6 +367,9 @@ class TextJob(Job):
         if marker and marker.get("plan_digest") == digest and marker.get("parts") == wanted \
                 and self._final_intact(marker["entry"]):
             entry = marker["entry"]
+            for rel in (entry["path"], entry["index"]):  # object store, scratch lost: finalize reads them
+                if not (self.out / rel).is_file():
+                    self.store.fetch(rel, self.out / rel)
         else:
             for stale in self.out.glob(f".{name}.*.tmp-*"):
                 stale.unlink(missing_ok=True)
@@ -344,8 +379,10 @@ class TextJob(Job):
                      "tokens": merged["tokens"], "bytes": merged["bytes"], "sha256": merged["sha256"],
                      "index_bytes": merged["index_bytes"], "index_sha256": merged["index_sha256"], "dtype": dtype,
                      "max_token_id": max((r["part"]["max_token_id"] for r in records), default=-1)}
-            atomic_write_json(self.out / ".repack" / MERGED_MARKER,
-                              {"plan_digest": digest, "parts": wanted, "entry": entry})
+            for rel in (entry["path"], entry["index"]):  # object store: uploaded (checked) before the marker
+                self.store.publish(rel, self.out / rel)
+            self.store.put_bytes(f".repack/{MERGED_MARKER}",
+                                 dumps_canonical({"plan_digest": digest, "parts": wanted, "entry": entry}))
         for r in records:
             for key in ("bin", "idx"):
                 (self.out / r["part"][key]).unlink(missing_ok=True)
@@ -361,10 +398,10 @@ class TextJob(Job):
             lines.append(f"tokens per document: p50 {stats['p50']} p90 {stats['p90']} p99 {stats['p99']} "
                          f"max {stats['max']}")
         if len(manifest["prefixes"]) > 1:
-            lines.append("Megatron --data-path " + " ".join(f"{e['tokens']} {self.out / e['prefix']}"
+            lines.append("Megatron --data-path " + " ".join(f"{e['tokens']} {self.store.url}/{e['prefix']}"
                                                             for e in manifest["shards"]))
         else:
-            lines += [f"Megatron --data-path {self.out / p}" for p in manifest["prefixes"]]
+            lines += [f"Megatron --data-path {self.store.url}/{p}" for p in manifest["prefixes"]]
         reasons: dict[str, int] = {}
         for q in manifest["quarantine"]:
             key = q["reason"].split(":")[0]

@@ -5,19 +5,26 @@ Plan: sorted scan (class = first folder level, or a list file), cut into shards 
 over every worker whatever the shard size (with ``--to webdataset`` a shard's tasks form a
 group: the engine's driver packs their videos into the shard in plan order, see
 ``VideoShardAssembly``). Each task probes its video (one ffprobe run each: streams + packet
-scan, no decoding) and applies the NVDEC rule; with ``transcode`` it re-encodes what needs it
-into ``OUT/videos/<rel>`` (``.mp4``), copies or hard-links the compatible ones, re-probes every
-output (quarantined unless it passes the rule) and, with ``--to webdataset``, packs the task's
+scan, no decoding; ``verify="decode"`` adds a full decode that quarantines files with decoder
+errors) and applies the NVDEC rule for the chosen DALI reader; with ``transcode`` it re-encodes
+what needs it into ``OUT/videos/<rel>`` (``.mp4``, every frame kept: see
+repack.transforms.transcode), copies or hard-links the compatible ones (an MP4/MOV whose
+``moov`` follows ``mdat`` is remuxed with ``+faststart`` instead: stream copy), re-probes every
+output (quarantined unless it passes the rule and has the source's frame count, within one
+frame, with both numbers in the reason) and, with ``--to webdataset``, packs the task's
 videos into ``shard-NNNNNN.tar`` (+ DALI ``.idx``). Every output is written to a hidden temp
 name containing the task id and renamed when complete.
 
 Outputs of a finished job::
 
   manifest.json     format "videos": one shards[] entry per usable video (path videos/..., samples 1,
-                    bytes, sha256, label, cls, frames, fps, duration_s, width, height, codec,
-                    transcoded, source); format "webdataset": the tar shards, and the same
-                    per-video entries under "videos". A probe-only run has no shards.
+                    bytes, sha256, label, cls, frames (= frames_out), frames_in, frame_timing
+                    (keep | resample | copy), fps, duration_s, width, height, codec, transcoded,
+                    remuxed, source); format "webdataset": the tar shards, and the same per-video
+                    entries under "videos". A probe-only run has no shards. Top level: ``dali_reader``
+                    (the reader the decisions hold for) and ``verify``.
   probe.jsonl       one JSON object per input (sorted keys): probe facts + decision + reasons
+                    + target + dali_reader (+ decoded_frames/decode_errors with verify "decode")
   file_list.txt     DALI file_list: "videos/<rel> <class index>" per usable video (UTF-8; unlabeled
                     videos get 0 because DALI's file_list rejects negative labels; the readers in
                     pipelines/ give -1 for them). The paths are relative to OUT: DALI forbids
@@ -53,10 +60,12 @@ from repack.jobs.images import sample_key
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
 from repack.sinks.checks import sha256_file
-from repack.sources import scan_source
-from repack.transforms.nvdec_rules import OK, REJECT, TRANSCODE, decide, get_target
+from repack.sources import Confinement, scan_source
+from repack.sources.confine import InputRefused, open_input
+from repack.transforms.nvdec_rules import DEFAULT_DALI_READER, OK, REJECT, TRANSCODE, decide, get_reader, get_target
 
 VIDEO_FORMATS = ("videos", "webdataset")
+VERIFY_MODES = ("packets", "decode")
 
 
 @dataclass(frozen=True)
@@ -76,9 +85,16 @@ class VideoSpec(JobSpec):
     bframes: int = 0
     threads: int = 1
     shard_size: int = 8
+    verify: str = "packets"
+    dali_reader: str = DEFAULT_DALI_READER
+    follow_symlinks: bool = True
+    allow_outside_source: bool = False
 
     def __post_init__(self) -> None:
         get_target(self.target)
+        get_reader(self.dali_reader)
+        if self.verify not in VERIFY_MODES:
+            raise UsageError(f"--verify must be one of {', '.join(VERIFY_MODES)}, got {self.verify!r}")
         if self.to not in VIDEO_FORMATS:
             raise UsageError(f"--to must be one of {', '.join(VIDEO_FORMATS)}, got {self.to!r}")
         if self.to == "webdataset" and not self.transcode:
@@ -184,7 +200,7 @@ class VideoJob(Job):
     def check(self) -> None:
         if not os.path.exists(self.spec.source):
             raise UsageError(f"source {self.spec.source!r} does not exist")
-        needed = ["ffprobe"] + (["ffmpeg"] if self.spec.transcode else [])
+        needed = ["ffprobe"] + (["ffmpeg"] if self.spec.transcode or self.spec.verify == "decode" else [])
         missing = [tool for tool in needed if shutil.which(tool) is None]
         if missing:
             raise UsageError(f"{' and '.join(missing)} not found on PATH: install ffmpeg "
@@ -192,7 +208,8 @@ class VideoJob(Job):
 
     def plan(self) -> Plan:
         spec = self.spec
-        scan = scan_source(spec.source, list_file=spec.list_file)
+        scan = scan_source(spec.source, list_file=spec.list_file, confinement=Confinement(
+            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
         items = list(scan.items)
         classes = scan.classes
         names = output_names([i.rel for i in items])
@@ -221,18 +238,30 @@ class VideoJob(Job):
         return {"frames": sum(v["frames"] for v in record["videos"])}
 
     def run_task(self, task: Task) -> dict:
+        from repack.transforms.decode_check import decode_check
         from repack.transforms.probe import probe_file
 
         spec = self.spec
         entries, probes, quarantine, outputs = [], [], [], []
-        timing = {"probe_s": 0.0, "transcode_s": 0.0, "frames_transcoded": 0}
+        timing = {"probe_s": 0.0, "decode_s": 0.0, "transcode_s": 0.0, "frames_transcoded": 0}
         for entry in task.payload["inputs"]:
+            try:  # still the planned regular file (SourceChanged otherwise); never blocks. Playlists and
+                # reference files are refused by ffprobe's demuxer allow-list (probe.py), never followed.
+                with open_input(entry["path"], entry.get("fingerprint"), entry["rel"]):
+                    pass
+            except InputRefused as exc:
+                quarantine.append({"source": entry["rel"], "reason": str(exc)})
+                continue
             t0 = time.perf_counter()
             info = probe_file(entry["path"])
             timing["probe_s"] += time.perf_counter() - t0
-            verdict = decide(info, spec.target, spec.max_gop, spec.max_height)
+            if spec.verify == "decode" and not info.get("error") and info.get("codec"):
+                t0 = time.perf_counter()
+                info.update(decode_check(entry["path"], info.get("stream_index")))
+                timing["decode_s"] += time.perf_counter() - t0
+            verdict = self._decide(info)
             probes.append({"source": entry["rel"], "label": entry["label"], **info, **verdict.to_json(),
-                           "target": spec.target})
+                           "target": spec.target, "dali_reader": spec.dali_reader, "verify": spec.verify})
             if verdict.decision == REJECT:
                 quarantine.append({"source": entry["rel"], "reason": "; ".join(r["message"] for r in verdict.reasons),
                                    "codes": verdict.codes})
@@ -256,13 +285,21 @@ class VideoJob(Job):
             record["cls_width"] = task.payload["cls_width"]
         return record
 
+    def _decide(self, info: dict):
+        spec = self.spec
+        return decide(info, spec.target, spec.max_gop, spec.max_height, spec.dali_reader)
+
     def _prepare_output(self, task: Task, entry: dict, info: dict, decision: str, timing: dict) -> dict:
-        """Copy/link or transcode one input into OUT/videos; re-probe; the manifest entry or a quarantine."""
+        """Copy/link, remux or transcode one input into OUT/videos; re-probe and count its frames;
+        the manifest entry or a quarantine."""
         from repack.transforms.probe import probe_file
-        from repack.transforms.transcode import Recipe, build_command, run_transcode
+        from repack.transforms.transcode import (Recipe, build_command, copy_timing, frames_problem, plan_timing,
+                                                 remux_command, run_ffmpeg)
 
         spec = self.spec
         transcoded = decision == TRANSCODE
+        remuxed = not transcoded and bool(info.get("moov_after_mdat"))
+        plan = plan_timing(info) if transcoded else copy_timing(info)  # the frames the output must have
         rel = "videos/" + (entry["out_transcode"] if transcoded else entry["out_copy"])
         try:
             final = safe_join(self.out, rel)
@@ -276,10 +313,15 @@ class VideoJob(Job):
                                 max_height=spec.max_height, bframes=spec.bframes, threads=spec.threads,
                                 target=spec.target)
                 t0 = time.perf_counter()
-                error = run_transcode(build_command(entry["path"], str(tmp), info, recipe))
+                error = run_ffmpeg(build_command(entry["path"], str(tmp), info, recipe), entry["path"])
                 timing["transcode_s"] += time.perf_counter() - t0
                 if error:
                     return {"reason": f"transcode failed: {error}", "codes": ["transcode_failed"]}
+            elif remuxed:
+                container = "mov" if final.suffix.lower() == ".mov" else "mp4"
+                error = run_ffmpeg(remux_command(entry["path"], str(tmp), container), entry["path"])
+                if error:
+                    return {"reason": f"faststart remux failed: {error}", "codes": ["remux_failed"]}
             elif spec.link:
                 tmp.unlink(missing_ok=True)
                 try:
@@ -289,10 +331,14 @@ class VideoJob(Job):
             else:
                 shutil.copyfile(entry["path"], tmp)
             after = probe_file(str(tmp))
-            verdict = decide(after, spec.target, spec.max_gop, spec.max_height)
+            verdict = self._decide(after)
             if verdict.decision != OK:
                 return {"reason": "output still not GPU-decodable: " + "; ".join(r["message"] for r in verdict.reasons),
                         "codes": ["output_fails_rule"] + verdict.codes}
+            problem = frames_problem(plan, after)
+            if problem:
+                return {"reason": problem, "codes": ["frames_changed"], "frames_in": plan.frames_in,
+                        "frames_out": after["frames"]}
             if transcoded:
                 timing["frames_transcoded"] += after["frames"]
             digest = sha256_file(str(tmp))
@@ -301,7 +347,9 @@ class VideoJob(Job):
             tmp.unlink(missing_ok=True)
         return {"path": rel, "samples": 1, "bytes": after["bytes"], "sha256": digest, "source": entry["rel"],
                 "label": entry["label"], "cls": entry["cls"], "key": entry["key"], "transcoded": transcoded,
-                "frames": after["frames"], "fps": after["fps"], "duration_s": after["duration_s"],
+                "remuxed": remuxed, "frames": after["frames"], "frames_in": plan.frames_in,
+                "frames_out": after["frames"], "frame_timing": plan.mode, "fps": after["fps"],
+                "duration_s": after["duration_s"],
                 "width": after["width"], "height": after["height"], "codec": after["codec"],
                 "pix_fmt": after["pix_fmt"], "max_gop_s": after["max_gop_s"]}
 
@@ -361,17 +409,20 @@ class VideoJob(Job):
         transcode_s = sum(r["timing"]["transcode_s"] for r in records)
         frames_tc = sum(r["timing"]["frames_transcoded"] for r in records)
         body = {
-            "format": spec.to, "mode": spec.mode, "target": spec.target,
+            "format": spec.to, "mode": spec.mode, "target": spec.target, "dali_reader": spec.dali_reader,
+            "verify": spec.verify,
             "fields": fields, "classes": plan.info["classes"], "shards": shards, "files": files,
             "totals": {"inputs": plan.info["inputs"], "samples": sum(s["samples"] for s in shards),
                        "quarantined": len(quarantine), "bytes": sum(s["bytes"] for s in shards),
                        "videos": len(videos), "frames": frames, "ok": decisions[OK],
                        "needs_transcode": decisions[TRANSCODE], "rejected": decisions[REJECT],
                        "transcoded": sum(1 for v in videos if v["transcoded"]),
-                       "copied": sum(1 for v in videos if not v["transcoded"])},
+                       "remuxed": sum(1 for v in videos if v["remuxed"]),
+                       "copied": sum(1 for v in videos if not v["transcoded"] and not v["remuxed"])},
             "quarantine": quarantine,
             "stats": {"decisions": decisions, "reasons": dict(sorted(reasons.items())), "codecs": codecs},
             "run_stats": {"timing": {"probe_s": round(sum(r["timing"]["probe_s"] for r in records), 3),
+                                     "decode_s": round(sum(r["timing"]["decode_s"] for r in records), 3),
                                      "transcode_s": round(transcode_s, 3),
                                      "transcode_fps": round(frames_tc / transcode_s, 1) if transcode_s else None}},
         }
@@ -379,14 +430,21 @@ class VideoJob(Job):
             body["videos"] = videos
         return body
 
+    def packed(self, manifest: dict) -> int:
+        """Usable videos: prepared ones with --transcode, else the probed ones a GPU can take (as is or transcoded)."""
+        t = manifest["totals"]
+        return t["videos"] if self.spec.transcode else t["ok"] + t["needs_transcode"]
+
     def summary_lines(self, manifest: dict) -> list[str]:
         t, stats = manifest["totals"], manifest["stats"]
-        lines = [f"{t['inputs']} input(s) probed for target {manifest['target']}: {t['ok']} GPU-decodable as is, "
+        lines = [f"{t['inputs']} input(s) probed for target {manifest['target']} and DALI reader "
+                 f"{manifest['dali_reader']}: {t['ok']} GPU-decodable as is, "
                  f"{t['needs_transcode']} need transcoding, {t['rejected']} rejected"]
         if manifest["mode"] == "transcode":
             fps = manifest.get("run", {}).get("timing", {}).get("transcode_fps")
             lines.append(f"{t['videos']} usable video(s), {t['frames']} frames: {t['transcoded']} transcoded"
-                         f"{f' ({fps} frames/s)' if fps else ''}, {t['copied']} copied; {t['quarantined']} quarantined")
+                         f"{f' ({fps} frames/s)' if fps else ''}, {t['remuxed']} remuxed (faststart), "
+                         f"{t['copied']} copied; {t['quarantined']} quarantined")
         lines.append(f"  {'reason':<24}{'videos':>7}")
         lines += [f"  {code:<24}{n:>7}" for code, n in sorted(stats["reasons"].items(), key=lambda kv: (-kv[1], kv[0]))]
         lines += [f"  quarantined: {q['source']}: {q['reason']}" for q in manifest["quarantine"][:10]]

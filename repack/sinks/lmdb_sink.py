@@ -64,6 +64,37 @@ def _json(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
+_META_MAGIC = 0xBEEFC0DE
+
+
+def lmdb_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot safely be memory-mapped as an LMDB file, from its two meta pages (magic,
+    page size, last page): None when the file holds every page its newest meta page names. LMDB
+    meta page: 16-byte page header, then magic u32, version u32, address, mapsize, two 48-byte
+    MDB_db records (the first's md_pad = page size), last_pg u64 at 136, txnid u64 at 144."""
+    import struct
+
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(152)
+            if len(head) < 152 or struct.unpack_from("<I", head, 16)[0] != _META_MAGIC:
+                return "no LMDB meta page"
+            psize = struct.unpack_from("<I", head, 40)[0]
+            if psize < 512 or psize & (psize - 1) or size < 2 * psize:
+                return f"bad page size {psize} for a file of {size} bytes"
+            fh.seek(psize)
+            metas = [head, fh.read(152)]
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    valid = [struct.unpack_from("<QQ", m, 136)[::-1] for m in metas
+             if len(m) == 152 and struct.unpack_from("<I", m, 16)[0] == _META_MAGIC]
+    txnid, last_page = max(valid)
+    if (last_page + 1) * psize > size:
+        return f"truncated: its meta page names {last_page + 1} pages of {psize} bytes, the file has {size} bytes"
+    return None
+
+
 def _open(path: Path):
     """A finished database, read-only."""
     import lmdb
@@ -258,6 +289,10 @@ class LmdbSink:
         if not check_file(root, shard["path"], shard["bytes"], shard["sha256"], check):
             return
         check(shard.get("layout") == LAYOUT, f"{shard['path']}: unknown layout {shard.get('layout')!r}")
+        problem = lmdb_file_problem(path) if path.stat().st_size == shard["bytes"] else "size differs from the manifest"
+        if problem:  # never mapped: a read past the end of a short file is SIGBUS, not an exception
+            check(False, f"{shard['path']}: not opened as LMDB ({problem})")
+            return
         try:
             env = _open(path)
         except Exception as exc:  # noqa: BLE001 - lmdb.Error and OSError: not a database
@@ -266,7 +301,13 @@ class LmdbSink:
         try:
             with env.begin() as txn:
                 raw = txn.get(META_KEY)
-                meta = json.loads(raw) if raw else {}
+                try:
+                    meta = json.loads(raw) if raw else {}
+                except ValueError:
+                    meta = None
+                if not isinstance(meta, dict):
+                    check(False, f"{shard['path']}: the {META_KEY.decode()} record is not a JSON object")
+                    meta = {}
                 check(meta.get("count") == shard["samples"],
                       f"{shard['path']}: metadata count {meta.get('count')}, manifest says {shard['samples']}")
                 expected, bad, has_img = 0, 0, False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -14,13 +15,25 @@ class InputItem:
     rel: str           # path relative to the source root (or as given in the list file)
     label: str | None  # class name, None when unlabeled
     size: int          # bytes, from stat, used to plan shards before any decoding
+    mtime_ns: int = 0  # with size and inode: the fingerprint a task checks before reading (resume)
+    ino: int = 0
+
+    @property
+    def fingerprint(self) -> list[int]:
+        return [self.size, self.mtime_ns, self.ino]
 
     def to_json(self) -> dict:
-        return {"path": self.path, "rel": self.rel, "label": self.label, "size": self.size}
+        return {"path": self.path, "rel": self.rel, "label": self.label, "size": self.size,
+                "fingerprint": self.fingerprint}
 
     @classmethod
     def from_json(cls, data: dict) -> "InputItem":
-        return cls(data["path"], data["rel"], data["label"], int(data["size"]))
+        size, mtime_ns, ino = data.get("fingerprint") or (data["size"], 0, 0)
+        return cls(data["path"], data["rel"], data["label"], int(size), int(mtime_ns), int(ino))
+
+    @classmethod
+    def from_stat(cls, path: str, rel: str, label: str | None, st: os.stat_result) -> "InputItem":
+        return cls(path, rel, label, st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 @dataclass(frozen=True)
@@ -55,3 +68,23 @@ def quarantine_record(rel: str, reason: str, label: str | None = None) -> dict:
     if label is not None:
         record["label"] = label
     return record
+
+
+def pick_real_paths(entries: list[tuple[str, str, os.stat_result]], root: str) -> dict[str, str]:
+    """For files reached through several paths (``entries``: (rel, real path, stat), sorted): rel ->
+    the rel that is kept for the same file. The real path (no symlink on the way) wins over an
+    alias; between real paths (hard links) the first in sorted order."""
+    groups: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    for rel, real, st in entries:
+        groups.setdefault((st.st_dev, st.st_ino), []).append((rel, real))
+    kept: dict[str, str] = {}
+    for group in groups.values():
+        winner = next((rel for rel, real in group if real == os.path.join(root, rel)), group[0][0])
+        kept.update((rel, winner) for rel, _ in group)
+    return kept
+
+
+def alias_reason(rel: str, real: str, kept: str, root: str) -> str:
+    """Why ``rel`` is not read: the same file is read under ``kept``."""
+    how = "symlink inside the source root" if real != os.path.join(root, rel) else "hard link or second path"
+    return f"same file as {kept} ({how}): read once, under {kept}"

@@ -1,6 +1,8 @@
 """List files: .csv, .tsv (header row with a ``path`` column) and .jsonl ({"path", "label"}).
 
-Paths are relative to the list file's folder, or absolute. The label column is optional
+Paths are relative to the list file's folder, or absolute; the list file's folder is the source
+root of the ``Confinement`` (a path outside it, or a symlink leaving it, is quarantined unless
+``--allow-outside-source``; FIFOs, devices and files over the size cap are quarantined). The label column is optional
 (``label``, ``class`` or ``cls``). Inputs keep the list's order after a stable sort by path
 so that the plan does not depend on how the list was produced.
 """
@@ -8,11 +10,13 @@ so that the plan does not depend on how the list was produced.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 
 from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, quarantine_record, sort_key
+from repack.sources.confine import Confinement
 
 LABEL_COLUMNS = ("label", "class", "cls")
 
@@ -40,7 +44,7 @@ def _rows(list_path: str):
             raise UsageError(f"list file {list_path!r}: use .csv, .tsv or .jsonl")
 
 
-def scan_list_file(list_path: str) -> Scan:
+def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Scan:
     """Read a list file into inputs; rows that point nowhere are quarantined.
 
     Rows are taken in path order (then line order), so which of two rows naming the same file
@@ -50,6 +54,7 @@ def scan_list_file(list_path: str) -> Scan:
     if not os.path.isfile(list_path):
         raise UsageError(f"list file {list_path!r} does not exist")
     base = os.path.dirname(os.path.abspath(list_path))
+    conf = (confinement or Confinement()).rooted(base)
     name = os.path.basename(list_path)
     quarantine: list[dict] = []
     rows: list[tuple[str, int, str | None]] = []
@@ -72,18 +77,15 @@ def scan_list_file(list_path: str) -> Scan:
             quarantine.append(quarantine_record(rel, f"no label ({name}:{lineno}) in a labeled list"))
             continue
         path = rel if os.path.isabs(rel) else os.path.join(base, rel)
-        real = os.path.realpath(path)
-        if real in seen:
+        checked = conf.check(path)
+        if checked.reason is None and checked.is_dir:
+            checked = dataclasses.replace(checked, reason="not a regular file (folder)")
+        if checked.reason is not None:
+            quarantine.append(quarantine_record(rel, checked.reason, label))
+            continue
+        if checked.real in seen:
             quarantine.append(quarantine_record(rel, f"listed twice ({name}:{lineno})", label))
             continue
-        seen.add(real)
-        try:
-            size = os.stat(path).st_size
-        except OSError as exc:
-            quarantine.append(quarantine_record(rel, f"unreadable: {exc.strerror}", label))
-            continue
-        if not os.path.isfile(path):
-            quarantine.append(quarantine_record(rel, "not a regular file", label))
-            continue
-        items.append(InputItem(os.path.abspath(path), rel, label, size))
+        seen.add(checked.real)
+        items.append(InputItem.from_stat(checked.real, rel, label, checked.st))
     return Scan(tuple(items), tuple(quarantine), labeled)

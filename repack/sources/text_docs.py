@@ -19,6 +19,9 @@ caller turns segment lines into file lines using each segment's line count.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import dataclasses
 import gzip
 import io
 import json
@@ -28,8 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from repack.errors import UsageError
-from repack.sources.base import sort_key
+from repack.errors import UsageError, stable_reason
+from repack.sources.base import alias_reason, pick_real_paths, sort_key
+from repack.sources.confine import Confinement
+from repack.sources.reading import open_input
+from repack.sources.s3 import list_objects
+from repack.store import is_remote
 
 JSONL_EXTS = (".jsonl", ".ndjson", ".json")
 TXT_EXTS = (".txt",)
@@ -39,6 +46,7 @@ DOC_PER = ("line", "file", "blank-line")
 SNAP_READ = 1 << 16
 AUTO_CHUNKS = 256              # --chunk-bytes auto: about this many chunks,
 AUTO_MIN, AUTO_MAX = 5 * 10**5, 256 * 10**6  # each between 0.5 MB and 256 MB (work for every core)
+DEFAULT_MAX_DOC_BYTES = 8 * 2**20  # --max-doc-bytes: a longer document is quarantined, never held whole
 
 
 def auto_chunk_bytes(total: int) -> int:
@@ -55,6 +63,8 @@ class TextFile:
     kind: str         # "jsonl" | "txt" | "parquet"
     compression: str  # "" | "gz" | "zst"
     size: int
+    mtime_ns: int = 0  # size, mtime_ns and inode: the fingerprint checked before reading (resume)
+    ino: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,14 +78,15 @@ class Segment:
     start: int
     end: int
     unit: str  # "bytes" | "rowgroups" | "file"
+    fingerprint: tuple[int, ...] = ()  # the file's [size, mtime_ns, inode] at planning
 
     def to_json(self) -> dict:
         return {"path": self.path, "rel": self.rel, "kind": self.kind, "compression": self.compression,
-                "start": self.start, "end": self.end, "unit": self.unit}
+                "start": self.start, "end": self.end, "unit": self.unit, "fingerprint": list(self.fingerprint)}
 
     @classmethod
     def from_json(cls, data: dict) -> "Segment":
-        return cls(**data)
+        return cls(**{**data, "fingerprint": tuple(data.get("fingerprint", ()))})
 
 
 @dataclass(frozen=True)
@@ -104,11 +115,12 @@ def classify(name: str) -> tuple[str, str] | None:
     return None
 
 
-def walk_folder(src: Path, quarantine: list[dict]) -> tuple[list[tuple[str, str]], int]:
-    """(path, rel) of every non-hidden file under ``src`` following folder symlinks, and the count
-    of hidden files skipped. Each folder is scanned once, by (st_dev, st_ino): the real tree
-    first, then linked folders in name order; a link reaching a folder already scanned (a loop,
-    or a second link) becomes a quarantine record instead of repeating its documents."""
+def walk_folder(src: Path, quarantine: list[dict], conf: Confinement) -> tuple[list[tuple[str, str]], int]:
+    """(path, rel) of every non-hidden entry under ``src`` following folder symlinks inside the
+    source root (``conf``), and the count of hidden files skipped. Each folder is scanned once, by
+    (st_dev, st_ino): the real tree first, then linked folders in name order; a link reaching a
+    folder already scanned (a loop, or a second link) becomes a quarantine record instead of
+    repeating its documents; a link leaving the root is quarantined by the confinement."""
     visited: dict[tuple[int, int], str] = {}
     found: list[tuple[str, str]] = []
     links: list[tuple[str, str]] = []
@@ -128,7 +140,11 @@ def walk_folder(src: Path, quarantine: list[dict]) -> tuple[list[tuple[str, str]
                 continue
             if entry.is_dir(follow_symlinks=False):
                 visit(entry.path, child)
-            elif entry.is_symlink() and entry.is_dir():
+                continue
+            checked = conf.check(entry.path)
+            if checked.reason is not None and checked.is_link:  # whatever its name: reported, never followed
+                quarantine.append({"source": child, "line": None, "reason": checked.reason})
+            elif checked.reason is None and checked.is_dir:
                 links.append((entry.path, child))
             else:
                 found.append((entry.path, child))
@@ -147,34 +163,43 @@ def walk_folder(src: Path, quarantine: list[dict]) -> tuple[list[tuple[str, str]
         visited[key] = rel
         scan(folder, rel)
 
-    visit(str(src), "")
+    visit(conf.root, "")
     while links:  # linked folders after the whole real tree, so a real path wins over a link
         links.sort(key=lambda pr: sort_key(pr[1]))
         visit(*links.pop(0))
     return found, skipped
 
 
-def list_text_files(source: str, list_file: bool = False) -> tuple[list[TextFile], list[dict], int]:
-    """The input files in deterministic order, quarantine records, and the count of skipped files."""
+def list_text_files(source: str, list_file: bool = False, confinement: Confinement | None = None
+                    ) -> tuple[list[TextFile], list[dict], int]:
+    """The input files in deterministic order, quarantine records, and the count of skipped files.
+
+    Every local input goes through the confinement rooted at the source folder (or the list file's
+    folder, or a single file's own folder): see ``repack.sources.confine``."""
+    if is_remote(source):
+        return list_remote_text_files(source, list_file, confinement or Confinement())
     src = Path(source)
+    rules = confinement or Confinement()
     quarantine: list[dict] = []
     skipped = 0
     candidates: list[tuple[str, str]] = []  # (path, rel)
     if list_file:
+        conf = rules.rooted(str(src.absolute().parent))
         base = src.parent
         for number, line in enumerate(src.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            entry = line.strip()
+            entry = line.strip().lstrip("\ufeff")
             if not entry or entry.startswith("#"):
                 continue
             path = Path(entry) if os.path.isabs(entry) else base / entry
             candidates.append((str(path), entry))
     elif src.is_dir():
-        found, skipped = walk_folder(src, quarantine)
+        conf = rules.rooted(str(src))
+        found, skipped = walk_folder(src, quarantine, conf)
         candidates = sorted(found, key=lambda pr: sort_key(pr[1]))
     else:
+        conf = rules.rooted(os.path.dirname(os.path.realpath(src)))  # the file named on the command line
         candidates = [(str(src), src.name)]
-    files: list[TextFile] = []
-    seen_files: dict[tuple[int, int], str] = {}
+    checked_files: list[tuple[str, str, os.stat_result]] = []
     for path, rel in candidates:
         kind = classify(os.path.basename(path))
         if kind is None:
@@ -184,18 +209,46 @@ def list_text_files(source: str, list_file: bool = False) -> tuple[list[TextFile
             else:
                 skipped += 1
             continue
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            quarantine.append({"source": rel, "line": None, "reason": f"unreadable: {exc.strerror or exc}"})
+        checked = conf.check(path)
+        if checked.reason is None and checked.is_dir:
+            checked = dataclasses.replace(checked, reason="not a regular file (folder)")
+        if checked.reason is not None:
+            quarantine.append({"source": rel, "line": None, "reason": checked.reason})
             continue
-        first = seen_files.get((st.st_dev, st.st_ino))
-        if first is not None:  # a file reached twice (list repeat, file symlink, hard link) is read once
-            quarantine.append({"source": rel, "line": None, "reason": f"the same file as {first} (listed or "
-                               "linked twice): read once"})
+        checked_files.append((rel, checked.real, checked.st))
+    kept = pick_real_paths(checked_files, conf.root)
+    files: list[TextFile] = []
+    read: set[str] = set()
+    for rel, real, st in checked_files:
+        if kept[rel] != rel or rel in read:  # a file reached twice (link, hard link, list repeat) is read once
+            first = kept[rel]
+            reason = alias_reason(rel, real, first, conf.root) if first != rel else "listed twice: read once"
+            quarantine.append({"source": rel, "line": None, "reason": reason})
             continue
-        seen_files[(st.st_dev, st.st_ino)] = rel
-        files.append(TextFile(path, rel, kind[0], kind[1], st.st_size))
+        read.add(rel)
+        kind, compression = classify(os.path.basename(rel))
+        files.append(TextFile(real, rel, kind, compression, st.st_size, st.st_mtime_ns, st.st_ino))
+    return files, quarantine, skipped
+
+
+def list_remote_text_files(url: str, list_file: bool, rules: Confinement) -> tuple[list[TextFile], list[dict], int]:
+    """``list_text_files`` for an s3:// prefix (paged listing, sorted by byte path); objects are
+    neither symlinks nor special files: of the confinement only the size cap applies."""
+    if list_file:
+        raise UsageError("--list reads a local list file: SOURCE cannot be an s3:// URL with --list")
+    files: list[TextFile] = []
+    quarantine: list[dict] = []
+    skipped = 0
+    for path, rel, size in list_objects(url):
+        kind = classify(rel.rsplit("/", 1)[-1])
+        if kind is None:
+            skipped += 1
+            continue
+        too_big = rules.size_refusal(size)
+        if too_big is not None:
+            quarantine.append({"source": rel, "line": None, "reason": too_big})
+            continue
+        files.append(TextFile(path, rel, kind[0], kind[1], size))
     return files, quarantine, skipped
 
 
@@ -238,10 +291,11 @@ def parquet_row_groups(path: str, field: str) -> tuple[list[int], str | None]:
     except ImportError:
         raise UsageError("reading .parquet needs pyarrow: pip install pyarrow (or the 'text' extra)") from None
     try:
-        meta = pq.ParquetFile(path)
+        with open_input(path) as fh:
+            meta = pq.ParquetFile(fh)
+            schema, md = meta.schema_arrow, meta.metadata
     except Exception as exc:  # noqa: BLE001 - a bad file is a quarantine record
-        return [], f"unreadable parquet: {exc}"
-    schema = meta.schema_arrow
+        return [], stable_reason(exc, "unreadable parquet: ")
     if field not in schema.names:
         return [], f"no column {field!r} (columns: {', '.join(schema.names[:10])})"
     import pyarrow as pa
@@ -249,7 +303,6 @@ def parquet_row_groups(path: str, field: str) -> tuple[list[int], str | None]:
     kind = schema.field(field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         return [], f"column {field!r} is {kind}, not a string column"
-    md = meta.metadata
     sizes = [max(1, sum(md.row_group(i).column(j).total_compressed_size for j in range(md.num_columns)))
              for i in range(md.num_row_groups)]
     return sizes, None
@@ -285,11 +338,11 @@ def plan_chunks(files: list[TextFile], chunk_bytes: int | None, doc_per: str, fi
 
     for f, unit, sizes in atoms:
         def seg(start: int, end: int) -> Segment:
-            return Segment(f.path, f.rel, f.kind, f.compression, start, end, unit)
+            return Segment(f.path, f.rel, f.kind, f.compression, start, end, unit, (f.size, f.mtime_ns, f.ino))
 
         if unit == "bytes":
             local = 0
-            with open(f.path, "rb") as fh:
+            with open_input(f.path, [f.size, f.mtime_ns, f.ino], f.rel) as fh:
                 while ci < len(cuts) and cuts[ci] < pos + f.size:
                     cut = cuts[ci] - pos
                     boundary = (snap_paragraph if f.kind == "txt" and doc_per == "blank-line" else snap_line)(
@@ -326,35 +379,65 @@ def plan_chunks(files: list[TextFile], chunk_bytes: int | None, doc_per: str, fi
 
 # -- reading -----------------------------------------------------------------------------------
 
-def _open_stream(segment: Segment) -> BinaryIO:
-    if segment.compression == "gz":
-        return gzip.open(segment.path, "rb")
-    if segment.compression == "zst":
+@contextlib.contextmanager
+def _open_stream(segment: Segment) -> Iterator[BinaryIO]:
+    """The segment's bytes (decompressed), opened through the confinement's ``open_input``."""
+    with open_input(segment.path, list(segment.fingerprint) or None, segment.rel, buffering=1 << 20) as raw:
+        if segment.compression == "gz":
+            with gzip.GzipFile(fileobj=raw, mode="rb") as fh:
+                yield fh
+        elif segment.compression == "zst":
+            import zstandard  # importable: checked before planning (require_decompressors)
+
+            with io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False), 1 << 20) as fh:
+                yield fh
+        else:
+            if segment.unit == "bytes":
+                raw.seek(segment.start)
+            yield raw
+
+
+def require_decompressors(files: list[TextFile]) -> None:
+    """UsageError (before planning) when an input needs a decompressor that is not installed."""
+    if any(f.compression == "zst" for f in files):
         try:
-            import zstandard
+            import zstandard  # noqa: F401
         except ImportError:
-            raise UsageError("reading .zst needs zstandard: pip install zstandard") from None
-        raw = open(segment.path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), 1 << 20)
-    fh = open(segment.path, "rb", buffering=1 << 20)
-    if segment.unit == "bytes":
-        fh.seek(segment.start)
-    return fh
+            raise UsageError("reading .zst needs zstandard: pip install zstandard (or the 'text' extra)") from None
 
 
-def _lines(segment: Segment) -> Iterator[bytes]:
-    """Raw lines (with their newline) of a byte-range or whole-file segment."""
+def _skip_line(fh: BinaryIO, budget: int | None) -> int:
+    """Read past the end of the current line without keeping it; the bytes read."""
+    read = 0
+    while budget is None or read < budget:
+        more = fh.readline(SNAP_READ if budget is None else min(SNAP_READ, budget - read))
+        read += len(more)
+        if not more or more.endswith(b"\n"):
+            break
+    return read
+
+
+def _lines(segment: Segment, cap: int) -> Iterator[bytes | None]:
+    """Raw lines (with their newline) of a byte-range or whole-file segment; a leading UTF-8 BOM of
+    the file is dropped; a line longer than ``cap`` bytes yields None and is skipped, never held."""
     with _open_stream(segment) as fh:
-        if segment.unit != "bytes":
-            yield from fh
-            return
-        remaining = segment.end - segment.start
-        for raw in fh:
-            if remaining <= 0:
+        remaining = segment.end - segment.start if segment.unit == "bytes" else None
+        first = segment.unit != "bytes" or segment.start == 0
+        while remaining is None or remaining > 0:
+            limit = cap + 1 if remaining is None else min(cap + 1, remaining)
+            raw = fh.readline(limit)
+            if not raw:
                 return
-            if len(raw) > remaining:  # the file grew or changed since planning
-                raw = raw[:remaining]
-            remaining -= len(raw)
+            if remaining is not None:
+                remaining -= len(raw)
+            if first:
+                raw, first = raw.removeprefix(codecs.BOM_UTF8), False
+            if len(raw) == cap + 1 and not raw.endswith(b"\n"):  # too long: skip the rest of it
+                skipped = _skip_line(fh, remaining)
+                if remaining is not None:
+                    remaining -= skipped
+                yield None
+                continue
             yield raw
 
 
@@ -376,14 +459,20 @@ def _strip_newline(raw: bytes) -> bytes:
 class SegmentReader:
     """Iterates one segment's documents; ``lines`` holds how many lines (rows) it consumed."""
 
-    def __init__(self, segment: Segment, field: str = "text", doc_per: str = "line") -> None:
+    def __init__(self, segment: Segment, field: str = "text", doc_per: str = "line",
+                 max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES) -> None:
         if doc_per not in DOC_PER:
             raise UsageError(f"--doc-per must be one of {', '.join(DOC_PER)}, got {doc_per!r}")
         self.segment = segment
         self.field = field
         self.doc_per = doc_per
+        self.max_doc_bytes = max_doc_bytes
         self.lines = 0
         self.blank_lines = 0
+
+    def too_long(self, line: int) -> Doc:
+        return Doc(line, reason=f"document longer than the {self.max_doc_bytes}-byte cap (--max-doc-bytes): "
+                                "quarantined, not read whole")
 
     def __iter__(self) -> Iterator[Doc]:
         kind = self.segment.kind
@@ -401,7 +490,7 @@ class SegmentReader:
         except (OSError, EOFError, ValueError) as exc:  # truncated/corrupt file: keep what was read
             if isinstance(exc, UnicodeDecodeError):
                 raise
-            yield Doc(self.lines + 1, reason=f"unreadable after line {self.lines}: {type(exc).__name__}: {exc}")
+            yield Doc(self.lines + 1, reason=stable_reason(exc, f"unreadable after line {self.lines}: "))
         except Exception as exc:  # noqa: BLE001 - zstandard raises its own ZstdError
             if type(exc).__name__ != "ZstdError":
                 raise
@@ -409,8 +498,11 @@ class SegmentReader:
 
     def _jsonl(self) -> Iterator[Doc]:
         field = self.field
-        for raw in _lines(self.segment):
+        for raw in _lines(self.segment, self.max_doc_bytes):
             self.lines += 1
+            if raw is None:
+                yield self.too_long(self.lines)
+                continue
             if not raw.strip():
                 self.blank_lines += 1
                 continue
@@ -422,6 +514,12 @@ class SegmentReader:
                 obj = json.loads(text)
             except ValueError as exc:
                 yield Doc(self.lines, reason=f"malformed JSON: {exc}")
+                continue
+            except RecursionError:
+                yield Doc(self.lines, reason="malformed JSON: nested too deeply")
+                continue
+            except Exception as exc:  # noqa: BLE001 - one bad record never fails its part
+                yield Doc(self.lines, reason=stable_reason(exc, "malformed JSON: "))
                 continue
             if not isinstance(obj, dict):
                 yield Doc(self.lines, reason=f"JSON line is a {type(obj).__name__}, not an object")
@@ -435,15 +533,26 @@ class SegmentReader:
                 yield Doc(self.lines, text=value)
 
     def _txt_lines(self) -> Iterator[Doc]:
-        for raw in _lines(self.segment):
+        for raw in _lines(self.segment, self.max_doc_bytes):
             self.lines += 1
+            if raw is None:
+                yield self.too_long(self.lines)
+                continue
             text, reason = _decode(_strip_newline(raw))
             yield Doc(self.lines, text=text, reason=reason)
 
     def _txt_file(self) -> Iterator[Doc]:
         with _open_stream(self.segment) as fh:
-            data = fh.read()
-        self.lines = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+            data = fh.read(self.max_doc_bytes + 1)
+            newlines, last = data.count(b"\n"), data[-1:]
+            too_long = len(data) > self.max_doc_bytes
+            for block in iter(lambda: fh.read(SNAP_READ), b"") if too_long else ():  # count lines, keep nothing
+                newlines, last = newlines + block.count(b"\n"), block[-1:]
+        self.lines = newlines + (0 if last in (b"\n", b"") else 1)
+        if too_long:
+            yield self.too_long(1)
+            return
+        data = data.removeprefix(codecs.BOM_UTF8)
         try:
             yield Doc(1, text=data.decode("utf-8"))
         except UnicodeDecodeError as exc:
@@ -452,19 +561,23 @@ class SegmentReader:
 
     def _txt_paragraphs(self) -> Iterator[Doc]:
         para: list[bytes] = []
-        first = 0
-        for raw in _lines(self.segment):
+        size, first = 0, 0
+        for raw in _lines(self.segment, self.max_doc_bytes):
             self.lines += 1
-            if raw.strip():
-                if not para:
+            if raw is None or raw.strip():
+                if not para and not size:
                     first = self.lines
-                para.append(raw)
+                size += len(raw) if raw is not None else self.max_doc_bytes + 1
+                if size <= self.max_doc_bytes:
+                    para.append(raw)
+                else:
+                    para.clear()  # over the cap: drop what was kept, count the rest
                 continue
-            if para:
-                yield self._paragraph(para, first)
-                para = []
-        if para:
-            yield self._paragraph(para, first)
+            if size:
+                yield self._paragraph(para, first) if size <= self.max_doc_bytes else self.too_long(first)
+                para, size = [], 0
+        if size:
+            yield self._paragraph(para, first) if size <= self.max_doc_bytes else self.too_long(first)
 
     @staticmethod
     def _paragraph(lines: list[bytes], first: int) -> Doc:
@@ -478,13 +591,16 @@ class SegmentReader:
     def _parquet(self) -> Iterator[Doc]:
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(self.segment.path)
-        groups = list(range(self.segment.start, self.segment.end))
-        field = self.field
-        for batch in pf.iter_batches(batch_size=4096, row_groups=groups, columns=[field], use_threads=False):
-            for value in batch.column(0).to_pylist():
-                self.lines += 1
-                if value is None:
-                    yield Doc(self.lines, reason=f"missing field {field!r} (null)")
-                else:
-                    yield Doc(self.lines, text=value)
+        with open_input(self.segment.path, list(self.segment.fingerprint) or None, self.segment.rel) as fh:
+            pf = pq.ParquetFile(fh)
+            groups = list(range(self.segment.start, self.segment.end))
+            field = self.field
+            for batch in pf.iter_batches(batch_size=4096, row_groups=groups, columns=[field], use_threads=False):
+                for value in batch.column(0).to_pylist():
+                    self.lines += 1
+                    if value is None:
+                        yield Doc(self.lines, reason=f"missing field {field!r} (null)")
+                    elif len(value) > self.max_doc_bytes:
+                        yield self.too_long(self.lines)
+                    else:
+                        yield Doc(self.lines, text=value)

@@ -3,18 +3,29 @@
 Levels:
   none    detect the type from magic bytes and read the header (dimensions for metadata)
   header  + a trailer check (JPEG EOI, PNG IEND, GIF trailer): catches truncation cheaply
-  decode  + a full entropy decode; JPEGs are decoded at 1/8 scale through libjpeg's DCT
-          scaling (every coefficient is still Huffman-decoded, so truncated or corrupt
-          streams fail) which is several times cheaper than a full-resolution decode.
+  decode  + proof that the whole image decodes, in bounded memory whatever ``max_pixels``:
+          JPEG: a full libjpeg-turbo decode (simplejpeg) in strict mode, so libjpeg's
+          "corrupt data" warnings (a truncated stream given a fake end marker, a premature
+          end of a scan) are errors; decoded to one luma plane (no colour conversion), at
+          full size while that fits DECODE_MEMORY_CAP, else at the smallest DCT scale that
+          does (every coefficient is still entropy-decoded).
+          PNG: every chunk's CRC, the IHDR, and the whole zlib stream of the IDAT chunks
+          inflated piece by piece (never the whole image in memory): it must end exactly at
+          the image's size (height x (1 + row bytes), per Adam7 pass when interlaced), with a
+          valid filter byte on every row.
+          Other formats: Pillow's full decode, refused beyond DECODE_MEMORY_CAP.
 """
 
 from __future__ import annotations
 
 import io
 import warnings
+import zlib
 from dataclasses import dataclass
 
 from PIL import Image, ImageFile
+
+from repack.errors import stable_reason
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False
 # The pixel limit is ours (``max_pixels``, checked on the declared size right after the header is
@@ -34,6 +45,9 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"II*\x00", "tiff"),
     (b"MM\x00*", "tiff"),
 )
+
+
+DECODE_MEMORY_CAP = 256 * 2**20  # bytes a `decode` check may allocate for pixels
 
 
 class BadImage(ValueError):
@@ -136,14 +150,126 @@ def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_
             if not _has_trailer(ext, data):
                 raise BadImage(f"truncated {ext.upper()} (no end marker)")
             if level == "decode":
-                if ext == "jpg":
-                    image.draft(image.mode, (max(1, width // 8), max(1, height // 8)))
-                image.load()
+                verify_decodes(ext, data, image)
             return info
         except BadImage:
             raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
             raise BadImage(f"decompression bomb: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
-            message = str(exc) or type(exc).__name__
-            raise BadImage(f"cannot decode {ext.upper()}: {message}") from None
+            raise BadImage(decode_failure(ext, exc)) from None
+
+
+def decode_failure(ext: str, exc: BaseException) -> str:
+    """A stable quarantine reason for an exception raised while reading an image."""
+    if isinstance(exc, Image.UnidentifiedImageError):
+        return f"cannot decode {ext.upper()}: not identified by Pillow (corrupt header or chunk)"
+    message = stable_reason(exc)
+    return f"cannot decode {ext.upper()}: {message.split(': ', 1)[1] if ': ' in message else message}"
+
+
+def verify_decodes(ext: str, data: bytes, image: Image.Image) -> None:
+    """Prove the whole image decodes (see the module docstring); BadImage (or another exception) if not."""
+    if ext == "jpg":
+        _verify_jpeg(data, image)
+    elif ext == "png":
+        _verify_png(data)
+    else:
+        sample_bytes = 2 if image.mode.startswith("I;16") else 4 if image.mode in ("I", "F") else 1
+        need = image.size[0] * image.size[1] * len(image.getbands()) * sample_bytes
+        if need > DECODE_MEMORY_CAP:
+            raise BadImage(f"{ext.upper()} of {image.size[0]}x{image.size[1]} needs {need} bytes to decode, over "
+                           f"the {DECODE_MEMORY_CAP}-byte decode cap (use --verify header)")
+        image.load()
+
+
+def _verify_jpeg(data: bytes, image: Image.Image) -> None:
+    import simplejpeg
+
+    width, height = image.size
+    factor = 1
+    while width * height // (factor * factor) > DECODE_MEMORY_CAP and factor < 8:
+        factor *= 2
+    colorspace = "CMYK" if image.mode == "CMYK" else "GRAY"
+    try:
+        simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=True, min_factor=factor,
+                               min_width=1, min_height=1)
+    except ValueError as exc:
+        raise BadImage(f"cannot decode JPG: {stable_reason(exc).split(': ', 1)[-1]}") from None
+
+
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+_INFLATE_PIECE = 1 << 20
+
+
+def _png_rows(width: int, height: int, bits_per_pixel: int, interlaced: bool) -> list[tuple[int, int]]:
+    """(rows, bytes per row including the filter byte) of each pass of the image."""
+    passes = _ADAM7 if interlaced else ((0, 0, 1, 1),)
+    out = []
+    for x0, y0, dx, dy in passes:
+        cols, rows = max(0, -(-(width - x0) // dx)), max(0, -(-(height - y0) // dy))
+        if cols and rows:
+            out.append((rows, 1 + -(-(cols * bits_per_pixel) // 8)))
+    return out
+
+
+def _verify_png(data: bytes) -> None:
+    """Chunk CRCs, then the IDAT stream inflated in pieces against the exact size and filter bytes."""
+    pos, n = 8, len(data)
+    have_header = False
+    inflater = zlib.decompressobj()
+    rows: list[tuple[int, int]] = []
+    row_left, pass_index, rows_left, filters_bad, produced, expected = 0, 0, 0, 0, 0, 0
+    seen_iend = False
+
+    def consume(chunk: bytes) -> None:
+        nonlocal row_left, pass_index, rows_left, filters_bad, produced
+        produced += len(chunk)
+        i = 0
+        while i < len(chunk):
+            if row_left == 0:
+                while rows_left == 0 and pass_index < len(rows):
+                    rows_left, pass_index = rows[pass_index][0], pass_index + 1
+                if rows_left == 0:
+                    return  # past the image: counted in ``produced``
+                filters_bad += chunk[i] > 4
+                row_left = rows[pass_index - 1][1]
+                rows_left -= 1
+            step = min(row_left, len(chunk) - i)
+            row_left -= step
+            i += step
+
+    while pos + 12 <= n and not seen_iend:
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        kind = data[pos + 4:pos + 8]
+        end = pos + 8 + length
+        if end + 4 > n:
+            raise BadImage(f"truncated PNG (chunk {kind.decode('latin-1')!r} runs past the end of the file)")
+        if zlib.crc32(data[pos + 4:end]) != int.from_bytes(data[end:end + 4], "big"):
+            raise BadImage(f"corrupt PNG: bad CRC in chunk {kind.decode('latin-1')!r}")
+        if kind == b"IHDR":
+            width = int.from_bytes(data[pos + 8:pos + 12], "big")
+            height = int.from_bytes(data[pos + 12:pos + 16], "big")
+            depth, color, interlace = data[pos + 16], data[pos + 17], data[pos + 20]
+            if color not in _PNG_CHANNELS or depth not in (1, 2, 4, 8, 16):
+                raise BadImage(f"corrupt PNG: bit depth {depth} / colour type {color}")
+            rows = _png_rows(width, height, depth * _PNG_CHANNELS[color], interlace == 1)
+            expected = sum(r * b for r, b in rows)
+            have_header = True
+        elif kind == b"IDAT":
+            if not have_header:
+                raise BadImage("corrupt PNG: image data before the header")
+            consume(inflater.decompress(data[pos + 8:end], _INFLATE_PIECE))
+            while inflater.unconsumed_tail and produced <= expected:
+                consume(inflater.decompress(inflater.unconsumed_tail, _INFLATE_PIECE))
+        elif kind == b"IEND":
+            seen_iend = True
+        pos = end + 4
+    if not seen_iend:
+        raise BadImage("truncated PNG (no IEND chunk)")
+    if not inflater.eof or produced != expected:
+        raise BadImage(f"corrupt PNG: image data inflates to {produced} bytes, the header needs {expected}"
+                       + ("" if inflater.eof else " (zlib stream incomplete)"))
+    if filters_bad:
+        raise BadImage(f"corrupt PNG: {filters_bad} row(s) with an invalid filter type")

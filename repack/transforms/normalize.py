@@ -18,8 +18,9 @@ decoded and re-encoded:
 - written as baseline (non-progressive) JPEG, 4:2:0, at ``quality``; an RGB source's ICC
   profile is kept.
 
-Decompression bombs are refused before any pixel is decoded (``inspect_image`` checks the
-declared size against ``max_pixels``).
+Every input is first checked at the job's ``--verify`` level (``inspect_image``), so a corrupt
+input (a PNG with a corrupt IDAT, a truncated JPEG) is quarantined, never converted; decompression
+bombs are refused before any pixel is decoded (the declared size against ``max_pixels``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from repack.transforms.image_check import BadImage, ImageInfo, inspect_image
+from repack.transforms.image_check import BadImage, ImageInfo, decode_failure, inspect_image
 
 ORIENTATION_TAG = 0x0112
 _SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
@@ -180,17 +181,16 @@ def _target_size(width: int, height: int, max_side: int | None) -> tuple[int, in
 
 def normalize_image(data: bytes, options: NormalizeOptions, verify: str = "decode") -> Normalized:
     """Pass ``data`` through if it conforms (checked at ``verify``), else convert it; BadImage on bad input."""
-    info = inspect_image(data, "none", options.max_pixels)
+    info = inspect_image(data, verify, options.max_pixels)  # a corrupt input is never converted
     try:
         image = Image.open(io.BytesIO(data))
         reasons = nonconformity(data, info, image, options.max_side)
     except BadImage:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise BadImage(f"cannot decode {info.ext.upper()}: {exc or type(exc).__name__}") from None
+        raise BadImage(decode_failure(info.ext, exc)) from None
     if not reasons:
-        checked = inspect_image(data, verify, options.max_pixels)
-        return Normalized(data, "jpg", checked.width, checked.height, (), (checked.width, checked.height))
+        return Normalized(data, "jpg", info.width, info.height, (), (info.width, info.height))
     if getattr(image, "n_frames", 1) > 1:
         reasons.append("animated (first frame kept)")
     try:
@@ -216,6 +216,6 @@ def normalize_image(data: bytes, options: NormalizeOptions, verify: str = "decod
     except BadImage:
         raise
     except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
-        raise BadImage(f"cannot decode {info.ext.upper()}: {str(exc) or type(exc).__name__}") from None
+        raise BadImage(decode_failure(info.ext, exc)) from None
     return Normalized(out.getvalue(), "jpg", rgb.size[0], rgb.size[1], tuple(dict.fromkeys(reasons)),
                       source_size)

@@ -1,12 +1,17 @@
-"""The decoder-support rule: can NVDEC, as driven by DALI's video readers, decode this video
-correctly and fast on the chosen GPU?
+"""The decoder-support rule: can NVDEC, as driven by one of DALI's video readers, decode this
+video correctly and fast on the chosen GPU?
 
-``decide(info, target, max_gop_s, max_height)`` takes a probe record (repack.transforms.probe)
-and returns a ``Decision``: ``ok`` (use as is), ``transcode`` (re-encode with the DALI-friendly
-recipe) or ``reject`` (quarantine: not a usable video), with every reason spelled out.
-Non-blocking observations (B-frames, ignored audio) are ``notes``. User limits: a keyframe gap
-above ``max_gop_s`` (``long_gop``) or a displayed height above ``max_height`` (``too_tall``)
-means transcode. Truncated (reject): packets past the end of the file, fewer packets than the
+``decide(info, target, max_gop_s, max_height, reader)`` takes a probe record
+(repack.transforms.probe) and returns a ``Decision``: ``ok`` (use as is), ``transcode``
+(re-encode with the DALI-friendly recipe) or ``reject`` (quarantine: not a usable video), with
+every reason spelled out. Non-blocking observations (B-frames, ignored audio, moov at the end,
+non-square pixels) are ``notes``. User limits: a keyframe gap above ``max_gop_s``
+(``long_gop``) or a displayed height above ``max_height`` (``too_tall``) means transcode.
+``reader`` is the DALI reader the videos are judged for (``DALI_READERS``): ``legacy`` =
+``fn.readers.video``, what pipelines.dali_video uses by default; ``experimental`` =
+``fn.experimental.readers.video`` / ``fn.experimental.decoders.video``. Reject: decoder errors
+found by ``--verify decode`` (``decode_errors`` in the record); a refused container
+(``format_refused``); truncated: packets past the end of the file, fewer packets than the
 declared frame count, or (Matroska/WebM) a packet span short of the header's duration by more
 than one frame and 5 %.
 
@@ -15,7 +20,9 @@ Facts (NVDEC as measured on an H200; A100/H100/H200 share the NVDEC column; L4/L
 - H.264: 8-bit 4:2:0 only (no High 10, 4:2:2, 4:4:4), 48x16 .. 4096x4096.
 - HEVC: 4:2:0 at 8/10/12-bit, 144x144 .. 8192x8192; 4:4:4 decodes but DALI cannot output it.
 - VP9: profiles 0 and 2 (8/10/12-bit 4:2:0), at least 128x128.
-- VP8, MPEG-4 Part 2, MJPEG: supported (8-bit 4:2:0 taken as the safe set).
+- VP8, MPEG-4 Part 2, MJPEG: supported (8-bit 4:2:0 taken as the safe set) by the legacy
+  reader; DALI's newer GPU decoder (the experimental reader) fails to create an NVDEC decoder
+  for MJPEG on the H200, so MJPEG is transcoded for it.
 - AV1: not on A100/H100/H200 (no AV1 in their NVDEC); yes on Ada (L4, L40, L40S) and A10.
 - DALI's reader ignores rotation metadata, decodes frames not fields (interlaced), needs even
   dimensions and constant frame rate, picks the largest video stream (not the first), and
@@ -78,6 +85,12 @@ TARGETS: dict[str, Target] = {
     "l40s": Target("l40s", "Ada", {**_BASE, "av1": AV1}),
 }
 DEFAULT_TARGET = "h100"
+# The DALI video readers the rule knows; the manifest records which one the decisions were made
+# for, and pipelines.dali_video reads with that one by default.
+DALI_READERS = {"legacy": "fn.readers.video", "experimental": "fn.experimental.readers.video"}
+DEFAULT_DALI_READER = "legacy"
+READER_UNSUPPORTED = {"experimental": {"mjpeg": "DALI's experimental video reader (fn.experimental.readers.video, "
+                                                "the new GPU decoder) fails to create an NVDEC decoder for MJPEG"}}
 REJECT, TRANSCODE, OK = "reject", "transcode", "ok"
 CODEC_NAMES = {"av1": "AV1", "mpeg2video": "MPEG-2", "mpeg1video": "MPEG-1", "vc1": "VC-1", "wmv3": "WMV9",
                "prores": "ProRes", "dnxhd": "DNxHD", "gif": "GIF", "rawvideo": "raw video", "theora": "Theora"}
@@ -111,9 +124,21 @@ def _r(code: str, message: str) -> dict:
     return {"code": code, "message": message}
 
 
+def get_reader(name: str) -> str:
+    """The DALI reader ``name``; UsageError for an unknown one."""
+    if name not in DALI_READERS:
+        raise UsageError(f"unknown --dali-reader {name!r}; choose from {', '.join(DALI_READERS)}")
+    return name
+
+
 def _reject(info: dict) -> list[dict]:
     if info.get("error"):
         return [_r(info.get("error_code") or "probe_failed", info["error"])]
+    if info.get("decode_errors"):
+        shown = "; ".join(info.get("decode_messages") or ())
+        return [_r("decode_errors", f"{info['decode_errors']} decoder error(s) in a full decode "
+                                    f"({info.get('decoded_frames')} of {info.get('packets')} packets decoded to "
+                                    f"frames): {shown}")]
     container = info.get("container") or ""
     if container in ("image2", "gif") and (info.get("frames") or 0) <= 1 or container.endswith("_pipe"):
         return [_r("still_image", f"a still image ({container}), not a video")]
@@ -139,12 +164,14 @@ def _reject(info: dict) -> list[dict]:
 
 
 def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float = 1.0,
-           max_height: int | None = None) -> Decision:
+           max_height: int | None = None, reader: str = DEFAULT_DALI_READER) -> Decision:
     """Apply the rule to one probe record; see the module docstring for the facts used.
 
     ``max_height`` (the user's ``--max-height``): a taller video (displayed height, rotation
-    applied) needs transcoding (reason ``too_tall``) so the recipe scales it down."""
+    applied) needs transcoding (reason ``too_tall``) so the recipe scales it down. ``reader``:
+    the DALI reader (a key of ``DALI_READERS``) the video must be read by."""
     tgt = target if isinstance(target, Target) else get_target(target)
+    get_reader(reader)
     rejects = _reject(info)
     if rejects:
         return Decision(REJECT, tuple(rejects))
@@ -156,6 +183,8 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
     if limits is None:
         name = CODEC_NAMES.get(codec, codec)
         reasons.append(_r("codec", f"{name} is not decoded by NVDEC through DALI on {tgt.name} ({tgt.arch})"))
+    elif codec in READER_UNSUPPORTED.get(reader, {}):
+        reasons.append(_r("codec", READER_UNSUPPORTED[reader][codec]))
     else:
         profile = info.get("profile") or ""
         bad = next((p for p in limits.bad_profiles if p.lower() in profile.lower()), None)
@@ -209,6 +238,12 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
                                       "keyframe, so seeking cost grows with the gap"))
     if info.get("b_frames"):
         notes.append(_r("b_frames", "B-frames (reordered timestamps): fine for NVDEC, some extra decode latency"))
+    if info.get("moov_after_mdat"):
+        notes.append(_r("moov_at_end", "the MP4 index (moov) follows the media data: a copy is remuxed with "
+                                       "+faststart (stream copy, no re-encode)"))
+    if info.get("sar") not in (None, "1:1", "0:1", "N/A"):
+        notes.append(_r("non_square_pixels", f"sample aspect ratio {info['sar']}: DALI returns the stored "
+                                              "pixels; a transcode scales to square pixels (SAR 1:1)"))
     if info.get("audio_streams") or info.get("other_streams"):
         notes.append(_r("extra_streams", f"{info.get('audio_streams', 0)} audio and {info.get('other_streams', 0)} "
                                          "other stream(s), ignored by DALI"))

@@ -1,5 +1,12 @@
 """Probe a video file: ffprobe JSON (one subprocess, argument list) plus a packet scan without decoding.
 
+ffprobe reads only the file (repack.transforms.ffmpeg_cli: file protocol, allow-listed
+single-file containers); a refused container (an HLS playlist, a concat list, ...) gives a
+record with ``error_code`` ``format_refused`` naming the demuxer. For MP4/MOV,
+``moov_after_mdat`` tells whether the index follows the media (a copy is then remuxed with
+faststart); ``packets_before_key`` counts the packets before the first keyframe (no decoder can
+output them).
+
 One ffprobe run gives the container, every stream, and the video packets' pts/dts/flags/pos/
 size. From the packets of the first video stream we derive what the header fields cannot be
 trusted for: keyframe spacing (GOP), B-frame reordering, timestamp regularity (VFR), missing
@@ -89,6 +96,7 @@ def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> di
     truncated_packets = sum(1 for p in packets if p.get("pos") is not None and p.get("size") is not None
                             and int(p["pos"]) + int(p["size"]) > file_size)
     stats = {"packets": n, "keyframes": len(keys), "first_packet_key": bool(keys) and keys[0] == 0,
+             "packets_before_key": keys[0] if keys else n,
              "missing_pts": missing_pts, "b_frames": reordered, "packets_past_eof": truncated_packets,
              "max_gop_frames": None, "max_gop_s": None, "frame_interval_s": None, "irregular_intervals": 0,
              "span_s": None, "fps_measured": None}
@@ -194,14 +202,40 @@ def _int(text) -> int | None:
         return None
 
 
+def moov_after_mdat(path: str, limit: int = 4096) -> bool:
+    """True if an MP4/MOV file's top-level ``moov`` box comes after its ``mdat`` (not faststart).
+
+    Walks the top-level box headers only (size + type, 64-bit sizes included), at most
+    ``limit`` boxes; a damaged header ends the walk."""
+    seen: list[bytes] = []
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        offset = 0
+        while offset + 8 <= size and len(seen) < limit:
+            fh.seek(offset)
+            header = fh.read(16)
+            box_size, kind = int.from_bytes(header[:4], "big"), header[4:8]
+            if box_size == 1 and len(header) == 16:
+                box_size = int.from_bytes(header[8:16], "big")
+            elif box_size == 0:
+                box_size = size - offset
+            if kind in (b"moov", b"mdat"):
+                seen.append(kind)
+            if box_size < 8:
+                break
+            offset += box_size
+    return b"mdat" in seen and b"moov" in seen and seen.index(b"mdat") < seen.index(b"moov")
+
+
 def probe_file(path: str, ffprobe: str = "ffprobe", timeout: float | None = None) -> dict:
     """Probe ``path`` with one ffprobe run (streams, format, video packets); never raises for bad input.
 
-    ffprobe runs with ``die_with_parent`` (PR_SET_PDEATHSIG on Linux): it dies with its worker."""
+    ffprobe reads only ``path`` (repack.transforms.ffmpeg_cli: file protocol, allow-listed
+    containers; a refused container gives ``error_code`` ``format_refused``) and dies with
+    its worker (PR_SET_PDEATHSIG)."""
     import json
-    import subprocess
 
-    from repack.transforms.transcode import die_with_parent
+    from repack.transforms.ffmpeg_cli import ffprobe_args, refusal_message, run
 
     try:
         size = os.path.getsize(path)
@@ -209,20 +243,24 @@ def probe_file(path: str, ffprobe: str = "ffprobe", timeout: float | None = None
         return {"error": f"unreadable: {exc.strerror}", "error_code": "probe_failed", "bytes": None}
     if size == 0:
         return {"error": "empty file (0 bytes)", "error_code": "empty", "bytes": 0}
-    cmd = [ffprobe, "-v", "error", "-show_format", "-show_streams", "-of", "json",
-           "-show_entries", "packet=stream_index,pts,dts,flags,pos,size", path]
+    # ffmpeg-python models ffmpeg graphs only; for ffprobe it has ``ffmpeg.probe`` (format and
+    # streams, run by its own Popen). The packet scan (``-show_entries packet=...``) cannot be
+    # expressed as a graph: it goes through the same keyword converter ``ffmpeg.probe`` uses,
+    # and the run is ours (PR_SET_PDEATHSIG, timeout).
+    result = run(ffprobe_args(path, ffprobe, show_entries="packet=stream_index,pts,dts,flags,pos,size"), timeout)
+    demuxer = result.refused_format()
+    if demuxer:
+        return {"error": refusal_message(demuxer), "error_code": "format_refused", "bytes": size,
+                "container": demuxer}
+    if result.returncode != 0:
+        return {"error": f"ffprobe: {result.error_line(path)}", "error_code": "probe_failed", "bytes": size}
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
-                              preexec_fn=die_with_parent)
-        if proc.returncode != 0:
-            lines = [line for line in proc.stderr.decode(errors="replace").splitlines() if line.strip()]
-            message = lines[-1] if lines else "ffprobe failed"
-            message = message.replace(path, "<file>")
-            return {"error": f"ffprobe: {message}", "error_code": "probe_failed", "bytes": size}
-        data = json.loads(proc.stdout.decode("utf-8", errors="replace"))
-    except Exception as exc:  # timeout, JSON errors
-        return {"error": f"ffprobe: {type(exc).__name__}: {exc}", "error_code": "probe_failed", "bytes": size}
-    return summarize(data, path)
+        data = json.loads(result.stdout.decode("utf-8", errors="replace"))
+    except ValueError as exc:
+        return {"error": f"ffprobe: unreadable JSON: {exc}", "error_code": "probe_failed", "bytes": size}
+    record = summarize(data, path)
+    record["moov_after_mdat"] = "mov" in (record.get("container") or "").split(",") and moov_after_mdat(path)
+    return record
 
 
 def pyav_probe(path: str) -> dict:

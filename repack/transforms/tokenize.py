@@ -1,7 +1,9 @@
 """Tokenization: load a local HuggingFace tokenizer, identify it, find EOS/BOS, encode batches.
 
-Only local files: ``--tokenizer`` is a ``tokenizer.json`` or a folder holding one (its
-``tokenizer_config.json``, when present, names the EOS/BOS tokens). Never a hub download.
+Only local files: ``--tokenizer`` is a ``tokenizer.json``, a folder holding one (a HuggingFace
+model folder; its ``tokenizer_config.json``, when present, names the EOS/BOS tokens), or a model
+folder of the local HuggingFace cache (``~/.cache/huggingface/hub/models--org--name``: the
+snapshot ``refs/main`` names, else its only snapshot). Never a hub download.
 
 Encoding: ``encode_batch_fast`` (no offsets) with the template's special tokens unless
 ``special_tokens=False``; then BOS is put in front when asked (unless the template already
@@ -26,21 +28,46 @@ _CACHE: dict[str, object] = {}
 
 
 def resolve_tokenizer_path(path: str) -> Path:
-    """The tokenizer.json that ``path`` names (a file, or a folder holding tokenizer.json)."""
-    p = Path(path)
+    """The tokenizer.json that ``path`` names: a file, a folder holding tokenizer.json, or a
+    HuggingFace cache model folder (models--org--name, with snapshots/<rev>/tokenizer.json)."""
+    p = Path(path).expanduser()
+    if p.is_dir() and (p / "snapshots").is_dir() and not (p / "tokenizer.json").exists():
+        p = _cached_snapshot(p)
     if p.is_dir():
         p = p / "tokenizer.json"
     if not p.is_file():
-        raise UsageError(f"--tokenizer {path!r}: no tokenizer.json there (a local HuggingFace tokenizer.json "
-                         "or a folder holding one is needed; nothing is downloaded)")
+        raise UsageError(f"--tokenizer {path!r}: no tokenizer.json there (a local HuggingFace tokenizer.json, "
+                         "a model folder holding one, or a HuggingFace cache folder models--org--name is needed; "
+                         "nothing is downloaded)")
     return p.absolute()
+
+
+def _cached_snapshot(model: Path) -> Path:
+    """The snapshot folder of a HuggingFace cache model folder: the one refs/main names, else the only one."""
+    try:
+        revision = (model / "refs" / "main").read_text().strip()
+    except OSError:
+        revision = ""
+    if revision and (model / "snapshots" / revision).is_dir():
+        return model / "snapshots" / revision
+    snapshots = sorted(d for d in (model / "snapshots").iterdir() if (d / "tokenizer.json").is_file())
+    if len(snapshots) == 1:
+        return snapshots[0]
+    if not snapshots:
+        raise UsageError(f"--tokenizer {str(model)!r}: no snapshot in this HuggingFace cache folder holds a "
+                         "tokenizer.json (nothing is downloaded)")
+    raise UsageError(f"--tokenizer {str(model)!r}: {len(snapshots)} snapshots and no refs/main; name one: "
+                     + ", ".join(str(d) for d in snapshots))
 
 
 def load_tokenizer(path: str | os.PathLike, expected_sha256: str | None = None):
     """(Tokenizer, sha256 of its file); cached per process; refuses a file whose sha256 changed."""
     from tokenizers import Tokenizer
 
-    data = Path(path).read_bytes()
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--tokenizer {str(path)!r}: cannot read it ({exc.strerror})") from None
     sha = hashlib.sha256(data).hexdigest()
     if expected_sha256 and sha != expected_sha256:
         raise UsageError(f"{path}: the tokenizer changed since the job was planned (sha256 {sha[:12]}...)")

@@ -1,27 +1,42 @@
-"""The DALI-friendly transcode recipe: ffmpeg argument lists (never a shell string).
+"""The DALI-friendly transcode recipe and the faststart remux, as ffmpeg-python graphs.
 
 Output: first video stream only; no audio, subtitles, data, chapters or metadata; rotation
 baked in (ffmpeg's autorotate, the display matrix is not copied); deinterlaced (yadif) when
-interlaced; constant frame rate snapped to a standard rate; explicit even dimensions (with an
-optional ``max_height`` and the target decoder's maximum), padded up to the decoder's minimum;
-H.264 High, 8-bit 4:2:0; fixed GOP (no scene-cut keyframes, closed GOP, ``bframes`` B-frames,
-0 by default); ``+faststart``. Bit-exact flags and a fixed thread count make the output
-depend only on the input, the options and the ffmpeg/x264 build.
+interlaced; square pixels (scaled to the display aspect ratio, SAR 1:1); explicit even
+dimensions (with an optional ``max_height`` and the target decoder's maximum), padded up to
+the decoder's minimum; H.264 High, 8-bit 4:2:0; fixed GOP (no scene-cut keyframes, closed GOP,
+``bframes`` B-frames, 0 by default); ``+faststart``. Bit-exact flags and fixed thread counts
+make the output depend only on the input, the options and the ffmpeg/x264 build.
+
+Frame timing (``plan_timing``), so that no frame is lost:
+
+- constant frame rate, or timestamps missing (``missing_pts``: e.g. an AVI with packed
+  B-frames): every decoded frame is kept, one output frame each, and the timestamps are
+  regenerated (``setpts=N/rate/TB``) at ``rate`` = the measured rate snapped to a standard
+  rate, or, when timestamps are missing, the stream's declared rate (``r_frame_rate``, else
+  ``avg_frame_rate``) snapped the same way. Expected: frames out = frames in.
+- variable frame rate (irregular intervals): resampled by time to the standard rate nearest
+  the mean rate (``fps`` filter: a frame is repeated or dropped where the source's spacing
+  differs from the constant grid), so clip times stay true. Expected: frames out = the
+  source's span x rate.
+
+``frames_problem`` compares the re-probed output with that expectation (more than one frame
+off: the job quarantines the file with both numbers).
 """
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from dataclasses import dataclass
+from fractions import Fraction
 
+from repack.transforms.ffmpeg_cli import compile_ffmpeg, run, safe_input
 from repack.transforms.nvdec_rules import H264, get_target
 
 STANDARD_RATES = (8.0, 10.0, 12.0, 12.5, 15.0, 20.0, 24000 / 1001, 24.0, 25.0, 30000 / 1001, 30.0, 48.0, 50.0,
                   60000 / 1001, 60.0, 90.0, 100.0, 120000 / 1001, 120.0)
 RATE_TEXT = {24000 / 1001: "24000/1001", 30000 / 1001: "30000/1001", 60000 / 1001: "60000/1001",
              120000 / 1001: "120000/1001"}
+KEEP, RESAMPLE, COPY = "keep", "resample", "copy"
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,19 @@ class Recipe:
     target: str = "h100"
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How the output's frame times are made (see the module docstring) and what to expect."""
+
+    rate: float
+    rate_text: str
+    mode: str                   # KEEP (setpts, every frame kept), RESAMPLE (fps filter, VFR) or COPY
+    rate_from: str              # "measured" or "declared"
+    frames_in: int
+    expected_frames: int
+    expected_duration_s: float
+
+
 def snap_rate(fps: float | None) -> tuple[float, str]:
     """The standard frame rate nearest to ``fps`` (within 3 %), else ``fps`` rounded to 1/1000."""
     if not fps or fps <= 0:
@@ -49,9 +77,48 @@ def snap_rate(fps: float | None) -> tuple[float, str]:
     return value, f"{value:g}"
 
 
+def source_frames(info: dict) -> int:
+    """Frames the source decodes to: the decoded frames when a full decode ran (``--verify
+    decode``), else the video packets of the scan from the first keyframe on (packets before
+    it reference a picture that is not in the file: no decoder can output them)."""
+    decoded = info.get("decoded_frames")
+    if decoded:
+        return int(decoded)
+    return int(info.get("frames") or 0) - int(info.get("packets_before_key") or 0)
+
+
+def plan_timing(info: dict) -> Timing:
+    """The output rate, how timestamps are made, and the frames/duration the output must have."""
+    frames = source_frames(info)
+    if info.get("missing_pts"):
+        declared = info.get("r_frame_rate") or info.get("avg_frame_rate")
+        rate, text = snap_rate(declared or info.get("fps"))
+        rate_from = "declared" if declared else "measured"
+    else:
+        rate, text = snap_rate(info.get("fps"))
+        rate_from = "measured"
+    if info.get("irregular_intervals") and not info.get("missing_pts"):
+        span = float(info.get("span_s") or info.get("duration_s") or frames / rate)
+        return Timing(rate, text, RESAMPLE, rate_from, frames, max(1, round(span * rate)), round(span, 6))
+    return Timing(rate, text, KEEP, rate_from, frames, frames, round(frames / rate, 6))
+
+
+def sample_aspect(text: str | None) -> Fraction:
+    """ffprobe's ``sample_aspect_ratio`` ('16:9') as a Fraction; 1 when absent, 0:1 or unreadable."""
+    try:
+        num, den = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        return Fraction(1)
+    return Fraction(num, den) if num > 0 and den > 0 else Fraction(1)
+
+
 def output_geometry(info: dict, recipe: Recipe) -> tuple[int, int, int, int]:
-    """(scaled width, height, padded width, height) of the output, all even."""
+    """(scaled width, height, padded width, height) of the output, all even, for square pixels:
+    a non-1:1 sample aspect ratio is applied to the width first (the output's SAR is 1:1)."""
     w, h = int(info["width"]), int(info["height"])
+    sar = sample_aspect(info.get("sar"))
+    if sar != 1:
+        w = max(2, int(round(w * sar)))
     if info.get("rotation") in (90, 270):
         w, h = h, w
     scale = 1.0
@@ -76,64 +143,68 @@ def gop_frames(rate: float, recipe: Recipe) -> int:
     return max(1, min(int(round(rate)), limit))
 
 
-def video_filters(info: dict, recipe: Recipe) -> str:
-    """The -vf chain: deinterlace, constant rate, scale, pad, 8-bit 4:2:0."""
-    rate, rate_text = snap_rate(info.get("fps"))
+def transcode_stream(src: str, dst: str, info: dict, recipe: Recipe, timing: Timing):
+    """The ffmpeg-python graph that transcodes ``src`` (probed as ``info``) into ``dst`` (MP4)."""
+    gop = gop_frames(timing.rate, recipe)
     sw, sh, pw, ph = output_geometry(info, recipe)
-    chain = []
+    source = safe_input(src, threads=recipe.threads)
+    stream = info.get("stream_index")
+    video = source[str(stream)] if stream is not None else source["v:0"]
     if info.get("field_order") not in ("progressive", "unknown", None):
-        chain.append("yadif=mode=send_frame:parity=auto:deint=all")
-    chain.append(f"fps=fps={rate_text}")
-    chain.append(f"scale={sw}:{sh}:flags=bicubic")
+        video = video.filter("yadif", mode="send_frame", parity="auto", deint="all")
+    if timing.mode == RESAMPLE:
+        video = video.filter("fps", fps=timing.rate_text)
+    else:
+        video = video.filter("setpts", f"N/({timing.rate_text})/TB")
+    video = video.filter("scale", sw, sh, flags="bicubic")
     if (pw, ph) != (sw, sh):
-        chain.append(f"pad={pw}:{ph}:{(pw - sw) // 2}:{(ph - sh) // 2}:color=black")
-    chain.append("format=yuv420p")
-    return ",".join(chain)
+        video = video.filter("pad", pw, ph, (pw - sw) // 2, (ph - sh) // 2, color="black")
+    video = video.filter("setsar", "1").filter("format", "yuv420p")
+    x264 = f"scenecut=0:open-gop=0:keyint={gop}:min-keyint={gop}:bframes={recipe.bframes}"
+    return video.output(dst, format="mp4", r=timing.rate_text, fps_mode="cfr", map_metadata=-1, map_chapters=-1,
+                        preset=recipe.preset, crf=recipe.crf, g=gop, keyint_min=gop, sc_threshold=0,
+                        bf=recipe.bframes, threads=recipe.threads, fflags="+bitexact", movflags="+faststart",
+                        **{"c:v": "libx264", "profile:v": "high", "pix_fmt": "yuv420p",
+                           "flags:v": "+cgop+bitexact", "x264-params": x264}
+                        ).global_args("-filter_complex_threads", str(recipe.threads))
 
 
 def build_command(src: str, dst: str, info: dict, recipe: Recipe, ffmpeg: str = "ffmpeg") -> list[str]:
-    """The full ffmpeg argument list that transcodes ``src`` (probed as ``info``) into ``dst`` (MP4)."""
-    rate, rate_text = snap_rate(info.get("fps"))
-    gop = gop_frames(rate, recipe)
-    x264 = f"scenecut=0:open-gop=0:keyint={gop}:min-keyint={gop}:bframes={recipe.bframes}"
-    stream = info.get("stream_index")
-    return [
-        ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
-        "-threads", str(recipe.threads), "-i", src,
-        "-map", f"0:{stream}" if stream is not None else "0:v:0",
-        "-an", "-sn", "-dn", "-map_metadata", "-1", "-map_chapters", "-1",
-        "-vf", video_filters(info, recipe), "-r", rate_text, "-fps_mode", "cfr",
-        "-c:v", "libx264", "-profile:v", "high", "-pix_fmt", "yuv420p",
-        "-preset", recipe.preset, "-crf", str(recipe.crf),
-        "-g", str(gop), "-keyint_min", str(gop), "-sc_threshold", "0", "-bf", str(recipe.bframes),
-        "-flags:v", "+cgop+bitexact", "-x264-params", x264, "-threads", str(recipe.threads),
-        "-fflags", "+bitexact", "-movflags", "+faststart", "-f", "mp4", dst,
-    ]
+    """The ffmpeg argument list (compiled by ffmpeg-python) that transcodes ``src`` into ``dst``."""
+    return compile_ffmpeg(transcode_stream(src, dst, info, recipe, plan_timing(info)), ffmpeg)
 
 
-PR_SET_PDEATHSIG = 1
+def remux_command(src: str, dst: str, container: str = "mp4", ffmpeg: str = "ffmpeg") -> list[str]:
+    """Stream copy of ``src``'s video and audio into ``dst`` with ``moov`` first (``+faststart``):
+    no re-encode, bit-exact muxing, the source's metadata kept."""
+    import ffmpeg as ffmpeg_python
+
+    source = safe_input(src)
+    out = ffmpeg_python.output(source["v"], source["a?"], dst, format=container, c="copy", map_metadata=0,
+                               movflags="+faststart", fflags="+bitexact")
+    return compile_ffmpeg(out, ffmpeg)
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` for ffmpeg/ffprobe children: on Linux, ask the kernel to SIGKILL the child
-    when the worker that started it dies (prctl(PR_SET_PDEATHSIG, SIGKILL)), so a killed repack
-    leaves no ffmpeg running. A no-op elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def copy_timing(info: dict) -> Timing:
+    """The expectation for a copy or a stream-copy remux: the same packets, the same frames."""
+    rate, text = snap_rate(info.get("fps"))
+    frames = int(info.get("frames") or 0)
+    return Timing(rate, text, COPY, "measured", frames, frames, float(info.get("duration_s") or 0.0))
 
 
-def run_transcode(cmd: list[str], timeout: float | None = None) -> str | None:
-    """Run an ffmpeg command list; None on success, else the last line of ffmpeg's error output."""
-    try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
-                              preexec_fn=die_with_parent)
-    except subprocess.TimeoutExpired:
-        return f"ffmpeg timed out after {timeout:.0f} s"
-    if proc.returncode == 0:
+def frames_problem(timing: Timing, output: dict) -> str | None:
+    """None if the re-probed ``output`` has the expected frames (one frame of slack), else the
+    quarantine reason with both numbers (frames and seconds)."""
+    frames = int(output.get("frames") or 0)
+    if abs(frames - timing.expected_frames) <= 1:
         return None
-    lines = [line for line in proc.stderr.decode(errors="replace").splitlines() if line.strip()]
-    return lines[-1] if lines else f"ffmpeg exited with {proc.returncode}"
+    seconds = output.get("span_s") or output.get("duration_s") or 0.0
+    return (f"frame count changed: the source has {timing.frames_in} frames ({timing.expected_duration_s:.3f} s, "
+            f"{timing.expected_frames} expected at {timing.rate_text} fps, {timing.mode}), the output has {frames} "
+            f"frames ({seconds:.3f} s)")
+
+
+def run_ffmpeg(cmd: list[str], src: str, timeout: float | None = None) -> str | None:
+    """Run an ffmpeg argument list reading ``src``; None on success, else its last error line."""
+    result = run(cmd, timeout)
+    return None if result.returncode == 0 else result.error_line(src)

@@ -5,6 +5,9 @@ generated once into OUT/images-data and reused, packed with `--verify decode` in
 REPACK_BENCH_SHARD_SIZE (several shards, so DataLoader workers split them). Packing speed is
 bench_producer's. Rows (images/s; ratio = repack / baseline):
 
+  decode the per-image `--verify decode` check alone, one process (strict full libjpeg-turbo decode,
+         ``inspect_image``) vs the check it replaced (PIL 1/8-scale draft decode, which misses
+         corrupt data that libjpeg only warns about) and vs a plain PIL full-decode loop
   read   PyTorch reader over the shards vs a folder-of-files Dataset (same PIL decode, resize 224,
          same num_workers, both shuffled), warm and cold page cache; then the same without
          decoding (raw bytes: the I/O path alone)
@@ -134,6 +137,33 @@ def run_shardwriter_pil(src: Path, files: list[Path], work: Path, shard_size: in
     return seconds
 
 
+def decode_check_seconds(datas: list[bytes]) -> dict[str, float]:
+    """Best of 2 seconds, one process, for each way of checking that every image of ``datas`` decodes."""
+    from PIL import Image
+
+    from repack.transforms.image_check import inspect_image
+
+    def draft(data: bytes) -> None:  # the pre-issue-11 `--verify decode`
+        image = Image.open(io.BytesIO(data))
+        image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
+        image.load()
+
+    def full_pil(data: bytes) -> None:
+        Image.open(io.BytesIO(data)).load()
+
+    ways = {"inspect": lambda data: inspect_image(data, "decode"), "draft": draft, "pil": full_pil}
+    result = {}
+    for name, check in ways.items():
+        best = float("inf")
+        for _ in range(2):
+            started = time.perf_counter()
+            for data in datas:
+                check(data)
+            best = min(best, time.perf_counter() - started)
+        result[name] = best
+    return result
+
+
 # ---- readers ----------------------------------------------------------------------------
 
 def to_224(image):
@@ -222,6 +252,15 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
 
     rows = []  # packing speed (vs tar, vs ShardWriter, worker sweep): bench_producer
     run_repack(src, work / "decode", "decode", shard_size)
+
+    sample = [p.read_bytes() for p in files[: env_int("REPACK_BENCH_DECODE_IMAGES", 500)]]
+    check_s = decode_check_seconds(sample)
+    m = len(sample)
+    rows.append(row("decode check: strict full decode (1 proc)", m / check_s["inspect"],
+                    "old check: PIL 1/8 draft decode", m / check_s["draft"], seconds=round(check_s["inspect"], 3)))
+    rows.append(row("decode check: strict full decode (1 proc)", m / check_s["inspect"],
+                    "plain PIL full decode loop", m / check_s["pil"], seconds=round(check_s["inspect"], 3)))
+
     packed = work / "decode"
     shards = sorted(packed.glob("*.tar"))
     method = None

@@ -1,9 +1,10 @@
-"""Video benchmark: probe files/s (ffprobe subprocess vs PyAV in-process) and transcode
-frames/s (`repack video --transcode` vs the same ffmpeg commands run by hand), measured in the
-same run on the same generated clips; then `repack video --transcode --threads 1` frames/s at
-1, 2, 4, ... workers up to the usable CPUs (REPACK_BENCH_MAX_WORKERS caps it) with the scaling
-efficiency fps(W) / (W x fps(1)). Sizes via REPACK_BENCH_VIDEO_FILES (default 24; at least one
-transcode clip per usable CPU is made for the sweep)."""
+"""Video benchmark: probe files/s (ffprobe subprocess vs PyAV in-process), the cost of
+``--verify decode`` (the packet scan, the default, vs the scan plus a full decode of every
+frame), and transcode frames/s (`repack video --transcode` vs the same ffmpeg commands run by
+hand), measured in the same run on the same generated clips; then `repack video --transcode
+--threads 1` frames/s at 1, 2, 4, ... workers up to the usable CPUs (REPACK_BENCH_MAX_WORKERS
+caps it) with the scaling efficiency fps(W) / (W x fps(1)). Sizes via REPACK_BENCH_VIDEO_FILES
+(default 24; at least one transcode clip per usable CPU is made for the sweep)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from repack.transforms.decode_check import decode_check
 from repack.transforms.probe import probe_file, pyav_probe
 from repack.transforms.transcode import Recipe, build_command
 from tests.benchmarks.bench_producer import usable_cpus, worker_sweep
@@ -74,6 +76,14 @@ def main(out_dir) -> dict:
         agree = sum(all(a.get(k) == b.get(k) for k in AGREE_KEYS) for a, b in zip(ff, pa))
     except ImportError:
         t_pa, agree = None, None
+    # --verify decode: the packet scan plus a full decode, on the transcode inputs (real content)
+    t0 = time.perf_counter()
+    scans = [probe_file(str(p)) for p in bad]
+    t_scan = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    checks = [decode_check(str(p), s.get("stream_index")) for p, s in zip(bad, scans)]
+    t_decode = time.perf_counter() - t0 + t_scan
+    assert all(c["decode_errors"] == 0 and c["decoded_frames"] == s["frames"] for c, s in zip(checks, scans))
     # transcode: repack (one worker, one thread) vs the identical commands by hand, sequentially
     frames = sum(probe_file(str(p))["frames"] for p in bad)
     dst = out / "repack-out"
@@ -86,12 +96,14 @@ def main(out_dir) -> dict:
     cmds = [build_command(str(p), str(hand / f"{i}.mp4"), probe_file(str(p)), Recipe()) for i, p in enumerate(bad)]
     t0 = time.perf_counter()
     for cmd in cmds:
-        subprocess.run(cmd, check=True)
+        subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
     t_hand = time.perf_counter() - t0
     sweep = transcode_sweep(out / "src" / "tc", out / "sweep", frames)
     rows = [("probe ffprobe subprocess", f"{len(good) / t_ff:.1f} files/s", "1.00"),
             ("probe PyAV in-process", f"{len(good) / t_pa:.1f} files/s" if t_pa else "n/a",
              f"{t_ff / t_pa:.2f}" if t_pa else "n/a"),
+            ("verify packets (scan, the default)", f"{len(bad) / t_scan:.1f} files/s", "1.00"),
+            ("verify decode (scan + full decode)", f"{len(bad) / t_decode:.1f} files/s", f"{t_scan / t_decode:.3f}"),
             ("transcode ffmpeg by hand", f"{frames / t_hand:.1f} frames/s", "1.00"),
             ("transcode repack (probe+encode+re-probe+sha)", f"{frames / t_repack:.1f} frames/s",
              f"{t_hand / t_repack:.2f}")]
@@ -102,6 +114,9 @@ def main(out_dir) -> dict:
     result = {"probe_files": len(good), "probe_ffprobe_files_s": round(len(good) / t_ff, 2),
               "probe_pyav_files_s": round(len(good) / t_pa, 2) if t_pa else None,
               "pyav_agrees": f"{agree}/{len(good)}" if agree is not None else None,
+              "verify_files": len(bad), "verify_packets_files_s": round(len(bad) / t_scan, 2),
+              "verify_decode_files_s": round(len(bad) / t_decode, 2),
+              "verify_decode_cost_x": round(t_decode / t_scan, 1),
               "transcode_frames": frames, "transcode_hand_fps": round(frames / t_hand, 1),
               "transcode_repack_fps": round(frames / t_repack, 1),
               "sweep": [{"workers": w, "fps": round(fps, 1), "efficiency": round(eff, 3)} for w, fps, eff in sweep],

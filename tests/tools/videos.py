@@ -8,6 +8,7 @@ them in parallel (ffmpeg does the work in subprocesses; a thread pool is enough)
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import struct
 import subprocess
@@ -24,9 +25,10 @@ class Clip:
     args: tuple[str, ...]            # ffmpeg args after the lavfi input ('' for special clips)
     decision: str                    # expected for target h100
     reasons: frozenset = field(default_factory=frozenset)
-    size: tuple[int, int, int, float] = (160, 120, 25, 1.0)  # w, h, fps, seconds
-    special: str = ""                # empty | rotate | truncate | jpeg | audio | dual | vfr | nokey
+    size: tuple = (160, 120, 25, 1.0)  # w, h, fps (a number or 'num/den'), seconds
+    special: str = ""                # empty | rotate | truncate | jpeg | audio | dual | hls | corrupt
     needs: str = ""                  # encoder that must exist, else the clip is skipped
+    quarantined: str = ""            # the code when --transcode quarantines it after all (the frame check)
 
 
 def _r(*codes: str) -> frozenset:
@@ -35,7 +37,9 @@ def _r(*codes: str) -> frozenset:
 
 X264 = ("-c:v", "libx264", "-preset", "ultrafast", "-g", "25", "-bf", "0")
 CLIPS: tuple[Clip, ...] = (
-    Clip("good/h264.mp4", X264 + ("-pix_fmt", "yuv420p"), "ok"),
+    Clip("good/h264.mp4", X264 + ("-pix_fmt", "yuv420p", "-movflags", "+faststart"), "ok"),
+    # ffmpeg's default MP4 layout: moov after mdat; ok, and remuxed with +faststart when copied
+    Clip("good/moov_at_end.mp4", X264 + ("-pix_fmt", "yuv420p"), "ok"),
     Clip("good/hevc.mp4", ("-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=none:keyint=25",
                            "-pix_fmt", "yuv420p", "-tag:v", "hvc1"), "ok", size=(192, 144, 25, 1.0), needs="libx265"),
     Clip("good/hevc10.mkv", ("-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=none:keyint=25",
@@ -47,6 +51,16 @@ CLIPS: tuple[Clip, ...] = (
     Clip("good/mjpeg.avi", ("-c:v", "mjpeg", "-pix_fmt", "yuvj420p", "-q:v", "5"), "ok"),
     Clip("good/mpeg4.avi", ("-c:v", "mpeg4", "-g", "25", "-q:v", "5"), "ok"),
     Clip("good/audio_b.mp4", X264 + ("-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest"), "ok", special="audio_b"),
+    # MPEG-4 Part 2 in AVI with packed B-frames: a third of the packets carry no timestamp
+    Clip("bad/packed_bframes.avi", ("-frames:v", "120", "-c:v", "mpeg4", "-bf", "2", "-q:v", "5", "-f", "avi"),
+         "transcode", _r("missing_timestamps"), size=(160, 120, "30000/1001", 4.004)),
+    # 24x32 with 4:3 pixels shows as 32x32: scaled to square pixels, padded to 48x32 (H.264's minimum width)
+    Clip("bad/sar_pad.mp4", ("-vf", "setsar=4/3") + X264 + ("-pix_fmt", "yuv420p"), "transcode", _r("too_small"),
+         size=(24, 32, 25, 1.0)),
+    # garbage inside valid packets: the packet scan sees only the long GOP; --verify decode rejects it
+    Clip("bad/corrupt_middle.mp4", ("-c:v", "libx264", "-preset", "ultrafast", "-g", "100", "-bf", "0",
+                                    "-pix_fmt", "yuv420p"), "transcode", _r("long_gop"), special="corrupt",
+         size=(160, 120, 25, 4.0), quarantined="frames_changed"),
     Clip("bad/h264_10bit.mp4", X264 + ("-pix_fmt", "yuv420p10le"), "transcode", _r("bit_depth", "profile")),
     Clip("bad/h264_444.mp4", X264 + ("-pix_fmt", "yuv444p"), "transcode", _r("chroma", "profile")),
     Clip("bad/hevc444.mkv", ("-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=none:keyint=25",
@@ -74,6 +88,9 @@ CLIPS: tuple[Clip, ...] = (
                                       "-bsf:v", "noise=drop=eq(n\\,0)"), "transcode", _r("first_not_keyframe")),
     Clip("junk/audio_only.m4a", (), "reject", _r("no_video"), special="audio"),
     Clip("junk/empty.mp4", (), "reject", _r("empty"), special="empty"),
+    # an HLS playlist named .mp4 whose segment lies outside the source root: never opened
+    Clip("junk/playlist.mp4", X264 + ("-pix_fmt", "yuv420p", "-f", "mpegts"), "reject", _r("format_refused"),
+         special="hls"),
     Clip("junk/photo.mp4", (), "reject", _r("still_image"), special="jpeg"),
     Clip("junk/truncated.mp4", X264 + ("-pix_fmt", "yuv420p"), "reject", _r("probe_failed"), special="truncate"),
     Clip("junk/truncated_faststart.mp4", X264 + ("-pix_fmt", "yuv420p", "-movflags", "+faststart"), "reject",
@@ -92,6 +109,9 @@ def encoders() -> set[str]:
 
 
 def _ffmpeg(args: list[str]) -> None:
+    """Run ffmpeg with ``args`` verbatim. The generators speak ffmpeg's own flags on purpose (odd
+    inputs are what they make); repack's own ffmpeg/ffprobe commands are built with ffmpeg-python
+    (repack.transforms.ffmpeg_cli)."""
     proc = subprocess.run(["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", *args],
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -117,6 +137,13 @@ def make_clip(root: Path, clip: Clip) -> Path:
     lavfi = ["-f", "lavfi", "-i", SRC.format(w=w, h=h, r=r, d=d)]
     if clip.special == "empty":
         path.write_bytes(b"")
+    elif clip.special == "hls":
+        segment = root.parent / f"{root.name}-outside" / "secret.ts"
+        segment.parent.mkdir(parents=True, exist_ok=True)
+        _ffmpeg(lavfi + list(clip.args) + [str(segment)])
+        target = os.path.relpath(segment, path.parent)
+        path.write_text(f"#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:1\n#EXTINF:1.0,\n{target}\n"
+                        "#EXT-X-ENDLIST\n")
     elif clip.special == "audio":
         _ffmpeg(["-f", "lavfi", "-i", "sine=frequency=440:duration=1", "-c:a", "aac", str(path)])
     elif clip.special == "jpeg":
@@ -133,7 +160,17 @@ def make_clip(root: Path, clip: Clip) -> Path:
     elif clip.special == "truncate":
         data = path.read_bytes()
         path.write_bytes(data[: len(data) * 2 // 3])
+    elif clip.special == "corrupt":
+        corrupt_middle(path)
     return path
+
+
+def corrupt_middle(path: Path, length: int = 3000, seed: int = 1) -> None:
+    """Overwrite ``length`` bytes in the middle of ``path`` with seeded random bytes."""
+    data = bytearray(path.read_bytes())
+    start = len(data) // 2
+    data[start:start + length] = random.Random(seed).randbytes(min(length, len(data) - start))
+    path.write_bytes(bytes(data))
 
 
 def make_clips(root: str | os.PathLike, clips=CLIPS, workers: int = 4) -> dict[str, Clip]:

@@ -1,0 +1,133 @@
+"""Reading a dataset's files where they are: a local path, or an ``s3://bucket/key`` URL.
+
+Objects are read with boto3 (credentials and endpoint the standard AWS way: ``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles). A byte range is
+a ranged GET whose body is read as it arrives: a shard is streamed, never downloaded whole first.
+A connection lost in the middle of a range is resumed from the byte where it stopped.
+One client per process (DataLoader workers make their own). The readers import nothing from
+repack but its manifest, so this small client is theirs, not ``repack.store``'s.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from typing import BinaryIO
+
+REQUEST_ATTEMPTS = 8  # botocore retries of one request (5xx, throttling, connection errors)
+RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way
+_clients: dict[int, object] = {}
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    return str(location).startswith("s3://")
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> ("bucket", "a/b")."""
+    bucket, _, key = str(url)[5:].partition("/")
+    if not bucket:
+        raise ValueError(f"{url!r} names no bucket")
+    return bucket, key
+
+
+def _client():
+    pid = os.getpid()
+    if pid not in _clients:
+        import boto3
+        from botocore.config import Config
+
+        config = Config(retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"}, read_timeout=120)
+        _clients[pid] = boto3.session.Session().client("s3", config=config)
+    return _clients[pid]
+
+
+def read_bytes(location: str | os.PathLike) -> bytes:
+    """The whole file or object (FileNotFoundError when it does not exist)."""
+    if not is_remote(location):
+        with open(location, "rb") as fh:
+            return fh.read()
+    from botocore.exceptions import ClientError
+
+    bucket, key = split_url(str(location))
+    try:
+        return _client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            raise FileNotFoundError(str(location)) from None
+        raise
+
+
+class _Window(io.RawIOBase):
+    """Bytes [start, end) of a local file, as a stream."""
+
+    def __init__(self, path: str, start: int, end: int) -> None:
+        self._fh = open(path, "rb", buffering=0)
+        self._fh.seek(start)
+        self._left = end - start
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer)[:self._left]
+        n = self._fh.readinto(view) if len(view) else 0
+        self._left -= n
+        return n
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+class _ObjectRange(io.RawIOBase):
+    """Bytes [start, end) of an object: one ranged GET read as it arrives; when the stream breaks
+    (connection reset, short body), a new ranged GET resumes at the first byte not yet read."""
+
+    def __init__(self, url: str, start: int, end: int) -> None:
+        self.url = url
+        self.bucket, self.key = split_url(url)
+        self.pos, self.end = start, end
+        self.body = None
+        self.resumed = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        from botocore.exceptions import BotoCoreError
+
+        want = min(len(buffer), self.end - self.pos)
+        if want <= 0:
+            return 0
+        while True:
+            try:
+                if self.body is None:
+                    self.body = _client().get_object(Bucket=self.bucket, Key=self.key,
+                                                     Range=f"bytes={self.pos}-{self.end - 1}")["Body"]
+                data = self.body.read(want)
+                if data:
+                    break
+                raise OSError(f"{self.url}: stream ended at byte {self.pos}, expected {self.end}")
+            except (BotoCoreError, OSError):
+                self.body = None
+                self.resumed += 1
+                if self.resumed > RESUME_ATTEMPTS:
+                    raise
+                time.sleep(0.1 * 2**self.resumed)
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if self.body is not None:
+            self.body.close()
+            self.body = None
+        super().close()
+
+
+def open_range(location: str, start: int, end: int, buffer: int = 1 << 20) -> BinaryIO:
+    """A buffered stream of bytes [start, end) of a local file or an object (ranged GETs)."""
+    raw = _ObjectRange(location, start, end) if is_remote(location) else _Window(location, start, end)
+    return io.BufferedReader(raw, buffer)

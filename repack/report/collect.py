@@ -1,0 +1,91 @@
+"""What a report says about a finished dataset, as plain JSON-able data (`repack inspect --json`,
+the text summary and the HTML page all read this): everything comes from the manifest, plus, for
+video, the per-file probe records in OUT/probe.jsonl."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from repack.manifest import read_manifest
+
+QUARANTINE_LISTED = 50  # quarantine records shown one by one (all are counted by reason)
+VIDEO_LISTED = 50  # videos not decodable as is, listed with their reasons
+GOP_BUCKETS = ((0.5, "<= 0.5 s"), (1.0, "0.5-1 s"), (2.0, "1-2 s"), (5.0, "2-5 s"), (float("inf"), "> 5 s"))
+
+
+def counted(values) -> dict[str, int]:
+    """{value: count}, most frequent first (ties by value)."""
+    return dict(sorted(Counter(values).items(), key=lambda kv: (-kv[1], str(kv[0]))))
+
+
+def bar_count(row: dict) -> int:
+    """A histogram row's count (text's document-length rows call it "documents")."""
+    return row["count"] if "count" in row else row["documents"]
+
+
+def collect(root: str | Path) -> dict:
+    """The report's data for the dataset in ``root`` (raises ManifestError when there is none)."""
+    manifest = read_manifest(root)
+    data = manifest.data
+    sizes = sorted(s["bytes"] for s in data["shards"])
+    run = data.get("run", {})
+    summary = {
+        "root": str(Path(manifest.root).absolute()), "modality": data["modality"], "format": data["format"],
+        "manifest_version": data["version"], "tool_version": data.get("created_by", {}).get("version"),
+        "options": data.get("created_by", {}).get("options", {}),
+        "samples": manifest.num_samples,
+        "shards": {"count": len(sizes), "bytes": sum(sizes), "min_bytes": sizes[0] if sizes else 0,
+                   "median_bytes": sizes[len(sizes) // 2] if sizes else 0, "max_bytes": sizes[-1] if sizes else 0},
+        "fields": data.get("fields", {}), "classes": data.get("classes") or {}, "totals": data.get("totals", {}),
+        "quarantine": {"count": len(manifest.quarantine),
+                       "reasons": counted(q["reason"] for q in manifest.quarantine),
+                       "listed": manifest.quarantine[:QUARANTINE_LISTED]},
+        "stats": data.get("stats", {}),
+        "timing": run.get("timing", {}),
+        "run": {k: v for k, v in run.items() if k != "timing"},
+    }
+    if data["modality"] == "video":
+        summary["video"] = video_tables(manifest)
+    if data["modality"] == "text":
+        summary["text"] = {k: data.get(k) for k in ("tokenizer", "dtype", "prefixes", "data_path")}
+    return summary
+
+
+def video_tables(manifest) -> dict:
+    """Decisions, reasons, codecs, resolutions and keyframe gaps of every probed video."""
+    stats = manifest.data.get("stats", {})
+    rel = manifest.data.get("files", {}).get("probe")
+    probes: list[dict] = []
+    if rel:
+        try:
+            text = manifest.path(rel).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            try:
+                probes.append(json.loads(line))
+            except ValueError:
+                continue
+    videos = [p for p in probes if p.get("width")]
+
+    def gop_bucket(seconds: float) -> str:
+        return next(label for limit, label in GOP_BUCKETS if seconds <= limit)
+
+    return {
+        "decisions": stats.get("decisions", dict(counted(p.get("decision") for p in probes))),
+        "reasons": dict(sorted(stats.get("reasons", {}).items(), key=lambda kv: (-kv[1], kv[0]))),
+        "codecs": counted(f"{p.get('codec')} {p.get('profile') or ''}".strip() for p in videos),
+        "pixel_formats": counted(str(p.get("pix_fmt")) for p in videos),
+        "resolutions": counted(f"{p['width']}x{p['height']}" for p in videos),
+        "frame_rates": counted(f"{p['fps']:g} fps" for p in videos if p.get("fps")),
+        "gop": {label: sum(1 for p in videos if p.get("max_gop_s") is not None
+                           and gop_bucket(p["max_gop_s"]) == label) for _, label in GOP_BUCKETS},
+        "not_ok": [{"source": p.get("source"), "decision": p.get("decision"),
+                    "codec": p.get("codec"), "size": f"{p.get('width')}x{p.get('height')}" if p.get("width") else "",
+                    "max_gop_s": p.get("max_gop_s"),
+                    "reasons": [r.get("code") for r in p.get("reasons", [])]}
+                   for p in probes if p.get("decision") != "ok"][:VIDEO_LISTED],
+        "probed": len(probes),
+    }

@@ -1,0 +1,156 @@
+"""The confinement seam: every input of every job is checked and opened here.
+
+A ``Confinement`` knows the source root. ``check(path)`` decides from ``lstat``/``stat`` alone
+(nothing is opened) whether a path may be read, and gives its real path and stat or a stable
+quarantine reason:
+
+- a symlink whose target lies outside the root: "symlink leaves the source root" (unless
+  ``allow_outside``); a list-file path outside the list's folder: "path leaves the source root";
+- with ``follow_symlinks=False`` every symlink is refused;
+- anything but a regular file or a folder (FIFO, socket, device) is refused: it is never
+  opened, so no open can block;
+- a file larger than ``max_file_bytes`` is refused from its size, never read.
+
+``open_input`` opens a planned input for reading: ``O_NONBLOCK | O_NOFOLLOW`` on its real path
+(a FIFO or a symlink put there after planning cannot block or redirect the open), then
+``fstat`` must show a regular file with the fingerprint recorded at planning (size, mtime_ns,
+inode), else ``SourceChanged``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat as stat_mod
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from repack.errors import RepackError
+
+LEAVES_ROOT = "symlink leaves the source root"
+PATH_LEAVES_ROOT = "path leaves the source root"
+NOT_FOLLOWED = "symlink (not followed: --no-follow-symlinks)"
+
+_SPECIAL = ((stat_mod.S_ISFIFO, "FIFO"), (stat_mod.S_ISSOCK, "socket"), (stat_mod.S_ISCHR, "character device"),
+            (stat_mod.S_ISBLK, "block device"))
+
+
+class SourceChanged(RepackError):
+    """An input differs from what was planned (size, mtime or inode): the job must start over."""
+
+
+class InputRefused(OSError):
+    """An input that must not be read; the message is its quarantine reason."""
+
+
+def kind_of(mode: int) -> str | None:
+    """``None`` for a regular file, else the name of what it is ("FIFO", "socket", ...)."""
+    if stat_mod.S_ISREG(mode):
+        return None
+    if stat_mod.S_ISDIR(mode):
+        return "folder"
+    return next((name for test, name in _SPECIAL if test(mode)), "special file")
+
+
+def not_regular(mode: int) -> str:
+    return f"not a regular file ({kind_of(mode)})"
+
+
+def fingerprint(st: os.stat_result) -> list[int]:
+    """What resume compares: [size, mtime_ns, inode]."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A path that may be read (``reason`` None: ``real`` and ``st`` set) or its refusal."""
+
+    real: str = ""
+    st: os.stat_result | None = None
+    reason: str | None = None
+    is_link: bool = False
+
+    @property
+    def is_dir(self) -> bool:
+        return self.st is not None and stat_mod.S_ISDIR(self.st.st_mode)
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """The rules for one source root (see the module docstring); ``rooted`` sets the root."""
+
+    root: str = ""
+    follow_symlinks: bool = True
+    allow_outside: bool = False
+    max_file_bytes: int | None = None
+
+    def rooted(self, root: str) -> "Confinement":
+        return dataclasses.replace(self, root=os.path.realpath(root))
+
+    def inside(self, real: str) -> bool:
+        return real == self.root or real.startswith(self.root.rstrip(os.sep) + os.sep)
+
+    def check(self, path: str) -> Checked:
+        """May ``path`` be read? Its real path and stat, or the reason it may not."""
+        try:
+            lst = os.lstat(path)
+        except OSError as exc:
+            return Checked(reason=f"unreadable: {exc.strerror}")
+        is_link = stat_mod.S_ISLNK(lst.st_mode)
+        if is_link and not self.follow_symlinks:
+            return Checked(reason=NOT_FOLLOWED, is_link=True)
+        real = os.path.realpath(path)
+        if not self.allow_outside and not self.inside(real):
+            parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+            written = os.path.join(parent, os.path.basename(path))  # where it is, before its own link
+            return Checked(reason=LEAVES_ROOT if self.inside(written) else PATH_LEAVES_ROOT, is_link=is_link)
+        try:
+            st = os.stat(real)
+        except OSError as exc:
+            return Checked(reason="broken symlink" if is_link else f"unreadable: {exc.strerror}", is_link=is_link)
+        if stat_mod.S_ISDIR(st.st_mode):
+            return Checked(real, st, is_link=is_link)
+        if not stat_mod.S_ISREG(st.st_mode):
+            return Checked(reason=not_regular(st.st_mode), is_link=is_link)
+        too_big = self.size_refusal(st.st_size)
+        if too_big is not None:
+            return Checked(reason=too_big, is_link=is_link)
+        return Checked(real, st, is_link=is_link)
+
+    def size_refusal(self, size: int) -> str | None:
+        """The quarantine reason of a file of ``size`` bytes over the size cap, else None."""
+        if self.max_file_bytes is not None and size > self.max_file_bytes:
+            return (f"file of {size} bytes is over the size cap of {self.max_file_bytes} bytes "
+                    "(--max-file-size): not read")
+        return None
+
+
+def open_input(path: str, expected: list[int] | None = None, rel: str | None = None,
+               buffering: int = -1) -> BinaryIO:
+    """Open a planned input (its real path) without following a symlink or blocking; InputRefused
+    for anything but a regular file, SourceChanged when its fingerprint differs from ``expected``."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == 40:  # ELOOP: a symlink was put in the file's place after planning
+            raise InputRefused("replaced by a symlink after planning") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise InputRefused(not_regular(st.st_mode))
+        if expected is not None and fingerprint(st) != list(expected):
+            raise SourceChanged(f"source changed: {rel or path} differs from the planned input (size, mtime or "
+                                "inode); re-run with --overwrite to start over")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input(path: str, expected: list[int] | None = None, rel: str | None = None) -> bytes:
+    """The whole content of a planned input (size already capped at planning), read through ``open_input``."""
+    with open_input(path, expected, rel) as fh:
+        return fh.read(os.fstat(fh.fileno()).st_size + 1)

@@ -1,0 +1,52 @@
+"""Reading planned inputs, local or in object storage, the one way every job does it.
+
+A local path is opened through the confinement (``repack.sources.confine.open_input``: no
+symlink followed, nothing but a regular file, the planned fingerprint checked). An s3:// object
+is read through ranged GETs (``repack.sources.s3``); its planned size is its fingerprint: an
+object of another size raises ``SourceChanged`` like a changed local file (checked from each
+answer's Content-Range or length: no extra request).
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO, Iterator
+
+from repack.sources.confine import InputRefused, SourceChanged, read_input
+from repack.sources.confine import open_input as open_local
+from repack.sources.s3 import open_object, prefetched
+from repack.store import is_remote
+
+
+def _changed(rel: str | None, path: str) -> SourceChanged:
+    return SourceChanged(f"source changed: {rel or path} differs from the planned input (size); "
+                         "re-run with --overwrite to start over")
+
+
+def open_input(path: str, expected: list[int] | None = None, rel: str | None = None,
+               buffering: int = -1) -> BinaryIO:
+    """Open a planned input for reading (see the module docstring); ``expected``: its fingerprint."""
+    if not is_remote(path):
+        return open_local(path, expected, rel, buffering)
+    return open_object(path, expected[0] if expected else None)
+
+
+def read_inputs(entries: list[dict]) -> Iterator[bytes | OSError]:
+    """The bytes of each planned input ({"path", "rel", "fingerprint"}), or the OSError reading it, in
+    order: local files one by one through the confinement, s3:// objects prefetched concurrently."""
+    if any(is_remote(e["path"]) for e in entries):
+        for entry, data in zip(entries, prefetched(e["path"] for e in entries)):
+            expected = entry.get("fingerprint")
+            if not isinstance(data, OSError) and expected and len(data) != expected[0]:
+                raise _changed(entry["rel"], entry["path"])
+            yield data
+        return
+    for entry in entries:
+        try:
+            yield read_input(entry["path"], entry.get("fingerprint"), entry["rel"])
+        except OSError as exc:
+            yield exc
+
+
+def unreadable_reason(exc: OSError) -> str:
+    """The quarantine reason of an input that could not be read."""
+    return str(exc) if isinstance(exc, InputRefused) else f"unreadable: {exc.strerror or exc}"

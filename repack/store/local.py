@@ -1,0 +1,86 @@
+"""The local-filesystem store: the root is a folder and also the scratch jobs write into."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+from repack.manifest import atomic_write_bytes
+from repack.manifest.io import fsync_dir
+
+
+def copy_atomically(src: Path, dst: Path) -> None:
+    """Copy ``src`` to a temp name beside ``dst``, fsync, rename: ``dst`` appears only whole."""
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    try:
+        shutil.copyfile(src, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(dst.parent)
+
+
+class LocalStore:
+    """Files under a local folder. Jobs write in place, so ``publish`` only checks the file."""
+
+    remote = False
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.scratch = self.root
+        self.url = str(self.root)
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def publish(self, rel: str, local: Path) -> None:
+        """Make the finished file ``local`` visible as ``rel`` (a rename or copy when elsewhere)."""
+        target = self.path(rel)
+        if Path(local).resolve() != target.resolve():
+            copy_atomically(Path(local), target)
+
+    def put_bytes(self, rel: str, data: bytes, durable: bool = True) -> None:
+        atomic_write_bytes(self.path(rel), data, durable)
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        """The file's bytes, None when it does not exist."""
+        try:
+            return self.path(rel).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def size(self, rel: str) -> int | None:
+        try:
+            return os.path.getsize(self.path(rel))
+        except OSError:
+            return None
+
+    def list_sizes(self, prefix: str = "") -> dict[str, int]:
+        """{relative path: bytes} of every file whose path starts with ``prefix``."""
+        found = {}
+        folder = self.root / prefix.rpartition("/")[0]
+        for path in folder.rglob("*") if folder.is_dir() else ():
+            rel = path.relative_to(self.root).as_posix()
+            if rel.startswith(prefix) and path.is_file():
+                found[rel] = path.stat().st_size
+        return found
+
+    def delete(self, rel: str) -> None:
+        self.path(rel).unlink(missing_ok=True)
+
+    def clear_state(self, state_dir: str) -> None:
+        """Remove the job state folder (``--overwrite``)."""
+        shutil.rmtree(self.path(state_dir), ignore_errors=True)
+
+    def fetch(self, rel: str, local: Path) -> None:
+        """Copy ``rel`` to the local path (nothing to do when it is the same file)."""
+        if Path(local).resolve() != self.path(rel).resolve():
+            copy_atomically(self.path(rel), Path(local))
+
+    def lock(self, name: str):
+        """Local runs are locked with flock on the folder itself (see the engine): nothing more."""
+        return contextlib.nullcontext()

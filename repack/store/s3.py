@@ -1,0 +1,220 @@
+"""Amazon S3 and S3-compatible object stores (MinIO, Ceph, R2, ...) through boto3.
+
+Why boto3: its transfer manager (s3transfer) uploads a large file as concurrent multipart parts
+and downloads with ranged GETs, botocore retries throttling and 5xx answers with backoff, and it
+reads credentials and the endpoint the standard AWS way (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, ``~/.aws/config``, instance
+roles). ``make bench`` (tests/benchmarks/bench_s3.py) compares our per-file, checked uploads
+with its own bulk upload of the same files.
+
+Object stores have no rename: a PUT (or a completed multipart upload) makes an object visible
+whole or not at all. ``publish`` uploads a finished file with its sha256 as object metadata
+(``x-amz-meta-sha256``), then checks the object's size and metadata with a HEAD; only then does
+the engine put the task's record. Credentials are never printed nor written anywhere.
+
+Scratch: jobs write into a local folder, ``$REPACK_SCRATCH/<sha256 of the URL>`` (default
+``~/.cache/repack/scratch``), then publish from it; a re-run on the same machine finds it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from pathlib import Path
+
+from repack.errors import RepackError
+from repack.store.s3_client import AUTH_CODES, client, describe_error, is_missing, parse_url, transfer_config
+from repack.store.s3_lock import ObjectLock
+
+SHA_META = "sha256"   # object metadata x-amz-meta-sha256: the content's sha256, set at upload
+UPLOAD_ATTEMPTS = 4   # whole-file attempts on top of botocore's per-request retries
+
+
+def sha256_file(path: str | Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def scratch_folder(url: str) -> Path:
+    base = os.environ.get("REPACK_SCRATCH") or os.path.join(os.path.expanduser("~"), ".cache", "repack", "scratch")
+    return Path(base) / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+class S3Store:
+    """Objects under ``s3://bucket/prefix``; jobs write into a local scratch folder first."""
+
+    remote = True
+
+    def __init__(self, url: str) -> None:
+        self.bucket, self.prefix = parse_url(url)
+        self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self.scratch = scratch_folder(self.url)
+        self._sizes: dict[str, int] | None = None
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def where(self, rel: str = "") -> str:
+        return f"{self.url}/{rel}" if rel else self.url
+
+    def _call(self, rel: str, method: str, **kwargs):
+        try:
+            return getattr(client(), method)(Bucket=self.bucket, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - botocore's errors become one-line RepackErrors
+            if is_missing(exc):
+                raise FileNotFoundError(self.where(rel)) from None
+            raise describe_error(exc, self.where(rel)) from None
+
+    # -- the store operations ----------------------------------------------------------------
+    def check_writable(self) -> None:
+        """Fail fast (exit 2) on wrong credentials, a missing bucket or a read-only prefix."""
+        rel = f".repack/.write-probe-{socket.gethostname()}-{os.getpid()}"
+        self._call(rel, "put_object", Key=self.key(rel), Body=b"")
+        self._call(rel, "delete_object", Key=self.key(rel))
+
+    def publish(self, rel: str, local: Path) -> None:
+        """Upload a finished local file (multipart when large), then check size and sha256 by HEAD."""
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        local = Path(local)
+        size = local.stat().st_size
+        digest = sha256_file(local)
+        if self.holds(rel, size, digest):  # uploaded by a run killed before its record: keep it
+            return
+        last: BaseException | None = None
+        for attempt in range(UPLOAD_ATTEMPTS):
+            try:
+                client().upload_file(str(local), self.bucket, self.key(rel), Config=transfer_config(),
+                                     ExtraArgs={"Metadata": {SHA_META: digest}})
+                head = client().head_object(Bucket=self.bucket, Key=self.key(rel))
+            except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
+                last = exc
+                if isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code")) in AUTH_CODES:
+                    raise describe_error(exc, self.where(rel)) from None
+                time.sleep(min(8.0, 0.5 * 2**attempt))
+                continue
+            if head["ContentLength"] == size and head.get("Metadata", {}).get(SHA_META) == digest:
+                if self._sizes is not None:
+                    self._sizes[rel] = size
+                return
+            last = RepackError(f"{self.where(rel)}: uploaded object has {head['ContentLength']} bytes / sha256 "
+                               f"{head.get('Metadata', {}).get(SHA_META)}, expected {size} / {digest}")
+        if isinstance(last, RepackError):
+            raise last
+        raise describe_error(last, f"upload of {self.where(rel)} failed after {UPLOAD_ATTEMPTS} attempts")
+
+    def holds(self, rel: str, size: int, digest: str) -> bool:
+        """True when the object exists with this size and sha256 metadata (one HEAD)."""
+        try:
+            head = self._call(rel, "head_object", Key=self.key(rel))
+        except FileNotFoundError:
+            return False
+        return head["ContentLength"] == size and head.get("Metadata", {}).get(SHA_META) == digest
+
+    def put_bytes(self, rel: str, data: bytes, durable: bool = True) -> None:
+        """A small object in one PUT (atomic by nature; ``durable`` is implied)."""
+        del durable
+        self._call(rel, "put_object", Key=self.key(rel), Body=data,
+                   Metadata={SHA_META: hashlib.sha256(data).hexdigest()})
+        if self._sizes is not None:
+            self._sizes[rel] = len(data)
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        try:
+            return self._call(rel, "get_object", Key=self.key(rel))["Body"].read()
+        except FileNotFoundError:
+            return None
+
+    def cache_listing(self) -> None:
+        """List the whole prefix once; ``size`` answers from it (kept current by this process's
+        own puts and deletes)."""
+        self._sizes = self.list_sizes()
+
+    def size(self, rel: str) -> int | None:
+        """Object size, from the cached listing (made on first use)."""
+        if self._sizes is None:
+            self.cache_listing()
+        return self._sizes.get(rel)
+
+    def list_sizes(self, prefix: str = "") -> dict[str, int]:
+        """{relative path: bytes} of every object under ``prefix`` (paged listing)."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        found: dict[str, int] = {}
+        try:
+            pages = client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    found[obj["Key"][len(base):]] = obj["Size"]
+        except Exception as exc:  # noqa: BLE001
+            raise describe_error(exc, self.where(prefix)) from None
+        return found
+
+    def delete(self, rel: str) -> None:
+        self._call(rel, "delete_object", Key=self.key(rel))
+        if self._sizes is not None:
+            self._sizes.pop(rel, None)
+
+    def clear_state(self, state_dir: str) -> None:
+        """Remove the job state objects (``--overwrite``), but not the lock this run holds."""
+        for rel in self.list_sizes(f"{state_dir}/"):
+            if not rel.startswith(f"{state_dir}/lock"):
+                self.delete(rel)
+        self.abort_uploads()
+
+    def abort_uploads(self) -> None:
+        """Abort multipart uploads left under the prefix by a killed run (their parts cost storage).
+        Best effort: a store or a policy without ListMultipartUploads leaves them to its lifecycle rules."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        base = f"{self.prefix}/" if self.prefix else ""
+        try:
+            pages = client().get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=base)
+            for page in pages:
+                for upload in page.get("Uploads", ()):
+                    client().abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                    UploadId=upload["UploadId"])
+        except (BotoCoreError, ClientError):
+            return
+
+    def digest(self, rel: str) -> tuple[int, str, str | None] | None:
+        """(size, sha256 of the content, sha256 stored at upload or None) streaming the object;
+        None when it does not exist."""
+        try:
+            answer = self._call(rel, "get_object", Key=self.key(rel))
+        except FileNotFoundError:
+            return None
+        sha, size = hashlib.sha256(), 0
+        for chunk in answer["Body"].iter_chunks(1 << 20):
+            sha.update(chunk)
+            size += len(chunk)
+        return size, sha.hexdigest(), answer.get("Metadata", {}).get(SHA_META)
+
+    def fetch(self, rel: str, local: Path, sha256: str | None = None) -> None:
+        """Download ``rel`` to ``local`` (temp name, then rename), checking its sha256 against
+        ``sha256``, else against the sha256 stored at upload."""
+        if sha256 is None:
+            try:
+                sha256 = self._call(rel, "head_object", Key=self.key(rel)).get("Metadata", {}).get(SHA_META)
+            except FileNotFoundError:
+                raise RepackError(f"{self.where(rel)}: missing") from None
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.tmp-{os.getpid()}")
+        try:
+            client().download_file(self.bucket, self.key(rel), str(tmp), Config=transfer_config())
+        except Exception as exc:  # noqa: BLE001
+            tmp.unlink(missing_ok=True)
+            if is_missing(exc):
+                raise RepackError(f"{self.where(rel)}: missing") from None
+            raise describe_error(exc, self.where(rel)) from None
+        if sha256 is not None and sha256_file(tmp) != sha256:
+            tmp.unlink(missing_ok=True)
+            raise RepackError(f"{self.where(rel)}: sha256 mismatch after download")
+        os.replace(tmp, local)
+
+    def lock(self, name: str) -> ObjectLock:
+        """A lock object ``.repack/<name>`` refusing a second live run (see ``s3_lock``)."""
+        return ObjectLock(self, f".repack/{name}")

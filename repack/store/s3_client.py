@@ -1,0 +1,80 @@
+"""The S3 client of repack (boto3): one per process, retries, and errors as one-line messages.
+
+Credentials and the endpoint come the standard AWS way (``AWS_ENDPOINT_URL``, profiles,
+environment, instance roles) and never appear in a message.
+"""
+
+from __future__ import annotations
+
+import os
+
+from repack.errors import RepackError, UsageError
+
+REQUEST_ATTEMPTS = 8         # botocore "standard" retries: 5xx, throttling, connection errors
+MULTIPART_BYTES = 64 << 20   # files larger than this are uploaded in parts of this size
+TRANSFER_THREADS = 8
+AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
+              "InvalidClientTokenId", "UnrecognizedClientException", "403", "AllAccessDisabled"}
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix/`` -> ("bucket", "some/prefix")."""
+    if not url.startswith("s3://"):
+        raise UsageError(f"{url!r} is not an s3:// URL")
+    bucket, _, prefix = url[5:].partition("/")
+    if not bucket:
+        raise UsageError(f"{url!r} names no bucket (use s3://bucket/prefix)")
+    return bucket, prefix.strip("/")
+
+
+_clients: dict[int, object] = {}
+
+
+def client():
+    """One boto3 S3 client per process (clients are not fork-safe: a forked worker makes its own)."""
+    pid = os.getpid()
+    if pid not in _clients:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise UsageError("s3:// needs boto3: pip install 'repack[s3]'") from None
+        config = Config(retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
+                        max_pool_connections=4 * TRANSFER_THREADS, connect_timeout=10, read_timeout=120)
+        _clients[pid] = boto3.session.Session().client("s3", config=config)
+    return _clients[pid]
+
+
+def transfer_config():
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES,
+                          max_concurrency=TRANSFER_THREADS, use_threads=True)
+
+
+def describe_error(exc: BaseException, where: str) -> RepackError:
+    """A one-line, credential-free error for a failed S3 call (auth/missing bucket: UsageError, exit 2)."""
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    if isinstance(exc, NoCredentialsError):
+        return UsageError(f"{where}: no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                          "AWS_PROFILE or an instance role)")
+    if isinstance(exc, EndpointConnectionError):
+        return UsageError(f"{where}: cannot reach the S3 endpoint ({exc.kwargs.get('endpoint_url', '?')}); "
+                          "check AWS_ENDPOINT_URL")
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", "?"))
+        if code in AUTH_CODES:
+            return UsageError(f"{where}: access refused ({code}): check the AWS credentials "
+                              "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and their permissions")
+        if code == "NoSuchBucket":
+            return UsageError(f"{where}: the bucket does not exist")
+        return RepackError(f"{where}: S3 error {code}")
+    return RepackError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def is_missing(exc: BaseException) -> bool:
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code")) in (
+        "NoSuchKey", "404", "NotFound")

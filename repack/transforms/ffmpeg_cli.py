@@ -1,0 +1,118 @@
+"""Build ffmpeg/ffprobe command lines with ffmpeg-python and run them under repack's rules.
+
+Building: every ffmpeg command is an ffmpeg-python graph (``ffmpeg.input(...).filter(...)
+.output(...)``) compiled to an argument list (never a shell string); ffprobe commands are
+built like ``ffmpeg.probe`` builds them (its fixed arguments, then keyword options through
+ffmpeg-python's own keyword converter). ``ffmpeg.probe`` and ``ffmpeg.run`` themselves are not
+used: they start the child without ``die_with_parent`` and without a timeout.
+
+Confinement: the tools read only the input file. The input is opened as ``file:<absolute
+path>`` with ``-protocol_whitelist file`` (no network, no pipe, no nested protocol such as
+``concat:`` or ``subfile,``) and ``-format_whitelist`` = ``ALLOWED_FORMATS``: single-file
+containers only, so a playlist or reference demuxer (HLS, DASH, concat, image2 sequence
+patterns, ...) is refused before it opens anything else, whatever the file's name.
+
+Running: ``run`` starts the child with ``die_with_parent`` (PR_SET_PDEATHSIG: it dies with
+the worker that started it), stdin closed, output captured, an optional timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+# Demuxers that read exactly one file (no playlist, no references to other files). The image
+# pipes are here so a still image is recognised (and rejected as one) instead of refused.
+ALLOWED_FORMATS = ("mov", "mp4", "matroska", "webm", "avi", "mpegts", "mpeg", "flv", "asf", "ogg", "ivf", "nut",
+                   "mxf", "dv", "m4v", "h264", "hevc", "mpegvideo", "obu", "mjpeg", "gif", "jpeg_pipe", "png_pipe",
+                   "webp_pipe", "bmp_pipe", "gif_pipe")
+SAFE_INPUT_OPTIONS = {"protocol_whitelist": "file", "format_whitelist": ",".join(ALLOWED_FORMATS)}
+_REFUSED = re.compile(r"\[([\w,]+) @ [^\]]*\] Format not on whitelist")
+_POINTER = re.compile(r" @ 0x[0-9a-f]+\]")
+
+
+def file_url(path: str) -> str:
+    """``file:`` + the absolute path: never read as another protocol or as an option."""
+    return "file:" + os.path.abspath(path)
+
+
+def safe_input(path: str, **options):
+    """``ffmpeg.input`` of ``path`` confined to that one file (see the module docstring)."""
+    import ffmpeg
+
+    return ffmpeg.input(file_url(path), **SAFE_INPUT_OPTIONS, **options)
+
+
+def ffprobe_args(path: str, ffprobe: str = "ffprobe", **options) -> list[str]:
+    """The ffprobe argument list ``ffmpeg.probe(path, **options)`` would run, confined to ``path``."""
+    from ffmpeg._utils import convert_kwargs_to_cmd_line_args
+
+    return [ffprobe, "-v", "error", "-show_format", "-show_streams", "-of", "json",
+            *convert_kwargs_to_cmd_line_args({**SAFE_INPUT_OPTIONS, **options}), file_url(path)]
+
+
+def compile_ffmpeg(stream, ffmpeg_cmd: str = "ffmpeg") -> list[str]:
+    """An ffmpeg-python output graph as an argument list, quiet, overwriting, stdin unused."""
+    return stream.global_args("-nostdin", "-hide_banner", "-loglevel", "error").compile(
+        cmd=ffmpeg_cmd, overwrite_output=True)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a finished ffmpeg/ffprobe run left: exit status, stdout bytes, stderr text."""
+
+    returncode: int
+    stdout: bytes
+    stderr: str
+
+    def lines(self, path: str) -> list[str]:
+        """The non-empty stderr lines, the input's path replaced by ``<file>`` and log pointers
+        stripped (``[h264 @ 0x55...]`` -> ``[h264]``), so a rerun gives the same text."""
+        return [_POINTER.sub("]", line.strip().replace(file_url(path), "<file>").replace(path, "<file>"))
+                for line in self.stderr.splitlines() if line.strip()]
+
+    def error_line(self, path: str) -> str:
+        """The last line of ``lines``, else the exit status."""
+        lines = self.lines(path)
+        return lines[-1] if lines else f"exited with {self.returncode}"
+
+    def refused_format(self) -> str | None:
+        """The demuxer name when the input was refused by ``-format_whitelist``, else None."""
+        match = _REFUSED.search(self.stderr)
+        return match.group(1) if match else None
+
+
+def refusal_message(demuxer: str) -> str:
+    """The quarantine reason for a refused container format."""
+    return (f"container format {demuxer!r} is not on the allow-list of single-file video containers: "
+            "playlist and reference formats (HLS, DASH, concat, image sequences) could make ffmpeg read "
+            "other files, so it was not opened")
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for ffmpeg/ffprobe children: on Linux, ask the kernel to SIGKILL the child
+    when the worker that started it dies (prctl(PR_SET_PDEATHSIG, SIGKILL)), so a killed repack
+    leaves no ffmpeg running. A no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def run(cmd: list[str], timeout: float | None = None) -> Result:
+    """Run ``cmd`` (an argument list) with ``die_with_parent``; a timeout is exit status 124."""
+    try:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
+                              preexec_fn=die_with_parent)
+    except subprocess.TimeoutExpired:
+        return Result(124, b"", f"{os.path.basename(cmd[0])} timed out after {timeout:.0f} s")
+    return Result(proc.returncode, proc.stdout, proc.stderr.decode(errors="replace"))

@@ -1,0 +1,115 @@
+"""Issue 13 benchmark: shards in object storage, against a real S3 server on loopback (moto).
+
+Upload: the same shard files published the way repack does (per file: sha256, upload, HEAD
+check; one thread per worker) vs boto3's own bulk upload (s3transfer's TransferManager, all
+files queued at once), as throughput and a ratio; and end to end, `repack images SRC s3://...`
+vs `repack images SRC LOCAL` followed by that bulk upload (write locally, then sync).
+
+Reading: ImageShardDataset over s3:// (streamed ranged GETs) vs the same shards on local disk,
+raw bytes (I/O bound) and decoded, samples/s and the ratio.
+
+moto is a Python server: absolute MB/s here say more about it than about S3; the ratios compare
+clients on the same server. REPACK_BENCH_S3_IMAGES sets the dataset size (default 2000).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.benchmarks.bench_images import make_dataset
+from tests.tools.s3server import MotoServer, client, s3_env
+
+IMAGES = int(os.environ.get("REPACK_BENCH_S3_IMAGES") or 2000)
+WORKERS = 2
+
+
+def _repack(env: dict, *args) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "repack", *map(str, args)], check=True, capture_output=True,
+                   env={**os.environ, **env})
+    return time.perf_counter() - started
+
+
+def _bulk_upload(s3, files: list[Path], root: Path, bucket: str, prefix: str) -> float:
+    """boto3's own bulk upload: one TransferManager, every file queued at once."""
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+    started = time.perf_counter()
+    with create_transfer_manager(s3, TransferConfig(max_concurrency=10)) as manager:
+        futures = [manager.upload(str(f), bucket, f"{prefix}/{f.relative_to(root).as_posix()}") for f in files]
+        for future in futures:
+            future.result()
+    return time.perf_counter() - started
+
+
+def _publish_all(files: list[Path], root: Path, url: str) -> float:
+    """repack's publish (sha256, upload, HEAD check) of each file, WORKERS at a time."""
+    from repack.store.s3 import S3Store
+
+    store = S3Store(url)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(lambda f: store.publish(f.relative_to(root).as_posix(), f), files))
+    return time.perf_counter() - started
+
+
+def _read_rate(root: str, decode: bool) -> float:
+    from torch.utils.data import DataLoader
+
+    from pipelines.torch_webdataset import ImageShardDataset
+
+    dataset = ImageShardDataset(root, decode=decode, transform=(lambda im: im.size) if decode else None)
+    started = time.perf_counter()
+    count = sum(1 for _ in DataLoader(dataset, batch_size=None, num_workers=WORKERS))
+    return count / (time.perf_counter() - started)
+
+
+def main(out_dir: str | os.PathLike) -> dict:
+    out_dir = Path(out_dir).absolute()
+    src = make_dataset(out_dir / "images-data", IMAGES)
+    work = out_dir / "s3"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    server = MotoServer()
+    try:
+        env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(work / "scratch")}
+        os.environ.update(env)  # this process's boto3 clients (publish, reader) use the same server
+        s3 = client(server.endpoint)
+        s3.create_bucket(Bucket="bench")
+        common = ["--shard-bytes", "32MB", "--workers", str(WORKERS), "--quiet"]
+        local = work / "local"
+        local_s = _repack(env, "images", src, local, *common)
+        files = sorted(p for p in local.iterdir() if p.suffix in (".tar", ".idx"))
+        total = sum(f.stat().st_size for f in files)
+        bulk_s = _bulk_upload(s3, files, local, "bench", "bulk")
+        publish_s = _publish_all(files, local, "s3://bench/publish")
+        s3_s = _repack(env, "images", src, "s3://bench/job", *common)
+        reads = {name: {"local": _read_rate(str(local), decode), "s3": _read_rate("s3://bench/job", decode)}
+                 for name, decode in (("bytes", False), ("decoded", True))}
+    finally:
+        server.stop()
+    mb = total / 1e6
+    rows = [
+        "| upload of the same shard files | seconds | MB/s | vs boto3 bulk |", "|---|---|---|---|",
+        f"| boto3 bulk (TransferManager) | {bulk_s:.2f} | {mb / bulk_s:.1f} | 1.00x |",
+        f"| repack publish (sha256 + upload + HEAD check, {WORKERS} threads) | {publish_s:.2f} | "
+        f"{mb / publish_s:.1f} | {bulk_s / publish_s:.2f}x |",
+        "", "| end to end | seconds | vs local + bulk upload |", "|---|---|---|",
+        f"| repack images -> LOCAL, then boto3 bulk upload | {local_s + bulk_s:.2f} | 1.00x |",
+        f"| repack images -> s3:// (uploads overlap packing) | {s3_s:.2f} | {(local_s + bulk_s) / s3_s:.2f}x |",
+        "", "| ImageShardDataset, 2 workers | local samples/s | s3:// samples/s | s3 / local |", "|---|---|---|---|",
+        *(f"| {name} | {r['local']:.0f} | {r['s3']:.0f} | {r['s3'] / r['local']:.2f}x |" for name, r in reads.items()),
+    ]
+    table = f"{IMAGES} images, {len(files)} files, {mb:.0f} MB, moto server on loopback\n" + "\n".join(rows)
+    print(table)
+    return {"images": IMAGES, "files": len(files), "bytes": total, "seconds": {
+        "bulk_upload": bulk_s, "publish": publish_s, "local_job": local_s, "s3_job": s3_s},
+        "upload_speed_vs_bulk": round(bulk_s / publish_s, 3),
+        "s3_job_vs_local_then_bulk": round((local_s + bulk_s) / s3_s, 3),
+        "reader_samples_per_s": reads, "table": table}

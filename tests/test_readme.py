@@ -1,0 +1,184 @@
+"""Every `bash` and `python` block of README.md runs as written.
+
+Each block carries a marker on the line above it: ``<!-- readme-test: run SANDBOX -->``, or,
+visible to readers, ``*Not run by the README test: REASON.*``. Blocks of one sandbox run in README order in one
+directory that holds what the README's placeholders name (``SRC``, ``corpus/``, ``docs.txt.zst``,
+``list.txt``, and ``OUT`` where a block reads a dataset it did not make), generated here, small.
+The ``s3`` sandbox also starts moto's S3 server on loopback (tests/tools/s3server.py), fills the
+buckets its blocks read and sets the standard AWS variables for them.
+Bash runs with ``-euo pipefail`` and this checkout's ``repack`` first on PATH; Python blocks run
+as scripts with this interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_repack
+from tests.tools.photos import make_photo_tree
+from tests.tools.s3server import MotoServer, client, s3_env
+from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+from tests.tools.videos import CLIPS, make_clips
+
+MARKER = re.compile(r"^(?:<!-- readme-test: run (?P<sandbox>[\w-]+) -->|\*Not run by the README test: (?P<reason>.+\S)\.\*)$")
+CODE = ("bash", "sh", "python")
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int
+    language: str
+    code: str
+    sandbox: str | None
+    reason: str | None
+
+
+def readme_blocks() -> list[Block]:
+    """Every fenced block of README.md with its language and the marker right above it (if any)."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        fence = re.match(r"^```(\w*)\s*$", lines[i])
+        if not fence:
+            i += 1
+            continue
+        start = i
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        above = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        marker = MARKER.match(above.strip())
+        blocks.append(Block(start + 1, fence.group(1), "\n".join(lines[start + 1:end]) + "\n",
+                            marker.group("sandbox") if marker else None, marker.group("reason") if marker else None))
+        i = end + 1
+    return blocks
+
+
+# -- sandboxes: what the blocks' placeholders name ----------------------------------------------
+def photos(root: Path, per_class: int, classes: int, max_side: int) -> None:
+    make_photo_tree(root, per_class=per_class, classes=classes, seed=7, min_side=40, max_side=max_side)
+
+
+def images_sandbox(cwd: Path) -> None:
+    photos(cwd / "SRC", 8, 4, 120)
+
+
+def bench_sandbox(cwd: Path) -> None:
+    photos(cwd / "SRC", 48, 6, 64)  # 288: one full batch of 64 for each of 4 loader workers
+    run_repack("images", cwd / "SRC", cwd / "OUT", "--shard-size", "48", "--quiet")
+
+
+def report_sandbox(cwd: Path) -> None:
+    photos(cwd / "SRC", 6, 3, 120)
+    (cwd / "SRC" / "astronaut" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
+    run_repack("images", cwd / "SRC", cwd / "OUT", "--shard-size", "8", "--quiet")
+
+
+def text_sandbox(cwd: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    docs = documents(300, seed=11)
+    (cwd / "corpus").mkdir()
+    for i in range(3):
+        (cwd / "corpus" / f"part-{i}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[i::3]))
+    (cwd / "docs.txt.zst").write_bytes(zstandard.ZstdCompressor().compress("\n\n".join(docs[:50]).encode()))
+    (cwd / "more").mkdir()
+    pq.write_table(pa.table({"content": docs[50:100]}), cwd / "more" / "a.parquet")
+    (cwd / "more" / "b.jsonl").write_text("".join(json.dumps({"content": d}) + "\n" for d in docs[100:150]))
+    (cwd / "list.txt").write_text("more/a.parquet\nmore/b.jsonl\n")
+
+
+def video_sandbox(cwd: Path) -> None:
+    chosen = {"good/h264.mp4", "good/vp9.webm", "bad/long_gop.mp4", "junk/empty.mp4"}
+    make_clips(cwd / "SRC", [c for c in CLIPS if c.rel in chosen], workers=2)
+
+
+def confine_sandbox(cwd: Path) -> None:
+    """SRC with what the confinement refuses (a symlink leaving SRC, a FIFO, a link inside SRC);
+    corpus/ (JSON lines) and tokenizer tok/."""
+    photos(cwd / "SRC", 4, 2, 120)
+    first = sorted((cwd / "SRC").rglob("*.*"))[0]
+    (cwd / "elsewhere.jpg").write_bytes(first.read_bytes())
+    (first.parent / "outside.jpg").symlink_to(cwd / "elsewhere.jpg")
+    (first.parent / "inside.jpg").symlink_to(first)
+    os.mkfifo(first.parent / "pipe.jpg")
+    (cwd / "corpus").mkdir()
+    (cwd / "corpus" / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(40, seed=3)))
+    write_tokenizer(gpt2_tokenizer(), cwd / "tok")
+
+
+def s3_sandbox(cwd: Path, server: MotoServer) -> dict[str, str]:
+    """raw-bucket/photos (an image tree), raw-bucket/corpus (JSON lines), an empty train-bucket, a
+    local video folder SRC and tokenizer tok/; the environment a user sets for the endpoint."""
+    photos(cwd / "photos", 6, 3, 120)
+    s3 = client(server.endpoint)
+    for bucket in ("raw-bucket", "train-bucket"):
+        s3.create_bucket(Bucket=bucket)
+    for path in sorted((cwd / "photos").rglob("*")):
+        if path.is_file():
+            s3.upload_file(str(path), "raw-bucket", f"photos/{path.relative_to(cwd / 'photos').as_posix()}")
+    docs = documents(120, seed=5)
+    for i in range(2):
+        s3.put_object(Bucket="raw-bucket", Key=f"corpus/part-{i}.jsonl",
+                      Body="".join(json.dumps({"text": d}) + "\n" for d in docs[i::2]).encode())
+    write_tokenizer(gpt2_tokenizer(), cwd / "tok")
+    make_clips(cwd / "SRC", [c for c in CLIPS if c.rel == "good/h264.mp4"], workers=1)
+    return {**s3_env(server.endpoint), "REPACK_SCRATCH": str(cwd / "scratch")}
+
+
+SANDBOXES = {"images": images_sandbox, "lmdb": images_sandbox, "text": text_sandbox, "bench": bench_sandbox,
+             "report": report_sandbox, "video": video_sandbox, "confine": confine_sandbox, "s3": s3_sandbox}
+
+
+def test_every_code_block_is_marked():
+    blocks = [b for b in readme_blocks() if b.language in CODE]
+    unmarked = [b.line for b in blocks if b.sandbox is None and b.reason is None]
+    assert not unmarked, f"README.md code blocks at lines {unmarked} lack a readme-test marker"
+    assert {b.sandbox for b in blocks if b.sandbox} == set(SANDBOXES)
+    skipped = [b for b in blocks if b.reason]
+    assert len(skipped) <= 4 and all(len(b.reason) > 20 for b in skipped)  # few, and each says why
+    assert sum(1 for b in blocks if b.sandbox) >= 10
+
+
+def run_block(block: Block, cwd: Path, number: int, extra_env: dict[str, str]) -> None:
+    env = {**os.environ, **extra_env, "PYTHONPATH": str(ROOT),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    if block.language == "python":
+        script = cwd / f"readme_block_{number}.py"
+        script.write_text(block.code)
+        command = [sys.executable, str(script)]
+    else:
+        command = ["bash", "-euo", "pipefail", "-c", block.code]
+    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (f"README.md line {block.line} ({block.language}) exited {proc.returncode}:\n"
+                                  f"{block.code}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+
+
+@pytest.fixture
+def moto_server():
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("sandbox", sorted(SANDBOXES))
+def test_readme_blocks_run_as_written(sandbox, tmp_path, request):
+    needs = (request.getfixturevalue("moto_server"),) if sandbox == "s3" else ()
+    env = SANDBOXES[sandbox](tmp_path, *needs) or {}
+    blocks = [b for b in readme_blocks() if b.sandbox == sandbox]
+    for number, block in enumerate(blocks):
+        run_block(block, tmp_path, number, env)
+    made = {"images": "OUT/manifest.json", "lmdb": "OUT/data.lmdb", "text": "OUT/text_document.bin",
+            "bench": "bench.html", "report": "report.html", "video": "OUT-TAR/manifest.json",
+            "confine": "OUT-no-links/manifest.json", "s3": "photos-wds/manifest.json"}[sandbox]
+    assert (tmp_path / made).is_file()
+    shutil.rmtree(tmp_path, ignore_errors=True)

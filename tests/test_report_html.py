@@ -1,0 +1,135 @@
+"""The dataset report (`repack inspect --json/--html`) and `repack bench --html`, loaded in a real
+headless Chromium: self-contained (nothing fetched), no console errors, charts that render."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from repack.report.svg import PALETTE
+from tests.conftest import run_repack
+from tests.tools.browser import ink, render
+from tests.tools.photos import make_photo_tree
+from tests.tools.text import documents, train_bpe, write_tokenizer
+from tests.tools.videos import CLIPS, make_clips
+
+BAR = tuple(int(PALETTE[0][i:i + 2], 16) for i in (1, 3, 5))  # the bar colour, as RGB
+SECOND = tuple(int(PALETTE[1][i:i + 2], 16) for i in (1, 3, 5))
+
+
+@pytest.fixture(scope="module")
+def images_out(tmp_path_factory) -> Path:
+    """3 classes of small photos, a truncated JPEG, an empty file and an exact duplicate, packed."""
+    root = tmp_path_factory.mktemp("report")
+    src = root / "src"
+    files = make_photo_tree(src, per_class=6, classes=3, seed=2, min_side=40, max_side=160)
+    good = files[0].read_bytes()
+    (files[0].parent / "truncated.jpg").write_bytes(good[: len(good) // 3])
+    (files[0].parent / "empty.jpg").write_bytes(b"")
+    shutil.copy(files[1], files[-1].parent / "copy_of_another.jpg")
+    run_repack("images", src, root / "out", "--shard-size", "8", "--quiet")
+    return root / "out"
+
+
+def self_contained(html: str) -> None:
+    """No script, and nothing the page could fetch: every URL is the SVG namespace or data:."""
+    assert "<script" not in html.lower()
+    urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)""", html) + re.findall(r"url\(([^)]*)\)", html)
+    assert all(u.startswith("data:") for u in urls), urls
+    assert set(re.findall(r"https?://[^\s\"'<>]+", html)) <= {"http://www.w3.org/2000/svg"}
+
+
+def load(page: Path, tmp_path: Path, height: int = 1600) -> Path:
+    shot = tmp_path / (page.stem + ".png")
+    console = render(page, shot, height=height)
+    assert console == [], console
+    return shot
+
+
+def test_harness_sees_console_errors(tmp_path):
+    """The check below is real: a page that logs an error and throws is caught."""
+    page = tmp_path / "bad.html"
+    page.write_text("<!DOCTYPE html><html><head><link rel=icon href='data:,'></head><body>x<script>"
+                    "console.error('deliberate'); notDefined();</script></body></html>")
+    console = render(page, tmp_path / "bad.png", width=400, height=300)
+    assert any("deliberate" in m for m in console) and any("notDefined" in m for m in console), console
+
+
+def test_images_report_renders(images_out, tmp_path):
+    page = tmp_path / "images.html"
+    run_repack("inspect", images_out, "--html", page)
+    html = page.read_text()
+    self_contained(html)
+    for needle in ("Class balance (3 classes)", "Source file sizes", "Dimensions (px)", "Read + decode time per sample",
+                   "slowest inputs", "Exact duplicates (1 groups, 1 extra copies)", "Quarantine (2)",
+                   "copy_of_another.jpg", "truncated.jpg", "empty file"):
+        assert needle in html, needle
+    shot = load(page, tmp_path, height=2600)
+    assert ink(shot) > 60_000  # text, tables and bars, not a blank page
+    assert ink(shot, BAR) > 20_000  # the bar charts drew their bars
+
+
+def test_inspect_json_and_human_units(images_out):
+    summary = json.loads(run_repack("inspect", images_out, "--json").stdout)
+    assert summary["modality"] == "images" and summary["samples"] == 19
+    assert summary["quarantine"]["count"] == 2 and sum(summary["quarantine"]["reasons"].values()) == 2
+    stats = summary["stats"]
+    assert sum(r["count"] for r in stats["histograms"]["source_bytes"]) == 19
+    assert sum(stats["class_counts"].values()) == 19 and len(stats["class_counts"]) == 3
+    assert sum(r["count"] for r in summary["timing"]["sample_us_histogram"]) == 19
+    text = run_repack("inspect", images_out).stdout
+    assert " KB" in text and "0.0 MB" not in text and not re.search(r"\b0\.0 [KMG]B", text)
+
+
+def test_text_report_renders(tmp_path):
+    docs = documents(120, seed=3)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"part{i}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[i::3][: 10 + 15 * i]))
+    tok = write_tokenizer(train_bpe(docs), tmp_path / "tok")
+    run_repack("text", corpus, tmp_path / "out", "--tokenizer", tok, "--quiet")
+    summary = json.loads(run_repack("inspect", tmp_path / "out", "--json").stdout)
+    files = summary["stats"]["files"]
+    assert files["count"] == 3 and [e["documents"] for e in files["largest"]] == [40, 25, 10]
+    assert sum(e["tokens"] for e in files["largest"]) == summary["totals"]["tokens"]
+    page = tmp_path / "text.html"
+    run_repack("inspect", tmp_path / "out", "--html", page)
+    html = page.read_text()
+    self_contained(html)
+    assert "Document length (tokens)" in html and "Tokens per file (3 files)" in html and "part2.jsonl" in html
+    shot = load(page, tmp_path)
+    assert ink(shot, BAR) > 10_000
+
+
+def test_video_report_renders(tmp_path):
+    chosen = [c for c in CLIPS if c.rel in ("good/h264.mp4", "good/vp9.webm", "bad/long_gop.mp4",
+                                              "bad/odd.webm", "junk/empty.mp4")]
+    make_clips(tmp_path / "src", chosen, workers=2)
+    run_repack("video", tmp_path / "src", tmp_path / "out", "--quiet")
+    text = run_repack("inspect", tmp_path / "out").stdout
+    assert "2 GPU-decodable as is, 2 need transcoding, 1 rejected" in text and "long_gop" in text
+    assert "resolutions (videos):" in text and "161x131" in text and "0.0 MB" not in text
+    page = tmp_path / "video.html"
+    run_repack("inspect", tmp_path / "out", "--html", page)
+    html = page.read_text()
+    self_contained(html)
+    for needle in ("Decisions by reason", "long_gop", "odd_size", "161x131", "vp9", "bad/long_gop.mp4"):
+        assert needle in html, needle
+    shot = load(page, tmp_path)
+    assert ink(shot, BAR) > 5_000
+
+
+def test_bench_report_renders(images_out, tmp_path):
+    page = tmp_path / "bench.html"
+    run_repack("bench", images_out, "--steps", "3", "--warmup", "1", "--batch-size", "4", "--loader-workers", "0,1",
+               "--threads", "1", "--reader", "torch", "--html", page)
+    html = page.read_text()
+    self_contained(html)
+    assert "against workers" in html and "torch workers, batch 4" in html
+    shot = load(page, tmp_path, height=1300)
+    assert ink(shot, BAR) > 500  # the samples/s and wait lines and their markers

@@ -1,0 +1,166 @@
+"""`repack video` keeps what the source has: every frame (packed B-frames without timestamps,
+VFR resampled by time, a lost frame quarantined with both counts), square pixels after a scale or
+pad, a moov-at-end MP4 remuxed with faststart without re-encoding, and `--verify decode` catching
+a corrupt middle. Every count is checked against an independent ffprobe pass."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from repack.transforms.probe import probe_file
+from repack.transforms.transcode import Timing, frames_problem, plan_timing
+from tests.conftest import read_manifest_json, run_repack
+from tests.tools.videos import CLIPS, make_clips
+
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
+BY_REL = {c.rel: c for c in CLIPS}
+USED = ("bad/packed_bframes.avi", "bad/vfr.mkv", "bad/sar_pad.mp4", "bad/corrupt_middle.mp4", "good/moov_at_end.mp4",
+        "good/h264.mp4")
+
+
+def ffprobe_json(path: Path, *args: str) -> dict:
+    """An independent ffprobe run (not repack's code path)."""
+    out = subprocess.run(["ffprobe", "-v", "error", "-of", "json", *args, str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)
+
+
+def decoded_frames(path: Path) -> int:
+    """Frames the first video stream decodes to (ffprobe -count_frames)."""
+    data = ffprobe_json(path, "-select_streams", "v:0", "-count_frames", "-show_entries", "stream=nb_read_frames")
+    return int(data["streams"][0]["nb_read_frames"])
+
+
+def video_packets(path: Path) -> list[tuple]:
+    """(pts, dts, size, flags, MD5 of the data) of every packet of the first video stream."""
+    data = ffprobe_json(path, "-select_streams", "v:0", "-show_entries", "packet=pts,dts,size,flags,data_hash",
+                        "-show_data_hash", "MD5")
+    return [(p.get("pts"), p.get("dts"), p["size"], p["flags"], p["data_hash"]) for p in data["packets"]]
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("integrity") / "src"
+    make_clips(root, [BY_REL[rel] for rel in USED])
+    return root
+
+
+@pytest.fixture(scope="module")
+def out(src, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("integrity-out") / "out"
+    run_repack("video", src, out, "--transcode", "--preset", "ultrafast", "--quiet")
+    return out
+
+
+@pytest.fixture(scope="module")
+def entries(out) -> dict:
+    return {e["source"]: e for e in read_manifest_json(out)["shards"]}
+
+
+def test_packed_bframes_avi_keeps_every_frame(src, out, entries):
+    """41 of 120 packets without a timestamp: the rate comes from the stream's declared rate and
+    every frame is kept (the measured 20 fps would have dropped a third of the clip)."""
+    path = src / "bad/packed_bframes.avi"
+    info = probe_file(str(path))
+    declared = float(Fraction(ffprobe_json(path, "-show_streams")["streams"][0]["r_frame_rate"]))
+    assert info["missing_pts"] > 0 and info["fps_measured"] < 0.8 * declared  # the trap
+    timing = plan_timing(info)
+    assert (timing.rate_from, timing.mode, timing.rate_text) == ("declared", "keep", "30000/1001")
+    frames = decoded_frames(path)
+    entry = entries["bad/packed_bframes.avi"]
+    assert entry["frames_in"] == entry["frames_out"] == frames == info["packets"]
+    assert decoded_frames(out / entry["path"]) == frames
+    assert entry["fps"] == pytest.approx(declared, rel=1e-3)
+    assert entry["duration_s"] == pytest.approx(frames / declared, abs=0.02)
+
+
+def test_vfr_is_resampled_by_time(src, entries):
+    info = probe_file(str(src / "bad/vfr.mkv"))
+    entry = entries["bad/vfr.mkv"]
+    assert info["irregular_intervals"] and entry["frame_timing"] == "resample"
+    assert abs(entry["frames_out"] - round(info["span_s"] * entry["fps"])) <= 1
+    assert entry["duration_s"] == pytest.approx(info["span_s"], abs=1 / entry["fps"] + 1e-3)
+
+
+def test_lost_frames_are_quarantined_with_both_numbers(src, out):
+    path = src / "bad/corrupt_middle.mp4"
+    record = next(q for q in read_manifest_json(out)["quarantine"] if q["source"] == "bad/corrupt_middle.mp4")
+    assert record["codes"] == ["frames_changed"]
+    assert record["frames_in"] == probe_file(str(path))["packets"]
+    assert record["frames_out"] == decoded_frames(path) < record["frames_in"] - 1
+    assert f"{record['frames_in']} frames" in record["reason"] and f"{record['frames_out']} frames" in record["reason"]
+    assert not list((out / "videos" / "bad").glob("corrupt_middle*"))
+
+
+def test_frame_check_tolerates_one_frame():
+    timing = Timing(25.0, "25", "keep", "measured", 100, 100, 4.0)
+    assert frames_problem(timing, {"frames": 99}) is None and frames_problem(timing, {"frames": 101}) is None
+    assert "the output has 98 frames" in frames_problem(timing, {"frames": 98, "span_s": 3.92})
+
+
+def test_scaled_or_padded_output_has_square_pixels(src, out, entries):
+    """24x32 stored with 4:3 pixels displays as 32x32: scaled to 32x32 square pixels and padded to
+    H.264's 48-pixel minimum width, SAR 1:1 (not 4:3, which would display as 2:1)."""
+    import av
+    import numpy as np
+
+    assert ffprobe_json(src / "bad/sar_pad.mp4", "-show_streams")["streams"][0]["sample_aspect_ratio"] == "4:3"
+    entry = entries["bad/sar_pad.mp4"]
+    stream = ffprobe_json(out / entry["path"], "-show_streams")["streams"][0]
+    assert (stream["width"], stream["height"]) == (48, 32)
+    assert (stream["sample_aspect_ratio"], stream["display_aspect_ratio"]) == ("1:1", "3:2")
+    with av.open(str(out / entry["path"])) as container:
+        luma = next(container.decode(video=0)).to_ndarray(format="gray").astype(int)
+    assert luma[:, :8].max() <= 20 and luma[:, 40:].max() <= 20  # the pad bars: black
+    assert luma[:, 8:40].mean() > 40  # the 32x32 picture between them
+    for rel in ("bad/packed_bframes.avi", "bad/vfr.mkv"):
+        stream = ffprobe_json(out / entries[rel]["path"], "-show_streams")["streams"][0]
+        assert stream["sample_aspect_ratio"] == "1:1"
+
+
+def test_moov_at_end_copy_is_remuxed_with_faststart(src, out, entries):
+    source = src / "good/moov_at_end.mp4"
+    entry = entries["good/moov_at_end.mp4"]
+    assert probe_file(str(source))["moov_after_mdat"]
+    assert entry["remuxed"] and not entry["transcoded"] and entry["path"] == "videos/good/moov_at_end.mp4"
+    output = out / entry["path"]
+    assert not probe_file(str(output))["moov_after_mdat"]
+    data = output.read_bytes()
+    assert data.index(b"moov") < data.index(b"mdat")
+    assert video_packets(output) == video_packets(source)  # stream copy: the same packets, no re-encode
+    faststart = entries["good/h264.mp4"]  # already faststart: copied byte for byte
+    assert not faststart["remuxed"] and (out / faststart["path"]).read_bytes() == (src / "good/h264.mp4").read_bytes()
+
+
+def test_verify_decode_rejects_a_corrupt_middle(src, tmp_path):
+    """The packet scan sees only a long GOP; a full decode finds the decoder errors. The record is
+    the same on every run (log pointers stripped)."""
+    pick = tmp_path / "src"
+    for rel in ("bad/corrupt_middle.mp4", "good/h264.mp4"):
+        (pick / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / rel, pick / rel)
+    run_repack("video", pick, tmp_path / "scan", "--quiet")
+    scan = {r["source"]: r for r in map(json.loads, (tmp_path / "scan/probe.jsonl").read_text().splitlines())}
+    assert scan["bad/corrupt_middle.mp4"]["decision"] == "transcode"
+    assert [r["code"] for r in scan["bad/corrupt_middle.mp4"]["reasons"]] == ["long_gop"]
+    assert "decode_errors" not in scan["bad/corrupt_middle.mp4"] and scan["good/h264.mp4"]["verify"] == "packets"
+    runs = []
+    for name in ("a", "b"):
+        run_repack("video", pick, tmp_path / name, "--verify", "decode", "--quiet")
+        runs.append((tmp_path / name / "probe.jsonl").read_bytes())
+    assert runs[0] == runs[1]
+    decoded = {r["source"]: r for r in map(json.loads, runs[0].decode().splitlines())}
+    bad, good = decoded["bad/corrupt_middle.mp4"], decoded["good/h264.mp4"]
+    assert bad["decision"] == "reject" and [r["code"] for r in bad["reasons"]] == ["decode_errors"]
+    assert bad["decode_errors"] > 0 and bad["decode_messages"] and "0x" not in " ".join(bad["decode_messages"])
+    assert bad["decoded_frames"] == decoded_frames(pick / "bad/corrupt_middle.mp4")
+    assert good["decision"] == "ok" and good["decode_errors"] == 0 and good["decoded_frames"] == good["packets"]
+    manifest = read_manifest_json(tmp_path / "a")
+    assert manifest["verify"] == "decode"
+    assert [q["codes"] for q in manifest["quarantine"]] == [["decode_errors"]]

@@ -1,0 +1,152 @@
+"""A real S3 HTTP server on loopback for the tests and benchmarks: moto's server mode
+(``moto[server]``) in a subprocess, and a small proxy that answers 503 to every Nth request."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+REGION = "us-east-1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def s3_env(endpoint: str, key: str = "testing", secret: str = "testing-secret") -> dict[str, str]:
+    """The standard AWS environment a user sets for an S3-compatible endpoint."""
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+
+
+class MotoServer:
+    """``python -m moto.server`` on a free loopback port; ``env`` adds moto settings (e.g. auth)."""
+
+    def __init__(self, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).read()
+                return
+            except OSError:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("moto server did not start")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def client(endpoint: str):
+    """A boto3 client on the endpoint with the test credentials."""
+    import boto3
+
+    env = s3_env(endpoint)
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=REGION,
+                                          aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+
+
+def objects(s3, bucket: str, prefix: str) -> dict[str, bytes]:
+    """{key relative to prefix: bytes} of every object under ``prefix/``."""
+    found = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for obj in page.get("Contents", ()):
+            found[obj["Key"][len(prefix) + 1:]] = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+    return found
+
+
+class FaultProxy:
+    """Forwards HTTP to ``target``; every ``every``-th request is answered 503 SlowDown instead
+    (not forwarded), as S3 does under load (``every=0``: never). With ``cut_every`` N, every Nth
+    ranged GET answer is cut after half its body and the connection dropped (a network failure
+    mid-stream; counted in ``cut``). ``requests`` records (method, path, Range header)."""
+
+    def __init__(self, target_port: int, every: int = 0, cut_every: int = 0) -> None:
+        self.failed = 0
+        self.cut = 0
+        self.ranged = 0
+        self.count = 0
+        self.requests: list[tuple[str, str, str | None]] = []
+        lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                with lock:
+                    proxy.count += 1
+                    proxy.requests.append((self.command, self.path, self.headers.get("Range")))
+                    fail = every > 0 and proxy.count % every == 0
+                    proxy.failed += fail
+                if fail:
+                    payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                conn = http.client.HTTPConnection("127.0.0.1", target_port, timeout=60)
+                conn.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+                answer = conn.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        self.send_header(name, value)
+                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                with lock:
+                    ranged = self.command == "GET" and self.headers.get("Range") is not None and len(data) > 1024
+                    proxy.ranged += ranged
+                    cut = ranged and cut_every > 0 and proxy.ranged % cut_every == 0
+                    proxy.cut += cut
+                if cut:
+                    self.wfile.write(data[:len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                elif self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:
+                pass  # a client closing its keep-alive connection is not an error
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
