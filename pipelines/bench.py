@@ -27,7 +27,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -47,8 +47,8 @@ class BenchOptions:
 
     steps: int = 50
     warmup: int = 5
-    workers: tuple[int, ...] = (0, 2, 4)
-    threads: tuple[int, ...] = (2, 4)
+    workers: tuple[int, ...] = field(default_factory=lambda: (0,) + doubling_sweep(2, usable_cpus()))
+    threads: tuple[int, ...] = field(default_factory=lambda: doubling_sweep(2, usable_cpus()))
     batch_sizes: tuple[int, ...] = (64,)
     pin_memory: bool | None = None  # None: when CUDA is available
     persistent_workers: bool = True
@@ -144,6 +144,15 @@ def usable_cpus() -> int:
     if quota is not None:
         count = min(count, max(1, math.ceil(quota)))
     return max(1, count)
+
+
+def doubling_sweep(start: int, cpus: int) -> tuple[int, ...]:
+    """The default sweep: start, 2*start, 4*start, ... below ``cpus``, then ``cpus`` itself."""
+    values, v = [], start
+    while v < cpus:
+        values.append(v)
+        v *= 2
+    return tuple(values) + (max(cpus, start),)
 
 
 # --- readers -----------------------------------------------------------------------------------

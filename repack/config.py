@@ -98,6 +98,7 @@ class ImagesSpec(JobSpec):
     list_file: bool = False
     shard_size: int | None = None
     shard_bytes: int | None = None
+    chunk_size: int = 128
     shuffle: bool = False
     seed: int = 0
     verify: str = "decode"
@@ -118,6 +119,8 @@ class ImagesSpec(JobSpec):
                              f"({MIN_SHARD_BYTES} bytes); use at least 64KiB")
         if self.shard_size is not None and self.shard_size < 1:
             raise UsageError(f"--shard-size must be at least 1, got {self.shard_size}")
+        if self.chunk_size < 1:
+            raise UsageError(f"--chunk-size must be at least 1, got {self.chunk_size}")
         if not 1 <= self.quality <= 100:
             raise UsageError(f"--quality must be in 1..100, got {self.quality}")
         if self.max_side is not None and self.max_side < 16:

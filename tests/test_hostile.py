@@ -432,14 +432,17 @@ def test_verify_reports_tokenizer_and_unlisted_files(tmp_path, gpt2_dir, packed_
 
 # ---- 11. signals -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signals_stop_workers_remove_temps_and_resume(photo_tree, tmp_path, signum, code):
+@pytest.mark.parametrize("signum,code,chunking", [(signal.SIGTERM, 143, ()), (signal.SIGINT, 130, ()),
+                                                  (signal.SIGTERM, 143, ("--chunk-size", "2"))])
+def test_signals_stop_workers_remove_temps_and_resume(photo_tree, tmp_path, signum, code, chunking):
+    """Also with shards assembled from chunk tasks: no chunk or shard temp is left, and the resumed
+    shards equal those written without chunks."""
     ref = tmp_path / "ref"
     run_repack("images", photo_tree, ref, "--shard-size", "5", "--quiet", "--normalize")
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "repack", "images", photo_tree, out, "--shard-size", "5",
-                             "--quiet", "--normalize", "--workers", "2"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                             "--quiet", "--normalize", "--workers", "2", *chunking], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     tasks = out / ".repack" / "tasks"
     deadline = time.time() + 60
     while time.time() < deadline and not (tasks.exists() and list(tasks.glob("*.json"))):
@@ -450,7 +453,7 @@ def test_signals_stop_workers_remove_temps_and_resume(photo_tree, tmp_path, sign
     assert "re-run the same command to resume" in err and "Traceback" not in err
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
     assert not (out / "manifest.json").exists()
-    run_repack("images", photo_tree, out, "--shard-size", "5", "--quiet", "--normalize", "--workers", "2")
+    run_repack("images", photo_tree, out, "--shard-size", "5", "--quiet", "--normalize", "--workers", "2", *chunking)
     assert shard_bytes(out) == shard_bytes(ref)
 
 

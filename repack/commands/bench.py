@@ -30,10 +30,11 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 @click.option("--source", default=None, help="Also measure the original small-file layout (an image folder tree).")
 @click.option("--steps", type=int, default=50, show_default=True, help="Measured steps per setting.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Unmeasured steps first (workers start).")
-@click.option("--loader-workers", "loader_workers", default="0,2,4", show_default=True,
-              help="DataLoader num_workers to sweep, a comma-separated list (jobs' --workers is one number).")
+@click.option("--loader-workers", "loader_workers", default=None,
+              help="DataLoader num_workers to sweep, a comma-separated list (jobs' --workers is one number; "
+                   "default: 0,2,4,8,... up to the usable CPUs).")
 @click.option("--workers", "legacy_workers", default=None, hidden=True, help="Old name of --loader-workers.")
-@click.option("--threads", default="2,4", show_default=True, help="DALI num_threads to sweep.")
+@click.option("--threads", default=None, help="DALI num_threads to sweep (default: 2,4,8,... up to the usable CPUs).")
 @click.option("--batch-size", default="64", show_default=True, help="Batch size(s) to sweep, e.g. 32,64.")
 @click.option("--pin-memory/--no-pin-memory", default=None, help="DataLoader pin_memory (default: when CUDA is up).")
 @click.option("--persistent-workers/--no-persistent-workers", default=True, show_default=True,
@@ -68,8 +69,10 @@ def bench(out, source, steps, warmup, loader_workers, legacy_workers, threads, b
                    err=True)
         loader_workers = legacy_workers
 
-    opts = BenchOptions(steps=steps, warmup=warmup, workers=_ints(loader_workers, "--loader-workers"),
-                        threads=_ints(threads, "--threads"), batch_sizes=_ints(batch_size, "--batch-size"),
+    sweeps = {"workers": _ints(loader_workers, "--loader-workers")} if loader_workers is not None else {}
+    if threads is not None:
+        sweeps["threads"] = _ints(threads, "--threads")
+    opts = BenchOptions(steps=steps, warmup=warmup, **sweeps, batch_sizes=_ints(batch_size, "--batch-size"),
                         pin_memory=pin_memory, persistent_workers=persistent_workers,
                         prefetch_factor=prefetch_factor, compute_ms=compute_ms, compute_mode=compute_mode,
                         readers=tuple(r.strip() for r in readers.split(",") if r.strip()), device=device,

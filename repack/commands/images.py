@@ -22,6 +22,9 @@ from repack.store import is_remote
 @click.option("--list", "list_file", is_flag=True, help="SOURCE is a .csv/.tsv/.jsonl list file (path[,label]).")
 @click.option("--shard-size", type=int, default=None, help="At most N inputs per shard.")
 @click.option("--shard-bytes", default=None, help="At most SIZE per shard, e.g. 512MB (default when no --shard-size).")
+@click.option("--chunk-size", type=int, default=128, show_default=True,
+              help="At most N inputs per task (the work unit; shards are assembled from chunks: their bytes "
+                   "do not depend on it).")
 @click.option("--shuffle", is_flag=True, help="Shuffle inputs across shards before cutting.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
 @click.option("--verify", type=click.Choice(["decode", "header", "none"]), default="decode", show_default=True,
@@ -36,7 +39,7 @@ from repack.store import is_remote
               help="Quarantine input files larger than SIZE, from their size (never read).")
 @source_options
 @engine_options
-def images(source, out, to, list_file, shard_size, shard_bytes, shuffle, seed, verify, no_follow, normalize,
+def images(source, out, to, list_file, shard_size, shard_bytes, chunk_size, shuffle, seed, verify, no_follow, normalize,
            quality, max_side, dedup, max_pixels, max_file_size, allow_outside, **kwargs):
     """Pack an ImageFolder tree (or a list file) SOURCE into shards under OUT."""
     from repack.jobs.images import ImagesJob
@@ -45,8 +48,8 @@ def images(source, out, to, list_file, shard_size, shard_bytes, shuffle, seed, v
     if is_remote(out) and to == "lmdb":
         raise UsageError("--to lmdb writes one local database file: OUT must be a local folder, not "
                          f"{out!r} (write it locally, or use --to webdataset for object storage)")
-    spec = ImagesSpec(source=location(source), out=location(out), to=to,
-                      list_file=list_file, shard_size=shard_size, shard_bytes=parse_size(shard_bytes),
+    spec = ImagesSpec(source=location(source), out=location(out), to=to, list_file=list_file,
+                      shard_size=shard_size, shard_bytes=parse_size(shard_bytes), chunk_size=chunk_size,
                       shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow,
                       allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels)

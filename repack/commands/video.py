@@ -46,7 +46,8 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
 @click.option("--bframes", type=int, default=0, show_default=True, help="B-frames in transcoded output.")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="ffmpeg threads per transcode (fixed: the output depends on it); the default pool is CPUs/threads.")
-@click.option("--shard-size", type=int, default=8, show_default=True, help="Videos per task (and per tar shard).")
+@click.option("--shard-size", type=int, default=8, show_default=True,
+              help="Videos per tar shard (--to webdataset); every video is a task of its own.")
 @source_options
 @engine_options
 def video(source, out, probe_only, transcode, target, dali_reader, verify, max_gop, to, list_file, link, crf,

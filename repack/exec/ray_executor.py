@@ -1,4 +1,4 @@
-"""Ray executor: every task (one output shard) is a Ray task, retried on failure.
+"""Ray executor: every task (a whole output shard or part, or a chunk of one) is a Ray task, retried on failure.
 
 Only JSON strings cross to the workers; the workers write their outputs and task records
 straight into OUT (which must be storage every node can reach), exactly as the local pool

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from repack.config import JobSpec
 from repack.manifest import dumps_canonical
@@ -15,17 +15,26 @@ from repack.store import open_store
 
 @dataclass(frozen=True)
 class Task:
-    """One unit of work = one output shard (or part). ``payload`` is JSON-able."""
+    """One unit of work. ``payload`` is JSON-able.
+
+    A task without ``group`` produces its outputs itself (one shard, one part). Tasks that share
+    a ``group`` are chunks of one output: each writes a temporary piece, and once all of them
+    have records the engine calls ``Job.assemble(group, records)`` (in plan order) to build it.
+    """
 
     task_id: str
     payload: dict
+    group: str = ""
 
     def to_json(self) -> dict:
-        return {"task_id": self.task_id, "payload": self.payload}
+        data = {"task_id": self.task_id, "payload": self.payload}
+        if self.group:
+            data["group"] = self.group
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "Task":
-        return cls(data["task_id"], data["payload"])
+        return cls(data["task_id"], data["payload"], data.get("group", ""))
 
 
 @dataclass(frozen=True)
@@ -37,9 +46,28 @@ class Plan:
     info: dict = field(default_factory=dict)
 
     @cached_property
+    def canonical(self) -> bytes:
+        """The plan as canonical JSON (encoded once: it is hashed and saved as plan.json)."""
+        return dumps_canonical(self.to_json())
+
+    @cached_property
     def digest(self) -> str:
         """sha256 of the canonical plan: equal plans, equal outputs (computed once)."""
-        return hashlib.sha256(dumps_canonical(self.to_json())).hexdigest()
+        return hashlib.sha256(self.canonical).hexdigest()
+
+    @cached_property
+    def units(self) -> tuple[tuple[str, tuple[Task, ...]], ...]:
+        """The outputs in plan order: (id, tasks), one per ungrouped task (id = task id) and
+        one per group (id = group; its tasks are adjacent in the plan)."""
+        units: list[tuple[str, list[Task]]] = []
+        for task in self.tasks:
+            if task.group and units and units[-1][0] == task.group:
+                units[-1][1].append(task)
+            else:
+                units.append((task.group or task.task_id, [task]))
+        if len({uid for uid, _ in units}) != len(units):
+            raise ValueError("a group's tasks must be adjacent in the plan, and ids unique")
+        return tuple((uid, tuple(tasks)) for uid, tasks in units)
 
     def to_json(self) -> dict:
         return {"tasks": [t.to_json() for t in self.tasks], "quarantine": list(self.quarantine), "info": self.info}
@@ -47,6 +75,16 @@ class Plan:
     @classmethod
     def from_json(cls, data: dict) -> "Plan":
         return cls(tuple(Task.from_json(t) for t in data["tasks"]), tuple(data["quarantine"]), data["info"])
+
+
+class Assembly(Protocol):
+    """Builds one group's output from its chunk records, fed in plan order (see ``Job.open_assembly``)."""
+
+    def add(self, record: dict) -> None: ...
+
+    def finish(self) -> dict: ...
+
+    def abort(self) -> None: ...
 
 
 class Job:
@@ -87,8 +125,18 @@ class Job:
     def outputs_intact(self, record: dict) -> bool:
         return all(self.store.size(o["path"]) == o["bytes"] for o in self.record_outputs(record))
 
+    def open_assembly(self, group: str) -> "Assembly":
+        """Start building the output of ``group``; the engine feeds it the chunk records in plan order.
+
+        Runs in the driver, on a thread, as soon as the next chunk in plan order has a record (so
+        a shard grows while later chunks still run). The record ``finish`` returns stands for the
+        whole group in ``finalize`` and on resume; files the chunk records list under ``outputs``
+        that it does not list are pieces, removed once it is saved."""
+        raise NotImplementedError(f"{self.name} plans grouped tasks but cannot assemble them")
+
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
-        """Build the manifest body (without created_by/run) from the plan and task records."""
+        """Build the manifest body (without created_by/run) from the plan and the records of its
+        units in plan order: one per ungrouped task, one per group (what ``assemble`` returned)."""
         raise NotImplementedError
 
     def packed(self, manifest: dict) -> int:

@@ -15,6 +15,18 @@ PUT, and the manifest is uploaded last.
 A run plans, skips tasks whose record and outputs check out, runs the rest on an executor,
 and writes ``manifest.json`` last and atomically. kill -9 at any point, re-run, and the
 result equals an uninterrupted run.
+
+Tasks, chunks and outputs: a plan's *units* are its outputs in plan order (``Plan.units``). An
+ungrouped task is a unit by itself. Tasks that share a ``group`` are *chunks* of one unit: each
+writes a temporary piece and its own record; the driver feeds the records, in plan order and
+as soon as the next one is there, to the group's assembly (``Job.open_assembly``) on a small
+thread pool overlapping the executor; once the last is in, it writes the group's record
+``tasks/<group>.json`` and only then removes the pieces (the chunk outputs the group's record
+does not list). A resumed run trusts a group record whose outputs are intact, else each chunk
+record whose piece is intact, and redoes the rest. Static partitions split the units (never a
+group), so each node assembles its own; `repack merge` assembles a group whose chunks all have
+records but whose assembly never ran. With an object store the pieces are published like any
+output (see ``_run_and_record``) and deleted from it once the group's record is saved.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import os
 import shutil
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +55,7 @@ from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_cano
 from repack.store import open_store
 
 STATE_DIR = ".repack"
+ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
 
 
 def load_job(name: str, spec_json: str) -> Job:
@@ -56,15 +69,28 @@ def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str
     """Run one task anywhere (pool worker, Ray worker, static partition) and persist its record."""
     job = load_job(job_name, spec_json)
     task = Task.from_json(json.loads(task_json))
+    return json.dumps(_run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest))
+
+
+def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: frozenset = frozenset()) -> dict:
+    """Run ``work()`` under the unit's lock, publish the outputs its record lists (but ``published``,
+    those already in the store), then save the record as tasks/<unit_id>.json in the store.
+
+    Every output a record lists is published, a chunk's piece under .repack/ too: with an object
+    store, a resume on another machine, a Ray worker on another host or `repack merge` can then
+    assemble the group from the store (``Engine.assemble_step`` fetches what the scratch lacks);
+    the pieces are deleted from the store once the group's record is saved. The cost is a second
+    upload of a grouped shard's bytes (the pieces, then the shard)."""
     started = time.perf_counter()
-    with TaskLock(job.out, task.task_id):
-        record = job.run_task(task)
-        record.update(task_id=task.task_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
+    with TaskLock(job.out, unit_id):
+        record = work()
+        record.update(task_id=unit_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
         for output in job.record_outputs(record):  # object store: upload (checked) before the record
-            job.store.publish(output["path"], job.out / output["path"])
+            if output["path"] not in published:
+                job.store.publish(output["path"], job.out / output["path"])
         # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
-        job.store.put_bytes(record_name(task.task_id), dumps_canonical(record), durable=False)
-    return json.dumps(record)
+        job.store.put_bytes(record_name(unit_id), dumps_canonical(record), durable=False)
+    return record
 
 
 def state_dir(out: Path) -> Path:
@@ -247,7 +273,7 @@ class Engine:
                 raise UsageError(f"source changed since {self.out} was started: {self._changes(plan)}; "
                                  "use --overwrite to start over")
         else:
-            store.put_bytes(f"{STATE_DIR}/plan.json", dumps_canonical(plan.to_json()))
+            store.put_bytes(f"{STATE_DIR}/plan.json", plan.canonical)
             store.put_bytes(f"{STATE_DIR}/job.json", dumps_canonical(state))
 
     def _changes(self, plan: Plan) -> str:
@@ -293,10 +319,51 @@ class Engine:
                 path.unlink(missing_ok=True)
 
     def load_record(self, task: Task, plan_digest: str) -> dict | None:
-        """A finished task's record, if it belongs to this plan and its outputs are intact."""
+        """A finished task's (or group's) record, if it belongs to this plan and its outputs are intact."""
         record = read_json(self.job.store, record_name(task.task_id))
         if record is None or record.get("plan_digest") != plan_digest or not self.job.outputs_intact(record):
             return None
+        return record
+
+    def resume_state(self, units, plan_digest: str) -> tuple[dict, dict]:
+        """(unit id -> its record or None, task id -> record of a finished chunk of an unfinished group)."""
+        unit_records = self.load_records([Task(uid, {}) if tasks[0].group else tasks[0] for uid, tasks in units],
+                                         plan_digest)
+        chunks = [t for uid, tasks in units if tasks[0].group and unit_records[uid] is None for t in tasks]
+        chunk_records = {tid: r for tid, r in self.load_records(chunks, plan_digest).items() if r is not None}
+        return unit_records, chunk_records
+
+    def assemble_step(self, group: str, tasks, chunk_records: dict, assemblies: dict, prev: Future | None,
+                      batch: list[dict], plan_digest: str) -> dict | None:
+        """Feed ``batch`` (the next chunk records of ``group`` in plan order) to its assembly, after the
+        previous step ``prev``; once the last chunk is in, save the group's record, then drop the pieces."""
+        if prev is not None:
+            prev.result()  # the group's earlier step (re-raises its error)
+        assembly = assemblies.get(group)
+        if assembly is None:
+            assembly = assemblies[group] = self.job.open_assembly(group)
+        store = self.job.store
+        try:
+            if store.remote:  # chunks run on another host (Ray) or before a move: their outputs from the store
+                for output in (o for r in batch for o in self.job.record_outputs(r)):
+                    local = self.out / output["path"]
+                    if not (local.is_file() and local.stat().st_size == output["bytes"]):
+                        store.fetch(output["path"], local)
+            for record in batch:
+                assembly.add(record)
+            if batch[-1]["task_id"] != tasks[-1].task_id:
+                return None
+            chunk_seconds = round(sum(chunk_records[t.task_id].get("seconds", 0.0) for t in tasks), 4)
+            chunk_outputs = frozenset(o["path"] for t in tasks for o in chunk_records[t.task_id].get("outputs", []))
+            record = _run_and_record(self.job, group, lambda: {**assembly.finish(), "chunk_seconds": chunk_seconds},
+                                     plan_digest, published=chunk_outputs)
+        except BaseException:
+            assembly.abort()
+            raise
+        for rel in sorted(chunk_outputs - {output["path"] for output in record.get("outputs", [])}):  # the pieces
+            (self.out / rel).unlink(missing_ok=True)
+            if store.remote:
+                store.delete(rel)
         return record
 
     # -- run -----------------------------------------------------------------------------
@@ -323,47 +390,42 @@ class Engine:
                 raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
             self._check_state(plan)
             digest = plan.digest
-            mine = [t for i, t in enumerate(plan.tasks) if i % opts.num_nodes == opts.node_rank]
-            records = self.load_records(mine, digest)
-            todo = [t for t in mine if records[t.task_id] is None]
+            mine = [u for i, u in enumerate(plan.units) if i % opts.num_nodes == opts.node_rank]
+            records, chunk_records = self.resume_state(mine, digest)
+            todo = [t for uid, tasks in mine if records[uid] is None for t in tasks if t.task_id not in chunk_records]
+            unfinished = [uid for uid, _ in mine if records[uid] is None]
             manifest_path = self.out / MANIFEST_NAME
-            manifest = read_json(store, MANIFEST_NAME) if not todo and opts.num_nodes == 1 else None
+            manifest = read_json(store, MANIFEST_NAME) if not unfinished and opts.num_nodes == 1 else None
             if manifest is not None:
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
                 self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
                 return result
-            if todo:
+            if unfinished:
                 store.delete(MANIFEST_NAME)
                 manifest_path.unlink(missing_ok=True)
-            self._clean_temps({t.task_id for t in todo})
-            # Optional hook ``Job.absorb(record)``: called in this (driver) process for every finished
-            # task, resumed ones first in plan order, then each as it arrives, before the run moves on;
-            # only in runs that write the manifest (static partitions leave it to `repack merge`'s
-            # finalize). A single-writer output (LMDB) imports the task's part there.
-            absorb = getattr(self.job, "absorb", None) if opts.num_nodes == 1 else None
-            for task in plan.tasks if absorb else ():
-                if records[task.task_id] is not None:
-                    absorb(records[task.task_id])
+            temps = {t.task_id for t in todo} | set(unfinished)  # chunks and unfinished assemblies
+            self._clean_temps(temps)
             try:
-                failures = self._execute(executor, todo, digest, records, absorb)
+                failures = self._execute(executor, mine, todo, digest, records, chunk_records)
             except Interrupted:
-                self._clean_temps({t.task_id for t in todo})  # the workers are stopped: their temps go
+                self._clean_temps(temps)  # the workers and assemblies are stopped: their temps go
                 raise
             if failures:
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
                 raise IncompleteJobError(f"{len(failures)} task(s) failed; finished shards are kept and a "
                                          f"re-run resumes:\n{lines}")
+            ran, skipped = len(unfinished), len(mine) - len(unfinished)
             if opts.num_nodes > 1:
-                return RunResult(None, len(todo), len(mine) - len(todo), time.time() - started)
-            manifest = self.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
-            result = RunResult(manifest, len(todo), len(mine) - len(todo), time.time() - started)
+                return RunResult(None, ran, skipped, time.time() - started)
+            manifest = self.finalize(plan, [records[uid] for uid, _ in plan.units], started)
+            result = RunResult(manifest, ran, skipped, time.time() - started)
         self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
         return result
 
     def load_records(self, tasks: list[Task], digest: str) -> dict[str, dict | None]:
         """{task id: record or None} (an object store is read by a few threads: one GET per record)."""
-        if not self.job.store.remote:
+        if not self.job.store.remote or not tasks:
             return {t.task_id: self.load_record(t, digest) for t in tasks}
         self.job.store.cache_listing()  # one paged listing of the prefix serves every output check
         with ThreadPoolExecutor(16) as pool:
@@ -381,38 +443,103 @@ class Engine:
             raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
                                   f"(see {manifest_path})")
 
-    def _execute(self, executor, todo: list[Task], digest: str, records: dict, absorb=None) -> list[TaskFailure]:
+    def _execute(self, executor, units, todo: list[Task], digest: str, records: dict,
+                 chunk_records: dict) -> list[TaskFailure]:
+        """Run ``todo`` on the executor; assemble each group of ``units`` as soon as its chunks are done.
+
+        Fills ``records`` (unit id -> record); returns the failures."""
         from tqdm import tqdm
 
         tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
-        if not todo:
-            return []
         opts = self.options
         spec_json = self.job.spec.to_json()
         calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest) for t in todo]
-        units = {t.task_id: self.job.task_units(t) for t in todo}
+        units_of = {t.task_id: self.job.task_units(t) for t in todo}
+        group_tasks = {uid: tasks for uid, tasks in units if tasks[0].group and records[uid] is None}
+        group_of = {t.task_id: uid for uid, tasks in group_tasks.items() for t in tasks}
+        fed = dict.fromkeys(group_tasks, 0)  # chunks handed to each group's assembly so far
+        last_step: dict[str, Future] = {}
+        assemblies: dict = {}
         failures: list[TaskFailure] = []
-        bar = tqdm(total=sum(units.values()), unit=self.job.progress_unit, unit_scale=True, file=sys.stderr,
+        final_steps: dict[Future, str] = {}
+        # Threads start only once a record arrived: the local pool has forked all its workers by then.
+        assembler: ThreadPoolExecutor | None = None
+
+        def feed(uid: str) -> None:
+            """Hand the group's next chunk records in plan order (those finished) to its assembly."""
+            nonlocal assembler
+            tasks = group_tasks[uid]
+            batch = []
+            while fed[uid] < len(tasks) and tasks[fed[uid]].task_id in chunk_records:
+                batch.append(chunk_records[tasks[fed[uid]].task_id])
+                fed[uid] += 1
+            if not batch:
+                return
+            if assembler is None:
+                assembler = ThreadPoolExecutor(min(ASSEMBLY_THREADS, len(group_tasks)),
+                                               thread_name_prefix="repack-assemble")
+            # Steps of one group run in order: each waits for the previous one, which was queued first.
+            step = assembler.submit(self.assemble_step, uid, tasks, chunk_records, assemblies, last_step.get(uid),
+                                    batch, digest)
+            last_step[uid] = step
+            if fed[uid] == len(tasks):
+                final_steps[step] = uid
+
+        def collect(block: bool) -> None:
+            for step in [f for f in final_steps if block or f.done()]:
+                uid = final_steps.pop(step)
+                try:
+                    record = step.result()
+                except Exception as exc:  # noqa: BLE001 - a failed assembly is the group's failure
+                    failures.append(TaskFailure(uid, f"{type(exc).__name__}: {exc}"))
+                    continue
+                records[uid] = record
+
+        def finished(task_id: str, record: dict) -> None:
+            uid = group_of.get(task_id)
+            if uid is None:
+                records[task_id] = record
+                return
+            chunk_records[task_id] = record
+            feed(uid)
+
+        bar = tqdm(total=sum(units_of.values()), unit=self.job.progress_unit, unit_scale=True, file=sys.stderr,
                    disable=opts.quiet or None, desc=f"repack {self.job.name}", dynamic_ncols=True)
         counts: dict[str, int] = {}
         started = time.perf_counter()
+        resumed = list(group_tasks)  # chunks finished before an interruption: fed once the pool has forked
+        stopped = False
         results = executor.run(calls, [t.task_id for t in todo])
-        with bar, contextlib.closing(results):  # closed at once when interrupted: the executor stops its workers
-            for item in results:
-                if isinstance(item, TaskFailure):
-                    failures.append(item)
-                    bar.update(units[item.task_id])
-                    continue
-                if absorb is not None:
-                    absorb(item)
-                records[item["task_id"]] = item
-                for name, value in self.job.progress_counts(item).items():
-                    counts[name] = counts.get(name, 0) + value
-                if counts:
-                    elapsed = max(time.perf_counter() - started, 1e-9)
-                    bar.set_postfix({f"{name}/s": f"{value / elapsed:.0f}" for name, value in counts.items()},
-                                    refresh=False)
-                bar.update(units[item["task_id"]])
+        try:
+            with bar, contextlib.closing(results):  # closed at once when interrupted: the executor stops its workers
+                for item in results:
+                    while resumed:
+                        feed(resumed.pop())
+                    if isinstance(item, TaskFailure):
+                        failures.append(item)
+                        bar.update(units_of[item.task_id])
+                        continue
+                    finished(item["task_id"], item)
+                    collect(block=False)
+                    for name, value in self.job.progress_counts(item).items():
+                        counts[name] = counts.get(name, 0) + value
+                    if counts:
+                        elapsed = max(time.perf_counter() - started, 1e-9)
+                        bar.set_postfix({f"{name}/s": f"{value / elapsed:.0f}" for name, value in counts.items()},
+                                        refresh=False)
+                    bar.update(units_of[item["task_id"]])
+            while resumed:
+                feed(resumed.pop())
+            collect(block=True)
+        except BaseException:
+            stopped = True  # interrupted: queued assembly steps are cancelled, the running ones end
+            raise
+        finally:
+            if assembler is not None:
+                assembler.shutdown(wait=True, cancel_futures=stopped)
+            for uid, assembly in assemblies.items():  # groups left unfinished by a failed chunk or a stop
+                if records.get(uid) is None:
+                    assembly.abort()
         return failures
 
     def finalize(self, plan: Plan, records: list[dict], started: float) -> dict:
@@ -425,7 +552,8 @@ class Engine:
         body["run"] = {"command": self.options.command, "executor": self.options.executor,
                        "workers": self.options.workers or available_cpus(),
                        "finished_unix": int(time.time()), "seconds": round(time.time() - started, 3),
-                       "task_seconds": round(sum(r.get("seconds", 0.0) for r in records), 3),
+                       "task_seconds": round(sum(r.get("seconds", 0.0) + r.get("chunk_seconds", 0.0)
+                                                 for r in records), 3),
                        **body.pop("run_stats", {})}
         write_manifest(self.out, body)
         if self.job.store.remote:
@@ -474,11 +602,16 @@ def merge(out: str, options: EngineOptions) -> RunResult:
     engine = Engine(job, options)
     prepare_out(job.out, store)
     with JobLock(job.out, store=store if store.remote else None):
-        records = {t.task_id: engine.load_record(t, state["plan_digest"]) for t in plan.tasks}
-        missing = [tid for tid, rec in records.items() if rec is None]
+        digest = state["plan_digest"]
+        records, chunk_records = engine.resume_state(plan.units, digest)
+        for uid, tasks in plan.units:  # groups whose chunks all finished on their nodes but never assembled
+            if records[uid] is None and tasks[0].group and all(t.task_id in chunk_records for t in tasks):
+                records[uid] = engine.assemble_step(uid, tasks, chunk_records, {}, None,
+                                                    [chunk_records[t.task_id] for t in tasks], digest)
+        missing = [uid for uid, rec in records.items() if rec is None]
         if missing:
             shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
-            raise IncompleteJobError(f"{len(missing)} of {len(plan.tasks)} task(s) are missing or damaged: {shown}")
-        manifest = engine.finalize(plan, [records[t.task_id] for t in plan.tasks], started)
+            raise IncompleteJobError(f"{len(missing)} of {len(plan.units)} task(s) are missing or damaged: {shown}")
+        manifest = engine.finalize(plan, [records[uid] for uid, _ in plan.units], started)
     engine._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
-    return RunResult(manifest, 0, len(plan.tasks), time.time() - started)
+    return RunResult(manifest, 0, len(plan.units), time.time() - started)

@@ -1,8 +1,13 @@
 """`repack images`: an image tree or list file -> checked samples in shards of the chosen format.
 
 Plan: scan (sorted), optional seeded shuffle, then cut into shards by count and/or stat()
-bytes before any decoding. Each task reads, checks and writes one shard; bad inputs become
-quarantine records.
+bytes before any decoding, and each shard into chunks of at most ``--chunk-size`` inputs and
+about ``CHUNK_BYTES`` (fixed: never derived from the worker count). A shard of one chunk is one
+task that reads, checks and writes the shard. A larger shard is a group of chunk tasks: each
+writes a tar segment (the same members, no end-of-archive) under ``OUT/.repack/segments``, and
+the engine's driver appends the segments in plan order into the shard as they finish
+(``ShardAssembly``), so the shard's bytes do not depend on the chunking, the worker count or
+the order tasks finish in. Bad inputs become quarantine records.
 
 Each sample's members (WebDataset naming, key = zero-padded global position + a sanitized
 short stem, ASCII, dot-free, unique): ``<key>.<jpg|png|...>`` (type from content),
@@ -10,8 +15,8 @@ short stem, ASCII, dot-free, unique): ``<key>.<jpg|png|...>`` (type from content
 reads equal-length label bytes) when labeled, and ``<key>.json`` (path, class, width,
 height, bytes, format).
 
-``--to lmdb`` (a single-writer sink): tasks write parts, the driver's collector imports them in
-plan order as they finish (``absorb``) and builds the database in finalize (see
+``--to lmdb`` (a single-writer sink): each chunk is a task of its own that writes a part; the
+driver's collector writes the database from the parts, in plan order, in finalize (see
 ``repack.sinks.lmdb_sink``).
 
 ``--normalize`` (see ``repack.transforms.normalize``): non-conforming images become baseline
@@ -28,6 +33,7 @@ manifest's ``stats.duplicates`` lists the groups with their paths either way.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import os
 import random
@@ -35,6 +41,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
 from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec, format_size
 from repack.errors import UsageError, stable_reason
@@ -46,16 +53,31 @@ from repack.sources import Confinement, InputItem, scan_source
 from repack.sources.reading import open_input, read_inputs, unreadable_reason
 from repack.store import is_remote
 from repack.transforms.image_check import BadImage, inspect_image
-from repack.transforms.normalize import NormalizeOptions, normalize_image
 
 SLOWEST_N = 10
+CHUNK_BYTES = 8 * 10**6  # a chunk task's inputs: at most --chunk-size inputs and about this many bytes
+SEGMENTS_DIR = ".repack/segments"
+_JSON_STR = json.encoder.encode_basestring_ascii
+
+
+def sample_json(path: str, label: str | None, width: int, height: int, size: int, ext: str) -> bytes:
+    """A sample's metadata member: exactly ``json.dumps(meta, sort_keys=True)``, built directly (hot path)."""
+    cls = "null" if label is None else _JSON_STR(label)
+    return (f'{{"bytes": {size}, "class": {cls}, "format": "{ext}", "height": {height}, '
+            f'"path": {_JSON_STR(path)}, "width": {width}}}').encode()
+
+
+_NOT_SLUG = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 def sample_key(position: int, rel: str) -> str:
     """Unique, short, ASCII, dot-free key: ``00000042_cat_001``."""
-    stem = rel.rsplit("/", 1)[-1]
-    stem = stem.split(".", 1)[0] if not stem.startswith(".") else stem
-    slug = re.sub(r"[^A-Za-z0-9_-]+", "_", stem.encode("ascii", "ignore").decode())[:40].strip("_")
+    stem = rel[rel.rfind("/") + 1:]
+    if not stem.startswith("."):
+        stem = stem.partition(".")[0]
+    if not stem.isascii():
+        stem = stem.encode("ascii", "ignore").decode()
+    slug = _NOT_SLUG.sub("_", stem)[:40].strip("_")
     return f"{position:08d}_{slug}" if slug else f"{position:08d}"
 
 
@@ -68,29 +90,46 @@ def _blocks(size: int) -> int:
 
 def sample_bytes_bound(item: InputItem) -> int:
     """Upper bound of a sample's bytes in a tar: headers, padded image, cls and json members."""
-    json_bound = 256 + 6 * len(item.rel.encode("utf-8", "surrogateescape")) + 6 * len(item.label or "")
+    rel_bytes = len(item.rel) if item.rel.isascii() else len(item.rel.encode("utf-8", "surrogateescape"))
+    json_bound = 256 + 6 * rel_bytes + 6 * len(item.label or "")
     return 3 * BLOCK + _blocks(item.size) + BLOCK + _blocks(json_bound)
 
 
-def cut_into_shards(items: list[InputItem], shard_size: int | None, shard_bytes: int | None) -> list[list[int]]:
-    """Group item positions into shards of at most ``shard_size`` items and ``shard_bytes`` bytes."""
-    if shard_size is None and shard_bytes is None:
-        shard_bytes = DEFAULT_SHARD_BYTES
-    shards: list[list[int]] = []
+def cut_by_budget(bounds: list[int], positions: Sequence[int], max_count: int | None,
+                  max_bytes: int | None) -> list[list[int]]:
+    """Cut ``positions`` (in order) into runs of at most ``max_count`` positions and ``max_bytes`` bytes
+    (``bounds[p]``: the sample's bytes bound, plus the end-of-archive once)."""
+    runs: list[list[int]] = []
     current: list[int] = []
     current_bytes = ARCHIVE_TAIL_MAX
-    for position, item in enumerate(items):
-        estimate = sample_bytes_bound(item)
-        full = (shard_size is not None and len(current) >= shard_size) or (
-            shard_bytes is not None and current and current_bytes + estimate > shard_bytes)
-        if full:
-            shards.append(current)
+    for position in positions:
+        estimate = bounds[position]
+        if (max_count is not None and len(current) >= max_count) or (
+                max_bytes is not None and current and current_bytes + estimate > max_bytes):
+            runs.append(current)
             current, current_bytes = [], ARCHIVE_TAIL_MAX
         current.append(position)
         current_bytes += estimate
     if current:
-        shards.append(current)
-    return shards
+        runs.append(current)
+    return runs
+
+
+def source_root(source: str) -> str:
+    """The folder prefix of a folder scan's paths (a task's input gives ``rel`` only when path = root + rel)."""
+    return os.path.abspath(source) + "/"
+
+
+def input_entry(item: InputItem, position: int, classes: dict[str, int], hash_it: bool, root: str | None) -> dict:
+    """One input of a task's payload: rel, label, fingerprint ([size, mtime_ns, inode], checked before
+    reading), key, cls (+ path unless root + rel, + hash)."""
+    entry = {"rel": item.rel, "label": item.label, "fingerprint": item.fingerprint,
+             "key": sample_key(position, item.rel), "cls": classes.get(item.label) if item.label is not None else None}
+    if root is None or item.path != root + item.rel:
+        entry["path"] = item.path
+    if hash_it:
+        entry["hash"] = True
+    return entry
 
 
 def size_collisions(items: list[InputItem]) -> set[int]:
@@ -128,6 +167,52 @@ def duplicate_report(groups: list[dict], dropped: int) -> dict:
             "list": groups}
 
 
+def combine_records(records: list[dict], shard: dict | None, outputs: list[dict]) -> dict:
+    """One record for a shard assembled from its chunks' records (in plan order)."""
+    formats: dict[str, int] = {}
+    for r in records:
+        for ext, n in r["formats"].items():
+            formats[ext] = formats.get(ext, 0) + n
+    slowest: list[dict] = []
+    for r in records:
+        slowest = merge_slowest(slowest, r["timing"]["slowest"], SLOWEST_N)
+    combined = {"shard": shard, "outputs": outputs, "quarantine": [q for r in records for q in r["quarantine"]],
+                "inputs": sum(r["inputs"] for r in records), "formats": formats,
+                "hashes": [h for r in records for h in r["hashes"]],
+                "profile": {name: merge_counts(r["profile"][name] for r in records)
+                            for name in ("bytes", "width", "height", "classes")},
+                "timing": {"read_us": [v for r in records for v in r["timing"]["read_us"]],
+                           "check_us": [v for r in records for v in r["timing"]["check_us"]], "slowest": slowest},
+                "chunks": len(records)}
+    if "normalize" in records[0]:
+        reasons: dict[str, int] = {}
+        for r in records:
+            for reason, n in r["normalize"]["reasons"].items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        combined["normalize"] = {"converted": sum(r["normalize"]["converted"] for r in records), "reasons": reasons}
+    return combined
+
+
+class ShardAssembly:
+    """The engine's assembly of one shard: appends its chunks' segments in plan order (see module doc)."""
+
+    def __init__(self, job: "ImagesJob", group: str) -> None:
+        self.job = job
+        self.builder = job.sink.open_assembler(job.out, group)
+        self.records: list[dict] = []
+
+    def add(self, record: dict) -> None:
+        self.builder.add_segment(self.job.out / record["outputs"][0]["path"], record["segment"])
+        self.records.append(record)
+
+    def finish(self) -> dict:
+        shard = self.builder.commit()
+        return combine_records(self.records, shard, self.job.sink.outputs(shard) if shard else [])
+
+    def abort(self) -> None:
+        self.builder.abort()
+
+
 class ImagesJob(Job):
     """Plans, runs and finalizes an image repack."""
 
@@ -142,7 +227,6 @@ class ImagesJob(Job):
             raise UsageError(f"--to {spec.to} cannot hold images; use webdataset or lmdb")
         make_collector = getattr(self.sink, "collector", None)  # single-writer sinks (lmdb)
         self.collector = make_collector(self.out) if make_collector else None
-        self._order: list[str] = []
 
     def check(self) -> None:
         src = Path(self.spec.source)
@@ -167,35 +251,50 @@ class ImagesJob(Job):
             drop = {p for _, g in groups for p in g[1:]}
             items = [item for p, item in enumerate(items) if p not in drop]
         candidates = size_collisions(items)
+        root = None if spec.list_file or is_remote(spec.source) else source_root(spec.source)
         tasks = []
-        for index, positions in enumerate(cut_into_shards(items, spec.shard_size, spec.shard_bytes)):
-            inputs = [{**items[p].to_json(), "key": sample_key(p, items[p].rel),
-                       "cls": classes.get(items[p].label) if items[p].label is not None else None,
-                       **({"hash": True} if p in candidates else {})}
-                      for p in positions]
-            tasks.append(Task(f"shard-{index:06d}", {"index": index, "inputs": inputs, "cls_width": width}))
+        bounds = [sample_bytes_bound(item) for item in items]
+        shard_bytes = DEFAULT_SHARD_BYTES if spec.shard_size is None and spec.shard_bytes is None else spec.shard_bytes
+        for index, positions in enumerate(cut_by_budget(bounds, range(len(items)), spec.shard_size, shard_bytes)):
+            stem = f"shard-{index:06d}"
+            chunks = cut_by_budget(bounds, positions, spec.chunk_size, CHUNK_BYTES)
+            for number, chunk in enumerate(chunks):
+                inputs = [input_entry(items[p], p, classes, p in candidates, root) for p in chunk]
+                payload = {"index": index, "inputs": inputs, "cls_width": width}
+                if len(chunks) == 1:
+                    tasks.append(Task(stem, payload))
+                else:  # a single-writer sink (lmdb) reads chunk parts at finalize: no assembly
+                    tasks.append(Task(f"{stem}-c{number:04d}", {**payload, "chunk": number},
+                                      group="" if self.collector is not None else stem))
         info = {"classes": classes, "labeled": scan.labeled, "inputs": inputs_total,
                 "skipped_junk": scan.skipped}
         if spec.dedup:
             info["dedup"] = dup_groups
-        self._order = [t.task_id for t in tasks]
         return Plan(tuple(tasks), scan.quarantine, info)
 
     def run_task(self, task: Task) -> dict:
         spec = self.spec
-        writer = self.sink.open_shard(self.out, task.task_id)
+        if task.group:
+            writer = self.sink.open_segment(self.out / SEGMENTS_DIR, task.task_id)
+        else:
+            writer = self.sink.open_shard(self.out, task.task_id)
         quarantine: list[dict] = []
         read_us: list[int] = []
         check_us: list[int] = []
-        slowest: list[dict] = []
+        timed: list[tuple[int, str, int, int, int]] = []  # (us, source, bytes, width, height)
         formats: dict[str, int] = {}
         hashes: list[list[str]] = []
         converted: dict[str, int] = {}
         normalized = 0
         profile: dict[str, dict] = {"bytes": {}, "width": {}, "height": {}, "classes": {}}
-        norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels) if spec.normalize else None
+        norm = None
+        if spec.normalize:  # imported here: numpy and the encoder cost ~0.1 s of start-up otherwise
+            from repack.transforms.normalize import NormalizeOptions, normalize_image
+
+            norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels)
         width = task.payload["cls_width"]
-        reads = read_inputs(task.payload["inputs"])
+        root = source_root(spec.source)
+        reads = read_inputs([e if "path" in e else {**e, "path": root + e["rel"]} for e in task.payload["inputs"]])
         try:
             for entry in task.payload["inputs"]:
                 t0 = time.perf_counter()
@@ -229,12 +328,13 @@ class ImagesJob(Job):
                 members = [(ext if self.collector is None else "img", data)]
                 if entry["cls"] is not None:
                     members.append(("cls", b"%0*d" % (width, entry["cls"])))
-                meta = {"path": entry["rel"], "class": entry["label"], "width": img_w, "height": img_h,
-                        "bytes": len(data), "format": ext}
                 if norm is not None and result.reasons:
-                    meta.update(source_bytes=source_bytes, source_width=src_w, source_height=src_h,
-                                normalized=list(result.reasons))
-                members.append(("json", json.dumps(meta, sort_keys=True).encode()))
+                    meta = {"path": entry["rel"], "class": entry["label"], "width": img_w, "height": img_h,
+                            "bytes": len(data), "format": ext, "source_bytes": source_bytes, "source_width": src_w,
+                            "source_height": src_h, "normalized": list(result.reasons)}
+                    members.append(("json", json.dumps(meta, sort_keys=True).encode()))
+                else:
+                    members.append(("json", sample_json(entry["rel"], entry["label"], img_w, img_h, len(data), ext)))
                 writer.add_sample(entry["key"], members)
                 formats[ext] = formats.get(ext, 0) + 1
                 count_into(profile["bytes"], source_bytes)
@@ -244,34 +344,35 @@ class ImagesJob(Job):
                 profile["classes"][label] = profile["classes"].get(label, 0) + 1
                 read_us.append(round((t1 - t0) * 1e6))
                 check_us.append(round((t2 - t1) * 1e6))
-                slowest = merge_slowest(slowest, [{"source": entry["rel"], "us": read_us[-1] + check_us[-1],
-                                                   "bytes": source_bytes, "width": src_w,
-                                                   "height": src_h}], SLOWEST_N)
+                timed.append((read_us[-1] + check_us[-1], entry["rel"], source_bytes, src_w, src_h))
             shard = writer.commit()
         except BaseException:
             writer.abort()
             raise
-        record = {"shard": shard, "outputs": self.sink.outputs(shard) if shard else [], "quarantine": quarantine,
-                  "inputs": len(task.payload["inputs"]), "formats": formats, "hashes": hashes, "profile": profile,
+        slowest = [{"source": rel, "us": us, "bytes": size, "width": w, "height": h}
+                   for us, rel, size, w, h in heapq.nsmallest(SLOWEST_N, timed, key=lambda t: (-t[0], t[1]))]
+        record = {"shard": shard, "quarantine": quarantine, "inputs": len(task.payload["inputs"]), "formats": formats,
+                  "hashes": hashes, "profile": profile,
                   "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
+        if task.group:  # a segment of the group's shard (see ShardAssembly)
+            record.update(shard=None, segment=shard,
+                          outputs=[{"path": f"{SEGMENTS_DIR}/{shard['name']}", "bytes": shard["bytes"]}])
+        else:
+            record["outputs"] = self.sink.outputs(shard) if shard else []
         if norm is not None:
             record["normalize"] = {"converted": normalized, "reasons": converted}
         if self.collector is not None:  # the part is imported by the driver; no shard of its own
             record["part"], record["shard"] = shard, None
         return record
 
+    def open_assembly(self, group: str) -> "ShardAssembly":
+        return ShardAssembly(self, group)
+
     # -- single-writer sinks (lmdb) ------------------------------------------------------------
     def outputs_intact(self, record: dict) -> bool:
         if self.collector is not None:
             return self.collector.intact(record)
         return super().outputs_intact(record)
-
-    def absorb(self, record: dict) -> None:
-        """Engine hook (driver process): hand a finished task to the single writer, if any."""
-        if self.collector is not None:
-            if not self._order:
-                raise RuntimeError("absorb() before plan()")
-            self.collector.absorb(record, self._order)
 
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
         quarantine = list(plan.quarantine) + [q for r in records for q in r["quarantine"]]

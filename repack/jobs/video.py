@@ -1,7 +1,10 @@
 """`repack video`: probe every video, decide per GPU target, optionally transcode what needs it.
 
-Plan: sorted scan (class = first folder level, or a list file), cut into tasks of
-``shard_size`` videos. Each task probes its videos (one ffprobe run each: streams + packet
+Plan: sorted scan (class = first folder level, or a list file), cut into shards of
+``shard_size`` videos and each shard into tasks of ONE video, so probes and transcodes spread
+over every worker whatever the shard size (with ``--to webdataset`` a shard's tasks form a
+group: the engine's driver packs their videos into the shard in plan order, see
+``VideoShardAssembly``). Each task probes its video (one ffprobe run each: streams + packet
 scan, no decoding; ``verify="decode"`` adds a full decode that quarantines files with decoder
 errors) and applies the NVDEC rule for the chosen DALI reader; with ``transcode`` it re-encodes
 what needs it into ``OUT/videos/<rel>`` (``.mp4``, every frame kept: see
@@ -159,6 +162,34 @@ def output_names(rels: list[str]) -> list[tuple[str, str]]:
     return names
 
 
+class VideoShardAssembly:
+    """Packs the videos of a group's one-video tasks (fed in plan order) into the group's tar shard."""
+
+    def __init__(self, job: "VideoJob", group: str) -> None:
+        self.job = job
+        self.group = group
+        self.records: list[dict] = []
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)
+
+    def finish(self) -> dict:
+        records = self.records
+        entries = [v for r in records for v in r["videos"]]
+        shard = self.job._pack(self.group, records[0]["cls_width"], entries) if entries else None
+        outputs = [o for r in records for o in r["outputs"]]
+        if shard:
+            outputs += [{"path": shard["path"], "bytes": shard["bytes"]},
+                        {"path": shard["index"], "bytes": shard["index_bytes"]}]
+        timing = {k: round(sum(r["timing"][k] for r in records), 4) for k in records[0]["timing"]}
+        return {"videos": entries, "probes": [p for r in records for p in r["probes"]],
+                "quarantine": [q for r in records for q in r["quarantine"]], "outputs": outputs, "shard": shard,
+                "timing": timing}
+
+    def abort(self) -> None:
+        """Nothing to undo: the shard is written whole by ``finish``."""
+
+
 class VideoJob(Job):
     """Plans, runs and finalizes a video probe / transcode."""
 
@@ -183,15 +214,21 @@ class VideoJob(Job):
         classes = scan.classes
         names = output_names([i.rel for i in items])
         tasks = []
+        width = len(str(max(len(classes) - 1, 0)))
         for index, start in enumerate(range(0, len(items), spec.shard_size)):
-            inputs = []
-            for pos in range(start, min(start + spec.shard_size, len(items))):
+            stem = f"shard-{index:06d}"
+            positions = range(start, min(start + spec.shard_size, len(items)))
+            for number, pos in enumerate(positions):
                 item = items[pos]
-                inputs.append({**item.to_json(), "key": sample_key(pos, item.rel), "out_copy": names[pos][0],
-                               "out_transcode": names[pos][1],
-                               "cls": classes.get(item.label) if item.label is not None else None})
-            tasks.append(Task(f"shard-{index:06d}", {"index": index, "inputs": inputs,
-                                                     "cls_width": len(str(max(len(classes) - 1, 0)))}))
+                inputs = [{**item.to_json(), "key": sample_key(pos, item.rel), "out_copy": names[pos][0],
+                           "out_transcode": names[pos][1],
+                           "cls": classes.get(item.label) if item.label is not None else None}]
+                payload = {"index": index, "inputs": inputs, "cls_width": width}
+                if len(positions) == 1:
+                    tasks.append(Task(stem, payload))
+                else:
+                    tasks.append(Task(f"{stem}-c{number:04d}", {**payload, "chunk": number},
+                                      group=stem if spec.to == "webdataset" else ""))
         info = {"classes": classes, "labeled": scan.labeled, "inputs": len(items) + len(scan.quarantine)}
         return Plan(tuple(tasks), scan.quarantine, info)
 
@@ -238,12 +275,15 @@ class VideoJob(Job):
             entries.append(result)
             outputs.append({"path": result["path"], "bytes": result["bytes"]})
         shard = None
-        if spec.to == "webdataset" and entries:
-            shard = self._pack(task, entries)
+        if spec.to == "webdataset" and entries and not task.group:
+            shard = self._pack(task.task_id, task.payload["cls_width"], entries)
             outputs += [{"path": shard["path"], "bytes": shard["bytes"]},
                         {"path": shard["index"], "bytes": shard["index_bytes"]}]
-        return {"videos": entries, "probes": probes, "quarantine": quarantine, "outputs": outputs, "shard": shard,
-                "timing": {k: round(v, 4) for k, v in timing.items()}}
+        record = {"videos": entries, "probes": probes, "quarantine": quarantine, "outputs": outputs, "shard": shard,
+                  "timing": {k: round(v, 4) for k, v in timing.items()}}
+        if task.group:  # packed into the group's shard by VideoShardAssembly
+            record["cls_width"] = task.payload["cls_width"]
+        return record
 
     def _decide(self, info: dict):
         spec = self.spec
@@ -313,11 +353,13 @@ class VideoJob(Job):
                 "width": after["width"], "height": after["height"], "codec": after["codec"],
                 "pix_fmt": after["pix_fmt"], "max_gop_s": after["max_gop_s"]}
 
-    def _pack(self, task: Task, entries: list[dict]) -> dict | None:
+    def open_assembly(self, group: str) -> "VideoShardAssembly":
+        return VideoShardAssembly(self, group)
+
+    def _pack(self, stem: str, width: int, entries: list[dict]) -> dict | None:
         from repack.sinks.webdataset import TarShardWriter
 
-        writer = TarShardWriter(self.out, task.task_id)
-        width = task.payload["cls_width"]
+        writer = TarShardWriter(self.out, stem)
         try:
             for e in entries:
                 data = safe_join(self.out, e["path"]).read_bytes()

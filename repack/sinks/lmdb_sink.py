@@ -1,19 +1,18 @@
 """``--to lmdb``: one LMDB environment per dataset, ``OUT/data.lmdb`` (a single file, no lock file).
 
 How it is written (a single writer, fed by parallel workers)
-  1. Each task (worker) writes its samples to a *part*: a tar + DALI index under
-     ``OUT/.repack/parts/<task>.tar|.idx`` (``tar_format`` layout, written to a temp name and
-     renamed whole).
-  2. The driver process imports finished parts strictly in plan (task) order, each in ONE
-     write transaction together with the task's record ``t/<task>``, then deletes the part.
-     Sample indices are therefore contiguous ``0..N-1`` in plan order, whatever order the
-     workers finish in and however many inputs were quarantined. kill -9 at any point leaves
-     either the whole task in the database or none of it (its part stays for the re-run).
-     The map grows by doubling on MapFullError (the transaction is retried).
-  3. Finalize imports what is left (``repack merge`` of static partitions), then rebuilds the
-     database into a fresh environment in key order (append mode, fixed batches): no free
-     pages, and byte-identical files for the same content whatever the history (resumes, map
-     growth). It replaces ``data.lmdb`` by rename.
+  1. Each task (worker) writes its samples to a *part*: tar members (``tar_format`` layout, no
+     end-of-archive) under ``OUT/.repack/parts/<task>.seg``, renamed into place whole; the
+     task's record lists each sample's members (offsets and sizes).
+  2. Finalize (the driver; ``repack merge`` for static partitions) writes the database ONCE,
+     into a fresh environment, in key order (append mode, fixed batches of at most
+     BUILD_BATCH keys or BUILD_BATCH_BYTES): ``__meta__``, then every part's samples in plan
+     order, then the ``t/`` records. Sample indices are therefore contiguous ``0..N-1`` in plan
+     order, whatever order the workers finished in and however many inputs were quarantined,
+     and the file is byte-identical for the same content whatever the history (resumes,
+     workers, executors, partitions). The map size comes from the parts' bytes and doubles on
+     MapFullError (the build restarts). The environment is reopened every BUILD_WINDOW bytes
+     so memory stays flat; the copy is fsynced, renamed over ``data.lmdb``, then the parts go.
 
 Key layout (all keys ASCII, sortable; values raw bytes, ASCII integers or JSON, never pickle)::
 
@@ -22,7 +21,8 @@ Key layout (all keys ASCII, sortable; values raw bytes, ASCII integers or JSON, 
   s/<index:010d>/img    the image file's bytes (type from content; JPEG with --normalize)
   s/<index:010d>/cls    class index as ASCII decimal digits (labeled datasets only)
   s/<index:010d>/json   JSON metadata {path, class, width, height, bytes, format, ...}
-  t/<task id>           JSON {"task_id", "start", "samples", "part_sha256"}: resume bookkeeping
+  t/<task id>           JSON {"task_id", "start", "samples", "part_bytes"}: resume bookkeeping (a
+                        run killed after the rename and before the manifest trusts these)
 
 The manifest holds one shard entry: ``{"path": "data.lmdb", "samples", "bytes", "sha256",
 "layout": "repack-lmdb/1"}``.
@@ -38,7 +38,7 @@ from pathlib import Path
 from repack.errors import RepackError
 from repack.manifest.io import fsync_dir
 from repack.sinks.checks import check_file, sha256_file
-from repack.sinks.webdataset import TarShardWriter
+from repack.sinks.webdataset import TarSegmentWriter
 
 LAYOUT = "repack-lmdb/1"
 DB_NAME = "data.lmdb"
@@ -46,7 +46,9 @@ PARTS_DIR = ".repack/parts"
 KEY_WIDTH = 10
 META_KEY = b"__meta__"
 INITIAL_MAP = 64 << 20
-REBUILD_BATCH = 2000
+BUILD_BATCH = 2000
+BUILD_BATCH_BYTES = 8 << 20  # ... or this many bytes per write transaction (its dirty pages live in memory)
+BUILD_WINDOW = 32 << 20  # bytes written per opening of the environment (bounds mapped memory)
 
 
 def sample_key(index: int, field: str) -> bytes:
@@ -93,65 +95,59 @@ def lmdb_file_problem(path: Path) -> str | None:
     return None
 
 
-def _open(path: Path, readonly: bool, map_size: int = INITIAL_MAP):
+def _open(path: Path):
+    """A finished database, read-only."""
     import lmdb
 
     # lock=False: the job engine's flock already guarantees one writer per OUT; readers get
     # the finished file only after the manifest exists.
-    return lmdb.open(str(path), subdir=False, lock=False, readonly=readonly, map_size=map_size,
-                     readahead=False, max_dbs=0, meminit=True)
+    return lmdb.open(str(path), subdir=False, lock=False, readonly=True, readahead=False, max_dbs=0)
 
 
-class PartWriter(TarShardWriter):
-    """A task's samples as a tar part under ``OUT/.repack/parts``; commit() gives the record's part entry."""
+class PartWriter(TarSegmentWriter):
+    """A task's samples as a part under ``OUT/.repack/parts``; commit() gives the record's part entry."""
 
     def __init__(self, out: Path, stem: str) -> None:
-        self.root = Path(out)
-        parts = self.root / PARTS_DIR
-        parts.mkdir(parents=True, exist_ok=True)
-        super().__init__(parts, stem)
+        super().__init__(Path(out) / PARTS_DIR, stem)
 
     def commit(self) -> dict | None:
-        shard = super().commit()
-        if shard is None:
+        piece = super().commit()
+        if not piece["samples"]:
+            (self.folder / piece["name"]).unlink()
             return None
-        shard["path"] = f"{PARTS_DIR}/{shard['path']}"
-        shard["index"] = f"{PARTS_DIR}/{shard['index']}"
-        return shard
+        return {"path": f"{PARTS_DIR}/{piece.pop('name')}", **piece}
 
 
 def _read_part(root: Path, part: dict):
-    """Yield each sample of a part as {field: bytes} (fields: img, cls, json), in order."""
-    index = (root / part["index"]).read_text(encoding="ascii").splitlines()
+    """Yield each sample of a part as [(field, bytes)] in key order (cls, img, json)."""
     with open(root / part["path"], "rb") as fh:
-        for line in index[1:]:
-            tokens = line.split(" ")
-            sample = {}
-            for i in range(0, len(tokens), 4):
-                ext, off, size = tokens[i], int(tokens[i + 1]), int(tokens[i + 2])
-                sample[ext] = os.pread(fh.fileno(), size, off)
-            yield sample
+        for _, members in part["samples"]:
+            yield sorted((ext, os.pread(fh.fileno(), size, off)) for ext, off, size in members)
+
+
+def _open_for_write(path: Path, map_size: int):
+    import lmdb
+
+    # sync=False: the finished copy is fsynced once, before its rename.
+    return lmdb.open(str(path), subdir=False, lock=False, map_size=map_size, readahead=False, max_dbs=0,
+                     meminit=True, sync=False)
 
 
 class LmdbCollector:
-    """Driver-side single writer: imports parts in plan order, rebuilds and describes the final file."""
+    """Driver-side single writer: builds the database from the parts, in plan order, at finalize."""
 
-    def __init__(self, out: Path, initial_map: int = INITIAL_MAP) -> None:
+    def __init__(self, out: Path, initial_map: int | None = None) -> None:
         self.out = Path(out)
         self.path = self.out / DB_NAME
-        self.initial_map = initial_map
-        self._env = None
-        self._done: dict[str, dict] | None = None  # task id -> its t/ record in the database
-        self._pending: dict[str, dict] = {}
-        self._next = 0
-        self._count = 0
+        self.initial_map = initial_map  # None: from the parts' bytes
+        self._built_tasks: dict[str, dict] | None = None
 
-    # -- state ---------------------------------------------------------------------------------
-    def _load(self) -> dict[str, dict]:
-        if self._done is None:
-            self._done = {}
+    def built(self) -> dict[str, dict]:
+        """task id -> its ``t/`` record in a finished ``data.lmdb`` (empty when there is none)."""
+        if self._built_tasks is None:
+            self._built_tasks = {}
             if self.path.exists():
-                env = self._writer() if self._env is not None else _open(self.path, readonly=True)
+                env = _open(self.path)
                 try:
                     with env.begin() as txn:
                         cursor = txn.cursor()
@@ -160,147 +156,112 @@ class LmdbCollector:
                                 if not key.startswith(b"t/"):
                                     break
                                 rec = json.loads(value)
-                                self._done[rec["task_id"]] = rec
-                        meta = txn.get(META_KEY)
-                        self._count = json.loads(meta)["count"] if meta else 0
+                                self._built_tasks[rec["task_id"]] = rec
                 finally:
-                    if env is not self._env:
-                        env.close()
-        return self._done
-
-    def _writer(self):
-        if self._env is None:
-            size = self.path.stat().st_size if self.path.exists() else 0
-            self._env = _open(self.path, readonly=False, map_size=max(self.initial_map, 2 * size))
-        return self._env
-
-    def close(self) -> None:
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+                    env.close()
+        return self._built_tasks
 
     def intact(self, record: dict) -> bool:
-        """True when the task is in the database, or its part is on disk whole (to be imported)."""
+        """True when the task's part is on disk whole, or the finished database holds the task."""
         part = record.get("part")
-        done = self._load().get(record["task_id"])
+        done = self.built().get(record["task_id"])
         if done is not None:
-            return done.get("part_sha256") == (part or {}).get("sha256")
+            return done.get("part_bytes") == (part or {}).get("bytes")
         if part is None:
             return True
         try:
-            return (os.path.getsize(self.out / part["path"]) == part["bytes"]
-                    and os.path.getsize(self.out / part["index"]) == part["index_bytes"])
+            return os.path.getsize(self.out / part["path"]) == part["bytes"]
         except OSError:
             return False
 
-    # -- import --------------------------------------------------------------------------------
-    def absorb(self, record: dict, order: list[str]) -> None:
-        """Take a finished task's record; import every part that is next in plan order."""
-        done = self._load()
-        self._pending[record["task_id"]] = record
-        while self._next < len(order):
-            task_id = order[self._next]
-            if task_id in done:
-                self._drop_part(self._pending.pop(task_id, None))
-            elif task_id in self._pending:
-                self._import(self._pending.pop(task_id))
-            else:
-                break
-            self._next += 1
-
-    def _import(self, record: dict) -> None:
-        import lmdb
-
-        part = record.get("part")
-        samples = list(_read_part(self.out, part)) if part else []
-        start = self._count
-        entry = {"task_id": record["task_id"], "start": start, "samples": len(samples),
-                 "part_sha256": part["sha256"] if part else None}
-        env = self._writer()
-        while True:
-            try:
-                with env.begin(write=True) as txn:
-                    for i, sample in enumerate(samples):
-                        for field, value in sample.items():
-                            if field == "cls":
-                                value = b"%d" % int(value)
-                            txn.put(sample_key(start + i, field), value)
-                    txn.put(task_key(record["task_id"]), _json(entry))
-                    txn.put(META_KEY, _json({"layout": LAYOUT, "count": start + len(samples)}))
-                break
-            except lmdb.MapFullError:
-                env.set_mapsize(env.info()["map_size"] * 2)
-        self._count = start + len(samples)
-        self._done[record["task_id"]] = entry
-        self._drop_part(record)
-
-    def _drop_part(self, record: dict | None) -> None:
-        part = (record or {}).get("part")
-        if part:
-            (self.out / part["path"]).unlink(missing_ok=True)
-            (self.out / part["index"]).unlink(missing_ok=True)
-
-    # -- finish --------------------------------------------------------------------------------
     def finish(self, records: list[dict], meta: dict) -> dict:
-        """Import what is left, write the metadata, rebuild deterministically; the manifest's shard entry."""
-        order = [r["task_id"] for r in records]
-        done = self._load()
-        for record in records:
-            if record["task_id"] not in done:
-                part = record.get("part")
-                if part and not (self.out / part["path"]).exists():
-                    raise RepackError(f"task {record['task_id']}: part {part['path']} is missing; re-run the job")
-            self.absorb(record, order)
-        if self._next < len(order):
-            raise RepackError(f"lmdb: task {order[self._next]} was not imported")
-        full_meta = {**meta, "layout": LAYOUT, "count": self._count, "key_width": KEY_WIDTH}
-        env = self._writer()
-        with env.begin(write=True) as txn:
-            txn.put(META_KEY, _json(full_meta))
-        self.close()
-        self._rebuild()
+        """Write the database (unless a finished one already holds exactly these tasks); its manifest entry."""
+        built = self.built()
+        if not (built and len(built) == len(records) and all(r["task_id"] in built for r in records)):
+            missing = [r["task_id"] for r in records
+                       if r.get("part") and not (self.out / r["part"]["path"]).exists()]
+            if missing:
+                raise RepackError(f"lmdb: the part of task {missing[0]} is missing; re-run the job "
+                                  "(--overwrite if OUT was changed by hand)")
+            self._build(records, meta)
         shutil.rmtree(self.out / PARTS_DIR, ignore_errors=True)
-        return {"path": DB_NAME, "samples": self._count, "bytes": self.path.stat().st_size,
+        env = _open(self.path)
+        try:
+            with env.begin() as txn:
+                count = json.loads(txn.get(META_KEY))["count"]
+        finally:
+            env.close()
+        return {"path": DB_NAME, "samples": count, "bytes": self.path.stat().st_size,
                 "sha256": sha256_file(self.path), "layout": LAYOUT}
 
-    def _rebuild(self) -> None:
-        """Copy every key, in order, into a fresh environment; rename it over data.lmdb.
+    def _items(self, records: list[dict], meta: dict):
+        """Every (key, value) of the database, in key order."""
+        count = sum(len(r["part"]["samples"]) for r in records if r.get("part"))
+        yield META_KEY, _json({**meta, "layout": LAYOUT, "count": count, "key_width": KEY_WIDTH})
+        tasks = []
+        index = 0
+        for record in records:
+            part = record.get("part")
+            start = index
+            for sample in _read_part(self.out, part) if part else ():
+                for field, value in sample:
+                    yield sample_key(index, field), b"%d" % int(value) if field == "cls" else value
+                index += 1
+            tasks.append((record["task_id"], {"task_id": record["task_id"], "start": start, "samples": index - start,
+                                              "part_bytes": part["bytes"] if part else None}))
+        for task_id, entry in sorted(tasks):
+            yield task_key(task_id), _json(entry)
+
+    def _build(self, records: list[dict], meta: dict) -> None:
+        """Write every key, in order, into a fresh environment; fsync it and rename it over data.lmdb.
 
         The map size (stored in the file) is derived from the content only, so equal content
-        gives equal bytes whatever the working database's history was.
+        gives equal bytes.
         """
         import lmdb
 
-        tmp = self.out / f".{DB_NAME}.tmp-rebuild"
-        src = _open(self.path, readonly=True)
-        with src.begin(buffers=True) as rtxn:  # lengths come from the leaf nodes: no data is read
-            content = sum(len(k) + len(v) + 4096 for k, v in rtxn.cursor())
-        src.close()
-        map_size = max(INITIAL_MAP, 1 << (2 * content).bit_length())
+        tmp = self.out / f".{DB_NAME}.tmp-build"
+        content = sum(r["part"]["bytes"] + 4096 * 3 * len(r["part"]["samples"]) for r in records if r.get("part"))
+        map_size = self.initial_map or max(INITIAL_MAP, 1 << (2 * content).bit_length())
         while True:
             tmp.unlink(missing_ok=True)
-            src = _open(self.path, readonly=True)
-            dst = _open(tmp, readonly=False, map_size=map_size)
             try:
-                with src.begin() as rtxn:
-                    cursor = rtxn.cursor()
-                    more = cursor.first()
-                    while more:
-                        with dst.begin(write=True) as wtxn:
-                            for _ in range(REBUILD_BATCH):
-                                wtxn.put(cursor.key(), cursor.value(), append=True)
-                                more = cursor.next()
-                                if not more:
-                                    break
-                dst.sync(True)
+                self._write_sorted(tmp, map_size, self._items(records, meta))
                 break
             except lmdb.MapFullError:
                 map_size *= 2
-            finally:
-                dst.close()
-                src.close()
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, self.path)
         fsync_dir(self.out)
+        self._built_tasks = None
+
+    @staticmethod
+    def _write_sorted(tmp: Path, map_size: int, items) -> None:
+        """Put ``items`` (sorted) with append=True in batches of BUILD_BATCH keys or BUILD_BATCH_BYTES,
+        reopening the environment every BUILD_WINDOW bytes: closing it unmaps the pages the kernel
+        mapped around the ones touched, so memory stays flat."""
+        pending = next(items, None)
+        copied = 0
+        while pending is not None:
+            env = _open_for_write(tmp, map_size)
+            try:
+                window_end = copied + BUILD_WINDOW
+                while pending is not None and copied < window_end:
+                    with env.begin(write=True) as txn:
+                        batch_end = copied + BUILD_BATCH_BYTES
+                        for _ in range(BUILD_BATCH):
+                            key, value = pending
+                            txn.put(key, value, append=True)
+                            copied += len(key) + len(value)
+                            pending = next(items, None)
+                            if pending is None or copied >= batch_end:
+                                break
+            finally:
+                env.close()
 
 
 class LmdbSink:
@@ -315,8 +276,7 @@ class LmdbSink:
     @staticmethod
     def outputs(part: dict) -> list[dict]:
         """Files a task's record stands for (``--overwrite`` removes them); data.lmdb is shared."""
-        return [{"path": part["path"], "bytes": part["bytes"]}, {"path": part["index"], "bytes": part["index_bytes"]},
-                {"path": DB_NAME, "bytes": -1}]
+        return [{"path": part["path"], "bytes": part["bytes"]}, {"path": DB_NAME, "bytes": -1}]
 
     @staticmethod
     def collector(out: Path) -> LmdbCollector:
@@ -334,7 +294,7 @@ class LmdbSink:
             check(False, f"{shard['path']}: not opened as LMDB ({problem})")
             return
         try:
-            env = _open(path, readonly=True)
+            env = _open(path)
         except Exception as exc:  # noqa: BLE001 - lmdb.Error and OSError: not a database
             check(False, f"{shard['path']}: not a readable LMDB ({exc})")
             return

@@ -46,23 +46,26 @@ _TEMPLATE_SUM = sum(_HEADER_TEMPLATE) + 8 * 32  # checksum field counted as spac
 _DIGITS = {c: c - 48 for c in b"01234567"}
 
 
+_NAME_PADS = tuple(bytes(n) for n in range(101))
+_MODE_UID_GID = bytes(_HEADER_TEMPLATE[100:124])
+_MTIME = bytes(_HEADER_TEMPLATE[136:148])
+_AFTER_CHECKSUM = bytes(_HEADER_TEMPLATE[156:BLOCK])
+
+
 def ustar_header(name: bytes, size: int) -> bytes:
     """A 512-byte ustar header for a regular file ``name`` of ``size`` bytes."""
     if len(name) > 100:
         raise ValueError(f"member name longer than 100 bytes: {name!r}")
     if size > MAX_MEMBER_SIZE:
         raise ValueError(f"member of {size} bytes exceeds the ustar limit")
-    header = bytearray(_HEADER_TEMPLATE)
-    header[0:len(name)] = name
     size_field = b"%011o\x00" % size
-    header[124:136] = size_field
     checksum = _TEMPLATE_SUM + sum(name) + sum(size_field)
-    header[148:156] = b"%06o\x00 " % checksum
-    return bytes(header)
+    return b"%s%s%s%s%s%06o\x00 %s" % (name, _NAME_PADS[100 - len(name)], _MODE_UID_GID, size_field, _MTIME,
+                                       checksum, _AFTER_CHECKSUM)
 
 
-def padding(size: int) -> bytes:
-    return b"\x00" * (-size % BLOCK)
+PADDING = tuple(b"\x00" * n for n in range(BLOCK))  # PADDING[n]: n zero bytes
+
 
 
 def end_of_archive(offset: int) -> bytes:
@@ -118,9 +121,13 @@ def split_key(name: str) -> tuple[str, str]:
 
 def index_text(samples: list[list[tuple[str, int, int, str]]]) -> str:
     """The DALI index for samples given as [(ext, data offset, size, name), ...] each."""
-    lines = [f"{INDEX_VERSION} {len(samples)}"]
-    lines += [" ".join(f"{ext} {off} {size} {name}" for ext, off, size, name in sample) for sample in samples]
-    return "\n".join(lines) + "\n"
+    return index_from_lines([" ".join([f"{ext} {off} {size} {name}" for ext, off, size, name in sample])
+                             for sample in samples])
+
+
+def index_from_lines(lines: list[str]) -> str:
+    """The DALI index from its per-sample lines."""
+    return "\n".join([f"{INDEX_VERSION} {len(lines)}", *lines]) + "\n"
 
 
 def index_from_tar(fh: BinaryIO) -> str:

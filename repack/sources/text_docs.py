@@ -45,12 +45,12 @@ COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
 DOC_PER = ("line", "file", "blank-line")
 SNAP_READ = 1 << 16
 AUTO_CHUNKS = 256              # --chunk-bytes auto: about this many chunks,
-AUTO_MIN, AUTO_MAX = 2 * 10**6, 256 * 10**6  # each between 2 MB and 256 MB
+AUTO_MIN, AUTO_MAX = 5 * 10**5, 256 * 10**6  # each between 0.5 MB and 256 MB (work for every core)
 DEFAULT_MAX_DOC_BYTES = 8 * 2**20  # --max-doc-bytes: a longer document is quarantined, never held whole
 
 
 def auto_chunk_bytes(total: int) -> int:
-    """The default chunk size: total/256 clamped to [2 MB, 256 MB] (depends on the corpus only)."""
+    """The default chunk size: total/256 clamped to [0.5 MB, 256 MB] (depends on the corpus only)."""
     return min(AUTO_MAX, max(AUTO_MIN, -(-total // AUTO_CHUNKS)))
 
 

@@ -1,10 +1,10 @@
-"""Benchmark of issue 2: `repack images` against its baselines, measured in one run on one dataset.
+"""Benchmark of issue 2: reading `repack images` shards against the original files, in one run.
 
 Dataset: REPACK_BENCH_IMAGES (default 4000) real-photo JPEGs of mixed sizes (~100 KB mean),
-generated once into OUT/images-data and reused. Rows (images/s; ratio = repack / baseline):
+generated once into OUT/images-data and reused, packed with `--verify decode` into shards of
+REPACK_BENCH_SHARD_SIZE (several shards, so DataLoader workers split them). Packing speed is
+bench_producer's. Rows (images/s; ratio = repack / baseline):
 
-  pack   `repack images --verify none`  vs `tar cf` of the same folder (warm page cache)
-  check  `repack images --verify decode` vs one process: webdataset ShardWriter + full PIL decode
   decode the per-image `--verify decode` check alone, one process (strict full libjpeg-turbo decode,
          ``inspect_image``) vs the check it replaced (PIL 1/8-scale draft decode, which misses
          corrupt data that libjpeg only warns about) and vs a plain PIL full-decode loop
@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGETS = {"pack": 0.8, "check": 3.0}
 
 
 def usable_cpus() -> int:
@@ -101,17 +100,6 @@ def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
     return seconds, proc
-
-
-def run_tar(src: Path, work: Path, durable: bool = False) -> float:
-    """Best of 2 `tar cf`; ``durable`` adds the `sync` that makes it as durable as repack's fsynced shards."""
-    target = work / "tar" / "images.tar"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["sh", "-c", 'tar cf "$0" -C "$1" . && sync', str(target), str(src)] if durable else \
-        ["tar", "cf", str(target), "-C", str(src), "."]
-    best = min(timed(cmd)[0] for _ in range(2))
-    target.unlink()
-    return best
 
 
 def run_repack(src: Path, out: Path, verify: str, shard_size: int, repeats: int = 1) -> tuple[float, float]:
@@ -262,23 +250,8 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
     print(f"[images] {n} JPEGs, {total_bytes / n / 1e3:.0f} KB mean, {cpus} usable CPUs", file=sys.stderr)
     warm(files)
 
-    rows = []
-    tar_s = run_tar(src, work)
-    tar_sync_s = run_tar(src, work, durable=True)
-    none_wall, none_engine = run_repack(src, work / "none", "none", shard_size, repeats=2)
-    rows.append(row("repack --verify none (wall, incl. startup)", n / none_wall, "tar cf (warm cache)", n / tar_s,
-                    TARGETS["pack"], seconds=round(none_wall, 3), baseline_seconds=round(tar_s, 3)))
-    rows.append(row("repack --verify none (engine time)", n / none_engine, "tar cf (warm cache)", n / tar_s,
-                    seconds=round(none_engine, 3), baseline_seconds=round(tar_s, 3)))
-    rows.append(row("repack --verify none (wall; shards fsynced)", n / none_wall, "tar cf && sync (as durable)",
-                    n / tar_sync_s, seconds=round(none_wall, 3), baseline_seconds=round(tar_sync_s, 3)))
-
-    sw_s = run_shardwriter_pil(src, files, work, shard_size)
-    dec_wall, dec_engine = run_repack(src, work / "decode", "decode", shard_size)
-    rows.append(row(f"repack --verify decode ({cpus} workers, wall)", n / dec_wall, "ShardWriter + PIL decode, 1 proc",
-                    n / sw_s, TARGETS["check"], seconds=round(dec_wall, 3), baseline_seconds=round(sw_s, 3)))
-    rows.append(row(f"repack --verify decode ({cpus} workers, engine)", n / dec_engine,
-                    "ShardWriter + PIL decode, 1 proc", n / sw_s, seconds=round(dec_engine, 3)))
+    rows = []  # packing speed (vs tar, vs ShardWriter, worker sweep): bench_producer
+    run_repack(src, work / "decode", "decode", shard_size)
 
     sample = [p.read_bytes() for p in files[: env_int("REPACK_BENCH_DECODE_IMAGES", 500)]]
     check_s = decode_check_seconds(sample)

@@ -1,8 +1,10 @@
 """Video benchmark: probe files/s (ffprobe subprocess vs PyAV in-process), the cost of
 ``--verify decode`` (the packet scan, the default, vs the scan plus a full decode of every
 frame), and transcode frames/s (`repack video --transcode` vs the same ffmpeg commands run by
-hand), measured in the same run on the same generated clips. Sizes via
-REPACK_BENCH_VIDEO_FILES (default 24)."""
+hand), measured in the same run on the same generated clips; then `repack video --transcode
+--threads 1` frames/s at 1, 2, 4, ... workers up to the usable CPUs (REPACK_BENCH_MAX_WORKERS
+caps it) with the scaling efficiency fps(W) / (W x fps(1)). Sizes via REPACK_BENCH_VIDEO_FILES
+(default 24; at least one transcode clip per usable CPU is made for the sweep)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 from repack.transforms.decode_check import decode_check
 from repack.transforms.probe import probe_file, pyav_probe
 from repack.transforms.transcode import Recipe, build_command
+from tests.benchmarks.bench_producer import usable_cpus, worker_sweep
 from tests.tools.videos import make_index_clip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +37,7 @@ def _clips(root: Path, n: int) -> tuple[list[Path], list[Path]]:
     # frames encode in no time and make repack's fixed per-file costs (two probes, sha256) look
     # larger than they are on real footage.
     seconds = int(os.environ.get("REPACK_BENCH_VIDEO_SECONDS") or 10)
-    for i in range(max(2, n // 4)):
+    for i in range(max(2, n // 4, usable_cpus())):
         p = root / "tc" / f"c{i % 2}" / f"t{i:03d}.mp4"
         p.parent.mkdir(parents=True, exist_ok=True)
         if not p.exists():
@@ -43,6 +46,20 @@ def _clips(root: Path, n: int) -> tuple[list[Path], list[Path]]:
                             "veryfast", "-pix_fmt", "yuv420p10le", str(p)], check=True)
         bad.append(p)
     return good, bad
+
+
+def transcode_sweep(src: Path, work: Path, frames: int) -> list[tuple[int, float, float]]:
+    """(workers, frames/s, efficiency) of `repack video --transcode --threads 1` at 1, 2, 4, ... workers."""
+    cpus = min(usable_cpus(), int(os.environ.get("REPACK_BENCH_MAX_WORKERS") or usable_cpus()))
+    results, fps1 = [], None
+    for workers in worker_sweep(cpus):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "repack", "video", str(src), str(work / str(workers)), "--transcode",
+                        "--overwrite", "--workers", str(workers), "--threads", "1", "--quiet"], check=True, cwd=ROOT)
+        fps = frames / (time.perf_counter() - t0)
+        fps1 = fps1 or fps
+        results.append((workers, fps, fps / (workers * fps1)))
+    return results
 
 
 def main(out_dir) -> dict:
@@ -81,6 +98,7 @@ def main(out_dir) -> dict:
     for cmd in cmds:
         subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
     t_hand = time.perf_counter() - t0
+    sweep = transcode_sweep(out / "src" / "tc", out / "sweep", frames)
     rows = [("probe ffprobe subprocess", f"{len(good) / t_ff:.1f} files/s", "1.00"),
             ("probe PyAV in-process", f"{len(good) / t_pa:.1f} files/s" if t_pa else "n/a",
              f"{t_ff / t_pa:.2f}" if t_pa else "n/a"),
@@ -89,7 +107,9 @@ def main(out_dir) -> dict:
             ("transcode ffmpeg by hand", f"{frames / t_hand:.1f} frames/s", "1.00"),
             ("transcode repack (probe+encode+re-probe+sha)", f"{frames / t_repack:.1f} frames/s",
              f"{t_hand / t_repack:.2f}")]
-    table = "\n".join(f"{a:<46}{b:>18}{c:>8}" for a, b, c in [("video", "throughput", "ratio")] + rows)
+    rows += [(f"transcode repack, {w} worker(s) x 1 thread", f"{fps:.1f} frames/s", f"eff {eff:.2f}")
+             for w, fps, eff in sweep]
+    table = "\n".join(f"{a:<46}{b:>18}{c:>10}" for a, b, c in [("video", "throughput", "ratio")] + rows)
     print(table)
     result = {"probe_files": len(good), "probe_ffprobe_files_s": round(len(good) / t_ff, 2),
               "probe_pyav_files_s": round(len(good) / t_pa, 2) if t_pa else None,
@@ -98,7 +118,9 @@ def main(out_dir) -> dict:
               "verify_decode_files_s": round(len(bad) / t_decode, 2),
               "verify_decode_cost_x": round(t_decode / t_scan, 1),
               "transcode_frames": frames, "transcode_hand_fps": round(frames / t_hand, 1),
-              "transcode_repack_fps": round(frames / t_repack, 1), "table": table}
+              "transcode_repack_fps": round(frames / t_repack, 1),
+              "sweep": [{"workers": w, "fps": round(fps, 1), "efficiency": round(eff, 3)} for w, fps, eff in sweep],
+              "table": table}
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
