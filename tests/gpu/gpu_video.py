@@ -249,7 +249,7 @@ def main() -> None:
     ap.add_argument("--readers", default=",".join(READERS))
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--check-many", default=None)
-    ap.add_argument("--reader", default="experimental")
+    ap.add_argument("--reader", default="legacy")
     ap.add_argument("--results", default=None)
     ap.add_argument("--device", default="gpu", help="gpu; cpu only smoke-tests this script (experimental reader)")
     args = ap.parse_args()
