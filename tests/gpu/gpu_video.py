@@ -251,7 +251,7 @@ def main() -> None:
     ap.add_argument("--check-many", default=None)
     ap.add_argument("--reader", default="legacy")
     ap.add_argument("--results", default=None)
-    ap.add_argument("--device", default="gpu", help="gpu; cpu only smoke-tests this script (experimental reader)")
+    ap.add_argument("--device", default="gpu", help="gpu; cpu only smoke-tests this script (--readers experimental)")
     args = ap.parse_args()
     readers = tuple(args.readers.split(","))
     if args.check_many:
