@@ -6,14 +6,16 @@ confined to the root) with their class indices and returns a pipeline whose outp
 frames ``stride`` apart, clip starts ``step`` apart (``-1``: ``sequence_length``), exactly as
 pipelines.torch_video. ``resize=(h, w)`` makes a batch uniform when videos differ in size.
 
+``reader="legacy"`` is ``fn.readers.video`` (GPU only: DALI's PyPI FFmpeg has no software
+H.264/HEVC decoder), which reads one codec per reader and is the fast one (random 16-frame
+clips ran 4-12x faster than the experimental reader's on the H200, tests/gpu/gpu_video.py);
 ``reader="experimental"`` is ``fn.experimental.readers.video``, which reads a dataset of mixed
-codecs and also runs on the CPU for VP8/VP9/MJPEG (used by the CI tests); ``reader="legacy"``
-is ``fn.readers.video`` (GPU only: DALI's PyPI FFmpeg has no software H.264/HEVC decoder),
-which reads one codec per reader. The default (``reader=None``) is the reader the dataset was
-judged for: the manifest's ``dali_reader`` (`repack video --dali-reader`, ``experimental``
-unless chosen otherwise; ``legacy`` for manifests written before the field existed), so every
-video the rule passed as is is one this reader decodes, in one pass over the whole dataset
-(MJPEG is transcoded for the experimental reader; every codec but H.264 for the legacy one).
+codecs and also runs on the CPU for VP8/VP9/MJPEG (used by the CI tests). The default
+(``reader=None``) is the reader the dataset was judged for: the manifest's ``dali_reader``
+(`repack video --dali-reader`, ``legacy`` unless chosen otherwise, and for manifests written
+before the field existed), so every video the rule passed as is is one this reader decodes, in
+one pass over the whole dataset (every codec but H.264 is transcoded for the legacy reader;
+MJPEG for the experimental one).
 
 Labels: the class index, ``-1`` (``UNLABELED``) for a video without a class, as in
 pipelines.torch_video (DALI accepts negative values in ``labels=``; only its ``file_list``
@@ -56,16 +58,20 @@ def build_video_pipeline(root, *, sequence_length: int, batch_size: int, reader:
 
 
 def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length: int, batch_size: int,
-                         reader: str = "experimental", stride: int = 1, step: int = -1, shard_id: int = 0,
+                         reader: str = "legacy", stride: int = 1, step: int = -1, shard_id: int = 0,
                          num_shards: int = 1, random_shuffle: bool = False, seed: int = 0, device: str = "gpu",
                          device_id: int | None = 0, num_threads: int = 4, initial_fill: int = 64,
                          resize: tuple[int, int] | None = None, prefetch_queue_depth: int = 2,
                          pad_last_batch: bool = True):
-    """A built DALI Pipeline reading ``files`` (with ``labels``) through ``reader`` (``READERS``)."""
+    """A built DALI Pipeline reading ``files`` (with ``labels``) through ``reader`` (``READERS``) on
+    ``device`` (``gpu``; ``cpu`` only with the experimental reader)."""
     from nvidia.dali import fn, pipeline_def, types
 
     if reader not in READERS:
         raise ValueError(f"reader must be one of {', '.join(READERS)}, got {reader!r}")
+    if reader == "legacy" and device != "gpu":
+        raise ValueError(f"the legacy reader (fn.readers.video) runs on the GPU only, got device={device!r}; "
+                         "use reader='experimental' for the CPU")
 
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                   prefetch_queue_depth=prefetch_queue_depth)
@@ -74,7 +80,7 @@ def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length
                       shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle,
                       initial_fill=initial_fill, pad_last_batch=pad_last_batch, name=READER_NAME)
         if reader == "legacy":
-            frames, label = fn.readers.video(device="gpu", dtype=types.UINT8, **common)
+            frames, label = fn.readers.video(device=device, dtype=types.UINT8, **common)
         else:
             frames, label = fn.experimental.readers.video(device=device, **common)
         if resize is not None:

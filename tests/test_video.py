@@ -57,10 +57,10 @@ def test_av1_depends_on_target(video_clips):
         pytest.skip("this ffmpeg has no AV1 encoder (libaom-av1)")
     info = probe_file(str(root / "bad/av1.mkv"))
     assert decide(info, "h100").codes == ["codec"]
-    assert decide(info, "a100").codes == ["codec"]
-    assert decide(info, "l4").decision == "ok"
-    assert decide(info, "l40").decision == "ok"
-    assert decide(info, "l4", reader="legacy").codes == ["legacy_one_codec"]  # fn.readers.video has no AV1
+    assert decide(info, "a100", reader="experimental").codes == ["codec"]
+    assert decide(info, "l4", reader="experimental").decision == "ok"
+    assert decide(info, "l40", reader="experimental").decision == "ok"
+    assert decide(info, "l4").codes == ["legacy_one_codec"]  # the default legacy fn.readers.video has no AV1
 
 
 def test_max_gop_threshold(video_clips):
@@ -80,7 +80,7 @@ def test_probe_cli_report_and_strict(video_clips, tmp_path):
     assert summary["decisions"] == expected
     by_source = {rec["source"]: rec for rec in lines}
     for rel, clip in made.items():
-        assert by_source[rel]["dali_reader"] == "experimental"  # the default
+        assert by_source[rel]["dali_reader"] == "legacy"  # the default
         assert by_source[rel]["decision"] == clip.expected()[0]
         assert {r["code"] for r in by_source[rel]["reasons"]} == set(clip.expected()[1])
     assert not (tmp_path / "p" / "videos").exists()
@@ -94,14 +94,14 @@ def test_transcode_outputs_pass_the_rule(video_clips, transcoded):
     root, made = video_clips
     manifest = read_manifest_json(transcoded)
     entries = {e["source"]: e for e in manifest["shards"]}
-    usable = {rel for rel, c in made.items() if c.decision != "reject" and not c.quarantined}
+    usable = {rel for rel, c in made.items() if c.expected()[0] != "reject" and not c.quarantined}
     assert set(entries) == usable
     codes = {q["source"]: q["codes"] for q in manifest["quarantine"]}
-    assert codes == {rel: [c.quarantined or next(iter(c.reasons))] for rel, c in made.items()
-                     if c.decision == "reject" or c.quarantined}
+    assert codes == {rel: [c.quarantined or next(iter(c.expected()[1]))] for rel, c in made.items()
+                     if c.expected()[0] == "reject" or c.quarantined}
     for rel, entry in entries.items():
         source = probe_file(str(root / rel))
-        assert entry["transcoded"] == (made[rel].decision == "transcode")
+        assert entry["transcoded"] == (made[rel].expected()[0] == "transcode")
         assert entry["remuxed"] == (not entry["transcoded"] and source["moov_after_mdat"])
         if entry["transcoded"]:
             assert entry["path"].endswith(".mp4") and entry["codec"] == "h264"
@@ -125,35 +125,37 @@ def test_transcode_outputs_pass_the_rule(video_clips, transcoded):
     assert "nothing to do" in again.stdout
 
 
-def test_legacy_reader_dataset_holds_one_codec(video_clips, transcoded, tmp_path):
-    """DALI's legacy fn.readers.video reads one codec per reader (on the H200 a dataset of H.264 and
-    HEVC outputs failed: "... is not the same codec as previous files"). Judged for it, only H.264
-    stays as is and every other codec is transcoded (legacy_one_codec), file by file; an
-    independent ffprobe finds H.264 in every output, where the default (experimental) reader's
-    dataset keeps the mix. Codecs are checked, not decoding: DALI's CPU backend has no H.264
-    decoder (tests/gpu/gpu_video.py reads both datasets whole on the GPU)."""
+def test_reader_datasets_one_codec_or_mixed(video_clips, transcoded, tmp_path):
+    """DALI's legacy fn.readers.video (the default) reads one codec per reader (on the H200 a
+    dataset of H.264 and HEVC outputs failed: "... is not the same codec as previous files").
+    Judged for it, only H.264 stays as is and every other codec is transcoded (legacy_one_codec),
+    file by file; an independent ffprobe finds H.264 in every output. Judged for the experimental
+    reader, the same inputs keep their mix of codecs. Codecs are checked, not decoding: DALI's CPU
+    backend has no H.264 decoder (tests/gpu/gpu_video.py reads both datasets whole on the GPU)."""
     root, made = video_clips
-    out = tmp_path / "legacy"
-    run_repack("video", root, out, "--transcode", "--dali-reader", "legacy", "--shard-size", "4", "--quiet",
+    mixed = tmp_path / "mixed"
+    run_repack("video", root, mixed, "--transcode", "--dali-reader", "experimental", "--shard-size", "4", "--quiet",
                "--preset", "ultrafast")
-    manifest = read_manifest_json(out)
-    assert manifest["dali_reader"] == "legacy"
-    probes = {p["source"]: p for p in map(json.loads, (out / "probe.jsonl").read_text().splitlines())}
-    for rel, clip in made.items():
-        decision, reasons = clip.expected("legacy")
-        assert (probes[rel]["decision"], {r["code"] for r in probes[rel]["reasons"]}) == (decision, set(reasons)), rel
-        assert probes[rel]["dali_reader"] == "legacy"
-    one_codec = sum(1 for c in made.values() if "legacy_one_codec" in c.expected("legacy")[1])
-    assert manifest["stats"]["reasons"]["legacy_one_codec"] == one_codec
-    entries = {e["source"]: e for e in manifest["shards"]}
-    assert set(entries) == {rel for rel, c in made.items() if c.expected("legacy")[0] != "reject" and not c.quarantined}
-    for rel, entry in entries.items():
-        assert entry["transcoded"] == (made[rel].expected("legacy")[0] == "transcode")
-        assert decide(probe_file(str(out / entry["path"])), "h100", 1.0, reader="legacy").decision == "ok"
-    legacy_codecs = {codec for e in entries.values() for codec in video_codecs(out / e["path"])}
-    assert legacy_codecs == {"h264"}
-    mixed = {codec for e in read_manifest_json(transcoded)["shards"] for codec in video_codecs(transcoded / e["path"])}
-    assert {"h264", "mpeg4"} <= mixed  # the same inputs for the experimental reader: several codecs kept
+    for out, reader in ((transcoded, "legacy"), (mixed, "experimental")):
+        manifest = read_manifest_json(out)
+        assert manifest["dali_reader"] == reader
+        probes = {p["source"]: p for p in map(json.loads, (out / "probe.jsonl").read_text().splitlines())}
+        for rel, clip in made.items():
+            decision, reasons = clip.expected(reader)
+            assert (probes[rel]["decision"], {r["code"] for r in probes[rel]["reasons"]}) == (decision, set(reasons))
+            assert probes[rel]["dali_reader"] == reader
+        one_codec = sum(1 for c in made.values() if "legacy_one_codec" in c.expected(reader)[1])
+        assert manifest["stats"]["reasons"].get("legacy_one_codec", 0) == one_codec
+        assert one_codec > 0 if reader == "legacy" else one_codec == 0
+        entries = {e["source"]: e for e in manifest["shards"]}
+        assert set(entries) == {rel for rel, c in made.items() if c.expected(reader)[0] != "reject" and not c.quarantined}
+        for rel, entry in entries.items():
+            assert entry["transcoded"] == (made[rel].expected(reader)[0] == "transcode")
+            assert decide(probe_file(str(out / entry["path"])), "h100", 1.0, reader=reader).decision == "ok"
+    codecs = {out: {codec for e in read_manifest_json(out)["shards"] for codec in video_codecs(out / e["path"])}
+              for out in (transcoded, mixed)}
+    assert codecs[transcoded] == {"h264"}
+    assert {"h264", "mpeg4"} <= codecs[mixed]  # the same inputs for the experimental reader: several codecs kept
 
 
 def test_transcode_is_deterministic_and_resumes(video_clips, tmp_path):
@@ -183,8 +185,9 @@ def test_webdataset_packing(video_clips, tmp_path):
     for rel in ("bad/tiny.mp4", "good/h264.mp4", "good/mpeg4.avi", "junk/empty.mp4"):
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(video_clips[0] / rel, src / rel)
-    out = tmp_path / "wds"
-    run_repack("video", src, out, "--transcode", "--to", "webdataset", "--shard-size", "2", "--quiet")
+    out = tmp_path / "wds"  # the experimental reader keeps the MPEG-4 AVI as is: a tar member of another type
+    run_repack("video", src, out, "--transcode", "--to", "webdataset", "--shard-size", "2", "--dali-reader",
+               "experimental", "--quiet")
     manifest = read_manifest_json(out)
     assert manifest["format"] == "webdataset" and manifest["totals"]["samples"] == 3
     assert [v["source"] for v in manifest["videos"]] == ["bad/tiny.mp4", "good/h264.mp4", "good/mpeg4.avi"]
@@ -236,7 +239,8 @@ def test_encoders_listed():
 
 
 def _vp8(path: Path, frames: int = 6, size=(96, 64)) -> None:
-    """A VP8 clip: kept as is by the default (experimental) reader's rule and decoded by DALI's CPU backend."""
+    """A VP8 clip: kept as is for the experimental reader (``--dali-reader experimental``) and
+    decoded by DALI's CPU backend."""
     make_index_clip(path, frames, ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p"),
                     size=size)
 
@@ -249,7 +253,7 @@ def test_unsafe_names_get_safe_outputs_and_a_dali_file_list(tmp_path, monkeypatc
     for name in (b"a b.webm", b"new\nline.webm", b"caf\xe9.webm"):
         shutil.copy(src / "cls/plain.webm", os.fsdecode(bytes(src / "cls") + b"/" + name))
     out = tmp_path / "out"
-    run_repack("video", src, out, "--transcode", "--quiet")
+    run_repack("video", src, out, "--transcode", "--dali-reader", "experimental", "--quiet")
     manifest = read_manifest_json(out)
     by_source = {e["source"]: e for e in manifest["shards"]}
     assert set(by_source) == {"cls/plain.webm", "cls/a b.webm", "cls/new\nline.webm",
@@ -286,7 +290,7 @@ def test_gop_is_capped_and_max_height_applies_to_copies(tmp_path):
     assert decide(probe_file(str(src / "c/tall.mp4")), "h100", 1.0, max_height=96).codes == ["too_tall"]
     out = tmp_path / "out"
     run_repack("video", src, out, "--transcode", "--gop", "50", "--max-height", "96", "--preset", "ultrafast",
-               "--quiet")
+               "--dali-reader", "experimental", "--quiet")  # the VP8 clip is copied for this reader
     manifest = read_manifest_json(out)
     assert manifest["quarantine"] == []
     entries = {e["source"]: e for e in manifest["shards"]}
@@ -302,7 +306,7 @@ def test_truncated_matroska_keeps_declared_duration(video_clips):
     assert info["duration_s"] == pytest.approx(2.0, abs=0.01) and info["span_s"] < 1.8
     assert decide(info).codes == ["truncated"]
     whole = probe_file(str(root / "good/vp9.webm")) if "good/vp9.webm" in made else None
-    assert whole is None or decide(whole).decision == "ok"
+    assert whole is None or decide(whole, reader="experimental").decision == "ok"
 
 
 def test_killed_worker_takes_ffmpeg_with_it(tmp_path):

@@ -1,7 +1,7 @@
 """Video readers over `repack video` outputs: the PyTorch clip dataset (PyAV, CPU) and the DALI
 pipeline (experimental reader on DALI's CPU backend with VP8/VP9, codecs its PyPI FFmpeg decodes
-and the default reader keeps as is). Each clip frame N has luma 16 + 4*N, so decoded frames
-reveal their index."""
+and `--dali-reader experimental` keeps as is; the default legacy reader is GPU only). Each clip
+frame N has luma 16 + 4*N, so decoded frames reveal their index."""
 
 from __future__ import annotations
 
@@ -27,14 +27,15 @@ def frame_numbers(clip) -> list[float]:
 
 @pytest.fixture(scope="session")
 def index_datasets(tmp_path_factory):
-    """(VP8 copied as is, H.264 transcoded from 64x48 MJPEG) datasets, two classes each."""
+    """(VP8 copied as is for the experimental reader, H.264 transcoded from 64x48 MJPEG) datasets,
+    two classes each."""
     src = tmp_path_factory.mktemp("index-src")
     make_index_clip(src / "mj/a/one.webm", 30, VP8, size=(96, 64))
     make_index_clip(src / "mj/b/two.webm", 23, VP8, size=(96, 64))
     make_index_clip(src / "tc/a/one.avi", 30, MJPEG, size=(64, 48))
     make_index_clip(src / "tc/b/two.avi", 23, MJPEG, size=(64, 48))
     out = tmp_path_factory.mktemp("index-out")
-    run_repack("video", src / "mj", out / "mj", "--transcode", "--quiet")
+    run_repack("video", src / "mj", out / "mj", "--transcode", "--dali-reader", "experimental", "--quiet")
     run_repack("video", src / "tc", out / "tc", "--transcode", "--quiet", "--crf", "10")
     return out / "mj", out / "tc"
 
@@ -88,7 +89,7 @@ def test_unlabeled_videos_are_minus_one_in_both_readers(tmp_path):
 
     make_index_clip(tmp_path / "src/flat.webm", 8, VP8, size=(96, 64))  # no class folder: unlabeled
     out = tmp_path / "out"
-    run_repack("video", tmp_path / "src", out, "--transcode", "--quiet")
+    run_repack("video", tmp_path / "src", out, "--transcode", "--dali-reader", "experimental", "--quiet")
     ds = VideoClipDataset(out, sequence_length=4)
     assert [ds[i][1] for i in range(len(ds))] == [-1, -1]
     assert video_inputs(out)[1] == [-1]
@@ -102,7 +103,7 @@ def test_unlabeled_videos_are_minus_one_in_both_readers(tmp_path):
 def test_undecodable_clip_raises_runtime_error_naming_the_file(tmp_path):
     make_index_clip(tmp_path / "src/a/v.webm", 30, VP8, size=(96, 64))
     out = tmp_path / "out"
-    run_repack("video", tmp_path / "src", out, "--transcode", "--quiet")
+    run_repack("video", tmp_path / "src", out, "--transcode", "--dali-reader", "experimental", "--quiet")
     ds = VideoClipDataset(out, sequence_length=4, step=8)
     make_index_clip(out / "videos/a/v.webm", 10, VP8, size=(96, 64))  # the file lost its tail since
     with pytest.raises(RuntimeError, match="videos/a/v.webm"):
@@ -111,10 +112,10 @@ def test_undecodable_clip_raises_runtime_error_naming_the_file(tmp_path):
 
 
 def test_decision_per_dali_reader(tmp_path):
-    """Experimental (default): MJPEG is transcoded (its GPU decoder cannot create an NVDEC decoder
-    for it), VP8 and H.264 are kept. Legacy: only H.264 is kept, every other codec is transcoded
-    (legacy_one_codec: fn.readers.video reads one codec per reader), whatever the other files are.
-    An unknown reader is a usage error."""
+    """Legacy (default): only H.264 is kept, every other codec is transcoded (legacy_one_codec:
+    fn.readers.video reads one codec per reader), whatever the other files are. Experimental:
+    MJPEG is transcoded (its GPU decoder cannot create an NVDEC decoder for it), VP8 and H.264 are
+    kept. An unknown reader is a usage error."""
     from repack.errors import UsageError
     from repack.transforms.nvdec_rules import DEFAULT_DALI_READER, decide
     from repack.transforms.probe import probe_file
@@ -124,26 +125,28 @@ def test_decision_per_dali_reader(tmp_path):
     make_index_clip(tmp_path / "v.mp4", 8, ("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"),
                     size=(96, 64))
     mjpeg, vp8, h264 = (probe_file(str(tmp_path / name)) for name in ("v.avi", "v.webm", "v.mp4"))
-    assert DEFAULT_DALI_READER == "experimental"
-    verdict = decide(mjpeg)
-    assert verdict.decision == "transcode" and verdict.codes == ["codec"]
-    assert "experimental" in verdict.reasons[0]["message"] and "MJPEG" in verdict.reasons[0]["message"]
-    assert decide(vp8).decision == decide(h264).decision == "ok"
+    assert DEFAULT_DALI_READER == "legacy"
     for info, label in ((mjpeg, "MJPEG"), (vp8, "VP8")):
-        verdict = decide(info, reader="legacy")
+        verdict = decide(info)
+        assert verdict == decide(info, reader="legacy")
         assert verdict.decision == "transcode" and verdict.codes == ["legacy_one_codec"]
         assert verdict.reasons[0]["message"].startswith(f"{label}: DALI's legacy fn.readers.video reads one codec")
-    assert decide(h264, reader="legacy").decision == "ok" and decide(h264, reader="legacy").reasons == ()
+    assert decide(h264).decision == "ok" and decide(h264).reasons == ()
+    verdict = decide(mjpeg, reader="experimental")
+    assert verdict.decision == "transcode" and verdict.codes == ["codec"]
+    assert "experimental" in verdict.reasons[0]["message"] and "MJPEG" in verdict.reasons[0]["message"]
+    assert decide(vp8, reader="experimental").decision == decide(h264, reader="experimental").decision == "ok"
     with pytest.raises(UsageError, match="dali-reader"):
         decide(mjpeg, reader="nvdec")
 
 
 def test_manifest_records_the_reader_and_the_pipeline_reads_every_ok_file(tmp_path):
-    """Judged for the experimental reader (the default): MJPEG is transcoded, VP8/VP9 kept;
-    probe.jsonl and the manifest name the reader; pipelines.dali_video reads with it by default
-    (here on DALI's CPU backend, which decodes VP8/VP9) and decodes the whole mixed dataset in one
-    pass. Judged for the legacy reader, the same VP8/VP9 files become H.264; a manifest without
-    the field (written before it existed) means legacy."""
+    """Judged for the legacy reader (the default): VP8/VP9/MJPEG all become H.264; probe.jsonl and
+    the manifest name the reader, and pipelines.dali_video reads with it by default, on the GPU
+    only (a CPU device is a clear error). Judged for the experimental reader: MJPEG is transcoded,
+    VP8/VP9 kept; the pipeline reads with it by default (here on DALI's CPU backend, which decodes
+    VP8/VP9) and decodes the whole mixed dataset in one pass. A manifest without the field
+    (written before it existed) means legacy."""
     import json
 
     from pipelines.dali_video import build_video_pipeline, dataset_reader
@@ -153,14 +156,25 @@ def test_manifest_records_the_reader_and_the_pipeline_reads_every_ok_file(tmp_pa
     for name, args in codecs.items():
         make_index_clip(tmp_path / "src/ok" / name, 12, args, size=(160, 128))
     make_index_clip(tmp_path / "src/mj/v.avi", 12, MJPEG, size=(96, 64))
-    out = tmp_path / "out"
-    run_repack("video", tmp_path / "src", out, "--quiet")
-    probes = [json.loads(x) for x in (out / "probe.jsonl").read_text().splitlines()]
-    assert {p["dali_reader"] for p in probes} == {"experimental"}
-    assert {p["source"]: p["decision"] for p in probes} == {"mj/v.avi": "transcode",
-                                                             **{f"ok/{n}": "ok" for n in codecs}}
+    for reader in ("legacy", "experimental"):
+        out = tmp_path / f"probe-{reader}"
+        run_repack("video", tmp_path / "src", out, "--dali-reader", reader, "--quiet")
+        probes = [json.loads(x) for x in (out / "probe.jsonl").read_text().splitlines()]
+        assert {p["dali_reader"] for p in probes} == {reader}
+        assert {p["source"]: p["decision"] for p in probes} == {
+            "mj/v.avi": "transcode", **{f"ok/{n}": "transcode" if reader == "legacy" else "ok" for n in codecs}}
+    legacy = tmp_path / "legacy-out"
+    run_repack("video", tmp_path / "src/ok", legacy, "--transcode", "--quiet")
+    manifest = json.loads((legacy / "manifest.json").read_text())
+    assert manifest["dali_reader"] == dataset_reader(legacy) == "legacy" and manifest["totals"]["ok"] == 0
+    assert {e["codec"] for e in manifest["shards"]} == {"h264"} and all(e["transcoded"] for e in manifest["shards"])
+    with pytest.raises(ValueError, match="GPU only"):
+        build_video_pipeline(legacy, sequence_length=12, batch_size=1, device="cpu", device_id=None)
+    del manifest["dali_reader"]
+    (legacy / "manifest.json").write_text(json.dumps(manifest))
+    assert dataset_reader(legacy) == "legacy"
     ok_only = tmp_path / "ok-out"
-    run_repack("video", tmp_path / "src/ok", ok_only, "--transcode", "--quiet")
+    run_repack("video", tmp_path / "src/ok", ok_only, "--transcode", "--dali-reader", "experimental", "--quiet")
     manifest = json.loads((ok_only / "manifest.json").read_text())
     assert manifest["dali_reader"] == dataset_reader(ok_only) == "experimental"
     assert manifest["totals"]["ok"] == len(codecs) and manifest["quarantine"] == []
@@ -169,11 +183,3 @@ def test_manifest_records_the_reader_and_the_pipeline_reads_every_ok_file(tmp_pa
     frames, _ = pipe.run()
     for k in range(len(codecs)):
         assert frame_numbers(np.asarray(frames[k])) == pytest.approx(list(range(12)), abs=0.5)
-    legacy = tmp_path / "legacy-out"
-    run_repack("video", tmp_path / "src/ok", legacy, "--transcode", "--dali-reader", "legacy", "--quiet")
-    manifest = json.loads((legacy / "manifest.json").read_text())
-    assert dataset_reader(legacy) == "legacy" and manifest["totals"]["ok"] == 0
-    assert {e["codec"] for e in manifest["shards"]} == {"h264"} and all(e["transcoded"] for e in manifest["shards"])
-    del manifest["dali_reader"]
-    (legacy / "manifest.json").write_text(json.dumps(manifest))
-    assert dataset_reader(legacy) == "legacy"

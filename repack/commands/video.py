@@ -26,9 +26,10 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
               help="GPU whose NVDEC (through DALI) must decode the videos.")
 @click.option("--dali-reader", type=click.Choice(list(DALI_READERS)), default=DEFAULT_DALI_READER, show_default=True,
               help="DALI reader the videos must be read by (recorded in the manifest; pipelines.dali_video reads "
-                   "with it): experimental = fn.experimental.readers.video, reads mixed codecs (MJPEG is "
-                   "transcoded); legacy = fn.readers.video, reads one codec per reader, so only H.264 is kept "
-                   "and other codecs are transcoded to H.264 (legacy_one_codec).")
+                   "with it): legacy = fn.readers.video, the fast one (about 4-12x), reads one codec per reader, "
+                   "so only H.264 is kept and other codecs are transcoded to H.264 once (legacy_one_codec); "
+                   "experimental = fn.experimental.readers.video, keeps mixed codecs as is (MJPEG is "
+                   "transcoded) and reads them slower every epoch.")
 @click.option("--verify", type=click.Choice(["packets", "decode"]), default="packets", show_default=True,
               help="packets: scan packet headers (fast); decode: also decode every frame and quarantine files "
                    "with decoder errors (slower, see make bench).")

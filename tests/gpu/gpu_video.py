@@ -249,9 +249,9 @@ def main() -> None:
     ap.add_argument("--readers", default=",".join(READERS))
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--check-many", default=None)
-    ap.add_argument("--reader", default="experimental")
+    ap.add_argument("--reader", default="legacy")
     ap.add_argument("--results", default=None)
-    ap.add_argument("--device", default="gpu", help="gpu; cpu only smoke-tests this script (experimental reader)")
+    ap.add_argument("--device", default="gpu", help="gpu; cpu only smoke-tests this script (--readers experimental)")
     args = ap.parse_args()
     readers = tuple(args.readers.split(","))
     if args.check_many:

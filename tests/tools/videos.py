@@ -25,16 +25,17 @@ SRC = "testsrc2=s={w}x{h}:r={r}:d={d}"
 class Clip:
     rel: str
     args: tuple[str, ...]            # ffmpeg args after the lavfi input ('' for special clips)
-    decision: str                    # expected for target h100 and the experimental reader (the default)
+    decision: str                    # expected for target h100 and the experimental reader
     reasons: frozenset = field(default_factory=frozenset)
     size: tuple = (160, 120, 25, 1.0)  # w, h, fps (a number or 'num/den'), seconds
     special: str = ""                # empty | rotate | truncate | jpeg | audio | dual | hls | corrupt
     needs: str = ""                  # encoder that must exist, else the clip is skipped
     quarantined: str = ""            # the code when --transcode quarantines it after all (the frame check)
-    legacy: tuple = ()               # (decision, reasons) for --dali-reader legacy where they differ
+    legacy: tuple = ()               # (decision, reasons) for --dali-reader legacy (the default) where they differ
 
-    def expected(self, reader: str = "experimental") -> tuple[str, frozenset]:
-        """(decision, reason codes) the rule must give for target h100 and ``reader``."""
+    def expected(self, reader: str = "legacy") -> tuple[str, frozenset]:
+        """(decision, reason codes) the rule must give for target h100 and ``reader`` (default: the
+        default --dali-reader)."""
         return self.legacy if reader == "legacy" and self.legacy else (self.decision, self.reasons)
 
 
