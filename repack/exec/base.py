@@ -23,7 +23,7 @@ class Executor(Protocol):
     Each yielded item is either a record (dict, JSON-decoded) or a TaskFailure.
     """
 
-    def run(self, calls: list[tuple[str, str, str, str]], task_ids: list[str]) -> Iterator[dict | TaskFailure]: ...
+    def run(self, calls: list[tuple[str, str, str, str, bool]], task_ids: list[str]) -> Iterator[dict | TaskFailure]: ...
 
 
 EXECUTORS: dict[str, str] = {

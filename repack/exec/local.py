@@ -20,7 +20,7 @@ from repack.exec.base import TaskFailure
 from repack.exec.cpus import available_cpus
 
 
-def _call(call: tuple[str, str, str, str]) -> str:
+def _call(call: tuple[str, str, str, str, bool]) -> str:
     from repack.jobs.engine import execute_task
 
     return execute_task(*call)
@@ -75,7 +75,7 @@ class LocalExecutor:
         self.workers = workers or available_cpus()
         self.retries = retries
 
-    def run(self, calls: list[tuple[str, str, str, str]], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
+    def run(self, calls: list[tuple[str, str, str, str, bool]], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
         if not calls:
             return
         if self.workers == 1 or len(calls) == 1:

@@ -25,10 +25,10 @@ def _import_ray():
     return ray
 
 
-def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str) -> str:
+def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False) -> str:
     from repack.jobs.engine import execute_task
 
-    return execute_task(job_name, spec_json, task_json, plan_digest)
+    return execute_task(job_name, spec_json, task_json, plan_digest, share_pieces)
 
 
 class RayExecutor:
@@ -70,7 +70,7 @@ class RayExecutor:
             raise UsageError(f"cannot start or reach Ray ({where}): {exc}") from None
         return True
 
-    def run(self, calls: list[tuple[str, str, str, str]], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
+    def run(self, calls: list[tuple[str, str, str, str, bool]], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
         if not calls:
             return
         ray = self.ray

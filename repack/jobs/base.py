@@ -123,7 +123,11 @@ class Job:
         return [{"path": o["path"], "bytes": o["bytes"]} for o in record.get("outputs", [])]
 
     def outputs_intact(self, record: dict) -> bool:
-        return all(self.store.size(o["path"]) == o["bytes"] for o in self.record_outputs(record))
+        """Every output the record lists is in the store with its size (a chunk's piece may instead be
+        in the local scratch only: see ``engine._run_and_record``)."""
+        return all(self.store.size(o["path"]) == o["bytes"] or (o["path"].startswith(".repack/")
+                                                                 and _local_size(self.out / o["path"]) == o["bytes"])
+                   for o in self.record_outputs(record))
 
     def open_assembly(self, group: str) -> "Assembly":
         """Start building the output of ``group``; the engine feeds it the chunk records in plan order.
@@ -147,3 +151,10 @@ class Job:
         """A few human lines for the end-of-job summary."""
         totals = manifest["totals"]
         return [f"{k}: {v}" for k, v in sorted(totals.items())]
+
+
+def _local_size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None

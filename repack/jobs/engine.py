@@ -65,28 +65,40 @@ def load_job(name: str, spec_json: str) -> Job:
     return cls(cls.spec_type.from_json(spec_json))
 
 
-def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str) -> str:
-    """Run one task anywhere (pool worker, Ray worker, static partition) and persist its record."""
+def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False) -> str:
+    """Run one task anywhere (pool worker, Ray worker, static partition) and persist its record.
+    ``share_pieces``: publish a chunk's pieces to the store too (Ray: the group is assembled by a
+    driver that may not share this worker's scratch)."""
     job = load_job(job_name, spec_json)
     task = Task.from_json(json.loads(task_json))
-    return json.dumps(_run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest))
+    local_pieces = bool(task.group) and not share_pieces
+    return json.dumps(_run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest,
+                                      local_pieces=local_pieces))
 
 
-def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: frozenset = frozenset()) -> dict:
+def is_piece(rel: str) -> bool:
+    """An intermediate output under the job state folder (a chunk's tar segment, an LMDB or text part)."""
+    return rel.startswith(f"{STATE_DIR}/")
+
+
+def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: frozenset = frozenset(),
+                    local_pieces: bool = False) -> dict:
     """Run ``work()`` under the unit's lock, publish the outputs its record lists (but ``published``,
     those already in the store), then save the record as tasks/<unit_id>.json in the store.
 
-    Every output a record lists is published, a chunk's piece under .repack/ too: with an object
-    store, a resume on another machine, a Ray worker on another host or `repack merge` can then
-    assemble the group from the store (``Engine.assemble_step`` fetches what the scratch lacks);
-    the pieces are deleted from the store once the group's record is saved. The cost is a second
-    upload of a grouped shard's bytes (the pieces, then the shard)."""
+    With an object store, a chunk's pieces (under .repack/) stay in the local scratch when the
+    driver that assembles its group shares that scratch (``local_pieces``: the local pool, and
+    static partitions, which assemble their own groups): a shard is uploaded once. A resume from
+    another machine finds the piece neither there nor in the store and redoes the chunk. On Ray the
+    pieces are published (``Engine.assemble_step`` fetches what the scratch lacks) and deleted from
+    the store once the group's record is saved; text parts (ungrouped) are always published, so
+    `repack merge` works on a machine without the parts' scratch."""
     started = time.perf_counter()
     with TaskLock(job.out, unit_id):
         record = work()
         record.update(task_id=unit_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
         for output in job.record_outputs(record):  # object store: upload (checked) before the record
-            if output["path"] not in published:
+            if output["path"] not in published and not (local_pieces and is_piece(output["path"])):
                 job.store.publish(output["path"], job.out / output["path"])
         # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
         job.store.put_bytes(record_name(unit_id), dumps_canonical(record), durable=False)
@@ -453,7 +465,8 @@ class Engine:
         tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
         opts = self.options
         spec_json = self.job.spec.to_json()
-        calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest) for t in todo]
+        share_pieces = self.job.store.remote and opts.executor == "ray"
+        calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest, share_pieces) for t in todo]
         units_of = {t.task_id: self.job.task_units(t) for t in todo}
         group_tasks = {uid: tasks for uid, tasks in units if tasks[0].group and records[uid] is None}
         group_of = {t.task_id: uid for uid, tasks in group_tasks.items() for t in tasks}
