@@ -90,8 +90,12 @@ class Confinement:
     def inside(self, real: str) -> bool:
         return real == self.root or real.startswith(self.root.rstrip(os.sep) + os.sep)
 
-    def check(self, path: str) -> Checked:
-        """May ``path`` be read? Its real path and stat, or the reason it may not."""
+    def check(self, path: str, parent_is_real: bool = False) -> Checked:
+        """May ``path`` be read? Its real path and stat, or the reason it may not.
+
+        ``parent_is_real``: the caller knows ``path``'s folder is already a real path (a folder scan
+        walks real paths), so an entry that is no symlink is its own real path: one lstat, no
+        realpath (which costs an lstat per path component: 35 s instead of ~10 s for 1M files)."""
         try:
             lst = os.lstat(path)
         except OSError as exc:
@@ -99,13 +103,13 @@ class Confinement:
         is_link = stat_mod.S_ISLNK(lst.st_mode)
         if is_link and not self.follow_symlinks:
             return Checked(reason=NOT_FOLLOWED, is_link=True)
-        real = os.path.realpath(path)
+        real = path if parent_is_real and not is_link else os.path.realpath(path)
         if not self.allow_outside and not self.inside(real):
             parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
             written = os.path.join(parent, os.path.basename(path))  # where it is, before its own link
             return Checked(reason=LEAVES_ROOT if self.inside(written) else PATH_LEAVES_ROOT, is_link=is_link)
         try:
-            st = os.stat(real)
+            st = lst if real is path else os.stat(real)
         except OSError as exc:
             return Checked(reason="broken symlink" if is_link else f"unreadable: {exc.strerror}", is_link=is_link)
         if stat_mod.S_ISDIR(st.st_mode):

@@ -51,7 +51,7 @@ def scan_folder(root: str, confinement: Confinement | None = None) -> Scan:
                 skipped += 1
                 continue
             rel = f"{rel_folder}/{entry.name}" if rel_folder else entry.name
-            checked = conf.check(entry.path)
+            checked = conf.check(entry.path, parent_is_real=True)  # ``folder`` is a real path
             if checked.reason is not None:
                 quarantine.append(quarantine_record(rel, checked.reason))
             elif checked.is_dir:
@@ -61,7 +61,7 @@ def scan_folder(root: str, confinement: Confinement | None = None) -> Scan:
                     continue
                 if not rel_folder:
                     top_dirs.append(entry.name)
-                walk(entry.path, rel, ancestors | {ident})
+                walk(checked.real, rel, ancestors | {ident})
             else:
                 entries.append((rel, checked.real, checked.st))
 
