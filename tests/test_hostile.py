@@ -524,3 +524,28 @@ def test_16_bit_gray_png_reads_back_scaled(tmp_path):
     assert np.abs(dali[..., 0].astype(int) - (ramp >> 8)).max() <= 1  # DALI's own decoder scales 16 bits right
     lmdb_images = read_epoch(build_lmdb_pipeline(lmdb_out, batch_size=1, num_threads=1, device_id=None, size=None))
     assert np.abs(np.asarray(lmdb_images[0][0])[..., 0].astype(int) - (ramp >> 8)).max() <= 1
+
+
+# ---- list files: one hostile row never fails the job ----------------------------------------------
+
+def test_hostile_list_rows_are_quarantined_and_the_rest_packed(tmp_path, gpt2_dir):
+    (tmp_path / "a.png").write_bytes(png_bytes((16, 12)))
+    (tmp_path / "l.jsonl").write_text(json.dumps({"path": "a.png"}) + "\n" + "[" * 200_000 + "\n")
+    run_repack("images", tmp_path / "l.jsonl", tmp_path / "o1", "--list", "--quiet")
+    m = read_manifest_json(tmp_path / "o1")
+    assert m["totals"]["samples"] == 1
+    assert [q["reason"] for q in m["quarantine"]] == ["malformed JSON line: nested too deeply"]
+
+    (tmp_path / "l.csv").write_text("path\na.png\n" + "x" * 200_000 + "\n")
+    run_repack("images", tmp_path / "l.csv", tmp_path / "o2", "--list", "--quiet")
+    m = read_manifest_json(tmp_path / "o2")
+    assert m["totals"]["samples"] == 1 and len(m["quarantine"]) == 1
+    assert m["quarantine"][0]["reason"].startswith("malformed CSV row: field larger than field limit")
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.jsonl").write_text(json.dumps({"text": "hello there"}) + "\n")
+    (tmp_path / "t" / "list.txt").write_bytes(b"a.jsonl\nb\x00c.jsonl\n")
+    run_repack("text", tmp_path / "t" / "list.txt", tmp_path / "o3", "--list", "--tokenizer", gpt2_dir, "--quiet")
+    m = read_manifest_json(tmp_path / "o3")
+    assert m["totals"]["documents"] == 1
+    assert [q["reason"] for q in m["quarantine"]] == ["unusable path (embedded NUL byte)"]

@@ -36,7 +36,7 @@ from repack.config import parse_size
                    "special-tokens).")
 @click.option("--name", default="text_document", show_default=True, help="Output prefix: OUT/NAME.bin/.idx.")
 @click.option("--chunk-bytes", default="auto", show_default=True,
-              help="Input bytes per task, one part each (auto: corpus/256, within 2MB..256MB).")
+              help="Input bytes per task, one part each (auto: corpus/256, within 0.5MB..256MB).")
 @click.option("--no-merge", is_flag=True, help="Keep one prefix per part (Megatron weighted --data-path list).")
 @click.option("--max-doc-bytes", default="8MiB", show_default=True,
               help="Quarantine documents longer than SIZE (bounds each worker's memory).")

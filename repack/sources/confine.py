@@ -100,6 +100,8 @@ class Confinement:
             lst = os.lstat(path)
         except OSError as exc:
             return Checked(reason=f"unreadable: {exc.strerror}")
+        except ValueError:  # an embedded NUL (a list file's row): no such path can exist
+            return Checked(reason="unusable path (embedded NUL byte)")
         is_link = stat_mod.S_ISLNK(lst.st_mode)
         if is_link and not self.follow_symlinks:
             return Checked(reason=NOT_FOLLOWED, is_link=True)

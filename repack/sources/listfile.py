@@ -33,12 +33,22 @@ def _rows(list_path: str):
                 except ValueError as exc:
                     yield lineno, None, f"malformed JSON line: {exc.msg}"
                     continue
+                except RecursionError:
+                    yield lineno, None, "malformed JSON line: nested too deeply"
+                    continue
                 yield lineno, row if isinstance(row, dict) else None, "JSON line is not an object"
         elif ext in (".csv", ".tsv"):
             reader = csv.DictReader(fh, delimiter="\t" if ext == ".tsv" else ",")
             if not reader.fieldnames or "path" not in reader.fieldnames:
                 raise UsageError(f"list file {list_path!r} needs a header row with a 'path' column")
-            for row in reader:
+            while True:
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as exc:  # e.g. a field over the csv module's size limit: that row only
+                    yield reader.line_num, None, f"malformed {ext[1:].upper()} row: {exc}"
+                    continue
                 yield reader.line_num, row, ""
         else:
             raise UsageError(f"list file {list_path!r}: use .csv, .tsv or .jsonl")

@@ -600,7 +600,7 @@ class SegmentReader:
                     self.lines += 1
                     if value is None:
                         yield Doc(self.lines, reason=f"missing field {field!r} (null)")
-                    elif len(value) > self.max_doc_bytes:
+                    elif len(value) * 4 > self.max_doc_bytes and len(value.encode("utf-8", "surrogatepass")) > self.max_doc_bytes:
                         yield self.too_long(self.lines)
                     else:
                         yield Doc(self.lines, text=value)
