@@ -549,3 +549,20 @@ def test_hostile_list_rows_are_quarantined_and_the_rest_packed(tmp_path, gpt2_di
     m = read_manifest_json(tmp_path / "o3")
     assert m["totals"]["documents"] == 1
     assert [q["reason"] for q in m["quarantine"]] == ["unusable path (embedded NUL byte)"]
+
+
+def test_a_tampered_task_record_never_reaches_outside_out(photo_tree, tmp_path):
+    """A record naming a path outside OUT is treated as damaged: its task is redone, nothing outside is touched."""
+    out = tmp_path / "out"
+    run_repack("images", photo_tree, out, "--shard-size", "10", "--quiet")
+    reference = shard_bytes(out)
+    outside = tmp_path / "outside.tar"
+    outside.write_bytes(b"keep me")
+    record_path = out / ".repack" / "tasks" / "shard-000000.json"
+    record = json.loads(record_path.read_text())
+    record["outputs"][0] = {**record["outputs"][0], "path": "../outside.tar", "bytes": len(b"keep me")}
+    record_path.write_text(json.dumps(record))
+    (out / "manifest.json").unlink()
+    proc = run_repack("images", photo_tree, out, "--shard-size", "10", "--quiet")
+    assert "1 task(s) run" in proc.stdout or "1 task(s) run" in proc.stderr
+    assert outside.read_bytes() == b"keep me" and shard_bytes(out) == reference

@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -39,16 +40,20 @@ def _die_with_parent(parent_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent_pid:  # the driver died before prctl took effect
+    if parent_pid and os.getppid() != parent_pid:  # forked: the driver died before prctl took effect
         os._exit(1)
 
 
 def _pool_context():
-    """fork where the platform has it: workers start ~0.2 s sooner than with forkserver and
-    inherit the imported job modules. The driver runs no threads of its own when the pool
-    starts (the engine turns tqdm's monitor thread off), which is what makes fork safe."""
-    if "fork" in multiprocessing.get_all_start_methods():
+    """fork where the platform has it and the driver runs no other thread: workers start ~0.2 s
+    sooner than with forkserver and inherit the imported job modules (the engine turns tqdm's
+    monitor thread off). With threads alive (a pool rebuilt while groups are assembled, an s3
+    lock's heartbeat, upload threads) a fork could copy a lock held mid-operation: forkserver then."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
+    if "forkserver" in methods:
+        return multiprocessing.get_context("forkserver")
     ctx = multiprocessing.get_context("spawn")
     return ctx
 
@@ -89,8 +94,11 @@ class LocalExecutor:
 
     def _run_pool(self, calls, task_ids, remaining: set[int], attempts: list[int]) -> Iterator[dict | TaskFailure]:
         """Run ``remaining`` on one pool; returns early (leaving work in ``remaining``) if it breaks."""
-        with ProcessPoolExecutor(max_workers=min(self.workers, len(remaining)), mp_context=_pool_context(),
-                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool, _stop_on_exit(pool):
+        context = _pool_context()
+        # A forkserver's workers are children of the server (which exits with the driver), not of the driver.
+        parent = os.getpid() if context.get_start_method() == "fork" else 0
+        with ProcessPoolExecutor(max_workers=min(self.workers, len(remaining)), mp_context=context,
+                                 initializer=_die_with_parent, initargs=(parent,)) as pool, _stop_on_exit(pool):
             pending = {pool.submit(_call, calls[i]): i for i in sorted(remaining)}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)

@@ -333,9 +333,20 @@ class Engine:
     def load_record(self, task: Task, plan_digest: str) -> dict | None:
         """A finished task's (or group's) record, if it belongs to this plan and its outputs are intact."""
         record = read_json(self.job.store, record_name(task.task_id))
-        if record is None or record.get("plan_digest") != plan_digest or not self.job.outputs_intact(record):
+        if record is None or record.get("plan_digest") != plan_digest or not self._paths_confined(record) \
+                or not self.job.outputs_intact(record):
             return None
         return record
+
+    def _paths_confined(self, record: dict) -> bool:
+        """A record read back from the store names only paths inside OUT (else it is treated as damaged
+        and its task redone: nothing is ever fetched, written or removed outside OUT on its word)."""
+        try:
+            for output in record.get("outputs", []):
+                safe_join(self.out, output["path"])
+        except (PathEscapeError, KeyError, TypeError):
+            return False
+        return True
 
     def resume_state(self, units, plan_digest: str) -> tuple[dict, dict]:
         """(unit id -> its record or None, task id -> record of a finished chunk of an unfinished group)."""
@@ -408,7 +419,9 @@ class Engine:
             unfinished = [uid for uid, _ in mine if records[uid] is None]
             manifest_path = self.out / MANIFEST_NAME
             manifest = read_json(store, MANIFEST_NAME) if not unfinished and opts.num_nodes == 1 else None
+            every_unit = {t.task_id for _, tasks in mine for t in tasks} | {uid for uid, _ in mine}
             if manifest is not None:
+                self._clean_temps(every_unit)  # a worker killed and retried may have left one
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
                 self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
                 return result
@@ -428,6 +441,7 @@ class Engine:
                 raise IncompleteJobError(f"{len(failures)} task(s) failed; finished shards are kept and a "
                                          f"re-run resumes:\n{lines}")
             ran, skipped = len(unfinished), len(mine) - len(unfinished)
+            self._clean_temps(every_unit)  # temps of workers killed and retried (crash, OOM): never left beside the data
             if opts.num_nodes > 1:
                 return RunResult(None, ran, skipped, time.time() - started)
             manifest = self.finalize(plan, [records[uid] for uid, _ in plan.units], started)
@@ -580,9 +594,8 @@ class Engine:
         for record in records:
             for output in self.job.record_outputs(record):
                 rel, local = output["path"], self.out / output["path"]
-                if rel.startswith(f"{STATE_DIR}/") and not (local.is_file() and local.stat().st_size == output["bytes"]) \
-                        and store.size(rel) == output["bytes"]:
-                    store.fetch(rel, local)
+                if rel.startswith(f"{STATE_DIR}/") and not (local.is_file() and local.stat().st_size == output["bytes"]):
+                    store.fetch(rel, local)  # not the cached listing: it may predate uploads by Ray workers
 
     def _publish_dataset(self, body: dict, records: list[dict]) -> None:
         """Object store: upload the files finalize wrote, then the manifest (last), then drop the
