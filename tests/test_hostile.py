@@ -566,3 +566,23 @@ def test_a_tampered_task_record_never_reaches_outside_out(photo_tree, tmp_path):
     proc = run_repack("images", photo_tree, out, "--shard-size", "10", "--quiet")
     assert "1 task(s) run" in proc.stdout or "1 task(s) run" in proc.stderr
     assert outside.read_bytes() == b"keep me" and shard_bytes(out) == reference
+
+
+@pytest.mark.parametrize("bad_row", [None, 0, 2500, 4999])
+def test_png_filter_bytes_checked_on_every_row_of_a_tall_image(bad_row):
+    """Rows are checked many at a time (a tall thin PNG costs no Python step per row); one invalid
+    filter byte anywhere, first or last row included, still refuses the image."""
+    rows = bytearray(b"\x00\x07\x07\x07" * 5000)
+    if bad_row is not None:
+        rows[4 * bad_row] = 9
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return len(payload).to_bytes(4, "big") + kind + payload + zlib.crc32(kind + payload).to_bytes(4, "big")
+
+    ihdr = (3).to_bytes(4, "big") + (5000).to_bytes(4, "big") + bytes([8, 0, 0, 0, 0])
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(rows))) + chunk(b"IEND", b"")
+    if bad_row is None:
+        assert (inspect_image(png, "decode").width, inspect_image(png, "decode").height) == (3, 5000)
+    else:
+        with pytest.raises(BadImage, match="1 row\\(s\\) with an invalid filter type"):
+            inspect_image(png, "decode")
