@@ -575,12 +575,8 @@ def test_png_filter_bytes_checked_on_every_row_of_a_tall_image(bad_row):
     rows = bytearray(b"\x00\x07\x07\x07" * 5000)
     if bad_row is not None:
         rows[4 * bad_row] = 9
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return len(payload).to_bytes(4, "big") + kind + payload + zlib.crc32(kind + payload).to_bytes(4, "big")
-
     ihdr = (3).to_bytes(4, "big") + (5000).to_bytes(4, "big") + bytes([8, 0, 0, 0, 0])
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(rows))) + chunk(b"IEND", b"")
+    png = build_png([(b"IHDR", ihdr), (b"IDAT", zlib.compress(bytes(rows))), (b"IEND", b"")])
     if bad_row is None:
         assert (inspect_image(png, "decode").width, inspect_image(png, "decode").height) == (3, 5000)
     else:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import ROOT, read_manifest_json, run_repack
 from tests.tools.s3server import FaultProxy, MotoServer, client, objects, s3_env
-from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+from tests.tools.text import documents as make_documents, gpt2_tokenizer, write_tokenizer
 
 SECRET = s3_env("x")["AWS_SECRET_ACCESS_KEY"]
 
@@ -53,6 +53,15 @@ def stable(manifest: dict) -> dict:
 def local_files(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
             if p.is_file() and ".repack" not in p.parts and p.name != "manifest.json"}
+
+
+def tokenizer_and_corpus(tmp_path: Path, documents: int, seed: int) -> tuple[Path, Path]:
+    """The GPT-2 tokenizer folder and a JSON-lines corpus of generated documents."""
+    folder = tmp_path / "tok"
+    write_tokenizer(gpt2_tokenizer(), folder)
+    src = tmp_path / "corpus.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in make_documents(documents, seed=seed)))
+    return folder, src
 
 
 def test_images_to_s3_equal_local_then_verify_pull_and_repair(server, s3, photo_tree, packed_photos, tmp_path):
@@ -205,10 +214,7 @@ def test_5xx_answers_are_retried(server, s3, photo_tree, tmp_path):
 
 
 def test_text_to_s3_equals_local_merged_and_parts(server, s3, tmp_path):
-    folder = tmp_path / "tok"
-    write_tokenizer(gpt2_tokenizer(), folder)
-    src = tmp_path / "corpus.jsonl"
-    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(200, seed=5)))
+    folder, src = tokenizer_and_corpus(tmp_path, documents=200, seed=5)
     s3.create_bucket(Bucket="text")
     env = env_for(server.endpoint, tmp_path)
     for extra in ([], ["--no-merge"]):
@@ -261,10 +267,7 @@ def test_static_partitions_then_merge_on_s3(server, s3, photo_tree, packed_photo
 
 def test_text_partitions_on_separate_machines_then_merge(server, s3, tmp_path):
     """Each node has its own scratch; the merging node has none: it fetches the parts from the store."""
-    folder = tmp_path / "tok"
-    write_tokenizer(gpt2_tokenizer(), folder)
-    src = tmp_path / "corpus.jsonl"
-    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(120, seed=7)))
+    folder, src = tokenizer_and_corpus(tmp_path, documents=120, seed=7)
     s3.create_bucket(Bucket="textparts")
     env = env_for(server.endpoint, tmp_path)
     common = ["--tokenizer", folder, "--chunk-bytes", "10KB", "--quiet"]

@@ -13,13 +13,21 @@ from repack.manifest import dumps_canonical
 from repack.store import open_store
 
 
+STATE_DIR = ".repack"  # OUT's job state: job.json, plan.json, task records, locks, chunk pieces
+
+
+def is_piece(rel: str) -> bool:
+    """An intermediate output under the job state folder (a chunk's tar segment, an LMDB or text part)."""
+    return rel.startswith(f"{STATE_DIR}/")
+
+
 @dataclass(frozen=True)
 class Task:
     """One unit of work. ``payload`` is JSON-able.
 
     A task without ``group`` produces its outputs itself (one shard, one part). Tasks that share
     a ``group`` are chunks of one output: each writes a temporary piece, and once all of them
-    have records the engine calls ``Job.assemble(group, records)`` (in plan order) to build it.
+    have records the engine feeds them, in plan order, to ``Job.open_assembly(group)``, which builds it.
     """
 
     task_id: str
@@ -125,8 +133,8 @@ class Job:
     def outputs_intact(self, record: dict) -> bool:
         """Every output the record lists is in the store with its size (a chunk's piece may instead be
         in the local scratch only: see ``engine._run_and_record``)."""
-        return all(self.store.size(o["path"]) == o["bytes"] or (o["path"].startswith(".repack/")
-                                                                 and _local_size(self.out / o["path"]) == o["bytes"])
+        return all(self.store.size(o["path"]) == o["bytes"]
+                   or (is_piece(o["path"]) and _local_size(self.out / o["path"]) == o["bytes"])
                    for o in self.record_outputs(record))
 
     def open_assembly(self, group: str) -> "Assembly":

@@ -50,11 +50,10 @@ from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, Noth
                            StrictModeError, UsageError)
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
-from repack.jobs.base import Job, Plan, Task
+from repack.jobs.base import STATE_DIR, Job, Plan, Task, is_piece
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
 from repack.store import open_store
 
-STATE_DIR = ".repack"
 ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
 
 
@@ -74,11 +73,6 @@ def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str
     local_pieces = bool(task.group) and not share_pieces
     return json.dumps(_run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest,
                                       local_pieces=local_pieces))
-
-
-def is_piece(rel: str) -> bool:
-    """An intermediate output under the job state folder (a chunk's tar segment, an LMDB or text part)."""
-    return rel.startswith(f"{STATE_DIR}/")
 
 
 def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: frozenset = frozenset(),
@@ -350,6 +344,8 @@ class Engine:
 
     def resume_state(self, units, plan_digest: str) -> tuple[dict, dict]:
         """(unit id -> its record or None, task id -> record of a finished chunk of an unfinished group)."""
+        if self.job.store.remote:
+            self.job.store.cache_listing()  # one paged listing of the prefix serves every output check below
         unit_records = self.load_records([Task(uid, {}) if tasks[0].group else tasks[0] for uid, tasks in units],
                                          plan_digest)
         chunks = [t for uid, tasks in units if tasks[0].group and unit_records[uid] is None for t in tasks]
@@ -453,7 +449,6 @@ class Engine:
         """{task id: record or None} (an object store is read by a few threads: one GET per record)."""
         if not self.job.store.remote or not tasks:
             return {t.task_id: self.load_record(t, digest) for t in tasks}
-        self.job.store.cache_listing()  # one paged listing of the prefix serves every output check
         with ThreadPoolExecutor(16) as pool:
             return dict(zip((t.task_id for t in tasks), pool.map(lambda t: self.load_record(t, digest), tasks)))
 
@@ -594,7 +589,7 @@ class Engine:
         for record in records:
             for output in self.job.record_outputs(record):
                 rel, local = output["path"], self.out / output["path"]
-                if rel.startswith(f"{STATE_DIR}/") and not (local.is_file() and local.stat().st_size == output["bytes"]):
+                if is_piece(rel) and not (local.is_file() and local.stat().st_size == output["bytes"]):
                     store.fetch(rel, local)  # not the cached listing: it may predate uploads by Ray workers
 
     def _publish_dataset(self, body: dict, records: list[dict]) -> None:
@@ -607,7 +602,7 @@ class Engine:
                 store.publish(rel, self.out / rel)
         store.publish(MANIFEST_NAME, self.out / MANIFEST_NAME)
         for rel in sorted(published):
-            if rel.startswith(f"{STATE_DIR}/") and not (self.out / rel).exists():
+            if is_piece(rel) and not (self.out / rel).exists():
                 store.delete(rel)
 
 

@@ -45,7 +45,7 @@ from typing import Sequence
 
 from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec, format_size
 from repack.errors import UsageError, stable_reason
-from repack.jobs.base import Job, Plan, Task
+from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.stats import count_into, histogram, merge_counts, merge_slowest, percentiles
 from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
@@ -56,7 +56,7 @@ from repack.transforms.image_check import BadImage, inspect_image
 
 SLOWEST_N = 10
 CHUNK_BYTES = 8 * 10**6  # a chunk task's inputs: at most --chunk-size inputs and about this many bytes
-SEGMENTS_DIR = ".repack/segments"
+SEGMENTS_DIR = f"{STATE_DIR}/segments"
 _JSON_STR = json.encoder.encode_basestring_ascii
 
 

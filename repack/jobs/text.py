@@ -30,7 +30,7 @@ import numpy as np
 
 from repack.config import JobSpec
 from repack.errors import UsageError
-from repack.jobs.base import Job, Plan, Task
+from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.stats import count_into
 from repack.jobs.stats import histogram as half_octave_histogram
 from repack.manifest import atomic_write_bytes, dumps_canonical
@@ -177,7 +177,7 @@ class TextJob(Job):
     def part_folder(self) -> tuple[Path, str]:
         """Where parts go and their path prefix relative to OUT."""
         if self.spec.merge:
-            return self.out / ".repack" / "parts", ".repack/parts/"
+            return self.out / STATE_DIR / "parts", f"{STATE_DIR}/parts/"
         return self.out, ""
 
     def part_stem(self, index: int) -> str:
@@ -265,7 +265,7 @@ class TextJob(Job):
     # -- resume ---------------------------------------------------------------------------
     def _marker(self) -> dict | None:
         try:
-            return json.loads(self.store.read_bytes(f".repack/{MERGED_MARKER}") or b"null")
+            return json.loads(self.store.read_bytes(f"{STATE_DIR}/{MERGED_MARKER}") or b"null")
         except ValueError:
             return None
 
@@ -381,12 +381,12 @@ class TextJob(Job):
                      "max_token_id": max((r["part"]["max_token_id"] for r in records), default=-1)}
             for rel in (entry["path"], entry["index"]):  # object store: uploaded (checked) before the marker
                 self.store.publish(rel, self.out / rel)
-            self.store.put_bytes(f".repack/{MERGED_MARKER}",
+            self.store.put_bytes(f"{STATE_DIR}/{MERGED_MARKER}",
                                  dumps_canonical({"plan_digest": digest, "parts": wanted, "entry": entry}))
         for r in records:
             for key in ("bin", "idx"):
                 (self.out / r["part"][key]).unlink(missing_ok=True)
-        shutil.rmtree(self.out / ".repack" / "parts", ignore_errors=True)
+        shutil.rmtree(self.out / STATE_DIR / "parts", ignore_errors=True)
         return entry
 
     def summary_lines(self, manifest: dict) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from repack.jobs.engine import STATE_DIR
+from repack.jobs.base import STATE_DIR
 from repack.manifest import MANIFEST_NAME, ManifestError, read_manifest
 from repack.manifest.paths import PathEscapeError
 from repack.sinks import SINKS, get_sink
