@@ -91,12 +91,21 @@ def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: f
     with TaskLock(job.out, unit_id):
         record = work()
         record.update(task_id=unit_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
+        digests = known_digests(record)
         for output in job.record_outputs(record):  # object store: upload (checked) before the record
             if output["path"] not in published and not (local_pieces and is_piece(output["path"])):
-                job.store.publish(output["path"], job.out / output["path"])
+                job.store.publish(output["path"], job.out / output["path"], digests.get(output["path"]))
         # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
         job.store.put_bytes(record_name(unit_id), dumps_canonical(record), durable=False)
     return record
+
+
+def known_digests(record: dict) -> dict[str, str]:
+    """{path: sha256} of the files a record already hashed while writing them (a shard, a video:
+    the entries that carry both), so publishing does not read them again to hash them."""
+    entries = [v for v in record.values() if isinstance(v, dict)]
+    entries += [e for v in record.values() if isinstance(v, list) for e in v if isinstance(e, dict)]
+    return {e["path"]: e["sha256"] for e in entries if isinstance(e.get("path"), str) and isinstance(e.get("sha256"), str)}
 
 
 def state_dir(out: Path) -> Path:

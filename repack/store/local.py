@@ -37,8 +37,9 @@ class LocalStore:
     def path(self, rel: str) -> Path:
         return self.root / rel
 
-    def publish(self, rel: str, local: Path) -> None:
-        """Make the finished file ``local`` visible as ``rel`` (a rename or copy when elsewhere)."""
+    def publish(self, rel: str, local: Path, sha256: str | None = None) -> None:
+        """Make the finished file ``local`` visible as ``rel`` (a rename or copy when elsewhere);
+        ``sha256`` is only used by stores that record it."""
         target = self.path(rel)
         if Path(local).resolve() != target.resolve():
             copy_atomically(Path(local), target)

@@ -74,14 +74,15 @@ class S3Store:
         self._call(rel, "put_object", Key=self.key(rel), Body=b"")
         self._call(rel, "delete_object", Key=self.key(rel))
 
-    def publish(self, rel: str, local: Path) -> None:
-        """Upload a finished local file (multipart when large), then check size and sha256 by HEAD."""
+    def publish(self, rel: str, local: Path, sha256: str | None = None) -> None:
+        """Upload a finished local file (multipart when large), then check size and sha256 by HEAD.
+        ``sha256``: the digest the writer already computed (else the file is read to hash it)."""
         from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
         local = Path(local)
         size = local.stat().st_size
-        digest = sha256_file(local)
+        digest = sha256 or sha256_file(local)
         if self.holds(rel, size, digest):  # uploaded by a run killed before its record: keep it
             return
         last: BaseException | None = None
