@@ -98,3 +98,57 @@ def test_group_tasks_must_be_adjacent():
         plan.units
     ok = Plan((Task("a-0", {}, "a"), Task("a-1", {}, "a"), Task("b", {})))
     assert [(uid, [t.task_id for t in tasks]) for uid, tasks in ok.units] == [("a", ["a-0", "a-1"]), ("b", ["b"])]
+
+
+def _png(width: int, height: int, shade: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("L", (width, height), shade).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def misfit_tree(tmp_path_factory) -> Path:
+    """Inputs that miss the slots the plan predicts: a non-image (quarantined: its chunk is short),
+    and a 10000-pixel-wide PNG whose (non-ASCII) name makes the predicted metadata exactly 512 bytes (its real,
+    5-digit width makes it 513: its chunk spills into a file of its own)."""
+    from repack.jobs.images import sample_json
+
+    root = tmp_path_factory.mktemp("misfits")
+    wide = _png(10000, 1000, 7)
+    stem = "04_"
+    while (short_of := 512 - len(sample_json(f"a/{stem}.png", "a", 1000, 1000, len(wide), "jpg"))) > 0:
+        stem += "\u00e9" if short_of >= 6 else "w"  # é: 2 bytes in the name, 6 in the JSON
+    files = {"a/00.png": _png(20, 30, 1), "a/01.png": _png(31, 22, 2), "a/02.png": _png(40, 40, 3),
+             "a/03.jpg": b"not an image at all", f"a/{stem}.png": wide, "a/05.png": _png(50, 9, 4),
+             "a/06.png": _png(9, 50, 5), "a/07.png": _png(12, 12, 6),
+             "b/00.png": _png(10, 10, 8), "b/01.png": _png(11, 10, 9), "b/02.png": _png(12, 10, 10),
+             "b/03.jpg": b"\xff\xd8 not a jpeg either"}
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_chunks_that_miss_their_slots_give_the_same_shards(misfit_tree, tmp_path, workers):
+    """Placed, short (a quarantined input), spilled and after-spill chunks, and a short last chunk
+    of a shard still written in place: the same bytes as shards written whole."""
+    options = ("--shard-size", "8", "--verify", "none", "--quiet")
+    whole = tmp_path / "whole"
+    run_repack("images", misfit_tree, whole, *options, "--chunk-size", "100", "--workers", "1", check=False)
+    out = tmp_path / "chunked"
+    run_repack("images", misfit_tree, out, *options, "--chunk-size", "2", "--workers", workers, check=False)
+    assert outputs(out) == outputs(whole) and len(outputs(out)) == 4
+    assert comparable_manifest(out) == comparable_manifest(whole)
+    assert read_manifest_json(out)["totals"]["quarantined"] == 2
+    pieces = {p.stem: json.loads(p.read_text())["segment"] for p in (out / ".repack" / "tasks").glob("*-c*.json")}
+    placed = {tid for tid, piece in pieces.items() if "at" in piece}
+    assert placed == set(pieces) - {"shard-000000-c0002"}  # the wide PNG's chunk spilled
+    short = {tid for tid in placed if pieces[tid]["bytes"] < pieces[tid]["slot"]}
+    assert short == {"shard-000000-c0001", "shard-000001-c0001"}
+    assert not [p for p in out.rglob("*") if p.is_file() and (".tmp" in p.name or p.suffix == ".seg")]
+    assert run_repack("verify", out).returncode == 0

@@ -18,12 +18,16 @@ class TaskFailure:
 
 
 class Executor(Protocol):
-    """Runs ``execute_task(job, spec_json, task_json, out)`` for each task; yields results as they finish.
+    """Runs ``execute_task(*call)`` for each call; yields results as they finish.
 
-    Each yielded item is either a record (dict, JSON-decoded) or a TaskFailure.
+    Each yielded item is either a record (dict, JSON-decoded) or a TaskFailure. ``same_host``: the
+    workers share the driver's disk and page cache (chunks may then write into a shared file).
     """
 
-    def run(self, calls: list[tuple[str, str, str, str, bool]], task_ids: list[str]) -> Iterator[dict | TaskFailure]: ...
+    same_host: bool
+
+    def run(self, calls: list[tuple[str, str, str, str, bool, bool]],
+            task_ids: list[str]) -> Iterator[dict | TaskFailure]: ...
 
 
 EXECUTORS: dict[str, str] = {

@@ -76,6 +76,8 @@ def _stop_on_exit(pool: ProcessPoolExecutor):
 class LocalExecutor:
     """Process-pool executor with per-task retries."""
 
+    same_host = True  # workers share the driver's disk and page cache
+
     def __init__(self, workers: int | None = None, retries: int = 2, **_ignored) -> None:
         self.workers = workers or available_cpus()
         self.retries = retries

@@ -25,14 +25,17 @@ def _import_ray():
     return ray
 
 
-def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False) -> str:
+def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False,
+             place_segments: bool = False) -> str:
     from repack.jobs.engine import execute_task
 
-    return execute_task(job_name, spec_json, task_json, plan_digest, share_pieces)
+    return execute_task(job_name, spec_json, task_json, plan_digest, share_pieces, place_segments)
 
 
 class RayExecutor:
     """Runs tasks on a Ray cluster (``address``) or on a local Ray instance started for the job."""
+
+    same_host = False  # workers may be on other hosts: chunks never share a file
 
     def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None, **_ignored) -> None:
         self.ray = _import_ray()

@@ -103,6 +103,8 @@ class Job:
     spec_type: ClassVar[type[JobSpec]]
     progress_unit: ClassVar[str] = "it"
 
+    place_segments: bool = False  # set for a task on the local pool: chunks may write into a shared file
+
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
         self.store = open_store(spec.out)  # where outputs end up (a folder, or s3://)

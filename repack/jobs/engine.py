@@ -64,11 +64,14 @@ def load_job(name: str, spec_json: str) -> Job:
     return cls(cls.spec_type.from_json(spec_json))
 
 
-def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False) -> str:
+def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False,
+                 place_segments: bool = False) -> str:
     """Run one task anywhere (pool worker, Ray worker, static partition) and persist its record.
     ``share_pieces``: publish a chunk's pieces to the store too (Ray: the group is assembled by a
-    driver that may not share this worker's scratch)."""
+    driver that may not share this worker's scratch). ``place_segments``: the worker shares the
+    driver's disk and page cache (the local pool): chunks may write into the group's shared file."""
     job = load_job(job_name, spec_json)
+    job.place_segments = place_segments
     task = Task.from_json(json.loads(task_json))
     local_pieces = bool(task.group) and not share_pieces
     return json.dumps(_run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest,
@@ -484,7 +487,8 @@ class Engine:
         opts = self.options
         spec_json = self.job.spec.to_json()
         share_pieces = self.job.store.remote and opts.executor == "ray"
-        calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest, share_pieces) for t in todo]
+        same_host = getattr(executor, "same_host", False)  # its workers share the driver's disk and page cache
+        calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest, share_pieces, same_host) for t in todo]
         units_of = {t.task_id: self.job.task_units(t) for t in todo}
         group_tasks = {uid: tasks for uid, tasks in units if tasks[0].group and records[uid] is None}
         group_of = {t.task_id: uid for uid, tasks in group_tasks.items() for t in tasks}

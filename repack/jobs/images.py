@@ -4,10 +4,18 @@ Plan: scan (sorted), optional seeded shuffle, then cut into shards by count and/
 bytes before any decoding, and each shard into chunks of at most ``--chunk-size`` inputs and
 about ``CHUNK_BYTES`` (fixed: never derived from the worker count). A shard of one chunk is one
 task that reads, checks and writes the shard. A larger shard is a group of chunk tasks: each
-writes a tar segment (the same members, no end-of-archive) under ``OUT/.repack/segments``, and
-the engine's driver appends the segments in plan order into the shard as they finish
-(``ShardAssembly``), so the shard's bytes do not depend on the chunking, the worker count or
-the order tasks finish in. Bad inputs become quarantine records.
+writes a tar segment (the same members, no end-of-archive), and the engine's driver appends the
+segments in plan order into the shard as they finish (``ShardAssembly``), so the shard's bytes do
+not depend on the chunking, the worker count or the order tasks finish in. Bad inputs become
+quarantine records.
+
+Where the plan can predict a sample's bytes (the image stored as read: its size is known from
+the scan; the other members' sizes are fixed or nearly so), each chunk gets a slot, an offset and
+a size in the shard's shared file under ``OUT/.repack/segments``, and on the local pool it writes
+its members straight into it: the shard is written once, and the driver only hashes it. A chunk
+that does not fit its slot (a quarantined input, an unusual header) is a file of its own, and the
+driver copies from there on (see ``repack.sinks.webdataset``). Chunks on Ray, and with
+``--normalize``, always write files of their own.
 
 Each sample's members (WebDataset naming, key = zero-padded global position + a sanitized
 short stem, ASCII, dot-free, unique): ``<key>.<jpg|png|...>`` (type from content),
@@ -93,6 +101,13 @@ def sample_bytes_bound(item: InputItem) -> int:
     rel_bytes = len(item.rel) if item.rel.isascii() else len(item.rel.encode("utf-8", "surrogateescape"))
     json_bound = 256 + 6 * rel_bytes + 6 * len(item.label or "")
     return 3 * BLOCK + _blocks(item.size) + BLOCK + _blocks(json_bound)
+
+
+def sample_bytes_expected(item: InputItem) -> int:
+    """A sample's bytes in a tar when its image is stored as read and its metadata holds a 4-digit
+    width and height (a chunk's slot is the sum: a sample that differs only makes the chunk spill)."""
+    meta = sample_json(item.rel, item.label, 1000, 1000, item.size, "jpg")
+    return BLOCK + _blocks(item.size) + (2 * BLOCK if item.label is not None else 0) + BLOCK + _blocks(len(meta))
 
 
 def cut_by_budget(bounds: list[int], positions: Sequence[int], max_count: int | None,
@@ -198,11 +213,12 @@ class ShardAssembly:
 
     def __init__(self, job: "ImagesJob", group: str) -> None:
         self.job = job
-        self.builder = job.sink.open_assembler(job.out, group)
+        self.builder = job.sink.open_assembler(job.out, group, job.shared_shard(group))
         self.records: list[dict] = []
 
     def add(self, record: dict) -> None:
-        self.builder.add_segment(self.job.out / record["outputs"][0]["path"], record["segment"])
+        piece = record["segment"]
+        self.builder.add_segment(self.job.out / SEGMENTS_DIR / piece["name"], piece)
         self.records.append(record)
 
     def finish(self) -> dict:
@@ -254,18 +270,24 @@ class ImagesJob(Job):
         root = None if spec.list_file or is_remote(spec.source) else source_root(spec.source)
         tasks = []
         bounds = [sample_bytes_bound(item) for item in items]
+        slotted = self.collector is None and not spec.normalize
         shard_bytes = DEFAULT_SHARD_BYTES if spec.shard_size is None and spec.shard_bytes is None else spec.shard_bytes
         for index, positions in enumerate(cut_by_budget(bounds, range(len(items)), spec.shard_size, shard_bytes)):
             stem = f"shard-{index:06d}"
             chunks = cut_by_budget(bounds, positions, spec.chunk_size, CHUNK_BYTES)
+            at = 0
             for number, chunk in enumerate(chunks):
                 inputs = [input_entry(items[p], p, classes, p in candidates, root) for p in chunk]
                 payload = {"index": index, "inputs": inputs, "cls_width": width}
                 if len(chunks) == 1:
                     tasks.append(Task(stem, payload))
-                else:  # a single-writer sink (lmdb) reads chunk parts at finalize: no assembly
-                    tasks.append(Task(f"{stem}-c{number:04d}", {**payload, "chunk": number},
-                                      group="" if self.collector is not None else stem))
+                    continue
+                payload["chunk"] = number
+                if slotted:  # [offset, bytes] in the shard's shared file
+                    slot = sum(sample_bytes_expected(items[p]) for p in chunk)
+                    payload["slot"], at = [at, slot], at + slot
+                # a single-writer sink (lmdb) reads chunk parts at finalize: no assembly
+                tasks.append(Task(f"{stem}-c{number:04d}", payload, group="" if self.collector is not None else stem))
         info = {"classes": classes, "labeled": scan.labeled, "inputs": inputs_total,
                 "skipped_junk": scan.skipped}
         if spec.dedup:
@@ -275,7 +297,9 @@ class ImagesJob(Job):
     def run_task(self, task: Task) -> dict:
         spec = self.spec
         if task.group:
-            writer = self.sink.open_segment(self.out / SEGMENTS_DIR, task.task_id)
+            slot = task.payload.get("slot") if self.place_segments else None
+            place = (self.shared_shard(task.group), *slot) if slot else None
+            writer = self.sink.open_segment(self.out / SEGMENTS_DIR, task.task_id, place)
         else:
             writer = self.sink.open_shard(self.out, task.task_id)
         quarantine: list[dict] = []
@@ -294,7 +318,7 @@ class ImagesJob(Job):
             norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels)
         width = task.payload["cls_width"]
         root = source_root(spec.source)
-        reads = read_inputs([e if "path" in e else {**e, "path": root + e["rel"]} for e in task.payload["inputs"]])
+        reads = read_inputs(task.payload["inputs"], root)
         try:
             for entry in task.payload["inputs"]:
                 t0 = time.perf_counter()
@@ -354,9 +378,9 @@ class ImagesJob(Job):
         record = {"shard": shard, "quarantine": quarantine, "inputs": len(task.payload["inputs"]), "formats": formats,
                   "hashes": hashes, "profile": profile,
                   "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
-        if task.group:  # a segment of the group's shard (see ShardAssembly)
-            record.update(shard=None, segment=shard,
-                          outputs=[{"path": f"{SEGMENTS_DIR}/{shard['name']}", "bytes": shard["bytes"]}])
+        if task.group:  # a segment of the group's shard (see ShardAssembly); placed: no file of its own
+            record.update(shard=None, segment=shard, outputs=[] if "at" in shard else
+                          [{"path": f"{SEGMENTS_DIR}/{shard['name']}", "bytes": shard["bytes"]}])
         else:
             record["outputs"] = self.sink.outputs(shard) if shard else []
         if norm is not None:
@@ -368,10 +392,16 @@ class ImagesJob(Job):
     def open_assembly(self, group: str) -> "ShardAssembly":
         return ShardAssembly(self, group)
 
-    # -- single-writer sinks (lmdb) ------------------------------------------------------------
+    def shared_shard(self, group: str) -> Path:
+        """The file a group's placed segments are written into (it becomes the shard; a temp name:
+        removed with the group's temps when a run starts)."""
+        return self.out / SEGMENTS_DIR / f".{group}.tar.tmp-shared"
+
     def outputs_intact(self, record: dict) -> bool:
-        if self.collector is not None:
+        if self.collector is not None:  # single-writer sinks (lmdb)
             return self.collector.intact(record)
+        if "at" in (record.get("segment") or {}):
+            return False  # a placed segment: its slot is rewritten with the group's unfinished chunks
         return super().outputs_intact(record)
 
     def finalize(self, plan: Plan, records: list[dict]) -> dict:

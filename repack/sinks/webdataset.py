@@ -5,6 +5,12 @@ after its index; the sha256 is computed while writing. A shard is written either
 task (``TarShardWriter``), or as segments by several chunk tasks (``TarSegmentWriter``: the same
 members, no end-of-archive) that ``ShardAssembler`` concatenates in plan order: the bytes are
 the same either way.
+
+A segment is *placed* when its task is given the offset and size the plan predicts for it
+(``place``): it is written straight into the shard's shared file at that offset, so the shard is
+written once. The assembler then only hashes it, in plan order. Where a prediction fails (a
+quarantined input, an unusual header) the piece is a file of its own or shorter than its slot, and
+from there on the assembler copies, as for unplaced segments: same bytes, one more write.
 """
 
 from __future__ import annotations
@@ -27,9 +33,9 @@ class TarMemberWriter:
 
     Writes are batched (one ``writev`` per ~1 MiB); ``hashed`` keeps a running sha256 of it all."""
 
-    def __init__(self, tmp: Path, hashed: bool) -> None:
+    def __init__(self, tmp: Path, hashed: bool, fd: int | None = None) -> None:
         self._tmp = tmp
-        self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if fd is None else fd
         self._sha = hashlib.sha256() if hashed else None
         self._offset = 0
         self._index: list[list[tuple[str, int, int, str]]] = []
@@ -59,12 +65,15 @@ class TarMemberWriter:
 
     def _flush(self) -> None:
         if self._pending:
-            _write_all(self._fd, self._pending, self._pending_bytes)
+            self._write_pending()
             if self._sha is not None:
                 for chunk in self._pending:
                     self._sha.update(chunk)
             self._pending.clear()
             self._pending_bytes = 0
+
+    def _write_pending(self) -> None:
+        _write_all(self._fd, self._pending, self._pending_bytes)
 
     def abort(self) -> None:
         self._pending.clear()
@@ -78,12 +87,13 @@ WRITE_BATCH = 1 << 20
 WRITE_BATCH_IOVECS = 900  # below IOV_MAX (1024)
 
 
-def _write_all(fd: int, chunks: list, expected: int) -> None:
-    written = os.writev(fd, chunks)
+def _write_all(fd: int, chunks: list, expected: int, at: int | None = None) -> None:
+    """Write ``chunks`` (``expected`` bytes in all) at the file position, or at offset ``at``."""
+    written = os.writev(fd, chunks) if at is None else os.pwritev(fd, chunks, at)
     if written < expected:  # short write: finish it
         rest = memoryview(b"".join(chunks))[written:]
         while rest:
-            rest = rest[os.write(fd, rest):]
+            rest = rest[os.write(fd, rest) if at is None else os.pwrite(fd, rest, at + expected - len(rest)):]
 
 
 class TarShardWriter(TarMemberWriter):
@@ -110,82 +120,162 @@ class TarShardWriter(TarMemberWriter):
 
 class TarSegmentWriter(TarMemberWriter):
     """A chunk's piece of a shard: complete ustar members, no end-of-archive, not hashed, not fsynced
-    (``ShardAssembler`` concatenates the pieces, hashing them once, and fsyncs the shard)."""
+    (``ShardAssembler`` hashes the pieces once, in order, and fsyncs the shard).
 
-    def __init__(self, folder: Path, stem: str) -> None:
+    Unplaced, the piece is the file ``<stem>.seg`` in ``folder``. Placed (``place`` = (the shard's
+    shared file, offset, slot bytes)), it is written into the shared file at that offset; if its
+    members outgrow the slot it spills into ``<stem>.seg`` after all, taking along what it placed."""
+
+    def __init__(self, folder: Path, stem: str, place: tuple[Path, int, int] | None = None) -> None:
         self.folder = Path(folder)
         self.name = f"{stem}.seg"
         self.folder.mkdir(parents=True, exist_ok=True)
-        super().__init__(self.folder / f".{self.name}.tmp-{os.getpid()}", hashed=False)
+        self._place = place
+        own = self.folder / f".{self.name}.tmp-{os.getpid()}"
+        if place is None:
+            super().__init__(own, hashed=False)
+        else:
+            fd = os.open(place[0], os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            super().__init__(own, hashed=False, fd=fd)
+            self._placed = 0  # bytes written into the slot so far
+
+    def _write_pending(self) -> None:
+        if self._place is None:
+            return super()._write_pending()
+        _, at, slot = self._place
+        if self._placed + self._pending_bytes <= slot:
+            _write_all(self._fd, self._pending, self._pending_bytes, at + self._placed)
+            self._placed += self._pending_bytes
+            return None
+        self._spill()
+        return super()._write_pending()
+
+    def _spill(self) -> None:
+        """The members outgrew the slot: continue in a file of our own, starting with what was placed."""
+        shared, at, _ = self._place
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            with open(shared, "rb", buffering=0) as src:
+                done = 0
+                while done < self._placed:
+                    block = os.pread(src.fileno(), min(ASSEMBLY_BLOCK, self._placed - done), at + done)
+                    if not block:
+                        raise OSError(f"{shared} ended inside a placed segment")
+                    _write_all(fd, [block], len(block))
+                    done += len(block)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(self._fd)
+        self._fd, self._place = fd, None
 
     def commit(self) -> dict:
-        """Rename the piece into place; {name, bytes, samples: [[key, [[ext, offset, size], ...]], ...]}."""
+        """Finish the piece: {name, bytes, samples: [[key, [[ext, offset, size], ...]], ...]}, plus
+        ``at`` and ``slot`` when it lies in the shared file (else it was renamed into place as ``name``)."""
         self._flush()
         os.close(self._fd)
         self._fd = -1
-        os.replace(self._tmp, self.folder / self.name)
         samples = [[entry[0][3].split(".", 1)[0], [[ext, off, size] for ext, off, size, _ in entry]]
                    for entry in self._index]
-        return {"name": self.name, "bytes": self._offset, "samples": samples}
+        piece = {"name": self.name, "bytes": self._offset, "samples": samples}
+        if self._place is not None:
+            return {**piece, "at": self._place[1], "slot": self._place[2]}
+        os.replace(self._tmp, self.folder / self.name)
+        return piece
+
+    def abort(self) -> None:
+        if self._place is None:
+            return super().abort()
+        self._pending.clear()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        return None
 
 
 class ShardAssembler:
-    """Builds ``<stem>.tar`` (+ ``.idx``) from segments appended in plan order, as they become available.
+    """Builds ``<stem>.tar`` (+ ``.idx``) from segments added in plan order, as they become available.
 
-    The sha256 runs in the caller's thread over a read-only map of each segment (no copy), in
-    order; the copy into the shard runs beside it on one helper thread (``copy_file_range`` at
-    the segment's offset, inside the kernel), which also writes back every SYNC_EVERY bytes so
-    the final fsync stays short."""
+    While every segment so far was placed contiguously in the shared file ``shared`` (the common
+    case), the shard *is* that file: a segment is only hashed. From the first segment that is not
+    (a spilled or short one), the shard is a file of its own: what the shared file holds so far
+    is copied into it, then each later segment, from its own file or its slot in the shared file.
+    The sha256 runs in the caller's thread, in order; copies and periodic write-back run beside it on
+    one helper thread (``copy_file_range``, inside the kernel), so the final fsync stays short."""
 
-    def __init__(self, out: Path, stem: str) -> None:
+    def __init__(self, out: Path, stem: str, shared: Path | None = None) -> None:
         self.out = Path(out)
         self.stem = stem
+        self._shared = shared
+        self._shared_fd = -1  # the shared file while it is the shard
         self._tmp = self.out / f".{stem}.tar.tmp-{os.getpid()}"
-        self._fd = -1
+        self._fd = -1  # the shard being written (the shared file, or a copy)
         self._sha = hashlib.sha256()
         self._offset = 0
         self._lines: list[str] = []  # the DALI index, one line per sample
-        self._copier: ThreadPoolExecutor | None = None
-        self._copies: list[Future] = []
-        self._unsynced = 0  # the copier's alone
+        self._helper: ThreadPoolExecutor | None = None
+        self._jobs: list[Future] = []
+        self._unsynced = 0  # the helper's alone
+        self._buffer = memoryview(bytearray(ASSEMBLY_BLOCK))
 
     def add_segment(self, path: Path, piece: dict) -> None:
-        """Append one segment (``path`` holds what ``TarSegmentWriter.commit`` described as ``piece``)."""
+        """Append one segment: ``piece`` as ``TarSegmentWriter.commit`` described it, its bytes in
+        ``path`` (its own file), or at ``piece["at"]`` of the shared file when it was placed."""
         if not piece["samples"]:
             return
-        if self._fd < 0:
-            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            self._copier = ThreadPoolExecutor(1, thread_name_prefix="repack-copy")
-        size = piece["bytes"]
-        with open(path, "rb", buffering=0) as src:
-            if os.fstat(src.fileno()).st_size != size:
-                raise OSError(f"segment {path} is not the {size} bytes its record says")
-            try:
-                with mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                    self._sha.update(view)
-            except (OSError, ValueError):  # a file system without mmap (some FUSE mounts): read it
-                src.seek(0)
-                while block := src.read(ASSEMBLY_BLOCK):
-                    self._sha.update(block)
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="repack-copy")
+        size, at = piece["bytes"], piece.get("at")
         base = self._offset
-        self._copies.append(self._copier.submit(self._copy, path, size, base))
+        if at is not None and at == base and self._fd == self._shared_fd:
+            if self._fd < 0:
+                self._fd = self._shared_fd = os.open(self._shared, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            self._hash(self._fd, at, size, self._shared)
+            self._jobs.append(self._helper.submit(self._written, size))
+        else:
+            if self._fd < 0 or self._fd == self._shared_fd:
+                self._leave_shared()
+            with open(self._shared if at is not None else path, "rb", buffering=0) as src:
+                if at is None and os.fstat(src.fileno()).st_size != size:
+                    raise OSError(f"segment {path} is not the {size} bytes its record says")
+                self._hash(src.fileno(), at or 0, size, path)
+            self._jobs.append(self._helper.submit(self._copy, self._shared if at is not None else path, at or 0,
+                                                  size, base))
         self._lines += [" ".join([f"{ext} {base + off} {size} {key}.{ext}" for ext, off, size in members])
                         for key, members in piece["samples"]]
         self._offset += size
 
-    def _copy(self, path: Path, size: int, base: int) -> None:
+    def _hash(self, fd: int, start: int, size: int, path: Path) -> None:
+        buffer, done = self._buffer, 0
+        while done < size:
+            n = os.preadv(fd, [buffer[:min(ASSEMBLY_BLOCK, size - done)]], start + done)
+            if n == 0:
+                raise OSError(f"{path} ended after {done} of the {size} bytes of a segment")
+            self._sha.update(buffer[:n])
+            done += n
+
+    def _leave_shared(self) -> None:
+        """From here on the shard is a file of its own: it starts as a copy of the shared file so far."""
+        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        if self._shared_fd >= 0:
+            self._jobs.append(self._helper.submit(self._copy, self._shared, 0, self._offset, 0))
+
+    def _copy(self, path: Path, start: int, size: int, base: int) -> None:
         with open(path, "rb", buffering=0) as src:
             done = 0
             while done < size:
                 try:
-                    n = os.copy_file_range(src.fileno(), self._fd, size - done, done, base + done)
+                    n = os.copy_file_range(src.fileno(), self._fd, size - done, start + done, base + done)
                 except OSError as exc:
                     if exc.errno not in NO_COPY_FILE_RANGE or done:
                         raise
-                    n = _copy_by_blocks(src.fileno(), self._fd, size, base)
+                    n = _copy_by_blocks(src.fileno(), self._fd, start, size, base)
                 if n == 0:
-                    raise OSError(f"segment {path} ended after {done} of {size} bytes")
+                    raise OSError(f"{path} ended after {done} of {size} bytes")
                 done += n
+        self._written(size)
+
+    def _written(self, size: int) -> None:
         self._unsynced += size
         if self._unsynced >= SYNC_EVERY:
             os.fdatasync(self._fd)
@@ -193,16 +283,17 @@ class ShardAssembler:
 
     def _drain(self) -> None:
         """Wait for every copy; re-raise the first that failed."""
-        if self._copier is not None:
-            self._copier.shutdown(wait=True)
-            self._copier = None
-        copies, self._copies = self._copies, []
-        for copy in copies:
-            copy.result()
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
+            self._helper = None
+        jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            job.result()
 
     def commit(self) -> dict | None:
         """Finish and rename into place; the shard entry. None (and nothing on disk) if no samples."""
         if self._fd < 0:
+            self._drop_shared()
             return None
         self._drain()
         tail = end_of_archive(self._offset)
@@ -210,18 +301,32 @@ class ShardAssembler:
             raise OSError(f"short write at the end of {self._tmp}")
         self._sha.update(tail)
         fd, self._fd = self._fd, -1
-        return publish_shard(self.out, self.stem, fd, self._tmp, self._offset + len(tail), self._sha,
+        tmp = self._tmp
+        if fd == self._shared_fd:  # the shared file is the shard (cut after its end: slots left unused)
+            os.ftruncate(fd, self._offset + len(tail))
+            self._shared_fd, tmp = -1, self._shared
+        else:
+            self._drop_shared()
+        return publish_shard(self.out, self.stem, fd, tmp, self._offset + len(tail), self._sha,
                              index_from_lines(self._lines), len(self._lines))
+
+    def _drop_shared(self) -> None:
+        if self._shared_fd >= 0:
+            os.close(self._shared_fd)
+            self._shared_fd = -1
+        if self._shared is not None:
+            self._shared.unlink(missing_ok=True)
 
     def abort(self) -> None:
         try:
             self._drain()
         except OSError:
             pass  # the shard is dropped anyway
-        if self._fd >= 0:
+        if self._fd >= 0 and self._fd != self._shared_fd:
             os.close(self._fd)
-            self._fd = -1
+        self._fd = -1
         self._tmp.unlink(missing_ok=True)
+        self._drop_shared()
 
 
 SYNC_EVERY = 64 << 20  # bytes copied into a shard between write-backs
@@ -229,11 +334,11 @@ ASSEMBLY_BLOCK = 1 << 20
 NO_COPY_FILE_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}  # e.g. older kernels, FUSE
 
 
-def _copy_by_blocks(src: int, dst: int, size: int, base: int) -> int:
-    """The fallback of ``copy_file_range``: ``size`` bytes of ``src`` from 0 to ``dst`` at ``base``."""
+def _copy_by_blocks(src: int, dst: int, start: int, size: int, base: int) -> int:
+    """The fallback of ``copy_file_range``: ``size`` bytes of ``src`` from ``start`` to ``dst`` at ``base``."""
     done = 0
     while done < size:
-        block = os.pread(src, min(ASSEMBLY_BLOCK, size - done), done)
+        block = os.pread(src, min(ASSEMBLY_BLOCK, size - done), start + done)
         if not block:
             break
         written = 0

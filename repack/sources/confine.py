@@ -135,6 +135,17 @@ def open_input(path: str, expected: list[int] | None = None, rel: str | None = N
                buffering: int = -1) -> BinaryIO:
     """Open a planned input (its real path) without following a symlink or blocking; InputRefused
     for anything but a regular file, SourceChanged when its fingerprint differs from ``expected``."""
+    fd, _ = _open_checked(path, expected, rel)
+    try:
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_checked(path: str, expected: list[int] | None, rel: str | None) -> tuple[int, os.stat_result]:
+    """The descriptor and stat of a planned input, opened and checked as ``open_input`` says."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -149,14 +160,28 @@ def open_input(path: str, expected: list[int] | None = None, rel: str | None = N
         if expected is not None and fingerprint(st) != list(expected):
             raise SourceChanged(f"source changed: {rel or path} differs from the planned input (size, mtime or "
                                 "inode); re-run with --overwrite to start over")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb", buffering=buffering)
+        return fd, st
     except BaseException:
         os.close(fd)
         raise
 
 
 def read_input(path: str, expected: list[int] | None = None, rel: str | None = None) -> bytes:
-    """The whole content of a planned input (size already capped at planning), read through ``open_input``."""
-    with open_input(path, expected, rel) as fh:
-        return fh.read(os.fstat(fh.fileno()).st_size + 1)
+    """The whole content of a planned input (size already capped at planning), read through the
+    checks of ``open_input``; a file grown since its ``fstat`` gives its size + 1 bytes (then
+    refused by the caller's size check, or by the next fingerprint check). O_NONBLOCK does not
+    change reads of a regular file: the descriptor is read as opened."""
+    fd, st = _open_checked(path, expected, rel)
+    try:
+        want = st.st_size + 1
+        data = os.read(fd, want)
+        if len(data) < want:  # usually EOF; a short read (a signal) reads on until EOF
+            parts = [data]
+            got = len(data)
+            while got < want and (more := os.read(fd, want - got)):
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts) if len(parts) > 1 else data
+        return data
+    finally:
+        os.close(fd)

@@ -30,19 +30,21 @@ def open_input(path: str, expected: list[int] | None = None, rel: str | None = N
     return open_object(path, expected[0] if expected else None)
 
 
-def read_inputs(entries: list[dict]) -> Iterator[bytes | OSError]:
-    """The bytes of each planned input ({"path", "rel", "fingerprint"}), or the OSError reading it, in
-    order: local files one by one through the confinement, s3:// objects prefetched concurrently."""
-    if any(is_remote(e["path"]) for e in entries):
-        for entry, data in zip(entries, prefetched(e["path"] for e in entries)):
+def read_inputs(entries: list[dict], root: str = "") -> Iterator[bytes | OSError]:
+    """The bytes of each planned input ({"path" (else ``root`` + "rel"), "rel", "fingerprint"}), or the
+    OSError reading it, in order: local files one by one through the confinement, s3:// objects
+    prefetched concurrently."""
+    if any(is_remote(e.get("path") or root) for e in entries):
+        paths = [e.get("path") or root + e["rel"] for e in entries]
+        for entry, data in zip(entries, prefetched(paths)):
             expected = entry.get("fingerprint")
             if not isinstance(data, OSError) and expected and len(data) != expected[0]:
-                raise _changed(entry["rel"], entry["path"])
+                raise _changed(entry["rel"], entry.get("path") or root + entry["rel"])
             yield data
         return
     for entry in entries:
         try:
-            yield read_input(entry["path"], entry.get("fingerprint"), entry["rel"])
+            yield read_input(entry.get("path") or root + entry["rel"], entry.get("fingerprint"), entry["rel"])
         except OSError as exc:
             yield exc
 

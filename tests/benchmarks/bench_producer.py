@@ -12,7 +12,9 @@ Rows (ratio = repack / baseline; rates in images/s):
   check   `repack images --verify decode` (all usable CPUs) vs one process: webdataset
           ShardWriter + full PIL decode; target >= 1.8x on 2 cores
   sweep   `--verify decode` at 1, 2, 4, 8, 16, ... workers up to the usable CPUs: images/s and
-          scaling efficiency rate(W) / (W x rate(1)); target >= 0.8 at 16
+          scaling efficiency rate(W) / (W x rate(1)); target >= 0.8 at 16. Beside it, the machine's
+          own efficiency at W (``hardware``: W processes doing only the decode check, no repack) and
+          repack's share of it (``of_hardware`` = efficiency / hardware)
   lmdb    `--to lmdb --verify none` vs plain LMDB puts of the same files (one process, one
           transaction per 1000 puts): CPU seconds and peak RSS of the largest process; target
           CPU <= 2x, memory that does not grow with the dataset
@@ -146,18 +148,49 @@ def part_check(src: Path, files: list[Path], n: int, work: Path, repeats: int) -
                 TARGETS["check"], seconds=rp["wall"], baseline_seconds=sw)]
 
 
+BARE_DECODE = r"""
+import json, multiprocessing, os, sys, time
+from repack.transforms.image_check import inspect_image
+src, workers = sys.argv[1], int(sys.argv[2])
+files = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if not f.startswith("."))
+
+def share(i):
+    for path in files[i::workers]:
+        with open(path, "rb") as fh:
+            inspect_image(fh.read(), "decode")
+    return i
+
+with multiprocessing.get_context("fork").Pool(workers) as pool:
+    pool.map(abs, range(workers))  # every worker started
+    started = time.perf_counter()
+    pool.map(share, range(workers), chunksize=1)
+    print(json.dumps({"seconds": time.perf_counter() - started}))
+"""
+
+
+def bare_decode_rate(src: Path, n: int, workers: int, repeats: int) -> float:
+    """Images/s of ``workers`` processes doing only repack's decode check on their share of the
+    files, nothing else (no plan, no writes): what the machine gives that work at that width."""
+    runs = [run_measured([sys.executable, "-c", BARE_DECODE, str(src), str(workers)]) for _ in range(repeats)]
+    return n / min(float(json.loads(r["stdout"].strip().splitlines()[-1])["seconds"]) for r in runs)
+
+
 def part_sweep(src: Path, n: int, work: Path, repeats: int, cpus: int) -> list[dict]:
-    rows, rate1 = [], None
+    """Scaling efficiency rate(W) / (W x rate(1)), and beside it the machine's own: the same for bare
+    decode processes (``hardware``; on a VM of hyperthreads it is well below 1), and their ratio."""
+    rows, rate1, bare1 = [], None, None
     for workers in worker_sweep(cpus):
         out = work / f"sweep-{workers}"
         r = best([fresh(src, out, "--verify", "decode", "--workers", str(workers)) for _ in range(repeats)])
         engine = float(json.loads(r["stdout"].strip().splitlines()[-1])["seconds"])
         rate = n / engine
-        rate1 = rate1 or rate
-        efficiency = rate / (workers * rate1)
+        bare = bare_decode_rate(src, n, workers, repeats)
+        rate1, bare1 = rate1 or rate, bare1 or bare
+        efficiency, hardware = rate / (workers * rate1), bare / (workers * bare1)
         rows.append(row(f"sweep: --verify decode, {workers} worker(s) (engine time)", rate, rate1 * workers,
                         TARGETS["efficiency"] if workers == cpus and workers > 1 else None,
-                        workers=workers, efficiency=round(efficiency, 3), wall=round(r["wall"], 3)))
+                        workers=workers, efficiency=round(efficiency, 3), hardware=round(hardware, 3),
+                        of_hardware=round(efficiency / hardware, 3), bare_rate=round(bare, 1), wall=round(r["wall"], 3)))
     return rows
 
 
@@ -278,7 +311,8 @@ def table(rows: list[dict], header: str) -> str:
     for r in rows:
         target = "" if r["target"] is None else \
             f"{'<=' if r['lower_is_better'] else '>='} {r['target']}x {'ok' if r['ok'] else 'MISSED'}"
-        notes = ", ".join(f"{k}={r[k]}" for k in ("efficiency", "peak_rss_mb", "tasks", "us_cpu_per_image") if k in r)
+        notes = ", ".join(f"{k}={r[k]}" for k in ("efficiency", "hardware", "of_hardware", "peak_rss_mb", "tasks",
+                                                   "us_cpu_per_image") if k in r)
         lines.append(f"{r['measure']:<62} {r['value']:>10.1f} {r['baseline']:>10.1f} {r['ratio']:>6.2f}x  "
                      f"{target} {notes}".rstrip())
     return "\n".join(lines)
