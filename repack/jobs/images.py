@@ -60,7 +60,7 @@ from repack.sinks.tar_format import BLOCK, RECORD
 from repack.sources import Confinement, InputItem, scan_source
 from repack.sources.reading import open_input, read_inputs, unreadable_reason
 from repack.store import is_remote
-from repack.transforms.image_check import BadImage, inspect_image
+from repack.transforms.image_check import BadImage, inspect_image, preload
 
 SLOWEST_N = 10
 CHUNK_BYTES = 8 * 10**6  # a chunk task's inputs: at most --chunk-size inputs and about this many bytes
@@ -251,6 +251,9 @@ class ImagesJob(Job):
 
     def plan(self) -> Plan:
         spec = self.spec
+        preload(spec.verify)  # the driver imports what the checks use: the pool's workers fork with it
+        if spec.normalize:
+            import repack.transforms.normalize  # noqa: F401 - numpy and the encoder, likewise
         scan = scan_source(spec.source, list_file=spec.list_file, confinement=Confinement(
             follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source,
             max_file_bytes=spec.max_file_size))

@@ -22,18 +22,38 @@ import io
 import warnings
 import zlib
 from dataclasses import dataclass
-
-from PIL import Image, ImageFile
+from functools import cache
+from typing import TYPE_CHECKING
 
 from repack.errors import stable_reason
 
-ImageFile.LOAD_TRUNCATED_IMAGES = False
-# The pixel limit is ours (``max_pixels``, checked on the declared size right after the header is
-# parsed and before any pixel is decoded); Pillow's own global limit would silently cap it.
-Image.MAX_IMAGE_PIXELS = None
-# Load every format plugin now, not inside the first sample's timed check (tens of ms that
-# would otherwise show up as a bogus "slowest input" in each worker).
-Image.init()
+if TYPE_CHECKING:
+    from PIL import Image as PILImage
+
+
+@cache
+def pil():
+    """PIL's ``Image`` module, set up on first use: a ``--verify none`` pass over JPEG and PNG reads
+    headers itself and never imports it (~40 ms of start-up)."""
+    from PIL import Image, ImageFile
+
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    # The pixel limit is ours (``max_pixels``, checked on the declared size right after the header is
+    # parsed and before any pixel is decoded); Pillow's own global limit would silently cap it.
+    Image.MAX_IMAGE_PIXELS = None
+    # Every format plugin loaded now, not inside a sample's timed check (tens of ms that would show
+    # up as a bogus "slowest input").
+    Image.init()
+    return Image
+
+
+def preload(level: str) -> None:
+    """Import what checks at ``level`` use, once in the driver before the pool forks (workers then
+    share it instead of each importing it inside its first sample)."""
+    if level != "none":
+        pil()
+    if level == "decode":
+        import simplejpeg  # noqa: F401
 
 # magic prefix -> canonical extension
 _MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -136,6 +156,7 @@ def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_
         info = _jpeg_header(data) if ext == "jpg" else _png_header(data)
         if info is not None and info.width * info.height <= max_pixels:
             return info  # otherwise PIL below gives the precise reason
+    Image = pil()
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
@@ -162,13 +183,13 @@ def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_
 
 def decode_failure(ext: str, exc: BaseException) -> str:
     """A stable quarantine reason for an exception raised while reading an image."""
-    if isinstance(exc, Image.UnidentifiedImageError):
+    if isinstance(exc, pil().UnidentifiedImageError):
         return f"cannot decode {ext.upper()}: not identified by Pillow (corrupt header or chunk)"
     message = stable_reason(exc)
     return f"cannot decode {ext.upper()}: {message.split(': ', 1)[1] if ': ' in message else message}"
 
 
-def verify_decodes(ext: str, data: bytes, image: Image.Image) -> None:
+def verify_decodes(ext: str, data: bytes, image: PILImage.Image) -> None:
     """Prove the whole image decodes (see the module docstring); BadImage (or another exception) if not."""
     if ext == "jpg":
         _verify_jpeg(data, image)
@@ -183,7 +204,7 @@ def verify_decodes(ext: str, data: bytes, image: Image.Image) -> None:
         image.load()
 
 
-def _verify_jpeg(data: bytes, image: Image.Image) -> None:
+def _verify_jpeg(data: bytes, image: PILImage.Image) -> None:
     import simplejpeg
 
     width, height = image.size

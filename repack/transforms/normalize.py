@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from repack.transforms.image_check import BadImage, ImageInfo, decode_failure, inspect_image
+from repack.transforms.image_check import BadImage, ImageInfo, decode_failure, inspect_image, pil
+
+pil()  # the project's Pillow settings (pixel limit, no truncated loads) before any use here
 
 ORIENTATION_TAG = 0x0112
 _SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
