@@ -57,6 +57,33 @@ from repack.store import open_store
 ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
 
 
+class _NoBar:
+    """What the engine calls on a progress bar, doing nothing (quiet, or stderr not a terminal)."""
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        return None
+
+    def set_postfix(self, *args, **kwargs) -> None:
+        return None
+
+
+def progress_bar(total: int, unit: str, desc: str, quiet: bool):
+    """A tqdm bar on stderr when it is a terminal and not ``quiet``; else a no-op (tqdm is not even
+    imported: ~35 ms of start-up, most of it its version lookup)."""
+    if quiet or not sys.stderr.isatty():
+        return _NoBar()
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
+    return tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, desc=desc, dynamic_ncols=True)
+
+
 def load_job(name: str, spec_json: str) -> Job:
     """Instantiate the registered job ``name`` from its spec's JSON."""
     module_name, _, cls_name = JOBS[name].partition(":")
@@ -481,9 +508,6 @@ class Engine:
         """Run ``todo`` on the executor; assemble each group of ``units`` as soon as its chunks are done.
 
         Fills ``records`` (unit id -> record); returns the failures."""
-        from tqdm import tqdm
-
-        tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
         opts = self.options
         spec_json = self.job.spec.to_json()
         share_pieces = self.job.store.remote and opts.executor == "ray"
@@ -538,8 +562,7 @@ class Engine:
             chunk_records[task_id] = record
             feed(uid)
 
-        bar = tqdm(total=sum(units_of.values()), unit=self.job.progress_unit, unit_scale=True, file=sys.stderr,
-                   disable=opts.quiet or None, desc=f"repack {self.job.name}", dynamic_ncols=True)
+        bar = progress_bar(sum(units_of.values()), self.job.progress_unit, f"repack {self.job.name}", opts.quiet)
         counts: dict[str, int] = {}
         started = time.perf_counter()
         resumed = list(group_tasks)  # chunks finished before an interruption: fed once the pool has forked

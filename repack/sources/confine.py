@@ -168,20 +168,22 @@ def _open_checked(path: str, expected: list[int] | None, rel: str | None) -> tup
 
 def read_input(path: str, expected: list[int] | None = None, rel: str | None = None) -> bytes:
     """The whole content of a planned input (size already capped at planning), read through the
-    checks of ``open_input``; a file grown since its ``fstat`` gives its size + 1 bytes (then
-    refused by the caller's size check, or by the next fingerprint check). O_NONBLOCK does not
-    change reads of a regular file: the descriptor is read as opened."""
+    checks of ``open_input``: one read of size + 1 bytes, so a file that grew or shrank since its
+    ``fstat`` raises SourceChanged; O_NONBLOCK does not change reads of a regular file."""
     fd, st = _open_checked(path, expected, rel)
     try:
         want = st.st_size + 1
         data = os.read(fd, want)
-        if len(data) < want:  # usually EOF; a short read (a signal) reads on until EOF
+        if len(data) < st.st_size:  # a short read (a signal; a file truncated since): read on until EOF
             parts = [data]
             got = len(data)
             while got < want and (more := os.read(fd, want - got)):
                 parts.append(more)
                 got += len(more)
             data = b"".join(parts) if len(parts) > 1 else data
+        if len(data) != st.st_size:
+            raise SourceChanged(f"source changed: {rel or path} changed size while it was read; re-run with "
+                                "--overwrite to start over")
         return data
     finally:
         os.close(fd)
