@@ -63,7 +63,7 @@ from repack.store import is_remote
 from repack.transforms.image_check import BadImage, inspect_image, preload
 
 SLOWEST_N = 10
-CHUNK_BYTES = 8 * 10**6  # a chunk task's inputs: at most --chunk-size inputs and about this many bytes
+CHUNK_BYTES = 16 * 10**6  # a chunk task's inputs: at most --chunk-size inputs and about this many bytes
 SEGMENTS_DIR = f"{STATE_DIR}/segments"
 _JSON_STR = json.encoder.encode_basestring_ascii
 

@@ -156,13 +156,9 @@ class TarSegmentWriter(TarMemberWriter):
         fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             with open(shared, "rb", buffering=0) as src:
-                done = 0
-                while done < self._placed:
-                    block = os.pread(src.fileno(), min(ASSEMBLY_BLOCK, self._placed - done), at + done)
-                    if not block:
-                        raise OSError(f"{shared} ended inside a placed segment")
-                    _write_all(fd, [block], len(block))
-                    done += len(block)
+                if _copy_by_blocks(src.fileno(), fd, at, self._placed, 0) != self._placed:
+                    raise OSError(f"{shared} ended inside a placed segment")
+            os.lseek(fd, self._placed, os.SEEK_SET)  # the next writes append
         except BaseException:
             os.close(fd)
             raise
