@@ -50,7 +50,7 @@ from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, Noth
                            StrictModeError, UsageError)
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
-from repack.jobs.base import STATE_DIR, Job, Plan, Task, is_piece
+from repack.jobs.base import STATE_DIR, Job, Plan, Task, build_plan, is_piece
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
 from repack.store import open_store
 
@@ -443,7 +443,7 @@ class Engine:
                 prepare_out(self.out)
             if store.remote:
                 store.abort_uploads()  # left by a killed run: we hold the lock
-            plan = self.job.plan()
+            plan = build_plan(self.job)
             if not plan.tasks and not plan.quarantine:
                 raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
             self._check_state(plan)

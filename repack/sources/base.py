@@ -71,17 +71,22 @@ def quarantine_record(rel: str, reason: str, label: str | None = None) -> dict:
 
 
 def pick_real_paths(entries: list[tuple[str, str, os.stat_result]], root: str) -> dict[str, str]:
-    """For files reached through several paths (``entries``: (rel, real path, stat), sorted): rel ->
-    the rel that is kept for the same file. The real path (no symlink on the way) wins over an
-    alias; between real paths (hard links) the first in sorted order."""
+    """For files reached through several paths (``entries``: (rel, real path, stat), sorted): {rel: the
+    rel kept instead} for every rel that is not kept (empty when each file is reached once). The
+    real path (no symlink on the way) wins over an alias; between real paths (hard links) the
+    first in sorted order."""
+    first: dict[tuple[int, int], tuple[str, str]] = {}
     groups: dict[tuple[int, int], list[tuple[str, str]]] = {}
     for rel, real, st in entries:
-        groups.setdefault((st.st_dev, st.st_ino), []).append((rel, real))
-    kept: dict[str, str] = {}
+        ident = (st.st_dev, st.st_ino)
+        seen = first.setdefault(ident, (rel, real))
+        if seen[0] != rel:  # a second path to the same file (the same rel listed twice is not one)
+            groups.setdefault(ident, [seen]).append((rel, real))
+    aliases: dict[str, str] = {}
     for group in groups.values():
         winner = next((rel for rel, real in group if real == os.path.join(root, rel)), group[0][0])
-        kept.update((rel, winner) for rel, _ in group)
-    return kept
+        aliases.update((rel, winner) for rel, _ in group if rel != winner)
+    return aliases
 
 
 def alias_reason(rel: str, real: str, kept: str, root: str) -> str:

@@ -67,14 +67,15 @@ def scan_folder(root: str, confinement: Confinement | None = None) -> Scan:
 
     root_st = os.stat(conf.root)
     walk(conf.root, "", frozenset({(root_st.st_dev, root_st.st_ino)}))
+    walk = None  # noqa: F841 - it refers to itself: the cycle would keep every entry alive until a full GC
     labeled = bool(top_dirs)
     entries.sort(key=lambda e: sort_key(e[0]))
-    kept = pick_real_paths(entries, conf.root)
+    aliases = pick_real_paths(entries, conf.root)
     items: list[InputItem] = []
     for rel, real, st in entries:
         label = rel.split("/", 1)[0] if labeled and "/" in rel else None
-        if kept[rel] != rel:
-            quarantine.append(quarantine_record(rel, alias_reason(rel, real, kept[rel], conf.root), label))
+        if rel in aliases:
+            quarantine.append(quarantine_record(rel, alias_reason(rel, real, aliases[rel], conf.root), label))
             continue
         if labeled and label is None:
             quarantine.append(quarantine_record(rel, "file outside the class folders of a labeled tree"))

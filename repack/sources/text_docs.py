@@ -216,12 +216,12 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
             quarantine.append({"source": rel, "line": None, "reason": checked.reason})
             continue
         checked_files.append((rel, checked.real, checked.st))
-    kept = pick_real_paths(checked_files, conf.root)
+    aliases = pick_real_paths(checked_files, conf.root)
     files: list[TextFile] = []
     read: set[str] = set()
     for rel, real, st in checked_files:
-        if kept[rel] != rel or rel in read:  # a file reached twice (link, hard link, list repeat) is read once
-            first = kept[rel]
+        if rel in aliases or rel in read:  # a file reached twice (link, hard link, list repeat) is read once
+            first = aliases.get(rel, rel)
             reason = alias_reason(rel, real, first, conf.root) if first != rel else "listed twice: read once"
             quarantine.append({"source": rel, "line": None, "reason": reason})
             continue

@@ -263,8 +263,9 @@ PLAN_ONLY = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from repack.config import ImagesSpec
+from repack.jobs.base import build_plan
 from repack.jobs.images import ImagesJob
-plan = ImagesJob(ImagesSpec(source=sys.argv[1], out=sys.argv[2])).plan()
+plan = build_plan(ImagesJob(ImagesSpec(source=sys.argv[1], out=sys.argv[2])))  # as the engine plans
 print(json.dumps({"seconds": time.perf_counter() - t0, "tasks": len(plan.tasks),
                   "inputs": sum(len(t.payload["inputs"]) for t in plan.tasks),
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
