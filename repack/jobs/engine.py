@@ -101,14 +101,15 @@ def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str
     job.place_segments = place_segments
     task = Task.from_json(json.loads(task_json))
     local_pieces = bool(task.group) and not share_pieces
-    return json.dumps(_run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest,
-                                      local_pieces=local_pieces))
+    _, text = _run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest, local_pieces=local_pieces)
+    return text.decode("ascii")  # the record as saved: encoded once
 
 
 def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: frozenset = frozenset(),
-                    local_pieces: bool = False) -> dict:
+                    local_pieces: bool = False) -> tuple[dict, bytes]:
     """Run ``work()`` under the unit's lock, publish the outputs its record lists (but ``published``,
-    those already in the store), then save the record as tasks/<unit_id>.json in the store.
+    those already in the store), then save the record as tasks/<unit_id>.json in the store; the
+    record and its saved (canonical JSON) text.
 
     With an object store, a chunk's pieces (under .repack/) stay in the local scratch when the
     driver that assembles its group shares that scratch (``local_pieces``: the local pool, and
@@ -126,8 +127,9 @@ def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: f
             if output["path"] not in published and not (local_pieces and is_piece(output["path"])):
                 job.store.publish(output["path"], job.out / output["path"], digests.get(output["path"]))
         # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
-        job.store.put_bytes(record_name(unit_id), dumps_canonical(record), durable=False)
-    return record
+        text = dumps_canonical(record)
+        job.store.put_bytes(record_name(unit_id), text, durable=False)
+    return record, text
 
 
 def known_digests(record: dict) -> dict[str, str]:
@@ -413,8 +415,8 @@ class Engine:
                 return None
             chunk_seconds = round(sum(chunk_records[t.task_id].get("seconds", 0.0) for t in tasks), 4)
             chunk_outputs = frozenset(o["path"] for t in tasks for o in chunk_records[t.task_id].get("outputs", []))
-            record = _run_and_record(self.job, group, lambda: {**assembly.finish(), "chunk_seconds": chunk_seconds},
-                                     plan_digest, published=chunk_outputs)
+            record, _ = _run_and_record(self.job, group, lambda: {**assembly.finish(), "chunk_seconds": chunk_seconds},
+                                        plan_digest, published=chunk_outputs)
         except BaseException:
             assembly.abort()
             raise
