@@ -55,6 +55,7 @@ from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_cano
 from repack.store import open_store
 
 ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
+WRITERS_PER_GROUP = 4  # about this many workers write into one group's output at once (see dispatch_order)
 
 
 class _NoBar:
@@ -82,6 +83,37 @@ def progress_bar(total: int, unit: str, desc: str, quiet: bool):
 
     tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
     return tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, desc=desc, dynamic_ncols=True)
+
+
+def dispatch_order(tasks: list[Task], lanes: int) -> list[Task]:
+    """``tasks`` in plan order, except that the chunks of up to ``lanes`` consecutive groups take turns.
+
+    Sixteen workers writing into one shard at once contend in the kernel: on 16 cores, 24,000 photos
+    took 5.4-7.5 s of system time in one 512 MB shard at a time and 2.6 s with 4 shards at a time,
+    for the same wall time. Taking turns over ``lanes`` groups keeps about workers / lanes writers per
+    shard while at most ``lanes`` groups are unfinished (what a kill -9 makes a re-run redo)."""
+    if lanes <= 1:
+        return list(tasks)
+    ordered: list[Task] = []
+    block: list[list[Task]] = []  # the groups taking turns
+
+    def flush() -> None:
+        for turn in range(max((len(g) for g in block), default=0)):
+            ordered.extend(g[turn] for g in block if turn < len(g))
+        block.clear()
+
+    for task in tasks:
+        if task.group and block and block[-1][0].group == task.group:
+            block[-1].append(task)
+            continue
+        if not task.group or len(block) == lanes:
+            flush()
+        if task.group:
+            block.append([task])
+        else:
+            ordered.append(task)
+    flush()
+    return ordered
 
 
 def load_job(name: str, spec_json: str) -> Job:
@@ -514,6 +546,8 @@ class Engine:
         spec_json = self.job.spec.to_json()
         share_pieces = self.job.store.remote and opts.executor == "ray"
         same_host = getattr(executor, "same_host", False)  # its workers share the driver's disk and page cache
+        lanes = -(-(opts.workers or available_cpus()) // WRITERS_PER_GROUP)
+        todo = dispatch_order(todo, lanes)
         calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest, share_pieces, same_host) for t in todo]
         units_of = {t.task_id: self.job.task_units(t) for t in todo}
         group_tasks = {uid: tasks for uid, tasks in units if tasks[0].group and records[uid] is None}
