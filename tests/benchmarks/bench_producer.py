@@ -15,6 +15,9 @@ Rows (ratio = repack / baseline; rates in images/s):
           scaling efficiency rate(W) / (W x rate(1)); target >= 0.8 at 16. Beside it, the machine's
           own efficiency at W (``hardware``: W processes doing only the decode check, no repack) and
           repack's share of it (``of_hardware`` = efficiency / hardware)
+  dispatch `--verify none` with the engine's dispatch order (the chunks of ceil(workers/4) shards
+          take turns) vs plain plan order (``dispatch_order`` replaced in the driver), alternated,
+          median of REPACK_BENCH_REPEATS + 1: CPU seconds and wall; the same order below 5 CPUs
   lmdb    `--to lmdb --verify none` vs plain LMDB puts of the same files (one process, one
           transaction per 1000 puts): CPU seconds and peak RSS of the largest process; target
           CPU <= 2x, memory that does not grow with the dataset
@@ -45,7 +48,7 @@ from tests.benchmarks.bench_images import image_files, make_dataset, run_shardwr
 from tests.benchmarks.bench_text import tree_sample
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("pack", "check", "sweep", "lmdb", "growth", "scan")
+PARTS = ("pack", "check", "sweep", "dispatch", "lmdb", "growth", "scan")
 TARGETS = {"pack_wall": 0.8, "pack_cpu": 2.0, "check": 1.8, "efficiency": 0.8, "lmdb_cpu": 2.0}
 
 
@@ -194,6 +197,31 @@ def part_sweep(src: Path, n: int, work: Path, repeats: int, cpus: int) -> list[d
     return rows
 
 
+DISPATCH = r"""
+import sys
+import repack.jobs.engine as engine
+if sys.argv[1] == "plan-order":
+    engine.dispatch_order = lambda tasks, lanes: list(tasks)
+sys.argv = ["repack", "images", *sys.argv[2:]]
+from repack.cli import main
+main()
+"""
+
+
+def part_dispatch(src: Path, n: int, work: Path, repeats: int, cpus: int) -> list[dict]:
+    out = work / "dispatch"
+    runs: dict[str, list[dict]] = {"plan-order": [], "turns": []}
+    for _ in range(repeats + 1):
+        for mode, measured in runs.items():
+            remove(out)
+            measured.append(run_measured([sys.executable, "-c", DISPATCH, mode, str(src), str(out), "--verify", "none",
+                                          "--quiet", "--workers", str(cpus)]))
+    median = {mode: sorted(measured, key=lambda r: r["cpu"])[len(measured) // 2] for mode, measured in runs.items()}
+    return [row(f"dispatch: --verify none CPU s, {cpus} workers, shards in turns vs plan order", median["turns"]["cpu"],
+                median["plan-order"]["cpu"], None, lower=True, wall=round(median["turns"]["wall"], 3),
+                baseline_wall=round(median["plan-order"]["wall"], 3))]
+
+
 PLAIN_LMDB = r"""
 import os, sys, lmdb
 src, path = sys.argv[1], sys.argv[2]
@@ -339,6 +367,8 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
         rows += part_check(src, files, n, work, repeats)
     if "sweep" in parts:
         rows += part_sweep(src, n, work, max(1, repeats - 1), cpus)
+    if "dispatch" in parts and cpus > 4:  # below 5 workers the two orders are the same
+        rows += part_dispatch(src, n, work, repeats, cpus)
     if "lmdb" in parts:
         rows += part_lmdb(src, n, work, repeats)
     if "growth" in parts:

@@ -4,7 +4,9 @@
 
   pack    `repack images --verify none` (default options) vs `tar cf && sync FILE`: wall and CPU ratios
   check   `repack images --verify decode` (all CPUs) vs one process ShardWriter + PIL decode
-  sweep   `--verify decode` at 1, 2, 4, 8, 16 workers: images/s and scaling efficiency
+  sweep   `--verify decode` at 1, 2, 4, 8, 16 workers: images/s and scaling efficiency (and the
+          machine's own: bare decode processes)
+  dispatch `--verify none` CPU and wall with the engine's dispatch order vs plain plan order
   text    `repack text` vs bare ``encode_batch_fast`` tokens per CPU-second x the CPUs (bench_text)
   video   `repack video --transcode --threads 1` frames/s at 1 .. 16 workers (skipped without ffmpeg)
 
@@ -26,7 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
-PARTS = ("pack", "check", "sweep", "text", "video")
+PARTS = ("pack", "check", "sweep", "dispatch", "text", "video")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = len(os.sched_getaffinity(0))
     print(f"cpu_scaling: {cpus} usable CPUs, python {sys.version.split()[0]}, parts {','.join(parts)}", flush=True)
     results: dict = {}
-    image_parts = [p for p in parts if p in ("pack", "check", "sweep")]
+    image_parts = [p for p in parts if p in ("pack", "check", "sweep", "dispatch")]
     if image_parts:
         from tests.gpu.gpu_images import make_photos
 
