@@ -24,7 +24,7 @@ from PIL import Image
 from repack.sources.confine import SourceChanged, open_input
 from repack.transforms.image_check import BadImage, inspect_image
 from tests.conftest import ROOT, read_manifest_json, run_repack
-from tests.test_images_job import jpeg_bytes, png_bytes, shard_bytes
+from tests.test_images_job import jpeg_bytes, png_bytes, shard_bytes, write_jpegs
 from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
 
 
@@ -363,10 +363,7 @@ def adam7_png(image: Image.Image) -> bytes:
 # ---- 8. resume fingerprints ----------------------------------------------------------------------
 
 def test_a_source_changed_after_its_shard_is_refused_on_resume(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(4):
-        (src / f"{i}.jpg").write_bytes(jpeg_bytes(seed=i))
+    src = write_jpegs(tmp_path / "src", 4)
     out = tmp_path / "out"
     run_repack("images", src, out, "--shard-size", "2", "--quiet")
     data = (src / "0.jpg").read_bytes()

@@ -32,6 +32,14 @@ def jpeg_bytes(size=(64, 48), quality=85, seed=0, mode="RGB") -> bytes:
     return buf.getvalue()
 
 
+def write_jpegs(folder: Path, count: int, stem: str = "") -> Path:
+    """``folder`` (created) holding ``count`` small distinct JPEGs named ``<stem><i>.jpg``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        (folder / f"{stem}{i}.jpg").write_bytes(jpeg_bytes(seed=i))
+    return folder
+
+
 def png_bytes(size=(40, 30)) -> bytes:
     buf = io.BytesIO()
     load_photos()["chelsea"].resize(size).save(buf, "PNG")
@@ -144,10 +152,7 @@ def test_no_follow_symlinks_and_strict(messy_tree, tmp_path):
 
 
 def test_flat_folder_is_unlabeled(tmp_path):
-    src = tmp_path / "flat"
-    src.mkdir()
-    for i in range(3):
-        (src / f"img{i}.jpg").write_bytes(jpeg_bytes(seed=i))
+    src = write_jpegs(tmp_path / "flat", 3, stem="img")
     out = tmp_path / "out"
     run_repack("images", src, out, "--quiet")
     m = read_manifest_json(out)
@@ -434,10 +439,7 @@ def test_non_utf8_names_print_on_a_strict_utf8_console(messy_tree, tmp_path):
 
 
 def test_verify_flags_foreign_members_and_missing_fields(tmp_path):
-    src = tmp_path / "src" / "cls"
-    src.mkdir(parents=True)
-    for i in range(2):
-        (src / f"{i}.jpg").write_bytes(jpeg_bytes(seed=i))
+    write_jpegs(tmp_path / "src" / "cls", 2)
     out = tmp_path / "out"
     run_repack("images", tmp_path / "src", out, "--quiet")
     manifest = read_manifest_json(out)

@@ -165,18 +165,16 @@ class Job:
 
 
 def build_plan(job: Job) -> Plan:
-    """``job.plan()`` with the cyclic GC paused, then frozen: a plan of a million inputs is millions of
-    long-lived objects that every full collection would traverse again while it grows (a third of
-    the planning time), and that forked workers would then copy as the collector touches them."""
+    """``job.plan()`` with the cyclic GC paused: a plan of a million inputs is millions of long-lived
+    objects that every full collection would traverse again while it grows (a third of the planning
+    time). The engine then freezes them for the run (``Engine._execute``)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        plan = job.plan()
+        return job.plan()
     finally:
         if enabled:
             gc.enable()
-    gc.freeze()  # into the permanent generation: the plan lives as long as the run
-    return plan
 
 
 def _local_size(path: Path) -> int | None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import hashlib
 import importlib
 import json
@@ -603,6 +604,7 @@ class Engine:
         started = time.perf_counter()
         resumed = list(group_tasks)  # chunks finished before an interruption: fed once the pool has forked
         stopped = False
+        gc.freeze()  # the plan and all else alive now: skipped by the run's collections, not copied by forked workers
         results = executor.run(calls, [t.task_id for t in todo])
         try:
             with bar, contextlib.closing(results):  # closed at once when interrupted: the executor stops its workers
@@ -629,6 +631,7 @@ class Engine:
             stopped = True  # interrupted: queued assembly steps are cancelled, the running ones end
             raise
         finally:
+            gc.unfreeze()  # collectable again once the run is over (a process may run several jobs)
             if assembler is not None:
                 assembler.shutdown(wait=True, cancel_futures=stopped)
             for uid, assembly in assemblies.items():  # groups left unfinished by a failed chunk or a stop

@@ -96,18 +96,22 @@ def _blocks(size: int) -> int:
     return -(-size // BLOCK) * BLOCK
 
 
+def _sample_bytes(image_bytes: int, labeled: bool, meta_bytes: int) -> int:
+    """A sample's bytes in a tar: the image, cls (when labeled) and json members, headers and padding."""
+    return BLOCK + _blocks(image_bytes) + (2 * BLOCK if labeled else 0) + BLOCK + _blocks(meta_bytes)
+
+
 def sample_bytes_bound(item: InputItem) -> int:
-    """Upper bound of a sample's bytes in a tar: headers, padded image, cls and json members."""
+    """Upper bound of a sample's bytes in a tar (any label, any metadata escaping)."""
     rel_bytes = len(item.rel) if item.rel.isascii() else len(item.rel.encode("utf-8", "surrogateescape"))
-    json_bound = 256 + 6 * rel_bytes + 6 * len(item.label or "")
-    return 3 * BLOCK + _blocks(item.size) + BLOCK + _blocks(json_bound)
+    return _sample_bytes(item.size, True, 256 + 6 * rel_bytes + 6 * len(item.label or ""))
 
 
 def sample_bytes_expected(item: InputItem) -> int:
     """A sample's bytes in a tar when its image is stored as read and its metadata holds a 4-digit
     width and height (a chunk's slot is the sum: a sample that differs only makes the chunk spill)."""
     meta = sample_json(item.rel, item.label, 1000, 1000, item.size, "jpg")
-    return BLOCK + _blocks(item.size) + (2 * BLOCK if item.label is not None else 0) + BLOCK + _blocks(len(meta))
+    return _sample_bytes(item.size, item.label is not None, len(meta))
 
 
 def cut_by_budget(bounds: list[int], positions: Sequence[int], max_count: int | None,
