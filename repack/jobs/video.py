@@ -4,9 +4,9 @@ Plan: sorted scan (class = first folder level, or a list file), cut into shards 
 ``shard_size`` videos and each shard into tasks of ONE video, so probes and transcodes spread
 over every worker whatever the shard size (with ``--to webdataset`` a shard's tasks form a
 group: the engine's driver packs their videos into the shard in plan order, see
-``VideoShardAssembly``). Each task probes its video (one ffprobe run each: streams + packet
-scan, no decoding; ``verify="decode"`` adds a full decode that quarantines files with decoder
-errors) and applies the NVDEC rule for the chosen DALI reader; with ``transcode`` it re-encodes
+``VideoShardAssembly``). Each task probes its video (in-process through PyAV; ffprobe where
+PyAV lacks a field, see repack.transforms.probe_pyav: streams + packet scan, no decoding;
+``verify="decode"`` adds a full decode that quarantines files with decoder errors) and applies the NVDEC rule for the chosen DALI reader; with ``transcode`` it re-encodes
 what needs it into ``OUT/videos/<rel>`` (``.mp4``, every frame kept: see
 repack.transforms.transcode), copies or hard-links the compatible ones (an MP4/MOV whose
 ``moov`` follows ``mdat`` is remuxed with ``+faststart`` instead: stream copy), re-probes every

@@ -1,23 +1,28 @@
-"""Probe a video file: ffprobe JSON (one subprocess, argument list) plus a packet scan without decoding.
+"""Probe a video file: container, streams and a packet scan of the main video stream, without decoding.
 
-ffprobe reads only the file (repack.transforms.ffmpeg_cli: file protocol, allow-listed
+Two tools give the same JSON shape (format, streams, packets), turned into one flat record by
+``summarize``: PyAV in-process (``repack.transforms.probe_pyav``, ~15x faster: no process
+start, no JSON text) where it gives every field the NVDEC/DALI decision needs, else one
+ffprobe subprocess (``ffprobe_probe``). ``probe_file`` picks; the record's ``probe_tool``
+says which ran. probe_pyav's docstring lists where ffprobe is used instead (libavformat
+errors, AVI, a rotation PyAV cannot read).
+
+Both read only the file (repack.transforms.ffmpeg_cli: file protocol, allow-listed
 single-file containers); a refused container (an HLS playlist, a concat list, ...) gives a
 record with ``error_code`` ``format_refused`` naming the demuxer. For MP4/MOV,
 ``moov_after_mdat`` tells whether the index follows the media (a copy is then remuxed with
 faststart); ``packets_before_key`` counts the packets before the first keyframe (no decoder can
 output them).
 
-One ffprobe run gives the container, every stream, and the video packets' pts/dts/flags/pos/
-size. From the packets of the first video stream we derive what the header fields cannot be
+From the packets of the first video stream we derive what the header fields cannot be
 trusted for: keyframe spacing (GOP), B-frame reordering, timestamp regularity (VFR), missing
 timestamps, whether the first packet is a keyframe, and truncation (packets past the end of
 the file, fewer packets than the container declares, or a packet span shorter than the
 Matroska/WebM header's duration). ``duration_s`` is the container's declared duration (the
 packet span only when none is declared); ``span_s`` is what the packets cover.
 
-``probe_file`` returns a flat, JSON-able record (see ``VideoInfo``); an unreadable file gives
-a record with ``error`` set. ``pyav_probe`` is the in-process alternative measured by the
-benchmark (PyAV is optional and not used by the job).
+``probe_file`` returns a flat, JSON-able record; an unreadable file gives a record with
+``error`` set.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import os
 import re
 import statistics
 from fractions import Fraction
+
+from repack.transforms.container_facts import moov_after_mdat
 
 
 
@@ -202,32 +209,27 @@ def _int(text) -> int | None:
         return None
 
 
-def moov_after_mdat(path: str, limit: int = 4096) -> bool:
-    """True if an MP4/MOV file's top-level ``moov`` box comes after its ``mdat`` (not faststart).
-
-    Walks the top-level box headers only (size + type, 64-bit sizes included), at most
-    ``limit`` boxes; a damaged header ends the walk."""
-    seen: list[bytes] = []
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        offset = 0
-        while offset + 8 <= size and len(seen) < limit:
-            fh.seek(offset)
-            header = fh.read(16)
-            box_size, kind = int.from_bytes(header[:4], "big"), header[4:8]
-            if box_size == 1 and len(header) == 16:
-                box_size = int.from_bytes(header[8:16], "big")
-            elif box_size == 0:
-                box_size = size - offset
-            if kind in (b"moov", b"mdat"):
-                seen.append(kind)
-            if box_size < 8:
-                break
-            offset += box_size
-    return b"mdat" in seen and b"moov" in seen and seen.index(b"mdat") < seen.index(b"moov")
-
-
 def probe_file(path: str, ffprobe: str = "ffprobe", timeout: float | None = None) -> dict:
+    """Probe ``path`` in-process with PyAV where it gives every field, else with one ffprobe run.
+
+    Never raises for bad input; ``probe_tool`` in the record names the tool that ran."""
+    try:
+        from repack.transforms.probe_pyav import demux
+    except ImportError:  # PyAV missing: every file goes to ffprobe
+        demux = None
+    data = demux(path, timeout) if demux and os.path.isfile(path) and os.path.getsize(path) else None
+    if not isinstance(data, dict):
+        return {**ffprobe_probe(path, ffprobe, timeout), "probe_tool": "ffprobe"}
+    return {**_with_layout(summarize(data, path), path), "probe_tool": "pyav"}
+
+
+def _with_layout(record: dict, path: str) -> dict:
+    """``record`` plus ``moov_after_mdat`` (MP4/MOV only; False elsewhere)."""
+    record["moov_after_mdat"] = "mov" in (record.get("container") or "").split(",") and moov_after_mdat(path)
+    return record
+
+
+def ffprobe_probe(path: str, ffprobe: str = "ffprobe", timeout: float | None = None) -> dict:
     """Probe ``path`` with one ffprobe run (streams, format, video packets); never raises for bad input.
 
     ffprobe reads only ``path`` (repack.transforms.ffmpeg_cli: file protocol, allow-listed
@@ -258,45 +260,4 @@ def probe_file(path: str, ffprobe: str = "ffprobe", timeout: float | None = None
         data = json.loads(result.stdout.decode("utf-8", errors="replace"))
     except ValueError as exc:
         return {"error": f"ffprobe: unreadable JSON: {exc}", "error_code": "probe_failed", "bytes": size}
-    record = summarize(data, path)
-    record["moov_after_mdat"] = "mov" in (record.get("container") or "").split(",") and moov_after_mdat(path)
-    return record
-
-
-def pyav_probe(path: str) -> dict:
-    """The same record computed in-process with PyAV (for the benchmark and agreement tests)."""
-    import av
-
-    size = os.path.getsize(path)
-    if size == 0:
-        return {"error": "empty file (0 bytes)", "error_code": "empty", "bytes": 0}
-    try:
-        with av.open(path, metadata_errors="ignore") as container:
-            streams = []
-            for s in container.streams:
-                entry = {"index": s.index, "codec_type": s.type, "time_base": str(s.time_base or "1/1")}
-                if s.type == "video":
-                    cc = s.codec_context
-                    entry.update(codec_name=getattr(cc.codec, "canonical_name", cc.name), profile=cc.profile, pix_fmt=cc.format.name
-                                 if cc.format else None, width=cc.width, height=cc.height,
-                                 r_frame_rate=str(s.base_rate) if s.base_rate else None,
-                                 avg_frame_rate=str(s.average_rate) if s.average_rate else None,
-                                 nb_frames=s.frames or None, disposition={"attached_pic": int(
-                                     bool(s.disposition & av.stream.Disposition.attached_pic))})
-                streams.append(entry)
-            video = [s for s in streams if s["codec_type"] == "video"]
-            packets = []
-            if video:
-                index = video[0]["index"]
-                for packet in container.demux(container.streams[index]):
-                    if packet.size == 0:
-                        continue
-                    packets.append({"stream_index": index, "pts": packet.pts, "dts": packet.dts,
-                                    "flags": "K_" if packet.is_keyframe else "__", "pos": packet.pos,
-                                    "size": packet.size})
-            fmt = {"format_name": container.format.name,
-                   "duration": container.duration / 1e6 if container.duration else None,
-                   "bit_rate": container.bit_rate}
-    except (av.error.FFmpegError, OSError, ValueError) as exc:
-        return {"error": f"pyav: {exc}", "error_code": "probe_failed", "bytes": size}
-    return summarize({"format": fmt, "streams": streams, "packets": packets}, path)
+    return _with_layout(summarize(data, path), path)

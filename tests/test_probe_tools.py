@@ -1,0 +1,97 @@
+"""The in-process probe (PyAV) against the ffprobe subprocess on every test clip: the same record
+field by field and the same decision for every target and DALI reader; where PyAV cannot give
+a field (AVI timestamps, libavformat errors, refused containers) the probe falls back to
+ffprobe, and the container-header facts (MP4 rotation, Matroska projection) are checked on
+real files. Real ffmpeg/ffprobe and PyAV throughout."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from repack.transforms.container_facts import matroska_has_projection, mp4_rotations
+from repack.transforms.nvdec_rules import DALI_READERS, TARGETS, decide
+from repack.transforms.probe import ffprobe_probe, probe_file
+from tests.tools.videos import CLIPS, make_clips, make_index_clip, rotate_mp4
+
+av = pytest.importorskip("av")
+pytestmark = pytest.mark.skipif(shutil.which("ffprobe") is None, reason="ffprobe is not installed")
+
+# containers (or outcomes) that go to ffprobe by design (repack/transforms/probe_pyav.py)
+FFPROBE_BY_DESIGN = {"bad/packed_bframes.avi", "good/mjpeg.avi", "good/mpeg4.avi", "junk/empty.mp4",
+                     "junk/playlist.mp4", "junk/truncated.mp4"}
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    root = tmp_path_factory.mktemp("probe-clips")
+    made = make_clips(root)
+    return {rel: (str(root / rel), ffprobe_probe(str(root / rel)), probe_file(str(root / rel))) for rel in made}
+
+
+def _differences(by_ffprobe: dict, chosen: dict) -> dict:
+    keys = (set(by_ffprobe) | set(chosen)) - {"probe_tool"}
+    diffs = {k: (by_ffprobe.get(k), chosen.get(k)) for k in sorted(keys) if by_ffprobe.get(k) != chosen.get(k)}
+    # libavcodec has no profile names for some codecs (VP8): ffprobe then prints the number, PyAV
+    # None. The rule reads profiles of H.264/HEVC only, which have names.
+    if "profile" in diffs and diffs["profile"][1] is None and str(diffs["profile"][0]).isdigit() \
+            and chosen.get("codec") not in ("h264", "hevc"):
+        del diffs["profile"]
+    return diffs
+
+
+@pytest.mark.parametrize("rel", [c.rel for c in CLIPS])
+def test_same_record_and_decisions_as_ffprobe(clips, rel):
+    if rel not in clips:
+        pytest.skip(f"{rel}: encoder not available")
+    _, by_ffprobe, chosen = clips[rel]
+    assert _differences(by_ffprobe, chosen) == {}
+    for target in TARGETS:
+        for reader in DALI_READERS:
+            assert decide(chosen, target, reader=reader).to_json() == decide(by_ffprobe, target, reader=reader).to_json()
+    assert chosen["probe_tool"] == ("ffprobe" if rel in FFPROBE_BY_DESIGN else "pyav")
+
+
+def test_refused_container_is_never_opened_in_process(clips):
+    """The HLS playlist (its segment lies outside the source root) is refused by PyAV's open as
+    by ffprobe's: the record names the demuxer, as ffprobe gives it."""
+    _, _, chosen = clips["junk/playlist.mp4"]
+    assert chosen["error_code"] == "format_refused" and chosen["container"] == "hls"
+
+
+@pytest.mark.parametrize("degrees", [90, 180])
+def test_mp4_rotation_from_track_header_matches_ffprobe(tmp_path, degrees):
+    path = tmp_path / f"r{degrees}.mp4"
+    make_index_clip(path, 10, ("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"))
+    rotate_mp4(path, degrees)
+    chosen, by_ffprobe = probe_file(str(path)), ffprobe_probe(str(path))
+    assert chosen["probe_tool"] == "pyav"
+    assert chosen["rotation"] == by_ffprobe["rotation"] == (360 - degrees) % 360
+    assert mp4_rotations(str(path)) == {1: (360 - degrees) % 360}
+
+
+def _element(ident: bytes, payload: bytes) -> bytes:
+    assert len(payload) < 127
+    return ident + bytes([0x80 | len(payload)]) + payload
+
+
+def _matroska_header(video_children: bytes) -> bytes:
+    """EBML header + Segment { Info, Tracks { TrackEntry { Video { ... } } } }, real element IDs."""
+    ebml = _element(b"\x1a\x45\xdf\xa3", _element(b"\x42\x82", b"matroska"))
+    video = _element(b"\xe0", _element(b"\xb0", b"\x40") + _element(b"\xba", b"\x30") + video_children)
+    tracks = _element(b"\x16\x54\xae\x6b", _element(b"\xae", _element(b"\xd7", b"\x01") + video))
+    info = _element(b"\x15\x49\xa9\x66", _element(b"\x2a\xd7\xb1", b"\x0f\x42\x40"))
+    return ebml + _element(b"\x18\x53\x80\x67", info + tracks)
+
+
+def test_matroska_projection_walk(tmp_path, clips):
+    assert matroska_has_projection(clips["bad/vfr.mkv"][0]) is False
+    assert matroska_has_projection(clips["good/vp9.webm"][0]) is False
+    cases = {"plain.mkv": (_matroska_header(b""), False),
+             # Projection (0x7670) { ProjectionType (0x7671) = 0 }: PyAV cannot read its rotation
+             "projection.mkv": (_matroska_header(_element(b"\x76\x70", _element(b"\x76\x71", b"\x00"))), True),
+             "junk.mkv": (b"\x00" * 64, None)}
+    for name, (data, expected) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        assert matroska_has_projection(str(tmp_path / name)) is expected, name
