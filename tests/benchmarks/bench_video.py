@@ -1,4 +1,7 @@
-"""Video benchmark: probe files/s (ffprobe subprocess vs PyAV in-process), the cost of
+"""Video benchmark: probe files/s per core (``probe_file``: PyAV in-process, vs the ffprobe
+subprocess per file, alternated repeats, CPU time of the process and its children), `repack
+video` probe-only files/s at 1, 2, 4, ... workers (REPACK_BENCH_PROBE_FILES short clips, copies
+of the generated ones; default 600; ``--probe-only`` stops there), the cost of
 ``--verify decode`` (the packet scan, the default, vs the scan plus a full decode of every
 frame), and transcode frames/s (`repack video --transcode` vs the same ffmpeg commands run by
 hand), measured in the same run on the same generated clips; then `repack video --transcode
@@ -16,14 +19,15 @@ import time
 from pathlib import Path
 
 from repack.transforms.decode_check import decode_check
-from repack.transforms.probe import probe_file, pyav_probe
+import shutil
+import statistics
+
+from repack.transforms.probe import ffprobe_probe, probe_file
 from repack.transforms.transcode import Recipe, build_command
 from tests.benchmarks.bench_producer import usable_cpus, worker_sweep
 from tests.tools.videos import make_index_clip
 
 ROOT = Path(__file__).resolve().parents[2]
-AGREE_KEYS = ("codec", "pix_fmt", "width", "height", "frames", "keyframes", "first_packet_key", "max_gop_s",
-              "irregular_intervals", "missing_pts", "b_frames", "fps")
 
 
 def _clips(root: Path, n: int) -> tuple[list[Path], list[Path]]:
@@ -48,6 +52,50 @@ def _clips(root: Path, n: int) -> tuple[list[Path], list[Path]]:
     return good, bad
 
 
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def probe_rates(paths: list[Path], repeats: int) -> dict:
+    """Median files/s per core (files / CPU-s) and per wall second of ``probe_file`` (PyAV) and
+    ``ffprobe_probe``, alternated ``repeats`` times; also whether the records agree."""
+    runs: dict[str, list[tuple[float, float]]] = {"pyav": [], "ffprobe": []}
+    records = {}
+    for _ in range(repeats):
+        for name, fn in (("ffprobe", ffprobe_probe), ("pyav", probe_file)):
+            wall, cpu = time.perf_counter(), _cpu_seconds()
+            records[name] = [fn(str(p)) for p in paths]
+            runs[name].append((len(paths) / (_cpu_seconds() - cpu), len(paths) / (time.perf_counter() - wall)))
+    agree = sum({k: v for k, v in a.items() if k != "probe_tool"} == {k: v for k, v in b.items() if k != "probe_tool"}
+                for a, b in zip(records["ffprobe"], records["pyav"]))
+    tools = sorted({r["probe_tool"] for r in records["pyav"]})
+    return {name: {"files_per_cpu_s": round(statistics.median(r[0] for r in rs), 1),
+                   "files_per_s": round(statistics.median(r[1] for r in rs), 1)} for name, rs in runs.items()} | {
+        "agree": f"{agree}/{len(paths)}", "tools": tools}
+
+
+def probe_sweep(good: list[Path], work: Path, files: int) -> list[tuple[int, float, float]]:
+    """(workers, files/s, efficiency) of probe-only `repack video` over ``files`` short clips
+    (copies of ``good``) at 1, 2, 4, ... workers up to the usable CPUs."""
+    src = work / "src"
+    if not src.exists():
+        for i in range(files):
+            dst = src / f"c{i % 4}" / f"p{i:05d}.mp4"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(good[i % len(good)], dst)
+    cpus = min(usable_cpus(), int(os.environ.get("REPACK_BENCH_MAX_WORKERS") or usable_cpus()))
+    results, rate1 = [], None
+    for workers in worker_sweep(cpus):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "repack", "video", str(src), str(work / f"out{workers}"), "--overwrite",
+                        "--workers", str(workers), "--quiet"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        rate = files / (time.perf_counter() - t0)
+        rate1 = rate1 or rate
+        results.append((workers, rate, rate / (workers * rate1)))
+    return results
+
+
 def transcode_sweep(src: Path, work: Path, frames: int) -> list[tuple[int, float, float]]:
     """(workers, frames/s, efficiency) of `repack video --transcode --threads 1` at 1, 2, 4, ... workers."""
     cpus = min(usable_cpus(), int(os.environ.get("REPACK_BENCH_MAX_WORKERS") or usable_cpus()))
@@ -62,20 +110,33 @@ def transcode_sweep(src: Path, work: Path, frames: int) -> list[tuple[int, float
     return results
 
 
-def main(out_dir) -> dict:
+def probe_part(out: Path, good: list[Path]) -> tuple[list[tuple[str, str, str]], dict]:
+    """Table rows and result fields of the probe measurements."""
+    rates = probe_rates(good, int(os.environ.get("REPACK_BENCH_REPEATS") or 3))
+    sweep = probe_sweep(good, out / "probe-sweep", int(os.environ.get("REPACK_BENCH_PROBE_FILES") or 600))
+    ff, pa = rates["ffprobe"]["files_per_cpu_s"], rates["pyav"]["files_per_cpu_s"]
+    rows = [("probe ffprobe subprocess per file", f"{ff:.1f} files/CPU-s", "1.00"),
+            (f"probe_file (PyAV), records agree {rates['agree']}", f"{pa:.1f} files/CPU-s", f"{pa / ff:.2f}")]
+    rows += [(f"repack video (probe only), {w} worker(s)", f"{rate:.1f} files/s", f"eff {eff:.2f}")
+             for w, rate, eff in sweep]
+    return rows, {"probe_files": len(good), "probe": rates,
+                  "probe_sweep": [{"workers": w, "files_s": round(rate, 1), "efficiency": round(eff, 3)}
+                                  for w, rate, eff in sweep]}
+
+
+def _table(rows: list[tuple[str, str, str]]) -> str:
+    return "\n".join(f"{a:<46}{b:>18}{c:>10}" for a, b, c in [("video", "throughput", "ratio")] + rows)
+
+
+def main(out_dir, probe_only: bool = False) -> dict:
     out = Path(out_dir) / "video"
     n = int(os.environ.get("REPACK_BENCH_VIDEO_FILES") or 24)
     good, bad = _clips(out / "src", n)
-    t0 = time.perf_counter()
-    ff = [probe_file(str(p)) for p in good]
-    t_ff = time.perf_counter() - t0
-    try:
-        t0 = time.perf_counter()
-        pa = [pyav_probe(str(p)) for p in good]
-        t_pa = time.perf_counter() - t0
-        agree = sum(all(a.get(k) == b.get(k) for k in AGREE_KEYS) for a, b in zip(ff, pa))
-    except ImportError:
-        t_pa, agree = None, None
+    rows, result = probe_part(out, good)
+    if probe_only:
+        result["table"] = _table(rows)
+        print(result["table"])
+        return result
     # --verify decode: the packet scan plus a full decode, on the transcode inputs (real content)
     t0 = time.perf_counter()
     scans = [probe_file(str(p)) for p in bad]
@@ -99,22 +160,16 @@ def main(out_dir) -> dict:
         subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
     t_hand = time.perf_counter() - t0
     sweep = transcode_sweep(out / "src" / "tc", out / "sweep", frames)
-    rows = [("probe ffprobe subprocess", f"{len(good) / t_ff:.1f} files/s", "1.00"),
-            ("probe PyAV in-process", f"{len(good) / t_pa:.1f} files/s" if t_pa else "n/a",
-             f"{t_ff / t_pa:.2f}" if t_pa else "n/a"),
-            ("verify packets (scan, the default)", f"{len(bad) / t_scan:.1f} files/s", "1.00"),
-            ("verify decode (scan + full decode)", f"{len(bad) / t_decode:.1f} files/s", f"{t_scan / t_decode:.3f}"),
-            ("transcode ffmpeg by hand", f"{frames / t_hand:.1f} frames/s", "1.00"),
-            ("transcode repack (probe+encode+re-probe+sha)", f"{frames / t_repack:.1f} frames/s",
-             f"{t_hand / t_repack:.2f}")]
+    rows += [("verify packets (scan, the default)", f"{len(bad) / t_scan:.1f} files/s", "1.00"),
+             ("verify decode (scan + full decode)", f"{len(bad) / t_decode:.1f} files/s", f"{t_scan / t_decode:.3f}"),
+             ("transcode ffmpeg by hand", f"{frames / t_hand:.1f} frames/s", "1.00"),
+             ("transcode repack (probe+encode+re-probe+sha)", f"{frames / t_repack:.1f} frames/s",
+              f"{t_hand / t_repack:.2f}")]
     rows += [(f"transcode repack, {w} worker(s) x 1 thread", f"{fps:.1f} frames/s", f"eff {eff:.2f}")
              for w, fps, eff in sweep]
-    table = "\n".join(f"{a:<46}{b:>18}{c:>10}" for a, b, c in [("video", "throughput", "ratio")] + rows)
+    table = _table(rows)
     print(table)
-    result = {"probe_files": len(good), "probe_ffprobe_files_s": round(len(good) / t_ff, 2),
-              "probe_pyav_files_s": round(len(good) / t_pa, 2) if t_pa else None,
-              "pyav_agrees": f"{agree}/{len(good)}" if agree is not None else None,
-              "verify_files": len(bad), "verify_packets_files_s": round(len(bad) / t_scan, 2),
+    result |= {"verify_files": len(bad), "verify_packets_files_s": round(len(bad) / t_scan, 2),
               "verify_decode_files_s": round(len(bad) / t_decode, 2),
               "verify_decode_cost_x": round(t_decode / t_scan, 1),
               "transcode_frames": frames, "transcode_hand_fps": round(frames / t_hand, 1),
@@ -126,4 +181,5 @@ def main(out_dir) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench-out")
+    args = [a for a in sys.argv[1:] if a != "--probe-only"]
+    main(args[0] if args else "bench-out", probe_only="--probe-only" in sys.argv[1:])
