@@ -4,6 +4,12 @@ Pillow's ``convert("L"/"RGB")`` clips a 16-bit (``I;16*``) or 32-bit integer (``
 image to 0..255 instead of scaling it, so a mid-gray 16-bit PNG comes back white. Here such an
 image is scaled to 8 bits first, by the same fixed rule ``repack --normalize`` uses: ``>> 8``
 (mode ``I`` clamped to 0..65535 first), then converted to the requested mode.
+
+Reduced-size JPEG decode (opt-in, ``draft``): libjpeg scales the DCT by 1/2, 1/4 or 1/8 while
+decoding (Pillow's ``Image.draft``), the largest factor that keeps both sides at least the
+requested (width, height); a 1,000+ px photo for a 224 crop then decodes a quarter to a
+sixteenth of the pixels. Other formats decode at full size. The user's transform resizes
+the result as before.
 """
 
 from __future__ import annotations
@@ -26,9 +32,28 @@ def to_8bit_gray(image: Image.Image) -> Image.Image:
     return Image.fromarray((values.astype(np.uint32) >> 8).astype(np.uint8), "L")
 
 
-def decode_image(data: bytes, mode: str | None) -> Image.Image:
-    """Decode ``data``; convert to ``mode`` (None: the stored mode, except 16-bit gray becomes 8-bit L)."""
+def check_draft(draft) -> tuple[int, int] | None:
+    """``draft`` as a (width, height) tuple of positive ints, or None; a clear error otherwise."""
+    if draft is None:
+        return None
+    try:
+        width, height = (int(v) for v in draft)
+    except (TypeError, ValueError):
+        raise ValueError(f"draft size must be (width, height), got {draft!r}") from None
+    if width < 1 or height < 1 or (width, height) != tuple(draft):
+        raise ValueError(f"draft size must be two positive integers (width, height), got {draft!r}")
+    return width, height
+
+
+def decode_image(data: bytes, mode: str | None, draft: tuple[int, int] | None = None) -> Image.Image:
+    """Decode ``data``; convert to ``mode`` (None: the stored mode, except 16-bit gray becomes 8-bit L).
+
+    ``draft`` (width, height): decode a JPEG at the strongest DCT reduction (1/2, 1/4, 1/8) that
+    keeps both sides at least that large; None (and any other format) decodes at full size."""
+    size = check_draft(draft)
     image = Image.open(io.BytesIO(data))
+    if size is not None and image.format == "JPEG":
+        image.draft(None, size)
     image = to_8bit_gray(image)
     if mode is not None and image.mode != mode:
         return image.convert(mode)
