@@ -1,0 +1,153 @@
+"""Network storage, the headline (issue 19.4): shards against one object per image, with real
+latency on every request.
+
+A loopback S3 server (moto) sits behind tests.tools.latency_proxy.LatencyProxy, which adds
+REPACK_BENCH_LATENCY_MS (default 10) to every request. Beside the `repack images` shards
+(s3://bench<set>/shards) the same images lie one object each (s3://bench<set>/objects/...), one
+bucket per image set.
+Both are read through the proxy by a DataLoader with the same 2 workers, raw bytes:
+
+  shards   ImageShardDataset("s3://.../shards", decode=False)
+  objects  a map-style Dataset doing one GET per image (boto3, one client per worker)
+
+on ~100 KB photos (REPACK_BENCH_NET_IMAGES, default 1000) and ~10 KB images (the same count,
+JPEGs of 150-210 px). images/s and the ratio shards / objects; target >= 10x on ~100 KB.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.tools.latency_proxy import LatencyProxy
+from tests.tools.s3server import MotoServer, client, s3_env
+
+WORKERS = 2
+TARGET = 10.0
+
+
+def small_photos(root: Path, count: int) -> Path:
+    """``count`` ~10 KB JPEG photos (crops of the sample photos, 150-210 px) in 10 classes."""
+    from tests.tools.photos import load_photos, render
+
+    src = root / f"small-{count}"
+    if (src / ".complete").exists():
+        return src
+    shutil.rmtree(src, ignore_errors=True)
+    rng = random.Random(11)
+    photos = [p.convert("RGB") for p in load_photos().values()]
+    for i in range(count):
+        path = src / f"class{i % 10}" / f"img{i:05d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        render(photos[i % len(photos)], rng, 150, 210).save(buf, "JPEG", quality=90)
+        path.write_bytes(buf.getvalue())
+    (src / ".complete").write_text("ok\n")
+    return src
+
+
+class ObjectPerImage:
+    """The baseline: a map-style Dataset with one GET per image, as a folder of objects is read."""
+
+    def __init__(self, bucket: str, keys: list[str]) -> None:
+        self.bucket, self.keys = bucket, keys
+        names = sorted({k.rsplit("/", 2)[-2] for k in keys})
+        self.labels = [names.index(k.rsplit("/", 2)[-2]) for k in keys]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int):
+        from pipelines.object_store import read_bytes
+
+        return read_bytes(f"s3://{self.bucket}/{self.keys[i]}"), self.labels[i]
+
+
+def _rate(dataset, **loader) -> tuple[float, int]:
+    from torch.utils.data import DataLoader
+
+    started = time.perf_counter()
+    count = sum(1 for _ in DataLoader(dataset, batch_size=None, num_workers=WORKERS, **loader))
+    return count / (time.perf_counter() - started), count
+
+
+def _publish(s3, src: Path, work: Path, bucket: str) -> list[str]:
+    """Pack ``src`` with repack, upload the shards and one object per image to ``bucket``; the image keys."""
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+    s3.create_bucket(Bucket=bucket)
+    packed = work / bucket
+    subprocess.run([sys.executable, "-m", "repack", "images", str(src), str(packed), "--overwrite", "--quiet",
+                    "--shard-bytes", "32MB"], check=True, capture_output=True)
+    images = sorted(p for p in src.rglob("*") if p.is_file() and not p.name.startswith("."))
+    uploads = [(p, f"shards/{p.name}") for p in sorted(packed.iterdir()) if p.is_file()]
+    uploads += [(p, f"objects/{p.relative_to(src).as_posix()}") for p in images]
+    with create_transfer_manager(s3, TransferConfig(max_concurrency=8)) as manager:
+        for future in [manager.upload(str(p), bucket, key) for p, key in uploads]:
+            future.result()
+    return [key for p, key in uploads if key.startswith("objects/")]
+
+
+def main(out_dir: str | os.PathLike = "bench-out") -> dict:
+    from pipelines.torch_webdataset import ImageShardDataset
+    from tests.benchmarks.bench_images import make_dataset
+
+    out_dir = Path(out_dir).absolute()
+    count = int(os.environ.get("REPACK_BENCH_NET_IMAGES") or 1000)
+    latency_ms = float(os.environ.get("REPACK_BENCH_LATENCY_MS") or 10)
+    repeats = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
+    work = out_dir / "network"
+    work.mkdir(parents=True, exist_ok=True)
+    sets = {"~100 KB photos": make_dataset(out_dir / "images-data", count),
+            "~10 KB images": small_photos(out_dir / "images-data", count)}
+    server = MotoServer()
+    saved = {k: os.environ.get(k) for k in s3_env(server.endpoint)}
+    rows = []
+    try:
+        s3 = client(server.endpoint)
+        keys = {name: _publish(s3, src, work, f"bench{i}") for i, (name, src) in enumerate(sets.items())}
+        with LatencyProxy(server.port, delay_s=latency_ms / 1000) as proxy:
+            os.environ.update(s3_env(proxy.endpoint))  # the readers' boto3 clients go through the proxy
+            for i, (name, src) in enumerate(sets.items()):
+                mean_kb = statistics.mean(p.stat().st_size for p in src.rglob("*.jpg")) / 1e3
+                runs: dict[str, list[float]] = {"shards": [], "objects": []}
+                for _ in range(repeats):  # alternated
+                    rate, got = _rate(ImageShardDataset(f"s3://bench{i}/shards", decode=False, shuffle=True))
+                    assert got == len(keys[name]), f"shards delivered {got} of {len(keys[name])}"
+                    runs["shards"].append(rate)
+                    rate, got = _rate(ObjectPerImage(f"bench{i}", keys[name]), shuffle=True)
+                    assert got == len(keys[name])
+                    runs["objects"].append(rate)
+                shards, objects = (statistics.median(runs[k]) for k in ("shards", "objects"))
+                rows.append({"set": name, "images": len(keys[name]), "mean_kb": round(mean_kb, 1),
+                             "shards_per_s": round(shards, 1), "objects_per_s": round(objects, 1),
+                             "ratio": round(shards / objects, 2), "target": TARGET if "100" in name else None})
+            requests = proxy.requests
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+    lines = [f"network storage: moto on loopback behind a {latency_ms:.0f} ms/request proxy, DataLoader "
+             f"{WORKERS} workers, raw bytes, medians of {repeats} alternated runs ({requests} proxied requests)",
+             f"{'images':<16} {'n':>5} {'KB':>6} {'shards img/s':>13} {'objects img/s':>14} {'ratio':>7}  target"]
+    for r in rows:
+        verdict = "" if r["target"] is None else f">= {r['target']:.0f}x " + ("ok" if r["ratio"] >= r["target"] else "MISSED")
+        lines.append(f"{r['set']:<16} {r['images']:>5} {r['mean_kb']:>6.1f} {r['shards_per_s']:>13.1f} "
+                     f"{r['objects_per_s']:>14.1f} {r['ratio']:>6.2f}x  {verdict}")
+    table = "\n".join(lines)
+    print(table)
+    return {"latency_ms": latency_ms, "workers": WORKERS, "rows": rows, "table": table}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench-out")
