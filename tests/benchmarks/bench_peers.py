@@ -1,0 +1,174 @@
+"""Side by side with the peers (issue 19.5): the same photos read through repack's
+ImageShardDataset, litdata's StreamingDataset (after ``litdata.optimize``) and MosaicML
+streaming's StreamingDataset (after its ``MDSWriter``), local disk, DataLoader with the same 2
+workers, shuffled, raw bytes and decoded (PIL decode + resize 224, the same function for all).
+
+Dataset: REPACK_BENCH_PEER_IMAGES (default 1000) real-photo JPEGs of ~100 KB (bench_images'
+generator), each peer's format written with its own writer at 32 MB chunks/shards. Alternated
+repeats (REPACK_BENCH_REPEATS, default 3), medians; the table gives repack's ratio to each peer.
+A peer that is not installed (``pip install .[bench]``) or cannot be imported is skipped with
+the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from torch.utils.data import IterableDataset
+
+WORKERS = 2
+CHUNK_BYTES = 32 << 20
+
+
+def _sample(path: str) -> dict:
+    """litdata's per-input function: the file's bytes and its class (module level: it is pickled
+    to litdata's worker processes)."""
+    return {"image": Path(path).read_bytes(), "label": int(Path(path).parent.name.split("_")[-1])}
+
+
+class Decoded(IterableDataset):
+    """A peer's samples ({"image": bytes, "label": int}) decoded like repack's: PIL + resize 224."""
+
+    def __init__(self, inner, decode: bool) -> None:
+        self.inner, self.decode = inner, decode
+
+    def __iter__(self):
+        from pipelines.pil_images import decode_image
+        from tests.benchmarks.bench_images import to_224
+
+        for sample in self.inner:
+            data = sample["image"]
+            yield (to_224(decode_image(data, "RGB")) if self.decode else data), int(sample["label"])
+
+
+def _classed_copy(src: Path, dst: Path) -> list[Path]:
+    """Hard links of ``src``'s photos under ``dst/class_N/`` (a label parsable from the path)."""
+    if not (dst / ".complete").exists():
+        shutil.rmtree(dst, ignore_errors=True)
+        for n, folder in enumerate(sorted(p for p in src.iterdir() if p.is_dir())):
+            (dst / f"class_{n}").mkdir(parents=True)
+            for f in sorted(folder.iterdir()):
+                os.link(f, dst / f"class_{n}" / f.name)
+        (dst / ".complete").write_text("ok\n")
+    return sorted(p for p in dst.rglob("*.jpg"))
+
+
+def write_litdata(files: list[Path], out: Path) -> None:
+    from litdata import optimize
+
+    if not (out / "index.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        optimize(fn=_sample, inputs=[str(f) for f in files], output_dir=str(out), chunk_bytes=CHUNK_BYTES,
+                 num_workers=WORKERS)
+
+
+def write_mds(files: list[Path], out: Path) -> None:
+    from streaming import MDSWriter
+
+    if not (out / "index.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        with MDSWriter(out=str(out), columns={"image": "bytes", "label": "int"}, size_limit=CHUNK_BYTES) as writer:
+            for f in files:
+                writer.write(_sample(str(f)))
+
+
+def _readers(work: Path, packed: Path) -> dict:
+    """{name: factory(decode) -> dataset}, and {name: why skipped} for missing peers."""
+    from pipelines.torch_webdataset import ImageShardDataset
+    from tests.benchmarks.bench_images import to_224
+
+    readers = {"repack": lambda decode: ImageShardDataset(packed, decode=decode, shuffle=True,
+                                                          transform=to_224 if decode else None)}
+    skipped = {}
+    try:
+        import litdata
+
+        def lit(decode: bool):
+            return Decoded(litdata.StreamingDataset(str(work / "litdata"), shuffle=True), decode)
+
+        readers["litdata"] = lit
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not usable here"
+        skipped["litdata"] = f"{type(exc).__name__}: {exc}"
+    try:
+        import streaming
+
+        from streaming.base.util import clean_stale_shared_memory
+
+        def mds(decode: bool):
+            clean_stale_shared_memory()  # one StreamingDataset per local folder at a time
+            return Decoded(streaming.StreamingDataset(local=str(work / "mds"), shuffle=True, batch_size=1), decode)
+
+        readers["mosaic streaming"] = mds
+    except Exception as exc:  # noqa: BLE001
+        skipped["mosaic streaming"] = f"{type(exc).__name__}: {exc}"
+    return readers, skipped
+
+
+def _epoch(dataset) -> tuple[float, int]:
+    from torch.utils.data import DataLoader
+
+    started = time.perf_counter()
+    count = sum(1 for _ in DataLoader(dataset, batch_size=None, num_workers=WORKERS))
+    return time.perf_counter() - started, count
+
+
+def main(out_dir: str | os.PathLike = "bench-out") -> dict:
+    from tests.benchmarks.bench_images import make_dataset
+
+    out_dir = Path(out_dir).absolute()
+    count = int(os.environ.get("REPACK_BENCH_PEER_IMAGES") or 1000)
+    repeats = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
+    work = out_dir / "peers"
+    work.mkdir(parents=True, exist_ok=True)
+    files = _classed_copy(make_dataset(out_dir / "images-data", count), work / f"photos-{count}")
+    packed = work / "repack"
+    subprocess.run([sys.executable, "-m", "repack", "images", str(work / f"photos-{count}"), str(packed),
+                    "--overwrite", "--quiet", "--shard-bytes", "32MB"], check=True, capture_output=True)
+    readers, skipped = _readers(work, packed)
+    writers = {"litdata": write_litdata, "mosaic streaming": write_mds}
+    for name in list(readers):
+        if name in writers:
+            try:
+                writers[name](files, work / ("litdata" if name == "litdata" else "mds"))
+            except Exception as exc:  # noqa: BLE001 - a peer that fails to write is reported, not fatal
+                skipped[name] = f"writer failed: {type(exc).__name__}: {exc}"
+                del readers[name]
+    for name, why in skipped.items():
+        print(f"[peers] {name}: skipped ({why}); pip install '.[bench]'", file=sys.stderr)
+    rates: dict[tuple[str, bool], list[float]] = {}
+    for _ in range(repeats):
+        for decode in (False, True):
+            for name, make in readers.items():  # alternated: every reader once per round
+                seconds, got = _epoch(make(decode))
+                if got != len(files):
+                    raise RuntimeError(f"{name} delivered {got} of {len(files)} samples")
+                rates.setdefault((name, decode), []).append(len(files) / seconds)
+    median = {key: statistics.median(values) for key, values in rates.items()}
+    rows = []
+    for decode in (False, True):
+        what = "decode+resize 224" if decode else "raw bytes"
+        for name in readers:
+            if name != "repack":
+                rows.append({"measure": what, "peer": name, "repack": round(median[("repack", decode)], 1),
+                             "peer_rate": round(median[(name, decode)], 1),
+                             "ratio": round(median[("repack", decode)] / median[(name, decode)], 3)})
+    mean_kb = statistics.mean(f.stat().st_size for f in files) / 1e3
+    lines = [f"peers: {len(files)} JPEG photos, {mean_kb:.0f} KB mean, local disk (page cache warm), DataLoader "
+             f"{WORKERS} workers, shuffled, medians of {repeats} alternated runs",
+             f"{'measure':<20} {'peer':<18} {'repack img/s':>12} {'peer img/s':>11} {'repack/peer':>12}"]
+    lines += [f"{r['measure']:<20} {r['peer']:<18} {r['repack']:>12.1f} {r['peer_rate']:>11.1f} {r['ratio']:>11.2f}x"
+              for r in rows]
+    lines += [f"{name}: skipped ({why})" for name, why in skipped.items()]
+    table = "\n".join(lines)
+    print(table)
+    return {"images": len(files), "rows": rows, "skipped": skipped, "table": table}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench-out")
