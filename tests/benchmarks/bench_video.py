@@ -30,13 +30,19 @@ from tests.tools.videos import make_index_clip
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _clips(root: Path, n: int) -> tuple[list[Path], list[Path]]:
-    good, bad = [], []
+def _probe_clips(root: Path, n: int) -> list[Path]:
+    """``n`` short clips (2 s, 320x240 H.264) for the probe measurements."""
+    good = []
     for i in range(n):
         p = root / "probe" / f"c{i % 4}" / f"v{i:03d}.mp4"
         make_index_clip(p, 50, ("-c:v", "libx264", "-preset", "ultrafast", "-g", "25", "-pix_fmt", "yuv420p"),
                         size=(320, 240))
         good.append(p)
+    return good
+
+
+def _transcode_clips(root: Path, n: int) -> list[Path]:
+    bad = []
     # Transcode inputs with real content and length (10 s of testsrc2, 640x360, High 10): flat
     # frames encode in no time and make repack's fixed per-file costs (two probes, sha256) look
     # larger than they are on real footage.
@@ -49,7 +55,7 @@ def _clips(root: Path, n: int) -> tuple[list[Path], list[Path]]:
                             f"testsrc2=size=640x360:rate=30:duration={seconds}", "-c:v", "libx264", "-preset",
                             "veryfast", "-pix_fmt", "yuv420p10le", str(p)], check=True)
         bad.append(p)
-    return good, bad
+    return bad
 
 
 def _cpu_seconds() -> float:
@@ -131,12 +137,13 @@ def _table(rows: list[tuple[str, str, str]]) -> str:
 def main(out_dir, probe_only: bool = False) -> dict:
     out = Path(out_dir) / "video"
     n = int(os.environ.get("REPACK_BENCH_VIDEO_FILES") or 24)
-    good, bad = _clips(out / "src", n)
-    rows, result = probe_part(out, good)
+    rows, result = probe_part(out, _probe_clips(out / "src", n))
     if probe_only:
         result["table"] = _table(rows)
         print(result["table"])
+        (out / "result.json").write_text(json.dumps(result, indent=1))
         return result
+    bad = _transcode_clips(out / "src", n)
     # --verify decode: the packet scan plus a full decode, on the transcode inputs (real content)
     t0 = time.perf_counter()
     scans = [probe_file(str(p)) for p in bad]
