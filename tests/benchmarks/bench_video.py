@@ -59,20 +59,26 @@ def _transcode_clips(root: Path, n: int) -> list[Path]:
 
 
 def _cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    """User + system CPU seconds of this process and its waited-for children (microsecond resolution)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def probe_rates(paths: list[Path], repeats: int) -> dict:
-    """Median files/s per core (files / CPU-s) and per wall second of ``probe_file`` (PyAV) and
-    ``ffprobe_probe``, alternated ``repeats`` times; also whether the records agree."""
+def probe_rates(paths: list[Path], repeats: int, passes: int = 10) -> dict:
+    """Median files/s per core (files / CPU-s) and per wall second of ``probe_file`` (PyAV, over
+    ``passes`` passes of ``paths``) and ``ffprobe_probe`` (one pass), alternated ``repeats``
+    times; also whether the records agree."""
     runs: dict[str, list[tuple[float, float]]] = {"pyav": [], "ffprobe": []}
     records = {}
     for _ in range(repeats):
-        for name, fn in (("ffprobe", ffprobe_probe), ("pyav", probe_file)):
+        for name, fn, times in (("ffprobe", ffprobe_probe, 1), ("pyav", probe_file, passes)):
             wall, cpu = time.perf_counter(), _cpu_seconds()
-            records[name] = [fn(str(p)) for p in paths]
-            runs[name].append((len(paths) / (_cpu_seconds() - cpu), len(paths) / (time.perf_counter() - wall)))
+            for _ in range(times):
+                records[name] = [fn(str(p)) for p in paths]
+            n = len(paths) * times
+            runs[name].append((n / (_cpu_seconds() - cpu), n / (time.perf_counter() - wall)))
     agree = sum({k: v for k, v in a.items() if k != "probe_tool"} == {k: v for k, v in b.items() if k != "probe_tool"}
                 for a, b in zip(records["ffprobe"], records["pyav"]))
     tools = sorted({r["probe_tool"] for r in records["pyav"]})
@@ -93,9 +99,10 @@ def probe_sweep(good: list[Path], work: Path, files: int) -> list[tuple[int, flo
     cpus = min(usable_cpus(), int(os.environ.get("REPACK_BENCH_MAX_WORKERS") or usable_cpus()))
     results, rate1 = [], None
     for workers in worker_sweep(cpus):
+        shutil.rmtree(work / f"out{workers}", ignore_errors=True)  # a fresh OUT: no --overwrite wipe timed
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "repack", "video", str(src), str(work / f"out{workers}"), "--overwrite",
-                        "--workers", str(workers), "--quiet"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "repack", "video", str(src), str(work / f"out{workers}"), "--workers",
+                        str(workers), "--quiet"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         rate = files / (time.perf_counter() - t0)
         rate1 = rate1 or rate
         results.append((workers, rate, rate / (workers * rate1)))
