@@ -6,7 +6,6 @@ it; what follows equals the uninterrupted run, and the epoch holds every sample 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -14,43 +13,18 @@ import numpy as np
 import pytest
 
 from pipelines.sampler_resume import ResumableSampler, elastic_state, find_state
-from tests.conftest import ROOT, run_repack
+from tests.conftest import ROOT
+from tests.tools.reader_data import reader_datasets
 from tests.tools.resume_check import build, run
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
               pytest.mark.filterwarnings("ignore:.set_vital. is deprecated")]
 WORKERS = (0, 2, 4)
-VP8 = ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """Two small LMDB image datasets, two token memmaps, and (with ffmpeg) a video dataset."""
-    from tests.tools.photos import make_photo_tree
-    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
-
-    base = tmp_path_factory.mktemp("resume")
-    out = {}
-    for name, classes, seed in (("lmdb_a", 4, 3), ("lmdb_b", 3, 4)):
-        make_photo_tree(base / f"{name}-src", per_class=6, classes=classes, seed=seed, max_side=64, min_side=32)
-        run_repack("images", base / f"{name}-src", base / name, "--to", "lmdb", "--quiet")
-        out[name] = str(base / name)
-    write_tokenizer(gpt2_tokenizer(), base / "tok")
-    for name, count, seed in (("text_a", 120, 11), ("text_b", 60, 12)):
-        src = base / f"{name}.jsonl"
-        src.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(count, seed=seed)))
-        run_repack("text", src, base / name, "--tokenizer", base / "tok", "--quiet")
-        out[name] = str(base / name)
-    if shutil.which("ffmpeg"):
-        from tests.tools.videos import encoders, make_index_clip
-
-        if "libvpx" in encoders():
-            make_index_clip(base / "vsrc/a/one.webm", 30, VP8, size=(32, 32))
-            make_index_clip(base / "vsrc/b/two.webm", 23, VP8, size=(32, 32))
-            run_repack("video", base / "vsrc", base / "video", "--transcode", "--dali-reader", "experimental",
-                       "--quiet")
-            out["video"] = str(base / "video")
-    return out
+    return reader_datasets(tmp_path_factory.mktemp("resume"))
 
 
 def resume_in_new_process(jobs: list[dict]) -> list[list[list[str]]]:
