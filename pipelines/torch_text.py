@@ -106,6 +106,7 @@ class TokenMemmap:
         self._bins: list = []
         self._lengths: list[np.ndarray] = []
         self._pointers: list[np.ndarray] = []
+        self._open()  # refuse a damaged dataset here, not at some step of the epoch
 
     def __getstate__(self) -> dict:  # only paths and counts travel to workers
         state = dict(self.__dict__)
