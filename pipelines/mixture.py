@@ -105,17 +105,17 @@ class _Cursor:
 
     def next(self) -> tuple[bool, Any]:
         """(True, sample), or (False, None) when this pass is over."""
-        if self._iter is None and self._order is None:
+        if self._order is None and self._iter is None:
             self._start()
-        if self.iterable:
+        if self._order is not None:
+            if self.position >= len(self._order):
+                return False, None
+            sample = self.source[self._order[self.position]]
+        else:
             try:
                 sample = next(self._iter)
             except StopIteration:
                 return False, None
-        else:
-            if self.position >= len(self._order):
-                return False, None
-            sample = self.source[self._order[self.position]]
         self.position += 1
         return True, sample
 
@@ -163,7 +163,7 @@ class Mixture(IterableDataset):
         self.rank, self.world_size = _resolve_rank(rank, world_size)
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # reaches persistent workers
         self._pending: dict | None = None
-        self._live: tuple[int, list[_Cursor]] | None = None
+        self._live: list | None = None  # [draws made, cursors] of the iterator running in this process
 
     # -- epoch, slots, draws ----------------------------------------------------------------------
     @property
@@ -242,22 +242,24 @@ class Mixture(IterableDataset):
         cursors = [_Cursor(self, i, state["sources"][i] if state else None) for i in range(len(self.sources))]
         drawn = int(state["drawn"]) if state else 0
         limit = self.slot_samples()
-        self._live = (drawn, cursors)
-        block_no, picks = -1, np.zeros(0, np.int64)
-        while limit is None or drawn < limit:
-            if drawn // BLOCK != block_no:
-                block_no = drawn // BLOCK
-                picks = self.draws(block_no)
-            cursor = cursors[int(picks[drawn % BLOCK])]
-            ok, sample = cursor.next()
-            if not ok:
-                if self.exhausted == "stop":
-                    break
-                cursor.restart()
+        limit = float("inf") if limit is None else limit
+        self._live = [drawn, cursors]
+        live, tag, stop = self._live, self.tag_source, self.exhausted == "stop"
+        while drawn < limit:
+            block_no, offset = divmod(drawn, BLOCK)
+            for pick in self.draws(block_no)[offset:].tolist():
+                if drawn >= limit:
+                    return
+                cursor = cursors[pick]
                 ok, sample = cursor.next()
                 if not ok:
-                    raise ValueError(f"Mixture source {cursor.index} ({type(cursor.source).__name__}) has no "
-                                     f"samples for rank {self.rank} worker {worker}: it cannot repeat")
-            drawn += 1
-            self._live = (drawn, cursors)
-            yield (cursor.index, sample) if self.tag_source else sample
+                    if stop:
+                        return
+                    cursor.restart()
+                    ok, sample = cursor.next()
+                    if not ok:
+                        raise ValueError(f"Mixture source {cursor.index} ({type(cursor.source).__name__}) has no "
+                                         f"samples for rank {self.rank} worker {worker}: it cannot repeat")
+                drawn += 1
+                live[0] = drawn
+                yield (pick, sample) if tag else sample
