@@ -149,3 +149,23 @@ def test_chained_elastic_resume_covers_the_epoch_once():
             s.load_state_dict(folded)
     assert sorted(seen) == list(range(size))
     assert len(np.unique(seen)) == size
+
+
+@pytest.mark.parametrize("before,after", [(4, 2), (2, 4), (3, 3)])
+def test_drop_last_gives_equal_counts_and_elastic_never_repeats(before, after):
+    size = 103
+    samplers = [ResumableSampler(size, seed=2, rank=r, world_size=before, drop_last=True) for r in range(before)]
+    assert {len(s) for s in samplers} == {size // before}
+    seen, states = [], []
+    for r, s in enumerate(samplers):
+        it = iter(s)
+        seen += [next(it) for _ in range(3 + r)]
+        states.append(s.state_dict())
+    folded = json.loads(json.dumps(elastic_state(states)))
+    resumed = [ResumableSampler(size, seed=2, rank=r, world_size=after, drop_last=True) for r in range(after)]
+    for s in resumed:
+        s.load_state_dict(folded)
+    assert len({len(s) for s in resumed}) == 1  # DDP: every rank the same count after the resume too
+    rest = [i for s in resumed for i in s]
+    assert len(set(seen + rest)) == len(seen + rest)  # none repeated
+    assert size - len(seen) - len(rest) < after  # at most after - 1 left out of the epoch
