@@ -105,17 +105,19 @@ class _Cursor:
 
     def next(self) -> tuple[bool, Any]:
         """(True, sample), or (False, None) when this pass is over."""
-        if self._order is None and self._iter is None:
+        order = self._order
+        if order is not None:
+            if self.position < len(order):
+                self.position += 1
+                return True, self.source[order[self.position - 1]]
+            return False, None
+        if self._iter is None:
             self._start()
-        if self._order is not None:
-            if self.position >= len(self._order):
-                return False, None
-            sample = self.source[self._order[self.position]]
-        else:
-            try:
-                sample = next(self._iter)
-            except StopIteration:
-                return False, None
+            return self.next()
+        try:
+            sample = next(self._iter)
+        except StopIteration:
+            return False, None
         self.position += 1
         return True, sample
 
@@ -242,14 +244,13 @@ class Mixture(IterableDataset):
         cursors = [_Cursor(self, i, state["sources"][i] if state else None) for i in range(len(self.sources))]
         drawn = int(state["drawn"]) if state else 0
         limit = self.slot_samples()
-        limit = float("inf") if limit is None else limit
+        limit = 1 << 62 if limit is None else limit
         self._live = [drawn, cursors]
         live, tag, stop = self._live, self.tag_source, self.exhausted == "stop"
         while drawn < limit:
             block_no, offset = divmod(drawn, BLOCK)
-            for pick in self.draws(block_no)[offset:].tolist():
-                if drawn >= limit:
-                    return
+            picks = self.draws(block_no)[offset:offset + min(BLOCK, limit - drawn)].tolist()
+            for pick in picks:
                 cursor = cursors[pick]
                 ok, sample = cursor.next()
                 if not ok:

@@ -97,6 +97,10 @@ class OrderPosition:
         if int(epoch) != self.epoch:
             self.epoch, self.history, self.yielded, self._resume_at = int(epoch), [], 0, 0
 
+    def key(self) -> tuple:
+        """What this rank's share depends on besides the order: (epoch, history)."""
+        return self.epoch, tuple((int(s["world_size"]), tuple(s["yielded"])) for s in self.history)
+
     def share(self, order: np.ndarray) -> np.ndarray:
         """This rank's positions of ``order`` (the epoch's global order) after the history."""
         return rank_share(remaining(order, self.history, self.equal), self.rank, self.world_size, self.equal)
@@ -143,6 +147,7 @@ class ResumableSampler(Sampler[int]):
                  drop_last: bool = False) -> None:
         self.shuffle = shuffle
         self.position = OrderPosition(type(self).__name__, int(size), seed, rank, world_size, drop_last)
+        self._cached: tuple[tuple, np.ndarray] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.position.set_epoch(epoch)
@@ -150,7 +155,10 @@ class ResumableSampler(Sampler[int]):
     def indices(self) -> np.ndarray:
         """This rank's indices of the current epoch (after any resumed history), in order."""
         p = self.position
-        return p.share(global_order(p.size, p.seed, p.epoch, self.shuffle))
+        key = p.key()
+        if self._cached is None or self._cached[0] != key:  # len() and iter() of one epoch: one permutation
+            self._cached = key, p.share(global_order(p.size, p.seed, p.epoch, self.shuffle))
+        return self._cached[1]
 
     def __iter__(self) -> Iterator[int]:
         return self.position.iterate(self.indices())

@@ -319,6 +319,7 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         self.lengths = np.asarray(lengths)
         self.batch_size, self.seed, self.mega, self.drop_last = batch_size, seed, mega, drop_last
         self.position = OrderPosition(type(self).__name__, 0, seed, rank, world_size, world_size > 1)
+        self._cached: tuple[int, list[list[int]]] | None = None
         self.position.size = len(self.global_batches())
 
     @property
@@ -337,7 +338,9 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         self.position.set_epoch(epoch)
 
     def global_batches(self) -> list[list[int]]:
-        """Every batch of the epoch, in order, before the split among ranks."""
+        """Every batch of the epoch, in order, before the split among ranks (computed once per epoch)."""
+        if self._cached is not None and self._cached[0] == self.epoch:
+            return self._cached[1]
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.lengths))
         span = self.batch_size * self.mega
@@ -348,7 +351,8 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
             out += [chunk[i:i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
         if self.drop_last:
             out = [b for b in out if len(b) == self.batch_size]
-        return [out[i] for i in rng.permutation(len(out))]
+        self._cached = self.epoch, [out[i] for i in rng.permutation(len(out))]
+        return self._cached[1]
 
     def batches(self) -> list[list[int]]:
         """This rank's batches of the epoch (after any resumed history), in order."""

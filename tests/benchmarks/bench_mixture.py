@@ -12,7 +12,9 @@ Rows:
                predict for that blend (1 / (2/3 / rate_A + 1/3 / rate_B)); target ratio >= 0.95
   state        bytes of ``json.dumps(StatefulDataLoader.state_dict())`` mid-epoch, and the time
                from a new dataset + loader + ``load_state_dict`` to the first batch, against the
-               same without a state (resume skips by index: the two should be equal)
+               same without a state (resume skips by index: the two should be equal); and a
+               ResumableSampler of 10M samples resumed half-way (8 -> 8 ranks, and 8 -> 4 through
+               elastic_state)
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import json
 import os
 import time
 from pathlib import Path
+
+import numpy as np
 
 from tests.tools.reader_data import reader_datasets
 
@@ -59,10 +63,11 @@ def throughput(data: dict, repeats: int) -> list[dict]:
              "tokens (packed + packed, 256-token windows)": ("text_a", "text_b")}
     for kind, make in kinds.items():
         a, b = make(data[pairs[kind][0]]), make(data[pairs[kind][1]])
-        n = 20_000 if "tokens" in kind else 3000
+        n = 100_000 if "tokens" in kind else 3000
         mix = Mixture([(a, 2), (b, 1)], seed=0, exhausted="repeat", samples=n)
-        runs = {"A": lambda: [a[i % len(a)] for i in range(n)], "B": lambda: [b[i % len(b)] for i in range(n)],
-                "mix": lambda: drain(mix, n)}
+        order_a, order_b = (np.random.default_rng(0).permutation(len(x)).tolist() for x in (a, b))
+        runs = {"A": lambda: drain((a[order_a[i % len(a)]] for i in range(n)), n),  # alone, shuffled as in the mix
+                "B": lambda: drain((b[order_b[i % len(b)]] for i in range(n)), n), "mix": lambda: drain(mix, n)}
         seconds = {name: [] for name in runs}
         for _ in range(repeats):  # interleaved, so a busy moment of a shared machine hits all three
             for name, fn in runs.items():
@@ -108,6 +113,30 @@ def checkpoint_costs(data: dict) -> list[dict]:
     return rows
 
 
+def sampler_scale() -> list[dict]:
+    """Resume cost where it grows: the order of a large epoch is rebuilt from (seed, epoch), so a
+    resume costs one permutation (and, after an elastic fold, one pass over the consumed marks)."""
+    from pipelines.sampler_resume import ResumableSampler, elastic_state
+
+    size, rows = 10_000_000, []
+    for world_from, world_to in ((8, 8), (8, 4)):
+        states = []
+        for rank in range(world_from):
+            sampler = ResumableSampler(size, seed=1, rank=rank, world_size=world_from)
+            sampler.position.yielded = size // world_from // 2  # half-way through the epoch
+            states.append(sampler.state_dict())
+        started = time.perf_counter()
+        state = states[0] if world_from == world_to else elastic_state(states)
+        resumed = ResumableSampler(size, seed=1, rank=0, world_size=world_to)
+        resumed.load_state_dict(state)
+        next(iter(resumed))
+        rows.append({"measure": f"state ResumableSampler, 10M samples, {world_from}->{world_to} ranks",
+                     "state_bytes": len(json.dumps(state)), "resume_s": round(time.perf_counter() - started, 3),
+                     "fresh_s": round(best(lambda: next(iter(ResumableSampler(size, seed=1, world_size=world_to))),
+                                           1), 3)})
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     lines = [f"{'measure':<58} {'value':>14} {'baseline':>14} {'ratio':>7}"]
     for r in rows:
@@ -135,7 +164,7 @@ def main(out_dir) -> dict:
                                documents_scale=10)
         marker.write_text(json.dumps(data))
     repeats = int(os.environ.get("REPACK_BENCH_MIX_REPEATS") or 5)
-    rows = throughput(data, repeats) + checkpoint_costs(data)
+    rows = throughput(data, repeats) + checkpoint_costs(data) + sampler_scale()
     text = table(rows)
     print(text)
     return {"rows": rows, "table": text}
