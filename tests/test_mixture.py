@@ -124,3 +124,28 @@ def test_mixture_resumes_exactly_in_a_new_process(data, reader, roots, extra):
             assert len(flat) == extra["samples"]
         else:
             assert len(flat) == len(set(flat))
+
+
+def test_mixture_with_webdataset_shards_resumes_or_says_why_not(data, packed_photos):
+    """An iterable source resumes through its own state_dict(); without one, loading says so."""
+    def mixture():
+        return Mixture([(lmdb(data["lmdb_a"]), 1), (ImageShardDataset(packed_photos, decode=False, output="dict",
+                                                                       shuffle=True), 2)], seed=1, tag_source=True)
+
+    def key(item):
+        source, sample = item
+        return source, sample.get("index", sample.get("key"))
+
+    full = [key(x) for x in mixture()]
+    first = mixture()
+    it = iter(first)
+    head = [key(next(it)) for _ in range(20)]
+    state = json.loads(json.dumps(first.state_dict()))
+    assert head == full[:20] and state["drawn"] == 20
+    again = mixture()
+    if not hasattr(ImageShardDataset, "state_dict"):
+        with pytest.raises(ValueError, match=r"source 1 \(ImageShardDataset\) has no state_dict\(\)"):
+            again.load_state_dict(state)
+        return
+    again.load_state_dict(state)
+    assert [key(x) for x in again] == full[20:]

@@ -1,7 +1,7 @@
 """Build a reader + torchdata StatefulDataLoader from a JSON spec, and fingerprint its batches;
 run as ``python -m tests.tools.resume_check`` it resumes from saved states in a fresh process.
 
-A spec: {"reader": lmdb | packed | documents | grouped | video | mixture-images | mixture-tokens,
+A spec: {"reader": lmdb | packed | packed-sampler | documents | grouped | video | mixture-images | mixture-tokens,
 "roots": [...], "num_workers", "batch_size", "seed", "rank", "world_size", "epoch", "shuffle"}. Every sample
 becomes a short string that names it (its index, or a hash of its bytes, with its label), so two
 runs compare as lists of lists.
@@ -70,6 +70,11 @@ def build(spec: dict):
     elif reader == "packed":
         ds = PackedTokenDataset(roots[0], 16, shuffle=shuffle, seed=seed, rank=rank, world_size=world)
         loader = StatefulDataLoader(ds, batch_size=batch, **common)
+        ids = rows_ids
+    elif reader == "packed-sampler":  # the elastic route: the sampler orders the windows
+        ds = PackedTokenDataset(roots[0], 16, shuffle=False)
+        sampler = ResumableSampler(len(ds), shuffle=shuffle, seed=seed, rank=rank, world_size=world)
+        loader = StatefulDataLoader(ds, batch_size=batch, sampler=sampler, **common)
         ids = rows_ids
     elif reader == "documents":
         ds = DocumentDataset(roots[0], max_len=48)
