@@ -16,9 +16,8 @@ from pipelines.mixture import Mixture, block_counts
 from pipelines.torch_lmdb import LmdbImageDataset
 from pipelines.torch_text import PackedTokenDataset
 from pipelines.torch_webdataset import ImageShardDataset
-from tests.test_resume_readers import resume_in_new_process
 from tests.tools.reader_data import reader_datasets
-from tests.tools.resume_check import run
+from tests.tools.resume_check import resume_in_new_process, run
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
               pytest.mark.filterwarnings("ignore:.set_vital. is deprecated")]

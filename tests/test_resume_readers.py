@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from pipelines.sampler_resume import ResumableSampler, elastic_state, find_state
-from tests.conftest import ROOT
 from tests.tools.reader_data import reader_datasets
-from tests.tools.resume_check import build, run
+from tests.tools.resume_check import build, resume_in_new_process, run
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
               pytest.mark.filterwarnings("ignore:.set_vital. is deprecated")]
@@ -26,14 +23,6 @@ WORKERS = (0, 2, 4)
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return reader_datasets(tmp_path_factory.mktemp("resume"))
-
-
-def resume_in_new_process(jobs: list[dict]) -> list[list[list[str]]]:
-    """Run tests.tools.resume_check in a fresh interpreter: each job's batches after its state."""
-    proc = subprocess.run([sys.executable, "-m", "tests.tools.resume_check"], input=json.dumps(jobs),
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
 
 
 CASES = {  # reader -> (roots, batch size, batches before the checkpoint)

@@ -121,6 +121,19 @@ def run(spec: dict, state: dict | None = None, batches: int | None = None) -> tu
     return out, loader.state_dict()
 
 
+def resume_in_new_process(jobs: list[dict]) -> list[list[list[str]]]:
+    """Run this module in a fresh interpreter: each job's batches after its state."""
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "tests.tools.resume_check"], input=json.dumps(jobs),
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    if proc.returncode != 0:
+        raise AssertionError(f"resume in a new process failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     jobs = json.load(sys.stdin)
