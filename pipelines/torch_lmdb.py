@@ -24,6 +24,9 @@ UNLABELED = -1
 
 def open_lmdb_dataset(root: str | os.PathLike) -> tuple[Manifest, str, int]:
     """Validate the manifest of an image LMDB dataset: (manifest, absolute db path, samples)."""
+    if str(root).startswith("s3://"):
+        raise ManifestError(f"{root}: an LMDB is read from a local file (it is memory-mapped); copy it first "
+                            f"with `repack pull {root} DIR`")
     manifest = read_manifest(root)
     if manifest.format != "lmdb":
         raise ManifestError(f"{manifest.root}: format {manifest.format!r}, this reader reads 'lmdb'")

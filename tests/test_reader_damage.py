@@ -103,3 +103,8 @@ def test_missing_video_names_the_dataset_and_the_clip(data, tmp_path):
     last = len(ds) - 1
     with pytest.raises(RuntimeError, match=rf"{root}: clip {last} needs .*/two\.\w+, which is missing"):
         ds[last]
+
+
+def test_lmdb_reader_refuses_an_s3_root_with_what_to_do():
+    with pytest.raises(ManifestError, match=r"s3://bucket/lmdb: an LMDB is read from a local file .*repack pull"):
+        LmdbImageDataset("s3://bucket/lmdb")
