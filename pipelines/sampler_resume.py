@@ -92,10 +92,11 @@ class OrderPosition:
         self.history: list[dict] = []
         self.yielded = 0
         self._resume_at = 0
+        self._finished = False
 
     def set_epoch(self, epoch: int) -> None:
         if int(epoch) != self.epoch:
-            self.epoch, self.history, self.yielded, self._resume_at = int(epoch), [], 0, 0
+            self.epoch, self.history, self.yielded, self._resume_at, self._finished = int(epoch), [], 0, 0, False
 
     def key(self) -> tuple:
         """What this rank's share depends on besides the order: (epoch, history)."""
@@ -105,15 +106,22 @@ class OrderPosition:
         """This rank's positions of ``order`` (the epoch's global order) after the history."""
         return rank_share(remaining(order, self.history, self.equal), self.rank, self.world_size, self.equal)
 
-    def iterate(self, share: np.ndarray) -> Iterator[int]:
-        """The positions of ``share`` from the resume point on, counting each one handed out; a
-        finished pass clears the resume point and the history (the next pass is a plain epoch)."""
+    def begin(self) -> int:
+        """Start a pass over this rank's share; returns where it starts. After a finished pass the
+        history and the count are cleared first (the next pass is a plain epoch)."""
+        if self._finished:
+            self.history, self.yielded, self._resume_at, self._finished = [], 0, 0, False
         start, self._resume_at = self._resume_at, 0
         self.yielded = start
+        return start
+
+    def iterate(self, share: np.ndarray, start: int) -> Iterator[int]:
+        """The positions of ``share`` from ``start`` on, counting each one handed out. A finished pass
+        keeps its count (a rank done before a checkpoint consumed its whole share)."""
         for position in share[start:].tolist():
             self.yielded += 1
             yield position
-        self.history, self.yielded = [], 0
+        self._finished = True
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed,
@@ -131,6 +139,7 @@ class OrderPosition:
         self.epoch = int(state["epoch"])
         self.history = [dict(s) for s in state["history"]]
         self.yielded = self._resume_at = int(state["yielded"])
+        self._finished = False
 
 
 class ResumableSampler(Sampler[int]):
@@ -161,7 +170,8 @@ class ResumableSampler(Sampler[int]):
         return self._cached[1]
 
     def __iter__(self) -> Iterator[int]:
-        return self.position.iterate(self.indices())
+        start = self.position.begin()
+        return self.position.iterate(self.indices(), start)
 
     def __len__(self) -> int:
         return len(self.indices())

@@ -360,8 +360,9 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         return [every[i] for i in self.position.share(np.arange(len(every))).tolist()]
 
     def __iter__(self) -> Iterator[list[int]]:
+        start = self.position.begin()
         every = self.global_batches()
-        return (every[i] for i in self.position.iterate(self.position.share(np.arange(len(every)))))
+        return (every[i] for i in self.position.iterate(self.position.share(np.arange(len(every))), start))
 
     def __len__(self) -> int:
         return len(self.batches())

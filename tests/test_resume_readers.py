@@ -181,3 +181,23 @@ def test_every_state_is_plain_json_with_kind_version_epoch(data):
         thing.load_state_dict(json.loads(json.dumps(state)))
         with pytest.raises(ValueError, match="state"):
             thing.load_state_dict({**state, "kind": "Other"})
+
+
+def test_a_rank_done_before_the_checkpoint_counts_its_whole_share():
+    size, seen, states = 50, [], []
+    for rank in range(4):
+        sampler = ResumableSampler(size, seed=4, rank=rank, world_size=4)
+        it = iter(sampler)
+        seen += list(it) if rank == 0 else [next(it) for _ in range(rank)]  # rank 0 finished its share
+        states.append(json.loads(json.dumps(sampler.state_dict())))
+    assert states[0]["yielded"] == 13
+    done = ResumableSampler(size, seed=4, rank=0, world_size=4)
+    done.load_state_dict(states[0])
+    assert list(done) == [] and len(list(done)) == 13  # resumed at its end: nothing; the next pass is whole
+    folded = elastic_state(states)
+    rest = []
+    for rank in range(3):
+        sampler = ResumableSampler(size, seed=4, rank=rank, world_size=3)
+        sampler.load_state_dict(folded)
+        rest += list(sampler)
+    assert sorted(seen + rest) == list(range(size))
