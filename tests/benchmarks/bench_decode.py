@@ -28,6 +28,7 @@ import numpy as np
 from PIL import Image
 
 from pipelines.pil_images import decode_image
+from tests.benchmarks.verdicts import verdict
 
 TARGET = (224, 224)
 
@@ -173,15 +174,13 @@ def main(out_dir=None) -> dict:
              f"{mean_px / 1e6:.2f} Mpx mean, {statistics.mean(map(len, datas)) / 1e3:.0f} KB mean, 1 process",
              f"{'measure':<36} {'img/s':>8}  {'baseline':<30} {'img/s':>8} {'ratio':>6}  target"]
     for r in rows:
-        verdict = "" if r["target"] is None else f">= {r['target']}x " + ("ok" if r["ratio"] >= r["target"] else "MISSED")
         lines.append(f"{r['measure']:<36} {r['rate']:>8.1f}  {r['baseline']:<30} {r['baseline_rate']:>8.1f} "
-                     f"{r['ratio']:>5.2f}x  {verdict}")
+                     f"{r['ratio']:>5.2f}x  {verdict(r['ratio'], r['target'])}")
     lines.append(f"pixel difference after resizing both to 224x224: mean abs {mae:.2f} / 255, PSNR {psnr:.1f} dB")
     lines.append("decoded reading, DataLoader 2 workers, shuffled, same decode + resize 224 + tensor:")
     for r in rows_read:
-        verdict = "" if r["target"] is None else f">= {r['target']}x " + ("ok" if r["ratio"] >= r["target"] else "MISSED")
         lines.append(f"  {r['measure']:<40} {r['rate']:>7.1f}  {r['baseline']:<38} {r['baseline_rate']:>7.1f} "
-                     f"{r['ratio']:>5.2f}x  {verdict}")
+                     f"{r['ratio']:>5.2f}x  {verdict(r['ratio'], r['target'])}")
     rows += rows_read
     table = "\n".join(lines)
     print(table)

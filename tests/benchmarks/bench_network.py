@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.benchmarks.verdicts import verdict
 from tests.tools.latency_proxy import LatencyProxy
 from tests.tools.s3server import MotoServer, client, s3_env
 
@@ -141,9 +142,8 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
              f"{WORKERS} workers, raw bytes, medians of {repeats} alternated runs ({requests} proxied requests)",
              f"{'images':<16} {'n':>5} {'KB':>6} {'shards img/s':>13} {'objects img/s':>14} {'ratio':>7}  target"]
     for r in rows:
-        verdict = "" if r["target"] is None else f">= {r['target']:.0f}x " + ("ok" if r["ratio"] >= r["target"] else "MISSED")
         lines.append(f"{r['set']:<16} {r['images']:>5} {r['mean_kb']:>6.1f} {r['shards_per_s']:>13.1f} "
-                     f"{r['objects_per_s']:>14.1f} {r['ratio']:>6.2f}x  {verdict}")
+                     f"{r['objects_per_s']:>14.1f} {r['ratio']:>6.2f}x  {verdict(r['ratio'], r['target'])}")
     table = "\n".join(lines)
     print(table)
     return {"latency_ms": latency_ms, "workers": WORKERS, "rows": rows, "table": table}
