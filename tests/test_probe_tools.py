@@ -31,7 +31,7 @@ def clips(tmp_path_factory):
 
 
 def _differences(by_ffprobe: dict, chosen: dict) -> dict:
-    keys = (set(by_ffprobe) | set(chosen)) - {"probe_tool"}
+    keys = (set(by_ffprobe) | set(chosen)) - {"probe_tool", "probe_fallback"}
     diffs = {k: (by_ffprobe.get(k), chosen.get(k)) for k in sorted(keys) if by_ffprobe.get(k) != chosen.get(k)}
     # libavcodec has no profile names for some codecs (VP8): ffprobe then prints the number, PyAV
     # None. The rule reads profiles of H.264/HEVC only, which have names.
@@ -51,6 +51,7 @@ def test_same_record_and_decisions_as_ffprobe(clips, rel):
         for reader in DALI_READERS:
             assert decide(chosen, target, reader=reader).to_json() == decide(by_ffprobe, target, reader=reader).to_json()
     assert chosen["probe_tool"] == ("ffprobe" if rel in FFPROBE_BY_DESIGN else "pyav")
+    assert bool(chosen.get("probe_fallback")) == (rel in FFPROBE_BY_DESIGN)
 
 
 def test_refused_container_is_never_opened_in_process(clips):

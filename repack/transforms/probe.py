@@ -1,10 +1,10 @@
 """Probe a video file: container, streams and a packet scan of the main video stream, without decoding.
 
 Two tools give the same JSON shape (format, streams, packets), turned into one flat record by
-``summarize``: PyAV in-process (``repack.transforms.probe_pyav``, ~15x faster: no process
-start, no JSON text) where it gives every field the NVDEC/DALI decision needs, else one
-ffprobe subprocess (``ffprobe_probe``). ``probe_file`` picks; the record's ``probe_tool``
-says which ran. probe_pyav's docstring lists where ffprobe is used instead (libavformat
+``summarize``: PyAV in-process (``repack.transforms.probe_pyav``, 9-57x faster per CPU-second:
+no process start, no JSON text) where it gives every field the NVDEC/DALI decision needs, else
+one ffprobe subprocess (``ffprobe_probe``). ``probe_file`` picks; the record's ``probe_tool``
+says which ran (and ``probe_fallback`` why not PyAV). probe_pyav's docstring lists where ffprobe is used instead (libavformat
 errors, AVI, a rotation PyAV cannot read).
 
 Both read only the file (repack.transforms.ffmpeg_cli: file protocol, allow-listed
@@ -212,14 +212,16 @@ def _int(text) -> int | None:
 def probe_file(path: str, ffprobe: str = "ffprobe", timeout: float | None = None) -> dict:
     """Probe ``path`` in-process with PyAV where it gives every field, else with one ffprobe run.
 
-    Never raises for bad input; ``probe_tool`` in the record names the tool that ran."""
+    Never raises for bad input; ``probe_tool`` in the record names the tool that ran, and
+    ``probe_fallback`` why ffprobe ran instead of PyAV."""
     try:
         from repack.transforms.probe_pyav import demux
     except ImportError:  # PyAV missing: every file goes to ffprobe
         demux = None
     data = demux(path, timeout) if demux and os.path.isfile(path) and os.path.getsize(path) else None
     if not isinstance(data, dict):
-        return {**ffprobe_probe(path, ffprobe, timeout), "probe_tool": "ffprobe"}
+        why = data or ("PyAV is not installed" if demux is None else "empty or not a file")
+        return {**ffprobe_probe(path, ffprobe, timeout), "probe_tool": "ffprobe", "probe_fallback": why}
     return {**_with_layout(summarize(data, path), path), "probe_tool": "pyav"}
 
 

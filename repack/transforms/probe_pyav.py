@@ -95,7 +95,7 @@ def demux(path: str, timeout: float | None = None) -> dict | str:
                    "bit_rate": container.bit_rate or None}
     except Fallback as exc:
         return str(exc)
-    except (av.error.FFmpegError, OSError, ValueError) as exc:
-        return f"pyav: {exc}"
+    except (av.error.FFmpegError, OSError, ValueError) as exc:  # the path out: probe.jsonl stays relative
+        return "pyav: " + str(exc).replace(file_url(path), "<file>").replace(path, "<file>")
     return {"format": fmt, "streams": streams, "packets": packets}
 

@@ -79,7 +79,8 @@ def probe_rates(paths: list[Path], repeats: int, passes: int = 10) -> dict:
                 records[name] = [fn(str(p)) for p in paths]
             n = len(paths) * times
             runs[name].append((n / (_cpu_seconds() - cpu), n / (time.perf_counter() - wall)))
-    agree = sum({k: v for k, v in a.items() if k != "probe_tool"} == {k: v for k, v in b.items() if k != "probe_tool"}
+    tool_keys = ("probe_tool", "probe_fallback")
+    agree = sum({k: v for k, v in a.items() if k not in tool_keys} == {k: v for k, v in b.items() if k not in tool_keys}
                 for a, b in zip(records["ffprobe"], records["pyav"]))
     tools = sorted({r["probe_tool"] for r in records["pyav"]})
     return {name: {"files_per_cpu_s": round(statistics.median(r[0] for r in rs), 1),
