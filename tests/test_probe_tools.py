@@ -12,7 +12,7 @@ import pytest
 
 from repack.transforms.container_facts import matroska_has_projection, mp4_rotations
 from repack.transforms.nvdec_rules import DALI_READERS, TARGETS, decide
-from repack.transforms.probe import ffprobe_probe, probe_file
+from repack.transforms.probe import ffprobe_probe, probe_codec, probe_file
 from tests.tools.videos import CLIPS, make_clips, make_index_clip, rotate_mp4
 
 av = pytest.importorskip("av")
@@ -52,6 +52,13 @@ def test_same_record_and_decisions_as_ffprobe(clips, rel):
             assert decide(chosen, target, reader=reader).to_json() == decide(by_ffprobe, target, reader=reader).to_json()
     assert chosen["probe_tool"] == ("ffprobe" if rel in FFPROBE_BY_DESIGN else "pyav")
     assert bool(chosen.get("probe_fallback")) == (rel in FFPROBE_BY_DESIGN)
+
+
+def test_header_codec_matches_the_full_probe(clips):
+    """probe_codec (the container header only, PyAV in-process) names the codec the ffprobe probe
+    judges, on every clip (None where it has no main video stream or cannot be read)."""
+    for rel, (path, by_ffprobe, _) in clips.items():
+        assert probe_codec(path) == by_ffprobe.get("codec"), rel
 
 
 def test_refused_container_is_never_opened_in_process(clips):

@@ -263,3 +263,30 @@ def ffprobe_probe(path: str, ffprobe: str = "ffprobe", timeout: float | None = N
     except ValueError as exc:
         return {"error": f"ffprobe: unreadable JSON: {exc}", "error_code": "probe_failed", "bytes": size}
     return _with_layout(summarize(data, path), path)
+
+
+def probe_codec(path: str, ffprobe: str = "ffprobe", timeout: float | None = 60.0) -> str | None:
+    """The codec of ``path``'s main video stream (the one ``probe_file`` judges) from the container
+    header only (no packet scan), or None when it has none or cannot be read; confined as
+    ``probe_file``: PyAV in-process, ffprobe where PyAV cannot open the file."""
+    try:
+        from repack.transforms.probe_pyav import header_codec
+    except ImportError:
+        header_codec = None
+    codec = header_codec(path) if header_codec and os.path.isfile(path) and os.path.getsize(path) else None
+    if codec is not None:
+        return codec
+    import json
+
+    from repack.transforms.ffmpeg_cli import ffprobe_args, run
+
+    result = run(ffprobe_args(path, ffprobe), timeout)
+    if result.returncode != 0:
+        return None
+    try:
+        streams = json.loads(result.stdout.decode("utf-8", errors="replace")).get("streams") or []
+    except ValueError:
+        return None
+    main = next((s for s in streams if s.get("codec_type") == "video"
+                 and not (s.get("disposition") or {}).get("attached_pic")), None)
+    return main.get("codec_name") if main else None

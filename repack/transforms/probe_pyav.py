@@ -99,3 +99,16 @@ def demux(path: str, timeout: float | None = None) -> dict | str:
         return "pyav: " + str(exc).replace(file_url(path), "<file>").replace(path, "<file>")
     return {"format": fmt, "streams": streams, "packets": packets}
 
+
+def header_codec(path: str) -> str | None:
+    """The codec of the main video stream (the one the probe judges) from the container header
+    only, no packets read; None when PyAV cannot open the file or it has no such stream."""
+    import av
+
+    try:
+        with av.open(file_url(path), options=dict(SAFE_INPUT_OPTIONS), metadata_errors="ignore") as container:
+            main = next((s for s in container.streams.video
+                         if not s.disposition & av.stream.Disposition.attached_pic), None)
+            return getattr(main.codec_context.codec, "canonical_name", main.codec_context.name) if main else None
+    except (av.error.FFmpegError, OSError, ValueError):
+        return None
