@@ -42,8 +42,13 @@ def verify(out, json_out):
               help="Also write a self-contained HTML report (charts inline, no network) to FILE.")
 def inspect(out, json_out, html_file):
     """Summarize the dataset in OUT: counts, sizes, classes, quarantine, timing; --html draws it."""
+    from repack.errors import UsageError
     from repack.report.collect import collect
     from repack.report.inspect import inspect_lines
+    from repack.store import is_remote
+
+    if is_remote(out):
+        raise UsageError(f"inspect reads a local folder, not {out!r}: `repack pull {out} DEST`, then inspect DEST")
 
     if html_file:
         from repack.report.html import dataset_page, write_page

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from repack.errors import RepackError, VerificationError
-from repack.store.s3_client import AUTH_CODES, client, describe_error, is_missing, parse_url, transfer_config
+from repack.store.s3_client import (AUTH_CODES, client, describe_error, is_missing, limits, parse_url,
+                                    transfer_config)
 from repack.store.s3_lock import ObjectLock
 
 SHA_META = "sha256"   # object metadata x-amz-meta-sha256: the content's sha256, set at upload
@@ -87,7 +88,12 @@ class S3Store:
         if self.holds(rel, size, digest):  # uploaded by a run killed before its record: keep it
             return
         last: BaseException | None = None
+        deadline = time.monotonic() + limits().retry_budget
+        tried = 0
         for attempt in range(UPLOAD_ATTEMPTS):
+            if attempt and time.monotonic() >= deadline:  # the retry budget is spent: stop, say why
+                break
+            tried += 1
             try:
                 client().upload_file(str(local), self.bucket, self.key(rel), Config=transfer_config(),
                                      ExtraArgs={"Metadata": {SHA_META: digest}})
@@ -96,7 +102,7 @@ class S3Store:
                 last = exc
                 if isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code")) in AUTH_CODES:
                     raise describe_error(exc, self.where(rel)) from None
-                time.sleep(min(8.0, 0.5 * 2**attempt))
+                time.sleep(min(8.0, 0.5 * 2**attempt, max(0.0, deadline - time.monotonic())))
                 continue
             if head["ContentLength"] == size and head.get("Metadata", {}).get(SHA_META) == digest:
                 if self._sizes is not None:
@@ -106,7 +112,7 @@ class S3Store:
                                f"{head.get('Metadata', {}).get(SHA_META)}, expected {size} / {digest}")
         if isinstance(last, RepackError):
             raise last
-        raise describe_error(last, f"upload of {self.where(rel)} failed after {UPLOAD_ATTEMPTS} attempts")
+        raise describe_error(last, f"upload of {self.where(rel)} failed after {tried} attempt(s)")
 
     def holds(self, rel: str, size: int, digest: str) -> bool:
         """True when the object exists with this size and sha256 metadata (one HEAD)."""
