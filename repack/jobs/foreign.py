@@ -11,6 +11,11 @@ megatron-energon (``energon prepare OUT``) writes, and reads from then on:
                              split, dataset.yaml, the sample index (sqlite), its uuid, a sample
                              loader: energon's own configuration, not checked (reported as such)
 
+wids (``wids.ShardListDataset``) reads a shard index a user writes from the manifest:
+
+  shardindex.json            ``repack.manifest.wids_shard_index(manifest)``: checked (it must be
+                             exactly that, every shard's URL, sample count and size)
+
 Nothing else is accepted: any other unlisted file stays a problem.
 """
 
@@ -20,6 +25,7 @@ import json
 import re
 import struct
 
+from repack.manifest import WIDS_INDEX_NAME, ManifestError, wids_shard_index
 from repack.sinks.tar_format import BLOCK
 
 ENERGON_META = ".nv-meta/"
@@ -33,7 +39,10 @@ def _tars(manifest) -> dict[str, dict]:
 
 
 def foreign_kind(rel: str, manifest) -> str | None:
-    """"energon" for a file ``energon prepare`` writes into this dataset, else None."""
+    """"energon" for a file ``energon prepare`` writes into this dataset, "wids" for its shard index,
+    else None."""
+    if rel == WIDS_INDEX_NAME and manifest.format == "webdataset":
+        return "wids"
     if rel.startswith(ENERGON_META) and ENERGON_NAME.fullmatch(rel[len(ENERGON_META):]):
         return "energon"
     if rel.endswith(ENERGON_INDEX_SUFFIX) and rel[:-len(".idx")] in _tars(manifest):
@@ -47,7 +56,10 @@ def check_foreign(files, manifest, rels: list[str]) -> tuple[list[str], list[str
     unchecked: list[str] = []
     tars = _tars(manifest)
     for rel in rels:
-        if rel == ENERGON_INFO:
+        if rel == WIDS_INDEX_NAME:
+            with files.local([rel]) as (root, fetch_problems):
+                problems += fetch_problems + wids_problems(rel, (root / rel).read_bytes(), manifest)
+        elif rel == ENERGON_INFO:
             with files.local([rel]) as (root, fetch_problems):
                 problems += fetch_problems + info_problems(rel, (root / rel).read_bytes(), manifest)
         elif rel.endswith(ENERGON_INDEX_SUFFIX):
@@ -61,6 +73,19 @@ def check_foreign(files, manifest, rels: list[str]) -> tuple[list[str], list[str
         else:
             unchecked.append(f"{rel} (megatron-energon's configuration, written by energon prepare)")
     return problems, unchecked
+
+
+def wids_problems(rel: str, raw: bytes, manifest) -> list[str]:
+    """A wids shard index must be exactly the one the manifest gives."""
+    try:
+        found = json.loads(raw)
+        expected = wids_shard_index(manifest)
+    except (ValueError, ManifestError):
+        found, expected = None, {}
+    if found != expected:
+        return [f"{rel}: not the wids shard index of this manifest (write it with "
+                "repack.manifest.wids_shard_index)"]
+    return []
 
 
 def info_problems(rel: str, raw: bytes, manifest) -> list[str]:
