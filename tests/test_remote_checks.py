@@ -90,7 +90,12 @@ def end_cut_short(out: Path) -> None:
     rewrite(out, "shard-000001.tar", (out / "shard-000001.tar").read_bytes()[:-512])
 
 
+def missing_shard(out: Path) -> None:
+    (out / "shard-000002.tar").unlink()
+
+
 TAMPERS = {
+    missing_shard: "shard-000002.tar: missing",
     unlisted: "extra/notes.txt: a file the manifest does not name",
     manifest_count: "shard-000000.tar: 25 samples, manifest says 26",
     index_skips_a_sample: "shard-000000.idx: does not match the tar's members",
