@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 REQUEST_ATTEMPTS = 8  # botocore retries of one request (5xx, throttling, connection errors)
 RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way
-_clients: dict[int, object] = {}
+_clients: dict[tuple[int, str], object] = {}
 
 
 def is_remote(location: str | os.PathLike) -> bool:
@@ -33,14 +33,16 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def _client():
-    pid = os.getpid()
-    if pid not in _clients:
+    # One client per process and endpoint: a forked DataLoader worker must not reuse its parent's
+    # connections, and a process that reads from two endpoints (tests, migrations) needs two clients.
+    key = (os.getpid(), os.environ.get("AWS_ENDPOINT_URL", ""))
+    if key not in _clients:
         import boto3
         from botocore.config import Config
 
         config = Config(retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"}, read_timeout=120)
-        _clients[pid] = boto3.session.Session().client("s3", config=config)
-    return _clients[pid]
+        _clients[key] = boto3.session.Session().client("s3", config=config)
+    return _clients[key]
 
 
 def read_bytes(location: str | os.PathLike) -> bytes:
