@@ -103,8 +103,7 @@ class ResumableDALILoader:
         # a state taken after the epoch's last batch restores to the next epoch's start (DALI's
         # checkpoint does so; a source builder must): the caller has yet to see this epoch end,
         # so the first next() ends it (and reset() then has nothing to reset)
-        batches = len(self._iterator) if self._epoch_batches is None else self._epoch_batches
-        self._end_pending = bool(state and 0 < batches <= state["batch"])
+        self._end_pending = bool(state and 0 < len(self) <= state["batch"])
         self._ended_early = False
 
     def __iter__(self):
@@ -124,7 +123,8 @@ class ResumableDALILoader:
         return batch
 
     def __len__(self) -> int:
-        return len(self._iterator)
+        """Batches per epoch."""
+        return len(self._iterator) if self._epoch_batches is None else self._epoch_batches
 
     def reset(self) -> None:
         """Start the next epoch (only needed with ``auto_reset=False``)."""

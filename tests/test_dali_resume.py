@@ -1,0 +1,129 @@
+"""The DALI loaders resume exactly (issue 18 item 3), on DALI's CPU backend.
+
+Each loader runs k batches with shuffling on, saves ``state_dict()`` (JSON), and a new process
+builds a new loader from it: the batches that follow equal the uninterrupted run's (labels, keys,
+the output tensors' bytes), the interrupted epoch then holds every sample exactly once, and the
+next epoch follows. Images restore through DALI's own checkpoint (reader, shuffle buffer and the
+random crop/mirror generators: ``train=True``), video through the experimental reader's, LMDB
+through the external source's (epoch, batch) position.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from tests.conftest import ROOT, run_repack
+from tests.tools.dali_resume_run import epoch_keys, make_loader, take
+from tests.tools.videos import encoders, make_index_clip
+
+VP8 = ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")
+OPTIONS = {
+    "images": {"batch_size": 16, "num_threads": 2, "size": 16, "train": True, "random_shuffle": True, "seed": 5,
+               "initial_fill": 64},
+    "lmdb": {"batch_size": 16, "num_threads": 2, "size": 16, "random_shuffle": True, "seed": 5},
+    "video": {"sequence_length": 4, "stride": 2, "step": 3, "batch_size": 3, "device": "cpu", "device_id": None,
+              "reader": "experimental", "num_threads": 1, "random_shuffle": True, "seed": 3, "initial_fill": 8},
+}
+
+
+@pytest.fixture(scope="module")
+def datasets(photo_tree, packed_photos, tmp_path_factory) -> dict:
+    """kind -> dataset root: the 120 photos as WebDataset and LMDB, four VP8 videos in 4 classes."""
+    out = tmp_path_factory.mktemp("resume")
+    run_repack("images", photo_tree, out / "lmdb", "--to", "lmdb", "--quiet")
+    roots = {"images": str(packed_photos), "lmdb": str(out / "lmdb")}
+    if shutil.which("ffmpeg") and "libvpx" in encoders():
+        for name, frames in (("a", 30), ("b", 23), ("c", 17), ("d", 26)):  # one video per class: label = video
+            make_index_clip(out / f"vsrc/{name}/{name}.webm", frames, VP8, size=(96, 64))
+        run_repack("video", out / "vsrc", out / "video", "--transcode", "--dali-reader", "experimental", "--quiet")
+        roots["video"] = str(out / "video")
+    return roots
+
+
+def resume_in_new_process(jobs: list[dict], tmp_path) -> list[list]:
+    """Run ``jobs`` (see tests.tools.dali_resume_run) in a fresh interpreter; their records."""
+    path = tmp_path / "jobs.json"
+    path.write_text(json.dumps(jobs))
+    proc = subprocess.run([sys.executable, "-m", "tests.tools.dali_resume_run", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("kind", ["images", "lmdb", "video"])
+def test_resume_in_a_new_process_continues_the_uninterrupted_run(kind, datasets, tmp_path):
+    if kind not in datasets:
+        pytest.skip("ffmpeg with the libvpx (VP8) encoder is not installed")
+    root, options = datasets[kind], OPTIONS[kind]
+    whole = make_loader(kind, root, options)
+    per_epoch = len(whole)
+    total = 2 * per_epoch + 2  # two epochs (and their ends) plus a batch
+    reference = take(kind, whole, total)
+    epochs = epoch_keys(reference)
+    assert reference[per_epoch] == "END" and len(epochs[0]) == len(set(epochs[0]))
+    assert sorted(epochs[0]) == sorted(epochs[1]) and epochs[0] != epochs[1]  # each epoch shuffled anew
+
+    stops = (3, per_epoch, per_epoch + 3)  # mid-epoch, after the epoch's last batch, in the next epoch
+    jobs, before = [], {}
+    for k in stops:
+        loader = make_loader(kind, root, options)
+        before[k] = take(kind, loader, k)
+        state = json.loads(json.dumps(loader.state_dict()))  # as a training checkpoint stores it
+        assert state["kind"].startswith("dali_") and state["version"] == 1
+        assert (state["epoch"], state["batch"]) == ((0, k) if k <= per_epoch else (1, k - per_epoch - 1))
+        jobs.append({"kind": kind, "root": root, "options": options, "state": state, "batches": total - k})
+    for k, after in zip(stops, resume_in_new_process(jobs, tmp_path)):
+        assert before[k] == reference[:k]
+        assert after == reference[k:], f"{kind}: the batches after a restore at batch {k} differ"
+        interrupted = epoch_keys(before[k] + after)[0]
+        assert Counter(interrupted) == Counter(epochs[0]) and len(set(interrupted)) == len(interrupted)
+
+
+def test_load_state_dict_rebuilds_in_place(datasets):
+    loader = make_loader("lmdb", datasets["lmdb"], OPTIONS["lmdb"])
+    reference = take("lmdb", make_loader("lmdb", datasets["lmdb"], OPTIONS["lmdb"]), 6)
+    take("lmdb", loader, 4)
+    state = loader.state_dict()
+    take("lmdb", loader, 2)
+    loader.load_state_dict(state)
+    assert take("lmdb", loader, 2) == reference[4:]
+
+
+def test_image_pipeline_restores_from_raw_dali_checkpoint(datasets):
+    from pipelines.dali_webdataset import build_image_pipeline
+
+    args = dict(batch_size=8, num_threads=1, size=16, random_shuffle=True, seed=2, initial_fill=32)
+    pipe = build_image_pipeline(datasets["images"], **args)
+    reference = [pipe.run()[1].as_array().tolist() for _ in range(5)]
+    pipe = build_image_pipeline(datasets["images"], **args)
+    for _ in range(2):
+        pipe.run()
+    restored = build_image_pipeline(datasets["images"], checkpoint=pipe.checkpoint(), **args)
+    assert [restored.run()[1].as_array().tolist() for _ in range(3)] == reference[2:]
+
+
+@pytest.mark.parametrize("kind", ["images", "lmdb"])
+def test_bad_states_are_refused_with_the_reason(kind, datasets):
+    root, options = datasets[kind], OPTIONS[kind]
+    loader = make_loader(kind, root, options)
+    take(kind, loader, 1)
+    good = loader.state_dict()
+    bad = [({**good, "kind": "torch_webdataset"}, "'torch_webdataset' loader"),
+           ({**good, "version": 2}, "version 2 is not supported"),
+           ({**good, "batch": -1}, "'batch' must be a non-negative int"),
+           ({**good, "options": {**good["options"], "seed": 6}}, r"seed: saved 6, now 5"),
+           ("not a dict", "must be a dict")]
+    if kind == "images":
+        bad.append(({**good, "dali": "%%%"}, "not a base64 DALI checkpoint"))
+        bad.append(({k: v for k, v in good.items() if k != "dali"}, "holds no DALI checkpoint"))
+    for state, message in bad:
+        with pytest.raises(ValueError, match=message):
+            make_loader(kind, root, options, state)
+    with pytest.raises(ValueError, match="batch_size: saved 16, now 8"):
+        make_loader(kind, root, {**options, "batch_size": 8}, good)
