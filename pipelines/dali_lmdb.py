@@ -21,13 +21,12 @@ position in ``state_dict()`` (pipelines.dali_resume); prefetched batches do not 
 
 from __future__ import annotations
 
-import inspect
 import os
 import random
 
 import numpy as np
 
-from pipelines.dali_resume import ResumableDALILoader, check_state
+from pipelines.dali_resume import ResumableDALILoader, builder_args, check_state
 from pipelines.torch_lmdb import LmdbReader, open_lmdb_dataset
 
 KIND = "dali_lmdb"
@@ -162,10 +161,7 @@ def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int 
                      **pipeline_args) -> ResumableDALILoader:
     """A ``DALIGenericIterator`` over ``build_lmdb_pipeline`` that resumes (``state_dict()``,
     ``load_state_dict()``, or ``state=`` here); yields ``[{"images": ..., "labels": ...}]``."""
-    if "checkpoint" in pipeline_args:
-        raise ValueError("pass a loader state as state=, not checkpoint=")
-    args = {name: pipeline_args.get(name, parameter.default)
-            for name, parameter in inspect.signature(build_lmdb_pipeline).parameters.items()}
+    args = builder_args(build_lmdb_pipeline, pipeline_args)
     _, _, count = open_lmdb_dataset(root)
     options = order_options(count, batch_size, shard_id, num_shards, args["random_shuffle"], args["seed"],
                             args["pad_last_batch"], args["drop_last"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import inspect
 from typing import Any, Callable
 
 STATE_VERSION = 1
@@ -40,6 +41,25 @@ def dali_checkpoint(state: dict | None) -> bytes | None:
         return base64.b64decode(state["dali"].encode("ascii"), validate=True)
     except (AttributeError, UnicodeEncodeError, binascii.Error) as error:
         raise ValueError(f"{state.get('kind')} state: 'dali' is not a base64 DALI checkpoint ({error})") from None
+
+
+def restore_bytes(checkpoint: dict | bytes | None, kind: str, options: dict, enabled: bool) -> bytes | None:
+    """The DALI checkpoint to build a pipeline with: ``checkpoint`` as given (bytes of
+    ``Pipeline.checkpoint()``) or out of a checked loader state (dict)."""
+    if isinstance(checkpoint, dict):
+        checkpoint = dali_checkpoint(check_state(checkpoint, kind, options))
+    if checkpoint is not None and not enabled:
+        raise ValueError("restoring a checkpoint needs enable_checkpointing=True")
+    return checkpoint
+
+
+def builder_args(builder: Callable, given: dict) -> dict:
+    """Every keyword of ``builder``: ``given`` where given, else its default (a loader's view of
+    the options its pipeline is built with); refuses ``checkpoint`` (a loader takes ``state=``)."""
+    if "checkpoint" in given:
+        raise ValueError("pass a loader state as state=, not checkpoint=")
+    return {name: given.get(name, parameter.default)
+            for name, parameter in inspect.signature(builder).parameters.items()}
 
 
 def check_state(state: Any, kind: str, options: dict) -> dict:

@@ -31,7 +31,7 @@ pipelines.dali_resume; ``build_video_pipeline(..., checkpoint=...)`` restores a 
 
 from __future__ import annotations
 
-from pipelines.dali_resume import ResumableDALILoader, check_state, dali_checkpoint
+from pipelines.dali_resume import ResumableDALILoader, builder_args, restore_bytes
 from pipelines.torch_video import UNLABELED, manifest_videos
 
 READER_NAME = "VideoReader"
@@ -63,12 +63,13 @@ def build_video_pipeline(root, *, sequence_length: int, batch_size: int, reader:
                                 reader=reader or dataset_reader(root), **options)
 
 
-def order_options(files: list[str], batch_size: int, sequence_length: int, reader: str, **options) -> dict:
-    """The options that shape the clip order, as a loader state records them."""
-    defaults = build_files_pipeline.__kwdefaults__
-    shaping = ("stride", "step", "shard_id", "num_shards", "random_shuffle", "seed", "initial_fill", "pad_last_batch")
+SHAPING = ("stride", "step", "shard_id", "num_shards", "random_shuffle", "seed", "initial_fill", "pad_last_batch")
+
+
+def order_options(files: list[str], batch_size: int, sequence_length: int, reader: str, options: dict) -> dict:
+    """The options that shape the clip order (``SHAPING`` of ``options``), as a loader state records them."""
     return {"videos": len(files), "batch_size": batch_size, "sequence_length": sequence_length, "reader": reader,
-            **{name: options.get(name, defaults[name]) for name in shaping}}
+            **{name: options[name] for name in SHAPING}}
 
 
 def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length: int, batch_size: int,
@@ -89,13 +90,10 @@ def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length
     if reader == "legacy" and device != "gpu":
         raise ValueError(f"the legacy reader (fn.readers.video) runs on the GPU only, got device={device!r}; "
                          "use reader='experimental' for the CPU")
-    if isinstance(checkpoint, dict):
-        options = order_options(files, batch_size, sequence_length, reader, stride=stride, step=step,
-                                shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
-                                initial_fill=initial_fill, pad_last_batch=pad_last_batch)
-        checkpoint = dali_checkpoint(check_state(checkpoint, KIND, options))
-    if checkpoint is not None and not enable_checkpointing:
-        raise ValueError("restoring a checkpoint needs enable_checkpointing=True")
+    options = order_options(files, batch_size, sequence_length, reader, dict(
+        stride=stride, step=step, shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
+        initial_fill=initial_fill, pad_last_batch=pad_last_batch))
+    checkpoint = restore_bytes(checkpoint, KIND, options, enable_checkpointing)
 
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                   prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=enable_checkpointing,
@@ -125,11 +123,10 @@ class DALIVideoLoader:
 
     def __init__(self, root, *, sequence_length: int, batch_size: int, auto_reset: bool = True,
                  state: dict | None = None, **kwargs) -> None:
-        if "checkpoint" in kwargs:
-            raise ValueError("pass a loader state as state=, not checkpoint=")
         reader = kwargs.pop("reader", None) or dataset_reader(root)
         files, _ = video_inputs(root)
-        options = order_options(files, batch_size, sequence_length, reader, **kwargs)
+        args = builder_args(build_files_pipeline, kwargs)
+        options = order_options(files, batch_size, sequence_length, reader, args)
 
         def build(saved: dict | None):
             return build_video_pipeline(root, sequence_length=sequence_length, batch_size=batch_size, reader=reader,
@@ -137,7 +134,7 @@ class DALIVideoLoader:
 
         self._loader = ResumableDALILoader(KIND, build, ["frames", "labels"], options=options,
                                            reader_name=READER_NAME, auto_reset=auto_reset,
-                                           dali_checkpointing=kwargs.get("enable_checkpointing", True), state=state)
+                                           dali_checkpointing=args["enable_checkpointing"], state=state)
 
     @property
     def pipe(self):

@@ -17,13 +17,12 @@ is built with ``enable_checkpointing``), see pipelines.dali_resume.
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Sequence
 
 import numpy as np
 
-from pipelines.dali_resume import ResumableDALILoader, check_state, dali_checkpoint
+from pipelines.dali_resume import ResumableDALILoader, builder_args, restore_bytes
 from pipelines.manifest_access import image_extensions, is_labeled, open_webdataset, read_index, shard_files
 from repack.manifest import ManifestError
 
@@ -93,12 +92,9 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     if with_meta:
         exts.append("json")
     gpu = device_id is not None
-    if isinstance(checkpoint, dict):
-        options = order_options(manifest, batch_size, shard_id, num_shards, random_shuffle, seed, initial_fill,
-                                pad_last_batch)
-        checkpoint = dali_checkpoint(check_state(checkpoint, KIND, options))
-    if checkpoint is not None and not enable_checkpointing:
-        raise ValueError("restoring a checkpoint needs enable_checkpointing=True")
+    options = order_options(manifest, batch_size, shard_id, num_shards, random_shuffle, seed, initial_fill,
+                            pad_last_batch)
+    checkpoint = restore_bytes(checkpoint, KIND, options, enable_checkpointing)
     pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                     prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=enable_checkpointing,
                     checkpoint=checkpoint)
@@ -153,10 +149,7 @@ def dali_image_loader(root: str | os.PathLike, batch_size: int, num_threads: int
     smaller), ``"drop"`` or ``"fill"`` (DALI's LastBatchPolicy). ``state``: a ``state_dict()`` of
     a loader with the same options to continue from (or call ``load_state_dict`` later).
     """
-    if "checkpoint" in pipeline_args:
-        raise ValueError("pass a loader state as state=, not checkpoint=")
-    args = {name: pipeline_args.get(name, parameter.default)
-            for name, parameter in inspect.signature(build_image_pipeline).parameters.items()}
+    args = builder_args(build_image_pipeline, pipeline_args)
     options = order_options(open_webdataset(root, "images"), batch_size, shard_id, num_shards,
                             args["random_shuffle"], args["seed"], args["initial_fill"], args["pad_last_batch"])
 
