@@ -10,16 +10,12 @@ through the external source's (epoch, batch) position.
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
-from collections import Counter
 
 import pytest
 
-from tests.conftest import ROOT, run_repack
-from tests.tools.dali_resume_run import epoch_keys, make_loader, take
+from tests.conftest import run_repack
+from tests.tools.dali_resume_run import check_resume, make_loader, take
 from tests.tools.videos import encoders, make_index_clip
 
 VP8 = ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")
@@ -46,43 +42,18 @@ def datasets(photo_tree, packed_photos, tmp_path_factory) -> dict:
     return roots
 
 
-def resume_in_new_process(jobs: list[dict], tmp_path) -> list[list]:
-    """Run ``jobs`` (see tests.tools.dali_resume_run) in a fresh interpreter; their records."""
-    path = tmp_path / "jobs.json"
-    path.write_text(json.dumps(jobs))
-    proc = subprocess.run([sys.executable, "-m", "tests.tools.dali_resume_run", str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return [json.loads(line) for line in proc.stdout.splitlines()]
-
-
 @pytest.mark.parametrize("kind", ["images", "lmdb", "video"])
-def test_resume_in_a_new_process_continues_the_uninterrupted_run(kind, datasets, tmp_path):
+def test_resume_in_a_new_process_continues_the_uninterrupted_run(kind, datasets):
     if kind not in datasets:
         pytest.skip("ffmpeg with the libvpx (VP8) encoder is not installed")
-    root, options = datasets[kind], OPTIONS[kind]
-    whole = make_loader(kind, root, options)
-    per_epoch = len(whole)
-    total = 2 * per_epoch + 2  # two epochs (and their ends) plus a batch
-    reference = take(kind, whole, total)
-    epochs = epoch_keys(reference)
-    assert reference[per_epoch] == "END" and len(epochs[0]) == len(set(epochs[0]))
-    assert sorted(epochs[0]) == sorted(epochs[1]) and epochs[0] != epochs[1]  # each epoch shuffled anew
-
-    stops = (3, per_epoch, per_epoch + 3)  # mid-epoch, after the epoch's last batch, in the next epoch
-    jobs, before = [], {}
-    for k in stops:
-        loader = make_loader(kind, root, options)
-        before[k] = take(kind, loader, k)
-        state = json.loads(json.dumps(loader.state_dict()))  # as a training checkpoint stores it
-        assert state["kind"].startswith("dali_") and state["version"] == 1
-        assert (state["epoch"], state["batch"]) == ((0, k) if k <= per_epoch else (1, k - per_epoch - 1))
-        jobs.append({"kind": kind, "root": root, "options": options, "state": state, "batches": total - k})
-    for k, after in zip(stops, resume_in_new_process(jobs, tmp_path)):
-        assert before[k] == reference[:k]
-        assert after == reference[k:], f"{kind}: the batches after a restore at batch {k} differ"
-        interrupted = epoch_keys(before[k] + after)[0]
-        assert Counter(interrupted) == Counter(epochs[0]) and len(set(interrupted)) == len(interrupted)
+    rows = check_resume(kind, datasets[kind], OPTIONS[kind])
+    per_epoch = len(make_loader(kind, datasets[kind], OPTIONS[kind]))
+    state_kind = {"images": "dali_webdataset", "lmdb": "dali_lmdb", "video": "dali_video"}[kind]
+    assert [row["position"] for row in rows] == [(state_kind, 1, 0, 3), (state_kind, 1, 0, per_epoch),
+                                                 (state_kind, 1, 1, 2)]
+    for row in rows:
+        assert row["equal"], f"{kind}: the batches after a restore at batch {row['before']} differ"
+        assert row["epoch_once"], f"{kind}: the epoch interrupted at batch {row['before']} is not every sample once"
 
 
 def test_load_state_dict_rebuilds_in_place(datasets):

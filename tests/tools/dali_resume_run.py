@@ -1,9 +1,13 @@
-"""Drive the DALI loaders for the resume tests: a loader per kind, its batches as plain records.
+"""Drive the DALI loaders for the resume checks (tests/test_dali_resume.py on the CPU,
+tests/gpu/gpu_resume.py on the GPU): a loader per kind, its batches as plain records.
 
-``python -m tests.tools.dali_resume_run JOBS.json`` runs in a fresh process what a restarted
-training job does: for each job ``{"kind", "root", "options", "state", "batches"}`` it builds the
-loader from ``state`` and prints one JSON line per job with the records of the next ``batches``
-batches. A record is ``"END"`` (the epoch ended; the next batch starts the next one) or
+``check_resume`` runs a loader uninterrupted, then stops fresh loaders after k batches, saves
+their states as JSON and resumes each in a new process, which is what a restarted training job
+does: ``python -m tests.tools.dali_resume_run JOBS.json``, for each job ``{"kind", "root",
+"options", "state", "batches"}``, builds the loader from ``state`` and prints one JSON line:
+``{"restore_s": seconds to build it, "records": the records of the next batches}``.
+
+A record is ``"END"`` (the epoch ended; the next batch starts the next one) or
 ``{"labels": [...], "keys": [...], "pixels": [...]}``: per sample its label, its key (the image's
 source path, the video clip's label (one video per class) and frame numbers; the pixel hash for LMDB, which stores no key) and
 the sha256 of its output tensor's bytes.
@@ -13,7 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 KINDS = ("images", "lmdb", "video")
 
@@ -77,12 +89,63 @@ def epoch_keys(records: list) -> list[list[str]]:
     return epochs
 
 
+def run_in_new_process(jobs: list[dict]) -> list[dict]:
+    """The printed results of ``jobs``, run in a fresh interpreter."""
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / "jobs.json"
+        path.write_text(json.dumps(jobs))
+        proc = subprocess.run([sys.executable, "-m", "tests.tools.dali_resume_run", str(path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+                                  str(ROOT), os.environ.get("PYTHONPATH")]))})
+    if proc.returncode != 0:
+        raise RuntimeError(f"the resumed loaders failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def check_resume(kind: str, root: str, options: dict) -> list[dict]:
+    """Stop a ``kind`` loader after 3 batches, after its epoch's last, and 3 into the next epoch;
+    resume each in a new process. One row per stop: ``before``/``after`` (batches), ``equal``
+    (the batches after the restore are the uninterrupted run's), ``epoch_once`` (the interrupted
+    epoch delivered every sample of an uninterrupted epoch exactly once), ``position`` (the
+    state's epoch and batch), ``state_bytes`` (its JSON size) and ``restore_s``. Raises when the
+    uninterrupted run itself is not what the checks assume (two shuffled epochs of one sample set).
+    """
+    whole = make_loader(kind, root, options)
+    per_epoch = len(whole)
+    total = 2 * per_epoch + 2  # two epochs (and their ends) plus a batch
+    reference = take(kind, whole, total)
+    epochs = epoch_keys(reference)
+    if reference[per_epoch] != "END" or len(set(epochs[0])) != len(epochs[0]) or \
+            Counter(epochs[0]) != Counter(epochs[1]) or epochs[0] == epochs[1]:
+        raise AssertionError(f"{kind}: the uninterrupted run is not two shuffled epochs of one sample set")
+    stops = (3, per_epoch, per_epoch + 3)  # mid-epoch, after the epoch's last batch, in the next epoch
+    jobs, before, positions = [], {}, {}
+    for k in stops:
+        loader = make_loader(kind, root, options)
+        before[k] = take(kind, loader, k)
+        state = json.loads(json.dumps(loader.state_dict()))  # as a training checkpoint stores it
+        positions[k] = (state["kind"], state["version"], state["epoch"], state["batch"])
+        jobs.append({"kind": kind, "root": root, "options": options, "state": state, "batches": total - k})
+    rows = []
+    for k, job, result in zip(stops, jobs, run_in_new_process(jobs)):
+        after = result["records"]
+        interrupted = epoch_keys(before[k] + after)[0]
+        rows.append({"pipeline": kind, "before": k, "after": total - k, "position": positions[k],
+                     "equal": before[k] == reference[:k] and after == reference[k:],
+                     "epoch_once": Counter(interrupted) == Counter(epochs[0]) and len(set(interrupted)) == len(interrupted),
+                     "state_bytes": len(json.dumps(job["state"])), "restore_s": result["restore_s"]})
+    return rows
+
+
 def main(jobs_path: str) -> None:
     with open(jobs_path, encoding="utf-8") as handle:
         jobs = json.load(handle)
     for job in jobs:
+        started = time.perf_counter()
         loader = make_loader(job["kind"], job["root"], job["options"], job["state"])
-        print(json.dumps(take(job["kind"], loader, job["batches"])), flush=True)
+        restore_s = time.perf_counter() - started
+        print(json.dumps({"restore_s": restore_s, "records": take(job["kind"], loader, job["batches"])}), flush=True)
 
 
 if __name__ == "__main__":
