@@ -46,7 +46,8 @@ def epoch_batches(samples: int, batch_size: int, drop_last: bool) -> int:
 
 
 class LmdbBatchSource:
-    """A batch callable for ``fn.external_source``: ([encoded images], [labels]) per call.
+    """A batch callable for ``fn.external_source``: ([encoded images], [labels]) per call, and
+    [record indices] with ``with_index``.
 
     It starts at batch ``batch`` of epoch ``epoch`` (a batch past the epoch's last: the next
     epoch's start).
@@ -54,7 +55,7 @@ class LmdbBatchSource:
 
     def __init__(self, path: str, count: int, batch_size: int, shard_id: int = 0, num_shards: int = 1,
                  random_shuffle: bool = False, seed: int = 0, pad_last_batch: bool = False,
-                 drop_last: bool = False, epoch: int = 0, batch: int = 0) -> None:
+                 drop_last: bool = False, epoch: int = 0, batch: int = 0, with_index: bool = False) -> None:
         if num_shards < 1 or not 0 <= shard_id < num_shards:
             raise ValueError(f"shard {shard_id} of {num_shards} is not valid")
         if pad_last_batch and drop_last:
@@ -62,7 +63,7 @@ class LmdbBatchSource:
         self.reader = LmdbReader(path, count)
         self.start, self.stop = shard_range(count, shard_id, num_shards)
         self.batch_size, self.random_shuffle, self.seed, self.pad = batch_size, random_shuffle, seed, pad_last_batch
-        self.drop_last = drop_last
+        self.drop_last, self.with_index = drop_last, with_index
         if epoch < 0 or batch < 0:
             raise ValueError(f"epoch {epoch} and batch {batch} must not be negative")
         self.epoch = epoch - 1
@@ -98,6 +99,8 @@ class LmdbBatchSource:
             raw = self.reader.get(index)
             images.append(np.frombuffer(raw["img"], dtype=np.uint8))
             labels.append(np.array([int(raw["cls"]) if raw["cls"] is not None else -1], dtype=np.int32))
+        if self.with_index:
+            return images, labels, [np.array(index, dtype=np.int64) for index in indices]
         return images, labels
 
 
@@ -105,8 +108,9 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
                         device_id: int | None = None, shard_id: int = 0, num_shards: int = 1,
                         size: int | None = 224, random_shuffle: bool = False, seed: int = 0,
                         normalize: bool = True, pad_last_batch: bool = False, prefetch_queue_depth: int = 2,
-                        drop_last: bool = False, checkpoint: dict | None = None):
-    """A built DALI pipeline with outputs ``images`` and ``labels`` (int32, -1 when unlabeled).
+                        drop_last: bool = False, with_index: bool = False, checkpoint: dict | None = None):
+    """A built DALI pipeline with outputs ``images`` and ``labels`` (int32, -1 when unlabeled), and
+    with ``with_index`` ``index`` (int64, the record's position in the dataset: a sample's key).
 
     ``drop_last``: an epoch ends before a short last batch (every batch is full); ``pad_last_batch``:
     the short last batch is filled with the range's last sample; neither: it is short.
@@ -127,13 +131,14 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
         state = check_state(checkpoint, KIND, options)
         epoch, batch = state["epoch"], state["batch"]
     source = LmdbBatchSource(path, count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
-                             drop_last, epoch, batch)
+                             drop_last, epoch, batch, with_index)
     gpu = device_id is not None
     pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                     prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True)
     with pipe:
-        jpegs, labels = fn.external_source(source=source, num_outputs=2, batch=True, parallel=False,
-                                           dtype=[types.UINT8, types.INT32])
+        inputs = fn.external_source(source=source, num_outputs=3 if with_index else 2, batch=True, parallel=False,
+                                    dtype=[types.UINT8, types.INT32, types.INT64][:3 if with_index else 2])
+        jpegs, labels = inputs[:2]
         images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
         if size is not None:
             images = fn.resize(images, resize_shorter=size)
@@ -144,7 +149,7 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
             else:
                 images = fn.crop(images, crop=(size, size))
         labels = fn.reshape(labels, shape=[])
-        pipe.set_outputs(images, labels.gpu() if gpu else labels)
+        pipe.set_outputs(images, *[data.gpu() if gpu else data for data in [labels, *inputs[2:]]])
     pipe.build()
     return pipe
 
@@ -160,7 +165,8 @@ def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int 
                      shard_id: int = 0, num_shards: int = 1, auto_reset: bool = True, state: dict | None = None,
                      **pipeline_args) -> ResumableDALILoader:
     """A ``DALIGenericIterator`` over ``build_lmdb_pipeline`` that resumes (``state_dict()``,
-    ``load_state_dict()``, or ``state=`` here); yields ``[{"images": ..., "labels": ...}]``."""
+    ``load_state_dict()``, or ``state=`` here); yields ``[{"images": ..., "labels": ...}]`` (and
+    ``"index"`` with ``with_index=True``)."""
     args = builder_args(build_lmdb_pipeline, pipeline_args)
     _, _, count = open_lmdb_dataset(root)
     options = order_options(count, batch_size, shard_id, num_shards, args["random_shuffle"], args["seed"],
@@ -172,7 +178,8 @@ def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int 
         return build_lmdb_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards, checkpoint=saved,
                                    **pipeline_args)
 
-    return ResumableDALILoader(KIND, build, ["images", "labels"], options=options, reader_name=None,
+    names = ["images", "labels", "index"] if args["with_index"] else ["images", "labels"]
+    return ResumableDALILoader(KIND, build, names, options=options, reader_name=None,
                                auto_reset=auto_reset, dali_checkpointing=False, epoch_batches=batches, state=state)
 
 

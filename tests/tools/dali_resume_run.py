@@ -5,12 +5,13 @@ tests/gpu/gpu_resume.py on the GPU): a loader per kind, its batches as plain rec
 their states as JSON and resumes each in a new process, which is what a restarted training job
 does: ``python -m tests.tools.dali_resume_run JOBS.json``, for each job ``{"kind", "root",
 "options", "state", "batches"}``, builds the loader from ``state`` and prints one JSON line:
-``{"restore_s": seconds to build it, "records": the records of the next batches}``.
+``{"restore_s": seconds to build it (imports done), "records": the records of the next batches}``.
 
 A record is ``"END"`` (the epoch ended; the next batch starts the next one) or
 ``{"labels": [...], "keys": [...], "pixels": [...]}``: per sample its label, its key (the image's
-source path, the video clip's label (one video per class) and frame numbers; the pixel hash for LMDB, which stores no key) and
-the sha256 of its output tensor's bytes.
+source path, the LMDB record's index, the video clip's label (one video per class) and frame
+numbers) and the sha256 of its output tensor's bytes (GPU decoders may decode one image to other
+pixels in another batch position, so samples are told apart by key, not pixels).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def make_loader(kind: str, root: str, options: dict, state: dict | None = None):
         return dali_image_loader(root, with_meta=True, state=state, **options)
     if kind == "lmdb":
         from pipelines.dali_lmdb import dali_lmdb_loader
-        return dali_lmdb_loader(root, state=state, **options)
+        return dali_lmdb_loader(root, with_index=True, state=state, **options)
     if kind == "video":
         from pipelines.dali_video import DALIVideoLoader
         return DALIVideoLoader(root, state=state, **options)
@@ -62,7 +63,7 @@ def record(kind: str, batch) -> dict:
     if "meta" in out:
         keys = [json.loads(bytes(m.cpu().numpy().tobytes()).rstrip(b"\x00"))["path"] for m in out["meta"]]
     else:
-        keys = pixels
+        keys = [str(index) for index in out["index"].view(-1).tolist()]
     return {"labels": labels, "keys": keys, "pixels": pixels}
 
 
@@ -139,6 +140,9 @@ def check_resume(kind: str, root: str, options: dict) -> list[dict]:
 
 
 def main(jobs_path: str) -> None:
+    import nvidia.dali.plugin.pytorch  # noqa: F401  (imported before timing: restore_s is the build alone)
+    import pipelines.dali_lmdb, pipelines.dali_video, pipelines.dali_webdataset  # noqa: F401, E401
+
     with open(jobs_path, encoding="utf-8") as handle:
         jobs = json.load(handle)
     for job in jobs:
