@@ -180,7 +180,7 @@ def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int 
 
     names = ["images", "labels", "index"] if args["with_index"] else ["images", "labels"]
     return ResumableDALILoader(KIND, build, names, options=options, reader_name=None,
-                               auto_reset=auto_reset, dali_checkpointing=False, epoch_batches=batches, state=state)
+                               auto_reset=auto_reset, resume="source", epoch_batches=batches, state=state)
 
 
 def read_epoch(pipe) -> list:

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 STATE_VERSION = 1
 LAST_BATCH = ("partial", "drop", "fill")
+RESUME = ("dali", "source", "none")
 
 Builder = Callable[["dict | None"], Any]  # state (or None) -> a built DALI pipeline
 
@@ -63,7 +64,8 @@ def builder_args(builder: Callable, given: dict) -> dict:
 
 
 def check_state(state: Any, kind: str, options: dict) -> dict:
-    """``state`` after checking it is a version-1 ``kind`` state saved with the same ``options``."""
+    """``state`` after checking it is a version-1 ``kind`` state saved with the same ``options``
+    (each key of ``options``; a loader's state may record more than its pipeline builder checks)."""
     if not isinstance(state, dict):
         raise ValueError(f"a {kind} loader state must be a dict, got {type(state).__name__}")
     if state.get("kind") != kind:
@@ -77,7 +79,7 @@ def check_state(state: Any, kind: str, options: dict) -> dict:
     saved = state.get("options")
     if not isinstance(saved, dict):
         raise ValueError(f"{kind} state: 'options' must be a dict, got {type(saved).__name__}")
-    differ = sorted(k for k in set(saved) | set(options) if saved.get(k) != options.get(k))
+    differ = sorted(k for k in options if saved.get(k) != options[k])
     if differ:
         changes = ", ".join(f"{k}: saved {saved.get(k)!r}, now {options.get(k)!r}" for k in differ)
         raise ValueError(f"the {kind} state was saved by a loader with other options ({changes}); "
@@ -89,21 +91,27 @@ class ResumableDALILoader:
     """A ``DALIGenericIterator`` over ``build(state)``'s pipeline with ``state_dict``/``load_state_dict``.
 
     ``kind`` names the pipeline in the state; ``options`` are the order-shaping settings checked
-    on restore; ``dali_checkpointing`` says the pipeline was built with ``enable_checkpointing``
-    (its state then carries DALI's checkpoint); ``epoch_batches``: batches per epoch when the
-    iterator cannot know them (an external source), else ``len()`` of the iterator. Iterating yields what ``DALIGenericIterator``
-    yields: a list with one dict of torch tensors per batch.
+    on restore (``last_batch`` is added); ``resume`` says how the position is kept: ``"dali"`` (the pipeline is built with
+    ``enable_checkpointing``; the state carries DALI's checkpoint), ``"source"`` (``build(state)``
+    starts the pipeline's source at the state's epoch and batch) or ``"none"`` (built without
+    checkpointing: ``state_dict`` and restoring refuse); ``epoch_batches``: batches per epoch
+    when the iterator cannot know them (an external source), else ``len()`` of the iterator.
+    Iterating yields what ``DALIGenericIterator`` yields: a list with one dict of torch tensors
+    per batch.
     """
 
     def __init__(self, kind: str, build: Builder, names: list[str], *, options: dict,
                  reader_name: str | None, last_batch: str = "partial", auto_reset: bool = True,
-                 dali_checkpointing: bool = True, epoch_batches: int | None = None,
+                 resume: str = "dali", epoch_batches: int | None = None,
                  state: dict | None = None) -> None:
+        if resume not in RESUME:
+            raise ValueError(f"resume must be one of {list(RESUME)}, not {resume!r}")
         if last_batch not in LAST_BATCH:
             raise ValueError(f"last_batch must be one of {list(LAST_BATCH)}, not {last_batch!r}")
-        self.kind, self._build, self.names, self.options = kind, build, names, dict(options)
+        self.kind, self._build, self.names = kind, build, names
+        self.options = {**options, "last_batch": last_batch}
         self._reader_name, self._last_batch, self._auto_reset = reader_name, last_batch, auto_reset
-        self._dali_checkpointing, self._epoch_batches = dali_checkpointing, epoch_batches
+        self._resume, self._epoch_batches = resume, epoch_batches
         self.epoch = self.batch = 0
         self._start(state)
 
@@ -111,8 +119,9 @@ class ResumableDALILoader:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         if state is not None:
+            self._refuse_without_checkpointing()
             state = check_state(state, self.kind, self.options)
-            if self._dali_checkpointing and state.get("dali") is None:
+            if self._resume == "dali" and state.get("dali") is None:
                 raise ValueError(f"the {self.kind} state holds no DALI checkpoint ('dali')")
         self.pipe = self._build(state)
         self.epoch, self.batch = (state["epoch"], state["batch"]) if state else (0, 0)
@@ -156,9 +165,14 @@ class ResumableDALILoader:
         """The loader's position after the last batch taken, as JSON-safe data."""
         state = {"kind": self.kind, "version": STATE_VERSION, "epoch": self.epoch, "batch": self.batch,
                  "options": dict(self.options)}
-        if self._dali_checkpointing:
+        self._refuse_without_checkpointing()
+        if self._resume == "dali":
             state["dali"] = base64.b64encode(self._iterator.checkpoints()[0]).decode("ascii")
         return state
+
+    def _refuse_without_checkpointing(self) -> None:
+        if self._resume == "none":
+            raise ValueError(f"this {self.kind} loader was built with enable_checkpointing=False: it has no state")
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from ``state_dict``): rebuilds the pipeline there."""

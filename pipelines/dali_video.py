@@ -134,7 +134,7 @@ class DALIVideoLoader:
 
         self._loader = ResumableDALILoader(KIND, build, ["frames", "labels"], options=options,
                                            reader_name=READER_NAME, auto_reset=auto_reset,
-                                           dali_checkpointing=args["enable_checkpointing"], state=state)
+                                           resume="dali" if args["enable_checkpointing"] else "none", state=state)
 
     @property
     def pipe(self):

@@ -159,4 +159,4 @@ def dali_image_loader(root: str | os.PathLike, batch_size: int, num_threads: int
 
     return ResumableDALILoader(KIND, build, output_names(root, pipeline_args.get("with_meta", False)),
                                options=options, reader_name=READER, last_batch=last_batch, auto_reset=auto_reset,
-                               dali_checkpointing=args["enable_checkpointing"], state=state)
+                               resume="dali" if args["enable_checkpointing"] else "none", state=state)

@@ -98,3 +98,32 @@ def test_bad_states_are_refused_with_the_reason(kind, datasets):
             make_loader(kind, root, options, state)
     with pytest.raises(ValueError, match="batch_size: saved 16, now 8"):
         make_loader(kind, root, {**options, "batch_size": 8}, good)
+
+
+def test_a_loader_without_checkpointing_has_no_state(datasets):
+    loader = make_loader("images", datasets["images"], {**OPTIONS["images"], "enable_checkpointing": False})
+    take("images", loader, 1)
+    with pytest.raises(ValueError, match="enable_checkpointing=False"):
+        loader.state_dict()
+    state = make_loader("images", datasets["images"], OPTIONS["images"]).state_dict()
+    with pytest.raises(ValueError, match="enable_checkpointing=False"):
+        make_loader("images", datasets["images"], {**OPTIONS["images"], "enable_checkpointing": False}, state)
+
+
+@pytest.mark.parametrize("last_batch", ["drop", "fill"])
+def test_image_loader_resumes_with_the_other_last_batch_policies(last_batch, datasets):
+    """DROP ends the epoch before the short batch, FILL pads it: a state taken at any batch of the
+    first epoch and after its end resumes to the uninterrupted run (in this process)."""
+    options = {**OPTIONS["images"], "last_batch": last_batch}
+    whole = make_loader("images", datasets["images"], options)
+    per_epoch = len(whole)
+    assert per_epoch == (7 if last_batch == "drop" else 8)  # 120 samples, batches of 16
+    reference = take("images", whole, per_epoch + 3)
+    for k in (2, per_epoch, per_epoch + 2):
+        loader = make_loader("images", datasets["images"], options)
+        take("images", loader, k)
+        resumed = make_loader("images", datasets["images"], options, loader.state_dict())
+        assert take("images", resumed, per_epoch + 3 - k) == reference[k:], (last_batch, k)
+    state = make_loader("images", datasets["images"], {**OPTIONS["images"], "last_batch": "drop"}).state_dict()
+    with pytest.raises(ValueError, match="last_batch: saved 'drop', now 'partial'"):
+        make_loader("images", datasets["images"], OPTIONS["images"], state)
