@@ -10,12 +10,14 @@ through the external source's (epoch, batch) position.
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
 from tests.conftest import run_repack
 from tests.tools.dali_resume_run import check_resume, make_loader, take
+from tests.tools.s3server import MotoServer, client, s3_env
 from tests.tools.videos import encoders, make_index_clip
 
 VP8 = ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")
@@ -54,6 +56,26 @@ def test_resume_in_a_new_process_continues_the_uninterrupted_run(kind, datasets)
     for row in rows:
         assert row["equal"], f"{kind}: the batches after a restore at batch {row['before']} differ"
         assert row["epoch_once"], f"{kind}: the epoch interrupted at batch {row['before']} is not every sample once"
+
+
+def test_images_resume_on_s3(photo_tree, tmp_path, monkeypatch):
+    """DALI reads s3:// itself (moto's server on loopback); its checkpoint resumes there too."""
+    server = MotoServer()
+    try:
+        client(server.endpoint).create_bucket(Bucket="resume")
+        env = s3_env(server.endpoint)
+        run_repack("images", photo_tree, "s3://resume/photos", "--shard-size", "25", "--quiet",
+                   env={**env, "REPACK_SCRATCH": str(tmp_path)})
+        for name, value in {**env, "AWS_ENDPOINT_URL": server.endpoint}.items():
+            monkeypatch.setenv(name, value)
+        root, options = "s3://resume/photos", OPTIONS["images"]
+        reference = take("images", make_loader("images", root, options), 10)
+        loader = make_loader("images", root, options)
+        take("images", loader, 5)
+        resumed = make_loader("images", root, options, json.loads(json.dumps(loader.state_dict())))
+        assert take("images", resumed, 5) == reference[5:]  # the epoch's end included
+    finally:
+        server.stop()
 
 
 def test_load_state_dict_rebuilds_in_place(datasets):
