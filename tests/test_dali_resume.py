@@ -149,3 +149,21 @@ def test_image_loader_resumes_with_the_other_last_batch_policies(last_batch, dat
     state = make_loader("images", datasets["images"], {**OPTIONS["images"], "last_batch": "drop"}).state_dict()
     with pytest.raises(ValueError, match="last_batch: saved 'drop', now 'partial'"):
         make_loader("images", datasets["images"], OPTIONS["images"], state)
+
+
+@pytest.mark.parametrize("kind", ["images", "lmdb"])
+def test_each_rank_resumes_its_own_shard(kind, datasets):
+    """Two DDP ranks (shard_id of num_shards=2): each resumes its own part; a state of one rank is
+    refused by the other."""
+    keys, states = [], []
+    for rank in range(2):
+        options = {**OPTIONS[kind], "shard_id": rank, "num_shards": 2}
+        reference = take(kind, make_loader(kind, datasets[kind], options), 5)
+        loader = make_loader(kind, datasets[kind], options)
+        take(kind, loader, 2)
+        states.append(loader.state_dict())
+        assert take(kind, make_loader(kind, datasets[kind], options, states[-1]), 3) == reference[2:]
+        keys += [key for record in reference[:reference.index("END")] for key in record["keys"]]
+    assert len(keys) == len(set(keys)) == 120  # the ranks' epochs: every sample once
+    with pytest.raises(ValueError, match="shard_id: saved 0, now 1"):
+        make_loader(kind, datasets[kind], {**OPTIONS[kind], "shard_id": 1, "num_shards": 2}, states[0])
