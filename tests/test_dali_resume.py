@@ -10,13 +10,12 @@ through the external source's (epoch, batch) position.
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
 
 from tests.conftest import run_repack
-from tests.tools.dali_resume_run import check_resume, make_loader, take
+from tests.tools.dali_resume_run import check_resume, make_loader, run_in_new_process, take
 from tests.tools.s3server import MotoServer, client, s3_env
 from tests.tools.videos import encoders, make_index_clip
 
@@ -59,7 +58,10 @@ def test_resume_in_a_new_process_continues_the_uninterrupted_run(kind, datasets)
 
 
 def test_images_resume_on_s3(photo_tree, tmp_path, monkeypatch):
-    """DALI reads s3:// itself (moto's server on loopback); its checkpoint resumes there too."""
+    """DALI reads s3:// itself (moto's server on loopback); its checkpoint resumes there too. DALI
+    (and pipelines.object_store) keep one S3 client per process, made for the first endpoint they
+    see, so the loaders run in child processes: the uninterrupted run and a loader stopped after 5
+    batches in one, the restore from its state in another."""
     server = MotoServer()
     try:
         client(server.endpoint).create_bucket(Bucket="resume")
@@ -68,14 +70,13 @@ def test_images_resume_on_s3(photo_tree, tmp_path, monkeypatch):
                    env={**env, "REPACK_SCRATCH": str(tmp_path)})
         for name, value in {**env, "AWS_ENDPOINT_URL": server.endpoint}.items():
             monkeypatch.setenv(name, value)
-        root, options = "s3://resume/photos", OPTIONS["images"]
-        reference = take("images", make_loader("images", root, options), 10)
-        loader = make_loader("images", root, options)
-        take("images", loader, 5)
-        resumed = make_loader("images", root, options, json.loads(json.dumps(loader.state_dict())))
-        assert take("images", resumed, 5) == reference[5:]  # the epoch's end included
+        job = {"kind": "images", "root": "s3://resume/photos", "options": OPTIONS["images"], "state": None}
+        reference, stopped = run_in_new_process([{**job, "batches": 10}, {**job, "batches": 5, "save_state": True}])
+        resumed, = run_in_new_process([{**job, "state": stopped["state"], "batches": 5}])
     finally:
         server.stop()
+    assert stopped["records"] == reference["records"][:5]
+    assert resumed["records"] == reference["records"][5:]  # the epoch's end included
 
 
 def test_load_state_dict_rebuilds_in_place(datasets):

@@ -5,7 +5,8 @@ tests/gpu/gpu_resume.py on the GPU): a loader per kind, its batches as plain rec
 their states as JSON and resumes each in a new process, which is what a restarted training job
 does: ``python -m tests.tools.dali_resume_run JOBS.json``, for each job ``{"kind", "root",
 "options", "state", "batches"}``, builds the loader from ``state`` and prints one JSON line:
-``{"restore_s": seconds to build it (imports done), "records": the records of the next batches}``.
+``{"restore_s": seconds to build it (imports done), "records": the records of the next batches}``
+(and ``"state"``, the loader's state after them, when the job says ``"save_state": true``).
 
 A record is ``"END"`` (the epoch ended; the next batch starts the next one) or
 ``{"labels": [...], "keys": [...], "pixels": [...]}``: per sample its label, its key (the image's
@@ -149,7 +150,10 @@ def main(jobs_path: str) -> None:
         started = time.perf_counter()
         loader = make_loader(job["kind"], job["root"], job["options"], job["state"])
         restore_s = time.perf_counter() - started
-        print(json.dumps({"restore_s": restore_s, "records": take(job["kind"], loader, job["batches"])}), flush=True)
+        result = {"restore_s": restore_s, "records": take(job["kind"], loader, job["batches"])}
+        if job.get("save_state"):
+            result["state"] = loader.state_dict()
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
