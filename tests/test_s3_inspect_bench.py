@@ -5,6 +5,7 @@ report, and bench rows measured from the bucket."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -44,9 +45,14 @@ def test_inspect_reads_the_dataset_in_the_bucket(packed, tmp_path):
     assert without_run(remote) == without_run(local)
     text = run_repack("inspect", URL, env=env).stdout
     assert text.startswith(f"{URL}: images / webdataset") and "quarantined: 1" in text
-    page = tmp_path / "report.html"
-    run_repack("inspect", URL, "--html", page, env=env)
-    assert f"repack report: {URL}" in page.read_text()
+    pages = {}
+    for name, where in (("remote", URL), ("local", root / "local")):
+        run_repack("inspect", where, "--html", tmp_path / f"{name}.html", env=env)
+        pages[name] = (tmp_path / f"{name}.html").read_text()
+    assert f"repack report: {URL}" in pages["remote"]
+    # the thumbnails come from the bucket through ranged GETs: the same pictures as from the disk
+    thumbs = [re.findall(r'<img src="(data:[^"]+)"', page) for page in (pages["remote"], pages["local"])]
+    assert len(thumbs[0]) == 18 and thumbs[0] == thumbs[1]
 
 
 def test_inspect_of_a_prefix_without_a_dataset_is_one_clear_error(packed):

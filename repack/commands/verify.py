@@ -50,8 +50,9 @@ def inspect(out, json_out, html_file):
     files = open_dataset(out)
     if html_file:
         from repack.report.html import dataset_page, write_page
+        from repack.report.samples import gather
 
-        write_page(html_file, dataset_page(collect(files)))
+        write_page(html_file, dataset_page(collect(files), gather(files)))
     if json_out:
         click.echo(json.dumps(collect(files), sort_keys=True))
     else:
