@@ -115,3 +115,23 @@ def test_options_come_from_the_environment_and_the_command_line_wins(photo_tree,
     assert [s["samples"] for s in read_manifest_json(tmp_path / "b")["shards"]] == [60, 60]
     bad = run_repack("images", photo_tree, tmp_path / "c", env={"REPACK_IMAGES_SHARD_SIZE": "many"}, check=False)
     assert bad.returncode == 2 and "(env var: 'REPACK_IMAGES_SHARD_SIZE'): 'many'" in bad.stderr
+
+
+def test_progress_counts_what_the_scan_refused_and_errors_are_json_lines(photo_tree, tmp_path):
+    """An input the scan refuses (a FIFO) is counted from the first line on; with --log-json a failed
+    command's error is a JSON line too."""
+    import os
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(photo_tree, src)
+    os.mkfifo(src / sorted(p.name for p in src.iterdir())[0] / "pipe.jpg")
+    proc = run_repack("images", src, tmp_path / "out", "--workers", "1", "--chunk-size", "10", "--shard-size", "40",
+                      "--progress-every", "0.001", "--log-json")
+    events = [json.loads(line) for line in proc.stderr.splitlines()]
+    progress = [e for e in events if e["event"] == "progress"]
+    assert progress and all(e["quarantined"] >= 1 for e in progress)
+    assert read_manifest_json(tmp_path / "out")["quarantine"][0]["reason"] == "not a regular file (FIFO)"
+    failed = run_repack("images", tmp_path / "missing", tmp_path / "out2", "--log-json", check=False)
+    (error,) = [json.loads(line) for line in failed.stderr.splitlines()]
+    assert error == {"event": "error", "exit_code": 2, "message": f"source {str(tmp_path / 'missing')!r} does not exist"}
