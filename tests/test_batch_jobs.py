@@ -135,3 +135,17 @@ def test_progress_counts_what_the_scan_refused_and_errors_are_json_lines(photo_t
     failed = run_repack("images", tmp_path / "missing", tmp_path / "out2", "--log-json", check=False)
     (error,) = [json.loads(line) for line in failed.stderr.splitlines()]
     assert error == {"event": "error", "exit_code": 2, "message": f"source {str(tmp_path / 'missing')!r} does not exist"}
+
+
+def test_no_project_environment_variable_sets_an_option_by_accident():
+    """The variables the project itself reads (REPACK_SCRATCH, make bench's REPACK_BENCH_*) name no
+    option: `REPACK_BENCH_REPEATS=3 python -m tests.gpu.cpu_scaling` must not change a `repack bench` run."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    used = {name for folder in ("repack", "pipelines", "tests") for path in (root / folder).rglob("*.py")
+            if path.name not in ("test_batch_jobs.py", "test_cluster_docs.py", "test_bench_cli.py", "envvars.py")
+            for name in re.findall(r"\bREPACK_[A-Z0-9_]+\b", path.read_text(encoding="utf-8"))}
+    options = set(bind_envvars(cli))
+    assert "REPACK_SCRATCH" in used and {n for n in used if n.startswith("REPACK_BENCH_")}
+    assert not used & options, sorted(used & options)
