@@ -181,3 +181,25 @@ def test_bench_report_renders(images_out, tmp_path):
     assert "against workers" in html and "torch workers, batch 4" in html
     shot = load(page, tmp_path, height=1300)
     assert ink(shot, BAR) > 500  # the samples/s and wait lines and their markers
+
+
+def test_report_size_is_bounded(tmp_path):
+    """30 classes of 8 images: the page shows 24 classes of 6 small thumbnails, and stays small."""
+    import random
+
+    rng = random.Random(5)
+    for c in range(30):
+        (tmp_path / "src" / f"class{c:02d}").mkdir(parents=True)
+        for i in range(8):
+            colour = tuple(rng.randrange(256) for _ in range(3))
+            Image.new("RGB", (300, 200), colour).save(tmp_path / "src" / f"class{c:02d}" / f"{i}.jpg", quality=90)
+    run_repack("images", tmp_path / "src", tmp_path / "out", "--shard-size", "50", "--quiet")
+    page = tmp_path / "many.html"
+    run_repack("inspect", tmp_path / "out", "--html", page)
+    html = page.read_text()
+    self_contained(html)
+    grid = html.split("<h2>Samples per class</h2>")[1].split("</section>")[0]
+    assert re.findall(r"<h3>(class\d+) \(\d+\)</h3>", grid) == [f"class{c:02d}" for c in range(24)]
+    thumbs = thumbnails(grid)
+    assert len(thumbs) == 24 * 6 and all(max(t.size) <= 96 for t in thumbs.values())
+    assert len(html) < 400_000, len(html)
