@@ -4,7 +4,6 @@ video, the per-file probe records in OUT/probe.jsonl."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 

@@ -15,7 +15,7 @@ LONG_SIDE_HINT = 2048  # px: beyond this, decode dominates a DataLoader step
 SHOWN = 15  # rows per table
 
 
-def inspect_lines(root: "str | Path | DatasetFiles") -> list[str]:
+def inspect_lines(root: str | Path | DatasetFiles) -> list[str]:
     """A short human summary of a dataset (a folder, an s3:// URL or its DatasetFiles)."""
     files = root if isinstance(root, DatasetFiles) else open_dataset(root)
     s = collect(files)
