@@ -203,3 +203,15 @@ def test_report_size_is_bounded(tmp_path):
     thumbs = thumbnails(grid)
     assert len(thumbs) == 24 * 6 and all(max(t.size) <= 96 for t in thumbs.values())
     assert len(html) < 400_000, len(html)
+
+
+def test_report_of_a_damaged_dataset_says_so(images_out, tmp_path):
+    """A shard gone missing: the page still renders, with a note where the thumbnails would be."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(images_out, damaged)
+    (damaged / "shard-000000.tar").unlink()
+    page = tmp_path / "damaged.html"
+    run_repack("inspect", damaged, "--html", page)
+    html = page.read_text()
+    assert "samples not shown: FileNotFoundError" in html and "run `repack verify`" in html
+    assert "Class balance (3 classes)" in html

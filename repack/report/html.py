@@ -115,7 +115,7 @@ def figure(uri: str | None, caption: str, note: str = "") -> str:
 
 def sample_sections(samples: dict) -> list[str]:
     """The sections that show the data: thumbnails per class, quarantined inputs, video frames, text."""
-    body = []
+    body = [f'<p class="note">{escape(samples["note"])}</p>'] if samples.get("note") else []
     if samples.get("classes"):
         grids = "".join(f"<h3>{escape(c['class'])} ({c['index']})</h3><div class=\"thumbs\">"
                         + "".join(figure(t.get("uri"), t["key"], t.get("error", "")) for t in c["thumbnails"])

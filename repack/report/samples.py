@@ -9,6 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from repack.errors import RepackError
 from repack.report.collect import probe_records
 from repack.report.dataset_files import DatasetFiles
 from repack.report.thumbnails import FRAME_SIDE, ThumbnailError, thumbnail_uri
@@ -26,14 +27,18 @@ FFMPEG_TIMEOUT = 30.0
 
 
 def gather(files: DatasetFiles) -> dict:
-    """The samples the report shows for this dataset (JSON-able; thumbnails as data: URIs)."""
+    """The samples the report shows for this dataset (JSON-able; thumbnails as data: URIs). A file
+    that cannot be read (a damaged dataset: `repack verify` says what) gives a note, not a failure."""
     modality = files.manifest.modality
-    if modality == "images":
-        return {"classes": class_thumbnails(files), "quarantined": quarantined_thumbnails(files)}
-    if modality == "video":
-        return {"frames": decision_frames(files)}
-    if modality == "text":
-        return {"documents": document_starts(files)}
+    try:
+        if modality == "images":
+            return {"classes": class_thumbnails(files), "quarantined": quarantined_thumbnails(files)}
+        if modality == "video":
+            return {"frames": decision_frames(files)}
+        if modality == "text":
+            return {"documents": document_starts(files)}
+    except (OSError, ValueError, RepackError) as exc:
+        return {"note": f"samples not shown: {type(exc).__name__}: {exc} (run `repack verify`)"}
     return {}
 
 
