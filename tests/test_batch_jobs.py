@@ -149,3 +149,25 @@ def test_no_project_environment_variable_sets_an_option_by_accident():
     options = set(bind_envvars(cli))
     assert "REPACK_SCRATCH" in used and {n for n in used if n.startswith("REPACK_BENCH_")}
     assert not used & options, sorted(used & options)
+
+
+def test_progress_lines_stay_whole_when_threads_print_at_once():
+    """The timer thread and the engine's loop may both print: every line is whole (one JSON object)."""
+    import threading
+    import time
+
+    class SlowStream(io.StringIO):  # like a pipe: a thread may be switched out in the middle of a print
+        def write(self, text: str) -> int:
+            time.sleep(0.0001)
+            return super().write(text)
+
+    stream = SlowStream()
+    with LineProgress(8000, "img", "images", every=1e-9, as_json=True, stream=stream) as progress:
+        threads = [threading.Thread(target=lambda: [progress.update(1) for _ in range(2000)]) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) > 100 and all(json.loads(line)["total"] == 8000 for line in lines)
+    assert max(json.loads(line)["done"] for line in lines) == 8000

@@ -124,13 +124,16 @@ class LineProgress(NoProgress):
             self._print_if_due()
 
     def _print_if_due(self) -> None:
-        with self.lock:
+        with self.lock:  # one whole line at a time: the timer thread and the engine's loop both print
             now = time.monotonic()
             if now - self.last < self.every:
                 return
             self.last = now
-            line = self.line(now - self.started)
-        print(line, file=self.stream, flush=True)
+            try:
+                self.stream.write(self.line(now - self.started) + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):  # a closed log stream never stops the job
+                pass
 
     def fields(self, elapsed: float) -> dict:
         """The figures of one progress line."""
