@@ -26,6 +26,19 @@ def job_command(name: str, **sections: tuple[str, ...]):
     return click.command(name, cls=JobCommand, sections=sections)
 
 
+class LogMode:
+    """How this process reports to its log: ``json`` once a command was given --log-json (or its
+    variable), so that ``repack.cli`` prints even an error as a JSON line."""
+
+    json = False
+
+
+def _remember_log_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        LogMode.json = True
+    return value
+
+
 def engine_options(fn):
     """Options shared by every job command: how it runs, never what it outputs."""
     decorators = [
@@ -43,8 +56,9 @@ def engine_options(fn):
         click.option("--progress-every", type=float, default=30.0, show_default=True, metavar="SECONDS",
                      help="When stderr is not a terminal (a batch job): one progress line every SECONDS "
                           "(done/total, rate, ETA, quarantined so far)."),
-        click.option("--log-json", is_flag=True,
-                     help="Progress lines and the final summary as JSON lines on stderr (for log collectors)."),
+        click.option("--log-json", is_flag=True, is_eager=True, callback=_remember_log_json,
+                     help="Progress lines, the final summary and any error as JSON lines on stderr (for log "
+                          "collectors)."),
     ]
     for decorator in reversed(decorators):
         fn = decorator(fn)

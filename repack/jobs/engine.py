@@ -303,6 +303,7 @@ class Engine:
         self.job = job
         self.options = options
         self.out = job.out
+        self.planned_quarantine = 0  # inputs the plan's scan refused (progress lines count them)
 
     # -- state ---------------------------------------------------------------------------
     def _check_state(self, plan: Plan) -> None:
@@ -452,6 +453,7 @@ class Engine:
             if store.remote:
                 store.abort_uploads()  # left by a killed run: we hold the lock
             plan = build_plan(self.job)
+            self.planned_quarantine = len(plan.quarantine)
             if not plan.tasks and not plan.quarantine:
                 raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
             self._check_state(plan)
@@ -572,7 +574,8 @@ class Engine:
             chunk_records[task_id] = record
             feed(uid)
 
-        bar = progress_reporter(sum(units_of.values()), self.job.progress_unit, self.job.name, opts)
+        bar = progress_reporter(sum(units_of.values()), self.job.progress_unit, self.job.name, opts,
+                                self.planned_quarantine)
         counts: dict[str, int] = {}
         started = time.perf_counter()
         resumed = list(group_tasks)  # chunks finished before an interruption: fed once the pool has forked
