@@ -47,6 +47,13 @@ SNAP_READ = 1 << 16
 AUTO_CHUNKS = 256              # --chunk-bytes auto: about this many chunks,
 AUTO_MIN, AUTO_MAX = 5 * 10**5, 256 * 10**6  # each between 0.5 MB and 256 MB (work for every core)
 DEFAULT_MAX_DOC_BYTES = 8 * 2**20  # --max-doc-bytes: a longer document is quarantined, never held whole
+# A document is tokenized whole (splitting it could change its tokens). Measured with GPT-2's
+# byte-level BPE (tokenizers 0.23, `repack text --workers 1`): peak RSS about 100 MB plus about
+# 105 bytes per byte of the longest document (8 MiB: 0.85 GB, 16 MiB: 1.75 GB). So --max-doc-bytes
+# is refused above MAX_DOC_BYTES_LIMIT, which keeps a worker under TEXT_WORKER_BUDGET.
+TOKENIZE_BYTES_PER_BYTE = 105
+TEXT_WORKER_BUDGET = 2 * 2**30
+MAX_DOC_BYTES_LIMIT = 16 * 2**20
 
 
 def auto_chunk_bytes(total: int) -> int:
