@@ -177,6 +177,11 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement) -> tuple[l
     return found, skipped
 
 
+def _where(listed_at: dict[str, str], rel: str) -> str:
+    """`` (<list file>:<line>)`` for an entry of a list file, else empty."""
+    return f" ({listed_at[rel]})" if rel in listed_at else ""
+
+
 def list_text_files(source: str, list_file: bool = False, confinement: Confinement | None = None
                     ) -> tuple[list[TextFile], list[dict], int]:
     """The input files in deterministic order, quarantine records, and the count of skipped files.
@@ -190,6 +195,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
     quarantine: list[dict] = []
     skipped = 0
     candidates: list[tuple[str, str]] = []  # (path, rel)
+    listed_at: dict[str, str] = {}  # rel -> "<list file>:<line>" of its first row (--list)
     if list_file:
         conf = rules.rooted(str(src.absolute().parent))
         base = src.parent
@@ -199,6 +205,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
                 continue
             path = Path(entry) if os.path.isabs(entry) else base / entry
             candidates.append((str(path), entry))
+            listed_at.setdefault(entry, f"{src.name}:{number}")
     elif src.is_dir():
         conf = rules.rooted(str(src))
         found, skipped = walk_folder(src, quarantine, conf)
@@ -212,7 +219,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
         if kind is None:
             if list_file or not src.is_dir():
                 quarantine.append({"source": rel, "line": None, "reason": "not a .jsonl/.txt/.parquet file "
-                                   "(optionally .gz/.zst)"})
+                                   "(optionally .gz/.zst)" + _where(listed_at, rel)})
             else:
                 skipped += 1
             continue
@@ -220,7 +227,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
         if checked.reason is None and checked.is_dir:
             checked = dataclasses.replace(checked, reason="not a regular file (folder)")
         if checked.reason is not None:
-            quarantine.append({"source": rel, "line": None, "reason": checked.reason})
+            quarantine.append({"source": rel, "line": None, "reason": checked.reason + _where(listed_at, rel)})
             continue
         checked_files.append((rel, checked.real, checked.st))
     aliases = pick_real_paths(checked_files, conf.root)
