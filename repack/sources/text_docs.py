@@ -36,6 +36,7 @@ from repack.sources.base import alias_reason, pick_real_paths, sort_key
 from repack.sources.confine import Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import list_objects
+from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul
 from repack.store import is_remote
 
 JSONL_EXTS = (".jsonl", ".ndjson", ".json")
@@ -489,8 +490,31 @@ class SegmentReader:
                                 "quarantined, not read whole")
 
     def __iter__(self) -> Iterator[Doc]:
+        """The segment's documents; binary or UTF-16 content is quarantined (``repack.sources.text_sniff``):
+        the whole segment when its first bytes are not UTF-8 text, else each document holding U+0000."""
+        for doc in self._documents():
+            if doc.text is not None and has_nul(doc.text):
+                yield Doc(doc.line, reason="binary data, not text: the document holds NUL (U+0000) characters")
+            else:
+                yield doc
+
+    def _sniff(self) -> str | None:
+        """Why the segment is not UTF-8 text (text_sniff.binary_reason of its first bytes), or None."""
+        if self.segment.kind == "parquet":
+            return None
+        with _open_stream(self.segment) as fh:
+            size = SNIFF_BYTES if self.segment.unit != "bytes" else min(SNIFF_BYTES, self.segment.end - self.segment.start)
+            return binary_reason(fh.read(size))
+
+    def _documents(self) -> Iterator[Doc]:
         kind = self.segment.kind
         try:
+            reason = self._sniff()
+            if reason:
+                for _ in _lines(self.segment, self.max_doc_bytes):  # counted, so later segments' lines stay true
+                    self.lines += 1
+                yield Doc(1, reason=f"{reason}: the whole segment (lines 1-{self.lines}) is quarantined")
+                return
             if kind == "jsonl":
                 yield from self._jsonl()
             elif kind == "parquet":
