@@ -10,7 +10,7 @@ import click
 
 from repack.commands.options import (engine_options, job_command, location, report, source_options,
                                      split_engine_options)
-from repack.errors import StrictModeError, UsageError
+from repack.errors import UsageError
 from repack.store import is_remote
 from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEFAULT_TARGET, TARGETS
 
@@ -92,6 +92,3 @@ def video(source, out, probe, transcode, target, dali_reader, verify, max_gop, t
             click.echo("\n".join(job.summary_lines(manifest)), err=True)
     else:
         report(job, options, result)
-    if options.strict and manifest is not None and not transcode and manifest["totals"]["needs_transcode"]:
-        raise StrictModeError(f"--strict: {manifest['totals']['needs_transcode']} video(s) need transcoding "
-                              f"(see {job.store.url}/probe.jsonl)")

@@ -56,6 +56,7 @@ from repack.jobs.run_guard import check_run, claim_run, driver_lock_fds, hold_wo
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
 from repack.store import open_store
 
+STRICT_MANIFEST = f"{STATE_DIR}/strict-manifest.json"  # what a --strict run that failed leaves instead (exit 6)
 ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
 WRITERS_PER_GROUP = 4  # about this many workers write into one group's output at once (see dispatch_order)
 
@@ -547,17 +548,37 @@ class Engine:
         with ThreadPoolExecutor(16) as pool:
             return dict(zip((t.task_id for t in tasks), pool.map(lambda t: self.load_record(t, digest), tasks)))
 
+    def _strict_problem(self, manifest: dict) -> str | None:
+        return self.job.strict_problem(manifest) if self.options.strict else None
+
+    def _withhold(self, manifest: dict) -> str:
+        """--strict refused the dataset: no manifest.json (an earlier one removed), the would-be manifest
+        saved as .repack/strict-manifest.json for inspection; returns its location."""
+        store = self.job.store
+        store.put_bytes(STRICT_MANIFEST, dumps_canonical(manifest, indent=1))
+        store.delete(MANIFEST_NAME)
+        (self.out / MANIFEST_NAME).unlink(missing_ok=True)
+        return f"{store.url}/{STRICT_MANIFEST}"
+
     def _check_outcome(self, manifest: dict, manifest_path: str) -> None:
-        """Exit 7 when inputs were found and nothing was packed; exit 6 under --strict with a quarantine."""
+        """Exit 7 when inputs were found and nothing was packed; exit 6 under --strict when the job's
+        ``strict_problem`` finds one (a quarantine; video: also a needed transcode in a probe-only run).
+        What --strict leaves: no manifest.json, so OUT is not a dataset (readers and verify refuse it);
+        the shards and job state stay, and the would-be manifest is .repack/strict-manifest.json. A
+        re-run without --strict publishes the manifest from the finished tasks (nothing is redone)."""
+        problem = self._strict_problem(manifest)
+        if problem:
+            manifest_path = self._withhold(manifest)
         totals = manifest["totals"]
         if totals.get("inputs") and not self.job.packed(manifest):
             first = manifest["quarantine"][0] if manifest["quarantine"] else None
             example = f"; e.g. {first['source']}: {first['reason']}" if first else ""
             raise NothingPackedError(f"{totals['inputs']} input(s) found but nothing was packed: every one was "
                                      f"quarantined (see {manifest_path}{example})")
-        if self.options.strict and manifest["totals"].get("quarantined"):
-            raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
-                                  f"(see {manifest_path})")
+        if problem:
+            raise StrictModeError(f"--strict: {problem}; no manifest.json was published, so {self.job.store.url} is "
+                                  f"not a dataset (the would-be manifest: {manifest_path}; the shards stay for "
+                                  "inspection); re-run without --strict to publish it (nothing is redone)")
 
     def _execute(self, executor, units, todo: list[Task], digest: str, records: dict,
                  chunk_records: dict) -> list[TaskFailure]:
@@ -674,6 +695,8 @@ class Engine:
                        "task_seconds": round(sum(r.get("seconds", 0.0) + r.get("chunk_seconds", 0.0)
                                                  for r in records), 3),
                        **body.pop("run_stats", {})}
+        if self._strict_problem(body):
+            return body  # not published: _check_outcome withholds it (exit 6)
         write_manifest(self.out, body)
         if self.job.store.remote:
             self._publish_dataset(body, records)

@@ -483,6 +483,13 @@ class VideoJob(Job):
         t = manifest["totals"]
         return t["videos"] if self.spec.transcode else t["ok"] + t["needs_transcode"]
 
+    def strict_problem(self, manifest: dict) -> str | None:
+        """Any quarantined input; in a probe-only run also any video that needs transcoding."""
+        problems = [super().strict_problem(manifest)]
+        if not self.spec.transcode and manifest["totals"]["needs_transcode"]:
+            problems.append(f"{manifest['totals']['needs_transcode']} video(s) need transcoding (see probe.jsonl)")
+        return "; ".join(p for p in problems if p) or None
+
     def summary_lines(self, manifest: dict) -> list[str]:
         t, stats = manifest["totals"], manifest["stats"]
         lines = [f"{t['inputs']} input(s) probed for target {manifest['target']} and DALI reader "

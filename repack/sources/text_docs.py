@@ -39,6 +39,7 @@ from repack.sources.s3 import list_objects
 from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul
 from repack.store import is_remote
 
+SNIP_BYTES = 4096  # the sniff reads a damaged compressed stream in pieces, keeping what decompressed
 JSONL_EXTS = (".jsonl", ".ndjson", ".json")
 TXT_EXTS = (".txt",)
 PARQUET_EXTS = (".parquet",)
@@ -502,9 +503,18 @@ class SegmentReader:
         """Why the segment is not UTF-8 text (text_sniff.binary_reason of its first bytes), or None."""
         if self.segment.kind == "parquet":
             return None
+        size = SNIFF_BYTES if self.segment.unit != "bytes" else min(SNIFF_BYTES, self.segment.end - self.segment.start)
+        head = bytearray()
         with _open_stream(self.segment) as fh:
-            size = SNIFF_BYTES if self.segment.unit != "bytes" else min(SNIFF_BYTES, self.segment.end - self.segment.start)
-            return binary_reason(fh.read(size))
+            try:
+                while len(head) < size:
+                    piece = fh.read(min(SNIP_BYTES, size - len(head)))
+                    if not piece:
+                        break
+                    head += piece
+            except Exception:  # noqa: BLE001 - a damaged stream: judged on what was read, the reader reports it
+                pass
+        return binary_reason(bytes(head))
 
     def _documents(self) -> Iterator[Doc]:
         kind = self.segment.kind
