@@ -41,8 +41,13 @@ def engine_options(fn):
                      help="When any input was quarantined (video, probe only: or needs transcoding): exit 6 and "
                           "publish no manifest.json, so OUT is not a dataset; the shards stay, the would-be "
                           "manifest is OUT/.repack/strict-manifest.json; a re-run without --strict publishes it."),
-        click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar, no progress lines."),
         click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout."),
+        click.option("--progress-every", type=float, default=30.0, show_default=True, metavar="SECONDS",
+                     help="When stderr is not a terminal (a batch job): one progress line every SECONDS "
+                          "(done/total, rate, ETA, quarantined so far)."),
+        click.option("--log-json", is_flag=True,
+                     help="Progress lines and the final summary as JSON lines on stderr (for log collectors)."),
     ]
     for decorator in reversed(decorators):
         fn = decorator(fn)
@@ -68,7 +73,7 @@ def source_options(fn):
 def split_engine_options(kwargs: dict) -> EngineOptions:
     """Pop the engine options out of a command's kwargs."""
     names = ("workers", "executor", "ray_address", "retries", "num_nodes", "node_rank", "overwrite", "strict",
-             "quiet", "json_summary")
+             "quiet", "json_summary", "progress_every", "log_json")
     values = {n: kwargs.pop(n) for n in names}
     return EngineOptions(**values, command=shlex.join(sys.argv))
 
@@ -96,5 +101,7 @@ def report(job, options: EngineOptions, result) -> None:
                    "totals": result.manifest["totals"], "quarantine": result.manifest["quarantine"]}
     if options.json_summary:
         click.echo(json.dumps(summary, sort_keys=True))
-    if not options.quiet or not options.json_summary:
+    if options.log_json:
+        click.echo(json.dumps({"event": "summary", "job": job.name, **summary}, sort_keys=True), err=True)
+    elif not options.quiet or not options.json_summary:
         click.echo(message, err=options.json_summary)
