@@ -147,3 +147,17 @@ def test_stale_writer_publishes_nothing_s3(many_jpegs, server, tmp_path, monkeyp
         execute_task(job["job"], json.dumps(job["spec"]), json.dumps(task), job["plan_digest"], run=old)
     left = objects(s3, "stale", "out")
     assert shard not in left and f".repack/tasks/{task['task_id']}.json" not in left
+
+
+def test_partitions_side_by_side_do_not_wait_for_each_other(many_jpegs, tmp_path):
+    """Each partition's workers hold their own workers lock: two partitions with pools run at once."""
+    out = tmp_path / "parts"
+    args = [sys.executable, "-m", "repack", "images", str(many_jpegs), str(out), "--shard-size", "5", "--workers", "2",
+            "--quiet", "--num-nodes", "2"]
+    procs = [subprocess.Popen(args + ["--node-rank", str(rank)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    for proc in procs:
+        assert proc.wait(120) == 0, proc.stderr.read()
+    run_repack("merge", out, "--quiet")
+    run_repack("images", many_jpegs, tmp_path / "ref", "--shard-size", "5", "--workers", "2", "--quiet")
+    assert shard_bytes(out) == shard_bytes(tmp_path / "ref")

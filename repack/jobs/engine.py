@@ -52,7 +52,8 @@ from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
 from repack.jobs.base import STATE_DIR, Job, Plan, Task, build_plan, is_piece
 from repack.jobs.progress import progress_reporter
-from repack.jobs.run_guard import check_run, claim_run, driver_lock_fds, hold_workers_lock, wait_for_old_workers
+from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, run_part,
+                                   wait_for_old_workers)
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
 from repack.store import open_store
 
@@ -108,7 +109,7 @@ def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str
     ``run``: the run id of the driver (``run_guard.claim_run``), checked before publishing."""
     job = load_job(job_name, spec_json)
     job.place_segments = place_segments
-    hold_workers_lock(state_dir(job.out))  # a pool worker: a later run waits until this process is gone
+    hold_workers_lock(state_dir(job.out), run_part(run))  # a pool worker: a later run waits until it is gone
     task = Task.from_json(json.loads(task_json))
     local_pieces = bool(task.group) and not share_pieces
     _, text = _run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest, local_pieces=local_pieces,
@@ -360,7 +361,7 @@ class Engine:
     def _claim_run(self, part: str = "") -> None:
         """Holding the job lock: wait for the workers of a killed run on this host to be gone, then
         write this run's id (repack.jobs.run_guard), which every writer checks before publishing."""
-        wait_for_old_workers(state_dir(self.out))
+        wait_for_old_workers(state_dir(self.out), part)
         self.run_id = claim_run(self.job.store, part)
 
     def _wipe(self) -> None:
