@@ -318,7 +318,7 @@ class Engine:
         self.job = job
         self.options = options
         self.out = job.out
-        self.run_id = ""  # this run's id once it holds the lock (_claim_run)
+        self.run_id = ""  # this run's token once it holds the lock (run_guard.claim_run), checked by every writer
 
     # -- state ---------------------------------------------------------------------------
     def _check_state(self, plan: Plan) -> None:
@@ -357,12 +357,6 @@ class Engine:
             return "the planned tasks differ"
         return (f"{len(changed)} input(s) differ in size, mtime or inode, or were added or removed "
                 f"({', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''})")
-
-    def _claim_run(self, part: str = "") -> None:
-        """Holding the job lock: wait for the workers of a killed run on this host to be gone, then
-        write this run's id (repack.jobs.run_guard), which every writer checks before publishing."""
-        wait_for_old_workers(state_dir(self.out), part)
-        self.run_id = claim_run(self.job.store, part)
 
     def _wipe(self) -> None:
         """--overwrite: remove what an earlier job wrote (files its records and manifest name)."""
@@ -468,10 +462,11 @@ class Engine:
         prepare_out(self.out, store)
         part = f"{opts.node_rank}-of-{opts.num_nodes}" if opts.num_nodes > 1 else ""
         with JobLock(self.out, part, store if store.remote else None):
+            wait_for_old_workers(state_dir(self.out), part)  # before --overwrite deletes the lock files they hold
             if opts.overwrite:
                 self._wipe()
                 prepare_out(self.out)
-            self._claim_run(part)
+            self.run_id = claim_run(store, part)
             if store.remote:
                 store.abort_uploads()  # left by a killed run: we hold the lock
             plan = build_plan(self.job)
@@ -717,7 +712,8 @@ def merge(out: str, options: EngineOptions) -> RunResult:
     engine = Engine(job, options)
     prepare_out(job.out, store)
     with JobLock(job.out, store=store if store.remote else None):
-        engine._claim_run()
+        wait_for_old_workers(state_dir(job.out))
+        engine.run_id = claim_run(store)
         digest = state["plan_digest"]
         records, chunk_records = engine.resume_state(plan.units, digest)
         for uid, tasks in plan.units:  # groups whose chunks all finished on their nodes but never assembled
