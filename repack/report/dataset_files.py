@@ -55,10 +55,9 @@ class DatasetFiles:
 def open_dataset(root: str | Path) -> DatasetFiles:
     """The dataset in a folder or at ``s3://bucket/prefix`` (ManifestError when it has no valid manifest)."""
     if is_remote(str(root)):
-        from repack.store.dataset import open_remote_manifest
-        from repack.store.s3 import S3Store
+        from repack.store.files import RemoteFiles
 
-        store = S3Store(str(root))
-        return DatasetFiles(open_remote_manifest(store), store.url, store)
+        remote = RemoteFiles(str(root))
+        return DatasetFiles(remote.manifest(), remote.where, remote.store)
     manifest = read_manifest(root)
     return DatasetFiles(manifest, str(Path(manifest.root).absolute()))

@@ -149,7 +149,7 @@ def main() -> None:
     print()
     make_videos(videos)
     shutil.rmtree(clips, ignore_errors=True)
-    repack("video", str(videos), str(clips), "--transcode")  # TODO(issue 22): `--probe --transcode` once it lands
+    repack("video", str(videos), str(clips), "--probe", "--transcode")  # the mission's command, as users type it
     repack("verify", str(clips))
     repack("inspect", str(clips), "--html", str(OUT / "video-report.html"))
     print()
