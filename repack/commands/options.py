@@ -37,7 +37,10 @@ def engine_options(fn):
         click.option("--num-nodes", type=int, default=1, show_default=True, help="Static partitions: total nodes."),
         click.option("--node-rank", type=int, default=0, show_default=True, help="Static partitions: this node."),
         click.option("--overwrite", is_flag=True, help="Replace an existing job in OUT run with other options."),
-        click.option("--strict", is_flag=True, help="Exit non-zero when any input was quarantined."),
+        click.option("--strict", is_flag=True,
+                     help="When any input was quarantined (video, probe only: or needs transcoding): exit 6 and "
+                          "publish no manifest.json, so OUT is not a dataset; the shards stay, the would-be "
+                          "manifest is OUT/.repack/strict-manifest.json; a re-run without --strict publishes it."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar, no progress lines."),
         click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout."),
         click.option("--progress-every", type=float, default=30.0, show_default=True, metavar="SECONDS",

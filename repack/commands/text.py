@@ -39,7 +39,8 @@ from repack.config import parse_size
               help="Input bytes per task, one part each (auto: corpus/256, within 0.5MB..256MB).")
 @click.option("--no-merge", is_flag=True, help="Keep one prefix per part (Megatron weighted --data-path list).")
 @click.option("--max-doc-bytes", default="8MiB", show_default=True,
-              help="Quarantine documents longer than SIZE (bounds each worker's memory).")
+              help="Quarantine documents longer than SIZE (bounds each worker's memory: a document is tokenized "
+                   "whole, at about 105 bytes of memory per byte of text; at most 16MiB).")
 @source_options
 @engine_options
 def text(source, out, tokenize, tokenizer, field, doc_per, list_file, append_eos, eos_token, add_bos, bos_token,

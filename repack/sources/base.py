@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -84,6 +85,34 @@ class Scan:
         names = sorted({item.label for item in self.items if item.label is not None} |
                        {q["label"] for q in self.quarantine if q.get("label") is not None})
         return {name: index for index, name in enumerate(names)}
+
+
+def clean_label(raw) -> str | None:
+    """The one label rule, applied wherever labels are read (list-file columns, class folder names,
+    s3 prefixes): surrounding whitespace is stripped, so ``"cat "`` and ``"cat"`` are one class;
+    a label that is empty after stripping is no label."""
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    return text or None
+
+
+def clean_labels(scan: "Scan") -> "Scan":
+    """``scan`` with ``clean_label`` applied to every item and quarantine record; an item whose class
+    name is only whitespace (a folder named " ") is quarantined with the reason."""
+    items: list[InputItem] = []
+    quarantine = [q if q.get("label") is None else {**q, "label": clean_label(q["label"])} for q in scan.quarantine]
+    for item in scan.items:
+        label = clean_label(item.label)
+        if item.label is not None and label is None:
+            quarantine.append(quarantine_record(item.rel, f"class name {item.label!r} is empty once its surrounding "
+                                                          "whitespace is stripped"))
+        elif label != item.label:
+            items.append(dataclasses.replace(item, label=label))
+        else:
+            items.append(item)
+    quarantine = [{k: v for k, v in q.items() if not (k == "label" and v is None)} for q in quarantine]
+    return dataclasses.replace(scan, items=tuple(items), quarantine=tuple(quarantine))
 
 
 _FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
