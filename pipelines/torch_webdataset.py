@@ -81,15 +81,16 @@ class ImageShardDataset(IterableDataset):
         decode: False yields the raw image bytes instead of a PIL image.
         read_bytes: buffer of each shard stream (one read of the file or the network).
         shuffle_buffer: with shuffle, how many samples are mixed at a time (per worker).
+        version: the dataset version to read (``manifest.vN.json``); None: the latest.
     """
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None, output: str = "tuple",
                  shuffle: bool = False, seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  drop_last: bool = False, mode: str | None = "RGB", decode: bool = True,
-                 read_bytes: int = 4 << 20, shuffle_buffer: int = 1000) -> None:
+                 read_bytes: int = 4 << 20, shuffle_buffer: int = 1000, version: int | None = None) -> None:
         if output not in ("tuple", "dict"):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
-        self.manifest = open_webdataset(root, "images")
+        self.manifest = open_webdataset(root, "images", version)
         self.image_exts = set(image_extensions(self.manifest))
         self.labeled = is_labeled(self.manifest)
         self.transform = transform

@@ -11,7 +11,7 @@ from repack.errors import UsageError
 from repack.store import is_remote
 
 
-@job_command("images", input=("list_file", "source_format", "image_field", "label_field"),
+@job_command("images", input=("list_file", "source_format", "image_field", "label_field", "append"),
              output=("to", "shard_size", "shard_bytes", "shuffle", "seed", "normalize", "quality", "max_side",
                      "dedup"),
              checking=("verify", "max_pixels", "max_file_size"))
@@ -30,6 +30,9 @@ from repack.store import is_remote
 @click.option("--label-field", default=None, metavar="NAME",
               help="--from webdataset|parquet: the label member's extension (e.g. cls) or column (default: cls/label/"
                    "class, or the ClassLabel column).")
+@click.option("--append", is_flag=True,
+              help="OUT holds a dataset: pack only the inputs it does not hold yet (same path, size and mtime; "
+                   "s3://: key and size) into new shards and publish them as its next version.")
 @click.option("--shard-size", type=int, default=None, help="At most N inputs per shard.")
 @click.option("--shard-bytes", default=None, help="At most SIZE per shard, e.g. 512MB (default when no --shard-size).")
 @click.option("--chunk-size", type=int, default=128, show_default=True,
@@ -49,7 +52,7 @@ from repack.store import is_remote
               help="Quarantine input files larger than SIZE, from their size (never read).")
 @source_options
 @engine_options
-def images(source, out, to, list_file, source_format, image_field, label_field, shard_size, shard_bytes, chunk_size, shuffle, seed, verify, no_follow, normalize,
+def images(source, out, to, list_file, source_format, image_field, label_field, append, shard_size, shard_bytes, chunk_size, shuffle, seed, verify, no_follow, normalize,
            quality, max_side, dedup, max_pixels, max_file_size, allow_outside, **kwargs):
     """Pack an ImageFolder tree (or a list file) SOURCE into shards under OUT."""
     from repack.jobs.images import ImagesJob
@@ -64,4 +67,9 @@ def images(source, out, to, list_file, source_format, image_field, label_field, 
                       allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels,
                       source_format=source_format, image_field=image_field, label_field=label_field)
+    if append:
+        from repack.commands.versions import run_append
+
+        run_append(spec, options)
+        return
     run_job(ImagesJob(spec), options)

@@ -153,6 +153,14 @@ def input_entry(item: InputItem, position: int, classes: dict[str, int], hash_it
     return entry
 
 
+def extend_classes(known: dict[str, int], scan) -> dict[str, int]:
+    """The dataset's class map plus the scan's new classes, in sorted order, at the next indices."""
+    classes = dict(known)
+    for name in sorted(set(scan.classes) - set(known)):
+        classes[name] = max(classes.values(), default=-1) + 1
+    return classes
+
+
 def size_collisions(items: list[InputItem]) -> set[int]:
     """Positions of inputs whose size equals another input's: the only possible duplicates."""
     seen: dict[int, int] = {}
@@ -276,10 +284,18 @@ class ImagesJob(Job):
             scan = scan_foreign(spec.source, spec.source_format, FieldChoice(spec.image_field, spec.label_field),
                                 confinement)
         items = list(scan.items)
+        key_offset = 0
+        if spec.known_inputs:  # --append: only what the dataset does not hold yet (repack.jobs.append)
+            known = json.loads(Path(spec.known_inputs).read_bytes())
+            seen, key_offset = known["inputs"], known["next_position"]
+            items = [item for item in items if seen.get(item.rel) != item.fingerprint[:2]]
         if spec.shuffle:
             random.Random(spec.seed).shuffle(items)
-        classes = scan.classes
-        width = len(str(max(classes.values(), default=0)))
+        classes = extend_classes(dict(spec.known_classes), scan) if spec.known_classes else scan.classes
+        width = spec.cls_width or len(str(max(classes.values(), default=0)))
+        if len(str(max(classes.values(), default=0))) > width:
+            raise UsageError(f"class index {max(classes.values())} needs more digits than the dataset's cls members "
+                             f"({width}): repack the dataset (without --append) to widen them")
         inputs_total = len(items) + len(scan.quarantine)
         dup_groups: list[dict] = []
         if spec.dedup:
@@ -299,7 +315,7 @@ class ImagesJob(Job):
             chunks = cut_by_budget(bounds, positions, spec.chunk_size, CHUNK_BYTES)
             at = 0
             for number, chunk in enumerate(chunks):
-                inputs = [input_entry(items[p], p, classes, p in candidates, root) for p in chunk]
+                inputs = [input_entry(items[p], key_offset + p, classes, p in candidates, root) for p in chunk]
                 payload = {"index": index, "inputs": inputs, "cls_width": width}
                 if len(chunks) == 1:
                     tasks.append(Task(stem, payload))
