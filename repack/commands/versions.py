@@ -10,7 +10,7 @@ from repack.config import EngineOptions, ImagesSpec
 
 
 def say_published(out: str, manifest: dict, published: bool, what: str, options: EngineOptions,
-                  seconds: float) -> None:
+                  seconds: float, none_reason: str = "nothing new") -> None:
     """One line (or a JSON summary with --json): the version now published, or that none was."""
     from repack.manifest.versions import number_of
 
@@ -18,7 +18,7 @@ def say_published(out: str, manifest: dict, published: bool, what: str, options:
     if published:
         message = f"published version {number} of {out}: {what} ({seconds:.1f} s)"
     else:
-        message = f"nothing new: version {number} of {out} unchanged, nothing published"
+        message = f"{none_reason}: version {number} of {out} unchanged, nothing published"
     if options.json_summary:
         click.echo(json.dumps({"out": out, "version": number, "published": published,
                                "totals": manifest["totals"]}, sort_keys=True))

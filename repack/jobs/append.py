@@ -56,6 +56,7 @@ def append_images(spec: ImagesSpec, options: EngineOptions) -> AppendResult:
     if store.remote:
         raise UsageError("--append writes a local dataset folder; OUT on s3:// is not supported yet")
     out = store.root
+    current_version(store)  # no dataset: say so before creating anything
     prepare_out(out)
     with JobLock(out):
         current, current_raw = current_version(store)
