@@ -18,7 +18,9 @@ def dataset_files(out: Path) -> dict[str, bytes]:
 
 def make_source(root: Path) -> Path:
     write_jpegs(root / "cat", 5, "c")
-    write_jpegs(root / "dog", 4, "d")
+    (root / "dog").mkdir()
+    for i in range(4):  # content distinct from every cat's
+        (root / "dog" / f"d{i}.jpg").write_bytes(jpeg_bytes(seed=20 + i))
     return root
 
 
@@ -31,9 +33,19 @@ def add_inputs(root: Path, count: int = 3) -> None:
 
 
 def labels_read(out: Path, version: int | None = None) -> list[int]:
-    from pipelines.torch_webdataset import ImageShardDataset
+    """Every sample's label as the readers find it: the version's manifest, its shards' DALI index, the
+    cls member's bytes."""
+    from pipelines.manifest_access import open_manifest, parse_label, read_index
 
-    return [label for _, label in ImageShardDataset(out, decode=False, version=version)]
+    manifest = open_manifest(out, version)
+    labels = []
+    for number, shard in enumerate(manifest.shards):
+        with open(manifest.path(shard.path), "rb") as fh:
+            for sample in read_index(manifest, number):
+                _, offset, size = next(m for m in sample.members if m[0] == "cls")
+                fh.seek(offset)
+                labels.append(parse_label(fh.read(size)))
+    return labels
 
 
 def test_append_publishes_the_next_version_and_keeps_every_shard(tmp_path):
@@ -57,6 +69,9 @@ def test_append_publishes_the_next_version_and_keeps_every_shard(tmp_path):
     assert [s["path"] for s in manifest["shards"]][-2:] == ["shard-000002.tar", "shard-v2-000000.tar"]
     assert sorted(labels_read(out)) == [0] * 8 + [1] * 4 + [2]
     assert sorted(labels_read(out, version=1)) == [0] * 5 + [1] * 4
+    from pipelines.torch_webdataset import ImageShardDataset  # the PyTorch reader takes version=N too
+
+    assert sorted(label for _, label in ImageShardDataset(out, decode=False, version=1)) == [0] * 5 + [1] * 4
     again = run_repack("images", src, out, "--shard-size", "4", "--append")
     assert "nothing new" in again.stdout and not (out / "manifest.v3.json").exists()
     assert run_repack("verify", out).returncode == 0

@@ -43,11 +43,10 @@ def test_remove_rewrites_only_the_shards_holding_the_samples_then_gc_deletes_the
     assert v3["dataset_version"] == {"number": 3, "parent": 2, "change": v3["dataset_version"]["change"]}
     change = v3["dataset_version"]["change"]
     assert change["removed_samples"] == 2 and change["not_found"] == ["not/there.jpg"]
-    # cat/c1 is in shard 0 (c0..c3), dog/d3 in shard 2 (c4, d0..d2 | d3): only those two are rewritten
-    assert change["rewritten"] == {"shard-000000.tar": "shard-000000-v3.tar", "shard-000002.tar": "shard-000002-v3.tar"}
-    assert [s["path"] for s in v3["shards"]] == ["shard-000000-v3.tar", "shard-000001.tar", "shard-000002-v3.tar",
-                                                 "shard-v2-000000.tar"]
-    assert v3["shards"][1] == v2["shards"][1] and v3["shards"][3] == v2["shards"][3]
+    # shards c0..c3 | c4 d0 d1 d2 | d3 | (v2) new0..2 e0: shard 0 is rewritten without c1, shard 2 (d3 alone) dropped
+    assert change["rewritten"] == {"shard-000000.tar": "shard-000000-v3.tar", "shard-000002.tar": None}
+    assert [s["path"] for s in v3["shards"]] == ["shard-000000-v3.tar", "shard-000001.tar", "shard-v2-000000.tar"]
+    assert v3["shards"][1:] == [v2["shards"][1], v2["shards"][3]]  # the others kept as they are
     old, new = tar_samples(out / "shard-000000.tar"), tar_samples(out / "shard-000000-v3.tar")
     assert new == [s for s in old if json.loads(dict(s[1])[f"{s[0]}.json"])["path"] != "cat/c1.jpg"]
     assert v3["totals"]["samples"] == 11 and len(labels_read(out)) == 11
