@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from repack.config import EngineOptions, ImagesSpec
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan
-from repack.jobs.publish import current_version, inputs_record, known_inputs, plan_inputs, promote_pending, publish
-from repack.manifest import MANIFEST_NAME, dumps_canonical
+from repack.jobs.publish import (current_version, inputs_record, known_inputs, move, plan_inputs, promote_pending,
+                                 publish, remove_prefix)
+from repack.manifest import MANIFEST_NAME, atomic_write_bytes, dumps_canonical
 from repack.manifest.versions import number_of
 from repack.store import open_store
 
@@ -53,68 +54,69 @@ def append_images(spec: ImagesSpec, options: EngineOptions) -> AppendResult:
 
     started = time.time()
     store = open_store(spec.out)
-    if store.remote:
-        raise UsageError("--append writes a local dataset folder; OUT on s3:// is not supported yet")
-    out = store.root
+    out = Path(store.scratch)  # the folder itself, or an object store's local scratch
     current_version(store)  # no dataset: say so before creating anything
-    prepare_out(out)
-    with JobLock(out):
+    prepare_out(out, store)
+    with JobLock(out, "", store if store.remote else None):
         current, current_raw = current_version(store)
         promoted = promote_pending(store, current)
         if promoted is not None:
             return AppendResult(promoted, True, 0, time.time() - started)
         if current["modality"] != "images" or current["format"] != spec.to or spec.to != "webdataset":
-            raise UsageError(f"--append adds webdataset shards to an images dataset; {out} holds "
+            raise UsageError(f"--append adds webdataset shards to an images dataset; {store.url} holds "
                              f"{current['modality']} in {current['format']} (--to {spec.to})")
         number = number_of(current) + 1
-        for old in out.glob(f"{STATE_DIR}/append-v*"):  # left by appends that were published
-            if old.name != f"append-v{number}":
-                shutil.rmtree(old, ignore_errors=True)
-        stage = out / stage_folder(number)
-        stage.mkdir(parents=True, exist_ok=True)
+        stage = stage_folder(number)
+        stale = {rel.split("/")[1] for rel in store.list_sizes(f"{STATE_DIR}/append-v")} | \
+            {p.name for p in out.glob(f"{STATE_DIR}/append-v*")}
+        for name in stale - {f"append-v{number}"}:  # left by appends that were published
+            remove_prefix(store, f"{STATE_DIR}/{name}/")
         known = known_inputs(store, current)
-        known_file = stage / "known-inputs.json"
+        known_file = out / stage / "known-inputs.json"
         if not known_file.exists():
-            store.put_bytes(f"{stage_folder(number)}/known-inputs.json", dumps_canonical(known))
+            known_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(known_file, dumps_canonical(known))
         classes = current.get("classes") or {}
         staged_spec = dataclasses.replace(
-            spec, out=str(stage / "out"), known_inputs=str(known_file),
+            spec, out=f"{store.url}/{stage}/out", known_inputs=str(known_file),
             known_classes=tuple(sorted(classes.items(), key=lambda kv: kv[1])),
             cls_width=len(str(max(classes.values(), default=0))) if classes else None)
         job = ImagesJob(staged_spec)
-        staged_manifest = stage / "out" / MANIFEST_NAME
-        if not staged_manifest.exists():
+        if job.store.read_bytes(MANIFEST_NAME) is None:
             from repack.jobs.base import build_plan
 
             if not build_plan(job).tasks:
-                shutil.rmtree(stage, ignore_errors=True)
+                remove_prefix(store, f"{stage}/")
                 return AppendResult(current, False, 0, time.time() - started)
             Engine(job, dataclasses.replace(options, overwrite=False, strict=False)).run()
-        staged = json.loads(staged_manifest.read_bytes())
-        plan = Plan.from_json(json.loads((stage / "out" / STATE_DIR / "plan.json").read_bytes()))
-        shards = [move_shard(stage / "out", out, shard, number) for shard in staged["shards"]]
+        staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
+        plan = Plan.from_json(json.loads(job.store.read_bytes(f"{STATE_DIR}/plan.json")))
+        shards = [move_shard(store, f"{stage}/out", shard, number) for shard in staged["shards"]]
         store.put_bytes(inputs_record(number), dumps_canonical(plan_inputs(plan, known)))
         body = merged_manifest(current, staged, shards)
         change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
                   "added_shards": [s["path"] for s in shards],
                   "quarantined": len(body["quarantine"]) - len(current["quarantine"])}
         data = publish(store, out, current, current_raw, body, change)
-        shutil.rmtree(stage, ignore_errors=True)
+        remove_prefix(store, f"{stage}/")
+        if store.remote:
+            shutil.rmtree(job.store.scratch, ignore_errors=True)  # the staged job's local scratch
         return AppendResult(data, True, staged["totals"]["samples"], time.time() - started)
 
 
-def move_shard(stage_out, out, shard: dict, number: int) -> dict:
-    """Rename a staged shard (and its index) into OUT under names of version ``number``; its manifest entry."""
+def move_shard(store, staged: str, shard: dict, number: int) -> dict:
+    """Rename a staged shard (and its index) into the dataset under names of version ``number``; its
+    manifest entry."""
     renamed = dict(shard)
     for key in ("path", "index"):
         if shard.get(key):
             name = shard[key].replace("shard-", f"shard-v{number}-", 1)
-            source, target = stage_out / shard[key], out / name
-            if source.exists():
-                os.replace(source, target)
-            elif not target.exists():
-                raise UsageError(f"staged {shard[key]} is gone and {name} is not in {out}: re-run with a fresh "
-                                 f"append (remove {stage_out.parent})")
+            source = f"{staged}/{shard[key]}"
+            if store.size(source) is not None:
+                move(store, source, name)
+            elif store.size(name) is None:
+                raise UsageError(f"staged {source} is gone and {name} is not in {store.url}: remove "
+                                 f"{store.url}/{staged.rpartition('/')[0]} and append again")
             renamed[key] = name
     return renamed
 

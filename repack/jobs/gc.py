@@ -36,15 +36,14 @@ def collect_garbage(out: str, keep: int) -> GcResult:
     if keep < 1:
         raise UsageError(f"--keep must be at least 1 (the latest version), got {keep}")
     store = open_store(out)
-    if store.remote:
-        raise UsageError("repack gc deletes files of a local dataset folder; OUT on s3:// is not supported yet")
-    root = store.root
+    root = Path(store.scratch)
     current_version(store)  # no dataset: say so before creating anything
-    prepare_out(root)
-    with JobLock(root):
+    prepare_out(root, store)
+    with JobLock(root, "", store if store.remote else None):
         current, _ = current_version(store)
         latest = number_of(current)
-        numbers = sorted({n for n in (version_number(p.name) for p in root.iterdir()) if n is not None} | {latest})
+        numbers = sorted({n for n in (version_number(rel) for rel in store.list_sizes("manifest.v")) if n is not None}
+                         | {latest})
         kept = tuple(n for n in numbers if n > latest - keep)
         names: dict[int, set[str]] = {n: _named(store, root, n, current if n == latest else None) for n in numbers}
         keep_names = set().union(*(names[n] for n in kept))

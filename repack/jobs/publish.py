@@ -16,6 +16,8 @@ packed again by the next append) and the next free sample position (keys stay un
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 from repack.errors import UsageError
@@ -86,3 +88,24 @@ def plan_inputs(plan: Plan, known: dict) -> dict:
             inputs[entry["rel"]] = list(entry["fingerprint"])[:2]
             position = max(position, int(entry["key"].partition("_")[0]) + 1)
     return {"inputs": dict(sorted(inputs.items())), "next_position": position}
+
+
+def move(store, src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst`` inside the dataset (an object store: a server-side copy, then a delete;
+    the sha256 metadata travels with the object)."""
+    if not store.remote:
+        os.replace(store.path(src), store.path(dst))
+        return
+    from repack.store.s3_client import client
+
+    client().copy_object(Bucket=store.bucket, Key=store.key(dst),
+                         CopySource={"Bucket": store.bucket, "Key": store.key(src)})
+    store.delete(src)
+
+
+def remove_prefix(store, prefix: str) -> None:
+    """Delete every file under ``prefix`` (a folder path ending in /), and its local scratch copy."""
+    if store.remote:
+        for rel in store.list_sizes(prefix):
+            store.delete(rel)
+    shutil.rmtree(Path(store.scratch) / prefix, ignore_errors=True)

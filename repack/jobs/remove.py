@@ -82,12 +82,10 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
 
     started = time.time()
     store = open_store(spec.out)
-    if store.remote:
-        raise UsageError("repack remove rewrites a local dataset folder; OUT on s3:// is not supported yet")
-    out = store.root
+    out = Path(store.scratch)  # the folder itself, or an object store's local scratch (one shard at a time)
     current_version(store)  # no dataset: say so before creating anything
-    prepare_out(out)
-    with JobLock(out):
+    prepare_out(out, store)
+    with JobLock(out, "", store if store.remote else None):
         current, raw = current_version(store)
         promoted = promote_pending(store, current)
         if promoted is not None:
@@ -105,7 +103,12 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         removed_classes: dict[str, int] = {}
         names_by_index = {index: name for name, index in (current.get("classes") or {}).items()}
         for entry in current["shards"]:
-            samples = _samples(manifest.path(entry["path"]))
+            local = manifest.path(entry["path"])
+            if store.remote:
+                store.fetch(entry["path"], local, entry["sha256"])
+            samples = _samples(local)
+            if store.remote:
+                local.unlink()
             hit = [s for s in samples if (s[0] if spec.by == "keys" else s[2]) in wanted]
             if not hit:
                 shards.append(entry)
@@ -126,6 +129,9 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
                 writer.abort()
                 raise
             rewritten[entry["path"]] = new["path"] if new else None
+            if new and store.remote:
+                store.publish(new["path"], out / new["path"], new["sha256"])
+                store.publish(new["index"], out / new["index"])
             if new:
                 shards.append({**{k: v for k, v in entry.items() if k not in ("path", "index")}, **new})
         not_found = tuple(sorted(wanted - found))
