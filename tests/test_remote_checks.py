@@ -90,7 +90,12 @@ def end_cut_short(out: Path) -> None:
     rewrite(out, "shard-000001.tar", (out / "shard-000001.tar").read_bytes()[:-512])
 
 
+def missing_shard(out: Path) -> None:
+    (out / "shard-000002.tar").unlink()
+
+
 TAMPERS = {
+    missing_shard: "shard-000002.tar: missing",
     unlisted: "extra/notes.txt: a file the manifest does not name",
     manifest_count: "shard-000000.tar: 25 samples, manifest says 26",
     index_skips_a_sample: "shard-000000.idx: does not match the tar's members",
@@ -185,3 +190,14 @@ def test_pull_refuses_a_symlink_in_dest_and_writes_nothing_through_it(server, pa
     assert proc.returncode == 2 and "shard-000001.tar: a symbolic link in the destination" in proc.stderr
     assert "Traceback" not in proc.stderr and outside.read_text() == "keep me"
     assert not (dest / "manifest.json").exists()
+
+
+def test_a_link_to_a_folder_in_out_is_reported_not_skipped(packed_photos, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(packed_photos, out)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "more.tar").write_bytes(b"x")
+    (out / "extra").symlink_to(tmp_path / "elsewhere")
+    code, problems = verify_json(out, {})
+    assert code == 5 and problems == ["extra: a file the manifest does not name (added after the job, or left by "
+                                      "another tool)"]

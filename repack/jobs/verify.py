@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.jobs.foreign import check_foreign, foreign_kind
-from repack.manifest import MANIFEST_NAME, Manifest, ManifestError
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
 from repack.manifest.paths import PathEscapeError
 from repack.sinks import SINKS, get_sink
 from repack.sinks.checks import sha256_file
@@ -128,8 +128,6 @@ def check_contents(files, manifest) -> list[str]:
 def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: list[str]) -> None:
     """The manifest's side files exist under ``root``; the tokenizer copy still has the sha256 the
     manifest records."""
-    from repack.manifest import safe_join
-
     for name, rel in side.items():
         path = safe_join(root, rel)
         if not path.is_file():

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Iterator
 
 from repack.errors import UsageError

@@ -44,13 +44,15 @@ class LocalFiles:
             return None
 
     def names(self) -> list[str]:
-        """Every file under the root (links not followed), sorted; ``.repack/`` and the manifest aside."""
+        """Every file under the root, sorted; ``.repack/`` and the manifest aside. Links are not followed:
+        a link to a folder is one entry."""
         found = []
         for folder, dirs, files in os.walk(self.root):
             rel_folder = os.path.relpath(folder, self.root)
             if rel_folder == ".":
                 dirs[:] = [d for d in dirs if f"{d}/" != STATE_PREFIX]
-            for name in files:
+            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # not walked: named as entries
+            for name in files + links:
                 rel = name if rel_folder == "." else f"{rel_folder}/{name}"
                 if rel != MANIFEST_NAME:
                     found.append(rel)
