@@ -170,7 +170,7 @@ def test_fifos_sockets_and_devices_are_quarantined_without_blocking(tmp_path, gp
     listing = tmp_path / "list.txt"
     listing.write_text("text/pipe.jsonl\ntext/a.txt\n")
     run_repack("text", listing, tmp_path / "l", "--list", "--tokenizer", gpt2_dir, "--quiet", timeout=60)
-    assert reasons_of(tmp_path / "l") == {"text/pipe.jsonl": "not a regular file (FIFO)"}
+    assert reasons_of(tmp_path / "l") == {"text/pipe.jsonl": "not a regular file (FIFO) (list.txt:1)"}
 
 
 def test_open_input_never_blocks_and_notices_a_changed_file(tmp_path):

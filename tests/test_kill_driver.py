@@ -103,11 +103,16 @@ def test_s3_workers_die_with_the_driver(many_jpegs, server, tmp_path):
         return s3.list_objects_v2(Bucket="orphans", Prefix="run/.repack/tasks/").get("KeyCount", 0) >= 3
 
     kill_driver_mid_run(args, env, records)
-    run_repack(*args, env=env)
-    run_repack("images", many_jpegs, "s3://orphans/ref", *args[3:], env=env)
+    # as in the issue: right away, --overwrite with another option; no old worker writes after it
+    other = [*args[:3], "--shard-size", "6", "--workers", "2", "--quiet", "--overwrite"]
+    run_repack(*other, env=env)
+    time.sleep(0.5)
+    assert run_repack("verify", "s3://orphans/run", env=env).returncode == 0
+    run_repack("images", many_jpegs, "s3://orphans/ref", *other[3:-1], env=env)
     run, ref = objects(s3, "orphans", "run"), objects(s3, "orphans", "ref")
     data = {k for k in ref if k.endswith((".tar", ".idx"))}
-    assert len(data) == 96 and {k: run[k] for k in data} == {k: ref[k] for k in data}
+    assert len(data) == 80 and {k for k in run if k.endswith((".tar", ".idx"))} == data
+    assert {k: run[k] for k in data} == {k: ref[k] for k in data}
 
 
 def _stale_setup(src: Path, out: str, env: dict) -> tuple:
@@ -147,3 +152,17 @@ def test_stale_writer_publishes_nothing_s3(many_jpegs, server, tmp_path, monkeyp
         execute_task(job["job"], json.dumps(job["spec"]), json.dumps(task), job["plan_digest"], run=old)
     left = objects(s3, "stale", "out")
     assert shard not in left and f".repack/tasks/{task['task_id']}.json" not in left
+
+
+def test_partitions_side_by_side_do_not_wait_for_each_other(many_jpegs, tmp_path):
+    """Each partition's workers hold their own workers lock: two partitions with pools run at once."""
+    out = tmp_path / "parts"
+    args = [sys.executable, "-m", "repack", "images", str(many_jpegs), str(out), "--shard-size", "5", "--workers", "2",
+            "--quiet", "--num-nodes", "2"]
+    procs = [subprocess.Popen(args + ["--node-rank", str(rank)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    for proc in procs:
+        assert proc.wait(120) == 0, proc.stderr.read()
+    run_repack("merge", out, "--quiet")
+    run_repack("images", many_jpegs, tmp_path / "ref", "--shard-size", "5", "--workers", "2", "--quiet")
+    assert shard_bytes(out) == shard_bytes(tmp_path / "ref")

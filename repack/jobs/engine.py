@@ -52,7 +52,8 @@ from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
 from repack.jobs.base import STATE_DIR, Job, Plan, Task, build_plan, is_piece
 from repack.jobs.progress import progress_reporter
-from repack.jobs.run_guard import check_run, claim_run, driver_lock_fds, hold_workers_lock, wait_for_old_workers
+from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, run_part,
+                                   wait_for_old_workers)
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
 from repack.store import open_store
 
@@ -108,7 +109,7 @@ def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str
     ``run``: the run id of the driver (``run_guard.claim_run``), checked before publishing."""
     job = load_job(job_name, spec_json)
     job.place_segments = place_segments
-    hold_workers_lock(state_dir(job.out))  # a pool worker: a later run waits until this process is gone
+    hold_workers_lock(state_dir(job.out), run_part(run))  # a pool worker: a later run waits until it is gone
     task = Task.from_json(json.loads(task_json))
     local_pieces = bool(task.group) and not share_pieces
     _, text = _run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest, local_pieces=local_pieces,
@@ -317,7 +318,7 @@ class Engine:
         self.job = job
         self.options = options
         self.out = job.out
-        self.run_id = ""  # this run's id once it holds the lock (_claim_run)
+        self.run_id = ""  # this run's token once it holds the lock (run_guard.claim_run), checked by every writer
 
     # -- state ---------------------------------------------------------------------------
     def _check_state(self, plan: Plan) -> None:
@@ -356,12 +357,6 @@ class Engine:
             return "the planned tasks differ"
         return (f"{len(changed)} input(s) differ in size, mtime or inode, or were added or removed "
                 f"({', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''})")
-
-    def _claim_run(self, part: str = "") -> None:
-        """Holding the job lock: wait for the workers of a killed run on this host to be gone, then
-        write this run's id (repack.jobs.run_guard), which every writer checks before publishing."""
-        wait_for_old_workers(state_dir(self.out))
-        self.run_id = claim_run(self.job.store, part)
 
     def _wipe(self) -> None:
         """--overwrite: remove what an earlier job wrote (files its records and manifest name)."""
@@ -467,10 +462,11 @@ class Engine:
         prepare_out(self.out, store)
         part = f"{opts.node_rank}-of-{opts.num_nodes}" if opts.num_nodes > 1 else ""
         with JobLock(self.out, part, store if store.remote else None):
+            wait_for_old_workers(state_dir(self.out), part)  # before --overwrite deletes the lock files they hold
             if opts.overwrite:
                 self._wipe()
                 prepare_out(self.out)
-            self._claim_run(part)
+            self.run_id = claim_run(store, part)
             if store.remote:
                 store.abort_uploads()  # left by a killed run: we hold the lock
             plan = build_plan(self.job)
@@ -716,7 +712,8 @@ def merge(out: str, options: EngineOptions) -> RunResult:
     engine = Engine(job, options)
     prepare_out(job.out, store)
     with JobLock(job.out, store=store if store.remote else None):
-        engine._claim_run()
+        wait_for_old_workers(state_dir(job.out))
+        engine.run_id = claim_run(store)
         digest = state["plan_digest"]
         records, chunk_records = engine.resume_state(plan.units, digest)
         for uid, tasks in plan.units:  # groups whose chunks all finished on their nodes but never assembled

@@ -9,10 +9,12 @@ Three guards, each for a way a killed driver's workers could outlive it:
   (``check_run``, in ``engine._run_and_record``): a different id means a later run owns OUT, and
   the stale writer stops with ``StaleRunError``, publishing nothing.
 - The workers lock (local scratch, every store). A pool worker holds ``.repack/workers.lock``
-  shared for its life (``hold_workers_lock``); a new run, once it holds the job lock, takes it
-  exclusively before any work (``wait_for_old_workers``): while a worker of an earlier run on
-  this host is alive (it could still rename a shard into OUT), the new run waits for it to die
-  (a few seconds at most: see below), else refuses with JobLockedError naming it.
+  (a partition's: ``workers-<part>.lock``) shared for its life (``hold_workers_lock``); a new
+  run, once it holds the job lock, takes it exclusively before any work
+  (``wait_for_old_workers``; a full run every partition's too, a partition the full run's too):
+  while a worker of an earlier run is alive (it could still rename a shard into OUT), the new
+  run waits for it to die (a few seconds at most: see below), else refuses with JobLockedError.
+  Partitions running side by side never wait for each other.
 - Workers die with their driver: ``repack.exec.local`` (PR_SET_PDEATHSIG, and a pidfd watch of
   the driver when the pool's start method makes the worker a child of a fork server).
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 from repack.errors import JobLockedError
 from repack.jobs.base import STATE_DIR
 
-WORKERS_LOCK = "workers.lock"
+WORKERS_LOCK = "workers.lock"  # a partition's: workers-<part>.lock
 OLD_WORKERS_WAIT_S = 10.0  # how long a new run waits for the dying workers of a killed run
 _held: dict[str, int] = {}  # workers lock path -> fd, per worker process
 _pool_worker = False  # set by the local pool's worker initializer (mark_pool_worker)
@@ -85,11 +87,21 @@ def mark_pool_worker() -> None:
     driver_lock_fds.clear()
 
 
-def hold_workers_lock(state: Path) -> None:
-    """In a pool worker: hold ``state/workers.lock`` shared until the process ends (once per process)."""
+def workers_lock(part: str = "") -> str:
+    """The workers lock's file name for a full run (``part`` empty) or a static partition."""
+    return f"workers-{part}.lock" if part else WORKERS_LOCK
+
+
+def run_part(run: str) -> str:
+    """The partition a run token (``claim_run``) belongs to; empty for a full run."""
+    return run.partition("#")[0]
+
+
+def hold_workers_lock(state: Path, part: str = "") -> None:
+    """In a pool worker: hold the run's workers lock shared until the process ends (once per process)."""
     if not _pool_worker:
         return  # the driver itself (inline tasks) or a Ray worker
-    path = str(state / WORKERS_LOCK)
+    path = str(state / workers_lock(part))
     if path in _held:
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -97,12 +109,20 @@ def hold_workers_lock(state: Path) -> None:
     _held[path] = fd
 
 
-def wait_for_old_workers(state: Path, timeout: float = OLD_WORKERS_WAIT_S) -> None:
-    """In the driver, holding the job lock: return once no worker of an earlier run holds
-    ``state/workers.lock`` (waiting up to ``timeout`` s for killed workers to die), else JobLockedError."""
-    fd = os.open(state / WORKERS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def wait_for_old_workers(state: Path, part: str = "", timeout: float = OLD_WORKERS_WAIT_S) -> None:
+    """In the driver, holding the job lock: return once no worker of an earlier run that could
+    write this run's outputs holds a workers lock (a full run: every one; a partition: its own and
+    the full run's), waiting up to ``timeout`` s for killed workers to die; else JobLockedError."""
+    names = {workers_lock(part), WORKERS_LOCK} if part else {WORKERS_LOCK} | {
+        p.name for p in state.glob("workers-*.lock")}
+    deadline = time.monotonic() + timeout
+    for name in sorted(names):
+        _wait_free(state / name, deadline, timeout)
+
+
+def _wait_free(path: Path, deadline: float, timeout: float) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        deadline = time.monotonic() + timeout
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -110,8 +130,8 @@ def wait_for_old_workers(state: Path, timeout: float = OLD_WORKERS_WAIT_S) -> No
                 return
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise JobLockedError(f"worker processes of an earlier repack run still hold {state / WORKERS_LOCK} "
-                                         f"after {timeout:.0f} s; stop them first (see `fuser -v` on that file)") from None
+                    raise JobLockedError(f"worker processes of an earlier repack run still hold {path} after "
+                                         f"{timeout:.0f} s; stop them first (see `fuser -v` on that file)") from None
                 time.sleep(0.05)
     finally:
         os.close(fd)

@@ -166,14 +166,12 @@ def output_names(rels: list[str]) -> list[tuple[str, str]]:
 def _encoders() -> tuple[str, ...]:
     """The codecs of ``ENCODABLE`` this ffmpeg can encode (libx264, libx265); both when ffmpeg is
     absent (a probe-only run reports what a transcode run with a full ffmpeg would do)."""
-    import subprocess
+    from repack.transforms.ffmpeg_cli import encoder_names
 
-    names = {"h264": "libx264", "hevc": "libx265"}
     if shutil.which("ffmpeg") is None:
         return ENCODABLE
-    listing = subprocess.run(["ffmpeg", "-hide_banner", "-encoders"], capture_output=True, text=True,
-                             stdin=subprocess.DEVNULL).stdout
-    return tuple(c for c in ENCODABLE if f" {names[c]} " in listing)
+    have = encoder_names()
+    return tuple(c for c in ENCODABLE if {"h264": "libx264", "hevc": "libx265"}[c] in have)
 
 
 class VideoShardAssembly:
