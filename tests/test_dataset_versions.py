@@ -76,6 +76,8 @@ def test_append_publishes_the_next_version_and_keeps_every_shard(tmp_path):
     assert "nothing new" in again.stdout and not (out / "manifest.v3.json").exists()
     assert run_repack("verify", out).returncode == 0
     assert run_repack("verify", out, "--version", "1").returncode == 0
+    shown = run_repack("inspect", out).stdout
+    assert "version 2 (parent 1): append, added_samples 4" in shown and "kept versions: 1, 2" in shown
     missing = run_repack("verify", out, "--version", "7", check=False)
     assert missing.returncode != 0 and "no version 7" in missing.stderr + missing.stdout
 

@@ -21,16 +21,14 @@ import json
 import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from repack.config import EngineOptions, ImagesSpec
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan
-from repack.jobs.publish import (current_version, inputs_record, known_inputs, move, plan_inputs, promote_pending,
-                                 publish, remove_prefix)
+from repack.jobs.publish import (current_version, inputs_record, known_inputs, locked_dataset, move, plan_inputs,
+                                 promote_pending, publish, remove_prefix)
 from repack.manifest import MANIFEST_NAME, atomic_write_bytes, dumps_canonical
 from repack.manifest.versions import number_of
-from repack.store import open_store
 
 
 @dataclass(frozen=True)
@@ -49,15 +47,11 @@ def stage_folder(number: int) -> str:
 
 def append_images(spec: ImagesSpec, options: EngineOptions) -> AppendResult:
     """Append ``spec.source``'s new inputs to the dataset in ``spec.out`` (see the module docstring)."""
-    from repack.jobs.engine import Engine, JobLock, prepare_out
+    from repack.jobs.engine import Engine
     from repack.jobs.images import ImagesJob
 
     started = time.time()
-    store = open_store(spec.out)
-    out = Path(store.scratch)  # the folder itself, or an object store's local scratch
-    current_version(store)  # no dataset: say so before creating anything
-    prepare_out(out, store)
-    with JobLock(out, "", store if store.remote else None):
+    with locked_dataset(spec.out) as (store, out):
         current, current_raw = current_version(store)
         promoted = promote_pending(store, current)
         if promoted is not None:

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import UsageError
-from repack.jobs.publish import current_version, inputs_record
+from repack.jobs.publish import current_version, inputs_record, locked_dataset
 from repack.manifest import Manifest, ManifestError
 from repack.manifest.versions import number_of, version_file, version_number
-from repack.store import open_store
 
 
 @dataclass(frozen=True)
@@ -31,15 +30,9 @@ class GcResult:
 
 def collect_garbage(out: str, keep: int) -> GcResult:
     """Delete what no kept version names (see the module docstring)."""
-    from repack.jobs.engine import JobLock, prepare_out
-
     if keep < 1:
         raise UsageError(f"--keep must be at least 1 (the latest version), got {keep}")
-    store = open_store(out)
-    root = Path(store.scratch)
-    current_version(store)  # no dataset: say so before creating anything
-    prepare_out(root, store)
-    with JobLock(root, "", store if store.remote else None):
+    with locked_dataset(out) as (store, root):
         current, _ = current_version(store)
         latest = number_of(current)
         numbers = sorted({n for n in (version_number(rel) for rel in store.list_sizes("manifest.v")) if n is not None}

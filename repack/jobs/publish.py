@@ -15,10 +15,12 @@ packed again by the next append) and the next free sample position (keys stay un
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan
@@ -28,6 +30,22 @@ from repack.manifest.versions import number_of, stamp, version_file
 
 def inputs_record(number: int) -> str:
     return f"{STATE_DIR}/inputs-v{number}.json"
+
+
+@contextlib.contextmanager
+def locked_dataset(location: str) -> Iterator[tuple[object, Path]]:
+    """(store, local folder: the dataset's own, or an object store's scratch) of the published dataset at
+    ``location``, with OUT's job lock held (an object store: its lock object too). UsageError before
+    anything is created when there is no dataset."""
+    from repack.jobs.engine import JobLock, prepare_out
+    from repack.store import open_store
+
+    store = open_store(location)
+    out = Path(store.scratch)
+    current_version(store)
+    prepare_out(out, store)
+    with JobLock(out, "", store if store.remote else None):
+        yield store, out
 
 
 def current_version(store) -> tuple[dict, bytes]:

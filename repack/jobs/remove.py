@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import UsageError
-from repack.jobs.publish import current_version, promote_pending, publish
+from repack.jobs.publish import current_version, locked_dataset, promote_pending, publish
 from repack.manifest import Manifest
 from repack.manifest.versions import number_of
 from repack.sinks.webdataset import TarShardWriter
-from repack.store import open_store
 
 
 @dataclass(frozen=True)
@@ -78,14 +77,8 @@ def _samples(path: Path):
 
 def remove_samples(spec: RemoveSpec) -> RemoveResult:
     """Publish the version without the named samples (see the module docstring)."""
-    from repack.jobs.engine import JobLock, prepare_out
-
     started = time.time()
-    store = open_store(spec.out)
-    out = Path(store.scratch)  # the folder itself, or an object store's local scratch (one shard at a time)
-    current_version(store)  # no dataset: say so before creating anything
-    prepare_out(out, store)
-    with JobLock(out, "", store if store.remote else None):
+    with locked_dataset(spec.out) as (store, out):  # out: an object store's scratch holds one shard at a time
         current, raw = current_version(store)
         promoted = promote_pending(store, current)
         if promoted is not None:
