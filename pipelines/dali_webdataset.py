@@ -41,10 +41,10 @@ def cls_width(manifest) -> int:
     raise ManifestError(f"{manifest.root}: no samples")
 
 
-def output_names(root: str | os.PathLike, with_meta: bool = False) -> list[str]:
+def output_names(root: str | os.PathLike, with_meta: bool = False, version: int | None = None) -> list[str]:
     """Names of the pipeline's outputs, in order: images[, labels][, meta]."""
     names = ["images"]
-    if is_labeled(open_webdataset(root, "images")):
+    if is_labeled(open_webdataset(root, "images", version)):
         names.append("labels")
     if with_meta:
         names.append("meta")
@@ -57,7 +57,7 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
                          train: bool = False, mean: Sequence[float] = IMAGENET_MEAN,
                          std: Sequence[float] = IMAGENET_STD, with_meta: bool = False,
                          initial_fill: int = 1024, pad_last_batch: bool = True, prefetch_queue_depth: int = 2,
-                         hw_decoder_load: float | None = None):
+                         hw_decoder_load: float | None = None, version: int | None = None):
     """A built DALI pipeline over the dataset in ``root``.
 
     Outputs (see ``output_names``): ``images`` (``size`` given: float CHW normalized
@@ -65,11 +65,12 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     is labeled) and, with ``with_meta``, ``meta`` (the ``.json`` member's bytes, zero-padded
     to the longest in the batch). ``train`` uses a random resized crop and a random mirror
     instead of resize-shorter + center crop. ``device_id=None`` runs on the CPU backend.
+    ``version``: the dataset version to read (``manifest.vN.json``); None: the latest.
     """
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
 
-    manifest = open_webdataset(root, "images")
+    manifest = open_webdataset(root, "images", version)
     paths, index_paths = shard_files(manifest)
     labeled = is_labeled(manifest)
     image_exts = image_extensions(manifest)

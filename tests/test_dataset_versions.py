@@ -72,6 +72,10 @@ def test_append_publishes_the_next_version_and_keeps_every_shard(tmp_path):
     from pipelines.torch_webdataset import ImageShardDataset  # the PyTorch reader takes version=N too
 
     assert sorted(label for _, label in ImageShardDataset(out, decode=False, version=1)) == [0] * 5 + [1] * 4
+    from pipelines.dali_webdataset import build_image_pipeline  # and the DALI pipeline (CPU backend here)
+
+    images, labels = build_image_pipeline(out, batch_size=9, num_threads=1, size=32, version=1).run()
+    assert sorted(int(labels.at(i)) for i in range(len(labels))) == [0] * 5 + [1] * 4
     again = run_repack("images", src, out, "--shard-size", "4", "--append")
     assert "nothing new" in again.stdout and not (out / "manifest.v3.json").exists()
     assert run_repack("verify", out).returncode == 0
