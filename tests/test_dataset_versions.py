@@ -142,3 +142,31 @@ def test_append_killed_and_rerun_equals_an_uninterrupted_append(tmp_path):
     run_repack(*[str(b) if x is None else x for x in args])
     assert (b / "manifest.json").read_bytes() == (b / "manifest.v2.json").read_bytes()
     assert run_repack("verify", b).returncode == 0
+
+
+def test_text_append_adds_a_prefix_of_the_new_files_only(tmp_path):
+    from pipelines.torch_text import TokenMemmap
+    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+    docs = documents(40, seed=4)
+    corpus, only_new, tok, out, fresh = (tmp_path / n for n in ("corpus", "only_new", "tok", "out", "fresh"))
+    corpus.mkdir()
+    only_new.mkdir()
+    write_tokenizer(gpt2_tokenizer(), tok)
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:25]))
+    run_repack("text", corpus, out, "--tokenizer", tok, "--quiet")
+    before = dataset_files(out)
+    for folder in (corpus, only_new):
+        (folder / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[25:]))
+    run_repack("text", corpus, out, "--tokenizer", tok, "--append", "--quiet")
+    run_repack("text", only_new, fresh, "--tokenizer", tok, "--quiet")
+    after = dataset_files(out)
+    assert all(after[name] == data for name, data in before.items() if name != "manifest.json")
+    assert after["text_document-v2.bin"] == (fresh / "text_document.bin").read_bytes()  # the new file only
+    assert after["text_document-v2.idx"] == (fresh / "text_document.idx").read_bytes()
+    manifest = read_manifest_json(out)
+    assert manifest["prefixes"] == ["text_document", "text_document-v2"] and manifest["totals"]["documents"] == 40
+    assert manifest["data_path"] == " ".join(f"{s['tokens']} {s['prefix']}" for s in manifest["shards"])
+    assert len(TokenMemmap(out).prefixes) == 2 and run_repack("verify", out).returncode == 0
+    again = run_repack("text", corpus, out, "--tokenizer", tok, "--append")
+    assert "nothing new" in again.stdout

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from repack.config import EngineOptions, ImagesSpec
+from repack.config import EngineOptions
 
 
 def say_published(out: str, manifest: dict, published: bool, what: str, options: EngineOptions,
@@ -26,11 +26,11 @@ def say_published(out: str, manifest: dict, published: bool, what: str, options:
         click.echo(message, err=options.json_summary)
 
 
-def run_append(spec: ImagesSpec, options: EngineOptions) -> None:
-    """`repack images --append`."""
-    from repack.jobs.append import append_images
+def run_append(spec, options: EngineOptions) -> None:
+    """`repack images|text --append`."""
+    from repack.jobs.append import append
 
-    result = append_images(spec, options)
+    result = append(spec, options)
     say_published(spec.out, result.manifest, result.published,
                   f"{result.added} new sample(s), {result.manifest['totals']['samples']} in all", options,
                   result.seconds)

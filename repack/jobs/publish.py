@@ -102,9 +102,10 @@ def plan_inputs(plan: Plan, known: dict) -> dict:
     inputs = dict(known["inputs"])
     position = known["next_position"]
     for task in plan.tasks:
-        for entry in task.payload.get("inputs", ()):
+        for entry in task.payload.get("inputs", ()) or task.payload.get("segments", ()):  # text: file segments
             inputs[entry["rel"]] = list(entry["fingerprint"])[:2]
-            position = max(position, int(entry["key"].partition("_")[0]) + 1)
+            if "key" in entry:
+                position = max(position, int(entry["key"].partition("_")[0]) + 1)
     return {"inputs": dict(sorted(inputs.items())), "next_position": position}
 
 
