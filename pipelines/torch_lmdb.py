@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from torch.utils.data import Dataset
 
+from pipelines.sampler_resume import MapDatasetState
 from repack.manifest import Manifest, ManifestError, read_manifest
 
 LAYOUT = "repack-lmdb/1"
@@ -23,6 +24,9 @@ UNLABELED = -1
 
 def open_lmdb_dataset(root: str | os.PathLike) -> tuple[Manifest, str, int]:
     """Validate the manifest of an image LMDB dataset: (manifest, absolute db path, samples)."""
+    if str(root).startswith("s3://"):
+        raise ManifestError(f"{root}: an LMDB is read from a local file (it is memory-mapped); copy it first "
+                            f"with `repack pull {root} DIR`")
     manifest = read_manifest(root)
     if manifest.format != "lmdb":
         raise ManifestError(f"{manifest.root}: format {manifest.format!r}, this reader reads 'lmdb'")
@@ -68,20 +72,42 @@ class LmdbReader:
         return _environment(self.path).begin(buffers=False)
 
     def get(self, index: int, fields: tuple[str, ...] = ("img", "cls")) -> dict[str, bytes | None]:
-        """Raw values of sample ``index`` (None for a missing field)."""
+        """Raw values of sample ``index`` (None for a missing field other than ``img``); a missing
+        image is damage: a RuntimeError naming the database, the sample and its key."""
         if not 0 <= index < self.count:
             raise IndexError(f"sample {index} out of range 0..{self.count - 1}")
         with self._txn() as txn:
-            return {f: txn.get(b"s/%010d/%s" % (index, f.encode())) for f in fields}
+            raw = {f: txn.get(b"s/%010d/%s" % (index, f.encode())) for f in fields}
+        if "img" in raw and raw["img"] is None:
+            raise RuntimeError(f"{self.path}: sample {index} has no image (key s/{index:010d}/img missing; "
+                               "run `repack verify`)")
+        return raw
 
     def meta(self) -> dict:
         with self._txn() as txn:
-            return json.loads(txn.get(b"__meta__"))
+            data = txn.get(b"__meta__")
+        if data is None:
+            raise ManifestError(f"{self.path}: no __meta__ record (not a repack LMDB)")
+        return json.loads(data)
+
+    def check_count(self) -> None:
+        """Refuse a database that holds another number of samples than the manifest lists."""
+        held = self.meta().get("count")
+        if held != self.count:
+            raise ManifestError(f"{self.path}: the manifest lists {self.count} samples, the database holds "
+                                f"{held} (run `repack verify`)")
+        if self.count:
+            with self._txn() as txn:
+                if txn.get(b"s/%010d/img" % (self.count - 1)) is None:
+                    raise ManifestError(f"{self.path}: the manifest lists {self.count} samples, the database "
+                                        f"lacks sample {self.count - 1} (run `repack verify`)")
 
 
-
-class LmdbImageDataset(Dataset):
+class LmdbImageDataset(MapDatasetState, Dataset):
     """``dataset[i] -> (image, label)`` (or a dict with ``output="dict"``) over an image LMDB.
+
+    Order and resume come from the sampler: pass ``pipelines.sampler_resume.ResumableSampler``
+    to a ``StatefulDataLoader`` for exact (and elastic) mid-epoch resume.
 
     Args:
         root: the dataset folder (holds ``manifest.json`` and ``data.lmdb``).
@@ -97,6 +123,7 @@ class LmdbImageDataset(Dataset):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
         self.manifest, path, count = open_lmdb_dataset(root)
         self.reader = LmdbReader(path, count)
+        self.reader.check_count()
         self.labeled = "cls" in self.manifest.fields
         self.transform, self.mode, self.decode, self.output = transform, mode, decode, output
 

@@ -30,7 +30,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from repack.manifest import read_manifest
+from pipelines import object_store
+from pipelines.manifest_access import open_manifest
+from pipelines.sampler_resume import STATE_VERSION, MapDatasetState, OrderPosition, check_state, global_order
 
 _HEADER = struct.Struct("<9sQBQQ")
 _DTYPES = {8: np.dtype("<u2"), 4: np.dtype("<i4")}
@@ -44,9 +46,10 @@ class _Prefix:
     tokens: int
 
 
-def _parse_idx(path: str) -> tuple[np.dtype, np.ndarray, np.ndarray]:
-    """(dtype, lengths int32[N], byte pointers int64[N]) of a Megatron .idx, memory-mapped."""
-    buf = np.memmap(path, dtype=np.uint8, mode="r")
+def _parse_idx(buf: np.ndarray, path: str) -> tuple[np.dtype, np.ndarray, np.ndarray]:
+    """(dtype, lengths int32[N], byte pointers int64[N]) of a Megatron .idx held in ``buf`` (uint8)."""
+    if len(buf) < _HEADER.size:
+        raise ValueError(f"{path}: not a Megatron MMIDIDX v1 token index (too short)")
     magic, version, code, n, d = _HEADER.unpack(bytes(buf[:_HEADER.size]))
     if magic != b"MMIDIDX\x00\x00" or version != 1 or code not in _DTYPES:
         raise ValueError(f"{path}: not a Megatron MMIDIDX v1 token index")
@@ -57,14 +60,40 @@ def _parse_idx(path: str) -> tuple[np.dtype, np.ndarray, np.ndarray]:
     return _DTYPES[code], lengths, pointers
 
 
+class RemoteTokens:
+    """The tokens of an s3:// ``.bin`` as a sliceable sequence: ``tokens[a:b]`` is one ranged GET of
+    exactly those bytes (nothing else is fetched; no local copy)."""
+
+    def __init__(self, url: str, dtype: np.dtype, count: int) -> None:
+        self.url, self.dtype, self.count = url, dtype, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, window: slice) -> np.ndarray:
+        start, stop, _ = window.indices(self.count)
+        if stop <= start:
+            return np.zeros(0, self.dtype)
+        size = self.dtype.itemsize
+        with object_store.open_range(self.url, start * size, stop * size, (stop - start) * size) as stream:
+            data = bytearray(stream.read())
+        if len(data) != (stop - start) * size:
+            raise ValueError(f"{self.url}: tokens {start}..{stop} lie past the end of the object "
+                             f"({len(data)} of {(stop - start) * size} bytes; run `repack verify`)")
+        return np.frombuffer(data, dtype=self.dtype)  # writable (a bytearray): torch takes it as is
+
+
 class TokenMemmap:
-    """The prefixes of one repack text dataset, opened lazily (and re-opened after a fork)."""
+    """The prefixes of one repack text dataset (a folder or ``s3://bucket/prefix``), opened lazily
+    (and re-opened after a fork). Local ``.bin`` files are memory-mapped; remote ones are read by
+    ranged GETs of exactly the tokens asked for; the ``.idx`` files are read whole (one GET each)."""
 
     def __init__(self, root: str | os.PathLike) -> None:
-        manifest = read_manifest(root)
+        manifest = open_manifest(root)
         if manifest.format != "memmap":
             raise ValueError(f"{root}: format {manifest.format!r}, not a token memmap")
-        self.root = str(manifest.root)
+        self.root = str(root)
+        self.remote = object_store.is_remote(root)
         self.prefixes = [_Prefix(str(manifest.path(s["path"])), str(manifest.path(s["index"])), int(s["samples"]),
                                  int(s["tokens"])) for s in manifest.data["shards"]]
         self.dtype = np.dtype(manifest.data["dtype"])
@@ -74,24 +103,43 @@ class TokenMemmap:
         self.doc_starts = np.cumsum([0] + [p.documents for p in self.prefixes], dtype=np.int64)
         self.token_starts = np.cumsum([0] + [p.tokens for p in self.prefixes], dtype=np.int64)
         self._pid = -1
-        self._bins: list[np.ndarray] = []
+        self._bins: list = []
         self._lengths: list[np.ndarray] = []
         self._pointers: list[np.ndarray] = []
+        self._open()  # refuse a damaged dataset here, not at some step of the epoch
 
     def __getstate__(self) -> dict:  # only paths and counts travel to workers
         state = dict(self.__dict__)
         state.update(_pid=-1, _bins=[], _lengths=[], _pointers=[])
         return state
 
+    def _index(self, p: _Prefix) -> tuple[np.ndarray, np.ndarray]:
+        """A prefix's (lengths, pointers), after checking them against the manifest and the .bin's size."""
+        buf = (np.frombuffer(object_store.read_bytes(p.idx_path), np.uint8) if self.remote
+               else np.memmap(p.idx_path, dtype=np.uint8, mode="r"))
+        dtype, lens, ptrs = _parse_idx(buf, p.idx_path)
+        if dtype != self.dtype:
+            raise ValueError(f"{p.idx_path}: dtype {dtype} differs from the manifest's {self.dtype}")
+        if len(lens) != p.documents or int(np.sum(lens, dtype=np.int64)) != p.tokens:
+            raise ValueError(f"{self.root}: {p.idx_path} lists {len(lens)} documents of "
+                             f"{int(np.sum(lens, dtype=np.int64))} tokens, the manifest {p.documents} of {p.tokens}")
+        if not self.remote:
+            held = os.path.getsize(p.bin_path) // self.dtype.itemsize
+            if held != p.tokens:
+                raise ValueError(f"{self.root}: {p.bin_path} holds {held} tokens, its index says {p.tokens} "
+                                 "(truncated or changed; run `repack verify`)")
+        return lens, ptrs
+
     def _open(self) -> None:
         if self._pid == os.getpid():
             return
         bins, lengths, pointers = [], [], []
         for p in self.prefixes:
-            dtype, lens, ptrs = _parse_idx(p.idx_path)
-            if dtype != self.dtype:
-                raise ValueError(f"{p.idx_path}: dtype {dtype} differs from the manifest's {self.dtype}")
-            bins.append(np.memmap(p.bin_path, dtype=dtype, mode="c") if p.tokens else np.zeros(0, dtype))
+            lens, ptrs = self._index(p)
+            if self.remote:
+                bins.append(RemoteTokens(p.bin_path, self.dtype, p.tokens))
+            else:
+                bins.append(np.memmap(p.bin_path, dtype=self.dtype, mode="c") if p.tokens else np.zeros(0, self.dtype))
             lengths.append(lens)
             pointers.append(ptrs)
         self._bins, self._lengths, self._pointers, self._pid = bins, lengths, pointers, os.getpid()
@@ -138,7 +186,14 @@ def _as_tensor(array: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:
 
 
 class PackedTokenDataset(Dataset):
-    """Map-style dataset of ``seq_len + 1``-token windows (inputs = w[:-1], targets = w[1:])."""
+    """Map-style dataset of ``seq_len + 1``-token windows (inputs = w[:-1], targets = w[1:]).
+
+    With ``shuffle`` the dataset orders the windows itself (a seeded permutation per epoch, rank
+    ``r`` taking every ``world_size``-th): use the loader's default sequential sampler; a
+    ``StatefulDataLoader`` then resumes exactly (it skips indices, never bytes; the epoch is in this
+    dataset's state). For elastic resume (another world size), build it with ``shuffle=False`` and
+    pass ``ResumableSampler(len(ds), seed=..., rank=..., world_size=...)``: the same permutation.
+    """
 
     def __init__(self, root: str | os.PathLike, seq_len: int, *, shuffle: bool = True, seed: int = 0,
                  rank: int = 0, world_size: int = 1, dtype: torch.dtype | None = None) -> None:
@@ -171,13 +226,27 @@ class PackedTokenDataset(Dataset):
         epoch = self.epoch
         if self._order is None or self._order_epoch != epoch:
             total = self.per_rank * self.world_size
-            order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)[:total]
-                     if self.shuffle else np.arange(total))
+            order = global_order(self.num_windows, self.seed, epoch, self.shuffle)[:total]
             self._order, self._order_epoch = order[self.rank::self.world_size], epoch
         return self._order
 
     def __len__(self) -> int:
         return self.per_rank
+
+    def state_dict(self) -> dict:
+        """The epoch and what fixes the order (the loader's sampler holds the position)."""
+        return {"kind": type(self).__name__, "version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed,
+                "shuffle": self.shuffle, "windows": self.num_windows, "rank": self.rank,
+                "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_state(state, type(self).__name__)
+        mine = self.state_dict()
+        for key in ("seed", "shuffle", "windows", "rank", "world_size"):
+            if state[key] != mine[key]:
+                raise ValueError(f"{self.data.root}: PackedTokenDataset state has {key} {state[key]!r}, "
+                                 f"this dataset {mine[key]!r}")
+        self.set_epoch(int(state["epoch"]))
 
     def __getitem__(self, index: int) -> torch.Tensor:
         if not 0 <= index < self.per_rank:
@@ -193,8 +262,9 @@ def split_inputs_targets(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return batch[:, :-1], batch[:, 1:]
 
 
-class DocumentDataset(Dataset):
-    """One document per item, truncated to ``max_len`` tokens when given."""
+class DocumentDataset(MapDatasetState, Dataset):
+    """One document per item, truncated to ``max_len`` tokens when given. Order and resume come
+    from the sampler: ``ResumableSampler`` or ``LengthGroupedBatchSampler`` (both stateful)."""
 
     def __init__(self, root: str | os.PathLike, max_len: int | None = None,
                  dtype: torch.dtype | None = None) -> None:
@@ -239,20 +309,38 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
     """Batches of similar length: a seeded shuffle cut into mega-batches of ``mega`` batches,
     each sorted by length and cut into batches, then the batch order shuffled.
 
-    With ``world_size > 1`` each rank gets every ``world_size``-th batch (equal counts).
+    With ``world_size > 1`` each rank gets every ``world_size``-th batch (equal counts). The
+    epoch's batch list does not depend on the world size, so the sampler resumes exactly under a
+    ``StatefulDataLoader`` (pass it as ``batch_sampler``) and elastically (``elastic_state``).
     """
 
     def __init__(self, lengths: Sequence[int], batch_size: int, *, seed: int = 0, mega: int = 50,
                  drop_last: bool = False, rank: int = 0, world_size: int = 1) -> None:
         self.lengths = np.asarray(lengths)
         self.batch_size, self.seed, self.mega, self.drop_last = batch_size, seed, mega, drop_last
-        self.rank, self.world_size = rank, world_size
-        self.epoch = 0
+        self.position = OrderPosition(type(self).__name__, 0, seed, rank, world_size, world_size > 1)
+        self._cached: tuple[int, list[list[int]]] | None = None
+        self.position.size = len(self.global_batches())
+
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    @property
+    def rank(self) -> int:
+        return self.position.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.position.world_size
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.position.set_epoch(epoch)
 
-    def batches(self) -> list[list[int]]:
+    def global_batches(self) -> list[list[int]]:
+        """Every batch of the epoch, in order, before the split among ranks (computed once per epoch)."""
+        if self._cached is not None and self._cached[0] == self.epoch:
+            return self._cached[1]
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.lengths))
         span = self.batch_size * self.mega
@@ -263,15 +351,28 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
             out += [chunk[i:i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
         if self.drop_last:
             out = [b for b in out if len(b) == self.batch_size]
-        out = [out[i] for i in rng.permutation(len(out))]
-        usable = len(out) // self.world_size * self.world_size if self.world_size > 1 else len(out)
-        return out[:usable][self.rank::self.world_size]
+        self._cached = self.epoch, [out[i] for i in rng.permutation(len(out))]
+        return self._cached[1]
+
+    def batches(self) -> list[list[int]]:
+        """This rank's batches of the epoch (after any resumed history), in order."""
+        every = self.global_batches()
+        return [every[i] for i in self.position.share(np.arange(len(every))).tolist()]
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches())
+        start = self.position.begin()
+        every = self.global_batches()
+        return (every[i] for i in self.position.iterate(self.position.share(np.arange(len(every))), start))
 
     def __len__(self) -> int:
         return len(self.batches())
+
+    def state_dict(self) -> dict:
+        """Epoch, history and how many of this rank's batches were handed out."""
+        return self.position.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position.load_state_dict(state)
 
 
 def random_batches(n: int, batch_size: int, seed: int = 0) -> list[list[int]]:

@@ -6,23 +6,30 @@ Sampling follows DALI's ``fn.readers.video``: a clip is ``sequence_length`` fram
 count decoded frames from 0, located through the constant frame rate repack guarantees.
 
 DataLoader-worker safe: the dataset holds only paths and integers; each ``__getitem__`` opens
-its own container. Items: ``(frames uint8 tensor (F, H, W, 3), label int)``; the label is
+its own container. A root may be ``s3://bucket/prefix``: each clip then reads its video through
+``pipelines.ranged_file`` (1 MiB ranged GETs of the blocks the decoder touches, never the whole
+object unless the clip needs it). Order and resume come from the sampler: pass
+``pipelines.sampler_resume.ResumableSampler`` to a ``StatefulDataLoader``. A missing video
+raises RuntimeError naming the dataset, the clip and the file. Items: ``(frames uint8 tensor (F, H, W, 3), label int)``; the label is
 ``-1`` (``UNLABELED``) for a video without a class, as in pipelines.dali_video. A clip whose
 frames cannot be decoded raises RuntimeError naming the file.
 """
 
 from __future__ import annotations
 
+import io
 from fractions import Fraction
 
-from repack.manifest import read_manifest
+from pipelines import object_store
+from pipelines.manifest_access import open_manifest
+from pipelines.sampler_resume import MapDatasetState
 
 UNLABELED = -1  # the label of a video without a class (both readers)
 
 
 def manifest_videos(root) -> tuple[list[dict], object]:
     """The per-video entries of a `repack video` manifest (either format) and the Manifest."""
-    manifest = read_manifest(root)
+    manifest = open_manifest(root)
     if manifest.modality != "video":
         raise ValueError(f"{manifest.root}: a {manifest.modality!r} dataset, not video")
     entries = manifest.data["videos"] if manifest.format == "webdataset" else manifest.data["shards"]
@@ -36,7 +43,7 @@ def clip_starts(frames: int, sequence_length: int, stride: int = 1, step: int = 
     return list(range(0, frames - span + 1, step)) if frames >= span else []
 
 
-class VideoClipDataset:
+class VideoClipDataset(MapDatasetState):
     """Map-style dataset of clips; ``shard_id``/``num_shards`` split the clips like DALI does."""
 
     def __init__(self, root, sequence_length: int, stride: int = 1, step: int = -1, shard_id: int = 0,
@@ -44,7 +51,9 @@ class VideoClipDataset:
         if sequence_length < 1 or stride < 1:
             raise ValueError("sequence_length and stride must be >= 1")
         entries, manifest = manifest_videos(root)
+        self.root = str(root)
         self.paths = [str(manifest.path(e["path"])) for e in entries]
+        self.sizes = [int(e.get("bytes", 0)) for e in entries]
         self.labels = [int(e["cls"]) if e.get("cls") is not None else UNLABELED for e in entries]
         self.sequence_length, self.stride, self.transform = sequence_length, stride, transform
         index = [(v, s) for v, e in enumerate(entries)
@@ -59,15 +68,29 @@ class VideoClipDataset:
         start = self.index[i][1]
         return [start + k * self.stride for k in range(self.sequence_length)]
 
-    def __getitem__(self, i: int):
+    def _open(self, video: int, clip: int):
+        """The container of video ``video`` (local file or ranged s3:// reads); a missing one is an error
+        naming the dataset and the clip, never a silently shorter epoch."""
         import av
+
+        path = self.paths[video]
+        try:
+            if object_store.is_remote(path):
+                from pipelines.ranged_file import RangedObjectFile
+
+                return av.open(io.BufferedReader(RangedObjectFile(path, self.sizes[video]), 1 << 16))
+            return av.open(path)
+        except (FileNotFoundError, av.error.FileNotFoundError) as exc:
+            raise RuntimeError(f"{self.root}: clip {clip} needs {path}, which is missing ({exc})") from None
+
+    def __getitem__(self, i: int):
         import numpy as np
         import torch
 
         video, _ = self.index[i]
         wanted = self.frame_indices(i)
         got: dict[int, np.ndarray] = {}
-        with av.open(self.paths[video]) as container:
+        with self._open(video, i) as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             rate = Fraction(stream.average_rate or stream.guessed_rate)

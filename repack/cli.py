@@ -11,6 +11,7 @@ import click
 
 from repack import __version__
 from repack.commands.bench import bench
+from repack.commands.envvars import bind_envvars
 from repack.commands.help import RepackGroup
 from repack.commands.images import images
 from repack.commands.merge import merge
@@ -29,6 +30,7 @@ def cli() -> None:
 
 for _command in (images, video, text, verify, inspect, merge, pull, bench):
     cli.add_command(_command)
+bind_envvars(cli)  # REPACK_<COMMAND>_<OPTION> for every option, shown in --help
 
 
 SIGNAL_EXIT = {signal.SIGTERM: ("SIGTERM", 143), signal.SIGINT: ("SIGINT", 130)}

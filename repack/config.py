@@ -51,6 +51,8 @@ class EngineOptions:
     strict: bool = False
     quiet: bool = False
     json_summary: bool = False
+    progress_every: float = 30.0  # seconds between progress lines when stderr is not a terminal
+    log_json: bool = False  # progress lines and the final summary as JSON lines on stderr
     command: str = ""
 
     def __post_init__(self) -> None:
@@ -60,6 +62,8 @@ class EngineOptions:
             raise UsageError(f"--node-rank must be in [0, {self.num_nodes}), got {self.node_rank}")
         if self.retries < 0:
             raise UsageError("--retries must be >= 0")
+        if not self.progress_every > 0:
+            raise UsageError(f"--progress-every must be a positive number of seconds, got {self.progress_every}")
 
 
 @dataclass(frozen=True)

@@ -185,4 +185,4 @@ def test_gpu_runs_measure_dali_on_both_devices():
     assert [s.device for s in settings_for(image_dali, BenchOptions(device="cpu", threads=(2,)))] == ["cpu"]
     assert BenchOptions().device == "auto" and BenchOptions().persistent_workers
     helptext = run_repack("bench", "--help").stdout
-    assert "[default: auto]" in helptext and "--no-persistent-workers" in helptext
+    assert "REPACK_BENCH_DEVICE; default: auto]" in helptext and "--no-persistent-workers" in helptext

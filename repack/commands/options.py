@@ -38,8 +38,13 @@ def engine_options(fn):
         click.option("--node-rank", type=int, default=0, show_default=True, help="Static partitions: this node."),
         click.option("--overwrite", is_flag=True, help="Replace an existing job in OUT run with other options."),
         click.option("--strict", is_flag=True, help="Exit non-zero when any input was quarantined."),
-        click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar, no progress lines."),
         click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout."),
+        click.option("--progress-every", type=float, default=30.0, show_default=True, metavar="SECONDS",
+                     help="When stderr is not a terminal (a batch job): one progress line every SECONDS "
+                          "(done/total, rate, ETA, quarantined so far)."),
+        click.option("--log-json", is_flag=True,
+                     help="Progress lines and the final summary as JSON lines on stderr (for log collectors)."),
     ]
     for decorator in reversed(decorators):
         fn = decorator(fn)
@@ -65,7 +70,7 @@ def source_options(fn):
 def split_engine_options(kwargs: dict) -> EngineOptions:
     """Pop the engine options out of a command's kwargs."""
     names = ("workers", "executor", "ray_address", "retries", "num_nodes", "node_rank", "overwrite", "strict",
-             "quiet", "json_summary")
+             "quiet", "json_summary", "progress_every", "log_json")
     values = {n: kwargs.pop(n) for n in names}
     return EngineOptions(**values, command=shlex.join(sys.argv))
 
@@ -93,5 +98,7 @@ def report(job, options: EngineOptions, result) -> None:
                    "totals": result.manifest["totals"], "quarantine": result.manifest["quarantine"]}
     if options.json_summary:
         click.echo(json.dumps(summary, sort_keys=True))
-    if not options.quiet or not options.json_summary:
+    if options.log_json:
+        click.echo(json.dumps({"event": "summary", "job": job.name, **summary}, sort_keys=True), err=True)
+    elif not options.quiet or not options.json_summary:
         click.echo(message, err=options.json_summary)

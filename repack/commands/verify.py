@@ -15,16 +15,16 @@ from repack.errors import VERIFICATION_EXIT_CODE
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 def verify(out, json_out):
     """Re-read every file of the dataset in OUT (a folder or s3://bucket/prefix) and check it against its
-    manifest (in object storage: every object's size and sha256)."""
-    from repack.store import is_remote
+    manifest: sizes, sha256, each tar's structure against its index, sample counts, the tokenizer,
+    and no file the manifest does not name (energon's files are known)."""
+    from repack.jobs.verify import verify_report
 
-    if is_remote(out):
-        from repack.store.dataset import verify_remote as verify_dataset
-    else:
-        from repack.jobs.verify import verify_dataset
-    problems = verify_dataset(out)
+    report = verify_report(out)
+    problems = list(report.problems)
+    for note in report.unchecked:
+        click.echo(f"{out}: not checked: {note}", err=True)
     if json_out:
-        click.echo(json.dumps({"ok": not problems, "problems": problems}))
+        click.echo(json.dumps({"ok": not problems, "problems": problems, "unchecked": list(report.unchecked)}))
     elif problems:
         click.echo(f"{out}: {len(problems)} problem(s):", err=True)
         for problem in problems:
@@ -42,8 +42,13 @@ def verify(out, json_out):
               help="Also write a self-contained HTML report (charts inline, no network) to FILE.")
 def inspect(out, json_out, html_file):
     """Summarize the dataset in OUT: counts, sizes, classes, quarantine, timing; --html draws it."""
+    from repack.errors import UsageError
     from repack.report.collect import collect
     from repack.report.inspect import inspect_lines
+    from repack.store import is_remote
+
+    if is_remote(out):
+        raise UsageError(f"inspect reads a local folder, not {out!r}: `repack pull {out} DEST`, then inspect DEST")
 
     if html_file:
         from repack.report.html import dataset_page, write_page

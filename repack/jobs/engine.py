@@ -39,7 +39,6 @@ import importlib
 import json
 import os
 import shutil
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,38 +51,12 @@ from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, Noth
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
 from repack.jobs.base import STATE_DIR, Job, Plan, Task, build_plan, is_piece
+from repack.jobs.progress import progress_reporter
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
 from repack.store import open_store
 
 ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
 WRITERS_PER_GROUP = 4  # about this many workers write into one group's output at once (see dispatch_order)
-
-
-class _NoBar:
-    """What the engine calls on a progress bar, doing nothing (quiet, or stderr not a terminal)."""
-
-    def __enter__(self) -> "_NoBar":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-    def update(self, n: int = 1) -> None:
-        return None
-
-    def set_postfix(self, *args, **kwargs) -> None:
-        return None
-
-
-def progress_bar(total: int, unit: str, desc: str, quiet: bool):
-    """A tqdm bar on stderr when it is a terminal and not ``quiet``; else a no-op (tqdm is not even
-    imported: ~35 ms of start-up, most of it its version lookup)."""
-    if quiet or not sys.stderr.isatty():
-        return _NoBar()
-    from tqdm import tqdm
-
-    tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
-    return tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, desc=desc, dynamic_ncols=True)
 
 
 def dispatch_order(tasks: list[Task], lanes: int) -> list[Task]:
@@ -599,7 +572,7 @@ class Engine:
             chunk_records[task_id] = record
             feed(uid)
 
-        bar = progress_bar(sum(units_of.values()), self.job.progress_unit, f"repack {self.job.name}", opts.quiet)
+        bar = progress_reporter(sum(units_of.values()), self.job.progress_unit, self.job.name, opts)
         counts: dict[str, int] = {}
         started = time.perf_counter()
         resumed = list(group_tasks)  # chunks finished before an interruption: fed once the pool has forked
@@ -623,7 +596,7 @@ class Engine:
                         elapsed = max(time.perf_counter() - started, 1e-9)
                         bar.set_postfix({f"{name}/s": f"{value / elapsed:.0f}" for name, value in counts.items()},
                                         refresh=False)
-                    bar.update(units_of[item["task_id"]])
+                    bar.update(units_of[item["task_id"]], quarantined=len(item.get("quarantine", ())))
             while resumed:
                 feed(resumed.pop())
             collect(block=True)

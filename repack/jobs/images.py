@@ -250,7 +250,11 @@ class ImagesJob(Job):
 
     def check(self) -> None:
         src = Path(self.spec.source)
-        if not is_remote(self.spec.source) and not src.exists():
+        if is_remote(self.spec.source):
+            from repack.sources.s3 import check_source
+
+            check_source(self.spec.source)  # before OUT holds any state
+        elif not src.exists():
             raise UsageError(f"source {self.spec.source!r} does not exist")
 
     def plan(self) -> Plan:

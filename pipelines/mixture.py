@@ -1,0 +1,266 @@
+"""Weighted mixtures of readers: ``Mixture([(dataset, weight), ...], seed=...)``, an IterableDataset.
+
+A seeded generator draws the source of each sample, then that source yields its next sample.
+Draws come in blocks of ``BLOCK``: block ``b`` holds each source ``i`` as many times as keeps its
+running count within one draw of ``weight_i * BLOCK * (b + 1)`` (largest remainder, with the
+fractions carried from block to block), in an order shuffled by (seed, epoch, rank, worker, b).
+So the proportions after any number of samples are within about ``BLOCK / 2`` draws of the
+weights (0.5% over 10,000), on every rank and in every worker alike, while the order within a
+block stays random.
+
+Sources compose by the readers' shared protocol, not by format:
+
+- a map-style source (``LmdbImageDataset``, ``DocumentDataset``, ``PackedTokenDataset``,
+  ``VideoClipDataset``) is read in a seeded order per (epoch, pass), every (rank, worker) taking
+  its own ``slot::slots`` share: disjoint across ranks and workers;
+- an iterable source (``ImageShardDataset``) splits itself across ranks and workers (give it the
+  same rank and world size); the mixture calls its ``set_epoch``, ``state_dict`` and
+  ``load_state_dict``.
+
+When a source runs out (``exhausted``): ``"stop"`` (the default) ends this (rank, worker)'s epoch
+at the first draw of an exhausted source, so the proportions hold to the end; ``"repeat"``
+starts that source over (its next pass: a new seeded order for map-style sources, a new
+iteration of an iterable one) and needs ``samples`` (the epoch's length across all ranks and
+workers). ``samples`` also caps a ``"stop"`` epoch.
+
+State (``state_dict``; inside a DataLoader worker, that worker's): the epoch, how many draws this
+iterator made, and each source's state (pass and position, or the iterable source's own state).
+``load_state_dict`` makes the next ``__iter__`` continue exactly there, re-reading nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from pipelines.sampler_resume import STATE_VERSION, check_state
+
+BLOCK = 100
+EXHAUSTED_RULES = ("stop", "repeat")
+
+
+def apportion(targets: np.ndarray, total: int) -> np.ndarray:
+    """Integers summing to ``total``, each the floor or ceiling of its target (largest remainder)."""
+    counts = np.floor(targets).astype(np.int64)
+    for i in np.argsort(-(targets - counts), kind="stable")[:total - int(counts.sum())]:
+        counts[i] += 1
+    return counts
+
+
+def block_counts(weights: Sequence[float], blocks: int, block: int = BLOCK) -> np.ndarray:
+    """Draws of each source in each of the first ``blocks`` blocks (shape [blocks, sources]): the
+    running counts track ``weight * block * (b + 1)`` within one draw."""
+    share = np.asarray(weights, dtype=np.float64) / float(sum(weights)) * block
+    out = np.zeros((blocks, len(share)), dtype=np.int64)
+    carried = np.zeros(len(share))
+    for b in range(blocks):
+        out[b] = apportion(share + carried, block)
+        carried += share - out[b]
+    return out
+
+
+def _slot() -> tuple[int, int]:
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    from pipelines.torch_webdataset import resolve_rank
+
+    return resolve_rank(rank, world_size)
+
+
+def _is_iterable(source) -> bool:
+    return isinstance(source, IterableDataset)
+
+
+class _Cursor:
+    """One source's place inside one (rank, worker) iterator."""
+
+    def __init__(self, mixture: "Mixture", index: int, state: dict | None) -> None:
+        self.mixture, self.index, self.source = mixture, index, mixture.sources[index]
+        self.pass_ = int(state["pass"]) if state else 0
+        self.position = int(state.get("position", 0)) if state else 0
+        self.iterable = _is_iterable(self.source)
+        self.restored = state.get("state") if state else None
+        self._iter: Iterator | None = None
+        self._order: list[int] | None = None
+
+    def _start(self) -> None:
+        if self.iterable:
+            if self.restored is not None:
+                self.source.load_state_dict(self.restored)
+                self.restored = None
+            self._iter = iter(self.source)
+        else:
+            m = self.mixture
+            n = len(self.source)
+            order = (np.random.default_rng([m.seed, m.epoch, self.index, self.pass_]).permutation(n)
+                     if m.shuffle else np.arange(n))
+            self._order = order[m.slot_id::m.slots].tolist()
+
+    def next(self) -> tuple[bool, Any]:
+        """(True, sample), or (False, None) when this pass is over."""
+        order = self._order
+        if order is not None:
+            if self.position < len(order):
+                self.position += 1
+                return True, self.source[order[self.position - 1]]
+            return False, None
+        if self._iter is None:
+            self._start()
+            return self.next()
+        try:
+            sample = next(self._iter)
+        except StopIteration:
+            return False, None
+        self.position += 1
+        return True, sample
+
+    def restart(self) -> None:
+        self.pass_, self.position, self._iter, self._order = self.pass_ + 1, 0, None, None
+
+    def state(self) -> dict:
+        out = {"kind": type(self.source).__name__, "pass": self.pass_, "position": self.position}
+        if self.iterable:
+            saver = getattr(self.source, "state_dict", None)
+            out["state"] = saver() if saver is not None and self._iter is not None else self.restored
+        return out
+
+
+class Mixture(IterableDataset):
+    """Samples of several readers mixed by weight (see the module docstring for the rules).
+
+    Args:
+        sources: ``[(dataset, weight), ...]``; weights positive (normalized here).
+        seed: seeds the draws and the map-style sources' orders (with the epoch).
+        exhausted: ``"stop"`` (default) or ``"repeat"`` (needs ``samples``).
+        samples: samples per epoch across all ranks and workers (None: until a source runs out).
+        tag_source: yield ``(source index, sample)`` instead of the sample.
+        shuffle: False reads map-style sources in index order (the draws stay seeded).
+        rank, world_size: this process's share; default: torch.distributed, else 0 of 1.
+    """
+
+    def __init__(self, sources: Sequence[tuple[Any, float]], *, seed: int = 0, exhausted: str = "stop",
+                 samples: int | None = None, tag_source: bool = False, shuffle: bool = True,
+                 rank: int | None = None, world_size: int | None = None) -> None:
+        if not sources:
+            raise ValueError("a Mixture needs at least one (dataset, weight) source")
+        weights = [float(w) for _, w in sources]
+        if any(not math.isfinite(w) or w <= 0 for w in weights):
+            raise ValueError(f"mixture weights must be positive and finite, got {weights}")
+        if exhausted not in EXHAUSTED_RULES:
+            raise ValueError(f"exhausted must be one of {EXHAUSTED_RULES}, not {exhausted!r}")
+        if exhausted == "repeat" and samples is None:
+            raise ValueError("exhausted='repeat' needs samples= (the epoch's length): repeating sources never end")
+        self.sources = [s for s, _ in sources]
+        self.weights = [w / sum(weights) for w in weights]
+        self._counts = block_counts(weights, 1)
+        self.seed, self.exhausted, self.samples, self.tag_source, self.shuffle = \
+            seed, exhausted, samples, tag_source, shuffle
+        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # reaches persistent workers
+        self._pending: dict | None = None
+        self._live: list | None = None  # [draws made, cursors] of the iterator running in this process
+
+    # -- epoch, slots, draws ----------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.item())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the draws and orders of ``epoch``; iterable sources get it too."""
+        self._epoch.fill_(int(epoch))
+        for source in self.sources:
+            if _is_iterable(source) and hasattr(source, "set_epoch"):
+                source.set_epoch(epoch)
+
+    @property
+    def slots(self) -> int:
+        return self.world_size * _slot()[1]
+
+    @property
+    def slot_id(self) -> int:
+        worker, _ = _slot()
+        return self.rank + self.world_size * worker
+
+    def counts(self, block: int) -> np.ndarray:
+        """Draws of each source in block ``block`` (the table grows as blocks are reached)."""
+        if block >= len(self._counts):
+            self._counts = block_counts(self.weights, max(block + 1, 2 * len(self._counts)))
+        return self._counts[block]
+
+    def draws(self, block: int) -> np.ndarray:
+        """The source of each draw of block ``block`` of this (rank, worker) in this epoch."""
+        picks = np.repeat(np.arange(len(self.sources)), self.counts(block))
+        return np.random.default_rng([self.seed, self.epoch, self.rank, _slot()[0], block]).permutation(picks)
+
+    def slot_samples(self) -> int | None:
+        """How many samples this (rank, worker) yields this epoch at most (None: until exhausted)."""
+        if self.samples is None:
+            return None
+        slots, slot = self.slots, self.slot_id
+        return self.samples * (slot + 1) // slots - self.samples * slot // slots
+
+    # -- the protocol --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """How far the iterator running in this process got (epoch, draws, each source's state)."""
+        worker, workers = _slot()
+        if self._live is not None:
+            drawn, cursors = self._live
+            sources = [c.state() for c in cursors]
+        elif self._pending is not None:
+            return dict(self._pending)
+        else:
+            drawn, sources = 0, [{"kind": type(s).__name__, "pass": 0, "position": 0, **(
+                {"state": None} if _is_iterable(s) else {})} for s in self.sources]
+        return {"kind": "Mixture", "version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed,
+                "slot": [self.rank, self.world_size, worker, workers], "drawn": drawn, "sources": sources}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``__iter__`` in this process continue from ``state``."""
+        check_state(state, "Mixture")
+        if state["seed"] != self.seed or len(state["sources"]) != len(self.sources):
+            raise ValueError(f"Mixture state of seed {state['seed']} with {len(state['sources'])} sources loaded "
+                             f"into a mixture of seed {self.seed} with {len(self.sources)}")
+        for i, (saved, source) in enumerate(zip(state["sources"], self.sources)):
+            if saved["kind"] != type(source).__name__:
+                raise ValueError(f"Mixture source {i} was a {saved['kind']}, is a {type(source).__name__}")
+            if _is_iterable(source) and saved["position"] and saved.get("state") is None:
+                raise ValueError(f"Mixture source {i} ({saved['kind']}) has no state_dict(): it cannot resume exactly")
+        self._epoch.fill_(int(state["epoch"]))
+        self._pending, self._live = dict(state), None
+
+    def __iter__(self) -> Iterator[Any]:
+        state, self._pending = self._pending, None
+        worker, workers = _slot()
+        if state is not None and state["slot"] != [self.rank, self.world_size, worker, workers]:
+            raise ValueError(f"Mixture state of (rank, world, worker, workers) {state['slot']} loaded into "
+                             f"{[self.rank, self.world_size, worker, workers]}")
+        cursors = [_Cursor(self, i, state["sources"][i] if state else None) for i in range(len(self.sources))]
+        drawn = int(state["drawn"]) if state else 0
+        limit = self.slot_samples()
+        limit = 1 << 62 if limit is None else limit
+        self._live = [drawn, cursors]
+        live, tag, stop = self._live, self.tag_source, self.exhausted == "stop"
+        while drawn < limit:
+            block_no, offset = divmod(drawn, BLOCK)
+            picks = self.draws(block_no)[offset:offset + min(BLOCK, limit - drawn)].tolist()
+            for pick in picks:
+                cursor = cursors[pick]
+                ok, sample = cursor.next()
+                if not ok:
+                    if stop:
+                        return
+                    cursor.restart()
+                    ok, sample = cursor.next()
+                    if not ok:
+                        raise ValueError(f"Mixture source {cursor.index} ({type(cursor.source).__name__}) has no "
+                                         f"samples for rank {self.rank} worker {worker}: it cannot repeat")
+                drawn += 1
+                live[0] = drawn
+                yield (pick, sample) if tag else sample

@@ -1,0 +1,224 @@
+"""Exact and elastic resume for map-style readers: a global epoch order and the rule that splits
+what remains of it among ranks.
+
+An epoch's *global order* is a list of ``size`` positions (sample indices, or batch numbers for a
+batch sampler) that depends only on (seed, epoch): never on the world size or the worker count.
+A world of W ranks hands rank r the positions ``C[r::W]`` of the current list C (the whole order
+at the start of an epoch). A rank's state records how many of its positions it delivered; the
+states of the N ranks of a checkpoint together say exactly which positions were consumed, and
+``elastic_state`` folds them into a *stage* ``{"world_size": N, "yielded": [k_0, ..., k_N-1]}``.
+A rank of any new world M then takes ``R[r::M]`` of the remaining list R (the order minus the
+consumed positions, order kept): together the M ranks deliver every remaining position exactly
+once. Stages chain (N -> M -> K within one epoch); the next epoch is a plain M-rank epoch.
+
+States are plain JSON (``json.dumps`` round-trips them): ``{"kind", "version": 1, "epoch",
+"seed", "size", "rank", "world_size", "history": [stage, ...], "yielded"}``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+from torch.utils.data import Sampler
+
+STATE_VERSION = 1
+
+
+def global_order(size: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The epoch's order of ``range(size)``: a permutation seeded by (seed, epoch), or ``arange``."""
+    return np.random.default_rng([seed, epoch]).permutation(size) if shuffle else np.arange(size)
+
+
+def rank_share(current: np.ndarray, rank: int, world_size: int, equal: bool = False) -> np.ndarray:
+    """Rank ``rank``'s positions of ``current``: every ``world_size``-th; ``equal`` cuts every rank
+    to ``len(current) // world_size`` (DDP's equal counts; at most world_size - 1 left out)."""
+    share = current[rank::world_size]
+    return share[:len(current) // world_size] if equal else share
+
+
+def remaining(order: np.ndarray, history: Sequence[dict], equal: bool = False) -> np.ndarray:
+    """What is left of ``order`` after the stages of ``history`` (each: world_size, yielded per rank)."""
+    current = order
+    for stage in history:
+        world, yielded = int(stage["world_size"]), [int(k) for k in stage["yielded"]]
+        consumed = np.zeros(len(current), dtype=bool)
+        for rank, count in enumerate(yielded):
+            positions = np.arange(rank, len(current), world)
+            if equal:
+                positions = positions[:len(current) // world]
+            if count > len(positions):
+                raise ValueError(f"rank {rank} of {world} claims {count} samples of its {len(positions)}")
+            consumed[positions[:count]] = True
+        current = current[~consumed]
+    return current
+
+
+def check_state(state: dict, kind: str) -> dict:
+    """``state`` if it is a version-1 state of ``kind``; else a ValueError naming what differs."""
+    if not isinstance(state, dict) or state.get("kind") != kind or state.get("version") != STATE_VERSION:
+        got = (state.get("kind"), state.get("version")) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"not a {kind} state of version {STATE_VERSION}: {got}")
+    return state
+
+
+def elastic_state(states: Sequence[dict]) -> dict:
+    """Fold the states of all N ranks of a checkpoint (one per rank, any order) into the one state
+    every rank of the new world loads: the remaining positions of the epoch, split by the new ranks."""
+    if not states:
+        raise ValueError("no states to resume from")
+    first = states[0]
+    world = int(first["world_size"])
+    by_rank = {int(s["rank"]): s for s in states}
+    if sorted(by_rank) != list(range(world)) or len(states) != world:
+        raise ValueError(f"need one state per rank of {world}, got ranks {sorted(int(s['rank']) for s in states)}")
+    for s in states:
+        for key in ("kind", "version", "epoch", "seed", "size", "history", "world_size"):
+            if s.get(key) != first.get(key):
+                raise ValueError(f"rank {s['rank']}'s state differs from rank {first['rank']}'s in {key!r}")
+    stage = {"world_size": world, "yielded": [int(by_rank[r]["yielded"]) for r in range(world)]}
+    return {**first, "rank": None, "world_size": None, "history": [*first["history"], stage], "yielded": 0}
+
+
+class OrderPosition:
+    """Where a rank is in its share of an epoch's global order: the bookkeeping that
+    ``ResumableSampler`` and ``LengthGroupedBatchSampler`` share."""
+
+    def __init__(self, kind: str, size: int, seed: int, rank: int, world_size: int, equal: bool) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        self.kind, self.size, self.seed, self.rank, self.world_size, self.equal = kind, size, seed, rank, world_size, equal
+        self.epoch = 0
+        self.history: list[dict] = []
+        self.yielded = 0
+        self._resume_at = 0
+        self._finished = False
+
+    def set_epoch(self, epoch: int) -> None:
+        if int(epoch) != self.epoch:
+            self.epoch, self.history, self.yielded, self._resume_at, self._finished = int(epoch), [], 0, 0, False
+
+    def key(self) -> tuple:
+        """What this rank's share depends on besides the order: (epoch, history)."""
+        return self.epoch, tuple((int(s["world_size"]), tuple(s["yielded"])) for s in self.history)
+
+    def share(self, order: np.ndarray) -> np.ndarray:
+        """This rank's positions of ``order`` (the epoch's global order) after the history."""
+        return rank_share(remaining(order, self.history, self.equal), self.rank, self.world_size, self.equal)
+
+    def begin(self) -> int:
+        """Start a pass over this rank's share; returns where it starts. After a finished pass the
+        history and the count are cleared first (the next pass is a plain epoch)."""
+        if self._finished:
+            self.history, self.yielded, self._resume_at, self._finished = [], 0, 0, False
+        start, self._resume_at = self._resume_at, 0
+        self.yielded = start
+        return start
+
+    def iterate(self, share: np.ndarray, start: int) -> Iterator[int]:
+        """The positions of ``share`` from ``start`` on, counting each one handed out. A finished pass
+        keeps its count (a rank done before a checkpoint consumed its whole share)."""
+        for position in share[start:].tolist():
+            self.yielded += 1
+            yield position
+        self._finished = True
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed,
+                "size": self.size, "rank": self.rank, "world_size": self.world_size,
+                "history": [dict(s, yielded=list(s["yielded"])) for s in self.history], "yielded": self.yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_state(state, self.kind)
+        for key, mine in (("seed", self.seed), ("size", self.size)):
+            if int(state[key]) != mine:
+                raise ValueError(f"{self.kind} state was saved with {key} {state[key]}, this one has {mine}")
+        if state["world_size"] is not None and (state["rank"], state["world_size"]) != (self.rank, self.world_size):
+            raise ValueError(f"{self.kind} state of rank {state['rank']} of {state['world_size']} loaded into rank "
+                             f"{self.rank} of {self.world_size}: fold the ranks' states with elastic_state() first")
+        self.epoch = int(state["epoch"])
+        self.history = [dict(s) for s in state["history"]]
+        self.yielded = self._resume_at = int(state["yielded"])
+        self._finished = False
+
+
+class ResumableSampler(Sampler[int]):
+    """The sampler to pass a map-style reader (``LmdbImageDataset``, ``DocumentDataset``,
+    ``VideoClipDataset``, ``PackedTokenDataset(shuffle=False)``) for exact and elastic resume under
+    ``torchdata.stateful_dataloader.StatefulDataLoader``: ``sampler=ResumableSampler(len(ds), ...)``.
+
+    Rank ``rank`` of ``world_size`` reads every ``world_size``-th index of the epoch's global order
+    (seeded by (seed, epoch), independent of the world size); ``drop_last`` gives every rank
+    ``size // world_size`` indices. Call ``set_epoch`` every epoch, as with DistributedSampler.
+    """
+
+    def __init__(self, size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 drop_last: bool = False) -> None:
+        self.shuffle = shuffle
+        self.position = OrderPosition(type(self).__name__, int(size), seed, rank, world_size, drop_last)
+        self._cached: tuple[tuple, np.ndarray] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.position.set_epoch(epoch)
+
+    def indices(self) -> np.ndarray:
+        """This rank's indices of the current epoch (after any resumed history), in order."""
+        p = self.position
+        key = p.key()
+        if self._cached is None or self._cached[0] != key:  # len() and iter() of one epoch: one permutation
+            self._cached = key, p.share(global_order(p.size, p.seed, p.epoch, self.shuffle))
+        return self._cached[1]
+
+    def __iter__(self) -> Iterator[int]:
+        start = self.position.begin()
+        return self.position.iterate(self.indices(), start)
+
+    def __len__(self) -> int:
+        return len(self.indices())
+
+    def state_dict(self) -> dict:
+        """Epoch, history and how many indices of this rank's share were handed out."""
+        return self.position.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``: this rank's own, or the fold of all ranks' (``elastic_state``)."""
+        self.position.load_state_dict(state)
+
+
+def find_state(tree, kind: str) -> dict:
+    """The first state of ``kind`` inside a loader's state (e.g. ``StatefulDataLoader.state_dict()``)."""
+    if isinstance(tree, dict):
+        if tree.get("kind") == kind and "version" in tree:
+            return tree
+        for value in tree.values():
+            try:
+                return find_state(value, kind)
+            except LookupError:
+                pass
+    elif isinstance(tree, list):
+        for value in tree:
+            try:
+                return find_state(value, kind)
+            except LookupError:
+                pass
+    raise LookupError(f"no {kind} state in this loader state")
+
+
+class MapDatasetState:
+    """The state of a map-style reader: which dataset it reads (its kind and size) and the epoch
+    (order comes from the sampler: ``ResumableSampler``). Readers mix this in."""
+
+    epoch: int = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict:
+        return {"kind": type(self).__name__, "version": STATE_VERSION, "epoch": self.epoch, "samples": len(self)}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_state(state, type(self).__name__)
+        if int(state["samples"]) != len(self):
+            raise ValueError(f"{type(self).__name__} state of a dataset of {state['samples']} samples loaded "
+                             f"into one of {len(self)}")
+        self.epoch = int(state["epoch"])

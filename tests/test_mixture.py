@@ -1,0 +1,150 @@
+"""pipelines.mixture.Mixture over real readers: weighted draws (within 1% over 10,000 samples),
+determinism per (seed, epoch), the exhaustion rules, disjoint samples across DDP ranks and
+DataLoader workers, images with images (LMDB + WebDataset shards), tokens with tokens, and exact
+resume in a new process under torchdata's StatefulDataLoader."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from pipelines.mixture import Mixture, block_counts
+from pipelines.torch_lmdb import LmdbImageDataset
+from pipelines.torch_text import PackedTokenDataset
+from pipelines.torch_webdataset import ImageShardDataset
+from tests.tools.reader_data import reader_datasets
+from tests.tools.resume_check import resume_in_new_process, run
+
+pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
+              pytest.mark.filterwarnings("ignore:.set_vital. is deprecated")]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return reader_datasets(tmp_path_factory.mktemp("mixture"))
+
+
+def lmdb(root):
+    return LmdbImageDataset(root, decode=False, output="dict")
+
+
+def test_block_counts_follow_the_weights_within_one_draw():
+    assert block_counts([0.7, 0.3], 2).tolist() == [[70, 30], [70, 30]]
+    thirds = block_counts([1, 1, 1], 3)
+    assert thirds.sum(axis=1).tolist() == [100] * 3 and thirds.sum(axis=0).tolist() == [100, 100, 100]
+    weights = np.array([0.123, 0.456, 0.001, 0.42])
+    running = block_counts(weights, 500).cumsum(axis=0)
+    ideal = np.outer(np.arange(1, 501) * 100, weights)
+    assert np.abs(running - ideal).max() < 1
+
+
+@pytest.mark.parametrize("weights", [(0.7, 0.3), (0.5, 0.3, 0.2)])
+def test_proportions_within_one_percent_over_10000_on_every_rank(data, weights):
+    roots = [data["text_a"], data["text_b"], data["text_a"]][:len(weights)]
+    for rank in range(2):
+        mix = Mixture([(PackedTokenDataset(r, 16, shuffle=False), w) for r, w in zip(roots, weights)], seed=3,
+                      exhausted="repeat", samples=20_000, tag_source=True, rank=rank, world_size=2)
+        drawn = Counter(source for source, _ in mix)
+        assert sum(drawn.values()) == 10_000
+        for i, w in enumerate(weights):
+            assert abs(drawn[i] / 10_000 - w) < 0.01, (rank, drawn)
+
+
+def test_deterministic_per_seed_and_epoch(data):
+    def keys(seed, epoch):
+        mix = Mixture([(lmdb(data["lmdb_a"]), 2), (lmdb(data["lmdb_b"]), 1)], seed=seed, tag_source=True)
+        mix.set_epoch(epoch)
+        return [(s, x["index"]) for s, x in mix]
+
+    assert keys(1, 0) == keys(1, 0)
+    assert keys(1, 0) != keys(1, 1) and keys(1, 0) != keys(2, 0)
+
+
+def test_stop_ends_at_the_first_exhausted_source_and_repeat_starts_it_over(data):
+    a, b = lmdb(data["lmdb_a"]), lmdb(data["lmdb_b"])  # 24 and 18 samples
+    stop = [(s, x["index"]) for s, x in Mixture([(a, 1), (b, 1)], seed=0, tag_source=True)]
+    by = Counter(s for s, _ in stop)
+    assert (by[0] == 24) != (by[1] == 18) and len(set(stop)) == len(stop)  # one ran out: the epoch ended there
+    assert len(list(Mixture([(a, 1), (b, 1)], seed=0, samples=10))) == 10
+    repeat = [(s, x["index"]) for s, x in Mixture([(a, 1), (b, 1)], seed=0, exhausted="repeat", samples=100,
+                                                  tag_source=True)]
+    assert len(repeat) == 100
+    counts = Counter(repeat)
+    assert set(counts) == {(0, i) for i in range(24)} | {(1, i) for i in range(18)}  # every sample, some twice
+    with pytest.raises(ValueError, match="needs samples"):
+        Mixture([(a, 1), (b, 1)], exhausted="repeat")
+    with pytest.raises(ValueError, match="exhausted must be"):
+        Mixture([(a, 1)], exhausted="cycle")
+    with pytest.raises(ValueError, match="positive"):
+        Mixture([(a, 0)])
+
+
+def test_ranks_and_workers_get_disjoint_samples(data):
+    seen = []
+    for rank in range(2):
+        mix = Mixture([(lmdb(data["lmdb_a"]), 1), (lmdb(data["lmdb_b"]), 1)], seed=4, tag_source=True,
+                      rank=rank, world_size=2)
+        for batch in DataLoader(mix, batch_size=2, num_workers=2, collate_fn=list):
+            seen += [(s, x["index"]) for s, x in batch]
+    assert len(seen) == len(set(seen)) and len(seen) > 20
+
+
+def test_images_with_images_lmdb_and_webdataset_shards(data, packed_photos):
+    shards = ImageShardDataset(packed_photos, decode=False, shuffle=True)
+    mix = Mixture([(LmdbImageDataset(data["lmdb_a"], decode=False), 1), (shards, 3)], seed=0, tag_source=True)
+    out = list(mix)
+    by = Counter(s for s, _ in out)
+    assert by[0] == 24 and 60 <= by[1] <= 80  # the LMDB ran out first: 24 of it, ~3x as many shard samples
+    assert all(isinstance(image, bytes) and isinstance(label, int) for _, (image, label) in out)
+
+
+@pytest.mark.parametrize("reader,roots,extra", [
+    ("mixture-images", ["lmdb_a", "lmdb_b"], {"weights": [2, 1]}),
+    ("mixture-tokens", ["text_a", "text_b"], {"weights": [0.6, 0.4], "exhausted": "repeat", "samples": 3000}),
+])
+def test_mixture_resumes_exactly_in_a_new_process(data, reader, roots, extra):
+    jobs, expected = [], []
+    for workers in (0, 2, 4):
+        spec = {"reader": reader, "roots": [data[r] for r in roots], "num_workers": workers, "batch_size": 3,
+                "seed": 9, "epoch": 2, **extra}
+        full, _ = run(spec)
+        head, state = run(spec, batches=4)
+        assert head == full[:4]
+        jobs.append({"spec": spec, "state": json.loads(json.dumps(state))})
+        expected.append(full)
+    for workers, full, rest in zip((0, 2, 4), expected, resume_in_new_process(jobs)):
+        assert rest == full[4:], f"{reader} with {workers} workers"
+        flat = [s for b in full for s in b]
+        if "samples" in extra:
+            assert len(flat) == extra["samples"]
+        else:
+            assert len(flat) == len(set(flat))
+
+
+def test_mixture_with_webdataset_shards_resumes_or_says_why_not(data, packed_photos):
+    """An iterable source resumes through its own state_dict(); without one, loading says so."""
+    def mixture():
+        return Mixture([(lmdb(data["lmdb_a"]), 1), (ImageShardDataset(packed_photos, decode=False, output="dict",
+                                                                       shuffle=True), 2)], seed=1, tag_source=True)
+
+    def key(item):
+        source, sample = item
+        return source, sample.get("index", sample.get("key"))
+
+    full = [key(x) for x in mixture()]
+    first = mixture()
+    it = iter(first)
+    head = [key(next(it)) for _ in range(20)]
+    state = json.loads(json.dumps(first.state_dict()))
+    assert head == full[:20] and state["drawn"] == 20
+    again = mixture()
+    if not hasattr(ImageShardDataset, "state_dict"):
+        with pytest.raises(ValueError, match=r"source 1 \(ImageShardDataset\) has no state_dict\(\)"):
+            again.load_state_dict(state)
+        return
+    again.load_state_dict(state)
+    assert [key(x) for x in again] == full[20:]

@@ -1,0 +1,110 @@
+"""Never a silent drop: the LMDB, text and video readers refuse damage with an error naming the
+dataset and the sample (a manifest counting more samples than the database holds, a missing
+LMDB key, a token file shorter than its index, a missing video), instead of a shorter epoch or a
+raw library traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from pipelines.torch_lmdb import LmdbImageDataset
+from pipelines.torch_text import DocumentDataset, PackedTokenDataset
+from pipelines.torch_video import VideoClipDataset
+from repack.manifest import ManifestError
+from tests.tools.reader_data import reader_datasets
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return reader_datasets(tmp_path_factory.mktemp("damage"))
+
+
+def copy(root: str, tmp_path: Path) -> Path:
+    out = tmp_path / Path(root).name
+    shutil.copytree(root, out)
+    return out
+
+
+def edit_manifest(root: Path, change) -> None:
+    data = json.loads((root / "manifest.json").read_text())
+    change(data)
+    (root / "manifest.json").write_text(json.dumps(data))
+
+
+def test_lmdb_manifest_counting_more_than_the_database_is_refused(data, tmp_path):
+    root = copy(data["lmdb_a"], tmp_path)
+
+    def more(m):
+        m["shards"][0]["samples"] += 5
+        m["totals"]["samples"] += 5
+
+    edit_manifest(root, more)
+    with pytest.raises(ManifestError, match=r"data\.lmdb: the manifest lists 29 samples, the database holds 24"):
+        LmdbImageDataset(root)
+
+
+def test_lmdb_missing_sample_key_names_the_sample(data, tmp_path):
+    root = copy(data["lmdb_a"], tmp_path)
+    env = lmdb.open(str(root / "data.lmdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        assert txn.delete(b"s/0000000005/img")
+    env.close()
+    size = os.path.getsize(root / "data.lmdb")
+    edit_manifest(root, lambda m: m["shards"][0].update(bytes=size))
+    ds = LmdbImageDataset(root)
+    assert ds[4][0].size and ds[6][0].size
+    with pytest.raises(RuntimeError, match=r"data\.lmdb: sample 5 has no image \(key s/0000000005/img missing"):
+        ds[5]
+
+
+def test_lmdb_last_sample_missing_is_refused_at_open(data, tmp_path):
+    root = copy(data["lmdb_a"], tmp_path)
+    env = lmdb.open(str(root / "data.lmdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.delete(b"s/0000000023/img")
+    env.close()
+    edit_manifest(root, lambda m: m["shards"][0].update(bytes=os.path.getsize(root / "data.lmdb")))
+    with pytest.raises(ManifestError, match="lacks sample 23"):
+        LmdbImageDataset(root)
+
+
+@pytest.mark.parametrize("reader", [PackedTokenDataset, DocumentDataset])
+def test_token_file_shorter_than_its_index_is_refused(data, tmp_path, reader):
+    root = copy(data["text_a"], tmp_path)
+    shard = json.loads((root / "manifest.json").read_text())["shards"][-1]
+    with open(root / shard["path"], "r+b") as fh:
+        fh.truncate(os.path.getsize(root / shard["path"]) - 100)
+    args = (16,) if reader is PackedTokenDataset else ()
+    with pytest.raises(ValueError, match=rf"{root}: .*{shard['path']} holds \d+ tokens, its index says "
+                                         rf"{shard['tokens']}"):
+        reader(root, *args)
+
+
+def test_token_index_disagreeing_with_the_manifest_is_refused(data, tmp_path):
+    root = copy(data["text_a"], tmp_path)
+    edit_manifest(root, lambda m: m["shards"][0].update(tokens=m["shards"][0]["tokens"] + 1))
+    with pytest.raises(ValueError, match="the manifest"):
+        DocumentDataset(root)
+
+
+def test_missing_video_names_the_dataset_and_the_clip(data, tmp_path):
+    if "video" not in data:
+        pytest.skip("ffmpeg with libvpx is not installed")
+    root = copy(data["video"], tmp_path)
+    ds = VideoClipDataset(root, sequence_length=3, stride=2, step=4)
+    Path(ds.paths[1]).unlink()
+    assert ds[0][0].shape[0] == 3  # clip 0 is in the first video, which is still there
+    last = len(ds) - 1
+    with pytest.raises(RuntimeError, match=rf"{root}: clip {last} needs .*/two\.\w+, which is missing"):
+        ds[last]
+
+
+def test_lmdb_reader_refuses_an_s3_root_with_what_to_do():
+    with pytest.raises(ManifestError, match=r"s3://bucket/lmdb: an LMDB is read from a local file .*repack pull"):
+        LmdbImageDataset("s3://bucket/lmdb")
