@@ -17,38 +17,13 @@ from pipelines.resume import elastic_states
 from pipelines.tar_blocks import sample_span
 from pipelines.torch_webdataset import ImageShardDataset
 from tests.conftest import ROOT
+from tests.tools.image_resume import BATCH, keys_and_labels, make
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
-BATCH = 8
-
-
-def keys_and_labels(batch: list[dict]) -> list[list]:
-    """collate_fn: a batch as [[key, label], ...] (JSON-friendly, comparable)."""
-    return [[s["key"], s["label"]] for s in batch]
-
-
-def make(root, workers: int, **options):
-    dataset = ImageShardDataset(root, output="dict", decode=False, **options)
-    return dataset, StatefulDataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=keys_and_labels)
-
-
-# The resumed half runs here, in a new process, for every case at once (one interpreter start).
-RESUME = """
-import json, sys
-from tests.test_reader_resume import make
-root, cases = json.loads(sys.stdin.read())
-out = []
-for case in cases:
-    dataset, loader = make(root, case["workers"], **case["options"])
-    dataset.set_epoch(case["epoch"])
-    loader.load_state_dict(case["state"])
-    out.append({"batches": list(loader), "bytes": dataset.bytes_read})
-print(json.dumps(out))
-"""
 
 
 def resume_elsewhere(root, cases: list[dict]) -> list[dict]:
-    proc = subprocess.run([sys.executable, "-c", RESUME], input=json.dumps([str(root), cases]), capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tests.tools.image_resume"], input=json.dumps([str(root), cases]), capture_output=True,
                           text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
