@@ -199,3 +199,23 @@ def test_webdataset_shards_in_object_storage(tmp_path):
     assert read_manifest_json(remote)["totals"]["samples"] == len(written)
     assert [(local / s["path"]).read_bytes() for s in read_manifest_json(local)["shards"]] == \
         [(remote / s["path"]).read_bytes() for s in read_manifest_json(remote)["shards"]]
+
+
+def test_appending_new_shards_of_another_tool_keeps_their_class_indices(tmp_path):
+    import webdataset as wds
+
+    src, out = tmp_path / "wds", tmp_path / "out"
+    src.mkdir()
+    with wds.ShardWriter(str(src / "a-%03d.tar"), maxcount=10) as sink:
+        for i in range(4):
+            sink.write({"__key__": f"k{i}", "jpg": jpeg_bytes(seed=i), "cls": i % 2})
+    run_repack("images", src, out, "--from", "webdataset", "--quiet")
+    before = (out / "shard-000000.tar").read_bytes()
+    with wds.ShardWriter(str(src / "b-%03d.tar"), maxcount=10) as sink:  # a later night: a new shard
+        for i in range(4, 6):
+            sink.write({"__key__": f"k{i}", "jpg": jpeg_bytes(seed=i), "cls": 5})
+    run_repack("images", src, out, "--from", "webdataset", "--append", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["classes"] == {"0": 0, "1": 1, "5": 5} and manifest["totals"]["samples"] == 6
+    assert (out / "shard-000000.tar").read_bytes() == before
+    assert [json.loads(s["json"])["source_file"] for s in packed_samples(out)][-2:] == ["b-000.tar"] * 2

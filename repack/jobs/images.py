@@ -154,10 +154,14 @@ def input_entry(item: InputItem, position: int, classes: dict[str, int], hash_it
 
 
 def extend_classes(known: dict[str, int], scan) -> dict[str, int]:
-    """The dataset's class map plus the scan's new classes, in sorted order, at the next indices."""
+    """The dataset's class map plus the scan's new classes, in sorted order, at the next indices (a source
+    with its own indices, e.g. integer labels: a new class keeps its own where no class holds it)."""
     classes = dict(known)
+    own = dict(scan.class_index)
     for name in sorted(set(scan.classes) - set(known)):
-        classes[name] = max(classes.values(), default=-1) + 1
+        index = own.get(name)
+        classes[name] = index if index is not None and index not in classes.values() else \
+            max(classes.values(), default=-1) + 1
     return classes
 
 
