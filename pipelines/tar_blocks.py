@@ -33,10 +33,11 @@ _CHECKSUM_SPAN = np.arange(148, 156)
 
 
 class ShardIntegrityError(ValueError):
-    """A sample that its shard does not hold as its index says: ``url`` (the shard), ``key``, ``problem``."""
+    """A sample that its shard does not hold as its index says: ``url`` (the shard), ``key``, ``problem``.
+    (Built from its message alone, as a DataLoader re-raises a worker's error, it keeps the message.)"""
 
-    def __init__(self, url: str, key: str, problem: str) -> None:
-        super().__init__(f"{url}: sample {key!r}: {problem}")
+    def __init__(self, url: str, key: str = "", problem: str = "") -> None:
+        super().__init__(f"{url}: sample {key!r}: {problem}" if key else url)
         self.url, self.key, self.problem = url, key, problem
 
 
