@@ -45,10 +45,10 @@ def cls_width(manifest) -> int:
     raise ManifestError(f"{manifest.root}: no samples")
 
 
-def output_names(root: str | os.PathLike, with_meta: bool = False) -> list[str]:
+def output_names(root: str | os.PathLike, with_meta: bool = False, version: int | None = None) -> list[str]:
     """Names of the pipeline's outputs, in order: images[, labels][, meta]."""
     names = ["images"]
-    if is_labeled(open_webdataset(root, "images")):
+    if is_labeled(open_webdataset(root, "images", version)):
         names.append("labels")
     if with_meta:
         names.append("meta")
@@ -62,7 +62,7 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
                          std: Sequence[float] = IMAGENET_STD, with_meta: bool = False,
                          initial_fill: int = 1024, pad_last_batch: bool = True, prefetch_queue_depth: int = 2,
                          hw_decoder_load: float | None = None, enable_checkpointing: bool = True,
-                         checkpoint: dict | bytes | None = None):
+                         checkpoint: dict | bytes | None = None, version: int | None = None):
     """A built DALI pipeline over the dataset in ``root``.
 
     Outputs (see ``output_names``): ``images`` (``size`` given: float CHW normalized
@@ -73,11 +73,12 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
 
     ``checkpoint``: continue where a pipeline with the same options stopped, from its
     ``pipe.checkpoint()`` bytes or a ``dali_image_loader`` state (``state_dict()``).
+    ``version``: the dataset version to read (``manifest.vN.json``); None: the latest.
     """
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
 
-    manifest = open_webdataset(root, "images")
+    manifest = open_webdataset(root, "images", version)
     paths, index_paths = shard_files(manifest)
     labeled = is_labeled(manifest)
     image_exts = image_extensions(manifest)

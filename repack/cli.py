@@ -12,12 +12,14 @@ import click
 
 from repack import __version__
 from repack.commands.bench import bench
+from repack.commands.gc import gc
 from repack.commands.envvars import bind_envvars
 from repack.commands.help import RepackGroup
 from repack.commands.images import images
 from repack.commands.merge import merge
 from repack.commands.options import LogMode
 from repack.commands.pull import pull
+from repack.commands.remove import remove
 from repack.commands.text import text
 from repack.commands.verify import inspect, verify
 from repack.commands.video import video
@@ -30,7 +32,7 @@ def cli() -> None:
     """Repack training data once, offline, into formats that keep GPUs fed."""
 
 
-for _command in (images, video, text, verify, inspect, merge, pull, bench):
+for _command in (images, video, text, verify, inspect, merge, pull, remove, gc, bench):
     cli.add_command(_command)
 bind_envvars(cli)  # REPACK_<COMMAND>_<OPTION> for every option, shown in --help
 

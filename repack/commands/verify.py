@@ -13,13 +13,15 @@ from repack.errors import VERIFICATION_EXIT_CODE
 @click.command("verify")
 @click.argument("out")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
-def verify(out, json_out):
+@click.option("--version", "version", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Check dataset version N (its manifest.vN.json) instead of the latest.")
+def verify(out, json_out, version):
     """Re-read every file of the dataset in OUT (a folder or s3://bucket/prefix) and check it against its
     manifest: sizes, sha256, each tar's structure against its index, sample counts, the tokenizer,
     and no file the manifest does not name (energon's files are known)."""
     from repack.jobs.verify import verify_report
 
-    report = verify_report(out)
+    report = verify_report(out, version)
     problems = list(report.problems)
     for note in report.unchecked:
         click.echo(f"{out}: not checked: {note}", err=True)

@@ -69,6 +69,7 @@ class TextSpec(JobSpec):
     max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
     follow_symlinks: bool = True
     allow_outside_source: bool = False
+    known_inputs: str | None = None  # set by --append (repack.jobs.append): files already tokenized are skipped
 
     def __post_init__(self) -> None:
         if not self.tokenizer:
@@ -160,6 +161,9 @@ class TextJob(Job):
         info = self.tokenizer_info()
         files, quarantine, skipped = list_text_files(spec.source, spec.list_file, Confinement(
             follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
+        if spec.known_inputs:  # --append: only files the dataset does not hold yet (same rel, size, mtime)
+            seen = json.loads(Path(spec.known_inputs).read_bytes())["inputs"]
+            files = [f for f in files if seen.get(f.rel) != [f.size, f.mtime_ns]]
         require_decompressors(files)
         chunks, more = plan_chunks(files, spec.chunk_bytes, spec.doc_per, spec.field)
         quarantine += more

@@ -29,6 +29,7 @@ def inspect_lines(root: str | Path | DatasetFiles) -> list[str]:
     if s["fields"]:
         lines.append("fields: " + ", ".join(f"{k} ({v})" for k, v in s["fields"].items()))
     lines += _classes(s)
+    lines += version_lines(root)
     lines.append(f"quarantined: {s['quarantine']['count']}")
     lines += [f"  {n} x {reason}" for reason, n in list(s["quarantine"]["reasons"].items())[:SHOWN]]
     lines += {"images": _images, "video": _video}.get(s["modality"], lambda _: [])(s)
@@ -38,6 +39,25 @@ def inspect_lines(root: str | Path | DatasetFiles) -> list[str]:
         lines += hook(manifest)
     if s["modality"] == "text":
         lines += _text(s)
+    return lines
+
+
+def version_lines(root: str | Path) -> list[str]:
+    """The dataset's version, what changed in it, and every kept version (``manifest.vN.json``)."""
+    import json
+
+    from repack.manifest.versions import VERSION_KEY, number_of, version_number
+
+    data = read_manifest(root).data
+    kept = sorted(n for n in (version_number(p.name) for p in Path(root).iterdir()) if n is not None)
+    info = data.get(VERSION_KEY) or {}
+    change = info.get("change") or {"kind": "create"}
+    what = ", ".join(f"{k} {json.dumps(v) if isinstance(v, (dict, list)) else v}" for k, v in sorted(change.items())
+                     if k not in ("kind", "rewritten", "added_shards", "source"))
+    lines = [f"version {number_of(data)} (parent {info.get('parent')}): {change.get('kind')}"
+             + (f", {what}" if what else "")]
+    if kept:
+        lines.append(f"kept versions: {', '.join(map(str, kept))} (repack verify OUT --version N)")
     return lines
 
 

@@ -7,7 +7,23 @@ from repack.sources.folder import scan_folder
 from repack.sources.listfile import scan_list_file
 from repack.store import is_remote
 
-__all__ = ["Confinement", "InputItem", "Scan", "scan_folder", "scan_list_file", "scan_source"]
+__all__ = ["Confinement", "InputItem", "Scan", "scan_folder", "scan_foreign", "scan_list_file", "scan_source"]
+
+
+FOREIGN_FORMATS = ("webdataset", "parquet")  # --from: datasets written by other tools (repack.sources.tar_shards, ...)
+
+
+def scan_foreign(source: str, source_format: str, fields, confinement: Confinement | None = None) -> Scan:
+    """Enumerate another tool's dataset (``--from webdataset|parquet``; ``fields``: a ``FieldChoice``)."""
+    if source_format == "webdataset":
+        from repack.sources.tar_shards import scan_tar_shards
+
+        return scan_tar_shards(source, fields, confinement)
+    if source_format == "parquet":
+        from repack.sources.parquet_images import scan_parquet
+
+        return scan_parquet(source, fields, confinement)
+    raise UsageError(f"--from must be folder, {' or '.join(FOREIGN_FORMATS)}, got {source_format!r}")
 
 
 def scan_source(source: str, *, list_file: bool, confinement: Confinement | None = None) -> Scan:
