@@ -29,7 +29,7 @@ def inspect_lines(root: str | Path | DatasetFiles) -> list[str]:
     if s["fields"]:
         lines.append("fields: " + ", ".join(f"{k} ({v})" for k, v in s["fields"].items()))
     lines += _classes(s)
-    lines += version_lines(root)
+    lines += version_lines(files)
     lines.append(f"quarantined: {s['quarantine']['count']}")
     lines += [f"  {n} x {reason}" for reason, n in list(s["quarantine"]["reasons"].items())[:SHOWN]]
     lines += {"images": _images, "video": _video}.get(s["modality"], lambda _: [])(s)
@@ -42,14 +42,15 @@ def inspect_lines(root: str | Path | DatasetFiles) -> list[str]:
     return lines
 
 
-def version_lines(root: str | Path) -> list[str]:
+def version_lines(files: DatasetFiles) -> list[str]:
     """The dataset's version, what changed in it, and every kept version (``manifest.vN.json``)."""
     import json
 
     from repack.manifest.versions import VERSION_KEY, number_of, version_number
 
-    data = read_manifest(root).data
-    kept = sorted(n for n in (version_number(p.name) for p in Path(root).iterdir()) if n is not None)
+    data = files.manifest.data
+    names = [p.name for p in Path(files.where).iterdir()] if files.local else list(files.store.list_sizes())
+    kept = sorted(n for n in map(version_number, names) if n is not None)
     info = data.get(VERSION_KEY) or {}
     change = info.get("change") or {"kind": "create"}
     what = ", ".join(f"{k} {json.dumps(v) if isinstance(v, (dict, list)) else v}" for k, v in sorted(change.items())
