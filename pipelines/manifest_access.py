@@ -18,18 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines import object_store
-from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
+from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
+from repack.manifest import Manifest, ManifestError, read_manifest
+from repack.manifest.versions import check_number, read_version
 
 
 @dataclass(frozen=True)
 class Sample:
-    """Where one sample's members lie in its shard: ``members`` is ((ext, offset, size), ...)."""
+    """Where one sample's members lie in its shard: ``members`` is ((ext, offset, size), ...),
+    ``names`` the member names the index gives (in the same order)."""
 
     shard: int
     key: str
     members: tuple
     start: int  # first data byte of the sample in the tar
     end: int  # one past its last data byte
+    names: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -44,26 +48,35 @@ class RemoteManifest(Manifest):
         return f"{self.url}/{rel}"
 
 
-def open_manifest(root: str | os.PathLike) -> Manifest:
-    """Read and validate the manifest of a folder or of ``s3://bucket/prefix``."""
+def open_manifest(root: str | os.PathLike, version: int | None = None) -> Manifest:
+    """Read and validate the manifest of a folder or of ``s3://bucket/prefix``: the latest version, or
+    ``version=N`` (its immutable ``manifest.vN.json``: what this reader reads stays exactly version N
+    while later versions are published beside it)."""
     if not object_store.is_remote(root):
-        return read_manifest(root)
+        return read_manifest(root, version)
     url = str(root).rstrip("/")
+
+    def read(name: str) -> bytes | None:
+        try:
+            return object_store.read_bytes(f"{url}/{name}")
+        except FileNotFoundError:
+            return None
+
+    name, raw = read_version(read, version, url)
     try:
-        data = json.loads(object_store.read_bytes(f"{url}/{MANIFEST_NAME}"))
-    except FileNotFoundError:
-        raise ManifestError(f"{url}/{MANIFEST_NAME}: no manifest (the job has not finished, or this is not a "
-                            "repack output)") from None
+        data = json.loads(raw)
     except ValueError as exc:
-        raise ManifestError(f"{url}/{MANIFEST_NAME}: not valid JSON ({exc})") from None
+        raise ManifestError(f"{url}/{name}: not valid JSON ({exc})") from None
     manifest = RemoteManifest(Path("/", *object_store.split_url(url)), data, url)
     manifest.validate()
+    check_number(data, version, f"{url}/{name}")
     return manifest
 
 
-def open_webdataset(root: str | os.PathLike, modality: str = "images") -> Manifest:
-    """Read and validate ``root/manifest.json``; require a WebDataset of ``modality`` with index files."""
-    manifest = open_manifest(root)
+def open_webdataset(root: str | os.PathLike, modality: str = "images", version: int | None = None) -> Manifest:
+    """Read and validate the manifest (latest, or ``version``); require a WebDataset of ``modality``
+    with index files."""
+    manifest = open_manifest(root, version)
     if manifest.format != "webdataset":
         raise ManifestError(f"{manifest.root}: format {manifest.format!r}, this reader reads 'webdataset'")
     if manifest.modality != modality:
@@ -111,14 +124,17 @@ def parse_sample(line: str, shard: int, where: str) -> Sample:
     if not tokens or len(tokens) % 4:
         raise ManifestError(f"{where}: malformed index line {line[:80]!r}")
     members = []
+    names = []
     key = None
     for i in range(0, len(tokens), 4):
         ext, off, size, name = tokens[i:i + 4]
         if not (off.isdigit() and size.isdigit()):
             raise ManifestError(f"{where}: malformed index line {line[:80]!r}")
         members.append((ext, int(off), int(size)))
+        names.append(name)
         key = key or name.split(".", 1)[0]
-    return Sample(shard, key, tuple(members), min(m[1] for m in members), max(m[1] + m[2] for m in members))
+    return Sample(shard, key, tuple(members), min(m[1] for m in members), max(m[1] + m[2] for m in members),
+                  tuple(names))
 
 
 def read_index(manifest: Manifest, shard: int, start: int = 0, stop: int | None = None) -> list[Sample]:
@@ -129,13 +145,6 @@ def read_index(manifest: Manifest, shard: int, start: int = 0, stop: int | None 
     if len(lines) != int(entry["samples"]):
         raise ManifestError(f"{path}: {len(lines)} samples, the manifest says {entry['samples']}")
     return [parse_sample(line, shard, str(path)) for line in lines[start:stop]]
-
-
-def split_range(n: int, parts: int, index: int) -> tuple[int, int]:
-    """The ``index``-th of ``parts`` contiguous, balanced pieces of ``range(n)``: (start, stop)."""
-    if parts < 1 or not 0 <= index < parts:
-        raise ValueError(f"part {index} of {parts} is not a valid split")
-    return n * index // parts, n * (index + 1) // parts
 
 
 def segments(counts: list[int], order: list[int], start: int, stop: int) -> list[tuple[int, int, int]]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 from typing import BinaryIO
 
 REQUEST_ATTEMPTS = 8  # botocore retries of one request (5xx, throttling, connection errors)
 RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way
-_clients: dict[int, object] = {}
+_clients: dict[tuple[int, str], object] = {}
+_client_lock = threading.Lock()
 
 
 def is_remote(location: str | os.PathLike) -> bool:
@@ -33,14 +35,20 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def _client():
-    pid = os.getpid()
-    if pid not in _clients:
-        import boto3
-        from botocore.config import Config
+    """This process's S3 client for the endpoint in the environment (boto3 clients are thread-safe: the
+    readers' prefetch threads share it). One per process and endpoint: a forked DataLoader worker must not
+    reuse its parent's connections, and a process that reads from two endpoints needs two clients."""
+    key = (os.getpid(), os.environ.get("AWS_ENDPOINT_URL", ""))
+    if key not in _clients:
+        with _client_lock:
+            if key not in _clients:
+                import boto3
+                from botocore.config import Config
 
-        config = Config(retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"}, read_timeout=120)
-        _clients[pid] = boto3.session.Session().client("s3", config=config)
-    return _clients[pid]
+                config = Config(retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"}, read_timeout=120,
+                                max_pool_connections=32)
+                _clients[key] = boto3.session.Session().client("s3", config=config)
+    return _clients[key]
 
 
 def read_bytes(location: str | os.PathLike) -> bytes:
@@ -57,6 +65,72 @@ def read_bytes(location: str | os.PathLike) -> bytes:
         if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             raise FileNotFoundError(str(location)) from None
         raise
+
+
+def read_range(location: str, start: int, end: int) -> bytes:
+    """Bytes [start, end) of a local file or an object, in one read (a pread, or one ranged GET,
+    resumed where a broken stream stopped). Shorter only where the file or object ends before
+    ``end`` (the caller decides what a short read means); FileNotFoundError when it does not exist."""
+    if end <= start:
+        return b""
+    if not is_remote(location):
+        return _read_file_range(location, start, end)
+    return _read_object_range(location, start, end)
+
+
+def _read_file_range(path: str, start: int, end: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, end - start, start)
+        if len(data) == end - start or not data:
+            return data
+        parts = [data]  # a regular file reads short only at its end; keep reading to be sure
+        got = len(data)
+        while got < end - start:
+            more = os.pread(fd, end - start - got, start + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def _read_object_range(url: str, start: int, end: int) -> bytes:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split_url(url)
+    parts: list[bytes] = []
+    pos, resumed = start, 0
+    while pos < end:
+        try:
+            response = _client().get_object(Bucket=bucket, Key=key, Range=f"bytes={pos}-{end - 1}")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
+                raise FileNotFoundError(url) from None
+            if code == "InvalidRange":  # the object ends before pos
+                break
+            raise
+        # "bytes a-b/size": where the object ends, so a short body is told from a broken stream
+        size = int(str(response.get("ContentRange", "")).rpartition("/")[2] or end)
+        stop = min(end, size)
+        try:
+            data = response["Body"].read(stop - pos)
+        except (BotoCoreError, OSError):
+            data = b""
+        finally:
+            response["Body"].close()
+        parts.append(data)
+        pos += len(data)
+        if pos >= stop:
+            break
+        resumed += 1  # the stream broke: resume at the first byte not yet read
+        if resumed > RESUME_ATTEMPTS:
+            raise OSError(f"{url}: stream ended at byte {pos}, expected {stop}")
+        time.sleep(0.1 * 2**resumed)
+    return b"".join(parts)
 
 
 class _Window(io.RawIOBase):

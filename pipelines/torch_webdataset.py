@@ -1,47 +1,51 @@
-"""PyTorch reader for image WebDatasets written by ``repack images``, built on the ``webdataset``
-library's pipeline (``wds.DataPipeline``), from a folder or from ``s3://bucket/prefix``.
+"""PyTorch reader for image WebDatasets written by ``repack images``, from a folder or from
+``s3://bucket/prefix``: exact, checked, resumable.
 
-The pipeline, one epoch (``image_pipeline`` hands it to users, who can ``append`` stages)::
+One epoch, per (rank, DataLoader worker) (``pipelines.sample_order`` defines the order as data)::
 
-  pieces            the manifest's shard list, in the epoch's order (wds.detshuffle with
-                    seed + epoch, the same on every rank, when shuffling), cut into one piece of
-                    contiguous samples per (rank, DataLoader worker): balanced ranges, exact
-  split_by_node     piece ``rank`` ...
-  wds.split_by_worker                    ... of worker ``worker``
-  open_pieces       each shard segment of the piece as a stream: a file window, or one ranged
-                    GET of the object (streamed as read, never downloaded first)
-  wds.tariterators.tar_file_expander + group_by_keys      tar members -> samples
-  follow_index      each sample checked against its DALI index line (same key, in order) and
-                    cut to the members the index lists: the index is the contract of both readers
-  wds.shuffle       with shuffle: a buffer of ``shuffle_buffer`` samples, seeded by
-                    (seed, epoch, rank, worker)
-  wds.decode        our handlers only: images with PIL, ``.cls`` as ASCII digits, ``.json`` with
-                    json (nothing is ever unpickled)
-  to_output         (image, label) or {"key", "image", "label", "meta"}, after ``transform``
+  global list      the manifest's samples, shards in the epoch's order (wds.detshuffle with
+                   seed + epoch when shuffling: the same for every rank and world size)
+  share            this rank's runs of positions: a balanced range (``drop_last``: equal ones),
+                   or what ``pipelines.resume`` handed it after an elastic restart
+  worker piece     a contiguous, balanced part of the share
+  windows          the piece cut into ``shuffle_buffer`` consecutive samples, each delivered in a
+                   seeded permutation (seed, epoch, rank, worker, window) when shuffling
+  blocks           each window's samples read in blocks of up to ``read_bytes`` (one pread, or one
+                   ranged GET), ``prefetch`` blocks ahead in threads, members cut at the DALI index's
+                   offsets; every member's tar header checked (``pipelines.tar_blocks``)
+  to_output        decode (PIL; ``.cls`` as ASCII digits, ``.json`` with json, nothing unpickled),
+                   ``transform``, then (image, label) or {"key", "image", "label", "meta"}
 
-Every sample goes to exactly one (rank, worker) per epoch: no duplicates, no gaps; ``drop_last``
-gives every rank ``len // world_size`` samples (DDP). ``set_epoch`` reaches persistent workers.
+Every sample goes to exactly one (rank, worker) per epoch: no duplicates, no gaps, and every sample
+the index lists is delivered, in order, or an error says which one is not. ``pipeline()`` hands the
+same as a ``wds.DataPipeline`` that takes more stages (``image_pipeline``).
+
+Memory per worker: ``(prefetch + 1) * read_bytes`` of blocks, plus, when shuffling, the window being
+delivered (up to ``shuffle_buffer`` samples).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
-from itertools import islice
+import warnings
+from bisect import bisect_right
+from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Callable, Iterator
 
 import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
-from pipelines import object_store
-from pipelines.manifest_access import (Sample, image_extensions, is_labeled, open_webdataset, parse_label,
-                                       read_index, segments, split_range)
+from pipelines import sample_order
+from pipelines.manifest_access import Sample, image_extensions, is_labeled, open_webdataset, parse_label, read_index
 from pipelines.pil_images import decode_image
+from pipelines.tar_blocks import ShardIntegrityError, cut_block, fetch_blocks, plan_blocks
 
 UNLABELED = -1
-TAR_HEADER = 512  # repack writes one ustar header per member, no long-name records (sinks/tar_format.py)
+STATE_VERSION = 1
+_STAT_SLOTS = 256  # per-worker counters in shared memory: [worker % slots] -> (skipped, bytes read)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -64,6 +68,21 @@ def _worker() -> tuple[int, int]:
     return (info.id, info.num_workers) if info is not None else (0, 1)
 
 
+@dataclass
+class _Cursor:
+    """Where the iterator running in this process is: worker ``worker`` of ``workers`` of share ``runs``
+    of rank ``rank`` in ``epoch``, ``position`` samples of its delivery order consumed."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    worker: int
+    workers: int
+    runs: list
+    position: int = 0
+    skipped: int = 0
+
+
 class ImageShardDataset(IterableDataset):
     """Images (and labels) of a repack WebDataset, split across ranks and DataLoader workers.
 
@@ -79,17 +98,35 @@ class ImageShardDataset(IterableDataset):
             counts); the remainder (at most world_size - 1 samples) is skipped that epoch.
         mode: PIL mode to convert to (``"RGB"``); None keeps the stored mode.
         decode: False yields the raw image bytes instead of a PIL image.
-        read_bytes: buffer of each shard stream (one read of the file or the network).
-        shuffle_buffer: with shuffle, how many samples are mixed at a time (per worker).
+        read_bytes: the largest block read at once (one pread or one ranged GET).
+        prefetch: blocks read ahead by as many threads (0: none).
+        shuffle_buffer: with shuffle, how many consecutive samples are mixed at a time (per worker).
+        version: the dataset version to read (``manifest.vN.json``); None: the latest.
+        on_error: ``"raise"`` (default): a damaged header, a truncated shard, a missing member raise
+            ``ShardIntegrityError`` naming the shard and the sample key. ``"skip"``: such a sample is
+            skipped with a warning and counted; ``dataset.skipped`` reads the count (all workers of
+            this process's loaders, since construction).
+        draft_size: (width, height) to decode JPEGs at a reduced DCT scale no smaller than this
+            (PIL draft, through ``pil_images.decode_image(..., draft=)``); None: full decode.
+
+    Resume: ``state_dict()`` / ``load_state_dict()`` follow torchdata's ``StatefulDataLoader``
+    protocol (plain JSON; position = epoch + samples consumed, replayed without reading bytes);
+    ``pipelines.resume`` turns the states of N ranks into the shares of M ranks (elastic).
+    ``bytes_read`` counts the shard bytes read (all workers of this process's loaders).
     """
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None, output: str = "tuple",
                  shuffle: bool = False, seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  drop_last: bool = False, mode: str | None = "RGB", decode: bool = True,
-                 read_bytes: int = 4 << 20, shuffle_buffer: int = 1000) -> None:
+                 read_bytes: int = 4 << 20, shuffle_buffer: int = 1000, prefetch: int = 2,
+                 on_error: str = "raise", draft_size: tuple[int, int] | None = None,
+                 version: int | None = None) -> None:
         if output not in ("tuple", "dict"):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
-        self.manifest = open_webdataset(root, "images")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        self.manifest = open_webdataset(root, "images", version)
+        self.root = str(root)
         self.image_exts = set(image_extensions(self.manifest))
         self.labeled = is_labeled(self.manifest)
         self.transform = transform
@@ -100,12 +137,19 @@ class ImageShardDataset(IterableDataset):
         self.drop_last = drop_last
         self.mode = mode
         self.decode = decode
-        self.read_bytes = read_bytes
+        self.read_bytes = max(1, read_bytes)
+        self.prefetch = max(0, prefetch)
         self.shuffle_buffer = max(1, shuffle_buffer)
+        self.on_error = on_error
+        self.draft_size = tuple(draft_size) if draft_size else None
         self.counts = [s.samples for s in self.manifest.shards]
         self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
-        # Shared memory, so set_epoch reaches persistent DataLoader workers too.
+        # Shared memory, so set_epoch reaches persistent DataLoader workers and counts come back.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._stats = torch.zeros((_STAT_SLOTS, 2), dtype=torch.int64).share_memory_()
+        self._index_cache: dict[int, list[Sample]] = {}
+        self._cursor: _Cursor | None = None
+        self._pending: dict | None = None
 
     @property
     def classes(self) -> dict[str, int]:
@@ -115,6 +159,16 @@ class ImageShardDataset(IterableDataset):
     def total_samples(self) -> int:
         return sum(self.counts)
 
+    @property
+    def skipped(self) -> int:
+        """Samples skipped as damaged (``on_error="skip"``), all workers, since construction."""
+        return int(self._stats[:, 0].sum())
+
+    @property
+    def bytes_read(self) -> int:
+        """Shard bytes read, all workers, since construction."""
+        return int(self._stats[:, 1].sum())
+
     def set_epoch(self, epoch: int) -> None:
         """Select the shuffle of ``epoch`` (affects iterators created afterwards)."""
         self._epoch.fill_(int(epoch))
@@ -122,17 +176,14 @@ class ImageShardDataset(IterableDataset):
     def rank_range(self, rank: int | None = None) -> tuple[int, int]:
         """A rank's [start, stop) among the epoch's ordered samples (default: this rank's)."""
         rank = self.rank if rank is None else rank
-        total = self.total_samples
-        if self.drop_last:
-            per = total // self.world_size
-            return rank * per, (rank + 1) * per
-        return split_range(total, self.world_size, rank)
+        (start, stop), = sample_order.rank_runs(self.total_samples, self.world_size, rank, self.drop_last)
+        return start, stop
 
     def __len__(self) -> int:
         start, stop = self.rank_range()
         return stop - start
 
-    # -- the pipeline ----------------------------------------------------------------------------
+    # -- the order -------------------------------------------------------------------------------
     def shard_order(self, epoch: int) -> list[int]:
         """The epoch's shard order: the manifest's, or wds.detshuffle's permutation for seed + epoch."""
         order = list(range(len(self.counts)))
@@ -140,120 +191,176 @@ class ImageShardDataset(IterableDataset):
             return order
         return list(wds.detshuffle(len(order), len(order), seed=self.seed, epoch=epoch - 1).run(iter(order)))
 
-    def pieces(self, workers: int, epoch: int) -> list[list[tuple[int, int, int]]]:
-        """The epoch's shard list cut into one piece per (rank, worker), placed so that
-        split_by_node then wds.split_by_worker hand each its own: piece of (rank r, worker w)
-        at position r + world_size * w. A piece: [(shard, first sample, stop sample), ...]."""
+    def _layout(self, epoch: int) -> tuple[list[int], list[int]]:
+        """(shard order, first global position of each shard in that order) of ``epoch``."""
         order = self.shard_order(epoch)
-        placed: list[list[tuple[int, int, int]]] = []
-        for worker in range(workers):
-            for rank in range(self.world_size):
-                r0, r1 = self.rank_range(rank)
-                w0, w1 = split_range(r1 - r0, workers, worker)
-                placed.append(segments(self.counts, order, r0 + w0, r0 + w1))
-        return placed
+        return order, [0, *accumulate(self.counts[s] for s in order)][:-1]
 
-    def _source(self) -> Iterator[list[tuple[int, int, int]]]:
-        return iter(self.pieces(_worker()[1], int(self._epoch)))
+    def _index(self, shard: int) -> list[Sample]:
+        if shard not in self._index_cache:
+            self._index_cache[shard] = read_index(self.manifest, shard)
+        return self._index_cache[shard]
 
-    def _split_by_node(self, src: Iterator) -> Iterator:
-        """wds.split_by_node, with this dataset's (rank, world size) (explicit or torch.distributed)."""
-        return islice(src, self.rank, None, self.world_size)
+    def _sample_at(self, layout: tuple[list[int], list[int]], position: int) -> Sample:
+        order, starts = layout
+        i = bisect_right(starts, position) - 1
+        return self._index(order[i])[position - starts[i]]
 
-    def _open_pieces(self, src: Iterator) -> Iterator[dict]:
-        """Each segment of a piece as {"url", "stream", "samples"} (its index lines)."""
-        for piece in src:
-            for shard, lo, hi in piece:
-                samples = read_index(self.manifest, shard, lo, hi)
-                start = min(m[1] for m in samples[0].members) - TAR_HEADER
-                end = samples[-1].end + (-samples[-1].end % TAR_HEADER)
-                stream = object_store.open_range(self.paths[shard], start, end, self.read_bytes)
-                try:
-                    yield {"url": self.paths[shard], "stream": stream, "samples": samples}
-                finally:
-                    stream.close()
+    def _shuffle_seed(self, cursor: _Cursor) -> str | None:
+        if not self.shuffle:
+            return None
+        return f"{self.seed}:{cursor.epoch}:{cursor.rank}:{cursor.worker}"
 
-    def _tar_samples(self, src: Iterator[dict]) -> Iterator[dict]:
-        """wds's tar expansion and grouping of each opened segment; every sample then checked against
-        its index line (same key, in order) and cut to the members the index lists."""
-        expected: dict[str, Iterator[Sample]] = {}
-
-        def streams():
-            for source in src:
-                expected[source["url"]] = iter(source["samples"])
-                yield source
-
-        for sample in wds.tariterators.group_by_keys(wds.tariterators.tar_file_expander(streams())):
-            url = sample["__url__"]
-            line = next(expected[url], None)
-            if line is None or line.key != sample["__key__"]:
-                raise ValueError(f"{url}: sample {sample['__key__']!r} where the index expects "
-                                 f"{line.key if line else 'no more samples'!r}")
-            listed = {ext for ext, _, _ in line.members}
-            yield {"__key__": sample["__key__"], "__url__": url,
-                   **{ext: data for ext, data in sample.items() if ext in listed}}
-
-    def _shuffle_stage(self, src: Iterator) -> Iterator:
-        """wds.shuffle seeded by (seed, epoch, rank, worker): the same order on every replay."""
-        rng = random.Random(f"{self.seed}:{int(self._epoch)}:{self.rank}:{_worker()[0]}")
-        return wds.shuffle(self.shuffle_buffer, self.shuffle_buffer, rng=rng)(src)
-
-    def _decode_member(self, key: str, data: bytes):
-        ext = key.rsplit(".", 1)[-1]
-        if ext in self.image_exts:
-            return self._decode(data)
-        if ext == "cls":
-            return parse_label(data)
-        if ext == "json":
-            return json.loads(data) if self.output == "dict" else None
-        return None
-
-    def _to_output(self, sample: dict):
-        image = next((sample[ext] for ext in sorted(self.image_exts) if ext in sample), None)
-        if image is None:
-            raise ValueError(f"{sample['__url__']}: sample {sample['__key__']} has no image member")
-        label = sample.get("cls")
-        if label is None:
-            if self.labeled:
-                raise ValueError(f"{sample['__url__']}: sample {sample['__key__']} has no .cls member")
-            label = UNLABELED
-        if self.transform is not None:
-            image = self.transform(image)
-        if self.output == "tuple":
-            return image, label
-        return {"key": sample["__key__"], "image": image, "label": label, "meta": sample.get("json")}
-
-    def pipeline(self) -> wds.DataPipeline:
-        """This dataset as a ``wds.DataPipeline`` (an IterableDataset): add stages with ``append``."""
-        stages: list = [self._source, self._split_by_node, wds.split_by_worker, self._open_pieces,
-                        self._tar_samples]
-        if self.shuffle:
-            stages.append(self._shuffle_stage)
-        stages += [wds.map(self._keep_known), wds.decode(self._decode_member, pre=[], post=[]),
-                   wds.map(self._to_output)]
-        return wds.DataPipeline(*stages)
-
-    def _keep_known(self, sample: dict) -> dict:
-        """Only the members this reader decodes reach the decoder (never a .pyd/.pickle one)."""
-        return {k: v for k, v in sample.items() if k.startswith("__") or k in self.image_exts or k in ("cls", "json")}
+    def _windows(self, cursor: _Cursor) -> list[list[int]]:
+        positions = sample_order.worker_positions(cursor.runs, cursor.worker, cursor.workers)
+        return sample_order.delivery_windows(positions, self.shuffle_buffer, self._shuffle_seed(cursor))
 
     def worker_samples(self, worker: int = 0, workers: int = 1, epoch: int | None = None) -> list[Sample]:
         """The samples (index lines) worker ``worker`` of ``workers`` of this rank yields in ``epoch``, in order."""
         epoch = int(self._epoch) if epoch is None else epoch
-        piece = self.pieces(workers, epoch)[self.rank + self.world_size * worker]
-        samples = [s for shard, lo, hi in piece for s in read_index(self.manifest, shard, lo, hi)]
-        if not self.shuffle:
-            return samples
-        rng = random.Random(f"{self.seed}:{epoch}:{self.rank}:{worker}")
-        return list(wds.shuffle(self.shuffle_buffer, self.shuffle_buffer, rng=rng)(iter(samples)))
+        cursor = self._fresh_cursor(epoch, worker, workers)
+        layout = self._layout(epoch)
+        return [self._sample_at(layout, p) for window in self._windows(cursor) for p in window]
+
+    # -- state -----------------------------------------------------------------------------------
+    def _fresh_cursor(self, epoch: int, worker: int, workers: int) -> _Cursor:
+        runs = sample_order.rank_runs(self.total_samples, self.world_size, self.rank, self.drop_last)
+        return _Cursor(epoch, self.rank, self.world_size, worker, workers, runs)
+
+    def _state_of(self, cursor: _Cursor) -> dict:
+        return {"kind": type(self).__name__, "version": STATE_VERSION, "epoch": cursor.epoch,
+                "seed": self.seed, "shuffle": self.shuffle, "window": self.shuffle_buffer,
+                "samples": self.total_samples, "drop_last": self.drop_last,
+                "rank": cursor.rank, "world_size": cursor.world_size, "worker": cursor.worker,
+                "num_workers": cursor.workers, "runs": [list(r) for r in cursor.runs],
+                "position": cursor.position, "skipped": cursor.skipped}
+
+    def state_dict(self) -> dict:
+        """How far the iterator running in this process got (plain JSON): the epoch, this worker's
+        share and how many samples of its delivery order it consumed. Before any iterator: the state
+        loaded last, else the start of the current epoch."""
+        if self._cursor is not None:
+            return self._state_of(self._cursor)
+        if self._pending is not None:
+            return dict(self._pending)
+        worker, workers = _worker()
+        return self._state_of(self._fresh_cursor(int(self._epoch), worker, workers))
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next iterator continue exactly where ``state`` stopped (skipping by index: consumed
+        samples are never read). Also accepts a rank state from ``pipelines.resume`` (no worker: the
+        workers split its share). Sets the epoch to the state's."""
+        expect = {"kind": type(self).__name__, "version": STATE_VERSION, "seed": self.seed,
+                  "shuffle": self.shuffle, "window": self.shuffle_buffer, "samples": self.total_samples,
+                  "rank": self.rank, "world_size": self.world_size}
+        wrong = {k: (state.get(k), v) for k, v in expect.items() if state.get(k) != v}
+        if wrong:
+            detail = ", ".join(f"{k}: state {got!r}, dataset {want!r}" for k, (got, want) in wrong.items())
+            raise ValueError(f"{self.root}: this state is not one of this dataset's ({detail}); "
+                             "for another world size use pipelines.resume")
+        self._pending = json.loads(json.dumps(state))
+        self._cursor = None
+        self._epoch.fill_(int(state["epoch"]))
+
+    def _start(self) -> _Cursor:
+        """The cursor of a new iterator: from the loaded state when it is of the current epoch."""
+        epoch = int(self._epoch)
+        worker, workers = _worker()
+        state, self._pending = self._pending, None
+        if state is None or state["epoch"] != epoch:
+            return self._fresh_cursor(epoch, worker, workers)
+        if state["worker"] is None:  # a rank share from pipelines.resume: split among these workers
+            return _Cursor(epoch, self.rank, self.world_size, worker, workers, state["runs"])
+        if (state["worker"], state["num_workers"]) != (worker, workers):
+            raise ValueError(f"{self.root}: the state of worker {state['worker']} of {state['num_workers']} was "
+                             f"loaded into worker {worker} of {workers}; resume with the same num_workers")
+        return _Cursor(epoch, self.rank, self.world_size, worker, workers, state["runs"], state["position"],
+                       state.get("skipped", 0))
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _blocks(self, cursor: _Cursor, windows: list[list[int]], layout) -> Iterator:
+        """(window number, ReadBlock) for every sample still to deliver, window by window."""
+        first, skip = divmod(cursor.position, self.shuffle_buffer)
+        order, _ = layout
+        for w in range(first, len(windows)):
+            todo = sorted(windows[w][skip if w == first else 0:])
+            by_shard: dict[int, list] = {}
+            for p in todo:
+                sample = self._sample_at(layout, p)
+                by_shard.setdefault(sample.shard, []).append((p, sample))
+            for shard in sorted(by_shard, key=order.index):
+                for block in plan_blocks(self.paths[shard], by_shard[shard], self.read_bytes):
+                    yield w, block
+
+    def _read(self, cursor: _Cursor) -> Iterator[dict]:
+        """The samples of ``cursor``'s worker from its position on, as {"__key__", "__url__", ext: bytes}."""
+        self._cursor = cursor
+        windows = self._windows(cursor)
+        layout = self._layout(cursor.epoch)
+        first, skip = divmod(cursor.position, self.shuffle_buffer)
+        slot = self._stats[cursor.worker % _STAT_SLOTS]
+        ready: dict[int, tuple] = {}
+        fetched = fetch_blocks(self._blocks(cursor, windows, layout), self.prefetch)
+        try:
+            for w in range(first, len(windows)):
+                for position in windows[w][skip if w == first else 0:]:
+                    while position not in ready:
+                        _, block, data = next(fetched)
+                        slot[1] += len(data)
+                        for p, sample, got in zip(block.positions, block.samples, cut_block(block, data)):
+                            ready[p] = (block.url, sample, got)
+                    url, sample, got = ready.pop(position)
+                    if not isinstance(got, ShardIntegrityError):
+                        got = self._check_members(url, sample, got)
+                    cursor.position += 1
+                    if isinstance(got, ShardIntegrityError):
+                        if self.on_error == "raise":
+                            raise got
+                        cursor.skipped += 1
+                        slot[0] += 1
+                        warnings.warn(f"skipped: {got}", stacklevel=2)
+                        continue
+                    yield {"__key__": sample.key, "__url__": url, **got}
+        finally:
+            fetched.close()
+
+    def _check_members(self, url: str, sample: Sample, members: dict) -> dict | ShardIntegrityError:
+        if not any(ext in members for ext in self.image_exts):
+            return ShardIntegrityError(url, sample.key, "no image member")
+        if self.labeled and "cls" not in members:
+            return ShardIntegrityError(url, sample.key, "no .cls member")
+        return members
+
+    # -- output ----------------------------------------------------------------------------------
+    def _to_output(self, sample: dict):
+        image = next(sample[ext] for ext in sorted(self.image_exts) if ext in sample)
+        image = self._decode(image)
+        cls = sample.get("cls")
+        label = parse_label(cls) if cls is not None else UNLABELED
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.output == "tuple":
+            return image, label
+        meta = sample.get("json")
+        return {"key": sample["__key__"], "image": image, "label": label,
+                "meta": json.loads(meta) if meta is not None else None}
+
+    def pipeline(self) -> wds.DataPipeline:
+        """This dataset as a ``wds.DataPipeline`` (an IterableDataset): add stages with ``append``.
+        Its state (``state_dict``) counts the samples the reader handed to the stages."""
+        return wds.DataPipeline(lambda: self._read(self._start()), wds.map(self._to_output))
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.pipeline())
+        cursor = self._start()  # now, not at the first next(): state_dict() describes this iterator
+        self._cursor = cursor
+        return iter(wds.DataPipeline(lambda: self._read(cursor), wds.map(self._to_output)))
 
     def _decode(self, data: bytes):
         if not self.decode:
             return data
-        return decode_image(data, self.mode)
+        if self.draft_size is None:
+            return decode_image(data, self.mode)
+        return decode_image(data, self.mode, draft=self.draft_size)
 
 
 def image_pipeline(root: str | os.PathLike, **options) -> wds.DataPipeline:

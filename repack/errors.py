@@ -40,6 +40,12 @@ class IncompleteJobError(RepackError):
 VERIFICATION_EXIT_CODE = 5
 
 
+class VerificationError(RepackError):
+    """Data that does not match its manifest (``repack pull``: a copied object fails its checks)."""
+
+    exit_code = VERIFICATION_EXIT_CODE
+
+
 class NothingPackedError(RepackError):
     """Inputs were found but every one was quarantined: the dataset is empty."""
 

@@ -1,72 +1,136 @@
-"""`repack verify`: check a dataset against its manifest."""
+"""`repack verify`: check a dataset against its manifest, in a folder or under s3:// alike.
+
+One implementation over ``repack.store.files`` (a folder, or an object-store prefix whose
+objects are downloaded one shard at a time): every shard through its format's ``verify_shard``
+(size, sha256, and for tars the archive's own structure against the index), the side files
+(the tokenizer's sha256), every file under the root that the manifest does not name, and the
+totals. Files that other tools write into a dataset on purpose (megatron-energon's
+``energon prepare``) are recognised by ``repack.jobs.foreign``: checked where their content can be
+checked against the manifest, otherwise listed as not checked, never silently passed.
+"""
 
 from __future__ import annotations
 
-import os
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-from repack.jobs.base import STATE_DIR
-from repack.manifest import MANIFEST_NAME, ManifestError, read_manifest
+from repack.jobs.foreign import check_foreign, foreign_kind
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
 from repack.manifest.paths import PathEscapeError
 from repack.sinks import SINKS, get_sink
 from repack.sinks.checks import sha256_file
+from repack.store.files import open_files
 
 
-def verify_dataset(root: str | Path) -> list[str]:
-    """Every problem found (empty list = the dataset matches its manifest)."""
-    problems: list[str] = []
+@dataclass(frozen=True)
+class Report:
+    """What verify found: ``problems`` (empty = the dataset matches its manifest) and ``unchecked``
+    (files of other tools that verify accepts without being able to check them)."""
 
-    def check(ok: bool, message: str) -> None:
-        if not ok:
-            problems.append(message)
+    problems: tuple[str, ...]
+    unchecked: tuple[str, ...] = ()
 
+
+def verify_dataset(location) -> list[str]:
+    """Every problem found in the dataset at ``location`` (a folder or s3://bucket/prefix)."""
+    return list(verify_report(location).problems)
+
+
+def verify_report(location, version: int | None = None) -> Report:
+    """The full ``Report`` for the dataset at ``location`` (its latest version, or ``version``)."""
+    files = open_files(location)
     try:
-        manifest = read_manifest(root)
+        manifest = files.manifest(version)
     except ManifestError as exc:
-        return [str(exc)]
+        return Report((str(exc),))
+    problems = check_contents(files, manifest)
+    listed = set(manifest.relative_paths()) | {v["path"] for v in manifest.data.get("videos", [])}
+    chain_problems, kept = check_versions(files, files.names())
+    problems += chain_problems
+    foreign = []
+    for rel in files.names():
+        if rel in listed or rel in kept:
+            continue
+        if foreign_kind(rel, manifest) is None:
+            problems.append(f"{rel}: a file the manifest does not name (added after the job, or left by another tool)")
+        else:
+            foreign.append(rel)
+    foreign_problems, unchecked = check_foreign(files, manifest, foreign)
+    problems += foreign_problems
+    totals = manifest.totals
+    if totals.get("samples") != manifest.num_samples:
+        problems.append(f"totals.samples {totals.get('samples')} != sum over shards {manifest.num_samples}")
+    if totals.get("quarantined") != len(manifest.quarantine):
+        problems.append(f"totals.quarantined {totals.get('quarantined')} != {len(manifest.quarantine)} "
+                        "quarantine records")
+    return Report(tuple(problems), tuple(unchecked))
+
+
+def check_versions(files, names: list[str]) -> tuple[list[str], set[str]]:
+    """(problems of the version chain, the files kept versions name). Each ``manifest.vN.json`` must
+    say it is version N with parent N - 1, and ``manifest.json`` must be the newest one, byte for byte.
+    Files named by a kept version other than the one verified are not strays (verify that version
+    with ``--version N`` to check their contents)."""
+    from repack.manifest.versions import VERSION_KEY, number_of, version_number
+
+    problems: list[str] = []
+    kept: set[str] = set()
+    numbers = sorted(n for n in (version_number(rel) for rel in names) if n is not None)
+    for number in numbers:
+        name = f"manifest.v{number}.json"
+        kept.add(name)
+        try:
+            data = json.loads(files.read(name) or b"null")
+            other = Manifest(Path("/"), data)
+            other.validate()
+            info = data.get(VERSION_KEY) or {}
+            if number_of(data) != number or (number > 1 and info.get("parent") != number - 1):
+                problems.append(f"{name}: says version {number_of(data)} with parent {info.get('parent')!r}")
+            kept.update(other.relative_paths())
+        except (ValueError, ManifestError) as exc:
+            problems.append(f"{name}: not a readable version manifest ({exc})")
+    if numbers:
+        latest = f"manifest.v{numbers[-1]}.json"
+        if files.read(MANIFEST_NAME) != files.read(latest) and numbers[-1] > 1:
+            problems.append(f"{MANIFEST_NAME} is not the newest version ({latest}), byte for byte")
+    return problems, kept
+
+
+def check_contents(files, manifest) -> list[str]:
+    """Problems of every shard and side file (in manifest order), fetched through ``files``."""
     if manifest.format not in SINKS:
         return [f"unknown format {manifest.format!r} in manifest"]
     sink = get_sink(manifest.format)
-    for shard in manifest.data["shards"]:
+
+    def shard_problems(shard: dict) -> list[str]:
         try:
             manifest.path(shard["path"])
         except PathEscapeError as exc:
-            problems.append(str(exc))
-            continue
-        sink.verify_shard(manifest.root, shard, check)
-    check_side_files(manifest, check)
-    listed = set(manifest.relative_paths()) | {v["path"] for v in manifest.data.get("videos", [])}
-    for rel in unlisted_files(manifest.root, listed):
-        problems.append(f"{rel}: a file the manifest does not name (added after the job, or left by another tool)")
-    totals = manifest.totals
-    check(totals.get("samples") == manifest.num_samples,
-          f"totals.samples {totals.get('samples')} != sum over shards {manifest.num_samples}")
-    check(totals.get("quarantined") == len(manifest.quarantine),
-          f"totals.quarantined {totals.get('quarantined')} != {len(manifest.quarantine)} quarantine records")
-    return problems
+            return [str(exc)]
+        rels = [shard["path"]] + ([shard["index"]] if shard.get("index") else [])
+        with files.local(rels) as (root, problems):
+            sink.verify_shard(root, shard, lambda ok, message: ok or problems.append(message))
+            return problems
+
+    def side_problems(_: None) -> list[str]:
+        side = manifest.data.get("files", {})
+        with files.local(list(side.values())) as (root, problems):
+            check_side_files(side, manifest.data.get("tokenizer", {}).get("sha256"), root, problems)
+            return problems
+
+    units = [(shard_problems, shard) for shard in manifest.data["shards"]] + [(side_problems, None)]
+    with ThreadPoolExecutor(files.threads) as pool:
+        return [p for found in pool.map(lambda unit: unit[0](unit[1]), units) for p in found]
 
 
-def check_side_files(manifest, check) -> None:
-    """The manifest's side files exist; the tokenizer copy still has the sha256 the manifest records."""
-    for name, rel in manifest.data.get("files", {}).items():
-        path = manifest.path(rel)
+def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: list[str]) -> None:
+    """The manifest's side files exist under ``root``; the tokenizer copy still has the sha256 the
+    manifest records."""
+    for name, rel in side.items():
+        path = safe_join(root, rel)
         if not path.is_file():
-            check(False, f"{rel}: missing (the manifest's {name} file)")
-        elif name == "tokenizer" and manifest.data.get("tokenizer", {}).get("sha256"):
-            check(sha256_file(path) == manifest.data["tokenizer"]["sha256"],
-                  f"{rel}: sha256 differs from the tokenizer the dataset was made with")
-
-
-def unlisted_files(root: Path, listed: set[str]) -> list[str]:
-    """Files under ``root`` (not following links; the job state ``.repack/`` and the manifest aside)
-    that the manifest does not name."""
-    found = []
-    for folder, dirs, files in os.walk(root):
-        rel_folder = os.path.relpath(folder, root)
-        if rel_folder == ".":
-            dirs[:] = [d for d in dirs if d != STATE_DIR]
-        for name in files:
-            rel = name if rel_folder == "." else f"{rel_folder}/{name}"
-            if rel not in listed and rel != MANIFEST_NAME:
-                found.append(rel)
-    return sorted(found)
+            problems.append(f"{rel}: missing (the manifest's {name} file)")
+        elif name == "tokenizer" and tokenizer_sha256 and sha256_file(path) != tokenizer_sha256:
+            problems.append(f"{rel}: sha256 differs from the tokenizer the dataset was made with")

@@ -18,7 +18,7 @@ Top-level keys (the contract; fields may be added, never renamed)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 from repack.manifest.paths import PathEscapeError, safe_join
@@ -53,37 +53,50 @@ class Shard:
 
 @dataclass(frozen=True)
 class Manifest:
-    """A validated manifest bound to the folder it lives in."""
+    """A validated manifest bound to the folder it lives in (``url``: where it was read from when that
+    is not the folder, e.g. ``s3://bucket/prefix``; messages name it)."""
 
     root: Path
     data: dict
+    url: str = ""
+
+    @property
+    def where(self) -> str:
+        """The dataset's location as the user named it (the URL, else the folder)."""
+        return self.url or str(self.root)
 
     def validate(self) -> None:
         """Raise ManifestError unless schema, version, keys and every path hold."""
         data = self.data
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-            raise ManifestError(f"{self.root}: not a repack manifest (schema {found!r})")
+            raise ManifestError(f"{self.where}: not a repack manifest (schema {found!r})")
         version = data.get("version")
         if not isinstance(version, int) or version != VERSION:
-            raise ManifestError(f"{self.root}: manifest version {version!r} is not supported (this reader knows {VERSION})")
+            raise ManifestError(f"{self.where}: manifest version {version!r} is not supported (this reader knows {VERSION})")
         missing = [k for k in REQUIRED_KEYS if k not in data]
         if missing:
-            raise ManifestError(f"{self.root}: manifest lacks {', '.join(missing)}")
+            raise ManifestError(f"{self.where}: manifest lacks {', '.join(missing)}")
         shards = data["shards"]
         if not isinstance(shards, list) or not all(
                 isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("samples"), int)
                 and isinstance(s.get("bytes"), int) and isinstance(s.get("sha256"), str) for s in shards):
-            raise ManifestError(f"{self.root}: manifest shards must be a list of {{path, samples, bytes, sha256}}")
+            raise ManifestError(f"{self.where}: manifest shards must be a list of {{path, samples, bytes, sha256}}")
         for key, kind in (("totals", dict), ("quarantine", list), ("classes", dict), ("fields", dict),
                           ("files", dict)):
             if key in data and not isinstance(data[key], kind):
-                raise ManifestError(f"{self.root}: manifest {key} must be a {kind.__name__}")
+                raise ManifestError(f"{self.where}: manifest {key} must be a {kind.__name__}")
+        seen: set[str] = set()
         for rel in self.relative_paths():
             try:
                 safe_join(self.root, rel)
             except PathEscapeError as exc:
-                raise ManifestError(f"{self.root}: {exc}") from None
+                raise ManifestError(f"{self.where}: {exc}") from None
+            same = PurePosixPath(rel).as_posix()  # "./a" and "a" are one file
+            if same in seen:  # a reader would yield its samples twice; a copy would race on one file
+                raise ManifestError(f"{self.where}: the manifest names {rel!r} twice (each shard, index and "
+                                    "side file must be listed once)")
+            seen.add(same)
 
     def relative_paths(self) -> Iterator[str]:
         """Every file path the manifest names (shards, index files, side files)."""

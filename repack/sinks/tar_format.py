@@ -88,6 +88,22 @@ class TarFormatError(ValueError):
 
 def iter_members(fh: BinaryIO) -> Iterator[Member]:
     """Walk the headers of a tar archive (seeking over data); validates header checksums."""
+    yield from _walk(fh)
+
+
+def read_archive(fh: BinaryIO) -> tuple[list[Member], int]:
+    """Every member, and the offset of the end-of-archive (the first zero block)."""
+    members: list[Member] = []
+    walk = _walk(fh)
+    while True:
+        try:
+            members.append(next(walk))
+        except StopIteration as stop:
+            return members, stop.value
+
+
+def _walk(fh: BinaryIO):
+    """Yield each member; return the offset of the zero block that ends the archive."""
     offset = 0
     while True:
         fh.seek(offset)
@@ -95,7 +111,7 @@ def iter_members(fh: BinaryIO) -> Iterator[Member]:
         if len(header) < BLOCK:
             raise TarFormatError(f"archive ends inside a header at byte {offset}")
         if header == b"\x00" * BLOCK:
-            return
+            return offset
         try:
             stored = int(header[148:156].split(b"\x00", 1)[0].strip() or b"0", 8)
             size = int(header[124:136].split(b"\x00", 1)[0].strip() or b"0", 8)
@@ -108,6 +124,21 @@ def iter_members(fh: BinaryIO) -> Iterator[Member]:
             name = header[345:500].split(b"\x00", 1)[0] + b"/" + name
         yield Member(os.fsdecode(name), offset + BLOCK, size, header[156:157])
         offset += BLOCK + size + (-size % BLOCK)
+
+
+def tail_problem(fh: BinaryIO, end: int, size: int) -> str | None:
+    """What is wrong after the members (``end``: where the zero block starts, ``size``: the file's
+    bytes), None when the file ends with exactly the end-of-archive repack writes (zeros to the
+    next 10240-byte record)."""
+    expected = end + len(end_of_archive(end))
+    if size > expected:
+        return f"{size - expected} bytes after the end-of-archive at byte {end}"
+    if size < expected:
+        return f"the end-of-archive at byte {end} is cut short ({size} bytes, {expected} expected)"
+    fh.seek(end)
+    if fh.read(size - end).strip(b"\x00"):
+        return f"non-zero bytes in the end-of-archive after byte {end}"
+    return None
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -131,10 +162,15 @@ def index_from_lines(lines: list[str]) -> str:
 
 
 def index_from_tar(fh: BinaryIO) -> str:
-    """Rebuild the DALI index by reading a tar's headers (used by verify)."""
+    """Rebuild the DALI index by reading a tar's headers."""
+    return index_from_members(iter_members(fh))
+
+
+def index_from_members(members) -> str:
+    """The DALI index of the regular-file members (in archive order) of a tar."""
     samples: list[list[tuple[str, int, int, str]]] = []
     last_key = None
-    for member in iter_members(fh):
+    for member in members:
         if member.typeflag not in (b"0", b"\x00"):
             continue
         key, ext = split_key(member.name)

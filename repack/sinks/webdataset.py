@@ -24,8 +24,8 @@ from pathlib import Path
 
 from repack.manifest.io import fsync_dir
 from repack.sinks.checks import check_file, file_and_index_outputs
-from repack.sinks.tar_format import (BLOCK, PADDING, end_of_archive, index_from_lines,
-                                     index_from_tar, index_text, iter_members, split_key, ustar_header)
+from repack.sinks.tar_format import (BLOCK, PADDING, end_of_archive, index_from_lines, index_from_members,
+                                     index_text, read_archive, split_key, tail_problem, ustar_header)
 
 
 class TarMemberWriter:
@@ -386,18 +386,20 @@ class WebDatasetSink:
             return
         try:
             with open(tar_path, "rb") as fh:
-                for member in iter_members(fh):
-                    check(member.typeflag in (b"0", b"\x00"), f"{shard['path']}: member {member.name!r} is not "
-                                                             "a regular file")
-                    key, ext = split_key(member.name)
-                    check(bool(key) and bool(ext) and member.name.isascii() and "/" not in member.name
-                          and not member.name.startswith("."),
-                          f"{shard['path']}: member name {member.name!r} is not a flat KEY.EXT name")
-                fh.seek(0)
-                rebuilt = index_from_tar(fh)
+                members, end = read_archive(fh)
+                trailing = tail_problem(fh, end, os.fstat(fh.fileno()).st_size)
         except ValueError as exc:
             check(False, f"{shard['path']}: unreadable tar ({exc})")
             return
+        check(trailing is None, f"{shard['path']}: {trailing}")
+        for member in members:
+            check(member.typeflag in (b"0", b"\x00"), f"{shard['path']}: member {member.name!r} is not "
+                                                     "a regular file")
+            key, ext = split_key(member.name)
+            check(bool(key) and bool(ext) and member.name.isascii() and "/" not in member.name
+                  and not member.name.startswith("."),
+                  f"{shard['path']}: member name {member.name!r} is not a flat KEY.EXT name")
+        rebuilt = index_from_members(members)
         count = int(rebuilt.split("\n", 1)[0].split()[1])
         check(count == shard["samples"], f"{shard['path']}: {count} samples, manifest says {shard['samples']}")
         layouts = {tuple(line.split(" ")[4::4]) for line in rebuilt.splitlines()[1:]}

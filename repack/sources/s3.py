@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Iterator
 
 from repack.errors import UsageError
@@ -29,30 +30,72 @@ READ_BLOCK = 8 << 20   # bytes per ranged GET of a sequential read
 PREFETCH_THREADS = 16  # concurrent GETs of one task's inputs
 
 
-def list_objects(url: str) -> list[tuple[str, str, int]]:
-    """(url, rel, size) of every non-junk object under ``url``, sorted by byte path."""
+@dataclass(frozen=True)
+class Listing:
+    """What an s3:// prefix holds as inputs: ``objects`` (url, rel, size), sorted by byte path; keys
+    that cannot name a file (quarantine records); hidden and junk entries skipped, counted as a
+    folder scan counts them (a hidden folder once, however many objects it holds)."""
+
+    objects: tuple[tuple[str, str, int], ...]
+    quarantine: tuple[dict, ...]
+    skipped: int
+
+
+def scan_objects(url: str) -> Listing:
+    """List every object under ``url`` (see ``Listing``). A key with an empty path part (a leading
+    ``/`` under a bucket root, ``//``) is quarantined, never read: read as a URL it would name
+    another object, and its class would be empty."""
     bucket, prefix = parse_url(url)
     base = f"{prefix}/" if prefix else ""
-    found = []
+    found, quarantine, junk = [], [], set()
     try:
         for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
             for obj in page.get("Contents", ()):
                 rel = obj["Key"][len(base):]
-                if rel and not rel.endswith("/") and not any(is_junk(part) for part in rel.split("/")):
+                if not rel or rel.endswith("/"):  # a "folder" marker: no data
+                    continue
+                parts = rel.split("/")
+                hidden = next((i for i, part in enumerate(parts) if part and is_junk(part)), None)
+                if "" in parts[:hidden]:
+                    quarantine.append(quarantine_record(rel, f"object key {obj['Key']!r} has an empty path part "
+                                                             "(a leading '/' or '//'): it names no file, not read"))
+                elif hidden is not None:
+                    junk.add("/".join(parts[:hidden + 1]))
+                else:
                     found.append((f"s3://{bucket}/{obj['Key']}", rel, obj["Size"]))
     except Exception as exc:  # noqa: BLE001 - auth, missing bucket, unreachable endpoint: exit 2
         raise describe_error(exc, url) from None
-    if not found:
+    if not found and not quarantine:
         raise UsageError(f"source {url!r} holds no objects")
-    return sorted(found, key=lambda item: sort_key(item[1]))
+    return Listing(tuple(sorted(found, key=lambda item: sort_key(item[1]))),
+                   tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), len(junk))
+
+
+def list_objects(url: str) -> list[tuple[str, str, int]]:
+    """(url, rel, size) of every readable, non-junk object under ``url`` (``scan_objects`` has the
+    skipped count and the keys set aside)."""
+    return list(scan_objects(url).objects)
+
+
+def check_source(url: str) -> None:
+    """Fail fast (UsageError naming ``url``) when the prefix cannot be listed or holds nothing, before
+    a job creates any state in OUT."""
+    bucket, prefix = parse_url(url)
+    try:
+        answer = client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "", MaxKeys=1)
+    except Exception as exc:  # noqa: BLE001
+        raise describe_error(exc, url) from None
+    if not answer.get("KeyCount"):
+        raise UsageError(f"source {url!r} holds no objects")
 
 
 def scan_s3(url: str, confinement: Confinement) -> Scan:
     """Objects under ``url`` as image inputs: class = first level, a flat prefix is unlabeled; an
-    object over the confinement's size cap is quarantined."""
-    objects = list_objects(url)
+    object over the confinement's size cap is quarantined, and so is a key that names no file."""
+    listing = scan_objects(url)
+    objects = listing.objects
     labeled = any("/" in rel for _, rel, _ in objects)
-    items, quarantine = [], []
+    items, quarantine = [], list(listing.quarantine)
     for path, rel, size in objects:
         label = rel.split("/", 1)[0] if labeled else None
         if labeled and "/" not in rel:
@@ -63,7 +106,8 @@ def scan_s3(url: str, confinement: Confinement) -> Scan:
             quarantine.append(quarantine_record(rel, too_big))
             continue
         items.append(InputItem(path, rel, label, size))
-    return Scan(tuple(items), tuple(quarantine), labeled)
+    return Scan(tuple(items), tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), labeled,
+                listing.skipped)
 
 
 class RemoteFile(io.RawIOBase):

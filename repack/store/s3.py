@@ -18,14 +18,16 @@ Scratch: jobs write into a local folder, ``$REPACK_SCRATCH/<sha256 of the URL>``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
 import time
 from pathlib import Path
 
-from repack.errors import RepackError
-from repack.store.s3_client import AUTH_CODES, client, describe_error, is_missing, parse_url, transfer_config
+from repack.errors import RepackError, VerificationError
+from repack.store.s3_client import (AUTH_CODES, client, describe_error, is_missing, limits, parse_url,
+                                    transfer_config)
 from repack.store.s3_lock import ObjectLock
 
 SHA_META = "sha256"   # object metadata x-amz-meta-sha256: the content's sha256, set at upload
@@ -86,7 +88,12 @@ class S3Store:
         if self.holds(rel, size, digest):  # uploaded by a run killed before its record: keep it
             return
         last: BaseException | None = None
+        deadline = time.monotonic() + limits().retry_budget
+        tried = 0
         for attempt in range(UPLOAD_ATTEMPTS):
+            if attempt and time.monotonic() >= deadline:  # the retry budget is spent: stop, say why
+                break
+            tried += 1
             try:
                 client().upload_file(str(local), self.bucket, self.key(rel), Config=transfer_config(),
                                      ExtraArgs={"Metadata": {SHA_META: digest}})
@@ -95,7 +102,7 @@ class S3Store:
                 last = exc
                 if isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code")) in AUTH_CODES:
                     raise describe_error(exc, self.where(rel)) from None
-                time.sleep(min(8.0, 0.5 * 2**attempt))
+                time.sleep(min(8.0, 0.5 * 2**attempt, max(0.0, deadline - time.monotonic())))
                 continue
             if head["ContentLength"] == size and head.get("Metadata", {}).get(SHA_META) == digest:
                 if self._sizes is not None:
@@ -105,7 +112,7 @@ class S3Store:
                                f"{head.get('Metadata', {}).get(SHA_META)}, expected {size} / {digest}")
         if isinstance(last, RepackError):
             raise last
-        raise describe_error(last, f"upload of {self.where(rel)} failed after {UPLOAD_ATTEMPTS} attempts")
+        raise describe_error(last, f"upload of {self.where(rel)} failed after {tried} attempt(s)")
 
     def holds(self, rel: str, size: int, digest: str) -> bool:
         """True when the object exists with this size and sha256 metadata (one HEAD)."""
@@ -128,6 +135,12 @@ class S3Store:
             return self._call(rel, "get_object", Key=self.key(rel))["Body"].read()
         except FileNotFoundError:
             return None
+
+    def read_range(self, rel: str, start: int, length: int) -> bytes:
+        """``length`` bytes of the object at ``start`` (one ranged GET; fewer at its end)."""
+        if length <= 0:
+            return b""
+        return self._call(rel, "get_object", Key=self.key(rel), Range=f"bytes={start}-{start + length - 1}")["Body"].read()
 
     def cache_listing(self) -> None:
         """List the whole prefix once; ``size`` answers from it (kept current by this process's
@@ -180,17 +193,23 @@ class S3Store:
         except (BotoCoreError, ClientError):
             return
 
-    def digest(self, rel: str) -> tuple[int, str, str | None] | None:
-        """(size, sha256 of the content, sha256 stored at upload or None) streaming the object;
-        None when it does not exist."""
+    def download(self, rel: str, local: Path | None = None) -> tuple[int, str, str | None] | None:
+        """Stream the object (into the file ``local`` when given): (size, sha256 of the content, sha256
+        stored at upload or None); None when it does not exist."""
         try:
             answer = self._call(rel, "get_object", Key=self.key(rel))
         except FileNotFoundError:
             return None
         sha, size = hashlib.sha256(), 0
-        for chunk in answer["Body"].iter_chunks(1 << 20):
-            sha.update(chunk)
-            size += len(chunk)
+        with open(local, "wb") if local is not None else contextlib.nullcontext() as out:
+            try:
+                for chunk in answer["Body"].iter_chunks(1 << 20):
+                    sha.update(chunk)
+                    size += len(chunk)
+                    if out is not None:
+                        out.write(chunk)
+            except Exception as exc:  # noqa: BLE001 - a cut or stalled stream: one line naming the URL
+                raise describe_error(exc, self.where(rel)) from None
         return size, sha.hexdigest(), answer.get("Metadata", {}).get(SHA_META)
 
     def fetch(self, rel: str, local: Path, sha256: str | None = None) -> None:
@@ -200,7 +219,7 @@ class S3Store:
             try:
                 sha256 = self._call(rel, "head_object", Key=self.key(rel)).get("Metadata", {}).get(SHA_META)
             except FileNotFoundError:
-                raise RepackError(f"{self.where(rel)}: missing") from None
+                raise VerificationError(f"{self.where(rel)}: missing") from None
         local = Path(local)
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(f".{local.name}.tmp-{os.getpid()}")
@@ -209,11 +228,11 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001
             tmp.unlink(missing_ok=True)
             if is_missing(exc):
-                raise RepackError(f"{self.where(rel)}: missing") from None
+                raise VerificationError(f"{self.where(rel)}: missing") from None
             raise describe_error(exc, self.where(rel)) from None
         if sha256 is not None and sha256_file(tmp) != sha256:
             tmp.unlink(missing_ok=True)
-            raise RepackError(f"{self.where(rel)}: sha256 mismatch after download")
+            raise VerificationError(f"{self.where(rel)}: sha256 mismatch after download")
         os.replace(tmp, local)
 
     def lock(self, name: str) -> ObjectLock:

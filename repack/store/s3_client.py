@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 
 from repack.errors import RepackError, UsageError
+from repack.store.s3_waits import S3Limits, WaitWatch, watch_client
 
-REQUEST_ATTEMPTS = 8         # botocore "standard" retries: 5xx, throttling, connection errors
 MULTIPART_BYTES = 64 << 20   # files larger than this are uploaded in parts of this size
 TRANSFER_THREADS = 8
 AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
@@ -28,10 +28,21 @@ def parse_url(url: str) -> tuple[str, str]:
 
 
 _clients: dict[int, object] = {}
+_limits: dict[int, S3Limits] = {}
+
+
+def limits() -> S3Limits:
+    """This process's S3 limits (read from the environment once)."""
+    pid = os.getpid()
+    if pid not in _limits:
+        _limits[pid] = S3Limits.from_env()
+    return _limits[pid]
 
 
 def client():
-    """One boto3 S3 client per process (clients are not fork-safe: a forked worker makes its own)."""
+    """One boto3 S3 client per process (clients are not fork-safe: a forked worker makes its own), with
+    the timeouts and attempts of ``limits()`` (botocore "standard" retries: 5xx, throttling, connection
+    errors, timeouts) and every call watched (a line on stderr when one waits long)."""
     pid = os.getpid()
     if pid not in _clients:
         try:
@@ -39,23 +50,33 @@ def client():
             from botocore.config import Config
         except ImportError:
             raise UsageError("s3:// needs boto3: pip install 'repack[s3]'") from None
-        config = Config(retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
-                        max_pool_connections=4 * TRANSFER_THREADS, connect_timeout=10, read_timeout=120)
-        _clients[pid] = boto3.session.Session().client("s3", config=config)
+        bounds = limits()
+        config = Config(retries={"total_max_attempts": bounds.attempts, "mode": "standard"},
+                        max_pool_connections=4 * TRANSFER_THREADS, connect_timeout=bounds.connect_timeout,
+                        read_timeout=bounds.read_timeout)
+        s3 = boto3.session.Session().client("s3", config=config)
+        watch_client(s3, WaitWatch(bounds))
+        _clients[pid] = s3
     return _clients[pid]
 
 
 def transfer_config():
+    """Multipart above MULTIPART_BYTES; a download stream cut or stalled is retried once by s3transfer
+    (each of its requests already has botocore's attempts)."""
     from boto3.s3.transfer import TransferConfig
 
     return TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES,
-                          max_concurrency=TRANSFER_THREADS, use_threads=True)
+                          max_concurrency=TRANSFER_THREADS, use_threads=True, num_download_attempts=2)
 
 
 def describe_error(exc: BaseException, where: str) -> RepackError:
     """A one-line, credential-free error for a failed S3 call (auth/missing bucket: UsageError, exit 2)."""
-    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+    from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError,
+                                     NoCredentialsError, ReadTimeoutError, ResponseStreamingError)
 
+    if isinstance(exc, (ReadTimeoutError, ConnectTimeoutError, ConnectionClosedError, ResponseStreamingError)):
+        return RepackError(f"{where}: the S3 endpoint did not answer ({type(exc).__name__}) after "
+                           f"{limits().describe()}")
     if isinstance(exc, NoCredentialsError):
         return UsageError(f"{where}: no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                           "AWS_PROFILE or an instance role)")

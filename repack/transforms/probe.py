@@ -268,7 +268,8 @@ def ffprobe_probe(path: str, ffprobe: str = "ffprobe", timeout: float | None = N
 def probe_codec(path: str, ffprobe: str = "ffprobe", timeout: float | None = 60.0) -> str | None:
     """The codec of ``path``'s main video stream (the one ``probe_file`` judges) from the container
     header only (no packet scan), or None when it has none or cannot be read; confined as
-    ``probe_file``: PyAV in-process, ffprobe where PyAV cannot open the file."""
+    ``probe_file``: PyAV in-process, ffprobe where PyAV cannot open the file. Used to choose a
+    dataset's one codec before the per-file probes."""
     try:
         from repack.transforms.probe_pyav import header_codec
     except ImportError:

@@ -1,0 +1,96 @@
+"""An epoch's sample order as data: which global positions a (rank, worker) reads, in what order.
+
+The epoch's *global* list is the dataset's samples with the shards in the epoch's order (the
+manifest's, or a seeded permutation); a position is an index into that list, the same for every
+world size and worker count. A rank's *share* is a list of runs ``[[start, stop], ...]`` of
+positions (normally one run: its balanced range; after an elastic resume, what remains). Its
+DataLoader workers split the share's positions into contiguous, balanced pieces, and each worker
+delivers its piece window by window (``window`` consecutive positions), each window in a seeded
+permutation when shuffling. So how far a worker got is one number, and everything it consumed
+follows from (share, worker, workers, seed, epoch, window, count): no bytes, no buffer contents.
+
+Everything here is pure and stdlib only (no torch), shared by the readers and ``pipelines.resume``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterable, Sequence
+
+Runs = list  # [[start, stop], ...] of global positions, ascending, disjoint
+
+
+def balanced(n: int, parts: int, index: int) -> tuple[int, int]:
+    """The ``index``-th of ``parts`` contiguous, balanced pieces of ``range(n)``: (start, stop)."""
+    if parts < 1 or not 0 <= index < parts:
+        raise ValueError(f"part {index} of {parts} is not a valid split")
+    return n * index // parts, n * (index + 1) // parts
+
+
+def rank_runs(total: int, world_size: int, rank: int, drop_last: bool) -> Runs:
+    """A rank's normal share of ``total`` positions: its balanced range, or ``total // world_size``
+    positions each with ``drop_last`` (the remainder is skipped that epoch)."""
+    if drop_last:
+        per = total // world_size
+        return [[rank * per, (rank + 1) * per]]
+    return [list(balanced(total, world_size, rank))]
+
+
+def runs_length(runs: Runs) -> int:
+    return sum(stop - start for start, stop in runs)
+
+
+def runs_of(positions: Iterable[int]) -> Runs:
+    """Sorted distinct positions -> the fewest runs that hold exactly them."""
+    runs: Runs = []
+    for p in positions:
+        if runs and runs[-1][1] == p:
+            runs[-1][1] = p + 1
+        else:
+            runs.append([p, p + 1])
+    return runs
+
+
+def take_runs(runs: Runs, start: int, stop: int) -> list[int]:
+    """Positions ``start:stop`` of the concatenated runs."""
+    out: list[int] = []
+    base = 0
+    for a, b in runs:
+        n = b - a
+        lo, hi = max(start, base), min(stop, base + n)
+        if lo < hi:
+            out.extend(range(a + lo - base, a + hi - base))
+        base += n
+        if base >= stop:
+            break
+    return out
+
+
+def worker_positions(runs: Runs, worker: int, workers: int) -> list[int]:
+    """The positions of worker ``worker`` of ``workers`` of a share, in global order."""
+    start, stop = balanced(runs_length(runs), workers, worker)
+    return take_runs(runs, start, stop)
+
+
+def window_permutation(size: int, seed: str | None) -> list[int]:
+    """The delivery order of a window of ``size`` positions: identity, or a seeded shuffle."""
+    order = list(range(size))
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    return order
+
+
+def delivery_windows(positions: Sequence[int], window: int, seed: str | None) -> list[list[int]]:
+    """``positions`` cut into windows of ``window``, each in delivery order (seed None: unshuffled).
+    Window ``i``'s permutation is seeded by ``f"{seed}:{i}"``."""
+    out = []
+    for i, lo in enumerate(range(0, len(positions), window)):
+        chunk = positions[lo:lo + window]
+        perm = window_permutation(len(chunk), None if seed is None else f"{seed}:{i}")
+        out.append([chunk[j] for j in perm])
+    return out
+
+
+def delivery_order(positions: Sequence[int], window: int, seed: str | None) -> list[int]:
+    """All of ``positions`` in the order the worker delivers them."""
+    return [p for chunk in delivery_windows(positions, window, seed) for p in chunk]

@@ -1,0 +1,119 @@
+"""Files other tools add to a repack dataset on purpose, as ``repack verify`` knows them.
+
+megatron-energon (``energon prepare OUT``) writes, and reads from then on:
+
+  .nv-meta/.info.json        {"energon_version", "shard_counts": {tar path: samples}}: checked
+                             against the manifest (every shard, its sample count, nothing else)
+  <shard>.tar.idx            beside each tar: native uint64 byte offsets of each sample's first
+                             header, then the end of the last member: checked against repack's
+                             own index (``<shard>.idx``) of that tar
+  .nv-meta/*.yaml|yml|json|sqlite|uuid|py
+                             split, dataset.yaml, the sample index (sqlite), its uuid, a sample
+                             loader: energon's own configuration, not checked (reported as such)
+
+wids (``wids.ShardListDataset``) reads a shard index a user writes from the manifest:
+
+  shardindex.json            ``repack.manifest.wids_shard_index(manifest)``: checked (it must be
+                             exactly that, every shard's URL, sample count and size)
+
+Nothing else is accepted: any other unlisted file stays a problem.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+
+from repack.manifest import WIDS_INDEX_NAME, ManifestError, wids_shard_index
+from repack.sinks.tar_format import BLOCK
+
+ENERGON_META = ".nv-meta/"
+ENERGON_INFO = ".nv-meta/.info.json"
+ENERGON_NAME = re.compile(r"\.?[A-Za-z0-9_-][A-Za-z0-9_.-]*\.(yaml|yml|json|sqlite|uuid|py)")
+ENERGON_INDEX_SUFFIX = ".tar.idx"
+
+
+def _tars(manifest) -> dict[str, dict]:
+    return {s["path"]: s for s in manifest.data["shards"] if s["path"].endswith(".tar")}
+
+
+def foreign_kind(rel: str, manifest) -> str | None:
+    """"energon" for a file ``energon prepare`` writes into this dataset, "wids" for its shard index,
+    else None."""
+    if rel == WIDS_INDEX_NAME and manifest.format == "webdataset":
+        return "wids"
+    if rel.startswith(ENERGON_META) and ENERGON_NAME.fullmatch(rel[len(ENERGON_META):]):
+        return "energon"
+    if rel.endswith(ENERGON_INDEX_SUFFIX) and rel[:-len(".idx")] in _tars(manifest):
+        return "energon"
+    return None
+
+
+def check_foreign(files, manifest, rels: list[str]) -> tuple[list[str], list[str]]:
+    """(problems, files accepted unchecked) for the foreign files ``rels`` (``foreign_kind`` not None)."""
+    problems: list[str] = []
+    unchecked: list[str] = []
+    tars = _tars(manifest)
+    for rel in rels:
+        if rel == WIDS_INDEX_NAME:
+            with files.local([rel]) as (root, fetch_problems):
+                problems += fetch_problems + wids_problems(rel, (root / rel).read_bytes(), manifest)
+        elif rel == ENERGON_INFO:
+            with files.local([rel]) as (root, fetch_problems):
+                problems += fetch_problems + info_problems(rel, (root / rel).read_bytes(), manifest)
+        elif rel.endswith(ENERGON_INDEX_SUFFIX):
+            shard = tars[rel[:-len(".idx")]]
+            if not shard.get("index"):
+                unchecked.append(f"{rel} (megatron-energon's tar index; no repack index to check it against)")
+                continue
+            with files.local([rel, shard["index"]]) as (root, fetch_problems):
+                problems += fetch_problems
+                problems += tar_index_problems(rel, (root / rel).read_bytes(), (root / shard["index"]).read_text())
+        else:
+            unchecked.append(f"{rel} (megatron-energon's configuration, written by energon prepare)")
+    return problems, unchecked
+
+
+def wids_problems(rel: str, raw: bytes, manifest) -> list[str]:
+    """A wids shard index must be exactly the one the manifest gives."""
+    try:
+        found = json.loads(raw)
+        expected = wids_shard_index(manifest)
+    except (ValueError, ManifestError):
+        found, expected = None, {}
+    if found != expected:
+        return [f"{rel}: not the wids shard index of this manifest (write it with "
+                "repack.manifest.wids_shard_index)"]
+    return []
+
+
+def info_problems(rel: str, raw: bytes, manifest) -> list[str]:
+    """energon's shard counts must be the manifest's, shard for shard."""
+    try:
+        counts = json.loads(raw).get("shard_counts")
+    except (ValueError, AttributeError):
+        counts = None
+    if not isinstance(counts, dict):
+        return [f"{rel}: not energon's info (a JSON object with shard_counts)"]
+    expected = {s["path"]: s["samples"] for s in manifest.data["shards"]}
+    if counts != expected:
+        wrong = sorted(set(counts.items()) ^ set(expected.items()))[:3]
+        return [f"{rel}: energon's shard counts differ from the manifest's (first differences: {wrong})"]
+    return []
+
+
+def tar_index_problems(rel: str, raw: bytes, dali_index: str) -> list[str]:
+    """energon's offsets must be the sample starts (and the end) that repack's index gives."""
+    expected = []
+    end = 0
+    for line in dali_index.splitlines()[1:]:
+        fields = line.split(" ")
+        offsets, sizes = [int(x) for x in fields[1::4]], [int(x) for x in fields[2::4]]
+        expected.append(offsets[0] - BLOCK)
+        end = offsets[-1] + sizes[-1] + (-sizes[-1] % BLOCK)
+    expected.append(end)
+    if len(raw) % 8 or list(struct.unpack(f"{len(raw) // 8}Q", raw)) != expected:
+        return [f"{rel}: energon's tar index does not give the sample offsets of the tar "
+                f"({len(raw) // 8} entries, {len(expected)} expected)"]
+    return []

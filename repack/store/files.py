@@ -1,0 +1,118 @@
+"""A finished dataset's files as verify reads them, wherever they live: one interface over a local
+folder (``LocalFiles``) and an object-store prefix (``RemoteFiles``), so that ``repack verify``
+has one implementation and checks the same things in both places.
+
+``manifest()`` reads and validates the manifest; ``names()`` lists every file under the root
+(the job state ``.repack/`` and the manifest aside); ``local(rels)`` gives a local folder in which
+the files ``rels`` can be read, plus the problems met while fetching them. For a folder that is
+the folder itself; for a prefix it is a temporary folder the objects are downloaded into, one
+verify unit (a shard and its index) at a time, removed afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, safe_join
+from repack.manifest.versions import check_number, read_version
+
+STATE_PREFIX = ".repack/"  # the job state (task records, plan, locks): not dataset files
+
+
+class LocalFiles:
+    """The files of a dataset in a local folder."""
+
+    def __init__(self, root: str | os.PathLike, manifest: Manifest | None = None) -> None:
+        self.root = Path(root)
+        self.where = str(root)
+        self._manifest = manifest
+        self.threads = 1  # reading and hashing local files is CPU-bound: one at a time
+
+    def manifest(self, version: int | None = None) -> Manifest:
+        return self._manifest or read_manifest(self.root, version)
+
+    def read(self, rel: str) -> bytes | None:
+        """A file's bytes (None when absent)."""
+        try:
+            return safe_join(self.root, rel).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def names(self) -> list[str]:
+        """Every file under the root, sorted; ``.repack/`` and the manifest aside. Links are not followed:
+        a link to a folder is one entry."""
+        found = []
+        for folder, dirs, files in os.walk(self.root):
+            rel_folder = os.path.relpath(folder, self.root)
+            if rel_folder == ".":
+                dirs[:] = [d for d in dirs if f"{d}/" != STATE_PREFIX]
+            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # not walked: named as entries
+            for name in files + links:
+                rel = name if rel_folder == "." else f"{rel_folder}/{name}"
+                if rel != MANIFEST_NAME:
+                    found.append(rel)
+        return sorted(found)
+
+    @contextlib.contextmanager
+    def local(self, rels: list[str]) -> Iterator[tuple[Path, list[str]]]:
+        del rels
+        yield self.root, []
+
+
+class RemoteFiles:
+    """The objects of a dataset under ``s3://bucket/prefix`` (through ``S3Store``)."""
+
+    def __init__(self, url: str) -> None:
+        from repack.store.s3 import S3Store
+
+        self.store = S3Store(url)
+        self.where = self.store.url
+        self.threads = 4  # downloads overlap; each holds one shard on local disk while it is checked
+
+    def manifest(self, version: int | None = None) -> Manifest:
+        """The validated manifest, latest or ``version`` (ManifestError naming the URL when missing or bad)."""
+        store = self.store
+        name, raw = read_version(store.read_bytes, version, store.url)
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ManifestError(f"{store.where(name)}: not valid JSON ({exc})") from None
+        manifest = Manifest(store.scratch, data, store.url)
+        manifest.validate()  # confinement: every path stays under the prefix
+        check_number(data, version, store.where(name))
+        return manifest
+
+    def read(self, rel: str) -> bytes | None:
+        """An object's bytes (None when absent)."""
+        return self.store.read_bytes(rel)
+
+    def names(self) -> list[str]:
+        """Every object key under the prefix, relative to it, sorted; ``.repack/`` and the manifest aside."""
+        return sorted(rel for rel in self.store.list_sizes()
+                      if not rel.startswith(STATE_PREFIX) and rel != MANIFEST_NAME)
+
+    @contextlib.contextmanager
+    def local(self, rels: list[str]) -> Iterator[tuple[Path, list[str]]]:
+        """Download ``rels`` into a temporary folder; a missing object is left absent (the checks report
+        it), content that differs from the sha256 stored at upload is a problem."""
+        problems: list[str] = []
+        with tempfile.TemporaryDirectory(prefix="repack-verify-") as tmp:
+            for rel in rels:
+                target = safe_join(tmp, rel)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                got = self.store.download(rel, target)
+                if got is not None and got[2] is not None and got[1] != got[2]:
+                    problems.append(f"{rel}: content does not match the sha256 stored at upload")
+            yield Path(tmp), problems
+
+
+def open_files(location: str | os.PathLike):
+    """``RemoteFiles`` for an s3:// URL, else ``LocalFiles``."""
+    from repack.store import is_remote
+
+    return RemoteFiles(str(location)) if is_remote(str(location)) else LocalFiles(location)

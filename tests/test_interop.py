@@ -1,0 +1,84 @@
+"""Other loaders' files in a repack dataset (issue 18, item 6): after the real `energon prepare`
+(megatron-energon) and with a wids shard index, `repack verify` passes on a folder and on s3://,
+checks energon's counts and tar indexes and the wids index against the manifest, and still refuses
+any other unlisted file. (docs/interop.md shows the three loaders reading; the README test runs it.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repack.manifest import read_manifest, wids_shard_index
+from tests.conftest import run_repack
+from tests.test_remote_checks import env_for, server, upload, verify_json  # noqa: F401 - the moto fixture
+
+ENERGON = str(Path(sys.executable).parent / "energon")
+
+
+@pytest.fixture(scope="module")
+def prepared(packed_photos, tmp_path_factory) -> Path:
+    """packed_photos after `energon prepare` and with OUT/shardindex.json (read-only for tests)."""
+    out = tmp_path_factory.mktemp("energon") / "out"
+    shutil.copytree(packed_photos, out)
+    subprocess.run([ENERGON, "prepare", str(out), "--non-interactive", "--split-ratio", "1,0,0",
+                    "--sample-type", "CrudeWebdataset", "--no-progress"], check=True, capture_output=True)
+    (out / "shardindex.json").write_text(json.dumps(wids_shard_index(read_manifest(out))))
+    assert (out / ".nv-meta" / ".info.json").is_file() and (out / "shard-000000.tar.idx").is_file()
+    return out
+
+
+def test_verify_passes_on_a_prepared_dataset_locally_and_on_s3(server, prepared, tmp_path):
+    env = env_for(server, tmp_path)
+    proc = run_repack("verify", prepared, "--json")
+    report = json.loads(proc.stdout)
+    assert report["ok"] and any(u.startswith(".nv-meta/index.sqlite") for u in report["unchecked"])
+    assert not any("tar.idx" in u or ".info.json" in u or "shardindex" in u for u in report["unchecked"])
+    assert verify_json(upload(server, prepared, "interop", "prepared"), env) == (0, [])
+
+
+def tamper_info(out: Path) -> None:
+    info = json.loads((out / ".nv-meta" / ".info.json").read_text())
+    info["shard_counts"]["shard-000000.tar"] -= 1
+    (out / ".nv-meta" / ".info.json").write_text(json.dumps(info))
+
+
+def tamper_tar_index(out: Path) -> None:
+    raw = (out / "shard-000001.tar.idx").read_bytes()
+    (out / "shard-000001.tar.idx").write_bytes(raw[:8] + struct.pack("Q", 1 + struct.unpack("Q", raw[8:16])[0]) + raw[16:])
+
+
+def tamper_wids(out: Path) -> None:
+    index = json.loads((out / "shardindex.json").read_text())
+    index["shardlist"][0]["nsamples"] += 1
+    (out / "shardindex.json").write_text(json.dumps(index))
+
+
+def stray_in_nv_meta(out: Path) -> None:
+    (out / ".nv-meta" / "run.sh").write_text("echo hi")
+
+
+def stray_tar_idx(out: Path) -> None:
+    (out / "shard-000099.tar.idx").write_bytes(bytes(16))
+
+
+@pytest.mark.parametrize("tamper,said", [
+    (tamper_info, ".nv-meta/.info.json: energon's shard counts differ"),
+    (tamper_tar_index, "shard-000001.tar.idx: energon's tar index does not give the sample offsets"),
+    (tamper_wids, "shardindex.json: not the wids shard index of this manifest"),
+    (stray_in_nv_meta, ".nv-meta/run.sh: a file the manifest does not name"),
+    (stray_tar_idx, "shard-000099.tar.idx: a file the manifest does not name"),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_other_loaders_files_are_checked_and_nothing_else_is_let_through(server, prepared, tmp_path, tamper, said):
+    out = tmp_path / "out"
+    shutil.copytree(prepared, out)
+    tamper(out)
+    env = env_for(server, tmp_path)
+    local = verify_json(out, env)
+    assert local[0] == 5 and any(said in p for p in local[1]), local
+    assert verify_json(upload(server, out, "interop", tamper.__name__), env) == local

@@ -1,0 +1,79 @@
+"""The right object for each key (issue 21, item 5), against a real S3 HTTP server on loopback: under
+a bucket-root source a key with a leading '/' or a '//' is quarantined with a reason, never read as
+another key nor given an empty class; hidden and '..' objects are skipped and counted as a folder
+scan counts them; a failing s3:// SOURCE fails before OUT holds anything, naming the URL."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_images_job import jpeg_bytes, png_bytes
+from tests.tools.s3server import MotoServer, client, s3_env
+
+
+@pytest.fixture(scope="module")
+def server():
+    moto = MotoServer()
+    yield moto
+    moto.stop()
+
+
+def tree() -> dict[str, bytes]:
+    """A labeled tree with a hidden file and a hidden folder (two objects in it)."""
+    return {"cat/a.jpg": jpeg_bytes(seed=1), "cat/b.jpg": jpeg_bytes(seed=2), "dog/c.jpg": jpeg_bytes(seed=3),
+            "cat/.hidden.jpg": jpeg_bytes(seed=4), ".git/x.jpg": jpeg_bytes(seed=5), ".git/y.jpg": jpeg_bytes(seed=6)}
+
+
+def put_all(server, bucket: str, objects: dict[str, bytes]) -> None:
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket=bucket)
+    for key, data in objects.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=data)
+    listed = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert listed == set(objects)  # the server keeps every key as given, '/' and '//' included
+
+
+def test_skipped_objects_are_counted_as_a_folder_scan_counts_them(server, tmp_path):
+    objects = tree()
+    folder = tmp_path / "src"
+    for rel, data in objects.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    put_all(server, "same-tree", objects)
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    run_repack("images", folder, tmp_path / "local", "--quiet")
+    run_repack("images", "s3://same-tree", tmp_path / "remote", "--quiet", env=env)
+    local, remote = read_manifest_json(tmp_path / "local"), read_manifest_json(tmp_path / "remote")
+    assert remote["totals"]["skipped_junk"] == local["totals"]["skipped_junk"] == 2
+    assert remote["classes"] == local["classes"] == {"cat": 0, "dog": 1}
+    assert remote["totals"]["samples"] == local["totals"]["samples"] == 3
+
+
+def test_keys_that_name_no_file_are_quarantined_never_read_as_another_key(server, tmp_path):
+    objects = {**tree(), "/cat/a.jpg": png_bytes(), "dog//d.jpg": jpeg_bytes(seed=7),
+               "dog/../e.jpg": jpeg_bytes(seed=8)}
+    put_all(server, "odd-keys", objects)
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    out = tmp_path / "out"
+    run_repack("images", "s3://odd-keys", out, "--quiet", env=env)
+    manifest = read_manifest_json(out)
+    reasons = {q["source"]: q["reason"] for q in manifest["quarantine"]}
+    assert set(reasons) == {"/cat/a.jpg", "dog//d.jpg"}
+    assert all("empty path part" in reason and "not read" in reason for reason in reasons.values())
+    assert manifest["classes"] == {"cat": 0, "dog": 1}  # no class "" from "dog//d.jpg"
+    assert manifest["totals"]["samples"] == 3 and manifest["totals"]["skipped_junk"] == 3  # + "dog/.."
+    assert manifest["fields"].get("png") is None  # the PNG under "/cat/a.jpg" was never packed as cat/a.jpg
+
+
+@pytest.mark.parametrize("source,said", [("s3://no-such-bucket/photos", "the bucket does not exist"),
+                                         ("s3://empty-bucket/photos", "holds no objects")])
+def test_a_failing_source_leaves_no_state_in_out(server, tmp_path, source, said):
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="empty-bucket")
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    out = tmp_path / "out"
+    proc = run_repack("images", source, out, env=env, check=False)
+    assert proc.returncode == 2 and source in proc.stderr and said in proc.stderr, proc.stderr
+    assert "scratch" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
