@@ -4,7 +4,7 @@ Objects are read with boto3 (credentials and endpoint the standard AWS way: ``AW
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles). A byte range is
 a ranged GET whose body is read as it arrives: a shard is streamed, never downloaded whole first.
 A connection lost in the middle of a range is resumed from the byte where it stopped.
-One client per process (DataLoader workers make their own). The readers import nothing from
+One client per process and endpoint (DataLoader workers make their own). The readers import nothing from
 repack but its manifest, so this small client is theirs, not ``repack.store``'s.
 """
 
@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 REQUEST_ATTEMPTS = 8  # botocore retries of one request (5xx, throttling, connection errors)
 RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way
-_clients: dict[int, object] = {}
+_clients: dict[tuple, object] = {}
 _client_lock = threading.Lock()
 
 
@@ -35,8 +35,9 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def _client():
-    """This process's S3 client (boto3 clients are thread-safe: the readers' prefetch threads share it)."""
-    pid = os.getpid()
+    """This process's S3 client for the current endpoint and credentials (boto3 clients are
+    thread-safe: the readers' prefetch threads share it)."""
+    pid = (os.getpid(), *(os.environ.get(name) for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE")))
     if pid not in _clients:
         with _client_lock:
             if pid not in _clients:
