@@ -351,12 +351,15 @@ class ImageShardDataset(IterableDataset):
     def pipeline(self) -> wds.DataPipeline:
         """This dataset as a ``wds.DataPipeline`` (an IterableDataset): add stages with ``append``.
         Its state (``state_dict``) counts the samples the reader handed to the stages."""
-        return wds.DataPipeline(lambda: self._read(self._start()), wds.map(self._to_output))
+        return self._pipeline(lambda: self._read(self._start()))
 
     def __iter__(self) -> Iterator[Any]:
         cursor = self._start()  # now, not at the first next(): state_dict() describes this iterator
         self._cursor = cursor
-        return iter(wds.DataPipeline(lambda: self._read(cursor), wds.map(self._to_output)))
+        return iter(self._pipeline(lambda: self._read(cursor)))
+
+    def _pipeline(self, source: Callable[[], Iterator[dict]]) -> wds.DataPipeline:
+        return wds.DataPipeline(source, wds.map(self._to_output))
 
     def _decode(self, data: bytes):
         if not self.decode:
