@@ -11,7 +11,7 @@ raw bytes (I/O bound) and decoded, samples/s and the ratio.
 Reading (issue 19.3): raw bytes from s3:// vs the same reader on local files, on the same loopback
 server, medians of REPACK_BENCH_REPEATS (default 3) alternated rounds; the ratio is ``s3_vs_local``
 (target >= 0.9x). The s3:// reader reads ahead with concurrent ranged GETs (``prefetch`` blocks of
-``read_bytes``: 4 x 4 MiB per worker by default).
+``read_bytes``: 2 x 16 MiB per worker by default).
 
 moto is a Python server: absolute MB/s here say more about it than about S3; the ratios compare
 clients on the same server. REPACK_BENCH_S3_IMAGES sets the dataset size (default 2000);
