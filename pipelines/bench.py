@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from repack.manifest import Manifest, read_manifest
+from pipelines.manifest_access import open_manifest
+from repack.manifest import Manifest
 
 DATA_BOUND_SHARE = 0.10  # below this wait share the data path is not the bottleneck
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
@@ -359,7 +360,7 @@ def select_readers(manifest: Manifest, opts: BenchOptions, notes: list[str]) -> 
     key = (manifest.modality, manifest.format)
     if key not in READERS:
         known = ", ".join(f"{m}/{f}" for m, f in sorted(READERS))
-        raise BenchError(f"{manifest.root}: no bundled reader for {key[0]}/{key[1]} (known: {known})")
+        raise BenchError(f"{getattr(manifest, 'url', '') or manifest.root}: no bundled reader for {key[0]}/{key[1]} (known: {known})")
     chosen = []
     candidates = list(READERS[key])
     if opts.source:
@@ -507,7 +508,8 @@ def settings_for(reader: Reader, opts: BenchOptions) -> list[Setting]:
 def run_bench(root: str | os.PathLike, opts: BenchOptions, progress: Callable[[str], None] | None = None) -> dict:
     """Measure every reader and setting on the dataset in ``root``; the report as a JSON-able dict."""
     opts.validate()
-    manifest = read_manifest(root)
+    manifest = open_manifest(root)  # a folder or s3://bucket/prefix
+    location = getattr(manifest, "url", "") or str(manifest.root)  # what the readers are given
     requested = opts.device
     if opts.device == "auto":
         opts = replace(opts, device="gpu" if _cuda_visible() else "cpu")
@@ -534,7 +536,7 @@ def run_bench(root: str | os.PathLike, opts: BenchOptions, progress: Callable[[s
             else:
                 row.update(prefetch_queue_depth=opts.prefetch_factor)
             try:
-                row.update(measure(reader.make(str(manifest.root), manifest, setting, opts), opts,
+                row.update(measure(reader.make(location, manifest, setting, opts), opts,
                                    setting.batch_size))
             except Exception as exc:  # one failing setting is a row with its reason; the sweep goes on
                 row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -545,7 +547,7 @@ def run_bench(root: str | os.PathLike, opts: BenchOptions, progress: Callable[[s
         raise BenchError(f"every setting failed; first: {results[0]['reader']}: {results[0]['error']}")
     best = max(measured, key=lambda r: r["samples_per_s"] or 0.0)
     data_bound = None if opts.compute_ms <= 0 else best["wait_share"] >= DATA_BOUND_SHARE
-    report = {"dataset": str(manifest.root), "modality": manifest.modality, "format": manifest.format,
+    report = {"dataset": location, "modality": manifest.modality, "format": manifest.format,
               "usable_cpus": cpus,
               "options": {**asdict(opts), "pin_memory": _pin(opts), "device_requested": requested},
               "results": results, "best": best, "data_bound": data_bound,

@@ -12,6 +12,11 @@ epoch). An epoch ends with the range: the source raises StopIteration and ``pipe
 (or the DALI iterator) starts the next one. The last batch is partial unless ``pad_last_batch``
 (it repeats the range's last sample) or ``drop_last`` (the epoch ends before a short batch: every
 batch holds exactly ``batch_size`` samples; a range smaller than one batch yields none).
+
+Resume: the source's position is (epoch, batch), its order a function of the seed and the epoch,
+so ``LmdbBatchSource(..., epoch=e, batch=b)`` starts at batch ``b`` of epoch ``e`` without reading
+a record before it. ``dali_lmdb_loader`` counts the batches its caller took and saves that
+position in ``state_dict()`` (pipelines.dali_resume); prefetched batches do not count.
 """
 
 from __future__ import annotations
@@ -21,30 +26,54 @@ import random
 
 import numpy as np
 
+from pipelines.dali_resume import ResumableDALILoader, builder_args, check_state
 from pipelines.torch_lmdb import LmdbReader, open_lmdb_dataset
+
+KIND = "dali_lmdb"
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
+def shard_range(count: int, shard_id: int, num_shards: int) -> tuple[int, int]:
+    """[start, stop) of the samples pipeline ``shard_id`` of ``num_shards`` reads."""
+    return count * shard_id // num_shards, count * (shard_id + 1) // num_shards
+
+
+def epoch_batches(samples: int, batch_size: int, drop_last: bool) -> int:
+    """Batches in one epoch over ``samples`` samples."""
+    return samples // batch_size if drop_last else -(-samples // batch_size)
+
+
 class LmdbBatchSource:
-    """A batch callable for ``fn.external_source``: ([encoded images], [labels]) per call."""
+    """A batch callable for ``fn.external_source``: ([encoded images], [labels]) per call, and
+    [record indices] with ``with_index``.
+
+    It starts at batch ``batch`` of epoch ``epoch`` (a batch past the epoch's last: the next
+    epoch's start).
+    """
 
     def __init__(self, path: str, count: int, batch_size: int, shard_id: int = 0, num_shards: int = 1,
                  random_shuffle: bool = False, seed: int = 0, pad_last_batch: bool = False,
-                 drop_last: bool = False) -> None:
+                 drop_last: bool = False, epoch: int = 0, batch: int = 0, with_index: bool = False) -> None:
         if num_shards < 1 or not 0 <= shard_id < num_shards:
             raise ValueError(f"shard {shard_id} of {num_shards} is not valid")
         if pad_last_batch and drop_last:
             raise ValueError("pad_last_batch and drop_last exclude each other")
         self.reader = LmdbReader(path, count)
-        self.start, self.stop = count * shard_id // num_shards, count * (shard_id + 1) // num_shards
+        self.start, self.stop = shard_range(count, shard_id, num_shards)
         self.batch_size, self.random_shuffle, self.seed, self.pad = batch_size, random_shuffle, seed, pad_last_batch
-        self.drop_last = drop_last
-        self.epoch = -1
+        self.drop_last, self.with_index = drop_last, with_index
+        if epoch < 0 or batch < 0:
+            raise ValueError(f"epoch {epoch} and batch {batch} must not be negative")
+        self.epoch = epoch - 1
         self._order: list[int] = []
         self._pos = 0
         self._new_epoch()
+        if batch > 0 and batch >= epoch_batches(len(self), batch_size, drop_last):
+            self._new_epoch()
+        else:
+            self._pos = batch * batch_size
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -70,6 +99,8 @@ class LmdbBatchSource:
             raw = self.reader.get(index)
             images.append(np.frombuffer(raw["img"], dtype=np.uint8))
             labels.append(np.array([int(raw["cls"]) if raw["cls"] is not None else -1], dtype=np.int32))
+        if self.with_index:
+            return images, labels, [np.array(index, dtype=np.int64) for index in indices]
         return images, labels
 
 
@@ -77,28 +108,37 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
                         device_id: int | None = None, shard_id: int = 0, num_shards: int = 1,
                         size: int | None = 224, random_shuffle: bool = False, seed: int = 0,
                         normalize: bool = True, pad_last_batch: bool = False, prefetch_queue_depth: int = 2,
-                        drop_last: bool = False):
-    """A built DALI pipeline with outputs ``images`` and ``labels`` (int32, -1 when unlabeled).
+                        drop_last: bool = False, with_index: bool = False, checkpoint: dict | None = None):
+    """A built DALI pipeline with outputs ``images`` and ``labels`` (int32, -1 when unlabeled), and
+    with ``with_index`` ``index`` (int64, the record's position in the dataset: a sample's key).
 
     ``drop_last``: an epoch ends before a short last batch (every batch is full); ``pad_last_batch``:
     the short last batch is filled with the range's last sample; neither: it is short.
 
     ``size`` given: resize the shorter side to ``size`` and center-crop ``size`` x ``size``, then
     (``normalize``) float CHW with ImageNet mean/std, else uint8 HWC; ``size=None``: decoded
-    uint8 HWC RGB. ``device_id=None`` runs on the CPU backend.
+    uint8 HWC RGB. ``device_id=None`` runs on the CPU backend. ``checkpoint``: a
+    ``dali_lmdb_loader`` state (``state_dict()``) of a loader with the same options to start at.
     """
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
 
     _, path, count = open_lmdb_dataset(root)
+    epoch = batch = 0
+    if checkpoint is not None:
+        options = order_options(count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
+                                drop_last)
+        state = check_state(checkpoint, KIND, options)
+        epoch, batch = state["epoch"], state["batch"]
     source = LmdbBatchSource(path, count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
-                             drop_last)
+                             drop_last, epoch, batch, with_index)
     gpu = device_id is not None
     pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                     prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True)
     with pipe:
-        jpegs, labels = fn.external_source(source=source, num_outputs=2, batch=True, parallel=False,
-                                           dtype=[types.UINT8, types.INT32])
+        inputs = fn.external_source(source=source, num_outputs=3 if with_index else 2, batch=True, parallel=False,
+                                    dtype=[types.UINT8, types.INT32, types.INT64][:3 if with_index else 2])
+        jpegs, labels = inputs[:2]
         images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
         if size is not None:
             images = fn.resize(images, resize_shorter=size)
@@ -109,9 +149,38 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
             else:
                 images = fn.crop(images, crop=(size, size))
         labels = fn.reshape(labels, shape=[])
-        pipe.set_outputs(images, labels.gpu() if gpu else labels)
+        pipe.set_outputs(images, *[data.gpu() if gpu else data for data in [labels, *inputs[2:]]])
     pipe.build()
     return pipe
+
+
+def order_options(count: int, batch_size: int, shard_id: int, num_shards: int, random_shuffle: bool, seed: int,
+                  pad_last_batch: bool, drop_last: bool) -> dict:
+    """The options that shape the sample order, as a loader state records them."""
+    return {"samples": count, "batch_size": batch_size, "shard_id": shard_id, "num_shards": num_shards,
+            "random_shuffle": random_shuffle, "seed": seed, "pad_last_batch": pad_last_batch, "drop_last": drop_last}
+
+
+def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int = 4, device_id: int | None = None,
+                     shard_id: int = 0, num_shards: int = 1, auto_reset: bool = True, state: dict | None = None,
+                     **pipeline_args) -> ResumableDALILoader:
+    """A ``DALIGenericIterator`` over ``build_lmdb_pipeline`` that resumes (``state_dict()``,
+    ``load_state_dict()``, or ``state=`` here); yields ``[{"images": ..., "labels": ...}]`` (and
+    ``"index"`` with ``with_index=True``)."""
+    args = builder_args(build_lmdb_pipeline, pipeline_args)
+    _, _, count = open_lmdb_dataset(root)
+    options = order_options(count, batch_size, shard_id, num_shards, args["random_shuffle"], args["seed"],
+                            args["pad_last_batch"], args["drop_last"])
+    start, stop = shard_range(count, shard_id, num_shards)
+    batches = epoch_batches(stop - start, batch_size, args["drop_last"])
+
+    def build(saved: dict | None):
+        return build_lmdb_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards, checkpoint=saved,
+                                   **pipeline_args)
+
+    names = ["images", "labels", "index"] if args["with_index"] else ["images", "labels"]
+    return ResumableDALILoader(KIND, build, names, options=options, reader_name=None,
+                               auto_reset=auto_reset, resume="source", epoch_batches=batches, state=state)
 
 
 def read_epoch(pipe) -> list:

@@ -23,13 +23,19 @@ rejects them, which is why OUT/file_list.txt writes 0 there). Files are passed a
 paths from the manifest, confined to OUT (``safe_join``), not through OUT/file_list.txt: DALI
 forbids ``file_root`` with ``file_list`` and resolves file_list paths against the working
 directory.
+
+Resume: pipelines are built with ``enable_checkpointing`` and ``DALIVideoLoader.state_dict()``
+holds DALI's own checkpoint (both readers support it: reader position, shuffle buffer), see
+pipelines.dali_resume; ``build_video_pipeline(..., checkpoint=...)`` restores a raw pipeline.
 """
 
 from __future__ import annotations
 
+from pipelines.dali_resume import ResumableDALILoader, builder_args, restore_bytes
 from pipelines.torch_video import UNLABELED, manifest_videos
 
 READER_NAME = "VideoReader"
+KIND = "dali_video"
 READERS = ("legacy", "experimental")  # the keys of repack's DALI_READERS (the manifest's dali_reader)
 
 
@@ -57,14 +63,26 @@ def build_video_pipeline(root, *, sequence_length: int, batch_size: int, reader:
                                 reader=reader or dataset_reader(root), **options)
 
 
+SHAPING = ("stride", "step", "shard_id", "num_shards", "random_shuffle", "seed", "initial_fill", "pad_last_batch")
+
+
+def order_options(files: list[str], batch_size: int, sequence_length: int, reader: str, options: dict) -> dict:
+    """The options that shape the clip order (``SHAPING`` of ``options``), as a loader state records them."""
+    return {"videos": len(files), "batch_size": batch_size, "sequence_length": sequence_length, "reader": reader,
+            **{name: options[name] for name in SHAPING}}
+
+
 def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length: int, batch_size: int,
                          reader: str = "legacy", stride: int = 1, step: int = -1, shard_id: int = 0,
                          num_shards: int = 1, random_shuffle: bool = False, seed: int = 0, device: str = "gpu",
                          device_id: int | None = 0, num_threads: int = 4, initial_fill: int = 64,
                          resize: tuple[int, int] | None = None, prefetch_queue_depth: int = 2,
-                         pad_last_batch: bool = True):
+                         pad_last_batch: bool = True, enable_checkpointing: bool = True,
+                         checkpoint: dict | bytes | None = None):
     """A built DALI Pipeline reading ``files`` (with ``labels``) through ``reader`` (``READERS``) on
-    ``device`` (``gpu``; ``cpu`` only with the experimental reader)."""
+    ``device`` (``gpu``; ``cpu`` only with the experimental reader). ``checkpoint``: continue
+    where a pipeline with the same options stopped (``pipe.checkpoint()`` bytes or a
+    ``DALIVideoLoader`` state)."""
     from nvidia.dali import fn, pipeline_def, types
 
     if reader not in READERS:
@@ -72,9 +90,14 @@ def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length
     if reader == "legacy" and device != "gpu":
         raise ValueError(f"the legacy reader (fn.readers.video) runs on the GPU only, got device={device!r}; "
                          "use reader='experimental' for the CPU")
+    options = order_options(files, batch_size, sequence_length, reader, dict(
+        stride=stride, step=step, shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
+        initial_fill=initial_fill, pad_last_batch=pad_last_batch))
+    checkpoint = restore_bytes(checkpoint, KIND, options, enable_checkpointing)
 
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
-                  prefetch_queue_depth=prefetch_queue_depth)
+                  prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=enable_checkpointing,
+                  checkpoint=checkpoint)
     def video_pipeline():
         common = dict(filenames=files, labels=labels, sequence_length=sequence_length, stride=stride, step=step,
                       shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle,
@@ -93,18 +116,42 @@ def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length
 
 
 class DALIVideoLoader:
-    """A PyTorch-style iterator over a video pipeline: yields (frames, labels) torch tensors."""
+    """A PyTorch-style iterator over a video pipeline: yields (frames, labels) torch tensors.
 
-    def __init__(self, root, *, sequence_length: int, batch_size: int, auto_reset: bool = True, **kwargs) -> None:
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    ``state_dict()`` / ``load_state_dict()`` (or ``state=`` here) resume it exactly, mid-epoch.
+    """
 
-        self.pipe = build_video_pipeline(root, sequence_length=sequence_length, batch_size=batch_size, **kwargs)
-        self._it = DALIGenericIterator([self.pipe], ["frames", "labels"], reader_name=READER_NAME,
-                                       last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=auto_reset)
+    def __init__(self, root, *, sequence_length: int, batch_size: int, auto_reset: bool = True,
+                 state: dict | None = None, **kwargs) -> None:
+        reader = kwargs.pop("reader", None) or dataset_reader(root)
+        files, _ = video_inputs(root)
+        args = builder_args(build_files_pipeline, kwargs)
+        options = order_options(files, batch_size, sequence_length, reader, args)
+
+        def build(saved: dict | None):
+            return build_video_pipeline(root, sequence_length=sequence_length, batch_size=batch_size, reader=reader,
+                                        checkpoint=saved, **kwargs)
+
+        self._loader = ResumableDALILoader(KIND, build, ["frames", "labels"], options=options,
+                                           reader_name=READER_NAME, auto_reset=auto_reset,
+                                           resume="dali" if args["enable_checkpointing"] else "none", state=state)
+
+    @property
+    def pipe(self):
+        """The DALI pipeline (rebuilt by ``load_state_dict``)."""
+        return self._loader.pipe
 
     def __iter__(self):
-        for batch in self._it:
+        for batch in self._loader:
             yield batch[0]["frames"], batch[0]["labels"].view(-1).long()
 
     def __len__(self) -> int:
-        return len(self._it)
+        return len(self._loader)
+
+    def state_dict(self) -> dict:
+        """The loader's position after the last batch taken, as JSON-safe data."""
+        return self._loader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from ``state_dict``): rebuilds the pipeline there."""
+        self._loader.load_state_dict(state)

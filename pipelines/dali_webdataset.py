@@ -10,7 +10,9 @@ fixed width per dataset (repack guarantees it). The bytes are cast to int32, 48 
 subtracted, each digit is weighted by its power of ten and the row is summed.
 
 ``dali_image_loader`` wraps the pipeline in a ``DALIGenericIterator`` (torch tensors) that
-knows the reader's epoch size through ``reader_name``.
+knows the reader's epoch size through ``reader_name``, and resumes exactly: its ``state_dict()``
+holds DALI's own checkpoint (reader position, shuffle buffer, random generators; the pipeline
+is built with ``enable_checkpointing``), see pipelines.dali_resume.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from typing import Sequence
 
 import numpy as np
 
+from pipelines.dali_resume import ResumableDALILoader, builder_args, restore_bytes
 from pipelines.manifest_access import image_extensions, is_labeled, open_webdataset, read_index, shard_files
 from repack.manifest import ManifestError
 
 READER = "Reader"
+KIND = "dali_webdataset"
 DALI_UNDECODABLE = frozenset({"gif"})  # fn.decoders.image: JPEG, PNG, BMP, TIFF, PNM, JPEG 2000, WebP
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -41,10 +45,10 @@ def cls_width(manifest) -> int:
     raise ManifestError(f"{manifest.root}: no samples")
 
 
-def output_names(root: str | os.PathLike, with_meta: bool = False) -> list[str]:
+def output_names(root: str | os.PathLike, with_meta: bool = False, version: int | None = None) -> list[str]:
     """Names of the pipeline's outputs, in order: images[, labels][, meta]."""
     names = ["images"]
-    if is_labeled(open_webdataset(root, "images")):
+    if is_labeled(open_webdataset(root, "images", version)):
         names.append("labels")
     if with_meta:
         names.append("meta")
@@ -57,7 +61,8 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
                          train: bool = False, mean: Sequence[float] = IMAGENET_MEAN,
                          std: Sequence[float] = IMAGENET_STD, with_meta: bool = False,
                          initial_fill: int = 1024, pad_last_batch: bool = True, prefetch_queue_depth: int = 2,
-                         hw_decoder_load: float | None = None):
+                         hw_decoder_load: float | None = None, enable_checkpointing: bool = True,
+                         checkpoint: dict | bytes | None = None, version: int | None = None):
     """A built DALI pipeline over the dataset in ``root``.
 
     Outputs (see ``output_names``): ``images`` (``size`` given: float CHW normalized
@@ -65,11 +70,15 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     is labeled) and, with ``with_meta``, ``meta`` (the ``.json`` member's bytes, zero-padded
     to the longest in the batch). ``train`` uses a random resized crop and a random mirror
     instead of resize-shorter + center crop. ``device_id=None`` runs on the CPU backend.
+
+    ``checkpoint``: continue where a pipeline with the same options stopped, from its
+    ``pipe.checkpoint()`` bytes or a ``dali_image_loader`` state (``state_dict()``).
+    ``version``: the dataset version to read (``manifest.vN.json``); None: the latest.
     """
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
 
-    manifest = open_webdataset(root, "images")
+    manifest = open_webdataset(root, "images", version)
     paths, index_paths = shard_files(manifest)
     labeled = is_labeled(manifest)
     image_exts = image_extensions(manifest)
@@ -84,8 +93,12 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     if with_meta:
         exts.append("json")
     gpu = device_id is not None
+    options = order_options(manifest, batch_size, shard_id, num_shards, random_shuffle, seed, initial_fill,
+                            pad_last_batch)
+    checkpoint = restore_bytes(checkpoint, KIND, options, enable_checkpointing)
     pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
-                    prefetch_queue_depth=prefetch_queue_depth)
+                    prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=enable_checkpointing,
+                    checkpoint=checkpoint)
     with pipe:
         outputs = fn.readers.webdataset(
             paths=paths, index_paths=index_paths, ext=exts, missing_component_behavior="error", name=READER,
@@ -120,20 +133,31 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     return pipe
 
 
+def order_options(manifest, batch_size: int, shard_id: int, num_shards: int, random_shuffle: bool, seed: int,
+                  initial_fill: int, pad_last_batch: bool) -> dict:
+    """The options that shape the sample order, as a loader state records them."""
+    return {"samples": manifest.data["totals"]["samples"], "batch_size": batch_size, "shard_id": shard_id,
+            "num_shards": num_shards, "random_shuffle": random_shuffle, "seed": seed,
+            "initial_fill": initial_fill if random_shuffle else None, "pad_last_batch": pad_last_batch}
+
+
 def dali_image_loader(root: str | os.PathLike, batch_size: int, num_threads: int = 4, device_id: int | None = None,
                       shard_id: int = 0, num_shards: int = 1, last_batch: str = "partial", auto_reset: bool = True,
-                      **pipeline_args):
-    """A ``DALIGenericIterator`` over ``build_image_pipeline``; yields dicts of torch tensors.
+                      state: dict | None = None, **pipeline_args) -> ResumableDALILoader:
+    """A ``DALIGenericIterator`` over ``build_image_pipeline`` that resumes; yields dicts of torch tensors.
 
     ``last_batch``: ``"partial"`` (every sample of the shard once per epoch, the last batch
-    smaller), ``"drop"`` or ``"fill"`` (DALI's LastBatchPolicy).
+    smaller), ``"drop"`` or ``"fill"`` (DALI's LastBatchPolicy). ``state``: a ``state_dict()`` of
+    a loader with the same options to continue from (or call ``load_state_dict`` later).
     """
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    args = builder_args(build_image_pipeline, pipeline_args)
+    options = order_options(open_webdataset(root, "images"), batch_size, shard_id, num_shards,
+                            args["random_shuffle"], args["seed"], args["initial_fill"], args["pad_last_batch"])
 
-    policies = {"partial": LastBatchPolicy.PARTIAL, "drop": LastBatchPolicy.DROP, "fill": LastBatchPolicy.FILL}
-    if last_batch not in policies:
-        raise ValueError(f"last_batch must be one of {sorted(policies)}, not {last_batch!r}")
-    pipe = build_image_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards, **pipeline_args)
-    names = output_names(root, pipeline_args.get("with_meta", False))
-    return DALIGenericIterator([pipe], names, reader_name=READER, last_batch_policy=policies[last_batch],
-                               auto_reset=auto_reset)
+    def build(saved: dict | None):
+        return build_image_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards,
+                                    checkpoint=saved, **pipeline_args)
+
+    return ResumableDALILoader(KIND, build, output_names(root, pipeline_args.get("with_meta", False)),
+                               options=options, reader_name=READER, last_batch=last_batch, auto_reset=auto_reset,
+                               resume="dali" if args["enable_checkpointing"] else "none", state=state)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from pipelines import object_store
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
-from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
+from repack.manifest import Manifest, ManifestError, read_manifest
+from repack.manifest.versions import check_number, read_version
 
 
 @dataclass(frozen=True)
@@ -47,26 +48,35 @@ class RemoteManifest(Manifest):
         return f"{self.url}/{rel}"
 
 
-def open_manifest(root: str | os.PathLike) -> Manifest:
-    """Read and validate the manifest of a folder or of ``s3://bucket/prefix``."""
+def open_manifest(root: str | os.PathLike, version: int | None = None) -> Manifest:
+    """Read and validate the manifest of a folder or of ``s3://bucket/prefix``: the latest version, or
+    ``version=N`` (its immutable ``manifest.vN.json``: what this reader reads stays exactly version N
+    while later versions are published beside it)."""
     if not object_store.is_remote(root):
-        return read_manifest(root)
+        return read_manifest(root, version)
     url = str(root).rstrip("/")
+
+    def read(name: str) -> bytes | None:
+        try:
+            return object_store.read_bytes(f"{url}/{name}")
+        except FileNotFoundError:
+            return None
+
+    name, raw = read_version(read, version, url)
     try:
-        data = json.loads(object_store.read_bytes(f"{url}/{MANIFEST_NAME}"))
-    except FileNotFoundError:
-        raise ManifestError(f"{url}/{MANIFEST_NAME}: no manifest (the job has not finished, or this is not a "
-                            "repack output)") from None
+        data = json.loads(raw)
     except ValueError as exc:
-        raise ManifestError(f"{url}/{MANIFEST_NAME}: not valid JSON ({exc})") from None
+        raise ManifestError(f"{url}/{name}: not valid JSON ({exc})") from None
     manifest = RemoteManifest(Path("/", *object_store.split_url(url)), data, url)
     manifest.validate()
+    check_number(data, version, f"{url}/{name}")
     return manifest
 
 
-def open_webdataset(root: str | os.PathLike, modality: str = "images") -> Manifest:
-    """Read and validate ``root/manifest.json``; require a WebDataset of ``modality`` with index files."""
-    manifest = open_manifest(root)
+def open_webdataset(root: str | os.PathLike, modality: str = "images", version: int | None = None) -> Manifest:
+    """Read and validate the manifest (latest, or ``version``); require a WebDataset of ``modality``
+    with index files."""
+    manifest = open_manifest(root, version)
     if manifest.format != "webdataset":
         raise ManifestError(f"{manifest.root}: format {manifest.format!r}, this reader reads 'webdataset'")
     if manifest.modality != modality:

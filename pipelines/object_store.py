@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 REQUEST_ATTEMPTS = 8  # botocore retries of one request (5xx, throttling, connection errors)
 RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way
-_clients: dict[tuple, object] = {}
+_clients: dict[tuple[int, str], object] = {}
 _client_lock = threading.Lock()
 
 
@@ -35,19 +35,20 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def _client():
-    """This process's S3 client for the current endpoint and credentials (boto3 clients are
-    thread-safe: the readers' prefetch threads share it)."""
-    pid = (os.getpid(), *(os.environ.get(name) for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE")))
-    if pid not in _clients:
+    """This process's S3 client for the endpoint in the environment (boto3 clients are thread-safe: the
+    readers' prefetch threads share it). One per process and endpoint: a forked DataLoader worker must not
+    reuse its parent's connections, and a process that reads from two endpoints needs two clients."""
+    key = (os.getpid(), os.environ.get("AWS_ENDPOINT_URL", ""))
+    if key not in _clients:
         with _client_lock:
-            if pid not in _clients:
+            if key not in _clients:
                 import boto3
                 from botocore.config import Config
 
                 config = Config(retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"}, read_timeout=120,
                                 max_pool_connections=32)
-                _clients[pid] = boto3.session.Session().client("s3", config=config)
-    return _clients[pid]
+                _clients[key] = boto3.session.Session().client("s3", config=config)
+    return _clients[key]
 
 
 def read_bytes(location: str | os.PathLike) -> bytes:

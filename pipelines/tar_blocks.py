@@ -159,6 +159,9 @@ def fetch_blocks(blocks: Iterable, threads: int, depth: int | None = None) -> It
             tag0, block0, future = ahead.popleft()
             yield tag0, block0, future.result()
     finally:
+        # Cancel what has not started and wait for the reads in flight (at most ``prefetch``):
+        # no thread may outlive the iterator, or a DataLoader forking workers next could copy a
+        # thread's held locks (seen: a forked worker's import failed with KeyError in importlib).
         for *_, future in ahead:
             future.cancel()
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)

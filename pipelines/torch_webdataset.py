@@ -104,6 +104,7 @@ class ImageShardDataset(IterableDataset):
             ranged GETs: network latency overlaps with consumption), 0 on local files (measured: on
             a CPU-bound worker, threads only compete for it).
         shuffle_buffer: with shuffle, how many consecutive samples are mixed at a time (per worker).
+        version: the dataset version to read (``manifest.vN.json``); None: the latest.
         on_error: ``"raise"`` (default): a damaged header, a truncated shard, a missing member raise
             ``ShardIntegrityError`` naming the shard and the sample key. ``"skip"``: such a sample is
             skipped with a warning and counted; ``dataset.skipped`` reads the count (all workers of
@@ -121,12 +122,13 @@ class ImageShardDataset(IterableDataset):
                  shuffle: bool = False, seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  drop_last: bool = False, mode: str | None = "RGB", decode: bool = True,
                  read_bytes: int | None = None, shuffle_buffer: int = 1000, prefetch: int | None = None,
-                 on_error: str = "raise", draft_size: tuple[int, int] | None = None) -> None:
+                 on_error: str = "raise", draft_size: tuple[int, int] | None = None,
+                 version: int | None = None) -> None:
         if output not in ("tuple", "dict"):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-        self.manifest = open_webdataset(root, "images")
+        self.manifest = open_webdataset(root, "images", version)
         self.root = str(root)
         self.image_exts = set(image_extensions(self.manifest))
         self._image_order = sorted(self.image_exts)

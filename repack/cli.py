@@ -3,6 +3,7 @@ This is the one place where exceptions become messages and exit codes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -11,11 +12,14 @@ import click
 
 from repack import __version__
 from repack.commands.bench import bench
+from repack.commands.gc import gc
 from repack.commands.envvars import bind_envvars
 from repack.commands.help import RepackGroup
 from repack.commands.images import images
 from repack.commands.merge import merge
+from repack.commands.options import LogMode
 from repack.commands.pull import pull
+from repack.commands.remove import remove
 from repack.commands.text import text
 from repack.commands.verify import inspect, verify
 from repack.commands.video import video
@@ -28,7 +32,7 @@ def cli() -> None:
     """Repack training data once, offline, into formats that keep GPUs fed."""
 
 
-for _command in (images, video, text, verify, inspect, merge, pull, bench):
+for _command in (images, video, text, verify, inspect, merge, pull, remove, gc, bench):
     cli.add_command(_command)
 bind_envvars(cli)  # REPACK_<COMMAND>_<OPTION> for every option, shown in --help
 
@@ -44,6 +48,17 @@ def _on_signal(signum: int, _frame) -> None:
     raise Interrupted(*SIGNAL_EXIT[signum])
 
 
+def fail(message: str, exit_code: int) -> None:
+    """Report a failed command on stderr (``repack: error: ...``; a JSON line with --log-json) and exit."""
+    if LogMode.json:
+        click.echo(json.dumps({"event": "error", "exit_code": exit_code, "message": message}), err=True)
+    else:
+        click.echo(f"repack: error: {message}", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(exit_code)
+
+
 def main() -> None:
     """Entry point: run the CLI, turning RepackError into a one-line message and exit code."""
     from repack.manifest import ManifestError
@@ -56,7 +71,10 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except Interrupted as exc:  # workers stopped and temps removed on the way here
-        click.echo(f"repack: {exc}", err=True)
+        if LogMode.json:
+            click.echo(json.dumps({"event": "error", "exit_code": exc.exit_code, "message": str(exc)}), err=True)
+        else:
+            click.echo(f"repack: {exc}", err=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exc.exit_code)  # never wait at exit on a pool's helper threads that a killed worker left waiting
@@ -64,21 +82,20 @@ def main() -> None:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        if not LogMode.json:
+            exc.show()
+            sys.exit(exc.exit_code)
+        fail(exc.format_message(), exc.exit_code)
     except RepackError as exc:
-        click.echo(f"repack: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        fail(str(exc), exc.exit_code)
     except ManifestError as exc:
-        click.echo(f"repack: error: {exc}", err=True)
-        sys.exit(VERIFICATION_EXIT_CODE)
+        fail(str(exc), VERIFICATION_EXIT_CODE)
     except KeyboardInterrupt:
         click.echo("interrupted; re-run the same command to resume", err=True)
         sys.exit(130)
     except OSError as exc:  # an unexpected I/O failure of the job itself (disk full, lost mount)
         where = f": {exc.filename}" if exc.filename else ""
-        click.echo(f"repack: error: {exc.strerror or exc}{where}", err=True)
-        sys.exit(2)
+        fail(f"{exc.strerror or exc}{where}", 2)
 
 
 if __name__ == "__main__":

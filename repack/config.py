@@ -114,8 +114,22 @@ class ImagesSpec(JobSpec):
     max_side: int | None = None
     dedup: bool = False
     max_pixels: int = 178_956_970
+    source_format: str = "folder"     # --from: folder (a tree or --list), webdataset (tar shards), parquet
+    image_field: str | None = None    # --from webdataset|parquet: the image member's extension / column
+    label_field: str | None = None    # ... and the label's
+    # set by `--append` (repack.jobs.append) for the job that packs only the new inputs:
+    known_inputs: str | None = None   # JSON file {"inputs": {rel: [size, mtime_ns]}, "next_position"}: skipped
+    known_classes: tuple[tuple[str, int], ...] = ()  # the dataset's classes (kept; a new class: the next index)
+    cls_width: int | None = None      # the dataset's cls member width (kept)
 
     def __post_init__(self) -> None:
+        if self.source_format not in ("folder", "webdataset", "parquet"):
+            raise UsageError(f"--from must be folder, webdataset or parquet, got {self.source_format!r}")
+        if self.source_format == "folder" and (self.image_field or self.label_field):
+            raise UsageError("--image-field/--label-field name another tool's members or columns: use them "
+                             "with --from webdataset or --from parquet")
+        if self.source_format != "folder" and self.list_file:
+            raise UsageError(f"--list reads a list of files: it cannot be combined with --from {self.source_format}")
         if self.verify not in ("decode", "header", "none"):
             raise UsageError(f"--verify must be decode, header or none, got {self.verify!r}")
         if self.shard_bytes is not None and self.shard_bytes < MIN_SHARD_BYTES:

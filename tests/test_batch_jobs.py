@@ -115,3 +115,59 @@ def test_options_come_from_the_environment_and_the_command_line_wins(photo_tree,
     assert [s["samples"] for s in read_manifest_json(tmp_path / "b")["shards"]] == [60, 60]
     bad = run_repack("images", photo_tree, tmp_path / "c", env={"REPACK_IMAGES_SHARD_SIZE": "many"}, check=False)
     assert bad.returncode == 2 and "(env var: 'REPACK_IMAGES_SHARD_SIZE'): 'many'" in bad.stderr
+
+
+def test_progress_counts_what_the_scan_refused_and_errors_are_json_lines(photo_tree, tmp_path):
+    """An input the scan refuses (a FIFO) is counted from the first line on; with --log-json a failed
+    command's error is a JSON line too."""
+    import os
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(photo_tree, src)
+    os.mkfifo(src / sorted(p.name for p in src.iterdir())[0] / "pipe.jpg")
+    proc = run_repack("images", src, tmp_path / "out", "--workers", "1", "--chunk-size", "10", "--shard-size", "40",
+                      "--progress-every", "0.001", "--log-json")
+    events = [json.loads(line) for line in proc.stderr.splitlines()]
+    progress = [e for e in events if e["event"] == "progress"]
+    assert progress and all(e["quarantined"] >= 1 for e in progress)
+    assert read_manifest_json(tmp_path / "out")["quarantine"][0]["reason"] == "not a regular file (FIFO)"
+    failed = run_repack("images", tmp_path / "missing", tmp_path / "out2", "--log-json", check=False)
+    (error,) = [json.loads(line) for line in failed.stderr.splitlines()]
+    assert error == {"event": "error", "exit_code": 2, "message": f"source {str(tmp_path / 'missing')!r} does not exist"}
+
+
+def test_no_project_environment_variable_sets_an_option_by_accident():
+    """The variables the project itself reads (REPACK_SCRATCH, make bench's REPACK_BENCH_*) name no
+    option: `REPACK_BENCH_REPEATS=3 python -m tests.gpu.cpu_scaling` must not change a `repack bench` run."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    used = {name for folder in ("repack", "pipelines", "tests") for path in (root / folder).rglob("*.py")
+            if path.name not in ("test_batch_jobs.py", "test_cluster_docs.py", "test_bench_cli.py", "envvars.py")
+            for name in re.findall(r"\bREPACK_[A-Z0-9_]+\b", path.read_text(encoding="utf-8"))}
+    options = set(bind_envvars(cli))
+    assert "REPACK_SCRATCH" in used and {n for n in used if n.startswith("REPACK_BENCH_")}
+    assert not used & options, sorted(used & options)
+
+
+def test_progress_lines_stay_whole_when_threads_print_at_once():
+    """The timer thread and the engine's loop may both print: every line is whole (one JSON object)."""
+    import threading
+    import time
+
+    class SlowStream(io.StringIO):  # like a pipe: a thread may be switched out in the middle of a print
+        def write(self, text: str) -> int:
+            time.sleep(0.0001)
+            return super().write(text)
+
+    stream = SlowStream()
+    with LineProgress(8000, "img", "images", every=1e-9, as_json=True, stream=stream) as progress:
+        threads = [threading.Thread(target=lambda: [progress.update(1) for _ in range(2000)]) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) > 100 and all(json.loads(line)["total"] == 8000 for line in lines)
+    assert max(json.loads(line)["done"] for line in lines) == 8000

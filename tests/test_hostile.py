@@ -99,8 +99,9 @@ def test_symlinks_leaving_the_source_are_quarantined_and_the_real_path_wins(tmp_
     listed = tmp_path / "listed"
     run_repack("images", listing, listed, "--list", "--quiet")
     reasons = reasons_of(listed)
-    assert reasons["../outside/secret.jpg"] == reasons[str(outside / "secret.jpg")] == "path leaves the source root"
-    assert reasons["cat/stolen.jpg"] == "symlink leaves the source root"
+    assert reasons["../outside/secret.jpg"] == "path leaves the source root (list.csv:3)"
+    assert reasons[str(outside / "secret.jpg")] == "path leaves the source root (list.csv:4)"
+    assert reasons["cat/stolen.jpg"] == "symlink leaves the source root (list.csv:5)"
 
 
 def tar_members(out: Path, suffix: str) -> list[bytes]:
@@ -169,7 +170,7 @@ def test_fifos_sockets_and_devices_are_quarantined_without_blocking(tmp_path, gp
     listing = tmp_path / "list.txt"
     listing.write_text("text/pipe.jsonl\ntext/a.txt\n")
     run_repack("text", listing, tmp_path / "l", "--list", "--tokenizer", gpt2_dir, "--quiet", timeout=60)
-    assert reasons_of(tmp_path / "l") == {"text/pipe.jsonl": "not a regular file (FIFO)"}
+    assert reasons_of(tmp_path / "l") == {"text/pipe.jsonl": "not a regular file (FIFO) (list.txt:1)"}
 
 
 def test_open_input_never_blocks_and_notices_a_changed_file(tmp_path):
@@ -545,7 +546,7 @@ def test_hostile_list_rows_are_quarantined_and_the_rest_packed(tmp_path, gpt2_di
     run_repack("text", tmp_path / "t" / "list.txt", tmp_path / "o3", "--list", "--tokenizer", gpt2_dir, "--quiet")
     m = read_manifest_json(tmp_path / "o3")
     assert m["totals"]["documents"] == 1
-    assert [q["reason"] for q in m["quarantine"]] == ["unusable path (embedded NUL byte)"]
+    assert [q["reason"] for q in m["quarantine"]] == ["unusable path (embedded NUL byte) (list.txt:2)"]
 
 
 def test_a_tampered_task_record_never_reaches_outside_out(photo_tree, tmp_path):

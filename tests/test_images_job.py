@@ -147,8 +147,19 @@ def test_no_follow_symlinks_and_strict(messy_tree, tmp_path):
     assert proc.returncode == 6 and "--strict" in proc.stderr
     again = run_repack("images", messy_tree, out, "--no-follow-symlinks", "--strict", "--quiet", check=False)
     assert again.returncode == 6  # a finished job re-run under --strict still reports the quarantine
-    reasons = {q["source"]: q["reason"] for q in read_manifest_json(out)["quarantine"]}
+    # what --strict leaves: no manifest.json (not a dataset), the shards, and the would-be manifest
+    assert not (out / "manifest.json").exists() and list(out.glob("shard-*.tar"))
+    assert "no manifest.json was published" in again.stderr
+    withheld = json.loads((out / ".repack" / "strict-manifest.json").read_text())
+    reasons = {q["source"]: q["reason"] for q in withheld["quarantine"]}
     assert all("symlink (not followed" in reasons[p] for p in ("dog/link_to_cat.jpg", "cat/loop", "dog/broken_link.jpg"))
+    verify = run_repack("verify", out, check=False)
+    assert verify.returncode != 0
+    published = run_repack("images", messy_tree, out, "--no-follow-symlinks", "--quiet")  # without --strict
+    assert "(0 task(s) run," in published.stdout and read_manifest_json(out)["quarantine"] == withheld["quarantine"]
+    # a published dataset re-checked under --strict is withdrawn: exit 6 leaves no manifest.json, always
+    assert run_repack("images", messy_tree, out, "--no-follow-symlinks", "--strict", check=False).returncode == 6
+    assert not (out / "manifest.json").exists()
 
 
 def test_flat_folder_is_unlabeled(tmp_path):

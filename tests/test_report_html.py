@@ -3,10 +3,15 @@ headless Chromium: self-contained (nothing fetched), no console errors, charts t
 
 from __future__ import annotations
 
+import base64
+import html as html_lib
+import io
 import json
 import re
 import shutil
 from pathlib import Path
+
+from PIL import Image
 
 import pytest
 
@@ -43,6 +48,24 @@ def self_contained(html: str) -> None:
     assert set(re.findall(r"https?://[^\s\"'<>]+", html)) <= {"http://www.w3.org/2000/svg"}
 
 
+THUMB = re.compile(r'<img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)" alt="([^"]*)">')
+
+
+def thumbnails(html: str) -> dict[str, Image.Image]:
+    """{caption: decoded image} of every thumbnail on the page."""
+    return {html_lib.unescape(alt): Image.open(io.BytesIO(base64.b64decode(data))) for data, alt in THUMB.findall(html)}
+
+
+def images_load(page: Path, tmp_path: Path, count: int, height: int = 1600) -> None:
+    """Chromium draws the page's ``count`` thumbnails: the page has far more ink than the same page
+    without its <img> elements (a thumbnail that failed to load draws no photo)."""
+    html = page.read_text()
+    bare = page.with_name("bare-" + page.name)
+    bare.write_text(re.sub(r"<img [^>]*>", "", html))
+    with_images, without = (ink(load(p, tmp_path, height)) for p in (page, bare))
+    assert with_images - without > count * 2_000, (with_images, without, count)
+
+
 def load(page: Path, tmp_path: Path, height: int = 1600) -> Path:
     shot = tmp_path / (page.stem + ".png")
     console = render(page, shot, height=height)
@@ -68,9 +91,24 @@ def test_images_report_renders(images_out, tmp_path):
                    "slowest inputs", "Exact duplicates (1 groups, 1 extra copies)", "Quarantine (2)",
                    "copy_of_another.jpg", "truncated.jpg", "empty file"):
         assert needle in html, needle
-    shot = load(page, tmp_path, height=2600)
+    shot = load(page, tmp_path, height=3200)
     assert ink(shot) > 60_000  # text, tables and bars, not a blank page
     assert ink(shot, BAR) > 20_000  # the bar charts drew their bars
+    # the data itself: a handful of thumbnails per class, the quarantined inputs with their reasons
+    assert "Samples per class" in html and "Quarantined inputs" in html
+    thumbs = thumbnails(html)
+    classes = re.findall(r"<h3>(\w+) \((\d)\)</h3>", html)
+    names = json.loads(run_repack("inspect", images_out, "--json").stdout)["classes"]
+    assert [c for c, _ in classes] == sorted(names, key=names.get) and len(names) == 3
+    per_class = [len(re.findall(r"<img ", part)) for part in html.split("<h3>")[1:4]]
+    assert per_class == [6, 6, 6] and all(max(t.size) <= 96 for t in thumbs.values())
+    quarantined = {k: v for k, v in thumbs.items() if ": " in k}
+    assert not any("empty.jpg" in k for k in quarantined)  # an empty file gives no thumbnail, its reason shows
+    assert "empty.jpg: empty file" in html_lib.unescape(html)
+    images_load(page, tmp_path, len(thumbs), height=3200)
+    again = tmp_path / "again.html"
+    run_repack("inspect", images_out, "--html", again)
+    assert again.read_text() == html  # chosen deterministically
 
 
 def test_inspect_json_and_human_units(images_out):
@@ -104,6 +142,9 @@ def test_text_report_renders(tmp_path):
     assert "Document length (tokens)" in html and "Tokens per file (3 files)" in html and "part2.jsonl" in html
     shot = load(page, tmp_path)
     assert ink(shot, BAR) > 10_000
+    # the first document's start, decoded back from the token memmap with OUT's tokenizer
+    starts = re.findall(r'<pre class="doc">(.*?)</pre>', html, re.S)
+    assert len(starts) == 5 and html_lib.unescape(starts[0]).startswith(docs[0][:60])
 
 
 def test_video_report_renders(tmp_path):
@@ -124,6 +165,11 @@ def test_video_report_renders(tmp_path):
         assert needle in html, needle
     shot = load(page, tmp_path)
     assert ink(shot, BAR) > 5_000
+    # one frame per decision, extracted by ffmpeg from the sources (a probe-only job has no outputs)
+    frames = thumbnails(html)
+    assert [k.split(":")[0] for k in frames] == ["ok", "transcode"] and all(max(f.size) <= 160 for f in frames.values())
+    assert "ok: good/h264.mp4" in frames and "reject: junk/empty.mp4; empty" in html_lib.unescape(html)
+    images_load(page, tmp_path, len(frames))
 
 
 def test_bench_report_renders(images_out, tmp_path):
@@ -135,3 +181,37 @@ def test_bench_report_renders(images_out, tmp_path):
     assert "against workers" in html and "torch workers, batch 4" in html
     shot = load(page, tmp_path, height=1300)
     assert ink(shot, BAR) > 500  # the samples/s and wait lines and their markers
+
+
+def test_report_size_is_bounded(tmp_path):
+    """30 classes of 8 images: the page shows 24 classes of 6 small thumbnails, and stays small."""
+    import random
+
+    rng = random.Random(5)
+    for c in range(30):
+        (tmp_path / "src" / f"class{c:02d}").mkdir(parents=True)
+        for i in range(8):
+            colour = tuple(rng.randrange(256) for _ in range(3))
+            Image.new("RGB", (300, 200), colour).save(tmp_path / "src" / f"class{c:02d}" / f"{i}.jpg", quality=90)
+    run_repack("images", tmp_path / "src", tmp_path / "out", "--shard-size", "50", "--quiet")
+    page = tmp_path / "many.html"
+    run_repack("inspect", tmp_path / "out", "--html", page)
+    html = page.read_text()
+    self_contained(html)
+    grid = html.split("<h2>Samples per class</h2>")[1].split("</section>")[0]
+    assert re.findall(r"<h3>(class\d+) \(\d+\)</h3>", grid) == [f"class{c:02d}" for c in range(24)]
+    thumbs = thumbnails(grid)
+    assert len(thumbs) == 24 * 6 and all(max(t.size) <= 96 for t in thumbs.values())
+    assert len(html) < 400_000, len(html)
+
+
+def test_report_of_a_damaged_dataset_says_so(images_out, tmp_path):
+    """A shard gone missing: the page still renders, with a note where the thumbnails would be."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(images_out, damaged)
+    (damaged / "shard-000000.tar").unlink()
+    page = tmp_path / "damaged.html"
+    run_repack("inspect", damaged, "--html", page)
+    html = page.read_text()
+    assert "samples not shown: FileNotFoundError" in html and "run `repack verify`" in html
+    assert "Class balance (3 classes)" in html

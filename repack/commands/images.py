@@ -11,7 +11,7 @@ from repack.errors import UsageError
 from repack.store import is_remote
 
 
-@job_command("images", input=("list_file",),
+@job_command("images", input=("list_file", "source_format", "image_field", "label_field", "append"),
              output=("to", "shard_size", "shard_bytes", "shuffle", "seed", "normalize", "quality", "max_side",
                      "dedup"),
              checking=("verify", "max_pixels", "max_file_size"))
@@ -20,6 +20,19 @@ from repack.store import is_remote
 @click.option("--to", "to", type=click.Choice(["webdataset", "lmdb"]), default="webdataset", show_default=True,
               help="Output format: WebDataset tar shards (+ DALI .idx) or one LMDB file.")
 @click.option("--list", "list_file", is_flag=True, help="SOURCE is a .csv/.tsv/.jsonl list file (path[,label]).")
+@click.option("--from", "source_format", type=click.Choice(["folder", "webdataset", "parquet"]), default="folder",
+              show_default=True, help="What SOURCE is: an image tree (or --list file), tar shards written by another "
+                                      "tool (webdataset ShardWriter, img2dataset), or parquet files with an image "
+                                      "column (Hugging Face datasets export).")
+@click.option("--image-field", default=None, metavar="NAME",
+              help="--from webdataset|parquet: the image member's extension (e.g. jpg) or column (default: found by "
+                   "type).")
+@click.option("--label-field", default=None, metavar="NAME",
+              help="--from webdataset|parquet: the label member's extension (e.g. cls) or column (default: cls/label/"
+                   "class, or the ClassLabel column).")
+@click.option("--append", is_flag=True,
+              help="OUT holds a dataset: pack only the inputs it does not hold yet (same path, size and mtime; "
+                   "s3://: key and size) into new shards and publish them as its next version.")
 @click.option("--shard-size", type=int, default=None, help="At most N inputs per shard.")
 @click.option("--shard-bytes", default=None, help="At most SIZE per shard, e.g. 512MB (default when no --shard-size).")
 @click.option("--chunk-size", type=int, default=128, show_default=True,
@@ -39,7 +52,7 @@ from repack.store import is_remote
               help="Quarantine input files larger than SIZE, from their size (never read).")
 @source_options
 @engine_options
-def images(source, out, to, list_file, shard_size, shard_bytes, chunk_size, shuffle, seed, verify, no_follow, normalize,
+def images(source, out, to, list_file, source_format, image_field, label_field, append, shard_size, shard_bytes, chunk_size, shuffle, seed, verify, no_follow, normalize,
            quality, max_side, dedup, max_pixels, max_file_size, allow_outside, **kwargs):
     """Pack an ImageFolder tree (or a list file) SOURCE into shards under OUT."""
     from repack.jobs.images import ImagesJob
@@ -52,5 +65,11 @@ def images(source, out, to, list_file, shard_size, shard_bytes, chunk_size, shuf
                       shard_size=shard_size, shard_bytes=parse_size(shard_bytes), chunk_size=chunk_size,
                       shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow,
                       allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),
-                      normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels)
+                      normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels,
+                      source_format=source_format, image_field=image_field, label_field=label_field)
+    if append:
+        from repack.commands.versions import run_append
+
+        run_append(spec, options)
+        return
     run_job(ImagesJob(spec), options)

@@ -26,6 +26,19 @@ def job_command(name: str, **sections: tuple[str, ...]):
     return click.command(name, cls=JobCommand, sections=sections)
 
 
+class LogMode:
+    """How this process reports to its log: ``json`` once a command was given --log-json (or its
+    variable), so that ``repack.cli`` prints even an error as a JSON line."""
+
+    json = False
+
+
+def _remember_log_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        LogMode.json = True
+    return value
+
+
 def engine_options(fn):
     """Options shared by every job command: how it runs, never what it outputs."""
     decorators = [
@@ -37,14 +50,18 @@ def engine_options(fn):
         click.option("--num-nodes", type=int, default=1, show_default=True, help="Static partitions: total nodes."),
         click.option("--node-rank", type=int, default=0, show_default=True, help="Static partitions: this node."),
         click.option("--overwrite", is_flag=True, help="Replace an existing job in OUT run with other options."),
-        click.option("--strict", is_flag=True, help="Exit non-zero when any input was quarantined."),
+        click.option("--strict", is_flag=True,
+                     help="When any input was quarantined (video, probe only: or needs transcoding): exit 6 and "
+                          "publish no manifest.json, so OUT is not a dataset; the shards stay, the would-be "
+                          "manifest is OUT/.repack/strict-manifest.json; a re-run without --strict publishes it."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar, no progress lines."),
         click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout."),
         click.option("--progress-every", type=float, default=30.0, show_default=True, metavar="SECONDS",
                      help="When stderr is not a terminal (a batch job): one progress line every SECONDS "
                           "(done/total, rate, ETA, quarantined so far)."),
-        click.option("--log-json", is_flag=True,
-                     help="Progress lines and the final summary as JSON lines on stderr (for log collectors)."),
+        click.option("--log-json", is_flag=True, is_eager=True, callback=_remember_log_json,
+                     help="Progress lines, the final summary and any error as JSON lines on stderr (for log "
+                          "collectors)."),
     ]
     for decorator in reversed(decorators):
         fn = decorator(fn)

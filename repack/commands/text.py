@@ -13,7 +13,7 @@ from repack.config import parse_size
 
 @job_command("text", input=("field", "doc_per", "list_file"),
              output=("tokenize", "tokenizer", "append_eos", "eos_token", "add_bos", "bos_token",
-                     "no_special_tokens", "name", "chunk_bytes", "no_merge"),
+                     "no_special_tokens", "name", "chunk_bytes", "append", "no_merge"),
              checking=("max_doc_bytes",))
 @click.argument("source")
 @click.argument("out")
@@ -37,13 +37,17 @@ from repack.config import parse_size
 @click.option("--name", default="text_document", show_default=True, help="Output prefix: OUT/NAME.bin/.idx.")
 @click.option("--chunk-bytes", default="auto", show_default=True,
               help="Input bytes per task, one part each (auto: corpus/256, within 0.5MB..256MB).")
+@click.option("--append", is_flag=True,
+              help="OUT holds a token dataset: tokenize only the files it does not hold yet (same path, size and "
+                   "mtime) into a new prefix and publish it as the dataset's next version.")
 @click.option("--no-merge", is_flag=True, help="Keep one prefix per part (Megatron weighted --data-path list).")
 @click.option("--max-doc-bytes", default="8MiB", show_default=True,
-              help="Quarantine documents longer than SIZE (bounds each worker's memory).")
+              help="Quarantine documents longer than SIZE (bounds each worker's memory: a document is tokenized "
+                   "whole, at about 105 bytes of memory per byte of text; at most 16MiB).")
 @source_options
 @engine_options
 def text(source, out, tokenize, tokenizer, field, doc_per, list_file, append_eos, eos_token, add_bos, bos_token,
-         no_special_tokens, name, chunk_bytes, no_merge, max_doc_bytes, no_follow, allow_outside, **kwargs):
+         no_special_tokens, name, chunk_bytes, append, no_merge, max_doc_bytes, no_follow, allow_outside, **kwargs):
     """Tokenize the text corpus SOURCE (.jsonl/.txt/.parquet, .gz/.zst; file, folder or --list) into OUT."""
     from repack.jobs.text import TextJob, TextSpec
 
@@ -54,4 +58,9 @@ def text(source, out, tokenize, tokenizer, field, doc_per, list_file, append_eos
                     special_tokens=not no_special_tokens, name=name, chunk_bytes=None if chunk_bytes == "auto" else parse_size(chunk_bytes),
                     merge=not no_merge, max_doc_bytes=parse_size(max_doc_bytes), follow_symlinks=not no_follow,
                     allow_outside_source=allow_outside)
+    if append:
+        from repack.commands.versions import run_append
+
+        run_append(spec, options)
+        return
     run_job(TextJob(spec), options)

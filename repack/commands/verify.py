@@ -13,13 +13,15 @@ from repack.errors import VERIFICATION_EXIT_CODE
 @click.command("verify")
 @click.argument("out")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
-def verify(out, json_out):
+@click.option("--version", "version", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Check dataset version N (its manifest.vN.json) instead of the latest.")
+def verify(out, json_out, version):
     """Re-read every file of the dataset in OUT (a folder or s3://bucket/prefix) and check it against its
     manifest: sizes, sha256, each tar's structure against its index, sample counts, the tokenizer,
     and no file the manifest does not name (energon's files are known)."""
     from repack.jobs.verify import verify_report
 
-    report = verify_report(out)
+    report = verify_report(out, version)
     problems = list(report.problems)
     for note in report.unchecked:
         click.echo(f"{out}: not checked: {note}", err=True)
@@ -41,22 +43,21 @@ def verify(out, json_out):
 @click.option("--html", "html_file", default=None, metavar="FILE",
               help="Also write a self-contained HTML report (charts inline, no network) to FILE.")
 def inspect(out, json_out, html_file):
-    """Summarize the dataset in OUT: counts, sizes, classes, quarantine, timing; --html draws it."""
-    from repack.errors import UsageError
+    """Summarize the dataset in OUT (a folder or s3://bucket/prefix): counts, sizes, classes, quarantine,
+    timing; --html draws it."""
     from repack.report.collect import collect
+    from repack.report.dataset_files import open_dataset
     from repack.report.inspect import inspect_lines
-    from repack.store import is_remote
 
-    if is_remote(out):
-        raise UsageError(f"inspect reads a local folder, not {out!r}: `repack pull {out} DEST`, then inspect DEST")
-
+    files = open_dataset(out)
     if html_file:
         from repack.report.html import dataset_page, write_page
+        from repack.report.samples import gather
 
-        write_page(html_file, dataset_page(collect(out)))
+        write_page(html_file, dataset_page(collect(files), gather(files)))
     if json_out:
-        click.echo(json.dumps(collect(out), sort_keys=True))
+        click.echo(json.dumps(collect(files), sort_keys=True))
     else:
-        click.echo("\n".join(inspect_lines(out)))
+        click.echo("\n".join(inspect_lines(files)))
     if html_file:
         click.echo(f"report: {html_file}", err=True)

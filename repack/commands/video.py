@@ -10,7 +10,7 @@ import click
 
 from repack.commands.options import (engine_options, job_command, location, report, source_options,
                                      split_engine_options)
-from repack.errors import StrictModeError, UsageError
+from repack.errors import UsageError
 from repack.store import is_remote
 from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEFAULT_TARGET, TARGETS
 
@@ -20,14 +20,19 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
              checking=("target", "dali_reader", "verify", "max_gop"))
 @click.argument("source")
 @click.argument("out")
-@click.option("--probe", "probe_only", is_flag=True, hidden=True, help="Deprecated: every run probes; omit it.")
-@click.option("--transcode", is_flag=True, help="Re-encode what needs it into OUT/videos; copy the rest.")
+@click.option("--probe", is_flag=True,
+              help="Probe every video and decide per file (every run does). Alone: probe only, report to "
+                   "OUT/probe.jsonl and the manifest, write no videos. With --transcode: also prepare them.")
+@click.option("--transcode", is_flag=True,
+              help="After the probe, re-encode what needs it into OUT/videos and copy the rest (the full job: "
+                   "`repack video SRC OUT --probe --transcode`).")
 @click.option("--target", type=click.Choice(sorted(TARGETS)), default=DEFAULT_TARGET, show_default=True,
               help="GPU whose NVDEC (through DALI) must decode the videos.")
 @click.option("--dali-reader", type=click.Choice(list(DALI_READERS)), default=DEFAULT_DALI_READER, show_default=True,
               help="DALI reader the videos must be read by (recorded in the manifest; pipelines.dali_video reads "
-                   "with it): legacy = fn.readers.video, the fast one (about 4-12x), reads one codec per reader, "
-                   "so only H.264 is kept and other codecs are transcoded to H.264 once (legacy_one_codec); "
+                   "with it): legacy = fn.readers.video, the fast one (about 4-12x), reads one codec per reader: "
+                   "a dataset whose videos are all one codec it decodes and repack encodes (H.264, HEVC) keeps "
+                   "that codec, any other dataset becomes H.264 (other codecs transcoded once: legacy_one_codec); "
                    "experimental = fn.experimental.readers.video, keeps mixed codecs as is (MJPEG is "
                    "transcoded) and reads them slower every epoch.")
 @click.option("--verify", type=click.Choice(["packets", "decode"]), default="packets", show_default=True,
@@ -51,14 +56,14 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
               help="Videos per tar shard (--to webdataset); every video is a task of its own.")
 @source_options
 @engine_options
-def video(source, out, probe_only, transcode, target, dali_reader, verify, max_gop, to, list_file, link, crf,
+def video(source, out, probe, transcode, target, dali_reader, verify, max_gop, to, list_file, link, crf,
           preset, gop, max_height, bframes, threads, shard_size, no_follow, allow_outside, **kwargs):
-    """Probe the videos in SOURCE for GPU decoding; with --transcode, write DALI-ready videos to OUT."""
-    if probe_only:  # deprecated: it only spelled out the default (probe and report, no --transcode)
-        click.echo("repack video: warning: --probe is deprecated and does nothing: every run probes, and without "
-                   "--transcode that is all it does; drop the flag", err=True)
-        if transcode:
-            raise UsageError("--probe (probe only) contradicts --transcode; drop --probe")
+    """Probe the videos in SOURCE for GPU decoding; with --transcode, write DALI-ready videos to OUT.
+
+    `repack video SRC OUT --probe --transcode` probes every video, decides, transcodes what the
+    target cannot decode and copies the rest; without --transcode (with or without --probe) the
+    run only probes and reports."""
+    del probe  # every run probes; --transcode alone decides whether videos are written
     from repack.exec import available_cpus
     from repack.jobs.engine import Engine
     from repack.jobs.video import VideoJob, VideoSpec
@@ -87,6 +92,3 @@ def video(source, out, probe_only, transcode, target, dali_reader, verify, max_g
             click.echo("\n".join(job.summary_lines(manifest)), err=True)
     else:
         report(job, options, result)
-    if options.strict and manifest is not None and not transcode and manifest["totals"]["needs_transcode"]:
-        raise StrictModeError(f"--strict: {manifest['totals']['needs_transcode']} video(s) need transcoding "
-                              f"(see {job.store.url}/probe.jsonl)")

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -27,21 +28,63 @@ def _call(call: tuple[str, str, str, str, bool]) -> str:
     return execute_task(*call)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Pool initializer: a worker must not outlive a killed driver (it would hold OUT's lock,
-    inherited through fork, and keep writing). Linux: PR_SET_PDEATHSIG = SIGKILL. Signals are the
-    driver's business: a worker ignores SIGINT (Ctrl-C reaches the whole process group) and dies on
-    SIGTERM, which the driver sends when it is interrupted (it then removes the temp files)."""
+def _die_with_parent(driver_pid: int) -> None:
+    """Pool initializer: a worker must not outlive a killed driver (it would keep writing into
+    OUT). Linux: PR_SET_PDEATHSIG = SIGKILL, which fires when the worker's parent dies: the driver
+    under fork; under forkserver the parent is the fork server, which outlives a SIGKILLed driver,
+    so a daemon thread also watches the driver itself (a pidfd, else polling) and SIGKILLs this
+    worker the moment it is gone (its ffmpeg children die with it: PR_SET_PDEATHSIG). Signals are
+    the driver's business: a worker ignores SIGINT (Ctrl-C reaches the whole process group) and
+    dies on SIGTERM, which the driver sends when it is interrupted (it then removes the temp
+    files). See repack.jobs.run_guard for the other guards (run id, workers lock)."""
+    from repack.jobs import run_guard
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    run_guard.mark_pool_worker()
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if parent_pid and os.getppid() != parent_pid:  # forked: the driver died before prctl took effect
-        os._exit(1)
+    if not driver_pid:
+        return
+    if os.getppid() == driver_pid:
+        return  # forked by the driver: PR_SET_PDEATHSIG covers it
+    watch = _pidfd(driver_pid)
+    if watch is None and not _alive(driver_pid):
+        os._exit(1)  # the driver died before this worker started
+    threading.Thread(target=_watch_driver, args=(driver_pid, watch), daemon=True, name="repack-driver-watch").start()
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3, or already gone
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_driver(driver_pid: int, pidfd: int | None) -> None:
+    """SIGKILL this worker as soon as the driver exits (a pidfd turns readable then)."""
+    import select
+
+    if pidfd is not None:
+        select.select([pidfd], [], [])
+    else:
+        while _alive(driver_pid):
+            time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _pool_context():
@@ -97,10 +140,8 @@ class LocalExecutor:
     def _run_pool(self, calls, task_ids, remaining: set[int], attempts: list[int]) -> Iterator[dict | TaskFailure]:
         """Run ``remaining`` on one pool; returns early (leaving work in ``remaining``) if it breaks."""
         context = _pool_context()
-        # A forkserver's workers are children of the server (which exits with the driver), not of the driver.
-        parent = os.getpid() if context.get_start_method() == "fork" else 0
         with ProcessPoolExecutor(max_workers=min(self.workers, len(remaining)), mp_context=context,
-                                 initializer=_die_with_parent, initargs=(parent,)) as pool, _stop_on_exit(pool):
+                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool, _stop_on_exit(pool):
             pending = {pool.submit(_call, calls[i]): i for i in sorted(remaining)}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)

@@ -26,10 +26,10 @@ def _import_ray():
 
 
 def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False,
-             place_segments: bool = False) -> str:
+             place_segments: bool = False, run: str = "") -> str:
     from repack.jobs.engine import execute_task
 
-    return execute_task(job_name, spec_json, task_json, plan_digest, share_pieces, place_segments)
+    return execute_task(job_name, spec_json, task_json, plan_digest, share_pieces, place_segments, run)
 
 
 class RayExecutor:

@@ -158,6 +158,11 @@ class Job:
         """How many usable outputs the job made (0 with inputs found: exit 7, nothing packed)."""
         return manifest["totals"].get("samples", 0)
 
+    def strict_problem(self, manifest: dict) -> str | None:
+        """Why ``--strict`` refuses to publish this manifest (exit 6), or None: any quarantined input."""
+        quarantined = manifest["totals"].get("quarantined")
+        return f"{quarantined} input(s) were quarantined" if quarantined else None
+
     def summary_lines(self, manifest: dict) -> list[str]:
         """A few human lines for the end-of-job summary."""
         totals = manifest["totals"]

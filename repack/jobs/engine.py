@@ -52,9 +52,12 @@ from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
 from repack.jobs.base import STATE_DIR, Job, Plan, Task, build_plan, is_piece
 from repack.jobs.progress import progress_reporter
+from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, run_part,
+                                   wait_for_old_workers)
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
 from repack.store import open_store
 
+STRICT_MANIFEST = f"{STATE_DIR}/strict-manifest.json"  # what a --strict run that failed leaves instead (exit 6)
 ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
 WRITERS_PER_GROUP = 4  # about this many workers write into one group's output at once (see dispatch_order)
 
@@ -98,21 +101,24 @@ def load_job(name: str, spec_json: str) -> Job:
 
 
 def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False,
-                 place_segments: bool = False) -> str:
+                 place_segments: bool = False, run: str = "") -> str:
     """Run one task anywhere (pool worker, Ray worker, static partition) and persist its record.
     ``share_pieces``: publish a chunk's pieces to the store too (Ray: the group is assembled by a
     driver that may not share this worker's scratch). ``place_segments``: the worker shares the
-    driver's disk and page cache (the local pool): chunks may write into the group's shared file."""
+    driver's disk and page cache (the local pool): chunks may write into the group's shared file.
+    ``run``: the run id of the driver (``run_guard.claim_run``), checked before publishing."""
     job = load_job(job_name, spec_json)
     job.place_segments = place_segments
+    hold_workers_lock(state_dir(job.out), run_part(run))  # a pool worker: a later run waits until it is gone
     task = Task.from_json(json.loads(task_json))
     local_pieces = bool(task.group) and not share_pieces
-    _, text = _run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest, local_pieces=local_pieces)
+    _, text = _run_and_record(job, task.task_id, lambda: job.run_task(task), plan_digest, local_pieces=local_pieces,
+                              run=run)
     return text.decode("ascii")  # the record as saved: encoded once
 
 
 def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: frozenset = frozenset(),
-                    local_pieces: bool = False) -> tuple[dict, bytes]:
+                    local_pieces: bool = False, run: str = "") -> tuple[dict, bytes]:
     """Run ``work()`` under the unit's lock, publish the outputs its record lists (but ``published``,
     those already in the store), then save the record as tasks/<unit_id>.json in the store; the
     record and its saved (canonical JSON) text.
@@ -123,17 +129,23 @@ def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: f
     another machine finds the piece neither there nor in the store and redoes the chunk. On Ray the
     pieces are published (``Engine.assemble_step`` fetches what the scratch lacks) and deleted from
     the store once the group's record is saved; text parts (ungrouped) are always published, so
-    `repack merge` works on a machine without the parts' scratch."""
+    `repack merge` works on a machine without the parts' scratch.
+
+    ``run``: the driver's run id, checked (``run_guard.check_run``) before the first publish and
+    before the record is saved: a writer whose run was superseded (its driver killed, a later run
+    holding the lock) raises StaleRunError and publishes nothing more."""
     started = time.perf_counter()
     with TaskLock(job.out, unit_id):
         record = work()
         record.update(task_id=unit_id, plan_digest=plan_digest, seconds=round(time.perf_counter() - started, 4))
         digests = known_digests(record)
+        check_run(job.store, run)
         for output in job.record_outputs(record):  # object store: upload (checked) before the record
             if output["path"] not in published and not (local_pieces and is_piece(output["path"])):
                 job.store.publish(output["path"], job.out / output["path"], digests.get(output["path"]))
         # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
         text = dumps_canonical(record)
+        check_run(job.store, run)
         job.store.put_bytes(record_name(unit_id), text, durable=False)
     return record, text
 
@@ -214,6 +226,7 @@ class JobLock:
             if self.part:
                 self.fds.append(_flock(state_dir(self.out) / f"lock-{self.part}", fcntl.LOCK_EX,
                                        f"partition {self.part}", self.out))
+            driver_lock_fds.update(self.fds)  # a forked pool worker closes its copies (run_guard.mark_pool_worker)
             if self.store_lock is not None:
                 self.store_lock.__enter__()
         except BaseException:
@@ -227,7 +240,9 @@ class JobLock:
             self.store_lock.__exit__(*exc)
             self.store_lock = None
         while self.fds:
-            os.close(self.fds.pop())
+            fd = self.fds.pop()
+            driver_lock_fds.discard(fd)
+            os.close(fd)
 
 
 class TaskLock:
@@ -303,6 +318,8 @@ class Engine:
         self.job = job
         self.options = options
         self.out = job.out
+        self.planned_quarantine = 0  # inputs the plan's scan refused (progress lines count them)
+        self.run_id = ""  # this run's token once it holds the lock (run_guard.claim_run), checked by every writer
 
     # -- state ---------------------------------------------------------------------------
     def _check_state(self, plan: Plan) -> None:
@@ -422,7 +439,7 @@ class Engine:
             chunk_seconds = round(sum(chunk_records[t.task_id].get("seconds", 0.0) for t in tasks), 4)
             chunk_outputs = frozenset(o["path"] for t in tasks for o in chunk_records[t.task_id].get("outputs", []))
             record, _ = _run_and_record(self.job, group, lambda: {**assembly.finish(), "chunk_seconds": chunk_seconds},
-                                        plan_digest, published=chunk_outputs)
+                                        plan_digest, published=chunk_outputs, run=self.run_id)
         except BaseException:
             assembly.abort()
             raise
@@ -446,12 +463,15 @@ class Engine:
         prepare_out(self.out, store)
         part = f"{opts.node_rank}-of-{opts.num_nodes}" if opts.num_nodes > 1 else ""
         with JobLock(self.out, part, store if store.remote else None):
+            wait_for_old_workers(state_dir(self.out), part)  # before --overwrite deletes the lock files they hold
             if opts.overwrite:
                 self._wipe()
                 prepare_out(self.out)
+            self.run_id = claim_run(store, part)
             if store.remote:
                 store.abort_uploads()  # left by a killed run: we hold the lock
             plan = build_plan(self.job)
+            self.planned_quarantine = len(plan.quarantine)
             if not plan.tasks and not plan.quarantine:
                 raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
             self._check_state(plan)
@@ -499,17 +519,37 @@ class Engine:
         with ThreadPoolExecutor(16) as pool:
             return dict(zip((t.task_id for t in tasks), pool.map(lambda t: self.load_record(t, digest), tasks)))
 
+    def _strict_problem(self, manifest: dict) -> str | None:
+        return self.job.strict_problem(manifest) if self.options.strict else None
+
+    def _withhold(self, manifest: dict) -> str:
+        """--strict refused the dataset: no manifest.json (an earlier one removed), the would-be manifest
+        saved as .repack/strict-manifest.json for inspection; returns its location."""
+        store = self.job.store
+        store.put_bytes(STRICT_MANIFEST, dumps_canonical(manifest, indent=1))
+        store.delete(MANIFEST_NAME)
+        (self.out / MANIFEST_NAME).unlink(missing_ok=True)
+        return f"{store.url}/{STRICT_MANIFEST}"
+
     def _check_outcome(self, manifest: dict, manifest_path: str) -> None:
-        """Exit 7 when inputs were found and nothing was packed; exit 6 under --strict with a quarantine."""
+        """Exit 7 when inputs were found and nothing was packed; exit 6 under --strict when the job's
+        ``strict_problem`` finds one (a quarantine; video: also a needed transcode in a probe-only run).
+        What --strict leaves: no manifest.json, so OUT is not a dataset (readers and verify refuse it);
+        the shards and job state stay, and the would-be manifest is .repack/strict-manifest.json. A
+        re-run without --strict publishes the manifest from the finished tasks (nothing is redone)."""
+        problem = self._strict_problem(manifest)
+        if problem:
+            manifest_path = self._withhold(manifest)
         totals = manifest["totals"]
         if totals.get("inputs") and not self.job.packed(manifest):
             first = manifest["quarantine"][0] if manifest["quarantine"] else None
             example = f"; e.g. {first['source']}: {first['reason']}" if first else ""
             raise NothingPackedError(f"{totals['inputs']} input(s) found but nothing was packed: every one was "
                                      f"quarantined (see {manifest_path}{example})")
-        if self.options.strict and manifest["totals"].get("quarantined"):
-            raise StrictModeError(f"--strict: {manifest['totals']['quarantined']} input(s) were quarantined "
-                                  f"(see {manifest_path})")
+        if problem:
+            raise StrictModeError(f"--strict: {problem}; no manifest.json was published, so {self.job.store.url} is "
+                                  f"not a dataset (the would-be manifest: {manifest_path}; the shards stay for "
+                                  "inspection); re-run without --strict to publish it (nothing is redone)")
 
     def _execute(self, executor, units, todo: list[Task], digest: str, records: dict,
                  chunk_records: dict) -> list[TaskFailure]:
@@ -522,7 +562,8 @@ class Engine:
         same_host = getattr(executor, "same_host", False)  # its workers share the driver's disk and page cache
         lanes = -(-(opts.workers or available_cpus()) // WRITERS_PER_GROUP)
         todo = dispatch_order(todo, lanes)
-        calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest, share_pieces, same_host) for t in todo]
+        calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest, share_pieces, same_host, self.run_id)
+                 for t in todo]
         units_of = {t.task_id: self.job.task_units(t) for t in todo}
         group_tasks = {uid: tasks for uid, tasks in units if tasks[0].group and records[uid] is None}
         group_of = {t.task_id: uid for uid, tasks in group_tasks.items() for t in tasks}
@@ -572,7 +613,8 @@ class Engine:
             chunk_records[task_id] = record
             feed(uid)
 
-        bar = progress_reporter(sum(units_of.values()), self.job.progress_unit, self.job.name, opts)
+        bar = progress_reporter(sum(units_of.values()), self.job.progress_unit, self.job.name, opts,
+                                self.planned_quarantine)
         counts: dict[str, int] = {}
         started = time.perf_counter()
         resumed = list(group_tasks)  # chunks finished before an interruption: fed once the pool has forked
@@ -625,6 +667,8 @@ class Engine:
                        "task_seconds": round(sum(r.get("seconds", 0.0) + r.get("chunk_seconds", 0.0)
                                                  for r in records), 3),
                        **body.pop("run_stats", {})}
+        if self._strict_problem(body):
+            return body  # not published: _check_outcome withholds it (exit 6)
         write_manifest(self.out, body)
         if self.job.store.remote:
             self._publish_dataset(body, records)
@@ -671,6 +715,8 @@ def merge(out: str, options: EngineOptions) -> RunResult:
     engine = Engine(job, options)
     prepare_out(job.out, store)
     with JobLock(job.out, store=store if store.remote else None):
+        wait_for_old_workers(state_dir(job.out))
+        engine.run_id = claim_run(store)
         digest = state["plan_digest"]
         records, chunk_records = engine.resume_state(plan.units, digest)
         for uid, tasks in plan.units:  # groups whose chunks all finished on their nodes but never assembled

@@ -57,7 +57,8 @@ from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.stats import count_into, histogram, merge_counts, merge_slowest, percentiles
 from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
-from repack.sources import Confinement, InputItem, scan_source
+from repack.sources import Confinement, InputItem, scan_foreign, scan_source
+from repack.sources.base import FieldChoice
 from repack.sources.reading import open_input, read_inputs, unreadable_reason
 from repack.store import is_remote
 from repack.transforms.image_check import BadImage, inspect_image, preload
@@ -146,9 +147,22 @@ def input_entry(item: InputItem, position: int, classes: dict[str, int], hash_it
              "key": sample_key(position, item.rel), "cls": classes.get(item.label) if item.label is not None else None}
     if root is None or item.path != root + item.rel:
         entry["path"] = item.path
+    entry.update(item.entry_fields())
     if hash_it:
         entry["hash"] = True
     return entry
+
+
+def extend_classes(known: dict[str, int], scan) -> dict[str, int]:
+    """The dataset's class map plus the scan's new classes, in sorted order, at the next indices (a source
+    with its own indices, e.g. integer labels: a new class keeps its own where no class holds it)."""
+    classes = dict(known)
+    own = dict(scan.class_index)
+    for name in sorted(set(scan.classes) - set(known)):
+        index = own.get(name)
+        classes[name] = index if index is not None and index not in classes.values() else \
+            max(classes.values(), default=-1) + 1
+    return classes
 
 
 def size_collisions(items: list[InputItem]) -> set[int]:
@@ -159,10 +173,14 @@ def size_collisions(items: list[InputItem]) -> set[int]:
     return {p for p, item in enumerate(items) if seen[item.size] > 1}
 
 
-def content_sha256(path: str) -> str | None:
-    """sha256 of a file's bytes (None when unreadable: the task will quarantine it)."""
+def content_sha256(item: InputItem) -> str | None:
+    """sha256 of an input's bytes (None when unreadable: the task will quarantine it)."""
     try:
-        with open_input(path) as fh:
+        if item.entry_fields():  # stored inside another file (a tar member, a parquet row)
+            data = next(read_inputs([{"path": item.path, "rel": item.rel, "fingerprint": item.fingerprint,
+                                      **item.entry_fields()}]))
+            return None if isinstance(data, OSError) else hashlib.sha256(data).hexdigest()
+        with open_input(item.path) as fh:
             return hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError:
         return None
@@ -172,7 +190,7 @@ def find_duplicates(items: list[InputItem]) -> list[tuple[str, list[int]]]:
     """(sha256, positions) of inputs with equal content, positions sorted; ordered by first position."""
     candidates = sorted(size_collisions(items))
     with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
-        digests = list(pool.map(lambda p: content_sha256(items[p].path), candidates))
+        digests = list(pool.map(lambda p: content_sha256(items[p]), candidates))
     groups: dict[str, list[int]] = {}
     for position, digest in zip(candidates, digests):
         if digest is not None:
@@ -262,14 +280,26 @@ class ImagesJob(Job):
         preload(spec.verify)  # the driver imports what the checks use: the pool's workers fork with it
         if spec.normalize:
             import repack.transforms.normalize  # noqa: F401 - numpy and the encoder, likewise
-        scan = scan_source(spec.source, list_file=spec.list_file, confinement=Confinement(
-            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source,
-            max_file_bytes=spec.max_file_size))
+        confinement = Confinement(follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source,
+                                  max_file_bytes=spec.max_file_size)
+        if spec.source_format == "folder":
+            scan = scan_source(spec.source, list_file=spec.list_file, confinement=confinement)
+        else:
+            scan = scan_foreign(spec.source, spec.source_format, FieldChoice(spec.image_field, spec.label_field),
+                                confinement)
         items = list(scan.items)
+        key_offset = 0
+        if spec.known_inputs:  # --append: only what the dataset does not hold yet (repack.jobs.append)
+            known = json.loads(Path(spec.known_inputs).read_bytes())
+            seen, key_offset = known["inputs"], known["next_position"]
+            items = [item for item in items if seen.get(item.rel) != item.fingerprint[:2]]
         if spec.shuffle:
             random.Random(spec.seed).shuffle(items)
-        classes = scan.classes
-        width = len(str(max(len(classes) - 1, 0)))
+        classes = extend_classes(dict(spec.known_classes), scan) if spec.known_classes else scan.classes
+        width = spec.cls_width or len(str(max(classes.values(), default=0)))
+        if len(str(max(classes.values(), default=0))) > width:
+            raise UsageError(f"class index {max(classes.values())} needs more digits than the dataset's cls members "
+                             f"({width}): repack the dataset (without --append) to widen them")
         inputs_total = len(items) + len(scan.quarantine)
         dup_groups: list[dict] = []
         if spec.dedup:
@@ -278,7 +308,8 @@ class ImagesJob(Job):
             drop = {p for _, g in groups for p in g[1:]}
             items = [item for p, item in enumerate(items) if p not in drop]
         candidates = size_collisions(items)
-        root = None if spec.list_file or is_remote(spec.source) else source_root(spec.source)
+        root = (None if spec.list_file or spec.source_format != "folder" or is_remote(spec.source)
+                else source_root(spec.source))
         tasks = []
         bounds = [sample_bytes_bound(item) for item in items]
         slotted = self.collector is None and not spec.normalize
@@ -288,7 +319,7 @@ class ImagesJob(Job):
             chunks = cut_by_budget(bounds, positions, spec.chunk_size, CHUNK_BYTES)
             at = 0
             for number, chunk in enumerate(chunks):
-                inputs = [input_entry(items[p], p, classes, p in candidates, root) for p in chunk]
+                inputs = [input_entry(items[p], key_offset + p, classes, p in candidates, root) for p in chunk]
                 payload = {"index": index, "inputs": inputs, "cls_width": width}
                 if len(chunks) == 1:
                     tasks.append(Task(stem, payload))
@@ -301,6 +332,8 @@ class ImagesJob(Job):
                 tasks.append(Task(f"{stem}-c{number:04d}", payload, group="" if self.collector is not None else stem))
         info = {"classes": classes, "labeled": scan.labeled, "inputs": inputs_total,
                 "skipped_junk": scan.skipped}
+        if scan.not_carried:
+            info["not_carried"] = dict(scan.not_carried)
         if spec.dedup:
             info["dedup"] = dup_groups
         return Plan(tuple(tasks), scan.quarantine, info)
@@ -363,10 +396,12 @@ class ImagesJob(Job):
                 members = [(ext if self.collector is None else "img", data)]
                 if entry["cls"] is not None:
                     members.append(("cls", b"%0*d" % (width, entry["cls"])))
-                if norm is not None and result.reasons:
+                if (norm is not None and result.reasons) or "meta" in entry:
                     meta = {"path": entry["rel"], "class": entry["label"], "width": img_w, "height": img_h,
-                            "bytes": len(data), "format": ext, "source_bytes": source_bytes, "source_width": src_w,
-                            "source_height": src_h, "normalized": list(result.reasons)}
+                            "bytes": len(data), "format": ext, **entry.get("meta", {})}
+                    if norm is not None and result.reasons:
+                        meta.update(source_bytes=source_bytes, source_width=src_w, source_height=src_h,
+                                    normalized=list(result.reasons))
                     members.append(("json", json.dumps(meta, sort_keys=True).encode()))
                 else:
                     members.append(("json", sample_json(entry["rel"], entry["label"], img_w, img_h, len(data), ext)))
@@ -432,6 +467,8 @@ class ImagesJob(Job):
             shards = [r["shard"] for r in records if r["shard"]]
         samples = sum(s["samples"] for s in shards)
         stats: dict = {"formats": formats, **_profile_stats([r.get("profile", {}) for r in records])}
+        if "not_carried" in plan.info:  # --from: the source's other members/columns, not packed
+            stats["source_not_carried"] = plan.info["not_carried"]
         if self.spec.normalize:
             reasons: dict[str, int] = {}
             for r in records:

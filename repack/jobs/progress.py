@@ -37,12 +37,12 @@ class NoProgress:
 class TerminalBar(NoProgress):
     """A tqdm bar on stderr (tqdm is imported only here: ~35 ms of start-up)."""
 
-    def __init__(self, total: int, unit: str, desc: str) -> None:
+    def __init__(self, total: int, unit: str, desc: str, quarantined: int = 0) -> None:
         from tqdm import tqdm
 
         tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
         self.bar = tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, desc=desc, dynamic_ncols=True)
-        self.quarantined = 0
+        self.quarantined = quarantined
         self.rates: dict = {}
 
     def __exit__(self, *exc) -> None:
@@ -89,11 +89,11 @@ class LineProgress(NoProgress):
     """One progress line every ``every`` seconds on ``stream`` (text, or JSON with ``as_json``)."""
 
     def __init__(self, total: int, unit: str, job: str, every: float, as_json: bool,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, quarantined: int = 0) -> None:
         self.total, self.unit, self.job, self.every, self.as_json = total, unit, job, every, as_json
         self.stream = stream or sys.stderr
         self.done = 0
-        self.quarantined = 0
+        self.quarantined = quarantined
         self.rates: dict = {}
         self.started = time.monotonic()
         self.last = self.started  # when the last line was printed (or the job started)
@@ -124,13 +124,16 @@ class LineProgress(NoProgress):
             self._print_if_due()
 
     def _print_if_due(self) -> None:
-        with self.lock:
+        with self.lock:  # one whole line at a time: the timer thread and the engine's loop both print
             now = time.monotonic()
             if now - self.last < self.every:
                 return
             self.last = now
-            line = self.line(now - self.started)
-        print(line, file=self.stream, flush=True)
+            try:
+                self.stream.write(self.line(now - self.started) + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):  # a closed log stream never stops the job
+                pass
 
     def fields(self, elapsed: float) -> dict:
         """The figures of one progress line."""
@@ -154,10 +157,11 @@ class LineProgress(NoProgress):
                 f"{duration(elapsed)} elapsed")
 
 
-def progress_reporter(total: int, unit: str, job: str, options: EngineOptions) -> NoProgress:
-    """The reporter for a job's run: nothing (``quiet``), a bar on a terminal, else progress lines."""
+def progress_reporter(total: int, unit: str, job: str, options: EngineOptions, quarantined: int = 0) -> NoProgress:
+    """The reporter for a job's run: nothing (``quiet``), a bar on a terminal, else progress lines;
+    ``quarantined``: inputs the scan already refused (counted from the start)."""
     if options.quiet:
         return NoProgress()
     if sys.stderr.isatty() and not options.log_json:
-        return TerminalBar(total, unit, f"repack {job}")
-    return LineProgress(total, unit, job, options.progress_every, options.log_json)
+        return TerminalBar(total, unit, f"repack {job}", quarantined)
+    return LineProgress(total, unit, job, options.progress_every, options.log_json, quarantined=quarantined)

@@ -36,7 +36,8 @@ from repack.jobs.stats import histogram as half_octave_histogram
 from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.sinks.megatron import CODE_OF, PartWriter, merge_parts, read_index, token_dtype
 from repack.sources import Confinement
-from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, Segment, SegmentReader, list_text_files,
+from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, TEXT_WORKER_BUDGET,
+                                      TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader, list_text_files,
                                       plan_chunks, require_decompressors)
 from repack.store import is_remote
 
@@ -68,6 +69,7 @@ class TextSpec(JobSpec):
     max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
     follow_symlinks: bool = True
     allow_outside_source: bool = False
+    known_inputs: str | None = None  # set by --append (repack.jobs.append): files already tokenized are skipped
 
     def __post_init__(self) -> None:
         if not self.tokenizer:
@@ -82,6 +84,11 @@ class TextSpec(JobSpec):
             raise UsageError("--chunk-bytes must be positive")
         if self.max_doc_bytes < 1:
             raise UsageError("--max-doc-bytes must be positive")
+        if self.max_doc_bytes > MAX_DOC_BYTES_LIMIT:
+            raise UsageError(f"--max-doc-bytes {self.max_doc_bytes} is over the limit of {MAX_DOC_BYTES_LIMIT} bytes "
+                             f"(16 MiB): a document is tokenized whole, at about {TOKENIZE_BYTES_PER_BYTE} bytes of "
+                             f"memory per byte of text, and a worker must stay under {TEXT_WORKER_BUDGET // 2**30} GiB; "
+                             "split longer documents before packing them")
 
 
 def _file_stats(records: list[dict]) -> dict:
@@ -154,6 +161,9 @@ class TextJob(Job):
         info = self.tokenizer_info()
         files, quarantine, skipped = list_text_files(spec.source, spec.list_file, Confinement(
             follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
+        if spec.known_inputs:  # --append: only files the dataset does not hold yet (same rel, size, mtime)
+            seen = json.loads(Path(spec.known_inputs).read_bytes())["inputs"]
+            files = [f for f in files if seen.get(f.rel) != [f.size, f.mtime_ns]]
         require_decompressors(files)
         chunks, more = plan_chunks(files, spec.chunk_bytes, spec.doc_per, spec.field)
         quarantine += more

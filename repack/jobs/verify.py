@@ -11,11 +11,13 @@ checked against the manifest, otherwise listed as not checked, never silently pa
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from repack.jobs.foreign import check_foreign, foreign_kind
-from repack.manifest import ManifestError, safe_join
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
 from repack.manifest.paths import PathEscapeError
 from repack.sinks import SINKS, get_sink
 from repack.sinks.checks import sha256_file
@@ -36,18 +38,20 @@ def verify_dataset(location) -> list[str]:
     return list(verify_report(location).problems)
 
 
-def verify_report(location) -> Report:
-    """The full ``Report`` for the dataset at ``location``."""
+def verify_report(location, version: int | None = None) -> Report:
+    """The full ``Report`` for the dataset at ``location`` (its latest version, or ``version``)."""
     files = open_files(location)
     try:
-        manifest = files.manifest()
+        manifest = files.manifest(version)
     except ManifestError as exc:
         return Report((str(exc),))
     problems = check_contents(files, manifest)
     listed = set(manifest.relative_paths()) | {v["path"] for v in manifest.data.get("videos", [])}
+    chain_problems, kept = check_versions(files, files.names())
+    problems += chain_problems
     foreign = []
     for rel in files.names():
-        if rel in listed:
+        if rel in listed or rel in kept:
             continue
         if foreign_kind(rel, manifest) is None:
             problems.append(f"{rel}: a file the manifest does not name (added after the job, or left by another tool)")
@@ -62,6 +66,36 @@ def verify_report(location) -> Report:
         problems.append(f"totals.quarantined {totals.get('quarantined')} != {len(manifest.quarantine)} "
                         "quarantine records")
     return Report(tuple(problems), tuple(unchecked))
+
+
+def check_versions(files, names: list[str]) -> tuple[list[str], set[str]]:
+    """(problems of the version chain, the files kept versions name). Each ``manifest.vN.json`` must
+    say it is version N with parent N - 1, and ``manifest.json`` must be the newest one, byte for byte.
+    Files named by a kept version other than the one verified are not strays (verify that version
+    with ``--version N`` to check their contents)."""
+    from repack.manifest.versions import VERSION_KEY, number_of, version_number
+
+    problems: list[str] = []
+    kept: set[str] = set()
+    numbers = sorted(n for n in (version_number(rel) for rel in names) if n is not None)
+    for number in numbers:
+        name = f"manifest.v{number}.json"
+        kept.add(name)
+        try:
+            data = json.loads(files.read(name) or b"null")
+            other = Manifest(Path("/"), data)
+            other.validate()
+            info = data.get(VERSION_KEY) or {}
+            if number_of(data) != number or (number > 1 and info.get("parent") != number - 1):
+                problems.append(f"{name}: says version {number_of(data)} with parent {info.get('parent')!r}")
+            kept.update(other.relative_paths())
+        except (ValueError, ManifestError) as exc:
+            problems.append(f"{name}: not a readable version manifest ({exc})")
+    if numbers:
+        latest = f"manifest.v{numbers[-1]}.json"
+        if files.read(MANIFEST_NAME) != files.read(latest) and numbers[-1] > 1:
+            problems.append(f"{MANIFEST_NAME} is not the newest version ({latest}), byte for byte")
+    return problems, kept
 
 
 def check_contents(files, manifest) -> list[str]:

@@ -62,7 +62,8 @@ from repack.manifest.paths import PathEscapeError, safe_join
 from repack.sinks.checks import sha256_file
 from repack.sources import Confinement, scan_source
 from repack.sources.confine import InputRefused, open_input
-from repack.transforms.nvdec_rules import DEFAULT_DALI_READER, OK, REJECT, TRANSCODE, decide, get_reader, get_target
+from repack.transforms.nvdec_rules import (DEFAULT_DALI_READER, ENCODABLE, LEGACY_CODEC, OK, REJECT, TRANSCODE,
+                                           dataset_codec, decide, get_reader, get_target)
 
 VIDEO_FORMATS = ("videos", "webdataset")
 VERIFY_MODES = ("packets", "decode")
@@ -162,6 +163,17 @@ def output_names(rels: list[str]) -> list[tuple[str, str]]:
     return names
 
 
+def _encoders() -> tuple[str, ...]:
+    """The codecs of ``ENCODABLE`` this ffmpeg can encode (libx264, libx265); both when ffmpeg is
+    absent (a probe-only run reports what a transcode run with a full ffmpeg would do)."""
+    from repack.transforms.ffmpeg_cli import encoder_names
+
+    if shutil.which("ffmpeg") is None:
+        return ENCODABLE
+    have = encoder_names()
+    return tuple(c for c in ENCODABLE if {"h264": "libx264", "hevc": "libx265"}[c] in have)
+
+
 class VideoShardAssembly:
     """Packs the videos of a group's one-video tasks (fed in plan order) into the group's tar shard."""
 
@@ -213,6 +225,7 @@ class VideoJob(Job):
         items = list(scan.items)
         classes = scan.classes
         names = output_names([i.rel for i in items])
+        legacy_codec = self._dataset_codec(items)
         tasks = []
         width = len(str(max(len(classes) - 1, 0)))
         for index, start in enumerate(range(0, len(items), spec.shard_size)):
@@ -223,14 +236,46 @@ class VideoJob(Job):
                 inputs = [{**item.to_json(), "key": sample_key(pos, item.rel), "out_copy": names[pos][0],
                            "out_transcode": names[pos][1],
                            "cls": classes.get(item.label) if item.label is not None else None}]
-                payload = {"index": index, "inputs": inputs, "cls_width": width}
+                payload = {"index": index, "inputs": inputs, "cls_width": width, "legacy_codec": legacy_codec}
                 if len(positions) == 1:
                     tasks.append(Task(stem, payload))
                 else:
                     tasks.append(Task(f"{stem}-c{number:04d}", {**payload, "chunk": number},
                                       group=stem if spec.to == "webdataset" else ""))
-        info = {"classes": classes, "labeled": scan.labeled, "inputs": len(items) + len(scan.quarantine)}
+        info = {"classes": classes, "labeled": scan.labeled, "inputs": len(items) + len(scan.quarantine),
+                "legacy_codec": legacy_codec}
         return Plan(tuple(tasks), scan.quarantine, info)
+
+    def _dataset_codec(self, items: list) -> str:
+        """The legacy reader's one codec for these inputs (nvdec_rules.dataset_codec): a header-only
+        ffprobe of each input, in parallel threads, stopping at the first input that decides for
+        H.264 (a second codec, or one that cannot be the dataset's). H.264 for other readers."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from repack.exec import available_cpus
+        from repack.transforms.probe import probe_codec
+
+        spec = self.spec
+        if spec.dali_reader != "legacy" or not items:
+            return LEGACY_CODEC
+        encoders = _encoders()
+
+        def codec_of(item) -> str | None:
+            try:
+                with open_input(item.path, item.fingerprint, item.rel):
+                    pass
+            except InputRefused:
+                return None  # quarantined by its task
+            return probe_codec(item.path)
+
+        found: set[str] = set()
+        batch = 4 * available_cpus()
+        with ThreadPoolExecutor(max_workers=available_cpus() * 2) as pool:
+            for start in range(0, len(items), batch):
+                found.update(c for c in pool.map(codec_of, items[start:start + batch]) if c)
+                if len(found) > 1 or dataset_codec(found, spec.target, spec.dali_reader, encoders) == LEGACY_CODEC:
+                    return LEGACY_CODEC
+        return dataset_codec(found, spec.target, spec.dali_reader, encoders)
 
     # -- one task --------------------------------------------------------------------------
     def progress_counts(self, record: dict) -> dict[str, int]:
@@ -259,7 +304,7 @@ class VideoJob(Job):
                 t0 = time.perf_counter()
                 info.update(decode_check(entry["path"], info.get("stream_index")))
                 timing["decode_s"] += time.perf_counter() - t0
-            verdict = self._decide(info)
+            verdict = self._decide(info, task)
             probes.append({"source": entry["rel"], "label": entry["label"], **info, **verdict.to_json(),
                            "target": spec.target, "dali_reader": spec.dali_reader, "verify": spec.verify})
             if verdict.decision == REJECT:
@@ -285,9 +330,10 @@ class VideoJob(Job):
             record["cls_width"] = task.payload["cls_width"]
         return record
 
-    def _decide(self, info: dict):
+    def _decide(self, info: dict, task: Task):
         spec = self.spec
-        return decide(info, spec.target, spec.max_gop, spec.max_height, spec.dali_reader)
+        return decide(info, spec.target, spec.max_gop, spec.max_height, spec.dali_reader,
+                      task.payload.get("legacy_codec", LEGACY_CODEC))
 
     def _prepare_output(self, task: Task, entry: dict, info: dict, decision: str, timing: dict) -> dict:
         """Copy/link, remux or transcode one input into OUT/videos; re-probe and count its frames;
@@ -311,7 +357,7 @@ class VideoJob(Job):
             if transcoded:
                 recipe = Recipe(crf=spec.crf, preset=spec.preset, gop=spec.gop, max_gop_s=spec.max_gop,
                                 max_height=spec.max_height, bframes=spec.bframes, threads=spec.threads,
-                                target=spec.target)
+                                target=spec.target, codec=task.payload.get("legacy_codec", LEGACY_CODEC))
                 t0 = time.perf_counter()
                 error = run_ffmpeg(build_command(entry["path"], str(tmp), info, recipe), entry["path"])
                 timing["transcode_s"] += time.perf_counter() - t0
@@ -331,7 +377,7 @@ class VideoJob(Job):
             else:
                 shutil.copyfile(entry["path"], tmp)
             after = probe_file(str(tmp))
-            verdict = self._decide(after)
+            verdict = self._decide(after, task)
             if verdict.decision != OK:
                 return {"reason": "output still not GPU-decodable: " + "; ".join(r["message"] for r in verdict.reasons),
                         "codes": ["output_fails_rule"] + verdict.codes}
@@ -410,7 +456,7 @@ class VideoJob(Job):
         frames_tc = sum(r["timing"]["frames_transcoded"] for r in records)
         body = {
             "format": spec.to, "mode": spec.mode, "target": spec.target, "dali_reader": spec.dali_reader,
-            "verify": spec.verify,
+            "verify": spec.verify, "codec": plan.info.get("legacy_codec", LEGACY_CODEC),
             "fields": fields, "classes": plan.info["classes"], "shards": shards, "files": files,
             "totals": {"inputs": plan.info["inputs"], "samples": sum(s["samples"] for s in shards),
                        "quarantined": len(quarantine), "bytes": sum(s["bytes"] for s in shards),
@@ -434,6 +480,13 @@ class VideoJob(Job):
         """Usable videos: prepared ones with --transcode, else the probed ones a GPU can take (as is or transcoded)."""
         t = manifest["totals"]
         return t["videos"] if self.spec.transcode else t["ok"] + t["needs_transcode"]
+
+    def strict_problem(self, manifest: dict) -> str | None:
+        """Any quarantined input; in a probe-only run also any video that needs transcoding."""
+        problems = [super().strict_problem(manifest)]
+        if not self.spec.transcode and manifest["totals"]["needs_transcode"]:
+            problems.append(f"{manifest['totals']['needs_transcode']} video(s) need transcoding (see probe.jsonl)")
+        return "; ".join(p for p in problems if p) or None
 
     def summary_lines(self, manifest: dict) -> list[str]:
         t, stats = manifest["totals"], manifest["stats"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from repack.manifest.schema import MANIFEST_NAME, Manifest, ManifestError
+from repack.manifest.versions import check_number, read_version
 
 
 def dumps_canonical(obj: Any, indent: int | None = None) -> bytes:
@@ -72,19 +73,31 @@ def write_manifest(root: str | os.PathLike, data: dict) -> Path:
     return path
 
 
-def read_manifest(root: str | os.PathLike) -> Manifest:
-    """Read and validate ``root/manifest.json`` (schema, major version, confined paths)."""
+def read_manifest(root: str | os.PathLike, version: int | None = None) -> Manifest:
+    """Read and validate ``root/manifest.json`` (schema, major version, confined paths); ``version=N``:
+    that version's immutable file instead (``repack.manifest.versions``)."""
     path = Path(root)
-    if path.is_dir():
-        path = path / MANIFEST_NAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: no manifest (the job has not finished, or this is not a repack output)")
+    if path.is_dir() or version is not None:
+        folder = path
+
+        def read(name: str) -> bytes | None:
+            try:
+                return (folder / name).read_bytes()
+            except FileNotFoundError:
+                return None
+
+        name, raw = read_version(read, version, str(folder))
+        path = folder / name
+    else:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise ManifestError(f"{path}: no manifest (the job has not finished, or this is not a repack output)")
     try:
         data = json.loads(raw)
     except ValueError as exc:
         raise ManifestError(f"{path}: not valid JSON ({exc})") from None
     manifest = Manifest(path.parent, data)
     manifest.validate()
+    check_number(data, version, str(path))
     return manifest

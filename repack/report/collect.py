@@ -4,11 +4,10 @@ video, the per-file probe records in OUT/probe.jsonl."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
-from repack.manifest import read_manifest
+from repack.report.dataset_files import DatasetFiles, open_dataset
 
 QUARANTINE_LISTED = 50  # quarantine records shown one by one (all are counted by reason)
 VIDEO_LISTED = 50  # videos not decodable as is, listed with their reasons
@@ -25,14 +24,16 @@ def bar_count(row: dict) -> int:
     return row["count"] if "count" in row else row["documents"]
 
 
-def collect(root: str | Path) -> dict:
-    """The report's data for the dataset in ``root`` (raises ManifestError when there is none)."""
-    manifest = read_manifest(root)
+def collect(root: str | Path | DatasetFiles) -> dict:
+    """The report's data for the dataset in ``root``, a folder or s3:// URL (raises ManifestError
+    when there is none)."""
+    files = root if isinstance(root, DatasetFiles) else open_dataset(root)
+    manifest = files.manifest
     data = manifest.data
     sizes = sorted(s["bytes"] for s in data["shards"])
     run = data.get("run", {})
     summary = {
-        "root": str(Path(manifest.root).absolute()), "modality": data["modality"], "format": data["format"],
+        "root": files.where, "modality": data["modality"], "format": data["format"],
         "manifest_version": data["version"], "tool_version": data.get("created_by", {}).get("version"),
         "options": data.get("created_by", {}).get("options", {}),
         "samples": manifest.num_samples,
@@ -47,27 +48,16 @@ def collect(root: str | Path) -> dict:
         "run": {k: v for k, v in run.items() if k != "timing"},
     }
     if data["modality"] == "video":
-        summary["video"] = video_tables(manifest)
+        summary["video"] = video_tables(files)
     if data["modality"] == "text":
         summary["text"] = {k: data.get(k) for k in ("tokenizer", "dtype", "prefixes", "data_path")}
     return summary
 
 
-def video_tables(manifest) -> dict:
+def video_tables(files: DatasetFiles) -> dict:
     """Decisions, reasons, codecs, resolutions and keyframe gaps of every probed video."""
-    stats = manifest.data.get("stats", {})
-    rel = manifest.data.get("files", {}).get("probe")
-    probes: list[dict] = []
-    if rel:
-        try:
-            text = manifest.path(rel).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            text = ""
-        for line in text.splitlines():
-            try:
-                probes.append(json.loads(line))
-            except ValueError:
-                continue
+    stats = files.manifest.data.get("stats", {})
+    probes = probe_records(files)
     videos = [p for p in probes if p.get("width")]
 
     def gop_bucket(seconds: float) -> str:
@@ -89,3 +79,14 @@ def video_tables(manifest) -> dict:
                    for p in probes if p.get("decision") != "ok"][:VIDEO_LISTED],
         "probed": len(probes),
     }
+
+
+def probe_records(files: DatasetFiles) -> list[dict]:
+    """The per-video probe records of a video dataset (OUT/probe.jsonl), [] when it has none."""
+    rel = files.manifest.data.get("files", {}).get("probe")
+    if not rel:
+        return []
+    try:
+        return files.read_json_lines(rel)
+    except OSError:
+        return []

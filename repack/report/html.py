@@ -22,6 +22,10 @@ table{border-collapse:collapse;font-size:13px;margin:6px 0}td,th{border-bottom:1
 text-align:left}th{background:#f9fafb}td.n{text-align:right;font-variant-numeric:tabular-nums}
 h3{font-size:13px;margin:10px 0 4px;color:#374151}.grid{display:flex;flex-wrap:wrap;gap:8px 32px}
 .empty{color:#6b7280}.note{background:#fff7e6;border-left:4px solid #e07b39;padding:6px 10px}
+.thumbs{display:flex;flex-wrap:wrap;gap:6px;align-items:flex-start}.thumbs figure{margin:0;max-width:170px}
+.thumbs img{display:block;border:1px solid #e5e7eb}figcaption{font-size:11px;color:#4b5563;word-break:break-all}
+.nothumb{width:96px;min-height:64px;background:#f3f4f6;color:#6b7280;font-size:11px;padding:4px;box-sizing:border-box}
+pre.doc{white-space:pre-wrap;font-size:12px;background:#f9fafb;border:1px solid #eee;padding:6px 10px;margin:4px 0 10px}
 """
 
 
@@ -80,12 +84,14 @@ def _ms(us: float) -> str:
     return f"{us / 1000:.2f} ms"
 
 
-def dataset_page(s: dict) -> str:
-    """The report of one dataset (``s`` from ``repack.report.collect.collect``)."""
+def dataset_page(s: dict, samples: dict | None = None) -> str:
+    """The report of one dataset (``s`` from ``repack.report.collect.collect``; ``samples`` from
+    ``repack.report.samples.gather``: thumbnails, frames, document starts)."""
     shards = s["shards"]
     figures = [("samples", f"{s['samples']:,}"), ("shards", str(shards["count"])),
                ("size", format_size(shards["bytes"])), ("quarantined", str(s["quarantine"]["count"]))]
-    body = {"images": _images, "text": _text, "video": _video}.get(s["modality"], lambda _: [])(s)
+    body = sample_sections(samples or {})
+    body += {"images": _images, "text": _text, "video": _video}.get(s["modality"], lambda _: [])(s)
     quarantine = s["quarantine"]
     body.append(section(f"Quarantine ({quarantine['count']})",
                         counts_bars(quarantine["reasons"]) if quarantine["count"] else "",
@@ -98,6 +104,37 @@ def dataset_page(s: dict) -> str:
     subtitle = (f"{s['modality']} / {s['format']}, manifest v{s['manifest_version']}, repack {s['tool_version']}"
                 f"{', built in ' + format(s['run']['seconds'], '.1f') + ' s' if s['run'].get('seconds') else ''}")
     return page(f"repack report: {s['root']}", subtitle, [cards(figures)] + body)
+
+
+def figure(uri: str | None, caption: str, note: str = "") -> str:
+    """A thumbnail (a data: URI) with its caption; a grey box with ``note`` when there is none."""
+    picture = (f'<img src="{escape(uri)}" alt="{escape(caption)}">' if uri
+               else f'<div class="nothumb">{escape(note or "no thumbnail")}</div>')
+    return f"<figure>{picture}<figcaption>{escape(caption)}</figcaption></figure>"
+
+
+def sample_sections(samples: dict) -> list[str]:
+    """The sections that show the data: thumbnails per class, quarantined inputs, video frames, text."""
+    body = [f'<p class="note">{escape(samples["note"])}</p>'] if samples.get("note") else []
+    if samples.get("classes"):
+        grids = "".join(f"<h3>{escape(c['class'])} ({c['index']})</h3><div class=\"thumbs\">"
+                        + "".join(figure(t.get("uri"), t["key"], t.get("error", "")) for t in c["thumbnails"])
+                        + "</div>" for c in samples["classes"])
+        body.append(section("Samples per class", grids))
+    if samples.get("quarantined"):
+        body.append(section("Quarantined inputs", '<div class="thumbs">' + "".join(
+            figure(q.get("uri"), f"{q['source']}: {q['reason']}", q.get("note", "")) for q in samples["quarantined"])
+            + "</div>"))
+    if samples.get("frames"):
+        body.append(section("One frame per decision", '<div class="thumbs">' + "".join(
+            figure(f.get("uri"), f"{f['decision']}: {f['source']}" + "".join(f"; {r}" for r in f["reasons"]),
+                   f.get("note", "")) for f in samples["frames"]) + "</div>"))
+    if samples.get("documents"):
+        body.append(section("Document starts (decoded)", "".join(
+            f"<h3>document {d['index']:,} ({d['tokens']:,} tokens)</h3>"
+            f"<pre class=\"doc\">{escape(d['text'])}{' ...' if d['truncated'] else ''}</pre>"
+            for d in samples["documents"])))
+    return body
 
 
 def _images(s: dict) -> list[str]:

@@ -7,17 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from repack.config import format_size
-from repack.manifest import read_manifest
 from repack.report.collect import bar_count, collect
+from repack.report.dataset_files import DatasetFiles, open_dataset
 from repack.sinks import SINKS, get_sink
 
 LONG_SIDE_HINT = 2048  # px: beyond this, decode dominates a DataLoader step
 SHOWN = 15  # rows per table
 
 
-def inspect_lines(root: str | Path) -> list[str]:
-    """A short human summary of a dataset."""
-    s = collect(root)
+def inspect_lines(root: str | Path | DatasetFiles) -> list[str]:
+    """A short human summary of a dataset (a folder, an s3:// URL or its DatasetFiles)."""
+    files = root if isinstance(root, DatasetFiles) else open_dataset(root)
+    s = collect(files)
     shards = s["shards"]
     lines = [f"{s['root']}: {s['modality']} / {s['format']}, manifest v{s['manifest_version']} "
              f"(repack {s['tool_version'] or '?'})",
@@ -28,15 +29,36 @@ def inspect_lines(root: str | Path) -> list[str]:
     if s["fields"]:
         lines.append("fields: " + ", ".join(f"{k} ({v})" for k, v in s["fields"].items()))
     lines += _classes(s)
+    lines += version_lines(files)
     lines.append(f"quarantined: {s['quarantine']['count']}")
     lines += [f"  {n} x {reason}" for reason, n in list(s["quarantine"]["reasons"].items())[:SHOWN]]
     lines += {"images": _images, "video": _video}.get(s["modality"], lambda _: [])(s)
-    manifest = read_manifest(root)
+    manifest = files.manifest
     hook = getattr(get_sink(manifest.format), "inspect_lines", None) if manifest.format in SINKS else None
-    if hook is not None:  # format-specific lines (e.g. text statistics and the first document decoded)
+    if hook is not None and files.local:  # format-specific lines (e.g. text statistics, the first document decoded)
         lines += hook(manifest)
     if s["modality"] == "text":
         lines += _text(s)
+    return lines
+
+
+def version_lines(files: DatasetFiles) -> list[str]:
+    """The dataset's version, what changed in it, and every kept version (``manifest.vN.json``)."""
+    import json
+
+    from repack.manifest.versions import VERSION_KEY, number_of, version_number
+
+    data = files.manifest.data
+    names = [p.name for p in Path(files.where).iterdir()] if files.local else list(files.store.list_sizes())
+    kept = sorted(n for n in map(version_number, names) if n is not None)
+    info = data.get(VERSION_KEY) or {}
+    change = info.get("change") or {"kind": "create"}
+    what = ", ".join(f"{k} {json.dumps(v) if isinstance(v, (dict, list)) else v}" for k, v in sorted(change.items())
+                     if k not in ("kind", "rewritten", "added_shards", "source"))
+    lines = [f"version {number_of(data)} (parent {info.get('parent')}): {change.get('kind')}"
+             + (f", {what}" if what else "")]
+    if kept:
+        lines.append(f"kept versions: {', '.join(map(str, kept))} (repack verify OUT --version N)")
     return lines
 
 

@@ -1,20 +1,37 @@
 """Deterministic enumeration of inputs: folder trees and list files, all through one confinement."""
 
 from repack.errors import UsageError
-from repack.sources.base import InputItem, Scan
+from repack.sources.base import InputItem, Scan, clean_labels
 from repack.sources.confine import Confinement
 from repack.sources.folder import scan_folder
 from repack.sources.listfile import scan_list_file
 from repack.store import is_remote
 
-__all__ = ["Confinement", "InputItem", "Scan", "scan_folder", "scan_list_file", "scan_source"]
+__all__ = ["Confinement", "InputItem", "Scan", "scan_folder", "scan_foreign", "scan_list_file", "scan_source"]
+
+
+FOREIGN_FORMATS = ("webdataset", "parquet")  # --from: datasets written by other tools (repack.sources.tar_shards, ...)
+
+
+def scan_foreign(source: str, source_format: str, fields, confinement: Confinement | None = None) -> Scan:
+    """Enumerate another tool's dataset (``--from webdataset|parquet``; ``fields``: a ``FieldChoice``)."""
+    if source_format == "webdataset":
+        from repack.sources.tar_shards import scan_tar_shards
+
+        return scan_tar_shards(source, fields, confinement)
+    if source_format == "parquet":
+        from repack.sources.parquet_images import scan_parquet
+
+        return scan_parquet(source, fields, confinement)
+    raise UsageError(f"--from must be folder, {' or '.join(FOREIGN_FORMATS)}, got {source_format!r}")
 
 
 def scan_source(source: str, *, list_file: bool, confinement: Confinement | None = None) -> Scan:
     """Enumerate a folder tree, a list file or an s3:// prefix into sorted inputs plus quarantined entries.
 
     The confinement's root is the folder, or the list file's folder; its rules apply to every input
-    (an s3:// prefix: only its size cap, objects are neither symlinks nor special files)."""
+    (an s3:// prefix: only its size cap, objects are neither symlinks nor special files). Labels
+    follow one rule (``sources.base.clean_label``: surrounding whitespace stripped)."""
     import os
 
     if is_remote(source):
@@ -22,9 +39,7 @@ def scan_source(source: str, *, list_file: bool, confinement: Confinement | None
             raise UsageError("--list reads a local list file: SOURCE cannot be an s3:// URL with --list")
         from repack.sources.s3 import scan_s3
 
-        return scan_s3(source, confinement or Confinement())
+        return clean_labels(scan_s3(source, confinement or Confinement()))
     root = os.path.dirname(os.path.abspath(source)) if list_file else source
     conf = (confinement or Confinement()).rooted(root)
-    if list_file:
-        return scan_list_file(source, conf)
-    return scan_folder(source, conf)
+    return clean_labels(scan_list_file(source, conf) if list_file else scan_folder(source, conf))

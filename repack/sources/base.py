@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -35,6 +36,35 @@ class InputItem:
     def from_stat(cls, path: str, rel: str, label: str | None, st: os.stat_result) -> "InputItem":
         return cls(path, rel, label, st.st_size, st.st_mtime_ns, st.st_ino)
 
+    def entry_fields(self) -> dict:
+        """What a task's input entry needs beyond path, rel, label and fingerprint (nothing for a file)."""
+        return {}
+
+
+@dataclass(frozen=True)
+class MemberItem(InputItem):
+    """An input stored inside another file (a tar member, a parquet row): ``path`` is that file,
+    ``size`` the member's bytes, and the fingerprint is the container's (checked before reading)."""
+
+    container: tuple[int, ...] = ()              # the container's fingerprint ([size, mtime_ns, inode]; s3: [size])
+    member: tuple[tuple[str, object], ...] = ()  # where inside: (offset, size) of a tar member, (row, column) of a row
+    meta: tuple[tuple[str, str], ...] = ()       # kept in the sample's metadata: source_file, source_key, ...
+
+    @property
+    def fingerprint(self) -> list[int]:
+        return list(self.container)
+
+    def entry_fields(self) -> dict:
+        return {"member": dict(self.member), "meta": dict(self.meta)}
+
+
+@dataclass(frozen=True)
+class FieldChoice:
+    """Which member (tar: extension) or column (parquet) holds the image and the label; None: found by type."""
+
+    image: str | None = None
+    label: str | None = None
+
 
 @dataclass(frozen=True)
 class Scan:
@@ -44,13 +74,45 @@ class Scan:
     quarantine: tuple[dict, ...] = ()
     labeled: bool = False
     skipped: int = 0  # hidden files and OS junk, skipped by design
+    class_index: tuple[tuple[str, int], ...] = ()  # a source's own class indices (foreign datasets), else sorted names
+    not_carried: tuple[tuple[str, int], ...] = ()  # foreign datasets: members/columns not packed, and how many
 
     @property
     def classes(self) -> dict[str, int]:
-        """Class name -> index, in sorted class-name order."""
+        """Class name -> index: the source's own indices when it has them, else in sorted class-name order."""
+        if self.class_index:
+            return dict(self.class_index)
         names = sorted({item.label for item in self.items if item.label is not None} |
                        {q["label"] for q in self.quarantine if q.get("label") is not None})
         return {name: index for index, name in enumerate(names)}
+
+
+def clean_label(raw) -> str | None:
+    """The one label rule, applied wherever labels are read (list-file columns, class folder names,
+    s3 prefixes): surrounding whitespace is stripped, so ``"cat "`` and ``"cat"`` are one class;
+    a label that is empty after stripping is no label."""
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    return text or None
+
+
+def clean_labels(scan: "Scan") -> "Scan":
+    """``scan`` with ``clean_label`` applied to every item and quarantine record; an item whose class
+    name is only whitespace (a folder named " ") is quarantined with the reason."""
+    items: list[InputItem] = []
+    quarantine = [q if q.get("label") is None else {**q, "label": clean_label(q["label"])} for q in scan.quarantine]
+    for item in scan.items:
+        label = clean_label(item.label)
+        if item.label is not None and label is None:
+            quarantine.append(quarantine_record(item.rel, f"class name {item.label!r} is empty once its surrounding "
+                                                          "whitespace is stripped"))
+        elif label != item.label:
+            items.append(dataclasses.replace(item, label=label))
+        else:
+            items.append(item)
+    quarantine = [{k: v for k, v in q.items() if not (k == "label" and v is None)} for q in quarantine]
+    return dataclasses.replace(scan, items=tuple(items), quarantine=tuple(quarantine))
 
 
 _FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()

@@ -3,7 +3,8 @@
 Paths are relative to the list file's folder, or absolute; the list file's folder is the source
 root of the ``Confinement`` (a path outside it, or a symlink leaving it, is quarantined unless
 ``--allow-outside-source``; FIFOs, devices and files over the size cap are quarantined). The label column is optional
-(``label``, ``class`` or ``cls``). Inputs keep the list's order after a stable sort by path
+(``label``, ``class`` or ``cls``; surrounding whitespace stripped, ``sources.base.clean_label``).
+Every quarantined row names its line (``<list>:<line>``). Inputs keep the list's order after a stable sort by path
 so that the plan does not depend on how the list was produced.
 """
 
@@ -15,7 +16,7 @@ import json
 import os
 
 from repack.errors import UsageError
-from repack.sources.base import InputItem, Scan, quarantine_record, sort_key
+from repack.sources.base import InputItem, Scan, clean_label, quarantine_record, sort_key
 from repack.sources.confine import Confinement
 
 LABEL_COLUMNS = ("label", "class", "cls")
@@ -76,7 +77,7 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
         if not isinstance(rel, str) or not rel or "\x00" in rel:
             quarantine.append(quarantine_record(f"{name}:{lineno}", "row has no usable path"))
             continue
-        label = next((str(row[c]) for c in LABEL_COLUMNS if row.get(c) not in (None, "")), None)
+        label = next((clean_label(row[c]) for c in LABEL_COLUMNS if clean_label(row.get(c)) is not None), None)
         rows.append((rel, lineno, label))
     rows.sort(key=lambda r: (sort_key(r[0]), r[1]))
     labeled = any(label is not None for _, _, label in rows)
@@ -91,7 +92,7 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
         if checked.reason is None and checked.is_dir:
             checked = dataclasses.replace(checked, reason="not a regular file (folder)")
         if checked.reason is not None:
-            quarantine.append(quarantine_record(rel, checked.reason, label))
+            quarantine.append(quarantine_record(rel, f"{checked.reason} ({name}:{lineno})", label))
             continue
         if checked.real in seen:
             quarantine.append(quarantine_record(rel, f"listed twice ({name}:{lineno})", label))

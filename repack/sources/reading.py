@@ -33,7 +33,13 @@ def open_input(path: str, expected: list[int] | None = None, rel: str | None = N
 def read_inputs(entries: list[dict], root: str = "") -> Iterator[bytes | OSError]:
     """The bytes of each planned input ({"path" (else ``root`` + "rel"), "rel", "fingerprint"}), or the
     OSError reading it, in order: local files one by one through the confinement, s3:// objects
-    prefetched concurrently."""
+    prefetched concurrently; entries stored inside other files (``member``) through
+    ``repack.sources.members``."""
+    if entries and "member" in entries[0]:
+        from repack.sources.members import read_members
+
+        yield from read_members(entries)
+        return
     if any(is_remote(e.get("path") or root) for e in entries):
         paths = [e.get("path") or root + e["rel"] for e in entries]
         for entry, data in zip(entries, prefetched(paths)):

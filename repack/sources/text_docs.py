@@ -36,8 +36,10 @@ from repack.sources.base import alias_reason, pick_real_paths, sort_key
 from repack.sources.confine import Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import list_objects
+from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul
 from repack.store import is_remote
 
+SNIP_BYTES = 4096  # the sniff reads a damaged compressed stream in pieces, keeping what decompressed
 JSONL_EXTS = (".jsonl", ".ndjson", ".json")
 TXT_EXTS = (".txt",)
 PARQUET_EXTS = (".parquet",)
@@ -47,6 +49,13 @@ SNAP_READ = 1 << 16
 AUTO_CHUNKS = 256              # --chunk-bytes auto: about this many chunks,
 AUTO_MIN, AUTO_MAX = 5 * 10**5, 256 * 10**6  # each between 0.5 MB and 256 MB (work for every core)
 DEFAULT_MAX_DOC_BYTES = 8 * 2**20  # --max-doc-bytes: a longer document is quarantined, never held whole
+# A document is tokenized whole (splitting it could change its tokens). Measured with GPT-2's
+# byte-level BPE (tokenizers 0.23, `repack text --workers 1`): peak RSS about 100 MB plus about
+# 105 bytes per byte of the longest document (8 MiB: 0.85 GB, 16 MiB: 1.75 GB). So --max-doc-bytes
+# is refused above MAX_DOC_BYTES_LIMIT, which keeps a worker under TEXT_WORKER_BUDGET.
+TOKENIZE_BYTES_PER_BYTE = 105
+TEXT_WORKER_BUDGET = 2 * 2**30
+MAX_DOC_BYTES_LIMIT = 16 * 2**20
 
 
 def auto_chunk_bytes(total: int) -> int:
@@ -170,6 +179,11 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement) -> tuple[l
     return found, skipped
 
 
+def _where(listed_at: dict[str, str], rel: str) -> str:
+    """`` (<list file>:<line>)`` for an entry of a list file, else empty."""
+    return f" ({listed_at[rel]})" if rel in listed_at else ""
+
+
 def list_text_files(source: str, list_file: bool = False, confinement: Confinement | None = None
                     ) -> tuple[list[TextFile], list[dict], int]:
     """The input files in deterministic order, quarantine records, and the count of skipped files.
@@ -183,6 +197,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
     quarantine: list[dict] = []
     skipped = 0
     candidates: list[tuple[str, str]] = []  # (path, rel)
+    listed_at: dict[str, str] = {}  # rel -> "<list file>:<line>" of its first row (--list)
     if list_file:
         conf = rules.rooted(str(src.absolute().parent))
         base = src.parent
@@ -192,6 +207,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
                 continue
             path = Path(entry) if os.path.isabs(entry) else base / entry
             candidates.append((str(path), entry))
+            listed_at.setdefault(entry, f"{src.name}:{number}")
     elif src.is_dir():
         conf = rules.rooted(str(src))
         found, skipped = walk_folder(src, quarantine, conf)
@@ -205,7 +221,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
         if kind is None:
             if list_file or not src.is_dir():
                 quarantine.append({"source": rel, "line": None, "reason": "not a .jsonl/.txt/.parquet file "
-                                   "(optionally .gz/.zst)"})
+                                   "(optionally .gz/.zst)" + _where(listed_at, rel)})
             else:
                 skipped += 1
             continue
@@ -213,7 +229,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
         if checked.reason is None and checked.is_dir:
             checked = dataclasses.replace(checked, reason="not a regular file (folder)")
         if checked.reason is not None:
-            quarantine.append({"source": rel, "line": None, "reason": checked.reason})
+            quarantine.append({"source": rel, "line": None, "reason": checked.reason + _where(listed_at, rel)})
             continue
         checked_files.append((rel, checked.real, checked.st))
     aliases = pick_real_paths(checked_files, conf.root)
@@ -475,8 +491,40 @@ class SegmentReader:
                                 "quarantined, not read whole")
 
     def __iter__(self) -> Iterator[Doc]:
+        """The segment's documents; binary or UTF-16 content is quarantined (``repack.sources.text_sniff``):
+        the whole segment when its first bytes are not UTF-8 text, else each document holding U+0000."""
+        for doc in self._documents():
+            if doc.text is not None and has_nul(doc.text):
+                yield Doc(doc.line, reason="binary data, not text: the document holds NUL (U+0000) characters")
+            else:
+                yield doc
+
+    def _sniff(self) -> str | None:
+        """Why the segment is not UTF-8 text (text_sniff.binary_reason of its first bytes), or None."""
+        if self.segment.kind == "parquet":
+            return None
+        size = SNIFF_BYTES if self.segment.unit != "bytes" else min(SNIFF_BYTES, self.segment.end - self.segment.start)
+        head = bytearray()
+        with _open_stream(self.segment) as fh:
+            try:
+                while len(head) < size:
+                    piece = fh.read(min(SNIP_BYTES, size - len(head)))
+                    if not piece:
+                        break
+                    head += piece
+            except Exception:  # noqa: BLE001 - a damaged stream: judged on what was read, the reader reports it
+                pass
+        return binary_reason(bytes(head))
+
+    def _documents(self) -> Iterator[Doc]:
         kind = self.segment.kind
         try:
+            reason = self._sniff()
+            if reason:
+                for _ in _lines(self.segment, self.max_doc_bytes):  # counted, so later segments' lines stay true
+                    self.lines += 1
+                yield Doc(1, reason=f"{reason}: the whole segment (lines 1-{self.lines}) is quarantined")
+                return
             if kind == "jsonl":
                 yield from self._jsonl()
             elif kind == "parquet":

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, safe_join
+from repack.manifest.versions import check_number, read_version
 
 STATE_PREFIX = ".repack/"  # the job state (task records, plan, locks): not dataset files
 
@@ -32,8 +33,15 @@ class LocalFiles:
         self._manifest = manifest
         self.threads = 1  # reading and hashing local files is CPU-bound: one at a time
 
-    def manifest(self) -> Manifest:
-        return self._manifest or read_manifest(self.root)
+    def manifest(self, version: int | None = None) -> Manifest:
+        return self._manifest or read_manifest(self.root, version)
+
+    def read(self, rel: str) -> bytes | None:
+        """A file's bytes (None when absent)."""
+        try:
+            return safe_join(self.root, rel).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def names(self) -> list[str]:
         """Every file under the root, sorted; ``.repack/`` and the manifest aside. Links are not followed:
@@ -66,20 +74,22 @@ class RemoteFiles:
         self.where = self.store.url
         self.threads = 4  # downloads overlap; each holds one shard on local disk while it is checked
 
-    def manifest(self) -> Manifest:
-        """The validated manifest (ManifestError naming the URL when missing or bad)."""
+    def manifest(self, version: int | None = None) -> Manifest:
+        """The validated manifest, latest or ``version`` (ManifestError naming the URL when missing or bad)."""
         store = self.store
-        raw = store.read_bytes(MANIFEST_NAME)
-        if raw is None:
-            raise ManifestError(f"{store.where(MANIFEST_NAME)}: no manifest (the job has not finished, or this "
-                                "is not a repack output)")
+        name, raw = read_version(store.read_bytes, version, store.url)
         try:
             data = json.loads(raw)
         except ValueError as exc:
-            raise ManifestError(f"{store.where(MANIFEST_NAME)}: not valid JSON ({exc})") from None
+            raise ManifestError(f"{store.where(name)}: not valid JSON ({exc})") from None
         manifest = Manifest(store.scratch, data, store.url)
         manifest.validate()  # confinement: every path stays under the prefix
+        check_number(data, version, store.where(name))
         return manifest
+
+    def read(self, rel: str) -> bytes | None:
+        """An object's bytes (None when absent)."""
+        return self.store.read_bytes(rel)
 
     def names(self) -> list[str]:
         """Every object key under the prefix, relative to it, sorted; ``.repack/`` and the manifest aside."""

@@ -136,6 +136,12 @@ class S3Store:
         except FileNotFoundError:
             return None
 
+    def read_range(self, rel: str, start: int, length: int) -> bytes:
+        """``length`` bytes of the object at ``start`` (one ranged GET; fewer at its end)."""
+        if length <= 0:
+            return b""
+        return self._call(rel, "get_object", Key=self.key(rel), Range=f"bytes={start}-{start + length - 1}")["Body"].read()
+
     def cache_listing(self) -> None:
         """List the whole prefix once; ``size`` answers from it (kept current by this process's
         own puts and deletes)."""

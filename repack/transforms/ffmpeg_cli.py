@@ -116,3 +116,12 @@ def run(cmd: list[str], timeout: float | None = None) -> Result:
     except subprocess.TimeoutExpired:
         return Result(124, b"", f"{os.path.basename(cmd[0])} timed out after {timeout:.0f} s")
     return Result(proc.returncode, proc.stdout, proc.stderr.decode(errors="replace"))
+
+
+def encoder_names(ffmpeg: str = "ffmpeg") -> set[str]:
+    """The encoders this ffmpeg build has (``ffmpeg -encoders``: libx264, libx265, ...); empty if it fails."""
+    result = run([ffmpeg, "-hide_banner", "-encoders"], timeout=60)
+    if result.returncode != 0:
+        return set()
+    listing = result.stdout.decode(errors="replace").partition(" ------\n")[2]  # the table after the legend
+    return {fields[1] for fields in map(str.split, listing.splitlines()) if len(fields) > 1}

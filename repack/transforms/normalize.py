@@ -21,6 +21,12 @@ decoded and re-encoded:
 Every input is first checked at the job's ``--verify`` level (``inspect_image``), so a corrupt
 input (a PNG with a corrupt IDAT, a truncated JPEG) is quarantined, never converted; decompression
 bombs are refused before any pixel is decoded (the declared size against ``max_pixels``).
+
+Memory: a conversion decodes the whole image, so whatever ``--max-pixels`` allows, the decoded
+image may take at most ``NORMALIZE_MEMORY_CAP`` bytes (256 MiB: about 89 megapixels of 8-bit
+RGB), measured at the size it decodes to (a JPEG with ``max_side`` decodes reduced in the DCT
+domain first). A larger one is quarantined with both numbers, before any pixel is decoded; the
+conversion's copies (RGB, resize) keep a worker's peak at a small multiple of the cap.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from repack.transforms.image_check import BadImage, ImageInfo, decode_failure, inspect_image, pil
+from repack.transforms.image_check import (DECODE_MEMORY_CAP, BadImage, ImageInfo, decode_failure, inspect_image,
+                                           pil)
 
 pil()  # the project's Pillow settings (pixel limit, no truncated loads) before any use here
 
 ORIENTATION_TAG = 0x0112
+NORMALIZE_MEMORY_CAP = DECODE_MEMORY_CAP  # bytes the decoded image of a conversion may take (module docstring)
 _SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
@@ -181,11 +189,30 @@ def _target_size(width: int, height: int, max_side: int | None) -> tuple[int, in
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
+def decoded_bytes(image: Image.Image) -> int:
+    """Bytes of ``image``'s pixels once decoded at its current (possibly drafted) size and mode."""
+    mode = image.mode
+    sample = 2 if mode.startswith("I;16") else 4 if mode in ("I", "F") else 1
+    return image.size[0] * image.size[1] * len(image.getbands()) * sample
+
+
+def _check_budget(image: Image.Image, ext: str) -> None:
+    """BadImage when decoding ``image`` would exceed NORMALIZE_MEMORY_CAP."""
+    need = decoded_bytes(image)
+    if need > NORMALIZE_MEMORY_CAP:
+        width, height = image.size
+        hint = "" if ext != "jpg" else "; --max-side lets a JPEG decode reduced"
+        raise BadImage(f"--normalize would decode {ext.upper()} of {width}x{height} ({image.mode}) into {need} bytes, "
+                       f"over the {NORMALIZE_MEMORY_CAP}-byte decode budget{hint}")
+
+
 def normalize_image(data: bytes, options: NormalizeOptions, verify: str = "decode") -> Normalized:
     """Pass ``data`` through if it conforms (checked at ``verify``), else convert it; BadImage on bad input."""
     info = inspect_image(data, verify, options.max_pixels)  # a corrupt input is never converted
     try:
         image = Image.open(io.BytesIO(data))
+        if info.ext != "jpg":  # never passed through, so converted: and reading a PNG's EXIF decodes it whole
+            _check_budget(image, info.ext)
         reasons = nonconformity(data, info, image, options.max_side)
     except BadImage:
         raise
@@ -199,6 +226,7 @@ def normalize_image(data: bytes, options: NormalizeOptions, verify: str = "decod
         target = _target_size(info.width, info.height, options.max_side)
         if target is not None and info.ext == "jpg":
             image.draft(None, (target[0] * 2, target[1] * 2))
+        _check_budget(image, info.ext)  # before any pixel is decoded
         icc = image.info.get("icc_profile") if image.mode == "RGB" else None
         image.load()
         source_size = (info.width, info.height)

@@ -8,11 +8,15 @@ every reason spelled out. Non-blocking observations (B-frames, ignored audio, mo
 non-square pixels) are ``notes``. User limits: a keyframe gap above ``max_gop_s``
 (``long_gop``) or a displayed height above ``max_height`` (``too_tall``) means transcode.
 ``reader`` is the DALI reader the videos are judged for (``DALI_READERS``): ``legacy``
-(the default) = ``fn.readers.video``, which reads one codec per reader, so only H.264 (the
-codec of repack's transcodes) is ``ok`` for it and every other codec is transcoded
-(``legacy_one_codec``): a per-file rule that makes any mix of outputs one codec. It is the
-default because it reads 4-12x faster than the other (transcode once offline, read fast every
-epoch). ``experimental`` = ``fn.experimental.readers.video`` / ``fn.experimental.decoders.video``
+(the default) = ``fn.readers.video``, which reads one codec per reader, so a dataset for it must
+be one codec: the *dataset codec* (``legacy_codec``, chosen once per job by
+``dataset_codec``). The one-codec rule: when every input's video stream has the same codec C,
+the target's NVDEC decodes C and repack has a transcode recipe for C (``ENCODABLE``: H.264 and
+HEVC), C is the dataset codec, so an all-HEVC folder keeps its HEVC files and transcodes only
+those that fail another check, to HEVC; otherwise (mixed codecs, or one codec repack cannot
+encode to) the dataset codec is H.264 and every other codec is transcoded to H.264
+(``legacy_one_codec``). It is the default reader because it reads 4-12x faster than the other
+(transcode once offline, read fast every epoch). ``experimental`` = ``fn.experimental.readers.video`` / ``fn.experimental.decoders.video``
 reads a dataset of mixed codecs as is (no transcode), at that read cost.
 pipelines.dali_video reads with the reader the manifest names. Reject: decoder errors
 found by ``--verify decode`` (``decode_errors`` in the record); a refused container
@@ -101,7 +105,10 @@ DEFAULT_TARGET = "h100"
 # for, and pipelines.dali_video reads with that one by default (legacy for manifests without it).
 DALI_READERS = {"legacy": "fn.readers.video", "experimental": "fn.experimental.readers.video"}
 DEFAULT_DALI_READER = "legacy"  # the fast reader: see the module docstring
-LEGACY_CODEC = "h264"  # the one codec of a dataset for the legacy reader: the codec repack transcodes to
+LEGACY_CODEC = "h264"  # the legacy reader's dataset codec unless every input shares another one (dataset_codec)
+# codecs repack's transcode recipe can write (repack.transforms.transcode): a dataset codec must be one of them,
+# so that a video of that codec which fails another check can be transcoded without adding a second codec
+ENCODABLE = ("h264", "hevc")
 REJECT, TRANSCODE, OK = "reject", "transcode", "ok"
 CODEC_NAMES = {"av1": "AV1", "mpeg2video": "MPEG-2", "mpeg1video": "MPEG-1", "vc1": "VC-1", "wmv3": "WMV9",
                "prores": "ProRes", "dnxhd": "DNxHD", "gif": "GIF", "rawvideo": "raw video", "theora": "Theora"}
@@ -142,11 +149,28 @@ def get_reader(name: str) -> str:
     return name
 
 
-def _reader_reason(reader: str, codec: str, label: str) -> dict | None:
+def dataset_codec(codecs, target: str | Target = DEFAULT_TARGET, reader: str = DEFAULT_DALI_READER,
+                  encoders: tuple[str, ...] = ENCODABLE) -> str:
+    """The one codec of a dataset read by ``reader`` (the one-codec rule, module docstring): the
+    codec every input shares (``codecs``: the codec of each input's video stream, None for
+    inputs without one, which are rejected anyway) when ``target`` decodes it and it is in
+    ``encoders``; else H.264. Only the legacy reader needs one codec; for the others the answer
+    is H.264, the codec of every transcode."""
+    tgt = target if isinstance(target, Target) else get_target(target)
+    found = {c for c in codecs if c}
+    if reader == "legacy" and len(found) == 1:
+        (codec,) = found
+        if codec in tgt.codecs and codec in encoders:
+            return codec
+    return LEGACY_CODEC
+
+
+def _reader_reason(reader: str, codec: str, label: str, legacy_codec: str = LEGACY_CODEC) -> dict | None:
     """Why ``reader`` cannot take a ``codec`` video that NVDEC decodes, or None."""
-    if reader == "legacy" and codec != LEGACY_CODEC:
+    if reader == "legacy" and codec != legacy_codec:
+        name = _BASE[legacy_codec].label if legacy_codec in _BASE else legacy_codec
         return _r("legacy_one_codec", f"{label}: DALI's legacy fn.readers.video reads one codec per reader; "
-                                      "transcoded to H.264, the codec of every legacy dataset")
+                                      f"transcoded to {name}, the one codec of this dataset")
     if reader == "experimental" and codec == "mjpeg":
         return _r("codec", "DALI's experimental video reader (fn.experimental.readers.video, the new GPU decoder) "
                            "fails to create an NVDEC decoder for MJPEG")
@@ -186,12 +210,14 @@ def _reject(info: dict) -> list[dict]:
 
 
 def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float = 1.0,
-           max_height: int | None = None, reader: str = DEFAULT_DALI_READER) -> Decision:
+           max_height: int | None = None, reader: str = DEFAULT_DALI_READER,
+           legacy_codec: str = LEGACY_CODEC) -> Decision:
     """Apply the rule to one probe record; see the module docstring for the facts used.
 
     ``max_height`` (the user's ``--max-height``): a taller video (displayed height, rotation
     applied) needs transcoding (reason ``too_tall``) so the recipe scales it down. ``reader``:
-    the DALI reader (a key of ``DALI_READERS``) the video must be read by."""
+    the DALI reader (a key of ``DALI_READERS``) the video must be read by; ``legacy_codec``: the
+    dataset codec for the legacy reader (``dataset_codec``)."""
     tgt = target if isinstance(target, Target) else get_target(target)
     get_reader(reader)
     rejects = _reject(info)
@@ -206,7 +232,7 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
         name = CODEC_NAMES.get(codec, codec)
         reasons.append(_r("codec", f"{name} is not decoded by NVDEC through DALI on {tgt.name} ({tgt.arch})"))
     else:
-        unread = _reader_reason(reader, codec, limits.label)
+        unread = _reader_reason(reader, codec, limits.label, legacy_codec)
         if unread:
             reasons.append(unread)
         profile = info.get("profile") or ""

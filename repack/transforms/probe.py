@@ -300,3 +300,23 @@ def pyav_probe(path: str) -> dict:
     except (av.error.FFmpegError, OSError, ValueError) as exc:
         return {"error": f"pyav: {exc}", "error_code": "probe_failed", "bytes": size}
     return summarize({"format": fmt, "streams": streams, "packets": packets}, path)
+
+
+def probe_codec(path: str, ffprobe: str = "ffprobe", timeout: float | None = 60.0) -> str | None:
+    """The codec of ``path``'s main video stream (the one ``probe_file`` judges) from the container
+    header only (no packet scan), or None when it has none or cannot be read; confined as
+    ``probe_file``. Used to choose a dataset's one codec before the per-file probes."""
+    import json
+
+    from repack.transforms.ffmpeg_cli import ffprobe_args, run
+
+    result = run(ffprobe_args(path, ffprobe), timeout)
+    if result.returncode != 0:
+        return None
+    try:
+        streams = json.loads(result.stdout.decode("utf-8", errors="replace")).get("streams") or []
+    except ValueError:
+        return None
+    main = next((s for s in streams if s.get("codec_type") == "video"
+                 and not (s.get("disposition") or {}).get("attached_pic")), None)
+    return main.get("codec_name") if main else None

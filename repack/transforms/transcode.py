@@ -4,7 +4,9 @@ Output: first video stream only; no audio, subtitles, data, chapters or metadata
 baked in (ffmpeg's autorotate, the display matrix is not copied); deinterlaced (yadif) when
 interlaced; square pixels (scaled to the display aspect ratio, SAR 1:1); explicit even
 dimensions (with an optional ``max_height`` and the target decoder's maximum), padded up to
-the decoder's minimum; H.264 High, 8-bit 4:2:0; fixed GOP (no scene-cut keyframes, closed GOP,
+the decoder's minimum; H.264 High (libx264), or HEVC Main (libx265, single-threaded for
+reproducible bytes) when the dataset codec is HEVC (``Recipe.codec``, the one-codec rule of
+repack.transforms.nvdec_rules), 8-bit 4:2:0; fixed GOP (no scene-cut keyframes, closed GOP,
 ``bframes`` B-frames, 0 by default); ``+faststart``. Bit-exact flags and fixed thread counts
 make the output depend only on the input, the options and the ffmpeg/x264 build.
 
@@ -51,6 +53,7 @@ class Recipe:
     bframes: int = 0
     threads: int = 1
     target: str = "h100"
+    codec: str = "h264"             # h264 (libx264) or hevc (libx265): nvdec_rules.ENCODABLE
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ def output_geometry(info: dict, recipe: Recipe) -> tuple[int, int, int, int]:
     scale = 1.0
     if recipe.max_height and h > recipe.max_height:
         scale = recipe.max_height / h
-    limits = get_target(recipe.target).codecs.get("h264", H264)
+    limits = get_target(recipe.target).codecs.get(recipe.codec, H264)
     (min_w, min_h), (max_w, max_h) = limits.min_size, limits.max_size
     scale = min(scale, max_w / w, max_h / h)
     sw = max(2, int(round(w * scale / 2)) * 2)
@@ -160,12 +163,16 @@ def transcode_stream(src: str, dst: str, info: dict, recipe: Recipe, timing: Tim
     if (pw, ph) != (sw, sh):
         video = video.filter("pad", pw, ph, (pw - sw) // 2, (ph - sh) // 2, color="black")
     video = video.filter("setsar", "1").filter("format", "yuv420p")
-    x264 = f"scenecut=0:open-gop=0:keyint={gop}:min-keyint={gop}:bframes={recipe.bframes}"
+    gop_params = f"scenecut=0:open-gop=0:keyint={gop}:min-keyint={gop}:bframes={recipe.bframes}"
+    if recipe.codec == "hevc":  # one thread pool, one frame thread, no WPP: the same bytes on every run
+        encoder = {"c:v": "libx265", "profile:v": "main", "tag:v": "hvc1",
+                   "x265-params": gop_params + ":pools=1:frame-threads=1:wpp=0:log-level=error"}
+    else:
+        encoder = {"c:v": "libx264", "profile:v": "high", "x264-params": gop_params}
     return video.output(dst, format="mp4", r=timing.rate_text, fps_mode="cfr", map_metadata=-1, map_chapters=-1,
                         preset=recipe.preset, crf=recipe.crf, g=gop, keyint_min=gop, sc_threshold=0,
                         bf=recipe.bframes, threads=recipe.threads, fflags="+bitexact", movflags="+faststart",
-                        **{"c:v": "libx264", "profile:v": "high", "pix_fmt": "yuv420p",
-                           "flags:v": "+cgop+bitexact", "x264-params": x264}
+                        **{"pix_fmt": "yuv420p", "flags:v": "+cgop+bitexact", **encoder}
                         ).global_args("-filter_complex_threads", str(recipe.threads))
 
 

@@ -1,12 +1,14 @@
-"""`make demo`: build a small photo dataset, repack it, verify it, read it back with both readers,
-write its HTML report; then the text path: train a small tokenizer offline, tokenize a corpus
-into a Megatron memmap, read it back.
+"""`make demo`: the three commands of the mission. Build a small photo dataset, repack it, verify
+it, read it back with both readers; generate a few videos (one the GPU decoder reads as is, a few
+that need transcoding, one that is rejected), probe and transcode them, verify, read clips back
+with the PyTorch video reader; train a small tokenizer offline, tokenize a corpus into a Megatron
+memmap, read it back. The HTML report of each dataset is written beside it.
 
 Photos are random crops, rescales and JPEG qualities of the real photographs that ship with
 scikit-image; a few broken files are added so the quarantine has something to show. The text is
 documents made of sentences of Python's bundled documentation; the tokenizer is a byte-level BPE
 trained on them with `tokenizers` and saved as a tokenizer.json (what any HuggingFace model folder
-holds), so nothing is downloaded.
+holds), so nothing is downloaded. The videos are made by ffmpeg (tests/tools/videos.py), 1-2 s each.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ from pathlib import Path
 
 from tests.tools.photos import make_photo_tree
 from tests.tools.text import documents, train_bpe, write_tokenizer
+from tests.tools.videos import CLIPS, make_clips
 
 OUT = Path("demo-out")
+# one video NVDEC reads as is, three that need transcoding (a long keyframe gap, 10-bit, VP9 for the
+# legacy DALI reader), one that is rejected (an empty file): every decision kind of `repack video`
+DEMO_CLIPS = ("good/h264.mp4", "bad/long_gop.mp4", "bad/h264_10bit.mp4", "good/vp9.webm", "junk/empty.mp4")
 
 
 def repack(*args: str) -> None:
@@ -98,6 +104,35 @@ def read_tokens(root: Path) -> None:
     print(f"PyTorch PackedTokenDataset: {len(dataset)} windows of 256+1 tokens; first batch {tuple(batch.shape)}")
 
 
+def make_videos(src: Path) -> None:
+    if src.exists():
+        return
+    made = make_clips(src, [c for c in CLIPS if c.rel in DEMO_CLIPS], workers=2)
+    print(f"made {len(made)} videos under {src}: " + ", ".join(sorted(made)))
+
+
+def read_clips(root: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from pipelines.torch_video import VideoClipDataset
+
+    dataset = VideoClipDataset(root, 16, stride=1, step=16)
+    started = time.perf_counter()
+    shapes: Counter = Counter()
+    for batch in DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=clip_list):
+        shapes.update(tuple(frames.shape) for frames, _label in batch)
+    seconds = time.perf_counter() - started
+    clips = sum(shapes.values())
+    print(f"PyTorch VideoClipDataset (PyAV decode on the CPU, 2 workers): {clips} clips (frames x H x W x C: "
+          f"{', '.join(f'{n} x {shape}' for shape, n in sorted(shapes.items()))}) from {len(dataset.paths)} videos, "
+          f"{clips / seconds:.1f} clips/s")
+
+
+def clip_list(batch: list) -> list:
+    """The DataLoader's collate for clips of different sizes (the videos keep theirs): a list."""
+    return batch
+
+
 def main() -> None:
     src, out = OUT / "photos", OUT / "webdataset"
     make_sample(src)
@@ -110,16 +145,28 @@ def main() -> None:
     read_with_torch(out)
     read_with_dali(out)
 
+    videos, clips = OUT / "videos", OUT / "clips"
+    print()
+    make_videos(videos)
+    shutil.rmtree(clips, ignore_errors=True)
+    repack("video", str(videos), str(clips), "--probe", "--transcode")  # the mission's command, as users type it
+    repack("verify", str(clips))
+    repack("inspect", str(clips), "--html", str(OUT / "video-report.html"))
+    print()
+    read_clips(clips)
+
     corpus, tokenizer, tokens = OUT / "corpus", OUT / "tokenizer", OUT / "tokens"
     print()
     make_corpus(corpus, tokenizer)
     shutil.rmtree(tokens, ignore_errors=True)
-    repack("text", str(corpus), str(tokens), "--tokenizer", str(tokenizer))
+    repack("text", str(corpus), str(tokens), "--tokenize", "memmap", "--tokenizer", str(tokenizer))
     repack("verify", str(tokens))
+    repack("inspect", str(tokens), "--html", str(OUT / "text-report.html"))
     print()
     read_tokens(tokens)
-    print(f"\ndemo done: images in {out}/ (manifest.json, shard-*.tar, shard-*.idx), their report in "
-          f"{OUT / 'report.html'}; tokens in {tokens}/ (text_document.bin/.idx, tokenizer.json)")
+    print(f"\ndemo done: images in {out}/ (manifest.json, shard-*.tar, shard-*.idx), report {OUT / 'report.html'}; "
+          f"videos in {clips}/ (videos/, probe.jsonl, file_list.txt), report {OUT / 'video-report.html'}; "
+          f"tokens in {tokens}/ (text_document.bin/.idx, tokenizer.json), report {OUT / 'text-report.html'}")
 
 
 if __name__ == "__main__":

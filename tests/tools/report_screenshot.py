@@ -29,11 +29,11 @@ def main(target: str = "docs/report.png") -> None:
         subprocess.run(repack + ["inspect", str(root / "out"), "--html", str(root / "report.html")], check=True,
                        stdout=subprocess.DEVNULL)
         shot = root / "shot.png"
-        render(root / "report.html", shot, width=1040, height=1500)
+        render(root / "report.html", shot, width=1040, height=1900)
         image = Image.open(shot).convert("RGB")
         image = image.resize((image.width * 3 // 4, image.height * 3 // 4), Image.LANCZOS)
         Path(target).parent.mkdir(parents=True, exist_ok=True)
-        image.quantize(colors=64).save(target, optimize=True)
+        image.quantize(colors=128).save(target, optimize=True)
     print(f"{target}: {Path(target).stat().st_size} bytes")
 
 

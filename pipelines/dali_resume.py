@@ -1,0 +1,179 @@
+"""Exact mid-epoch resume for the bundled DALI pipelines: a loader whose position is plain data.
+
+``ResumableDALILoader`` wraps one built pipeline in a ``DALIGenericIterator`` (dicts of torch
+tensors, as before) and adds ``state_dict()`` / ``load_state_dict()``. The state is a JSON-safe
+dict, so it sits in the same training checkpoint as the PyTorch loaders' states::
+
+    {"kind": "dali_webdataset", "version": 1, "epoch": 3, "batch": 41,
+     "options": {...}, "dali": "<base64 of Pipeline.checkpoint()>"}
+
+``epoch`` and ``batch`` count the epochs and the batches of the current epoch the caller has
+*taken* from the loader (prefetched batches do not count). Pipelines with a DALI reader
+(webdataset, video) carry DALI's own checkpoint in ``dali``: the reader's position and shuffle
+buffer and every random generator, taken by the iterator for the last batch it handed out.
+Pipelines fed by an external source (LMDB) carry no ``dali``: ``epoch`` and ``batch`` are the
+source's position and the builder rebuilds the source there (its order is a function of the
+seed and the epoch). ``options`` are the settings that shape the sample order (batch size,
+shard, seed, shuffling): restoring into a loader built with others is an error naming them.
+
+DALI restores a pipeline only while it is built, so ``load_state_dict`` rebuilds the pipeline
+from the state (a fraction of a second); a new process builds its loader with ``state=``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import inspect
+from typing import Any, Callable
+
+STATE_VERSION = 1
+LAST_BATCH = ("partial", "drop", "fill")
+RESUME = ("dali", "source", "none")
+
+Builder = Callable[["dict | None"], Any]  # state (or None) -> a built DALI pipeline
+
+
+def dali_checkpoint(state: dict | None) -> bytes | None:
+    """The DALI checkpoint inside a loader ``state`` (None when there is none)."""
+    if state is None or state.get("dali") is None:
+        return None
+    try:
+        return base64.b64decode(state["dali"].encode("ascii"), validate=True)
+    except (AttributeError, UnicodeEncodeError, binascii.Error) as error:
+        raise ValueError(f"{state.get('kind')} state: 'dali' is not a base64 DALI checkpoint ({error})") from None
+
+
+def restore_bytes(checkpoint: dict | bytes | None, kind: str, options: dict, enabled: bool) -> bytes | None:
+    """The DALI checkpoint to build a pipeline with: ``checkpoint`` as given (bytes of
+    ``Pipeline.checkpoint()``) or out of a checked loader state (dict)."""
+    if isinstance(checkpoint, dict):
+        checkpoint = dali_checkpoint(check_state(checkpoint, kind, options))
+    if checkpoint is not None and not enabled:
+        raise ValueError("restoring a checkpoint needs enable_checkpointing=True")
+    return checkpoint
+
+
+def builder_args(builder: Callable, given: dict) -> dict:
+    """Every keyword of ``builder``: ``given`` where given, else its default (a loader's view of
+    the options its pipeline is built with); refuses ``checkpoint`` (a loader takes ``state=``)."""
+    if "checkpoint" in given:
+        raise ValueError("pass a loader state as state=, not checkpoint=")
+    return {name: given.get(name, parameter.default)
+            for name, parameter in inspect.signature(builder).parameters.items()}
+
+
+def check_state(state: Any, kind: str, options: dict) -> dict:
+    """``state`` after checking it is a version-1 ``kind`` state saved with the same ``options``
+    (each key of ``options``; a loader's state may record more than its pipeline builder checks)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"a {kind} loader state must be a dict, got {type(state).__name__}")
+    if state.get("kind") != kind:
+        raise ValueError(f"this state is for a {state.get('kind')!r} loader, not {kind!r}")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"{kind} state version {state.get('version')!r} is not supported (this reader: "
+                         f"{STATE_VERSION})")
+    for field in ("epoch", "batch"):
+        if not isinstance(state.get(field), int) or isinstance(state.get(field), bool) or state[field] < 0:
+            raise ValueError(f"{kind} state: {field!r} must be a non-negative int, got {state.get(field)!r}")
+    saved = state.get("options")
+    if not isinstance(saved, dict):
+        raise ValueError(f"{kind} state: 'options' must be a dict, got {type(saved).__name__}")
+    differ = sorted(k for k in options if saved.get(k) != options[k])
+    if differ:
+        changes = ", ".join(f"{k}: saved {saved.get(k)!r}, now {options.get(k)!r}" for k in differ)
+        raise ValueError(f"the {kind} state was saved by a loader with other options ({changes}); "
+                         "build the loader with the saved options to resume")
+    return state
+
+
+class ResumableDALILoader:
+    """A ``DALIGenericIterator`` over ``build(state)``'s pipeline with ``state_dict``/``load_state_dict``.
+
+    ``kind`` names the pipeline in the state; ``options`` are the order-shaping settings checked
+    on restore (``last_batch`` is added); ``resume`` says how the position is kept: ``"dali"`` (the pipeline is built with
+    ``enable_checkpointing``; the state carries DALI's checkpoint), ``"source"`` (``build(state)``
+    starts the pipeline's source at the state's epoch and batch) or ``"none"`` (built without
+    checkpointing: ``state_dict`` and restoring refuse); ``epoch_batches``: batches per epoch
+    when the iterator cannot know them (an external source), else ``len()`` of the iterator.
+    Iterating yields what ``DALIGenericIterator`` yields: a list with one dict of torch tensors
+    per batch.
+    """
+
+    def __init__(self, kind: str, build: Builder, names: list[str], *, options: dict,
+                 reader_name: str | None, last_batch: str = "partial", auto_reset: bool = True,
+                 resume: str = "dali", epoch_batches: int | None = None,
+                 state: dict | None = None) -> None:
+        if resume not in RESUME:
+            raise ValueError(f"resume must be one of {list(RESUME)}, not {resume!r}")
+        if last_batch not in LAST_BATCH:
+            raise ValueError(f"last_batch must be one of {list(LAST_BATCH)}, not {last_batch!r}")
+        self.kind, self._build, self.names = kind, build, names
+        self.options = {**options, "last_batch": last_batch}
+        self._reader_name, self._last_batch, self._auto_reset = reader_name, last_batch, auto_reset
+        self._resume, self._epoch_batches = resume, epoch_batches
+        self.epoch = self.batch = 0
+        self._start(state)
+
+    def _start(self, state: dict | None) -> None:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        if state is not None:
+            self._refuse_without_checkpointing()
+            state = check_state(state, self.kind, self.options)
+            if self._resume == "dali" and state.get("dali") is None:
+                raise ValueError(f"the {self.kind} state holds no DALI checkpoint ('dali')")
+        self.pipe = self._build(state)
+        self.epoch, self.batch = (state["epoch"], state["batch"]) if state else (0, 0)
+        policy = {"partial": LastBatchPolicy.PARTIAL, "drop": LastBatchPolicy.DROP,
+                  "fill": LastBatchPolicy.FILL}[self._last_batch]
+        self._iterator = DALIGenericIterator([self.pipe], self.names, reader_name=self._reader_name,
+                                             last_batch_policy=policy, auto_reset=self._auto_reset)
+        # a state taken after the epoch's last batch restores to the next epoch's start (DALI's
+        # checkpoint does so; a source builder must): the caller has yet to see this epoch end,
+        # so the first next() ends it (and reset() then has nothing to reset)
+        self._end_pending = bool(state and 0 < len(self) <= state["batch"])
+        self._ended_early = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            if self._end_pending:
+                self._end_pending, self._ended_early = False, True
+                raise StopIteration
+            batch = next(self._iterator)
+        except StopIteration:
+            self.epoch, self.batch = self.epoch + 1, 0
+            raise
+        self._ended_early = False
+        self.batch += 1
+        return batch
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return len(self._iterator) if self._epoch_batches is None else self._epoch_batches
+
+    def reset(self) -> None:
+        """Start the next epoch (only needed with ``auto_reset=False``)."""
+        if not self._ended_early:
+            self._iterator.reset()
+        self._ended_early = False
+
+    def state_dict(self) -> dict:
+        """The loader's position after the last batch taken, as JSON-safe data."""
+        state = {"kind": self.kind, "version": STATE_VERSION, "epoch": self.epoch, "batch": self.batch,
+                 "options": dict(self.options)}
+        self._refuse_without_checkpointing()
+        if self._resume == "dali":
+            state["dali"] = base64.b64encode(self._iterator.checkpoints()[0]).decode("ascii")
+        return state
+
+    def _refuse_without_checkpointing(self) -> None:
+        if self._resume == "none":
+            raise ValueError(f"this {self.kind} loader was built with enable_checkpointing=False: it has no state")
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from ``state_dict``): rebuilds the pipeline there."""
+        self._start(state)

@@ -1,0 +1,35 @@
+"""The `repack remove` command."""
+
+from __future__ import annotations
+
+import click
+
+from repack.commands.versions import say_published
+from repack.config import EngineOptions
+from repack.errors import UsageError
+
+
+@click.command("remove")
+@click.argument("out")
+@click.option("--sources", "sources_file", default=None, metavar="FILE",
+              help="Remove the samples of these source paths (one per line, as in each sample's json 'path').")
+@click.option("--keys", "keys_file", default=None, metavar="FILE", help="Remove the samples of these keys (one per line).")
+@click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout.")
+@click.option("--quiet", "-q", is_flag=True, help="Say nothing unless nothing was published.")
+def remove(out, sources_file, keys_file, json_summary, quiet):
+    """Publish the next version of the dataset in OUT without some samples: only the shards holding them
+    are rewritten (under new names); `repack gc` then deletes the old files."""
+    from repack.commands.options import location
+    from repack.jobs.remove import RemoveSpec, read_names, remove_samples
+
+    if (sources_file is None) == (keys_file is None):
+        raise UsageError("name what to remove with exactly one of --sources FILE or --keys FILE")
+    by, path = ("sources", sources_file) if sources_file else ("keys", keys_file)
+    result = remove_samples(RemoveSpec(location(out), read_names(path), by))
+    for name in result.not_found[:20]:
+        click.echo(f"not found in the dataset: {name}", err=True)
+    if len(result.not_found) > 20:
+        click.echo(f"... and {len(result.not_found) - 20} more not found", err=True)
+    say_published(location(out), result.manifest, result.published,
+                  f"{result.removed} sample(s) removed, {len(result.not_found)} name(s) not found",
+                  EngineOptions(quiet=quiet, json_summary=json_summary), result.seconds, none_reason="no named sample found")

@@ -1,0 +1,36 @@
+"""What the version commands share: running an append and saying what was published."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from repack.config import EngineOptions
+
+
+def say_published(out: str, manifest: dict, published: bool, what: str, options: EngineOptions,
+                  seconds: float, none_reason: str = "nothing new") -> None:
+    """One line (or a JSON summary with --json): the version now published, or that none was."""
+    from repack.manifest.versions import number_of
+
+    number = number_of(manifest)
+    if published:
+        message = f"published version {number} of {out}: {what} ({seconds:.1f} s)"
+    else:
+        message = f"{none_reason}: version {number} of {out} unchanged, nothing published"
+    if options.json_summary:
+        click.echo(json.dumps({"out": out, "version": number, "published": published,
+                               "totals": manifest["totals"]}, sort_keys=True))
+    if not options.quiet or not published:
+        click.echo(message, err=options.json_summary)
+
+
+def run_append(spec, options: EngineOptions) -> None:
+    """`repack images|text --append`."""
+    from repack.jobs.append import append
+
+    result = append(spec, options)
+    say_published(spec.out, result.manifest, result.published,
+                  f"{result.added} new sample(s), {result.manifest['totals']['samples']} in all", options,
+                  result.seconds)

@@ -1,0 +1,216 @@
+"""`repack images SRC OUT --append`: pack only the inputs OUT does not hold yet, publish version N+1.
+
+"Already in the dataset": an input with the same relative path and the same size and mtime as one
+planned in an earlier version (``repack.jobs.publish.known_inputs``; an s3:// object: same key and
+size). A changed file (same path, other size or mtime) is packed again; a removed one is not.
+
+How (OUT's lock held throughout): an ordinary images job packs the new inputs into a staging
+folder ``OUT/.repack/append-vN+1`` (the engine's resume and byte-identity apply: kill -9, re-run,
+same bytes), with the dataset's class map (a new class gets the next index, existing indices
+never move), its cls width and the next sample positions (keys stay unique). Its shards are then
+renamed into OUT as ``shard-vN+1-XXXXXX.tar`` (+ ``.idx``): names no version used, so every
+existing shard stays byte-identical and a reader of version N is never disturbed. The record of
+known inputs for N+1 is written, then the version (``repack.jobs.publish``). With nothing new
+nothing is published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from repack.config import EngineOptions
+from repack.errors import UsageError
+from repack.jobs.base import STATE_DIR, Plan
+from repack.jobs.publish import (current_version, inputs_record, known_inputs, locked_dataset, move, plan_inputs,
+                                 promote_pending, publish, remove_prefix)
+from repack.manifest import MANIFEST_NAME, atomic_write_bytes, dumps_canonical
+from repack.manifest.versions import number_of
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """What an append did: the published manifest (the current one when nothing was new)."""
+
+    manifest: dict
+    published: bool
+    added: int
+    seconds: float
+
+
+def stage_folder(number: int) -> str:
+    return f"{STATE_DIR}/append-v{number}"
+
+
+@dataclass(frozen=True)
+class Appender:
+    """What differs between modalities: which datasets accept the append, the job that packs the new
+    inputs, how its shard names become version N's, and how two manifests merge."""
+
+    accepts: Callable[[dict, object], str | None]  # (current manifest, spec) -> why not, or None
+    staged_job: Callable[[object, str, Path, dict], object]  # (spec, staged OUT, known-inputs file, current)
+    rename: Callable[[str, object, int], str]  # (staged file name, spec, version) -> name in the dataset
+    merge: Callable[[dict, dict, list[dict]], dict]  # (current, staged, renamed shards) -> version N+1's body
+
+
+def append(spec, options: EngineOptions) -> AppendResult:
+    """Append ``spec.source``'s new inputs to the dataset in ``spec.out`` (see the module docstring)."""
+    from repack.jobs.engine import Engine
+
+    appender = APPENDERS[type(spec).__name__]
+    started = time.time()
+    with locked_dataset(spec.out) as (store, out):
+        current, current_raw = current_version(store)
+        promoted = promote_pending(store, current)
+        if promoted is not None:
+            return AppendResult(promoted, True, 0, time.time() - started)
+        refusal = appender.accepts(current, spec)
+        if refusal is not None:
+            raise UsageError(f"--append: {store.url} {refusal}")
+        number = number_of(current) + 1
+        stage = stage_folder(number)
+        stale = {rel.split("/")[1] for rel in store.list_sizes(f"{STATE_DIR}/append-v")} | \
+            {p.name for p in out.glob(f"{STATE_DIR}/append-v*")}
+        for name in stale - {f"append-v{number}"}:  # left by appends that were published
+            remove_prefix(store, f"{STATE_DIR}/{name}/")
+        known = known_inputs(store, current)
+        known_file = out / stage / "known-inputs.json"
+        if not known_file.exists():
+            known_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(known_file, dumps_canonical(known))
+        job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_file, current)
+        if job.store.read_bytes(MANIFEST_NAME) is None:
+            from repack.jobs.base import build_plan
+
+            if not build_plan(job).tasks:
+                remove_prefix(store, f"{stage}/")
+                return AppendResult(current, False, 0, time.time() - started)
+            Engine(job, dataclasses.replace(options, overwrite=False, strict=False)).run()
+        staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
+        plan = Plan.from_json(json.loads(job.store.read_bytes(f"{STATE_DIR}/plan.json")))
+        shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
+                  for shard in staged["shards"]]
+        store.put_bytes(inputs_record(number), dumps_canonical(plan_inputs(plan, known)))
+        body = appender.merge(current, staged, shards)
+        change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
+                  "added_shards": [s["path"] for s in shards],
+                  "quarantined": len(body["quarantine"]) - len(current["quarantine"])}
+        data = publish(store, out, current, current_raw, body, change)
+        remove_prefix(store, f"{stage}/")
+        if store.remote:
+            shutil.rmtree(job.store.scratch, ignore_errors=True)  # the staged job's local scratch
+        return AppendResult(data, True, staged["totals"]["samples"], time.time() - started)
+
+
+def move_shard(store, staged: str, shard: dict, rename: Callable[[str], str]) -> dict:
+    """Rename a staged shard (and its index) into the dataset (``rename``: its name there); its
+    manifest entry."""
+    renamed = dict(shard)
+    for key in ("path", "index"):
+        if shard.get(key):
+            name = rename(shard[key])
+            source = f"{staged}/{shard[key]}"
+            if store.size(source) is not None:
+                move(store, source, name)
+            elif store.size(name) is None:
+                raise UsageError(f"staged {source} is gone and {name} is not in {store.url}: remove "
+                                 f"{store.url}/{staged.rpartition('/')[0]} and append again")
+            renamed[key] = name
+    if "prefix" in shard:  # text: the Megatron prefix of the renamed .bin/.idx
+        renamed["prefix"] = renamed["path"][:-len(".bin")]
+    return renamed
+
+
+def merged_totals(current: dict, staged: dict, shards: list[dict], quarantine: list[dict], again: int) -> dict:
+    """Every count of both versions summed; samples, shards and quarantined recounted."""
+    totals = dict(current["totals"])
+    for key, value in staged["totals"].items():
+        if isinstance(value, int) and isinstance(totals.get(key, 0), int):
+            totals[key] = totals.get(key, 0) + value
+    totals["inputs"] = totals.get("inputs", 0) - again
+    totals.update(samples=sum(s["samples"] for s in shards), quarantined=len(quarantine))
+    if "shards" in totals:
+        totals["shards"] = len(shards)
+    if "parts" in totals:
+        totals["parts"] = len(shards)
+    return totals
+
+
+def merged_manifest(current: dict, staged: dict, shards: list[dict]) -> dict:
+    """Version N+1: N's shards then the new ones; totals, quarantine and the simple statistics summed
+    (the new inputs' full statistics kept under stats.appended)."""
+    known_sources = {q["source"] for q in current["quarantine"]}
+    new_quarantine = [q for q in staged["quarantine"] if q["source"] not in known_sources]
+    again = len(staged["quarantine"]) - len(new_quarantine)  # quarantined before, planned again: counted once
+    all_shards = current["shards"] + shards
+    quarantine = current["quarantine"] + new_quarantine
+    body = {key: value for key, value in current.items() if key not in ("run", "dataset_version")}
+    body.update(shards=all_shards, quarantine=quarantine,
+                fields=dict(sorted({**current.get("fields", {}), **staged.get("fields", {})}.items())),
+                totals=merged_totals(current, staged, all_shards, quarantine, again))
+    if "classes" in staged:
+        body["classes"] = staged["classes"]
+    stats = dict(current.get("stats", {}))
+    for key in ("formats", "class_counts"):
+        if key in stats or key in staged.get("stats", {}):
+            merged = dict(stats.get(key, {}))
+            for name, count in staged.get("stats", {}).get(key, {}).items():
+                merged[name] = merged.get(name, 0) + count
+            stats[key] = dict(sorted(merged.items()))
+    stats["appended"] = [*stats.get("appended", []), staged.get("stats", {})]
+    body["stats"] = stats
+    body["run"] = staged.get("run", {})
+    return body
+
+
+def merged_text_manifest(current: dict, staged: dict, shards: list[dict]) -> dict:
+    """A text version N+1: the shards' prefixes listed after N's, Megatron's weighted --data-path too."""
+    if staged["tokenizer"].get("sha256") != current.get("tokenizer", {}).get("sha256") or \
+            staged.get("dtype") != current.get("dtype"):
+        raise UsageError("--append: the new inputs were tokenized with another tokenizer or token dtype than "
+                         "the dataset's; append with the dataset's tokenizer")
+    body = merged_manifest(current, staged, shards)
+    body["prefixes"] = [s["prefix"] for s in body["shards"]]
+    body["data_path"] = " ".join(f"{s['tokens']} {s['prefix']}" for s in body["shards"])
+    return body
+
+
+def _images_accepts(current: dict, spec) -> str | None:
+    if current["modality"] != "images" or current["format"] != "webdataset" or spec.to != "webdataset":
+        return (f"holds {current['modality']} in {current['format']}; --append adds webdataset shards to a "
+                "webdataset images dataset")
+    return None
+
+
+def _images_job(spec, out: str, known_file: Path, current: dict):
+    from repack.jobs.images import ImagesJob
+
+    classes = current.get("classes") or {}
+    return ImagesJob(dataclasses.replace(
+        spec, out=out, known_inputs=str(known_file), known_classes=tuple(sorted(classes.items(), key=lambda kv: kv[1])),
+        cls_width=len(str(max(classes.values(), default=0))) if classes else None))
+
+
+def _text_accepts(current: dict, spec) -> str | None:
+    if current["modality"] != "text" or current["format"] != "memmap":
+        return f"holds {current['modality']} in {current['format']}, not a text memmap dataset"
+    return None
+
+
+def _text_job(spec, out: str, known_file: Path, current: dict):
+    from repack.jobs.text import TextJob
+
+    return TextJob(dataclasses.replace(spec, out=out, known_inputs=str(known_file)))
+
+
+APPENDERS = {
+    "ImagesSpec": Appender(_images_accepts, _images_job,
+                           lambda rel, spec, n: rel.replace("shard-", f"shard-v{n}-", 1), merged_manifest),
+    "TextSpec": Appender(_text_accepts, _text_job,  # text_document.bin -> text_document-v2.bin (parts alike)
+                         lambda rel, spec, n: f"{spec.name}-v{n}{rel[len(spec.name):]}", merged_text_manifest),
+}

@@ -1,0 +1,70 @@
+"""`repack gc OUT --keep K`: delete the files that only versions older than the K newest name.
+
+Kept: the K newest versions (``manifest.json`` and their ``manifest.vN.json``) and every file they
+name. Deleted: the ``manifest.vN.json`` of every other version and each file such a version names
+that no kept version names, and their job-state records (``.repack/inputs-vN.json``). A file no
+version names at all is never touched (``repack verify`` reports it): gc deletes only what repack
+published. Readers pinned to a deleted version lose it: keep as many versions as readers may pin.
+Each deletion is one unlink; a gc killed half-way leaves kept versions whole, and a re-run finishes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from repack.errors import UsageError
+from repack.jobs.publish import current_version, inputs_record, locked_dataset
+from repack.manifest import Manifest, ManifestError
+from repack.manifest.versions import number_of, version_file, version_number
+
+
+@dataclass(frozen=True)
+class GcResult:
+    kept: tuple[int, ...]
+    deleted_versions: tuple[int, ...]
+    deleted_files: tuple[str, ...]
+    freed_bytes: int
+
+
+def collect_garbage(out: str, keep: int) -> GcResult:
+    """Delete what no kept version names (see the module docstring)."""
+    if keep < 1:
+        raise UsageError(f"--keep must be at least 1 (the latest version), got {keep}")
+    with locked_dataset(out) as (store, root):
+        current, _ = current_version(store)
+        latest = number_of(current)
+        numbers = sorted({n for n in (version_number(rel) for rel in store.list_sizes("manifest.v")) if n is not None}
+                         | {latest})
+        kept = tuple(n for n in numbers if n > latest - keep)
+        names: dict[int, set[str]] = {n: _named(store, root, n, current if n == latest else None) for n in numbers}
+        keep_names = set().union(*(names[n] for n in kept))
+        doomed = tuple(n for n in numbers if n not in kept)
+        deleted, freed = [], 0
+        for number in doomed:
+            for rel in sorted(names[number] - keep_names - {version_file(number)}):
+                size = store.size(rel)
+                if size is not None:
+                    store.delete(rel)
+                    deleted.append(rel)
+                    freed += size
+        for number in doomed:  # the version files last: a gc killed before this re-finds what they name
+            if store.size(version_file(number)) is not None:
+                store.delete(version_file(number))
+            store.delete(inputs_record(number))
+        return GcResult(kept, doomed, tuple(deleted), freed)
+
+
+def _named(store, root: Path, number: int, data: dict | None) -> set[str]:
+    """Every file version ``number`` names (its manifest files included)."""
+    if data is None:
+        raw = store.read_bytes(version_file(number))
+        try:
+            data = json.loads(raw)
+            Manifest(root, data).validate()
+        except (TypeError, ValueError, ManifestError) as exc:
+            raise UsageError(f"{root}/{version_file(number)} is not a valid manifest ({exc}); nothing deleted") \
+                from None
+    manifest = Manifest(root, data)
+    return set(manifest.relative_paths()) | {v["path"] for v in data.get("videos", [])} | {version_file(number)}

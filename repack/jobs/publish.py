@@ -1,0 +1,130 @@
+"""Publishing a new version of a finished dataset (append, remove): the writer's half of
+``repack.manifest.versions``.
+
+Order (each step atomic; kill -9 between any two leaves the previous version published and
+readable, and a re-run completes the same version): version 1's bytes are kept as
+``manifest.v1.json`` first; then ``manifest.vN.json`` is written; then ``manifest.json`` gets the same
+bytes. A re-run that finds ``manifest.vN.json`` written but ``manifest.json`` still at N - 1 only
+promotes it.
+
+The dataset's record of what it holds, for appends: ``.repack/inputs-vN.json`` (job state, not a
+dataset file) ``{"inputs": {rel: [size, mtime_ns]}, "next_position": P}``: every input planned in
+versions 1..N (packed or quarantined by a task, removed later or not: a removed sample is not
+packed again by the next append) and the next free sample position (keys stay unique).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from repack.errors import UsageError
+from repack.jobs.base import STATE_DIR, Plan
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical
+from repack.manifest.versions import number_of, stamp, version_file
+
+
+def inputs_record(number: int) -> str:
+    return f"{STATE_DIR}/inputs-v{number}.json"
+
+
+@contextlib.contextmanager
+def locked_dataset(location: str) -> Iterator[tuple[object, Path]]:
+    """(store, local folder: the dataset's own, or an object store's scratch) of the published dataset at
+    ``location``, with OUT's job lock held (an object store: its lock object too). UsageError before
+    anything is created when there is no dataset."""
+    from repack.jobs.engine import JobLock, prepare_out
+    from repack.store import open_store
+
+    store = open_store(location)
+    out = Path(store.scratch)
+    current_version(store)
+    prepare_out(out, store)
+    with JobLock(out, "", store if store.remote else None):
+        yield store, out
+
+
+def current_version(store) -> tuple[dict, bytes]:
+    """(data, bytes) of the published ``manifest.json``; UsageError when there is none."""
+    raw = store.read_bytes(MANIFEST_NAME)
+    if raw is None:
+        raise UsageError(f"{store.url} holds no published dataset (no {MANIFEST_NAME}): run the job without "
+                         "--append first")
+    try:
+        data = json.loads(raw)
+        Manifest(Path(store.url), data).validate()
+    except (ValueError, ManifestError) as exc:
+        raise UsageError(f"{store.url}/{MANIFEST_NAME} is not a valid manifest: {exc}") from None
+    return data, raw
+
+
+def promote_pending(store, current: dict) -> dict | None:
+    """A version written but not yet named by ``manifest.json`` (a run killed in between): make it the
+    latest and return it; None when there is none."""
+    pending = store.read_bytes(version_file(number_of(current) + 1))
+    if pending is None:
+        return None
+    store.put_bytes(MANIFEST_NAME, pending)
+    return json.loads(pending)
+
+
+def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, change: dict) -> dict:
+    """Publish ``body`` as the version after ``current``, recording ``change``; returns its data."""
+    data = stamp(body, current, change)
+    Manifest(out, data).validate()
+    if number_of(current) == 1 and store.read_bytes(version_file(1)) is None:
+        store.put_bytes(version_file(1), current_raw)
+    raw = dumps_canonical(data, indent=1)
+    store.put_bytes(version_file(number_of(data)), raw)
+    store.put_bytes(MANIFEST_NAME, raw)
+    return data
+
+
+def known_inputs(store, current: dict) -> dict:
+    """The ``inputs-vN.json`` record of the published version (version 1: derived from the job's plan)."""
+    number = number_of(current)
+    raw = store.read_bytes(inputs_record(number))
+    if raw is not None:
+        return json.loads(raw)
+    plan_raw = store.read_bytes(f"{STATE_DIR}/plan.json") if number == 1 else None
+    if plan_raw is None:
+        raise UsageError(f"{store.url}: the record of what version {number} holds ({inputs_record(number)}) is "
+                         "missing, so new inputs cannot be told apart; repack without --append")
+    return plan_inputs(Plan.from_json(json.loads(plan_raw)), {"inputs": {}, "next_position": 0})
+
+
+def plan_inputs(plan: Plan, known: dict) -> dict:
+    """``known`` plus every input planned in ``plan``; next_position past the plan's sample keys."""
+    inputs = dict(known["inputs"])
+    position = known["next_position"]
+    for task in plan.tasks:
+        for entry in task.payload.get("inputs", ()) or task.payload.get("segments", ()):  # text: file segments
+            inputs[entry["rel"]] = list(entry["fingerprint"])[:2]
+            if "key" in entry:
+                position = max(position, int(entry["key"].partition("_")[0]) + 1)
+    return {"inputs": dict(sorted(inputs.items())), "next_position": position}
+
+
+def move(store, src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst`` inside the dataset (an object store: a server-side copy, then a delete;
+    the sha256 metadata travels with the object)."""
+    if not store.remote:
+        os.replace(store.path(src), store.path(dst))
+        return
+    from repack.store.s3_client import client
+
+    client().copy_object(Bucket=store.bucket, Key=store.key(dst),
+                         CopySource={"Bucket": store.bucket, "Key": store.key(src)})
+    store.delete(src)
+
+
+def remove_prefix(store, prefix: str) -> None:
+    """Delete every file under ``prefix`` (a folder path ending in /), and its local scratch copy."""
+    if store.remote:
+        for rel in store.list_sizes(prefix):
+            store.delete(rel)
+    shutil.rmtree(Path(store.scratch) / prefix, ignore_errors=True)

@@ -1,0 +1,157 @@
+"""Parquet files with an image-bytes column (Hugging Face ``datasets`` exports) as image inputs.
+
+The image column is the one named by ``--image-field``, else the one column holding bytes: a
+binary column, or a struct with a binary ``bytes`` field (the ``datasets`` Image feature,
+``{bytes, path}``). The label column is ``--label-field``, else the one the file's ``datasets``
+metadata calls a ClassLabel, else ``label``/``labels``/``class``/``cls``. ClassLabel names and
+indices are kept as the class map; integer labels without names keep their values as indices;
+string labels are class names (sorted). Other columns are not carried (counted in the manifest).
+
+Scanning reads the image column once for its lengths (the planner needs each input's size; the
+bytes are dropped a row group at a time). A row whose image is null, or only a path (not
+embedded), is quarantined. Each input is a ``MemberItem``: the file's path and fingerprint, the
+row number and column; rel ``<file rel>/<row>``; metadata ``source_file``, ``source_key`` (the
+row) and ``source_path`` (the Image feature's path, when set).
+"""
+
+from __future__ import annotations
+
+import json
+
+from repack.errors import UsageError
+from repack.sources.base import FieldChoice, MemberItem, Scan, quarantine_record
+from repack.sources.confine import Confinement
+from repack.sources.containers import Container, list_containers, open_container
+from repack.sources.tar_shards import numeric_class_index
+
+LABEL_COLUMNS = ("label", "labels", "class", "cls")
+
+
+def _is_bytes(arrow_type) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type)
+
+
+def _image_column(schema, fields: FieldChoice, where: str) -> str:
+    import pyarrow as pa
+
+    if fields.image is not None:
+        if fields.image not in schema.names:
+            raise UsageError(f"{where}: no column {fields.image!r} (--image-field; columns: {', '.join(schema.names)})")
+        return fields.image
+    found = [f.name for f in schema if _is_bytes(f.type) or (
+        pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0
+        and _is_bytes(f.type.field("bytes").type))]
+    if len(found) != 1:
+        what = f"several image columns ({', '.join(found)})" if found else "no image-bytes column"
+        raise UsageError(f"{where}: {what}; name it with --image-field")
+    return found[0]
+
+
+def _label_column(schema, metadata: dict, fields: FieldChoice, where: str) -> tuple[str | None, list[str] | None]:
+    """(label column or None, ClassLabel names or None)."""
+    features = ((metadata.get("info") or {}).get("features") or {}) if isinstance(metadata, dict) else {}
+    if fields.label is not None:
+        if fields.label not in schema.names:
+            raise UsageError(f"{where}: no column {fields.label!r} (--label-field; columns: {', '.join(schema.names)})")
+        column = fields.label
+    else:
+        class_labels = [n for n, f in features.items() if isinstance(f, dict) and f.get("_type") == "ClassLabel"]
+        column = class_labels[0] if class_labels else next((c for c in LABEL_COLUMNS if c in schema.names), None)
+    feature = features.get(column) if column else None
+    names = feature.get("names") if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" else None
+    return column, names
+
+
+def _hf_metadata(schema) -> dict:
+    raw = (schema.metadata or {}).get(b"huggingface")
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+
+
+def _label_name(value, names: list[str] | None) -> str | None:
+    if value is None:
+        return None
+    if names is not None and isinstance(value, int) and 0 <= value < len(names):
+        return names[value]
+    return str(value)
+
+
+def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
+    """(row, size, label, source path) of every row with embedded image bytes; (image column, names)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    with open_container(container) as fh:
+        try:
+            pf = pq.ParquetFile(fh)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            quarantine.append(quarantine_record(container.rel, f"not a readable parquet file: {exc}"))
+            return [], None, None, ()
+        schema = pf.schema_arrow
+        image = _image_column(schema, fields, container.rel)
+        label, names = _label_column(schema, _hf_metadata(schema), fields, container.rel)
+        columns = [image] + ([label] if label else [])
+        rows, row = [], 0
+        for batch in pf.iter_batches(columns=columns, batch_size=1024):
+            values = batch.column(0)
+            paths = None
+            if hasattr(values.type, "get_field_index"):  # the Image feature's struct {bytes, path}
+                paths = values.field("path").to_pylist() if values.type.get_field_index("path") >= 0 else None
+                values = values.field("bytes")
+            sizes = pc.binary_length(values).to_pylist()
+            labels = batch.column(1).to_pylist() if label else [None] * len(sizes)
+            for i, size in enumerate(sizes):
+                source_path = paths[i] if paths else None
+                if size is None:
+                    reason = (f"image not embedded (only a path: {source_path})" if source_path
+                              else "no image bytes (null)")
+                    quarantine.append(quarantine_record(f"{container.rel}/{row}", reason))
+                else:
+                    rows.append((row, size, _label_name(labels[i], names), source_path))
+                row += 1
+        carried = set(columns)
+        return rows, image, names, tuple(n for n in schema.names if n not in carried)
+
+
+def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | None = None) -> Scan:
+    """Rows of every ``.parquet`` under ``source`` (files in byte order, rows in file order); see module doc."""
+    conf = confinement or Confinement()
+    listing = list_containers(source, (".parquet",), {}, conf)
+    quarantine = list(listing.quarantine)
+    items: list[MemberItem] = []
+    not_carried: dict[str, int] = {}
+    class_names: list[str] | None = None
+    for container in listing.containers:
+        rows, image, names, others = _rows(container, fields, quarantine)
+        class_names = class_names or names
+        for column in others:
+            not_carried[column] = not_carried.get(column, 0) + len(rows)
+        for row, size, label, source_path in rows:
+            rel = f"{container.rel}/{row}"
+            too_big = conf.size_refusal(size)
+            if too_big is not None:
+                quarantine.append(quarantine_record(rel, too_big, label))
+                continue
+            meta = [("source_file", container.rel), ("source_key", str(row))]
+            if source_path:
+                meta.append(("source_path", source_path))
+            items.append(MemberItem(container.path, rel, label, size, container=container.fingerprint,
+                                    member=(("row", row), ("column", image)), meta=tuple(meta)))
+    labeled = any(item.label is not None for item in items)
+    if labeled:
+        unlabeled = [item for item in items if item.label is None]
+        quarantine += [quarantine_record(item.rel, "no label in a labeled dataset") for item in unlabeled]
+        items = [item for item in items if item.label is not None]
+    labels = {item.label for item in items if item.label is not None}
+    if class_names:
+        index = tuple((name, i) for i, name in enumerate(class_names))
+    else:
+        index = numeric_class_index(labels)
+    if not items and not quarantine:
+        raise UsageError(f"source {source!r}: its parquet files hold no rows")
+    return Scan(tuple(items), tuple(quarantine), labeled, listing.skipped, class_index=index,
+                not_carried=tuple(sorted(not_carried.items())))

@@ -1,0 +1,178 @@
+"""Tar shards written by other tools (webdataset's ShardWriter, img2dataset, ...) as image inputs.
+
+Members are grouped into samples by the WebDataset rule: the key is the member name up to the
+first dot of its last component, the extension is the rest (``000/00042.seg.png``: key
+``000/00042``, extension ``seg.png``). Member names are data, never paths: nothing is extracted,
+a name with ``..`` or a leading ``/`` is just a string in the sample's metadata. Only regular
+members are read (a symlink, hard link or device member is quarantined); no member is ever
+unpickled (``.pyd``/``.pickle`` members are not carried, like captions and per-sample JSON).
+
+Per sample: the image member is the one named by ``--image-field EXT``, else the one whose
+extension is an image type (a sample with two is quarantined: name one); the label member is the
+one named by ``--label-field EXT``, else ``cls``/``label``/``class`` when present. A label's text
+is the class name; when every label is a decimal integer its value is the class index (so the
+indices of the original dataset are kept). Compressed shards (``.tar.gz``) are quarantined:
+their members cannot be read at an offset.
+
+Each input is a ``MemberItem``: the shard's path and fingerprint, the image member's data offset
+and size (a task reads exactly those bytes), rel ``<shard rel>/<member name>`` and the metadata
+``source_file`` (shard rel) and ``source_key`` (sample key).
+"""
+
+from __future__ import annotations
+
+import tarfile
+from dataclasses import dataclass
+
+from repack.errors import UsageError
+from repack.sources.base import FieldChoice, MemberItem, Scan, quarantine_record
+from repack.sources.confine import Confinement
+from repack.sources.containers import Container, list_containers, open_container
+from repack.sources.folder import is_junk
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm")
+LABEL_EXTS = ("cls", "label", "class")
+MAX_LABEL_BYTES = 1024
+COMPRESSED = {".tar.gz": "compressed tar shard (.tar.gz): members cannot be read at an offset; decompress it",
+              ".tgz": "compressed tar shard (.tgz): members cannot be read at an offset; decompress it"}
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """(key, extension) of a member name by the WebDataset rule (extension lower-cased)."""
+    folder, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    key = f"{folder}/{stem}" if folder else stem
+    return key, ext.lower() if dot else ""
+
+
+@dataclass
+class _Sample:
+    key: str
+    members: dict  # extension -> TarInfo (first of each)
+    order: int
+
+
+def _samples(container: Container, quarantine: list[dict], counts: dict[str, int]):
+    """(samples in tar order, open tar) of one shard; members that are not regular files quarantined."""
+    fh = open_container(container)
+    try:
+        tar = tarfile.open(fileobj=fh, mode="r:")
+    except tarfile.TarError as exc:
+        fh.close()
+        quarantine.append(quarantine_record(container.rel, f"not a readable tar shard: {exc}"))
+        return [], None, None
+    samples: dict[str, _Sample] = {}
+    try:
+        for info in tar:
+            if info.isdir():
+                continue
+            base = info.name.rpartition("/")[2]
+            if is_junk(base) or base.startswith("__"):
+                counts["(hidden)"] = counts.get("(hidden)", 0) + 1
+                continue
+            if not info.isreg():
+                quarantine.append(quarantine_record(f"{container.rel}/{info.name}",
+                                                    "tar member is not a regular file (link or device): not read"))
+                continue
+            key, ext = split_name(info.name)
+            sample = samples.setdefault(key, _Sample(key, {}, len(samples)))
+            if ext in sample.members:
+                quarantine.append(quarantine_record(f"{container.rel}/{info.name}",
+                                                    f"second {ext!r} member of sample {key!r}: not read"))
+                continue
+            sample.members[ext] = info
+    except tarfile.TarError as exc:
+        quarantine.append(quarantine_record(container.rel, f"tar shard damaged after {len(samples)} sample(s): {exc}"))
+    return list(samples.values()), tar, fh
+
+
+def _pick_image(sample: _Sample, fields: FieldChoice) -> tuple[str | None, str | None]:
+    """(extension, None) of the image member, or (None, reason)."""
+    if fields.image is not None:
+        if fields.image in sample.members:
+            return fields.image, None
+        return None, f"no {fields.image!r} member (has: {', '.join(sorted(sample.members)) or 'none'})"
+    found = [ext for ext in sample.members if ext.rpartition(".")[2] in IMAGE_EXTS]
+    if len(found) == 1:
+        return found[0], None
+    if not found:
+        return None, f"no image member (has: {', '.join(sorted(sample.members)) or 'none'})"
+    return None, f"several image members ({', '.join(sorted(found))}): name one with --image-field"
+
+
+def _pick_label(sample: _Sample, fields: FieldChoice) -> str | None:
+    if fields.label is not None:
+        return fields.label if fields.label in sample.members else None
+    return next((ext for ext in LABEL_EXTS if ext in sample.members), None)
+
+
+def _read_label(tar: tarfile.TarFile, info: tarfile.TarInfo) -> tuple[str | None, str | None]:
+    """(class name, None) from a label member's text, or (None, reason)."""
+    if info.size > MAX_LABEL_BYTES:
+        return None, f"label member {info.name!r} is {info.size} bytes (over {MAX_LABEL_BYTES}): not a label"
+    raw = tar.extractfile(info).read()
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None, f"label member {info.name!r} is not UTF-8 text"
+    return (text, None) if text else (None, f"label member {info.name!r} is empty")
+
+
+def numeric_class_index(labels: set[str]) -> tuple[tuple[str, int], ...]:
+    """The source's own indices when every label is a decimal integer, else () (sorted names)."""
+    if labels and all(label.isdecimal() and label.isascii() for label in labels):
+        return tuple(sorted(((label, int(label)) for label in labels), key=lambda kv: kv[1]))
+    return ()
+
+
+def scan_tar_shards(source: str, fields: FieldChoice, confinement: Confinement | None = None) -> Scan:
+    """Samples of every ``.tar`` under ``source`` (shards in byte order, samples in tar order); see module doc."""
+    conf = confinement or Confinement()
+    listing = list_containers(source, (".tar",), COMPRESSED, conf)
+    quarantine = list(listing.quarantine)
+    counts: dict[str, int] = {}
+    picked: list[tuple[Container, _Sample, str, str | None]] = []  # container, sample, image ext, label
+    for container in listing.containers:
+        samples, tar, fh = _samples(container, quarantine, counts)
+        try:
+            for sample in samples:
+                rel_key = f"{container.rel}/{sample.key}"
+                ext, reason = _pick_image(sample, fields)
+                if ext is None:
+                    quarantine.append(quarantine_record(rel_key, reason))
+                    continue
+                label_ext = _pick_label(sample, fields)
+                label = None
+                if label_ext is not None:
+                    label, reason = _read_label(tar, sample.members[label_ext])
+                    if reason is not None:
+                        quarantine.append(quarantine_record(f"{container.rel}/{sample.members[ext].name}", reason))
+                        continue
+                for other in sample.members:
+                    if other not in (ext, label_ext):
+                        counts[other] = counts.get(other, 0) + 1
+                picked.append((container, sample, ext, label))
+        finally:
+            if fh is not None:
+                fh.close()
+    labeled = fields.label is not None or any(label is not None for *_, label in picked)
+    items: list[MemberItem] = []
+    for container, sample, ext, label in picked:
+        info = sample.members[ext]
+        rel = f"{container.rel}/{info.name}"
+        if labeled and label is None:
+            quarantine.append(quarantine_record(rel, f"no label member{f' {fields.label!r}' if fields.label else ''} "
+                                                     "in a labeled dataset"))
+            continue
+        too_big = conf.size_refusal(info.size)
+        if too_big is not None:
+            quarantine.append(quarantine_record(rel, too_big, label))
+            continue
+        items.append(MemberItem(container.path, rel, label, info.size, container=container.fingerprint,
+                                member=(("offset", info.offset_data), ("size", info.size)),
+                                meta=(("source_file", container.rel), ("source_key", sample.key))))
+    if not items and not quarantine:
+        raise UsageError(f"source {source!r}: its tar shards hold no samples")
+    labels = {item.label for item in items if item.label is not None}
+    return Scan(tuple(items), tuple(quarantine), labeled, listing.skipped,
+                class_index=numeric_class_index(labels), not_carried=tuple(sorted(counts.items())))

@@ -1,0 +1,62 @@
+"""Is a byte stream UTF-8 text? The check that keeps binary files and UTF-16 text out of a token
+corpus (packed, they become documents of byte-fallback or unknown tokens).
+
+``binary_reason(head)`` judges the first ``SNIFF_BYTES`` of a segment (decompressed); a reason
+means the whole segment is quarantined with it:
+
+- a UTF-16 or UTF-32 byte-order mark; or NUL bytes in every other position (UTF-16 without
+  one): "UTF-16 text ...", with the iconv command that converts it;
+- any other NUL byte: binary data;
+- more than ``MAX_NON_TEXT`` (10 %) of the characters undecodable as UTF-8 or C0 control
+  characters other than tab, newline, carriage return, form feed and vertical tab: binary
+  data. A UTF-8 file with a few bad lines stays below it (those lines are quarantined one by
+  one, as before).
+
+``has_nul(text)`` is the per-document rule: a document holding U+0000 (a JSON ``"\\u0000"``,
+a parquet string) is binary data too.
+"""
+
+from __future__ import annotations
+
+import codecs
+
+SNIFF_BYTES = 1 << 16
+MAX_NON_TEXT = 0.10
+_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32LE"), (codecs.BOM_UTF32_BE, "UTF-32BE"),
+         (codecs.BOM_UTF16_LE, "UTF-16LE"), (codecs.BOM_UTF16_BE, "UTF-16BE"))
+_CONTROLS = frozenset(chr(c) for c in range(32)) - set("\t\n\r\f\v")
+
+
+def _utf16(encoding: str, how: str) -> str:
+    return (f"UTF-16 text ({how}), not UTF-8: convert it first, e.g. iconv -f {encoding} -t UTF-8"
+            if encoding.startswith("UTF-16") else f"{encoding} text ({how}), not UTF-8: convert it first, e.g. "
+                                                  f"iconv -f {encoding} -t UTF-8")
+
+
+def binary_reason(head: bytes) -> str | None:
+    """Why ``head`` (the first bytes of a text segment) is not UTF-8 text, or None if it is."""
+    for bom, encoding in _BOMS:
+        if head.startswith(bom):
+            return _utf16(encoding, f"byte-order mark {bom.hex(' ').upper()}")
+    size = len(head)
+    nuls = head.count(0)
+    if nuls:
+        even, odd = head[0::2].count(0), head[1::2].count(0)
+        half = max(1, size // 2)
+        if max(even, odd) >= 0.3 * half and min(even, odd) <= 0.05 * half:
+            return _utf16("UTF-16LE" if odd > even else "UTF-16BE", "no byte-order mark, a NUL byte in every other "
+                                                                     "position")
+        return f"binary data, not text: {nuls} NUL byte(s) in the first {size} bytes"
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(head, final=False)
+    if not text:
+        return None
+    bad = text.count("\ufffd") + sum(1 for c in text if c in _CONTROLS)
+    if bad > MAX_NON_TEXT * len(text):
+        return (f"binary data, not UTF-8 text: {bad} of the first {len(text)} characters are undecodable bytes or "
+                f"control characters (over {MAX_NON_TEXT:.0%})")
+    return None
+
+
+def has_nul(text: str) -> bool:
+    """True if a document holds U+0000 (binary data)."""
+    return "\x00" in text

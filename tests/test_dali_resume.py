@@ -1,0 +1,170 @@
+"""The DALI loaders resume exactly (issue 18 item 3), on DALI's CPU backend.
+
+Each loader runs k batches with shuffling on, saves ``state_dict()`` (JSON), and a new process
+builds a new loader from it: the batches that follow equal the uninterrupted run's (labels, keys,
+the output tensors' bytes), the interrupted epoch then holds every sample exactly once, and the
+next epoch follows. Images restore through DALI's own checkpoint (reader, shuffle buffer and the
+random crop/mirror generators: ``train=True``), video through the experimental reader's, LMDB
+through the external source's (epoch, batch) position.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.conftest import run_repack
+from tests.tools.dali_resume_run import check_resume, make_loader, run_in_new_process, take
+from tests.tools.s3server import MotoServer, client, s3_env
+from tests.tools.videos import encoders, make_index_clip
+
+VP8 = ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")
+OPTIONS = {
+    "images": {"batch_size": 16, "num_threads": 2, "size": 16, "train": True, "random_shuffle": True, "seed": 5,
+               "initial_fill": 64},
+    "lmdb": {"batch_size": 16, "num_threads": 2, "size": 16, "random_shuffle": True, "seed": 5},
+    "video": {"sequence_length": 4, "stride": 2, "step": 3, "batch_size": 3, "device": "cpu", "device_id": None,
+              "reader": "experimental", "num_threads": 1, "random_shuffle": True, "seed": 3, "initial_fill": 8},
+}
+
+
+@pytest.fixture(scope="module")
+def datasets(photo_tree, packed_photos, tmp_path_factory) -> dict:
+    """kind -> dataset root: the 120 photos as WebDataset and LMDB, four VP8 videos in 4 classes."""
+    out = tmp_path_factory.mktemp("resume")
+    run_repack("images", photo_tree, out / "lmdb", "--to", "lmdb", "--quiet")
+    roots = {"images": str(packed_photos), "lmdb": str(out / "lmdb")}
+    if shutil.which("ffmpeg") and "libvpx" in encoders():
+        for name, frames in (("a", 30), ("b", 23), ("c", 17), ("d", 26)):  # one video per class: label = video
+            make_index_clip(out / f"vsrc/{name}/{name}.webm", frames, VP8, size=(96, 64))
+        run_repack("video", out / "vsrc", out / "video", "--transcode", "--dali-reader", "experimental", "--quiet")
+        roots["video"] = str(out / "video")
+    return roots
+
+
+@pytest.mark.parametrize("kind", ["images", "lmdb", "video"])
+def test_resume_in_a_new_process_continues_the_uninterrupted_run(kind, datasets):
+    if kind not in datasets:
+        pytest.skip("ffmpeg with the libvpx (VP8) encoder is not installed")
+    rows = check_resume(kind, datasets[kind], OPTIONS[kind])
+    per_epoch = len(make_loader(kind, datasets[kind], OPTIONS[kind]))
+    state_kind = {"images": "dali_webdataset", "lmdb": "dali_lmdb", "video": "dali_video"}[kind]
+    assert [row["position"] for row in rows] == [(state_kind, 1, 0, 3), (state_kind, 1, 0, per_epoch),
+                                                 (state_kind, 1, 1, 2)]
+    for row in rows:
+        assert row["equal"], f"{kind}: the batches after a restore at batch {row['before']} differ"
+        assert row["epoch_once"], f"{kind}: the epoch interrupted at batch {row['before']} is not every sample once"
+
+
+def test_images_resume_on_s3(photo_tree, tmp_path, monkeypatch):
+    """DALI reads s3:// itself (moto's server on loopback); its checkpoint resumes there too. DALI
+    (and pipelines.object_store) keep one S3 client per process, made for the first endpoint they
+    see, so the loaders run in child processes: the uninterrupted run and a loader stopped after 5
+    batches in one, the restore from its state in another."""
+    server = MotoServer()
+    try:
+        client(server.endpoint).create_bucket(Bucket="resume")
+        env = s3_env(server.endpoint)
+        run_repack("images", photo_tree, "s3://resume/photos", "--shard-size", "25", "--quiet",
+                   env={**env, "REPACK_SCRATCH": str(tmp_path)})
+        for name, value in {**env, "AWS_ENDPOINT_URL": server.endpoint}.items():
+            monkeypatch.setenv(name, value)
+        job = {"kind": "images", "root": "s3://resume/photos", "options": OPTIONS["images"], "state": None}
+        reference, stopped = run_in_new_process([{**job, "batches": 10}, {**job, "batches": 5, "save_state": True}])
+        resumed, = run_in_new_process([{**job, "state": stopped["state"], "batches": 5}])
+    finally:
+        server.stop()
+    assert stopped["records"] == reference["records"][:5]
+    assert resumed["records"] == reference["records"][5:]  # the epoch's end included
+
+
+def test_load_state_dict_rebuilds_in_place(datasets):
+    loader = make_loader("lmdb", datasets["lmdb"], OPTIONS["lmdb"])
+    reference = take("lmdb", make_loader("lmdb", datasets["lmdb"], OPTIONS["lmdb"]), 6)
+    take("lmdb", loader, 4)
+    state = loader.state_dict()
+    take("lmdb", loader, 2)
+    loader.load_state_dict(state)
+    assert take("lmdb", loader, 2) == reference[4:]
+
+
+def test_image_pipeline_restores_from_raw_dali_checkpoint(datasets):
+    from pipelines.dali_webdataset import build_image_pipeline
+
+    args = dict(batch_size=8, num_threads=1, size=16, random_shuffle=True, seed=2, initial_fill=32)
+    pipe = build_image_pipeline(datasets["images"], **args)
+    reference = [pipe.run()[1].as_array().tolist() for _ in range(5)]
+    pipe = build_image_pipeline(datasets["images"], **args)
+    for _ in range(2):
+        pipe.run()
+    restored = build_image_pipeline(datasets["images"], checkpoint=pipe.checkpoint(), **args)
+    assert [restored.run()[1].as_array().tolist() for _ in range(3)] == reference[2:]
+
+
+@pytest.mark.parametrize("kind", ["images", "lmdb"])
+def test_bad_states_are_refused_with_the_reason(kind, datasets):
+    root, options = datasets[kind], OPTIONS[kind]
+    loader = make_loader(kind, root, options)
+    take(kind, loader, 1)
+    good = loader.state_dict()
+    bad = [({**good, "kind": "torch_webdataset"}, "'torch_webdataset' loader"),
+           ({**good, "version": 2}, "version 2 is not supported"),
+           ({**good, "batch": -1}, "'batch' must be a non-negative int"),
+           ({**good, "options": {**good["options"], "seed": 6}}, r"seed: saved 6, now 5"),
+           ("not a dict", "must be a dict")]
+    if kind == "images":
+        bad.append(({**good, "dali": "%%%"}, "not a base64 DALI checkpoint"))
+        bad.append(({k: v for k, v in good.items() if k != "dali"}, "holds no DALI checkpoint"))
+    for state, message in bad:
+        with pytest.raises(ValueError, match=message):
+            make_loader(kind, root, options, state)
+    with pytest.raises(ValueError, match="batch_size: saved 16, now 8"):
+        make_loader(kind, root, {**options, "batch_size": 8}, good)
+
+
+def test_a_loader_without_checkpointing_has_no_state(datasets):
+    loader = make_loader("images", datasets["images"], {**OPTIONS["images"], "enable_checkpointing": False})
+    take("images", loader, 1)
+    with pytest.raises(ValueError, match="enable_checkpointing=False"):
+        loader.state_dict()
+    state = make_loader("images", datasets["images"], OPTIONS["images"]).state_dict()
+    with pytest.raises(ValueError, match="enable_checkpointing=False"):
+        make_loader("images", datasets["images"], {**OPTIONS["images"], "enable_checkpointing": False}, state)
+
+
+@pytest.mark.parametrize("last_batch", ["drop", "fill"])
+def test_image_loader_resumes_with_the_other_last_batch_policies(last_batch, datasets):
+    """DROP ends the epoch before the short batch, FILL pads it: a state taken at any batch of the
+    first epoch and after its end resumes to the uninterrupted run (in this process)."""
+    options = {**OPTIONS["images"], "last_batch": last_batch}
+    whole = make_loader("images", datasets["images"], options)
+    per_epoch = len(whole)
+    assert per_epoch == (7 if last_batch == "drop" else 8)  # 120 samples, batches of 16
+    reference = take("images", whole, per_epoch + 3)
+    for k in (2, per_epoch, per_epoch + 2):
+        loader = make_loader("images", datasets["images"], options)
+        take("images", loader, k)
+        resumed = make_loader("images", datasets["images"], options, loader.state_dict())
+        assert take("images", resumed, per_epoch + 3 - k) == reference[k:], (last_batch, k)
+    state = make_loader("images", datasets["images"], {**OPTIONS["images"], "last_batch": "drop"}).state_dict()
+    with pytest.raises(ValueError, match="last_batch: saved 'drop', now 'partial'"):
+        make_loader("images", datasets["images"], OPTIONS["images"], state)
+
+
+@pytest.mark.parametrize("kind", ["images", "lmdb"])
+def test_each_rank_resumes_its_own_shard(kind, datasets):
+    """Two DDP ranks (shard_id of num_shards=2): each resumes its own part; a state of one rank is
+    refused by the other."""
+    keys, states = [], []
+    for rank in range(2):
+        options = {**OPTIONS[kind], "shard_id": rank, "num_shards": 2}
+        reference = take(kind, make_loader(kind, datasets[kind], options), 5)
+        loader = make_loader(kind, datasets[kind], options)
+        take(kind, loader, 2)
+        states.append(loader.state_dict())
+        assert take(kind, make_loader(kind, datasets[kind], options, states[-1]), 3) == reference[2:]
+        keys += [key for record in reference[:reference.index("END")] for key in record["keys"]]
+    assert len(keys) == len(set(keys)) == 120  # the ranks' epochs: every sample once
+    with pytest.raises(ValueError, match="shard_id: saved 0, now 1"):
+        make_loader(kind, datasets[kind], {**OPTIONS[kind], "shard_id": 1, "num_shards": 2}, states[0])

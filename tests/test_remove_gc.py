@@ -1,0 +1,84 @@
+"""`repack remove` (only the shards holding the named samples are rewritten, under new names) and
+`repack gc --keep K` (afterwards no file under OUT holds a removed sample's bytes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_dataset_versions import add_inputs, labels_read, make_source
+
+
+def tar_samples(path: Path) -> list[tuple[str, list]]:
+    """(key, [(member name, bytes)]) of a shard, in order."""
+    from repack.sinks.tar_format import iter_members
+
+    samples: list[tuple[str, list]] = []
+    with open(path, "rb") as fh:
+        for member in list(iter_members(fh)):
+            fh.seek(member.offset)
+            key = member.name.partition(".")[0]
+            if not samples or samples[-1][0] != key:
+                samples.append((key, []))
+            samples[-1][1].append((member.name, fh.read(member.size)))
+    return samples
+
+
+def every_file_bytes(out: Path) -> list[tuple[str, bytes]]:
+    return [(str(p.relative_to(out)), p.read_bytes()) for p in sorted(out.rglob("*")) if p.is_file()]
+
+
+def test_remove_rewrites_only_the_shards_holding_the_samples_then_gc_deletes_their_bytes(tmp_path):
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    v2 = read_manifest_json(out)
+    gone = {rel: (src / rel).read_bytes() for rel in ("cat/c1.jpg", "dog/d3.jpg")}
+    (tmp_path / "takedown.txt").write_text("cat/c1.jpg\ndog/d3.jpg\nnot/there.jpg\n")
+    done = run_repack("remove", out, "--sources", tmp_path / "takedown.txt")
+    assert "not found in the dataset: not/there.jpg" in done.stderr
+    v3 = read_manifest_json(out)
+    assert v3["dataset_version"] == {"number": 3, "parent": 2, "change": v3["dataset_version"]["change"]}
+    change = v3["dataset_version"]["change"]
+    assert change["removed_samples"] == 2 and change["not_found"] == ["not/there.jpg"]
+    # shards c0..c3 | c4 d0 d1 d2 | d3 | (v2) new0..2 e0: shard 0 is rewritten without c1, shard 2 (d3 alone) dropped
+    assert change["rewritten"] == {"shard-000000.tar": "shard-000000-v3.tar", "shard-000002.tar": None}
+    assert [s["path"] for s in v3["shards"]] == ["shard-000000-v3.tar", "shard-000001.tar", "shard-v2-000000.tar"]
+    assert v3["shards"][1:] == [v2["shards"][1], v2["shards"][3]]  # the others kept as they are
+    old, new = tar_samples(out / "shard-000000.tar"), tar_samples(out / "shard-000000-v3.tar")
+    assert new == [s for s in old if json.loads(dict(s[1])[f"{s[0]}.json"])["path"] != "cat/c1.jpg"]
+    assert v3["totals"]["samples"] == 11 and len(labels_read(out)) == 11
+    assert sorted(labels_read(out, version=2)) == [0] * 8 + [1] * 4 + [2]  # version 2 still readable
+    assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "2").returncode == 0
+
+    key = tar_samples(out / "shard-v2-000000.tar")[0][0]
+    gone["key"] = next(data for name, data in tar_samples(out / "shard-v2-000000.tar")[0][1] if name.endswith(".jpg"))
+    (tmp_path / "keys.txt").write_text(f"{key}\n")
+    run_repack("remove", out, "--keys", tmp_path / "keys.txt", "--quiet")
+    assert read_manifest_json(out)["totals"]["samples"] == 10
+    nothing = run_repack("remove", out, "--keys", tmp_path / "keys.txt")
+    assert "nothing published" in nothing.stdout and not (out / "manifest.v5.json").exists()
+
+    assert any(data in blob for _, blob in every_file_bytes(out) for data in gone.values())  # still in old versions
+    run_repack("gc", out, "--keep", "1")
+    for name, blob in every_file_bytes(out):
+        for what, data in gone.items():
+            assert data not in blob, f"{what}'s bytes are still in {name}"
+    assert sorted(p.name for p in out.glob("manifest*.json")) == ["manifest.json", "manifest.v4.json"]
+    assert run_repack("verify", out).returncode == 0
+    assert sorted(labels_read(out)) == sorted(labels_read(out, version=4)) and len(labels_read(out)) == 10
+    old_version = run_repack("verify", out, "--version", "2", check=False)
+    assert old_version.returncode != 0 and "no version 2" in old_version.stderr + old_version.stdout
+
+
+def test_remove_and_gc_refuse_bad_input_by_name(tmp_path):
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    missing = run_repack("remove", out, "--sources", tmp_path / "none.txt", check=False)
+    assert missing.returncode == 2 and "none.txt" in missing.stderr
+    both = run_repack("remove", out, check=False)
+    assert both.returncode == 2 and "--sources" in both.stderr
+    empty = run_repack("gc", tmp_path / "nowhere", check=False)
+    assert empty.returncode == 2 and "no published dataset" in empty.stderr
