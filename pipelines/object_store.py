@@ -4,7 +4,7 @@ Objects are read with boto3 (credentials and endpoint the standard AWS way: ``AW
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles). A byte range is
 a ranged GET whose body is read as it arrives: a shard is streamed, never downloaded whole first.
 A connection lost in the middle of a range is resumed from the byte where it stopped.
-One client per process (DataLoader workers make their own). The readers import nothing from
+One client per process and endpoint (DataLoader workers make their own). The readers import nothing from
 repack but its manifest, so this small client is theirs, not ``repack.store``'s.
 """
 

@@ -9,9 +9,9 @@ checksum matches), name the member the index names, and give the size the index 
 block must be as long as the index says (a truncated shard reads short). Any failure is a
 ``ShardIntegrityError`` naming the shard and the sample key. Nothing here skips: the reader decides.
 
-Blocks are read ahead of the consumer by a few threads (``fetch_blocks``): at most ``prefetch``
-blocks are in flight besides the one being consumed, so memory stays under
-``(prefetch + 1) * block bytes``, and network latency overlaps with consumption.
+Blocks are read ahead of the consumer by a few threads (``fetch_blocks``): at most ``depth``
+blocks are in flight or waiting besides the one being consumed, so memory stays under
+``(depth + 1) * block bytes``, and storage or network latency overlaps with consumption.
 """
 
 from __future__ import annotations
@@ -137,14 +137,16 @@ def cut_block(block: ReadBlock, data: bytes) -> list[dict | ShardIntegrityError]
     return out
 
 
-def fetch_blocks(blocks: Iterable, prefetch: int) -> Iterator[tuple[object, ReadBlock, bytes]]:
-    """(tag, block, data) for each (tag, block) of ``blocks``, in order, each read by one of
-    ``prefetch`` threads while earlier ones are consumed (0: read in the caller's thread)."""
-    if prefetch <= 0:
+def fetch_blocks(blocks: Iterable, threads: int, depth: int | None = None) -> Iterator[tuple[object, ReadBlock, bytes]]:
+    """(tag, block, data) for each (tag, block) of ``blocks``, in order, read by ``threads`` threads
+    up to ``depth`` blocks (default: ``threads``) ahead of the one consumed (0 threads: read in the
+    caller's thread, nothing ahead)."""
+    if threads <= 0:
         for tag, block in blocks:
             yield tag, block, read_range(block.url, block.start, block.end)
         return
-    pool = ThreadPoolExecutor(prefetch, thread_name_prefix="repack-prefetch")
+    prefetch = max(threads, depth or 0)
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="repack-prefetch")
     ahead: deque = deque()
     source = iter(blocks)
     try:
@@ -157,6 +159,9 @@ def fetch_blocks(blocks: Iterable, prefetch: int) -> Iterator[tuple[object, Read
             tag0, block0, future = ahead.popleft()
             yield tag0, block0, future.result()
     finally:
+        # Cancel what has not started and wait for the reads in flight (at most ``prefetch``):
+        # no thread may outlive the iterator, or a DataLoader forking workers next could copy a
+        # thread's held locks (seen: a forked worker's import failed with KeyError in importlib).
         for *_, future in ahead:
             future.cancel()
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -38,7 +38,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
-from pipelines import sample_order
+from pipelines import object_store, sample_order
 from pipelines.manifest_access import Sample, image_extensions, is_labeled, open_webdataset, parse_label, read_index
 from pipelines.pil_images import decode_image
 from pipelines.tar_blocks import ShardIntegrityError, cut_block, fetch_blocks, plan_blocks
@@ -98,8 +98,11 @@ class ImageShardDataset(IterableDataset):
             counts); the remainder (at most world_size - 1 samples) is skipped that epoch.
         mode: PIL mode to convert to (``"RGB"``); None keeps the stored mode.
         decode: False yields the raw image bytes instead of a PIL image.
-        read_bytes: the largest block read at once (one pread or one ranged GET).
-        prefetch: blocks read ahead by as many threads (0: none).
+        read_bytes: the largest block read at once (one pread or one ranged GET); default 4 MiB on
+            local files, 16 MiB on s3:// (fewer requests).
+        prefetch: blocks read ahead by as many threads (0: none); default: 2 on s3:// (concurrent
+            ranged GETs: network latency overlaps with consumption), 0 on local files (measured: on
+            a CPU-bound worker, threads only compete for it).
         shuffle_buffer: with shuffle, how many consecutive samples are mixed at a time (per worker).
         version: the dataset version to read (``manifest.vN.json``); None: the latest.
         on_error: ``"raise"`` (default): a damaged header, a truncated shard, a missing member raise
@@ -118,7 +121,7 @@ class ImageShardDataset(IterableDataset):
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None, output: str = "tuple",
                  shuffle: bool = False, seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  drop_last: bool = False, mode: str | None = "RGB", decode: bool = True,
-                 read_bytes: int = 4 << 20, shuffle_buffer: int = 1000, prefetch: int = 2,
+                 read_bytes: int | None = None, shuffle_buffer: int = 1000, prefetch: int | None = None,
                  on_error: str = "raise", draft_size: tuple[int, int] | None = None,
                  version: int | None = None) -> None:
         if output not in ("tuple", "dict"):
@@ -128,6 +131,7 @@ class ImageShardDataset(IterableDataset):
         self.manifest = open_webdataset(root, "images", version)
         self.root = str(root)
         self.image_exts = set(image_extensions(self.manifest))
+        self._image_order = sorted(self.image_exts)
         self.labeled = is_labeled(self.manifest)
         self.transform = transform
         self.output = output
@@ -137,8 +141,9 @@ class ImageShardDataset(IterableDataset):
         self.drop_last = drop_last
         self.mode = mode
         self.decode = decode
-        self.read_bytes = max(1, read_bytes)
-        self.prefetch = max(0, prefetch)
+        remote = object_store.is_remote(root)
+        self.read_bytes = max(1, read_bytes or (16 << 20 if remote else 4 << 20))
+        self.prefetch = max(0, prefetch if prefetch is not None else (2 if remote else 0))
         self.shuffle_buffer = max(1, shuffle_buffer)
         self.on_error = on_error
         self.draft_size = tuple(draft_size) if draft_size else None
@@ -325,7 +330,10 @@ class ImageShardDataset(IterableDataset):
             fetched.close()
 
     def _check_members(self, url: str, sample: Sample, members: dict) -> dict | ShardIntegrityError:
-        if not any(ext in members for ext in self.image_exts):
+        for ext in self._image_order:
+            if ext in members:
+                break
+        else:
             return ShardIntegrityError(url, sample.key, "no image member")
         if self.labeled and "cls" not in members:
             return ShardIntegrityError(url, sample.key, "no .cls member")
@@ -333,8 +341,7 @@ class ImageShardDataset(IterableDataset):
 
     # -- output ----------------------------------------------------------------------------------
     def _to_output(self, sample: dict):
-        image = next(sample[ext] for ext in sorted(self.image_exts) if ext in sample)
-        image = self._decode(image)
+        image = self._decode(next(sample[ext] for ext in self._image_order if ext in sample))
         cls = sample.get("cls")
         label = parse_label(cls) if cls is not None else UNLABELED
         if self.transform is not None:
@@ -348,12 +355,15 @@ class ImageShardDataset(IterableDataset):
     def pipeline(self) -> wds.DataPipeline:
         """This dataset as a ``wds.DataPipeline`` (an IterableDataset): add stages with ``append``.
         Its state (``state_dict``) counts the samples the reader handed to the stages."""
-        return wds.DataPipeline(lambda: self._read(self._start()), wds.map(self._to_output))
+        return self._pipeline(lambda: self._read(self._start()))
 
     def __iter__(self) -> Iterator[Any]:
         cursor = self._start()  # now, not at the first next(): state_dict() describes this iterator
         self._cursor = cursor
-        return iter(wds.DataPipeline(lambda: self._read(cursor), wds.map(self._to_output)))
+        return iter(self._pipeline(lambda: self._read(cursor)))
+
+    def _pipeline(self, source: Callable[[], Iterator[dict]]) -> wds.DataPipeline:
+        return wds.DataPipeline(source, wds.map(self._to_output))
 
     def _decode(self, data: bytes):
         if not self.decode:

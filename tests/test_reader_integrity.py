@@ -5,6 +5,7 @@ counted where the user reads them (``dataset.skipped``, across DataLoader worker
 
 from __future__ import annotations
 
+import gc
 import io
 import shutil
 import tarfile
@@ -101,6 +102,7 @@ def test_damage_raises_naming_shard_and_key_or_is_skipped_and_counted(packed_pho
     assert shard in str(caught.value) and repr(key) in str(caught.value)
     with pytest.raises(ShardIntegrityError, match=key):  # through DataLoader workers alike
         list(DataLoader(ImageShardDataset(root, decode=False), batch_size=None, num_workers=2))
+    gc.collect()  # the failed loader's workers and queue threads end here, before the next loader forks
 
     skipping = ImageShardDataset(root, decode=False, on_error="skip", output="dict")
     got = list(DataLoader(skipping, batch_size=None, num_workers=2))

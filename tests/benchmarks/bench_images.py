@@ -11,6 +11,13 @@ bench_producer's. Rows (images/s; ratio = repack / baseline):
   read   PyTorch reader over the shards vs a folder-of-files Dataset (same PIL decode, resize 224,
          same num_workers, both shuffled), warm and cold page cache; then the same without
          decoding (raw bytes: the I/O path alone)
+  raw    issue 19.1: raw bytes, DataLoader with 2 workers, all shuffled: ImageShardDataset vs the
+         folder Dataset and vs plain ``wds.WebDataset`` over the same shards; medians of
+         REPACK_BENCH_REPEATS (default 3) alternated rounds, the baselines measured in the same run
+  resume the cost of a checkpoint: the JSON size of a StatefulDataLoader's state mid-epoch, and
+         the time to the first batch after load_state_dict vs a fresh start (medians)
+
+REPACK_BENCH_IMAGES_PARTS (default all: decode,read,raw,resume) picks parts.
 
 Cold cache: every file involved is fsynced and dropped with posix_fadvise(DONTNEED) (or, with
 REPACK_BENCH_DROP_CACHES=1, the whole page cache through /proc/sys/vm/drop_caches). Other knobs:
@@ -218,6 +225,81 @@ def read_rate(kind: str, packed: Path, files: list[Path], workers: int) -> tuple
     return time.perf_counter() - started, count
 
 
+class WdsBytes:
+    """The baseline of issue 19.1: plain ``wds.WebDataset`` over the same shards (shards shuffled,
+    a 1000-sample shuffle buffer, split by DataLoader worker), raw bytes and label."""
+
+    def __init__(self, shards: list[Path]) -> None:
+        self.urls = [str(s) for s in shards]
+
+    def dataset(self):
+        import webdataset as wds
+
+        return (wds.WebDataset(self.urls, shardshuffle=len(self.urls), seed=0, empty_check=False)
+                .shuffle(1000).to_tuple("jpg", "cls"))
+
+
+def raw_epoch(kind: str, packed: Path, files: list[Path], workers: int) -> tuple[float, int]:
+    """(seconds, samples) of one shuffled raw-bytes epoch through a DataLoader (batch 64)."""
+    from torch.utils.data import DataLoader
+
+    if kind == "wds":
+        shards = sorted(packed.glob("*.tar"))
+        loader = DataLoader(WdsBytes(shards).dataset(), batch_size=64, num_workers=workers)
+        started = time.perf_counter()
+        count = sum(len(labels) for _, labels in loader)
+        return time.perf_counter() - started, count
+    return read_rate("repack-bytes" if kind == "repack" else "folder-bytes", packed, files, workers)
+
+
+def raw_ratios(packed: Path, files: list[Path], workers: int, repeats: int) -> list[dict]:
+    """Issue 19.1's rows: medians of ``repeats`` alternated rounds (repack, folder, wds), warm cache."""
+    warm(files)
+    warm(sorted(packed.glob("*.tar")))
+    seconds: dict[str, list[float]] = {"repack": [], "folder": [], "wds": []}
+    for _ in range(repeats):
+        for kind in seconds:
+            took, got = raw_epoch(kind, packed, files, workers)
+            if got != len(files):
+                raise RuntimeError(f"{kind} (raw bytes) yielded {got} of {len(files)} samples")
+            seconds[kind].append(took)
+    rate = {kind: len(files) / float(np.median(s)) for kind, s in seconds.items()}
+    what = f"raw bytes, {workers} workers, median of {repeats}"
+    return [row(f"ImageShardDataset, {what}", rate["repack"], "folder Dataset, same", rate["folder"], 1.5),
+            row(f"ImageShardDataset, {what}", rate["repack"], "plain wds.WebDataset, same", rate["wds"], 1.2)]
+
+
+def checkpoint_cost(packed: Path, workers: int, repeats: int) -> dict:
+    """State size (JSON bytes) of a StatefulDataLoader halfway through a shuffled epoch, and the
+    seconds to its first batch after load_state_dict vs a fresh start (medians of ``repeats``)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from pipelines.torch_webdataset import ImageShardDataset
+
+    def loader():
+        dataset = ImageShardDataset(packed, shuffle=True, seed=0, decode=False)
+        return dataset, StatefulDataLoader(dataset, batch_size=64, num_workers=workers)
+
+    dataset, first = loader()
+    it = iter(first)
+    for _ in range(len(dataset) // 64 // 2):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    del it, first
+    fresh, resumed = [], []
+    for _ in range(repeats):
+        for target in (fresh, resumed):
+            _, again = loader()
+            started = time.perf_counter()
+            if target is resumed:
+                again.load_state_dict(state)
+            next(iter(again))
+            target.append(time.perf_counter() - started)
+            del again
+    return {"state_bytes": len(json.dumps(state)), "first_batch_fresh_s": round(float(np.median(fresh)), 3),
+            "first_batch_resumed_s": round(float(np.median(resumed)), 3)}
+
+
 # ---- report -----------------------------------------------------------------------------
 
 def table(rows: list[dict], header: str) -> str:
@@ -250,21 +332,27 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
     print(f"[images] {n} JPEGs, {total_bytes / n / 1e3:.0f} KB mean, {cpus} usable CPUs", file=sys.stderr)
     warm(files)
 
+    parts = set((os.environ.get("REPACK_BENCH_IMAGES_PARTS") or "decode,read,raw,resume").split(","))
+    repeats = env_int("REPACK_BENCH_REPEATS", 3)
     rows = []  # packing speed (vs tar, vs ShardWriter, worker sweep): bench_producer
     run_repack(src, work / "decode", "decode", shard_size)
 
-    sample = [p.read_bytes() for p in files[: env_int("REPACK_BENCH_DECODE_IMAGES", 500)]]
-    check_s = decode_check_seconds(sample)
-    m = len(sample)
-    rows.append(row("decode check: strict full decode (1 proc)", m / check_s["inspect"],
-                    "old check: PIL 1/8 draft decode", m / check_s["draft"], seconds=round(check_s["inspect"], 3)))
-    rows.append(row("decode check: strict full decode (1 proc)", m / check_s["inspect"],
-                    "plain PIL full decode loop", m / check_s["pil"], seconds=round(check_s["inspect"], 3)))
+    if "decode" in parts:
+        sample = [p.read_bytes() for p in files[: env_int("REPACK_BENCH_DECODE_IMAGES", 500)]]
+        check_s = decode_check_seconds(sample)
+        m = len(sample)
+        rows.append(row("decode check: strict full decode (1 proc)", m / check_s["inspect"],
+                        "old check: PIL 1/8 draft decode", m / check_s["draft"], seconds=round(check_s["inspect"], 3)))
+        rows.append(row("decode check: strict full decode (1 proc)", m / check_s["inspect"],
+                        "plain PIL full decode loop", m / check_s["pil"], seconds=round(check_s["inspect"], 3)))
 
     packed = work / "decode"
     shards = sorted(packed.glob("*.tar"))
     method = None
-    for decode in (True, False):
+    if "raw" in parts:
+        rows += raw_ratios(packed, files, 2, repeats)
+    checkpoint = checkpoint_cost(packed, 2, repeats) if "resume" in parts else None
+    for decode in ((True, False) if "read" in parts else ()):
         for cache in ("warm", "cold"):
             rates = {}
             for kind in ("folder", "repack"):
@@ -285,9 +373,14 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
               f"shards of {shard_size}, {read_workers} DataLoader workers; cold cache via {method}; "
               f"load average {os.getloadavg()[0]:.1f}")
     text = table(rows, header)
+    if checkpoint is not None:
+        text += (f"\ncheckpoint (StatefulDataLoader, 2 workers, mid-epoch): state {checkpoint['state_bytes']} bytes of "
+                 f"JSON; first batch {checkpoint['first_batch_resumed_s']:.3f} s after load_state_dict vs "
+                 f"{checkpoint['first_batch_fresh_s']:.3f} s fresh (medians of {repeats})")
     print(text)
     return {"name": "images", "cpus": cpus, "images": n, "mean_bytes": round(total_bytes / n),
-            "shard_size": shard_size, "read_workers": read_workers, "cold_cache": method, "rows": rows, "table": text}
+            "shard_size": shard_size, "read_workers": read_workers, "cold_cache": method, "rows": rows,
+            "checkpoint": checkpoint, "table": text}
 
 
 if __name__ == "__main__":
