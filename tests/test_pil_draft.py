@@ -69,3 +69,18 @@ def test_draft_with_mode_conversion():
 def test_bad_draft_size_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="draft size"):
         decode_image(_jpeg(300), "RGB", draft=bad)
+
+
+def test_image_shard_dataset_draft_size_decodes_reduced_never_smaller(packed_photos):
+    """``ImageShardDataset(draft_size=...)`` hands the size to the reduced JPEG decode: every image is at
+    least the requested size, and the JPEGs larger than twice the request come out smaller than in full."""
+    from pipelines.torch_webdataset import ImageShardDataset
+
+    full = {s["key"]: s["image"] for s in ImageShardDataset(packed_photos, output="dict")}
+    drafted = {s["key"]: s["image"] for s in ImageShardDataset(packed_photos, output="dict", draft_size=(40, 40))}
+    assert full.keys() == drafted.keys()
+    shrunk = 0
+    for key, image in drafted.items():
+        assert min(image.size) >= min(40, min(full[key].size)), key
+        shrunk += image.size != full[key].size
+    assert shrunk > 0
