@@ -1,0 +1,107 @@
+"""`repack remove` on an LMDB image dataset (the database rewritten as data-vN.lmdb without the samples)
+and on a token memmap dataset (the prefixes holding the documents rewritten without them), then
+`repack gc --keep 1`: no file under OUT holds a removed image's bytes or a removed document's token ids,
+and the readers (LmdbImageDataset, DocumentDataset) read the new version with the remaining samples in
+order, and an older version by ``version=N`` until gc."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_dataset_versions import make_source
+from tests.test_remove_gc import every_file_bytes
+
+
+def lmdb_samples(out: Path, version: int | None = None) -> list[tuple[str, bytes, int]]:
+    """(source path, image bytes, label) of every sample, in index order, as the PyTorch reader gives them."""
+    from pipelines.torch_lmdb import LmdbImageDataset
+
+    dataset = LmdbImageDataset(out, decode=False, output="dict", version=version)
+    return [(item["meta"]["path"], item["image"], item["label"]) for item in (dataset[i] for i in range(len(dataset)))]
+
+
+def test_lmdb_remove_rewrites_the_database_and_gc_deletes_the_removed_bytes(tmp_path):
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--to", "lmdb", "--quiet")
+    before = lmdb_samples(out)
+    gone = {rel: (src / rel).read_bytes() for rel in ("cat/c1.jpg", "dog/d3.jpg")}
+    assert all(any(data == image for _, image, _ in before) for data in gone.values())  # stored as is
+    (tmp_path / "takedown.txt").write_text("cat/c1.jpg\ndog/d3.jpg\nnot/there.jpg\n")
+    done = run_repack("remove", out, "--sources", tmp_path / "takedown.txt")
+    assert "not found in the dataset: not/there.jpg" in done.stderr and "published version 2" in done.stdout
+    v2 = read_manifest_json(out)
+    assert v2["dataset_version"]["change"]["rewritten"] == {"data.lmdb": "data-v2.lmdb"}
+    assert [s["path"] for s in v2["shards"]] == ["data-v2.lmdb"] and v2["totals"]["samples"] == 7
+    assert v2["stats"]["class_counts"] == {"cat": 4, "dog": 3}
+    assert lmdb_samples(out) == [s for s in before if s[0] not in gone]  # the others, in order
+    assert lmdb_samples(out, version=1) == before  # a reader pinned to version 1 still reads it
+    assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "1").returncode == 0
+    keys = tmp_path / "keys.txt"
+    keys.write_text("00000001_c1\n")
+    refused = run_repack("remove", out, "--keys", keys, check=False)
+    assert refused.returncode == 2 and "no keys" in refused.stderr and "--sources" in refused.stderr
+    again = run_repack("remove", out, "--sources", tmp_path / "takedown.txt")
+    assert "nothing published" in again.stdout and not (out / "manifest.v3.json").exists()
+
+    run_repack("gc", out, "--keep", "1")
+    assert not (out / "data.lmdb").exists()
+    for name, blob in every_file_bytes(out):
+        for rel, data in gone.items():
+            assert data not in blob, f"{rel}'s bytes are still in {name}"
+    assert lmdb_samples(out) == [s for s in before if s[0] not in gone]
+    assert run_repack("verify", out).returncode == 0
+
+
+def token_documents(out: Path, version: int | None = None) -> list[list[int]]:
+    from pipelines.torch_text import DocumentDataset
+
+    dataset = DocumentDataset(out, version=version)
+    return [dataset[i].tolist() for i in range(len(dataset))]
+
+
+def test_token_remove_by_key_and_source_then_gc_deletes_the_removed_token_ids(tmp_path):
+    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+    docs = documents(24, seed=7)
+    corpus, tok, out = tmp_path / "corpus", tmp_path / "tok", tmp_path / "out"
+    corpus.mkdir()
+    write_tokenizer(gpt2_tokenizer(), tok)
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:14]))
+    run_repack("text", corpus, out, "--tokenizer", tok, "--quiet")
+    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[14:]))
+    run_repack("text", corpus, out, "--tokenizer", tok, "--append", "--quiet")  # prefix text_document-v2: b.jsonl
+    v2 = read_manifest_json(out)
+    assert [s["sources"] for s in v2["shards"]] == [[["a.jsonl", 0, 14]], [["b.jsonl", 0, 10]]]
+    before = token_documents(out)
+    assert len(before) == 24
+    keys = tmp_path / "keys.txt"
+    keys.write_text("a.jsonl#3\na.jsonl#9\nb.jsonl#99\n")
+    done = run_repack("remove", out, "--keys", keys)
+    assert "not found in the dataset: b.jsonl#99" in done.stderr
+    v3 = read_manifest_json(out)
+    assert v3["dataset_version"]["change"]["rewritten"] == {"text_document.bin": "text_document-v3.bin"}
+    assert v3["prefixes"] == ["text_document-v3", "text_document-v2"] and v3["shards"][1] == v2["shards"][1]
+    assert v3["shards"][0]["sources"] == [["a.jsonl", 0, 3], ["a.jsonl", 4, 5], ["a.jsonl", 10, 4]]
+    kept = [d for i, d in enumerate(before) if i not in (3, 9)]
+    assert token_documents(out) == kept and token_documents(out, version=2) == before
+    assert v3["totals"]["documents"] == 22 and v3["totals"]["tokens"] == sum(map(len, kept))
+    assert v3["data_path"] == " ".join(f"{s['tokens']} {s['prefix']}" for s in v3["shards"])
+    sources = tmp_path / "sources.txt"
+    sources.write_text("b.jsonl\n")
+    run_repack("remove", out, "--sources", sources, "--quiet")
+    v4 = read_manifest_json(out)
+    assert v4["dataset_version"]["change"]["rewritten"] == {"text_document-v2.bin": None}  # left empty: dropped
+    assert v4["prefixes"] == ["text_document-v3"] and token_documents(out) == kept[:12]
+    assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "2").returncode == 0
+
+    run_repack("gc", out, "--keep", "1")
+    removed = [before[3], before[9]] + before[14:]
+    for name, blob in every_file_bytes(out):
+        for number, ids in enumerate(removed):
+            assert np.asarray(ids, dtype="<u2").tobytes() not in blob, f"removed document {number} is in {name}"
+    assert sorted(p.name for p in out.glob("*.bin")) == ["text_document-v3.bin"]
+    assert token_documents(out) == kept[:12] and run_repack("verify", out).returncode == 0
