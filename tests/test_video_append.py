@@ -74,6 +74,9 @@ def test_video_append_reuses_the_dataset_codec_and_keeps_every_file(tmp_path):
     assert "nothing new" in again.stdout + again.stderr and not (out / "manifest.v3.json").exists()
     refused = run_repack("video", src, out, *PREPARE, "--target", "l4", "--append", check=False)
     assert refused.returncode == 2 and "--target l4 (the dataset: h100)" in refused.stderr
+    (tmp_path / "takedown.txt").write_text("a/one.mp4\n")
+    no_remove = run_repack("remove", out, "--sources", tmp_path / "takedown.txt", check=False)
+    assert no_remove.returncode == 2 and "holds video in videos" in no_remove.stderr  # not done for video yet
 
 
 def test_video_append_killed_and_rerun_equals_an_uninterrupted_append(tmp_path):
@@ -89,7 +92,7 @@ def test_video_append_killed_and_rerun_equals_an_uninterrupted_append(tmp_path):
     assert json.loads((a / "manifest.json").read_bytes()).get("dataset_version") is None  # still version 1
     assert run_repack("verify", a).returncode == 0
     run_repack(*[a if x is None else x for x in args], "--append")
-    assert dataset_files(a) .keys() == dataset_files(b).keys()
+    assert dataset_files(a).keys() == dataset_files(b).keys()
     for name, data in dataset_files(b).items():
         if not name.startswith("manifest"):
             assert dataset_files(a)[name] == data, name

@@ -71,9 +71,9 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         if promoted is not None:
             current, raw = current_version(store)
         rewriter = REWRITERS.get(current["format"])
-        if rewriter is None:
-            raise UsageError(f"repack remove rewrites webdataset, lmdb and token memmap datasets; {out} holds "
-                             f"{current['format']}")
+        if rewriter is None or current["modality"] == "video":
+            raise UsageError(f"repack remove rewrites image (webdataset, lmdb) and token memmap datasets; "
+                             f"{store.url} holds {current['modality']} in {current['format']}")
         number = number_of(current) + 1
         for temp in out.glob(f".*-v{number}.*.tmp-*"):  # a rewrite killed before its rename
             temp.unlink(missing_ok=True)
