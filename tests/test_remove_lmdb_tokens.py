@@ -142,3 +142,28 @@ def test_remove_killed_before_publishing_reruns_to_the_same_bytes(tmp_path):
         assert not (b / temp).exists()
         assert read_manifest_json(a)["shards"] == read_manifest_json(b)["shards"]
         assert run_repack("verify", b).returncode == 0
+
+
+def test_token_keys_count_across_the_parts_of_one_file(tmp_path):
+    """--no-merge: one file cut into several prefixes numbers its documents across them; removing a key
+    rewrites only the prefix that holds it."""
+    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+    corpus, tok, out = tmp_path / "corpus", tmp_path / "tok", tmp_path / "out"
+    corpus.mkdir()
+    write_tokenizer(gpt2_tokenizer(), tok)
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(40, seed=1)))
+    run_repack("text", corpus, out, "--tokenizer", tok, "--no-merge", "--chunk-bytes", "4KB", "--quiet")
+    v1 = read_manifest_json(out)
+    assert len(v1["shards"]) > 2
+    runs = [s["sources"] for s in v1["shards"]]
+    assert [r[0][1] for r in runs] == [sum(r[0][2] for r in runs[:i]) for i in range(len(runs))]  # 0, n0, n0+n1...
+    target = runs[1][0][1]  # the first document of the second prefix
+    (tmp_path / "keys.txt").write_text(f"a.jsonl#{target}\n")
+    before = token_documents(out)
+    run_repack("remove", out, "--keys", tmp_path / "keys.txt", "--quiet")
+    v2 = read_manifest_json(out)
+    second = v1["shards"][1]["path"]
+    assert v2["dataset_version"]["change"]["rewritten"] == {second: second.replace(".bin", "-v2.bin")}
+    assert v2["shards"][0] == v1["shards"][0] and v2["shards"][2:] == v1["shards"][2:]
+    assert token_documents(out) == before[:target] + before[target + 1:]
