@@ -22,12 +22,13 @@ LAYOUT = "repack-lmdb/1"
 UNLABELED = -1
 
 
-def open_lmdb_dataset(root: str | os.PathLike) -> tuple[Manifest, str, int]:
-    """Validate the manifest of an image LMDB dataset: (manifest, absolute db path, samples)."""
+def open_lmdb_dataset(root: str | os.PathLike, version: int | None = None) -> tuple[Manifest, str, int]:
+    """Validate the manifest of an image LMDB dataset (the latest version, or ``version``): (manifest,
+    absolute db path, samples)."""
     if str(root).startswith("s3://"):
         raise ManifestError(f"{root}: an LMDB is read from a local file (it is memory-mapped); copy it first "
                             f"with `repack pull {root} DIR`")
-    manifest = read_manifest(root)
+    manifest = read_manifest(root, version)
     if manifest.format != "lmdb":
         raise ManifestError(f"{manifest.root}: format {manifest.format!r}, this reader reads 'lmdb'")
     entries = manifest.data["shards"]
@@ -115,13 +116,14 @@ class LmdbImageDataset(MapDatasetState, Dataset):
         mode: PIL mode to convert to (``"RGB"``); None keeps the stored mode.
         decode: False returns the raw image bytes.
         output: ``"tuple"`` or ``"dict"`` ({"index", "image", "label", "meta"}).
+        version: the dataset version to read (default: the latest; an older one until ``repack gc``).
     """
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None, mode: str | None = "RGB",
-                 decode: bool = True, output: str = "tuple") -> None:
+                 decode: bool = True, output: str = "tuple", version: int | None = None) -> None:
         if output not in ("tuple", "dict"):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
-        self.manifest, path, count = open_lmdb_dataset(root)
+        self.manifest, path, count = open_lmdb_dataset(root, version)
         self.reader = LmdbReader(path, count)
         self.reader.check_count()
         self.labeled = "cls" in self.manifest.fields

@@ -86,10 +86,11 @@ class RemoteTokens:
 class TokenMemmap:
     """The prefixes of one repack text dataset (a folder or ``s3://bucket/prefix``), opened lazily
     (and re-opened after a fork). Local ``.bin`` files are memory-mapped; remote ones are read by
-    ranged GETs of exactly the tokens asked for; the ``.idx`` files are read whole (one GET each)."""
+    ranged GETs of exactly the tokens asked for; the ``.idx`` files are read whole (one GET each).
+    ``version=N`` reads that version of the dataset (default: the latest)."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
-        manifest = open_manifest(root)
+    def __init__(self, root: str | os.PathLike, version: int | None = None) -> None:
+        manifest = open_manifest(root, version)
         if manifest.format != "memmap":
             raise ValueError(f"{root}: format {manifest.format!r}, not a token memmap")
         self.root = str(root)
@@ -196,12 +197,13 @@ class PackedTokenDataset(Dataset):
     """
 
     def __init__(self, root: str | os.PathLike, seq_len: int, *, shuffle: bool = True, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, dtype: torch.dtype | None = None) -> None:
+                 rank: int = 0, world_size: int = 1, dtype: torch.dtype | None = None,
+                 version: int | None = None) -> None:
         if seq_len < 1:
             raise ValueError("seq_len must be >= 1")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} not in [0, {world_size})")
-        self.data = TokenMemmap(root)
+        self.data = TokenMemmap(root, version)
         self.seq_len = seq_len
         self.shuffle, self.seed, self.rank, self.world_size, self.dtype = shuffle, seed, rank, world_size, dtype
         self.num_windows = max(0, (self.data.num_tokens - 1) // seq_len)
@@ -267,8 +269,8 @@ class DocumentDataset(MapDatasetState, Dataset):
     from the sampler: ``ResumableSampler`` or ``LengthGroupedBatchSampler`` (both stateful)."""
 
     def __init__(self, root: str | os.PathLike, max_len: int | None = None,
-                 dtype: torch.dtype | None = None) -> None:
-        self.data = TokenMemmap(root)
+                 dtype: torch.dtype | None = None, version: int | None = None) -> None:
+        self.data = TokenMemmap(root, version)
         self.max_len = max_len
         self.dtype = dtype
         self._lengths: np.ndarray | None = None

@@ -19,6 +19,30 @@ def server():
     moto.stop()
 
 
+def same_step_same_files(step, local, url: str, env: dict, s3, number: int) -> dict[str, bytes]:
+    """Run ``step`` on the folder and on ``url``; both hold the same dataset files (manifests: the same
+    shards and version; their run sections hold timings). The objects under ``url``, job state aside."""
+    run_repack(*step(local))
+    run_repack(*step(url), env=env)
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    remote = {k: v for k, v in objects(s3, bucket, prefix).items() if not k.startswith(".repack/")}
+    here = {p.relative_to(local).as_posix(): p.read_bytes() for p in local.rglob("*")
+            if p.is_file() and ".repack" not in p.relative_to(local).parts}
+    assert remote.keys() == here.keys(), number
+    for name, data in here.items():
+        if name.startswith("manifest"):
+            mine, theirs = json.loads(data), json.loads(remote[name])
+            mine.pop("run"), theirs.pop("run")
+            mine["created_by"].pop("command", None), theirs["created_by"].pop("command", None)
+            assert mine.keys() == theirs.keys()
+            assert mine["shards"] == theirs["shards"] and mine.get("dataset_version", {}).get("number") == \
+                theirs.get("dataset_version", {}).get("number")
+        else:
+            assert remote[name] == data, name
+    assert run_repack("verify", url, env=env).returncode == 0
+    return remote
+
+
 def test_append_remove_gc_on_s3_equal_local(server, tmp_path):
     s3 = client(server.endpoint)
     s3.create_bucket(Bucket="nightly")
@@ -34,22 +58,42 @@ def test_append_remove_gc_on_s3_equal_local(server, tmp_path):
         if number == 1:
             add_inputs(src)
             removed_new = (src / "cat" / "new0.jpg").read_bytes()
-        run_repack(*step(local))
-        run_repack(*step(url), env=env)
-        remote = {k: v for k, v in objects(s3, "nightly", "ds").items() if not k.startswith(".repack/")}
-        here = {p.name: p.read_bytes() for p in local.iterdir() if p.is_file()}
-        assert remote.keys() == here.keys(), number
-        for name, data in here.items():
-            if name.startswith("manifest"):  # the run section holds timings
-                mine, theirs = json.loads(data), json.loads(remote[name])
-                mine.pop("run"), theirs.pop("run")
-                mine["created_by"].pop("command", None), theirs["created_by"].pop("command", None)
-                assert mine.keys() == theirs.keys()
-                assert mine["shards"] == theirs["shards"] and mine.get("dataset_version", {}).get("number") == \
-                    theirs.get("dataset_version", {}).get("number")
-            else:
-                assert remote[name] == data, name
-        assert run_repack("verify", url, env=env).returncode == 0
+        remote = same_step_same_files(step, local, url, env, s3, number)
     assert json.loads(remote["manifest.json"])["dataset_version"]["number"] == 3
     every = objects(s3, "nightly", "ds")
     assert not any(removed in blob or removed_new in blob for blob in every.values())
+
+
+def test_text_append_remove_gc_and_video_append_on_s3_equal_local(server, tmp_path):
+    from tests.test_video_append import X264, clip
+    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="corpora")
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    corpus, tok = tmp_path / "corpus", tmp_path / "tok"
+    corpus.mkdir()
+    write_tokenizer(gpt2_tokenizer(), tok)
+    docs = documents(20, seed=5)
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:12]))
+    (tmp_path / "keys.txt").write_text("a.jsonl#2\nb.jsonl#1\n")
+    steps = [lambda out: ("text", corpus, out, "--tokenizer", tok, "--quiet"),
+             lambda out: ("text", corpus, out, "--tokenizer", tok, "--append", "--quiet"),
+             lambda out: ("remove", out, "--keys", tmp_path / "keys.txt", "--quiet"),
+             lambda out: ("gc", out, "--keep", "1")]
+    for number, step in enumerate(steps):
+        if number == 1:
+            (corpus / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[12:]))
+        remote = same_step_same_files(step, tmp_path / "text", "s3://corpora/text", env, s3, number)
+    assert sorted(name for name in remote if name.endswith(".bin")) == ["text_document-v2-v3.bin",
+                                                                         "text_document-v3.bin"]
+    videos = tmp_path / "videos"
+    clip(videos / "x/first.mp4", X264)
+    steps = [lambda out: ("video", videos, out, "--probe", "--transcode", "--to", "webdataset", "--quiet"),
+             lambda out: ("video", videos, out, "--probe", "--transcode", "--to", "webdataset", "--append",
+                          "--quiet")]
+    for number, step in enumerate(steps):
+        if number == 1:
+            clip(videos / "x/second.mp4", X264, seed=1)
+        remote = same_step_same_files(step, tmp_path / "video", "s3://corpora/video", env, s3, number)
+    assert "videos-v2/x/second.mp4" in remote and "shard-v2-000000.tar" in remote

@@ -26,11 +26,11 @@ def say_published(out: str, manifest: dict, published: bool, what: str, options:
         click.echo(message, err=options.json_summary)
 
 
-def run_append(spec, options: EngineOptions) -> None:
-    """`repack images|text --append`."""
+def run_append(spec, options: EngineOptions, note: str = "") -> None:
+    """`repack images|text|video --append` (``note``: said after the counts)."""
     from repack.jobs.append import append
 
     result = append(spec, options)
     say_published(spec.out, result.manifest, result.published,
-                  f"{result.added} new sample(s), {result.manifest['totals']['samples']} in all", options,
+                  f"{result.added} new sample(s), {result.manifest['totals']['samples']} in all{note}", options,
                   result.seconds)

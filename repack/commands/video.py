@@ -15,7 +15,7 @@ from repack.store import is_remote
 from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEFAULT_TARGET, TARGETS
 
 
-@job_command("video", input=("list_file",),
+@job_command("video", input=("list_file", "append"),
              output=("transcode", "to", "link", "crf", "preset", "gop", "max_height", "bframes", "shard_size"),
              checking=("target", "dali_reader", "verify", "max_gop"))
 @click.argument("source")
@@ -44,6 +44,10 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
               help="videos: files under OUT/videos; webdataset: also tar shards (+ .idx) of them.")
 @click.option("--list", "list_file", is_flag=True, help="SOURCE is a .csv/.tsv/.jsonl list (path[,label]).")
 @click.option("--link", is_flag=True, help="Hard-link compatible videos instead of copying them.")
+@click.option("--append", is_flag=True,
+              help="OUT holds a prepared video dataset: prepare only the videos it does not hold yet (same path, "
+                   "size and mtime) into OUT/videos-vN (+ new shards) and publish them as its next version, with "
+                   "the dataset's recorded codec (the legacy reader's one codec is not decided again).")
 @click.option("--crf", type=int, default=18, show_default=True, help="x264 quality (lower = better, bigger).")
 @click.option("--preset", default="fast", show_default=True, help="x264 preset.")
 @click.option("--gop", type=int, default=None, help="Keyframe interval in frames (default: 1 s, capped by --max-gop).")
@@ -56,7 +60,7 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
               help="Videos per tar shard (--to webdataset); every video is a task of its own.")
 @source_options
 @engine_options
-def video(source, out, probe, transcode, target, dali_reader, verify, max_gop, to, list_file, link, crf,
+def video(source, out, probe, transcode, target, dali_reader, verify, max_gop, to, list_file, link, append, crf,
           preset, gop, max_height, bframes, threads, shard_size, no_follow, allow_outside, **kwargs):
     """Probe the videos in SOURCE for GPU decoding; with --transcode, write DALI-ready videos to OUT.
 
@@ -79,6 +83,15 @@ def video(source, out, probe, transcode, target, dali_reader, verify, max_gop, t
                      preset=preset, gop=gop, max_height=max_height, bframes=bframes, threads=threads,
                      shard_size=shard_size, verify=verify, dali_reader=dali_reader,
                      follow_symlinks=not no_follow, allow_outside_source=allow_outside)
+    if append:
+        from repack.commands.versions import run_append
+        from repack.jobs.publish import current_version
+        from repack.store import open_store
+
+        codec = current_version(open_store(spec.out))[0].get("codec", "h264")
+        run_append(spec, options, f"; codec {codec} kept from the dataset's recorded decision (the legacy "
+                                  "reader's one codec), not decided again")
+        return
     job = VideoJob(spec)
     result = Engine(job, options).run()
     manifest = result.manifest

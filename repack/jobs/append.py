@@ -12,6 +12,13 @@ renamed into OUT as ``shard-vN+1-XXXXXX.tar`` (+ ``.idx``): names no version use
 existing shard stays byte-identical and a reader of version N is never disturbed. The record of
 known inputs for N+1 is written, then the version (``repack.jobs.publish``). With nothing new
 nothing is published.
+
+`repack text --append`: the new files' parts become ``NAME-vN+1.bin/.idx``. `repack video --append`
+(a dataset made with --transcode, same --to/--target/--dali-reader): the staged job writes the new videos
+under ``videos-vN+1/`` (so the names inside its tar shards are final; a changed video never overwrites
+the old one) with the dataset's recorded ``codec``: the legacy reader's one codec is reused, not decided
+again from the new videos alone; ``probe-vN+1.jsonl`` and ``file_list-vN+1.txt`` hold N's lines then
+the new videos'.
 """
 
 from __future__ import annotations
@@ -56,6 +63,9 @@ class Appender:
     staged_job: Callable[[object, str, Path, dict], object]  # (spec, staged OUT, known-inputs file, current)
     rename: Callable[[str, object, int], str]  # (staged file name, spec, version) -> name in the dataset
     merge: Callable[[dict, dict, list[dict]], dict]  # (current, staged, renamed shards) -> version N+1's body
+    # (store, staged job's store, staged folder, current, staged, version) -> more of N+1's body (side files)
+    side_files: Callable[[object, object, str, dict, dict, int], dict] | None = None
+    change_note: Callable[[dict], dict] | None = None  # (current) -> more of the change record
 
 
 def append(spec, options: EngineOptions) -> AppendResult:
@@ -97,9 +107,12 @@ def append(spec, options: EngineOptions) -> AppendResult:
                   for shard in staged["shards"]]
         store.put_bytes(inputs_record(number), dumps_canonical(plan_inputs(plan, known)))
         body = appender.merge(current, staged, shards)
+        if appender.side_files is not None:
+            body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))
         change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
                   "added_shards": [s["path"] for s in shards],
-                  "quarantined": len(body["quarantine"]) - len(current["quarantine"])}
+                  "quarantined": len(body["quarantine"]) - len(current["quarantine"]),
+                  **(appender.change_note(current) if appender.change_note is not None else {})}
         data = publish(store, out, current, current_raw, body, change)
         remove_prefix(store, f"{stage}/")
         if store.remote:
@@ -208,9 +221,65 @@ def _text_job(spec, out: str, known_file: Path, current: dict):
     return TextJob(dataclasses.replace(spec, out=out, known_inputs=str(known_file)))
 
 
+def _video_accepts(current: dict, spec) -> str | None:
+    if current["modality"] != "video" or current.get("mode") != "transcode":
+        return (f"holds {current['modality']} ({current.get('mode', current['format'])}); --append adds prepared "
+                "videos to a video dataset made with --transcode")
+    asked = {"--to": spec.to, "--target": spec.target, "--dali-reader": spec.dali_reader, "--transcode": spec.mode}
+    held = {"--to": current["format"], "--target": current["target"], "--dali-reader": current["dali_reader"],
+            "--transcode": current["mode"]}
+    differ = [f"{flag} {asked[flag]} (the dataset: {held[flag]})" for flag in asked if asked[flag] != held[flag]]
+    return f"was prepared with other options: {', '.join(differ)}" if differ else None
+
+
+def _video_job(spec, out: str, known_file: Path, current: dict):
+    from repack.jobs.video import VideoJob
+
+    classes = current.get("classes") or {}
+    return VideoJob(dataclasses.replace(
+        spec, out=out, known_inputs=str(known_file), known_classes=tuple(sorted(classes.items(), key=lambda kv: kv[1])),
+        cls_width=len(str(max(classes.values(), default=0))), known_codec=current["codec"],
+        videos_dir=f"videos-v{number_of(current) + 1}"))
+
+
+def merged_video_manifest(current: dict, staged: dict, shards: list[dict]) -> dict:
+    """A video version N+1: N's entries then the new ones; the probe decisions, reasons and codecs summed;
+    the dataset's one codec kept."""
+    body = merged_manifest(current, staged, shards)
+    for key in ("decisions", "reasons", "codecs"):
+        merged = dict(current["stats"].get(key, {}))
+        for name, count in staged["stats"].get(key, {}).items():
+            merged[name] = merged.get(name, 0) + count
+        body["stats"][key] = dict(sorted(merged.items()))
+    return body
+
+
+def _video_side_files(store, staged_store, staged: str, current: dict, new: dict, number: int) -> dict:
+    """Version N's probe.jsonl and file_list.txt (N - 1's lines, then the new videos'), as new files; with
+    --to webdataset the new video files too (moved under their own names) and the merged ``videos`` list."""
+    files = {}
+    for role, name in new["files"].items():
+        stem, dot, ext = name.rpartition(".")
+        files[role] = f"{stem}-v{number}{dot}{ext}"
+        old = store.read_bytes(current["files"][role]) if role in current.get("files", {}) else b""
+        store.put_bytes(files[role], (old or b"") + staged_store.read_bytes(name))
+    body: dict = {"files": files}
+    if "videos" in new:
+        body["videos"] = current.get("videos", []) + [move_shard(store, staged, v, lambda rel: rel)
+                                                      for v in new["videos"]]
+    return body
+
+
+def _video_note(current: dict) -> dict:
+    return {"codec": current["codec"], "codec_from": "the dataset's recorded decision (not decided again)"}
+
+
 APPENDERS = {
     "ImagesSpec": Appender(_images_accepts, _images_job,
                            lambda rel, spec, n: rel.replace("shard-", f"shard-v{n}-", 1), merged_manifest),
     "TextSpec": Appender(_text_accepts, _text_job,  # text_document.bin -> text_document-v2.bin (parts alike)
                          lambda rel, spec, n: f"{spec.name}-v{n}{rel[len(spec.name):]}", merged_text_manifest),
+    "VideoSpec": Appender(_video_accepts, _video_job,  # the videos sit in videos-vN/ already; shards renamed
+                          lambda rel, spec, n: rel.replace("shard-", f"shard-v{n}-", 1) if rel.startswith("shard-")
+                          else rel, merged_video_manifest, _video_side_files, _video_note),
 }

@@ -113,6 +113,7 @@ def move(store, src: str, dst: str) -> None:
     """Rename ``src`` to ``dst`` inside the dataset (an object store: a server-side copy, then a delete;
     the sha256 metadata travels with the object)."""
     if not store.remote:
+        store.path(dst).parent.mkdir(parents=True, exist_ok=True)  # e.g. a video's videos-vN/<class>/
         os.replace(store.path(src), store.path(dst))
         return
     from repack.store.s3_client import client

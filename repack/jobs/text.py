@@ -107,6 +107,40 @@ def _file_stats(records: list[dict]) -> dict:
             "largest": [{"source": rel, "documents": d, "tokens": t} for rel, (d, t) in largest]}
 
 
+def source_runs(records: list[dict]) -> list[list[list]]:
+    """Per record, where its part's documents come from, in order: ``[[source, first, count], ...]``
+    (document ``first`` .. ``first + count - 1`` of ``source``, numbered from 0 in file order across the
+    whole job; adjacent runs of one file joined). Document ``n`` of a source is its key ``source#n``."""
+    seen: dict[str, int] = {}
+    per_record = []
+    for record in records:
+        runs: list[list] = []
+        for seg in record["segments"]:
+            count = seg.get("documents", 0)
+            if not count:
+                continue
+            first = seen.get(seg["rel"], 0)
+            seen[seg["rel"]] = first + count
+            if runs and runs[-1][0] == seg["rel"] and runs[-1][1] + runs[-1][2] == first:
+                runs[-1][2] += count
+            else:
+                runs.append([seg["rel"], first, count])
+        per_record.append(runs)
+    return per_record
+
+
+def joined_runs(parts: list[list[list]]) -> list[list]:
+    """The runs of consecutive parts as one list (a run continued across parts joined)."""
+    runs: list[list] = []
+    for part in parts:
+        for rel, first, count in part:
+            if runs and runs[-1][0] == rel and runs[-1][1] + runs[-1][2] == first:
+                runs[-1][2] += count
+            else:
+                runs.append([rel, first, count])
+    return runs
+
+
 def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
     """Nearest-rank p50/p90/p99/max/mean of document lengths, and a power-of-two histogram."""
     if not len(lengths):
@@ -319,13 +353,14 @@ class TextJob(Job):
                                    "reason": q["reason"]})
         parts = [r["part"] for r in records]
         if spec.merge:
-            entries = [self._merge(plan, records, dtype)]
+            entries = [{**self._merge(plan, records, dtype), "sources": joined_runs(source_runs(records))}]
             lengths = read_index(self.out / entries[0]["index"]).lengths
         else:
             entries = [{"path": pt["bin"], "index": pt["idx"], "prefix": pt["bin"][:-4], "samples": pt["documents"],
                         "tokens": pt["tokens"], "bytes": pt["bytes"], "sha256": pt["sha256"],
                         "index_bytes": pt["index_bytes"], "index_sha256": pt["index_sha256"], "dtype": dtype,
-                        "max_token_id": pt["max_token_id"]} for pt in parts if pt["documents"]]
+                        "max_token_id": pt["max_token_id"], "sources": runs}
+                       for runs, pt in zip(source_runs(records), parts) if pt["documents"]]
             for pt in parts:  # an empty part is not a prefix: remove it (its record lists no outputs)
                 if not pt["documents"]:
                     for key in ("bin", "idx"):

@@ -51,12 +51,12 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
-from repack.jobs.images import sample_key
+from repack.jobs.images import extend_classes, sample_key
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
 from repack.sinks.checks import sha256_file
@@ -90,6 +90,12 @@ class VideoSpec(JobSpec):
     dali_reader: str = DEFAULT_DALI_READER
     follow_symlinks: bool = True
     allow_outside_source: bool = False
+    # set by `--append` (repack.jobs.append) for the job that prepares only the new videos:
+    known_inputs: str | None = None   # JSON file {"inputs": {rel: [size, mtime_ns]}, "next_position"}: skipped
+    known_classes: tuple[tuple[str, int], ...] = ()  # the dataset's classes (kept; a new class: the next index)
+    cls_width: int | None = None      # the dataset's cls member width (kept)
+    known_codec: str | None = None    # the dataset's recorded one codec (kept, not decided again)
+    videos_dir: str = "videos"        # the folder (relative to OUT) the prepared videos are written to
 
     def __post_init__(self) -> None:
         get_target(self.target)
@@ -134,14 +140,14 @@ def _slug(text: str, limit: int = 40) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", text.encode("ascii", "ignore").decode())[:limit].strip("_")
 
 
-def output_names(rels: list[str]) -> list[tuple[str, str]]:
+def output_names(rels: list[str], first_position: int = 0) -> list[tuple[str, str]]:
     """Per input: (name when copied, name when transcoded), relative to OUT/videos, unique and
     confined (absolute or ``..`` list-file paths are flattened to ``_outside/NNNNNNNN_name``) and
     DALI-safe: a path with whitespace, control characters or non-UTF-8 bytes becomes
     ``_renamed/NNNNNNNN_<slug>.<ext>`` (NNNNNNNN = input position; the manifest's ``source``
-    keeps the original path)."""
+    keeps the original path; ``first_position``: the position of ``rels[0]``, for appends)."""
     safe = []
-    for pos, rel in enumerate(rels):
+    for pos, rel in enumerate(rels, first_position):
         pure = PurePosixPath(rel)
         if pure.is_absolute() or ".." in pure.parts or not rel or "\\" in rel:
             rel = f"_outside/{pos:08d}_{pure.name or 'video'}"
@@ -223,17 +229,25 @@ class VideoJob(Job):
         scan = scan_source(spec.source, list_file=spec.list_file, confinement=Confinement(
             follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
         items = list(scan.items)
-        classes = scan.classes
-        names = output_names([i.rel for i in items])
-        legacy_codec = self._dataset_codec(items)
+        first = 0
+        if spec.known_inputs:  # --append: only the videos the dataset does not hold yet (repack.jobs.append)
+            known = json.loads(Path(spec.known_inputs).read_bytes())
+            seen, first = known["inputs"], known["next_position"]
+            items = [item for item in items if seen.get(item.rel) != list(item.fingerprint[:2])]
+        classes = extend_classes(dict(spec.known_classes), scan) if spec.known_classes else scan.classes
+        names = output_names([i.rel for i in items], first)
+        legacy_codec = spec.known_codec or self._dataset_codec(items)  # an append keeps the dataset's codec
         tasks = []
-        width = len(str(max(len(classes) - 1, 0)))
+        width = spec.cls_width or len(str(max(len(classes) - 1, 0)))
+        if len(str(max(classes.values(), default=0))) > width:
+            raise UsageError(f"class index {max(classes.values())} needs more digits than the dataset's cls members "
+                             f"({width}): repack the dataset (without --append) to widen them")
         for index, start in enumerate(range(0, len(items), spec.shard_size)):
             stem = f"shard-{index:06d}"
             positions = range(start, min(start + spec.shard_size, len(items)))
             for number, pos in enumerate(positions):
                 item = items[pos]
-                inputs = [{**item.to_json(), "key": sample_key(pos, item.rel), "out_copy": names[pos][0],
+                inputs = [{**item.to_json(), "key": sample_key(first + pos, item.rel), "out_copy": names[pos][0],
                            "out_transcode": names[pos][1],
                            "cls": classes.get(item.label) if item.label is not None else None}]
                 payload = {"index": index, "inputs": inputs, "cls_width": width, "legacy_codec": legacy_codec}
@@ -346,7 +360,7 @@ class VideoJob(Job):
         transcoded = decision == TRANSCODE
         remuxed = not transcoded and bool(info.get("moov_after_mdat"))
         plan = plan_timing(info) if transcoded else copy_timing(info)  # the frames the output must have
-        rel = "videos/" + (entry["out_transcode"] if transcoded else entry["out_copy"])
+        rel = f"{spec.videos_dir}/" + (entry["out_transcode"] if transcoded else entry["out_copy"])
         try:
             final = safe_join(self.out, rel)
         except PathEscapeError as exc:

@@ -1,0 +1,105 @@
+"""`repack video SRC OUT --transcode --append`: only the new videos are prepared (into OUT/videos-vN, new
+shards with --to webdataset), every existing file stays byte-identical, the dataset's recorded codec (the
+legacy reader's one codec) is reused for the new videos instead of being decided again, nothing new
+publishes nothing, and kill -9 + re-run equals an uninterrupted append. Real ffmpeg/ffprobe clips; an
+independent ffprobe checks the codecs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import kill_after_records, read_manifest_json, run_repack
+from tests.tools.videos import SRC, _ffmpeg, encoders, video_codecs
+
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None or "libx265" not in encoders(),
+                                reason="needs ffmpeg with libx265")
+
+X265 = ("-c:v", "libx265", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-tag:v", "hvc1",
+        "-x265-params", "log-level=none:keyint=25")
+X264 = ("-c:v", "libx264", "-preset", "ultrafast", "-g", "25", "-bf", "0", "-pix_fmt", "yuv420p",
+        "-movflags", "+faststart")
+PREPARE = ("--probe", "--transcode", "--preset", "ultrafast")
+
+
+def clip(path: Path, args: tuple[str, ...], seed: int = 0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source = SRC.format(w=192 + 16 * seed, h=144, r=25, d=1)
+    _ffmpeg(["-f", "lavfi", "-i", source, *args, str(path)])
+
+
+def dataset_files(out: Path) -> dict[str, bytes]:
+    """Every dataset file under OUT (job state aside) by relative path."""
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and ".repack" not in p.relative_to(out).parts}
+
+
+def test_video_append_reuses_the_dataset_codec_and_keeps_every_file(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    clip(src / "a/one.mp4", X265)
+    clip(src / "a/two.mp4", X265, seed=1)
+    run_repack("video", src, out, *PREPARE, "--quiet")
+    assert read_manifest_json(out)["codec"] == "hevc"  # every input HEVC: the legacy reader's one codec
+    before = dataset_files(out)
+    clip(src / "a/h264.mp4", X264, seed=2)  # alone, an H.264 clip would make an H.264 dataset
+    clip(src / "c/three.mp4", X265, seed=3)  # a new class
+    done = run_repack("video", src, out, *PREPARE, "--append")
+    said = done.stdout + done.stderr
+    assert "published version 2" in said and "codec hevc kept from the dataset's recorded decision" in said
+    after = dataset_files(out)
+    assert {name: after[name] for name in before if name != "manifest.json"} == \
+        {name: data for name, data in before.items() if name != "manifest.json"}  # byte-identical
+    assert after["manifest.v1.json"] == before["manifest.json"]
+    manifest = read_manifest_json(out)
+    change = manifest["dataset_version"]["change"]
+    assert change["kind"] == "append" and change["added_samples"] == 2 and change["codec"] == "hevc"
+    assert manifest["codec"] == "hevc" and manifest["classes"] == {"a": 0, "c": 1}
+    new = {e["source"]: e for e in manifest["shards"][2:]}
+    assert [e["source"] for e in manifest["shards"]] == ["a/one.mp4", "a/two.mp4", "a/h264.mp4", "c/three.mp4"]
+    assert new["a/h264.mp4"]["path"] == "videos-v2/a/h264.mp4" and new["a/h264.mp4"]["transcoded"]
+    assert new["c/three.mp4"]["cls"] == 1 and not new["c/three.mp4"]["transcoded"]
+    assert video_codecs(out / "videos-v2/a/h264.mp4") == ["hevc"]  # transcoded to the dataset's codec
+    probes = [json.loads(line) for line in (out / "probe-v2.jsonl").read_text().splitlines()]
+    assert [p["source"] for p in probes] == ["a/one.mp4", "a/two.mp4", "a/h264.mp4", "c/three.mp4"]
+    assert [r["code"] for r in probes[2]["reasons"]] == ["legacy_one_codec"]
+    assert (out / "file_list-v2.txt").read_text().splitlines() == [
+        "videos/a/one.mp4 0", "videos/a/two.mp4 0", "videos-v2/a/h264.mp4 0", "videos-v2/c/three.mp4 1"]
+    assert manifest["totals"]["videos"] == 4 and manifest["totals"]["transcoded"] == 1  # only the H.264 one
+    assert manifest["stats"]["reasons"] == {"legacy_one_codec": 1}
+    assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "1").returncode == 0
+    again = run_repack("video", src, out, *PREPARE, "--append")
+    assert "nothing new" in again.stdout + again.stderr and not (out / "manifest.v3.json").exists()
+    refused = run_repack("video", src, out, *PREPARE, "--target", "l4", "--append", check=False)
+    assert refused.returncode == 2 and "--target l4 (the dataset: h100)" in refused.stderr
+    (tmp_path / "takedown.txt").write_text("a/one.mp4\n")
+    no_remove = run_repack("remove", out, "--sources", tmp_path / "takedown.txt", check=False)
+    assert no_remove.returncode == 2 and "holds video in videos" in no_remove.stderr  # not done for video yet
+
+
+def test_video_append_killed_and_rerun_equals_an_uninterrupted_append(tmp_path):
+    src, a, b = tmp_path / "src", tmp_path / "a", tmp_path / "b"
+    clip(src / "x/first.mp4", X264)
+    args = ["video", src, None, *PREPARE, "--to", "webdataset", "--shard-size", "2", "--workers", "1", "--quiet"]
+    for out in (a, b):
+        run_repack(*[out if x is None else x for x in args])
+    for i in range(4):
+        clip(src / "x" / f"new{i}.mp4", X264, seed=i + 1)
+    run_repack(*[b if x is None else x for x in args], "--append")  # uninterrupted
+    kill_after_records([a if x is None else x for x in args] + ["--append"], a / ".repack" / "append-v2" / "out", 1)
+    assert json.loads((a / "manifest.json").read_bytes()).get("dataset_version") is None  # still version 1
+    assert run_repack("verify", a).returncode == 0
+    run_repack(*[a if x is None else x for x in args], "--append")
+    assert dataset_files(a).keys() == dataset_files(b).keys()
+    for name, data in dataset_files(b).items():
+        if not name.startswith("manifest"):
+            assert dataset_files(a)[name] == data, name
+    manifest = read_manifest_json(a)
+    assert [s["path"] for s in manifest["shards"]] == ["shard-000000.tar", "shard-v2-000000.tar",
+                                                      "shard-v2-000001.tar"]
+    assert [v["path"] for v in manifest["videos"]][1:] == [f"videos-v2/x/new{i}.mp4" for i in range(4)]
+    keys = [v["key"] for v in manifest["videos"]]
+    assert len(set(keys)) == 5
+    assert run_repack("verify", a).returncode == 0
