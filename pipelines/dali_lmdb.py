@@ -108,7 +108,8 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
                         device_id: int | None = None, shard_id: int = 0, num_shards: int = 1,
                         size: int | None = 224, random_shuffle: bool = False, seed: int = 0,
                         normalize: bool = True, pad_last_batch: bool = False, prefetch_queue_depth: int = 2,
-                        drop_last: bool = False, with_index: bool = False, checkpoint: dict | None = None):
+                        drop_last: bool = False, with_index: bool = False, checkpoint: dict | None = None,
+                        version: int | None = None):
     """A built DALI pipeline with outputs ``images`` and ``labels`` (int32, -1 when unlabeled), and
     with ``with_index`` ``index`` (int64, the record's position in the dataset: a sample's key).
 
@@ -119,11 +120,12 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
     (``normalize``) float CHW with ImageNet mean/std, else uint8 HWC; ``size=None``: decoded
     uint8 HWC RGB. ``device_id=None`` runs on the CPU backend. ``checkpoint``: a
     ``dali_lmdb_loader`` state (``state_dict()``) of a loader with the same options to start at.
+    ``version``: the dataset version to read (default: the latest).
     """
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
 
-    _, path, count = open_lmdb_dataset(root)
+    _, path, count = open_lmdb_dataset(root, version)
     epoch = batch = 0
     if checkpoint is not None:
         options = order_options(count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
@@ -168,7 +170,7 @@ def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int 
     ``load_state_dict()``, or ``state=`` here); yields ``[{"images": ..., "labels": ...}]`` (and
     ``"index"`` with ``with_index=True``)."""
     args = builder_args(build_lmdb_pipeline, pipeline_args)
-    _, _, count = open_lmdb_dataset(root)
+    _, _, count = open_lmdb_dataset(root, args["version"])
     options = order_options(count, batch_size, shard_id, num_shards, args["random_shuffle"], args["seed"],
                             args["pad_last_batch"], args["drop_last"])
     start, stop = shard_range(count, shard_id, num_shards)

@@ -39,28 +39,30 @@ KIND = "dali_video"
 READERS = ("legacy", "experimental")  # the keys of repack's DALI_READERS (the manifest's dali_reader)
 
 
-def dataset_reader(root) -> str:
+def dataset_reader(root, version: int | None = None) -> str:
     """The DALI reader the dataset in ``root`` was judged for (``legacy`` for manifests without
     ``dali_reader``: those were judged for it)."""
-    _, manifest = manifest_videos(root)
+    _, manifest = manifest_videos(root, version)
     return manifest.data.get("dali_reader") or "legacy"
 
 
-def video_inputs(root) -> tuple[list[str], list[int]]:
+def video_inputs(root, version: int | None = None) -> tuple[list[str], list[int]]:
     """(absolute file paths, class indices) of the manifest's videos, in manifest order."""
-    entries, manifest = manifest_videos(root)
+    entries, manifest = manifest_videos(root, version)
     return ([str(manifest.path(e["path"])) for e in entries],
             [int(e["cls"]) if e.get("cls") is not None else UNLABELED for e in entries])
 
 
-def build_video_pipeline(root, *, sequence_length: int, batch_size: int, reader: str | None = None, **options):
-    """A built DALI Pipeline over the videos of the dataset in ``root``, read with ``reader``
-    (default: the reader the dataset was judged for); ``options`` as ``build_files_pipeline``."""
-    files, labels = video_inputs(root)
+def build_video_pipeline(root, *, sequence_length: int, batch_size: int, reader: str | None = None,
+                         version: int | None = None, **options):
+    """A built DALI Pipeline over the videos of the dataset in ``root`` (the latest version, or
+    ``version``), read with ``reader`` (default: the reader the dataset was judged for); ``options``
+    as ``build_files_pipeline``."""
+    files, labels = video_inputs(root, version)
     if not files:
         raise ValueError(f"{root}: the manifest lists no videos")
     return build_files_pipeline(files, labels, sequence_length=sequence_length, batch_size=batch_size,
-                                reader=reader or dataset_reader(root), **options)
+                                reader=reader or dataset_reader(root, version), **options)
 
 
 SHAPING = ("stride", "step", "shard_id", "num_shards", "random_shuffle", "seed", "initial_fill", "pad_last_batch")
@@ -122,15 +124,15 @@ class DALIVideoLoader:
     """
 
     def __init__(self, root, *, sequence_length: int, batch_size: int, auto_reset: bool = True,
-                 state: dict | None = None, **kwargs) -> None:
-        reader = kwargs.pop("reader", None) or dataset_reader(root)
-        files, _ = video_inputs(root)
+                 state: dict | None = None, version: int | None = None, **kwargs) -> None:
+        reader = kwargs.pop("reader", None) or dataset_reader(root, version)
+        files, _ = video_inputs(root, version)
         args = builder_args(build_files_pipeline, kwargs)
         options = order_options(files, batch_size, sequence_length, reader, args)
 
         def build(saved: dict | None):
             return build_video_pipeline(root, sequence_length=sequence_length, batch_size=batch_size, reader=reader,
-                                        checkpoint=saved, **kwargs)
+                                        version=version, checkpoint=saved, **kwargs)
 
         self._loader = ResumableDALILoader(KIND, build, ["frames", "labels"], options=options,
                                            reader_name=READER_NAME, auto_reset=auto_reset,

@@ -27,9 +27,10 @@ from pipelines.sampler_resume import MapDatasetState
 UNLABELED = -1  # the label of a video without a class (both readers)
 
 
-def manifest_videos(root) -> tuple[list[dict], object]:
-    """The per-video entries of a `repack video` manifest (either format) and the Manifest."""
-    manifest = open_manifest(root)
+def manifest_videos(root, version: int | None = None) -> tuple[list[dict], object]:
+    """The per-video entries of a `repack video` manifest (either format) and the Manifest; the latest
+    version, or ``version`` (``manifest.vN.json``)."""
+    manifest = open_manifest(root, version)
     if manifest.modality != "video":
         raise ValueError(f"{manifest.root}: a {manifest.modality!r} dataset, not video")
     entries = manifest.data["videos"] if manifest.format == "webdataset" else manifest.data["shards"]
@@ -44,13 +45,14 @@ def clip_starts(frames: int, sequence_length: int, stride: int = 1, step: int = 
 
 
 class VideoClipDataset(MapDatasetState):
-    """Map-style dataset of clips; ``shard_id``/``num_shards`` split the clips like DALI does."""
+    """Map-style dataset of clips; ``shard_id``/``num_shards`` split the clips like DALI does;
+    ``version`` pins a dataset version (default: the latest)."""
 
     def __init__(self, root, sequence_length: int, stride: int = 1, step: int = -1, shard_id: int = 0,
-                 num_shards: int = 1, transform=None) -> None:
+                 num_shards: int = 1, transform=None, version: int | None = None) -> None:
         if sequence_length < 1 or stride < 1:
             raise ValueError("sequence_length and stride must be >= 1")
-        entries, manifest = manifest_videos(root)
+        entries, manifest = manifest_videos(root, version)
         self.root = str(root)
         self.paths = [str(manifest.path(e["path"])) for e in entries]
         self.sizes = [int(e.get("bytes", 0)) for e in entries]

@@ -39,6 +39,13 @@ def test_lmdb_remove_rewrites_the_database_and_gc_deletes_the_removed_bytes(tmp_
     assert v2["stats"]["class_counts"] == {"cat": 4, "dog": 3}
     assert lmdb_samples(out) == [s for s in before if s[0] not in gone]  # the others, in order
     assert lmdb_samples(out, version=1) == before  # a reader pinned to version 1 still reads it
+    from pipelines.dali_lmdb import dali_lmdb_loader
+
+    def dali_labels(version):  # DALI's LMDB pipeline pins a version the same way (CPU backend)
+        loader = dali_lmdb_loader(out, batch_size=4, num_threads=1, device_id=None, size=None, version=version)
+        return [int(x) for batch in loader for x in batch[0]["labels"].view(-1)]
+
+    assert dali_labels(1) == [s[2] for s in before] and dali_labels(None) == [s[2] for s in lmdb_samples(out)]
     assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "1").returncode == 0
     keys = tmp_path / "keys.txt"
     keys.write_text("00000001_c1\n")

@@ -70,6 +70,10 @@ def test_video_append_reuses_the_dataset_codec_and_keeps_every_file(tmp_path):
     assert manifest["totals"]["videos"] == 4 and manifest["totals"]["transcoded"] == 1  # only the H.264 one
     assert manifest["stats"]["reasons"] == {"legacy_one_codec": 1}
     assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "1").returncode == 0
+    from pipelines.torch_video import VideoClipDataset
+
+    latest, pinned = VideoClipDataset(out, 4), VideoClipDataset(out, 4, version=1)  # the PyTorch reader pins too
+    assert len(latest.paths) == 4 and [p.rsplit("/", 1)[-1] for p in pinned.paths] == ["one.mp4", "two.mp4"]
     again = run_repack("video", src, out, *PREPARE, "--append")
     assert "nothing new" in again.stdout + again.stderr and not (out / "manifest.v3.json").exists()
     refused = run_repack("video", src, out, *PREPARE, "--target", "l4", "--append", check=False)
