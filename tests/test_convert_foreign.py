@@ -178,12 +178,14 @@ def test_hostile_shards_and_rows_are_quarantined_by_name(tmp_path):
     assert manifest["quarantine"] == [{"source": "rows.parquet/1", "reason": "image not embedded (only a path: y.jpg)"}]
 
 
-def test_webdataset_shards_in_object_storage(tmp_path):
-    """SOURCE on s3:// (moto's server on loopback, real boto3): members read by ranged GETs."""
+@pytest.mark.parametrize("kind", ["webdataset", "parquet"])
+def test_foreign_sources_in_object_storage(tmp_path, kind):
+    """SOURCE on s3:// (moto's server on loopback, real boto3): tar members / parquet files read from
+    the bucket give the same shards as the local copy."""
     from tests.tools.s3server import MotoServer, client, s3_env
 
-    src = tmp_path / "wds"
-    written = write_wds_shards(src)
+    src = tmp_path / "src"
+    written = write_wds_shards(src) if kind == "webdataset" else write_hf_parquet(src / "train.parquet")
     server = MotoServer()
     try:
         s3 = client(server.endpoint)
@@ -192,8 +194,8 @@ def test_webdataset_shards_in_object_storage(tmp_path):
             s3.upload_file(str(path), "raw", f"shards/{path.name}")
         env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
         local, remote = tmp_path / "local", tmp_path / "remote"
-        run_repack("images", src, local, "--from", "webdataset", "--quiet")
-        run_repack("images", "s3://raw/shards", remote, "--from", "webdataset", "--quiet", env=env)
+        run_repack("images", src, local, "--from", kind, "--quiet")
+        run_repack("images", "s3://raw/shards", remote, "--from", kind, "--quiet", env=env)
     finally:
         server.stop()
     assert read_manifest_json(remote)["totals"]["samples"] == len(written)
