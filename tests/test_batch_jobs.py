@@ -43,13 +43,13 @@ def test_progress_lines_when_stderr_is_a_pipe(corpus, tmp_path):
     """stderr is a pipe here: one text line per period (set by the environment variable), with
     done/total, rate, ETA and the quarantine count so far; the summary follows as before."""
     proc = run_repack("text", corpus / "corpus", tmp_path / "out", "--tokenizer", corpus / "tok", "--workers", "1",
-                      "--chunk-bytes", "512KB", env={"REPACK_TEXT_PROGRESS_EVERY": "0.5"})
+                      "--chunk-bytes", "512KB", env={"REPACK_TEXT_PROGRESS_EVERY": "0.05"})
     lines = [line for line in proc.stderr.splitlines() if line.startswith("repack text: ")]
     assert len(lines) >= 2, proc.stderr
     matches = [LINE.match(line) for line in lines]
     assert all(matches), lines
     done = [megabytes(m["done"]) for m in matches]
-    assert done == sorted(done) and done[-1] < megabytes(matches[0]["total"])
+    assert done == sorted(done) and done[-1] <= megabytes(matches[0]["total"])  # the last task may print 100%
     assert {m["total"] for m in matches} == {matches[0]["total"]}
     quarantined = [int(m["quarantined"]) for m in matches]
     assert quarantined == sorted(quarantined) and quarantined[-1] <= 1
@@ -60,14 +60,14 @@ def test_progress_lines_when_stderr_is_a_pipe(corpus, tmp_path):
 
 def test_log_json_prints_progress_and_summary_as_json_lines(corpus, tmp_path):
     proc = run_repack("text", corpus / "corpus", tmp_path / "out", "--tokenizer", corpus / "tok", "--workers", "1",
-                      "--chunk-bytes", "512KB", "--progress-every", "0.5", "--log-json")
+                      "--chunk-bytes", "512KB", "--progress-every", "0.05", "--log-json")
     events = [json.loads(line) for line in proc.stderr.splitlines()]  # every stderr line is JSON
     progress = [e for e in events if e["event"] == "progress"]
     summary = [e for e in events if e["event"] == "summary"]
     assert len(progress) >= 2 and len(summary) == 1
     total = progress[0]["total"]
     assert all(e["job"] == "text" and e["unit"] == "B" and e["total"] == total for e in progress)
-    assert all(0 < e["done"] < total and e["rate"] > 0 and e["eta_s"] >= 0 for e in progress)
+    assert all(0 < e["done"] <= total and e["rate"] > 0 and e["eta_s"] >= 0 for e in progress)
     assert [e["done"] for e in progress] == sorted(e["done"] for e in progress)
     manifest = read_manifest_json(tmp_path / "out")
     assert summary[0]["totals"] == manifest["totals"] and summary[0]["out"] == str(tmp_path / "out")
