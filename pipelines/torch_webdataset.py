@@ -325,7 +325,8 @@ class ImageShardDataset(IterableDataset):
                         slot[0] += 1
                         warnings.warn(f"skipped: {got}", stacklevel=2)
                         continue
-                    yield {"__key__": sample.key, "__url__": url, **got}
+                    got["__key__"], got["__url__"] = sample.key, url  # got is this sample's own dict
+                    yield got
         finally:
             fetched.close()
 
@@ -341,7 +342,10 @@ class ImageShardDataset(IterableDataset):
 
     # -- output ----------------------------------------------------------------------------------
     def _to_output(self, sample: dict):
-        image = self._decode(next(sample[ext] for ext in self._image_order if ext in sample))
+        for ext in self._image_order:
+            if ext in sample:
+                image = self._decode(sample[ext])
+                break
         cls = sample.get("cls")
         label = parse_label(cls) if cls is not None else UNLABELED
         if self.transform is not None:
@@ -360,7 +364,7 @@ class ImageShardDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         cursor = self._start()  # now, not at the first next(): state_dict() describes this iterator
         self._cursor = cursor
-        return iter(self._pipeline(lambda: self._read(cursor)))
+        return map(self._to_output, self._read(cursor))  # pipeline()'s stages without its per-sample layers
 
     def _pipeline(self, source: Callable[[], Iterator[dict]]) -> wds.DataPipeline:
         return wds.DataPipeline(source, wds.map(self._to_output))
