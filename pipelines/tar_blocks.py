@@ -1,10 +1,12 @@
 """Reading samples out of a tar shard in large blocks, cut at the offsets its DALI index gives,
 with every member's tar header checked on the way.
 
-A *block* is a run of samples adjacent in one shard, read with one call (a ``pread`` or one ranged
-GET): from the first member's 512-byte header to the end of the last member's padding. The index
-says where each member's data starts; its header is the 512 bytes in front, inside the block
-already, so checking it is nearly free. For each member the header must be intact (the ustar
+A *block* is a run of samples adjacent in one shard: from the first member's 512-byte header to the
+end of the last member's padding. On s3:// it is one ranged GET and the members are cut out of it;
+on a local file (``read_block``) each member of ``DIRECT_BYTES`` or more is one ``pread`` straight
+into the bytes the sample gets (one copy from the page cache), and the headers and small members
+between them one ``pread`` per run (``Pieces``). The index says where each member's data starts;
+its header is the 512 bytes in front, read with the block, so checking it is nearly free. For each member the header must be intact (the ustar
 checksum matches), name the member the index names, and give the size the index gives; and the
 block must be as long as the index says (a truncated shard reads short). Any failure is a
 ``ShardIntegrityError`` naming the shard and the sample key. Nothing here skips: the reader decides.
