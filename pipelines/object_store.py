@@ -79,22 +79,32 @@ def read_range(location: str, start: int, end: int) -> bytes:
 
 
 def _read_file_range(path: str, start: int, end: int) -> bytes:
+    return read_file_ranges(path, [(start, end)])[0]
+
+
+def read_file_ranges(path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    """Bytes [start, end) of a local file for each range, one pread each (one open for all), each
+    read straight into its own bytes; shorter only where the file ends first."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        data = os.pread(fd, end - start, start)
-        if len(data) == end - start or not data:
-            return data
-        parts = [data]  # a regular file reads short only at its end; keep reading to be sure
-        got = len(data)
-        while got < end - start:
-            more = os.pread(fd, end - start - got, start + got)
-            if not more:
-                break
-            parts.append(more)
-            got += len(more)
-        return b"".join(parts)
+        return [_pread(fd, start, end) for start, end in ranges]
     finally:
         os.close(fd)
+
+
+def _pread(fd: int, start: int, end: int) -> bytes:
+    data = os.pread(fd, end - start, start) if end > start else b""
+    if len(data) == end - start or not data:
+        return data
+    parts = [data]  # a regular file reads short only at its end; keep reading to be sure
+    got = len(data)
+    while got < end - start:
+        more = os.pread(fd, end - start - got, start + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
 
 
 def _read_object_range(url: str, start: int, end: int) -> bytes:

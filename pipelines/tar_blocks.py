@@ -1,10 +1,12 @@
 """Reading samples out of a tar shard in large blocks, cut at the offsets its DALI index gives,
 with every member's tar header checked on the way.
 
-A *block* is a run of samples adjacent in one shard, read with one call (a ``pread`` or one ranged
-GET): from the first member's 512-byte header to the end of the last member's padding. The index
-says where each member's data starts; its header is the 512 bytes in front, inside the block
-already, so checking it is nearly free. For each member the header must be intact (the ustar
+A *block* is a run of samples adjacent in one shard: from the first member's 512-byte header to the
+end of the last member's padding. On s3:// it is one ranged GET and the members are cut out of it;
+on a local file (``read_block``) each member of ``DIRECT_BYTES`` or more is one ``pread`` straight
+into the bytes the sample gets (one copy from the page cache), and the headers and small members
+between them one ``pread`` per run (``Pieces``). The index says where each member's data starts;
+its header is the 512 bytes in front, read with the block, so checking it is nearly free. For each member the header must be intact (the ustar
 checksum matches), name the member the index names, and give the size the index gives; and the
 block must be as long as the index says (a truncated shard reads short). Any failure is a
 ``ShardIntegrityError`` naming the shard and the sample key. Nothing here skips: the reader decides.
@@ -16,6 +18,7 @@ blocks are in flight or waiting besides the one being consumed, so memory stays 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,12 +27,11 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from pipelines.manifest_access import Sample
-from pipelines.object_store import read_range
+from pipelines.object_store import is_remote, read_file_ranges, read_range
 
 TAR_BLOCK = 512
 _NAME, _SIZE, _CHECKSUM = slice(0, 100), slice(124, 136), slice(148, 156)
-_HEADER_SPAN = np.arange(TAR_BLOCK)
-_CHECKSUM_SPAN = np.arange(148, 156)
+DIRECT_BYTES = 16 << 10  # local members this large are read into their own bytes (measured: see docs/reading.md)
 
 
 class ShardIntegrityError(ValueError):
@@ -77,18 +79,17 @@ def plan_blocks(url: str, samples: Iterable[tuple[int, Sample]], max_bytes: int)
     return blocks
 
 
-def _checksums(data: bytes, headers: list[int]) -> list[int]:
-    """The ustar checksum of each 512-byte header at ``headers`` (offsets into ``data``), or -1 where
-    ``data`` ends first: all at once with numpy (the checksum field counts as eight spaces)."""
-    at = np.asarray(headers, dtype=np.int64)
-    whole = at + TAR_BLOCK <= len(data)
-    sums = np.full(len(at), -1, dtype=np.int64)
-    if whole.any():
-        raw = np.frombuffer(data, dtype=np.uint8)
-        starts = at[whole][:, None]
-        sums[whole] = (raw[starts + _HEADER_SPAN].sum(axis=1, dtype=np.int64)
-                       - raw[starts + _CHECKSUM_SPAN].sum(axis=1, dtype=np.int64) + 8 * 32)
-    return sums.tolist()
+def _checksums(headers: list[bytes]) -> list[int]:
+    """The ustar checksum of each 512-byte header, or -1 for one cut short (the shard ended first):
+    all at once with numpy (the checksum field counts as eight spaces)."""
+    sums = [-1] * len(headers)
+    whole = [i for i, h in enumerate(headers) if len(h) == TAR_BLOCK]
+    if whole:
+        raw = np.frombuffer(b"".join(headers[i] for i in whole), dtype=np.uint8).reshape(len(whole), TAR_BLOCK)
+        got = (raw.sum(axis=1, dtype=np.int64) - raw[:, _CHECKSUM].sum(axis=1, dtype=np.int64) + 8 * 32).tolist()
+        for i, value in zip(whole, got):
+            sums[i] = value
+    return sums
 
 
 def _octal(field: bytes) -> int | None:
@@ -110,40 +111,111 @@ def _header_problem(header: bytes, name: str, size: int, checksum: int, at: int)
     return None
 
 
-def cut_block(block: ReadBlock, data: bytes) -> list[dict | ShardIntegrityError]:
-    """Each sample of ``block`` (read as ``data``) as {ext: bytes}, or the ShardIntegrityError that says
-    why it cannot be: a member past the end of ``data``, or a header that is not the index's."""
-    headers = [offset - TAR_BLOCK - block.start for sample in block.samples for _, offset, _ in sample.members]
-    checksums = _checksums(data, headers)
+def _header_ok(header: bytes, name: str, size: int, checksum: int) -> bool:
+    """The fast test: name and size fields exactly as ustar writers (repack's included) write them, and
+    the checksum right. False sends the header to ``_header_problem``, which parses leniently."""
+    return (header[_NAME] == name.encode().ljust(100, b"\x00") and header[_SIZE] == b"%011o\x00" % size
+            and _octal(header[_CHECKSUM]) == checksum)
+
+
+class Pieces:
+    """Bytes of one shard read as pieces: (first byte, bytes) pairs in byte order, not overlapping
+    (a piece may be shorter than planned where the shard ends). ``take`` hands a whole piece out
+    as it is (no copy) and cuts from the others."""
+
+    def __init__(self, pieces: list[tuple[int, bytes]]) -> None:
+        self.starts = [at for at, _ in pieces]
+        self.datas = [data for _, data in pieces]
+        self.nbytes = sum(len(d) for d in self.datas)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def take(self, start: int, end: int) -> bytes | None:
+        """Bytes [start, end), or None where the pieces do not hold all of them (a short read)."""
+        i = bisect_right(self.starts, start) - 1
+        if i < 0:
+            return None
+        data, at = self.datas[i], start - self.starts[i]
+        if at + (end - start) > len(data):
+            return None
+        if at == 0 and end - start == len(data):
+            return data
+        return data[at:at + end - start]
+
+    def ends_at(self) -> int:
+        """The byte after the last one read (where a truncated shard ended)."""
+        last = max((i for i, d in enumerate(self.datas) if d), default=None)
+        return self.starts[last] + len(self.datas[last]) if last is not None else self.starts[0]
+
+
+def piece_ranges(block: ReadBlock, direct_bytes: int) -> list[tuple[int, int]]:
+    """The byte ranges that read ``block``: each member of at least ``direct_bytes`` on its own (it
+    becomes the sample's bytes without a second copy), the headers and small members between them
+    as runs."""
+    ranges: list[tuple[int, int]] = []
+    at = block.start
+    for sample in block.samples:
+        for _, offset, size in sorted(sample.members, key=lambda m: m[1]):
+            if size >= direct_bytes and offset - TAR_BLOCK >= at:  # its header stays in the run before
+                if offset > at:
+                    ranges.append((at, offset))
+                ranges.append((offset, offset + size))
+                at = offset + size
+    if block.end > at:
+        ranges.append((at, block.end))
+    return ranges
+
+
+def cut_block(block: ReadBlock, data: bytes | Pieces) -> list[dict | ShardIntegrityError]:
+    """Each sample of ``block`` (read as ``data``: the block's bytes, or ``Pieces``) as {ext: bytes}, or
+    the ShardIntegrityError that says why it cannot be: a member past the end of what was read, or a
+    header that is not the index's."""
+    pieces = data if isinstance(data, Pieces) else Pieces([(block.start, data)])
+    headers = [pieces.take(offset - TAR_BLOCK, offset) or b""
+               for sample in block.samples for _, offset, _ in sample.members]
+    checksums = _checksums(headers)
     out: list[dict | ShardIntegrityError] = []
     i = 0
     for sample in block.samples:
         members: dict = {}
         problem = None
         for (ext, offset, size), name in zip(sample.members, sample.names):
-            h, checksum = headers[i], checksums[i]
+            header, checksum = headers[i], checksums[i]
             i += 1
             if problem is not None:
                 continue
-            data_at = offset - block.start
-            if checksum < 0 or data_at + size > len(data):
-                problem = (f"truncated shard: it ends at byte {block.start + len(data)}, member {name} "
+            got = pieces.take(offset, offset + size) if checksum >= 0 else None
+            if got is None:
+                problem = (f"truncated shard: it ends at byte {pieces.ends_at()}, member {name} "
                            f"needs bytes up to {offset + size}")
-                continue
-            problem = _header_problem(data[h:h + TAR_BLOCK], name, size, checksum, block.start + h)
-            if problem is None:
-                members[ext] = data[data_at:data_at + size]
+            elif _header_ok(header, name, size, checksum):
+                members[ext] = got
+            else:
+                problem = _header_problem(header, name, size, checksum, offset - TAR_BLOCK)
+                if problem is None:
+                    members[ext] = got
         out.append(ShardIntegrityError(block.url, sample.key, problem) if problem else members)
     return out
 
 
-def fetch_blocks(blocks: Iterable, threads: int, depth: int | None = None) -> Iterator[tuple[object, ReadBlock, bytes]]:
+def read_block(block: ReadBlock, direct_bytes: int | None = None) -> bytes | Pieces:
+    """The bytes of ``block``: one ranged GET of an object; for a local file, ``Pieces`` read with one
+    pread per range of ``piece_ranges`` (each large member copied once, from the page cache into its
+    own bytes)."""
+    if is_remote(block.url):
+        return read_range(block.url, block.start, block.end)
+    ranges = piece_ranges(block, DIRECT_BYTES if direct_bytes is None else direct_bytes)
+    return Pieces(list(zip((lo for lo, _ in ranges), read_file_ranges(block.url, ranges))))
+
+
+def fetch_blocks(blocks: Iterable, threads: int, depth: int | None = None) -> Iterator[tuple[object, ReadBlock, bytes | Pieces]]:
     """(tag, block, data) for each (tag, block) of ``blocks``, in order, read by ``threads`` threads
     up to ``depth`` blocks (default: ``threads``) ahead of the one consumed (0 threads: read in the
     caller's thread, nothing ahead)."""
     if threads <= 0:
         for tag, block in blocks:
-            yield tag, block, read_range(block.url, block.start, block.end)
+            yield tag, block, read_block(block)
         return
     prefetch = max(threads, depth or 0)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="repack-prefetch")
@@ -151,7 +223,7 @@ def fetch_blocks(blocks: Iterable, threads: int, depth: int | None = None) -> It
     source = iter(blocks)
     try:
         for tag, block in source:
-            ahead.append((tag, block, pool.submit(read_range, block.url, block.start, block.end)))
+            ahead.append((tag, block, pool.submit(read_block, block)))
             if len(ahead) > prefetch:
                 tag0, block0, future = ahead.popleft()
                 yield tag0, block0, future.result()

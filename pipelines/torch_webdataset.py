@@ -10,9 +10,10 @@ One epoch, per (rank, DataLoader worker) (``pipelines.sample_order`` defines the
   worker piece     a contiguous, balanced part of the share
   windows          the piece cut into ``shuffle_buffer`` consecutive samples, each delivered in a
                    seeded permutation (seed, epoch, rank, worker, window) when shuffling
-  blocks           each window's samples read in blocks of up to ``read_bytes`` (one pread, or one
-                   ranged GET), ``prefetch`` blocks ahead in threads, members cut at the DALI index's
-                   offsets; every member's tar header checked (``pipelines.tar_blocks``)
+  blocks           each window's samples read in blocks of up to ``read_bytes`` (one ranged GET; on
+                   local files one pread per large member, straight into its bytes, and one per run
+                   of headers and small members), ``prefetch`` blocks ahead in threads, members at
+                   the DALI index's offsets; every member's tar header checked (``pipelines.tar_blocks``)
   to_output        decode (PIL; ``.cls`` as ASCII digits, ``.json`` with json, nothing unpickled),
                    ``transform``, then (image, label) or {"key", "image", "label", "meta"}
 
@@ -98,8 +99,8 @@ class ImageShardDataset(IterableDataset):
             counts); the remainder (at most world_size - 1 samples) is skipped that epoch.
         mode: PIL mode to convert to (``"RGB"``); None keeps the stored mode.
         decode: False yields the raw image bytes instead of a PIL image.
-        read_bytes: the largest block read at once (one pread or one ranged GET); default 4 MiB on
-            local files, 16 MiB on s3:// (fewer requests).
+        read_bytes: the largest block read at once (one ranged GET, or the preads of one block of a
+            local file); default 4 MiB on local files, 16 MiB on s3:// (fewer requests).
         prefetch: blocks read ahead by as many threads (0: none); default: 2 on s3:// (concurrent
             ranged GETs: network latency overlaps with consumption), 0 on local files (measured: on
             a CPU-bound worker, threads only compete for it).
@@ -325,7 +326,8 @@ class ImageShardDataset(IterableDataset):
                         slot[0] += 1
                         warnings.warn(f"skipped: {got}", stacklevel=2)
                         continue
-                    yield {"__key__": sample.key, "__url__": url, **got}
+                    got["__key__"], got["__url__"] = sample.key, url  # got is this sample's own dict
+                    yield got
         finally:
             fetched.close()
 
@@ -341,7 +343,10 @@ class ImageShardDataset(IterableDataset):
 
     # -- output ----------------------------------------------------------------------------------
     def _to_output(self, sample: dict):
-        image = self._decode(next(sample[ext] for ext in self._image_order if ext in sample))
+        for ext in self._image_order:
+            if ext in sample:
+                image = self._decode(sample[ext])
+                break
         cls = sample.get("cls")
         label = parse_label(cls) if cls is not None else UNLABELED
         if self.transform is not None:
@@ -360,7 +365,7 @@ class ImageShardDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         cursor = self._start()  # now, not at the first next(): state_dict() describes this iterator
         self._cursor = cursor
-        return iter(self._pipeline(lambda: self._read(cursor)))
+        return map(self._to_output, self._read(cursor))  # pipeline()'s stages without its per-sample layers
 
     def _pipeline(self, source: Callable[[], Iterator[dict]]) -> wds.DataPipeline:
         return wds.DataPipeline(source, wds.map(self._to_output))

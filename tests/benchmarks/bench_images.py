@@ -239,13 +239,38 @@ class WdsBytes:
                 .shuffle(1000).to_tuple("jpg", "cls"))
 
 
+class TransportOnly:
+    """The ceiling of any raw-bytes reader here: the DataLoader carrying distinct bytes objects of
+    the photos' mean size from its workers (each made by one copy in the worker, nothing read)."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.count, self.size = count, size
+
+    def dataset(self):
+        from torch.utils.data import IterableDataset, get_worker_info
+
+        count, size = self.count, self.size
+
+        class Blobs(IterableDataset):
+            def __iter__(self):
+                info = get_worker_info()
+                worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+                blob = os.urandom(size + 8)
+                for i in range(worker, count, workers):
+                    yield blob[i % 8:i % 8 + size], 0  # a new object each: pickle sends every one
+
+        return Blobs()
+
+
 def raw_epoch(kind: str, packed: Path, files: list[Path], workers: int) -> tuple[float, int]:
     """(seconds, samples) of one shuffled raw-bytes epoch through a DataLoader (batch 64)."""
     from torch.utils.data import DataLoader
 
-    if kind == "wds":
+    if kind in ("wds", "transport"):
         shards = sorted(packed.glob("*.tar"))
-        loader = DataLoader(WdsBytes(shards).dataset(), batch_size=64, num_workers=workers)
+        mean = sum(p.stat().st_size for p in files) // len(files)
+        dataset = WdsBytes(shards).dataset() if kind == "wds" else TransportOnly(len(files), mean).dataset()
+        loader = DataLoader(dataset, batch_size=64, num_workers=workers)
         started = time.perf_counter()
         count = sum(len(labels) for _, labels in loader)
         return time.perf_counter() - started, count
@@ -253,10 +278,11 @@ def raw_epoch(kind: str, packed: Path, files: list[Path], workers: int) -> tuple
 
 
 def raw_ratios(packed: Path, files: list[Path], workers: int, repeats: int) -> list[dict]:
-    """Issue 19.1's rows: medians of ``repeats`` alternated rounds (repack, folder, wds), warm cache."""
+    """Issue 19.1's rows: medians of ``repeats`` alternated rounds (repack, folder, wds, transport), warm
+    cache; the transport rows say how close each reader comes to what the DataLoader can carry."""
     warm(files)
     warm(sorted(packed.glob("*.tar")))
-    seconds: dict[str, list[float]] = {"repack": [], "folder": [], "wds": []}
+    seconds: dict[str, list[float]] = {"repack": [], "folder": [], "wds": [], "transport": []}
     for _ in range(repeats):
         for kind in seconds:
             took, got = raw_epoch(kind, packed, files, workers)
@@ -266,7 +292,11 @@ def raw_ratios(packed: Path, files: list[Path], workers: int, repeats: int) -> l
     rate = {kind: len(files) / float(np.median(s)) for kind, s in seconds.items()}
     what = f"raw bytes, {workers} workers, median of {repeats}"
     return [row(f"ImageShardDataset, {what}", rate["repack"], "folder Dataset, same", rate["folder"], 1.5),
-            row(f"ImageShardDataset, {what}", rate["repack"], "plain wds.WebDataset, same", rate["wds"], 1.2)]
+            row(f"ImageShardDataset, {what}", rate["repack"], "plain wds.WebDataset, same", rate["wds"], 1.2),
+            row(f"folder Dataset, {what}", rate["folder"], "DataLoader transport alone (in-memory bytes), same",
+                rate["transport"]),
+            row(f"ImageShardDataset, {what}", rate["repack"], "DataLoader transport alone (in-memory bytes), same",
+                rate["transport"])]
 
 
 def checkpoint_cost(packed: Path, workers: int, repeats: int) -> dict:

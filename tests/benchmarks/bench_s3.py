@@ -86,6 +86,31 @@ def _read_rates(local: str, remote: str, decode: bool, repeats: int) -> dict:
     return {k: statistics.median(v) for k, v in rates.items()}
 
 
+def _fetch_object(args: tuple[str, str, str, int]) -> int:
+    endpoint, bucket, key, size = args
+    s3, got, step = client(endpoint), 0, 16 << 20
+    for lo in range(0, size, step):
+        got += len(s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={lo}-{min(size, lo + step) - 1}")["Body"].read())
+    return got
+
+
+def _server_ceiling(endpoint: str, tars: list[Path], images: int, repeats: int) -> float:
+    """Samples/s-equivalent of the server alone: the shard objects fetched by WORKERS processes in
+    16 MiB ranged GETs, nothing else done (median of ``repeats``): what any s3:// reader here is bound by."""
+    from multiprocessing import get_context
+
+    jobs = [(endpoint, "bench", f"bulk/{t.name}", t.stat().st_size) for t in tars]
+    rates = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        with get_context("fork").Pool(WORKERS) as pool:
+            got = sum(pool.map(_fetch_object, jobs))
+        if got != sum(j[3] for j in jobs):
+            raise RuntimeError(f"the server returned {got} of {sum(j[3] for j in jobs)} bytes")
+        rates.append(images / (time.perf_counter() - started))
+    return statistics.median(rates)
+
+
 def main(out_dir: str | os.PathLike) -> dict:
     out_dir = Path(out_dir).absolute()
     src = make_dataset(out_dir / "images-data", IMAGES)
@@ -110,6 +135,7 @@ def main(out_dir: str | os.PathLike) -> dict:
         repeats = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
         reads = {name: _read_rates(str(local), "s3://bench/bulk", decode, repeats)
                  for name, decode in (("bytes", False), ("decoded", True))}
+        ceiling = _server_ceiling(server.endpoint, [f for f in files if f.suffix == ".tar"], IMAGES, repeats)
     finally:
         server.stop()
     mb = total / 1e6
@@ -124,6 +150,8 @@ def main(out_dir: str | os.PathLike) -> dict:
         "", f"| ImageShardDataset, 2 workers, median of {repeats} | local samples/s | s3:// samples/s | s3 / local |",
         "|---|---|---|---|",
         *(f"| {name} | {r['local']:.0f} | {r['s3']:.0f} | {r['s3'] / r['local']:.2f}x |" for name, r in reads.items()),
+        f"| the server alone (the shards fetched in 16 MiB ranged GETs by {WORKERS} processes, nothing else) | "
+        f"{reads['bytes']['local']:.0f} | {ceiling:.0f} | {ceiling / reads['bytes']['local']:.2f}x |",
     ]
     table = f"{IMAGES} images, {len(files)} files, {mb:.0f} MB, moto server on loopback\n" + "\n".join(rows)
     print(table)
@@ -131,5 +159,5 @@ def main(out_dir: str | os.PathLike) -> dict:
         "bulk_upload": bulk_s, "publish": publish_s, "local_job": local_s, "s3_job": s3_s},
         "upload_speed_vs_bulk": round(bulk_s / publish_s, 3),
         "s3_job_vs_local_then_bulk": round((local_s + bulk_s) / s3_s, 3),
-        "reader_samples_per_s": reads, "s3_vs_local": {k: round(r["s3"] / r["local"], 3) for k, r in reads.items()},
+        "reader_samples_per_s": reads, "server_alone_samples_per_s": round(ceiling, 1), "s3_vs_local": {k: round(r["s3"] / r["local"], 3) for k, r in reads.items()},
         "table": table}

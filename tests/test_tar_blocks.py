@@ -1,0 +1,38 @@
+"""The local read path of pipelines.tar_blocks: members read into their own bytes (DIRECT_BYTES) or cut
+from the runs between them deliver the same samples and catch the same damage."""
+
+import shutil
+
+import pytest
+
+from pipelines import tar_blocks
+from pipelines.tar_blocks import ShardIntegrityError
+from pipelines.torch_webdataset import ImageShardDataset
+from tests.test_reader_integrity import SHARD, flip_header_byte, truncate
+
+pytestmark = pytest.mark.filterwarnings("ignore:skipped:UserWarning")
+EVERY_MEMBER_DIRECT, NONE_DIRECT = 1, 1 << 40
+
+
+@pytest.mark.parametrize("direct", [EVERY_MEMBER_DIRECT, NONE_DIRECT])
+def test_direct_and_cut_members_are_the_stored_bytes(packed_photos, monkeypatch, direct):
+    want = {s["key"]: (s["image"], s["label"]) for s in ImageShardDataset(packed_photos, decode=False, output="dict",
+                                                                         read_bytes=1 << 40)}
+    monkeypatch.setattr(tar_blocks, "DIRECT_BYTES", direct)
+    got = {s["key"]: (s["image"], s["label"]) for s in ImageShardDataset(packed_photos, decode=False, output="dict")}
+    assert got == want and len(got) == 120
+    assert all(type(image) is bytes for image, _ in got.values())
+
+
+@pytest.mark.parametrize("direct", [EVERY_MEMBER_DIRECT, NONE_DIRECT])
+@pytest.mark.parametrize("damage", [flip_header_byte, truncate])
+def test_damage_is_caught_whichever_way_members_are_read(packed_photos, tmp_path, monkeypatch, direct, damage):
+    folder = tmp_path / "ds"
+    shutil.copytree(packed_photos, folder)
+    key, lost = damage(folder)
+    monkeypatch.setattr(tar_blocks, "DIRECT_BYTES", direct)
+    with pytest.raises(ShardIntegrityError) as caught:
+        list(ImageShardDataset(folder, decode=False))
+    assert caught.value.url == f"{folder}/{SHARD}" and caught.value.key == key
+    skipping = ImageShardDataset(folder, decode=False, on_error="skip")
+    assert len(list(skipping)) == 120 - lost and skipping.skipped == lost
