@@ -31,7 +31,7 @@ from pipelines.object_store import is_remote, read_file_ranges, read_range
 
 TAR_BLOCK = 512
 _NAME, _SIZE, _CHECKSUM = slice(0, 100), slice(124, 136), slice(148, 156)
-DIRECT_BYTES = 16 << 10  # local members this large are read into their own bytes (measured: see docs/reading.md)
+DIRECT_BYTES = 16 << 10  # local members this large are read into their own bytes (a first guess: not tuned yet)
 
 
 class ShardIntegrityError(ValueError):
