@@ -77,3 +77,34 @@ def test_a_failing_source_leaves_no_state_in_out(server, tmp_path, source, said)
     assert proc.returncode == 2 and source in proc.stderr and said in proc.stderr, proc.stderr
     assert "scratch" not in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_text_and_converted_sources_quarantine_odd_keys_and_count_hidden_ones(server, tmp_path):
+    """The text job and ``--from webdataset`` list a prefix the same way the images job does: a key
+    with an empty path part is a quarantine record, hidden objects count as skipped files (none of
+    them dropped without a trace)."""
+    import json
+
+    from tests.test_convert_foreign import write_wds_shards
+    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+    body = "".join(json.dumps({"text": d}) + "\n" for d in documents(20, seed=1)).encode()
+    put_all(server, "text-keys", {"a.jsonl": body, "/b.jsonl": body, "c//d.jsonl": body, ".cache/e.jsonl": body})
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    tok = write_tokenizer(gpt2_tokenizer(), tmp_path / "tok").parent
+    out = tmp_path / "text"
+    run_repack("text", "s3://text-keys", out, "--tokenizer", tok, "--quiet", env=env)
+    manifest = read_manifest_json(out)
+    assert sorted(q["source"] for q in manifest["quarantine"]) == ["/b.jsonl", "c//d.jsonl"]
+    assert all("empty path part" in q["reason"] for q in manifest["quarantine"])
+    assert manifest["totals"]["files"] == 1 and manifest["totals"]["skipped_files"] == 1
+
+    shards = tmp_path / "wds"
+    write_wds_shards(shards)
+    first = sorted(shards.iterdir())[0]
+    put_all(server, "wds-keys", {first.name: first.read_bytes(), f"/{first.name}": first.read_bytes(),
+                                 f".old/{first.name}": first.read_bytes()})
+    converted = tmp_path / "converted"
+    run_repack("images", "s3://wds-keys", converted, "--from", "webdataset", "--quiet", env=env)
+    manifest = read_manifest_json(converted)
+    assert [q["source"] for q in manifest["quarantine"]] == [f"/{first.name}"]

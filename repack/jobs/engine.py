@@ -336,11 +336,11 @@ class Engine:
                           if key != "out" and old_spec.get(key) != new_spec.get(key)]
                 if old.get("job") != self.job.name:
                     differ.insert(0, f"command: {old.get('job')} -> {self.job.name}")
-                raise UsageError(f"{self.out} holds a job run with other options ("
+                raise UsageError(f"{store.url} holds a job run with other options ("
                                  f"{'; '.join(differ) or 'same values, older tool version'}); "
                                  "use --overwrite to replace it")
             if old.get("plan_digest") != state["plan_digest"]:
-                raise UsageError(f"source changed since {self.out} was started: {self._changes(plan)}; "
+                raise UsageError(f"source changed since {store.url} was started: {self._changes(plan)}; "
                                  "use --overwrite to start over")
         else:
             store.put_bytes(f"{STATE_DIR}/plan.json", plan.canonical)

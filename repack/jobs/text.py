@@ -173,7 +173,11 @@ class TextJob(Job):
         spec = self.spec
         if spec.tokenize not in ("memmap",):
             raise UsageError(f"--tokenize {spec.tokenize!r}: only 'memmap' (Megatron .bin/.idx) is supported")
-        if not is_remote(spec.source) and not Path(spec.source).exists():
+        if is_remote(spec.source):
+            from repack.sources.s3 import check_source
+
+            check_source(spec.source)  # before OUT holds any state
+        elif not Path(spec.source).exists():
             raise UsageError(f"source {spec.source!r} does not exist")
         if spec.list_file and not Path(spec.source).is_file():
             raise UsageError(f"--list: {spec.source!r} is not a file")

@@ -49,9 +49,12 @@ def list_containers(source: str, suffixes: tuple[str, ...], refused: dict[str, s
     quarantine: list[dict] = []
     skipped = 0
     if is_remote(source):
-        from repack.sources.s3 import list_objects
+        from repack.sources.s3 import scan_objects
 
-        entries = [(url, rel, (size,)) for url, rel, size in list_objects(source)]
+        listing = scan_objects(source)  # keys that name no file quarantined, hidden/junk ones counted
+        quarantine += listing.quarantine
+        skipped += listing.skipped
+        entries = [(url, rel, (size,)) for url, rel, size in listing.objects]
     else:
         entries = _local_files(source, confinement, quarantine)
     for path, rel, fingerprint in entries:

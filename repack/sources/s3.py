@@ -71,12 +71,6 @@ def scan_objects(url: str) -> Listing:
                    tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), len(junk))
 
 
-def list_objects(url: str) -> list[tuple[str, str, int]]:
-    """(url, rel, size) of every readable, non-junk object under ``url`` (``scan_objects`` has the
-    skipped count and the keys set aside)."""
-    return list(scan_objects(url).objects)
-
-
 def check_source(url: str) -> None:
     """Fail fast (UsageError naming ``url``) when the prefix cannot be listed or holds nothing, before
     a job creates any state in OUT."""

@@ -35,7 +35,7 @@ from repack.errors import UsageError, stable_reason
 from repack.sources.base import alias_reason, pick_real_paths, sort_key
 from repack.sources.confine import Confinement
 from repack.sources.reading import open_input
-from repack.sources.s3 import list_objects
+from repack.sources.s3 import scan_objects
 from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul
 from repack.store import is_remote
 
@@ -252,10 +252,11 @@ def list_remote_text_files(url: str, list_file: bool, rules: Confinement) -> tup
     neither symlinks nor special files: of the confinement only the size cap applies."""
     if list_file:
         raise UsageError("--list reads a local list file: SOURCE cannot be an s3:// URL with --list")
+    listing = scan_objects(url)  # keys that name no file are quarantined, hidden/junk ones counted
     files: list[TextFile] = []
-    quarantine: list[dict] = []
-    skipped = 0
-    for path, rel, size in list_objects(url):
+    quarantine: list[dict] = [{**record, "line": None} for record in listing.quarantine]
+    skipped = listing.skipped
+    for path, rel, size in listing.objects:
         kind = classify(rel.rsplit("/", 1)[-1])
         if kind is None:
             skipped += 1
