@@ -18,6 +18,7 @@ blocks are in flight or waiting besides the one being consumed, so memory stays 
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_right
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -171,32 +172,41 @@ def cut_block(block: ReadBlock, data: bytes | Pieces) -> list[dict | ShardIntegr
     """Each sample of ``block`` (read as ``data``: the block's bytes, or ``Pieces``) as {ext: bytes}, or
     the ShardIntegrityError that says why it cannot be: a member past the end of what was read, or a
     header that is not the index's."""
-    pieces = data if isinstance(data, Pieces) else Pieces([(block.start, data)])
-    headers = [pieces.take(offset - TAR_BLOCK, offset) or b""
-               for sample in block.samples for _, offset, _ in sample.members]
+    return cut_blocks([(block, data)])[0]
+
+
+def cut_blocks(reads: list[tuple[ReadBlock, bytes | Pieces]]) -> list[list[dict | ShardIntegrityError]]:
+    """``cut_block`` for several blocks at once (their header checksums in one numpy pass)."""
+    pieces = [data if isinstance(data, Pieces) else Pieces([(block.start, data)]) for block, data in reads]
+    headers = [bytes(p.take(offset - TAR_BLOCK, offset) or b"")
+               for (block, _), p in zip(reads, pieces) for sample in block.samples for _, offset, _ in sample.members]
     checksums = _checksums(headers)
-    out: list[dict | ShardIntegrityError] = []
+    out: list[list[dict | ShardIntegrityError]] = []
     i = 0
-    for sample in block.samples:
-        members: dict = {}
-        problem = None
-        for (ext, offset, size), name in zip(sample.members, sample.names):
-            header, checksum = headers[i], checksums[i]
-            i += 1
-            if problem is not None:
-                continue
-            got = pieces.take(offset, offset + size) if checksum >= 0 else None
-            if got is None:
-                problem = (f"truncated shard: it ends at byte {pieces.ends_at()}, member {name} "
-                           f"needs bytes up to {offset + size}")
-            elif _header_ok(header, name, size, checksum):
-                members[ext] = got
-            else:
-                problem = _header_problem(header, name, size, checksum, offset - TAR_BLOCK)
-                if problem is None:
-                    members[ext] = got
-        out.append(ShardIntegrityError(block.url, sample.key, problem) if problem else members)
+    for (block, _), got in zip(reads, pieces):
+        cut = []
+        for sample in block.samples:
+            n = len(sample.members)
+            cut.append(_cut_sample(block.url, sample, got, headers[i:i + n], checksums[i:i + n]))
+            i += n
+        out.append(cut)
     return out
+
+
+def _cut_sample(url: str, sample: Sample, pieces: Pieces, headers: list[bytes],
+                checksums: list[int]) -> dict | ShardIntegrityError:
+    members: dict = {}
+    for (ext, offset, size), name, header, checksum in zip(sample.members, sample.names, headers, checksums):
+        got = pieces.take(offset, offset + size) if checksum >= 0 else None
+        if got is None:
+            return ShardIntegrityError(url, sample.key, f"truncated shard: it ends at byte {pieces.ends_at()}, "
+                                                        f"member {name} needs bytes up to {offset + size}")
+        if not _header_ok(header, name, size, checksum):
+            problem = _header_problem(header, name, size, checksum, offset - TAR_BLOCK)
+            if problem is not None:
+                return ShardIntegrityError(url, sample.key, problem)
+        members[ext] = got
+    return members
 
 
 def read_block(block: ReadBlock, direct_bytes: int | None = None) -> bytes | Pieces:
@@ -207,6 +217,32 @@ def read_block(block: ReadBlock, direct_bytes: int | None = None) -> bytes | Pie
         return read_range(block.url, block.start, block.end)
     ranges = piece_ranges(block, DIRECT_BYTES if direct_bytes is None else direct_bytes)
     return Pieces(list(zip((lo for lo, _ in ranges), read_file_ranges(block.url, ranges))))
+
+
+class ShardFiles:
+    """Local shard files kept open by path while a reader reads them (``close`` closes them all)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def read_into(self, path: str, start: int, buffer: memoryview) -> int:
+        """Read the file's bytes from ``start`` into ``buffer`` (straight in: one copy from the page
+        cache); how many were read, fewer only where the file ends first."""
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        got = 0
+        while got < len(buffer):
+            n = os.preadv(fd, [buffer[got:]], start + got)
+            if n <= 0:
+                break
+            got += n
+        return got
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def fetch_blocks(blocks: Iterable, threads: int, depth: int | None = None) -> Iterator[tuple[object, ReadBlock, bytes | Pieces]]:

@@ -32,7 +32,7 @@ import os
 import warnings
 from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import Any, Callable, Iterator
 
 import torch
@@ -40,12 +40,15 @@ import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines import object_store, sample_order
+from pipelines.batches import BufferRing, PackedBytes, collate_column, new_board
 from pipelines.manifest_access import Sample, image_extensions, is_labeled, open_webdataset, parse_label, read_index
 from pipelines.pil_images import decode_image
-from pipelines.tar_blocks import ShardIntegrityError, cut_block, fetch_blocks, plan_blocks
+from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
+                                 plan_blocks)
 
 UNLABELED = -1
 STATE_VERSION = 1
+WHOLE_RUNS = 1 << 62  # a batch's block size limit on local files: every run of adjacent samples is one pread
 _STAT_SLOTS = 256  # per-worker counters in shared memory: [worker % slots] -> (skipped, bytes read)
 
 
@@ -112,6 +115,11 @@ class ImageShardDataset(IterableDataset):
             this process's loaders, since construction).
         draft_size: (width, height) to decode JPEGs at a reduced DCT scale no smaller than this
             (PIL draft, through ``pil_images.decode_image(..., draft=)``); None: full decode.
+        batch_size: yield batches of this many samples made in the worker (``pipelines.batches``),
+            for ``DataLoader(dataset, batch_size=None)``: raw bytes as one ``PackedBytes`` in shared
+            memory, tensors and labels stacked (``default_collate``), other fields as lists. The
+            fast way to read: no per-sample pickling through the DataLoader's pipe. Each worker's
+            last batch may be smaller. None (default): one sample at a time.
 
     Resume: ``state_dict()`` / ``load_state_dict()`` follow torchdata's ``StatefulDataLoader``
     protocol (plain JSON; position = epoch + samples consumed, replayed without reading bytes);
@@ -124,7 +132,7 @@ class ImageShardDataset(IterableDataset):
                  drop_last: bool = False, mode: str | None = "RGB", decode: bool = True,
                  read_bytes: int | None = None, shuffle_buffer: int = 1000, prefetch: int | None = None,
                  on_error: str = "raise", draft_size: tuple[int, int] | None = None,
-                 version: int | None = None) -> None:
+                 version: int | None = None, batch_size: int | None = None) -> None:
         if output not in ("tuple", "dict"):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
         if on_error not in ("raise", "skip"):
@@ -148,11 +156,16 @@ class ImageShardDataset(IterableDataset):
         self.shuffle_buffer = max(1, shuffle_buffer)
         self.on_error = on_error
         self.draft_size = tuple(draft_size) if draft_size else None
+        if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
+        self.batch_size = batch_size
         self.counts = [s.samples for s in self.manifest.shards]
         self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
         # Shared memory, so set_epoch reaches persistent DataLoader workers and counts come back.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self._stats = torch.zeros((_STAT_SLOTS, 2), dtype=torch.int64).share_memory_()
+        self._board_id, self._board = new_board(_STAT_SLOTS)  # batch buffers the training process released
+        self._ring: BufferRing | None = None
         self._index_cache: dict[int, list[Sample]] = {}
         self._cursor: _Cursor | None = None
         self._pending: dict | None = None
@@ -315,21 +328,68 @@ class ImageShardDataset(IterableDataset):
                         slot[1] += len(data)
                         for p, sample, got in zip(block.positions, block.samples, cut_block(block, data)):
                             ready[p] = (block.url, sample, got)
-                    url, sample, got = ready.pop(position)
-                    if not isinstance(got, ShardIntegrityError):
-                        got = self._check_members(url, sample, got)
-                    cursor.position += 1
-                    if isinstance(got, ShardIntegrityError):
-                        if self.on_error == "raise":
-                            raise got
-                        cursor.skipped += 1
-                        slot[0] += 1
-                        warnings.warn(f"skipped: {got}", stacklevel=2)
-                        continue
-                    got["__key__"], got["__url__"] = sample.key, url  # got is this sample's own dict
-                    yield got
+                    got = self._deliver(cursor, slot, *ready.pop(position))
+                    if got is not None:
+                        yield got
         finally:
             fetched.close()
+
+    def _deliver(self, cursor: _Cursor, slot, url: str, sample: Sample, got) -> dict | None:
+        """Consume one position: the sample as {"__key__", "__url__", ext: data}, or None when it is
+        damaged and ``on_error="skip"`` (counted, with a warning); raises ShardIntegrityError otherwise."""
+        if not isinstance(got, ShardIntegrityError):
+            got = self._check_members(url, sample, got)
+        cursor.position += 1
+        if isinstance(got, ShardIntegrityError):
+            if self.on_error == "raise":
+                raise got
+            cursor.skipped += 1
+            slot[0] += 1
+            warnings.warn(f"skipped: {got}", stacklevel=3)
+            return None
+        got["__key__"], got["__url__"] = sample.key, url  # got is this sample's own dict
+        return got
+
+    def _read_direct(self, cursor: _Cursor, ring: BufferRing | None) -> Iterator[tuple[torch.Tensor, tuple | None, list[dict]]]:
+        """Local shards, raw bytes, batches: each batch's samples read with one pread per run of
+        adjacent samples straight into one buffer (in a worker: shared memory from ``ring``), the
+        image members left there as memoryviews (other members copied out as bytes); (buffer, its
+        claim, samples) per batch."""
+        self._cursor = cursor
+        layout = self._layout(cursor.epoch)
+        positions = [p for window in self._windows(cursor) for p in window][cursor.position:]
+        slot = self._stats[cursor.worker % _STAT_SLOTS]
+        files = ShardFiles()
+        try:
+            for i in range(0, len(positions), self.batch_size):
+                chunk = positions[i:i + self.batch_size]
+                by_shard: dict[int, list] = {}
+                for p in sorted(chunk):
+                    sample = self._sample_at(layout, p)
+                    by_shard.setdefault(sample.shard, []).append((p, sample))
+                blocks = [block for shard in sorted(by_shard)
+                          for block in plan_blocks(self.paths[shard], by_shard[shard], WHOLE_RUNS)]
+                size = sum(b.end - b.start for b in blocks)
+                buffer, claim = ring.take(size) if ring is not None else (torch.empty(size, dtype=torch.uint8), None)
+                view, at, reads = memoryview(buffer.numpy()), 0, []
+                for block in blocks:
+                    piece = view[at:at + block.end - block.start]
+                    got = files.read_into(block.url, block.start, piece)
+                    slot[1] += got
+                    reads.append((block, Pieces([(block.start, piece[:got])])))
+                    at += len(piece)
+                ready = {}
+                for (block, _), cut in zip(reads, cut_blocks(reads)):
+                    for p, sample, members in zip(block.positions, block.samples, cut):
+                        if not isinstance(members, ShardIntegrityError):
+                            members = {ext: data if ext in self.image_exts else bytes(data)
+                                       for ext, data in members.items()}
+                        ready[p] = (block.url, sample, members)
+                delivered = [self._deliver(cursor, slot, *ready.pop(p)) for p in chunk]
+                if any(d is not None for d in delivered):  # a batch of only skipped samples is not one
+                    yield buffer, claim, [d for d in delivered if d is not None]
+        finally:
+            files.close()
 
     def _check_members(self, url: str, sample: Sample, members: dict) -> dict | ShardIntegrityError:
         for ext in self._image_order:
@@ -360,12 +420,45 @@ class ImageShardDataset(IterableDataset):
     def pipeline(self) -> wds.DataPipeline:
         """This dataset as a ``wds.DataPipeline`` (an IterableDataset): add stages with ``append``.
         Its state (``state_dict``) counts the samples the reader handed to the stages."""
+        if self.batch_size is not None:
+            raise ValueError("pipeline() hands samples one at a time: build the dataset without batch_size= "
+                             "and append wds.batched(...) to the pipeline")
         return self._pipeline(lambda: self._read(self._start()))
 
     def __iter__(self) -> Iterator[Any]:
         cursor = self._start()  # now, not at the first next(): state_dict() describes this iterator
         self._cursor = cursor
-        return map(self._to_output, self._read(cursor))  # pipeline()'s stages without its per-sample layers
+        if self.batch_size is None:
+            return map(self._to_output, self._read(cursor))  # pipeline()'s stages without its per-sample layers
+        ring = self._worker_ring()
+        if not self.decode and self.transform is None and not object_store.is_remote(self.root):
+            return (self._collate([self._to_output(s) for s in samples], ring, buffer, claim)
+                    for buffer, claim, samples in self._read_direct(cursor, ring))
+        samples = map(self._to_output, self._read(cursor))  # s3://, decoded or transformed: collate what was read
+        return (self._collate(chunk, ring) for chunk in iter(lambda: list(islice(samples, self.batch_size)), []))
+
+    def _worker_ring(self) -> BufferRing | None:
+        """Inside a DataLoader worker, its reusable batch buffers; None in the training process."""
+        info = get_worker_info()
+        if info is None:
+            return None
+        if self._ring is None:
+            self._ring = BufferRing(self._board_id, self._board, info.id)
+        return self._ring
+
+    def _collate(self, outputs: list, ring: BufferRing | None, buffer: torch.Tensor | None = None,
+                 claim: tuple | None = None):
+        """One batch, made here (in the worker): image bytes as ``PackedBytes`` (views of ``buffer``
+        when given: no copy), tensors stacked (into ``ring``'s buffers), labels too, other fields as lists."""
+        def column(values: list):
+            if buffer is not None and values and isinstance(values[0], memoryview):
+                return PackedBytes.of_views(buffer, values, claim)
+            return collate_column(values, ring)
+
+        if self.output == "tuple":
+            images, labels = (list(v) for v in zip(*outputs))
+            return column(images), column(labels)
+        return {key: column([o[key] for o in outputs]) for key in ("key", "image", "label", "meta")}
 
     def _pipeline(self, source: Callable[[], Iterator[dict]]) -> wds.DataPipeline:
         return wds.DataPipeline(source, wds.map(self._to_output))
