@@ -157,6 +157,10 @@ class Mixture(IterableDataset):
             raise ValueError(f"exhausted must be one of {EXHAUSTED_RULES}, not {exhausted!r}")
         if exhausted == "repeat" and samples is None:
             raise ValueError("exhausted='repeat' needs samples= (the epoch's length): repeating sources never end")
+        batching = [type(s).__name__ for s, _ in sources if getattr(s, "yields_batches", False)]
+        if batching:
+            raise ValueError(f"a Mixture draws one sample at a time: build {', '.join(batching)} without "
+                             "batch_size= and batch the mixture (DataLoader(mixture, batch_size=B))")
         self.sources = [s for s, _ in sources]
         self.weights = [w / sum(weights) for w in weights]
         self._counts = block_counts(weights, 1)

@@ -175,6 +175,11 @@ class ImageShardDataset(IterableDataset):
         return self.manifest.classes
 
     @property
+    def yields_batches(self) -> bool:
+        """True with ``batch_size=``: each item is a batch (``Mixture`` refuses such a source)."""
+        return self.batch_size is not None
+
+    @property
     def total_samples(self) -> int:
         return sum(self.counts)
 

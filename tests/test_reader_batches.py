@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from pipelines.batches import RING, PackedBytes
+from pipelines.mixture import Mixture
 from pipelines.torch_webdataset import ImageShardDataset
 from tests.test_reader_integrity import flip_header_byte, s3, upload  # noqa: F401  (s3: a fixture)
 from tests.tools.s3server import s3_env
@@ -137,3 +138,5 @@ def test_batch_size_is_checked_and_pipeline_refuses_it(packed_photos):
             ImageShardDataset(packed_photos, batch_size=bad)
     with pytest.raises(ValueError, match="wds.batched"):
         ImageShardDataset(packed_photos, batch_size=4).pipeline()
+    with pytest.raises(ValueError, match="one sample at a time"):
+        Mixture([(ImageShardDataset(packed_photos, batch_size=4), 1)])
