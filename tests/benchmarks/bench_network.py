@@ -11,11 +11,12 @@ Both are read through the proxy by a DataLoader with the same 2 workers, raw byt
   shards   ImageShardDataset("s3://.../shards", decode=False)
   objects  a map-style Dataset doing one GET per image (boto3, one client per worker)
 
-on ~100 KB photos (REPACK_BENCH_NET_IMAGES, default 4000: bench_images' photos, and an epoch long
-enough that the workers' start, 0.3-0.5 s before the first sample, does not dominate it as it did
-at 1,000) and ~10 KB images (the same count, JPEGs of 150-210 px). images/s and the ratio
-shards / objects; target >= 10x on ~100 KB. Also the shards' time to the first sample and their
-rate after it (the profile: what the start costs).
+on ~100 KB photos (REPACK_BENCH_NET_IMAGES, default 4000: bench_images' photos, so `make bench`
+generates no other set, and 2-3 s epochs that repeat steadier than 0.6 s ones) and ~10 KB images
+(the same count, JPEGs of 150-210 px). images/s and the ratio shards / objects; target >= 10x on
+~100 KB. Also the shards' time to the first sample and their rate after it (the profile: a worker
+delivers nothing until it has read the blocks up to its shuffle window's first sample, 70-110 MB
+of the first 1,000-sample window at 4,000 photos, 14-60 MB at 1,000).
 """
 
 from __future__ import annotations
