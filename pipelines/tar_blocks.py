@@ -80,6 +80,20 @@ def plan_blocks(url: str, samples: Iterable[tuple[int, Sample]], max_bytes: int)
     return blocks
 
 
+def split_out(block: ReadBlock, position: int) -> list[ReadBlock]:
+    """``block`` as up to three blocks: the sample at epoch ``position`` alone first, then the samples
+    before it and those after it (a reader's first GET small, so its first sample comes at once)."""
+    i = block.positions.index(position)
+    parts = [(i, i + 1), (0, i), (i + 1, len(block.samples))]
+    out = []
+    for lo, hi in parts:
+        if lo < hi:
+            samples = block.samples[lo:hi]
+            out.append(ReadBlock(block.url, sample_span(samples[0])[0], sample_span(samples[-1])[1], samples,
+                                 block.positions[lo:hi]))
+    return out
+
+
 def _checksums(headers: list[bytes]) -> list[int]:
     """The ustar checksum of each 512-byte header, or -1 for one cut short (the shard ended first):
     all at once with numpy (the checksum field counts as eight spaces)."""

@@ -9,6 +9,10 @@
            against the folder Dataset, same workers and CPUs as above
   gpu      raw batches from ImageShardDataset(decode=False, batch_size=256) decoded by nvJPEG
            (torchvision.io.decode_jpeg on cuda) against the folder Dataset decoding with PIL
+  s3       tests.benchmarks.bench_s3's reads (the reader on s3:// against the same reader on the
+           local copy, raw bytes and decoded, medians) with the loopback S3 server (rclone serve s3)
+           on CPUs of its own and the loader pinned to 2 others, as a real object store's CPUs are
+           not the training node's; also with batch_size=64
 
 Photos are generated in parallel (tests.gpu.gpu_images) into DIR/images-data and packed with the CLI.
 """
@@ -91,6 +95,47 @@ def gpu_rates(packed: Path, files: list[Path], workers: int, repeats: int) -> di
         "gpu": torch.cuda.get_device_name(0)}
 
 
+def s3_rates(packed: Path, repeats: int, cpus: set) -> list[dict]:
+    """bench_s3's read rows with the server started on all CPUs, then the loader pinned to ``cpus``."""
+    from torch.utils.data import DataLoader
+
+    from pipelines.torch_webdataset import ImageShardDataset
+    from tests.benchmarks.bench_s3 import _bulk_upload, _read_rates
+    from tests.tools.s3server import bench_server, client, s3_env
+
+    server = bench_server()
+    everything = os.sched_getaffinity(0)
+    try:
+        os.environ.update(s3_env(server.endpoint))
+        s3 = client(server.endpoint)
+        s3.create_bucket(Bucket="bench")
+        files = sorted(p for p in packed.iterdir() if p.suffix in (".tar", ".idx") or p.name == "manifest.json")
+        _bulk_upload(s3, files, packed, "bench", "bulk")
+        os.sched_setaffinity(0, cpus)
+        rows = []
+        for name, decode in (("bytes", False), ("decoded", True)):
+            got = _read_rates(str(packed), "s3://bench/bulk", decode, repeats)
+            rows.append({"read": name, **{k: round(v, 3) for k, v in got.items()}, "ratio": round(got["s3"] / got["local"], 3)})
+
+        def batched(root: str) -> float:
+            dataset = ImageShardDataset(root, decode=False, batch_size=64)
+            started = time.perf_counter()
+            count = sum(len(labels) for _, labels in DataLoader(dataset, batch_size=None, num_workers=2))
+            return count / (time.perf_counter() - started)
+
+        runs = {"local": [], "s3": []}
+        for _ in range(repeats):
+            runs["local"].append(batched(str(packed)))
+            runs["s3"].append(batched("s3://bench/bulk"))
+        local, remote = (statistics.median(runs[k]) for k in ("local", "s3"))
+        rows.append({"read": "bytes, batch_size=64", "local": round(local, 1), "s3": round(remote, 1),
+                     "ratio": round(remote / local, 3)})
+        return [dict(r, server=server.name, cpus=len(cpus)) for r in rows]
+    finally:
+        os.sched_setaffinity(0, everything)
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -117,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"images": made, "mean_kb": mean_kb, "load": round(os.getloadavg()[0], 2), **record}),
               flush=True)
 
-    for workers, pinned in ((2, 2), (16, cpus)):
+    for workers, pinned in ((2, 2), (16, cpus)) if parts & {"raw", "decoded"} else ():
         os.sched_setaffinity(0, _pinned(pinned))  # the DataLoader's workers inherit it
         try:
             if "raw" in parts:
@@ -130,6 +175,9 @@ def main(argv: list[str] | None = None) -> None:
             os.sched_setaffinity(0, everything)
     if "gpu" in parts:
         emit({"part": "gpu", "workers": 16, **gpu_rates(packed, files, 16, 3)})
+    if "s3" in parts:
+        for row in s3_rates(packed, args.repeats, _pinned(2)):
+            emit({"part": "s3", "workers": 2, **row})
 
 
 if __name__ == "__main__":
