@@ -12,7 +12,7 @@ A peer that is not installed or cannot be imported is skipped with the reason.
 
 Installing the peers beside torch 2.13.0+cpu: both pull a CUDA build of torch through their
 ``torchvision`` requirement (``pip install .[bench]`` would replace torch), and PyPI's x86_64
-torchvision wheels link ``libc10_cuda.so``/``libtorch_cuda.so`` (0.19 and newer then fail at import:
+torchvision wheels link ``libc10_cuda.so``/``libtorch_cuda.so`` (0.17 and newer then fail at import:
 "operator torchvision::nms does not exist"). mosaic's ``streaming/__init__.py`` imports
 ``streaming.vision`` (torchvision's ``VisionDataset`` and ``to_tensor``: pure Python) and
 ``streaming.base.dataloader`` imports ``transformers``. So the peers go into a folder of their
