@@ -17,7 +17,10 @@ bench_producer's. Rows (images/s; ratio = repack / baseline):
   resume the cost of a checkpoint: the JSON size of a StatefulDataLoader's state mid-epoch, and
          the time to the first batch after load_state_dict vs a fresh start (medians)
 
-REPACK_BENCH_IMAGES_PARTS (default all: decode,read,raw,resume) picks parts.
+REPACK_BENCH_IMAGES_PARTS (default all: decode,read,raw,resume) picks parts; the read part runs
+REPACK_BENCH_REPEATS alternated rounds per row (medians; also the workers' CPU ms per image) for the
+caches in REPACK_BENCH_READ_CACHES (default warm,cold); REPACK_BENCH_REUSE_PACKED=1 reads the shards
+already in OUT/images-work/decode instead of packing them again.
 
 Cold cache: every file involved is fsynced and dropped with posix_fadvise(DONTNEED) (or, with
 REPACK_BENCH_DROP_CACHES=1, the whole page cache through /proc/sys/vm/drop_caches). Other knobs:
@@ -174,11 +177,17 @@ def decode_check_seconds(datas: list[bytes]) -> dict[str, float]:
 # ---- readers ----------------------------------------------------------------------------
 
 def to_224(image):
-    """The per-image work both readers do after decoding: RGB, resize to 224x224, CHW uint8 tensor."""
+    """The per-image work both readers do after decoding: RGB, resize to 224x224, CHW uint8 tensor.
+
+    ``convert`` only when the image is not RGB yet: on an RGB image it is a full-size copy, which
+    charged the shard reader (it hands RGB already: ``mode="RGB"``) a second full-size copy of every
+    grayscale photo that the folder (converting here, once) did not pay. Same pixels either way."""
     import torch
     from PIL import Image
 
-    image = image.convert("RGB").resize((224, 224), Image.BILINEAR)
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    image = image.resize((224, 224), Image.BILINEAR)
     return torch.from_numpy(np.array(image)).permute(2, 0, 1)
 
 
@@ -223,6 +232,37 @@ def read_rate(kind: str, packed: Path, files: list[Path], workers: int) -> tuple
     started = time.perf_counter()
     count = sum(len(labels) for _, labels in loader)
     return time.perf_counter() - started, count
+
+
+def read_rates(packed: Path, files: list[Path], workers: int, cache: str, decode: bool,
+               repeats: int) -> tuple[dict, dict]:
+    """The read part's row: ``repeats`` alternated rounds (folder, then repack) of one shuffled epoch each,
+    the page cache warmed or dropped before every epoch. Returns ({kind: median images/s, "_method":
+    how the cache was dropped}, {kind: median CPU ms per image of the DataLoader workers}); the CPU
+    figure (RUSAGE_CHILDREN of the joined workers) is what other load on the machine disturbs least."""
+    import resource
+
+    seconds: dict[str, list[float]] = {"folder": [], "repack": []}
+    cpu: dict[str, list[float]] = {"folder": [], "repack": []}
+    method = None
+    for _ in range(repeats):
+        for kind in seconds:
+            involved = files if kind == "folder" else shards
+            if cache == "warm":
+                warm(involved)
+            else:
+                method = drop_cache(involved)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            took, got = read_rate(kind if decode else f"{kind}-bytes", packed, files, workers)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if got != len(files):
+                raise RuntimeError(f"{kind} reader yielded {got} of {len(files)} samples")
+            seconds[kind].append(took)
+            used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            cpu[kind].append(used * 1e3 / got)
+    rates = {kind: len(files) / float(np.median(s)) for kind, s in seconds.items()}
+    rates["_method"] = method
+    return rates, {kind: round(float(np.median(c)), 2) for kind, c in cpu.items()}
 
 
 class WdsBytes:
@@ -377,7 +417,9 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
     parts = set((os.environ.get("REPACK_BENCH_IMAGES_PARTS") or "decode,read,raw,resume").split(","))
     repeats = env_int("REPACK_BENCH_REPEATS", 3)
     rows = []  # packing speed (vs tar, vs ShardWriter, worker sweep): bench_producer
-    run_repack(src, work / "decode", "decode", shard_size)
+    if not (os.environ.get("REPACK_BENCH_REUSE_PACKED") == "1" and (work / "decode" / "manifest.json").exists()):
+        run_repack(src, work / "decode", "decode", shard_size)
+    read_caches = (os.environ.get("REPACK_BENCH_READ_CACHES") or "warm,cold").split(",")
 
     if "decode" in parts:
         sample = [p.read_bytes() for p in files[: env_int("REPACK_BENCH_DECODE_IMAGES", 500)]]
@@ -389,32 +431,29 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
                         "plain PIL full decode loop", m / check_s["pil"], seconds=round(check_s["inspect"], 3)))
 
     packed = work / "decode"
-    shards = sorted(packed.glob("*.tar"))
     method = None
     if "raw" in parts:
         rows += raw_ratios(packed, files, 2, repeats)
     checkpoint = checkpoint_cost(packed, 2, repeats) if "resume" in parts else None
     for decode in ((True, False) if "read" in parts else ()):
-        for cache in ("warm", "cold"):
-            rates = {}
-            for kind in ("folder", "repack"):
-                involved = files if kind == "folder" else shards
-                if cache == "warm":
-                    warm(involved)
-                else:
-                    method = drop_cache(involved)
-                seconds, got = read_rate(kind if decode else f"{kind}-bytes", packed, files, read_workers)
-                if got != n:
-                    raise RuntimeError(f"{kind} reader yielded {got} of {n} samples")
-                rates[kind] = n / seconds
+        for cache in read_caches:
+            got_rates, cpu_ms = read_rates(packed, files, read_workers, cache, decode, repeats)
+            method = got_rates.pop("_method", method)
             what = "decode+resize 224" if decode else "bytes only"
-            rows.append(row(f"PyTorch reader, {what}, {cache}", rates["repack"],
-                            f"folder Dataset, {what}, {cache}", rates["folder"]))
+            rows.append(row(f"PyTorch reader, {what}, {cache}", got_rates["repack"],
+                            f"folder Dataset, {what}, {cache}", got_rates["folder"],
+                            1.0 if decode and cache == "warm" else None,
+                            worker_cpu_ms=cpu_ms["repack"], baseline_worker_cpu_ms=cpu_ms["folder"]))
 
     header = (f"images: {n} JPEG photos, {total_bytes / n / 1e3:.0f} KB mean, {cpus} usable CPU cores, "
               f"shards of {shard_size}, {read_workers} DataLoader workers; cold cache via {method}; "
               f"load average {os.getloadavg()[0]:.1f}")
     text = table(rows, header)
+    cpu_rows = [r for r in rows if "worker_cpu_ms" in r]
+    if cpu_rows:
+        text += "\n" + "\n".join(f"  {r['measure']}: DataLoader workers' CPU {r['worker_cpu_ms']:.2f} ms per image vs "
+                                 f"{r['baseline_worker_cpu_ms']:.2f} for the folder (medians of {repeats})"
+                                 for r in cpu_rows)
     if checkpoint is not None:
         text += (f"\ncheckpoint (StatefulDataLoader, 2 workers, mid-epoch): state {checkpoint['state_bytes']} bytes of "
                  f"JSON; first batch {checkpoint['first_batch_resumed_s']:.3f} s after load_state_dict vs "

@@ -8,8 +8,24 @@ another's.
 Dataset: REPACK_BENCH_PEER_IMAGES (default 1000) real-photo JPEGs of ~100 KB (bench_images'
 generator), each peer's format written with its own writer at 32 MB chunks/shards. One untimed
 epoch per reader first, then alternated repeats (REPACK_BENCH_REPEATS, default 3), medians; the table gives repack's ratio to each peer.
-A peer that is not installed (``pip install .[bench]``) or cannot be imported is skipped with
-the reason.
+A peer that is not installed or cannot be imported is skipped with the reason.
+
+Installing the peers beside torch 2.13.0+cpu: both pull a CUDA build of torch through their
+``torchvision`` requirement (``pip install .[bench]`` would replace torch), and PyPI's x86_64
+torchvision wheels link ``libc10_cuda.so``/``libtorch_cuda.so`` (0.17 and newer then fail at import:
+"operator torchvision::nms does not exist"). mosaic's ``streaming/__init__.py`` imports
+``streaming.vision`` (torchvision's ``VisionDataset`` and ``to_tensor``: pure Python) and
+``streaming.base.dataloader`` imports ``transformers``. So the peers go into a folder of their
+own, without dependencies, at pinned versions (``PEER_SITE``: torchvision 0.16.2 is the newest that
+imports without its C++ ops, which nothing here uses; transformers 4.57 wants tokenizers 0.22 and
+huggingface_hub < 1, which the folder shadows only in the peers' processes)::
+
+    python -m tests.benchmarks.bench_peers --install-site DIR     # pip install --no-deps --target DIR
+    REPACK_BENCH_PEERS_SITE=DIR python -m tests.benchmarks.run_all OUT --only peers
+
+With REPACK_BENCH_PEERS_SITE set, DIR goes first on sys.path of the processes that write or read a
+peer's format (never of repack's own epochs); without it the peers are imported from the
+environment, if they are there.
 """
 
 from __future__ import annotations
@@ -28,6 +44,28 @@ from torch.utils.data import IterableDataset
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 2
 CHUNK_BYTES = 32 << 20
+PEERS = ("litdata", "mosaic streaming")
+# pip install --no-deps --target DIR: the peers and what they import, at versions seen to import and
+# run beside torch 2.13.0+cpu, numpy 2.4 and Pillow 13 (2026-12-01); nothing here replaces torch
+PEER_SITE = ("mosaicml-streaming==0.13.0", "torchvision==0.16.2", "transformers==4.57.6", "tokenizers==0.22.2",
+             "huggingface_hub==0.36.2", "safetensors==0.8.0", "catalogue==2.0.10", "python-snappy==0.7.3",
+             "cramjam==2.14.0", "brotli==1.2.1", "zstd==1.5.7.2",
+             "litdata==0.2.76", "lightning-utilities==0.15.3", "obstore==0.12.1")
+
+
+def use_peer_site() -> None:
+    """Put REPACK_BENCH_PEERS_SITE first on sys.path (this process only), when set."""
+    site = os.environ.get("REPACK_BENCH_PEERS_SITE")
+    if site and site not in sys.path:
+        if not Path(site).is_dir():
+            raise RuntimeError(f"REPACK_BENCH_PEERS_SITE={site} is not a folder: "
+                               "python -m tests.benchmarks.bench_peers --install-site DIR")
+        sys.path.insert(0, site)
+
+
+def install_site(target: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                    "--target", target, *PEER_SITE], check=True)
 
 
 def _sample(path: str) -> dict:
@@ -84,15 +122,21 @@ def write_mds(files: list[Path], out: Path) -> None:
                 writer.write(_sample(str(f)))
 
 
-def _readers(work: Path, packed: Path) -> dict:
-    """{name: factory(decode) -> dataset}, and {name: why skipped} for missing peers."""
+def _readers(work: Path, packed: Path, only: str | None = None) -> dict:
+    """{name: factory(decode) -> dataset}, and {name: why skipped} for missing peers (``only``: just
+    that reader, and no peer imported in this process unless it is that peer)."""
     from pipelines.torch_webdataset import ImageShardDataset
     from tests.benchmarks.bench_images import to_224
 
     readers = {"repack": lambda decode: ImageShardDataset(packed, decode=decode, shuffle=True,
                                                           transform=to_224 if decode else None)}
     skipped = {}
+    if only is not None and only not in PEERS:
+        return readers, skipped
+    use_peer_site()
     try:
+        if only not in (None, "litdata"):
+            raise LookupError("not asked for")
         import litdata
 
         def lit(decode: bool):
@@ -102,6 +146,8 @@ def _readers(work: Path, packed: Path) -> dict:
     except Exception as exc:  # noqa: BLE001 - any import failure means "not usable here"
         skipped["litdata"] = f"{type(exc).__name__}: {exc}"
     try:
+        if only not in (None, "mosaic streaming"):
+            raise LookupError("not asked for")
         import streaming
 
         from streaming.base.util import clean_stale_shared_memory
@@ -161,7 +207,8 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
                 skipped[name] = f"writer failed: {type(exc).__name__}: {exc}"
                 del readers[name]
     for name, why in skipped.items():
-        print(f"[peers] {name}: skipped ({why}); pip install '.[bench]'", file=sys.stderr)
+        print(f"[peers] {name}: skipped ({why}); see tests/benchmarks/bench_peers.py: --install-site",
+              file=sys.stderr)
     for name in readers:  # one untimed epoch each: a peer's first read of new chunks (its cache) is not timed
         epoch_in_child(name, False, work, packed)
     rates: dict[tuple[str, bool], list[float]] = {}
@@ -196,7 +243,9 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--epoch"]:  # a child of epoch_in_child: one epoch, its (seconds, count) as JSON
         reader, decode_flag, work_dir, packed_dir = sys.argv[2:6]
-        factories, _ = _readers(Path(work_dir), Path(packed_dir))
+        factories, _ = _readers(Path(work_dir), Path(packed_dir), only=reader)
         print(json.dumps(_epoch(factories[reader](decode_flag == "1"))))
+    elif sys.argv[1:2] == ["--install-site"]:
+        install_site(sys.argv[2])
     else:
         main(sys.argv[1] if len(sys.argv) > 1 else "bench-out")
