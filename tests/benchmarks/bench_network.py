@@ -8,8 +8,8 @@ REPACK_BENCH_LATENCY_MS (default 10) to every request. Beside the `repack images
 bucket per image set.
 Both are read through the proxy by a DataLoader with the same 2 workers, raw bytes:
 
-  shards   ImageShardDataset("s3://.../shards", decode=False)
-  objects  a map-style Dataset doing one GET per image (boto3, one client per worker)
+  shards   ImageShardDataset("s3://.../shards", decode=False, batch_size=64) (batches made in the workers)
+  objects  a map-style Dataset doing one GET per image (boto3, one client per worker), DataLoader batch 64
 
 on ~100 KB photos (REPACK_BENCH_NET_IMAGES, default 4000: bench_images' photos, so `make bench`
 generates no other set, and 2-3 s epochs that repeat steadier than 0.6 s ones) and ~10 KB images
@@ -36,6 +36,7 @@ from tests.tools.latency_proxy import LatencyProxy
 from tests.tools.s3server import bench_server, client, s3_env
 
 WORKERS = 2
+BATCH = 64  # both batched: the shards by the reader in its workers (the documented way), the objects by the DataLoader
 TARGET = 10.0
 
 
@@ -76,14 +77,16 @@ class ObjectPerImage:
         return read_bytes(f"s3://{self.bucket}/{self.keys[i]}"), self.labels[i]
 
 
-def _rate(dataset, **loader) -> tuple[float, int, float]:
-    """(samples/s of one epoch, samples, seconds to the first sample) through a fresh DataLoader."""
+def _rate(dataset, batch_size: int | None = None, **loader) -> tuple[float, int, float]:
+    """(samples/s of one epoch, samples, seconds to the first batch) through a fresh DataLoader: batches
+    of ``batch_size`` collated by it, or made by the dataset itself (``yields_batches``)."""
     from torch.utils.data import DataLoader
 
+    batched = batch_size is not None or getattr(dataset, "yields_batches", False)
     started = time.perf_counter()
     first, count = None, 0
-    for _ in DataLoader(dataset, batch_size=None, num_workers=WORKERS, **loader):
-        count += 1
+    for item in DataLoader(dataset, batch_size=batch_size, num_workers=WORKERS, **loader):
+        count += len(item[1]) if batched else 1
         if first is None:
             first = time.perf_counter() - started
     return count / (time.perf_counter() - started), count, first or 0.0
@@ -143,10 +146,11 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
                 runs: dict[str, list[tuple[float, int, float]]] = {"shards": [], "objects": []}
                 for _ in range(repeats):  # alternated
                     runs["shards"].append(_rate(ImageShardDataset(f"s3://bench{i}/shards", decode=False,
-                                                                  shuffle=True)))
+                                                                  shuffle=True, batch_size=BATCH)))
                     got = runs["shards"][-1][1]
                     assert got == len(keys[name]), f"shards delivered {got} of {len(keys[name])}"
-                    runs["objects"].append(_rate(ObjectPerImage(f"bench{i}", keys[name]), shuffle=True))
+                    runs["objects"].append(_rate(ObjectPerImage(f"bench{i}", keys[name]), batch_size=BATCH,
+                                                 shuffle=True))
                     assert runs["objects"][-1][1] == len(keys[name])
                 shards, objects = (statistics.median(r[0] for r in runs[k]) for k in ("shards", "objects"))
                 first = statistics.median(r[2] for r in runs["shards"])
@@ -166,7 +170,7 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
                 os.environ[key] = value
         server.stop()
     lines = [f"network storage: {server.name} on loopback behind a {latency_ms:.0f} ms/request proxy, DataLoader "
-             f"{WORKERS} workers, raw bytes, medians of {repeats} alternated runs ({requests} proxied requests)",
+             f"{WORKERS} workers, raw bytes, batches of {BATCH}, medians of {repeats} alternated runs ({requests} proxied requests)",
              f"{'images':<16} {'n':>5} {'KB':>6} {'shards img/s':>13} {'objects img/s':>14} {'ratio':>7}  "
              f"{'shards: 1st sample':>18} {'img/s after':>11}  target"]
     for r in rows:

