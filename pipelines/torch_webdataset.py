@@ -7,7 +7,7 @@ One epoch, per (rank, DataLoader worker) (``pipelines.sample_order`` defines the
                    seed + epoch when shuffling: the same for every rank and world size)
   share            this rank's runs of positions: a balanced range (``drop_last``: equal ones),
                    or what ``pipelines.resume`` handed it after an elastic restart
-  worker piece     a contiguous, balanced part of the share
+  worker part      pieces of ~64 consecutive positions of the share, dealt to the workers in turn
   windows          the piece cut into ``shuffle_buffer`` consecutive samples, each delivered in a
                    seeded permutation (seed, epoch, rank, worker, window) when shuffling
   blocks           each window's samples read in blocks of up to ``read_bytes`` (one ranged GET; on
@@ -48,7 +48,7 @@ from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_b
                                  plan_blocks, split_out)
 
 UNLABELED = -1
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: workers are dealt pieces of the share (1: one contiguous part each)
 INDEX_THREADS = 8  # concurrent index GETs on s3://
 WHOLE_RUNS = 1 << 62  # a batch's block size limit on local files: every run of adjacent samples is one pread
 _STAT_SLOTS = 256  # per-worker counters in shared memory: [worker % slots] -> (skipped, bytes read)

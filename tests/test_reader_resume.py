@@ -75,7 +75,7 @@ def test_state_is_small_json_and_refuses_another_dataset(packed_photos):
     it = iter(loader)
     next(it)
     state = dataset.state_dict()
-    assert state["kind"] == "ImageShardDataset" and state["version"] == 1 and state["epoch"] == 0
+    assert state["kind"] == "ImageShardDataset" and state["version"] == 2 and state["epoch"] == 0
     assert state["position"] == BATCH and json.loads(json.dumps(state)) == state
     other = ImageShardDataset(packed_photos, shuffle=True, seed=99)
     with pytest.raises(ValueError, match="seed"):

@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--images", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--parts", default="raw,decoded,gpu")
+    parser.add_argument("--workers", default="2,16", help="loader settings: 2 (2 workers on 2 CPUs), 16 (on all)")
     args = parser.parse_args(argv)
     from tests.benchmarks.bench_images import image_files, raw_ratios, warm
     from tests.gpu.gpu_images import make_photos, pack
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"images": made, "mean_kb": mean_kb, "load": round(os.getloadavg()[0], 2), **record}),
               flush=True)
 
-    for workers, pinned in ((2, 2), (16, cpus)) if parts & {"raw", "decoded"} else ():
+    settings = [(2, 2) if w == "2" else (16, cpus) for w in args.workers.split(",")]
+    for workers, pinned in settings if parts & {"raw", "decoded"} else ():
         os.sched_setaffinity(0, _pinned(pinned))  # the DataLoader's workers inherit it
         try:
             if "raw" in parts:
