@@ -61,9 +61,16 @@ def _release(board_id: str, slot: int, index: int, token: int) -> None:
         board[slot, index] = token
 
 
+def _sent_claim(claim: tuple | None) -> tuple | None:
+    """The claim a pickled batch carries: only from a DataLoader worker (a copy made anywhere else,
+    e.g. ``copy.deepcopy`` in the training process, must not release the worker's buffer)."""
+    return claim if get_worker_info() is not None else None
+
+
 def _watch(tensor: torch.Tensor, claim: tuple | None) -> torch.Tensor:
-    """In the receiving process: release the claimed buffer when the last view of it dies."""
-    if claim is not None and claim[0] in _BOARDS:
+    """In the receiving process: release the claimed buffer when the last view of it dies (only a
+    tensor that arrived in shared memory is the buffer itself; a copy is not)."""
+    if claim is not None and claim[0] in _BOARDS and tensor.is_shared():
         weakref.finalize(tensor.untyped_storage(), _release, *claim)
     return tensor
 
@@ -98,7 +105,7 @@ class Watched:
         self.tensor, self.claim = tensor, claim
 
     def __reduce__(self):
-        return _watch, (self.tensor, self.claim)
+        return _watch, (self.tensor, _sent_claim(self.claim))
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,7 @@ class PackedBytes:
     claim: tuple | None = None  # the BufferRing claim of ``data`` (released when it dies where it arrives)
 
     def __reduce__(self):
-        return _received, (self.data, self.spans, self.claim)
+        return _received, (self.data, self.spans, _sent_claim(self.claim))
 
     @classmethod
     def pack(cls, items: Sequence[bytes], ring: "BufferRing | None" = None) -> "PackedBytes":

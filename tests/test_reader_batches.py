@@ -140,3 +140,19 @@ def test_batch_size_is_checked_and_pipeline_refuses_it(packed_photos):
         ImageShardDataset(packed_photos, batch_size=4).pipeline()
     with pytest.raises(ValueError, match="one sample at a time"):
         Mixture([(ImageShardDataset(packed_photos, batch_size=4), 1)])
+
+
+def test_a_copy_of_a_batch_does_not_release_its_buffer(packed_photos):
+    """A deepcopy in the training process is a new tensor: dropping it must leave the batch's own
+    buffer claimed (else the worker would refill it under the batch still held)."""
+    import copy
+
+    dataset = ImageShardDataset(packed_photos, decode=False, output="dict", batch_size=4)
+    intact = {s["key"]: s["image"] for s in ImageShardDataset(packed_photos, decode=False, output="dict")}
+    held = []
+    for batch in DataLoader(dataset, batch_size=None, num_workers=1):
+        held.append(batch)
+        copy.deepcopy(batch)  # made and dropped at once
+        gc.collect()
+    assert len(held) == 30
+    assert all(b["image"].tobytes(i) == intact[k] for b in held for i, k in enumerate(b["key"]))
