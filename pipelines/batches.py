@@ -5,10 +5,10 @@ read and unpickled (four copies, and Python work per sample), while a tensor in 
 crosses as one file descriptor. A reader that makes whole batches in its workers therefore
 yields:
 
-- raw bytes as ``PackedBytes``: the batch's byte strings end to end in one uint8 tensor allocated
-  in shared memory, plus their offsets (a tuple of ints, pickled inline);
-- tensors (decoded, transformed images) and labels collated by ``torch.utils.data.default_collate``, which in a worker already
-  stacks tensors straight into shared memory (what ``DataLoader(batch_size=B)`` would do).
+- raw bytes as ``PackedBytes``: the batch's byte strings in one uint8 tensor in shared memory,
+  plus where each lies in it (a tuple of (start, end) pairs, pickled inline);
+- tensors of one shape (decoded, transformed images) stacked into such a buffer, numbers (labels)
+  by ``torch.utils.data.default_collate``: what ``DataLoader(batch_size=B)`` would do.
 
 Hand such a reader to ``DataLoader(dataset, batch_size=None, ...)``: the batch is already made.
 
@@ -43,7 +43,8 @@ def shared_bytes(size: int) -> torch.Tensor:
 
 
 RING = 8  # buffers a worker may have out at once before it allocates fresh ones
-_BOARDS: dict[str, torch.Tensor] = {}  # board id -> board, in the training process and its workers
+# board id -> board, in the training process and its workers; weak: a board lives as long as its dataset
+_BOARDS: "weakref.WeakValueDictionary[str, torch.Tensor]" = weakref.WeakValueDictionary()
 _TOKENS = itertools.count(1)
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from torch.utils.data import IterableDataset
 
 ROOT = Path(__file__).resolve().parents[2]
+BATCH = 64
 WORKERS = 2
 CHUNK_BYTES = 32 << 20
 PEERS = ("litdata", "mosaic streaming")
@@ -128,7 +129,7 @@ def _readers(work: Path, packed: Path, only: str | None = None) -> dict:
     from pipelines.torch_webdataset import ImageShardDataset
     from tests.benchmarks.bench_images import to_224
 
-    readers = {"repack": lambda decode: ImageShardDataset(packed, decode=decode, shuffle=True,
+    readers = {"repack": lambda decode: ImageShardDataset(packed, decode=decode, shuffle=True, batch_size=BATCH,
                                                           transform=to_224 if decode else None)}
     skipped = {}
     if only is not None and only not in PEERS:
@@ -154,7 +155,7 @@ def _readers(work: Path, packed: Path, only: str | None = None) -> dict:
 
         def mds(decode: bool):
             clean_stale_shared_memory()  # one StreamingDataset per local folder at a time
-            return Decoded(streaming.StreamingDataset(local=str(work / "mds"), shuffle=True, batch_size=1), decode)
+            return Decoded(streaming.StreamingDataset(local=str(work / "mds"), shuffle=True, batch_size=BATCH), decode)
 
         readers["mosaic streaming"] = mds
     except Exception as exc:  # noqa: BLE001
@@ -165,8 +166,12 @@ def _readers(work: Path, packed: Path, only: str | None = None) -> dict:
 def _epoch(dataset) -> tuple[float, int]:
     from torch.utils.data import DataLoader
 
+    # batches of BATCH for every reader: repack's made in its workers (its documented way), the peers'
+    # collated by the DataLoader (theirs)
+    own = getattr(dataset, "yields_batches", False)
     started = time.perf_counter()
-    count = sum(1 for _ in DataLoader(dataset, batch_size=None, num_workers=WORKERS))
+    count = sum(len(labels) for _, labels in DataLoader(dataset, batch_size=None if own else BATCH,
+                                                         num_workers=WORKERS))
     return time.perf_counter() - started, count
 
 
