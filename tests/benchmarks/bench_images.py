@@ -217,17 +217,21 @@ class FolderBytes(FolderDataset):
 
 
 def read_rate(kind: str, packed: Path, files: list[Path], workers: int) -> tuple[float, int]:
-    """(seconds, samples) of one shuffled epoch through a DataLoader (batch 64)."""
+    """(seconds, samples) of one shuffled epoch through a DataLoader, batches of 64. ``repack`` and
+    ``folder`` are batched by the DataLoader; ``repack-batched`` is ImageShardDataset(batch_size=64),
+    its batches made in the workers (the documented way); ``-bytes``: raw bytes, no decode."""
     from torch.utils.data import DataLoader
 
     from pipelines.torch_webdataset import ImageShardDataset
 
-    if kind in ("repack", "repack-bytes"):
-        decode = kind == "repack"
-        dataset = ImageShardDataset(packed, transform=to_224 if decode else None, shuffle=True, seed=0, decode=decode)
-        loader = DataLoader(dataset, batch_size=64, num_workers=workers)
+    decode = not kind.endswith("-bytes")
+    if kind.startswith("repack"):
+        batched = kind.startswith("repack-batched")
+        dataset = ImageShardDataset(packed, transform=to_224 if decode else None, shuffle=True, seed=0, decode=decode,
+                                    batch_size=64 if batched else None)
+        loader = DataLoader(dataset, batch_size=None if batched else 64, num_workers=workers)
     else:
-        dataset = FolderDataset(files) if kind == "folder" else FolderBytes(files)
+        dataset = FolderDataset(files) if decode else FolderBytes(files)
         loader = DataLoader(dataset, batch_size=64, num_workers=workers, shuffle=True)
     started = time.perf_counter()
     count = sum(len(labels) for _, labels in loader)
@@ -236,14 +240,15 @@ def read_rate(kind: str, packed: Path, files: list[Path], workers: int) -> tuple
 
 def read_rates(packed: Path, files: list[Path], workers: int, cache: str, decode: bool,
                repeats: int) -> tuple[dict, dict]:
-    """The read part's row: ``repeats`` alternated rounds (folder, then repack) of one shuffled epoch each,
+    """The read part's rows: ``repeats`` alternated rounds (folder, repack one at a time, repack in
+    batches) of one shuffled epoch each,
     the page cache warmed or dropped before every epoch. Returns ({kind: median images/s, "_method":
     how the cache was dropped}, {kind: median CPU ms per image of the DataLoader workers}); the CPU
     figure (RUSAGE_CHILDREN of the joined workers) is what other load on the machine disturbs least."""
     import resource
 
-    seconds: dict[str, list[float]] = {"folder": [], "repack": []}
-    cpu: dict[str, list[float]] = {"folder": [], "repack": []}
+    seconds: dict[str, list[float]] = {"folder": [], "repack": [], "repack-batched": []}
+    cpu: dict[str, list[float]] = {kind: [] for kind in seconds}
     method = None
     for _ in range(repeats):
         for kind in seconds:
@@ -308,14 +313,6 @@ def raw_epoch(kind: str, packed: Path, files: list[Path], workers: int) -> tuple
     ``repack-1`` the same reader one sample at a time, batched by the DataLoader like the others."""
     from torch.utils.data import DataLoader
 
-    from pipelines.torch_webdataset import ImageShardDataset
-
-    if kind == "repack":
-        loader = DataLoader(ImageShardDataset(packed, decode=False, shuffle=True, seed=0, batch_size=64),
-                            batch_size=None, num_workers=workers)
-        started = time.perf_counter()
-        count = sum(len(labels) for _, labels in loader)
-        return time.perf_counter() - started, count
     if kind in ("wds", "transport"):
         shards = sorted(packed.glob("*.tar"))
         mean = sum(p.stat().st_size for p in files) // len(files)
@@ -324,7 +321,8 @@ def raw_epoch(kind: str, packed: Path, files: list[Path], workers: int) -> tuple
         started = time.perf_counter()
         count = sum(len(labels) for _, labels in loader)
         return time.perf_counter() - started, count
-    return read_rate("repack-bytes" if kind == "repack-1" else "folder-bytes", packed, files, workers)
+    return read_rate({"repack": "repack-batched-bytes", "repack-1": "repack-bytes"}.get(kind, "folder-bytes"),
+                     packed, files, workers)
 
 
 def raw_ratios(packed: Path, files: list[Path], workers: int, repeats: int) -> list[dict]:
@@ -440,10 +438,11 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
             got_rates, cpu_ms = read_rates(packed, files, read_workers, cache, decode, repeats)
             method = got_rates.pop("_method", method)
             what = "decode+resize 224" if decode else "bytes only"
-            rows.append(row(f"PyTorch reader, {what}, {cache}", got_rates["repack"],
-                            f"folder Dataset, {what}, {cache}", got_rates["folder"],
-                            1.0 if decode and cache == "warm" else None,
-                            worker_cpu_ms=cpu_ms["repack"], baseline_worker_cpu_ms=cpu_ms["folder"]))
+            for kind, name in (("repack-batched", "ImageShardDataset(batch_size=64)"), ("repack", "one at a time")):
+                rows.append(row(f"PyTorch reader {name}, {what}, {cache}", got_rates[kind],
+                                f"folder Dataset, {what}, {cache}", got_rates["folder"],
+                                1.0 if decode and cache == "warm" and kind == "repack-batched" else None,
+                                worker_cpu_ms=cpu_ms[kind], baseline_worker_cpu_ms=cpu_ms["folder"]))
 
     header = (f"images: {n} JPEG photos, {total_bytes / n / 1e3:.0f} KB mean, {cpus} usable CPU cores, "
               f"shards of {shard_size}, {read_workers} DataLoader workers; cold cache via {method}; "
