@@ -241,14 +241,14 @@ def read_rate(kind: str, packed: Path, files: list[Path], workers: int) -> tuple
 def read_rates(packed: Path, files: list[Path], workers: int, cache: str, decode: bool,
                repeats: int) -> tuple[dict, dict]:
     """The read part's rows: ``repeats`` alternated rounds (folder, repack one at a time, repack in
-    batches) of one shuffled epoch each,
-    the page cache warmed or dropped before every epoch. Returns ({kind: median images/s, "_method":
+    batches) of one shuffled epoch each, the page cache warmed or dropped before every epoch. Returns ({kind: median images/s, "_method":
     how the cache was dropped}, {kind: median CPU ms per image of the DataLoader workers}); the CPU
     figure (RUSAGE_CHILDREN of the joined workers) is what other load on the machine disturbs least."""
     import resource
 
     seconds: dict[str, list[float]] = {"folder": [], "repack": [], "repack-batched": []}
     cpu: dict[str, list[float]] = {kind: [] for kind in seconds}
+    shards = sorted(packed.glob("*.tar"))
     method = None
     for _ in range(repeats):
         for kind in seconds:
