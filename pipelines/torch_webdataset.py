@@ -22,7 +22,8 @@ the index lists is delivered, in order, or an error says which one is not. ``pip
 same as a ``wds.DataPipeline`` that takes more stages (``image_pipeline``).
 
 Memory per worker: ``(prefetch + 1) * read_bytes`` of blocks, plus, when shuffling, the window being
-delivered (up to ``shuffle_buffer`` samples).
+delivered (up to ``shuffle_buffer`` samples), and with ``batch_size`` up to ``batches.RING`` batch
+buffers in shared memory, reused once the training process dropped them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate, islice
@@ -122,7 +123,9 @@ class ImageShardDataset(IterableDataset):
             for ``DataLoader(dataset, batch_size=None)``: raw bytes as one ``PackedBytes`` in shared
             memory, tensors and labels stacked (``default_collate``), other fields as lists. The
             fast way to read: no per-sample pickling through the DataLoader's pipe. Each worker's
-            last batch may be smaller. None (default): one sample at a time.
+            last batch may be smaller; ``len(dataset)`` still counts samples. Memory: each worker
+            keeps up to ``batches.RING`` (8) batch buffers in shared memory for reuse. None
+            (default): one sample at a time.
 
     Resume: ``state_dict()`` / ``load_state_dict()`` follow torchdata's ``StatefulDataLoader``
     protocol (plain JSON; position = epoch + samples consumed, replayed without reading bytes);
@@ -228,18 +231,14 @@ class ImageShardDataset(IterableDataset):
             self._index_cache[shard] = read_index(self.manifest, shard)
         return self._index_cache[shard]
 
-    def _load_indexes(self, cursor: _Cursor, layout) -> None:
-        """On s3://, GET the index files of the shards this worker will read, concurrently (one at a
+    def _load_indexes(self, layout, positions: list[int]) -> None:
+        """On s3://, GET the index files of the shards holding ``positions`` concurrently (one at a
         time they cost a round trip each before the first sample)."""
         if not object_store.is_remote(self.root):
             return
         order, starts = layout
-        ends = [*starts[1:], self.total_samples]
-        done = cursor.position - cursor.position % self.shuffle_buffer  # whole windows consumed
-        positions = sample_order.worker_positions(cursor.runs, cursor.worker, cursor.workers)[done:]
-        runs = sample_order.runs_of(sorted(positions))
-        wanted = {order[i] for lo, hi in runs for i in range(bisect_right(starts, lo) - 1, len(order))
-                  if starts[i] < hi and ends[i] > lo} - set(self._index_cache)
+        wanted = {order[i] for lo, hi in sample_order.runs_of(sorted(positions))
+                  for i in range(bisect_right(starts, lo) - 1, bisect_left(starts, hi))} - set(self._index_cache)
         if len(wanted) > 1:
             with ThreadPoolExecutor(min(INDEX_THREADS, len(wanted)), thread_name_prefix="repack-index") as pool:
                 for shard, samples in zip(wanted, pool.map(lambda s: read_index(self.manifest, s), wanted)):
@@ -325,16 +324,10 @@ class ImageShardDataset(IterableDataset):
     def _blocks(self, cursor: _Cursor, windows: list[list[int]], layout) -> Iterator:
         """(window number, ReadBlock) for every sample still to deliver, window by window."""
         first, skip = divmod(cursor.position, self.shuffle_buffer)
-        order, _ = layout
         for w in range(first, len(windows)):
             todo = windows[w][skip if w == first else 0:]
             turn = {p: i for i, p in enumerate(todo)}  # when each position is handed out
-            by_shard: dict[int, list] = {}
-            for p in sorted(todo):
-                sample = self._sample_at(layout, p)
-                by_shard.setdefault(sample.shard, []).append((p, sample))
-            blocks = [block for shard in sorted(by_shard, key=order.index)
-                      for block in plan_blocks(self.paths[shard], by_shard[shard], self.read_bytes)]
+            blocks = self._plan(layout, todo, self.read_bytes)
             # in the order their first sample is handed out: the consumer starts on the first block
             # read, not after most of a shuffled window (measured on s3://: 70-110 MB before the first sample)
             blocks.sort(key=lambda b: min(turn[p] for p in b.positions))
@@ -343,6 +336,17 @@ class ImageShardDataset(IterableDataset):
             for block in blocks:
                 yield w, block
 
+    def _plan(self, layout, positions: list[int], max_bytes: int) -> list:
+        """The ReadBlocks that hold ``positions``: runs of adjacent samples of at most ``max_bytes``,
+        in byte order within each shard, the shards in the epoch's order."""
+        order, _ = layout
+        by_shard: dict[int, list] = {}
+        for p in sorted(positions):
+            sample = self._sample_at(layout, p)
+            by_shard.setdefault(sample.shard, []).append((p, sample))
+        return [block for shard in sorted(by_shard, key=order.index)
+                for block in plan_blocks(self.paths[shard], by_shard[shard], max_bytes)]
+
     def _read(self, cursor: _Cursor) -> Iterator[dict]:
         """The samples of ``cursor``'s worker from its position on, as {"__key__", "__url__", ext: bytes}."""
         self._cursor = cursor
@@ -350,7 +354,7 @@ class ImageShardDataset(IterableDataset):
         layout = self._layout(cursor.epoch)
         first, skip = divmod(cursor.position, self.shuffle_buffer)
         slot = self._stats[cursor.worker % _STAT_SLOTS]
-        self._load_indexes(cursor, layout)
+        self._load_indexes(layout, [p for window in windows[first:] for p in window])
         ready: dict[int, tuple] = {}
         fetched = fetch_blocks(self._blocks(cursor, windows, layout), self.prefetch)
         try:
@@ -396,12 +400,7 @@ class ImageShardDataset(IterableDataset):
         try:
             for i in range(0, len(positions), self.batch_size):
                 chunk = positions[i:i + self.batch_size]
-                by_shard: dict[int, list] = {}
-                for p in sorted(chunk):
-                    sample = self._sample_at(layout, p)
-                    by_shard.setdefault(sample.shard, []).append((p, sample))
-                blocks = [block for shard in sorted(by_shard)
-                          for block in plan_blocks(self.paths[shard], by_shard[shard], WHOLE_RUNS)]
+                blocks = self._plan(layout, chunk, WHOLE_RUNS)
                 size = sum(b.end - b.start for b in blocks)
                 buffer, claim = ring.take(size) if ring is not None else (torch.empty(size, dtype=torch.uint8), None)
                 view, at, reads = memoryview(buffer.numpy()), 0, []
