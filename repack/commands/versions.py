@@ -10,8 +10,8 @@ from repack.config import EngineOptions
 
 
 def say_published(out: str, manifest: dict, published: bool, what: str, options: EngineOptions,
-                  seconds: float, none_reason: str = "nothing new") -> None:
-    """One line (or a JSON summary with --json): the version now published, or that none was."""
+                  seconds: float, none_reason: str = "nothing new", extra: dict | None = None) -> None:
+    """One line (or a JSON summary with --json, plus ``extra``): the version now published, or that none was."""
     from repack.manifest.versions import number_of
 
     number = number_of(manifest)
@@ -21,7 +21,7 @@ def say_published(out: str, manifest: dict, published: bool, what: str, options:
         message = f"{none_reason}: version {number} of {out} unchanged, nothing published"
     if options.json_summary:
         click.echo(json.dumps({"out": out, "version": number, "published": published,
-                               "totals": manifest["totals"]}, sort_keys=True))
+                               "totals": manifest["totals"], **(extra or {})}, sort_keys=True))
     if not options.quiet or not published:
         click.echo(message, err=options.json_summary)
 
@@ -31,6 +31,9 @@ def run_append(spec, options: EngineOptions, note: str = "") -> None:
     from repack.jobs.append import append
 
     result = append(spec, options)
+    left_out = (f"; {result.removed_skipped} removed source(s) found again and left out"
+                if result.removed_skipped else "")
     say_published(spec.out, result.manifest, result.published,
-                  f"{result.added} new sample(s), {result.manifest['totals']['samples']} in all{note}", options,
-                  result.seconds)
+                  f"{result.added} new sample(s), {result.manifest['totals']['samples']} in all{left_out}{note}",
+                  options, result.seconds, none_reason=f"nothing new{left_out}",
+                  extra={"removed_skipped": result.removed_skipped})

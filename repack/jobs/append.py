@@ -1,8 +1,9 @@
 """`repack images SRC OUT --append`: pack only the inputs OUT does not hold yet, publish version N+1.
 
 "Already in the dataset": an input with the same relative path and the same size and mtime as one
-planned in an earlier version (``repack.jobs.publish.known_inputs``; an s3:// object: same key and
-size). A changed file (same path, other size or mtime) is packed again; a removed one is not.
+planned in an earlier version, or the same content where only the mtime differs (an s3:// object: same
+key and size); a source `repack remove` took down is never packed again; a changed file with a sample is
+refused by name (``repack.jobs.input_record``).
 
 How (OUT's lock held throughout): an ordinary images job packs the new inputs into a staging
 folder ``OUT/.repack/append-vN+1`` (the engine's resume and byte-identity apply: kill -9, re-run,
@@ -34,8 +35,9 @@ from typing import Callable
 from repack.config import EngineOptions
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan
-from repack.jobs.publish import (current_version, inputs_record, known_inputs, locked_dataset, move, plan_inputs,
-                                 promote_pending, publish, remove_prefix)
+from repack.jobs.input_record import dataset_record, record_after_append, task_digests
+from repack.jobs.publish import (current_version, inputs_record, locked_dataset, move, promote_pending, publish,
+                                 remove_prefix)
 from repack.manifest import MANIFEST_NAME, atomic_write_bytes, dumps_canonical
 from repack.manifest.versions import number_of
 
@@ -48,6 +50,7 @@ class AppendResult:
     published: bool
     added: int
     seconds: float
+    removed_skipped: int = 0  # sources `repack remove` took down, found in SOURCE again and left out
 
 
 def stage_folder(number: int) -> str:
@@ -88,36 +91,42 @@ def append(spec, options: EngineOptions) -> AppendResult:
             {p.name for p in out.glob(f"{STATE_DIR}/append-v*")}
         for name in stale - {f"append-v{number}"}:  # left by appends that were published
             remove_prefix(store, f"{STATE_DIR}/{name}/")
-        known = known_inputs(store, current)
+        known = dataset_record(store, current)
         known_file = out / stage / "known-inputs.json"
-        if not known_file.exists():
+        if not known_file.exists():  # the staged job's input: the record and the rels without a sample
             known_file.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(known_file, dumps_canonical(known))
+            quarantined = sorted({q["source"] for q in current["quarantine"]})
+            atomic_write_bytes(known_file, dumps_canonical({**known, "quarantined": quarantined}))
         job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_file, current)
         if job.store.read_bytes(MANIFEST_NAME) is None:
             from repack.jobs.base import build_plan
 
-            if not build_plan(job).tasks:
+            nothing = build_plan(job)
+            if not nothing.tasks:
                 remove_prefix(store, f"{stage}/")
-                return AppendResult(current, False, 0, time.time() - started)
+                return AppendResult(current, False, 0, time.time() - started,
+                                    nothing.info.get("removed_skipped", 0))
             Engine(job, dataclasses.replace(options, overwrite=False, strict=False)).run()
         staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
         plan = Plan.from_json(json.loads(job.store.read_bytes(f"{STATE_DIR}/plan.json")))
         shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
                   for shard in staged["shards"]]
-        store.put_bytes(inputs_record(number), dumps_canonical(plan_inputs(plan, known)))
+        store.put_bytes(inputs_record(number),
+                        dumps_canonical(record_after_append(plan, known, task_digests(job.store))))
         body = appender.merge(current, staged, shards)
         if appender.side_files is not None:
             body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))
         change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
                   "added_shards": [s["path"] for s in shards],
                   "quarantined": len(body["quarantine"]) - len(current["quarantine"]),
+                  "removed_skipped": plan.info.get("removed_skipped", 0),
                   **(appender.change_note(current) if appender.change_note is not None else {})}
         data = publish(store, out, current, current_raw, body, change)
         remove_prefix(store, f"{stage}/")
         if store.remote:
             shutil.rmtree(job.store.scratch, ignore_errors=True)  # the staged job's local scratch
-        return AppendResult(data, True, staged["totals"]["samples"], time.time() - started)
+        return AppendResult(data, True, staged["totals"]["samples"], time.time() - started,
+                            plan.info.get("removed_skipped", 0))
 
 
 def move_shard(store, staged: str, shard: dict, rename: Callable[[str], str]) -> dict:

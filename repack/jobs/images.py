@@ -54,6 +54,7 @@ from typing import Sequence
 from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec, format_size
 from repack.errors import UsageError, stable_reason
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
+from repack.jobs.input_record import select_new
 from repack.jobs.stats import count_into, histogram, merge_counts, merge_slowest, percentiles
 from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
@@ -216,6 +217,7 @@ def combine_records(records: list[dict], shard: dict | None, outputs: list[dict]
     combined = {"shard": shard, "outputs": outputs, "quarantine": [q for r in records for q in r["quarantine"]],
                 "inputs": sum(r["inputs"] for r in records), "formats": formats,
                 "hashes": [h for r in records for h in r["hashes"]],
+                "digests": [d for r in records for d in r.get("digests", ())],
                 "profile": {name: merge_counts(r["profile"][name] for r in records)
                             for name in ("bytes", "width", "height", "classes")},
                 "timing": {"read_us": [v for r in records for v in r["timing"]["read_us"]],
@@ -289,10 +291,13 @@ class ImagesJob(Job):
                                 confinement)
         items = list(scan.items)
         key_offset = 0
-        if spec.known_inputs:  # --append: only what the dataset does not hold yet (repack.jobs.append)
+        selection = None
+        if spec.known_inputs:  # --append: only what the dataset does not hold yet (repack.jobs.input_record)
             known = json.loads(Path(spec.known_inputs).read_bytes())
-            seen, key_offset = known["inputs"], known["next_position"]
-            items = [item for item in items if seen.get(item.rel) != item.fingerprint[:2]]
+            key_offset = known["next_position"]
+            selection = select_new(items, known, lambda item: item.rel, lambda item: item.fingerprint,
+                                   content_sha256)
+            items = selection.new
         if spec.shuffle:
             random.Random(spec.seed).shuffle(items)
         classes = extend_classes(dict(spec.known_classes), scan) if spec.known_classes else scan.classes
@@ -336,6 +341,8 @@ class ImagesJob(Job):
             info["not_carried"] = dict(scan.not_carried)
         if spec.dedup:
             info["dedup"] = dup_groups
+        if selection is not None:
+            info.update(removed_skipped=selection.removed, same_content=selection.same_content)
         return Plan(tuple(tasks), scan.quarantine, info)
 
     def run_task(self, task: Task) -> dict:
@@ -352,6 +359,7 @@ class ImagesJob(Job):
         timed: list[tuple[int, str, int, int, int]] = []  # (us, source, bytes, width, height)
         formats: dict[str, int] = {}
         hashes: list[list[str]] = []
+        digests: list[list[str]] = []  # [rel, sha256] of every packed input
         converted: dict[str, int] = {}
         normalized = 0
         profile: dict[str, dict] = {"bytes": {}, "width": {}, "height": {}, "classes": {}}
@@ -372,8 +380,9 @@ class ImagesJob(Job):
                     continue
                 t1 = time.perf_counter()
                 source_bytes = len(data)
+                digest = hashlib.sha256(data).hexdigest()  # the input's content, for --append (input_record)
                 if entry.get("hash"):
-                    hashes.append([entry["rel"], hashlib.sha256(data).hexdigest()])
+                    hashes.append([entry["rel"], digest])
                 try:
                     if norm is not None:
                         result = normalize_image(data, norm, spec.verify)
@@ -406,6 +415,7 @@ class ImagesJob(Job):
                 else:
                     members.append(("json", sample_json(entry["rel"], entry["label"], img_w, img_h, len(data), ext)))
                 writer.add_sample(entry["key"], members)
+                digests.append([entry["rel"], digest])
                 formats[ext] = formats.get(ext, 0) + 1
                 count_into(profile["bytes"], source_bytes)
                 count_into(profile["width"], src_w)
@@ -422,7 +432,7 @@ class ImagesJob(Job):
         slowest = [{"source": rel, "us": us, "bytes": size, "width": w, "height": h}
                    for us, rel, size, w, h in heapq.nsmallest(SLOWEST_N, timed, key=lambda t: (-t[0], t[1]))]
         record = {"shard": shard, "quarantine": quarantine, "inputs": len(task.payload["inputs"]), "formats": formats,
-                  "hashes": hashes, "profile": profile,
+                  "hashes": hashes, "digests": digests, "profile": profile,
                   "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
         if task.group:  # a segment of the group's shard (see ShardAssembly); placed: no file of its own
             record.update(shard=None, segment=shard, outputs=[] if "at" in shard else

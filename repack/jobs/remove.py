@@ -22,10 +22,12 @@ import time
 from dataclasses import dataclass
 
 from repack.errors import UsageError
-from repack.jobs.publish import current_version, locked_dataset, promote_pending, publish
+from repack.jobs.input_record import dataset_record, record_after_remove
+from repack.jobs.publish import current_version, inputs_record, locked_dataset, promote_pending, publish
 from repack.jobs.remove_lmdb import rewrite_lmdb
 from repack.jobs.remove_tar import rewrite_tar_shards
 from repack.jobs.remove_tokens import rewrite_token_prefixes
+from repack.manifest import dumps_canonical
 from repack.manifest.versions import number_of
 
 
@@ -57,6 +59,19 @@ def read_names(path: str) -> tuple[str, ...]:
     if not names:
         raise UsageError(f"{path!r} names nothing (one source path or key per line)")
     return names
+
+
+def record_removed(store, current: dict, number: int, sources) -> None:
+    """Write version ``number``'s input record (``repack.jobs.input_record``): the published one's, plus the
+    removed sources, so that `--append` works after a remove and never packs them again. Before the
+    version is published: a crash in between leaves a record of an unpublished version, rewritten by the
+    re-run. Nothing is written when the published version has no record to extend (its datasets refuse
+    --append and say why)."""
+    try:
+        known = dataset_record(store, current)
+    except UsageError:
+        return
+    store.put_bytes(inputs_record(number), dumps_canonical(record_after_remove(known, sources)))
 
 
 REWRITERS = {"webdataset": rewrite_tar_shards, "lmdb": rewrite_lmdb, "memmap": rewrite_token_prefixes}
@@ -100,5 +115,7 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
                     run={"command": "remove", "seconds": round(time.time() - started, 3)})
         change = {"kind": "remove", "by": spec.by, "removed_samples": removed, "rewritten": done.rewritten,
                   "not_found": list(not_found)}
+        record_removed(store, current, number, done.removed_sources if done.removed_sources is not None
+                       else (done.found if spec.by == "sources" else frozenset()))
         data = publish(store, out, current, raw, body, change)
         return RemoveResult(data, True, removed, not_found, time.time() - started)

@@ -34,6 +34,7 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int) -> Re
     manifest = Manifest(out, current)
     wanted = set(spec.names)
     found: set[str] = set()
+    sources: set[str] = set()  # of the removed samples, also when named by key
     shards: list[dict] = []
     rewritten: dict[str, str | None] = {}
     removed_classes: dict[str, int] = {}
@@ -50,6 +51,7 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int) -> Re
             shards.append(entry)
             continue
         found.update(s[0] if spec.by == "keys" else s[2] for s in hit)
+        sources.update(s[2] for s in hit if s[2] is not None)
         for _, members, _ in hit:
             cls = dict(members).get("cls")
             name = names_by_index.get(int(cls)) if cls is not None else ""
@@ -71,4 +73,4 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int) -> Re
         if new:
             shards.append({**{k: v for k, v in entry.items() if k not in ("path", "index")}, **new})
     totals = {"bytes": sum(s["bytes"] for s in shards), "shards": len(shards)}
-    return Rewrite(shards, frozenset(found), rewritten, removed_classes, {"totals": totals})
+    return Rewrite(shards, frozenset(found), rewritten, removed_classes, {"totals": totals}, frozenset(sources))

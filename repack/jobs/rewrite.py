@@ -9,10 +9,12 @@ from dataclasses import dataclass
 class Rewrite:
     """What a format's rewriter did: the version's shards, the names it found, the files it rewrote
     (old -> new, None when left empty), removed samples per class name, and more of the body
-    (``totals``: counts to update)."""
+    (``totals``: counts to update), and the sources whose samples are gone (None: the names found, when
+    named by source; a format whose keys name part of a source leaves it None)."""
 
     shards: list[dict]
     found: frozenset[str]
     rewritten: dict[str, str | None]
     removed_classes: dict[str, int]
     extra: dict
+    removed_sources: frozenset[str] | None = None

@@ -18,6 +18,7 @@ Megatron's weighted ``--data-path`` list. The tokenizer is copied to ``OUT/token
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -31,11 +32,13 @@ import numpy as np
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
+from repack.jobs.input_record import file_sha256, select_new
 from repack.jobs.stats import count_into
 from repack.jobs.stats import histogram as half_octave_histogram
 from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.sinks.megatron import CODE_OF, PartWriter, merge_parts, read_index, token_dtype
 from repack.sources import Confinement
+from repack.sources.confine import open_input
 from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, TEXT_WORKER_BUDGET,
                                       TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader, list_text_files,
                                       plan_chunks, require_decompressors)
@@ -161,6 +164,20 @@ def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
     return stats, histogram
 
 
+def whole_file_sha256(segment: Segment) -> str | None:
+    """sha256 of a local file a segment covers whole (its task just read it: page-cached), else None
+    (a file split over tasks, an s3:// object: compared by size alone)."""
+    size = segment.fingerprint[0] if segment.fingerprint else None
+    if is_remote(segment.path) or segment.start != 0 or (segment.unit == "bytes" and segment.end != size) or \
+            segment.unit == "rowgroups":
+        return None
+    try:
+        with open_input(segment.path, list(segment.fingerprint) or None, segment.rel) as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
 class TextJob(Job):
     """Plans, runs and finalizes a text tokenization job."""
 
@@ -199,9 +216,11 @@ class TextJob(Job):
         info = self.tokenizer_info()
         files, quarantine, skipped = list_text_files(spec.source, spec.list_file, Confinement(
             follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
-        if spec.known_inputs:  # --append: only files the dataset does not hold yet (same rel, size, mtime)
-            seen = json.loads(Path(spec.known_inputs).read_bytes())["inputs"]
-            files = [f for f in files if seen.get(f.rel) != [f.size, f.mtime_ns]]
+        selection = None
+        if spec.known_inputs:  # --append: only files the dataset does not hold yet (repack.jobs.input_record)
+            selection = select_new(files, json.loads(Path(spec.known_inputs).read_bytes()), lambda f: f.rel,
+                                   lambda f: [f.size, f.mtime_ns], lambda f: file_sha256(f.path))
+            files = selection.new
         require_decompressors(files)
         chunks, more = plan_chunks(files, spec.chunk_bytes, spec.doc_per, spec.field)
         quarantine += more
@@ -216,6 +235,8 @@ class TextJob(Job):
                                                     "segments": [s.to_json() for s in segments]}))
         plan_info = {"tokenizer": info.to_json(), "dtype": dtype, "inputs": len(files) + len(quarantine),
                      "files": len(files), "skipped_files": skipped, "input_bytes": sum(f.size for f in files)}
+        if selection is not None:
+            plan_info.update(removed_skipped=selection.removed, same_content=selection.same_content)
         return Plan(tuple(tasks), tuple(quarantine), plan_info)
 
     def task_units(self, task: Task) -> int:
@@ -248,6 +269,7 @@ class TextJob(Job):
         segments: list[dict] = []
         counts = {"empty_documents": 0, "blank_lines": 0, "characters": 0}
         seg_counts: dict[int, list[int]] = {}  # segment number -> [documents, tokens]
+        digests: list[list[str]] = []  # [rel, sha256] of the files read whole (repack.jobs.input_record)
         batch: list[str] = []
         where: list[tuple[int, int]] = []  # (segment number, line) of each document in the batch
         chars = 0
@@ -300,6 +322,9 @@ class TextJob(Job):
                 counts["blank_lines"] += reader.blank_lines
                 documents, tokens = seg_counts.get(number, (0, 0))
                 segments.append({"rel": segment.rel, "lines": reader.lines, "documents": documents, "tokens": tokens})
+                digest = whole_file_sha256(segment)
+                if digest is not None:
+                    digests.append([segment.rel, digest])
             part = writer.commit()
         except BaseException:
             writer.abort()
@@ -307,7 +332,7 @@ class TextJob(Job):
         part.update(bin=rel_prefix + part["bin"], idx=rel_prefix + part["idx"])
         return {"part": part, "outputs": [{"path": part["bin"], "bytes": part["bytes"]},
                                           {"path": part["idx"], "bytes": part["index_bytes"]}],
-                "segments": segments, "quarantine": quarantine, **counts,
+                "segments": segments, "quarantine": quarantine, "digests": digests, **counts,
                 "tokenize_seconds": round(tokenize_s, 4)}
 
     # -- resume ---------------------------------------------------------------------------

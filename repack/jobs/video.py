@@ -45,6 +45,7 @@ Tar members per video (key = zero-padded position + slug): ``KEY.<ext>`` (the vi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -57,6 +58,7 @@ from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
 from repack.jobs.images import extend_classes, sample_key
+from repack.jobs.input_record import file_sha256, select_new
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
 from repack.sinks.checks import sha256_file
@@ -202,6 +204,7 @@ class VideoShardAssembly:
         timing = {k: round(sum(r["timing"][k] for r in records), 4) for k in records[0]["timing"]}
         return {"videos": entries, "probes": [p for r in records for p in r["probes"]],
                 "quarantine": [q for r in records for q in r["quarantine"]], "outputs": outputs, "shard": shard,
+                "digests": [d for r in records for d in r.get("digests", ())],
                 "timing": timing}
 
     def abort(self) -> None:
@@ -230,10 +233,13 @@ class VideoJob(Job):
             follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
         items = list(scan.items)
         first = 0
-        if spec.known_inputs:  # --append: only the videos the dataset does not hold yet (repack.jobs.append)
+        selection = None
+        if spec.known_inputs:  # --append: only the videos the dataset does not hold yet (repack.jobs.input_record)
             known = json.loads(Path(spec.known_inputs).read_bytes())
-            seen, first = known["inputs"], known["next_position"]
-            items = [item for item in items if seen.get(item.rel) != list(item.fingerprint[:2])]
+            first = known["next_position"]
+            selection = select_new(items, known, lambda item: item.rel, lambda item: item.fingerprint,
+                                   lambda item: file_sha256(item.path))
+            items = selection.new
         classes = extend_classes(dict(spec.known_classes), scan) if spec.known_classes else scan.classes
         names = output_names([i.rel for i in items], first)
         legacy_codec = spec.known_codec or self._dataset_codec(items)  # an append keeps the dataset's codec
@@ -258,6 +264,8 @@ class VideoJob(Job):
                                       group=stem if spec.to == "webdataset" else ""))
         info = {"classes": classes, "labeled": scan.labeled, "inputs": len(items) + len(scan.quarantine),
                 "legacy_codec": legacy_codec}
+        if selection is not None:
+            info.update(removed_skipped=selection.removed, same_content=selection.same_content)
         return Plan(tuple(tasks), scan.quarantine, info)
 
     def _dataset_codec(self, items: list) -> str:
@@ -302,12 +310,13 @@ class VideoJob(Job):
 
         spec = self.spec
         entries, probes, quarantine, outputs = [], [], [], []
+        digests: list[list[str]] = []  # [rel, sha256] of every input read (repack.jobs.input_record)
         timing = {"probe_s": 0.0, "decode_s": 0.0, "transcode_s": 0.0, "frames_transcoded": 0}
         for entry in task.payload["inputs"]:
             try:  # still the planned regular file (SourceChanged otherwise); never blocks. Playlists and
                 # reference files are refused by ffprobe's demuxer allow-list (probe.py), never followed.
-                with open_input(entry["path"], entry.get("fingerprint"), entry["rel"]):
-                    pass
+                with open_input(entry["path"], entry.get("fingerprint"), entry["rel"]) as fh:
+                    digests.append([entry["rel"], hashlib.file_digest(fh, "sha256").hexdigest()])  # for --append
             except InputRefused as exc:
                 quarantine.append({"source": entry["rel"], "reason": str(exc)})
                 continue
@@ -339,6 +348,7 @@ class VideoJob(Job):
             outputs += [{"path": shard["path"], "bytes": shard["bytes"]},
                         {"path": shard["index"], "bytes": shard["index_bytes"]}]
         record = {"videos": entries, "probes": probes, "quarantine": quarantine, "outputs": outputs, "shard": shard,
+                  "digests": digests,
                   "timing": {k: round(v, 4) for k, v in timing.items()}}
         if task.group:  # packed into the group's shard by VideoShardAssembly
             record["cls_width"] = task.payload["cls_width"]
