@@ -84,6 +84,10 @@ class Confinement:
     allow_outside: bool = False
     max_file_bytes: int | None = None
 
+    def without_size_cap(self) -> "Confinement":
+        """The same rules without ``max_file_bytes`` (a container's inputs are capped one by one)."""
+        return dataclasses.replace(self, max_file_bytes=None)
+
     def rooted(self, root: str) -> "Confinement":
         return dataclasses.replace(self, root=os.path.realpath(root))
 

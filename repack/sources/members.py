@@ -2,8 +2,9 @@
 
 A task's entries carry ``member``: ``{"offset", "size"}`` (a tar member's data) or ``{"row",
 "column"}`` (a parquet row's image bytes). Consecutive entries of one container share one open
-file (its fingerprint checked once, as a planned input's); parquet rows are read a row group at a
-time. A member that cannot be read is an OSError value (the task quarantines that input).
+file (its fingerprint checked once, as a planned input's); parquet rows are read in bounded
+batches (``repack.sources.parquet_batches``). A member that cannot be read is an OSError value (the
+task quarantines that input).
 """
 
 from __future__ import annotations
@@ -53,28 +54,20 @@ def _tar_member(fh, path: str, member: dict) -> bytes | OSError:
 
 
 def _parquet_rows(fh, path: str, run: list[dict]) -> Iterator[bytes | OSError]:
-    import pyarrow.parquet as pq
+    """The image bytes of each entry's row, read in bounded batches (repack.sources.parquet_batches)."""
+    from repack.sources.parquet_batches import RowCursor, open_parquet
 
     try:
-        pf = pq.ParquetFile(fh)
-        starts, at = [], 0
-        for g in range(pf.metadata.num_row_groups):
-            starts.append(at)
-            at += pf.metadata.row_group(g).num_rows
+        pf = open_parquet(fh)
+        cursors: dict[str, RowCursor] = {}
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors: the rows cannot be read
         yield from (OSError(5, f"parquet file unreadable: {exc}", path) for _ in run)
         return
-    cached: tuple[int, list] | None = None
     for entry in run:
         row, column = entry["member"]["row"], entry["member"]["column"]
-        group = max(g for g, start in enumerate(starts) if start <= row) if starts else 0
         try:
-            if cached is None or cached[0] != group:
-                values = pf.read_row_group(group, columns=[column]).column(0).combine_chunks()
-                if hasattr(values.type, "get_field_index"):
-                    values = values.field("bytes")
-                cached = (group, values)
-            data = cached[1][row - starts[group]].as_py()
+            cursor = cursors.get(column) or cursors.setdefault(column, RowCursor(pf, column))
+            data = cursor.value(row)
         except Exception as exc:  # noqa: BLE001
             yield OSError(5, f"parquet row {row} unreadable: {exc}", path)
             continue

@@ -7,8 +7,11 @@ metadata calls a ClassLabel, else ``label``/``labels``/``class``/``cls``. ClassL
 indices are kept as the class map; integer labels without names keep their values as indices;
 string labels are class names (sorted). Other columns are not carried (counted in the manifest).
 
-Scanning reads the image column once for its lengths (the planner needs each input's size; the
-bytes are dropped a row group at a time). A row whose image is null, or only a path (not
+Scanning reads the image column once for its lengths (the planner needs each input's size), in
+bounded record batches (``repack.sources.parquet_batches``: a large file or row group is packed,
+never read whole); tasks read their rows the same way. A ClassLabel value outside its names is
+quarantined; string labels are stripped. An ``--image-field`` or label column of another type (a
+nested list, a struct without ``bytes``) is refused with one line. A row whose image is null, or only a path (not
 embedded), is quarantined. Each input is a ``MemberItem``: the file's path and fingerprint, the
 row number and column; rel ``<file rel>/<row>``; metadata ``source_file``, ``source_key`` (the
 row) and ``source_path`` (the Image feature's path, when set).
@@ -22,7 +25,8 @@ from repack.errors import UsageError
 from repack.sources.base import FieldChoice, MemberItem, Scan, quarantine_record
 from repack.sources.confine import Confinement
 from repack.sources.containers import Container, list_containers, open_container
-from repack.sources.tar_shards import numeric_class_index
+from repack.sources.parquet_batches import iter_group_batches, open_parquet
+from repack.sources.tar_shards import bound_index_labels, numeric_class_index
 
 LABEL_COLUMNS = ("label", "labels", "class", "cls")
 
@@ -33,16 +37,31 @@ def _is_bytes(arrow_type) -> bool:
     return pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type)
 
 
-def _image_column(schema, fields: FieldChoice, where: str) -> str:
+def _holds_image(arrow_type) -> bool:
+    """Binary, or a struct with a binary ``bytes`` field (the ``datasets`` Image feature)."""
     import pyarrow as pa
 
+    return _is_bytes(arrow_type) or (pa.types.is_struct(arrow_type) and arrow_type.get_field_index("bytes") >= 0
+                                     and _is_bytes(arrow_type.field("bytes").type))
+
+
+def _holds_labels(arrow_type) -> bool:
+    """Integers or strings (a ClassLabel is int64)."""
+    import pyarrow as pa
+
+    return pa.types.is_integer(arrow_type) or pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+
+def _image_column(schema, fields: FieldChoice, where: str) -> str:
     if fields.image is not None:
         if fields.image not in schema.names:
             raise UsageError(f"{where}: no column {fields.image!r} (--image-field; columns: {', '.join(schema.names)})")
+        kind = schema.field(fields.image).type
+        if not _holds_image(kind):
+            raise UsageError(f"{where}: column {fields.image!r} is {kind}, not image bytes (--image-field names a "
+                             "binary column or a struct with a binary 'bytes' field)")
         return fields.image
-    found = [f.name for f in schema if _is_bytes(f.type) or (
-        pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0
-        and _is_bytes(f.type.field("bytes").type))]
+    found = [f.name for f in schema if _holds_image(f.type)]
     if len(found) != 1:
         what = f"several image columns ({', '.join(found)})" if found else "no image-bytes column"
         raise UsageError(f"{where}: {what}; name it with --image-field")
@@ -59,6 +78,9 @@ def _label_column(schema, metadata: dict, fields: FieldChoice, where: str) -> tu
     else:
         class_labels = [n for n, f in features.items() if isinstance(f, dict) and f.get("_type") == "ClassLabel"]
         column = class_labels[0] if class_labels else next((c for c in LABEL_COLUMNS if c in schema.names), None)
+    if column is not None and not _holds_labels(schema.field(column).type):
+        raise UsageError(f"{where}: label column {column!r} is {schema.field(column).type}, not labels (integers "
+                         "or strings; name another with --label-field)")
     feature = features.get(column) if column else None
     names = feature.get("names") if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" else None
     return column, names
@@ -72,22 +94,26 @@ def _hf_metadata(schema) -> dict:
         return {}
 
 
-def _label_name(value, names: list[str] | None) -> str | None:
+def _label_name(value, names: list[str] | None) -> tuple[str | None, str | None]:
+    """(class name or None, None), or (None, why the row's label is refused): a ClassLabel value outside
+    its names; a string label is stripped (empty: no label)."""
     if value is None:
-        return None
-    if names is not None and isinstance(value, int) and 0 <= value < len(names):
-        return names[value]
-    return str(value)
+        return None, None
+    if names is not None and isinstance(value, int):
+        if 0 <= value < len(names):
+            return names[value], None
+        return None, f"label {value} is outside the ClassLabel's {len(names)} names (0..{len(names) - 1})"
+    text = str(value).strip()
+    return text or None, None
 
 
 def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
     """(row, size, label, source path) of every row with embedded image bytes; (image column, names)."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     with open_container(container) as fh:
         try:
-            pf = pq.ParquetFile(fh)
+            pf = open_parquet(fh)
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
             quarantine.append(quarantine_record(container.rel, f"not a readable parquet file: {exc}"))
             return [], None, None, ()
@@ -96,7 +122,7 @@ def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
         label, names = _label_column(schema, _hf_metadata(schema), fields, container.rel)
         columns = [image] + ([label] if label else [])
         rows, row = [], 0
-        for batch in pf.iter_batches(columns=columns, batch_size=1024):
+        for batch in iter_group_batches(pf, columns):
             values = batch.column(0)
             paths = None
             if hasattr(values.type, "get_field_index"):  # the Image feature's struct {bytes, path}
@@ -111,7 +137,11 @@ def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
                               else "no image bytes (null)")
                     quarantine.append(quarantine_record(f"{container.rel}/{row}", reason))
                 else:
-                    rows.append((row, size, _label_name(labels[i], names), source_path))
+                    name, refusal = _label_name(labels[i], names)
+                    if refusal is None:
+                        rows.append((row, size, name, source_path))
+                    else:
+                        quarantine.append(quarantine_record(f"{container.rel}/{row}", refusal))
                 row += 1
         carried = set(columns)
         return rows, image, names, tuple(n for n in schema.names if n not in carried)
@@ -120,7 +150,7 @@ def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
 def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | None = None) -> Scan:
     """Rows of every ``.parquet`` under ``source`` (files in byte order, rows in file order); see module doc."""
     conf = confinement or Confinement()
-    listing = list_containers(source, (".parquet",), {}, conf)
+    listing = list_containers(source, (".parquet",), {}, conf.without_size_cap())  # the cap is per row
     quarantine = list(listing.quarantine)
     items: list[MemberItem] = []
     not_carried: dict[str, int] = {}
@@ -146,6 +176,8 @@ def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | No
         unlabeled = [item for item in items if item.label is None]
         quarantine += [quarantine_record(item.rel, "no label in a labeled dataset") for item in unlabeled]
         items = [item for item in items if item.label is not None]
+    if not class_names:
+        items = bound_index_labels(items, quarantine)
     labels = {item.label for item in items if item.label is not None}
     if class_names:
         index = tuple((name, i) for i, name in enumerate(class_names))

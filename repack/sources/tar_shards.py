@@ -33,6 +33,9 @@ from repack.sources.folder import is_junk
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm")
 LABEL_EXTS = ("cls", "label", "class")
 MAX_LABEL_BYTES = 1024
+MAX_HEADER_BYTES = 1 << 20   # a pax or GNU long-name header; a larger one ends the shard's listing
+MAX_MEMBERS = 1_000_000      # members listed per shard (tarfile keeps each one's TarInfo while listing)
+MAX_CLASS_INDEX = 999_999_999  # an integer label kept as the class index: 9 digits (DALI's int32 label sum)
 COMPRESSED = {".tar.gz": "compressed tar shard (.tar.gz): members cannot be read at an offset; decompress it",
               ".tgz": "compressed tar shard (.tgz): members cannot be read at an offset; decompress it"}
 
@@ -52,27 +55,74 @@ class _Sample:
     order: int
 
 
+class HeaderTooLarge(OSError):
+    """A tar header (pax or GNU long name) bigger than MAX_HEADER_BYTES: the shard is not read further."""
+
+
+class _BoundedReads:
+    """A shard's file for ``tarfile``: a read over MAX_HEADER_BYTES raises HeaderTooLarge (tarfile reads
+    only headers here, and a pax header's own size is the shard's to choose: a bomb)."""
+
+    def __init__(self, fh) -> None:
+        self.fh = fh
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > MAX_HEADER_BYTES:
+            raise HeaderTooLarge(f"a tar header of {size} bytes (over {MAX_HEADER_BYTES})")
+        return self.fh.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+
+def _member_refusal(info: tarfile.TarInfo, shard_bytes: int | None) -> tuple[str | None, bool]:
+    """(why a member is not read, whether the shard's next members cannot be found either), or (None, False)."""
+    if info.size < 0 or (shard_bytes is not None and info.offset_data + info.size > shard_bytes):
+        return (f"tar member declares a size of {info.size} bytes at byte {info.offset_data}, outside the shard's "
+                f"{shard_bytes} bytes: the shard is not read further"), True
+    if info.issparse():
+        return "sparse tar member (its bytes are not stored as they read): not read", False
+    if not info.isreg():
+        return "tar member is not a regular file (link or device): not read", False
+    return None, False
+
+
 def _samples(container: Container, quarantine: list[dict], counts: dict[str, int]):
-    """(samples in tar order, open tar) of one shard; members that are not regular files quarantined."""
+    """(samples in tar order, open tar) of one shard; members that are not regular files quarantined, a
+    member whose size points outside the shard, a header over the cap or more than MAX_MEMBERS
+    members end the shard's listing (quarantined by name); ``tarfile``'s errors quarantine the shard."""
     fh = open_container(container)
+    shard_bytes = container.fingerprint[0] if container.fingerprint else None
     try:
-        tar = tarfile.open(fileobj=fh, mode="r:")
-    except tarfile.TarError as exc:
+        tar = tarfile.open(fileobj=_BoundedReads(fh), mode="r:")
+    except (tarfile.TarError, OSError, ValueError, OverflowError) as exc:
         fh.close()
         quarantine.append(quarantine_record(container.rel, f"not a readable tar shard: {exc}"))
         return [], None, None
     samples: dict[str, _Sample] = {}
+    members = 0
     try:
-        for info in tar:
+        for info in tar:  # each refusal that ends the listing breaks before tarfile seeks past this member
+            members += 1
+            if members > MAX_MEMBERS:
+                quarantine.append(quarantine_record(container.rel, f"tar shard holds more than {MAX_MEMBERS} "
+                                                                   "members: the rest are not read"))
+                break
             if info.isdir():
                 continue
+            refusal, stop = _member_refusal(info, shard_bytes)
+            if stop:
+                quarantine.append(quarantine_record(f"{container.rel}/{info.name}", refusal))
+                break
             base = info.name.rpartition("/")[2]
             if is_junk(base) or base.startswith("__"):
                 counts["(hidden)"] = counts.get("(hidden)", 0) + 1
                 continue
-            if not info.isreg():
-                quarantine.append(quarantine_record(f"{container.rel}/{info.name}",
-                                                    "tar member is not a regular file (link or device): not read"))
+            if refusal is not None:
+                quarantine.append(quarantine_record(f"{container.rel}/{info.name}", refusal))
                 continue
             key, ext = split_name(info.name)
             sample = samples.setdefault(key, _Sample(key, {}, len(samples)))
@@ -81,7 +131,7 @@ def _samples(container: Container, quarantine: list[dict], counts: dict[str, int
                                                     f"second {ext!r} member of sample {key!r}: not read"))
                 continue
             sample.members[ext] = info
-    except tarfile.TarError as exc:
+    except (tarfile.TarError, OSError, ValueError, OverflowError) as exc:
         quarantine.append(quarantine_record(container.rel, f"tar shard damaged after {len(samples)} sample(s): {exc}"))
     return list(samples.values()), tar, fh
 
@@ -118,17 +168,48 @@ def _read_label(tar: tarfile.TarFile, info: tarfile.TarInfo) -> tuple[str | None
     return (text, None) if text else (None, f"label member {info.name!r} is empty")
 
 
+def is_index_label(label: str) -> bool:
+    """A label written as a class index: ASCII digits in canonical form ("0", "17"; not "01", "+1")."""
+    return label.isascii() and label.isdigit() and (label == "0" or not label.startswith("0"))
+
+
 def numeric_class_index(labels: set[str]) -> tuple[tuple[str, int], ...]:
-    """The source's own indices when every label is a decimal integer, else () (sorted names)."""
-    if labels and all(label.isdecimal() and label.isascii() for label in labels):
+    """The source's own indices when every label is a canonical decimal integer (two labels never share an
+    index: "01" beside "1" makes every label a name), else () (sorted names). Indices over
+    MAX_CLASS_INDEX are the caller's to quarantine first (``index_refusal``)."""
+    if labels and all(is_index_label(label) for label in labels):
         return tuple(sorted(((label, int(label)) for label in labels), key=lambda kv: kv[1]))
     return ()
+
+
+def index_refusal(label: str) -> str | None:
+    """Why an index label cannot be a class index (over MAX_CLASS_INDEX), else None."""
+    if len(label) > len(str(MAX_CLASS_INDEX)) or int(label) > MAX_CLASS_INDEX:
+        shown = label if len(label) <= 40 else f"{label[:20]}...({len(label)} digits)"
+        return f"label {shown} is over the largest class index {MAX_CLASS_INDEX} (the readers' int32 labels)"
+    return None
+
+
+def bound_index_labels(items: list, quarantine: list[dict]) -> list:
+    """``items`` whose labels can be the class indices: when every label is an index label, the items
+    whose index is over the bound are quarantined (by name); otherwise labels are names: all kept."""
+    labels = {item.label for item in items if item.label is not None}
+    if not labels or not all(is_index_label(label) for label in labels):
+        return items
+    kept = []
+    for item in items:
+        reason = index_refusal(item.label) if item.label is not None else None
+        if reason is None:
+            kept.append(item)
+        else:
+            quarantine.append(quarantine_record(item.rel, reason, item.label))
+    return kept
 
 
 def scan_tar_shards(source: str, fields: FieldChoice, confinement: Confinement | None = None) -> Scan:
     """Samples of every ``.tar`` under ``source`` (shards in byte order, samples in tar order); see module doc."""
     conf = confinement or Confinement()
-    listing = list_containers(source, (".tar",), COMPRESSED, conf)
+    listing = list_containers(source, (".tar",), COMPRESSED, conf.without_size_cap())  # the cap is per member
     quarantine = list(listing.quarantine)
     counts: dict[str, int] = {}
     picked: list[tuple[Container, _Sample, str, str | None]] = []  # container, sample, image ext, label
@@ -171,6 +252,7 @@ def scan_tar_shards(source: str, fields: FieldChoice, confinement: Confinement |
         items.append(MemberItem(container.path, rel, label, info.size, container=container.fingerprint,
                                 member=(("offset", info.offset_data), ("size", info.size)),
                                 meta=(("source_file", container.rel), ("source_key", sample.key))))
+    items = bound_index_labels(items, quarantine)
     if not items and not quarantine:
         raise UsageError(f"source {source!r}: its tar shards hold no samples")
     labels = {item.label for item in items if item.label is not None}
