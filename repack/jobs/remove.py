@@ -18,6 +18,8 @@ the version is published as ``repack.jobs.publish`` says.
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from dataclasses import dataclass
 
@@ -49,13 +51,38 @@ class RemoveResult:
     seconds: float
 
 
-def read_names(path: str) -> tuple[str, ...]:
-    """Non-empty lines of a names file (UsageError naming it when unreadable or empty)."""
+MAX_NAMES_BYTES = 256 * 2**20  # a names file (--sources/--keys); larger ones are refused unread
+
+
+def read_names(path: str, limit: int = MAX_NAMES_BYTES) -> tuple[str, ...]:
+    """Non-empty lines of a names file (UsageError naming it when unreadable, not a regular file, over
+    ``limit`` bytes, or empty). Opened with O_NONBLOCK: a FIFO or device is refused, never waited on."""
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-            names = tuple(line.rstrip("\n") for line in fh if line.strip())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise UsageError(f"cannot read {path!r}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{path!r} is not a regular file (a FIFO, device or folder): write the names to a file")
+        if st.st_size > limit:
+            raise UsageError(f"{path!r} is {st.st_size} bytes, over the {limit}-byte cap on a names file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        raw = b"".join(chunks)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path!r}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(raw) > limit:
+        raise UsageError(f"{path!r} grew past the {limit}-byte cap on a names file while being read")
+    text = raw.decode("utf-8", "surrogateescape").replace("\r\n", "\n").replace("\r", "\n")  # as universal newlines
+    names = tuple(line for line in text.split("\n") if line.strip())
     if not names:
         raise UsageError(f"{path!r} names nothing (one source path or key per line)")
     return names

@@ -59,6 +59,7 @@ def verify_report(location, version: int | None = None) -> Report:
             foreign.append(rel)
     foreign_problems, unchecked = check_foreign(files, manifest, foreign)
     problems += foreign_problems
+    problems += check_identities(files, manifest)
     totals = manifest.totals
     if totals.get("samples") != manifest.num_samples:
         problems.append(f"totals.samples {totals.get('samples')} != sum over shards {manifest.num_samples}")
@@ -134,3 +135,83 @@ def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: l
             problems.append(f"{rel}: missing (the manifest's {name} file)")
         elif name == "tokenizer" and tokenizer_sha256 and sha256_file(path) != tokenizer_sha256:
             problems.append(f"{rel}: sha256 differs from the tokenizer the dataset was made with")
+
+
+# -- sample keys and the class map: each names one thing ---------------------------------------------
+DUPLICATES_SHOWN = 10
+
+
+def check_identities(files, manifest) -> list[str]:
+    """Problems of the dataset's names: a sample key held twice (anywhere, not only by adjacent samples;
+    webdataset shards, read from their indexes) and a class map that is not one-to-one."""
+    return check_class_map(manifest.data.get("classes")) + check_unique_keys(files, manifest)
+
+
+def check_class_map(classes) -> list[str]:
+    """A class map gives each name its own non-negative integer index."""
+    if not classes:
+        return []
+    if not isinstance(classes, dict):
+        return [f"classes: a map of name to index expected, got {type(classes).__name__}"]
+    problems = [f"classes: {name!r} has index {index!r}, not a non-negative integer"
+                for name, index in classes.items() if not isinstance(index, int) or isinstance(index, bool)
+                or index < 0]
+    names_of: dict[int, list[str]] = {}
+    for name, index in classes.items():
+        if isinstance(index, int):
+            names_of.setdefault(index, []).append(name)
+    shared = sorted((index, names) for index, names in names_of.items() if len(names) > 1)
+    problems += [f"classes: index {index} is given to {len(names)} names ({', '.join(map(repr, names[:5]))}): "
+                 "the class map is not one-to-one" for index, names in shared[:DUPLICATES_SHOWN]]
+    if len(shared) > DUPLICATES_SHOWN:
+        problems.append(f"classes: {len(shared) - DUPLICATES_SHOWN} more indices given to several names")
+    return problems
+
+
+def _index_keys(raw: bytes) -> list[str]:
+    """The sample keys a DALI index lists (one line per sample; the first member's name gives the key)."""
+    from repack.sinks.tar_format import split_key
+
+    keys = []
+    for line in raw.decode("utf-8", "surrogateescape").splitlines()[1:]:
+        fields = line.split(" ")
+        if len(fields) >= 4:
+            keys.append(split_key(fields[3])[0])
+    return keys
+
+
+def check_unique_keys(files, manifest) -> list[str]:
+    """Every sample key of a webdataset dataset once. Keys are hashed to 8 bytes a key (a numpy array:
+    10M keys, 80 MB), equal hashes looked up again by name, so a report names real duplicates only."""
+    import hashlib
+
+    import numpy as np
+
+    indexed = [shard for shard in manifest.data["shards"] if shard.get("index")]
+    if manifest.format != "webdataset" or not indexed:
+        return []
+
+    def shard_keys(shard: dict) -> list[str]:
+        raw = files.read(shard["index"])
+        return _index_keys(raw) if raw is not None else []  # a missing index is check_contents' to report
+
+    def digest(key: str) -> int:
+        return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=8).digest(),
+                              "little")
+
+    hashes = np.concatenate([np.fromiter((digest(k) for k in shard_keys(s)), dtype=np.uint64) for s in indexed])
+    values, counts = np.unique(hashes, return_counts=True)
+    suspects = set(values[counts > 1].tolist())
+    if not suspects:
+        return []
+    where: dict[str, list[str]] = {}
+    for shard in indexed:
+        for key in shard_keys(shard):
+            if digest(key) in suspects:
+                where.setdefault(key, []).append(shard["path"])
+    twice = sorted((key, shards) for key, shards in where.items() if len(shards) > 1)
+    problems = [f"sample key {key!r} is held {len(shards)} times ({', '.join(sorted(set(shards)))}): keys must be "
+                "unique" for key, shards in twice[:DUPLICATES_SHOWN]]
+    if len(twice) > DUPLICATES_SHOWN:
+        problems.append(f"{len(twice) - DUPLICATES_SHOWN} more sample keys held more than once")
+    return problems

@@ -9,7 +9,7 @@ means the whole segment is quarantined with it:
 - any other NUL byte: binary data;
 - more than ``MAX_NON_TEXT`` (10 %) of the characters undecodable as UTF-8 or C0 control
   characters other than tab, newline, carriage return, form feed and vertical tab: binary
-  data. A UTF-8 file with a few bad lines stays below it (those lines are quarantined one by
+  data. ANSI escape sequences (``ESC [ 1;31 m``, colours in a log) are text: not counted. A UTF-8 file with a few bad lines stays below it (those lines are quarantined one by
   one, as before).
 
 ``has_nul(text)`` is the per-document rule: a document holding U+0000 (a JSON ``"\\u0000"``,
@@ -19,12 +19,16 @@ a parquet string) is binary data too.
 from __future__ import annotations
 
 import codecs
+import re
 
 SNIFF_BYTES = 1 << 16
 MAX_NON_TEXT = 0.10
 _BOMS = ((codecs.BOM_UTF32_LE, "UTF-32LE"), (codecs.BOM_UTF32_BE, "UTF-32BE"),
          (codecs.BOM_UTF16_LE, "UTF-16LE"), (codecs.BOM_UTF16_BE, "UTF-16BE"))
 _CONTROLS = frozenset(chr(c) for c in range(32)) - set("\t\n\r\f\v")
+# An ANSI escape sequence (ECMA-48): CSI ``ESC [ params intermediates final`` (colours, cursor), or a
+# two-byte ``ESC X``; short ones only, so a run of escape bytes in binary data is still counted.
+ANSI_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]{0,32}[ -/]{0,4}[@-~]|[@-Z\\-_])")
 
 
 def _utf16(encoding: str, how: str) -> str:
@@ -48,6 +52,7 @@ def binary_reason(head: bytes) -> str | None:
                                                                      "position")
         return f"binary data, not text: {nuls} NUL byte(s) in the first {size} bytes"
     text = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(head, final=False)
+    text = ANSI_SEQUENCE.sub("", text)  # colour and cursor escapes are text (a log line), not binary
     if not text:
         return None
     bad = text.count("\ufffd") + sum(1 for c in text if c in _CONTROLS)

@@ -1,0 +1,76 @@
+"""Bounded everywhere: names files read with a cap and never waited on, verify names duplicate keys
+(not only adjacent ones) and a class map that is not one-to-one, ANSI colour escapes are text."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from repack.jobs.remove_tar import _samples
+from repack.sinks.webdataset import TarShardWriter
+from repack.sources.text_sniff import binary_reason
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_dataset_versions import make_source
+from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+
+def test_names_files_fifo_device_and_oversized_are_refused_by_name(tmp_path):
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    fifo = tmp_path / "names.fifo"
+    os.mkfifo(fifo)
+    for names in (fifo, "/dev/zero", tmp_path):  # no writer on the FIFO: a blocking open would hang
+        refused = run_repack("remove", out, "--sources", names, check=False, timeout=30)
+        assert refused.returncode == 2 and "is not a regular file" in refused.stderr and str(names) in refused.stderr
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as fh:
+        fh.truncate(256 * 2**20 + 1)  # sparse: over the cap without writing it
+    refused = run_repack("remove", out, "--keys", big, check=False)
+    assert refused.returncode == 2 and "over the 268435456-byte cap" in refused.stderr
+    (tmp_path / "crlf.txt").write_bytes(b"cat/c0.jpg\r\ncat/c1.jpg\r\n")
+    done = run_repack("remove", out, "--sources", tmp_path / "crlf.txt")
+    assert "2 sample(s) removed, 0 name(s) not found" in done.stdout
+
+
+def rewrite_shard(out, entry: dict, rename: dict[str, str]) -> dict:
+    """``entry``'s shard written again (as a fresh file, manifest entry returned) with keys renamed."""
+    writer = TarShardWriter(out, entry["path"][:-len(".tar")] + "-edited")
+    for key, members, _ in _samples(out / entry["path"]):
+        writer.add_sample(rename.get(key, key), members)
+    new = writer.commit()
+    os.unlink(out / entry["path"])
+    os.unlink(out / entry["index"])
+    return {**entry, **new}
+
+
+def test_verify_finds_non_adjacent_duplicate_keys_and_a_shared_class_index(tmp_path):
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    manifest = read_manifest_json(out)
+    first_key = _samples(out / manifest["shards"][0]["path"])[0][0]
+    last = manifest["shards"][-1]
+    last_key = _samples(out / last["path"])[0][0]
+    manifest["shards"][-1] = rewrite_shard(out, last, {last_key: first_key})  # counts, sizes, sha256 all fixed
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    found = run_repack("verify", out, check=False)
+    assert found.returncode != 0 and f"sample key {first_key!r} is held 2 times" in found.stdout + found.stderr
+
+    run_repack("images", src, tmp_path / "out2", "--shard-size", "4", "--quiet")
+    manifest = read_manifest_json(tmp_path / "out2")
+    manifest["classes"] = {"cat": 1, "dog": 1}  # every count still right: only the map is wrong
+    (tmp_path / "out2" / "manifest.json").write_text(json.dumps(manifest))
+    found = run_repack("verify", tmp_path / "out2", check=False)
+    assert found.returncode != 0 and "index 1 is given to 2 names ('cat', 'dog')" in found.stdout + found.stderr
+
+
+def test_ansi_colour_escapes_are_text(tmp_path):
+    line = "\x1b[31mERROR\x1b[0m \x1b[1mdisk\x1b[0m \x1b[33mfull\x1b[0m on /dev/sda\n"
+    assert line.count("\x1b") == 6 and binary_reason(line.encode()) is None
+    assert binary_reason(b"\x1b" * 200).startswith("binary data")  # escape bytes alone are still counted
+    src, tok = tmp_path / "logs", write_tokenizer(gpt2_tokenizer(), tmp_path / "tok")
+    src.mkdir()
+    (src / "app.txt").write_text(line)
+    out = tmp_path / "out"
+    run_repack("text", src, out, "--tokenizer", tok, "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["quarantine"] == [] and manifest["totals"]["documents"] == 1
