@@ -19,8 +19,9 @@ from pathlib import Path
 
 from pipelines import object_store
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
-from repack.manifest import Manifest, ManifestError, read_manifest
-from repack.manifest.versions import check_number, read_version
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
+from repack.manifest.caps import check_declared_counts, check_manifest_size, manifest_cap
+from repack.manifest.versions import check_number, read_version, version_file
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,20 @@ def open_manifest(root: str | os.PathLike, version: int | None = None) -> Manife
     ``version=N`` (its immutable ``manifest.vN.json``: what this reader reads stays exactly version N
     while later versions are published beside it)."""
     if not object_store.is_remote(root):
-        return read_manifest(root, version)
+        for path in _manifest_files(Path(root), version):
+            check_manifest_size(_local_size(path), str(path))
+        manifest = read_manifest(root, version)
+        check_declared_counts(manifest.data, lambda rel: _local_size(manifest.path(rel)), str(manifest.root))
+        return manifest
     url = str(root).rstrip("/")
 
     def read(name: str) -> bytes | None:
-        try:
-            return object_store.read_bytes(f"{url}/{name}")
+        try:  # at most the cap + 1 bytes: an object over the cap is refused, never read whole
+            raw = object_store.read_range(f"{url}/{name}", 0, manifest_cap() + 1)
         except FileNotFoundError:
             return None
+        check_manifest_size(len(raw), f"{url}/{name}")
+        return raw
 
     name, raw = read_version(read, version, url)
     try:
@@ -70,7 +77,25 @@ def open_manifest(root: str | os.PathLike, version: int | None = None) -> Manife
     manifest = RemoteManifest(Path("/", *object_store.split_url(url)), data, url)
     manifest.validate()
     check_number(data, version, f"{url}/{name}")
+    declared = {s.get(key): s.get(size) for s in data["shards"] for key, size in (("path", "bytes"),
+                                                                                 ("index", "index_bytes"))}
+    check_declared_counts(data, lambda rel: declared.get(rel) if isinstance(declared.get(rel), int) else None,
+                          url)  # the sizes the manifest declares (one HEAD per shard is not spent here)
     return manifest
+
+
+def _manifest_files(root: Path, version: int | None) -> list[Path]:
+    """The manifest files ``read_manifest`` may read for ``version``."""
+    if not root.is_dir() and version is None:
+        return [root]
+    return [root / MANIFEST_NAME] + ([root / version_file(version)] if version is not None else [])
+
+
+def _local_size(path) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
 
 
 def open_webdataset(root: str | os.PathLike, modality: str = "images", version: int | None = None) -> Manifest:

@@ -16,7 +16,9 @@ from typing import Any, Callable
 from torch.utils.data import Dataset
 
 from pipelines.sampler_resume import MapDatasetState
-from repack.manifest import Manifest, ManifestError, read_manifest
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
+from repack.manifest.caps import check_declared_counts, check_manifest_size
+from repack.manifest.versions import version_file
 
 LAYOUT = "repack-lmdb/1"
 UNLABELED = -1
@@ -28,6 +30,9 @@ def open_lmdb_dataset(root: str | os.PathLike, version: int | None = None) -> tu
     if str(root).startswith("s3://"):
         raise ManifestError(f"{root}: an LMDB is read from a local file (it is memory-mapped); copy it first "
                             f"with `repack pull {root} DIR`")
+    for name in (MANIFEST_NAME, version_file(version) if version is not None else None):
+        if name is not None and os.path.exists(os.path.join(root, name)):
+            check_manifest_size(os.path.getsize(os.path.join(root, name)), os.path.join(root, name))
     manifest = read_manifest(root, version)
     if manifest.format != "lmdb":
         raise ManifestError(f"{manifest.root}: format {manifest.format!r}, this reader reads 'lmdb'")
@@ -42,6 +47,7 @@ def open_lmdb_dataset(root: str | os.PathLike, version: int | None = None) -> tu
     if size != entries[0]["bytes"]:  # a short file would be mapped and read past its end: SIGBUS
         raise ManifestError(f"{path}: {size} bytes, the manifest says {entries[0]['bytes']} (truncated or "
                             "changed; run `repack verify`)")
+    check_declared_counts(manifest.data, lambda rel: size, str(manifest.root))  # before sizing memory from it
     return manifest, str(path), int(entries[0]["samples"])
 
 

@@ -74,3 +74,60 @@ def test_ansi_colour_escapes_are_text(tmp_path):
     run_repack("text", src, out, "--tokenizer", tok, "--quiet")
     manifest = read_manifest_json(out)
     assert manifest["quarantine"] == [] and manifest["totals"]["documents"] == 1
+
+
+def forge_count(out, samples: int) -> None:
+    """Make ``out``'s manifest declare ``samples`` samples in its first shard (totals to match)."""
+    manifest = read_manifest_json(out)
+    manifest["shards"][0]["samples"] = samples
+    manifest["totals"]["samples"] = sum(s["samples"] for s in manifest["shards"])
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_readers_refuse_declared_counts_the_files_cannot_hold(tmp_path):
+    """10^15 declared samples: each reader names the shard before sizing memory from the count (before
+    the change, the image reader's sample order raised MemoryError under a 6 GB address-space limit)."""
+    import resource
+
+    import pytest
+
+    from pipelines.torch_lmdb import LmdbImageDataset
+    from pipelines.torch_text import DocumentDataset
+    from pipelines.torch_webdataset import ImageShardDataset
+    from repack.manifest import ManifestError
+
+    src = make_source(tmp_path / "src")
+    run_repack("images", src, tmp_path / "wds", "--shard-size", "4", "--quiet")
+    run_repack("images", src, tmp_path / "lmdb", "--to", "lmdb", "--quiet")
+    texts, tok = tmp_path / "texts", write_tokenizer(gpt2_tokenizer(), tmp_path / "tok")
+    texts.mkdir()
+    (texts / "a.txt").write_text("one line\nanother line\n")
+    run_repack("text", texts, tmp_path / "text", "--tokenizer", tok, "--quiet")
+    assert len(ImageShardDataset(tmp_path / "wds", decode=False)) == 9  # the honest datasets read
+    readers = {"wds": lambda root: list(ImageShardDataset(root, decode=False)),
+               "lmdb": lambda root: list(LmdbImageDataset(root)),
+               "text": lambda root: list(DocumentDataset(root))}
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (6 << 30, hard))
+    try:
+        for name, read in readers.items():
+            forge_count(tmp_path / name, 10**15)
+            with pytest.raises(ManifestError, match="declares 1000000000000000 samples, more than its"):
+                read(tmp_path / name)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_a_manifest_over_the_size_cap_is_refused_unread(tmp_path, monkeypatch):
+    import pytest
+
+    from pipelines.manifest_access import open_manifest
+    from repack.manifest import ManifestError
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    size = (out / "manifest.json").stat().st_size
+    assert open_manifest(out).num_samples == 9
+    monkeypatch.setenv("REPACK_MAX_MANIFEST_BYTES", str(size - 1))
+    with pytest.raises(ManifestError, match=f"over the {size - 1}-byte cap"):
+        open_manifest(out)
