@@ -5,7 +5,7 @@ task (which needs some rows' bytes) reads one whole. Both go through ``pyarrow``
 with a batch of at most ``BATCH_BYTES`` of the row group's average row (at least one row, at most
 ``MAX_BATCH_ROWS``), and a buffered column-chunk reader (``READ_BUFFER`` bytes at a time, no
 pre-buffering of whole column chunks). Memory is then about one batch plus one parquet page: a
-documented cap, ``BATCH_BYTES`` (docs/interop.md), not a multiple of the row group.
+documented cap, ``BATCH_BYTES`` (docs/dataset-over-time.md), not a multiple of the row group.
 """
 
 from __future__ import annotations
