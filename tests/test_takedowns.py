@@ -95,3 +95,9 @@ def test_text_append_after_remove_by_source(tmp_path):
     assert manifest["totals"]["documents"] == 20  # a.jsonl and c.jsonl: b.jsonl stays down
     assert [run[0] for s in manifest["shards"] for run in s["sources"]] == ["a.jsonl", "c.jsonl"]
     assert run_repack("verify", out).returncode == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(corpus, copy, copy_function=shutil.copyfile)  # new mtimes: compared by sha256
+    for path in copy.iterdir():
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    again = run_repack("text", copy, out, "--tokenizer", tok, "--append")
+    assert "nothing new" in again.stdout

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, TypeVar
 
@@ -29,6 +30,7 @@ from repack.manifest.versions import number_of
 
 T = TypeVar("T")
 REFUSED_SHOWN = 10  # names a refusal lists (then a count)
+HASH_THREADS = 8    # files hashed at once for a content comparison (reads release the GIL)
 
 
 def task_digests(store, state: str = STATE_DIR) -> dict[str, str]:
@@ -96,12 +98,14 @@ class Selection:
 def select_new(items: Iterable[T], known: dict, rel: Callable[[T], str], fingerprint: Callable[[T], list],
                digest: Callable[[T], str | None]) -> Selection:
     """Apply the module's rule to ``items`` (``known``: the record plus ``quarantined``, the rels without a
-    sample). UsageError naming the changed files."""
+    sample). The candidates for a content comparison are hashed on a thread pool. UsageError naming the
+    changed files."""
     inputs, digests = known["inputs"], known.get("sha256", {})
     removed, quarantined = set(known.get("removed", ())), set(known.get("quarantined", ()))
     new: list = []
-    same: dict[str, list] = {}
+    compare: list[tuple[T, list]] = []  # same name and size, another mtime, a recorded sha256
     changed: list[str] = []
+    unknown: list[str] = []  # another mtime, no recorded sha256 to compare with
     skipped_removed = 0
     for item in items:
         name = rel(item)
@@ -109,24 +113,41 @@ def select_new(items: Iterable[T], known: dict, rel: Callable[[T], str], fingerp
             skipped_removed += 1
             continue
         old = inputs.get(name)
-        if old is None or name in quarantined:
-            if old is None or list(fingerprint(item)[:2]) != list(old):
-                new.append(item)
-            continue
         now = list(fingerprint(item)[:2])
-        if now == list(old):
+        if old is None or name in quarantined:
+            if now != list(old or ()):
+                new.append(item)
+        elif now == list(old):
             continue
-        if now[0] == old[0] and digests.get(name) is not None and digest(item) == digests[name]:
-            same[name] = now
-            continue
-        changed.append(name)
-    if changed:
-        shown = ", ".join(changed[:REFUSED_SHOWN]) + (f" and {len(changed) - REFUSED_SHOWN} more"
-                                                      if len(changed) > REFUSED_SHOWN else "")
-        raise UsageError(f"--append: {len(changed)} source(s) changed since the dataset packed them (same name, "
-                         f"other content): {shown}; a file never gets two samples: put the new content under "
-                         "a new name, or restore the packed one")
+        elif now[0] != old[0]:
+            changed.append(name)
+        elif digests.get(name) is None:
+            unknown.append(name)
+        else:
+            compare.append((item, now))
+    same: dict[str, list] = {}
+    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+        for (item, now), found in zip(compare, pool.map(lambda pair: digest(pair[0]), compare)):
+            if found == digests[rel(item)]:
+                same[rel(item)] = now
+            else:
+                changed.append(rel(item))
+    if changed or unknown:
+        raise UsageError("--append: " + "; ".join(
+            part for part in (_listed(sorted(changed), "changed since the dataset packed them (same name, other "
+                                                       "content)"),
+                              _listed(unknown, "have another mtime and no recorded sha256 to compare (packed by an "
+                                               "older repack)")) if part) +
+            "; a file never gets two samples: put new content under a new name, or restore the packed file")
     return Selection(new, skipped_removed, same)
+
+
+def _listed(names: list[str], what: str) -> str:
+    if not names:
+        return ""
+    shown = ", ".join(names[:REFUSED_SHOWN]) + (f" and {len(names) - REFUSED_SHOWN} more"
+                                                if len(names) > REFUSED_SHOWN else "")
+    return f"{len(names)} source(s) {what}: {shown}"
 
 
 def file_sha256(path: str) -> str | None:
