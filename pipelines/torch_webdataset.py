@@ -45,6 +45,7 @@ from pipelines import object_store, sample_order
 from pipelines.batches import BufferRing, PackedBytes, collate_column, new_board
 from pipelines.manifest_access import Sample, image_extensions, is_labeled, open_webdataset, parse_label, read_index
 from pipelines.pil_images import decode_image
+from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
                                  plan_blocks, split_out)
 
@@ -114,9 +115,11 @@ class ImageShardDataset(IterableDataset):
         shuffle_buffer: with shuffle, how many consecutive samples are mixed at a time (per worker).
         version: the dataset version to read (``manifest.vN.json``); None: the latest.
         on_error: ``"raise"`` (default): a damaged header, a truncated shard, a missing member raise
-            ``ShardIntegrityError`` naming the shard and the sample key. ``"skip"``: such a sample is
-            skipped with a warning and counted; ``dataset.skipped`` reads the count (all workers of
-            this process's loaders, since construction).
+            ``ShardIntegrityError`` naming the shard and the sample key; an image that does not decode,
+            a bad ``.cls``/``.json`` member or a failing ``transform`` raise ``SampleDecodeError`` (a
+            kind of it, chained from the original error). ``"skip"``: such a sample is skipped with a
+            warning and counted; ``dataset.skipped`` reads the count (all workers of this process's
+            loaders, since construction).
         draft_size: (width, height) to decode JPEGs at a reduced DCT scale no smaller than this
             (PIL draft, through ``pil_images.decode_image(..., draft=)``); None: full decode.
         batch_size: yield batches of this many samples made in the worker (``pipelines.batches``),
@@ -378,14 +381,30 @@ class ImageShardDataset(IterableDataset):
             got = self._check_members(url, sample, got)
         cursor.position += 1
         if isinstance(got, ShardIntegrityError):
-            if self.on_error == "raise":
-                raise got
-            cursor.skipped += 1
-            slot[0] += 1
-            warnings.warn(f"skipped: {got}", stacklevel=3)
+            self._damaged(cursor, got)
             return None
         got["__key__"], got["__url__"] = sample.key, url  # got is this sample's own dict
         return got
+
+    def _damaged(self, cursor: _Cursor, error: ShardIntegrityError) -> None:
+        """A damaged sample (already consumed by ``cursor``): raise ``error``, or with ``on_error="skip"``
+        count it (``skipped``) and warn."""
+        if self.on_error == "raise":
+            raise error
+        cursor.skipped += 1
+        self._stats[cursor.worker % _STAT_SLOTS][0] += 1
+        warnings.warn(f"skipped: {error}", stacklevel=4)
+
+    def _outputs(self, samples: Iterator[dict]) -> Iterator[Any]:
+        """Each sample through ``_to_output``; one whose decode, label or transform fails is damage like
+        any other (``SampleDecodeError`` naming shard and key: raised, or skipped and counted)."""
+        for sample in samples:
+            try:
+                out = self._to_output(sample)
+            except SampleDecodeError as error:
+                self._damaged(self._cursor, error)
+                continue
+            yield out
 
     def _read_direct(self, cursor: _Cursor, ring: BufferRing | None) -> Iterator[tuple[torch.Tensor, tuple | None, list[dict]]]:
         """Local shards, raw bytes, batches: each batch's samples read with one pread per run of
@@ -435,19 +454,27 @@ class ImageShardDataset(IterableDataset):
 
     # -- output ----------------------------------------------------------------------------------
     def _to_output(self, sample: dict):
-        for ext in self._image_order:
-            if ext in sample:
-                image = self._decode(sample[ext])
-                break
-        cls = sample.get("cls")
-        label = parse_label(cls) if cls is not None else UNLABELED
-        if self.transform is not None:
-            image = self.transform(image)
-        if self.output == "tuple":
-            return image, label
-        meta = sample.get("json")
-        return {"key": sample["__key__"], "image": image, "label": label,
-                "meta": json.loads(meta) if meta is not None else None}
+        """(image, label) or the dict of one sample; any failure as a SampleDecodeError naming shard and key."""
+        stage = "decode"
+        try:
+            for ext in self._image_order:
+                if ext in sample:
+                    image = self._decode(sample[ext])
+                    break
+            stage = "label"
+            cls = sample.get("cls")
+            label = parse_label(cls) if cls is not None else UNLABELED
+            if self.transform is not None:
+                stage = "transform"
+                image = self.transform(image)
+            if self.output == "tuple":
+                return image, label
+            stage = "meta"
+            meta = sample.get("json")
+            return {"key": sample["__key__"], "image": image, "label": label,
+                    "meta": json.loads(meta) if meta is not None else None}
+        except Exception as exc:
+            raise decode_error(sample["__url__"], sample["__key__"], stage, exc) from exc
 
     def pipeline(self) -> wds.DataPipeline:
         """This dataset as a ``wds.DataPipeline`` (an IterableDataset): add stages with ``append``.
@@ -461,12 +488,12 @@ class ImageShardDataset(IterableDataset):
         cursor = self._start()  # now, not at the first next(): state_dict() describes this iterator
         self._cursor = cursor
         if self.batch_size is None:
-            return map(self._to_output, self._read(cursor))  # pipeline()'s stages without its per-sample layers
+            return self._outputs(self._read(cursor))  # pipeline()'s stages without its per-sample layers
         ring = self._worker_ring()
         if not self.decode and self.transform is None and not object_store.is_remote(self.root):
-            return (self._collate([self._to_output(s) for s in samples], ring, buffer, claim)
-                    for buffer, claim, samples in self._read_direct(cursor, ring))
-        samples = map(self._to_output, self._read(cursor))  # s3://, decoded or transformed: collate what was read
+            return (self._collate(outputs, ring, buffer, claim) for buffer, claim, samples in self._read_direct(cursor, ring)
+                    if (outputs := list(self._outputs(samples))))
+        samples = self._outputs(self._read(cursor))  # s3://, decoded or transformed: collate what was read
         return (self._collate(chunk, ring) for chunk in iter(lambda: list(islice(samples, self.batch_size)), []))
 
     def _worker_ring(self) -> BufferRing | None:
@@ -493,7 +520,7 @@ class ImageShardDataset(IterableDataset):
         return {key: column([o[key] for o in outputs]) for key in ("key", "image", "label", "meta")}
 
     def _pipeline(self, source: Callable[[], Iterator[dict]]) -> wds.DataPipeline:
-        return wds.DataPipeline(source, wds.map(self._to_output))
+        return wds.DataPipeline(source, self._outputs)
 
     def _decode(self, data: bytes):
         if not self.decode:
