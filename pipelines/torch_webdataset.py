@@ -126,9 +126,13 @@ class ImageShardDataset(IterableDataset):
             for ``DataLoader(dataset, batch_size=None)``: raw bytes as one ``PackedBytes`` in shared
             memory, tensors and labels stacked (``default_collate``), other fields as lists. The
             fast way to read: no per-sample pickling through the DataLoader's pipe. Each worker's
-            last batch may be smaller; ``len(dataset)`` still counts samples. Memory: each worker
-            keeps up to ``batches.RING`` (8) batch buffers in shared memory for reuse. None
-            (default): one sample at a time.
+            last batch may be smaller, so how many batches an epoch has depends on the number of
+            workers: ``steps(num_workers)``. Memory: each worker keeps up to ``batches.RING`` (8)
+            batch buffers in shared memory for reuse. None (default): one sample at a time.
+        num_workers: with ``batch_size``, the ``num_workers`` of the DataLoader that reads this
+            dataset: ``len(dataset)`` (hence ``len(loader)``) is then the number of batches an epoch
+            yields, and a loader with another worker count is refused. Without it, ``len()`` in batch
+            mode raises TypeError (it would be a guess); ``steps(n)`` answers for any count.
 
     Resume: ``state_dict()`` / ``load_state_dict()`` follow torchdata's ``StatefulDataLoader``
     protocol (plain JSON; position = epoch + samples consumed, replayed without reading bytes);
@@ -141,7 +145,8 @@ class ImageShardDataset(IterableDataset):
                  drop_last: bool = False, mode: str | None = "RGB", decode: bool = True,
                  read_bytes: int | None = None, shuffle_buffer: int = 1000, prefetch: int | None = None,
                  on_error: str = "raise", draft_size: tuple[int, int] | None = None,
-                 version: int | None = None, batch_size: int | None = None) -> None:
+                 version: int | None = None, batch_size: int | None = None,
+                 num_workers: int | None = None) -> None:
         if output not in ("tuple", "dict"):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
         if on_error not in ("raise", "skip"):
@@ -168,6 +173,9 @@ class ImageShardDataset(IterableDataset):
         if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1):
             raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
         self.batch_size = batch_size
+        if num_workers is not None and (batch_size is None or num_workers < 0):
+            raise ValueError(f"num_workers={num_workers!r} is for batch mode (batch_size=), a count >= 0")
+        self.num_workers = num_workers
         self.counts = [s.samples for s in self.manifest.shards]
         self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
         # Shared memory, so set_epoch reaches persistent DataLoader workers and counts come back.
@@ -213,8 +221,24 @@ class ImageShardDataset(IterableDataset):
         return start, stop
 
     def __len__(self) -> int:
-        start, stop = self.rank_range()
-        return stop - start
+        """This rank's items per epoch: samples, or in batch mode the batches (``num_workers`` given)."""
+        if self.batch_size is None:
+            start, stop = self.rank_range()
+            return stop - start
+        if self.num_workers is None:
+            raise TypeError(f"{self.root}: in batch mode the number of batches depends on the DataLoader's "
+                            "workers: build the dataset with num_workers= (the DataLoader's), or call "
+                            "dataset.steps(num_workers)")
+        return self.steps(self.num_workers)
+
+    def steps(self, num_workers: int = 0) -> int:
+        """The items one epoch of this rank yields through a DataLoader with ``num_workers`` workers:
+        its samples, or in batch mode the batches (each worker cuts its own part into batches, so a
+        worker's last batch may be short)."""
+        runs = sample_order.rank_runs(self.total_samples, self.world_size, self.rank, self.drop_last)
+        if self.batch_size is None:
+            return sample_order.runs_length(runs)
+        return sum(-(-count // self.batch_size) for count in _worker_counts(runs, max(1, num_workers)))
 
     # -- the order -------------------------------------------------------------------------------
     def shard_order(self, epoch: int) -> list[int]:
@@ -489,6 +513,9 @@ class ImageShardDataset(IterableDataset):
         self._cursor = cursor
         if self.batch_size is None:
             return self._outputs(self._read(cursor))  # pipeline()'s stages without its per-sample layers
+        if self.num_workers is not None and max(1, self.num_workers) != cursor.workers:
+            raise ValueError(f"{self.root}: built with num_workers={self.num_workers} (len() counts the batches "
+                             f"of that many DataLoader workers), read by {cursor.workers}")
         ring = self._worker_ring()
         if not self.decode and self.transform is None and not object_store.is_remote(self.root):
             return (self._collate(outputs, ring, buffer, claim) for buffer, claim, samples in self._read_direct(cursor, ring)
@@ -528,6 +555,15 @@ class ImageShardDataset(IterableDataset):
         if self.draft_size is None:
             return decode_image(data, self.mode)
         return decode_image(data, self.mode, draft=self.draft_size)
+
+
+def _worker_counts(runs: list, workers: int) -> list[int]:
+    """How many positions of share ``runs`` each of ``workers`` workers reads (``sample_order.
+    worker_positions``' pieces, counted without listing them)."""
+    n = sample_order.runs_length(runs)
+    pieces = max(1, n // (workers * sample_order.WORKER_PIECE)) * workers
+    sizes = [hi - lo for lo, hi in (sample_order.balanced(n, pieces, p) for p in range(pieces))]
+    return [sum(sizes[w::workers]) for w in range(workers)]
 
 
 def image_pipeline(root: str | os.PathLike, **options) -> wds.DataPipeline:
