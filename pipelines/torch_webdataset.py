@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+import zlib
 from bisect import bisect_left, bisect_right
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,11 +44,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines import object_store, sample_order
 from pipelines.batches import BufferRing, PackedBytes, collate_column, new_board
-from pipelines.manifest_access import Sample, image_extensions, is_labeled, open_webdataset, parse_label, read_index
+from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
+                                       parse_label, read_checksums, read_index)
 from pipelines.pil_images import decode_image
 from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
                                  plan_blocks, split_out)
+from repack.manifest import ManifestError
 
 UNLABELED = -1
 STATE_VERSION = 2  # 2: workers are dealt pieces of the share (1: one contiguous part each)
@@ -114,6 +117,11 @@ class ImageShardDataset(IterableDataset):
             compete for it).
         shuffle_buffer: with shuffle, how many consecutive samples are mixed at a time (per worker).
         version: the dataset version to read (``manifest.vN.json``); None: the latest.
+        verify_samples: check each sample's payload as it is read against the crc32 the producer
+            recorded beside the index (``<shard>.crc``, see docs/formats.md): a flipped byte anywhere
+            in a member's data is a ``ShardIntegrityError`` naming shard and key (skipped and counted
+            with ``on_error="skip"``). Costs one crc32 pass over the bytes read (``make bench``). A
+            dataset written before repack recorded them is refused: pack it again to add them.
         on_error: ``"raise"`` (default): a damaged header, a truncated shard, a missing member raise
             ``ShardIntegrityError`` naming the shard and the sample key; an image that does not decode,
             a bad ``.cls``/``.json`` member or a failing ``transform`` raise ``SampleDecodeError`` (a
@@ -146,7 +154,7 @@ class ImageShardDataset(IterableDataset):
                  read_bytes: int | None = None, shuffle_buffer: int = 1000, prefetch: int | None = None,
                  on_error: str = "raise", draft_size: tuple[int, int] | None = None,
                  version: int | None = None, batch_size: int | None = None,
-                 num_workers: int | None = None) -> None:
+                 num_workers: int | None = None, verify_samples: bool = False) -> None:
         if output not in ("tuple", "dict"):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
         if on_error not in ("raise", "skip"):
@@ -176,6 +184,14 @@ class ImageShardDataset(IterableDataset):
         if num_workers is not None and (batch_size is None or num_workers < 0):
             raise ValueError(f"num_workers={num_workers!r} is for batch mode (batch_size=), a count >= 0")
         self.num_workers = num_workers
+        self.verify_samples = bool(verify_samples)
+        if self.verify_samples and missing_checksums(self.manifest):
+            missing = missing_checksums(self.manifest)
+            raise ManifestError(f"{self.root}: verify_samples=True needs the per-sample checksums repack records "
+                                f"beside each index; {len(missing)} shard(s) have none ({missing[0]}, ...: written by "
+                                "an older repack). Pack the dataset again (`repack images SRC OUT`) to add them, "
+                                "or read without verify_samples (`repack verify OUT` checks whole shards)")
+        self._checksum_cache: dict[int, Any] = {}
         self.counts = [s.samples for s in self.manifest.shards]
         self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
         # Shared memory, so set_epoch reaches persistent DataLoader workers and counts come back.
@@ -257,6 +273,11 @@ class ImageShardDataset(IterableDataset):
         if shard not in self._index_cache:
             self._index_cache[shard] = read_index(self.manifest, shard)
         return self._index_cache[shard]
+
+    def _checksums(self, shard: int):
+        if shard not in self._checksum_cache:
+            self._checksum_cache[shard] = read_checksums(self.manifest, shard)
+        return self._checksum_cache[shard]
 
     def _load_indexes(self, layout, positions: list[int]) -> None:
         """On s3://, GET the index files of the shards holding ``positions`` concurrently (one at a
@@ -467,6 +488,14 @@ class ImageShardDataset(IterableDataset):
             files.close()
 
     def _check_members(self, url: str, sample: Sample, members: dict) -> dict | ShardIntegrityError:
+        if self.verify_samples:
+            crc = 0
+            for ext, _, _ in sample.members:
+                crc = zlib.crc32(members[ext], crc)
+            want = int(self._checksums(sample.shard)[sample.number])
+            if crc != want:
+                return ShardIntegrityError(url, sample.key, f"payload checksum mismatch (crc32 {crc:08x}, recorded "
+                                                            f"{want:08x}): the bytes changed since packing")
         for ext in self._image_order:
             if ext in members:
                 break
