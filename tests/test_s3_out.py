@@ -124,8 +124,8 @@ def test_other_options_refused_unless_overwrite(server, s3, photo_tree, tmp_path
     assert refused.returncode == 2 and "--overwrite" in refused.stderr
     run_repack("images", photo_tree, "s3://over/run", "--shard-size", "60", "--overwrite", "--quiet", env=env)
     objs = objects(s3, "over", "run")
-    assert sorted(k for k in dataset_files(objs)) == ["shard-000000.idx", "shard-000000.tar", "shard-000001.idx",
-                                                      "shard-000001.tar"]
+    assert sorted(k for k in dataset_files(objs)) == ["shard-000000.crc", "shard-000000.idx", "shard-000000.tar",
+                                                      "shard-000001.crc", "shard-000001.idx", "shard-000001.tar"]
     assert sorted(k for k in objs if k.startswith(".repack/tasks/")) == [".repack/tasks/shard-000000.json",
                                                                        ".repack/tasks/shard-000001.json"]
 
