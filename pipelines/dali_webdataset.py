@@ -68,8 +68,8 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
 
     Outputs (see ``output_names``): ``images`` (``size`` given: float CHW normalized
     ``size`` x ``size``; else decoded uint8 HWC RGB), ``labels`` (int64 scalars, when the dataset
-    is labeled: DALI's sum of the int32 digits widens to int64) and, with ``with_meta``, ``meta`` (the ``.json`` member's bytes, zero-padded
-    to the longest in the batch). ``train`` uses a random resized crop and a random mirror
+    is labeled: DALI's sum of the int32 digits widens to int64) and, with ``with_meta``, ``meta``
+    (the ``.json`` member's bytes, zero-padded to the longest in the batch). ``train`` uses a random resized crop and a random mirror
     instead of resize-shorter + center crop. ``device_id=None`` runs on the CPU backend.
 
     ``checkpoint``: continue where a pipeline with the same options stopped, from its

@@ -547,8 +547,9 @@ class ImageShardDataset(IterableDataset):
                              f"of that many DataLoader workers), read by {cursor.workers}")
         ring = self._worker_ring()
         if not self.decode and self.transform is None and not object_store.is_remote(self.root):
-            return (self._collate(outputs, ring, buffer, claim) for buffer, claim, samples in self._read_direct(cursor, ring)
-                    if (outputs := list(self._outputs(samples))))
+            batches = ((buffer, claim, list(self._outputs(samples)))
+                       for buffer, claim, samples in self._read_direct(cursor, ring))
+            return (self._collate(outputs, ring, buffer, claim) for buffer, claim, outputs in batches if outputs)
         samples = self._outputs(self._read(cursor))  # s3://, decoded or transformed: collate what was read
         return (self._collate(chunk, ring) for chunk in iter(lambda: list(islice(samples, self.batch_size)), []))
 

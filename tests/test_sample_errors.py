@@ -140,3 +140,17 @@ def test_video_transform_error_names_file_and_clip(data):
     dataset = VideoClipDataset(data["video"], sequence_length=4, transform=fail_always)
     with pytest.raises(SampleDecodeError, match=r"videos/a/one\.mp4: sample 'clip 1': transform failed: ValueError: no"):
         dataset[1]
+
+
+def test_dali_lmdb_source_names_a_bad_label(data, tmp_path):
+    from pipelines.dali_lmdb import LmdbBatchSource
+
+    root = tmp_path / "lmdb"
+    shutil.copytree(data["lmdb_a"], root)
+    env = lmdb.open(str(root / "data.lmdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"s/0000000002/cls", b"x")
+    env.close()
+    source = LmdbBatchSource(str(root / "data.lmdb"), 24, batch_size=4)
+    with pytest.raises(SampleDecodeError, match=r"data\.lmdb: sample 's/0000000002': label failed: ValueError"):
+        source()
