@@ -169,7 +169,7 @@ def test_kill_during_upload_then_resume_is_identical(server, s3, photo_tree, tmp
     resumed = run_repack(*args[:2], "s3://kill/run", *args[2:], env=env).stdout
     assert int(re.search(r"(\d+) resumed", resumed).group(1)) >= 4  # only the missing tasks are redone
     ref, run = objects(s3, "kill", "ref"), objects(s3, "kill", "run")
-    assert dataset_files(run) == dataset_files(ref) and len(dataset_files(ref)) == 40
+    assert dataset_files(run) == dataset_files(ref) and len(dataset_files(ref)) == 60  # 20 x .tar, .idx, .crc
     assert stable(json.loads(run["manifest.json"])) == stable(json.loads(ref["manifest.json"]))
     assert not s3.list_multipart_uploads(Bucket="kill").get("Uploads")
 
