@@ -413,13 +413,13 @@ class ImageShardDataset(IterableDataset):
                         slot[1] += len(data)
                         for p, sample, got in zip(block.positions, block.samples, cut_block(block, data)):
                             ready[p] = (block.url, sample, got)
-                    got = self._deliver(cursor, slot, *ready.pop(position))
+                    got = self._deliver(cursor, *ready.pop(position))
                     if got is not None:
                         yield got
         finally:
             fetched.close()
 
-    def _deliver(self, cursor: _Cursor, slot, url: str, sample: Sample, got) -> dict | None:
+    def _deliver(self, cursor: _Cursor, url: str, sample: Sample, got) -> dict | None:
         """Consume one position: the sample as {"__key__", "__url__", ext: data}, or None when it is
         damaged and ``on_error="skip"`` (counted, with a warning); raises ShardIntegrityError otherwise."""
         if not isinstance(got, ShardIntegrityError):
@@ -481,7 +481,7 @@ class ImageShardDataset(IterableDataset):
                             members = {ext: data if ext in self.image_exts else bytes(data)
                                        for ext, data in members.items()}
                         ready[p] = (block.url, sample, members)
-                delivered = [self._deliver(cursor, slot, *ready.pop(p)) for p in chunk]
+                delivered = [self._deliver(cursor, *ready.pop(p)) for p in chunk]
                 if any(d is not None for d in delivered):  # a batch of only skipped samples is not one
                     yield buffer, claim, [d for d in delivered if d is not None]
         finally:
