@@ -121,7 +121,8 @@ class ImageShardDataset(IterableDataset):
             recorded beside the index (``<shard>.crc``, see docs/formats.md): a flipped byte anywhere
             in a member's data is a ``ShardIntegrityError`` naming shard and key (skipped and counted
             with ``on_error="skip"``). Costs one crc32 pass over the bytes read (``make bench``). A
-            dataset written before repack recorded them is refused: pack it again to add them.
+            dataset written before repack recorded them is refused: pack it again (``--overwrite``,
+            or into a new folder) to add them.
         on_error: ``"raise"`` (default): a damaged header, a truncated shard, a missing member raise
             ``ShardIntegrityError`` naming the shard and the sample key; an image that does not decode,
             a bad ``.cls``/``.json`` member or a failing ``transform`` raise ``SampleDecodeError`` (a
@@ -189,7 +190,8 @@ class ImageShardDataset(IterableDataset):
             missing = missing_checksums(self.manifest)
             raise ManifestError(f"{self.root}: verify_samples=True needs the per-sample checksums repack records "
                                 f"beside each index; {len(missing)} shard(s) have none ({missing[0]}, ...: written by "
-                                "an older repack). Pack the dataset again (`repack images SRC OUT`) to add them, "
+                                "an older repack). Pack it again to add them (`repack images SRC OUT --overwrite`, "
+                                "or into a new folder), "
                                 "or read without verify_samples (`repack verify OUT` checks whole shards)")
         self._checksum_cache: dict[int, Any] = {}
         self.counts = [s.samples for s in self.manifest.shards]

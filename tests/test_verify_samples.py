@@ -130,6 +130,6 @@ def test_a_dataset_without_checksums_is_refused_with_the_way_to_add_them(packed_
     for name in root.glob("manifest.v*.json"):
         name.write_text(json.dumps(manifest))
     assert len(list(ImageShardDataset(root, decode=False))) == 120
-    with pytest.raises(ManifestError, match=r"verify_samples=True needs the per-sample checksums .* Pack the "
-                                            r"dataset again"):
+    with pytest.raises(ManifestError, match=r"verify_samples=True needs the per-sample checksums .* Pack it again "
+                                            r"to add them \(`repack images SRC OUT --overwrite`"):
         ImageShardDataset(root, verify_samples=True)
