@@ -27,7 +27,9 @@ import random
 import numpy as np
 
 from pipelines.dali_resume import ResumableDALILoader, builder_args, check_state
-from pipelines.torch_lmdb import LmdbReader, open_lmdb_dataset
+from pipelines.manifest_access import parse_label
+from pipelines.sample_errors import decode_error
+from pipelines.torch_lmdb import LmdbReader, open_lmdb_dataset, sample_key
 
 KIND = "dali_lmdb"
 
@@ -85,6 +87,13 @@ class LmdbBatchSource:
             random.Random(self.seed * 1_000_003 + self.epoch).shuffle(self._order)
         self._pos = 0
 
+    def _label(self, index: int, cls: bytes | None) -> int:
+        """A record's label (-1 without one); a bad value is a SampleDecodeError naming database and key."""
+        try:
+            return parse_label(cls) if cls is not None else -1
+        except ValueError as exc:
+            raise decode_error(self.reader.path, sample_key(index), "label", exc) from exc
+
     def __call__(self):
         left = len(self._order) - self._pos
         if left <= 0 or (self.drop_last and left < self.batch_size):
@@ -98,7 +107,7 @@ class LmdbBatchSource:
         for index in indices:
             raw = self.reader.get(index)
             images.append(np.frombuffer(raw["img"], dtype=np.uint8))
-            labels.append(np.array([int(raw["cls"]) if raw["cls"] is not None else -1], dtype=np.int32))
+            labels.append(np.array([self._label(index, raw["cls"])], dtype=np.int32))
         if self.with_index:
             return images, labels, [np.array(index, dtype=np.int64) for index in indices]
         return images, labels

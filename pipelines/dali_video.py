@@ -2,7 +2,8 @@
 
 ``build_video_pipeline`` reads the manifest's usable videos (files under OUT/videos, paths
 confined to the root) with their class indices and returns a pipeline whose outputs are
-``frames`` (N, F, H, W, 3) uint8 and ``labels`` (N, 1) int32. Sampling: ``sequence_length``
+``frames`` (N, F, H, W, 3) uint8 and ``labels`` (N, 1) int32 (``DALIVideoLoader`` yields them
+as int64 (N,)). Sampling: ``sequence_length``
 frames ``stride`` apart, clip starts ``step`` apart (``-1``: ``sequence_length``), exactly as
 pipelines.torch_video. ``resize=(h, w)`` makes a batch uniform when videos differ in size.
 

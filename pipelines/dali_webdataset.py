@@ -7,7 +7,8 @@ on the CPU backend otherwise, and optionally resizes, crops and normalizes.
 
 The label is computed inside DALI from the ``.cls`` member: zero-padded ASCII digits of one
 fixed width per dataset (repack guarantees it). The bytes are cast to int32, 48 (``'0'``) is
-subtracted, each digit is weighted by its power of ten and the row is summed.
+subtracted, each digit is weighted by its power of ten and the row is summed (the sum comes out
+int64: the labels are int64).
 
 ``dali_image_loader`` wraps the pipeline in a ``DALIGenericIterator`` (torch tensors) that
 knows the reader's epoch size through ``reader_name``, and resumes exactly: its ``state_dict()``
@@ -66,9 +67,9 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     """A built DALI pipeline over the dataset in ``root``.
 
     Outputs (see ``output_names``): ``images`` (``size`` given: float CHW normalized
-    ``size`` x ``size``; else decoded uint8 HWC RGB), ``labels`` (int32 scalars, when the dataset
-    is labeled) and, with ``with_meta``, ``meta`` (the ``.json`` member's bytes, zero-padded
-    to the longest in the batch). ``train`` uses a random resized crop and a random mirror
+    ``size`` x ``size``; else decoded uint8 HWC RGB), ``labels`` (int64 scalars, when the dataset
+    is labeled: DALI's sum of the int32 digits widens to int64) and, with ``with_meta``, ``meta``
+    (the ``.json`` member's bytes, zero-padded to the longest in the batch). ``train`` uses a random resized crop and a random mirror
     instead of resize-shorter + center crop. ``device_id=None`` runs on the CPU backend.
 
     ``checkpoint``: continue where a pipeline with the same options stopped, from its

@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from pipelines import object_store
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
@@ -27,7 +29,8 @@ from repack.manifest.versions import check_number, read_version, version_file
 @dataclass(frozen=True)
 class Sample:
     """Where one sample's members lie in its shard: ``members`` is ((ext, offset, size), ...),
-    ``names`` the member names the index gives (in the same order)."""
+    ``names`` the member names the index gives (in the same order), ``number`` its line in the index
+    (from 0)."""
 
     shard: int
     key: str
@@ -35,6 +38,7 @@ class Sample:
     start: int  # first data byte of the sample in the tar
     end: int  # one past its last data byte
     names: tuple = ()
+    number: int = -1
 
 
 @dataclass(frozen=True)
@@ -143,8 +147,8 @@ def parse_index_lines(text: str, where: str) -> list[str]:
     return lines[1:]
 
 
-def parse_sample(line: str, shard: int, where: str) -> Sample:
-    """One index line -> Sample."""
+def parse_sample(line: str, shard: int, where: str, number: int = -1) -> Sample:
+    """One index line (line ``number`` of the samples) -> Sample."""
     tokens = line.split(" ")
     if not tokens or len(tokens) % 4:
         raise ManifestError(f"{where}: malformed index line {line[:80]!r}")
@@ -159,7 +163,7 @@ def parse_sample(line: str, shard: int, where: str) -> Sample:
         names.append(name)
         key = key or name.split(".", 1)[0]
     return Sample(shard, key, tuple(members), min(m[1] for m in members), max(m[1] + m[2] for m in members),
-                  tuple(names))
+                  tuple(names), number)
 
 
 def read_index(manifest: Manifest, shard: int, start: int = 0, stop: int | None = None) -> list[Sample]:
@@ -169,7 +173,31 @@ def read_index(manifest: Manifest, shard: int, start: int = 0, stop: int | None 
     lines = parse_index_lines(object_store.read_bytes(path).decode("ascii"), str(path))
     if len(lines) != int(entry["samples"]):
         raise ManifestError(f"{path}: {len(lines)} samples, the manifest says {entry['samples']}")
-    return [parse_sample(line, shard, str(path)) for line in lines[start:stop]]
+    first = start or 0
+    return [parse_sample(line, shard, str(path), first + i) for i, line in enumerate(lines[start:stop])]
+
+
+CHECKSUMS_MAGIC = b"RPKCRC1\n"  # the per-sample checksum file (layout: repack/sinks/sample_checksums.py)
+
+
+def missing_checksums(manifest: Manifest) -> list[str]:
+    """The shards (paths) whose manifest entry names no per-sample checksum file."""
+    return [entry["path"] for entry in manifest.data["shards"] if not entry.get("checksums")]
+
+
+def read_checksums(manifest: Manifest, shard: int) -> np.ndarray:
+    """The per-sample crc32s of shard number ``shard`` (uint32, one per index line), from its ``.crc``
+    side file: 8 bytes magic, uint64 sample count, then uint32 per sample, all little-endian."""
+    entry = manifest.data["shards"][shard]
+    if not entry.get("checksums"):
+        raise ManifestError(f"{manifest.where}: shard {entry['path']} has no per-sample checksum file")
+    path = manifest.path(entry["checksums"])
+    raw = object_store.read_bytes(path)
+    samples = int(entry["samples"])
+    if (len(raw) != 16 + 4 * samples or raw[:8] != CHECKSUMS_MAGIC
+            or int.from_bytes(raw[8:16], "little") != samples):
+        raise ManifestError(f"{path}: not the per-sample checksum file of {samples} samples (run `repack verify`)")
+    return np.frombuffer(raw, dtype="<u4", offset=16)
 
 
 def segments(counts: list[int], order: list[int], start: int, stop: int) -> list[tuple[int, int, int]]:

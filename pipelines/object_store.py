@@ -6,6 +6,11 @@ a ranged GET whose body is read as it arrives: a shard is streamed, never downlo
 A connection lost in the middle of a range is resumed from the byte where it stopped.
 One client per process and endpoint (DataLoader workers make their own).
 
+Waits are bounded and visible as the commands' are (``pipelines.s3_waits``: ``REPACK_S3_CONNECT_TIMEOUT``,
+``REPACK_S3_READ_TIMEOUT``, ``REPACK_S3_ATTEMPTS``, ``REPACK_S3_NOTICE``): a request to an endpoint that
+does not answer fails after its attempts with a ``TimeoutError`` naming the object's URL, and a line
+on stderr reports every call that waited ``REPACK_S3_NOTICE`` seconds (10 by default).
+
 Checksums: a whole object read (``read_bytes``) asks for the object's stored checksum and botocore
 checks it; a ranged GET does not. S3 returns no whole-object checksum for a range, but some
 S3-compatible servers do (rclone ``serve s3`` echoes the upload's ``x-amz-checksum-crc32``), and
@@ -22,8 +27,9 @@ import threading
 import time
 from typing import BinaryIO
 
-REQUEST_ATTEMPTS = 8  # botocore retries of one request (5xx, throttling, connection errors)
-RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way
+from pipelines.s3_waits import ReaderLimits, WaitNotices, watch_calls
+
+RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way (each request bounded as above)
 _clients: dict[tuple[int, str], object] = {}
 _client_lock = threading.Lock()
 _sessions: list = []  # the one boto3 Session every client of this process (and its forks) comes from
@@ -57,21 +63,48 @@ def _session():
 def _client():
     """This process's S3 client for the endpoint in the environment (boto3 clients are thread-safe: the
     readers' prefetch threads share it). One per process and endpoint: a forked DataLoader worker must not
-    reuse its parent's connections, and a process that reads from two endpoints needs two clients."""
+    reuse its parent's connections, and a process that reads from two endpoints needs two clients. Its
+    timeouts and attempts are ``limits()``; every call is watched (``s3_waits.WaitNotices``)."""
     key = (os.getpid(), os.environ.get("AWS_ENDPOINT_URL", ""))
     if key not in _clients:
         with _client_lock:
             if key not in _clients:
                 from botocore.config import Config
 
-                options = dict(retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"}, read_timeout=120,
+                bounds = limits()
+                options = dict(retries={"total_max_attempts": bounds.attempts, "mode": "standard"},
+                               connect_timeout=bounds.connect_timeout, read_timeout=bounds.read_timeout,
                                max_pool_connections=32)
                 try:  # checksums checked where asked for (whole objects, see read_bytes), not on ranges
                     config = Config(response_checksum_validation="when_required", **options)
                 except TypeError:  # botocore before 1.36 checks no response checksums at all
                     config = Config(**options)
-                _clients[key] = _session().client("s3", config=config)
+                client = _session().client("s3", config=config)
+                watch_calls(client, WaitNotices(bounds))
+                _clients[key] = client
     return _clients[key]
+
+
+def limits() -> ReaderLimits:
+    """The ``REPACK_S3_*`` bounds of this process's requests (ValueError naming a bad variable)."""
+    return ReaderLimits.from_env()
+
+
+def _get_object(url: str, **params):
+    """``GetObject`` of ``url`` (``params``: Range, ChecksumMode); an endpoint that never answered
+    within the bounds is a TimeoutError naming the URL, one that cannot be reached a ConnectionError."""
+    from botocore.exceptions import (ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError,
+                                     ReadTimeoutError)
+
+    bucket, key = split_url(url)
+    try:
+        return _client().get_object(Bucket=bucket, Key=key, **params)
+    except (ReadTimeoutError, ConnectTimeoutError, ConnectionClosedError) as exc:
+        raise TimeoutError(f"{url}: the S3 endpoint did not answer ({type(exc).__name__}) after "
+                           f"{limits().describe()}") from exc
+    except EndpointConnectionError as exc:
+        raise ConnectionError(f"{url}: cannot reach the S3 endpoint ({exc.kwargs.get('endpoint_url', '?')}); "
+                              "check AWS_ENDPOINT_URL") from exc
 
 
 def read_bytes(location: str | os.PathLike) -> bytes:
@@ -81,10 +114,9 @@ def read_bytes(location: str | os.PathLike) -> bytes:
             return fh.read()
     from botocore.exceptions import ClientError
 
-    bucket, key = split_url(str(location))
     try:
         # ChecksumMode: the whole object's checksum (where the server stored one) is checked on it
-        return _client().get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")["Body"].read()
+        return _get_object(str(location), ChecksumMode="ENABLED")["Body"].read()
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             raise FileNotFoundError(str(location)) from None
@@ -134,12 +166,11 @@ def _pread(fd: int, start: int, end: int) -> bytes:
 def _read_object_range(url: str, start: int, end: int) -> bytes:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, key = split_url(url)
     parts: list[bytes] = []
     pos, resumed = start, 0
     while pos < end:
         try:
-            response = _client().get_object(Bucket=bucket, Key=key, Range=f"bytes={pos}-{end - 1}")
+            response = _get_object(url, Range=f"bytes={pos}-{end - 1}")
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code")
             if code in ("NoSuchKey", "404"):
@@ -210,10 +241,9 @@ class _ObjectRange(io.RawIOBase):
         if want <= 0:
             return 0
         while True:
+            if self.body is None:  # a request: botocore's attempts, then an error naming the URL
+                self.body = _get_object(self.url, Range=f"bytes={self.pos}-{self.end - 1}")["Body"]
             try:
-                if self.body is None:
-                    self.body = _client().get_object(Bucket=self.bucket, Key=self.key,
-                                                     Range=f"bytes={self.pos}-{self.end - 1}")["Body"]
                 data = self.body.read(want)
                 if data:
                     break

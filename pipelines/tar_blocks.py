@@ -29,19 +29,11 @@ import numpy as np
 
 from pipelines.manifest_access import Sample
 from pipelines.object_store import is_remote, read_file_ranges, read_range
+from pipelines.sample_errors import ShardIntegrityError
 
 TAR_BLOCK = 512
 _NAME, _SIZE, _CHECKSUM = slice(0, 100), slice(124, 136), slice(148, 156)
 DIRECT_BYTES = 16 << 10  # local members this large are read into their own bytes (a first guess: not tuned yet)
-
-
-class ShardIntegrityError(ValueError):
-    """A sample that its shard does not hold as its index says: ``url`` (the shard), ``key``, ``problem``.
-    (Built from its message alone, as a DataLoader re-raises a worker's error, it keeps the message.)"""
-
-    def __init__(self, url: str, key: str = "", problem: str = "") -> None:
-        super().__init__(f"{url}: sample {key!r}: {problem}" if key else url)
-        self.url, self.key, self.problem = url, key, problem
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ from typing import Any, Callable
 
 from torch.utils.data import Dataset
 
+from pipelines.manifest_access import parse_label
+from pipelines.pil_images import decode_image
+from pipelines.sample_errors import decode_error
 from pipelines.sampler_resume import MapDatasetState
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size
@@ -49,6 +52,11 @@ def open_lmdb_dataset(root: str | os.PathLike, version: int | None = None) -> tu
                             "changed; run `repack verify`)")
     check_declared_counts(manifest.data, lambda rel: size, str(manifest.root))  # before sizing memory from it
     return manifest, str(path), int(entries[0]["samples"])
+
+
+def sample_key(index: int) -> str:
+    """The key prefix of sample ``index`` in the database (``s/<index:010d>``), as errors name it."""
+    return f"s/{index:010d}"
 
 
 _ENVS: dict[str, tuple[int, Any]] = {}  # path -> (pid, environment): LMDB allows one per file per process
@@ -123,6 +131,10 @@ class LmdbImageDataset(MapDatasetState, Dataset):
         decode: False returns the raw image bytes.
         output: ``"tuple"`` or ``"dict"`` ({"index", "image", "label", "meta"}).
         version: the dataset version to read (default: the latest; an older one until ``repack gc``).
+
+    An image that does not decode, a bad ``cls``/``json`` value or a failing transform raise
+    ``pipelines.sample_errors.SampleDecodeError`` naming the database and the sample (``s/<index>``),
+    chained from the original error.
     """
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None, mode: str | None = "RGB",
@@ -147,17 +159,22 @@ class LmdbImageDataset(MapDatasetState, Dataset):
             index += len(self)
         fields = ("img", "cls", "json") if self.output == "dict" else ("img", "cls")
         raw = self.reader.get(index, fields)
-        label = int(raw["cls"]) if raw["cls"] is not None else UNLABELED
-        image: Any = raw["img"]
-        if self.decode:
-            from pipelines.pil_images import decode_image
-
-            image = decode_image(image, self.mode)
-            if self.transform is not None:
-                image = self.transform(image)
-        if self.output == "dict":
-            return {"index": index, "image": image, "label": label,
-                    "meta": json.loads(raw["json"]) if raw.get("json") else None}
+        stage = "label"
+        try:
+            label = parse_label(raw["cls"]) if raw["cls"] is not None else UNLABELED
+            image: Any = raw["img"]
+            if self.decode:
+                stage = "decode"
+                image = decode_image(image, self.mode)
+                if self.transform is not None:
+                    stage = "transform"
+                    image = self.transform(image)
+            if self.output == "dict":
+                stage = "meta"
+                return {"index": index, "image": image, "label": label,
+                        "meta": json.loads(raw["json"]) if raw.get("json") else None}
+        except Exception as exc:
+            raise decode_error(self.reader.path, sample_key(index), stage, exc) from exc
         return image, label
 
 

@@ -9,10 +9,12 @@
   ``LengthGroupedBatchSampler`` (batches of similar lengths; ``padding_fraction`` measures
   what it saves against random batching).
 
-Zero-copy: items are views of the ``.bin`` memmap (opened copy-on-write, so torch accepts
-the buffer without a copy, and the file is never written); the only copy is the batch
-``torch.stack``. Tokens keep the storage dtype (uint16 or int32) unless ``dtype`` is given:
-cast on the GPU with ``.long()``, which also moves 4x fewer bytes. The memmaps are opened
+Types: both readers yield int64 token ids by default (what ``nn.Embedding`` and ``cross_entropy``
+take). ``dtype=None`` yields the storage dtype instead (``uint16`` when every id of the tokenizer is
+below 65536, else ``int32``; the manifest's ``dtype``): zero-copy views of the ``.bin`` memmap
+(opened copy-on-write, so torch accepts the buffer without a copy, and the file is never written),
+the only copy being the batch ``torch.stack``; cast on the GPU with ``.long()``, which also moves
+2-4x fewer bytes. Any other ``dtype=`` (a torch dtype) casts each item. The memmaps are opened
 lazily in each process (DataLoader workers included) and never pickled: only paths travel.
 
 Imports ``repack.manifest`` and nothing else from repack; the ``.idx`` layout
@@ -181,8 +183,12 @@ class TokenMemmap:
         return np.concatenate(pieces)
 
 
+TOKEN_DTYPE = torch.int64  # what the token readers yield unless told otherwise
+
+
 def _as_tensor(array: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:
-    tensor = torch.from_numpy(array)  # shares the copy-on-write memmap pages
+    """Tokens as a tensor of ``dtype``; None: the storage dtype, sharing the copy-on-write memmap pages."""
+    tensor = torch.from_numpy(array)
     return tensor if dtype is None else tensor.to(dtype)
 
 
@@ -194,10 +200,13 @@ class PackedTokenDataset(Dataset):
     ``StatefulDataLoader`` then resumes exactly (it skips indices, never bytes; the epoch is in this
     dataset's state). For elastic resume (another world size), build it with ``shuffle=False`` and
     pass ``ResumableSampler(len(ds), seed=..., rank=..., world_size=...)``: the same permutation.
+
+    Items are int64 by default; ``dtype=None``: the storage dtype (zero-copy views, see the module
+    docstring). ``len(ds)`` is this rank's windows per epoch (equal on every rank).
     """
 
     def __init__(self, root: str | os.PathLike, seq_len: int, *, shuffle: bool = True, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, dtype: torch.dtype | None = None,
+                 rank: int = 0, world_size: int = 1, dtype: torch.dtype | None = TOKEN_DTYPE,
                  version: int | None = None) -> None:
         if seq_len < 1:
             raise ValueError("seq_len must be >= 1")
@@ -265,11 +274,12 @@ def split_inputs_targets(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 class DocumentDataset(MapDatasetState, Dataset):
-    """One document per item, truncated to ``max_len`` tokens when given. Order and resume come
-    from the sampler: ``ResumableSampler`` or ``LengthGroupedBatchSampler`` (both stateful)."""
+    """One document per item (a 1-D tensor), truncated to ``max_len`` tokens when given; int64 by
+    default, ``dtype=None``: the storage dtype (zero-copy views). Order and resume come from the
+    sampler: ``ResumableSampler`` or ``LengthGroupedBatchSampler`` (both stateful)."""
 
     def __init__(self, root: str | os.PathLike, max_len: int | None = None,
-                 dtype: torch.dtype | None = None, version: int | None = None) -> None:
+                 dtype: torch.dtype | None = TOKEN_DTYPE, version: int | None = None) -> None:
         self.data = TokenMemmap(root, version)
         self.max_len = max_len
         self.dtype = dtype

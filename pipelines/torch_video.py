@@ -12,7 +12,8 @@ object unless the clip needs it). Order and resume come from the sampler: pass
 ``pipelines.sampler_resume.ResumableSampler`` to a ``StatefulDataLoader``. A missing video
 raises RuntimeError naming the dataset, the clip and the file. Items: ``(frames uint8 tensor (F, H, W, 3), label int)``; the label is
 ``-1`` (``UNLABELED``) for a video without a class, as in pipelines.dali_video. A clip whose
-frames cannot be decoded raises RuntimeError naming the file.
+frames are missing raises RuntimeError naming the file; one whose decode or transform fails,
+``pipelines.sample_errors.SampleDecodeError`` naming the file and the clip (``"clip <i>"``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fractions import Fraction
 
 from pipelines import object_store
 from pipelines.manifest_access import open_manifest
+from pipelines.sample_errors import decode_error
 from pipelines.sampler_resume import MapDatasetState
 
 UNLABELED = -1  # the label of a video without a class (both readers)
@@ -86,10 +88,27 @@ class VideoClipDataset(MapDatasetState):
             raise RuntimeError(f"{self.root}: clip {clip} needs {path}, which is missing ({exc})") from None
 
     def __getitem__(self, i: int):
-        import numpy as np
         import torch
 
         video, _ = self.index[i]
+        try:
+            frames = self._frames(video, i)
+        except RuntimeError:
+            raise  # a missing video or frames: already named
+        except Exception as exc:
+            raise decode_error(self.paths[video], f"clip {i}", "decode", exc) from exc
+        clip = torch.from_numpy(frames)
+        if self.transform is not None:
+            try:
+                clip = self.transform(clip)
+            except Exception as exc:
+                raise decode_error(self.paths[video], f"clip {i}", "transform", exc) from exc
+        return clip, self.labels[video]
+
+    def _frames(self, video: int, i: int):
+        """The frames of clip ``i`` (of video number ``video``), as one uint8 array (F, H, W, 3)."""
+        import numpy as np
+
         wanted = self.frame_indices(i)
         got: dict[int, np.ndarray] = {}
         with self._open(video, i) as container:
@@ -110,7 +129,4 @@ class VideoClipDataset(MapDatasetState):
         if missing:
             # not IndexError: that would silently end a plain ``for clip in dataset`` loop
             raise RuntimeError(f"{self.paths[video]}: frames {missing} could not be decoded")
-        clip = torch.from_numpy(np.stack([got[n] for n in wanted]))
-        if self.transform is not None:
-            clip = self.transform(clip)
-        return clip, self.labels[video]
+        return np.stack([got[n] for n in wanted])

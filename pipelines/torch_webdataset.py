@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+import zlib
 from bisect import bisect_left, bisect_right
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,10 +44,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines import object_store, sample_order
 from pipelines.batches import BufferRing, PackedBytes, collate_column, new_board
-from pipelines.manifest_access import Sample, image_extensions, is_labeled, open_webdataset, parse_label, read_index
+from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
+                                       parse_label, read_checksums, read_index)
 from pipelines.pil_images import decode_image
+from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
                                  plan_blocks, split_out)
+from repack.manifest import ManifestError
 
 UNLABELED = -1
 STATE_VERSION = 2  # 2: workers are dealt pieces of the share (1: one contiguous part each)
@@ -113,19 +117,31 @@ class ImageShardDataset(IterableDataset):
             compete for it).
         shuffle_buffer: with shuffle, how many consecutive samples are mixed at a time (per worker).
         version: the dataset version to read (``manifest.vN.json``); None: the latest.
+        verify_samples: check each sample's payload as it is read against the crc32 the producer
+            recorded beside the index (``<shard>.crc``, see docs/formats.md): a flipped byte anywhere
+            in a member's data is a ``ShardIntegrityError`` naming shard and key (skipped and counted
+            with ``on_error="skip"``). Costs one crc32 pass over the bytes read (``make bench``). A
+            dataset written before repack recorded them is refused: pack it again (``--overwrite``,
+            or into a new folder) to add them.
         on_error: ``"raise"`` (default): a damaged header, a truncated shard, a missing member raise
-            ``ShardIntegrityError`` naming the shard and the sample key. ``"skip"``: such a sample is
-            skipped with a warning and counted; ``dataset.skipped`` reads the count (all workers of
-            this process's loaders, since construction).
+            ``ShardIntegrityError`` naming the shard and the sample key; an image that does not decode,
+            a bad ``.cls``/``.json`` member or a failing ``transform`` raise ``SampleDecodeError`` (a
+            kind of it, chained from the original error). ``"skip"``: such a sample is skipped with a
+            warning and counted; ``dataset.skipped`` reads the count (all workers of this process's
+            loaders, since construction).
         draft_size: (width, height) to decode JPEGs at a reduced DCT scale no smaller than this
             (PIL draft, through ``pil_images.decode_image(..., draft=)``); None: full decode.
         batch_size: yield batches of this many samples made in the worker (``pipelines.batches``),
             for ``DataLoader(dataset, batch_size=None)``: raw bytes as one ``PackedBytes`` in shared
             memory, tensors and labels stacked (``default_collate``), other fields as lists. The
             fast way to read: no per-sample pickling through the DataLoader's pipe. Each worker's
-            last batch may be smaller; ``len(dataset)`` still counts samples. Memory: each worker
-            keeps up to ``batches.RING`` (8) batch buffers in shared memory for reuse. None
-            (default): one sample at a time.
+            last batch may be smaller, so how many batches an epoch has depends on the number of
+            workers: ``steps(num_workers)``. Memory: each worker keeps up to ``batches.RING`` (8)
+            batch buffers in shared memory for reuse. None (default): one sample at a time.
+        num_workers: with ``batch_size``, the ``num_workers`` of the DataLoader that reads this
+            dataset: ``len(dataset)`` (hence ``len(loader)``) is then the number of batches an epoch
+            yields, and a loader with another worker count is refused. Without it, ``len()`` in batch
+            mode raises TypeError (it would be a guess); ``steps(n)`` answers for any count.
 
     Resume: ``state_dict()`` / ``load_state_dict()`` follow torchdata's ``StatefulDataLoader``
     protocol (plain JSON; position = epoch + samples consumed, replayed without reading bytes);
@@ -138,7 +154,8 @@ class ImageShardDataset(IterableDataset):
                  drop_last: bool = False, mode: str | None = "RGB", decode: bool = True,
                  read_bytes: int | None = None, shuffle_buffer: int = 1000, prefetch: int | None = None,
                  on_error: str = "raise", draft_size: tuple[int, int] | None = None,
-                 version: int | None = None, batch_size: int | None = None) -> None:
+                 version: int | None = None, batch_size: int | None = None,
+                 num_workers: int | None = None, verify_samples: bool = False) -> None:
         if output not in ("tuple", "dict"):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
         if on_error not in ("raise", "skip"):
@@ -165,6 +182,18 @@ class ImageShardDataset(IterableDataset):
         if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1):
             raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
         self.batch_size = batch_size
+        if num_workers is not None and (batch_size is None or num_workers < 0):
+            raise ValueError(f"num_workers={num_workers!r} is for batch mode (batch_size=), a count >= 0")
+        self.num_workers = num_workers
+        self.verify_samples = bool(verify_samples)
+        if self.verify_samples and missing_checksums(self.manifest):
+            missing = missing_checksums(self.manifest)
+            raise ManifestError(f"{self.root}: verify_samples=True needs the per-sample checksums repack records "
+                                f"beside each index; {len(missing)} shard(s) have none ({missing[0]}, ...: written by "
+                                "an older repack). Pack it again to add them (`repack images SRC OUT --overwrite`, "
+                                "or into a new folder), "
+                                "or read without verify_samples (`repack verify OUT` checks whole shards)")
+        self._checksum_cache: dict[int, Any] = {}
         self.counts = [s.samples for s in self.manifest.shards]
         self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
         # Shared memory, so set_epoch reaches persistent DataLoader workers and counts come back.
@@ -210,8 +239,24 @@ class ImageShardDataset(IterableDataset):
         return start, stop
 
     def __len__(self) -> int:
-        start, stop = self.rank_range()
-        return stop - start
+        """This rank's items per epoch: samples, or in batch mode the batches (``num_workers`` given)."""
+        if self.batch_size is None:
+            start, stop = self.rank_range()
+            return stop - start
+        if self.num_workers is None:
+            raise TypeError(f"{self.root}: in batch mode the number of batches depends on the DataLoader's "
+                            "workers: build the dataset with num_workers= (the DataLoader's), or call "
+                            "dataset.steps(num_workers)")
+        return self.steps(self.num_workers)
+
+    def steps(self, num_workers: int = 0) -> int:
+        """The items one epoch of this rank yields through a DataLoader with ``num_workers`` workers:
+        its samples, or in batch mode the batches (each worker cuts its own part into batches, so a
+        worker's last batch may be short)."""
+        runs = sample_order.rank_runs(self.total_samples, self.world_size, self.rank, self.drop_last)
+        if self.batch_size is None:
+            return sample_order.runs_length(runs)
+        return sum(-(-count // self.batch_size) for count in _worker_counts(runs, max(1, num_workers)))
 
     # -- the order -------------------------------------------------------------------------------
     def shard_order(self, epoch: int) -> list[int]:
@@ -230,6 +275,11 @@ class ImageShardDataset(IterableDataset):
         if shard not in self._index_cache:
             self._index_cache[shard] = read_index(self.manifest, shard)
         return self._index_cache[shard]
+
+    def _checksums(self, shard: int):
+        if shard not in self._checksum_cache:
+            self._checksum_cache[shard] = read_checksums(self.manifest, shard)
+        return self._checksum_cache[shard]
 
     def _load_indexes(self, layout, positions: list[int]) -> None:
         """On s3://, GET the index files of the shards holding ``positions`` concurrently (one at a
@@ -365,27 +415,43 @@ class ImageShardDataset(IterableDataset):
                         slot[1] += len(data)
                         for p, sample, got in zip(block.positions, block.samples, cut_block(block, data)):
                             ready[p] = (block.url, sample, got)
-                    got = self._deliver(cursor, slot, *ready.pop(position))
+                    got = self._deliver(cursor, *ready.pop(position))
                     if got is not None:
                         yield got
         finally:
             fetched.close()
 
-    def _deliver(self, cursor: _Cursor, slot, url: str, sample: Sample, got) -> dict | None:
+    def _deliver(self, cursor: _Cursor, url: str, sample: Sample, got) -> dict | None:
         """Consume one position: the sample as {"__key__", "__url__", ext: data}, or None when it is
         damaged and ``on_error="skip"`` (counted, with a warning); raises ShardIntegrityError otherwise."""
         if not isinstance(got, ShardIntegrityError):
             got = self._check_members(url, sample, got)
         cursor.position += 1
         if isinstance(got, ShardIntegrityError):
-            if self.on_error == "raise":
-                raise got
-            cursor.skipped += 1
-            slot[0] += 1
-            warnings.warn(f"skipped: {got}", stacklevel=3)
+            self._damaged(cursor, got)
             return None
         got["__key__"], got["__url__"] = sample.key, url  # got is this sample's own dict
         return got
+
+    def _damaged(self, cursor: _Cursor, error: ShardIntegrityError) -> None:
+        """A damaged sample (already consumed by ``cursor``): raise ``error``, or with ``on_error="skip"``
+        count it (``skipped``) and warn."""
+        if self.on_error == "raise":
+            raise error
+        cursor.skipped += 1
+        self._stats[cursor.worker % _STAT_SLOTS][0] += 1
+        warnings.warn(f"skipped: {error}", stacklevel=4)
+
+    def _outputs(self, samples: Iterator[dict]) -> Iterator[Any]:
+        """Each sample through ``_to_output``; one whose decode, label or transform fails is damage like
+        any other (``SampleDecodeError`` naming shard and key: raised, or skipped and counted)."""
+        for sample in samples:
+            try:
+                out = self._to_output(sample)
+            except SampleDecodeError as error:
+                self._damaged(self._cursor, error)
+                continue
+            yield out
 
     def _read_direct(self, cursor: _Cursor, ring: BufferRing | None) -> Iterator[tuple[torch.Tensor, tuple | None, list[dict]]]:
         """Local shards, raw bytes, batches: each batch's samples read with one pread per run of
@@ -417,13 +483,21 @@ class ImageShardDataset(IterableDataset):
                             members = {ext: data if ext in self.image_exts else bytes(data)
                                        for ext, data in members.items()}
                         ready[p] = (block.url, sample, members)
-                delivered = [self._deliver(cursor, slot, *ready.pop(p)) for p in chunk]
+                delivered = [self._deliver(cursor, *ready.pop(p)) for p in chunk]
                 if any(d is not None for d in delivered):  # a batch of only skipped samples is not one
                     yield buffer, claim, [d for d in delivered if d is not None]
         finally:
             files.close()
 
     def _check_members(self, url: str, sample: Sample, members: dict) -> dict | ShardIntegrityError:
+        if self.verify_samples:
+            crc = 0
+            for ext, _, _ in sample.members:
+                crc = zlib.crc32(members[ext], crc)
+            want = int(self._checksums(sample.shard)[sample.number])
+            if crc != want:
+                return ShardIntegrityError(url, sample.key, f"payload checksum mismatch (crc32 {crc:08x}, recorded "
+                                                            f"{want:08x}): the bytes changed since packing")
         for ext in self._image_order:
             if ext in members:
                 break
@@ -435,19 +509,27 @@ class ImageShardDataset(IterableDataset):
 
     # -- output ----------------------------------------------------------------------------------
     def _to_output(self, sample: dict):
-        for ext in self._image_order:
-            if ext in sample:
-                image = self._decode(sample[ext])
-                break
-        cls = sample.get("cls")
-        label = parse_label(cls) if cls is not None else UNLABELED
-        if self.transform is not None:
-            image = self.transform(image)
-        if self.output == "tuple":
-            return image, label
-        meta = sample.get("json")
-        return {"key": sample["__key__"], "image": image, "label": label,
-                "meta": json.loads(meta) if meta is not None else None}
+        """(image, label) or the dict of one sample; any failure as a SampleDecodeError naming shard and key."""
+        stage = "decode"
+        try:
+            for ext in self._image_order:
+                if ext in sample:
+                    image = self._decode(sample[ext])
+                    break
+            stage = "label"
+            cls = sample.get("cls")
+            label = parse_label(cls) if cls is not None else UNLABELED
+            if self.transform is not None:
+                stage = "transform"
+                image = self.transform(image)
+            if self.output == "tuple":
+                return image, label
+            stage = "meta"
+            meta = sample.get("json")
+            return {"key": sample["__key__"], "image": image, "label": label,
+                    "meta": json.loads(meta) if meta is not None else None}
+        except Exception as exc:
+            raise decode_error(sample["__url__"], sample["__key__"], stage, exc) from exc
 
     def pipeline(self) -> wds.DataPipeline:
         """This dataset as a ``wds.DataPipeline`` (an IterableDataset): add stages with ``append``.
@@ -461,12 +543,16 @@ class ImageShardDataset(IterableDataset):
         cursor = self._start()  # now, not at the first next(): state_dict() describes this iterator
         self._cursor = cursor
         if self.batch_size is None:
-            return map(self._to_output, self._read(cursor))  # pipeline()'s stages without its per-sample layers
+            return self._outputs(self._read(cursor))  # pipeline()'s stages without its per-sample layers
+        if self.num_workers is not None and max(1, self.num_workers) != cursor.workers:
+            raise ValueError(f"{self.root}: built with num_workers={self.num_workers} (len() counts the batches "
+                             f"of that many DataLoader workers), read by {cursor.workers}")
         ring = self._worker_ring()
         if not self.decode and self.transform is None and not object_store.is_remote(self.root):
-            return (self._collate([self._to_output(s) for s in samples], ring, buffer, claim)
-                    for buffer, claim, samples in self._read_direct(cursor, ring))
-        samples = map(self._to_output, self._read(cursor))  # s3://, decoded or transformed: collate what was read
+            batches = ((buffer, claim, list(self._outputs(samples)))
+                       for buffer, claim, samples in self._read_direct(cursor, ring))
+            return (self._collate(outputs, ring, buffer, claim) for buffer, claim, outputs in batches if outputs)
+        samples = self._outputs(self._read(cursor))  # s3://, decoded or transformed: collate what was read
         return (self._collate(chunk, ring) for chunk in iter(lambda: list(islice(samples, self.batch_size)), []))
 
     def _worker_ring(self) -> BufferRing | None:
@@ -493,7 +579,7 @@ class ImageShardDataset(IterableDataset):
         return {key: column([o[key] for o in outputs]) for key in ("key", "image", "label", "meta")}
 
     def _pipeline(self, source: Callable[[], Iterator[dict]]) -> wds.DataPipeline:
-        return wds.DataPipeline(source, wds.map(self._to_output))
+        return wds.DataPipeline(source, self._outputs)
 
     def _decode(self, data: bytes):
         if not self.decode:
@@ -501,6 +587,15 @@ class ImageShardDataset(IterableDataset):
         if self.draft_size is None:
             return decode_image(data, self.mode)
         return decode_image(data, self.mode, draft=self.draft_size)
+
+
+def _worker_counts(runs: list, workers: int) -> list[int]:
+    """How many positions of share ``runs`` each of ``workers`` workers reads (``sample_order.
+    worker_positions``' pieces, counted without listing them)."""
+    n = sample_order.runs_length(runs)
+    pieces = max(1, n // (workers * sample_order.WORKER_PIECE)) * workers
+    sizes = [hi - lo for lo, hi in (sample_order.balanced(n, pieces, p) for p in range(pieces))]
+    return [sum(sizes[w::workers]) for w in range(workers)]
 
 
 def image_pipeline(root: str | os.PathLike, **options) -> wds.DataPipeline:

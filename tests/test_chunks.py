@@ -42,7 +42,7 @@ def test_chunked_shards_equal_whole_shards(photo_tree, whole, tmp_path, workers,
     plan = json.loads((out / ".repack" / "plan.json").read_text())
     assert len(plan["tasks"]) == 8 + 8 + 3 and {t.get("group") for t in plan["tasks"]} == {
         "shard-000000", "shard-000001", "shard-000002"}
-    assert outputs(out) == outputs(whole) and len(outputs(out)) == 6
+    assert outputs(out) == outputs(whole) and len(outputs(out)) == 9  # .tar, .idx, .crc each
     assert comparable_manifest(out) == comparable_manifest(whole)
     assert not list((out / ".repack" / "segments").iterdir())  # pieces removed once their shard is recorded
     assert run_repack("verify", out).returncode == 0
@@ -154,7 +154,7 @@ def test_chunks_that_miss_their_slots_give_the_same_shards(misfit_tree, tmp_path
     run_repack("images", misfit_tree, whole, *options, "--chunk-size", "100", "--workers", "1", check=False)
     out = tmp_path / "chunked"
     run_repack("images", misfit_tree, out, *options, "--chunk-size", "2", "--workers", workers, check=False)
-    assert outputs(out) == outputs(whole) and len(outputs(out)) == 4
+    assert outputs(out) == outputs(whole) and len(outputs(out)) == 6  # .tar, .idx, .crc each
     assert comparable_manifest(out) == comparable_manifest(whole)
     assert read_manifest_json(out)["totals"]["quarantined"] == 2
     pieces = {p.stem: json.loads(p.read_text())["segment"] for p in (out / ".repack" / "tasks").glob("*-c*.json")}

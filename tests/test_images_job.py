@@ -269,7 +269,7 @@ def test_changed_options_refused_unless_overwrite(photo_tree, tmp_path):
     run_repack("images", photo_tree, out, "--shard-size", "60", "--overwrite", "--quiet")
     m = read_manifest_json(out)
     assert [s["samples"] for s in m["shards"]] == [60, 60]
-    assert sorted(p.name for p in out.glob("shard-*")) == [f"shard-00000{i}.{e}" for i in (0, 1) for e in ("idx", "tar")]
+    assert sorted(p.name for p in out.glob("shard-*")) == [f"shard-00000{i}.{e}" for i in (0, 1) for e in ("crc", "idx", "tar")]
 
 
 def test_bad_jobs_fail_fast(tmp_path, photo_tree):

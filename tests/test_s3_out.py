@@ -124,8 +124,8 @@ def test_other_options_refused_unless_overwrite(server, s3, photo_tree, tmp_path
     assert refused.returncode == 2 and "--overwrite" in refused.stderr
     run_repack("images", photo_tree, "s3://over/run", "--shard-size", "60", "--overwrite", "--quiet", env=env)
     objs = objects(s3, "over", "run")
-    assert sorted(k for k in dataset_files(objs)) == ["shard-000000.idx", "shard-000000.tar", "shard-000001.idx",
-                                                      "shard-000001.tar"]
+    assert sorted(k for k in dataset_files(objs)) == ["shard-000000.crc", "shard-000000.idx", "shard-000000.tar",
+                                                      "shard-000001.crc", "shard-000001.idx", "shard-000001.tar"]
     assert sorted(k for k in objs if k.startswith(".repack/tasks/")) == [".repack/tasks/shard-000000.json",
                                                                        ".repack/tasks/shard-000001.json"]
 
@@ -169,7 +169,7 @@ def test_kill_during_upload_then_resume_is_identical(server, s3, photo_tree, tmp
     resumed = run_repack(*args[:2], "s3://kill/run", *args[2:], env=env).stdout
     assert int(re.search(r"(\d+) resumed", resumed).group(1)) >= 4  # only the missing tasks are redone
     ref, run = objects(s3, "kill", "ref"), objects(s3, "kill", "run")
-    assert dataset_files(run) == dataset_files(ref) and len(dataset_files(ref)) == 40
+    assert dataset_files(run) == dataset_files(ref) and len(dataset_files(ref)) == 60  # 20 x .tar, .idx, .crc
     assert stable(json.loads(run["manifest.json"])) == stable(json.loads(ref["manifest.json"]))
     assert not s3.list_multipart_uploads(Bucket="kill").get("Uploads")
 

@@ -4,8 +4,6 @@ naming the URL, and reports the wait on stderr although stderr is a pipe, not a 
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
@@ -13,32 +11,7 @@ import pytest
 from repack.errors import UsageError
 from repack.store.s3_waits import S3Limits
 from tests.conftest import run_repack
-from tests.tools.s3server import s3_env
-
-
-class SilentServer:
-    """Accepts every connection on a loopback port, reads what is sent, never answers."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.accepted = 0
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            self.held.append(conn)  # kept open, never written to
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
+from tests.tools.s3server import SilentServer, s3_env
 
 
 @pytest.fixture

@@ -44,8 +44,8 @@ def test_packed_windows_cover_the_stream_under_workers(corpus, which):
         loader = DataLoader(ds, batch_size=8, num_workers=2, shuffle=False)
         order = ds.window_ids()
         rows = torch.cat(list(loader))
-        assert rows.dtype == torch.uint16 and rows.shape == (len(ds), SEQ + 1)
-        for w, row in zip(order.tolist(), rows.long().numpy()):
+        assert rows.dtype == torch.int64 and rows.shape == (len(ds), SEQ + 1)
+        for w, row in zip(order.tolist(), rows.numpy()):
             assert w not in seen
             seen[w] = True
             assert np.array_equal(row, stream[w * SEQ: w * SEQ + SEQ + 1])  # crosses documents (and prefixes)
@@ -65,11 +65,27 @@ def test_packed_is_deterministic_per_seed_and_epoch(corpus):
     assert sorted(first.tolist()) == sorted(a.window_ids().tolist())
     x, y = split_inputs_targets(torch.stack([a[0], a[1]]))
     assert x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
-    assert PackedTokenDataset(corpus["merged"], SEQ, dtype=torch.int64)[0].dtype == torch.int64
+    assert PackedTokenDataset(corpus["merged"], SEQ, dtype=torch.int32)[0].dtype == torch.int32
+
+
+def test_token_readers_yield_int64_by_default_and_the_storage_dtype_on_request(corpus):
+    """Both token readers agree: int64 ids (what nn.Embedding and cross_entropy take) unless
+    dtype=None asks for the storage dtype (uint16 here: GPT-2's ids are < 65536)."""
+    manifest = json.loads((corpus["merged"] / "manifest.json").read_text())
+    assert manifest["dtype"] == "uint16"
+    window, document = PackedTokenDataset(corpus["merged"], SEQ)[0], DocumentDataset(corpus["merged"])[0]
+    assert window.dtype == document.dtype == torch.int64
+    assert document.tolist() == corpus["ids"][0]
+    hidden = torch.nn.Embedding(50257, 4)(window[:-1])  # the first step of a language model
+    logits = torch.nn.Linear(4, 50257)(hidden)
+    assert torch.nn.functional.cross_entropy(logits, window[1:]).isfinite()
+    stored = PackedTokenDataset(corpus["merged"], SEQ, dtype=None)[0], DocumentDataset(corpus["merged"], dtype=None)[0]
+    assert stored[0].dtype == stored[1].dtype == torch.uint16
+    assert torch.equal(stored[0].long(), window) and torch.equal(stored[1].long(), document)
 
 
 def test_packed_items_are_zero_copy_views(corpus):
-    ds = PackedTokenDataset(corpus["merged"], SEQ, shuffle=False)
+    ds = PackedTokenDataset(corpus["merged"], SEQ, shuffle=False, dtype=None)
     t0, t1 = ds[0], ds[1]
     # consecutive windows overlap by one token and share the memmap's pages
     assert t1.data_ptr() - t0.data_ptr() == SEQ * 2

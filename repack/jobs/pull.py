@@ -40,6 +40,8 @@ def expected_objects(manifest: Manifest) -> list[Expected]:
         found.append(Expected(shard["path"], shard.get("bytes"), shard.get("sha256")))
         if shard.get("index"):
             found.append(Expected(shard["index"], shard.get("index_bytes"), shard.get("index_sha256")))
+        if shard.get("checksums"):
+            found.append(Expected(shard["checksums"], shard.get("checksums_bytes"), shard.get("checksums_sha256")))
     for name, rel in manifest.data.get("files", {}).items():
         sha = manifest.data.get("tokenizer", {}).get("sha256") if name == "tokenizer" else None
         found.append(Expected(rel, None, sha))

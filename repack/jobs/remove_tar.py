@@ -70,6 +70,7 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int) -> Re
         if new and store.remote:
             store.publish(new["path"], out / new["path"], new["sha256"])
             store.publish(new["index"], out / new["index"])
+            store.publish(new["checksums"], out / new["checksums"])
         if new:
             shards.append({**{k: v for k, v in entry.items() if k not in ("path", "index")}, **new})
     totals = {"bytes": sum(s["bytes"] for s in shards), "shards": len(shards)}

@@ -61,7 +61,7 @@ from repack.jobs.images import extend_classes, sample_key
 from repack.jobs.input_record import file_sha256, select_new
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
-from repack.sinks.checks import sha256_file
+from repack.sinks.checks import file_and_index_outputs, sha256_file
 from repack.sources import Confinement, scan_source
 from repack.sources.confine import InputRefused, open_input
 from repack.transforms.nvdec_rules import (DEFAULT_DALI_READER, ENCODABLE, LEGACY_CODEC, OK, REJECT, TRANSCODE,
@@ -199,8 +199,7 @@ class VideoShardAssembly:
         shard = self.job._pack(self.group, records[0]["cls_width"], entries) if entries else None
         outputs = [o for r in records for o in r["outputs"]]
         if shard:
-            outputs += [{"path": shard["path"], "bytes": shard["bytes"]},
-                        {"path": shard["index"], "bytes": shard["index_bytes"]}]
+            outputs += file_and_index_outputs(shard)
         timing = {k: round(sum(r["timing"][k] for r in records), 4) for k in records[0]["timing"]}
         return {"videos": entries, "probes": [p for r in records for p in r["probes"]],
                 "quarantine": [q for r in records for q in r["quarantine"]], "outputs": outputs, "shard": shard,
@@ -345,8 +344,7 @@ class VideoJob(Job):
         shard = None
         if spec.to == "webdataset" and entries and not task.group:
             shard = self._pack(task.task_id, task.payload["cls_width"], entries)
-            outputs += [{"path": shard["path"], "bytes": shard["bytes"]},
-                        {"path": shard["index"], "bytes": shard["index_bytes"]}]
+            outputs += file_and_index_outputs(shard)
         record = {"videos": entries, "probes": probes, "quarantine": quarantine, "outputs": outputs, "shard": shard,
                   "digests": digests,
                   "timing": {k: round(v, 4) for k, v in timing.items()}}

@@ -104,6 +104,8 @@ class Manifest:
             yield entry["path"]
             if entry.get("index"):
                 yield entry["index"]
+            if entry.get("checksums"):
+                yield entry["checksums"]
         for rel in self.data.get("files", {}).values():
             yield rel
 

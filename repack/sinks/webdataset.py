@@ -24,6 +24,7 @@ from pathlib import Path
 
 from repack.manifest.io import fsync_dir
 from repack.sinks.checks import check_file, file_and_index_outputs
+from repack.sinks.sample_checksums import sample_checksums
 from repack.sinks.tar_format import (BLOCK, PADDING, end_of_archive, index_from_lines, index_from_members,
                                      index_text, read_archive, split_key, tail_problem, ustar_header)
 
@@ -345,23 +346,33 @@ def _copy_by_blocks(src: int, dst: int, start: int, size: int, base: int) -> int
 
 
 def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, index: str, samples: int) -> dict:
-    """fsync and close a finished tar temp file, write its index, rename both into place; the shard entry."""
+    """fsync and close a finished tar temp file, write its index and per-sample checksums
+    (``sample_checksums``), rename them into place, the tar last; the shard entry."""
     try:
+        checksums = sample_checksums(tmp, index)  # read back from the page cache
         os.fsync(fd)
     finally:
         os.close(fd)
-    tar_name, idx_name = f"{stem}.tar", f"{stem}.idx"
+    tar_name, idx_name, crc_name = f"{stem}.tar", f"{stem}.idx", f"{stem}.crc"
     text = index.encode()
-    idx_tmp = out / f".{idx_name}.tmp-{os.getpid()}"
-    with open(idx_tmp, "wb") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(idx_tmp, out / idx_name)
+    _write_side_file(out, idx_name, text)
+    _write_side_file(out, crc_name, checksums)
     os.replace(tmp, out / tar_name)
     fsync_dir(out)
     return {"path": tar_name, "samples": samples, "bytes": size, "sha256": sha.hexdigest(), "index": idx_name,
-            "index_bytes": len(text), "index_sha256": hashlib.sha256(text).hexdigest()}
+            "index_bytes": len(text), "index_sha256": hashlib.sha256(text).hexdigest(),
+            "checksums": crc_name, "checksums_bytes": len(checksums),
+            "checksums_sha256": hashlib.sha256(checksums).hexdigest()}
+
+
+def _write_side_file(out: Path, name: str, data: bytes) -> None:
+    """``out/name`` written whole (temp file, fsync, rename)."""
+    tmp = out / f".{name}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, out / name)
 
 
 class WebDatasetSink:
@@ -412,3 +423,7 @@ class WebDatasetSink:
                 check(False, f"{shard['index']}: missing ({exc.strerror})")
                 return
             check(on_disk == rebuilt, f"{shard['index']}: does not match the tar's members")
+        if shard.get("checksums") and check_file(root, shard["checksums"], shard.get("checksums_bytes", -1),
+                                                 shard.get("checksums_sha256"), check):
+            check((root / shard["checksums"]).read_bytes() == sample_checksums(tar_path, rebuilt),
+                  f"{shard['checksums']}: does not match the samples' bytes")

@@ -14,10 +14,12 @@ bench_producer's. Rows (images/s; ratio = repack / baseline):
   raw    issue 19.1: raw bytes, DataLoader with 2 workers, all shuffled: ImageShardDataset vs the
          folder Dataset and vs plain ``wds.WebDataset`` over the same shards; medians of
          REPACK_BENCH_REPEATS (default 3) alternated rounds, the baselines measured in the same run
+  verify the cost of ``verify_samples=True`` (a crc32 of every payload byte read, issue 27): raw bytes
+         in batches of 64, 2 workers, warm cache, check on vs off in alternated rounds (medians)
   resume the cost of a checkpoint: the JSON size of a StatefulDataLoader's state mid-epoch, and
          the time to the first batch after load_state_dict vs a fresh start (medians)
 
-REPACK_BENCH_IMAGES_PARTS (default all: decode,read,raw,resume) picks parts; the read part runs
+REPACK_BENCH_IMAGES_PARTS (default all: decode,read,raw,verify,resume) picks parts; the read part runs
 REPACK_BENCH_REPEATS alternated rounds per row (medians; also the workers' CPU ms per image) for the
 caches in REPACK_BENCH_READ_CACHES (default warm,cold); REPACK_BENCH_REUSE_PACKED=1 reads the shards
 already in OUT/images-work/decode instead of packing them again.
@@ -380,6 +382,29 @@ def checkpoint_cost(packed: Path, workers: int, repeats: int) -> dict:
             "first_batch_resumed_s": round(float(np.median(resumed)), 3)}
 
 
+def verify_ratio(packed: Path, files: list[Path], workers: int, repeats: int) -> list[dict]:
+    """The cost of ``verify_samples=True`` (a crc32 of every payload byte read): one shuffled epoch of raw
+    bytes in batches of 64 (where the check's share of the work is largest: no decode), page cache warm,
+    check on and off alternated ``repeats`` times in the same run; medians."""
+    from torch.utils.data import DataLoader
+
+    from pipelines.torch_webdataset import ImageShardDataset
+
+    warm(sorted(packed.glob("*.tar")))
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for verify in seconds:
+            dataset = ImageShardDataset(packed, decode=False, shuffle=True, seed=0, batch_size=64,
+                                        verify_samples=verify)
+            started = time.perf_counter()
+            count = sum(len(labels) for _, labels in DataLoader(dataset, batch_size=None, num_workers=workers))
+            seconds[verify].append(time.perf_counter() - started)
+            if count != len(files):
+                raise RuntimeError(f"verify_samples={verify}: {count} of {len(files)} samples")
+    on, off = (len(files) / float(np.median(seconds[v])) for v in (True, False))
+    return [row("ImageShardDataset(verify_samples=True), raw, warm", on, "same, verify_samples off", off)]
+
+
 # ---- report -----------------------------------------------------------------------------
 
 def table(rows: list[dict], header: str) -> str:
@@ -412,7 +437,7 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
     print(f"[images] {n} JPEGs, {total_bytes / n / 1e3:.0f} KB mean, {cpus} usable CPUs", file=sys.stderr)
     warm(files)
 
-    parts = set((os.environ.get("REPACK_BENCH_IMAGES_PARTS") or "decode,read,raw,resume").split(","))
+    parts = set((os.environ.get("REPACK_BENCH_IMAGES_PARTS") or "decode,read,raw,verify,resume").split(","))
     repeats = env_int("REPACK_BENCH_REPEATS", 3)
     rows = []  # packing speed (vs tar, vs ShardWriter, worker sweep): bench_producer
     if not (os.environ.get("REPACK_BENCH_REUSE_PACKED") == "1" and (work / "decode" / "manifest.json").exists()):
@@ -432,6 +457,8 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
     method = None
     if "raw" in parts:
         rows += raw_ratios(packed, files, 2, repeats)
+    if "verify" in parts:
+        rows += verify_ratio(packed, files, 2, repeats)
     checkpoint = checkpoint_cost(packed, 2, repeats) if "resume" in parts else None
     for decode in ((True, False) if "read" in parts else ()):
         for cache in read_caches:

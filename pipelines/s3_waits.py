@@ -1,0 +1,132 @@
+"""Bounded, visible waits for the readers on s3://: the same ``REPACK_S3_*`` variables, defaults and
+wait line as the commands (``repack.store.s3_waits``).
+
+The readers import nothing from repack but its manifest, so this is the readers' own reading of
+those variables (a test holds it equal to the commands' for every variable):
+
+  REPACK_S3_CONNECT_TIMEOUT  seconds to open a connection (default 10)
+  REPACK_S3_READ_TIMEOUT     seconds without a byte from an open connection (default 20)
+  REPACK_S3_ATTEMPTS         attempts per request, botocore's retries included (default 3)
+  REPACK_S3_NOTICE           seconds after which a wait is reported on stderr (default 10)
+
+An endpoint that accepts connections and never answers thus fails a reader's request after about
+ATTEMPTS x (CONNECT + READ) seconds with an error naming the object's URL, and ``WaitNotices``
+prints ``repack: waiting N s for GetObject s3://...`` on stderr once a call has waited NOTICE
+seconds, and again every 30 s while it still waits. (``REPACK_S3_RETRY_BUDGET`` bounds the
+commands' whole-upload retries; a reader uploads nothing.)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+REPEAT_NOTICE_S = 30.0
+
+
+def _number(name: str, default: float, minimum: float) -> float:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r}: expected a number >= {minimum:g}")
+    return value
+
+
+@dataclass(frozen=True)
+class ReaderLimits:
+    """Timeouts and attempts of every S3 request a reader makes, and when a wait is reported."""
+
+    connect_timeout: float = 10.0
+    read_timeout: float = 20.0
+    attempts: int = 3
+    notice_after: float = 10.0
+
+    @classmethod
+    def from_env(cls) -> "ReaderLimits":
+        """The limits the environment sets (ValueError naming a variable with a bad value)."""
+        d = cls()
+        return cls(_number("REPACK_S3_CONNECT_TIMEOUT", d.connect_timeout, 0.1),
+                   _number("REPACK_S3_READ_TIMEOUT", d.read_timeout, 0.1),
+                   int(_number("REPACK_S3_ATTEMPTS", d.attempts, 1)),
+                   _number("REPACK_S3_NOTICE", d.notice_after, 0.1))
+
+    @property
+    def request_limit_s(self) -> float:
+        """The longest one request can wait on an endpoint that never answers (backoff aside)."""
+        return self.attempts * (self.connect_timeout + self.read_timeout)
+
+    def describe(self) -> str:
+        return (f"{self.attempts} attempt(s) of {self.read_timeout:g} s each; REPACK_S3_READ_TIMEOUT and "
+                "REPACK_S3_ATTEMPTS set these")
+
+
+class WaitNotices:
+    """Reports on stderr every registered wait that passes ``notice_after`` seconds (one daemon thread,
+    started at the first wait of the process that waits)."""
+
+    def __init__(self, limits: ReaderLimits) -> None:
+        self.limits = limits
+        self._waits: dict[int, list] = {}  # token -> [what, started, next notice at]
+        self._lock = threading.Lock()
+        self._next = 0
+        self._thread: threading.Thread | None = None
+
+    def start(self, what: str) -> int:
+        """Register a wait; returns the token ``stop`` takes."""
+        now = time.monotonic()
+        with self._lock:
+            self._next += 1
+            self._waits[self._next] = [what, now, now + self.limits.notice_after]
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="repack-reader-waits", daemon=True)
+                self._thread.start()
+            return self._next
+
+    def stop(self, token: int | None) -> None:
+        with self._lock:
+            self._waits.pop(token, None)
+
+    def _run(self) -> None:
+        tick = min(1.0, self.limits.notice_after / 4)
+        while True:
+            time.sleep(tick)
+            now = time.monotonic()
+            lines = []
+            with self._lock:
+                for wait in self._waits.values():
+                    if now >= wait[2]:
+                        lines.append(f"repack: waiting {now - wait[1]:.0f} s for {wait[0]}: the S3 endpoint is "
+                                     f"slow or not answering (giving up after {self.limits.describe()})")
+                        wait[2] = now + REPEAT_NOTICE_S
+            for line in lines:
+                try:
+                    sys.stderr.write(line + "\n")
+                    sys.stderr.flush()
+                except (OSError, ValueError):  # stderr closed: nothing to tell
+                    return
+
+
+def watch_calls(s3, notices: WaitNotices) -> None:
+    """Report every call of the boto3 client ``s3`` (its retries included) that waits long."""
+    def name(params, model, context, **_):
+        context["repack_what"] = f"{model.name} s3://{params.get('Bucket', '?')}/{params.get('Key', '')}"
+
+    def begin(context, **_):
+        context["repack_wait"] = notices.start(context.get("repack_what", "an S3 request"))
+
+    def end(context, **_):
+        notices.stop(context.pop("repack_wait", None))
+
+    events = s3.meta.events
+    events.register("provide-client-params.s3", name)
+    events.register("before-call.s3", begin)
+    events.register("after-call.s3", end)
+    events.register("after-call-error.s3", end)

@@ -1,0 +1,54 @@
+"""Per-sample checksums of a tar shard: the side file ``<stem>.crc`` beside ``<stem>.tar`` and its
+``<stem>.idx``, so a reader can check each sample's payload as it reads it (``ImageShardDataset(...,
+verify_samples=True)``), without hashing whole shards.
+
+Byte layout (little-endian)::
+
+  offset  size   field
+  0       8      magic b"RPKCRC1\\n"
+  8       8      uint64: N, the number of samples (the index's count)
+  16      4 * N  uint32 per sample, in index order: zlib.crc32 over the data bytes of the sample's
+                 members (no tar header, no padding), the members in the order of the sample's index
+                 line, chained (crc32(b, crc32(a)))
+
+The manifest's shard entry names it: ``checksums`` (path), ``checksums_bytes``, ``checksums_sha256``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from array import array
+from pathlib import Path
+
+MAGIC = b"RPKCRC1\n"
+HEADER = struct.Struct("<8sQ")
+
+
+def checksums_size(samples: int) -> int:
+    """Bytes of the side file of a shard of ``samples`` samples."""
+    return HEADER.size + 4 * samples
+
+
+def sample_checksums(tar: str | Path, index: str) -> bytes:
+    """The side file's bytes for the tar at ``tar`` and its DALI index text ``index``."""
+    lines = index.splitlines()[1:]
+    sums = array("I")
+    with open(tar, "rb", buffering=0) as fh:
+        fd = fh.fileno()
+        for line in lines:
+            tokens = line.split(" ")
+            crc = 0
+            for i in range(0, len(tokens), 4):
+                offset, size = int(tokens[i + 1]), int(tokens[i + 2])
+                data = os.pread(fd, size, offset)
+                if len(data) != size:
+                    raise OSError(f"{tar}: ends before member {tokens[i + 3]} (bytes {offset}..{offset + size})")
+                crc = zlib.crc32(data, crc)
+            sums.append(crc)
+    if sums.itemsize != 4:
+        raise OSError("array('I') is not 4 bytes on this platform")
+    if struct.pack("=I", 1) != struct.pack("<I", 1):
+        sums.byteswap()
+    return HEADER.pack(MAGIC, len(lines)) + sums.tobytes()
