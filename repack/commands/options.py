@@ -54,7 +54,8 @@ def engine_options(fn):
                      help="When any input was quarantined (video, probe only: or needs transcoding): exit 6 and "
                           "publish no manifest.json, so OUT is not a dataset; the shards stay, the would-be "
                           "manifest is OUT/.repack/strict-manifest.json; a re-run without --strict publishes it."),
-        click.option("--quiet", "-q", is_flag=True, help="No progress bar, no progress lines."),
+        click.option("--quiet", "-q", is_flag=True,
+                     help="No progress bar, no progress lines (the summary stays; with --json only the JSON)."),
         click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout."),
         click.option("--progress-every", type=float, default=30.0, show_default=True, metavar="SECONDS",
                      help="When stderr is not a terminal (a batch job): one progress line every SECONDS "
@@ -113,9 +114,16 @@ def report(job, options: EngineOptions, result) -> None:
         summary = {"out": job.store.url, "ran": result.ran, "skipped": result.skipped,
                    "nothing_to_do": result.nothing_to_do, "seconds": round(result.seconds, 3),
                    "totals": result.manifest["totals"], "quarantine": result.manifest["quarantine"]}
+    say_summary(message, summary, options, job.name)
+
+
+def say_summary(message: str, summary: dict, options: EngineOptions, job: str, always: bool = False) -> None:
+    """The end of every job command (a run, --append, remove): the JSON summary on stdout with --json;
+    the human ``message`` (on stderr when stdout carries JSON), or a JSON line with --log-json. --quiet
+    (which stops progress output) drops the human message only beside --json, unless ``always``."""
     if options.json_summary:
         click.echo(json.dumps(summary, sort_keys=True))
     if options.log_json:
-        click.echo(json.dumps({"event": "summary", "job": job.name, **summary}, sort_keys=True), err=True)
-    elif not options.quiet or not options.json_summary:
+        click.echo(json.dumps({"event": "summary", "job": job, **summary}, sort_keys=True), err=True)
+    elif always or not (options.quiet and options.json_summary):
         click.echo(message, err=options.json_summary)
