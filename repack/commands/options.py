@@ -39,8 +39,16 @@ def _remember_log_json(ctx: click.Context, param: click.Parameter, value: bool) 
     return value
 
 
-def engine_options(fn):
-    """Options shared by every job command: how it runs, never what it outputs."""
+STRICT_HELP = ("When any input was quarantined{also}: exit 6 and publish no manifest.json, so OUT is not a "
+               "dataset; the shards stay, the would-be manifest is OUT/.repack/strict-manifest.json; a re-run "
+               "without --strict publishes it.")
+
+
+def engine_options(fn=None, *, strict_also: str = ""):
+    """Options shared by every job command: how it runs, never what it outputs (``strict_also``: what
+    else this command's --strict refuses, said in its help)."""
+    if fn is None:
+        return lambda f: engine_options(f, strict_also=strict_also)
     decorators = [
         click.option("--workers", type=int, default=None, help="Parallel workers (default: the usable CPUs)."),
         click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -49,11 +57,10 @@ def engine_options(fn):
         click.option("--retries", type=int, default=2, show_default=True, help="Retries of a failing task."),
         click.option("--num-nodes", type=int, default=1, show_default=True, help="Static partitions: total nodes."),
         click.option("--node-rank", type=int, default=0, show_default=True, help="Static partitions: this node."),
-        click.option("--overwrite", is_flag=True, help="Replace an existing job in OUT run with other options."),
-        click.option("--strict", is_flag=True,
-                     help="When any input was quarantined (video, probe only: or needs transcoding): exit 6 and "
-                          "publish no manifest.json, so OUT is not a dataset; the shards stay, the would-be "
-                          "manifest is OUT/.repack/strict-manifest.json; a re-run without --strict publishes it."),
+        click.option("--overwrite", is_flag=True,
+                     help="Replace the job or dataset in OUT (run with other options or another command), or pack "
+                          "into a folder that is not empty and holds no repack job."),
+        click.option("--strict", is_flag=True, help=STRICT_HELP.format(also=strict_also)),
         click.option("--quiet", "-q", is_flag=True,
                      help="No progress bar, no progress lines (the summary stays; with --json only the JSON)."),
         click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout."),
