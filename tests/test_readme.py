@@ -32,6 +32,7 @@ from tests.tools.videos import CLIPS, make_clips
 
 MARKER = re.compile(r"^(?:<!-- readme-test: run (?P<sandbox>[\w-]+) -->|\*Not run by the README test: (?P<reason>.+\S)\.\*)$")
 CODE = ("bash", "sh", "python")
+WARNING = re.compile(r"\b[A-Z]\w*Warning: .*")  # what Python's warnings module prints (a block must print none)
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,8 @@ def run_block(block: Block, cwd: Path, number: int, extra_env: dict[str, str]) -
     proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (f"{block.page} line {block.line} ({block.language}) exited {proc.returncode}:\n"
                                   f"{block.code}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+    warned = WARNING.findall(proc.stdout + proc.stderr)
+    assert not warned, f"{block.page} line {block.line} ({block.language}) printed warnings: {warned}\n{proc.stderr[-3000:]}"
 
 
 @pytest.fixture
