@@ -50,7 +50,7 @@ class BenchOptions:
 
     steps: int = 50
     warmup: int = 5
-    repeats: int = 3  # rounds over every setting, alternating their order; each row reports the median round
+    rounds: int = 3  # rounds over every setting, alternating their order; each row reports the median round
     workers: tuple[int, ...] = field(default_factory=lambda: (0,) + doubling_sweep(2, usable_cpus()))
     threads: tuple[int, ...] = field(default_factory=lambda: doubling_sweep(2, usable_cpus()))
     batch_sizes: tuple[int, ...] = (64,)
@@ -68,8 +68,8 @@ class BenchOptions:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.steps < 1 or self.warmup < 0 or self.repeats < 1:
-            raise BenchError("--steps and --repeats must be >= 1 and --warmup >= 0")
+        if self.steps < 1 or self.warmup < 0 or self.rounds < 1:
+            raise BenchError("--steps and --rounds must be >= 1 and --warmup >= 0")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise BenchError("--batch-size must be >= 1")
         if min(self.workers, default=0) < 0 or min(self.threads, default=1) < 1:
@@ -530,14 +530,14 @@ def run_bench(root: str | os.PathLike, opts: BenchOptions, progress: Callable[[s
     load_before = _load_average()
     plan = [(reader, setting) for reader in readers for setting in settings_for(reader, opts)]
     rounds: list[list[dict]] = [[] for _ in plan]
-    for number in range(opts.repeats):  # every setting once per round; odd rounds in reverse (drift cancels)
+    for number in range(opts.rounds):  # every setting once per round; odd rounds in reverse (drift cancels)
         for i in (range(len(plan)) if number % 2 == 0 else reversed(range(len(plan)))):
             reader, setting = plan[i]
             if rounds[i] and "error" in rounds[i][-1]:
                 continue  # a setting that failed is not tried again
             if progress:
                 progress(f"{reader.name} {setting.label()} batch={setting.batch_size}"
-                         + (f" (round {number + 1} of {opts.repeats})" if opts.repeats > 1 else ""))
+                         + (f" (round {number + 1} of {opts.rounds})" if opts.rounds > 1 else ""))
             rounds[i].append(_measure_row(reader, setting, location, manifest, opts))
     results = [_median_row(r) for r in rounds]
     measured = [r for r in results if "error" not in r]
@@ -601,7 +601,7 @@ def noise_warnings(rows: list[dict], load_before: float | None, cpus: int) -> li
         worst = max(noisy, key=lambda r: r["spread"])
         found.append(f"{len(noisy)} setting(s) varied by more than {100 * NOISY_SPREAD:.0f}% between rounds (up to "
                      f"{100 * worst['spread']:.0f}%: {_describe(worst)}); differences smaller than that are noise: "
-                     f"re-run with more --steps or --repeats, or on a quieter machine")
+                     f"re-run with more --steps or --rounds, or on a quieter machine")
     return found
 
 
@@ -680,7 +680,8 @@ def format_table(report: dict) -> str:
 
     opts = report["options"]
     title = (f"{report['dataset']} ({report['modality']}/{report['format']}): {opts['steps']} steps after "
-             f"{opts['warmup']} warm-up, median of {opts.get('repeats', 1)} alternated round(s), compute {opts['compute_ms']:g} ms/step ({opts['compute_mode']}), "
+             f"{opts['warmup']} warm-up, median of {opts.get('rounds', 1)} alternated round(s), "
+             f"compute {opts['compute_ms']:g} ms/step ({opts['compute_mode']}), "
              f"{report['usable_cpus']} usable CPU(s), device {opts['device']}")
     out = [title, fmt(head)] + [fmt(r) for r in rows]
     out += [f"failed: {e}" for e in errors] + [f"warning: {w}" for w in report["warnings"]] + [f"note: {n}" for n in report["notes"]]

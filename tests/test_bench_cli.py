@@ -14,7 +14,7 @@ from pipelines.bench import BenchOptions, recommendation, usable_cpus
 from tests.conftest import ROOT, run_repack
 
 STEPS, BATCH = 3, 8
-FAST = ("--steps", str(STEPS), "--warmup", "1", "--batch-size", str(BATCH), "--repeats", "1")
+FAST = ("--steps", str(STEPS), "--warmup", "1", "--batch-size", str(BATCH), "--rounds", "1")
 BUSY = "the machine was busy"  # the warning a loaded machine gives (the test machine may be one)
 
 
@@ -195,7 +195,7 @@ def test_rounds_alternate_and_their_spread_is_reported(packed_photos):
 
     said = []
     report = run_bench(packed_photos, BenchOptions(steps=STEPS, warmup=1, batch_sizes=(BATCH,), workers=(0, 1),
-                                                   readers=("torch",), repeats=3), said.append)
+                                                   readers=("torch",), rounds=3), said.append)
     assert [line.split(" batch=")[0] for line in said] == ["torch workers=0", "torch workers=1", "torch workers=1",
                                                          "torch workers=0", "torch workers=0", "torch workers=1"]
     for row in report["results"]:
