@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import kill_after_records, run_repack
 from tests.tools.photos import make_photo_tree
+from tests.tools.s3server import MotoServer, client, objects, s3_env
 from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
 
 
@@ -40,6 +41,20 @@ def test_a_folder_of_no_repack_job_is_refused_and_untouched(src, tmp_path):
     run_repack("images", src, out, "--quiet", "--overwrite")  # the user says so: packed there
     assert (out / "manifest.json").is_file() and (out / "notes.txt").read_text() == "mine\n"
     run_repack("images", src, out, "--quiet")  # from now on it holds a repack job: a re-run is fine
+
+
+def test_an_s3_prefix_of_no_repack_job_is_refused_and_untouched(src, tmp_path):
+    server = MotoServer()
+    try:
+        s3 = client(server.endpoint)
+        s3.create_bucket(Bucket="data")
+        s3.put_object(Bucket="data", Key="theirs/part-0.parquet", Body=b"another tool's file")
+        env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+        done = run_repack("images", src, "s3://data/theirs", "--quiet", check=False, env=env)
+        assert done.returncode == 2 and "holds no repack job (part-0.parquet)" in done.stderr, done.stderr
+        assert objects(s3, "data", "theirs") == {"part-0.parquet": b"another tool's file"}
+    finally:
+        server.stop()
 
 
 def test_another_command_on_a_dataset_is_refused_in_one_line(src, tmp_path):
