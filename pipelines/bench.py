@@ -35,6 +35,8 @@ from pipelines.manifest_access import open_manifest
 from repack.manifest import Manifest
 
 DATA_BOUND_SHARE = 0.10  # below this wait share the data path is not the bottleneck
+NOISY_SPREAD = 0.15  # rounds of one setting further apart than this (of their median): the figure is unreliable
+BUSY_LOAD = 0.5  # a 1-minute load average above this share of the usable CPUs before the bench: a busy machine
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 
 
@@ -48,6 +50,7 @@ class BenchOptions:
 
     steps: int = 50
     warmup: int = 5
+    rounds: int = 3  # rounds over every setting, alternating their order; each row reports the median round
     workers: tuple[int, ...] = field(default_factory=lambda: (0,) + doubling_sweep(2, usable_cpus()))
     threads: tuple[int, ...] = field(default_factory=lambda: doubling_sweep(2, usable_cpus()))
     batch_sizes: tuple[int, ...] = (64,)
@@ -65,8 +68,8 @@ class BenchOptions:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.steps < 1 or self.warmup < 0:
-            raise BenchError("--steps must be >= 1 and --warmup >= 0")
+        if self.steps < 1 or self.warmup < 0 or self.rounds < 1:
+            raise BenchError("--steps and --rounds must be >= 1 and --warmup >= 0")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise BenchError("--batch-size must be >= 1")
         if min(self.workers, default=0) < 0 or min(self.threads, default=1) < 1:
@@ -524,35 +527,82 @@ def run_bench(root: str | os.PathLike, opts: BenchOptions, progress: Callable[[s
                         f"(affinity and cgroup quota): extra workers only compete for the same cores")
     if max(opts.threads, default=0) > cpus and any(r.kind == "dali" for r in readers):
         warnings.append(f"--threads {max(opts.threads)} exceeds the {cpus} usable CPU(s)")
-    results = []
-    for reader in readers:
-        for setting in settings_for(reader, opts):
+    load_before = _load_average()
+    plan = [(reader, setting) for reader in readers for setting in settings_for(reader, opts)]
+    rounds: list[list[dict]] = [[] for _ in plan]
+    for number in range(opts.rounds):  # every setting once per round; odd rounds in reverse (drift cancels)
+        for i in (range(len(plan)) if number % 2 == 0 else reversed(range(len(plan)))):
+            reader, setting = plan[i]
+            if rounds[i] and "error" in rounds[i][-1]:
+                continue  # a setting that failed is not tried again
             if progress:
-                progress(f"{reader.name} {setting.label()} batch={setting.batch_size}")
-            row = {**asdict(setting), "unit": reader.unit}
-            if reader.kind == "dataloader":
-                row.update(pin_memory=_pin(opts), persistent_workers=bool(setting.workers and opts.persistent_workers),
-                           prefetch_factor=opts.prefetch_factor if setting.workers else None)
-            else:
-                row.update(prefetch_queue_depth=opts.prefetch_factor)
-            try:
-                row.update(measure(reader.make(location, manifest, setting, opts), opts,
-                                   setting.batch_size))
-            except Exception as exc:  # one failing setting is a row with its reason; the sweep goes on
-                row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            results.append(row)
+                progress(f"{reader.name} {setting.label()} batch={setting.batch_size}"
+                         + (f" (round {number + 1} of {opts.rounds})" if opts.rounds > 1 else ""))
+            rounds[i].append(_measure_row(reader, setting, location, manifest, opts))
+    results = [_median_row(r) for r in rounds]
     measured = [r for r in results if "error" not in r]
-    warnings += _epoch_warnings(measured, opts)
+    warnings += _epoch_warnings(measured, opts) + noise_warnings(measured, load_before, cpus)
     if not measured:
         raise BenchError(f"every setting failed; first: {results[0]['reader']}: {results[0]['error']}")
     best = max(measured, key=lambda r: r["samples_per_s"] or 0.0)
     data_bound = None if opts.compute_ms <= 0 else best["wait_share"] >= DATA_BOUND_SHARE
     report = {"dataset": location, "modality": manifest.modality, "format": manifest.format,
-              "usable_cpus": cpus,
+              "usable_cpus": cpus, "load_before": load_before,
               "options": {**asdict(opts), "pin_memory": _pin(opts), "device_requested": requested},
               "results": results, "best": best, "data_bound": data_bound,
               "recommendation": recommendation(best, results, opts), "warnings": warnings, "notes": notes}
     return report
+
+
+def _measure_row(reader: Reader, setting: Setting, location: str, manifest: Manifest, opts: BenchOptions) -> dict:
+    """One round of one setting: its description and what ``measure`` found (or the error)."""
+    row = {**asdict(setting), "unit": reader.unit}
+    if reader.kind == "dataloader":
+        row.update(pin_memory=_pin(opts), persistent_workers=bool(setting.workers and opts.persistent_workers),
+                   prefetch_factor=opts.prefetch_factor if setting.workers else None)
+    else:
+        row.update(prefetch_queue_depth=opts.prefetch_factor)
+    try:
+        row.update(measure(reader.make(location, manifest, setting, opts), opts, setting.batch_size))
+    except Exception as exc:  # one failing setting is a row with its reason; the sweep goes on
+        row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    return row
+
+
+def _median_row(rounds: list[dict]) -> dict:
+    """A setting's row: its median round (by samples/s), with every round's rate and their spread,
+    (max - min) / median; a failed round makes the row a failure."""
+    if "error" in rounds[-1]:
+        return rounds[-1]
+    ranked = sorted(rounds, key=lambda r: r["samples_per_s"] or 0.0)
+    median = ranked[(len(ranked) - 1) // 2]
+    rates = [r["samples_per_s"] or 0.0 for r in rounds]
+    spread = (max(rates) - min(rates)) / median["samples_per_s"] if median["samples_per_s"] else 0.0
+    return {**median, "rounds": rates, "spread": round(spread, 4)}
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def noise_warnings(rows: list[dict], load_before: float | None, cpus: int) -> list[str]:
+    """Warnings that the answer is unreliable: the machine was busy before the bench started, or the
+    rounds of a setting disagree by more than NOISY_SPREAD."""
+    found = []
+    if load_before is not None and load_before > BUSY_LOAD * cpus:
+        found.append(f"the machine was busy before the bench started (load average {load_before:g} on {cpus} "
+                     f"usable CPU(s)): other work competes with the readers, so the rates and the comparisons are "
+                     f"unreliable; re-run on a quiet machine")
+    noisy = [r for r in rows if r.get("spread", 0.0) > NOISY_SPREAD]
+    if noisy:
+        worst = max(noisy, key=lambda r: r["spread"])
+        found.append(f"{len(noisy)} setting(s) varied by more than {100 * NOISY_SPREAD:.0f}% between rounds (up to "
+                     f"{100 * worst['spread']:.0f}%: {_describe(worst)}); differences smaller than that are noise: "
+                     f"re-run with more --steps or --rounds, or on a quieter machine")
+    return found
 
 
 def _epoch_warnings(rows: list[dict], opts: BenchOptions) -> list[str]:
@@ -586,7 +636,12 @@ def recommendation(best: dict, results: list[dict], opts: BenchOptions) -> str:
         top_files = max(files, key=lambda r: r["samples_per_s"] or 0.0)
         top_packed = max(packed, key=lambda r: r["samples_per_s"] or 0.0)
         ratio = (top_packed["samples_per_s"] or 0.0) / max(top_files["samples_per_s"] or 0.0, 1e-9)
-        lines.append(f"packed vs original files, same DataLoader decode: {ratio:.2f}x ({_describe(top_packed)} vs {_describe(top_files)}).")
+        pairs = list(zip(top_packed.get("rounds", ()), top_files.get("rounds", ())))  # the same round: alternated
+        each = sorted(p / max(f, 1e-9) for p, f in pairs)
+        within = f", {each[0]:.2f}-{each[-1]:.2f}x round by round" if len(each) > 1 else ""
+        unsure = "; not reliably different from 1x" if len(each) > 1 and each[0] < 1 < each[-1] else ""
+        lines.append(f"packed vs original files, same DataLoader decode: {ratio:.2f}x{within}{unsure} "
+                     f"({_describe(top_packed)} vs {_describe(top_files)}).")
     if opts.compute_ms <= 0:
         lines.append("no --compute-ms given: these are raw reader rates; pass your model's step time "
                      "to see whether the data path is the bottleneck.")
@@ -604,17 +659,18 @@ def recommendation(best: dict, results: list[dict], opts: BenchOptions) -> str:
 
 def format_table(report: dict) -> str:
     """The report as an aligned text table, the fastest row marked with '*', then the verdict."""
-    head = ["reader", "setting", "batch", "samples/s", "wait ms/step", "wait %", "GPU util <="]
+    head = ["reader", "setting", "batch", "samples/s", "spread", "wait ms/step", "wait %", "GPU util <="]
     rows, errors = [], []
     for r in report["results"]:
         setting = _label(r)
         if "error" in r:
-            rows.append([" " + r["reader"], setting, str(r["batch_size"]), "failed", "-", "-", "-"])
+            rows.append([" " + r["reader"], setting, str(r["batch_size"]), "failed", "-", "-", "-", "-"])
             errors.append(f"{r['reader']} {setting} batch={r['batch_size']}: {r['error']}")
             continue
         util = "-" if r["gpu_util_bound"] is None else f"{100 * r['gpu_util_bound']:.0f}%"
         mark = "*" if r is report["best"] else " "
-        rows.append([mark + r["reader"], setting, str(r["batch_size"]), f"{r['samples_per_s']:.1f}",
+        spread = f"{100 * r['spread']:.0f}%" if len(r.get("rounds", ())) > 1 else "-"
+        rows.append([mark + r["reader"], setting, str(r["batch_size"]), f"{r['samples_per_s']:.1f}", spread,
                      f"{r['wait_ms_per_step']:.1f}", f"{100 * r['wait_share']:.0f}%", util])
     head[0] = " " + head[0]
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
@@ -624,7 +680,8 @@ def format_table(report: dict) -> str:
 
     opts = report["options"]
     title = (f"{report['dataset']} ({report['modality']}/{report['format']}): {opts['steps']} steps after "
-             f"{opts['warmup']} warm-up, compute {opts['compute_ms']:g} ms/step ({opts['compute_mode']}), "
+             f"{opts['warmup']} warm-up, median of {opts.get('rounds', 1)} alternated round(s), "
+             f"compute {opts['compute_ms']:g} ms/step ({opts['compute_mode']}), "
              f"{report['usable_cpus']} usable CPU(s), device {opts['device']}")
     out = [title, fmt(head)] + [fmt(r) for r in rows]
     out += [f"failed: {e}" for e in errors] + [f"warning: {w}" for w in report["warnings"]] + [f"note: {n}" for n in report["notes"]]

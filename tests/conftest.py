@@ -58,3 +58,31 @@ def kill_after_records(args: list, out: Path, records: int, timeout: float = 60)
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+
+
+
+# -- one line per test file (tests/tools/file_progress.py) ---------------------------------------
+_file_progress = []  # the run's FileProgress, once collection is done
+
+
+def pytest_collection_finish(session):
+    from tests.tools.file_progress import FileProgress
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and session.items and not session.config.option.collectonly:
+        _file_progress.append(FileProgress(reporter, len({item.location[0] for item in session.items})))
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _file_progress:
+        _file_progress[0].start(location[0])
+
+
+def pytest_runtest_logreport(report):
+    if _file_progress and (report.when == "call" or report.outcome != "passed"):
+        _file_progress[0].record("xfailed" if hasattr(report, "wasxfail") else report.outcome)
+
+
+def pytest_sessionfinish(session):
+    if _file_progress:
+        _file_progress[0].finish()

@@ -130,8 +130,10 @@ def test_text_report_renders(tmp_path):
     for i in range(3):
         (corpus / f"part{i}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[i::3][: 10 + 15 * i]))
     tok = write_tokenizer(train_bpe(docs), tmp_path / "tok")
-    run_repack("text", corpus, tmp_path / "out", "--tokenizer", tok, "--quiet")
+    said = run_repack("text", corpus, tmp_path / "out", "--tokenizer", tok, "--quiet")
+    printed = next(line for line in (said.stdout + said.stderr).splitlines() if line.startswith("Megatron --data-path "))
     summary = json.loads(run_repack("inspect", tmp_path / "out", "--json").stdout)
+    assert f"Megatron --data-path {summary['text']['megatron_data_path']}" == printed  # the report shows what the CLI said
     files = summary["stats"]["files"]
     assert files["count"] == 3 and [e["documents"] for e in files["largest"]] == [40, 25, 10]
     assert sum(e["tokens"] for e in files["largest"]) == summary["totals"]["tokens"]
@@ -140,6 +142,7 @@ def test_text_report_renders(tmp_path):
     html = page.read_text()
     self_contained(html)
     assert "Document length (tokens)" in html and "Tokens per file (3 files)" in html and "part2.jsonl" in html
+    assert html_lib.escape(printed.split(" ", 2)[2]) in html
     shot = load(page, tmp_path)
     assert ink(shot, BAR) > 10_000
     # the first document's start, decoded back from the token memmap with OUT's tokenizer
@@ -157,6 +160,7 @@ def test_video_report_renders(tmp_path):
     assert (ok, transcode, reject) == (1, 3, 1)  # the default (legacy) reader transcodes VP9 too
     assert f"{ok} GPU-decodable as is, {transcode} need transcoding, {reject} rejected" in text and "long_gop" in text
     assert "resolutions (videos):" in text and "161x131" in text and "0.0 MB" not in text
+    assert "video(s)" in text and "shard(s)" not in text  # a videos dataset's files are videos
     page = tmp_path / "video.html"
     run_repack("inspect", tmp_path / "out", "--html", page)
     html = page.read_text()
@@ -215,3 +219,76 @@ def test_report_of_a_damaged_dataset_says_so(images_out, tmp_path):
     html = page.read_text()
     assert "samples not shown: FileNotFoundError" in html and "run `repack verify`" in html
     assert "Class balance (3 classes)" in html
+
+
+def noisy_photo_tree(root: Path, classes: int, per_class: int) -> None:
+    """Photos of ~120 KB each (noise compresses badly): a few make megabytes in one shard."""
+    import random
+
+    rng = random.Random(11)
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(per_class):
+            noise = Image.frombytes("RGB", (320, 320), rng.randbytes(320 * 320 * 3))
+            noise.save(root / f"class{c}" / f"{i}.jpg", quality=95)
+
+
+def test_every_class_shown_whatever_the_shard_layout(tmp_path):
+    """5 classes of 8 photos in one shard of ~5 MB (the default --shard-bytes): every class has its
+    thumbnails, not only those in the shard's first megabytes; LMDB the same."""
+    noisy_photo_tree(tmp_path / "src", classes=5, per_class=8)
+    for name, extra in (("one", ()), ("lmdb", ("--to", "lmdb"))):
+        run_repack("images", tmp_path / "src", tmp_path / name, "--quiet", *extra)
+        page = tmp_path / f"{name}.html"
+        run_repack("inspect", tmp_path / name, "--html", page)
+        grid = page.read_text().split("<h2>Samples per class</h2>")[1].split("</section>")[0]
+        shown = [part.split("</h3>")[0] for part in grid.split("<h3>")[1:]]
+        assert shown == [f"class{c} ({c})" for c in range(5)], (name, shown)
+        assert [len(re.findall(r"<img ", part)) for part in grid.split("<h3>")[1:]] == [6] * 5, name
+
+
+def test_report_page_bounded_whatever_the_class_count(images_out, tmp_path):
+    """200,000 class names: the page draws the largest classes and sums up the rest in one line."""
+    from repack.report.collect import collect
+    from repack.report.html import dataset_page, write_page
+
+    summary = collect(images_out)
+    summary["classes"] = {f"class-{i:06d}": i for i in range(200_000)}
+    summary["stats"]["class_counts"] = {f"class-{i:06d}": 1 + i % 7 for i in range(200_000)}
+    html = dataset_page(summary)
+    assert len(html) < 100_000, len(html)
+    assert "Class balance (200,000 classes)" in html and "the other 199,960 hold" in html
+    write_page(tmp_path / "many.html", html)
+
+
+def test_non_utf8_names_are_escaped_in_every_output(tmp_path):
+    src = tmp_path / "src"
+    make_photo_tree(src, per_class=3, classes=2, seed=3, min_side=40, max_side=96)
+    folder = sorted(src.iterdir())[0]
+    with open(bytes(folder) + b"/bad\xff.jpg", "wb") as f:  # a name that is not UTF-8
+        f.write(b"\xff\xd8\xff\xe0 not really")
+    run_repack("images", src, tmp_path / "out", "--quiet")
+    page = tmp_path / "r.html"
+    for args in ((), ("--json",), ("--html", page)):
+        done = run_repack("inspect", tmp_path / "out", *args)
+        assert "Traceback" not in done.stderr
+    assert "bad\\udcff.jpg" in page.read_text(encoding="utf-8")
+
+
+def test_bar_value_labels_fit_the_chart():
+    from repack.report import svg
+
+    chart = svg.bars([("part-0.jsonl", 123_456), ("part-1.jsonl", 99_999)], lambda v: f"{v:,.0f} tokens")
+    width = int(re.search(r'<svg[^>]* width="(\d+)"', chart).group(1))
+    for x, text in re.findall(r'<text x="([\d.]+)" y="[\d.]+">([^<]+)</text>', chart):
+        assert float(x) + 7 * len(text) <= width, (x, text, width)
+
+
+def test_quarantine_captions_read_as_words():
+    from repack.report.html import STYLE, plain_reason, sample_sections
+
+    assert plain_reason("cannot read: OSError: [Errno 5] Input/output error") == "cannot read: [Errno 5] Input/output error"
+    assert plain_reason("PIL.UnidentifiedImageError: cannot identify") == "cannot identify"
+    html = sample_sections({"quarantined": [{"source": "a/truncated.jpg", "reason": "cannot decode JPG: truncated",
+                                             "note": "does not decode: OSError: image file is truncated"}]})
+    assert "OSError" not in html and "break-all" not in STYLE

@@ -30,6 +30,9 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 @click.option("--source", default=None, help="Also measure the original small-file layout (an image folder tree).")
 @click.option("--steps", type=int, default=50, show_default=True, help="Measured steps per setting.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Unmeasured steps first (workers start).")
+@click.option("--rounds", type=int, default=3, show_default=True,
+              help="Rounds over every setting, in alternating order; each row is the median round, with the "
+                   "spread of the rounds (a warning when they disagree, or when the machine was busy).")
 @click.option("--loader-workers", "loader_workers", default=None,
               help="DataLoader num_workers to sweep, a comma-separated list (jobs' --workers is one number; "
                    "default: 0,2,4,8,... up to the usable CPUs).")
@@ -55,12 +58,13 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 @click.option("--json", "json_out", is_flag=True, help="Print the full report as JSON on stdout.")
 @click.option("--html", "html_file", default=None, metavar="FILE",
               help="Also write a self-contained HTML page plotting samples/s and wait share against workers.")
-def bench(out, source, steps, warmup, loader_workers, legacy_workers, threads, batch_size, pin_memory, persistent_workers,
+def bench(out, source, steps, warmup, rounds, loader_workers, legacy_workers, threads, batch_size, pin_memory, persistent_workers,
           prefetch_factor, compute_ms, compute_mode, readers, device, size, seq_len, clip_frames, json_out, html_file):
     """Measure how fast the bundled readers feed a training loop from the dataset in OUT.
 
-    Each row: samples/s, the time a step waits for data, its share of the step, and the
-    implied upper bound on GPU utilization, compute / (compute + wait).
+    Each row: samples/s (the median of --rounds alternated rounds, and their spread), the time a
+    step waits for data, its share of the step, and the implied upper bound on GPU utilization,
+    compute / (compute + wait). A busy machine or rounds that disagree are said in a warning.
     """
     from pipelines.bench import BenchError, BenchOptions, format_table, run_bench
 
@@ -72,7 +76,7 @@ def bench(out, source, steps, warmup, loader_workers, legacy_workers, threads, b
     sweeps = {"workers": _ints(loader_workers, "--loader-workers")} if loader_workers is not None else {}
     if threads is not None:
         sweeps["threads"] = _ints(threads, "--threads")
-    opts = BenchOptions(steps=steps, warmup=warmup, **sweeps, batch_sizes=_ints(batch_size, "--batch-size"),
+    opts = BenchOptions(steps=steps, warmup=warmup, rounds=rounds, **sweeps, batch_sizes=_ints(batch_size, "--batch-size"),
                         pin_memory=pin_memory, persistent_workers=persistent_workers,
                         prefetch_factor=prefetch_factor, compute_ms=compute_ms, compute_mode=compute_mode,
                         readers=tuple(r.strip() for r in readers.split(",") if r.strip()), device=device,

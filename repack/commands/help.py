@@ -17,11 +17,12 @@ SECTIONS = ("input", "output", "checking", "running")
 
 EXIT_CODES: tuple[tuple[str, str], ...] = (
     ("0", "done (or nothing to do: the job in OUT is complete)"),
-    (str(UsageError.exit_code), "bad job: missing source, unwritable OUT, bad option, OUT holds other options"),
+    (str(UsageError.exit_code), "bad job: missing source, unwritable OUT, bad option, OUT holds another job "
+                                "or files of no repack job"),
     (str(JobLockedError.exit_code), "OUT is locked by a live run of the same job"),
     (str(IncompleteJobError.exit_code), "tasks failed: finished shards are kept, a re-run resumes"),
     (str(VERIFICATION_EXIT_CODE), "verification failed: a file does not match the manifest"),
-    (str(StrictModeError.exit_code), "--strict and something was quarantined (or, video, needs transcoding)"),
+    (str(StrictModeError.exit_code), "--strict and --strict's condition held (see --strict)"),
     (str(NothingPackedError.exit_code), "inputs were found but nothing was packed (every one quarantined)"),
     ("130", "interrupted (Ctrl-C, SIGINT): workers stopped, temp files removed; re-run to resume"),
     ("143", "terminated (SIGTERM, e.g. Slurm or Kubernetes): the same; re-run to resume"),

@@ -39,8 +39,16 @@ def _remember_log_json(ctx: click.Context, param: click.Parameter, value: bool) 
     return value
 
 
-def engine_options(fn):
-    """Options shared by every job command: how it runs, never what it outputs."""
+STRICT_HELP = ("When any input was quarantined{also}: exit 6 and publish no manifest.json, so OUT is not a "
+               "dataset; the shards stay, the would-be manifest is OUT/.repack/strict-manifest.json; a re-run "
+               "without --strict publishes it.")
+
+
+def engine_options(fn=None, *, strict_also: str = ""):
+    """Options shared by every job command: how it runs, never what it outputs (``strict_also``: what
+    else this command's --strict refuses, said in its help)."""
+    if fn is None:
+        return lambda f: engine_options(f, strict_also=strict_also)
     decorators = [
         click.option("--workers", type=int, default=None, help="Parallel workers (default: the usable CPUs)."),
         click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -49,12 +57,12 @@ def engine_options(fn):
         click.option("--retries", type=int, default=2, show_default=True, help="Retries of a failing task."),
         click.option("--num-nodes", type=int, default=1, show_default=True, help="Static partitions: total nodes."),
         click.option("--node-rank", type=int, default=0, show_default=True, help="Static partitions: this node."),
-        click.option("--overwrite", is_flag=True, help="Replace an existing job in OUT run with other options."),
-        click.option("--strict", is_flag=True,
-                     help="When any input was quarantined (video, probe only: or needs transcoding): exit 6 and "
-                          "publish no manifest.json, so OUT is not a dataset; the shards stay, the would-be "
-                          "manifest is OUT/.repack/strict-manifest.json; a re-run without --strict publishes it."),
-        click.option("--quiet", "-q", is_flag=True, help="No progress bar, no progress lines."),
+        click.option("--overwrite", is_flag=True,
+                     help="Replace the job or dataset in OUT (run with other options or another command), or pack "
+                          "into a folder that is not empty and holds no repack job."),
+        click.option("--strict", is_flag=True, help=STRICT_HELP.format(also=strict_also)),
+        click.option("--quiet", "-q", is_flag=True,
+                     help="No progress bar, no progress lines (the summary stays; with --json only the JSON)."),
         click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout."),
         click.option("--progress-every", type=float, default=30.0, show_default=True, metavar="SECONDS",
                      help="When stderr is not a terminal (a batch job): one progress line every SECONDS "
@@ -113,9 +121,16 @@ def report(job, options: EngineOptions, result) -> None:
         summary = {"out": job.store.url, "ran": result.ran, "skipped": result.skipped,
                    "nothing_to_do": result.nothing_to_do, "seconds": round(result.seconds, 3),
                    "totals": result.manifest["totals"], "quarantine": result.manifest["quarantine"]}
+    say_summary(message, summary, options, job.name)
+
+
+def say_summary(message: str, summary: dict, options: EngineOptions, job: str, always: bool = False) -> None:
+    """The end of every job command (a run, --append, remove): the JSON summary on stdout with --json;
+    the human ``message`` (on stderr when stdout carries JSON), or a JSON line with --log-json. --quiet
+    (which stops progress output) drops the human message only beside --json, unless ``always``."""
     if options.json_summary:
         click.echo(json.dumps(summary, sort_keys=True))
     if options.log_json:
-        click.echo(json.dumps({"event": "summary", "job": job.name, **summary}, sort_keys=True), err=True)
-    elif not options.quiet or not options.json_summary:
+        click.echo(json.dumps({"event": "summary", "job": job, **summary}, sort_keys=True), err=True)
+    elif always or not (options.quiet and options.json_summary):
         click.echo(message, err=options.json_summary)

@@ -15,7 +15,7 @@ from repack.errors import UsageError
               help="Remove the samples of these source paths (one per line, as in each sample's json 'path').")
 @click.option("--keys", "keys_file", default=None, metavar="FILE", help="Remove the samples of these keys (one per line).")
 @click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout.")
-@click.option("--quiet", "-q", is_flag=True, help="Say nothing unless nothing was published.")
+@click.option("--quiet", "-q", is_flag=True, help="With --json: only the JSON summary.")
 def remove(out, sources_file, keys_file, json_summary, quiet):
     """Publish the next version of the dataset in OUT without some samples: only the shards holding them
     are rewritten (under new names); `repack gc` then deletes the old files."""
@@ -32,4 +32,5 @@ def remove(out, sources_file, keys_file, json_summary, quiet):
         click.echo(f"... and {len(result.not_found) - 20} more not found", err=True)
     say_published(location(out), result.manifest, result.published,
                   f"{result.removed} sample(s) removed, {len(result.not_found)} name(s) not found",
-                  EngineOptions(quiet=quiet, json_summary=json_summary), result.seconds, none_reason="no named sample found")
+                  EngineOptions(quiet=quiet, json_summary=json_summary), result.seconds,
+                  none_reason="no named sample found", command="remove")

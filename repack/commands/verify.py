@@ -7,7 +7,25 @@ import sys
 
 import click
 
-from repack.errors import VERIFICATION_EXIT_CODE
+from repack.errors import VERIFICATION_EXIT_CODE, UsageError
+
+
+def require_dataset_folder(out: str) -> None:
+    """UsageError (exit 2) for a local OUT that does not exist, is not a folder, or holds no repack
+    dataset nor job at all; a job that has not finished is the manifest reader's to report."""
+    from pathlib import Path
+
+    from repack.store import is_remote
+
+    if is_remote(out):
+        return
+    path = Path(out)
+    if not path.exists():
+        raise UsageError(f"{out}: does not exist")
+    if not path.is_dir():
+        raise UsageError(f"{out}: is not a folder (OUT is the folder a repack command wrote)")
+    if not (path / "manifest.json").exists() and not (path / ".repack").is_dir():
+        raise UsageError(f"{out}: not a repack dataset (no manifest.json)")
 
 
 @click.command("verify")
@@ -21,6 +39,7 @@ def verify(out, json_out, version):
     and no file the manifest does not name (energon's files are known)."""
     from repack.jobs.verify import verify_report
 
+    require_dataset_folder(out)
     report = verify_report(out, version)
     problems = list(report.problems)
     for note in report.unchecked:
@@ -49,6 +68,7 @@ def inspect(out, json_out, html_file):
     from repack.report.dataset_files import open_dataset
     from repack.report.inspect import inspect_lines
 
+    require_dataset_folder(out)
     files = open_dataset(out)
     if html_file:
         from repack.report.html import dataset_page, write_page

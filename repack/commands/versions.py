@@ -2,28 +2,39 @@
 
 from __future__ import annotations
 
-import json
-
-import click
-
 from repack.config import EngineOptions
 
 
 def say_published(out: str, manifest: dict, published: bool, what: str, options: EngineOptions,
-                  seconds: float, none_reason: str = "nothing new", extra: dict | None = None) -> None:
-    """One line (or a JSON summary with --json, plus ``extra``): the version now published, or that none was."""
+                  seconds: float, none_reason: str = "nothing new", command: str = "append",
+                  extra: dict | None = None) -> None:
+    """The version now published (with what it quarantined), or that none was: as ``say_summary`` says
+    every job's summary (its JSON plus ``extra``)."""
     from repack.manifest.versions import number_of
 
+    from repack.commands.options import say_summary
+    from repack.jobs.summary import quarantine_lines
+
     number = number_of(manifest)
+    quarantined = new_quarantine(manifest) if published else []
     if published:
-        message = f"published version {number} of {out}: {what} ({seconds:.1f} s)"
+        counted = f"; {len(quarantined)} quarantined" if command == "append" else ""
+        message = "\n".join([f"published version {number} of {out}: {what}{counted} ({seconds:.1f} s)"]
+                            + quarantine_lines(quarantined))
     else:
         message = f"{none_reason}: version {number} of {out} unchanged, nothing published"
-    if options.json_summary:
-        click.echo(json.dumps({"out": out, "version": number, "published": published,
-                               "totals": manifest["totals"], **(extra or {})}, sort_keys=True))
-    if not options.quiet or not published:
-        click.echo(message, err=options.json_summary)
+    summary = {"out": out, "version": number, "published": published, "totals": manifest["totals"],
+               "quarantine": quarantined, **(extra or {})}
+    say_summary(message, summary, options, command, always=not published)
+
+
+def new_quarantine(manifest: dict) -> list[dict]:
+    """The quarantine records the latest version added (an append's new inputs; none for a remove)."""
+    from repack.manifest.versions import VERSION_KEY
+
+    change = (manifest.get(VERSION_KEY) or {}).get("change") or {}
+    added = change.get("quarantined", 0) if change.get("kind") == "append" else 0
+    return manifest["quarantine"][len(manifest["quarantine"]) - added:] if added > 0 else []
 
 
 def run_append(spec, options: EngineOptions, note: str = "") -> None:

@@ -59,7 +59,7 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
 @click.option("--shard-size", type=int, default=8, show_default=True,
               help="Videos per tar shard (--to webdataset); every video is a task of its own.")
 @source_options
-@engine_options
+@engine_options(strict_also=" (probe only: or needs transcoding)")
 def video(source, out, probe, transcode, target, dali_reader, verify, max_gop, to, list_file, link, append, crf,
           preset, gop, max_height, bframes, threads, shard_size, no_follow, allow_outside, **kwargs):
     """Probe the videos in SOURCE for GPU decoding; with --transcode, write DALI-ready videos to OUT.

@@ -279,6 +279,21 @@ def prepare_out(out: Path, store=None) -> None:
         raise UsageError(f"output {str(out)!r} is not writable: {exc.strerror}") from None
 
 
+def refuse_foreign_out(out: Path, store) -> None:
+    """A non-empty OUT that holds no repack job (no job state, no manifest) is someone else's folder:
+    UsageError naming a few of its files, before anything in it is written (``--overwrite`` skips this)."""
+    if store.size(f"{STATE_DIR}/job.json") is not None or store.size(MANIFEST_NAME) is not None:
+        return
+    if store.remote:
+        found = sorted(rel for rel in store.list_sizes("") if not rel.startswith(f"{STATE_DIR}/"))
+    else:
+        found = sorted(entry.name for entry in os.scandir(out) if entry.name != STATE_DIR) if out.is_dir() else []
+    if found:
+        shown = ", ".join(found[:3]) + (" ..." if len(found) > 3 else "")
+        raise UsageError(f"{store.url} is not empty and holds no repack job ({shown}); choose a new or empty OUT, "
+                         "or pass --overwrite to pack into it anyway (files of the same names are replaced)")
+
+
 def remove_local(root: Path, rel: str) -> None:
     """Delete ``root/rel`` if it is a file confined to ``root``."""
     try:
@@ -307,6 +322,17 @@ def input_fingerprints(plan: Plan) -> dict[str, list]:
     return found
 
 
+def _kind_phrase(job_name) -> str:
+    """'an images' / 'a text' / 'a video': the dataset kind a recorded job name stands for."""
+    name = str(job_name or "unknown")
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
+def _shown(value) -> str:
+    """An option's value as a user reads it: unset, a number, a word or a list."""
+    return "unset" if value is None else json.dumps(value)
+
+
 def options_fingerprint(job: Job) -> str:
     return hashlib.sha256(dumps_canonical({"job": job.name, "options": job.spec.options()})).hexdigest()
 
@@ -329,13 +355,14 @@ class Engine:
                  "num_tasks": len(plan.tasks)}
         old = read_json(store, f"{STATE_DIR}/job.json")
         if old is not None:
+            if old.get("job") != self.job.name:
+                raise UsageError(f"{store.url} holds {_kind_phrase(old.get('job'))} dataset; choose another OUT "
+                                 f"(--overwrite deletes that dataset and packs this {self.job.name} job there)")
             if old.get("options_sha256") != state["options_sha256"]:
                 old_spec, new_spec = old.get("spec") or {}, state["spec"]
-                differ = [f"--{key.replace('_', '-')}: {json.dumps(old_spec.get(key))} -> "
-                          f"{json.dumps(new_spec.get(key))}" for key in sorted(set(old_spec) | set(new_spec))
+                differ = [f"--{key.replace('_', '-')}: {_shown(old_spec.get(key))} -> {_shown(new_spec.get(key))}"
+                          for key in sorted(set(old_spec) | set(new_spec))
                           if key != "out" and old_spec.get(key) != new_spec.get(key)]
-                if old.get("job") != self.job.name:
-                    differ.insert(0, f"command: {old.get('job')} -> {self.job.name}")
                 raise UsageError(f"{store.url} holds a job run with other options ("
                                  f"{'; '.join(differ) or 'same values, older tool version'}); "
                                  "use --overwrite to replace it")
@@ -460,6 +487,8 @@ class Engine:
         if opts.overwrite and opts.num_nodes > 1:
             raise UsageError("--overwrite cannot be combined with --num-nodes; clear OUT once, then start the nodes")
         store = self.job.store
+        if not opts.overwrite:
+            refuse_foreign_out(self.out, store)
         prepare_out(self.out, store)
         part = f"{opts.node_rank}-of-{opts.num_nodes}" if opts.num_nodes > 1 else ""
         with JobLock(self.out, part, store if store.remote else None):
@@ -613,8 +642,9 @@ class Engine:
             chunk_records[task_id] = record
             feed(uid)
 
-        bar = progress_reporter(sum(units_of.values()), self.job.progress_unit, self.job.name, opts,
-                                self.planned_quarantine)
+        every = sum(self.job.task_units(t) for _, tasks in units for t in tasks)  # resumed ones count as done
+        bar = progress_reporter(every, self.job.progress_unit, self.job.name, opts, self.planned_quarantine,
+                                done=every - sum(units_of.values()))
         counts: dict[str, int] = {}
         started = time.perf_counter()
         resumed = list(group_tasks)  # chunks finished before an interruption: fed once the pool has forked

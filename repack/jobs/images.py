@@ -56,6 +56,7 @@ from repack.errors import UsageError, stable_reason
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.input_record import select_new
 from repack.jobs.stats import count_into, histogram, merge_counts, merge_slowest, percentiles
+from repack.jobs.summary import quarantine_lines
 from repack.sinks import get_sink
 from repack.sinks.tar_format import BLOCK, RECORD
 from repack.sources import Confinement, InputItem, scan_foreign, scan_source
@@ -522,11 +523,7 @@ class ImagesJob(Job):
         t = manifest["totals"]
         lines = [f"{t['samples']} of {t['inputs']} inputs packed into {t['shards']} {manifest['format']} shard(s), "
                  f"{format_size(t['bytes'])}; {t['quarantined']} quarantined"]
-        reasons: dict[str, int] = {}
-        for q in manifest["quarantine"]:
-            reasons[q["reason"]] = reasons.get(q["reason"], 0) + 1
-        lines += [f"  quarantined {n}: {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:10]]
-        return lines
+        return lines + quarantine_lines(manifest["quarantine"])
 
 
 def _profile_stats(profiles: list[dict]) -> dict:

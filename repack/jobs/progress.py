@@ -37,11 +37,12 @@ class NoProgress:
 class TerminalBar(NoProgress):
     """A tqdm bar on stderr (tqdm is imported only here: ~35 ms of start-up)."""
 
-    def __init__(self, total: int, unit: str, desc: str, quarantined: int = 0) -> None:
+    def __init__(self, total: int, unit: str, desc: str, quarantined: int = 0, done: int = 0) -> None:
         from tqdm import tqdm
 
         tqdm.monitor_interval = 0  # no monitor thread: the local pool forks after this point
-        self.bar = tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, desc=desc, dynamic_ncols=True)
+        self.bar = tqdm(total=total, initial=done, unit=unit, unit_scale=True, file=sys.stderr, desc=desc,
+                        dynamic_ncols=True)
         self.quarantined = quarantined
         self.rates: dict = {}
 
@@ -89,10 +90,10 @@ class LineProgress(NoProgress):
     """One progress line every ``every`` seconds on ``stream`` (text, or JSON with ``as_json``)."""
 
     def __init__(self, total: int, unit: str, job: str, every: float, as_json: bool,
-                 stream: TextIO | None = None, quarantined: int = 0) -> None:
+                 stream: TextIO | None = None, quarantined: int = 0, done: int = 0) -> None:
         self.total, self.unit, self.job, self.every, self.as_json = total, unit, job, every, as_json
         self.stream = stream or sys.stderr
-        self.done = 0
+        self.done = self.resumed = done  # a resumed run starts at what earlier runs did (not in the rate)
         self.quarantined = quarantined
         self.rates: dict = {}
         self.started = time.monotonic()
@@ -137,11 +138,12 @@ class LineProgress(NoProgress):
 
     def fields(self, elapsed: float) -> dict:
         """The figures of one progress line."""
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        rate = (self.done - self.resumed) / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else None
         return {"event": "progress", "job": self.job, "done": self.done, "total": self.total, "unit": self.unit,
                 "rate": round(rate, 3), "eta_s": None if eta is None else round(eta, 1),
-                "quarantined": self.quarantined, "elapsed_s": round(elapsed, 1), "rates": dict(self.rates)}
+                "quarantined": self.quarantined, "elapsed_s": round(elapsed, 1),
+                **({"rates": dict(self.rates)} if self.rates else {})}  # extra rates of a job that has them
 
     def line(self, elapsed: float) -> str:
         """One progress line: JSON, or e.g. ``repack images: 1,200/4,000 img (30%), 412 img/s, ETA 7 s, ...``."""
@@ -151,17 +153,20 @@ class LineProgress(NoProgress):
         share = f"{100 * f['done'] / f['total']:.0f}%" if f["total"] else "-"
         eta = duration(f["eta_s"]) if f["eta_s"] is not None else "?"
         unit = "" if self.unit == "B" else f" {self.unit}"
-        extra = "".join(f", {value} {name}" for name, value in f["rates"].items())
+        extra = "".join(f", {value} {name}" for name, value in f.get("rates", {}).items())
         return (f"repack {self.job}: {amount(f['done'], self.unit)}/{amount(f['total'], self.unit)}{unit} ({share}), "
                 f"{amount(f['rate'], self.unit)}{unit}/s{extra}, ETA {eta}, {f['quarantined']} quarantined, "
                 f"{duration(elapsed)} elapsed")
 
 
-def progress_reporter(total: int, unit: str, job: str, options: EngineOptions, quarantined: int = 0) -> NoProgress:
+def progress_reporter(total: int, unit: str, job: str, options: EngineOptions, quarantined: int = 0,
+                      done: int = 0) -> NoProgress:
     """The reporter for a job's run: nothing (``quiet``), a bar on a terminal, else progress lines;
+    ``total``: the whole job's units, ``done`` of them finished by earlier runs (a resume);
     ``quarantined``: inputs the scan already refused (counted from the start)."""
     if options.quiet:
         return NoProgress()
     if sys.stderr.isatty() and not options.log_json:
-        return TerminalBar(total, unit, f"repack {job}", quarantined)
-    return LineProgress(total, unit, job, options.progress_every, options.log_json, quarantined=quarantined)
+        return TerminalBar(total, unit, f"repack {job}", quarantined, done)
+    return LineProgress(total, unit, job, options.progress_every, options.log_json, quarantined=quarantined,
+                        done=done)

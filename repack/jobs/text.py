@@ -34,9 +34,10 @@ from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.input_record import file_sha256, select_new
 from repack.jobs.stats import count_into
+from repack.jobs.summary import quarantine_lines
 from repack.jobs.stats import histogram as half_octave_histogram
 from repack.manifest import atomic_write_bytes, dumps_canonical
-from repack.sinks.megatron import CODE_OF, PartWriter, merge_parts, read_index, token_dtype
+from repack.sinks.megatron import CODE_OF, PartWriter, megatron_data_path, merge_parts, read_index, token_dtype
 from repack.sources import Confinement
 from repack.sources.confine import open_input
 from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, TEXT_WORKER_BUDGET,
@@ -471,14 +472,7 @@ class TextJob(Job):
         if stats:
             lines.append(f"tokens per document: p50 {stats['p50']} p90 {stats['p90']} p99 {stats['p99']} "
                          f"max {stats['max']}")
-        if len(manifest["prefixes"]) > 1:
-            lines.append("Megatron --data-path " + " ".join(f"{e['tokens']} {self.store.url}/{e['prefix']}"
-                                                            for e in manifest["shards"]))
-        else:
-            lines += [f"Megatron --data-path {self.store.url}/{p}" for p in manifest["prefixes"]]
-        reasons: dict[str, int] = {}
-        for q in manifest["quarantine"]:
-            key = q["reason"].split(":")[0]
-            reasons[key] = reasons.get(key, 0) + 1
-        lines += [f"  quarantined {n}: {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:10]]
-        return lines
+        if manifest["prefixes"]:
+            root = self.store.url if self.store.remote else str(Path(self.store.url).absolute())  # as reports show it
+            lines.append(f"Megatron --data-path {megatron_data_path(manifest, root)}")
+        return lines + quarantine_lines(manifest["quarantine"], lambda reason: reason.split(":")[0])

@@ -59,6 +59,7 @@ from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
 from repack.jobs.images import extend_classes, sample_key
 from repack.jobs.input_record import file_sha256, select_new
+from repack.jobs.summary import quarantine_lines
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
 from repack.sinks.checks import file_and_index_outputs, sha256_file
@@ -522,5 +523,4 @@ class VideoJob(Job):
                          f"{t['copied']} copied; {t['quarantined']} quarantined")
         lines.append(f"  {'reason':<24}{'videos':>7}")
         lines += [f"  {code:<24}{n:>7}" for code, n in sorted(stats["reasons"].items(), key=lambda kv: (-kv[1], kv[0]))]
-        lines += [f"  quarantined: {q['source']}: {q['reason']}" for q in manifest["quarantine"][:10]]
-        return lines
+        return lines + quarantine_lines(manifest["quarantine"], counts=False)

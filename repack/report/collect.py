@@ -24,6 +24,11 @@ def bar_count(row: dict) -> int:
     return row["count"] if "count" in row else row["documents"]
 
 
+def file_unit(format_name: str) -> str:
+    """What one manifest shard entry is, in words: a video of a "videos" dataset, else a shard."""
+    return "video" if format_name == "videos" else "shard"
+
+
 def collect(root: str | Path | DatasetFiles) -> dict:
     """The report's data for the dataset in ``root``, a folder or s3:// URL (raises ManifestError
     when there is none)."""
@@ -37,7 +42,7 @@ def collect(root: str | Path | DatasetFiles) -> dict:
         "manifest_version": data["version"], "tool_version": data.get("created_by", {}).get("version"),
         "options": data.get("created_by", {}).get("options", {}),
         "samples": manifest.num_samples,
-        "shards": {"count": len(sizes), "bytes": sum(sizes), "min_bytes": sizes[0] if sizes else 0,
+        "shards": {"count": len(sizes), "unit": file_unit(data["format"]), "bytes": sum(sizes), "min_bytes": sizes[0] if sizes else 0,
                    "median_bytes": sizes[len(sizes) // 2] if sizes else 0, "max_bytes": sizes[-1] if sizes else 0},
         "fields": data.get("fields", {}), "classes": data.get("classes") or {}, "totals": data.get("totals", {}),
         "quarantine": {"count": len(manifest.quarantine),
@@ -50,7 +55,10 @@ def collect(root: str | Path | DatasetFiles) -> dict:
     if data["modality"] == "video":
         summary["video"] = video_tables(files)
     if data["modality"] == "text":
-        summary["text"] = {k: data.get(k) for k in ("tokenizer", "dtype", "prefixes", "data_path")}
+        from repack.sinks.megatron import megatron_data_path
+
+        summary["text"] = {**{k: data.get(k) for k in ("tokenizer", "dtype", "prefixes", "data_path")},
+                           "megatron_data_path": megatron_data_path(data, files.where)}
     return summary
 
 

@@ -38,6 +38,14 @@ class DatasetFiles:
             f.seek(start)
             return f.read() if length is None else f.read(length)
 
+    def size(self, rel: str) -> int:
+        """Bytes of the manifest-relative file ``rel`` (FileNotFoundError when it is missing)."""
+        path = self.manifest.path(rel)
+        size = self.store.size(rel) if self.store is not None else path.stat().st_size
+        if size is None:
+            raise FileNotFoundError(f"{self.where}/{rel}")
+        return size
+
     def read_text(self, rel: str) -> str:
         return self.read(rel).decode("utf-8", errors="replace")
 

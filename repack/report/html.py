@@ -5,12 +5,16 @@ view time. `dataset_page` draws what `collect` gathered for a dataset (per modal
 from __future__ import annotations
 
 import os
+import re
 from html import escape
 from pathlib import Path
 
 from repack.config import format_size
 from repack.report import svg
 from repack.report.collect import bar_count
+
+BALANCE_ROWS = 40  # classes drawn in "Class balance"; more are summed up in one line
+EXCEPTION_NAME = re.compile(r"\b(?:[A-Z][A-Za-z]*\.)*[A-Z][A-Za-z]*(?:Error|Exception|Warning): ")
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px auto;max-width:1000px;color:#1f2937;background:#fff}
@@ -23,7 +27,7 @@ text-align:left}th{background:#f9fafb}td.n{text-align:right;font-variant-numeric
 h3{font-size:13px;margin:10px 0 4px;color:#374151}.grid{display:flex;flex-wrap:wrap;gap:8px 32px}
 .empty{color:#6b7280}.note{background:#fff7e6;border-left:4px solid #e07b39;padding:6px 10px}
 .thumbs{display:flex;flex-wrap:wrap;gap:6px;align-items:flex-start}.thumbs figure{margin:0;max-width:170px}
-.thumbs img{display:block;border:1px solid #e5e7eb}figcaption{font-size:11px;color:#4b5563;word-break:break-all}
+.thumbs img{display:block;border:1px solid #e5e7eb}figcaption{font-size:11px;color:#4b5563;overflow-wrap:anywhere;hyphens:none}
 .nothumb{width:96px;min-height:64px;background:#f3f4f6;color:#6b7280;font-size:11px;padding:4px;box-sizing:border-box}
 pre.doc{white-space:pre-wrap;font-size:12px;background:#f9fafb;border:1px solid #eee;padding:6px 10px;margin:4px 0 10px}
 """
@@ -39,12 +43,13 @@ def page(title: str, subtitle: str, body: list[str]) -> str:
 
 
 def write_page(path: str | os.PathLike, html: str) -> None:
-    """Write the page atomically (a temp file beside it, then rename)."""
+    """Write the page atomically (a temp file beside it, then rename); a name that is not UTF-8 (a lone
+    surrogate, as Python reads such a byte) is written escaped, never an error."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(html, encoding="utf-8")
+        tmp.write_text(html, encoding="utf-8", errors="backslashreplace")  # a non-UTF-8 name: \udcff
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -88,7 +93,7 @@ def dataset_page(s: dict, samples: dict | None = None) -> str:
     """The report of one dataset (``s`` from ``repack.report.collect.collect``; ``samples`` from
     ``repack.report.samples.gather``: thumbnails, frames, document starts)."""
     shards = s["shards"]
-    figures = [("samples", f"{s['samples']:,}"), ("shards", str(shards["count"])),
+    figures = [("samples", f"{s['samples']:,}"), (f"{shards['unit']}s", str(shards["count"])),
                ("size", format_size(shards["bytes"])), ("quarantined", str(s["quarantine"]["count"]))]
     body = sample_sections(samples or {})
     body += {"images": _images, "text": _text, "video": _video}.get(s["modality"], lambda _: [])(s)
@@ -97,7 +102,7 @@ def dataset_page(s: dict, samples: dict | None = None) -> str:
                         counts_bars(quarantine["reasons"]) if quarantine["count"] else "",
                         table(["source", "reason"], [[q.get("source", "?") + (f":{q['line']}" if "line" in q else ""),
                                                       q.get("reason", "?")] for q in quarantine["listed"]])))
-    body.append(section("Shards", table(["shards", "total", "smallest", "median", "largest"],
+    body.append(section(f"{shards['unit'].capitalize()}s", table([f"{shards['unit']}s", "total", "smallest", "median", "largest"],
                                         [[shards["count"], format_size(shards["bytes"]), format_size(shards["min_bytes"]),
                                           format_size(shards["median_bytes"]), format_size(shards["max_bytes"])]],
                                         {0, 1, 2, 3, 4})))
@@ -119,11 +124,14 @@ def sample_sections(samples: dict) -> list[str]:
     if samples.get("classes"):
         grids = "".join(f"<h3>{escape(c['class'])} ({c['index']})</h3><div class=\"thumbs\">"
                         + "".join(figure(t.get("uri"), t["key"], t.get("error", "")) for t in c["thumbnails"])
+                        + (f'<p class="empty">{escape(c["note"])}</p>' if c.get("note") else "")
                         + "</div>" for c in samples["classes"])
-        body.append(section("Samples per class", grids))
+        body.append(section("Samples per class", *([f'<p class="sub">{escape(samples["classes_note"])}</p>']
+                                                    if samples.get("classes_note") else []), grids))
     if samples.get("quarantined"):
         body.append(section("Quarantined inputs", '<div class="thumbs">' + "".join(
-            figure(q.get("uri"), f"{q['source']}: {q['reason']}", q.get("note", "")) for q in samples["quarantined"])
+            figure(q.get("uri"), f"{q['source']}: {plain_reason(q['reason'])}", plain_reason(q.get("note", "")))
+            for q in samples["quarantined"])
             + "</div>"))
     if samples.get("frames"):
         body.append(section("One frame per decision", '<div class="thumbs">' + "".join(
@@ -137,16 +145,33 @@ def sample_sections(samples: dict) -> list[str]:
     return body
 
 
+def class_balance(classes: dict[str, int], counts: dict[str, int]) -> list[str]:
+    """Bars of samples per class: every class up to BALANCE_ROWS, else the largest ones and one line
+    that sums up the rest (the page stays small whatever the class count)."""
+    rows = [(f"{name} ({idx})", counts.get(name, 0)) for name, idx in classes.items()]
+    if counts.get(""):
+        rows.append(("unlabeled", counts[""]))
+    if len(rows) <= BALANCE_ROWS:
+        return [svg.bars(rows)]
+    ranked = sorted(rows, key=lambda row: -row[1])
+    rest = ranked[BALANCE_ROWS:]
+    return [f'<p class="sub">the {BALANCE_ROWS} largest of {len(rows):,} classes; the other {len(rest):,} hold '
+            f'{sum(n for _, n in rest):,} samples (from {min(n for _, n in rest):,} to {max(n for _, n in rest):,} '
+            f'each; `repack inspect --json` lists every class)</p>', svg.bars(ranked[:BALANCE_ROWS])]
+
+
+def plain_reason(text: str) -> str:
+    """A reason as a user reads it: Python exception class names dropped ("OSError: x" -> "x")."""
+    return EXCEPTION_NAME.sub("", text)
+
+
 def _images(s: dict) -> list[str]:
     stats, timing = s["stats"], s["timing"]
     hist = stats.get("histograms", {})
     counts = stats.get("class_counts", {})
     body = []
     if s["classes"] or counts:
-        rows = [(f"{name} ({idx})", counts.get(name, 0)) for name, idx in s["classes"].items()]
-        if counts.get(""):
-            rows.append(("unlabeled", counts[""]))
-        body.append(section(f"Class balance ({len(s['classes'])} classes)", svg.bars(rows)))
+        body.append(section(f"Class balance ({len(s['classes']):,} classes)", *class_balance(s["classes"], counts)))
     body.append(section("Source file sizes", histogram_bars(hist.get("source_bytes", []), format_size)))
     body.append(section("Dimensions (px)", side_by_side(("width", histogram_bars(hist.get("width", []), width=440)),
                                                         ("height", histogram_bars(hist.get("height", []), width=440)))))
@@ -190,7 +215,8 @@ def _text(s: dict) -> list[str]:
                                      lambda v: f"{v:,.0f} tokens")))
     body.append(section("Tokenizer", table(["sha256", "vocab", "eos", "bos", "dtype", "Megatron --data-path"],
                                            [[str(tok.get("sha256", ""))[:16], tok.get("vocab_size"), tok.get("eos_token"),
-                                             tok.get("bos_token"), s["text"].get("dtype"), s["text"].get("data_path")]])))
+                                             tok.get("bos_token"), s["text"].get("dtype"),
+                                             s["text"].get("megatron_data_path")]])))
     return body
 
 

@@ -22,9 +22,9 @@ def inspect_lines(root: str | Path | DatasetFiles) -> list[str]:
     shards = s["shards"]
     lines = [f"{s['root']}: {s['modality']} / {s['format']}, manifest v{s['manifest_version']} "
              f"(repack {s['tool_version'] or '?'})",
-             f"samples {s['samples']} in {shards['count']} shard(s), {format_size(shards['bytes'])}"]
+             f"samples {s['samples']} in {shards['count']} {shards['unit']}(s), {format_size(shards['bytes'])}"]
     if shards["count"]:
-        lines.append(f"shard size: min {format_size(shards['min_bytes'])}, median {format_size(shards['median_bytes'])}, "
+        lines.append(f"{shards['unit']} size: min {format_size(shards['min_bytes'])}, median {format_size(shards['median_bytes'])}, "
                      f"max {format_size(shards['max_bytes'])}")
     if s["fields"]:
         lines.append("fields: " + ", ".join(f"{k} ({v})" for k, v in s["fields"].items()))

@@ -5,6 +5,8 @@ capped, thumbnails small), so the page stays small whatever the dataset's size."
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import tempfile
 from pathlib import Path
@@ -17,8 +19,9 @@ from repack.report.thumbnails import FRAME_SIDE, ThumbnailError, thumbnail_uri
 PER_CLASS = 6  # thumbnails per class
 MAX_CLASSES = 24  # classes shown
 MAX_QUARANTINED = 12  # quarantined inputs shown
-SHARD_WINDOW = 2 << 20  # bytes read from the start of each shard when looking for samples
-MAX_SHARDS = 64  # shards looked into
+MAX_PROBES = 4096  # places in the dataset probed for samples (local files)
+MAX_REMOTE_PROBES = 512  # the same for object storage (each probe is a few ranged GETs)
+INDEX_WINDOW = 4096  # bytes of a shard's index read per probe (the whole sample lines in it are probed)
 MAX_SOURCE_BYTES = 32 << 20  # a quarantined input larger than this is not read for a thumbnail
 MAX_VIDEO_BYTES = 256 << 20  # a video larger than this is not fetched from object storage for a frame
 DOCUMENTS = 5  # text documents shown
@@ -32,7 +35,10 @@ def gather(files: DatasetFiles) -> dict:
     modality = files.manifest.modality
     try:
         if modality == "images":
-            return {"classes": class_thumbnails(files), "quarantined": quarantined_thumbnails(files)}
+            classes = len(files.manifest.classes)
+            note = f"the {MAX_CLASSES} largest of {classes:,} classes" if classes > MAX_CLASSES else ""
+            return {"classes": class_thumbnails(files), "classes_note": note,
+                    "quarantined": quarantined_thumbnails(files)}
         if modality == "video":
             return {"frames": decision_frames(files)}
         if modality == "text":
@@ -43,64 +49,123 @@ def gather(files: DatasetFiles) -> dict:
 
 
 # -- images ----------------------------------------------------------------------------------------
+def spread(total: int, limit: int):
+    """Up to ``limit`` distinct positions in ``range(total)``, each prefix spread evenly over the whole
+    range (0, 1/2, 1/4, 3/4, 1/8, ...: the base-2 van der Corput sequence), so a scan stopped at any
+    point has looked at every part of the dataset, whatever its shard layout or order."""
+    seen: set[int] = set()
+    i = 0
+    while len(seen) < min(total, limit):
+        fraction, weight, n = 0.0, 0.5, i
+        while n:
+            fraction += (n & 1) * weight
+            weight /= 2
+            n >>= 1
+        i += 1
+        position = int(fraction * total)
+        if position not in seen:
+            seen.add(position)
+            yield position
+
+
+def wanted_classes(manifest) -> dict[int, str]:
+    """{label: name} of the classes the report shows: the MAX_CLASSES largest (by samples packed, ties by
+    index), or -1 "unlabeled" for a dataset without classes."""
+    classes = manifest.classes
+    if not classes:
+        return {-1: "unlabeled"}
+    counts = manifest.data.get("stats", {}).get("class_counts", {})
+    ranked = sorted(classes.items(), key=lambda kv: (-counts.get(kv[0], 1), kv[1]))
+    return {index: name for name, index in ranked[:MAX_CLASSES] if counts.get(name, 1) > 0}
+
+
 def class_thumbnails(files: DatasetFiles) -> list[dict]:
-    """[{class, index, thumbnails: [{key, uri}]}] for up to MAX_CLASSES classes, in class order:
-    the first PER_CLASS samples of each in dataset order, looked for in the first SHARD_WINDOW bytes
-    of each of the first MAX_SHARDS shards (or the first LMDB records)."""
-    manifest = files.manifest
-    found: dict[int, list[dict]] = {}
-    for label, key, data in _image_samples(files):
-        shown = found.setdefault(label, [])
-        if len(shown) >= PER_CLASS:
+    """[{class, index, thumbnails: [{key, uri}]}] for the classes ``wanted_classes`` picks, in class
+    order: up to PER_CLASS samples of each, found by probing samples spread over the whole dataset
+    (``spread``; at most MAX_PROBES probes, fewer for object storage). A wanted class no probe found is
+    still listed, with no thumbnails and a note (never silently absent)."""
+    wanted = wanted_classes(files.manifest)
+    counts = files.manifest.data.get("stats", {}).get("class_counts", {})
+    need = {label: min(PER_CLASS, counts.get(name, PER_CLASS)) for label, name in wanted.items()}
+    found: dict[int, list[dict]] = {label: [] for label in wanted}
+    for label, key, image in _image_samples(files):
+        shown = found.get(label)
+        if shown is None or len(shown) >= need[label]:
             continue
         try:
-            shown.append({"key": key, "uri": thumbnail_uri(data)})
+            shown.append({"key": key, "uri": thumbnail_uri(image())})
         except ThumbnailError as exc:
             shown.append({"key": key, "error": str(exc)})
-        full = sum(1 for v in found.values() if len(v) >= PER_CLASS)
-        if full >= min(MAX_CLASSES, max(1, len(manifest.classes))):
+        if all(len(found[c]) >= need[c] for c in found):
             break
-    names = {index: name for name, index in manifest.classes.items()}
-    return [{"class": names.get(label, "unlabeled"), "index": label, "thumbnails": thumbs}
-            for label, thumbs in sorted(found.items())][:MAX_CLASSES]
+    return [{"class": wanted[label], "index": label, "thumbnails": found[label],
+             **({} if found[label] else {"note": "no sample found by the report's bounded scan"})}
+            for label in sorted(found)]
 
 
 def _image_samples(files: DatasetFiles):
-    """(label, key, image bytes) of samples in dataset order, from tar shards or the LMDB file."""
+    """(label, key, image loader) of samples probed over the whole dataset (``spread``): tar shards
+    through their DALI index, or the LMDB file's records. Labels are read first (a few bytes); the
+    image only when its loader is called."""
     if files.manifest.format == "lmdb":
         yield from _lmdb_samples(files)
         return
-    for shard in files.manifest.data["shards"][:MAX_SHARDS]:
-        if not shard.get("index") or not shard.get("samples"):
-            continue
-        window = files.read(shard["path"], 0, min(shard["bytes"], SHARD_WINDOW))
-        for members in _index_samples(files.read(shard["index"]).decode("ascii", errors="replace")):
-            label, image = members.get("cls"), next(((n, o, s) for e, (n, o, s) in members.items()
-                                                     if e not in ("cls", "json")), None)
-            if image is None or any(o + s > len(window) for _, o, s in members.values()):
-                break  # past the window: the next shard
-            try:
-                cls = int(window[label[1]:label[1] + label[2]]) if label else -1
-            except ValueError:
-                cls = -1
-            name, offset, size = image
-            yield cls, name.rsplit(".", 1)[0], window[offset:offset + size]
+    shards = [s for s in files.manifest.data["shards"] if s.get("index") and s.get("samples")]
+    starts = list(itertools.accumulate((s["samples"] for s in shards), initial=0))
+    index_sizes: dict[str, int] = {}
+    seen: set[tuple[int, str]] = set()
+    for position in spread(starts[-1], MAX_PROBES if files.local else MAX_REMOTE_PROBES):
+        number = bisect.bisect_right(starts, position) - 1
+        shard = shards[number]
+        if shard["index"] not in index_sizes:
+            index_sizes[shard["index"]] = files.size(shard["index"])
+        size = index_sizes[shard["index"]]
+        start = int(size * (position - starts[number]) / shard["samples"])
+        window = files.read(shard["index"], start, INDEX_WINDOW).decode("ascii", errors="replace")
+        lines = window.split("\n")[1:-1]  # whole lines only (at offset 0 the first is the header)
+        for members in list(_index_samples(lines))[:PER_CLASS]:
+            image = next(((n, o, s) for e, (n, o, s) in members.items() if e not in ("cls", "json")), None)
+            if image is None or (number, image[0]) in seen:
+                continue
+            seen.add((number, image[0]))
+            label = members.get("cls")
+            yield (_label(files.read(shard["path"], label[1], min(label[2], 32))) if label else -1,
+                   image[0].rsplit(".", 1)[0], _loader(files, shard["path"], image[1], image[2]))
 
 
-def _index_samples(index: str):
-    """{ext: (member name, offset, size)} per sample of a DALI index (``v1.2 N`` + 4 tokens a member)."""
-    for line in index.splitlines()[1:]:
+def _label(raw: bytes) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        return -1
+
+
+def _loader(files: DatasetFiles, rel: str, offset: int, size: int):
+    """A call that reads one image member (capped at MAX_SOURCE_BYTES: a larger one gives no thumbnail)."""
+    def load() -> bytes:
+        if size > MAX_SOURCE_BYTES:
+            raise ThumbnailError(f"{size} bytes: not read for a thumbnail")
+        return files.read(rel, offset, size)
+    return load
+
+
+def _index_samples(lines):
+    """{ext: (member name, offset, size)} per sample line of a DALI index (4 tokens a member)."""
+    for line in lines:
         tokens = line.split()
         members = {}
-        for i in range(0, len(tokens) - 3, 4):
-            ext, offset, size, name = tokens[i:i + 4]
-            members[ext] = (name, int(offset), int(size))
+        try:
+            for i in range(0, len(tokens) - 3, 4):
+                ext, offset, size, name = tokens[i:i + 4]
+                members[ext] = (name, int(offset), int(size))
+        except ValueError:
+            continue  # not a sample line (the header, or damage: `repack verify` reports it)
         if members:
             yield members
 
 
 def _lmdb_samples(files: DatasetFiles):
-    """(label, key, image bytes) of the first records of a local LMDB dataset (its size checked first)."""
+    """(label, key, image loader) of records probed over a local LMDB dataset (its size checked first)."""
     if not files.local:
         return
     import lmdb
@@ -112,15 +177,11 @@ def _lmdb_samples(files: DatasetFiles):
     env = lmdb.open(str(path), readonly=True, lock=False, subdir=False, readahead=False)
     try:
         with env.begin() as txn:
-            for index in range(min(shard.get("samples", 0), MAX_SHARDS * PER_CLASS * 4)):
-                image, label = txn.get(f"s/{index:010d}/img".encode()), txn.get(f"s/{index:010d}/cls".encode())
-                if image is None:
-                    break
-                try:
-                    cls = int(label) if label is not None else -1
-                except ValueError:
-                    cls = -1
-                yield cls, f"{index:010d}", bytes(image)
+            for index in spread(shard.get("samples", 0), MAX_PROBES * PER_CLASS):
+                key = f"s/{index:010d}/img".encode()
+                label = txn.get(f"s/{index:010d}/cls".encode())
+                yield (_label(label) if label is not None else -1, f"{index:010d}",
+                       lambda key=key: bytes(txn.get(key) or b""))  # called before the scan goes on
     finally:
         env.close()
 

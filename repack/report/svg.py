@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 PALETTE = ("#3b6fd8", "#e07b39", "#3a9d5d", "#c0455a", "#8a5cc2", "#2aa3a8", "#b8912f", "#6b7280")
 FONT = 'font-family="system-ui, sans-serif" font-size="12"'
+CHAR_W = 8  # px a character of FONT takes at most (digits and most letters take 7)
 LABEL_CHARS = 44  # longer labels are shortened with an ellipsis (the full text is in a <title> tooltip)
 
 
@@ -20,7 +21,8 @@ def bars(rows: Sequence[tuple[str, float]], value_text: Callable[[float], str] =
     """A horizontal bar chart: one row per (label, value), longest bar = the largest value."""
     if not rows:
         return '<p class="empty">nothing to show</p>'
-    row_h, label_w, value_w = 22, 8 + 7 * min(LABEL_CHARS, max(len(_short(label)) for label, _ in rows)), 90
+    row_h, label_w = 22, 8 + 7 * min(LABEL_CHARS, max(len(_short(label)) for label, _ in rows))
+    value_w = 12 + CHAR_W * max(len(value_text(value)) for _, value in rows)  # the longest value text fits
     bar_w = max(120, width - label_w - value_w)
     top = max(value for _, value in rows) or 1
     parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + value_w}" '

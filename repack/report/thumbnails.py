@@ -23,7 +23,7 @@ class ThumbnailError(ValueError):
 
 def thumbnail_uri(data: bytes, side: int = THUMB_SIDE) -> str:
     """A ``data:image/jpeg;base64,...`` thumbnail of the image in ``data`` (longer side <= ``side``)."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     if not data:
         raise ThumbnailError("empty file")
@@ -43,6 +43,8 @@ def thumbnail_uri(data: bytes, side: int = THUMB_SIDE) -> str:
     except ThumbnailError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever PIL raises on a bad file is the reason shown
-        detail = re.sub(r"<[^>]* at 0x[0-9a-f]+>", "the file", (str(exc).splitlines() or ["?"])[0])[:120]
-        raise ThumbnailError(f"does not decode ({type(exc).__name__}: {detail})") from None
+        if isinstance(exc, UnidentifiedImageError):
+            raise ThumbnailError("does not decode: not a recognized image (corrupt header)") from None
+        detail = re.sub(r"<[^>]* at 0x[0-9a-f]+>", "the file", (str(exc).splitlines() or [""])[0])[:120]
+        raise ThumbnailError(f"does not decode: {detail or 'damaged image data'}") from None
     return "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")

@@ -58,6 +58,15 @@ class MegatronFormatError(ValueError):
     """An .idx/.bin pair that does not follow the MMIDIDX layout."""
 
 
+def megatron_data_path(manifest: dict, root: str) -> str:
+    """Megatron's ``--data-path`` value for a token dataset at ``root`` (a folder or URL): its one
+    prefix, or the weighted list ``TOKENS PREFIX ...`` of its parts. The job's summary and the reports
+    both print this."""
+    if len(manifest.get("prefixes", ())) > 1:
+        return " ".join(f"{entry['tokens']} {root}/{entry['prefix']}" for entry in manifest["shards"])
+    return " ".join(f"{root}/{prefix}" for prefix in manifest.get("prefixes", ()))
+
+
 def token_dtype(max_token_id: int) -> str:
     """'uint16' when every id up to ``max_token_id`` fits 16 bits, else 'int32' (never wraps)."""
     if max_token_id < 0:
