@@ -35,7 +35,7 @@ from repack.config import EngineOptions
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan
 from repack.jobs.publish import (current_version, inputs_record, known_inputs, locked_dataset, move, plan_inputs,
-                                 promote_pending, publish, remove_prefix)
+                                 promote_pending, publish, remove_prefix, warner)
 from repack.manifest import MANIFEST_NAME, atomic_write_bytes, dumps_canonical
 from repack.manifest.versions import number_of
 
@@ -76,7 +76,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
     started = time.time()
     with locked_dataset(spec.out) as (store, out):
         current, current_raw = current_version(store)
-        promoted = promote_pending(store, current)
+        promoted = promote_pending(store, current, warner(options.log_json))
         if promoted is not None:
             return AppendResult(promoted, True, 0, time.time() - started)
         refusal = appender.accepts(current, spec)

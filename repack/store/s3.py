@@ -25,7 +25,8 @@ import socket
 import time
 from pathlib import Path
 
-from repack.errors import RepackError, VerificationError
+from repack.errors import ConfinementError, RepackError, VerificationError
+from repack.manifest.paths import PathEscapeError, check_relative
 from repack.store.s3_client import (AUTH_CODES, client, describe_error, is_missing, limits, parse_url,
                                     transfer_config)
 from repack.store.s3_lock import ObjectLock
@@ -66,6 +67,12 @@ class S3Store:
         self._sizes: dict[str, int] | None = None
 
     def key(self, rel: str) -> str:
+        """The object key of ``rel``, always under the prefix: ``rel`` is a relative path without ``..``,
+        NUL or backslash (ConfinementError otherwise; some S3-compatible servers map keys to files)."""
+        try:
+            check_relative(rel)
+        except PathEscapeError as exc:
+            raise ConfinementError(f"{self.url}: refused {rel!r}: {exc}") from None
         return f"{self.prefix}/{rel}" if self.prefix else rel
 
     def where(self, rel: str = "") -> str:
