@@ -61,16 +61,13 @@ def no_links_below(root: str | os.PathLike, rel: str) -> Path:
     component below ``root`` (the folders on the way, or the file itself) is a symbolic link (lstat:
     nothing is followed, a link to a folder inside the root is refused too). A missing component ends
     the walk: nothing below it can be a link yet."""
-    pure = PurePosixPath(check_relative(rel))
+    parts = PurePosixPath(check_relative(rel)).parts
     path = Path(root)
-    for part in pure.parts:
+    for part in parts:
         path = path / part
-        try:
-            if os.path.islink(path):
-                raise PathEscapeError(f"{path}: a symbolic link inside the dataset root; repack writes and "
-                                      "deletes plain files only")
-        except OSError:
-            break
+        if os.path.islink(path):
+            raise PathEscapeError(f"{path}: a symbolic link inside the dataset root; repack writes and "
+                                  "deletes plain files only")
         if not os.path.lexists(path):
             break
-    return path
+    return Path(root).joinpath(*parts)
