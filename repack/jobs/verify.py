@@ -50,7 +50,7 @@ def verify_report(location, version: int | None = None) -> Report:
     problems = check_contents(files, manifest)
     listed = set(manifest.named_files())
     names = files.names()
-    chain = check_versions(files, names)
+    chain = check_versions(files, names, manifest.root)
     problems += chain.problems
     pending = list(chain.pending_versions)
     foreign = []
@@ -94,12 +94,13 @@ def is_pending_name(rel: str, number: int) -> bool:
     return any(re.search(rf"-v{number}(?=[-./]|$)", part) for part in rel.split("/"))
 
 
-def check_versions(files, names: list[str]) -> Chain:
+def check_versions(files, names: list[str], root: Path) -> Chain:
     """Each published ``manifest.vN.json`` must say it is version N with parent N - 1 and pass the
     manifest's path rule, and ``manifest.json`` must be the newest published one, byte for byte.
     Files named by a version other than the one verified are not strays (verify that version with
     ``--version N`` to check their contents). A version file newer than ``manifest.json`` is pending
-    (the next append, remove or gc publishes it or moves it aside): reported, not a problem."""
+    (the next append, remove or gc publishes it or moves it aside): reported, not a problem. ``root``:
+    the folder the paths are confined to (the dataset's, or an object store's scratch)."""
     from repack.manifest.versions import VERSION_KEY, load_number, number_of, version_number
 
     problems: list[str] = []
@@ -119,7 +120,7 @@ def check_versions(files, names: list[str]) -> Chain:
         kept.add(name)
         try:
             data = json.loads(files.read(name) or b"null")
-            other = Manifest(Path("/"), data)
+            other = Manifest(root, data)
             other.validate()
             info = data.get(VERSION_KEY) or {}
             if number_of(data) != number or (number > 1 and info.get("parent") != number - 1):
