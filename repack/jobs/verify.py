@@ -52,7 +52,7 @@ def verify_report(location, version: int | None = None) -> Report:
     names = files.names()
     chain = check_versions(files, names, manifest.root)
     problems += chain.problems
-    pending = list(chain.pending_versions)
+    pending = []
     foreign = []
     for rel in names:
         if rel in listed or rel in chain.kept:
@@ -112,6 +112,7 @@ def check_versions(files, names: list[str], root: Path) -> Chain:
         name = f"manifest.v{number}.json"
         if number > published:
             pending_versions.append(name)
+            pending_files.add(name)
             try:
                 pending_files.update(Manifest(Path("/"), json.loads(files.read(name) or b"null")).named_files())
             except (ValueError, TypeError, KeyError, AttributeError):
