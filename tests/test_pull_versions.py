@@ -105,7 +105,7 @@ def test_pull_and_verify_retry_503_answers_like_the_other_commands(server, tmp_p
         env = env_for(proxy.endpoint, tmp_path)
         for attempt in range(3):
             copy = tmp_path / f"copy{attempt}"
-            run_repack("pull", url, copy, "--versions", "all", env=env)
+            run_repack("pull", url, copy, env=env)
             assert run_repack("verify", copy).returncode == 0
             assert run_repack("verify", url, env=env).returncode == 0
     finally:
