@@ -66,6 +66,11 @@ def test_every_path_field_is_checked_when_a_manifest_is_read(tmp_path, field):
         for read in (read_manifest, open_manifest):
             with pytest.raises(ManifestError, match=r"version 1: .*(escapes|outside|names a manifest|invalid)"):
                 read(out)
+    (out / "manifest.json").write_text(json.dumps(hostile(field, "../outside/victim", good)))
+    for args in (("inspect", out), ("verify", out)):  # the commands too, one line naming version and path
+        proc = run_repack(*args, check=False)
+        assert proc.returncode == 5 and "version 1: path '../outside/victim' escapes" in proc.stderr + proc.stdout
+        assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("field,kind", list(zip(FIELDS, ("manifest", "dotdot", "absolute", "symlink", "dotdot",

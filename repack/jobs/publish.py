@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from repack.errors import UsageError
+from repack.errors import ConfinementError, UsageError
 from repack.jobs.base import STATE_DIR, Plan
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
@@ -96,12 +96,8 @@ def settle_pending(store, current: dict, say: Callable[[str], None] | None = Non
     move(store, name, aside)
     message = (f"{store.url}/{name}: not published ({problem}); moved to {store.url}/{aside}; version "
                f"{number - 1} stays the published one")
-    (say or _warn)(message)
+    (say or warner(False))(message)
     return Settled(rejected=message)
-
-
-def _warn(message: str) -> None:
-    warner(False)(message)
 
 
 def warner(as_json: bool) -> Callable[[str], None]:
@@ -120,17 +116,21 @@ def pending_problem(store, raw: bytes, number: int) -> str | None:
     or holds with another size than recorded."""
     try:
         data = json.loads(raw)
-        Manifest(Path(store.scratch), data).validate()
+        manifest = Manifest(Path(store.scratch), data)
+        manifest.validate()
+        info = data.get(VERSION_KEY)
+        if number_of(data) != number or not isinstance(info, dict) or info.get("parent") != number - 1:
+            return f"says version {number_of(data)} with parent {info.get('parent') if isinstance(info, dict) else None}"
     except (ValueError, ManifestError) as exc:
         return str(exc)
-    info = data.get(VERSION_KEY)
-    if number_of(data) != number or not isinstance(info, dict) or info.get("parent") != number - 1:
-        return f"says version {number_of(data)} with parent {info.get('parent') if isinstance(info, dict) else None}"
-    sizes: dict[str, int | None] = {rel: None for rel in Manifest(Path(store.scratch), data).named_files()}
+    sizes: dict[str, int | None] = {rel: None for rel in manifest.named_files()}
     sizes.update({s["path"]: s["bytes"] for s in data["shards"]})
     sizes.update({s["index"]: s.get("index_bytes") for s in data["shards"] if s.get("index")})
     for rel, size in sizes.items():
-        found = store.size(rel)
+        try:
+            found = store.size(rel)
+        except ConfinementError as exc:
+            return str(exc)
         if found is None:
             return f"{rel} is missing"
         if size is not None and found is not None and found != size:

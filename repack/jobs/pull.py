@@ -16,13 +16,11 @@ symlink where a file goes is a UsageError. Requests are retried as every S3 call
 
 from __future__ import annotations
 
-import os
+import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-
-import json
-import time
 
 from repack.errors import RepackError, UsageError, VerificationError
 from repack.jobs.verify import check_contents

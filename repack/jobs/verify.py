@@ -77,13 +77,12 @@ def verify_report(location, version: int | None = None) -> Report:
 @dataclass(frozen=True)
 class Chain:
     """The version files of a dataset as verify sees them: ``problems``; ``kept``: the files the
-    published versions name; ``published``: the number ``manifest.json`` holds; ``pending_versions`` /
-    ``pending_files``: versions written after it but not published yet, and the files they name."""
+    published versions name; ``published``: the number ``manifest.json`` holds; ``pending_files``: the
+    files of versions written after it but not published yet (their manifests and what they name)."""
 
     problems: list[str]
     kept: set[str]
     published: int
-    pending_versions: tuple[str, ...] = ()
     pending_files: frozenset[str] = frozenset()
 
 
@@ -107,11 +106,10 @@ def check_versions(files, names: list[str], root: Path) -> Chain:
     kept: set[str] = set()
     published = load_number(files.read(MANIFEST_NAME))
     numbers = sorted(n for n in (version_number(rel) for rel in names) if n is not None)
-    pending_versions, pending_files = [], set()
+    pending_files: set[str] = set()
     for number in numbers:
         name = f"manifest.v{number}.json"
         if number > published:
-            pending_versions.append(name)
             pending_files.add(name)
             try:
                 pending_files.update(Manifest(Path("/"), json.loads(files.read(name) or b"null")).named_files())
@@ -134,7 +132,7 @@ def check_versions(files, names: list[str], root: Path) -> Chain:
         latest = f"manifest.v{published_files[-1]}.json"
         if files.read(MANIFEST_NAME) != files.read(latest) and published_files[-1] > 1:
             problems.append(f"{MANIFEST_NAME} is not the newest version ({latest}), byte for byte")
-    return Chain(problems, kept, published, tuple(pending_versions), frozenset(pending_files) - kept)
+    return Chain(problems, kept, published, frozenset(pending_files) - kept)
 
 
 def check_contents(files, manifest) -> list[str]:
