@@ -46,6 +46,13 @@ class VerificationError(RepackError):
     exit_code = VERIFICATION_EXIT_CODE
 
 
+class ConfinementError(RepackError):
+    """A store asked to write or delete outside its root (a ``..``, an absolute path, a symbolic link on
+    the way, a key outside the prefix): refused, nothing touched."""
+
+    exit_code = VERIFICATION_EXIT_CODE
+
+
 class NothingPackedError(RepackError):
     """Inputs were found but every one was quarantined: the dataset is empty."""
 

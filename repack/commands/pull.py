@@ -7,22 +7,39 @@ import click
 from repack.errors import UsageError
 
 
+def parse_versions(value: str) -> int | None:
+    """``latest`` -> 1, ``all`` -> None (every kept version), ``K`` -> the K newest."""
+    if value == "latest":
+        return 1
+    if value == "all":
+        return None
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise UsageError(f"--versions {value!r}: expected latest, all or a positive number of versions")
+
+
 @click.command("pull")
 @click.argument("url")
 @click.argument("dest")
-def pull(url, dest):
+@click.option("--versions", "versions", default="latest", show_default=True, metavar="latest|all|K",
+              help="Which versions to copy: the latest, every kept one, or the K newest (readers pinned to "
+                   "version=N need N copied).")
+def pull(url, dest, versions):
     """Copy the dataset at URL (s3://bucket/prefix) into the local folder DEST, checked.
 
-    Every shard, index and side file is checked against the manifest (size, sha256) while it is
-    downloaded, then the copy as `repack verify` checks a folder (tar structure against the index,
-    sample counts, the tokenizer's sha256); files already in DEST and intact are kept; the manifest
-    is written last. A failed check exits 5.
+    The latest version is pinned when the pull starts: a version published meanwhile is not copied, and
+    DEST gets exactly the manifest that was checked. Every shard, index and side file is checked
+    against the manifest (size, sha256) while it is downloaded, then the copy as `repack verify` checks
+    a folder (tar structure against the index, sample counts, the tokenizer's sha256); files already
+    in DEST and intact are kept; the manifests are written last. A failed check exits 5.
     """
+    from repack.jobs.pull import PullSpec
     from repack.jobs.pull import pull as pull_dataset
+    from repack.manifest.versions import number_of
     from repack.store import is_remote
 
     if not is_remote(url):
         raise UsageError(f"URL must be an s3:// location, not {url!r}")
-    manifest = pull_dataset(url, dest)
-    click.echo(f"{url} -> {dest}: {len(manifest.shards)} shard(s), {manifest.num_samples} samples, "
-               "checked (sizes, sha256, structure against the index)")
+    manifest = pull_dataset(PullSpec(url, dest, parse_versions(versions)))
+    click.echo(f"{url} -> {dest}: version {number_of(manifest.data)}, {len(manifest.shards)} shard(s), "
+               f"{manifest.num_samples} samples, checked (sizes, sha256, structure against the index)")

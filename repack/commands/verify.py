@@ -44,8 +44,13 @@ def verify(out, json_out, version):
     problems = list(report.problems)
     for note in report.unchecked:
         click.echo(f"{out}: not checked: {note}", err=True)
+    if report.pending:
+        click.echo(f"{out}: pending (an append, remove or gc that did not finish; the next one publishes it or "
+                   f"moves it to .repack/rejected/): {', '.join(report.pending[:10])}"
+                   + (f" and {len(report.pending) - 10} more" if len(report.pending) > 10 else ""), err=True)
     if json_out:
-        click.echo(json.dumps({"ok": not problems, "problems": problems, "unchecked": list(report.unchecked)}))
+        click.echo(json.dumps({"ok": not problems, "problems": problems, "unchecked": list(report.unchecked),
+                               "pending": list(report.pending)}))
     elif problems:
         click.echo(f"{out}: {len(problems)} problem(s):", err=True)
         for problem in problems:

@@ -37,7 +37,7 @@ from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan
 from repack.jobs.input_record import dataset_record, record_after_append, task_digests
 from repack.jobs.publish import (current_version, inputs_record, locked_dataset, move, promote_pending, publish,
-                                 remove_prefix)
+                                 remove_prefix, warner)
 from repack.manifest import MANIFEST_NAME, atomic_write_bytes, dumps_canonical
 from repack.manifest.versions import number_of
 
@@ -79,7 +79,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
     started = time.time()
     with locked_dataset(spec.out) as (store, out):
         current, current_raw = current_version(store)
-        promoted = promote_pending(store, current)
+        promoted = promote_pending(store, current, warner(options.log_json))
         if promoted is not None:
             return AppendResult(promoted, True, 0, time.time() - started)
         refusal = appender.accepts(current, spec)

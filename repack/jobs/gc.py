@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import UsageError
-from repack.jobs.publish import current_version, inputs_record, locked_dataset
+from repack.jobs.publish import current_version, inputs_record, locked_dataset, settle_pending
 from repack.manifest import Manifest, ManifestError
 from repack.manifest.versions import number_of, version_file, version_number
 
@@ -34,6 +34,8 @@ def collect_garbage(out: str, keep: int) -> GcResult:
         raise UsageError(f"--keep must be at least 1 (the latest version), got {keep}")
     with locked_dataset(out) as (store, root):
         current, _ = current_version(store)
+        if settle_pending(store, current).promoted is not None:
+            current, _ = current_version(store)
         latest = number_of(current)
         numbers = sorted({n for n in (version_number(rel) for rel in store.list_sizes("manifest.v")) if n is not None}
                          | {latest})
@@ -41,14 +43,15 @@ def collect_garbage(out: str, keep: int) -> GcResult:
         names: dict[int, set[str]] = {n: _named(store, root, n, current if n == latest else None) for n in numbers}
         keep_names = set().union(*(names[n] for n in kept))
         doomed = tuple(n for n in numbers if n not in kept)
+        doomed_files = sorted(set().union(*(names[n] for n in doomed)) - keep_names
+                              - {version_file(n) for n in doomed})
+        sizes = {rel: store.size(rel) for rel in doomed_files}  # the store's confinement refuses before a delete
         deleted, freed = [], 0
-        for number in doomed:
-            for rel in sorted(names[number] - keep_names - {version_file(number)}):
-                size = store.size(rel)
-                if size is not None:
-                    store.delete(rel)
-                    deleted.append(rel)
-                    freed += size
+        for rel, size in sizes.items():
+            if size is not None:
+                store.delete(rel)
+                deleted.append(rel)
+                freed += size
         for number in doomed:  # the version files last: a gc killed before this re-finds what they name
             if store.size(version_file(number)) is not None:
                 store.delete(version_file(number))
@@ -64,7 +67,6 @@ def _named(store, root: Path, number: int, data: dict | None) -> set[str]:
             data = json.loads(raw)
             Manifest(root, data).validate()
         except (TypeError, ValueError, ManifestError) as exc:
-            raise UsageError(f"{root}/{version_file(number)} is not a valid manifest ({exc}); nothing deleted") \
-                from None
-    manifest = Manifest(root, data)
-    return set(manifest.relative_paths()) | {v["path"] for v in data.get("videos", [])} | {version_file(number)}
+            raise UsageError(f"{store.url}/{version_file(number)} (version {number}) is not a valid manifest "
+                             f"({exc}); nothing deleted") from None
+    return set(Manifest(root, data).named_files()) | {version_file(number)}

@@ -4,8 +4,11 @@
 Order (each step atomic; kill -9 between any two leaves the previous version published and
 readable, and a re-run completes the same version): version 1's bytes are kept as
 ``manifest.v1.json`` first; then ``manifest.vN.json`` is written; then ``manifest.json`` gets the same
-bytes. A re-run that finds ``manifest.vN.json`` written but ``manifest.json`` still at N - 1 only
-promotes it.
+bytes. ``manifest.vN.json`` beside ``manifest.json`` at N - 1 is *pending*: the next writer (append,
+remove, gc) settles it before anything else. Publishing is a commit: a pending version becomes
+``manifest.json`` only when it checks out (JSON, schema and the path rule, number N with parent N - 1,
+every file it names present with the size it records); otherwise it is moved aside to
+``.repack/rejected/`` and reported, and the published version stays.
 
 The dataset's record of what it holds, for appends: ``.repack/inputs-vN.json`` (job state, not a
 dataset file) ``{"inputs": {rel: [size, mtime_ns]}, "next_position": P}``: every input planned in
@@ -16,16 +19,21 @@ packed again by the next append) and the next free sample position (keys stay un
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from repack.errors import UsageError
+from repack.errors import ConfinementError, UsageError
 from repack.jobs.base import STATE_DIR, Plan
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical
-from repack.manifest.versions import number_of, stamp, version_file
+from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
+
+REJECTED_DIR = f"{STATE_DIR}/rejected"
 
 
 def inputs_record(number: int) -> str:
@@ -62,14 +70,77 @@ def current_version(store) -> tuple[dict, bytes]:
     return data, raw
 
 
-def promote_pending(store, current: dict) -> dict | None:
-    """A version written but not yet named by ``manifest.json`` (a run killed in between): make it the
-    latest and return it; None when there is none."""
-    pending = store.read_bytes(version_file(number_of(current) + 1))
-    if pending is None:
-        return None
-    store.put_bytes(MANIFEST_NAME, pending)
-    return json.loads(pending)
+@dataclass(frozen=True)
+class Settled:
+    """What ``settle_pending`` did: ``promoted`` (the pending version's data, now the latest) or
+    ``rejected`` (why it was not published, and where it was moved), or neither (nothing pending)."""
+
+    promoted: dict | None = None
+    rejected: str | None = None
+
+
+def settle_pending(store, current: dict, say: Callable[[str], None] | None = None) -> Settled:
+    """A version written but not yet named by ``manifest.json`` (a run killed in between): publish it
+    when ``pending_problem`` finds nothing, else move it to ``.repack/rejected/`` and ``say`` why (default:
+    a warning line on stderr). The published version is never replaced by a version that fails."""
+    number = number_of(current) + 1
+    name = version_file(number)
+    raw = store.read_bytes(name)
+    if raw is None:
+        return Settled()
+    problem = pending_problem(store, raw, number)
+    if problem is None:
+        store.put_bytes(MANIFEST_NAME, raw)
+        return Settled(promoted=json.loads(raw))
+    aside = f"{REJECTED_DIR}/{name}.{hashlib.sha256(raw).hexdigest()[:12]}"
+    move(store, name, aside)
+    message = (f"{store.url}/{name}: not published ({problem}); moved to {store.url}/{aside}; version "
+               f"{number - 1} stays the published one")
+    (say or warner(False))(message)
+    return Settled(rejected=message)
+
+
+def warner(as_json: bool) -> Callable[[str], None]:
+    """A ``say`` for ``settle_pending``: a ``repack: warning:`` line on stderr, or a JSON line
+    (``--log-json``)."""
+    def say(message: str) -> None:
+        line = json.dumps({"event": "warning", "message": message}) if as_json else f"repack: warning: {message}"
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    return say
+
+
+def pending_problem(store, raw: bytes, number: int) -> str | None:
+    """Why the bytes of pending version ``number`` must not be published (None: they may): not JSON,
+    fails the schema or the path rule, says another number or parent, or names a file the store lacks
+    or holds with another size than recorded."""
+    try:
+        data = json.loads(raw)
+        manifest = Manifest(Path(store.scratch), data)
+        manifest.validate()
+        info = data.get(VERSION_KEY)
+        if number_of(data) != number or not isinstance(info, dict) or info.get("parent") != number - 1:
+            return f"says version {number_of(data)} with parent {info.get('parent') if isinstance(info, dict) else None}"
+    except (ValueError, ManifestError) as exc:
+        return str(exc)
+    sizes: dict[str, int | None] = {rel: None for rel in manifest.named_files()}
+    sizes.update({s["path"]: s["bytes"] for s in data["shards"]})
+    sizes.update({s["index"]: s.get("index_bytes") for s in data["shards"] if s.get("index")})
+    for rel, size in sizes.items():
+        try:
+            found = store.size(rel)
+        except ConfinementError as exc:
+            return str(exc)
+        if found is None:
+            return f"{rel} is missing"
+        if size is not None and found is not None and found != size:
+            return f"{rel} has {found} bytes, the version records {size}"
+    return None
+
+
+def promote_pending(store, current: dict, say: Callable[[str], None] | None = None) -> dict | None:
+    """The promoted data of ``settle_pending`` (None when nothing was pending or it was rejected)."""
+    return settle_pending(store, current, say).promoted
 
 
 def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, change: dict) -> dict:

@@ -1,26 +1,56 @@
 """`repack pull`: copy a dataset from object storage into a local folder, checked as verify checks.
 
-Every object the manifest names is downloaded (size and sha256 checked on the way; an intact file
-already in DEST is kept), then the copy is checked as ``repack verify`` checks a folder (each
-shard's structure against its index, the side files' sha256); only then is the manifest written,
-last: a readable manifest in DEST means a complete, checked copy. A file of the copy that fails
-raises VerificationError (exit 5); DEST holding a symlink where a file goes is a UsageError.
+The version is pinned first: ``manifest.json`` is read once, and its bytes are the ones written to
+DEST at the end (a version published while the pull runs is not seen: shards are immutable, so the
+copy is exactly the pinned version, never a mixture). ``versions`` (``PullSpec``): the pinned
+version only (default), the K newest up to it, or every kept one; each is read from its immutable
+``manifest.vN.json`` and written to DEST with its bytes, so a reader pinned to ``version=N`` works on
+the copy. Every object those versions name is downloaded (size and sha256 checked on the way; an
+intact file already in DEST is kept), then the copy is checked as ``repack verify`` checks a folder
+(each shard's structure against its index, the side files' sha256), per version; only then are
+the version files written and ``manifest.json`` last: a readable manifest in DEST means a complete,
+checked copy. A file of the copy that fails raises VerificationError (exit 5); DEST holding a
+symlink where a file goes is a UsageError. Requests are retried as every S3 call of repack is
+(``repack.store.s3_client``), and a whole-object download that still fails is tried again, as uploads are.
 """
 
 from __future__ import annotations
 
-import os
+import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from repack.errors import UsageError, VerificationError
+from repack.errors import RepackError, UsageError, VerificationError
 from repack.jobs.verify import check_contents
-from repack.manifest import MANIFEST_NAME, Manifest, atomic_write_bytes, safe_join
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, atomic_write_bytes, safe_join
+from repack.manifest.versions import check_number, number_of, version_file, version_number
 from repack.sinks.checks import sha256_file
 from repack.store.files import LocalFiles, RemoteFiles
 
 THREADS = 16
+FETCH_ATTEMPTS = 3  # whole-object attempts on top of botocore's per-request retries
+
+
+@dataclass(frozen=True)
+class PullSpec:
+    """What to copy: ``versions`` None = every kept version, else the ``versions`` newest up to the
+    pinned one (1: the pinned version only)."""
+
+    url: str
+    dest: str
+    versions: int | None = 1
+
+
+@dataclass(frozen=True)
+class Version:
+    """One version to copy: its number, the file it lives in, its exact bytes and its manifest."""
+
+    number: int
+    name: str
+    raw: bytes
+    manifest: Manifest
 
 
 @dataclass(frozen=True)
@@ -42,6 +72,8 @@ def expected_objects(manifest: Manifest) -> list[Expected]:
             found.append(Expected(shard["index"], shard.get("index_bytes"), shard.get("index_sha256")))
         if shard.get("checksums"):
             found.append(Expected(shard["checksums"], shard.get("checksums_bytes"), shard.get("checksums_sha256")))
+    for video in manifest.data.get("videos", []):  # a video WebDataset's prepared videos, beside its shards
+        found.append(Expected(video["path"], video.get("bytes"), video.get("sha256")))
     for name, rel in manifest.data.get("files", {}).items():
         sha = manifest.data.get("tokenizer", {}).get("sha256") if name == "tokenizer" else None
         found.append(Expected(rel, None, sha))
@@ -60,34 +92,92 @@ def refuse_links(root: Path, rel: str) -> Path:
     return safe_join(root, rel)
 
 
-def pull(url: str, dest: str | os.PathLike) -> Manifest:
-    """Copy the dataset under ``url`` into the folder ``dest`` (see the module docstring)."""
-    remote = RemoteFiles(url)
-    manifest = remote.manifest()
-    root = Path(dest)
+def pinned_versions(remote: RemoteFiles, versions: int | None) -> list[Version]:
+    """The versions to copy, newest first: the one ``manifest.json`` holds now (read once: the pin),
+    then older kept ones as ``versions`` says; each validated (the manifest's path rule, its number)."""
+    store = remote.store
+    raw = store.read_bytes(MANIFEST_NAME)
+    if raw is None:
+        raise ManifestError(f"{store.url}/{MANIFEST_NAME}: no manifest (the job has not finished, or this is not "
+                            "a repack output)")
+    latest = _version(remote, MANIFEST_NAME, raw, None)
+    found = [latest]
+    if versions == 1:
+        return found
+    older = sorted((n for n in (version_number(rel) for rel in store.list_sizes("manifest.v")) if n is not None
+                    and n < latest.number), reverse=True)
+    for number in older[:None if versions is None else versions - 1]:
+        name = version_file(number)
+        body = store.read_bytes(name)
+        if body is None:
+            continue  # removed by a gc since the listing: no longer kept
+        found.append(_version(remote, name, body, number))
+    return found
+
+
+def _version(remote: RemoteFiles, name: str, raw: bytes, number: int | None) -> Version:
+    where = remote.store.where(name)
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ManifestError(f"{where}: not valid JSON ({exc})") from None
+    manifest = Manifest(remote.store.scratch, data, remote.store.url)
+    manifest.validate()
+    check_number(data, number, where)
+    return Version(number_of(data), name, raw, manifest)
+
+
+def pull(spec: PullSpec) -> Manifest:
+    """Copy the pinned version(s) of the dataset under ``spec.url`` into the folder ``spec.dest`` (see the
+    module docstring); the pinned manifest."""
+    remote = RemoteFiles(spec.url)
+    pinned = pinned_versions(remote, spec.versions)
+    root = Path(spec.dest)
     if root.exists() and not root.is_dir():
         raise UsageError(f"{str(root)!r} exists and is not a folder")
     root.mkdir(parents=True, exist_ok=True)
-    items = expected_objects(manifest)
-    targets = {item.rel: refuse_links(root, item.rel) for item in items}
-    (root / MANIFEST_NAME).unlink(missing_ok=True)  # a readable manifest = a complete copy
+    items = {item.rel: item for version in reversed(pinned) for item in expected_objects(version.manifest)}
+    targets = {rel: refuse_links(root, rel) for rel in items}
+    for old in [root / MANIFEST_NAME, *root.glob("manifest.v*.json")]:  # a readable manifest = a complete copy
+        refuse_links(root, old.name).unlink(missing_ok=True)
 
     def copy(item: Expected) -> None:
         local = targets[item.rel]
         if item.sha256 and local.is_file() and (item.size is None or local.stat().st_size == item.size) \
                 and sha256_file(local) == item.sha256:
             return
-        remote.store.fetch(item.rel, local, item.sha256)
-        if item.size is not None and local.stat().st_size != item.size:
-            raise VerificationError(f"{remote.store.where(item.rel)}: {local.stat().st_size} bytes, "
-                                    f"manifest says {item.size}")
+        fetch_retried(remote, item, local)
 
     with ThreadPoolExecutor(THREADS) as pool:
-        list(pool.map(copy, items))
-    copy_manifest = Manifest(root, manifest.data)
-    problems = check_contents(LocalFiles(root, copy_manifest), copy_manifest)
+        list(pool.map(copy, items.values()))
+    problems = []
+    for version in pinned:
+        copied = Manifest(root, version.manifest.data)
+        problems += [f"version {version.number}: {p}" for p in check_contents(LocalFiles(root, copied), copied)]
     if problems:
-        raise VerificationError(f"{url}: the copy in {dest} fails {len(problems)} check(s), no manifest written: "
-                                + "; ".join(problems[:5]))
-    atomic_write_bytes(root / MANIFEST_NAME, remote.store.read_bytes(MANIFEST_NAME))
-    return copy_manifest
+        raise VerificationError(f"{spec.url}: the copy in {spec.dest} fails {len(problems)} check(s), no manifest "
+                                "written: " + "; ".join(problems[:5]))
+    latest = pinned[0]
+    for version in reversed(pinned):
+        if version.number > 1 or len(pinned) > 1:
+            atomic_write_bytes(refuse_links(root, version_file(version.number)), version.raw)
+    atomic_write_bytes(refuse_links(root, MANIFEST_NAME), latest.raw)
+    return Manifest(root, latest.manifest.data)
+
+
+def fetch_retried(remote: RemoteFiles, item: Expected, local: Path) -> None:
+    """Download one object and check its size; a transfer that fails (botocore's attempts spent, a
+    stream cut) is tried again up to FETCH_ATTEMPTS times; a content mismatch is not retried."""
+    for attempt in range(FETCH_ATTEMPTS):
+        try:
+            remote.store.fetch(item.rel, local, item.sha256)
+            break
+        except VerificationError:
+            raise
+        except RepackError:
+            if attempt == FETCH_ATTEMPTS - 1:
+                raise
+            time.sleep(0.5 * 2 ** attempt)
+    if item.size is not None and local.stat().st_size != item.size:
+        raise VerificationError(f"{remote.store.where(item.rel)}: {local.stat().st_size} bytes, "
+                                f"manifest says {item.size}")

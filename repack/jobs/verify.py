@@ -12,6 +12,7 @@ checked against the manifest, otherwise listed as not checked, never silently pa
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ class Report:
 
     problems: tuple[str, ...]
     unchecked: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()  # work of a writer not yet published (repack.jobs.publish): not a problem
 
 
 def verify_dataset(location) -> list[str]:
@@ -46,14 +48,18 @@ def verify_report(location, version: int | None = None) -> Report:
     except ManifestError as exc:
         return Report((str(exc),))
     problems = check_contents(files, manifest)
-    listed = set(manifest.relative_paths()) | {v["path"] for v in manifest.data.get("videos", [])}
-    chain_problems, kept = check_versions(files, files.names())
-    problems += chain_problems
+    listed = set(manifest.named_files())
+    names = files.names()
+    chain = check_versions(files, names, manifest.root)
+    problems += chain.problems
+    pending = []
     foreign = []
-    for rel in files.names():
-        if rel in listed or rel in kept:
+    for rel in names:
+        if rel in listed or rel in chain.kept:
             continue
-        if foreign_kind(rel, manifest) is None:
+        if rel in chain.pending_files or is_pending_name(rel, chain.published + 1):
+            pending.append(rel)
+        elif foreign_kind(rel, manifest) is None:
             problems.append(f"{rel}: a file the manifest does not name (added after the job, or left by another tool)")
         else:
             foreign.append(rel)
@@ -66,37 +72,68 @@ def verify_report(location, version: int | None = None) -> Report:
     if totals.get("quarantined") != len(manifest.quarantine):
         problems.append(f"totals.quarantined {totals.get('quarantined')} != {len(manifest.quarantine)} "
                         "quarantine records")
-    return Report(tuple(problems), tuple(unchecked))
+    return Report(tuple(problems), tuple(unchecked), tuple(pending))
 
 
-def check_versions(files, names: list[str]) -> tuple[list[str], set[str]]:
-    """(problems of the version chain, the files kept versions name). Each ``manifest.vN.json`` must
-    say it is version N with parent N - 1, and ``manifest.json`` must be the newest one, byte for byte.
-    Files named by a kept version other than the one verified are not strays (verify that version
-    with ``--version N`` to check their contents)."""
-    from repack.manifest.versions import VERSION_KEY, number_of, version_number
+@dataclass(frozen=True)
+class Chain:
+    """The version files of a dataset as verify sees them: ``problems``; ``kept``: the files the
+    published versions name; ``published``: the number ``manifest.json`` holds; ``pending_files``: the
+    files of versions written after it but not published yet (their manifests and what they name)."""
+
+    problems: list[str]
+    kept: set[str]
+    published: int
+    pending_files: frozenset[str] = frozenset()
+
+
+def is_pending_name(rel: str, number: int) -> bool:
+    """True when ``rel`` is named the way writers name the files they add for version ``number``
+    (``shard-vN-…``, ``…-vN.tar``, ``videos-vN/…``, and their hidden temp files): work of a run
+    killed before it published ``number``."""
+    return any(re.search(rf"-v{number}(?=[-./]|$)", part) for part in rel.split("/"))
+
+
+def check_versions(files, names: list[str], root: Path) -> Chain:
+    """Each published ``manifest.vN.json`` must say it is version N with parent N - 1 and pass the
+    manifest's path rule, and ``manifest.json`` must be the newest published one, byte for byte.
+    Files named by a version other than the one verified are not strays (verify that version with
+    ``--version N`` to check their contents). A version file newer than ``manifest.json`` is pending
+    (the next append, remove or gc publishes it or moves it aside): reported, not a problem. ``root``:
+    the folder the paths are confined to (the dataset's, or an object store's scratch)."""
+    from repack.manifest.versions import VERSION_KEY, load_number, number_of, version_number
 
     problems: list[str] = []
     kept: set[str] = set()
+    published = load_number(files.read(MANIFEST_NAME))
     numbers = sorted(n for n in (version_number(rel) for rel in names) if n is not None)
+    pending_files: set[str] = set()
     for number in numbers:
         name = f"manifest.v{number}.json"
+        if number > published:
+            pending_files.add(name)
+            try:
+                pending_files.update(Manifest(Path("/"), json.loads(files.read(name) or b"null")).named_files())
+            except (ValueError, TypeError, KeyError, AttributeError):
+                pass  # garbage: the next writer moves it aside
+            continue
         kept.add(name)
         try:
             data = json.loads(files.read(name) or b"null")
-            other = Manifest(Path("/"), data)
+            other = Manifest(root, data)
             other.validate()
             info = data.get(VERSION_KEY) or {}
             if number_of(data) != number or (number > 1 and info.get("parent") != number - 1):
                 problems.append(f"{name}: says version {number_of(data)} with parent {info.get('parent')!r}")
-            kept.update(other.relative_paths())
+            kept.update(other.named_files())
         except (ValueError, ManifestError) as exc:
             problems.append(f"{name}: not a readable version manifest ({exc})")
-    if numbers:
-        latest = f"manifest.v{numbers[-1]}.json"
-        if files.read(MANIFEST_NAME) != files.read(latest) and numbers[-1] > 1:
+    published_files = [n for n in numbers if n <= published]
+    if published_files:
+        latest = f"manifest.v{published_files[-1]}.json"
+        if files.read(MANIFEST_NAME) != files.read(latest) and published_files[-1] > 1:
             problems.append(f"{MANIFEST_NAME} is not the newest version ({latest}), byte for byte")
-    return problems, kept
+    return Chain(problems, kept, published, frozenset(pending_files) - kept)
 
 
 def check_contents(files, manifest) -> list[str]:

@@ -1,13 +1,44 @@
-"""Confinement of relative paths to a dataset root."""
+"""Confinement of relative paths to a dataset root: the one rule every path a manifest names obeys.
+
+``check_relative`` is the pure rule (no filesystem): a non-empty relative POSIX path, no NUL, no
+backslash, no absolute path, no ``..``. ``check_dataset_path`` adds what a manifest may never name:
+a manifest file (``manifest.json``, ``manifest.vN.json``) or the job state under ``.repack/`` (gc and
+remove delete what a version names; a version naming the live manifest would delete it).
+``safe_join`` joins a checked path to a local root and refuses a symlink that resolves outside.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path, PurePosixPath
+
+STATE_FOLDER = ".repack"
+_MANIFEST_FILE = re.compile(r"manifest(\.v[0-9]+)?\.json")
 
 
 class PathEscapeError(ValueError):
     """A path from a manifest or archive would leave its root."""
+
+
+def check_relative(rel: object) -> str:
+    """``rel`` normalized (``./a`` -> ``a``) when it is a relative POSIX path confined to its root;
+    PathEscapeError naming it otherwise (absolute, ``..``, NUL, backslash, empty, not a string)."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        raise PathEscapeError(f"invalid relative path {rel!r}")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or rel.startswith("/") or any(part in ("..", "") for part in pure.parts) \
+            or not pure.parts:
+        raise PathEscapeError(f"path {rel!r} escapes the dataset root")
+    return pure.as_posix()
+
+
+def check_dataset_path(rel: object) -> str:
+    """``check_relative``, and not a manifest file nor job state: what a manifest may name."""
+    same = check_relative(rel)
+    if _MANIFEST_FILE.fullmatch(same) or same.split("/", 1)[0] == STATE_FOLDER:
+        raise PathEscapeError(f"path {rel!r} names a manifest or the job state (.repack/), not a dataset file")
+    return same
 
 
 def safe_join(root: str | os.PathLike, rel: str) -> Path:
@@ -16,14 +47,27 @@ def safe_join(root: str | os.PathLike, rel: str) -> Path:
     Refuses absolute paths, ``..`` components, NUL bytes, backslashes and symlinks that
     resolve outside the root.
     """
-    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
-        raise PathEscapeError(f"invalid relative path {rel!r}")
-    pure = PurePosixPath(rel)
-    if pure.is_absolute() or any(part in ("..", "") for part in pure.parts) or rel.startswith("/"):
-        raise PathEscapeError(f"path {rel!r} escapes the dataset root")
+    pure = PurePosixPath(check_relative(rel))
     root_real = Path(os.path.realpath(root))
     joined = root_real.joinpath(*pure.parts)
     real = Path(os.path.realpath(joined))
     if real != root_real and root_real not in real.parents:
         raise PathEscapeError(f"path {rel!r} resolves outside the dataset root")
     return joined
+
+
+def no_links_below(root: str | os.PathLike, rel: str) -> Path:
+    """``root/rel`` for a store about to write or delete it: ``rel`` passes ``check_relative`` and no
+    component below ``root`` (the folders on the way, or the file itself) is a symbolic link (lstat:
+    nothing is followed, a link to a folder inside the root is refused too). A missing component ends
+    the walk: nothing below it can be a link yet."""
+    parts = PurePosixPath(check_relative(rel)).parts
+    path = Path(root)
+    for part in parts:
+        path = path / part
+        if os.path.islink(path):
+            raise PathEscapeError(f"{path}: a symbolic link inside the dataset root; repack writes and "
+                                  "deletes plain files only")
+        if not os.path.lexists(path):
+            break
+    return Path(root).joinpath(*parts)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
-from repack.manifest.paths import PathEscapeError, safe_join
+from repack.manifest.paths import PathEscapeError, check_dataset_path, safe_join
 
 SCHEMA = "repack.manifest"
 VERSION = 1
@@ -86,17 +86,57 @@ class Manifest:
                           ("files", dict)):
             if key in data and not isinstance(data[key], kind):
                 raise ManifestError(f"{self.where}: manifest {key} must be a {kind.__name__}")
+        self._check_path_fields()
         seen: set[str] = set()
         for rel in self.relative_paths():
-            try:
-                safe_join(self.root, rel)
-            except PathEscapeError as exc:
-                raise ManifestError(f"{self.where}: {exc}") from None
-            same = PurePosixPath(rel).as_posix()  # "./a" and "a" are one file
+            same = self._check_path(rel)
             if same in seen:  # a reader would yield its samples twice; a copy would race on one file
                 raise ManifestError(f"{self.where}: the manifest names {rel!r} twice (each shard, index and "
                                     "side file must be listed once)")
             seen.add(same)
+        for rel in [v["path"] for v in self.data.get("videos", [])] + self.prefixes():
+            self._check_path(rel)
+
+    def _check_path(self, rel: str) -> str:
+        """The one rule for a path the manifest names (``repack.manifest.paths``), normalized; ManifestError
+        naming the manifest and the path."""
+        try:
+            same = check_dataset_path(rel)
+            safe_join(self.root, rel)
+        except PathEscapeError as exc:
+            raise ManifestError(f"{self.where}: version {self._number()}: {exc}") from None
+        return same
+
+    def _number(self) -> object:
+        """The dataset version this manifest says it is (for messages; 1 without ``dataset_version``)."""
+        info = self.data.get("dataset_version")
+        return info.get("number", "?") if isinstance(info, dict) else 1 if info is None else "?"
+
+    def _check_path_fields(self) -> None:
+        """Every path-bearing field has the type its paths need (strings where a path goes)."""
+        data = self.data
+        for entry in data["shards"]:
+            for key in ("index", "prefix", "checksums"):
+                if entry.get(key) is not None and not isinstance(entry[key], str):
+                    raise ManifestError(f"{self.where}: shard {entry['path']!r}: {key} must be a path string")
+        if not all(isinstance(v, str) for v in data.get("files", {}).values()):
+            raise ManifestError(f"{self.where}: manifest files must map names to path strings")
+        videos = data.get("videos", [])
+        if not isinstance(videos, list) or not all(isinstance(v, dict) and isinstance(v.get("path"), str)
+                                                   for v in videos):
+            raise ManifestError(f"{self.where}: manifest videos must be a list of {{path, ...}}")
+        prefixes = data.get("prefixes", [])
+        if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+            raise ManifestError(f"{self.where}: manifest prefixes must be a list of path strings")
+
+    def prefixes(self) -> list[str]:
+        """The Megatron path prefixes the manifest names (top-level ``prefixes`` and per shard)."""
+        return list(self.data.get("prefixes", [])) + [s["prefix"] for s in self.data["shards"] if s.get("prefix")]
+
+    def named_files(self) -> list[str]:
+        """Every file of the dataset the manifest names: ``relative_paths`` and the prepared videos
+        (``videos[].path``) a video WebDataset keeps beside its shards. What gc keeps or deletes."""
+        return list(self.relative_paths()) + [v["path"] for v in self.data.get("videos", [])]
 
     def relative_paths(self) -> Iterator[str]:
         """Every file path the manifest names (shards, index files, side files)."""

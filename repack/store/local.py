@@ -7,8 +7,10 @@ import os
 import shutil
 from pathlib import Path
 
+from repack.errors import ConfinementError
 from repack.manifest import atomic_write_bytes
 from repack.manifest.io import fsync_dir
+from repack.manifest.paths import PathEscapeError, no_links_below
 
 
 def copy_atomically(src: Path, dst: Path) -> None:
@@ -25,7 +27,11 @@ def copy_atomically(src: Path, dst: Path) -> None:
 
 
 class LocalStore:
-    """Files under a local folder. Jobs write in place, so ``publish`` only checks the file."""
+    """Files under a local folder. Jobs write in place, so ``publish`` only checks the file.
+
+    Every operation goes through ``path``: a relative path without ``..`` whose components below the
+    root are no symbolic links (lstat, nothing followed), so a write or delete never lands outside the
+    root, whatever a manifest or record names (ConfinementError otherwise)."""
 
     remote = False
 
@@ -35,7 +41,11 @@ class LocalStore:
         self.url = str(self.root)
 
     def path(self, rel: str) -> Path:
-        return self.root / rel
+        """``root/rel``, confined (see the class docstring)."""
+        try:
+            return no_links_below(self.root, rel)
+        except PathEscapeError as exc:
+            raise ConfinementError(f"{self.url}: refused {rel!r}: {exc}") from None
 
     def publish(self, rel: str, local: Path, sha256: str | None = None) -> None:
         """Make the finished file ``local`` visible as ``rel`` (a rename or copy when elsewhere);

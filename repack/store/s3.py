@@ -25,9 +25,10 @@ import socket
 import time
 from pathlib import Path
 
-from repack.errors import RepackError, VerificationError
-from repack.store.s3_client import (AUTH_CODES, client, describe_error, is_missing, limits, parse_url,
-                                    transfer_config)
+from repack.errors import ConfinementError, RepackError, VerificationError
+from repack.manifest.paths import PathEscapeError, check_relative
+from repack.store.s3_client import (AUTH_CODES, client, describe_error, is_missing, is_transient, limits,
+                                    parse_url, transfer_config)
 from repack.store.s3_lock import ObjectLock
 
 SHA_META = "sha256"   # object metadata x-amz-meta-sha256: the content's sha256, set at upload
@@ -66,18 +67,36 @@ class S3Store:
         self._sizes: dict[str, int] | None = None
 
     def key(self, rel: str) -> str:
+        """The object key of ``rel``, always under the prefix: ``rel`` is a relative path without ``..``,
+        NUL or backslash (ConfinementError otherwise; some S3-compatible servers map keys to files)."""
+        try:
+            check_relative(rel)
+        except PathEscapeError as exc:
+            raise ConfinementError(f"{self.url}: refused {rel!r}: {exc}") from None
         return f"{self.prefix}/{rel}" if self.prefix else rel
 
     def where(self, rel: str = "") -> str:
         return f"{self.url}/{rel}" if rel else self.url
 
     def _call(self, rel: str, method: str, **kwargs):
-        try:
-            return getattr(client(), method)(Bucket=self.bucket, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - botocore's errors become one-line RepackErrors
-            if is_missing(exc):
-                raise FileNotFoundError(self.where(rel)) from None
-            raise describe_error(exc, self.where(rel)) from None
+        """One S3 request on ``rel`` (through ``_retried``)."""
+        return self._retried(rel, lambda: getattr(client(), method)(Bucket=self.bucket, **kwargs))
+
+    def _retried(self, rel: str, request):
+        """``request()``; a transient failure that outlasts botocore's attempts (throttling, 5xx, a dropped
+        connection) is asked again, as a whole upload is (UPLOAD_ATTEMPTS, within the retry budget), so
+        that every command, reading or writing, rides out the same faults. A missing key:
+        FileNotFoundError; anything else: a one-line RepackError naming the URL."""
+        deadline = time.monotonic() + limits().retry_budget
+        for attempt in range(UPLOAD_ATTEMPTS):
+            try:
+                return request()
+            except Exception as exc:  # noqa: BLE001 - botocore's errors become one-line RepackErrors
+                if is_missing(exc):
+                    raise FileNotFoundError(self.where(rel)) from None
+                if not is_transient(exc) or attempt == UPLOAD_ATTEMPTS - 1 or time.monotonic() >= deadline:
+                    raise describe_error(exc, self.where(rel)) from None
+            time.sleep(min(8.0, 0.5 * 2**attempt, max(0.0, deadline - time.monotonic())))
 
     # -- the store operations ----------------------------------------------------------------
     def check_writable(self) -> None:
@@ -166,15 +185,19 @@ class S3Store:
     def list_sizes(self, prefix: str = "") -> dict[str, int]:
         """{relative path: bytes} of every object under ``prefix`` (paged listing)."""
         base = f"{self.prefix}/" if self.prefix else ""
-        found: dict[str, int] = {}
-        try:
+
+        def listing() -> dict[str, int]:
+            found: dict[str, int] = {}
             pages = client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
             for page in pages:
                 for obj in page.get("Contents", ()):
                     found[obj["Key"][len(base):]] = obj["Size"]
-        except Exception as exc:  # noqa: BLE001
-            raise describe_error(exc, self.where(prefix)) from None
-        return found
+            return found
+
+        try:
+            return self._retried(prefix, listing)
+        except FileNotFoundError as exc:  # NoSuchBucket is not a missing key: say so as before
+            raise RepackError(f"{exc}: not found") from None
 
     def delete(self, rel: str) -> None:
         self._call(rel, "delete_object", Key=self.key(rel))

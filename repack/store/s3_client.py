@@ -94,6 +94,23 @@ def describe_error(exc: BaseException, where: str) -> RepackError:
     return RepackError(f"{where}: {type(exc).__name__}: {exc}")
 
 
+TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling",
+                   "ThrottlingException", "RequestLimitExceeded", "500", "502", "503", "504"}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for an answer worth asking again after botocore's own attempts are spent (throttling, a 5xx,
+    a dropped connection); never for a missing key or refused access, nor for a timeout (an endpoint that
+    does not answer keeps the bound S3Limits documents)."""
+    from botocore.exceptions import ClientError, ConnectionClosedError
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return str(error.get("Code")) in TRANSIENT_CODES or (isinstance(status, int) and status >= 500)
+    return isinstance(exc, ConnectionClosedError)
+
+
 def is_missing(exc: BaseException) -> bool:
     from botocore.exceptions import ClientError
 

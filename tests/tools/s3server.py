@@ -172,9 +172,11 @@ class FaultProxy:
     """Forwards HTTP to ``target``; every ``every``-th request is answered 503 SlowDown instead
     (not forwarded), as S3 does under load (``every=0``: never). With ``cut_every`` N, every Nth
     ranged GET answer is cut after half its body and the connection dropped (a network failure
-    mid-stream; counted in ``cut``). ``requests`` records (method, path, Range header)."""
+    mid-stream; counted in ``cut``). ``requests`` records (method, path, Range header). ``on_answer(method,
+    path)`` runs after the store answered a request and before the answer is passed on (a writer acting
+    between a reader's request and its answer, deterministically)."""
 
-    def __init__(self, target_port: int, every: int = 0, cut_every: int = 0) -> None:
+    def __init__(self, target_port: int, every: int = 0, cut_every: int = 0, on_answer=None) -> None:
         self.failed = 0
         self.cut = 0
         self.ranged = 0
@@ -209,6 +211,8 @@ class FaultProxy:
                 conn.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
                 answer = conn.getresponse()
                 data = answer.read()
+                if on_answer is not None:
+                    on_answer(self.command, self.path)
                 self.send_response(answer.status)
                 for name, value in answer.getheaders():
                     if name.lower() not in ("transfer-encoding", "content-length", "connection"):

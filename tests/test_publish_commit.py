@@ -1,0 +1,108 @@
+"""Publishing is a commit: a pending manifest (written, not yet ``manifest.json``) is published only when
+it checks out, else moved to ``.repack/rejected/`` and reported while the published version stays; an
+interrupted append or remove leaves ``repack verify`` of the published version at exit 0, the unfinished
+work reported as pending."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_dataset_versions import add_inputs, make_source
+
+
+def published_v1(tmp_path: Path) -> tuple[Path, Path]:
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    return src, out
+
+
+def a_real_v2(tmp_path: Path, src: Path, out: Path) -> bytes:
+    """The bytes of the version 2 an append of ``src``'s new inputs publishes (made in a copy of OUT),
+    its files copied into OUT: what a run killed between writing manifest.v2.json and manifest.json
+    leaves."""
+    twin = tmp_path / "twin"
+    shutil.copytree(out, twin)
+    add_inputs(src)
+    run_repack("images", src, twin, "--shard-size", "4", "--append", "--quiet")
+    for path in twin.iterdir():
+        if path.is_file() and path.name.startswith("shard-v2-"):
+            shutil.copy(path, out / path.name)
+    shutil.copy(twin / "manifest.v1.json", out / "manifest.v1.json")
+    return (twin / "manifest.v2.json").read_bytes()
+
+
+def damaged(raw: bytes, how: str) -> bytes:
+    data = json.loads(raw)
+    if how == "missing file":
+        data["shards"][-1]["path"] = "shard-v2-999999.tar"
+    elif how == "wrong size":
+        data["shards"][-1]["bytes"] += 1
+    elif how == "bad path":
+        data["shards"][-1]["path"] = "../elsewhere.tar"
+    elif how == "wrong parent":
+        data["dataset_version"]["parent"] = 7
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize("command", ["remove", "append", "gc"])
+@pytest.mark.parametrize("how", ["not json", "missing file", "wrong size", "bad path", "wrong parent"])
+def test_a_bad_pending_manifest_is_moved_aside_and_the_published_version_stays(tmp_path, command, how):
+    src, out = published_v1(tmp_path)
+    real = a_real_v2(tmp_path, src, out)
+    pending = b"{not json" if how == "not json" else damaged(real, how)
+    (out / "manifest.v2.json").write_bytes(pending)
+    v1 = (out / "manifest.json").read_bytes()
+    (tmp_path / "takedown.txt").write_text("cat/c1.jpg\n")
+    args = {"remove": ("remove", out, "--sources", tmp_path / "takedown.txt"),
+            "append": ("images", src, out, "--shard-size", "4", "--append"),
+            "gc": ("gc", out, "--keep", "1")}[command]
+    proc = run_repack(*args)
+    assert "manifest.v2.json: not published" in proc.stderr and "rejected" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    rejected = list((out / ".repack" / "rejected").iterdir())
+    assert [p.read_bytes() for p in rejected] == [pending]
+    current = read_manifest_json(out)
+    if command == "gc":  # nothing to publish: version 1 stays
+        assert (out / "manifest.json").read_bytes() == v1
+    else:  # the command's own version 2, checked and published
+        assert current["dataset_version"]["number"] == 2 and current["dataset_version"]["change"]["kind"] == \
+            {"remove": "remove", "append": "append"}[command]
+    verify = run_repack("verify", out, check=False)
+    if command == "remove":  # the rejected version's files stay, named by no version
+        assert verify.returncode == 5 and "shard-v2-000000.tar: a file the manifest does not name" in verify.stderr
+    else:  # append wrote the same new shards again; gc: they are version 2's pending work
+        assert verify.returncode == 0, verify.stderr
+
+
+def test_a_good_pending_manifest_is_published_by_the_next_writer(tmp_path):
+    src, out = published_v1(tmp_path)
+    v2 = a_real_v2(tmp_path, src, out)
+    (out / "manifest.v2.json").write_bytes(v2)
+    proc = run_repack("gc", out, "--keep", "2")
+    assert "not published" not in proc.stderr
+    assert (out / "manifest.json").read_bytes() == v2 and not (out / ".repack" / "rejected").exists()
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_verify_of_the_published_version_passes_after_an_interrupted_append_or_remove(tmp_path):
+    src, out = published_v1(tmp_path)
+    v2 = a_real_v2(tmp_path, src, out)  # killed after the new shards were renamed into OUT ...
+    proc = run_repack("verify", out)
+    assert "OK" in proc.stdout and "pending" in proc.stderr and "shard-v2-000000.tar" in proc.stderr
+    (out / "manifest.v2.json").write_bytes(v2)  # ... and after manifest.v2.json was written
+    proc = run_repack("verify", out, "--json")
+    report = json.loads(proc.stdout)
+    assert report["ok"] and "manifest.v2.json" in report["pending"] and "shard-v2-000000.tar" in report["pending"]
+    (out / "manifest.v2.json").unlink()
+    (out / "shard-000000-v2.tar").write_bytes(b"half of a rewritten shard")  # remove killed mid-rewrite
+    (out / ".shard-000001-v2.tar.tmp-123").write_bytes(b"its temp")
+    proc = run_repack("verify", out, "--json")
+    assert json.loads(proc.stdout)["ok"] and "shard-000000-v2.tar" in json.loads(proc.stdout)["pending"]
+    (out / "evil.tar").write_bytes(b"not ours")  # a stray is still a problem
+    proc = run_repack("verify", out, check=False)
+    assert proc.returncode == 5 and "evil.tar: a file the manifest does not name" in proc.stderr

@@ -1,0 +1,113 @@
+"""`repack pull` copies what it checked: the version pinned when it starts (an append published while it
+runs never yields a mixture), ``--versions all|K`` for readers pinned to older versions, and 503 answers
+retried as every repack command retries them. moto's S3 server on loopback, real boto3."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from tests.conftest import run_repack
+from tests.test_dataset_versions import add_inputs, labels_read, make_source
+from tests.tools.s3server import FaultProxy, MotoServer, client, objects, s3_env
+
+
+@pytest.fixture(scope="module")
+def server():
+    moto = MotoServer()
+    yield moto
+    moto.stop()
+
+
+def env_for(endpoint: str, tmp_path) -> dict:
+    return {**s3_env(endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+
+
+def test_an_append_published_during_a_pull_never_yields_a_mixture(server, tmp_path):
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="race")
+    src, url = make_source(tmp_path / "src"), "s3://race/ds"
+    direct = env_for(server.endpoint, tmp_path)
+    run_repack("images", src, url, "--shard-size", "4", "--quiet", env=direct)
+    v1 = objects(s3, "race", "ds")["manifest.json"]
+    add_inputs(src)
+    appended = threading.Event()
+
+    def append_once(method: str, path: str) -> None:  # the pull has asked for manifest.json: publish v2 now
+        if method == "GET" and path.split("?")[0].endswith("/ds/manifest.json") and not appended.is_set():
+            appended.set()
+            run_repack("images", src, url, "--shard-size", "4", "--append", "--quiet",
+                       env={**direct, "REPACK_SCRATCH": str(tmp_path / "appender")})
+
+    proxy = FaultProxy(server.port, on_answer=append_once)
+    try:
+        run_repack("pull", url, tmp_path / "copy", env=env_for(proxy.endpoint, tmp_path))
+    finally:
+        proxy.stop()
+    assert appended.is_set() and json.loads(objects(s3, "race", "ds")["manifest.json"])["dataset_version"]["number"] == 2
+    assert (tmp_path / "copy" / "manifest.json").read_bytes() == v1  # exactly the version it checked
+    assert run_repack("verify", tmp_path / "copy").returncode == 0
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == sorted(
+        [s["path"] for s in json.loads(v1)["shards"]] + [s["index"] for s in json.loads(v1)["shards"]]
+        + ["manifest.json"])
+
+
+def three_versions(s3, tmp_path, url: str, env: dict) -> None:
+    src = make_source(tmp_path / "src")
+    run_repack("images", src, url, "--shard-size", "4", "--quiet", env=env)
+    add_inputs(src)
+    run_repack("images", src, url, "--shard-size", "4", "--append", "--quiet", env=env)
+    (tmp_path / "takedown.txt").write_text("cat/c1.jpg\n")
+    run_repack("remove", url, "--sources", tmp_path / "takedown.txt", "--quiet", env=env)
+
+
+def test_pull_versions_all_or_k_serves_readers_pinned_to_older_versions(server, tmp_path):
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="kept")
+    url, env = "s3://kept/ds", env_for(server.endpoint, tmp_path)
+    three_versions(s3, tmp_path, url, env)
+    remote = objects(s3, "kept", "ds")
+
+    latest = tmp_path / "latest"
+    run_repack("pull", url, latest, env=env)
+    assert (latest / "manifest.json").read_bytes() == remote["manifest.v3.json"] == \
+        (latest / "manifest.v3.json").read_bytes()
+    assert len(labels_read(latest, version=3)) == 12 and run_repack("verify", latest).returncode == 0
+    with pytest.raises(Exception, match="no version 1"):
+        labels_read(latest, version=1)
+
+    run_repack("pull", url, latest, "--versions", "2", env=env)  # into the same folder: v2 added, v1 not
+    assert sorted(p.name for p in latest.glob("manifest*.json")) == ["manifest.json", "manifest.v2.json",
+                                                                     "manifest.v3.json"]
+    assert len(labels_read(latest, version=2)) == 13
+
+    every = tmp_path / "every"
+    run_repack("pull", url, every, "--versions", "all", env=env)
+    for name in ("manifest.json", "manifest.v1.json", "manifest.v2.json", "manifest.v3.json"):
+        assert (every / name).read_bytes() == remote[name]
+    assert [len(labels_read(every, version=n)) for n in (1, 2, 3)] == [9, 13, 12]
+    for number in ("1", "2", "3"):
+        assert run_repack("verify", every, "--version", number).returncode == 0
+    assert run_repack("verify", every).returncode == 0
+    bad = run_repack("pull", url, every, "--versions", "none", env=env, check=False)
+    assert bad.returncode == 2 and "--versions 'none'" in bad.stderr
+
+
+def test_pull_and_verify_retry_503_answers_like_the_other_commands(server, tmp_path):
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="slow")
+    url = "s3://slow/ds"
+    three_versions(s3, tmp_path, url, env_for(server.endpoint, tmp_path))
+    proxy = FaultProxy(server.port, every=3)
+    try:
+        env = env_for(proxy.endpoint, tmp_path)
+        for attempt in range(3):
+            copy = tmp_path / f"copy{attempt}"
+            run_repack("pull", url, copy, env=env)
+            assert run_repack("verify", copy).returncode == 0
+            assert run_repack("verify", url, env=env).returncode == 0
+    finally:
+        proxy.stop()
+    assert proxy.failed >= 20
