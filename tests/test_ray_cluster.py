@@ -1,16 +1,24 @@
 """A real multi-node Ray cluster on one machine (``ray.cluster_utils.Cluster``: a head with no CPUs
 plus three one-CPU worker nodes), each node with its own ``REPACK_SCRATCH`` as separate machines
 have, SOURCE and OUT on s3:// (moto on loopback): no filesystem is shared between the driver and
-the workers, and the dataset equals the local pool's byte for byte."""
+the workers, and the dataset equals the local pool's byte for byte. A fourth node, whose requests
+cross a 1 s latency proxy so that its task is surely mid-way, is removed while it runs: the lost
+task is re-run elsewhere (only it), or with ``--retries 0`` fails the job by name, and a re-run
+resumes."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, run_repack
+from tests.tools.latency_proxy import LatencyProxy
 from tests.tools.photos import make_photo_tree
 from tests.tools.s3server import MotoServer, client, objects, s3_env
 
@@ -91,3 +99,65 @@ def test_three_node_cluster_without_shared_filesystem_matches_local_pool(server,
     ran_on = {p.parent.parent.name for p in cluster.scratch.glob("*/*/shard-*.tar")}
     assert len(ran_on) >= 2, ran_on  # the shards were written on several nodes, never by the driver
     assert not list((tmp_path / "driver").glob("*/shard-*.tar"))
+
+
+def lock_owners(scratch: Path, bucket_hash: str) -> dict[str, list[str]]:
+    """task id -> the nodes whose scratch holds its task lock (a task leaves one where it started)."""
+    owners: dict[str, list[str]] = {}
+    for lock in sorted(scratch.glob(f"*/{bucket_hash}/.repack/tasks/*.lock")):
+        owners.setdefault(lock.stem, []).append(lock.parents[3].name)
+    return owners
+
+
+def run_and_lose_a_node(server, cluster, source: str, out: str, tmp_path: Path, *extra: str):
+    """Run the job on the cluster plus a slow extra node; remove that node once a task started on it.
+    Returns (the finished driver process, the tasks the removed node had started)."""
+    proxy = LatencyProxy(server.port, delay_s=1.0)  # its 10 GETs take >= 10 s: surely mid-way when removed
+    doomed_scratch = cluster.scratch / f"doomed-{tmp_path.name}"
+    doomed = cluster.add_node(num_cpus=1, env_vars={**s3_env(proxy.endpoint), "PYTHONPATH": str(ROOT),
+                                                    "REPACK_SCRATCH": str(doomed_scratch)})
+    try:
+        cluster.wait_for_nodes()
+        env = {**os.environ, **s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "driver")}
+        proc = subprocess.Popen([sys.executable, "-m", "repack", "images", source, out, *ARGS, "--executor", "ray",
+                                 "--ray-address", cluster.address, *extra], cwd=ROOT, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 120
+        while not list(doomed_scratch.glob("*/.repack/tasks/*.lock")):
+            assert proc.poll() is None and time.time() < deadline, "no task started on the extra node"
+            time.sleep(0.05)
+        cluster.remove_node(doomed)
+        stdout, stderr = proc.communicate(timeout=240)  # never hangs
+    finally:
+        proxy.stop()
+    lost = sorted(p.stem for p in doomed_scratch.glob("*/.repack/tasks/*.lock"))
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), lost, \
+        next(doomed_scratch.iterdir()).name
+
+
+def test_node_removed_mid_job_reruns_only_its_task(server, source, reference, cluster, tmp_path):
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="lost")
+    proc, lost, bucket_hash = run_and_lose_a_node(server, cluster, source, "s3://lost/out", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert dataset(objects(s3, "lost", "out")) == reference
+    assert len(lost) == 1
+    owners = lock_owners(cluster.scratch, bucket_hash)
+    assert sorted(owners) == [f"shard-{i:06d}" for i in range(4)]
+    for task, nodes in owners.items():  # each task ran once, the lost one once more on a surviving node
+        assert len(nodes) == (2 if task in lost else 1), (task, nodes)
+
+
+def test_task_lost_with_its_node_fails_by_name_after_retries_then_resumes(server, source, reference, cluster,
+                                                                           tmp_path):
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="noretry")
+    proc, lost, _ = run_and_lose_a_node(server, cluster, source, "s3://noretry/out", tmp_path, "--retries", "0")
+    assert proc.returncode == 4, proc.stderr
+    assert len(lost) == 1 and f"1 task(s) failed" in proc.stderr and lost[0] in proc.stderr
+    assert "manifest.json" not in objects(s3, "noretry", "out")
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "driver")}
+    again = run_repack("images", source, "s3://noretry/out", *ARGS, "--executor", "ray",
+                       "--ray-address", cluster.address, env=env)
+    assert "1 task(s) run, 3 resumed" in again.stdout
+    assert dataset(objects(s3, "noretry", "out")) == reference
