@@ -109,9 +109,10 @@ def lock_owners(scratch: Path, bucket_hash: str) -> dict[str, list[str]]:
     return owners
 
 
-def run_and_lose_a_node(server, cluster, source: str, out: str, tmp_path: Path, *extra: str):
-    """Run the job on the cluster plus a slow extra node; remove that node once a task started on it.
-    Returns (the finished driver process, the tasks the removed node had started)."""
+def run_and_lose_a_node(server, cluster, source: str, out: str, tmp_path: Path, *extra: str, graceful: bool = True):
+    """Run the job on the cluster plus a slow extra node; remove that node once a task started on it
+    (``graceful``: its raylet is stopped with SIGTERM, else every process of the node with SIGKILL).
+    Returns (the finished driver process, the tasks the removed node had started, OUT's scratch name)."""
     proxy = LatencyProxy(server.port, delay_s=1.0)  # its 10 GETs take >= 10 s: surely mid-way when removed
     doomed_scratch = cluster.scratch / f"doomed-{tmp_path.name}"
     doomed = cluster.add_node(num_cpus=1, env_vars={**s3_env(proxy.endpoint), "PYTHONPATH": str(ROOT),
@@ -126,7 +127,7 @@ def run_and_lose_a_node(server, cluster, source: str, out: str, tmp_path: Path, 
         while not list(doomed_scratch.glob("*/.repack/tasks/*.lock")):
             assert proc.poll() is None and time.time() < deadline, "no task started on the extra node"
             time.sleep(0.05)
-        cluster.remove_node(doomed)
+        cluster.remove_node(doomed, allow_graceful=graceful)
         stdout, stderr = proc.communicate(timeout=240)  # never hangs
     finally:
         proxy.stop()
@@ -135,12 +136,15 @@ def run_and_lose_a_node(server, cluster, source: str, out: str, tmp_path: Path, 
         next(doomed_scratch.iterdir()).name
 
 
-def test_node_removed_mid_job_reruns_only_its_task(server, source, reference, cluster, tmp_path):
+@pytest.mark.parametrize("graceful", [True, False], ids=["removed", "killed"])
+def test_node_lost_mid_job_reruns_only_its_task(server, source, reference, cluster, tmp_path, graceful):
     s3 = client(server.endpoint)
-    s3.create_bucket(Bucket="lost")
-    proc, lost, bucket_hash = run_and_lose_a_node(server, cluster, source, "s3://lost/out", tmp_path)
+    bucket = f"lost-{'removed' if graceful else 'killed'}"
+    s3.create_bucket(Bucket=bucket)
+    proc, lost, bucket_hash = run_and_lose_a_node(server, cluster, source, f"s3://{bucket}/out", tmp_path,
+                                                  graceful=graceful)
     assert proc.returncode == 0, proc.stderr
-    assert dataset(objects(s3, "lost", "out")) == reference
+    assert dataset(objects(s3, bucket, "out")) == reference
     assert len(lost) == 1
     owners = lock_owners(cluster.scratch, bucket_hash)
     assert sorted(owners) == [f"shard-{i:06d}" for i in range(4)]
