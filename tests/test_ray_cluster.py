@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -109,11 +110,12 @@ def lock_owners(scratch: Path, bucket_hash: str) -> dict[str, list[str]]:
     return owners
 
 
-def run_and_lose_a_node(server, cluster, source: str, out: str, tmp_path: Path, *extra: str, graceful: bool = True):
-    """Run the job on the cluster plus a slow extra node; remove that node once a task started on it
-    (``graceful``: its raylet is stopped with SIGTERM, else every process of the node with SIGKILL).
-    Returns (the finished driver process, the tasks the removed node had started, OUT's scratch name)."""
-    proxy = LatencyProxy(server.port, delay_s=1.0)  # its 10 GETs take >= 10 s: surely mid-way when removed
+def run_and_lose(server, cluster, source: str, out: str, tmp_path: Path, *extra: str, lose: str = "removed"):
+    """Run the job on the cluster plus a slow extra node; once a task started on that node, lose it
+    (``lose``: "removed": its raylet stopped with SIGTERM; "killed": every process of the node SIGKILLed;
+    "driver": the driver SIGKILLed, then the node removed). Returns (the finished driver process, the
+    tasks the extra node had started, OUT's scratch folder name)."""
+    proxy = LatencyProxy(server.port, delay_s=1.0)  # its 10 GETs take >= 10 s: surely mid-way when lost
     doomed_scratch = cluster.scratch / f"doomed-{tmp_path.name}"
     doomed = cluster.add_node(num_cpus=1, env_vars={**s3_env(proxy.endpoint), "PYTHONPATH": str(ROOT),
                                                     "REPACK_SCRATCH": str(doomed_scratch)})
@@ -127,7 +129,9 @@ def run_and_lose_a_node(server, cluster, source: str, out: str, tmp_path: Path, 
         while not list(doomed_scratch.glob("*/.repack/tasks/*.lock")):
             assert proc.poll() is None and time.time() < deadline, "no task started on the extra node"
             time.sleep(0.05)
-        cluster.remove_node(doomed, allow_graceful=graceful)
+        if lose == "driver":
+            proc.send_signal(signal.SIGKILL)
+        cluster.remove_node(doomed, allow_graceful=lose != "killed")
         stdout, stderr = proc.communicate(timeout=240)  # never hangs
     finally:
         proxy.stop()
@@ -136,13 +140,19 @@ def run_and_lose_a_node(server, cluster, source: str, out: str, tmp_path: Path, 
         next(doomed_scratch.iterdir()).name
 
 
-@pytest.mark.parametrize("graceful", [True, False], ids=["removed", "killed"])
-def test_node_lost_mid_job_reruns_only_its_task(server, source, reference, cluster, tmp_path, graceful):
+def rerun(server, cluster, source: str, out: str, tmp_path: Path) -> str:
+    """The same job again from the same driver host; its stdout."""
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "driver")}
+    return run_repack("images", source, out, *ARGS, "--executor", "ray", "--ray-address", cluster.address,
+                      env=env).stdout
+
+
+@pytest.mark.parametrize("lose", ["removed", "killed"])
+def test_node_lost_mid_job_reruns_only_its_task(server, source, reference, cluster, tmp_path, lose):
     s3 = client(server.endpoint)
-    bucket = f"lost-{'removed' if graceful else 'killed'}"
+    bucket = f"lost-{lose}"
     s3.create_bucket(Bucket=bucket)
-    proc, lost, bucket_hash = run_and_lose_a_node(server, cluster, source, f"s3://{bucket}/out", tmp_path,
-                                                  graceful=graceful)
+    proc, lost, bucket_hash = run_and_lose(server, cluster, source, f"s3://{bucket}/out", tmp_path, lose=lose)
     assert proc.returncode == 0, proc.stderr
     assert dataset(objects(s3, bucket, "out")) == reference
     assert len(lost) == 1
@@ -156,12 +166,23 @@ def test_task_lost_with_its_node_fails_by_name_after_retries_then_resumes(server
                                                                            tmp_path):
     s3 = client(server.endpoint)
     s3.create_bucket(Bucket="noretry")
-    proc, lost, _ = run_and_lose_a_node(server, cluster, source, "s3://noretry/out", tmp_path, "--retries", "0")
+    proc, lost, _ = run_and_lose(server, cluster, source, "s3://noretry/out", tmp_path, "--retries", "0")
     assert proc.returncode == 4, proc.stderr
     assert len(lost) == 1 and f"1 task(s) failed" in proc.stderr and lost[0] in proc.stderr
     assert "manifest.json" not in objects(s3, "noretry", "out")
-    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "driver")}
-    again = run_repack("images", source, "s3://noretry/out", *ARGS, "--executor", "ray",
-                       "--ray-address", cluster.address, env=env)
-    assert "1 task(s) run, 3 resumed" in again.stdout
+    assert "1 task(s) run, 3 resumed" in rerun(server, cluster, source, "s3://noretry/out", tmp_path)
     assert dataset(objects(s3, "noretry", "out")) == reference
+
+
+def test_driver_killed_mid_job_rerun_resumes(server, source, reference, cluster, tmp_path):
+    """kill -9 of the driver while a task runs on a node: a re-run from the same host takes the lock over
+    and finishes the job byte-identical, redoing at least the unfinished task and not the finished ones."""
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="driver")
+    proc, lost, _ = run_and_lose(server, cluster, source, "s3://driver/out", tmp_path, lose="driver")
+    assert proc.returncode == -signal.SIGKILL and len(lost) == 1
+    done = sorted(k for k in objects(s3, "driver", "out") if k.startswith(".repack/tasks/"))
+    assert f".repack/tasks/{lost[0]}.json" not in done
+    assert f"{4 - len(done)} task(s) run, {len(done)} resumed" in rerun(server, cluster, source, "s3://driver/out",
+                                                                          tmp_path)
+    assert dataset(objects(s3, "driver", "out")) == reference
