@@ -1,9 +1,12 @@
 """Ray executor: every task (a whole output shard or part, or a chunk of one) is a Ray task, retried on failure.
 
 Only JSON strings cross to the workers; the workers write their outputs and task records
-straight into OUT (which must be storage every node can reach), exactly as the local pool
-does, so the output is byte-identical whichever executor ran the job. Workers must be able
-to import ``repack`` (install it on every node, or pass a runtime_env through RAY_* settings).
+into OUT (storage every node can reach: a shared filesystem, or an object store, each node then
+packing into its own local scratch and uploading), exactly as the local pool does, so the output
+is byte-identical whichever executor ran the job. The driver alone claims tasks (job lock, one
+attempt per task at a time, run id): workers need nothing of the driver's disk. A task lost with
+its worker or node is retried elsewhere up to ``retries`` times. Workers must be able to import
+``repack`` (install it on every node, or pass a runtime_env through RAY_* settings).
 """
 
 from __future__ import annotations

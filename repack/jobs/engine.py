@@ -246,7 +246,16 @@ class JobLock:
 
 
 class TaskLock:
-    """Exclusive flock on OUT/.repack/tasks/<id>.lock while one process writes that task."""
+    """Exclusive flock on OUT/.repack/tasks/<id>.lock (OUT: the folder the writer writes into, an object
+    store's local scratch) while one process writes that task there.
+
+    It guards one filesystem: two processes sharing it (pool workers, overlapping partitions on a
+    shared OUT) never write one task's files at once. Across hosts that share nothing (Ray workers,
+    each with its own scratch, OUT on s3://) the claim is the driver's: it holds the job lock (an
+    object in the store), hands each task to one worker at a time (Ray retries a task only once its
+    attempt has ended: an error, a dead worker or node), and every writer checks the run id before
+    it publishes (``run_guard.check_run``). A worker's host may never have seen the driver's scratch:
+    the lock's folder is created where missing."""
 
     def __init__(self, out: Path, task_id: str) -> None:
         self.out = out
@@ -255,6 +264,7 @@ class TaskLock:
         self.fd: int | None = None
 
     def __enter__(self) -> "TaskLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # a Ray worker's own scratch, first task on its host
         self.fd = _flock(self.path, fcntl.LOCK_EX, f"task {self.task_id}", self.out)
         return self
 
