@@ -50,8 +50,7 @@ def test_an_append_published_during_a_pull_never_yields_a_mixture(server, tmp_pa
     assert (tmp_path / "copy" / "manifest.json").read_bytes() == v1  # exactly the version it checked
     assert run_repack("verify", tmp_path / "copy").returncode == 0
     assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == sorted(
-        [s["path"] for s in json.loads(v1)["shards"]] + [s["index"] for s in json.loads(v1)["shards"]]
-        + ["manifest.json"])
+        [s[key] for s in json.loads(v1)["shards"] for key in ("path", "index", "checksums")] + ["manifest.json"])
 
 
 def three_versions(s3, tmp_path, url: str, env: dict) -> None:
