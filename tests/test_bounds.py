@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from repack.jobs.remove_tar import _samples
+from repack.lifecycle.remove_tar import _samples
 from repack.sinks.webdataset import TarShardWriter
 from repack.sources.text_sniff import binary_reason
 from tests.conftest import read_manifest_json, run_repack

@@ -17,7 +17,7 @@ from repack.config import format_size
 def gc(out, keep, json_summary):
     """Delete the files of the dataset in OUT that no kept version names (removed samples' bytes go)."""
     from repack.commands.options import location
-    from repack.jobs.gc import collect_garbage
+    from repack.lifecycle.gc import collect_garbage
 
     result = collect_garbage(location(out), keep)
     if json_summary:

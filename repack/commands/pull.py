@@ -33,8 +33,8 @@ def pull(url, dest, versions):
     a folder (tar structure against the index, sample counts, the tokenizer's sha256); files already
     in DEST and intact are kept; the manifests are written last. A failed check exits 5.
     """
-    from repack.jobs.pull import PullSpec
-    from repack.jobs.pull import pull as pull_dataset
+    from repack.lifecycle.pull import PullSpec
+    from repack.lifecycle.pull import pull as pull_dataset
     from repack.manifest.versions import number_of
     from repack.store import is_remote
 

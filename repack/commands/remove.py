@@ -20,7 +20,7 @@ def remove(out, sources_file, keys_file, json_summary, quiet):
     """Publish the next version of the dataset in OUT without some samples: only the shards holding them
     are rewritten (under new names); `repack gc` then deletes the old files."""
     from repack.commands.options import location
-    from repack.jobs.remove import RemoveSpec, read_names, remove_samples
+    from repack.lifecycle.remove import RemoveSpec, read_names, remove_samples
 
     if (sources_file is None) == (keys_file is None):
         raise UsageError("name what to remove with exactly one of --sources FILE or --keys FILE")

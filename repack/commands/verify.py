@@ -37,7 +37,7 @@ def verify(out, json_out, version):
     """Re-read every file of the dataset in OUT (a folder or s3://bucket/prefix) and check it against its
     manifest: sizes, sha256, each tar's structure against its index, sample counts, the tokenizer,
     and no file the manifest does not name (energon's files are known)."""
-    from repack.jobs.verify import verify_report
+    from repack.lifecycle.verify import verify_report
 
     require_dataset_folder(out)
     report = verify_report(out, version)
@@ -70,7 +70,7 @@ def inspect(out, json_out, html_file):
     """Summarize the dataset in OUT (a folder or s3://bucket/prefix): counts, sizes, classes, quarantine,
     timing; --html draws it."""
     from repack.report.collect import collect
-    from repack.report.dataset_files import open_dataset
+    from repack.store.files import open_dataset
     from repack.report.inspect import inspect_lines
 
     require_dataset_folder(out)

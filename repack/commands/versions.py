@@ -39,7 +39,7 @@ def new_quarantine(manifest: dict) -> list[dict]:
 
 def run_append(spec, options: EngineOptions, note: str = "") -> None:
     """`repack images|text|video --append` (``note``: said after the counts)."""
-    from repack.jobs.append import append
+    from repack.lifecycle.append import append
 
     result = append(spec, options)
     left_out = (f"; {result.removed_skipped} removed source(s) found again and left out"

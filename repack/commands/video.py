@@ -85,7 +85,7 @@ def video(source, out, probe, transcode, target, dali_reader, verify, max_gop, t
                      follow_symlinks=not no_follow, allow_outside_source=allow_outside)
     if append:
         from repack.commands.versions import run_append
-        from repack.jobs.publish import current_version
+        from repack.lifecycle.publish import current_version
         from repack.store import open_store
 
         codec = current_version(open_store(spec.out))[0].get("codec", "h264")

@@ -32,7 +32,7 @@ import numpy as np
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
-from repack.jobs.input_record import file_sha256, select_new
+from repack.lifecycle.input_record import file_sha256, select_new
 from repack.jobs.stats import count_into
 from repack.jobs.summary import quarantine_lines
 from repack.jobs.stats import histogram as half_octave_histogram
@@ -73,7 +73,7 @@ class TextSpec(JobSpec):
     max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
     follow_symlinks: bool = True
     allow_outside_source: bool = False
-    known_inputs: str | None = None  # set by --append (repack.jobs.append): files already tokenized are skipped
+    known_inputs: str | None = None  # set by --append (repack.lifecycle.append): files already tokenized are skipped
 
     def __post_init__(self) -> None:
         if not self.tokenizer:
@@ -218,7 +218,7 @@ class TextJob(Job):
         files, quarantine, skipped = list_text_files(spec.source, spec.list_file, Confinement(
             follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
         selection = None
-        if spec.known_inputs:  # --append: only files the dataset does not hold yet (repack.jobs.input_record)
+        if spec.known_inputs:  # --append: only files the dataset does not hold yet (repack.lifecycle.input_record)
             selection = select_new(files, json.loads(Path(spec.known_inputs).read_bytes()), lambda f: f.rel,
                                    lambda f: [f.size, f.mtime_ns], lambda f: file_sha256(f.path))
             files = selection.new
@@ -270,7 +270,7 @@ class TextJob(Job):
         segments: list[dict] = []
         counts = {"empty_documents": 0, "blank_lines": 0, "characters": 0}
         seg_counts: dict[int, list[int]] = {}  # segment number -> [documents, tokens]
-        digests: list[list[str]] = []  # [rel, sha256] of the files read whole (repack.jobs.input_record)
+        digests: list[list[str]] = []  # [rel, sha256] of the files read whole (repack.lifecycle.input_record)
         batch: list[str] = []
         where: list[tuple[int, int]] = []  # (segment number, line) of each document in the batch
         chars = 0

@@ -58,7 +58,7 @@ from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
 from repack.jobs.images import extend_classes, sample_key
-from repack.jobs.input_record import file_sha256, select_new
+from repack.lifecycle.input_record import file_sha256, select_new
 from repack.jobs.summary import quarantine_lines
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
@@ -93,7 +93,7 @@ class VideoSpec(JobSpec):
     dali_reader: str = DEFAULT_DALI_READER
     follow_symlinks: bool = True
     allow_outside_source: bool = False
-    # set by `--append` (repack.jobs.append) for the job that prepares only the new videos:
+    # set by `--append` (repack.lifecycle.append) for the job that prepares only the new videos:
     known_inputs: str | None = None   # JSON file {"inputs": {rel: [size, mtime_ns]}, "next_position"}: skipped
     known_classes: tuple[tuple[str, int], ...] = ()  # the dataset's classes (kept; a new class: the next index)
     cls_width: int | None = None      # the dataset's cls member width (kept)
@@ -234,7 +234,7 @@ class VideoJob(Job):
         items = list(scan.items)
         first = 0
         selection = None
-        if spec.known_inputs:  # --append: only the videos the dataset does not hold yet (repack.jobs.input_record)
+        if spec.known_inputs:  # --append: only the videos the dataset does not hold yet (repack.lifecycle.input_record)
             known = json.loads(Path(spec.known_inputs).read_bytes())
             first = known["next_position"]
             selection = select_new(items, known, lambda item: item.rel, lambda item: item.fingerprint,
@@ -310,7 +310,7 @@ class VideoJob(Job):
 
         spec = self.spec
         entries, probes, quarantine, outputs = [], [], [], []
-        digests: list[list[str]] = []  # [rel, sha256] of every input read (repack.jobs.input_record)
+        digests: list[list[str]] = []  # [rel, sha256] of every input read (repack.lifecycle.input_record)
         timing = {"probe_s": 0.0, "decode_s": 0.0, "transcode_s": 0.0, "frames_transcoded": 0}
         for entry in task.payload["inputs"]:
             try:  # still the planned regular file (SourceChanged otherwise); never blocks. Playlists and

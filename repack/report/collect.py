@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from repack.report.dataset_files import DatasetFiles, open_dataset
+from repack.store.files import DatasetFiles, open_dataset
 
 QUARANTINE_LISTED = 50  # quarantine records shown one by one (all are counted by reason)
 VIDEO_LISTED = 50  # videos not decodable as is, listed with their reasons

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from repack.config import format_size
 from repack.report.collect import bar_count, collect
-from repack.report.dataset_files import DatasetFiles, open_dataset
+from repack.store.files import DatasetFiles, open_dataset
 from repack.sinks import SINKS, get_sink
 
 LONG_SIDE_HINT = 2048  # px: beyond this, decode dominates a DataLoader step

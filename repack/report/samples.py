@@ -13,7 +13,7 @@ from pathlib import Path
 
 from repack.errors import RepackError
 from repack.report.collect import probe_records
-from repack.report.dataset_files import DatasetFiles
+from repack.store.files import DatasetFiles
 from repack.report.thumbnails import FRAME_SIDE, ThumbnailError, thumbnail_uri
 
 PER_CLASS = 6  # thumbnails per class

@@ -3,7 +3,7 @@
 "Already in the dataset": an input with the same relative path and the same size and mtime as one
 planned in an earlier version, or the same content where only the mtime differs (an s3:// object: same
 key and size); a source `repack remove` took down is never packed again; a changed file with a sample is
-refused by name (``repack.jobs.input_record``).
+refused by name (``repack.lifecycle.input_record``).
 
 How (OUT's lock held throughout): an ordinary images job packs the new inputs into a staging
 folder ``OUT/.repack/append-vN+1`` (the engine's resume and byte-identity apply: kill -9, re-run,
@@ -11,7 +11,7 @@ same bytes), with the dataset's class map (a new class gets the next index, exis
 never move), its cls width and the next sample positions (keys stay unique). Its shards are then
 renamed into OUT as ``shard-vN+1-XXXXXX.tar`` (+ ``.idx``): names no version used, so every
 existing shard stays byte-identical and a reader of version N is never disturbed. The record of
-known inputs for N+1 is written, then the version (``repack.jobs.publish``). With nothing new
+known inputs for N+1 is written, then the version (``repack.lifecycle.publish``). With nothing new
 nothing is published.
 
 `repack text --append`: the new files' parts become ``NAME-vN+1.bin/.idx``. `repack video --append`
@@ -35,8 +35,8 @@ from typing import Callable
 from repack.config import EngineOptions
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan
-from repack.jobs.input_record import dataset_record, record_after_append, task_digests
-from repack.jobs.publish import (current_version, inputs_record, locked_dataset, move, promote_pending, publish,
+from repack.lifecycle.input_record import dataset_record, record_after_append, task_digests
+from repack.lifecycle.publish import (current_version, inputs_record, locked_dataset, move, promote_pending, publish,
                                  remove_prefix, warner)
 from repack.manifest import MANIFEST_NAME, atomic_write_bytes, dumps_canonical
 from repack.manifest.versions import number_of

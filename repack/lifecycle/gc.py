@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import UsageError
-from repack.jobs.publish import current_version, inputs_record, locked_dataset, settle_pending
+from repack.lifecycle.publish import current_version, inputs_record, locked_dataset, settle_pending
 from repack.manifest import Manifest, ManifestError
 from repack.manifest.versions import number_of, version_file, version_number
 

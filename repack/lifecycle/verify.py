@@ -5,7 +5,7 @@ objects are downloaded one shard at a time): every shard through its format's ``
 (size, sha256, and for tars the archive's own structure against the index), the side files
 (the tokenizer's sha256), every file under the root that the manifest does not name, and the
 totals. Files that other tools write into a dataset on purpose (megatron-energon's
-``energon prepare``) are recognised by ``repack.jobs.foreign``: checked where their content can be
+``energon prepare``) are recognised by ``repack.lifecycle.foreign``: checked where their content can be
 checked against the manifest, otherwise listed as not checked, never silently passed.
 """
 
@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from repack.jobs.foreign import check_foreign, foreign_kind
+from repack.lifecycle.foreign import check_foreign, foreign_kind
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
 from repack.manifest.paths import PathEscapeError
 from repack.sinks import SINKS, get_sink
@@ -32,7 +32,7 @@ class Report:
 
     problems: tuple[str, ...]
     unchecked: tuple[str, ...] = ()
-    pending: tuple[str, ...] = ()  # work of a writer not yet published (repack.jobs.publish): not a problem
+    pending: tuple[str, ...] = ()  # work of a writer not yet published (repack.lifecycle.publish): not a problem
 
 
 def verify_dataset(location) -> list[str]:

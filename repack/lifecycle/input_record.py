@@ -1,7 +1,7 @@
 """What a dataset holds, for `--append`: the job state ``.repack/inputs-vN.json`` and the rule that picks
 the new inputs.
 
-The record (job state, not a dataset file; ``repack.jobs.publish`` writes its first two keys)::
+The record (job state, not a dataset file; ``repack.lifecycle.publish`` writes its first two keys)::
 
   {"inputs": {rel: [size, mtime_ns]},  every input planned in versions 1..N (packed, quarantined, removed)
    "next_position": P,                 the next free sample position (keys stay unique)
@@ -25,7 +25,7 @@ from typing import Callable, Iterable, TypeVar
 
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan
-from repack.jobs.publish import inputs_record, known_inputs, plan_inputs
+from repack.lifecycle.publish import inputs_record, known_inputs, plan_inputs
 from repack.manifest.versions import number_of
 
 T = TypeVar("T")

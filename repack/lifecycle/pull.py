@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import RepackError, UsageError, VerificationError
-from repack.jobs.verify import check_contents
+from repack.lifecycle.verify import check_contents
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, atomic_write_bytes, safe_join
 from repack.manifest.versions import check_number, number_of, version_file, version_number
 from repack.sinks.checks import sha256_file

@@ -1,7 +1,7 @@
 """`repack remove OUT --sources FILE | --keys FILE`: publish a version without some samples.
 
-One rewriter per format (repack.jobs.remove_tar, remove_lmdb, remove_tokens: each returns a
-``repack.jobs.rewrite.Rewrite``), one way of publishing. Webdataset shards:
+One rewriter per format (repack.lifecycle.remove_tar, remove_lmdb, remove_tokens: each returns a
+``repack.lifecycle.rewrite.Rewrite``), one way of publishing. Webdataset shards:
 
 A sample is named by its source (the ``path`` of its ``.json`` member: the input's path relative to
 SOURCE, or ``<shard>/<member>`` for converted datasets) or by its key (the member name before the
@@ -13,7 +13,7 @@ files no kept version names. Names that match no sample are reported (and record
 version's change), never silently ignored; when none matches nothing is published.
 
 Crash anywhere and re-run: the rewritten shards are deterministic (rewritten again, same bytes) and
-the version is published as ``repack.jobs.publish`` says.
+the version is published as ``repack.lifecycle.publish`` says.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import time
 from dataclasses import dataclass
 
 from repack.errors import UsageError
-from repack.jobs.input_record import dataset_record, record_after_remove
-from repack.jobs.publish import current_version, inputs_record, locked_dataset, promote_pending, publish
-from repack.jobs.remove_lmdb import rewrite_lmdb
-from repack.jobs.remove_tar import rewrite_tar_shards
-from repack.jobs.remove_tokens import rewrite_token_prefixes
+from repack.lifecycle.input_record import dataset_record, record_after_remove
+from repack.lifecycle.publish import current_version, inputs_record, locked_dataset, promote_pending, publish
+from repack.lifecycle.remove_lmdb import rewrite_lmdb
+from repack.lifecycle.remove_tar import rewrite_tar_shards
+from repack.lifecycle.remove_tokens import rewrite_token_prefixes
 from repack.manifest import dumps_canonical
 from repack.manifest.versions import number_of
 
@@ -89,7 +89,7 @@ def read_names(path: str, limit: int = MAX_NAMES_BYTES) -> tuple[str, ...]:
 
 
 def record_removed(store, current: dict, number: int, sources) -> None:
-    """Write version ``number``'s input record (``repack.jobs.input_record``): the published one's, plus the
+    """Write version ``number``'s input record (``repack.lifecycle.input_record``): the published one's, plus the
     removed sources, so that `--append` works after a remove and never packs them again. Before the
     version is published: a crash in between leaves a record of an unpublished version, rewritten by the
     re-run. Nothing is written when the published version has no record to extend (its datasets refuse

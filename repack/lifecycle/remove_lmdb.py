@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from repack.errors import UsageError
-from repack.jobs.rewrite import Rewrite
+from repack.lifecycle.rewrite import Rewrite
 from repack.manifest import Manifest
 from repack.sinks.checks import sha256_file
 from repack.sinks.lmdb_sink import INITIAL_MAP, META_KEY, LmdbCollector, _json, _open, sample_key

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from repack.errors import UsageError
-from repack.jobs.rewrite import Rewrite
+from repack.lifecycle.rewrite import Rewrite
 from repack.manifest import Manifest
 from repack.sinks.megatron import PartWriter, read_index
 

@@ -1,12 +1,12 @@
 """`repack remove` for a webdataset dataset: each shard holding a named sample rewritten without it
-(see repack.jobs.remove)."""
+(see repack.lifecycle.remove)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from repack.jobs.rewrite import Rewrite
+from repack.lifecycle.rewrite import Rewrite
 from repack.manifest import Manifest
 from repack.sinks.webdataset import TarShardWriter
 
