@@ -209,6 +209,7 @@ class PackedTokenDataset(Dataset):
         self.seq_len = seq_len
         self.shuffle, self.seed, self.rank, self.world_size, self.dtype = shuffle, seed, rank, world_size, dtype
         self.data = TokenMemmap(root, version)
+        self.data_built_version = self.data.dataset["version"]
         self._count_windows()
         # the epoch lives in shared memory: DataLoader workers (persistent ones included) hold a
         # copy of the dataset made when they started, and still see set_epoch()
@@ -271,7 +272,13 @@ class PackedTokenDataset(Dataset):
         check_state(state, type(self).__name__)
         version = resolve(state.get("dataset"), self.dataset, self.root, type(self).__name__)
         if version is not None:
+            sized = self.per_rank
             self.use_version(version)
+            if self.shuffle and self.per_rank != sized:  # the loader's own sampler counted the other version
+                raise ValueError(f"{self.root}: this PackedTokenDataset state was taken on version {version} "
+                                 f"({self.per_rank} windows per rank), the reader was built on version "
+                                 f"{self.data_built_version} ({sized}); the loader's sampler was sized for that: "
+                                 f"build the reader with version={version} to continue")
         if bool(self._epoch_chosen) and not continued_epoch(int(state["epoch"]), self.epoch)[1]:
             raise ValueError(f"{self.root}: a PackedTokenDataset state of epoch {state['epoch']} loaded after "
                              f"set_epoch({self.epoch}): the loader's sampler holds the position of epoch "
