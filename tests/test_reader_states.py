@@ -141,3 +141,154 @@ def test_state_of_a_gone_version_is_refused_by_samplers_and_mixtures(versions, t
         Mixture([(new, 1), (DocumentDataset(gone), 1)]).load_state_dict(mixture_state)
     with pytest.raises(ValueError, match=r"version 1 .*version 3"):
         new.load_state_dict(DocumentDataset(versions["tokens"], version=1).state_dict())
+
+
+# -- epoch boundaries ----------------------------------------------------------------------------
+def image_reader(root, workers, persistent=False):
+    dataset = ImageShardDataset(root, output="dict", decode=False, shuffle=True, seed=5, shuffle_buffer=16)
+    return dataset, StatefulDataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=keys_and_labels,
+                                       persistent_workers=persistent and workers > 0)
+
+
+def lmdb_reader(root, workers, persistent=False):
+    dataset = LmdbImageDataset(root, decode=False, output="dict")
+    sampler = ResumableSampler(len(dataset), seed=5, dataset=dataset)
+    return sampler, StatefulDataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers,
+                                       collate_fn=lambda b: [[str(s["index"]), s["label"]] for s in b],
+                                       persistent_workers=persistent and workers > 0)
+
+
+def mixture_reader(roots, workers, persistent=False):
+    from pipelines.mixture import Mixture
+
+    parts = [LmdbImageDataset(r, decode=False, output="dict") for r in roots]
+    mixture = Mixture([(parts[0], 2), (parts[1], 1)], seed=5, tag_source=True)
+    return mixture, StatefulDataLoader(mixture, batch_size=4, num_workers=workers,
+                                       collate_fn=lambda b: [[f"{s}/{x['index']}", 0] for s, x in b],
+                                       persistent_workers=persistent and workers > 0)
+
+
+@pytest.fixture(scope="module")
+def lmdbs(tmp_path_factory):
+    from tests.tools.reader_data import reader_datasets
+
+    data = reader_datasets(tmp_path_factory.mktemp("readers"))
+    return [data["lmdb_a"], data["lmdb_b"]]
+
+
+def uninterrupted(make, epochs: int = 3) -> list[list[list[str]]]:
+    target, loader = make()
+    out = []
+    for epoch in range(epochs):
+        target.set_epoch(epoch)
+        out.append([keys(b) for b in loader])
+    return out
+
+
+@pytest.mark.parametrize("reader", ["images", "lmdb", "mixture"])
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("when", ["before", "after", "never"])
+def test_a_state_at_an_epochs_end_resumes_into_the_next_epochs_order(versions, lmdbs, reader, workers, persistent,
+                                                                     when):
+    make = {"images": lambda: image_reader(versions["images"], workers, persistent),
+            "lmdb": lambda: lmdb_reader(lmdbs[0], workers, persistent),
+            "mixture": lambda: mixture_reader(lmdbs, workers, persistent)}[reader]
+    epochs = uninterrupted(make)
+    flat = [(e, i) for e, batches in enumerate(epochs) for i in range(len(batches))]
+    rng = random.Random(f"{reader}{workers}{when}")
+    last = len(epochs[0])  # k batches taken: 0, 1, the last of epoch 0, after it (=1 of epoch 1), mid epoch 1
+    for k in sorted({0, 1, last - 1, last, last + 1, last + len(epochs[1]) // 2, rng.randrange(1, len(epochs[0]) + len(epochs[1]))}):
+        target, loader = make()
+        taken, state = 0, None
+        if k == 0:  # a state before any batch, of epoch 0
+            state, at = json.loads(json.dumps(loader.state_dict())), (0, -1)
+        for epoch in range(3 if k else 0):
+            target.set_epoch(epoch)
+            for _ in loader:
+                taken += 1
+                if taken == k:
+                    state, at = json.loads(json.dumps(loader.state_dict())), flat[k - 1]
+                    break
+            if state is not None:
+                break
+        epoch, index = at
+        target, loader = make()
+        if when == "before":
+            target.set_epoch(epoch)
+        loader.load_state_dict(state)
+        if when == "after":
+            target.set_epoch(epoch)
+        rest = [keys(b) for b in loader]  # the rest of the state's epoch
+        assert rest == epochs[epoch][index + 1:], f"k={k}: the rest of epoch {epoch}"
+        target.set_epoch(epoch + 1)
+        assert [keys(b) for b in loader] == epochs[epoch + 1], f"k={k}: epoch {epoch + 1} in its own order"
+        if index == len(epochs[epoch]) - 1:  # at the epoch's end: set_epoch(e + 1) first goes straight on
+            target, loader = make()
+            if when == "before":
+                target.set_epoch(epoch + 1)
+            loader.load_state_dict(state)
+            if when != "before":
+                target.set_epoch(epoch + 1)
+            got = [keys(b) for b in loader]
+            if not got and reader != "lmdb" and len(epochs[epoch][-1]) < len(epochs[epoch][0]):
+                # torchdata's single-process loader state records that its fetcher ended (a short last
+                # batch): that pass is empty whatever the epoch; the next pass is epoch e + 1, not e again
+                target.set_epoch(epoch + 1)
+                got = [keys(b) for b in loader]
+            assert got == epochs[epoch + 1], f"k={k}: set_epoch({epoch + 1}) around the load"
+
+
+# -- snapshots ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch_mode", [False, True])
+def test_states_between_snapshots_resume_exactly_and_elastically(versions, batch_mode):
+    root = versions["images"]
+    rng = random.Random(11)
+    for stop in (6, 7, rng.randrange(11, 15)):  # snapshots every 5 steps: stops between them
+        before, states = [], []
+        for rank in range(2):
+            dataset, loader = image_loader(root, 2, batch_mode, rank=rank, world_size=2)
+            loader.snapshot_every_n_steps = 5
+            got, state = take(loader, stop)
+            before += got
+            states.append(state)
+            assert state["_steps_since_snapshot"] == stop % 5
+            _, exact = image_loader(root, 2, batch_mode, rank=rank, world_size=2)
+            exact.load_state_dict(state)
+            everything = [k for b in image_loader(root, 2, batch_mode, rank=rank, world_size=2)[1] for k in keys(b)]
+            assert got + take(exact, None)[0] == everything, f"exact resume at {stop}"
+        shares = elastic_states(states, 3, batch_size=None if batch_mode else BATCH)
+        after = []
+        for rank in range(3):
+            dataset, loader = image_loader(root, 2, batch_mode, rank=rank, world_size=3)
+            dataset.load_state_dict(shares[rank])
+            after += take(loader, None)[0]
+        repeats = sum(b - a for s in shares for a, b in s["runs"] if a >= 300)
+        assert len(before) + len(after) == 300 + repeats and len(set(before + after)) == 300, f"elastic at {stop}"
+    if not batch_mode:
+        with pytest.raises(ValueError, match="batch_size="):
+            elastic_states(states, 3)
+
+
+def test_sampler_states_between_snapshots_fold_exactly(lmdbs):
+    seen, states = [], []
+    for rank in range(2):
+        dataset = LmdbImageDataset(lmdbs[0], decode=False, output="dict")
+        sampler = ResumableSampler(len(dataset), seed=1, rank=rank, world_size=2, dataset=dataset)
+        loader = StatefulDataLoader(dataset, batch_size=2, sampler=sampler, num_workers=2,
+                                    snapshot_every_n_steps=3, collate_fn=lambda b: [s["index"] for s in b])
+        for i, batch in enumerate(loader):
+            seen += batch
+            if i + 1 == 4 + rank:
+                break
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert state["_steps_since_snapshot"] > 0
+        states.append(loader_sampler_state(state, "ResumableSampler", batch_size=2))
+    folded = elastic_state(states)
+    rest = []
+    for rank in range(3):
+        dataset = LmdbImageDataset(lmdbs[0], decode=False, output="dict")
+        sampler = ResumableSampler(len(dataset), seed=1, rank=rank, world_size=3, dataset=dataset)
+        sampler.load_state_dict(folded)
+        mine = list(sampler)
+        rest += mine[:len(mine) - sampler.padding]
+    assert sorted(seen + rest) == list(range(24))
