@@ -162,6 +162,11 @@ def elastic_states(loader_states: Iterable[dict], world_size: int, batch_size: i
             for m, r in enumerate(runs)]
 
 
+def padding_of(state: dict) -> int:
+    """How many of a rank state's positions are repeats that even out the ranks (virtual positions)."""
+    return sum(stop - start for start, stop in state["runs"] if start >= state["samples"])
+
+
 def rank_state(loader_states: Iterable[dict], rank: int, world_size: int, batch_size: int | None = None) -> dict:
     """``elastic_states(loader_states, world_size, batch_size)[rank]``: what rank ``rank`` of ``world_size`` loads."""
     return elastic_states(loader_states, world_size, batch_size)[rank]
