@@ -17,15 +17,26 @@ Sources compose by the readers' shared protocol, not by format:
   same rank and world size); the mixture calls its ``set_epoch``, ``state_dict`` and
   ``load_state_dict``.
 
-When a source runs out (``exhausted``): ``"stop"`` (the default) ends this (rank, worker)'s epoch
-at the first draw of an exhausted source, so the proportions hold to the end; ``"repeat"``
-starts that source over (its next pass: a new seeded order for map-style sources, a new
-iteration of an iterable one) and needs ``samples`` (the epoch's length across all ranks and
-workers). ``samples`` also caps a ``"stop"`` epoch.
+When a source runs out (``exhausted``): ``"stop"`` (the default) ends the epoch at the first draw
+of an exhausted source, so the proportions hold to the end; ``"repeat"`` starts that source over
+(its next pass: a new seeded order for map-style sources, a new iteration of an iterable one) and
+needs ``samples`` (the epoch's length across all ranks and workers). ``samples`` also caps a
+``"stop"`` epoch.
+
+Equal steps: every (rank, worker) draws as many samples as worker ``worker`` of every other rank.
+With ``samples``, each draws ``ceil(samples / (ranks * workers))``. With ``"stop"``, the draws
+(a pure function of seed, epoch, rank, worker) and the sources' lengths per (rank, worker) say in
+advance where each rank's worker would first draw an exhausted source; all ranks stop at the
+earliest of these points (``stop_point``). So every rank yields as many batches and DDP never waits
+on a rank with one step more. (An iterable source needs ``worker_length(rank, worker, workers)``
+for this, as ``ImageShardDataset`` has; without it a rank stops at its own first exhausted draw.)
 
 State (``state_dict``; inside a DataLoader worker, that worker's): the epoch, how many draws this
-iterator made, and each source's state (pass and position, or the iterable source's own state).
-``load_state_dict`` makes the next ``__iter__`` continue exactly there, re-reading nothing.
+iterator made, and each source's state (pass and
+position and dataset identity, or the iterable source's own state). ``load_state_dict`` makes the
+next ``__iter__`` continue exactly there, re-reading nothing, on the versions the sources' states
+were taken on (re-opened while kept, else refused). ``set_epoch`` before or after the load:
+``sample_order.continued_epoch``.
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from pipelines.dataset_identity import resolve
+from pipelines.sample_order import continued_epoch
 from pipelines.sampler_resume import STATE_VERSION, check_state
 
 BLOCK = 100
@@ -126,6 +139,8 @@ class _Cursor:
 
     def state(self) -> dict:
         out = {"kind": type(self.source).__name__, "pass": self.pass_, "position": self.position}
+        if not self.iterable and hasattr(self.source, "dataset"):
+            out["dataset"] = dict(self.source.dataset)
         if self.iterable:
             saver = getattr(self.source, "state_dict", None)
             out["state"] = saver() if saver is not None and self._iter is not None else self.restored
@@ -168,6 +183,7 @@ class Mixture(IterableDataset):
             seed, exhausted, samples, tag_source, shuffle
         self.rank, self.world_size = _resolve_rank(rank, world_size)
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # reaches persistent workers
+        self._epoch_chosen = torch.zeros((), dtype=torch.bool).share_memory_()
         self._pending: dict | None = None
         self._live: list | None = None  # [draws made, cursors] of the iterator running in this process
 
@@ -179,6 +195,7 @@ class Mixture(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Select the draws and orders of ``epoch``; iterable sources get it too."""
         self._epoch.fill_(int(epoch))
+        self._epoch_chosen.fill_(True)
         for source in self.sources:
             if _is_iterable(source) and hasattr(source, "set_epoch"):
                 source.set_epoch(epoch)
@@ -200,15 +217,57 @@ class Mixture(IterableDataset):
 
     def draws(self, block: int) -> np.ndarray:
         """The source of each draw of block ``block`` of this (rank, worker) in this epoch."""
+        return self._draws(self.rank, _slot()[0], block)
+
+    def _draws(self, rank: int, worker: int, block: int) -> np.ndarray:
         picks = np.repeat(np.arange(len(self.sources)), self.counts(block))
-        return np.random.default_rng([self.seed, self.epoch, self.rank, _slot()[0], block]).permutation(picks)
+        return np.random.default_rng([self.seed, self.epoch, rank, worker, block]).permutation(picks)
 
     def slot_samples(self) -> int | None:
-        """How many samples this (rank, worker) yields this epoch at most (None: until exhausted)."""
-        if self.samples is None:
+        """How many samples this (rank, worker) yields this epoch at most (None: until exhausted):
+        the same for worker ``w`` of every rank (equal steps)."""
+        worker, workers = _slot()
+        limits = [limit for limit in (self._samples_limit(workers), self._stop_limit(worker, workers))
+                  if limit is not None]
+        return min(limits) if limits else None
+
+    def _samples_limit(self, workers: int) -> int | None:
+        return None if self.samples is None else -(-self.samples // (self.world_size * workers))
+
+    def _source_length(self, source, rank: int, worker: int, workers: int) -> int | None:
+        """Samples ``source`` holds for (rank, worker) in one pass (None: unknown)."""
+        if _is_iterable(source):
+            length = getattr(source, "worker_length", None)
+            return None if length is None else int(length(rank, worker, workers))
+        slots, slot = self.world_size * workers, rank + self.world_size * worker
+        return len(range(slot, len(source), slots))
+
+    def stop_point(self, rank: int, worker: int, workers: int) -> int | None:
+        """With ``exhausted="stop"``: how many draws (rank, worker) makes before its first draw of an
+        exhausted source this epoch (None: a source's length is unknown)."""
+        lengths = [self._source_length(s, rank, worker, workers) for s in self.sources]
+        if None in lengths:
             return None
-        slots, slot = self.slots, self.slot_id
-        return self.samples * (slot + 1) // slots - self.samples * slot // slots
+        lengths = np.asarray(lengths)
+        before = np.zeros(len(self.sources), dtype=np.int64)
+        block = 0
+        while True:
+            counts = self.counts(block)
+            if np.any(before + counts > lengths):  # some source runs out in this block: find the draw
+                picks = self._draws(rank, worker, block)
+                seen = before.copy()
+                for i, pick in enumerate(picks.tolist()):
+                    if seen[pick] == lengths[pick]:
+                        return block * BLOCK + i
+                    seen[pick] += 1
+            before += counts
+            block += 1
+
+    def _stop_limit(self, worker: int, workers: int) -> int | None:
+        if self.exhausted != "stop":
+            return None
+        points = [self.stop_point(rank, worker, workers) for rank in range(self.world_size)]
+        return None if None in points else min(points)
 
     # -- the protocol --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -221,7 +280,8 @@ class Mixture(IterableDataset):
             return dict(self._pending)
         else:
             drawn, sources = 0, [{"kind": type(s).__name__, "pass": 0, "position": 0, **(
-                {"state": None} if _is_iterable(s) else {})} for s in self.sources]
+                {"state": None} if _is_iterable(s) else {"dataset": dict(s.dataset)} if hasattr(s, "dataset")
+                else {})} for s in self.sources]
         return {"kind": "Mixture", "version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed,
                 "slot": [self.rank, self.world_size, worker, workers], "drawn": drawn, "sources": sources}
 
@@ -236,7 +296,12 @@ class Mixture(IterableDataset):
                 raise ValueError(f"Mixture source {i} was a {saved['kind']}, is a {type(source).__name__}")
             if _is_iterable(source) and saved["position"] and saved.get("state") is None:
                 raise ValueError(f"Mixture source {i} ({saved['kind']}) has no state_dict(): it cannot resume exactly")
-        self._epoch.fill_(int(state["epoch"]))
+            if not _is_iterable(source) and hasattr(source, "dataset"):
+                version = resolve(saved.get("dataset"), source.dataset, str(source.root), f"Mixture source {i}")
+                if version is not None:
+                    source.use_version(version)
+        if not bool(self._epoch_chosen):
+            self._epoch.fill_(int(state["epoch"]))
         self._pending, self._live = dict(state), None
 
     def __iter__(self) -> Iterator[Any]:
@@ -245,6 +310,10 @@ class Mixture(IterableDataset):
         if state is not None and state["slot"] != [self.rank, self.world_size, worker, workers]:
             raise ValueError(f"Mixture state of (rank, world, worker, workers) {state['slot']} loaded into "
                              f"{[self.rank, self.world_size, worker, workers]}")
+        if state is not None:
+            chosen = self.epoch if bool(self._epoch_chosen) else None
+            _, keep = continued_epoch(int(state["epoch"]), chosen)
+            state = state if keep else None  # the next epoch, from its start
         cursors = [_Cursor(self, i, state["sources"][i] if state else None) for i in range(len(self.sources))]
         drawn = int(state["drawn"]) if state else 0
         limit = self.slot_samples()

@@ -28,12 +28,50 @@ def balanced(n: int, parts: int, index: int) -> tuple[int, int]:
 
 
 def rank_runs(total: int, world_size: int, rank: int, drop_last: bool) -> Runs:
-    """A rank's normal share of ``total`` positions: its balanced range, or ``total // world_size``
-    positions each with ``drop_last`` (the remainder is skipped that epoch)."""
+    """A rank's normal share of ``total`` positions: ``total // world_size`` positions each with
+    ``drop_last`` (the remainder is skipped that epoch); else its balanced range, padded to
+    ``ceil(total / world_size)`` positions with one repeat when it is short (``padding_runs``), so
+    every rank has as many positions and DDP as many steps."""
     if drop_last:
         per = total // world_size
         return [[rank * per, (rank + 1) * per]]
-    return [list(balanced(total, world_size, rank))]
+    start, stop = balanced(total, world_size, rank)
+    return ([[start, stop]] if stop > start else []) + padding_runs(total, world_size, rank)
+
+
+def padding_runs(total: int, world_size: int, rank: int) -> Runs:
+    """The repeats that even out rank ``rank``'s share: a short rank (one position fewer than
+    ``ceil(total / world_size)``) gets one *virtual* position ``total + k`` (k: how many short ranks
+    come before it), which stands for the epoch's position ``k % total`` (``real_position``): a
+    sample delivered twice that epoch, once as itself and once as padding."""
+    if total == 0:
+        return []
+    per = -(-total // world_size)
+    short = [r for r in range(world_size) if per - (balanced(total, world_size, r)[1] - balanced(total, world_size, r)[0])]
+    if rank not in short:
+        return []
+    k = short.index(rank)
+    return [[total + k, total + k + 1]]
+
+
+def real_position(position: int, total: int) -> int:
+    """The epoch's position a (possibly virtual, padding) position stands for."""
+    return position if position < total else (position - total) % total
+
+
+def continued_epoch(saved_epoch: int, chosen: int | None) -> tuple[int, bool]:
+    """Where a loaded state continues, given the epoch chosen with ``set_epoch`` before or after the
+    load (None: none chosen; a StatefulDataLoader applies a loaded state only when its next iteration
+    starts, so the two orders are one case): (epoch, keep the state's position).
+
+    No epoch chosen, or the state's: the state's epoch from the state's position (a state taken after
+    the last step of epoch e ends epoch e: that pass yields nothing more). Another epoch: that epoch
+    from its start, exactly as in an uninterrupted run that calls ``set_epoch`` with it (so a state
+    taken at the end of epoch e, then ``set_epoch(e + 1)``, gives epoch e + 1's order); the state's
+    position applies to its own epoch only."""
+    if chosen is None or chosen == saved_epoch:
+        return saved_epoch, True
+    return chosen, False
 
 
 def runs_length(runs: Runs) -> int:

@@ -4,15 +4,19 @@ what remains of it among ranks.
 An epoch's *global order* is a list of ``size`` positions (sample indices, or batch numbers for a
 batch sampler) that depends only on (seed, epoch): never on the world size or the worker count.
 A world of W ranks hands rank r the positions ``C[r::W]`` of the current list C (the whole order
-at the start of an epoch). A rank's state records how many of its positions it delivered; the
+at the start of an epoch), C first padded to a multiple of W with its own first positions (repeats:
+every rank the same count, so DDP the same steps; ``equal`` cuts C to a multiple of W instead). A rank's state records how many of its positions it delivered; the
 states of the N ranks of a checkpoint together say exactly which positions were consumed, and
 ``elastic_state`` folds them into a *stage* ``{"world_size": N, "yielded": [k_0, ..., k_N-1]}``.
 A rank of any new world M then takes ``R[r::M]`` of the remaining list R (the order minus the
 consumed positions, order kept): together the M ranks deliver every remaining position exactly
 once. Stages chain (N -> M -> K within one epoch); the next epoch is a plain M-rank epoch.
 
-States are plain JSON (``json.dumps`` round-trips them): ``{"kind", "version": 1, "epoch",
-"seed", "size", "rank", "world_size", "history": [stage, ...], "yielded"}``.
+States are plain JSON (``json.dumps`` round-trips them): ``{"kind", "version": 1, "dataset",
+"epoch", "seed", "size", "rank", "world_size", "history": [stage, ...], "yielded"}``;
+``dataset`` is the identity (``pipelines.dataset_identity``) of the dataset the sampler was given
+(``dataset=``), else None. A loader state taken between snapshots (``snapshot_every_n_steps`` > 1)
+is advanced by its steps since the snapshot (``loader_sampler_state``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from typing import Iterator, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
+from pipelines.dataset_identity import resolve
+from pipelines.sample_order import continued_epoch
+
 STATE_VERSION = 1
 
 
@@ -30,26 +37,39 @@ def global_order(size: int, seed: int, epoch: int, shuffle: bool = True) -> np.n
     return np.random.default_rng([seed, epoch]).permutation(size) if shuffle else np.arange(size)
 
 
+def rank_slots(n: int, rank: int, world_size: int, equal: bool = False) -> np.ndarray:
+    """Indices into a list of ``n`` that rank ``rank`` takes: every ``world_size``-th of the list
+    padded to a multiple of ``world_size`` (an index ``>= n`` is a repeat of index ``i - n``); ``equal``
+    cuts the list to a multiple instead (at most world_size - 1 left out)."""
+    if equal:
+        return np.arange(rank, n, world_size)[:n // world_size]
+    return np.arange(rank, -(-n // world_size) * world_size if n else 0, world_size)
+
+
 def rank_share(current: np.ndarray, rank: int, world_size: int, equal: bool = False) -> np.ndarray:
-    """Rank ``rank``'s positions of ``current``: every ``world_size``-th; ``equal`` cuts every rank
-    to ``len(current) // world_size`` (DDP's equal counts; at most world_size - 1 left out)."""
-    share = current[rank::world_size]
-    return share[:len(current) // world_size] if equal else share
+    """Rank ``rank``'s positions of ``current`` (``rank_slots``): the same count on every rank."""
+    slots = rank_slots(len(current), rank, world_size, equal)
+    return current[slots % len(current)] if len(current) else current[:0]
+
+
+def padding(n: int, rank: int, world_size: int, equal: bool = False) -> int:
+    """How many of rank ``rank``'s positions of a list of ``n`` are repeats (at its share's end: 0 or 1)."""
+    return int(np.sum(rank_slots(n, rank, world_size, equal) >= n))
 
 
 def remaining(order: np.ndarray, history: Sequence[dict], equal: bool = False) -> np.ndarray:
-    """What is left of ``order`` after the stages of ``history`` (each: world_size, yielded per rank)."""
+    """What is left of ``order`` after the stages of ``history`` (each: world_size, yielded per rank);
+    repeats a rank delivered are not counted as delivered samples."""
     current = order
     for stage in history:
         world, yielded = int(stage["world_size"]), [int(k) for k in stage["yielded"]]
         consumed = np.zeros(len(current), dtype=bool)
         for rank, count in enumerate(yielded):
-            positions = np.arange(rank, len(current), world)
-            if equal:
-                positions = positions[:len(current) // world]
-            if count > len(positions):
-                raise ValueError(f"rank {rank} of {world} claims {count} samples of its {len(positions)}")
-            consumed[positions[:count]] = True
+            slots = rank_slots(len(current), rank, world, equal)
+            if count > len(slots):
+                raise ValueError(f"rank {rank} of {world} claims {count} samples of its {len(slots)}")
+            taken = slots[:count]
+            consumed[taken[taken < len(current)]] = True
         current = current[~consumed]
     return current
 
@@ -73,7 +93,7 @@ def elastic_state(states: Sequence[dict]) -> dict:
     if sorted(by_rank) != list(range(world)) or len(states) != world:
         raise ValueError(f"need one state per rank of {world}, got ranks {sorted(int(s['rank']) for s in states)}")
     for s in states:
-        for key in ("kind", "version", "epoch", "seed", "size", "history", "world_size"):
+        for key in ("kind", "version", "dataset", "epoch", "seed", "size", "history", "world_size"):
             if s.get(key) != first.get(key):
                 raise ValueError(f"rank {s['rank']}'s state differs from rank {first['rank']}'s in {key!r}")
     stage = {"world_size": world, "yielded": [int(by_rank[r]["yielded"]) for r in range(world)]}
@@ -82,21 +102,33 @@ def elastic_state(states: Sequence[dict]) -> dict:
 
 class OrderPosition:
     """Where a rank is in its share of an epoch's global order: the bookkeeping that
-    ``ResumableSampler`` and ``LengthGroupedBatchSampler`` share."""
+    ``ResumableSampler`` and ``LengthGroupedBatchSampler`` share. ``dataset``: the reader whose
+    positions these are (None: unknown); a state of another version of it re-opens that version
+    (``use_version``) or is refused."""
 
-    def __init__(self, kind: str, size: int, seed: int, rank: int, world_size: int, equal: bool) -> None:
+    def __init__(self, kind: str, size: int, seed: int, rank: int, world_size: int, equal: bool,
+                 dataset=None) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         self.kind, self.size, self.seed, self.rank, self.world_size, self.equal = kind, size, seed, rank, world_size, equal
+        self.dataset = dataset
         self.epoch = 0
+        self.chosen: int | None = None  # the epoch set_epoch chose, if any
         self.history: list[dict] = []
         self.yielded = 0
         self._resume_at = 0
         self._finished = False
+        self._loaded = False  # a state is loaded and no pass has begun since
 
     def set_epoch(self, epoch: int) -> None:
-        if int(epoch) != self.epoch:
-            self.epoch, self.history, self.yielded, self._resume_at, self._finished = int(epoch), [], 0, 0, False
+        """Choose ``epoch``; after a load, ``sample_order.continued_epoch`` decides what is kept."""
+        epoch = int(epoch)
+        self.chosen = epoch
+        if self._loaded and continued_epoch(self.epoch, epoch)[1]:
+            return
+        if epoch != self.epoch:
+            self.epoch, self.history, self.yielded, self._resume_at, self._finished = epoch, [], 0, 0, False
+            self._loaded = False
 
     def key(self) -> tuple:
         """What this rank's share depends on besides the order: (epoch, history)."""
@@ -106,11 +138,17 @@ class OrderPosition:
         """This rank's positions of ``order`` (the epoch's global order) after the history."""
         return rank_share(remaining(order, self.history, self.equal), self.rank, self.world_size, self.equal)
 
+    def padding(self) -> int:
+        """Repeats at the end of this rank's share (0 or 1)."""
+        return padding(len(remaining(np.arange(self.size), self.history, self.equal)), self.rank, self.world_size,
+                       self.equal)
+
     def begin(self) -> int:
         """Start a pass over this rank's share; returns where it starts. After a finished pass the
         history and the count are cleared first (the next pass is a plain epoch)."""
         if self._finished:
             self.history, self.yielded, self._resume_at, self._finished = [], 0, 0, False
+        self._loaded = False
         start, self._resume_at = self._resume_at, 0
         self.yielded = start
         return start
@@ -124,12 +162,24 @@ class OrderPosition:
         self._finished = True
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed,
-                "size": self.size, "rank": self.rank, "world_size": self.world_size,
+        return {"kind": self.kind, "version": STATE_VERSION, "dataset": self._identity(), "epoch": self.epoch,
+                "seed": self.seed, "size": self.size, "rank": self.rank, "world_size": self.world_size,
                 "history": [dict(s, yielded=list(s["yielded"])) for s in self.history], "yielded": self.yielded}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _identity(self) -> dict | None:
+        return dict(self.dataset.dataset) if self.dataset is not None else None
+
+    def load_state_dict(self, state: dict, resize=None) -> None:
+        """Continue from ``state``; ``resize()`` gives the size after the dataset re-opened another version."""
         check_state(state, self.kind)
+        if self.dataset is not None:
+            version = resolve(state.get("dataset"), self.dataset.dataset, self.dataset.root, self.kind)
+            if version is not None:
+                self.dataset.use_version(version)
+                self.size = resize() if resize is not None else len(self.dataset)
+        elif state.get("dataset") is not None:
+            raise ValueError(f"this {self.kind} state was taken on version {state['dataset']['version']} of its "
+                             f"dataset; build the sampler with dataset= so it checks (and re-opens) that version")
         for key, mine in (("seed", self.seed), ("size", self.size)):
             if int(state[key]) != mine:
                 raise ValueError(f"{self.kind} state was saved with {key} {state[key]}, this one has {mine}")
@@ -140,6 +190,9 @@ class OrderPosition:
         self.history = [dict(s) for s in state["history"]]
         self.yielded = self._resume_at = int(state["yielded"])
         self._finished = False
+        self._loaded = True
+        if self.chosen is not None:  # set_epoch came first (a StatefulDataLoader loads when it starts)
+            self.set_epoch(self.chosen)
 
 
 class ResumableSampler(Sampler[int]):
@@ -148,15 +201,27 @@ class ResumableSampler(Sampler[int]):
     ``torchdata.stateful_dataloader.StatefulDataLoader``: ``sampler=ResumableSampler(len(ds), ...)``.
 
     Rank ``rank`` of ``world_size`` reads every ``world_size``-th index of the epoch's global order
-    (seeded by (seed, epoch), independent of the world size); ``drop_last`` gives every rank
-    ``size // world_size`` indices. Call ``set_epoch`` every epoch, as with DistributedSampler.
+    (seeded by (seed, epoch), independent of the world size), padded with repeats of the order's
+    first indices to ``ceil(size / world_size)`` on every rank (``padding`` of them: the last ones
+    of the rank's share); ``drop_last`` gives every rank ``size // world_size`` indices instead. Call
+    ``set_epoch`` every epoch, as with DistributedSampler. ``dataset``: the reader (its state
+    identifies the dataset version; a state of another kept version re-opens it).
     """
 
     def __init__(self, size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 drop_last: bool = False) -> None:
+                 drop_last: bool = False, dataset=None) -> None:
         self.shuffle = shuffle
-        self.position = OrderPosition(type(self).__name__, int(size), seed, rank, world_size, drop_last)
+        self.position = OrderPosition(type(self).__name__, int(size), seed, rank, world_size, drop_last, dataset)
         self._cached: tuple[tuple, np.ndarray] | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    @property
+    def padding(self) -> int:
+        """How many of this rank's indices this epoch are repeats (the last ones; 0 or 1)."""
+        return self.position.padding()
 
     def set_epoch(self, epoch: int) -> None:
         self.position.set_epoch(epoch)
@@ -164,7 +229,7 @@ class ResumableSampler(Sampler[int]):
     def indices(self) -> np.ndarray:
         """This rank's indices of the current epoch (after any resumed history), in order."""
         p = self.position
-        key = p.key()
+        key = (p.size, *p.key())
         if self._cached is None or self._cached[0] != key:  # len() and iter() of one epoch: one permutation
             self._cached = key, p.share(global_order(p.size, p.seed, p.epoch, self.shuffle))
         return self._cached[1]
@@ -183,6 +248,21 @@ class ResumableSampler(Sampler[int]):
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: this rank's own, or the fold of all ranks' (``elastic_state``)."""
         self.position.load_state_dict(state)
+
+
+def loader_sampler_state(loader_state: dict, kind: str, batch_size: int | None = None) -> dict:
+    """The ``kind`` sampler state in a StatefulDataLoader state, advanced by the loader's steps since
+    its last snapshot (``snapshot_every_n_steps`` > 1): each step took ``batch_size`` indices (a batch
+    sampler: one batch; needs ``batch_size`` for an index sampler when there were such steps)."""
+    state = dict(find_state(loader_state, kind))
+    steps = int(loader_state.get("_steps_since_snapshot") or 0) if isinstance(loader_state, dict) else 0
+    if steps:
+        per = 1 if kind == "LengthGroupedBatchSampler" else batch_size
+        if not per:
+            raise ValueError(f"this loader state was taken {steps} steps after its snapshot "
+                             "(snapshot_every_n_steps > 1): pass batch_size= (the loader's) so they are counted")
+        state["yielded"] = int(state["yielded"]) + steps * int(per)
+    return state
 
 
 def find_state(tree, kind: str) -> dict:
@@ -205,8 +285,9 @@ def find_state(tree, kind: str) -> dict:
 
 
 class MapDatasetState:
-    """The state of a map-style reader: which dataset it reads (its kind and size) and the epoch
-    (order comes from the sampler: ``ResumableSampler``). Readers mix this in."""
+    """The state of a map-style reader: which dataset it reads (its kind, version identity and size)
+    and the epoch (order comes from the sampler: ``ResumableSampler``). Readers mix this in and
+    define ``root``, ``dataset`` (``dataset_identity.identity``) and ``use_version(n)``."""
 
     epoch: int = 0
 
@@ -214,10 +295,15 @@ class MapDatasetState:
         self.epoch = int(epoch)
 
     def state_dict(self) -> dict:
-        return {"kind": type(self).__name__, "version": STATE_VERSION, "epoch": self.epoch, "samples": len(self)}
+        return {"kind": type(self).__name__, "version": STATE_VERSION, "dataset": dict(self.dataset),
+                "epoch": self.epoch, "samples": len(self)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue on the state's dataset version: this one, or a kept older one (re-opened here)."""
         check_state(state, type(self).__name__)
+        version = resolve(state.get("dataset"), self.dataset, str(self.root), type(self).__name__)
+        if version is not None:
+            self.use_version(version)
         if int(state["samples"]) != len(self):
             raise ValueError(f"{type(self).__name__} state of a dataset of {state['samples']} samples loaded "
                              f"into one of {len(self)}")

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from torch.utils.data import Dataset
 
+from pipelines.dataset_identity import identity
 from pipelines.manifest_access import parse_label
 from pipelines.pil_images import decode_image
 from pipelines.sample_errors import decode_error
@@ -141,11 +142,17 @@ class LmdbImageDataset(MapDatasetState, Dataset):
                  decode: bool = True, output: str = "tuple", version: int | None = None) -> None:
         if output not in ("tuple", "dict"):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
-        self.manifest, path, count = open_lmdb_dataset(root, version)
+        self.root = str(root)
+        self.use_version(version)
+        self.transform, self.mode, self.decode, self.output = transform, mode, decode, output
+
+    def use_version(self, version: int | None) -> None:
+        """Read version ``version`` of the dataset (None: the latest)."""
+        self.manifest, path, count = open_lmdb_dataset(self.root, version)
+        self.dataset = identity(self.manifest)
         self.reader = LmdbReader(path, count)
         self.reader.check_count()
         self.labeled = "cls" in self.manifest.fields
-        self.transform, self.mode, self.decode, self.output = transform, mode, decode, output
 
     @property
     def classes(self) -> dict[str, int]:

@@ -33,7 +33,9 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from pipelines import object_store
+from pipelines.dataset_identity import identity, resolve
 from pipelines.manifest_access import open_manifest
+from pipelines.sample_order import continued_epoch
 from pipelines.sampler_resume import STATE_VERSION, MapDatasetState, OrderPosition, check_state, global_order
 
 _HEADER = struct.Struct("<9sQBQQ")
@@ -96,6 +98,7 @@ class TokenMemmap:
         if manifest.format != "memmap":
             raise ValueError(f"{root}: format {manifest.format!r}, not a token memmap")
         self.root = str(root)
+        self.dataset = identity(manifest)
         self.remote = object_store.is_remote(root)
         self.prefixes = [_Prefix(str(manifest.path(s["path"])), str(manifest.path(s["index"])), int(s["samples"]),
                                  int(s["tokens"])) for s in manifest.data["shards"]]
@@ -212,16 +215,34 @@ class PackedTokenDataset(Dataset):
             raise ValueError("seq_len must be >= 1")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} not in [0, {world_size})")
-        self.data = TokenMemmap(root, version)
         self.seq_len = seq_len
         self.shuffle, self.seed, self.rank, self.world_size, self.dtype = shuffle, seed, rank, world_size, dtype
-        self.num_windows = max(0, (self.data.num_tokens - 1) // seq_len)
-        self.per_rank = self.num_windows // world_size  # equal counts on every rank (tail dropped)
+        self.data = TokenMemmap(root, version)
+        self.data_built_version = self.data.dataset["version"]
+        self._count_windows()
         # the epoch lives in shared memory: DataLoader workers (persistent ones included) hold a
         # copy of the dataset made when they started, and still see set_epoch()
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch_chosen = torch.zeros((), dtype=torch.bool).share_memory_()
+
+    def use_version(self, version: int | None) -> None:
+        """Read version ``version`` of the dataset (None: the latest): its tokens and windows."""
+        self.data = TokenMemmap(self.data.root, version)
+        self._count_windows()
+
+    def _count_windows(self) -> None:
+        self.num_windows = max(0, (self.data.num_tokens - 1) // self.seq_len)
+        self.per_rank = self.num_windows // self.world_size  # equal counts on every rank (tail dropped)
         self._order: np.ndarray | None = None
         self._order_epoch: int | None = None
+
+    @property
+    def root(self) -> str:
+        return self.data.root
+
+    @property
+    def dataset(self) -> dict:
+        return self.data.dataset
 
     @property
     def epoch(self) -> int:
@@ -231,6 +252,7 @@ class PackedTokenDataset(Dataset):
         """Reshuffle deterministically for ``epoch`` (same on every rank and in every worker,
         also with ``persistent_workers=True``)."""
         self._epoch.fill_(int(epoch))
+        self._epoch_chosen.fill_(True)
 
     def window_ids(self) -> np.ndarray:
         """The global window numbers this rank reads, in order, for the current epoch."""
@@ -246,12 +268,31 @@ class PackedTokenDataset(Dataset):
 
     def state_dict(self) -> dict:
         """The epoch and what fixes the order (the loader's sampler holds the position)."""
-        return {"kind": type(self).__name__, "version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed,
-                "shuffle": self.shuffle, "windows": self.num_windows, "rank": self.rank,
-                "world_size": self.world_size}
+        return {"kind": type(self).__name__, "version": STATE_VERSION, "dataset": dict(self.dataset),
+                "epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle, "windows": self.num_windows,
+                "rank": self.rank, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue on the state's dataset version (this one, or a kept older one, re-opened here) and
+        epoch, unless ``set_epoch`` chose another (``sample_order.continued_epoch``). The position is
+        the loader sampler's: with another epoch chosen, build the loader with ``ResumableSampler`` (it
+        drops the position) or iterate the loader once (it ends the state's epoch) before
+        ``set_epoch``; a state whose epoch differs from the chosen one is refused here."""
         check_state(state, type(self).__name__)
+        version = resolve(state.get("dataset"), self.dataset, self.root, type(self).__name__)
+        if version is not None:
+            sized = self.per_rank
+            self.use_version(version)
+            if self.shuffle and self.per_rank != sized:  # the loader's own sampler counted the other version
+                raise ValueError(f"{self.root}: this PackedTokenDataset state was taken on version {version} "
+                                 f"({self.per_rank} windows per rank), the reader was built on version "
+                                 f"{self.data_built_version} ({sized}); the loader's sampler was sized for that: "
+                                 f"build the reader with version={version} to continue")
+        if bool(self._epoch_chosen) and not continued_epoch(int(state["epoch"]), self.epoch)[1]:
+            raise ValueError(f"{self.root}: a PackedTokenDataset state of epoch {state['epoch']} loaded after "
+                             f"set_epoch({self.epoch}): the loader's sampler holds the position of epoch "
+                             f"{state['epoch']}; iterate the loader (it ends that epoch) before set_epoch, or "
+                             "order the windows with ResumableSampler")
         mine = self.state_dict()
         for key in ("seed", "shuffle", "windows", "rank", "world_size"):
             if state[key] != mine[key]:
@@ -284,6 +325,19 @@ class DocumentDataset(MapDatasetState, Dataset):
         self.max_len = max_len
         self.dtype = dtype
         self._lengths: np.ndarray | None = None
+
+    def use_version(self, version: int | None) -> None:
+        """Read version ``version`` of the dataset (None: the latest)."""
+        self.data = TokenMemmap(self.data.root, version)
+        self._lengths = None
+
+    @property
+    def root(self) -> str:
+        return self.data.root
+
+    @property
+    def dataset(self) -> dict:
+        return self.data.dataset
 
     @property
     def lengths(self) -> np.ndarray:
@@ -327,10 +381,10 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, lengths: Sequence[int], batch_size: int, *, seed: int = 0, mega: int = 50,
-                 drop_last: bool = False, rank: int = 0, world_size: int = 1) -> None:
+                 drop_last: bool = False, rank: int = 0, world_size: int = 1, dataset=None) -> None:
         self.lengths = np.asarray(lengths)
         self.batch_size, self.seed, self.mega, self.drop_last = batch_size, seed, mega, drop_last
-        self.position = OrderPosition(type(self).__name__, 0, seed, rank, world_size, world_size > 1)
+        self.position = OrderPosition(type(self).__name__, 0, seed, rank, world_size, world_size > 1, dataset)
         self._cached: tuple[int, list[list[int]]] | None = None
         self.position.size = len(self.global_batches())
 
@@ -345,6 +399,12 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
     @property
     def world_size(self) -> int:
         return self.position.world_size
+
+    @property
+    def padding(self) -> int:
+        """Repeated batches at the end of this rank's share: 0 (the ranks' counts are evened out by
+        cutting the batch list to a multiple of the world size)."""
+        return self.position.padding()
 
     def set_epoch(self, epoch: int) -> None:
         self.position.set_epoch(epoch)
@@ -384,7 +444,13 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         return self.position.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.position.load_state_dict(state)
+        """Continue from ``state``; with ``dataset=``, on the state's dataset version (re-opened)."""
+        self.position.load_state_dict(state, resize=self._relength)
+
+    def _relength(self) -> int:
+        """The batch count after ``dataset`` re-opened another version (its lengths)."""
+        self.lengths, self._cached = np.asarray(self.position.dataset.lengths), None
+        return len(self.global_batches())
 
 
 def random_batches(n: int, batch_size: int, seed: int = 0) -> list[list[int]]:

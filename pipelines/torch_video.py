@@ -24,6 +24,7 @@ from fractions import Fraction
 from pipelines import object_store
 from pipelines.manifest_access import open_manifest
 from pipelines.sample_errors import decode_error
+from pipelines.dataset_identity import identity
 from pipelines.sampler_resume import MapDatasetState
 
 UNLABELED = -1  # the label of a video without a class (both readers)
@@ -54,14 +55,21 @@ class VideoClipDataset(MapDatasetState):
                  num_shards: int = 1, transform=None, version: int | None = None) -> None:
         if sequence_length < 1 or stride < 1:
             raise ValueError("sequence_length and stride must be >= 1")
-        entries, manifest = manifest_videos(root, version)
         self.root = str(root)
+        self.sequence_length, self.stride, self.transform = sequence_length, stride, transform
+        self._split = (step, shard_id, num_shards)
+        self.use_version(version)
+
+    def use_version(self, version: int | None) -> None:
+        """Read version ``version`` of the dataset (None: the latest): its videos and clips."""
+        entries, manifest = manifest_videos(self.root, version)
+        self.dataset = identity(manifest)
         self.paths = [str(manifest.path(e["path"])) for e in entries]
         self.sizes = [int(e.get("bytes", 0)) for e in entries]
         self.labels = [int(e["cls"]) if e.get("cls") is not None else UNLABELED for e in entries]
-        self.sequence_length, self.stride, self.transform = sequence_length, stride, transform
+        step, shard_id, num_shards = self._split
         index = [(v, s) for v, e in enumerate(entries)
-                 for s in clip_starts(int(e["frames"]), sequence_length, stride, step)]
+                 for s in clip_starts(int(e["frames"]), self.sequence_length, self.stride, step)]
         per = len(index) / num_shards
         self.index = index[int(round(shard_id * per)):int(round((shard_id + 1) * per))]
 

@@ -42,7 +42,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
-from pipelines import object_store, sample_order
+from pipelines import dataset_identity, object_store, sample_order
 from pipelines.batches import BufferRing, PackedBytes, collate_column, new_board
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
                                        parse_label, read_checksums, read_index)
@@ -53,7 +53,7 @@ from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_b
 from repack.manifest import ManifestError
 
 UNLABELED = -1
-STATE_VERSION = 2  # 2: workers are dealt pieces of the share (1: one contiguous part each)
+STATE_VERSION = 3  # 3: the dataset version and digest, padding repeats (2: worker pieces; 1: contiguous parts)
 INDEX_THREADS = 8  # concurrent index GETs on s3://
 WHOLE_RUNS = 1 << 62  # a batch's block size limit on local files: every run of adjacent samples is one pread
 _STAT_SLOTS = 256  # per-worker counters in shared memory: [worker % slots] -> (skipped, bytes read)
@@ -160,11 +160,8 @@ class ImageShardDataset(IterableDataset):
             raise ValueError(f"output must be 'tuple' or 'dict', not {output!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-        self.manifest = open_webdataset(root, "images", version)
         self.root = str(root)
-        self.image_exts = set(image_extensions(self.manifest))
-        self._image_order = sorted(self.image_exts)
-        self.labeled = is_labeled(self.manifest)
+        self._open(version)
         self.transform = transform
         self.output = output
         self.shuffle = shuffle
@@ -193,17 +190,26 @@ class ImageShardDataset(IterableDataset):
                                 "an older repack). Pack it again to add them (`repack images SRC OUT --overwrite`, "
                                 "or into a new folder), "
                                 "or read without verify_samples (`repack verify OUT` checks whole shards)")
-        self._checksum_cache: dict[int, Any] = {}
-        self.counts = [s.samples for s in self.manifest.shards]
-        self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
         # Shared memory, so set_epoch reaches persistent DataLoader workers and counts come back.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch_chosen = torch.zeros((), dtype=torch.bool).share_memory_()  # set_epoch was called
         self._stats = torch.zeros((_STAT_SLOTS, 2), dtype=torch.int64).share_memory_()
         self._board_id, self._board = new_board(_STAT_SLOTS)  # batch buffers the training process released
         self._ring: BufferRing | None = None
-        self._index_cache: dict[int, list[Sample]] = {}
         self._cursor: _Cursor | None = None
         self._pending: dict | None = None
+
+    def _open(self, version: int | None) -> None:
+        """Read version ``version`` of the dataset (None: the latest): its shards and their order."""
+        self.manifest = open_webdataset(self.root, "images", version)
+        self.dataset = dataset_identity.identity(self.manifest)
+        self.image_exts = set(image_extensions(self.manifest))
+        self._image_order = sorted(self.image_exts)
+        self.labeled = is_labeled(self.manifest)
+        self.counts = [s.samples for s in self.manifest.shards]
+        self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
+        self._index_cache: dict[int, list[Sample]] = {}
+        self._checksum_cache: dict[int, Any] = {}
 
     @property
     def classes(self) -> dict[str, int]:
@@ -229,20 +235,35 @@ class ImageShardDataset(IterableDataset):
         return int(self._stats[:, 1].sum())
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the shuffle of ``epoch`` (affects iterators created afterwards)."""
+        """Select the shuffle of ``epoch`` (affects iterators created afterwards). Before or after
+        ``load_state_dict`` (``sample_order.continued_epoch``): the state's epoch keeps the state's
+        position; another epoch starts from its beginning."""
         self._epoch.fill_(int(epoch))
+        self._epoch_chosen.fill_(True)
 
     def rank_range(self, rank: int | None = None) -> tuple[int, int]:
-        """A rank's [start, stop) among the epoch's ordered samples (default: this rank's)."""
+        """A rank's [start, stop) among the epoch's ordered samples (default: this rank's), padding
+        repeats not included."""
         rank = self.rank if rank is None else rank
-        (start, stop), = sample_order.rank_runs(self.total_samples, self.world_size, rank, self.drop_last)
-        return start, stop
+        if self.drop_last:
+            per = self.total_samples // self.world_size
+            return rank * per, (rank + 1) * per
+        return sample_order.balanced(self.total_samples, self.world_size, rank)
+
+    def _rank_runs(self, rank: int) -> list:
+        return sample_order.rank_runs(self.total_samples, self.world_size, rank, self.drop_last)
+
+    @property
+    def padding(self) -> int:
+        """How many of this rank's samples each epoch are repeats that even out the ranks' counts (0 or 1;
+        0 with ``drop_last``): the same number of steps on every rank."""
+        return sum(stop - start for start, stop in self._rank_runs(self.rank) if start >= self.total_samples)
 
     def __len__(self) -> int:
-        """This rank's items per epoch: samples, or in batch mode the batches (``num_workers`` given)."""
+        """This rank's items per epoch (padding repeats included: the same on every rank): samples, or in
+        batch mode the batches (``num_workers`` given)."""
         if self.batch_size is None:
-            start, stop = self.rank_range()
-            return stop - start
+            return sample_order.runs_length(self._rank_runs(self.rank))
         if self.num_workers is None:
             raise TypeError(f"{self.root}: in batch mode the number of batches depends on the DataLoader's "
                             "workers: build the dataset with num_workers= (the DataLoader's), or call "
@@ -253,10 +274,14 @@ class ImageShardDataset(IterableDataset):
         """The items one epoch of this rank yields through a DataLoader with ``num_workers`` workers:
         its samples, or in batch mode the batches (each worker cuts its own part into batches, so a
         worker's last batch may be short)."""
-        runs = sample_order.rank_runs(self.total_samples, self.world_size, self.rank, self.drop_last)
+        runs = self._rank_runs(self.rank)
         if self.batch_size is None:
             return sample_order.runs_length(runs)
         return sum(-(-count // self.batch_size) for count in _worker_counts(runs, max(1, num_workers)))
+
+    def worker_length(self, rank: int, worker: int, workers: int) -> int:
+        """Samples worker ``worker`` of ``workers`` of rank ``rank`` delivers per epoch (for ``Mixture``)."""
+        return len(sample_order.worker_positions(self._rank_runs(rank), worker, workers))
 
     # -- the order -------------------------------------------------------------------------------
     def shard_order(self, epoch: int) -> list[int]:
@@ -287,7 +312,9 @@ class ImageShardDataset(IterableDataset):
         if not object_store.is_remote(self.root):
             return
         order, starts = layout
-        wanted = {order[i] for lo, hi in sample_order.runs_of(sorted(positions))
+        total = self.total_samples
+        real = sorted({sample_order.real_position(p, total) for p in positions})
+        wanted = {order[i] for lo, hi in sample_order.runs_of(real)
                   for i in range(bisect_right(starts, lo) - 1, bisect_left(starts, hi))} - set(self._index_cache)
         if len(wanted) > 1:
             with ThreadPoolExecutor(min(INDEX_THREADS, len(wanted)), thread_name_prefix="repack-index") as pool:
@@ -296,6 +323,7 @@ class ImageShardDataset(IterableDataset):
 
     def _sample_at(self, layout: tuple[list[int], list[int]], position: int) -> Sample:
         order, starts = layout
+        position = sample_order.real_position(position, self.total_samples)
         i = bisect_right(starts, position) - 1
         return self._index(order[i])[position - starts[i]]
 
@@ -317,16 +345,16 @@ class ImageShardDataset(IterableDataset):
 
     # -- state -----------------------------------------------------------------------------------
     def _fresh_cursor(self, epoch: int, worker: int, workers: int) -> _Cursor:
-        runs = sample_order.rank_runs(self.total_samples, self.world_size, self.rank, self.drop_last)
-        return _Cursor(epoch, self.rank, self.world_size, worker, workers, runs)
+        return _Cursor(epoch, self.rank, self.world_size, worker, workers, self._rank_runs(self.rank))
 
     def _state_of(self, cursor: _Cursor) -> dict:
-        return {"kind": type(self).__name__, "version": STATE_VERSION, "epoch": cursor.epoch,
+        return {"kind": type(self).__name__, "version": STATE_VERSION, "dataset": dict(self.dataset),
+                "epoch": cursor.epoch,
                 "seed": self.seed, "shuffle": self.shuffle, "window": self.shuffle_buffer,
                 "samples": self.total_samples, "drop_last": self.drop_last,
                 "rank": cursor.rank, "world_size": cursor.world_size, "worker": cursor.worker,
                 "num_workers": cursor.workers, "runs": [list(r) for r in cursor.runs],
-                "position": cursor.position, "skipped": cursor.skipped}
+                "position": cursor.position, "skipped": cursor.skipped, "batch_size": self.batch_size}
 
     def state_dict(self) -> dict:
         """How far the iterator running in this process got (plain JSON): the epoch, this worker's
@@ -342,7 +370,12 @@ class ImageShardDataset(IterableDataset):
     def load_state_dict(self, state: dict) -> None:
         """Make the next iterator continue exactly where ``state`` stopped (skipping by index: consumed
         samples are never read). Also accepts a rank state from ``pipelines.resume`` (no worker: the
-        workers split its share). Sets the epoch to the state's."""
+        workers split its share). A state of another dataset version continues on that version (this
+        reader re-opens it) while it is kept; else a ValueError names both. Sets the epoch to the
+        state's unless ``set_epoch`` chose one (``sample_order.continued_epoch``)."""
+        version = dataset_identity.resolve(state.get("dataset"), self.dataset, self.root, type(self).__name__)
+        if version is not None:
+            self._open(version)
         expect = {"kind": type(self).__name__, "version": STATE_VERSION, "seed": self.seed,
                   "shuffle": self.shuffle, "window": self.shuffle_buffer, "samples": self.total_samples,
                   "rank": self.rank, "world_size": self.world_size}
@@ -353,14 +386,19 @@ class ImageShardDataset(IterableDataset):
                              "for another world size use pipelines.resume")
         self._pending = json.loads(json.dumps(state))
         self._cursor = None
-        self._epoch.fill_(int(state["epoch"]))
+        if not bool(self._epoch_chosen):
+            self._epoch.fill_(int(state["epoch"]))
 
     def _start(self) -> _Cursor:
         """The cursor of a new iterator: from the loaded state when it is of the current epoch."""
         epoch = int(self._epoch)
         worker, workers = _worker()
         state, self._pending = self._pending, None
-        if state is None or state["epoch"] != epoch:
+        if state is None:
+            return self._fresh_cursor(epoch, worker, workers)
+        chosen = epoch if bool(self._epoch_chosen) else None
+        epoch, keep = sample_order.continued_epoch(int(state["epoch"]), chosen)
+        if not keep:
             return self._fresh_cursor(epoch, worker, workers)
         if state["worker"] is None:  # a rank share from pipelines.resume: split among these workers
             return _Cursor(epoch, self.rank, self.world_size, worker, workers, state["runs"])

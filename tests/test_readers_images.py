@@ -71,12 +71,15 @@ def test_torch_reader_ranks_and_workers_cover_once(packed_photos, photo_tree):
         seen += rank_samples
     assert lengths == [60, 60]
     check_dicts(seen, photo_tree, classes)
-    # 7 ranks x 3 workers: uneven splits across shard boundaries, still exactly once
-    keys = []
+    # 7 ranks x 3 workers: uneven splits across shard boundaries, still exactly once, plus one
+    # repeat on each rank one sample short (every rank ceil(120 / 7) = 18 samples: equal steps)
+    keys, repeats = [], 0
     for rank in range(7):
         dataset = ImageShardDataset(packed_photos, rank=rank, world_size=7, decode=False)
+        assert len(dataset) == 18
+        repeats += dataset.padding
         keys += [s.key for worker in range(3) for s in dataset.worker_samples(worker, 3)]
-    assert len(keys) == len(set(keys)) == 120
+    assert len(set(keys)) == 120 and len(keys) == 120 + repeats == 7 * 18
     # drop_last: equal shares for DDP, the remainder skipped
     shares = [len(ImageShardDataset(packed_photos, rank=r, world_size=7, drop_last=True)) for r in range(7)]
     assert shares == [120 // 7] * 7

@@ -1,0 +1,55 @@
+"""What a reader's state was taken on: the dataset version and a digest of what that version holds.
+
+A position (epoch, samples consumed) means nothing without the order it indexes, and the order is a
+function of the version's shard list. Every reader state therefore carries
+``{"version": N, "digest": sha256 of the version's [path, samples] shard list}`` under ``"dataset"``.
+Loading a state into a reader of another version (``resolve``) names the version to continue on: the
+state's, when its ``manifest.vN.json`` is still kept and holds the same shards (the reader re-opens
+it), else a ValueError naming both versions. Never a silent mix.
+
+Stdlib only; reads manifests through ``pipelines.manifest_access`` (folders and s3://).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from repack.manifest import Manifest, ManifestError
+from repack.manifest.versions import number_of
+
+
+def identity(manifest: Manifest) -> dict:
+    """``{"version", "digest"}`` of ``manifest``: its version number and the sha256 of its shard list
+    (path and sample count of each shard, in order)."""
+    shards = [[s["path"], int(s["samples"])] for s in manifest.data["shards"]]
+    digest = hashlib.sha256(json.dumps(shards, separators=(",", ":")).encode()).hexdigest()
+    return {"version": number_of(manifest.data), "digest": digest}
+
+
+def _describe(ident: dict) -> str:
+    return f"version {ident.get('version')} (shards {str(ident.get('digest'))[:12]})"
+
+
+def resolve(saved: dict | None, mine: dict, root: str, what: str) -> int | None:
+    """The version a reader of ``mine`` (its identity) must re-open to continue a state taken on
+    ``saved``: None when they are the same; the saved version when it is still kept under ``root``
+    with the same shards; else a ValueError naming both versions."""
+    if not isinstance(saved, dict) or "version" not in saved or "digest" not in saved:
+        raise ValueError(f"{root}: this {what} state does not say which dataset version it was taken on "
+                         f"(saved by an older repack?); the reader reads {_describe(mine)}")
+    if saved["version"] == mine["version"] and saved["digest"] == mine["digest"]:
+        return None
+    from pipelines.manifest_access import open_manifest
+
+    try:
+        kept = identity(open_manifest(root, int(saved["version"])))
+    except ManifestError as exc:
+        raise ValueError(f"{root}: this {what} state was taken on {_describe(saved)}, the reader reads "
+                         f"{_describe(mine)}, and version {saved['version']} is no longer kept ({exc}); "
+                         "it cannot continue: start the epoch over on the new version") from None
+    if kept != saved:
+        raise ValueError(f"{root}: this {what} state was taken on {_describe(saved)}, but version "
+                         f"{saved['version']} here holds other shards ({_describe(kept)}); the reader reads "
+                         f"{_describe(mine)}: not this dataset's state")
+    return int(saved["version"])
