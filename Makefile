@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT    := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600  # waits for another apt
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile   # whole files per worker (pytest-xdist): module fixtures built once
 
 .PHONY: setup system-deps demo test bench lint clean
 

@@ -65,22 +65,37 @@ def kill_after_records(args: list, out: Path, records: int, timeout: float = 60)
 _file_progress = []  # the run's FileProgress, once collection is done
 
 
-def pytest_collection_finish(session):
+def _start_progress(config, nodeids) -> None:
     from tests.tools.file_progress import FileProgress
 
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and session.items and not session.config.option.collectonly:
-        _file_progress.append(FileProgress(reporter, len({item.location[0] for item in session.items})))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and nodeids and not config.option.collectonly and not _file_progress:
+        _file_progress.append(FileProgress(reporter, nodeids))
+
+
+def pytest_collection_finish(session):
+    if not hasattr(session.config, "workerinput"):  # an xdist worker reports to the controller instead
+        _start_progress(session.config, [item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """The xdist controller's view: every worker collects the same test ids."""
+    _start_progress(node.config, ids)
 
 
 def pytest_runtest_logstart(nodeid, location):
     if _file_progress:
-        _file_progress[0].start(location[0])
+        _file_progress[0].start(nodeid)
 
 
 def pytest_runtest_logreport(report):
-    if _file_progress and (report.when == "call" or report.outcome != "passed"):
-        _file_progress[0].record("xfailed" if hasattr(report, "wasxfail") else report.outcome)
+    if not _file_progress:
+        return
+    if report.when == "call" or report.outcome != "passed":
+        _file_progress[0].record(report.nodeid, "xfailed" if hasattr(report, "wasxfail") else report.outcome)
+    if report.when == "teardown":
+        _file_progress[0].test_done(report.nodeid)
 
 
 def pytest_sessionfinish(session):

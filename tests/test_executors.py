@@ -52,7 +52,7 @@ def test_failing_task_is_reported_and_resumable(photo_tree, reference, tmp_path,
     out = tmp_path / executor
     (out / "shard-000003.tar").mkdir(parents=True)  # the shard cannot be renamed into place
     proc = run_repack("images", photo_tree, out, *ARGS, "--executor", executor, "--workers", "2",
-                      "--retries", "1", check=False)
+                      "--retries", "1", "--overwrite", check=False)  # --overwrite: OUT holds no repack job yet
     assert proc.returncode == 4, proc.stderr
     assert "1 task(s) failed" in proc.stderr and "shard-000003" in proc.stderr
     assert not (out / "manifest.json").exists()
