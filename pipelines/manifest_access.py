@@ -21,9 +21,9 @@ import numpy as np
 
 from pipelines import object_store
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
-from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
+from repack.manifest import Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size, manifest_cap
-from repack.manifest.versions import check_number, read_version, version_file
+from repack.manifest.versions import check_number, read_version
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,7 @@ def open_manifest(root: str | os.PathLike, version: int | None = None) -> Manife
     ``version=N`` (its immutable ``manifest.vN.json``: what this reader reads stays exactly version N
     while later versions are published beside it)."""
     if not object_store.is_remote(root):
-        for path in _manifest_files(Path(root), version):
-            check_manifest_size(_local_size(path), str(path))
-        manifest = read_manifest(root, version)
+        manifest = read_manifest(root, version)  # refuses a manifest over the size cap unread
         check_declared_counts(manifest.data, lambda rel: _local_size(manifest.path(rel)), str(manifest.root))
         return manifest
     url = str(root).rstrip("/")
@@ -86,13 +84,6 @@ def open_manifest(root: str | os.PathLike, version: int | None = None) -> Manife
     check_declared_counts(data, lambda rel: declared.get(rel) if isinstance(declared.get(rel), int) else None,
                           url)  # the sizes the manifest declares (one HEAD per shard is not spent here)
     return manifest
-
-
-def _manifest_files(root: Path, version: int | None) -> list[Path]:
-    """The manifest files ``read_manifest`` may read for ``version``."""
-    if not root.is_dir() and version is None:
-        return [root]
-    return [root / MANIFEST_NAME] + ([root / version_file(version)] if version is not None else [])
 
 
 def _local_size(path) -> int | None:

@@ -131,3 +131,7 @@ def test_a_manifest_over_the_size_cap_is_refused_unread(tmp_path, monkeypatch):
     monkeypatch.setenv("REPACK_MAX_MANIFEST_BYTES", str(size - 1))
     with pytest.raises(ManifestError, match=f"over the {size - 1}-byte cap"):
         open_manifest(out)
+    # the commands read manifests through the same capped read: refused by name, nothing parsed
+    for args in (("verify", out), ("inspect", out), ("gc", out, "--keep", "1")):
+        proc = run_repack(*args, check=False, env={"REPACK_MAX_MANIFEST_BYTES": str(size - 1)})
+        assert proc.returncode != 0 and f"over the {size - 1}-byte cap" in proc.stderr, (args, proc.stderr)

@@ -10,13 +10,12 @@ Each deletion is one unlink; a gc killed half-way leaves kept versions whole, an
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import UsageError
 from repack.lifecycle.publish import current_version, inputs_record, locked_dataset, settle_pending
-from repack.manifest import Manifest, ManifestError
+from repack.manifest import Manifest, ManifestError, parse_manifest
 from repack.manifest.versions import number_of, version_file, version_number
 
 
@@ -64,9 +63,8 @@ def _named(store, root: Path, number: int, data: dict | None) -> set[str]:
     if data is None:
         raw = store.read_bytes(version_file(number))
         try:
-            data = json.loads(raw)
-            Manifest(root, data).validate()
-        except (TypeError, ValueError, ManifestError) as exc:
+            data = parse_manifest(raw, root, f"{store.url}/{version_file(number)}").data
+        except (TypeError, ManifestError) as exc:
             raise UsageError(f"{store.url}/{version_file(number)} (version {number}) is not a valid manifest "
                              f"({exc}); nothing deleted") from None
     return set(Manifest(root, data).named_files()) | {version_file(number)}

@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 from repack.errors import ConfinementError, UsageError
 from repack.jobs.base import STATE_DIR, Plan
-from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
 REJECTED_DIR = f"{STATE_DIR}/rejected"
@@ -63,9 +63,8 @@ def current_version(store) -> tuple[dict, bytes]:
         raise UsageError(f"{store.url} holds no published dataset (no {MANIFEST_NAME}): run the job without "
                          "--append first")
     try:
-        data = json.loads(raw)
-        Manifest(Path(store.url), data).validate()
-    except (ValueError, ManifestError) as exc:
+        data = parse_manifest(raw, store.url, f"{store.url}/{MANIFEST_NAME}").data
+    except ManifestError as exc:
         raise UsageError(f"{store.url}/{MANIFEST_NAME} is not a valid manifest: {exc}") from None
     return data, raw
 
@@ -115,9 +114,8 @@ def pending_problem(store, raw: bytes, number: int) -> str | None:
     fails the schema or the path rule, says another number or parent, or names a file the store lacks
     or holds with another size than recorded."""
     try:
-        data = json.loads(raw)
-        manifest = Manifest(Path(store.scratch), data)
-        manifest.validate()
+        manifest = parse_manifest(raw, store.scratch, f"{store.url}/{version_file(number)}")
+        data = manifest.data
         info = data.get(VERSION_KEY)
         if number_of(data) != number or not isinstance(info, dict) or info.get("parent") != number - 1:
             return f"says version {number_of(data)} with parent {info.get('parent') if isinstance(info, dict) else None}"

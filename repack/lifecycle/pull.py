@@ -16,7 +16,6 @@ symlink where a file goes is a UsageError. Requests are retried as every S3 call
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from repack.errors import RepackError, UsageError, VerificationError
 from repack.lifecycle.verify import check_contents
-from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, atomic_write_bytes, safe_join
+from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, atomic_write_bytes, parse_manifest, safe_join
 from repack.manifest.versions import check_number, number_of, version_file, version_number
 from repack.sinks.checks import sha256_file
 from repack.store.files import LocalFiles, RemoteFiles
@@ -117,12 +116,8 @@ def pinned_versions(remote: RemoteFiles, versions: int | None) -> list[Version]:
 
 def _version(remote: RemoteFiles, name: str, raw: bytes, number: int | None) -> Version:
     where = remote.store.where(name)
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ManifestError(f"{where}: not valid JSON ({exc})") from None
-    manifest = Manifest(remote.store.scratch, data, remote.store.url)
-    manifest.validate()
+    manifest = parse_manifest(raw, remote.store.scratch, where, remote.store.url)
+    data = manifest.data
     check_number(data, number, where)
     return Version(number_of(data), name, raw, manifest)
 

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from repack.manifest.caps import check_manifest_size
 from repack.manifest.schema import MANIFEST_NAME, Manifest, ManifestError
 from repack.manifest.versions import check_number, read_version
 
@@ -73,6 +74,26 @@ def write_manifest(root: str | os.PathLike, data: dict) -> Path:
     return path
 
 
+def parse_manifest(raw: bytes, root: str | os.PathLike, where: str, url: str = "") -> Manifest:
+    """The validated ``Manifest`` in ``raw`` (the bytes of a manifest file at ``where``): refused over the
+    size cap before it is parsed, then JSON, schema and the path rule; ManifestError naming ``where``."""
+    check_manifest_size(len(raw), where)
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ManifestError(f"{where}: not valid JSON ({exc})") from None
+    manifest = Manifest(Path(root), data, url)
+    manifest.validate()
+    return manifest
+
+
+def read_capped(path: Path) -> bytes:
+    """A manifest file's bytes, refused unread when it is over the cap (``repack.manifest.caps``)."""
+    with open(path, "rb") as fh:
+        check_manifest_size(os.fstat(fh.fileno()).st_size, str(path))
+        return fh.read()
+
+
 def read_manifest(root: str | os.PathLike, version: int | None = None) -> Manifest:
     """Read and validate ``root/manifest.json`` (schema, major version, confined paths); ``version=N``:
     that version's immutable file instead (``repack.manifest.versions``)."""
@@ -82,7 +103,7 @@ def read_manifest(root: str | os.PathLike, version: int | None = None) -> Manife
 
         def read(name: str) -> bytes | None:
             try:
-                return (folder / name).read_bytes()
+                return read_capped(folder / name)
             except FileNotFoundError:
                 return None
 
@@ -90,14 +111,9 @@ def read_manifest(root: str | os.PathLike, version: int | None = None) -> Manife
         path = folder / name
     else:
         try:
-            raw = path.read_bytes()
+            raw = read_capped(path)
         except FileNotFoundError:
             raise ManifestError(f"{path}: no manifest (the job has not finished, or this is not a repack output)")
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
-    manifest = Manifest(path.parent, data)
-    manifest.validate()
-    check_number(data, version, str(path))
+    manifest = parse_manifest(raw, path.parent, str(path))
+    check_number(manifest.data, version, str(path))
     return manifest

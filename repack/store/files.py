@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, safe_join
+from repack.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manifest, safe_join
 from repack.manifest.versions import check_number, read_version
 
 STATE_PREFIX = ".repack/"  # the job state (task records, plan, locks): not dataset files
@@ -82,13 +82,8 @@ class RemoteFiles:
         """The validated manifest, latest or ``version`` (ManifestError naming the URL when missing or bad)."""
         store = self.store
         name, raw = read_version(store.read_bytes, version, store.url)
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise ManifestError(f"{store.where(name)}: not valid JSON ({exc})") from None
-        manifest = Manifest(store.scratch, data, store.url)
-        manifest.validate()  # confinement: every path stays under the prefix
-        check_number(data, version, store.where(name))
+        manifest = parse_manifest(raw, store.scratch, store.where(name), store.url)  # paths stay under the prefix
+        check_number(manifest.data, version, store.where(name))
         return manifest
 
     def read(self, rel: str) -> bytes | None:
