@@ -10,13 +10,17 @@ through the external source's (epoch, batch) position.
 
 from __future__ import annotations
 
+import json
+import random
 import shutil
+from collections import Counter
 
 import pytest
 
 from tests.conftest import run_repack
 from tests.tools.dali_resume_run import check_resume, make_loader, run_in_new_process, take
 from tests.tools.s3server import MotoServer, client, s3_env
+from tests.tools.versioned import versioned_images
 from tests.tools.videos import encoders, make_index_clip
 
 VP8 = ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")
@@ -168,3 +172,37 @@ def test_each_rank_resumes_its_own_shard(kind, datasets):
     assert len(keys) == len(set(keys)) == 120  # the ranks' epochs: every sample once
     with pytest.raises(ValueError, match="shard_id: saved 0, now 1"):
         make_loader(kind, datasets[kind], {**OPTIONS[kind], "shard_id": 1, "num_shards": 2}, states[0])
+
+
+def keys_of(records: list) -> list[str]:
+    return [key for record in records if record != "END" for key in record["keys"]]
+
+
+def test_a_state_continues_on_its_version_or_is_refused_naming_both(tmp_path_factory):
+    """v1 (300 images), append (v2), remove (v3: 300 other images): a v1 state loaded into a loader
+    of the latest version continues exactly on v1 (the uninterrupted v1 run's batches, every v1
+    sample once), and is refused naming both versions once v1 is gc'ed."""
+    root = versioned_images(tmp_path_factory.mktemp("versions"))
+    options = {**OPTIONS["images"], "initial_fill": 32}
+    whole = make_loader("images", str(root), {**options, "version": 1})
+    per_epoch = len(whole)
+    reference = take("images", whole, per_epoch + 1)
+    assert reference[-1] == "END" and len(keys_of(reference)) == len(set(keys_of(reference))) == 300
+    latest = make_loader("images", str(root), options)
+    assert set(keys_of(take("images", latest, per_epoch))) != set(keys_of(reference))  # v3: other samples
+    for stop in (1, random.Random(27).randrange(2, per_epoch - 1)):
+        loader = make_loader("images", str(root), {**options, "version": 1})
+        before = take("images", loader, stop)
+        state = json.loads(json.dumps(loader.state_dict()))
+        resumed = make_loader("images", str(root), options, state)  # no version=: the latest (3)
+        after = take("images", resumed, per_epoch + 1 - stop)
+        assert before + after == reference, f"stop {stop}: not the uninterrupted v1 run"
+        assert Counter(keys_of(before + after)) == Counter(keys_of(reference))
+        assert resumed.state_dict()["dataset"] == state["dataset"]
+        latest.load_state_dict(state)  # in place, into a loader of v3
+        assert take("images", latest, per_epoch + 1 - stop) == after
+    gone = tmp_path_factory.mktemp("gc") / "images"
+    shutil.copytree(root, gone)
+    run_repack("gc", gone, "--keep", "1")
+    with pytest.raises(ValueError, match=r"taken on version 1 .*reads version 3.*no longer kept"):
+        make_loader("images", str(gone), options, state)
