@@ -201,6 +201,11 @@ def test_a_state_continues_on_its_version_or_is_refused_naming_both(tmp_path_fac
         assert resumed.state_dict()["dataset"] == state["dataset"]
         latest.load_state_dict(state)  # in place, into a loader of v3
         assert take("images", latest, per_epoch + 1 - stop) == after
+    from pipelines.dali_webdataset import build_image_pipeline
+
+    raw = {k: v for k, v in options.items() if k not in ("batch_size", "num_threads")}
+    with pytest.raises(ValueError, match=r"taken on version 1 .*reads version 3.*version="):
+        build_image_pipeline(str(root), 16, 2, checkpoint=state, **raw)  # a raw pipeline does not re-open
     gone = tmp_path_factory.mktemp("gc") / "images"
     shutil.copytree(root, gone)
     run_repack("gc", gone, "--keep", "1")
