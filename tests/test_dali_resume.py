@@ -18,6 +18,7 @@ from collections import Counter
 import pytest
 
 from tests.conftest import run_repack
+from tests.test_images_job import write_jpegs
 from tests.tools.dali_resume_run import check_resume, make_loader, run_in_new_process, take
 from tests.tools.s3server import MotoServer, client, s3_env
 from tests.tools.versioned import versioned_images
@@ -211,3 +212,25 @@ def test_a_state_continues_on_its_version_or_is_refused_naming_both(tmp_path_fac
     run_repack("gc", gone, "--keep", "1")
     with pytest.raises(ValueError, match=r"taken on version 1 .*reads version 3.*no longer kept"):
         make_loader("images", str(gone), options, state)
+
+
+def test_an_lmdb_state_continues_on_its_version_after_a_remove(tmp_path):
+    """LMDB v1 (60 images), a remove (v2: 40): a v1 state continues exactly on v1's database
+    (its sample count differs from v2's, so the options are v1's too); refused once v1 is gc'ed."""
+    src, root = tmp_path / "src", tmp_path / "lmdb"
+    for c in range(2):
+        write_jpegs(src / f"c{c}", 30, f"c{c}_")
+    run_repack("images", src, root, "--to", "lmdb", "--quiet")
+    (tmp_path / "gone.txt").write_text("".join(f"c1/c1_{i}.jpg\n" for i in range(20)))
+    run_repack("remove", root, "--sources", tmp_path / "gone.txt", "--quiet")
+    options = OPTIONS["lmdb"]
+    assert len(make_loader("lmdb", str(root), options)) == 3  # v2: 40 samples
+    reference = take("lmdb", make_loader("lmdb", str(root), {**options, "version": 1}), 5)
+    assert reference[4] == "END" and sorted(map(int, keys_of(reference))) == list(range(60))
+    loader = make_loader("lmdb", str(root), {**options, "version": 1})
+    before = take("lmdb", loader, 2)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert before + take("lmdb", make_loader("lmdb", str(root), options, state), 3) == reference
+    run_repack("gc", root, "--keep", "1")
+    with pytest.raises(ValueError, match=r"taken on version 1 .*reads version 2.*no longer kept"):
+        make_loader("lmdb", str(root), options, state)
