@@ -5,7 +5,9 @@ builds a new loader from it: the batches that follow equal the uninterrupted run
 the output tensors' bytes), the interrupted epoch then holds every sample exactly once, and the
 next epoch follows. Images restore through DALI's own checkpoint (reader, shuffle buffer and the
 random crop/mirror generators: ``train=True``), video through the experimental reader's, LMDB
-through the external source's (epoch, batch) position.
+through the external source's (epoch, batch) position. A state names its dataset version (issue 27
+item 1): loaded into a loader of a later version it continues on its own while kept, else it is
+refused naming both.
 """
 
 from __future__ import annotations
