@@ -26,7 +26,8 @@ import random
 
 import numpy as np
 
-from pipelines.dali_resume import ResumableDALILoader, builder_args, check_state
+from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, check_state
+from pipelines.dataset_identity import identity
 from pipelines.manifest_access import parse_label
 from pipelines.sample_errors import decode_error
 from pipelines.torch_lmdb import LmdbReader, open_lmdb_dataset, sample_key
@@ -134,12 +135,12 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
 
-    _, path, count = open_lmdb_dataset(root, version)
+    manifest, path, count = open_lmdb_dataset(root, version)
     epoch = batch = 0
     if checkpoint is not None:
         options = order_options(count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
                                 drop_last)
-        state = check_state(checkpoint, KIND, options)
+        state = check_state(checkpoint, KIND, options, identity(manifest))
         epoch, batch = state["epoch"], state["batch"]
     source = LmdbBatchSource(path, count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
                              drop_last, epoch, batch, with_index)
@@ -177,21 +178,27 @@ def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int 
                      **pipeline_args) -> ResumableDALILoader:
     """A ``DALIGenericIterator`` over ``build_lmdb_pipeline`` that resumes (``state_dict()``,
     ``load_state_dict()``, or ``state=`` here); yields ``[{"images": ..., "labels": ...}]`` (and
-    ``"index"`` with ``with_index=True``)."""
+    ``"index"`` with ``with_index=True``). A state of another dataset version continues on that
+    version while it is kept."""
     args = builder_args(build_lmdb_pipeline, pipeline_args)
-    _, _, count = open_lmdb_dataset(root, args["version"])
-    options = order_options(count, batch_size, shard_id, num_shards, args["random_shuffle"], args["seed"],
-                            args["pad_last_batch"], args["drop_last"])
-    start, stop = shard_range(count, shard_id, num_shards)
-    batches = epoch_batches(stop - start, batch_size, args["drop_last"])
 
-    def build(saved: dict | None):
-        return build_lmdb_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards, checkpoint=saved,
-                                   **pipeline_args)
+    def open_version(version: int | None) -> OpenedVersion:
+        version = args["version"] if version is None else version
+        manifest, _, count = open_lmdb_dataset(root, version)
+        options = order_options(count, batch_size, shard_id, num_shards, args["random_shuffle"], args["seed"],
+                                args["pad_last_batch"], args["drop_last"])
+        start, stop = shard_range(count, shard_id, num_shards)
+
+        def build(saved: dict | None):
+            return build_lmdb_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards,
+                                       checkpoint=saved, **{**pipeline_args, "version": version})
+
+        return OpenedVersion(identity(manifest), options, build,
+                             epoch_batches(stop - start, batch_size, args["drop_last"]))
 
     names = ["images", "labels", "index"] if args["with_index"] else ["images", "labels"]
-    return ResumableDALILoader(KIND, build, names, options=options, reader_name=None,
-                               auto_reset=auto_reset, resume="source", epoch_batches=batches, state=state)
+    return ResumableDALILoader(KIND, open_version, names, root=str(root), reader_name=None, auto_reset=auto_reset,
+                               resume="source", state=state)
 
 
 def read_epoch(pipe) -> list:

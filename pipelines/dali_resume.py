@@ -4,8 +4,8 @@
 tensors, as before) and adds ``state_dict()`` / ``load_state_dict()``. The state is a JSON-safe
 dict, so it sits in the same training checkpoint as the PyTorch loaders' states::
 
-    {"kind": "dali_webdataset", "version": 1, "epoch": 3, "batch": 41,
-     "options": {...}, "dali": "<base64 of Pipeline.checkpoint()>"}
+    {"kind": "dali_webdataset", "version": 1, "dataset": {"version": 2, "digest": "..."},
+     "epoch": 3, "batch": 41, "options": {...}, "dali": "<base64 of Pipeline.checkpoint()>"}
 
 ``epoch`` and ``batch`` count the epochs and the batches of the current epoch the caller has
 *taken* from the loader (prefetched batches do not count). Pipelines with a DALI reader
@@ -15,6 +15,9 @@ Pipelines fed by an external source (LMDB) carry no ``dali``: ``epoch`` and ``ba
 source's position and the builder rebuilds the source there (its order is a function of the
 seed and the epoch). ``options`` are the settings that shape the sample order (batch size,
 shard, seed, shuffling): restoring into a loader built with others is an error naming them.
+``dataset`` is the identity of the dataset version the state was taken on
+(``pipelines.dataset_identity``): a loader of another version re-opens the state's version when it
+is still kept and continues exactly there, else it refuses naming both versions.
 
 DALI restores a pipeline only while it is built, so ``load_state_dict`` rebuilds the pipeline
 from the state (a fraction of a second); a new process builds its loader with ``state=``.
@@ -25,13 +28,31 @@ from __future__ import annotations
 import base64
 import binascii
 import inspect
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from pipelines.dataset_identity import describe, resolve
 
 STATE_VERSION = 1
 LAST_BATCH = ("partial", "drop", "fill")
 RESUME = ("dali", "source", "none")
 
 Builder = Callable[["dict | None"], Any]  # state (or None) -> a built DALI pipeline
+
+
+@dataclass(frozen=True)
+class OpenedVersion:
+    """One dataset version as a loader reads it: its identity (``dataset_identity.identity``), the
+    order-shaping options of its pipeline, the builder of that pipeline and (for an external
+    source) its batches per epoch."""
+
+    dataset: dict
+    options: dict
+    build: Builder
+    epoch_batches: int | None = None
+
+
+Opener = Callable[["int | None"], OpenedVersion]  # version (None: the loader's own) -> that version opened
 
 
 def dali_checkpoint(state: dict | None) -> bytes | None:
@@ -44,11 +65,13 @@ def dali_checkpoint(state: dict | None) -> bytes | None:
         raise ValueError(f"{state.get('kind')} state: 'dali' is not a base64 DALI checkpoint ({error})") from None
 
 
-def restore_bytes(checkpoint: dict | bytes | None, kind: str, options: dict, enabled: bool) -> bytes | None:
+def restore_bytes(checkpoint: dict | bytes | None, kind: str, options: dict, enabled: bool,
+                  dataset: dict | None = None) -> bytes | None:
     """The DALI checkpoint to build a pipeline with: ``checkpoint`` as given (bytes of
-    ``Pipeline.checkpoint()``) or out of a checked loader state (dict)."""
+    ``Pipeline.checkpoint()``) or out of a loader state (dict) checked against ``options`` and the
+    pipeline's ``dataset`` identity."""
     if isinstance(checkpoint, dict):
-        checkpoint = dali_checkpoint(check_state(checkpoint, kind, options))
+        checkpoint = dali_checkpoint(check_state(checkpoint, kind, options, dataset))
     if checkpoint is not None and not enabled:
         raise ValueError("restoring a checkpoint needs enable_checkpointing=True")
     return checkpoint
@@ -63,9 +86,10 @@ def builder_args(builder: Callable, given: dict) -> dict:
             for name, parameter in inspect.signature(builder).parameters.items()}
 
 
-def check_state(state: Any, kind: str, options: dict) -> dict:
+def check_state(state: Any, kind: str, options: dict, dataset: dict | None = None) -> dict:
     """``state`` after checking it is a version-1 ``kind`` state saved with the same ``options``
-    (each key of ``options``; a loader's state may record more than its pipeline builder checks)."""
+    (each key of ``options``; a loader's state may record more than its pipeline builder checks)
+    and, when ``dataset`` (an identity) is given, taken on that dataset version."""
     if not isinstance(state, dict):
         raise ValueError(f"a {kind} loader state must be a dict, got {type(state).__name__}")
     if state.get("kind") != kind:
@@ -84,46 +108,66 @@ def check_state(state: Any, kind: str, options: dict) -> dict:
         changes = ", ".join(f"{k}: saved {saved.get(k)!r}, now {options.get(k)!r}" for k in differ)
         raise ValueError(f"the {kind} state was saved by a loader with other options ({changes}); "
                          "build the loader with the saved options to resume")
+    if dataset is not None and state.get("dataset") != dataset:
+        raise ValueError(f"this {kind} state was taken on {describe(state.get('dataset'))}, this pipeline "
+                         f"reads {describe(dataset)}: build it with the state's version= (a loader "
+                         "re-opens that version itself)")
     return state
 
 
 class ResumableDALILoader:
     """A ``DALIGenericIterator`` over ``build(state)``'s pipeline with ``state_dict``/``load_state_dict``.
 
-    ``kind`` names the pipeline in the state; ``options`` are the order-shaping settings checked
-    on restore (``last_batch`` is added); ``resume`` says how the position is kept: ``"dali"`` (the pipeline is built with
+    ``kind`` names the pipeline in the state; ``open_version(version)`` opens a dataset version of
+    ``root`` (None: the one the loader was asked for) as an ``OpenedVersion``: its identity, the
+    order-shaping options checked on restore (``last_batch`` is added), its pipeline builder and,
+    for an external source, its batches per epoch (else ``len()`` of the iterator). A state of
+    another version makes the loader re-open the state's version (``dataset_identity.resolve``).
+    ``resume`` says how the position is kept: ``"dali"`` (the pipeline is built with
     ``enable_checkpointing``; the state carries DALI's checkpoint), ``"source"`` (``build(state)``
     starts the pipeline's source at the state's epoch and batch) or ``"none"`` (built without
-    checkpointing: ``state_dict`` and restoring refuse); ``epoch_batches``: batches per epoch
-    when the iterator cannot know them (an external source), else ``len()`` of the iterator.
+    checkpointing: ``state_dict`` and restoring refuse).
     Iterating yields what ``DALIGenericIterator`` yields: a list with one dict of torch tensors
     per batch.
     """
 
-    def __init__(self, kind: str, build: Builder, names: list[str], *, options: dict,
+    def __init__(self, kind: str, open_version: Opener, names: list[str], *, root: str,
                  reader_name: str | None, last_batch: str = "partial", auto_reset: bool = True,
-                 resume: str = "dali", epoch_batches: int | None = None,
-                 state: dict | None = None) -> None:
+                 resume: str = "dali", state: dict | None = None) -> None:
         if resume not in RESUME:
             raise ValueError(f"resume must be one of {list(RESUME)}, not {resume!r}")
         if last_batch not in LAST_BATCH:
             raise ValueError(f"last_batch must be one of {list(LAST_BATCH)}, not {last_batch!r}")
-        self.kind, self._build, self.names = kind, build, names
-        self.options = {**options, "last_batch": last_batch}
+        self.kind, self._open, self.names, self.root = kind, open_version, names, str(root)
         self._reader_name, self._last_batch, self._auto_reset = reader_name, last_batch, auto_reset
-        self._resume, self._epoch_batches = resume, epoch_batches
+        self._resume = resume
+        self._version = open_version(None)
         self.epoch = self.batch = 0
         self._start(state)
+
+    @property
+    def options(self) -> dict:
+        """The order-shaping options of the version read, as a state records them."""
+        return {**self._version.options, "last_batch": self._last_batch}
+
+    @property
+    def dataset(self) -> dict:
+        """The identity of the dataset version read (``dataset_identity.identity``)."""
+        return self._version.dataset
 
     def _start(self, state: dict | None) -> None:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         if state is not None:
             self._refuse_without_checkpointing()
-            state = check_state(state, self.kind, self.options)
+            check_state(state, self.kind, {})
+            version = resolve(state.get("dataset"), self.dataset, self.root, self.kind)
+            if version is not None:
+                self._version = self._open(version)
+            state = check_state(state, self.kind, self.options, self.dataset)
             if self._resume == "dali" and state.get("dali") is None:
                 raise ValueError(f"the {self.kind} state holds no DALI checkpoint ('dali')")
-        self.pipe = self._build(state)
+        self.pipe = self._version.build(state)
         self.epoch, self.batch = (state["epoch"], state["batch"]) if state else (0, 0)
         policy = {"partial": LastBatchPolicy.PARTIAL, "drop": LastBatchPolicy.DROP,
                   "fill": LastBatchPolicy.FILL}[self._last_batch]
@@ -153,7 +197,8 @@ class ResumableDALILoader:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        return len(self._iterator) if self._epoch_batches is None else self._epoch_batches
+        batches = self._version.epoch_batches
+        return len(self._iterator) if batches is None else batches
 
     def reset(self) -> None:
         """Start the next epoch (only needed with ``auto_reset=False``)."""
@@ -163,8 +208,8 @@ class ResumableDALILoader:
 
     def state_dict(self) -> dict:
         """The loader's position after the last batch taken, as JSON-safe data."""
-        state = {"kind": self.kind, "version": STATE_VERSION, "epoch": self.epoch, "batch": self.batch,
-                 "options": dict(self.options)}
+        state = {"kind": self.kind, "version": STATE_VERSION, "dataset": dict(self.dataset), "epoch": self.epoch,
+                 "batch": self.batch, "options": self.options}
         self._refuse_without_checkpointing()
         if self._resume == "dali":
             state["dali"] = base64.b64encode(self._iterator.checkpoints()[0]).decode("ascii")
@@ -175,5 +220,6 @@ class ResumableDALILoader:
             raise ValueError(f"this {self.kind} loader was built with enable_checkpointing=False: it has no state")
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (from ``state_dict``): rebuilds the pipeline there."""
+        """Continue from ``state`` (from ``state_dict``): rebuilds the pipeline there, on the state's
+        dataset version (re-opened when it is not the one read and still kept)."""
         self._start(state)

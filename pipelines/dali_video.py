@@ -32,7 +32,8 @@ pipelines.dali_resume; ``build_video_pipeline(..., checkpoint=...)`` restores a 
 
 from __future__ import annotations
 
-from pipelines.dali_resume import ResumableDALILoader, builder_args, restore_bytes
+from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, restore_bytes
+from pipelines.dataset_identity import identity
 from pipelines.torch_video import UNLABELED, manifest_videos
 
 READER_NAME = "VideoReader"
@@ -62,8 +63,9 @@ def build_video_pipeline(root, *, sequence_length: int, batch_size: int, reader:
     files, labels = video_inputs(root, version)
     if not files:
         raise ValueError(f"{root}: the manifest lists no videos")
+    _, manifest = manifest_videos(root, version)
     return build_files_pipeline(files, labels, sequence_length=sequence_length, batch_size=batch_size,
-                                reader=reader or dataset_reader(root, version), **options)
+                                reader=reader or dataset_reader(root, version), dataset=identity(manifest), **options)
 
 
 SHAPING = ("stride", "step", "shard_id", "num_shards", "random_shuffle", "seed", "initial_fill", "pad_last_batch")
@@ -81,11 +83,12 @@ def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length
                          device_id: int | None = 0, num_threads: int = 4, initial_fill: int = 64,
                          resize: tuple[int, int] | None = None, prefetch_queue_depth: int = 2,
                          pad_last_batch: bool = True, enable_checkpointing: bool = True,
-                         checkpoint: dict | bytes | None = None):
+                         checkpoint: dict | bytes | None = None, dataset: dict | None = None):
     """A built DALI Pipeline reading ``files`` (with ``labels``) through ``reader`` (``READERS``) on
     ``device`` (``gpu``; ``cpu`` only with the experimental reader). ``checkpoint``: continue
     where a pipeline with the same options stopped (``pipe.checkpoint()`` bytes or a
-    ``DALIVideoLoader`` state)."""
+    ``DALIVideoLoader`` state); ``dataset``: the identity of the dataset version ``files`` come
+    from, checked against a state's."""
     from nvidia.dali import fn, pipeline_def, types
 
     if reader not in READERS:
@@ -96,7 +99,7 @@ def build_files_pipeline(files: list[str], labels: list[int], *, sequence_length
     options = order_options(files, batch_size, sequence_length, reader, dict(
         stride=stride, step=step, shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
         initial_fill=initial_fill, pad_last_batch=pad_last_batch))
-    checkpoint = restore_bytes(checkpoint, KIND, options, enable_checkpointing)
+    checkpoint = restore_bytes(checkpoint, KIND, options, enable_checkpointing, dataset)
 
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                   prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=enable_checkpointing,
@@ -127,15 +130,21 @@ class DALIVideoLoader:
     def __init__(self, root, *, sequence_length: int, batch_size: int, auto_reset: bool = True,
                  state: dict | None = None, version: int | None = None, **kwargs) -> None:
         reader = kwargs.pop("reader", None) or dataset_reader(root, version)
-        files, _ = video_inputs(root, version)
         args = builder_args(build_files_pipeline, kwargs)
-        options = order_options(files, batch_size, sequence_length, reader, args)
 
-        def build(saved: dict | None):
-            return build_video_pipeline(root, sequence_length=sequence_length, batch_size=batch_size, reader=reader,
-                                        version=version, checkpoint=saved, **kwargs)
+        def open_version(chosen: int | None) -> OpenedVersion:
+            chosen = version if chosen is None else chosen
+            _, manifest = manifest_videos(root, chosen)
+            files, _ = video_inputs(root, chosen)
+            options = order_options(files, batch_size, sequence_length, reader, args)
 
-        self._loader = ResumableDALILoader(KIND, build, ["frames", "labels"], options=options,
+            def build(saved: dict | None):
+                return build_video_pipeline(root, sequence_length=sequence_length, batch_size=batch_size,
+                                            reader=reader, version=chosen, checkpoint=saved, **kwargs)
+
+            return OpenedVersion(identity(manifest), options, build)
+
+        self._loader = ResumableDALILoader(KIND, open_version, ["frames", "labels"], root=str(root),
                                            reader_name=READER_NAME, auto_reset=auto_reset,
                                            resume="dali" if args["enable_checkpointing"] else "none", state=state)
 

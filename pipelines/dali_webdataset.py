@@ -23,7 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from pipelines.dali_resume import ResumableDALILoader, builder_args, restore_bytes
+from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, restore_bytes
+from pipelines.dataset_identity import identity
 from pipelines.manifest_access import image_extensions, is_labeled, open_webdataset, read_index, shard_files
 from repack.manifest import ManifestError
 
@@ -96,7 +97,7 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     gpu = device_id is not None
     options = order_options(manifest, batch_size, shard_id, num_shards, random_shuffle, seed, initial_fill,
                             pad_last_batch)
-    checkpoint = restore_bytes(checkpoint, KIND, options, enable_checkpointing)
+    checkpoint = restore_bytes(checkpoint, KIND, options, enable_checkpointing, identity(manifest))
     pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                     prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=enable_checkpointing,
                     checkpoint=checkpoint)
@@ -149,16 +150,24 @@ def dali_image_loader(root: str | os.PathLike, batch_size: int, num_threads: int
 
     ``last_batch``: ``"partial"`` (every sample of the shard once per epoch, the last batch
     smaller), ``"drop"`` or ``"fill"`` (DALI's LastBatchPolicy). ``state``: a ``state_dict()`` of
-    a loader with the same options to continue from (or call ``load_state_dict`` later).
+    a loader with the same options to continue from (or call ``load_state_dict`` later); a state
+    of another dataset version continues on that version while it is kept.
     """
     args = builder_args(build_image_pipeline, pipeline_args)
-    options = order_options(open_webdataset(root, "images"), batch_size, shard_id, num_shards,
-                            args["random_shuffle"], args["seed"], args["initial_fill"], args["pad_last_batch"])
 
-    def build(saved: dict | None):
-        return build_image_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards,
-                                    checkpoint=saved, **pipeline_args)
+    def open_version(version: int | None) -> OpenedVersion:
+        version = args["version"] if version is None else version
+        manifest = open_webdataset(root, "images", version)
+        options = order_options(manifest, batch_size, shard_id, num_shards, args["random_shuffle"], args["seed"],
+                                args["initial_fill"], args["pad_last_batch"])
 
-    return ResumableDALILoader(KIND, build, output_names(root, pipeline_args.get("with_meta", False)),
-                               options=options, reader_name=READER, last_batch=last_batch, auto_reset=auto_reset,
-                               resume="dali" if args["enable_checkpointing"] else "none", state=state)
+        def build(saved: dict | None):
+            return build_image_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards,
+                                        checkpoint=saved, **{**pipeline_args, "version": version})
+
+        return OpenedVersion(identity(manifest), options, build)
+
+    names = output_names(root, args["with_meta"], args["version"])
+    return ResumableDALILoader(KIND, open_version, names, root=str(root), reader_name=READER, last_batch=last_batch,
+                               auto_reset=auto_reset, resume="dali" if args["enable_checkpointing"] else "none",
+                               state=state)

@@ -27,7 +27,10 @@ def identity(manifest: Manifest) -> dict:
     return {"version": number_of(manifest.data), "digest": digest}
 
 
-def _describe(ident: dict) -> str:
+def describe(ident: dict | None) -> str:
+    """``ident`` in words: its version and the head of its digest."""
+    if not isinstance(ident, dict):
+        return "an unnamed version (a state saved by an older repack)"
     return f"version {ident.get('version')} (shards {str(ident.get('digest'))[:12]})"
 
 
@@ -37,7 +40,7 @@ def resolve(saved: dict | None, mine: dict, root: str, what: str) -> int | None:
     with the same shards; else a ValueError naming both versions."""
     if not isinstance(saved, dict) or "version" not in saved or "digest" not in saved:
         raise ValueError(f"{root}: this {what} state does not say which dataset version it was taken on "
-                         f"(saved by an older repack?); the reader reads {_describe(mine)}")
+                         f"(saved by an older repack?); the reader reads {describe(mine)}")
     if saved["version"] == mine["version"] and saved["digest"] == mine["digest"]:
         return None
     from pipelines.manifest_access import open_manifest
@@ -45,11 +48,11 @@ def resolve(saved: dict | None, mine: dict, root: str, what: str) -> int | None:
     try:
         kept = identity(open_manifest(root, int(saved["version"])))
     except ManifestError as exc:
-        raise ValueError(f"{root}: this {what} state was taken on {_describe(saved)}, the reader reads "
-                         f"{_describe(mine)}, and version {saved['version']} is no longer kept ({exc}); "
+        raise ValueError(f"{root}: this {what} state was taken on {describe(saved)}, the reader reads "
+                         f"{describe(mine)}, and version {saved['version']} is no longer kept ({exc}); "
                          "it cannot continue: start the epoch over on the new version") from None
     if kept != saved:
-        raise ValueError(f"{root}: this {what} state was taken on {_describe(saved)}, but version "
-                         f"{saved['version']} here holds other shards ({_describe(kept)}); the reader reads "
-                         f"{_describe(mine)}: not this dataset's state")
+        raise ValueError(f"{root}: this {what} state was taken on {describe(saved)}, but version "
+                         f"{saved['version']} here holds other shards ({describe(kept)}); the reader reads "
+                         f"{describe(mine)}: not this dataset's state")
     return int(saved["version"])

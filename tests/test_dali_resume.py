@@ -5,18 +5,25 @@ builds a new loader from it: the batches that follow equal the uninterrupted run
 the output tensors' bytes), the interrupted epoch then holds every sample exactly once, and the
 next epoch follows. Images restore through DALI's own checkpoint (reader, shuffle buffer and the
 random crop/mirror generators: ``train=True``), video through the experimental reader's, LMDB
-through the external source's (epoch, batch) position.
+through the external source's (epoch, batch) position. A state names its dataset version (issue 27
+item 1): loaded into a loader of a later version it continues on its own while kept, else it is
+refused naming both.
 """
 
 from __future__ import annotations
 
+import json
+import random
 import shutil
+from collections import Counter
 
 import pytest
 
 from tests.conftest import run_repack
+from tests.test_images_job import write_jpegs
 from tests.tools.dali_resume_run import check_resume, make_loader, run_in_new_process, take
 from tests.tools.s3server import MotoServer, client, s3_env
+from tests.tools.versioned import versioned_images
 from tests.tools.videos import encoders, make_index_clip
 
 VP8 = ("-c:v", "libvpx", "-deadline", "realtime", "-g", "8", "-pix_fmt", "yuv420p")
@@ -168,3 +175,64 @@ def test_each_rank_resumes_its_own_shard(kind, datasets):
     assert len(keys) == len(set(keys)) == 120  # the ranks' epochs: every sample once
     with pytest.raises(ValueError, match="shard_id: saved 0, now 1"):
         make_loader(kind, datasets[kind], {**OPTIONS[kind], "shard_id": 1, "num_shards": 2}, states[0])
+
+
+def keys_of(records: list) -> list[str]:
+    return [key for record in records if record != "END" for key in record["keys"]]
+
+
+def test_a_state_continues_on_its_version_or_is_refused_naming_both(tmp_path_factory):
+    """v1 (300 images), append (v2), remove (v3: 300 other images): a v1 state loaded into a loader
+    of the latest version continues exactly on v1 (the uninterrupted v1 run's batches, every v1
+    sample once), and is refused naming both versions once v1 is gc'ed."""
+    root = versioned_images(tmp_path_factory.mktemp("versions"))
+    options = {**OPTIONS["images"], "initial_fill": 32}
+    whole = make_loader("images", str(root), {**options, "version": 1})
+    per_epoch = len(whole)
+    reference = take("images", whole, per_epoch + 1)
+    assert reference[-1] == "END" and len(keys_of(reference)) == len(set(keys_of(reference))) == 300
+    latest = make_loader("images", str(root), options)
+    assert set(keys_of(take("images", latest, per_epoch))) != set(keys_of(reference))  # v3: other samples
+    for stop in (1, random.Random(27).randrange(2, per_epoch - 1)):
+        loader = make_loader("images", str(root), {**options, "version": 1})
+        before = take("images", loader, stop)
+        state = json.loads(json.dumps(loader.state_dict()))
+        resumed = make_loader("images", str(root), options, state)  # no version=: the latest (3)
+        after = take("images", resumed, per_epoch + 1 - stop)
+        assert before + after == reference, f"stop {stop}: not the uninterrupted v1 run"
+        assert Counter(keys_of(before + after)) == Counter(keys_of(reference))
+        assert resumed.state_dict()["dataset"] == state["dataset"]
+        latest.load_state_dict(state)  # in place, into a loader of v3
+        assert take("images", latest, per_epoch + 1 - stop) == after
+    from pipelines.dali_webdataset import build_image_pipeline
+
+    raw = {k: v for k, v in options.items() if k not in ("batch_size", "num_threads")}
+    with pytest.raises(ValueError, match=r"taken on version 1 .*reads version 3.*version="):
+        build_image_pipeline(str(root), 16, 2, checkpoint=state, **raw)  # a raw pipeline does not re-open
+    gone = tmp_path_factory.mktemp("gc") / "images"
+    shutil.copytree(root, gone)
+    run_repack("gc", gone, "--keep", "1")
+    with pytest.raises(ValueError, match=r"taken on version 1 .*reads version 3.*no longer kept"):
+        make_loader("images", str(gone), options, state)
+
+
+def test_an_lmdb_state_continues_on_its_version_after_a_remove(tmp_path):
+    """LMDB v1 (60 images), a remove (v2: 40): a v1 state continues exactly on v1's database
+    (its sample count differs from v2's, so the options are v1's too); refused once v1 is gc'ed."""
+    src, root = tmp_path / "src", tmp_path / "lmdb"
+    for c in range(2):
+        write_jpegs(src / f"c{c}", 30, f"c{c}_")
+    run_repack("images", src, root, "--to", "lmdb", "--quiet")
+    (tmp_path / "gone.txt").write_text("".join(f"c1/c1_{i}.jpg\n" for i in range(20)))
+    run_repack("remove", root, "--sources", tmp_path / "gone.txt", "--quiet")
+    options = OPTIONS["lmdb"]
+    assert len(make_loader("lmdb", str(root), options)) == 3  # v2: 40 samples
+    reference = take("lmdb", make_loader("lmdb", str(root), {**options, "version": 1}), 5)
+    assert reference[4] == "END" and sorted(map(int, keys_of(reference))) == list(range(60))
+    loader = make_loader("lmdb", str(root), {**options, "version": 1})
+    before = take("lmdb", loader, 2)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert before + take("lmdb", make_loader("lmdb", str(root), options, state), 3) == reference
+    run_repack("gc", root, "--keep", "1")
+    with pytest.raises(ValueError, match=r"taken on version 1 .*reads version 2.*no longer kept"):
+        make_loader("lmdb", str(root), options, state)
