@@ -31,7 +31,8 @@ earliest of these points (``stop_point``). So every rank yields as many batches 
 on a rank with one step more. (An iterable source needs ``worker_length(rank, worker, workers)``
 for this, as ``ImageShardDataset`` has; without it a rank stops at its own first exhausted draw.)
 
-State (``state_dict``; inside a DataLoader worker, that worker's): the epoch, how many draws this
+State (``state_dict``; inside a DataLoader worker, that worker's): the epoch of the iterator it
+describes, how many draws this
 iterator made, and each source's state (pass and
 position and dataset identity, or the iterable source's own state). ``load_state_dict`` makes the
 next ``__iter__`` continue exactly there, re-reading nothing, on the versions the sources' states
