@@ -8,12 +8,13 @@ here; every other warning (yours, torch's, torchdata's) still shows.
 
 A loaded state holds, beside the readers' states, the loader's own bookkeeping of the iteration it
 was taken in: how many batches it yielded, which worker yielded the last one (the next batch comes
-from the worker after it), whether the single-process fetcher ended. When ``set_epoch`` chose
-another epoch than the state's, an iterable reader (``ImageShardDataset``, ``Mixture``) starts that
-epoch from its beginning (``sample_order.continued_epoch``); this loader then starts its iteration
-from its beginning too (worker 0 first, nothing yielded), so the epoch's batches come in exactly
+from the worker after it). When ``set_epoch`` chose another epoch than the state's, an iterable
+reader (``ImageShardDataset``, ``Mixture``) starts that epoch from its beginning
+(``sample_order.continued_epoch``); this loader with workers then starts its iteration from its
+beginning too (worker 0 first, nothing yielded), so the epoch's batches come in exactly
 the order of an uninterrupted run. torchdata's own class would continue the old iteration's worker
-turn: with workers, the new epoch's batches would come interleaved from another worker first.
+turn: the new epoch's batches would come interleaved from another worker first. (Without workers,
+torchdata's exception in docs/reading.md stays: after a short last batch the first pass is empty.)
 Without ``set_epoch``, a state whose workers saved different epochs (persistent workers: one had not
 started the newest epoch yet) continues the newest: the others start it from its beginning.
 """
@@ -52,22 +53,15 @@ def starts_another_epoch(dataset: Any, state: dict) -> bool:
 
 
 def fresh_iteration_state(state: dict) -> dict:
-    """``state`` with the loader's bookkeeping of its iteration reset to a new iteration's (the
-    readers' states, which carry the dataset versions, stay)."""
+    """A loader ``state`` with workers, its bookkeeping of its iteration reset to a new iteration's
+    (worker 0 first, nothing yielded); the readers' states, which carry the dataset versions, stay."""
     state = copy.deepcopy(state)
+    snapshot = state["_snapshot"]
+    snapshot["_snapshot_step"] = 0
+    snapshot["_last_yielded_worker_id"] = int(snapshot["_main_snapshot"]["_num_workers"]) - 1
+    snapshot["_main_snapshot"]["_sampler_iter_yielded"] = 0
+    state["_steps_since_snapshot"] = 0
     state["_iterator_finished"] = False
-    if "_snapshot" in state:
-        snapshot = state["_snapshot"]
-        snapshot["_snapshot_step"] = 0
-        snapshot["_last_yielded_worker_id"] = int(snapshot["_main_snapshot"]["_num_workers"]) - 1
-        snapshot["_main_snapshot"]["_sampler_iter_yielded"] = 0
-        state["_steps_since_snapshot"] = 0
-    else:
-        state["_num_yielded"] = 0
-        state["_sampler_iter_yielded"] = 0
-        fetcher = state.get("_fetcher_state")
-        if isinstance(fetcher, dict):
-            fetcher["fetcher_ended"] = False
     return state
 
 
@@ -80,6 +74,7 @@ class StatefulDataLoader(_TorchdataLoader):
         if len(epochs) > 1 and hasattr(self.dataset, "chosen_epoch") and self.dataset.chosen_epoch is None:
             # persistent workers: a worker that had not started the newest epoch saved the one before
             self.dataset.set_epoch(max(epochs))
-        if self.next_iter_state and starts_another_epoch(self.dataset, self.next_iter_state):
+        if (self.next_iter_state and "_snapshot" in self.next_iter_state
+                and starts_another_epoch(self.dataset, self.next_iter_state)):
             self.next_iter_state = fresh_iteration_state(self.next_iter_state)
         return super()._get_iterator()
