@@ -31,7 +31,8 @@ earliest of these points (``stop_point``). So every rank yields as many batches 
 on a rank with one step more. (An iterable source needs ``worker_length(rank, worker, workers)``
 for this, as ``ImageShardDataset`` has; without it a rank stops at its own first exhausted draw.)
 
-State (``state_dict``; inside a DataLoader worker, that worker's): the epoch, how many draws this
+State (``state_dict``; inside a DataLoader worker, that worker's): the epoch of the iterator it
+describes, how many draws this
 iterator made, and each source's state (pass and
 position and dataset identity, or the iterable source's own state). ``load_state_dict`` makes the
 next ``__iter__`` continue exactly there, re-reading nothing, on the versions the sources' states
@@ -185,7 +186,7 @@ class Mixture(IterableDataset):
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # reaches persistent workers
         self._epoch_chosen = torch.zeros((), dtype=torch.bool).share_memory_()
         self._pending: dict | None = None
-        self._live: list | None = None  # [draws made, cursors] of the iterator running in this process
+        self._live: list | None = None  # [draws made, cursors, epoch] of the iterator running in this process
 
     # -- epoch, slots, draws ----------------------------------------------------------------------
     @property
@@ -199,6 +200,11 @@ class Mixture(IterableDataset):
         for source in self.sources:
             if _is_iterable(source) and hasattr(source, "set_epoch"):
                 source.set_epoch(epoch)
+
+    @property
+    def chosen_epoch(self) -> int | None:
+        """The epoch ``set_epoch`` chose (None: none yet)."""
+        return self.epoch if bool(self._epoch_chosen) else None
 
     @property
     def slots(self) -> int:
@@ -273,8 +279,9 @@ class Mixture(IterableDataset):
     def state_dict(self) -> dict:
         """How far the iterator running in this process got (epoch, draws, each source's state)."""
         worker, workers = _slot()
-        if self._live is not None:
-            drawn, cursors = self._live
+        epoch = self.epoch
+        if self._live is not None:  # its own epoch: a persistent worker's new epoch may not have started yet
+            drawn, cursors, epoch = self._live
             sources = [c.state() for c in cursors]
         elif self._pending is not None:
             return dict(self._pending)
@@ -282,7 +289,7 @@ class Mixture(IterableDataset):
             drawn, sources = 0, [{"kind": type(s).__name__, "pass": 0, "position": 0, **(
                 {"state": None} if _is_iterable(s) else {"dataset": dict(s.dataset)} if hasattr(s, "dataset")
                 else {})} for s in self.sources]
-        return {"kind": "Mixture", "version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed,
+        return {"kind": "Mixture", "version": STATE_VERSION, "epoch": epoch, "seed": self.seed,
                 "slot": [self.rank, self.world_size, worker, workers], "drawn": drawn, "sources": sources}
 
     def load_state_dict(self, state: dict) -> None:
@@ -311,14 +318,13 @@ class Mixture(IterableDataset):
             raise ValueError(f"Mixture state of (rank, world, worker, workers) {state['slot']} loaded into "
                              f"{[self.rank, self.world_size, worker, workers]}")
         if state is not None:
-            chosen = self.epoch if bool(self._epoch_chosen) else None
-            _, keep = continued_epoch(int(state["epoch"]), chosen)
+            _, keep = continued_epoch(int(state["epoch"]), self.chosen_epoch)
             state = state if keep else None  # the next epoch, from its start
         cursors = [_Cursor(self, i, state["sources"][i] if state else None) for i in range(len(self.sources))]
         drawn = int(state["drawn"]) if state else 0
         limit = self.slot_samples()
         limit = 1 << 62 if limit is None else limit
-        self._live = [drawn, cursors]
+        self._live = [drawn, cursors, self.epoch]
         live, tag, stop = self._live, self.tag_source, self.exhausted == "stop"
         while drawn < limit:
             block_no, offset = divmod(drawn, BLOCK)

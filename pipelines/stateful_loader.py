@@ -1,19 +1,80 @@
-"""``StatefulDataLoader`` as the readers' docs use it: torchdata's, imported once its one stray
-warning is silenced.
+"""``StatefulDataLoader`` as the readers' docs use it: torchdata's, with its one stray warning
+silenced and its loaded state following the readers' epoch rule.
 
 torchdata 0.11's ``StatefulDataLoader.__init__`` calls ``torch.set_vital``, which torch 2.x
 deprecates, so every loader built prints "'set_vital' is deprecated" about torchdata's own code:
 nothing the caller does or can change. That warning, attributed to torchdata's module, is filtered
 here; every other warning (yours, torch's, torchdata's) still shows.
+
+A loaded state holds, beside the readers' states, the loader's own bookkeeping of the iteration it
+was taken in: how many batches it yielded, which worker yielded the last one (the next batch comes
+from the worker after it). When ``set_epoch`` chose another epoch than the state's, an iterable
+reader (``ImageShardDataset``, ``Mixture``) starts that epoch from its beginning
+(``sample_order.continued_epoch``); this loader with workers then starts its iteration from its
+beginning too (worker 0 first, nothing yielded), so the epoch's batches come in exactly
+the order of an uninterrupted run. torchdata's own class would continue the old iteration's worker
+turn: the new epoch's batches would come interleaved from another worker first. (Without workers,
+torchdata's exception in docs/reading.md stays: after a short last batch the first pass is empty.)
+Without ``set_epoch``, a state whose workers saved different epochs (persistent workers: one had not
+started the newest epoch yet) continues the newest: the others start it from its beginning.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
+from typing import Any
 
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning,
                         module=r"torchdata\.")
 
-from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402 - after the filter
+from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataLoader  # noqa: E402 - after the filter
 
-__all__ = ["StatefulDataLoader"]
+from pipelines.sample_order import continued_epoch  # noqa: E402
+
+__all__ = ["StatefulDataLoader", "saved_epochs", "starts_another_epoch", "fresh_iteration_state"]
+
+
+def saved_epochs(state: dict) -> set[int]:
+    """The epochs of the reader states inside a loader ``state`` (one per worker)."""
+    if "_snapshot" in state:  # workers: each worker's reader state
+        saved = [w.get("dataset_state") for w in state["_snapshot"]["_worker_snapshots"].values()]
+    else:
+        saved = [state.get("_dataset_state")]
+    return {int(s["epoch"]) for s in saved if isinstance(s, dict) and "epoch" in s}
+
+
+def starts_another_epoch(dataset: Any, state: dict) -> bool:
+    """Whether ``dataset`` (an iterable reader with ``chosen_epoch``) starts another epoch from its
+    beginning instead of continuing the loader ``state``'s readers' states."""
+    chosen = getattr(dataset, "chosen_epoch", None)
+    epochs = saved_epochs(state)
+    return chosen is not None and bool(epochs) and all(not continued_epoch(e, chosen)[1] for e in epochs)
+
+
+def fresh_iteration_state(state: dict) -> dict:
+    """A loader ``state`` with workers, its bookkeeping of its iteration reset to a new iteration's
+    (worker 0 first, nothing yielded); the readers' states, which carry the dataset versions, stay."""
+    state = copy.deepcopy(state)
+    snapshot = state["_snapshot"]
+    snapshot["_snapshot_step"] = 0
+    snapshot["_last_yielded_worker_id"] = int(snapshot["_main_snapshot"]["_num_workers"]) - 1
+    snapshot["_main_snapshot"]["_sampler_iter_yielded"] = 0
+    state["_steps_since_snapshot"] = 0
+    state["_iterator_finished"] = False
+    return state
+
+
+class StatefulDataLoader(_TorchdataLoader):
+    """torchdata's ``StatefulDataLoader``; a loaded state whose epoch the dataset does not continue
+    (``set_epoch`` chose another, before or after ``load_state_dict``) starts a new iteration."""
+
+    def _get_iterator(self):
+        epochs = saved_epochs(self.next_iter_state) if self.next_iter_state else set()
+        if len(epochs) > 1 and hasattr(self.dataset, "chosen_epoch") and self.dataset.chosen_epoch is None:
+            # persistent workers: a worker that had not started the newest epoch saved the one before
+            self.dataset.set_epoch(max(epochs))
+        if (self.next_iter_state and "_snapshot" in self.next_iter_state
+                and starts_another_epoch(self.dataset, self.next_iter_state)):
+            self.next_iter_state = fresh_iteration_state(self.next_iter_state)
+        return super()._get_iterator()

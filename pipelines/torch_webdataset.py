@@ -241,6 +241,11 @@ class ImageShardDataset(IterableDataset):
         self._epoch.fill_(int(epoch))
         self._epoch_chosen.fill_(True)
 
+    @property
+    def chosen_epoch(self) -> int | None:
+        """The epoch ``set_epoch`` chose (None: none yet)."""
+        return int(self._epoch) if bool(self._epoch_chosen) else None
+
     def rank_range(self, rank: int | None = None) -> tuple[int, int]:
         """A rank's [start, stop) among the epoch's ordered samples (default: this rank's), padding
         repeats not included."""
