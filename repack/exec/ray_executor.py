@@ -69,8 +69,8 @@ class RayExecutor:
                 ray.init(address=self.address, **kwargs)
             elif os.environ.get("RAY_ADDRESS"):
                 ray.init(**kwargs)
-            else:
-                ray.init(num_cpus=self.workers, **kwargs)
+            else:  # "local": a new instance for the job, never another local cluster found on this machine
+                ray.init(address="local", num_cpus=self.workers, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = self.address or os.environ.get("RAY_ADDRESS") or "a local instance"
             raise UsageError(f"cannot start or reach Ray ({where}): {exc}") from None
