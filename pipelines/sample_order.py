@@ -107,13 +107,26 @@ def take_runs(runs: Runs, start: int, stop: int) -> list[int]:
 WORKER_PIECE = 64  # positions per piece the workers are dealt, round robin
 
 
+def piece_count(n: int, workers: int) -> int:
+    """How many pieces a share of ``n`` positions is cut into for ``workers`` workers (a multiple of them)."""
+    return max(1, n // (workers * WORKER_PIECE)) * workers
+
+
+def worker_sizes(runs: Runs, workers: int) -> list[int]:
+    """How many positions each of ``workers`` workers gets from ``worker_positions``, without listing them."""
+    n = runs_length(runs)
+    pieces = piece_count(n, workers)
+    sizes = [hi - lo for lo, hi in (balanced(n, pieces, p) for p in range(pieces))]
+    return [sum(sizes[w::workers]) for w in range(workers)]
+
+
 def worker_positions(runs: Runs, worker: int, workers: int) -> list[int]:
     """The positions of worker ``worker`` of ``workers`` of a share, in global order: the share cut
     into balanced pieces of about ``WORKER_PIECE`` positions, dealt to the workers in turn. (One
     contiguous half each put the share's slow stretches, e.g. a class of large photos, on one
     worker: 2-7% more work, the other waiting at the end; pieces keep block reads contiguous.)"""
     n = runs_length(runs)
-    pieces = max(1, n // (workers * WORKER_PIECE)) * workers
+    pieces = piece_count(n, workers)
     if not 0 <= worker < workers:
         raise ValueError(f"part {worker} of {workers} is not a valid split")
     out: list[int] = []

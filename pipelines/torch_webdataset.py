@@ -282,7 +282,7 @@ class ImageShardDataset(IterableDataset):
         runs = self._rank_runs(self.rank)
         if self.batch_size is None:
             return sample_order.runs_length(runs)
-        return sum(-(-count // self.batch_size) for count in _worker_counts(runs, max(1, num_workers)))
+        return sum(-(-count // self.batch_size) for count in sample_order.worker_sizes(runs, max(1, num_workers)))
 
     def worker_length(self, rank: int, worker: int, workers: int) -> int:
         """Samples worker ``worker`` of ``workers`` of rank ``rank`` delivers per epoch (for ``Mixture``)."""
@@ -630,15 +630,6 @@ class ImageShardDataset(IterableDataset):
         if self.draft_size is None:
             return decode_image(data, self.mode)
         return decode_image(data, self.mode, draft=self.draft_size)
-
-
-def _worker_counts(runs: list, workers: int) -> list[int]:
-    """How many positions of share ``runs`` each of ``workers`` workers reads (``sample_order.
-    worker_positions``' pieces, counted without listing them)."""
-    n = sample_order.runs_length(runs)
-    pieces = max(1, n // (workers * sample_order.WORKER_PIECE)) * workers
-    sizes = [hi - lo for lo, hi in (sample_order.balanced(n, pieces, p) for p in range(pieces))]
-    return [sum(sizes[w::workers]) for w in range(workers)]
 
 
 def image_pipeline(root: str | os.PathLike, **options) -> wds.DataPipeline:
