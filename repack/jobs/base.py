@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from repack.config import JobSpec
+from repack.jobs.task_inputs import input_count
 from repack.manifest import dumps_canonical
 from repack.store import open_store
 
@@ -123,7 +124,7 @@ class Job:
 
     def task_units(self, task: Task) -> int:
         """Progress units (samples, files, documents) a task covers."""
-        return len(task.payload.get("inputs", ()))
+        return input_count(task.payload)
 
     def progress_counts(self, record: dict) -> dict[str, int]:
         """Extra counters a finished task adds to the progress bar as rates (e.g. frames/s)."""

@@ -45,20 +45,22 @@ import heapq
 import json
 import os
 import random
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+
+import numpy as np
 
 from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec, format_size
 from repack.errors import UsageError, stable_reason
+from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
+from repack.jobs.image_plan import InputColumns, cut_runs, inputs_payload, sample_bounds, sample_expected
+from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - sample_key: imported from here by the video job
 from repack.lifecycle.input_record import select_new
 from repack.jobs.stats import count_into, histogram, merge_counts, merge_slowest, percentiles
 from repack.jobs.summary import quarantine_lines
 from repack.sinks import get_sink
-from repack.sinks.tar_format import BLOCK, RECORD
 from repack.sources import Confinement, InputItem, scan_foreign, scan_source
 from repack.sources.base import FieldChoice
 from repack.sources.reading import open_input, read_inputs, unreadable_reason
@@ -78,81 +80,9 @@ def sample_json(path: str, label: str | None, width: int, height: int, size: int
             f'"path": {_JSON_STR(path)}, "width": {width}}}').encode()
 
 
-_NOT_SLUG = re.compile(r"[^A-Za-z0-9_-]+")
-
-
-def sample_key(position: int, rel: str) -> str:
-    """Unique, short, ASCII, dot-free key: ``00000042_cat_001``."""
-    stem = rel[rel.rfind("/") + 1:]
-    if not stem.startswith("."):
-        stem = stem.partition(".")[0]
-    if not stem.isascii():
-        stem = stem.encode("ascii", "ignore").decode()
-    slug = _NOT_SLUG.sub("_", stem)[:40].strip("_")
-    return f"{position:08d}_{slug}" if slug else f"{position:08d}"
-
-
-ARCHIVE_TAIL_MAX = 2 * BLOCK + RECORD  # end-of-archive blocks + padding to the record size
-
-
-def _blocks(size: int) -> int:
-    return -(-size // BLOCK) * BLOCK
-
-
-def _sample_bytes(image_bytes: int, labeled: bool, meta_bytes: int) -> int:
-    """A sample's bytes in a tar: the image, cls (when labeled) and json members, headers and padding."""
-    return BLOCK + _blocks(image_bytes) + (2 * BLOCK if labeled else 0) + BLOCK + _blocks(meta_bytes)
-
-
-def sample_bytes_bound(item: InputItem) -> int:
-    """Upper bound of a sample's bytes in a tar (any label, any metadata escaping)."""
-    rel_bytes = len(item.rel) if item.rel.isascii() else len(item.rel.encode("utf-8", "surrogateescape"))
-    return _sample_bytes(item.size, True, 256 + 6 * rel_bytes + 6 * len(item.label or ""))
-
-
-def sample_bytes_expected(item: InputItem) -> int:
-    """A sample's bytes in a tar when its image is stored as read and its metadata holds a 4-digit
-    width and height (a chunk's slot is the sum: a sample that differs only makes the chunk spill)."""
-    meta = sample_json(item.rel, item.label, 1000, 1000, item.size, "jpg")
-    return _sample_bytes(item.size, item.label is not None, len(meta))
-
-
-def cut_by_budget(bounds: list[int], positions: Sequence[int], max_count: int | None,
-                  max_bytes: int | None) -> list[list[int]]:
-    """Cut ``positions`` (in order) into runs of at most ``max_count`` positions and ``max_bytes`` bytes
-    (``bounds[p]``: the sample's bytes bound, plus the end-of-archive once)."""
-    runs: list[list[int]] = []
-    current: list[int] = []
-    current_bytes = ARCHIVE_TAIL_MAX
-    for position in positions:
-        estimate = bounds[position]
-        if (max_count is not None and len(current) >= max_count) or (
-                max_bytes is not None and current and current_bytes + estimate > max_bytes):
-            runs.append(current)
-            current, current_bytes = [], ARCHIVE_TAIL_MAX
-        current.append(position)
-        current_bytes += estimate
-    if current:
-        runs.append(current)
-    return runs
-
-
 def source_root(source: str) -> str:
     """The folder prefix of a folder scan's paths (a task's input gives ``rel`` only when path = root + rel)."""
     return os.path.abspath(source) + "/"
-
-
-def input_entry(item: InputItem, position: int, classes: dict[str, int], hash_it: bool, root: str | None) -> dict:
-    """One input of a task's payload: rel, label, fingerprint ([size, mtime_ns, inode], checked before
-    reading), key, cls (+ path unless root + rel, + hash)."""
-    entry = {"rel": item.rel, "label": item.label, "fingerprint": item.fingerprint,
-             "key": sample_key(position, item.rel), "cls": classes.get(item.label) if item.label is not None else None}
-    if root is None or item.path != root + item.rel:
-        entry["path"] = item.path
-    entry.update(item.entry_fields())
-    if hash_it:
-        entry["hash"] = True
-    return entry
 
 
 def extend_classes(known: dict[str, int], scan) -> dict[str, int]:
@@ -167,12 +97,17 @@ def extend_classes(known: dict[str, int], scan) -> dict[str, int]:
     return classes
 
 
-def size_collisions(items: list[InputItem]) -> set[int]:
-    """Positions of inputs whose size equals another input's: the only possible duplicates."""
-    seen: dict[int, int] = {}
-    for item in items:
-        seen[item.size] = seen.get(item.size, 0) + 1
-    return {p for p, item in enumerate(items) if seen[item.size] > 1}
+def size_collision_mask(sizes: np.ndarray) -> np.ndarray:
+    """True for each input whose size equals another input's: the only possible duplicates."""
+    if not len(sizes):
+        return np.zeros(0, dtype=bool)
+    _, inverse, counts = np.unique(sizes, return_inverse=True, return_counts=True)
+    return counts[inverse] > 1
+
+
+def _taken(items, rows: list[int]):
+    """``items`` (an ``InputTable`` or a list) reduced to ``rows``, in that order."""
+    return items.take(rows) if hasattr(items, "take") else [items[row] for row in rows]
 
 
 def content_sha256(item: InputItem) -> str | None:
@@ -190,7 +125,8 @@ def content_sha256(item: InputItem) -> str | None:
 
 def find_duplicates(items: list[InputItem]) -> list[tuple[str, list[int]]]:
     """(sha256, positions) of inputs with equal content, positions sorted; ordered by first position."""
-    candidates = sorted(size_collisions(items))
+    sizes = items.sizes if hasattr(items, "sizes") else np.array([item.size for item in items], dtype=np.int64)
+    candidates = np.flatnonzero(size_collision_mask(sizes)).tolist()
     with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
         digests = list(pool.map(lambda p: content_sha256(items[p]), candidates))
     groups: dict[str, list[int]] = {}
@@ -286,21 +222,27 @@ class ImagesJob(Job):
         confinement = Confinement(follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source,
                                   max_file_bytes=spec.max_file_size)
         if spec.source_format == "folder":
-            scan = scan_source(spec.source, list_file=spec.list_file, confinement=confinement)
+            scan = scan_source(spec.source, list_file=spec.list_file, confinement=confinement,
+                               workers=available_cpus())
         else:
             scan = scan_foreign(spec.source, spec.source_format, FieldChoice(spec.image_field, spec.label_field),
                                 confinement)
-        items = list(scan.items)
+        items = scan.items if hasattr(scan.items, "take") else list(scan.items)
         key_offset = 0
         selection = None
         if spec.known_inputs:  # --append: only what the dataset does not hold yet (repack.lifecycle.input_record)
             known = json.loads(Path(spec.known_inputs).read_bytes())
             key_offset = known["next_position"]
-            selection = select_new(items, known, lambda item: item.rel, lambda item: item.fingerprint,
-                                   content_sha256)
-            items = selection.new
-        if spec.shuffle:
-            random.Random(spec.seed).shuffle(items)
+            table = hasattr(items, "take")  # columns: rel and fingerprint without an object per input
+            rel_of = items.rels.__getitem__ if table else (lambda row: items[row].rel)
+            fingerprint_of = items.fingerprint if table else (lambda row: items[row].fingerprint)
+            selection = select_new(range(len(items)), known, rel_of, fingerprint_of,
+                                   lambda row: content_sha256(items[row]))
+            items = _taken(items, selection.new)
+        if spec.shuffle:  # the permutation shuffle() makes of len(items) items (the same RNG calls)
+            order = list(range(len(items)))
+            random.Random(spec.seed).shuffle(order)
+            items = _taken(items, order)
         classes = extend_classes(dict(spec.known_classes), scan) if spec.known_classes else scan.classes
         width = spec.cls_width or len(str(max(classes.values(), default=0)))
         if len(str(max(classes.values(), default=0))) > width:
@@ -312,27 +254,31 @@ class ImagesJob(Job):
             groups = find_duplicates(items)
             dup_groups = [{"sha256": digest, "paths": [items[p].rel for p in g]} for digest, g in groups]
             drop = {p for _, g in groups for p in g[1:]}
-            items = [item for p, item in enumerate(items) if p not in drop]
-        candidates = size_collisions(items)
+            if drop:
+                items = _taken(items, [p for p in range(len(items)) if p not in drop])
         root = (None if spec.list_file or spec.source_format != "folder" or is_remote(spec.source)
                 else source_root(spec.source))
+        cols = InputColumns.of(items, root)
+
+        candidates = size_collision_mask(cols.sizes)
         tasks = []
-        bounds = [sample_bytes_bound(item) for item in items]
+        bounds = sample_bounds(cols)
         slotted = self.collector is None and not spec.normalize
+        expected = sample_expected(cols) if slotted else None
         shard_bytes = DEFAULT_SHARD_BYTES if spec.shard_size is None and spec.shard_bytes is None else spec.shard_bytes
-        for index, positions in enumerate(cut_by_budget(bounds, range(len(items)), spec.shard_size, shard_bytes)):
+        for index, (start, end) in enumerate(cut_runs(bounds, 0, len(cols.rels), spec.shard_size, shard_bytes)):
             stem = f"shard-{index:06d}"
-            chunks = cut_by_budget(bounds, positions, spec.chunk_size, CHUNK_BYTES)
+            chunks = cut_runs(bounds, start, end, spec.chunk_size, CHUNK_BYTES)
             at = 0
-            for number, chunk in enumerate(chunks):
-                inputs = [input_entry(items[p], key_offset + p, classes, p in candidates, root) for p in chunk]
+            for number, (first, last) in enumerate(chunks):
+                inputs = inputs_payload(cols, first, last, key_offset + first, classes, candidates)
                 payload = {"index": index, "inputs": inputs, "cls_width": width}
                 if len(chunks) == 1:
                     tasks.append(Task(stem, payload))
                     continue
                 payload["chunk"] = number
                 if slotted:  # [offset, bytes] in the shard's shared file
-                    slot = sum(sample_bytes_expected(items[p]) for p in chunk)
+                    slot = int(expected[first:last].sum())
                     payload["slot"], at = [at, slot], at + slot
                 # a single-writer sink (lmdb) reads chunk parts at finalize: no assembly
                 tasks.append(Task(f"{stem}-c{number:04d}", payload, group="" if self.collector is not None else stem))
@@ -371,9 +317,10 @@ class ImagesJob(Job):
             norm = NormalizeOptions(spec.quality, spec.max_side, spec.max_pixels)
         width = task.payload["cls_width"]
         root = source_root(spec.source)
-        reads = read_inputs(task.payload["inputs"], root)
+        entries = task_inputs(task.payload)
+        reads = read_inputs(entries, root)
         try:
-            for entry in task.payload["inputs"]:
+            for entry in entries:
                 t0 = time.perf_counter()
                 data = next(reads)
                 if isinstance(data, OSError):
@@ -432,7 +379,7 @@ class ImagesJob(Job):
             raise
         slowest = [{"source": rel, "us": us, "bytes": size, "width": w, "height": h}
                    for us, rel, size, w, h in heapq.nsmallest(SLOWEST_N, timed, key=lambda t: (-t[0], t[1]))]
-        record = {"shard": shard, "quarantine": quarantine, "inputs": len(task.payload["inputs"]), "formats": formats,
+        record = {"shard": shard, "quarantine": quarantine, "inputs": len(entries), "formats": formats,
                   "hashes": hashes, "digests": digests, "profile": profile,
                   "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
         if task.group:  # a segment of the group's shard (see ShardAssembly); placed: no file of its own

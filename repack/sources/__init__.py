@@ -26,12 +26,13 @@ def scan_foreign(source: str, source_format: str, fields, confinement: Confineme
     raise UsageError(f"--from must be folder, {' or '.join(FOREIGN_FORMATS)}, got {source_format!r}")
 
 
-def scan_source(source: str, *, list_file: bool, confinement: Confinement | None = None) -> Scan:
+def scan_source(source: str, *, list_file: bool, confinement: Confinement | None = None, workers: int = 1) -> Scan:
     """Enumerate a folder tree, a list file or an s3:// prefix into sorted inputs plus quarantined entries.
 
     The confinement's root is the folder, or the list file's folder; its rules apply to every input
     (an s3:// prefix: only its size cap, objects are neither symlinks nor special files). Labels
-    follow one rule (``sources.base.clean_label``: surrounding whitespace stripped)."""
+    follow one rule (``sources.base.clean_label``: surrounding whitespace stripped). ``workers``: processes
+    a folder scan may use (``repack.sources.folder``)."""
     import os
 
     if is_remote(source):
@@ -42,4 +43,4 @@ def scan_source(source: str, *, list_file: bool, confinement: Confinement | None
         return clean_labels(scan_s3(source, confinement or Confinement()))
     root = os.path.dirname(os.path.abspath(source)) if list_file else source
     conf = (confinement or Confinement()).rooted(root)
-    return clean_labels(scan_list_file(source, conf) if list_file else scan_folder(source, conf))
+    return clean_labels(scan_list_file(source, conf) if list_file else scan_folder(source, conf, workers))

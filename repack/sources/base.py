@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -70,7 +71,7 @@ class FieldChoice:
 class Scan:
     """Result of enumerating a source: the usable inputs, sorted, and what was set aside."""
 
-    items: tuple[InputItem, ...]
+    items: Sequence[InputItem]  # a tuple, or a columnar ``repack.sources.columns.InputTable`` (folder scans)
     quarantine: tuple[dict, ...] = ()
     labeled: bool = False
     skipped: int = 0  # hidden files and OS junk, skipped by design
@@ -82,7 +83,9 @@ class Scan:
         """Class name -> index: the source's own indices when it has them, else in sorted class-name order."""
         if self.class_index:
             return dict(self.class_index)
-        names = sorted({item.label for item in self.items if item.label is not None} |
+        labels = self.items.label_set() if hasattr(self.items, "label_set") else \
+            {item.label for item in self.items if item.label is not None}
+        names = sorted(labels |
                        {q["label"] for q in self.quarantine if q.get("label") is not None})
         return {name: index for index, name in enumerate(names)}
 
@@ -102,6 +105,10 @@ def clean_labels(scan: "Scan") -> "Scan":
     name is only whitespace (a folder named " ") is quarantined with the reason."""
     items: list[InputItem] = []
     quarantine = [q if q.get("label") is None else {**q, "label": clean_label(q["label"])} for q in scan.quarantine]
+    if hasattr(scan.items, "clean_labels"):  # columns: the rule applies to the label names
+        table, refused = scan.items.clean_labels()
+        quarantine = [{k: v for k, v in q.items() if not (k == "label" and v is None)} for q in quarantine + refused]
+        return dataclasses.replace(scan, items=table, quarantine=tuple(quarantine))
     for item in scan.items:
         label = clean_label(item.label)
         if item.label is not None and label is None:

@@ -1,24 +1,41 @@
 """ImageFolder-style scanning: class = first folder level; a flat folder is unlabeled.
 
-Hidden files and OS junk are skipped. Every entry goes through the source's ``Confinement``
+Hidden files and OS junk are skipped. Every entry obeys the source's ``Confinement``
 (``repack.sources.confine``): symlinks are followed inside the source root only (a link leaving
 it is quarantined unless allowed), FIFOs, sockets and devices are quarantined, never opened,
 and files over the size cap are quarantined from their size. A directory loop is never entered
 twice. A file reached through two paths is packed once under its real path (the path without
 a symlink), and the alias is quarantined naming it; of two real paths (hard links) the first in
 sorted order wins. With ``follow_symlinks=False`` every symlink is quarantined instead.
+
+Confinement per folder: a folder reached without a symlink from the real root is real and inside
+the root, so an entry of it that ``os.scandir`` reports as a plain regular file (its d_type) needs
+only its ``lstat`` (size, mtime, inode; the size cap): no realpath, no ``Confinement.check``. Only
+symlinks and special files go through ``Confinement.check``. Each top-level folder is scanned by
+its own task, on a fork pool of ``workers`` processes when there are at least
+``PARALLEL_MIN_FOLDERS`` of them; the result is an ``InputTable`` (columns, see
+``repack.sources.columns``), the same whatever the worker count.
 """
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from repack.errors import UsageError
-from repack.sources.base import InputItem, Scan, alias_reason, pick_real_paths, quarantine_record, sort_key
+from repack.sources.base import Scan, alias_reason, quarantine_record, sort_key
+from repack.sources.columns import NO_LABEL, InputTable
 from repack.sources.confine import Confinement
 
 JUNK_NAMES = frozenset({"Thumbs.db", "thumbs.db", "desktop.ini", "Desktop.ini", "@eaDir", "__MACOSX",
                         "lost+found", "$RECYCLE.BIN", "System Volume Information"})
+PARALLEL_MIN_FOLDERS = 8  # top-level folders from which the scan runs on a process pool
 
 
 def is_junk(name: str) -> bool:
@@ -26,59 +43,214 @@ def is_junk(name: str) -> bool:
     return name.startswith(".") or name in JUNK_NAMES or name.startswith("@")
 
 
-def scan_folder(root: str, confinement: Confinement | None = None) -> Scan:
-    """Enumerate ``root`` recursively; see the module docstring for the rules."""
+@dataclass
+class _Found:
+    """What the walk of one folder (and below) found: file columns, refusals, skipped junk."""
+
+    rels: list[str] = field(default_factory=list)
+    stats: list[int] = field(default_factory=list)  # size, mtime_ns, inode, device per file, flat
+    real_paths: dict[int, str] = field(default_factory=dict)  # row -> real path where not root/rel
+    quarantine: list[dict] = field(default_factory=list)
+    skipped: int = 0
+    top_dirs: list[str] = field(default_factory=list)
+
+    def pack(self) -> bytes:
+        """The result as bytes (what a scan worker sends back: no pickled objects)."""
+        head = json.dumps([self.real_paths, self.quarantine, self.skipped, self.top_dirs, len(self.rels)],
+                          ensure_ascii=False).encode("utf-8", "surrogateescape")
+        names = "\0".join(self.rels).encode("utf-8", "surrogateescape")
+        ints = np.asarray(self.stats, dtype=np.int64).tobytes()
+        return b"%d %d\n" % (len(head), len(names)) + head + names + ints
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> "_Found":
+        line, _, rest = raw.partition(b"\n")
+        head_len, names_len = map(int, line.split())
+        real_paths, quarantine, skipped, top_dirs, count = json.loads(rest[:head_len].decode("utf-8",
+                                                                                             "surrogateescape"))
+        names = rest[head_len:head_len + names_len].decode("utf-8", "surrogateescape")
+        rels = names.split("\0") if count else []
+        stats = np.frombuffer(rest[head_len + names_len:], dtype=np.int64).tolist()
+        return cls(rels, stats, {int(k): v for k, v in real_paths.items()}, quarantine, skipped, top_dirs)
+
+
+def _walk(conf: Confinement, folder: str, rel_folder: str, ancestors: frozenset, found: _Found) -> None:
+    """Scan ``folder`` (a real path; ``rel_folder`` its path under the root) into ``found``."""
+    try:
+        with os.scandir(folder) as it:
+            children = sorted(it, key=lambda e: sort_key(e.name))
+    except OSError as exc:
+        found.quarantine.append(quarantine_record(rel_folder or ".", f"unreadable folder: {exc.strerror}"))
+        return
+    canonical = folder == (f"{conf.root}/{rel_folder}" if rel_folder else conf.root)
+    rels, stats = found.rels, found.stats
+    for entry in children:
+        name = entry.name
+        if is_junk(name):
+            found.skipped += 1
+            continue
+        rel = f"{rel_folder}/{name}" if rel_folder else name
+        try:
+            plain_file = entry.is_file(follow_symlinks=False)  # d_type: no system call
+            st = entry.stat(follow_symlinks=False) if plain_file else None
+        except OSError:
+            plain_file = False
+        if plain_file:  # a regular file in a real folder inside the root: its own real path
+            too_big = conf.size_refusal(st.st_size)
+            if too_big is not None:
+                found.quarantine.append(quarantine_record(rel, too_big))
+                continue
+            if not canonical:
+                found.real_paths[len(rels)] = entry.path
+            rels.append(rel)
+            stats += (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+            continue
+        checked = conf.check(entry.path, parent_is_real=True)  # symlinks, folders, special files
+        if checked.reason is not None:
+            found.quarantine.append(quarantine_record(rel, checked.reason))
+        elif checked.is_dir:
+            ident = (checked.st.st_dev, checked.st.st_ino)
+            if ident in ancestors:
+                found.quarantine.append(quarantine_record(rel, "symlink loop (folder already being scanned)"))
+                continue
+            if not rel_folder:
+                found.top_dirs.append(name)
+            _walk(conf, checked.real, rel, ancestors | {ident}, found)
+        else:
+            if checked.real != f"{conf.root}/{rel}":
+                found.real_paths[len(rels)] = checked.real
+            rels.append(rel)
+            st = checked.st
+            stats += (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def _scan_top_folder(args: tuple) -> bytes:
+    """Pool task: the walk of one top-level folder, packed."""
+    conf, path, name, ancestors = args
+    found = _Found()
+    _walk(conf, path, name, frozenset(map(tuple, ancestors)), found)
+    return found.pack()
+
+
+def _top_level(conf: Confinement, root_ident: tuple) -> tuple[_Found, list[tuple]]:
+    """The root's own files and refusals, and the (path, name, ancestors) of each top-level folder to walk."""
+    found = _Found()
+    folders: list[tuple] = []
+    shallow = Confinement(conf.root, conf.follow_symlinks, conf.allow_outside, conf.max_file_bytes)
+    try:
+        with os.scandir(conf.root) as it:
+            children = sorted(it, key=lambda e: sort_key(e.name))
+    except OSError as exc:
+        found.quarantine.append(quarantine_record(".", f"unreadable folder: {exc.strerror}"))
+        return found, folders
+    for entry in children:
+        if is_junk(entry.name):
+            found.skipped += 1
+            continue
+        checked = shallow.check(entry.path, parent_is_real=True)
+        if checked.reason is not None:
+            found.quarantine.append(quarantine_record(entry.name, checked.reason))
+        elif checked.is_dir:
+            ident = (checked.st.st_dev, checked.st.st_ino)
+            if ident == root_ident:
+                found.quarantine.append(quarantine_record(entry.name, "symlink loop (folder already being scanned)"))
+                continue
+            found.top_dirs.append(entry.name)
+            folders.append((checked.real, entry.name, [root_ident, ident]))
+        else:
+            if checked.real != f"{conf.root}/{entry.name}":
+                found.real_paths[len(found.rels)] = checked.real
+            found.rels.append(entry.name)
+            st = checked.st
+            found.stats += (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+    return found, folders
+
+
+def _scan_folders(conf: Confinement, folders: list[tuple], workers: int) -> list[_Found]:
+    """Walk each top-level folder; on a fork pool when there are enough of them (see the module docstring)."""
+    tasks = [(conf, *folder) for folder in folders]
+    parallel = workers > 1 and len(tasks) >= PARALLEL_MIN_FOLDERS and threading.active_count() == 1 \
+        and "fork" in multiprocessing.get_all_start_methods()
+    if not parallel:
+        return [_Found.unpack(_scan_top_folder(task)) for task in tasks]
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
+        return [_Found.unpack(raw) for raw in pool.map(_scan_top_folder, tasks, chunksize=4)]
+
+
+def scan_folder(root: str, confinement: Confinement | None = None, workers: int = 1) -> Scan:
+    """Enumerate ``root`` recursively into an ``InputTable``; see the module docstring for the rules."""
     if not os.path.exists(root):
         raise UsageError(f"source {root!r} does not exist")
     if not os.path.isdir(root):
         raise UsageError(f"source {root!r} is not a folder (use --list for a list file)")
     conf = (confinement or Confinement()).rooted(root)
-    entries: list[tuple[str, str, os.stat_result]] = []  # (rel, real path, stat)
-    quarantine: list[dict] = []
-    skipped = 0
-    top_dirs: list[str] = []
-
-    def walk(folder: str, rel_folder: str, ancestors: frozenset) -> None:
-        nonlocal skipped
-        try:
-            with os.scandir(folder) as it:
-                children = sorted(it, key=lambda e: sort_key(e.name))
-        except OSError as exc:
-            quarantine.append(quarantine_record(rel_folder or ".", f"unreadable folder: {exc.strerror}"))
-            return
-        for entry in children:
-            if is_junk(entry.name):
-                skipped += 1
-                continue
-            rel = f"{rel_folder}/{entry.name}" if rel_folder else entry.name
-            checked = conf.check(entry.path, parent_is_real=True)  # ``folder`` is a real path
-            if checked.reason is not None:
-                quarantine.append(quarantine_record(rel, checked.reason))
-            elif checked.is_dir:
-                ident = (checked.st.st_dev, checked.st.st_ino)
-                if ident in ancestors:
-                    quarantine.append(quarantine_record(rel, "symlink loop (folder already being scanned)"))
-                    continue
-                if not rel_folder:
-                    top_dirs.append(entry.name)
-                walk(checked.real, rel, ancestors | {ident})
-            else:
-                entries.append((rel, checked.real, checked.st))
-
     root_st = os.stat(conf.root)
-    walk(conf.root, "", frozenset({(root_st.st_dev, root_st.st_ino)}))
-    walk = None  # noqa: F841 - it refers to itself: the cycle would keep every entry alive until a full GC
-    labeled = bool(top_dirs)
-    entries.sort(key=lambda e: sort_key(e[0]))
-    aliases = pick_real_paths(entries, conf.root)
-    items: list[InputItem] = []
-    for rel, real, st in entries:
-        label = rel.split("/", 1)[0] if labeled and "/" in rel else None
-        if rel in aliases:
-            quarantine.append(quarantine_record(rel, alias_reason(rel, real, aliases[rel], conf.root), label))
-            continue
-        if labeled and label is None:
-            quarantine.append(quarantine_record(rel, "file outside the class folders of a labeled tree"))
-            continue
-        items.append(InputItem.from_stat(real, rel, label, st))
-    return Scan(tuple(items), tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), labeled, skipped)
+    top, folders = _top_level(conf, (root_st.st_dev, root_st.st_ino))
+    parts = [top] + _scan_folders(conf, folders, workers)
+    rels: list[str] = []
+    real_paths: dict[int, str] = {}
+    quarantine = [q for part in parts for q in part.quarantine]
+    for part in parts:
+        real_paths.update((len(rels) + row, path) for row, path in part.real_paths.items())
+        rels += part.rels
+    stats = np.array([v for part in parts for v in part.stats], dtype=np.int64).reshape(-1, 4)
+    skipped = sum(part.skipped for part in parts)
+    del parts
+    keys = [sort_key(rel) for rel in rels]
+    if any(a > b for a, b in zip(keys, keys[1:])):  # walk order is sorted order unless a name sorts past "/"
+        order = sorted(range(len(rels)), key=keys.__getitem__)
+        rels = [rels[i] for i in order]
+        stats = stats[order]
+        where = {old: new for new, old in enumerate(order)}
+        real_paths = {where[old]: path for old, path in real_paths.items()}
+    del keys
+    labeled = bool(top.top_dirs)
+    keep = np.ones(len(rels), dtype=bool)
+    _drop_aliases(conf, rels, stats, real_paths, keep, quarantine)
+    names = tuple(top.top_dirs) if labeled else ()
+    label_ids = np.full(len(rels), NO_LABEL, dtype=np.int32)
+    if labeled:
+        index = {name: i for i, name in enumerate(names)}
+        for row, rel in enumerate(rels):
+            head, slash, _ = rel.partition("/")
+            if slash:
+                label_ids[row] = index[head]
+            elif keep[row]:
+                keep[row] = False
+                quarantine.append(quarantine_record(rel, "file outside the class folders of a labeled tree"))
+    table = InputTable(conf.root, rels, label_ids, names, stats[:, 0].copy(), stats[:, 1].copy(), stats[:, 2].copy(),
+                       real_paths)
+    if not keep.all():
+        table = table.take(np.flatnonzero(keep))
+    return Scan(table, tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), labeled, skipped)
+
+
+def _drop_aliases(conf: Confinement, rels: list[str], stats: np.ndarray, real_paths: dict[int, str],
+                  keep: np.ndarray, quarantine: list[dict]) -> None:
+    """Files reached through several paths (equal device and inode; rows in sorted order): keep one, the
+    real path (no symlink on the way) before an alias, else the first; quarantine the others naming it."""
+    if len(rels) < 2:
+        return
+    order = np.lexsort((np.arange(len(rels)), stats[:, 2], stats[:, 3]))  # by device, inode, then row
+    ident = stats[order][:, 2:4]
+    same = np.all(ident[1:] == ident[:-1], axis=1)
+    if not same.any():
+        return
+    groups: dict[tuple[int, int], list[int]] = {}
+    for at in np.flatnonzero(same).tolist():
+        for row in (int(order[at]), int(order[at + 1])):
+            group = groups.setdefault((int(stats[row, 3]), int(stats[row, 2])), [])
+            if row not in group:
+                group.append(row)
+    for group in groups.values():
+        group.sort()
+        winner = next((row for row in group if row not in real_paths), group[0])
+        for row in group:
+            if row == winner:
+                continue
+            keep[row] = False
+            rel = rels[row]
+            real = real_paths.get(row, f"{conf.root}/{rel}")
+            head, slash, _ = rel.partition("/")
+            quarantine.append(quarantine_record(rel, alias_reason(rel, real, rels[winner], conf.root),
+                                                head if slash else None))
