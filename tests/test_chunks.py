@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from repack.jobs.base import read_plan
+from repack.store import open_store
 from tests.conftest import kill_after_records, read_manifest_json, run_repack
 
 SHARDED = ("--shard-size", "50", "--quiet")
@@ -39,7 +41,7 @@ def test_chunked_shards_equal_whole_shards(photo_tree, whole, tmp_path, workers,
         pytest.importorskip("ray")
     out = tmp_path / "chunked"
     run_repack("images", photo_tree, out, *SHARDED, "--chunk-size", "7", "--workers", workers, "--executor", executor)
-    plan = json.loads((out / ".repack" / "plan.json").read_text())
+    plan = read_plan(open_store(str(out))).to_json()
     assert len(plan["tasks"]) == 8 + 8 + 3 and {t.get("group") for t in plan["tasks"]} == {
         "shard-000000", "shard-000001", "shard-000002"}
     assert outputs(out) == outputs(whole) and len(outputs(out)) == 9  # .tar, .idx, .crc each
@@ -157,7 +159,10 @@ def test_chunks_that_miss_their_slots_give_the_same_shards(misfit_tree, tmp_path
     assert outputs(out) == outputs(whole) and len(outputs(out)) == 6  # .tar, .idx, .crc each
     assert comparable_manifest(out) == comparable_manifest(whole)
     assert read_manifest_json(out)["totals"]["quarantined"] == 2
-    pieces = {p.stem: json.loads(p.read_text())["segment"] for p in (out / ".repack" / "tasks").glob("*-c*.json")}
+    assert not list((out / ".repack" / "tasks").glob("*-c*.json"))  # the shard's record replaced its chunks'
+    pieces = {tid: piece for p in (out / ".repack" / "tasks").glob("shard-??????.json")
+              for tid, piece in json.loads(p.read_text())["segments"].items()}
+    assert len(pieces) == 6
     placed = {tid for tid, piece in pieces.items() if "at" in piece}
     assert placed == set(pieces) - {"shard-000000-c0002"}  # the wide PNG's chunk spilled
     short = {tid for tid in placed if pieces[tid]["bytes"] < pieces[tid]["slot"]}

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from repack.jobs.base import PLAN_NAME
 from repack.sources.confine import SourceChanged, open_input
 from repack.transforms.image_check import BadImage, inspect_image
 from tests.conftest import ROOT, read_manifest_json, run_repack
@@ -490,7 +491,7 @@ def test_zst_without_zstandard_fails_before_planning(tmp_path, gpt2_dir):
     proc = run_repack("text", src, tmp_path / "out", "--tokenizer", gpt2_dir, check=False,
                       env={"PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"})
     assert proc.returncode == 2 and "reading .zst needs zstandard" in proc.stderr
-    assert not (tmp_path / "out" / ".repack" / "plan.json").exists()
+    assert not (tmp_path / "out" / ".repack" / PLAN_NAME).exists()
 
 
 # ---- 13. 16-bit grayscale PNG ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from repack.jobs.base import read_plan
 from repack.jobs.engine import execute_task
 from repack.jobs.run_guard import StaleRunError, check_run, claim_run
 from repack.store import open_store
@@ -121,7 +122,7 @@ def _stale_setup(src: Path, out: str, env: dict) -> tuple:
     run_repack("images", src, out, "--shard-size", "100", "--workers", "1", "--quiet", env=env)
     store = open_store(out)
     job = json.loads(store.read_bytes(".repack/job.json"))
-    task = json.loads(store.read_bytes(".repack/plan.json"))["tasks"][0]
+    task = read_plan(store).tasks[0].to_json()
     old = claim_run(store)
     store.delete(f".repack/tasks/{task['task_id']}.json")
     new = claim_run(store)  # a later run took the lock

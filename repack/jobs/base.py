@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import gzip
 import hashlib
+import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -15,7 +17,9 @@ from repack.manifest import dumps_canonical
 from repack.store import open_store
 
 
-STATE_DIR = ".repack"  # OUT's job state: job.json, plan.json, task records, locks, chunk pieces
+STATE_DIR = ".repack"  # OUT's job state: job.json, plan.json.gz, task records, locks, chunk pieces
+PLAN_NAME = "plan.json.gz"  # the plan's canonical JSON, gzip'd (an older repack wrote plan.json)
+PLAN_LEVEL = 6  # ~14 bytes per image input at 1.2 s per 100,000 (level 1: ~17 bytes at 0.25 s)
 
 
 def is_piece(rel: str) -> bool:
@@ -85,6 +89,21 @@ class Plan:
     @classmethod
     def from_json(cls, data: dict) -> "Plan":
         return cls(tuple(Task.from_json(t) for t in data["tasks"]), tuple(data["quarantine"]), data["info"])
+
+
+def save_plan(store, plan: Plan, state: str = STATE_DIR) -> None:
+    """Write ``plan`` (its canonical JSON, gzip'd without a timestamp: the same plan, the same bytes)."""
+    store.put_bytes(f"{state}/{PLAN_NAME}", gzip.compress(plan.canonical, PLAN_LEVEL, mtime=0))
+
+
+def read_plan(store, state: str = STATE_DIR) -> Plan | None:
+    """The plan a job state holds (``save_plan``, or an older plan.json); None when missing or unreadable."""
+    raw = store.read_bytes(f"{state}/{PLAN_NAME}")
+    try:
+        text = gzip.decompress(raw) if raw is not None else store.read_bytes(f"{state}/plan.json")
+        return Plan.from_json(json.loads(text)) if text is not None else None
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
+        return None
 
 
 class Assembly(Protocol):

@@ -3,7 +3,7 @@
 State lives under ``OUT/.repack/``::
 
   job.json           job name, spec, options fingerprint, plan digest (refuses changed options)
-  plan.json          the planned tasks (read by `repack merge`)
+  plan.json.gz       the planned tasks, canonical JSON gzip'd (read by `repack merge`, --append)
   tasks/<id>.json    one record per finished task, written atomically after its outputs
   lock[-<part>]      flock held while a run (or partition) is alive
 
@@ -22,7 +22,7 @@ writes a temporary piece and its own record; the driver feeds the records, in pl
 as soon as the next one is there, to the group's assembly (``Job.open_assembly``) on a small
 thread pool overlapping the executor; once the last is in, it writes the group's record
 ``tasks/<group>.json`` and only then removes the pieces (the chunk outputs the group's record
-does not list). A resumed run trusts a group record whose outputs are intact, else each chunk
+does not list) and the chunk records. A resumed run trusts a group record whose outputs are intact, else each chunk
 record whose piece is intact, and redoes the rest. Static partitions split the units (never a
 group), so each node assembles its own; `repack merge` assembles a group whose chunks all have
 records but whose assembly never ran. With an object store the pieces are published like any
@@ -50,7 +50,7 @@ from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, Noth
                            StrictModeError, UsageError)
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
-from repack.jobs.base import STATE_DIR, Job, Plan, Task, build_plan, is_piece
+from repack.jobs.base import PLAN_NAME, STATE_DIR, Job, Plan, Task, build_plan, is_piece, read_plan, save_plan
 from repack.jobs.progress import progress_reporter
 from repack.jobs.task_inputs import task_inputs
 from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, run_part,
@@ -381,14 +381,13 @@ class Engine:
                 raise UsageError(f"source changed since {store.url} was started: {self._changes(plan)}; "
                                  "use --overwrite to start over")
         else:
-            store.put_bytes(f"{STATE_DIR}/plan.json", plan.canonical)
+            save_plan(store, plan)
             store.put_bytes(f"{STATE_DIR}/job.json", dumps_canonical(state))
 
     def _changes(self, plan: Plan) -> str:
         """Which inputs differ from the recorded plan (size, mtime_ns, inode), in words."""
-        try:
-            old = Plan.from_json(read_json(self.job.store, f"{STATE_DIR}/plan.json") or {})
-        except (ValueError, KeyError, TypeError):
+        old = read_plan(self.job.store)
+        if old is None:
             return "the planned tasks differ"
         before, now = input_fingerprints(old), input_fingerprints(plan)
         changed = sorted(rel for rel in before.keys() | now.keys() if before.get(rel) != now.get(rel))
@@ -485,6 +484,8 @@ class Engine:
             (self.out / rel).unlink(missing_ok=True)
             if store.remote:
                 store.delete(rel)
+        for task in tasks:  # the group's record holds what theirs held: the chunk records go too
+            store.delete(record_name(task.task_id))
         return record
 
     # -- run -----------------------------------------------------------------------------
@@ -747,12 +748,11 @@ def merge(out: str, options: EngineOptions) -> RunResult:
     if state is None:
         raise UsageError(f"{out} holds no repack job state (.repack/job.json)")
     job = load_job(state["job"], json.dumps(state["spec"]))
-    plan_data = read_json(store, f"{STATE_DIR}/plan.json")
-    if plan_data is None:
-        raise UsageError(f"{out} holds no repack job state (.repack/plan.json)")
-    plan = Plan.from_json(plan_data)
+    plan = read_plan(store)
+    if plan is None:
+        raise UsageError(f"{out} holds no repack job state (.repack/{PLAN_NAME})")
     if plan.digest != state["plan_digest"]:
-        raise RepackError(f"{out}: plan.json does not match job.json (plan digest differs)")
+        raise RepackError(f"{out}: {PLAN_NAME} does not match job.json (plan digest differs)")
     engine = Engine(job, options)
     prepare_out(job.out, store)
     with JobLock(job.out, store=store if store.remote else None):

@@ -126,10 +126,9 @@ def cut_runs(bounds: np.ndarray, start: int, end: int, max_count: int | None,
     return runs
 
 
-def inputs_payload(cols: InputColumns, start: int, end: int, first: int, classes: dict[str, int],
-                   hashed: np.ndarray) -> dict:
+def inputs_payload(cols: InputColumns, start: int, end: int, first: int, classes: dict[str, int]) -> dict:
     """The columnar ``payload["inputs"]`` of rows [start, end) (``repack.jobs.task_inputs``); ``first``: the
-    sample position of row ``start``; ``hashed``: a bool per row (possible duplicate: hash it)."""
+    sample position of row ``start``."""
     inputs: dict = {"first": first, "rel": cols.rels[start:end], "fp": cols.fingerprints.rows(start, end)}
     labels = cols.labels[start:end]
     if any(label is not None for label in labels):
@@ -145,7 +144,4 @@ def inputs_payload(cols: InputColumns, start: int, end: int, first: int, classes
         if cols.extra else {}
     if extra:
         inputs["extra"] = extra
-    marked = np.flatnonzero(hashed[start:end])
-    if len(marked):
-        inputs["hash"] = marked.tolist()
     return inputs

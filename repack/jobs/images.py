@@ -40,6 +40,7 @@ manifest's ``stats.duplicates`` lists the groups with their paths either way.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import heapq
 import json
@@ -58,7 +59,9 @@ from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.image_plan import InputColumns, cut_runs, inputs_payload, sample_bounds, sample_expected
 from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - sample_key: imported from here by the video job
 from repack.lifecycle.input_record import select_new
-from repack.jobs.stats import count_into, histogram, merge_counts, merge_slowest, percentiles
+from repack.jobs.record_columns import (join_digests, join_times, pack_digests, pack_times, packed_rels,
+                                        unpack_times)
+from repack.jobs.stats import bucket_edges, count_into, histogram, merge_counts, merge_slowest, percentiles
 from repack.jobs.summary import quarantine_lines
 from repack.sinks import get_sink
 from repack.sources import Confinement, InputItem, scan_foreign, scan_source
@@ -153,12 +156,10 @@ def combine_records(records: list[dict], shard: dict | None, outputs: list[dict]
         slowest = merge_slowest(slowest, r["timing"]["slowest"], SLOWEST_N)
     combined = {"shard": shard, "outputs": outputs, "quarantine": [q for r in records for q in r["quarantine"]],
                 "inputs": sum(r["inputs"] for r in records), "formats": formats,
-                "hashes": [h for r in records for h in r["hashes"]],
-                "digests": [d for r in records for d in r.get("digests", ())],
+                "sha256": join_digests([r["sha256"] for r in records]),
                 "profile": {name: merge_counts(r["profile"][name] for r in records)
                             for name in ("bytes", "width", "height", "classes")},
-                "timing": {"read_us": [v for r in records for v in r["timing"]["read_us"]],
-                           "check_us": [v for r in records for v in r["timing"]["check_us"]], "slowest": slowest},
+                "timing": {"us": join_times([r["timing"]["us"] for r in records], 2), "slowest": slowest},
                 "chunks": len(records)}
     if "normalize" in records[0]:
         reasons: dict[str, int] = {}
@@ -184,7 +185,9 @@ class ShardAssembly:
 
     def finish(self) -> dict:
         shard = self.builder.commit()
-        return combine_records(self.records, shard, self.job.sink.outputs(shard) if shard else [])
+        combined = combine_records(self.records, shard, self.job.sink.outputs(shard) if shard else [])
+        combined["segments"] = {r["task_id"]: r["segment"] for r in self.records}  # where each chunk went
+        return combined
 
     def abort(self) -> None:
         self.builder.abort()
@@ -260,7 +263,6 @@ class ImagesJob(Job):
                 else source_root(spec.source))
         cols = InputColumns.of(items, root)
 
-        candidates = size_collision_mask(cols.sizes)
         tasks = []
         bounds = sample_bounds(cols)
         slotted = self.collector is None and not spec.normalize
@@ -271,7 +273,7 @@ class ImagesJob(Job):
             chunks = cut_runs(bounds, start, end, spec.chunk_size, CHUNK_BYTES)
             at = 0
             for number, (first, last) in enumerate(chunks):
-                inputs = inputs_payload(cols, first, last, key_offset + first, classes, candidates)
+                inputs = inputs_payload(cols, first, last, key_offset + first, classes)
                 payload = {"index": index, "inputs": inputs, "cls_width": width}
                 if len(chunks) == 1:
                     tasks.append(Task(stem, payload))
@@ -305,8 +307,7 @@ class ImagesJob(Job):
         check_us: list[int] = []
         timed: list[tuple[int, str, int, int, int]] = []  # (us, source, bytes, width, height)
         formats: dict[str, int] = {}
-        hashes: list[list[str]] = []
-        digests: list[list[str]] = []  # [rel, sha256] of every packed input
+        digests: list[bytes] = []  # sha256 of every packed input, in plan order
         converted: dict[str, int] = {}
         normalized = 0
         profile: dict[str, dict] = {"bytes": {}, "width": {}, "height": {}, "classes": {}}
@@ -328,9 +329,7 @@ class ImagesJob(Job):
                     continue
                 t1 = time.perf_counter()
                 source_bytes = len(data)
-                digest = hashlib.sha256(data).hexdigest()  # the input's content, for --append (input_record)
-                if entry.get("hash"):
-                    hashes.append([entry["rel"], digest])
+                digest = hashlib.sha256(data).digest()  # the content: --append (input_record), duplicates
                 try:
                     if norm is not None:
                         result = normalize_image(data, norm, spec.verify)
@@ -346,8 +345,6 @@ class ImagesJob(Job):
                 except Exception as exc:  # noqa: BLE001 - one bad record never fails the task
                     reason = str(exc) if isinstance(exc, BadImage) else stable_reason(exc, "cannot check: ")
                     quarantine.append({"source": entry["rel"], "reason": reason})
-                    if hashes and hashes[-1][0] == entry["rel"]:
-                        hashes.pop()
                     continue
                 t2 = time.perf_counter()
                 members = [(ext if self.collector is None else "img", data)]
@@ -363,7 +360,7 @@ class ImagesJob(Job):
                 else:
                     members.append(("json", sample_json(entry["rel"], entry["label"], img_w, img_h, len(data), ext)))
                 writer.add_sample(entry["key"], members)
-                digests.append([entry["rel"], digest])
+                digests.append(digest)
                 formats[ext] = formats.get(ext, 0) + 1
                 count_into(profile["bytes"], source_bytes)
                 count_into(profile["width"], src_w)
@@ -380,8 +377,8 @@ class ImagesJob(Job):
         slowest = [{"source": rel, "us": us, "bytes": size, "width": w, "height": h}
                    for us, rel, size, w, h in heapq.nsmallest(SLOWEST_N, timed, key=lambda t: (-t[0], t[1]))]
         record = {"shard": shard, "quarantine": quarantine, "inputs": len(entries), "formats": formats,
-                  "hashes": hashes, "digests": digests, "profile": profile,
-                  "timing": {"read_us": read_us, "check_us": check_us, "slowest": slowest}}
+                  "sha256": pack_digests(digests), "profile": profile,
+                  "timing": {"us": pack_times(read_us, check_us), "slowest": slowest}}
         if task.group:  # a segment of the group's shard (see ShardAssembly); placed: no file of its own
             record.update(shard=None, segment=shard, outputs=[] if "at" in shard else
                           [{"path": f"{SEGMENTS_DIR}/{shard['name']}", "bytes": shard["bytes"]}])
@@ -439,14 +436,11 @@ class ImagesJob(Job):
             stats["duplicates"] = duplicate_report(plan.info.get("dedup", []),
                                                    sum(len(g["paths"]) - 1 for g in plan.info.get("dedup", [])))
         else:
-            groups: dict[str, list[str]] = {}
-            for r in records:
-                for rel, digest in r.get("hashes", []):
-                    groups.setdefault(digest, []).append(rel)
-            stats["duplicates"] = duplicate_report(
-                [{"sha256": d, "paths": paths} for d, paths in groups.items() if len(paths) > 1], 0)
-        read_us = [v for r in records for v in r["timing"]["read_us"]]
-        check_us = [v for r in records for v in r["timing"]["check_us"]]
+            stats["duplicates"] = duplicate_report(_packed_duplicates(plan, records), 0)
+        times = [unpack_times(r["timing"]["us"], 2) for r in records]
+        read_us = np.concatenate([t[0] for t in times] or [np.zeros(0, dtype=np.int64)])
+        check_us = np.concatenate([t[1] for t in times] or [np.zeros(0, dtype=np.int64)])
+        del times
         slowest: list[dict] = []
         for r in records:
             slowest = merge_slowest(slowest, r["timing"]["slowest"], SLOWEST_N)
@@ -461,7 +455,8 @@ class ImagesJob(Job):
                        **({"duplicates_dropped": stats["duplicates"]["dropped"]} if self.spec.dedup else {})},
             "quarantine": quarantine,
             "stats": stats,
-            "run_stats": {"timing": {"read_ms": percentiles(read_us, 1e-3), "check_ms": percentiles(check_us, 1e-3),
+            "run_stats": {"timing": {"read_ms": percentiles(np.sort(read_us).tolist(), 1e-3),
+                                     "check_ms": percentiles(np.sort(check_us).tolist(), 1e-3),
                                      "sample_us_histogram": _time_histogram(read_us, check_us),
                                      "slowest": slowest}},
         }
@@ -482,9 +477,31 @@ def _profile_stats(profiles: list[dict]) -> dict:
             "class_counts": dict(sorted(classes.items()))}
 
 
-def _time_histogram(read_us: list[int], check_us: list[int]) -> list[dict]:
+def _time_histogram(read_us: np.ndarray, check_us: np.ndarray) -> list[dict]:
     """Read + decode/check time per sample (microseconds), half-octave buckets."""
-    counts: dict[str, int] = {}
-    for read, check in zip(read_us, check_us):
-        count_into(counts, read + check)
-    return histogram(counts)
+    edges, counts = np.unique(bucket_edges(read_us + check_us), return_counts=True)
+    return histogram({str(edge): count for edge, count in zip(edges.tolist(), counts.tolist())})
+
+
+def _packed_duplicates(plan: Plan, records: list[dict]) -> list[dict]:
+    """Groups of packed inputs with equal content (sha256; first = kept), from the records' digest columns:
+    found on the whole column at once, paired with rels only for the units that hold one."""
+    raws = [base64.b64decode(r.get("sha256", "")) for r in records]
+    digests = np.frombuffer(b"".join(raws), dtype="S32")
+    if len(digests) < 2:
+        return []
+    values, counts = np.unique(digests, return_counts=True)
+    repeated = set(values[counts > 1].tolist())
+    if not repeated:
+        return []
+    groups: dict[bytes, list[str]] = {}
+    for (_, tasks), record, raw in zip(plan.units, records, raws):
+        unit = np.frombuffer(raw, dtype="S32")
+        if not any(d in repeated for d in unit.tolist()):
+            continue
+        rels = packed_rels(tasks, record)
+        for at in range(len(unit)):
+            digest = raw[at * 32:(at + 1) * 32]
+            if digest.rstrip(b"\0") in repeated:  # numpy's S32 values drop trailing NULs
+                groups.setdefault(digest, []).append(rels[at])
+    return [{"sha256": digest.hex(), "paths": paths} for digest, paths in groups.items() if len(paths) > 1]

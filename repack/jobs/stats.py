@@ -33,6 +33,20 @@ def bucket(value: int) -> int:
     return half if base > 1 and value >= half else base
 
 
+def bucket_edges(values):
+    """``bucket`` of each value of an integer numpy array, vectorized."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.int64)
+    positive = np.maximum(values, 1)
+    base = np.left_shift(1, np.floor(np.log2(positive)).astype(np.int64))
+    base = np.where(base > positive, base >> 1, base)  # float rounding near powers of two
+    base = np.where(base * 2 <= positive, base * 2, base)
+    half = base + (base >> 1)
+    edges = np.where((base > 1) & (positive >= half), half, base)
+    return np.where(values < 1, 0, edges)
+
+
 def count_into(counts: dict[str, int], value: int) -> None:
     """Add ``value`` to a histogram kept as {str(bucket lower edge): count} (JSON-friendly, mergeable)."""
     key = str(bucket(value))

@@ -10,7 +10,6 @@ what plan.json stores)::
    "names": {index: name},  the class names of those indices
    "root":  "/src/",        path = root + rel, except the inputs in "path"
    "path":  {i: path},      inputs opened elsewhere (list files, s3, a symlinked folder)
-   "hash":  [i, ...],       inputs whose content sha256 goes into the record (possible duplicates)
    "extra": {i: {...}}}     inputs stored inside another file: member/meta fields
 
 ``task_inputs`` turns either shape (columns, or a list of entry dicts as other jobs and older plans
@@ -51,7 +50,6 @@ def task_inputs(payload: dict) -> list[dict]:
     names = inputs.get("names", {})
     root = inputs.get("root")
     paths, extra = inputs.get("path", {}), inputs.get("extra", {})
-    hashed = set(inputs.get("hash", ()))
     entries = []
     for i, rel in enumerate(rels):
         cls = classes[i] if classes is not None else None
@@ -64,7 +62,5 @@ def task_inputs(payload: dict) -> list[dict]:
             entry["path"] = root + rel
         if extra and str(i) in extra:
             entry.update(extra[str(i)])
-        if i in hashed:
-            entry["hash"] = True
         entries.append(entry)
     return entries

@@ -34,7 +34,7 @@ from typing import Callable
 
 from repack.config import EngineOptions
 from repack.errors import UsageError
-from repack.jobs.base import STATE_DIR, Plan
+from repack.jobs.base import STATE_DIR, read_plan
 from repack.lifecycle.input_record import dataset_record, record_after_append, task_digests
 from repack.lifecycle.publish import (current_version, inputs_record, locked_dataset, move, promote_pending, publish,
                                  remove_prefix, warner)
@@ -108,7 +108,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
                                     nothing.info.get("removed_skipped", 0))
             Engine(job, dataclasses.replace(options, overwrite=False, strict=False)).run()
         staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
-        plan = Plan.from_json(json.loads(job.store.read_bytes(f"{STATE_DIR}/plan.json")))
+        plan = read_plan(job.store)
         shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
                   for shard in staged["shards"]]
         store.put_bytes(inputs_record(number),

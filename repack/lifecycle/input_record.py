@@ -18,13 +18,13 @@ name: a file never gets two samples. A known rel that was quarantined is planned
 from __future__ import annotations
 
 import hashlib
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, TypeVar
 
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan
+from repack.jobs.record_columns import state_digests
 from repack.lifecycle.publish import inputs_record, known_inputs, plan_inputs
 from repack.manifest.versions import number_of
 
@@ -35,19 +35,7 @@ HASH_THREADS = 8    # files hashed at once for a content comparison (reads relea
 
 def task_digests(store, state: str = STATE_DIR) -> dict[str, str]:
     """{rel: sha256} from the task records under ``state``/tasks/ (the tasks that hash their inputs)."""
-    digests: dict[str, str] = {}
-    for rel in sorted(store.list_sizes(f"{state}/tasks/")):
-        if not rel.endswith(".json"):
-            continue
-        raw = store.read_bytes(rel)
-        if raw is None:
-            continue
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            continue  # a damaged record: its inputs stay without a digest (refused if changed, never doubled)
-        digests.update((str(r), str(d)) for r, d in record.get("digests", ()) if isinstance(d, str))
-    return digests
+    return state_digests(store, state)
 
 
 def dataset_record(store, current: dict) -> dict:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from repack.errors import ConfinementError, UsageError
-from repack.jobs.base import STATE_DIR, Plan
+from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.jobs.task_inputs import task_inputs
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
@@ -160,11 +160,11 @@ def known_inputs(store, current: dict) -> dict:
     raw = store.read_bytes(inputs_record(number))
     if raw is not None:
         return json.loads(raw)
-    plan_raw = store.read_bytes(f"{STATE_DIR}/plan.json") if number == 1 else None
-    if plan_raw is None:
+    plan = read_plan(store) if number == 1 else None
+    if plan is None:
         raise UsageError(f"{store.url}: the record of what version {number} holds ({inputs_record(number)}) is "
                          "missing, so new inputs cannot be told apart; repack without --append")
-    return plan_inputs(Plan.from_json(json.loads(plan_raw)), {"inputs": {}, "next_position": 0})
+    return plan_inputs(plan, {"inputs": {}, "next_position": 0})
 
 
 def plan_inputs(plan: Plan, known: dict) -> dict:
