@@ -186,7 +186,8 @@ class ShardAssembly:
     def finish(self) -> dict:
         shard = self.builder.commit()
         combined = combine_records(self.records, shard, self.job.sink.outputs(shard) if shard else [])
-        combined["segments"] = {r["task_id"]: r["segment"] for r in self.records}  # where each chunk went
+        combined["segments"] = {r["task_id"]: {k: v for k, v in r["segment"].items() if k != "samples"}
+                                for r in self.records}  # where each chunk went
         return combined
 
     def abort(self) -> None:

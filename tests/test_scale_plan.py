@@ -1,0 +1,155 @@
+"""Planning and job state at scale: the folder scan in parallel (same result as one process, same
+confinement), the plan as columns, and job state of a few bytes per input."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from repack.jobs.base import PLAN_NAME, STATE_DIR, read_plan
+from repack.jobs.image_plan import ARCHIVE_TAIL_MAX, cut_runs
+from repack.jobs.record_columns import state_digests
+from repack.jobs.task_inputs import task_inputs
+from repack.sources import Confinement, scan_source
+from repack.sources.folder import PARALLEL_MIN_FOLDERS
+from repack.store import open_store
+from tests.conftest import read_manifest_json, run_repack
+
+CLASSES = 12  # over PARALLEL_MIN_FOLDERS: the scan runs on a pool
+
+
+def _tiny_jpeg(seed: int) -> bytes:
+    image = Image.new("RGB", (16, 16), (seed * 37 % 256, seed * 91 % 256, seed * 13 % 256))
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=80)
+    raw = buf.getvalue()
+    tag = str(seed).encode()
+    return raw[:2] + b"\xff\xfe" + (len(tag) + 2).to_bytes(2, "big") + tag + raw[2:]  # a COM segment: unique bytes
+
+
+@pytest.fixture(scope="module")
+def tiny_tree(tmp_path_factory) -> Path:
+    """2,400 tiny JPEGs in 12 class folders (two of them equal in content)."""
+    root = tmp_path_factory.mktemp("tiny") / "src"
+    for n in range(2400):
+        folder = root / f"c{n % CLASSES:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"img{n:05d}.jpg").write_bytes(_tiny_jpeg(n if n != 7 else 3))
+    return root
+
+
+@pytest.fixture()
+def hostile_tree(tmp_path) -> Path:
+    """Enough class folders for the parallel scan, with every kind of entry the confinement rules cover."""
+    root = tmp_path / "src"
+    outside = tmp_path / "outside.jpg"
+    outside.write_bytes(b"x" * 10)
+    for c in range(CLASSES):
+        (root / f"c{c:02d}").mkdir(parents=True)
+        for i in range(3):
+            (root / f"c{c:02d}" / f"f{i}.jpg").write_bytes(b"y" * (100 + 10 * c + i))
+    (root / "c01" / "sub").mkdir()
+    (root / "c01" / "sub" / "deep.jpg").write_bytes(b"z" * 5)
+    (root / "c01" / "a.b").write_bytes(b"sorts before the sub folder's files by name, after them by path")
+    os.symlink(root / "c00" / "f0.jpg", root / "c02" / "alias.jpg")         # a second path to a file
+    os.symlink(outside, root / "c03" / "leaves.jpg")                       # leaves the root
+    os.symlink(root / "c05", root / "c04" / "linked")                      # a folder through a symlink
+    os.link(root / "c06" / "f0.jpg", root / "c06" / "hard.jpg")            # a hard link
+    os.mkfifo(root / "c07" / "pipe.jpg")                                    # never opened
+    os.symlink(root / "c08", root / "c08" / "loop")                         # a loop
+    (root / "c09" / "big.jpg").write_bytes(b"b" * 5000)                      # over the size cap below
+    (root / "c10" / ".hidden").write_bytes(b"h")
+    (root / "loose.jpg").write_bytes(b"l")                                   # outside the class folders
+    return root
+
+
+def _scan(root: Path, workers: int):
+    return scan_source(str(root), list_file=False, confinement=Confinement(max_file_bytes=4000), workers=workers)
+
+
+def test_parallel_scan_equals_one_process_and_keeps_the_confinement(hostile_tree):
+    assert CLASSES >= PARALLEL_MIN_FOLDERS
+    one, pool = _scan(hostile_tree, 1), _scan(hostile_tree, 2)
+    as_rows = lambda scan: [(i.path, i.rel, i.label, i.fingerprint) for i in scan.items]  # noqa: E731
+    assert as_rows(pool) == as_rows(one) and pool.quarantine == one.quarantine
+    assert (pool.skipped, pool.labeled, pool.classes) == (one.skipped, one.labeled, one.classes) == (
+        1, True, {f"c{c:02d}": c for c in range(CLASSES)})
+    reasons = {q["source"]: q["reason"] for q in pool.quarantine}
+    assert reasons["c03/leaves.jpg"] == "symlink leaves the source root"
+    assert reasons["c07/pipe.jpg"] == "not a regular file (FIFO)"
+    assert reasons["c08/loop"] == "symlink loop (folder already being scanned)"
+    assert "over the size cap" in reasons["c09/big.jpg"]
+    assert reasons["loose.jpg"] == "file outside the class folders of a labeled tree"
+    assert reasons["c02/alias.jpg"].startswith("same file as c00/f0.jpg (symlink inside the source root)")
+    assert reasons["c06/hard.jpg"].startswith("same file as c06/f0.jpg (hard link")
+    rels = [i.rel for i in pool.items]
+    assert rels == sorted(rels, key=os.fsencode)  # byte order of the whole path ("c01/a.b" after "c01/sub/...")
+    assert reasons["c04/linked/f1.jpg"].startswith("same file as c05/f1.jpg (symlink inside the source root)")
+
+
+def test_parallel_scan_keeps_real_paths_outside_the_root(hostile_tree, tmp_path):
+    """--allow-outside-source: a class folder that is a symlink to a folder elsewhere is read at its real path."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "e.jpg").write_bytes(b"e" * 7)
+    os.symlink(elsewhere, hostile_tree / "c99")
+    conf = Confinement(allow_outside=True)
+    one, pool = (scan_source(str(hostile_tree), list_file=False, confinement=conf, workers=w) for w in (1, 2))
+    found = {i.rel: i.path for i in pool.items if i.rel.startswith("c99/")}
+    assert found == {"c99/e.jpg": str(elsewhere.resolve() / "e.jpg")}
+    assert [(i.path, i.rel) for i in one.items] == [(i.path, i.rel) for i in pool.items]
+
+
+def test_cut_runs_is_the_greedy_budget_cut():
+    """Every run fits the budget (or is one input), and no run could take the next input too."""
+    rng = random.Random(5)
+    bounds = np.array([rng.choice([1536, 2048, 4096, 70000]) for _ in range(500)], dtype=np.int64)
+    for max_count, max_bytes in [(None, 100_000), (7, None), (13, 50_000), (None, 1000)]:
+        runs = cut_runs(bounds, 20, 480, max_count, max_bytes)
+        assert runs[0][0] == 20 and runs[-1][1] == 480 and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+        for s, e in runs:
+            size = ARCHIVE_TAIL_MAX + int(bounds[s:e].sum())
+            assert e - s == 1 or ((max_bytes is None or size <= max_bytes) and (max_count is None or e - s <= max_count))
+            if e < 480:
+                grown = size + int(bounds[e])
+                assert (max_bytes is not None and grown > max_bytes) or (max_count is not None and e - s == max_count)
+
+
+def test_job_state_is_a_few_bytes_per_input(tiny_tree, tmp_path):
+    """Everything under OUT that is not a shard, an index or a manifest: at most 64 bytes per input; the
+    plan holds columns, not a dict per input, and its entries and the records' digests still read back."""
+    out = tmp_path / "out"
+    run_repack("images", tiny_tree, out, "--chunk-size", "200", "--workers", "2", "--quiet")
+    manifest = read_manifest_json(out)
+    inputs = manifest["totals"]["inputs"]
+    assert inputs == manifest["totals"]["samples"] == 2400
+    dataset = {"manifest.json", *(v for s in manifest["shards"] for k, v in s.items() if k in ("path", "index",
+                                                                                                "checksums"))}
+    state = [p for p in out.rglob("*") if p.is_file() and p.relative_to(out).as_posix() not in dataset
+             and not p.relative_to(out).as_posix().startswith("manifest.v")]
+    state_bytes = sum(p.stat().st_size for p in state)
+    assert state_bytes <= 64 * inputs, sorted((p.stat().st_size, str(p.relative_to(out))) for p in state)[-5:]
+    assert not (out / STATE_DIR / "plan.json").exists() and (out / STATE_DIR / PLAN_NAME).is_file()
+    plan = read_plan(open_store(str(out)))
+    assert len(plan.tasks) == 12 and all(isinstance(t.payload["inputs"], dict) for t in plan.tasks)
+    entries = [e for t in plan.tasks for e in task_inputs(t.payload)]
+    assert [e["rel"] for e in entries] == sorted(str(p.relative_to(tiny_tree)) for p in tiny_tree.rglob("*.jpg"))
+    first = entries[0]
+    assert first["key"] == "00000000_img00000" and first["label"] == "c00" and first["cls"] == 0
+    assert first["fingerprint"] == [os.stat(tiny_tree / first["rel"]).st_size,
+                                    os.stat(tiny_tree / first["rel"]).st_mtime_ns, os.stat(tiny_tree / first["rel"]).st_ino]
+    digests = state_digests(open_store(str(out)))
+    assert len(digests) == 2400 and digests["c07/img00007.jpg"] == digests["c03/img00003.jpg"]
+    assert manifest["stats"]["duplicates"]["list"] == [{"sha256": digests["c03/img00003.jpg"],
+                                                        "paths": ["c03/img00003.jpg", "c07/img00007.jpg"]}]
+    assert manifest["run"]["timing"]["read_ms"]["count"] == 2400
+    assert sum(b["count"] for b in manifest["run"]["timing"]["sample_us_histogram"]) == 2400
+    assert not list((out / STATE_DIR / "tasks").glob("*-c*.json"))  # the shard's record replaced its chunks'
+    assert json.loads((out / STATE_DIR / "tasks" / "shard-000000.json").read_text())["chunks"] == 12
