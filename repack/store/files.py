@@ -31,11 +31,12 @@ STATE_PREFIX = ".repack/"  # the job state (task records, plan, locks): not data
 class LocalFiles:
     """The files of a dataset in a local folder."""
 
+    remote = False
+
     def __init__(self, root: str | os.PathLike, manifest: Manifest | None = None) -> None:
         self.root = Path(root)
         self.where = str(root)
         self._manifest = manifest
-        self.threads = 1  # reading and hashing local files is CPU-bound: one at a time
 
     def manifest(self, version: int | None = None) -> Manifest:
         return self._manifest or read_manifest(self.root, version)
@@ -70,6 +71,8 @@ class LocalFiles:
 
 class RemoteFiles:
     """The objects of a dataset under ``s3://bucket/prefix`` (through ``S3Store``)."""
+
+    remote = True
 
     def __init__(self, url: str) -> None:
         from repack.store.s3 import S3Store
