@@ -14,6 +14,7 @@ that the uniqueness check of the whole dataset needs no second pass over the ind
 from __future__ import annotations
 
 import json
+import signal
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -91,15 +92,20 @@ def _on_processes(root: str, fmt: str, shards: list[dict], workers: int | None) 
 
     tasks = [json.dumps({"root": root, "format": fmt, "shard": shard}) for shard in shards]
     results: list[tuple[list[str], bytes]] = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context()) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=signal.signal,
+                             initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:  # Ctrl-C: the driver's to handle
         futures = [pool.submit(_check_json, task) for task in tasks]
-        for shard, future in zip(shards, futures):
-            try:
-                problems, hashes = future.result()
-            except BrokenProcessPool as exc:
-                results.append(([f"{shard['path']}: not checked: the process checking it died ({exc})"], b""))
-                continue
-            results.append((json.loads(problems), hashes))
+        try:
+            for shard, future in zip(shards, futures):
+                try:
+                    problems, hashes = future.result()
+                except BrokenProcessPool as exc:
+                    results.append(([f"{shard['path']}: not checked: the process checking it died ({exc})"], b""))
+                    continue
+                results.append((json.loads(problems), hashes))
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return results
 
 

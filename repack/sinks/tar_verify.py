@@ -11,21 +11,26 @@ from __future__ import annotations
 
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from repack.sinks.checks import check_file
+from repack.sinks.checks import check_file, sha256_file
 from repack.sinks.sample_checksums import checksums_from_columns, sample_checksums
 from repack.sinks.tar_check import check_against_index
 from repack.sinks.tar_format import index_from_members, read_archive, split_key, tail_problem
 
 
 def verify_tar_shard(root: Path, shard: dict, check) -> None:
-    """Check one shard against its manifest entry; report problems through ``check``."""
-    if not check_file(root, shard["path"], shard["bytes"], shard["sha256"], check):
-        return
-    if matches_by_index(root, shard):
-        return
-    verify_by_walk(root, shard, check)
+    """Check one shard against its manifest entry; report problems through ``check``. The tar is hashed
+    on a thread (hashlib releases the GIL) while its structure is checked."""
+    with ThreadPoolExecutor(1, thread_name_prefix="repack-sha256") as hasher:
+        hashing = hasher.submit(sha256_file, Path(root) / shard["path"])
+        clean = matches_by_index(root, shard)
+        if not check_file(root, shard["path"], shard["bytes"], shard["sha256"], check,
+                          digest=lambda _: hashing.result()):
+            return
+    if not clean:
+        verify_by_walk(root, shard, check)
 
 
 def matches_by_index(root: Path, shard: dict) -> bool:
