@@ -33,14 +33,17 @@ def require_dataset_folder(out: str) -> None:
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 @click.option("--version", "version", type=click.IntRange(min=1), default=None, metavar="N",
               help="Check dataset version N (its manifest.vN.json) instead of the latest.")
-def verify(out, json_out, version):
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Processes checking shards in parallel (default: the usable CPUs; s3://: downloads overlap "
+                   "on threads instead).")
+def verify(out, json_out, version, workers):
     """Re-read every file of the dataset in OUT (a folder or s3://bucket/prefix) and check it against its
     manifest: sizes, sha256, each tar's structure against its index, sample counts, the tokenizer,
     and no file the manifest does not name (energon's files are known)."""
     from repack.lifecycle.verify import verify_report
 
     require_dataset_folder(out)
-    report = verify_report(out, version)
+    report = verify_report(out, version, workers)
     problems = list(report.problems)
     for note in report.unchecked:
         click.echo(f"{out}: not checked: {note}", err=True)

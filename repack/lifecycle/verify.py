@@ -1,8 +1,9 @@
 """`repack verify`: check a dataset against its manifest, in a folder or under s3:// alike.
 
 One implementation over ``repack.store.files`` (a folder, or an object-store prefix whose
-objects are downloaded one shard at a time): every shard through its format's ``verify_shard``
-(size, sha256, and for tars the archive's own structure against the index), the side files
+objects are downloaded with concurrent ranged GETs): every shard through its format's ``verify_shard``
+on all cores (``verify_shards``: size, sha256, and for tars the archive's own structure against the
+index), the side files
 (the tokenizer's sha256), every file under the root that the manifest does not name, and the
 totals. Files that other tools write into a dataset on purpose (megatron-energon's
 ``energon prepare``) are recognised by ``repack.lifecycle.foreign``: checked where their content can be
@@ -13,15 +14,16 @@ from __future__ import annotations
 
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from repack.lifecycle.foreign import check_foreign, foreign_kind
+from repack.lifecycle.verify_shards import check_shards
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
-from repack.manifest.paths import PathEscapeError
-from repack.sinks import SINKS, get_sink
+from repack.sinks import SINKS
 from repack.sinks.checks import sha256_file
+from repack.sinks.keys import index_keys
+from repack.sinks.keys import key_hashes as key_hashes_of
 from repack.store.files import open_files
 
 
@@ -40,14 +42,15 @@ def verify_dataset(location) -> list[str]:
     return list(verify_report(location).problems)
 
 
-def verify_report(location, version: int | None = None) -> Report:
-    """The full ``Report`` for the dataset at ``location`` (its latest version, or ``version``)."""
+def verify_report(location, version: int | None = None, workers: int | None = None) -> Report:
+    """The full ``Report`` for the dataset at ``location`` (its latest version, or ``version``), its
+    shards checked on ``workers`` processes (default: the usable CPUs)."""
     files = open_files(location)
     try:
         manifest = files.manifest(version)
     except ManifestError as exc:
         return Report((str(exc),))
-    problems = check_contents(files, manifest)
+    problems, key_hashes = check_all_contents(files, manifest, workers)
     listed = set(manifest.named_files())
     names = files.names()
     chain = check_versions(files, names, manifest.root)
@@ -65,7 +68,7 @@ def verify_report(location, version: int | None = None) -> Report:
             foreign.append(rel)
     foreign_problems, unchecked = check_foreign(files, manifest, foreign)
     problems += foreign_problems
-    problems += check_identities(files, manifest)
+    problems += check_identities(files, manifest, key_hashes)
     totals = manifest.totals
     if totals.get("samples") != manifest.num_samples:
         problems.append(f"totals.samples {totals.get('samples')} != sum over shards {manifest.num_samples}")
@@ -136,31 +139,23 @@ def check_versions(files, names: list[str], root: Path) -> Chain:
     return Chain(problems, kept, published, frozenset(pending_files) - kept)
 
 
-def check_contents(files, manifest) -> list[str]:
+def check_contents(files, manifest, workers: int | None = None) -> list[str]:
     """Problems of every shard and side file (in manifest order), fetched through ``files``."""
+    return check_all_contents(files, manifest, workers)[0]
+
+
+def check_all_contents(files, manifest, workers: int | None = None) -> tuple[list[str], list]:
+    """(problems of every shard and side file in manifest order, each shard's sample key hashes), the
+    shards checked on ``workers`` processes (``verify_shards``)."""
     if manifest.format not in SINKS:
-        return [f"unknown format {manifest.format!r} in manifest"]
-    sink = get_sink(manifest.format)
-
-    def shard_problems(shard: dict) -> list[str]:
-        try:
-            manifest.path(shard["path"])
-        except PathEscapeError as exc:
-            return [str(exc)]
-        rels = [shard["path"]] + [shard[side] for side in ("index", "checksums") if shard.get(side)]
-        with files.local(rels) as (root, problems):
-            sink.verify_shard(root, shard, lambda ok, message: ok or problems.append(message))
-            return problems
-
-    def side_problems(_: None) -> list[str]:
-        side = manifest.data.get("files", {})
-        with files.local(list(side.values())) as (root, problems):
-            check_side_files(side, manifest.data.get("tokenizer", {}).get("sha256"), root, problems)
-            return problems
-
-    units = [(shard_problems, shard) for shard in manifest.data["shards"]] + [(side_problems, None)]
-    with ThreadPoolExecutor(files.threads) as pool:
-        return [p for found in pool.map(lambda unit: unit[0](unit[1]), units) for p in found]
+        return [f"unknown format {manifest.format!r} in manifest"], []
+    checked = check_shards(files, manifest, workers)
+    problems = [problem for found in checked.problems for problem in found]
+    side = manifest.data.get("files", {})
+    with files.local(list(side.values())) as (root, fetch_problems):
+        problems += fetch_problems
+        check_side_files(side, manifest.data.get("tokenizer", {}).get("sha256"), root, problems)
+    return problems, list(checked.key_hashes)
 
 
 def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: list[str]) -> None:
@@ -178,10 +173,11 @@ def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: l
 DUPLICATES_SHOWN = 10
 
 
-def check_identities(files, manifest) -> list[str]:
+def check_identities(files, manifest, key_hashes: list | None = None) -> list[str]:
     """Problems of the dataset's names: a sample key held twice (anywhere, not only by adjacent samples;
-    webdataset shards, read from their indexes) and a class map that is not one-to-one."""
-    return check_class_map(manifest.data.get("classes")) + check_unique_keys(files, manifest)
+    webdataset shards, read from their indexes) and a class map that is not one-to-one. ``key_hashes``:
+    each shard's key hashes where they were computed already (``check_all_contents``)."""
+    return check_class_map(manifest.data.get("classes")) + check_unique_keys(files, manifest, key_hashes)
 
 
 def check_class_map(classes) -> list[str]:
@@ -205,46 +201,34 @@ def check_class_map(classes) -> list[str]:
     return problems
 
 
-def _index_keys(raw: bytes) -> list[str]:
-    """The sample keys a DALI index lists (one line per sample; the first member's name gives the key)."""
-    from repack.sinks.tar_format import split_key
-
-    keys = []
-    for line in raw.decode("utf-8", "surrogateescape").splitlines()[1:]:
-        fields = line.split(" ")
-        if len(fields) >= 4:
-            keys.append(split_key(fields[3])[0])
-    return keys
-
-
-def check_unique_keys(files, manifest) -> list[str]:
-    """Every sample key of a webdataset dataset once. Keys are hashed to 8 bytes a key (a numpy array:
-    10M keys, 80 MB), equal hashes looked up again by name, so a report names real duplicates only."""
-    import hashlib
-
+def check_unique_keys(files, manifest, key_hashes: list | None = None) -> list[str]:
+    """Every sample key of a webdataset dataset once. Keys are hashed to 8 bytes a key
+    (``repack.sinks.keys``; ``key_hashes``: per shard of the manifest, when known), equal hashes looked
+    up again by name, so a report names real duplicates only."""
     import numpy as np
 
-    indexed = [shard for shard in manifest.data["shards"] if shard.get("index")]
-    if manifest.format != "webdataset" or not indexed:
+    shards = manifest.data["shards"]
+    if manifest.format != "webdataset" or not any(shard.get("index") for shard in shards):
         return []
 
     def shard_keys(shard: dict) -> list[str]:
-        raw = files.read(shard["index"])
-        return _index_keys(raw) if raw is not None else []  # a missing index is check_contents' to report
+        raw = files.read(shard["index"]) if shard.get("index") else None
+        return index_keys(raw) if raw is not None else []  # a missing index is check_contents' to report
 
-    def digest(key: str) -> int:
-        return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=8).digest(),
-                              "little")
-
-    hashes = np.concatenate([np.fromiter((digest(k) for k in shard_keys(s)), dtype=np.uint64) for s in indexed])
+    if key_hashes is None:
+        key_hashes = [key_hashes_of(shard_keys(shard)) for shard in shards]
+    hashes = np.concatenate([np.zeros(0, np.uint64), *key_hashes])
     values, counts = np.unique(hashes, return_counts=True)
-    suspects = set(values[counts > 1].tolist())
-    if not suspects:
+    suspects = values[counts > 1]
+    if not len(suspects):
         return []
     where: dict[str, list[str]] = {}
-    for shard in indexed:
-        for key in shard_keys(shard):
-            if digest(key) in suspects:
+    for shard, found in zip(shards, key_hashes):
+        if not np.isin(found, suspects).any():
+            continue
+        keys = shard_keys(shard)
+        for key, suspect in zip(keys, np.isin(key_hashes_of(keys), suspects)):
+            if suspect:
                 where.setdefault(key, []).append(shard["path"])
     twice = sorted((key, shards) for key, shards in where.items() if len(shards) > 1)
     problems = [f"sample key {key!r} is held {len(shards)} times ({', '.join(sorted(set(shards)))}): keys must be "

@@ -18,8 +18,10 @@ def sha256_file(path: str | Path, block: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def check_file(root: Path, rel: str, size: int, sha256: str | None, check: Check) -> bool:
-    """Report a missing file, a size or a sha256 mismatch; False when the file is missing."""
+def check_file(root: Path, rel: str, size: int, sha256: str | None, check: Check,
+               digest: Callable[[Path], str] | None = None) -> bool:
+    """Report a missing file, a size or a sha256 mismatch; False when the file is missing. ``digest``:
+    how the file's sha256 is had (default ``sha256_file``; e.g. a hash already under way)."""
     path = Path(root) / rel
     try:
         actual = path.stat().st_size
@@ -28,7 +30,7 @@ def check_file(root: Path, rel: str, size: int, sha256: str | None, check: Check
         return False
     check(actual == size, f"{rel}: {actual} bytes, manifest says {size}")
     if sha256 is not None:
-        check(sha256_file(path) == sha256, f"{rel}: sha256 mismatch")
+        check((digest or sha256_file)(path) == sha256, f"{rel}: sha256 mismatch")
     return True
 
 

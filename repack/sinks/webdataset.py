@@ -23,10 +23,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from repack.manifest.io import fsync_dir
-from repack.sinks.checks import check_file, file_and_index_outputs
+from repack.sinks.checks import file_and_index_outputs
 from repack.sinks.sample_checksums import sample_checksums
-from repack.sinks.tar_format import (BLOCK, PADDING, end_of_archive, index_from_lines, index_from_members,
-                                     index_text, read_archive, split_key, tail_problem, ustar_header)
+from repack.sinks.tar_format import BLOCK, PADDING, end_of_archive, index_from_lines, index_text, ustar_header
+from repack.sinks.tar_verify import verify_tar_shard
 
 
 class TarMemberWriter:
@@ -389,41 +389,4 @@ class WebDatasetSink:
 
     outputs = staticmethod(file_and_index_outputs)
 
-    @staticmethod
-    def verify_shard(root: Path, shard: dict, check) -> None:
-        """Check one shard against its manifest entry; report problems through ``check``."""
-        tar_path = root / shard["path"]
-        if not check_file(root, shard["path"], shard["bytes"], shard["sha256"], check):
-            return
-        try:
-            with open(tar_path, "rb") as fh:
-                members, end = read_archive(fh)
-                trailing = tail_problem(fh, end, os.fstat(fh.fileno()).st_size)
-        except ValueError as exc:
-            check(False, f"{shard['path']}: unreadable tar ({exc})")
-            return
-        check(trailing is None, f"{shard['path']}: {trailing}")
-        for member in members:
-            check(member.typeflag in (b"0", b"\x00"), f"{shard['path']}: member {member.name!r} is not "
-                                                     "a regular file")
-            key, ext = split_key(member.name)
-            check(bool(key) and bool(ext) and member.name.isascii() and "/" not in member.name
-                  and not member.name.startswith("."),
-                  f"{shard['path']}: member name {member.name!r} is not a flat KEY.EXT name")
-        rebuilt = index_from_members(members)
-        count = int(rebuilt.split("\n", 1)[0].split()[1])
-        check(count == shard["samples"], f"{shard['path']}: {count} samples, manifest says {shard['samples']}")
-        layouts = {tuple(line.split(" ")[4::4]) for line in rebuilt.splitlines()[1:]}
-        check(len(layouts) <= 1, f"{shard['path']}: samples differ in their members after the data member "
-                                 f"({sorted(layouts)[:3]}): some sample lacks a field")
-        if shard.get("index"):
-            try:
-                on_disk = (root / shard["index"]).read_text()
-            except OSError as exc:
-                check(False, f"{shard['index']}: missing ({exc.strerror})")
-                return
-            check(on_disk == rebuilt, f"{shard['index']}: does not match the tar's members")
-        if shard.get("checksums") and check_file(root, shard["checksums"], shard.get("checksums_bytes", -1),
-                                                 shard.get("checksums_sha256"), check):
-            check((root / shard["checksums"]).read_bytes() == sample_checksums(tar_path, rebuilt),
-                  f"{shard['checksums']}: does not match the samples' bytes")
+    verify_shard = staticmethod(verify_tar_shard)

@@ -5,8 +5,9 @@ has one implementation and checks the same things in both places.
 ``manifest()`` reads and validates the manifest; ``names()`` lists every file under the root
 (the job state ``.repack/`` and the manifest aside); ``local(rels)`` gives a local folder in which
 the files ``rels`` can be read, plus the problems met while fetching them. For a folder that is
-the folder itself; for a prefix it is a temporary folder the objects are downloaded into, one
-verify unit (a shard and its index) at a time, removed afterwards.
+the folder itself; for a prefix it is a temporary folder the objects of one verify unit (a shard,
+its index, its checksums) are downloaded into, all at once as concurrent ranged GETs, removed
+afterwards.
 
 ``DatasetFiles`` (``open_dataset``) is the same dataset as a report reads it: its validated manifest and
 byte ranges of the files it names (ranged GETs on s3://), every path confined to the root first.
@@ -18,6 +19,7 @@ import contextlib
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -31,11 +33,12 @@ STATE_PREFIX = ".repack/"  # the job state (task records, plan, locks): not data
 class LocalFiles:
     """The files of a dataset in a local folder."""
 
+    remote = False
+
     def __init__(self, root: str | os.PathLike, manifest: Manifest | None = None) -> None:
         self.root = Path(root)
         self.where = str(root)
         self._manifest = manifest
-        self.threads = 1  # reading and hashing local files is CPU-bound: one at a time
 
     def manifest(self, version: int | None = None) -> Manifest:
         return self._manifest or read_manifest(self.root, version)
@@ -71,12 +74,17 @@ class LocalFiles:
 class RemoteFiles:
     """The objects of a dataset under ``s3://bucket/prefix`` (through ``S3Store``)."""
 
-    def __init__(self, url: str) -> None:
-        from repack.store.s3 import S3Store
+    remote = True
+
+    def __init__(self, url: str, part_bytes: int | None = None) -> None:
+        from repack.store.s3 import PART_BYTES, S3Store
+        from repack.store.s3_client import TRANSFER_THREADS
 
         self.store = S3Store(url)
         self.where = self.store.url
-        self.threads = 4  # downloads overlap; each holds one shard on local disk while it is checked
+        self.threads = 4  # shards checked at once; each holds its files on local disk while it is checked
+        self.part_bytes = part_bytes or PART_BYTES
+        self._gets = ThreadPoolExecutor(2 * TRANSFER_THREADS, thread_name_prefix="repack-get")  # ranged GETs in flight
 
     def manifest(self, version: int | None = None) -> Manifest:
         """The validated manifest, latest or ``version`` (ManifestError naming the URL when missing or bad)."""
@@ -97,14 +105,17 @@ class RemoteFiles:
 
     @contextlib.contextmanager
     def local(self, rels: list[str]) -> Iterator[tuple[Path, list[str]]]:
-        """Download ``rels`` into a temporary folder; a missing object is left absent (the checks report
-        it), content that differs from the sha256 stored at upload is a problem."""
+        """Download ``rels`` into a temporary folder, all at once, each as concurrent ranged GETs
+        (``S3Store.download_parts``); a missing object is left absent (the checks report it), content
+        that differs from the sha256 stored at upload is a problem."""
         problems: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="repack-verify-") as tmp:
-            for rel in rels:
-                target = safe_join(tmp, rel)
+        with tempfile.TemporaryDirectory(prefix="repack-verify-") as tmp, ThreadPoolExecutor(max(1, len(rels))) as files:
+            targets = [safe_join(tmp, rel) for rel in rels]
+            for target in targets:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                got = self.store.download(rel, target)
+            fetched = files.map(lambda rel, target: self.store.download_parts(rel, target, self._gets, self.part_bytes),
+                                rels, targets)
+            for rel, got in zip(rels, list(fetched)):
                 if got is not None and got[2] is not None and got[1] != got[2]:
                     problems.append(f"{rel}: content does not match the sha256 stored at upload")
             yield Path(tmp), problems

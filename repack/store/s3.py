@@ -33,6 +33,7 @@ from repack.store.s3_lock import ObjectLock
 
 SHA_META = "sha256"   # object metadata x-amz-meta-sha256: the content's sha256, set at upload
 UPLOAD_ATTEMPTS = 4   # whole-file attempts on top of botocore's per-request retries
+PART_BYTES = 8 << 20  # ranged GETs of download_parts
 
 
 def stored_sha256(answer: dict) -> str | None:
@@ -244,6 +245,32 @@ class S3Store:
             except Exception as exc:  # noqa: BLE001 - a cut or stalled stream: one line naming the URL
                 raise describe_error(exc, self.where(rel)) from None
         return size, sha.hexdigest(), stored_sha256(answer)
+
+    def download_parts(self, rel: str, local: Path, pool, part_bytes: int = PART_BYTES
+                       ) -> tuple[int, str, str | None] | None:
+        """``download`` as concurrent ranged GETs: one HEAD, then parts of ``part_bytes`` fetched on ``pool``
+        (a thread pool shared by the caller's downloads, so several are in flight) and written at their
+        offsets in ``local``; the file is hashed once complete. A part cut or throttled is asked again
+        (``_retried``); an object that changed meanwhile fails the caller's sha256 check."""
+        try:
+            head = self._call(rel, "head_object", Key=self.key(rel))
+        except FileNotFoundError:
+            return None
+        size = head["ContentLength"]
+
+        def part(fd: int, start: int) -> None:
+            end = min(start + part_bytes, size) - 1
+            data = self._retried(rel, lambda: client().get_object(Bucket=self.bucket, Key=self.key(rel),
+                                                                  Range=f"bytes={start}-{end}")["Body"].read())
+            if len(data) != end + 1 - start:
+                raise RepackError(f"{self.where(rel)}: {len(data)} bytes for range {start}-{end}: the object changed")
+            os.pwrite(fd, data, start)
+
+        with open(local, "wb") as out:
+            out.truncate(size)
+            for future in [pool.submit(part, out.fileno(), start) for start in range(0, size, part_bytes)]:
+                future.result()
+        return size, sha256_file(local), stored_sha256(head)
 
     def fetch(self, rel: str, local: Path, sha256: str | None = None) -> None:
         """Download ``rel`` to ``local`` (temp name, then rename), checking its sha256 against

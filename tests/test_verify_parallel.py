@@ -1,0 +1,233 @@
+"""`repack verify` on all cores (issue 26, item 4): shards checked on a process pool with results in
+manifest order; each tar checked against its index with numpy (``tar_check``), the member-by-member
+walk kept for whatever does not match, so a damaged shard is named with the walk's own message; on
+s3:// the files of a shard fetched with concurrent ranged GETs (real S3 server on loopback)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from repack.sinks.keys import index_key_hashes, index_keys, key_hashes
+from repack.sinks.tar_format import end_of_archive, index_from_tar
+from repack.sinks.tar_verify import matches_by_index, verify_by_walk
+from tests.conftest import read_manifest_json, run_repack
+from tests.tools.s3server import FaultProxy, MotoServer, client, s3_env
+
+
+def walk_problems(out: Path, shard: dict) -> list[str]:
+    problems: list[str] = []
+    verify_by_walk(out, shard, lambda ok, message: ok or problems.append(message))
+    return problems
+
+
+def verify_json(target, *args, env: dict | None = None) -> tuple[int, list[str]]:
+    proc = run_repack("verify", target, "--json", *args, env=env, check=False)
+    return proc.returncode, json.loads(proc.stdout)["problems"]
+
+
+def rewrite(out: Path, rel: str, data: bytes) -> None:
+    """Replace ``out/rel`` and update the manifest's size and sha256 for it, so only the deeper checks can tell."""
+    (out / rel).write_bytes(data)
+    manifest = read_manifest_json(out)
+    digest = hashlib.sha256(data).hexdigest()
+    for shard in manifest["shards"]:
+        if shard["path"] == rel:
+            shard.update(bytes=len(data), sha256=digest)
+        if shard.get("checksums") == rel:
+            shard.update(checksums_bytes=len(data), checksums_sha256=digest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_shard_repack_wrote_passes_the_index_check_and_the_walk_agrees(packed_photos):
+    shards = read_manifest_json(packed_photos)["shards"]
+    assert len(shards) > 1
+    for shard in shards:
+        assert matches_by_index(packed_photos, shard), shard["path"]
+        assert walk_problems(packed_photos, shard) == []
+
+
+def header_checksum_broken(out: Path) -> str:
+    second = int((out / "shard-000001.idx").read_text().split("\n")[1].split(" ")[5]) - 512
+    tar = bytearray((out / "shard-000001.tar").read_bytes())
+    tar[second + 20] ^= 1  # a byte of the second member's name: its header checksum no longer holds
+    rewrite(out, "shard-000001.tar", bytes(tar))
+    return "unreadable tar (header checksum mismatch"
+
+
+def index_offset_moved(out: Path) -> str:
+    text = (out / "shard-000001.idx").read_text().split("\n")
+    fields = text[2].split(" ")
+    fields[1] = str(int(fields[1]) + 512)
+    text[2] = " ".join(fields)
+    (out / "shard-000001.idx").write_text("\n".join(text))
+    return "shard-000001.idx: does not match the tar's members"
+
+
+def checksums_of_other_bytes(out: Path) -> str:
+    crc = bytearray((out / "shard-000001.crc").read_bytes())
+    crc[-1] ^= 0xFF
+    rewrite(out, "shard-000001.crc", bytes(crc))
+    return "shard-000001.crc: does not match the samples' bytes"
+
+
+def bytes_after_the_end(out: Path) -> str:
+    rewrite(out, "shard-000001.tar", (out / "shard-000001.tar").read_bytes() + bytes(10240))
+    return "bytes after the end-of-archive"
+
+
+@pytest.mark.parametrize("damage", [header_checksum_broken, index_offset_moved, checksums_of_other_bytes,
+                                    bytes_after_the_end])
+def test_a_damaged_shard_is_named_with_the_walks_message_in_manifest_order(packed_photos, tmp_path, damage):
+    out = tmp_path / "out"
+    shutil.copytree(packed_photos, out)
+    (out / "shard-000003.tar").write_bytes(b"")  # a second damage, later in the manifest
+    expected = damage(out)
+    shard = read_manifest_json(out)["shards"][1]
+    assert not matches_by_index(out, shard)
+    code, problems = verify_json(out, "--workers", "3")
+    assert code == 5
+    assert problems == verify_json(out, "--workers", "1")[1]  # the same list, in the same order
+    assert [p for p in problems if p.startswith("shard-000001")] == walk_problems(out, shard)
+    assert any(expected in p for p in problems), problems
+    first_later = next(i for i, p in enumerate(problems) if p.startswith("shard-000003"))
+    assert all(not p.startswith("shard-000001") for p in problems[first_later:])
+
+
+def test_another_tools_header_bytes_fall_back_to_the_walk_and_pass(packed_photos, tmp_path):
+    """A tar whose headers differ from repack's own bytes (a non-zero mtime, a checksum written as 7
+    digits) but that is a valid archive matching its index is not rejected: the walk checks it."""
+    out = tmp_path / "out"
+    shutil.copytree(packed_photos, out)
+    tar = bytearray((out / "shard-000002.tar").read_bytes())
+    offset = 0
+    while tar[offset:offset + 512] != bytes(512):
+        header = tar[offset:offset + 512]
+        header[136:148] = b"14700000000\x00"
+        header[148:156] = b" " * 8
+        header[148:156] = b"%07o\x00" % sum(header)
+        tar[offset:offset + 512] = header
+        size = int(header[124:135], 8)
+        offset += 512 + size + (-size % 512)
+    rewrite(out, "shard-000002.tar", bytes(tar))
+    with open(out / "shard-000002.tar", "rb") as fh:
+        assert index_from_tar(fh) == (out / "shard-000002.idx").read_text()
+    shard = read_manifest_json(out)["shards"][2]
+    assert not matches_by_index(out, shard)
+    assert walk_problems(out, shard) == []
+    assert verify_json(out) == (0, [])
+
+
+def test_key_hashes_are_the_same_from_numpy_and_from_the_line_loop(packed_photos):
+    raw = (packed_photos / "shard-000000.idx").read_bytes()
+    keys = index_keys(raw)
+    assert len(keys) == 25 and len(set(keys)) == 25
+    assert np.array_equal(index_key_hashes(raw), key_hashes(keys))
+    first_line = raw.index(b"\n")
+    odd = raw[:first_line] + raw[first_line:].replace(b" ", b"  ", 1)  # not canonical: the loop reads it
+    assert np.array_equal(index_key_hashes(odd), key_hashes(index_keys(odd)))
+    assert len(set(key_hashes([*keys, "x" * 40, "x" * 41]).tolist())) == 27
+
+
+def test_a_key_held_by_two_shards_is_reported_by_name(packed_photos, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(packed_photos, out)
+    manifest = read_manifest_json(out)
+    copy = dict(manifest["shards"][0])
+    for field, suffix in (("path", "tar"), ("index", "idx"), ("checksums", "crc")):
+        copy[field] = f"shard-000009.{suffix}"
+        shutil.copy(out / f"shard-000000.{suffix}", out / copy[field])
+    manifest["shards"].append(copy)  # the first shard's samples again, under other names
+    manifest["totals"]["samples"] += copy["samples"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    key = index_keys((out / "shard-000000.idx").read_bytes())[0]
+    code, problems = verify_json(out, "--workers", "2")
+    assert code == 5
+    assert problems[0] == f"sample key {key!r} is held 2 times (shard-000000.tar, shard-000009.tar): keys must be unique"
+    assert len(problems) == 11  # ten named, then how many more
+
+
+# -- s3:// --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server():
+    moto = MotoServer()
+    yield moto
+    moto.stop()
+
+
+def upload(endpoint: str, folder: Path, bucket: str, prefix: str) -> str:
+    s3 = client(endpoint)
+    s3.create_bucket(Bucket=bucket)
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_file() and not rel.startswith(".repack/"):
+            s3.put_object(Bucket=bucket, Key=f"{prefix}/{rel}", Body=path.read_bytes())
+    return f"s3://{bucket}/{prefix}"
+
+
+class InFlight:
+    """Counts the GETs the proxy holds at once (each held 0.15 s after the store answered)."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, method: str, path: str) -> None:
+        if method != "GET" or "list-type" in path:
+            return
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0.15)
+        with self.lock:
+            self.now -= 1
+
+
+def test_s3_verify_fetches_a_shards_files_with_concurrent_ranged_gets(server, photo_tree, tmp_path):
+    run_repack("images", photo_tree, tmp_path / "one", "--shard-size", "1000", "--quiet")  # one shard
+    url = upload(server.endpoint, tmp_path / "one", "ranged", "run")
+    in_flight = InFlight()
+    proxy = FaultProxy(server.port, on_answer=in_flight)
+    try:
+        env = {**s3_env(proxy.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+        assert verify_json(url, env=env) == (0, [])
+        tar_gets = [r for r in proxy.requests if r[0] == "GET" and r[1].split("?")[0].endswith(".tar")]
+        assert tar_gets and all(r[2] and r[2].startswith("bytes=") for r in tar_gets)
+        assert in_flight.most >= 3, in_flight.most  # a shard's tar, index and checksums at least
+    finally:
+        proxy.stop()
+
+
+def test_download_parts_fetches_parts_concurrently_and_names_a_change(server, tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from repack.store import s3_client
+    from repack.store.s3 import S3Store
+
+    data = np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="parts")
+    s3.put_object(Bucket="parts", Key="p/blob.bin", Body=data, Metadata={"sha256": hashlib.sha256(data).hexdigest()})
+    in_flight = InFlight()
+    proxy = FaultProxy(server.port, on_answer=in_flight)
+    try:
+        for name, value in s3_env(proxy.endpoint).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(s3_client, "_clients", {})
+        with ThreadPoolExecutor(8) as pool:
+            got = S3Store("s3://parts/p").download_parts("blob.bin", tmp_path / "blob.bin", pool, part_bytes=40_000)
+            assert S3Store("s3://parts/p").download_parts("absent.bin", tmp_path / "absent.bin", pool) is None
+        assert got == (len(data), hashlib.sha256(data).hexdigest(), hashlib.sha256(data).hexdigest())
+        assert (tmp_path / "blob.bin").read_bytes() == data
+        ranges = sorted(r[2] for r in proxy.requests if r[0] == "GET" and r[2])
+        assert len(ranges) == 8 and "bytes=280000-299999" in ranges
+        assert in_flight.most >= 4, in_flight.most
+    finally:
+        proxy.stop()
