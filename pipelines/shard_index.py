@@ -19,6 +19,7 @@ naming the file.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -43,6 +44,7 @@ class IndexColumns:
     size: np.ndarray  # (members,)
     exts: tuple  # str per code
     suffixes: tuple  # (keyed: bool, bytes) per code
+    key_width: int = -1  # the length of every key when all are as long (then ``keys`` is a matrix), else -1
 
     @property
     def samples(self) -> int:
@@ -74,23 +76,28 @@ class IndexColumns:
     def name_fields(self, samples: np.ndarray, members: np.ndarray, width: int = 100) -> np.ndarray:
         """(members, width) uint8: each member's name NUL-padded to ``width`` bytes (a ustar name
         field), ``samples`` giving each member's sample; a longer name is cut (it matches no field)."""
-        key_lo = self.key_ends[samples].astype(np.int64)
-        key_len = self.key_ends[samples + 1].astype(np.int64) - key_lo
         table, lengths, keyed = _suffix_table(self.suffixes)
         code = self.suffix[members].astype(np.int64)
-        key_len = np.where(keyed[code], key_len, 0)
+        k = self.key_width
+        if k >= 0 and keyed.all() and k + table.shape[1] <= width:  # the common case: rows copied whole
+            out = np.zeros((len(members), width), dtype=np.uint8)
+            if k:
+                out[:, :k] = self.keys.reshape(-1, k)[samples]
+            out[:, k:k + table.shape[1]] = table[code]
+            return out
+        key_lo = self.key_ends[samples].astype(np.int64)
+        key_len = np.where(keyed[code], self.key_ends[samples + 1].astype(np.int64) - key_lo, 0)[:, None]
         col = np.arange(width)
-        out = np.zeros((len(members), width), dtype=np.uint8)
-        in_key = col < key_len[:, None]
-        rows, cols = np.nonzero(in_key)
-        out[rows, cols] = self.keys[key_lo[rows] + cols]
-        tail = col - key_len[:, None]
+        tail = col - key_len
         in_tail = (tail >= 0) & (tail < lengths[code][:, None])
-        rows, cols = np.nonzero(in_tail)
-        out[rows, cols] = table[code[rows], tail[rows, cols]]
+        out = np.where(in_tail, table[code[:, None], np.clip(tail, 0, table.shape[1] - 1)], 0).astype(np.uint8)
+        if len(self.keys):
+            in_key = col < key_len
+            out = np.where(in_key, self.keys[np.minimum(key_lo[:, None] + col, len(self.keys) - 1)], out)
         return out
 
 
+@lru_cache(maxsize=8)
 def _suffix_table(suffixes: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     width = max([len(t) for _, t in suffixes], default=0) or 1
     table = np.zeros((max(len(suffixes), 1), width), dtype=np.uint8)
@@ -125,78 +132,127 @@ def parse_index(raw: bytes, where: str) -> IndexColumns:
         body = np.append(body, np.uint8(NEWLINE))
     if np.count_nonzero(body < SPACE) != np.count_nonzero(body == NEWLINE) or body.max(initial=0) > 126:
         raise ManifestError(f"{where}: not a v1.2 index (a byte that is not printable ASCII)")
-    seps = np.flatnonzero((body == SPACE) | (body == NEWLINE))
-    line_ends = np.flatnonzero(body[seps] == NEWLINE)  # token number of each line's last token
+    seps = np.flatnonzero(body <= SPACE)  # spaces and newlines: the only bytes below 33 left
+    newline = body[seps] == NEWLINE
+    line_ends = np.flatnonzero(newline)  # token number of each line's last token
     if len(line_ends) != count:
         raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
-    starts = np.concatenate([[0], seps[:-1] + 1]).astype(np.int64)
+    starts = np.empty(len(seps), dtype=np.int64)
+    starts[0:1] = 0
+    starts[1:] = seps[:-1] + 1
     lengths = seps - starts
-    per_line = np.diff(np.concatenate([[-1], line_ends]))
-    bad = (per_line % 4 != 0) | (per_line == 0)
-    tokens = np.arange(len(seps))
-    line_of = np.searchsorted(line_ends, tokens)
-    empty = lengths == 0
-    bad[line_of[empty]] = True
-    numeric = np.flatnonzero((tokens % 4 == 1) | (tokens % 4 == 2))
-    _, number_ok = _decimal(body, starts[numeric], lengths[numeric])
-    bad[line_of[numeric[~number_ok]]] = True
-    if bad.any():
-        line = int(np.argmax(bad))
-        lo = 0 if line == 0 else int(seps[line_ends[line - 1]]) + 1
-        text = body[lo:int(seps[line_ends[line]])].tobytes().decode("ascii")
-        raise ManifestError(f"{where}: malformed index line {text[:80]!r}")
-    first_member = np.concatenate([[0], (line_ends + 1) // 4]).astype(np.int64)
-    ext_s, ext_n = starts[0::4], lengths[0::4]
-    offset, _ = _decimal(body, starts[1::4], lengths[1::4])
-    size, _ = _decimal(body, starts[2::4], lengths[2::4])
+    per_line = np.diff(line_ends, prepend=-1)
+    if np.any(per_line % 4) or not np.all(per_line) or not np.all(lengths):
+        _malformed(body, seps, line_ends, lengths, where)
+    rows = _Rows(body, int(lengths.max(initial=0)))
+    offset, offset_ok = rows.decimal(starts[1::4], lengths[1::4])
+    size, size_ok = rows.decimal(starts[2::4], lengths[2::4])
+    if not (offset_ok.all() and size_ok.all()):
+        _malformed(body, seps, line_ends, lengths, where)
+    first_member = np.zeros(count + 1, dtype=np.int64)
+    first_member[1:] = (line_ends + 1) // 4
+    exts, ext = rows.codes(starts[0::4], lengths[0::4])
     name_s, name_n = starts[3::4], lengths[3::4]
-    exts, ext = _codes(body, ext_s, ext_n)
     # the key: the first member's name up to its first dot (the whole name without one)
     head_s, head_n = name_s[first_member[:-1]], name_n[first_member[:-1]]
-    dots = np.flatnonzero(body == DOT)
-    at = np.searchsorted(dots, head_s)
-    dot = dots[np.minimum(at, len(dots) - 1)] if len(dots) else np.zeros(len(head_s), dtype=np.int64)
-    key_n = np.where((at < len(dots)) & (dot < head_s + head_n), dot - head_s, head_n)
-    key_ends = np.concatenate([[0], np.cumsum(key_n)]).astype(np.int64)
-    keys = body[ragged_ranges(head_s, key_n)]
+    head_rows, width = rows.take(head_s, head_n)
+    dotted = head_rows == DOT
+    key_n = np.where(dotted.any(axis=1), dotted.argmax(axis=1), head_n) if width else head_n
+    key_ends = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(key_n, out=key_ends[1:])
+    keys = head_rows[np.arange(width) < key_n[:, None]] if width else np.zeros(0, dtype=np.uint8)
     # each member's name: the key + a suffix when it starts with the key, else a whole name
     sample_of = np.repeat(np.arange(count), np.diff(first_member))
-    m_key_s, m_key_n = head_s[sample_of], key_n[sample_of]
+    m_key_n = key_n[sample_of]
     keyed = name_n >= m_key_n
-    for j in range(int(key_n.max(initial=0))):
-        live = keyed & (j < m_key_n)
-        keyed[live] = body[name_s[live] + j] == body[m_key_s[live] + j]
+    others = np.ones(len(name_s), dtype=bool)
+    others[first_member[:-1]] = False  # a sample's first name starts with its key by definition
+    others = np.flatnonzero(others)
+    if len(others) and width:
+        name_rows, _ = rows.take(name_s[others], np.minimum(name_n[others], width))
+        in_key = np.arange(name_rows.shape[1]) < m_key_n[others, None]
+        keyed[others] &= ~np.any(in_key & (name_rows != head_rows[sample_of[others], :name_rows.shape[1]]), axis=1)
     tail_s = np.where(keyed, name_s + m_key_n, name_s)
     tail_n = np.where(keyed, name_n - m_key_n, name_n)
-    suffixes, suffix = _codes(body, tail_s, tail_n, tag=np.where(keyed, _KEYED[0], _WHOLE[0]))
+    suffixes, suffix = rows.codes(tail_s, tail_n, tag=np.where(keyed, _KEYED[0], _WHOLE[0]))
     return IndexColumns(np.array([0, count], dtype=np.int64), first_member, key_ends, keys, ext, suffix,
                         offset, size, tuple(e.decode("ascii") for _, e in exts),
-                        tuple((tag == _KEYED, tail) for tag, tail in suffixes))
+                        tuple((tag == _KEYED, tail) for tag, tail in suffixes), _same_width(key_n))
 
 
-def _decimal(body: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The decimal tokens at ``starts``/``lengths``: (values, which are 1 to 18 digits and nothing else)."""
-    value = np.zeros(len(starts), dtype=np.int64)
-    ok = (lengths > 0) & (lengths <= _MAX_DIGITS)
-    for j in range(min(int(lengths.max(initial=0)), _MAX_DIGITS)):
-        live = j < lengths
-        digit = body[np.where(live, starts + j, 0)].astype(np.int64) - 48
-        ok &= ~live | ((digit >= 0) & (digit <= 9))
-        value = np.where(live, value * 10 + digit, value)
-    return value, ok
+def _same_width(lengths: np.ndarray) -> int:
+    return int(lengths[0]) if len(lengths) and np.all(lengths == lengths[0]) else (0 if not len(lengths) else -1)
 
 
-def _codes(body: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-           tag: np.ndarray | None = None) -> tuple[list[tuple[bytes, bytes]], np.ndarray]:
-    """The distinct tokens (tag byte + token bytes) among ``starts``/``lengths``, and each one's code."""
-    width = int(lengths.max(initial=0)) + 1
-    grid = np.zeros((len(starts), width), dtype=np.uint8)
-    grid[:, 0] = _KEYED[0] if tag is None else tag
-    rows = np.repeat(np.arange(len(starts)), lengths)
-    cols = ragged_ranges(np.zeros(len(starts), dtype=np.int64), lengths)
-    grid[rows, cols + 1] = body[ragged_ranges(starts, lengths)]
-    table, codes = np.unique(grid.view(f"S{width}").ravel(), return_inverse=True)
-    return [(bytes(t[:1]), bytes(t[1:])) for t in table], codes.astype(narrowest(len(table)))
+def _malformed(body: np.ndarray, seps: np.ndarray, line_ends: np.ndarray, lengths: np.ndarray, where: str):
+    """Raise the ManifestError that quotes the first malformed line (the slow, exact check: only on failure)."""
+    lo = 0
+    for end in seps[line_ends]:
+        text = body[lo:int(end)].tobytes().decode("ascii")
+        tokens = text.split(" ")
+        if (len(tokens) % 4 or not all(tokens) or
+                not all(t.isdigit() and len(t) <= _MAX_DIGITS for i, t in enumerate(tokens) if i % 4 in (1, 2))):
+            raise ManifestError(f"{where}: malformed index line {text[:80]!r}")
+        lo = int(end) + 1
+    raise ManifestError(f"{where}: malformed index")
+
+
+class _Rows:
+    """Tokens of an index body as rows of a 2-D uint8 array (each a copy of the bytes from the token's
+    start, zeros past its end): one gather of contiguous rows instead of a pass per byte position."""
+
+    def __init__(self, body: np.ndarray, width: int) -> None:
+        padded = np.zeros(len(body) + width + 1, dtype=np.uint8)
+        padded[:len(body)] = body
+        self.padded, self.width = padded, width
+
+    def take(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, int]:
+        width = int(lengths.max(initial=0))
+        window = np.lib.stride_tricks.as_strided(self.padded, shape=(len(self.padded) - width, width),
+                                                 strides=(1, 1), writeable=False)
+        rows = window[starts]
+        return np.where(np.arange(width) < lengths[:, None], rows, np.uint8(0)), width
+
+    def decimal(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(values, which tokens are 1 to 18 decimal digits and nothing else)."""
+        rows, width = self.take(starts, np.minimum(lengths, _MAX_DIGITS))
+        live = np.arange(width) < lengths[:, None]
+        digits = rows - np.uint8(48)  # a byte that is not a digit wraps above 9
+        ok = (lengths > 0) & (lengths <= _MAX_DIGITS) & ~np.any(live & (digits > 9), axis=1)
+        digits[~live] = 0
+        scale = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
+        return digits.astype(np.int64) @ scale // 10 ** (width - np.minimum(lengths, width)), ok
+
+    def codes(self, starts: np.ndarray, lengths: np.ndarray,
+              tag: np.ndarray | None = None) -> tuple[list[tuple[bytes, bytes]], np.ndarray]:
+        """The distinct tokens (a tag byte + the token) and each token's code."""
+        rows, width = self.take(starts, lengths)
+        grid = np.zeros((len(starts), max(width + 1, 8)), dtype=np.uint8)
+        grid[:, 0] = _KEYED[0] if tag is None else tag
+        grid[:, 1:width + 1] = rows
+        table, codes = _distinct(grid)
+        return [(bytes(t[:1]), bytes(t[1:]).rstrip(b"\0")) for t in table], codes.astype(narrowest(len(table)))
+
+
+_FEW = 16  # distinct tokens found by comparison before sorting takes over
+
+
+def _distinct(grid: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """The distinct rows of ``grid`` and each row's number among them (few distinct rows, the normal
+    case for extensions and name suffixes: one comparison pass each, no sort)."""
+    codes = np.full(len(grid), -1, dtype=np.int64)
+    keys = grid[:, :8].copy().view(np.uint64).ravel() if grid.shape[1] == 8 else None
+    table: list[np.ndarray] = []
+    for code in range(_FEW):
+        left = np.flatnonzero(codes < 0)[:1]
+        if not len(left):
+            return table, codes
+        row = grid[left[0]]
+        same = (keys == keys[left[0]]) if keys is not None else np.all(grid == row, axis=1)
+        codes[same] = code
+        table.append(row)
+    rows, codes = np.unique(grid.view(f"S{grid.shape[1]}").ravel(), return_inverse=True)
+    return [np.frombuffer(r.ljust(grid.shape[1], b"\0"), dtype=np.uint8) for r in rows], codes
 
 
 def narrowest(limit: int):
@@ -231,7 +287,11 @@ def concat(parts: list[IndexColumns]) -> IndexColumns:
         np.concatenate(suffix or [np.zeros(0, np.int64)]).astype(narrowest(len(suffixes))),
         offset.astype(narrowest(int(offset.max(initial=0)) + 1)),
         size.astype(narrowest(int(size.max(initial=0)) + 1)),
-        exts, suffixes)
+        exts, suffixes, _common_width([p.key_width for p in parts if p.samples]))
+
+
+def _common_width(widths: list[int]) -> int:
+    return widths[0] if widths and all(w == widths[0] for w in widths) else (0 if not widths else -1)
 
 
 def _chain(ends: list[np.ndarray], totals: list[int]) -> np.ndarray:
