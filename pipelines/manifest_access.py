@@ -7,13 +7,15 @@ manifest through ``Manifest.path`` (confined to the dataset root). A root may be
 An index file (``.idx``, DALI's format v1.2, written by repack next to each tar) has a header
 line ``v1.2 <samples>`` and one line per sample: groups of four tokens
 ``<ext> <data offset> <size> <member name>``, the members of a sample being adjacent in the tar.
-The readers use it to ``pread`` exactly the bytes of the samples they own.
+The readers use it to ``pread`` exactly the bytes of the samples they own; they hold it as numpy
+columns (``pipelines.shard_index``), ``Sample`` objects only for the few samples a slow path handles.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +23,12 @@ import numpy as np
 
 from pipelines import object_store
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
+from pipelines.shard_index import IndexColumns, concat, parse_index
 from repack.manifest import Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size, manifest_cap
 from repack.manifest.versions import check_number, read_version
+
+INDEX_THREADS = 8  # index files read and parsed at once
 
 
 @dataclass(frozen=True)
@@ -127,45 +132,40 @@ def shard_files(manifest: Manifest) -> tuple[list[str], list[str]]:
     return [str(manifest.path(s.path)) for s in shards], [str(manifest.path(s.index)) for s in shards]
 
 
-def parse_index_lines(text: str, where: str) -> list[str]:
-    """The sample lines of an index file, after checking its header."""
-    lines = text.splitlines()
-    if not lines:
-        raise ManifestError(f"{where}: empty index file")
-    head = lines[0].split()
-    if len(head) != 2 or head[0] != "v1.2" or not head[1].isdigit() or int(head[1]) != len(lines) - 1:
-        raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
-    return lines[1:]
+def read_index_columns(manifest: Manifest, shards: list[int] | None = None) -> IndexColumns:
+    """The index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``, read
+    and parsed by ``INDEX_THREADS`` threads (numpy parses with the GIL released; on s3://, concurrent GETs)."""
+    entries = manifest.data["shards"]
+    shards = list(range(len(entries))) if shards is None else shards
+
+    def one(shard: int) -> IndexColumns:
+        entry = entries[shard]
+        path = manifest.path(entry["index"])
+        columns = parse_index(object_store.read_bytes(path), str(path))
+        if columns.samples != int(entry["samples"]):
+            raise ManifestError(f"{path}: {columns.samples} samples, the manifest says {entry['samples']}")
+        return columns
+
+    if len(shards) <= 1:
+        return concat([one(s) for s in shards])
+    with ThreadPoolExecutor(min(INDEX_THREADS, len(shards)), thread_name_prefix="repack-index") as pool:
+        return concat(list(pool.map(one, shards)))
 
 
-def parse_sample(line: str, shard: int, where: str, number: int = -1) -> Sample:
-    """One index line (line ``number`` of the samples) -> Sample."""
-    tokens = line.split(" ")
-    if not tokens or len(tokens) % 4:
-        raise ManifestError(f"{where}: malformed index line {line[:80]!r}")
-    members = []
-    names = []
-    key = None
-    for i in range(0, len(tokens), 4):
-        ext, off, size, name = tokens[i:i + 4]
-        if not (off.isdigit() and size.isdigit()):
-            raise ManifestError(f"{where}: malformed index line {line[:80]!r}")
-        members.append((ext, int(off), int(size)))
-        names.append(name)
-        key = key or name.split(".", 1)[0]
-    return Sample(shard, key, tuple(members), min(m[1] for m in members), max(m[1] + m[2] for m in members),
-                  tuple(names), number)
+def sample_at(index: IndexColumns, sample: int, shard: int | None = None) -> Sample:
+    """Global sample ``sample`` of ``index`` as a ``Sample`` (its shard number: ``shard``, default the
+    index's own numbering)."""
+    members = range(int(index.first_member[sample]), int(index.first_member[sample + 1]))
+    spans = tuple((index.exts[int(index.ext[m])], int(index.offset[m]), int(index.size[m])) for m in members)
+    own = int(index.shard_of(np.array([sample]))[0])
+    return Sample(own if shard is None else shard, index.key(sample), spans, min(m[1] for m in spans),
+                  max(m[1] + m[2] for m in spans), index.names(sample), sample - int(index.shard_starts[own]))
 
 
 def read_index(manifest: Manifest, shard: int, start: int = 0, stop: int | None = None) -> list[Sample]:
     """Samples ``start:stop`` of shard number ``shard``, from its index file."""
-    entry = manifest.data["shards"][shard]
-    path = manifest.path(entry["index"])
-    lines = parse_index_lines(object_store.read_bytes(path).decode("ascii"), str(path))
-    if len(lines) != int(entry["samples"]):
-        raise ManifestError(f"{path}: {len(lines)} samples, the manifest says {entry['samples']}")
-    first = start or 0
-    return [parse_sample(line, shard, str(path), first + i) for i, line in enumerate(lines[start:stop])]
+    index = read_index_columns(manifest, [shard])
+    return [sample_at(index, i, shard) for i in range(index.samples)[start:stop]]
 
 
 CHECKSUMS_MAGIC = b"RPKCRC1\n"  # the per-sample checksum file (layout: repack/sinks/sample_checksums.py)

@@ -9,13 +9,17 @@ worker delivers its positions window by window (``window`` consecutive positions
 permutation when shuffling. So how far a worker got is one number, and everything it consumed
 follows from (share, worker, workers, seed, epoch, window, count): no bytes, no buffer contents.
 
-Everything here is pure and stdlib only (no torch), shared by the readers and ``pipelines.resume``.
+Everything here is pure (stdlib and numpy, no torch), shared by the readers and ``pipelines.resume``.
+The ``*_array`` forms give the same positions as numpy arrays (a worker's list of a 10M-sample
+dataset as Python ints would cost 36 bytes each).
 """
 
 from __future__ import annotations
 
 import random
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
 
 Runs = list  # [[start, stop], ...] of global positions, ascending, disjoint
 
@@ -133,6 +137,35 @@ def worker_positions(runs: Runs, worker: int, workers: int) -> list[int]:
     for piece in range(worker, pieces, workers):
         out.extend(take_runs(runs, *balanced(n, pieces, piece)))
     return out
+
+
+def worker_position_array(runs: Runs, worker: int, workers: int) -> np.ndarray:
+    """``worker_positions`` as an int64 array, built without a Python object per position."""
+    n = runs_length(runs)
+    pieces = piece_count(n, workers)
+    if not 0 <= worker < workers:
+        raise ValueError(f"part {worker} of {workers} is not a valid split")
+    piece = np.arange(worker, pieces, workers, dtype=np.int64)
+    lo, hi = n * piece // pieces, n * (piece + 1) // pieces
+    counts = hi - lo
+    total = int(counts.sum())
+    ends = np.cumsum(counts)
+    share = np.arange(total, dtype=np.int64) - np.repeat(ends - counts - lo, counts)  # indexes into the share
+    run_lo = np.array([a for a, _ in runs] or [0], dtype=np.int64)
+    run_base = np.concatenate([[0], np.cumsum([b - a for a, b in runs])[:-1]]).astype(np.int64) if runs else run_lo
+    which = np.searchsorted(run_base, share, side="right") - 1
+    return run_lo[which] + share - run_base[which]
+
+
+def delivery_chunks(positions: np.ndarray, window: int, seed: str | None, start: int = 0) -> Iterator[np.ndarray]:
+    """``delivery_order(positions, window, seed)[start:]`` as consecutive arrays (a window at a time:
+    a window's permutation is made when it is reached)."""
+    first = start // window
+    for i, lo in enumerate(range(first * window, len(positions), window), first):
+        chunk = positions[lo:lo + window]
+        if seed is not None:
+            chunk = chunk[window_permutation(len(chunk), f"{seed}:{i}")]
+        yield chunk[start - lo:] if lo < start else chunk
 
 
 def window_permutation(size: int, seed: str | None) -> list[int]:

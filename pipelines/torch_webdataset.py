@@ -32,20 +32,20 @@ import json
 import os
 import warnings
 import zlib
-from bisect import bisect_left, bisect_right
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate, islice
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines import dataset_identity, object_store, sample_order
+from pipelines.batch_read import BatchRules, read_batch
 from pipelines.batches import BufferRing, PackedBytes, collate_column, new_board
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
-                                       parse_label, read_checksums, read_index)
+                                       parse_label, read_checksums, read_index_columns, sample_at)
 from pipelines.pil_images import decode_image
 from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
@@ -54,7 +54,6 @@ from repack.manifest import ManifestError
 
 UNLABELED = -1
 STATE_VERSION = 3  # 3: the dataset version and digest, padding repeats (2: worker pieces; 1: contiguous parts)
-INDEX_THREADS = 8  # concurrent index GETs on s3://
 WHOLE_RUNS = 1 << 62  # a batch's block size limit on local files: every run of adjacent samples is one pread
 _STAT_SLOTS = 256  # per-worker counters in shared memory: [worker % slots] -> (skipped, bytes read)
 
@@ -208,7 +207,8 @@ class ImageShardDataset(IterableDataset):
         self.labeled = is_labeled(self.manifest)
         self.counts = [s.samples for s in self.manifest.shards]
         self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
-        self._index_cache: dict[int, list[Sample]] = {}
+        # every index as numpy columns, before the DataLoader forks: its workers share them
+        self.index = read_index_columns(self.manifest)
         self._checksum_cache: dict[int, Any] = {}
 
     @property
@@ -301,36 +301,21 @@ class ImageShardDataset(IterableDataset):
         order = self.shard_order(epoch)
         return order, [0, *accumulate(self.counts[s] for s in order)][:-1]
 
-    def _index(self, shard: int) -> list[Sample]:
-        if shard not in self._index_cache:
-            self._index_cache[shard] = read_index(self.manifest, shard)
-        return self._index_cache[shard]
+    def _samples(self, layout: tuple[list[int], list[int]], positions: np.ndarray) -> np.ndarray:
+        """The index's sample numbers (shards in manifest order) at epoch ``positions`` (padding ones too)."""
+        order, starts = (np.asarray(a, dtype=np.int64) for a in layout)
+        total = self.total_samples
+        real = np.where(positions < total, positions, (positions - total) % max(total, 1))
+        i = np.searchsorted(starts, real, side="right") - 1
+        return self.index.shard_starts[order[i]] + real - starts[i]
 
     def _checksums(self, shard: int):
         if shard not in self._checksum_cache:
             self._checksum_cache[shard] = read_checksums(self.manifest, shard)
         return self._checksum_cache[shard]
 
-    def _load_indexes(self, layout, positions: list[int]) -> None:
-        """On s3://, GET the index files of the shards holding ``positions`` concurrently (one at a
-        time they cost a round trip each before the first sample)."""
-        if not object_store.is_remote(self.root):
-            return
-        order, starts = layout
-        total = self.total_samples
-        real = sorted({sample_order.real_position(p, total) for p in positions})
-        wanted = {order[i] for lo, hi in sample_order.runs_of(real)
-                  for i in range(bisect_right(starts, lo) - 1, bisect_left(starts, hi))} - set(self._index_cache)
-        if len(wanted) > 1:
-            with ThreadPoolExecutor(min(INDEX_THREADS, len(wanted)), thread_name_prefix="repack-index") as pool:
-                for shard, samples in zip(wanted, pool.map(lambda s: read_index(self.manifest, s), wanted)):
-                    self._index_cache[shard] = samples
-
     def _sample_at(self, layout: tuple[list[int], list[int]], position: int) -> Sample:
-        order, starts = layout
-        position = sample_order.real_position(position, self.total_samples)
-        i = bisect_right(starts, position) - 1
-        return self._index(order[i])[position - starts[i]]
+        return sample_at(self.index, int(self._samples(layout, np.array([position]))[0]))
 
     def _shuffle_seed(self, cursor: _Cursor) -> str | None:
         if not self.shuffle:
@@ -433,9 +418,10 @@ class ImageShardDataset(IterableDataset):
         """The ReadBlocks that hold ``positions``: runs of adjacent samples of at most ``max_bytes``,
         in byte order within each shard, the shards in the epoch's order."""
         order, _ = layout
+        ordered = sorted(positions)
         by_shard: dict[int, list] = {}
-        for p in sorted(positions):
-            sample = self._sample_at(layout, p)
+        for p, number in zip(ordered, self._samples(layout, np.array(ordered, dtype=np.int64)).tolist()):
+            sample = sample_at(self.index, number)
             by_shard.setdefault(sample.shard, []).append((p, sample))
         return [block for shard in sorted(by_shard, key=order.index)
                 for block in plan_blocks(self.paths[shard], by_shard[shard], max_bytes)]
@@ -447,7 +433,6 @@ class ImageShardDataset(IterableDataset):
         layout = self._layout(cursor.epoch)
         first, skip = divmod(cursor.position, self.shuffle_buffer)
         slot = self._stats[cursor.worker % _STAT_SLOTS]
-        self._load_indexes(layout, [p for window in windows[first:] for p in window])
         ready: dict[int, tuple] = {}
         fetched = fetch_blocks(self._blocks(cursor, windows, layout), self.prefetch)
         try:
@@ -496,41 +481,70 @@ class ImageShardDataset(IterableDataset):
                 continue
             yield out
 
-    def _read_direct(self, cursor: _Cursor, ring: BufferRing | None) -> Iterator[tuple[torch.Tensor, tuple | None, list[dict]]]:
-        """Local shards, raw bytes, batches: each batch's samples read with one pread per run of
-        adjacent samples straight into one buffer (in a worker: shared memory from ``ring``), the
-        image members left there as memoryviews (other members copied out as bytes); (buffer, its
-        claim, samples) per batch."""
+    def _read_direct(self, cursor: _Cursor, ring: BufferRing | None) -> Iterator[Any]:
+        """Local shards, raw bytes: the batches of ``cursor``'s worker from its position on, each read
+        with one pread per run of adjacent samples straight into one buffer (in a worker: shared memory
+        from ``ring``). A batch of ``(image, label)`` pairs is read and checked as arrays
+        (``pipelines.batch_read``); a batch that path refuses, and every ``output="dict"`` batch, sample
+        by sample (``_exact_batch``), which names what is wrong."""
         self._cursor = cursor
         layout = self._layout(cursor.epoch)
-        positions = [p for window in self._windows(cursor) for p in window][cursor.position:]
+        positions = sample_order.worker_position_array(cursor.runs, cursor.worker, cursor.workers)
+        chunks = sample_order.delivery_chunks(positions, self.shuffle_buffer, self._shuffle_seed(cursor),
+                                              cursor.position)
         slot = self._stats[cursor.worker % _STAT_SLOTS]
+        rules = None
+        if self.output == "tuple":
+            rules = BatchRules.of(self.index, self._image_order, self.labeled,
+                                  self._checksums if self.verify_samples else None)
         files = ShardFiles()
         try:
-            for i in range(0, len(positions), self.batch_size):
-                chunk = positions[i:i + self.batch_size]
-                blocks = self._plan(layout, chunk, WHOLE_RUNS)
-                size = sum(b.end - b.start for b in blocks)
-                buffer, claim = ring.take(size) if ring is not None else (torch.empty(size, dtype=torch.uint8), None)
-                view, at, reads = memoryview(buffer.numpy()), 0, []
-                for block in blocks:
-                    piece = view[at:at + block.end - block.start]
-                    got = files.read_into(block.url, block.start, piece)
-                    slot[1] += got
-                    reads.append((block, Pieces([(block.start, piece[:got])])))
-                    at += len(piece)
-                ready = {}
-                for (block, _), cut in zip(reads, cut_blocks(reads)):
-                    for p, sample, members in zip(block.positions, block.samples, cut):
-                        if not isinstance(members, ShardIntegrityError):
-                            members = {ext: data if ext in self.image_exts else bytes(data)
-                                       for ext, data in members.items()}
-                        ready[p] = (block.url, sample, members)
-                delivered = [self._deliver(cursor, *ready.pop(p)) for p in chunk]
-                if any(d is not None for d in delivered):  # a batch of only skipped samples is not one
-                    yield buffer, claim, [d for d in delivered if d is not None]
+            for chunk in rebatch(chunks, self.batch_size):
+                taken: list[tuple] = []
+
+                def take(size: int) -> tuple:
+                    taken.append(ring.take(size) if ring is not None else (torch.empty(size, dtype=torch.uint8), None))
+                    return taken[-1]
+
+                batch = None
+                if rules is not None:
+                    batch = read_batch(self.index, self.paths, files, self._samples(layout, chunk), take, rules)
+                if batch is not None:
+                    cursor.position += len(chunk)
+                    slot[1] += batch.nbytes
+                    spans = tuple(zip(batch.starts.tolist(), batch.ends.tolist()))
+                    yield PackedBytes(batch.buffer, spans, batch.claim), torch.from_numpy(batch.labels)
+                    continue
+                buffer, claim, outputs = self._exact_batch(cursor, layout, chunk.tolist(), files, slot,
+                                                           taken[0] if taken else None, take)
+                if outputs:
+                    yield self._collate(outputs, ring, buffer, claim)
         finally:
             files.close()
+
+    def _exact_batch(self, cursor: _Cursor, layout, chunk: list[int], files: ShardFiles, slot,
+                     reserved: tuple | None, take: Callable[[int], tuple]) -> tuple[torch.Tensor, tuple | None, list]:
+        """One batch read sample by sample (every damaged one raised, or skipped and counted): (buffer,
+        its claim, the outputs). ``reserved``: a buffer already taken for these samples, used again."""
+        blocks = self._plan(layout, chunk, WHOLE_RUNS)
+        size = sum(b.end - b.start for b in blocks)
+        buffer, claim = reserved if reserved is not None and reserved[0].numel() == size else take(size)
+        view, at, reads = memoryview(buffer.numpy()), 0, []
+        for block in blocks:
+            piece = view[at:at + block.end - block.start]
+            got = files.read_into(block.url, block.start, piece)
+            slot[1] += got
+            reads.append((block, Pieces([(block.start, piece[:got])])))
+            at += len(piece)
+        ready = {}
+        for (block, _), cut in zip(reads, cut_blocks(reads)):
+            for p, sample, members in zip(block.positions, block.samples, cut):
+                if not isinstance(members, ShardIntegrityError):
+                    members = {ext: data if ext in self.image_exts else bytes(data)
+                               for ext, data in members.items()}
+                ready[p] = (block.url, sample, members)
+        delivered = [self._deliver(cursor, *ready.pop(p)) for p in chunk]
+        return buffer, claim, list(self._outputs(d for d in delivered if d is not None))
 
     def _check_members(self, url: str, sample: Sample, members: dict) -> dict | ShardIntegrityError:
         if self.verify_samples:
@@ -592,9 +606,7 @@ class ImageShardDataset(IterableDataset):
                              f"of that many DataLoader workers), read by {cursor.workers}")
         ring = self._worker_ring()
         if not self.decode and self.transform is None and not object_store.is_remote(self.root):
-            batches = ((buffer, claim, list(self._outputs(samples)))
-                       for buffer, claim, samples in self._read_direct(cursor, ring))
-            return (self._collate(outputs, ring, buffer, claim) for buffer, claim, outputs in batches if outputs)
+            return self._read_direct(cursor, ring)
         samples = self._outputs(self._read(cursor))  # s3://, decoded or transformed: collate what was read
         return (self._collate(chunk, ring) for chunk in iter(lambda: list(islice(samples, self.batch_size)), []))
 
@@ -630,6 +642,22 @@ class ImageShardDataset(IterableDataset):
         if self.draft_size is None:
             return decode_image(data, self.mode)
         return decode_image(data, self.mode, draft=self.draft_size)
+
+
+def rebatch(chunks: Iterator[np.ndarray], size: int) -> Iterator[np.ndarray]:
+    """The arrays ``chunks`` as consecutive arrays of ``size`` items (the last one shorter)."""
+    pending: list[np.ndarray] = []
+    held = 0
+    for chunk in chunks:
+        pending.append(chunk)
+        held += len(chunk)
+        if held >= size:
+            joined = np.concatenate(pending)
+            cut = len(joined) - len(joined) % size
+            yield from (joined[i:i + size] for i in range(0, cut, size))
+            pending, held = [joined[cut:]], len(joined) - cut
+    if held:
+        yield np.concatenate(pending)
 
 
 def image_pipeline(root: str | os.PathLike, **options) -> wds.DataPipeline:

@@ -1,0 +1,304 @@
+"""A dataset's DALI index files (``.idx``, format in ``pipelines.manifest_access``) as flat numpy
+columns: the readers' one in-memory index, built once when a dataset opens and shared by its
+DataLoader workers (they fork after it is built; numpy buffers stay shared copy-on-write, where a
+Python object per sample would be copied page by page as its reference counts change).
+
+Per sample (its global number: the shards' samples concatenated in manifest order):
+``first_member`` (where its members start in the member columns) and its key (``keys`` blob,
+``key_ends``). Per member: ``ext`` and ``suffix`` (codes into the small tables ``exts`` and
+``suffixes``: a member's name is the sample key + suffix, or the suffix alone where the name does not
+start with the key), data ``offset`` and ``size``. About 50 bytes per sample of three members; each
+column takes the narrowest unsigned type that holds it.
+
+Parsing is vectorized over the index text (no Python object per line or token); every check of the
+line-by-line parser holds: the header ``v1.2 <samples>``, lines of four-token groups separated by
+single spaces, decimal offsets and sizes, printable ASCII only. A failure is a ``ManifestError``
+naming the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from repack.manifest import ManifestError
+
+SPACE, NEWLINE, DOT = 32, 10, 46
+_MAX_DIGITS = 18  # offsets and sizes below 10**18: int64 holds them
+_KEYED, _WHOLE = b"k", b"n"  # suffix table tag: after the sample key, or the whole name
+
+
+@dataclass(frozen=True)
+class IndexColumns:
+    """The index of a dataset (or of one shard) as columns; see the module docstring."""
+
+    shard_starts: np.ndarray  # (shards + 1,) global number of each shard's first sample
+    first_member: np.ndarray  # (samples + 1,)
+    key_ends: np.ndarray  # (samples + 1,) sample i's key is keys[key_ends[i]:key_ends[i + 1]]
+    keys: np.ndarray  # uint8 blob
+    ext: np.ndarray  # (members,) code into exts
+    suffix: np.ndarray  # (members,) code into suffixes
+    offset: np.ndarray  # (members,) first data byte in the tar
+    size: np.ndarray  # (members,)
+    exts: tuple  # str per code
+    suffixes: tuple  # (keyed: bool, bytes) per code
+    key_width: int = -1  # the length of every key when all are as long (then ``keys`` is a matrix), else -1
+
+    @property
+    def samples(self) -> int:
+        return len(self.first_member) - 1
+
+    def shard_of(self, samples: np.ndarray) -> np.ndarray:
+        """The shard number of each global sample number."""
+        return np.searchsorted(self.shard_starts, samples, side="right") - 1
+
+    def members_of(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(member numbers of ``samples``, in order, each sample's members in index order; how many
+        each sample has)."""
+        first = self.first_member[samples].astype(np.int64)
+        counts = self.first_member[samples + 1].astype(np.int64) - first
+        return ragged_ranges(first, counts), counts
+
+    def key(self, sample: int) -> str:
+        return self.keys[int(self.key_ends[sample]):int(self.key_ends[sample + 1])].tobytes().decode("ascii")
+
+    def names(self, sample: int) -> tuple[str, ...]:
+        """The member names the index gives for ``sample``, in index order."""
+        key = self.key(sample)
+        out = []
+        for m in range(int(self.first_member[sample]), int(self.first_member[sample + 1])):
+            keyed, tail = self.suffixes[int(self.suffix[m])]
+            out.append((key if keyed else "") + tail.decode("ascii"))
+        return tuple(out)
+
+    def name_fields(self, samples: np.ndarray, members: np.ndarray, width: int = 100) -> np.ndarray:
+        """(members, width) uint8: each member's name NUL-padded to ``width`` bytes (a ustar name
+        field), ``samples`` giving each member's sample; a longer name is cut (it matches no field)."""
+        table, lengths, keyed = _suffix_table(self.suffixes)
+        code = self.suffix[members].astype(np.int64)
+        k = self.key_width
+        if k >= 0 and keyed.all() and k + table.shape[1] <= width:  # the common case: rows copied whole
+            out = np.zeros((len(members), width), dtype=np.uint8)
+            if k:
+                out[:, :k] = self.keys.reshape(-1, k)[samples]
+            out[:, k:k + table.shape[1]] = table[code]
+            return out
+        key_lo = self.key_ends[samples].astype(np.int64)
+        key_len = np.where(keyed[code], self.key_ends[samples + 1].astype(np.int64) - key_lo, 0)[:, None]
+        col = np.arange(width)
+        tail = col - key_len
+        in_tail = (tail >= 0) & (tail < lengths[code][:, None])
+        out = np.where(in_tail, table[code[:, None], np.clip(tail, 0, table.shape[1] - 1)], 0).astype(np.uint8)
+        if len(self.keys):
+            in_key = col < key_len
+            out = np.where(in_key, self.keys[np.minimum(key_lo[:, None] + col, len(self.keys) - 1)], out)
+        return out
+
+
+@lru_cache(maxsize=8)
+def _suffix_table(suffixes: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    width = max([len(t) for _, t in suffixes], default=0) or 1
+    table = np.zeros((max(len(suffixes), 1), width), dtype=np.uint8)
+    for i, (_, tail) in enumerate(suffixes):
+        table[i, :len(tail)] = np.frombuffer(tail, dtype=np.uint8)
+    lengths = np.array([len(t) for _, t in suffixes] or [0], dtype=np.int64)
+    keyed = np.array([k for k, _ in suffixes] or [True], dtype=bool)
+    return table, lengths, keyed
+
+
+def ragged_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + c) for s, c in zip(starts, counts)])`` without a Python loop."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(counts)
+    return np.arange(total, dtype=np.int64) - np.repeat(ends - counts - starts, counts)
+
+
+def parse_index(raw: bytes, where: str) -> IndexColumns:
+    """One ``.idx`` file's bytes as the columns of a one-shard index (``ManifestError`` naming
+    ``where`` when it is not a well-formed v1.2 index)."""
+    end = raw.find(b"\n")
+    head = (raw if end < 0 else raw[:end]).split()
+    if not raw.strip():
+        raise ManifestError(f"{where}: empty index file")
+    if len(head) != 2 or head[0] != b"v1.2" or not head[1].isdigit():
+        raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
+    count = int(head[1])
+    body = np.frombuffer(raw, dtype=np.uint8, offset=end + 1 if end >= 0 else len(raw))
+    if len(body) and body[-1] != NEWLINE:
+        body = np.append(body, np.uint8(NEWLINE))
+    if np.count_nonzero(body < SPACE) != np.count_nonzero(body == NEWLINE) or body.max(initial=0) > 126:
+        raise ManifestError(f"{where}: not a v1.2 index (a byte that is not printable ASCII)")
+    seps = np.flatnonzero(body <= SPACE)  # spaces and newlines: the only bytes below 33 left
+    newline = body[seps] == NEWLINE
+    line_ends = np.flatnonzero(newline)  # token number of each line's last token
+    if len(line_ends) != count:
+        raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
+    starts = np.empty(len(seps), dtype=np.int64)
+    starts[0:1] = 0
+    starts[1:] = seps[:-1] + 1
+    lengths = seps - starts
+    per_line = np.diff(line_ends, prepend=-1)
+    if np.any(per_line % 4) or not np.all(per_line) or not np.all(lengths):
+        _malformed(body, seps, line_ends, lengths, where)
+    rows = _Rows(body, int(lengths.max(initial=0)))
+    offset, offset_ok = rows.decimal(starts[1::4], lengths[1::4])
+    size, size_ok = rows.decimal(starts[2::4], lengths[2::4])
+    if not (offset_ok.all() and size_ok.all()):
+        _malformed(body, seps, line_ends, lengths, where)
+    first_member = np.zeros(count + 1, dtype=np.int64)
+    first_member[1:] = (line_ends + 1) // 4
+    exts, ext = rows.codes(starts[0::4], lengths[0::4])
+    name_s, name_n = starts[3::4], lengths[3::4]
+    # the key: the first member's name up to its first dot (the whole name without one)
+    head_s, head_n = name_s[first_member[:-1]], name_n[first_member[:-1]]
+    head_rows, width = rows.take(head_s, head_n)
+    dotted = head_rows == DOT
+    key_n = np.where(dotted.any(axis=1), dotted.argmax(axis=1), head_n) if width else head_n
+    key_ends = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(key_n, out=key_ends[1:])
+    keys = head_rows[np.arange(width) < key_n[:, None]] if width else np.zeros(0, dtype=np.uint8)
+    # each member's name: the key + a suffix when it starts with the key, else a whole name
+    sample_of = np.repeat(np.arange(count), np.diff(first_member))
+    m_key_n = key_n[sample_of]
+    keyed = name_n >= m_key_n
+    others = np.ones(len(name_s), dtype=bool)
+    others[first_member[:-1]] = False  # a sample's first name starts with its key by definition
+    others = np.flatnonzero(others)
+    if len(others) and width:
+        name_rows, _ = rows.take(name_s[others], np.minimum(name_n[others], width))
+        in_key = np.arange(name_rows.shape[1]) < m_key_n[others, None]
+        keyed[others] &= ~np.any(in_key & (name_rows != head_rows[sample_of[others], :name_rows.shape[1]]), axis=1)
+    tail_s = np.where(keyed, name_s + m_key_n, name_s)
+    tail_n = np.where(keyed, name_n - m_key_n, name_n)
+    suffixes, suffix = rows.codes(tail_s, tail_n, tag=np.where(keyed, _KEYED[0], _WHOLE[0]))
+    return IndexColumns(np.array([0, count], dtype=np.int64), first_member, key_ends, keys, ext, suffix,
+                        offset, size, tuple(e.decode("ascii") for _, e in exts),
+                        tuple((tag == _KEYED, tail) for tag, tail in suffixes), _same_width(key_n))
+
+
+def _same_width(lengths: np.ndarray) -> int:
+    return int(lengths[0]) if len(lengths) and np.all(lengths == lengths[0]) else (0 if not len(lengths) else -1)
+
+
+def _malformed(body: np.ndarray, seps: np.ndarray, line_ends: np.ndarray, lengths: np.ndarray, where: str):
+    """Raise the ManifestError that quotes the first malformed line (the slow, exact check: only on failure)."""
+    lo = 0
+    for end in seps[line_ends]:
+        text = body[lo:int(end)].tobytes().decode("ascii")
+        tokens = text.split(" ")
+        if (len(tokens) % 4 or not all(tokens) or
+                not all(t.isdigit() and len(t) <= _MAX_DIGITS for i, t in enumerate(tokens) if i % 4 in (1, 2))):
+            raise ManifestError(f"{where}: malformed index line {text[:80]!r}")
+        lo = int(end) + 1
+    raise ManifestError(f"{where}: malformed index")
+
+
+class _Rows:
+    """Tokens of an index body as rows of a 2-D uint8 array (each a copy of the bytes from the token's
+    start, zeros past its end): one gather of contiguous rows instead of a pass per byte position."""
+
+    def __init__(self, body: np.ndarray, width: int) -> None:
+        padded = np.zeros(len(body) + width + 1, dtype=np.uint8)
+        padded[:len(body)] = body
+        self.padded, self.width = padded, width
+
+    def take(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, int]:
+        width = int(lengths.max(initial=0))
+        window = np.lib.stride_tricks.as_strided(self.padded, shape=(len(self.padded) - width, width),
+                                                 strides=(1, 1), writeable=False)
+        rows = window[starts]
+        return np.where(np.arange(width) < lengths[:, None], rows, np.uint8(0)), width
+
+    def decimal(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(values, which tokens are 1 to 18 decimal digits and nothing else)."""
+        rows, width = self.take(starts, np.minimum(lengths, _MAX_DIGITS))
+        live = np.arange(width) < lengths[:, None]
+        digits = rows - np.uint8(48)  # a byte that is not a digit wraps above 9
+        ok = (lengths > 0) & (lengths <= _MAX_DIGITS) & ~np.any(live & (digits > 9), axis=1)
+        digits[~live] = 0
+        scale = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
+        return digits.astype(np.int64) @ scale // 10 ** (width - np.minimum(lengths, width)), ok
+
+    def codes(self, starts: np.ndarray, lengths: np.ndarray,
+              tag: np.ndarray | None = None) -> tuple[list[tuple[bytes, bytes]], np.ndarray]:
+        """The distinct tokens (a tag byte + the token) and each token's code."""
+        rows, width = self.take(starts, lengths)
+        grid = np.zeros((len(starts), max(width + 1, 8)), dtype=np.uint8)
+        grid[:, 0] = _KEYED[0] if tag is None else tag
+        grid[:, 1:width + 1] = rows
+        table, codes = _distinct(grid)
+        return [(bytes(t[:1]), bytes(t[1:]).rstrip(b"\0")) for t in table], codes.astype(narrowest(len(table)))
+
+
+_FEW = 16  # distinct tokens found by comparison before sorting takes over
+
+
+def _distinct(grid: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """The distinct rows of ``grid`` and each row's number among them (few distinct rows, the normal
+    case for extensions and name suffixes: one comparison pass each, no sort)."""
+    codes = np.full(len(grid), -1, dtype=np.int64)
+    keys = grid[:, :8].copy().view(np.uint64).ravel() if grid.shape[1] == 8 else None
+    table: list[np.ndarray] = []
+    for code in range(_FEW):
+        left = np.flatnonzero(codes < 0)[:1]
+        if not len(left):
+            return table, codes
+        row = grid[left[0]]
+        same = (keys == keys[left[0]]) if keys is not None else np.all(grid == row, axis=1)
+        codes[same] = code
+        table.append(row)
+    rows, codes = np.unique(grid.view(f"S{grid.shape[1]}").ravel(), return_inverse=True)
+    return [np.frombuffer(r.ljust(grid.shape[1], b"\0"), dtype=np.uint8) for r in rows], codes
+
+
+def narrowest(limit: int):
+    """The narrowest unsigned dtype that holds values below ``limit``."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if limit <= np.iinfo(dtype).max + 1:
+            return dtype
+    return np.int64
+
+
+def concat(parts: list[IndexColumns]) -> IndexColumns:
+    """The one-shard indexes ``parts`` (in shard order) as one dataset index, codes merged."""
+    exts = tuple(sorted({e for p in parts for e in p.exts}))
+    suffixes = tuple(sorted({s for p in parts for s in p.suffixes}))
+    ext_code, suffix_code = {e: i for i, e in enumerate(exts)}, {s: i for i, s in enumerate(suffixes)}
+    ext = [np.array([ext_code[e] for e in p.exts], dtype=np.int64)[p.ext] if len(p.ext) else p.ext for p in parts]
+    suffix = [np.array([suffix_code[s] for s in p.suffixes], dtype=np.int64)[p.suffix] if len(p.suffix) else p.suffix
+              for p in parts]
+    counts = [p.samples for p in parts]
+    members = [len(p.ext) for p in parts]
+    key_bytes = [len(p.keys) for p in parts]
+    first_member = _chain([p.first_member for p in parts], members)
+    key_ends = _chain([p.key_ends for p in parts], key_bytes)
+    offset = np.concatenate([p.offset for p in parts] or [np.zeros(0, np.int64)])
+    size = np.concatenate([p.size for p in parts] or [np.zeros(0, np.int64)])
+    return IndexColumns(
+        np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        first_member.astype(narrowest(int(first_member[-1]) + 1)),
+        key_ends.astype(narrowest(int(key_ends[-1]) + 1)),
+        np.concatenate([p.keys for p in parts] or [np.zeros(0, np.uint8)]).astype(np.uint8),
+        np.concatenate(ext or [np.zeros(0, np.int64)]).astype(narrowest(len(exts))),
+        np.concatenate(suffix or [np.zeros(0, np.int64)]).astype(narrowest(len(suffixes))),
+        offset.astype(narrowest(int(offset.max(initial=0)) + 1)),
+        size.astype(narrowest(int(size.max(initial=0)) + 1)),
+        exts, suffixes, _common_width([p.key_width for p in parts if p.samples]))
+
+
+def _common_width(widths: list[int]) -> int:
+    return widths[0] if widths and all(w == widths[0] for w in widths) else (0 if not widths else -1)
+
+
+def _chain(ends: list[np.ndarray], totals: list[int]) -> np.ndarray:
+    """Cumulative ``(n + 1,)`` arrays of consecutive parts as one, each part shifted by the totals before it."""
+    out = [np.zeros(1, dtype=np.int64)]
+    base = 0
+    for part, total in zip(ends, totals):
+        out.append(part[1:].astype(np.int64) + base)
+        base += total
+    return np.concatenate(out)
