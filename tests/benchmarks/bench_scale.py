@@ -45,11 +45,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.benchmarks.bench_text import tree_sample
 from tests.benchmarks.tiny_files import CLASSES, file_path, tiny_jpegs, tiny_texts
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_EVERY_S = 0.05
+PARTS = ("pack", "verify", "change", "readers", "text")
 SMALL = 1000  # at most this many files in the small datasets the growth and manifest rows compare with
 
 
@@ -187,11 +187,48 @@ print(json.dumps({"samples": samples, "seconds": seconds, "first_batch_s": first
 
 @dataclass(frozen=True)
 class Run:
-    """One measured command: wall seconds, peak RSS of its process tree (bytes), its stdout."""
+    """One measured command: wall seconds; the peaks (bytes) over its run of its process tree's summed
+    RSS, summed PSS (a shared page counted once, split among its sharers) and largest process's RSS."""
 
     wall: float
     peak_rss: int
+    peak_pss: int
+    peak_largest: int
     stdout: str
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_pids(root: int) -> list[int]:
+    """``root`` and its descendants, from every process's parent in /proc/PID/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def memory(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of one process in bytes; (0, 0) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            rss = int(fh.read().split()[1]) * PAGE
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            pss = next((int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:")), rss)
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return rss, pss
 
 
 def usable_cpus() -> int:
@@ -199,19 +236,22 @@ def usable_cpus() -> int:
 
 
 def run_tree(cmd: list[str], quiet_stdout: bool = False) -> Run:
-    """Run ``cmd`` from the repository root (earlier runs' dirty pages flushed first); its wall
-    seconds and the peak sum of RSS over its process tree, sampled every 50 ms. Raises with the
+    """Run ``cmd`` from the repository root (earlier runs' dirty pages flushed first): its wall
+    seconds and its process tree's memory peaks (see Run), sampled every 50 ms. Raises with the
     command's stderr on a non-zero exit."""
     os.sync()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL if quiet_stdout else out, stderr=err)
-        peak = [0]
+        peak = [0, 0, 0]
         done = threading.Event()
 
         def sample() -> None:
             while not done.wait(SAMPLE_EVERY_S):
-                peak[0] = max(peak[0], sum(rss for rss, _ in tree_sample(proc.pid).values()))
+                sizes = [memory(pid) for pid in tree_pids(proc.pid)]
+                peak[0] = max(peak[0], sum(rss for rss, _ in sizes))
+                peak[1] = max(peak[1], sum(pss for _, pss in sizes))
+                peak[2] = max([peak[2], *(rss for rss, _ in sizes)])
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -224,7 +264,7 @@ def run_tree(cmd: list[str], quiet_stdout: bool = False) -> Run:
         stdout, stderr = out.read().decode(), err.read().decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd[:6]))} ... exited {proc.returncode}: {stderr[-3000:]}")
-    return Run(wall, peak[0], stdout)
+    return Run(wall, *peak, stdout)
 
 
 def repack(*args: str | Path) -> list[str]:
@@ -318,6 +358,17 @@ def table(rows: list[dict], header: str) -> str:
     return "\n".join(lines)
 
 
+def memory_row(what: str, runs: tuple[Run, ...], inputs: int) -> dict:
+    """The peak summed RSS of the process tree of ``runs`` (the largest) against 120 MB + 0.5 KB per input."""
+    budget = 120e6 + 500 * inputs
+    rss, pss, largest = (max(getattr(r, f) for r in runs) for f in ("peak_rss", "peak_pss", "peak_largest"))
+    return row(f"{what}: peak RSS of the process tree", rss / 1e6, "MB", "budget: 120 MB + 0.5 KB/input",
+               budget / 1e6, rss / budget, "<= 1",
+               note=f"120 MB + {(rss - 120e6) / inputs / 1e3:.2f} KB per input; summed PSS {pss / 1e6:.0f} MB; "
+                    f"largest process {largest / 1e6:.0f} MB",
+               peak_pss_mb=round(pss / 1e6, 1), peak_largest_mb=round(largest / 1e6, 1))
+
+
 def part_pack(src: Path, work: Path, n: int, cpus: int) -> tuple[list[dict], dict]:
     """The pack rows; returns (rows, {"full": the default pack's Run, "out": its OUT, "none": --verify none's OUT})."""
     script = work / "shardwriter"
@@ -347,13 +398,10 @@ def part_pack(src: Path, work: Path, n: int, cpus: int) -> tuple[list[dict], dic
         row("repack images (default: decode check)", full.wall, "s", f"{script_name} + PIL check", checked.wall,
             checked.wall / full.wall, ">= 1.5"),
     ]
-    budget = 120e6 + 500 * n
-    peak = max(none.peak_rss, full.peak_rss)
-    rows.append(row("peak RSS of the repack process tree", peak / 1e6,
-                    "MB", "budget: 120 MB + 0.5 KB/input", budget / 1e6, peak / budget, "<= 1",
-                    note=f"120 MB + {(peak - 120e6) / n / 1e3:.2f} KB per input", rss_verify_none_mb=round(none.peak_rss / 1e6, 1), rss_default_mb=round(full.peak_rss / 1e6, 1)))
+    rows.append(memory_row("repack images", (none, full), n))
     state = state_bytes(out_full)
-    rows.append(row("job state under OUT, per input", state / n, "B", "budget: 64 B/input", 64, state / n / 64, "<= 1", state_bytes=state))
+    rows.append(row("job state under OUT, per input", state / n, "B", "budget: 64 B/input", 64, state / n / 64,
+                    "<= 1", state_bytes=state))
     return rows, {"full": full, "out": out_full, "none": out_none}
 
 
@@ -452,7 +500,6 @@ def part_text(data: Path, work: Path, n: int, cpus: int) -> list[dict]:
         raise RuntimeError(f"repack text: {manifest['totals']['tokens']} tokens, the bare script {tokens}")
     size, small_size = ((folder / "manifest.json").stat().st_size for folder in (out, small_out))
     state = state_bytes(out)
-    budget = 120e6 + 500 * count
     return [
         row(f"repack text --doc-per file, {count} files", packed.wall, "s",
             f"encode_batch_fast script, {cpus} processes", bare.wall, bare.wall / packed.wall, ">= 0.9"),
@@ -460,8 +507,7 @@ def part_text(data: Path, work: Path, n: int, cpus: int) -> list[dict]:
             size / small_size, note=f"{size / count:.1f} B per input file; {tokens / 1e6:.1f}M tokens"),
         row("text job state under OUT, per input", state / count, "B", "budget: 64 B/input",
             64, state / count / 64, "<= 1", state_bytes=state),
-        row("text: peak RSS of the repack process tree", packed.peak_rss / 1e6, "MB", "budget: 120 MB + 0.5 KB/input",
-            budget / 1e6, packed.peak_rss / budget, "<= 1"),
+        memory_row("repack text", (packed,), count),
     ]
 
 
@@ -472,32 +518,44 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
     n = int(os.environ.get("REPACK_BENCH_SCALE_FILES") or 200_000)
     if n < 20:
         raise ValueError(f"REPACK_BENCH_SCALE_FILES={n}: at least 20 files")
+    parts = (os.environ.get("REPACK_BENCH_SCALE_PARTS") or ",".join(PARTS)).split(",")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"REPACK_BENCH_SCALE_PARTS: unknown part(s) {unknown}; known: {', '.join(PARTS)}")
     cpus = usable_cpus()
-    src = dataset(data, "jpg", n)
-    payload = warm(src)
-    print(f"[scale] {n} JPEGs ({payload / n:.0f} B mean) in {min(n, CLASSES)} folders, {cpus} usable CPUs",
-          file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    seconds = {}
-    rows, packed = part_pack(src, work, n, cpus)
-    seconds["pack"] = time.perf_counter() - started
-    for name, part in (("verify", lambda: part_verify(packed["out"], work, cpus)),
-                       ("change", lambda: part_change(src, packed["out"], work, n, packed["full"].wall,
-                                                      data / f"jpg-{n}.complete")),
-                       ("readers", lambda: part_readers(src, packed["none"], data, work, n, cpus)),
-                       ("text", lambda: part_text(data, work, n, cpus))):
-        print(f"[scale] {name} ...", file=sys.stderr, flush=True)
+    rows: list[dict] = []
+    seconds: dict[str, float] = {}
+    payload = 0
+    images = bool(set(parts) & {"pack", "verify", "change", "readers"})  # each needs the packs
+    if images:
+        src = dataset(data, "jpg", n)
+        payload = warm(src)
+        print(f"[scale] {n} JPEGs ({payload / n:.0f} B mean) in {min(n, CLASSES)} folders, {cpus} usable CPUs",
+              file=sys.stderr, flush=True)
+    steps = {"pack": lambda: part_pack(src, work, n, cpus),
+             "verify": lambda: part_verify(packed["out"], work, cpus),
+             "change": lambda: part_change(src, packed["out"], work, n, packed["full"].wall,
+                                           data / f"jpg-{n}.complete"),
+             "readers": lambda: part_readers(src, packed["none"], data, work, n, cpus),
+             "text": lambda: part_text(data, work, n, cpus)}
+    for name in PARTS:
+        if not (name in parts or (name == "pack" and images)):
+            continue
         began = time.perf_counter()
-        rows += part()
+        got = steps[name]()
+        if name == "pack":
+            got, packed = got
         seconds[name] = time.perf_counter() - began
-    for r in rows:
-        if not (math.isfinite(r["ratio"]) and r["ratio"] > 0):
-            raise RuntimeError(f"row {r['measure']!r}: ratio {r['ratio']} is no positive finite number")
-    header = (f"scale: {n} tiny JPEGs ({payload / n:.0f} B mean, {min(n, CLASSES)} folders) and {n // 2} .txt files, "
-              f"{cpus} usable CPUs, warm page cache, load average {os.getloadavg()[0]:.1f}; seconds per part: "
-              + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
+        print(table(got, f"[scale] {name}: {seconds[name]:.0f} s"), file=sys.stderr, flush=True)
+        rows += got
+    header = (f"scale: {n} tiny JPEGs ({payload / max(n, 1):.0f} B mean, {min(n, CLASSES)} folders) and {n // 2} "
+              f".txt files, {cpus} usable CPUs, warm page cache, load average {os.getloadavg()[0]:.1f}; "
+              "seconds per part: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
     text = table(rows, header)
     print(text, flush=True)
+    broken = [r["measure"] for r in rows if not (math.isfinite(r["ratio"]) and r["ratio"] > 0)]
+    if broken:
+        raise RuntimeError(f"rows without a positive finite ratio: {broken}")
     shutil.rmtree(work, ignore_errors=True)  # outputs are large; the generated data is kept for the next run
     return {"name": "scale", "files": n, "cpus": cpus, "mean_bytes": round(payload / n), "rows": rows,
             "part_seconds": {k: round(v, 1) for k, v in seconds.items()}, "table": text}
