@@ -315,9 +315,9 @@ def manifest_files(out: Path) -> tuple[set[Path], set[Path]]:
         elif isinstance(value, list):
             for item in value:
                 walk(item)
-        elif isinstance(value, str) and 0 < len(value) < 4096 and not value.startswith(("/", ".")):
+        elif isinstance(value, str) and 0 < len(value) < 4096 and not value.startswith("/"):
             candidate = out / value
-            if candidate.is_file():
+            if ".." not in candidate.relative_to(out).parts and candidate.is_file():
                 named.add(candidate)
 
     for manifest in manifests:
