@@ -1,10 +1,11 @@
 """Benchmark of issue 26: repack at many tiny files, against baselines measured in the same run.
 
 Data: N = REPACK_BENCH_SCALE_FILES (default 200,000) tiny JPEGs (32x32, ~700 B, 1,000 class folders)
-and N/2 text files of ~700 B (tests/benchmarks/tiny_files.py), generated once into OUT/scale-data and
+and N/2 text files of ~770 B (tests/benchmarks/tiny_files.py), generated once into OUT/scale-data and
 reused; page cache warm. W = the usable CPUs (sched_getaffinity). Every command runs as users run it
 (`python -m repack ...`, default options), in its own process, once; wall seconds; the peak RSS of a
-process tree is the largest sum of its processes' RSS, sampled from /proc every 50 ms.
+process tree is the largest sum of its processes' RSS, sampled from /proc every 50 ms (the summed PSS
+and the largest process are reported beside it).
 
 Rows (ratio: for a time, baseline seconds / repack seconds, > 1 = repack faster; for a size or a
 change, repack's figure / the budget or the full pack, <= 1 / <= 0.15 meets the issue's target):
@@ -25,7 +26,8 @@ change, repack's figure / the budget or the full pack, <= 1 / <= 0.15 meets the 
             min(1,000, N/10) samples; open + first batch seconds
   text      `repack text SRC OUT --doc-per file --tokenizer GPT-2` on N/2 .txt files vs a bare script,
             one process per core, each reading a contiguous slice of the sorted files and calling
-            tokenizers' encode_batch_fast; its manifest bytes (vs the same on min(1,000, N/20) files), state and RSS
+            tokenizers' encode_batch_fast; its manifest bytes (vs the same on min(1,000, N/20) files), its
+            state and RSS as for images
 
 Run: ``python -m tests.benchmarks.run_all bench-out --only scale`` (REPACK_BENCH_SCALE_FILES=N to size it).
 """
@@ -55,6 +57,7 @@ SMALL = 1000  # at most this many files in the small datasets the growth and man
 
 def small_count(n: int) -> int:
     return min(SMALL, max(1, n // 10))
+
 
 SHARDWRITER_SCRIPT = r"""
 import io, json, os, sys
@@ -353,7 +356,8 @@ def table(rows: list[dict], header: str) -> str:
     lines = [header, f"{'measure':<50} {'value':>11}  {'baseline':<44} {'value':>11} {'ratio':>7}  target"]
     for r in rows:
         lines.append(f"{r['measure']:<50} {r['value']:>8.4g} {r['unit']:<2} {r['baseline']:<44} "
-                     f"{r['baseline_value']:>8.4g} {r['unit']:<2} {r['ratio']:>6.3g}x  {verdict(r['ratio'], r['target'])}")
+                     f"{r['baseline_value']:>8.4g} {r['unit']:<2} {r['ratio']:>6.3g}x  "
+                     f"{verdict(r['ratio'], r['target'])}")
     lines += [f"  {r['measure']}: {r['note']}" for r in rows if r.get("note")]
     return "\n".join(lines)
 
@@ -436,7 +440,8 @@ def part_change(src: Path, out: Path, work: Path, n: int, full_wall: float, mark
     removed = run_tree(repack("remove", out, "--sources", names))
     samples = json.loads((out / "manifest.json").read_text())["totals"]["samples"]
     if samples != n + added - count:
-        raise RuntimeError(f"after --append of {added} and remove of {count}: {samples} samples, not {n + added - count}")
+        raise RuntimeError(f"after --append of {added} and remove of {count}: {samples} samples, "
+                           f"not {n + added - count}")
     return [row(f"repack images --append, {added} new files (1%)", appended.wall, "s", "the full default pack",
                 full_wall, appended.wall / full_wall, "<= 0.15"),
             row(f"repack remove --sources, {count} names", removed.wall, "s", "the full default pack",
