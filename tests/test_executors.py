@@ -3,6 +3,7 @@ instance, or static partitions + merge. Failing tasks are reported and resumable
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -29,6 +30,19 @@ def test_ray_executor_matches_local_pool(photo_tree, reference, tmp_path):
     assert shard_bytes(out) == shard_bytes(reference)
     assert manifest_without_run(out) == manifest_without_run(reference)
     assert read_manifest_json(out)["run"]["executor"] == "ray"
+
+
+def test_ray_on_the_drivers_host_writes_chunks_into_the_shard(photo_tree, tmp_path):
+    """Ray workers on the driver's host that see OUT as the same folder write their chunks straight
+    into the shard's shared file, as pool workers do (no piece for the driver to copy in)."""
+    pytest.importorskip("ray")
+    args = ("--shard-size", "48", "--chunk-size", "8", "--quiet", "--workers", "2")
+    outs = {name: tmp_path / name for name in ("local", "ray")}
+    run_repack("images", photo_tree, outs["local"], *args)
+    run_repack("images", photo_tree, outs["ray"], *args, "--executor", "ray")
+    assert_identical_outputs(outs)
+    chunks = [json.loads(p.read_text()) for p in sorted((outs["ray"] / ".repack" / "tasks").glob("*-c*.json"))]
+    assert len(chunks) == 15 and all("at" in chunk["segment"] for chunk in chunks), chunks[0]["segment"]
 
 
 def test_static_partitions_and_merge_match_local_pool(photo_tree, reference, tmp_path):

@@ -1,7 +1,8 @@
 """A real multi-node Ray cluster on one machine (``ray.cluster_utils.Cluster``: a head with no CPUs
 plus three one-CPU worker nodes), each node with its own ``REPACK_SCRATCH`` as separate machines
 have, SOURCE and OUT on s3:// (moto on loopback): no filesystem is shared between the driver and
-the workers, and the dataset equals the local pool's byte for byte. A fourth node, whose requests
+the workers, and the dataset equals the local pool's byte for byte; a node's scratch keeps nothing
+of a finished task (its outputs are in the store). A fourth node, whose requests
 cross a 1 s latency proxy so that its task is surely mid-way, is removed while it runs: the lost
 task is re-run elsewhere (only it), or with ``--retries 0`` fails the job by name, and a re-run
 resumes."""
@@ -97,9 +98,10 @@ def test_three_node_cluster_without_shared_filesystem_matches_local_pool(server,
                       "--ray-address", cluster.address, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
     assert dataset(objects(s3, "cluster", "out")) == reference
-    ran_on = {p.parent.parent.name for p in cluster.scratch.glob("*/*/shard-*.tar")}
+    ran_on = {p.parents[3].name for p in cluster.scratch.glob("*/*/.repack/tasks/shard-*.lock")}
     assert len(ran_on) >= 2, ran_on  # the shards were written on several nodes, never by the driver
-    assert not list((tmp_path / "driver").glob("*/shard-*.tar"))
+    assert not list((tmp_path / "driver").glob("*/.repack/tasks/shard-*.lock"))
+    assert not list(cluster.scratch.glob("*/*/shard-*")), "a node's scratch kept a published shard"
 
 
 def lock_owners(scratch: Path, bucket_hash: str) -> dict[str, list[str]]:

@@ -7,17 +7,36 @@ is byte-identical whichever executor ran the job. The driver alone claims tasks 
 attempt per task at a time, run id): workers need nothing of the driver's disk. A task lost with
 its worker or node is retried elsewhere up to ``retries`` times. Workers must be able to import
 ``repack`` (install it on every node, or pass a runtime_env through RAY_* settings).
+
+What keeps Ray's cost near the local pool's (``tests/benchmarks/bench_executors.py``):
+
+- Joining a running cluster happens on a thread from the executor's start, while the driver plans;
+  so does a warm-up task per worker that imports the job's modules (a fresh Ray worker imports them
+  at its first task otherwise, where a pool worker forks with them already imported). A local
+  instance for the job starts in ``run`` (Ray starts one from the main thread only).
+- A chunk whose worker runs on the driver's host and sees OUT as the same folder (``host_token``)
+  writes its samples straight into the shard's shared file, as pool workers do; on another host it
+  writes a piece that the driver copies in. The record says which, so a job may mix both.
+
+A worker with a scratch folder of its own (OUT on an object store, another node) sweeps it of the
+temp files of attempts lost on its node before each task, and drops its copies of a finished task's
+outputs once they are in the store (``repack.jobs.scratch``).
+- Results are collected as they finish, every ready one per ``ray.wait``, over a list that only
+  shrinks (no O(tasks) rebuild per result).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
+import threading
 from typing import Iterator
 
 from repack.errors import UsageError
 from repack.exec.base import TaskFailure
+from repack.exec.host import host_token, job_folder
 
 
 def _import_ray():
@@ -29,23 +48,62 @@ def _import_ray():
 
 
 def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False,
-             place_segments: bool = False, run: str = "") -> str:
+             driver_host: str = "", run: str = "") -> str:
+    """A Ray task: ``execute_task`` on this node. ``driver_host``: the driver's ``host_token`` of the job's
+    folder. A worker that shares that folder places chunk segments into the shard's shared file (OUT
+    on local storage), as pool workers do. One with a scratch of its own (object-store OUT, another
+    node) first sweeps it of the temp files of attempts lost on this node, and once the task's
+    outputs are in the store removes its local copies (``repack.jobs.scratch``)."""
     from repack.jobs.engine import execute_task
 
-    return execute_task(job_name, spec_json, task_json, plan_digest, share_pieces, place_segments, run)
+    folder = job_folder(json.loads(spec_json)["out"])
+    shares_folder = bool(driver_host) and driver_host == host_token(folder)
+    own_scratch = share_pieces and not shares_folder
+    if own_scratch:
+        from repack.jobs.scratch import sweep_stale_temps
+
+        sweep_stale_temps(folder)
+    text = execute_task(job_name, spec_json, task_json, plan_digest, share_pieces,
+                        shares_folder and not share_pieces, run)
+    if own_scratch:  # its outputs are in the store: the node's disk keeps nothing of a finished task
+        from repack.jobs.scratch import drop_published
+
+        drop_published(folder, json.loads(text))
+    return text
+
+
+def _warm_up(job_name: str) -> int:
+    """A Ray task: import what a task of ``job_name`` runs, so the worker's first real task does not."""
+    import importlib
+
+    from repack.jobs import JOBS
+    import repack.jobs.engine  # noqa: F401
+
+    importlib.import_module(JOBS[job_name].partition(":")[0])
+    return os.getpid()
 
 
 class RayExecutor:
     """Runs tasks on a Ray cluster (``address``) or on a local Ray instance started for the job."""
 
-    same_host = False  # workers may be on other hosts: chunks never share a file
+    same_host = False  # workers may be on other hosts: each decides per task (``host_token``)
 
-    def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None, **_ignored) -> None:
+    def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None,
+                 job: str | None = None, **_ignored) -> None:
         self.ray = _import_ray()
         self.workers = workers
         self.retries = retries
         self.address = address
+        self.job = job
         self._check_reachable()
+        self._started_here = False
+        self._init_error: BaseException | None = None
+        self._warm: list = []
+        self._joining: threading.Thread | None = None
+        if self._joins_a_cluster():  # a local instance starts in run(): Ray starts one from the main thread only
+            self._joining = threading.Thread(target=self._join, daemon=True, name="repack-ray-init")
+            self._joining.start()  # overlaps the driver's planning
+            atexit.register(self._joining.join)  # a job that ends before run(): never exit mid-ray.init
 
     def _check_reachable(self) -> None:
         """Fail fast on a host:port that does not answer (ray.init would retry for minutes)."""
@@ -57,6 +115,18 @@ class RayExecutor:
             socket.create_connection((host, int(port)), timeout=5).close()
         except OSError as exc:
             raise UsageError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
+
+    def _joins_a_cluster(self) -> bool:
+        return bool(self.address or os.environ.get("RAY_ADDRESS"))
+
+    def _join(self) -> None:
+        try:
+            self._started_here = self._init()
+            if self.job:
+                warm = self.ray.remote(num_cpus=1, max_retries=0)(_warm_up)
+                self._warm = [warm.remote(self.job) for _ in range(self.workers or 1)]
+        except BaseException as exc:  # noqa: BLE001 - raised by run(), in the driver's thread
+            self._init_error = exc
 
     def _init(self) -> bool:
         ray = self.ray
@@ -76,23 +146,47 @@ class RayExecutor:
             raise UsageError(f"cannot start or reach Ray ({where}): {exc}") from None
         return True
 
-    def run(self, calls: list[tuple[str, str, str, str, bool]], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
+    def _joined(self) -> None:
+        """Wait for the thread that joins the cluster (or start the local instance); re-raise its error here."""
+        if self._joining is None:
+            self._join()
+        else:
+            self._joining.join()
+        if self._init_error is not None:
+            raise self._init_error
+
+    def run(self, calls: list[tuple[str, str, str, str, bool, bool, str]],
+            task_ids: list[str]) -> Iterator[dict | TaskFailure]:
+        self._joined()
         if not calls:
+            self._shutdown()
             return
         ray = self.ray
-        started_here = self._init()
         try:
             remote = ray.remote(num_cpus=1, max_retries=self.retries, retry_exceptions=True)(_execute)
-            pending = {remote.remote(*call): task_id for call, task_id in zip(calls, task_ids)}
+            hosts: dict[str, str] = {}  # spec JSON -> the driver's host token of its job folder (one spec per job)
+            refs = []
+            for job_name, spec_json, task_json, digest, share_pieces, _same_host, run in calls:
+                if spec_json not in hosts:
+                    hosts[spec_json] = host_token(job_folder(json.loads(spec_json)["out"]))
+                refs.append(remote.remote(job_name, spec_json, task_json, digest, share_pieces, hosts[spec_json], run))
+            task_of = dict(zip(refs, task_ids))
+            pending = refs
             while pending:
-                done, _ = ray.wait(list(pending), num_returns=1)
-                for ref in done:
-                    task_id = pending.pop(ref)
+                ready, pending = ray.wait(pending, num_returns=1)
+                if pending:  # and whatever else finished meanwhile
+                    more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+                    ready += more
+                for ref in ready:
                     try:
                         yield json.loads(ray.get(ref))
                     except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the task's exception
                         cause = getattr(exc, "cause", None) or exc
-                        yield TaskFailure(task_id, f"{type(cause).__name__}: {cause}")
+                        yield TaskFailure(task_of[ref], f"{type(cause).__name__}: {cause}")
         finally:
-            if started_here:
-                ray.shutdown()
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._started_here:
+            self.ray.shutdown()
+            self._started_here = False

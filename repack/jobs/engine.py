@@ -495,7 +495,7 @@ class Engine:
         refuse_out_inside_source(self.job.spec.source, self.out)
         opts = self.options
         executor = get_executor(opts.executor, workers=opts.workers or available_cpus(), retries=opts.retries,
-                                address=opts.ray_address)  # fails fast, e.g. Ray not installed
+                                address=opts.ray_address, job=self.job.name)  # fails fast, e.g. Ray not installed
         if opts.overwrite and opts.num_nodes > 1:
             raise UsageError("--overwrite cannot be combined with --num-nodes; clear OUT once, then start the nodes")
         store = self.job.store
