@@ -180,7 +180,11 @@ def _read_object_range(url: str, start: int, end: int) -> bytes:
                 break
             raise
         # "bytes a-b/size": where the object ends, so a short body is told from a broken stream
-        size = int(str(response.get("ContentRange", "")).rpartition("/")[2] or end)
+        try:
+            _, size = _content_range(url, response, pos)
+        except OSError:
+            response["Body"].close()
+            raise
         stop = min(end, size)
         try:
             data = response["Body"].read(stop - pos)
@@ -239,7 +243,11 @@ def _read_object_into(url: str, start: int, view: memoryview) -> int:
             if code == "InvalidRange":  # the object ends before at
                 break
             raise
-        first, size = _content_range(url, response, at)
+        try:
+            _, size = _content_range(url, response, at)
+        except OSError:
+            response["Body"].close()
+            raise
         stop = min(end, size)
         body, received = response["Body"], 0
         try:

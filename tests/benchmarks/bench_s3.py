@@ -25,6 +25,14 @@ reading whole objects (``rclone serve s3`` answers a ranged GET with 200, which 
 REPACK_BENCH_S3_SERVER_CPUS / REPACK_BENCH_S3_LOADER_CPUS (cpu lists, e.g. ``0`` and ``1``) pin the
 server and this process (its workers inherit it) to CPUs of their own.
 
+Big sources (issue 29.7; ``python -m tests.benchmarks.bench_s3 OUT --list``): listing
+REPACK_BENCH_S3_LIST_OBJECTS (default 100,000) tiny objects in 100 class folders on ``rclone serve s3``
+(the objects are files of its folder, written directly) and REPACK_BENCH_S3_LIST_MOTO (default 20,000,
+PUT one by one) on moto: ``repack.sources.s3.scan_objects`` (columns, folders in parallel) against
+botocore's paginator (``list_objects_v2`` pages as botocore parses them, the way a user lists), objects
+per second and client CPU-seconds per 100k objects; then ``repack images`` of REPACK_BENCH_S3_PACK_OBJECTS
+(default 20,000) small JPEGs from the rclone bucket against the same files on local disk.
+
 Absolute MB/s here say more about the loopback server than about S3 (moto especially); the ratios
 compare clients on the same server, which the table's first line names. REPACK_BENCH_S3_IMAGES sets the dataset size (default 2000);
 REPACK_BENCH_S3_PARTS=read measures the reading only (the shards uploaded with boto3's bulk upload).
@@ -260,6 +268,105 @@ def _server_ceiling(endpoint: str, tars: list[Path], images: int, repeats: int) 
     return statistics.median(rates)
 
 
+def _listing_rates(server, bucket: str, objects: int, repeats: int) -> dict:
+    """Objects/s and client CPU-seconds per 100k objects of scan_objects and of botocore's paginator
+    (best of ``repeats``), with the server's CPU-seconds per 100k."""
+    from repack.sources.s3 import scan_objects
+    from repack.store import s3_client
+
+    os.environ.update(s3_env(server.endpoint))
+    s3_client._clients.clear()
+    s3_client._listers.clear()
+    s3 = client(server.endpoint)
+
+    def botocore_pages() -> int:
+        return sum(len(p.get("Contents", ())) for p in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket))
+
+    out = {}
+    for name, listing in (("botocore paginator", botocore_pages),
+                          ("scan_objects", lambda: len(scan_objects(f"s3://{bucket}").objects))):
+        best = None
+        for _ in range(repeats):
+            cpu, served, started = time.process_time(), _server_cpu(server), time.perf_counter()
+            got = listing()
+            took = time.perf_counter() - started
+            if got != objects:
+                raise RuntimeError(f"{name} listed {got} of {objects} objects")
+            row = {"objects_per_s": objects / took, "client_cpu_s_per_100k": (time.process_time() - cpu) * 1e5 / objects,
+                   "server_cpu_s_per_100k": (_server_cpu(server) - served) * 1e5 / objects}
+            best = row if best is None or row["objects_per_s"] > best["objects_per_s"] else best
+        out[name] = {k: round(v, 2) for k, v in best.items()}
+    return out
+
+
+def _tiny_jpegs() -> list[bytes]:
+    import io
+
+    from PIL import Image
+
+    out = []
+    for i in range(16):
+        buf = io.BytesIO()
+        Image.new("RGB", (32 + i, 24 + i), (i * 15, 255 - i * 15, 128)).save(buf, "JPEG", quality=80)
+        out.append(buf.getvalue())
+    return out
+
+
+def listing_main(out_dir: str | os.PathLike) -> dict:
+    """The big-source figures (module docstring): listing on rclone and moto, packing from rclone."""
+    from tests.tools.s3server import MotoServer, RcloneServer
+
+    out_dir = Path(out_dir).absolute()
+    work = out_dir / "s3-list"
+    shutil.rmtree(work, ignore_errors=True)
+    count = int(os.environ.get("REPACK_BENCH_S3_LIST_OBJECTS") or 100_000)
+    moto_count = int(os.environ.get("REPACK_BENCH_S3_LIST_MOTO") or 20_000)
+    pack_count = int(os.environ.get("REPACK_BENCH_S3_PACK_OBJECTS") or 20_000)
+    repeats = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
+    jpegs = _tiny_jpegs()
+    for bucket, n in (("big", count), ("pack", pack_count)):
+        for i in range(n):
+            path = work / "root" / bucket / f"class{i % 100:03d}" / f"img{i:07d}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(jpegs[i % len(jpegs)] + i.to_bytes(4, "big"))  # bytes after EOI: every object its own
+    rows: dict = {}
+    rclone = RcloneServer(work / "root")
+    try:
+        rows[f"rclone serve s3, {count} objects"] = _listing_rates(rclone, "big", count, repeats)
+        env = {**s3_env(rclone.endpoint), "REPACK_SCRATCH": str(work / "scratch")}
+        common = ["--shard-size", "5000", "--workers", str(WORKERS), "--quiet"]
+        local_s = _repack(env, "images", work / "root" / "pack", work / "out-local", *common)
+        s3_s = _repack(env, "images", "s3://pack", work / "out-s3", *common)
+        packing = {"objects": pack_count, "local_s": round(local_s, 2), "s3_s": round(s3_s, 2),
+                   "s3_objects_per_s": round(pack_count / s3_s, 1), "s3_vs_local": round(local_s / s3_s, 3)}
+    finally:
+        rclone.stop()
+    moto = MotoServer()
+    try:
+        s3 = client(moto.endpoint)
+        s3.create_bucket(Bucket="big")
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: s3.put_object(Bucket="big", Key=f"class{i % 100:03d}/img{i:07d}.jpg", Body=b"x"),
+                          range(moto_count)))
+        rows[f"moto, {moto_count} objects"] = _listing_rates(moto, "big", moto_count, repeats)
+    finally:
+        moto.stop()
+    shutil.rmtree(work, ignore_errors=True)
+    lines = ["| server, objects | lister | objects/s | client CPU s per 100k | server CPU s per 100k |",
+             "|---|---|---|---|---|"]
+    for server_name, listers in rows.items():
+        for name, r in listers.items():
+            lines.append(f"| {server_name} | {name} | {r['objects_per_s']:,.0f} | {r['client_cpu_s_per_100k']:.2f} | "
+                         f"{r['server_cpu_s_per_100k']:.2f} |")
+    lines += ["", "| `repack images`, tiny JPEGs, 2 workers | objects | local SOURCE s | s3:// SOURCE s | objects/s from s3:// | "
+              "local / s3:// |", "|---|---|---|---|---|---|",
+              f"| rclone serve s3 | {pack_count} | {packing['local_s']} | {packing['s3_s']} | {packing['s3_objects_per_s']} | "
+              f"{packing['s3_vs_local']:.2f}x |"]
+    table = "\n".join(lines)
+    print(table)
+    return {"listing": rows, "packing": packing, "table": table}
+
+
 def main(out_dir: str | os.PathLike) -> dict:
     out_dir = Path(out_dir).absolute()
     src = make_dataset(out_dir / "images-data", IMAGES)
@@ -337,3 +444,10 @@ def main(out_dir: str | os.PathLike) -> dict:
         "batched": {k: round(v, 3) for k, v in batched.items()},
         "batched_s3_vs_local": round(batched["s3"] / batched["local"], 3), "get_paths": gets,
         "table": table}
+
+
+if __name__ == "__main__":
+    if "--list" in sys.argv[1:]:
+        listing_main(next((a for a in sys.argv[1:] if not a.startswith("--")), "bench-out"))
+    else:
+        main(sys.argv[1] if len(sys.argv) > 1 else "bench-out")
