@@ -4,6 +4,7 @@ Objects are read with boto3 (credentials and endpoint the standard AWS way: ``AW
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles). A byte range is
 a ranged GET whose body is read as it arrives: a shard is streamed, never downloaded whole first.
 A connection lost in the middle of a range is resumed from the byte where it stopped.
+``read_range_into`` receives a range straight into the caller's buffer (one copy: the socket's).
 One client per process and endpoint (DataLoader workers make their own).
 
 Waits are bounded and visible as the commands' are (``pipelines.s3_waits``: ``REPACK_S3_CONNECT_TIMEOUT``,
@@ -179,7 +180,11 @@ def _read_object_range(url: str, start: int, end: int) -> bytes:
                 break
             raise
         # "bytes a-b/size": where the object ends, so a short body is told from a broken stream
-        size = int(str(response.get("ContentRange", "")).rpartition("/")[2] or end)
+        try:
+            _, size = _content_range(url, response, pos)
+        except OSError:
+            response["Body"].close()
+            raise
         stop = min(end, size)
         try:
             data = response["Body"].read(stop - pos)
@@ -196,6 +201,114 @@ def _read_object_range(url: str, start: int, end: int) -> bytes:
             raise OSError(f"{url}: stream ended at byte {pos}, expected {stop}")
         time.sleep(0.1 * 2**resumed)
     return b"".join(parts)
+
+
+def read_range_into(location: str, start: int, buffer) -> int:
+    """Bytes of a local file or an object from ``start`` straight into ``buffer`` (any writable buffer:
+    a bytearray, a memoryview of shared memory, a numpy array), as many as it holds; returns how many
+    were read, fewer only where the file or object ends first. The one-copy path: a ``preadv``, or one
+    ranged GET whose body the socket writes into ``buffer`` itself (no bytes object in between; measured
+    in docs/benchmarks.md), resumed where a broken stream stopped; FileNotFoundError when it does not
+    exist, and the waits of ``read_range``."""
+    view = memoryview(buffer).cast("B")
+    if not len(view):
+        return 0
+    if not is_remote(location):
+        fd = os.open(location, os.O_RDONLY)
+        try:
+            got = 0
+            while got < len(view):
+                n = os.preadv(fd, [view[got:]], start + got)
+                if n <= 0:
+                    break
+                got += n
+            return got
+        finally:
+            os.close(fd)
+    return _read_object_into(str(location), start, view)
+
+
+def _read_object_into(url: str, start: int, view: memoryview) -> int:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    end, got, resumed = start + len(view), 0, 0
+    while got < len(view):
+        at = start + got
+        try:
+            response = _get_object(url, Range=f"bytes={at}-{end - 1}")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
+                raise FileNotFoundError(url) from None
+            if code == "InvalidRange":  # the object ends before at
+                break
+            raise
+        try:
+            _, size = _content_range(url, response, at)
+        except OSError:
+            response["Body"].close()
+            raise
+        stop = min(end, size)
+        body, received = response["Body"], 0
+        try:
+            received = _receive(body, view[got:stop - start])
+        except (BotoCoreError, OSError):
+            pass
+        finally:
+            _finish(body, whole=start + got + received >= stop)
+        got += received
+        if start + got >= stop:
+            break
+        resumed += 1  # the stream broke: resume at the first byte not yet read
+        if resumed > RESUME_ATTEMPTS:
+            raise OSError(f"{url}: stream ended at byte {start + got}, expected {stop}")
+        time.sleep(0.1 * 2**resumed)
+    return got
+
+
+def _content_range(url: str, response: dict, at: int) -> tuple[int, int]:
+    """(first byte, object size) of a ranged GET's answer ("bytes a-b/size"); OSError when the server
+    answered another range than asked (or none past byte 0: it sent the object from its start)."""
+    text = str(response.get("ContentRange") or "")
+    first, _, size = text.removeprefix("bytes ").partition("/")
+    first = first.partition("-")[0]
+    if not (first.isdigit() and size.isdigit()):
+        if at == 0 and response.get("ContentLength") is not None:
+            return 0, int(response["ContentLength"])
+        raise OSError(f"{url}: the S3 endpoint answered a ranged GET without its Content-Range")
+    if int(first) != at:
+        raise OSError(f"{url}: asked for bytes from {at}, the S3 endpoint sent them from {first}")
+    return int(first), int(size)
+
+
+def _receive(body, view: memoryview) -> int:
+    """Read a GET's body into ``view`` until it is full or the body ends; how many bytes came. The socket
+    writes into ``view`` through http.client's ``readinto`` (under botocore's StreamingBody and urllib3's
+    response, which copy: kept as the fallback where those layers look otherwise, or the body is encoded)."""
+    raw = getattr(body, "_raw_stream", None)
+    fp = getattr(raw, "_fp", None)
+    direct = fp is not None and hasattr(fp, "readinto") and not raw.headers.get("content-encoding")
+    got = 0
+    while got < len(view):
+        if direct:
+            n = fp.readinto(view[got:])
+        else:
+            data = body.read(min(len(view) - got, 1 << 20))
+            n = len(data)
+            view[got:got + n] = data
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _finish(body, whole: bool) -> None:
+    """A body read to its end hands its connection back to the pool (keep-alive); one cut short closes it."""
+    raw = getattr(body, "_raw_stream", None)
+    if whole and raw is not None and hasattr(raw, "release_conn"):
+        raw.release_conn()
+    else:
+        body.close()
 
 
 class _Window(io.RawIOBase):

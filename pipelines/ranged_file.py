@@ -1,6 +1,6 @@
 """A seekable, read-only file over an s3:// object, for decoders that need one (PyAV opens it like
 a local file). Reads are served from aligned blocks of ``block`` bytes, each fetched with one
-ranged GET (through ``pipelines.object_store``) and kept in a small LRU cache; nothing is
+ranged GET received straight into the block (``pipelines.object_store.read_range_into``) and kept in a small LRU cache; nothing is
 downloaded whole. What a decode costs: the container's header (and its index: an MP4 whose
 ``moov`` is at the end costs a block at the tail), plus the blocks holding the frames it decodes.
 """
@@ -23,7 +23,7 @@ class RangedObjectFile(io.RawIOBase):
         self.url, self.size, self.block, self.cached = url, int(size), block, cached
         self.pos = 0
         self.fetched_bytes = 0  # what the network delivered (for the docs' cost figures and tests)
-        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+        self._blocks: OrderedDict[int, bytearray] = OrderedDict()
 
     def readable(self) -> bool:
         return True
@@ -41,21 +41,17 @@ class RangedObjectFile(io.RawIOBase):
         self.pos = base + offset
         return self.pos
 
-    def _block(self, number: int) -> bytes:
+    def _block(self, number: int) -> bytearray:
         data = self._blocks.get(number)
         if data is None:
             start = number * self.block
             end = min(self.size, start + self.block)
-            from botocore.exceptions import ClientError
-
+            data = bytearray(end - start)  # the GET's body is received straight into it
             try:
-                with object_store.open_range(self.url, start, end, end - start) as stream:
-                    data = stream.read()
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                    raise FileNotFoundError(f"{self.url}: no such object") from None
-                raise
-            if len(data) != end - start:
+                got = object_store.read_range_into(self.url, start, data)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{self.url}: no such object") from None
+            if got != end - start:
                 raise OSError(f"{self.url}: object shorter than the manifest's {self.size} bytes")
             self.fetched_bytes += len(data)
             self._blocks[number] = data
@@ -71,7 +67,7 @@ class RangedObjectFile(io.RawIOBase):
         if want <= 0:
             return 0
         number, offset = divmod(self.pos, self.block)
-        data = self._block(number)[offset:offset + want]
+        data = memoryview(self._block(number))[offset:offset + want]
         view[:len(data)] = data
         self.pos += len(data)
         return len(data)

@@ -30,6 +30,8 @@ READS = {
     "tar block": (lambda: object_store.read_range("s3://bucket/data/shard-000000.tar", 0, 4096),
                   "s3://bucket/data/shard-000000.tar"),
     "ranged file": (lambda: RangedObjectFile("s3://bucket/v/a.mp4", 5000).read(100), "s3://bucket/v/a.mp4"),
+    "range into a buffer": (lambda: object_store.read_range_into("s3://bucket/data/shard-000001.tar", 0, bytearray(4096)),
+                            "s3://bucket/data/shard-000001.tar"),
 }
 
 

@@ -1,8 +1,9 @@
 """Inputs in object storage (``s3://bucket/prefix``): paged listing, seekable reads, prefetch.
 
-Listing: every object under the prefix, through the paged ListObjectsV2 (1000 keys a page),
-sorted by byte path like a folder scan; hidden names and OS junk (in any path component) are
-skipped. Images: the class is the first level under the prefix, as in an ImageFolder tree.
+Listing: every object under the prefix, through the paged ListObjectsV2 (1000 keys a page,
+read as columns of keys and sizes: ``repack.store.s3_listing``; no per-object request), the first-level folders listed in parallel
+(``list_pages``), sorted by byte path like a folder scan; hidden names and OS junk (in any path
+component) are skipped. Images: the class is the first level under the prefix, as in an ImageFolder tree.
 Objects are neither symlinks nor special files: of the confinement's rules only the size cap
 applies (an object over it is quarantined from its listed size, never read).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Iterator
@@ -23,11 +25,17 @@ from typing import BinaryIO, Iterable, Iterator
 from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, quarantine_record, sort_key
 from repack.sources.confine import Confinement, SourceChanged
-from repack.sources.folder import is_junk
-from repack.store.s3_client import client, describe_error, is_missing, parse_url
+from repack.sources.folder import JUNK_NAMES, is_junk
+from repack.store.s3_client import client, describe_error, is_missing, lister, parse_url
+from repack.store.s3_listing import KEYS, SIZES
 
 READ_BLOCK = 8 << 20   # bytes per ranged GET of a sequential read
 PREFETCH_THREADS = 16  # concurrent GETs of one task's inputs
+LIST_THREADS = 8       # folders listed at once
+LIST_PAGE = 1000       # keys per ListObjectsV2 page (S3's most)
+# a path part that is empty, hidden (``.``, ``@``) or junk: every key the slow rules of scan_objects
+# may skip or refuse matches (a superset); the others are plain paths
+_SUSPECT = re.compile(r"(?:^|/)(?:[./@]|$|(?:%s)(?:/|$))" % "|".join(map(re.escape, sorted(JUNK_NAMES))))
 
 
 @dataclass(frozen=True)
@@ -49,26 +57,62 @@ def scan_objects(url: str) -> Listing:
     base = f"{prefix}/" if prefix else ""
     found, quarantine, junk = [], [], set()
     try:
-        for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
-            for obj in page.get("Contents", ()):
-                rel = obj["Key"][len(base):]
+        for keys, sizes in list_pages(bucket, base):
+            for key, size in zip(keys, sizes):
+                rel = key[len(base):]
+                if _SUSPECT.search(rel) is None:  # most keys: a plain path, nothing to skip or refuse
+                    found.append((f"s3://{bucket}/{key}", rel, size))
+                    continue
                 if not rel or rel.endswith("/"):  # a "folder" marker: no data
                     continue
                 parts = rel.split("/")
                 hidden = next((i for i, part in enumerate(parts) if part and is_junk(part)), None)
                 if "" in parts[:hidden]:
-                    quarantine.append(quarantine_record(rel, f"object key {obj['Key']!r} has an empty path part "
+                    quarantine.append(quarantine_record(rel, f"object key {key!r} has an empty path part "
                                                              "(a leading '/' or '//'): it names no file, not read"))
                 elif hidden is not None:
                     junk.add("/".join(parts[:hidden + 1]))
                 else:
-                    found.append((f"s3://{bucket}/{obj['Key']}", rel, obj["Size"]))
+                    found.append((f"s3://{bucket}/{key}", rel, size))
     except Exception as exc:  # noqa: BLE001 - auth, missing bucket, unreachable endpoint: exit 2
         raise describe_error(exc, url) from None
     if not found and not quarantine:
         raise UsageError(f"source {url!r} holds no objects")
     return Listing(tuple(sorted(found, key=lambda item: sort_key(item[1]))),
                    tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), len(junk))
+
+
+def list_pages(bucket: str, base: str, threads: int = LIST_THREADS) -> Iterator[tuple[list[str], list[int]]]:
+    """Every object under ``base`` as pages of (keys, sizes), in no promised order: the first level is
+    listed with the ``/`` delimiter, and when it holds folders, each folder is listed on its own
+    thread (``threads`` at a time, ListObjectsV2 pages of 1,000 keys, no per-object request), so a
+    tree of class folders is listed in parallel; the objects directly under ``base`` come with the
+    first level."""
+    folders: list[str] = []
+    for page in _pages(bucket, base, delimiter="/"):
+        folders += [p["Prefix"] for p in page.get("CommonPrefixes", ())]
+        yield _columns(page)
+    if threads <= 1 or len(folders) < 2:
+        for folder in folders:
+            for page in _pages(bucket, folder):
+                yield _columns(page)
+        return
+    with ThreadPoolExecutor(min(threads, len(folders)), thread_name_prefix="repack-list") as pool:
+        for pages in pool.map(lambda folder: [_columns(p) for p in _pages(bucket, folder)], folders):
+            yield from pages
+
+
+def _pages(bucket: str, prefix: str, delimiter: str = ""):
+    paginator = lister().get_paginator("list_objects_v2")
+    split = {"Delimiter": delimiter} if delimiter else {}
+    return paginator.paginate(Bucket=bucket, Prefix=prefix, **split, PaginationConfig={"PageSize": LIST_PAGE})
+
+
+def _columns(page: dict) -> tuple[list[str], list[int]]:
+    if KEYS in page:
+        return page[KEYS], page[SIZES]
+    contents = page.get("Contents", ())
+    return [obj["Key"] for obj in contents], [obj["Size"] for obj in contents]
 
 
 def check_source(url: str) -> None:

@@ -15,6 +15,24 @@ server, medians of REPACK_BENCH_REPEATS (default 3) alternated rounds; the ratio
 (target >= 0.9x). The s3:// reader reads ahead with concurrent ranged GETs (``prefetch`` blocks of
 ``read_bytes``: 2 x 16 MiB per worker by default).
 
+Reading in batches (issue 29.6): ``ImageShardDataset(batch_size=64)`` over s3:// vs the same on local
+files, with the loader's CPU-seconds per GB read (this process and its DataLoader workers) and the
+server's. The GET paths alone: client and server CPU-seconds per GB of the shard objects read in 16 MiB
+ranges one after another: ``object_store.read_range`` (a bytes object per block: the readers' path),
+``object_store.read_range_into`` (received into one reused buffer), boto3 and, when ``obstore`` is
+importable (Rust object_store; ``pip install --target DIR obstore`` and DIR on PYTHONPATH), obstore
+reading whole objects (``rclone serve s3`` answers a ranged GET with 200, which obstore refuses).
+REPACK_BENCH_S3_SERVER_CPUS / REPACK_BENCH_S3_LOADER_CPUS (cpu lists, e.g. ``0`` and ``1``) pin the
+server and this process (its workers inherit it) to CPUs of their own.
+
+Big sources (issue 29.7; ``python -m tests.benchmarks.bench_s3 OUT --list``): listing
+REPACK_BENCH_S3_LIST_OBJECTS (default 100,000) tiny objects in 100 class folders on ``rclone serve s3``
+(the objects are files of its folder, written directly) and REPACK_BENCH_S3_LIST_MOTO (default 20,000,
+PUT one by one) on moto: ``repack.sources.s3.scan_objects`` (columns, folders in parallel) against
+botocore's paginator (``list_objects_v2`` pages as botocore parses them, the way a user lists), objects
+per second and client CPU-seconds per 100k objects; then ``repack images`` of REPACK_BENCH_S3_PACK_OBJECTS
+(default 20,000) small JPEGs from the rclone bucket against the same files on local disk.
+
 Absolute MB/s here say more about the loopback server than about S3 (moto especially); the ratios
 compare clients on the same server, which the table's first line names. REPACK_BENCH_S3_IMAGES sets the dataset size (default 2000);
 REPACK_BENCH_S3_PARTS=read measures the reading only (the shards uploaded with boto3's bulk upload).
@@ -84,6 +102,128 @@ def _read_rate(root: str, decode: bool) -> tuple[float, float]:
     return count / (time.perf_counter() - started), first or 0.0
 
 
+def _cpu_now() -> float:
+    """CPU-seconds of this process and of its children reaped so far (DataLoader workers)."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def _server_cpu(server) -> float:
+    """CPU-seconds the server process has used (Linux /proc)."""
+    fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _batched_epoch(root: str) -> tuple[float, float]:
+    """(samples/s, loader CPU-seconds) of one raw-bytes epoch in batches of 64 made in the workers."""
+    from torch.utils.data import DataLoader
+
+    from pipelines.torch_webdataset import ImageShardDataset
+
+    cpu = _cpu_now()
+    started = time.perf_counter()
+    dataset = ImageShardDataset(root, decode=False, batch_size=64)
+    count = sum(len(labels) for _, labels in DataLoader(dataset, batch_size=None, num_workers=WORKERS))
+    return count / (time.perf_counter() - started), _cpu_now() - cpu
+
+
+def _batched_rates(local: str, remote: str, server, gigabytes: float, repeats: int) -> dict:
+    """Medians of ``repeats`` alternated local / s3:// batched epochs: samples/s, the loader's CPU-seconds
+    per GB, and the server's during the s3:// epochs."""
+    runs: dict[str, list] = {"local": [], "s3": [], "server": []}
+    for _ in range(repeats):
+        runs["local"].append(_batched_epoch(local))
+        before = _server_cpu(server)
+        runs["s3"].append(_batched_epoch(remote))
+        runs["server"].append(_server_cpu(server) - before)
+    median = statistics.median
+    return {"local": median(r[0] for r in runs["local"]), "s3": median(r[0] for r in runs["s3"]),
+            "cpu_gb_local": median(r[1] for r in runs["local"]) / gigabytes,
+            "cpu_gb_s3": median(r[1] for r in runs["s3"]) / gigabytes,
+            "server_cpu_gb": median(runs["server"]) / gigabytes}
+
+
+def _get_paths(server, tars: list[Path], repeats: int) -> dict[str, dict]:
+    """Client and server CPU-seconds per GB, and GB/s, of each way to GET the shard objects (16 MiB ranges,
+    one at a time; best of ``repeats``): see the module docstring."""
+    from pipelines import object_store
+
+    step = 16 << 20
+    jobs = [(f"bulk/{t.name}", t.stat().st_size) for t in tars]
+    gigabytes = sum(size for _, size in jobs) / 1e9
+    reused = bytearray(step)
+
+    def ranges():
+        for key, size in jobs:
+            for lo in range(0, size, step):
+                yield f"s3://bench/{key}", lo, min(size, lo + step)
+
+    def read_range() -> int:
+        return sum(len(object_store.read_range(url, lo, hi)) for url, lo, hi in ranges())
+
+    def read_range_into() -> int:
+        view = memoryview(reused)
+        return sum(object_store.read_range_into(url, lo, view[:hi - lo]) for url, lo, hi in ranges())
+
+    def boto3_body_read() -> int:
+        s3 = client(server.endpoint)
+        return sum(len(s3.get_object(Bucket="bench", Key=url[len("s3://bench/"):], Range=f"bytes={lo}-{hi - 1}")
+                       ["Body"].read()) for url, lo, hi in ranges())
+
+    paths = {"object_store.read_range (bytes per block)": read_range,
+             "object_store.read_range_into (a reused buffer)": read_range_into,
+             "boto3 get_object(Range=...)['Body'].read()": boto3_body_read}
+    try:
+        import obstore
+        from obstore.store import S3Store
+
+        env = s3_env(server.endpoint)
+        store = S3Store("bench", endpoint=server.endpoint, access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region=env["AWS_DEFAULT_REGION"],
+                        client_options={"allow_http": True})
+
+        def obstore_whole() -> int:
+            return sum(len(obstore.get(store, key).bytes()) for key, _ in jobs)
+
+        def boto3_whole() -> int:
+            s3 = client(server.endpoint)
+            return sum(len(s3.get_object(Bucket="bench", Key=key)["Body"].read()) for key, _ in jobs)
+
+        paths["boto3 get_object, whole objects"] = boto3_whole
+        paths["obstore.get, whole objects (Rust object_store)"] = obstore_whole
+    except ImportError:
+        pass
+    rows = {}
+    for name, read in paths.items():
+        read()  # clients made, connections open
+        best = None
+        for _ in range(repeats):
+            cpu, served, started = time.process_time(), _server_cpu(server), time.perf_counter()
+            got = read()
+            row = {"client_cpu_s_per_gb": (time.process_time() - cpu) / gigabytes,
+                   "server_cpu_s_per_gb": (_server_cpu(server) - served) / gigabytes,
+                   "gb_per_s": gigabytes / (time.perf_counter() - started)}
+            if got != round(gigabytes * 1e9):
+                raise RuntimeError(f"{name}: {got} bytes of {round(gigabytes * 1e9)}")
+            best = row if best is None or row["client_cpu_s_per_gb"] < best["client_cpu_s_per_gb"] else best
+        rows[name] = {k: round(v, 3) for k, v in best.items()}
+    return rows
+
+
+def _cpus(name: str) -> set[int] | None:
+    """The CPU list in environment variable ``name`` ("0", "2-15", "0,3"), or None."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    cpus: set[int] = set()
+    for part in raw.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def _read_rates(local: str, remote: str, decode: bool, repeats: int) -> dict:
     """Median samples/s of ``repeats`` alternated local / s3:// epochs, and the median seconds to the
     first sample (``first_local``, ``first_s3``: the workers' start, the window read before it)."""
@@ -128,6 +268,105 @@ def _server_ceiling(endpoint: str, tars: list[Path], images: int, repeats: int) 
     return statistics.median(rates)
 
 
+def _listing_rates(server, bucket: str, objects: int, repeats: int) -> dict:
+    """Objects/s and client CPU-seconds per 100k objects of scan_objects and of botocore's paginator
+    (best of ``repeats``), with the server's CPU-seconds per 100k."""
+    from repack.sources.s3 import scan_objects
+    from repack.store import s3_client
+
+    os.environ.update(s3_env(server.endpoint))
+    s3_client._clients.clear()
+    s3_client._listers.clear()
+    s3 = client(server.endpoint)
+
+    def botocore_pages() -> int:
+        return sum(len(p.get("Contents", ())) for p in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket))
+
+    out = {}
+    for name, listing in (("botocore paginator", botocore_pages),
+                          ("scan_objects", lambda: len(scan_objects(f"s3://{bucket}").objects))):
+        best = None
+        for _ in range(repeats):
+            cpu, served, started = time.process_time(), _server_cpu(server), time.perf_counter()
+            got = listing()
+            took = time.perf_counter() - started
+            if got != objects:
+                raise RuntimeError(f"{name} listed {got} of {objects} objects")
+            row = {"objects_per_s": objects / took, "client_cpu_s_per_100k": (time.process_time() - cpu) * 1e5 / objects,
+                   "server_cpu_s_per_100k": (_server_cpu(server) - served) * 1e5 / objects}
+            best = row if best is None or row["objects_per_s"] > best["objects_per_s"] else best
+        out[name] = {k: round(v, 2) for k, v in best.items()}
+    return out
+
+
+def _tiny_jpegs() -> list[bytes]:
+    import io
+
+    from PIL import Image
+
+    out = []
+    for i in range(16):
+        buf = io.BytesIO()
+        Image.new("RGB", (32 + i, 24 + i), (i * 15, 255 - i * 15, 128)).save(buf, "JPEG", quality=80)
+        out.append(buf.getvalue())
+    return out
+
+
+def listing_main(out_dir: str | os.PathLike) -> dict:
+    """The big-source figures (module docstring): listing on rclone and moto, packing from rclone."""
+    from tests.tools.s3server import MotoServer, RcloneServer
+
+    out_dir = Path(out_dir).absolute()
+    work = out_dir / "s3-list"
+    shutil.rmtree(work, ignore_errors=True)
+    count = int(os.environ.get("REPACK_BENCH_S3_LIST_OBJECTS") or 100_000)
+    moto_count = int(os.environ.get("REPACK_BENCH_S3_LIST_MOTO") or 20_000)
+    pack_count = int(os.environ.get("REPACK_BENCH_S3_PACK_OBJECTS") or 20_000)
+    repeats = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
+    jpegs = _tiny_jpegs()
+    for bucket, n in (("big", count), ("pack", pack_count)):
+        for i in range(n):
+            path = work / "root" / bucket / f"class{i % 100:03d}" / f"img{i:07d}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(jpegs[i % len(jpegs)] + i.to_bytes(4, "big"))  # bytes after EOI: every object its own
+    rows: dict = {}
+    rclone = RcloneServer(work / "root")
+    try:
+        rows[f"rclone serve s3, {count} objects"] = _listing_rates(rclone, "big", count, repeats)
+        env = {**s3_env(rclone.endpoint), "REPACK_SCRATCH": str(work / "scratch")}
+        common = ["--shard-size", "5000", "--workers", str(WORKERS), "--quiet"]
+        local_s = _repack(env, "images", work / "root" / "pack", work / "out-local", *common)
+        s3_s = _repack(env, "images", "s3://pack", work / "out-s3", *common)
+        packing = {"objects": pack_count, "local_s": round(local_s, 2), "s3_s": round(s3_s, 2),
+                   "s3_objects_per_s": round(pack_count / s3_s, 1), "s3_vs_local": round(local_s / s3_s, 3)}
+    finally:
+        rclone.stop()
+    moto = MotoServer()
+    try:
+        s3 = client(moto.endpoint)
+        s3.create_bucket(Bucket="big")
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: s3.put_object(Bucket="big", Key=f"class{i % 100:03d}/img{i:07d}.jpg", Body=b"x"),
+                          range(moto_count)))
+        rows[f"moto, {moto_count} objects"] = _listing_rates(moto, "big", moto_count, repeats)
+    finally:
+        moto.stop()
+    shutil.rmtree(work, ignore_errors=True)
+    lines = ["| server, objects | lister | objects/s | client CPU s per 100k | server CPU s per 100k |",
+             "|---|---|---|---|---|"]
+    for server_name, listers in rows.items():
+        for name, r in listers.items():
+            lines.append(f"| {server_name} | {name} | {r['objects_per_s']:,.0f} | {r['client_cpu_s_per_100k']:.2f} | "
+                         f"{r['server_cpu_s_per_100k']:.2f} |")
+    lines += ["", "| `repack images`, tiny JPEGs, 2 workers | objects | local SOURCE s | s3:// SOURCE s | objects/s from s3:// | "
+              "local / s3:// |", "|---|---|---|---|---|---|",
+              f"| rclone serve s3 | {pack_count} | {packing['local_s']} | {packing['s3_s']} | {packing['s3_objects_per_s']} | "
+              f"{packing['s3_vs_local']:.2f}x |"]
+    table = "\n".join(lines)
+    print(table)
+    return {"listing": rows, "packing": packing, "table": table}
+
+
 def main(out_dir: str | os.PathLike) -> dict:
     out_dir = Path(out_dir).absolute()
     src = make_dataset(out_dir / "images-data", IMAGES)
@@ -150,9 +389,22 @@ def main(out_dir: str | os.PathLike) -> dict:
         publish_s = bulk_s if reads_only else _publish_all(files, local, "s3://bench/publish")
         s3_s = local_s if reads_only else _repack(env, "images", src, "s3://bench/job", *common)
         repeats = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
-        reads = {name: _read_rates(str(local), "s3://bench/bulk", decode, repeats)
-                 for name, decode in (("bytes", False), ("decoded", True))}
-        ceiling = _server_ceiling(server.endpoint, [f for f in files if f.suffix == ".tar"], IMAGES, repeats)
+        server_cpus, loader_cpus = _cpus("REPACK_BENCH_S3_SERVER_CPUS"), _cpus("REPACK_BENCH_S3_LOADER_CPUS")
+        everything = os.sched_getaffinity(0)
+        if server_cpus:
+            os.sched_setaffinity(server.proc.pid, server_cpus)
+        if loader_cpus:
+            os.sched_setaffinity(0, loader_cpus)
+        try:
+            tars = [f for f in files if f.suffix == ".tar"]
+            reads = {name: _read_rates(str(local), "s3://bench/bulk", decode, repeats)
+                     for name, decode in (("bytes", False), ("decoded", True))}
+            batched = _batched_rates(str(local), "s3://bench/bulk", server, sum(t.stat().st_size for t in tars) / 1e9,
+                                     repeats)
+            gets = _get_paths(server, tars, repeats)
+            ceiling = _server_ceiling(server.endpoint, tars, IMAGES, repeats)
+        finally:
+            os.sched_setaffinity(0, everything)
     finally:
         server.stop()
     mb = total / 1e6
@@ -171,12 +423,31 @@ def main(out_dir: str | os.PathLike) -> dict:
           f"{r['first_local'] * 1e3:.0f} / {r['first_s3'] * 1e3:.0f} ms |" for name, r in reads.items()),
         f"| the server alone (the shards fetched in 16 MiB ranged GETs by {WORKERS} processes, nothing else) | "
         f"{reads['bytes']['local']:.0f} | {ceiling:.0f} | {ceiling / reads['bytes']['local']:.2f}x | |",
+        "", f"| ImageShardDataset(batch_size=64), raw bytes, {WORKERS} workers, median of {repeats} | local samples/s | "
+        "s3:// samples/s | s3 / local | loader CPU s/GB local / s3:// | server CPU s/GB |", "|---|---|---|---|---|---|",
+        f"| batches | {batched['local']:.0f} | {batched['s3']:.0f} | {batched['s3'] / batched['local']:.2f}x | "
+        f"{batched['cpu_gb_local']:.2f} / {batched['cpu_gb_s3']:.2f} | {batched['server_cpu_gb']:.2f} |",
+        "", f"| GET path, the shard objects in 16 MiB ranges, best of {repeats} | client CPU s/GB | server CPU s/GB | GB/s |",
+        "|---|---|---|---|",
+        *(f"| {name} | {r['client_cpu_s_per_gb']:.3f} | {r['server_cpu_s_per_gb']:.3f} | {r['gb_per_s']:.2f} |"
+          for name, r in gets.items()),
     ]
-    table = f"{IMAGES} images, {len(files)} files, {mb:.0f} MB, {server.name} on loopback\n" + "\n".join(rows)
+    pinned = (f", server on CPUs {sorted(server_cpus) if server_cpus else 'any'}, loader on "
+              f"{sorted(loader_cpus) if loader_cpus else 'any'}")
+    table = f"{IMAGES} images, {len(files)} files, {mb:.0f} MB, {server.name} on loopback{pinned}\n" + "\n".join(rows)
     print(table)
     return {"server": server.name, "images": IMAGES, "files": len(files), "bytes": total, "seconds": {
         "bulk_upload": bulk_s, "publish": publish_s, "local_job": local_s, "s3_job": s3_s},
         "upload_speed_vs_bulk": round(bulk_s / publish_s, 3),
         "s3_job_vs_local_then_bulk": round((local_s + bulk_s) / s3_s, 3),
         "reader_samples_per_s": reads, "server_alone_samples_per_s": round(ceiling, 1), "s3_vs_local": {k: round(r["s3"] / r["local"], 3) for k, r in reads.items()},
+        "batched": {k: round(v, 3) for k, v in batched.items()},
+        "batched_s3_vs_local": round(batched["s3"] / batched["local"], 3), "get_paths": gets,
         "table": table}
+
+
+if __name__ == "__main__":
+    if "--list" in sys.argv[1:]:
+        listing_main(next((a for a in sys.argv[1:] if not a.startswith("--")), "bench-out"))
+    else:
+        main(sys.argv[1] if len(sys.argv) > 1 else "bench-out")

@@ -1,0 +1,62 @@
+"""ListObjectsV2 pages as two columns, keys and sizes, without botocore's per-object parsing.
+
+botocore turns every listed object into a dict of six fields, parsing its timestamp with dateutil:
+~90-140 microseconds of CPU per object (profiled against ``rclone serve s3``), so a listing ran at
+7-11k objects per CPU-second, whatever the server's speed. ``columns_first`` (registered on a
+client's ``before-parse.s3.ListObjectsV2`` event by ``fast_listing``) reads each page's ``Contents``
+with ElementTree's C parser into ``page[KEYS]`` and ``page[SIZES]`` and hands botocore the page
+without them; botocore still parses the rest (``IsTruncated``, ``NextContinuationToken``,
+``CommonPrefixes``: pagination works unchanged), and any answer it does not recognise (an error, a
+page whose ``Contents`` lack a key or a size) is left to botocore whole.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote_plus
+from xml.etree import ElementTree
+
+KEYS = "RepackKeys"    # the page's object keys (decoded), in the server's order
+SIZES = "RepackSizes"  # their sizes in bytes
+
+
+def fast_listing(s3) -> None:
+    """Make ``s3``'s ListObjectsV2 pages carry ``KEYS``/``SIZES`` columns instead of ``Contents``.
+    For a client that makes no other call: botocore's check of every S3 answer for an error inside a
+    200 (a third parse of the whole page, run before any handler of ours can be) is replaced by the
+    same check in ``columns_first``."""
+    import botocore.handlers
+
+    builtin = getattr(botocore.handlers, "_handle_200_error", None)
+    if builtin is not None:
+        s3.meta.events.unregister("before-parse.s3.*", builtin)
+    s3.meta.events.register("before-parse.s3.ListObjectsV2", columns_first)
+
+
+def columns_first(response_dict: dict, customized_response_dict: dict, **_) -> None:
+    """Move a ListObjectsV2 answer's ``Contents`` into columns (see the module docstring). A 200 whose
+    body is an ``<Error>`` or cut short is made a 500, as botocore does, so that it is retried."""
+    if response_dict.get("status_code") != 200 or not response_dict.get("body"):
+        return
+    try:
+        root = ElementTree.fromstring(response_dict["body"])
+    except ElementTree.ParseError:
+        response_dict["status_code"] = 500  # a page cut short by the network: asked again
+        return
+    if root.tag == "Error":
+        response_dict["status_code"] = 500
+        return
+    ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+    if root.tag != f"{ns}ListBucketResult":
+        return
+    contents = root.findall(f"{ns}Contents")
+    keys = [c.findtext(f"{ns}Key") for c in contents]
+    sizes = [c.findtext(f"{ns}Size") for c in contents]
+    if any(k is None for k in keys) or not all(s is not None and s.strip().isdigit() for s in sizes):
+        return
+    if root.findtext(f"{ns}EncodingType") == "url":  # botocore asked for it; keys come %-encoded
+        keys = [unquote_plus(k) for k in keys]
+    for element in contents:
+        root.remove(element)
+    response_dict["body"] = ElementTree.tostring(root)
+    customized_response_dict[KEYS] = keys
+    customized_response_dict[SIZES] = [int(s) for s in sizes]

