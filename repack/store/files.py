@@ -109,7 +109,8 @@ class RemoteFiles:
         (``S3Store.download_parts``); a missing object is left absent (the checks report it), content
         that differs from the sha256 stored at upload is a problem."""
         problems: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="repack-verify-") as tmp, ThreadPoolExecutor(max(1, len(rels))) as files:
+        with (tempfile.TemporaryDirectory(prefix="repack-verify-") as tmp,
+              ThreadPoolExecutor(max(1, len(rels))) as files):
             targets = [safe_join(tmp, rel) for rel in rels]
             for target in targets:
                 target.parent.mkdir(parents=True, exist_ok=True)
