@@ -1,11 +1,10 @@
 """`repack verify`: check a dataset against its manifest, in a folder or under s3:// alike.
 
-One implementation over ``repack.store.files`` (a folder, or an object-store prefix whose
-objects are downloaded with concurrent ranged GETs): every shard through its format's ``verify_shard``
-on all cores (``verify_shards``: size, sha256, and for tars the archive's own structure against the
-index), the side files
-(the tokenizer's sha256), every file under the root that the manifest does not name, and the
-totals. Files that other tools write into a dataset on purpose (megatron-energon's
+One implementation over ``repack.store.files`` (a folder, or an object-store prefix whose objects
+are downloaded with concurrent ranged GETs): every shard through its format's ``verify_shard`` on all
+cores (``verify_shards``: size, sha256, and for tars the archive's own structure against the index),
+the side files (the tokenizer's sha256), every file under the root that the manifest does not name,
+and the totals. Files that other tools write into a dataset on purpose (megatron-energon's
 ``energon prepare``) are recognised by ``repack.lifecycle.foreign``: checked where their content can be
 checked against the manifest, otherwise listed as not checked, never silently passed.
 """

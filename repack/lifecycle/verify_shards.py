@@ -46,7 +46,7 @@ def check_shards(files, manifest, workers: int | None = None) -> ShardsChecked:
         except PathEscapeError as exc:
             escaped[i] = ([str(exc)], b"")
     todo = [i for i in range(len(shards)) if i not in escaped]
-    if getattr(files, "remote", False):
+    if files.remote:
         done = _on_threads(files, manifest.format, [shards[i] for i in todo])
     else:
         done = _on_processes(str(files.root), manifest.format, [shards[i] for i in todo], workers)
@@ -78,6 +78,7 @@ def _check_json(task: str) -> tuple[str, bytes]:
 
 
 def default_workers() -> int:
+    """The usable CPUs (affinity mask and cgroup quota), as the jobs' default ``--workers``."""
     from repack.exec.cpus import available_cpus
 
     return available_cpus()

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from repack.sinks.tar_format import _HEADER_TEMPLATE, _TEMPLATE_SUM, BLOCK, INDEX_VERSION, MAX_MEMBER_SIZE, end_of_archive
+from repack.sinks.tar_format import (_HEADER_TEMPLATE, _TEMPLATE_SUM, BLOCK, INDEX_VERSION, MAX_MEMBER_SIZE,
+                                     end_of_archive)
 
 _TEMPLATE = np.frombuffer(bytes(_HEADER_TEMPLATE), dtype=np.uint8)
 _TEMPLATE64 = _TEMPLATE.view(np.uint64)

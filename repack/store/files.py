@@ -76,15 +76,14 @@ class RemoteFiles:
 
     remote = True
 
-    def __init__(self, url: str, part_bytes: int | None = None) -> None:
-        from repack.store.s3 import PART_BYTES, S3Store
+    def __init__(self, url: str) -> None:
+        from repack.store.s3 import S3Store
         from repack.store.s3_client import TRANSFER_THREADS
 
         self.store = S3Store(url)
         self.where = self.store.url
         self.threads = 4  # shards checked at once; each holds its files on local disk while it is checked
-        self.part_bytes = part_bytes or PART_BYTES
-        self._gets = ThreadPoolExecutor(2 * TRANSFER_THREADS, thread_name_prefix="repack-get")  # ranged GETs in flight
+        self._gets = ThreadPoolExecutor(2 * TRANSFER_THREADS, thread_name_prefix="repack-get")  # GETs in flight
 
     def manifest(self, version: int | None = None) -> Manifest:
         """The validated manifest, latest or ``version`` (ManifestError naming the URL when missing or bad)."""
@@ -109,12 +108,12 @@ class RemoteFiles:
         (``S3Store.download_parts``); a missing object is left absent (the checks report it), content
         that differs from the sha256 stored at upload is a problem."""
         problems: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="repack-verify-") as tmp, ThreadPoolExecutor(max(1, len(rels))) as files:
+        with (tempfile.TemporaryDirectory(prefix="repack-verify-") as tmp,
+              ThreadPoolExecutor(max(1, len(rels))) as files):
             targets = [safe_join(tmp, rel) for rel in rels]
             for target in targets:
                 target.parent.mkdir(parents=True, exist_ok=True)
-            fetched = files.map(lambda rel, target: self.store.download_parts(rel, target, self._gets, self.part_bytes),
-                                rels, targets)
+            fetched = files.map(lambda rel, target: self.store.download_parts(rel, target, self._gets), rels, targets)
             for rel, got in zip(rels, list(fetched)):
                 if got is not None and got[2] is not None and got[1] != got[2]:
                     problems.append(f"{rel}: content does not match the sha256 stored at upload")

@@ -18,7 +18,6 @@ Scratch: jobs write into a local folder, ``$REPACK_SCRATCH/<sha256 of the URL>``
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import socket
@@ -227,31 +226,14 @@ class S3Store:
         except (BotoCoreError, ClientError):
             return
 
-    def download(self, rel: str, local: Path | None = None) -> tuple[int, str, str | None] | None:
-        """Stream the object (into the file ``local`` when given): (size, sha256 of the content, sha256
-        stored at upload or None); None when it does not exist."""
-        try:
-            answer = self._call(rel, "get_object", Key=self.key(rel))
-        except FileNotFoundError:
-            return None
-        sha, size = hashlib.sha256(), 0
-        with open(local, "wb") if local is not None else contextlib.nullcontext() as out:
-            try:
-                for chunk in answer["Body"].iter_chunks(1 << 20):
-                    sha.update(chunk)
-                    size += len(chunk)
-                    if out is not None:
-                        out.write(chunk)
-            except Exception as exc:  # noqa: BLE001 - a cut or stalled stream: one line naming the URL
-                raise describe_error(exc, self.where(rel)) from None
-        return size, sha.hexdigest(), stored_sha256(answer)
-
     def download_parts(self, rel: str, local: Path, pool, part_bytes: int = PART_BYTES
                        ) -> tuple[int, str, str | None] | None:
-        """``download`` as concurrent ranged GETs: one HEAD, then parts of ``part_bytes`` fetched on ``pool``
-        (a thread pool shared by the caller's downloads, so several are in flight) and written at their
-        offsets in ``local``; the file is hashed once complete. A part cut or throttled is asked again
-        (``_retried``); an object that changed meanwhile fails the caller's sha256 check."""
+        """Download the object into the file ``local`` as concurrent ranged GETs: one HEAD, then parts of
+        ``part_bytes`` fetched on ``pool`` (a thread pool shared by the caller's downloads, so several are
+        in flight) and written at their offsets; the file is hashed once complete. (size, sha256 of the
+        content, sha256 stored at upload or None); None when the object does not exist. A part cut or
+        throttled is asked again (``_retried``); an object that changed meanwhile fails the caller's
+        sha256 check."""
         try:
             head = self._call(rel, "head_object", Key=self.key(rel))
         except FileNotFoundError:
