@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines import sample_order
+from pipelines import sample_order, shard_index
 from pipelines.manifest_access import read_index, read_index_columns, sample_at
 from pipelines.shard_index import concat, parse_index
 from pipelines.torch_webdataset import ImageShardDataset
@@ -48,7 +48,9 @@ ODD = ("v1.2 5\n"
        "webp 7168 123456789012 kk.webp\n")
 
 
-def test_columns_match_a_line_by_line_reading(packed_photos):
+@pytest.mark.parametrize("chunk", [shard_index.CHUNK_BYTES, 200])
+def test_columns_match_a_line_by_line_reading(packed_photos, monkeypatch, chunk):
+    monkeypatch.setattr(shard_index, "CHUNK_BYTES", chunk)  # a shard's text parsed in pieces gives the same
     manifest = read_manifest(packed_photos)
     texts = [(packed_photos / s["index"]).read_text() for s in manifest.data["shards"]]
     for text in [*texts, ODD]:
