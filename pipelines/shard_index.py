@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import dataclasses
+import mmap
 
 import numpy as np
 
@@ -297,18 +298,29 @@ def concat(parts: list[IndexColumns]) -> IndexColumns:
     key_bytes = [len(p.keys) for p in parts]
     first_member = _chain([p.first_member for p in parts], members)
     key_ends = _chain([p.key_ends for p in parts], key_bytes)
-    offset = np.concatenate([p.offset for p in parts] or [np.zeros(0, np.int64)])
-    size = np.concatenate([p.size for p in parts] or [np.zeros(0, np.int64)])
+    offsets, sizes = [p.offset for p in parts], [p.size for p in parts]
     return IndexColumns(
         np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-        first_member.astype(narrowest(int(first_member[-1]) + 1)),
-        key_ends.astype(narrowest(int(key_ends[-1]) + 1)),
-        np.concatenate([p.keys for p in parts] or [np.zeros(0, np.uint8)]).astype(np.uint8),
-        np.concatenate(ext or [np.zeros(0, np.int64)]).astype(narrowest(len(exts))),
-        np.concatenate(suffix or [np.zeros(0, np.int64)]).astype(narrowest(len(suffixes))),
-        offset.astype(narrowest(int(offset.max(initial=0)) + 1)),
-        size.astype(narrowest(int(size.max(initial=0)) + 1)),
+        _mapped([first_member], narrowest(int(first_member[-1]) + 1)),
+        _mapped([key_ends], narrowest(int(key_ends[-1]) + 1)),
+        _mapped([p.keys for p in parts], np.uint8),
+        _mapped(ext, narrowest(len(exts))),
+        _mapped(suffix, narrowest(len(suffixes))),
+        _mapped(offsets, narrowest(max([int(o.max(initial=0)) for o in offsets], default=0) + 1)),
+        _mapped(sizes, narrowest(max([int(z.max(initial=0)) for z in sizes], default=0) + 1)),
         exts, suffixes, _common_width([p.key_width for p in parts if p.samples]))
+
+
+def _mapped(arrays: list[np.ndarray], dtype) -> np.ndarray:
+    """``arrays`` joined and cast to ``dtype`` in a memory map of their own, not on the malloc heap:
+    parsing's working arrays, once freed, leave no heap behind for forked workers to map."""
+    total = sum(len(a) for a in arrays)
+    out = np.frombuffer(mmap.mmap(-1, max(1, total * np.dtype(dtype).itemsize)), dtype=dtype, count=total)
+    at = 0
+    for a in arrays:
+        out[at:at + len(a)] = a
+        at += len(a)
+    return out
 
 
 def _common_width(widths: list[int]) -> int:
