@@ -69,6 +69,8 @@ def read_batch(index: IndexColumns, paths: list[str], files: ShardFiles, samples
     first = np.zeros(len(wanted), dtype=np.int64)
     np.cumsum(counts[:-1], out=first[1:])
     offset, size = index.offset[members].astype(np.int64), index.size[members].astype(np.int64)
+    if np.any(offset % TAR_BLOCK):
+        return None  # not where a tar puts member data
     lo = np.minimum.reduceat(offset, first) - TAR_BLOCK
     end = np.maximum.reduceat(offset + size, first)
     hi = end + (-end % TAR_BLOCK)
@@ -83,6 +85,7 @@ def read_batch(index: IndexColumns, paths: list[str], files: ShardFiles, samples
     buffer, claim = take(total)
     data = buffer.numpy()
     view = memoryview(data)
+    blocks = data.reshape(-1, TAR_BLOCK)  # every span starts and ends on a tar block: so do the runs
     for s, a, b, at in zip(shard[run_first].tolist(), run_lo.tolist(), run_hi.tolist(), run_at.tolist()):
         if files.read_into(paths[s], a, view[at:at + b - a]) != b - a:
             return None  # the shard ends early
@@ -90,10 +93,11 @@ def read_batch(index: IndexColumns, paths: list[str], files: ShardFiles, samples
     sample_at = run_at[run_of] + lo - run_lo[run_of]
     owner = np.repeat(np.arange(len(wanted)), counts)
     data_at = sample_at[owner] + offset - lo[owner]
-    if not headers_match(data, data_at - TAR_BLOCK, index.name_fields(wanted[owner], members), size).all():
+    header = data_at // TAR_BLOCK - 1
+    if not headers_match(blocks, header, index.name_fields(wanted[owner], members), size).all():
         return None
     ext = index.ext[members].astype(np.int64)
-    if len(np.unique(owner * len(rules.image_rank) + ext)) != len(ext):
+    if _repeats(ext, first):
         return None  # an extension twice in a sample
     rank = rules.image_rank[ext]
     best = np.minimum.reduceat(rank, first)
@@ -106,7 +110,7 @@ def read_batch(index: IndexColumns, paths: list[str], files: ShardFiles, samples
         has = np.add.reduceat(is_label.astype(np.int64), first).astype(bool)
         if rules.labeled and not has.all():
             return None
-        values = _labels(data, data_at[is_label], size[is_label])
+        values = _labels(blocks, header[is_label] + 1, size[is_label])
         if values is None:
             return None
         labels[has] = values
@@ -122,22 +126,30 @@ def read_batch(index: IndexColumns, paths: list[str], files: ShardFiles, samples
     return RawBatch(buffer, claim, starts, ends, out_labels, total)
 
 
-def _labels(data: np.ndarray, at: np.ndarray, size: np.ndarray) -> np.ndarray | None:
-    """The ``.cls`` members at ``at`` (ASCII decimal digits) as int64, or None if any is not."""
-    if not len(at):
+def _repeats(ext: np.ndarray, first: np.ndarray) -> bool:
+    """Whether a sample (members from ``first``) holds an extension twice: a sum of distinct powers of
+    two equals their OR, a repeat carries."""
+    if int(ext.max(initial=0)) >= 62:
+        owner = np.repeat(np.arange(len(first)), np.diff(np.append(first, len(ext))))
+        return len(np.unique(owner * (int(ext.max()) + 1) + ext)) != len(ext)
+    bits = np.left_shift(1, ext)
+    return bool(np.any(np.add.reduceat(bits, first) != np.bitwise_or.reduceat(bits, first)))
+
+
+def _labels(blocks: np.ndarray, which: np.ndarray, size: np.ndarray) -> np.ndarray | None:
+    """The ``.cls`` members starting at ``blocks[which]`` (ASCII decimal digits) as int64, or None if any is not."""
+    if not len(which):
         return np.zeros(0, dtype=np.int64)
     width = int(size.max())
     if size.min() < 1 or width > _MAX_LABEL_DIGITS:
         return None
-    rows = data[at[:, None] + np.arange(width)] if len(data) >= int((at + width).max()) else None
-    if rows is None:
-        return None
+    rows = blocks[which, :width]
     live = np.arange(width) < size[:, None]
-    digits = rows.astype(np.int64) - 48
-    if np.any(live & ((digits < 0) | (digits > 9))):
+    digits = rows - np.uint8(48)  # a byte that is not a digit wraps above 9
+    if np.any(live & (digits > 9)):
         return None
     digits[~live] = 0
-    return digits @ (10 ** np.arange(width - 1, -1, -1, dtype=np.int64)) // 10 ** (width - size)
+    return digits.astype(np.int64) @ (10 ** np.arange(width - 1, -1, -1, dtype=np.int64)) // 10 ** (width - size)
 
 
 def _crcs_match(index: IndexColumns, checksums: Callable[[int], np.ndarray], view: memoryview, wanted: np.ndarray,

@@ -13,6 +13,7 @@ columns (``pipelines.shard_index``), ``Sample`` objects only for the few samples
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -147,9 +148,22 @@ def read_index_columns(manifest: Manifest, shards: list[int] | None = None) -> I
         return columns
 
     if len(shards) <= 1:
-        return concat([one(s) for s in shards])
-    with ThreadPoolExecutor(min(INDEX_THREADS, len(shards)), thread_name_prefix="repack-index") as pool:
-        return concat(list(pool.map(one, shards)))
+        columns = concat([one(s) for s in shards])
+    else:
+        with ThreadPoolExecutor(min(INDEX_THREADS, len(shards)), thread_name_prefix="repack-index") as pool:
+            columns = concat(list(pool.map(one, shards)))
+    release_free_heap()
+    return columns
+
+
+def release_free_heap() -> None:
+    """Hand the heap that parsing freed back to the system (glibc's ``malloc_trim``; elsewhere nothing):
+    a DataLoader worker forked next maps every resident page of this process (measured at 200,000
+    samples: 356 bytes a sample resident after parsing, 144 after the trim)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def sample_at(index: IndexColumns, sample: int, shard: int | None = None) -> Sample:

@@ -21,6 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import dataclasses
+import mmap
+
 import numpy as np
 
 from repack.manifest import ManifestError
@@ -117,9 +120,12 @@ def ragged_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(ends - counts - starts, counts)
 
 
+CHUNK_BYTES = 4 << 20  # index text parsed at a time: its working arrays stay tens of MB, whatever the shard
+
+
 def parse_index(raw: bytes, where: str) -> IndexColumns:
     """One ``.idx`` file's bytes as the columns of a one-shard index (``ManifestError`` naming
-    ``where`` when it is not a well-formed v1.2 index)."""
+    ``where`` when it is not a well-formed v1.2 index). Parsed ``CHUNK_BYTES`` of lines at a time."""
     end = raw.find(b"\n")
     head = (raw if end < 0 else raw[:end]).split()
     if not raw.strip():
@@ -130,13 +136,29 @@ def parse_index(raw: bytes, where: str) -> IndexColumns:
     body = np.frombuffer(raw, dtype=np.uint8, offset=end + 1 if end >= 0 else len(raw))
     if len(body) and body[-1] != NEWLINE:
         body = np.append(body, np.uint8(NEWLINE))
+    parts, lo = [], 0
+    while lo < len(body) or not parts:
+        hi = min(lo + CHUNK_BYTES, len(body))
+        if hi < len(body):  # at the chunk's last newline (past it only for a line longer than a chunk)
+            cut = np.flatnonzero(body[lo:hi] == NEWLINE)
+            hi = lo + int(cut[-1]) + 1 if len(cut) else hi + int(np.argmax(body[hi:] == NEWLINE)) + 1
+        parts.append(_parse_lines(body[lo:hi], where))
+        lo = hi
+    if sum(p.samples for p in parts) != count:
+        raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
+    return dataclasses.replace(concat(parts), shard_starts=np.array([0, count], dtype=np.int64))
+
+
+def _parse_lines(body: np.ndarray, where: str) -> IndexColumns:
+    """Whole lines of an index (each ending in a newline) as one-shard columns."""
     if np.count_nonzero(body < SPACE) != np.count_nonzero(body == NEWLINE) or body.max(initial=0) > 126:
         raise ManifestError(f"{where}: not a v1.2 index (a byte that is not printable ASCII)")
     seps = np.flatnonzero(body <= SPACE)  # spaces and newlines: the only bytes below 33 left
     newline = body[seps] == NEWLINE
     line_ends = np.flatnonzero(newline)  # token number of each line's last token
-    if len(line_ends) != count:
-        raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
+    count = len(line_ends)
+    if not count:
+        return concat([])
     starts = np.empty(len(seps), dtype=np.int64)
     starts[0:1] = 0
     starts[1:] = seps[:-1] + 1
@@ -276,18 +298,29 @@ def concat(parts: list[IndexColumns]) -> IndexColumns:
     key_bytes = [len(p.keys) for p in parts]
     first_member = _chain([p.first_member for p in parts], members)
     key_ends = _chain([p.key_ends for p in parts], key_bytes)
-    offset = np.concatenate([p.offset for p in parts] or [np.zeros(0, np.int64)])
-    size = np.concatenate([p.size for p in parts] or [np.zeros(0, np.int64)])
+    offsets, sizes = [p.offset for p in parts], [p.size for p in parts]
     return IndexColumns(
         np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-        first_member.astype(narrowest(int(first_member[-1]) + 1)),
-        key_ends.astype(narrowest(int(key_ends[-1]) + 1)),
-        np.concatenate([p.keys for p in parts] or [np.zeros(0, np.uint8)]).astype(np.uint8),
-        np.concatenate(ext or [np.zeros(0, np.int64)]).astype(narrowest(len(exts))),
-        np.concatenate(suffix or [np.zeros(0, np.int64)]).astype(narrowest(len(suffixes))),
-        offset.astype(narrowest(int(offset.max(initial=0)) + 1)),
-        size.astype(narrowest(int(size.max(initial=0)) + 1)),
+        _mapped([first_member], narrowest(int(first_member[-1]) + 1)),
+        _mapped([key_ends], narrowest(int(key_ends[-1]) + 1)),
+        _mapped([p.keys for p in parts], np.uint8),
+        _mapped(ext, narrowest(len(exts))),
+        _mapped(suffix, narrowest(len(suffixes))),
+        _mapped(offsets, narrowest(max([int(o.max(initial=0)) for o in offsets], default=0) + 1)),
+        _mapped(sizes, narrowest(max([int(z.max(initial=0)) for z in sizes], default=0) + 1)),
         exts, suffixes, _common_width([p.key_width for p in parts if p.samples]))
+
+
+def _mapped(arrays: list[np.ndarray], dtype) -> np.ndarray:
+    """``arrays`` joined and cast to ``dtype`` in a memory map of their own, not on the malloc heap:
+    parsing's working arrays, once freed, leave no heap behind for forked workers to map."""
+    total = sum(len(a) for a in arrays)
+    out = np.frombuffer(mmap.mmap(-1, max(1, total * np.dtype(dtype).itemsize)), dtype=dtype, count=total)
+    at = 0
+    for a in arrays:
+        out[at:at + len(a)] = a
+        at += len(a)
+    return out
 
 
 def _common_width(widths: list[int]) -> int:

@@ -289,16 +289,12 @@ def octal_fields(values: np.ndarray, digits: int) -> np.ndarray:
     return out
 
 
-def headers_match(data: np.ndarray, at: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """For each tar header at byte ``at`` of ``data`` (all whole: ``at + 512 <= len(data)``), whether
-    it passes ``_header_ok``: the name field equals ``names`` (rows of 100 bytes), the size field is
-    ``sizes`` as ustar writers write it, and the checksum is right. Array operations over all headers
-    at once; a False only sends that header to the exact, lenient check."""
-    if not len(at):
-        return np.ones(0, dtype=bool)
-    window = np.lib.stride_tricks.as_strided(data, shape=(len(data) - TAR_BLOCK + 1, TAR_BLOCK),
-                                             strides=(data.strides[0], data.strides[0]), writeable=False)
-    rows = window[at]
+def headers_match(blocks: np.ndarray, which: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """For the tar headers ``blocks[which]`` (``blocks``: a buffer of tar data as rows of 512 bytes),
+    whether each passes ``_header_ok``: the name field equals ``names`` (rows of 100 bytes), the size
+    field is ``sizes`` as ustar writers write it, and the checksum is right. Array operations over all
+    headers at once; a False only sends that header to the exact, lenient check."""
+    rows = np.take(blocks, which, axis=0)  # one copy of each 512-byte row
     field = rows[:, _CHECKSUM]
     want = _byte_sums(rows) - field.sum(axis=1, dtype=np.int64) + 8 * 32
     ok = (rows[:, _NAME] == names).all(axis=1) & (rows[:, _SIZE] == octal_fields(sizes, 11)).all(axis=1)
@@ -309,7 +305,7 @@ def headers_match(data: np.ndarray, at: np.ndarray, names: np.ndarray, sizes: np
     run_starts = digit.copy()
     run_starts[:, 1:] &= ~digit[:, :-1]
     ok &= np.count_nonzero(run_starts, axis=1) == 1
-    value = np.zeros(len(at), dtype=np.int64)
+    value = np.zeros(len(which), dtype=np.int64)
     for column in range(field.shape[1]):
         value = np.where(digit[:, column], value * 8 + field[:, column] - 48, value)
     return ok & (value == want)

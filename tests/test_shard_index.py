@@ -6,6 +6,7 @@ sample, while it reads an epoch of raw batches."""
 from __future__ import annotations
 
 import io
+import shutil
 import tracemalloc
 from pathlib import Path
 
@@ -13,12 +14,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines import sample_order
+from pipelines import sample_order, shard_index
 from pipelines.manifest_access import read_index, read_index_columns, sample_at
+from pipelines.sample_errors import ShardIntegrityError
 from pipelines.shard_index import concat, parse_index
 from pipelines.torch_webdataset import ImageShardDataset
 from repack.manifest import ManifestError, read_manifest
 from tests.conftest import run_repack
+from tests.test_reader_integrity import flip_header_byte
 
 
 def reference(text: str) -> list[tuple[str, tuple, tuple]]:
@@ -48,7 +51,9 @@ ODD = ("v1.2 5\n"
        "webp 7168 123456789012 kk.webp\n")
 
 
-def test_columns_match_a_line_by_line_reading(packed_photos):
+@pytest.mark.parametrize("chunk", [shard_index.CHUNK_BYTES, 200])
+def test_columns_match_a_line_by_line_reading(packed_photos, monkeypatch, chunk):
+    monkeypatch.setattr(shard_index, "CHUNK_BYTES", chunk)  # a shard's text parsed in pieces gives the same
     manifest = read_manifest(packed_photos)
     texts = [(packed_photos / s["index"]).read_text() for s in manifest.data["shards"]]
     for text in [*texts, ODD]:
@@ -134,3 +139,17 @@ def test_an_epoch_of_raw_batches_holds_columns_not_an_object_per_sample(tiny_dat
     assert opened - before <= held + (256 << 10)  # the columns, the manifest and the like
     # reading: the order (8 bytes a position) and one batch's work, nothing that grows per sample of the dataset
     assert peak - opened <= 16 * SAMPLES + (768 << 10), (peak - opened) / SAMPLES
+
+
+@pytest.mark.filterwarnings("ignore:skipped:UserWarning")
+def test_a_damaged_header_sends_its_raw_batch_to_the_exact_path(packed_photos, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(packed_photos, root)
+    key, lost = flip_header_byte(root)
+    with pytest.raises(ShardIntegrityError, match=f"{key}.*checksum mismatch"):
+        list(ImageShardDataset(root, decode=False, batch_size=8))
+    skipping = ImageShardDataset(root, decode=False, on_error="skip", batch_size=8)
+    got = [(bytes(image.numpy()), label) for images, labels in skipping for image, label in zip(images, labels.tolist())]
+    intact = [(s["image"], s["label"]) for s in ImageShardDataset(packed_photos, decode=False, output="dict")
+              if s["key"] != key]
+    assert got == intact and skipping.skipped == lost
