@@ -4,13 +4,16 @@ Ray is measured two ways: started by the job itself (cold, `--executor ray`) and
 the job (`ray start --head` first, then `--ray-address`), which is how a cluster runs it.
 Same worker count everywhere (the usable CPUs, or REPACK_BENCH_WORKERS); ratios are against the
 local pool measured in the same run, REPACK_BENCH_REPEATS times each (the median counts), the
-executors taking turns so that a noisy neighbour hits each alike. The Ray head this bench starts
+executors taking turns so that a noisy neighbour hits each alike; besides wall time, the CPU seconds
+each job cost (the driver, its pool, and on a joined cluster the head's processes meanwhile: raylet,
+GCS, Ray workers), which other work on the machine barely changes. The Ray head this bench starts
 runs in a session of its own with its own temp folder, and only that session is stopped.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -18,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,11 +34,44 @@ REPEATS = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
 RAY_ENV = {"RAY_AUTH_MODE": "token"}  # Ray >= 2.5x clusters started by `ray start` use token auth; the driver opts in
 
 
-def _repack(*args: str) -> float:
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _repack(*args: str, head: "RayHead | None" = None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds of one job: the driver and its pool (reaped children), plus on a
+    joined cluster what the head's processes spent meanwhile (raylet, GCS, the Ray workers: sampled
+    every 0.1 s while the job runs, as the raylet does not account its reaped workers)."""
+    cpu = _children_cpu()
+    before = head.cpu_by_pid() if head else {}
+    seen = dict(before)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.1):
+            seen.update(head.cpu_by_pid())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    if head:
+        sampler.start()
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "repack", *args], check=True, capture_output=True,
-                   env={**os.environ, **RAY_ENV})
-    return time.perf_counter() - started
+    try:
+        subprocess.run([sys.executable, "-m", "repack", *args], check=True, capture_output=True,
+                       env={**os.environ, **RAY_ENV})
+        wall = time.perf_counter() - started
+        if head:
+            time.sleep(0.5)  # the job's Ray workers leave once their driver left
+    finally:
+        done.set()
+    if head:
+        sampler.join()
+        seen.update(head.cpu_by_pid())
+    ray_cpu = sum(ticks - before.get(pid, 0) for pid, ticks in seen.items()) / TICKS
+    return wall, _children_cpu() - cpu + ray_cpu
 
 
 def _free_port() -> int:
@@ -71,15 +108,26 @@ class RayHead:
         except OSError:
             return False
 
-    def session(self) -> list[int]:
-        """The live processes of the head's session (Ray workers leave its process group, not its session)."""
+    def cpu_by_pid(self) -> dict[int, int]:
+        """{pid: CPU ticks so far} of the head's processes (an exited one's are in its stat until reaped)."""
+        found = {}
+        for pid in self.session(zombies=True):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            found[pid] = int(fields[11]) + int(fields[12])  # utime, stime
+        return found
+
+    def session(self, zombies: bool = False) -> list[int]:
+        """The processes of the head's session (Ray workers leave its process group, not its session)."""
         found = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[3]) == self.proc.pid and fields[0] != "Z":
+            if int(fields[3]) == self.proc.pid and (zombies or fields[0] != "Z"):
                 found.append(int(stat.parent.name))
         return found
 
@@ -102,33 +150,42 @@ def main(out_dir: str | os.PathLike) -> dict:
     out_dir = Path(out_dir) / "executors"
     common = ["--shard-size", "100", "--workers", WORKERS, "--quiet"]
     runs: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}
     head = RayHead(WORKERS)
 
-    def timed(name: str, *extra: str) -> None:
+    def timed(name: str, *extra: str, joined: RayHead | None = None) -> None:
         out = out_dir / name
         shutil.rmtree(out, ignore_errors=True)
-        runs.setdefault(name, []).append(_repack("images", str(src), str(out), *common, *extra))
+        wall, cpu = _repack("images", str(src), str(out), *common, *extra, head=joined)
+        runs.setdefault(name, []).append(wall)
+        cpus.setdefault(name, []).append(cpu)
 
     try:
         for _ in range(REPEATS):
             timed("local")
-            timed("ray_joined_cluster", "--executor", "ray", "--ray-address", head.address)
+            timed("ray_joined_cluster", "--executor", "ray", "--ray-address", head.address, joined=head)
     finally:
         head.stop()
     timed("ray_started_by_job", "--executor", "ray")
     results = {name: statistics.median(times) for name, times in runs.items()}
+    cpu = {name: statistics.median(times) for name, times in cpus.items()}
+    cpu.pop("ray_started_by_job")  # not measured: the instance's daemons and workers are not all reaped by the driver
     names = ("ray_started_by_job", "ray_joined_cluster")
     same = all((out_dir / n / "shard-000000.tar").read_bytes() == (out_dir / "local" / "shard-000000.tar").read_bytes()
                for n in names)
     print(f"\n## executors: {IMAGES} images, --verify decode, {WORKERS} workers, {os.cpu_count()} cores, "
           f"median of {REPEATS} (Ray started by the job: 1 run)")
-    print("| executor | seconds | images/s | time vs local pool | runs |\n|---|---|---|---|---|")
+    print("| executor | seconds | images/s | time vs local pool | CPU seconds | CPU vs local pool | runs (s) |\n"
+          "|---|---|---|---|---|---|---|")
     for name, seconds in results.items():
-        print(f"| {name} | {seconds:.2f} | {IMAGES / seconds:.0f} | {seconds / results['local']:.2f}x | "
+        cpu_cells = f"{cpu[name]:.2f} | {cpu[name] / cpu['local']:.2f}x" if name in cpu else "- | -"
+        print(f"| {name} | {seconds:.2f} | {IMAGES / seconds:.0f} | {seconds / results['local']:.2f}x | {cpu_cells} | "
               f"{', '.join(f'{t:.2f}' for t in runs[name])} |")
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"outputs byte-identical across executors: {same}")
-    return {"images": IMAGES, "workers": int(WORKERS), "seconds": results, "runs": runs, "identical": same,
-            "ratios": {k: round(v / results["local"], 3) for k, v in results.items()}}
+    return {"images": IMAGES, "workers": int(WORKERS), "seconds": results, "runs": runs, "cpu_seconds": cpu,
+            "load_average": os.getloadavg()[0], "identical": same, "ratios": {k: round(v / results["local"], 3) for k, v in results.items()},
+            "cpu_ratios": {k: round(v / cpu["local"], 3) for k, v in cpu.items()}}
 
 
 if __name__ == "__main__":
