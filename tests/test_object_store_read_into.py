@@ -1,12 +1,15 @@
 """pipelines.object_store.read_range_into (issue 29, item 6): a range of an object received straight
 into the caller's buffer, against real S3 servers on loopback (rclone serve s3, which answers a ranged
 GET with 200 and a Content-Range, and moto): exact bytes at any offset, short only where the object
-ends, resumed after a connection cut mid-body, keep-alive kept between reads; the same for a local file."""
+ends, resumed after a connection cut mid-body, keep-alive kept between reads; the same for a local file.
+An endpoint that answers another range than the one asked for is an error (read_range too), never
+bytes taken as the range."""
 
 from __future__ import annotations
 
 import os
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -106,3 +109,31 @@ def test_a_local_file_reads_the_same(tmp_path):
     with pytest.raises(FileNotFoundError):
         object_store.read_range_into(str(tmp_path / "none"), 0, bytearray(1))
     assert os.path.getsize(path) == len(BLOB)
+
+
+class IgnoresRange(BaseHTTPRequestHandler):
+    """An HTTP endpoint that answers every GET with the whole object and status 200, Range ignored."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(BLOB[:4096])))
+        self.end_headers()
+        self.wfile.write(BLOB[:4096])
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_an_answer_for_another_range_is_refused_not_taken_as_the_range(endpoint):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), IgnoresRange)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint(f"http://127.0.0.1:{server.server_address[1]}")
+        for read in (lambda: object_store.read_range("s3://into/blob", 100, 200),
+                     lambda: object_store.read_range_into("s3://into/blob", 100, bytearray(100))):
+            with pytest.raises(OSError, match="s3://into/blob: the S3 endpoint answered a ranged GET without"):
+                read()
+        assert object_store.read_range("s3://into/blob", 0, 4096) == BLOB[:4096]  # from byte 0 it is the range
+    finally:
+        server.shutdown()
+        server.server_close()
