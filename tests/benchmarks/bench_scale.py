@@ -555,9 +555,10 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
         seconds[name] = time.perf_counter() - began
         print(table(got, f"[scale] {name}: {seconds[name]:.0f} s"), file=sys.stderr, flush=True)
         rows += got
-    header = (f"scale: {n} tiny JPEGs ({payload / max(n, 1):.0f} B mean, {min(n, CLASSES)} folders) and {n // 2} "
-              f".txt files, {cpus} usable CPUs, warm page cache, load average {os.getloadavg()[0]:.1f}; "
-              "seconds per part: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
+    inputs = [f"{n} tiny JPEGs ({payload / n:.0f} B mean, {min(n, CLASSES)} folders)"] if images else []
+    inputs += [f"{max(1, n // 2)} .txt files"] if "text" in parts else []
+    header = (f"scale: {' and '.join(inputs)}, {cpus} usable CPUs, warm page cache, load average "
+              f"{os.getloadavg()[0]:.1f}; seconds per part: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
     text = table(rows, header)
     print(text, flush=True)
     broken = [r["measure"] for r in rows if not (math.isfinite(r["ratio"]) and r["ratio"] > 0)]
