@@ -58,8 +58,12 @@ class Fingerprints:
     array: np.ndarray | None
     lists: list[list[int]] | None
 
-    def rows(self, start: int, end: int) -> list[list[int]]:
-        return self.array[start:end].tolist() if self.array is not None else self.lists[start:end]
+    def payload(self, start: int, end: int) -> dict:
+        """Rows [start, end) as a task payload's column: "fp3" (flat: size, mtime_ns, inode per input: no
+        list object per input) or "fp" (a list per input)."""
+        if self.array is not None:
+            return {"fp3": self.array[start:end].ravel().tolist()}
+        return {"fp": self.lists[start:end]}
 
 
 def _blocks(sizes: np.ndarray) -> np.ndarray:
@@ -129,7 +133,7 @@ def cut_runs(bounds: np.ndarray, start: int, end: int, max_count: int | None,
 def inputs_payload(cols: InputColumns, start: int, end: int, first: int, classes: dict[str, int]) -> dict:
     """The columnar ``payload["inputs"]`` of rows [start, end) (``repack.jobs.task_inputs``); ``first``: the
     sample position of row ``start``."""
-    inputs: dict = {"first": first, "rel": cols.rels[start:end], "fp": cols.fingerprints.rows(start, end)}
+    inputs: dict = {"first": first, "rel": cols.rels[start:end], **cols.fingerprints.payload(start, end)}
     labels = cols.labels[start:end]
     if any(label is not None for label in labels):
         inputs["cls"] = [classes[label] if label is not None else None for label in labels]

@@ -73,6 +73,7 @@ from repack.transforms.image_check import BadImage, inspect_image, preload
 SLOWEST_N = 10
 CHUNK_BYTES = 16 * 10**6  # a chunk task's inputs: at most --chunk-size inputs and about this many bytes
 SEGMENTS_DIR = f"{STATE_DIR}/segments"
+SEGMENT_SUMMARY = ("name", "bytes", "count", "at", "slot")  # what a shard's record keeps of each chunk's piece
 _JSON_STR = json.encoder.encode_basestring_ascii
 
 
@@ -186,7 +187,7 @@ class ShardAssembly:
     def finish(self) -> dict:
         shard = self.builder.commit()
         combined = combine_records(self.records, shard, self.job.sink.outputs(shard) if shard else [])
-        combined["segments"] = {r["task_id"]: {k: v for k, v in r["segment"].items() if k != "samples"}
+        combined["segments"] = {r["task_id"]: {k: v for k, v in r["segment"].items() if k in SEGMENT_SUMMARY}
                                 for r in self.records}  # where each chunk went
         return combined
 

@@ -5,7 +5,8 @@ what plan.json stores)::
 
   {"first": P,              sample position of the first input (keys: P, P+1, ...)
    "rel":   [rel, ...],     path under the source root
-   "fp":    [[size, mtime_ns, inode], ...]   the fingerprint checked before reading
+   "fp3":   [size, mtime_ns, inode, size, ...]   the fingerprint checked before reading (a folder scan's)
+   "fp":    [[fingerprint], ...]               or one list per input (other sources: their own length)
    "cls":   [index, ...],   class index per input (absent when unlabeled)
    "names": {index: name},  the class names of those indices
    "root":  "/src/",        path = root + rel, except the inputs in "path"
@@ -45,7 +46,9 @@ def task_inputs(payload: dict) -> list[dict]:
     inputs = payload.get("inputs", ())
     if not isinstance(inputs, dict):
         return list(inputs)
-    rels, fps, first = inputs["rel"], inputs["fp"], inputs["first"]
+    rels, first = inputs["rel"], inputs["first"]
+    flat = inputs.get("fp3")
+    fps = inputs["fp"] if flat is None else [flat[i:i + 3] for i in range(0, len(flat), 3)]
     classes = inputs.get("cls")
     names = inputs.get("names", {})
     root = inputs.get("root")

@@ -111,11 +111,13 @@ class PartWriter(TarSegmentWriter):
         super().__init__(Path(out) / PARTS_DIR, stem)
 
     def commit(self) -> dict | None:
+        samples = [[entry[0][3].split(".", 1)[0], [[ext, off, size] for ext, off, size, _ in entry]]
+                   for entry in self._index]  # what the collector reads back: [key, [[ext, offset, size], ...]]
         piece = super().commit()
-        if not piece["samples"]:
+        if not samples:
             (self.folder / piece["name"]).unlink()
             return None
-        return {"path": f"{PARTS_DIR}/{piece.pop('name')}", **piece}
+        return {"path": f"{PARTS_DIR}/{piece['name']}", "bytes": piece["bytes"], "samples": samples}
 
 
 def _read_part(root: Path, part: dict):

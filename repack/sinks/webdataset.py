@@ -167,14 +167,17 @@ class TarSegmentWriter(TarMemberWriter):
         self._fd, self._place = fd, None
 
     def commit(self) -> dict:
-        """Finish the piece: {name, bytes, samples: [[key, [[ext, offset, size], ...]], ...]}, plus
-        ``at`` and ``slot`` when it lies in the shared file (else it was renamed into place as ``name``)."""
+        """Finish the piece: {name, bytes, count, index, index_at}, plus ``at`` and ``slot`` when it lies in
+        the shared file (else it was renamed into place as ``name``). ``index``: its samples' DALI index
+        lines (one string) with offsets counted from ``index_at``: where a placed piece lies, so that the
+        assembler takes them as they are while the pieces before it were placed too (0 when unplaced)."""
         self._flush()
         os.close(self._fd)
         self._fd = -1
-        samples = [[entry[0][3].split(".", 1)[0], [[ext, off, size] for ext, off, size, _ in entry]]
-                   for entry in self._index]
-        piece = {"name": self.name, "bytes": self._offset, "samples": samples}
+        at = self._place[1] if self._place is not None else 0
+        lines = "\n".join([" ".join([f"{ext} {at + off} {size} {name}" for ext, off, size, name in entry])
+                           for entry in self._index])
+        piece = {"name": self.name, "bytes": self._offset, "count": len(self._index), "index": lines, "index_at": at}
         if self._place is not None:
             return {**piece, "at": self._place[1], "slot": self._place[2]}
         os.replace(self._tmp, self.folder / self.name)
@@ -188,6 +191,18 @@ class TarSegmentWriter(TarMemberWriter):
             os.close(self._fd)
             self._fd = -1
         return None
+
+
+def _rebased(lines: list[str], shift: int) -> list[str]:
+    """DALI index lines ("ext offset size name" per member) with every offset moved by ``shift``."""
+    if not shift:
+        return lines
+    moved = []
+    for line in lines:
+        fields = line.split(" ")
+        fields[1::4] = [str(int(offset) + shift) for offset in fields[1::4]]
+        moved.append(" ".join(fields))
+    return moved
 
 
 class ShardAssembler:
@@ -218,7 +233,7 @@ class ShardAssembler:
     def add_segment(self, path: Path, piece: dict) -> None:
         """Append one segment: ``piece`` as ``TarSegmentWriter.commit`` described it, its bytes in
         ``path`` (its own file), or at ``piece["at"]`` of the shared file when it was placed."""
-        if not piece["samples"]:
+        if not piece["count"]:
             return
         if self._helper is None:
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="repack-copy")
@@ -238,8 +253,7 @@ class ShardAssembler:
                 self._hash(src.fileno(), at or 0, size, path)
             self._jobs.append(self._helper.submit(self._copy, self._shared if at is not None else path, at or 0,
                                                   size, base))
-        self._lines += [" ".join([f"{ext} {base + off} {size} {key}.{ext}" for ext, off, size in members])
-                        for key, members in piece["samples"]]
+        self._lines += _rebased(piece["index"].split("\n"), base - piece["index_at"])
         self._offset += size
 
     def _hash(self, fd: int, start: int, size: int, path: Path) -> None:

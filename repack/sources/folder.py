@@ -136,7 +136,6 @@ def _top_level(conf: Confinement, root_ident: tuple) -> tuple[_Found, list[tuple
     """The root's own files and refusals, and the (path, name, ancestors) of each top-level folder to walk."""
     found = _Found()
     folders: list[tuple] = []
-    shallow = Confinement(conf.root, conf.follow_symlinks, conf.allow_outside, conf.max_file_bytes)
     try:
         with os.scandir(conf.root) as it:
             children = sorted(it, key=lambda e: sort_key(e.name))
@@ -147,7 +146,7 @@ def _top_level(conf: Confinement, root_ident: tuple) -> tuple[_Found, list[tuple
         if is_junk(entry.name):
             found.skipped += 1
             continue
-        checked = shallow.check(entry.path, parent_is_real=True)
+        checked = conf.check(entry.path, parent_is_real=True)
         if checked.reason is not None:
             found.quarantine.append(quarantine_record(entry.name, checked.reason))
         elif checked.is_dir:
