@@ -54,7 +54,7 @@ from typing import Sequence
 from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec, format_size
 from repack.errors import UsageError, stable_reason
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
-from repack.lifecycle.input_record import select_new
+from repack.lifecycle.input_record import load_known, select_new
 from repack.jobs.stats import count_into, histogram, merge_counts, merge_slowest, percentiles
 from repack.jobs.summary import quarantine_lines
 from repack.sinks import get_sink
@@ -294,8 +294,8 @@ class ImagesJob(Job):
         key_offset = 0
         selection = None
         if spec.known_inputs:  # --append: only what the dataset does not hold yet (repack.lifecycle.input_record)
-            known = json.loads(Path(spec.known_inputs).read_bytes())
-            key_offset = known["next_position"]
+            known = load_known(spec.known_inputs)
+            key_offset = known.next_position
             selection = select_new(items, known, lambda item: item.rel, lambda item: item.fingerprint,
                                    content_sha256)
             items = selection.new

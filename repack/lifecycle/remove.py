@@ -24,12 +24,12 @@ import time
 from dataclasses import dataclass
 
 from repack.errors import UsageError
+from repack.lifecycle.input_columns import to_bytes
 from repack.lifecycle.input_record import dataset_record, record_after_remove
 from repack.lifecycle.publish import current_version, inputs_record, locked_dataset, promote_pending, publish
 from repack.lifecycle.remove_lmdb import rewrite_lmdb
 from repack.lifecycle.remove_tar import rewrite_tar_shards
 from repack.lifecycle.remove_tokens import rewrite_token_prefixes
-from repack.manifest import dumps_canonical
 from repack.manifest.versions import number_of
 
 
@@ -98,7 +98,7 @@ def record_removed(store, current: dict, number: int, sources) -> None:
         known = dataset_record(store, current)
     except UsageError:
         return
-    store.put_bytes(inputs_record(number), dumps_canonical(record_after_remove(known, sources)))
+    store.put_bytes(inputs_record(number), to_bytes(record_after_remove(known, sources)))
 
 
 REWRITERS = {"webdataset": rewrite_tar_shards, "lmdb": rewrite_lmdb, "memmap": rewrite_token_prefixes}
