@@ -11,12 +11,9 @@ the caller reads every shard.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from repack.lifecycle.input_columns import InputColumns, encode_names
-from repack.sinks.tar_format import INDEX_VERSION
 
 EDGE_BYTES = 1 << 16  # read from each end of an index for its first and last sample line
 
@@ -42,30 +39,6 @@ def wanted_positions(by: str, names, known: InputColumns | None) -> np.ndarray |
     if (positions < 0).any():
         return None
     return np.unique(positions)
-
-
-def index_samples(raw: bytes, entry: dict) -> list[tuple[str, list[tuple[str, int, int, str]]]] | None:
-    """(key, [(ext, data offset, size, member name)]) per sample of a DALI index; None when the bytes
-    are not the index the manifest entry records (its sha256) or not an index at all."""
-    recorded = entry.get("index_sha256")
-    if recorded and hashlib.sha256(raw).hexdigest() != recorded:
-        return None
-    try:
-        lines = raw.decode("ascii").split("\n")
-        head = lines[0].split(" ")
-        if head[0] != INDEX_VERSION or int(head[1]) != len(lines) - 2 or lines[-1]:
-            return None
-        samples = []
-        for line in lines[1:-1]:
-            tokens = line.split(" ")
-            if not tokens or len(tokens) % 4:
-                return None
-            members = [(tokens[i], int(tokens[i + 1]), int(tokens[i + 2]), tokens[i + 3])
-                       for i in range(0, len(tokens), 4)]
-            samples.append((members[0][3].partition(".")[0], members))
-        return samples
-    except (UnicodeDecodeError, ValueError, IndexError):
-        return None
 
 
 def position_span(store, entry: dict) -> tuple[int, int] | None:

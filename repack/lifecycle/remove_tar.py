@@ -4,10 +4,11 @@
 Finding them reads no shard that holds none: ``repack.lifecycle.locate`` picks the shards from the
 record of the inputs (named by source) or the key (named by key) and each shard's index span; where
 it cannot, every shard is looked at. In a shard, the samples come from its index (the one the manifest
-records, else rebuilt from the tar's headers), and a sample's source from its ``.json`` member, read
-alone. A shard is rewritten by copying the byte ranges of the kept samples (headers and data, untouched
-and in order: each header checked to name its member) into ``<stem>-vN.tar``, with a new index and
-per-sample checksums; nothing is decoded or re-encoded.
+records, else rebuilt from the tar's headers; ``repack.lifecycle.shard_index``), and a sample's source
+from its ``.json`` member, read alone. A shard is rewritten by copying the byte ranges of the kept
+samples (headers and data, untouched and in order; each header checked to name its member) into
+``<stem>-vN.tar``, with a new index and the kept samples' checksums (from the old ``.crc`` when it is
+the one the manifest records, else computed); nothing is decoded or re-encoded.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
 from repack.errors import UsageError
 from repack.lifecycle.input_columns import InputColumns
-from repack.lifecycle.locate import index_samples, key_position, shards_holding, wanted_positions
+from repack.lifecycle.locate import key_position, shards_holding, wanted_positions
 from repack.lifecycle.rewrite import Rewrite
+from repack.lifecycle.shard_index import ShardIndex, parse_index
 from repack.manifest import Manifest
-from repack.sinks.tar_format import BLOCK, end_of_archive, index_from_tar, index_from_lines
+from repack.sinks.sample_checksums import HEADER, MAGIC
+from repack.sinks.tar_format import BLOCK, end_of_archive, index_from_lines, index_from_tar
 from repack.sinks.webdataset import publish_shard
 
 COPY_BYTES = 4 << 20  # one read of kept samples at most
@@ -35,8 +40,6 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
     manifest = Manifest(out, current)
     wanted = set(spec.names)
     positions = wanted_positions(spec.by, wanted, known)
-    if positions is not None and not len(positions):
-        return Rewrite(list(current["shards"]), frozenset(), {}, {}, {}, frozenset())
     candidates = None if positions is None else shards_holding(store, current["shards"], positions)
     wanted_at = None if positions is None else set(positions.tolist())
     found: set[str] = set()
@@ -54,20 +57,22 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
             store.fetch(entry["path"], local, entry["sha256"])
         try:
             with open(local, "rb", buffering=0) as tar:
-                samples = _shard_samples(store, entry, tar)
-                hit = _hits(tar, samples, spec.by, wanted, wanted_at)
+                index = _shard_index(store, entry, tar)
+                hit = _hits(tar, index, spec.by, wanted, wanted_at)
                 if not hit:
                     shards.append(entry)
                     continue
                 for at, source in hit.items():
-                    found.add(samples[at][0] if spec.by == "keys" else source)
+                    found.add(index.key(at) if spec.by == "keys" else source)
                     if source is not None:
                         sources.add(source)
-                    cls = _member_bytes(tar, samples[at][1], "cls")
+                    cls = _member_bytes(tar, index.members(at), "cls")
                     name = names_by_index.get(int(cls)) if cls is not None and cls.strip().isdigit() else ""
                     removed_classes[name] = removed_classes.get(name, 0) + 1
+                keep = np.ones(index.samples, bool)
+                keep[list(hit)] = False
                 stem = entry["path"][:-len(".tar")] + f"-v{number}"
-                new = _copy_kept(tar, [s for at, s in enumerate(samples) if at not in hit], out, stem, entry["path"])
+                new = _copy_kept(tar, index, keep, out, stem, entry["path"], _old_checksums(store, entry, index))
         finally:
             if store.remote:
                 local.unlink(missing_ok=True)
@@ -82,31 +87,46 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
     return Rewrite(shards, frozenset(found), rewritten, removed_classes, {"totals": totals}, frozenset(sources))
 
 
-def _shard_samples(store, entry: dict, tar) -> list[tuple[str, list[tuple[str, int, int, str]]]]:
-    """The shard's samples from its index (the manifest's, checked by its sha256; else rebuilt from the tar)."""
+def _shard_index(store, entry: dict, tar) -> ShardIndex:
+    """The shard's index (the manifest's, checked by its sha256; else rebuilt from the tar's headers)."""
     raw = store.read_bytes(entry["index"]) if entry.get("index") else None
-    samples = index_samples(raw, entry) if raw is not None else None
-    if samples is None:
+    index = parse_index(raw, entry.get("index_sha256")) if raw is not None else None
+    if index is None:
         with open(tar.name, "rb") as fh:
-            samples = index_samples(index_from_tar(fh).encode(), {})
-    if samples is None:
-        raise UsageError(f"{store.url}/{entry['path']}: its samples cannot be listed (run repack verify)")
-    return samples
+            index = parse_index(index_from_tar(fh).encode())
+    if index is None or not index.adjacent():
+        raise UsageError(f"{store.url}/{entry['path']}: its samples are not laid out as repack writes them (run "
+                         "repack verify)")
+    return index
 
 
-def _hits(tar, samples, by: str, wanted: set[str], wanted_at: set[int] | None) -> dict[int, str | None]:
+def _old_checksums(store, entry: dict, index: ShardIndex) -> np.ndarray | None:
+    """The per-sample checksums of the shard (uint32 per sample), when its ``.crc`` is the one the
+    manifest records and counts its samples; else None (they are computed again)."""
+    if not entry.get("checksums") or not entry.get("checksums_sha256"):
+        return None
+    raw = store.read_bytes(entry["checksums"])
+    if raw is None or hashlib.sha256(raw).hexdigest() != entry["checksums_sha256"] or len(raw) < HEADER.size:
+        return None
+    magic, count = HEADER.unpack_from(raw)
+    if magic != MAGIC or count != index.samples or len(raw) != HEADER.size + 4 * count:
+        return None
+    return np.frombuffer(raw, "<u4", count, HEADER.size)
+
+
+def _hits(tar, index: ShardIndex, by: str, wanted: set[str], wanted_at: set[int] | None) -> dict[int, str | None]:
     """{sample number: its source} of the named samples in the shard. Named by source with known
     positions, only the samples at those positions are read, and each must name its source: a record
     that disagrees with the shard is an error, never a wrong removal."""
     hit: dict[int, str | None] = {}
-    for at, (key, members) in enumerate(samples):
+    for at, key in enumerate(index.keys()):
         if wanted_at is not None and key_position(key) not in wanted_at:
             continue
         if by == "keys":
             if key in wanted:
-                hit[at] = _source(tar, members)
+                hit[at] = _source(tar, index.members(at))
             continue
-        source = _source(tar, members)
+        source = _source(tar, index.members(at))
         if source in wanted:
             hit[at] = source
         elif wanted_at is not None:
@@ -137,26 +157,32 @@ def _source(tar, members) -> str | None:
     return path if isinstance(path, str) else None
 
 
-def _copy_kept(tar, kept, out: Path, stem: str, shard: str) -> dict | None:
-    """Write the ``kept`` samples' bytes (header and data of each member, as they are) as shard ``stem``;
+def _copy_kept(tar, index: ShardIndex, keep: np.ndarray, out: Path, stem: str, shard: str,
+               checksums: np.ndarray | None) -> dict | None:
+    """Write the kept samples' bytes (header and data of each member, as they are) as shard ``stem``;
     its entry (None when nothing is kept)."""
-    if not kept:
+    kept = np.flatnonzero(keep)
+    if not len(kept):
         return None
-    spans = [_span(sample, shard) for sample in kept]
+    starts, ends = index.spans()
     tmp = out / f".{stem}.tar.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     sha = hashlib.sha256()
-    lines: list[str] = []
+    shift = np.zeros(index.samples, np.int64)  # new offset - old offset, per kept sample
     written = 0
     try:
-        run_start, run_end, run = spans[0][0], spans[0][0], []
-        for (start, end), sample in zip(spans, kept):
-            if start != run_end or end - run_start > COPY_BYTES:
-                written = _copy_run(tar, fd, sha, run_start, run_end, run, written, lines, shard)
-                run_start, run = start, []
-            run.append(sample)
-            run_end = end
-        written = _copy_run(tar, fd, sha, run_start, run_end, run, written, lines, shard)
+        for run in _runs(kept, starts, ends):
+            start, end = int(starts[run[0]]), int(ends[run[-1]])
+            data = os.pread(tar.fileno(), end - start, start)
+            if len(data) != end - start:
+                raise UsageError(f"{shard}: ends at byte {start + len(data)}, inside its samples (run repack verify)")
+            _check_headers(data, start, index, run, shard)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            sha.update(data)
+            shift[run] = written - start
+            written += len(data)
         tail = end_of_archive(written)
         os.write(fd, tail)
         sha.update(tail)
@@ -164,43 +190,44 @@ def _copy_kept(tar, kept, out: Path, stem: str, shard: str) -> dict | None:
         os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
-    return publish_shard(out, stem, fd, tmp, written + len(tail), sha, index_from_lines(lines), len(kept))
+    sums = None if checksums is None else HEADER.pack(MAGIC, len(kept)) + checksums[kept].astype("<u4").tobytes()
+    return publish_shard(out, stem, fd, tmp, written + len(tail), sha, _index_text(index, kept, shift), len(kept),
+                         checksums=sums)
 
 
-def _span(sample, shard: str) -> tuple[int, int]:
-    """[first header, end of last member's padding) of a sample whose members are adjacent."""
-    members = sample[1]
-    start = members[0][1] - BLOCK
-    at = start
-    for _, offset, size, name in members:
-        if offset != at + BLOCK or size < 0:
-            raise UsageError(f"{shard}: sample {sample[0]} is not laid out as repack writes it (member {name} at "
-                             f"{offset}); run repack verify")
-        at = offset + size + (-size % BLOCK)
-    return start, at
+def _runs(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np.ndarray]:
+    """The kept samples in runs of adjacent byte ranges, each at most COPY_BYTES (or one sample)."""
+    breaks = np.flatnonzero(starts[kept[1:]] != ends[kept[:-1]]) + 1
+    runs: list[np.ndarray] = []
+    for run in np.split(kept, breaks):
+        while len(run):
+            stop = max(1, int(np.searchsorted(ends[run] - starts[run[0]], COPY_BYTES, side="right")))
+            runs.append(run[:stop])
+            run = run[stop:]
+    return runs
 
 
-def _copy_run(tar, fd: int, sha, start: int, end: int, samples, written: int, lines: list[str], shard: str) -> int:
-    """Copy bytes [start, end) of the tar (the ``samples``, adjacent) to ``fd`` at ``written``; their index
-    lines go to ``lines``; returns the new end."""
-    if not samples:
-        return written
-    data = os.pread(tar.fileno(), end - start, start)
-    if len(data) != end - start:
-        raise UsageError(f"{shard}: ends at byte {start + len(data)}, inside its samples (run repack verify)")
-    shift = written - start
-    for key, members in samples:
+def _check_headers(data: bytes, start: int, index: ShardIndex, run: np.ndarray, shard: str) -> None:
+    """Each member's header in ``data`` (the tar from byte ``start``) names that member."""
+    rows = np.concatenate([np.arange(index.first[s], index.first[s + 1]) for s in run])
+    names = [index.tokens[4 * r + 3].encode("ascii") for r in rows.tolist()]
+    if any(len(name) > 100 for name in names):
+        raise UsageError(f"{shard}: a member name is longer than a ustar header holds (run repack verify)")
+    expected = np.frombuffer(b"".join(name.ljust(100, b"\0") for name in names), np.uint8).reshape(-1, 100)
+    at = (index.offset[rows] - BLOCK - start)[:, None] + np.arange(100)
+    if not np.array_equal(np.frombuffer(data, np.uint8)[at], expected):
+        raise UsageError(f"{shard}: a header does not name the member its index says (run repack verify)")
+
+
+def _index_text(index: ShardIndex, kept: np.ndarray, shift: np.ndarray) -> str:
+    """The new shard's DALI index: the kept samples' lines, data offsets moved by their sample's shift."""
+    first = index.first
+    lines = []
+    tokens = index.tokens
+    moved = (index.offset + np.repeat(shift, np.diff(first))).tolist()
+    for sample in kept.tolist():
         parts = []
-        for ext, offset, size, name in members:
-            header = offset - BLOCK - start
-            encoded = name.encode("ascii")
-            if data[header:header + len(encoded)] != encoded or (len(encoded) < 100 and data[header + len(encoded)]):
-                raise UsageError(f"{shard}: the header at byte {offset - BLOCK} does not name {name} (run repack "
-                                 "verify)")
-            parts.append(f"{ext} {offset + shift} {size} {name}")
+        for row in range(int(first[sample]), int(first[sample + 1])):
+            parts.append(f"{tokens[4 * row]} {moved[row]} {tokens[4 * row + 2]} {tokens[4 * row + 3]}")
         lines.append(" ".join(parts))
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    sha.update(data)
-    return written + len(data)
+    return index_from_lines(lines)
