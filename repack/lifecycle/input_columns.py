@@ -120,18 +120,26 @@ def build_columns(names: list[str], sizes, mtimes, positions, digests: dict[str,
     size = np.asarray(sizes, dtype=np.int64).reshape(-1)
     mtime = np.asarray(mtimes, dtype=np.int64).reshape(-1)
     position = np.asarray(positions, dtype=np.int64).reshape(-1)
-    sha = np.zeros((len(names), 32), np.uint8)
-    has = np.zeros(len(names), bool)
-    for row, name in enumerate(names) if digests else ():
-        digest = digests.get(name)
-        if isinstance(digest, str) and len(digest) == 64:
-            try:
-                sha[row] = np.frombuffer(bytes.fromhex(digest), np.uint8)
-                has[row] = True
-            except ValueError:
-                pass  # not hex: the input stays without a digest (refused if changed, never doubled)
+    sha, has = hex_digests([digests.get(name) for name in names] if digests else [None] * len(names))
     return _sorted_last_wins(order_names, size, mtime, position, sha, has, encode_names(sorted(set(removed))),
                              next_position)
+
+
+_NIBBLE = np.full(256, 255, np.uint8)
+_NIBBLE[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+_NIBBLE[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+
+
+def hex_digests(digests: list) -> tuple[np.ndarray, np.ndarray]:
+    """((N, 32) uint8 digests, whether each is one) of hex sha256 strings; anything else (None, not
+    64 hex digits) is no digest: its input is refused if changed, never packed twice."""
+    valid = [isinstance(d, str) and len(d) == 64 and d.isascii() for d in digests]
+    text = "".join(d if ok else "0" * 64 for d, ok in zip(digests, valid)).encode("ascii")
+    nibbles = _NIBBLE[np.frombuffer(text, np.uint8)].reshape(len(digests), 64)
+    has = np.array(valid, bool) & (nibbles != 255).all(axis=1)
+    sha = (nibbles[:, 0::2] << 4 | nibbles[:, 1::2]).astype(np.uint8)
+    sha[~has] = 0
+    return sha, has
 
 
 def _sorted_last_wins(names, size, mtime, position, sha, has, removed, next_position) -> InputColumns:

@@ -46,11 +46,24 @@ def task_digests(store, state: str = STATE_DIR) -> dict[str, str]:
         if raw is None:
             continue
         try:
-            record = json.loads(raw)
-        except ValueError:
+            pairs = _digest_pairs(raw)
+        except (ValueError, TypeError, AttributeError):
             continue  # a damaged record: its inputs stay without a digest (refused if changed, never doubled)
-        digests.update((str(r), str(d)) for r, d in record.get("digests", ()) if isinstance(d, str))
+        digests.update((str(r), d) for r, d in pairs if isinstance(d, str))
     return digests
+
+
+_DIGESTS_FIRST = b'{"digests":'  # a task record's keys are sorted: its digests come first
+
+
+def _digest_pairs(raw: bytes) -> list:
+    """The ``digests`` of a task record: only that value is parsed when it comes first (the rest of the
+    record, most of its bytes, is not needed here)."""
+    if raw.startswith(_DIGESTS_FIRST):
+        pairs, _ = json.JSONDecoder().raw_decode(raw[len(_DIGESTS_FIRST):].decode("utf-8", "surrogatepass"))
+    else:
+        pairs = json.loads(raw).get("digests", ())
+    return [pair for pair in pairs if isinstance(pair, list) and len(pair) == 2]
 
 
 def dataset_record(store, current: dict) -> InputColumns:
