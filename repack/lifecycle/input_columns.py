@@ -190,19 +190,20 @@ def _unblob(blob: np.ndarray, what: str) -> np.ndarray:
     return np.array(parts, dtype=bytes)
 
 
-def to_bytes(record: InputColumns) -> bytes:
-    """The ``.npz`` bytes of ``record`` (compressed; same record, same bytes)."""
+def to_bytes(record: InputColumns, compress: bool = True) -> bytes:
+    """The ``.npz`` bytes of ``record`` (same record, same bytes); compressed but for the sha256 column,
+    which does not compress (``compress=False``: nothing is, for a file read once and deleted)."""
     arrays = {"format": np.array([FORMAT], np.int64), "names": _blob(record.names), "size": record.size,
               "mtime_ns": record.mtime_ns, "position": record.position, "sha256": record.sha256,
               "has_sha256": record.has_sha256, "removed": _blob(record.removed),
               "next_position": np.array([record.next_position], np.int64), "quarantined": _blob(record.quarantined)}
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+    with zipfile.ZipFile(buffer, "w") as archive:
         for name in (*MEMBERS, *(("quarantined",) if len(record.quarantined) else ())):
             member = io.BytesIO()
             np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
-            archive.writestr(zipfile.ZipInfo(f"{name}.npy", _ZIP_TIME), member.getvalue(), zipfile.ZIP_DEFLATED,
-                             COMPRESS_LEVEL)
+            method = zipfile.ZIP_DEFLATED if compress and name != "sha256" else zipfile.ZIP_STORED
+            archive.writestr(zipfile.ZipInfo(f"{name}.npy", _ZIP_TIME), member.getvalue(), method, COMPRESS_LEVEL)
     return buffer.getvalue()
 
 

@@ -113,7 +113,7 @@ def write_known(path: Path, known: InputColumns, quarantined: Iterable[str]) -> 
     """The staged `--append` job's input: the record and the rels without a sample (``quarantined``)."""
     from repack.manifest import atomic_write_bytes
 
-    atomic_write_bytes(path, to_bytes(with_quarantined(known, list(quarantined))))
+    atomic_write_bytes(path, to_bytes(with_quarantined(known, list(quarantined)), compress=False))
 
 
 def load_known(path: str | Path) -> InputColumns:
