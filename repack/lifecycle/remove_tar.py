@@ -209,8 +209,8 @@ def _runs(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np.nda
 
 def _check_headers(data: bytes, start: int, index: ShardIndex, run: np.ndarray, shard: str) -> None:
     """Each member's header in ``data`` (the tar from byte ``start``) names that member."""
-    rows = np.concatenate([np.arange(index.first[s], index.first[s + 1]) for s in run])
-    names = [index.tokens[4 * r + 3].encode("ascii") for r in rows.tolist()]
+    rows = np.arange(index.first[run[0]], index.first[run[-1] + 1])  # a run's samples are consecutive
+    names = [name.encode("ascii") for name in index.tokens[4 * int(rows[0]) + 3:4 * int(rows[-1]) + 4:4]]
     if any(len(name) > 100 for name in names):
         raise UsageError(f"{shard}: a member name is longer than a ustar header holds (run repack verify)")
     expected = np.frombuffer(b"".join(name.ljust(100, b"\0") for name in names), np.uint8).reshape(-1, 100)
@@ -221,13 +221,13 @@ def _check_headers(data: bytes, start: int, index: ShardIndex, run: np.ndarray, 
 
 def _index_text(index: ShardIndex, kept: np.ndarray, shift: np.ndarray) -> str:
     """The new shard's DALI index: the kept samples' lines, data offsets moved by their sample's shift."""
-    first = index.first
-    lines = []
+    counts = np.diff(index.first)
+    rows = np.repeat(index.first[kept] - np.cumsum(counts[kept]) + counts[kept], counts[kept]) + \
+        np.arange(int(counts[kept].sum()))  # the kept samples' member rows, in order
+    moved = map(str, (index.offset[rows] + np.repeat(shift[kept], counts[kept])).tolist())
     tokens = index.tokens
-    moved = (index.offset + np.repeat(shift, np.diff(first))).tolist()
-    for sample in kept.tolist():
-        parts = []
-        for row in range(int(first[sample]), int(first[sample + 1])):
-            parts.append(f"{tokens[4 * row]} {moved[row]} {tokens[4 * row + 2]} {tokens[4 * row + 3]}")
-        lines.append(" ".join(parts))
-    return index_from_lines(lines)
+    members = map(" ".join, zip((tokens[r] for r in (4 * rows).tolist()), moved,
+                                (tokens[r] for r in (4 * rows + 2).tolist()), (tokens[r] for r in (4 * rows + 3).tolist())))
+    ends = set((np.cumsum(counts[kept]) - 1).tolist())  # the last member row of each kept sample
+    text = "".join(member + ("\n" if at in ends else " ") for at, member in enumerate(members))
+    return index_from_lines(text[:-1].split("\n"))
