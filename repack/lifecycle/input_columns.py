@@ -44,7 +44,7 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 def encode_names(names) -> np.ndarray:
     """A fixed-width bytes array (dtype ``S``) of ``names`` (str, utf-8 with surrogateescape)."""
     encoded = [name.encode("utf-8", "surrogateescape") for name in names]
-    if any(b"\0" in name or not name for name in encoded):
+    if encoded and (b"\0" in b"".join(encoded) or not min(map(len, encoded))):
         raise UsageError("an input name is empty or holds a NUL byte; it cannot be recorded")
     return np.array(encoded, dtype=bytes) if encoded else np.array([], dtype="S1")
 
@@ -143,6 +143,9 @@ def hex_digests(digests: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sorted_last_wins(names, size, mtime, position, sha, has, removed, next_position) -> InputColumns:
+    removed = np.unique(removed) if len(removed) else np.array([], dtype="S1")
+    if len(names) < 2 or bool(np.all(names[1:] > names[:-1])):  # already sorted and unique (a sorted scan)
+        return InputColumns(names.astype(bytes), size, mtime, position, sha, has, removed, int(next_position))
     reverse = slice(None, None, -1)
     unique, first = np.unique(names[reverse], return_index=True)  # first of the reversed: the last given
     rows = (len(names) - 1 - first).astype(np.int64)
@@ -153,7 +156,8 @@ def _sorted_last_wins(names, size, mtime, position, sha, has, removed, next_posi
 
 def merged(old: InputColumns, new: InputColumns) -> InputColumns:
     """``old`` with ``new``'s rows added; a name in both takes ``new``'s row, and ``old``'s digest where
-    ``new`` has none (a copy recognized by content keeps its digest)."""
+    ``new`` has none (a copy recognized by content keeps its digest). Rows are updated in place or
+    inserted where they sort: no sort of the whole record."""
     rows, known = old.find(new.names)
     sha, has = new.sha256.copy(), new.has_sha256.copy()
     inherit = known & ~has
@@ -162,14 +166,20 @@ def merged(old: InputColumns, new: InputColumns) -> InputColumns:
     position = new.position.copy()
     keep_old = known & (position < 0)
     position[keep_old] = old.position[rows[keep_old]]
+    columns = {"size": (old.size, new.size), "mtime_ns": (old.mtime_ns, new.mtime_ns),
+               "position": (old.position, position), "sha256": (old.sha256, sha), "has_sha256": (old.has_sha256, has)}
+    at, fresh = rows[known], ~known
+    where = np.searchsorted(old.names, new.names[fresh])  # new.names are sorted: so are the insertion points
+    result = {}
+    for key, (before, after) in columns.items():
+        updated = before.copy()
+        updated[at] = after[known]
+        result[key] = np.insert(updated, where, after[fresh], axis=0)
     width = max(old.names.dtype.itemsize, new.names.dtype.itemsize)
-    names = np.concatenate([old.names.astype(f"S{width}"), new.names.astype(f"S{width}")])
-    return _sorted_last_wins(names, np.concatenate([old.size, new.size]),
-                             np.concatenate([old.mtime_ns, new.mtime_ns]),
-                             np.concatenate([old.position, position]), np.concatenate([old.sha256, sha]),
-                             np.concatenate([old.has_sha256, has]),
-                             np.union1d(old.removed, new.removed).astype(bytes) if len(new.removed) else old.removed,
-                             max(old.next_position, new.next_position))
+    names = np.insert(old.names.astype(f"S{width}"), where, new.names[fresh].astype(f"S{width}"))
+    removed = np.union1d(old.removed, new.removed).astype(bytes) if len(new.removed) else old.removed
+    return InputColumns(names, result["size"], result["mtime_ns"], result["position"], result["sha256"],
+                        result["has_sha256"], removed, max(old.next_position, new.next_position))
 
 
 def _blob(names: np.ndarray) -> np.ndarray:
