@@ -5,9 +5,10 @@ One rewriter per format (repack.lifecycle.remove_tar, remove_lmdb, remove_tokens
 
 A sample is named by its source (the ``path`` of its ``.json`` member: the input's path relative to
 SOURCE, or ``<shard>/<member>`` for converted datasets) or by its key (the member name before the
-first dot). Only the shards holding a named sample are rewritten: their other samples are copied,
-member bytes untouched and in order, into a new shard ``<stem>-vN.tar`` (+ its DALI index; a shard
-left empty is dropped); every other shard stays as it is. The new version lists the shards in the
+first dot). Only the shards holding a named sample are read (found from the record of the inputs,
+``repack.lifecycle.locate``) and rewritten: their other samples are copied, member bytes untouched
+and in order, into a new shard ``<stem>-vN.tar`` (+ its DALI index; a shard left empty is dropped);
+every other shard stays as it is. The new version lists the shards in the
 same order. The removed bytes stay in the files of older versions until ``repack gc`` deletes the
 files no kept version names. Names that match no sample are reported (and recorded in the
 version's change), never silently ignored; when none matches nothing is published.

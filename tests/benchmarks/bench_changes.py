@@ -2,6 +2,7 @@
 full pack of the same tiny files (same run, same machine), and the job state's bytes per input.
 
     python -m tests.benchmarks.bench_changes [--files 100000] [--work DIR]
+    python -m tests.benchmarks.bench_changes --select 1000000   # the --append comparison alone, in memory
 
 N tiny JPEGs (32x32, ~1.1 KB, 100 class folders) are generated under a temporary folder (deleted at the
 end). Each step runs ``python -m repack`` as a user would; wall and CPU seconds (user + sys of the
@@ -52,11 +53,49 @@ def timed(*args: str) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def select_at(count: int) -> None:
+    """Time the record's build, write and read, and ``select_new`` of ``count`` + 1% scanned inputs
+    (``InputItem``s, as a folder scan gives them) against a record of ``count``."""
+    import hashlib
+
+    import numpy as np
+
+    from repack.lifecycle.input_columns import build_columns, from_bytes, to_bytes
+    from repack.lifecycle.input_record import select_new
+    from repack.sources.base import InputItem
+
+    new = count // 100
+    names = [f"n{i % 1000:08d}/n{i % 1000:08d}_{i:07d}.JPEG" for i in range(count + new)]
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(500, 200_000, count + new)
+    mtimes = 1_700_000_000_000_000_000 + rng.integers(0, 10**12, count + new)
+    digests = {name: hashlib.sha256(name.encode()).hexdigest() for name in names[:count]}
+    started = time.perf_counter()
+    record = build_columns(names[:count], sizes[:count], mtimes[:count], np.arange(count), digests, count)
+    built = time.perf_counter()
+    raw = to_bytes(record)
+    written = time.perf_counter()
+    record = from_bytes(raw, "record")
+    read = time.perf_counter()
+    items = [InputItem("/src/" + n, n, n.split("/")[0], int(s), int(m)) for n, s, m in zip(names, sizes, mtimes)]
+    begun = time.perf_counter()
+    picked = select_new(items, record, lambda item: item.rel, lambda item: item.fingerprint, lambda item: None)
+    done = time.perf_counter()
+    assert len(picked.new) == new
+    print(f"record of {count}: {len(raw) / count:.1f} bytes per input; build {built - started:.2f} s, write "
+          f"{written - built:.2f} s, read {read - written:.2f} s; select_new of {count + new} scanned: "
+          f"{done - begun:.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--work", default=None, help="folder for the generated files (default: a temp folder)")
+    parser.add_argument("--select", type=int, default=0, help="only time select_new against a record of N inputs")
     args = parser.parse_args()
+    if args.select:
+        select_at(args.select)
+        return
     work = Path(tempfile.mkdtemp(prefix="bench-changes-", dir=args.work))
     try:
         src, out, new = work / "src", work / "out", args.files // 100
