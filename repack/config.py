@@ -118,7 +118,7 @@ class ImagesSpec(JobSpec):
     image_field: str | None = None    # --from webdataset|parquet: the image member's extension / column
     label_field: str | None = None    # ... and the label's
     # set by `--append` (repack.lifecycle.append) for the job that packs only the new inputs:
-    known_inputs: str | None = None   # JSON file {"inputs": {rel: [size, mtime_ns]}, "next_position"}: skipped
+    known_inputs: str | None = None   # the record of the inputs held (repack.lifecycle.input_columns): skipped
     known_classes: tuple[tuple[str, int], ...] = ()  # the dataset's classes (kept; a new class: the next index)
     cls_width: int | None = None      # the dataset's cls member width (kept)
 

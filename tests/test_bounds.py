@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 
-from repack.lifecycle.remove_tar import _samples
 from repack.sinks.webdataset import TarShardWriter
 from repack.sources.text_sniff import binary_reason
 from tests.conftest import read_manifest_json, run_repack
@@ -30,6 +29,24 @@ def test_names_files_fifo_device_and_oversized_are_refused_by_name(tmp_path):
     (tmp_path / "crlf.txt").write_bytes(b"cat/c0.jpg\r\ncat/c1.jpg\r\n")
     done = run_repack("remove", out, "--sources", tmp_path / "crlf.txt")
     assert "2 sample(s) removed, 0 name(s) not found" in done.stdout
+
+
+def _samples(path):
+    """(key, [(ext, bytes)], source) of every sample of a repack tar shard, in order."""
+    from repack.sinks.tar_format import iter_members
+
+    samples: list = []
+    with open(path, "rb") as fh:
+        for member in list(iter_members(fh)):
+            fh.seek(member.offset)
+            data = fh.read(member.size)
+            key, _, ext = member.name.partition(".")
+            if not samples or samples[-1][0] != key:
+                samples.append((key, [], None))
+            samples[-1][1].append((ext, data))
+            if ext == "json":
+                samples[-1] = (key, samples[-1][1], json.loads(data).get("path"))
+    return samples
 
 
 def rewrite_shard(out, entry: dict, rename: dict[str, str]) -> dict:

@@ -32,7 +32,7 @@ import numpy as np
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
-from repack.lifecycle.input_record import file_sha256, select_new
+from repack.lifecycle.input_record import file_sha256, load_known, select_new
 from repack.jobs.stats import count_into
 from repack.jobs.summary import quarantine_lines
 from repack.jobs.stats import histogram as half_octave_histogram
@@ -219,7 +219,7 @@ class TextJob(Job):
             follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
         selection = None
         if spec.known_inputs:  # --append: only files the dataset does not hold yet (repack.lifecycle.input_record)
-            selection = select_new(files, json.loads(Path(spec.known_inputs).read_bytes()), lambda f: f.rel,
+            selection = select_new(files, load_known(spec.known_inputs), lambda f: f.rel,
                                    lambda f: [f.size, f.mtime_ns], lambda f: file_sha256(f.path))
             files = selection.new
         require_decompressors(files)

@@ -52,13 +52,13 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
 from repack.jobs.images import extend_classes, sample_key
-from repack.lifecycle.input_record import file_sha256, select_new
+from repack.lifecycle.input_record import file_sha256, load_known, select_new
 from repack.jobs.summary import quarantine_lines
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
@@ -94,7 +94,7 @@ class VideoSpec(JobSpec):
     follow_symlinks: bool = True
     allow_outside_source: bool = False
     # set by `--append` (repack.lifecycle.append) for the job that prepares only the new videos:
-    known_inputs: str | None = None   # JSON file {"inputs": {rel: [size, mtime_ns]}, "next_position"}: skipped
+    known_inputs: str | None = None   # the record of the inputs held (repack.lifecycle.input_columns): skipped
     known_classes: tuple[tuple[str, int], ...] = ()  # the dataset's classes (kept; a new class: the next index)
     cls_width: int | None = None      # the dataset's cls member width (kept)
     known_codec: str | None = None    # the dataset's recorded one codec (kept, not decided again)
@@ -235,8 +235,8 @@ class VideoJob(Job):
         first = 0
         selection = None
         if spec.known_inputs:  # --append: only the videos the dataset does not hold yet (repack.lifecycle.input_record)
-            known = json.loads(Path(spec.known_inputs).read_bytes())
-            first = known["next_position"]
+            known = load_known(spec.known_inputs)
+            first = known.next_position
             selection = select_new(items, known, lambda item: item.rel, lambda item: item.fingerprint,
                                    lambda item: file_sha256(item.path))
             items = selection.new

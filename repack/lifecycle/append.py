@@ -34,11 +34,12 @@ from typing import Callable
 
 from repack.config import EngineOptions
 from repack.errors import UsageError
-from repack.jobs.base import STATE_DIR, read_plan
-from repack.lifecycle.input_record import dataset_record, record_after_append, task_digests
+from repack.jobs.base import STATE_DIR, Plan, read_plan
+from repack.lifecycle.input_columns import to_bytes
+from repack.lifecycle.input_record import dataset_record, record_after_append, task_digests, write_known
 from repack.lifecycle.publish import (current_version, inputs_record, locked_dataset, move, promote_pending, publish,
                                  remove_prefix, warner)
-from repack.manifest import MANIFEST_NAME, atomic_write_bytes, dumps_canonical
+from repack.manifest import MANIFEST_NAME
 from repack.manifest.versions import number_of
 
 
@@ -51,6 +52,13 @@ class AppendResult:
     added: int
     seconds: float
     removed_skipped: int = 0  # sources `repack remove` took down, found in SOURCE again and left out
+
+
+def planned_once(job, plan: Plan):
+    """``job`` whose ``plan()`` returns ``plan``: the append planned it to see whether anything is new, and
+    the engine would otherwise scan SOURCE and select the new inputs a second time."""
+    job.plan = lambda: plan
+    return job
 
 
 def stage_folder(number: int) -> str:
@@ -92,27 +100,25 @@ def append(spec, options: EngineOptions) -> AppendResult:
         for name in stale - {f"append-v{number}"}:  # left by appends that were published
             remove_prefix(store, f"{STATE_DIR}/{name}/")
         known = dataset_record(store, current)
-        known_file = out / stage / "known-inputs.json"
+        known_file = out / stage / "known-inputs.npz"
         if not known_file.exists():  # the staged job's input: the record and the rels without a sample
             known_file.parent.mkdir(parents=True, exist_ok=True)
-            quarantined = sorted({q["source"] for q in current["quarantine"]})
-            atomic_write_bytes(known_file, dumps_canonical({**known, "quarantined": quarantined}))
+            write_known(known_file, known, {q["source"] for q in current["quarantine"]})
         job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_file, current)
         if job.store.read_bytes(MANIFEST_NAME) is None:
             from repack.jobs.base import build_plan
 
-            nothing = build_plan(job)
-            if not nothing.tasks:
+            planned = build_plan(job)
+            if not planned.tasks:
                 remove_prefix(store, f"{stage}/")
                 return AppendResult(current, False, 0, time.time() - started,
-                                    nothing.info.get("removed_skipped", 0))
-            Engine(job, dataclasses.replace(options, overwrite=False, strict=False)).run()
+                                    planned.info.get("removed_skipped", 0))
+            Engine(planned_once(job, planned), dataclasses.replace(options, overwrite=False, strict=False)).run()
         staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
         plan = read_plan(job.store)
         shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
                   for shard in staged["shards"]]
-        store.put_bytes(inputs_record(number),
-                        dumps_canonical(record_after_append(plan, known, task_digests(job.store))))
+        store.put_bytes(inputs_record(number), to_bytes(record_after_append(plan, known, task_digests(job.store))))
         body = appender.merge(current, staged, shards)
         if appender.side_files is not None:
             body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))

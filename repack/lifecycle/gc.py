@@ -2,7 +2,7 @@
 
 Kept: the K newest versions (``manifest.json`` and their ``manifest.vN.json``) and every file they
 name. Deleted: the ``manifest.vN.json`` of every other version and each file such a version names
-that no kept version names, and their job-state records (``.repack/inputs-vN.json``). A file no
+that no kept version names, and their job-state records (``.repack/inputs-vN.npz``, an older repack's ``inputs-vN.json``). A file no
 version names at all is never touched (``repack verify`` reports it): gc deletes only what repack
 published. Readers pinned to a deleted version lose it: keep as many versions as readers may pin.
 Each deletion is one unlink; a gc killed half-way leaves kept versions whole, and a re-run finishes.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import UsageError
-from repack.lifecycle.publish import current_version, inputs_record, locked_dataset, settle_pending
+from repack.lifecycle.publish import current_version, inputs_record, legacy_inputs_record, locked_dataset, settle_pending
 from repack.manifest import Manifest, ManifestError, parse_manifest
 from repack.manifest.versions import number_of, version_file, version_number
 
@@ -55,6 +55,7 @@ def collect_garbage(out: str, keep: int) -> GcResult:
             if store.size(version_file(number)) is not None:
                 store.delete(version_file(number))
             store.delete(inputs_record(number))
+            store.delete(legacy_inputs_record(number))  # an older repack's record
         return GcResult(kept, doomed, tuple(deleted), freed)
 
 

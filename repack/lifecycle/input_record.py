@@ -1,12 +1,9 @@
-"""What a dataset holds, for `--append`: the job state ``.repack/inputs-vN.json`` and the rule that picks
-the new inputs.
+"""What a dataset holds, for `--append` and `repack remove`: the job state ``.repack/inputs-vN.npz``
+(columns, ``repack.lifecycle.input_columns``) and the rule that picks the new inputs.
 
-The record (job state, not a dataset file; ``repack.lifecycle.publish`` writes its first two keys)::
-
-  {"inputs": {rel: [size, mtime_ns]},  every input planned in versions 1..N (packed, quarantined, removed)
-   "next_position": P,                 the next free sample position (keys stay unique)
-   "sha256": {rel: hex},               the content of each packed input, where its task hashed it
-   "removed": [rel, ...]}              sources taken down by `repack remove`: never packed again
+The record holds every input planned in versions 1..N (packed, quarantined, removed) with its
+fingerprint [size, mtime_ns], its sample position, its content's sha256 where its task hashed it, the
+sources taken down by `repack remove` (never packed again), and the next free sample position.
 
 An input of a later scan is *new* when its rel is not in the record. A known rel is skipped when its
 size and mtime are the recorded ones, or when only the mtime differs and its sha256 is the recorded one
@@ -17,15 +14,21 @@ name: a file never gets two samples. A known rel that was quarantined is planned
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, TypeVar
+from pathlib import Path
+from typing import Callable, Iterable, Sequence, TypeVar
+
+import numpy as np
 
 from repack.errors import UsageError
-from repack.jobs.base import STATE_DIR, Plan
+from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.jobs.record_columns import state_digests
-from repack.lifecycle.publish import inputs_record, known_inputs, plan_inputs
+from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, encode_names, from_bytes, merged, to_bytes,
+                                            with_quarantined)
+from repack.lifecycle.publish import known_inputs, plan_inputs, read_inputs_record
 from repack.manifest.versions import number_of
 
 T = TypeVar("T")
@@ -38,40 +41,64 @@ def task_digests(store, state: str = STATE_DIR) -> dict[str, str]:
     return state_digests(store, state)
 
 
-def dataset_record(store, current: dict) -> dict:
+
+def dataset_record(store, current: dict) -> InputColumns:
     """The record of the published version (version 1: derived from the job's plan and task records);
-    UsageError naming what is missing when it cannot be had (a remove by an older repack wrote none)."""
+    UsageError naming what is missing or unreadable when it cannot be had (a remove by an older repack
+    wrote none)."""
     number = number_of(current)
-    if number > 1 and store.read_bytes(inputs_record(number)) is None:
-        raise UsageError(f"{store.url}: the record of what version {number} holds ({inputs_record(number)}) is "
-                         f"missing (version {number} was published by an older repack), so new inputs cannot be "
-                         "told apart from removed ones; repack from a SOURCE that leaves the removed sources out")
-    record = known_inputs(store, current)
-    if number == 1 and "sha256" not in record:
-        record["sha256"] = task_digests(store)
-    record.setdefault("sha256", {})
-    record.setdefault("removed", [])
-    return record
+    if number > 1:
+        record = read_inputs_record(store, number)
+        if record is None:
+            raise UsageError(f"{store.url}: the record of what version {number} holds (.repack/inputs-v{number}.npz) "
+                             f"is missing (version {number} was published by an older repack), so new inputs cannot "
+                             "be told apart from removed ones; repack from a SOURCE that leaves the removed sources "
+                             "out")
+        return record
+    record = read_inputs_record(store, 1)
+    if record is not None:
+        return record
+    plan = read_plan(store)
+    if plan is None:
+        return known_inputs(store, current)  # raises, naming what is missing
+    return plan_inputs(plan, task_digests(store), 0)
 
 
-def record_after_append(plan: Plan, known: dict, digests: dict[str, str]) -> dict:
+def record_after_append(plan: Plan, known: InputColumns, digests: dict[str, str]) -> InputColumns:
     """Version N+1's record: ``known`` plus the inputs ``plan`` planned (their digests from its tasks), and
     the known inputs whose copy the plan recognized by content (``plan.info["same_content"]``: their new
     fingerprints)."""
-    record = plan_inputs(plan, known)
-    inputs = record["inputs"]
-    for rel, fingerprint in plan.info.get("same_content", {}).items():
-        inputs[rel] = list(fingerprint)
-    record["inputs"] = dict(sorted(inputs.items()))
-    record["sha256"] = dict(sorted({**known.get("sha256", {}), **digests}.items()))
-    record["removed"] = list(known.get("removed", []))
-    return record
+    planned = plan_inputs(plan, digests, known.next_position)
+    same = plan.info.get("same_content", {})
+    if same:
+        names = sorted(same)
+        copies = InputColumns(encode_names(names), np.array([same[n][0] for n in names], np.int64),
+                              np.array([same[n][1] if len(same[n]) > 1 else NO_MTIME for n in names], np.int64),
+                              np.full(len(names), -1, np.int64), np.zeros((len(names), 32), np.uint8),
+                              np.zeros(len(names), bool), np.array([], dtype="S1"), 0)
+        planned = merged(planned, copies)
+    return dataclasses.replace(merged(known, planned), quarantined=np.array([], dtype="S1"))
 
 
-def record_after_remove(known: dict, removed_sources: Iterable[str]) -> dict:
+def record_after_remove(known: InputColumns, removed_sources: Iterable[str]) -> InputColumns:
     """Version N+1's record after `repack remove`: ``known`` with the removed sources added."""
-    removed = sorted(set(known.get("removed", [])) | set(removed_sources))
-    return {**known, "removed": removed}
+    return known.with_removed(list(removed_sources))
+
+
+def write_known(path: Path, known: InputColumns, quarantined: Iterable[str]) -> None:
+    """The staged `--append` job's input: the record and the rels without a sample (``quarantined``)."""
+    from repack.manifest import atomic_write_bytes
+
+    atomic_write_bytes(path, to_bytes(with_quarantined(known, list(quarantined)), compress=False))
+
+
+def load_known(path: str | Path) -> InputColumns:
+    """The staged `--append` job's input written by ``write_known``; UsageError naming it when unreadable."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read the record of the dataset's inputs {str(path)!r}: {exc.strerror}") from None
+    return from_bytes(raw, str(path))
 
 
 @dataclass(frozen=True)
@@ -83,43 +110,36 @@ class Selection:
     same_content: dict = field(default_factory=dict)  # rel -> [size, mtime_ns]: a copy recognized by sha256
 
 
-def select_new(items: Iterable[T], known: dict, rel: Callable[[T], str], fingerprint: Callable[[T], list],
-               digest: Callable[[T], str | None]) -> Selection:
-    """Apply the module's rule to ``items`` (``known``: the record plus ``quarantined``, the rels without a
-    sample). The candidates for a content comparison are hashed on a thread pool. UsageError naming the
-    changed files."""
-    inputs, digests = known["inputs"], known.get("sha256", {})
-    removed, quarantined = set(known.get("removed", ())), set(known.get("quarantined", ()))
-    new: list = []
-    compare: list[tuple[T, list]] = []  # same name and size, another mtime, a recorded sha256
-    changed: list[str] = []
-    unknown: list[str] = []  # another mtime, no recorded sha256 to compare with
-    skipped_removed = 0
-    for item in items:
-        name = rel(item)
-        if name in removed:
-            skipped_removed += 1
-            continue
-        old = inputs.get(name)
-        now = list(fingerprint(item)[:2])
-        if old is None or name in quarantined:
-            if now != list(old or ()):
-                new.append(item)
-        elif now == list(old):
-            continue
-        elif now[0] != old[0]:
-            changed.append(name)
-        elif digests.get(name) is None:
-            unknown.append(name)
-        else:
-            compare.append((item, now))
+def select_new(items: Sequence[T] | Iterable[T], known: InputColumns, rel: Callable[[T], str],
+               fingerprint: Callable[[T], list], digest: Callable[[T], str | None]) -> Selection:
+    """Apply the module's rule to ``items`` (``known``: the record, with ``quarantined``: the rels without
+    a sample), vectorized over the record's columns. The candidates for a content comparison are hashed
+    on a thread pool. UsageError naming the changed files."""
+    items = items if isinstance(items, list) else list(items)
+    if not items:
+        return Selection([])
+    names = encode_names([rel(item) for item in items])
+    prints = [fingerprint(item) for item in items]
+    size = np.fromiter((p[0] for p in prints), np.int64, len(prints))
+    mtime = np.fromiter((p[1] if len(p) > 1 else NO_MTIME for p in prints), np.int64, len(prints))
+    removed = known.is_removed(names)
+    rows, recorded = known.find(names)
+    same_print = recorded & (known.size[rows] == size) & (known.mtime_ns[rows] == mtime)
+    again = recorded & known.is_quarantined(names) & ~removed
+    new_mask = ~removed & ((~recorded) | (again & ~same_print))
+    held = recorded & ~again & ~removed & ~same_print  # a known input with a sample, another fingerprint
+    changed_mask = held & (known.size[rows] != size)
+    unknown_mask = held & ~changed_mask & ~known.has_sha256[rows]
+    compare = np.flatnonzero(held & ~changed_mask & known.has_sha256[rows])
+    changed = [rel(items[i]) for i in np.flatnonzero(changed_mask)]
+    unknown = [rel(items[i]) for i in np.flatnonzero(unknown_mask)]
     same: dict[str, list] = {}
     with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
-        for (item, now), found in zip(compare, pool.map(lambda pair: digest(pair[0]), compare)):
-            if found == digests[rel(item)]:
-                same[rel(item)] = now
+        for i, found in zip(compare.tolist(), pool.map(lambda i: digest(items[i]), compare.tolist())):
+            if found == known.hex_digest(int(rows[i])):
+                same[rel(items[i])] = [int(size[i]), int(mtime[i])] if mtime[i] != NO_MTIME else [int(size[i])]
             else:
-                changed.append(rel(item))
+                changed.append(rel(items[i]))
     if changed or unknown:
         raise UsageError("--append: " + "; ".join(
             part for part in (_listed(sorted(changed), "changed since the dataset packed them (same name, other "
@@ -127,7 +147,7 @@ def select_new(items: Iterable[T], known: dict, rel: Callable[[T], str], fingerp
                               _listed(unknown, "have another mtime and no recorded sha256 to compare (packed by an "
                                                "older repack)")) if part) +
             "; a file never gets two samples: put new content under a new name, or restore the packed file")
-    return Selection(new, skipped_removed, same)
+    return Selection([items[i] for i in np.flatnonzero(new_mask)], int(removed.sum()), same)
 
 
 def _listed(names: list[str], what: str) -> str:

@@ -10,10 +10,11 @@ remove, gc) settles it before anything else. Publishing is a commit: a pending v
 every file it names present with the size it records); otherwise it is moved aside to
 ``.repack/rejected/`` and reported, and the published version stays.
 
-The dataset's record of what it holds, for appends: ``.repack/inputs-vN.json`` (job state, not a
-dataset file) ``{"inputs": {rel: [size, mtime_ns]}, "next_position": P}``: every input planned in
-versions 1..N (packed or quarantined by a task, removed later or not: a removed sample is not
-packed again by the next append) and the next free sample position (keys stay unique).
+The dataset's record of what it holds, for appends and removes: ``.repack/inputs-vN.npz`` (job state,
+not a dataset file; columns, ``repack.lifecycle.input_columns``): every input planned in versions 1..N
+(packed or quarantined by a task, removed later or not: a removed sample is not packed again by the
+next append), its fingerprint and sample position, and the next free sample position (keys stay
+unique). An older repack's ``inputs-vN.json`` is still read.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Callable, Iterator
 from repack.errors import ConfinementError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.jobs.task_inputs import task_inputs
+from repack.lifecycle.input_columns import NO_MTIME, InputColumns, build_columns, from_bytes, from_json_record
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
@@ -38,7 +40,25 @@ REJECTED_DIR = f"{STATE_DIR}/rejected"
 
 
 def inputs_record(number: int) -> str:
+    """Where version ``number``'s record of its inputs is (``repack.lifecycle.input_columns``)."""
+    return f"{STATE_DIR}/inputs-v{number}.npz"
+
+
+def legacy_inputs_record(number: int) -> str:
+    """Where an older repack wrote version ``number``'s record (JSON)."""
     return f"{STATE_DIR}/inputs-v{number}.json"
+
+
+def read_inputs_record(store, number: int) -> InputColumns | None:
+    """Version ``number``'s record (an older repack's JSON converted), None when it has none;
+    UsageError naming the file when it is unreadable."""
+    raw = store.read_bytes(inputs_record(number))
+    if raw is not None:
+        return from_bytes(raw, f"{store.url}/{inputs_record(number)}")
+    raw = store.read_bytes(legacy_inputs_record(number))
+    if raw is not None:
+        return from_json_record(raw, f"{store.url}/{legacy_inputs_record(number)}")
+    return None
 
 
 @contextlib.contextmanager
@@ -154,29 +174,35 @@ def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, cha
     return data
 
 
-def known_inputs(store, current: dict) -> dict:
-    """The ``inputs-vN.json`` record of the published version (version 1: derived from the job's plan)."""
+def known_inputs(store, current: dict) -> InputColumns:
+    """The record of the published version (version 1: derived from the job's plan, without digests)."""
     number = number_of(current)
-    raw = store.read_bytes(inputs_record(number))
-    if raw is not None:
-        return json.loads(raw)
+    record = read_inputs_record(store, number)
+    if record is not None:
+        return record
     plan = read_plan(store) if number == 1 else None
     if plan is None:
         raise UsageError(f"{store.url}: the record of what version {number} holds ({inputs_record(number)}) is "
                          "missing, so new inputs cannot be told apart; repack without --append")
-    return plan_inputs(plan, {"inputs": {}, "next_position": 0})
+    return plan_inputs(plan, {}, 0)
 
 
-def plan_inputs(plan: Plan, known: dict) -> dict:
-    """``known`` plus every input planned in ``plan``; next_position past the plan's sample keys."""
-    inputs = dict(known["inputs"])
-    position = known["next_position"]
+def plan_inputs(plan: Plan, digests: dict[str, str], next_position: int) -> InputColumns:
+    """Every input planned in ``plan`` (its fingerprint, sample position and digest from ``digests``);
+    next_position past the plan's sample keys and ``next_position``."""
+    names: list[str] = []
+    sizes: list[int] = []
+    mtimes: list[int] = []
+    positions: list[int] = []
     for task in plan.tasks:
         for entry in task_inputs(task.payload) or task.payload.get("segments", ()):  # text: file segments
-            inputs[entry["rel"]] = list(entry["fingerprint"])[:2]
-            if "key" in entry:
-                position = max(position, int(entry["key"].partition("_")[0]) + 1)
-    return {"inputs": dict(sorted(inputs.items())), "next_position": position}
+            fingerprint = entry["fingerprint"]
+            names.append(entry["rel"])
+            sizes.append(int(fingerprint[0]))
+            mtimes.append(int(fingerprint[1]) if len(fingerprint) > 1 else NO_MTIME)
+            positions.append(int(entry["key"].partition("_")[0]) if "key" in entry else -1)
+    last = max(positions, default=-1)
+    return build_columns(names, sizes, mtimes, positions, digests, max(next_position, last + 1))
 
 
 def move(store, src: str, dst: str) -> None:

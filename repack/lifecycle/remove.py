@@ -5,9 +5,10 @@ One rewriter per format (repack.lifecycle.remove_tar, remove_lmdb, remove_tokens
 
 A sample is named by its source (the ``path`` of its ``.json`` member: the input's path relative to
 SOURCE, or ``<shard>/<member>`` for converted datasets) or by its key (the member name before the
-first dot). Only the shards holding a named sample are rewritten: their other samples are copied,
-member bytes untouched and in order, into a new shard ``<stem>-vN.tar`` (+ its DALI index; a shard
-left empty is dropped); every other shard stays as it is. The new version lists the shards in the
+first dot). Only the shards holding a named sample are read (found from the record of the inputs,
+``repack.lifecycle.locate``) and rewritten: their other samples are copied, member bytes untouched
+and in order, into a new shard ``<stem>-vN.tar`` (+ its DALI index; a shard left empty is dropped);
+every other shard stays as it is. The new version lists the shards in the
 same order. The removed bytes stay in the files of older versions until ``repack gc`` deletes the
 files no kept version names. Names that match no sample are reported (and recorded in the
 version's change), never silently ignored; when none matches nothing is published.
@@ -24,12 +25,12 @@ import time
 from dataclasses import dataclass
 
 from repack.errors import UsageError
+from repack.lifecycle.input_columns import InputColumns, to_bytes
 from repack.lifecycle.input_record import dataset_record, record_after_remove
 from repack.lifecycle.publish import current_version, inputs_record, locked_dataset, promote_pending, publish
 from repack.lifecycle.remove_lmdb import rewrite_lmdb
 from repack.lifecycle.remove_tar import rewrite_tar_shards
 from repack.lifecycle.remove_tokens import rewrite_token_prefixes
-from repack.manifest import dumps_canonical
 from repack.manifest.versions import number_of
 
 
@@ -88,20 +89,32 @@ def read_names(path: str, limit: int = MAX_NAMES_BYTES) -> tuple[str, ...]:
     return names
 
 
-def record_removed(store, current: dict, number: int, sources) -> None:
-    """Write version ``number``'s input record (``repack.lifecycle.input_record``): the published one's, plus the
-    removed sources, so that `--append` works after a remove and never packs them again. Before the
-    version is published: a crash in between leaves a record of an unpublished version, rewritten by the
-    re-run. Nothing is written when the published version has no record to extend (its datasets refuse
-    --append and say why)."""
+def published_record(store, current: dict) -> InputColumns | None:
+    """The published version's record of its inputs (``repack.lifecycle.input_record``), None when it has
+    none to extend (its datasets refuse --append and say why; a remove then reads every shard)."""
     try:
-        known = dataset_record(store, current)
+        return dataset_record(store, current)
     except UsageError:
-        return
-    store.put_bytes(inputs_record(number), dumps_canonical(record_after_remove(known, sources)))
+        return None
 
 
-REWRITERS = {"webdataset": rewrite_tar_shards, "lmdb": rewrite_lmdb, "memmap": rewrite_token_prefixes}
+def record_removed(store, known: InputColumns | None, number: int, sources) -> None:
+    """Write version ``number``'s input record: the published one (``known``), plus the removed sources, so
+    that `--append` works after a remove and never packs them again. Before the version is published: a
+    crash in between leaves a record of an unpublished version, rewritten by the re-run. Nothing is
+    written without a published record."""
+    if known is not None:
+        store.put_bytes(inputs_record(number), to_bytes(record_after_remove(known, sources)))
+
+
+def _without_record(rewriter):
+    """A rewriter that finds its samples without the record of the inputs."""
+    return lambda store, out, current, spec, number, known: rewriter(store, out, current, spec, number)
+
+
+# (store, out, current, spec, version, the published record or None) -> Rewrite
+REWRITERS = {"webdataset": rewrite_tar_shards, "lmdb": _without_record(rewrite_lmdb),
+             "memmap": _without_record(rewrite_token_prefixes)}
 
 
 def remove_samples(spec: RemoveSpec) -> RemoveResult:
@@ -119,7 +132,8 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         number = number_of(current) + 1
         for temp in out.glob(f".*-v{number}.*.tmp-*"):  # a rewrite killed before its rename
             temp.unlink(missing_ok=True)
-        done = rewriter(store, out, current, spec, number)
+        known = published_record(store, current)
+        done = rewriter(store, out, current, spec, number, known)
         shards = done.shards
         not_found = tuple(sorted(set(spec.names) - done.found))
         if not done.found:
@@ -142,7 +156,7 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
                     run={"command": "remove", "seconds": round(time.time() - started, 3)})
         change = {"kind": "remove", "by": spec.by, "removed_samples": removed, "rewritten": done.rewritten,
                   "not_found": list(not_found)}
-        record_removed(store, current, number, done.removed_sources if done.removed_sources is not None
+        record_removed(store, known, number, done.removed_sources if done.removed_sources is not None
                        else (done.found if spec.by == "sources" else frozenset()))
         data = publish(store, out, current, raw, body, change)
         return RemoveResult(data, True, removed, not_found, time.time() - started)

@@ -359,11 +359,13 @@ def _copy_by_blocks(src: int, dst: int, start: int, size: int, base: int) -> int
     return done
 
 
-def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, index: str, samples: int) -> dict:
-    """fsync and close a finished tar temp file, write its index and per-sample checksums
-    (``sample_checksums``), rename them into place, the tar last; the shard entry."""
+def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, index: str, samples: int,
+                  checksums: bytes | None = None) -> dict:
+    """fsync and close a finished tar temp file, write its index and per-sample checksums (``checksums``,
+    or ``sample_checksums`` of the file), rename them into place, the tar last; the shard entry."""
     try:
-        checksums = sample_checksums(tmp, index)  # read back from the page cache
+        if checksums is None:
+            checksums = sample_checksums(tmp, index)  # read back from the page cache
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -1,0 +1,294 @@
+"""The columnar record of what a dataset version holds (job state ``.repack/inputs-vN.npz``).
+
+One compressed numpy ``.npz`` per version, no pickle (written and read with ``allow_pickle=False``);
+every member is a plain array, one row per input, rows sorted by name (bytes order)::
+
+  member         dtype / shape     meaning
+  format         int64 (1,)        FORMAT (a newer number is refused)
+  names          uint8 (B,)        the inputs' rels, utf-8 (surrogateescape), each followed by one NUL
+  size           int64 (N,)        bytes at planning
+  mtime_ns       int64 (N,)        mtime at planning; NO_MTIME where the fingerprint has none (s3: [size])
+  position       int64 (N,)        the sample key's number (keys are ``%08d_...``); -1 without one (text)
+  sha256         uint8 (N, 32)     the content, where a task hashed it (``has_sha256``)
+  has_sha256     bool  (N,)
+  removed        uint8 (R,)        sources `repack remove` took down, NUL-terminated like ``names``, sorted
+  next_position  int64 (1,)        the next free sample position (keys stay unique)
+  quarantined    uint8 (Q,)        optional: the rels without a sample (the staged --append job's input only)
+
+Names are looked up vectorized (``np.searchsorted`` over a fixed-width bytes array); a record of a
+million inputs is never a million Python objects. The zip members carry a fixed timestamp: the same
+record is the same bytes. An older repack's ``inputs-vN.json`` (``{"inputs": {rel: [size, mtime_ns]},
+"next_position", "sha256", "removed"}``) is converted on read (``from_json_record``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from repack.errors import UsageError
+
+FORMAT = 1
+NO_MTIME = np.iinfo(np.int64).min
+MAX_STATE_BYTES = 64 * 2**30  # declared (uncompressed) bytes of one record; more is refused unread
+MEMBERS = ("format", "names", "size", "mtime_ns", "position", "sha256", "has_sha256", "removed", "next_position")
+COMPRESS_LEVEL = 1  # the sha256 column dominates and does not compress: level 6 saves ~1%, at twice the time
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def encode_names(names) -> np.ndarray:
+    """A fixed-width bytes array (dtype ``S``) of ``names`` (str, utf-8 with surrogateescape)."""
+    encoded = [name.encode("utf-8", "surrogateescape") for name in names]
+    if encoded and (b"\0" in b"".join(encoded) or not min(map(len, encoded))):
+        raise UsageError("an input name is empty or holds a NUL byte; it cannot be recorded")
+    return np.array(encoded, dtype=bytes) if encoded else np.array([], dtype="S1")
+
+
+def decode_names(names: np.ndarray) -> list[str]:
+    """``names`` (dtype ``S``) as str."""
+    return [name.decode("utf-8", "surrogateescape") for name in names.tolist()]
+
+
+@dataclass(frozen=True)
+class InputColumns:
+    """One version's record, as columns (see the module docstring); ``names`` and ``removed`` are
+    sorted unique ``S`` arrays."""
+
+    names: np.ndarray
+    size: np.ndarray
+    mtime_ns: np.ndarray
+    position: np.ndarray
+    sha256: np.ndarray
+    has_sha256: np.ndarray
+    removed: np.ndarray
+    next_position: int
+    quarantined: np.ndarray = dataclasses.field(default_factory=lambda: np.array([], dtype="S1"))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def find(self, names: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row of each of ``names`` (an ``S`` array), whether it is recorded); a row is 0 where not."""
+        if not len(self.names):
+            return np.zeros(len(names), np.int64), np.zeros(len(names), bool)
+        rows = np.searchsorted(self.names, names).clip(0, len(self.names) - 1)
+        return rows, self.names[rows] == names
+
+    def is_removed(self, names: np.ndarray) -> np.ndarray:
+        """Whether each of ``names`` was taken down by `repack remove`."""
+        return _member_of(self.removed, names)
+
+    def is_quarantined(self, names: np.ndarray) -> np.ndarray:
+        """Whether each of ``names`` is in ``quarantined`` (planned before, without a sample)."""
+        return _member_of(self.quarantined, names)
+
+    def hex_digest(self, row: int) -> str | None:
+        return bytes(self.sha256[row]).hex() if self.has_sha256[row] else None
+
+    def with_removed(self, sources) -> "InputColumns":
+        """This record with ``sources`` added to the removed ones."""
+        removed = np.union1d(self.removed, encode_names(sorted(set(sources)))) if sources else self.removed
+        return dataclasses.replace(self, removed=removed.astype(bytes))
+
+
+def _member_of(table: np.ndarray, names: np.ndarray) -> np.ndarray:
+    if not len(table):
+        return np.zeros(len(names), bool)
+    rows = np.searchsorted(table, names).clip(0, len(table) - 1)
+    return table[rows] == names
+
+
+def with_quarantined(record: InputColumns, sources) -> InputColumns:
+    """``record`` carrying the sorted names ``sources`` as its ``quarantined``."""
+    return dataclasses.replace(record, quarantined=np.unique(encode_names(sorted(set(sources))))
+                               if sources else np.array([], dtype="S1"))
+
+
+def empty_columns(next_position: int = 0) -> InputColumns:
+    return build_columns([], [], [], [], {}, next_position)
+
+
+def build_columns(names: list[str], sizes, mtimes, positions, digests: dict[str, str],
+                  next_position: int, removed=()) -> InputColumns:
+    """Columns of the given inputs (a later duplicate of a name wins); ``digests``: {rel: hex sha256}."""
+    order_names = encode_names(names)
+    size = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    mtime = np.asarray(mtimes, dtype=np.int64).reshape(-1)
+    position = np.asarray(positions, dtype=np.int64).reshape(-1)
+    sha, has = hex_digests([digests.get(name) for name in names] if digests else [None] * len(names))
+    return _sorted_last_wins(order_names, size, mtime, position, sha, has, encode_names(sorted(set(removed))),
+                             next_position)
+
+
+_NIBBLE = np.full(256, 255, np.uint8)
+_NIBBLE[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+_NIBBLE[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+
+
+def hex_digests(digests: list) -> tuple[np.ndarray, np.ndarray]:
+    """((N, 32) uint8 digests, whether each is one) of hex sha256 strings; anything else (None, not
+    64 hex digits) is no digest: its input is refused if changed, never packed twice."""
+    valid = [isinstance(d, str) and len(d) == 64 and d.isascii() for d in digests]
+    text = "".join(d if ok else "0" * 64 for d, ok in zip(digests, valid)).encode("ascii")
+    nibbles = _NIBBLE[np.frombuffer(text, np.uint8)].reshape(len(digests), 64)
+    has = np.array(valid, bool) & (nibbles != 255).all(axis=1)
+    sha = (nibbles[:, 0::2] << 4 | nibbles[:, 1::2]).astype(np.uint8)
+    sha[~has] = 0
+    return sha, has
+
+
+def _sorted_last_wins(names, size, mtime, position, sha, has, removed, next_position) -> InputColumns:
+    removed = np.unique(removed) if len(removed) else np.array([], dtype="S1")
+    if len(names) < 2 or bool(np.all(names[1:] > names[:-1])):  # already sorted and unique (a sorted scan)
+        return InputColumns(names.astype(bytes), size, mtime, position, sha, has, removed, int(next_position))
+    reverse = slice(None, None, -1)
+    unique, first = np.unique(names[reverse], return_index=True)  # first of the reversed: the last given
+    rows = (len(names) - 1 - first).astype(np.int64)
+    removed = np.unique(removed) if len(removed) else np.array([], dtype="S1")
+    return InputColumns(unique.astype(bytes), size[rows], mtime[rows], position[rows], sha[rows], has[rows],
+                        removed, int(next_position))
+
+
+def merged(old: InputColumns, new: InputColumns) -> InputColumns:
+    """``old`` with ``new``'s rows added; a name in both takes ``new``'s row, and ``old``'s digest where
+    ``new`` has none (a copy recognized by content keeps its digest). Rows are updated in place or
+    inserted where they sort: no sort of the whole record."""
+    rows, known = old.find(new.names)
+    sha, has = new.sha256.copy(), new.has_sha256.copy()
+    inherit = known & ~has
+    sha[inherit] = old.sha256[rows[inherit]]
+    has[inherit] = old.has_sha256[rows[inherit]]
+    position = new.position.copy()
+    keep_old = known & (position < 0)
+    position[keep_old] = old.position[rows[keep_old]]
+    columns = {"size": (old.size, new.size), "mtime_ns": (old.mtime_ns, new.mtime_ns),
+               "position": (old.position, position), "sha256": (old.sha256, sha), "has_sha256": (old.has_sha256, has)}
+    at, fresh = rows[known], ~known
+    where = np.searchsorted(old.names, new.names[fresh])  # new.names are sorted: so are the insertion points
+    result = {}
+    for key, (before, after) in columns.items():
+        updated = before.copy()
+        updated[at] = after[known]
+        result[key] = np.insert(updated, where, after[fresh], axis=0)
+    width = max(old.names.dtype.itemsize, new.names.dtype.itemsize)
+    names = np.insert(old.names.astype(f"S{width}"), where, new.names[fresh].astype(f"S{width}"))
+    removed = np.union1d(old.removed, new.removed).astype(bytes) if len(new.removed) else old.removed
+    return InputColumns(names, result["size"], result["mtime_ns"], result["position"], result["sha256"],
+                        result["has_sha256"], removed, max(old.next_position, new.next_position))
+
+
+def _blob(names: np.ndarray) -> np.ndarray:
+    if not len(names):
+        return np.zeros(0, np.uint8)
+    return np.frombuffer(b"\0".join(names.tolist()) + b"\0", np.uint8)
+
+
+def _unblob(blob: np.ndarray, what: str) -> np.ndarray:
+    raw = blob.tobytes()
+    if not raw:
+        return np.array([], dtype="S1")
+    if not raw.endswith(b"\0"):
+        raise ValueError(f"{what}: the last name is not NUL-terminated")
+    parts = raw[:-1].split(b"\0")
+    if not all(parts):
+        raise ValueError(f"{what}: an empty name")
+    return np.array(parts, dtype=bytes)
+
+
+def to_bytes(record: InputColumns, compress: bool = True) -> bytes:
+    """The ``.npz`` bytes of ``record`` (same record, same bytes); compressed but for the sha256 column,
+    which does not compress (``compress=False``: nothing is, for a file read once and deleted)."""
+    arrays = {"format": np.array([FORMAT], np.int64), "names": _blob(record.names), "size": record.size,
+              "mtime_ns": record.mtime_ns, "position": record.position, "sha256": record.sha256,
+              "has_sha256": record.has_sha256, "removed": _blob(record.removed),
+              "next_position": np.array([record.next_position], np.int64), "quarantined": _blob(record.quarantined)}
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name in (*MEMBERS, *(("quarantined",) if len(record.quarantined) else ())):
+            member = io.BytesIO()
+            np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+            method = zipfile.ZIP_DEFLATED if compress and name != "sha256" else zipfile.ZIP_STORED
+            archive.writestr(zipfile.ZipInfo(f"{name}.npy", _ZIP_TIME), member.getvalue(), method, COMPRESS_LEVEL)
+    return buffer.getvalue()
+
+
+def from_bytes(raw: bytes, where: str) -> InputColumns:
+    """The record in ``raw`` (the file at ``where``); UsageError naming it when it is not a record this
+    repack reads (not a zip, a member missing or of another dtype or shape, names unsorted, a newer format)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+            infos = {info.filename: info for info in archive.infolist()}
+            if sum(info.file_size for info in infos.values()) > MAX_STATE_BYTES:
+                raise ValueError(f"declares more than {MAX_STATE_BYTES} bytes")
+            arrays = {}
+            for name in MEMBERS:
+                if f"{name}.npy" not in infos:
+                    raise ValueError(f"no member {name}.npy")
+                with archive.open(infos[f"{name}.npy"]) as member:
+                    arrays[name] = np.lib.format.read_array(member, allow_pickle=False)
+            if "quarantined.npy" in infos:
+                with archive.open(infos["quarantined.npy"]) as member:
+                    arrays["quarantined"] = np.lib.format.read_array(member, allow_pickle=False)
+        return _checked(arrays)
+    except UsageError:
+        raise
+    except (ValueError, KeyError, EOFError, OSError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
+        raise UsageError(f"{where} is not a readable record of the dataset's inputs ({exc}); move it aside and "
+                         "repack without --append") from None
+
+
+def _checked(arrays: dict) -> InputColumns:
+    version = arrays["format"]
+    if version.shape != (1,) or version.dtype != np.int64:
+        raise ValueError("format is not one int64")
+    if int(version[0]) != FORMAT:
+        raise UsageError(f"the record is format {int(version[0])}; this repack reads format {FORMAT} (upgrade repack)")
+    names = _unblob(_typed(arrays, "names", np.uint8, 1), "names")
+    removed = _unblob(_typed(arrays, "removed", np.uint8, 1), "removed")
+    count = len(names)
+    columns = {key: _typed(arrays, key, np.int64, 1) for key in ("size", "mtime_ns", "position")}
+    sha = _typed(arrays, "sha256", np.uint8, 2)
+    has = _typed(arrays, "has_sha256", np.bool_, 1)
+    if any(len(c) != count for c in (*columns.values(), sha, has)) or (count and sha.shape[1] != 32):
+        raise ValueError(f"columns of other lengths than the {count} names")
+    if count > 1 and not bool(np.all(names[1:] > names[:-1])):
+        raise ValueError("names are not sorted and unique")
+    if len(removed) > 1 and not bool(np.all(removed[1:] > removed[:-1])):
+        raise ValueError("removed names are not sorted and unique")
+    next_position = _typed(arrays, "next_position", np.int64, 1)
+    if next_position.shape != (1,):
+        raise ValueError("next_position is not one int64")
+    quarantined = (_unblob(_typed(arrays, "quarantined", np.uint8, 1), "quarantined") if "quarantined" in arrays
+                   else np.array([], dtype="S1"))
+    return InputColumns(names, columns["size"], columns["mtime_ns"], columns["position"], sha.reshape(count, 32),
+                        has, removed, int(next_position[0]), np.unique(quarantined))
+
+
+def _typed(arrays: dict, key: str, dtype, ndim: int) -> np.ndarray:
+    array = arrays[key]
+    if array.dtype != dtype or array.ndim != ndim:
+        raise ValueError(f"{key} is {array.dtype} with {array.ndim} dimension(s), not {np.dtype(dtype)}")
+    return array
+
+
+def from_json_record(raw: bytes, where: str) -> InputColumns:
+    """An older repack's ``inputs-vN.json`` as columns; UsageError naming it when it is not one."""
+    try:
+        data = json.loads(raw)
+        inputs = data["inputs"]
+        names = list(inputs)
+        sizes = [int(inputs[n][0]) for n in names]
+        mtimes = [int(inputs[n][1]) if len(inputs[n]) > 1 else NO_MTIME for n in names]
+        positions = [-1] * len(names)
+        return build_columns(names, sizes, mtimes, positions, dict(data.get("sha256") or {}),
+                             int(data["next_position"]), [str(r) for r in data.get("removed") or ()])
+    except UsageError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise UsageError(f"{where} is not a readable record of the dataset's inputs ({type(exc).__name__}: {exc}); "
+                         "move it aside and repack without --append") from None

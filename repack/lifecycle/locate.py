@@ -1,0 +1,97 @@
+"""Which webdataset shards can hold the samples `repack remove` names, found without reading shards.
+
+A sample's key starts with its position (``%08d_<stem>``, unique in the dataset, ascending within each
+shard: the plan cuts shards from consecutive positions, an append's shards start at the next free one,
+a remove keeps the order). Named by key, the position is in the name; named by source, the record of
+the inputs (``repack.lifecycle.input_columns``) gives it. Each shard's first and last index lines give
+the span of positions it holds; only the shards whose span holds a wanted position are read. Where a
+position cannot be had (an older record without positions, a key without a numeric prefix), None:
+the caller reads every shard.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from repack.lifecycle.input_columns import InputColumns, encode_names
+
+EDGE_BYTES = 1 << 16  # read from each end of an index for its first and last sample line
+
+
+def key_position(key: str) -> int | None:
+    """The position a sample key starts with (None when it has no numeric prefix)."""
+    head, sep, _ = key.partition("_")
+    return int(head) if sep and head.isdigit() else None
+
+
+def wanted_positions(by: str, names, known: InputColumns | None) -> np.ndarray | None:
+    """The sorted positions of the named samples (``by``: "keys" or "sources"); names the record does not
+    hold have no sample and are left out. None when some position cannot be had."""
+    if by == "keys":
+        positions = [key_position(name) for name in names]
+        if any(p is None for p in positions):
+            return None
+        return np.unique(np.array(positions, np.int64))
+    if known is None:
+        return None
+    rows, found = known.find(encode_names(sorted(set(names))))
+    positions = known.position[rows[found]]
+    if (positions < 0).any():
+        return None
+    return np.unique(positions)
+
+
+def position_span(store, entry: dict) -> tuple[int, int] | None:
+    """(first, last) sample position of a shard, from its index's first and last lines (a local
+    dataset: only both ends of the file are read); None when they do not say."""
+    index = entry.get("index")
+    if not index:
+        return None
+    if store.remote:
+        raw = store.read_bytes(index)
+        if raw is None:
+            return None
+        head, tail = raw[:EDGE_BYTES], raw[-EDGE_BYTES:]
+    else:
+        try:
+            with open(store.path(index), "rb") as fh:
+                head = fh.read(EDGE_BYTES)
+                fh.seek(0, 2)
+                size = fh.tell()
+                fh.seek(max(0, size - EDGE_BYTES))
+                tail = fh.read(EDGE_BYTES)
+        except OSError:
+            return None
+    lines = head.split(b"\n")
+    last_lines = tail.rstrip(b"\n").split(b"\n")
+    if len(lines) < 3 or len(last_lines) < 2:
+        return None
+    first, last = (_line_position(lines[1]), _line_position(last_lines[-1]))
+    if first is None or last is None or last < first:
+        return None
+    return first, last
+
+
+def _line_position(line: bytes) -> int | None:
+    tokens = line.split(b" ")
+    if len(tokens) < 4:
+        return None
+    try:
+        return key_position(tokens[3].decode("ascii").partition(".")[0])
+    except UnicodeDecodeError:
+        return None
+
+
+def shards_holding(store, shards: list[dict], positions: np.ndarray) -> set[str]:
+    """The paths of ``shards`` whose span can hold one of the sorted ``positions`` (a shard whose span
+    cannot be read is included)."""
+    hit: set[str] = set()
+    for entry in shards:
+        span = position_span(store, entry)
+        if span is None:
+            hit.add(entry["path"])
+            continue
+        at = np.searchsorted(positions, span[0])
+        if at < len(positions) and positions[at] <= span[1]:
+            hit.add(entry["path"])
+    return hit
