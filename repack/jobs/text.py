@@ -40,9 +40,10 @@ from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.sinks.megatron import CODE_OF, PartWriter, megatron_data_path, merge_parts, read_index, token_dtype
 from repack.sources import Confinement
 from repack.sources.confine import open_input
+from repack.sources.reading import read_inputs
 from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, TEXT_WORKER_BUDGET,
                                       TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader, list_text_files,
-                                      plan_chunks, require_decompressors)
+                                      plan_chunks, preloadable, require_decompressors)
 from repack.store import is_remote
 
 BATCH_CHARS = 1 << 20  # characters handed to one encode_batch call
@@ -303,9 +304,13 @@ class TextJob(Job):
             chars = 0
 
         try:
-            for number, seg_json in enumerate(p["segments"]):
-                segment = Segment.from_json(seg_json)
-                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per, self.spec.max_doc_bytes)
+            plan_segments = [Segment.from_json(seg_json) for seg_json in p["segments"]]
+            preload = {n for n, s in enumerate(plan_segments) if preloadable(s)}
+            read = read_inputs([{"path": s.path, "rel": s.rel, "fingerprint": list(s.fingerprint) or None}
+                                for n, s in enumerate(plan_segments) if n in preload])  # lazily: one read per file
+            for number, segment in enumerate(plan_segments):
+                data = next(read) if number in preload else None
+                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per, self.spec.max_doc_bytes, data)
                 for doc in reader:
                     if doc.reason is not None:
                         quarantine.append({"seg": number, "line": doc.line, "reason": doc.reason})
@@ -318,14 +323,16 @@ class TextJob(Job):
                     chars += len(doc.text)
                     counts["characters"] += len(doc.text)
                     if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
-                        flush()
-                flush()
+                        flush()  # a batch spans files: one encode_batch call for many small documents
                 counts["blank_lines"] += reader.blank_lines
-                documents, tokens = seg_counts.get(number, (0, 0))
-                segments.append({"rel": segment.rel, "lines": reader.lines, "documents": documents, "tokens": tokens})
-                digest = whole_file_sha256(segment)
+                segments.append({"rel": segment.rel, "lines": reader.lines})
+                digest = hashlib.sha256(data).hexdigest() if isinstance(data, bytes) and not is_remote(segment.path) \
+                    else None if data is not None else whole_file_sha256(segment)
                 if digest is not None:
                     digests.append([segment.rel, digest])
+            flush()
+            for number, seg in enumerate(segments):
+                seg["documents"], seg["tokens"] = seg_counts.get(number, (0, 0))
             part = writer.commit()
         except BaseException:
             writer.abort()
