@@ -37,6 +37,8 @@ from repack.jobs.stats import count_into
 from repack.jobs.summary import quarantine_lines
 from repack.jobs.stats import histogram as half_octave_histogram
 from repack.manifest import atomic_write_bytes, dumps_canonical
+from repack.manifest.source_runs import SUFFIX as RUNS_SUFFIX
+from repack.manifest.source_runs import encode_runs, side_entry
 from repack.sinks.megatron import CODE_OF, PartWriter, megatron_data_path, merge_parts, read_index, token_dtype
 from repack.sources import Confinement
 from repack.sources.confine import open_input
@@ -390,14 +392,16 @@ class TextJob(Job):
                                    "reason": q["reason"]})
         parts = [r["part"] for r in records]
         if spec.merge:
-            entries = [{**self._merge(plan, records, dtype), "sources": joined_runs(source_runs(records))}]
+            entries = [self._with_runs(self._merge(plan, records, dtype), joined_runs(source_runs(records)))]
             lengths = read_index(self.out / entries[0]["index"]).lengths
         else:
             entries = [{"path": pt["bin"], "index": pt["idx"], "prefix": pt["bin"][:-4], "samples": pt["documents"],
                         "tokens": pt["tokens"], "bytes": pt["bytes"], "sha256": pt["sha256"],
                         "index_bytes": pt["index_bytes"], "index_sha256": pt["index_sha256"], "dtype": dtype,
-                        "max_token_id": pt["max_token_id"], "sources": runs}
-                       for runs, pt in zip(source_runs(records), parts) if pt["documents"]]
+                        "max_token_id": pt["max_token_id"]}
+                       for pt in parts if pt["documents"]]
+            entries = [self._with_runs(entry, runs) for entry, runs in
+                       zip(entries, [runs for runs, pt in zip(source_runs(records), parts) if pt["documents"]])]
             for pt in parts:  # an empty part is not a prefix: remove it (its record lists no outputs)
                 if not pt["documents"]:
                     for key in ("bin", "idx"):
@@ -439,6 +443,14 @@ class TextJob(Job):
                       "files": _file_stats(records)},
             "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3)},
         }
+
+    def _with_runs(self, entry: dict, runs: list[list]) -> dict:
+        """``entry`` naming its side file ``<prefix>.sources`` (written here): where its documents come from
+        (``repack.manifest.source_runs``), so the manifest's size does not grow with the input files."""
+        data = encode_runs(runs)
+        rel = entry["prefix"] + RUNS_SUFFIX
+        atomic_write_bytes(self.out / rel, data)
+        return {**entry, **side_entry(rel, data)}
 
     def _merge(self, plan: Plan, records: list[dict], dtype: str) -> dict:
         """Concatenate the parts in plan order into OUT/<name>.bin/.idx (once), then drop them."""

@@ -147,7 +147,7 @@ def check_contents(files, manifest) -> list[str]:
             manifest.path(shard["path"])
         except PathEscapeError as exc:
             return [str(exc)]
-        rels = [shard["path"]] + [shard[side] for side in ("index", "checksums") if shard.get(side)]
+        rels = [shard["path"]] + [shard[side] for side in ("index", "checksums", "source_runs") if shard.get(side)]
         with files.local(rels) as (root, problems):
             sink.verify_shard(root, shard, lambda ok, message: ok or problems.append(message))
             return problems
