@@ -278,14 +278,16 @@ class TextJob(Job):
         where: list[tuple[int, int]] = []  # (segment number, line) of each document in the batch
         chars = 0
         tokenize_s = 0.0
+        batches = 0  # encode_batch calls
 
         def flush() -> None:
-            nonlocal chars, tokenize_s
+            nonlocal chars, tokenize_s, batches
             if not batch:
                 return
             t0 = time.perf_counter()
             results = encoder.encode(batch)
             tokenize_s += time.perf_counter() - t0
+            batches += 1
             kept: list[list[int]] = []
             for ids, (seg, line) in zip(results, where):
                 if isinstance(ids, str):
@@ -343,7 +345,7 @@ class TextJob(Job):
         return {"part": part, "outputs": [{"path": part["bin"], "bytes": part["bytes"]},
                                           {"path": part["idx"], "bytes": part["index_bytes"]}],
                 "segments": segments, "quarantine": quarantine, "digests": digests, **counts,
-                "tokenize_seconds": round(tokenize_s, 4)}
+                "tokenize_seconds": round(tokenize_s, 4), "tokenize_batches": batches}
 
     # -- resume ---------------------------------------------------------------------------
     def _marker(self) -> dict | None:
@@ -441,7 +443,8 @@ class TextJob(Job):
                                  "index_sha256": r["part"]["index_sha256"], "lines": sum(s["lines"] for s in r["segments"])}
                                 for r in records],
                       "files": _file_stats(records)},
-            "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3)},
+            "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3),
+                          "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records)},
         }
 
     def _with_runs(self, entry: dict, runs: list[list]) -> dict:
