@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar, Iterable, Protocol
 
 from repack.config import JobSpec
 from repack.manifest import dumps_canonical
@@ -44,6 +44,15 @@ class Task:
     @classmethod
     def from_json(cls, data: dict) -> "Task":
         return cls(data["task_id"], data["payload"], data.get("group", ""))
+
+
+def planned_entries(payload: dict) -> Iterable[dict]:
+    """The per-input entries ({rel, fingerprint, ...}) of a task payload: its ``inputs`` (images, video),
+    ``segments``, or the rows of its columnar ``table`` (text: ``rel`` and ``fingerprint`` columns)."""
+    table = payload.get("table")
+    if table:
+        return ({"rel": rel, "fingerprint": fp} for rel, fp in zip(table["rel"], table["fingerprint"]))
+    return payload.get("inputs", ()) or payload.get("segments", ())
 
 
 @dataclass(frozen=True)

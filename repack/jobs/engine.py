@@ -50,7 +50,7 @@ from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, Noth
                            StrictModeError, UsageError)
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
-from repack.jobs.base import STATE_DIR, Job, Plan, Task, build_plan, is_piece
+from repack.jobs.base import STATE_DIR, Job, Plan, Task, build_plan, is_piece, planned_entries
 from repack.jobs.progress import progress_reporter
 from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, run_part,
                                    wait_for_old_workers)
@@ -327,7 +327,7 @@ def input_fingerprints(plan: Plan) -> dict[str, list]:
     """rel -> [size, mtime_ns, inode] of every planned input (images/video inputs, text segments)."""
     found: dict[str, list] = {}
     for task in plan.tasks:
-        for entry in task.payload.get("inputs", ()) or task.payload.get("segments", ()):
+        for entry in planned_entries(task.payload):
             found[entry["rel"]] = list(entry.get("fingerprint", ()))
     return found
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from repack.errors import ConfinementError, UsageError
-from repack.jobs.base import STATE_DIR, Plan
+from repack.jobs.base import STATE_DIR, Plan, planned_entries
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
@@ -171,7 +171,7 @@ def plan_inputs(plan: Plan, known: dict) -> dict:
     inputs = dict(known["inputs"])
     position = known["next_position"]
     for task in plan.tasks:
-        for entry in task.payload.get("inputs", ()) or task.payload.get("segments", ()):  # text: file segments
+        for entry in planned_entries(task.payload):  # text: a table of file segments
             inputs[entry["rel"]] = list(entry["fingerprint"])[:2]
             if "key" in entry:
                 position = max(position, int(entry["key"].partition("_")[0]) + 1)

@@ -98,6 +98,37 @@ class Segment:
         return cls(**{**data, "fingerprint": tuple(data.get("fingerprint", ()))})
 
 
+UNIT_CODES = {"bytes": "b", "file": "f", "rowgroups": "r"}
+UNIT_OF = {code: unit for unit, code in UNIT_CODES.items()}
+
+
+def segment_table(segments: list[Segment]) -> dict:
+    """A task's segments as columns for its plan payload (a few numbers per input file, not a record):
+    ``root`` (where ``path`` = root + rel), ``rel``, ``start``, ``end``, ``fingerprint`` lists, ``unit``
+    one letter per segment, and ``path`` only when some segment's path is not root + rel (then "" where
+    it is). Kind and compression follow from the name (``classify``)."""
+    first = segments[0]
+    root = first.path[:-len(first.rel)] if first.path.endswith(first.rel) else ""
+    paths = ["" if s.path == root + s.rel else s.path for s in segments]
+    table = {"root": root, "rel": [s.rel for s in segments], "start": [s.start for s in segments],
+             "end": [s.end for s in segments], "unit": "".join(UNIT_CODES[s.unit] for s in segments),
+             "fingerprint": [list(s.fingerprint) for s in segments]}
+    if any(paths):
+        table["path"] = paths
+    return table
+
+
+def table_segments(table: dict) -> list[Segment]:
+    """The segments of a ``segment_table``."""
+    root, paths = table["root"], table.get("path") or [""] * len(table["rel"])
+    out = []
+    for rel, path, start, end, unit, fp in zip(table["rel"], paths, table["start"], table["end"], table["unit"],
+                                               table["fingerprint"]):
+        kind, compression = classify(rel.rsplit("/", 1)[-1])  # a planned rel always classifies
+        out.append(Segment(path or root + rel, rel, kind, compression, start, end, UNIT_OF[unit], tuple(fp)))
+    return out
+
+
 @dataclass(frozen=True)
 class Doc:
     """A document (``text``) or a problem (``reason``), at a 1-based ``line`` of its segment."""
