@@ -184,8 +184,8 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
             if entry.is_dir(follow_symlinks=False):
                 visit(entry.path, child)
                 continue
-            link = entry.is_symlink()
-            if not link and classify(entry.name) is None:
+            text_input = classify(entry.name) is not None
+            if not text_input and not entry.is_symlink():
                 skipped += 1  # not a text input: never stat'ed
                 continue
             checked = conf.check(entry.path, parent_is_real=True)
@@ -193,7 +193,7 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
                 quarantine.append({"source": child, "line": None, "reason": checked.reason})
             elif checked.reason is None and checked.is_dir:
                 links.append((checked.real, child))
-            elif classify(entry.name) is None:
+            elif not text_input:
                 skipped += 1
             else:
                 found.append((entry.path, child, checked))
