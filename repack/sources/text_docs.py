@@ -138,21 +138,21 @@ class Doc:
     reason: str | None = None
 
 
+_KINDS = {**{ext: "jsonl" for ext in JSONL_EXTS}, **{ext: "txt" for ext in TXT_EXTS},
+          **{ext: "parquet" for ext in PARQUET_EXTS}}
+
+
 def classify(name: str) -> tuple[str, str] | None:
-    """(kind, compression) from a file name, or None for a file that is not a text input."""
-    lower = name.lower()
-    compression = ""
-    for ext, comp in COMPRESSIONS.items():
-        if lower.endswith(ext):
-            compression, lower = comp, lower[: -len(ext)]
-            break
-    if lower.endswith(JSONL_EXTS):
-        return "jsonl", compression
-    if lower.endswith(TXT_EXTS):
-        return "txt", compression
-    if lower.endswith(PARQUET_EXTS) and not compression:
-        return "parquet", compression
-    return None
+    """(kind, compression) from a file name, or None for a file that is not a text input (two dict
+    look-ups: it runs once per file of the corpus)."""
+    stem, dot, ext = name.lower().rpartition(".")
+    compression = COMPRESSIONS.get(dot + ext, "")
+    if compression:
+        stem, dot, ext = stem.rpartition(".")
+    kind = _KINDS.get(dot + ext) if dot else None
+    if kind is None or (kind == "parquet" and compression):
+        return None
+    return kind, compression
 
 
 def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
