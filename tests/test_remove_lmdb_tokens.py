@@ -63,6 +63,13 @@ def test_lmdb_remove_rewrites_the_database_and_gc_deletes_the_removed_bytes(tmp_
     assert run_repack("verify", out).returncode == 0
 
 
+def shard_runs(out: Path, shard: dict) -> list[list]:
+    """A prefix's source runs as the manifest names them (its side file ``<prefix>.sources``)."""
+    from repack.manifest.source_runs import runs_of
+
+    return [list(run) for run in runs_of(shard, lambda rel: (out / rel).read_bytes())]
+
+
 def token_documents(out: Path, version: int | None = None) -> list[list[int]]:
     from pipelines.torch_text import DocumentDataset
 
@@ -82,7 +89,7 @@ def test_token_remove_by_key_and_source_then_gc_deletes_the_removed_token_ids(tm
     (corpus / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[14:]))
     run_repack("text", corpus, out, "--tokenizer", tok, "--append", "--quiet")  # prefix text_document-v2: b.jsonl
     v2 = read_manifest_json(out)
-    assert [s["sources"] for s in v2["shards"]] == [[["a.jsonl", 0, 14]], [["b.jsonl", 0, 10]]]
+    assert [shard_runs(out, s) for s in v2["shards"]] == [[["a.jsonl", 0, 14]], [["b.jsonl", 0, 10]]]
     before = token_documents(out)
     assert len(before) == 24
     keys = tmp_path / "keys.txt"
@@ -92,7 +99,7 @@ def test_token_remove_by_key_and_source_then_gc_deletes_the_removed_token_ids(tm
     v3 = read_manifest_json(out)
     assert v3["dataset_version"]["change"]["rewritten"] == {"text_document.bin": "text_document-v3.bin"}
     assert v3["prefixes"] == ["text_document-v3", "text_document-v2"] and v3["shards"][1] == v2["shards"][1]
-    assert v3["shards"][0]["sources"] == [["a.jsonl", 0, 3], ["a.jsonl", 4, 5], ["a.jsonl", 10, 4]]
+    assert shard_runs(out, v3["shards"][0]) == [["a.jsonl", 0, 3], ["a.jsonl", 4, 5], ["a.jsonl", 10, 4]]
     kept = [d for i, d in enumerate(before) if i not in (3, 9)]
     assert token_documents(out) == kept and token_documents(out, version=2) == before
     assert v3["totals"]["documents"] == 22 and v3["totals"]["tokens"] == sum(map(len, kept))
@@ -163,7 +170,7 @@ def test_token_keys_count_across_the_parts_of_one_file(tmp_path):
     run_repack("text", corpus, out, "--tokenizer", tok, "--no-merge", "--chunk-bytes", "4KB", "--quiet")
     v1 = read_manifest_json(out)
     assert len(v1["shards"]) > 2
-    runs = [s["sources"] for s in v1["shards"]]
+    runs = [shard_runs(out, s) for s in v1["shards"]]
     assert [r[0][1] for r in runs] == [sum(r[0][2] for r in runs[:i]) for i in range(len(runs))]  # 0, n0, n0+n1...
     target = runs[1][0][1]  # the first document of the second prefix
     (tmp_path / "keys.txt").write_text(f"a.jsonl#{target}\n")

@@ -13,6 +13,7 @@ from repack.lifecycle.input_columns import encode_names, from_bytes
 from tests.conftest import read_manifest_json, run_repack
 from tests.test_dataset_versions import make_source
 from tests.test_images_job import jpeg_bytes
+from tests.test_remove_lmdb_tokens import shard_runs
 
 
 def packed_sources(out: Path) -> list[str]:
@@ -95,7 +96,7 @@ def test_text_append_after_remove_by_source(tmp_path):
     assert "1 removed source(s) found again and left out" in done.stdout
     manifest = read_manifest_json(out)
     assert manifest["totals"]["documents"] == 20  # a.jsonl and c.jsonl: b.jsonl stays down
-    assert [run[0] for s in manifest["shards"] for run in s["sources"]] == ["a.jsonl", "c.jsonl"]
+    assert [run[0] for s in manifest["shards"] for run in shard_runs(out, s)] == ["a.jsonl", "c.jsonl"]
     assert run_repack("verify", out).returncode == 0
     copy = tmp_path / "copy"
     shutil.copytree(corpus, copy, copy_function=shutil.copyfile)  # new mtimes: compared by sha256

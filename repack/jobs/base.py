@@ -10,10 +10,10 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar, Iterable, Protocol
 
 from repack.config import JobSpec
-from repack.jobs.task_inputs import input_count
+from repack.jobs.task_inputs import input_count, task_inputs
 from repack.manifest import dumps_canonical
 from repack.store import open_store
 
@@ -50,6 +50,16 @@ class Task:
     @classmethod
     def from_json(cls, data: dict) -> "Task":
         return cls(data["task_id"], data["payload"], data.get("group", ""))
+
+
+def planned_entries(payload: dict) -> Iterable[dict]:
+    """The per-input entries ({rel, fingerprint, ...}) of a task payload: its ``inputs`` (images, video; as
+    entries or as columns), ``segments``, or the rows of its columnar ``table`` (text: ``rel`` and
+    ``fingerprint`` columns)."""
+    table = payload.get("table")
+    if table:
+        return ({"rel": rel, "fingerprint": fp} for rel, fp in zip(table["rel"], table["fingerprint"]))
+    return task_inputs(payload) or payload.get("segments", ())
 
 
 @dataclass(frozen=True)

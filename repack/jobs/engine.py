@@ -50,9 +50,9 @@ from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, Noth
                            StrictModeError, UsageError)
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
-from repack.jobs.base import PLAN_NAME, STATE_DIR, Job, Plan, Task, build_plan, is_piece, read_plan, save_plan
+from repack.jobs.base import (PLAN_NAME, STATE_DIR, Job, Plan, Task, build_plan, is_piece, planned_entries, read_plan,
+                              save_plan)
 from repack.jobs.progress import progress_reporter
-from repack.jobs.task_inputs import task_inputs
 from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, run_part,
                                    wait_for_old_workers)
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
@@ -328,7 +328,7 @@ def input_fingerprints(plan: Plan) -> dict[str, list]:
     """rel -> [size, mtime_ns, inode] of every planned input (images/video inputs, text segments)."""
     found: dict[str, list] = {}
     for task in plan.tasks:
-        for entry in task_inputs(task.payload) or task.payload.get("segments", ()):
+        for entry in planned_entries(task.payload):
             found[entry["rel"]] = list(entry.get("fingerprint", ()))
     return found
 

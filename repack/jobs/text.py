@@ -37,12 +37,16 @@ from repack.jobs.stats import count_into
 from repack.jobs.summary import quarantine_lines
 from repack.jobs.stats import histogram as half_octave_histogram
 from repack.manifest import atomic_write_bytes, dumps_canonical
+from repack.manifest.source_runs import SUFFIX as RUNS_SUFFIX
+from repack.manifest.source_runs import encode_runs, side_entry
 from repack.sinks.megatron import CODE_OF, PartWriter, megatron_data_path, merge_parts, read_index, token_dtype
 from repack.sources import Confinement
 from repack.sources.confine import open_input
+from repack.sources.reading import read_inputs
 from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, TEXT_WORKER_BUDGET,
                                       TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader, list_text_files,
-                                      plan_chunks, require_decompressors)
+                                      plan_chunks, preloadable, require_decompressors, segment_table,
+                                      table_segments)
 from repack.store import is_remote
 
 BATCH_CHARS = 1 << 20  # characters handed to one encode_batch call
@@ -95,14 +99,32 @@ class TextSpec(JobSpec):
                              "split longer documents before packing them")
 
 
-def _file_stats(records: list[dict]) -> dict:
+@dataclass(frozen=True)
+class SegmentCounts:
+    """What a task found in one of its segments (its record keeps these as columns; rel from the plan)."""
+
+    rel: str
+    lines: int
+    documents: int
+    tokens: int
+
+
+def record_segments(plan: Plan, records: list[dict]) -> list[list[SegmentCounts]]:
+    """Per record (plan order), its segments' counts: the record's ``lines``/``documents``/``tokens``
+    columns joined with the names in its task's plan table."""
+    return [[SegmentCounts(*row) for row in zip(task.payload["table"]["rel"], r["lines"], r["documents"],
+                                                r["tokens"])]
+            for task, r in zip(plan.tasks, records)]
+
+
+def _file_stats(per_record: list[list[SegmentCounts]]) -> dict:
     """Tokens per input file: a half-octave histogram and the largest files (a file may span tasks)."""
     per_file: dict[str, list[int]] = {}
-    for record in records:
-        for seg in record["segments"]:
-            tally = per_file.setdefault(seg["rel"], [0, 0])
-            tally[0] += seg.get("documents", 0)
-            tally[1] += seg.get("tokens", 0)
+    for segments in per_record:
+        for seg in segments:
+            tally = per_file.setdefault(seg.rel, [0, 0])
+            tally[0] += seg.documents
+            tally[1] += seg.tokens
     counts: dict[str, int] = {}
     for _, tokens in per_file.values():
         count_into(counts, tokens)
@@ -111,26 +133,26 @@ def _file_stats(records: list[dict]) -> dict:
             "largest": [{"source": rel, "documents": d, "tokens": t} for rel, (d, t) in largest]}
 
 
-def source_runs(records: list[dict]) -> list[list[list]]:
+def source_runs(per_record: list[list[SegmentCounts]]) -> list[list[list]]:
     """Per record, where its part's documents come from, in order: ``[[source, first, count], ...]``
     (document ``first`` .. ``first + count - 1`` of ``source``, numbered from 0 in file order across the
     whole job; adjacent runs of one file joined). Document ``n`` of a source is its key ``source#n``."""
     seen: dict[str, int] = {}
-    per_record = []
-    for record in records:
+    out = []
+    for segments in per_record:
         runs: list[list] = []
-        for seg in record["segments"]:
-            count = seg.get("documents", 0)
+        for seg in segments:
+            count = seg.documents
             if not count:
                 continue
-            first = seen.get(seg["rel"], 0)
-            seen[seg["rel"]] = first + count
-            if runs and runs[-1][0] == seg["rel"] and runs[-1][1] + runs[-1][2] == first:
+            first = seen.get(seg.rel, 0)
+            seen[seg.rel] = first + count
+            if runs and runs[-1][0] == seg.rel and runs[-1][1] + runs[-1][2] == first:
                 runs[-1][2] += count
             else:
-                runs.append([seg["rel"], first, count])
-        per_record.append(runs)
-    return per_record
+                runs.append([seg.rel, first, count])
+        out.append(runs)
+    return out
 
 
 def joined_runs(parts: list[list[list]]) -> list[list]:
@@ -233,7 +255,7 @@ class TextJob(Job):
         for index, segments in enumerate(chunks):
             size = sum(s.end - s.start if s.unit != "rowgroups" else 0 for s in segments)
             tasks.append(Task(f"part-{index:06d}", {"index": index, **common, "bytes": size,
-                                                    "segments": [s.to_json() for s in segments]}))
+                                                    "table": segment_table(segments)}))
         plan_info = {"tokenizer": info.to_json(), "dtype": dtype, "inputs": len(files) + len(quarantine),
                      "files": len(files), "skipped_files": skipped, "input_bytes": sum(f.size for f in files)}
         if selection is not None:
@@ -267,7 +289,7 @@ class TextJob(Job):
         folder.mkdir(parents=True, exist_ok=True)
         writer = PartWriter(folder, self.part_stem(p["index"]), p["dtype"])
         quarantine: list[dict] = []
-        segments: list[dict] = []
+        lines: list[int] = []  # per segment: lines (rows) read
         counts = {"empty_documents": 0, "blank_lines": 0, "characters": 0}
         seg_counts: dict[int, list[int]] = {}  # segment number -> [documents, tokens]
         digests: list[list[str]] = []  # [rel, sha256] of the files read whole (repack.lifecycle.input_record)
@@ -275,14 +297,16 @@ class TextJob(Job):
         where: list[tuple[int, int]] = []  # (segment number, line) of each document in the batch
         chars = 0
         tokenize_s = 0.0
+        batches = 0  # encode_batch calls
 
         def flush() -> None:
-            nonlocal chars, tokenize_s
+            nonlocal chars, tokenize_s, batches
             if not batch:
                 return
             t0 = time.perf_counter()
             results = encoder.encode(batch)
             tokenize_s += time.perf_counter() - t0
+            batches += 1
             kept: list[list[int]] = []
             for ids, (seg, line) in zip(results, where):
                 if isinstance(ids, str):
@@ -303,9 +327,13 @@ class TextJob(Job):
             chars = 0
 
         try:
-            for number, seg_json in enumerate(p["segments"]):
-                segment = Segment.from_json(seg_json)
-                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per, self.spec.max_doc_bytes)
+            plan_segments = table_segments(p["table"])
+            preload = {n for n, s in enumerate(plan_segments) if preloadable(s)}
+            read = read_inputs([{"path": s.path, "rel": s.rel, "fingerprint": list(s.fingerprint) or None}
+                                for n, s in enumerate(plan_segments) if n in preload])  # lazily: one read per file
+            for number, segment in enumerate(plan_segments):
+                data = next(read) if number in preload else None
+                reader = SegmentReader(segment, self.spec.field, self.spec.doc_per, self.spec.max_doc_bytes, data)
                 for doc in reader:
                     if doc.reason is not None:
                         quarantine.append({"seg": number, "line": doc.line, "reason": doc.reason})
@@ -318,14 +346,15 @@ class TextJob(Job):
                     chars += len(doc.text)
                     counts["characters"] += len(doc.text)
                     if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
-                        flush()
-                flush()
+                        flush()  # a batch spans files: one encode_batch call for many small documents
                 counts["blank_lines"] += reader.blank_lines
-                documents, tokens = seg_counts.get(number, (0, 0))
-                segments.append({"rel": segment.rel, "lines": reader.lines, "documents": documents, "tokens": tokens})
-                digest = whole_file_sha256(segment)
+                lines.append(reader.lines)
+                digest = hashlib.sha256(data).hexdigest() if isinstance(data, bytes) and not is_remote(segment.path) \
+                    else None if data is not None else whole_file_sha256(segment)
                 if digest is not None:
                     digests.append([segment.rel, digest])
+            flush()
+            found = [seg_counts.get(number, (0, 0)) for number in range(len(plan_segments))]
             part = writer.commit()
         except BaseException:
             writer.abort()
@@ -333,8 +362,9 @@ class TextJob(Job):
         part.update(bin=rel_prefix + part["bin"], idx=rel_prefix + part["idx"])
         return {"part": part, "outputs": [{"path": part["bin"], "bytes": part["bytes"]},
                                           {"path": part["idx"], "bytes": part["index_bytes"]}],
-                "segments": segments, "quarantine": quarantine, "digests": digests, **counts,
-                "tokenize_seconds": round(tokenize_s, 4)}
+                "lines": lines, "documents": [d for d, _ in found], "tokens": [t for _, t in found],
+                "quarantine": quarantine, "digests": digests, **counts,
+                "tokenize_seconds": round(tokenize_s, 4), "tokenize_batches": batches}
 
     # -- resume ---------------------------------------------------------------------------
     def _marker(self) -> dict | None:
@@ -370,27 +400,34 @@ class TextJob(Job):
         info = plan.info
         dtype = info["dtype"]
         quarantine = [dict(q) for q in plan.quarantine]
+        per_record = record_segments(plan, records)
         lines_before: dict[str, int] = {}
-        for record in records:
+        for record, segments in zip(records, per_record):
+            if not record["quarantine"]:
+                for seg in segments:
+                    lines_before[seg.rel] = lines_before.get(seg.rel, 0) + seg.lines
+                continue
             offsets = []
-            for seg in record["segments"]:
-                offsets.append(lines_before.get(seg["rel"], 0))
-                lines_before[seg["rel"]] = offsets[-1] + seg["lines"]
+            for seg in segments:
+                offsets.append(lines_before.get(seg.rel, 0))
+                lines_before[seg.rel] = offsets[-1] + seg.lines
             for q in sorted(record["quarantine"], key=lambda q: (q["seg"], q["line"])):
-                seg = record["segments"][q["seg"]] if q["seg"] < len(record["segments"]) else None
-                rel = seg["rel"] if seg else record["segments"][-1]["rel"] if record["segments"] else "?"
+                seg = segments[q["seg"]] if q["seg"] < len(segments) else None
+                rel = seg.rel if seg else segments[-1].rel if segments else "?"
                 quarantine.append({"source": rel, "line": offsets[q["seg"]] + q["line"] if seg else q["line"],
                                    "reason": q["reason"]})
         parts = [r["part"] for r in records]
         if spec.merge:
-            entries = [{**self._merge(plan, records, dtype), "sources": joined_runs(source_runs(records))}]
+            entries = [self._with_runs(self._merge(plan, records, dtype), joined_runs(source_runs(per_record)))]
             lengths = read_index(self.out / entries[0]["index"]).lengths
         else:
             entries = [{"path": pt["bin"], "index": pt["idx"], "prefix": pt["bin"][:-4], "samples": pt["documents"],
                         "tokens": pt["tokens"], "bytes": pt["bytes"], "sha256": pt["sha256"],
                         "index_bytes": pt["index_bytes"], "index_sha256": pt["index_sha256"], "dtype": dtype,
-                        "max_token_id": pt["max_token_id"], "sources": runs}
-                       for runs, pt in zip(source_runs(records), parts) if pt["documents"]]
+                        "max_token_id": pt["max_token_id"]}
+                       for pt in parts if pt["documents"]]
+            entries = [self._with_runs(entry, runs) for entry, runs in
+                       zip(entries, [runs for runs, pt in zip(source_runs(per_record), parts) if pt["documents"]])]
             for pt in parts:  # an empty part is not a prefix: remove it (its record lists no outputs)
                 if not pt["documents"]:
                     for key in ("bin", "idx"):
@@ -427,11 +464,20 @@ class TextJob(Job):
                       "characters": sum(r["characters"] for r in records),
                       "parts": [{"part": r["task_id"], "documents": r["part"]["documents"],
                                  "tokens": r["part"]["tokens"], "sha256": r["part"]["sha256"],
-                                 "index_sha256": r["part"]["index_sha256"], "lines": sum(s["lines"] for s in r["segments"])}
+                                 "index_sha256": r["part"]["index_sha256"], "lines": sum(r["lines"])}
                                 for r in records],
-                      "files": _file_stats(records)},
-            "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3)},
+                      "files": _file_stats(per_record)},
+            "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3),
+                          "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records)},
         }
+
+    def _with_runs(self, entry: dict, runs: list[list]) -> dict:
+        """``entry`` naming its side file ``<prefix>.sources`` (written here): where its documents come from
+        (``repack.manifest.source_runs``), so the manifest's size does not grow with the input files."""
+        data = encode_runs(runs)
+        rel = entry["prefix"] + RUNS_SUFFIX
+        atomic_write_bytes(self.out / rel, data)
+        return {**entry, **side_entry(rel, data)}
 
     def _merge(self, plan: Plan, records: list[dict], dtype: str) -> dict:
         """Concatenate the parts in plan order into OUT/<name>.bin/.idx (once), then drop them."""

@@ -136,10 +136,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
 
 
 def move_shard(store, staged: str, shard: dict, rename: Callable[[str], str]) -> dict:
-    """Rename a staged shard (and its index and checksums) into the dataset (``rename``: its name
-    there); its manifest entry."""
+    """Rename a staged shard (and its side files: index, checksums, source runs) into the dataset
+    (``rename``: its name there); its manifest entry."""
     renamed = dict(shard)
-    for key in ("path", "index", "checksums"):
+    for key in ("path", "index", "checksums", "source_runs"):
         if shard.get(key):
             name = rename(shard[key])
             source = f"{staged}/{shard[key]}"

@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from repack.errors import ConfinementError, UsageError
-from repack.jobs.base import STATE_DIR, Plan, read_plan
-from repack.jobs.task_inputs import task_inputs
+from repack.jobs.base import STATE_DIR, Plan, planned_entries, read_plan
 from repack.lifecycle.input_columns import NO_MTIME, InputColumns, build_columns, from_bytes, from_json_record
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
@@ -195,7 +194,7 @@ def plan_inputs(plan: Plan, digests: dict[str, str], next_position: int) -> Inpu
     mtimes: list[int] = []
     positions: list[int] = []
     for task in plan.tasks:
-        for entry in task_inputs(task.payload) or task.payload.get("segments", ()):  # text: file segments
+        for entry in planned_entries(task.payload):  # images/video inputs, text segments
             fingerprint = entry["fingerprint"]
             names.append(entry["rel"])
             sizes.append(int(fingerprint[0]))

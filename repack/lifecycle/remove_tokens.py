@@ -2,8 +2,9 @@
 
 A document is named by its source file (``--sources``: every document of it) or by its key
 ``<source>#<n>`` (``--keys``: document ``n`` of that file, numbered from 0 in file order as the job
-tokenized it; each prefix's ``sources`` runs ``[source, first, count]`` say which documents it holds,
-and keep their numbers across versions). Only the prefixes holding a named document are rewritten:
+tokenized it; each prefix's source runs ``(source, first, count)``, in its side file ``<prefix>.sources``
+(``repack.manifest.source_runs``; inline ``sources`` in older manifests), say which documents it holds,
+and keep their numbers across versions; a rewritten prefix gets its own side file). Only the prefixes holding a named document are rewritten:
 their other documents' token ids are copied, in order, into a new prefix ``<prefix>-vN.bin/.idx`` (a
 prefix left empty is dropped); every other prefix stays as it is. The new version's ``prefixes`` and
 Megatron ``data_path`` follow. Written through ``repack.sinks.megatron.PartWriter`` (temp names,
@@ -18,30 +19,54 @@ import numpy as np
 
 from repack.errors import UsageError
 from repack.lifecycle.rewrite import Rewrite
-from repack.manifest import Manifest
+from repack.manifest import Manifest, atomic_write_bytes
+from repack.manifest.source_runs import SUFFIX as RUNS_SUFFIX
+from repack.manifest.source_runs import SourceRunsError, encode_runs, runs_of, side_entry
 from repack.sinks.megatron import PartWriter, read_index
 
 
-def document_names(runs: list[list], by: str) -> list[str]:
-    """The name of each document of a prefix, in order: its source (``by="sources"``) or its key."""
+def _document_columns(runs: list[tuple[str, int, int]]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(distinct sources, per document the index of its source, per document its number in that source)."""
+    names: dict[str, int] = {}
+    run_name = np.fromiter((names.setdefault(rel, len(names)) for rel, _, _ in runs), np.int64, len(runs))
+    first = np.fromiter((f for _, f, _ in runs), np.int64, len(runs))
+    count = np.fromiter((c for _, _, c in runs), np.int64, len(runs))
+    starts = np.cumsum(count) - count
+    doc_name = np.repeat(run_name, count)
+    doc_number = np.repeat(first - starts, count) + np.arange(int(count.sum()), dtype=np.int64)
+    return list(names), doc_name, doc_number
+
+
+def named_documents(runs: list[tuple[str, int, int]], wanted: set[str], by: str) -> tuple[np.ndarray, set[str]]:
+    """(one bool per document of a prefix: kept, the names of ``wanted`` it holds): ``by="sources"`` names
+    a source (all its documents), ``by="keys"`` a document's key ``<source>#<n>``. Columns, not a name per
+    document."""
+    names, doc_name, doc_number = _document_columns(runs)
     if by == "sources":
-        return [rel for rel, _, count in runs for _ in range(count)]
-    return [f"{rel}#{first + n}" for rel, first, count in runs for n in range(count)]
+        hit = np.fromiter((name in wanted for name in names), bool, len(names))
+        keep = ~hit[doc_name] if len(names) else np.ones(0, bool)
+        return keep, {name for name, h in zip(names, hit) if h}
+    index = {name: i for i, name in enumerate(names)}
+    asked = [(index[rel], int(n)) for rel, _, n in (key.rpartition("#") for key in wanted)
+             if rel in index and n.isdigit() and str(int(n)) == n]  # a key as the job wrote it, nothing else
+    keep = np.ones(len(doc_name), bool)
+    if asked and len(doc_name):
+        span = int(doc_number.max()) + 1  # one code per (source, number)
+        want = np.array([i * span + n for i, n in asked if n < span], np.int64)
+        keep = ~np.isin(doc_name * span + doc_number, want)
+    found = {f"{names[i]}#{n}" for i, n in zip(doc_name[~keep].tolist(), doc_number[~keep].tolist())}
+    return keep, found
 
 
-def kept_runs(runs: list[list], keep: np.ndarray) -> list[list]:
+def kept_runs(runs: list[tuple[str, int, int]], keep: np.ndarray) -> list[list]:
     """``runs`` restricted to the kept documents (``keep``: one bool per document)."""
-    out: list[list] = []
-    position = 0
-    for rel, first, count in runs:
-        for n in range(count):
-            if keep[position + n]:
-                if out and out[-1][0] == rel and out[-1][1] + out[-1][2] == first + n:
-                    out[-1][2] += 1
-                else:
-                    out.append([rel, first + n, 1])
-        position += count
-    return out
+    names, doc_name, doc_number = _document_columns(runs)
+    doc_name, doc_number = doc_name[keep], doc_number[keep]
+    if not len(doc_name):
+        return []
+    breaks = np.flatnonzero((doc_name[1:] != doc_name[:-1]) | (doc_number[1:] != doc_number[:-1] + 1)) + 1
+    bounds = np.concatenate([[0], breaks, [len(doc_name)]])
+    return [[names[int(doc_name[a])], int(doc_number[a]), int(b - a)] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
@@ -54,19 +79,22 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
     shards: list[dict] = []
     rewritten: dict[str, str | None] = {}
     for entry in current["shards"]:
-        runs = entry.get("sources")
+        try:
+            runs = runs_of(entry, lambda rel: _local(store, manifest, rel).read_bytes())
+        except SourceRunsError as exc:
+            raise UsageError(f"{store.url}: prefix {entry['prefix']}: {exc}") from None
         if runs is None:
             raise UsageError(f"{store.url}: prefix {entry['prefix']} does not record which source each document "
                              "came from (packed by an older repack): tokenize the corpus again to remove from it")
-        names = document_names(runs, spec.by)
-        if len(names) != entry["samples"]:
-            raise UsageError(f"{store.url}: prefix {entry['prefix']} lists {len(names)} documents in its sources, "
+        listed = sum(count for _, _, count in runs)
+        if listed != entry["samples"]:
+            raise UsageError(f"{store.url}: prefix {entry['prefix']} lists {listed} documents in its sources, "
                              f"{entry['samples']} in the manifest: run `repack verify`")
-        keep = np.array([name not in wanted for name in names], dtype=bool)
+        keep, hits = named_documents(runs, wanted, spec.by)
         if keep.all():
             shards.append(entry)
             continue
-        found.update(name for name in names if name in wanted)
+        found |= hits
         shards += _rewrite(store, out, manifest, entry, keep, kept_runs(runs, keep), number, rewritten)
     lengths = [np.asarray(_index(store, out, manifest, e).lengths) for e in shards]
     doc_stats, histogram = _token_stats(np.concatenate(lengths) if lengths else np.zeros(0, np.int32))
@@ -78,11 +106,16 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
     return Rewrite(shards, frozenset(found), rewritten, {}, extra)
 
 
-def _index(store, out: Path, manifest: Manifest, entry: dict):
-    local = manifest.path(entry["index"])
+def _local(store, manifest: Manifest, rel: str) -> Path:
+    """A file of the dataset on the local disk (an object store: fetched into the scratch first)."""
+    local = manifest.path(rel)
     if store.remote and not local.is_file():
-        store.fetch(entry["index"], local)
-    return read_index(local)
+        store.fetch(rel, local)
+    return local
+
+
+def _index(store, out: Path, manifest: Manifest, entry: dict):
+    return read_index(_local(store, manifest, entry["index"]))
 
 
 def _rewrite(store, out: Path, manifest: Manifest, entry: dict, keep: np.ndarray, runs: list[list], number: int,
@@ -124,12 +157,16 @@ def _rewrite(store, out: Path, manifest: Manifest, entry: dict, keep: np.ndarray
         rewritten[entry["path"]] = None
         return []
     prefix = str(Path(entry["prefix"]).parent / stem) if "/" in entry["prefix"] else stem
-    new = {**entry, "path": f"{prefix}.bin", "index": f"{prefix}.idx", "prefix": prefix,
-           "samples": part["documents"], "tokens": part["tokens"], "bytes": part["bytes"], "sha256": part["sha256"],
-           "index_bytes": part["index_bytes"], "index_sha256": part["index_sha256"],
-           "max_token_id": part["max_token_id"], "sources": runs}
+    runs_data = encode_runs(runs)
+    runs_rel = prefix + RUNS_SUFFIX
+    atomic_write_bytes(manifest.path(runs_rel), runs_data)
+    new = {**{k: v for k, v in entry.items() if k != "sources"}, "path": f"{prefix}.bin", "index": f"{prefix}.idx",
+           "prefix": prefix, "samples": part["documents"], "tokens": part["tokens"], "bytes": part["bytes"],
+           "sha256": part["sha256"], "index_bytes": part["index_bytes"], "index_sha256": part["index_sha256"],
+           "max_token_id": part["max_token_id"], **side_entry(runs_rel, runs_data)}
     if store.remote:
         store.publish(new["path"], folder / part["bin"], new["sha256"])
         store.publish(new["index"], folder / part["idx"])
+        store.publish(runs_rel, manifest.path(runs_rel), new["source_runs_sha256"])
     rewritten[entry["path"]] = new["path"]
     return [new]

@@ -114,7 +114,7 @@ def _on_threads(files, fmt: str, shards: list[dict]) -> list[tuple[list[str], by
     """``check_one`` of each shard on ``files.threads`` threads, each shard's files fetched first."""
 
     def one(shard: dict) -> tuple[list[str], bytes]:
-        rels = [shard["path"]] + [shard[side] for side in ("index", "checksums") if shard.get(side)]
+        rels = [shard["path"]] + [shard[side] for side in ("index", "checksums", "source_runs") if shard.get(side)]
         with files.local(rels) as (root, fetch_problems):
             return check_one(root, fmt, shard, fetch_problems)
 

@@ -7,7 +7,8 @@ Top-level keys (the contract; fields may be added, never renamed)::
   created_by                 {tool, version, options} (deterministic)
   fields                     {member extension or field: type}
   classes                    {class name: index}
-  shards                     [{path, samples, bytes, sha256, index?, ...}] (paths relative to the root)
+  shards                     [{path, samples, bytes, sha256, index?, ...}] (paths relative to the root;
+                             side files: index, checksums, source_runs)
   totals                     {inputs, samples, quarantined, bytes, ...}
   quarantine                 [{source, reason}]
   stats                      deterministic statistics (sizes, dimensions, ...)
@@ -116,7 +117,7 @@ class Manifest:
         """Every path-bearing field has the type its paths need (strings where a path goes)."""
         data = self.data
         for entry in data["shards"]:
-            for key in ("index", "prefix", "checksums"):
+            for key in ("index", "prefix", "checksums", "source_runs"):
                 if entry.get(key) is not None and not isinstance(entry[key], str):
                     raise ManifestError(f"{self.where}: shard {entry['path']!r}: {key} must be a path string")
         if not all(isinstance(v, str) for v in data.get("files", {}).values()):
@@ -146,6 +147,8 @@ class Manifest:
                 yield entry["index"]
             if entry.get("checksums"):
                 yield entry["checksums"]
+            if entry.get("source_runs"):  # a token prefix's document sources (repack.manifest.source_runs)
+                yield entry["source_runs"]
         for rel in self.data.get("files", {}).values():
             yield rel
 

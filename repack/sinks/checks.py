@@ -36,9 +36,11 @@ def check_file(root: Path, rel: str, size: int, sha256: str | None, check: Check
 
 def file_and_index_outputs(shard: dict) -> list[dict]:
     """[{path, bytes}] of a shard entry with a side index (tar + .idx, .bin + .idx) and, where it has
-    them, per-sample checksums (tar: .crc)."""
+    them, per-sample checksums (tar: .crc) and document sources (token prefix: .sources)."""
     outputs = [{"path": shard["path"], "bytes": shard["bytes"]},
                {"path": shard["index"], "bytes": shard["index_bytes"]}]
     if shard.get("checksums"):
         outputs.append({"path": shard["checksums"], "bytes": shard["checksums_bytes"]})
+    if shard.get("source_runs"):
+        outputs.append({"path": shard["source_runs"], "bytes": shard["source_runs_bytes"]})
     return outputs

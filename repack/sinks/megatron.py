@@ -42,7 +42,8 @@ from typing import Iterable
 import numpy as np
 
 from repack.manifest.io import fsync_dir
-from repack.sinks.checks import file_and_index_outputs
+from repack.manifest.source_runs import SourceRunsError, decode_runs
+from repack.sinks.checks import check_file, file_and_index_outputs
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -355,6 +356,14 @@ class MemmapSink:
         check(sha == shard["sha256"], f"{shard['path']}: sha256 mismatch")
         check(high == shard.get("max_token_id", high),
               f"{shard['path']}: largest token id {high}, manifest says {shard.get('max_token_id')}")
+        if shard.get("source_runs") and check_file(root, shard["source_runs"], shard.get("source_runs_bytes", -1),
+                                                   shard.get("source_runs_sha256"), check):
+            try:
+                runs = decode_runs((Path(root) / shard["source_runs"]).read_bytes())
+                check(runs.documents() == n, f"{shard['source_runs']}: {runs.documents()} documents, the index "
+                                             f"holds {n}")
+            except SourceRunsError as exc:
+                check(False, f"{shard['source_runs']}: {exc}")
 
     @staticmethod
     def inspect_lines(manifest) -> list[str]:

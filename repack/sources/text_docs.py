@@ -33,7 +33,7 @@ from typing import BinaryIO, Iterator
 
 from repack.errors import UsageError, stable_reason
 from repack.sources.base import alias_reason, pick_real_paths, sort_key
-from repack.sources.confine import Confinement
+from repack.sources.confine import Checked, Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import scan_objects
 from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul
@@ -98,6 +98,37 @@ class Segment:
         return cls(**{**data, "fingerprint": tuple(data.get("fingerprint", ()))})
 
 
+UNIT_CODES = {"bytes": "b", "file": "f", "rowgroups": "r"}
+UNIT_OF = {code: unit for unit, code in UNIT_CODES.items()}
+
+
+def segment_table(segments: list[Segment]) -> dict:
+    """A task's segments as columns for its plan payload (a few numbers per input file, not a record):
+    ``root`` (where ``path`` = root + rel), ``rel``, ``start``, ``end``, ``fingerprint`` lists, ``unit``
+    one letter per segment, and ``path`` only when some segment's path is not root + rel (then "" where
+    it is). Kind and compression follow from the name (``classify``)."""
+    first = segments[0]
+    root = first.path[:-len(first.rel)] if first.path.endswith(first.rel) else ""
+    paths = ["" if s.path == root + s.rel else s.path for s in segments]
+    table = {"root": root, "rel": [s.rel for s in segments], "start": [s.start for s in segments],
+             "end": [s.end for s in segments], "unit": "".join(UNIT_CODES[s.unit] for s in segments),
+             "fingerprint": [list(s.fingerprint) for s in segments]}
+    if any(paths):
+        table["path"] = paths
+    return table
+
+
+def table_segments(table: dict) -> list[Segment]:
+    """The segments of a ``segment_table``."""
+    root, paths = table["root"], table.get("path") or [""] * len(table["rel"])
+    out = []
+    for rel, path, start, end, unit, fp in zip(table["rel"], paths, table["start"], table["end"], table["unit"],
+                                               table["fingerprint"]):
+        kind, compression = classify(rel.rsplit("/", 1)[-1])  # a planned rel always classifies
+        out.append(Segment(path or root + rel, rel, kind, compression, start, end, UNIT_OF[unit], tuple(fp)))
+    return out
+
+
 @dataclass(frozen=True)
 class Doc:
     """A document (``text``) or a problem (``reason``), at a 1-based ``line`` of its segment."""
@@ -107,31 +138,34 @@ class Doc:
     reason: str | None = None
 
 
+_KINDS = {**{ext: "jsonl" for ext in JSONL_EXTS}, **{ext: "txt" for ext in TXT_EXTS},
+          **{ext: "parquet" for ext in PARQUET_EXTS}}
+
+
 def classify(name: str) -> tuple[str, str] | None:
-    """(kind, compression) from a file name, or None for a file that is not a text input."""
-    lower = name.lower()
-    compression = ""
-    for ext, comp in COMPRESSIONS.items():
-        if lower.endswith(ext):
-            compression, lower = comp, lower[: -len(ext)]
-            break
-    if lower.endswith(JSONL_EXTS):
-        return "jsonl", compression
-    if lower.endswith(TXT_EXTS):
-        return "txt", compression
-    if lower.endswith(PARQUET_EXTS) and not compression:
-        return "parquet", compression
-    return None
+    """(kind, compression) from a file name, or None for a file that is not a text input (two dict
+    look-ups: it runs once per file of the corpus)."""
+    stem, dot, ext = name.lower().rpartition(".")
+    compression = COMPRESSIONS.get(dot + ext, "")
+    if compression:
+        stem, dot, ext = stem.rpartition(".")
+    kind = _KINDS.get(dot + ext) if dot else None
+    if kind is None or (kind == "parquet" and compression):
+        return None
+    return kind, compression
 
 
-def walk_folder(src: Path, quarantine: list[dict], conf: Confinement) -> tuple[list[tuple[str, str]], int]:
-    """(path, rel) of every non-hidden entry under ``src`` following folder symlinks inside the
-    source root (``conf``), and the count of hidden files skipped. Each folder is scanned once, by
-    (st_dev, st_ino): the real tree first, then linked folders in name order; a link reaching a
-    folder already scanned (a loop, or a second link) becomes a quarantine record instead of
-    repeating its documents; a link leaving the root is quarantined by the confinement."""
+def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
+                ) -> tuple[list[tuple[str, str, Checked]], int]:
+    """(path, rel, its confinement check) of every non-hidden file under ``src`` named like a text
+    input, following folder symlinks inside the source root (``conf``), and the count of files
+    skipped (hidden, or another kind of file). Each folder is scanned once, by (st_dev, st_ino): the
+    real tree first, then linked folders in name order; a link reaching a folder already scanned (a
+    loop, or a second link) becomes a quarantine record instead of repeating its documents; a link
+    leaving the root is quarantined by the confinement. Folders are scanned by their real path, so a
+    file that is no symlink is checked with one lstat (``Confinement.check(parent_is_real=True)``)."""
     visited: dict[tuple[int, int], str] = {}
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str, Checked]] = []
     links: list[tuple[str, str]] = []
     skipped = 0
 
@@ -150,13 +184,19 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement) -> tuple[l
             if entry.is_dir(follow_symlinks=False):
                 visit(entry.path, child)
                 continue
-            checked = conf.check(entry.path)
+            text_input = classify(entry.name) is not None
+            if not text_input and not entry.is_symlink():
+                skipped += 1  # not a text input: never stat'ed
+                continue
+            checked = conf.check(entry.path, parent_is_real=True)
             if checked.reason is not None and checked.is_link:  # whatever its name: reported, never followed
                 quarantine.append({"source": child, "line": None, "reason": checked.reason})
             elif checked.reason is None and checked.is_dir:
-                links.append((entry.path, child))
+                links.append((checked.real, child))
+            elif not text_input:
+                skipped += 1
             else:
-                found.append((entry.path, child))
+                found.append((entry.path, child, checked))
 
     def visit(folder: str, rel: str) -> None:
         try:
@@ -197,6 +237,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
     quarantine: list[dict] = []
     skipped = 0
     candidates: list[tuple[str, str]] = []  # (path, rel)
+    scanned: list[tuple[str, str, Checked]] = []  # a folder scan's files, checked already
     listed_at: dict[str, str] = {}  # rel -> "<list file>:<line>" of its first row (--list)
     if list_file:
         conf = rules.rooted(str(src.absolute().parent))
@@ -211,7 +252,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
     elif src.is_dir():
         conf = rules.rooted(str(src))
         found, skipped = walk_folder(src, quarantine, conf)
-        candidates = sorted(found, key=lambda pr: sort_key(pr[1]))
+        scanned = sorted(found, key=lambda item: sort_key(item[1]))
     else:
         conf = rules.rooted(os.path.dirname(os.path.realpath(src)))  # the file named on the command line
         candidates = [(str(src), src.name)]
@@ -225,7 +266,8 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
             else:
                 skipped += 1
             continue
-        checked = conf.check(path)
+        scanned.append((path, rel, conf.check(path)))
+    for path, rel, checked in scanned:
         if checked.reason is None and checked.is_dir:
             checked = dataclasses.replace(checked, reason="not a regular file (folder)")
         if checked.reason is not None:
@@ -396,10 +438,26 @@ def plan_chunks(files: list[TextFile], chunk_bytes: int | None, doc_per: str, fi
 
 # -- reading -----------------------------------------------------------------------------------
 
+PRELOAD_MAX_BYTES = 1 << 20  # a whole file up to this size is read in one call (read_inputs), not streamed
+
+
+def preloadable(segment: Segment) -> bool:
+    """True for a segment that is a whole file of at most PRELOAD_MAX_BYTES (text or JSON lines): its task
+    reads it in one call with the others (``repack.sources.reading.read_inputs``: no open per line
+    reader, s3:// objects fetched concurrently) and hashes those bytes."""
+    size = segment.fingerprint[0] if segment.fingerprint else None
+    return (segment.kind != "parquet" and size is not None and size <= PRELOAD_MAX_BYTES and segment.start == 0
+            and (segment.unit == "file" or segment.end == size))
+
+
 @contextlib.contextmanager
-def _open_stream(segment: Segment) -> Iterator[BinaryIO]:
-    """The segment's bytes (decompressed), opened through the confinement's ``open_input``."""
-    with open_input(segment.path, list(segment.fingerprint) or None, segment.rel, buffering=1 << 20) as raw:
+def _open_stream(segment: Segment, data: bytes | OSError | None = None) -> Iterator[BinaryIO]:
+    """The segment's bytes (decompressed): ``data`` (the whole file, read already; an OSError raised
+    here), else opened through the confinement's ``open_input``."""
+    if isinstance(data, OSError):
+        raise data
+    with (io.BytesIO(data) if data is not None else
+          open_input(segment.path, list(segment.fingerprint) or None, segment.rel, buffering=1 << 20)) as raw:
         if segment.compression == "gz":
             with gzip.GzipFile(fileobj=raw, mode="rb") as fh:
                 yield fh
@@ -434,10 +492,11 @@ def _skip_line(fh: BinaryIO, budget: int | None) -> int:
     return read
 
 
-def _lines(segment: Segment, cap: int) -> Iterator[bytes | None]:
-    """Raw lines (with their newline) of a byte-range or whole-file segment; a leading UTF-8 BOM of
-    the file is dropped; a line longer than ``cap`` bytes yields None and is skipped, never held."""
-    with _open_stream(segment) as fh:
+def _lines(segment: Segment, cap: int, data: bytes | OSError | None = None) -> Iterator[bytes | None]:
+    """Raw lines (with their newline) of a byte-range or whole-file segment (``data``: its bytes, read
+    already); a leading UTF-8 BOM of the file is dropped; a line longer than ``cap`` bytes yields None
+    and is skipped, never held."""
+    with _open_stream(segment, data) as fh:
         remaining = segment.end - segment.start if segment.unit == "bytes" else None
         first = segment.unit != "bytes" or segment.start == 0
         while remaining is None or remaining > 0:
@@ -477,10 +536,13 @@ class SegmentReader:
     """Iterates one segment's documents; ``lines`` holds how many lines (rows) it consumed."""
 
     def __init__(self, segment: Segment, field: str = "text", doc_per: str = "line",
-                 max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES) -> None:
+                 max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES, data: bytes | OSError | None = None) -> None:
+        """``data``: the segment's raw bytes when its task read them already (a ``preloadable`` segment),
+        or the OSError reading them; None: the reader opens the segment itself."""
         if doc_per not in DOC_PER:
             raise UsageError(f"--doc-per must be one of {', '.join(DOC_PER)}, got {doc_per!r}")
         self.segment = segment
+        self.data = data
         self.field = field
         self.doc_per = doc_per
         self.max_doc_bytes = max_doc_bytes
@@ -505,8 +567,10 @@ class SegmentReader:
         if self.segment.kind == "parquet":
             return None
         size = SNIFF_BYTES if self.segment.unit != "bytes" else min(SNIFF_BYTES, self.segment.end - self.segment.start)
+        if isinstance(self.data, bytes) and not self.segment.compression:
+            return binary_reason(self.data[:size])
         head = bytearray()
-        with _open_stream(self.segment) as fh:
+        with _open_stream(self.segment, self.data) as fh:
             try:
                 while len(head) < size:
                     piece = fh.read(min(SNIP_BYTES, size - len(head)))
@@ -522,7 +586,7 @@ class SegmentReader:
         try:
             reason = self._sniff()
             if reason:
-                for _ in _lines(self.segment, self.max_doc_bytes):  # counted, so later segments' lines stay true
+                for _ in _lines(self.segment, self.max_doc_bytes, self.data):  # counted, so later segments' lines stay true
                     self.lines += 1
                 yield Doc(1, reason=f"{reason}: the whole segment (lines 1-{self.lines}) is quarantined")
                 return
@@ -547,7 +611,7 @@ class SegmentReader:
 
     def _jsonl(self) -> Iterator[Doc]:
         field = self.field
-        for raw in _lines(self.segment, self.max_doc_bytes):
+        for raw in _lines(self.segment, self.max_doc_bytes, self.data):
             self.lines += 1
             if raw is None:
                 yield self.too_long(self.lines)
@@ -582,7 +646,7 @@ class SegmentReader:
                 yield Doc(self.lines, text=value)
 
     def _txt_lines(self) -> Iterator[Doc]:
-        for raw in _lines(self.segment, self.max_doc_bytes):
+        for raw in _lines(self.segment, self.max_doc_bytes, self.data):
             self.lines += 1
             if raw is None:
                 yield self.too_long(self.lines)
@@ -591,7 +655,7 @@ class SegmentReader:
             yield Doc(self.lines, text=text, reason=reason)
 
     def _txt_file(self) -> Iterator[Doc]:
-        with _open_stream(self.segment) as fh:
+        with _open_stream(self.segment, self.data) as fh:
             data = fh.read(self.max_doc_bytes + 1)
             newlines, last = data.count(b"\n"), data[-1:]
             too_long = len(data) > self.max_doc_bytes
@@ -611,7 +675,7 @@ class SegmentReader:
     def _txt_paragraphs(self) -> Iterator[Doc]:
         para: list[bytes] = []
         size, first = 0, 0
-        for raw in _lines(self.segment, self.max_doc_bytes):
+        for raw in _lines(self.segment, self.max_doc_bytes, self.data):
             self.lines += 1
             if raw is None or raw.strip():
                 if not para and not size:

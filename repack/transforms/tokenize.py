@@ -25,6 +25,7 @@ EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>"
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|bos|>", "[BOS]")
 
 _CACHE: dict[str, object] = {}
+_SEEN: dict[tuple, str] = {}  # (path, size, mtime_ns, inode) -> sha256 of a tokenizer file loaded already
 
 
 def resolve_tokenizer_path(path: str) -> Path:
@@ -61,10 +62,16 @@ def _cached_snapshot(model: Path) -> Path:
 
 
 def load_tokenizer(path: str | os.PathLike, expected_sha256: str | None = None):
-    """(Tokenizer, sha256 of its file); cached per process; refuses a file whose sha256 changed."""
+    """(Tokenizer, sha256 of its file); cached per process (a file whose path, size, mtime and inode
+    were seen already is not read and hashed again: a worker runs many tasks); refuses a file whose
+    sha256 changed."""
     from tokenizers import Tokenizer
 
     try:
+        st = os.stat(path)
+        seen = _SEEN.get((str(path), st.st_size, st.st_mtime_ns, st.st_ino))
+        if seen is not None and (expected_sha256 is None or seen == expected_sha256):
+            return _CACHE[seen], seen
         data = Path(path).read_bytes()
     except OSError as exc:
         raise UsageError(f"--tokenizer {str(path)!r}: cannot read it ({exc.strerror})") from None
@@ -76,6 +83,7 @@ def load_tokenizer(path: str | os.PathLike, expected_sha256: str | None = None):
             _CACHE[sha] = Tokenizer.from_str(data.decode("utf-8"))
         except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception
             raise UsageError(f"{path}: not a loadable tokenizer.json ({exc})") from None
+    _SEEN[(str(path), st.st_size, st.st_mtime_ns, st.st_ino)] = sha
     return _CACHE[sha], sha
 
 

@@ -1,0 +1,89 @@
+"""`repack text` over many small files: the manifest does not grow with the input files (the source
+runs live in a columnar side file that remove and verify read), documents of many files share
+tokenizer calls, and the job state stays small per input file. Real GPT-2, the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_remove_lmdb_tokens import shard_runs, token_documents
+from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory) -> Path:
+    return write_tokenizer(gpt2_tokenizer(), tmp_path_factory.mktemp("gpt2"))
+
+
+def small_files(root: Path, count: int, seed: int = 0) -> list[str]:
+    """``count`` one-document .txt files in 10 folders; their rels in sorted order."""
+    rels = []
+    for i, text in enumerate(documents(count, seed=seed, mean_sentences=2.0)):
+        rel = f"d{i % 10}/f{i:05d}.txt"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text or "x", encoding="utf-8")
+        rels.append(rel)
+    return sorted(rels)
+
+
+def pack(tmp_path: Path, name: str, count: int, tokenizer: Path, *extra: str) -> tuple[Path, list[str]]:
+    src, out = tmp_path / f"{name}-src", tmp_path / f"{name}-out"
+    rels = small_files(src, count)
+    run_repack("text", src, out, "--tokenizer", tokenizer, "--doc-per", "file", "--quiet", *extra)
+    return out, rels
+
+
+def test_manifest_size_does_not_grow_with_the_input_files(tmp_path, gpt2):
+    small, _ = pack(tmp_path, "small", 40, gpt2)
+    large, rels = pack(tmp_path, "large", 1200, gpt2)
+    grown = (large / "manifest.json").stat().st_size - (small / "manifest.json").stat().st_size
+    assert grown < 1500, f"the manifest grew {grown} bytes for 1160 more input files"
+    manifest = read_manifest_json(large)
+    (shard,) = manifest["shards"]
+    assert "sources" not in shard and shard["source_runs"] == "text_document.sources"
+    assert shard_runs(large, shard) == [[rel, 0, 1] for rel in rels]  # one document per file, in input order
+    assert run_repack("verify", large).returncode == 0
+
+
+def test_verify_names_a_damaged_source_runs_file(tmp_path, gpt2):
+    out, _ = pack(tmp_path, "c", 30, gpt2)
+    side = out / "text_document.sources"
+    data = bytearray(side.read_bytes())
+    data[-3] ^= 0xFF
+    side.write_bytes(bytes(data))
+    done = run_repack("verify", out, check=False)
+    assert done.returncode != 0 and "text_document.sources: sha256 mismatch" in done.stdout + done.stderr
+
+
+def test_remove_reads_the_inline_sources_of_an_older_manifest(tmp_path, gpt2):
+    """A manifest written before the side file (runs inline under ``sources``) still takes removals; the
+    rewritten prefix gets a side file."""
+    out, rels = pack(tmp_path, "old", 30, gpt2)
+    manifest = read_manifest_json(out)
+    (shard,) = manifest["shards"]
+    runs = shard_runs(out, shard)
+    for key in ("source_runs", "source_runs_bytes", "source_runs_sha256"):
+        del shard[key]
+    shard["sources"] = runs
+    (out / "text_document.sources").unlink()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    before = token_documents(out)
+    (tmp_path / "gone.txt").write_text(f"{rels[3]}\n{rels[7]}\n")
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    (new,) = read_manifest_json(out)["shards"]
+    assert "sources" not in new and shard_runs(out, new) == [[rel, 0, 1] for rel in rels if rel not in
+                                                             (rels[3], rels[7])]
+    assert token_documents(out) == before[:3] + before[4:7] + before[8:]
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_documents_of_many_files_share_tokenizer_calls(tmp_path, gpt2):
+    """One encode_batch call per batch of documents, not one per input file."""
+    out, rels = pack(tmp_path, "calls", 300, gpt2)
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["documents"] == len(rels)
+    assert manifest["run"]["tokenize_batches"] == manifest["totals"]["parts"] == 1
