@@ -41,8 +41,9 @@ def test_ray_on_the_drivers_host_writes_chunks_into_the_shard(photo_tree, tmp_pa
     run_repack("images", photo_tree, outs["local"], *args)
     run_repack("images", photo_tree, outs["ray"], *args, "--executor", "ray")
     assert_identical_outputs(outs)
-    chunks = [json.loads(p.read_text()) for p in sorted((outs["ray"] / ".repack" / "tasks").glob("*-c*.json"))]
-    assert len(chunks) == 15 and all("at" in chunk["segment"] for chunk in chunks), chunks[0]["segment"]
+    segments = {tid: segment for p in sorted((outs["ray"] / ".repack" / "tasks").glob("shard-??????.json"))
+                for tid, segment in json.loads(p.read_text())["segments"].items()}  # each shard's chunks
+    assert len(segments) == 15 and all("at" in segment for segment in segments.values()), segments
 
 
 def test_static_partitions_and_merge_match_local_pool(photo_tree, reference, tmp_path):

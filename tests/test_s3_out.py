@@ -187,7 +187,8 @@ def test_chunked_shards_on_s3_then_kill_and_resume_on_another_machine(server, s3
     assert dataset_files(ref) == local_files(packed_photos)
     assert stable(json.loads(ref["manifest.json"])) == stable(read_manifest_json(packed_photos))
     assert not [k for k in ref if k.startswith(".repack/segments/")]
-    assert ".repack/tasks/shard-000000-c0000.json" in ref and ".repack/tasks/shard-000000.json" in ref
+    assert ".repack/tasks/shard-000000.json" in ref  # the shard's record (it replaced its chunks' records)
+    assert len(json.loads(ref[".repack/tasks/shard-000000.json"])["segments"]) == 7  # 25 inputs in chunks of 4
 
     run = ["images", photo_tree, "s3://chunks/run", *args]
     kill_after_objects(run, {**env, "REPACK_SCRATCH": str(tmp_path / "first")}, s3, "chunks", "run", 8)
@@ -289,5 +290,6 @@ def test_ray_executor_to_s3_equals_local(server, s3, photo_tree, packed_photos, 
                "--workers", "2", "--quiet", env=env_for(server.endpoint, tmp_path))
     objs = objects(s3, "ray", "run")
     assert dataset_files(objs) == local_files(packed_photos)
-    assert ".repack/tasks/shard-000000-c0000.json" in objs and not [k for k in objs if k.startswith(".repack/segments/")]
+    assert len(json.loads(objs[".repack/tasks/shard-000000.json"])["segments"]) == 7  # assembled from 7 chunks
+    assert not [k for k in objs if k.startswith(".repack/segments/")]
     assert json.loads(objs["manifest.json"])["run"]["executor"] == "ray"

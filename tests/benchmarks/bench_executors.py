@@ -2,7 +2,7 @@
 
 Ray is measured two ways: started by the job itself (cold, `--executor ray`) and joined by
 the job (`ray start --head` first, then `--ray-address`), which is how a cluster runs it.
-Same worker count everywhere (the usable CPUs, or REPACK_BENCH_WORKERS); ratios are against the
+Same worker count everywhere (the usable CPUs, or REPACK_BENCH_EXECUTOR_WORKERS); ratios are against the
 local pool measured in the same run, REPACK_BENCH_REPEATS times each (the median counts), the
 executors taking turns so that a noisy neighbour hits each alike; besides wall time, the CPU seconds
 each job cost (the driver, its pool, and on a joined cluster the head's processes meanwhile: raylet,
@@ -29,7 +29,7 @@ from repack.exec.cpus import available_cpus
 from tests.benchmarks.bench_images import make_dataset
 
 IMAGES = int(os.environ.get("REPACK_BENCH_IMAGES") or 4000)
-WORKERS = str(int(os.environ.get("REPACK_BENCH_WORKERS") or available_cpus()))
+WORKERS = str(int(os.environ.get("REPACK_BENCH_EXECUTOR_WORKERS") or available_cpus()))
 REPEATS = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
 RAY_ENV = {"RAY_AUTH_MODE": "token"}  # Ray >= 2.5x clusters started by `ray start` use token auth; the driver opts in
 
