@@ -1,7 +1,7 @@
 """A batch of samples of local shards, read and checked with array operations: the raw-bytes batch
 path of ``ImageShardDataset`` (``batch_size=``, no decode, no transform, local files).
 
-The samples' index columns (``pipelines.shard_index``) give each sample's span in its tar (from its
+The samples' index columns (``repack.manifest.shard_index``) give each sample's span in its tar (from its
 first member's header to its last member's padding); runs of adjacent spans are one ``pread`` each,
 straight into the batch's buffer, and every member's tar header is checked against the index for all
 members at once (``tar_blocks.headers_match``), ``.cls`` labels parsed as a column. Any irregularity
@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pipelines.shard_index import IndexColumns
+from repack.manifest.shard_index import IndexColumns
 from pipelines.tar_blocks import TAR_BLOCK, ShardFiles, headers_match
 
 _NO_IMAGE = 1 << 30

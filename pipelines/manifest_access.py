@@ -8,7 +8,7 @@ An index file (``.idx``, DALI's format v1.2, written by repack next to each tar)
 line ``v1.2 <samples>`` and one line per sample: groups of four tokens
 ``<ext> <data offset> <size> <member name>``, the members of a sample being adjacent in the tar.
 The readers use it to ``pread`` exactly the bytes of the samples they own; they hold it as numpy
-columns (``pipelines.shard_index``), ``Sample`` objects only for the few samples a slow path handles.
+columns (``repack.manifest.shard_index``), ``Sample`` objects only for the few samples a slow path handles.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 
 from pipelines import object_store
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
-from pipelines.shard_index import IndexColumns, concat, parse_index
+from repack.manifest.shard_index import IndexColumns, concat, parse_index
 from repack.manifest import Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size, manifest_cap
 from repack.manifest.versions import check_number, read_version

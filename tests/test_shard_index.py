@@ -1,4 +1,4 @@
-"""The readers' index as numpy columns (``pipelines.shard_index``): the vectorized parser gives exactly
+"""The readers' index as numpy columns (``repack.manifest.shard_index``): the vectorized parser gives exactly
 what a line-by-line reading of the ``.idx`` text gives (or refuses what it refuses), the order's array
 forms equal its list forms, and a reader's memory grows by the index columns, not by an object per
 sample, while it reads an epoch of raw batches."""
@@ -14,12 +14,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines import sample_order, shard_index
+from pipelines import sample_order
+from repack.manifest import shard_index
 from pipelines.manifest_access import read_index, read_index_columns, sample_at
 from pipelines.sample_errors import ShardIntegrityError
-from pipelines.shard_index import concat, parse_index
+from repack.manifest.shard_index import concat, parse_index
 from pipelines.torch_webdataset import ImageShardDataset
+from repack.lifecycle.shard_index import parse_index as remove_index
 from repack.manifest import ManifestError, read_manifest
+from repack.sinks.tar_check import check_against_index
 from tests.conftest import run_repack
 from tests.test_reader_integrity import flip_header_byte
 
@@ -68,7 +71,7 @@ def test_columns_match_a_line_by_line_reading(packed_photos, monkeypatch, chunk)
     assert [bytes(row).rstrip(b"\0").decode() for row in names] == [n for _, _, ns in as_lines(columns) for n in ns]
 
 
-@pytest.mark.parametrize("text, message", [
+MALFORMED = [
     ("", "empty index file"),
     ("v1.2 2\njpg 512 3 a.jpg\n", "matching sample count"),
     ("v1.3 1\njpg 512 3 a.jpg\n", "matching sample count"),
@@ -79,10 +82,39 @@ def test_columns_match_a_line_by_line_reading(packed_photos, monkeypatch, chunk)
     ("v1.2 1\njpg 5120000000000000000 3 a.jpg\n", "malformed index line"),
     ("v1.2 1\njpg 512 3 a\u00e9.jpg\n", "not printable ASCII"),
     ("v1.2 1\njpg\t512 3 a.jpg\n", "not printable ASCII"),
-])
+    ("v1.2 1\njpg 512 3 a\tb.jpg\n", "not printable ASCII"),
+    ("v1.2 1\njpg +512 3 a.jpg\n", "malformed index line"),
+    ("v1.2 1\njpg 512 1_024 a.jpg\n", "malformed index line"),
+]
+
+
+@pytest.mark.parametrize("text, message", MALFORMED)
 def test_malformed_indexes_are_refused_naming_the_file(text, message):
     with pytest.raises(ManifestError, match="bad.idx: .*" + message.replace("(", r"\(")):
         parse_index(text.encode(), "bad.idx")
+
+
+@pytest.mark.parametrize("text", [text for text, _ in MALFORMED])
+def test_remove_refuses_every_index_the_readers_refuse(text):
+    """`repack remove` reads an index with the readers' parser: what they refuse, it rebuilds from the tar."""
+    assert remove_index(text.encode()) is None
+
+
+def test_remove_and_verify_read_a_shard_index_as_the_readers_do(packed_photos):
+    manifest = read_manifest(packed_photos)
+    for shard in manifest.data["shards"]:
+        raw = (packed_photos / shard["index"]).read_bytes()
+        columns = parse_index(raw, shard["index"])
+        members = np.arange(len(columns.ext))
+        samples = np.arange(columns.samples).repeat(np.diff(columns.first_member))
+        names = [bytes(row).rstrip(b"\0").decode() for row in columns.name_fields(samples, members)]
+        keys = [columns.key(i) for i in range(columns.samples)]
+        removing = remove_index(raw, shard["index_sha256"])
+        assert removing.keys() == keys and removing.names(members) == names
+        assert removing.offset.tolist() == columns.offset.tolist() and removing.size.tolist() == columns.size.tolist()
+        verifying = check_against_index((packed_photos / shard["path"]).read_bytes(), raw)
+        assert verifying.offsets.tolist() == columns.offset.tolist()
+        assert [bytes(row).rstrip(b"\0").decode() for row in verifying.keys] == keys
 
 
 @pytest.mark.parametrize("runs", [[[0, 1000]], [[5, 17], [40, 300], [1000, 1001]], [], [[0, 63]], [[3, 9000]]])

@@ -14,6 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from repack.lifecycle.input_columns import InputColumns, encode_names
+from repack.manifest import ManifestError
+from repack.manifest.shard_index import parse_index
+from repack.sinks.tar_format import INDEX_VERSION
 
 EDGE_BYTES = 1 << 16  # read from each end of an index for its first and last sample line
 
@@ -73,12 +76,10 @@ def position_span(store, entry: dict) -> tuple[int, int] | None:
 
 
 def _line_position(line: bytes) -> int | None:
-    tokens = line.split(b" ")
-    if len(tokens) < 4:
-        return None
+    """The position of the sample on one index line (None when the line is not a well-formed one)."""
     try:
-        return key_position(tokens[3].decode("ascii").partition(".")[0])
-    except UnicodeDecodeError:
+        return key_position(parse_index(f"{INDEX_VERSION} 1\n".encode() + line + b"\n", "index line").key(0))
+    except ManifestError:
         return None
 
 

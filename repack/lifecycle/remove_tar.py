@@ -210,10 +210,10 @@ def _runs(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np.nda
 def _check_headers(data: bytes, start: int, index: ShardIndex, run: np.ndarray, shard: str) -> None:
     """Each member's header in ``data`` (the tar from byte ``start``) names that member."""
     rows = np.arange(index.first[run[0]], index.first[run[-1] + 1])  # a run's samples are consecutive
-    names = [name.encode("ascii") for name in index.tokens[4 * int(rows[0]) + 3:4 * int(rows[-1]) + 4:4]]
-    if any(len(name) > 100 for name in names):
+    fields = index.name_fields(rows, 101)  # a byte in column 100: a name longer than a header holds
+    if fields[:, 100].any():
         raise UsageError(f"{shard}: a member name is longer than a ustar header holds (run repack verify)")
-    expected = np.frombuffer(b"".join(name.ljust(100, b"\0") for name in names), np.uint8).reshape(-1, 100)
+    expected = fields[:, :100]
     at = (index.offset[rows] - BLOCK - start)[:, None] + np.arange(100)
     if not np.array_equal(np.frombuffer(data, np.uint8)[at], expected):
         raise UsageError(f"{shard}: a header does not name the member its index says (run repack verify)")
@@ -225,9 +225,7 @@ def _index_text(index: ShardIndex, kept: np.ndarray, shift: np.ndarray) -> str:
     rows = np.repeat(index.first[kept] - np.cumsum(counts[kept]) + counts[kept], counts[kept]) + \
         np.arange(int(counts[kept].sum()))  # the kept samples' member rows, in order
     moved = map(str, (index.offset[rows] + np.repeat(shift[kept], counts[kept])).tolist())
-    tokens = index.tokens
-    members = map(" ".join, zip((tokens[r] for r in (4 * rows).tolist()), moved,
-                                (tokens[r] for r in (4 * rows + 2).tolist()), (tokens[r] for r in (4 * rows + 3).tolist())))
+    members = map(" ".join, zip(index.exts(rows), moved, map(str, index.size[rows].tolist()), index.names(rows)))
     ends = set((np.cumsum(counts[kept]) - 1).tolist())  # the last member row of each kept sample
     text = "".join(member + ("\n" if at in ends else " ") for at, member in enumerate(members))
     return index_from_lines(text[:-1].split("\n"))

@@ -1,5 +1,6 @@
-"""A tar shard's DALI index (``repack.sinks.tar_format``) as arrays: one row per member, samples as
-ranges of rows. Parsed with a few C-speed calls (no Python object per member), for `repack remove`."""
+"""A tar shard's DALI index (``repack.sinks.tar_format``) as ``repack remove`` uses it: one row per
+member, samples as ranges of rows. Parsed by the project's one ``.idx`` parser
+(``repack.manifest.shard_index``); this module adds the byte-layout questions remove asks."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from repack.manifest import ManifestError
+from repack.manifest.shard_index import IndexColumns
+from repack.manifest.shard_index import parse_index as parse_columns
 from repack.sinks.tar_format import BLOCK, INDEX_VERSION
 
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """``tokens``: the index's tokens (4 per member: ext, data offset, size, name); ``offset``/``size``:
-    int64 per member; ``first``: the first member row of each sample, then the member count."""
+    """``columns``: the parsed index; ``offset``/``size``: int64 per member; ``first``: the first member
+    row of each sample, then the member count."""
 
-    tokens: list[str]
+    columns: IndexColumns
     offset: np.ndarray
     size: np.ndarray
     first: np.ndarray
@@ -26,16 +30,35 @@ class ShardIndex:
         return len(self.first) - 1
 
     def key(self, sample: int) -> str:
-        return self.tokens[4 * int(self.first[sample]) + 3].partition(".")[0]
+        return self.columns.key(sample)
 
     def keys(self) -> list[str]:
-        names = self.tokens[3::4]
-        return [names[row].partition(".")[0] for row in self.first[:-1].tolist()]
+        return [self.columns.key(sample) for sample in range(self.samples)]
 
     def members(self, sample: int) -> list[tuple[str, int, int, str]]:
         """(ext, data offset, size, name) of the sample's members."""
-        rows = range(int(self.first[sample]), int(self.first[sample + 1]))
-        return [(self.tokens[4 * r], int(self.offset[r]), int(self.size[r]), self.tokens[4 * r + 3]) for r in rows]
+        rows = np.arange(int(self.first[sample]), int(self.first[sample + 1]))
+        return list(zip(self.exts(rows), self.offset[rows].tolist(), self.size[rows].tolist(), self.names(rows)))
+
+    def exts(self, rows: np.ndarray) -> list[str]:
+        """The ext of each member row in ``rows``."""
+        table = self.columns.exts
+        return [table[code] for code in self.columns.ext[rows].tolist()]
+
+    def names(self, rows: np.ndarray) -> list[str]:
+        """The name of each member row in ``rows``."""
+        samples = np.searchsorted(self.first, rows, side="right") - 1
+        table = self.columns.suffixes
+        out = []
+        for sample, code in zip(samples.tolist(), self.columns.suffix[rows].tolist()):
+            keyed, tail = table[code]
+            out.append((self.columns.key(sample) if keyed else "") + tail.decode("ascii"))
+        return out
+
+    def name_fields(self, rows: np.ndarray, width: int) -> np.ndarray:
+        """(rows, width) uint8: each member row's name NUL-padded (cut) to ``width`` bytes."""
+        samples = np.searchsorted(self.first, rows, side="right") - 1
+        return self.columns.name_fields(samples, rows, width)
 
     def padded_end(self) -> np.ndarray:
         """Per member: the end of its data's padding."""
@@ -55,26 +78,17 @@ class ShardIndex:
 
 def parse_index(raw: bytes, recorded_sha256: str | None = None) -> ShardIndex | None:
     """The index in ``raw``; None when it is not the one the manifest records (``recorded_sha256``) or
-    not a well-formed index."""
+    not a well-formed index (its last line unterminated, or a data offset inside the first header)."""
     if recorded_sha256 and hashlib.sha256(raw).hexdigest() != recorded_sha256:
         return None
-    try:
-        text = raw.decode("ascii")
-        head, _, body = text.partition("\n")
-        version, count = head.split(" ")
-        lines = body.split("\n")
-        if version != INDEX_VERSION or lines[-1] or int(count) != len(lines) - 1:
-            return None
-        lines.pop()
-        words = np.fromiter((line.count(" ") + 1 for line in lines), np.int64, len(lines))
-        if len(words) and (words.min() < 4 or np.any(words % 4)):
-            return None
-        tokens = " ".join(lines).split(" ") if lines else []
-        offset = np.array(tokens[1::4], dtype=np.int64) if tokens else np.zeros(0, np.int64)
-        size = np.array(tokens[2::4], dtype=np.int64) if tokens else np.zeros(0, np.int64)
-        if len(offset) and (offset.min() < BLOCK or size.min() < 0):
-            return None
-        first = np.concatenate([[0], np.cumsum(words // 4)]).astype(np.int64)
-        return ShardIndex(tokens, offset, size, first)
-    except (UnicodeDecodeError, ValueError, OverflowError):
+    head = raw.partition(b"\n")[0].split(b" ")
+    if not raw.endswith(b"\n") or len(head) != 2 or head[0] != INDEX_VERSION.encode():
         return None
+    try:
+        columns = parse_columns(raw, "index")
+    except ManifestError:
+        return None
+    offset, size = columns.offset.astype(np.int64), columns.size.astype(np.int64)
+    if len(offset) and offset.min() < BLOCK:
+        return None
+    return ShardIndex(columns, offset, size, columns.first_member.astype(np.int64))

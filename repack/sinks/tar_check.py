@@ -2,9 +2,9 @@
 
 ``check_against_index(tar, index)`` answers one question: is ``tar`` exactly the archive repack writes
 for ``index`` (``tar_format``'s byte layout), and is ``index`` exactly the index ``index_from_members``
-rebuilds from it? It parses the index into columns (ext, data offset, size, name per member) with a
-few C-speed calls, then checks every member header at once with numpy over the 512-byte blocks the
-index points at: the fixed fields, the name, the octal size and the header checksum; the members lie
+rebuilds from it? It parses the index into columns (ext, data offset, size, name per member) with the
+project's one index parser (``repack.manifest.shard_index``), then checks every member header at once
+with numpy over the 512-byte blocks the index points at: the fixed fields, the name, the octal size and the header checksum; the members lie
 back to back from byte 0; the end-of-archive follows the last one; each sample's members share a key
 and adjacent samples do not; every sample has the same members after its first. No payload is
 decoded. A yes is final (``TarColumns``, with the sample keys and what the per-sample checksums need);
@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from repack.manifest import ManifestError
+from repack.manifest.shard_index import parse_index
 from repack.sinks.tar_format import (_HEADER_TEMPLATE, _TEMPLATE_SUM, BLOCK, INDEX_VERSION, MAX_MEMBER_SIZE,
                                      end_of_archive)
 
@@ -25,7 +27,7 @@ _TEMPLATE = np.frombuffer(bytes(_HEADER_TEMPLATE), dtype=np.uint8)
 _TEMPLATE64 = _TEMPLATE.view(np.uint64)
 _SIZE_SHIFTS = np.arange(30, -1, -3, dtype=np.int64)  # 11 octal digits
 _SUM_SHIFTS = np.arange(15, -1, -3, dtype=np.int64)  # 6 octal digits
-_ZERO, _DOT, _SLASH, _SPACE, _NEWLINE = ord("0"), ord("."), ord("/"), ord(" "), ord("\n")
+_ZERO, _DOT, _SLASH = ord("0"), ord("."), ord("/")
 
 
 @dataclass(frozen=True)
@@ -59,69 +61,48 @@ def check_against_index(tar, index: bytes) -> TarColumns | None:
 
 
 def _parse_index(index: bytes):
-    """(offsets, sizes, names, exts, members per sample) of a canonical index (printable ASCII, single
-    spaces, the same number of members on every line, decimal numbers without leading zeros), else
-    None. Tokenized with numpy over the bytes; names and exts are uint8 rows (NUL padded)."""
+    """(offsets, sizes, names, exts, members per sample) of a canonical index (what
+    ``repack.manifest.shard_index.parse_index`` reads, with the header ``v1.2 <samples>`` exactly, a
+    final newline, the same number of members on every line, decimal numbers without leading zeros and
+    names and exts of at most 100 bytes), else None. Names and exts are uint8 rows (NUL padded)."""
     first_newline = index.find(b"\n")
     if first_newline < 0 or not index.endswith(b"\n"):
         return None
-    body = np.frombuffer(index, dtype=np.uint8)[first_newline + 1:]
-    if (((body < 32) & (body != _NEWLINE)) | (body > 126)).any():
+    try:
+        columns = parse_index(bytes(index), "index")
+    except ManifestError:
         return None
-    separators = np.flatnonzero((body == _SPACE) | (body == _NEWLINE))
-    line_ends = np.flatnonzero(body[separators] == _NEWLINE)  # token numbers that end a line
-    count = len(line_ends)
+    count, members = columns.samples, len(columns.ext)
     if index[:first_newline] != f"{INDEX_VERSION} {count}".encode():
         return None
     if not count:
         empty = np.zeros(0, np.int64), np.zeros((0, 1), np.uint8)
         return empty[0], empty[0], empty[1], empty[1], 1
-    per_line = int(line_ends[0]) + 1
-    tokens = len(separators)
-    if per_line % 4 or not np.array_equal(line_ends, np.arange(per_line - 1, tokens, per_line)):
+    per_sample = int(columns.first_member[1])
+    if np.any(np.diff(columns.first_member.astype(np.int64)) != per_sample):
         return None
-    starts = np.empty(tokens, np.int64)
-    starts[0], starts[1:] = 0, separators[:-1] + 1
-    widths = separators - starts
-    if not widths.all():
+    offsets, sizes = columns.offset.astype(np.int64), columns.size.astype(np.int64)
+    samples = np.repeat(np.arange(count), per_sample)
+    ext_lengths = np.array([len(e) for e in columns.exts], np.int64)[columns.ext]
+    keyed, tails = zip(*columns.suffixes)
+    key_lengths = np.diff(columns.key_ends.astype(np.int64))[samples]
+    name_lengths = np.array([len(t) for t in tails], np.int64)[columns.suffix] + \
+        np.where(np.array(keyed)[columns.suffix], key_lengths, 0)
+    if int(name_lengths.max()) > 100 or int(ext_lengths.max()) > 100:
         return None
-    offsets = _decimals(body, starts[1::4], widths[1::4])
-    sizes = _decimals(body, starts[2::4], widths[2::4])
-    names = _rows(body, starts[3::4], widths[3::4])
-    exts = _rows(body, starts[0::4], widths[0::4])
-    if offsets is None or sizes is None or names is None or exts is None:
+    # every token is followed by one separator; digits-only numbers are canonical when no longer than their value
+    canonical = ext_lengths.sum() + name_lengths.sum() + _digits(offsets).sum() + _digits(sizes).sum() + 4 * members
+    if len(index) - first_newline - 1 != canonical:
         return None
-    return offsets, sizes, names, exts, per_line // 4
+    names = columns.name_fields(samples, np.arange(members), int(name_lengths.max()))
+    ext_width = int(ext_lengths.max())
+    table = np.array([list(e.encode("ascii").ljust(ext_width, b"\0")) for e in columns.exts], np.uint8)
+    return offsets, sizes, names, table[columns.ext], per_sample
 
 
-def _decimals(text: np.ndarray, starts: np.ndarray, widths: np.ndarray) -> np.ndarray | None:
-    """The decimal numbers at ``starts`` (``widths`` digits each), None unless each is digits only,
-    without a leading zero, at most 18 digits."""
-    width = int(widths.max())
-    if width > 18 or ((text[starts] == _ZERO) & (widths > 1)).any():
-        return None
-    padded = np.concatenate([np.zeros(width, np.uint8), text])
-    digits = np.lib.stride_tricks.sliding_window_view(padded, width)[starts + widths] - np.uint8(_ZERO)
-    digits[np.arange(width) < width - widths[:, None]] = 0  # right-aligned: the token's digits last
-    if (digits > 9).any():
-        return None
-    return digits.astype(np.int64) @ (10 ** np.arange(width - 1, -1, -1, dtype=np.int64))
-
-
-def _rows(text: np.ndarray, starts: np.ndarray, widths: np.ndarray, limit: int = 100) -> np.ndarray | None:
-    """The tokens at ``starts`` as uint8 rows, NUL padded to the longest; None when one exceeds ``limit``."""
-    width = int(widths.max())
-    if width > limit:
-        return None
-    rows = _windows(text, starts, width)
-    rows[np.arange(width) >= widths[:, None]] = 0
-    return rows
-
-
-def _windows(text: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
-    """A copy of ``text[start:start + width]`` for each start, as rows (zeros past the end of ``text``)."""
-    padded = np.concatenate([text, np.zeros(width, np.uint8)])
-    return np.lib.stride_tricks.sliding_window_view(padded, width)[starts]
+def _digits(values: np.ndarray) -> np.ndarray:
+    """How many decimal digits each of ``values`` (below 10**18) is written with."""
+    return np.searchsorted(10 ** np.arange(1, 19, dtype=np.int64), values, side="right") + 1
 
 
 def _laid_out(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bool:

@@ -1,5 +1,10 @@
-"""A dataset's DALI index files (``.idx``, format in ``pipelines.manifest_access``) as flat numpy
-columns: the readers' one in-memory index, built once when a dataset opens and shared by its
+"""A dataset's DALI index files (``.idx``, format in ``repack.sinks.tar_format``) as flat numpy
+columns: the one parser of ``.idx`` text in the project. The readers (``pipelines``), ``repack verify``
+(``repack.sinks.tar_check``) and ``repack remove`` (``repack.lifecycle.shard_index``) all read an index
+through ``parse_index``; the only module of ``repack.manifest`` that uses numpy (the readers may import
+only ``repack.manifest``, and an index of millions of members needs columns).
+
+For the readers it is their one in-memory index, built once when a dataset opens and shared by its
 DataLoader workers (they fork after it is built; numpy buffers stay shared copy-on-write, where a
 Python object per sample would be copied page by page as its reference counts change).
 
