@@ -82,3 +82,22 @@ def test_remove_and_gc_refuse_bad_input_by_name(tmp_path):
     assert both.returncode == 2 and "--sources" in both.stderr
     empty = run_repack("gc", tmp_path / "nowhere", check=False)
     assert empty.returncode == 2 and "no published dataset" in empty.stderr
+
+
+def test_remove_by_key_reads_a_shard_whose_index_edge_line_is_malformed(tmp_path):
+    """A shard's span of positions comes from its index's first and last lines, read by the one index
+    parser: a malformed line gives no span (the shard is read, its index rebuilt from the tar), never a
+    wrong span that skips the shard holding the named sample."""
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    key = tar_samples(out / "shard-000000.tar")[0][0]
+    index = out / "shard-000000.idx"
+    lines = index.read_text().split("\n")
+    lines[1] = f"jpg 512 +3 00000002_{key.partition('_')[2]}.jpg"  # a bad size; its name claims position 2
+    index.write_text("\n".join(lines))
+    (tmp_path / "keys.txt").write_text(f"{key}\n")
+    before = read_manifest_json(out)["totals"]["samples"]
+    done = run_repack("remove", out, "--keys", tmp_path / "keys.txt")
+    assert "not found" not in done.stderr
+    assert read_manifest_json(out)["totals"]["samples"] == before - 1
+    assert key not in [k for k, _ in tar_samples(out / read_manifest_json(out)["shards"][0]["path"])]
