@@ -93,15 +93,17 @@ class IndexColumns:
                 out[:, :k] = self.keys.reshape(-1, k)[samples]
             out[:, k:k + table.shape[1]] = table[code]
             return out
+        # rows grouped by key length (few distinct lengths): the key's bytes, then the suffix row
         key_lo = self.key_ends[samples].astype(np.int64)
-        key_len = np.where(keyed[code], self.key_ends[samples + 1].astype(np.int64) - key_lo, 0)[:, None]
-        col = np.arange(width)
-        tail = col - key_len
-        in_tail = (tail >= 0) & (tail < lengths[code][:, None])
-        out = np.where(in_tail, table[code[:, None], np.clip(tail, 0, table.shape[1] - 1)], 0).astype(np.uint8)
-        if len(self.keys):
-            in_key = col < key_len
-            out = np.where(in_key, self.keys[np.minimum(key_lo[:, None] + col, len(self.keys) - 1)], out)
+        key_len = np.minimum(np.where(keyed[code], self.key_ends[samples + 1].astype(np.int64) - key_lo, 0), width)
+        out = np.zeros((len(members), width), dtype=np.uint8)
+        for n in np.unique(key_len).tolist():
+            at = np.flatnonzero(key_len == n)
+            if n:
+                out[at, :n] = self.keys[key_lo[at, None] + np.arange(n)]
+            tail = min(table.shape[1], width - n)
+            if tail > 0:
+                out[at, n:n + tail] = table[code[at], :tail]
         return out
 
 
