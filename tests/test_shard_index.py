@@ -185,3 +185,16 @@ def test_a_damaged_header_sends_its_raw_batch_to_the_exact_path(packed_photos, t
     intact = [(s["image"], s["label"]) for s in ImageShardDataset(packed_photos, decode=False, output="dict")
               if s["key"] != key]
     assert got == intact and skipping.skipped == lost
+
+
+def test_verify_takes_the_fast_check_only_for_a_canonical_index(packed_photos):
+    """verify's column check answers yes only for the exact index repack writes: the same index with a
+    leading zero on a number, or an unterminated last line, sends the shard to the member walk."""
+    shard = read_manifest(packed_photos).data["shards"][0]
+    tar, raw = (packed_photos / shard["path"]).read_bytes(), (packed_photos / shard["index"]).read_bytes()
+    assert check_against_index(tar, raw) is not None
+    head, first, rest = raw.split(b"\n", 2)
+    ext, offset, tail = first.split(b" ", 2)
+    for variant in (b"\n".join([head, b" ".join([ext, b"0" + offset, tail]), rest]), raw[:-1]):
+        parse_index(variant, "x.idx")  # the readers accept it
+        assert check_against_index(tar, variant) is None
