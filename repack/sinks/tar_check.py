@@ -1,15 +1,16 @@
 """The cheap structure check of a tar shard against its DALI index: columns, not a member walk.
 
 ``check_against_index(tar, index)`` answers one question: is ``tar`` exactly the archive repack writes
-for ``index`` (``tar_format``'s byte layout), and is ``index`` exactly the index ``index_from_members``
-rebuilds from it? It parses the index into columns (ext, data offset, size, name per member) with the
-project's one index parser (``repack.manifest.shard_index``), then checks every member header at once
-with numpy over the 512-byte blocks the index points at: the fixed fields, the name, the octal size and the header checksum; the members lie
-back to back from byte 0; the end-of-archive follows the last one; each sample's members share a key
-and adjacent samples do not; every sample has the same members after its first. No payload is
-decoded. A yes is final (``TarColumns``, with the sample keys and what the per-sample checksums need);
-anything else (damage, or a tar another tool wrote with other header bytes) answers None, and the
-caller walks the archive member by member (``tar_format.read_archive``) to name what is wrong.
+for ``index`` (``tar_format``'s byte layout), and is ``index`` exactly the index
+``index_from_members`` rebuilds from it? It parses the index into columns (ext, data offset, size,
+name per member) with the project's one index parser (``repack.manifest.shard_index``), then checks
+every member header at once with numpy over the 512-byte blocks the index points at: the fixed fields,
+the name, the octal size and the header checksum; the members lie back to back from byte 0; the
+end-of-archive follows the last one; each sample's members share a key and adjacent samples do not;
+every sample has the same members after its first. No payload is decoded. A yes is final
+(``TarColumns``, with the sample keys and what the per-sample checksums need); anything else (damage,
+or a tar another tool wrote with other header bytes) answers None, and the caller walks the archive
+member by member (``tar_format.read_archive``) to name what is wrong.
 """
 
 from __future__ import annotations
