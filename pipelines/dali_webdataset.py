@@ -93,6 +93,9 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
         exts.append("cls")
         width = cls_width(manifest)
     if with_meta:
+        if "json" not in manifest.fields:
+            raise ValueError(f"{manifest.root}: with_meta=True reads the .json member, and this dataset has none "
+                             "(packed with --no-sample-json); read it with with_meta=False")
         exts.append("json")
     gpu = device_id is not None
     options = order_options(manifest, batch_size, shard_id, num_shards, random_shuffle, seed, initial_fill,

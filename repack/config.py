@@ -117,6 +117,7 @@ class ImagesSpec(JobSpec):
     source_format: str = "folder"     # --from: folder (a tree or --list), webdataset (tar shards), parquet
     image_field: str | None = None    # --from webdataset|parquet: the image member's extension / column
     label_field: str | None = None    # ... and the label's
+    sample_json: bool = True          # a .json member per sample (path, class, size); --no-sample-json: none
     # set by `--append` (repack.lifecycle.append) for the job that packs only the new inputs:
     known_inputs: str | None = None   # the record of the inputs held (repack.lifecycle.input_columns): skipped
     known_classes: tuple[tuple[str, int], ...] = ()  # the dataset's classes (kept; a new class: the next index)
@@ -130,6 +131,9 @@ class ImagesSpec(JobSpec):
                              "with --from webdataset or --from parquet")
         if self.source_format != "folder" and self.list_file:
             raise UsageError(f"--list reads a list of files: it cannot be combined with --from {self.source_format}")
+        if not self.sample_json and self.to != "webdataset":
+            raise UsageError("--no-sample-json drops a tar member per sample: it applies to --to webdataset, "
+                             f"not --to {self.to}")
         if self.verify not in ("decode", "header", "none"):
             raise UsageError(f"--verify must be decode, header or none, got {self.verify!r}")
         if self.shard_bytes is not None and self.shard_bytes < MIN_SHARD_BYTES:

@@ -13,7 +13,7 @@ from repack.store import is_remote
 
 @job_command("images", input=("list_file", "source_format", "image_field", "label_field", "append"),
              output=("to", "shard_size", "shard_bytes", "shuffle", "seed", "normalize", "quality", "max_side",
-                     "dedup"),
+                     "dedup", "sample_json"),
              checking=("verify", "max_pixels", "max_file_size"))
 @click.argument("source")
 @click.argument("out")
@@ -46,6 +46,10 @@ from repack.store import is_remote
 @click.option("--quality", type=int, default=90, show_default=True, help="JPEG quality of --normalize output.")
 @click.option("--max-side", type=int, default=None, help="With --normalize: downscale so the longer side <= N.")
 @click.option("--dedup", is_flag=True, help="Drop exact duplicates (same content), keeping the first.")
+@click.option("--sample-json/--no-sample-json", default=True, show_default=True,
+              help="Write a .json member per sample (source path, class, size, carried metadata). Each tar member "
+                   "costs a 512-byte header plus padding to 512: --no-sample-json saves 1 KB or more per sample, "
+                   "for tiny samples (see docs/images.md 'Tiny samples'). --append keeps the dataset's choice.")
 @click.option("--max-pixels", type=int, default=178_956_970, show_default=True,
               help="Quarantine images declaring more pixels (decompression bombs).")
 @click.option("--max-file-size", default="256MiB", show_default=True,
@@ -53,7 +57,7 @@ from repack.store import is_remote
 @source_options
 @engine_options
 def images(source, out, to, list_file, source_format, image_field, label_field, append, shard_size, shard_bytes, chunk_size, shuffle, seed, verify, no_follow, normalize,
-           quality, max_side, dedup, max_pixels, max_file_size, allow_outside, **kwargs):
+           quality, max_side, dedup, sample_json, max_pixels, max_file_size, allow_outside, **kwargs):
     """Pack an ImageFolder tree (or a list file) SOURCE into shards under OUT."""
     from repack.jobs.images import ImagesJob
 
@@ -65,7 +69,7 @@ def images(source, out, to, list_file, source_format, image_field, label_field, 
                       shard_size=shard_size, shard_bytes=parse_size(shard_bytes), chunk_size=chunk_size,
                       shuffle=shuffle, seed=seed, verify=verify, follow_symlinks=not no_follow,
                       allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),
-                      normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, max_pixels=max_pixels,
+                      normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, sample_json=sample_json, max_pixels=max_pixels,
                       source_format=source_format, image_field=image_field, label_field=label_field)
     if append:
         from repack.commands.versions import run_append

@@ -83,22 +83,28 @@ def _digits(values: np.ndarray) -> np.ndarray:
     return digits
 
 
-def sample_bounds(cols: InputColumns) -> np.ndarray:
+def sample_bounds(cols: InputColumns, with_json: bool = True) -> np.ndarray:
     """Upper bound of each sample's bytes in a tar (any label, any metadata escaping): the image, a cls
-    and a json member of at most 256 + 6 x (rel and label bytes), headers and padding."""
+    and (``with_json``) a json member of at most 256 + 6 x (rel and label bytes), headers and padding."""
+    image_and_cls = BLOCK + _blocks(cols.sizes) + 2 * BLOCK
+    if not with_json:
+        return image_and_cls
     label_bytes = _label_lengths(cols.labels, lambda name: len(name))
     meta = 256 + 6 * _utf8_lengths(cols.rels) + 6 * label_bytes
-    return BLOCK + _blocks(cols.sizes) + 2 * BLOCK + BLOCK + _blocks(meta)
+    return image_and_cls + BLOCK + _blocks(meta)
 
 
-def sample_expected(cols: InputColumns) -> np.ndarray:
-    """Each sample's bytes in a tar when its image is stored as read and its metadata holds a 4-digit width
-    and height (``repack.jobs.images.sample_json``'s length; a chunk's slot is the sum)."""
+def sample_expected(cols: InputColumns, with_json: bool = True) -> np.ndarray:
+    """Each sample's bytes in a tar when its image is stored as read and (``with_json``) its metadata holds a
+    4-digit width and height (``repack.jobs.images.sample_json``'s length; a chunk's slot is the sum)."""
+    labeled = np.fromiter((label is not None for label in cols.labels), dtype=bool, count=len(cols.labels))
+    image_and_cls = BLOCK + _blocks(cols.sizes) + np.where(labeled, 2 * BLOCK, 0)
+    if not with_json:
+        return image_and_cls
     rel_json = np.fromiter((len(_JSON_STR(rel)) for rel in cols.rels), dtype=np.int64, count=len(cols.rels))
     class_json = _label_lengths(cols.labels, lambda name: len(_JSON_STR(name)), none=len("null"))
     meta = _META_FIXED + _digits(cols.sizes) + class_json + rel_json
-    labeled = np.fromiter((label is not None for label in cols.labels), dtype=bool, count=len(cols.labels))
-    return BLOCK + _blocks(cols.sizes) + np.where(labeled, 2 * BLOCK, 0) + BLOCK + _blocks(meta)
+    return image_and_cls + BLOCK + _blocks(meta)
 
 
 def _label_lengths(labels: list[str | None], length, none: int = 0) -> np.ndarray:

@@ -266,9 +266,9 @@ class ImagesJob(Job):
         cols = InputColumns.of(items, root)
 
         tasks = []
-        bounds = sample_bounds(cols)
+        bounds = sample_bounds(cols, spec.sample_json)
         slotted = self.collector is None and not spec.normalize
-        expected = sample_expected(cols) if slotted else None
+        expected = sample_expected(cols, spec.sample_json) if slotted else None
         shard_bytes = DEFAULT_SHARD_BYTES if spec.shard_size is None and spec.shard_bytes is None else spec.shard_bytes
         for index, (start, end) in enumerate(cut_runs(bounds, 0, len(cols.rels), spec.shard_size, shard_bytes)):
             stem = f"shard-{index:06d}"
@@ -352,14 +352,14 @@ class ImagesJob(Job):
                 members = [(ext if self.collector is None else "img", data)]
                 if entry["cls"] is not None:
                     members.append(("cls", b"%0*d" % (width, entry["cls"])))
-                if (norm is not None and result.reasons) or "meta" in entry:
+                if spec.sample_json and ((norm is not None and result.reasons) or "meta" in entry):
                     meta = {"path": entry["rel"], "class": entry["label"], "width": img_w, "height": img_h,
                             "bytes": len(data), "format": ext, **entry.get("meta", {})}
                     if norm is not None and result.reasons:
                         meta.update(source_bytes=source_bytes, source_width=src_w, source_height=src_h,
                                     normalized=list(result.reasons))
                     members.append(("json", json.dumps(meta, sort_keys=True).encode()))
-                else:
+                elif spec.sample_json:
                     members.append(("json", sample_json(entry["rel"], entry["label"], img_w, img_h, len(data), ext)))
                 writer.add_sample(entry["key"], members)
                 digests.append(digest)
@@ -416,7 +416,8 @@ class ImagesJob(Job):
         fields = {ext: "image" for ext in sorted(formats)} if self.collector is None else {"img": "image"}
         if plan.info["labeled"]:
             fields["cls"] = "int"
-        fields["json"] = "metadata"
+        if self.spec.sample_json:
+            fields["json"] = "metadata"
         if self.collector is not None:
             shards = [self.collector.finish(records, {"classes": plan.info["classes"], "fields": fields,
                                                       "labeled": plan.info["labeled"]})]

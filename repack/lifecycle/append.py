@@ -221,7 +221,8 @@ def _images_job(spec, out: str, known_file: Path, current: dict):
     classes = current.get("classes") or {}
     return ImagesJob(dataclasses.replace(
         spec, out=out, known_inputs=str(known_file), known_classes=tuple(sorted(classes.items(), key=lambda kv: kv[1])),
-        cls_width=len(str(max(classes.values(), default=0))) if classes else None))
+        cls_width=len(str(max(classes.values(), default=0))) if classes else None,
+        sample_json="json" in current.get("fields", {})))
 
 
 def _text_accepts(current: dict, spec) -> str | None:

@@ -5,7 +5,8 @@ Finding them reads no shard that holds none: ``repack.lifecycle.locate`` picks t
 record of the inputs (named by source) or the key (named by key) and each shard's index span; where
 it cannot, every shard is looked at. In a shard, the samples come from its index (the one the manifest
 records, else rebuilt from the tar's headers; ``repack.lifecycle.shard_index``), and a sample's source
-from its ``.json`` member, read alone. A shard is rewritten by copying the byte ranges of the kept
+from its ``.json`` member, read alone (a dataset packed with ``--no-sample-json``: from the record of the
+inputs, by the position its key starts with). A shard is rewritten by copying the byte ranges of the kept
 samples (headers and data, untouched and in order; each header checked to name its member) into
 ``<stem>-vN.tar``, with a new index and the kept samples' checksums (from the old ``.crc`` when it is
 the one the manifest records, else computed); nothing is decoded or re-encoded.
@@ -17,11 +18,12 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from repack.errors import UsageError
-from repack.lifecycle.input_columns import InputColumns
+from repack.lifecycle.input_columns import InputColumns, decode_names
 from repack.lifecycle.locate import key_position, shards_holding, wanted_positions
 from repack.lifecycle.rewrite import Rewrite
 from repack.lifecycle.shard_index import ShardIndex, parse_index
@@ -42,6 +44,14 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
     positions = wanted_positions(spec.by, wanted, known)
     candidates = None if positions is None else shards_holding(store, current["shards"], positions)
     wanted_at = None if positions is None else set(positions.tolist())
+    if "json" in (current.get("fields") or {}):
+        source_of = _json_source
+    elif spec.by == "sources" and positions is None:
+        raise UsageError(f"{store.url}: its samples have no .json member (packed with --no-sample-json), so their "
+                         "sources come from the record of the inputs (.repack/inputs-v*.npz), which is missing or "
+                         "holds no positions; remove them by key (--keys) instead")
+    else:
+        source_of = _recorded_source(known)
     found: set[str] = set()
     sources: set[str] = set()  # of the removed samples, also when named by key
     shards: list[dict] = []
@@ -58,7 +68,7 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
         try:
             with open(local, "rb", buffering=0) as tar:
                 index = _shard_index(store, entry, tar)
-                hit = _hits(tar, index, spec.by, wanted, wanted_at)
+                hit = _hits(tar, index, spec.by, wanted, wanted_at, source_of)
                 if not hit:
                     shards.append(entry)
                     continue
@@ -114,7 +124,8 @@ def _old_checksums(store, entry: dict, index: ShardIndex) -> np.ndarray | None:
     return np.frombuffer(raw, "<u4", count, HEADER.size)
 
 
-def _hits(tar, index: ShardIndex, by: str, wanted: set[str], wanted_at: set[int] | None) -> dict[int, str | None]:
+def _hits(tar, index: ShardIndex, by: str, wanted: set[str], wanted_at: set[int] | None,
+          source_of: SourceOf) -> dict[int, str | None]:
     """{sample number: its source} of the named samples in the shard. Named by source with known
     positions, only the samples at those positions are read, and each must name its source: a record
     that disagrees with the shard is an error, never a wrong removal."""
@@ -124,9 +135,9 @@ def _hits(tar, index: ShardIndex, by: str, wanted: set[str], wanted_at: set[int]
             continue
         if by == "keys":
             if key in wanted:
-                hit[at] = _source(tar, index.members(at))
+                hit[at] = source_of(tar, index, at)
             continue
-        source = _source(tar, index.members(at))
+        source = source_of(tar, index, at)
         if source in wanted:
             hit[at] = source
         elif wanted_at is not None:
@@ -146,8 +157,33 @@ def _member_bytes(tar, members, ext: str) -> bytes | None:
     return None
 
 
-def _source(tar, members) -> str | None:
-    raw = _member_bytes(tar, members, "json")
+SourceOf = Callable[[object, ShardIndex, int], "str | None"]  # (tar, index, sample number) -> its source
+
+
+def _recorded_source(known: InputColumns | None) -> SourceOf:
+    """A sample's source from the record of the inputs, by the position its key starts with (the samples
+    of a dataset without a ``.json`` member); None where the record does not hold it."""
+    if known is None:
+        return lambda tar, index, at: None
+    held = np.flatnonzero(known.position >= 0)
+    order = held[np.argsort(known.position[held], kind="stable")]
+    positions = known.position[order]
+
+    def source_of(tar, index: ShardIndex, at: int) -> str | None:
+        position = key_position(index.key(at))
+        if position is None:
+            return None
+        row = int(np.searchsorted(positions, position))
+        if row == len(positions) or positions[row] != position:
+            return None
+        return decode_names(known.names[order[row:row + 1]])[0]
+
+    return source_of
+
+
+def _json_source(tar, index: ShardIndex, at: int) -> str | None:
+    """A sample's source: the ``path`` of its ``.json`` member."""
+    raw = _member_bytes(tar, index.members(at), "json")
     if raw is None:
         return None
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from repack.config import format_size
 from repack.report.collect import bar_count, collect
+from repack.report.overhead import overhead_lines
 from repack.store.files import DatasetFiles, open_dataset
 from repack.sinks import SINKS, get_sink
 
@@ -30,6 +31,8 @@ def inspect_lines(root: str | Path | DatasetFiles) -> list[str]:
         lines.append("fields: " + ", ".join(f"{k} ({v})" for k, v in s["fields"].items()))
     lines += _classes(s)
     lines += version_lines(files)
+    if files.local and s["format"] == "webdataset":  # other formats: no per-member cost to report
+        lines += overhead_lines(Path(files.where), files.manifest.data)
     lines.append(f"quarantined: {s['quarantine']['count']}")
     lines += [f"  {n} x {reason}" for reason, n in list(s["quarantine"]["reasons"].items())[:SHOWN]]
     lines += {"images": _images, "video": _video}.get(s["modality"], lambda _: [])(s)

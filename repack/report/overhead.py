@@ -1,0 +1,49 @@
+"""Shard bytes over payload bytes for `repack inspect`: what the tar format costs per sample.
+
+The payload is the sum of the sample members' data sizes, read from the DALI ``.idx`` files of a
+local webdataset (each line: ``<ext> <offset> <size> <name>`` per member). Every tar member also
+costs a 512-byte header and padding of its data to 512 bytes, so tiny samples of several members
+weigh several times their data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from repack.manifest import safe_join
+
+HINT_RATIO = 2.0  # over this, the per-member cost dominates the shards
+
+
+def payload_of_index(text: str) -> tuple[int, int, int]:
+    """(samples, members, data bytes) of a DALI index's text."""
+    lines = text.splitlines()[1:]
+    members = data = 0
+    for line in lines:
+        sizes = line.split(" ")[2::4]
+        members += len(sizes)
+        data += sum(map(int, sizes))
+    return len(lines), members, data
+
+
+def overhead_lines(root: Path, data: dict) -> list[str]:
+    """The ratio line (and a hint when the ratio is over ``HINT_RATIO``) of a local webdataset's manifest
+    ``data`` rooted at ``root``; [] when no shard has samples."""
+    samples = members = payload = shard_bytes = 0
+    for shard in data["shards"]:
+        n, m, size = payload_of_index(safe_join(root, shard["index"]).read_text("ascii"))
+        samples, members, payload = samples + n, members + m, payload + size
+        shard_bytes += shard["bytes"]
+    if not samples or not payload:
+        return []
+    ratio = shard_bytes / payload
+    per_sample = members / samples
+    lines = [f"shard bytes / payload bytes: {ratio:.1f}x (tar headers and padding: {per_sample:.3g} member(s) "
+             f"of >= 1 KB per sample)"]
+    if ratio > HINT_RATIO and "json" in data.get("fields", {}) and data.get("modality") == "images":
+        lines.append("hint: the samples are tiny next to their tar members; `repack images --no-sample-json` "
+                     "drops the per-sample .json member (1 KB or more per sample), see docs/images.md "
+                     "'Tiny samples'.")
+    elif ratio > HINT_RATIO:
+        lines.append("hint: the samples are tiny next to their tar members (1 KB or more each); fewer members "
+                     "per sample cut the overhead, see docs/images.md 'Tiny samples'.")
+    return lines
