@@ -1,7 +1,7 @@
 """Shard bytes over payload bytes for `repack inspect`: what the tar format costs per sample.
 
 The payload is the sum of the sample members' data sizes, read from the DALI ``.idx`` files of a
-local webdataset (each line: ``<ext> <offset> <size> <name>`` per member). Every tar member also
+local webdataset (``repack.manifest.shard_index``). Every tar member also
 costs a 512-byte header and padding of its data to 512 bytes, so tiny samples of several members
 weigh several times their data."""
 
@@ -10,19 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from repack.manifest import safe_join
+from repack.manifest.shard_index import parse_index
 
 HINT_RATIO = 2.0  # over this, the per-member cost dominates the shards
 
 
-def payload_of_index(text: str) -> tuple[int, int, int]:
-    """(samples, members, data bytes) of a DALI index's text."""
-    lines = text.splitlines()[1:]
-    members = data = 0
-    for line in lines:
-        sizes = line.split(" ")[2::4]
-        members += len(sizes)
-        data += sum(map(int, sizes))
-    return len(lines), members, data
+def payload_of_index(raw: bytes, where: str) -> tuple[int, int, int]:
+    """(samples, members, data bytes) of a DALI index's bytes (through the one ``.idx`` parser)."""
+    columns = parse_index(raw, where)
+    return len(columns.first_member) - 1, len(columns.size), int(columns.size.sum())
 
 
 def overhead_lines(root: Path, data: dict) -> list[str]:
@@ -30,7 +26,7 @@ def overhead_lines(root: Path, data: dict) -> list[str]:
     ``data`` rooted at ``root``; [] when no shard has samples."""
     samples = members = payload = shard_bytes = 0
     for shard in data["shards"]:
-        n, m, size = payload_of_index(safe_join(root, shard["index"]).read_text("ascii"))
+        n, m, size = payload_of_index(safe_join(root, shard["index"]).read_bytes(), shard["index"])
         samples, members, payload = samples + n, members + m, payload + size
         shard_bytes += shard["bytes"]
     if not samples or not payload:
