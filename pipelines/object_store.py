@@ -165,42 +165,22 @@ def _pread(fd: int, start: int, end: int) -> bytes:
 
 
 def _read_object_range(url: str, start: int, end: int) -> bytes:
-    from botocore.exceptions import BotoCoreError, ClientError
+    """``read_range`` of an object: the one ranged-GET loop (``_read_object_into``) into a buffer of its own."""
+    buffer = bytearray(max(end - start, 0))
+    got = _read_object_into(url, start, memoryview(buffer)) if buffer else 0
+    return bytes(buffer) if got == len(buffer) else bytes(memoryview(buffer)[:got])
 
-    parts: list[bytes] = []
-    pos, resumed = start, 0
-    while pos < end:
-        try:
-            response = _get_object(url, Range=f"bytes={pos}-{end - 1}")
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code in ("NoSuchKey", "404"):
-                raise FileNotFoundError(url) from None
-            if code == "InvalidRange":  # the object ends before pos
-                break
-            raise
-        # "bytes a-b/size": where the object ends, so a short body is told from a broken stream
-        try:
-            _, size = _content_range(url, response, pos)
-        except OSError:
-            response["Body"].close()
-            raise
-        stop = min(end, size)
-        try:
-            data = response["Body"].read(stop - pos)
-        except (BotoCoreError, OSError):
-            data = b""
-        finally:
-            response["Body"].close()
-        parts.append(data)
-        pos += len(data)
-        if pos >= stop:
+
+def pread_into(fd: int, view, start: int) -> int:
+    """Bytes of an open file from ``start`` into ``view`` (preadv until it is full or the file ends);
+    how many were read."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], start + got)
+        if n <= 0:
             break
-        resumed += 1  # the stream broke: resume at the first byte not yet read
-        if resumed > RESUME_ATTEMPTS:
-            raise OSError(f"{url}: stream ended at byte {pos}, expected {stop}")
-        time.sleep(0.1 * 2**resumed)
-    return b"".join(parts)
+        got += n
+    return got
 
 
 def read_range_into(location: str, start: int, buffer) -> int:
@@ -216,13 +196,7 @@ def read_range_into(location: str, start: int, buffer) -> int:
     if not is_remote(location):
         fd = os.open(location, os.O_RDONLY)
         try:
-            got = 0
-            while got < len(view):
-                n = os.preadv(fd, [view[got:]], start + got)
-                if n <= 0:
-                    break
-                got += n
-            return got
+            return pread_into(fd, view, start)
         finally:
             os.close(fd)
     return _read_object_into(str(location), start, view)

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from pipelines.manifest_access import Sample
-from pipelines.object_store import is_remote, read_file_ranges, read_range
+from pipelines.object_store import is_remote, pread_into, read_file_ranges, read_range
 from pipelines.sample_errors import ShardIntegrityError
 
 TAR_BLOCK = 512
@@ -237,13 +237,7 @@ class ShardFiles:
         fd = self._fds.get(path)
         if fd is None:
             fd = self._fds[path] = os.open(path, os.O_RDONLY)
-        got = 0
-        while got < len(buffer):
-            n = os.preadv(fd, [buffer[got:]], start + got)
-            if n <= 0:
-                break
-            got += n
-        return got
+        return pread_into(fd, buffer, start)
 
     def close(self) -> None:
         for fd in self._fds.values():
