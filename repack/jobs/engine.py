@@ -94,6 +94,18 @@ def dispatch_order(tasks: list[Task], lanes: int) -> list[Task]:
     return ordered
 
 
+def release_memory() -> None:
+    """Collect the garbage and hand the heap's free pages back to the system (glibc ``malloc_trim``): a
+    pool worker forked afterwards starts from the smaller process."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def load_job(name: str, spec_json: str) -> Job:
     """Instantiate the registered job ``name`` from its spec's JSON."""
     module_name, _, cls_name = JOBS[name].partition(":")
@@ -521,6 +533,7 @@ class Engine:
             records, chunk_records = self.resume_state(mine, digest)
             todo = [t for uid, tasks in mine if records[uid] is None for t in tasks if t.task_id not in chunk_records]
             unfinished = [uid for uid, _ in mine if records[uid] is None]
+            release_memory()  # the planning's garbage, before the pool's workers fork from this process
             manifest_path = self.out / MANIFEST_NAME
             manifest = read_json(store, MANIFEST_NAME) if not unfinished and opts.num_nodes == 1 else None
             every_unit = {t.task_id for _, tasks in mine for t in tasks} | {uid for uid, _ in mine}
@@ -554,9 +567,16 @@ class Engine:
         return result
 
     def load_records(self, tasks: list[Task], digest: str) -> dict[str, dict | None]:
-        """{task id: record or None} (an object store is read by a few threads: one GET per record)."""
-        if not self.job.store.remote or not tasks:
-            return {t.task_id: self.load_record(t, digest) for t in tasks}
+        """{task id: record or None} (an object store is read by a few threads: one GET per record; a local
+        OUT's records folder is listed once, and only the records there are read)."""
+        if not tasks:
+            return {}
+        if not self.job.store.remote:
+            try:
+                saved = set(os.listdir(state_dir(self.out) / "tasks"))
+            except OSError:
+                saved = set()
+            return {t.task_id: self.load_record(t, digest) if f"{t.task_id}.json" in saved else None for t in tasks}
         with ThreadPoolExecutor(16) as pool:
             return dict(zip((t.task_id for t in tasks), pool.map(lambda t: self.load_record(t, digest), tasks)))
 

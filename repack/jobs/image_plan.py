@@ -1,32 +1,41 @@
 """The image plan's per-input arithmetic, on columns: byte bounds, slot sizes, cuts, task payloads.
 
-Everything here works on whole columns (numpy arrays, lists of strings) of the inputs in plan
-order, so planning a million inputs costs a few vectorized passes rather than a Python object, a
-dict and several function calls per input. The results equal the per-input rules they replace
-(``sample_bytes_bound``, ``sample_bytes_expected``, ``cut_by_budget`` in ``repack.jobs.images``).
+Everything here works on whole columns of the inputs in plan order (numpy arrays, and the rels as
+one names blob: ``repack.sources.columns``), so planning a million inputs costs a few vectorized
+passes rather than a Python object, a dict and several function calls per input: a rel is decoded
+only where its JSON escaping is not its length plus the quotes (a non-ASCII or escaped byte), and a
+task's payload is its rows' columns sliced as bytes (``repack.jobs.task_inputs``). The results equal
+the per-input rules they replace (``sample_bytes_bound``, ``sample_bytes_expected``, ``cut_by_budget``
+in ``repack.jobs.images``).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+from repack.errors import UsageError
 from repack.sinks.tar_format import BLOCK, RECORD
+from repack.sources.columns import NO_LABEL, join_names, name_ends
 
 ARCHIVE_TAIL_MAX = 2 * BLOCK + RECORD  # end-of-archive blocks + padding to the record size
 _JSON_STR = json.encoder.encode_basestring_ascii
 _META_FIXED = len('{"bytes": , "class": , "format": "jpg", "height": 1000, "path": , "width": 1000}')
+_FS = ("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True)
 class InputColumns:
     """The inputs in plan order as the planner needs them."""
 
-    rels: list[str]
-    labels: list[str | None]
+    names: bytes                      # the rels, each followed by a NUL (``repack.sources.columns``)
+    ends: np.ndarray                  # int64: each rel's NUL in ``names``
+    label_ids: np.ndarray             # int32 into ``label_names``; NO_LABEL (-1) for none
+    label_names: tuple[str, ...]
     sizes: np.ndarray                 # int64
     fingerprints: "Fingerprints"
     paths: dict[int, str]             # row -> path, where not root + rel
@@ -37,18 +46,58 @@ class InputColumns:
     def of(cls, items: Sequence, root: str | None) -> "InputColumns":
         """Columns of ``items``: an ``InputTable`` (read column-wise) or any sequence of ``InputItem``."""
         if hasattr(items, "label_ids"):  # repack.sources.columns.InputTable
-            names = list(items.label_names) + [None]  # label id -1 -> None
-            labels = [names[i] for i in items.label_ids.tolist()]
             fps = np.stack([items.sizes, items.mtimes, items.inodes], axis=1) if len(items) else \
                 np.zeros((0, 3), dtype=np.int64)
-            return cls(items.rels, labels, items.sizes, Fingerprints(fps, None), dict(items.real_paths), {},
-                       items.root + "/")
+            return cls(items.names, items.ends, items.label_ids, tuple(items.label_names), items.sizes,
+                       Fingerprints(fps, None), dict(items.real_paths), {}, items.root + "/")
         items = list(items)
+        try:
+            names = join_names([item.rel for item in items])
+        except ValueError:
+            raise UsageError("an input path holds a NUL byte; it cannot be planned") from None
+        label_names = tuple(sorted({item.label for item in items if item.label is not None}))
+        index = {name: i for i, name in enumerate(label_names)}
+        label_ids = np.array([index[item.label] if item.label is not None else NO_LABEL for item in items],
+                             dtype=np.int32)
         paths = {row: item.path for row, item in enumerate(items) if root is None or item.path != root + item.rel}
         extra = {row: fields for row, item in enumerate(items) if (fields := item.entry_fields())}
-        return cls([item.rel for item in items], [item.label for item in items],
+        return cls(names, name_ends(names), label_ids, label_names,
                    np.array([item.size for item in items], dtype=np.int64),
                    Fingerprints(None, [item.fingerprint for item in items]), paths, extra, root)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.concatenate(([0], self.ends[:-1] + 1)) if len(self.ends) else np.zeros(0, dtype=np.int64)
+
+    def rel(self, row: int) -> str:
+        start = int(self.ends[row - 1]) + 1 if row else 0
+        return self.names[start:int(self.ends[row])].decode(*_FS)
+
+    def name_bytes(self, start: int, end: int) -> bytes:
+        """The names blob of rows [start, end)."""
+        if start >= end:
+            return b""
+        first = int(self.ends[start - 1]) + 1 if start else 0
+        return self.names[first:int(self.ends[end - 1]) + 1]
+
+    def per_label(self, length, none: int = 0) -> np.ndarray:
+        """length(label name) per input, computed once per label (``none`` for unlabeled inputs)."""
+        table = np.array([length(name) for name in self.label_names] + [none], dtype=np.int64)
+        return table[np.where(self.label_ids == NO_LABEL, len(self.label_names), self.label_ids)]
+
+    def json_lengths(self) -> np.ndarray:
+        """len(encode_basestring_ascii(rel)) per input: the byte length + 2 quotes, but for the rels holding
+        a byte JSON escapes (non-ASCII, control, quote, backslash), computed from the decoded rel."""
+        raw = np.frombuffer(self.names, dtype=np.uint8)
+        lengths = self.ends - self.starts + 2
+        escaped = (raw >= 0x80) | ((raw < 0x20) & (raw != 0)) | (raw == 0x22) | (raw == 0x5C)
+        if escaped.any():
+            for row in np.unique(np.searchsorted(self.ends, np.flatnonzero(escaped))).tolist():
+                lengths[row] = len(_JSON_STR(self.rel(row)))
+        return lengths
 
 
 @dataclass(frozen=True)
@@ -59,20 +108,19 @@ class Fingerprints:
     lists: list[list[int]] | None
 
     def payload(self, start: int, end: int) -> dict:
-        """Rows [start, end) as a task payload's column: "fp3" (flat: size, mtime_ns, inode per input: no
-        list object per input) or "fp" (a list per input)."""
+        """Rows [start, end) as a task payload's column: "fp24" (base64 of little-endian int64 size, mtime_ns,
+        inode per input) or "fp" (a list per input)."""
         if self.array is not None:
-            return {"fp3": self.array[start:end].ravel().tolist()}
+            return {"fp24": _b64(self.array[start:end].astype("<i8").tobytes())}
         return {"fp": self.lists[start:end]}
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
 
 
 def _blocks(sizes: np.ndarray) -> np.ndarray:
     return -(-sizes // BLOCK) * BLOCK
-
-
-def _utf8_lengths(texts: list[str]) -> np.ndarray:
-    return np.fromiter((len(t) if t.isascii() else len(t.encode("utf-8", "surrogateescape")) for t in texts),
-                       dtype=np.int64, count=len(texts))
 
 
 def _digits(values: np.ndarray) -> np.ndarray:
@@ -89,31 +137,20 @@ def sample_bounds(cols: InputColumns, with_json: bool = True) -> np.ndarray:
     image_and_cls = BLOCK + _blocks(cols.sizes) + 2 * BLOCK
     if not with_json:
         return image_and_cls
-    label_bytes = _label_lengths(cols.labels, lambda name: len(name))
-    meta = 256 + 6 * _utf8_lengths(cols.rels) + 6 * label_bytes
+    meta = 256 + 6 * (cols.ends - cols.starts) + 6 * cols.per_label(len)
     return image_and_cls + BLOCK + _blocks(meta)
 
 
 def sample_expected(cols: InputColumns, with_json: bool = True) -> np.ndarray:
     """Each sample's bytes in a tar when its image is stored as read and (``with_json``) its metadata holds a
     4-digit width and height (``repack.jobs.images.sample_json``'s length; a chunk's slot is the sum)."""
-    labeled = np.fromiter((label is not None for label in cols.labels), dtype=bool, count=len(cols.labels))
+    labeled = cols.label_ids != NO_LABEL
     image_and_cls = BLOCK + _blocks(cols.sizes) + np.where(labeled, 2 * BLOCK, 0)
     if not with_json:
         return image_and_cls
-    rel_json = np.fromiter((len(_JSON_STR(rel)) for rel in cols.rels), dtype=np.int64, count=len(cols.rels))
-    class_json = _label_lengths(cols.labels, lambda name: len(_JSON_STR(name)), none=len("null"))
-    meta = _META_FIXED + _digits(cols.sizes) + class_json + rel_json
+    class_json = cols.per_label(lambda name: len(_JSON_STR(name)), none=len("null"))
+    meta = _META_FIXED + _digits(cols.sizes) + class_json + cols.json_lengths()
     return image_and_cls + BLOCK + _blocks(meta)
-
-
-def _label_lengths(labels: list[str | None], length, none: int = 0) -> np.ndarray:
-    """length(label) per input, computed once per distinct label."""
-    known: dict[str | None, int] = {None: none}
-    for label in set(labels):
-        if label is not None:
-            known[label] = length(label)
-    return np.fromiter((known[label] for label in labels), dtype=np.int64, count=len(labels))
 
 
 def cut_runs(bounds: np.ndarray, start: int, end: int, max_count: int | None,
@@ -136,22 +173,30 @@ def cut_runs(bounds: np.ndarray, start: int, end: int, max_count: int | None,
     return runs
 
 
-def inputs_payload(cols: InputColumns, start: int, end: int, first: int, classes: dict[str, int]) -> dict:
-    """The columnar ``payload["inputs"]`` of rows [start, end) (``repack.jobs.task_inputs``); ``first``: the
-    sample position of row ``start``."""
-    inputs: dict = {"first": first, "rel": cols.rels[start:end], **cols.fingerprints.payload(start, end)}
-    labels = cols.labels[start:end]
-    if any(label is not None for label in labels):
-        inputs["cls"] = [classes[label] if label is not None else None for label in labels]
-        inputs["names"] = {str(classes[label]): label for label in set(labels) if label is not None}
-    if cols.root is not None:
-        inputs["root"] = cols.root
-    paths = {str(row - start): cols.paths[row] for row in range(start, end) if row in cols.paths} \
-        if cols.paths else {}
-    if paths:
-        inputs["path"] = paths
-    extra = {str(row - start): cols.extra[row] for row in range(start, end) if row in cols.extra} \
-        if cols.extra else {}
-    if extra:
-        inputs["extra"] = extra
-    return inputs
+class PayloadWriter:
+    """Task payloads (``payload["inputs"]``, see ``repack.jobs.task_inputs``) of row ranges of ``cols``."""
+
+    def __init__(self, cols: InputColumns, classes: dict[str, int]) -> None:
+        self.cols = cols
+        self.class_of = np.array([classes.get(name, NO_LABEL) for name in cols.label_names] + [NO_LABEL],
+                                 dtype="<i4")  # by label id; NO_LABEL indexes the last
+        self.path_rows = np.array(sorted(cols.paths), dtype=np.int64)
+        self.extra_rows = np.array(sorted(cols.extra), dtype=np.int64)
+
+    def inputs(self, start: int, end: int, first: int) -> dict:
+        """The columnar inputs of rows [start, end); ``first``: the sample position of row ``start``."""
+        cols = self.cols
+        inputs: dict = {"first": first, "count": end - start, "rels": _b64(cols.name_bytes(start, end)),
+                        **cols.fingerprints.payload(start, end)}
+        ids = cols.label_ids[start:end]
+        if (ids != NO_LABEL).any():
+            used = np.unique(ids[ids != NO_LABEL]).tolist()
+            inputs["cls4"] = _b64(self.class_of[np.where(ids == NO_LABEL, len(cols.label_names), ids)].tobytes())
+            inputs["names"] = {str(int(self.class_of[i])): cols.label_names[i] for i in used}
+        if cols.root is not None:
+            inputs["root"] = cols.root
+        for key, rows, values in (("path", self.path_rows, cols.paths), ("extra", self.extra_rows, cols.extra)):
+            lo, hi = np.searchsorted(rows, [start, end])
+            if hi > lo:
+                inputs[key] = {str(row - start): values[row] for row in rows[lo:hi].tolist()}
+        return inputs

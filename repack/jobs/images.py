@@ -56,7 +56,7 @@ from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec, format_size
 from repack.errors import UsageError, stable_reason
 from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
-from repack.jobs.image_plan import InputColumns, cut_runs, inputs_payload, sample_bounds, sample_expected
+from repack.jobs.image_plan import InputColumns, PayloadWriter, cut_runs, sample_bounds, sample_expected
 from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - sample_key: imported from here by the video job
 from repack.lifecycle.input_record import load_known, select_new
 from repack.jobs.record_columns import (join_digests, join_times, pack_digests, pack_times, packed_rels,
@@ -270,12 +270,13 @@ class ImagesJob(Job):
         slotted = self.collector is None and not spec.normalize
         expected = sample_expected(cols, spec.sample_json) if slotted else None
         shard_bytes = DEFAULT_SHARD_BYTES if spec.shard_size is None and spec.shard_bytes is None else spec.shard_bytes
-        for index, (start, end) in enumerate(cut_runs(bounds, 0, len(cols.rels), spec.shard_size, shard_bytes)):
+        payloads = PayloadWriter(cols, classes)
+        for index, (start, end) in enumerate(cut_runs(bounds, 0, len(cols), spec.shard_size, shard_bytes)):
             stem = f"shard-{index:06d}"
             chunks = cut_runs(bounds, start, end, spec.chunk_size, CHUNK_BYTES)
             at = 0
             for number, (first, last) in enumerate(chunks):
-                inputs = inputs_payload(cols, first, last, key_offset + first, classes)
+                inputs = payloads.inputs(first, last, key_offset + first)
                 payload = {"index": index, "inputs": inputs, "cls_width": width}
                 if len(chunks) == 1:
                     tasks.append(Task(stem, payload))

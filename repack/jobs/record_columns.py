@@ -20,7 +20,7 @@ import zlib
 import numpy as np
 
 from repack.jobs.base import STATE_DIR, Plan, read_plan
-from repack.jobs.task_inputs import task_inputs
+from repack.jobs.task_inputs import input_rels
 
 DIGEST_BYTES = 32
 
@@ -63,13 +63,8 @@ def join_times(parts: list[str], columns: int) -> str:
 def packed_rels(tasks, record: dict) -> list[str]:
     """The rels of a unit's packed inputs in plan order: its planned inputs less its quarantined ones."""
     refused = {q["source"] for q in record.get("quarantine", ())}
-    rels = [rel for task in tasks for rel in _rels(task.payload)]
+    rels = [rel for task in tasks for rel in input_rels(task.payload)]
     return [rel for rel in rels if rel not in refused] if refused else rels
-
-
-def _rels(payload: dict) -> list[str]:
-    inputs = payload.get("inputs", ())
-    return inputs["rel"] if isinstance(inputs, dict) else [e["rel"] for e in task_inputs(payload)]
 
 
 def unit_digests(tasks, record: dict) -> list[tuple[str, str]]:

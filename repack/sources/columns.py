@@ -1,23 +1,49 @@
 """Scanned inputs as columns: one row per input file, no Python object per input.
 
-An ``InputTable`` holds what a folder scan found: ``rels`` (paths relative to the root), a label id
-per input into ``label_names`` (-1: unlabeled), and the fingerprint columns (size, mtime_ns, inode)
-as numpy arrays. An input's real path is ``root + "/" + rel`` except where ``real_paths`` says
-otherwise (a file reached through a symlinked folder). It is a ``Sequence[InputItem]``: code that
-wants objects (--append's selection, --dedup's hashing, the video job) indexes or iterates it and
-gets an ``InputItem`` built on demand; the image planner reads the columns.
+An ``InputTable`` holds what a folder scan found: the inputs' paths relative to the root as one
+bytes blob (``names``: each rel in the file-system encoding, utf-8 with surrogateescape, followed by
+one NUL; ``ends``: the position of each NUL), a label id per input into ``label_names`` (-1:
+unlabeled), and the fingerprint columns (size, mtime_ns, inode) as numpy arrays. An input's real
+path is ``root + "/" + rel`` except where ``real_paths`` says otherwise (a file reached through a
+symlinked folder). It is a ``Sequence[InputItem]``: code that wants objects (--append's selection,
+--dedup's hashing, the video job) indexes or iterates it and gets an ``InputItem`` built on demand;
+the image planner reads the columns (``repack.jobs.image_plan``) and never decodes a rel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from repack.sources.base import InputItem, clean_label, quarantine_record
 
 NO_LABEL = -1
+_FS = ("utf-8", "surrogateescape")
+
+
+def join_names(rels) -> bytes:
+    """``rels`` (str) as a names blob: each encoded and followed by one NUL; ValueError for a rel that holds a
+    NUL (no such path can exist)."""
+    blob = "\0".join(rels).encode(*_FS)
+    if not blob and not rels:
+        return b""
+    blob += b"\0"
+    if blob.count(0) != len(rels):
+        raise ValueError("an input path holds a NUL byte")
+    return blob
+
+
+def name_ends(names: bytes) -> np.ndarray:
+    """The position of each NUL of a names blob (one per rel), int64."""
+    return np.flatnonzero(np.frombuffer(names, dtype=np.uint8) == 0).astype(np.int64)
+
+
+def split_names(names: bytes) -> list[str]:
+    """The rels of a names blob, decoded."""
+    return names.decode(*_FS).split("\0")[:-1] if names else []
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,7 +51,8 @@ class InputTable(Sequence):
     """Inputs in plan order as columns (see the module docstring)."""
 
     root: str                                 # real root folder; an input's path is root/rel unless in real_paths
-    rels: list[str]
+    names: bytes                              # the rels, each followed by a NUL
+    ends: np.ndarray                          # int64: where each rel's NUL is in ``names``
     label_ids: np.ndarray                     # int32, NO_LABEL for none
     label_names: tuple[str, ...]
     sizes: np.ndarray                         # int64
@@ -33,22 +60,46 @@ class InputTable(Sequence):
     inodes: np.ndarray                        # int64
     real_paths: dict[int, str] = field(default_factory=dict)  # row -> real path, where not root/rel
 
+    @classmethod
+    def of_rels(cls, root: str, rels: list[str], label_ids, label_names, sizes, mtimes, inodes,
+                real_paths: dict[int, str] | None = None) -> "InputTable":
+        """A table from rels as str (a small scan, a test)."""
+        names = join_names(rels)
+        return cls(root, names, name_ends(names), np.asarray(label_ids, dtype=np.int32), tuple(label_names),
+                   np.asarray(sizes, dtype=np.int64), np.asarray(mtimes, dtype=np.int64),
+                   np.asarray(inodes, dtype=np.int64), dict(real_paths or {}))
+
     def __len__(self) -> int:
-        return len(self.rels)
+        return len(self.ends)
 
     def __getitem__(self, row):
         if isinstance(row, slice):
             return self.take(range(*row.indices(len(self))))
-        return InputItem(self.path(row), self.rels[row], self.label(row), int(self.sizes[row]),
+        return InputItem(self.path(row), self.rel(row), self.label(row), int(self.sizes[row]),
                          int(self.mtimes[row]), int(self.inodes[row]))
 
     def __iter__(self):
         return (self[row] for row in range(len(self)))
 
+    @property
+    def starts(self) -> np.ndarray:
+        """Where each rel begins in ``names``."""
+        return np.concatenate(([0], self.ends[:-1] + 1)) if len(self.ends) else np.zeros(0, dtype=np.int64)
+
+    def rel(self, row: int) -> str:
+        end = int(self.ends[row])
+        start = int(self.ends[row - 1]) + 1 if row else 0
+        return self.names[start:end].decode(*_FS)
+
+    @cached_property
+    def rels(self) -> list[str]:
+        """Every rel as str (decoded once, on demand: --append's selection; the planner does not need it)."""
+        return split_names(self.names)
+
     def path(self, row: int) -> str:
         """The real path an input is opened by."""
         found = self.real_paths.get(row)
-        return found if found is not None else f"{self.root}/{self.rels[row]}"
+        return found if found is not None else f"{self.root}/{self.rel(row)}"
 
     def label(self, row: int) -> str | None:
         lid = int(self.label_ids[row])
@@ -67,10 +118,15 @@ class InputTable(Sequence):
         index = np.asarray(rows, dtype=np.int64)
         if len(index) == 0:
             index = np.zeros(0, dtype=np.int64)
-        rels = self.rels
         moved = {new: self.real_paths[old] for new, old in enumerate(index.tolist()) if old in self.real_paths} \
             if self.real_paths else {}
-        return InputTable(self.root, [rels[i] for i in index.tolist()], self.label_ids[index], self.label_names,
+        if len(index) == len(self) and (index == np.arange(len(self))).all():
+            names = self.names
+        else:
+            parts = self.names.split(b"\0")
+            names = b"".join([parts[i] + b"\0" for i in index.tolist()])
+            del parts
+        return InputTable(self.root, names, name_ends(names), self.label_ids[index], self.label_names,
                           self.sizes[index], self.mtimes[index], self.inodes[index], moved)
 
     def clean_labels(self) -> tuple["InputTable", list[dict]]:
@@ -83,9 +139,9 @@ class InputTable(Sequence):
         remap = np.array([names.index(c) if c is not None else -2 for c in cleaned] + [NO_LABEL], dtype=np.int32)
         ids = remap[self.label_ids]  # NO_LABEL (-1) indexes the appended NO_LABEL
         bad = np.flatnonzero(ids == -2)
-        quarantine = [quarantine_record(self.rels[row], f"class name {self.label(row)!r} is empty once its "
-                                                        "surrounding whitespace is stripped") for row in bad.tolist()]
-        relabeled = InputTable(self.root, self.rels, ids, names, self.sizes, self.mtimes, self.inodes,
+        quarantine = [quarantine_record(self.rel(row), f"class name {self.label(row)!r} is empty once its "
+                                                       "surrounding whitespace is stripped") for row in bad.tolist()]
+        relabeled = InputTable(self.root, self.names, self.ends, ids, names, self.sizes, self.mtimes, self.inodes,
                                self.real_paths)
         if len(bad):
             relabeled = relabeled.take(np.flatnonzero(ids != -2))

@@ -15,6 +15,12 @@ symlinks and special files go through ``Confinement.check``. Each top-level fold
 its own task, on a fork pool of ``workers`` processes when there are at least
 ``PARALLEL_MIN_FOLDERS`` of them; the result is an ``InputTable`` (columns, see
 ``repack.sources.columns``), the same whatever the worker count.
+
+Order without a sort of the whole listing: a folder's entries are walked in the byte order of their
+name, a folder's name taken with its trailing "/" (``_walk_order``). A file name never holds a "/", so
+that is the byte order of the full paths ("c01/a.b" before "c01/sub/x"), and the concatenated
+walks of the top-level folders are the sorted listing. A worker sends its rels as one names blob
+and its stats as int64 bytes; the driver joins the blobs and never decodes a rel.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import numpy as np
 
 from repack.errors import UsageError
 from repack.sources.base import Scan, alias_reason, quarantine_record, sort_key
-from repack.sources.columns import NO_LABEL, InputTable
+from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends
 from repack.sources.confine import Confinement
 
 JUNK_NAMES = frozenset({"Thumbs.db", "thumbs.db", "desktop.ini", "Desktop.ini", "@eaDir", "__MACOSX",
@@ -55,38 +61,68 @@ class _Found:
     top_dirs: list[str] = field(default_factory=list)
 
     def pack(self) -> bytes:
-        """The result as bytes (what a scan worker sends back: no pickled objects)."""
+        """The result as bytes (what a scan worker sends back: no pickled objects): a JSON head, the names
+        blob (``repack.sources.columns.join_names``), the stats as int64."""
         head = json.dumps([self.real_paths, self.quarantine, self.skipped, self.top_dirs, len(self.rels)],
                           ensure_ascii=False).encode("utf-8", "surrogateescape")
-        names = "\0".join(self.rels).encode("utf-8", "surrogateescape")
+        names = join_names(self.rels)
         ints = np.asarray(self.stats, dtype=np.int64).tobytes()
         return b"%d %d\n" % (len(head), len(names)) + head + names + ints
 
+
+@dataclass(frozen=True)
+class _Part:
+    """A walk's result as the driver keeps it: columns (names blob, stats (N, 4)), no object per file."""
+
+    names: bytes
+    stats: np.ndarray
+    count: int
+    real_paths: dict[int, str]
+    quarantine: list[dict]
+    skipped: int
+    top_dirs: list[str]
+
     @classmethod
-    def unpack(cls, raw: bytes) -> "_Found":
+    def unpack(cls, raw: bytes) -> "_Part":
         line, _, rest = raw.partition(b"\n")
         head_len, names_len = map(int, line.split())
         real_paths, quarantine, skipped, top_dirs, count = json.loads(rest[:head_len].decode("utf-8",
                                                                                              "surrogateescape"))
-        names = rest[head_len:head_len + names_len].decode("utf-8", "surrogateescape")
-        rels = names.split("\0") if count else []
-        stats = np.frombuffer(rest[head_len + names_len:], dtype=np.int64).tolist()
-        return cls(rels, stats, {int(k): v for k, v in real_paths.items()}, quarantine, skipped, top_dirs)
+        names = rest[head_len:head_len + names_len]
+        stats = np.frombuffer(rest[head_len + names_len:], dtype=np.int64).reshape(-1, 4)
+        return cls(names, stats, count, {int(k): v for k, v in real_paths.items()}, quarantine, skipped, top_dirs)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # d_type; a symlink: its target (one stat)
+    except OSError:
+        return False
+
+
+def _walk_order(entries: list[os.DirEntry]) -> list[os.DirEntry]:
+    """A folder's entries in walk order: by the bytes of their name, a folder's (a symlink to one too) with
+    "/". All-ASCII names (the usual case) sort as str, in the same order."""
+    keys = [entry.name + "/" if _is_dir(entry) else entry.name for entry in entries]
+    if not "".join(keys).isascii():
+        keys = [sort_key(key) for key in keys]
+    return [entries[i] for i in sorted(range(len(entries)), key=keys.__getitem__)]
 
 
 def _walk(conf: Confinement, folder: str, rel_folder: str, ancestors: frozenset, found: _Found) -> None:
     """Scan ``folder`` (a real path; ``rel_folder`` its path under the root) into ``found``."""
     try:
         with os.scandir(folder) as it:
-            children = sorted(it, key=lambda e: sort_key(e.name))
+            children = _walk_order(list(it))
     except OSError as exc:
         found.quarantine.append(quarantine_record(rel_folder or ".", f"unreadable folder: {exc.strerror}"))
         return
     canonical = folder == (f"{conf.root}/{rel_folder}" if rel_folder else conf.root)
     rels, stats = found.rels, found.stats
+    junk = JUNK_NAMES
     for entry in children:
         name = entry.name
-        if is_junk(name):
+        if name[0] in ".@" or name in junk:  # is_junk, inlined: it runs for every entry
             found.skipped += 1
             continue
         rel = f"{rel_folder}/{name}" if rel_folder else name
@@ -138,7 +174,7 @@ def _top_level(conf: Confinement, root_ident: tuple) -> tuple[_Found, list[tuple
     folders: list[tuple] = []
     try:
         with os.scandir(conf.root) as it:
-            children = sorted(it, key=lambda e: sort_key(e.name))
+            children = _walk_order(list(it))
     except OSError as exc:
         found.quarantine.append(quarantine_record(".", f"unreadable folder: {exc.strerror}"))
         return found, folders
@@ -165,15 +201,15 @@ def _top_level(conf: Confinement, root_ident: tuple) -> tuple[_Found, list[tuple
     return found, folders
 
 
-def _scan_folders(conf: Confinement, folders: list[tuple], workers: int) -> list[_Found]:
+def _scan_folders(conf: Confinement, folders: list[tuple], workers: int) -> list[_Part]:
     """Walk each top-level folder; on a fork pool when there are enough of them (see the module docstring)."""
     tasks = [(conf, *folder) for folder in folders]
     parallel = workers > 1 and len(tasks) >= PARALLEL_MIN_FOLDERS and threading.active_count() == 1 \
         and "fork" in multiprocessing.get_all_start_methods()
     if not parallel:
-        return [_Found.unpack(_scan_top_folder(task)) for task in tasks]
+        return [_Part.unpack(_scan_top_folder(task)) for task in tasks]
     with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
-        return [_Found.unpack(raw) for raw in pool.map(_scan_top_folder, tasks, chunksize=4)]
+        return [_Part.unpack(raw) for raw in pool.map(_scan_top_folder, tasks, chunksize=4)]
 
 
 def scan_folder(root: str, confinement: Confinement | None = None, workers: int = 1) -> Scan:
@@ -185,60 +221,51 @@ def scan_folder(root: str, confinement: Confinement | None = None, workers: int 
     conf = (confinement or Confinement()).rooted(root)
     root_st = os.stat(conf.root)
     top, folders = _top_level(conf, (root_st.st_dev, root_st.st_ino))
-    parts = [top] + _scan_folders(conf, folders, workers)
-    rels: list[str] = []
-    real_paths: dict[int, str] = {}
-    quarantine = [q for part in parts for q in part.quarantine]
-    for part in parts:
-        real_paths.update((len(rels) + row, path) for row, path in part.real_paths.items())
-        rels += part.rels
-    stats = np.array([v for part in parts for v in part.stats], dtype=np.int64).reshape(-1, 4)
-    skipped = sum(part.skipped for part in parts)
-    del parts
-    keys = [sort_key(rel) for rel in rels]
-    if any(a > b for a, b in zip(keys, keys[1:])):  # walk order is sorted order unless a name sorts past "/"
-        order = sorted(range(len(rels)), key=keys.__getitem__)
-        rels = [rels[i] for i in order]
-        stats = stats[order]
-        where = {old: new for new, old in enumerate(order)}
-        real_paths = {where[old]: path for old, path in real_paths.items()}
-    del keys
+    parts = [_Part.unpack(top.pack())] + _scan_folders(conf, folders, workers)
     labeled = bool(top.top_dirs)
-    keep = np.ones(len(rels), dtype=bool)
-    _drop_aliases(conf, rels, stats, real_paths, keep, quarantine)
-    names = tuple(top.top_dirs) if labeled else ()
-    label_ids = np.full(len(rels), NO_LABEL, dtype=np.int32)
+    names = b"".join(part.names for part in parts)
+    ends = name_ends(names)
+    stats = np.concatenate([part.stats for part in parts]) if parts else np.zeros((0, 4), dtype=np.int64)
+    counts = np.array([part.count for part in parts], dtype=np.int64)
+    firsts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    real_paths = {int(first) + row: path for part, first in zip(parts, firsts) for row, path in part.real_paths.items()}
+    quarantine = [q for part in parts for q in part.quarantine]
+    skipped = sum(part.skipped for part in parts)
+    # each part is in byte order (see the module docstring); the root's own files come first, and in a
+    # labeled tree (the only one with parts after them) they are all quarantined below
+    label_names = tuple(top.top_dirs) if labeled else ()
+    label_ids = np.repeat(np.arange(-1, len(parts) - 1, dtype=np.int32), counts) if labeled else \
+        np.full(len(ends), NO_LABEL, dtype=np.int32)
+    del parts
+    keep = np.ones(len(ends), dtype=bool)
+    table = InputTable(conf.root, names, ends, label_ids, label_names, stats[:, 0].copy(), stats[:, 1].copy(),
+                       stats[:, 2].copy(), real_paths)
+    _drop_aliases(conf, table, stats[:, 3], keep, quarantine)
     if labeled:
-        index = {name: i for i, name in enumerate(names)}
-        for row, rel in enumerate(rels):
-            head, slash, _ = rel.partition("/")
-            if slash:
-                label_ids[row] = index[head]
-            elif keep[row]:
+        for row in range(int(counts[0])):  # the root's own files
+            if keep[row]:
                 keep[row] = False
-                quarantine.append(quarantine_record(rel, "file outside the class folders of a labeled tree"))
-    table = InputTable(conf.root, rels, label_ids, names, stats[:, 0].copy(), stats[:, 1].copy(), stats[:, 2].copy(),
-                       real_paths)
+                quarantine.append(quarantine_record(table.rel(row), "file outside the class folders of a labeled tree"))
     if not keep.all():
         table = table.take(np.flatnonzero(keep))
     return Scan(table, tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), labeled, skipped)
 
 
-def _drop_aliases(conf: Confinement, rels: list[str], stats: np.ndarray, real_paths: dict[int, str],
-                  keep: np.ndarray, quarantine: list[dict]) -> None:
+def _drop_aliases(conf: Confinement, table: InputTable, devices: np.ndarray, keep: np.ndarray,
+                  quarantine: list[dict]) -> None:
     """Files reached through several paths (equal device and inode; rows in sorted order): keep one, the
     real path (no symlink on the way) before an alias, else the first; quarantine the others naming it."""
-    if len(rels) < 2:
+    if len(table) < 2:
         return
-    order = np.lexsort((np.arange(len(rels)), stats[:, 2], stats[:, 3]))  # by device, inode, then row
-    ident = stats[order][:, 2:4]
-    same = np.all(ident[1:] == ident[:-1], axis=1)
+    inodes, real_paths = table.inodes, table.real_paths
+    order = np.lexsort((np.arange(len(table)), inodes, devices))  # by device, inode, then row
+    same = (inodes[order][1:] == inodes[order][:-1]) & (devices[order][1:] == devices[order][:-1])
     if not same.any():
         return
     groups: dict[tuple[int, int], list[int]] = {}
     for at in np.flatnonzero(same).tolist():
         for row in (int(order[at]), int(order[at + 1])):
-            group = groups.setdefault((int(stats[row, 3]), int(stats[row, 2])), [])
+            group = groups.setdefault((int(devices[row]), int(inodes[row])), [])
             if row not in group:
                 group.append(row)
     for group in groups.values():
@@ -248,8 +275,8 @@ def _drop_aliases(conf: Confinement, rels: list[str], stats: np.ndarray, real_pa
             if row == winner:
                 continue
             keep[row] = False
-            rel = rels[row]
+            rel = table.rel(row)
             real = real_paths.get(row, f"{conf.root}/{rel}")
             head, slash, _ = rel.partition("/")
-            quarantine.append(quarantine_record(rel, alias_reason(rel, real, rels[winner], conf.root),
+            quarantine.append(quarantine_record(rel, alias_reason(rel, real, table.rel(winner), conf.root),
                                                 head if slash else None))
