@@ -180,6 +180,12 @@ class Job:
         """[{path, bytes}] the task produced: a resumed run trusts a record only if these hold."""
         return [{"path": o["path"], "bytes": o["bytes"]} for o in record.get("outputs", [])]
 
+    def record_kept(self, record: dict) -> bool:
+        """Whether a finished task's record is saved in the job state: False for one that a resumed run
+        could never trust anyway (its outputs are redone unless its group finished), which then only
+        travels to the driver."""
+        return True
+
     def outputs_intact(self, record: dict) -> bool:
         """Every output the record lists is in the store with its size (a chunk's piece may instead be
         in the local scratch only: see ``engine._run_and_record``)."""

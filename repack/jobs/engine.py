@@ -22,7 +22,9 @@ writes a temporary piece and its own record; the driver feeds the records, in pl
 as soon as the next one is there, to the group's assembly (``Job.open_assembly``) on a small
 thread pool overlapping the executor; once the last is in, it writes the group's record
 ``tasks/<group>.json`` and only then removes the pieces (the chunk outputs the group's record
-does not list) and the chunk records. A resumed run trusts a group record whose outputs are intact, else each chunk
+does not list) and the chunk records. A chunk record that a resumed run could never trust
+(``Job.record_kept``: a segment placed in the group's shared file) is not saved at all: it only
+travels to the driver, which drops it once its assembly has taken it in. A resumed run trusts a group record whose outputs are intact, else each chunk
 record whose piece is intact, and redoes the rest. Static partitions split the units (never a
 group), so each node assembles its own; `repack merge` assembles a group whose chunks all have
 records but whose assembly never ran. With an object store the pieces are published like any
@@ -159,7 +161,8 @@ def _run_and_record(job: Job, unit_id: str, work, plan_digest: str, published: f
         # Not fsynced: the outputs it vouches for are (a record lost to a power cut = the task is redone).
         text = dumps_canonical(record)
         check_run(job.store, run)
-        job.store.put_bytes(record_name(unit_id), text, durable=False)
+        if job.record_kept(record):
+            job.store.put_bytes(record_name(unit_id), text, durable=False)
     return record, text
 
 
@@ -188,6 +191,21 @@ def read_json(store, rel: str) -> dict | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+class _ChunksSeen:
+    """What a group's chunk records said that its own record needs once they are gone: each chunk's
+    seconds, whether its record was saved (it is deleted with the pieces), and the outputs they listed."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.kept: dict[str, bool] = {}
+        self.outputs: set[str] = set()
+
+    def add(self, record: dict, kept: bool) -> None:
+        self.seconds[record["task_id"]] = record.get("seconds", 0.0)
+        self.kept[record["task_id"]] = kept
+        self.outputs.update(o["path"] for o in record.get("outputs", []))
 
 
 @dataclass(frozen=True)
@@ -465,15 +483,16 @@ class Engine:
         chunk_records = {tid: r for tid, r in self.load_records(chunks, plan_digest).items() if r is not None}
         return unit_records, chunk_records
 
-    def assemble_step(self, group: str, tasks, chunk_records: dict, assemblies: dict, prev: Future | None,
+    def assemble_step(self, group: str, tasks, assemblies: dict, prev: Future | None,
                       batch: list[dict], plan_digest: str) -> dict | None:
         """Feed ``batch`` (the next chunk records of ``group`` in plan order) to its assembly, after the
-        previous step ``prev``; once the last chunk is in, save the group's record, then drop the pieces."""
+        previous step ``prev``; once the last chunk is in, save the group's record, then drop the pieces.
+        ``assemblies``: group -> (its assembly, what its chunk records said that the group's record needs)."""
         if prev is not None:
             prev.result()  # the group's earlier step (re-raises its error)
-        assembly = assemblies.get(group)
-        if assembly is None:
-            assembly = assemblies[group] = self.job.open_assembly(group)
+        if group not in assemblies:
+            assemblies[group] = (self.job.open_assembly(group), _ChunksSeen())
+        assembly, chunks = assemblies[group]
         store = self.job.store
         try:
             if store.remote:  # chunks run on another host (Ray) or before a move: their outputs from the store
@@ -482,11 +501,12 @@ class Engine:
                     if not (local.is_file() and local.stat().st_size == output["bytes"]):
                         store.fetch(output["path"], local)
             for record in batch:
+                chunks.add(record, self.job.record_kept(record))
                 assembly.add(record)
             if batch[-1]["task_id"] != tasks[-1].task_id:
                 return None
-            chunk_seconds = round(sum(chunk_records[t.task_id].get("seconds", 0.0) for t in tasks), 4)
-            chunk_outputs = frozenset(o["path"] for t in tasks for o in chunk_records[t.task_id].get("outputs", []))
+            chunk_seconds = round(sum(chunks.seconds[t.task_id] for t in tasks), 4)
+            chunk_outputs = frozenset(chunks.outputs)
             record, _ = _run_and_record(self.job, group, lambda: {**assembly.finish(), "chunk_seconds": chunk_seconds},
                                         plan_digest, published=chunk_outputs, run=self.run_id)
         except BaseException:
@@ -497,7 +517,8 @@ class Engine:
             if store.remote:
                 store.delete(rel)
         for task in tasks:  # the group's record holds what theirs held: the chunk records go too
-            store.delete(record_name(task.task_id))
+            if chunks.kept[task.task_id]:
+                store.delete(record_name(task.task_id))
         return record
 
     # -- run -----------------------------------------------------------------------------
@@ -640,9 +661,9 @@ class Engine:
             """Hand the group's next chunk records in plan order (those finished) to its assembly."""
             nonlocal assembler
             tasks = group_tasks[uid]
-            batch = []
+            batch = []  # handed over: the driver keeps no chunk record beyond its group's assembly
             while fed[uid] < len(tasks) and tasks[fed[uid]].task_id in chunk_records:
-                batch.append(chunk_records[tasks[fed[uid]].task_id])
+                batch.append(chunk_records.pop(tasks[fed[uid]].task_id))
                 fed[uid] += 1
             if not batch:
                 return
@@ -650,8 +671,7 @@ class Engine:
                 assembler = ThreadPoolExecutor(min(ASSEMBLY_THREADS, len(group_tasks)),
                                                thread_name_prefix="repack-assemble")
             # Steps of one group run in order: each waits for the previous one, which was queued first.
-            step = assembler.submit(self.assemble_step, uid, tasks, chunk_records, assemblies, last_step.get(uid),
-                                    batch, digest)
+            step = assembler.submit(self.assemble_step, uid, tasks, assemblies, last_step.get(uid), batch, digest)
             last_step[uid] = step
             if fed[uid] == len(tasks):
                 final_steps[step] = uid
@@ -711,7 +731,7 @@ class Engine:
             gc.unfreeze()  # collectable again once the run is over (a process may run several jobs)
             if assembler is not None:
                 assembler.shutdown(wait=True, cancel_futures=stopped)
-            for uid, assembly in assemblies.items():  # groups left unfinished by a failed chunk or a stop
+            for uid, (assembly, _) in assemblies.items():  # groups left unfinished by a failed chunk or a stop
                 if records.get(uid) is None:
                     assembly.abort()
         return failures
@@ -782,8 +802,8 @@ def merge(out: str, options: EngineOptions) -> RunResult:
         records, chunk_records = engine.resume_state(plan.units, digest)
         for uid, tasks in plan.units:  # groups whose chunks all finished on their nodes but never assembled
             if records[uid] is None and tasks[0].group and all(t.task_id in chunk_records for t in tasks):
-                records[uid] = engine.assemble_step(uid, tasks, chunk_records, {}, None,
-                                                    [chunk_records[t.task_id] for t in tasks], digest)
+                records[uid] = engine.assemble_step(uid, tasks, {}, None, [chunk_records[t.task_id] for t in tasks],
+                                                    digest)
         missing = [uid for uid, rec in records.items() if rec is None]
         if missing:
             shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")

@@ -401,6 +401,9 @@ class ImagesJob(Job):
         removed with the group's temps when a run starts)."""
         return self.out / SEGMENTS_DIR / f".{group}.tar.tmp-shared"
 
+    def record_kept(self, record: dict) -> bool:
+        return "at" not in (record.get("segment") or {})  # a placed segment is never trusted (outputs_intact)
+
     def outputs_intact(self, record: dict) -> bool:
         if self.collector is not None:  # single-writer sinks (lmdb)
             return self.collector.intact(record)
@@ -459,8 +462,7 @@ class ImagesJob(Job):
                        **({"duplicates_dropped": stats["duplicates"]["dropped"]} if self.spec.dedup else {})},
             "quarantine": quarantine,
             "stats": stats,
-            "run_stats": {"timing": {"read_ms": percentiles(np.sort(read_us).tolist(), 1e-3),
-                                     "check_ms": percentiles(np.sort(check_us).tolist(), 1e-3),
+            "run_stats": {"timing": {"read_ms": percentiles(read_us, 1e-3), "check_ms": percentiles(check_us, 1e-3),
                                      "sample_us_histogram": _time_histogram(read_us, check_us),
                                      "slowest": slowest}},
         }

@@ -4,17 +4,22 @@ half-octave histograms (deterministic integer bucket edges: 1, 2, 3, 4, 6, 8, 12
 from __future__ import annotations
 
 
-def percentiles(values: list[float], scale: float = 1.0) -> dict[str, float]:
-    """p50/p90/p99/max (nearest-rank) of ``values`` times ``scale``; empty -> {}."""
-    if not values:
+def percentiles(values, scale: float = 1.0) -> dict[str, float]:
+    """p50/p90/p99/max (nearest-rank) of ``values`` (a sequence or a numpy array) times ``scale``; empty -> {}."""
+    import numpy as np
+
+    n = len(values)
+    if not n:
         return {}
-    ordered = sorted(values)
-    n = len(ordered)
+    ordered = np.sort(np.asarray(values))
+
+    def at(i: int) -> float:
+        return round(ordered[i].item() * scale, 3)
 
     def rank(q: float) -> float:
-        return round(ordered[min(n - 1, max(0, int(q * n + 0.999999) - 1))] * scale, 3)
+        return at(min(n - 1, max(0, int(q * n + 0.999999) - 1)))
 
-    return {"p50": rank(0.5), "p90": rank(0.9), "p99": rank(0.99), "max": round(ordered[-1] * scale, 3), "count": n}
+    return {"p50": rank(0.5), "p90": rank(0.9), "p99": rank(0.99), "max": at(n - 1), "count": n}
 
 
 def merge_slowest(current: list[dict], new: list[dict], limit: int, key: str = "us") -> list[dict]:

@@ -111,9 +111,12 @@ class PartWriter(TarSegmentWriter):
         super().__init__(Path(out) / PARTS_DIR, stem)
 
     def commit(self) -> dict | None:
-        samples = [[entry[0][3].split(".", 1)[0], [[ext, off, size] for ext, off, size, _ in entry]]
-                   for entry in self._index]  # what the collector reads back: [key, [[ext, offset, size], ...]]
         piece = super().commit()
+        samples = []  # what the collector reads back: [key, [[ext, offset, size], ...]]
+        for line in piece["index"].split("\n") if piece["count"] else ():
+            fields = line.split(" ")
+            members = zip(fields[::4], fields[1::4], fields[2::4])
+            samples.append([fields[3].split(".", 1)[0], [[ext, int(off), int(size)] for ext, off, size in members]])
         if not samples:
             (self.folder / piece["name"]).unlink()
             return None

@@ -33,6 +33,21 @@ def checksums_size(samples: int) -> int:
     return HEADER.size + 4 * samples
 
 
+def checksums_header(samples: int) -> bytes:
+    """The first bytes of a ``.crc`` side file of ``samples`` samples (see ``sample_checksums``)."""
+    return HEADER.pack(MAGIC, samples)
+
+
+def checksums_column(crcs: array) -> bytes:
+    """The little-endian bytes of a uint32 column (``sample_checksums``' per-sample values)."""
+    if crcs.itemsize != 4:
+        raise OSError("array('I') is not 4 bytes on this platform")
+    if struct.pack("=I", 1) != struct.pack("<I", 1):
+        crcs = array("I", crcs)
+        crcs.byteswap()
+    return crcs.tobytes()
+
+
 def sample_checksums(tar: str | Path, index: str) -> bytes:
     """The side file's bytes for the tar at ``tar`` and its DALI index text ``index``."""
     lines = index.splitlines()[1:]
@@ -49,11 +64,7 @@ def sample_checksums(tar: str | Path, index: str) -> bytes:
                     raise OSError(f"{tar}: ends before member {tokens[i + 3]} (bytes {offset}..{offset + size})")
                 crc = zlib.crc32(data, crc)
             sums.append(crc)
-    if sums.itemsize != 4:
-        raise OSError("array('I') is not 4 bytes on this platform")
-    if struct.pack("=I", 1) != struct.pack("<I", 1):
-        sums.byteswap()
-    return HEADER.pack(MAGIC, len(lines)) + sums.tobytes()
+    return checksums_header(len(lines)) + checksums_column(sums)
 
 
 def checksums_from_columns(tar, offsets: np.ndarray, sizes: np.ndarray, per_sample: int) -> bytes:

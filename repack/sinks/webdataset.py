@@ -6,6 +6,10 @@ task (``TarShardWriter``), or as segments by several chunk tasks (``TarSegmentWr
 members, no end-of-archive) that ``ShardAssembler`` concatenates in plan order: the bytes are
 the same either way.
 
+Each writer keeps its index as text (the DALI lines, one per sample) and its per-sample checksums as
+a uint32 column while it writes, from the bytes in hand: no per-sample object survives the sample,
+and the driver never reads a shard back to checksum it.
+
 A segment is *placed* when its task is given the offset and size the plan predicts for it
 (``place``): it is written straight into the shard's shared file at that offset, so the shard is
 written once. The assembler then only hashes it, in plan order. Where a prediction fails (a
@@ -15,39 +19,51 @@ from there on the assembler copies, as for unplaced segments: same bytes, one mo
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
-import mmap
 import os
+import zlib
+from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from repack.manifest.io import fsync_dir
 from repack.sinks.checks import file_and_index_outputs
-from repack.sinks.sample_checksums import sample_checksums
-from repack.sinks.tar_format import BLOCK, PADDING, end_of_archive, index_from_lines, index_text, ustar_header
+from repack.sinks.sample_checksums import checksums_column, checksums_header, sample_checksums
+from repack.sinks.tar_format import BLOCK, INDEX_VERSION, PADDING, end_of_archive, ustar_header
 from repack.sinks.tar_verify import verify_tar_shard
 
 
 class TarMemberWriter:
     """Appends samples (adjacent members sharing one key) as ustar members to a hidden temp file.
 
-    Writes are batched (one ``writev`` per ~1 MiB); ``hashed`` keeps a running sha256 of it all."""
+    Writes are batched (one ``writev`` per ~1 MiB); ``hashed`` keeps a running sha256 of it all. The
+    DALI index lines (``_index``, ASCII) and each sample's crc32 (``_crcs``, see ``sample_checksums``)
+    grow as samples are added."""
 
     def __init__(self, tmp: Path, hashed: bool, fd: int | None = None) -> None:
         self._tmp = tmp
         self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if fd is None else fd
         self._sha = hashlib.sha256() if hashed else None
         self._offset = 0
-        self._index: list[list[tuple[str, int, int, str]]] = []
+        self._index_base = 0  # added to the offsets the index lines give (a placed segment: where it lies)
+        self._index = bytearray()  # "ext offset size name ..." + "\n" per sample
+        self._crcs = array("I")
         self._pending: list[bytes] = []
         self._pending_bytes = 0
 
+    @property
+    def samples(self) -> int:
+        return len(self._crcs)
+
     def add_sample(self, key: str, members: list[tuple[str, bytes]]) -> None:
         """Write one sample: members [(extension, data)], in the given order."""
-        entry = []
+        fields = []
         pending = self._pending
         offset = self._offset
+        base = self._index_base + BLOCK
+        crc = 0
         for ext, data in members:
             name = f"{key}.{ext}"
             size = len(data)
@@ -56,11 +72,13 @@ class TarMemberWriter:
             pad = -size % BLOCK
             if pad:
                 pending.append(PADDING[pad])
-            entry.append((ext, offset + BLOCK, size, name))
+            fields.append(f"{ext} {base + offset} {size} {name}")
+            crc = zlib.crc32(data, crc)
             offset += BLOCK + size + pad
+        self._index += " ".join(fields).encode("ascii") + b"\n"
+        self._crcs.append(crc)
         self._pending_bytes += offset - self._offset
         self._offset = offset
-        self._index.append(entry)
         if self._pending_bytes >= WRITE_BATCH or len(pending) >= WRITE_BATCH_IOVECS:
             self._flush()
 
@@ -107,7 +125,7 @@ class TarShardWriter(TarMemberWriter):
 
     def commit(self) -> dict | None:
         """Finish the shard; rename tar and index into place. None (and nothing on disk) if empty."""
-        if not self._index:
+        if not self.samples:
             self.abort()
             return None
         self._flush()
@@ -116,7 +134,8 @@ class TarShardWriter(TarMemberWriter):
         self._sha.update(tail)
         fd, self._fd = self._fd, -1
         return publish_shard(self.out, self.stem, fd, self._tmp, self._offset + len(tail), self._sha,
-                             index_text(self._index), len(self._index))
+                             index_bytes([bytes(self._index)], self.samples), self.samples,
+                             checksums_header(self.samples) + checksums_column(self._crcs))
 
 
 class TarSegmentWriter(TarMemberWriter):
@@ -138,6 +157,7 @@ class TarSegmentWriter(TarMemberWriter):
         else:
             fd = os.open(place[0], os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
             super().__init__(own, hashed=False, fd=fd)
+            self._index_base = place[1]
             self._placed = 0  # bytes written into the slot so far
 
     def _write_pending(self) -> None:
@@ -167,17 +187,17 @@ class TarSegmentWriter(TarMemberWriter):
         self._fd, self._place = fd, None
 
     def commit(self) -> dict:
-        """Finish the piece: {name, bytes, count, index, index_at}, plus ``at`` and ``slot`` when it lies in
-        the shared file (else it was renamed into place as ``name``). ``index``: its samples' DALI index
-        lines (one string) with offsets counted from ``index_at``: where a placed piece lies, so that the
-        assembler takes them as they are while the pieces before it were placed too (0 when unplaced)."""
+        """Finish the piece: {name, bytes, count, index, index_at, crc}, plus ``at`` and ``slot`` when it lies
+        in the shared file (else it was renamed into place as ``name``). ``index``: its samples' DALI index
+        lines (one string, no final newline) with offsets counted from ``index_at``: where a placed piece
+        lies, so that the assembler takes them as they are while the pieces before it were placed too (0
+        when unplaced; a piece that spilled keeps its slot's offset). ``crc``: base64 of the samples' checksums (``sample_checksums``' uint32, little-endian)."""
         self._flush()
         os.close(self._fd)
         self._fd = -1
-        at = self._place[1] if self._place is not None else 0
-        lines = "\n".join([" ".join([f"{ext} {at + off} {size} {name}" for ext, off, size, name in entry])
-                           for entry in self._index])
-        piece = {"name": self.name, "bytes": self._offset, "count": len(self._index), "index": lines, "index_at": at}
+        piece = {"name": self.name, "bytes": self._offset, "count": self.samples,
+                 "index": self._index[:-1].decode("ascii"), "index_at": self._index_base,
+                 "crc": base64.b64encode(checksums_column(self._crcs)).decode("ascii")}
         if self._place is not None:
             return {**piece, "at": self._place[1], "slot": self._place[2]}
         os.replace(self._tmp, self.folder / self.name)
@@ -193,16 +213,22 @@ class TarSegmentWriter(TarMemberWriter):
         return None
 
 
-def _rebased(lines: list[str], shift: int) -> list[str]:
-    """DALI index lines ("ext offset size name" per member) with every offset moved by ``shift``."""
+def _rebased(text: str, shift: int) -> bytes:
+    """DALI index lines ("ext offset size name" per member, "\n" between samples) with every offset moved
+    by ``shift``, as ASCII with a final newline."""
     if not shift:
-        return lines
+        return text.encode("ascii") + b"\n"
     moved = []
-    for line in lines:
+    for line in text.split("\n"):
         fields = line.split(" ")
         fields[1::4] = [str(int(offset) + shift) for offset in fields[1::4]]
         moved.append(" ".join(fields))
-    return moved
+    return ("\n".join(moved) + "\n").encode("ascii")
+
+
+def index_bytes(parts: list[bytes], samples: int) -> bytes:
+    """A DALI index file: its header line, then ``parts`` (lines, each ending in a newline)."""
+    return b"".join([f"{INDEX_VERSION} {samples}\n".encode("ascii"), *parts])
 
 
 class ShardAssembler:
@@ -224,7 +250,9 @@ class ShardAssembler:
         self._fd = -1  # the shard being written (the shared file, or a copy)
         self._sha = hashlib.sha256()
         self._offset = 0
-        self._lines: list[str] = []  # the DALI index, one line per sample
+        self._index: list[bytes] = []  # the DALI index lines of the segments so far
+        self._samples = 0
+        self._crcs: list[bytes] | None = []  # their checksum columns (None once a piece came without one)
         self._helper: ThreadPoolExecutor | None = None
         self._jobs: list[Future] = []
         self._unsynced = 0  # the helper's alone
@@ -253,7 +281,12 @@ class ShardAssembler:
                 self._hash(src.fileno(), at or 0, size, path)
             self._jobs.append(self._helper.submit(self._copy, self._shared if at is not None else path, at or 0,
                                                   size, base))
-        self._lines += _rebased(piece["index"].split("\n"), base - piece["index_at"])
+        self._index.append(_rebased(piece["index"], base - piece["index_at"]))
+        self._samples += piece["count"]
+        if self._crcs is not None and "crc" in piece:
+            self._crcs.append(base64.b64decode(piece["crc"]))
+        else:
+            self._crcs = None  # a record of an older repack: read back at commit
         self._offset += size
 
     def _hash(self, fd: int, start: int, size: int, path: Path) -> None:
@@ -318,8 +351,10 @@ class ShardAssembler:
             self._shared_fd, tmp = -1, self._shared
         else:
             self._drop_shared()
+        checksums = None if self._crcs is None else \
+            b"".join([checksums_header(self._samples), *self._crcs])
         return publish_shard(self.out, self.stem, fd, tmp, self._offset + len(tail), self._sha,
-                             index_from_lines(self._lines), len(self._lines))
+                             index_bytes(self._index, self._samples), self._samples, checksums)
 
     def _drop_shared(self) -> None:
         if self._shared_fd >= 0:
@@ -359,18 +394,18 @@ def _copy_by_blocks(src: int, dst: int, start: int, size: int, base: int) -> int
     return done
 
 
-def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, index: str, samples: int,
+def publish_shard(out: Path, stem: str, fd: int, tmp: Path, size: int, sha, index: str | bytes, samples: int,
                   checksums: bytes | None = None) -> dict:
     """fsync and close a finished tar temp file, write its index and per-sample checksums (``checksums``,
     or ``sample_checksums`` of the file), rename them into place, the tar last; the shard entry."""
+    text = index.encode() if isinstance(index, str) else index
     try:
         if checksums is None:
-            checksums = sample_checksums(tmp, index)  # read back from the page cache
+            checksums = sample_checksums(tmp, text.decode())  # read back from the page cache
         os.fsync(fd)
     finally:
         os.close(fd)
     tar_name, idx_name, crc_name = f"{stem}.tar", f"{stem}.idx", f"{stem}.crc"
-    text = index.encode()
     _write_side_file(out, idx_name, text)
     _write_side_file(out, crc_name, checksums)
     os.replace(tmp, out / tar_name)
