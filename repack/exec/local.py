@@ -117,6 +117,16 @@ def _stop_on_exit(pool: ProcessPoolExecutor):
         raise
 
 
+@contextlib.contextmanager
+def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of ``workers`` processes started as the engine's are (fork where safe, each dies with the
+    driver, all killed at once when the driver is interrupted or fails); for work outside a job's plan
+    (`repack remove`'s shard rewrites). Pass JSON strings in and out."""
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=_die_with_parent,
+                             initargs=(os.getpid(),)) as pool, _stop_on_exit(pool):
+        yield pool
+
+
 class LocalExecutor:
     """Process-pool executor with per-task retries."""
 
@@ -140,9 +150,7 @@ class LocalExecutor:
 
     def _run_pool(self, calls, task_ids, remaining: set[int], attempts: list[int]) -> Iterator[dict | TaskFailure]:
         """Run ``remaining`` on one pool; returns early (leaving work in ``remaining``) if it breaks."""
-        context = _pool_context()
-        with ProcessPoolExecutor(max_workers=min(self.workers, len(remaining)), mp_context=context,
-                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool, _stop_on_exit(pool):
+        with process_pool(min(self.workers, len(remaining))) as pool:
             pending = {pool.submit(_call, calls[i]): i for i in sorted(remaining)}
             while pending:
                 # the oldest futures only: the pool starts tasks in submission order (the order of

@@ -83,16 +83,6 @@ def _line_position(line: bytes) -> int | None:
         return None
 
 
-def shards_holding(store, shards: list[dict], positions: np.ndarray) -> set[str]:
-    """The paths of ``shards`` whose span can hold one of the sorted ``positions`` (a shard whose span
-    cannot be read is included)."""
-    hit: set[str] = set()
-    for entry in shards:
-        span = position_span(store, entry)
-        if span is None:
-            hit.add(entry["path"])
-            continue
-        at = np.searchsorted(positions, span[0])
-        if at < len(positions) and positions[at] <= span[1]:
-            hit.add(entry["path"])
-    return hit
+def shard_spans(store, shards: list[dict]) -> list[tuple[int, int] | None]:
+    """``position_span`` of each of ``shards`` (None: a shard whose span cannot be read, to be read whole)."""
+    return [position_span(store, entry) for entry in shards]

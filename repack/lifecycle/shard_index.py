@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from repack.manifest import ManifestError
-from repack.manifest.shard_index import IndexColumns
+from repack.manifest.shard_index import IndexColumns, ragged_ranges
 from repack.manifest.shard_index import parse_index as parse_columns
 from repack.sinks.tar_format import BLOCK, INDEX_VERSION
 
@@ -68,12 +68,80 @@ class ShardIndex:
         """(start of the first header, end of the last member's padding) per sample."""
         return self.offset[self.first[:-1]] - BLOCK, self.padded_end()[self.first[1:] - 1]
 
+    def key_positions(self) -> np.ndarray:
+        """Per sample: the position its key starts with (``repack.lifecycle.locate.key_position``: the
+        decimal digits before the key's first ``_``), -1 where it has none; vectorized over the keys."""
+        starts = self.columns.key_ends[:-1].astype(np.int64)
+        lengths = np.diff(self.columns.key_ends).astype(np.int64)
+        width = min(int(lengths.max(initial=0)), _POSITION_DIGITS + 1)
+        if not width:
+            return np.full(self.samples, -1, np.int64)
+        padded = np.zeros(len(self.columns.keys) + width, np.uint8)
+        padded[:len(self.columns.keys)] = self.columns.keys
+        chars = padded[starts[:, None] + np.arange(width)]
+        live = np.arange(width) < lengths[:, None]
+        digit = live & (chars >= ord("0")) & (chars <= ord("9"))
+        count = np.where(digit.all(axis=1), width, np.argmin(digit, axis=1))  # leading digits
+        after = chars[np.arange(self.samples), np.minimum(count, width - 1)]
+        valid = (count > 0) & (count <= _POSITION_DIGITS) & (count < lengths) & (after == ord("_"))
+        values = np.where(digit & (np.arange(width) < count[:, None]), chars - ord("0"), 0).astype(np.int64)
+        scale = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
+        positions = values @ scale // 10 ** (width - np.minimum(count, width))
+        return np.where(valid, positions, -1)
+
+    def text_of(self, kept: np.ndarray, shift: np.ndarray) -> bytes:
+        """The DALI index (``repack.sinks.tar_format``) of the samples ``kept`` (ascending sample
+        numbers), each member's data offset moved by its sample's ``shift``: every member line laid out in
+        one byte matrix (ext, offset, size, name, separator) and the live bytes taken in row order, no
+        Python object per line."""
+        counts = np.diff(self.first)[kept]
+        rows = ragged_ranges(self.first[kept], counts)
+        samples = np.repeat(kept, counts)
+        exts = [e.encode("ascii") for e in self.columns.exts]
+        ext_width = max(map(len, exts), default=1) or 1
+        ext_table = np.zeros((max(len(exts), 1), ext_width), np.uint8)
+        for code, ext in enumerate(exts):
+            ext_table[code, :len(ext)] = np.frombuffer(ext, np.uint8)
+        ext_len = np.array([len(e) for e in exts] or [0], np.int64)[self.columns.ext[rows].astype(np.int64)]
+        suffix_len = np.array([len(t) for _, t in self.columns.suffixes] or [0], np.int64)
+        keyed = np.array([k for k, _ in self.columns.suffixes] or [True], bool)
+        code = self.columns.suffix[rows].astype(np.int64)
+        key_len = np.diff(self.columns.key_ends).astype(np.int64)[samples]
+        name_len = suffix_len[code] + np.where(keyed[code], key_len, 0)
+        name_width = int(name_len.max(initial=1))
+        offset, offset_live = _decimal(self.offset[rows] + np.repeat(shift[kept], counts))
+        size, size_live = _decimal(self.size[rows])
+        separator = np.full((len(rows), 1), ord(" "), np.uint8)
+        separator[np.cumsum(counts) - 1] = ord("\n")  # a sample's last member ends its line
+        space = np.full((len(rows), 1), ord(" "), np.uint8)
+        always = np.ones((len(rows), 1), bool)
+        fields = [(ext_table[self.columns.ext[rows].astype(np.int64)], np.arange(ext_width) < ext_len[:, None]),
+                  (space, always), (offset, offset_live), (space, always), (size, size_live), (space, always),
+                  (self.columns.name_fields(samples, rows, name_width), np.arange(name_width) < name_len[:, None]),
+                  (separator, always)]
+        matrix = np.concatenate([f for f, _ in fields], axis=1)
+        live = np.concatenate([m for _, m in fields], axis=1)
+        return f"{INDEX_VERSION} {len(kept)}\n".encode() + matrix[live].tobytes()
+
     def adjacent(self) -> bool:
         """Whether each member's header follows the previous member of its sample."""
         inner = np.ones(len(self.offset), bool)
         inner[self.first[:-1]] = False  # a sample's first member follows nothing of its own
         ends = self.padded_end()
         return bool(np.all(self.offset[1:][inner[1:]] == ends[:-1][inner[1:]] + BLOCK))
+
+
+_POSITION_DIGITS = 18  # a position longer than this is no position (int64 holds 18 digits)
+
+
+def _decimal(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """((n, width) uint8 ASCII digits, right-aligned; which of them are live) of non-negative ``values``."""
+    values = values.astype(np.int64)
+    width = len(str(int(values.max(initial=0))))
+    powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
+    digits = (values[:, None] // powers % 10).astype(np.uint8) + np.uint8(ord("0"))
+    count = 1 + (values[:, None] >= 10 ** np.arange(1, width, dtype=np.int64)).sum(axis=1)
+    return digits, np.arange(width) >= (width - count)[:, None]
 
 
 def parse_index(raw: bytes, recorded_sha256: str | None = None) -> ShardIndex | None:

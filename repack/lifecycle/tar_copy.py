@@ -1,0 +1,103 @@
+"""A tar shard without some of its samples, as bytes allow: `repack remove`'s copy of one shard.
+
+The kept samples' byte ranges (headers and data, untouched and in order) are copied from the old tar
+into ``<stem>.tar`` in the kernel (``os.copy_file_range``: no copy through this process; a reflink where
+the filesystem shares blocks), runs of adjacent samples one call each. The old tar is mapped once: the
+new sha256 is computed over the mapped ranges as they are copied (each byte read once by this process),
+and each kept member's header is checked to name its member before a byte is written. The new DALI
+index is laid out from the old index's columns (``ShardIndex.text_of``), the new ``.crc`` from the old
+one's kept rows (else computed from the new tar); nothing is decoded or re-encoded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+from repack.errors import UsageError
+from repack.lifecycle.shard_index import ShardIndex
+from repack.sinks.sample_checksums import HEADER, MAGIC
+from repack.sinks.tar_format import BLOCK, end_of_archive
+from repack.sinks.webdataset import publish_shard
+
+CHECK_ROWS = 1 << 16  # member headers compared at a time (a (rows, 101) byte matrix)
+
+
+def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem: str, shard: str,
+              checksums: np.ndarray | None) -> dict | None:
+    """Write the samples ``keep`` marks (bool per sample) of the tar open at ``tar_fd`` as shard ``stem``
+    under ``out`` (temp file, renamed whole: ``repack.sinks.webdataset.publish_shard``); its entry, None
+    when nothing is kept. ``checksums``: the old per-sample ``.crc`` values, when trusted."""
+    kept = np.flatnonzero(keep)
+    if not len(kept):
+        return None
+    starts, ends = index.spans()
+    size = os.fstat(tar_fd).st_size
+    if int(ends[kept].max()) > size:
+        raise UsageError(f"{shard}: ends at byte {size}, inside its samples (run repack verify)")
+    tmp = out / f".{stem}.tar.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sha = hashlib.sha256()
+    shift = np.zeros(index.samples, np.int64)  # new offset - old offset, per kept sample
+    try:
+        with mmap.mmap(tar_fd, size, prot=mmap.PROT_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                _check_headers(np.frombuffer(mapped, np.uint8), index, kept, shard)
+                written = 0
+                for first, last in _runs(kept, starts, ends):
+                    start, end = int(starts[first]), int(ends[last])
+                    sha.update(view[start:end])
+                    _copy_range(tar_fd, fd, view, start, end, written)
+                    shift[first:last + 1] = written - start
+                    written += end - start
+            finally:
+                view.release()
+        tail = end_of_archive(written)
+        os.pwrite(fd, tail, written)
+        sha.update(tail)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    sums = None if checksums is None else HEADER.pack(MAGIC, len(kept)) + checksums[kept].astype("<u4").tobytes()
+    return publish_shard(out, stem, fd, tmp, written + len(tail), sha, index.text_of(kept, shift).decode("ascii"),
+                         len(kept), checksums=sums)
+
+
+def _runs(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
+    """(first, last) sample of each run of kept samples whose byte ranges follow each other."""
+    breaks = np.flatnonzero(starts[kept[1:]] != ends[kept[:-1]]) + 1
+    firsts = kept[np.concatenate([[0], breaks])]
+    lasts = kept[np.concatenate([breaks - 1, [len(kept) - 1]])]
+    return list(zip(firsts.tolist(), lasts.tolist()))
+
+
+def _copy_range(src: int, dst: int, view: memoryview, start: int, end: int, at: int) -> None:
+    """Bytes ``start..end`` of ``src`` to ``dst`` at ``at``: in the kernel, else written from ``view``."""
+    while start < end:
+        try:
+            done = os.copy_file_range(src, dst, end - start, start, at)
+        except OSError:  # no copy_file_range between these files (another filesystem, an old kernel)
+            done = os.pwrite(dst, view[start:end], at)
+        if done <= 0:
+            raise UsageError(f"cannot copy bytes {start}..{end} of a shard: the copy made no progress")
+        start, at = start + done, at + done
+
+
+def _check_headers(data: np.ndarray, index: ShardIndex, kept: np.ndarray, shard: str) -> None:
+    """Each kept member's header in ``data`` (the old tar) names that member."""
+    counts = np.diff(index.first)[kept]
+    rows = np.repeat(index.first[kept] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+    for lo in range(0, len(rows), CHECK_ROWS):
+        part = rows[lo:lo + CHECK_ROWS]
+        fields = index.name_fields(part, 101)  # a byte in column 100: a name longer than a header holds
+        if fields[:, 100].any():
+            raise UsageError(f"{shard}: a member name is longer than a ustar header holds (run repack verify)")
+        at = (index.offset[part] - BLOCK)[:, None] + np.arange(100)
+        if not np.array_equal(data[at], fields[:, :100]):
+            raise UsageError(f"{shard}: a header does not name the member its index says (run repack verify)")
