@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -85,8 +86,13 @@ class BufferRing:
         self.board_id, self.board, self.slot = board_id, board, slot % board.shape[0]
         self.buffers: list[torch.Tensor | None] = [None] * RING
         self.tokens = [0] * RING
+        self._lock = threading.Lock()  # a reader's prefetch threads take buffers too
 
     def take(self, size: int) -> tuple[torch.Tensor, tuple | None]:
+        with self._lock:
+            return self._take(size)
+
+    def _take(self, size: int) -> tuple[torch.Tensor, tuple | None]:
         free = [i for i in range(RING) if self.buffers[i] is None or int(self.board[self.slot, i]) == self.tokens[i]]
         if not free:
             return shared_bytes(size), None
