@@ -43,7 +43,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines import dataset_identity, object_store, sample_order
 from pipelines.batch_read import BatchRules, read_batch
-from pipelines.batches import BufferRing, PackedBytes, collate_column, new_board
+from pipelines.batches import BufferRing, OneBuffer, PackedBytes, collate_column, new_board
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
                                        parse_label, read_checksums, read_index_columns, sample_at)
 from pipelines.pil_images import decode_image
@@ -524,7 +524,8 @@ class ImageShardDataset(IterableDataset):
                     cursor.position += len(chunk)
                     slot[1] += batch.nbytes
                     spans = tuple(zip(batch.starts.tolist(), batch.ends.tolist()))
-                    yield PackedBytes(batch.buffer, spans, batch.claim), torch.from_numpy(batch.labels)
+                    images = PackedBytes(batch.buffer, spans, batch.claim)
+                    yield OneBuffer((images, batch.labels), batch.buffer, batch.claim)
                     continue
                 if reads is None:
                     reads = self._read_runs(layout, chunk.tolist(), files, take, reserved)
@@ -542,7 +543,8 @@ class ImageShardDataset(IterableDataset):
         again when it has the size."""
         blocks = self._plan(layout, chunk, WHOLE_RUNS)
         size = sum(b.end - b.start for b in blocks)
-        buffer, claim = reserved if reserved is not None and reserved[0].numel() == size else take(size)
+        buffer, claim = reserved if reserved is not None and reserved[0].numel() >= size else take(size)
+        buffer = buffer[:size]
         view, at, reads = memoryview(buffer.numpy()), 0, []
         for block in blocks:
             piece = view[at:at + block.end - block.start]
