@@ -49,20 +49,21 @@ class BatchRules:
 @dataclass(frozen=True)
 class RawBatch:
     """A batch read into ``buffer`` (its ``claim`` from a BufferRing, or None): the image member of
-    sample ``i`` (in the order asked for) is ``buffer[starts[i]:ends[i]]``; ``labels`` (-1: none)."""
+    sample ``i`` (in the order asked for) is ``buffer[starts[i]:ends[i]]``; ``labels`` (int64, -1: none)
+    is a view of ``buffer`` too (its tail), so the whole batch is one buffer; ``nbytes``: shard bytes read."""
 
     buffer: torch.Tensor
     claim: tuple | None
     starts: np.ndarray
     ends: np.ndarray
-    labels: np.ndarray
+    labels: torch.Tensor
     nbytes: int
 
 
 def read_batch(index: IndexColumns, paths: list[str], files: ShardFiles, samples: np.ndarray,
                take: Callable[[int], tuple], rules: BatchRules) -> RawBatch | None:
     """Global samples ``samples`` (in delivery order) as one RawBatch, or None when any of them needs
-    the exact, sample-by-sample path (the buffer taken is then returned with ``take``'s caller)."""
+    the exact, sample-by-sample path (the buffer taken, one ``take`` call, is then the caller's to reuse)."""
     order = np.argsort(samples, kind="stable")  # global numbers run in (shard, byte) order
     wanted = samples[order].astype(np.int64)
     members, counts = index.members_of(wanted)
@@ -82,8 +83,9 @@ def read_batch(index: IndexColumns, paths: list[str], files: ShardFiles, samples
     run_at = np.zeros(len(run_first), dtype=np.int64)
     np.cumsum((run_hi - run_lo)[:-1], out=run_at[1:])
     total = int((run_hi - run_lo).sum())
-    buffer, claim = take(total)
-    data = buffer.numpy()
+    labels_at = total + (-total % 8)
+    buffer, claim = take(labels_at + 8 * len(wanted))
+    data = buffer.numpy()[:total]
     view = memoryview(data)
     blocks = data.reshape(-1, TAR_BLOCK)  # every span starts and ends on a tar block: so do the runs
     for s, a, b, at in zip(shard[run_first].tolist(), run_lo.tolist(), run_hi.tolist(), run_at.tolist()):
@@ -121,8 +123,8 @@ def read_batch(index: IndexColumns, paths: list[str], files: ShardFiles, samples
         return None
     starts, ends = np.empty_like(wanted), np.empty_like(wanted)
     starts[order], ends[order] = data_at[image], data_at[image] + size[image]
-    out_labels = np.empty_like(labels)
-    out_labels[order] = labels
+    out_labels = buffer[labels_at:].view(torch.int64)
+    out_labels.numpy()[order] = labels
     return RawBatch(buffer, claim, starts, ends, out_labels, total)
 
 

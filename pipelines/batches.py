@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -85,8 +86,13 @@ class BufferRing:
         self.board_id, self.board, self.slot = board_id, board, slot % board.shape[0]
         self.buffers: list[torch.Tensor | None] = [None] * RING
         self.tokens = [0] * RING
+        self._lock = threading.Lock()  # a reader's prefetch threads take buffers too
 
     def take(self, size: int) -> tuple[torch.Tensor, tuple | None]:
+        with self._lock:
+            return self._take(size)
+
+    def _take(self, size: int) -> tuple[torch.Tensor, tuple | None]:
         free = [i for i in range(RING) if self.buffers[i] is None or int(self.board[self.slot, i]) == self.tokens[i]]
         if not free:
             return shared_bytes(size), None
@@ -175,6 +181,42 @@ class PackedBytes:
 
 def _received(data: torch.Tensor, spans: tuple, claim: tuple | None) -> PackedBytes:
     return PackedBytes(_watch(data, claim), spans)
+
+
+class OneBuffer(tuple):
+    """A batch (a tuple) whose items, ``PackedBytes`` and tensors, all view one ``buffer`` (its ring
+    ``claim``): pickled on its way from a DataLoader worker, it crosses as that buffer once (one shared-
+    memory transfer, where each tensor of a plain tuple is one) and arrives as a plain tuple of the same
+    items. Each tensor item must be a contiguous view of ``buffer``."""
+
+    def __new__(cls, items: Sequence, buffer: torch.Tensor, claim: tuple | None = None) -> "OneBuffer":
+        batch = super().__new__(cls, items)
+        batch.buffer, batch.claim = buffer, claim
+        return batch
+
+    def __reduce__(self):
+        base, parts = self.buffer.data_ptr(), []
+        for item in self:
+            if isinstance(item, PackedBytes):
+                shift = item.data.data_ptr() - base
+                parts.append(("bytes", tuple((a + shift, b + shift) for a, b in item.spans) if shift else item.spans))
+            else:
+                parts.append(("tensor", item.data_ptr() - base, item.dtype, tuple(item.shape)))
+        return _received_one, (self.buffer, tuple(parts), _sent_claim(self.claim))
+
+
+def _received_one(buffer: torch.Tensor, parts: tuple, claim: tuple | None) -> tuple:
+    data = _watch(buffer, claim)
+    items = []
+    for kind, *where in parts:
+        if kind == "bytes":
+            items.append(PackedBytes(data, where[0]))
+        else:
+            at, dtype, shape = where
+            count = int(np.prod(shape, dtype=np.int64))
+            nbytes = count * torch.empty(0, dtype=dtype).element_size()
+            items.append(data[at:at + nbytes].view(dtype).view(shape))
+    return tuple(items)
 
 
 def collate_column(values: list, ring: BufferRing | None = None) -> object:

@@ -23,12 +23,12 @@ from bisect import bisect_right
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from pipelines.manifest_access import Sample
-from pipelines.object_store import is_remote, pread_into, read_file_ranges, read_range
+from pipelines.object_store import is_remote, pread_into, read_file_ranges, read_range, read_range_into
 from pipelines.sample_errors import ShardIntegrityError
 
 TAR_BLOCK = 512
@@ -226,17 +226,21 @@ def read_block(block: ReadBlock, direct_bytes: int | None = None) -> bytes | Pie
 
 
 class ShardFiles:
-    """Local shard files kept open by path while a reader reads them (``close`` closes them all)."""
+    """The shard files a reader reads, by path: local files kept open (``close`` closes them all),
+    s3:// objects read with ranged GETs."""
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
 
     def read_into(self, path: str, start: int, buffer: memoryview) -> int:
-        """Read the file's bytes from ``start`` into ``buffer`` (straight in: one copy from the page
-        cache); how many were read, fewer only where the file ends first."""
+        """Read the file's (or object's) bytes from ``start`` into ``buffer`` (straight in: one copy, from
+        the page cache or the socket; on s3:// one ranged GET); how many were read, fewer only where the
+        file ends first."""
+        if is_remote(path):
+            return read_range_into(path, start, buffer)
         fd = self._fds.get(path)
         if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            fd = self._fds.setdefault(path, os.open(path, os.O_RDONLY))
         return pread_into(fd, buffer, start)
 
     def close(self) -> None:
@@ -245,34 +249,36 @@ class ShardFiles:
         self._fds.clear()
 
 
-def fetch_blocks(blocks: Iterable, threads: int, depth: int | None = None) -> Iterator[tuple[object, ReadBlock, bytes | Pieces]]:
-    """(tag, block, data) for each (tag, block) of ``blocks``, in order, read by ``threads`` threads
-    up to ``depth`` blocks (default: ``threads``) ahead of the one consumed (0 threads: read in the
-    caller's thread, nothing ahead)."""
+def read_ahead(items: Iterable, work: Callable[[Any], Any], threads: int, depth: int | None = None) -> Iterator:
+    """``work(item)`` for each of ``items``, in order, computed by ``threads`` threads up to ``depth``
+    items (default: ``threads``) ahead of the one consumed (0 threads: in the caller's thread, nothing
+    ahead). No thread outlives the iterator: closing it cancels what has not started and waits for the
+    rest (a DataLoader forking workers next must not copy a thread's held locks)."""
     if threads <= 0:
-        for tag, block in blocks:
-            yield tag, block, read_block(block)
+        for item in items:
+            yield work(item)
         return
     prefetch = max(threads, depth or 0)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="repack-prefetch")
     ahead: deque = deque()
-    source = iter(blocks)
     try:
-        for tag, block in source:
-            ahead.append((tag, block, pool.submit(read_block, block)))
+        for item in items:
+            ahead.append(pool.submit(work, item))
             if len(ahead) > prefetch:
-                tag0, block0, future = ahead.popleft()
-                yield tag0, block0, future.result()
+                yield ahead.popleft().result()
         while ahead:
-            tag0, block0, future = ahead.popleft()
-            yield tag0, block0, future.result()
+            yield ahead.popleft().result()
     finally:
-        # Cancel what has not started and wait for the reads in flight (at most ``prefetch``):
-        # no thread may outlive the iterator, or a DataLoader forking workers next could copy a
-        # thread's held locks (seen: a forked worker's import failed with KeyError in importlib).
-        for *_, future in ahead:
+        # seen without it: a forked worker's import failed with KeyError in importlib
+        for future in ahead:
             future.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def fetch_blocks(blocks: Iterable, threads: int, depth: int | None = None) -> Iterator[tuple[object, ReadBlock, bytes | Pieces]]:
+    """(tag, block, data) for each (tag, block) of ``blocks``, in order, read by ``threads`` threads
+    up to ``depth`` blocks (default: ``threads``) ahead of the one consumed (``read_ahead``)."""
+    return read_ahead(blocks, lambda tagged: (*tagged, read_block(tagged[1])), threads, depth)
 
 
 def octal_fields(values: np.ndarray, digits: int) -> np.ndarray:

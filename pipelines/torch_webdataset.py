@@ -43,18 +43,18 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines import dataset_identity, object_store, sample_order
 from pipelines.batch_read import BatchRules, read_batch
-from pipelines.batches import BufferRing, PackedBytes, collate_column, new_board
+from pipelines.batches import BufferRing, OneBuffer, PackedBytes, collate_column, new_board
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
                                        parse_label, read_checksums, read_index_columns, sample_at)
 from pipelines.pil_images import decode_image
 from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
-                                 plan_blocks, split_out)
+                                 plan_blocks, read_ahead, split_out)
 from repack.manifest import ManifestError
 
 UNLABELED = -1
 STATE_VERSION = 3  # 3: the dataset version and digest, padding repeats (2: worker pieces; 1: contiguous parts)
-WHOLE_RUNS = 1 << 62  # a batch's block size limit on local files: every run of adjacent samples is one pread
+WHOLE_RUNS = 1 << 62  # a batch's block size limit: every run of adjacent samples is one read (pread, ranged GET)
 _STAT_SLOTS = 256  # per-worker counters in shared memory: [worker % slots] -> (skipped, bytes read)
 
 
@@ -482,11 +482,12 @@ class ImageShardDataset(IterableDataset):
             yield out
 
     def _read_direct(self, cursor: _Cursor, ring: BufferRing | None) -> Iterator[Any]:
-        """Local shards, raw bytes: the batches of ``cursor``'s worker from its position on, each read
-        with one pread per run of adjacent samples straight into one buffer (in a worker: shared memory
-        from ``ring``). A batch of ``(image, label)`` pairs is read and checked as arrays
-        (``pipelines.batch_read``); a batch that path refuses, and every ``output="dict"`` batch, sample
-        by sample (``_exact_batch``), which names what is wrong."""
+        """Raw bytes: the batches of ``cursor``'s worker from its position on, each read with one read per
+        run of adjacent samples (a ``preadv``, or on s3:// one ranged GET received into it) straight into
+        one buffer (in a worker: shared memory from ``ring``), ``prefetch`` batches ahead in threads. A
+        batch of ``(image, label)`` pairs is read and checked as arrays (``pipelines.batch_read``); a
+        batch that path refuses, and every ``output="dict"`` batch, sample by sample (``_exact_batch``),
+        which names what is wrong."""
         self._cursor = cursor
         layout = self._layout(cursor.epoch)
         positions = sample_order.worker_position_array(cursor.runs, cursor.worker, cursor.workers)
@@ -498,44 +499,66 @@ class ImageShardDataset(IterableDataset):
             rules = BatchRules.of(self.index, self._image_order, self.labeled,
                                   self._checksums if self.verify_samples else None)
         files = ShardFiles()
+
+        def take(size: int) -> tuple:
+            return ring.take(size) if ring is not None else (torch.empty(size, dtype=torch.uint8), None)
+
+        def attempt(chunk: np.ndarray) -> tuple:
+            """(chunk, the RawBatch, or else the exact path's reads when made here, or else the buffer
+            the refused batch took, for reading it again sample by sample)."""
+            if rules is None:
+                return chunk, None, self._read_runs(layout, chunk.tolist(), files, take), None
+            taken: list[tuple] = []
+
+            def take_once(size: int) -> tuple:
+                taken.append(take(size))
+                return taken[-1]
+
+            batch = read_batch(self.index, self.paths, files, self._samples(layout, chunk), take_once, rules)
+            return chunk, batch, None, (taken[0] if batch is None and taken else None)
+
+        attempts = read_ahead(rebatch(chunks, self.batch_size), attempt, self.prefetch)
         try:
-            for chunk in rebatch(chunks, self.batch_size):
-                taken: list[tuple] = []
-
-                def take(size: int) -> tuple:
-                    taken.append(ring.take(size) if ring is not None else (torch.empty(size, dtype=torch.uint8), None))
-                    return taken[-1]
-
-                batch = None
-                if rules is not None:
-                    batch = read_batch(self.index, self.paths, files, self._samples(layout, chunk), take, rules)
+            for chunk, batch, reads, reserved in attempts:
                 if batch is not None:
                     cursor.position += len(chunk)
                     slot[1] += batch.nbytes
                     spans = tuple(zip(batch.starts.tolist(), batch.ends.tolist()))
-                    yield PackedBytes(batch.buffer, spans, batch.claim), torch.from_numpy(batch.labels)
+                    images = PackedBytes(batch.buffer, spans, batch.claim)
+                    yield OneBuffer((images, batch.labels), batch.buffer, batch.claim)
                     continue
-                buffer, claim, outputs = self._exact_batch(cursor, layout, chunk.tolist(), files, slot,
-                                                           taken[0] if taken else None, take)
+                if reads is None:
+                    reads = self._read_runs(layout, chunk.tolist(), files, take, reserved)
+                buffer, claim, outputs = self._exact_batch(cursor, chunk.tolist(), slot, reads)
                 if outputs:
                     yield self._collate(outputs, ring, buffer, claim)
         finally:
+            attempts.close()
             files.close()
 
-    def _exact_batch(self, cursor: _Cursor, layout, chunk: list[int], files: ShardFiles, slot,
-                     reserved: tuple | None, take: Callable[[int], tuple]) -> tuple[torch.Tensor, tuple | None, list]:
-        """One batch read sample by sample (every damaged one raised, or skipped and counted): (buffer,
-        its claim, the outputs). ``reserved``: a buffer already taken for these samples, used again."""
+    def _read_runs(self, layout, chunk: list[int], files: ShardFiles, take: Callable[[int], tuple],
+                   reserved: tuple | None = None) -> tuple[tuple, list]:
+        """The samples at positions ``chunk`` read into one buffer, one read per run of adjacent samples:
+        ((buffer, claim), [(ReadBlock, Pieces)]). ``reserved``: a buffer already taken for them, used
+        again when it has the size."""
         blocks = self._plan(layout, chunk, WHOLE_RUNS)
         size = sum(b.end - b.start for b in blocks)
-        buffer, claim = reserved if reserved is not None and reserved[0].numel() == size else take(size)
+        buffer, claim = reserved if reserved is not None and reserved[0].numel() >= size else take(size)
+        buffer = buffer[:size]
         view, at, reads = memoryview(buffer.numpy()), 0, []
         for block in blocks:
             piece = view[at:at + block.end - block.start]
             got = files.read_into(block.url, block.start, piece)
-            slot[1] += got
             reads.append((block, Pieces([(block.start, piece[:got])])))
             at += len(piece)
+        return (buffer, claim), reads
+
+    def _exact_batch(self, cursor: _Cursor, chunk: list[int], slot, read: tuple[tuple, list]
+                     ) -> tuple[torch.Tensor, tuple | None, list]:
+        """One batch, read by ``_read_runs``, cut and checked sample by sample (every damaged one raised,
+        or skipped and counted): (buffer, its claim, the outputs)."""
+        (buffer, claim), reads = read
+        slot[1] += sum(len(pieces) for _, pieces in reads)
         ready = {}
         for (block, _), cut in zip(reads, cut_blocks(reads)):
             for p, sample, members in zip(block.positions, block.samples, cut):
@@ -605,9 +628,9 @@ class ImageShardDataset(IterableDataset):
             raise ValueError(f"{self.root}: built with num_workers={self.num_workers} (len() counts the batches "
                              f"of that many DataLoader workers), read by {cursor.workers}")
         ring = self._worker_ring()
-        if not self.decode and self.transform is None and not object_store.is_remote(self.root):
+        if not self.decode and self.transform is None:
             return self._read_direct(cursor, ring)
-        samples = self._outputs(self._read(cursor))  # s3://, decoded or transformed: collate what was read
+        samples = self._outputs(self._read(cursor))  # decoded or transformed: collate what was read
         return (self._collate(chunk, ring) for chunk in iter(lambda: list(islice(samples, self.batch_size)), []))
 
     def _worker_ring(self) -> BufferRing | None:

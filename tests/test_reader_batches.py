@@ -55,6 +55,20 @@ def test_raw_batches_equal_the_per_sample_reader_batch_for_batch(packed_photos, 
     assert list(first)[0].dtype == torch.uint8 and first.sizes() == [len(b) for b in want[0][0]]
 
 
+def test_a_raw_batch_crosses_from_its_worker_as_one_buffer(packed_photos):
+    """Images and labels of a worker's batch are views of one shared-memory buffer: one transfer per
+    batch (each tensor of a plain tuple is a transfer of its own: a file descriptor passed, a mapping)."""
+    dataset = ImageShardDataset(packed_photos, decode=False, batch_size=BATCH)
+    got = list(DataLoader(dataset, batch_size=None, num_workers=2))
+    assert sum(len(labels) for _, labels in got) == 120
+    for images, labels in got:
+        assert type(labels) is torch.Tensor and labels.dtype == torch.int64 and labels.is_shared()
+        assert labels.untyped_storage().data_ptr() == images.data.untyped_storage().data_ptr()
+    want = per_sample_batches(packed_photos, 2, decode=False)
+    assert [labels.tolist() for _, labels in got] == [labels for _, labels in want]
+    assert [as_bytes(images) for images, _ in got] == [images for images, _ in want]
+
+
 def test_held_batches_keep_their_bytes_while_buffers_are_recycled(packed_photos):
     """More batches than a worker's ring holds, all kept alive: none is overwritten; then batches
     dropped as they come are refilled in place and still read right."""

@@ -10,6 +10,8 @@ import webdataset as wds
 from torch.utils.data import DataLoader
 
 from pipelines.dali_webdataset import build_image_pipeline
+from pipelines.manifest_access import sample_at
+from pipelines.tar_blocks import sample_span
 from pipelines.torch_webdataset import ImageShardDataset, image_pipeline
 from repack.manifest import ManifestError
 from tests.conftest import run_repack
@@ -110,3 +112,28 @@ def test_stream_cut_mid_shard_is_resumed(s3_environment, packed_photos, monkeypa
 def test_missing_remote_dataset_is_a_manifest_error(s3_environment):
     with pytest.raises(ManifestError, match="no manifest"):
         ImageShardDataset("s3://readers/nothing-here")
+
+
+def test_s3_batches_are_the_local_batches_one_get_per_run(s3_environment, packed_photos):
+    """Raw batches from s3:// are the local batches, byte for byte, and each batch's run of adjacent samples
+    in a shard is exactly one ranged GET of that run (received into the batch's buffer): no per-sample or
+    per-block requests, whatever ``read_bytes`` says."""
+    local = ImageShardDataset(packed_photos, decode=False, batch_size=8)
+    want = list(local)
+    s3_environment.requests.clear()
+    remote = ImageShardDataset("s3://readers/photos", decode=False, batch_size=8, read_bytes=4096, prefetch=2)
+    got = list(remote)
+    assert [labels.tolist() for _, labels in got] == [labels.tolist() for _, labels in want]
+    assert [[b.tobytes(i) for i in range(len(b))] for b, _ in got] == [[b.tobytes(i) for i in range(len(b))]
+                                                                       for b, _ in want]
+    runs = []
+    for first in range(0, local.total_samples, 8):
+        by_shard: dict[int, list] = {}
+        for number in range(first, min(first + 8, local.total_samples)):
+            sample = sample_at(local.index, number)
+            by_shard.setdefault(sample.shard, []).append(sample_span(sample))
+        runs += [(f"shard-{shard:06d}.tar", spans[0][0], spans[-1][1]) for shard, spans in by_shard.items()]
+    gets = [(path.split("?")[0].rsplit("/", 1)[1], *map(int, rng.removeprefix("bytes=").split("-")))
+            for method, path, rng in s3_environment.requests if method == "GET" and ".tar" in path]
+    assert sorted((name, lo, hi + 1) for name, lo, hi in gets) == sorted(runs)
+    assert len(runs) == 15 + 4  # 15 batches of 8, four of them across a shard boundary (shards of 25)
