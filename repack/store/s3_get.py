@@ -16,7 +16,8 @@ What stays boto3's, so that the user's configuration means what it means to boto
 - credentials: the process's boto3 Session (environment, profiles, SSO, instance roles; refreshed
   by botocore), read for each request;
 - every answer that is not the object (a missing key, refused access, a redirect, an answer
-  without a length): the GET is done again by boto3, whose answer or error is the one given.
+  without a length): the GET is done again by boto3, whose answer or error is the one given
+  (a body cut mid-way there is asked for again too, within the attempts).
 
 Bounds (``repack.store.s3_waits``): a connection attempt waits ``REPACK_S3_CONNECT_TIMEOUT``, a
 silent socket ``REPACK_S3_READ_TIMEOUT``; a dropped connection, a cut body, a timeout or a
@@ -221,7 +222,21 @@ class ObjectGetter:
 
     # --- boto3: the first GET of a bucket, and every answer that is not the object -------------------
     def _boto3_get(self, bucket: str, key: str) -> bytes:
-        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        """boto3's GET (botocore retries the request); a body cut or stalled mid-way, which botocore
+        does not retry once the answer began, is asked for again within the attempts."""
+        from botocore.exceptions import BotoCoreError
+
+        attempt = 0
+        while True:
+            body = self.client.get_object(Bucket=bucket, Key=key)["Body"]
+            attempt += 1
+            try:
+                return body.read()
+            except (BotoCoreError, OSError) as exc:
+                body.close()
+                if attempt >= self.limits.attempts:
+                    raise
+                time.sleep(random.random() * min(20.0, 2.0 ** (attempt - 1)))
 
     def _discover(self, bucket: str, key: str) -> bytes:
         """A boto3 GET of ``key`` whose last sent request gives the bucket's route (kept unless the
