@@ -26,7 +26,8 @@ from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, quarantine_record, sort_key
 from repack.sources.confine import Confinement, SourceChanged
 from repack.sources.folder import JUNK_NAMES, is_junk
-from repack.store.s3_client import client, describe_error, is_missing, lister, parse_url
+from repack.store.s3_client import client, describe_error, getter, is_missing, lister, parse_url
+from repack.store.s3_get import Unreadable
 from repack.store.s3_listing import KEYS, SIZES
 
 READ_BLOCK = 8 << 20   # bytes per ranged GET of a sequential read
@@ -209,11 +210,14 @@ def open_object(url: str, size: int | None = None) -> BinaryIO:
 
 
 def read_object(url: str) -> bytes:
-    """A whole object in one GET (OSError when it cannot be read)."""
+    """A whole object in one GET (``repack.store.s3_get``: a signed request on a kept-alive socket,
+    boto3 for anything but the object's bytes); OSError naming ``url`` when it cannot be read."""
     bucket, key = parse_url(url)
     try:
-        return client().get_object(Bucket=bucket, Key=key)["Body"].read()
-    except Exception as exc:  # noqa: BLE001
+        return getter().get(bucket, key)
+    except Unreadable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - boto3's errors for answers that are not the object
         raise _os_error(exc, url) from None
 
 

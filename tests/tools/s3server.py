@@ -171,14 +171,18 @@ def objects(s3, bucket: str, prefix: str) -> dict[str, bytes]:
 class FaultProxy:
     """Forwards HTTP to ``target``; every ``every``-th request is answered 503 SlowDown instead
     (not forwarded), as S3 does under load (``every=0``: never). With ``cut_every`` N, every Nth
-    ranged GET answer is cut after half its body and the connection dropped (a network failure
-    mid-stream; counted in ``cut``). ``requests`` records (method, path, Range header). ``on_answer(method,
-    path)`` runs after the store answered a request and before the answer is passed on (a writer acting
-    between a reader's request and its answer, deterministically)."""
+    ranged GET answer of over 1 KB is cut after half its body and the connection dropped (a network
+    failure mid-stream; counted in ``cut``). With ``cut_first_get``, the first GET answer of each object
+    (no query: not a listing) over 1 KB is cut that way, deterministically: every object once.
+    ``requests`` records (method, path, Range header). ``on_answer(method, path)`` runs after the store
+    answered a request and before the answer is passed on (a writer acting between a reader's request
+    and its answer, deterministically)."""
 
-    def __init__(self, target_port: int, every: int = 0, cut_every: int = 0, on_answer=None) -> None:
+    def __init__(self, target_port: int, every: int = 0, cut_every: int = 0, on_answer=None,
+                 cut_first_get: bool = False) -> None:
         self.failed = 0
         self.cut = 0
+        self.cut_paths: set[str] = set()
         self.ranged = 0
         self.count = 0
         self.requests: list[tuple[str, str, str | None]] = []
@@ -224,6 +228,11 @@ class FaultProxy:
                     ranged = self.command == "GET" and self.headers.get("Range") is not None and len(data) > 1024
                     proxy.ranged += ranged
                     cut = ranged and cut_every > 0 and proxy.ranged % cut_every == 0
+                    first = (cut_first_get and self.command == "GET" and "?" not in self.path and len(data) > 1024
+                             and self.path not in proxy.cut_paths)
+                    if first:
+                        proxy.cut_paths.add(self.path)
+                    cut = cut or first
                     proxy.cut += cut
                 if cut:
                     self.wfile.write(data[:len(data) // 2])
