@@ -151,7 +151,8 @@ def test_pull_of_a_videos_dataset_counts_videos_not_shards(server, tmp_path):
     env = env_for(server, tmp_path)
     said = run_repack("pull", upload(server, tmp_path / "out", "videos", "ds"), tmp_path / "pulled", env=env).stdout
     assert "version 1, 2 video(s), checked (sizes, sha256)" in said and "shard" not in said, said
-    assert (tmp_path / "pulled" / "videos" / "x" / "b.mp4").read_bytes() == (tmp_path / "out" / "videos" / "x" / "b.mp4").read_bytes()
+    pulled, packed = (tmp_path / folder / "videos" / "x" / "b.mp4" for folder in ("pulled", "out"))
+    assert pulled.read_bytes() == packed.read_bytes()
 
 
 def test_a_replaced_tokenizer_is_caught_by_remote_verify_and_pull(server, tmp_path):
