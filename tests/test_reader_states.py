@@ -33,6 +33,15 @@ def versions(tmp_path_factory):
     return {"images": versioned_images(base), "tokens": versioned_tokens(base)}
 
 
+@pytest.fixture(scope="module")
+def images_gc(versions, tmp_path_factory):
+    """A copy of the versioned images after `repack gc --keep 1`: version 3 alone (read only)."""
+    gone = tmp_path_factory.mktemp("gc") / "images"
+    shutil.copytree(versions["images"], gone)
+    run_repack("gc", gone, "--keep", "1")
+    return gone
+
+
 def image_loader(root, workers: int, batch_mode: bool, version=None, **options):
     common = dict(output="dict", decode=False, shuffle=True, seed=3, shuffle_buffer=16, version=version, **options)
     if batch_mode:
@@ -58,7 +67,7 @@ def take(loader, count: int | None) -> tuple[list[str], dict]:
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("batch_mode", [False, True])
-def test_image_state_continues_on_its_version_or_refuses_naming_both(versions, tmp_path, workers, batch_mode):
+def test_image_state_continues_on_its_version_or_refuses_naming_both(versions, images_gc, workers, batch_mode):
     root = versions["images"]
     v1 = [s.key for s in ImageShardDataset(root, version=1).worker_samples()]
     assert len(v1) == 300 and len(ImageShardDataset(root)) == 300  # v3: 300 again, other samples
@@ -72,10 +81,7 @@ def test_image_state_continues_on_its_version_or_refuses_naming_both(versions, t
         latest.load_state_dict(state)
         after, _ = take(latest, None)
         assert Counter(before + after) == Counter(v1), f"stop {stop}: not exactly v1's samples, each once"
-    gone = tmp_path / "gc"
-    shutil.copytree(root, gone)
-    run_repack("gc", gone, "--keep", "1")
-    dataset, _ = image_loader(gone, workers, batch_mode)
+    dataset, _ = image_loader(images_gc, workers, batch_mode)
     with pytest.raises(ValueError, match=r"taken on version 1 .*reads version 3.*no longer kept"):
         dataset.load_state_dict(ImageShardDataset(root, version=1).state_dict())
 
