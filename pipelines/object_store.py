@@ -7,10 +7,11 @@ A connection lost in the middle of a range is resumed from the byte where it sto
 ``read_range_into`` receives a range straight into the caller's buffer (one copy: the socket's).
 One client per process and endpoint (DataLoader workers make their own).
 
-Waits are bounded and visible as the commands' are (``pipelines.s3_waits``: ``REPACK_S3_CONNECT_TIMEOUT``,
-``REPACK_S3_READ_TIMEOUT``, ``REPACK_S3_ATTEMPTS``, ``REPACK_S3_NOTICE``): a request to an endpoint that
-does not answer fails after its attempts with a ``TimeoutError`` naming the object's URL, and a line
-on stderr reports every call that waited ``REPACK_S3_NOTICE`` seconds (10 by default).
+Waits are bounded and visible as the commands' are, by the same code (``repack.manifest.s3_waits``:
+``REPACK_S3_CONNECT_TIMEOUT``, ``REPACK_S3_READ_TIMEOUT``, ``REPACK_S3_ATTEMPTS``, ``REPACK_S3_NOTICE``): a
+request to an endpoint that does not answer fails after its attempts with a ``TimeoutError`` naming the
+object's URL, and a line on stderr reports every call that waited ``REPACK_S3_NOTICE`` seconds (10 by
+default).
 
 Checksums: a whole object read (``read_bytes``) asks for the object's stored checksum and botocore
 checks it; a ranged GET does not. S3 returns no whole-object checksum for a range, but some
@@ -28,7 +29,7 @@ import threading
 import time
 from typing import BinaryIO
 
-from pipelines.s3_waits import ReaderLimits, WaitNotices, watch_calls
+from repack.manifest.s3_waits import S3Limits, WaitWatch, watch_client
 
 RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way (each request bounded as above)
 _clients: dict[tuple[int, str], object] = {}
@@ -65,7 +66,7 @@ def _client():
     """This process's S3 client for the endpoint in the environment (boto3 clients are thread-safe: the
     readers' prefetch threads share it). One per process and endpoint: a forked DataLoader worker must not
     reuse its parent's connections, and a process that reads from two endpoints needs two clients. Its
-    timeouts and attempts are ``limits()``; every call is watched (``s3_waits.WaitNotices``)."""
+    timeouts and attempts are ``limits()``; every call is watched (``s3_waits.WaitWatch``)."""
     key = (os.getpid(), os.environ.get("AWS_ENDPOINT_URL", ""))
     if key not in _clients:
         with _client_lock:
@@ -81,14 +82,14 @@ def _client():
                 except TypeError:  # botocore before 1.36 checks no response checksums at all
                     config = Config(**options)
                 client = _session().client("s3", config=config)
-                watch_calls(client, WaitNotices(bounds))
+                watch_client(client, WaitWatch(bounds))
                 _clients[key] = client
     return _clients[key]
 
 
-def limits() -> ReaderLimits:
+def limits() -> S3Limits:
     """The ``REPACK_S3_*`` bounds of this process's requests (ValueError naming a bad variable)."""
-    return ReaderLimits.from_env()
+    return S3Limits.from_env()
 
 
 def _get_object(url: str, **params):

@@ -139,10 +139,16 @@ def small_lmdb(tmp_path, name: str, per_class: int, classes: int):
     return tmp_path / name
 
 
-def test_partial_batches_are_never_steps_and_epoch_crossing_is_flagged(tmp_path):
+@pytest.fixture(scope="module")
+def ten(tmp_path_factory):
+    """An LMDB dataset of 10 samples: 2 full batches of 4, then 2 left (read only)."""
+    return small_lmdb(tmp_path_factory.mktemp("ten"), "ten", per_class=5, classes=2)
+
+
+def test_partial_batches_are_never_steps_and_epoch_crossing_is_flagged(ten, tmp_path):
     import torch
 
-    out = small_lmdb(tmp_path, "ten", per_class=5, classes=2)  # 10 samples: 2 full batches of 4, then 2 left
+    out = ten
     report = bench_json(out, "--steps", "3", "--warmup", "1", "--batch-size", "4", "--loader-workers", "0,1",
                         "--threads", "1")
     rows = report["results"]
@@ -164,12 +170,11 @@ def test_partial_batches_are_never_steps_and_epoch_crossing_is_flagged(tmp_path)
     assert "less than one full batch" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_short_batch_fails_the_step_loop(tmp_path):
+def test_short_batch_fails_the_step_loop(ten):
     from pipelines.bench import BenchError, _dali_iterator, measure
     from pipelines.dali_lmdb import build_lmdb_pipeline
 
-    out = small_lmdb(tmp_path, "ten", per_class=5, classes=2)
-    pipe = build_lmdb_pipeline(out, batch_size=4, num_threads=1, size=32)  # without drop_last: 4, 4, 2
+    pipe = build_lmdb_pipeline(ten, batch_size=4, num_threads=1, size=32)  # without drop_last: 4, 4, 2
     with pytest.raises(BenchError, match="batch of 2 samples, not 4"):
         measure(_dali_iterator(pipe, ["images", "labels"], None), BenchOptions(steps=3, warmup=0), 4)
 

@@ -147,13 +147,22 @@ def misfit_tree(tmp_path_factory) -> Path:
     return root
 
 
+MISFIT_OPTIONS = ("--shard-size", "8", "--verify", "none", "--quiet")
+
+
+@pytest.fixture(scope="module")
+def misfits_whole(misfit_tree, tmp_path_factory) -> Path:
+    """misfit_tree's shards each written by one task (read only)."""
+    whole = tmp_path_factory.mktemp("misfits-whole") / "whole"
+    run_repack("images", misfit_tree, whole, *MISFIT_OPTIONS, "--chunk-size", "100", "--workers", "1", check=False)
+    return whole
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
-def test_chunks_that_miss_their_slots_give_the_same_shards(misfit_tree, tmp_path, workers):
+def test_chunks_that_miss_their_slots_give_the_same_shards(misfit_tree, misfits_whole, tmp_path, workers):
     """Placed, short (a quarantined input), spilled and after-spill chunks, and a short last chunk
     of a shard still written in place: the same bytes as shards written whole."""
-    options = ("--shard-size", "8", "--verify", "none", "--quiet")
-    whole = tmp_path / "whole"
-    run_repack("images", misfit_tree, whole, *options, "--chunk-size", "100", "--workers", "1", check=False)
+    options, whole = MISFIT_OPTIONS, misfits_whole
     out = tmp_path / "chunked"
     run_repack("images", misfit_tree, out, *options, "--chunk-size", "2", "--workers", workers, check=False)
     assert outputs(out) == outputs(whole) and len(outputs(out)) == 6  # .tar, .idx, .crc each

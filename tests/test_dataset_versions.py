@@ -111,6 +111,32 @@ def test_reader_of_version_n_reads_exactly_n_while_n_plus_1_is_published(tmp_pat
     assert sorted(label for _, label in first + rest) == [0] * 5 + [1] * 4  # version 1, whole and only it
 
 
+def test_an_append_whose_new_inputs_are_all_quarantined_records_them_in_a_version(tmp_path):
+    """Not exit 7 (that is for a dataset with nothing in it): version 2 holds version 1's shards and the
+    new input's quarantine record, the summary says nothing new was packed and why; the next append
+    finds nothing new until the file changes."""
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    before = read_manifest_json(out)
+    (src / "cat" / "broken.jpg").write_bytes(b"not an image")
+    done = run_repack("images", src, out, "--shard-size", "4", "--append", check=False)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "published version 2" in said and "0 new samples (nothing new was packed: every new input was " \
+        "quarantined), 9 in all; 1 quarantined" in said and "cat/broken.jpg: not a recognized image" in said
+    manifest = read_manifest_json(out)
+    assert manifest["shards"] == before["shards"] and manifest["totals"]["samples"] == 9
+    assert [q["source"] for q in manifest["quarantine"]] == ["cat/broken.jpg"]
+    assert manifest["dataset_version"]["change"]["added_samples"] == 0
+    assert not (out / ".repack" / "append-v2").exists()  # no staging folder left behind
+    assert run_repack("verify", out).returncode == 0
+    again = run_repack("images", src, out, "--shard-size", "4", "--append")
+    assert "nothing new: version 2" in again.stdout + again.stderr
+    (src / "cat" / "broken.jpg").write_bytes(jpeg_bytes(seed=77))  # fixed: planned again, packed
+    fixed = run_repack("images", src, out, "--shard-size", "4", "--append")
+    assert "published version 3" in fixed.stdout + fixed.stderr and read_manifest_json(out)["totals"]["samples"] == 10
+
+
 def test_append_killed_and_rerun_equals_an_uninterrupted_append(tmp_path):
     src = make_source(tmp_path / "src")
     a, b = tmp_path / "a", tmp_path / "b"

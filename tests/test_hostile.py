@@ -431,13 +431,20 @@ def test_verify_reports_tokenizer_and_unlisted_files(tmp_path, gpt2_dir, packed_
 
 # ---- 11. signals -----------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def normalized(photo_tree, tmp_path_factory):
+    """photo_tree packed with --normalize in shards of 5, uninterrupted, without chunks (read only)."""
+    ref = tmp_path_factory.mktemp("normalized") / "ref"
+    run_repack("images", photo_tree, ref, "--shard-size", "5", "--quiet", "--normalize")
+    return ref
+
+
 @pytest.mark.parametrize("signum,code,chunking", [(signal.SIGTERM, 143, ()), (signal.SIGINT, 130, ()),
                                                   (signal.SIGTERM, 143, ("--chunk-size", "2"))])
-def test_signals_stop_workers_remove_temps_and_resume(photo_tree, tmp_path, signum, code, chunking):
+def test_signals_stop_workers_remove_temps_and_resume(photo_tree, normalized, tmp_path, signum, code, chunking):
     """Also with shards assembled from chunk tasks: no chunk or shard temp is left, and the resumed
     shards equal those written without chunks."""
-    ref = tmp_path / "ref"
-    run_repack("images", photo_tree, ref, "--shard-size", "5", "--quiet", "--normalize")
+    ref = normalized
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "repack", "images", photo_tree, out, "--shard-size", "5",
                              "--quiet", "--normalize", "--workers", "2", *chunking], cwd=ROOT,

@@ -6,6 +6,7 @@ outside OUT (local: no symlink on the way) or outside the prefix (s3)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,26 @@ def two_versions(tmp_path: Path, out: Path | str, env: dict | None = None) -> No
     run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet", env=env)
 
 
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory) -> dict[str, Path]:
+    """"one": an images dataset of one version; "two": one of two versions (an append), verified intact
+    before any test tampers with a copy of it."""
+    base = tmp_path_factory.mktemp("datasets")
+    src = make_source(base / "src")
+    run_repack("images", src, base / "one", "--shard-size", "4", "--quiet")
+    shutil.copytree(base / "one", base / "two")
+    add_inputs(src)
+    run_repack("images", src, base / "two", "--shard-size", "4", "--append", "--quiet")
+    assert run_repack("verify", base / "two").returncode == 0
+    return {"one": base / "one", "two": base / "two"}
+
+
+def copy_of(dataset: Path, tmp_path: Path) -> Path:
+    """A copy of ``dataset`` as ``tmp_path/out``, for a test to tamper with."""
+    shutil.copytree(dataset, tmp_path / "out", symlinks=True)
+    return tmp_path / "out"
+
+
 def victims(tmp_path: Path, out: Path) -> dict[str, str]:
     """A file outside OUT, and the ways a manifest can name it (or the live manifest)."""
     outside = tmp_path / "outside"
@@ -53,13 +74,11 @@ def victims(tmp_path: Path, out: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("field", FIELDS)
-def test_every_path_field_is_checked_when_a_manifest_is_read(tmp_path, field):
+def test_every_path_field_is_checked_when_a_manifest_is_read(datasets, tmp_path, field):
     from pipelines.manifest_access import open_manifest
     from repack.manifest import ManifestError, read_manifest
 
-    out = tmp_path / "out"
-    src = make_source(tmp_path / "src")
-    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    out = copy_of(datasets["one"], tmp_path)
     good = read_manifest_json(out)
     for rel in [*victims(tmp_path, out).values(), ".repack/plan.json", "manifest.v3.json", "a\\..\\b", "x\x00y"]:
         (out / "manifest.json").write_text(json.dumps(hostile(field, rel, good)))
@@ -76,13 +95,10 @@ def test_every_path_field_is_checked_when_a_manifest_is_read(tmp_path, field):
 @pytest.mark.parametrize("field,kind", list(zip(FIELDS, ("manifest", "dotdot", "absolute", "symlink", "dotdot",
                                                           "manifest"))) + [("videos", "manifest"),
                                                                            ("videos", "symlink")])
-def test_gc_deletes_nothing_outside_and_verify_refuses_a_version_naming_a_hostile_path(tmp_path, field, kind):
-    out = tmp_path / "out"
-    two_versions(tmp_path, out)
+def test_gc_deletes_nothing_outside_and_verify_refuses_a_version_naming_a_hostile_path(datasets, tmp_path, field,
+                                                                                      kind):
+    out = copy_of(datasets["two"], tmp_path)  # verified intact (the fixture)
     rel = victims(tmp_path, out)[kind]
-    (out / "link").unlink()  # the dataset itself must verify before the tampering (no stray link)
-    assert run_repack("verify", out).returncode == 0
-    (out / "link").symlink_to(tmp_path / "outside", target_is_directory=True)
     v1 = json.loads((out / "manifest.v1.json").read_text())
     (out / "manifest.v1.json").write_text(json.dumps(hostile(field, rel, v1)))
     live = (out / "manifest.json").read_bytes()

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return reader_datasets(tmp_path_factory.mktemp("mixture"))
+    return reader_datasets(tmp_path_factory.mktemp("mixture"), names=("lmdb_a", "lmdb_b", "text_a", "text_b"))
 
 
 def lmdb(root):

@@ -15,17 +15,15 @@ from tests.conftest import read_manifest_json, run_repack
 from tests.test_dataset_versions import add_inputs, make_source
 
 
-def published_v1(tmp_path: Path) -> tuple[Path, Path]:
-    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory) -> tuple[Path, Path, bytes]:
+    """SRC with new inputs, OUT at version 1 holding the files of the version 2 an append of them
+    publishes, and that version's manifest bytes: what a run killed between writing its files and
+    manifest.v2.json (then manifest.json) leaves. Built once (the version 2 is made in a copy of OUT);
+    tests take a copy of OUT (``copy_of``)."""
+    base = tmp_path_factory.mktemp("interrupted")
+    src, out, twin = make_source(base / "src"), base / "out", base / "twin"
     run_repack("images", src, out, "--shard-size", "4", "--quiet")
-    return src, out
-
-
-def a_real_v2(tmp_path: Path, src: Path, out: Path) -> bytes:
-    """The bytes of the version 2 an append of ``src``'s new inputs publishes (made in a copy of OUT),
-    its files copied into OUT: what a run killed between writing manifest.v2.json and manifest.json
-    leaves."""
-    twin = tmp_path / "twin"
     shutil.copytree(out, twin)
     add_inputs(src)
     run_repack("images", src, twin, "--shard-size", "4", "--append", "--quiet")
@@ -33,7 +31,14 @@ def a_real_v2(tmp_path: Path, src: Path, out: Path) -> bytes:
         if path.is_file() and path.name.startswith("shard-v2-"):
             shutil.copy(path, out / path.name)
     shutil.copy(twin / "manifest.v1.json", out / "manifest.v1.json")
-    return (twin / "manifest.v2.json").read_bytes()
+    return src, out, (twin / "manifest.v2.json").read_bytes()
+
+
+def copy_of(interrupted, tmp_path: Path) -> tuple[Path, Path, bytes]:
+    """(SRC, a copy of the interrupted OUT of this test's own, version 2's manifest bytes)."""
+    src, out, v2 = interrupted
+    shutil.copytree(out, tmp_path / "out", symlinks=True)
+    return src, tmp_path / "out", v2
 
 
 def damaged(raw: bytes, how: str) -> bytes:
@@ -51,9 +56,8 @@ def damaged(raw: bytes, how: str) -> bytes:
 
 @pytest.mark.parametrize("command", ["remove", "append", "gc"])
 @pytest.mark.parametrize("how", ["not json", "missing file", "wrong size", "bad path", "wrong parent"])
-def test_a_bad_pending_manifest_is_moved_aside_and_the_published_version_stays(tmp_path, command, how):
-    src, out = published_v1(tmp_path)
-    real = a_real_v2(tmp_path, src, out)
+def test_a_bad_pending_manifest_is_moved_aside_and_the_published_version_stays(interrupted, tmp_path, command, how):
+    src, out, real = copy_of(interrupted, tmp_path)
     pending = b"{not json" if how == "not json" else damaged(real, how)
     (out / "manifest.v2.json").write_bytes(pending)
     v1 = (out / "manifest.json").read_bytes()
@@ -79,9 +83,8 @@ def test_a_bad_pending_manifest_is_moved_aside_and_the_published_version_stays(t
         assert verify.returncode == 0, verify.stderr
 
 
-def test_a_good_pending_manifest_is_published_by_the_next_writer(tmp_path):
-    src, out = published_v1(tmp_path)
-    v2 = a_real_v2(tmp_path, src, out)
+def test_a_good_pending_manifest_is_published_by_the_next_writer(interrupted, tmp_path):
+    src, out, v2 = copy_of(interrupted, tmp_path)
     (out / "manifest.v2.json").write_bytes(v2)
     proc = run_repack("gc", out, "--keep", "2")
     assert "not published" not in proc.stderr
@@ -89,9 +92,8 @@ def test_a_good_pending_manifest_is_published_by_the_next_writer(tmp_path):
     assert run_repack("verify", out).returncode == 0
 
 
-def test_verify_of_the_published_version_passes_after_an_interrupted_append_or_remove(tmp_path):
-    src, out = published_v1(tmp_path)
-    v2 = a_real_v2(tmp_path, src, out)  # killed after the new shards were renamed into OUT ...
+def test_verify_of_the_published_version_passes_after_an_interrupted_append_or_remove(interrupted, tmp_path):
+    src, out, v2 = copy_of(interrupted, tmp_path)  # killed after the new shards were renamed into OUT ...
     proc = run_repack("verify", out)
     assert "OK" in proc.stdout and "pending" in proc.stderr and "shard-v2-000000.tar" in proc.stderr
     (out / "manifest.v2.json").write_bytes(v2)  # ... and after manifest.v2.json was written

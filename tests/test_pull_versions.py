@@ -53,20 +53,23 @@ def test_an_append_published_during_a_pull_never_yields_a_mixture(server, tmp_pa
         [s[key] for s in json.loads(v1)["shards"] for key in ("path", "index", "checksums")] + ["manifest.json"])
 
 
-def three_versions(s3, tmp_path, url: str, env: dict) -> None:
-    src = make_source(tmp_path / "src")
+@pytest.fixture(scope="module")
+def three_versions(server, tmp_path_factory) -> str:
+    """s3://kept/ds with three versions: 9 images, 4 appended, 1 removed (the tests only read it)."""
+    base = tmp_path_factory.mktemp("kept")
+    client(server.endpoint).create_bucket(Bucket="kept")
+    src, url, env = make_source(base / "src"), "s3://kept/ds", env_for(server.endpoint, base)
     run_repack("images", src, url, "--shard-size", "4", "--quiet", env=env)
     add_inputs(src)
     run_repack("images", src, url, "--shard-size", "4", "--append", "--quiet", env=env)
-    (tmp_path / "takedown.txt").write_text("cat/c1.jpg\n")
-    run_repack("remove", url, "--sources", tmp_path / "takedown.txt", "--quiet", env=env)
+    (base / "takedown.txt").write_text("cat/c1.jpg\n")
+    run_repack("remove", url, "--sources", base / "takedown.txt", "--quiet", env=env)
+    return url
 
 
-def test_pull_versions_all_or_k_serves_readers_pinned_to_older_versions(server, tmp_path):
+def test_pull_versions_all_or_k_serves_readers_pinned_to_older_versions(server, three_versions, tmp_path):
     s3 = client(server.endpoint)
-    s3.create_bucket(Bucket="kept")
-    url, env = "s3://kept/ds", env_for(server.endpoint, tmp_path)
-    three_versions(s3, tmp_path, url, env)
+    url, env = three_versions, env_for(server.endpoint, tmp_path)
     remote = objects(s3, "kept", "ds")
 
     latest = tmp_path / "latest"
@@ -94,11 +97,8 @@ def test_pull_versions_all_or_k_serves_readers_pinned_to_older_versions(server, 
     assert bad.returncode == 2 and "--versions 'none'" in bad.stderr
 
 
-def test_pull_and_verify_retry_503_answers_like_the_other_commands(server, tmp_path):
-    s3 = client(server.endpoint)
-    s3.create_bucket(Bucket="slow")
-    url = "s3://slow/ds"
-    three_versions(s3, tmp_path, url, env_for(server.endpoint, tmp_path))
+def test_pull_and_verify_retry_503_answers_like_the_other_commands(server, three_versions, tmp_path):
+    url = three_versions
     proxy = FaultProxy(server.port, every=3)
     try:
         env = env_for(proxy.endpoint, tmp_path)

@@ -7,16 +7,16 @@ readers read those variables exactly as the commands do."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from pipelines import object_store
 from pipelines.ranged_file import RangedObjectFile
-from pipelines.s3_waits import ReaderLimits
 from pipelines.torch_text import DocumentDataset
 from pipelines.torch_webdataset import ImageShardDataset
 from repack.errors import UsageError
-from repack.store.s3_waits import S3Limits
+from repack.store import s3_client
 from tests.tools.s3server import SilentServer, s3_env
 
 LOW = {"REPACK_S3_READ_TIMEOUT": "1", "REPACK_S3_CONNECT_TIMEOUT": "1", "REPACK_S3_ATTEMPTS": "2",
@@ -51,7 +51,7 @@ def test_a_silent_endpoint_fails_the_reader_within_the_bounds_naming_the_url(sil
     with pytest.raises(TimeoutError) as caught:
         call()
     took = time.monotonic() - started
-    assert took < 2 * ReaderLimits.from_env().request_limit_s + 2, took  # 2 attempts of 1 s (+ backoff)
+    assert took < 2 * object_store.limits().request_limit_s + 2, took  # 2 attempts of 1 s (+ backoff)
     assert str(caught.value).startswith(f"{url}: the S3 endpoint did not answer")
     assert "REPACK_S3_READ_TIMEOUT" in str(caught.value)
     assert silent.accepted >= 2  # each attempt a connection that got no answer
@@ -59,23 +59,27 @@ def test_a_silent_endpoint_fails_the_reader_within_the_bounds_naming_the_url(sil
     assert waits and f"GetObject {url}" in waits[0] and "not answering" in waits[0], waits
 
 
-def test_the_readers_read_the_same_bounds_as_the_commands(monkeypatch):
-    for name in VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    fields = ("connect_timeout", "read_timeout", "attempts", "notice_after")
+def test_the_readers_and_the_commands_read_the_bounds_through_one_module(monkeypatch):
+    """One reading of the REPACK_S3_* variables (repack.manifest.s3_waits, which the readers may import):
+    the same limits for every environment, and no second copy of the parsing anywhere."""
     for env in ({}, LOW, {"REPACK_S3_ATTEMPTS": "7", "REPACK_S3_READ_TIMEOUT": "45.5"}):
         for name in VARIABLES:
             monkeypatch.delenv(name, raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        reader, command = ReaderLimits.from_env(), S3Limits.from_env()
-        assert [getattr(reader, f) for f in fields] == [getattr(command, f) for f in fields]
-        assert reader.describe() == command.describe()
+        monkeypatch.setattr(s3_client, "_limits", {})  # the commands cache theirs per process
+        assert object_store.limits() == s3_client.limits()
+        assert object_store.limits().describe() == s3_client.limits().describe()
     for name in VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    assert ReaderLimits.from_env().notice_after == 10 and ReaderLimits.from_env().request_limit_s <= 120
+    assert object_store.limits().notice_after == 10 and object_store.limits().request_limit_s <= 120
     monkeypatch.setenv("REPACK_S3_NOTICE", "never")
-    with pytest.raises(ValueError, match="REPACK_S3_NOTICE='never'"):
-        ReaderLimits.from_env()
-    with pytest.raises(UsageError, match="REPACK_S3_NOTICE='never'"):
-        S3Limits.from_env()
+    with pytest.raises(ValueError, match="REPACK_S3_NOTICE='never'"):  # a reader: a plain ValueError
+        object_store.limits()
+    monkeypatch.setattr(s3_client, "_limits", {})
+    with pytest.raises(UsageError, match="REPACK_S3_NOTICE='never'"):  # a command: a bad job, exit 2
+        s3_client.limits()
+    root = Path(__file__).resolve().parents[1]
+    readers = [p.relative_to(root).as_posix() for package in ("repack", "pipelines")
+               for p in sorted((root / package).rglob("*.py")) if "REPACK_S3_READ_TIMEOUT\"" in p.read_text()]
+    assert readers == ["repack/manifest/s3_waits.py"], readers

@@ -33,6 +33,15 @@ def versions(tmp_path_factory):
     return {"images": versioned_images(base), "tokens": versioned_tokens(base)}
 
 
+@pytest.fixture(scope="module")
+def images_gc(versions, tmp_path_factory):
+    """A copy of the versioned images after `repack gc --keep 1`: version 3 alone (read only)."""
+    gone = tmp_path_factory.mktemp("gc") / "images"
+    shutil.copytree(versions["images"], gone)
+    run_repack("gc", gone, "--keep", "1")
+    return gone
+
+
 def image_loader(root, workers: int, batch_mode: bool, version=None, **options):
     common = dict(output="dict", decode=False, shuffle=True, seed=3, shuffle_buffer=16, version=version, **options)
     if batch_mode:
@@ -58,7 +67,7 @@ def take(loader, count: int | None) -> tuple[list[str], dict]:
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("batch_mode", [False, True])
-def test_image_state_continues_on_its_version_or_refuses_naming_both(versions, tmp_path, workers, batch_mode):
+def test_image_state_continues_on_its_version_or_refuses_naming_both(versions, images_gc, workers, batch_mode):
     root = versions["images"]
     v1 = [s.key for s in ImageShardDataset(root, version=1).worker_samples()]
     assert len(v1) == 300 and len(ImageShardDataset(root)) == 300  # v3: 300 again, other samples
@@ -72,10 +81,7 @@ def test_image_state_continues_on_its_version_or_refuses_naming_both(versions, t
         latest.load_state_dict(state)
         after, _ = take(latest, None)
         assert Counter(before + after) == Counter(v1), f"stop {stop}: not exactly v1's samples, each once"
-    gone = tmp_path / "gc"
-    shutil.copytree(root, gone)
-    run_repack("gc", gone, "--keep", "1")
-    dataset, _ = image_loader(gone, workers, batch_mode)
+    dataset, _ = image_loader(images_gc, workers, batch_mode)
     with pytest.raises(ValueError, match=r"taken on version 1 .*reads version 3.*no longer kept"):
         dataset.load_state_dict(ImageShardDataset(root, version=1).state_dict())
 
@@ -172,7 +178,7 @@ def mixture_reader(roots, workers, persistent=False):
 def lmdbs(tmp_path_factory):
     from tests.tools.reader_data import reader_datasets
 
-    data = reader_datasets(tmp_path_factory.mktemp("readers"))
+    data = reader_datasets(tmp_path_factory.mktemp("readers"), names=("lmdb_a", "lmdb_b"))
     return [data["lmdb_a"], data["lmdb_b"]]
 
 
@@ -185,57 +191,66 @@ def uninterrupted(make, epochs: int = 3) -> list[list[list[str]]]:
     return out
 
 
+def state_after(make, k: int, flat: list[tuple[int, int]]) -> tuple[str, tuple[int, int]]:
+    """The loader's state (JSON) after ``k`` batches (0: before any) across epochs, and the (epoch,
+    batch) it was taken at."""
+    target, loader = make()
+    if k == 0:  # a state before any batch, of epoch 0
+        return json.dumps(loader.state_dict()), (0, -1)
+    taken = 0
+    for epoch in range(3):
+        target.set_epoch(epoch)
+        for _ in loader:
+            taken += 1
+            if taken == k:
+                return json.dumps(loader.state_dict()), flat[k - 1]
+    raise AssertionError(f"fewer than {k} batches in 3 epochs")
+
+
+WHEN = ("before", "after", "never")  # set_epoch called before load_state_dict, after it, or not at all
+
+
 @pytest.mark.parametrize("reader", ["images", "lmdb", "mixture"])
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
-@pytest.mark.parametrize("when", ["before", "after", "never"])
-def test_a_state_at_an_epochs_end_resumes_into_the_next_epochs_order(versions, lmdbs, reader, workers, persistent,
-                                                                     when):
+def test_a_state_at_an_epochs_end_resumes_into_the_next_epochs_order(versions, lmdbs, reader, workers, persistent):
+    """Each state is loaded three times: with set_epoch before the load, after it, and never (the
+    uninterrupted run and each state are made once for all three)."""
     make = {"images": lambda: image_reader(versions["images"], workers, persistent),
             "lmdb": lambda: lmdb_reader(lmdbs[0], workers, persistent),
             "mixture": lambda: mixture_reader(lmdbs, workers, persistent)}[reader]
     epochs = uninterrupted(make)
     flat = [(e, i) for e, batches in enumerate(epochs) for i in range(len(batches))]
-    rng = random.Random(f"{reader}{workers}{when}")
     last = len(epochs[0])  # k batches taken: 0, 1, the last of epoch 0, after it (=1 of epoch 1), mid epoch 1
-    for k in sorted({0, 1, last - 1, last, last + 1, last + len(epochs[1]) // 2, rng.randrange(1, len(epochs[0]) + len(epochs[1]))}):
-        target, loader = make()
-        taken, state = 0, None
-        if k == 0:  # a state before any batch, of epoch 0
-            state, at = json.loads(json.dumps(loader.state_dict())), (0, -1)
-        for epoch in range(3 if k else 0):
-            target.set_epoch(epoch)
-            for _ in loader:
-                taken += 1
-                if taken == k:
-                    state, at = json.loads(json.dumps(loader.state_dict())), flat[k - 1]
-                    break
-            if state is not None:
-                break
-        epoch, index = at
-        target, loader = make()
-        if when == "before":
-            target.set_epoch(epoch)
-        loader.load_state_dict(state)
-        if when == "after":
-            target.set_epoch(epoch)
-        rest = [keys(b) for b in loader]  # the rest of the state's epoch
-        assert rest == epochs[epoch][index + 1:], f"k={k}: the rest of epoch {epoch}"
-        target.set_epoch(epoch + 1)
-        assert [keys(b) for b in loader] == epochs[epoch + 1], f"k={k}: epoch {epoch + 1} in its own order"
-        if index == len(epochs[epoch]) - 1:  # at the epoch's end: set_epoch(e + 1) first goes straight on
+    edges = {0, 1, last - 1, last, last + 1, last + len(epochs[1]) // 2}
+    stops = {when: edges | {random.Random(f"{reader}{workers}{when}").randrange(1, len(epochs[0]) + len(epochs[1]))}
+             for when in WHEN}  # and a seeded random stop of each set_epoch order's own
+    for k in sorted(set().union(*stops.values())):
+        state, (epoch, index) = state_after(make, k, flat)
+        for when in (w for w in WHEN if k in stops[w]):
             target, loader = make()
             if when == "before":
-                target.set_epoch(epoch + 1)
-            loader.load_state_dict(state)
-            if when != "before":
-                target.set_epoch(epoch + 1)
-            got = [keys(b) for b in loader]
-            if not got and reader != "lmdb" and len(epochs[epoch][-1]) < len(epochs[epoch][0]):
-                # torchdata's single-process loader state records that its fetcher ended (a short last
-                # batch): that pass is empty whatever the epoch; the next pass is epoch e + 1, not e again
-                target.set_epoch(epoch + 1)
+                target.set_epoch(epoch)
+            loader.load_state_dict(json.loads(state))
+            if when == "after":
+                target.set_epoch(epoch)
+            rest = [keys(b) for b in loader]  # the rest of the state's epoch
+            assert rest == epochs[epoch][index + 1:], f"{when}, k={k}: the rest of epoch {epoch}"
+            target.set_epoch(epoch + 1)
+            assert [keys(b) for b in loader] == epochs[epoch + 1], f"{when}, k={k}: epoch {epoch + 1} in its own order"
+            if index == len(epochs[epoch]) - 1:  # at the epoch's end: set_epoch(e + 1) first goes straight on
+                target, loader = make()
+                if when == "before":
+                    target.set_epoch(epoch + 1)
+                loader.load_state_dict(json.loads(state))
+                if when != "before":
+                    target.set_epoch(epoch + 1)
                 got = [keys(b) for b in loader]
-            assert got == epochs[epoch + 1], f"k={k}: set_epoch({epoch + 1}) around the load"
+                if not got and reader != "lmdb" and len(epochs[epoch][-1]) < len(epochs[epoch][0]):
+                    # torchdata's single-process loader state records that its fetcher ended (a short last
+                    # batch): that pass is empty whatever the epoch; the next pass is epoch e + 1, not e again
+                    target.set_epoch(epoch + 1)
+                    got = [keys(b) for b in loader]
+                assert got == epochs[epoch + 1], f"{when}, k={k}: set_epoch({epoch + 1}) around the load"
 
 
 # -- snapshots ---------------------------------------------------------------------------------------

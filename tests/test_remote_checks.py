@@ -136,8 +136,23 @@ def test_intact_dataset_verifies_and_pulls_on_s3(server, packed_photos, tmp_path
     env = env_for(server, tmp_path)
     url = upload(server, packed_photos, "tamper", "intact")
     assert verify_json(url, env) == (0, [])
-    run_repack("pull", url, tmp_path / "pulled", env=env)
+    said = run_repack("pull", url, tmp_path / "pulled", env=env).stdout
     assert run_repack("verify", tmp_path / "pulled").returncode == 0
+    assert "version 1, 5 shard(s), 120 samples, checked" in said, said
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
+def test_pull_of_a_videos_dataset_counts_videos_not_shards(server, tmp_path):
+    from tests.test_video_append import PREPARE, X264, clip
+
+    clip(tmp_path / "src" / "x" / "a.mp4", X264)
+    clip(tmp_path / "src" / "x" / "b.mp4", X264, seed=1)
+    run_repack("video", tmp_path / "src", tmp_path / "out", *PREPARE, "--quiet")
+    env = env_for(server, tmp_path)
+    said = run_repack("pull", upload(server, tmp_path / "out", "videos", "ds"), tmp_path / "pulled", env=env).stdout
+    assert "version 1, 2 video(s), checked (sizes, sha256)" in said and "shard" not in said, said
+    pulled, packed = (tmp_path / folder / "videos" / "x" / "b.mp4" for folder in ("pulled", "out"))
+    assert pulled.read_bytes() == packed.read_bytes()
 
 
 def test_a_replaced_tokenizer_is_caught_by_remote_verify_and_pull(server, tmp_path):

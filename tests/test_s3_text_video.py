@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory):
     """The local datasets, and the same files uploaded to s3://readers/<name>, behind a recording proxy."""
-    local = reader_datasets(tmp_path_factory.mktemp("s3tv"))
+    local = reader_datasets(tmp_path_factory.mktemp("s3tv"), names=("text_a", "video"))
     server = MotoServer()
     s3 = client(server.endpoint)
     s3.create_bucket(Bucket="readers")

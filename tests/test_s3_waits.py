@@ -9,7 +9,7 @@ import time
 import pytest
 
 from repack.errors import UsageError
-from repack.store.s3_waits import S3Limits
+from repack.store import s3_client
 from tests.conftest import run_repack
 from tests.tools.s3server import SilentServer, s3_env
 
@@ -48,8 +48,10 @@ def test_default_limits_end_a_request_within_two_minutes(monkeypatch):
     for name in ("REPACK_S3_READ_TIMEOUT", "REPACK_S3_CONNECT_TIMEOUT", "REPACK_S3_ATTEMPTS",
                  "REPACK_S3_RETRY_BUDGET", "REPACK_S3_NOTICE"):
         monkeypatch.delenv(name, raising=False)
-    limits = S3Limits.from_env()
+    monkeypatch.setattr(s3_client, "_limits", {})  # read from this environment, not a cached one
+    limits = s3_client.limits()
     assert limits.request_limit_s <= 120 and limits.retry_budget <= 120 and limits.notice_after == 10
+    monkeypatch.setattr(s3_client, "_limits", {})
     monkeypatch.setenv("REPACK_S3_READ_TIMEOUT", "soon")
-    with pytest.raises(UsageError, match="REPACK_S3_READ_TIMEOUT='soon'"):
-        S3Limits.from_env()
+    with pytest.raises(UsageError, match="REPACK_S3_READ_TIMEOUT='soon'"):  # a bad job: exit 2, named
+        s3_client.limits()

@@ -109,7 +109,7 @@ def test_failing_transform_names_shard_and_key(packed_photos):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return reader_datasets(tmp_path_factory.mktemp("errors"))
+    return reader_datasets(tmp_path_factory.mktemp("errors"), names=("lmdb_a", "video"))
 
 
 def test_lmdb_undecodable_image_names_database_and_key(data, tmp_path):

@@ -23,7 +23,8 @@ EXIT_CODES: tuple[tuple[str, str], ...] = (
     (str(IncompleteJobError.exit_code), "tasks failed: finished shards are kept, a re-run resumes"),
     (str(VERIFICATION_EXIT_CODE), "verification failed: a file does not match the manifest"),
     (str(StrictModeError.exit_code), "--strict and --strict's condition held (see --strict)"),
-    (str(NothingPackedError.exit_code), "inputs were found but nothing was packed (every one quarantined)"),
+    (str(NothingPackedError.exit_code), "inputs were found but nothing was packed (every one quarantined; an "
+                                        "--append records them in a version instead, exit 0)"),
     ("130", "interrupted (Ctrl-C, SIGINT): workers stopped, temp files removed; re-run to resume"),
     ("143", "terminated (SIGTERM, e.g. Slurm or Kubernetes): the same; re-run to resume"),
 )

@@ -41,5 +41,16 @@ def pull(url, dest, versions):
     if not is_remote(url):
         raise UsageError(f"URL must be an s3:// location, not {url!r}")
     manifest = pull_dataset(PullSpec(url, dest, parse_versions(versions)))
-    click.echo(f"{url} -> {dest}: version {number_of(manifest.data)}, {len(manifest.shards)} shard(s), "
-               f"{manifest.num_samples} samples, checked (sizes, sha256, structure against the index)")
+    click.echo(f"{url} -> {dest}: version {number_of(manifest.data)}, {pulled_files(manifest)}")
+
+
+def pulled_files(manifest) -> str:
+    """What a pull copied and checked, in the dataset's words: N video(s) for a videos dataset (a file
+    per sample, checked by size and sha256), else N shard(s) holding M samples."""
+    from repack.report.collect import file_unit
+
+    unit = file_unit(manifest.format)
+    if unit == "video":
+        return f"{len(manifest.shards)} video(s), checked (sizes, sha256)"
+    return (f"{len(manifest.shards)} {unit}(s), {manifest.num_samples} samples, checked (sizes, sha256, structure "
+            "against the index)")

@@ -37,6 +37,14 @@ def new_quarantine(manifest: dict) -> list[dict]:
     return manifest["quarantine"][len(manifest["quarantine"]) - added:] if added > 0 else []
 
 
+def only_quarantined(manifest: dict) -> bool:
+    """Whether the latest version is an append whose new inputs were all quarantined (no new sample)."""
+    from repack.manifest.versions import VERSION_KEY
+
+    change = (manifest.get(VERSION_KEY) or {}).get("change") or {}
+    return change.get("kind") == "append" and change.get("added_samples") == 0 and change.get("quarantined", 0) > 0
+
+
 def run_append(spec, options: EngineOptions, note: str = "") -> None:
     """`repack images|text|video --append` (``note``: said after the counts)."""
     from repack.lifecycle.append import append
@@ -44,7 +52,9 @@ def run_append(spec, options: EngineOptions, note: str = "") -> None:
     result = append(spec, options)
     left_out = (f"; {result.removed_skipped} removed source(s) found again and left out"
                 if result.removed_skipped else "")
+    packed = ("0 new samples (nothing new was packed: every new input was quarantined)"
+              if result.published and only_quarantined(result.manifest) else f"{result.added} new sample(s)")
     say_published(spec.out, result.manifest, result.published,
-                  f"{result.added} new sample(s), {result.manifest['totals']['samples']} in all{left_out}{note}",
+                  f"{packed}, {result.manifest['totals']['samples']} in all{left_out}{note}",
                   options, result.seconds, none_reason=f"nothing new{left_out}",
                   extra={"removed_skipped": result.removed_skipped})

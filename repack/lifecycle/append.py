@@ -12,7 +12,9 @@ never move), its cls width and the next sample positions (keys stay unique). Its
 renamed into OUT as ``shard-vN+1-XXXXXX.tar`` (+ ``.idx``): names no version used, so every
 existing shard stays byte-identical and a reader of version N is never disturbed. The record of
 known inputs for N+1 is written, then the version (``repack.lifecycle.publish``). With nothing new
-nothing is published.
+nothing is published. New inputs that are all quarantined are not an empty dataset (exit 7 is for a
+new one): version N+1 holds N's shards and adds their quarantine records, so the manifest names every
+input SOURCE held, and the next append does not plan them again until they change.
 
 `repack text --append`: the new files' parts become ``NAME-vN+1.bin/.idx``. `repack video --append`
 (a dataset made with --transcode, same --to/--target/--dali-reader): the staged job writes the new videos
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from repack.config import EngineOptions
-from repack.errors import UsageError
+from repack.errors import NothingPackedError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_columns import to_bytes
 from repack.lifecycle.input_record import dataset_record, record_after_append, task_digests, write_known
@@ -113,7 +115,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
                 remove_prefix(store, f"{stage}/")
                 return AppendResult(current, False, 0, time.time() - started,
                                     planned.info.get("removed_skipped", 0))
-            Engine(planned_once(job, planned), dataclasses.replace(options, overwrite=False, strict=False)).run()
+            try:
+                Engine(planned_once(job, planned), dataclasses.replace(options, overwrite=False, strict=False)).run()
+            except NothingPackedError:  # every new input quarantined: the dataset is not empty, and version
+                pass                    # N+1 records them (same shards), as every version records its inputs
         staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
         plan = read_plan(job.store)
         shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from repack.errors import RepackError, UsageError
-from repack.store.s3_waits import S3Limits, WaitWatch, watch_client
+from repack.manifest.s3_waits import S3Limits, WaitWatch, watch_client
 
 MULTIPART_BYTES = 64 << 20   # files larger than this are uploaded in parts of this size
 TRANSFER_THREADS = 8
@@ -35,10 +35,13 @@ _limits: dict[int, S3Limits] = {}
 
 
 def limits() -> S3Limits:
-    """This process's S3 limits (read from the environment once)."""
+    """This process's S3 limits (read from the environment once; UsageError naming a bad variable)."""
     pid = os.getpid()
     if pid not in _limits:
-        _limits[pid] = S3Limits.from_env()
+        try:
+            _limits[pid] = S3Limits.from_env()
+        except ValueError as exc:  # a bad REPACK_S3_* value is a bad job (exit 2), named
+            raise UsageError(str(exc)) from None
     return _limits[pid]
 
 

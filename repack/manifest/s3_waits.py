@@ -1,19 +1,18 @@
-"""Bounded, visible waits for the readers on s3://: the same ``REPACK_S3_*`` variables, defaults and
-wait line as the commands (``repack.store.s3_waits``).
-
-The readers import nothing from repack but its manifest, so this is the readers' own reading of
-those variables (a test holds it equal to the commands' for every variable):
+"""Bounded, visible waits on an S3 endpoint: the one reading of the ``REPACK_S3_*`` variables, shared by
+the commands (``repack.store.s3_client``) and the readers (``pipelines.object_store``, which may import
+only ``repack.manifest``). Stdlib only.
 
   REPACK_S3_CONNECT_TIMEOUT  seconds to open a connection (default 10)
   REPACK_S3_READ_TIMEOUT     seconds without a byte from an open connection (default 20)
   REPACK_S3_ATTEMPTS         attempts per request, botocore's retries included (default 3)
+  REPACK_S3_RETRY_BUDGET     seconds after which an operation that repack itself retries (a whole
+                             upload) starts no new attempt (default 120; a reader uploads nothing)
   REPACK_S3_NOTICE           seconds after which a wait is reported on stderr (default 10)
 
-An endpoint that accepts connections and never answers thus fails a reader's request after about
-ATTEMPTS x (CONNECT + READ) seconds with an error naming the object's URL, and ``WaitNotices``
-prints ``repack: waiting N s for GetObject s3://...`` on stderr once a call has waited NOTICE
-seconds, and again every 30 s while it still waits. (``REPACK_S3_RETRY_BUDGET`` bounds the
-commands' whole-upload retries; a reader uploads nothing.)
+An endpoint that accepts connections and never answers thus ends a request after about
+ATTEMPTS x (CONNECT + READ) seconds, an upload after about RETRY_BUDGET (2 min), each with a one-line
+error naming the URL. ``WaitWatch`` prints ``repack: waiting N s for GetObject s3://...`` on stderr (a
+terminal or not) whenever one call has waited NOTICE seconds, and again every 30 s while it still waits.
 """
 
 from __future__ import annotations
@@ -41,21 +40,23 @@ def _number(name: str, default: float, minimum: float) -> float:
 
 
 @dataclass(frozen=True)
-class ReaderLimits:
-    """Timeouts and attempts of every S3 request a reader makes, and when a wait is reported."""
+class S3Limits:
+    """Timeouts, attempts and the retry budget of every S3 request (see the module docstring)."""
 
     connect_timeout: float = 10.0
     read_timeout: float = 20.0
     attempts: int = 3
+    retry_budget: float = 120.0
     notice_after: float = 10.0
 
     @classmethod
-    def from_env(cls) -> "ReaderLimits":
+    def from_env(cls) -> "S3Limits":
         """The limits the environment sets (ValueError naming a variable with a bad value)."""
         d = cls()
         return cls(_number("REPACK_S3_CONNECT_TIMEOUT", d.connect_timeout, 0.1),
                    _number("REPACK_S3_READ_TIMEOUT", d.read_timeout, 0.1),
                    int(_number("REPACK_S3_ATTEMPTS", d.attempts, 1)),
+                   _number("REPACK_S3_RETRY_BUDGET", d.retry_budget, 0),
                    _number("REPACK_S3_NOTICE", d.notice_after, 0.1))
 
     @property
@@ -64,15 +65,16 @@ class ReaderLimits:
         return self.attempts * (self.connect_timeout + self.read_timeout)
 
     def describe(self) -> str:
+        """How long a request waits before it fails, and which variables set that (for error messages)."""
         return (f"{self.attempts} attempt(s) of {self.read_timeout:g} s each; REPACK_S3_READ_TIMEOUT and "
                 "REPACK_S3_ATTEMPTS set these")
 
 
-class WaitNotices:
+class WaitWatch:
     """Reports on stderr every registered wait that passes ``notice_after`` seconds (one daemon thread,
     started at the first wait of the process that waits)."""
 
-    def __init__(self, limits: ReaderLimits) -> None:
+    def __init__(self, limits: S3Limits) -> None:
         self.limits = limits
         self._waits: dict[int, list] = {}  # token -> [what, started, next notice at]
         self._lock = threading.Lock()
@@ -86,11 +88,12 @@ class WaitNotices:
             self._next += 1
             self._waits[self._next] = [what, now, now + self.limits.notice_after]
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="repack-reader-waits", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="repack-s3-waits", daemon=True)
                 self._thread.start()
             return self._next
 
     def stop(self, token: int | None) -> None:
+        """End the wait ``start`` registered (a token already ended or None: nothing)."""
         with self._lock:
             self._waits.pop(token, None)
 
@@ -114,16 +117,17 @@ class WaitNotices:
                     return
 
 
-def watch_calls(s3, notices: WaitNotices) -> None:
-    """Report every call of the boto3 client ``s3`` (its retries included) that waits long."""
+def watch_client(s3, watch: WaitWatch) -> None:
+    """Hook ``watch`` into every call of the boto3 client ``s3`` (retries included: one wait per call)."""
     def name(params, model, context, **_):
-        context["repack_what"] = f"{model.name} s3://{params.get('Bucket', '?')}/{params.get('Key', '')}"
+        bucket, key = params.get("Bucket", "?"), params.get("Key") or params.get("Prefix") or ""
+        context["repack_what"] = f"{model.name} s3://{bucket}/{key}"
 
     def begin(context, **_):
-        context["repack_wait"] = notices.start(context.get("repack_what", "an S3 request"))
+        context["repack_wait"] = watch.start(context.get("repack_what", "an S3 request"))
 
     def end(context, **_):
-        notices.stop(context.pop("repack_wait", None))
+        watch.stop(context.pop("repack_wait", None))
 
     events = s3.meta.events
     events.register("provide-client-params.s3", name)
