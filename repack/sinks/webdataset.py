@@ -26,7 +26,7 @@ from repack.manifest.io import fsync_dir
 from repack.sinks.checks import file_and_index_outputs
 from repack.sinks.sample_checksums import sample_checksums
 from repack.sinks.tar_format import BLOCK, PADDING, end_of_archive, index_from_lines, index_text, ustar_header
-from repack.sinks.tar_verify import verify_tar_shard
+from repack.sinks.tar_verify import TarShardParts, verify_tar_shard
 
 
 class TarMemberWriter:
@@ -406,3 +406,4 @@ class WebDatasetSink:
     outputs = staticmethod(file_and_index_outputs)
 
     verify_shard = staticmethod(verify_tar_shard)
+    verify_split = TarShardParts
