@@ -16,6 +16,7 @@ The manifest's shard entry names it: ``checksums`` (path), ``checksums_bytes``, 
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import zlib
@@ -67,8 +68,8 @@ def checksums_from_columns(tar, offsets: np.ndarray, sizes: np.ndarray, per_samp
 def sample_crcs(tar, offsets: np.ndarray, sizes: np.ndarray, per_sample: int) -> np.ndarray:
     """Each sample's chained crc32 (uint32) over the members at ``offsets`` / ``sizes`` of the buffer
     ``tar`` (archive order, ``per_sample`` members a sample), the crc32 calls driven by C-level iteration
-    (``map``)."""
-    view = memoryview(tar).cast("B")
+    (``map``; slices of bytes or an mmap are copies, ~15% faster for tiny members than memoryviews)."""
+    view = tar if isinstance(tar, (bytes, mmap.mmap)) else memoryview(tar).cast("B")
     starts, ends = offsets.reshape(-1, per_sample), (offsets + sizes).reshape(-1, per_sample)
     crcs = [0] * len(starts)
     for column in range(per_sample):
