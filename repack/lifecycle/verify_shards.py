@@ -1,14 +1,23 @@
 """The shards of a dataset checked in parallel, each through its format's ``verify_shard``, results in
 manifest order whatever order they finish in.
 
-A local folder: a process pool of ``workers`` (default: the usable CPUs, as the jobs' ``--workers``),
-one shard a task; only JSON and raw bytes cross the process boundary (the pool's own transport aside).
-Processes, not threads: hashing releases the GIL, but the structure checks hold it between their numpy
-calls (docs/benchmarks.md has the measurement). An object-store prefix: threads, each
-downloading one shard's files with concurrent ranged GETs (``RemoteFiles.local``) and checking them.
+One process pool of ``workers`` (default: the usable CPUs, as the jobs' ``--workers``; one thread for
+one worker) runs small tasks, biggest first, so that no single shard bounds the wall: a shard whose
+format splits its check (``verify_split``: webdataset tars) is a digest task (the sha256 of its tar,
+sequential by nature) and parts of its index checked against the tar (``tar_check.check_part``); any
+other shard is one task (``check_one``). A split shard that does not pass is checked again whole, which
+names its problems with the messages of ``verify_shard``. A task whose process died leaves its shard
+"not checked: the process checking it died", never passed. Only JSON and raw bytes cross the process
+boundary (the pool's own transport aside). Processes, not threads: hashing releases the GIL, but the
+structure checks hold it between their numpy calls.
 
-Each task also gives back its shard's sample keys, hashed to 8 bytes each (``index_key_hashes``), so
-that the uniqueness check of the whole dataset needs no second pass over the indexes.
+An object-store prefix: ``RemoteFiles.threads`` shards at a time are downloaded into local temporary
+folders with concurrent ranged GETs (``RemoteFiles.local``, written to disk at their offsets, never
+held whole in memory), their tasks run on the same pool as soon as they arrive, and each folder is
+removed once its shard is checked.
+
+Each shard also gives back its sample keys, hashed to 8 bytes each, so that the uniqueness check of the
+whole dataset needs no second pass over the indexes.
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ import numpy as np
 
 from repack.manifest.paths import PathEscapeError
 from repack.sinks import get_sink
+from repack.sinks.checks import sha256_file
 from repack.sinks.keys import index_key_hashes
+
+Checked = tuple[list[str], bytes]  # one shard's problems and its key hashes (uint64 bytes)
 
 
 @dataclass(frozen=True)
@@ -46,18 +58,20 @@ def check_shards(files, manifest, workers: int | None = None) -> ShardsChecked:
         except PathEscapeError as exc:
             escaped[i] = ([str(exc)], b"")
     todo = [i for i in range(len(shards)) if i not in escaped]
-    if files.remote:
-        done = _on_threads(files, manifest.format, [shards[i] for i in todo])
-    else:
-        done = _on_processes(str(files.root), manifest.format, [shards[i] for i in todo], workers)
+    if todo:
+        with _Pool(workers) as pool:
+            if files.remote:
+                done = _fetched_then_checked(pool, files, manifest.format, [shards[i] for i in todo])
+            else:
+                done = pool.check(manifest.format, [(str(files.root), shards[i]) for i in todo])
     found = dict(escaped)
-    found.update(zip(todo, done))
+    found.update(zip(todo, done if todo else []))
     results = [found[i] for i in range(len(shards))]
     return ShardsChecked(tuple(tuple(problems) for problems, _ in results),
                          tuple(np.frombuffer(raw, dtype=np.uint64) for _, raw in results))
 
 
-def check_one(root: Path, fmt: str, shard: dict, fetch_problems: list[str] | None = None) -> tuple[list[str], bytes]:
+def check_one(root: Path, fmt: str, shard: dict, fetch_problems: list[str] | None = None) -> Checked:
     """One shard's problems (after ``fetch_problems``, those met while fetching it) and its keys' hashes."""
     problems = list(fetch_problems or ())
     get_sink(fmt).verify_shard(root, shard, lambda ok, message: ok or problems.append(message))
@@ -70,13 +84,6 @@ def check_one(root: Path, fmt: str, shard: dict, fetch_problems: list[str] | Non
     return problems, hashes
 
 
-def _check_json(task: str) -> tuple[str, bytes]:
-    """Pool entry point: ``task`` is JSON {root, format, shard}; the problems come back as JSON."""
-    args = json.loads(task)
-    problems, hashes = check_one(Path(args["root"]), args["format"], args["shard"])
-    return json.dumps(problems), hashes
-
-
 def default_workers() -> int:
     """The usable CPUs (affinity mask and cgroup quota), as the jobs' default ``--workers``."""
     from repack.exec.cpus import available_cpus
@@ -84,39 +91,148 @@ def default_workers() -> int:
     return available_cpus()
 
 
-def _on_processes(root: str, fmt: str, shards: list[dict], workers: int | None) -> list[tuple[list[str], bytes]]:
-    """``check_one`` of each shard on a process pool (inline for one worker or one shard)."""
-    workers = min(workers or default_workers(), len(shards))
-    if workers <= 1:
-        return [check_one(Path(root), fmt, shard) for shard in shards]
-    from repack.exec.local import _pool_context
+@dataclass(frozen=True)
+class Task:
+    """One unit of the pool's work on shard number ``shard`` (of the list given to ``plan_tasks``):
+    ``kind`` "whole" (``check_one``), "digest" (the sha256 of the shard's main file) or "part" (``part``
+    of ``parts`` of its format's ``verify_split``); ``cost``: the bytes it reads, to start the biggest first."""
 
-    tasks = [json.dumps({"root": root, "format": fmt, "shard": shard}) for shard in shards]
-    results: list[tuple[list[str], bytes]] = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=signal.signal,
-                             initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:  # Ctrl-C: the driver's to handle
-        futures = [pool.submit(_check_json, task) for task in tasks]
+    kind: str
+    shard: int
+    part: int = 0
+    parts: int = 0
+    cost: int = 0
+
+
+def plan_tasks(fmt: str, shards: list[dict]) -> list[Task]:
+    """The first round of tasks, biggest first: each shard whose format splits its check
+    (``verify_split``) as a digest task and its parts, any other shard whole."""
+    split = getattr(get_sink(fmt), "verify_split", None)
+    tasks = []
+    for i, shard in enumerate(shards):
+        size = int(shard.get("bytes", 0)) + int(shard.get("index_bytes", 0))
+        parts = split.parts(shard) if split is not None else 0
+        if not parts:
+            tasks.append(Task("whole", i, cost=size))
+            continue
+        tasks.append(Task("digest", i, cost=int(shard.get("bytes", 0))))
+        tasks += [Task("part", i, part, parts, size // parts) for part in range(parts)]
+    return sorted(tasks, key=lambda task: -task.cost)
+
+
+def run_task(task: str) -> tuple[str, bytes]:
+    """Pool entry point: ``task`` is JSON {kind, root, format, shard, part, parts}; the answer comes back
+    as JSON and raw bytes (key hashes)."""
+    args = json.loads(task)
+    root, fmt, shard = Path(args["root"]), args["format"], args["shard"]
+    if args["kind"] == "digest":
         try:
-            for shard, future in zip(shards, futures):
-                try:
-                    problems, hashes = future.result()
-                except BrokenProcessPool as exc:
-                    results.append(([f"{shard['path']}: not checked: the process checking it died ({exc})"], b""))
-                    continue
-                results.append((json.loads(problems), hashes))
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-    return results
+            return json.dumps(sha256_file(root / shard["path"])), b""
+        except OSError:
+            return json.dumps(None), b""  # missing: the whole check names it
+    if args["kind"] == "part":
+        summary, hashes = get_sink(fmt).verify_split.check(root, shard, args["part"], args["parts"])
+        return json.dumps(summary), hashes
+    problems, hashes = check_one(root, fmt, shard)
+    return json.dumps(problems), hashes
 
 
-def _on_threads(files, fmt: str, shards: list[dict]) -> list[tuple[list[str], bytes]]:
-    """``check_one`` of each shard on ``files.threads`` threads, each shard's files fetched first."""
+class _Pool:
+    """The process pool (one thread for one worker) and the two rounds of tasks of a list of shards."""
 
-    def one(shard: dict) -> tuple[list[str], bytes]:
+    def __init__(self, workers: int | None) -> None:
+        workers = workers or default_workers()
+        if workers <= 1:
+            self.executor = ThreadPoolExecutor(1)
+        else:
+            from repack.exec.local import _pool_context
+
+            self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(),
+                                                initializer=signal.signal,  # Ctrl-C: the driver's to handle
+                                                initargs=(signal.SIGINT, signal.SIG_IGN))
+            self.executor.submit(int).result()  # the workers start now, before any download thread does
+
+    def __enter__(self) -> _Pool:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.executor.shutdown()
+        else:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def check(self, fmt: str, shards: list[tuple[str, dict]]) -> list[Checked]:
+        """Each (root, shard entry) checked: the planned tasks, then the whole check of every split shard
+        that did not pass."""
+        entries = [shard for _, shard in shards]
+        answers = self._run(fmt, shards, plan_tasks(fmt, entries))
+        results: dict[int, Checked] = {}
+        again = []
+        for i, shard in enumerate(entries):
+            got = answers[i]
+            if isinstance(got, str):
+                results[i] = ([got], b"")
+            elif got and got[0][0].kind == "whole":
+                problems, hashes = got[0][1]
+                results[i] = (json.loads(problems), hashes)
+            else:
+                passed = _passed(fmt, shard, got)
+                if passed is None:
+                    again.append(Task("whole", i))
+                else:
+                    results[i] = ([], passed)
+        for i, got in self._run(fmt, shards, again).items():
+            results[i] = ([got], b"") if isinstance(got, str) else (json.loads(got[0][1][0]), got[0][1][1])
+        return [results[i] for i in range(len(entries))]
+
+    def _run(self, fmt: str, shards: list[tuple[str, dict]], tasks: list[Task]) -> dict[int, list | str]:
+        """{shard number: [(task, answer)] of its tasks, or the message "not checked" when a process
+        running one of them died}."""
+        answers: dict[int, list | str] = {task.shard: [] for task in tasks}
+        pending = []
+        for task in tasks:
+            root, shard = shards[task.shard]
+            order = json.dumps({"kind": task.kind, "root": root, "format": fmt, "shard": shard,
+                                "part": task.part, "parts": task.parts})
+            try:
+                pending.append((task, self.executor.submit(run_task, order)))
+            except BrokenProcessPool as exc:
+                answers[task.shard] = _died(shard, exc)
+        for task, future in pending:
+            try:
+                answer = future.result()
+            except BrokenProcessPool as exc:
+                answers[task.shard] = _died(shards[task.shard][1], exc)
+                continue
+            if not isinstance(answers[task.shard], str):
+                answers[task.shard].append((task, answer))
+        return answers
+
+
+def _died(shard: dict, exc: BaseException) -> str:
+    return f"{shard['path']}: not checked: the process checking it died ({exc})"
+
+
+def _passed(fmt: str, shard: dict, got: list) -> bytes | None:
+    """The key hashes of a split shard whose digest and parts pass its format's ``verify_split``; None
+    when it does not pass (no verdict: check it whole)."""
+    digest = next(json.loads(answer[0]) for task, answer in got if task.kind == "digest")
+    parts = [(json.loads(answer[0]), answer[1])
+             for task, answer in sorted(got, key=lambda pair: pair[0].part) if task.kind == "part"]
+    if not get_sink(fmt).verify_split.passes(shard, parts, digest):
+        return None
+    return b"".join(hashes for _, hashes in parts)
+
+
+def _fetched_then_checked(pool: _Pool, files, fmt: str, shards: list[dict]) -> list[Checked]:
+    """Each shard's files downloaded into a temporary folder (``files.threads`` shards at a time), then
+    checked on ``pool``; the folder removed once its shard is checked."""
+
+    def one(shard: dict) -> Checked:
         rels = [shard["path"]] + [shard[side] for side in ("index", "checksums", "source_runs") if shard.get(side)]
         with files.local(rels) as (root, fetch_problems):
-            return check_one(root, fmt, shard, fetch_problems)
+            (problems, hashes), = pool.check(fmt, [(str(root), shard)])
+            return fetch_problems + problems, hashes
 
-    with ThreadPoolExecutor(max(1, min(files.threads, len(shards)))) as pool:
-        return list(pool.map(one, shards))
+    with ThreadPoolExecutor(max(1, min(files.threads, len(shards)))) as threads:
+        return list(threads.map(one, shards))

@@ -16,6 +16,7 @@ The manifest's shard entry names it: ``checksums`` (path), ``checksums_bytes``, 
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import zlib
@@ -70,11 +71,19 @@ def sample_checksums(tar: str | Path, index: str) -> bytes:
 def checksums_from_columns(tar, offsets: np.ndarray, sizes: np.ndarray, per_sample: int) -> bytes:
     """The side file's bytes for a tar given as a buffer (bytes, mmap) whose members' data offsets and
     sizes are known (archive order, ``per_sample`` members a sample, as ``tar_check`` finds them): the
-    same bytes as ``sample_checksums``, the crc32 calls driven by C-level iteration (``map``)."""
-    view = memoryview(tar)
+    same bytes as ``sample_checksums``."""
+    crcs = sample_crcs(tar, offsets, sizes, per_sample)
+    return HEADER.pack(MAGIC, len(crcs)) + crcs.astype("<u4").tobytes()
+
+
+def sample_crcs(tar, offsets: np.ndarray, sizes: np.ndarray, per_sample: int) -> np.ndarray:
+    """Each sample's chained crc32 (uint32) over the members at ``offsets`` / ``sizes`` of the buffer
+    ``tar`` (archive order, ``per_sample`` members a sample), the crc32 calls driven by C-level iteration
+    (``map``; slices of bytes or an mmap are copies, ~15% faster for tiny members than memoryviews)."""
+    view = tar if isinstance(tar, (bytes, mmap.mmap)) else memoryview(tar).cast("B")
     starts, ends = offsets.reshape(-1, per_sample), (offsets + sizes).reshape(-1, per_sample)
     crcs = [0] * len(starts)
     for column in range(per_sample):
         pieces = map(view.__getitem__, map(slice, starts[:, column].tolist(), ends[:, column].tolist()))
         crcs = list(map(zlib.crc32, pieces, crcs))
-    return HEADER.pack(MAGIC, len(crcs)) + np.array(crcs, dtype="<u4").tobytes()
+    return np.array(crcs, dtype=np.uint32)

@@ -1,16 +1,20 @@
-"""The cheap structure check of a tar shard against its DALI index: columns, not a member walk.
+"""The cheap structure check of a tar shard against its DALI index: columns, not a member walk, cut
+into parts that run on different processes.
 
-``check_against_index(tar, index)`` answers one question: is ``tar`` exactly the archive repack writes
-for ``index`` (``tar_format``'s byte layout), and is ``index`` exactly the index
-``index_from_members`` rebuilds from it? It parses the index into columns (ext, data offset, size,
-name per member) with the project's one index parser (``repack.manifest.shard_index``), then checks
-every member header at once with numpy over the 512-byte blocks the index points at: the fixed fields,
-the name, the octal size and the header checksum; the members lie back to back from byte 0; the
-end-of-archive follows the last one; each sample's members share a key and adjacent samples do not;
-every sample has the same members after its first. No payload is decoded. A yes is final
-(``TarColumns``, with the sample keys and what the per-sample checksums need); anything else (damage,
-or a tar another tool wrote with other header bytes) answers None, and the caller walks the archive
-member by member (``tar_format.read_archive``) to name what is wrong.
+``check_part(tar, index, part, parts, checksums)`` answers, for the index lines that begin in the
+``part``-th of ``parts`` equal slices of the index text (``part_lines``): are they exactly the lines
+repack writes, and are the members they name exactly the archive repack writes for them
+(``tar_format``'s byte layout)? It parses those lines into columns with the project's one index parser
+(``repack.manifest.shard_index``), then checks every member header at once with numpy against the
+header repack writes for it (template, name, octal size, checksum: one comparison of 512-byte rows),
+the members back to back, each sample's members named ``KEY.EXT`` with the index's ext and adjacent
+samples' keys different (through the small ext and suffix tables and the keys' hashes, not per-member
+rows), every sample with the same members after its first, and, given the ``.crc`` file's bytes, each
+sample's crc32 against it. No payload is decoded. ``parts_agree`` joins the parts' answers into the
+shard's: the parts chain (each starts where the one before ended, the first at byte 0, the last at the
+end-of-archive), agree on the layout, and hold the index's sample count. A yes is final; anything else
+(damage, or a tar another tool wrote with other header bytes) is no verdict: the caller walks the
+archive member by member (``tar_format.read_archive``) to name what is wrong.
 """
 
 from __future__ import annotations
@@ -20,25 +24,60 @@ from dataclasses import dataclass
 import numpy as np
 
 from repack.manifest import ManifestError
-from repack.manifest.shard_index import parse_index
+from repack.manifest.shard_index import IndexColumns, parse_index
+from repack.sinks.keys import row_hashes
+from repack.sinks.sample_checksums import HEADER, MAGIC, checksums_size, sample_crcs
 from repack.sinks.tar_format import (_HEADER_TEMPLATE, _TEMPLATE_SUM, BLOCK, INDEX_VERSION, MAX_MEMBER_SIZE,
                                      end_of_archive)
 
 _TEMPLATE = np.frombuffer(bytes(_HEADER_TEMPLATE), dtype=np.uint8)
-_TEMPLATE64 = _TEMPLATE.view(np.uint64)
 _SIZE_SHIFTS = np.arange(30, -1, -3, dtype=np.int64)  # 11 octal digits
 _SUM_SHIFTS = np.arange(15, -1, -3, dtype=np.int64)  # 6 octal digits
 _ZERO, _DOT, _SLASH = ord("0"), ord("."), ord("/")
+MAX_NAME = 100  # bytes of a ustar name field
+
+
+@dataclass(frozen=True)
+class PartCheck:
+    """One part's lines matched the archive: where they sit (``first_sample``: the number of the part's
+    first sample in the shard; ``start``: its first member's data offset; ``end``: the end of its last
+    member's padded data), the index's sample count (``count``), the layout (members per sample, the
+    exts after the first), the first and last sample keys, and each sample's key hash (``key_hashes``).
+    ``offsets`` and ``keys`` (rows of bytes, NUL padded) stay in the process that made them."""
+
+    count: int
+    first_sample: int
+    samples: int
+    start: int
+    end: int
+    per_sample: int
+    layout: tuple[str, ...]
+    first_key: bytes
+    last_key: bytes
+    key_hashes: np.ndarray
+    offsets: np.ndarray | None = None
+    keys: np.ndarray | None = None
+
+    def summary(self) -> dict:
+        """The fields another process needs (``parts_agree``), as JSON-ready values; the key hashes
+        travel as raw bytes beside it."""
+        return {"count": self.count, "first_sample": self.first_sample, "samples": self.samples,
+                "start": self.start, "end": self.end, "per_sample": self.per_sample, "layout": list(self.layout),
+                "first_key": self.first_key.hex(), "last_key": self.last_key.hex()}
+
+    @classmethod
+    def from_summary(cls, summary: dict, key_hashes: bytes) -> PartCheck:
+        return cls(summary["count"], summary["first_sample"], summary["samples"], summary["start"], summary["end"],
+                   summary["per_sample"], tuple(summary["layout"]), bytes.fromhex(summary["first_key"]),
+                   bytes.fromhex(summary["last_key"]), np.frombuffer(key_hashes, dtype=np.uint64))
 
 
 @dataclass(frozen=True)
 class TarColumns:
-    """A tar shard that matches its index: per member data offsets and sizes (archive order), the
-    members per sample, and each sample's key as a row of bytes (``keys``: uint8, samples x width,
-    NUL padded)."""
+    """A tar shard that matches its index: per member data offsets (archive order), the members per
+    sample, and each sample's key as a row of bytes (``keys``: uint8, samples x width, NUL padded)."""
 
     offsets: np.ndarray
-    sizes: np.ndarray
     per_sample: int
     keys: np.ndarray
 
@@ -46,125 +85,207 @@ class TarColumns:
 def check_against_index(tar, index: bytes) -> TarColumns | None:
     """``TarColumns`` when ``tar`` (the archive's bytes: bytes, mmap or memoryview) and ``index`` (the
     ``.idx`` file's bytes) are exactly what repack writes for each other; None otherwise (not a verdict:
-    walk the archive to find the problem)."""
-    parsed = _parse_index(index)
-    if parsed is None:
+    walk the archive to find the problem). The whole shard as one part."""
+    part = check_part(tar, index, 0, 1)
+    if part is None or not parts_agree([part]):
         return None
-    offsets, sizes, names, exts, per_sample = parsed
-    data = np.frombuffer(tar, dtype=np.uint8)
-    if len(data) % BLOCK or not _laid_out(data, offsets, sizes):
-        return None
-    headers = data.view(np.uint64).reshape(-1, BLOCK // 8)[(offsets - BLOCK) // BLOCK]
-    if len(offsets) and not _headers_match(headers, names, sizes):
-        return None
-    keys = _sample_keys(names, exts, per_sample)
-    return None if keys is None else TarColumns(offsets, sizes, per_sample, keys)
+    return TarColumns(part.offsets, part.per_sample, part.keys)
 
 
-def _parse_index(index: bytes):
-    """(offsets, sizes, names, exts, members per sample) of a canonical index (what
-    ``repack.manifest.shard_index.parse_index`` reads, with the header ``v1.2 <samples>`` exactly, a
-    final newline, the same number of members on every line, decimal numbers without leading zeros and
-    names and exts of at most 100 bytes), else None. Names and exts are uint8 rows (NUL padded)."""
+def part_lines(index: bytes, part: int, parts: int) -> tuple[int, int, int]:
+    """(first byte, end byte, number of the first sample) of the lines of ``index`` that begin in the
+    ``part``-th of ``parts`` equal slices of its text after the header line."""
+    body = index.find(b"\n") + 1
+    length = len(index) - body
+
+    def line_start(at: int) -> int:
+        if at <= body:
+            return body
+        found = index.find(b"\n", at - 1)
+        return len(index) if found < 0 else found + 1
+
+    start = line_start(body + part * length // parts)
+    end = line_start(body + (part + 1) * length // parts) if part + 1 < parts else len(index)
+    return start, end, index.count(b"\n", body, start)
+
+
+def check_part(tar, index: bytes, part: int, parts: int, checksums: bytes | None = None) -> PartCheck | None:
+    """``PartCheck`` when the lines of ``part`` (``part_lines``) are canonical and the members they name
+    are exactly repack's archive (``tar``: the whole archive's bytes) and, given ``checksums`` (the whole
+    ``.crc`` file), their crc32s are its entries; None otherwise. The last part also checks that the
+    end-of-archive follows its last member and ends the file; the first, the ``.crc`` file's header."""
     first_newline = index.find(b"\n")
     if first_newline < 0 or not index.endswith(b"\n"):
         return None
+    head = index[:first_newline].split(b" ")
+    if len(head) != 2 or head[0] != INDEX_VERSION.encode() or not head[1].isdigit() or \
+            index[:first_newline] != f"{INDEX_VERSION} {int(head[1])}".encode():
+        return None
+    count = int(head[1])
+    start, end, first_sample = part_lines(index, part, parts)
+    lines = index[start:end]
+    samples = lines.count(b"\n")
+    if first_sample + samples > count:
+        return None
+    data = np.frombuffer(tar, dtype=np.uint8)
+    if len(data) % BLOCK:
+        return None
+    last = part + 1 == parts
+    if not samples:
+        if last and (first_sample or not _ends(data, 0)):
+            return None
+        empty = np.zeros(0, np.uint64)
+        return PartCheck(count, first_sample, 0, 0, 0, 0, (), b"", b"", empty, np.zeros(0, np.int64),
+                         np.zeros((0, 1), np.uint8))
     try:
-        columns = parse_index(bytes(index), "index")
+        columns = parse_index(b"%s %d\n%s" % (INDEX_VERSION.encode(), samples, lines), "index")
     except ManifestError:
         return None
-    count, members = columns.samples, len(columns.ext)
-    if index[:first_newline] != f"{INDEX_VERSION} {count}".encode():
+    checked = _check_columns(data, columns, len(lines))
+    if checked is None:
         return None
-    if not count:
-        empty = np.zeros(0, np.int64), np.zeros((0, 1), np.uint8)
-        return empty[0], empty[0], empty[1], empty[1], 1
+    offsets, sizes, per_sample, layout, keys, hashes = checked
+    end_of_part = int(offsets[-1] + sizes[-1] + (-sizes[-1] % BLOCK))
+    if part == 0 and offsets[0] != BLOCK or last and not _ends(data, end_of_part):
+        return None
+    if checksums is not None and not _crcs_match(checksums, tar, offsets, sizes, per_sample, first_sample,
+                                                 count, part == 0):
+        return None
+    return PartCheck(count, first_sample, samples, int(offsets[0]), end_of_part, per_sample, layout,
+                     keys[0].tobytes().rstrip(b"\0"), keys[-1].tobytes().rstrip(b"\0"), hashes, offsets, keys)
+
+
+def parts_agree(parts: list[PartCheck]) -> bool:
+    """The parts of one shard, in order, make up its index and archive: every line in one part, each
+    part's members starting where the previous part's ended (the first at byte 0), one layout, adjacent
+    samples' keys different across part boundaries."""
+    if not parts or any(p.count != parts[0].count for p in parts):
+        return False
+    filled = [p for p in parts if p.samples]
+    if sum(p.samples for p in filled) != parts[0].count or (parts[0].count and not parts[-1].samples):
+        return False
+    at = 0
+    for before, after in zip([None, *filled], filled):
+        if after.start != at + BLOCK or after.first_sample != (before.first_sample + before.samples if before else 0):
+            return False
+        if before is not None and (after.per_sample != before.per_sample or after.layout != before.layout
+                                   or after.first_key == before.last_key):
+            return False
+        at = after.end
+    return True
+
+
+def _ends(data: np.ndarray, end: int) -> bool:
+    """The file ends with exactly repack's end-of-archive after ``end``."""
+    return len(data) == end + len(end_of_archive(end)) and not data[end:].any()
+
+
+def _check_columns(data: np.ndarray, columns: IndexColumns, text_bytes: int):
+    """(offsets, sizes, members per sample, layout, key rows, key hashes) when the parsed lines are
+    canonical (``text_bytes`` long) and name exactly the members of ``data`` at their offsets; else None."""
+    count, members = columns.samples, len(columns.ext)
     per_sample = int(columns.first_member[1])
-    if np.any(np.diff(columns.first_member.astype(np.int64)) != per_sample):
+    if not per_sample or np.any(np.diff(columns.first_member.astype(np.int64)) != per_sample):
+        return None
+    ok_pair, ext_lengths, tail_lengths = _name_tables(columns)
+    if not ok_pair[columns.suffix, columns.ext].all():
+        return None  # a name that is not the sample key + "." + the index's ext
+    keys = columns.keys
+    key_lengths = np.diff(columns.key_ends.astype(np.int64))
+    if not len(keys) or (key_lengths == 0).any() or (keys == _SLASH).any():
         return None
     offsets, sizes = columns.offset.astype(np.int64), columns.size.astype(np.int64)
-    samples = np.repeat(np.arange(count), per_sample)
-    ext_lengths = np.array([len(e) for e in columns.exts], np.int64)[columns.ext]
-    keyed, tails = zip(*columns.suffixes)
-    key_lengths = np.diff(columns.key_ends.astype(np.int64))[samples]
-    name_lengths = np.array([len(t) for t in tails], np.int64)[columns.suffix] + \
-        np.where(np.array(keyed)[columns.suffix], key_lengths, 0)
-    if int(name_lengths.max()) > 100 or int(ext_lengths.max()) > 100:
+    name_lengths = key_lengths.repeat(per_sample) + tail_lengths[columns.suffix]
+    if int(name_lengths.max()) > MAX_NAME:
         return None
     # every token is followed by one separator; digits-only numbers are canonical when no longer than their value
-    canonical = ext_lengths.sum() + name_lengths.sum() + _digits(offsets).sum() + _digits(sizes).sum() + 4 * members
-    if len(index) - first_newline - 1 != canonical:
+    canonical = int(ext_lengths[columns.ext].sum() + name_lengths.sum() + _digits(offsets).sum()
+                    + _digits(sizes).sum()) + 4 * members
+    if text_bytes != canonical or (sizes > MAX_MEMBER_SIZE).any():
         return None
-    names = columns.name_fields(samples, np.arange(members), int(name_lengths.max()))
-    ext_width = int(ext_lengths.max())
-    table = np.array([list(e.encode("ascii").ljust(ext_width, b"\0")) for e in columns.exts], np.uint8)
-    return offsets, sizes, names, table[columns.ext], per_sample
+    padded = sizes + (-sizes % BLOCK)
+    if not np.array_equal(offsets[1:], offsets[:-1] + padded[:-1] + BLOCK) or offsets[0] < BLOCK \
+            or offsets[-1] + padded[-1] + 2 * BLOCK > len(data):
+        return None
+    ext_table = columns.ext.reshape(count, per_sample)
+    if not (ext_table[:, 1:] == ext_table[:1, 1:]).all():
+        return None
+    width = int(name_lengths.max())
+    names = columns.name_fields(np.arange(count).repeat(per_sample), np.arange(members), width)
+    if not _headers_match(data, offsets, names, sizes):
+        return None
+    rows = _key_rows(columns, key_lengths)
+    hashes = row_hashes(rows)
+    same = np.flatnonzero(hashes[1:] == hashes[:-1])
+    if len(same) and (rows[same] == rows[same + 1]).all(axis=1).any():
+        return None  # adjacent samples with one key
+    layout = tuple(columns.exts[int(code)] for code in ext_table[0, 1:])
+    return offsets, sizes, per_sample, layout, rows, hashes
+
+
+def _name_tables(columns: IndexColumns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ok[suffix code, ext code]: the suffix is "." + that ext after the sample key, a flat name;
+    bytes of each ext; bytes of each suffix)."""
+    exts = [e.encode("ascii") for e in columns.exts]
+    ok = np.zeros((max(1, len(columns.suffixes)), max(1, len(exts))), bool)
+    for s, (keyed, tail) in enumerate(columns.suffixes):
+        for e, ext in enumerate(exts):
+            ok[s, e] = keyed and tail == b"." + ext and 0 < len(ext) <= MAX_NAME and b"/" not in ext
+    return (ok, np.array([len(e) for e in exts] or [0], np.int64),
+            np.array([len(t) for _, t in columns.suffixes] or [0], np.int64))
+
+
+_ROWS = 2048  # headers compared at a time: the working rows stay in the CPU's cache
+
+
+def _headers_match(data: np.ndarray, offsets: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> bool:
+    """The 512-byte block before each member's data is the header repack writes for it (its template
+    with the member's name row, octal size and checksum), compared ``_ROWS`` members at a time."""
+    blocks = data.view(np.uint64).reshape(-1, BLOCK // 8)
+    expected = np.empty((min(_ROWS, len(sizes)), BLOCK), np.uint8)
+    expected[:] = _TEMPLATE
+    expected[:, 155] = 32
+    found = np.empty((len(expected), BLOCK // 8), np.uint64)
+    width = names.shape[1]
+    size_digits = (((sizes[:, None] >> _SIZE_SHIFTS) & 7) + _ZERO).astype(np.uint8)
+    sums = _TEMPLATE_SUM + names.sum(axis=1, dtype=np.int64) + size_digits.sum(axis=1, dtype=np.int64)
+    sum_digits = (((sums[:, None] >> _SUM_SHIFTS) & 7) + _ZERO).astype(np.uint8)
+    for lo in range(0, len(sizes), _ROWS):
+        hi = min(lo + _ROWS, len(sizes))
+        rows, got = expected[:hi - lo], found[:hi - lo]
+        rows[:, :width] = names[lo:hi]
+        rows[:, 124:135] = size_digits[lo:hi]
+        rows[:, 148:154] = sum_digits[lo:hi]
+        np.take(blocks, (offsets[lo:hi] - BLOCK) // BLOCK, axis=0, out=got)
+        if not np.array_equal(got, rows.view(np.uint64)):
+            return False
+    return True
+
+
+def _key_rows(columns: IndexColumns, key_lengths: np.ndarray) -> np.ndarray:
+    """Each sample's key as a uint8 row, NUL padded to the longest."""
+    width = int(key_lengths.max())
+    if columns.key_width == width:
+        return columns.keys.reshape(-1, width)
+    rows = np.zeros((len(key_lengths), width), np.uint8)
+    live = np.arange(width) < key_lengths[:, None]
+    rows[live] = columns.keys
+    return rows
+
+
+def _crcs_match(checksums: bytes, tar, offsets: np.ndarray, sizes: np.ndarray, per_sample: int,
+                first_sample: int, count: int, first_part: bool) -> bool:
+    """The part's samples' crc32s are their entries in the ``.crc`` file (and, for the first part, the
+    file's header and length are those of ``count`` samples)."""
+    if len(checksums) != checksums_size(count):
+        return False
+    if first_part and checksums[:HEADER.size] != HEADER.pack(MAGIC, count):
+        return False
+    samples = len(offsets) // per_sample
+    stored = np.frombuffer(checksums, dtype="<u4", count=samples, offset=HEADER.size + 4 * first_sample)
+    return bool(np.array_equal(sample_crcs(tar, offsets, sizes, per_sample), stored))
 
 
 def _digits(values: np.ndarray) -> np.ndarray:
     """How many decimal digits each of ``values`` (below 10**18) is written with."""
     return np.searchsorted(10 ** np.arange(1, 19, dtype=np.int64), values, side="right") + 1
-
-
-def _laid_out(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bool:
-    """The members lie back to back from byte 0 and the file ends with exactly repack's end-of-archive."""
-    if len(offsets):
-        if (sizes > MAX_MEMBER_SIZE).any() or offsets[0] != BLOCK:
-            return False
-        padded = sizes + (-sizes % BLOCK)
-        if not np.array_equal(offsets[1:], offsets[:-1] + padded[:-1] + BLOCK):
-            return False
-        end = int(offsets[-1] + padded[-1])
-    else:
-        end = 0
-    return len(data) == end + len(end_of_archive(end)) and not data[end:].any()
-
-
-def _headers_match(headers: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> bool:
-    """Each header (a uint64 row of 64) is repack's template with the member's name, octal size and
-    checksum (the template's sum plus the name's and the size field's bytes)."""
-    if not (headers[:, 20:] == _TEMPLATE64[20:]).all():  # bytes 160..512
-        return False
-    raw = headers.view(np.uint8)
-    if not ((raw[:, 100:124] == _TEMPLATE[100:124]).all() and (raw[:, 136:148] == _TEMPLATE[136:148]).all()
-            and (raw[:, 156:160] == _TEMPLATE[156:160]).all()):
-        return False
-    width = names.shape[1]
-    if not (raw[:, :width] == names).all() or raw[:, width:100].any():
-        return False
-    size_digits = ((sizes[:, None] >> _SIZE_SHIFTS) & 7) + _ZERO
-    if not (raw[:, 124:135] == size_digits).all() or raw[:, 135].any():
-        return False
-    sums = _TEMPLATE_SUM + names.sum(axis=1, dtype=np.int64) + size_digits.sum(axis=1)
-    sum_digits = ((sums[:, None] >> _SUM_SHIFTS) & 7) + _ZERO
-    return bool((raw[:, 148:154] == sum_digits).all() and not raw[:, 154].any() and (raw[:, 155] == 32).all())
-
-
-def _sample_keys(names: np.ndarray, exts: np.ndarray, per_sample: int) -> np.ndarray | None:
-    """Each sample's key (rows of bytes) when every name is a flat KEY.EXT with the ext the index gives,
-    a sample's members share its key and adjacent samples differ; else None."""
-    members, width = names.shape
-    if not members:
-        return np.zeros((0, 1), np.uint8)
-    if (names == _SLASH).any():
-        return None
-    dots = names == _DOT
-    first_dot = dots.argmax(axis=1)
-    lengths = (names != 0).sum(axis=1)
-    if not dots.any(axis=1).all() or (first_dot == 0).any() or (lengths <= first_dot + 1).any():
-        return None  # no key, no ext, or a hidden name
-    padded = np.zeros((members, 2 * width), np.uint8)
-    padded[:, :width] = names
-    after_dot = np.take_along_axis(padded, (first_dot + 1)[:, None] + np.arange(width), axis=1)
-    ext_rows = np.zeros((members, width), np.uint8)
-    ext_rows[:, :min(width, exts.shape[1])] = exts[:, :width]
-    if exts.shape[1] > width or not (after_dot == ext_rows).all():
-        return None
-    keys = np.where(np.arange(width) < first_dot[:, None], names, 0).reshape(-1, per_sample, width)
-    first = keys[:, 0]
-    if not (keys == first[:, None]).all() or not (first[1:] != first[:-1]).any(axis=1).all():
-        return None
-    layout = exts.reshape(-1, per_sample, exts.shape[1])[:, 1:]
-    if not (layout == layout[:1]).all():
-        return None
-    return first

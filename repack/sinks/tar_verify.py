@@ -9,14 +9,16 @@ what repack writes; anything else (damage, or another tool's header bytes) is wa
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from repack.sinks.checks import check_file, sha256_file
-from repack.sinks.sample_checksums import checksums_from_columns, sample_checksums
-from repack.sinks.tar_check import check_against_index
+from repack.sinks.sample_checksums import sample_checksums
+from repack.sinks.tar_check import PartCheck, check_part, parts_agree
 from repack.sinks.tar_format import index_from_members, read_archive, split_key, tail_problem
 
 
@@ -33,31 +35,72 @@ def verify_tar_shard(root: Path, shard: dict, check) -> None:
         verify_by_walk(root, shard, check)
 
 
+PART_SAMPLES = 16384  # samples a part of a shard's check covers at most (``part_count``)
+PART_BYTES = 256 << 20  # and archive bytes
+
+
+class TarShardParts:
+    """``repack verify``'s split of one tar shard's check over processes: ``parts(shard)`` parts of its
+    index (``tar_check.check_part``: headers, names, layout, crc32s), each ``check``-ed on its own, and the
+    tar's sha256 hashed by another task; ``passes`` joins them. A shard that does not pass is checked again
+    whole (``verify_tar_shard``), which names its problems."""
+
+    @staticmethod
+    def parts(shard: dict) -> int:
+        """How many parts the shard's check is cut into (0: not split; the shard has no index)."""
+        if not shard.get("index"):
+            return 0
+        samples = max(1, int(shard.get("samples", 0)))
+        return min(samples, max(1, -(-samples // PART_SAMPLES), -(-int(shard.get("bytes", 0)) // PART_BYTES)))
+
+    @staticmethod
+    def check(root: Path, shard: dict, part: int, parts: int) -> tuple[dict | None, bytes]:
+        """Part ``part`` of ``parts`` of the shard's check: (``PartCheck.summary()`` or None for no
+        verdict, the part's key hashes)."""
+        found = check_shard_part(Path(root), shard, part, parts)
+        return (None, b"") if found is None else (found.summary(), found.key_hashes.tobytes())
+
+    @staticmethod
+    def passes(shard: dict, found: list[tuple[dict | None, bytes]], sha256: str | None) -> bool:
+        """True when every part passed, the parts agree and hold the manifest's sample count, and the tar's
+        sha256 is the manifest's."""
+        if sha256 != shard["sha256"] or any(summary is None for summary, _ in found):
+            return False
+        parts = [PartCheck.from_summary(summary, hashes) for summary, hashes in found]
+        return parts_agree(parts) and parts[0].count == shard["samples"]
+
+
+def check_shard_part(root: Path, shard: dict, part: int, parts: int) -> PartCheck | None:
+    """``tar_check.check_part`` of the shard's files under ``root`` (the tar mapped, not read), the
+    manifest's size of the tar and size and sha256 of its checksums file included (the first part checks
+    those); None is no verdict."""
+    try:
+        index = (root / shard["index"]).read_bytes()
+        checksums = None
+        if shard.get("checksums"):
+            checksums = (root / shard["checksums"]).read_bytes()
+            expected = shard.get("checksums_sha256")
+            if part == 0 and (len(checksums) != shard.get("checksums_bytes", -1) or
+                              expected is not None and hashlib.sha256(checksums).hexdigest() != expected):
+                return None
+        with open(root / shard["path"], "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size != shard["bytes"]:
+                return None
+            with (mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else _Empty()) as tar:
+                found = check_part(tar, index, part, parts, checksums)
+                return None if found is None else dataclasses.replace(found, offsets=None, keys=None)
+    except OSError:
+        return None
+
+
 def matches_by_index(root: Path, shard: dict) -> bool:
     """True when the tar, its index and its checksums file are exactly what repack writes for the
     manifest entry (sizes and sha256 of the side files included); False is no verdict."""
     if not shard.get("index"):
         return False
-    try:
-        index = (Path(root) / shard["index"]).read_bytes()
-        with open(Path(root) / shard["path"], "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size != shard["bytes"]:
-                return False
-            with (mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else _Empty()) as tar:
-                columns = check_against_index(tar, index)
-                if columns is None or len(columns.keys) != shard["samples"]:
-                    return False
-                if not shard.get("checksums"):
-                    return True
-                expected = checksums_from_columns(tar, columns.offsets, columns.sizes, columns.per_sample)
-        problems: list[str] = []
-        if not check_file(root, shard["checksums"], shard.get("checksums_bytes", -1), shard.get("checksums_sha256"),
-                          lambda ok, message: ok or problems.append(message)):
-            return False
-        return not problems and (Path(root) / shard["checksums"]).read_bytes() == expected
-    except OSError:
-        return False
+    found = check_shard_part(Path(root), shard, 0, 1)
+    return found is not None and parts_agree([found]) and found.count == shard["samples"]
 
 
 class _Empty(bytes):

@@ -32,7 +32,7 @@ from repack.manifest.io import fsync_dir
 from repack.sinks.checks import file_and_index_outputs
 from repack.sinks.sample_checksums import checksums_column, checksums_header, sample_checksums
 from repack.sinks.tar_format import BLOCK, INDEX_VERSION, PADDING, end_of_archive, ustar_header
-from repack.sinks.tar_verify import verify_tar_shard
+from repack.sinks.tar_verify import TarShardParts, verify_tar_shard
 
 
 class TarMemberWriter:
@@ -441,3 +441,4 @@ class WebDatasetSink:
     outputs = staticmethod(file_and_index_outputs)
 
     verify_shard = staticmethod(verify_tar_shard)
+    verify_split = TarShardParts
