@@ -11,7 +11,6 @@ in ``repack.jobs.images``).
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass
 from typing import Sequence
@@ -19,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from repack.errors import UsageError
+from repack.jobs.task_inputs import delta_columns, pack_column
 from repack.sinks.tar_format import BLOCK, RECORD
 from repack.sources.columns import NO_LABEL, join_names, name_ends
 
@@ -26,6 +26,8 @@ ARCHIVE_TAIL_MAX = 2 * BLOCK + RECORD  # end-of-archive blocks + padding to the 
 _JSON_STR = json.encoder.encode_basestring_ascii
 _META_FIXED = len('{"bytes": , "class": , "format": "jpg", "height": 1000, "path": , "width": 1000}')
 _FS = ("utf-8", "surrogateescape")
+_PLAIN = bytes(b for b in range(0x20, 0x80) if b not in b'"\\')  # bytes JSON writes as themselves
+_SCAN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,9 @@ class InputColumns:
     def of(cls, items: Sequence, root: str | None) -> "InputColumns":
         """Columns of ``items``: an ``InputTable`` (read column-wise) or any sequence of ``InputItem``."""
         if hasattr(items, "label_ids"):  # repack.sources.columns.InputTable
-            fps = np.stack([items.sizes, items.mtimes, items.inodes], axis=1) if len(items) else \
-                np.zeros((0, 3), dtype=np.int64)
             return cls(items.names, items.ends, items.label_ids, tuple(items.label_names), items.sizes,
-                       Fingerprints(fps, None), dict(items.real_paths), {}, items.root + "/")
+                       Fingerprints((items.sizes, items.mtimes, items.inodes), None), dict(items.real_paths), {},
+                       items.root + "/")
         items = list(items)
         try:
             names = join_names([item.rel for item in items])
@@ -68,9 +69,11 @@ class InputColumns:
     def __len__(self) -> int:
         return len(self.ends)
 
-    @property
-    def starts(self) -> np.ndarray:
-        return np.concatenate(([0], self.ends[:-1] + 1)) if len(self.ends) else np.zeros(0, dtype=np.int64)
+    def lengths(self) -> np.ndarray:
+        """Each rel's bytes (int64)."""
+        lengths = np.diff(self.ends, prepend=-1)
+        lengths -= 1
+        return lengths
 
     def rel(self, row: int) -> str:
         start = int(self.ends[row - 1]) + 1 if row else 0
@@ -86,41 +89,37 @@ class InputColumns:
     def per_label(self, length, none: int = 0) -> np.ndarray:
         """length(label name) per input, computed once per label (``none`` for unlabeled inputs)."""
         table = np.array([length(name) for name in self.label_names] + [none], dtype=np.int64)
-        return table[np.where(self.label_ids == NO_LABEL, len(self.label_names), self.label_ids)]
+        return table[self.label_ids]  # NO_LABEL (-1) indexes ``none``
 
     def json_lengths(self) -> np.ndarray:
         """len(encode_basestring_ascii(rel)) per input: the byte length + 2 quotes, but for the rels holding
         a byte JSON escapes (non-ASCII, control, quote, backslash), computed from the decoded rel."""
-        raw = np.frombuffer(self.names, dtype=np.uint8)
-        lengths = self.ends - self.starts + 2
-        escaped = (raw >= 0x80) | ((raw < 0x20) & (raw != 0)) | (raw == 0x22) | (raw == 0x5C)
-        if escaped.any():
-            for row in np.unique(np.searchsorted(self.ends, np.flatnonzero(escaped))).tolist():
-                lengths[row] = len(_JSON_STR(self.rel(row)))
+        lengths = self.lengths()
+        lengths += 2
+        if len(self.names.translate(None, _PLAIN)) > len(self):  # more than the NULs: some rel is escaped
+            raw = np.frombuffer(self.names, dtype=np.uint8)
+            for at in range(0, len(raw), _SCAN_BYTES):  # bounded temporaries
+                part = raw[at:at + _SCAN_BYTES]
+                escaped = (part >= 0x80) | ((part < 0x20) & (part != 0)) | (part == 0x22) | (part == 0x5C)
+                for row in np.unique(np.searchsorted(self.ends, at + np.flatnonzero(escaped))).tolist():
+                    lengths[row] = len(_JSON_STR(self.rel(row)))
         return lengths
 
 
 @dataclass(frozen=True)
 class Fingerprints:
-    """Fingerprints as an (N, 3) array (a folder scan) or as lists (other sources: their own length)."""
+    """Fingerprints as columns (size, mtime_ns, inode: a folder scan) or as lists (other sources: their own
+    length)."""
 
-    array: np.ndarray | None
+    columns: tuple[np.ndarray, ...] | None
     lists: list[list[int]] | None
 
     def payload(self, start: int, end: int) -> dict:
-        """Rows [start, end) as a task payload's column: "fp24" (base64 of little-endian int64 size, mtime_ns,
-        inode per input) or "fp" (a list per input)."""
-        if self.array is not None:
-            return {"fp24": _b64(self.array[start:end].astype("<i8").tobytes())}
+        """Rows [start, end) as a task payload's column: "fpz" (the packed size, mtime_ns and inode columns) or
+        "fp" (a list per input)."""
+        if self.columns is not None:
+            return {"fpz": pack_column(delta_columns([column[start:end] for column in self.columns]))}
         return {"fp": self.lists[start:end]}
-
-
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode("ascii")
-
-
-def _blocks(sizes: np.ndarray) -> np.ndarray:
-    return -(-sizes // BLOCK) * BLOCK
 
 
 def _digits(values: np.ndarray) -> np.ndarray:
@@ -131,26 +130,50 @@ def _digits(values: np.ndarray) -> np.ndarray:
     return digits
 
 
+def _image_and_cls(cols: InputColumns, cls_blocks) -> np.ndarray:
+    """Each sample's image member (header and padded data) plus ``cls_blocks`` (bytes: a cls member)."""
+    out = cols.sizes + (BLOCK - 1)
+    out //= BLOCK
+    out *= BLOCK
+    out += BLOCK
+    out += cls_blocks
+    return out
+
+
+def _add_json(out: np.ndarray, meta: np.ndarray) -> np.ndarray:
+    """``out`` plus a json member of ``meta`` bytes (header and padding), in place."""
+    meta += BLOCK - 1
+    meta //= BLOCK
+    meta *= BLOCK
+    out += meta
+    out += BLOCK
+    return out
+
+
 def sample_bounds(cols: InputColumns, with_json: bool = True) -> np.ndarray:
     """Upper bound of each sample's bytes in a tar (any label, any metadata escaping): the image, a cls
     and (``with_json``) a json member of at most 256 + 6 x (rel and label bytes), headers and padding."""
-    image_and_cls = BLOCK + _blocks(cols.sizes) + 2 * BLOCK
+    out = _image_and_cls(cols, 2 * BLOCK)
     if not with_json:
-        return image_and_cls
-    meta = 256 + 6 * (cols.ends - cols.starts) + 6 * cols.per_label(len)
-    return image_and_cls + BLOCK + _blocks(meta)
+        return out
+    meta = cols.lengths()
+    meta += cols.per_label(len)
+    meta *= 6
+    meta += 256
+    return _add_json(out, meta)
 
 
 def sample_expected(cols: InputColumns, with_json: bool = True) -> np.ndarray:
     """Each sample's bytes in a tar when its image is stored as read and (``with_json``) its metadata holds a
     4-digit width and height (``repack.jobs.images.sample_json``'s length; a chunk's slot is the sum)."""
-    labeled = cols.label_ids != NO_LABEL
-    image_and_cls = BLOCK + _blocks(cols.sizes) + np.where(labeled, 2 * BLOCK, 0)
+    out = _image_and_cls(cols, cols.per_label(lambda name: 2 * BLOCK, none=0))
     if not with_json:
-        return image_and_cls
-    class_json = cols.per_label(lambda name: len(_JSON_STR(name)), none=len("null"))
-    meta = _META_FIXED + _digits(cols.sizes) + class_json + cols.json_lengths()
-    return image_and_cls + BLOCK + _blocks(meta)
+        return out
+    meta = cols.json_lengths()
+    meta += cols.per_label(lambda name: len(_JSON_STR(name)), none=len("null"))
+    meta += _digits(cols.sizes)
+    meta += _META_FIXED
+    return _add_json(out, meta)
 
 
 def cut_runs(bounds: np.ndarray, start: int, end: int, max_count: int | None,
@@ -186,12 +209,12 @@ class PayloadWriter:
     def inputs(self, start: int, end: int, first: int) -> dict:
         """The columnar inputs of rows [start, end); ``first``: the sample position of row ``start``."""
         cols = self.cols
-        inputs: dict = {"first": first, "count": end - start, "rels": _b64(cols.name_bytes(start, end)),
+        inputs: dict = {"first": first, "count": end - start, "relz": pack_column(cols.name_bytes(start, end)),
                         **cols.fingerprints.payload(start, end)}
         ids = cols.label_ids[start:end]
         if (ids != NO_LABEL).any():
             used = np.unique(ids[ids != NO_LABEL]).tolist()
-            inputs["cls4"] = _b64(self.class_of[np.where(ids == NO_LABEL, len(cols.label_names), ids)].tobytes())
+            inputs["clsz"] = pack_column(self.class_of[np.where(ids == NO_LABEL, len(cols.label_names), ids)].tobytes())
             inputs["names"] = {str(int(self.class_of[i])): cols.label_names[i] for i in used}
         if cols.root is not None:
             inputs["root"] = cols.root

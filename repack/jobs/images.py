@@ -232,6 +232,11 @@ class ImagesJob(Job):
         else:
             scan = scan_foreign(spec.source, spec.source_format, FieldChoice(spec.image_field, spec.label_field),
                                 confinement)
+        return self.plan_scan(scan)
+
+    def plan_scan(self, scan) -> Plan:
+        """The plan of a scan's inputs: --append's selection, --shuffle, --dedup, then shards and chunks."""
+        spec = self.spec
         items = scan.items if hasattr(scan.items, "take") else list(scan.items)
         key_offset = 0
         selection = None

@@ -1,16 +1,17 @@
 """A task's inputs as columns: the compact, JSON-able form of ``payload["inputs"]``.
 
 A task of N inputs carries one column per field instead of N dicts (what a worker receives, and what
-plan.json.gz stores); the per-input columns are base64 strings of bytes, so neither the planner nor
-JSON handles a Python object per input::
+plan.json.gz stores); the per-input columns are bytes, zlib'd and base64'd into one JSON string each
+(``pack_column``), so neither the planner nor JSON handles a Python object per input::
 
   {"first": P,              sample position of the first input (keys: P, P+1, ...)
    "count": N,
-   "rels":  "<base64>",     the paths under the source root, utf-8 (surrogateescape), each followed by a NUL
-   "fp24":  "<base64>",     the fingerprints checked before reading, little-endian int64 size, mtime_ns,
-                            inode per input (a folder scan's)
+   "relz":  "<packed>",     the paths under the source root, utf-8 (surrogateescape), each followed by a NUL
+   "fpz":   "<packed>",     the fingerprints checked before reading: little-endian int64 columns of size,
+                            then mtime_ns, then inode, each as its first value then differences
+                            (``delta_columns``; a folder scan's)
    "fp":    [[fingerprint], ...]   or one list per input (other sources: their own length)
-   "cls4":  "<base64>",     class index per input, little-endian int32, -1 for none (absent when unlabeled)
+   "clsz":  "<packed>",     class index per input, little-endian int32, -1 for none (absent when unlabeled)
    "names": {index: name},  the class names of those indices
    "root":  "/src/",        path = root + rel, except the inputs in "path"
    "path":  {i: path},      inputs opened elsewhere (list files, s3, a symlinked folder)
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import re
+import zlib
 
 import numpy as np
 
@@ -52,18 +54,38 @@ def input_count(payload: dict) -> int:
     return inputs["count"] if "count" in inputs else len(inputs["rel"])
 
 
+def pack_column(raw: bytes) -> str:
+    """A column's bytes as a JSON-able string: zlib (level 1), then base64."""
+    return base64.b64encode(zlib.compress(raw, 1)).decode("ascii")
+
+
+def unpack_column(packed: str) -> bytes:
+    return zlib.decompress(base64.b64decode(packed))
+
+
+def delta_columns(columns: list[np.ndarray]) -> bytes:
+    """Equal-length int64 columns as the "fpz" bytes: little-endian, one after the other, each its first value
+    then the differences (fingerprints of files made together differ little: the zlib'd column is small)."""
+    stacked = np.array(columns, dtype="<i8")
+    stacked[:, 1:] = np.diff(stacked, axis=1)
+    return stacked.tobytes()
+
+
+def undelta_columns(raw: bytes, count: int) -> np.ndarray:
+    """The (count, K) int64 rows of ``delta_columns``' K columns."""
+    if not count:
+        return np.zeros((0, 0), dtype=np.int64)
+    return np.cumsum(np.frombuffer(raw, dtype="<i8").reshape(-1, count), axis=1).T
+
+
 def input_rels(payload: dict) -> list[str]:
     """The rels of a task payload's inputs, in order (either shape)."""
     inputs = payload.get("inputs", ())
     if not isinstance(inputs, dict):
         return [entry["rel"] for entry in inputs]
-    if "rels" in inputs:
-        return split_names(base64.b64decode(inputs["rels"]))
+    if "relz" in inputs:
+        return split_names(unpack_column(inputs["relz"]))
     return list(inputs["rel"])
-
-
-def _ints(packed: str, dtype: str) -> list[int]:
-    return np.frombuffer(base64.b64decode(packed), dtype=dtype).tolist()
 
 
 def task_inputs(payload: dict) -> list[dict]:
@@ -72,15 +94,15 @@ def task_inputs(payload: dict) -> list[dict]:
     if not isinstance(inputs, dict):
         return list(inputs)
     rels, first = input_rels(payload), inputs["first"]
-    if "fp24" in inputs:
-        flat = _ints(inputs["fp24"], "<i8")
-        fps = [flat[i:i + 3] for i in range(0, len(flat), 3)]
+    if "fpz" in inputs:
+        fps = undelta_columns(unpack_column(inputs["fpz"]), len(rels)).tolist()
     elif "fp3" in inputs:
         flat = inputs["fp3"]
         fps = [flat[i:i + 3] for i in range(0, len(flat), 3)]
     else:
         fps = inputs["fp"]
-    classes = [None if c < 0 else c for c in _ints(inputs["cls4"], "<i4")] if "cls4" in inputs else inputs.get("cls")
+    classes = [None if c < 0 else c for c in np.frombuffer(unpack_column(inputs["clsz"]), "<i4").tolist()] \
+        if "clsz" in inputs else inputs.get("cls")
     names = inputs.get("names", {})
     root = inputs.get("root")
     paths, extra = inputs.get("path", {}), inputs.get("extra", {})

@@ -225,7 +225,7 @@ def scan_folder(root: str, confinement: Confinement | None = None, workers: int 
     labeled = bool(top.top_dirs)
     names = b"".join(part.names for part in parts)
     ends = name_ends(names)
-    stats = np.concatenate([part.stats for part in parts]) if parts else np.zeros((0, 4), dtype=np.int64)
+    size, mtime, inode, device = (np.concatenate([part.stats[:, k] for part in parts]) for k in range(4))
     counts = np.array([part.count for part in parts], dtype=np.int64)
     firsts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     real_paths = {int(first) + row: path for part, first in zip(parts, firsts) for row, path in part.real_paths.items()}
@@ -238,9 +238,9 @@ def scan_folder(root: str, confinement: Confinement | None = None, workers: int 
         np.full(len(ends), NO_LABEL, dtype=np.int32)
     del parts
     keep = np.ones(len(ends), dtype=bool)
-    table = InputTable(conf.root, names, ends, label_ids, label_names, stats[:, 0].copy(), stats[:, 1].copy(),
-                       stats[:, 2].copy(), real_paths)
-    _drop_aliases(conf, table, stats[:, 3], keep, quarantine)
+    table = InputTable(conf.root, names, ends, label_ids, label_names, size, mtime, inode, real_paths)
+    _drop_aliases(conf, table, device, keep, quarantine)
+    del device
     if labeled:
         for row in range(int(counts[0])):  # the root's own files
             if keep[row]:
