@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import heapq
 import json
 import os
 import random
 import time
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,7 +61,7 @@ from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - samp
 from repack.lifecycle.input_record import load_known, select_new
 from repack.jobs.record_columns import (join_digests, join_times, pack_digests, pack_times, packed_rels,
                                         unpack_times)
-from repack.jobs.stats import bucket_edges, count_into, histogram, merge_counts, merge_slowest, percentiles
+from repack.jobs.stats import bucket_edges, histogram, merge_counts, merge_slowest, percentiles
 from repack.jobs.summary import quarantine_lines
 from repack.sinks import get_sink
 from repack.sources import Confinement, InputItem, scan_foreign, scan_source
@@ -169,6 +169,43 @@ def combine_records(records: list[dict], shard: dict | None, outputs: list[dict]
                 reasons[reason] = reasons.get(reason, 0) + n
         combined["normalize"] = {"converted": sum(r["normalize"]["converted"] for r in records), "reasons": reasons}
     return combined
+
+
+class PackedColumns:
+    """Per packed input of a task, as columns: its row among the task's inputs, source bytes, width,
+    height, read and check microseconds; the record's profile histograms and slowest list from them."""
+
+    def __init__(self) -> None:
+        self.rows, self.sizes, self.widths, self.heights = array("q"), array("q"), array("q"), array("q")
+        self.read_us, self.check_us = array("q"), array("q")
+
+    def add(self, row: int, size: int, width: int, height: int, read_us: int, check_us: int) -> None:
+        self.rows.append(row)
+        self.sizes.append(size)
+        self.widths.append(width)
+        self.heights.append(height)
+        self.read_us.append(read_us)
+        self.check_us.append(check_us)
+
+    def profile(self) -> dict[str, dict[str, int]]:
+        """{"bytes", "width", "height": {str(half-octave lower edge): count}} (``stats.count_into``'s form)."""
+        return {name: _bucket_counts(column) for name, column in
+                (("bytes", self.sizes), ("width", self.widths), ("height", self.heights))}
+
+    def slowest(self, rels: list[str]) -> list[dict]:
+        """The SLOWEST_N inputs by read + check time (ties: by source), ``rels``: the task's inputs."""
+        total = np.asarray(self.read_us, dtype=np.int64) + np.asarray(self.check_us, dtype=np.int64)
+        candidates = range(len(total))
+        if len(total) > SLOWEST_N:
+            candidates = np.flatnonzero(total >= np.partition(total, -SLOWEST_N)[-SLOWEST_N]).tolist()
+        chosen = sorted(candidates, key=lambda at: (-int(total[at]), rels[self.rows[at]]))[:SLOWEST_N]
+        return [{"source": rels[self.rows[at]], "us": int(total[at]), "bytes": self.sizes[at],
+                 "width": self.widths[at], "height": self.heights[at]} for at in chosen]
+
+
+def _bucket_counts(values: array) -> dict[str, int]:
+    edges, counts = np.unique(bucket_edges(np.asarray(values, dtype=np.int64)), return_counts=True)
+    return {str(edge): count for edge, count in zip(edges.tolist(), counts.tolist())}
 
 
 class ShardAssembly:
@@ -311,14 +348,12 @@ class ImagesJob(Job):
         else:
             writer = self.sink.open_shard(self.out, task.task_id)
         quarantine: list[dict] = []
-        read_us: list[int] = []
-        check_us: list[int] = []
-        timed: list[tuple[int, str, int, int, int]] = []  # (us, source, bytes, width, height)
+        packed = PackedColumns()
         formats: dict[str, int] = {}
+        classes: dict[str, int] = {}
         digests: list[bytes] = []  # sha256 of every packed input, in plan order
         converted: dict[str, int] = {}
         normalized = 0
-        profile: dict[str, dict] = {"bytes": {}, "width": {}, "height": {}, "classes": {}}
         norm = None
         if spec.normalize:  # imported here: numpy and the encoder cost ~0.1 s of start-up otherwise
             from repack.transforms.normalize import NormalizeOptions, normalize_image
@@ -329,7 +364,7 @@ class ImagesJob(Job):
         entries = task_inputs(task.payload)
         reads = read_inputs(entries, root)
         try:
-            for entry in entries:
+            for row, entry in enumerate(entries):
                 t0 = time.perf_counter()
                 data = next(reads)
                 if isinstance(data, OSError):
@@ -370,23 +405,17 @@ class ImagesJob(Job):
                 writer.add_sample(entry["key"], members)
                 digests.append(digest)
                 formats[ext] = formats.get(ext, 0) + 1
-                count_into(profile["bytes"], source_bytes)
-                count_into(profile["width"], src_w)
-                count_into(profile["height"], src_h)
                 label = entry["label"] if entry["label"] is not None else ""
-                profile["classes"][label] = profile["classes"].get(label, 0) + 1
-                read_us.append(round((t1 - t0) * 1e6))
-                check_us.append(round((t2 - t1) * 1e6))
-                timed.append((read_us[-1] + check_us[-1], entry["rel"], source_bytes, src_w, src_h))
+                classes[label] = classes.get(label, 0) + 1
+                packed.add(row, source_bytes, src_w, src_h, round((t1 - t0) * 1e6), round((t2 - t1) * 1e6))
             shard = writer.commit()
         except BaseException:
             writer.abort()
             raise
-        slowest = [{"source": rel, "us": us, "bytes": size, "width": w, "height": h}
-                   for us, rel, size, w, h in heapq.nsmallest(SLOWEST_N, timed, key=lambda t: (-t[0], t[1]))]
         record = {"shard": shard, "quarantine": quarantine, "inputs": len(entries), "formats": formats,
-                  "sha256": pack_digests(digests), "profile": profile,
-                  "timing": {"us": pack_times(read_us, check_us), "slowest": slowest}}
+                  "sha256": pack_digests(digests), "profile": {**packed.profile(), "classes": classes},
+                  "timing": {"us": pack_times(packed.read_us, packed.check_us),
+                             "slowest": packed.slowest([entry["rel"] for entry in entries])}}
         if task.group:  # a segment of the group's shard (see ShardAssembly); placed: no file of its own
             record.update(shard=None, segment=shard, outputs=[] if "at" in shard else
                           [{"path": f"{SEGMENTS_DIR}/{shard['name']}", "bytes": shard["bytes"]}])

@@ -52,14 +52,15 @@ _MTIME = bytes(_HEADER_TEMPLATE[136:148])
 _AFTER_CHECKSUM = bytes(_HEADER_TEMPLATE[156:BLOCK])
 
 
-def ustar_header(name: bytes, size: int) -> bytes:
-    """A 512-byte ustar header for a regular file ``name`` of ``size`` bytes."""
+def ustar_header(name: bytes, size: int, name_sum: int | None = None) -> bytes:
+    """A 512-byte ustar header for a regular file ``name`` of ``size`` bytes (``name_sum``: ``sum(name)``,
+    when the caller has it from parts it reuses)."""
     if len(name) > 100:
         raise ValueError(f"member name longer than 100 bytes: {name!r}")
     if size > MAX_MEMBER_SIZE:
         raise ValueError(f"member of {size} bytes exceeds the ustar limit")
     size_field = b"%011o\x00" % size
-    checksum = _TEMPLATE_SUM + sum(name) + sum(size_field)
+    checksum = _TEMPLATE_SUM + (sum(name) if name_sum is None else name_sum) + sum(size_field)
     return b"%s%s%s%s%s%06o\x00 %s" % (name, _NAME_PADS[100 - len(name)], _MODE_UID_GID, size_field, _MTIME,
                                        checksum, _AFTER_CHECKSUM)
 

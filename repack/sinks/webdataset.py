@@ -64,18 +64,21 @@ class TarMemberWriter:
         offset = self._offset
         base = self._index_base + BLOCK
         crc = 0
+        key_bytes = key.encode("ascii")
+        key_sum = sum(key_bytes)
         for ext, data in members:
-            name = f"{key}.{ext}"
+            suffix = _SUFFIXES.get(ext) or _suffix(ext)
+            name = key_bytes + suffix
             size = len(data)
-            pending.append(ustar_header(name.encode("ascii"), size))
+            pending.append(ustar_header(name, size, key_sum + _SUFFIX_SUMS[suffix]))
             pending.append(data)
             pad = -size % BLOCK
             if pad:
                 pending.append(PADDING[pad])
-            fields.append(f"{ext} {base + offset} {size} {name}")
+            fields.append(b"%s %d %d %s" % (suffix[1:], base + offset, size, name))
             crc = zlib.crc32(data, crc)
             offset += BLOCK + size + pad
-        self._index += " ".join(fields).encode("ascii") + b"\n"
+        self._index += b" ".join(fields) + b"\n"
         self._crcs.append(crc)
         self._pending_bytes += offset - self._offset
         self._offset = offset
@@ -100,6 +103,16 @@ class TarMemberWriter:
             os.close(self._fd)
             self._fd = -1
         self._tmp.unlink(missing_ok=True)
+
+
+_SUFFIXES: dict[str, bytes] = {}  # extension -> b".ext"
+_SUFFIX_SUMS: dict[bytes, int] = {}  # b".ext" -> its byte sum (a header's checksum adds the name's)
+
+
+def _suffix(ext: str) -> bytes:
+    suffix = _SUFFIXES[ext] = f".{ext}".encode("ascii")
+    _SUFFIX_SUMS[suffix] = sum(suffix)
+    return suffix
 
 
 WRITE_BATCH = 1 << 20
