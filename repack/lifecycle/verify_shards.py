@@ -59,6 +59,7 @@ def check_shards(files, manifest, workers: int | None = None) -> ShardsChecked:
             escaped[i] = ([str(exc)], b"")
     todo = [i for i in range(len(shards)) if i not in escaped]
     if todo:
+        get_sink(manifest.format)  # imported before the workers fork: they inherit it
         with _Pool(workers) as pool:
             if files.remote:
                 done = _fetched_then_checked(pool, files, manifest.format, [shards[i] for i in todo])
