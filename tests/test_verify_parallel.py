@@ -232,3 +232,130 @@ def test_download_parts_fetches_parts_concurrently_and_names_a_change(server, tm
         assert in_flight.most >= 4, in_flight.most
     finally:
         proxy.stop()
+
+
+# -- a shard's check in parts (the per-shard tail of issue 26 item 4) -----------------------------------
+def tar_with_keys(keys: list[str]) -> tuple[bytes, bytes]:
+    """(tar, idx) repack writes for samples ``keys`` (a 5-byte .jpg and a 1-byte .cls each), one index
+    line per sample."""
+    from repack.sinks.tar_format import index_text, ustar_header
+
+    body, lines = bytearray(), []
+    for key in keys:
+        line = []
+        for ext, data in (("jpg", b"\xff\xd8abc"), ("cls", b"3")):
+            body += ustar_header(f"{key}.{ext}".encode(), len(data))
+            line.append((ext, len(body), len(data), f"{key}.{ext}"))
+            body += data + bytes(-len(data) % 512)
+        lines.append(line)
+    return bytes(body) + end_of_archive(len(body)), index_text(lines).encode()
+
+
+def parts_of(tar: bytes, idx: bytes, parts: int, checksums: bytes | None = None):
+    from repack.sinks.tar_check import check_part
+
+    return [check_part(tar, idx, part, parts, checksums) for part in range(parts)]
+
+
+def test_the_parts_of_a_shard_cover_each_line_once_and_agree_as_the_whole_does(packed_photos):
+    from repack.sinks.tar_check import check_against_index, parts_agree
+
+    shard = read_manifest_json(packed_photos)["shards"][0]
+    tar, idx = (packed_photos / shard["path"]).read_bytes(), (packed_photos / shard["index"]).read_bytes()
+    crc = (packed_photos / shard["checksums"]).read_bytes()
+    whole = check_against_index(tar, idx)
+    for parts in (1, 2, 3, 7, 25):
+        found = parts_of(tar, idx, parts, crc)
+        assert all(found) and parts_agree(found), parts
+        assert [p.first_sample for p in found if p.samples] == sorted({p.first_sample for p in found if p.samples})
+        assert sum(p.samples for p in found) == shard["samples"] == len(whole.keys)
+        assert np.array_equal(np.concatenate([p.key_hashes for p in found]), index_key_hashes(idx))
+    damaged = bytearray(crc)
+    damaged[-1] ^= 1  # the last sample's crc32: only the last part reads it
+    found = parts_of(tar, idx, 3, bytes(damaged))
+    assert found[0] is not None and found[-1] is None
+
+
+def test_adjacent_samples_with_one_key_across_a_part_boundary_do_not_pass():
+    """Each part alone is a valid run of samples; only the join sees that the last key of one part is
+    the first of the next (a reader would merge the two samples)."""
+    from repack.sinks.tar_check import check_against_index, parts_agree
+
+    keys = [f"{i:04d}" for i in range(8)]
+    tar, idx = tar_with_keys(keys)
+    found = parts_of(tar, idx, 2)
+    assert all(found) and parts_agree(found)
+    boundary = found[1].first_sample
+    keys[boundary] = keys[boundary - 1]
+    tar, idx = tar_with_keys(keys)
+    assert check_against_index(tar, idx) is None
+    found = parts_of(tar, idx, 2)
+    assert all(found) and found[1].first_sample == boundary  # each part passes on its own
+    assert not parts_agree(found)
+    assert not parts_agree([found[1], found[0]])  # nor do parts out of order
+
+
+def test_no_verify_task_holds_more_than_a_part_and_the_digests_start_first():
+    """The biggest task bounds verify's wall: a 40,000-sample shard is cut into parts of at most
+    PART_SAMPLES samples, and tasks start biggest first (the sequential sha256 of the biggest tar first)."""
+    from repack.lifecycle.verify_shards import plan_tasks
+    from repack.sinks.tar_verify import PART_SAMPLES
+
+    shards = [{"path": f"s{i}.tar", "index": f"s{i}.idx", "samples": n, "bytes": n * 3584, "index_bytes": n * 118}
+              for i, n in enumerate((40_000, 12_000, 1))]
+    tasks = plan_tasks("webdataset", shards)
+    parts = {i: [t for t in tasks if t.shard == i and t.kind == "part"] for i in range(3)}
+    assert [len(parts[i]) for i in range(3)] == [-(-40_000 // PART_SAMPLES), 1, 1]
+    assert (tasks[0].kind, tasks[0].shard) == ("digest", 0)  # the longest sequential task starts first
+    assert [t.cost for t in tasks] == sorted((t.cost for t in tasks), reverse=True)
+    assert [t.kind for t in plan_tasks("lmdb", shards[:1])] == ["whole"]
+
+
+def test_a_verify_worker_that_dies_leaves_its_shard_not_checked(packed_photos, tmp_path):
+    """A shard whose index is a FIFO blocks the worker reading it; killing that worker must report the
+    shard "not checked", exit 5, never pass it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "out"
+    shutil.copytree(packed_photos, out)
+    (out / "shard-000001.idx").unlink()
+    os.mkfifo(out / "shard-000001.idx")
+    fifo = out / "shard-000001.idx"
+    proc = subprocess.Popen([sys.executable, "-m", "repack", "verify", str(out), "--json", "--workers", "2"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writer = None
+    try:
+        deadline = time.monotonic() + 120
+        while writer is None:  # opens once a reader waits on the FIFO; the reader then blocks reading it
+            assert time.monotonic() < deadline and proc.poll() is None, "no worker opened the index"
+            try:
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                time.sleep(0.1)
+        readers = [int(pid) for pid in os.listdir("/proc")
+                   if pid.isdigit() and int(pid) != os.getpid() and reads(int(pid), fifo)]
+        assert len(readers) == 1 and readers[0] != proc.pid
+        os.kill(readers[0], signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        if writer is not None:
+            os.close(writer)
+    assert proc.returncode == 5
+    problems = json.loads(stdout)["problems"]
+    assert any(p.startswith("shard-000001.tar: not checked: the process checking it died") for p in problems), problems
+
+
+def reads(pid: int, path: Path) -> bool:
+    """Process ``pid`` holds ``path`` open."""
+    import os
+
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False

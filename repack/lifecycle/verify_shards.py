@@ -59,6 +59,7 @@ def check_shards(files, manifest, workers: int | None = None) -> ShardsChecked:
             escaped[i] = ([str(exc)], b"")
     todo = [i for i in range(len(shards)) if i not in escaped]
     if todo:
+        get_sink(manifest.format)  # imported before the workers fork: they inherit it
         with _Pool(workers) as pool:
             if files.remote:
                 done = _fetched_then_checked(pool, files, manifest.format, [shards[i] for i in todo])
@@ -104,9 +105,10 @@ class Task:
     cost: int = 0
 
 
-def plan_tasks(fmt: str, shards: list[dict]) -> list[Task]:
+def plan_tasks(fmt: str, shards: list[dict], digested: frozenset[int] = frozenset()) -> list[Task]:
     """The first round of tasks, biggest first: each shard whose format splits its check
-    (``verify_split``) as a digest task and its parts, any other shard whole."""
+    (``verify_split``) as a digest task (none for the shard numbers in ``digested``: their sha256 is
+    known) and its parts, any other shard whole."""
     split = getattr(get_sink(fmt), "verify_split", None)
     tasks = []
     for i, shard in enumerate(shards):
@@ -115,7 +117,8 @@ def plan_tasks(fmt: str, shards: list[dict]) -> list[Task]:
         if not parts:
             tasks.append(Task("whole", i, cost=size))
             continue
-        tasks.append(Task("digest", i, cost=int(shard.get("bytes", 0))))
+        if i not in digested:
+            tasks.append(Task("digest", i, cost=int(shard.get("bytes", 0))))
         tasks += [Task("part", i, part, parts, size // parts) for part in range(parts)]
     return sorted(tasks, key=lambda task: -task.cost)
 
@@ -161,11 +164,12 @@ class _Pool:
         else:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
-    def check(self, fmt: str, shards: list[tuple[str, dict]]) -> list[Checked]:
+    def check(self, fmt: str, shards: list[tuple[str, dict]], digests: dict[int, str] | None = None) -> list[Checked]:
         """Each (root, shard entry) checked: the planned tasks, then the whole check of every split shard
-        that did not pass."""
+        that did not pass. ``digests``: the sha256 of a shard's main file where it is known (by number)."""
         entries = [shard for _, shard in shards]
-        answers = self._run(fmt, shards, plan_tasks(fmt, entries))
+        digests = digests or {}
+        answers = self._run(fmt, shards, plan_tasks(fmt, entries, frozenset(digests)))
         results: dict[int, Checked] = {}
         again = []
         for i, shard in enumerate(entries):
@@ -176,7 +180,7 @@ class _Pool:
                 problems, hashes = got[0][1]
                 results[i] = (json.loads(problems), hashes)
             else:
-                passed = _passed(fmt, shard, got)
+                passed = _passed(fmt, shard, got, digests.get(i))
                 if passed is None:
                     again.append(Task("whole", i))
                 else:
@@ -213,10 +217,10 @@ def _died(shard: dict, exc: BaseException) -> str:
     return f"{shard['path']}: not checked: the process checking it died ({exc})"
 
 
-def _passed(fmt: str, shard: dict, got: list) -> bytes | None:
-    """The key hashes of a split shard whose digest and parts pass its format's ``verify_split``; None
-    when it does not pass (no verdict: check it whole)."""
-    digest = next(json.loads(answer[0]) for task, answer in got if task.kind == "digest")
+def _passed(fmt: str, shard: dict, got: list, digest: str | None = None) -> bytes | None:
+    """The key hashes of a split shard whose digest (``digest``, else its digest task's) and parts pass
+    its format's ``verify_split``; None when it does not pass (no verdict: check it whole)."""
+    digest = digest or next(json.loads(answer[0]) for task, answer in got if task.kind == "digest")
     parts = [(json.loads(answer[0]), answer[1])
              for task, answer in sorted(got, key=lambda pair: pair[0].part) if task.kind == "part"]
     if not get_sink(fmt).verify_split.passes(shard, parts, digest):
@@ -226,12 +230,14 @@ def _passed(fmt: str, shard: dict, got: list) -> bytes | None:
 
 def _fetched_then_checked(pool: _Pool, files, fmt: str, shards: list[dict]) -> list[Checked]:
     """Each shard's files downloaded into a temporary folder (``files.threads`` shards at a time), then
-    checked on ``pool``; the folder removed once its shard is checked."""
+    checked on ``pool``, the sha256 computed while downloading standing for the digest task; the folder
+    removed once its shard is checked."""
 
     def one(shard: dict) -> Checked:
         rels = [shard["path"]] + [shard[side] for side in ("index", "checksums", "source_runs") if shard.get(side)]
-        with files.local(rels) as (root, fetch_problems):
-            (problems, hashes), = pool.check(fmt, [(str(root), shard)])
+        with files.fetched(rels) as (root, fetch_problems, digests):
+            known = {0: digests[shard["path"]]} if shard["path"] in digests else {}
+            (problems, hashes), = pool.check(fmt, [(str(root), shard)], known)
             return fetch_problems + problems, hashes
 
     with ThreadPoolExecutor(max(1, min(files.threads, len(shards)))) as threads:

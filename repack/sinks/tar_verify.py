@@ -5,6 +5,11 @@ First the cheap way (``tar_check``): the index's columns checked against every m
 with numpy, the per-sample checksums recomputed from those columns. A shard that passes is exactly
 what repack writes; anything else (damage, or another tool's header bytes) is walked member by member
 (``tar_format.read_archive``), which names each problem as it finds it.
+
+``TarShardParts`` is the same cheap check cut into parts of the index for ``repack verify``'s pool
+(``repack.lifecycle.verify_shards``): each part maps the tar and reads only the members its lines name,
+the tar's sha256 is another task, and a shard whose parts do not all pass goes through
+``verify_tar_shard`` whole.
 """
 
 from __future__ import annotations

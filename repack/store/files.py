@@ -104,10 +104,18 @@ class RemoteFiles:
 
     @contextlib.contextmanager
     def local(self, rels: list[str]) -> Iterator[tuple[Path, list[str]]]:
+        """Download ``rels`` into a temporary folder (``fetched``): (the folder, the problems met)."""
+        with self.fetched(rels) as (root, problems, _):
+            yield root, problems
+
+    @contextlib.contextmanager
+    def fetched(self, rels: list[str]) -> Iterator[tuple[Path, list[str], dict[str, str]]]:
         """Download ``rels`` into a temporary folder, all at once, each as concurrent ranged GETs
         (``S3Store.download_parts``); a missing object is left absent (the checks report it), content
-        that differs from the sha256 stored at upload is a problem."""
+        that differs from the sha256 stored at upload is a problem. (the folder, the problems, the sha256
+        of each downloaded file's content, computed once as it was fetched)."""
         problems: list[str] = []
+        digests: dict[str, str] = {}
         with (tempfile.TemporaryDirectory(prefix="repack-verify-") as tmp,
               ThreadPoolExecutor(max(1, len(rels))) as files):
             targets = [safe_join(tmp, rel) for rel in rels]
@@ -115,9 +123,11 @@ class RemoteFiles:
                 target.parent.mkdir(parents=True, exist_ok=True)
             fetched = files.map(lambda rel, target: self.store.download_parts(rel, target, self._gets), rels, targets)
             for rel, got in zip(rels, list(fetched)):
+                if got is not None:
+                    digests[rel] = got[1]
                 if got is not None and got[2] is not None and got[1] != got[2]:
                     problems.append(f"{rel}: content does not match the sha256 stored at upload")
-            yield Path(tmp), problems
+            yield Path(tmp), problems, digests
 
 
 def open_files(location: str | os.PathLike):
