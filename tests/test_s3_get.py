@@ -59,12 +59,15 @@ def tar_files(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix in (".tar", ".idx")}
 
 
-def test_gets_after_the_first_of_a_bucket_skip_boto3_and_odd_keys_read_right(served, endpoint):
+@pytest.mark.parametrize("token", [None, "a-session-token"])
+def test_gets_after_the_first_of_a_bucket_skip_boto3_and_odd_keys_read_right(served, endpoint, monkeypatch, token):
     from repack.sources.s3 import prefetched
     from repack.store import s3_client
 
     server, root = served
     endpoint(server.endpoint)
+    if token:  # temporary credentials: the token is sent and signed as boto3 signs it
+        monkeypatch.setenv("AWS_SESSION_TOKEN", token)
     files = sorted((root / "blobs" / "set").iterdir())
     boto3_gets = []
     s3_client.client().meta.events.register("before-send.s3.GetObject", lambda request, **_: boto3_gets.append(request.url))

@@ -7,6 +7,7 @@ environment, instance roles) and never appear in a message.
 from __future__ import annotations
 
 import os
+import threading
 
 from repack.errors import RepackError, UsageError
 from repack.manifest.s3_waits import S3Limits, WaitWatch, watch_client
@@ -31,6 +32,20 @@ _clients: dict[int, object] = {}
 _listers: dict[int, object] = {}
 _getters: dict[int, object] = {}
 _sessions: dict[int, object] = {}
+_locks: dict[int, threading.RLock] = {}  # per process: a lock held at a fork is not the child's
+
+
+def _made_once(made: dict, make):
+    """``made[pid]``, made by ``make()`` once per process even when its threads (a prefetch pool) ask at
+    once: a boto3 client costs ~0.1 s of CPU, and 16 threads each made one."""
+    pid = os.getpid()
+    if pid not in made:
+        with _locks.setdefault(pid, threading.RLock()):
+            if pid not in made:
+                made[pid] = make()
+    return made[pid]
+
+
 _limits: dict[int, S3Limits] = {}
 
 
@@ -49,34 +64,39 @@ def client():
     """One boto3 S3 client per process (clients are not fork-safe: a forked worker makes its own), with
     the timeouts and attempts of ``limits()`` (botocore "standard" retries: 5xx, throttling, connection
     errors, timeouts) and every call watched (a line on stderr when one waits long)."""
-    pid = os.getpid()
-    if pid not in _clients:
-        _clients[pid], _sessions[pid] = _new_client()
-    return _clients[pid]
+    def make():
+        s3, _sessions[os.getpid()] = _new_client()
+        return s3
+    return _made_once(_clients, make)
 
 
 def lister():
     """This process's S3 client for listings: as ``client()``, and its ListObjectsV2 pages carry keys and
     sizes as columns (``repack.store.s3_listing``: 10x less CPU per listed object than botocore's parse)."""
-    pid = os.getpid()
-    if pid not in _listers:
+    def make():
         from repack.store.s3_listing import fast_listing
 
-        _listers[pid] = _new_client()[0]
-        fast_listing(_listers[pid])
-    return _listers[pid]
+        s3 = _new_client()[0]
+        fast_listing(s3)
+        return s3
+    return _made_once(_listers, make)
 
 
 def getter():
     """This process's whole-object GETs (``repack.store.s3_get.ObjectGetter``: ~15x less client CPU per
     GET than ``client().get_object``), routed, signed and falling back as ``client()`` would."""
-    pid, s3 = os.getpid(), client()
-    if pid not in _getters or _getters[pid].client is not s3:
+    s3 = client()
+
+    def make():
         from repack.store.s3_get import ObjectGetter
 
-        session = _sessions[pid]
-        _getters[pid] = ObjectGetter(s3, session.get_credentials(), limits(), _ca_bundle(session))
-    return _getters[pid]
+        session = _sessions[os.getpid()]
+        return ObjectGetter(s3, session.get_credentials(), limits(), _ca_bundle(session))
+    made = _made_once(_getters, make)
+    if made.client is not s3:  # the client was replaced (a test pointing this process at another endpoint)
+        _getters.pop(os.getpid(), None)
+        made = _made_once(_getters, make)
+    return made
 
 
 def _ca_bundle(session) -> str | None:

@@ -36,6 +36,7 @@ import hashlib
 import hmac
 import os
 import random
+import re
 import socket
 import ssl
 import threading
@@ -51,6 +52,10 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 HEADER_LIMIT = 64 << 10     # an answer's header block larger than this is not S3's
 RECV_BYTES = 64 << 10
+# the answer's headers this module reads (names case-insensitive); the others are not parsed
+_HEADERS = re.compile(rb"\r\n((?i:content-length|transfer-encoding|connection|x-amz-checksum-(?:crc32|sha1|sha256)))"
+                      rb"[ \t]*:([^\r\n]*)")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.~/-]*")  # a key that quoting leaves as it is
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ def checksum_mismatch(headers: dict[str, str], body) -> str | None:
 
 
 def _quote(key: str) -> str:
-    return urllib.parse.quote(key, safe="/~")
+    return key if _PLAIN_KEY.fullmatch(key) else urllib.parse.quote(key, safe="/~")
 
 
 def _through_proxy(route: BucketRoute) -> bool:
@@ -156,15 +161,13 @@ class _Connection:
                 head += chunk
         except (TimeoutError, ConnectionError, ssl.SSLError) as exc:
             raise Transient(f"{url}: {type(exc).__name__}: {exc}") from None
-        lines = head[:end].decode("latin-1").split("\r\n")
+        block = bytes(head[:end + 2])
+        status_line = block[:block.find(b"\r\n")]
         try:
-            status = int(lines[0].split(" ", 2)[1])
+            status = int(status_line.split(b" ", 2)[1])
         except (IndexError, ValueError):
-            raise Transient(f"{url}: not an HTTP answer: {lines[0][:80]!r}") from None
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
+            raise Transient(f"{url}: not an HTTP answer: {status_line[:80]!r}") from None
+        headers = {name.lower().decode(): value.strip().decode("latin-1") for name, value in _HEADERS.findall(block)}
         length = headers.get("content-length", "")
         if not length.isdigit() or "transfer-encoding" in headers:
             raise _Delegate()
@@ -202,6 +205,7 @@ class ObjectGetter:
         self._idle: list[_Connection] = []
         self._idle_lock = threading.Lock()
         self._keys: tuple = ()
+        self._second: tuple[int, str] = (0, "")
 
     # --- the public read ---------------------------------------------------------------------------
     def get(self, bucket: str, key: str) -> bytes:
@@ -344,8 +348,7 @@ class ObjectGetter:
         """The signed GET of ``key`` (AWS Signature Version 4, an empty payload's hash)."""
         creds = self.credentials.get_frozen_credentials()
         path = route.base + _quote(key)
-        now = time.gmtime()
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", now)
+        stamp = self._stamp()
         date = stamp[:8]
         names = "host;x-amz-checksum-mode;x-amz-content-sha256;x-amz-date" + (
             ";x-amz-security-token" if creds.token else "")
@@ -355,14 +358,23 @@ class ObjectGetter:
                      + f"\n{names}\n{EMPTY_SHA256}")
         scope = f"{date}/{route.region}/s3/aws4_request"
         to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.new(self._signing_key(creds.secret_key, date, route.region), to_sign.encode(),
-                             hashlib.sha256).hexdigest()
+        signature = hmac.digest(self._signing_key(creds.secret_key, date, route.region), to_sign.encode(),
+                                "sha256").hex()
         token = f"x-amz-security-token: {creds.token}\r\n" if creds.token else ""
         return (f"GET {path} HTTP/1.1\r\nHost: {route.netloc}\r\nx-amz-checksum-mode: ENABLED\r\n"
                 f"x-amz-date: {stamp}\r\n"
                 f"x-amz-content-sha256: {EMPTY_SHA256}\r\n{token}"
                 f"Authorization: AWS4-HMAC-SHA256 Credential={creds.access_key}/{scope}, "
                 f"SignedHeaders={names}, Signature={signature}\r\n\r\n").encode()
+
+    def _stamp(self) -> str:
+        """The request time, ISO 8601 basic (made once a second)."""
+        now = int(time.time())
+        second, stamp = self._second
+        if second != now:
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+            self._second = (now, stamp)
+        return stamp
 
     def _signing_key(self, secret: str, date: str, region: str) -> bytes:
         keys = self._keys

@@ -30,8 +30,12 @@ REPACK_BENCH_S3_LIST_OBJECTS (default 100,000) tiny objects in 100 class folders
 (the objects are files of its folder, written directly) and REPACK_BENCH_S3_LIST_MOTO (default 20,000,
 PUT one by one) on moto: ``repack.sources.s3.scan_objects`` (columns, folders in parallel) against
 botocore's paginator (``list_objects_v2`` pages as botocore parses them, the way a user lists), objects
-per second and client CPU-seconds per 100k objects; then ``repack images`` of REPACK_BENCH_S3_PACK_OBJECTS
-(default 20,000) small JPEGs from the rclone bucket against the same files on local disk.
+per second and client CPU-seconds per 100k objects; the whole-object GET of those small JPEGs, client and
+server CPU per GET and GETs/s with 16 threads, by boto3, http.client, repack's ``s3_get`` and obstore
+(when importable, as above); then ``repack images`` of REPACK_BENCH_S3_PACK_OBJECTS (default 20,000)
+small JPEGs from the rclone bucket against the same files on local disk and against the server's GET
+rate alone (WORKERS processes of 16 threads fetching them, nothing else), medians of alternated rounds.
+REPACK_BENCH_S3_LIST_PARTS (default ``list,gets,pack``) picks parts.
 
 Absolute MB/s here say more about the loopback server than about S3 (moto especially); the ratios
 compare clients on the same server, which the table's first line names. REPACK_BENCH_S3_IMAGES sets the dataset size (default 2000);
@@ -312,14 +316,111 @@ def _tiny_jpegs() -> list[bytes]:
     return out
 
 
+def _http_client_get(getter, bucket: str):
+    """A GET on http.client (stdlib), signed by ``getter`` (repack.store.s3_get): the same request,
+    http.client's connection and header parse instead of repack's socket loop."""
+    import http.client
+    import threading
+
+    local = threading.local()
+
+    def get(key: str) -> bytes:
+        route = getter._routes[bucket]
+        head = getter._request(route, key).decode("latin-1").split("\r\n")
+        path = head[0].split(" ")[1]
+        headers = dict(line.split(": ", 1) for line in head[1:] if line)
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = local.conn = http.client.HTTPConnection(route.host, route.port, timeout=20)
+        conn.request("GET", path, headers=headers)
+        answer = conn.getresponse()
+        data = answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"http.client GET {path}: {answer.status}")
+        return data
+    return get
+
+
+def _small_gets(server, bucket: str, keys: list[str], threads: int, repeats: int) -> dict:
+    """Client CPU and server CPU per GET (µs) and GETs/s of each client reading the whole small objects
+    ``keys`` with ``threads`` threads (best of ``repeats`` by client CPU): boto3 ``get_object``, the
+    same signed request on http.client, repack's ``s3_get`` and, when importable, obstore."""
+    from repack.store import s3_client
+
+    os.environ.update(s3_env(server.endpoint))
+    s3_client._clients.clear()
+    s3_client._getters.clear()
+    getter = s3_client.getter()
+    getter.get(bucket, keys[0])  # the bucket's route
+    s3 = client(server.endpoint)
+    paths = {"boto3 `get_object(...)['Body'].read()`": lambda k: s3.get_object(Bucket=bucket, Key=k)["Body"].read(),
+             "http.client (stdlib), the same signed request": _http_client_get(getter, bucket),
+             "`repack.store.s3_get` (signed request on a kept-alive socket)": lambda k: getter.get(bucket, k)}
+    try:
+        import obstore
+        from obstore.store import S3Store
+
+        env = s3_env(server.endpoint)
+        store = S3Store(bucket, endpoint=server.endpoint, access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region=env["AWS_DEFAULT_REGION"],
+                        client_options={"allow_http": True})
+        paths[f"obstore {obstore.__version__} `get(...).bytes()` (Rust object_store)"] = (
+            lambda k: bytes(obstore.get(store, k).bytes()))
+    except ImportError:
+        pass
+    want = sum(len(getter.get(bucket, k)) for k in keys[:50])
+    rows = {}
+    with ThreadPoolExecutor(threads) as pool:
+        for name, get in paths.items():
+            if sum(len(b) for b in pool.map(get, keys[:50])) != want:  # connections open, answers right
+                raise RuntimeError(f"{name}: wrong bytes")
+            best = None
+            for _ in range(repeats):
+                cpu, served, started = time.process_time(), _server_cpu(server), time.perf_counter()
+                count = sum(1 for _ in pool.map(get, keys))
+                took = time.perf_counter() - started
+                row = {"client_us": (time.process_time() - cpu) * 1e6 / count,
+                       "server_us": (_server_cpu(server) - served) * 1e6 / count, "gets_per_s": count / took}
+                best = row if best is None or row["client_us"] < best["client_us"] else best
+            rows[name] = {k: round(v, 1) for k, v in best.items()}
+    return rows
+
+
+def _fetch_keys(args: tuple[str, list[str]]) -> int:
+    """Every object of ``keys`` read whole by this pool process's ``s3_get``, 16 threads (repack's prefetch)."""
+    from repack.sources.s3 import PREFETCH_THREADS
+    from repack.store import s3_client
+
+    bucket, keys = args
+    getter = s3_client.getter()
+    with ThreadPoolExecutor(PREFETCH_THREADS) as pool:
+        return sum(len(b) for b in pool.map(lambda k: getter.get(bucket, k), keys))
+
+
+def _server_get_rate(endpoint: str, bucket: str, keys: list[str]) -> float:
+    """GETs/s of the server alone: ``keys`` fetched whole by WORKERS processes of 16 threads each
+    (repack's client, processes and routes ready before the timing), nothing else done."""
+    from multiprocessing import get_context
+
+    os.environ.update(s3_env(endpoint))
+    parts = [(bucket, keys[i::WORKERS * 4]) for i in range(WORKERS * 4)]
+    with get_context("fork").Pool(WORKERS) as pool:
+        pool.map(_fetch_keys, [(bucket, keys[:32])] * WORKERS * 2, chunksize=1)
+        started = time.perf_counter()
+        pool.map(_fetch_keys, parts, chunksize=1)
+        return len(keys) / (time.perf_counter() - started)
+
+
 def listing_main(out_dir: str | os.PathLike) -> dict:
-    """The big-source figures (module docstring): listing on rclone and moto, packing from rclone."""
+    """The big-source figures (module docstring): listing on rclone and moto, small GETs and packing from
+    rclone. REPACK_BENCH_S3_LIST_PARTS (default ``list,gets,pack``) picks parts."""
     from tests.tools.s3server import MotoServer, RcloneServer
 
     out_dir = Path(out_dir).absolute()
     work = out_dir / "s3-list"
     shutil.rmtree(work, ignore_errors=True)
-    count = int(os.environ.get("REPACK_BENCH_S3_LIST_OBJECTS") or 100_000)
+    parts = set((os.environ.get("REPACK_BENCH_S3_LIST_PARTS") or "list,gets,pack").split(","))
+    count = int(os.environ.get("REPACK_BENCH_S3_LIST_OBJECTS") or 100_000) if "list" in parts else 0
     moto_count = int(os.environ.get("REPACK_BENCH_S3_LIST_MOTO") or 20_000)
     pack_count = int(os.environ.get("REPACK_BENCH_S3_PACK_OBJECTS") or 20_000)
     repeats = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
@@ -329,42 +430,69 @@ def listing_main(out_dir: str | os.PathLike) -> dict:
             path = work / "root" / bucket / f"class{i % 100:03d}" / f"img{i:07d}.jpg"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(jpegs[i % len(jpegs)] + i.to_bytes(4, "big"))  # bytes after EOI: every object its own
+    pack_keys = [f"class{i % 100:03d}/img{i:07d}.jpg" for i in range(pack_count)]
     rows: dict = {}
+    gets: dict = {}
+    packing: dict = {}
     rclone = RcloneServer(work / "root")
     try:
-        rows[f"rclone serve s3, {count} objects"] = _listing_rates(rclone, "big", count, repeats)
-        env = {**s3_env(rclone.endpoint), "REPACK_SCRATCH": str(work / "scratch")}
-        common = ["--shard-size", "5000", "--workers", str(WORKERS), "--quiet"]
-        local_s = _repack(env, "images", work / "root" / "pack", work / "out-local", *common)
-        s3_s = _repack(env, "images", "s3://pack", work / "out-s3", *common)
-        packing = {"objects": pack_count, "local_s": round(local_s, 2), "s3_s": round(s3_s, 2),
-                   "s3_objects_per_s": round(pack_count / s3_s, 1), "s3_vs_local": round(local_s / s3_s, 3)}
+        if "list" in parts:
+            rows[f"rclone serve s3, {count} objects"] = _listing_rates(rclone, "big", count, repeats)
+        if "gets" in parts:
+            gets = _small_gets(rclone, "pack", pack_keys, 16, repeats)
+        if "pack" in parts:
+            env = {**s3_env(rclone.endpoint), "REPACK_SCRATCH": str(work / "scratch")}
+            # 4 tasks per worker: every worker busy, each task's 16 GETs in flight
+            common = ["--shard-size", str(max(100, pack_count // (4 * WORKERS))), "--workers", str(WORKERS), "--quiet"]
+            runs: dict[str, list[float]] = {"local": [], "s3": [], "server": []}
+            for r in range(repeats):
+                runs["local"].append(_repack(env, "images", work / "root" / "pack", work / f"out-local{r}", *common))
+                runs["s3"].append(_repack(env, "images", "s3://pack", work / f"out-s3{r}", *common))
+                runs["server"].append(_server_get_rate(rclone.endpoint, "pack", pack_keys))
+            local_s, s3_s = statistics.median(runs["local"]), statistics.median(runs["s3"])
+            server_rate = statistics.median(runs["server"])
+            packing = {"objects": pack_count, "local_s": round(local_s, 2), "s3_s": round(s3_s, 2),
+                       "s3_objects_per_s": round(pack_count / s3_s, 1), "s3_vs_local": round(local_s / s3_s, 3),
+                       "server_gets_per_s": round(server_rate, 1),
+                       "s3_vs_server_rate": round(pack_count / s3_s / server_rate, 3)}
     finally:
         rclone.stop()
-    moto = MotoServer()
-    try:
-        s3 = client(moto.endpoint)
-        s3.create_bucket(Bucket="big")
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda i: s3.put_object(Bucket="big", Key=f"class{i % 100:03d}/img{i:07d}.jpg", Body=b"x"),
-                          range(moto_count)))
-        rows[f"moto, {moto_count} objects"] = _listing_rates(moto, "big", moto_count, repeats)
-    finally:
-        moto.stop()
+    if "list" in parts:
+        moto = MotoServer()
+        try:
+            s3 = client(moto.endpoint)
+            s3.create_bucket(Bucket="big")
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda i: s3.put_object(Bucket="big", Key=f"class{i % 100:03d}/img{i:07d}.jpg", Body=b"x"),
+                              range(moto_count)))
+            rows[f"moto, {moto_count} objects"] = _listing_rates(moto, "big", moto_count, repeats)
+        finally:
+            moto.stop()
     shutil.rmtree(work, ignore_errors=True)
-    lines = ["| server, objects | lister | objects/s | client CPU s per 100k | server CPU s per 100k |",
-             "|---|---|---|---|---|"]
-    for server_name, listers in rows.items():
-        for name, r in listers.items():
-            lines.append(f"| {server_name} | {name} | {r['objects_per_s']:,.0f} | {r['client_cpu_s_per_100k']:.2f} | "
-                         f"{r['server_cpu_s_per_100k']:.2f} |")
-    lines += ["", "| `repack images`, tiny JPEGs, 2 workers | objects | local SOURCE s | s3:// SOURCE s | objects/s from s3:// | "
-              "local / s3:// |", "|---|---|---|---|---|---|",
-              f"| rclone serve s3 | {pack_count} | {packing['local_s']} | {packing['s3_s']} | {packing['s3_objects_per_s']} | "
-              f"{packing['s3_vs_local']:.2f}x |"]
+    lines = []
+    if rows:
+        lines += ["| server, objects | lister | objects/s | client CPU s per 100k | server CPU s per 100k |",
+                  "|---|---|---|---|---|"]
+        for server_name, listers in rows.items():
+            for name, r in listers.items():
+                lines.append(f"| {server_name} | {name} | {r['objects_per_s']:,.0f} | "
+                             f"{r['client_cpu_s_per_100k']:.2f} | {r['server_cpu_s_per_100k']:.2f} |")
+        lines.append("")
+    if gets:
+        lines += [f"| whole-object GET, {pack_count:,} tiny JPEGs, 16 threads, rclone serve s3, best of {repeats} | "
+                  "client CPU µs per GET | server CPU µs per GET | GETs/s |", "|---|---|---|---|",
+                  *(f"| {name} | {r['client_us']:.0f} | {r['server_us']:.0f} | {r['gets_per_s']:,.0f} |"
+                    for name, r in gets.items()), ""]
+    if packing:
+        lines += [f"| `repack images`, tiny JPEGs, {WORKERS} workers, medians of {repeats} | objects | local SOURCE s | "
+                  "s3:// SOURCE s | objects/s from s3:// | local / s3:// | the server's GET rate alone | "
+                  "s3:// packing / that rate |", "|---|---|---|---|---|---|---|---|",
+                  f"| rclone serve s3 | {pack_count} | {packing['local_s']} | {packing['s3_s']} | "
+                  f"{packing['s3_objects_per_s']} | {packing['s3_vs_local']:.2f}x | {packing['server_gets_per_s']:,.0f}/s "
+                  f"| {packing['s3_vs_server_rate']:.2f}x |"]
     table = "\n".join(lines)
     print(table)
-    return {"listing": rows, "packing": packing, "table": table}
+    return {"listing": rows, "gets": gets, "packing": packing, "table": table}
 
 
 def main(out_dir: str | os.PathLike) -> dict:
