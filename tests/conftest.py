@@ -10,23 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools.bytecode import compile_package
 from tests.tools.photos import make_photo_tree
 
 ROOT = Path(__file__).resolve().parents[1]
-BYTECODE_CACHE = ROOT / ".pytest_cache" / "pycache"
-
-
-def _cache_bytecode_outside_the_tree() -> None:
-    """The suite starts the CLI and other Python processes many hundred times. Where the environment
-    forbids writing bytecode beside the sources (PYTHONDONTWRITEBYTECODE), each would compile every
-    repack module again (about 0.15 CPU-s a process); they write and reuse it under BYTECODE_CACHE
-    instead (git-ignored), so the tree stays free of it as that variable wants."""
-    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
-        os.environ["PYTHONPYCACHEPREFIX"] = str(BYTECODE_CACHE)
-        del os.environ["PYTHONDONTWRITEBYTECODE"]
-
-
-_cache_bytecode_outside_the_tree()
+compile_package(("repack", "pipelines", "tests"))  # the CLI is started many hundred times (tests/tools/bytecode.py)
 
 
 def run_repack(*args: str, check: bool = True, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -46,20 +46,11 @@ from pathlib import Path
 
 from tests.benchmarks.bench_images import image_files, make_dataset, run_shardwriter_pil, warm
 from tests.benchmarks.bench_text import tree_sample
+from tests.tools.bytecode import compile_package
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("pack", "check", "sweep", "dispatch", "lmdb", "growth", "scan")
 TARGETS = {"pack_wall": 0.8, "pack_cpu": 2.0, "check": 1.8, "efficiency": 0.8, "lmdb_cpu": 2.0}
-
-
-def compile_package() -> None:
-    """Byte-compile repack and pipelines first, as an installed package is: every command below
-    would otherwise compile ~40 modules from source at start-up (~30 ms of CPU) wherever
-    PYTHONDONTWRITEBYTECODE is set (as on the development VM)."""
-    import compileall
-
-    for package in ("repack", "pipelines"):
-        compileall.compile_dir(str(ROOT / package), quiet=1)
 
 
 def usable_cpus() -> int:

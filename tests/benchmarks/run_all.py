@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(names)}")
     out_dir = Path(args.out_dir).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
-    from tests.benchmarks.bench_producer import compile_package
+    from tests.tools.bytecode import compile_package
 
     compile_package()  # every benchmark measures the package as installed: byte-compiled
     results_path = out_dir / "results.json"
