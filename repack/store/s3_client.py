@@ -88,7 +88,7 @@ def getter():
         from repack.store.s3_get import ObjectGetter
 
         session = _sessions[os.getpid()]
-        return ObjectGetter(s3, session.get_credentials(), limits(), _ca_bundle(session))
+        return ObjectGetter(s3, session.get_credentials(), limits(), is_missing, _ca_bundle(session))
     made = _made_once(_getters, make)
     if made.client is not s3:  # the client was replaced (a test pointing this process at another endpoint)
         _getters.pop(os.getpid(), None)

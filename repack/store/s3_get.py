@@ -191,10 +191,12 @@ class _Connection:
 
 class ObjectGetter:
     """Whole-object GETs of one process (see the module docstring). ``client``: the process's boto3
-    client (the fallback and the source of each bucket's route); ``credentials``: its Session's."""
+    client (the fallback and the source of each bucket's route); ``credentials``: its Session's;
+    ``limits``: its ``S3Limits``; ``is_missing``: how its errors say "no such key"."""
 
-    def __init__(self, client, credentials, limits, tls_cafile: str | None = None) -> None:
+    def __init__(self, client, credentials, limits, is_missing, tls_cafile: str | None = None) -> None:
         self.client = client
+        self.is_missing = is_missing  # (exception) -> True for boto3's answer "no such key"
         self.credentials = credentials
         self.limits = limits
         self.watch = WaitWatch(limits)
@@ -202,6 +204,7 @@ class ObjectGetter:
         self._tls: ssl.SSLContext | None = None
         self._routes: dict[str, BucketRoute | None] = {}
         self._route_lock = threading.Lock()
+        self._learning: set[str] = set()  # buckets whose route a thread is learning
         self._idle: list[_Connection] = []
         self._idle_lock = threading.Lock()
         self._keys: tuple = ()
@@ -212,11 +215,17 @@ class ObjectGetter:
         """The object's bytes. Errors as boto3 raises them (ClientError, botocore's connection errors)
         for answers that are not the object; Unreadable naming the URL when every attempt failed."""
         route = self._routes.get(bucket, False)
-        if route is False:
+        if route is False:  # not known yet: one thread learns it, the others read through boto3 meanwhile
             with self._route_lock:
-                route = self._routes.get(bucket, False)
-                if route is False:
-                    return self._discover(bucket, key)
+                mine = bucket not in self._learning
+                self._learning.add(bucket)
+            if not mine:
+                return self._boto3_get(bucket, key)
+            try:
+                return self._discover(bucket, key)
+            finally:
+                with self._route_lock:
+                    self._learning.discard(bucket)
         if route is None:
             return self._boto3_get(bucket, key)
         try:
@@ -245,8 +254,6 @@ class ObjectGetter:
     def _discover(self, bucket: str, key: str) -> bytes:
         """A boto3 GET of ``key`` whose last sent request gives the bucket's route (kept unless the
         call failed for another reason than a missing key)."""
-        from repack.store.s3_client import is_missing
-
         me, sent = threading.get_ident(), []
 
         def observe(request, **_):
@@ -259,7 +266,7 @@ class ObjectGetter:
         try:
             data = self._boto3_get(bucket, key)
         except Exception as exc:
-            if sent and is_missing(exc):
+            if sent and self.is_missing(exc):
                 self._routes[bucket] = self._route(sent[-1], key)
             raise
         finally:
