@@ -1,4 +1,6 @@
-"""The S3 client of repack (boto3): one per process, retries, and errors as one-line messages.
+"""The S3 client of repack (boto3): one per process, retries, and errors as one-line messages; and
+``getter()``, the process's whole-object GETs of small source objects (``repack.store.s3_get``:
+signed here, routed and configured by this boto3 client).
 
 Credentials and the endpoint come the standard AWS way (``AWS_ENDPOINT_URL``, profiles,
 environment, instance roles) and never appear in a message.
