@@ -60,7 +60,7 @@ def new_board(slots: int) -> tuple[str, torch.Tensor]:
 def _release(board_id: str, slot: int, index: int, token: int) -> None:
     board = _BOARDS.get(board_id)
     if board is not None:
-        board[slot, index] = token
+        board.numpy()[slot, index] = token  # numpy's item store: ~0.1 us, torch's indexing ~10 us
 
 
 def _sent_claim(claim: tuple | None) -> tuple | None:
@@ -93,7 +93,8 @@ class BufferRing:
             return self._take(size)
 
     def _take(self, size: int) -> tuple[torch.Tensor, tuple | None]:
-        free = [i for i in range(RING) if self.buffers[i] is None or int(self.board[self.slot, i]) == self.tokens[i]]
+        released = self.board[self.slot].numpy().tolist()
+        free = [i for i in range(RING) if self.buffers[i] is None or released[i] == self.tokens[i]]
         if not free:
             return shared_bytes(size), None
         fits = [i for i in free if self.buffers[i] is not None and self.buffers[i].numel() >= size]

@@ -46,8 +46,9 @@ def packed_photos(photo_tree, tmp_path_factory) -> Path:
     return out
 
 
-def kill_after_records(args: list, out: Path, records: int, timeout: float = 60) -> None:
-    """Start `repack ARGS`, SIGKILL it once OUT holds ``records`` task records (or it ended)."""
+def kill_after_records(args: list, out: Path, records: int, timeout: float = 60, pattern: str = "*.json") -> None:
+    """Start `repack ARGS`, SIGKILL it once OUT holds ``records`` task records (or it ended); ``pattern="*.lock"``:
+    once that many tasks started (a task locks itself first; a placed chunk saves no record)."""
     import signal
     import time
 
@@ -55,7 +56,7 @@ def kill_after_records(args: list, out: Path, records: int, timeout: float = 60)
     tasks = Path(out) / ".repack" / "tasks"
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
-        if tasks.exists() and len(list(tasks.glob("*.json"))) >= records:
+        if tasks.exists() and len(list(tasks.glob(pattern))) >= records:
             break
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)

@@ -212,3 +212,25 @@ def test_plan_payloads_round_trip_every_kind_of_rel(tmp_path):
     assert [(e["cls"], e["label"]) for e in entries] == [(0, "a")] + [(7, "b\u00e9")] * 3
     assert [e["key"][:8] for e in entries] == ["00000041", "00000042", "00000043", "00000044"]
     assert entries[2]["path"] == "/r/b/raw\udcff.jpg"
+
+
+def test_scan_order_is_full_path_byte_order_without_a_sort(tmp_path):
+    """Each folder is walked by name with a folder's "/" appended, so the rows come out in the byte order of
+    the full paths: names sorting around "/" ("-", ".", " "), a folder named like a file's prefix, non-ASCII
+    and undecodable names, in one process and on the pool."""
+    root = tmp_path / "src"
+    names = ["b", "b.c", "b-", "b c", "bz", "\u00e9", "e\u0301", "z"]
+    for c in range(CLASSES):
+        top = root / f"c{c:02d}"
+        top.mkdir(parents=True)
+        for name in names:
+            (top / name).mkdir() if name in ("b", "\u00e9") else (top / name).write_bytes(b"x")
+        for name in ("x", "b.c", "a"):
+            (top / "b" / name).write_bytes(b"y")
+        (top / "\u00e9" / "f").write_bytes(b"z")
+        os.makedirs(os.fsencode(top) + b"/raw\xff", exist_ok=True)
+        (Path(os.fsdecode(os.fsencode(top) + b"/raw\xff")) / "q").write_bytes(b"q")
+    one, pool = _scan(root, 1), _scan(root, 2)
+    rels = [i.rel for i in one.items]
+    assert rels == sorted(rels, key=os.fsencode) and rels == [i.rel for i in pool.items]
+    assert len(rels) == CLASSES * 11 and not one.quarantine

@@ -327,7 +327,8 @@ def test_a_verify_worker_that_dies_leaves_its_shard_not_checked(packed_photos, t
     os.mkfifo(out / "shard-000001.idx")
     fifo = out / "shard-000001.idx"
     proc = subprocess.Popen([sys.executable, "-m", "repack", "verify", str(out), "--json", "--workers", "2"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group: nothing outlives the test
     writer = None
     try:
         deadline = time.monotonic() + 120
@@ -343,7 +344,11 @@ def test_a_verify_worker_that_dies_leaves_its_shard_not_checked(packed_photos, t
         os.kill(readers[0], signal.SIGKILL)
         stdout, _ = proc.communicate(timeout=120)
     finally:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
         if writer is not None:
             os.close(writer)
     assert proc.returncode == 5

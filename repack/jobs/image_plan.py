@@ -212,8 +212,9 @@ class PayloadWriter:
         inputs: dict = {"first": first, "count": end - start, "relz": pack_column(cols.name_bytes(start, end)),
                         **cols.fingerprints.payload(start, end)}
         ids = cols.label_ids[start:end]
-        if (ids != NO_LABEL).any():
-            used = np.unique(ids[ids != NO_LABEL]).tolist()
+        low, high = (int(ids.min()), int(ids.max())) if len(ids) else (NO_LABEL, NO_LABEL)
+        if high != NO_LABEL:
+            used = [low] if low == high else np.unique(ids[ids != NO_LABEL]).tolist()  # a task of one class: usual
             inputs["clsz"] = pack_column(self.class_of[np.where(ids == NO_LABEL, len(cols.label_names), ids)].tobytes())
             inputs["names"] = {str(int(self.class_of[i])): cols.label_names[i] for i in used}
         if cols.root is not None:

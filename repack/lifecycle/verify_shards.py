@@ -177,8 +177,7 @@ class _Pool:
             if isinstance(got, str):
                 results[i] = ([got], b"")
             elif got and got[0][0].kind == "whole":
-                problems, hashes = got[0][1]
-                results[i] = (json.loads(problems), hashes)
+                results[i] = _whole(got[0][1])
             else:
                 passed = _passed(fmt, shard, got, digests.get(i))
                 if passed is None:
@@ -186,7 +185,7 @@ class _Pool:
                 else:
                     results[i] = ([], passed)
         for i, got in self._run(fmt, shards, again).items():
-            results[i] = ([got], b"") if isinstance(got, str) else (json.loads(got[0][1][0]), got[0][1][1])
+            results[i] = ([got], b"") if isinstance(got, str) else _whole(got[0][1])
         return [results[i] for i in range(len(entries))]
 
     def _run(self, fmt: str, shards: list[tuple[str, dict]], tasks: list[Task]) -> dict[int, list | str]:
@@ -211,6 +210,11 @@ class _Pool:
             if not isinstance(answers[task.shard], str):
                 answers[task.shard].append((task, answer))
         return answers
+
+
+def _whole(answer: tuple[str, bytes]) -> Checked:
+    """A "whole" task's answer: its problems (JSON) and key hashes."""
+    return json.loads(answer[0]), answer[1]
 
 
 def _died(shard: dict, exc: BaseException) -> str:

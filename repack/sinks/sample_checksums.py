@@ -12,6 +12,8 @@ Byte layout (little-endian)::
                  line, chained (crc32(b, crc32(a)))
 
 The manifest's shard entry names it: ``checksums`` (path), ``checksums_bytes``, ``checksums_sha256``.
+The shard writers build it from the bytes they write (``checksums_header`` + ``checksums_column``);
+``sample_checksums`` reads a tar back (verify, a segment record of an older repack).
 """
 
 from __future__ import annotations

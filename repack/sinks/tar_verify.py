@@ -95,8 +95,8 @@ def check_shard_part(root: Path, shard: dict, part: int, parts: int) -> PartChec
             with (mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else _Empty()) as tar:
                 found = check_part(tar, index, part, parts, checksums)
                 return None if found is None else dataclasses.replace(found, offsets=None, keys=None)
-    except OSError:
-        return None
+    except (OSError, ValueError, IndexError, BufferError):  # unreadable, or shapes no canonical shard has:
+        return None  # the walk names it
 
 
 def matches_by_index(root: Path, shard: dict) -> bool:

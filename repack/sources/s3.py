@@ -10,7 +10,8 @@ applies (an object over it is quarantined from its listed size, never read).
 Reading (through ``repack.sources.reading``): ``open_object`` gives a buffered, seekable file
 over ranged GETs (so text planning can snap chunk cuts to line starts, and gzip/zstd/parquet
 readers work unchanged); ``prefetched`` reads a task's inputs on a thread pool, in order, a
-bounded window ahead, so a worker keeps the network busy while it checks and packs.
+bounded window ahead, so a worker keeps the network busy while it checks and packs; each input is
+one GET through ``repack.store.s3_get`` (~0.27 ms of client CPU where boto3's costs ~3.6 ms).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The S3 client of repack (boto3): one per process, retries, and errors as one-line messages.
+"""The S3 client of repack (boto3): one per process, retries, and errors as one-line messages; and
+``getter()``, the process's whole-object GETs of small source objects (``repack.store.s3_get``:
+signed here, routed and configured by this boto3 client).
 
 Credentials and the endpoint come the standard AWS way (``AWS_ENDPOINT_URL``, profiles,
 environment, instance roles) and never appear in a message.
@@ -91,7 +93,7 @@ def getter():
         from repack.store.s3_get import ObjectGetter
 
         session = _sessions[os.getpid()]
-        return ObjectGetter(s3, session.get_credentials(), limits(), _ca_bundle(session))
+        return ObjectGetter(s3, session.get_credentials(), limits(), is_missing, _ca_bundle(session))
     made = _made_once(_getters, make)
     if made.client is not s3:  # the client was replaced (a test pointing this process at another endpoint)
         _getters.pop(os.getpid(), None)

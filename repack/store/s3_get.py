@@ -4,7 +4,7 @@ Why not boto3 for each GET: a botocore ``get_object`` costs 3-4 ms of client CPU
 building, hooks, signing, urllib3 and header parsing), so a worker packing 700-byte objects
 from a fast server spends its CPU in the client (docs/benchmarks.md, "Big s3:// sources").
 Here a GET is one SigV4-signed HTTP/1.1 request written to a kept-alive socket and its answer
-read straight into the object's buffer: ~0.25 ms of client CPU, less than Rust's object_store
+read straight into the object's buffer: ~0.27 ms of client CPU, less than Rust's object_store
 (``obstore``) measured beside it, with no dependency beyond boto3.
 
 What stays boto3's, so that the user's configuration means what it means to boto3:
@@ -23,7 +23,8 @@ Bounds (``repack.store.s3_waits``): a connection attempt waits ``REPACK_S3_CONNE
 silent socket ``REPACK_S3_READ_TIMEOUT``; a dropped connection, a cut body, a timeout or a
 5xx/throttling answer is tried again on a new connection, ``REPACK_S3_ATTEMPTS`` attempts in all
 (with botocore's jittered backoff) and none started after ``REPACK_S3_RETRY_BUDGET`` seconds;
-then ``Unreadable`` (an OSError) naming the URL. A wait longer than ``REPACK_S3_NOTICE`` is reported on stderr.
+then ``Unreadable`` (an OSError) naming the URL. A wait longer than ``REPACK_S3_NOTICE`` is
+reported on stderr.
 
 Connections: an idle list per process (after a fork, a process opens its own), one request at a
 time on each (no pipelining), shared by the threads of ``repack.sources.s3.prefetched``.
@@ -34,7 +35,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
 import random
 import re
 import socket
@@ -191,10 +191,12 @@ class _Connection:
 
 class ObjectGetter:
     """Whole-object GETs of one process (see the module docstring). ``client``: the process's boto3
-    client (the fallback and the source of each bucket's route); ``credentials``: its Session's."""
+    client (the fallback and the source of each bucket's route); ``credentials``: its Session's;
+    ``limits``: its ``S3Limits``; ``is_missing``: how its errors say "no such key"."""
 
-    def __init__(self, client, credentials, limits, tls_cafile: str | None = None) -> None:
+    def __init__(self, client, credentials, limits, is_missing, tls_cafile: str | None = None) -> None:
         self.client = client
+        self.is_missing = is_missing  # (exception) -> True for boto3's answer "no such key"
         self.credentials = credentials
         self.limits = limits
         self.watch = WaitWatch(limits)
@@ -202,6 +204,7 @@ class ObjectGetter:
         self._tls: ssl.SSLContext | None = None
         self._routes: dict[str, BucketRoute | None] = {}
         self._route_lock = threading.Lock()
+        self._learning: set[str] = set()  # buckets whose route a thread is learning
         self._idle: list[_Connection] = []
         self._idle_lock = threading.Lock()
         self._keys: tuple = ()
@@ -212,11 +215,17 @@ class ObjectGetter:
         """The object's bytes. Errors as boto3 raises them (ClientError, botocore's connection errors)
         for answers that are not the object; Unreadable naming the URL when every attempt failed."""
         route = self._routes.get(bucket, False)
-        if route is False:
+        if route is False:  # not known yet: one thread learns it, the others read through boto3 meanwhile
             with self._route_lock:
-                route = self._routes.get(bucket, False)
-                if route is False:
-                    return self._discover(bucket, key)
+                mine = bucket not in self._learning
+                self._learning.add(bucket)
+            if not mine:
+                return self._boto3_get(bucket, key)
+            try:
+                return self._discover(bucket, key)
+            finally:
+                with self._route_lock:
+                    self._learning.discard(bucket)
         if route is None:
             return self._boto3_get(bucket, key)
         try:
@@ -236,7 +245,7 @@ class ObjectGetter:
             attempt += 1
             try:
                 return body.read()
-            except (BotoCoreError, OSError) as exc:
+            except (BotoCoreError, OSError):
                 body.close()
                 if attempt >= self.limits.attempts:
                     raise
@@ -245,8 +254,6 @@ class ObjectGetter:
     def _discover(self, bucket: str, key: str) -> bytes:
         """A boto3 GET of ``key`` whose last sent request gives the bucket's route (kept unless the
         call failed for another reason than a missing key)."""
-        from repack.store.s3_client import is_missing
-
         me, sent = threading.get_ident(), []
 
         def observe(request, **_):
@@ -254,16 +261,16 @@ class ObjectGetter:
                 auth = request.headers.get("Authorization", b"")
                 sent.append((request.url, auth.decode("latin-1") if isinstance(auth, bytes) else str(auth)))
 
-        events = self.client.meta.events
-        events.register("before-send.s3.GetObject", observe, unique_id="repack-s3-get-route")
+        events, hook = self.client.meta.events, f"repack-s3-get-route-{me}"
+        events.register("before-send.s3.GetObject", observe, unique_id=hook)
         try:
             data = self._boto3_get(bucket, key)
         except Exception as exc:
-            if sent and is_missing(exc):
+            if sent and self.is_missing(exc):
                 self._routes[bucket] = self._route(sent[-1], key)
             raise
         finally:
-            events.unregister("before-send.s3.GetObject", unique_id="repack-s3-get-route")
+            events.unregister("before-send.s3.GetObject", unique_id=hook)
         self._routes[bucket] = self._route(sent[-1], key) if sent else None
         return data
 
