@@ -5,6 +5,8 @@ tokenizer calls, and the job state stays small per input file. Real GPT-2, the r
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,24 @@ def test_documents_of_many_files_share_tokenizer_calls(tmp_path, gpt2):
     manifest = read_manifest_json(out)
     assert manifest["totals"]["documents"] == len(rels)
     assert manifest["run"]["tokenize_batches"] == manifest["totals"]["parts"] == 1
+
+
+def test_job_state_stays_under_64_bytes_per_input_file_and_append_still_compares_content(tmp_path, gpt2):
+    """The per-file digests live in a binary file per task (32 B a file), not in the JSON records; a copy of
+    SOURCE with new mtimes is still recognized by content (nothing new), and a new file is appended."""
+    from tests.benchmarks.bench_scale import state_bytes
+
+    out, rels = pack(tmp_path, "state", 1000, gpt2)
+    per_input = state_bytes(out) / len(rels)
+    assert per_input <= 64, f"{per_input:.1f} B of job state per input file"
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "state-src", copy, copy_function=shutil.copyfile)  # `cp -r`: new mtimes
+    for path in copy.rglob("*.txt"):
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    again = run_repack("text", copy, out, "--tokenizer", gpt2, "--doc-per", "file", "--append")
+    assert "nothing new" in again.stdout
+    (copy / "d3" / "late.txt").write_text("A late document.\n")
+    run_repack("text", copy, out, "--tokenizer", gpt2, "--doc-per", "file", "--append", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["documents"] == len(rels) + 1
+    assert [run[0] for run in shard_runs(out, manifest["shards"][-1])] == ["d3/late.txt"]

@@ -27,6 +27,7 @@ import io
 import json
 import math
 import os
+import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -155,6 +156,20 @@ def classify(name: str) -> tuple[str, str] | None:
     return kind, compression
 
 
+def regular_file(entry: os.DirEntry, conf: Confinement) -> Checked:
+    """``conf.check(entry.path, parent_is_real=True)`` for an entry of a real folder inside the root that
+    ``os.scandir`` reports as a regular file (no symlink): what is left of the check is its lstat and
+    the size cap."""
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError as exc:
+        return Checked(reason=f"unreadable: {exc.strerror}")
+    if not stat_mod.S_ISREG(st.st_mode):  # replaced since the folder was read
+        return conf.check(entry.path, parent_is_real=True)
+    too_big = conf.size_refusal(st.st_size)
+    return Checked(reason=too_big) if too_big is not None else Checked(entry.path, st)
+
+
 def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
                 ) -> tuple[list[tuple[str, str, Checked]], int]:
     """(path, rel, its confinement check) of every non-hidden file under ``src`` named like a text
@@ -187,6 +202,9 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
             text_input = classify(entry.name) is not None
             if not text_input and not entry.is_symlink():
                 skipped += 1  # not a text input: never stat'ed
+                continue
+            if text_input and entry.is_file(follow_symlinks=False):  # d_type: a regular file, no symlink
+                found.append((entry.path, child, regular_file(entry, conf)))  # its lstat only
                 continue
             checked = conf.check(entry.path, parent_is_real=True)
             if checked.reason is not None and checked.is_link:  # whatever its name: reported, never followed
@@ -284,7 +302,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
             quarantine.append({"source": rel, "line": None, "reason": reason})
             continue
         read.add(rel)
-        kind, compression = classify(os.path.basename(rel))
+        kind, compression = classify(rel.rpartition("/")[2])
         files.append(TextFile(real, rel, kind, compression, st.st_size, st.st_mtime_ns, st.st_ino))
     return files, quarantine, skipped
 
