@@ -397,7 +397,7 @@ class TextJob(Job):
                     if doc.reason is not None:
                         quarantine.append({"seg": number, "line": doc.line, "reason": doc.reason})
                         continue
-                    if not doc.text.strip():
+                    if not doc.text or doc.text.isspace():
                         counts["empty_documents"] += 1
                         continue
                     batch.append(doc.text)

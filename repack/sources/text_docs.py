@@ -574,11 +574,33 @@ class SegmentReader:
     def __iter__(self) -> Iterator[Doc]:
         """The segment's documents; binary or UTF-16 content is quarantined (``repack.sources.text_sniff``):
         the whole segment when its first bytes are not UTF-8 text, else each document holding U+0000."""
+        whole = self._read_file_document()
+        if whole is not None:
+            yield whole
+            return
         for doc in self._documents():
             if doc.text is not None and has_nul(doc.text):
                 yield Doc(doc.line, reason="binary data, not text: the document holds NUL (U+0000) characters")
             else:
                 yield doc
+
+    def _read_file_document(self) -> Doc | None:
+        """The one document of a plain .txt file read whole already (``--doc-per file``, the many-small-files
+        case), straight from its bytes when it is good text under the cap; None otherwise (not that case,
+        or anything to report: the general path below then says what)."""
+        data = self.data
+        segment = self.segment
+        if (self.doc_per != "file" or segment.kind != "txt" or segment.compression or not isinstance(data, bytes)
+                or len(data) > self.max_doc_bytes or binary_reason(data[:SNIFF_BYTES]) is not None):
+            return None
+        try:
+            text = data.removeprefix(codecs.BOM_UTF8).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if has_nul(text):
+            return None
+        self.lines = data.count(b"\n") + (0 if data[-1:] in (b"\n", b"") else 1)
+        return Doc(1, text=text)
 
     def _sniff(self) -> str | None:
         """Why the segment is not UTF-8 text (text_sniff.binary_reason of its first bytes), or None."""
