@@ -110,3 +110,23 @@ def test_job_state_stays_under_64_bytes_per_input_file_and_append_still_compares
     manifest = read_manifest_json(out)
     assert manifest["totals"]["documents"] == len(rels) + 1
     assert [run[0] for run in shard_runs(out, manifest["shards"][-1])] == ["d3/late.txt"]
+
+
+def test_planning_opens_only_the_files_a_cut_falls_in(tmp_path, monkeypatch):
+    """Cutting many small JSON-lines files into chunks opens a file only to snap a cut inside it to a line
+    start (one per chunk), not every file of the corpus."""
+    import repack.sources.text_docs as text_docs
+    from repack.sources.confine import Confinement
+
+    for i in range(300):
+        (tmp_path / f"f{i:03d}.jsonl").write_text("".join(json.dumps({"text": f"doc {i} {j} " * 40}) + "\n"
+                                                          for j in range(5)))
+    files, quarantine, _ = text_docs.list_text_files(str(tmp_path), False, Confinement())
+    opened = []
+    real_open = text_docs.open_input
+    monkeypatch.setattr(text_docs, "open_input", lambda path, *args, **kw: opened.append(path) or
+                        real_open(path, *args, **kw))
+    chunks, _ = text_docs.plan_chunks(files, 20_000, "line", "text")
+    assert len(files) == 300 and not quarantine and len(chunks) > 10
+    assert len(opened) < len(chunks), f"{len(opened)} files opened to cut {len(files)} files into {len(chunks)} chunks"
+    assert [s.rel for c in chunks for s in c if s.start == 0] == [f.rel for f in files]  # every file, in order

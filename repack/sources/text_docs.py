@@ -419,7 +419,9 @@ def plan_chunks(files: list[TextFile], chunk_bytes: int | None, doc_per: str, fi
 
         if unit == "bytes":
             local = 0
-            with open_input(f.path, [f.size, f.mtime_ns, f.ino], f.rel) as fh:
+            cut_inside = ci < len(cuts) and cuts[ci] < pos + f.size  # else the file is not opened here
+            opened = open_input(f.path, [f.size, f.mtime_ns, f.ino], f.rel) if cut_inside else contextlib.nullcontext()
+            with opened as fh:
                 while ci < len(cuts) and cuts[ci] < pos + f.size:
                     cut = cuts[ci] - pos
                     boundary = (snap_paragraph if f.kind == "txt" and doc_per == "blank-line" else snap_line)(
