@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import dataclasses
 import gzip
 import io
 import json
@@ -30,7 +29,7 @@ import os
 import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, NamedTuple
 
 from repack.errors import UsageError, stable_reason
 from repack.sources.base import alias_reason, pick_real_paths, sort_key
@@ -64,9 +63,9 @@ def auto_chunk_bytes(total: int) -> int:
     return min(AUTO_MAX, max(AUTO_MIN, -(-total // AUTO_CHUNKS)))
 
 
-@dataclass(frozen=True)
-class TextFile:
-    """One input file: where it is, how to name it, its kind and compression, its size."""
+class TextFile(NamedTuple):
+    """One input file: where it is, how to name it, its kind and compression, its size (a named tuple:
+    one per input file, made at tuple speed)."""
 
     path: str
     rel: str
@@ -77,9 +76,9 @@ class TextFile:
     ino: int = 0
 
 
-@dataclass(frozen=True)
-class Segment:
-    """A contiguous piece of one file: bytes [start, end) or row groups [start, end)."""
+class Segment(NamedTuple):
+    """A contiguous piece of one file: bytes [start, end) or row groups [start, end) (a named tuple: one
+    per input file at least)."""
 
     path: str
     rel: str
@@ -156,23 +155,37 @@ def classify(name: str) -> tuple[str, str] | None:
     return kind, compression
 
 
-def regular_file(entry: os.DirEntry, conf: Confinement) -> Checked:
+class Found(NamedTuple):
+    """A file a scan or a list names: ``path``, ``rel``, and its confinement check (``real`` and ``st``,
+    or the ``reason`` it may not be read)."""
+
+    path: str
+    rel: str
+    real: str
+    reason: str | None
+    st: os.stat_result | None
+
+
+def checked_found(path: str, rel: str, checked: Checked) -> Found:
+    return Found(path, rel, checked.real, checked.reason, checked.st)
+
+
+def regular_file(entry: os.DirEntry, rel: str, conf: Confinement) -> Found:
     """``conf.check(entry.path, parent_is_real=True)`` for an entry of a real folder inside the root that
     ``os.scandir`` reports as a regular file (no symlink): what is left of the check is its lstat and
     the size cap."""
     try:
         st = entry.stat(follow_symlinks=False)
     except OSError as exc:
-        return Checked(reason=f"unreadable: {exc.strerror}")
+        return Found(entry.path, rel, "", f"unreadable: {exc.strerror}", None)
     if not stat_mod.S_ISREG(st.st_mode):  # replaced since the folder was read
-        return conf.check(entry.path, parent_is_real=True)
-    too_big = conf.size_refusal(st.st_size)
-    return Checked(reason=too_big) if too_big is not None else Checked(entry.path, st)
+        return checked_found(entry.path, rel, conf.check(entry.path, parent_is_real=True))
+    return Found(entry.path, rel, entry.path, conf.size_refusal(st.st_size), st)
 
 
 def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
-                ) -> tuple[list[tuple[str, str, Checked]], int]:
-    """(path, rel, its confinement check) of every non-hidden file under ``src`` named like a text
+                ) -> tuple[list[Found], int]:
+    """The path, rel and confinement check (``Found``) of every non-hidden file under ``src`` named like a text
     input, following folder symlinks inside the source root (``conf``), and the count of files
     skipped (hidden, or another kind of file). Each folder is scanned once, by (st_dev, st_ino): the
     real tree first, then linked folders in name order; a link reaching a folder already scanned (a
@@ -180,7 +193,7 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
     leaving the root is quarantined by the confinement. Folders are scanned by their real path, so a
     file that is no symlink is checked with one lstat (``Confinement.check(parent_is_real=True)``)."""
     visited: dict[tuple[int, int], str] = {}
-    found: list[tuple[str, str, Checked]] = []
+    found: list[Found] = []
     links: list[tuple[str, str]] = []
     skipped = 0
 
@@ -204,7 +217,7 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
                 skipped += 1  # not a text input: never stat'ed
                 continue
             if text_input and entry.is_file(follow_symlinks=False):  # d_type: a regular file, no symlink
-                found.append((entry.path, child, regular_file(entry, conf)))  # its lstat only
+                found.append(regular_file(entry, child, conf))  # its lstat only
                 continue
             checked = conf.check(entry.path, parent_is_real=True)
             if checked.reason is not None and checked.is_link:  # whatever its name: reported, never followed
@@ -214,7 +227,7 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
             elif not text_input:
                 skipped += 1
             else:
-                found.append((entry.path, child, checked))
+                found.append(checked_found(entry.path, child, checked))
 
     def visit(folder: str, rel: str) -> None:
         try:
@@ -255,7 +268,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
     quarantine: list[dict] = []
     skipped = 0
     candidates: list[tuple[str, str]] = []  # (path, rel)
-    scanned: list[tuple[str, str, Checked]] = []  # a folder scan's files, checked already
+    scanned: list[Found] = []  # a folder scan's files, checked already
     listed_at: dict[str, str] = {}  # rel -> "<list file>:<line>" of its first row (--list)
     if list_file:
         conf = rules.rooted(str(src.absolute().parent))
@@ -284,14 +297,14 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
             else:
                 skipped += 1
             continue
-        scanned.append((path, rel, conf.check(path)))
-    for path, rel, checked in scanned:
-        if checked.reason is None and checked.is_dir:
-            checked = dataclasses.replace(checked, reason="not a regular file (folder)")
-        if checked.reason is not None:
-            quarantine.append({"source": rel, "line": None, "reason": checked.reason + _where(listed_at, rel)})
+        scanned.append(checked_found(path, rel, conf.check(path)))
+    for _, rel, real, reason, st in scanned:
+        if reason is None and stat_mod.S_ISDIR(st.st_mode):
+            reason = "not a regular file (folder)"
+        if reason is not None:
+            quarantine.append({"source": rel, "line": None, "reason": reason + _where(listed_at, rel)})
             continue
-        checked_files.append((rel, checked.real, checked.st))
+        checked_files.append((rel, real, st))
     aliases = pick_real_paths(checked_files, conf.root)
     files: list[TextFile] = []
     read: set[str] = set()
