@@ -130,3 +130,20 @@ def test_planning_opens_only_the_files_a_cut_falls_in(tmp_path, monkeypatch):
     assert len(files) == 300 and not quarantine and len(chunks) > 10
     assert len(opened) < len(chunks), f"{len(opened)} files opened to cut {len(files)} files into {len(chunks)} chunks"
     assert [s.rel for c in chunks for s in c if s.start == 0] == [f.rel for f in files]  # every file, in order
+
+
+def test_ids_as_arrays_follow_the_per_document_bos_eos_rule(gpt2):
+    """``encode_arrays`` (ids, BOS and EOS placed with numpy) gives exactly what ``encode`` gives per document,
+    with GPT-2's <|endoftext|> as EOS and as BOS (documents that are empty, or start or end with it)."""
+    from repack.transforms.tokenize import BatchEncoder, load_tokenizer
+
+    tokenizer, _ = load_tokenizer(gpt2)
+    eot = tokenizer.token_to_id("<|endoftext|>")
+    texts = ["", "Hello world.", "<|endoftext|>", "ends here<|endoftext|>", "<|endoftext|>starts", " ",
+             *documents(20, seed=3)]
+    for bos, eos in ((None, eot), (eot, eot), (eot, None), (None, None), (tokenizer.token_to_id("Hello"), eot)):
+        encoder = BatchEncoder(tokenizer, special_tokens=True, bos_id=bos, eos_id=eos)
+        flat, lengths, errors = encoder.encode_arrays(texts)
+        expected = encoder.encode(texts)
+        assert not errors and lengths.tolist() == [len(ids) for ids in expected]
+        assert flat.tolist() == [i for ids in expected for i in ids]
