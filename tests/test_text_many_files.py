@@ -5,6 +5,8 @@ tokenizer calls, and the job state stays small per input file. Real GPT-2, the r
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,61 @@ def test_documents_of_many_files_share_tokenizer_calls(tmp_path, gpt2):
     manifest = read_manifest_json(out)
     assert manifest["totals"]["documents"] == len(rels)
     assert manifest["run"]["tokenize_batches"] == manifest["totals"]["parts"] == 1
+
+
+def test_job_state_stays_under_64_bytes_per_input_file_and_append_still_compares_content(tmp_path, gpt2):
+    """The per-file digests live in a binary file per task (32 B a file), not in the JSON records; a copy of
+    SOURCE with new mtimes is still recognized by content (nothing new), and a new file is appended."""
+    from tests.benchmarks.bench_scale import state_bytes
+
+    out, rels = pack(tmp_path, "state", 1000, gpt2)
+    per_input = state_bytes(out) / len(rels)
+    assert per_input <= 64, f"{per_input:.1f} B of job state per input file"
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "state-src", copy, copy_function=shutil.copyfile)  # `cp -r`: new mtimes
+    for path in copy.rglob("*.txt"):
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    again = run_repack("text", copy, out, "--tokenizer", gpt2, "--doc-per", "file", "--append")
+    assert "nothing new" in again.stdout
+    (copy / "d3" / "late.txt").write_text("A late document.\n")
+    run_repack("text", copy, out, "--tokenizer", gpt2, "--doc-per", "file", "--append", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["documents"] == len(rels) + 1
+    assert [run[0] for run in shard_runs(out, manifest["shards"][-1])] == ["d3/late.txt"]
+
+
+def test_planning_opens_only_the_files_a_cut_falls_in(tmp_path, monkeypatch):
+    """Cutting many small JSON-lines files into chunks opens a file only to snap a cut inside it to a line
+    start (one per chunk), not every file of the corpus."""
+    import repack.sources.text_docs as text_docs
+    from repack.sources.confine import Confinement
+
+    for i in range(300):
+        (tmp_path / f"f{i:03d}.jsonl").write_text("".join(json.dumps({"text": f"doc {i} {j} " * 40}) + "\n"
+                                                          for j in range(5)))
+    files, quarantine, _ = text_docs.list_text_files(str(tmp_path), False, Confinement())
+    opened = []
+    real_open = text_docs.open_input
+    monkeypatch.setattr(text_docs, "open_input", lambda path, *args, **kw: opened.append(path) or
+                        real_open(path, *args, **kw))
+    chunks, _ = text_docs.plan_chunks(files, 20_000, "line", "text")
+    assert len(files) == 300 and not quarantine and len(chunks) > 10
+    assert len(opened) < len(chunks), f"{len(opened)} files opened to cut {len(files)} files into {len(chunks)} chunks"
+    assert [s.rel for c in chunks for s in c if s.start == 0] == [f.rel for f in files]  # every file, in order
+
+
+def test_ids_as_arrays_follow_the_per_document_bos_eos_rule(gpt2):
+    """``encode_arrays`` (ids, BOS and EOS placed with numpy) gives exactly what ``encode`` gives per document,
+    with GPT-2's <|endoftext|> as EOS and as BOS (documents that are empty, or start or end with it)."""
+    from repack.transforms.tokenize import BatchEncoder, load_tokenizer
+
+    tokenizer, _ = load_tokenizer(gpt2)
+    eot = tokenizer.token_to_id("<|endoftext|>")
+    texts = ["", "Hello world.", "<|endoftext|>", "ends here<|endoftext|>", "<|endoftext|>starts", " ",
+             *documents(20, seed=3)]
+    for bos, eos in ((None, eot), (eot, eot), (eot, None), (None, None), (tokenizer.token_to_id("Hello"), eot)):
+        encoder = BatchEncoder(tokenizer, special_tokens=True, bos_id=bos, eos_id=eos)
+        flat, lengths, errors = encoder.encode_arrays(texts)
+        expected = encoder.encode(texts)
+        assert not errors and lengths.tolist() == [len(ids) for ids in expected]
+        assert flat.tolist() == [i for ids in expected for i in ids]

@@ -7,8 +7,18 @@ of ``[rel, hex]`` and integers that was ~150 bytes per input, kept for the datas
             which inputs they are: the unit's planned inputs less its quarantined ones
   "us":     base64 of the zlib'd little-endian uint32 read times then check times (microseconds)
 
+A text task's record keeps its digests out of the JSON, in a binary file beside it
+(``tasks/<task id>.sha256``, ``digest_rows_name``; 32 B per input instead of 43 B of base64), one row per
+segment of its plan table::
+
+  mask     ceil(n / 8) bytes   np.packbits of "this segment has a digest" (n = the task's segments)
+  digests  32 B per set bit    the raw sha256 of those segments' files, in table order
+
+and its per-segment counts as one ``pack_ints`` string (zlib'd little-endian int64 columns, base64).
+
 ``unit_digests`` pairs a unit's digests with its inputs' rels; ``state_digests`` reads every task
-record of a job state (images: sha256 columns; video, text: their ``digests`` pairs).
+record of a job state (images: sha256 columns; text: digest files; video and older text records:
+their ``digests`` pairs).
 """
 
 from __future__ import annotations
@@ -60,6 +70,45 @@ def join_times(parts: list[str], columns: int) -> str:
     return pack_times(*(np.concatenate([u[c] for u in unpacked]) for c in range(columns)))
 
 
+def pack_ints(*columns) -> str:
+    """Equal-length integer columns as one base64 string of zlib'd little-endian int64."""
+    flat = np.concatenate([np.asarray(c, dtype="<i8") for c in columns]) if columns else np.zeros(0, "<i8")
+    return base64.b64encode(zlib.compress(flat.astype("<i8").tobytes(), 6)).decode("ascii")
+
+
+def unpack_ints(packed: str, parts: int) -> list[np.ndarray]:
+    """The ``parts`` columns of ``pack_ints`` (int64 arrays); ValueError when they do not split evenly."""
+    flat = np.frombuffer(zlib.decompress(base64.b64decode(packed)), dtype="<i8").astype(np.int64)
+    if len(flat) % parts:
+        raise ValueError(f"{len(flat)} values do not make {parts} equal columns")
+    return np.split(flat, parts) if len(flat) else [flat.copy() for _ in range(parts)]
+
+
+def digest_rows_name(task_id: str, state: str = STATE_DIR) -> str:
+    """Where a text task's digest file is (beside its record ``tasks/<id>.json``)."""
+    return f"{state}/tasks/{task_id}.sha256"
+
+
+def pack_digest_rows(digests: list[bytes | None]) -> bytes:
+    """A digest file's bytes (see the module docstring): one row per segment, None where it has no digest."""
+    mask = np.fromiter((d is not None for d in digests), dtype=bool, count=len(digests))
+    if any(d is not None and len(d) != DIGEST_BYTES for d in digests):
+        raise ValueError("a digest is not 32 bytes")
+    return np.packbits(mask).tobytes() + b"".join(d for d in digests if d is not None)
+
+
+def unpack_digest_rows(raw: bytes, count: int) -> list[str | None]:
+    """The hex digest of each of ``count`` rows of a digest file (None where it has none); ValueError
+    when the file does not hold ``count`` rows."""
+    head = -(-count // 8)
+    mask = np.unpackbits(np.frombuffer(raw[:head], np.uint8), count=count).astype(bool) if count else \
+        np.zeros(0, bool)
+    if len(raw) < head or len(raw) != head + DIGEST_BYTES * int(mask.sum()):
+        raise ValueError(f"a digest file of {len(raw)} bytes does not hold {count} rows")
+    found = iter(raw[at:at + DIGEST_BYTES].hex() for at in range(head, len(raw), DIGEST_BYTES))
+    return [next(found) if has else None for has in mask.tolist()]
+
+
 def packed_rels(tasks, record: dict) -> list[str]:
     """The rels of a unit's packed inputs in plan order: its planned inputs less its quarantined ones."""
     refused = {q["source"] for q in record.get("quarantine", ())}
@@ -67,8 +116,12 @@ def packed_rels(tasks, record: dict) -> list[str]:
     return [rel for rel in rels if rel not in refused] if refused else rels
 
 
-def unit_digests(tasks, record: dict) -> list[tuple[str, str]]:
-    """(rel, sha256 hex) of a unit's packed inputs, from its record (either form)."""
+def unit_digests(tasks, record: dict, rows: bytes | None = None) -> list[tuple[str, str]]:
+    """(rel, sha256 hex) of a unit's packed inputs, from its record (any form; ``rows``: a text task's
+    digest file)."""
+    if rows is not None:
+        rels = [rel for task in tasks for rel in task.payload["table"]["rel"]]
+        return [(rel, d) for rel, d in zip(rels, unpack_digest_rows(rows, len(rels))) if d is not None]
     if "sha256" in record:
         return list(zip(packed_rels(tasks, record), unpack_digests(record["sha256"])))
     return [(str(r), str(d)) for r, d in record.get("digests", ()) if isinstance(d, str)]
@@ -90,7 +143,9 @@ def state_digests(store, state: str = STATE_DIR) -> dict[str, str]:
             continue
         if not isinstance(record, dict):
             continue
-        if "sha256" in record:
+        task_id = rel.rsplit("/", 1)[-1][:-len(".json")]
+        rows = store.read_bytes(digest_rows_name(task_id, state)) if record.get("digest_rows") else None
+        if "sha256" in record or rows is not None:
             if plan is None:
                 plan = read_plan(store, state)
                 if plan is None:
@@ -98,13 +153,13 @@ def state_digests(store, state: str = STATE_DIR) -> dict[str, str]:
                 for uid, tasks in plan.units:
                     tasks_of[uid] = list(tasks)
                     tasks_of.update((t.task_id, [t]) for t in tasks)
-            tasks = tasks_of.get(rel.rsplit("/", 1)[-1][:-len(".json")])
+            tasks = tasks_of.get(task_id)
             if tasks is None:
                 continue
         else:
             tasks = []
         try:
-            digests.update(unit_digests(tasks, record))
+            digests.update(unit_digests(tasks, record, rows))
         except (ValueError, KeyError, TypeError):
             continue
     return digests

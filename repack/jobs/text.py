@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 import shutil
 import time
-from itertools import chain
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +33,8 @@ from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.lifecycle.input_record import file_sha256, load_known, select_new
-from repack.jobs.stats import count_into
+from repack.jobs.record_columns import digest_rows_name, pack_digest_rows, pack_ints, unpack_ints
+from repack.jobs.stats import bucket_edges
 from repack.jobs.summary import quarantine_lines
 from repack.jobs.stats import histogram as half_octave_histogram
 from repack.manifest import atomic_write_bytes, dumps_canonical
@@ -109,28 +110,87 @@ class SegmentCounts:
     tokens: int
 
 
+def segment_counts(record: dict) -> tuple[list[int], list[int], list[int]]:
+    """A record's per-segment (lines, documents, tokens) columns: its ``segments`` (``pack_ints``), or the
+    ``lines``/``documents``/``tokens`` lists of an older repack's record."""
+    if "segments" in record:
+        return tuple(column.tolist() for column in unpack_ints(record["segments"], 3))
+    return record["lines"], record["documents"], record["tokens"]
+
+
 def record_segments(plan: Plan, records: list[dict]) -> list[list[SegmentCounts]]:
-    """Per record (plan order), its segments' counts: the record's ``lines``/``documents``/``tokens``
-    columns joined with the names in its task's plan table."""
-    return [[SegmentCounts(*row) for row in zip(task.payload["table"]["rel"], r["lines"], r["documents"],
-                                                r["tokens"])]
+    """Per record (plan order), its segments' counts (``segment_counts``) joined with the names in its
+    task's plan table."""
+    return [[SegmentCounts(*row) for row in zip(task.payload["table"]["rel"], *segment_counts(r))]
             for task, r in zip(plan.tasks, records)]
 
 
-def _file_stats(per_record: list[list[SegmentCounts]]) -> dict:
+@dataclass(frozen=True)
+class SegmentColumns:
+    """Every segment of a job in plan order, as columns: its file's name, its counts (``segment_counts``),
+    and where each record's segments begin (``starts``, one more than the records). The segments of one
+    file are adjacent (a file is listed once, and cut into consecutive chunks)."""
+
+    rels: list[str]
+    lines: np.ndarray
+    documents: np.ndarray
+    tokens: np.ndarray
+    starts: np.ndarray
+
+    @classmethod
+    def of(cls, plan: Plan, records: list[dict]) -> "SegmentColumns":
+        rels: list[str] = []
+        columns: list[list[np.ndarray]] = [[], [], []]
+        for task, record in zip(plan.tasks, records):
+            rels += task.payload["table"]["rel"]
+            for column, values in zip(columns, segment_counts(record)):
+                column.append(np.asarray(values, dtype=np.int64))
+        joined = [np.concatenate(c) if c else np.zeros(0, np.int64) for c in columns]
+        sizes = [len(task.payload["table"]["rel"]) for task in plan.tasks[:len(records)]]
+        return cls(rels, *joined, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
+
+    def file_starts(self) -> np.ndarray:
+        """The first segment of each file."""
+        n = len(self.rels)
+        if not n:
+            return np.zeros(0, np.int64)
+        differs = np.fromiter(map(operator.ne, self.rels[1:], self.rels[:-1]), dtype=bool, count=n - 1)
+        return np.concatenate([[0], np.flatnonzero(differs) + 1])
+
+    def before_in_file(self, values: np.ndarray) -> np.ndarray:
+        """Per segment, the sum of ``values`` over the earlier segments of its file."""
+        totals = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+        starts = self.file_starts()
+        first = np.repeat(starts, np.diff(np.concatenate([starts, [len(self.rels)]])))
+        return totals[:-1] - totals[first]
+
+    def per_file(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(name, documents, tokens) of each file, in plan order."""
+        starts = self.file_starts()
+        if not len(starts):
+            return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return ([self.rels[i] for i in starts.tolist()], np.add.reduceat(self.documents, starts),
+                np.add.reduceat(self.tokens, starts))
+
+    def merged_runs(self) -> list[tuple[str, int, int]]:
+        """The source runs of the whole job as one prefix: each file with documents, all of them
+        (``joined_runs(source_runs(...))``, in columns)."""
+        names, documents, _ = self.per_file()
+        return [(names[i], 0, int(documents[i])) for i in np.flatnonzero(documents).tolist()]
+
+
+def _file_stats(segments: SegmentColumns) -> dict:
     """Tokens per input file: a half-octave histogram and the largest files (a file may span tasks)."""
-    per_file: dict[str, list[int]] = {}
-    for segments in per_record:
-        for seg in segments:
-            tally = per_file.setdefault(seg.rel, [0, 0])
-            tally[0] += seg.documents
-            tally[1] += seg.tokens
-    counts: dict[str, int] = {}
-    for _, tokens in per_file.values():
-        count_into(counts, tokens)
-    largest = sorted(per_file.items(), key=lambda kv: (-kv[1][1], kv[0]))[:FILES_LISTED]
-    return {"count": len(per_file), "tokens_histogram": half_octave_histogram(counts),
-            "largest": [{"source": rel, "documents": d, "tokens": t} for rel, (d, t) in largest]}
+    names, documents, tokens = segments.per_file()
+    edges, counts = np.unique(bucket_edges(tokens), return_counts=True) if len(tokens) else ([], [])
+    top = np.argsort(-tokens, kind="stable")[:FILES_LISTED] if len(tokens) else np.zeros(0, np.int64)
+    if len(top):  # ties on the last place listed by name: every file with at least that many tokens
+        floor = tokens[top[-1]]
+        top = np.flatnonzero(tokens >= floor)
+    largest = sorted(((-int(tokens[i]), names[i], int(documents[i])) for i in top.tolist()))[:FILES_LISTED]
+    return {"count": len(names),
+            "tokens_histogram": half_octave_histogram({str(int(e)): int(c) for e, c in zip(edges, counts)}),
+            "largest": [{"source": rel, "documents": d, "tokens": -t} for t, rel, d in largest]}
 
 
 def source_runs(per_record: list[list[SegmentCounts]]) -> list[list[list]]:
@@ -187,16 +247,16 @@ def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
     return stats, histogram
 
 
-def whole_file_sha256(segment: Segment) -> str | None:
-    """sha256 of a local file a segment covers whole (its task just read it: page-cached), else None
-    (a file split over tasks, an s3:// object: compared by size alone)."""
+def whole_file_sha256(segment: Segment) -> bytes | None:
+    """The raw sha256 of a local file a segment covers whole (its task just read it: page-cached), else
+    None (a file split over tasks, an s3:// object: compared by size alone)."""
     size = segment.fingerprint[0] if segment.fingerprint else None
     if is_remote(segment.path) or segment.start != 0 or (segment.unit == "bytes" and segment.end != size) or \
             segment.unit == "rowgroups":
         return None
     try:
         with open_input(segment.path, list(segment.fingerprint) or None, segment.rel) as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()
+            return hashlib.file_digest(fh, "sha256").digest()
     except OSError:
         return None
 
@@ -291,10 +351,12 @@ class TextJob(Job):
         quarantine: list[dict] = []
         lines: list[int] = []  # per segment: lines (rows) read
         counts = {"empty_documents": 0, "blank_lines": 0, "characters": 0}
-        seg_counts: dict[int, list[int]] = {}  # segment number -> [documents, tokens]
-        digests: list[list[str]] = []  # [rel, sha256] of the files read whole (repack.lifecycle.input_record)
+        seg_documents = np.zeros(len(p["table"]["rel"]), np.int64)  # per segment: documents kept, their tokens
+        seg_tokens = np.zeros(len(p["table"]["rel"]), np.int64)
+        digests: list[bytes | None] = []  # per segment: sha256 of a file read whole (repack.lifecycle.input_record)
         batch: list[str] = []
-        where: list[tuple[int, int]] = []  # (segment number, line) of each document in the batch
+        batch_segs: list[int] = []  # segment number and line of each document in the batch
+        batch_lines: list[int] = []
         chars = 0
         tokenize_s = 0.0
         batches = 0  # encode_batch calls
@@ -304,26 +366,23 @@ class TextJob(Job):
             if not batch:
                 return
             t0 = time.perf_counter()
-            results = encoder.encode(batch)
+            flat, lengths, errors = encoder.encode_arrays(batch)
             tokenize_s += time.perf_counter() - t0
             batches += 1
-            kept: list[list[int]] = []
-            for ids, (seg, line) in zip(results, where):
-                if isinstance(ids, str):
-                    quarantine.append({"seg": seg, "line": line, "reason": ids})
-                elif not ids:
-                    counts["empty_documents"] += 1
-                else:  # ids beyond the dtype cannot occur (dtype from the tokenizer); PartWriter re-checks
-                    kept.append(ids)
-                    tally = seg_counts.setdefault(seg, [0, 0])
-                    tally[0] += 1
-                    tally[1] += len(ids)
-            if kept:
-                lengths = np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))
-                flat = np.fromiter(chain.from_iterable(kept), dtype=np.int64, count=int(lengths.sum()))
-                writer.add_documents(flat, lengths)
+            for i, reason in errors.items():
+                quarantine.append({"seg": batch_segs[i], "line": batch_lines[i], "reason": reason})
+            kept = lengths > 0
+            if errors:
+                kept[list(errors)] = False
+            counts["empty_documents"] += len(batch) - len(errors) - int(kept.sum())
+            segs = np.asarray(batch_segs, dtype=np.int64)[kept]
+            np.add.at(seg_documents, segs, 1)
+            np.add.at(seg_tokens, segs, lengths[kept])
+            if kept.any():  # ids beyond the dtype cannot occur (dtype from the tokenizer); PartWriter re-checks
+                writer.add_documents(flat, lengths[kept])  # rejected and empty documents hold no ids
             batch.clear()
-            where.clear()
+            batch_segs.clear()
+            batch_lines.clear()
             chars = 0
 
         try:
@@ -338,32 +397,34 @@ class TextJob(Job):
                     if doc.reason is not None:
                         quarantine.append({"seg": number, "line": doc.line, "reason": doc.reason})
                         continue
-                    if not doc.text.strip():
+                    if not doc.text or doc.text.isspace():
                         counts["empty_documents"] += 1
                         continue
                     batch.append(doc.text)
-                    where.append((number, doc.line))
+                    batch_segs.append(number)
+                    batch_lines.append(doc.line)
                     chars += len(doc.text)
                     counts["characters"] += len(doc.text)
                     if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
                         flush()  # a batch spans files: one encode_batch call for many small documents
                 counts["blank_lines"] += reader.blank_lines
                 lines.append(reader.lines)
-                digest = hashlib.sha256(data).hexdigest() if isinstance(data, bytes) and not is_remote(segment.path) \
-                    else None if data is not None else whole_file_sha256(segment)
-                if digest is not None:
-                    digests.append([segment.rel, digest])
+                digests.append(hashlib.sha256(data).digest() if isinstance(data, bytes) and not is_remote(segment.path)
+                               else None if data is not None else whole_file_sha256(segment))
             flush()
-            found = [seg_counts.get(number, (0, 0)) for number in range(len(plan_segments))]
             part = writer.commit()
         except BaseException:
             writer.abort()
             raise
         part.update(bin=rel_prefix + part["bin"], idx=rel_prefix + part["idx"])
+        rows_rel = digest_rows_name(task.task_id)
+        rows = pack_digest_rows(digests)
+        atomic_write_bytes(self.out / rows_rel, rows)
         return {"part": part, "outputs": [{"path": part["bin"], "bytes": part["bytes"]},
-                                          {"path": part["idx"], "bytes": part["index_bytes"]}],
-                "lines": lines, "documents": [d for d, _ in found], "tokens": [t for _, t in found],
-                "quarantine": quarantine, "digests": digests, **counts,
+                                          {"path": part["idx"], "bytes": part["index_bytes"]},
+                                          {"path": rows_rel, "bytes": len(rows)}],
+                "segments": pack_ints(lines, seg_documents, seg_tokens),
+                "digest_rows": len(digests), "quarantine": quarantine, **counts,
                 "tokenize_seconds": round(tokenize_s, 4), "tokenize_batches": batches}
 
     # -- resume ---------------------------------------------------------------------------
@@ -374,13 +435,17 @@ class TextJob(Job):
             return None
 
     def record_outputs(self, record: dict) -> list[dict]:
-        """With --no-merge an empty part is deleted at finalize (not listed): it has no outputs."""
+        """With --no-merge an empty part is deleted at finalize (not listed): its only output is its digest
+        file."""
+        outputs = super().record_outputs(record)
         if not self.spec.merge and not record.get("part", {}).get("documents"):
-            return []
-        return super().record_outputs(record)
+            part = record.get("part", {})
+            return [o for o in outputs if o["path"] not in (part.get("bin"), part.get("idx"))]
+        return outputs
 
     def outputs_intact(self, record: dict) -> bool:
-        """A part is intact on disk, or already merged into the final prefix (parts removed)."""
+        """A part is intact on disk, or already merged into the final prefix (parts removed); its digest
+        file is intact either way."""
         if super().outputs_intact(record):
             return True
         marker = self._marker()
@@ -388,7 +453,9 @@ class TextJob(Job):
             return False
         if marker["parts"].get(record.get("task_id")) != record["part"]["sha256"]:
             return False
-        return self._final_intact(marker["entry"])
+        part = record["part"]
+        others = [o for o in self.record_outputs(record) if o["path"] not in (part["bin"], part["idx"])]
+        return all(self.store.size(o["path"]) == o["bytes"] for o in others) and self._final_intact(marker["entry"])
 
     def _final_intact(self, entry: dict) -> bool:
         return (self.store.size(entry["path"]) == entry["bytes"]
@@ -400,25 +467,18 @@ class TextJob(Job):
         info = plan.info
         dtype = info["dtype"]
         quarantine = [dict(q) for q in plan.quarantine]
-        per_record = record_segments(plan, records)
-        lines_before: dict[str, int] = {}
-        for record, segments in zip(records, per_record):
-            if not record["quarantine"]:
-                for seg in segments:
-                    lines_before[seg.rel] = lines_before.get(seg.rel, 0) + seg.lines
-                continue
-            offsets = []
-            for seg in segments:
-                offsets.append(lines_before.get(seg.rel, 0))
-                lines_before[seg.rel] = offsets[-1] + seg.lines
+        segments = SegmentColumns.of(plan, records)
+        lines_before = segments.before_in_file(segments.lines)  # a segment's first line within its file
+        for number, record in enumerate(records):
+            first, end = int(segments.starts[number]), int(segments.starts[number + 1])
             for q in sorted(record["quarantine"], key=lambda q: (q["seg"], q["line"])):
-                seg = segments[q["seg"]] if q["seg"] < len(segments) else None
-                rel = seg.rel if seg else segments[-1].rel if segments else "?"
-                quarantine.append({"source": rel, "line": offsets[q["seg"]] + q["line"] if seg else q["line"],
-                                   "reason": q["reason"]})
+                seg = first + q["seg"] if q["seg"] < end - first else None
+                rel = segments.rels[seg] if seg is not None else segments.rels[end - 1] if end > first else "?"
+                quarantine.append({"source": rel, "line": int(lines_before[seg]) + q["line"] if seg is not None
+                                   else q["line"], "reason": q["reason"]})
         parts = [r["part"] for r in records]
         if spec.merge:
-            entries = [self._with_runs(self._merge(plan, records, dtype), joined_runs(source_runs(per_record)))]
+            entries = [self._with_runs(self._merge(plan, records, dtype), segments.merged_runs())]
             lengths = read_index(self.out / entries[0]["index"]).lengths
         else:
             entries = [{"path": pt["bin"], "index": pt["idx"], "prefix": pt["bin"][:-4], "samples": pt["documents"],
@@ -426,6 +486,7 @@ class TextJob(Job):
                         "index_bytes": pt["index_bytes"], "index_sha256": pt["index_sha256"], "dtype": dtype,
                         "max_token_id": pt["max_token_id"]}
                        for pt in parts if pt["documents"]]
+            per_record = record_segments(plan, records)
             entries = [self._with_runs(entry, runs) for entry, runs in
                        zip(entries, [runs for runs, pt in zip(source_runs(per_record), parts) if pt["documents"]])]
             for pt in parts:  # an empty part is not a prefix: remove it (its record lists no outputs)
@@ -464,9 +525,9 @@ class TextJob(Job):
                       "characters": sum(r["characters"] for r in records),
                       "parts": [{"part": r["task_id"], "documents": r["part"]["documents"],
                                  "tokens": r["part"]["tokens"], "sha256": r["part"]["sha256"],
-                                 "index_sha256": r["part"]["index_sha256"], "lines": sum(r["lines"])}
+                                 "index_sha256": r["part"]["index_sha256"], "lines": sum(segment_counts(r)[0])}
                                 for r in records],
-                      "files": _file_stats(per_record)},
+                      "files": _file_stats(segments)},
             "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3),
                           "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records)},
         }

@@ -32,6 +32,7 @@ Writing: a part is written to hidden temp names and renamed into place (``.idx``
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import struct
@@ -255,11 +256,41 @@ def write_merged_index(idx_paths: list[Path], code: int, out) -> tuple[int, int,
     return n, base, sha.hexdigest()
 
 
+def append_file(path: Path, out_fd: int, sha, buffer: bytearray) -> int:
+    """Append the file ``path`` to ``out_fd`` (at its position) and feed its bytes to ``sha``; its size.
+
+    The bytes are hashed from the page cache through ``buffer`` and copied in the kernel
+    (``os.copy_file_range``), never written through Python; a file system without it gets the
+    hashed blocks written instead."""
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as src:
+        size = 0
+        while n := src.readinto(buffer):
+            sha.update(view[:n])
+            size += n
+        copied = 0
+        try:
+            while copied < size:
+                done = os.copy_file_range(src.fileno(), out_fd, size - copied, copied)
+                if not done:
+                    raise MegatronFormatError(f"{path}: shorter than the {size} bytes just read")
+                copied += done
+            return size
+        except (AttributeError, OSError) as exc:  # no copy_file_range here (an older kernel, another fs)
+            if copied or (isinstance(exc, OSError) and exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL,
+                                                                         errno.EOPNOTSUPP)):
+                raise
+        src.seek(0)
+        while n := src.readinto(buffer):
+            _write_all(out_fd, view[:n])
+        return size
+
+
 def merge_parts(parts: list[tuple[Path, Path]], code: int, out_bin: Path, out_idx: Path) -> dict:
     """Concatenate parts [(bin, idx)] in order into one prefix, atomically; returns its entry.
 
-    The merged .idx is written first (write_merged_index), then the .bin files are copied in
-    8 MiB blocks while hashing; both land under their final names only when complete.
+    The merged .idx is written first (write_merged_index), then the .bin files are appended
+    (``append_file``: hashed, copied in the kernel); both land under their final names only when complete.
     """
     itemsize = DTYPE_CODES[code].itemsize
     idx_tmp = out_idx.parent / f".{out_idx.name}.tmp-{os.getpid()}"
@@ -271,14 +302,10 @@ def merge_parts(parts: list[tuple[Path, Path]], code: int, out_bin: Path, out_id
             fh.flush()
             os.fsync(fh.fileno())
         total = 0
-        with open(bin_tmp, "wb") as out:
+        buffer = bytearray(COPY_BLOCK)
+        with open(bin_tmp, "wb", buffering=0) as out:
             for bin_path, _ in parts:
-                with open(bin_path, "rb") as src:
-                    for block in iter(lambda: src.read(COPY_BLOCK), b""):
-                        out.write(block)
-                        bin_sha.update(block)
-                        total += len(block)
-            out.flush()
+                total += append_file(bin_path, out.fileno(), bin_sha, buffer)
             os.fsync(out.fileno())
         if total != expected:
             raise MegatronFormatError(f"parts hold {total} bytes of tokens; their indices say {expected}")

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import dataclasses
 import gzip
 import io
 import json
 import math
 import os
+import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, NamedTuple
 
 from repack.errors import UsageError, stable_reason
 from repack.sources.base import alias_reason, pick_real_paths, sort_key
@@ -63,9 +63,9 @@ def auto_chunk_bytes(total: int) -> int:
     return min(AUTO_MAX, max(AUTO_MIN, -(-total // AUTO_CHUNKS)))
 
 
-@dataclass(frozen=True)
-class TextFile:
-    """One input file: where it is, how to name it, its kind and compression, its size."""
+class TextFile(NamedTuple):
+    """One input file: where it is, how to name it, its kind and compression, its size (a named tuple:
+    one per input file, made at tuple speed)."""
 
     path: str
     rel: str
@@ -76,9 +76,9 @@ class TextFile:
     ino: int = 0
 
 
-@dataclass(frozen=True)
-class Segment:
-    """A contiguous piece of one file: bytes [start, end) or row groups [start, end)."""
+class Segment(NamedTuple):
+    """A contiguous piece of one file: bytes [start, end) or row groups [start, end) (a named tuple: one
+    per input file at least)."""
 
     path: str
     rel: str
@@ -155,9 +155,37 @@ def classify(name: str) -> tuple[str, str] | None:
     return kind, compression
 
 
+class Found(NamedTuple):
+    """A file a scan or a list names: ``path``, ``rel``, and its confinement check (``real`` and ``st``,
+    or the ``reason`` it may not be read)."""
+
+    path: str
+    rel: str
+    real: str
+    reason: str | None
+    st: os.stat_result | None
+
+
+def checked_found(path: str, rel: str, checked: Checked) -> Found:
+    return Found(path, rel, checked.real, checked.reason, checked.st)
+
+
+def regular_file(entry: os.DirEntry, rel: str, conf: Confinement) -> Found:
+    """``conf.check(entry.path, parent_is_real=True)`` for an entry of a real folder inside the root that
+    ``os.scandir`` reports as a regular file (no symlink): what is left of the check is its lstat and
+    the size cap."""
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError as exc:
+        return Found(entry.path, rel, "", f"unreadable: {exc.strerror}", None)
+    if not stat_mod.S_ISREG(st.st_mode):  # replaced since the folder was read
+        return checked_found(entry.path, rel, conf.check(entry.path, parent_is_real=True))
+    return Found(entry.path, rel, entry.path, conf.size_refusal(st.st_size), st)
+
+
 def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
-                ) -> tuple[list[tuple[str, str, Checked]], int]:
-    """(path, rel, its confinement check) of every non-hidden file under ``src`` named like a text
+                ) -> tuple[list[Found], int]:
+    """The path, rel and confinement check (``Found``) of every non-hidden file under ``src`` named like a text
     input, following folder symlinks inside the source root (``conf``), and the count of files
     skipped (hidden, or another kind of file). Each folder is scanned once, by (st_dev, st_ino): the
     real tree first, then linked folders in name order; a link reaching a folder already scanned (a
@@ -165,7 +193,7 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
     leaving the root is quarantined by the confinement. Folders are scanned by their real path, so a
     file that is no symlink is checked with one lstat (``Confinement.check(parent_is_real=True)``)."""
     visited: dict[tuple[int, int], str] = {}
-    found: list[tuple[str, str, Checked]] = []
+    found: list[Found] = []
     links: list[tuple[str, str]] = []
     skipped = 0
 
@@ -188,6 +216,9 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
             if not text_input and not entry.is_symlink():
                 skipped += 1  # not a text input: never stat'ed
                 continue
+            if text_input and entry.is_file(follow_symlinks=False):  # d_type: a regular file, no symlink
+                found.append(regular_file(entry, child, conf))  # its lstat only
+                continue
             checked = conf.check(entry.path, parent_is_real=True)
             if checked.reason is not None and checked.is_link:  # whatever its name: reported, never followed
                 quarantine.append({"source": child, "line": None, "reason": checked.reason})
@@ -196,7 +227,7 @@ def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
             elif not text_input:
                 skipped += 1
             else:
-                found.append((entry.path, child, checked))
+                found.append(checked_found(entry.path, child, checked))
 
     def visit(folder: str, rel: str) -> None:
         try:
@@ -237,7 +268,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
     quarantine: list[dict] = []
     skipped = 0
     candidates: list[tuple[str, str]] = []  # (path, rel)
-    scanned: list[tuple[str, str, Checked]] = []  # a folder scan's files, checked already
+    scanned: list[Found] = []  # a folder scan's files, checked already
     listed_at: dict[str, str] = {}  # rel -> "<list file>:<line>" of its first row (--list)
     if list_file:
         conf = rules.rooted(str(src.absolute().parent))
@@ -266,14 +297,14 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
             else:
                 skipped += 1
             continue
-        scanned.append((path, rel, conf.check(path)))
-    for path, rel, checked in scanned:
-        if checked.reason is None and checked.is_dir:
-            checked = dataclasses.replace(checked, reason="not a regular file (folder)")
-        if checked.reason is not None:
-            quarantine.append({"source": rel, "line": None, "reason": checked.reason + _where(listed_at, rel)})
+        scanned.append(checked_found(path, rel, conf.check(path)))
+    for _, rel, real, reason, st in scanned:
+        if reason is None and stat_mod.S_ISDIR(st.st_mode):
+            reason = "not a regular file (folder)"
+        if reason is not None:
+            quarantine.append({"source": rel, "line": None, "reason": reason + _where(listed_at, rel)})
             continue
-        checked_files.append((rel, checked.real, checked.st))
+        checked_files.append((rel, real, st))
     aliases = pick_real_paths(checked_files, conf.root)
     files: list[TextFile] = []
     read: set[str] = set()
@@ -284,7 +315,7 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
             quarantine.append({"source": rel, "line": None, "reason": reason})
             continue
         read.add(rel)
-        kind, compression = classify(os.path.basename(rel))
+        kind, compression = classify(rel.rpartition("/")[2])
         files.append(TextFile(real, rel, kind, compression, st.st_size, st.st_mtime_ns, st.st_ino))
     return files, quarantine, skipped
 
@@ -401,7 +432,9 @@ def plan_chunks(files: list[TextFile], chunk_bytes: int | None, doc_per: str, fi
 
         if unit == "bytes":
             local = 0
-            with open_input(f.path, [f.size, f.mtime_ns, f.ino], f.rel) as fh:
+            cut_inside = ci < len(cuts) and cuts[ci] < pos + f.size  # else the file is not opened here
+            opened = open_input(f.path, [f.size, f.mtime_ns, f.ino], f.rel) if cut_inside else contextlib.nullcontext()
+            with opened as fh:
                 while ci < len(cuts) and cuts[ci] < pos + f.size:
                     cut = cuts[ci] - pos
                     boundary = (snap_paragraph if f.kind == "txt" and doc_per == "blank-line" else snap_line)(
@@ -556,11 +589,33 @@ class SegmentReader:
     def __iter__(self) -> Iterator[Doc]:
         """The segment's documents; binary or UTF-16 content is quarantined (``repack.sources.text_sniff``):
         the whole segment when its first bytes are not UTF-8 text, else each document holding U+0000."""
+        whole = self._read_file_document()
+        if whole is not None:
+            yield whole
+            return
         for doc in self._documents():
             if doc.text is not None and has_nul(doc.text):
                 yield Doc(doc.line, reason="binary data, not text: the document holds NUL (U+0000) characters")
             else:
                 yield doc
+
+    def _read_file_document(self) -> Doc | None:
+        """The one document of a plain .txt file read whole already (``--doc-per file``, the many-small-files
+        case), straight from its bytes when it is good text under the cap; None otherwise (not that case,
+        or anything to report: the general path below then says what)."""
+        data = self.data
+        segment = self.segment
+        if (self.doc_per != "file" or segment.kind != "txt" or segment.compression or not isinstance(data, bytes)
+                or len(data) > self.max_doc_bytes or binary_reason(data[:SNIFF_BYTES]) is not None):
+            return None
+        try:
+            text = data.removeprefix(codecs.BOM_UTF8).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if has_nul(text):
+            return None
+        self.lines = data.count(b"\n") + (0 if data[-1:] in (b"\n", b"") else 1)
+        return Doc(1, text=text)
 
     def _sniff(self) -> str | None:
         """Why the segment is not UTF-8 text (text_sniff.binary_reason of its first bytes), or None."""
