@@ -19,7 +19,7 @@ What stays boto3's, so that the user's configuration means what it means to boto
   without a length): the GET is done again by boto3, whose answer or error is the one given
   (a body cut mid-way there is asked for again too, within the attempts).
 
-Bounds (``repack.store.s3_waits``): a connection attempt waits ``REPACK_S3_CONNECT_TIMEOUT``, a
+Bounds (``repack.manifest.s3_waits``): a connection attempt waits ``REPACK_S3_CONNECT_TIMEOUT``, a
 silent socket ``REPACK_S3_READ_TIMEOUT``; a dropped connection, a cut body, a timeout or a
 5xx/throttling answer is tried again on a new connection, ``REPACK_S3_ATTEMPTS`` attempts in all
 (with botocore's jittered backoff) and none started after ``REPACK_S3_RETRY_BUDGET`` seconds;
@@ -46,7 +46,7 @@ import urllib.request
 import zlib
 from dataclasses import dataclass
 
-from repack.store.s3_waits import WaitWatch
+from repack.manifest.s3_waits import WaitWatch
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 RETRY_STATUS = frozenset({500, 502, 503, 504})
