@@ -1,6 +1,7 @@
-"""Raw batches over s3:// against the same shards on local disk, one tree or several side by side.
+"""Raw batches over s3:// against the same shards on local disk, one tree or several side by side (a
+tool, not a `make bench` part: it compares checkouts).
 
-``python -m tests.benchmarks.bench_s3_batches OUT BATCH WORKERS ROUNDS TREE [TREE ...]``: OUT is a
+``python -m tests.tools.s3_batches_compare OUT BATCH WORKERS ROUNDS TREE [TREE ...]``: OUT is a
 packed image dataset; it is served by ``rclone serve s3`` on loopback (hard links of its files), and
 each round runs, per TREE (a checkout of this repository, e.g. one commit before a change and one
 after, put first on PYTHONPATH) and per root (OUT, then s3://bench/ds), one epoch of
