@@ -240,7 +240,10 @@ class ShardFiles:
             return read_range_into(path, start, buffer)
         fd = self._fds.get(path)
         if fd is None:
-            fd = self._fds.setdefault(path, os.open(path, os.O_RDONLY))
+            opened = os.open(path, os.O_RDONLY)
+            fd = self._fds.setdefault(path, opened)  # a prefetch thread may have opened it meanwhile
+            if fd != opened:
+                os.close(opened)
         return pread_into(fd, buffer, start)
 
     def close(self) -> None:
