@@ -24,8 +24,9 @@ thread pool overlapping the executor; once the last is in, it writes the group's
 ``tasks/<group>.json`` and only then removes the pieces (the chunk outputs the group's record
 does not list) and the chunk records. A chunk record that a resumed run could never trust
 (``Job.record_kept``: a segment placed in the group's shared file) is not saved at all: it only
-travels to the driver, which drops it once its assembly has taken it in. A resumed run trusts a group record whose outputs are intact, else each chunk
-record whose piece is intact, and redoes the rest. Static partitions split the units (never a
+travels to the driver, which drops it once its assembly has taken it in. A resumed run trusts a
+group record whose outputs are intact, else each chunk record whose piece is intact, and redoes
+the rest. Static partitions split the units (never a
 group), so each node assembles its own; `repack merge` assembles a group whose chunks all have
 records but whose assembly never ran. With an object store the pieces are published like any
 output (see ``_run_and_record``) and deleted from it once the group's record is saved.

@@ -204,7 +204,8 @@ class TarSegmentWriter(TarMemberWriter):
         in the shared file (else it was renamed into place as ``name``). ``index``: its samples' DALI index
         lines (one string, no final newline) with offsets counted from ``index_at``: where a placed piece
         lies, so that the assembler takes them as they are while the pieces before it were placed too (0
-        when unplaced; a piece that spilled keeps its slot's offset). ``crc``: base64 of the samples' checksums (``sample_checksums``' uint32, little-endian)."""
+        when unplaced; a piece that spilled keeps its slot's offset). ``crc``: base64 of the samples'
+        checksums (``sample_checksums``' uint32 column, little-endian)."""
         self._flush()
         os.close(self._fd)
         self._fd = -1
@@ -227,8 +228,8 @@ class TarSegmentWriter(TarMemberWriter):
 
 
 def _rebased(text: str, shift: int) -> bytes:
-    """DALI index lines ("ext offset size name" per member, "\n" between samples) with every offset moved
-    by ``shift``, as ASCII with a final newline."""
+    """DALI index lines ("ext offset size name" per member, a newline between samples) with every offset
+    moved by ``shift``, as ASCII with a final newline."""
     if not shift:
         return text.encode("ascii") + b"\n"
     moved = []
