@@ -1,6 +1,6 @@
 """Two code trees' `repack images` against the scale bench's ShardWriter script, in one run.
 
-``python -m tests.benchmarks.bench_pack_trees SRC WORK BEFORE_TREE AFTER_TREE``: for ``--verify none`` and
+``python -m tests.tools.pack_trees_compare SRC WORK BEFORE_TREE AFTER_TREE``: for ``--verify none`` and
 the default decode check, in this order: the script of ``bench_scale`` (W processes; + a PIL check for the
 decode row), then ``repack images SRC OUT --verify LEVEL`` run from each tree (``cwd`` and ``PYTHONPATH`` =
 the tree), each once. Per run, one JSON line: wall seconds, CPU seconds of the whole process tree
