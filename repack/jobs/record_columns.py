@@ -7,8 +7,9 @@ of ``[rel, hex]`` and integers that was ~150 bytes per input, kept for the datas
             which inputs they are: the unit's planned inputs less its quarantined ones
   "us":     base64 of the zlib'd little-endian uint32 read times then check times (microseconds)
 
-``unit_digests`` pairs a unit's digests with its inputs' rels; ``state_digests`` reads every task
-record of a job state (images: sha256 columns; video, text: their ``digests`` pairs).
+``unit_digest_columns`` pairs a unit's digests with its inputs' rels; ``state_digest_columns`` reads every
+task record of a job state (images: sha256 columns; video, text: their ``digests`` pairs) into one list
+of rels and one joined bytes of raw digests.
 """
 
 from __future__ import annotations
@@ -72,19 +73,32 @@ def _rels(payload: dict) -> list[str]:
     return inputs["rel"] if isinstance(inputs, dict) else [e["rel"] for e in task_inputs(payload)]
 
 
-def unit_digests(tasks, record: dict) -> list[tuple[str, str]]:
-    """(rel, sha256 hex) of a unit's packed inputs, from its record (either form)."""
+def unit_digest_columns(tasks, record: dict) -> tuple[list[str], bytes]:
+    """(rels, their raw 32-byte sha256 digests joined) of a unit's packed inputs, from its record (either
+    form; a hex digest that is not one is left out)."""
     if "sha256" in record:
-        return list(zip(packed_rels(tasks, record), unpack_digests(record["sha256"])))
-    return [(str(r), str(d)) for r, d in record.get("digests", ()) if isinstance(d, str)]
+        rels, raw = packed_rels(tasks, record), base64.b64decode(record["sha256"])
+        count = min(len(rels), len(raw) // DIGEST_BYTES)
+        return rels[:count], raw[:count * DIGEST_BYTES]
+    rels, digests = [], []
+    for rel, digest in record.get("digests", ()):
+        try:
+            raw = bytes.fromhex(digest) if isinstance(digest, str) else b""
+        except ValueError:
+            continue
+        if len(raw) == DIGEST_BYTES:
+            rels.append(str(rel))
+            digests.append(raw)
+    return rels, b"".join(digests)
 
 
-def state_digests(store, state: str = STATE_DIR) -> dict[str, str]:
-    """{rel: sha256} from the task records of a job state (the tasks that hash their inputs); a damaged
-    record's inputs stay without a digest."""
-    plan: Plan | None = None
-    tasks_of: dict[str, list] = {}
-    digests: dict[str, str] = {}
+def state_digest_columns(store, state: str = STATE_DIR, plan: Plan | None = None) -> tuple[list[str], bytes]:
+    """(rels, their raw sha256 digests joined, in the same order; a later rel's digest wins) from the task
+    records of a job state (the tasks that hash their inputs); a damaged record's inputs stay without a
+    digest. ``plan``: the state's plan, when the caller has read it already."""
+    tasks_of: dict[str, list] | None = None
+    rels: list[str] = []
+    digests: list[bytes] = []
     for rel in sorted(store.list_sizes(f"{state}/tasks/")):
         if not rel.endswith(".json"):
             continue
@@ -95,21 +109,27 @@ def state_digests(store, state: str = STATE_DIR) -> dict[str, str]:
             continue
         if not isinstance(record, dict):
             continue
+        tasks: list = []
         if "sha256" in record:
-            if plan is None:
-                plan = read_plan(store, state)
-                if plan is None:
-                    continue
-                for uid, tasks in plan.units:
-                    tasks_of[uid] = list(tasks)
-                    tasks_of.update((t.task_id, [t]) for t in tasks)
+            if tasks_of is None:
+                plan = plan if plan is not None else read_plan(store, state)
+                tasks_of = {}
+                for uid, unit in (plan.units if plan is not None else ()):
+                    tasks_of[uid] = list(unit)
+                    tasks_of.update((t.task_id, [t]) for t in unit)
             tasks = tasks_of.get(rel.rsplit("/", 1)[-1][:-len(".json")])
             if tasks is None:
                 continue
-        else:
-            tasks = []
         try:
-            digests.update(unit_digests(tasks, record))
+            unit_rels, unit_raw = unit_digest_columns(tasks, record)
         except (ValueError, KeyError, TypeError):
             continue
-    return digests
+        rels += unit_rels
+        digests.append(unit_raw)
+    return rels, b"".join(digests)
+
+
+def state_digests(store, state: str = STATE_DIR) -> dict[str, str]:
+    """{rel: sha256 hex} of ``state_digest_columns``."""
+    rels, raw = state_digest_columns(store, state)
+    return {rel: raw[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES].hex() for i, rel in enumerate(rels)}

@@ -118,7 +118,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
         plan = read_plan(job.store)
         shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
                   for shard in staged["shards"]]
-        store.put_bytes(inputs_record(number), to_bytes(record_after_append(plan, known, task_digests(job.store))))
+        store.put_bytes(inputs_record(number), to_bytes(record_after_append(plan, known, task_digests(job.store, plan=plan))))
         body = appender.merge(current, staged, shards)
         if appender.side_files is not None:
             body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))

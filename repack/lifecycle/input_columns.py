@@ -109,6 +109,19 @@ def with_quarantined(record: InputColumns, sources) -> InputColumns:
                                if sources else np.array([], dtype="S1"))
 
 
+def with_digests(record: InputColumns, rels: list[str], raw: bytes) -> InputColumns:
+    """``record`` with the sha256 of ``rels`` set from ``raw`` (their 32-byte digests joined, in order; a
+    later rel wins); rels the record does not hold are left out."""
+    if not rels:
+        return record
+    rows, found = record.find(encode_names(rels))
+    digests = np.frombuffer(raw, np.uint8, 32 * len(rels)).reshape(len(rels), 32)
+    sha, has = record.sha256.copy(), record.has_sha256.copy()
+    sha[rows[found]] = digests[found]
+    has[rows[found]] = True
+    return dataclasses.replace(record, sha256=sha, has_sha256=has)
+
+
 def empty_columns(next_position: int = 0) -> InputColumns:
     return build_columns([], [], [], [], {}, next_position)
 
@@ -120,7 +133,10 @@ def build_columns(names: list[str], sizes, mtimes, positions, digests: dict[str,
     size = np.asarray(sizes, dtype=np.int64).reshape(-1)
     mtime = np.asarray(mtimes, dtype=np.int64).reshape(-1)
     position = np.asarray(positions, dtype=np.int64).reshape(-1)
-    sha, has = hex_digests([digests.get(name) for name in names] if digests else [None] * len(names))
+    if digests:
+        sha, has = hex_digests([digests.get(name) for name in names])
+    else:
+        sha, has = np.zeros((len(names), 32), np.uint8), np.zeros(len(names), bool)
     return _sorted_last_wins(order_names, size, mtime, position, sha, has, encode_names(sorted(set(removed))),
                              next_position)
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
+
 from repack.errors import ConfinementError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, planned_entries, read_plan
 from repack.lifecycle.input_columns import NO_MTIME, InputColumns, build_columns, from_bytes, from_json_record
@@ -183,25 +185,38 @@ def known_inputs(store, current: dict) -> InputColumns:
     if plan is None:
         raise UsageError(f"{store.url}: the record of what version {number} holds ({inputs_record(number)}) is "
                          "missing, so new inputs cannot be told apart; repack without --append")
-    return plan_inputs(plan, {}, 0)
+    return plan_inputs(plan, 0)
 
 
-def plan_inputs(plan: Plan, digests: dict[str, str], next_position: int) -> InputColumns:
-    """Every input planned in ``plan`` (its fingerprint, sample position and digest from ``digests``);
-    next_position past the plan's sample keys and ``next_position``."""
+def plan_inputs(plan: Plan, next_position: int) -> InputColumns:
+    """Every input planned in ``plan``: its fingerprint and sample position (no digests: ``with_digests``
+    adds them); next_position past the plan's sample keys and ``next_position``. Read from the tasks'
+    input columns (``repack.jobs.task_inputs``) without an object per input; other payloads (entry
+    lists, text segments and tables) entry by entry."""
     names: list[str] = []
-    sizes: list[int] = []
-    mtimes: list[int] = []
-    positions: list[int] = []
+    sizes: list[np.ndarray] = []
+    mtimes: list[np.ndarray] = []
+    positions: list[np.ndarray] = []
     for task in plan.tasks:
-        for entry in planned_entries(task.payload):  # images/video inputs, text segments
-            fingerprint = entry["fingerprint"]
-            names.append(entry["rel"])
-            sizes.append(int(fingerprint[0]))
-            mtimes.append(int(fingerprint[1]) if len(fingerprint) > 1 else NO_MTIME)
-            positions.append(int(entry["key"].partition("_")[0]) if "key" in entry else -1)
-    last = max(positions, default=-1)
-    return build_columns(names, sizes, mtimes, positions, digests, max(next_position, last + 1))
+        inputs = task.payload.get("inputs")
+        if isinstance(inputs, dict) and "fp3" in inputs:
+            fingerprints = np.asarray(inputs["fp3"], np.int64).reshape(-1, 3)
+            names += inputs["rel"]
+            sizes.append(fingerprints[:, 0])
+            mtimes.append(fingerprints[:, 1])
+            positions.append(int(inputs["first"]) + np.arange(len(inputs["rel"]), dtype=np.int64))
+            continue
+        entries = list(planned_entries(task.payload))
+        names += [entry["rel"] for entry in entries]
+        sizes.append(np.array([int(entry["fingerprint"][0]) for entry in entries], np.int64))
+        mtimes.append(np.array([int(entry["fingerprint"][1]) if len(entry["fingerprint"]) > 1 else NO_MTIME
+                                for entry in entries], np.int64))
+        positions.append(np.array([int(entry["key"].partition("_")[0]) if "key" in entry else -1
+                                   for entry in entries], np.int64))
+    position = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+    last = int(position.max(initial=-1))
+    return build_columns(names, np.concatenate(sizes) if sizes else position, np.concatenate(mtimes) if mtimes else
+                         position, position, {}, max(next_position, last + 1))
 
 
 def move(store, src: str, dst: str) -> None:
