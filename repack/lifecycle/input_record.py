@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +27,8 @@ import numpy as np
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.jobs.record_columns import state_digest_columns
-from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, encode_names, from_bytes, merged, to_bytes,
-                                            with_digests, with_quarantined)
+from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, empty_columns, encode_names, from_bytes, merged,
+                                            to_bytes, with_digests, with_quarantined)
 from repack.lifecycle.publish import known_inputs, plan_inputs, read_inputs_record
 from repack.manifest.versions import number_of
 
@@ -64,10 +65,10 @@ def dataset_record(store, current: dict) -> InputColumns:
     return with_digests(plan_inputs(plan, 0), *task_digests(store, plan=plan))
 
 
-def record_after_append(plan: Plan, known: InputColumns, digests: tuple[list[str], bytes]) -> InputColumns:
-    """Version N+1's record: ``known`` plus the inputs ``plan`` planned (their digests from its tasks:
-    ``task_digests``), and the known inputs whose copy the plan recognized by content
-    (``plan.info["same_content"]``: their new fingerprints)."""
+def append_delta(plan: Plan, known: InputColumns, digests: tuple[list[str], bytes]) -> InputColumns:
+    """The rows version N+1 adds to ``known`` (its record is ``merged(known, delta)``): the inputs ``plan``
+    planned (their digests from its tasks: ``task_digests``), and the known inputs whose copy the plan
+    recognized by content (``plan.info["same_content"]``: their new fingerprints)."""
     planned = with_digests(plan_inputs(plan, known.next_position), *digests)
     same = plan.info.get("same_content", {})
     if same:
@@ -77,7 +78,19 @@ def record_after_append(plan: Plan, known: InputColumns, digests: tuple[list[str
                               np.full(len(names), -1, np.int64), np.zeros((len(names), 32), np.uint8),
                               np.zeros(len(names), bool), np.array([], dtype="S1"), 0)
         planned = merged(planned, copies)
-    return dataclasses.replace(merged(known, planned), quarantined=np.array([], dtype="S1"))
+    return planned
+
+
+def record_after_append(plan: Plan, known: InputColumns, digests: tuple[list[str], bytes]) -> InputColumns:
+    """Version N+1's record: ``known`` with ``append_delta``."""
+    return dataclasses.replace(merged(known, append_delta(plan, known, digests)), quarantined=np.array([], dtype="S1"))
+
+
+def remove_delta(known: InputColumns, removed_sources: Iterable[str]) -> InputColumns:
+    """What version N+1's record adds to ``known`` after `repack remove`: the removed sources, no rows."""
+    sources = sorted(set(removed_sources))
+    return dataclasses.replace(empty_columns(known.next_position),
+                               removed=np.unique(encode_names(sources)) if sources else np.array([], dtype="S1"))
 
 
 def record_after_remove(known: InputColumns, removed_sources: Iterable[str]) -> InputColumns:
@@ -86,14 +99,32 @@ def record_after_remove(known: InputColumns, removed_sources: Iterable[str]) -> 
 
 
 def write_known(path: Path, known: InputColumns, quarantined: Iterable[str]) -> None:
-    """The staged `--append` job's input: the record and the rels without a sample (``quarantined``)."""
+    """The staged `--append` job's input: the record and the rels without a sample (``quarantined``). The
+    record stays in memory for ``load_known`` in this process (the staged job plans here), keyed by the
+    file's identity: the file is read back only by another process or after it changed (a resumed run)."""
     from repack.manifest import atomic_write_bytes
 
-    atomic_write_bytes(path, to_bytes(with_quarantined(known, list(quarantined)), compress=False))
+    record = with_quarantined(known, list(quarantined))
+    atomic_write_bytes(path, to_bytes(record, compress=False))
+    _WRITTEN[str(path)] = (_identity(path), record)
+
+
+_WRITTEN: dict[str, tuple[tuple, InputColumns]] = {}  # path -> (file identity, record) of write_known here
+
+
+def _identity(path: str | Path) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def load_known(path: str | Path) -> InputColumns:
     """The staged `--append` job's input written by ``write_known``; UsageError naming it when unreadable."""
+    held = _WRITTEN.get(str(path))
+    if held is not None and held[0] is not None and held[0] == _identity(path):
+        return held[1]
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:

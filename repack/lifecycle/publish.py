@@ -33,7 +33,8 @@ import numpy as np
 
 from repack.errors import ConfinementError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, planned_entries, read_plan
-from repack.lifecycle.input_columns import NO_MTIME, InputColumns, build_columns, from_bytes, from_json_record
+from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, build_columns, from_json_record, merged,
+                                            parse_record, to_bytes)
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
@@ -51,15 +52,50 @@ def legacy_inputs_record(number: int) -> str:
 
 
 def read_inputs_record(store, number: int) -> InputColumns | None:
-    """Version ``number``'s record (an older repack's JSON converted), None when it has none;
-    UsageError naming the file when it is unreadable."""
+    """Version ``number``'s record (a delta merged onto the chain of records it extends; an older repack's
+    JSON converted), None when it has none; UsageError naming the file when it is unreadable or extends a
+    record that is missing."""
     raw = store.read_bytes(inputs_record(number))
     if raw is not None:
-        return from_bytes(raw, f"{store.url}/{inputs_record(number)}")
+        where = f"{store.url}/{inputs_record(number)}"
+        stored = parse_record(raw, where)
+        if stored.base is None:
+            return stored.columns
+        if not stored.base < number:
+            raise UsageError(f"{where} extends version {stored.base}'s record, not an earlier one's; move it aside "
+                             "and repack without --append")
+        base = read_inputs_record(store, stored.base)
+        if base is None:
+            raise UsageError(f"{where} extends version {stored.base}'s record, which is missing; move it aside and "
+                             "repack without --append")
+        return merged(base, stored.columns)
     raw = store.read_bytes(legacy_inputs_record(number))
     if raw is not None:
         return from_json_record(raw, f"{store.url}/{legacy_inputs_record(number)}")
     return None
+
+
+MAX_DELTAS = 16  # deltas read on top of a whole record at most: the next version's record is whole again
+
+
+def write_inputs_record(store, number: int, record: InputColumns, delta: InputColumns) -> None:
+    """Write version ``number``'s record ``record``: as ``delta`` (the rows it adds or changes and the sources
+    it removed) on version ``number - 1``'s record file when there is one with fewer than MAX_DELTAS
+    deltas below it, else whole."""
+    raw = store.read_bytes(inputs_record(number - 1)) if number > 1 else None
+    depth = parse_record(raw, f"{store.url}/{inputs_record(number - 1)}").depth if raw is not None else None
+    if depth is not None and depth < MAX_DELTAS:
+        store.put_bytes(inputs_record(number), to_bytes(delta, base=(number - 1, depth + 1)))
+    else:
+        store.put_bytes(inputs_record(number), to_bytes(record))
+
+
+def make_record_whole(store, number: int) -> None:
+    """Rewrite version ``number``'s record as a whole record when it is a delta (before `repack gc` deletes
+    the records it extends)."""
+    raw = store.read_bytes(inputs_record(number))
+    if raw is not None and parse_record(raw, f"{store.url}/{inputs_record(number)}").base is not None:
+        store.put_bytes(inputs_record(number), to_bytes(read_inputs_record(store, number)))
 
 
 @contextlib.contextmanager
