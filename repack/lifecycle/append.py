@@ -35,7 +35,6 @@ from typing import Callable
 from repack.config import EngineOptions
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
-from repack.lifecycle.input_columns import merged
 from repack.lifecycle.input_record import append_delta, dataset_record, task_digests, write_known
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish, remove_prefix,
                                       warner, write_inputs_record)
@@ -119,7 +118,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
         shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
                   for shard in staged["shards"]]
         delta = append_delta(plan, known, task_digests(job.store, plan=plan))
-        write_inputs_record(store, number, merged(known, delta), delta)
+        write_inputs_record(store, number, known, delta)
         body = appender.merge(current, staged, shards)
         if appender.side_files is not None:
             body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))

@@ -274,6 +274,31 @@ def from_bytes(raw: bytes, where: str) -> InputColumns:
     return stored.columns
 
 
+def record_depth(raw: bytes, where: str) -> int:
+    """How many deltas the record file in ``raw`` stands on (0: a whole record), read from its ``format``
+    and ``depth`` members alone; UsageError naming ``where`` when it is not a record file."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+            names = set(archive.namelist())
+            arrays = {}
+            for name in ("format", "depth"):
+                if f"{name}.npy" in names and archive.getinfo(f"{name}.npy").file_size <= 1024:
+                    with archive.open(f"{name}.npy") as member:
+                        arrays[name] = np.lib.format.read_array(member, allow_pickle=False)
+        version = _typed(arrays, "format", np.int64, 1)
+        if version.shape != (1,) or int(version[0]) not in (FORMAT, DELTA_FORMAT):
+            raise ValueError("no format this repack reads")
+        if int(version[0]) == FORMAT:
+            return 0
+        depth = _typed(arrays, "depth", np.int64, 1)
+        if depth.shape != (1,) or depth[0] < 1:
+            raise ValueError("depth is not one positive int64")
+        return int(depth[0])
+    except (ValueError, KeyError, EOFError, OSError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
+        raise UsageError(f"{where} is not a readable record of the dataset's inputs ({exc}); move it aside and "
+                         "repack without --append") from None
+
+
 def parse_record(raw: bytes, where: str) -> StoredRecord:
     """The record file in ``raw`` (the file at ``where``); UsageError naming it when it is not a record this
     repack reads (not a zip, a member missing or of another dtype or shape, names unsorted, a newer format)."""

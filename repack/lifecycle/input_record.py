@@ -81,21 +81,11 @@ def append_delta(plan: Plan, known: InputColumns, digests: tuple[list[str], byte
     return planned
 
 
-def record_after_append(plan: Plan, known: InputColumns, digests: tuple[list[str], bytes]) -> InputColumns:
-    """Version N+1's record: ``known`` with ``append_delta``."""
-    return dataclasses.replace(merged(known, append_delta(plan, known, digests)), quarantined=np.array([], dtype="S1"))
-
-
 def remove_delta(known: InputColumns, removed_sources: Iterable[str]) -> InputColumns:
     """What version N+1's record adds to ``known`` after `repack remove`: the removed sources, no rows."""
     sources = sorted(set(removed_sources))
     return dataclasses.replace(empty_columns(known.next_position),
                                removed=np.unique(encode_names(sources)) if sources else np.array([], dtype="S1"))
-
-
-def record_after_remove(known: InputColumns, removed_sources: Iterable[str]) -> InputColumns:
-    """Version N+1's record after `repack remove`: ``known`` with the removed sources added."""
-    return known.with_removed(list(removed_sources))
 
 
 def write_known(path: Path, known: InputColumns, quarantined: Iterable[str]) -> None:

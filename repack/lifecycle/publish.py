@@ -34,7 +34,7 @@ import numpy as np
 from repack.errors import ConfinementError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, planned_entries, read_plan
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, build_columns, from_json_record, merged,
-                                            parse_record, to_bytes)
+                                            parse_record, record_depth, to_bytes)
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
@@ -78,23 +78,23 @@ def read_inputs_record(store, number: int) -> InputColumns | None:
 MAX_DELTAS = 16  # deltas read on top of a whole record at most: the next version's record is whole again
 
 
-def write_inputs_record(store, number: int, record: InputColumns, delta: InputColumns) -> None:
-    """Write version ``number``'s record ``record``: as ``delta`` (the rows it adds or changes and the sources
-    it removed) on version ``number - 1``'s record file when there is one with fewer than MAX_DELTAS
-    deltas below it, else whole."""
+def write_inputs_record(store, number: int, known: InputColumns, delta: InputColumns) -> None:
+    """Write version ``number``'s record: ``known`` (version ``number - 1``'s) with ``delta`` (the rows it
+    adds or changes and the sources it removed). Stored as the delta on version ``number - 1``'s record
+    file when there is one with fewer than MAX_DELTAS deltas below it, else whole (``merged``)."""
     raw = store.read_bytes(inputs_record(number - 1)) if number > 1 else None
-    depth = parse_record(raw, f"{store.url}/{inputs_record(number - 1)}").depth if raw is not None else None
+    depth = record_depth(raw, f"{store.url}/{inputs_record(number - 1)}") if raw is not None else None
     if depth is not None and depth < MAX_DELTAS:
         store.put_bytes(inputs_record(number), to_bytes(delta, base=(number - 1, depth + 1)))
     else:
-        store.put_bytes(inputs_record(number), to_bytes(record))
+        store.put_bytes(inputs_record(number), to_bytes(merged(known, delta)))
 
 
 def make_record_whole(store, number: int) -> None:
     """Rewrite version ``number``'s record as a whole record when it is a delta (before `repack gc` deletes
     the records it extends)."""
     raw = store.read_bytes(inputs_record(number))
-    if raw is not None and parse_record(raw, f"{store.url}/{inputs_record(number)}").base is not None:
+    if raw is not None and record_depth(raw, f"{store.url}/{inputs_record(number)}"):
         store.put_bytes(inputs_record(number), to_bytes(read_inputs_record(store, number)))
 
 

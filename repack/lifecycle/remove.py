@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from repack.errors import UsageError
 from repack.lifecycle.input_columns import InputColumns
-from repack.lifecycle.input_record import dataset_record, record_after_remove, remove_delta
+from repack.lifecycle.input_record import dataset_record, remove_delta
 from repack.lifecycle.publish import current_version, locked_dataset, promote_pending, publish, write_inputs_record
 from repack.lifecycle.remove_lmdb import rewrite_lmdb
 from repack.lifecycle.remove_tar import rewrite_tar_shards
@@ -104,7 +104,7 @@ def record_removed(store, known: InputColumns | None, number: int, sources) -> N
     crash in between leaves a record of an unpublished version, rewritten by the re-run. Nothing is
     written without a published record."""
     if known is not None:
-        write_inputs_record(store, number, record_after_remove(known, sources), remove_delta(known, sources))
+        write_inputs_record(store, number, known, remove_delta(known, sources))
 
 
 def _without_record(rewriter):
