@@ -120,7 +120,7 @@ REWRITERS = {"webdataset": rewrite_tar_shards, "lmdb": _without_record(rewrite_l
 def remove_samples(spec: RemoveSpec) -> RemoveResult:
     """Publish the version without the named samples (see the module docstring)."""
     started = time.time()
-    with locked_dataset(spec.out) as (store, out):  # out: an object store's scratch holds one shard at a time
+    with locked_dataset(spec.out) as (store, out):  # out: an object store's scratch holds a shard per rewriting process
         current, raw = current_version(store)
         promoted = promote_pending(store, current)
         if promoted is not None:
