@@ -169,3 +169,28 @@ def test_the_index_of_kept_samples_is_laid_out_from_columns(tmp_path, seed):
         expected.append(" ".join(tokens))
     assert index.text_of(kept, shift).decode() == f"v1.2 {len(kept)}\n" + "\n".join(expected) + "\n"
     assert index.text_of(np.arange(index.samples), np.zeros(index.samples, np.int64)) == raw
+
+
+def test_deltas_chain_at_most_max_deltas_then_a_whole_record(tmp_path):
+    """A record extended version after version: each a delta on the one before, read back as the whole
+    record; after MAX_DELTAS deltas the next is whole again."""
+    from repack.lifecycle.input_columns import build_columns, merged, to_bytes
+    from repack.lifecycle.input_record import remove_delta
+    from repack.lifecycle.publish import MAX_DELTAS, inputs_record, write_inputs_record
+
+    store = open_store(str(tmp_path))
+    (tmp_path / ".repack").mkdir()
+    known = build_columns(["a/0.jpg"], [10], [1], [0], {"a/0.jpg": "ab" * 32}, 1)
+    store.put_bytes(inputs_record(1), to_bytes(known))
+    for number in range(2, MAX_DELTAS + 3):
+        rel = f"a/{number}.jpg"
+        delta = build_columns([rel], [number], [number], [number - 1], {}, number)
+        if number % 3 == 0:
+            delta = remove_delta(known, [f"a/{number - 1}.jpg"])
+        write_inputs_record(store, number, known, delta)
+        known = merged(known, delta)
+        stored = parse_record((tmp_path / inputs_record(number)).read_bytes(), "x")
+        expected_depth = (number - 1) % (MAX_DELTAS + 1)
+        assert stored.depth == expected_depth and (stored.base is None) == (expected_depth == 0)
+        _same(_record(tmp_path, number), known)
+    assert len(known) == 1 + len([n for n in range(2, MAX_DELTAS + 3) if n % 3]) and len(known.removed) > 0
