@@ -152,7 +152,8 @@ def test_the_index_of_kept_samples_is_laid_out_from_columns(tmp_path, seed):
         members = []
         for ext in (["jpg", "cls"] if number % 3 else ["jpg", "cls", "json"]):
             size = int(rng.integers(0, 3000))
-            members.append(f"{ext} {offset} {size} {key}.{ext}")
+            name = f"{key}.{ext}" if number % 5 or ext != "cls" else f"x{number}/other.{ext}"  # not keyed
+            members.append(f"{ext} {offset} {size} {name}")
             offset += 512 + size + (-size % 512)
         lines.append(" ".join(members))
     raw = (f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n").encode()
