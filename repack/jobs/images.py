@@ -58,7 +58,7 @@ from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.image_plan import InputColumns, PayloadWriter, cut_runs, sample_bounds, sample_expected
 from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - sample_key: imported from here by the video job
-from repack.lifecycle.input_record import load_known, select_new
+from repack.lifecycle.input_record import load_known, select_new, select_new_rows
 from repack.jobs.record_columns import (join_digests, join_times, pack_digests, pack_times, packed_rels,
                                         unpack_times)
 from repack.jobs.stats import bucket_edges, histogram, merge_counts, merge_slowest, percentiles
@@ -280,11 +280,12 @@ class ImagesJob(Job):
         if spec.known_inputs:  # --append: only what the dataset does not hold yet (repack.lifecycle.input_record)
             known = load_known(spec.known_inputs)
             key_offset = known.next_position
-            table = hasattr(items, "take")  # columns: rel and fingerprint without an object per input
-            rel_of = items.rels.__getitem__ if table else (lambda row: items[row].rel)
-            fingerprint_of = items.fingerprint if table else (lambda row: items[row].fingerprint)
-            selection = select_new(range(len(items)), known, rel_of, fingerprint_of,
-                                   lambda row: content_sha256(items[row]))
+            if hasattr(items, "take"):  # columns: rels and fingerprints without an object per input
+                selection = select_new_rows(items.rels, items.sizes, items.mtimes, known,
+                                            lambda row: content_sha256(items[row]))
+            else:
+                selection = select_new(range(len(items)), known, lambda row: items[row].rel,
+                                       lambda row: items[row].fingerprint, lambda row: content_sha256(items[row]))
             items = _taken(items, selection.new)
         if spec.shuffle:  # the permutation shuffle() makes of len(items) items (the same RNG calls)
             order = list(range(len(items)))

@@ -16,9 +16,9 @@ segment of its plan table::
 
 and its per-segment counts as one ``pack_ints`` string (zlib'd little-endian int64 columns, base64).
 
-``unit_digests`` pairs a unit's digests with its inputs' rels; ``state_digests`` reads every task
-record of a job state (images: sha256 columns; text: digest files; video and older text records:
-their ``digests`` pairs).
+``unit_digest_columns`` pairs a unit's digests with its inputs' rels; ``state_digest_columns`` reads every
+task record of a job state (images: sha256 columns; text: digest files; video and older text records:
+their ``digests`` pairs) into one list of rels and one joined bytes of raw digests.
 """
 
 from __future__ import annotations
@@ -116,23 +116,36 @@ def packed_rels(tasks, record: dict) -> list[str]:
     return [rel for rel in rels if rel not in refused] if refused else rels
 
 
-def unit_digests(tasks, record: dict, rows: bytes | None = None) -> list[tuple[str, str]]:
-    """(rel, sha256 hex) of a unit's packed inputs, from its record (any form; ``rows``: a text task's
-    digest file)."""
+def unit_digest_columns(tasks, record: dict, rows: bytes | None = None) -> tuple[list[str], bytes]:
+    """(rels, their raw 32-byte sha256 digests joined) of a unit's packed inputs, from its record (any
+    form; ``rows``: a text task's digest file; a hex digest that is not one is left out)."""
     if rows is not None:
         rels = [rel for task in tasks for rel in task.payload["table"]["rel"]]
-        return [(rel, d) for rel, d in zip(rels, unpack_digest_rows(rows, len(rels))) if d is not None]
+        pairs = [(rel, d) for rel, d in zip(rels, unpack_digest_rows(rows, len(rels))) if d is not None]
+        return [rel for rel, _ in pairs], b"".join(bytes.fromhex(d) for _, d in pairs)
     if "sha256" in record:
-        return list(zip(packed_rels(tasks, record), unpack_digests(record["sha256"])))
-    return [(str(r), str(d)) for r, d in record.get("digests", ()) if isinstance(d, str)]
+        rels, raw = packed_rels(tasks, record), base64.b64decode(record["sha256"])
+        count = min(len(rels), len(raw) // DIGEST_BYTES)
+        return rels[:count], raw[:count * DIGEST_BYTES]
+    rels, digests = [], []
+    for rel, digest in record.get("digests", ()):
+        try:
+            raw = bytes.fromhex(digest) if isinstance(digest, str) else b""
+        except ValueError:
+            continue
+        if len(raw) == DIGEST_BYTES:
+            rels.append(str(rel))
+            digests.append(raw)
+    return rels, b"".join(digests)
 
 
-def state_digests(store, state: str = STATE_DIR) -> dict[str, str]:
-    """{rel: sha256} from the task records of a job state (the tasks that hash their inputs); a damaged
-    record's inputs stay without a digest."""
-    plan: Plan | None = None
-    tasks_of: dict[str, list] = {}
-    digests: dict[str, str] = {}
+def state_digest_columns(store, state: str = STATE_DIR, plan: Plan | None = None) -> tuple[list[str], bytes]:
+    """(rels, their raw sha256 digests joined, in the same order; a later rel's digest wins) from the task
+    records of a job state (the tasks that hash their inputs); a damaged record's inputs stay without a
+    digest. ``plan``: the state's plan, when the caller has read it already."""
+    tasks_of: dict[str, list] | None = None
+    rels: list[str] = []
+    digests: list[bytes] = []
     for rel in sorted(store.list_sizes(f"{state}/tasks/")):
         if not rel.endswith(".json"):
             continue
@@ -145,21 +158,27 @@ def state_digests(store, state: str = STATE_DIR) -> dict[str, str]:
             continue
         task_id = rel.rsplit("/", 1)[-1][:-len(".json")]
         rows = store.read_bytes(digest_rows_name(task_id, state)) if record.get("digest_rows") else None
+        tasks: list = []
         if "sha256" in record or rows is not None:
-            if plan is None:
-                plan = read_plan(store, state)
-                if plan is None:
-                    continue
-                for uid, tasks in plan.units:
-                    tasks_of[uid] = list(tasks)
-                    tasks_of.update((t.task_id, [t]) for t in tasks)
+            if tasks_of is None:
+                plan = plan if plan is not None else read_plan(store, state)
+                tasks_of = {}
+                for uid, unit in (plan.units if plan is not None else ()):
+                    tasks_of[uid] = list(unit)
+                    tasks_of.update((t.task_id, [t]) for t in unit)
             tasks = tasks_of.get(task_id)
             if tasks is None:
                 continue
-        else:
-            tasks = []
         try:
-            digests.update(unit_digests(tasks, record, rows))
+            unit_rels, unit_raw = unit_digest_columns(tasks, record, rows)
         except (ValueError, KeyError, TypeError):
             continue
-    return digests
+        rels += unit_rels
+        digests.append(unit_raw)
+    return rels, b"".join(digests)
+
+
+def state_digests(store, state: str = STATE_DIR) -> dict[str, str]:
+    """{rel: sha256 hex} of ``state_digest_columns``."""
+    rels, raw = state_digest_columns(store, state)
+    return {rel: raw[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES].hex() for i, rel in enumerate(rels)}

@@ -37,10 +37,9 @@ from typing import Callable
 from repack.config import EngineOptions
 from repack.errors import NothingPackedError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
-from repack.lifecycle.input_columns import to_bytes
-from repack.lifecycle.input_record import dataset_record, record_after_append, task_digests, write_known
-from repack.lifecycle.publish import (current_version, inputs_record, locked_dataset, move, promote_pending, publish,
-                                 remove_prefix, warner)
+from repack.lifecycle.input_record import append_delta, dataset_record, task_digests, write_known
+from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish, remove_prefix,
+                                      warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
 from repack.manifest.versions import number_of
 
@@ -123,7 +122,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
         plan = read_plan(job.store)
         shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
                   for shard in staged["shards"]]
-        store.put_bytes(inputs_record(number), to_bytes(record_after_append(plan, known, task_digests(job.store))))
+        delta = append_delta(plan, known, task_digests(job.store, plan=plan))
+        write_inputs_record(store, number, known, delta)
         body = appender.merge(current, staged, shards)
         if appender.side_files is not None:
             body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))

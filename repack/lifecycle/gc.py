@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import UsageError
-from repack.lifecycle.publish import current_version, inputs_record, legacy_inputs_record, locked_dataset, settle_pending
+from repack.lifecycle.publish import (current_version, inputs_record, legacy_inputs_record, locked_dataset,
+                                      make_record_whole, settle_pending)
 from repack.manifest import Manifest, ManifestError, parse_manifest
 from repack.manifest.versions import number_of, version_file, version_number
 
@@ -51,6 +52,8 @@ def collect_garbage(out: str, keep: int) -> GcResult:
                 store.delete(rel)
                 deleted.append(rel)
                 freed += size
+        if doomed:  # the oldest kept record stands alone before the records it extends go
+            make_record_whole(store, min(kept))
         for number in doomed:  # the version files last: a gc killed before this re-finds what they name
             if store.size(version_file(number)) is not None:
                 store.delete(version_file(number))

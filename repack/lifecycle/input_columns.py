@@ -15,6 +15,12 @@ every member is a plain array, one row per input, rows sorted by name (bytes ord
   next_position  int64 (1,)        the next free sample position (keys stay unique)
   quarantined    uint8 (Q,)        optional: the rels without a sample (the staged --append job's input only)
 
+A version whose change is small is stored as a *delta* on the previous version's record (``format`` 2,
+``repack.lifecycle.publish.write_inputs_record``): the same members holding only the rows it adds or
+changes and the sources it removed, plus ``base`` (int64 (1,): the version it extends) and ``depth``
+(int64 (1,): how many deltas lead down to a whole record). Reading it reads the chain and merges
+(``merged``): a change costs what changed, not a rewrite of every input's row.
+
 Names are looked up vectorized (``np.searchsorted`` over a fixed-width bytes array); a record of a
 million inputs is never a million Python objects. The zip members carry a fixed timestamp: the same
 record is the same bytes. An older repack's ``inputs-vN.json`` (``{"inputs": {rel: [size, mtime_ns]},
@@ -34,6 +40,7 @@ import numpy as np
 from repack.errors import UsageError
 
 FORMAT = 1
+DELTA_FORMAT = 2  # the rows one version adds to its base's record (``StoredRecord.base``)
 NO_MTIME = np.iinfo(np.int64).min
 MAX_STATE_BYTES = 64 * 2**30  # declared (uncompressed) bytes of one record; more is refused unread
 MEMBERS = ("format", "names", "size", "mtime_ns", "position", "sha256", "has_sha256", "removed", "next_position")
@@ -109,6 +116,19 @@ def with_quarantined(record: InputColumns, sources) -> InputColumns:
                                if sources else np.array([], dtype="S1"))
 
 
+def with_digests(record: InputColumns, rels: list[str], raw: bytes) -> InputColumns:
+    """``record`` with the sha256 of ``rels`` set from ``raw`` (their 32-byte digests joined, in order; a
+    later rel wins); rels the record does not hold are left out."""
+    if not rels:
+        return record
+    rows, found = record.find(encode_names(rels))
+    digests = np.frombuffer(raw, np.uint8, 32 * len(rels)).reshape(len(rels), 32)
+    sha, has = record.sha256.copy(), record.has_sha256.copy()
+    sha[rows[found]] = digests[found]
+    has[rows[found]] = True
+    return dataclasses.replace(record, sha256=sha, has_sha256=has)
+
+
 def empty_columns(next_position: int = 0) -> InputColumns:
     return build_columns([], [], [], [], {}, next_position)
 
@@ -120,7 +140,10 @@ def build_columns(names: list[str], sizes, mtimes, positions, digests: dict[str,
     size = np.asarray(sizes, dtype=np.int64).reshape(-1)
     mtime = np.asarray(mtimes, dtype=np.int64).reshape(-1)
     position = np.asarray(positions, dtype=np.int64).reshape(-1)
-    sha, has = hex_digests([digests.get(name) for name in names] if digests else [None] * len(names))
+    if digests:
+        sha, has = hex_digests([digests.get(name) for name in names])
+    else:
+        sha, has = np.zeros((len(names), 32), np.uint8), np.zeros(len(names), bool)
     return _sorted_last_wins(order_names, size, mtime, position, sha, has, encode_names(sorted(set(removed))),
                              next_position)
 
@@ -183,33 +206,49 @@ def merged(old: InputColumns, new: InputColumns) -> InputColumns:
 
 
 def _blob(names: np.ndarray) -> np.ndarray:
+    """The names of an ``S`` array (no NUL inside a name), each followed by one NUL, as one uint8 array:
+    the rows of the array's byte matrix cut at each name's length, no object per name."""
     if not len(names):
         return np.zeros(0, np.uint8)
-    return np.frombuffer(b"\0".join(names.tolist()) + b"\0", np.uint8)
+    width = names.dtype.itemsize
+    matrix = np.zeros((len(names), width + 1), np.uint8)
+    matrix[:, :width] = np.ascontiguousarray(names).view(np.uint8).reshape(len(names), width)
+    lengths = np.count_nonzero(matrix, axis=1)
+    return matrix[np.arange(width + 1) <= lengths[:, None]]
 
 
 def _unblob(blob: np.ndarray, what: str) -> np.ndarray:
-    raw = blob.tobytes()
-    if not raw:
+    """The ``S`` array of the NUL-terminated names in ``blob`` (``_blob``), built as a byte matrix."""
+    if not len(blob):
         return np.array([], dtype="S1")
-    if not raw.endswith(b"\0"):
+    ends = np.flatnonzero(blob == 0)
+    if not len(ends) or ends[-1] != len(blob) - 1:
         raise ValueError(f"{what}: the last name is not NUL-terminated")
-    parts = raw[:-1].split(b"\0")
-    if not all(parts):
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    lengths = ends - starts
+    if not lengths.min():
         raise ValueError(f"{what}: an empty name")
-    return np.array(parts, dtype=bytes)
+    width = int(lengths.max())
+    matrix = np.zeros((len(ends), width), np.uint8)
+    matrix[np.arange(width) < lengths[:, None]] = blob[blob != 0]
+    return matrix.view(f"S{width}").reshape(-1)
 
 
-def to_bytes(record: InputColumns, compress: bool = True) -> bytes:
+def to_bytes(record: InputColumns, compress: bool = True, base: tuple[int, int] | None = None) -> bytes:
     """The ``.npz`` bytes of ``record`` (same record, same bytes); compressed but for the sha256 column,
-    which does not compress (``compress=False``: nothing is, for a file read once and deleted)."""
-    arrays = {"format": np.array([FORMAT], np.int64), "names": _blob(record.names), "size": record.size,
-              "mtime_ns": record.mtime_ns, "position": record.position, "sha256": record.sha256,
+    which does not compress (``compress=False``: nothing is, for a file read once and deleted). ``base``:
+    (version, depth) when ``record`` is a delta on that version's record (see the module docstring)."""
+    arrays = {"format": np.array([FORMAT if base is None else DELTA_FORMAT], np.int64), "names": _blob(record.names),
+              "size": record.size, "mtime_ns": record.mtime_ns, "position": record.position, "sha256": record.sha256,
               "has_sha256": record.has_sha256, "removed": _blob(record.removed),
               "next_position": np.array([record.next_position], np.int64), "quarantined": _blob(record.quarantined)}
+    extra = ("quarantined",) if len(record.quarantined) else ()
+    if base is not None:
+        arrays.update(base=np.array([base[0]], np.int64), depth=np.array([base[1]], np.int64))
+        extra += ("base", "depth")
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        for name in (*MEMBERS, *(("quarantined",) if len(record.quarantined) else ())):
+        for name in (*MEMBERS, *extra):
             member = io.BytesIO()
             np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
             method = zipfile.ZIP_DEFLATED if compress and name != "sha256" else zipfile.ZIP_STORED
@@ -217,8 +256,51 @@ def to_bytes(record: InputColumns, compress: bool = True) -> bytes:
     return buffer.getvalue()
 
 
+@dataclass(frozen=True)
+class StoredRecord:
+    """A record file's content: whole (``base`` None, ``depth`` 0), or a delta on version ``base``'s."""
+
+    columns: InputColumns
+    base: int | None = None
+    depth: int = 0
+
+
 def from_bytes(raw: bytes, where: str) -> InputColumns:
-    """The record in ``raw`` (the file at ``where``); UsageError naming it when it is not a record this
+    """The whole record in ``raw`` (the file at ``where``); UsageError naming it when it is not one this
+    repack reads (see ``parse_record``) or is a delta."""
+    stored = parse_record(raw, where)
+    if stored.base is not None:
+        raise UsageError(f"{where} is a delta on version {stored.base}'s record, not a whole record")
+    return stored.columns
+
+
+def record_depth(raw: bytes, where: str) -> int:
+    """How many deltas the record file in ``raw`` stands on (0: a whole record), read from its ``format``
+    and ``depth`` members alone; UsageError naming ``where`` when it is not a record file."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+            names = set(archive.namelist())
+            arrays = {}
+            for name in ("format", "depth"):
+                if f"{name}.npy" in names and archive.getinfo(f"{name}.npy").file_size <= 1024:
+                    with archive.open(f"{name}.npy") as member:
+                        arrays[name] = np.lib.format.read_array(member, allow_pickle=False)
+        version = _typed(arrays, "format", np.int64, 1)
+        if version.shape != (1,) or int(version[0]) not in (FORMAT, DELTA_FORMAT):
+            raise ValueError("no format this repack reads")
+        if int(version[0]) == FORMAT:
+            return 0
+        depth = _typed(arrays, "depth", np.int64, 1)
+        if depth.shape != (1,) or depth[0] < 1:
+            raise ValueError("depth is not one positive int64")
+        return int(depth[0])
+    except (ValueError, KeyError, EOFError, OSError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
+        raise UsageError(f"{where} is not a readable record of the dataset's inputs ({exc}); move it aside and "
+                         "repack without --append") from None
+
+
+def parse_record(raw: bytes, where: str) -> StoredRecord:
+    """The record file in ``raw`` (the file at ``where``); UsageError naming it when it is not a record this
     repack reads (not a zip, a member missing or of another dtype or shape, names unsorted, a newer format)."""
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as archive:
@@ -226,14 +308,13 @@ def from_bytes(raw: bytes, where: str) -> InputColumns:
             if sum(info.file_size for info in infos.values()) > MAX_STATE_BYTES:
                 raise ValueError(f"declares more than {MAX_STATE_BYTES} bytes")
             arrays = {}
-            for name in MEMBERS:
+            for name in (*MEMBERS, "quarantined", "base", "depth"):
                 if f"{name}.npy" not in infos:
-                    raise ValueError(f"no member {name}.npy")
+                    if name in MEMBERS:
+                        raise ValueError(f"no member {name}.npy")
+                    continue
                 with archive.open(infos[f"{name}.npy"]) as member:
                     arrays[name] = np.lib.format.read_array(member, allow_pickle=False)
-            if "quarantined.npy" in infos:
-                with archive.open(infos["quarantined.npy"]) as member:
-                    arrays["quarantined"] = np.lib.format.read_array(member, allow_pickle=False)
         return _checked(arrays)
     except UsageError:
         raise
@@ -242,12 +323,21 @@ def from_bytes(raw: bytes, where: str) -> InputColumns:
                          "repack without --append") from None
 
 
-def _checked(arrays: dict) -> InputColumns:
+def _checked(arrays: dict) -> StoredRecord:
     version = arrays["format"]
     if version.shape != (1,) or version.dtype != np.int64:
         raise ValueError("format is not one int64")
-    if int(version[0]) != FORMAT:
-        raise UsageError(f"the record is format {int(version[0])}; this repack reads format {FORMAT} (upgrade repack)")
+    if int(version[0]) not in (FORMAT, DELTA_FORMAT):
+        raise UsageError(f"the record is format {int(version[0])}; this repack reads formats {FORMAT} and "
+                         f"{DELTA_FORMAT} (upgrade repack)")
+    base, depth = None, 0
+    if int(version[0]) == DELTA_FORMAT:
+        if "base" not in arrays or "depth" not in arrays:
+            raise ValueError("a delta without its base.npy and depth.npy")
+        base_column, depth_column = _typed(arrays, "base", np.int64, 1), _typed(arrays, "depth", np.int64, 1)
+        if base_column.shape != (1,) or depth_column.shape != (1,) or base_column[0] < 1 or depth_column[0] < 1:
+            raise ValueError("base or depth is not one positive int64")
+        base, depth = int(base_column[0]), int(depth_column[0])
     names = _unblob(_typed(arrays, "names", np.uint8, 1), "names")
     removed = _unblob(_typed(arrays, "removed", np.uint8, 1), "removed")
     count = len(names)
@@ -265,8 +355,9 @@ def _checked(arrays: dict) -> InputColumns:
         raise ValueError("next_position is not one int64")
     quarantined = (_unblob(_typed(arrays, "quarantined", np.uint8, 1), "quarantined") if "quarantined" in arrays
                    else np.array([], dtype="S1"))
-    return InputColumns(names, columns["size"], columns["mtime_ns"], columns["position"], sha.reshape(count, 32),
-                        has, removed, int(next_position[0]), np.unique(quarantined))
+    return StoredRecord(InputColumns(names, columns["size"], columns["mtime_ns"], columns["position"],
+                                     sha.reshape(count, 32), has, removed, int(next_position[0]),
+                                     np.unique(quarantined)), base, depth)
 
 
 def _typed(arrays: dict, key: str, dtype, ndim: int) -> np.ndarray:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +26,9 @@ import numpy as np
 
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
-from repack.jobs.record_columns import state_digests
-from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, encode_names, from_bytes, merged, to_bytes,
-                                            with_quarantined)
+from repack.jobs.record_columns import state_digest_columns
+from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, empty_columns, encode_names, from_bytes, merged,
+                                            to_bytes, with_digests, with_quarantined)
 from repack.lifecycle.publish import known_inputs, plan_inputs, read_inputs_record
 from repack.manifest.versions import number_of
 
@@ -36,10 +37,10 @@ REFUSED_SHOWN = 10  # names a refusal lists (then a count)
 HASH_THREADS = 8    # files hashed at once for a content comparison (reads release the GIL)
 
 
-def task_digests(store, state: str = STATE_DIR) -> dict[str, str]:
-    """{rel: sha256} from the task records under ``state``/tasks/ (the tasks that hash their inputs)."""
-    return state_digests(store, state)
-
+def task_digests(store, state: str = STATE_DIR, plan: Plan | None = None) -> tuple[list[str], bytes]:
+    """(rels, their raw sha256 digests joined) from the task records under ``state``/tasks/ (the tasks that
+    hash their inputs; ``plan``: the state's plan, when read already)."""
+    return state_digest_columns(store, state, plan)
 
 
 def dataset_record(store, current: dict) -> InputColumns:
@@ -61,14 +62,14 @@ def dataset_record(store, current: dict) -> InputColumns:
     plan = read_plan(store)
     if plan is None:
         return known_inputs(store, current)  # raises, naming what is missing
-    return plan_inputs(plan, task_digests(store), 0)
+    return with_digests(plan_inputs(plan, 0), *task_digests(store, plan=plan))
 
 
-def record_after_append(plan: Plan, known: InputColumns, digests: dict[str, str]) -> InputColumns:
-    """Version N+1's record: ``known`` plus the inputs ``plan`` planned (their digests from its tasks), and
-    the known inputs whose copy the plan recognized by content (``plan.info["same_content"]``: their new
-    fingerprints)."""
-    planned = plan_inputs(plan, digests, known.next_position)
+def append_delta(plan: Plan, known: InputColumns, digests: tuple[list[str], bytes]) -> InputColumns:
+    """The rows version N+1 adds to ``known`` (its record is ``merged(known, delta)``): the inputs ``plan``
+    planned (their digests from its tasks: ``task_digests``), and the known inputs whose copy the plan
+    recognized by content (``plan.info["same_content"]``: their new fingerprints)."""
+    planned = with_digests(plan_inputs(plan, known.next_position), *digests)
     same = plan.info.get("same_content", {})
     if same:
         names = sorted(same)
@@ -77,23 +78,43 @@ def record_after_append(plan: Plan, known: InputColumns, digests: dict[str, str]
                               np.full(len(names), -1, np.int64), np.zeros((len(names), 32), np.uint8),
                               np.zeros(len(names), bool), np.array([], dtype="S1"), 0)
         planned = merged(planned, copies)
-    return dataclasses.replace(merged(known, planned), quarantined=np.array([], dtype="S1"))
+    return planned
 
 
-def record_after_remove(known: InputColumns, removed_sources: Iterable[str]) -> InputColumns:
-    """Version N+1's record after `repack remove`: ``known`` with the removed sources added."""
-    return known.with_removed(list(removed_sources))
+def remove_delta(known: InputColumns, removed_sources: Iterable[str]) -> InputColumns:
+    """What version N+1's record adds to ``known`` after `repack remove`: the removed sources, no rows."""
+    sources = sorted(set(removed_sources))
+    return dataclasses.replace(empty_columns(known.next_position),
+                               removed=np.unique(encode_names(sources)) if sources else np.array([], dtype="S1"))
 
 
 def write_known(path: Path, known: InputColumns, quarantined: Iterable[str]) -> None:
-    """The staged `--append` job's input: the record and the rels without a sample (``quarantined``)."""
+    """The staged `--append` job's input: the record and the rels without a sample (``quarantined``). The
+    record stays in memory for ``load_known`` in this process (the staged job plans here), keyed by the
+    file's identity: the file is read back only by another process or after it changed (a resumed run)."""
     from repack.manifest import atomic_write_bytes
 
-    atomic_write_bytes(path, to_bytes(with_quarantined(known, list(quarantined)), compress=False))
+    record = with_quarantined(known, list(quarantined))
+    atomic_write_bytes(path, to_bytes(record, compress=False))
+    _WRITTEN[str(path)] = (_identity(path), record)
+
+
+_WRITTEN: dict[str, tuple[tuple, InputColumns]] = {}  # path -> (file identity, record) of write_known here
+
+
+def _identity(path: str | Path) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def load_known(path: str | Path) -> InputColumns:
     """The staged `--append` job's input written by ``write_known``; UsageError naming it when unreadable."""
+    held = _WRITTEN.get(str(path))
+    if held is not None and held[0] is not None and held[0] == _identity(path):
+        return held[1]
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -113,15 +134,24 @@ class Selection:
 def select_new(items: Sequence[T] | Iterable[T], known: InputColumns, rel: Callable[[T], str],
                fingerprint: Callable[[T], list], digest: Callable[[T], str | None]) -> Selection:
     """Apply the module's rule to ``items`` (``known``: the record, with ``quarantined``: the rels without
-    a sample), vectorized over the record's columns. The candidates for a content comparison are hashed
-    on a thread pool. UsageError naming the changed files."""
+    a sample): ``select_new_rows`` over their rels and fingerprints. UsageError naming the changed files."""
     items = items if isinstance(items, list) else list(items)
-    if not items:
-        return Selection([])
-    names = encode_names([rel(item) for item in items])
     prints = [fingerprint(item) for item in items]
     size = np.fromiter((p[0] for p in prints), np.int64, len(prints))
     mtime = np.fromiter((p[1] if len(p) > 1 else NO_MTIME for p in prints), np.int64, len(prints))
+    chosen = select_new_rows([rel(item) for item in items], size, mtime, known, lambda row: digest(items[row]))
+    return dataclasses.replace(chosen, new=[items[row] for row in chosen.new])
+
+
+def select_new_rows(rels: list[str], size: np.ndarray, mtime: np.ndarray, known: InputColumns,
+                    digest: Callable[[int], str | None]) -> Selection:
+    """The module's rule over scanned inputs given as columns (``rels``; int64 ``size`` and ``mtime``,
+    NO_MTIME where a fingerprint has none), vectorized over the record's columns: ``new`` holds the row
+    numbers of the new inputs, ascending. The candidates for a content comparison (``digest(row)``) are
+    hashed on a thread pool. UsageError naming the changed files."""
+    if not rels:
+        return Selection([])
+    names = encode_names(rels)
     removed = known.is_removed(names)
     rows, recorded = known.find(names)
     same_print = recorded & (known.size[rows] == size) & (known.mtime_ns[rows] == mtime)
@@ -130,16 +160,16 @@ def select_new(items: Sequence[T] | Iterable[T], known: InputColumns, rel: Calla
     held = recorded & ~again & ~removed & ~same_print  # a known input with a sample, another fingerprint
     changed_mask = held & (known.size[rows] != size)
     unknown_mask = held & ~changed_mask & ~known.has_sha256[rows]
-    compare = np.flatnonzero(held & ~changed_mask & known.has_sha256[rows])
-    changed = [rel(items[i]) for i in np.flatnonzero(changed_mask)]
-    unknown = [rel(items[i]) for i in np.flatnonzero(unknown_mask)]
+    compare = np.flatnonzero(held & ~changed_mask & known.has_sha256[rows]).tolist()
+    changed = [rels[i] for i in np.flatnonzero(changed_mask).tolist()]
+    unknown = [rels[i] for i in np.flatnonzero(unknown_mask).tolist()]
     same: dict[str, list] = {}
     with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
-        for i, found in zip(compare.tolist(), pool.map(lambda i: digest(items[i]), compare.tolist())):
+        for i, found in zip(compare, pool.map(digest, compare)):
             if found == known.hex_digest(int(rows[i])):
-                same[rel(items[i])] = [int(size[i]), int(mtime[i])] if mtime[i] != NO_MTIME else [int(size[i])]
+                same[rels[i]] = [int(size[i]), int(mtime[i])] if mtime[i] != NO_MTIME else [int(size[i])]
             else:
-                changed.append(rel(items[i]))
+                changed.append(rels[i])
     if changed or unknown:
         raise UsageError("--append: " + "; ".join(
             part for part in (_listed(sorted(changed), "changed since the dataset packed them (same name, other "
@@ -147,7 +177,7 @@ def select_new(items: Sequence[T] | Iterable[T], known: InputColumns, rel: Calla
                               _listed(unknown, "have another mtime and no recorded sha256 to compare (packed by an "
                                                "older repack)")) if part) +
             "; a file never gets two samples: put new content under a new name, or restore the packed file")
-    return Selection([items[i] for i in np.flatnonzero(new_mask)], int(removed.sum()), same)
+    return Selection(np.flatnonzero(new_mask).tolist(), int(removed.sum()), same)
 
 
 def _listed(names: list[str], what: str) -> str:

@@ -29,9 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
+
 from repack.errors import ConfinementError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, planned_entries, read_plan
-from repack.lifecycle.input_columns import NO_MTIME, InputColumns, build_columns, from_bytes, from_json_record
+from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, build_columns, from_json_record, merged,
+                                            parse_record, record_depth, to_bytes)
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
@@ -49,15 +52,50 @@ def legacy_inputs_record(number: int) -> str:
 
 
 def read_inputs_record(store, number: int) -> InputColumns | None:
-    """Version ``number``'s record (an older repack's JSON converted), None when it has none;
-    UsageError naming the file when it is unreadable."""
+    """Version ``number``'s record (a delta merged onto the chain of records it extends; an older repack's
+    JSON converted), None when it has none; UsageError naming the file when it is unreadable or extends a
+    record that is missing."""
     raw = store.read_bytes(inputs_record(number))
     if raw is not None:
-        return from_bytes(raw, f"{store.url}/{inputs_record(number)}")
+        where = f"{store.url}/{inputs_record(number)}"
+        stored = parse_record(raw, where)
+        if stored.base is None:
+            return stored.columns
+        if not stored.base < number:
+            raise UsageError(f"{where} extends version {stored.base}'s record, not an earlier one's; move it aside "
+                             "and repack without --append")
+        base = read_inputs_record(store, stored.base)
+        if base is None:
+            raise UsageError(f"{where} extends version {stored.base}'s record, which is missing; move it aside and "
+                             "repack without --append")
+        return merged(base, stored.columns)
     raw = store.read_bytes(legacy_inputs_record(number))
     if raw is not None:
         return from_json_record(raw, f"{store.url}/{legacy_inputs_record(number)}")
     return None
+
+
+MAX_DELTAS = 16  # deltas read on top of a whole record at most: the next version's record is whole again
+
+
+def write_inputs_record(store, number: int, known: InputColumns, delta: InputColumns) -> None:
+    """Write version ``number``'s record: ``known`` (version ``number - 1``'s) with ``delta`` (the rows it
+    adds or changes and the sources it removed). Stored as the delta on version ``number - 1``'s record
+    file when there is one with fewer than MAX_DELTAS deltas below it, else whole (``merged``)."""
+    raw = store.read_bytes(inputs_record(number - 1)) if number > 1 else None
+    depth = record_depth(raw, f"{store.url}/{inputs_record(number - 1)}") if raw is not None else None
+    if depth is not None and depth < MAX_DELTAS:
+        store.put_bytes(inputs_record(number), to_bytes(delta, base=(number - 1, depth + 1)))
+    else:
+        store.put_bytes(inputs_record(number), to_bytes(merged(known, delta)))
+
+
+def make_record_whole(store, number: int) -> None:
+    """Rewrite version ``number``'s record as a whole record when it is a delta (before `repack gc` deletes
+    the records it extends)."""
+    raw = store.read_bytes(inputs_record(number))
+    if raw is not None and record_depth(raw, f"{store.url}/{inputs_record(number)}"):
+        store.put_bytes(inputs_record(number), to_bytes(read_inputs_record(store, number)))
 
 
 @contextlib.contextmanager
@@ -183,25 +221,38 @@ def known_inputs(store, current: dict) -> InputColumns:
     if plan is None:
         raise UsageError(f"{store.url}: the record of what version {number} holds ({inputs_record(number)}) is "
                          "missing, so new inputs cannot be told apart; repack without --append")
-    return plan_inputs(plan, {}, 0)
+    return plan_inputs(plan, 0)
 
 
-def plan_inputs(plan: Plan, digests: dict[str, str], next_position: int) -> InputColumns:
-    """Every input planned in ``plan`` (its fingerprint, sample position and digest from ``digests``);
-    next_position past the plan's sample keys and ``next_position``."""
+def plan_inputs(plan: Plan, next_position: int) -> InputColumns:
+    """Every input planned in ``plan``: its fingerprint and sample position (no digests: ``with_digests``
+    adds them); next_position past the plan's sample keys and ``next_position``. Read from the tasks'
+    input columns (``repack.jobs.task_inputs``) without an object per input; other payloads (entry
+    lists, text segments and tables) entry by entry."""
     names: list[str] = []
-    sizes: list[int] = []
-    mtimes: list[int] = []
-    positions: list[int] = []
+    sizes: list[np.ndarray] = []
+    mtimes: list[np.ndarray] = []
+    positions: list[np.ndarray] = []
     for task in plan.tasks:
-        for entry in planned_entries(task.payload):  # images/video inputs, text segments
-            fingerprint = entry["fingerprint"]
-            names.append(entry["rel"])
-            sizes.append(int(fingerprint[0]))
-            mtimes.append(int(fingerprint[1]) if len(fingerprint) > 1 else NO_MTIME)
-            positions.append(int(entry["key"].partition("_")[0]) if "key" in entry else -1)
-    last = max(positions, default=-1)
-    return build_columns(names, sizes, mtimes, positions, digests, max(next_position, last + 1))
+        inputs = task.payload.get("inputs")
+        if isinstance(inputs, dict) and "fp3" in inputs:
+            fingerprints = np.asarray(inputs["fp3"], np.int64).reshape(-1, 3)
+            names += inputs["rel"]
+            sizes.append(fingerprints[:, 0])
+            mtimes.append(fingerprints[:, 1])
+            positions.append(int(inputs["first"]) + np.arange(len(inputs["rel"]), dtype=np.int64))
+            continue
+        entries = list(planned_entries(task.payload))
+        names += [entry["rel"] for entry in entries]
+        sizes.append(np.array([int(entry["fingerprint"][0]) for entry in entries], np.int64))
+        mtimes.append(np.array([int(entry["fingerprint"][1]) if len(entry["fingerprint"]) > 1 else NO_MTIME
+                                for entry in entries], np.int64))
+        positions.append(np.array([int(entry["key"].partition("_")[0]) if "key" in entry else -1
+                                   for entry in entries], np.int64))
+    position = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+    last = int(position.max(initial=-1))
+    return build_columns(names, np.concatenate(sizes) if sizes else position, np.concatenate(mtimes) if mtimes else
+                         position, position, {}, max(next_position, last + 1))
 
 
 def move(store, src: str, dst: str) -> None:

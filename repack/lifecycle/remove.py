@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 
 from repack.errors import UsageError
-from repack.lifecycle.input_columns import InputColumns, to_bytes
-from repack.lifecycle.input_record import dataset_record, record_after_remove
-from repack.lifecycle.publish import current_version, inputs_record, locked_dataset, promote_pending, publish
+from repack.lifecycle.input_columns import InputColumns
+from repack.lifecycle.input_record import dataset_record, remove_delta
+from repack.lifecycle.publish import current_version, locked_dataset, promote_pending, publish, write_inputs_record
 from repack.lifecycle.remove_lmdb import rewrite_lmdb
 from repack.lifecycle.remove_tar import rewrite_tar_shards
 from repack.lifecycle.remove_tokens import rewrite_token_prefixes
@@ -104,7 +104,7 @@ def record_removed(store, known: InputColumns | None, number: int, sources) -> N
     crash in between leaves a record of an unpublished version, rewritten by the re-run. Nothing is
     written without a published record."""
     if known is not None:
-        store.put_bytes(inputs_record(number), to_bytes(record_after_remove(known, sources)))
+        write_inputs_record(store, number, known, remove_delta(known, sources))
 
 
 def _without_record(rewriter):
@@ -120,7 +120,7 @@ REWRITERS = {"webdataset": rewrite_tar_shards, "lmdb": _without_record(rewrite_l
 def remove_samples(spec: RemoveSpec) -> RemoveResult:
     """Publish the version without the named samples (see the module docstring)."""
     started = time.time()
-    with locked_dataset(spec.out) as (store, out):  # out: an object store's scratch holds one shard at a time
+    with locked_dataset(spec.out) as (store, out):  # out: an object store's scratch holds a shard per rewriting process
         current, raw = current_version(store)
         promoted = promote_pending(store, current)
         if promoted is not None:

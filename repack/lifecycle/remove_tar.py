@@ -62,7 +62,7 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
                     "wanted_at": None if span_positions is None else span_positions.tolist(),
                     "sources_at": {str(p): sources_at[p] for p in ([] if span_positions is None else
                                                                     span_positions.tolist()) if p in sources_at}}
-    done = dict(zip(jobs, _fan_out(list(jobs.values()), remote=store.remote)))
+    done = dict(zip(jobs, _fan_out(list(jobs.values()))))
     found: set[str] = set()
     sources: set[str] = set()  # of the removed samples, also when named by key
     shards: list[dict] = []
@@ -85,7 +85,7 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
     return Rewrite(shards, frozenset(found), rewritten, removed_classes, {"totals": totals}, frozenset(sources))
 
 
-def _fan_out(jobs: list[dict], remote: bool) -> list[dict]:
+def _fan_out(jobs: list[dict]) -> list[dict]:
     """``rewrite_shard`` of each job, in order: on a process pool of the usable CPUs (JSON in and out);
     in this process when there is one job or one CPU. A UsageError of a shard is raised here."""
     from repack.exec.cpus import available_cpus

@@ -44,7 +44,8 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
     sha = hashlib.sha256()
     shift = np.zeros(index.samples, np.int64)  # new offset - old offset, per kept sample
     try:
-        with mmap.mmap(tar_fd, size, prot=mmap.PROT_READ) as mapped:
+        with mmap.mmap(tar_fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                       prot=mmap.PROT_READ) as mapped:
             view = memoryview(mapped)
             try:
                 _check_headers(np.frombuffer(mapped, np.uint8), index, kept, shard)
@@ -90,14 +91,19 @@ def _copy_range(src: int, dst: int, view: memoryview, start: int, end: int, at: 
 
 
 def _check_headers(data: np.ndarray, index: ShardIndex, kept: np.ndarray, shard: str) -> None:
-    """Each kept member's header in ``data`` (the old tar) names that member."""
+    """Each kept member's header in ``data`` (the old tar) names that member: the headers' name fields
+    taken as rows of the tar's 512-byte blocks (a header starts on a block), compared with the names
+    the index gives."""
     counts = np.diff(index.first)[kept]
     rows = np.repeat(index.first[kept] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+    headers = index.offset[rows] - BLOCK
+    if np.any(headers % BLOCK):
+        raise UsageError(f"{shard}: its index puts a member off a tar block (run repack verify)")
+    blocks = data[:len(data) // BLOCK * BLOCK].reshape(-1, BLOCK)[:, :100]
     for lo in range(0, len(rows), CHECK_ROWS):
         part = rows[lo:lo + CHECK_ROWS]
         fields = index.name_fields(part, 101)  # a byte in column 100: a name longer than a header holds
         if fields[:, 100].any():
             raise UsageError(f"{shard}: a member name is longer than a ustar header holds (run repack verify)")
-        at = (index.offset[part] - BLOCK)[:, None] + np.arange(100)
-        if not np.array_equal(data[at], fields[:, :100]):
+        if not np.array_equal(blocks[headers[lo:lo + CHECK_ROWS] // BLOCK], fields[:, :100]):
             raise UsageError(f"{shard}: a header does not name the member its index says (run repack verify)")

@@ -73,11 +73,16 @@ class LocalStore:
     def list_sizes(self, prefix: str = "") -> dict[str, int]:
         """{relative path: bytes} of every file whose path starts with ``prefix``."""
         found = {}
-        folder = self.root / prefix.rpartition("/")[0]
-        for path in folder.rglob("*") if folder.is_dir() else ():
-            rel = path.relative_to(self.root).as_posix()
-            if rel.startswith(prefix) and path.is_file():
-                found[rel] = path.stat().st_size
+        parent, _, head = prefix.rpartition("/")
+        folder = self.root / parent
+        if not folder.is_dir():
+            return found
+        for entry in sorted(folder.iterdir()):  # only the entries the prefix names are walked
+            if not entry.name.startswith(head):
+                continue
+            for path in (entry, *(entry.rglob("*") if entry.is_dir() else ())):
+                if path.is_file():
+                    found[path.relative_to(self.root).as_posix()] = path.stat().st_size
         return found
 
     def delete(self, rel: str) -> None:

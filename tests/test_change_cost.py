@@ -1,0 +1,197 @@
+"""Changes cost what changed: a version's record of its inputs is stored as a delta on the previous
+one's (read back whole, made whole before `repack gc` deletes what it extends); the first record is read
+from the plan's input columns; `repack remove` rewrites each shard holding a named sample on a process
+pool, copying the kept byte ranges and laying out the new index from the old one's columns."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from repack.lifecycle.input_columns import decode_names, parse_record
+from repack.lifecycle.locate import key_position
+from repack.lifecycle.shard_index import parse_index
+from repack.sinks.sample_checksums import sample_checksums
+from repack.sinks.tar_format import index_from_tar
+from repack.store import open_store
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_dataset_versions import add_inputs, make_source
+from tests.test_images_job import jpeg_bytes
+from tests.test_remove_gc import tar_samples
+from tests.test_takedowns import packed_sources
+
+
+def _stored(out: Path, number: int):
+    path = out / ".repack" / f"inputs-v{number}.npz"
+    return parse_record(path.read_bytes(), str(path))
+
+
+def _record(out: Path, number: int):
+    from repack.lifecycle.publish import read_inputs_record
+
+    return read_inputs_record(open_store(str(out)), number)
+
+
+def _same(a, b) -> None:
+    assert decode_names(a.names) == decode_names(b.names) and a.next_position == b.next_position
+    for column in ("size", "mtime_ns", "position", "sha256", "has_sha256", "removed"):
+        assert np.array_equal(getattr(a, column), getattr(b, column)), column
+
+
+def test_a_later_version_stores_only_what_it_changed_and_reads_back_whole(tmp_path):
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    whole = _stored(out, 2)  # version 1 has no record file: version 2's is whole
+    assert whole.base is None and len(whole.columns) == 13
+    (tmp_path / "gone.txt").write_text("cat/c1.jpg\n")
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    removed = _stored(out, 3)  # no row of an input: the removed source only
+    assert (removed.base, removed.depth, len(removed.columns)) == (2, 1, 0)
+    assert decode_names(removed.columns.removed) == ["cat/c1.jpg"]
+    _same(_record(out, 3), whole.columns.with_removed(["cat/c1.jpg"]))
+
+    (src / "dog" / "late.jpg").write_bytes(jpeg_bytes(seed=77))
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    added = _stored(out, 4)
+    assert (added.base, added.depth, decode_names(added.columns.names)) == (3, 2, ["dog/late.jpg"])
+    assert added.columns.position.tolist() == [13] and bool(added.columns.has_sha256.all())
+    latest = _record(out, 4)
+    assert len(latest) == 14 and decode_names(latest.removed) == ["cat/c1.jpg"] and latest.next_position == 14
+    held = packed_sources(out)
+    assert "cat/c1.jpg" not in held and "dog/late.jpg" in held and len(held) == 13  # the takedown stays down
+
+    run_repack("gc", out, "--keep", "1")
+    made_whole = _stored(out, 4)
+    assert made_whole.base is None and not (out / ".repack" / "inputs-v3.npz").exists()
+    _same(made_whole.columns, latest)
+    (src / "dog" / "later.jpg").write_bytes(jpeg_bytes(seed=78))
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    assert sorted(packed_sources(out)) == sorted(held + ["dog/later.jpg"])
+
+
+def test_a_delta_on_a_missing_record_is_refused_by_name(tmp_path):
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    (tmp_path / "gone.txt").write_text("cat/c1.jpg\n")
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    (out / ".repack" / "inputs-v2.npz").unlink()
+    (src / "dog" / "late.jpg").write_bytes(jpeg_bytes(seed=77))
+    refused = run_repack("images", src, out, "--shard-size", "4", "--append", check=False)
+    assert refused.returncode == 2 and "inputs-v3.npz extends version 2" in refused.stderr
+    assert "Traceback" not in refused.stderr and "dog/late.jpg" not in packed_sources(out)
+
+
+def test_the_first_record_comes_from_the_plan_columns_not_an_entry_per_input(tmp_path, monkeypatch):
+    from repack.lifecycle import publish
+    from repack.lifecycle.input_record import dataset_record
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+
+    def expanded(payload):
+        raise AssertionError("a columnar task's inputs expanded into one entry per input")
+
+    monkeypatch.setattr(publish, "planned_entries", expanded)
+    record = dataset_record(open_store(str(out)), read_manifest_json(out))
+    files = sorted(p for p in src.rglob("*.jpg"))
+    rels = [p.relative_to(src).as_posix() for p in files]
+    assert decode_names(record.names) == rels and record.next_position == len(files)
+    assert record.size.tolist() == [p.stat().st_size for p in files]
+    assert record.mtime_ns.tolist() == [p.stat().st_mtime_ns for p in files]
+    assert [record.hex_digest(i) for i in range(len(files))] == [hashlib.sha256(p.read_bytes()).hexdigest()
+                                                                  for p in files]
+    keys = {json.loads(dict(members)[f"{key}.json"])["path"]: key_position(key)
+            for shard in sorted(out.glob("shard-*.tar")) for key, members in tar_samples(shard)}
+    assert record.position.tolist() == [keys[rel] for rel in rels]
+
+
+def test_remove_rewrites_every_hit_shard_from_byte_ranges_with_a_column_built_index(tmp_path):
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "3", "--quiet")
+    before = read_manifest_json(out)["shards"]
+    assert len(before) == 3
+    gone = [json.loads(dict(tar_samples(out / s["path"])[1][1])[f"{tar_samples(out / s['path'])[1][0]}.json"])["path"]
+            for s in before]  # the middle sample of every shard: each shard rewritten, kept runs on both sides
+    (tmp_path / "gone.txt").write_text("".join(f"{rel}\n" for rel in gone))
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    after = read_manifest_json(out)
+    assert [s["path"] for s in after["shards"]] == [s["path"][:-4] + "-v2.tar" for s in before]
+    for old, new in zip(before, after["shards"]):
+        kept = [s for s in tar_samples(out / old["path"]) if json.loads(dict(s[1])[f"{s[0]}.json"])["path"] not in gone]
+        assert tar_samples(out / new["path"]) == kept
+        with open(out / new["path"], "rb") as fh:
+            assert (out / new["index"]).read_text() == index_from_tar(fh)
+        assert (out / new["checksums"]).read_bytes() == sample_checksums(out / new["path"],
+                                                                          (out / new["index"]).read_text())
+        assert hashlib.sha256((out / new["path"]).read_bytes()).hexdigest() == new["sha256"]
+    assert sorted(packed_sources(out)) == sorted(set(packed_sources(out)))
+    assert not set(gone) & set(packed_sources(out)) and run_repack("verify", out).returncode == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_index_of_kept_samples_is_laid_out_from_columns(tmp_path, seed):
+    """``ShardIndex.text_of`` against an index written line by line, on keys of odd shapes; and
+    ``key_positions`` against ``key_position`` key by key."""
+    rng = np.random.default_rng(seed)
+    stems = ["00000007_cat", "00000012", "123_x_y", "abc_1", "00000099_d.o.g", "9" * 19 + "_big", "_lead"]
+    lines, firsts = [], []
+    offset = 512
+    for number in range(60):
+        firsts.append(offset)
+        key = stems[number % len(stems)] + f"{number}" if number % len(stems) not in (1, 5) else \
+            stems[number % len(stems)]
+        key = key if number % len(stems) != 1 else f"{number:08d}"
+        members = []
+        for ext in (["jpg", "cls"] if number % 3 else ["jpg", "cls", "json"]):
+            size = int(rng.integers(0, 3000))
+            name = f"{key}.{ext}" if number % 5 or ext != "cls" else f"x{number}/other.{ext}"  # not keyed
+            members.append(f"{ext} {offset} {size} {name}")
+            offset += 512 + size + (-size % 512)
+        lines.append(" ".join(members))
+    raw = (f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n").encode()
+    index = parse_index(raw)
+    assert index.key_positions().tolist() == [
+        -1 if key_position(k) is None or key_position(k) >= 10**18 else key_position(k) for k in index.keys()]
+    kept = np.flatnonzero(rng.random(index.samples) < 0.7)
+    shift = -np.minimum(rng.integers(0, 50, index.samples) * 512, np.array(firsts) - 512)  # offsets stay >= 512
+    expected = []
+    for at in kept.tolist():
+        tokens = lines[at].split(" ")
+        for i in range(1, len(tokens), 4):
+            tokens[i] = str(int(tokens[i]) + int(shift[at]))
+        expected.append(" ".join(tokens))
+    assert index.text_of(kept, shift).decode() == f"v1.2 {len(kept)}\n" + "\n".join(expected) + "\n"
+    assert index.text_of(np.arange(index.samples), np.zeros(index.samples, np.int64)) == raw
+
+
+def test_deltas_chain_at_most_max_deltas_then_a_whole_record(tmp_path):
+    """A record extended version after version: each a delta on the one before, read back as the whole
+    record; after MAX_DELTAS deltas the next is whole again."""
+    from repack.lifecycle.input_columns import build_columns, merged, to_bytes
+    from repack.lifecycle.input_record import remove_delta
+    from repack.lifecycle.publish import MAX_DELTAS, inputs_record, write_inputs_record
+
+    store = open_store(str(tmp_path))
+    (tmp_path / ".repack").mkdir()
+    known = build_columns(["a/0.jpg"], [10], [1], [0], {"a/0.jpg": "ab" * 32}, 1)
+    store.put_bytes(inputs_record(1), to_bytes(known))
+    for number in range(2, MAX_DELTAS + 3):
+        rel = f"a/{number}.jpg"
+        delta = build_columns([rel], [number], [number], [number - 1], {}, number)
+        if number % 3 == 0:
+            delta = remove_delta(known, [f"a/{number - 1}.jpg"])
+        write_inputs_record(store, number, known, delta)
+        known = merged(known, delta)
+        stored = parse_record((tmp_path / inputs_record(number)).read_bytes(), "x")
+        expected_depth = (number - 1) % (MAX_DELTAS + 1)
+        assert stored.depth == expected_depth and (stored.base is None) == (expected_depth == 0)
+        _same(_record(tmp_path, number), known)
+    assert len(known) == 1 + len([n for n in range(2, MAX_DELTAS + 3) if n % 3]) and len(known.removed) > 0
