@@ -88,6 +88,20 @@ def input_rels(payload: dict) -> list[str]:
     return list(inputs["rel"])
 
 
+def fingerprint_rows(payload: dict) -> np.ndarray | None:
+    """The (N, K) int64 fingerprint rows (size, mtime_ns, inode) of a column-shaped payload whose
+    fingerprints are columns ("fpz", or an older plan's "fp3"); None for any other shape."""
+    inputs = payload.get("inputs", ())
+    if not isinstance(inputs, dict):
+        return None
+    if "fpz" in inputs:
+        count = input_count(payload)
+        return undelta_columns(unpack_column(inputs["fpz"]), count) if count else np.zeros((0, 3), np.int64)
+    if "fp3" in inputs:
+        return np.asarray(inputs["fp3"], np.int64).reshape(-1, 3)
+    return None
+
+
 def task_inputs(payload: dict) -> list[dict]:
     """The entry dicts of a task's inputs (see the module docstring); [] when it has none."""
     inputs = payload.get("inputs", ())

@@ -33,6 +33,7 @@ import numpy as np
 
 from repack.errors import ConfinementError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, planned_entries, read_plan
+from repack.jobs.task_inputs import fingerprint_rows, input_rels
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, build_columns, from_json_record, merged,
                                             parse_record, record_depth, to_bytes)
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
@@ -234,13 +235,15 @@ def plan_inputs(plan: Plan, next_position: int) -> InputColumns:
     mtimes: list[np.ndarray] = []
     positions: list[np.ndarray] = []
     for task in plan.tasks:
-        inputs = task.payload.get("inputs")
-        if isinstance(inputs, dict) and "fp3" in inputs:
-            fingerprints = np.asarray(inputs["fp3"], np.int64).reshape(-1, 3)
-            names += inputs["rel"]
+        fingerprints = fingerprint_rows(task.payload)
+        if fingerprints is not None:
+            rels = input_rels(task.payload)
+            if len(rels) != len(fingerprints):
+                raise ValueError(f"task {task.task_id}: its input columns differ in length")
+            names += rels
             sizes.append(fingerprints[:, 0])
             mtimes.append(fingerprints[:, 1])
-            positions.append(int(inputs["first"]) + np.arange(len(inputs["rel"]), dtype=np.int64))
+            positions.append(int(task.payload["inputs"]["first"]) + np.arange(len(rels), dtype=np.int64))
             continue
         entries = list(planned_entries(task.payload))
         names += [entry["rel"] for entry in entries]
