@@ -46,6 +46,21 @@ def packed_photos(photo_tree, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture()
+def endpoint(monkeypatch):
+    """``endpoint(url)`` points this process's repack S3 clients at ``url``: the S3 variables set, and the
+    clients, listers and getters made so far forgotten (each is made once per process)."""
+    from repack.store import s3_client
+    from tests.tools.s3server import s3_env
+
+    def use(url: str) -> None:
+        for name, value in s3_env(url).items():
+            monkeypatch.setenv(name, value)
+        for cache in ("_clients", "_listers", "_getters"):
+            monkeypatch.setattr(s3_client, cache, {})
+    return use
+
+
 def kill_after_records(args: list, out: Path, records: int, timeout: float = 60, pattern: str = "*.json") -> None:
     """Start `repack ARGS`, SIGKILL it once OUT holds ``records`` task records (or it ended); ``pattern="*.lock"``:
     once that many tasks started (a task locks itself first; a placed chunk saves no record)."""

