@@ -338,8 +338,13 @@ def test_a_verify_worker_that_dies_leaves_its_shard_not_checked(packed_photos, t
                 writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
             except OSError:
                 time.sleep(0.1)
-        readers = [int(pid) for pid in os.listdir("/proc")
-                   if pid.isdigit() and int(pid) != os.getpid() and reads(int(pid), fifo)]
+        readers: list[int] = []
+        while not readers:  # the reader's open returns once the writer opened: its fd shows up just after
+            assert time.monotonic() < deadline, "no process holds the index open"
+            readers = [int(pid) for pid in os.listdir("/proc")
+                       if pid.isdigit() and int(pid) != os.getpid() and reads(int(pid), fifo)]
+            if not readers:
+                time.sleep(0.02)
         assert len(readers) == 1 and readers[0] != proc.pid
         os.kill(readers[0], signal.SIGKILL)
         stdout, _ = proc.communicate(timeout=120)
