@@ -23,7 +23,6 @@ returns a ``Run`` whose ``epoch()`` yields batches. Images are decoded and resiz
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import time
 import warnings
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pipelines.cpus import usable_cpus
 from pipelines.manifest_access import open_manifest
 from repack.manifest import Manifest
 
@@ -116,38 +116,6 @@ class Reader:
     make: Callable[..., Run]
     needs: str = ""  # a module that must be importable (e.g. nvidia.dali)
     gpu_only: bool = False
-
-
-# --- usable CPUs -------------------------------------------------------------------------------
-# Duplicated from repack/exec/cpus.py on purpose: pipelines may import repack.manifest only.
-
-def _cgroup_quota() -> float | None:
-    try:  # cgroup v2
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
-        if quota != "max":
-            return int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:  # cgroup v1
-        quota = int(open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read())
-        period = int(open("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read())
-        if quota > 0 and period > 0:
-            return quota / period
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def usable_cpus() -> int:
-    """CPUs this process may really use: min(affinity mask, ceil(cgroup quota)), at least 1."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except AttributeError:
-        count = os.cpu_count() or 1
-    quota = _cgroup_quota()
-    if quota is not None:
-        count = min(count, max(1, math.ceil(quota)))
-    return max(1, count)
 
 
 def doubling_sweep(start: int, cpus: int) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,13 +24,15 @@ from pathlib import Path
 import numpy as np
 
 from pipelines import object_store
+from pipelines.cpus import usable_cpus
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
-from repack.manifest.shard_index import IndexColumns, concat, parse_index
+from repack.manifest.shard_index import IndexColumns, index_pieces, join_shards, parse_piece
 from repack.manifest import Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size, manifest_cap
 from repack.manifest.versions import check_number, read_version
 
-INDEX_THREADS = 8  # index files read and parsed at once
+INDEX_THREADS = 8  # index files read at once
+INDEX_PIECE_BYTES = 256 << 10  # index text parsed per task: pieces of every shard spread over all cores
 
 
 @dataclass(frozen=True)
@@ -134,26 +137,49 @@ def shard_files(manifest: Manifest) -> tuple[list[str], list[str]]:
 
 
 def read_index_columns(manifest: Manifest, shards: list[int] | None = None) -> IndexColumns:
-    """The index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``, read
-    and parsed by ``INDEX_THREADS`` threads (numpy parses with the GIL released; on s3://, concurrent GETs)."""
+    """The index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``: the files
+    read by ``INDEX_THREADS`` threads (on s3://, concurrent GETs), their text cut into pieces of whole
+    lines (``INDEX_PIECE_BYTES``) parsed on one thread per usable CPU (numpy parses with the GIL
+    released: a dataset of few large shards still parses on every core), the pieces joined once."""
     entries = manifest.data["shards"]
     shards = list(range(len(entries))) if shards is None else shards
+    paths = [manifest.path(entries[s]["index"]) for s in shards]
 
-    def one(shard: int) -> IndexColumns:
-        entry = entries[shard]
-        path = manifest.path(entry["index"])
-        columns = parse_index(object_store.read_bytes(path), str(path))
-        if columns.samples != int(entry["samples"]):
-            raise ManifestError(f"{path}: {columns.samples} samples, the manifest says {entry['samples']}")
-        return columns
+    def pieces(path) -> tuple[int, list]:
+        return index_pieces(index_bytes(path), str(path), INDEX_PIECE_BYTES)
 
-    if len(shards) <= 1:
-        columns = concat([one(s) for s in shards])
+    with ThreadPoolExecutor(max(1, min(INDEX_THREADS, len(shards))), thread_name_prefix="repack-index") as pool:
+        cut = list(pool.map(pieces, paths))
+    for (count, _), shard, path in zip(cut, shards, paths):
+        if count != int(entries[shard]["samples"]):
+            raise ManifestError(f"{path}: {count} samples, the manifest says {entries[shard]['samples']}")
+    jobs = [(piece, str(path)) for (_, parts), path in zip(cut, paths) for piece in parts]
+    threads = min(usable_cpus(), len(jobs))
+    if threads <= 1:
+        parsed = [parse_piece(piece, where) for piece, where in jobs]
     else:
-        with ThreadPoolExecutor(min(INDEX_THREADS, len(shards)), thread_name_prefix="repack-index") as pool:
-            columns = concat(list(pool.map(one, shards)))
+        with ThreadPoolExecutor(threads, thread_name_prefix="repack-index") as pool:
+            parsed = list(pool.map(lambda job: parse_piece(*job), jobs))
+    per_shard, at = [], 0
+    for _, parts in cut:
+        per_shard.append(parsed[at:at + len(parts)])
+        at += len(parts)
+    del jobs
+    columns = join_shards(per_shard, [count for count, _ in cut], [str(p) for p in paths])
+    del cut, parsed, per_shard
     release_free_heap()
     return columns
+
+
+def index_bytes(path) -> bytes | mmap.mmap:
+    """An index file's bytes: a local file memory-mapped (page cache, not the heap: a large ``bytes``
+    freed raises glibc's mmap threshold, and the parse's working arrays then stay resident in the
+    threads' heaps, which forked DataLoader workers map), an s3:// object read whole."""
+    if object_store.is_remote(path):
+        return object_store.read_bytes(path)
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        return mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) if size else b""
 
 
 def release_free_heap() -> None:

@@ -133,27 +133,57 @@ CHUNK_BYTES = 4 << 20  # index text parsed at a time: its working arrays stay te
 def parse_index(raw: bytes, where: str) -> IndexColumns:
     """One ``.idx`` file's bytes as the columns of a one-shard index (``ManifestError`` naming
     ``where`` when it is not a well-formed v1.2 index). Parsed ``CHUNK_BYTES`` of lines at a time."""
+    count, pieces = index_pieces(raw, where)
+    return join_shards([[parse_piece(piece, where) for piece in pieces]], [count], [where])
+
+
+def index_pieces(raw: bytes | mmap.mmap, where: str, chunk_bytes: int | None = None) -> tuple[int, list[np.ndarray]]:
+    """(the sample count the header declares, the body cut into pieces of whole lines of about
+    ``chunk_bytes`` (default ``CHUNK_BYTES``) each): what ``parse_piece`` takes, one piece at a time or
+    several at once on threads (numpy parses with the GIL released)."""
     end = raw.find(b"\n")
     head = (raw if end < 0 else raw[:end]).split()
-    if not raw.strip():
+    if not head and not bytes(raw).strip():  # a copy: only when the first line is blank
         raise ManifestError(f"{where}: empty index file")
     if len(head) != 2 or head[0] != b"v1.2" or not head[1].isdigit():
         raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
-    count = int(head[1])
     body = np.frombuffer(raw, dtype=np.uint8, offset=end + 1 if end >= 0 else len(raw))
     if len(body) and body[-1] != NEWLINE:
         body = np.append(body, np.uint8(NEWLINE))
-    parts, lo = [], 0
-    while lo < len(body) or not parts:
-        hi = min(lo + CHUNK_BYTES, len(body))
+    chunk = max(1, chunk_bytes or CHUNK_BYTES)
+    pieces, lo = [], 0
+    while lo < len(body) or not pieces:
+        hi = min(lo + chunk, len(body))
         if hi < len(body):  # at the chunk's last newline (past it only for a line longer than a chunk)
             cut = np.flatnonzero(body[lo:hi] == NEWLINE)
             hi = lo + int(cut[-1]) + 1 if len(cut) else hi + int(np.argmax(body[hi:] == NEWLINE)) + 1
-        parts.append(_parse_lines(body[lo:hi], where))
+        pieces.append(body[lo:hi])
         lo = hi
-    if sum(p.samples for p in parts) != count:
-        raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
-    return dataclasses.replace(concat(parts), shard_starts=np.array([0, count], dtype=np.int64))
+    return int(head[1]), pieces
+
+
+def parse_piece(piece: np.ndarray, where: str) -> IndexColumns:
+    """Whole lines of an index body (a piece from ``index_pieces``) as one-shard columns, each in its
+    narrowest type (pieces wait for ``join_shards`` in about the room the joined index takes)."""
+    columns = _parse_lines(piece, where)
+    return dataclasses.replace(columns, **{name: _narrow(getattr(columns, name))
+                                           for name in ("first_member", "key_ends", "offset", "size")})
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    return values.astype(narrowest(int(values.max(initial=0)) + 1), copy=False)
+
+
+def join_shards(parts: list[list[IndexColumns]], counts: list[int], wheres: list[str]) -> IndexColumns:
+    """The parsed pieces of each shard (``parts[i]``: shard i's, in order) as one dataset index, each
+    shard checked against the sample count its header declares (``counts[i]``), codes merged once."""
+    for pieces, count, where in zip(parts, counts, wheres, strict=True):
+        if sum(p.samples for p in pieces) != count:
+            raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
+    joined = concat([p for pieces in parts for p in pieces])
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    return dataclasses.replace(joined, shard_starts=starts)
 
 
 def _parse_lines(body: np.ndarray, where: str) -> IndexColumns:
@@ -231,26 +261,35 @@ class _Rows:
     start, zeros past its end): one gather of contiguous rows instead of a pass per byte position."""
 
     def __init__(self, body: np.ndarray, width: int) -> None:
-        padded = np.zeros(len(body) + width + 1, dtype=np.uint8)
-        padded[:len(body)] = body
-        self.padded, self.width = padded, width
+        pad = max(width, _MAX_DIGITS) + 1
+        padded = np.zeros(pad + len(body) + pad, dtype=np.uint8)
+        padded[pad:pad + len(body)] = body
+        self.padded, self.pad = padded, pad
+
+    def _window(self, width: int) -> np.ndarray:
+        return np.lib.stride_tricks.as_strided(self.padded, shape=(len(self.padded) - width, width),
+                                               strides=(1, 1), writeable=False)
 
     def take(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, int]:
         width = int(lengths.max(initial=0))
-        window = np.lib.stride_tricks.as_strided(self.padded, shape=(len(self.padded) - width, width),
-                                                 strides=(1, 1), writeable=False)
-        rows = window[starts]
-        return np.where(np.arange(width) < lengths[:, None], rows, np.uint8(0)), width
+        rows = self._window(width)[starts + self.pad]
+        rows *= np.arange(width, dtype=np.int64) < lengths[:, None]
+        return rows, width
 
     def decimal(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(values, which tokens are 1 to 18 decimal digits and nothing else)."""
-        rows, width = self.take(starts, np.minimum(lengths, _MAX_DIGITS))
-        live = np.arange(width) < lengths[:, None]
-        digits = rows - np.uint8(48)  # a byte that is not a digit wraps above 9
-        ok = (lengths > 0) & (lengths <= _MAX_DIGITS) & ~np.any(live & (digits > 9), axis=1)
-        digits[~live] = 0
-        scale = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
-        return digits.astype(np.int64) @ scale // 10 ** (width - np.minimum(lengths, width)), ok
+        width = int(min(lengths.max(initial=0), _MAX_DIGITS))
+        # each token's last ``width`` bytes, right-aligned: column j has weight 10 ** (width - 1 - j)
+        rows = self._window(width)[starts + lengths - width + self.pad]
+        live = np.arange(width, dtype=np.int64) >= width - lengths[:, None]
+        rows -= np.uint8(48)  # a byte that is not a digit wraps above 9
+        ok = (lengths > 0) & (lengths <= _MAX_DIGITS) & ~np.any(live & (rows > 9), axis=1)
+        rows *= live
+        values = np.zeros(len(starts), dtype=np.int64)
+        for j in range(width):
+            values *= 10
+            values += rows[:, j]
+        return values, ok
 
     def codes(self, starts: np.ndarray, lengths: np.ndarray,
               tag: np.ndarray | None = None) -> tuple[list[tuple[bytes, bytes]], np.ndarray]:
