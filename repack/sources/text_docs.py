@@ -36,6 +36,7 @@ from repack.sources.base import alias_reason, pick_real_paths, sort_key
 from repack.sources.confine import Checked, Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import scan_objects
+from repack.sources.text_scan import KIND_OF, TextInputs, scan_text_folder
 from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul
 from repack.store import is_remote
 
@@ -255,12 +256,25 @@ def _where(listed_at: dict[str, str], rel: str) -> str:
     return f" ({listed_at[rel]})" if rel in listed_at else ""
 
 
-def list_text_files(source: str, list_file: bool = False, confinement: Confinement | None = None
-                    ) -> tuple[list[TextFile], list[dict], int]:
-    """The input files in deterministic order, quarantine records, and the count of skipped files.
+def list_text_files(source: str, list_file: bool = False, confinement: Confinement | None = None,
+                    workers: int = 1) -> tuple[TextInputs, list[dict], int]:
+    """The input files in deterministic order (columns), quarantine records, and the count of skipped files.
 
     Every local input goes through the confinement rooted at the source folder (or the list file's
-    folder, or a single file's own folder): see ``repack.sources.confine``."""
+    folder, or a single file's own folder): see ``repack.sources.confine``. A folder is walked on
+    ``workers`` processes (``repack.sources.text_scan``)."""
+    if not is_remote(source) and not list_file and Path(source).is_dir():
+        scanned = scan_text_folder((confinement or Confinement()).rooted(str(source)), workers)
+        if scanned is not None:
+            return scanned
+    files, quarantine, skipped = list_text_file_rows(source, list_file, confinement)
+    return TextInputs.of_files(files), quarantine, skipped
+
+
+def list_text_file_rows(source: str, list_file: bool = False, confinement: Confinement | None = None
+                        ) -> tuple[list[TextFile], list[dict], int]:
+    """``list_text_files`` as one ``TextFile`` per input (a list file, a single file, an s3:// prefix, and a
+    folder whose tree needs the serial walk)."""
     if is_remote(source):
         return list_remote_text_files(source, list_file, confinement or Confinement())
     src = Path(source)
@@ -505,9 +519,9 @@ def _open_stream(segment: Segment, data: bytes | OSError | None = None) -> Itera
             yield raw
 
 
-def require_decompressors(files: list[TextFile]) -> None:
+def require_decompressors(inputs: TextInputs) -> None:
     """UsageError (before planning) when an input needs a decompressor that is not installed."""
-    if any(f.compression == "zst" for f in files):
+    if any(KIND_OF[code][1] == "zst" for code in set(inputs.codes.tolist())):
         try:
             import zstandard  # noqa: F401
         except ImportError:
