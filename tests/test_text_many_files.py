@@ -116,20 +116,22 @@ def test_planning_opens_only_the_files_a_cut_falls_in(tmp_path, monkeypatch):
     """Cutting many small JSON-lines files into chunks opens a file only to snap a cut inside it to a line
     start (one per chunk), not every file of the corpus."""
     import repack.sources.text_docs as text_docs
+    from repack.jobs.text_plan import plan_chunk_columns
     from repack.sources.confine import Confinement
 
     for i in range(300):
         (tmp_path / f"f{i:03d}.jsonl").write_text("".join(json.dumps({"text": f"doc {i} {j} " * 40}) + "\n"
                                                           for j in range(5)))
-    files, quarantine, _ = text_docs.list_text_files(str(tmp_path), False, Confinement())
+    inputs, quarantine, _ = text_docs.list_text_files(str(tmp_path), False, Confinement())
     opened = []
     real_open = text_docs.open_input
     monkeypatch.setattr(text_docs, "open_input", lambda path, *args, **kw: opened.append(path) or
                         real_open(path, *args, **kw))
-    chunks, _ = text_docs.plan_chunks(files, 20_000, "line", "text")
-    assert len(files) == 300 and not quarantine and len(chunks) > 10
-    assert len(opened) < len(chunks), f"{len(opened)} files opened to cut {len(files)} files into {len(chunks)} chunks"
-    assert [s.rel for c in chunks for s in c if s.start == 0] == [f.rel for f in files]  # every file, in order
+    chunks, _ = plan_chunk_columns(inputs, 20_000, "line", "text")
+    assert len(inputs) == 300 and not quarantine and len(chunks) > 10
+    assert len(opened) < len(chunks), f"{len(opened)} files opened to cut {len(inputs)} files into {len(chunks)} chunks"
+    firsts = chunks.rows[chunks.starts == 0]
+    assert [inputs.table.rel(row) for row in firsts.tolist()] == inputs.table.rels  # every file, in order
 
 
 def test_ids_as_arrays_follow_the_per_document_bos_eos_rule(gpt2):

@@ -23,6 +23,7 @@ A chunk's task table (``pack_table``) is ``repack.jobs.task_inputs``' packed for
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -30,7 +31,9 @@ import numpy as np
 
 from repack.jobs.task_inputs import delta_columns, pack_column, undelta_columns, unpack_column
 from repack.sources.columns import join_names, split_names
-from repack.sources.text_docs import UNIT_OF, Segment, classify
+from repack.sources import text_docs
+from repack.sources.text_docs import (UNIT_OF, Segment, auto_chunk_bytes, classify, parquet_row_groups, snap_line,
+                                      snap_paragraph)
 from repack.sources.text_docs import table_segments as old_table_segments
 from repack.sources.text_scan import KINDS, TextInputs
 
@@ -90,8 +93,6 @@ def plan_chunk_columns(inputs: TextInputs, chunk_bytes: int | None, doc_per: str
                        ) -> tuple[ChunkColumns, list[dict]]:
     """``text_docs.plan_chunks`` on columns (see the module docstring): the chunks and quarantine records of
     parquet files that cannot be read."""
-    from repack.sources.text_docs import auto_chunk_bytes, parquet_row_groups
-
     table = inputs.table
     kinds, compressed = inputs.codes // 3, inputs.codes % 3 != 0
     units = np.where(kinds == _PARQUET, ROWGROUPS, np.where(compressed | ((kinds == _TXT) & (doc_per == "file")),
@@ -147,10 +148,6 @@ def _whole(out: _Segments, rows: np.ndarray, size: np.ndarray, unit: np.ndarray,
 def _cut_one(out: _Segments, inputs: TextInputs, row: int, unit: int, pos: int, cuts: list[int], ci: int,
              doc_per: str, groups: dict) -> int:
     """``plan_chunks``' rule for one file that a cut falls in or at; returns the next cut's number."""
-    import contextlib
-
-    from repack.sources.text_docs import open_input, snap_line, snap_paragraph
-
     table = inputs.table
     size = int(table.sizes[row])
 
@@ -160,7 +157,7 @@ def _cut_one(out: _Segments, inputs: TextInputs, row: int, unit: int, pos: int, 
     if unit == BYTES:
         local = 0
         cut_inside = ci < len(cuts) and cuts[ci] < pos + size
-        opened = open_input(table.path(row), table.fingerprint(row), table.rel(row)) if cut_inside else \
+        opened = text_docs.open_input(table.path(row), table.fingerprint(row), table.rel(row)) if cut_inside else \
             contextlib.nullcontext()
         snap = snap_paragraph if inputs.codes[row] // 3 == _TXT and doc_per == "blank-line" else snap_line
         with opened as fh:

@@ -10,9 +10,9 @@ concatenates the parts in the byte order of the root's entries (a folder's name 
 which is the sorted listing, and never decodes a rel: the result is an ``InputTable``
 (``repack.sources.columns``) and a kind-code column, no object per file.
 
-A folder reached twice by real paths from two parts (a bind mount) or a tree with folder symlinks
-falls back to the serial walk for the part of the rules that needs the whole tree: the former
-re-walks serially, the latter walks the links in the driver and sorts the listing once.
+A folder reached twice by real paths from two parts (a bind mount) sends the scan back to one serial
+walk of the whole tree (the first path in walk order is the one scanned); folder symlinks are walked
+in the driver after the real tree, and the listing is then sorted once.
 """
 
 from __future__ import annotations
@@ -223,9 +223,9 @@ def _parallel(tasks: int, workers: int) -> bool:
         and "fork" in multiprocessing.get_all_start_methods()
 
 
-def scan_text_folder(conf: Confinement, workers: int = 1) -> tuple[TextInputs, list[dict], int] | None:
+def scan_text_folder(conf: Confinement, workers: int = 1) -> tuple[TextInputs, list[dict], int]:
     """The text inputs under ``conf.root`` (sorted), quarantine records (in the serial walk's order) and the
-    count of skipped files; None when the tree needs the serial walk (a folder reached twice by real paths)."""
+    count of skipped files."""
     root = conf.root
     st = os.stat(root)
     top = _Walk()
@@ -242,8 +242,8 @@ def scan_text_folder(conf: Confinement, workers: int = 1) -> tuple[TextInputs, l
         parts = [_Part.unpack(_walk_top_folder(task)) for task in tasks]
     seen: dict[tuple[int, int], str] = {}
     for dev, ino, rel in [v for part in [top, *parts] for v in part.visited]:
-        if (dev, ino) in seen:
-            return None  # one folder under two real paths: the serial walk says which is scanned
+        if (dev, ino) in seen:  # one folder under two real paths: the serial walk says which is scanned
+            return _serial(conf)
         seen[(dev, ino)] = rel
     first = _Part.unpack(top.sorted_pack())
     # files: the root's own files and the folders' parts in byte order ("name/" for a folder)
@@ -269,6 +269,23 @@ def scan_text_folder(conf: Confinement, workers: int = 1) -> tuple[TextInputs, l
     if links:
         table, codes, real_paths, reasons, stats, more_q, more_skipped = _walk_links(conf, links, seen, table, codes,
                                                                                     real_paths, reasons, stats)
+        quarantine += more_q
+        skipped += more_skipped
+    return _checked_inputs(conf, table, codes, real_paths, reasons, stats, quarantine), quarantine, skipped
+
+
+def _serial(conf: Confinement) -> tuple[TextInputs, list[dict], int]:
+    """The whole tree walked in this process, in one part (the same rules, without the split by folder)."""
+    whole = _Walk()
+    visited: dict = {}
+    _visit(conf, conf.root, "", whole, visited)
+    part = _Part.unpack(whole.sorted_pack())
+    quarantine = list(part.quarantine)
+    table, codes, real_paths, reasons, stats = _join(conf.root, [(part, 0, len(part.codes))])
+    skipped = part.skipped
+    if part.links:
+        table, codes, real_paths, reasons, stats, more_q, more_skipped = _walk_links(conf, part.links, visited, table,
+                                                                                    codes, real_paths, reasons, stats)
         quarantine += more_q
         skipped += more_skipped
     return _checked_inputs(conf, table, codes, real_paths, reasons, stats, quarantine), quarantine, skipped
