@@ -149,3 +149,46 @@ def test_ids_as_arrays_follow_the_per_document_bos_eos_rule(gpt2):
         expected = encoder.encode(texts)
         assert not errors and lengths.tolist() == [len(ids) for ids in expected]
         assert flat.tolist() == [i for ids in expected for i in ids]
+
+
+def _planning_peak(src: Path, out: Path, tokenizer: Path) -> int:
+    """tracemalloc's peak in this process while `repack text SRC --doc-per file` is planned, hashed and saved
+    as the engine does (the tokenizer loaded before)."""
+    import gc
+    import tracemalloc
+
+    from repack.jobs.base import save_plan
+    from repack.jobs.text import TextJob, TextSpec
+    from repack.store import open_store
+
+    job = TextJob(TextSpec(source=str(src), out=str(out), tokenizer=str(tokenizer), doc_per="file"))
+    job.tokenizer_info()
+    (out / ".repack").mkdir(parents=True)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        plan = job.plan()
+        assert plan.info["files"] > 0 and plan.digest
+        save_plan(open_store(str(out)), plan)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_planning_memory_per_input_file_is_bounded(tmp_path, gpt2):
+    """The text driver plans on columns, not an object per file: between 20,000 and 40,000 input files the
+    traced peak of planning grows by under 300 bytes per file (the lists of TextFile, Segment, rel strs
+    and fingerprint lists of the payload tables made it ~1.1 KB before)."""
+    src = tmp_path / "src"
+    for k in range(20):
+        (src / f"d{k:02d}").mkdir(parents=True)
+
+    def add(start: int, count: int) -> None:
+        for i in range(start, start + count):
+            (src / f"d{i % 20:02d}" / f"f{i:06d}.txt").write_bytes(b"x %d\n" % i)
+
+    add(0, 20_000)
+    small = _planning_peak(src, tmp_path / "small", gpt2)
+    add(20_000, 20_000)
+    large = _planning_peak(src, tmp_path / "large", gpt2)
+    assert (large - small) / 20_000 < 300, (small, large)
