@@ -178,7 +178,7 @@ def _planning_peak(src: Path, out: Path, tokenizer: Path) -> int:
 def test_planning_memory_per_input_file_is_bounded(tmp_path, gpt2):
     """The text driver plans on columns, not an object per file: between 20,000 and 40,000 input files the
     traced peak of planning grows by under 300 bytes per file (the lists of TextFile, Segment, rel strs
-    and fingerprint lists of the payload tables made it ~1.1 KB before)."""
+    and fingerprint lists of the payload tables made it ~1,020 B before; ~180 now)."""
     src = tmp_path / "src"
     for k in range(20):
         (src / f"d{k:02d}").mkdir(parents=True)
