@@ -192,3 +192,39 @@ def test_planning_memory_per_input_file_is_bounded(tmp_path, gpt2):
     add(20_000, 20_000)
     large = _planning_peak(src, tmp_path / "large", gpt2)
     assert (large - small) / 20_000 < 300, (small, large)
+
+
+def test_the_folder_scan_on_a_pool_lists_in_byte_order_and_reads_each_file_once(tmp_path):
+    """The scan walks each top-level folder on its own process: the listing is still in byte order of the full
+    paths ("a-b/" before "a.txt" before "a/"), root files sit between the folders, hidden and non-text files
+    are skipped, a folder symlink is walked after the real tree (a link to a folder scanned already is
+    quarantined; a link to a hidden folder is read through its real path), a file symlink and a hard link are
+    aliases read once, and one process lists exactly the same."""
+    from repack.sources.confine import Confinement
+    from repack.sources.text_docs import list_text_files
+    from repack.sources.text_scan import PARALLEL_MIN_FOLDERS
+
+    src = tmp_path / "src"
+    rels = ["a/x.txt", "a-b/y.txt", "a.txt", "b/c/d.jsonl", "b/c.d/e.txt", "caf\u00e9/f.txt", "z.txt",
+            "e/f/g/h.txt", "d/k.txt"] + [f"m{k}/n.txt" for k in range(PARALLEL_MIN_FOLDERS)]
+    for rel in rels + ["d/.hidden.txt", "d/skip.bin", ".hid/w.txt"]:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(f"text of {rel}\n", encoding="utf-8")
+    (src / "link").symlink_to("a")
+    (src / "vis").symlink_to(".hid")
+    (src / "b" / "c" / "loop").symlink_to("..")
+    (src / "y-link.txt").symlink_to("a-b/y.txt")
+    os.link(src / "a.txt", src / "e" / "hard.txt")
+    listings = [list_text_files(str(src), False, Confinement(), workers) for workers in (1, 4)]
+    (inputs, quarantine, skipped), (inputs4, quarantine4, skipped4) = listings
+    assert inputs.table.rels == inputs4.table.rels and quarantine == quarantine4 and skipped == skipped4 == 2
+    assert inputs.table.rels == sorted(rels + ["vis/w.txt"], key=lambda rel: rel.encode())
+    paths = {rel: inputs.table.path(row) for row, rel in enumerate(inputs.table.rels)}
+    assert paths == {**{rel: str(src / rel) for rel in rels}, "vis/w.txt": str(src / ".hid" / "w.txt")}
+    assert [inputs.kind(row) for row in range(len(inputs))] == [("jsonl", "") if rel.endswith(".jsonl") else
+                                                                ("txt", "") for rel in inputs.table.rels]
+    assert [(q["source"], q["reason"]) for q in quarantine] == [
+        ("b/c/loop", "folder already scanned as b (symlink loop or second link): skipped"),
+        ("link", "folder already scanned as a (symlink loop or second link): skipped"),
+        ("e/hard.txt", "same file as a.txt (hard link or second path): read once, under a.txt"),
+        ("y-link.txt", "same file as a-b/y.txt (symlink inside the source root): read once, under a-b/y.txt")]
