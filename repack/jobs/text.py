@@ -32,7 +32,7 @@ from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.exec.cpus import available_cpus
-from repack.jobs.text_plan import chunk_bytes_of, pack_table, plan_chunk_columns, table_names, table_rels, table_segments
+from repack.jobs.text_plan import chunk_bytes_of, pack_table, plan_chunk_columns, table_names, table_segments
 from repack.lifecycle.input_record import file_sha256, load_known, select_new_rows
 from repack.jobs.record_columns import digest_rows_name, pack_digest_rows, pack_ints, unpack_ints
 from repack.jobs.stats import bucket_edges
@@ -40,7 +40,7 @@ from repack.jobs.summary import quarantine_lines
 from repack.jobs.stats import histogram as half_octave_histogram
 from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.manifest.source_runs import SUFFIX as RUNS_SUFFIX
-from repack.manifest.source_runs import encode_columns, encode_runs, side_entry
+from repack.manifest.source_runs import encode_columns, side_entry
 from repack.sinks.megatron import CODE_OF, PartWriter, megatron_data_path, merge_parts, read_index, token_dtype
 from repack.sources import Confinement
 from repack.sources.confine import open_input
@@ -103,29 +103,12 @@ class TextSpec(JobSpec):
                              "split longer documents before packing them")
 
 
-@dataclass(frozen=True)
-class SegmentCounts:
-    """What a task found in one of its segments (its record keeps these as columns; rel from the plan)."""
-
-    rel: str
-    lines: int
-    documents: int
-    tokens: int
-
-
 def segment_counts(record: dict) -> tuple[list[int], list[int], list[int]]:
     """A record's per-segment (lines, documents, tokens) columns: its ``segments`` (``pack_ints``), or the
     ``lines``/``documents``/``tokens`` lists of an older repack's record."""
     if "segments" in record:
         return tuple(column.tolist() for column in unpack_ints(record["segments"], 3))
     return record["lines"], record["documents"], record["tokens"]
-
-
-def record_segments(plan: Plan, records: list[dict]) -> list[list[SegmentCounts]]:
-    """Per record (plan order), its segments' counts (``segment_counts``) joined with the names in its
-    task's plan table."""
-    return [[SegmentCounts(*row) for row in zip(table_rels(task.payload["table"]), *segment_counts(r))]
-            for task, r in zip(plan.tasks, records)]
 
 
 @dataclass(frozen=True)
@@ -193,16 +176,29 @@ class SegmentColumns:
 
     def merged_runs_bytes(self) -> bytes:
         """The side file (``repack.manifest.source_runs``) of the whole job as one prefix: each file with
-        documents, all of them, one run each, the names cut from the names blob with numpy."""
+        documents, all of them, one run each."""
         segs, documents, _ = self.per_file()
-        chosen = segs[documents > 0]
-        begins, lengths = self.name_starts()[chosen], self.ends[chosen] - self.name_starts()[chosen]
+        kept = documents > 0
+        return self._runs_bytes(segs[kept], np.zeros(int(kept.sum()), np.int64), documents[kept])
+
+    def part_runs_bytes(self, record: int) -> bytes:
+        """The side file of record ``record``'s part alone (``--no-merge``): each of its segments with documents,
+        numbered from the documents of its file in the parts before (a file is one segment of a part)."""
+        segs = np.arange(int(self.starts[record]), int(self.starts[record + 1]), dtype=np.int64)
+        segs = segs[self.documents[segs] > 0]
+        return self._runs_bytes(segs, self.before_in_file(self.documents)[segs], self.documents[segs])
+
+    def _runs_bytes(self, segs: np.ndarray, firsts: np.ndarray, counts: np.ndarray) -> bytes:
+        """``encode_runs`` of one run per segment in ``segs`` (distinct files), the names cut from the names
+        blob with numpy."""
+        begins = self.name_starts()[segs]
+        lengths = self.ends[segs] - begins
         name_end = np.cumsum(lengths, dtype=np.int64)
-        at = np.repeat(begins - (name_end - lengths), lengths) + np.arange(int(name_end[-1]) if len(chosen) else 0)
+        at = np.repeat(begins - (name_end - lengths), lengths) + np.arange(int(name_end[-1]) if len(segs) else 0)
         blob = np.frombuffer(self.names, np.uint8)[at].tobytes()
         blob.decode("utf-8")  # the side file's names are UTF-8 (as encode_runs requires)
-        return encode_columns(name_end, blob, np.arange(len(chosen), dtype=np.int64), np.zeros(len(chosen), np.int64),
-                              documents[documents > 0].astype(np.int64))
+        return encode_columns(name_end, blob, np.arange(len(segs), dtype=np.int64), firsts.astype(np.int64),
+                              counts.astype(np.int64))
 
 
 def _file_stats(segments: SegmentColumns) -> dict:
@@ -217,40 +213,6 @@ def _file_stats(segments: SegmentColumns) -> dict:
     return {"count": len(firsts),
             "tokens_histogram": half_octave_histogram({str(int(e)): int(c) for e, c in zip(edges, counts)}),
             "largest": [{"source": rel, "documents": d, "tokens": -t} for t, rel, d in largest[:FILES_LISTED]]}
-
-
-def source_runs(per_record: list[list[SegmentCounts]]) -> list[list[list]]:
-    """Per record, where its part's documents come from, in order: ``[[source, first, count], ...]``
-    (document ``first`` .. ``first + count - 1`` of ``source``, numbered from 0 in file order across the
-    whole job; adjacent runs of one file joined). Document ``n`` of a source is its key ``source#n``."""
-    seen: dict[str, int] = {}
-    out = []
-    for segments in per_record:
-        runs: list[list] = []
-        for seg in segments:
-            count = seg.documents
-            if not count:
-                continue
-            first = seen.get(seg.rel, 0)
-            seen[seg.rel] = first + count
-            if runs and runs[-1][0] == seg.rel and runs[-1][1] + runs[-1][2] == first:
-                runs[-1][2] += count
-            else:
-                runs.append([seg.rel, first, count])
-        out.append(runs)
-    return out
-
-
-def joined_runs(parts: list[list[list]]) -> list[list]:
-    """The runs of consecutive parts as one list (a run continued across parts joined)."""
-    runs: list[list] = []
-    for part in parts:
-        for rel, first, count in part:
-            if runs and runs[-1][0] == rel and runs[-1][1] + runs[-1][2] == first:
-                runs[-1][2] += count
-            else:
-                runs.append([rel, first, count])
-    return runs
 
 
 def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
@@ -511,9 +473,8 @@ class TextJob(Job):
                         "index_bytes": pt["index_bytes"], "index_sha256": pt["index_sha256"], "dtype": dtype,
                         "max_token_id": pt["max_token_id"]}
                        for pt in parts if pt["documents"]]
-            per_record = record_segments(plan, records)
-            entries = [self._with_runs(entry, runs) for entry, runs in
-                       zip(entries, [runs for runs, pt in zip(source_runs(per_record), parts) if pt["documents"]])]
+            entries = [self._with_side_file(entry, segments.part_runs_bytes(number)) for entry, number in
+                       zip(entries, [n for n, pt in enumerate(parts) if pt["documents"]])]
             for pt in parts:  # an empty part is not a prefix: remove it (its record lists no outputs)
                 if not pt["documents"]:
                     for key in ("bin", "idx"):
@@ -557,13 +518,9 @@ class TextJob(Job):
                           "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records)},
         }
 
-    def _with_runs(self, entry: dict, runs: list[list]) -> dict:
-        """``entry`` naming its side file ``<prefix>.sources`` (written here): where its documents come from
-        (``repack.manifest.source_runs``), so the manifest's size does not grow with the input files."""
-        return self._with_side_file(entry, encode_runs(runs))
-
     def _with_side_file(self, entry: dict, data: bytes) -> dict:
-        """``entry`` naming ``<prefix>.sources`` holding ``data`` (written here)."""
+        """``entry`` naming its side file ``<prefix>.sources`` holding ``data`` (written here): where its documents
+        come from (``repack.manifest.source_runs``), so the manifest's size does not grow with the input files."""
         rel = entry["prefix"] + RUNS_SUFFIX
         atomic_write_bytes(self.out / rel, data)
         return {**entry, **side_entry(rel, data)}
