@@ -154,6 +154,7 @@ def test_ids_as_arrays_follow_the_per_document_bos_eos_rule(gpt2):
 def _planning_peak(src: Path, out: Path, tokenizer: Path) -> int:
     """tracemalloc's peak in this process while `repack text SRC --doc-per file` is planned, hashed and saved
     as the engine does (the tokenizer loaded before)."""
+    import concurrent.futures.process  # noqa: F401 - the scan pool's modules: imported before the trace
     import gc
     import tracemalloc
 
