@@ -58,7 +58,9 @@ def planned_entries(payload: dict) -> Iterable[dict]:
     ``fingerprint`` columns)."""
     table = payload.get("table")
     if table:
-        return ({"rel": rel, "fingerprint": fp} for rel, fp in zip(table["rel"], table["fingerprint"]))
+        from repack.jobs.text_plan import table_fingerprints, table_rels
+
+        return ({"rel": rel, "fingerprint": fp} for rel, fp in zip(table_rels(table), table_fingerprints(table)))
     return task_inputs(payload) or payload.get("segments", ())
 
 

@@ -120,7 +120,9 @@ def unit_digest_columns(tasks, record: dict, rows: bytes | None = None) -> tuple
     """(rels, their raw 32-byte sha256 digests joined) of a unit's packed inputs, from its record (any
     form; ``rows``: a text task's digest file; a hex digest that is not one is left out)."""
     if rows is not None:
-        rels = [rel for task in tasks for rel in task.payload["table"]["rel"]]
+        from repack.jobs.text_plan import table_rels
+
+        rels = [rel for task in tasks for rel in table_rels(task.payload["table"])]
         pairs = [(rel, d) for rel, d in zip(rels, unpack_digest_rows(rows, len(rels))) if d is not None]
         return [rel for rel, _ in pairs], b"".join(bytes.fromhex(d) for _, d in pairs)
     if "sha256" in record:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import operator
 import os
 import shutil
 import time
@@ -32,23 +31,27 @@ import numpy as np
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
-from repack.lifecycle.input_record import file_sha256, load_known, select_new
+from repack.exec.cpus import available_cpus
+from repack.jobs.text_plan import chunk_bytes_of, pack_table, plan_chunk_columns, table_names, table_segments
+from repack.lifecycle.input_record import file_sha256, load_known, select_new_rows
 from repack.jobs.record_columns import digest_rows_name, pack_digest_rows, pack_ints, unpack_ints
 from repack.jobs.stats import bucket_edges
 from repack.jobs.summary import quarantine_lines
 from repack.jobs.stats import histogram as half_octave_histogram
 from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.manifest.source_runs import SUFFIX as RUNS_SUFFIX
-from repack.manifest.source_runs import encode_runs, side_entry
+from repack.manifest.source_runs import encode_columns, side_entry
 from repack.sinks.megatron import CODE_OF, PartWriter, megatron_data_path, merge_parts, read_index, token_dtype
 from repack.sources import Confinement
 from repack.sources.confine import open_input
 from repack.sources.reading import read_inputs
 from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, TEXT_WORKER_BUDGET,
                                       TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader, list_text_files,
-                                      plan_chunks, preloadable, require_decompressors, segment_table,
-                                      table_segments)
+                                      preloadable, require_decompressors)
+from repack.sources.columns import name_ends
 from repack.store import is_remote
+
+_FS = ("utf-8", "surrogateescape")
 
 BATCH_CHARS = 1 << 20  # characters handed to one encode_batch call
 BATCH_DOCS = 2048
@@ -100,16 +103,6 @@ class TextSpec(JobSpec):
                              "split longer documents before packing them")
 
 
-@dataclass(frozen=True)
-class SegmentCounts:
-    """What a task found in one of its segments (its record keeps these as columns; rel from the plan)."""
-
-    rel: str
-    lines: int
-    documents: int
-    tokens: int
-
-
 def segment_counts(record: dict) -> tuple[list[int], list[int], list[int]]:
     """A record's per-segment (lines, documents, tokens) columns: its ``segments`` (``pack_ints``), or the
     ``lines``/``documents``/``tokens`` lists of an older repack's record."""
@@ -118,20 +111,15 @@ def segment_counts(record: dict) -> tuple[list[int], list[int], list[int]]:
     return record["lines"], record["documents"], record["tokens"]
 
 
-def record_segments(plan: Plan, records: list[dict]) -> list[list[SegmentCounts]]:
-    """Per record (plan order), its segments' counts (``segment_counts``) joined with the names in its
-    task's plan table."""
-    return [[SegmentCounts(*row) for row in zip(task.payload["table"]["rel"], *segment_counts(r))]
-            for task, r in zip(plan.tasks, records)]
-
-
 @dataclass(frozen=True)
 class SegmentColumns:
-    """Every segment of a job in plan order, as columns: its file's name, its counts (``segment_counts``),
-    and where each record's segments begin (``starts``, one more than the records). The segments of one
-    file are adjacent (a file is listed once, and cut into consecutive chunks)."""
+    """Every segment of a job in plan order, as columns: its file's name (``names``: a names blob of
+    ``repack.sources.columns``, ``ends``), its counts (``segment_counts``), and where each record's segments
+    begin (``starts``, one more than the records). The segments of one file are adjacent (a file is listed
+    once, and cut into consecutive chunks; within a chunk each file is one segment)."""
 
-    rels: list[str]
+    names: bytes
+    ends: np.ndarray
     lines: np.ndarray
     documents: np.ndarray
     tokens: np.ndarray
@@ -139,92 +127,92 @@ class SegmentColumns:
 
     @classmethod
     def of(cls, plan: Plan, records: list[dict]) -> "SegmentColumns":
-        rels: list[str] = []
+        blobs = [table_names(task.payload["table"]) for task in plan.tasks[:len(records)]]
+        names = b"".join(blobs)
+        ends = name_ends(names)
         columns: list[list[np.ndarray]] = [[], [], []]
-        for task, record in zip(plan.tasks, records):
-            rels += task.payload["table"]["rel"]
+        for record in records:
             for column, values in zip(columns, segment_counts(record)):
                 column.append(np.asarray(values, dtype=np.int64))
         joined = [np.concatenate(c) if c else np.zeros(0, np.int64) for c in columns]
-        sizes = [len(task.payload["table"]["rel"]) for task in plan.tasks[:len(records)]]
-        return cls(rels, *joined, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
+        sizes = [blob.count(0) for blob in blobs]
+        return cls(names, ends, *joined, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def name_starts(self) -> np.ndarray:
+        return np.concatenate(([0], self.ends[:-1] + 1)) if len(self.ends) else np.zeros(0, np.int64)
+
+    def rel(self, seg: int) -> str:
+        start = int(self.ends[seg - 1]) + 1 if seg else 0
+        return self.names[start:int(self.ends[seg])].decode(*_FS)
 
     def file_starts(self) -> np.ndarray:
-        """The first segment of each file."""
-        n = len(self.rels)
+        """The first segment of each file: every segment but a record's first when it continues the file of
+        the record before."""
+        n = len(self)
         if not n:
             return np.zeros(0, np.int64)
-        differs = np.fromiter(map(operator.ne, self.rels[1:], self.rels[:-1]), dtype=bool, count=n - 1)
-        return np.concatenate([[0], np.flatnonzero(differs) + 1])
+        first = np.ones(n, dtype=bool)
+        for seg in self.starts[1:-1].tolist():
+            if 0 < seg < n and self.rel(seg) == self.rel(seg - 1):
+                first[seg] = False
+        return np.flatnonzero(first)
 
     def before_in_file(self, values: np.ndarray) -> np.ndarray:
         """Per segment, the sum of ``values`` over the earlier segments of its file."""
         totals = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
         starts = self.file_starts()
-        first = np.repeat(starts, np.diff(np.concatenate([starts, [len(self.rels)]])))
+        first = np.repeat(starts, np.diff(np.concatenate([starts, [len(self)]])))
         return totals[:-1] - totals[first]
 
-    def per_file(self) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """(name, documents, tokens) of each file, in plan order."""
+    def per_file(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first segment, documents, tokens) of each file, in plan order."""
         starts = self.file_starts()
         if not len(starts):
-            return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return ([self.rels[i] for i in starts.tolist()], np.add.reduceat(self.documents, starts),
-                np.add.reduceat(self.tokens, starts))
+            return starts, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return starts, np.add.reduceat(self.documents, starts), np.add.reduceat(self.tokens, starts)
 
-    def merged_runs(self) -> list[tuple[str, int, int]]:
-        """The source runs of the whole job as one prefix: each file with documents, all of them
-        (``joined_runs(source_runs(...))``, in columns)."""
-        names, documents, _ = self.per_file()
-        return [(names[i], 0, int(documents[i])) for i in np.flatnonzero(documents).tolist()]
+    def merged_runs_bytes(self) -> bytes:
+        """The side file (``repack.manifest.source_runs``) of the whole job as one prefix: each file with
+        documents, all of them, one run each."""
+        segs, documents, _ = self.per_file()
+        kept = documents > 0
+        return self._runs_bytes(segs[kept], np.zeros(int(kept.sum()), np.int64), documents[kept])
+
+    def part_runs_bytes(self, record: int) -> bytes:
+        """The side file of record ``record``'s part alone (``--no-merge``): each of its segments with documents,
+        numbered from the documents of its file in the parts before (a file is one segment of a part)."""
+        segs = np.arange(int(self.starts[record]), int(self.starts[record + 1]), dtype=np.int64)
+        segs = segs[self.documents[segs] > 0]
+        return self._runs_bytes(segs, self.before_in_file(self.documents)[segs], self.documents[segs])
+
+    def _runs_bytes(self, segs: np.ndarray, firsts: np.ndarray, counts: np.ndarray) -> bytes:
+        """``encode_runs`` of one run per segment in ``segs`` (distinct files), the names cut from the names
+        blob with numpy."""
+        begins = self.name_starts()[segs]
+        lengths = self.ends[segs] - begins
+        name_end = np.cumsum(lengths, dtype=np.int64)
+        at = np.repeat(begins - (name_end - lengths), lengths) + np.arange(int(name_end[-1]) if len(segs) else 0)
+        blob = np.frombuffer(self.names, np.uint8)[at].tobytes()
+        blob.decode("utf-8")  # the side file's names are UTF-8 (as encode_runs requires)
+        return encode_columns(name_end, blob, np.arange(len(segs), dtype=np.int64), firsts.astype(np.int64),
+                              counts.astype(np.int64))
 
 
 def _file_stats(segments: SegmentColumns) -> dict:
     """Tokens per input file: a half-octave histogram and the largest files (a file may span tasks)."""
-    names, documents, tokens = segments.per_file()
+    firsts, documents, tokens = segments.per_file()
     edges, counts = np.unique(bucket_edges(tokens), return_counts=True) if len(tokens) else ([], [])
     top = np.argsort(-tokens, kind="stable")[:FILES_LISTED] if len(tokens) else np.zeros(0, np.int64)
     if len(top):  # ties on the last place listed by name: every file with at least that many tokens
         floor = tokens[top[-1]]
         top = np.flatnonzero(tokens >= floor)
-    largest = sorted(((-int(tokens[i]), names[i], int(documents[i])) for i in top.tolist()))[:FILES_LISTED]
-    return {"count": len(names),
+    largest = sorted(((-int(tokens[i]), segments.rel(int(firsts[i])), int(documents[i])) for i in top.tolist()))
+    return {"count": len(firsts),
             "tokens_histogram": half_octave_histogram({str(int(e)): int(c) for e, c in zip(edges, counts)}),
-            "largest": [{"source": rel, "documents": d, "tokens": -t} for t, rel, d in largest]}
-
-
-def source_runs(per_record: list[list[SegmentCounts]]) -> list[list[list]]:
-    """Per record, where its part's documents come from, in order: ``[[source, first, count], ...]``
-    (document ``first`` .. ``first + count - 1`` of ``source``, numbered from 0 in file order across the
-    whole job; adjacent runs of one file joined). Document ``n`` of a source is its key ``source#n``."""
-    seen: dict[str, int] = {}
-    out = []
-    for segments in per_record:
-        runs: list[list] = []
-        for seg in segments:
-            count = seg.documents
-            if not count:
-                continue
-            first = seen.get(seg.rel, 0)
-            seen[seg.rel] = first + count
-            if runs and runs[-1][0] == seg.rel and runs[-1][1] + runs[-1][2] == first:
-                runs[-1][2] += count
-            else:
-                runs.append([seg.rel, first, count])
-        out.append(runs)
-    return out
-
-
-def joined_runs(parts: list[list[list]]) -> list[list]:
-    """The runs of consecutive parts as one list (a run continued across parts joined)."""
-    runs: list[list] = []
-    for part in parts:
-        for rel, first, count in part:
-            if runs and runs[-1][0] == rel and runs[-1][1] + runs[-1][2] == first:
-                runs[-1][2] += count
-            else:
-                runs.append([rel, first, count])
-    return runs
+            "largest": [{"source": rel, "documents": d, "tokens": -t} for t, rel, d in largest[:FILES_LISTED]]}
 
 
 def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
@@ -297,27 +285,26 @@ class TextJob(Job):
     def plan(self) -> Plan:
         spec = self.spec
         info = self.tokenizer_info()
-        files, quarantine, skipped = list_text_files(spec.source, spec.list_file, Confinement(
-            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source))
+        inputs, quarantine, skipped = list_text_files(spec.source, spec.list_file, Confinement(
+            follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source), available_cpus())
         selection = None
         if spec.known_inputs:  # --append: only files the dataset does not hold yet (repack.lifecycle.input_record)
-            selection = select_new(files, load_known(spec.known_inputs), lambda f: f.rel,
-                                   lambda f: [f.size, f.mtime_ns], lambda f: file_sha256(f.path))
-            files = selection.new
-        require_decompressors(files)
-        chunks, more = plan_chunks(files, spec.chunk_bytes, spec.doc_per, spec.field)
+            table = inputs.table
+            selection = select_new_rows(table.rels, table.sizes, table.mtimes, load_known(spec.known_inputs),
+                                        lambda row: file_sha256(table.path(row)))
+            inputs = inputs.take(selection.new)
+        require_decompressors(inputs)
+        chunks, more = plan_chunk_columns(inputs, spec.chunk_bytes, spec.doc_per, spec.field)
         quarantine += more
         dtype = token_dtype(info.max_token_id)
         common = {"tokenizer": info.path, "tokenizer_sha256": info.sha256, "dtype": dtype,
                   "eos_id": info.eos_id if spec.append_eos else None,
                   "bos_id": info.bos_id if spec.add_bos else None}
-        tasks = []
-        for index, segments in enumerate(chunks):
-            size = sum(s.end - s.start if s.unit != "rowgroups" else 0 for s in segments)
-            tasks.append(Task(f"part-{index:06d}", {"index": index, **common, "bytes": size,
-                                                    "table": segment_table(segments)}))
-        plan_info = {"tokenizer": info.to_json(), "dtype": dtype, "inputs": len(files) + len(quarantine),
-                     "files": len(files), "skipped_files": skipped, "input_bytes": sum(f.size for f in files)}
+        tasks = [Task(f"part-{index:06d}", {"index": index, **common, "bytes": chunk_bytes_of(chunks, index),
+                                            "table": pack_table(inputs, chunks, index)})
+                 for index in range(len(chunks))]
+        plan_info = {"tokenizer": info.to_json(), "dtype": dtype, "inputs": len(inputs) + len(quarantine),
+                     "files": len(inputs), "skipped_files": skipped, "input_bytes": int(inputs.table.sizes.sum())}
         if selection is not None:
             plan_info.update(removed_skipped=selection.removed, same_content=selection.same_content)
         return Plan(tuple(tasks), tuple(quarantine), plan_info)
@@ -351,8 +338,9 @@ class TextJob(Job):
         quarantine: list[dict] = []
         lines: list[int] = []  # per segment: lines (rows) read
         counts = {"empty_documents": 0, "blank_lines": 0, "characters": 0}
-        seg_documents = np.zeros(len(p["table"]["rel"]), np.int64)  # per segment: documents kept, their tokens
-        seg_tokens = np.zeros(len(p["table"]["rel"]), np.int64)
+        plan_segments = table_segments(p["table"])
+        seg_documents = np.zeros(len(plan_segments), np.int64)  # per segment: documents kept, their tokens
+        seg_tokens = np.zeros(len(plan_segments), np.int64)
         digests: list[bytes | None] = []  # per segment: sha256 of a file read whole (repack.lifecycle.input_record)
         batch: list[str] = []
         batch_segs: list[int] = []  # segment number and line of each document in the batch
@@ -386,7 +374,6 @@ class TextJob(Job):
             chars = 0
 
         try:
-            plan_segments = table_segments(p["table"])
             preload = {n for n, s in enumerate(plan_segments) if preloadable(s)}
             read = read_inputs([{"path": s.path, "rel": s.rel, "fingerprint": list(s.fingerprint) or None}
                                 for n, s in enumerate(plan_segments) if n in preload])  # lazily: one read per file
@@ -473,12 +460,12 @@ class TextJob(Job):
             first, end = int(segments.starts[number]), int(segments.starts[number + 1])
             for q in sorted(record["quarantine"], key=lambda q: (q["seg"], q["line"])):
                 seg = first + q["seg"] if q["seg"] < end - first else None
-                rel = segments.rels[seg] if seg is not None else segments.rels[end - 1] if end > first else "?"
+                rel = segments.rel(seg) if seg is not None else segments.rel(end - 1) if end > first else "?"
                 quarantine.append({"source": rel, "line": int(lines_before[seg]) + q["line"] if seg is not None
                                    else q["line"], "reason": q["reason"]})
         parts = [r["part"] for r in records]
         if spec.merge:
-            entries = [self._with_runs(self._merge(plan, records, dtype), segments.merged_runs())]
+            entries = [self._with_side_file(self._merge(plan, records, dtype), segments.merged_runs_bytes())]
             lengths = read_index(self.out / entries[0]["index"]).lengths
         else:
             entries = [{"path": pt["bin"], "index": pt["idx"], "prefix": pt["bin"][:-4], "samples": pt["documents"],
@@ -486,9 +473,8 @@ class TextJob(Job):
                         "index_bytes": pt["index_bytes"], "index_sha256": pt["index_sha256"], "dtype": dtype,
                         "max_token_id": pt["max_token_id"]}
                        for pt in parts if pt["documents"]]
-            per_record = record_segments(plan, records)
-            entries = [self._with_runs(entry, runs) for entry, runs in
-                       zip(entries, [runs for runs, pt in zip(source_runs(per_record), parts) if pt["documents"]])]
+            entries = [self._with_side_file(entry, segments.part_runs_bytes(number)) for entry, number in
+                       zip(entries, [n for n, pt in enumerate(parts) if pt["documents"]])]
             for pt in parts:  # an empty part is not a prefix: remove it (its record lists no outputs)
                 if not pt["documents"]:
                     for key in ("bin", "idx"):
@@ -532,10 +518,9 @@ class TextJob(Job):
                           "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records)},
         }
 
-    def _with_runs(self, entry: dict, runs: list[list]) -> dict:
-        """``entry`` naming its side file ``<prefix>.sources`` (written here): where its documents come from
-        (``repack.manifest.source_runs``), so the manifest's size does not grow with the input files."""
-        data = encode_runs(runs)
+    def _with_side_file(self, entry: dict, data: bytes) -> dict:
+        """``entry`` naming its side file ``<prefix>.sources`` holding ``data`` (written here): where its documents
+        come from (``repack.manifest.source_runs``), so the manifest's size does not grow with the input files."""
         rel = entry["prefix"] + RUNS_SUFFIX
         atomic_write_bytes(self.out / rel, data)
         return {**entry, **side_entry(rel, data)}

@@ -105,9 +105,16 @@ def encode_runs(runs: Iterable[tuple[str, int, int]] | Iterable[list]) -> bytes:
     for name in encoded:
         total += len(name)
         ends.append(total)
-    blob = b"".join(encoded)
-    body = b"".join((_column(ends), blob, _column(run_name), _column(run_first), _column(run_count)))
-    return _HEADER.pack(MAGIC, len(index), len(run_name), len(blob)) + zlib.compress(body, LEVEL)
+    return encode_columns(ends, b"".join(encoded), run_name, run_first, run_count)
+
+
+def encode_columns(name_end, blob: bytes, run_name, run_first, run_count) -> bytes:
+    """The side file's bytes from its columns (see the layout): ``name_end`` and the run columns as int64
+    sequences (``array("q")``, or numpy int64 arrays from a caller that has them), ``blob`` the UTF-8 names."""
+    columns = [_column(c) if isinstance(c, array) else memoryview(c).cast("B").tobytes() if sys.byteorder == "little"
+               else _column(c) for c in (name_end, run_name, run_first, run_count)]
+    body = b"".join((columns[0], blob, *columns[1:]))
+    return _HEADER.pack(MAGIC, len(name_end), len(run_name), len(blob)) + zlib.compress(body, LEVEL)
 
 
 def decode_runs(data: bytes) -> SourceRuns:

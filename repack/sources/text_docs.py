@@ -4,9 +4,10 @@ Inputs: ``.jsonl``/``.ndjson``/``.json`` (JSON lines, one document per line, tex
 field), ``.txt`` (one document per line, per file, or per blank-line-separated paragraph)
 and ``.parquet`` (a string column), the first two optionally ``.gz`` or ``.zst``. SOURCE is
 one such file, a folder of them (recursive, sorted by byte path, hidden files skipped) or,
-with ``--list``, a file naming them one per line.
+with ``--list``, a file naming them one per line. A folder is scanned into columns by
+``repack.sources.text_scan``; the others are listed here.
 
-Planning cuts the corpus into chunks of about equal size that never split a document:
+Planning (``repack.jobs.text_plan``) cuts the corpus into chunks of about equal size that never split a document:
 uncompressed JSON lines/text files are cut at byte offsets snapped forward to the next
 document boundary; compressed files and whole-file documents are indivisible; parquet files
 are cut at row-group boundaries. The cut depends only on the files and the options, so the
@@ -24,7 +25,6 @@ import contextlib
 import gzip
 import io
 import json
-import math
 import os
 import stat as stat_mod
 from dataclasses import dataclass
@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, NamedTuple
 
 from repack.errors import UsageError, stable_reason
-from repack.sources.base import alias_reason, pick_real_paths, sort_key
+from repack.sources.base import alias_reason, pick_real_paths
 from repack.sources.confine import Checked, Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import scan_objects
+from repack.sources.text_scan import KIND_OF, TextInputs, scan_text_folder
 from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul
 from repack.store import is_remote
 
@@ -170,97 +171,27 @@ def checked_found(path: str, rel: str, checked: Checked) -> Found:
     return Found(path, rel, checked.real, checked.reason, checked.st)
 
 
-def regular_file(entry: os.DirEntry, rel: str, conf: Confinement) -> Found:
-    """``conf.check(entry.path, parent_is_real=True)`` for an entry of a real folder inside the root that
-    ``os.scandir`` reports as a regular file (no symlink): what is left of the check is its lstat and
-    the size cap."""
-    try:
-        st = entry.stat(follow_symlinks=False)
-    except OSError as exc:
-        return Found(entry.path, rel, "", f"unreadable: {exc.strerror}", None)
-    if not stat_mod.S_ISREG(st.st_mode):  # replaced since the folder was read
-        return checked_found(entry.path, rel, conf.check(entry.path, parent_is_real=True))
-    return Found(entry.path, rel, entry.path, conf.size_refusal(st.st_size), st)
-
-
-def walk_folder(src: Path, quarantine: list[dict], conf: Confinement
-                ) -> tuple[list[Found], int]:
-    """The path, rel and confinement check (``Found``) of every non-hidden file under ``src`` named like a text
-    input, following folder symlinks inside the source root (``conf``), and the count of files
-    skipped (hidden, or another kind of file). Each folder is scanned once, by (st_dev, st_ino): the
-    real tree first, then linked folders in name order; a link reaching a folder already scanned (a
-    loop, or a second link) becomes a quarantine record instead of repeating its documents; a link
-    leaving the root is quarantined by the confinement. Folders are scanned by their real path, so a
-    file that is no symlink is checked with one lstat (``Confinement.check(parent_is_real=True)``)."""
-    visited: dict[tuple[int, int], str] = {}
-    found: list[Found] = []
-    links: list[tuple[str, str]] = []
-    skipped = 0
-
-    def scan(folder: str, rel: str) -> None:
-        nonlocal skipped
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError as exc:
-            quarantine.append({"source": rel or ".", "line": None, "reason": f"unreadable folder: {exc.strerror}"})
-            return
-        for entry in entries:
-            child = f"{rel}/{entry.name}" if rel else entry.name
-            if entry.name.startswith("."):
-                skipped += 0 if entry.is_dir() else 1
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                visit(entry.path, child)
-                continue
-            text_input = classify(entry.name) is not None
-            if not text_input and not entry.is_symlink():
-                skipped += 1  # not a text input: never stat'ed
-                continue
-            if text_input and entry.is_file(follow_symlinks=False):  # d_type: a regular file, no symlink
-                found.append(regular_file(entry, child, conf))  # its lstat only
-                continue
-            checked = conf.check(entry.path, parent_is_real=True)
-            if checked.reason is not None and checked.is_link:  # whatever its name: reported, never followed
-                quarantine.append({"source": child, "line": None, "reason": checked.reason})
-            elif checked.reason is None and checked.is_dir:
-                links.append((checked.real, child))
-            elif not text_input:
-                skipped += 1
-            else:
-                found.append(checked_found(entry.path, child, checked))
-
-    def visit(folder: str, rel: str) -> None:
-        try:
-            st = os.stat(folder)
-        except OSError as exc:
-            quarantine.append({"source": rel, "line": None, "reason": f"unreadable folder: {exc.strerror}"})
-            return
-        key = (st.st_dev, st.st_ino)
-        if key in visited:
-            quarantine.append({"source": rel, "line": None, "reason": f"folder already scanned as "
-                               f"{visited[key] or '.'} (symlink loop or second link): skipped"})
-            return
-        visited[key] = rel
-        scan(folder, rel)
-
-    visit(conf.root, "")
-    while links:  # linked folders after the whole real tree, so a real path wins over a link
-        links.sort(key=lambda pr: sort_key(pr[1]))
-        visit(*links.pop(0))
-    return found, skipped
-
-
 def _where(listed_at: dict[str, str], rel: str) -> str:
     """`` (<list file>:<line>)`` for an entry of a list file, else empty."""
     return f" ({listed_at[rel]})" if rel in listed_at else ""
 
 
-def list_text_files(source: str, list_file: bool = False, confinement: Confinement | None = None
-                    ) -> tuple[list[TextFile], list[dict], int]:
-    """The input files in deterministic order, quarantine records, and the count of skipped files.
+def list_text_files(source: str, list_file: bool = False, confinement: Confinement | None = None,
+                    workers: int = 1) -> tuple[TextInputs, list[dict], int]:
+    """The input files in deterministic order (columns), quarantine records, and the count of skipped files.
 
     Every local input goes through the confinement rooted at the source folder (or the list file's
-    folder, or a single file's own folder): see ``repack.sources.confine``."""
+    folder, or a single file's own folder): see ``repack.sources.confine``. A folder is walked on
+    ``workers`` processes (``repack.sources.text_scan``)."""
+    if not is_remote(source) and not list_file and Path(source).is_dir():
+        return scan_text_folder((confinement or Confinement()).rooted(str(source)), workers)
+    files, quarantine, skipped = list_text_file_rows(source, list_file, confinement)
+    return TextInputs.of_files(files), quarantine, skipped
+
+
+def list_text_file_rows(source: str, list_file: bool = False, confinement: Confinement | None = None
+                        ) -> tuple[list[TextFile], list[dict], int]:
+    """``list_text_files`` as one ``TextFile`` per input, for a list file, a single file or an s3:// prefix."""
     if is_remote(source):
         return list_remote_text_files(source, list_file, confinement or Confinement())
     src = Path(source)
@@ -280,10 +211,6 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
             path = Path(entry) if os.path.isabs(entry) else base / entry
             candidates.append((str(path), entry))
             listed_at.setdefault(entry, f"{src.name}:{number}")
-    elif src.is_dir():
-        conf = rules.rooted(str(src))
-        found, skipped = walk_folder(src, quarantine, conf)
-        scanned = sorted(found, key=lambda item: sort_key(item[1]))
     else:
         conf = rules.rooted(os.path.dirname(os.path.realpath(src)))  # the file named on the command line
         candidates = [(str(src), src.name)]
@@ -291,11 +218,8 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
     for path, rel in candidates:
         kind = classify(os.path.basename(path))
         if kind is None:
-            if list_file or not src.is_dir():
-                quarantine.append({"source": rel, "line": None, "reason": "not a .jsonl/.txt/.parquet file "
-                                   "(optionally .gz/.zst)" + _where(listed_at, rel)})
-            else:
-                skipped += 1
+            quarantine.append({"source": rel, "line": None, "reason": "not a .jsonl/.txt/.parquet file "
+                               "(optionally .gz/.zst)" + _where(listed_at, rel)})
             continue
         scanned.append(checked_found(path, rel, conf.check(path)))
     for _, rel, real, reason, st in scanned:
@@ -398,77 +322,6 @@ def parquet_row_groups(path: str, field: str) -> tuple[list[int], str | None]:
     return sizes, None
 
 
-def plan_chunks(files: list[TextFile], chunk_bytes: int | None, doc_per: str, field: str
-                ) -> tuple[list[list[Segment]], list[dict]]:
-    """Cut the files into about-equal chunks of segments (never inside a document); ``chunk_bytes``
-    None = auto_chunk_bytes."""
-    quarantine: list[dict] = []
-    atoms: list[tuple[TextFile, str, list[int]]] = []  # (file, unit, sizes of indivisible pieces or [size])
-    for f in files:
-        if f.kind == "parquet":
-            sizes, reason = parquet_row_groups(f.path, field)
-            if reason:
-                quarantine.append({"source": f.rel, "line": None, "reason": reason})
-                continue
-            atoms.append((f, "rowgroups", sizes))
-        elif f.compression or (f.kind == "txt" and doc_per == "file"):
-            atoms.append((f, "file", [f.size]))
-        else:
-            atoms.append((f, "bytes", [f.size]))
-    total = sum(sum(sizes) for _, _, sizes in atoms)
-    n = max(1, math.ceil(total / (chunk_bytes or auto_chunk_bytes(total))))
-    cuts = [round(k * total / n) for k in range(1, n)]
-    chunks: list[list[Segment]] = [[]]
-    ci = 0
-    pos = 0
-
-    def close() -> None:
-        if chunks[-1]:
-            chunks.append([])
-
-    for f, unit, sizes in atoms:
-        def seg(start: int, end: int) -> Segment:
-            return Segment(f.path, f.rel, f.kind, f.compression, start, end, unit, (f.size, f.mtime_ns, f.ino))
-
-        if unit == "bytes":
-            local = 0
-            cut_inside = ci < len(cuts) and cuts[ci] < pos + f.size  # else the file is not opened here
-            opened = open_input(f.path, [f.size, f.mtime_ns, f.ino], f.rel) if cut_inside else contextlib.nullcontext()
-            with opened as fh:
-                while ci < len(cuts) and cuts[ci] < pos + f.size:
-                    cut = cuts[ci] - pos
-                    boundary = (snap_paragraph if f.kind == "txt" and doc_per == "blank-line" else snap_line)(
-                        fh, cut, f.size)
-                    if boundary > local:
-                        chunks[-1].append(seg(local, boundary))
-                        local = boundary
-                    close()
-                    ci += 1
-            if local < f.size:
-                chunks[-1].append(seg(local, f.size))
-        elif unit == "rowgroups":
-            offset = pos
-            first = 0
-            for i, size in enumerate(sizes):
-                offset += size
-                if ci < len(cuts) and cuts[ci] <= offset:
-                    chunks[-1].append(seg(first, i + 1))
-                    first = i + 1
-                    close()
-                    while ci < len(cuts) and cuts[ci] <= offset:
-                        ci += 1
-            if first < len(sizes):
-                chunks[-1].append(seg(first, len(sizes)))
-        else:
-            chunks[-1].append(seg(0, f.size))
-            if ci < len(cuts) and cuts[ci] <= pos + f.size:
-                close()
-                while ci < len(cuts) and cuts[ci] <= pos + f.size:
-                    ci += 1
-        pos += sum(sizes)
-    return [c for c in chunks if c], quarantine
-
-
 # -- reading -----------------------------------------------------------------------------------
 
 PRELOAD_MAX_BYTES = 1 << 20  # a whole file up to this size is read in one call (read_inputs), not streamed
@@ -505,9 +358,9 @@ def _open_stream(segment: Segment, data: bytes | OSError | None = None) -> Itera
             yield raw
 
 
-def require_decompressors(files: list[TextFile]) -> None:
+def require_decompressors(inputs: TextInputs) -> None:
     """UsageError (before planning) when an input needs a decompressor that is not installed."""
-    if any(f.compression == "zst" for f in files):
+    if any(KIND_OF[code][1] == "zst" for code in set(inputs.codes.tolist())):
         try:
             import zstandard  # noqa: F401
         except ImportError:
