@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import run_repack
 from tests.test_images_job import write_jpegs
-from tests.tools.dali_resume_run import check_resume, make_loader, run_in_new_process, take
+from tests.tools.dali_resume_run import check_resumes, make_loader, run_in_new_process, take
 from tests.tools.s3server import MotoServer, client, s3_env
 from tests.tools.versioned import versioned_images
 from tests.tools.videos import encoders, make_index_clip
@@ -50,11 +50,18 @@ def datasets(photo_tree, packed_photos, tmp_path_factory) -> dict:
     return roots
 
 
+@pytest.fixture(scope="module")
+def resumed(datasets) -> dict:
+    """kind -> check_resume's rows, the restores of every kind in one new process."""
+    kinds = [kind for kind in OPTIONS if kind in datasets]
+    return dict(zip(kinds, check_resumes([(kind, datasets[kind], OPTIONS[kind]) for kind in kinds])))
+
+
 @pytest.mark.parametrize("kind", ["images", "lmdb", "video"])
-def test_resume_in_a_new_process_continues_the_uninterrupted_run(kind, datasets):
+def test_resume_in_a_new_process_continues_the_uninterrupted_run(kind, datasets, resumed):
     if kind not in datasets:
         pytest.skip("ffmpeg with the libvpx (VP8) encoder is not installed")
-    rows = check_resume(kind, datasets[kind], OPTIONS[kind])
+    rows = resumed[kind]
     per_epoch = len(make_loader(kind, datasets[kind], OPTIONS[kind]))
     state_kind = {"images": "dali_webdataset", "lmdb": "dali_lmdb", "video": "dali_video"}[kind]
     assert [row["position"] for row in rows] == [(state_kind, 1, 0, 3), (state_kind, 1, 0, per_epoch),

@@ -182,29 +182,18 @@ def lmdbs(tmp_path_factory):
     return [data["lmdb_a"], data["lmdb_b"]]
 
 
-def uninterrupted(make, epochs: int = 3) -> list[list[list[str]]]:
+def uninterrupted(make, epochs: int = 3) -> tuple[list[list[list[str]]], list[str]]:
+    """The keys of ``epochs`` epochs of one loader, batch by batch, and its state (JSON) after each
+    batch taken across them (index k: after k batches; 0: before any), as a training job saves them."""
     target, loader = make()
-    out = []
+    out, states = [], [json.dumps(loader.state_dict())]
     for epoch in range(epochs):
         target.set_epoch(epoch)
-        out.append([keys(b) for b in loader])
-    return out
-
-
-def state_after(make, k: int, flat: list[tuple[int, int]]) -> tuple[str, tuple[int, int]]:
-    """The loader's state (JSON) after ``k`` batches (0: before any) across epochs, and the (epoch,
-    batch) it was taken at."""
-    target, loader = make()
-    if k == 0:  # a state before any batch, of epoch 0
-        return json.dumps(loader.state_dict()), (0, -1)
-    taken = 0
-    for epoch in range(3):
-        target.set_epoch(epoch)
-        for _ in loader:
-            taken += 1
-            if taken == k:
-                return json.dumps(loader.state_dict()), flat[k - 1]
-    raise AssertionError(f"fewer than {k} batches in 3 epochs")
+        out.append([])
+        for batch in loader:
+            out[-1].append(keys(batch))
+            states.append(json.dumps(loader.state_dict()))
+    return out, states
 
 
 WHEN = ("before", "after", "never")  # set_epoch called before load_state_dict, after it, or not at all
@@ -214,18 +203,18 @@ WHEN = ("before", "after", "never")  # set_epoch called before load_state_dict, 
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 def test_a_state_at_an_epochs_end_resumes_into_the_next_epochs_order(versions, lmdbs, reader, workers, persistent):
     """Each state is loaded three times: with set_epoch before the load, after it, and never (the
-    uninterrupted run and each state are made once for all three)."""
+    states are taken during the uninterrupted run, once for all three)."""
     make = {"images": lambda: image_reader(versions["images"], workers, persistent),
             "lmdb": lambda: lmdb_reader(lmdbs[0], workers, persistent),
             "mixture": lambda: mixture_reader(lmdbs, workers, persistent)}[reader]
-    epochs = uninterrupted(make)
-    flat = [(e, i) for e, batches in enumerate(epochs) for i in range(len(batches))]
+    epochs, states = uninterrupted(make)
+    flat = [(0, -1), *((e, i) for e, batches in enumerate(epochs) for i in range(len(batches)))]  # after k batches
     last = len(epochs[0])  # k batches taken: 0, 1, the last of epoch 0, after it (=1 of epoch 1), mid epoch 1
     edges = {0, 1, last - 1, last, last + 1, last + len(epochs[1]) // 2}
     stops = {when: edges | {random.Random(f"{reader}{workers}{when}").randrange(1, len(epochs[0]) + len(epochs[1]))}
              for when in WHEN}  # and a seeded random stop of each set_epoch order's own
     for k in sorted(set().union(*stops.values())):
-        state, (epoch, index) = state_after(make, k, flat)
+        state, (epoch, index) = states[k], flat[k]
         for when in (w for w in WHEN if k in stops[w]):
             target, loader = make()
             if when == "before":
@@ -257,6 +246,7 @@ def test_a_state_at_an_epochs_end_resumes_into_the_next_epochs_order(versions, l
 @pytest.mark.parametrize("batch_mode", [False, True])
 def test_states_between_snapshots_resume_exactly_and_elastically(versions, batch_mode):
     root = versions["images"]
+    everything = [take(image_loader(root, 2, batch_mode, rank=rank, world_size=2)[1], None)[0] for rank in range(2)]
     rng = random.Random(11)
     for stop in (6, 7, rng.randrange(11, 15)):  # snapshots every 5 steps: stops between them
         before, states = [], []
@@ -269,8 +259,7 @@ def test_states_between_snapshots_resume_exactly_and_elastically(versions, batch
             assert state["_steps_since_snapshot"] == stop % 5
             _, exact = image_loader(root, 2, batch_mode, rank=rank, world_size=2)
             exact.load_state_dict(state)
-            everything = [k for b in image_loader(root, 2, batch_mode, rank=rank, world_size=2)[1] for k in keys(b)]
-            assert got + take(exact, None)[0] == everything, f"exact resume at {stop}"
+            assert got + take(exact, None)[0] == everything[rank], f"exact resume at {stop}"
         shares = elastic_states(states, 3, batch_size=None if batch_mode else BATCH)
         after = []
         for rank in range(3):

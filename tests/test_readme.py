@@ -16,6 +16,7 @@ as scripts with this interpreter. A block that prints a Python warning fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -183,32 +184,48 @@ def run_block(block: Block, cwd: Path, number: int, extra_env: dict[str, str]) -
     assert not warned, f"{block.page} line {block.line} ({block.language}) printed warnings: {warned}\n{proc.stderr[-3000:]}"
 
 
-@pytest.fixture
-def moto_server():
-    server = MotoServer()
-    yield server
-    server.stop()
+LONG_PAGES = ("docs/report.md", "docs/dataset-over-time.md")  # run by tests/test_readme_long_pages.py (below)
 
 
-def runs() -> list[tuple[str, tuple[str, ...]]]:
+def runs(long_pages: bool = False) -> list[tuple[str, tuple[str, ...]]]:
     """(page, the sandboxes its run prepares): a docs page once with all of them; README.md once per
-    sandbox (its sections are separate quick starts)."""
+    sandbox (its sections are separate quick starts). ``long_pages``: those of LONG_PAGES, else the
+    others (two files, so that two pytest-xdist workers share the pages under ``--dist loadfile``)."""
     found = []
     for page in pages():
+        if (page in LONG_PAGES) != long_pages:
+            continue
         named = [name for name in SANDBOXES if any(b.sandbox == name for b in page_blocks(page))]
         found += [(page, (name,)) for name in named] if page == "README.md" else [(page, tuple(named))] if named else []
     return found
 
 
+def run_page(page: str, sandboxes: tuple[str, ...], cwd: Path) -> None:
+    """Make ``sandboxes`` in ``cwd`` (the ``s3`` one with a moto server, stopped at the end), run the
+    page's blocks of those sandboxes there in page order; they must have made a dataset (or a report)."""
+    with contextlib.ExitStack() as stack:
+        env: dict[str, str] = {}
+        for name in sandboxes:
+            needs = ()
+            if name == "s3":
+                server = MotoServer()
+                stack.callback(server.stop)
+                needs = (server,)
+            env.update(SANDBOXES[name](cwd, *needs) or {})
+        blocks = [b for b in page_blocks(page) if b.sandbox in sandboxes]
+        for number, block in enumerate(blocks):
+            run_block(block, cwd, number, env)
+    made = [p for p in cwd.rglob("manifest.json") if ".repack" not in p.parts]
+    assert made or (cwd / "report.html").is_file(), "the blocks made no dataset"
+    shutil.rmtree(cwd, ignore_errors=True)
+
+
+def test_pages_are_split_between_the_two_files():
+    assert {page for page, _ in runs(long_pages=True)} == set(LONG_PAGES)
+    every = runs(False) + runs(True)
+    assert len(every) == len(set(every)) and {page for page, _ in every} == {b.page for b in readme_blocks() if b.sandbox}
+
+
 @pytest.mark.parametrize(("page", "sandboxes"), runs(), ids=[f"{p}::{'+'.join(s)}" for p, s in runs()])
-def test_readme_blocks_run_as_written(page, sandboxes, tmp_path, request):
-    env: dict[str, str] = {}
-    for name in sandboxes:
-        needs = (request.getfixturevalue("moto_server"),) if name == "s3" else ()
-        env.update(SANDBOXES[name](tmp_path, *needs) or {})
-    blocks = [b for b in page_blocks(page) if b.sandbox in sandboxes]
-    for number, block in enumerate(blocks):
-        run_block(block, tmp_path, number, env)
-    made = [p for p in tmp_path.rglob("manifest.json") if ".repack" not in p.parts]
-    assert made or (tmp_path / "report.html").is_file(), "the blocks made no dataset"
-    shutil.rmtree(tmp_path, ignore_errors=True)
+def test_readme_blocks_run_as_written(page, sandboxes, tmp_path):
+    run_page(page, sandboxes, tmp_path)

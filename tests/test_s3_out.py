@@ -233,14 +233,10 @@ def test_text_to_s3_equals_local_merged_and_parts(server, s3, tmp_path):
 
 @pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
 def test_video_to_s3_equals_local(server, s3, tmp_path):
-    from tests.tools.videos import make_clips
+    from tests.tools.videos import CLIPS, make_clips
 
-    clips = tmp_path / "clips"
-    make_clips(clips)
     src = tmp_path / "src"
-    for rel in ("good/h264.mp4", "good/mjpeg.avi"):
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(clips / rel, src / rel)
+    make_clips(src, [c for c in CLIPS if c.rel in ("good/h264.mp4", "good/mjpeg.avi")], workers=2)
     s3.create_bucket(Bucket="video")
     common = ["--transcode", "--to", "webdataset", "--shard-size", "1", "--preset", "ultrafast", "--quiet"]
     run_repack("video", src, tmp_path / "local", *common)

@@ -38,6 +38,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -190,14 +191,17 @@ print(json.dumps({"samples": samples, "seconds": seconds, "first_batch_s": first
 
 @dataclass(frozen=True)
 class Run:
-    """One measured command: wall seconds; the peaks (bytes) over its run of its process tree's summed
-    RSS, summed PSS (a shared page counted once, split among its sharers) and largest process's RSS."""
+    """One measured command: wall seconds; CPU seconds (user + system) of its reaped process tree; the
+    peaks (bytes) over its run of the tree's summed RSS, summed PSS (a shared page counted once, split
+    among its sharers) and largest process's RSS; what it printed."""
 
     wall: float
+    cpu: float
     peak_rss: int
     peak_pss: int
     peak_largest: int
     stdout: str
+    stderr: str
 
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -238,14 +242,17 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def run_tree(cmd: list[str], quiet_stdout: bool = False) -> Run:
-    """Run ``cmd`` from the repository root (earlier runs' dirty pages flushed first): its wall
-    seconds and its process tree's memory peaks (see Run), sampled every 50 ms. Raises with the
-    command's stderr on a non-zero exit."""
+def run_tree(cmd: list[str], quiet_stdout: bool = False, cwd: str | Path = ROOT, env: dict | None = None) -> Run:
+    """Run ``cmd`` from ``cwd`` (default: the repository root) with ``env`` added to this process's
+    environment, earlier runs' dirty pages flushed first: its wall and CPU seconds (``RUSAGE_CHILDREN``:
+    run one command at a time), its process tree's memory peaks (see Run), sampled every 50 ms, and its
+    output. Raises with the command's stderr on a non-zero exit."""
     os.sync()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL if quiet_stdout else out, stderr=err)
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL if quiet_stdout else out, stderr=err,
+                                env={**os.environ, **env} if env else None)
         peak = [0, 0, 0]
         done = threading.Event()
 
@@ -262,12 +269,14 @@ def run_tree(cmd: list[str], quiet_stdout: bool = False) -> Run:
         wall = time.perf_counter() - started
         done.set()
         sampler.join()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(), err.read().decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd[:6]))} ... exited {proc.returncode}: {stderr[-3000:]}")
-    return Run(wall, *peak, stdout)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return Run(wall, cpu, *peak, stdout, stderr)
 
 
 def repack(*args: str | Path) -> list[str]:

@@ -113,6 +113,20 @@ def check_resume(kind: str, root: str, options: dict) -> list[dict]:
     state's epoch and batch), ``state_bytes`` (its JSON size) and ``restore_s``. Raises when the
     uninterrupted run itself is not what the checks assume (two shuffled epochs of one sample set).
     """
+    return check_resumes([(kind, root, options)])[0]
+
+
+def check_resumes(loaders: list[tuple[str, str, dict]]) -> list[list[dict]]:
+    """``check_resume`` of each (kind, root, options), every restore in one new process (one import
+    of DALI for all): the rows of each, in order."""
+    stopped = [_stop(kind, root, options) for kind, root, options in loaders]
+    results = iter(run_in_new_process([job for _, _, jobs, _ in stopped for job in jobs]))
+    return [_judge(*one, [next(results) for _ in one[2]]) for one in stopped]
+
+
+def _stop(kind: str, root: str, options: dict) -> tuple[str, list, list[dict], dict]:
+    """The uninterrupted run's records, and a resume job (the state after k batches) and the records
+    before it per stop k."""
     whole = make_loader(kind, root, options)
     per_epoch = len(whole)
     total = 2 * per_epoch + 2  # two epochs (and their ends) plus a batch
@@ -121,22 +135,26 @@ def check_resume(kind: str, root: str, options: dict) -> list[dict]:
     if reference[per_epoch] != "END" or len(set(epochs[0])) != len(epochs[0]) or \
             Counter(epochs[0]) != Counter(epochs[1]) or epochs[0] == epochs[1]:
         raise AssertionError(f"{kind}: the uninterrupted run is not two shuffled epochs of one sample set")
-    stops = (3, per_epoch, per_epoch + 3)  # mid-epoch, after the epoch's last batch, in the next epoch
-    jobs, before, positions = [], {}, {}
-    for k in stops:
+    jobs, before = [], {}
+    for k in (3, per_epoch, per_epoch + 3):  # mid-epoch, after the epoch's last batch, in the next epoch
         loader = make_loader(kind, root, options)
         before[k] = take(kind, loader, k)
         state = json.loads(json.dumps(loader.state_dict()))  # as a training checkpoint stores it
-        positions[k] = (state["kind"], state["version"], state["epoch"], state["batch"])
         jobs.append({"kind": kind, "root": root, "options": options, "state": state, "batches": total - k})
-    rows = []
-    for k, job, result in zip(stops, jobs, run_in_new_process(jobs)):
-        after = result["records"]
-        interrupted = epoch_keys(before[k] + after)[0]
-        rows.append({"pipeline": kind, "before": k, "after": total - k, "position": positions[k],
-                     "equal": before[k] == reference[:k] and after == reference[k:],
+    return kind, reference, jobs, before
+
+
+def _judge(kind: str, reference: list, jobs: list[dict], before: dict, results: list[dict]) -> list[dict]:
+    """The rows of ``check_resume`` from the resumed loaders' ``results``."""
+    epochs, rows = epoch_keys(reference), []
+    for (k, head), job, result in zip(before.items(), jobs, results):
+        after, state = result["records"], job["state"]
+        interrupted = epoch_keys(head + after)[0]
+        rows.append({"pipeline": kind, "before": k, "after": job["batches"],
+                     "position": (state["kind"], state["version"], state["epoch"], state["batch"]),
+                     "equal": head == reference[:k] and after == reference[k:],
                      "epoch_once": Counter(interrupted) == Counter(epochs[0]) and len(set(interrupted)) == len(interrupted),
-                     "state_bytes": len(json.dumps(job["state"])), "restore_s": result["restore_s"]})
+                     "state_bytes": len(json.dumps(state)), "restore_s": result["restore_s"]})
     return rows
 
 

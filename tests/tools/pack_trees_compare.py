@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
-from tests.benchmarks.bench_scale import SAMPLE_EVERY_S, SHARDWRITER_SCRIPT, memory, tree_pids, usable_cpus
+from tests.benchmarks.bench_scale import SHARDWRITER_SCRIPT, run_tree, usable_cpus
 
 # `python -m repack ...` with the driver's own CPU seconds and its reaped workers' on stderr, last line
 CPU_SPLIT = r"""
@@ -39,34 +34,12 @@ runpy.run_module("repack", run_name="__main__")
 
 
 def measured(cmd: list[str], cwd: str, env: dict | None = None) -> dict:
-    """Run ``cmd``; its wall and CPU seconds, peak summed RSS/PSS (MB), and the CPU split it printed."""
-    os.sync()
-    with tempfile.TemporaryFile() as err:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **(env or {})})
-        peak, done = [0, 0], threading.Event()
-
-        def sample() -> None:
-            while not done.wait(SAMPLE_EVERY_S):
-                sizes = [memory(pid) for pid in tree_pids(proc.pid)]
-                peak[0] = max(peak[0], sum(r for r, _ in sizes))
-                peak[1] = max(peak[1], sum(p for _, p in sizes))
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        proc.wait()
-        wall = time.perf_counter() - started
-        done.set()
-        sampler.join()
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        err.seek(0)
-        text = err.read().decode(errors="replace")
-    if proc.returncode:
-        raise RuntimeError(f"{cmd[:4]} ... exited {proc.returncode}: {text[-2000:]}")
-    split = next((json.loads(line[4:]) for line in text.splitlines() if line.startswith("CPU {")), {})
-    return {"wall_s": round(wall, 2), "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2),
-            **split, "rss_mb": round(peak[0] / 1e6), "pss_mb": round(peak[1] / 1e6)}
+    """Run ``cmd`` (``bench_scale.run_tree``): its wall and CPU seconds, peak summed RSS/PSS (MB), and
+    the CPU split it printed."""
+    run = run_tree(cmd, quiet_stdout=True, cwd=cwd, env=env)
+    split = next((json.loads(line[4:]) for line in run.stderr.splitlines() if line.startswith("CPU {")), {})
+    return {"wall_s": round(run.wall, 2), "cpu_s": round(run.cpu, 2), **split,
+            "rss_mb": round(run.peak_rss / 1e6), "pss_mb": round(run.peak_pss / 1e6)}
 
 
 def main(src: str, work: str, trees: dict[str, str]) -> None:
