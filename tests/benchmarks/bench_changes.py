@@ -3,6 +3,7 @@ full pack of the same tiny files (same run, same machine), and the job state's b
 
     python -m tests.benchmarks.bench_changes [--files 100000] [--work DIR]
     python -m tests.benchmarks.bench_changes --select 1000000   # the --append comparison alone, in memory
+    python -m tests.benchmarks.bench_changes --record OUT SOURCE  # reading OUT's record, comparing a scan
 
 N tiny JPEGs (32x32, ~1.1 KB, 100 class folders) are generated under a temporary folder (deleted at the
 end). Each step runs ``python -m repack`` as a user would; wall and CPU seconds (user + sys of the
@@ -120,12 +121,46 @@ def select_at(count: int) -> None:
           f"{done - begun:.2f} s")
 
 
+def record_parts(out: str, source: str) -> None:
+    """Driver CPU seconds (best of 3, in this process) of what an append and a remove of OUT do in proportion
+    to the dataset: read the published version's record, and compare SOURCE's scan with it."""
+    import numpy as np
+
+    from repack.lifecycle.input_record import dataset_record, select_new_rows
+    from repack.lifecycle.publish import current_version
+    from repack.sources import scan_source
+    from repack.store import open_store
+
+    def best(call):
+        times = []
+        for _ in range(3):
+            started = time.process_time()
+            result = call()
+            times.append(time.process_time() - started)
+        return min(times), result
+
+    store = open_store(out)
+    current, _ = current_version(store)
+    took, known = best(lambda: dataset_record(store, current))
+    items = scan_source(source, list_file=False).items
+    compared, chosen = best(lambda: select_new_rows(items.rels, np.asarray(items.sizes), np.asarray(items.mtimes),
+                                                   known, lambda row: None))
+    number = current.get("dataset_version", {}).get("number", 1)
+    print(f"record of version {number} ({len(known)} inputs): {took:.3f} CPU-s; select_new_rows of {len(items)} "
+          f"scanned: {compared:.3f} CPU-s ({len(chosen.new)} new)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--work", default=None, help="folder for the generated files (default: a temp folder)")
     parser.add_argument("--select", type=int, default=0, help="only time select_new against a record of N inputs")
+    parser.add_argument("--record", nargs=2, metavar=("OUT", "SOURCE"),
+                        help="only time reading OUT's record and comparing SOURCE's scan with it (driver CPU)")
     args = parser.parse_args()
+    if args.record:
+        record_parts(*args.record)
+        return
     if args.select:
         select_at(args.select)
         return
