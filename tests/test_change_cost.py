@@ -113,6 +113,30 @@ def test_the_first_record_comes_from_the_plan_columns_not_an_entry_per_input(tmp
     assert record.position.tolist() == [keys[rel] for rel in rels]
 
 
+def test_the_first_record_places_each_digest_by_position_without_a_str_per_input(tmp_path, monkeypatch):
+    """Version 1's record (the plan's columns plus the task records' digests) decodes no rel: each unit's
+    digests follow its planned inputs less its quarantined ones, placed by sample position; the names are
+    the tasks' blobs cut as one byte matrix. A quarantined input in a unit keeps the others' digests in
+    place."""
+    from repack.jobs import record_columns, task_inputs
+    from repack.lifecycle.input_record import dataset_record
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    (src / "cat" / "c1.jpg").write_bytes(b"not a jpeg")  # quarantined inside the first shard
+    run_repack("images", src, out, "--shard-size", "4", "--chunk-size", "2", "--quiet")
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("a rel decoded into a str for the record")
+
+    monkeypatch.setattr(task_inputs, "split_names", decoded)
+    monkeypatch.setattr(record_columns, "input_rels", decoded)
+    record = dataset_record(open_store(str(out)), read_manifest_json(out))
+    files = sorted(p for p in src.rglob("*.jpg"))
+    assert decode_names(record.names) == [p.relative_to(src).as_posix() for p in files]
+    assert [record.hex_digest(i) for i in range(len(files))] == [
+        None if p.name == "c1.jpg" else hashlib.sha256(p.read_bytes()).hexdigest() for p in files]
+
+
 def test_remove_rewrites_every_hit_shard_from_byte_ranges_with_a_column_built_index(tmp_path):
     src, out = make_source(tmp_path / "src"), tmp_path / "out"
     run_repack("images", src, out, "--shard-size", "3", "--quiet")

@@ -30,7 +30,7 @@ import zlib
 
 import numpy as np
 
-from repack.sources.columns import split_names
+from repack.sources.columns import join_names, split_names
 
 _NOT_SLUG = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -86,6 +86,15 @@ def input_rels(payload: dict) -> list[str]:
     if "relz" in inputs:
         return split_names(unpack_column(inputs["relz"]))
     return list(inputs["rel"])
+
+
+def input_names_blob(payload: dict) -> bytes:
+    """The rels of a task payload's inputs as one names blob (each followed by a NUL), in order: a column
+    payload's ``relz`` as it is stored, without a str per input."""
+    inputs = payload.get("inputs", ())
+    if isinstance(inputs, dict) and "relz" in inputs:
+        return unpack_column(inputs["relz"])
+    return join_names(input_rels(payload))
 
 
 def fingerprint_rows(payload: dict) -> np.ndarray | None:

@@ -37,7 +37,7 @@ from typing import Callable
 from repack.config import EngineOptions
 from repack.errors import NothingPackedError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
-from repack.lifecycle.input_record import append_delta, dataset_record, task_digests, write_known
+from repack.lifecycle.input_record import append_delta, dataset_record, write_known
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish, remove_prefix,
                                       warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
@@ -122,7 +122,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
         plan = read_plan(job.store)
         shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
                   for shard in staged["shards"]]
-        delta = append_delta(plan, known, task_digests(job.store, plan=plan))
+        delta = append_delta(job.store, plan, known)
         write_inputs_record(store, number, known, delta)
         body = appender.merge(current, staged, shards)
         if appender.side_files is not None:

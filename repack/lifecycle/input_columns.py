@@ -49,11 +49,24 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 def encode_names(names) -> np.ndarray:
-    """A fixed-width bytes array (dtype ``S``) of ``names`` (str, utf-8 with surrogateescape)."""
-    encoded = [name.encode("utf-8", "surrogateescape") for name in names]
-    if encoded and (b"\0" in b"".join(encoded) or not min(map(len, encoded))):
+    """A fixed-width bytes array (dtype ``S``) of ``names`` (str, utf-8 with surrogateescape): joined and
+    encoded in one call, then cut as a byte matrix (``names_of_blob``), no bytes object per name."""
+    names = names if isinstance(names, list) else list(names)
+    if not names:
+        return np.array([], dtype="S1")
+    blob = ("\0".join(names) + "\0").encode("utf-8", "surrogateescape")
+    if blob.count(0) != len(names):
         raise UsageError("an input name is empty or holds a NUL byte; it cannot be recorded")
-    return np.array(encoded, dtype=bytes) if encoded else np.array([], dtype="S1")
+    return names_of_blob(blob)
+
+
+def names_of_blob(blob: bytes) -> np.ndarray:
+    """The ``S`` array of a names blob (each name followed by one NUL, as a scan's ``InputTable.names`` and
+    a plan's ``relz`` hold them); UsageError for an empty name."""
+    try:
+        return _unblob(np.frombuffer(blob, np.uint8), "an input name")
+    except ValueError as exc:
+        raise UsageError(f"{exc}; it cannot be recorded") from None
 
 
 def decode_names(names: np.ndarray) -> list[str]:
@@ -116,12 +129,12 @@ def with_quarantined(record: InputColumns, sources) -> InputColumns:
                                if sources else np.array([], dtype="S1"))
 
 
-def with_digests(record: InputColumns, rels: list[str], raw: bytes) -> InputColumns:
-    """``record`` with the sha256 of ``rels`` set from ``raw`` (their 32-byte digests joined, in order; a
-    later rel wins); rels the record does not hold are left out."""
-    if not rels:
+def with_digests(record: InputColumns, rels, raw: bytes) -> InputColumns:
+    """``record`` with the sha256 of ``rels`` (str, or an ``S`` array) set from ``raw`` (their 32-byte
+    digests joined, in order; a later rel wins); rels the record does not hold are left out."""
+    if not len(rels):
         return record
-    rows, found = record.find(encode_names(rels))
+    rows, found = record.find(rels if isinstance(rels, np.ndarray) else encode_names(rels))
     digests = np.frombuffer(raw, np.uint8, 32 * len(rels)).reshape(len(rels), 32)
     sha, has = record.sha256.copy(), record.has_sha256.copy()
     sha[rows[found]] = digests[found]
@@ -133,10 +146,13 @@ def empty_columns(next_position: int = 0) -> InputColumns:
     return build_columns([], [], [], [], {}, next_position)
 
 
-def build_columns(names: list[str], sizes, mtimes, positions, digests: dict[str, str],
+def build_columns(names, sizes, mtimes, positions, digests: dict[str, str],
                   next_position: int, removed=()) -> InputColumns:
-    """Columns of the given inputs (a later duplicate of a name wins); ``digests``: {rel: hex sha256}."""
-    order_names = encode_names(names)
+    """Columns of the given inputs (``names``: str, or an ``S`` array; a later duplicate of a name wins);
+    ``digests``: {rel: hex sha256}."""
+    order_names = names if isinstance(names, np.ndarray) else encode_names(names)
+    if digests:
+        names = decode_names(order_names) if isinstance(names, np.ndarray) else names
     size = np.asarray(sizes, dtype=np.int64).reshape(-1)
     mtime = np.asarray(mtimes, dtype=np.int64).reshape(-1)
     position = np.asarray(positions, dtype=np.int64).reshape(-1)

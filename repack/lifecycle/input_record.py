@@ -14,8 +14,10 @@ name: a file never gets two samples. A known rel that was quarantined is planned
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ import numpy as np
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.jobs.record_columns import state_digest_columns
+from repack.jobs.task_inputs import input_count
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, empty_columns, encode_names, from_bytes, merged,
                                             to_bytes, with_digests, with_quarantined)
 from repack.lifecycle.publish import known_inputs, plan_inputs, read_inputs_record
@@ -41,6 +44,60 @@ def task_digests(store, state: str = STATE_DIR, plan: Plan | None = None) -> tup
     """(rels, their raw sha256 digests joined) from the task records under ``state``/tasks/ (the tasks that
     hash their inputs; ``plan``: the state's plan, when read already)."""
     return state_digest_columns(store, state, plan)
+
+
+def plan_record(store, plan: Plan, next_position: int = 0, state: str = STATE_DIR) -> InputColumns:
+    """The record of the inputs a job planned (``plan``, its state under ``state``): the plan's input
+    columns (``plan_inputs``) with the sha256 of each packed input from its task record. An image unit's
+    record holds its digests in plan order, one per planned input less the quarantined ones, so each
+    digest is placed by its input's sample position: no rel decoded or looked up. Any other record form
+    (text digest files, video ``digests`` pairs, entry-list payloads) is read by name (``task_digests``)."""
+    record = plan_inputs(plan, next_position)
+    by_position = np.argsort(record.position, kind="stable")
+    positions = record.position[by_position]
+    units = dict(plan.units)
+    units.update((task.task_id, (task,)) for task in plan.tasks)
+    sha, has = record.sha256.copy(), record.has_sha256.copy()
+    for rel in sorted(store.list_sizes(f"{state}/tasks/")):
+        if not rel.endswith(".json"):
+            continue
+        raw = store.read_bytes(rel)
+        try:
+            saved = json.loads(raw) if raw is not None else None
+        except ValueError:
+            continue
+        if not isinstance(saved, dict):
+            continue
+        tasks = units.get(rel.rsplit("/", 1)[-1][:-len(".json")])
+        if saved.get("digest_rows") or "digests" in saved or (
+                "sha256" in saved and (tasks is None or not all(map(_column_payload, tasks)))):
+            return with_digests(record, *task_digests(store, state, plan))  # a form placed by name
+        if "sha256" not in saved or tasks is None:
+            continue
+        planned = np.concatenate([int(t.payload["inputs"]["first"]) + np.arange(input_count(t.payload), dtype=np.int64)
+                                  for t in tasks])
+        refused = [q["source"] for q in saved.get("quarantine", ()) if isinstance(q, dict) and "source" in q]
+        if refused:
+            rows, found = record.find(encode_names(refused))
+            planned = planned[~np.isin(planned, record.position[rows[found]])]
+        try:
+            digests = base64.b64decode(saved["sha256"])
+        except (ValueError, TypeError):
+            continue
+        count = min(len(planned), len(digests) // 32)
+        at = np.searchsorted(positions, planned[:count])
+        if count and not np.array_equal(positions[at.clip(0, len(positions) - 1)], planned[:count]):
+            continue  # a record that does not match its plan: its inputs stay without a digest
+        rows = by_position[at]
+        sha[rows] = np.frombuffer(digests, np.uint8, 32 * count).reshape(count, 32)
+        has[rows] = True
+    return dataclasses.replace(record, sha256=sha, has_sha256=has)
+
+
+def _column_payload(task) -> bool:
+    """Whether a task's inputs are columns with a fingerprint column (``repack.jobs.task_inputs``)."""
+    inputs = task.payload.get("inputs")
+    return isinstance(inputs, dict) and ("fpz" in inputs or "fp3" in inputs) and "first" in inputs
 
 
 def dataset_record(store, current: dict) -> InputColumns:
@@ -62,14 +119,14 @@ def dataset_record(store, current: dict) -> InputColumns:
     plan = read_plan(store)
     if plan is None:
         return known_inputs(store, current)  # raises, naming what is missing
-    return with_digests(plan_inputs(plan, 0), *task_digests(store, plan=plan))
+    return plan_record(store, plan)
 
 
-def append_delta(plan: Plan, known: InputColumns, digests: tuple[list[str], bytes]) -> InputColumns:
+def append_delta(store, plan: Plan, known: InputColumns) -> InputColumns:
     """The rows version N+1 adds to ``known`` (its record is ``merged(known, delta)``): the inputs ``plan``
-    planned (their digests from its tasks: ``task_digests``), and the known inputs whose copy the plan
-    recognized by content (``plan.info["same_content"]``: their new fingerprints)."""
-    planned = with_digests(plan_inputs(plan, known.next_position), *digests)
+    (the staged job's, in ``store``) planned, with their digests (``plan_record``), and the known inputs
+    whose copy the plan recognized by content (``plan.info["same_content"]``: their new fingerprints)."""
+    planned = plan_record(store, plan, known.next_position)
     same = plan.info.get("same_content", {})
     if same:
         names = sorted(same)

@@ -33,11 +33,12 @@ import numpy as np
 
 from repack.errors import ConfinementError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, planned_entries, read_plan
-from repack.jobs.task_inputs import fingerprint_rows, input_rels
+from repack.jobs.task_inputs import fingerprint_rows, input_names_blob
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, build_columns, from_json_record, merged,
-                                            parse_record, record_depth, to_bytes)
+                                            names_of_blob, parse_record, record_depth, to_bytes)
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
+from repack.sources.columns import join_names
 
 REJECTED_DIR = f"{STATE_DIR}/rejected"
 
@@ -228,25 +229,25 @@ def known_inputs(store, current: dict) -> InputColumns:
 def plan_inputs(plan: Plan, next_position: int) -> InputColumns:
     """Every input planned in ``plan``: its fingerprint and sample position (no digests: ``with_digests``
     adds them); next_position past the plan's sample keys and ``next_position``. Read from the tasks'
-    input columns (``repack.jobs.task_inputs``) without an object per input; other payloads (entry
-    lists, text segments and tables) entry by entry."""
-    names: list[str] = []
+    input columns (``repack.jobs.task_inputs``: the names blobs joined and cut as one byte matrix) without
+    an object per input; other payloads (entry lists, text segments and tables) entry by entry."""
+    blobs: list[bytes] = []
     sizes: list[np.ndarray] = []
     mtimes: list[np.ndarray] = []
     positions: list[np.ndarray] = []
     for task in plan.tasks:
         fingerprints = fingerprint_rows(task.payload)
         if fingerprints is not None:
-            rels = input_rels(task.payload)
-            if len(rels) != len(fingerprints):
+            blob = input_names_blob(task.payload)
+            if blob.count(0) != len(fingerprints):
                 raise ValueError(f"task {task.task_id}: its input columns differ in length")
-            names += rels
+            blobs.append(blob)
             sizes.append(fingerprints[:, 0])
             mtimes.append(fingerprints[:, 1])
-            positions.append(int(task.payload["inputs"]["first"]) + np.arange(len(rels), dtype=np.int64))
+            positions.append(int(task.payload["inputs"]["first"]) + np.arange(len(fingerprints), dtype=np.int64))
             continue
         entries = list(planned_entries(task.payload))
-        names += [entry["rel"] for entry in entries]
+        blobs.append(join_names([entry["rel"] for entry in entries]))
         sizes.append(np.array([int(entry["fingerprint"][0]) for entry in entries], np.int64))
         mtimes.append(np.array([int(entry["fingerprint"][1]) if len(entry["fingerprint"]) > 1 else NO_MTIME
                                 for entry in entries], np.int64))
@@ -254,6 +255,8 @@ def plan_inputs(plan: Plan, next_position: int) -> InputColumns:
                                    for entry in entries], np.int64))
     position = np.concatenate(positions) if positions else np.zeros(0, np.int64)
     last = int(position.max(initial=-1))
+    blob = b"".join(blobs)
+    names = names_of_blob(blob) if blob else np.array([], dtype="S1")
     return build_columns(names, np.concatenate(sizes) if sizes else position, np.concatenate(mtimes) if mtimes else
                          position, position, {}, max(next_position, last + 1))
 
