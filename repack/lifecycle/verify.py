@@ -231,9 +231,8 @@ def check_unique_keys(files, manifest, key_hashes: list | None = None) -> list[s
 
     if key_hashes is None:
         key_hashes = [key_hashes_of(shard_keys(shard)) for shard in shards]
-    hashes = np.concatenate([np.zeros(0, np.uint64), *key_hashes])
-    values, counts = np.unique(hashes, return_counts=True)
-    suspects = values[counts > 1]
+    ordered = np.sort(np.concatenate([np.zeros(0, np.uint64), *key_hashes]))
+    suspects = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # hashes held more than once
     if not len(suspects):
         return []
     where: dict[str, list[str]] = {}
