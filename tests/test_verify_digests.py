@@ -5,6 +5,7 @@ a hashing process that dies leaves its shard "not checked", never passed."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import signal
@@ -12,6 +13,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from repack.lifecycle.verify_digests import EarlyDigests, early_files
 from repack.manifest import read_manifest
@@ -101,3 +104,58 @@ def holds(pid: int, path: Path) -> bool:
         return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return False
+
+
+# -- a part's lines checked in their canonical form (tar_check.canonical_lines) ------------------------
+def tar_of(samples: list[list[tuple[str, bytes]]]) -> tuple[bytes, bytes]:
+    """(tar, idx) as repack writes them for ``samples``: each a list of (member name, data)."""
+    from repack.sinks.tar_format import end_of_archive, index_text, ustar_header
+
+    body, lines = bytearray(), []
+    for members in samples:
+        line = []
+        for name, data in members:
+            body += ustar_header(name.encode(), len(data))
+            line.append((name.split(".", 1)[1], len(body), len(data), name))
+            body += data + bytes(-len(data) % 512)
+        lines.append(line)
+    return bytes(body) + end_of_archive(len(body)), index_text(lines).encode()
+
+
+def test_the_canonical_check_takes_mixed_first_exts_and_keys_of_any_length():
+    """The fast check answers yes for what repack writes when the first member's ext differs per sample
+    (jpg / png / a dotted ext) and keys differ in length, and its keys and offsets are the walk's."""
+    from repack.sinks.tar_check import check_against_index, parts_agree, check_part
+    from repack.sinks.tar_format import index_from_tar
+
+    samples = [[(f"{key}.{ext}", bytes(range(size % 256)) * (1 + size // 256)), (f"{key}.cls", b"7")]
+               for key, ext, size in (("a", "jpg", 700), ("bb-01", "png", 1), ("c" * 60, "seg.png", 513),
+                                      ("d_4", "jpg", 0), ("e", "webp", 1024))]
+    tar, idx = tar_of(samples)
+    assert idx.decode() == index_from_tar(io.BytesIO(tar))  # the index repack writes for this tar
+    found = check_against_index(tar, idx)
+    assert found is not None
+    assert [bytes(row).rstrip(b"\0").decode() for row in found.keys] == ["a", "bb-01", "c" * 60, "d_4", "e"]
+    assert found.offsets.tolist()[::2] == [int(line.split(" ")[1]) for line in idx.decode().splitlines()[1:]]
+    for parts in (2, 3, 5):
+        assert parts_agree([check_part(tar, idx, part, parts) for part in range(parts)])
+
+
+@pytest.mark.parametrize("edit", [
+    lambda idx: idx.replace(b"jpg 512 ", b"jpg 512  ", 1),  # two spaces
+    lambda idx: idx.replace(b" 1 bb-01.png", b" +1 bb-01.png", 1),  # a sign
+    lambda idx: idx.replace(b"bb-01.png cls", b"bb-01.PNG cls", 1),  # name and ext differ
+    lambda idx: idx.replace(b"bb-01.cls", b"bb-02.cls", 1),  # a member of another key on the line
+    lambda idx: idx.replace(b"d_4.jpg", b"d.4.jpg", 1).replace(b"d_4.cls", b"d.4.cls", 1),  # a dot in the key
+    lambda idx: idx.replace(b"\n", b"\r\n"),  # another line end
+])
+def test_a_line_that_is_not_canonical_gets_no_verdict(edit):
+    from repack.sinks.tar_check import check_against_index
+
+    samples = [[(f"{key}.{ext}", b"x" * size), (f"{key}.cls", b"7")]
+               for key, ext, size in (("a", "jpg", 700), ("bb-01", "png", 1), ("d_4", "jpg", 3))]
+    tar, idx = tar_of(samples)
+    assert check_against_index(tar, idx) is not None
+    changed = edit(idx)
+    assert changed != idx
+    assert check_against_index(tar, changed) is None
