@@ -17,12 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.lifecycle.foreign import check_foreign, foreign_kind
-from repack.lifecycle.verify_shards import check_shards
+from repack.lifecycle.verify_digests import EarlyDigests, early_files
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
 from repack.sinks import SINKS
 from repack.sinks.checks import sha256_file
-from repack.sinks.keys import index_keys
-from repack.sinks.keys import key_hashes as key_hashes_of
 from repack.store.files import open_files
 
 
@@ -49,7 +47,7 @@ def verify_report(location, version: int | None = None, workers: int | None = No
         manifest = files.manifest(version)
     except ManifestError as exc:
         return Report((str(exc),))
-    problems, key_hashes = check_all_contents(files, manifest, workers)
+    problems, key_hashes = check_all_contents(files, manifest, workers, start_digests(files, manifest, workers))
     listed = set(manifest.named_files())
     names = files.names()
     chain = check_versions(files, names, manifest.root)
@@ -143,12 +141,26 @@ def check_contents(files, manifest, workers: int | None = None) -> list[str]:
     return check_all_contents(files, manifest, workers)[0]
 
 
-def check_all_contents(files, manifest, workers: int | None = None) -> tuple[list[str], list]:
+def start_digests(files, manifest, workers: int | None) -> EarlyDigests | None:
+    """The tars of a local dataset hashed from now on, on processes forked before verify imports numpy
+    and the sinks (``verify_digests``); None for one worker or an object store (hashed while downloaded)."""
+    from repack.exec.cpus import available_cpus
+
+    workers = workers or available_cpus()
+    if files.remote or workers <= 1 or manifest.format not in SINKS:
+        return None
+    return EarlyDigests.start(early_files(manifest), workers)
+
+
+def check_all_contents(files, manifest, workers: int | None = None,
+                       early: EarlyDigests | None = None) -> tuple[list[str], list]:
     """(problems of every shard and side file in manifest order, each shard's sample key hashes), the
-    shards checked on ``workers`` processes (``verify_shards``)."""
+    shards checked on ``workers`` processes (``verify_shards``; ``early``: tars already being hashed)."""
+    from repack.lifecycle.verify_shards import check_shards
+
     if manifest.format not in SINKS:
         return [f"unknown format {manifest.format!r} in manifest"], []
-    checked = check_shards(files, manifest, workers)
+    checked = check_shards(files, manifest, workers, early)
     problems = [problem for found in checked.problems for problem in found]
     side = manifest.data.get("files", {})
     with files.local(list(side.values())) as (root, fetch_problems):
@@ -206,6 +218,9 @@ def check_unique_keys(files, manifest, key_hashes: list | None = None) -> list[s
     up again by name, so a report names real duplicates only."""
     import numpy as np
 
+    from repack.sinks.keys import index_keys
+    from repack.sinks.keys import key_hashes as key_hashes_of
+
     shards = manifest.data["shards"]
     if manifest.format != "webdataset" or not any(shard.get("index") for shard in shards):
         return []
@@ -216,9 +231,8 @@ def check_unique_keys(files, manifest, key_hashes: list | None = None) -> list[s
 
     if key_hashes is None:
         key_hashes = [key_hashes_of(shard_keys(shard)) for shard in shards]
-    hashes = np.concatenate([np.zeros(0, np.uint64), *key_hashes])
-    values, counts = np.unique(hashes, return_counts=True)
-    suspects = values[counts > 1]
+    ordered = np.sort(np.concatenate([np.zeros(0, np.uint64), *key_hashes]))
+    suspects = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # hashes held more than once
     if not len(suspects):
         return []
     where: dict[str, list[str]] = {}

@@ -28,8 +28,11 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+
+from repack.lifecycle.verify_digests import Died, EarlyDigests
 
 from repack.manifest.paths import PathEscapeError
 from repack.sinks import get_sink
@@ -48,8 +51,9 @@ class ShardsChecked:
     key_hashes: tuple[np.ndarray, ...]
 
 
-def check_shards(files, manifest, workers: int | None = None) -> ShardsChecked:
-    """Every shard of ``manifest`` checked through ``files`` (``LocalFiles`` or ``RemoteFiles``)."""
+def check_shards(files, manifest, workers: int | None = None, early: EarlyDigests | None = None) -> ShardsChecked:
+    """Every shard of ``manifest`` checked through ``files`` (``LocalFiles`` or ``RemoteFiles``); ``early``:
+    the tars already being hashed (``verify_digests``), whose digest tasks are not run again."""
     shards = manifest.data["shards"]
     escaped = {}
     for i, shard in enumerate(shards):
@@ -64,7 +68,11 @@ def check_shards(files, manifest, workers: int | None = None) -> ShardsChecked:
             if files.remote:
                 done = _fetched_then_checked(pool, files, manifest.format, [shards[i] for i in todo])
             else:
-                done = pool.check(manifest.format, [(str(files.root), shards[i]) for i in todo])
+                number = {shard: i for i, shard in enumerate(todo)}
+                queued = early.queued if early is not None else frozenset()
+                done = pool.check(manifest.format, [(str(files.root), shards[i]) for i in todo],
+                                  frozenset(number[i] for i in queued if i in number),
+                                  lambda: {number[i]: d for i, d in early.collect().items() if i in number})
     found = dict(escaped)
     found.update(zip(todo, done if todo else []))
     results = [found[i] for i in range(len(shards))]
@@ -164,12 +172,14 @@ class _Pool:
         else:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
-    def check(self, fmt: str, shards: list[tuple[str, dict]], digests: dict[int, str] | None = None) -> list[Checked]:
+    def check(self, fmt: str, shards: list[tuple[str, dict]], known: frozenset[int] = frozenset(),
+              digests: Callable[[], dict[int, str | None | Died]] = dict) -> list[Checked]:
         """Each (root, shard entry) checked: the planned tasks, then the whole check of every split shard
-        that did not pass. ``digests``: the sha256 of a shard's main file where it is known (by number)."""
+        that did not pass. ``known``: the shard numbers whose main file's sha256 comes from elsewhere,
+        ``digests()`` gives it once the first round is done (None: unreadable; ``Died``: its process died)."""
         entries = [shard for _, shard in shards]
-        digests = digests or {}
-        answers = self._run(fmt, shards, plan_tasks(fmt, entries, frozenset(digests)))
+        answers = self._run(fmt, shards, plan_tasks(fmt, entries, known))
+        outside = digests() if known else {}
         results: dict[int, Checked] = {}
         again = []
         for i, shard in enumerate(entries):
@@ -178,8 +188,11 @@ class _Pool:
                 results[i] = ([got], b"")
             elif got and got[0][0].kind == "whole":
                 results[i] = _whole(got[0][1])
+            elif isinstance(outside.get(i), Died):
+                results[i] = ([f"{shard['path']}: not checked: the process checking it died (its sha256: "
+                               f"{outside[i].reason})"], b"")
             else:
-                passed = _passed(fmt, shard, got, digests.get(i))
+                passed = _passed(fmt, shard, got, outside[i] if i in outside else _TASK)
                 if passed is None:
                     again.append(Task("whole", i))
                 else:
@@ -221,10 +234,14 @@ def _died(shard: dict, exc: BaseException) -> str:
     return f"{shard['path']}: not checked: the process checking it died ({exc})"
 
 
-def _passed(fmt: str, shard: dict, got: list, digest: str | None = None) -> bytes | None:
+_TASK = object()  # a shard's digest comes from its digest task
+
+
+def _passed(fmt: str, shard: dict, got: list, digest: str | None | object = _TASK) -> bytes | None:
     """The key hashes of a split shard whose digest (``digest``, else its digest task's) and parts pass
     its format's ``verify_split``; None when it does not pass (no verdict: check it whole)."""
-    digest = digest or next(json.loads(answer[0]) for task, answer in got if task.kind == "digest")
+    if digest is _TASK:
+        digest = next(json.loads(answer[0]) for task, answer in got if task.kind == "digest")
     parts = [(json.loads(answer[0]), answer[1])
              for task, answer in sorted(got, key=lambda pair: pair[0].part) if task.kind == "part"]
     if not get_sink(fmt).verify_split.passes(shard, parts, digest):
@@ -241,7 +258,7 @@ def _fetched_then_checked(pool: _Pool, files, fmt: str, shards: list[dict]) -> l
         rels = [shard["path"]] + [shard[side] for side in ("index", "checksums", "source_runs") if shard.get(side)]
         with files.fetched(rels) as (root, fetch_problems, digests):
             known = {0: digests[shard["path"]]} if shard["path"] in digests else {}
-            (problems, hashes), = pool.check(fmt, [(str(root), shard)], known)
+            (problems, hashes), = pool.check(fmt, [(str(root), shard)], frozenset(known), lambda: known)
             return fetch_problems + problems, hashes
 
     with ThreadPoolExecutor(max(1, min(files.threads, len(shards)))) as threads:

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from repack.manifest import ManifestError
-from repack.manifest.shard_index import IndexColumns, parse_index
 from repack.sinks.keys import row_hashes
 from repack.sinks.sample_checksums import HEADER, MAGIC, checksums_size, sample_crcs
 from repack.sinks.tar_format import (_HEADER_TEMPLATE, _TEMPLATE_SUM, BLOCK, INDEX_VERSION, MAX_MEMBER_SIZE,
@@ -137,11 +135,7 @@ def check_part(tar, index: bytes, part: int, parts: int, checksums: bytes | None
         empty = np.zeros(0, np.uint64)
         return PartCheck(count, first_sample, 0, 0, 0, 0, (), b"", b"", empty, np.zeros(0, np.int64),
                          np.zeros((0, 1), np.uint8))
-    try:
-        columns = parse_index(b"%s %d\n%s" % (INDEX_VERSION.encode(), samples, lines), "index")
-    except ManifestError:
-        return None
-    checked = _check_columns(data, columns, len(lines))
+    checked = _check_columns(data, lines, samples)
     if checked is None:
         return None
     offsets, sizes, per_sample, layout, keys, hashes = checked
@@ -180,59 +174,160 @@ def _ends(data: np.ndarray, end: int) -> bool:
     return len(data) == end + len(end_of_archive(end)) and not data[end:].any()
 
 
-def _check_columns(data: np.ndarray, columns: IndexColumns, text_bytes: int):
-    """(offsets, sizes, members per sample, layout, key rows, key hashes) when the parsed lines are
-    canonical (``text_bytes`` long) and name exactly the members of ``data`` at their offsets; else None."""
-    count, members = columns.samples, len(columns.ext)
-    per_sample = int(columns.first_member[1])
-    if not per_sample or np.any(np.diff(columns.first_member.astype(np.int64)) != per_sample):
+def _check_columns(data: np.ndarray, lines: bytes, samples: int):
+    """(offsets, sizes, members per sample, layout, key rows, key hashes) when ``lines`` (``samples``
+    whole lines) are canonical and name exactly the members of ``data`` at their offsets; else None."""
+    found = canonical_lines(lines, samples)
+    if found is None:
         return None
-    ok_pair, ext_lengths, tail_lengths = _name_tables(columns)
-    if not ok_pair[columns.suffix, columns.ext].all():
-        return None  # a name that is not the sample key + "." + the index's ext
-    keys = columns.keys
-    key_lengths = np.diff(columns.key_ends.astype(np.int64))
-    if not len(keys) or (key_lengths == 0).any() or (keys == _SLASH).any():
-        return None
-    offsets, sizes = columns.offset.astype(np.int64), columns.size.astype(np.int64)
-    name_lengths = key_lengths.repeat(per_sample) + tail_lengths[columns.suffix]
-    if int(name_lengths.max()) > MAX_NAME:
-        return None
-    # every token is followed by one separator; digits-only numbers are canonical when no longer than their value
-    canonical = int(ext_lengths[columns.ext].sum() + name_lengths.sum() + _digits(offsets).sum()
-                    + _digits(sizes).sum()) + 4 * members
-    if text_bytes != canonical or (sizes > MAX_MEMBER_SIZE).any():
-        return None
+    offsets, sizes, per_sample, layout, rows, names = found
     padded = sizes + (-sizes % BLOCK)
-    if not np.array_equal(offsets[1:], offsets[:-1] + padded[:-1] + BLOCK) or offsets[0] < BLOCK \
-            or offsets[-1] + padded[-1] + 2 * BLOCK > len(data):
+    if (sizes > MAX_MEMBER_SIZE).any() or offsets[0] < BLOCK or \
+            not np.array_equal(offsets[1:], offsets[:-1] + padded[:-1] + BLOCK) or \
+            offsets[-1] + padded[-1] + 2 * BLOCK > len(data):
         return None
-    ext_table = columns.ext.reshape(count, per_sample)
-    if not (ext_table[:, 1:] == ext_table[:1, 1:]).all():
-        return None
-    width = int(name_lengths.max())
-    names = columns.name_fields(np.arange(count).repeat(per_sample), np.arange(members), width)
     if not _headers_match(data, offsets, names, sizes):
         return None
-    rows = _key_rows(columns, key_lengths)
     hashes = row_hashes(rows)
     same = np.flatnonzero(hashes[1:] == hashes[:-1])
     if len(same) and (rows[same] == rows[same + 1]).all(axis=1).any():
         return None  # adjacent samples with one key
-    layout = tuple(columns.exts[int(code)] for code in ext_table[0, 1:])
     return offsets, sizes, per_sample, layout, rows, hashes
 
 
-def _name_tables(columns: IndexColumns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ok[suffix code, ext code]: the suffix is "." + that ext after the sample key, a flat name;
-    bytes of each ext; bytes of each suffix)."""
-    exts = [e.encode("ascii") for e in columns.exts]
-    ok = np.zeros((max(1, len(columns.suffixes)), max(1, len(exts))), bool)
-    for s, (keyed, tail) in enumerate(columns.suffixes):
-        for e, ext in enumerate(exts):
-            ok[s, e] = keyed and tail == b"." + ext and 0 < len(ext) <= MAX_NAME and b"/" not in ext
-    return (ok, np.array([len(e) for e in exts] or [0], np.int64),
-            np.array([len(t) for _, t in columns.suffixes] or [0], np.int64))
+def canonical_lines(lines: bytes, samples: int):
+    """(member offsets, sizes, members per sample, the exts after the first, key rows, name rows) of
+    ``samples`` index lines (``lines``: whole lines) when each is byte for byte what repack writes:
+    ``EXT OFFSET SIZE KEY.EXT`` per member, single spaces, one newline, the same members on every line
+    after the first (whose ext may differ per line), decimal numbers without leading zeros, keys without
+    ``.`` or ``/``, names of at most 100 bytes; else None. Rows are uint8, NUL padded. Each token is
+    compared where it lies in the text (numpy over columns of token positions, no parse into strings)."""
+    newline = lines.find(b"\n")
+    tokens = lines[:newline].split(b" ")
+    if newline < 0 or len(tokens) % 4 or not samples:
+        return None
+    per_sample = len(tokens) // 4
+    exts = tokens[0::4]
+    if any(not ext or b"/" in ext or len(ext) >= MAX_NAME for ext in exts):
+        return None
+    text = np.frombuffer(bytes(_PAD) + lines + bytes(_PAD), dtype=np.uint8)
+    body = text[_PAD:_PAD + len(lines)]
+    if body.max() > 126:
+        return None
+    seps = np.flatnonzero(body <= 32) + _PAD
+    width = 4 * per_sample
+    if len(seps) != samples * width:
+        return None
+    ends = seps.reshape(samples, width)
+    kinds = text[ends]
+    if not ((kinds[:, :-1] == 32).all() and (kinds[:, -1] == _NEWLINE).all()):
+        return None
+    starts = np.empty_like(ends)
+    starts.flat[0] = _PAD
+    starts.flat[1:] = seps[:-1] + 1
+    lengths = ends - starts
+    first_ext, first_codes = _first_exts(text, starts[:, 0], lengths[:, 0], exts[0])
+    if first_ext is None:
+        return None
+    if any(not _all_equal(text, starts[:, 4 * j], lengths[:, 4 * j], exts[j]) for j in range(1, per_sample)):
+        return None
+    offsets, sizes = _decimals(text, starts[:, 1::4], lengths[:, 1::4]), _decimals(text, starts[:, 2::4], lengths[:, 2::4])
+    if offsets is None or sizes is None:
+        return None
+    # keys: the first name without "." + its ext; every name is the key + "." + its ext
+    suffix_lengths = np.array([len(ext) + 1 for ext in first_ext], np.int64)[first_codes]
+    key_lengths = lengths[:, 3] - suffix_lengths
+    if key_lengths.min() < 1 or key_lengths.max() >= MAX_NAME:
+        return None
+    keys = _rows(text, starts[:, 3], key_lengths)
+    if ((keys == _DOT) | (keys == _SLASH)).any():
+        return None
+    tails = [b"." + ext for ext in first_ext] + [b"." + ext for ext in exts[1:]]
+    codes = np.empty((samples, per_sample), np.int64)
+    codes[:, 0] = first_codes
+    codes[:, 1:] = len(first_ext) + np.arange(per_sample - 1)
+    tail_lengths = np.array([len(tail) for tail in tails], np.int64)
+    name_lengths = key_lengths[:, None] + tail_lengths[codes]
+    if name_lengths.max() > MAX_NAME or not np.array_equal(name_lengths, lengths[:, 3::4]):
+        return None
+    names = _names(keys, key_lengths, tails, codes)
+    if not np.array_equal(_rows(text, starts[:, 3::4].ravel(), name_lengths.ravel(), names.shape[1]), names):
+        return None
+    return offsets, sizes, per_sample, tuple(ext.decode() for ext in exts[1:]), keys, names
+
+
+_PAD = 2 * MAX_NAME  # zero bytes around the text: a row taken at or before any token stays inside
+_NEWLINE = 10
+
+
+def _rows(text: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int | None = None) -> np.ndarray:
+    """The bytes of the tokens at ``starts`` (each ``lengths`` long) as uint8 rows, NUL padded to
+    ``width`` (default: the longest)."""
+    width = int(lengths.max()) if width is None else width
+    window = np.lib.stride_tricks.as_strided(text, shape=(len(text) - width + 1, width), strides=(1, 1),
+                                             writeable=False)
+    rows = window[starts]
+    rows[np.arange(width) >= lengths[:, None]] = 0
+    return rows
+
+
+def _all_equal(text: np.ndarray, starts: np.ndarray, lengths: np.ndarray, token: bytes) -> bool:
+    """Every token at ``starts`` is ``token``."""
+    if not (lengths == len(token)).all():
+        return False
+    return all((text[starts + at] == byte).all() for at, byte in enumerate(token))
+
+
+def _first_exts(text: np.ndarray, starts: np.ndarray, lengths: np.ndarray, first: bytes):
+    """(the distinct exts of the lines' first members, each line's code among them), or (None, None)
+    when one is not a flat ext."""
+    if _all_equal(text, starts, lengths, first):
+        return [first], np.zeros(len(starts), np.int64)
+    if lengths.max() >= MAX_NAME:
+        return None, None
+    rows = _rows(text, starts, lengths)
+    table, codes = np.unique(rows, axis=0, return_inverse=True)
+    exts = [bytes(row).rstrip(b"\0") for row in table]
+    if any(not ext or b"/" in ext or len(ext) >= MAX_NAME for ext in exts):
+        return None, None
+    return exts, codes.ravel().astype(np.int64)
+
+
+def _decimals(text: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+    """The values of decimal tokens written as repack writes them (1 to 18 digits, no leading zero);
+    None when one is not. Each token is read as the row of the ``width`` bytes that end where it ends
+    (right-aligned: the bytes before it count as zeros), one matrix product with the powers of ten."""
+    starts, lengths = starts.ravel(), lengths.ravel()
+    width = int(lengths.max())
+    if width > _MAX_DIGITS or ((text[starts] == _ZERO) & (lengths > 1)).any():
+        return None
+    window = np.lib.stride_tricks.as_strided(text, shape=(len(text) - width + 1, width), strides=(1, 1),
+                                             writeable=False)
+    digits = window[starts + lengths - width] - np.uint8(_ZERO)  # a byte that is not a digit wraps above 9
+    digits[np.arange(width - 1, -1, -1) >= lengths[:, None]] = 0
+    if digits.max() > 9:
+        return None
+    return digits.astype(np.int64) @ 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
+
+
+_MAX_DIGITS = 18
+
+
+def _names(keys: np.ndarray, key_lengths: np.ndarray, tails: list[bytes], codes: np.ndarray) -> np.ndarray:
+    """Each member's name (the sample's key + its tail) as a uint8 row, NUL padded: one row per member,
+    the samples' members in order."""
+    samples, per_sample = codes.shape
+    tail_table = np.zeros((len(tails), max(map(len, tails))), np.uint8)
+    for code, tail in enumerate(tails):
+        tail_table[code, :len(tail)] = np.frombuffer(tail, np.uint8)
+    width = int(key_lengths.max()) + tail_table.shape[1]
+    names = np.zeros((samples, per_sample, width), np.uint8)
+    distinct = np.unique(key_lengths).tolist()
+    for length in distinct:
+        at = np.flatnonzero(key_lengths == length) if len(distinct) > 1 else slice(None)
+        names[at, :, :length] = keys[at, None, :length]
+        names[at, :, length:length + tail_table.shape[1]] = tail_table[codes[at]]
+    return names.reshape(samples * per_sample, width)
 
 
 _ROWS = 2048  # headers compared at a time: the working rows stay in the CPU's cache
@@ -262,17 +357,6 @@ def _headers_match(data: np.ndarray, offsets: np.ndarray, names: np.ndarray, siz
     return True
 
 
-def _key_rows(columns: IndexColumns, key_lengths: np.ndarray) -> np.ndarray:
-    """Each sample's key as a uint8 row, NUL padded to the longest."""
-    width = int(key_lengths.max())
-    if columns.key_width == width:
-        return columns.keys.reshape(-1, width)
-    rows = np.zeros((len(key_lengths), width), np.uint8)
-    live = np.arange(width) < key_lengths[:, None]
-    rows[live] = columns.keys
-    return rows
-
-
 def _crcs_match(checksums: bytes, tar, offsets: np.ndarray, sizes: np.ndarray, per_sample: int,
                 first_sample: int, count: int, first_part: bool) -> bool:
     """The part's samples' crc32s are their entries in the ``.crc`` file (and, for the first part, the
@@ -284,8 +368,3 @@ def _crcs_match(checksums: bytes, tar, offsets: np.ndarray, sizes: np.ndarray, p
     samples = len(offsets) // per_sample
     stored = np.frombuffer(checksums, dtype="<u4", count=samples, offset=HEADER.size + 4 * first_sample)
     return bool(np.array_equal(sample_crcs(tar, offsets, sizes, per_sample), stored))
-
-
-def _digits(values: np.ndarray) -> np.ndarray:
-    """How many decimal digits each of ``values`` (below 10**18) is written with."""
-    return np.searchsorted(10 ** np.arange(1, 19, dtype=np.int64), values, side="right") + 1
