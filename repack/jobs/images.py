@@ -157,7 +157,7 @@ class CombinedRecord:
         self.inputs = 0
         self.chunks = 0
         self.digests = bytearray()  # raw sha256 of the packed inputs, in plan order
-        self.times: list[list[np.ndarray]] = [[], []]  # read and check microseconds, one array per chunk
+        self.times = (array("q"), array("q"))  # read and check microseconds
         self.profile: dict[str, dict[str, int]] = {name: {} for name in PROFILE_COUNTS}
         self.normalize: dict | None = None
 
@@ -170,7 +170,7 @@ class CombinedRecord:
         self.chunks += 1
         self.digests += base64.b64decode(record["sha256"])
         for column, values in zip(self.times, unpack_times(record["timing"]["us"], 2)):
-            column.append(values)
+            column.frombytes(values.astype(np.int64).tobytes())
         for name, counts in self.profile.items():
             _add_counts(counts, record["profile"][name])
         if "normalize" in record:
@@ -184,8 +184,7 @@ class CombinedRecord:
         combined = {"shard": shard, "outputs": outputs, "quarantine": self.quarantine, "inputs": self.inputs,
                     "formats": self.formats, "sha256": base64.b64encode(self.digests).decode("ascii"),
                     "profile": self.profile,
-                    "timing": {"us": pack_times(*(np.concatenate(c) if c else np.zeros(0, np.int64)
-                                                  for c in self.times)), "slowest": self.slowest},
+                    "timing": {"us": pack_times(*self.times), "slowest": self.slowest},
                     "chunks": self.chunks}
         if self.normalize is not None:
             combined["normalize"] = self.normalize
