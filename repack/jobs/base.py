@@ -82,9 +82,15 @@ class Plan:
         (at 10M inputs that text is ~700 MB)."""
         yield b'{"info":' + dumps_canonical(self.info)[:-1] + b',"quarantine":' + \
             dumps_canonical(list(self.quarantine))[:-1] + b',"tasks":['
-        for number, task in enumerate(self.tasks):
-            yield (b"," if number else b"") + dumps_canonical(task.to_json())[:-1]
+        for number, text in enumerate(self.task_texts):
+            yield (b"," if number else b"") + text
         yield b"]}\n"
+
+    @cached_property
+    def task_texts(self) -> tuple[bytes, ...]:
+        """Each task's canonical JSON (no newline), encoded once: the digest, the saved plan and the
+        executor's calls all use these (a task's payload columns are its largest part)."""
+        return tuple(dumps_canonical(task.to_json())[:-1] for task in self.tasks)
 
     @cached_property
     def digest(self) -> str:

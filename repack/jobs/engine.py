@@ -116,7 +116,7 @@ def load_job(name: str, spec_json: str) -> Job:
     return cls(cls.spec_type.from_json(spec_json))
 
 
-def execute_task(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False,
+def execute_task(job_name: str, spec_json: str, task_json: str | bytes, plan_digest: str, share_pieces: bool = False,
                  place_segments: bool = False, run: str = "") -> str:
     """Run one task anywhere (pool worker, Ray worker, static partition) and persist its record.
     ``share_pieces``: publish a chunk's pieces to the store too (Ray: the group is assembled by a
@@ -570,7 +570,10 @@ class Engine:
             temps = {t.task_id for t in todo} | set(unfinished)  # chunks and unfinished assemblies
             self._clean_temps(temps)
             try:
-                failures = self._execute(executor, mine, todo, digest, records, chunk_records)
+                texts = dict(zip((t.task_id for t in plan.tasks), plan.task_texts))  # encoded once, for the digest
+                failures = self._execute(executor, mine, todo, digest, records, chunk_records,
+                                         [texts[t.task_id] for t in todo])
+                del texts
             except Interrupted:
                 self._clean_temps(temps)  # the workers and assemblies are stopped: their temps go
                 raise
@@ -635,8 +638,9 @@ class Engine:
                                   "inspection); re-run without --strict to publish it (nothing is redone)")
 
     def _execute(self, executor, units, todo: list[Task], digest: str, records: dict,
-                 chunk_records: dict) -> list[TaskFailure]:
+                 chunk_records: dict, texts: list[bytes]) -> list[TaskFailure]:
         """Run ``todo`` on the executor; assemble each group of ``units`` as soon as its chunks are done.
+        ``texts``: each todo task's canonical JSON (``Plan.task_texts``), what a worker is sent.
 
         Fills ``records`` (unit id -> record); returns the failures."""
         opts = self.options
@@ -644,8 +648,9 @@ class Engine:
         share_pieces = self.job.store.remote and opts.executor == "ray"
         same_host = getattr(executor, "same_host", False)  # its workers share the driver's disk and page cache
         lanes = -(-(opts.workers or available_cpus()) // WRITERS_PER_GROUP)
+        text_of = dict(zip((t.task_id for t in todo), texts))
         todo = dispatch_order(todo, lanes)
-        calls = [(self.job.name, spec_json, json.dumps(t.to_json()), digest, share_pieces, same_host, self.run_id)
+        calls = [(self.job.name, spec_json, text_of.pop(t.task_id), digest, share_pieces, same_host, self.run_id)
                  for t in todo]
         units_of = {t.task_id: self.job.task_units(t) for t in todo}
         group_tasks = {uid: tasks for uid, tasks in units if tasks[0].group and records[uid] is None}

@@ -59,8 +59,7 @@ from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.image_plan import InputColumns, PayloadWriter, cut_runs, sample_bounds, sample_expected
 from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - sample_key: imported from here by the video job
 from repack.lifecycle.input_record import load_known, select_new, select_new_rows
-from repack.jobs.record_columns import (join_digests, join_times, pack_digests, pack_times, packed_rels,
-                                        unpack_times)
+from repack.jobs.record_columns import pack_digests, pack_times, packed_rels, unpack_times
 from repack.jobs.stats import bucket_edges, histogram, merge_counts, merge_slowest, percentiles
 from repack.jobs.summary import quarantine_lines
 from repack.sinks import get_sink
@@ -146,29 +145,58 @@ def duplicate_report(groups: list[dict], dropped: int) -> dict:
             "list": groups}
 
 
-def combine_records(records: list[dict], shard: dict | None, outputs: list[dict]) -> dict:
-    """One record for a shard assembled from its chunks' records (in plan order)."""
-    formats: dict[str, int] = {}
-    for r in records:
-        for ext, n in r["formats"].items():
-            formats[ext] = formats.get(ext, 0) + n
-    slowest: list[dict] = []
-    for r in records:
-        slowest = merge_slowest(slowest, r["timing"]["slowest"], SLOWEST_N)
-    combined = {"shard": shard, "outputs": outputs, "quarantine": [q for r in records for q in r["quarantine"]],
-                "inputs": sum(r["inputs"] for r in records), "formats": formats,
-                "sha256": join_digests([r["sha256"] for r in records]),
-                "profile": {name: merge_counts(r["profile"][name] for r in records)
-                            for name in ("bytes", "width", "height", "classes")},
-                "timing": {"us": join_times([r["timing"]["us"] for r in records], 2), "slowest": slowest},
-                "chunks": len(records)}
-    if "normalize" in records[0]:
-        reasons: dict[str, int] = {}
-        for r in records:
-            for reason, n in r["normalize"]["reasons"].items():
-                reasons[reason] = reasons.get(reason, 0) + n
-        combined["normalize"] = {"converted": sum(r["normalize"]["converted"] for r in records), "reasons": reasons}
-    return combined
+class CombinedRecord:
+    """A shard's record built from its chunks' records as they arrive, in plan order (``add``), so that
+    neither a chunk record nor its per-sample columns outlive its turn: the digests and times are joined
+    into growing columns, the counts summed, the slowest merged; ``record`` encodes the result."""
+
+    def __init__(self) -> None:
+        self.formats: dict[str, int] = {}
+        self.slowest: list[dict] = []
+        self.quarantine: list[dict] = []
+        self.inputs = 0
+        self.chunks = 0
+        self.digests = bytearray()  # raw sha256 of the packed inputs, in plan order
+        self.times = (array("q"), array("q"))  # read and check microseconds
+        self.profile: dict[str, dict[str, int]] = {name: {} for name in PROFILE_COUNTS}
+        self.normalize: dict | None = None
+
+    def add(self, record: dict) -> None:
+        """Fold one chunk record in (the next in plan order)."""
+        _add_counts(self.formats, record["formats"])
+        self.slowest = merge_slowest(self.slowest, record["timing"]["slowest"], SLOWEST_N)
+        self.quarantine.extend(record["quarantine"])
+        self.inputs += record["inputs"]
+        self.chunks += 1
+        self.digests += base64.b64decode(record["sha256"])
+        for column, values in zip(self.times, unpack_times(record["timing"]["us"], 2)):
+            column.frombytes(values.astype(np.int64).tobytes())
+        for name, counts in self.profile.items():
+            _add_counts(counts, record["profile"][name])
+        if "normalize" in record:
+            if self.normalize is None:
+                self.normalize = {"converted": 0, "reasons": {}}
+            self.normalize["converted"] += record["normalize"]["converted"]
+            _add_counts(self.normalize["reasons"], record["normalize"]["reasons"])
+
+    def record(self, shard: dict | None, outputs: list[dict]) -> dict:
+        """The shard's record: the chunk records' fields joined (columns), summed (counts) or merged."""
+        combined = {"shard": shard, "outputs": outputs, "quarantine": self.quarantine, "inputs": self.inputs,
+                    "formats": self.formats, "sha256": base64.b64encode(self.digests).decode("ascii"),
+                    "profile": self.profile,
+                    "timing": {"us": pack_times(*self.times), "slowest": self.slowest},
+                    "chunks": self.chunks}
+        if self.normalize is not None:
+            combined["normalize"] = self.normalize
+        return combined
+
+
+PROFILE_COUNTS = ("bytes", "width", "height", "classes")  # a record's profile histograms, summed over chunks
+
+
+def _add_counts(total: dict[str, int], counts: dict[str, int]) -> None:
+    for key, n in counts.items():
+        total[key] = total.get(key, 0) + n
 
 
 class PackedColumns:
@@ -214,18 +242,21 @@ class ShardAssembly:
     def __init__(self, job: "ImagesJob", group: str) -> None:
         self.job = job
         self.builder = job.sink.open_assembler(job.out, group, job.shared_shard(group))
-        self.records: list[dict] = []
+        self.combined = CombinedRecord()
+        self.segments: dict[str, dict] = {}  # where each chunk went
 
     def add(self, record: dict) -> None:
+        """Append the next chunk's segment and fold its record in; nothing of the record is kept beyond
+        its summary (its index lines and checksums are in the builder's columns)."""
         piece = record["segment"]
         self.builder.add_segment(self.job.out / SEGMENTS_DIR / piece["name"], piece)
-        self.records.append(record)
+        self.combined.add(record)
+        self.segments[record["task_id"]] = {k: v for k, v in piece.items() if k in SEGMENT_SUMMARY}
 
     def finish(self) -> dict:
         shard = self.builder.commit()
-        combined = combine_records(self.records, shard, self.job.sink.outputs(shard) if shard else [])
-        combined["segments"] = {r["task_id"]: {k: v for k, v in r["segment"].items() if k in SEGMENT_SUMMARY}
-                                for r in self.records}  # where each chunk went
+        combined = self.combined.record(shard, self.job.sink.outputs(shard) if shard else [])
+        combined["segments"] = self.segments
         return combined
 
     def abort(self) -> None:
@@ -526,23 +557,28 @@ def _time_histogram(read_us: np.ndarray, check_us: np.ndarray) -> list[dict]:
 
 def _packed_duplicates(plan: Plan, records: list[dict]) -> list[dict]:
     """Groups of packed inputs with equal content (sha256; first = kept), from the records' digest columns:
-    found on the whole column at once, paired with rels only for the units that hold one."""
+    candidates are the digests whose first 8 bytes repeat (one uint64 column sorted, not the 32-byte
+    digests: a quarter of the memory and a fraction of the sort on the tail of the job), paired with rels
+    only for the units that hold one; a candidate whose full digest is unique drops out."""
     raws = [base64.b64decode(r.get("sha256", "")) for r in records]
-    digests = np.frombuffer(b"".join(raws), dtype="S32")
-    if len(digests) < 2:
+    prefixes = np.concatenate([np.frombuffer(raw, dtype="<u8")[::DIGEST_WORDS] for raw in raws] or
+                              [np.zeros(0, "<u8")])
+    if len(prefixes) < 2:
         return []
-    values, counts = np.unique(digests, return_counts=True)
-    repeated = set(values[counts > 1].tolist())
-    if not repeated:
+    values, counts = np.unique(prefixes, return_counts=True)
+    del prefixes
+    repeated = values[counts > 1]
+    if not len(repeated):
         return []
     groups: dict[bytes, list[str]] = {}
     for (_, tasks), record, raw in zip(plan.units, records, raws):
-        unit = np.frombuffer(raw, dtype="S32")
-        if not any(d in repeated for d in unit.tolist()):
+        hits = np.flatnonzero(np.isin(np.frombuffer(raw, dtype="<u8")[::DIGEST_WORDS], repeated)).tolist()
+        if not hits:
             continue
         rels = packed_rels(tasks, record)
-        for at in range(len(unit)):
-            digest = raw[at * 32:(at + 1) * 32]
-            if digest.rstrip(b"\0") in repeated:  # numpy's S32 values drop trailing NULs
-                groups.setdefault(digest, []).append(rels[at])
+        for at in hits:
+            groups.setdefault(raw[at * 32:(at + 1) * 32], []).append(rels[at])
     return [{"sha256": digest.hex(), "paths": paths} for digest, paths in groups.items() if len(paths) > 1]
+
+
+DIGEST_WORDS = 4  # uint64 words per sha256 digest

@@ -46,11 +46,6 @@ def unpack_digests(packed: str) -> list[str]:
     return [raw[i:i + DIGEST_BYTES].hex() for i in range(0, len(raw), DIGEST_BYTES)]
 
 
-def join_digests(parts: list[str]) -> str:
-    """Several ``pack_digests`` strings as one (in order)."""
-    return base64.b64encode(b"".join(base64.b64decode(p) for p in parts)).decode("ascii")
-
-
 def pack_times(*columns: list[int]) -> str:
     """Equal-length integer columns (microseconds) as one base64 string of zlib'd uint32."""
     flat = np.clip(np.concatenate([np.asarray(c, dtype=np.int64) for c in columns]) if columns else
@@ -62,12 +57,6 @@ def unpack_times(packed: str, parts: int) -> list[np.ndarray]:
     """The ``parts`` columns of ``pack_times`` (int64 arrays)."""
     flat = np.frombuffer(zlib.decompress(base64.b64decode(packed)), dtype="<u4").astype(np.int64)
     return np.split(flat, parts) if len(flat) else [flat.copy() for _ in range(parts)]
-
-
-def join_times(parts: list[str], columns: int) -> str:
-    """Several ``pack_times`` strings as one: each column concatenated in order."""
-    unpacked = [unpack_times(p, columns) for p in parts]
-    return pack_times(*(np.concatenate([u[c] for u in unpacked]) for c in range(columns)))
 
 
 def pack_ints(*columns) -> str:

@@ -295,6 +295,7 @@ class ShardAssembler:
                 self._hash(src.fileno(), at or 0, size, path)
             self._jobs.append(self._helper.submit(self._copy, self._shared if at is not None else path, at or 0,
                                                   size, base))
+        self._settle()
         self._index.append(_rebased(piece["index"], base - piece["index_at"]))
         self._samples += piece["count"]
         if self._crcs is not None and "crc" in piece:
@@ -338,6 +339,12 @@ class ShardAssembler:
         if self._unsynced >= SYNC_EVERY:
             os.fdatasync(self._fd)
             self._unsynced = 0
+
+    def _settle(self) -> None:
+        """Forget the copies done so far (re-raising the first that failed): a shard of thousands of
+        segments keeps no finished future."""
+        while self._jobs and self._jobs[0].done():
+            self._jobs.pop(0).result()
 
     def _drain(self) -> None:
         """Wait for every copy; re-raise the first that failed."""
