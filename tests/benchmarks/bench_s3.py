@@ -326,7 +326,7 @@ def _http_client_get(getter, bucket: str):
 
     def get(key: str) -> bytes:
         route = getter._routes[bucket]
-        head = getter._request(route, key).decode("latin-1").split("\r\n")
+        head = getter.signed_request(route, key).decode("latin-1").split("\r\n")
         path = head[0].split(" ")[1]
         headers = dict(line.split(": ", 1) for line in head[1:] if line)
         conn = getattr(local, "conn", None)
