@@ -130,3 +130,32 @@ def test_an_error_inside_a_200_or_a_page_cut_short_is_retried_as_botocore_does()
     columns_first(answer, extra)
     assert answer["status_code"] == 200 and extra == {KEYS: ["a+b c"], "RepackSizes": [3]}
     assert b"Contents" not in answer["body"] and b"IsTruncated" in answer["body"]
+
+
+def test_a_page_read_by_pattern_gives_what_elementtree_reads():
+    """``columns_by_pattern`` (no XML tree per page) against ElementTree on pages with XML entities,
+    %-encoded keys, and shapes it must leave to the tree (cut short, an error, a carriage return)."""
+    from xml.etree import ElementTree
+
+    from repack.store.s3_listing import columns_by_pattern
+
+    ns = "http://s3.amazonaws.com/doc/2006-03-01/"
+    keys = ["a &amp; b&lt;c&gt;&#233;&quot;.bin", "plain/key.jpg", "sp ace&apos;s.png"]
+    contents = "".join(f"<Contents><Key>{k}</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified>"
+                       f"<ETag>&quot;e&quot;</ETag><Size> {i * 7} </Size></Contents>" for i, k in enumerate(keys))
+    page = (f'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="{ns}"><Name>b</Name><KeyCount>3</KeyCount>'
+            f"<IsTruncated>true</IsTruncated>{contents}<CommonPrefixes><Prefix>d/</Prefix></CommonPrefixes>"
+            "<NextContinuationToken>t&amp;1</NextContinuationToken></ListBucketResult>").encode()
+    root = ElementTree.fromstring(page)
+    names, sizes, rest = columns_by_pattern(page)
+    assert names == [c.findtext(f"{{{ns}}}Key") for c in root.findall(f"{{{ns}}}Contents")]
+    assert sizes == [0, 7, 14]
+    left = ElementTree.fromstring(rest)  # what botocore parses: everything but the objects
+    assert left.findall(f"{{{ns}}}Contents") == [] and left.findtext(f"{{{ns}}}NextContinuationToken") == "t&1"
+    assert left.findtext(f"{{{ns}}}CommonPrefixes/{{{ns}}}Prefix") == "d/"
+    encoded = page.replace(b"<KeyCount>", b"<EncodingType>url</EncodingType><KeyCount>").replace(
+        b"plain/key.jpg", b"plain%2Fkey+x.jpg")
+    assert columns_by_pattern(encoded)[0][1] == "plain/key x.jpg"
+    assert columns_by_pattern(page[:-40]) is None  # cut short
+    assert columns_by_pattern(b"<Error><Code>InternalError</Code></Error>") is None
+    assert columns_by_pattern(page.replace(b"plain/key", b"plain\r/key")) is None

@@ -71,13 +71,15 @@ class S3Limits:
 
 
 class WaitWatch:
-    """Reports on stderr every registered wait that passes ``notice_after`` seconds (one daemon thread,
-    started at the first wait of the process that waits)."""
+    """Reports on stderr every registered wait that passes ``notice_after`` seconds: one daemon thread,
+    started by a wait and ended once no wait is left, so a process that is done with S3 (a driver after
+    listing its source) holds no thread and its worker pool can fork."""
 
     def __init__(self, limits: S3Limits) -> None:
         self.limits = limits
         self._waits: dict[int, list] = {}  # token -> [what, started, next notice at]
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when the last wait ends
         self._next = 0
         self._thread: threading.Thread | None = None
 
@@ -96,14 +98,20 @@ class WaitWatch:
         """End the wait ``start`` registered (a token already ended or None: nothing)."""
         with self._lock:
             self._waits.pop(token, None)
+            if not self._waits:
+                self._idle.notify()
 
     def _run(self) -> None:
         tick = min(1.0, self.limits.notice_after / 4)
         while True:
-            time.sleep(tick)
-            now = time.monotonic()
-            lines = []
             with self._lock:
+                if self._waits:
+                    self._idle.wait(tick)
+                if not self._waits:  # nothing to watch: the thread ends (the next wait starts another)
+                    self._thread = None
+                    return
+                now = time.monotonic()
+                lines = []
                 for wait in self._waits.values():
                     if now >= wait[2]:
                         lines.append(f"repack: waiting {now - wait[1]:.0f} s for {wait[0]}: the S3 endpoint is "

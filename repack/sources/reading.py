@@ -33,7 +33,7 @@ def open_input(path: str, expected: list[int] | None = None, rel: str | None = N
 def read_inputs(entries: list[dict], root: str = "") -> Iterator[bytes | OSError]:
     """The bytes of each planned input ({"path" (else ``root`` + "rel"), "rel", "fingerprint"}), or the
     OSError reading it, in order: local files one by one through the confinement, s3:// objects
-    prefetched concurrently; entries stored inside other files (``member``) through
+    with many GETs in flight (``repack.sources.s3.prefetched``); entries stored inside other files (``member``) through
     ``repack.sources.members``."""
     if entries and "member" in entries[0]:
         from repack.sources.members import read_members
@@ -42,7 +42,8 @@ def read_inputs(entries: list[dict], root: str = "") -> Iterator[bytes | OSError
         return
     if any(is_remote(e.get("path") or root) for e in entries):
         paths = [e.get("path") or root + e["rel"] for e in entries]
-        for entry, data in zip(entries, prefetched(paths)):
+        sizes = [e["fingerprint"][0] if e.get("fingerprint") else None for e in entries]
+        for entry, data in zip(entries, prefetched(paths, sizes)):
             expected = entry.get("fingerprint")
             if not isinstance(data, OSError) and expected and len(data) != expected[0]:
                 raise _changed(entry["rel"], entry.get("path") or root + entry["rel"])

@@ -9,9 +9,10 @@ applies (an object over it is quarantined from its listed size, never read).
 
 Reading (through ``repack.sources.reading``): ``open_object`` gives a buffered, seekable file
 over ranged GETs (so text planning can snap chunk cuts to line starts, and gzip/zstd/parquet
-readers work unchanged); ``prefetched`` reads a task's inputs on a thread pool, in order, a
-bounded window ahead, so a worker keeps the network busy while it checks and packs; each input is
-one GET through ``repack.store.s3_get`` (~0.27 ms of client CPU where boto3's costs ~3.6 ms).
+readers work unchanged); ``prefetched`` reads a task's inputs in order with many GETs in flight from
+the worker's own thread (``repack.store.s3_fetch``: up to 32, a bounded number of bytes ahead, on
+kept-alive connections), so the server answers the next objects while the worker checks and packs
+one; each GET is signed by ``repack.store.s3_get`` (~0.15 ms of client CPU where boto3's costs ~3.6 ms).
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, quarantine_record, sort_key
 from repack.sources.confine import Confinement, SourceChanged
 from repack.sources.folder import JUNK_NAMES, is_junk
-from repack.store.s3_client import client, describe_error, getter, is_missing, lister, parse_url
+from repack.store.s3_client import client, describe_error, fetcher, getter, is_missing, lister, parse_url
 from repack.store.s3_get import Unreadable
 from repack.store.s3_listing import KEYS, SIZES
 
 READ_BLOCK = 8 << 20   # bytes per ranged GET of a sequential read
-PREFETCH_THREADS = 16  # concurrent GETs of one task's inputs
 LIST_THREADS = 8       # folders listed at once
 LIST_PAGE = 1000       # keys per ListObjectsV2 page (S3's most)
 # a path part that is empty, hidden (``.``, ``@``) or junk: every key the slow rules of scan_objects
@@ -222,20 +222,21 @@ def read_object(url: str) -> bytes:
         raise _os_error(exc, url) from None
 
 
-def prefetched(urls: Iterable[str], threads: int = PREFETCH_THREADS) -> Iterator[bytes | OSError]:
-    """The bytes of each object (or the OSError reading it), in order, read ``threads`` at a time."""
-    def read(url: str) -> bytes | OSError:
-        try:
-            return read_object(url)
-        except OSError as exc:
-            return exc
+def _read_after(bucket: str, key: str, spent: int, why: str, delegate: bool) -> bytes:
+    """An object the pipelined GETs could not read, read by ``s3_get`` (its attempts left, boto3's
+    answers); OSError naming the URL when it cannot be read."""
+    try:
+        return getter().get_after(bucket, key, spent, why, delegate)
+    except Unreadable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - boto3's errors for answers that are not the object
+        raise _os_error(exc, f"s3://{bucket}/{key}") from None
 
-    urls = list(urls)
-    with ThreadPoolExecutor(threads) as pool:
-        window = [pool.submit(read, u) for u in urls[:2 * threads]]
-        for i in range(len(urls)):
-            result = window[i].result()
-            window[i] = None  # free the bytes once handed out
-            if i + 2 * threads < len(urls):
-                window.append(pool.submit(read, urls[i + 2 * threads]))
-            yield result
+
+def prefetched(urls: Iterable[str], sizes: list[int | None] | None = None) -> Iterator[bytes | OSError]:
+    """The bytes of each object (or the OSError reading it), in order: ``repack.store.s3_fetch`` keeps up
+    to ``DEPTH`` GETs in flight on kept-alive connections from this thread, and at most ``AHEAD_BYTES``
+    of ``sizes`` (the planned sizes) asked for ahead of the object handed out."""
+    objects = [parse_url(url) for url in urls]
+    for result in fetcher(_read_after).fetch(objects, sizes):
+        yield result if isinstance(result, (bytes, OSError)) else OSError(5, f"{type(result).__name__}: {result}")

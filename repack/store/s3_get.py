@@ -126,14 +126,36 @@ def _through_proxy(route: BucketRoute) -> bool:
     return route.scheme in proxies and not urllib.request.proxy_bypass(route.host)
 
 
+def open_socket(route: BucketRoute, connect_timeout: float, tls: ssl.SSLContext | None) -> socket.socket:
+    """A connected socket to the route's host (TLS handshake done when ``tls``), Nagle off."""
+    sock = socket.create_connection((route.host, route.port), timeout=connect_timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if tls is not None:
+        sock = tls.wrap_socket(sock, server_hostname=route.host)
+    return sock
+
+
+def parse_head(block: bytes, url: str) -> tuple[int, dict[str, str], int]:
+    """(status, the lower-cased headers this module reads, body length) of an answer's header block
+    (up to its last CRLF). Transient when it is not HTTP; _Delegate when the length is not given
+    (chunked: boto3 reads it)."""
+    status_line = block[:block.find(b"\r\n")]
+    try:
+        status = int(status_line.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        raise Transient(f"{url}: not an HTTP answer: {status_line[:80]!r}") from None
+    headers = {name.lower().decode(): value.strip().decode("latin-1") for name, value in _HEADERS.findall(block)}
+    length = headers.get("content-length", "")
+    if not length.isdigit() or "transfer-encoding" in headers:
+        raise _Delegate()
+    return status, headers, int(length)
+
+
 class _Connection:
     """One kept-alive socket to a host, and the bytes read past the last answer (none: no pipelining)."""
 
     def __init__(self, route: BucketRoute, connect_timeout: float, read_timeout: float, tls: ssl.SSLContext | None):
-        sock = socket.create_connection((route.host, route.port), timeout=connect_timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if tls is not None:
-            sock = tls.wrap_socket(sock, server_hostname=route.host)
+        sock = open_socket(route, connect_timeout, tls)
         sock.settimeout(read_timeout)
         self.sock = sock
         self.key = (route.scheme, route.host, route.port)
@@ -161,17 +183,8 @@ class _Connection:
                 head += chunk
         except (TimeoutError, ConnectionError, ssl.SSLError) as exc:
             raise Transient(f"{url}: {type(exc).__name__}: {exc}") from None
-        block = bytes(head[:end + 2])
-        status_line = block[:block.find(b"\r\n")]
-        try:
-            status = int(status_line.split(b" ", 2)[1])
-        except (IndexError, ValueError):
-            raise Transient(f"{url}: not an HTTP answer: {status_line[:80]!r}") from None
-        headers = {name.lower().decode(): value.strip().decode("latin-1") for name, value in _HEADERS.findall(block)}
-        length = headers.get("content-length", "")
-        if not length.isdigit() or "transfer-encoding" in headers:
-            raise _Delegate()
-        body = bytearray(int(length))
+        status, headers, length = parse_head(bytes(head[:end + 2]), url)
+        body = bytearray(length)
         got = min(len(head) - end - 4, len(body))
         body[:got] = head[end + 4:end + 4 + got]
         view = memoryview(body)
@@ -233,6 +246,24 @@ class ObjectGetter:
         except _Delegate:
             return self._boto3_get(bucket, key)
 
+    def known_route(self, bucket: str) -> BucketRoute | None | bool:
+        """The bucket's route; None: boto3 reads this bucket; False: not learnt yet in this process."""
+        return self._routes.get(bucket, False)
+
+    def get_after(self, bucket: str, key: str, spent: int = 0, why: str = "", delegate: bool = False) -> bytes:
+        """As ``get``, for a GET that was sent elsewhere (``repack.store.s3_fetch``): ``spent`` attempts
+        already failed (``why``: the last one's reason), so only the attempts left are made, after the
+        backoff; ``delegate``: its answer was not the object, boto3 asks again and gives its answer."""
+        route = self._routes.get(bucket, False)
+        if route is False:
+            return self.get(bucket, key)
+        if delegate or route is None:
+            return self._boto3_get(bucket, key)
+        try:
+            return self._get(route, bucket, key, spent, why)
+        except _Delegate:
+            return self._boto3_get(bucket, key)
+
     # --- boto3: the first GET of a bucket, and every answer that is not the object -------------------
     def _boto3_get(self, bucket: str, key: str) -> bytes:
         """boto3's GET (botocore retries the request); a body cut or stalled mid-way, which botocore
@@ -279,16 +310,18 @@ class ObjectGetter:
         return None if route is None or _through_proxy(route) else route
 
     # --- the fast path -------------------------------------------------------------------------------
-    def _get(self, route: BucketRoute, bucket: str, key: str) -> bytes:
+    def _get(self, route: BucketRoute, bucket: str, key: str, spent: int = 0, why: str = "") -> bytes:
         url = f"s3://{bucket}/{key}"
-        started, attempt = time.monotonic(), 0
+        started, attempt = time.monotonic(), spent
         wait = self.watch.start(f"GetObject {url}")
         try:
+            if spent:
+                self._backoff(attempt, started, why, url)
             while True:
                 conn = None
                 try:
                     conn = self._connection(route)
-                    status, headers, body = conn.exchange(self._request(route, key), url)
+                    status, headers, body = conn.exchange(self.signed_request(route, key), url)
                 except ssl.SSLCertVerificationError:
                     raise _Delegate() from None  # boto3 says what is wrong with the certificate
                 except _Delegate:  # an answer without a length: its body is not read, so not kept alive
@@ -336,7 +369,7 @@ class ObjectGetter:
             for i in range(len(self._idle) - 1, -1, -1):
                 if self._idle[i].key == want:
                     return self._idle.pop(i)
-        tls = self._tls_context() if route.scheme == "https" else None
+        tls = self.tls_context() if route.scheme == "https" else None
         return _Connection(route, self.limits.connect_timeout, self.limits.read_timeout, tls)
 
     def _release(self, conn: _Connection) -> None:
@@ -346,12 +379,13 @@ class ObjectGetter:
         with self._idle_lock:
             self._idle.append(conn)
 
-    def _tls_context(self) -> ssl.SSLContext:
+    def tls_context(self) -> ssl.SSLContext:
+        """The TLS context of https endpoints (botocore's CA bundle)."""
         if self._tls is None:
             self._tls = ssl.create_default_context(cafile=self._cafile)
         return self._tls
 
-    def _request(self, route: BucketRoute, key: str) -> bytes:
+    def signed_request(self, route: BucketRoute, key: str) -> bytes:
         """The signed GET of ``key`` (AWS Signature Version 4, an empty payload's hash)."""
         creds = self.credentials.get_frozen_credentials()
         path = route.base + _quote(key)

@@ -4,14 +4,16 @@ botocore turns every listed object into a dict of six fields, parsing its timest
 ~90-140 microseconds of CPU per object (profiled against ``rclone serve s3``), so a listing ran at
 7-11k objects per CPU-second, whatever the server's speed. ``columns_first`` (registered on a
 client's ``before-parse.s3.ListObjectsV2`` event by ``fast_listing``) reads each page's ``Contents``
-with ElementTree's C parser into ``page[KEYS]`` and ``page[SIZES]`` and hands botocore the page
-without them; botocore still parses the rest (``IsTruncated``, ``NextContinuationToken``,
+into ``page[KEYS]`` and ``page[SIZES]`` (by pattern: ``<Key>``, ``<Size>``, entities decoded; a page
+of another shape with ElementTree's C parser) and hands botocore the page without them; botocore still parses the rest (``IsTruncated``, ``NextContinuationToken``,
 ``CommonPrefixes``: pagination works unchanged), and any answer it does not recognise (an error, a
 page whose ``Contents`` lack a key or a size) is left to botocore whole.
 """
 
 from __future__ import annotations
 
+import html
+import re
 from urllib.parse import unquote_plus
 from xml.etree import ElementTree
 
@@ -32,10 +34,35 @@ def fast_listing(s3) -> None:
     s3.meta.events.register("before-parse.s3.ListObjectsV2", columns_first)
 
 
+_CONTENTS = re.compile(rb"<Contents>.*?</Contents>", re.S)
+_KEY = re.compile(rb"<Key>([^<]*)</Key>")
+_SIZE = re.compile(rb"<Size>[ \t\n]*([0-9]+)[ \t\n]*</Size>")
+
+
+def columns_by_pattern(body: bytes) -> tuple[list[str], list[int], bytes] | None:
+    """(keys, sizes, the page without its ``Contents``) of a whole ListBucketResult page read by
+    pattern, not by an XML tree (3x less CPU per listed object); None for anything else (an error, a
+    page cut short, tags with a namespace prefix, a key with a carriage return, which XML would turn
+    into a newline): ``columns_first`` parses those with ElementTree."""
+    if b"<ListBucketResult" not in body[:512] or not body.rstrip().endswith(b"</ListBucketResult>"):
+        return None
+    keys, sizes = _KEY.findall(body), _SIZE.findall(body)
+    if not len(keys) == len(sizes) == body.count(b"<Contents>") or any(b"\r" in k for k in keys):
+        return None
+    names = [html.unescape(k.decode()) if b"&" in k else k.decode() for k in keys]
+    if b"<EncodingType>url</EncodingType>" in body:  # botocore asked for it; keys come %-encoded
+        names = [unquote_plus(k) for k in names]
+    return names, [int(n) for n in sizes], _CONTENTS.sub(b"", body)
+
+
 def columns_first(response_dict: dict, customized_response_dict: dict, **_) -> None:
     """Move a ListObjectsV2 answer's ``Contents`` into columns (see the module docstring). A 200 whose
     body is an ``<Error>`` or cut short is made a 500, as botocore does, so that it is retried."""
     if response_dict.get("status_code") != 200 or not response_dict.get("body"):
+        return
+    found = columns_by_pattern(response_dict["body"])
+    if found is not None:
+        customized_response_dict[KEYS], customized_response_dict[SIZES], response_dict["body"] = found
         return
     try:
         root = ElementTree.fromstring(response_dict["body"])

