@@ -89,6 +89,17 @@ def _job_modules(job_name: str | None) -> list[str]:
     return ["repack.jobs.engine", __name__] + ([JOBS[job_name].partition(":")[0]] if job_name in JOBS else [])
 
 
+def _start_worker(actor_pid: int) -> None:
+    """A node pool's worker initializer: die with the actor (as a local pool's worker dies with its driver),
+    and leave the fork server's imported modules out of this worker's garbage collections."""
+    import gc
+
+    from repack.exec.local import _die_with_parent
+
+    _die_with_parent(actor_pid)
+    gc.freeze()
+
+
 class NodePool:
     """A Ray actor (threaded, one call per slot at a time): a process pool of ``slots`` workers forked
     from a fork server that imported the job's modules, each dying with this actor."""
@@ -103,12 +114,9 @@ class NodePool:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, wait
 
-        from repack.exec.local import _die_with_parent
-
         context = multiprocessing.get_context("forkserver")  # this process runs Ray's threads: no plain fork
         context.set_forkserver_preload(_job_modules(self.job_name))
-        pool = ProcessPoolExecutor(self.slots, mp_context=context, initializer=_die_with_parent,
-                                   initargs=(os.getpid(),))
+        pool = ProcessPoolExecutor(self.slots, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),))
         wait([pool.submit(os.getpid) for _ in range(self.slots)])  # every worker up before the first task
         return pool
 
