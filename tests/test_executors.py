@@ -195,15 +195,16 @@ def test_text_job_is_identical_across_executors(tmp_path):
     assert_identical_outputs(outs)
 
 
-def task_writers() -> set[int]:
-    """Processes holding a task's lock (``.repack/tasks/<id>.lock``) open now, from /proc."""
+def task_writers(out: Path) -> set[int]:
+    """Processes holding a task's lock of ``out`` (``.repack/tasks/<id>.lock``) open now, from /proc."""
+    locks = f"{out}/.repack/tasks/"
     found = set()
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         try:
             targets = [os.readlink(fd) for fd in fd_dir.iterdir()]
         except OSError:
             continue
-        if any("/.repack/tasks/" in t and t.endswith(".lock") for t in targets):
+        if any(t.startswith(locks) and t.endswith(".lock") for t in targets):
             found.add(int(fd_dir.parent.name))
     return found
 
@@ -235,7 +236,7 @@ def test_ray_tasks_run_in_processes_that_never_imported_ray(photo_tree, tmp_path
                              "--executor", "ray"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     writers: dict[int, bool] = {}
     while proc.poll() is None:
-        for pid in task_writers() - {proc.pid} - set(writers):
+        for pid in task_writers(outs["ray"]) - {proc.pid} - set(writers):
             loaded = maps_ray(pid)
             if loaded is not None:
                 writers[pid] = loaded

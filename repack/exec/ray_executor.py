@@ -120,6 +120,10 @@ class NodePool:
         wait([pool.submit(os.getpid) for _ in range(self.slots)])  # every worker up before the first task
         return pool
 
+    def ready(self) -> int:
+        """Its slots, once the pool is up."""
+        return self.slots
+
     def run(self, *call) -> str:
         """``_execute(*call)`` on a worker of the pool; a pool broken by a killed worker is replaced
         (the calls it held fail: each counts one attempt on the driver)."""
@@ -252,35 +256,48 @@ class RayExecutor:
             self._shutdown()
 
     def _dispatch(self, payloads: list[tuple], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
-        """Hand each pool one task per free slot, in plan order; collect results as they finish; a failed
-        attempt (an error, a lost actor) goes back to the queue's front until it used up its retries."""
+        """Hand each pool, once it is up, one task per free slot, in plan order; collect results as they
+        finish. A failed attempt (an error, a lost actor) goes back to the queue's front until it used up
+        its retries; a lost actor gets no more tasks. Nothing waits in a queue at an actor, so one that
+        cannot start (its node busy or gone) holds no task."""
         ray = self.ray
         from ray.exceptions import RayActorError
 
         queue = collections.deque(range(len(payloads)))
         attempts = [0] * len(payloads)
-        free = {handle: slots for handle, (_, slots) in self._pools.items()}
+        free: dict = {}  # actor handle -> free slots, once it is up
+        starting = {handle.ready.remote(): handle for handle in self._pools}
         lost_nodes: set[str] = set()
+        last_loss = ""
         running: dict = {}  # object ref -> (task index, actor handle)
         while queue or running:
-            for handle in list(free):
+            for handle in free:
                 while free[handle] and queue:
                     i = queue.popleft()
                     running[handle.run.remote(*payloads[i])] = (i, handle)
                     free[handle] -= 1
-            if not running:  # every pool is gone: start new ones on the nodes left, else fail what remains
+            if not running and not starting:  # every pool is gone: start new ones on the nodes left
                 more = self._start_pools(frozenset(lost_nodes))
                 if not more:
                     for i in queue:
-                        yield TaskFailure(task_ids[i], "no Ray node with a free CPU is left to run it")
+                        yield TaskFailure(task_ids[i], f"no Ray node with a free CPU is left to run it{last_loss}")
                     return
                 self._pools.update(more)
-                free.update({handle: slots for handle, (_, slots) in more.items()})
+                starting.update({handle.ready.remote(): handle for handle in more})
                 continue
-            ready, _ = ray.wait(list(running), num_returns=1)
-            more, _ = ray.wait([r for r in running if r not in ready], num_returns=len(running) - 1, timeout=0) \
-                if len(running) > 1 else ([], [])
-            for ref in ready + more:
+            waiting = [*running, *starting]
+            ready, rest = ray.wait(waiting, num_returns=1)
+            if rest:  # and whatever else finished meanwhile
+                ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+            for ref in ready:
+                if ref in starting:
+                    handle = starting.pop(ref)
+                    try:
+                        free[handle] = ray.get(ref)
+                    except Exception as exc:  # noqa: BLE001 - it could not start there
+                        lost_nodes.add(self._pools[handle][0])
+                        last_loss = f" (a node's pool did not start: {type(exc).__name__}: {exc})"
+                    continue
                 i, handle = running.pop(ref)
                 try:
                     text = ray.get(ref)
