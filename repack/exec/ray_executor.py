@@ -64,9 +64,10 @@ def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, sh
     shard's shared file (OUT on local storage), as local pool workers do. One with a scratch of its own
     (object-store OUT, another node) first sweeps it of the temp files of attempts lost on this node,
     and once the task's outputs are in the store removes its local copies (``repack.jobs.scratch``)."""
-    from repack.jobs.engine import execute_task
+    from repack.jobs.engine import execute_task, state_dir
 
     folder = job_folder(json.loads(spec_json)["out"])
+    state_dir(folder).mkdir(parents=True, exist_ok=True)  # a node's own scratch, first task there: the workers lock's folder
     shares_folder = bool(driver_host) and driver_host == host_token(folder)
     own_scratch = share_pieces and not shares_folder
     if own_scratch:
