@@ -38,10 +38,13 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import json
 import os
 import socket
+import sys
 import threading
+import types
 from typing import Iterator
 
 from repack.errors import UsageError
@@ -101,6 +104,19 @@ def _start_worker(actor_pid: int) -> None:
     gc.freeze()
 
 
+@contextlib.contextmanager
+def _main_module_hidden():
+    """While a node pool's processes start: multiprocessing makes each child import its parent's
+    ``__main__`` again, which in a Ray worker is Ray's own worker script (it imports Ray, the cost this
+    pool exists to avoid). An empty ``__main__`` (no file, no spec) is imported by nobody."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 class NodePool:
     """A Ray actor (threaded, one call per slot at a time): a process pool of ``slots`` workers forked
     from a fork server that imported the job's modules, each dying with this actor."""
@@ -118,7 +134,8 @@ class NodePool:
         context = multiprocessing.get_context("forkserver")  # this process runs Ray's threads: no plain fork
         context.set_forkserver_preload(_job_modules(self.job_name))
         pool = ProcessPoolExecutor(self.slots, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),))
-        wait([pool.submit(os.getpid) for _ in range(self.slots)])  # every worker up before the first task
+        with _main_module_hidden():  # a worker starts at a submit that finds none idle: all of them here
+            wait([pool.submit(os.getpid) for _ in range(self.slots)])
         return pool
 
     def ready(self) -> int:
