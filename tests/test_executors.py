@@ -193,3 +193,56 @@ def test_text_job_is_identical_across_executors(tmp_path):
     assert len(list((outs["parts"] / ".repack" / "tasks").glob("*.json"))) >= 4  # several tasks per node
     assert any(name.endswith(".bin") for name in output_files(outs["local"]))
     assert_identical_outputs(outs)
+
+
+def task_writers(out: Path) -> set[int]:
+    """Processes holding a task's lock of ``out`` (``.repack/tasks/<id>.lock``) open now, from /proc."""
+    locks = f"{out}/.repack/tasks/"
+    found = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            targets = [os.readlink(fd) for fd in fd_dir.iterdir()]
+        except OSError:
+            continue
+        if any(t.startswith(locks) and t.endswith(".lock") for t in targets):
+            found.add(int(fd_dir.parent.name))
+    return found
+
+
+def maps_ray(pid: int) -> bool | None:
+    """Whether the process mapped Ray's core library (it imported ray); None once it is gone."""
+    try:
+        return "_raylet" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return None
+
+
+def test_ray_tasks_run_in_processes_that_never_imported_ray(photo_tree, tmp_path):
+    """Ray starts fresh worker processes for each job, and each imports Ray and the job's modules before its
+    first task (~1.5 CPU-s, once per CPU of the cluster per job). The tasks run instead on one process pool per
+    node, forked from a fork server that imported the job's modules only: no process that writes a task has
+    Ray loaded, and the output equals the local pool's."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    pytest.importorskip("ray")
+    args = ("--shard-size", "2", "--workers", "2", "--quiet")
+    outs = {name: tmp_path / name for name in ("local", "ray")}
+    run_repack("images", photo_tree, outs["local"], *args)
+    proc = subprocess.Popen([sys.executable, "-m", "repack", "images", str(photo_tree), str(outs["ray"]), *args,
+                             "--executor", "ray"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    writers: dict[int, bool] = {}
+    while proc.poll() is None:
+        for pid in task_writers(outs["ray"]) - {proc.pid} - set(writers):
+            loaded = maps_ray(pid)
+            if loaded is not None:
+                writers[pid] = loaded
+        time.sleep(0.005)
+    _, stderr = proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert writers, "no task writer was seen"
+    assert not any(writers.values()), writers
+    assert_identical_outputs(outs)
