@@ -36,15 +36,12 @@ from repack.sources.base import alias_reason, pick_real_paths
 from repack.sources.confine import Checked, Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import scan_objects
+from repack.sources.text_kinds import classify
 from repack.sources.text_scan import KIND_OF, TextInputs, scan_text_folder
 from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul
 from repack.store import is_remote
 
 SNIP_BYTES = 4096  # the sniff reads a damaged compressed stream in pieces, keeping what decompressed
-JSONL_EXTS = (".jsonl", ".ndjson", ".json")
-TXT_EXTS = (".txt",)
-PARQUET_EXTS = (".parquet",)
-COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
 DOC_PER = ("line", "file", "blank-line")
 SNAP_READ = 1 << 16
 AUTO_CHUNKS = 256              # --chunk-bytes auto: about this many chunks,
@@ -137,23 +134,6 @@ class Doc:
     line: int
     text: str | None = None
     reason: str | None = None
-
-
-_KINDS = {**{ext: "jsonl" for ext in JSONL_EXTS}, **{ext: "txt" for ext in TXT_EXTS},
-          **{ext: "parquet" for ext in PARQUET_EXTS}}
-
-
-def classify(name: str) -> tuple[str, str] | None:
-    """(kind, compression) from a file name, or None for a file that is not a text input (two dict
-    look-ups: it runs once per file of the corpus)."""
-    stem, dot, ext = name.lower().rpartition(".")
-    compression = COMPRESSIONS.get(dot + ext, "")
-    if compression:
-        stem, dot, ext = stem.rpartition(".")
-    kind = _KINDS.get(dot + ext) if dot else None
-    if kind is None or (kind == "parquet" and compression):
-        return None
-    return kind, compression
 
 
 class Found(NamedTuple):

@@ -1,6 +1,6 @@
 """The folder scan of `repack text` as columns, walked in parallel over the top-level folders.
 
-The rules are ``text_docs.walk_folder``'s (hidden entries skipped, only names that ``classify`` as a
+The rules are ``text_docs.walk_folder``'s (hidden entries skipped, only names that ``text_kinds.classify`` as a
 text input kept, folder symlinks followed inside the root after the whole real tree, a folder scanned
 once by (st_dev, st_ino), aliases of one file read once under the real path); only the shape differs:
 each top-level real folder is walked by its own task on a fork pool (``repack.sources.folder``'s
@@ -31,6 +31,7 @@ import numpy as np
 from repack.sources.base import alias_reason, pick_real_paths, sort_key
 from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends
 from repack.sources.confine import Confinement
+from repack.sources.text_kinds import classify
 
 KINDS = ("jsonl", "txt", "parquet")
 COMPRESSION_CODES = ("", "gz", "zst")
@@ -139,7 +140,6 @@ class _Part:
 
 def _scan(conf: Confinement, folder: str, rel: str, found: _Walk, visited: set, descend: bool = True) -> None:
     """``walk_folder``'s scan of one folder into ``found`` (real sub-folders walked at once when ``descend``)."""
-    from repack.sources.text_docs import classify
 
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)

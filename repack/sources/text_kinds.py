@@ -1,0 +1,25 @@
+"""Which file names are text inputs, and of what kind: the one rule the folder scan
+(``repack.sources.text_scan``) and the listing and reading code (``repack.sources.text_docs``) share."""
+
+from __future__ import annotations
+
+JSONL_EXTS = (".jsonl", ".ndjson", ".json")
+TXT_EXTS = (".txt",)
+PARQUET_EXTS = (".parquet",)
+COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
+
+_KINDS = {**{ext: "jsonl" for ext in JSONL_EXTS}, **{ext: "txt" for ext in TXT_EXTS},
+          **{ext: "parquet" for ext in PARQUET_EXTS}}
+
+
+def classify(name: str) -> tuple[str, str] | None:
+    """(kind, compression) from a file name, or None for a file that is not a text input (two dict
+    look-ups: it runs once per file of the corpus)."""
+    stem, dot, ext = name.lower().rpartition(".")
+    compression = COMPRESSIONS.get(dot + ext, "")
+    if compression:
+        stem, dot, ext = stem.rpartition(".")
+    kind = _KINDS.get(dot + ext) if dot else None
+    if kind is None or (kind == "parquet" and compression):
+        return None
+    return kind, compression
