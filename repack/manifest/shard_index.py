@@ -1,7 +1,8 @@
 """A dataset's DALI index files (``.idx``, format in ``repack.sinks.tar_format``) as flat numpy
-columns: the one parser of ``.idx`` text in the project. The readers (``pipelines``), ``repack verify``
-(``repack.sinks.tar_check``) and ``repack remove`` (``repack.lifecycle.shard_index``) all read an index
-through ``parse_index``; the only module of ``repack.manifest`` that uses numpy (the readers may import
+columns: the general parser of ``.idx`` text in the project. The readers (``pipelines``) and ``repack
+remove`` (``repack.lifecycle.shard_index``) read an index through ``parse_index``; ``repack verify``
+(``repack.sinks.tar_check``) first checks a part's lines in the exact form repack writes
+(``canonical_lines``) and shard-walks whatever is not in that form; the only module of ``repack.manifest`` that uses numpy (the readers may import
 only ``repack.manifest``, and an index of millions of members needs columns).
 
 For the readers it is their one in-memory index, built once when a dataset opens and shared by its

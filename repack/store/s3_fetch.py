@@ -181,15 +181,6 @@ class Fetcher:
         with self._idle_lock:
             self._idle.append(wire)
 
-    def close(self) -> None:
-        """Close the idle connections and stop the slow path's threads."""
-        for wire in self._idle:
-            wire.close()
-        self._idle.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
 
 class _Run:
     """One ``Fetcher.fetch`` call: its requests, in-flight connections and finished objects."""
