@@ -58,6 +58,7 @@ from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.image_plan import InputColumns, PayloadWriter, cut_runs, sample_bounds, sample_expected
 from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - sample_key: imported from here by the video job
+from repack.lifecycle.input_columns import names_of_blob
 from repack.lifecycle.input_record import load_known, select_new, select_new_rows
 from repack.jobs.record_columns import pack_digests, pack_times, packed_rels, unpack_times
 from repack.jobs.stats import bucket_edges, histogram, merge_counts, merge_slowest, percentiles
@@ -312,7 +313,7 @@ class ImagesJob(Job):
             known = load_known(spec.known_inputs)
             key_offset = known.next_position
             if hasattr(items, "take"):  # columns: rels and fingerprints without an object per input
-                selection = select_new_rows(items.rels, items.sizes, items.mtimes, known,
+                selection = select_new_rows(names_of_blob(items.names), items.sizes, items.mtimes, known,
                                             lambda row: content_sha256(items[row]))
             else:
                 selection = select_new(range(len(items)), known, lambda row: items[row].rel,

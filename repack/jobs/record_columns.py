@@ -137,7 +137,7 @@ def state_digest_columns(store, state: str = STATE_DIR, plan: Plan | None = None
     tasks_of: dict[str, list] | None = None
     rels: list[str] = []
     digests: list[bytes] = []
-    for rel in sorted(store.list_sizes(f"{state}/tasks/")):
+    for rel in store.list_names(f"{state}/tasks/"):  # names only: no stat per task lock
         if not rel.endswith(".json"):
             continue
         raw = store.read_bytes(rel)

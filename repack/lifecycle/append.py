@@ -37,7 +37,7 @@ from typing import Callable
 from repack.config import EngineOptions
 from repack.errors import NothingPackedError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
-from repack.lifecycle.input_record import append_delta, dataset_record, write_known
+from repack.lifecycle.input_record import append_delta, dataset_record, held_known
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish, remove_prefix,
                                       warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
@@ -72,7 +72,7 @@ class Appender:
     inputs, how its shard names become version N's, and how two manifests merge."""
 
     accepts: Callable[[dict, object], str | None]  # (current manifest, spec) -> why not, or None
-    staged_job: Callable[[object, str, Path, dict], object]  # (spec, staged OUT, known-inputs file, current)
+    staged_job: Callable[[object, str, Path, dict], object]  # (spec, staged OUT, known-inputs key, current)
     rename: Callable[[str, object, int], str]  # (staged file name, spec, version) -> name in the dataset
     merge: Callable[[dict, dict, list[dict]], dict]  # (current, staged, renamed shards) -> version N+1's body
     # (store, staged job's store, staged folder, current, staged, version) -> more of N+1's body (side files)
@@ -101,15 +101,15 @@ def append(spec, options: EngineOptions) -> AppendResult:
         for name in stale - {f"append-v{number}"}:  # left by appends that were published
             remove_prefix(store, f"{STATE_DIR}/{name}/")
         known = dataset_record(store, current)
-        known_file = out / stage / "known-inputs.npz"
-        if not known_file.exists():  # the staged job's input: the record and the rels without a sample
-            known_file.parent.mkdir(parents=True, exist_ok=True)
-            write_known(known_file, known, {q["source"] for q in current["quarantine"]})
-        job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_file, current)
+        # the staged job's input, held in memory (held_known); the key keeps the name of the file it once was,
+        # so a staged job killed under an older repack resumes with the same options
+        known_key = out / stage / "known-inputs.npz"
+        job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_key, current)
         if job.store.read_bytes(MANIFEST_NAME) is None:
             from repack.jobs.base import build_plan
 
-            planned = build_plan(job)
+            with held_known(str(known_key), known, {q["source"] for q in current["quarantine"]}):
+                planned = build_plan(job)
             if not planned.tasks:
                 remove_prefix(store, f"{stage}/")
                 return AppendResult(current, False, 0, time.time() - started,

@@ -15,14 +15,14 @@ name: a file never gets two samples. A known rel that was quarantined is planned
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.jobs.record_columns import state_digest_columns
 from repack.jobs.task_inputs import input_count
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, empty_columns, encode_names, from_bytes, merged,
-                                            to_bytes, with_digests, with_quarantined)
+                                            with_digests, with_quarantined)
 from repack.lifecycle.publish import known_inputs, plan_inputs, read_inputs_record
 from repack.manifest.versions import number_of
 
@@ -58,7 +58,7 @@ def plan_record(store, plan: Plan, next_position: int = 0, state: str = STATE_DI
     units = dict(plan.units)
     units.update((task.task_id, (task,)) for task in plan.tasks)
     sha, has = record.sha256.copy(), record.has_sha256.copy()
-    for rel in sorted(store.list_sizes(f"{state}/tasks/")):
+    for rel in store.list_names(f"{state}/tasks/"):  # names only: no stat per task lock
         if not rel.endswith(".json"):
             continue
         raw = store.read_bytes(rel)
@@ -145,33 +145,29 @@ def remove_delta(known: InputColumns, removed_sources: Iterable[str]) -> InputCo
                                removed=np.unique(encode_names(sources)) if sources else np.array([], dtype="S1"))
 
 
-def write_known(path: Path, known: InputColumns, quarantined: Iterable[str]) -> None:
-    """The staged `--append` job's input: the record and the rels without a sample (``quarantined``). The
-    record stays in memory for ``load_known`` in this process (the staged job plans here), keyed by the
-    file's identity: the file is read back only by another process or after it changed (a resumed run)."""
-    from repack.manifest import atomic_write_bytes
-
-    record = with_quarantined(known, list(quarantined))
-    atomic_write_bytes(path, to_bytes(record, compress=False))
-    _WRITTEN[str(path)] = (_identity(path), record)
-
-
-_WRITTEN: dict[str, tuple[tuple, InputColumns]] = {}  # path -> (file identity, record) of write_known here
-
-
-def _identity(path: str | Path) -> tuple | None:
+@contextlib.contextmanager
+def held_known(key: str, known: InputColumns, quarantined: Iterable[str]) -> Iterator[None]:
+    """Hand the staged `--append` job its input for as long as the block runs: the record and the rels
+    without a sample (``quarantined``), held in memory under ``key`` (the staged spec's ``known_inputs``)
+    for ``load_known``. Nothing is written: the staged job plans in the process of the append that runs
+    it, and every run of the append (a resumed one too) derives the same record again from the published
+    version (a file would be ~75 B per input, written and fsync'd on every append)."""
+    _HELD[key] = with_quarantined(known, list(quarantined))
     try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+        yield
+    finally:
+        _HELD.pop(key, None)
+
+
+_HELD: dict[str, InputColumns] = {}  # known_inputs key -> the record held_known hands the staged job
 
 
 def load_known(path: str | Path) -> InputColumns:
-    """The staged `--append` job's input written by ``write_known``; UsageError naming it when unreadable."""
-    held = _WRITTEN.get(str(path))
-    if held is not None and held[0] is not None and held[0] == _identity(path):
-        return held[1]
+    """The staged `--append` job's input: the record ``held_known`` holds under ``path``, else a record file
+    at ``path`` (``to_bytes``); UsageError naming it when neither is there."""
+    held = _HELD.get(str(path))
+    if held is not None:
+        return held
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -200,15 +196,17 @@ def select_new(items: Sequence[T] | Iterable[T], known: InputColumns, rel: Calla
     return dataclasses.replace(chosen, new=[items[row] for row in chosen.new])
 
 
-def select_new_rows(rels: list[str], size: np.ndarray, mtime: np.ndarray, known: InputColumns,
+def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.ndarray, known: InputColumns,
                     digest: Callable[[int], str | None]) -> Selection:
-    """The module's rule over scanned inputs given as columns (``rels``; int64 ``size`` and ``mtime``,
-    NO_MTIME where a fingerprint has none), vectorized over the record's columns: ``new`` holds the row
-    numbers of the new inputs, ascending. The candidates for a content comparison (``digest(row)``) are
-    hashed on a thread pool. UsageError naming the changed files."""
-    if not rels:
+    """The module's rule over scanned inputs given as columns (``rels``: str, or their ``S`` array, e.g.
+    ``names_of_blob`` of a scan's names blob: no str per input; int64 ``size`` and ``mtime``, NO_MTIME where
+    a fingerprint has none), vectorized over the record's columns: ``new`` holds the row numbers of the new
+    inputs, ascending. The candidates for a content comparison (``digest(row)``) are hashed on a thread
+    pool; only their rels and the refused ones are decoded. UsageError naming the changed files."""
+    if not len(rels):
         return Selection([])
-    names = encode_names(rels)
+    names = rels if isinstance(rels, np.ndarray) else encode_names(rels)
+    rels = _RelsOf(names) if isinstance(rels, np.ndarray) else rels
     removed = known.is_removed(names)
     rows, recorded = known.find(names)
     same_print = recorded & (known.size[rows] == size) & (known.mtime_ns[rows] == mtime)
@@ -235,6 +233,16 @@ def select_new_rows(rels: list[str], size: np.ndarray, mtime: np.ndarray, known:
                                                "older repack)")) if part) +
             "; a file never gets two samples: put new content under a new name, or restore the packed file")
     return Selection(np.flatnonzero(new_mask).tolist(), int(removed.sum()), same)
+
+
+class _RelsOf:
+    """``rels[i]`` of an ``S`` array of names, decoded when asked (the few rels a selection names)."""
+
+    def __init__(self, names: np.ndarray) -> None:
+        self.names = names
+
+    def __getitem__(self, row: int) -> str:
+        return bytes(self.names[row]).decode("utf-8", "surrogateescape")
 
 
 def _listed(names: list[str], what: str) -> str:

@@ -122,6 +122,10 @@ class InputTable(Sequence):
             if self.real_paths else {}
         if len(index) == len(self) and (index == np.arange(len(self))).all():
             names = self.names
+        elif len(index) * 8 < len(self):  # a few rows (an --append's new inputs): sliced out one by one
+            blob = self.names
+            names = b"".join([blob[start:end + 1] for start, end in
+                              zip(self.starts[index].tolist(), self.ends[index].tolist())])
         else:
             parts = self.names.split(b"\0")
             names = b"".join([parts[i] + b"\0" for i in index.tolist()])

@@ -2,10 +2,10 @@
 
 A store is a root (a local folder, or ``s3://bucket/prefix``) with a few operations on paths
 relative to it: ``publish`` a finished local file (atomically: whole and checked, or not at all),
-``put_bytes``/``read_bytes`` small state, ``size``, ``list_sizes``, ``delete``, ``fetch`` and
-``lock``. Jobs always write into a local folder, ``store.scratch``: for a local store that is the
-root itself (publishing is then a no-op); for an object store it is a scratch folder from which
-finished files are uploaded.
+``put_bytes``/``read_bytes`` small state, ``size``, ``list_sizes`` (``list_names``: the paths alone),
+``delete``, ``fetch`` and ``lock``. Jobs always write into a local folder, ``store.scratch``: for a
+local store that is the root itself (publishing is then a no-op); for an object store it is a scratch
+folder from which finished files are uploaded.
 
 Which store a location opens is decided by its scheme only (``s3://`` -> object store), so a
 worker process rebuilds the same store from the job's spec.

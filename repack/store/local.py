@@ -85,6 +85,34 @@ class LocalStore:
                     found[path.relative_to(self.root).as_posix()] = path.stat().st_size
         return found
 
+    def list_names(self, prefix: str = "") -> list[str]:
+        """The relative paths ``list_sizes`` gives, sorted, without a stat per file: one ``os.scandir`` per
+        folder (a regular file is told by its d_type; a folder of thousands of task locks costs one listing)."""
+        found: list[str] = []
+        parent, _, head = prefix.rpartition("/")
+        folder = self.root / parent
+        if not folder.is_dir():
+            return found
+        base = f"{parent}/" if parent else ""
+
+        def walk(path: str, rel: str) -> None:
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        walk(entry.path, f"{rel}{entry.name}/")
+                    elif entry.is_file():
+                        found.append(rel + entry.name)
+
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not entry.name.startswith(head):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    walk(entry.path, f"{base}{entry.name}/")
+                elif entry.is_file():
+                    found.append(base + entry.name)
+        return sorted(found)
+
     def delete(self, rel: str) -> None:
         self.path(rel).unlink(missing_ok=True)
 

@@ -199,6 +199,10 @@ class S3Store:
         except FileNotFoundError as exc:  # NoSuchBucket is not a missing key: say so as before
             raise RepackError(f"{exc}: not found") from None
 
+    def list_names(self, prefix: str = "") -> list[str]:
+        """The relative paths of ``list_sizes``, sorted (the listing holds the sizes anyway)."""
+        return sorted(self.list_sizes(prefix))
+
     def delete(self, rel: str) -> None:
         self._call(rel, "delete_object", Key=self.key(rel))
         if self._sizes is not None:
