@@ -295,9 +295,9 @@ class ImagesJob(Job):
             import repack.transforms.normalize  # noqa: F401 - numpy and the encoder, likewise
         confinement = Confinement(follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source,
                                   max_file_bytes=spec.max_file_size)
-        if spec.source_format == "folder":
-            scan = scan_source(spec.source, list_file=spec.list_file, confinement=confinement,
-                               workers=available_cpus())
+        if spec.source_format == "folder":  # --append: the dataset's record is read while the folders are walked
+            scan = scan_source(spec.source, list_file=spec.list_file, confinement=confinement, workers=available_cpus(),
+                               meanwhile=(lambda: load_known(spec.known_inputs)) if spec.known_inputs else None)
         else:
             scan = scan_foreign(spec.source, spec.source_format, FieldChoice(spec.image_field, spec.label_field),
                                 confinement)

@@ -37,7 +37,7 @@ from typing import Callable
 from repack.config import EngineOptions
 from repack.errors import NothingPackedError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
-from repack.lifecycle.input_record import append_delta, dataset_record, held_known
+from repack.lifecycle.input_record import KnownInputs, append_delta, dataset_record, held_known
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish, remove_prefix,
                                       warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
@@ -100,15 +100,15 @@ def append(spec, options: EngineOptions) -> AppendResult:
             {p.name for p in out.glob(f"{STATE_DIR}/append-v*")}
         for name in stale - {f"append-v{number}"}:  # left by appends that were published
             remove_prefix(store, f"{STATE_DIR}/{name}/")
-        known = dataset_record(store, current)
-        # the staged job's input, held in memory (held_known); the key keeps the name of the file it once was,
-        # so a staged job killed under an older repack resumes with the same options
+        # the staged job's input, held in memory and read while its scan runs (held_known); the key keeps the
+        # name of the file it once was, so a staged job killed under an older repack resumes with the same options
         known_key = out / stage / "known-inputs.npz"
+        known = KnownInputs(lambda: dataset_record(store, current), [q["source"] for q in current["quarantine"]])
         job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_key, current)
         if job.store.read_bytes(MANIFEST_NAME) is None:
             from repack.jobs.base import build_plan
 
-            with held_known(str(known_key), known, {q["source"] for q in current["quarantine"]}):
+            with held_known(str(known_key), known):
                 planned = build_plan(job)
             if not planned.tasks:
                 remove_prefix(store, f"{stage}/")
@@ -118,6 +118,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
                 Engine(planned_once(job, planned), dataclasses.replace(options, overwrite=False, strict=False)).run()
             except NothingPackedError:  # every new input quarantined: the dataset is not empty, and version
                 pass                    # N+1 records them (same shards), as every version records its inputs
+        known = known.record()
         staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
         plan = read_plan(job.store)
         shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))

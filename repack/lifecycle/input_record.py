@@ -145,21 +145,45 @@ def remove_delta(known: InputColumns, removed_sources: Iterable[str]) -> InputCo
                                removed=np.unique(encode_names(sources)) if sources else np.array([], dtype="S1"))
 
 
+class KnownInputs:
+    """The dataset's record for a staged `--append` job, derived once, when first asked: the staged job's
+    planner asks while its folder scan runs on the pool (``repack.sources.folder``: ``meanwhile``), so
+    reading the record (version 1: from the plan and the task records) overlaps the walk."""
+
+    def __init__(self, derive: Callable[[], InputColumns], quarantined: Iterable[str]) -> None:
+        self._derive = derive
+        self._quarantined = quarantined
+        self._record: InputColumns | None = None
+        self._staged: InputColumns | None = None
+
+    def record(self) -> InputColumns:
+        """The published version's record (``dataset_record``)."""
+        if self._record is None:
+            self._record = self._derive()
+        return self._record
+
+    def staged_input(self) -> InputColumns:
+        """The record with the rels without a sample as its ``quarantined`` (what ``load_known`` gives)."""
+        if self._staged is None:
+            self._staged = with_quarantined(self.record(), list(self._quarantined))
+        return self._staged
+
+
 @contextlib.contextmanager
-def held_known(key: str, known: InputColumns, quarantined: Iterable[str]) -> Iterator[None]:
-    """Hand the staged `--append` job its input for as long as the block runs: the record and the rels
-    without a sample (``quarantined``), held in memory under ``key`` (the staged spec's ``known_inputs``)
-    for ``load_known``. Nothing is written: the staged job plans in the process of the append that runs
-    it, and every run of the append (a resumed one too) derives the same record again from the published
-    version (a file would be ~75 B per input, written and fsync'd on every append)."""
-    _HELD[key] = with_quarantined(known, list(quarantined))
+def held_known(key: str, known: KnownInputs) -> Iterator[KnownInputs]:
+    """Hand the staged `--append` job its input for as long as the block runs: ``known``, held in memory
+    under ``key`` (the staged spec's ``known_inputs``) for ``load_known``. Nothing is written: the staged job
+    plans in the process of the append that runs it, and every run of the append (a resumed one too)
+    derives the same record again from the published version (a file would be ~75 B per input, written
+    and fsync'd on every append)."""
+    _HELD[key] = known
     try:
-        yield
+        yield known
     finally:
         _HELD.pop(key, None)
 
 
-_HELD: dict[str, InputColumns] = {}  # known_inputs key -> the record held_known hands the staged job
+_HELD: dict[str, KnownInputs] = {}  # known_inputs key -> what held_known hands the staged job
 
 
 def load_known(path: str | Path) -> InputColumns:
@@ -167,7 +191,7 @@ def load_known(path: str | Path) -> InputColumns:
     at ``path`` (``to_bytes``); UsageError naming it when neither is there."""
     held = _HELD.get(str(path))
     if held is not None:
-        return held
+        return held.staged_input()
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:

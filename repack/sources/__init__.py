@@ -1,5 +1,7 @@
 """Deterministic enumeration of inputs: folder trees and list files, all through one confinement."""
 
+from typing import Callable
+
 from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, clean_labels
 from repack.sources.confine import Confinement
@@ -26,15 +28,19 @@ def scan_foreign(source: str, source_format: str, fields, confinement: Confineme
     raise UsageError(f"--from must be folder, {' or '.join(FOREIGN_FORMATS)}, got {source_format!r}")
 
 
-def scan_source(source: str, *, list_file: bool, confinement: Confinement | None = None, workers: int = 1) -> Scan:
+def scan_source(source: str, *, list_file: bool, confinement: Confinement | None = None, workers: int = 1,
+                meanwhile: Callable[[], object] | None = None) -> Scan:
     """Enumerate a folder tree, a list file or an s3:// prefix into sorted inputs plus quarantined entries.
 
     The confinement's root is the folder, or the list file's folder; its rules apply to every input
     (an s3:// prefix: only its size cap, objects are neither symlinks nor special files). Labels
     follow one rule (``sources.base.clean_label``: surrounding whitespace stripped). ``workers``: processes
-    a folder scan may use (``repack.sources.folder``)."""
+    a folder scan may use (``repack.sources.folder``). ``meanwhile``: the driver's own work, run once while a
+    folder's walk runs on the pool (other sources: before they are listed)."""
     import os
 
+    if meanwhile is not None and (is_remote(source) or list_file):
+        meanwhile()
     if is_remote(source):
         if list_file:
             raise UsageError("--list reads a local list file: SOURCE cannot be an s3:// URL with --list")
@@ -43,4 +49,4 @@ def scan_source(source: str, *, list_file: bool, confinement: Confinement | None
         return clean_labels(scan_s3(source, confinement or Confinement()))
     root = os.path.dirname(os.path.abspath(source)) if list_file else source
     conf = (confinement or Confinement()).rooted(root)
-    return clean_labels(scan_list_file(source, conf) if list_file else scan_folder(source, conf, workers))
+    return clean_labels(scan_list_file(source, conf) if list_file else scan_folder(source, conf, workers, meanwhile))

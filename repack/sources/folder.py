@@ -31,6 +31,7 @@ import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -201,19 +202,35 @@ def _top_level(conf: Confinement, root_ident: tuple) -> tuple[_Found, list[tuple
     return found, folders
 
 
-def _scan_folders(conf: Confinement, folders: list[tuple], workers: int) -> list[_Part]:
-    """Walk each top-level folder; on a fork pool when there are enough of them (see the module docstring)."""
+def _scan_folders(conf: Confinement, folders: list[tuple], workers: int,
+                  meanwhile: Callable[[], object] | None = None) -> list[_Part]:
+    """Walk each top-level folder; on a fork pool when there are enough of them (see the module docstring),
+    running ``meanwhile`` in this process once the pool has the walks (serial: before them)."""
     tasks = [(conf, *folder) for folder in folders]
     parallel = workers > 1 and len(tasks) >= PARALLEL_MIN_FOLDERS and threading.active_count() == 1 \
         and "fork" in multiprocessing.get_all_start_methods()
     if not parallel:
+        if meanwhile is not None:
+            meanwhile()
         return [_Part.unpack(_scan_top_folder(task)) for task in tasks]
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
-        return [_Part.unpack(raw) for raw in pool.map(_scan_top_folder, tasks, chunksize=4)]
+    pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork"))
+    try:
+        walks = pool.map(_scan_top_folder, tasks, chunksize=4)  # submitted: the workers are forked and busy
+        if meanwhile is not None:
+            meanwhile()
+        parts = [_Part.unpack(raw) for raw in walks]
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return parts
 
 
-def scan_folder(root: str, confinement: Confinement | None = None, workers: int = 1) -> Scan:
-    """Enumerate ``root`` recursively into an ``InputTable``; see the module docstring for the rules."""
+def scan_folder(root: str, confinement: Confinement | None = None, workers: int = 1,
+                meanwhile: Callable[[], object] | None = None) -> Scan:
+    """Enumerate ``root`` recursively into an ``InputTable``; see the module docstring for the rules.
+    ``meanwhile``: the caller's own work, run once in this process while the walks run on the pool (an
+    --append reads the dataset's record then)."""
     if not os.path.exists(root):
         raise UsageError(f"source {root!r} does not exist")
     if not os.path.isdir(root):
@@ -221,7 +238,7 @@ def scan_folder(root: str, confinement: Confinement | None = None, workers: int 
     conf = (confinement or Confinement()).rooted(root)
     root_st = os.stat(conf.root)
     top, folders = _top_level(conf, (root_st.st_dev, root_st.st_ino))
-    parts = [_Part.unpack(top.pack())] + _scan_folders(conf, folders, workers)
+    parts = [_Part.unpack(top.pack())] + _scan_folders(conf, folders, workers, meanwhile)
     labeled = bool(top.top_dirs)
     names = b"".join(part.names for part in parts)
     ends = name_ends(names)
