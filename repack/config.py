@@ -73,14 +73,19 @@ class JobSpec:
     source: str
     out: str
 
+    def fields_dict(self) -> dict[str, Any]:
+        """Every field by name: what ``dataclasses.asdict`` gives for a spec's plain values (str, numbers,
+        tuples of them), without its deep copy (an --append's ``known_classes`` holds a pair per class)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     def options(self) -> dict[str, Any]:
         """The output-determining options, as canonical JSON-able data (OUT excluded)."""
-        data = dataclasses.asdict(self)
+        data = self.fields_dict()
         data.pop("out")
         return data
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps(self.fields_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str):

@@ -290,18 +290,25 @@ class ImagesJob(Job):
 
     def plan(self) -> Plan:
         spec = self.spec
-        preload(spec.verify)  # the driver imports what the checks use: the pool's workers fork with it
-        if spec.normalize:
-            import repack.transforms.normalize  # noqa: F401 - numpy and the encoder, likewise
         confinement = Confinement(follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source,
                                   max_file_bytes=spec.max_file_size)
-        if spec.source_format == "folder":  # --append: the dataset's record is read while the folders are walked
+        if spec.source_format == "folder":  # the driver's own work runs while the folders are walked on the pool
             scan = scan_source(spec.source, list_file=spec.list_file, confinement=confinement, workers=available_cpus(),
-                               meanwhile=(lambda: load_known(spec.known_inputs)) if spec.known_inputs else None)
+                               meanwhile=self._before_tasks)
         else:
+            self._before_tasks()
             scan = scan_foreign(spec.source, spec.source_format, FieldChoice(spec.image_field, spec.label_field),
                                 confinement)
         return self.plan_scan(scan)
+
+    def _before_tasks(self) -> None:
+        """What the driver prepares before the tasks' pool forks: the imports the checks use (the workers
+        fork with them) and, for --append, the dataset's record (``load_known``)."""
+        preload(self.spec.verify)
+        if self.spec.normalize:
+            import repack.transforms.normalize  # noqa: F401 - numpy and the encoder, likewise
+        if self.spec.known_inputs:
+            load_known(self.spec.known_inputs)
 
     def plan_scan(self, scan) -> Plan:
         """The plan of a scan's inputs: --append's selection, --shuffle, --dedup, then shards and chunks."""

@@ -110,8 +110,10 @@ class InputTable(Sequence):
 
     def label_set(self) -> set[str]:
         """The labels some input carries."""
-        used = np.unique(self.label_ids)
-        return {self.label_names[i] for i in used.tolist() if i != NO_LABEL}
+        if not len(self.label_ids):
+            return set()
+        counts = np.bincount(self.label_ids + 1, minlength=len(self.label_names) + 1)  # NO_LABEL counted at 0
+        return {self.label_names[i] for i in np.flatnonzero(counts[1:]).tolist()}
 
     def take(self, rows) -> "InputTable":
         """The rows ``rows`` (any sequence of row numbers), in that order."""

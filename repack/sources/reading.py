@@ -13,7 +13,6 @@ from typing import BinaryIO, Iterator
 
 from repack.sources.confine import InputRefused, SourceChanged, read_input
 from repack.sources.confine import open_input as open_local
-from repack.sources.s3 import open_object, prefetched
 from repack.store import is_remote
 
 
@@ -27,6 +26,8 @@ def open_input(path: str, expected: list[int] | None = None, rel: str | None = N
     """Open a planned input for reading (see the module docstring); ``expected``: its fingerprint."""
     if not is_remote(path):
         return open_local(path, expected, rel, buffering)
+    from repack.sources.s3 import open_object  # the object-store stack, imported only where an input is remote
+
     return open_object(path, expected[0] if expected else None)
 
 
@@ -41,6 +42,8 @@ def read_inputs(entries: list[dict], root: str = "") -> Iterator[bytes | OSError
         yield from read_members(entries)
         return
     if any(is_remote(e.get("path") or root) for e in entries):
+        from repack.sources.s3 import prefetched
+
         paths = [e.get("path") or root + e["rel"] for e in entries]
         sizes = [e["fingerprint"][0] if e.get("fingerprint") else None for e in entries]
         for entry, data in zip(entries, prefetched(paths, sizes)):
