@@ -1,0 +1,166 @@
+"""`--append` costs what changed: the staged job's record is handed over in memory (never written), derived
+once while the folder walk runs on the pool; the scan's names are compared as one ``S`` array; a few new
+rows are taken without splitting the whole names blob; the task records are found by one listing of the
+tasks folder (no stat per chunk lock). Each mechanism gives what the plain way gives, on odd names."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from repack.errors import UsageError
+from repack.lifecycle.input_columns import build_columns, decode_names, names_of_blob
+from repack.lifecycle.input_record import KnownInputs, dataset_record, held_known, load_known, select_new_rows
+from repack.sources.columns import InputTable
+from repack.sources.folder import PARALLEL_MIN_FOLDERS, scan_folder
+from repack.store import open_store
+from tests.conftest import kill_after_records, read_manifest_json, run_repack
+from tests.test_images_job import jpeg_bytes
+from tests.test_takedowns import packed_sources
+
+# names whose byte order differs from a naive sort: a folder beside a longer file name, non-ASCII, a space,
+# a byte that is not UTF-8 (surrogate-escaped when decoded)
+ODD = ["a", "a-b.jpg", "a.jpg", "Ä.jpg", "z y.jpg", "é/x.jpg", os.fsdecode(b"\xff.jpg")]
+
+
+def odd_tree(root: Path, folders: int = PARALLEL_MIN_FOLDERS + 2) -> Path:
+    """``folders`` class folders (enough for the parallel scan), each with a few odd names and a subfolder."""
+    seed = 0
+    for f in range(folders):
+        folder = root / (f"c{f:02d}" if f % 3 else f"c{f:02d} é")
+        for name in ("a.jpg", "a-b.jpg", "Ä.jpg", "z y.jpg", "sub/x.jpg", "a/inner.jpg"):
+            path = folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(jpeg_bytes(seed=seed))
+            seed += 1
+        (folder / os.fsdecode(b"\xff.jpg")).write_bytes(jpeg_bytes(seed=seed))
+        seed += 1
+    return root
+
+
+def test_the_parallel_scan_equals_the_serial_one_and_runs_the_driver_work_meanwhile(tmp_path):
+    root = odd_tree(tmp_path / "src")
+    seen: list[int] = []
+    serial = scan_folder(str(root), workers=1, meanwhile=lambda: seen.append(len(multiprocessing.active_children())))
+    forks: list[int] = []
+    os.register_at_fork(after_in_parent=lambda: forks.append(1))
+    parallel_possible = threading.active_count() == 1
+    parallel = scan_folder(str(root), workers=2,
+                           meanwhile=lambda: seen.append(len(multiprocessing.active_children())))
+    assert len(seen) == 2  # once per scan
+    if parallel_possible:  # the walks ran on the fork pool, and the driver's work while they ran
+        assert forks and seen[1] > 0
+    a, b = serial.items, parallel.items
+    assert a.names == b.names and a.rels == sorted(a.rels, key=os.fsencode)
+    for column in ("sizes", "mtimes", "inodes", "label_ids"):
+        assert np.array_equal(getattr(a, column), getattr(b, column)), column
+    assert a.label_names == b.label_names and serial.quarantine == parallel.quarantine
+    assert len(a) == 7 * (PARALLEL_MIN_FOLDERS + 2)
+
+
+def test_select_new_rows_of_the_names_array_equals_the_str_rels(tmp_path):
+    rels = sorted(ODD + ["b/new.jpg", "b/old.jpg", "b/touched.jpg"], key=os.fsencode)
+    known = [r for r in rels if r != "b/new.jpg"]
+    size = np.array([10] * len(rels), np.int64)
+    mtime = np.arange(len(rels), dtype=np.int64)
+    record = build_columns(known, [10] * len(known), [mtime[rels.index(r)] for r in known], range(len(known)),
+                           {r: "0" * 64 for r in known}, len(known))
+    touched = rels.index("b/touched.jpg")
+    mtime[touched] += 1  # same size, another mtime: compared by content (the digest of row ``touched``)
+    digest = {touched: "0" * 64}.get
+    names = names_of_blob(("\0".join(rels) + "\0").encode("utf-8", "surrogateescape"))
+    by_str = select_new_rows(rels, size, mtime, record, digest)
+    by_names = select_new_rows(names, size, mtime, record, digest)
+    assert by_str == by_names and by_names.new == [rels.index("b/new.jpg")]
+    assert by_names.same_content == {"b/touched.jpg": [10, int(mtime[touched])]}
+    size[rels.index(os.fsdecode(b"\xff.jpg"))] = 11  # changed: refused by its decoded name
+    with pytest.raises(UsageError, match="1 source.s. changed.*\udcff.jpg"):
+        select_new_rows(names, size, mtime, record, digest)
+
+
+def test_taking_a_few_rows_equals_taking_many(tmp_path):
+    rels = sorted([f"c{i % 7}/{name}" for i in range(40) for name in ODD if "/" not in name], key=os.fsencode)
+    n = len(rels)
+    table = InputTable.of_rels("/src", rels, np.zeros(n), ("c",), np.arange(n), np.arange(n), np.arange(n),
+                               {5: "/elsewhere/x.jpg"})
+    few = [3, 5, n - 1]  # the few-rows path (under an eighth of the table)
+    many = list(range(0, n, 2)) + [5]
+    for rows in (few, many, [], list(range(n))):
+        taken = table.take(rows)
+        assert taken.rels == [rels[r] for r in rows] and taken.sizes.tolist() == list(rows)
+        assert taken.real_paths == {at: "/elsewhere/x.jpg" for at, r in enumerate(rows) if r == 5}
+
+
+def test_the_record_is_read_once_when_first_asked_and_never_written(tmp_path):
+    calls: list[int] = []
+    record = build_columns(["a.jpg"], [1], [2], [0], {}, 1)
+    known = KnownInputs(lambda: calls.append(1) or record, ["q.jpg"])
+    key = str(tmp_path / "known-inputs.npz")
+    with held_known(key, known):
+        assert not calls  # nothing derived before the planner asks
+        staged = load_known(key)
+        assert decode_names(staged.quarantined) == ["q.jpg"] and decode_names(staged.names) == ["a.jpg"]
+        assert load_known(key) is staged and known.record() is record and calls == [1]
+    assert not Path(key).exists()
+    with pytest.raises(UsageError, match="known-inputs.npz"):
+        load_known(key)  # held only while the append runs
+
+
+def test_an_append_finds_files_added_to_old_and_new_folders_and_resumes_without_a_record_file(tmp_path):
+    src, out = odd_tree(tmp_path / "src", folders=PARALLEL_MIN_FOLDERS), tmp_path / "out"  # a 1-digit class index
+    run_repack("images", src, out, "--shard-size", "16", "--chunk-size", "4", "--quiet")
+    before = packed_sources(out)
+    added = ["c01/b-new.jpg", "c01/sub/deeper/n.jpg", "c00 é/0.jpg", "new class/x.jpg", "c04/a/inner2.jpg"]
+    assert all((src / rel.split("/")[0]).is_dir() for rel in added[:3] + added[4:])  # old folders
+    for i, rel in enumerate(added):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(jpeg_bytes(seed=500 + i))
+    args = ["images", src, out, "--shard-size", "16", "--chunk-size", "1", "--workers", "1", "--append", "--quiet"]
+    stage = out / ".repack" / "append-v2"
+    kill_after_records(args, stage / "out", 2)
+    if stage.exists():  # killed mid-append: the staged job's input was never a file
+        assert not [p for p in stage.rglob("known-inputs*")]
+    run_repack(*args)
+    assert packed_sources(out) == sorted(before + added)
+    manifest = read_manifest_json(out)
+    assert manifest["dataset_version"]["number"] == 2 and manifest["totals"]["samples"] == len(before) + len(added)
+    assert sorted(manifest["classes"]) == sorted(p.name for p in src.iterdir())  # one new class
+    again = run_repack(*args)  # nothing new: nothing published
+    assert read_manifest_json(out)["dataset_version"]["number"] == 2, again.stdout
+
+
+def test_the_first_record_lists_the_task_records_without_a_stat_per_lock(tmp_path, monkeypatch):
+    from repack.store.local import LocalStore
+
+    src, out = odd_tree(tmp_path / "src", folders=3), tmp_path / "out"
+    run_repack("images", src, out, "--chunk-size", "2", "--quiet")
+    tasks = out / ".repack" / "tasks"
+    locks = list(tasks.glob("*.lock"))
+    assert len(locks) >= 8  # a lock per chunk
+    store = open_store(str(out))
+    expected = dataset_record(store, read_manifest_json(out))
+    assert store.list_names(".repack/tasks/") == sorted(store.list_sizes(".repack/tasks/"))
+    assert store.list_names(".repack/ta") == sorted(store.list_sizes(".repack/ta"))
+    assert store.list_names("nothing/here/") == []
+
+    def refused(self, prefix=""):
+        raise AssertionError(f"list_sizes({prefix!r}): a stat per file")
+
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def counted(path, *args, **kwargs):
+        stats.append(str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(LocalStore, "list_sizes", refused)
+    monkeypatch.setattr(os, "stat", counted)
+    record = dataset_record(open_store(str(out)), read_manifest_json(out))
+    assert not [p for p in stats if p.endswith(".lock")]  # the locks are listed, never stat'ed
+    assert decode_names(record.names) == decode_names(expected.names)
+    assert np.array_equal(record.sha256, expected.sha256) and bool(record.has_sha256.all())
