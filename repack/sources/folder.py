@@ -275,6 +275,11 @@ def _drop_aliases(conf: Confinement, table: InputTable, devices: np.ndarray, kee
     if len(table) < 2:
         return
     inodes, real_paths = table.inodes, table.real_paths
+    if (devices == devices[0]).all():  # one file system (the usual case): no inode repeats, no alias
+        ordered = np.sort(inodes)
+        if not (ordered[1:] == ordered[:-1]).any():
+            return
+        del ordered
     order = np.lexsort((np.arange(len(table)), inodes, devices))  # by device, inode, then row
     same = (inodes[order][1:] == inodes[order][:-1]) & (devices[order][1:] == devices[order][:-1])
     if not same.any():
