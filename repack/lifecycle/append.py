@@ -8,7 +8,9 @@ refused by name (``repack.lifecycle.input_record``).
 How (OUT's lock held throughout): an ordinary images job packs the new inputs into a staging
 folder ``OUT/.repack/append-vN+1`` (the engine's resume and byte-identity apply: kill -9, re-run,
 same bytes), with the dataset's class map (a new class gets the next index, existing indices
-never move), its cls width and the next sample positions (keys stay unique). Its shards are then
+never move), its cls width and the next sample positions (keys stay unique). Version N's record is that
+job's input, handed over in memory (``held_known``) and read while its folder walk runs on the pool:
+only the new inputs are planned, checked and packed. Its shards are then
 renamed into OUT as ``shard-vN+1-XXXXXX.tar`` (+ ``.idx``): names no version used, so every
 existing shard stays byte-identical and a reader of version N is never disturbed. The record of
 known inputs for N+1 is written, then the version (``repack.lifecycle.publish``). With nothing new
