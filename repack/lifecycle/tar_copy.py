@@ -46,12 +46,12 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
     size = os.fstat(tar_fd).st_size
     if int(ends[kept].max()) > size:
         raise UsageError(f"{shard}: ends at byte {size}, inside its samples (run repack verify)")
-    firsts, lasts = _runs(kept, starts, ends)
+    firsts, lasts, run_of = _runs(kept, starts, ends)
     run_start, run_end = starts[firsts], ends[lasts]
     run_at = np.concatenate([[0], np.cumsum(run_end - run_start)[:-1]]).astype(np.int64)
     written = int((run_end - run_start).sum())
     shift = np.zeros(index.samples, np.int64)  # new offset - old offset, per kept sample
-    shift[kept] = np.repeat(run_at - run_start, lasts - firsts + 1)
+    shift[kept] = (run_at - run_start)[run_of]
     ranges = list(zip(run_start.tolist(), run_end.tolist(), run_at.tolist()))
     tmp = out / f".{stem}.tar.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -83,10 +83,14 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
     return publish_shard(out, stem, fd, tmp, written + len(tail), sha, text, len(kept), checksums=sums)
 
 
-def _runs(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first, last sample) of each run of kept samples whose byte ranges follow each other."""
-    breaks = np.flatnonzero(starts[kept[1:]] != ends[kept[:-1]]) + 1
-    return kept[np.concatenate([[0], breaks])], kept[np.concatenate([breaks - 1, [len(kept) - 1]])]
+def _runs(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first sample, last sample) of each run of kept samples whose byte ranges follow each other, and
+    the run of each kept sample."""
+    opens = np.ones(len(kept), bool)
+    opens[1:] = starts[kept[1:]] != ends[kept[:-1]]
+    closes = np.ones(len(kept), bool)
+    closes[:-1] = opens[1:]
+    return kept[opens], kept[closes], np.cumsum(opens) - 1
 
 
 def _copy_ranges(src: int, dst: int, view: memoryview, ranges: list[tuple[int, int, int]]) -> None:
