@@ -2,12 +2,12 @@
 
 The kept samples' byte ranges (headers and data, untouched and in order) are copied from the old tar
 into ``<stem>.tar`` in the kernel (``os.copy_file_range``: no copy through this process; a reflink where
-the filesystem shares blocks), runs of adjacent samples one call each, on a helper thread. The old tar is
-mapped once: the new sha256 is computed over the mapped ranges while they are copied (each byte read
-once by this process), and each kept member's header is checked to name its member before a byte is
-written. The new DALI
-index is laid out from the old index's columns (``ShardIndex.text_of``), the new ``.crc`` from the old
-one's kept rows (else computed from the new tar); nothing is decoded or re-encoded.
+the filesystem shares blocks), runs of adjacent samples one call each (per 64 MB), on a helper thread. The
+old tar is mapped once: the new sha256 is computed over the mapped ranges while they are copied (each
+byte read once by this process), and each kept member's header is checked to name its member before a
+byte is written. The new DALI index is laid out from the old index's columns (``ShardIndex.text_of``),
+the new ``.crc`` from the old one's kept rows (else computed from the new tar); nothing is decoded or
+re-encoded.
 """
 
 from __future__ import annotations
@@ -94,15 +94,18 @@ def _runs(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.nd
 
 
 def _copy_ranges(src: int, dst: int, view: memoryview, ranges: list[tuple[int, int, int]]) -> None:
-    """Each (start, end, at) of ``ranges``: bytes ``start..end`` of ``src`` to ``dst`` at ``at``; an
-    ``fdatasync`` of ``dst`` after every SYNC_EVERY bytes starts the disk's write-back early."""
+    """Each (start, end, at) of ``ranges``: bytes ``start..end`` of ``src`` to ``dst`` at ``at``, in pieces
+    of at most SYNC_EVERY bytes; an ``fdatasync`` of ``dst`` after every SYNC_EVERY bytes starts the disk's
+    write-back early (also inside one long run)."""
     unsynced = 0
     for start, end, at in ranges:
-        _copy_range(src, dst, view, start, end, at)
-        unsynced += end - start
-        if unsynced >= SYNC_EVERY:
-            os.fdatasync(dst)
-            unsynced = 0
+        while start < end:
+            piece = min(end - start, SYNC_EVERY - unsynced)
+            _copy_range(src, dst, view, start, start + piece, at)
+            start, at, unsynced = start + piece, at + piece, unsynced + piece
+            if unsynced >= SYNC_EVERY:
+                os.fdatasync(dst)
+                unsynced = 0
 
 
 def _copy_range(src: int, dst: int, view: memoryview, start: int, end: int, at: int) -> None:
