@@ -219,3 +219,49 @@ def test_deltas_chain_at_most_max_deltas_then_a_whole_record(tmp_path):
         assert stored.depth == expected_depth and (stored.base is None) == (expected_depth == 0)
         _same(_record(tmp_path, number), known)
     assert len(known) == 1 + len([n for n in range(2, MAX_DELTAS + 3) if n % 3]) and len(known.removed) > 0
+
+
+def test_a_shard_copy_is_its_kept_byte_ranges_written_back_as_it_goes(tmp_path, monkeypatch):
+    """``copy_kept`` (the helper thread's copy, hashed and indexed beside it): the new tar is the kept
+    samples' byte ranges in order plus the end of the archive, its index and sha256 are the tar's own, and
+    the copy starts the disk's write-back every SYNC_EVERY bytes (a bounded count of fdatasync calls)."""
+    import os
+
+    from repack.lifecycle import tar_copy
+    from repack.sinks.tar_format import end_of_archive
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    entry = read_manifest_json(out)["shards"][0]
+    index = parse_index((out / entry["index"]).read_bytes())
+    old = (out / entry["path"]).read_bytes()
+    keep = np.ones(index.samples, bool)
+    keep[[0, 3, 4, index.samples - 1]] = False  # runs: 1-2, 5..n-2
+    syncs = []
+    real_fdatasync = os.fdatasync
+
+    def counted(fd):
+        syncs.append(fd)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(tar_copy, "SYNC_EVERY", 4096)
+    monkeypatch.setattr(tar_copy.os, "fdatasync", counted)
+    new_dir = tmp_path / "new"
+    new_dir.mkdir()
+    with open(out / entry["path"], "rb") as tar:
+        new = tar_copy.copy_kept(tar.fileno(), index, keep, new_dir, "shard-x", entry["path"], None)
+    starts, ends = index.spans()
+    body = b"".join(old[int(starts[k]):int(ends[k])] for k in np.flatnonzero(keep).tolist())
+    data = (new_dir / new["path"]).read_bytes()
+    assert data == body + end_of_archive(len(body)) and new["samples"] == int(keep.sum())
+    assert new["sha256"] == hashlib.sha256(data).hexdigest() and new["bytes"] == len(data)
+    with open(new_dir / new["path"], "rb") as fh:
+        assert (new_dir / new["index"]).read_text() == index_from_tar(fh)
+    assert len(syncs) == len(body) // 4096  # one per 4096 bytes copied, runs cut where a write-back is due
+
+
+def test_the_pool_takes_the_largest_shards_first():
+    from repack.lifecycle.remove_tar import largest_first
+
+    assert largest_first([10, 30, 20, 30, 0]) == [1, 3, 2, 0, 4]
+    assert largest_first([]) == []

@@ -28,9 +28,6 @@ from repack.errors import UsageError
 from repack.lifecycle.input_columns import InputColumns
 from repack.lifecycle.input_record import dataset_record, remove_delta
 from repack.lifecycle.publish import current_version, locked_dataset, promote_pending, publish, write_inputs_record
-from repack.lifecycle.remove_lmdb import rewrite_lmdb
-from repack.lifecycle.remove_tar import rewrite_tar_shards
-from repack.lifecycle.remove_tokens import rewrite_token_prefixes
 from repack.manifest.versions import number_of
 
 
@@ -107,14 +104,27 @@ def record_removed(store, known: InputColumns | None, number: int, sources) -> N
         write_inputs_record(store, number, known, remove_delta(known, sources))
 
 
-def _without_record(rewriter):
-    """A rewriter that finds its samples without the record of the inputs."""
-    return lambda store, out, current, spec, number, known: rewriter(store, out, current, spec, number)
+def _tar(store, out, current, spec, number, known):
+    from repack.lifecycle.remove_tar import rewrite_tar_shards
+
+    return rewrite_tar_shards(store, out, current, spec, number, known)
 
 
-# (store, out, current, spec, version, the published record or None) -> Rewrite
-REWRITERS = {"webdataset": rewrite_tar_shards, "lmdb": _without_record(rewrite_lmdb),
-             "memmap": _without_record(rewrite_token_prefixes)}
+def _lmdb(store, out, current, spec, number, known):  # finds its samples without the record of the inputs
+    from repack.lifecycle.remove_lmdb import rewrite_lmdb
+
+    return rewrite_lmdb(store, out, current, spec, number)
+
+
+def _tokens(store, out, current, spec, number, known):  # finds its samples without the record of the inputs
+    from repack.lifecycle.remove_tokens import rewrite_token_prefixes
+
+    return rewrite_token_prefixes(store, out, current, spec, number)
+
+
+# (store, out, current, spec, version, the published record or None) -> Rewrite. Each format's module is
+# imported when its dataset is rewritten: a webdataset remove never imports lmdb (~0.15 s of start-up).
+REWRITERS = {"webdataset": _tar, "lmdb": _lmdb, "memmap": _tokens}
 
 
 def remove_samples(spec: RemoveSpec) -> RemoveResult:

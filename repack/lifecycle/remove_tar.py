@@ -9,7 +9,8 @@ from its ``.json`` member, read alone (a dataset packed with ``--no-sample-json`
 inputs, by the position its key starts with). The shards are looked at and rewritten in parallel,
 one process each; a shard is rewritten by copying the byte ranges of its kept samples into
 ``<stem>-vN.tar`` (``repack.lifecycle.tar_copy``: in the kernel, hashed as copied, with a new index
-and the kept samples' checksums); nothing is decoded or re-encoded.
+and the kept samples' checksums); nothing is decoded or re-encoded. The pool takes the largest shards
+first.
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
 
 
 def _fan_out(jobs: list[dict]) -> list[dict]:
-    """``rewrite_shard`` of each job, in order: on a process pool of the usable CPUs (JSON in and out);
-    in this process when there is one job or one CPU. A UsageError of a shard is raised here."""
+    """``rewrite_shard`` of each job, in order: on a process pool of the usable CPUs (JSON in and out),
+    the largest shards handed out first (``largest_first``); in this process when there is one job or
+    one CPU. A UsageError of a shard is raised here."""
     from repack.exec.cpus import available_cpus
 
     calls = [json.dumps(job) for job in jobs]
@@ -97,13 +99,22 @@ def _fan_out(jobs: list[dict]) -> list[dict]:
     else:
         from repack.exec.local import process_pool
 
+        order = largest_first([int(job["entry"].get("bytes", 0)) for job in jobs])
+        answers = [""] * len(calls)
         with process_pool(workers) as pool:
-            answers = list(pool.map(rewrite_shard, calls))
+            for at, answer in zip(order, pool.map(rewrite_shard, [calls[at] for at in order])):
+                answers[at] = answer
     results = [json.loads(answer) for answer in answers]
     for result in results:
         if "error" in result:
             raise UsageError(result["error"])
     return results
+
+
+def largest_first(sizes: list[int]) -> list[int]:
+    """The job numbers by size, largest first (ties in order): with more shards than workers, the
+    small ones fill in at the end instead of a large one starting last and running alone."""
+    return sorted(range(len(sizes)), key=lambda at: (-sizes[at], at))
 
 
 def rewrite_shard(call: str) -> str:

@@ -135,12 +135,20 @@ _POSITION_DIGITS = 18  # a position longer than this is no position (int64 holds
 
 
 def _decimal(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """((n, width) uint8 ASCII digits, right-aligned; which of them are live) of non-negative ``values``."""
+    """((n, width) uint8 ASCII digits, right-aligned; which of them are live) of non-negative ``values``:
+    one column per pass (a quotient and a product over a flat column), not an (n, width) division."""
     values = values.astype(np.int64)
     width = len(str(int(values.max(initial=0))))
-    powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
-    digits = (values[:, None] // powers % 10).astype(np.uint8) + np.uint8(ord("0"))
-    count = 1 + (values[:, None] >= 10 ** np.arange(1, width, dtype=np.int64)).sum(axis=1)
+    digits = np.empty((len(values), width), np.uint8)
+    rest = values
+    for column in range(width - 1, -1, -1):
+        quotient = rest // 10
+        digits[:, column] = rest - quotient * 10
+        rest = quotient
+    digits += np.uint8(ord("0"))
+    count = np.ones(len(values), np.int64)
+    for power in range(1, width):
+        count += values >= 10 ** power
     return digits, np.arange(width) >= (width - count)[:, None]
 
 

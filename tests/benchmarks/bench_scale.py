@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.benchmarks.bench_changes import copy_floor
 from tests.benchmarks.tiny_files import CLASSES, file_path, tiny_jpegs, tiny_texts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -447,14 +448,21 @@ def part_change(src: Path, out: Path, work: Path, n: int, full_wall: float, mark
     chosen = sorted(random.Random(0).sample(range(n), count))
     names.write_text("".join(f"{file_path(Path(''), i, '.jpg').as_posix()}\n" for i in chosen))
     removed = run_tree(repack("remove", out, "--sources", names))
-    samples = json.loads((out / "manifest.json").read_text())["totals"]["samples"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    samples = manifest["totals"]["samples"]
     if samples != n + added - count:
         raise RuntimeError(f"after --append of {added} and remove of {count}: {samples} samples, "
                            f"not {n + added - count}")
+    rewritten = list(manifest["dataset_version"]["change"]["rewritten"])
+    os.sync()  # as run_tree: earlier runs' dirty pages are not this copy's to write
+    floor_wall, floor_cpu = copy_floor(out, rewritten, work / "remove-copy-floor")
     return [row(f"repack images --append, {added} new files (1%)", appended.wall, "s", "the full default pack",
                 full_wall, appended.wall / full_wall, "<= 0.15"),
             row(f"repack remove --sources, {count} names", removed.wall, "s", "the full default pack",
-                full_wall, removed.wall / full_wall, "<= 0.15")]
+                full_wall, removed.wall / full_wall, "<= 0.15", floor_s=round(floor_wall, 3),
+                note=f"its floor, the {len(rewritten)} shard(s) it rewrote copied whole in parallel "
+                     f"(copy_file_range + fsync, as remove and the pack write): {floor_wall:.2f} s "
+                     f"({floor_wall / full_wall:.3f}x), {floor_cpu:.1f} CPU-s; remove {removed.cpu:.1f} CPU-s")]
 
 
 def read(kind: str, root: Path, workers: int) -> dict:
