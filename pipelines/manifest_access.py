@@ -20,10 +20,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from pipelines import object_store
+from pipelines import index_process, object_store
 from pipelines.cpus import usable_cpus
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
 from repack.manifest.shard_index import IndexColumns, index_pieces, join_shards, parse_piece
@@ -32,6 +33,7 @@ from repack.manifest.caps import check_declared_counts, check_manifest_size, man
 from repack.manifest.versions import check_number, read_version
 
 INDEX_THREADS = 8  # index files read at once
+HELPER_MIN_INDEX_BYTES = 16 << 20  # index text parsed in a helper process from this size on (~160,000 samples)
 INDEX_PIECE_BYTES = 1 << 20  # index text parsed per task: pieces of every shard spread over all cores (a piece parses at ~13x its size: threads x piece bounds the transient; 256 KB ones cost 1.4x the CPU at 1M samples)
 
 
@@ -137,22 +139,41 @@ def shard_files(manifest: Manifest) -> tuple[list[str], list[str]]:
 
 
 def read_index_columns(manifest: Manifest, shards: list[int] | None = None) -> IndexColumns:
-    """The index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``: the files
-    read by ``INDEX_THREADS`` threads (on s3://, concurrent GETs), their text cut into pieces of whole
-    lines (``INDEX_PIECE_BYTES``) parsed on one thread per usable CPU (numpy parses with the GIL
-    released: a dataset of few large shards still parses on every core), the pieces joined once."""
+    """The index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``
+    (``read_shared_index`` without the mapping)."""
+    return read_shared_index(manifest, shards)[0]
+
+
+def read_shared_index(manifest: Manifest, shards: list[int] | None = None) -> tuple[IndexColumns, Any]:
+    """(the index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``, the
+    shared mapping its columns view or None). Local index files of at least ``HELPER_MIN_INDEX_BYTES``
+    in all are parsed by a helper process into shared memory (``pipelines.index_process``: the parse
+    threads' heap never reaches this process, so DataLoader workers forked from it do not map it);
+    others here (``parse_index_files``)."""
     entries = manifest.data["shards"]
     shards = list(range(len(entries))) if shards is None else shards
     paths = [manifest.path(entries[s]["index"]) for s in shards]
+    counts = [int(entries[s]["samples"]) for s in shards]
+    if (paths and index_process.available() and not any(object_store.is_remote(p) for p in paths)
+            and sum(_local_size(p) or 0 for p in paths) >= HELPER_MIN_INDEX_BYTES):
+        return index_process.parse_in_helper([str(p) for p in paths], counts)
+    return parse_index_files(paths, counts), None
+
+
+def parse_index_files(paths: list, counts: list[int]) -> IndexColumns:
+    """The index files ``paths`` (each to hold ``counts[i]`` samples) as one ``IndexColumns``: the files
+    read by ``INDEX_THREADS`` threads (on s3://, concurrent GETs), their text cut into pieces of whole
+    lines (``INDEX_PIECE_BYTES``) parsed on one thread per usable CPU (numpy parses with the GIL
+    released: a dataset of few large shards still parses on every core), the pieces joined once."""
 
     def pieces(path) -> tuple[int, list]:
         return index_pieces(index_bytes(path), str(path), INDEX_PIECE_BYTES)
 
-    with ThreadPoolExecutor(max(1, min(INDEX_THREADS, len(shards))), thread_name_prefix="repack-index") as pool:
+    with ThreadPoolExecutor(max(1, min(INDEX_THREADS, len(paths))), thread_name_prefix="repack-index") as pool:
         cut = list(pool.map(pieces, paths))
-    for (count, _), shard, path in zip(cut, shards, paths):
-        if count != int(entries[shard]["samples"]):
-            raise ManifestError(f"{path}: {count} samples, the manifest says {entries[shard]['samples']}")
+    for (count, _), want, path in zip(cut, counts, paths):
+        if count != want:
+            raise ManifestError(f"{path}: {count} samples, the manifest says {want}")
     jobs = [(piece, str(path)) for (_, parts), path in zip(cut, paths) for piece in parts]
     threads = min(usable_cpus(), len(jobs))
     if threads <= 1:
