@@ -34,11 +34,10 @@ import warnings
 import zlib
 from dataclasses import dataclass
 from itertools import accumulate, islice
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
-import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines import dataset_identity, object_store, sample_order
@@ -47,11 +46,13 @@ from pipelines.batches import BufferRing, OneBuffer, PackedBytes, collate_column
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
                                        parse_label, read_checksums, read_shared_index, sample_at)
 from pipelines.index_process import drop_resident
-from pipelines.pil_images import decode_image
 from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
                                  plan_blocks, read_ahead, split_out)
 from repack.manifest import ManifestError
+
+if TYPE_CHECKING:
+    import webdataset as wds
 
 UNLABELED = -1
 STATE_VERSION = 3  # 3: the dataset version and digest, padding repeats (2: worker pieces; 1: contiguous parts)
@@ -298,6 +299,8 @@ class ImageShardDataset(IterableDataset):
         order = list(range(len(self.counts)))
         if not self.shuffle:
             return order
+        import webdataset as wds  # here: PIL and webdataset stay out of opening a reader (~0.2 s of imports)
+
         return list(wds.detshuffle(len(order), len(order), seed=self.seed, epoch=epoch - 1).run(iter(order)))
 
     def _layout(self, epoch: int) -> tuple[list[int], list[int]]:
@@ -665,11 +668,14 @@ class ImageShardDataset(IterableDataset):
         return {key: column([o[key] for o in outputs]) for key in ("key", "image", "label", "meta")}
 
     def _pipeline(self, source: Callable[[], Iterator[dict]]) -> wds.DataPipeline:
+        import webdataset as wds
+
         return wds.DataPipeline(source, self._outputs)
 
     def _decode(self, data: bytes):
         if not self.decode:
             return data
+        from pipelines.pil_images import decode_image
         if self.draft_size is None:
             return decode_image(data, self.mode)
         return decode_image(data, self.mode, draft=self.draft_size)
