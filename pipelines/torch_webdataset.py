@@ -499,7 +499,7 @@ class ImageShardDataset(IterableDataset):
         which names what is wrong."""
         self._cursor = cursor
         layout = self._layout(cursor.epoch)
-        positions = sample_order.worker_position_array(cursor.runs, cursor.worker, cursor.workers)
+        positions = sample_order.WorkerPositions(cursor.runs, cursor.worker, cursor.workers)
         chunks = sample_order.delivery_chunks(positions, self.shuffle_buffer, self._shuffle_seed(cursor),
                                               cursor.position)
         slot = self._stats[cursor.worker % _STAT_SLOTS]
