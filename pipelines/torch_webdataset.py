@@ -216,6 +216,10 @@ class ImageShardDataset(IterableDataset):
         self.index, self._index_mapping = read_shared_index(self.manifest)
         self._checksum_cache: dict[int, Any] = {}
 
+    def __getstate__(self) -> dict:
+        # a spawned DataLoader worker gets the columns by value (as numpy pickles them), not the mapping
+        return {**self.__dict__, "_index_mapping": None}
+
     @property
     def classes(self) -> dict[str, int]:
         return self.manifest.classes

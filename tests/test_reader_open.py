@@ -7,6 +7,7 @@ from __future__ import annotations
 import tracemalloc
 
 import numpy as np
+import torch
 import pytest
 
 from pipelines import manifest_access, torch_webdataset
@@ -116,3 +117,13 @@ def test_a_reader_unmaps_the_shared_index_as_it_goes(tmp_path, monkeypatch):
     delivered = sum(len(labels) for _, labels in dataset)
     assert delivered == 200_000
     assert _mapping_rss(mapping) <= 1_500_000, f"{_mapping_rss(mapping)} of {columns} bytes still mapped"
+
+
+def test_a_helper_parsed_reader_reads_through_spawned_workers(tmp_path, monkeypatch):
+    # spawn pickles the dataset: its columns travel by value, the shared mapping stays behind
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    dataset = ImageShardDataset(synthetic_dataset(tmp_path / "s", 2 * 1_000, 1_000), decode=False, batch_size=100)
+    assert dataset._index_mapping is not None
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    labels = np.concatenate([batch_labels.numpy() for _, batch_labels in loader])
+    assert sorted(labels.tolist()) == sorted([i % 10 for i in range(1_000)] * 2)
