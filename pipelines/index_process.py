@@ -67,13 +67,21 @@ def drop_resident(mapping: mmap.mmap | None) -> None:
         mapping.madvise(mmap.MADV_DONTNEED)
 
 
+# The helper's malloc keeps its heap between pieces (this process exits, so nothing it keeps outlives
+# the parse): a thread parses its next piece in the pages of its last one instead of faulting in fresh
+# ones (1M synthetic samples on 2 cores: 80,000 -> 46,000 minor faults, 0.24 -> 0.15 system CPU-s)
+HELPER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+                 "MALLOC_TOP_PAD_": str(16 << 20)}
+
+
 def _helper_env() -> dict:
-    """The environment with the folders that hold ``pipelines`` and ``repack`` first on PYTHONPATH."""
+    """The environment with the folders that hold ``pipelines`` and ``repack`` first on PYTHONPATH, and
+    ``HELPER_MALLOC``."""
     import pipelines
     import repack
 
     roots = [str(Path(p.__file__).resolve().parent.parent) for p in (pipelines, repack)]
-    env = dict(os.environ)
+    env = {**os.environ, **HELPER_MALLOC}
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*roots, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]))
     return env
 
