@@ -9,8 +9,8 @@ worker, 128 B per sample). The helper's arenas die with it; the reader maps the 
 (``drop_resident`` unmaps them again).
 
 The helper: ``python -m pipelines.index_process``, the job on stdin as JSON ``{"paths": [...],
-"counts": [...], "fd": N}`` (N: the memfd, inherited). It writes the columns of ``IndexColumns``
-(``COLUMNS``) into the memfd, each at a page-aligned offset, and prints one JSON line: per column
+"counts": [...], "fd": N}`` (N: the memfd, inherited). It joins the columns of ``IndexColumns``
+(``COLUMNS``) straight into the memfd, each at a page-aligned offset, and prints one JSON line: per column
 [dtype, offset, length], and ``exts``, ``suffixes`` ([keyed, tail]), ``key_width``. A failure is one
 JSON line ``{"error": kind, "message": ..., "errno": ..., "filename": ...}`` and exit status 1; the
 reader raises the same kind (``ManifestError``, ``FileNotFoundError``, ``OSError``).
@@ -105,17 +105,42 @@ def _error(reply: dict) -> Exception:
     return RuntimeError(f"the index helper process failed: {kind}: {message}")
 
 
-def write_columns(columns: IndexColumns, fd: int) -> dict:
-    """Write ``columns`` into the file ``fd`` (page-aligned, ``COLUMNS`` order); returns the reply."""
-    layout, at = {}, 0
+class MemfdColumns:
+    """An ``Allocate`` for ``shard_index.concat``: each joined column straight in the file ``fd``, at the
+    next page-aligned offset (no second copy of the columns in the helper)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.size, self.placed = fd, 0, {}
+
+    def __call__(self, count: int, dtype: np.dtype) -> np.ndarray:
+        span = -(-max(count * dtype.itemsize, 1) // PAGE) * PAGE
+        at, self.size = self.size, self.size + span
+        os.ftruncate(self.fd, self.size)
+        mapping = mmap.mmap(self.fd, span, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=at)
+        self.placed[id(mapping)] = (mapping, at)
+        return np.frombuffer(mapping, dtype=dtype, count=count)
+
+    def offset_of(self, array: np.ndarray) -> int | None:
+        """Where ``array`` (one this allocator made) lies in the file; None for any other array."""
+        base = array.base
+        owner = base.obj if isinstance(base, memoryview) else None
+        placed = self.placed.get(id(owner))
+        return placed[1] if placed is not None and placed[0] is owner else None
+
+
+def write_columns(columns: IndexColumns, fd: int, memfd: MemfdColumns | None = None) -> dict:
+    """The reply for ``columns`` in the file ``fd`` (``COLUMNS``, each page-aligned): those ``memfd``
+    placed there already, the others copied in after them."""
+    memfd = memfd or MemfdColumns(fd)
+    layout = {}
     for name in COLUMNS:
-        array = np.ascontiguousarray(getattr(columns, name))
+        array = getattr(columns, name)
+        at = memfd.offset_of(array)
+        if at is None:
+            placed = memfd(len(array), array.dtype)
+            placed[:] = array
+            at = memfd.offset_of(placed)
         layout[name] = (array.dtype.str, at, len(array))
-        at += -(-max(array.nbytes, 1) // PAGE) * PAGE
-    os.ftruncate(fd, at)
-    with mmap.mmap(fd, at, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE) as out:
-        for name, (dtype, offset, length) in layout.items():
-            np.frombuffer(out, dtype=dtype, count=length, offset=offset)[:] = getattr(columns, name)
     return {"columns": layout, "exts": list(columns.exts), "key_width": columns.key_width,
             "suffixes": [[keyed, tail.decode("ascii")] for keyed, tail in columns.suffixes]}
 
@@ -125,8 +150,9 @@ def main() -> int:
 
     job = json.loads(sys.stdin.buffer.read())
     try:
-        columns = parse_index_files(job["paths"], job["counts"])
-        reply = write_columns(columns, int(job["fd"]))
+        memfd = MemfdColumns(int(job["fd"]))
+        columns = parse_index_files(job["paths"], job["counts"], memfd)
+        reply = write_columns(columns, memfd.fd, memfd)
     except (ManifestError, OSError) as exc:
         reply = {"error": type(exc).__name__, "message": str(exc)}
         if isinstance(exc, OSError):

@@ -158,7 +158,7 @@ def tiny_dataset(tmp_path_factory) -> Path:
 
 
 def test_an_epoch_of_raw_batches_holds_columns_not_an_object_per_sample(tiny_dataset):
-    next(iter(ImageShardDataset(tiny_dataset, batch_size=64, decode=False)))  # the modules it imports at first use
+    next(iter(ImageShardDataset(tiny_dataset, batch_size=64, decode=False, shuffle=True)))  # imports at first use
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
