@@ -20,18 +20,20 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from pipelines import object_store
+from pipelines import index_process, object_store
 from pipelines.cpus import usable_cpus
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
-from repack.manifest.shard_index import IndexColumns, index_pieces, join_shards, parse_piece
+from repack.manifest.shard_index import Allocate, IndexColumns, index_pieces, join_shards, parse_piece
 from repack.manifest import Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size, manifest_cap
 from repack.manifest.versions import check_number, read_version
 
 INDEX_THREADS = 8  # index files read at once
+HELPER_MIN_INDEX_BYTES = 16 << 20  # index text parsed in a helper process from this size on (~160,000 samples)
 INDEX_PIECE_BYTES = 1 << 20  # index text parsed per task: pieces of every shard spread over all cores (a piece parses at ~13x its size: threads x piece bounds the transient; 256 KB ones cost 1.4x the CPU at 1M samples)
 
 
@@ -137,38 +139,78 @@ def shard_files(manifest: Manifest) -> tuple[list[str], list[str]]:
 
 
 def read_index_columns(manifest: Manifest, shards: list[int] | None = None) -> IndexColumns:
-    """The index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``: the files
-    read by ``INDEX_THREADS`` threads (on s3://, concurrent GETs), their text cut into pieces of whole
-    lines (``INDEX_PIECE_BYTES``) parsed on one thread per usable CPU (numpy parses with the GIL
-    released: a dataset of few large shards still parses on every core), the pieces joined once."""
+    """The index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``
+    (``read_shared_index`` without the mapping)."""
+    return read_shared_index(manifest, shards)[0]
+
+
+def read_shared_index(manifest: Manifest, shards: list[int] | None = None) -> tuple[IndexColumns, Any]:
+    """(the index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``, the
+    shared mapping its columns view or None). Local index files of at least ``HELPER_MIN_INDEX_BYTES``
+    in all are parsed by a helper process into shared memory (``pipelines.index_process``: the parse
+    threads' heap never reaches this process, so DataLoader workers forked from it do not map it);
+    others here (``parse_index_files``)."""
     entries = manifest.data["shards"]
     shards = list(range(len(entries))) if shards is None else shards
     paths = [manifest.path(entries[s]["index"]) for s in shards]
+    counts = [int(entries[s]["samples"]) for s in shards]
+    if (paths and index_process.available() and not any(object_store.is_remote(p) for p in paths)
+            and sum(_local_size(p) or 0 for p in paths) >= HELPER_MIN_INDEX_BYTES):
+        return index_process.parse_in_helper([str(p) for p in paths], counts)
+    return parse_index_files(paths, counts), None
+
+
+def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None = None) -> IndexColumns:
+    """The index files ``paths`` (each to hold ``counts[i]`` samples) as one ``IndexColumns``: the files
+    read by ``INDEX_THREADS`` threads (on s3://, concurrent GETs), their text cut into pieces of whole
+    lines (``INDEX_PIECE_BYTES``) parsed on one thread per usable CPU (numpy parses with the GIL
+    released: a dataset of few large shards still parses on every core), the pieces joined once (into
+    arrays from ``allocate``: ``shard_index.concat``)."""
 
     def pieces(path) -> tuple[int, list]:
         return index_pieces(index_bytes(path), str(path), INDEX_PIECE_BYTES)
 
-    with ThreadPoolExecutor(max(1, min(INDEX_THREADS, len(shards))), thread_name_prefix="repack-index") as pool:
+    def parse(piece: np.ndarray, where: str) -> IndexColumns:
+        parsed = parse_piece(piece, where)
+        _unmap_text(piece)
+        return parsed
+
+    with ThreadPoolExecutor(max(1, min(INDEX_THREADS, len(paths))), thread_name_prefix="repack-index") as pool:
         cut = list(pool.map(pieces, paths))
-    for (count, _), shard, path in zip(cut, shards, paths):
-        if count != int(entries[shard]["samples"]):
-            raise ManifestError(f"{path}: {count} samples, the manifest says {entries[shard]['samples']}")
+    for (count, _), want, path in zip(cut, counts, paths):
+        if count != want:
+            raise ManifestError(f"{path}: {count} samples, the manifest says {want}")
     jobs = [(piece, str(path)) for (_, parts), path in zip(cut, paths) for piece in parts]
     threads = min(usable_cpus(), len(jobs))
     if threads <= 1:
-        parsed = [parse_piece(piece, where) for piece, where in jobs]
+        parsed = [parse(piece, where) for piece, where in jobs]
     else:
         with ThreadPoolExecutor(threads, thread_name_prefix="repack-index") as pool:
-            parsed = list(pool.map(lambda job: parse_piece(*job), jobs))
+            parsed = list(pool.map(lambda job: parse(*job), jobs))
     per_shard, at = [], 0
     for _, parts in cut:
         per_shard.append(parsed[at:at + len(parts)])
         at += len(parts)
     del jobs
-    columns = join_shards(per_shard, [count for count, _ in cut], [str(p) for p in paths])
+    columns = join_shards(per_shard, [count for count, _ in cut], [str(p) for p in paths], allocate)
     del cut, parsed, per_shard
     release_free_heap()
     return columns
+
+
+def _unmap_text(piece: np.ndarray) -> None:
+    """Unmap this process's pages of a parsed piece of a memory-mapped index file (the page cache keeps
+    them; a neighbouring piece's reader maps a shared page again): the parse then holds about one
+    piece of text per thread, not every file's (at 10M synthetic samples: 577 MB of text in its RSS)."""
+    base = piece.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    text = base.obj if isinstance(base, memoryview) else base
+    if not isinstance(text, mmap.mmap) or text.closed or not len(piece):
+        return
+    start = piece.ctypes.data - np.frombuffer(text, dtype=np.uint8).ctypes.data
+    lo = start - start % mmap.PAGESIZE
+    text.madvise(mmap.MADV_DONTNEED, lo, start + len(piece) - lo)
 
 
 def index_bytes(path) -> bytes | mmap.mmap:

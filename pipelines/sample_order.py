@@ -141,23 +141,44 @@ def worker_positions(runs: Runs, worker: int, workers: int) -> list[int]:
 
 def worker_position_array(runs: Runs, worker: int, workers: int) -> np.ndarray:
     """``worker_positions`` as an int64 array, built without a Python object per position."""
-    n = runs_length(runs)
-    pieces = piece_count(n, workers)
-    if not 0 <= worker < workers:
-        raise ValueError(f"part {worker} of {workers} is not a valid split")
-    piece = np.arange(worker, pieces, workers, dtype=np.int64)
-    lo, hi = n * piece // pieces, n * (piece + 1) // pieces
-    counts = hi - lo
-    total = int(counts.sum())
-    ends = np.cumsum(counts)
-    share = np.arange(total, dtype=np.int64) - np.repeat(ends - counts - lo, counts)  # indexes into the share
-    run_lo = np.array([a for a, _ in runs] or [0], dtype=np.int64)
-    run_base = np.concatenate([[0], np.cumsum([b - a for a, b in runs])[:-1]]).astype(np.int64) if runs else run_lo
-    which = np.searchsorted(run_base, share, side="right") - 1
-    return run_lo[which] + share - run_base[which]
+    positions = WorkerPositions(runs, worker, workers)
+    return positions[0:len(positions)]
 
 
-def delivery_chunks(positions: np.ndarray, window: int, seed: str | None, start: int = 0) -> Iterator[np.ndarray]:
+class WorkerPositions:
+    """``worker_positions(runs, worker, workers)`` computed a slice at a time (``positions[a:b]``: an int64
+    array): a worker holds a few numbers per piece of ~64 positions, not 8 bytes per position (with its
+    working arrays, ~40 bytes per position of its share at once: 25 MB a worker at 10M samples and 16)."""
+
+    def __init__(self, runs: Runs, worker: int, workers: int) -> None:
+        n = runs_length(runs)
+        pieces = piece_count(n, workers)
+        if not 0 <= worker < workers:
+            raise ValueError(f"part {worker} of {workers} is not a valid split")
+        piece = np.arange(worker, pieces, workers, dtype=np.int64)
+        self._piece_lo = n * piece // pieces  # each of this worker's pieces: its first index into the share
+        counts = n * (piece + 1) // pieces - self._piece_lo
+        self._piece_ends = np.cumsum(counts)
+        self._piece_starts = self._piece_ends - counts
+        self._total = int(self._piece_ends[-1]) if len(counts) else 0
+        self._run_lo = np.array([a for a, _ in runs] or [0], dtype=np.int64)
+        self._run_base = (np.concatenate([[0], np.cumsum([b - a for a, b in runs])[:-1]]).astype(np.int64)
+                          if runs else self._run_lo)
+
+    def __len__(self) -> int:
+        return self._total
+
+    def __getitem__(self, cut: slice) -> np.ndarray:
+        if not isinstance(cut, slice) or cut.step not in (None, 1):
+            raise TypeError("WorkerPositions takes a slice positions[a:b]")
+        mine = np.arange(*cut.indices(self._total)[:2], dtype=np.int64)  # indexes into this worker's list
+        piece = np.searchsorted(self._piece_ends, mine, side="right")
+        share = self._piece_lo[piece] + mine - self._piece_starts[piece]  # indexes into the share
+        run = np.searchsorted(self._run_base, share, side="right") - 1
+        return self._run_lo[run] + share - self._run_base[run]
+
+
+def delivery_chunks(positions: "np.ndarray | WorkerPositions", window: int, seed: str | None, start: int = 0) -> Iterator[np.ndarray]:
     """``delivery_order(positions, window, seed)[start:]`` as consecutive arrays (a window at a time:
     a window's permutation is made when it is reached)."""
     first = start // window

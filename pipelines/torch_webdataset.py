@@ -34,28 +34,31 @@ import warnings
 import zlib
 from dataclasses import dataclass
 from itertools import accumulate, islice
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
-import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines import dataset_identity, object_store, sample_order
 from pipelines.batch_read import BatchRules, read_batch
 from pipelines.batches import BufferRing, OneBuffer, PackedBytes, collate_column, new_board
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
-                                       parse_label, read_checksums, read_index_columns, sample_at)
-from pipelines.pil_images import decode_image
+                                       parse_label, read_checksums, read_shared_index, sample_at)
+from pipelines.index_process import drop_resident
 from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
                                  plan_blocks, read_ahead, split_out)
 from repack.manifest import ManifestError
 
+if TYPE_CHECKING:
+    import webdataset as wds
+
 UNLABELED = -1
 STATE_VERSION = 3  # 3: the dataset version and digest, padding repeats (2: worker pieces; 1: contiguous parts)
 WHOLE_RUNS = 1 << 62  # a batch's block size limit: every run of adjacent samples is one read (pread, ranged GET)
 _STAT_SLOTS = 256  # per-worker counters in shared memory: [worker % slots] -> (skipped, bytes read)
+INDEX_DROP_SAMPLES = 8192  # a worker unmaps the shared index's pages after every this many samples it delivered
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -208,9 +211,14 @@ class ImageShardDataset(IterableDataset):
         self.labeled = is_labeled(self.manifest)
         self.counts = [s.samples for s in self.manifest.shards]
         self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
-        # every index as numpy columns, before the DataLoader forks: its workers share them
-        self.index = read_index_columns(self.manifest)
+        # every index as numpy columns, before the DataLoader forks: its workers share them (at scale in one
+        # shared mapping, whose pages a worker unmaps again as it goes: ``_drop_index_pages``)
+        self.index, self._index_mapping = read_shared_index(self.manifest)
         self._checksum_cache: dict[int, Any] = {}
+
+    def __getstate__(self) -> dict:
+        # a spawned DataLoader worker gets the columns by value (as numpy pickles them), not the mapping
+        return {**self.__dict__, "_index_mapping": None}
 
     @property
     def classes(self) -> dict[str, int]:
@@ -295,6 +303,8 @@ class ImageShardDataset(IterableDataset):
         order = list(range(len(self.counts)))
         if not self.shuffle:
             return order
+        import webdataset as wds  # here: PIL and webdataset stay out of opening a reader (~0.2 s of imports)
+
         return list(wds.detshuffle(len(order), len(order), seed=self.seed, epoch=epoch - 1).run(iter(order)))
 
     def _layout(self, epoch: int) -> tuple[list[int], list[int]]:
@@ -436,9 +446,11 @@ class ImageShardDataset(IterableDataset):
         slot = self._stats[cursor.worker % _STAT_SLOTS]
         ready: dict[int, tuple] = {}
         fetched = fetch_blocks(self._blocks(cursor, windows, layout), self.prefetch)
+        pages = _IndexPages(self._index_mapping)
         try:
             for w in range(first, len(windows)):
                 for position in windows[w][skip if w == first else 0:]:
+                    pages.used(1)
                     while position not in ready:
                         _, block, data = next(fetched)
                         slot[1] += len(data)
@@ -491,7 +503,7 @@ class ImageShardDataset(IterableDataset):
         which names what is wrong."""
         self._cursor = cursor
         layout = self._layout(cursor.epoch)
-        positions = sample_order.worker_position_array(cursor.runs, cursor.worker, cursor.workers)
+        positions = sample_order.WorkerPositions(cursor.runs, cursor.worker, cursor.workers)
         chunks = sample_order.delivery_chunks(positions, self.shuffle_buffer, self._shuffle_seed(cursor),
                                               cursor.position)
         slot = self._stats[cursor.worker % _STAT_SLOTS]
@@ -519,8 +531,10 @@ class ImageShardDataset(IterableDataset):
             return chunk, batch, None, (taken[0] if batch is None and taken else None)
 
         attempts = read_ahead(rebatch(chunks, self.batch_size), attempt, self.prefetch)
+        pages = _IndexPages(self._index_mapping)
         try:
             for chunk, batch, reads, reserved in attempts:
+                pages.used(len(chunk))
                 if batch is not None:
                     cursor.position += len(chunk)
                     slot[1] += batch.nbytes
@@ -658,14 +672,33 @@ class ImageShardDataset(IterableDataset):
         return {key: column([o[key] for o in outputs]) for key in ("key", "image", "label", "meta")}
 
     def _pipeline(self, source: Callable[[], Iterator[dict]]) -> wds.DataPipeline:
+        import webdataset as wds
+
         return wds.DataPipeline(source, self._outputs)
 
     def _decode(self, data: bytes):
         if not self.decode:
             return data
+        from pipelines.pil_images import decode_image
         if self.draft_size is None:
             return decode_image(data, self.mode)
         return decode_image(data, self.mode, draft=self.draft_size)
+
+
+class _IndexPages:
+    """Unmaps this process's pages of the shared index mapping (``index_process.drop_resident``) after
+    every ``INDEX_DROP_SAMPLES`` samples: a worker's samples are dealt in pieces spread over the whole
+    index, so without it each worker ends up mapping (and counting in its RSS) every page of it; with it,
+    about the pages of the last stretch (measured: see docs/benchmarks.md, "Reader memory per sample")."""
+
+    def __init__(self, mapping) -> None:
+        self.mapping, self.count = mapping, 0
+
+    def used(self, samples: int) -> None:
+        self.count += samples
+        if self.mapping is not None and self.count >= INDEX_DROP_SAMPLES:
+            drop_resident(self.mapping)
+            self.count = 0
 
 
 def rebatch(chunks: Iterator[np.ndarray], size: int) -> Iterator[np.ndarray]:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import tracemalloc
 
 import numpy as np
+import torch
 import pytest
 
-from pipelines import manifest_access
+from pipelines import manifest_access, torch_webdataset
 from pipelines.torch_webdataset import ImageShardDataset
-from repack.manifest import read_manifest
+from repack.manifest import ManifestError, read_manifest
 from repack.manifest.shard_index import concat, parse_index
 from tests.tools.synthetic_shards import synthetic_dataset
 
@@ -57,3 +58,72 @@ def test_pieces_parsed_on_threads_join_into_the_shard_by_shard_index(datasets, t
         assert np.array_equal(getattr(got, name), getattr(wanted, name)), name
     assert (got.exts, got.suffixes, got.key_width) == (wanted.exts, wanted.suffixes, wanted.key_width)
     assert got.shard_starts.tolist() == [0, 4_000, 8_000, 12_000]
+
+
+def _mapping_rss(mapping) -> int:
+    """This process's resident bytes of ``mapping`` (its /proc/self/smaps entry)."""
+    address = np.frombuffer(mapping, dtype=np.uint8).ctypes.data
+    inside = False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("the mapping is not in /proc/self/smaps")
+
+
+def test_a_large_index_is_parsed_by_a_helper_into_the_same_columns(datasets, monkeypatch):
+    root = datasets[40_000]
+    manifest = read_manifest(root)
+    here, mapping = manifest_access.read_shared_index(manifest)
+    assert mapping is None  # 2.3 MB of index text: parsed in this process
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    helped, mapping = manifest_access.read_shared_index(manifest)
+    assert mapping is not None
+    for name in COLUMNS:
+        got = getattr(helped, name)
+        assert got.dtype == getattr(here, name).dtype and np.array_equal(got, getattr(here, name)), name
+        assert not got.flags.writeable, name  # a read-only view of the shared mapping
+    assert (helped.exts, helped.suffixes, helped.key_width) == (here.exts, here.suffixes, here.key_width)
+
+
+def test_the_helper_names_the_index_it_refuses(tmp_path, monkeypatch):
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    root = synthetic_dataset(tmp_path / "bad", 2 * 1_000, 1_000)
+    index = root / "shard-000001.idx"
+    index.unlink()  # a hard link to shard 0's index: write its own, with one line cut
+    lines = (root / "shard-000000.idx").read_text().splitlines(keepends=True)
+    index.write_text("".join(lines[:-1]))
+    with pytest.raises(ManifestError, match="shard-000001.idx"):
+        ImageShardDataset(root, decode=False, batch_size=256)
+    index.unlink()
+    with pytest.raises(FileNotFoundError, match="shard-000001.idx"):
+        manifest_access.read_shared_index(read_manifest(root))
+
+
+def test_a_reader_unmaps_the_shared_index_as_it_goes(tmp_path, monkeypatch):
+    # bytes, not time: after an epoch the reader maps about the index pages of its last stretch of
+    # samples (plus the kernel's fault-around, 64 KB a column), not all of them (~6.2 MB here; without
+    # the unmapping 5.5 MB stay mapped)
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    monkeypatch.setattr(torch_webdataset, "INDEX_DROP_SAMPLES", 2_048)
+    dataset = ImageShardDataset(synthetic_dataset(tmp_path / "big", 200_000, 40_000), decode=False, batch_size=256)
+    mapping = dataset._index_mapping
+    columns = sum(getattr(dataset.index, name).nbytes for name in COLUMNS)
+    assert columns > 6_000_000
+    delivered = sum(len(labels) for _, labels in dataset)
+    assert delivered == 200_000
+    assert _mapping_rss(mapping) <= 1_500_000, f"{_mapping_rss(mapping)} of {columns} bytes still mapped"
+
+
+def test_a_helper_parsed_reader_reads_through_spawned_workers(tmp_path, monkeypatch):
+    # spawn pickles the dataset: its columns travel by value, the shared mapping stays behind
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    dataset = ImageShardDataset(synthetic_dataset(tmp_path / "s", 2 * 1_000, 1_000), decode=False, batch_size=100)
+    assert dataset._index_mapping is not None
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    labels = np.concatenate([batch_labels.numpy() for _, batch_labels in loader])
+    assert sorted(labels.tolist()) == sorted([i % 10 for i in range(1_000)] * 2)

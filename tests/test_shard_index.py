@@ -124,11 +124,16 @@ def test_the_order_as_arrays_equals_the_order_as_lists(runs):
             listed = sample_order.worker_positions(runs, worker, workers)
             array = sample_order.worker_position_array(runs, worker, workers)
             assert array.tolist() == listed
+            lazy = sample_order.WorkerPositions(runs, worker, workers)
+            assert len(lazy) == len(listed)
+            for a, b in ((0, len(listed)), (0, 1), (63, 130), (len(listed) - 5, len(listed) + 9)):
+                assert lazy[a:b].tolist() == listed[a:b]
             for seed in (None, "7:1:0:0"):
                 order = sample_order.delivery_order(listed, 100, seed)
                 for start in (0, 1, 99, 100, len(listed)):
-                    chunks = list(sample_order.delivery_chunks(array, 100, seed, start))
-                    assert [p for c in chunks for p in c.tolist()] == order[start:]
+                    for positions in (array, lazy):
+                        chunks = list(sample_order.delivery_chunks(positions, 100, seed, start))
+                        assert [p for c in chunks for p in c.tolist()] == order[start:]
 
 
 SAMPLES = 3000
@@ -153,7 +158,7 @@ def tiny_dataset(tmp_path_factory) -> Path:
 
 
 def test_an_epoch_of_raw_batches_holds_columns_not_an_object_per_sample(tiny_dataset):
-    next(iter(ImageShardDataset(tiny_dataset, batch_size=64, decode=False)))  # the modules it imports at first use
+    next(iter(ImageShardDataset(tiny_dataset, batch_size=64, decode=False, shuffle=True)))  # imports at first use
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]

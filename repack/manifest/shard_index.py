@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 import dataclasses
 import mmap
@@ -35,6 +36,7 @@ import numpy as np
 from repack.manifest import ManifestError
 
 SPACE, NEWLINE, DOT = 32, 10, 46
+Allocate = Callable[[int, np.dtype], np.ndarray]  # (count, dtype) -> a writable array of count items
 _MAX_DIGITS = 18  # offsets and sizes below 10**18: int64 holds them
 _KEYED, _WHOLE = b"k", b"n"  # suffix table tag: after the sample key, or the whole name
 
@@ -128,6 +130,7 @@ def ragged_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(ends - counts - starts, counts)
 
 
+_CUT_LOOKBACK = 4096  # bytes before a piece's end searched for its last newline first
 CHUNK_BYTES = 4 << 20  # index text parsed at a time: its working arrays stay tens of MB, whatever the shard
 
 
@@ -156,8 +159,11 @@ def index_pieces(raw: bytes | mmap.mmap, where: str, chunk_bytes: int | None = N
     while lo < len(body) or not pieces:
         hi = min(lo + chunk, len(body))
         if hi < len(body):  # at the chunk's last newline (past it only for a line longer than a chunk)
-            cut = np.flatnonzero(body[lo:hi] == NEWLINE)
-            hi = lo + int(cut[-1]) + 1 if len(cut) else hi + int(np.argmax(body[hi:] == NEWLINE)) + 1
+            tail = max(lo, hi - _CUT_LOOKBACK)  # looked for in the chunk's tail first: the text is not read twice
+            cut = np.flatnonzero(body[tail:hi] == NEWLINE)
+            if not len(cut) and tail > lo:
+                tail, cut = lo, np.flatnonzero(body[lo:hi] == NEWLINE)
+            hi = tail + int(cut[-1]) + 1 if len(cut) else hi + int(np.argmax(body[hi:] == NEWLINE)) + 1
         pieces.append(body[lo:hi])
         lo = hi
     return int(head[1]), pieces
@@ -175,13 +181,15 @@ def _narrow(values: np.ndarray) -> np.ndarray:
     return values.astype(narrowest(int(values.max(initial=0)) + 1), copy=False)
 
 
-def join_shards(parts: list[list[IndexColumns]], counts: list[int], wheres: list[str]) -> IndexColumns:
+def join_shards(parts: list[list[IndexColumns]], counts: list[int], wheres: list[str],
+                allocate: Allocate | None = None) -> IndexColumns:
     """The parsed pieces of each shard (``parts[i]``: shard i's, in order) as one dataset index, each
-    shard checked against the sample count its header declares (``counts[i]``), codes merged once."""
+    shard checked against the sample count its header declares (``counts[i]``), codes merged once
+    (the joined columns from ``allocate``, as in ``concat``)."""
     for pieces, count, where in zip(parts, counts, wheres, strict=True):
         if sum(p.samples for p in pieces) != count:
             raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
-    joined = concat([p for pieces in parts for p in pieces])
+    joined = concat([p for pieces in parts for p in pieces], allocate)
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     return dataclasses.replace(joined, shard_starts=starts)
@@ -332,8 +340,10 @@ def narrowest(limit: int):
     return np.int64
 
 
-def concat(parts: list[IndexColumns]) -> IndexColumns:
-    """The one-shard indexes ``parts`` (in shard order) as one dataset index, codes merged."""
+def concat(parts: list[IndexColumns], allocate: Allocate | None = None) -> IndexColumns:
+    """The one-shard indexes ``parts`` (in shard order) as one dataset index, codes merged; each joined
+    per-sample or per-member column in an array from ``allocate(count, dtype)`` (default: a shared
+    anonymous memory map of its own)."""
     exts = tuple(sorted({e for p in parts for e in p.exts}))
     suffixes = tuple(sorted({s for p in parts for s in p.suffixes}))
     ext_code, suffix_code = {e: i for i, e in enumerate(exts)}, {s: i for i, s in enumerate(suffixes)}
@@ -346,6 +356,9 @@ def concat(parts: list[IndexColumns]) -> IndexColumns:
     first_member = _chain([p.first_member for p in parts], members)
     key_ends = _chain([p.key_ends for p in parts], key_bytes)
     offsets, sizes = [p.offset for p in parts], [p.size for p in parts]
+
+    def _mapped(arrays: list[np.ndarray], dtype) -> np.ndarray:
+        return _joined(arrays, dtype, allocate)
     return IndexColumns(
         np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
         _mapped([first_member], narrowest(int(first_member[-1]) + 1)),
@@ -358,11 +371,15 @@ def concat(parts: list[IndexColumns]) -> IndexColumns:
         exts, suffixes, _common_width([p.key_width for p in parts if p.samples]))
 
 
-def _mapped(arrays: list[np.ndarray], dtype) -> np.ndarray:
-    """``arrays`` joined and cast to ``dtype`` in a memory map of their own, not on the malloc heap:
-    parsing's working arrays, once freed, leave no heap behind for forked workers to map."""
+def _joined(arrays: list[np.ndarray], dtype, allocate: Allocate | None = None) -> np.ndarray:
+    """``arrays`` joined and cast to ``dtype`` in an array from ``allocate``, by default in a memory
+    map of their own, not on the malloc heap: parsing's working arrays, once freed, leave no heap
+    behind for forked workers to map."""
     total = sum(len(a) for a in arrays)
-    out = np.frombuffer(mmap.mmap(-1, max(1, total * np.dtype(dtype).itemsize)), dtype=dtype, count=total)
+    if allocate is not None:
+        out = allocate(total, np.dtype(dtype))
+    else:
+        out = np.frombuffer(mmap.mmap(-1, max(1, total * np.dtype(dtype).itemsize)), dtype=dtype, count=total)
     at = 0
     for a in arrays:
         out[at:at + len(a)] = a
