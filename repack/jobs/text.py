@@ -46,15 +46,15 @@ from repack.sources import Confinement
 from repack.sources.confine import open_input
 from repack.sources.reading import read_inputs
 from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, TEXT_WORKER_BUDGET,
-                                      TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader, list_text_files,
+                                      TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader, file_document, list_text_files,
                                       preloadable, require_decompressors)
 from repack.sources.columns import name_ends
 from repack.store import is_remote
 
 _FS = ("utf-8", "surrogateescape")
 
-BATCH_CHARS = 1 << 20  # characters handed to one encode_batch call
-BATCH_DOCS = 2048
+BATCH_CHARS = 1 << 18  # characters handed to one encode_batch call (its Encodings: ~70 B per token, per worker)
+BATCH_DOCS = 1024
 TOKENIZER_THREADS = 2  # Rust threads of encode_batch inside each worker process (unless set in the env)
 MERGED_MARKER = "merged.json"
 TOKENIZER_COPY = "tokenizer.json"
@@ -377,8 +377,26 @@ class TextJob(Job):
             preload = {n for n, s in enumerate(plan_segments) if preloadable(s)}
             read = read_inputs([{"path": s.path, "rel": s.rel, "fingerprint": list(s.fingerprint) or None}
                                 for n, s in enumerate(plan_segments) if n in preload])  # lazily: one read per file
+            whole_files = self.spec.doc_per == "file"  # a plain .txt file read whole: file_document, no reader
             for number, segment in enumerate(plan_segments):
                 data = next(read) if number in preload else None
+                whole = file_document(data, self.spec.max_doc_bytes) if (
+                    whole_files and segment.kind == "txt" and not segment.compression) else None
+                if whole is not None:
+                    text, count = whole
+                    if not text or text.isspace():
+                        counts["empty_documents"] += 1
+                    else:
+                        batch.append(text)
+                        batch_segs.append(number)
+                        batch_lines.append(1)
+                        chars += len(text)
+                        counts["characters"] += len(text)
+                        if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
+                            flush()
+                    lines.append(count)
+                    digests.append(None if is_remote(segment.path) else hashlib.sha256(data).digest())
+                    continue
                 reader = SegmentReader(segment, self.spec.field, self.spec.doc_per, self.spec.max_doc_bytes, data)
                 for doc in reader:
                     if doc.reason is not None:
