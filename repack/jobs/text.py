@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,13 +192,17 @@ class SegmentColumns:
         return self._runs_bytes(segs, self.before_in_file(self.documents)[segs], self.documents[segs])
 
     def _runs_bytes(self, segs: np.ndarray, firsts: np.ndarray, counts: np.ndarray) -> bytes:
-        """``encode_runs`` of one run per segment in ``segs`` (distinct files), the names cut from the names
-        blob with numpy."""
+        """``encode_runs`` of one run per segment in ``segs`` (distinct files, ascending), the names cut from the
+        names blob with a byte mask (one byte per byte of the blob, not an int64 index per byte: at 500,000
+        files 11 MB instead of ~260 MB of transient arrays)."""
         begins = self.name_starts()[segs]
         lengths = self.ends[segs] - begins
         name_end = np.cumsum(lengths, dtype=np.int64)
-        at = np.repeat(begins - (name_end - lengths), lengths) + np.arange(int(name_end[-1]) if len(segs) else 0)
-        blob = np.frombuffer(self.names, np.uint8)[at].tobytes()
+        chosen = np.zeros(len(self), dtype=bool)
+        chosen[segs] = True
+        keep = np.repeat(chosen, np.diff(np.concatenate(([-1], self.ends))))  # each name with the NUL after it
+        keep[self.ends[chosen]] = False
+        blob = np.frombuffer(self.names, np.uint8)[:len(keep)][keep].tobytes()
         blob.decode("utf-8")  # the side file's names are UTF-8 (as encode_runs requires)
         return encode_columns(name_end, blob, np.arange(len(segs), dtype=np.int64), firsts.astype(np.int64),
                               counts.astype(np.int64))
@@ -486,7 +491,10 @@ class TextJob(Job):
                                    else q["line"], "reason": q["reason"]})
         parts = [r["part"] for r in records]
         if spec.merge:
-            entries = [self._with_side_file(self._merge(plan, records, dtype), segments.merged_runs_bytes())]
+            with ThreadPoolExecutor(1) as side:  # zlib and the part copies release the GIL: the two overlap
+                runs = side.submit(segments.merged_runs_bytes)
+                merged = self._merge(plan, records, dtype)
+                entries = [self._with_side_file(merged, runs.result())]
             lengths = read_index(self.out / entries[0]["index"]).lengths
         else:
             entries = [{"path": pt["bin"], "index": pt["idx"], "prefix": pt["bin"][:-4], "samples": pt["documents"],
