@@ -50,3 +50,35 @@ def test_sniff_rule():
     assert binary_reason(b"") is None
     assert binary_reason(random.Random(1).randbytes(4000)).startswith("binary data")
     assert binary_reason(bytes(range(128, 256)) * 4).startswith("binary data, not UTF-8")
+
+
+def test_plain_text_agrees_with_binary_reason():
+    """``plain_text`` (the whole-small-file fast path) accepts exactly what ``binary_reason`` accepts among
+    NUL- and ESC-free UTF-8, decodes it, and defers (None) on everything else: control-heavy text around the
+    10 % line (ASCII and not), U+FFFD, a UTF-8 BOM, invalid UTF-8, UTF-16, NUL, ANSI escapes, empty."""
+    from repack.sources.text_sniff import SNIFF_BYTES, plain_text
+
+    rng = random.Random(26)
+    alphabet = ["a", "b", " ", "\n", "\t", "\x01", "\x07", "\x1f", "\u00e9", "\u2014", "\ufffd", "\U0001f600"]
+    cases = [b"", b"\xef\xbb\xbf", "\ufeffhello\n".encode(), b"caf\xe9\n", TEXT.encode("utf-16"), b"a\x00b",
+             b"\x1b[31mred\x1b[0m\n", b"x" * SNIFF_BYTES + b"\n", ("\x01" + "a" * 9).encode(),
+             ("\x01" + "a" * 8).encode(), ("\ufffd" + "a" * 9).encode(), ("\ufffd" + "a" * 8).encode()]
+    for _ in range(3000):
+        size = rng.randint(1, 60)
+        weights = [rng.random() ** 3 for _ in alphabet]
+        cases.append("".join(rng.choices(alphabet, weights, k=size)).encode())
+    accepted = 0
+    for data in cases:
+        text = plain_text(data)
+        try:
+            valid = data.decode("utf-8")
+        except UnicodeDecodeError:
+            valid = None
+        if valid is None or "\x00" in valid or "\x1b" in valid or len(data) > SNIFF_BYTES:
+            assert text is None, data
+            continue
+        assert (text is not None) == (binary_reason(data) is None), data
+        if text is not None:
+            assert text == valid
+            accepted += 1
+    assert 100 < accepted < len(cases) - 100  # both sides of the rule were exercised

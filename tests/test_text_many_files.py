@@ -84,11 +84,15 @@ def test_remove_reads_the_inline_sources_of_an_older_manifest(tmp_path, gpt2):
 
 
 def test_documents_of_many_files_share_tokenizer_calls(tmp_path, gpt2):
-    """One encode_batch call per batch of documents, not one per input file."""
+    """One encode_batch call per batch of documents (BATCH_DOCS, bounding a worker's memory), not one per
+    input file."""
+    from repack.jobs.text import BATCH_DOCS
+
     out, rels = pack(tmp_path, "calls", 300, gpt2)
     manifest = read_manifest_json(out)
     assert manifest["totals"]["documents"] == len(rels)
-    assert manifest["run"]["tokenize_batches"] == manifest["totals"]["parts"] == 1
+    assert manifest["totals"]["parts"] == 1
+    assert manifest["run"]["tokenize_batches"] == -(-len(rels) // BATCH_DOCS) < len(rels)
 
 
 def test_job_state_stays_under_64_bytes_per_input_file_and_append_still_compares_content(tmp_path, gpt2):
@@ -229,3 +233,25 @@ def test_the_folder_scan_on_a_pool_lists_in_byte_order_and_reads_each_file_once(
         ("link", "folder already scanned as a (symlink loop or second link): skipped"),
         ("e/hard.txt", "same file as a.txt (hard link or second path): read once, under a.txt"),
         ("y-link.txt", "same file as a-b/y.txt (symlink inside the source root): read once, under a-b/y.txt")]
+
+
+def test_side_file_names_cut_with_a_byte_mask_match_the_names_of_the_chosen_segments():
+    """``SegmentColumns._runs_bytes`` takes the names of any ascending set of segments (the first, the last,
+    repeated file names of a file cut over parts, none) exactly as joining them one by one would."""
+    import numpy as np
+
+    from repack.jobs.text import SegmentColumns
+    from repack.manifest.source_runs import decode_runs
+    from repack.sources.columns import name_ends
+
+    rels = ["a.txt", "b/\u00e9t\u00e9.txt", "b/\u00e9t\u00e9.txt", "c/d/e.txt", "f.txt", "g.txt", "g.txt"]
+    names = b"".join(r.encode() + b"\0" for r in rels)
+    zeros = np.zeros(len(rels), np.int64)
+    columns = SegmentColumns(names, name_ends(names), zeros, zeros, zeros, np.array([0, 3, len(rels)]))
+    rng = np.random.default_rng(7)
+    choices = [[], [0], [len(rels) - 1], [0, 2, 3, 6], list(range(len(rels)))]
+    choices += [sorted(rng.choice(len(rels), size=k, replace=False).tolist()) for k in (2, 3, 5) for _ in range(5)]
+    for chosen in choices:
+        segs = np.asarray(chosen, np.int64)
+        data = columns._runs_bytes(segs, np.zeros(len(segs), np.int64), np.ones(len(segs), np.int64))
+        assert [run[0] for run in decode_runs(data)] == [rels[s] for s in chosen]

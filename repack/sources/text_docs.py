@@ -38,7 +38,7 @@ from repack.sources.reading import open_input
 from repack.sources.s3 import scan_objects
 from repack.sources.text_kinds import classify
 from repack.sources.text_scan import KIND_OF, TextInputs, scan_text_folder
-from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul
+from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul, plain_text
 from repack.store import is_remote
 
 SNIP_BYTES = 4096  # the sniff reads a damaged compressed stream in pieces, keeping what decompressed
@@ -316,6 +316,29 @@ def preloadable(segment: Segment) -> bool:
             and (segment.unit == "file" or segment.end == size))
 
 
+def file_document(data: bytes | OSError | None, max_doc_bytes: int) -> tuple[str, int] | None:
+    """(text, lines) of a plain ``.txt`` file read whole already (``--doc-per file``: the many-small-files
+    case) when it is good text under the cap, without a BOM; None otherwise (not read, too long, anything to
+    report: ``SegmentReader``'s general path then says what)."""
+    if not isinstance(data, bytes) or len(data) > max_doc_bytes:
+        return None
+    if len(data) <= SNIFF_BYTES:
+        text = plain_text(data)
+        if text is None:
+            return None
+        text = text.removeprefix("\ufeff")
+    else:
+        if binary_reason(data[:SNIFF_BYTES]) is not None:
+            return None
+        try:
+            text = data.removeprefix(codecs.BOM_UTF8).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if has_nul(text):
+            return None
+    return text, data.count(b"\n") + (0 if data[-1:] in (b"\n", b"") else 1)
+
+
 @contextlib.contextmanager
 def _open_stream(segment: Segment, data: bytes | OSError | None = None) -> Iterator[BinaryIO]:
     """The segment's bytes (decompressed): ``data`` (the whole file, read already; an OSError raised
@@ -436,18 +459,13 @@ class SegmentReader:
         """The one document of a plain .txt file read whole already (``--doc-per file``, the many-small-files
         case), straight from its bytes when it is good text under the cap; None otherwise (not that case,
         or anything to report: the general path below then says what)."""
-        data = self.data
         segment = self.segment
-        if (self.doc_per != "file" or segment.kind != "txt" or segment.compression or not isinstance(data, bytes)
-                or len(data) > self.max_doc_bytes or binary_reason(data[:SNIFF_BYTES]) is not None):
+        if self.doc_per != "file" or segment.kind != "txt" or segment.compression:
             return None
-        try:
-            text = data.removeprefix(codecs.BOM_UTF8).decode("utf-8")
-        except UnicodeDecodeError:
+        whole = file_document(self.data, self.max_doc_bytes)
+        if whole is None:
             return None
-        if has_nul(text):
-            return None
-        self.lines = data.count(b"\n") + (0 if data[-1:] in (b"\n", b"") else 1)
+        text, self.lines = whole
         return Doc(1, text=text)
 
     def _sniff(self) -> str | None:

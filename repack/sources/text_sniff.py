@@ -70,6 +70,24 @@ def binary_reason(head: bytes) -> str | None:
     return None
 
 
+def plain_text(data: bytes) -> str | None:
+    """``data`` (a whole small file, at most ``SNIFF_BYTES``) decoded, when it is UTF-8 text with no NUL and no
+    ESC byte that ``binary_reason`` accepts; None otherwise (then ``binary_reason`` and the slow path say
+    what it is). The same rule counted on the bytes, without an incremental decoder or a regex: in valid
+    UTF-8 a control byte is a control character, and U+FFFD is the bytes EF BF BD."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if len(data) > SNIFF_BYTES or "\x00" in text or "\x1b" in text:
+        return None
+    bad = len(data.translate(None, _TEXT_BYTES)) + (0 if len(text) == len(data) else data.count(_REPLACEMENT))
+    return None if bad > MAX_NON_TEXT * len(text) else text
+
+
+_REPLACEMENT = "\ufffd".encode()
+
+
 def has_nul(text: str) -> bool:
     """True if a document holds U+0000 (binary data)."""
     return "\x00" in text
