@@ -1,11 +1,14 @@
 """Reading a dataset's files where they are: a local path, or an ``s3://bucket/key`` URL.
 
-Objects are read with boto3 (credentials and endpoint the standard AWS way: ``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles). A byte range is
-a ranged GET whose body is read as it arrives: a shard is streamed, never downloaded whole first.
-A connection lost in the middle of a range is resumed from the byte where it stopped.
+Objects are read with boto3's configuration (credentials and endpoint the standard AWS way:
+``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles).
+A byte range is a ranged GET whose body is read as it arrives: a shard is streamed, never downloaded
+whole first. A connection lost in the middle of a range is resumed from the byte where it stopped.
 ``read_range_into`` receives a range straight into the caller's buffer (one copy: the socket's).
-One client per process and endpoint (DataLoader workers make their own).
+The first ranged GET of a bucket is boto3's, and teaches the bucket's route; the others are signed and
+sent on kept-alive sockets by ``pipelines.s3_ranges`` (~0.1-0.3 ms of client CPU a GET where botocore
+spends 3-4 ms; forked DataLoader workers inherit the route and need no boto3 client), and every answer
+that is not the range is boto3's to give. One client per process and endpoint (workers make their own).
 
 Waits are bounded and visible as the commands' are, by the same code (``repack.manifest.s3_waits``:
 ``REPACK_S3_CONNECT_TIMEOUT``, ``REPACK_S3_READ_TIMEOUT``, ``REPACK_S3_ATTEMPTS``, ``REPACK_S3_NOTICE``): a
@@ -27,8 +30,9 @@ import io
 import os
 import threading
 import time
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
+from pipelines import s3_ranges
 from repack.manifest.s3_waits import S3Limits, WaitWatch, watch_client
 
 RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way (each request bounded as above)
@@ -166,10 +170,19 @@ def _pread(fd: int, start: int, end: int) -> bytes:
 
 
 def _read_object_range(url: str, start: int, end: int) -> bytes:
-    """``read_range`` of an object: the one ranged-GET loop (``_read_object_into``) into a buffer of its own."""
-    buffer = bytearray(max(end - start, 0))
-    got = _read_object_into(url, start, memoryview(buffer)) if buffer else 0
-    return bytes(buffer) if got == len(buffer) else bytes(memoryview(buffer)[:got])
+    """``read_range`` of an object: the one ranged-GET loop (``_read_object``) into a buffer of its own,
+    made once the answer says how many bytes come (a manifest read "up to the cap" allocates what the
+    object holds, not the cap)."""
+    made: list[bytearray] = []
+
+    def claim(size: int) -> memoryview:
+        made.append(bytearray(size))
+        return memoryview(made[0])
+
+    got = _read_object(url, start, end, claim)
+    if not made:
+        return b""
+    return bytes(made[0]) if got == len(made[0]) else bytes(memoryview(made[0])[:got])
 
 
 def pread_into(fd: int, view, start: int) -> int:
@@ -200,38 +213,23 @@ def read_range_into(location: str, start: int, buffer) -> int:
             return pread_into(fd, view, start)
         finally:
             os.close(fd)
-    return _read_object_into(str(location), start, view)
+    return _read_object(str(location), start, start + len(view), lambda size: view)
 
 
-def _read_object_into(url: str, start: int, view: memoryview) -> int:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    end, got, resumed = start + len(view), 0, 0
-    while got < len(view):
+def _read_object(url: str, start: int, end: int, claim: Callable[[int], memoryview]) -> int:
+    """Bytes [start, end) of an object (fewer where it ends first) into ``claim(n)``, the buffer the
+    caller gives once the first answer says how many (``n``) come; how many were read. One ranged GET
+    (``_ranged_get``); a stream that broke mid-way is resumed by another from the first byte not yet read."""
+    view, got, resumed, stop = None, 0, 0, end
+    while start + got < stop:
         at = start + got
-        try:
-            response = _get_object(url, Range=f"bytes={at}-{end - 1}")
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code in ("NoSuchKey", "404"):
-                raise FileNotFoundError(url) from None
-            if code == "InvalidRange":  # the object ends before at
-                break
-            raise
-        try:
-            _, size = _content_range(url, response, at)
-        except OSError:
-            response["Body"].close()
-            raise
-        stop = min(end, size)
-        body, received = response["Body"], 0
-        try:
-            received = _receive(body, view[got:stop - start])
-        except (BotoCoreError, OSError):
-            pass
-        finally:
-            _finish(body, whole=start + got + received >= stop)
-        got += received
+        answer = _ranged_get(url, at, end)
+        if answer is None:  # the object ends before at
+            break
+        stop = min(end, answer.size)
+        if view is None:
+            view = claim(stop - start)
+        got += answer.receive(view[got:stop - start])
         if start + got >= stop:
             break
         resumed += 1  # the stream broke: resume at the first byte not yet read
@@ -241,15 +239,114 @@ def _read_object_into(url: str, start: int, view: memoryview) -> int:
     return got
 
 
-def _content_range(url: str, response: dict, at: int) -> tuple[int, int]:
-    """(first byte, object size) of a ranged GET's answer ("bytes a-b/size"); OSError when the server
-    answered another range than asked (or none past byte 0: it sent the object from its start)."""
-    text = str(response.get("ContentRange") or "")
-    first, _, size = text.removeprefix("bytes ").partition("/")
+def _ranged_get(url: str, at: int, end: int):
+    """The answer (``.size``: the object's; ``.receive(view)``: its body) of a ranged GET of bytes [at, end)
+    of ``url``, or None when the object ends before ``at``. On the wire (``pipelines.s3_ranges``) once the
+    bucket's route is known; by boto3 for the first GET of a bucket (which teaches the route) and for every
+    answer the wire path does not take (boto3's answer or error is the one given)."""
+    bucket, key = split_url(url)
+    route = s3_ranges.known_route(bucket)
+    if route:
+        answer = _range_getter().get(url, route, key, at, end,
+                                     lambda text, length: _content_range(url, text, length, at)[1])
+        if answer is not None:
+            return answer
+    return _boto3_ranged_get(url, at, end, learn=route is False)
+
+
+def _boto3_ranged_get(url: str, at: int, end: int, learn: bool):
+    """``_ranged_get`` by boto3; ``learn``: keep the bucket's route from the request it sent."""
+    from botocore.exceptions import ClientError
+
+    me, sent = threading.get_ident(), []
+
+    def observe(request, **_):
+        if threading.get_ident() == me:
+            auth = request.headers.get("Authorization", b"")
+            sent.append((request.url, auth.decode("latin-1") if isinstance(auth, bytes) else str(auth)))
+
+    client = _client()
+    hook = f"repack-range-route-{me}"
+    if learn:
+        client.meta.events.register("before-send.s3.GetObject", observe, unique_id=hook)
+    try:
+        response = _get_object(url, Range=f"bytes={at}-{end - 1}")
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code")
+        if code in ("NoSuchKey", "404"):
+            raise FileNotFoundError(url) from None
+        if code == "InvalidRange":  # the object ends before at
+            _learn(url, sent)
+            return None
+        raise
+    finally:
+        if learn:
+            client.meta.events.unregister("before-send.s3.GetObject", unique_id=hook)
+    try:
+        size = _content_range(url, response.get("ContentRange"), response.get("ContentLength"), at)[1]
+    except OSError:
+        response["Body"].close()
+        raise
+    if learn:
+        _learn(url, sent)
+    return _Boto3Answer(response["Body"], size)
+
+
+def _learn(url: str, sent: list) -> None:
+    """The bucket's wire route from the request boto3 sent (none without credentials to sign with)."""
+    if sent and _session().get_credentials() is not None:
+        bucket, key = split_url(url)
+        s3_ranges.learn_route(bucket, key, sent[-1])
+
+
+class _Boto3Answer:
+    """boto3's answer to a ranged GET: the object's ``size`` and its body's ``receive``."""
+
+    def __init__(self, body, size: int) -> None:
+        self.body, self.size = body, size
+
+    def receive(self, view: memoryview) -> int:
+        from botocore.exceptions import BotoCoreError
+
+        received = 0
+        try:
+            received = _receive(self.body, view)
+        except (BotoCoreError, OSError):
+            pass
+        finally:
+            _finish(self.body, whole=received >= len(view))
+        return received
+
+
+_getters: dict[tuple[int, str], s3_ranges.RangeGetter] = {}
+
+
+def _range_getter() -> s3_ranges.RangeGetter:
+    """This process's wire GETs (one per process and endpoint, as the clients)."""
+    key = (os.getpid(), s3_ranges.endpoint())
+    getter = _getters.get(key)
+    if getter is None:
+        with _client_lock:
+            getter = _getters.get(key)
+            if getter is None:
+                from botocore.httpsession import get_cert_path
+
+                session = _session()
+                cafile = get_cert_path(session._session.get_config_variable("ca_bundle") or True)  # botocore's
+                getter = _getters[key] = s3_ranges.RangeGetter(session.get_credentials(), limits(),
+                                                                cafile if isinstance(cafile, str) else None)
+    return getter
+
+
+def _content_range(url: str, text: str | None, length: int | None, at: int) -> tuple[int, int]:
+    """(first byte, object size) of a ranged GET's answer (its Content-Range "bytes a-b/size", and
+    Content-Length); OSError when the server answered another range than asked (or none past byte 0:
+    it sent the object from its start)."""
+    first, _, size = str(text or "").removeprefix("bytes ").partition("/")
     first = first.partition("-")[0]
     if not (first.isdigit() and size.isdigit()):
-        if at == 0 and response.get("ContentLength") is not None:
-            return 0, int(response["ContentLength"])
+        if at == 0 and length is not None:
+            return 0, int(length)
         raise OSError(f"{url}: the S3 endpoint answered a ranged GET without its Content-Range")
     if int(first) != at:
         raise OSError(f"{url}: asked for bytes from {at}, the S3 endpoint sent them from {first}")

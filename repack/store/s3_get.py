@@ -4,7 +4,7 @@ Why not boto3 for each GET: a botocore ``get_object`` costs 3-4 ms of client CPU
 building, hooks, signing, urllib3 and header parsing), so a worker packing 700-byte objects
 from a fast server spends its CPU in the client (docs/benchmarks.md, "Big s3:// sources").
 Here a GET is one SigV4-signed HTTP/1.1 request written to a kept-alive socket and its answer
-read straight into the object's buffer: ~0.27 ms of client CPU, less than Rust's object_store
+read straight into the object's buffer (the wire: ``repack.manifest.s3_wire``, shared with the readers): ~0.27 ms of client CPU, less than Rust's object_store
 (``obstore``) measured beside it, with no dependency beyond boto3.
 
 What stays boto3's, so that the user's configuration means what it means to boto3:
@@ -34,71 +34,22 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import random
-import re
-import socket
 import ssl
 import threading
 import time
-import urllib.parse
-import urllib.request
 import zlib
-from dataclasses import dataclass
 
 from repack.manifest.s3_waits import WaitWatch
+from repack.manifest.s3_wire import (HEADER_LIMIT, RECV_BYTES, BucketRoute, Connection, Signer, Transient,  # noqa: F401
+                                     open_socket, parse_head, route_of)
+from repack.manifest.s3_wire import Delegate as _Delegate
 
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 RETRY_STATUS = frozenset({500, 502, 503, 504})
-HEADER_LIMIT = 64 << 10     # an answer's header block larger than this is not S3's
-RECV_BYTES = 64 << 10
-# the answer's headers this module reads (names case-insensitive); the others are not parsed
-_HEADERS = re.compile(rb"\r\n((?i:content-length|transfer-encoding|connection|x-amz-checksum-(?:crc32|sha1|sha256)))"
-                      rb"[ \t]*:([^\r\n]*)")
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.~/-]*")  # a key that quoting leaves as it is
-
-
-@dataclass(frozen=True)
-class BucketRoute:
-    """Where and how a bucket's GETs go, as botocore sent one: ``base`` + the quoted key is the path."""
-
-    scheme: str
-    host: str
-    port: int
-    netloc: str   # the Host header, as signed
-    base: str     # the path before the key: "/bucket/" (path style) or "/" (virtual-hosted)
-    region: str   # the SigV4 scope's region
-
-
-class Transient(OSError):
-    """A failed attempt worth another: the connection dropped or stalled, the body was cut.
-    ``before_answer``: the connection closed before any byte of an answer."""
-
-    def __init__(self, message: str, before_answer: bool = False) -> None:
-        super().__init__(message)
-        self.before_answer = before_answer
 
 
 class Unreadable(OSError):
     """Every attempt at a GET failed (errno EIO; the message names the URL and the bounds spent)."""
-
-
-class _Delegate(Exception):
-    """An answer that is not the object: boto3 does this GET again and gives its answer or error."""
-
-
-def route_of(url: str, authorization: str, key: str) -> BucketRoute | None:
-    """The route of a GET botocore sent to ``url`` with this ``Authorization`` for ``key``; None when
-    it was not signed with SigV4 for s3 or its URL does not end in the key as this module quotes it."""
-    scope = authorization.partition("Credential=")[2].partition(",")[0].split("/")
-    if not authorization.startswith("AWS4-HMAC-SHA256 ") or len(scope) != 5 or scope[3] != "s3":
-        return None
-    parts = urllib.parse.urlsplit(url)
-    quoted = _quote(key)
-    if parts.query or parts.scheme not in ("http", "https") or not parts.path.endswith(quoted):
-        return None
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return BucketRoute(parts.scheme, parts.hostname or "", port, parts.netloc, parts.path[:-len(quoted)], scope[2])
 
 
 def checksum_mismatch(headers: dict[str, str], body) -> str | None:
@@ -117,91 +68,6 @@ def checksum_mismatch(headers: dict[str, str], body) -> str | None:
     return None
 
 
-def _quote(key: str) -> str:
-    return key if _PLAIN_KEY.fullmatch(key) else urllib.parse.quote(key, safe="/~")
-
-
-def _through_proxy(route: BucketRoute) -> bool:
-    proxies = urllib.request.getproxies()
-    return route.scheme in proxies and not urllib.request.proxy_bypass(route.host)
-
-
-def open_socket(route: BucketRoute, connect_timeout: float, tls: ssl.SSLContext | None) -> socket.socket:
-    """A connected socket to the route's host (TLS handshake done when ``tls``), Nagle off."""
-    sock = socket.create_connection((route.host, route.port), timeout=connect_timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if tls is not None:
-        sock = tls.wrap_socket(sock, server_hostname=route.host)
-    return sock
-
-
-def parse_head(block: bytes, url: str) -> tuple[int, dict[str, str], int]:
-    """(status, the lower-cased headers this module reads, body length) of an answer's header block
-    (up to its last CRLF). Transient when it is not HTTP; _Delegate when the length is not given
-    (chunked: boto3 reads it)."""
-    status_line = block[:block.find(b"\r\n")]
-    try:
-        status = int(status_line.split(b" ", 2)[1])
-    except (IndexError, ValueError):
-        raise Transient(f"{url}: not an HTTP answer: {status_line[:80]!r}") from None
-    headers = {name.lower().decode(): value.strip().decode("latin-1") for name, value in _HEADERS.findall(block)}
-    length = headers.get("content-length", "")
-    if not length.isdigit() or "transfer-encoding" in headers:
-        raise _Delegate()
-    return status, headers, int(length)
-
-
-class _Connection:
-    """One kept-alive socket to a host, and the bytes read past the last answer (none: no pipelining)."""
-
-    def __init__(self, route: BucketRoute, connect_timeout: float, read_timeout: float, tls: ssl.SSLContext | None):
-        sock = open_socket(route, connect_timeout, tls)
-        sock.settimeout(read_timeout)
-        self.sock = sock
-        self.key = (route.scheme, route.host, route.port)
-        self.used = False
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def exchange(self, request: bytes, url: str) -> tuple[int, dict[str, str], bytearray]:
-        """Send ``request``; (status, lower-cased headers, body) of its answer. Transient when the
-        connection drops or stalls before the whole body came; _Delegate when the answer's length is
-        not given (chunked: boto3 reads it)."""
-        try:
-            self.sock.sendall(request)
-            head = bytearray()
-            while (end := head.find(b"\r\n\r\n")) < 0:
-                if len(head) > HEADER_LIMIT:
-                    raise Transient(f"{url}: the S3 endpoint sent a header block over {HEADER_LIMIT} bytes")
-                chunk = self.sock.recv(RECV_BYTES)
-                if not chunk:
-                    raise Transient(f"{url}: the connection closed before an answer", before_answer=not head)
-                head += chunk
-        except (TimeoutError, ConnectionError, ssl.SSLError) as exc:
-            raise Transient(f"{url}: {type(exc).__name__}: {exc}") from None
-        status, headers, length = parse_head(bytes(head[:end + 2]), url)
-        body = bytearray(length)
-        got = min(len(head) - end - 4, len(body))
-        body[:got] = head[end + 4:end + 4 + got]
-        view = memoryview(body)
-        try:
-            while got < len(body):
-                n = self.sock.recv_into(view[got:])
-                if not n:
-                    raise Transient(f"{url}: the body was cut at byte {got} of {len(body)}")
-                got += n
-        except (TimeoutError, ConnectionError, ssl.SSLError) as exc:
-            raise Transient(f"{url}: body cut at byte {got} of {len(body)} ({type(exc).__name__})") from None
-        if headers.get("connection", "").lower() == "close":
-            self.close()
-            self.sock = None
-        return status, headers, body
-
-
 class ObjectGetter:
     """Whole-object GETs of one process (see the module docstring). ``client``: the process's boto3
     client (the fallback and the source of each bucket's route); ``credentials``: its Session's;
@@ -218,10 +84,9 @@ class ObjectGetter:
         self._routes: dict[str, BucketRoute | None] = {}
         self._route_lock = threading.Lock()
         self._learning: set[str] = set()  # buckets whose route a thread is learning
-        self._idle: list[_Connection] = []
+        self._idle: list[Connection] = []
         self._idle_lock = threading.Lock()
-        self._keys: tuple = ()
-        self._second: tuple[int, str] = (0, "")
+        self._signer = Signer()
 
     # --- the public read ---------------------------------------------------------------------------
     def get(self, bucket: str, key: str) -> bytes:
@@ -298,16 +163,12 @@ class ObjectGetter:
             data = self._boto3_get(bucket, key)
         except Exception as exc:
             if sent and self.is_missing(exc):
-                self._routes[bucket] = self._route(sent[-1], key)
+                self._routes[bucket] = route_of(*sent[-1], key)
             raise
         finally:
             events.unregister("before-send.s3.GetObject", unique_id=hook)
-        self._routes[bucket] = self._route(sent[-1], key) if sent else None
+        self._routes[bucket] = route_of(*sent[-1], key) if sent else None
         return data
-
-    def _route(self, sent: tuple[str, str], key: str) -> BucketRoute | None:
-        route = route_of(sent[0], sent[1], key)
-        return None if route is None or _through_proxy(route) else route
 
     # --- the fast path -------------------------------------------------------------------------------
     def _get(self, route: BucketRoute, bucket: str, key: str, spent: int = 0, why: str = "") -> bytes:
@@ -363,16 +224,16 @@ class ObjectGetter:
                           f"REPACK_S3_RETRY_BUDGET={bounds.retry_budget:g} s)", url)
         time.sleep(random.random() * min(20.0, 2.0 ** (attempt - 1)))
 
-    def _connection(self, route: BucketRoute) -> _Connection:
+    def _connection(self, route: BucketRoute) -> Connection:
         want = (route.scheme, route.host, route.port)
         with self._idle_lock:
             for i in range(len(self._idle) - 1, -1, -1):
                 if self._idle[i].key == want:
                     return self._idle.pop(i)
         tls = self.tls_context() if route.scheme == "https" else None
-        return _Connection(route, self.limits.connect_timeout, self.limits.read_timeout, tls)
+        return Connection(route, self.limits.connect_timeout, self.limits.read_timeout, tls)
 
-    def _release(self, conn: _Connection) -> None:
+    def _release(self, conn: Connection) -> None:
         if conn.sock is None:
             return
         conn.used = True
@@ -386,42 +247,7 @@ class ObjectGetter:
         return self._tls
 
     def signed_request(self, route: BucketRoute, key: str) -> bytes:
-        """The signed GET of ``key`` (AWS Signature Version 4, an empty payload's hash)."""
-        creds = self.credentials.get_frozen_credentials()
-        path = route.base + _quote(key)
-        stamp = self._stamp()
-        date = stamp[:8]
-        names = "host;x-amz-checksum-mode;x-amz-content-sha256;x-amz-date" + (
-            ";x-amz-security-token" if creds.token else "")
-        canonical = (f"GET\n{path}\n\nhost:{route.netloc}\nx-amz-checksum-mode:ENABLED\n"
-                     f"x-amz-content-sha256:{EMPTY_SHA256}\n"
-                     f"x-amz-date:{stamp}\n" + (f"x-amz-security-token:{creds.token}\n" if creds.token else "")
-                     + f"\n{names}\n{EMPTY_SHA256}")
-        scope = f"{date}/{route.region}/s3/aws4_request"
-        to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.digest(self._signing_key(creds.secret_key, date, route.region), to_sign.encode(),
-                                "sha256").hex()
-        token = f"x-amz-security-token: {creds.token}\r\n" if creds.token else ""
-        return (f"GET {path} HTTP/1.1\r\nHost: {route.netloc}\r\nx-amz-checksum-mode: ENABLED\r\n"
-                f"x-amz-date: {stamp}\r\n"
-                f"x-amz-content-sha256: {EMPTY_SHA256}\r\n{token}"
-                f"Authorization: AWS4-HMAC-SHA256 Credential={creds.access_key}/{scope}, "
-                f"SignedHeaders={names}, Signature={signature}\r\n\r\n").encode()
-
-    def _stamp(self) -> str:
-        """The request time, ISO 8601 basic (made once a second)."""
-        now = int(time.time())
-        second, stamp = self._second
-        if second != now:
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-            self._second = (now, stamp)
-        return stamp
-
-    def _signing_key(self, secret: str, date: str, region: str) -> bytes:
-        keys = self._keys
-        if keys[:3] != (secret, date, region):
-            key = hmac.new(("AWS4" + secret).encode(), date.encode(), hashlib.sha256).digest()
-            for part in (region, "s3", "aws4_request"):
-                key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-            keys = self._keys = (secret, date, region, key)
-        return keys[3]
+        """The signed GET of ``key`` (AWS Signature Version 4, an empty payload's hash), asking for the
+        object's stored checksum (``x-amz-checksum-mode: ENABLED``, as boto3 asks)."""
+        return self._signer.get(route, key, self.credentials.get_frozen_credentials(),
+                                {"x-amz-checksum-mode": "ENABLED"})

@@ -7,7 +7,9 @@ each round runs, per TREE (a checkout of this repository, e.g. one commit before
 after, put first on PYTHONPATH) and per root (OUT, then s3://bench/ds), one epoch of
 ``ImageShardDataset(root, decode=False, batch_size=BATCH)`` through ``DataLoader(batch_size=None,
 num_workers=WORKERS)`` in a fresh process: samples/s, and the CPU-seconds of that process and its
-workers per GB of shard bytes. PIN=1 pins the server to CPU 0 and the loaders to CPU 1.
+workers per GB of shard bytes (from the epoch's start: the imports before it are not counted). PIN=1 pins
+the server to CPU 0 and the loaders to CPU 1. WARM=N reads N epochs first in the same process, not counted
+(what a training process pays per epoch once boto3 is loaded and the bucket's route known).
 """
 
 from __future__ import annotations
@@ -28,15 +30,20 @@ import json, resource, sys, time
 from torch.utils.data import DataLoader
 from pipelines.torch_webdataset import ImageShardDataset
 root, batch, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def cpu():
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+for _ in range(int(sys.argv[4])):  # warm epochs, not counted (a training process reads many)
+    for _ in DataLoader(ImageShardDataset(root, decode=False, batch_size=batch), batch_size=None, num_workers=workers):
+        pass
+before = cpu()  # the imports (and warm epochs) are not the read's
 started = time.perf_counter()
 samples = 0
 for _, labels in DataLoader(ImageShardDataset(root, decode=False, batch_size=batch), batch_size=None,
                             num_workers=workers):
     samples += len(labels)
 wall = time.perf_counter() - started
-cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-          for f in ("ru_utime", "ru_stime"))
-print(json.dumps({"samples": samples, "wall": wall, "cpu": cpu}))
+print(json.dumps({"samples": samples, "wall": wall, "cpu": cpu() - before}))
 """
 
 
@@ -56,7 +63,7 @@ def main(data: Path, batch: int, workers: int, rounds: int, trees: list[str]) ->
             for tree in trees:
                 for where, root in (("local", str(data)), ("s3", "s3://bench/ds")):
                     command = [*(["taskset", "-c", "1"] if pin else []), sys.executable, "-c", EPOCH, root,
-                               str(batch), str(workers)]
+                               str(batch), str(workers), os.environ.get("WARM", "0")]
                     out = subprocess.run(command, env={**env, "PYTHONPATH": tree}, capture_output=True, text=True,
                                          check=True)
                     runs.setdefault((tree, where), []).append(json.loads(out.stdout.strip().splitlines()[-1]))
