@@ -64,6 +64,7 @@ class EarlyDigests:
                 break
             queued.append(number)
         os.close(give)
+        import ctypes  # noqa: F401  (numpy's import brings it anyway): the children's die_with_parent needs it
         pids = []
         for _ in range(min(workers, len(queued))):
             pid = os.fork()
@@ -96,7 +97,7 @@ class EarlyDigests:
 
 def _hash_queue(take: int, paths: dict[int, str], slots: mmap.mmap) -> None:
     """A child's loop: each number read from ``take``, its file hashed into its slot."""
-    from repack.transforms.ffmpeg_cli import die_with_parent
+    from repack.exec.parent_death import die_with_parent
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

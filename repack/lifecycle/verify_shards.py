@@ -44,8 +44,8 @@ Checked = tuple[list[str], bytes]  # one shard's problems and its key hashes (ui
 
 @dataclass(frozen=True)
 class ShardsChecked:
-    """Per shard, in manifest order: its problems and its sample keys' hashes (uint64; empty where the
-    format keeps no webdataset index)."""
+    """Per shard, in manifest order: its problems and its sample keys' hashes (uint64, in no set order: a
+    split shard's are its parts' sorted runs; empty where the format keeps no webdataset index)."""
 
     problems: tuple[tuple[str, ...], ...]
     key_hashes: tuple[np.ndarray, ...]
