@@ -29,6 +29,9 @@ def run() -> None:
         elif not isinstance(code, int):
             print(code, file=sys.stderr)
             code = 1
+    checks = sys.modules.get("repack.lifecycle.verify_shards")
+    if checks is not None:
+        checks.stop_ahead()  # started ahead and never taken over (the command failed before it checked)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

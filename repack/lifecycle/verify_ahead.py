@@ -35,9 +35,14 @@ def start_verify_hashing(args: list[str]) -> None:
             from repack.exec.cpus import available_cpus
 
             workers = available_cpus()
-        files = tars_to_hash(out)
-        if files and workers > 1:
-            start_ahead(files, workers)
+        root, data, files = tars_to_hash(out)
+        if not files or workers <= 1:
+            return
+        hashing = start_ahead(files, workers)
+        if all(_inside(root, shard["path"]) for shard in data["shards"]):
+            from repack.lifecycle.verify_shards import start_ahead as start_checks
+
+            start_checks("webdataset", [(str(root), shard) for shard in data["shards"]], hashing.queued, workers)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return  # the command finds and reports whatever this met
 
@@ -62,18 +67,18 @@ def _out_and_workers(args: list[str]) -> tuple[str, int | None] | None:
     return out, workers
 
 
-def tars_to_hash(out: str) -> list[tuple[int, str, int]]:
-    """``verify_digests.early_files`` of the manifest in the folder ``out``, from the stdlib alone; shards
-    whose paths are not plainly inside ``out`` are left out (the command's list then differs, and it
-    hashes on its own)."""
+def tars_to_hash(out: str) -> tuple[Path, dict, list[tuple[int, str, int]]]:
+    """(the real root, the manifest's JSON, ``verify_digests.early_files`` of it) for the folder ``out``,
+    from the stdlib alone; shards whose paths are not plainly inside ``out`` are left out (the command's
+    list then differs, and it hashes on its own)."""
     root = Path(os.path.realpath(out))
     with open(root / "manifest.json", "rb") as fh:
         raw = fh.read(MANIFEST_BYTES + 1)
     if len(raw) > MANIFEST_BYTES:
-        return []
+        return root, {}, []
     data = json.loads(raw)
     if data.get("format") != "webdataset":
-        return []
+        return root, data, []
     files = []
     for number, shard in enumerate(data["shards"]):
         if not shard.get("index"):
@@ -81,7 +86,7 @@ def tars_to_hash(out: str) -> list[tuple[int, str, int]]:
         path = _inside(root, shard["path"])
         if path is not None:
             files.append((number, path, int(shard.get("bytes", 0))))
-    return files
+    return root, data, files
 
 
 def _inside(root: Path, rel) -> str | None:

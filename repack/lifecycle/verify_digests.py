@@ -90,6 +90,7 @@ class EarlyDigests:
             if ahead[:2] == (files, workers):
                 return ahead[2]
             ahead[2].stop()
+            _stop_checks_ahead()  # its pool's threads must not be running while this process forks
         return cls.start(files, workers)
 
     def stop(self) -> None:
@@ -120,13 +121,23 @@ class EarlyDigests:
 _AHEAD: tuple[list[tuple[int, str, int]], int, EarlyDigests] | None = None  # see start_ahead
 
 
-def start_ahead(files: list[tuple[int, str, int]], workers: int) -> None:
+def start_ahead(files: list[tuple[int, str, int]], workers: int) -> EarlyDigests:
     """Start hashing ``files`` on ``workers`` processes before the command line is even parsed; the
     verify that follows takes them over (``EarlyDigests.start_or_take``) when it wants exactly these."""
     global _AHEAD
     if _AHEAD is not None:
         _AHEAD[2].stop()
     _AHEAD = (files, workers, EarlyDigests.start(files, workers))
+    return _AHEAD[2]
+
+
+def _stop_checks_ahead() -> None:
+    """Stop the shard checks started ahead (``verify_shards.start_ahead``), if any were."""
+    import sys
+
+    shards = sys.modules.get("repack.lifecycle.verify_shards")
+    if shards is not None:
+        shards.stop_ahead()
 
 
 def _hash_queue(take: int, paths: dict[int, str], slots: mmap.mmap) -> None:
