@@ -224,6 +224,26 @@ def test_the_ahead_start_names_the_tars_verify_would_and_nothing_outside_the_roo
     assert [number for number, _, _ in tars_to_hash(str(out))[2]] == list(range(2, len(manifest["shards"])))
 
 
+def test_no_shard_check_starts_ahead_for_a_manifest_naming_a_file_outside_the_root(packed_photos, tmp_path):
+    """An index path that leaves OUT: the tars inside are still hashed ahead, but no part task (which
+    would read the index) starts before the command has validated the manifest, which then reports it."""
+    import shutil
+
+    from repack.lifecycle import verify_shards
+    from repack.lifecycle.verify_ahead import start_verify_hashing
+    from repack.lifecycle.verify_digests import EarlyDigests
+
+    out = tmp_path / "out"
+    shutil.copytree(packed_photos, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][1]["index"] = "../outside.idx"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    start_verify_hashing([str(out), "--workers", "2"])
+    assert verify_shards._AHEAD is None
+    hashing = EarlyDigests.start_or_take(early_files(read_manifest(packed_photos)), 2)
+    hashing.collect()
+
+
 def test_hashers_started_ahead_for_other_files_are_stopped_and_the_wanted_ones_started(tmp_path):
     from repack.lifecycle.verify_digests import start_ahead
 

@@ -1,7 +1,9 @@
-"""`repack verify OUT`'s hashing started before the command line is parsed: the first thing
-``python -m repack verify OUT`` does (``repack.__main__``), ahead of the CLI's imports (~0.07 CPU-s of
-click and the commands), so that the sha256 of the tars (``verify_digests``) runs on every core while
-the driver is still starting up.
+"""`repack verify OUT`'s work started before the command line is parsed: the first thing
+``python -m repack verify OUT`` does (``repack.__main__``), ahead of the CLI's imports (~0.08 CPU-s of
+click, the commands and the verify modules): the sha256 of the tars (``verify_digests``) from the
+first ~0.05 CPU-s, then, once numpy and the sinks are imported, the pool of shard checks with its first
+round of tasks submitted (``verify_shards.start_ahead``; only when every file of every shard entry is
+plainly inside OUT), so that the cores work while the driver is still starting up.
 
 Only the plain local form is taken (``verify OUT`` with ``--json`` and ``--workers N`` in any place;
 anything else, ``--version`` or ``--help`` included, leaves the work to the command). The tars are those
@@ -9,7 +11,8 @@ anything else, ``--version`` or ``--help`` included, leaves the work to the comm
 (no validation), and only paths that are plainly relative and resolve inside OUT (a subset of
 ``safe_join``'s rule: nothing outside OUT is read). The verify that follows reads and validates the
 manifest as always and takes these processes over only when it wants exactly the same files on the
-same number of processes (``EarlyDigests.start_or_take``); otherwise they are killed and it starts its own.
+same number of processes (``EarlyDigests.start_or_take``, ``verify_shards.check_shards``); otherwise
+they are stopped and it starts its own.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from repack.lifecycle.verify_digests import start_ahead
 
 MANIFEST_BYTES = 64 << 20  # a larger manifest is left to the command
+SHARD_FILES = ("path", "index", "checksums", "source_runs")  # the files of a shard entry a check may read
 
 
 def start_verify_hashing(args: list[str]) -> None:
@@ -39,7 +43,7 @@ def start_verify_hashing(args: list[str]) -> None:
         if not files or workers <= 1:
             return
         hashing = start_ahead(files, workers)
-        if all(_inside(root, shard["path"]) for shard in data["shards"]):
+        if all(_inside(root, shard[name]) for shard in data["shards"] for name in SHARD_FILES if name in shard):
             from repack.lifecycle.verify_shards import start_ahead as start_checks
 
             start_checks("webdataset", [(str(root), shard) for shard in data["shards"]], hashing.queued, workers)

@@ -16,8 +16,12 @@ folders with concurrent ranged GETs (``RemoteFiles.local``, written to disk at t
 held whole in memory), their tasks run on the same pool as soon as they arrive, and each folder is
 removed once its shard is checked.
 
-Each shard also gives back its sample keys, hashed to 8 bytes each, so that the uniqueness check of the
-whole dataset needs no second pass over the indexes.
+Each shard also gives back its sample keys, hashed to 8 bytes each (a split shard: each part's sorted),
+so that the uniqueness check of the whole dataset needs no second pass over the indexes.
+
+``python -m repack verify OUT`` starts the pool and submits the first round before the CLI is even
+imported (``start_ahead``, from ``repack.lifecycle.verify_ahead``); ``check_shards`` takes the pool and
+its futures over when it plans exactly the same tasks (``AheadKey``), and stops them otherwise.
 """
 
 from __future__ import annotations
