@@ -1,7 +1,7 @@
 """``python -m repack`` (and the ``repack`` program: ``run``). ``verify`` starts hashing its dataset's
 tars before the command line's imports (``repack.lifecycle.verify_ahead``) and, once it has printed its
 answer, leaves without the interpreter's teardown of numpy and the pool modules (~40 ms of one core at
-the very end; verify leaves no pool, thread or temporary file behind it)."""
+the very end) and without joining its pool's idle workers (they die with it: PR_SET_PDEATHSIG)."""
 
 import os
 import sys
@@ -17,6 +17,9 @@ def run() -> None:
     from repack.lifecycle.verify_ahead import start_verify_hashing
 
     start_verify_hashing(sys.argv[2:])
+    checks = sys.modules.get("repack.lifecycle.verify_shards")  # imported when the checks started ahead
+    if checks is not None:
+        checks.LEAVE_WORKERS = True  # their exits are not waited for: they die with this process
     from repack.cli import main
 
     try:
@@ -29,7 +32,6 @@ def run() -> None:
         elif not isinstance(code, int):
             print(code, file=sys.stderr)
             code = 1
-    checks = sys.modules.get("repack.lifecycle.verify_shards")
     if checks is not None:
         checks.stop_ahead()  # started ahead and never taken over (the command failed before it checked)
     sys.stdout.flush()
