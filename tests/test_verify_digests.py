@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from repack.lifecycle.verify_digests import EarlyDigests, early_files
@@ -159,3 +160,124 @@ def test_a_line_that_is_not_canonical_gets_no_verdict(edit):
     changed = edit(idx)
     assert changed != idx
     assert check_against_index(tar, changed) is None
+
+
+# -- hashing started before the command line is parsed (verify_ahead) ---------------------------------
+AHEAD_THEN_CLI = """
+import json, sys
+events = []
+def hook(event, args):
+    if event == "os.fork" or (event == "import" and args[0] in ("click", "numpy")):
+        events.append(event if event == "os.fork" else "import " + args[0])
+sys.addaudithook(hook)
+import repack.lifecycle.verify_digests as digests
+started = []
+start = digests.EarlyDigests.start.__func__
+digests.EarlyDigests.start = classmethod(lambda cls, files, workers: started.append(len(files)) or start(cls, files, workers))
+sys.argv = ["repack", "verify", *sys.argv[1:]]
+import os
+leave = os._exit
+os._exit = lambda code: print(json.dumps({"events": events, "started": started, "code": code}), flush=True) or leave(code)
+from repack.__main__ import run
+run()
+"""
+
+
+def test_python_m_repack_verify_starts_its_work_before_the_cli_imports_and_the_command_takes_it_over(packed_photos):
+    """`python -m repack verify OUT`: the hashers fork before numpy is imported and the pool's workers
+    before click is, the command uses both instead of starting its own (one start, 2 hashers + 2
+    workers forked in all), and its answer is printed before it leaves without the interpreter's teardown."""
+    proc = subprocess.run([sys.executable, "-c", AHEAD_THEN_CLI, str(packed_photos), "--workers", "2"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    events = found["events"]
+    assert events.index("os.fork") < events.index("import numpy") < events.index("import click"), events
+    assert events.count("os.fork") == 4 and "os.fork" not in events[events.index("import click"):], events
+    assert found["started"] == [len(read_manifest(packed_photos).data["shards"])]
+    assert found["code"] == 0 and "OK, every file matches the manifest" in proc.stdout
+
+
+def test_the_ahead_start_reads_only_the_plain_local_command_line():
+    from repack.lifecycle.verify_ahead import _out_and_workers
+
+    assert _out_and_workers(["OUT"]) == ("OUT", None)
+    assert _out_and_workers(["--json", "OUT", "--workers", "3"]) == ("OUT", 3)
+    assert _out_and_workers(["--workers=4", "OUT", "--json"]) == ("OUT", 4)
+    for args in ([], ["OUT", "--version", "2"], ["--help"], ["s3://bucket/x"], ["OUT", "OTHER"],
+                 ["OUT", "--workers", "x"], ["OUT", "--workers", "0"]):
+        assert _out_and_workers(args) is None, args
+
+
+def test_the_ahead_start_names_the_tars_verify_would_and_nothing_outside_the_root(packed_photos, tmp_path):
+    import shutil
+
+    from repack.lifecycle.verify_ahead import tars_to_hash
+
+    assert tars_to_hash(str(packed_photos))[2] == early_files(read_manifest(packed_photos))
+    out = tmp_path / "out"
+    shutil.copytree(packed_photos, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][0]["path"] = "../outside.tar"
+    manifest["shards"][1]["path"] = "/etc/passwd"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert [number for number, _, _ in tars_to_hash(str(out))[2]] == list(range(2, len(manifest["shards"])))
+
+
+def test_no_shard_check_starts_ahead_for_a_manifest_naming_a_file_outside_the_root(packed_photos, tmp_path):
+    """An index path that leaves OUT: the tars inside are still hashed ahead, but no part task (which
+    would read the index) starts before the command has validated the manifest, which then reports it."""
+    import shutil
+
+    from repack.lifecycle import verify_shards
+    from repack.lifecycle.verify_ahead import start_verify_hashing
+    from repack.lifecycle.verify_digests import EarlyDigests
+
+    out = tmp_path / "out"
+    shutil.copytree(packed_photos, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][1]["index"] = "../outside.idx"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    start_verify_hashing([str(out), "--workers", "2"])
+    assert verify_shards._AHEAD is None
+    hashing = EarlyDigests.start_or_take(early_files(read_manifest(packed_photos)), 2)
+    hashing.collect()
+
+
+def test_hashers_started_ahead_for_other_files_are_stopped_and_the_wanted_ones_started(tmp_path):
+    from repack.lifecycle.verify_digests import start_ahead
+
+    files = []
+    for number in range(3):
+        path = tmp_path / f"f{number}"
+        path.write_bytes(os.urandom(1000 + number))
+        files.append((number, str(path), 1000 + number))
+    start_ahead(files[:2], 2)
+    taken = EarlyDigests.start_or_take(files, 2)  # other files: the ahead hashers are stopped, new ones hash
+    assert taken.collect() == {number: hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                               for number, path, _ in files}
+    start_ahead(files, 2)
+    ahead = EarlyDigests.start_or_take(files, 2)
+    again = EarlyDigests.start_or_take(files, 2)
+    assert again.pids != ahead.pids  # taken once only
+    assert ahead.collect() == again.collect() == {number: hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                                                  for number, path, _ in files}
+
+
+def test_shard_checks_started_ahead_are_taken_over_only_for_the_same_work(packed_photos):
+    """A pool started ahead for other work (here: another number of workers) is stopped and the shards
+    checked on a new one; started for the same work, it is taken over; the answers are the same."""
+    from repack.lifecycle import verify_shards
+    from repack.store.files import open_files
+
+    manifest = read_manifest(packed_photos)
+    local = [(str(packed_photos), shard) for shard in manifest.data["shards"]]
+    found = []
+    for ahead_workers in (3, 2):
+        verify_shards.start_ahead("webdataset", local, frozenset(), ahead_workers)
+        ahead = verify_shards._AHEAD[1].executor
+        checked = verify_shards.check_shards(open_files(str(packed_photos)), manifest, 2)
+        assert verify_shards._AHEAD is None and ahead._shutdown_thread
+        found.append((checked.problems, sorted(np.concatenate(checked.key_hashes).tolist())))
+    assert found[0] == found[1] and all(problems == () for problems in found[0][0])
+    assert len(found[0][1]) == sum(shard["samples"] for shard in manifest.data["shards"])

@@ -149,7 +149,7 @@ def start_digests(files, manifest, workers: int | None) -> EarlyDigests | None:
     workers = workers or available_cpus()
     if files.remote or workers <= 1 or manifest.format not in SINKS:
         return None
-    return EarlyDigests.start(early_files(manifest), workers)
+    return EarlyDigests.start_or_take(early_files(manifest), workers)
 
 
 def check_all_contents(files, manifest, workers: int | None = None,
@@ -231,10 +231,12 @@ def check_unique_keys(files, manifest, key_hashes: list | None = None) -> list[s
 
     if key_hashes is None:
         key_hashes = [key_hashes_of(shard_keys(shard)) for shard in shards]
-    ordered = np.sort(np.concatenate([np.zeros(0, np.uint64), *key_hashes]))
-    suspects = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # hashes held more than once
-    if not len(suspects):
+    # stable: timsort merges the parts' sorted runs (``TarShardParts.check``) in about half the time
+    ordered = np.sort(np.concatenate([np.zeros(0, np.uint64), *key_hashes]), kind="stable")
+    held_again = ordered[1:][ordered[1:] == ordered[:-1]]  # hashes held more than once, sorted
+    if not len(held_again):
         return []
+    suspects = held_again[np.concatenate([[True], held_again[1:] != held_again[:-1]])]  # not np.unique: numpy.ma
     where: dict[str, list[str]] = {}
     for shard, found in zip(shards, key_hashes):
         if not np.isin(found, suspects).any():

@@ -64,6 +64,7 @@ class EarlyDigests:
                 break
             queued.append(number)
         os.close(give)
+        import ctypes  # noqa: F401  (numpy's import brings it anyway): the children's die_with_parent needs it
         pids = []
         for _ in range(min(workers, len(queued))):
             pid = os.fork()
@@ -77,6 +78,29 @@ class EarlyDigests:
             pids.append(pid)
         os.close(take)
         return cls(frozenset(queued), tuple(pids), slots)
+
+    @classmethod
+    def start_or_take(cls, files: list[tuple[int, str, int]], workers: int) -> EarlyDigests:
+        """The hashing of ``files`` on ``workers`` processes: the one ``start_ahead`` began for exactly
+        these files and workers (``repack.lifecycle.verify_ahead``), else started now (one begun for
+        other files is stopped)."""
+        global _AHEAD
+        ahead, _AHEAD = _AHEAD, None
+        if ahead is not None:
+            if ahead[:2] == (files, workers):
+                return ahead[2]
+            ahead[2].stop()
+            _stop_checks_ahead()  # its pool's threads must not be running while this process forks
+        return cls.start(files, workers)
+
+    def stop(self) -> None:
+        """Kill the hashing processes and reap them (their digests are not wanted)."""
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
     def collect(self) -> dict[int, str | None | Died]:
         """{file number: its sha256 (hex), None where it could not be read, or ``Died``}, once every
@@ -94,9 +118,31 @@ class EarlyDigests:
         return found
 
 
+_AHEAD: tuple[list[tuple[int, str, int]], int, EarlyDigests] | None = None  # see start_ahead
+
+
+def start_ahead(files: list[tuple[int, str, int]], workers: int) -> EarlyDigests:
+    """Start hashing ``files`` on ``workers`` processes before the command line is even parsed; the
+    verify that follows takes them over (``EarlyDigests.start_or_take``) when it wants exactly these."""
+    global _AHEAD
+    if _AHEAD is not None:
+        _AHEAD[2].stop()
+    _AHEAD = (files, workers, EarlyDigests.start(files, workers))
+    return _AHEAD[2]
+
+
+def _stop_checks_ahead() -> None:
+    """Stop the shard checks started ahead (``verify_shards.start_ahead``), if any were."""
+    import sys
+
+    shards = sys.modules.get("repack.lifecycle.verify_shards")
+    if shards is not None:
+        shards.stop_ahead()
+
+
 def _hash_queue(take: int, paths: dict[int, str], slots: mmap.mmap) -> None:
     """A child's loop: each number read from ``take``, its file hashed into its slot."""
-    from repack.transforms.ffmpeg_cli import die_with_parent
+    from repack.exec.parent_death import die_with_parent
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

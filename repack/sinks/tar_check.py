@@ -322,7 +322,7 @@ def _names(keys: np.ndarray, key_lengths: np.ndarray, tails: list[bytes], codes:
         tail_table[code, :len(tail)] = np.frombuffer(tail, np.uint8)
     width = int(key_lengths.max()) + tail_table.shape[1]
     names = np.zeros((samples, per_sample, width), np.uint8)
-    distinct = np.unique(key_lengths).tolist()
+    distinct = np.flatnonzero(np.bincount(key_lengths)).tolist()  # not np.unique: it imports numpy.ma
     for length in distinct:
         at = np.flatnonzero(key_lengths == length) if len(distinct) > 1 else slice(None)
         names[at, :, :length] = keys[at, None, :length]

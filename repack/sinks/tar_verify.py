@@ -21,6 +21,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 from repack.sinks.checks import check_file, sha256_file
 from repack.sinks.sample_checksums import sample_checksums
 from repack.sinks.tar_check import PartCheck, check_part, parts_agree
@@ -61,9 +63,10 @@ class TarShardParts:
     @staticmethod
     def check(root: Path, shard: dict, part: int, parts: int) -> tuple[dict | None, bytes]:
         """Part ``part`` of ``parts`` of the shard's check: (``PartCheck.summary()`` or None for no
-        verdict, the part's key hashes)."""
+        verdict, the part's key hashes, sorted: the uniqueness check of the dataset merges the sorted
+        runs of all parts instead of sorting every key at once)."""
         found = check_shard_part(Path(root), shard, part, parts)
-        return (None, b"") if found is None else (found.summary(), found.key_hashes.tobytes())
+        return (None, b"") if found is None else (found.summary(), np.sort(found.key_hashes).tobytes())
 
     @staticmethod
     def passes(shard: dict, found: list[tuple[dict | None, bytes]], sha256: str | None) -> bool:

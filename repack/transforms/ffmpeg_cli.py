@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
-import sys
 from dataclasses import dataclass
+
+from repack.exec.parent_death import die_with_parent
 
 # Demuxers that read exactly one file (no playlist, no references to other files). The image
 # pipes are here so a still image is recognised (and rejected as one) instead of refused.
@@ -91,21 +91,6 @@ def refusal_message(demuxer: str) -> str:
     return (f"container format {demuxer!r} is not on the allow-list of single-file video containers: "
             "playlist and reference formats (HLS, DASH, concat, image sequences) could make ffmpeg read "
             "other files, so it was not opened")
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """``preexec_fn`` for ffmpeg/ffprobe children: on Linux, ask the kernel to SIGKILL the child
-    when the worker that started it dies (prctl(PR_SET_PDEATHSIG, SIGKILL)), so a killed repack
-    leaves no ffmpeg running. A no-op elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def run(cmd: list[str], timeout: float | None = None) -> Result:
