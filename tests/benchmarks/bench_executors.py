@@ -11,12 +11,15 @@ runs in a session of its own with its own temp folder, and only that session is 
 
 REPACK_BENCH_EXECUTOR_BASELINE_TREE=DIR (another checkout, e.g. `git archive` of main): a second head
 whose Ray workers import repack from DIR, joined by DIR's driver in the same rounds
-(``ray_joined_cluster_baseline``): before/after under the same load.
+(``ray_joined_cluster_baseline``): before/after under the same load. REPACK_BENCH_EXECUTOR_SOURCE=DIR
+packs the image folder DIR instead of the bench's photos, with repack's default shard size (the scale
+bench's tiny files: `bench-out/scale-data/jpg-1000000`).
 """
 
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 import resource
 import shutil
@@ -34,6 +37,7 @@ from repack.exec.cpus import available_cpus
 from tests.benchmarks.bench_images import make_dataset
 
 IMAGES = int(os.environ.get("REPACK_BENCH_IMAGES") or 4000)
+SOURCE = os.environ.get("REPACK_BENCH_EXECUTOR_SOURCE")  # an image folder to pack instead (default shard size)
 WORKERS = str(int(os.environ.get("REPACK_BENCH_EXECUTOR_WORKERS") or available_cpus()))
 REPEATS = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
 RAY_ENV = {"RAY_AUTH_MODE": "token"}  # Ray >= 2.5x clusters started by `ray start` use token auth; the driver opts in
@@ -166,9 +170,12 @@ class RayHead:
 
 
 def main(out_dir: str | os.PathLike) -> dict:
-    src = make_dataset(Path(out_dir).absolute() / "images-data", IMAGES)  # the same photos as bench_images
+    if SOURCE:  # e.g. the scale bench's tiny files: packed as that bench packs them
+        src, common = Path(SOURCE).absolute(), ["--workers", WORKERS, "--quiet"]
+    else:
+        src = make_dataset(Path(out_dir).absolute() / "images-data", IMAGES)  # the same photos as bench_images
+        common = ["--shard-size", "100", "--workers", WORKERS, "--quiet"]
     out_dir = Path(out_dir).absolute() / "executors"  # absolute: the jobs run in the tree they import
-    common = ["--shard-size", "100", "--workers", WORKERS, "--quiet"]
     runs: dict[str, list[float]] = {}
     cpus: dict[str, list[float]] = {}
     head = RayHead(WORKERS)
@@ -198,17 +205,18 @@ def main(out_dir: str | os.PathLike) -> dict:
     cpu.pop("ray_started_by_job")  # not measured: the instance's daemons and workers are not all reaped by the driver
     names = ("ray_started_by_job", "ray_joined_cluster") + (("ray_joined_cluster_baseline",) if baseline else ())
     same = all(_same_dataset(out_dir / "local", out_dir / n) for n in names)
-    print(f"\n## executors: {IMAGES} images, --verify decode, {WORKERS} workers, {os.cpu_count()} cores, "
+    images = json.loads((out_dir / "local" / "manifest.json").read_text())["totals"]["samples"]
+    print(f"\n## executors: {images} images from {src}, --verify decode, {WORKERS} workers, {os.cpu_count()} cores, "
           f"median of {REPEATS} (Ray started by the job: 1 run)")
     print("| executor | seconds | images/s | time vs local pool | CPU seconds | CPU vs local pool | runs (s) |\n"
           "|---|---|---|---|---|---|---|")
     for name, seconds in results.items():
         cpu_cells = f"{cpu[name]:.2f} | {cpu[name] / cpu['local']:.2f}x" if name in cpu else "- | -"
-        print(f"| {name} | {seconds:.2f} | {IMAGES / seconds:.0f} | {seconds / results['local']:.2f}x | {cpu_cells} | "
+        print(f"| {name} | {seconds:.2f} | {images / seconds:.0f} | {seconds / results['local']:.2f}x | {cpu_cells} | "
               f"{', '.join(f'{t:.2f}' for t in runs[name])} |")
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"outputs byte-identical across executors: {same}")
-    return {"images": IMAGES, "workers": int(WORKERS), "seconds": results, "runs": runs, "cpu_seconds": cpu,
+    return {"images": images, "workers": int(WORKERS), "seconds": results, "runs": runs, "cpu_seconds": cpu,
             "load_average": os.getloadavg()[0], "identical": same, "ratios": {k: round(v / results["local"], 3) for k, v in results.items()},
             "cpu_ratios": {k: round(v / cpu["local"], 3) for k, v in cpu.items()}}
 
