@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,16 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     if _file_progress:
         _file_progress[0].finish()
+
+
+@contextlib.contextmanager
+def thread_alive():
+    """A second thread in this process while the block runs (as Ray's join thread while the driver plans)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -193,3 +193,26 @@ def test_text_job_is_identical_across_executors(tmp_path):
     assert len(list((outs["parts"] / ".repack" / "tasks").glob("*.json"))) >= 4  # several tasks per node
     assert any(name.endswith(".bin") for name in output_files(outs["local"]))
     assert_identical_outputs(outs)
+
+
+def test_ray_batches_many_small_tasks_and_a_failing_call_fails_alone(photo_tree, tmp_path):
+    """30 shards on one CPU go to Ray in batches of 3 calls: the output equals the local pool's; a call that
+    keeps failing is retried in its batch and reported by its own name while the calls beside it finish."""
+    pytest.importorskip("ray")
+    from repack.exec.ray_executor import BATCH_MAX, batch_size
+
+    assert batch_size(30, 1) == 3 and batch_size(240, 16) == 1 and batch_size(7800, 16) == BATCH_MAX
+    args = ("--shard-size", "4", "--quiet", "--workers", "1")
+    local, ray_out = tmp_path / "local", tmp_path / "ray"
+    run_repack("images", photo_tree, local, *args)
+    (ray_out / "shard-000004.tar").mkdir(parents=True)  # the shard cannot be renamed into place
+    proc = run_repack("images", photo_tree, ray_out, *args, "--executor", "ray", "--retries", "1", "--overwrite",
+                      check=False)
+    assert proc.returncode == 4, proc.stderr
+    assert "1 task(s) failed" in proc.stderr and "shard-000004" in proc.stderr
+    assert len(list((ray_out / ".repack" / "tasks").glob("*.json"))) == 29  # its batch's other calls included
+    shutil.rmtree(ray_out / "shard-000004.tar")
+    resumed = run_repack("images", photo_tree, ray_out, *args, "--executor", "ray")
+    assert "1 task(s) run, 29 resumed" in resumed.stdout
+    assert shard_bytes(ray_out) == shard_bytes(local)
+    assert manifest_without_run(ray_out) == manifest_without_run(local)

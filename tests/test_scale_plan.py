@@ -21,8 +21,9 @@ from repack.jobs.record_columns import state_digests
 from repack.jobs.task_inputs import task_inputs
 from repack.sources import Confinement, scan_source
 from repack.sources.folder import PARALLEL_MIN_FOLDERS
+from repack.sources.scan_pool import start_method
 from repack.store import open_store
-from tests.conftest import read_manifest_json, run_repack
+from tests.conftest import read_manifest_json, run_repack, thread_alive
 
 CLASSES = 12  # over PARALLEL_MIN_FOLDERS: the scan runs on a pool
 
@@ -94,6 +95,20 @@ def test_parallel_scan_equals_one_process_and_keeps_the_confinement(hostile_tree
     rels = [i.rel for i in pool.items]
     assert rels == sorted(rels, key=os.fsencode)  # byte order of the whole path ("c01/a.b" after "c01/sub/...")
     assert reasons["c04/linked/f1.jpg"].startswith("same file as c05/f1.jpg (symlink inside the source root)")
+
+
+def test_scan_with_a_thread_alive_fans_out_on_forkserver_workers_and_equals_one_process(hostile_tree):
+    """A driver running a thread (Ray joining its cluster, an s3 lock's heartbeat) cannot fork safely: its scan
+    runs on forkserver workers instead of on the driver alone, with the same result."""
+    assert start_method(2, CLASSES, PARALLEL_MIN_FOLDERS) == "fork"
+    with thread_alive():
+        assert start_method(2, CLASSES, PARALLEL_MIN_FOLDERS) == "forkserver"
+        assert start_method(1, CLASSES, PARALLEL_MIN_FOLDERS) is None
+        threaded = _scan(hostile_tree, 2)
+    one = _scan(hostile_tree, 1)
+    as_rows = lambda scan: [(i.path, i.rel, i.label, i.fingerprint) for i in scan.items]  # noqa: E731
+    assert as_rows(threaded) == as_rows(one) and threaded.quarantine == one.quarantine
+    assert (threaded.skipped, threaded.classes) == (one.skipped, one.classes)
 
 
 def test_parallel_scan_keeps_real_paths_outside_the_root(hostile_tree, tmp_path):

@@ -207,7 +207,9 @@ def test_the_folder_scan_on_a_pool_lists_in_byte_order_and_reads_each_file_once(
     aliases read once, and one process lists exactly the same."""
     from repack.sources.confine import Confinement
     from repack.sources.text_docs import list_text_files
+    from repack.sources.scan_pool import start_method
     from repack.sources.text_scan import PARALLEL_MIN_FOLDERS
+    from tests.conftest import thread_alive
 
     src = tmp_path / "src"
     rels = ["a/x.txt", "a-b/y.txt", "a.txt", "b/c/d.jsonl", "b/c.d/e.txt", "caf\u00e9/f.txt", "z.txt",
@@ -221,8 +223,12 @@ def test_the_folder_scan_on_a_pool_lists_in_byte_order_and_reads_each_file_once(
     (src / "y-link.txt").symlink_to("a-b/y.txt")
     os.link(src / "a.txt", src / "e" / "hard.txt")
     listings = [list_text_files(str(src), False, Confinement(), workers) for workers in (1, 4)]
-    (inputs, quarantine, skipped), (inputs4, quarantine4, skipped4) = listings
+    with thread_alive():  # as under --executor ray: the pool's workers come from a forkserver
+        assert start_method(4, PARALLEL_MIN_FOLDERS, PARALLEL_MIN_FOLDERS) == "forkserver"
+        listings.append(list_text_files(str(src), False, Confinement(), 4))
+    (inputs, quarantine, skipped), (inputs4, quarantine4, skipped4), threaded = listings
     assert inputs.table.rels == inputs4.table.rels and quarantine == quarantine4 and skipped == skipped4 == 2
+    assert threaded[0].table.rels == inputs.table.rels and threaded[1:] == (quarantine, skipped)
     assert inputs.table.rels == sorted(rels + ["vis/w.txt"], key=lambda rel: rel.encode())
     paths = {rel: inputs.table.path(row) for row, rel in enumerate(inputs.table.rels)}
     assert paths == {**{rel: str(src / rel) for rel in rels}, "vis/w.txt": str(src / ".hid" / "w.txt")}

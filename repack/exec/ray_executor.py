@@ -23,6 +23,14 @@ temp files of attempts lost on its node before each task, and drops its copies o
 outputs once they are in the store (``repack.jobs.scratch``).
 - Results are collected as they finish, every ready one per ``ray.wait``, over a list that only
   shrinks (no O(tasks) rebuild per result).
+- Many small tasks go to Ray in batches (``batch_size``): a Ray task runs a few consecutive calls and
+  returns their records as a list of strings. Ray costs a few milliseconds per task on the worker, the
+  raylet and the driver, which at ~10 ms of work per task (a chunk of 128 tiny files; 1M files make
+  ~7,800) was as much as the work. Every Ray task is still small enough that each worker gets several
+  (the last ones balance the tail). A call that raises is retried in its batch, up to ``retries`` times,
+  and fails by its own name; a batch lost with its worker or node is retried whole by Ray (its calls'
+  outputs are idempotent), and after ``retries`` every call in it fails by name, as the local pool
+  counts an attempt for every task in flight when its pool breaks.
 """
 
 from __future__ import annotations
@@ -72,6 +80,35 @@ def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, sh
     return text
 
 
+def _execute_batch(job_name: str, spec_json: str, task_jsons: list, plan_digest: str, share_pieces: bool,
+                   driver_host: str, run: str, attempts: int) -> list[str]:
+    """A Ray task: ``_execute`` for each of ``task_jsons`` in turn, each tried up to ``attempts`` times; per
+    call, "R" + its record's text or "F" + the last error (a failed call is a value, as in the local pool)."""
+    results = []
+    for task_json in task_jsons:
+        error = ""
+        for _ in range(attempts):
+            try:
+                results.append("R" + _execute(job_name, spec_json, task_json, plan_digest, share_pieces,
+                                              driver_host, run))
+                break
+            except Exception as exc:  # noqa: BLE001 - retried here, then reported by name
+                error = f"{type(exc).__name__}: {exc}"
+        else:
+            results.append("F" + error)
+    return results
+
+
+BATCH_MAX = 32  # calls per Ray task at most
+BATCHES_PER_CPU = 8  # Ray tasks per CPU at least, where the calls allow: the last ones balance the tail
+
+
+def batch_size(calls: int, cpus: int) -> int:
+    """Calls per Ray task: one while there are fewer than ``BATCHES_PER_CPU`` calls per CPU (a task per call,
+    as before), up to ``BATCH_MAX`` for many small ones."""
+    return max(1, min(BATCH_MAX, calls // (max(1, cpus) * BATCHES_PER_CPU)))
+
+
 def _warm_up(job_name: str) -> int:
     """A Ray task: import what a task of ``job_name`` runs, so the worker's first real task does not."""
     import importlib
@@ -81,6 +118,21 @@ def _warm_up(job_name: str) -> int:
 
     importlib.import_module(JOBS[job_name].partition(":")[0])
     return os.getpid()
+
+
+def _same_job(calls: list, task_ids: list) -> Iterator[tuple[tuple, list]]:
+    """Runs of consecutive calls that differ in their task only: (job name, spec, digest, share_pieces, run) and
+    [(task JSON, task id)] of each run (one run for every call of a job)."""
+    key, group = None, []
+    for (job_name, spec_json, task_json, digest, share_pieces, _same_host, run), task_id in zip(calls, task_ids):
+        this = (job_name, spec_json, digest, share_pieces, run)
+        if this != key and group:
+            yield key, group
+            group = []
+        key = this
+        group.append((task_json, task_id))
+    if group:
+        yield key, group
 
 
 class RayExecutor:
@@ -163,26 +215,36 @@ class RayExecutor:
             return
         ray = self.ray
         try:
-            remote = ray.remote(num_cpus=1, max_retries=self.retries, retry_exceptions=True)(_execute)
+            # a call's exception is retried inside its batch; Ray retries a batch lost with its worker or node
+            remote = ray.remote(num_cpus=1, max_retries=self.retries)(_execute_batch)
             hosts: dict[str, str] = {}  # spec JSON -> the driver's host token of its job folder (one spec per job)
-            refs = []
-            for job_name, spec_json, task_json, digest, share_pieces, _same_host, run in calls:
-                if spec_json not in hosts:
-                    hosts[spec_json] = host_token(job_folder(json.loads(spec_json)["out"]))
-                refs.append(remote.remote(job_name, spec_json, task_json, digest, share_pieces, hosts[spec_json], run))
-            task_of = dict(zip(refs, task_ids))
-            pending = refs
+            size = batch_size(len(calls), max(self.workers or 1, int(ray.cluster_resources().get("CPU", 0))))
+            batch_ids: dict = {}  # Ray task -> the task ids of its calls, in order
+            for first in range(0, len(calls), size):
+                for (job_name, spec_json, digest, share_pieces, run), group in _same_job(calls[first:first + size],
+                                                                                        task_ids[first:first + size]):
+                    if spec_json not in hosts:
+                        hosts[spec_json] = host_token(job_folder(json.loads(spec_json)["out"]))
+                    ref = remote.remote(job_name, spec_json, [task_json for task_json, _ in group], digest,
+                                        share_pieces, hosts[spec_json], run, self.retries + 1)
+                    batch_ids[ref] = [task_id for _, task_id in group]
+            pending = list(batch_ids)
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1)
                 if pending:  # and whatever else finished meanwhile
                     more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
                     ready += more
                 for ref in ready:
+                    ids = batch_ids.pop(ref)
                     try:
-                        yield json.loads(ray.get(ref))
+                        results = ray.get(ref)
                     except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the task's exception
                         cause = getattr(exc, "cause", None) or exc
-                        yield TaskFailure(task_of[ref], f"{type(cause).__name__}: {cause}")
+                        for task_id in ids:
+                            yield TaskFailure(task_id, f"{type(cause).__name__}: {cause}")
+                        continue
+                    for task_id, result in zip(ids, results):
+                        yield json.loads(result[1:]) if result[0] == "R" else TaskFailure(task_id, result[1:])
         finally:
             self._shutdown()
 

@@ -12,7 +12,7 @@ Confinement per folder: a folder reached without a symlink from the real root is
 the root, so an entry of it that ``os.scandir`` reports as a plain regular file (its d_type) needs
 only its ``lstat`` (size, mtime, inode; the size cap): no realpath, no ``Confinement.check``. Only
 symlinks and special files go through ``Confinement.check``. Each top-level folder is scanned by
-its own task, on a fork pool of ``workers`` processes when there are at least
+its own task, on a pool of ``workers`` processes (``repack.sources.scan_pool``) when there are at least
 ``PARALLEL_MIN_FOLDERS`` of them; the result is an ``InputTable`` (columns, see
 ``repack.sources.columns``), the same whatever the worker count.
 
@@ -26,10 +26,7 @@ and its stats as int64 bytes; the driver joins the blobs and never decodes a rel
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import threading
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,6 +36,7 @@ from repack.errors import UsageError
 from repack.sources.base import Scan, alias_reason, quarantine_record, sort_key
 from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends
 from repack.sources.confine import Confinement
+from repack.sources.scan_pool import scan_pool
 
 JUNK_NAMES = frozenset({"Thumbs.db", "thumbs.db", "desktop.ini", "Desktop.ini", "@eaDir", "__MACOSX",
                         "lost+found", "$RECYCLE.BIN", "System Volume Information"})
@@ -204,18 +202,16 @@ def _top_level(conf: Confinement, root_ident: tuple) -> tuple[_Found, list[tuple
 
 def _scan_folders(conf: Confinement, folders: list[tuple], workers: int,
                   meanwhile: Callable[[], object] | None = None) -> list[_Part]:
-    """Walk each top-level folder; on a fork pool when there are enough of them (see the module docstring),
+    """Walk each top-level folder; on a process pool when there are enough of them (see the module docstring),
     running ``meanwhile`` in this process once the pool has the walks (serial: before them)."""
     tasks = [(conf, *folder) for folder in folders]
-    parallel = workers > 1 and len(tasks) >= PARALLEL_MIN_FOLDERS and threading.active_count() == 1 \
-        and "fork" in multiprocessing.get_all_start_methods()
-    if not parallel:
+    pool = scan_pool(workers, len(tasks), PARALLEL_MIN_FOLDERS, __name__)
+    if pool is None:
         if meanwhile is not None:
             meanwhile()
         return [_Part.unpack(_scan_top_folder(task)) for task in tasks]
-    pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork"))
     try:
-        walks = pool.map(_scan_top_folder, tasks, chunksize=4)  # submitted: the workers are forked and busy
+        walks = pool.map(_scan_top_folder, tasks, chunksize=4)  # submitted: the workers are started and busy
         if meanwhile is not None:
             meanwhile()
         parts = [_Part.unpack(raw) for raw in walks]

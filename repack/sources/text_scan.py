@@ -3,7 +3,7 @@
 The rules are ``text_docs.walk_folder``'s (hidden entries skipped, only names that ``text_kinds.classify`` as a
 text input kept, folder symlinks followed inside the root after the whole real tree, a folder scanned
 once by (st_dev, st_ino), aliases of one file read once under the real path); only the shape differs:
-each top-level real folder is walked by its own task on a fork pool (``repack.sources.folder``'s
+each top-level real folder is walked by its own task on a process pool (``repack.sources.folder``'s
 pattern), which sends back its files sorted by byte path as one names blob, int64 stats and one kind
 code per file (``KIND_CODES``), plus the folders it visited and the folder symlinks it met. The driver
 concatenates the parts in the byte order of the root's entries (a folder's name taken with its "/"),
@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import bisect
 import json
-import multiprocessing
 import os
 import stat as stat_mod
-import threading
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +28,7 @@ import numpy as np
 from repack.sources.base import alias_reason, pick_real_paths, sort_key
 from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends
 from repack.sources.confine import Confinement
+from repack.sources.scan_pool import scan_pool
 from repack.sources.text_kinds import classify
 
 KINDS = ("jsonl", "txt", "parquet")
@@ -218,11 +216,6 @@ def _walk_top_folder(args: tuple) -> bytes:
     return found.sorted_pack()
 
 
-def _parallel(tasks: int, workers: int) -> bool:
-    return workers > 1 and tasks >= PARALLEL_MIN_FOLDERS and threading.active_count() == 1 \
-        and "fork" in multiprocessing.get_all_start_methods()
-
-
 def scan_text_folder(conf: Confinement, workers: int = 1) -> tuple[TextInputs, list[dict], int]:
     """The text inputs under ``conf.root`` (sorted), quarantine records (in the serial walk's order) and the
     count of skipped files."""
@@ -235,8 +228,9 @@ def scan_text_folder(conf: Confinement, workers: int = 1) -> tuple[TextInputs, l
     folders = [rel for real, rel in top.links if real == ""]
     top.links = [link for link in top.links if link[0] != ""]
     tasks = [(conf, f"{root}/{rel}", rel) for rel in folders]
-    if _parallel(len(tasks), workers):
-        with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
+    pool = scan_pool(workers, len(tasks), PARALLEL_MIN_FOLDERS, __name__)
+    if pool is not None:
+        with pool:
             parts = [_Part.unpack(raw) for raw in pool.map(_walk_top_folder, tasks, chunksize=4)]
     else:
         parts = [_Part.unpack(_walk_top_folder(task)) for task in tasks]

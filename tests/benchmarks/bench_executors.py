@@ -8,10 +8,18 @@ executors taking turns so that a noisy neighbour hits each alike; besides wall t
 each job cost (the driver, its pool, and on a joined cluster the head's processes meanwhile: raylet,
 GCS, Ray workers), which other work on the machine barely changes. The Ray head this bench starts
 runs in a session of its own with its own temp folder, and only that session is stopped.
+
+REPACK_BENCH_EXECUTOR_BASELINE_TREE=DIR (another checkout, e.g. `git archive` of main): a second head
+whose Ray workers import repack from DIR, joined by DIR's driver in the same rounds
+(``ray_joined_cluster_baseline``): before/after under the same load. REPACK_BENCH_EXECUTOR_SOURCE=DIR
+packs the image folder DIR instead of the bench's photos, with repack's default shard size (the scale
+bench's tiny files: `bench-out/scale-data/jpg-1000000`).
 """
 
 from __future__ import annotations
 
+import filecmp
+import json
 import os
 import resource
 import shutil
@@ -29,9 +37,12 @@ from repack.exec.cpus import available_cpus
 from tests.benchmarks.bench_images import make_dataset
 
 IMAGES = int(os.environ.get("REPACK_BENCH_IMAGES") or 4000)
+SOURCE = os.environ.get("REPACK_BENCH_EXECUTOR_SOURCE")  # an image folder to pack instead (default shard size)
 WORKERS = str(int(os.environ.get("REPACK_BENCH_EXECUTOR_WORKERS") or available_cpus()))
 REPEATS = int(os.environ.get("REPACK_BENCH_REPEATS") or 3)
 RAY_ENV = {"RAY_AUTH_MODE": "token"}  # Ray >= 2.5x clusters started by `ray start` use token auth; the driver opts in
+ROOT = Path(__file__).resolve().parents[2]  # this checkout: its drivers and its head's Ray workers import repack from here
+BASELINE = os.environ.get("REPACK_BENCH_EXECUTOR_BASELINE_TREE")  # another checkout, joined to a head of its own
 
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -42,7 +53,12 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _repack(*args: str, head: "RayHead | None" = None) -> tuple[float, float]:
+def _tree_env(tree: Path | str) -> dict:
+    """The environment of a process that imports repack from ``tree``."""
+    return {**os.environ, **RAY_ENV, "PYTHONPATH": str(tree)}
+
+
+def _repack(*args: str, head: "RayHead | None" = None, tree: Path | str = ROOT) -> tuple[float, float]:
     """Wall seconds and CPU seconds of one job: the driver and its pool (reaped children), plus on a
     joined cluster what the head's processes spent meanwhile (raylet, GCS, the Ray workers: sampled
     every 0.1 s while the job runs, as the raylet does not account its reaped workers)."""
@@ -61,7 +77,7 @@ def _repack(*args: str, head: "RayHead | None" = None) -> tuple[float, float]:
     started = time.perf_counter()
     try:
         subprocess.run([sys.executable, "-m", "repack", *args], check=True, capture_output=True,
-                       env={**os.environ, **RAY_ENV})
+                       env=_tree_env(tree), cwd=tree)
         wall = time.perf_counter() - started
         if head:
             time.sleep(0.5)  # the job's Ray workers leave once their driver left
@@ -74,6 +90,13 @@ def _repack(*args: str, head: "RayHead | None" = None) -> tuple[float, float]:
     return wall, _children_cpu() - cpu + ray_cpu
 
 
+def _same_dataset(a: Path, b: Path) -> bool:
+    """Every shard and index of ``a`` and ``b`` byte-identical (the manifest differs in its run section)."""
+    names = sorted(p.name for p in a.iterdir() if p.is_file() and p.name != "manifest.json")
+    return names == sorted(p.name for p in b.iterdir() if p.is_file() and p.name != "manifest.json") and \
+        all(filecmp.cmp(a / name, b / name, shallow=False) for name in names)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -81,9 +104,10 @@ def _free_port() -> int:
 
 
 class RayHead:
-    """`ray start --head --block` in a session of its own (its raylet, GCS and workers with it)."""
+    """`ray start --head --block` in a session of its own (its raylet, GCS and workers with it); its Ray
+    workers import repack from ``tree``."""
 
-    def __init__(self, cpus: str) -> None:
+    def __init__(self, cpus: str, tree: Path | str = ROOT) -> None:
         ray = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
         self.temp = tempfile.mkdtemp(prefix="rb-")  # short: Ray's socket paths must fit 107 bytes
         port = _free_port()
@@ -91,7 +115,7 @@ class RayHead:
         self.proc = subprocess.Popen([ray, "start", "--head", "--block", f"--port={port}", f"--num-cpus={cpus}",
                                       "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={self.temp}"],
                                      start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env={**os.environ, **RAY_ENV})
+                                     env=_tree_env(tree), cwd=tree)
         deadline = time.time() + 120
         while not self._ready():
             if self.proc.poll() is not None or time.time() > deadline:
@@ -146,17 +170,21 @@ class RayHead:
 
 
 def main(out_dir: str | os.PathLike) -> dict:
-    src = make_dataset(Path(out_dir).absolute() / "images-data", IMAGES)  # the same photos as bench_images
-    out_dir = Path(out_dir) / "executors"
-    common = ["--shard-size", "100", "--workers", WORKERS, "--quiet"]
+    if SOURCE:  # e.g. the scale bench's tiny files: packed as that bench packs them
+        src, common = Path(SOURCE).absolute(), ["--workers", WORKERS, "--quiet"]
+    else:
+        src = make_dataset(Path(out_dir).absolute() / "images-data", IMAGES)  # the same photos as bench_images
+        common = ["--shard-size", "100", "--workers", WORKERS, "--quiet"]
+    out_dir = Path(out_dir).absolute() / "executors"  # absolute: the jobs run in the tree they import
     runs: dict[str, list[float]] = {}
     cpus: dict[str, list[float]] = {}
     head = RayHead(WORKERS)
+    baseline = RayHead(WORKERS, BASELINE) if BASELINE else None
 
-    def timed(name: str, *extra: str, joined: RayHead | None = None) -> None:
+    def timed(name: str, *extra: str, joined: RayHead | None = None, tree: Path | str = ROOT) -> None:
         out = out_dir / name
         shutil.rmtree(out, ignore_errors=True)
-        wall, cpu = _repack("images", str(src), str(out), *common, *extra, head=joined)
+        wall, cpu = _repack("images", str(src), str(out), *common, *extra, head=joined, tree=tree)
         runs.setdefault(name, []).append(wall)
         cpus.setdefault(name, []).append(cpu)
 
@@ -164,26 +192,31 @@ def main(out_dir: str | os.PathLike) -> dict:
         for _ in range(REPEATS):
             timed("local")
             timed("ray_joined_cluster", "--executor", "ray", "--ray-address", head.address, joined=head)
+            if baseline:
+                timed("ray_joined_cluster_baseline", "--executor", "ray", "--ray-address", baseline.address,
+                      joined=baseline, tree=BASELINE)
     finally:
         head.stop()
+        if baseline:
+            baseline.stop()
     timed("ray_started_by_job", "--executor", "ray")
     results = {name: statistics.median(times) for name, times in runs.items()}
     cpu = {name: statistics.median(times) for name, times in cpus.items()}
     cpu.pop("ray_started_by_job")  # not measured: the instance's daemons and workers are not all reaped by the driver
-    names = ("ray_started_by_job", "ray_joined_cluster")
-    same = all((out_dir / n / "shard-000000.tar").read_bytes() == (out_dir / "local" / "shard-000000.tar").read_bytes()
-               for n in names)
-    print(f"\n## executors: {IMAGES} images, --verify decode, {WORKERS} workers, {os.cpu_count()} cores, "
+    names = ("ray_started_by_job", "ray_joined_cluster") + (("ray_joined_cluster_baseline",) if baseline else ())
+    same = all(_same_dataset(out_dir / "local", out_dir / n) for n in names)
+    images = json.loads((out_dir / "local" / "manifest.json").read_text())["totals"]["samples"]
+    print(f"\n## executors: {images} images from {src}, --verify decode, {WORKERS} workers, {os.cpu_count()} cores, "
           f"median of {REPEATS} (Ray started by the job: 1 run)")
     print("| executor | seconds | images/s | time vs local pool | CPU seconds | CPU vs local pool | runs (s) |\n"
           "|---|---|---|---|---|---|---|")
     for name, seconds in results.items():
         cpu_cells = f"{cpu[name]:.2f} | {cpu[name] / cpu['local']:.2f}x" if name in cpu else "- | -"
-        print(f"| {name} | {seconds:.2f} | {IMAGES / seconds:.0f} | {seconds / results['local']:.2f}x | {cpu_cells} | "
+        print(f"| {name} | {seconds:.2f} | {images / seconds:.0f} | {seconds / results['local']:.2f}x | {cpu_cells} | "
               f"{', '.join(f'{t:.2f}' for t in runs[name])} |")
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"outputs byte-identical across executors: {same}")
-    return {"images": IMAGES, "workers": int(WORKERS), "seconds": results, "runs": runs, "cpu_seconds": cpu,
+    return {"images": images, "workers": int(WORKERS), "seconds": results, "runs": runs, "cpu_seconds": cpu,
             "load_average": os.getloadavg()[0], "identical": same, "ratios": {k: round(v / results["local"], 3) for k, v in results.items()},
             "cpu_ratios": {k: round(v / cpu["local"], 3) for k, v in cpu.items()}}
 

@@ -1,0 +1,38 @@
+"""The process pool that a source scan fans its top-level folders out on.
+
+fork while the driver runs no other thread: the workers start at once and inherit the imported
+modules. With a thread alive (``--executor ray`` joins its cluster on one while the driver plans,
+an object-store OUT's lock keeps a heartbeat) a fork could copy a lock held mid-operation, so the
+scan runs on forkserver workers then: the server starts once (a fresh interpreter that imports the
+scanning module) and forks each worker from itself. Such a scan ran on one process before: on 2
+cores, 50,000 tiny files planned in ~10 s under Ray against ~3 s on the local pool.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from concurrent.futures import ProcessPoolExecutor
+
+
+def start_method(workers: int, tasks: int, min_tasks: int) -> str | None:
+    """How a scan of ``tasks`` folder walks starts its pool's processes ("fork", "forkserver"), or None when
+    it stays in this process (one worker, fewer than ``min_tasks`` folders, no fork on this platform)."""
+    methods = multiprocessing.get_all_start_methods()
+    if workers <= 1 or tasks < min_tasks or "fork" not in methods:
+        return None
+    if threading.active_count() == 1:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else None
+
+
+def scan_pool(workers: int, tasks: int, min_tasks: int, module: str) -> ProcessPoolExecutor | None:
+    """A pool of ``min(workers, tasks)`` processes for ``tasks`` folder walks, or None (``start_method``).
+    ``module``: the module holding the pool's task function (a forkserver imports it once)."""
+    method = start_method(workers, tasks, min_tasks)
+    if method is None:
+        return None
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload([module])  # a no-op once this process's server runs
+    return ProcessPoolExecutor(min(workers, tasks), mp_context=context)
