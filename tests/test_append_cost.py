@@ -164,3 +164,15 @@ def test_the_first_record_lists_the_task_records_without_a_stat_per_lock(tmp_pat
     assert not [p for p in stats if p.endswith(".lock")]  # the locks are listed, never stat'ed
     assert decode_names(record.names) == decode_names(expected.names)
     assert np.array_equal(record.sha256, expected.sha256) and bool(record.has_sha256.all())
+
+
+def test_a_record_that_cannot_be_read_during_the_parallel_walk_fails_the_append_by_name(tmp_path):
+    src, out = odd_tree(tmp_path / "src", folders=PARALLEL_MIN_FOLDERS), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    (src / "c01" / "late.jpg").write_bytes(jpeg_bytes(seed=700))
+    run_repack("images", src, out, "--append", "--quiet")
+    (out / ".repack" / "inputs-v2.npz").write_bytes(b"not a record")
+    (src / "c02" / "later.jpg").write_bytes(jpeg_bytes(seed=701))
+    refused = run_repack("images", src, out, "--append", check=False)
+    assert refused.returncode == 2 and "inputs-v2.npz" in refused.stderr and "Traceback" not in refused.stderr
+    assert read_manifest_json(out)["dataset_version"]["number"] == 2 and "c02/later.jpg" not in packed_sources(out)
