@@ -197,7 +197,8 @@ def test_text_job_is_identical_across_executors(tmp_path):
 
 def test_ray_batches_many_small_tasks_and_a_failing_call_fails_alone(photo_tree, tmp_path):
     """30 shards on one CPU go to Ray in batches of 3 calls: the output equals the local pool's; a call that
-    keeps failing is retried in its batch and reported by its own name while the calls beside it finish."""
+    keeps failing is retried as a Ray task of its own and reported by its own name while the calls beside it
+    finish."""
     pytest.importorskip("ray")
     from repack.exec.ray_executor import BATCH_MAX, batch_size
 

@@ -27,10 +27,11 @@ outputs once they are in the store (``repack.jobs.scratch``).
   returns their records as a list of strings. Ray costs a few milliseconds per task on the worker, the
   raylet and the driver, which at ~10 ms of work per task (a chunk of 128 tiny files; 1M files make
   ~7,800) was as much as the work. Every Ray task is still small enough that each worker gets several
-  (the last ones balance the tail). A call that raises is retried in its batch, up to ``retries`` times,
-  and fails by its own name; a batch lost with its worker or node is retried whole by Ray (its calls'
-  outputs are idempotent), and after ``retries`` every call in it fails by name, as the local pool
-  counts an attempt for every task in flight when its pool breaks.
+  (the last ones balance the tail). A call that raises is reported by name and retried as a Ray task
+  of its own (``retries`` - 1 more times there, anywhere in the cluster); a batch lost with its worker
+  or node is retried whole by Ray (its calls' outputs are idempotent), and after ``retries`` every
+  call in it fails by name, as the local pool counts an attempt for every task in flight when its
+  pool breaks.
 """
 
 from __future__ import annotations
@@ -81,21 +82,15 @@ def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, sh
 
 
 def _execute_batch(job_name: str, spec_json: str, task_jsons: list, plan_digest: str, share_pieces: bool,
-                   driver_host: str, run: str, attempts: int) -> list[str]:
-    """A Ray task: ``_execute`` for each of ``task_jsons`` in turn, each tried up to ``attempts`` times; per
-    call, "R" + its record's text or "F" + the last error (a failed call is a value, as in the local pool)."""
+                   driver_host: str, run: str) -> list[str]:
+    """A Ray task: ``_execute`` for each of ``task_jsons`` in turn; per call, "R" + its record's text or "F" +
+    its error (a failed call is a value: the driver retries it as a Ray task of its own)."""
     results = []
     for task_json in task_jsons:
-        error = ""
-        for _ in range(attempts):
-            try:
-                results.append("R" + _execute(job_name, spec_json, task_json, plan_digest, share_pieces,
-                                              driver_host, run))
-                break
-            except Exception as exc:  # noqa: BLE001 - retried here, then reported by name
-                error = f"{type(exc).__name__}: {exc}"
-        else:
-            results.append("F" + error)
+        try:
+            results.append("R" + _execute(job_name, spec_json, task_json, plan_digest, share_pieces, driver_host, run))
+        except Exception as exc:  # noqa: BLE001 - reported by name, retried by the driver
+            results.append(f"F{type(exc).__name__}: {exc}")
     return results
 
 
@@ -215,19 +210,24 @@ class RayExecutor:
             return
         ray = self.ray
         try:
-            # a call's exception is retried inside its batch; Ray retries a batch lost with its worker or node
+            # Ray retries a batch lost with its worker or node; a call that raised is retried as a Ray task of
+            # its own (anywhere in the cluster, as before batches), its exceptions included
             remote = ray.remote(num_cpus=1, max_retries=self.retries)(_execute_batch)
+            alone = ray.remote(num_cpus=1, max_retries=max(0, self.retries - 1), retry_exceptions=True)(_execute)
             hosts: dict[str, str] = {}  # spec JSON -> the driver's host token of its job folder (one spec per job)
             size = batch_size(len(calls), max(self.workers or 1, int(ray.cluster_resources().get("CPU", 0))))
             batch_ids: dict = {}  # Ray task -> the task ids of its calls, in order
+            retried: set = set()  # Ray tasks of one call retried alone (they return the record's text)
+            args_of: dict = {}  # Ray task -> (job name, spec, digest, share_pieces, driver host, run) of its calls
             for first in range(0, len(calls), size):
                 for (job_name, spec_json, digest, share_pieces, run), group in _same_job(calls[first:first + size],
                                                                                         task_ids[first:first + size]):
                     if spec_json not in hosts:
                         hosts[spec_json] = host_token(job_folder(json.loads(spec_json)["out"]))
-                    ref = remote.remote(job_name, spec_json, [task_json for task_json, _ in group], digest,
-                                        share_pieces, hosts[spec_json], run, self.retries + 1)
+                    tasks = [task_json for task_json, _ in group]
+                    ref = remote.remote(job_name, spec_json, tasks, digest, share_pieces, hosts[spec_json], run)
                     batch_ids[ref] = [task_id for _, task_id in group]
+                    args_of[ref] = (job_name, spec_json, tasks, digest, share_pieces, hosts[spec_json], run)
             pending = list(batch_ids)
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1)
@@ -236,6 +236,9 @@ class RayExecutor:
                     ready += more
                 for ref in ready:
                     ids = batch_ids.pop(ref)
+                    job_name, spec_json, tasks, digest, share_pieces, host, run = args_of.pop(ref)
+                    alone_call = ref in retried
+                    retried.discard(ref)
                     try:
                         results = ray.get(ref)
                     except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the task's exception
@@ -243,8 +246,20 @@ class RayExecutor:
                         for task_id in ids:
                             yield TaskFailure(task_id, f"{type(cause).__name__}: {cause}")
                         continue
-                    for task_id, result in zip(ids, results):
-                        yield json.loads(result[1:]) if result[0] == "R" else TaskFailure(task_id, result[1:])
+                    if alone_call:
+                        yield json.loads(results)
+                        continue
+                    for task_id, task_json, result in zip(ids, tasks, results):
+                        if result[0] == "R":
+                            yield json.loads(result[1:])
+                        elif self.retries:
+                            again = alone.remote(job_name, spec_json, task_json, digest, share_pieces, host, run)
+                            batch_ids[again] = [task_id]
+                            retried.add(again)
+                            args_of[again] = (job_name, spec_json, [task_json], digest, share_pieces, host, run)
+                            pending.append(again)
+                        else:
+                            yield TaskFailure(task_id, result[1:])
         finally:
             self._shutdown()
 
