@@ -33,7 +33,7 @@ def run() -> None:
             print(code, file=sys.stderr)
             code = 1
     if checks is not None:
-        checks.stop_ahead()  # started ahead and never taken over (the command failed before it checked)
+        checks.stop_ahead(wait=False)  # never taken over (the command failed first): they die with us
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -198,15 +198,21 @@ def test_python_m_repack_verify_starts_its_work_before_the_cli_imports_and_the_c
     assert found["code"] == 0 and "OK, every file matches the manifest" in proc.stdout
 
 
-def test_the_ahead_start_reads_only_the_plain_local_command_line():
+def test_the_ahead_start_reads_only_the_plain_local_command_line(monkeypatch):
     from repack.lifecycle.verify_ahead import _out_and_workers
 
+    monkeypatch.delenv("REPACK_VERIFY_WORKERS", raising=False)
+    monkeypatch.delenv("REPACK_VERIFY_VERSION", raising=False)
     assert _out_and_workers(["OUT"]) == ("OUT", None)
     assert _out_and_workers(["--json", "OUT", "--workers", "3"]) == ("OUT", 3)
     assert _out_and_workers(["--workers=4", "OUT", "--json"]) == ("OUT", 4)
     for args in ([], ["OUT", "--version", "2"], ["--help"], ["s3://bucket/x"], ["OUT", "OTHER"],
                  ["OUT", "--workers", "x"], ["OUT", "--workers", "0"]):
         assert _out_and_workers(args) is None, args
+    monkeypatch.setenv("REPACK_VERIFY_WORKERS", "5")
+    assert _out_and_workers(["OUT"]) == ("OUT", 5) and _out_and_workers(["OUT", "--workers", "3"]) == ("OUT", 3)
+    monkeypatch.setenv("REPACK_VERIFY_VERSION", "2")
+    assert _out_and_workers(["OUT"]) is None
 
 
 def test_the_ahead_start_names_the_tars_verify_would_and_nothing_outside_the_root(packed_photos, tmp_path):

@@ -5,8 +5,9 @@ first ~0.05 CPU-s, then, once numpy and the sinks are imported, the pool of shar
 round of tasks submitted (``verify_shards.start_ahead``; only when every file of every shard entry is
 plainly inside OUT), so that the cores work while the driver is still starting up.
 
-Only the plain local form is taken (``verify OUT`` with ``--json`` and ``--workers N`` in any place;
-anything else, ``--version`` or ``--help`` included, leaves the work to the command). The tars are those
+Only the plain local form is taken (``verify OUT`` with ``--json`` and ``--workers N`` in any place,
+or ``REPACK_VERIFY_WORKERS``; anything else, ``--version`` (or its variable) and ``--help`` included,
+leaves the work to the command). The tars are those
 ``verify_digests.early_files`` names, found with the stdlib alone: ``OUT/manifest.json`` parsed as JSON
 (no validation), and only paths that are plainly relative and resolve inside OUT (a subset of
 ``safe_join``'s rule: nothing outside OUT is read). The verify that follows reads and validates the
@@ -66,7 +67,9 @@ def _out_and_workers(args: list[str]) -> tuple[str, int | None] | None:
             return None
         else:
             out = arg
-    if out is None or "://" in out or workers == 0:
+    if workers is None and os.environ.get("REPACK_VERIFY_WORKERS", "").isdigit():  # the option's variable
+        workers = int(os.environ["REPACK_VERIFY_WORKERS"])
+    if out is None or "://" in out or workers == 0 or os.environ.get("REPACK_VERIFY_VERSION"):
         return None
     return out, workers
 

@@ -294,12 +294,13 @@ def start_ahead(fmt: str, shards: list[tuple[str, dict]], known: frozenset[int],
         fmt, [shard for _, shard in shards], known)))
 
 
-def stop_ahead() -> None:
-    """Stop a pool started ahead and not taken over: its queued tasks cancelled, its workers joined."""
+def stop_ahead(wait: bool = True) -> None:
+    """Stop a pool started ahead and not taken over: its queued tasks cancelled, its workers joined
+    (``wait``; else they finish their task and leave, or die with the driver)."""
     global _AHEAD
     ahead, _AHEAD = _AHEAD, None
     if ahead is not None:
-        ahead[1].executor.shutdown(wait=True, cancel_futures=True)
+        ahead[1].executor.shutdown(wait=wait, cancel_futures=True)
 
 
 def _take_ahead(key: AheadKey) -> tuple[_Pool, Submitted] | None:
