@@ -34,6 +34,10 @@ COLUMNS = ("shard_starts", "first_member", "key_ends", "keys", "ext", "suffix", 
 PAGE = mmap.PAGESIZE
 
 
+class HelperUnavailable(RuntimeError):
+    """The helper process did not start or did not answer (the reader then parses in its own process)."""
+
+
 def available() -> bool:
     """Whether this system can hand columns back in a memfd (Linux)."""
     return hasattr(os, "memfd_create")
@@ -45,8 +49,11 @@ def parse_in_helper(paths: list[str], counts: list[int]) -> tuple[IndexColumns, 
     fd = os.memfd_create("repack-index", os.MFD_CLOEXEC)
     try:
         job = json.dumps({"paths": [str(p) for p in paths], "counts": [int(c) for c in counts], "fd": fd})
-        run = subprocess.run([sys.executable, "-m", "pipelines.index_process"], input=job.encode(),
-                             capture_output=True, pass_fds=(fd,), env=_helper_env(), check=False)
+        try:
+            run = subprocess.run([sys.executable, "-m", "pipelines.index_process"], input=job.encode(),
+                                 capture_output=True, pass_fds=(fd,), env=_helper_env(), check=False)
+        except OSError as exc:
+            raise HelperUnavailable(f"the index helper process did not start ({sys.executable}: {exc})") from None
         reply = _reply(run)
         if "error" in reply:
             raise _error(reply)
@@ -92,7 +99,7 @@ def _reply(run: subprocess.CompletedProcess) -> dict:
         return json.loads(lines[-1])
     except (IndexError, ValueError):
         tail = run.stderr.decode(errors="replace").strip()[-2000:]
-        raise RuntimeError(f"the index helper process failed (exit {run.returncode}): {tail}") from None
+        raise HelperUnavailable(f"the index helper process failed (exit {run.returncode}): {tail}") from None
 
 
 def _error(reply: dict) -> Exception:

@@ -17,6 +17,7 @@ import ctypes
 import json
 import mmap
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,14 +150,17 @@ def read_shared_index(manifest: Manifest, shards: list[int] | None = None) -> tu
     shared mapping its columns view or None). Local index files of at least ``HELPER_MIN_INDEX_BYTES``
     in all are parsed by a helper process into shared memory (``pipelines.index_process``: the parse
     threads' heap never reaches this process, so DataLoader workers forked from it do not map it);
-    others here (``parse_index_files``)."""
+    others here (``parse_index_files``), and all of them here, with a warning, when the helper cannot run."""
     entries = manifest.data["shards"]
     shards = list(range(len(entries))) if shards is None else shards
     paths = [manifest.path(entries[s]["index"]) for s in shards]
     counts = [int(entries[s]["samples"]) for s in shards]
     if (paths and index_process.available() and not any(object_store.is_remote(p) for p in paths)
             and sum(_local_size(p) or 0 for p in paths) >= HELPER_MIN_INDEX_BYTES):
-        return index_process.parse_in_helper([str(p) for p in paths], counts)
+        try:
+            return index_process.parse_in_helper([str(p) for p in paths], counts)
+        except index_process.HelperUnavailable as exc:
+            warnings.warn(f"{manifest.where}: {exc}; parsing the index in this process", stacklevel=2)
     return parse_index_files(paths, counts), None
 
 

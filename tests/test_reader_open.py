@@ -4,6 +4,7 @@ columns it keeps, not to the index text it parses."""
 
 from __future__ import annotations
 
+import sys
 import tracemalloc
 
 import numpy as np
@@ -127,3 +128,12 @@ def test_a_helper_parsed_reader_reads_through_spawned_workers(tmp_path, monkeypa
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
     labels = np.concatenate([batch_labels.numpy() for _, batch_labels in loader])
     assert sorted(labels.tolist()) == sorted([i % 10 for i in range(1_000)] * 2)
+
+
+def test_a_reader_parses_in_its_own_process_when_the_helper_cannot_run(datasets, monkeypatch):
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    manifest = read_manifest(datasets[20_000])
+    monkeypatch.setattr(sys, "executable", str(datasets[20_000] / "no-python-here"))
+    with pytest.warns(UserWarning, match="did not start"):
+        columns, mapping = manifest_access.read_shared_index(manifest)
+    assert mapping is None and columns.samples == 20_000
