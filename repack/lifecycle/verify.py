@@ -149,7 +149,7 @@ def start_digests(files, manifest, workers: int | None) -> EarlyDigests | None:
     workers = workers or available_cpus()
     if files.remote or workers <= 1 or manifest.format not in SINKS:
         return None
-    return EarlyDigests.start_or_take(early_files(manifest), workers)
+    return EarlyDigests.start(early_files(manifest), workers)
 
 
 def check_all_contents(files, manifest, workers: int | None = None,

@@ -79,29 +79,6 @@ class EarlyDigests:
         os.close(take)
         return cls(frozenset(queued), tuple(pids), slots)
 
-    @classmethod
-    def start_or_take(cls, files: list[tuple[int, str, int]], workers: int) -> EarlyDigests:
-        """The hashing of ``files`` on ``workers`` processes: the one ``start_ahead`` began for exactly
-        these files and workers (``repack.lifecycle.verify_ahead``), else started now (one begun for
-        other files is stopped)."""
-        global _AHEAD
-        ahead, _AHEAD = _AHEAD, None
-        if ahead is not None:
-            if ahead[:2] == (files, workers):
-                return ahead[2]
-            ahead[2].stop()
-            _stop_checks_ahead()  # its pool's threads must not be running while this process forks
-        return cls.start(files, workers)
-
-    def stop(self) -> None:
-        """Kill the hashing processes and reap them (their digests are not wanted)."""
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-
     def collect(self) -> dict[int, str | None | Died]:
         """{file number: its sha256 (hex), None where it could not be read, or ``Died``}, once every
         hashing process has ended."""
@@ -116,28 +93,6 @@ class EarlyDigests:
             slot = self.slots[_SLOT * number:_SLOT * (number + 1)]
             found[number] = slot[1:].hex() if slot[0] == _DONE else None if slot[0] == _UNREADABLE else died
         return found
-
-
-_AHEAD: tuple[list[tuple[int, str, int]], int, EarlyDigests] | None = None  # see start_ahead
-
-
-def start_ahead(files: list[tuple[int, str, int]], workers: int) -> EarlyDigests:
-    """Start hashing ``files`` on ``workers`` processes before the command line is even parsed; the
-    verify that follows takes them over (``EarlyDigests.start_or_take``) when it wants exactly these."""
-    global _AHEAD
-    if _AHEAD is not None:
-        _AHEAD[2].stop()
-    _AHEAD = (files, workers, EarlyDigests.start(files, workers))
-    return _AHEAD[2]
-
-
-def _stop_checks_ahead() -> None:
-    """Stop the shard checks started ahead (``verify_shards.start_ahead``), if any were."""
-    import sys
-
-    shards = sys.modules.get("repack.lifecycle.verify_shards")
-    if shards is not None:
-        shards.stop_ahead()
 
 
 def _hash_queue(take: int, paths: dict[int, str], slots: mmap.mmap) -> None:

@@ -16,12 +16,8 @@ folders with concurrent ranged GETs (``RemoteFiles.local``, written to disk at t
 held whole in memory), their tasks run on the same pool as soon as they arrive, and each folder is
 removed once its shard is checked.
 
-Each shard also gives back its sample keys, hashed to 8 bytes each (a split shard: each part's sorted),
-so that the uniqueness check of the whole dataset needs no second pass over the indexes.
-
-``python -m repack verify OUT`` starts the pool and submits the first round before the CLI is even
-imported (``start_ahead``, from ``repack.lifecycle.verify_ahead``); ``check_shards`` takes the pool and
-its futures over when it plans exactly the same tasks (``AheadKey``), and stops them otherwise.
+Each shard also gives back its sample keys, hashed to 8 bytes each, so that the uniqueness check of the
+whole dataset needs no second pass over the indexes.
 """
 
 from __future__ import annotations
@@ -68,18 +64,15 @@ def check_shards(files, manifest, workers: int | None = None, early: EarlyDigest
     todo = [i for i in range(len(shards)) if i not in escaped]
     if todo:
         get_sink(manifest.format)  # imported before the workers fork: they inherit it
-        number = {shard: i for i, shard in enumerate(todo)}
-        queued = early.queued if early is not None else frozenset()
-        known = frozenset(number[i] for i in queued if i in number)
-        local = [] if files.remote else [(str(files.root), shards[i]) for i in todo]
-        ahead = None if files.remote else _take_ahead(AheadKey.of(manifest.format, local, known, workers))
-        with ahead[0] if ahead else _Pool(workers) as pool:
+        with _Pool(workers) as pool:
             if files.remote:
                 done = _fetched_then_checked(pool, files, manifest.format, [shards[i] for i in todo])
             else:
-                done = pool.check(manifest.format, local, known,
-                                  lambda: {number[i]: d for i, d in early.collect().items() if i in number},
-                                  ahead[1] if ahead else None)
+                number = {shard: i for i, shard in enumerate(todo)}
+                queued = early.queued if early is not None else frozenset()
+                done = pool.check(manifest.format, [(str(files.root), shards[i]) for i in todo],
+                                  frozenset(number[i] for i in queued if i in number),
+                                  lambda: {number[i]: d for i, d in early.collect().items() if i in number})
     found = dict(escaped)
     found.update(zip(todo, done if todo else []))
     results = [found[i] for i in range(len(shards))]
@@ -155,19 +148,6 @@ def run_task(task: str) -> tuple[str, bytes]:
     return json.dumps(problems), hashes
 
 
-LEAVE_WORKERS = False  # True where the process ends right after verify (``repack.__main__``): see _start_worker
-
-
-def _start_worker() -> None:
-    """Pool initializer: Ctrl-C is the driver's to handle, and the worker dies with the driver
-    (PR_SET_PDEATHSIG), so a driver that leaves without joining its idle workers (``LEAVE_WORKERS``:
-    ~5-15 ms a worker of exits and joins at the end of a verify) leaves none behind."""
-    from repack.exec.parent_death import die_with_parent
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent()
-
-
 class _Pool:
     """The process pool (one thread for one worker) and the two rounds of tasks of a list of shards."""
 
@@ -179,7 +159,8 @@ class _Pool:
             from repack.exec.local import _pool_context
 
             self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(),
-                                                initializer=_start_worker)
+                                                initializer=signal.signal,  # Ctrl-C: the driver's to handle
+                                                initargs=(signal.SIGINT, signal.SIG_IGN))
             self.executor.submit(int).result()  # the workers start now, before any download thread does
 
     def __enter__(self) -> _Pool:
@@ -187,19 +168,17 @@ class _Pool:
 
     def __exit__(self, kind, value, traceback) -> None:
         if kind is None:
-            self.executor.shutdown(wait=not LEAVE_WORKERS)
+            self.executor.shutdown()
         else:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
     def check(self, fmt: str, shards: list[tuple[str, dict]], known: frozenset[int] = frozenset(),
-              digests: Callable[[], dict[int, str | None | Died]] = dict,
-              submitted: Submitted | None = None) -> list[Checked]:
+              digests: Callable[[], dict[int, str | None | Died]] = dict) -> list[Checked]:
         """Each (root, shard entry) checked: the planned tasks, then the whole check of every split shard
         that did not pass. ``known``: the shard numbers whose main file's sha256 comes from elsewhere,
-        ``digests()`` gives it once the first round is done (None: unreadable; ``Died``: its process died).
-        ``submitted``: the first round's tasks, already submitted for exactly these (``start_ahead``)."""
+        ``digests()`` gives it once the first round is done (None: unreadable; ``Died``: its process died)."""
         entries = [shard for _, shard in shards]
-        answers = self._gather(submitted or self._submit(fmt, shards, plan_tasks(fmt, entries, known)))
+        answers = self._run(fmt, shards, plan_tasks(fmt, entries, known))
         outside = digests() if known else {}
         results: dict[int, Checked] = {}
         again = []
@@ -218,12 +197,13 @@ class _Pool:
                     again.append(Task("whole", i))
                 else:
                     results[i] = ([], passed)
-        for i, got in self._gather(self._submit(fmt, shards, again)).items():
+        for i, got in self._run(fmt, shards, again).items():
             results[i] = ([got], b"") if isinstance(got, str) else _whole(got[0][1])
         return [results[i] for i in range(len(entries))]
 
-    def _submit(self, fmt: str, shards: list[tuple[str, dict]], tasks: list[Task]) -> Submitted:
-        """``tasks`` handed to the workers, in their order."""
+    def _run(self, fmt: str, shards: list[tuple[str, dict]], tasks: list[Task]) -> dict[int, list | str]:
+        """{shard number: [(task, answer)] of its tasks, or the message "not checked" when a process
+        running one of them died}."""
         answers: dict[int, list | str] = {task.shard: [] for task in tasks}
         pending = []
         for task in tasks:
@@ -234,13 +214,7 @@ class _Pool:
                 pending.append((task, self.executor.submit(run_task, order)))
             except BrokenProcessPool as exc:
                 answers[task.shard] = _died(shard, exc)
-        return Submitted(shards, answers, pending)
-
-    def _gather(self, submitted: Submitted) -> dict[int, list | str]:
-        """{shard number: [(task, answer)] of its tasks, or the message "not checked" when a process
-        running one of them died}."""
-        shards, answers = submitted.shards, submitted.answers
-        for task, future in submitted.pending:
+        for task, future in pending:
             try:
                 answer = future.result()
             except BrokenProcessPool as exc:
@@ -249,68 +223,6 @@ class _Pool:
             if not isinstance(answers[task.shard], str):
                 answers[task.shard].append((task, answer))
         return answers
-
-
-@dataclass(frozen=True)
-class Submitted:
-    """Tasks handed to a pool: the (root, shard) list they index, the answers known already (shards whose
-    task could not be submitted), and each submitted task with its future."""
-
-    shards: list[tuple[str, dict]]
-    answers: dict[int, list | str]
-    pending: list
-
-
-@dataclass(frozen=True)
-class AheadKey:
-    """What a first round of tasks was planned for: the format, each shard's real root and entry, the
-    shard numbers whose digest comes from elsewhere, and the workers."""
-
-    fmt: str
-    shards: str  # JSON of [(real root, entry)]
-    known: frozenset[int]
-    workers: int
-
-    @classmethod
-    def of(cls, fmt: str, shards: list[tuple[str, dict]], known: frozenset[int], workers: int | None) -> AheadKey:
-        import os
-
-        return cls(fmt, json.dumps([(os.path.realpath(root), shard) for root, shard in shards], sort_keys=True),
-                   known, workers or default_workers())
-
-
-_AHEAD: tuple[AheadKey, _Pool, Submitted] | None = None
-
-
-def start_ahead(fmt: str, shards: list[tuple[str, dict]], known: frozenset[int], workers: int) -> None:
-    """Start the pool and submit the first round of tasks for ``shards`` ([(root, entry)]) before the
-    command line is parsed (``repack.lifecycle.verify_ahead``); ``check_shards`` takes them over when it
-    plans exactly these, else they are stopped."""
-    global _AHEAD
-    stop_ahead()
-    get_sink(fmt)  # imported before the workers fork: they inherit it
-    pool = _Pool(workers)
-    _AHEAD = (AheadKey.of(fmt, shards, known, workers), pool, pool._submit(fmt, shards, plan_tasks(
-        fmt, [shard for _, shard in shards], known)))
-
-
-def stop_ahead(wait: bool = True) -> None:
-    """Stop a pool started ahead and not taken over: its queued tasks cancelled, its workers joined
-    (``wait``; else they finish their task and leave, or die with the driver)."""
-    global _AHEAD
-    ahead, _AHEAD = _AHEAD, None
-    if ahead is not None:
-        ahead[1].executor.shutdown(wait=wait, cancel_futures=True)
-
-
-def _take_ahead(key: AheadKey) -> tuple[_Pool, Submitted] | None:
-    """The pool and first round started ahead for exactly ``key``; None otherwise (then stopped)."""
-    global _AHEAD
-    if _AHEAD is not None and _AHEAD[0] == key:
-        ahead, _AHEAD = _AHEAD, None
-        return ahead[1], ahead[2]
-    stop_ahead()
-    return None
 
 
 def _whole(answer: tuple[str, bytes]) -> Checked:
