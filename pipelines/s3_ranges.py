@@ -31,7 +31,8 @@ import threading
 import time
 
 from repack.manifest.s3_waits import S3Limits, WaitWatch
-from repack.manifest.s3_wire import BucketRoute, Connection, Delegate, Head, Signer, Transient, route_of
+from repack.manifest.s3_wire import (BucketRoute, Connection, Delegate, Head, IdleConnections, Signer, Transient,
+                                     route_of)
 
 _routes: dict[tuple[str, str], BucketRoute | None] = {}  # (endpoint, bucket) -> route; inherited by forks
 
@@ -75,8 +76,7 @@ class RangeGetter:
         self.watch = WaitWatch(limits)
         self._signer = Signer()
         self._sign_lock = threading.Lock()
-        self._idle: list[Connection] = []
-        self._idle_lock = threading.Lock()
+        self._idle = IdleConnections()
         self._tls: ssl.SSLContext | None = None
 
     def get(self, url: str, route: BucketRoute, key: str, at: int, end: int,
@@ -129,16 +129,12 @@ class RangeGetter:
 
     def release(self, conn: Connection) -> None:
         """Hand a connection whose answer was read whole back for the next GET."""
-        conn.used = True
-        with self._idle_lock:
-            self._idle.append(conn)
+        self._idle.give(conn)
 
     def _connection(self, route: BucketRoute) -> Connection:
-        want = (route.scheme, route.host, route.port)
-        with self._idle_lock:
-            for i in range(len(self._idle) - 1, -1, -1):
-                if self._idle[i].key == want:
-                    return self._idle.pop(i)
+        idle = self._idle.take(route)
+        if idle is not None:
+            return idle
         if route.scheme == "https" and self._tls is None:
             self._tls = ssl.create_default_context(cafile=self._cafile)
         return Connection(route, self.limits.connect_timeout, self.limits.read_timeout,

@@ -21,6 +21,7 @@ import hmac
 import re
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -232,3 +233,27 @@ class Connection:
         if got < head.length:
             raise Transient(f"{url}: the body was cut at byte {got} of {head.length}")
         return head.status, head.headers, body
+
+
+class IdleConnections:
+    """Kept-alive connections waiting for their next request, found by ``(scheme, host, port)``; shared by
+    the threads of one process (after a fork a process makes its own)."""
+
+    def __init__(self) -> None:
+        self._idle: list = []
+        self._lock = threading.Lock()
+
+    def take(self, route: BucketRoute):
+        """The most recently given connection to the route's host, or None."""
+        want = (route.scheme, route.host, route.port)
+        with self._lock:
+            for i in range(len(self._idle) - 1, -1, -1):
+                if self._idle[i].key == want:
+                    return self._idle.pop(i)
+        return None
+
+    def give(self, conn) -> None:
+        """Hand a connection whose answer was read whole back for the next request."""
+        conn.used = True
+        with self._lock:
+            self._idle.append(conn)

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import selectors
 import ssl
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator
 
+from repack.manifest.s3_wire import IdleConnections
 from repack.store.s3_get import (HEADER_LIMIT, RECV_BYTES, RETRY_STATUS, BucketRoute, ObjectGetter, Transient,
                                  _Delegate, checksum_mismatch, open_socket, parse_head)
 
@@ -41,12 +41,12 @@ _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 class _Wire:
     """A kept-alive non-blocking connection and the answer it is reading (one request at a time)."""
 
-    __slots__ = ("sock", "host", "used", "index", "url", "out", "head", "length", "status", "headers", "body", "got",
+    __slots__ = ("sock", "key", "used", "index", "url", "out", "head", "length", "status", "headers", "body", "got",
                  "last", "token")
 
     def __init__(self, sock, host: tuple) -> None:
         sock.setblocking(False)
-        self.sock, self.host, self.used = sock, host, False
+        self.sock, self.key, self.used = sock, host, False
         self.index = -1
 
     def close(self) -> None:
@@ -123,8 +123,7 @@ class Fetcher:
         self.slow = slow
         self.depth = depth
         self.ahead_bytes = ahead_bytes
-        self._idle: list[_Wire] = []
-        self._idle_lock = threading.Lock()  # threads that fetch at once share the idle connections
+        self._idle = IdleConnections()  # threads that fetch at once share the idle connections
         self._pool: ThreadPoolExecutor | None = None
 
     def fetch(self, objects: list[tuple[str, str]], sizes: list[int] | None = None) -> Iterator[bytes | BaseException]:
@@ -168,18 +167,14 @@ class Fetcher:
     # --- connections ---------------------------------------------------------------------------------
     def take(self, route: BucketRoute) -> _Wire:
         """An idle connection to the route's host, else a new one (OSError when it cannot connect)."""
-        host = (route.scheme, route.host, route.port)
-        with self._idle_lock:
-            for i in range(len(self._idle) - 1, -1, -1):
-                if self._idle[i].host == host:
-                    return self._idle.pop(i)
+        idle = self._idle.take(route)
+        if idle is not None:
+            return idle
         tls = self.getter.tls_context() if route.scheme == "https" else None
-        return _Wire(open_socket(route, self.getter.limits.connect_timeout, tls), host)
+        return _Wire(open_socket(route, self.getter.limits.connect_timeout, tls), (route.scheme, route.host, route.port))
 
     def give_back(self, wire: _Wire) -> None:
-        wire.used = True
-        with self._idle_lock:
-            self._idle.append(wire)
+        self._idle.give(wire)
 
 
 class _Run:

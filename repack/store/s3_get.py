@@ -44,6 +44,7 @@ from repack.manifest.s3_waits import WaitWatch
 from repack.manifest.s3_wire import (HEADER_LIMIT, RECV_BYTES, BucketRoute, Connection, Signer, Transient,  # noqa: F401
                                      open_socket, parse_head, route_of)
 from repack.manifest.s3_wire import Delegate as _Delegate
+from repack.manifest.s3_wire import IdleConnections
 
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 
@@ -84,8 +85,7 @@ class ObjectGetter:
         self._routes: dict[str, BucketRoute | None] = {}
         self._route_lock = threading.Lock()
         self._learning: set[str] = set()  # buckets whose route a thread is learning
-        self._idle: list[Connection] = []
-        self._idle_lock = threading.Lock()
+        self._idle = IdleConnections()
         self._signer = Signer()
 
     # --- the public read ---------------------------------------------------------------------------
@@ -225,20 +225,16 @@ class ObjectGetter:
         time.sleep(random.random() * min(20.0, 2.0 ** (attempt - 1)))
 
     def _connection(self, route: BucketRoute) -> Connection:
-        want = (route.scheme, route.host, route.port)
-        with self._idle_lock:
-            for i in range(len(self._idle) - 1, -1, -1):
-                if self._idle[i].key == want:
-                    return self._idle.pop(i)
+        idle = self._idle.take(route)
+        if idle is not None:
+            return idle
         tls = self.tls_context() if route.scheme == "https" else None
         return Connection(route, self.limits.connect_timeout, self.limits.read_timeout, tls)
 
     def _release(self, conn: Connection) -> None:
         if conn.sock is None:
             return
-        conn.used = True
-        with self._idle_lock:
-            self._idle.append(conn)
+        self._idle.give(conn)
 
     def tls_context(self) -> ssl.SSLContext:
         """The TLS context of https endpoints (botocore's CA bundle)."""
