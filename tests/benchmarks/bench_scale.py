@@ -174,10 +174,14 @@ def worker_peaks():
 started = time.perf_counter()
 if kind == "repack":
     from pipelines.torch_webdataset import ImageShardDataset
-    loader = DataLoader(ImageShardDataset(root, decode=False, batch_size=batch), batch_size=None,
-                        num_workers=workers, persistent_workers=True)
+    dataset = ImageShardDataset(root, decode=False, batch_size=batch)
+    in_helper = getattr(dataset, "_index_mapping", None) is not None  # parsed by pipelines.index_process
+    loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True)
 else:
+    in_helper = False
     loader = DataLoader(FolderBytes(root), batch_size=batch, num_workers=workers, persistent_workers=True)
+with open("/proc/self/status") as fh:  # the training process's RSS when the workers fork from it
+    opened_rss = [int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:")][0]
 samples, first = 0, None
 for _, labels in loader:
     samples += len(labels)
@@ -186,7 +190,7 @@ for _, labels in loader:
 seconds = time.perf_counter() - started
 peaks = worker_peaks()
 print(json.dumps({"samples": samples, "seconds": seconds, "first_batch_s": first, "worker_hwm_max": max(peaks),
-                  "workers_seen": len(peaks)}))
+                  "workers_seen": len(peaks), "index_in_helper": in_helper, "opened_rss": opened_rss}))
 """
 
 
@@ -497,7 +501,10 @@ def part_readers(src: Path, packed: Path, data: Path, work: Path, n: int, worker
             "folder-of-files Dataset, same", rate["folder"], rate["repack"] / rate["folder"], ">= 1.5"),
         row(f"reader worker peak RSS, +{growth['repack']:.0f} B/sample", peak["repack"] / 1e6, "MB",
             f"budget: {small} samples' peak + 100 B/sample", allowed / 1e6, peak["repack"] / allowed, "<= 1",
-            note=f"folder Dataset workers: {peak['folder'] / 1e6:.0f} MB, +{growth['folder']:.0f} B/sample",
+            note=f"folder Dataset workers: {peak['folder'] / 1e6:.0f} MB, +{growth['folder']:.0f} B/sample; "
+                 f"index parsed in a helper process: {'yes' if result['repack']['index_in_helper'] else 'no'}; "
+                 f"training process at the workers' fork: {result['repack']['opened_rss'] / 1e6:.0f} MB "
+                 f"({result['repack-small']['opened_rss'] / 1e6:.0f} MB for {small} samples)",
             growth_per_sample=round(growth["repack"], 1), folder_growth_per_sample=round(growth["folder"], 1)),
         row("reader open + first batch", first, "s", "budget: 1 s", 1.0, first / 1.0, "<= 1",
             note=f"folder Dataset: {result['folder']['first_batch_s']:.2f} s"),
