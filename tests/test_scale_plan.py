@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -100,7 +101,8 @@ def test_parallel_scan_equals_one_process_and_keeps_the_confinement(hostile_tree
 def test_scan_with_a_thread_alive_fans_out_on_forkserver_workers_and_equals_one_process(hostile_tree):
     """A driver running a thread (Ray joining its cluster, an s3 lock's heartbeat) cannot fork safely: its scan
     runs on forkserver workers instead of on the driver alone, with the same result."""
-    assert start_method(2, CLASSES, PARALLEL_MIN_FOLDERS) == "fork"
+    if threading.active_count() == 1:  # an earlier test of this process may have left a thread running
+        assert start_method(2, CLASSES, PARALLEL_MIN_FOLDERS) == "fork"
     with thread_alive():
         assert start_method(2, CLASSES, PARALLEL_MIN_FOLDERS) == "forkserver"
         assert start_method(1, CLASSES, PARALLEL_MIN_FOLDERS) is None
