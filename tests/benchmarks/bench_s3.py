@@ -37,7 +37,8 @@ small JPEGs from the rclone bucket against the same files on local disk and agai
 rate alone (WORKERS processes fetching them with repack's GETs in flight, nothing else), medians of
 alternated rounds, with the CPU-seconds of each job's process tree and of the server;
 REPACK_BENCH_S3_BASELINE_TREE (another checkout of repack) adds that code's s3:// run beside.
-REPACK_BENCH_S3_LIST_PARTS (default ``list,gets,pack``) picks parts.
+REPACK_BENCH_S3_LIST_PARTS (default ``list,gets,pack``) picks parts; REPACK_BENCH_S3_WORKERS (default 2) sets
+the packing workers (and the processes measuring the server's GET rate).
 
 Absolute MB/s here say more about the loopback server than about S3 (moto especially); the ratios
 compare clients on the same server, which the table's first line names. REPACK_BENCH_S3_IMAGES sets the dataset size (default 2000);
@@ -59,7 +60,7 @@ from tests.benchmarks.bench_images import make_dataset
 from tests.tools.s3server import bench_server, client, s3_env
 
 IMAGES = int(os.environ.get("REPACK_BENCH_S3_IMAGES") or 2000)
-WORKERS = 2
+WORKERS = int(os.environ.get("REPACK_BENCH_S3_WORKERS") or 2)  # packing workers and server-rate processes
 
 
 def _repack(env: dict, *args) -> float:
