@@ -37,7 +37,9 @@ small JPEGs from the rclone bucket against the same files on local disk and agai
 rate alone (WORKERS processes fetching them with repack's GETs in flight, nothing else), medians of
 alternated rounds, with the CPU-seconds of each job's process tree and of the server;
 REPACK_BENCH_S3_BASELINE_TREE (another checkout of repack) adds that code's s3:// run beside.
-REPACK_BENCH_S3_LIST_PARTS (default ``list,gets,pack``) picks parts; REPACK_BENCH_S3_WORKERS (default 2) sets
+REPACK_BENCH_S3_LIST_PARTS (default ``list,gets,pack``) picks parts, REPACK_BENCH_S3_LISTERS (default
+``paginator,scan_objects``) the listers (the paginator lists ~1,000 objects/s: skip it at 1M) and
+REPACK_BENCH_S3_LIST_MOTO=0 skips moto; REPACK_BENCH_S3_WORKERS (default 2) sets
 the packing workers (and the processes measuring the server's GET rate).
 
 Absolute MB/s here say more about the loopback server than about S3 (moto especially); the ratios
@@ -330,8 +332,10 @@ def _listing_rates(server, bucket: str, objects: int, repeats: int) -> dict:
         return sum(len(p.get("Contents", ())) for p in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket))
 
     out = {}
-    for name, listing in (("botocore paginator", botocore_pages),
-                          ("scan_objects", lambda: len(scan_objects(f"s3://{bucket}").objects))):
+    listers = (("botocore paginator", botocore_pages),
+               ("scan_objects", lambda: len(scan_objects(f"s3://{bucket}").objects)))
+    chosen = (os.environ.get("REPACK_BENCH_S3_LISTERS") or "paginator,scan_objects").split(",")
+    for name, listing in (pair for pair in listers if pair[0].split()[-1] in chosen):
         best = None
         for _ in range(repeats):
             cpu, served, started = time.process_time(), _server_cpu(server), time.perf_counter()
@@ -538,7 +542,7 @@ def listing_main(out_dir: str | os.PathLike) -> dict:
             packing = _packing(rclone, work, pack_count, pack_keys, repeats)
     finally:
         rclone.stop()
-    if "list" in parts:
+    if "list" in parts and moto_count:
         moto = MotoServer()
         try:
             s3 = client(moto.endpoint)
