@@ -460,13 +460,26 @@ def part_change(src: Path, out: Path, work: Path, n: int, full_wall: float, mark
     rewritten = list(manifest["dataset_version"]["change"]["rewritten"])
     os.sync()  # as run_tree: earlier runs' dirty pages are not this copy's to write
     floor_wall, floor_cpu = copy_floor(out, rewritten, work / "remove-copy-floor")
+    folder = CLASSES // 2 if n >= CLASSES else 0  # one class folder: its files lie together in the shards
+    taken = set(chosen)
+    in_folder = [i for i in range(folder, n, CLASSES) if i not in taken]
+    names.write_text("".join(f"{file_path(Path(''), i, '.jpg').as_posix()}\n" for i in in_folder))
+    removed_folder = run_tree(repack("remove", out, "--sources", names))
+    manifest = json.loads((out / "manifest.json").read_text())
+    if manifest["totals"]["samples"] != samples - len(in_folder):
+        raise RuntimeError(f"remove of folder c{folder:03d}'s {len(in_folder)} files left "
+                           f"{manifest['totals']['samples']} samples, not {samples - len(in_folder)}")
+    folder_rewritten = len(manifest["dataset_version"]["change"]["rewritten"])
     return [row(f"repack images --append, {added} new files (1%)", appended.wall, "s", "the full default pack",
                 full_wall, appended.wall / full_wall, "<= 0.15"),
             row(f"repack remove --sources, {count} names", removed.wall, "s", "the full default pack",
                 full_wall, removed.wall / full_wall, "<= 0.15", floor_s=round(floor_wall, 3),
                 note=f"its floor, the {len(rewritten)} shard(s) it rewrote copied whole in parallel "
                      f"(copy_file_range + fsync, as remove and the pack write): {floor_wall:.2f} s "
-                     f"({floor_wall / full_wall:.3f}x), {floor_cpu:.1f} CPU-s; remove {removed.cpu:.1f} CPU-s")]
+                     f"({floor_wall / full_wall:.3f}x), {floor_cpu:.1f} CPU-s; remove {removed.cpu:.1f} CPU-s"),
+            row(f"repack remove --sources, the {len(in_folder)} files of one class folder", removed_folder.wall, "s",
+                "the full default pack", full_wall, removed_folder.wall / full_wall, "<= 0.15",
+                note=f"{folder_rewritten} shard(s) rewritten; remove {removed_folder.cpu:.1f} CPU-s")]
 
 
 def read(kind: str, root: Path, workers: int) -> dict:
