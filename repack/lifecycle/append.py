@@ -105,7 +105,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
         # the staged job's input, held in memory and read while its scan runs (held_known); the key keeps the
         # name of the file it once was, so a staged job killed under an older repack resumes with the same options
         known_key = out / stage / "known-inputs.npz"
-        known = KnownInputs(lambda: dataset_record(store, current), [q["source"] for q in current["quarantine"]])
+        known = KnownInputs(lambda: dataset_record(store, current, digests=False),
+                            [q["source"] for q in current["quarantine"]])
         job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_key, current)
         if job.store.read_bytes(MANIFEST_NAME) is None:
             from repack.jobs.base import build_plan
