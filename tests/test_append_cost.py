@@ -5,6 +5,7 @@ tasks folder (no stat per chunk lock). Each mechanism gives what the plain way g
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import threading
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from repack.errors import UsageError
-from repack.lifecycle.input_columns import build_columns, decode_names, names_of_blob
+from repack.lifecycle.input_columns import InputColumns, build_columns, decode_names, names_of_blob
 from repack.lifecycle.input_record import (KnownInputs, dataset_record, file_sha256, held_known, load_known,
                                           select_new_rows)
 from repack.sources.columns import InputTable
@@ -223,3 +224,40 @@ def test_the_first_append_writes_only_its_rows_and_derives_version_ones_digests_
     third = parse_record((out / inputs_record(3)).read_bytes(), "v3")
     assert (third.base, third.depth) == (2, 1)
     assert "c01/newer.jpg" in packed_sources(out) and len(read_inputs_record(store, 3)) == len(whole) + 1
+
+
+def test_the_record_derived_in_a_child_process_equals_the_drivers_and_a_failure_is_raised_by_name(tmp_path):
+    """``ChildRecord``: the columns the child sends over the pipe are the driver's own derivation (odd
+    names, removed sources), its digests are derived when asked; a child that fails leaves the error to the
+    driver's own derivation; a child never waited for is stopped."""
+    from repack.lifecycle.input_columns import with_quarantined
+    from repack.lifecycle.record_child import ChildRecord, can_fork, pack_columns, unpack_columns
+
+    names = sorted(ODD, key=os.fsencode)
+    record = build_columns(names, range(len(names)), [10**18 + i for i in range(len(names))],
+                           [7 * i for i in range(len(names))], {names[0]: "ab" * 32}, 99, removed=["gone/x.jpg", "é"])
+    for columns in (record, build_columns([], [], [], [], {}, 3)):
+        back = unpack_columns(pack_columns(columns))
+        assert decode_names(back.names) == decode_names(columns.names) and back.next_position == columns.next_position
+        assert decode_names(back.removed) == decode_names(columns.removed) and not back.has_sha256.any()
+        for column in ("size", "mtime_ns", "position"):
+            assert np.array_equal(getattr(back, column), getattr(columns, column))
+    assert unpack_columns(pack_columns(record)[:-1]) is None and unpack_columns(b"-\n") is None
+    forked = can_fork()  # no other thread here (e.g. no xdist worker): the child path runs
+    child = ChildRecord(lambda: dataclasses.replace(record, has_sha256=np.zeros(len(record), bool)), lambda: record)
+    got = child()
+    assert child() is got and got.digests_from is not None and not got.has_sha256.any()
+    assert decode_names(got.names) == names and np.array_equal(got.position, record.position)
+    staged = with_quarantined(got, ["a.jpg"])
+    assert bool(staged.digested().has_sha256[0]) and decode_names(staged.digested().quarantined) == ["a.jpg"]
+    child.close()
+
+    def refused() -> InputColumns:
+        raise UsageError(f"{tmp_path}/inputs-v3.npz extends version 2's record, which is missing")
+
+    with pytest.raises(UsageError, match="inputs-v3.npz extends version 2"):
+        ChildRecord(refused, refused)()
+    waiting = ChildRecord(lambda: record, lambda: record)
+    assert bool(waiting._pid) == forked
+    waiting.close()  # the append failed before asking: the child is stopped and reaped
+    assert not waiting._pid
