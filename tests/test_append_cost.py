@@ -5,6 +5,7 @@ tasks folder (no stat per chunk lock). Each mechanism gives what the plain way g
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import threading
@@ -14,8 +15,9 @@ import numpy as np
 import pytest
 
 from repack.errors import UsageError
-from repack.lifecycle.input_columns import build_columns, decode_names, names_of_blob
-from repack.lifecycle.input_record import KnownInputs, dataset_record, held_known, load_known, select_new_rows
+from repack.lifecycle.input_columns import InputColumns, build_columns, decode_names, names_of_blob
+from repack.lifecycle.input_record import (KnownInputs, dataset_record, file_sha256, held_known, load_known,
+                                          select_new_rows)
 from repack.sources.columns import InputTable
 from repack.sources.folder import PARALLEL_MIN_FOLDERS, scan_folder
 from repack.store import open_store
@@ -176,3 +178,86 @@ def test_a_record_that_cannot_be_read_during_the_parallel_walk_fails_the_append_
     refused = run_repack("images", src, out, "--append", check=False)
     assert refused.returncode == 2 and "inputs-v2.npz" in refused.stderr and "Traceback" not in refused.stderr
     assert read_manifest_json(out)["dataset_version"]["number"] == 2 and "c02/later.jpg" not in packed_sources(out)
+
+
+def test_the_first_append_writes_only_its_rows_and_derives_version_ones_digests_only_to_compare(tmp_path,
+                                                                                                 monkeypatch):
+    """Version 2's record is a delta on version 1's, derived from the plan (no row per existing input
+    written); the selection reads version 1's digests (every task record) only when a known input's mtime
+    changed. A whole version 2 record (what an older repack wrote) still reads, and extends."""
+    from repack.lifecycle import first_record
+    from repack.lifecycle.input_columns import merged, parse_record, to_bytes
+    from repack.lifecycle.publish import inputs_record, read_inputs_record
+
+    src, out = odd_tree(tmp_path / "src", folders=3), tmp_path / "out"
+    run_repack("images", src, out, "--chunk-size", "2", "--quiet")
+    for i, rel in enumerate(["c01/new.jpg", "c02/a/new.jpg"]):
+        (src / rel).write_bytes(jpeg_bytes(seed=900 + i))
+    run_repack("images", src, out, "--append", "--quiet")
+    stored = parse_record((out / inputs_record(2)).read_bytes(), "v2")
+    assert (stored.base, stored.depth, decode_names(stored.columns.names)) == (1, 1, ["c01/new.jpg", "c02/a/new.jpg"])
+    assert (out / inputs_record(2)).stat().st_size < 4096 and not (out / inputs_record(1)).exists()
+    store = open_store(str(out))
+    whole = read_inputs_record(store, 2)
+    expected = merged(first_record.version_one_record(store), stored.columns)
+    assert decode_names(whole.names) == sorted(packed_sources(out), key=os.fsencode)
+    assert np.array_equal(whole.sha256, expected.sha256) and bool(whole.has_sha256.all())
+
+    derived: list[int] = []
+    real_plan_record = first_record.plan_record
+    monkeypatch.setattr(first_record, "plan_record", lambda *a, **k: derived.append(1) or real_plan_record(*a, **k))
+    planning = dataset_record(store, read_manifest_json(out), digests=False)
+    assert planning.digests_from is not None and int(planning.has_sha256.sum()) == 2 and not derived  # the delta's
+    scan = scan_folder(str(src)).items
+    names = names_of_blob(scan.names)
+    unchanged = select_new_rows(names, scan.sizes, scan.mtimes, planning, lambda row: None)
+    assert unchanged.new == [] and not derived  # same fingerprints: no digest needed
+    touched = src / "c00 é" / "a.jpg"
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    scan = scan_folder(str(src)).items
+    copy = select_new_rows(names, scan.sizes, scan.mtimes, planning, lambda row: file_sha256(f"{src}/{scan.rel(row)}"))
+    assert copy.new == [] and list(copy.same_content) == ["c00 é/a.jpg"] and derived == [1]
+
+    (out / inputs_record(2)).write_bytes(to_bytes(whole))  # the layout an older repack wrote: whole
+    (src / "c01" / "newer.jpg").write_bytes(jpeg_bytes(seed=950))
+    run_repack("images", src, out, "--append", "--quiet")
+    third = parse_record((out / inputs_record(3)).read_bytes(), "v3")
+    assert (third.base, third.depth) == (2, 1)
+    assert "c01/newer.jpg" in packed_sources(out) and len(read_inputs_record(store, 3)) == len(whole) + 1
+
+
+def test_the_record_derived_in_a_child_process_equals_the_drivers_and_a_failure_is_raised_by_name(tmp_path):
+    """``ChildRecord``: the columns the child sends over the pipe are the driver's own derivation (odd
+    names, removed sources), its digests are derived when asked; a child that fails leaves the error to the
+    driver's own derivation; a child never waited for is stopped."""
+    from repack.lifecycle.input_columns import with_quarantined
+    from repack.lifecycle.record_child import ChildRecord, can_fork, pack_columns, unpack_columns
+
+    names = sorted(ODD, key=os.fsencode)
+    record = build_columns(names, range(len(names)), [10**18 + i for i in range(len(names))],
+                           [7 * i for i in range(len(names))], {names[0]: "ab" * 32}, 99, removed=["gone/x.jpg", "é"])
+    for columns in (record, build_columns([], [], [], [], {}, 3)):
+        back = unpack_columns(pack_columns(columns))
+        assert decode_names(back.names) == decode_names(columns.names) and back.next_position == columns.next_position
+        assert decode_names(back.removed) == decode_names(columns.removed) and not back.has_sha256.any()
+        for column in ("size", "mtime_ns", "position"):
+            assert np.array_equal(getattr(back, column), getattr(columns, column))
+    assert unpack_columns(pack_columns(record)[:-1]) is None and unpack_columns(b"-\n") is None
+    forked = can_fork()  # no other thread here (e.g. no xdist worker): the child path runs
+    child = ChildRecord(lambda: dataclasses.replace(record, has_sha256=np.zeros(len(record), bool)), lambda: record)
+    got = child()
+    assert child() is got and got.digests_from is not None and not got.has_sha256.any()
+    assert decode_names(got.names) == names and np.array_equal(got.position, record.position)
+    staged = with_quarantined(got, ["a.jpg"])
+    assert bool(staged.digested().has_sha256[0]) and decode_names(staged.digested().quarantined) == ["a.jpg"]
+    child.close()
+
+    def refused() -> InputColumns:
+        raise UsageError(f"{tmp_path}/inputs-v3.npz extends version 2's record, which is missing")
+
+    with pytest.raises(UsageError, match="inputs-v3.npz extends version 2"):
+        ChildRecord(refused, refused)()
+    waiting = ChildRecord(lambda: record, lambda: record)
+    assert bool(waiting._pid) == forked
+    waiting.close()  # the append failed before asking: the child is stopped and reaped
+    assert not waiting._pid

@@ -47,19 +47,21 @@ def test_a_later_version_stores_only_what_it_changed_and_reads_back_whole(tmp_pa
     run_repack("images", src, out, "--shard-size", "4", "--quiet")
     add_inputs(src)
     run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
-    whole = _stored(out, 2)  # version 1 has no record file: version 2's is whole
-    assert whole.base is None and len(whole.columns) == 13
+    first = _stored(out, 2)  # version 1 has no record file: version 2's is a delta on the one its plan gives
+    assert (first.base, first.depth, len(first.columns)) == (1, 1, 4)
+    whole = _record(out, 2)
+    assert len(whole) == 13 and bool(whole.has_sha256.all())
     (tmp_path / "gone.txt").write_text("cat/c1.jpg\n")
     run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
     removed = _stored(out, 3)  # no row of an input: the removed source only
-    assert (removed.base, removed.depth, len(removed.columns)) == (2, 1, 0)
+    assert (removed.base, removed.depth, len(removed.columns)) == (2, 2, 0)
     assert decode_names(removed.columns.removed) == ["cat/c1.jpg"]
-    _same(_record(out, 3), whole.columns.with_removed(["cat/c1.jpg"]))
+    _same(_record(out, 3), whole.with_removed(["cat/c1.jpg"]))
 
     (src / "dog" / "late.jpg").write_bytes(jpeg_bytes(seed=77))
     run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
     added = _stored(out, 4)
-    assert (added.base, added.depth, decode_names(added.columns.names)) == (3, 2, ["dog/late.jpg"])
+    assert (added.base, added.depth, decode_names(added.columns.names)) == (3, 3, ["dog/late.jpg"])
     assert added.columns.position.tolist() == [13] and bool(added.columns.has_sha256.all())
     latest = _record(out, 4)
     assert len(latest) == 14 and decode_names(latest.removed) == ["cat/c1.jpg"] and latest.next_position == 14
@@ -90,7 +92,7 @@ def test_a_delta_on_a_missing_record_is_refused_by_name(tmp_path):
 
 
 def test_the_first_record_comes_from_the_plan_columns_not_an_entry_per_input(tmp_path, monkeypatch):
-    from repack.lifecycle import publish
+    from repack.lifecycle import first_record
     from repack.lifecycle.input_record import dataset_record
 
     src, out = make_source(tmp_path / "src"), tmp_path / "out"
@@ -99,7 +101,7 @@ def test_the_first_record_comes_from_the_plan_columns_not_an_entry_per_input(tmp
     def expanded(payload):
         raise AssertionError("a columnar task's inputs expanded into one entry per input")
 
-    monkeypatch.setattr(publish, "planned_entries", expanded)
+    monkeypatch.setattr(first_record, "planned_entries", expanded)
     record = dataset_record(open_store(str(out)), read_manifest_json(out))
     files = sorted(p for p in src.rglob("*.jpg"))
     rels = [p.relative_to(src).as_posix() for p in files]

@@ -9,7 +9,9 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from repack.lifecycle.input_columns import encode_names, from_bytes
+from repack.lifecycle.input_columns import encode_names
+from repack.lifecycle.publish import read_inputs_record
+from repack.store import open_store
 from tests.conftest import read_manifest_json, run_repack
 from tests.test_dataset_versions import make_source
 from tests.test_images_job import jpeg_bytes
@@ -57,7 +59,7 @@ def test_a_copy_of_source_with_new_mtimes_adds_nothing(tmp_path):
     run_repack("images", copy, out, "--shard-size", "4", "--append", "--quiet")
     held = packed_sources(out)
     assert len(held) == len(set(held)) == 10 and "cat/fresh.jpg" in held
-    record = from_bytes((out / ".repack" / "inputs-v2.npz").read_bytes(), "inputs-v2.npz")
+    record = read_inputs_record(open_store(str(out)), 2)
     rows, found = record.find(encode_names(["cat/c0.jpg"]))
     assert found[0] and record.mtime_ns[rows[0]] == (copy / "cat" / "c0.jpg").stat().st_mtime_ns  # not hashed again
 

@@ -40,6 +40,7 @@ from repack.config import EngineOptions
 from repack.errors import NothingPackedError, UsageError
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_record import KnownInputs, append_delta, dataset_record, held_known
+from repack.lifecycle.record_child import ChildRecord
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish, remove_prefix,
                                       warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
@@ -96,51 +97,58 @@ def append(spec, options: EngineOptions) -> AppendResult:
         refusal = appender.accepts(current, spec)
         if refusal is not None:
             raise UsageError(f"--append: {store.url} {refusal}")
-        number = number_of(current) + 1
-        stage = stage_folder(number)
-        stale = {rel.split("/")[1] for rel in store.list_sizes(f"{STATE_DIR}/append-v")} | \
-            {p.name for p in out.glob(f"{STATE_DIR}/append-v*")}
-        for name in stale - {f"append-v{number}"}:  # left by appends that were published
-            remove_prefix(store, f"{STATE_DIR}/{name}/")
-        # the staged job's input, held in memory and read while its scan runs (held_known); the key keeps the
-        # name of the file it once was, so a staged job killed under an older repack resumes with the same options
-        known_key = out / stage / "known-inputs.npz"
-        known = KnownInputs(lambda: dataset_record(store, current), [q["source"] for q in current["quarantine"]])
-        job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_key, current)
-        if job.store.read_bytes(MANIFEST_NAME) is None:
-            from repack.jobs.base import build_plan
+        # the record is derived in a forked child from here on, while the staged job is set up and SOURCE walked
+        record = ChildRecord(lambda: dataset_record(store, current, digests=False),
+                             lambda: dataset_record(store, current))
+        try:
+            number = number_of(current) + 1
+            stage = stage_folder(number)
+            stale = {rel.split("/")[1] for rel in store.list_sizes(f"{STATE_DIR}/append-v")} | \
+                {p.name for p in out.glob(f"{STATE_DIR}/append-v*")}
+            for name in stale - {f"append-v{number}"}:  # left by appends that were published
+                remove_prefix(store, f"{STATE_DIR}/{name}/")
+            # the staged job's input, held in memory and read while its scan runs (held_known); the key keeps the
+            # name of the file it once was, so a staged job killed under an older repack resumes with the same options
+            known_key = out / stage / "known-inputs.npz"
+            known = KnownInputs(record, [q["source"] for q in current["quarantine"]])
+            job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_key, current)
+            if job.store.read_bytes(MANIFEST_NAME) is None:
+                from repack.jobs.base import build_plan
 
-            with held_known(str(known_key), known):
-                planned = build_plan(job)
-            if not planned.tasks:
-                remove_prefix(store, f"{stage}/")
-                return AppendResult(current, False, 0, time.time() - started,
-                                    planned.info.get("removed_skipped", 0))
-            try:
-                Engine(planned_once(job, planned), dataclasses.replace(options, overwrite=False, strict=False)).run()
-            except NothingPackedError:  # every new input quarantined: the dataset is not empty, and version
-                pass                    # N+1 records them (same shards), as every version records its inputs
-        known = known.record()
-        staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
-        plan = read_plan(job.store)
-        shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
-                  for shard in staged["shards"]]
-        delta = append_delta(job.store, plan, known)
-        write_inputs_record(store, number, known, delta)
-        body = appender.merge(current, staged, shards)
-        if appender.side_files is not None:
-            body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))
-        change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
-                  "added_shards": [s["path"] for s in shards],
-                  "quarantined": len(body["quarantine"]) - len(current["quarantine"]),
-                  "removed_skipped": plan.info.get("removed_skipped", 0),
-                  **(appender.change_note(current) if appender.change_note is not None else {})}
-        data = publish(store, out, current, current_raw, body, change)
-        remove_prefix(store, f"{stage}/")
-        if store.remote:
-            shutil.rmtree(job.store.scratch, ignore_errors=True)  # the staged job's local scratch
-        return AppendResult(data, True, staged["totals"]["samples"], time.time() - started,
-                            plan.info.get("removed_skipped", 0))
+                with held_known(str(known_key), known):
+                    planned = build_plan(job)
+                if not planned.tasks:
+                    remove_prefix(store, f"{stage}/")
+                    return AppendResult(current, False, 0, time.time() - started,
+                                        planned.info.get("removed_skipped", 0))
+                try:
+                    staged_options = dataclasses.replace(options, overwrite=False, strict=False)
+                    Engine(planned_once(job, planned), staged_options).run()
+                except NothingPackedError:  # every new input quarantined: the dataset is not empty, and version
+                    pass                    # N+1 records them (same shards), as every version records its inputs
+            known = known.record()
+            staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
+            plan = read_plan(job.store)
+            shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
+                      for shard in staged["shards"]]
+            delta = append_delta(job.store, plan, known)
+            write_inputs_record(store, number, known, delta)
+            body = appender.merge(current, staged, shards)
+            if appender.side_files is not None:
+                body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))
+            change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
+                      "added_shards": [s["path"] for s in shards],
+                      "quarantined": len(body["quarantine"]) - len(current["quarantine"]),
+                      "removed_skipped": plan.info.get("removed_skipped", 0),
+                      **(appender.change_note(current) if appender.change_note is not None else {})}
+            data = publish(store, out, current, current_raw, body, change)
+            remove_prefix(store, f"{stage}/")
+            if store.remote:
+                shutil.rmtree(job.store.scratch, ignore_errors=True)  # the staged job's local scratch
+            return AppendResult(data, True, staged["totals"]["samples"], time.time() - started,
+                                plan.info.get("removed_skipped", 0))
+        finally:
+            record.close()
 
 
 def move_shard(store, staged: str, shard: dict, rename: Callable[[str], str]) -> dict:

@@ -34,6 +34,7 @@ import io
 import json
 import zipfile
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -88,6 +89,9 @@ class InputColumns:
     removed: np.ndarray
     next_position: int
     quarantined: np.ndarray = dataclasses.field(default_factory=lambda: np.array([], dtype="S1"))
+    # set on a record read without its digests (``sha256``/``has_sha256`` then hold none): the same record
+    # with them, derived when called (``repack.lifecycle.first_record``)
+    digests_from: Callable[[], "InputColumns"] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -106,6 +110,15 @@ class InputColumns:
     def is_quarantined(self, names: np.ndarray) -> np.ndarray:
         """Whether each of ``names`` is in ``quarantined`` (planned before, without a sample)."""
         return _member_of(self.quarantined, names)
+
+    def digested(self) -> "InputColumns":
+        """This record with its digests (itself when it has them; see ``digests_from``)."""
+        if self.digests_from is None:
+            return self
+        whole = self.digests_from()
+        if not np.array_equal(whole.names, self.names):
+            raise ValueError("a record's digests were derived for other inputs than its own")
+        return dataclasses.replace(self, sha256=whole.sha256, has_sha256=whole.has_sha256, digests_from=None)
 
     def hex_digest(self, row: int) -> str | None:
         return bytes(self.sha256[row]).hex() if self.has_sha256[row] else None
@@ -196,7 +209,12 @@ def _sorted_last_wins(names, size, mtime, position, sha, has, removed, next_posi
 def merged(old: InputColumns, new: InputColumns) -> InputColumns:
     """``old`` with ``new``'s rows added; a name in both takes ``new``'s row, and ``old``'s digest where
     ``new`` has none (a copy recognized by content keeps its digest). Rows are updated in place or
-    inserted where they sort: no sort of the whole record."""
+    inserted where they sort: no sort of the whole record. Either without its digests (``digests_from``):
+    the result is too, and merges them when asked."""
+    if old.digests_from is not None or new.digests_from is not None:
+        return dataclasses.replace(merged(dataclasses.replace(old, digests_from=None),
+                                          dataclasses.replace(new, digests_from=None)),
+                                   digests_from=lambda: merged(old.digested(), new.digested()))
     rows, known = old.find(new.names)
     sha, has = new.sha256.copy(), new.has_sha256.copy()
     inherit = known & ~has
@@ -253,7 +271,9 @@ def _unblob(blob: np.ndarray, what: str) -> np.ndarray:
 def to_bytes(record: InputColumns, compress: bool = True, base: tuple[int, int] | None = None) -> bytes:
     """The ``.npz`` bytes of ``record`` (same record, same bytes); compressed but for the sha256 column,
     which does not compress (``compress=False``: nothing is, for a file read once and deleted). ``base``:
-    (version, depth) when ``record`` is a delta on that version's record (see the module docstring)."""
+    (version, depth) when ``record`` is a delta on that version's record (see the module docstring). A
+    record read without its digests gets them first."""
+    record = record.digested()
     arrays = {"format": np.array([FORMAT if base is None else DELTA_FORMAT], np.int64), "names": _blob(record.names),
               "size": record.size, "mtime_ns": record.mtime_ns, "position": record.position, "sha256": record.sha256,
               "has_sha256": record.has_sha256, "removed": _blob(record.removed),

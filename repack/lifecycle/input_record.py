@@ -14,11 +14,9 @@ name: a file never gets two samples. A known rel that was quarantined is planned
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import hashlib
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,12 +25,11 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 import numpy as np
 
 from repack.errors import UsageError
-from repack.jobs.base import STATE_DIR, Plan, read_plan
-from repack.jobs.record_columns import state_digest_columns
-from repack.jobs.task_inputs import input_count
+from repack.jobs.base import Plan
+from repack.lifecycle.first_record import plan_record, version_one_record
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, empty_columns, encode_names, from_bytes, merged,
-                                            with_digests, with_quarantined)
-from repack.lifecycle.publish import known_inputs, plan_inputs, read_inputs_record
+                                            with_quarantined)
+from repack.lifecycle.publish import known_inputs, read_inputs_record
 from repack.manifest.versions import number_of
 
 T = TypeVar("T")
@@ -40,86 +37,26 @@ REFUSED_SHOWN = 10  # names a refusal lists (then a count)
 HASH_THREADS = 8    # files hashed at once for a content comparison (reads release the GIL)
 
 
-def task_digests(store, state: str = STATE_DIR, plan: Plan | None = None) -> tuple[list[str], bytes]:
-    """(rels, their raw sha256 digests joined) from the task records under ``state``/tasks/ (the tasks that
-    hash their inputs; ``plan``: the state's plan, when read already)."""
-    return state_digest_columns(store, state, plan)
-
-
-def plan_record(store, plan: Plan, next_position: int = 0, state: str = STATE_DIR) -> InputColumns:
-    """The record of the inputs a job planned (``plan``, its state under ``state``): the plan's input
-    columns (``plan_inputs``) with the sha256 of each packed input from its task record. An image unit's
-    record holds its digests in plan order, one per planned input less the quarantined ones, so each
-    digest is placed by its input's sample position: no rel decoded or looked up. Any other record form
-    (text digest files, video ``digests`` pairs, entry-list payloads) is read by name (``task_digests``)."""
-    record = plan_inputs(plan, next_position)
-    by_position = np.argsort(record.position, kind="stable")
-    positions = record.position[by_position]
-    units = dict(plan.units)
-    units.update((task.task_id, (task,)) for task in plan.tasks)
-    sha, has = record.sha256.copy(), record.has_sha256.copy()
-    for rel in store.list_names(f"{state}/tasks/"):  # names only: no stat per task lock
-        if not rel.endswith(".json"):
-            continue
-        raw = store.read_bytes(rel)
-        try:
-            saved = json.loads(raw) if raw is not None else None
-        except ValueError:
-            continue
-        if not isinstance(saved, dict):
-            continue
-        tasks = units.get(rel.rsplit("/", 1)[-1][:-len(".json")])
-        if saved.get("digest_rows") or "digests" in saved or (
-                "sha256" in saved and (tasks is None or not all(map(_column_payload, tasks)))):
-            return with_digests(record, *task_digests(store, state, plan))  # a form placed by name
-        if "sha256" not in saved or tasks is None:
-            continue
-        planned = np.concatenate([int(t.payload["inputs"]["first"]) + np.arange(input_count(t.payload), dtype=np.int64)
-                                  for t in tasks])
-        refused = [q["source"] for q in saved.get("quarantine", ()) if isinstance(q, dict) and "source" in q]
-        if refused:
-            rows, found = record.find(encode_names(refused))
-            planned = planned[~np.isin(planned, record.position[rows[found]])]
-        try:
-            digests = base64.b64decode(saved["sha256"])
-        except (ValueError, TypeError):
-            continue
-        count = min(len(planned), len(digests) // 32)
-        at = np.searchsorted(positions, planned[:count])
-        if count and not np.array_equal(positions[at.clip(0, len(positions) - 1)], planned[:count]):
-            continue  # a record that does not match its plan: its inputs stay without a digest
-        rows = by_position[at]
-        sha[rows] = np.frombuffer(digests, np.uint8, 32 * count).reshape(count, 32)
-        has[rows] = True
-    return dataclasses.replace(record, sha256=sha, has_sha256=has)
-
-
-def _column_payload(task) -> bool:
-    """Whether a task's inputs are columns with a fingerprint column (``repack.jobs.task_inputs``)."""
-    inputs = task.payload.get("inputs")
-    return isinstance(inputs, dict) and ("fpz" in inputs or "fp3" in inputs) and "first" in inputs
-
-
-def dataset_record(store, current: dict) -> InputColumns:
+def dataset_record(store, current: dict, digests: bool = True) -> InputColumns:
     """The record of the published version (version 1: derived from the job's plan and task records);
     UsageError naming what is missing or unreadable when it cannot be had (a remove by an older repack
-    wrote none)."""
+    wrote none). ``digests=False``: a record that stands on version 1's derived one comes without its
+    digests (``InputColumns.digests_from``: the --append selection asks only when it compares contents)."""
     number = number_of(current)
     if number > 1:
-        record = read_inputs_record(store, number)
+        record = read_inputs_record(store, number, digests)
         if record is None:
             raise UsageError(f"{store.url}: the record of what version {number} holds (.repack/inputs-v{number}.npz) "
                              f"is missing (version {number} was published by an older repack), so new inputs cannot "
                              "be told apart from removed ones; repack from a SOURCE that leaves the removed sources "
                              "out")
         return record
-    record = read_inputs_record(store, 1)
-    if record is not None:
-        return record
-    plan = read_plan(store)
-    if plan is None:
+    record = read_inputs_record(store, 1, digests)
+    if record is None:
+        record = version_one_record(store, digests)
+    if record is None:
         return known_inputs(store, current)  # raises, naming what is missing
-    return plan_record(store, plan)
+    return record
 
 
 def append_delta(store, plan: Plan, known: InputColumns) -> InputColumns:
@@ -148,7 +85,9 @@ def remove_delta(known: InputColumns, removed_sources: Iterable[str]) -> InputCo
 class KnownInputs:
     """The dataset's record for a staged `--append` job, derived once, when first asked: the staged job's
     planner asks while its folder scan runs on the pool (``repack.sources.folder``: ``meanwhile``), so
-    reading the record (version 1: from the plan and the task records) overlaps the walk."""
+    reading the record (version 1: from the plan and the task records) overlaps the walk. ``derive`` may
+    leave version 1's digests out (``dataset_record(..., digests=False)``): the selection derives them only
+    to compare a known input whose mtime changed, and a whole record written from it gets them first."""
 
     def __init__(self, derive: Callable[[], InputColumns], quarantined: Iterable[str]) -> None:
         self._derive = derive
@@ -238,6 +177,8 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
     new_mask = ~removed & ((~recorded) | (again & ~same_print))
     held = recorded & ~again & ~removed & ~same_print  # a known input with a sample, another fingerprint
     changed_mask = held & (known.size[rows] != size)
+    if (held & ~changed_mask).any():  # contents to compare: the recorded digests (derived now if left out)
+        known = known.digested()
     unknown_mask = held & ~changed_mask & ~known.has_sha256[rows]
     compare = np.flatnonzero(held & ~changed_mask & known.has_sha256[rows]).tolist()
     changed = [rels[i] for i in np.flatnonzero(changed_mask).tolist()]

@@ -29,16 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-import numpy as np
-
 from repack.errors import ConfinementError, UsageError
-from repack.jobs.base import STATE_DIR, Plan, planned_entries, read_plan
-from repack.jobs.task_inputs import fingerprint_rows, input_names_blob
-from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, build_columns, from_json_record, merged,
-                                            names_of_blob, parse_record, record_depth, to_bytes)
+from repack.jobs.base import STATE_DIR, read_plan
+from repack.lifecycle.first_record import has_plan, plan_inputs, version_one_record
+from repack.lifecycle.input_columns import InputColumns, from_json_record, merged, parse_record, record_depth, to_bytes
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
-from repack.sources.columns import join_names
 
 REJECTED_DIR = f"{STATE_DIR}/rejected"
 
@@ -53,10 +49,11 @@ def legacy_inputs_record(number: int) -> str:
     return f"{STATE_DIR}/inputs-v{number}.json"
 
 
-def read_inputs_record(store, number: int) -> InputColumns | None:
-    """Version ``number``'s record (a delta merged onto the chain of records it extends; an older repack's
-    JSON converted), None when it has none; UsageError naming the file when it is unreadable or extends a
-    record that is missing."""
+def read_inputs_record(store, number: int, digests: bool = True) -> InputColumns | None:
+    """Version ``number``'s record (a delta merged onto the chain of records it extends, which may end at
+    version 1's record derived from the plan, ``repack.lifecycle.first_record``; an older repack's JSON
+    converted), None when it has none; UsageError naming the file when it is unreadable or extends a record
+    that is missing. ``digests=False``: a derived version 1 is read without its digests (``digests_from``)."""
     raw = store.read_bytes(inputs_record(number))
     if raw is not None:
         where = f"{store.url}/{inputs_record(number)}"
@@ -66,7 +63,9 @@ def read_inputs_record(store, number: int) -> InputColumns | None:
         if not stored.base < number:
             raise UsageError(f"{where} extends version {stored.base}'s record, not an earlier one's; move it aside "
                              "and repack without --append")
-        base = read_inputs_record(store, stored.base)
+        base = read_inputs_record(store, stored.base, digests)
+        if base is None and stored.base == 1:
+            base = version_one_record(store, digests)
         if base is None:
             raise UsageError(f"{where} extends version {stored.base}'s record, which is missing; move it aside and "
                              "repack without --append")
@@ -83,9 +82,12 @@ MAX_DELTAS = 16  # deltas read on top of a whole record at most: the next versio
 def write_inputs_record(store, number: int, known: InputColumns, delta: InputColumns) -> None:
     """Write version ``number``'s record: ``known`` (version ``number - 1``'s) with ``delta`` (the rows it
     adds or changes and the sources it removed). Stored as the delta on version ``number - 1``'s record
-    file when there is one with fewer than MAX_DELTAS deltas below it, else whole (``merged``)."""
+    when it is a file with fewer than MAX_DELTAS deltas below it, or version 1's derived from its plan
+    (``repack.lifecycle.first_record``: version 2 writes only its own rows), else whole (``merged``)."""
     raw = store.read_bytes(inputs_record(number - 1)) if number > 1 else None
     depth = record_depth(raw, f"{store.url}/{inputs_record(number - 1)}") if raw is not None else None
+    if depth is None and number == 2 and store.read_bytes(legacy_inputs_record(1)) is None and has_plan(store):
+        depth = 0  # version 1's record is its plan's
     if depth is not None and depth < MAX_DELTAS:
         store.put_bytes(inputs_record(number), to_bytes(delta, base=(number - 1, depth + 1)))
     else:
@@ -224,41 +226,6 @@ def known_inputs(store, current: dict) -> InputColumns:
         raise UsageError(f"{store.url}: the record of what version {number} holds ({inputs_record(number)}) is "
                          "missing, so new inputs cannot be told apart; repack without --append")
     return plan_inputs(plan, 0)
-
-
-def plan_inputs(plan: Plan, next_position: int) -> InputColumns:
-    """Every input planned in ``plan``: its fingerprint and sample position (no digests: ``with_digests``
-    adds them); next_position past the plan's sample keys and ``next_position``. Read from the tasks'
-    input columns (``repack.jobs.task_inputs``: the names blobs joined and cut as one byte matrix) without
-    an object per input; other payloads (entry lists, text segments and tables) entry by entry."""
-    blobs: list[bytes] = []
-    sizes: list[np.ndarray] = []
-    mtimes: list[np.ndarray] = []
-    positions: list[np.ndarray] = []
-    for task in plan.tasks:
-        fingerprints = fingerprint_rows(task.payload)
-        if fingerprints is not None:
-            blob = input_names_blob(task.payload)
-            if blob.count(0) != len(fingerprints):
-                raise ValueError(f"task {task.task_id}: its input columns differ in length")
-            blobs.append(blob)
-            sizes.append(fingerprints[:, 0])
-            mtimes.append(fingerprints[:, 1])
-            positions.append(int(task.payload["inputs"]["first"]) + np.arange(len(fingerprints), dtype=np.int64))
-            continue
-        entries = list(planned_entries(task.payload))
-        blobs.append(join_names([entry["rel"] for entry in entries]))
-        sizes.append(np.array([int(entry["fingerprint"][0]) for entry in entries], np.int64))
-        mtimes.append(np.array([int(entry["fingerprint"][1]) if len(entry["fingerprint"]) > 1 else NO_MTIME
-                                for entry in entries], np.int64))
-        positions.append(np.array([int(entry["key"].partition("_")[0]) if "key" in entry else -1
-                                   for entry in entries], np.int64))
-    position = np.concatenate(positions) if positions else np.zeros(0, np.int64)
-    last = int(position.max(initial=-1))
-    blob = b"".join(blobs)
-    names = names_of_blob(blob) if blob else np.array([], dtype="S1")
-    return build_columns(names, np.concatenate(sizes) if sizes else position, np.concatenate(mtimes) if mtimes else
-                         position, position, {}, max(next_position, last + 1))
 
 
 def move(store, src: str, dst: str) -> None:

@@ -1,0 +1,141 @@
+"""Version 1's record of its inputs, derived from the job's own state: the plan's input columns
+(``plan_inputs``) and the sha256 of each packed input from the task records (``plan_record``).
+
+A pack writes no ``.repack/inputs-v1.npz``: its plan (``plan.json.gz``) and task records already hold
+every input's name, fingerprint, sample position and digest. The first `--append` or `repack remove`
+stores its record as a delta on this derived one (``repack.lifecycle.publish.write_inputs_record``), so
+neither the pack nor the first change writes a row per existing input. The digests are the expensive
+part (every task record read and decoded) and an append needs them only for a known input whose mtime
+changed: ``version_one_record(..., digests=False)`` leaves them out and says how to get them
+(``InputColumns.digests_from``).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+
+import numpy as np
+
+from repack.jobs.base import PLAN_NAME, STATE_DIR, Plan, planned_entries, read_plan
+from repack.jobs.record_columns import state_digest_columns
+from repack.jobs.task_inputs import fingerprint_rows, input_count, input_names_blob
+from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, build_columns, encode_names, names_of_blob,
+                                            with_digests)
+from repack.sources.columns import join_names
+
+
+def has_plan(store, state: str = STATE_DIR) -> bool:
+    """Whether ``state`` holds a job's plan (``plan.json.gz``, or an older ``plan.json``) to derive from."""
+    return store.size(f"{state}/{PLAN_NAME}") is not None or store.size(f"{state}/plan.json") is not None
+
+
+def version_one_record(store, digests: bool = True) -> InputColumns | None:
+    """The record of version 1 derived from the dataset's plan and task records (``plan_record``); None
+    without a readable plan. ``digests=False``: without the digests (``digests_from`` derives them)."""
+    plan = read_plan(store)
+    if plan is None:
+        return None
+    if digests:
+        return plan_record(store, plan)
+    return dataclasses.replace(plan_inputs(plan, 0), digests_from=lambda: plan_record(store, plan))
+
+
+def plan_inputs(plan: Plan, next_position: int) -> InputColumns:
+    """Every input planned in ``plan``: its fingerprint and sample position (no digests: ``with_digests``
+    adds them); next_position past the plan's sample keys and ``next_position``. Read from the tasks'
+    input columns (``repack.jobs.task_inputs``: the names blobs joined and cut as one byte matrix) without
+    an object per input; other payloads (entry lists, text segments and tables) entry by entry."""
+    blobs: list[bytes] = []
+    sizes: list[np.ndarray] = []
+    mtimes: list[np.ndarray] = []
+    positions: list[np.ndarray] = []
+    for task in plan.tasks:
+        fingerprints = fingerprint_rows(task.payload)
+        if fingerprints is not None:
+            blob = input_names_blob(task.payload)
+            if blob.count(0) != len(fingerprints):
+                raise ValueError(f"task {task.task_id}: its input columns differ in length")
+            blobs.append(blob)
+            sizes.append(fingerprints[:, 0])
+            mtimes.append(fingerprints[:, 1])
+            positions.append(int(task.payload["inputs"]["first"]) + np.arange(len(fingerprints), dtype=np.int64))
+            continue
+        entries = list(planned_entries(task.payload))
+        blobs.append(join_names([entry["rel"] for entry in entries]))
+        sizes.append(np.array([int(entry["fingerprint"][0]) for entry in entries], np.int64))
+        mtimes.append(np.array([int(entry["fingerprint"][1]) if len(entry["fingerprint"]) > 1 else NO_MTIME
+                                for entry in entries], np.int64))
+        positions.append(np.array([int(entry["key"].partition("_")[0]) if "key" in entry else -1
+                                   for entry in entries], np.int64))
+    position = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+    last = int(position.max(initial=-1))
+    blob = b"".join(blobs)
+    names = names_of_blob(blob) if blob else np.array([], dtype="S1")
+    return build_columns(names, np.concatenate(sizes) if sizes else position, np.concatenate(mtimes) if mtimes else
+                         position, position, {}, max(next_position, last + 1))
+
+
+
+
+def task_digests(store, state: str = STATE_DIR, plan: Plan | None = None) -> tuple[list[str], bytes]:
+    """(rels, their raw sha256 digests joined) from the task records under ``state``/tasks/ (the tasks that
+    hash their inputs; ``plan``: the state's plan, when read already)."""
+    return state_digest_columns(store, state, plan)
+
+
+def plan_record(store, plan: Plan, next_position: int = 0, state: str = STATE_DIR) -> InputColumns:
+    """The record of the inputs a job planned (``plan``, its state under ``state``): the plan's input
+    columns (``plan_inputs``) with the sha256 of each packed input from its task record. An image unit's
+    record holds its digests in plan order, one per planned input less the quarantined ones, so each
+    digest is placed by its input's sample position: no rel decoded or looked up. Any other record form
+    (text digest files, video ``digests`` pairs, entry-list payloads) is read by name (``task_digests``)."""
+    record = plan_inputs(plan, next_position)
+    by_position = np.argsort(record.position, kind="stable")
+    positions = record.position[by_position]
+    units = dict(plan.units)
+    units.update((task.task_id, (task,)) for task in plan.tasks)
+    sha, has = record.sha256.copy(), record.has_sha256.copy()
+    for rel in store.list_names(f"{state}/tasks/"):  # names only: no stat per task lock
+        if not rel.endswith(".json"):
+            continue
+        raw = store.read_bytes(rel)
+        try:
+            saved = json.loads(raw) if raw is not None else None
+        except ValueError:
+            continue
+        if not isinstance(saved, dict):
+            continue
+        tasks = units.get(rel.rsplit("/", 1)[-1][:-len(".json")])
+        if saved.get("digest_rows") or "digests" in saved or (
+                "sha256" in saved and (tasks is None or not all(map(_column_payload, tasks)))):
+            return with_digests(record, *task_digests(store, state, plan))  # a form placed by name
+        if "sha256" not in saved or tasks is None:
+            continue
+        planned = np.concatenate([int(t.payload["inputs"]["first"]) + np.arange(input_count(t.payload), dtype=np.int64)
+                                  for t in tasks])
+        refused = [q["source"] for q in saved.get("quarantine", ()) if isinstance(q, dict) and "source" in q]
+        if refused:
+            rows, found = record.find(encode_names(refused))
+            planned = planned[~np.isin(planned, record.position[rows[found]])]
+        try:
+            digests = base64.b64decode(saved["sha256"])
+        except (ValueError, TypeError):
+            continue
+        count = min(len(planned), len(digests) // 32)
+        at = np.searchsorted(positions, planned[:count])
+        if count and not np.array_equal(positions[at.clip(0, len(positions) - 1)], planned[:count]):
+            continue  # a record that does not match its plan: its inputs stay without a digest
+        rows = by_position[at]
+        sha[rows] = np.frombuffer(digests, np.uint8, 32 * count).reshape(count, 32)
+        has[rows] = True
+    return dataclasses.replace(record, sha256=sha, has_sha256=has)
+
+
+def _column_payload(task) -> bool:
+    """Whether a task's inputs are columns with a fingerprint column (``repack.jobs.task_inputs``)."""
+    inputs = task.payload.get("inputs")
+    return isinstance(inputs, dict) and ("fpz" in inputs or "fp3" in inputs) and "first" in inputs
+
+

@@ -1,0 +1,137 @@
+"""The dataset's record for `--append`, derived in a forked child process while the driver sets up the
+staged job and walks SOURCE.
+
+Deriving the published version's record (``repack.lifecycle.input_record.dataset_record``: version 1's
+from its plan, a task at a time, plus the deltas on it) is serial decoding of every existing input's
+name and fingerprint; the walk of SOURCE runs on a process pool meanwhile. Done in the driver, the longer
+of the two sets the append's time. ``ChildRecord`` forks at the append's start (before the staged
+job's imports and the scan's pool) and the child sends back the columns the selection needs, without
+the digests (``InputColumns.digests_from`` derives those in the driver, only to compare a known input
+whose mtime changed, or to write a whole record). Over the pipe, no pickle::
+
+  b"%d\\n" % len(head) + head (JSON: count, width, next_position, removed, removed_width)
+  + names (count x width bytes, the ``S`` array) + size, mtime_ns, position (count int64 each, native)
+  + removed (removed x removed_width bytes)
+
+The child dies with the driver (PR_SET_PDEATHSIG) and leaves by ``os._exit``. Where a fork is not safe
+(a thread runs: an object store's lock heartbeat), not possible, or the child fails (its error is the
+driver's to report: the driver derives again and raises it), the record is derived in the driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import signal
+import threading
+from typing import Callable
+
+import numpy as np
+
+from repack.lifecycle.input_columns import InputColumns
+
+_ERROR = b"-\n"  # what a child that failed sends
+
+
+def can_fork() -> bool:
+    """Whether this process may fork a child that runs Python: fork exists, and no other thread runs."""
+    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+
+
+class ChildRecord:
+    """``derive()`` (a record without its digests) run in a forked child (see the module docstring):
+    calling it waits for the child's columns, once (``whole``: the same record with its digests, set as
+    ``digests_from``); ``close()`` stops a child not waited for. In this process when a fork is not safe;
+    a child's failure is raised by deriving here."""
+
+    def __init__(self, derive: Callable[[], InputColumns], whole: Callable[[], InputColumns]) -> None:
+        self._derive, self._whole = derive, whole
+        self._record: InputColumns | None = None
+        self._pid, self._read_end = 0, -1
+        if can_fork():
+            self._start()
+
+    def _start(self) -> None:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            os.close(read_end)
+            status = 1
+            try:
+                from repack.exec.parent_death import die_with_parent
+
+                die_with_parent()
+                payload = pack_columns(self._derive())
+                status = 0
+            except BaseException:
+                payload = _ERROR
+            try:
+                with os.fdopen(write_end, "wb") as pipe:
+                    pipe.write(payload)
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        self._pid, self._read_end = pid, read_end
+
+    def __call__(self) -> InputColumns:
+        if self._record is not None:
+            return self._record
+        record = None
+        if self._pid:
+            with os.fdopen(self._read_end, "rb") as pipe:
+                raw = pipe.read()
+            os.waitpid(self._pid, 0)
+            self._pid = 0
+            record = unpack_columns(raw) if raw and raw != _ERROR else None
+        if record is None:
+            record = self._derive()  # raises what the child met, or derives what it could not send
+        else:
+            record = dataclasses.replace(record, digests_from=self._whole)
+        self._record = record
+        return record
+
+    def close(self) -> None:
+        """Stop the child when it was not waited for (the append failed first)."""
+        if self._pid:
+            os.close(self._read_end)
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(self._pid, 0)
+            self._pid = 0
+
+
+def pack_columns(record: InputColumns) -> bytes:
+    """The pipe's bytes of ``record``'s names, fingerprints, positions and removed sources (see the module
+    docstring)."""
+    names, removed = np.ascontiguousarray(record.names), np.ascontiguousarray(record.removed)
+    head = json.dumps({"count": len(names), "width": names.dtype.itemsize, "next_position": record.next_position,
+                       "removed": len(removed), "removed_width": removed.dtype.itemsize}).encode()
+    return b"".join([b"%d\n" % len(head), head, names.tobytes(), *(np.ascontiguousarray(column, np.int64).tobytes()
+                     for column in (record.size, record.mtime_ns, record.position)), removed.tobytes()])
+
+
+def unpack_columns(raw: bytes) -> InputColumns | None:
+    """The record of ``pack_columns``' bytes (no digests), None when they are not whole."""
+    line, _, rest = raw.partition(b"\n")
+    try:
+        head = json.loads(rest[:int(line)])
+        count, width, gone, gone_width = (int(head[k]) for k in ("count", "width", "removed", "removed_width"))
+    except (ValueError, KeyError, TypeError):
+        return None
+    body = memoryview(rest)[int(line):]
+    sizes = [count * width, count * 8, count * 8, count * 8, gone * gone_width]
+    if len(body) != sum(sizes):
+        return None
+    parts, at = [], 0
+    for size in sizes:
+        parts.append(body[at:at + size])
+        at += size
+    names = np.frombuffer(parts[0], f"S{width}") if count else np.array([], dtype="S1")
+    removed = np.frombuffer(parts[4], f"S{gone_width}") if gone else np.array([], dtype="S1")
+    size, mtime, position = (np.frombuffer(part, np.int64) for part in parts[1:4])
+    return InputColumns(names, size, mtime, position, np.zeros((count, 32), np.uint8), np.zeros(count, bool),
+                        removed, int(head["next_position"]))
