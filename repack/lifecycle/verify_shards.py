@@ -64,7 +64,7 @@ def check_shards(files, manifest, workers: int | None = None, early: EarlyDigest
     todo = [i for i in range(len(shards)) if i not in escaped]
     if todo:
         get_sink(manifest.format)  # imported before the workers fork: they inherit it
-        with _Pool(workers) as pool:
+        with _Pool(workers, files.remote) as pool:
             if files.remote:
                 done = _fetched_then_checked(pool, files, manifest.format, [shards[i] for i in todo])
             else:
@@ -149,16 +149,20 @@ def run_task(task: str) -> tuple[str, bytes]:
 
 
 class _Pool:
-    """The process pool (one thread for one worker) and the two rounds of tasks of a list of shards."""
+    """The processes checking shards and the two rounds of tasks of a list of shards. A local dataset:
+    each round on processes forked for it (``verify_pool.run_tasks``: they leave as the round runs
+    dry, nobody waits for their exit); an object store, whose shards arrive one by one from download
+    threads: one ``ProcessPoolExecutor`` for the whole check. One thread for one worker."""
 
-    def __init__(self, workers: int | None) -> None:
-        workers = workers or default_workers()
-        if workers <= 1:
+    def __init__(self, workers: int | None, remote: bool = False) -> None:
+        self.workers = workers or default_workers()
+        self.executor = None
+        if remote and self.workers <= 1:
             self.executor = ThreadPoolExecutor(1)
-        else:
+        elif remote:
             from repack.exec.local import _pool_context
 
-            self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(),
+            self.executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=_pool_context(),
                                                 initializer=signal.signal,  # Ctrl-C: the driver's to handle
                                                 initargs=(signal.SIGINT, signal.SIG_IGN))
             self.executor.submit(int).result()  # the workers start now, before any download thread does
@@ -167,6 +171,8 @@ class _Pool:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
+        if self.executor is None:
+            return
         if kind is None:
             self.executor.shutdown()
         else:
@@ -205,24 +211,37 @@ class _Pool:
         """{shard number: [(task, answer)] of its tasks, or the message "not checked" when a process
         running one of them died}."""
         answers: dict[int, list | str] = {task.shard: [] for task in tasks}
-        pending = []
+        orders = []
         for task in tasks:
             root, shard = shards[task.shard]
-            order = json.dumps({"kind": task.kind, "root": root, "format": fmt, "shard": shard,
-                                "part": task.part, "parts": task.parts})
-            try:
-                pending.append((task, self.executor.submit(run_task, order)))
-            except BrokenProcessPool as exc:
-                answers[task.shard] = _died(shard, exc)
-        for task, future in pending:
-            try:
-                answer = future.result()
-            except BrokenProcessPool as exc:
-                answers[task.shard] = _died(shards[task.shard][1], exc)
-                continue
-            if not isinstance(answers[task.shard], str):
+            orders.append(json.dumps({"kind": task.kind, "root": root, "format": fmt, "shard": shard,
+                                      "part": task.part, "parts": task.parts}))
+        for task, answer in zip(tasks, self._answers(orders)):
+            if isinstance(answer, Died):
+                answers[task.shard] = _died(shards[task.shard][1], answer.reason)
+            elif not isinstance(answers[task.shard], str):
                 answers[task.shard].append((task, answer))
         return answers
+
+    def _answers(self, orders: list[str]) -> list[tuple[str, bytes] | Died]:
+        """``run_task`` of each order: on processes forked for them, or on the pool of an object store."""
+        if self.executor is None:
+            from repack.lifecycle.verify_pool import run_tasks
+
+            return run_tasks(orders, run_task, self.workers)
+        found: list[tuple[str, bytes] | Died] = []
+        pending = []
+        for order in orders:
+            try:
+                pending.append(self.executor.submit(run_task, order))
+            except BrokenProcessPool as exc:
+                pending.append(Died(str(exc)))
+        for future in pending:
+            try:
+                found.append(future if isinstance(future, Died) else future.result())
+            except BrokenProcessPool as exc:
+                found.append(Died(str(exc)))
+        return found
 
 
 def _whole(answer: tuple[str, bytes]) -> Checked:
@@ -230,8 +249,8 @@ def _whole(answer: tuple[str, bytes]) -> Checked:
     return json.loads(answer[0]), answer[1]
 
 
-def _died(shard: dict, exc: BaseException) -> str:
-    return f"{shard['path']}: not checked: the process checking it died ({exc})"
+def _died(shard: dict, reason: str) -> str:
+    return f"{shard['path']}: not checked: the process checking it died ({reason})"
 
 
 _TASK = object()  # a shard's digest comes from its digest task
