@@ -25,6 +25,7 @@ import signal
 import struct
 from typing import Callable
 
+from repack.exec.parent_death import die_with_parent  # imported here: each process only calls it
 from repack.exec.reap import how_it_ended, reap_later
 from repack.lifecycle.verify_digests import Died
 
@@ -176,8 +177,6 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
 
 def _serve(take: int, answer: int, tasks: list[str], work: Callable[[str], Answer]) -> None:
     """A process's loop: each task number read from ``take``, its answer written into ``answer``."""
-    from repack.exec.parent_death import die_with_parent
-
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     while len(raw := os.read(take, _NUMBER.size)) == _NUMBER.size:
