@@ -126,3 +126,28 @@ def session_processes(sid: int) -> list[int]:
         if int(fields[4]) == sid and fields[0] != "Z":
             found.append(int(entry))
     return found
+
+
+def test_with_another_thread_running_the_shards_are_checked_on_a_pool_that_does_not_fork_it(packed_photos):
+    """A caller's thread alive (a fork would copy its locks mid-step): the checks run on the process pool
+    (forkserver), with the same answers."""
+    import threading
+
+    from repack.lifecycle.verify_shards import _Pool, check_shards
+    from repack.manifest import read_manifest
+    from repack.store.files import open_files
+
+    manifest = read_manifest(packed_photos)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        with _Pool(2) as pool:
+            assert pool.executor is not None
+        checked = check_shards(open_files(str(packed_photos)), manifest, 2)
+    finally:
+        stop.set()
+        other.join()
+    assert checked.problems == ((),) * len(manifest.data["shards"])
+    with _Pool(2) as pool:
+        assert pool.executor is None  # no other thread: rounds on forked processes

@@ -7,14 +7,22 @@ from __future__ import annotations
 import os
 import threading
 
+REAPER = "repack-reap"  # the name of the threads that reap
+
 
 def reap_later(pids: list[int]) -> None:
     """Reap ``pids`` (children of this process that have ended or are ending): those already gone now,
     the others on a daemon thread that waits for them (it does not hold up this process's exit)."""
     left = [pid for pid in pids if not _reaped(pid, os.WNOHANG)]
     if left:
-        threading.Thread(target=lambda: [_reaped(pid, 0) for pid in left], daemon=True,
-                         name="repack-reap").start()
+        threading.Thread(target=lambda: [_reaped(pid, 0) for pid in left], daemon=True, name=REAPER).start()
+
+
+def only_thread() -> bool:
+    """True when this process runs no thread but the calling one and reapers (safe to ``os.fork``:
+    a reaper holds no lock while it waits)."""
+    return all(thread is threading.current_thread() or thread.name == REAPER
+               for thread in threading.enumerate())
 
 
 def how_it_ended(pid: int) -> str:

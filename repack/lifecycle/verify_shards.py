@@ -23,6 +23,7 @@ whole dataset needs no second pass over the indexes.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -151,14 +152,19 @@ class _Pool:
     """The processes checking shards and the two rounds of tasks of a list of shards. A local dataset:
     each round on processes forked for it (``verify_pool.run_tasks``: they leave as the round runs
     dry, nobody waits for their exit); an object store, whose shards arrive one by one from download
-    threads: one ``ProcessPoolExecutor`` for the whole check. One thread for one worker."""
+    threads, or a caller running other threads (a fork would copy their locks mid-step): one
+    ``ProcessPoolExecutor`` for the whole check (``exec.local._pool_context``: forkserver then).
+    One worker: in this process."""
 
     def __init__(self, workers: int | None, remote: bool = False) -> None:
+        from repack.exec.reap import only_thread
+
         self.workers = workers or default_workers()
         self.executor = None
-        if remote and self.workers <= 1:
+        pool = remote or not (self.workers <= 1 or hasattr(os, "fork") and only_thread())
+        if pool and self.workers <= 1:
             self.executor = ThreadPoolExecutor(1)
-        elif remote:
+        elif pool:  # shards arriving from download threads, or threads alive that a fork would copy mid-step
             from concurrent.futures import ProcessPoolExecutor  # not imported for a local dataset: ~40 ms
 
             from repack.exec.local import _pool_context
