@@ -7,10 +7,11 @@ known (they inherit the list: no task crosses a pipe). Each takes task numbers f
 writes "took N" and then N's answer (``work``'s JSON text and raw bytes) into a pipe of its own,
 and leaves with ``os._exit`` as soon as the task pipe is empty, while the others finish their last
 tasks. The driver reads answers as they arrive and returns once it holds them all: it never joins a
-process (the end of a ``ProcessPoolExecutor``, sentinels and a join of every worker, was ~0.7 s of a
-1.2 s verify on 16 cores); a daemon thread reaps those still exiting (``reap_later``), so none is
-left a zombie. Each process dies with the driver (PR_SET_PDEATHSIG) and ignores Ctrl-C (the
-driver's to handle); an interrupted driver kills them.
+process (a 16-core profile put ~0.7 s of a 1.2 s verify in a ``ProcessPoolExecutor``'s shutdown after
+the last result: sentinels, then a join of every worker); a daemon thread reaps those still exiting
+(``reap_later``), so none is left a zombie. Each process dies with the driver (PR_SET_PDEATHSIG) and
+ignores Ctrl-C (the driver's to handle); an interrupted driver kills them. The caller forks only
+where it runs no other thread (``repack.exec.reap.only_thread``).
 
 A process that dies holding a task leaves that task's answer a ``Died`` (how it ended), and so do
 tasks no process was left to take; a task that raised makes ``run_tasks`` raise ``TaskError`` with

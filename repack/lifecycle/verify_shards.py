@@ -1,8 +1,9 @@
 """The shards of a dataset checked in parallel, each through its format's ``verify_shard``, results in
 manifest order whatever order they finish in.
 
-One process pool of ``workers`` (default: the usable CPUs, as the jobs' ``--workers``; one thread for
-one worker) runs small tasks, biggest first, so that no single shard bounds the wall: a shard whose
+``workers`` processes (default: the usable CPUs, as the jobs' ``--workers``; this process for one
+worker) run small tasks, biggest first, so that no single shard bounds the wall (for a folder, forked
+for each round and leaving as it runs dry, their exits never waited for: ``verify_pool``): a shard whose
 format splits its check (``verify_split``: webdataset tars) is a digest task (the sha256 of its tar,
 sequential by nature) and parts of its index checked against the tar (``tar_check.check_part``); any
 other shard is one task (``check_one``). A split shard that does not pass is checked again whole, which
