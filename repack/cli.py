@@ -17,7 +17,7 @@ from repack.commands.envvars import bind_envvars
 from repack.commands.help import RepackGroup
 from repack.commands.images import images
 from repack.commands.merge import merge
-from repack.commands.options import LogMode
+from repack.commands.options import LogMode, ProcessEnd
 from repack.commands.pull import pull
 from repack.commands.remove import remove
 from repack.commands.text import text
@@ -68,8 +68,13 @@ def main() -> None:
             stream.reconfigure(errors="backslashreplace")
     for signum in SIGNAL_EXIT:
         signal.signal(signum, _on_signal)
+    ProcessEnd.quick = False
     try:
         cli.main(standalone_mode=False)
+    except SystemExit as exc:
+        if not ProcessEnd.quick:
+            raise
+        _end_now(exc.code)
     except Interrupted as exc:  # workers stopped and temps removed on the way here
         if LogMode.json:
             click.echo(json.dumps({"event": "error", "exit_code": exc.exit_code, "message": str(exc)}), err=True)
@@ -96,6 +101,18 @@ def main() -> None:
     except OSError as exc:  # an unexpected I/O failure of the job itself (disk full, lost mount)
         where = f": {exc.filename}" if exc.filename else ""
         fail(f"{exc.strerror or exc}{where}", 2)
+    if ProcessEnd.quick:
+        _end_now(0)
+
+
+def _end_now(code) -> None:
+    """Flush the output and end the process without the interpreter's teardown (``ProcessEnd.quick``)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:
+        code = code or 1
+    os._exit(code if isinstance(code, int) else 1)
 
 
 if __name__ == "__main__":

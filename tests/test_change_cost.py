@@ -198,6 +198,45 @@ def test_the_index_of_kept_samples_is_laid_out_from_columns(tmp_path, seed):
     assert index.text_of(np.arange(index.samples), np.zeros(index.samples, np.int64)) == raw
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_index_of_kept_samples_copied_from_the_old_text_is_the_one_laid_out_from_columns(seed):
+    """``ShardIndex.shifted_text`` (old lines copied, offsets written anew) gives ``text_of``'s bytes: runs
+    long and short, offsets that lose a digit as they move down (10**k boundaries), samples of 1-3 members,
+    names not starting with the key, and a text with a size written with leading zeros (laid out anew)."""
+    rng = np.random.default_rng(seed)
+    lines, firsts = [], []
+    offset = 512
+    samples = 3000
+    for number in range(samples):
+        firsts.append(offset)
+        key = f"{number:08d}_{'x' * int(rng.integers(0, 4))}"
+        members = []
+        for ext in ["jpg", "cls", "json"][:1 + number % 3]:
+            size = int(rng.integers(0, 9000)) if number % 11 else int(rng.integers(90_000, 400_000))
+            name = f"{key}.{ext}" if number % 7 else f"other{number}.{ext}"
+            members.append(f"{ext} {offset} {size} {name}")
+            offset += 512 + size + (-size % 512)
+        lines.append(" ".join(members))
+    raw = (f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n").encode()
+    index = parse_index(raw)
+    starts, ends = index.spans()
+    for share in (1.0, 0.999, 0.98, 0.9, 0.5):
+        kept = np.flatnonzero(rng.random(index.samples) < share)
+        if seed % 2:
+            kept = kept[kept >= int(rng.integers(0, 50))]  # the first samples gone: every offset moves
+        removed_before = np.cumsum(ends - starts) - (ends - starts)  # bytes of the samples before each one
+        kept_before = np.zeros(index.samples, np.int64)
+        kept_before[kept] = np.cumsum(ends[kept] - starts[kept]) - (ends[kept] - starts[kept])
+        shift = kept_before - removed_before  # each kept sample moved down by the bytes removed before it
+        assert index.shifted_text(kept, shift) == index.text_of(kept, shift), share
+    tokens = lines[1].split(" ")
+    tokens[2] = "00" + tokens[2]  # a size the parser reads, written as repack never writes it
+    padded = parse_index(raw.replace(lines[1].encode(), " ".join(tokens).encode(), 1))
+    kept, shift = np.arange(1, padded.samples), np.full(padded.samples, -512)
+    assert padded.shifted_text(kept, shift) == padded.text_of(kept, shift)
+    assert padded.text_of(kept, shift).split(b"\n")[1].split(b" ")[2] == tokens[2].lstrip("0").encode()
+
+
 def test_deltas_chain_at_most_max_deltas_then_a_whole_record(tmp_path):
     """A record extended version after version: each a delta on the one before, read back as the whole
     record; after MAX_DELTAS deltas the next is whole again."""

@@ -40,10 +40,12 @@ def verify(out, json_out, version, workers):
     """Re-read every file of the dataset in OUT (a folder or s3://bucket/prefix) and check it against its
     manifest: sizes, sha256, each tar's structure against its index, sample counts, the tokenizer,
     and no file the manifest does not name (energon's files are known)."""
+    from repack.commands.options import ProcessEnd
     from repack.lifecycle.verify import verify_report
 
     require_dataset_folder(out)
     report = verify_report(out, version, workers)
+    ProcessEnd.quick = True  # nothing left to wait for: its checking processes leave on their own
     problems = list(report.problems)
     for note in report.unchecked:
         click.echo(f"{out}: not checked: {note}", err=True)

@@ -1,6 +1,9 @@
 """A tar shard's DALI index (``repack.sinks.tar_format``) as ``repack remove`` uses it: one row per
 member, samples as ranges of rows. Parsed by the project's one ``.idx`` parser
-(``repack.manifest.shard_index``); this module adds the byte-layout questions remove asks."""
+(``repack.manifest.shard_index``); this module adds the byte-layout questions remove asks, and lays out
+the index of the kept samples from the old index's own text (``shifted_text``: lines copied, only the
+offsets written anew) or, where that text is not exactly what repack writes, from its columns
+(``text_of``)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from repack.manifest import ManifestError
-from repack.manifest.shard_index import IndexColumns, ragged_ranges
+from repack.manifest.shard_index import NEWLINE, IndexColumns, ragged_ranges
 from repack.manifest.shard_index import parse_index as parse_columns
 from repack.sinks.tar_format import BLOCK, INDEX_VERSION
 
@@ -24,6 +27,7 @@ class ShardIndex:
     offset: np.ndarray
     size: np.ndarray
     first: np.ndarray
+    raw: bytes = b""  # the index file's text, when it was parsed from one
 
     @property
     def samples(self) -> int:
@@ -123,6 +127,67 @@ class ShardIndex:
         live = np.concatenate([m for _, m in fields], axis=1)
         return f"{INDEX_VERSION} {len(kept)}\n".encode() + matrix[live].tobytes()
 
+    def shifted_text(self, kept: np.ndarray, shift: np.ndarray) -> bytes:
+        """``text_of(kept, shift)``, the same bytes, made from the index's own text: the kept samples'
+        lines copied in runs as they stand, then each copied member's offset overwritten in place where
+        its new value has as many digits as the old (one scatter per digit column, no Python object per
+        line); a line whose offset changes its width (crossing a power of ten) is laid out by
+        ``text_of``. ``text_of`` alone where the text is not one it would write (no text, or a size
+        written with leading zeros), or where the kept lines break into many short runs (most lines
+        kept one by one: laying them all out is then cheaper than a copy per run)."""
+        cut = np.ones(len(kept), bool)
+        cut[1:] = kept[1:] != kept[:-1] + 1
+        layout = self._token_ends() if np.count_nonzero(cut) * MIN_RUN_LINES <= len(kept) else None
+        if layout is None:
+            return self.text_of(kept, shift)
+        ends, body = layout
+        counts = np.diff(self.first)[kept]
+        rows = ragged_ranges(self.first[kept], counts)
+        member_sample = np.repeat(np.arange(len(kept)), counts)
+        values = self.offset[rows] + shift[kept][member_sample]
+        token_end = ends[4 * rows + 1]
+        same_width = _digit_counts(values) == token_end - ends[4 * rows] - 1
+        copied = np.bincount(member_sample, weights=~same_width, minlength=len(kept)) == 0
+        line_start = np.where(self.first[kept] == 0, 0, ends[np.maximum(4 * self.first[kept] - 1, 0)] + 1)
+        line_end = ends[4 * self.first[kept + 1] - 1] + 1
+        # pieces: runs of kept lines that follow each other in the text and are all copied, or all laid out
+        cut[1:] |= copied[1:] != copied[:-1]
+        firsts = np.flatnonzero(cut)
+        lasts = np.append(firsts[1:], len(kept)) - 1
+        laid_out = np.flatnonzero(~copied)  # the lines whose width changes: laid out together, in order
+        rendered = memoryview(self.text_of(kept[laid_out], shift) if len(laid_out) else b"\n")
+        rendered_ends = np.flatnonzero(np.frombuffer(rendered, np.uint8) == NEWLINE) + 1  # the header's first
+        rendered_at = np.searchsorted(laid_out, np.arange(len(kept)))  # per kept line: its number among them
+        out = bytearray(f"{INDEX_VERSION} {len(kept)}\n".encode())
+        base = np.zeros(len(kept), np.int64)  # per kept line: its position in ``out`` minus its position in ``body``
+        source = memoryview(body)
+        for first, last, whole in zip(firsts.tolist(), lasts.tolist(), copied[firsts].tolist()):
+            if whole:
+                lo, hi = int(line_start[first]), int(line_end[last])
+                base[first:last + 1] = len(out) - lo
+                out += source[lo:hi]
+            else:
+                out += rendered[rendered_ends[rendered_at[first]]:rendered_ends[rendered_at[last] + 1]]
+        patched = copied[member_sample] & (values != self.offset[rows])
+        _write_decimals(np.frombuffer(out, np.uint8), token_end[patched] + base[member_sample[patched]],
+                        values[patched])
+        return bytes(out)
+
+    def _token_ends(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(the end of each token of the index body: 4 a member, ext offset size name; the body as uint8)
+        when the raw text is one ``text_of`` lays out for these columns (sizes without leading zeros: the
+        parser took every other byte as it stands), else None."""
+        if not self.raw:
+            return None
+        body = np.frombuffer(self.raw, np.uint8, offset=self.raw.index(b"\n") + 1)
+        ends = np.flatnonzero(body <= 32)  # the parser left spaces and newlines as the only such bytes
+        if len(ends) != 4 * len(self.offset):
+            return None
+        size_digits = ends[2::4] - ends[1::4] - 1
+        if not np.array_equal(size_digits, _digit_counts(self.size)):
+            return None
+        return ends, body
+
     def adjacent(self) -> bool:
         """Whether each member's header follows the previous member of its sample."""
         inner = np.ones(len(self.offset), bool)
@@ -132,6 +197,29 @@ class ShardIndex:
 
 
 _POSITION_DIGITS = 18  # a position longer than this is no position (int64 holds 18 digits)
+MIN_RUN_LINES = 16  # ``shifted_text`` copies runs of kept lines when they hold this many lines on average
+def _write_decimals(text: np.ndarray, ends: np.ndarray, values: np.ndarray) -> None:
+    """Each of ``values`` (non-negative) written in decimal into ``text`` so that its digits end just
+    before its ``ends``: one pass per digit over the values of each width (most share one)."""
+    widths = _digit_counts(values)
+    for width in np.flatnonzero(np.bincount(widths)).tolist():  # not np.unique: it imports numpy.ma
+        at = widths == width
+        rest, where = (values, ends) if at.all() else (values[at], ends[at])
+        rest = rest.astype(np.uint64 if int(rest.max(initial=0)) >> 32 else np.uint32)
+        where = where - 1
+        for _ in range(width):
+            rest, digit = np.divmod(rest, 10)
+            text[where] = digit + ord("0")
+            where -= 1
+
+
+def _digit_counts(values: np.ndarray) -> np.ndarray:
+    """The number of decimal digits of each non-negative value (1 for 0)."""
+    values = values.astype(np.int64)
+    count = np.ones(len(values), np.int64)
+    for power in range(1, len(str(int(values.max(initial=0))))):
+        count += values >= 10 ** power
+    return count
 
 
 def _decimal(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -167,4 +255,4 @@ def parse_index(raw: bytes, recorded_sha256: str | None = None) -> ShardIndex | 
     offset, size = columns.offset.astype(np.int64), columns.size.astype(np.int64)
     if len(offset) and offset.min() < BLOCK:
         return None
-    return ShardIndex(columns, offset, size, columns.first_member.astype(np.int64))
+    return ShardIndex(columns, offset, size, columns.first_member.astype(np.int64), bytes(raw))

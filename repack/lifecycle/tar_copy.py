@@ -5,9 +5,9 @@ into ``<stem>.tar`` in the kernel (``os.copy_file_range``: no copy through this 
 the filesystem shares blocks), runs of adjacent samples one call each (per 64 MB), on a helper thread. The
 old tar is mapped once: the new sha256 is computed over the mapped ranges while they are copied (each
 byte read once by this process), and each kept member's header is checked to name its member before a
-byte is written. The new DALI index is laid out from the old index's columns (``ShardIndex.text_of``),
-the new ``.crc`` from the old one's kept rows (else computed from the new tar); nothing is decoded or
-re-encoded.
+byte is written. The new DALI index is the old index's kept lines with their offsets moved
+(``ShardIndex.shifted_text``: copied in runs, only the offset digits written anew), the new ``.crc``
+the old one's kept rows (else computed from the new tar); nothing is decoded or re-encoded.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
                     try:
                         for start, end, _ in ranges:
                             sha.update(view[start:end])
-                        text = index.text_of(kept, shift)
+                        text = index.shifted_text(kept, shift)
                     finally:
                         copying.result()  # waited for (and its error raised) before the mapping closes
             finally:

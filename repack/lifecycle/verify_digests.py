@@ -5,12 +5,14 @@ before the driver imports numpy and the sinks, so that the hashing (a quarter of
 ``EarlyDigests.start(files, workers)`` forks up to ``workers`` processes (``os.fork``: the
 driver runs no other thread yet, and the children import nothing) that take file numbers from one
 pipe, biggest file first (a read of 4 bytes from a pipe is atomic: each number goes to one process,
-whichever is free), hash the file with ``sha256_file`` and write the digest into the file's slot of
-a shared anonymous memory map, then exit once the pipe is empty. ``collect()`` waits for them and
-returns {number: digest, or None for a file that could not be read}; a number whose process died
-before it answered maps to the message that says so. Numbers that did not fit into the pipe are not
-``queued``: the caller hashes those itself (the pool's digest tasks). Only bytes cross from the
-children (no pickle); each child dies with the driver (PR_SET_PDEATHSIG).
+whichever is free), hash the file with ``sha256_file``, write the digest into the file's slot of
+a shared anonymous memory map and the number into a pipe of answers, then exit once the pipe is
+empty. ``collect()`` reads the answers until it has every queued number (the processes' exits are not
+waited for: ``repack.exec.reap.reap_later``) or the answer pipe ends, and returns {number: digest,
+or None for a file that could not be read}; a number whose process died before it answered maps to
+the message that says so. Numbers that did not fit into the pipe are not ``queued``: the caller
+hashes those itself (the pool's digest tasks). Only bytes cross from the children (no pickle); each
+child dies with the driver (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class EarlyDigests:
     queued: frozenset[int]
     pids: tuple[int, ...]
     slots: mmap.mmap
+    answered: int = -1  # the read end of the pipe each process writes a file's number into once its slot is filled
 
     @classmethod
     def start(cls, files: list[tuple[int, str, int]], workers: int) -> EarlyDigests:
@@ -65,38 +68,61 @@ class EarlyDigests:
             queued.append(number)
         os.close(give)
         import ctypes  # noqa: F401  (numpy's import brings it anyway): the children's die_with_parent needs it
+        answered, answer = os.pipe()
         pids = []
         for _ in range(min(workers, len(queued))):
             pid = os.fork()
             if pid == 0:  # the child: hash until the pipe is empty, then leave without Python's exit work
                 status = 1
                 try:
-                    _hash_queue(take, paths, slots)
+                    os.close(answered)
+                    _hash_queue(take, answer, paths, slots)
                     status = 0
                 finally:
                     os._exit(status)
             pids.append(pid)
         os.close(take)
-        return cls(frozenset(queued), tuple(pids), slots)
+        os.close(answer)
+        return cls(frozenset(queued), tuple(pids), slots, answered)
 
     def collect(self) -> dict[int, str | None | Died]:
         """{file number: its sha256 (hex), None where it could not be read, or ``Died``}, once every
-        hashing process has ended."""
-        ended = []
-        for pid in self.pids:
-            _, status = os.waitpid(pid, 0)
-            ended.append(status)
-        signals = [os.WTERMSIG(s) for s in ended if os.WIFSIGNALED(s)]
-        died = Died(f"killed by signal {signals[0]}" if signals else "exited without answering")
+        queued file is answered (or every hashing process has ended)."""
+        from repack.exec.reap import how_it_ended, reap_later
+
+        left = set(self.queued)
+        if self.answered >= 0:
+            try:
+                while left and len(raw := _read_number(self.answered)) == _NUMBER.size:
+                    left.discard(_NUMBER.unpack(raw)[0])
+            finally:
+                os.close(self.answered)
+        if left:  # the pipe ended first: a process died holding a file
+            ends = [how_it_ended(pid) for pid in self.pids]
+            died = Died(next((end for end in ends if end.startswith("killed")), "exited without answering"))
+        else:
+            reap_later(list(self.pids))
         found: dict[int, str | None | Died] = {}
         for number in self.queued:
             slot = self.slots[_SLOT * number:_SLOT * (number + 1)]
-            found[number] = slot[1:].hex() if slot[0] == _DONE else None if slot[0] == _UNREADABLE else died
+            found[number] = died if number in left else slot[1:].hex() if slot[0] == _DONE else None
         return found
 
 
-def _hash_queue(take: int, paths: dict[int, str], slots: mmap.mmap) -> None:
-    """A child's loop: each number read from ``take``, its file hashed into its slot."""
+def _read_number(fd: int) -> bytes:
+    """One number of the answer pipe (b"" at its end)."""
+    raw = os.read(fd, _NUMBER.size)
+    while raw and len(raw) < _NUMBER.size:  # one process writes 4 bytes at a time: whole numbers only
+        more = os.read(fd, _NUMBER.size - len(raw))
+        if not more:
+            return b""
+        raw += more
+    return raw
+
+
+def _hash_queue(take: int, answer: int, paths: dict[int, str], slots: mmap.mmap) -> None:
+    """A child's loop: each number read from ``take``, its file hashed into its slot, the number written
+    into ``answer`` once the slot is filled."""
     from repack.exec.parent_death import die_with_parent
 
     die_with_parent()
@@ -111,6 +137,7 @@ def _hash_queue(take: int, paths: dict[int, str], slots: mmap.mmap) -> None:
             slots[_SLOT * number] = _DONE
         except OSError:
             slots[_SLOT * number] = _UNREADABLE
+        os.write(answer, _NUMBER.pack(number))  # 4 bytes: written whole
 
 
 def early_files(manifest) -> list[tuple[int, str, int]]:

@@ -1,8 +1,9 @@
 """The shards of a dataset checked in parallel, each through its format's ``verify_shard``, results in
 manifest order whatever order they finish in.
 
-One process pool of ``workers`` (default: the usable CPUs, as the jobs' ``--workers``; one thread for
-one worker) runs small tasks, biggest first, so that no single shard bounds the wall: a shard whose
+``workers`` processes (default: the usable CPUs, as the jobs' ``--workers``; this process for one
+worker) run small tasks, biggest first, so that no single shard bounds the wall (for a folder, forked
+for each round and leaving as it runs dry, their exits never waited for: ``verify_pool``): a shard whose
 format splits its check (``verify_split``: webdataset tars) is a digest task (the sha256 of its tar,
 sequential by nature) and parts of its index checked against the tar (``tar_check.check_part``); any
 other shard is one task (``check_one``). A split shard that does not pass is checked again whole, which
@@ -23,9 +24,9 @@ whole dataset needs no second pass over the indexes.
 from __future__ import annotations
 
 import json
+import os
 import signal
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -64,7 +65,7 @@ def check_shards(files, manifest, workers: int | None = None, early: EarlyDigest
     todo = [i for i in range(len(shards)) if i not in escaped]
     if todo:
         get_sink(manifest.format)  # imported before the workers fork: they inherit it
-        with _Pool(workers) as pool:
+        with _Pool(workers, files.remote) as pool:
             if files.remote:
                 done = _fetched_then_checked(pool, files, manifest.format, [shards[i] for i in todo])
             else:
@@ -149,16 +150,27 @@ def run_task(task: str) -> tuple[str, bytes]:
 
 
 class _Pool:
-    """The process pool (one thread for one worker) and the two rounds of tasks of a list of shards."""
+    """The processes checking shards and the two rounds of tasks of a list of shards. A local dataset:
+    each round on processes forked for it (``verify_pool.run_tasks``: they leave as the round runs
+    dry, nobody waits for their exit); an object store, whose shards arrive one by one from download
+    threads, or a caller running other threads (a fork would copy their locks mid-step): one
+    ``ProcessPoolExecutor`` for the whole check (``exec.local._pool_context``: forkserver then).
+    One worker: in this process."""
 
-    def __init__(self, workers: int | None) -> None:
-        workers = workers or default_workers()
-        if workers <= 1:
+    def __init__(self, workers: int | None, remote: bool = False) -> None:
+        from repack.exec.reap import only_thread
+
+        self.workers = workers or default_workers()
+        self.executor = None
+        pool = remote or not (self.workers <= 1 or hasattr(os, "fork") and only_thread())
+        if pool and self.workers <= 1:
             self.executor = ThreadPoolExecutor(1)
-        else:
+        elif pool:  # shards arriving from download threads, or threads alive that a fork would copy mid-step
+            from concurrent.futures import ProcessPoolExecutor  # not imported for a local dataset: ~40 ms
+
             from repack.exec.local import _pool_context
 
-            self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(),
+            self.executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=_pool_context(),
                                                 initializer=signal.signal,  # Ctrl-C: the driver's to handle
                                                 initargs=(signal.SIGINT, signal.SIG_IGN))
             self.executor.submit(int).result()  # the workers start now, before any download thread does
@@ -167,6 +179,8 @@ class _Pool:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
+        if self.executor is None:
+            return
         if kind is None:
             self.executor.shutdown()
         else:
@@ -205,24 +219,39 @@ class _Pool:
         """{shard number: [(task, answer)] of its tasks, or the message "not checked" when a process
         running one of them died}."""
         answers: dict[int, list | str] = {task.shard: [] for task in tasks}
-        pending = []
+        orders = []
         for task in tasks:
             root, shard = shards[task.shard]
-            order = json.dumps({"kind": task.kind, "root": root, "format": fmt, "shard": shard,
-                                "part": task.part, "parts": task.parts})
-            try:
-                pending.append((task, self.executor.submit(run_task, order)))
-            except BrokenProcessPool as exc:
-                answers[task.shard] = _died(shard, exc)
-        for task, future in pending:
-            try:
-                answer = future.result()
-            except BrokenProcessPool as exc:
-                answers[task.shard] = _died(shards[task.shard][1], exc)
-                continue
-            if not isinstance(answers[task.shard], str):
+            orders.append(json.dumps({"kind": task.kind, "root": root, "format": fmt, "shard": shard,
+                                      "part": task.part, "parts": task.parts}))
+        for task, answer in zip(tasks, self._answers(orders)):
+            if isinstance(answer, Died):
+                answers[task.shard] = _died(shards[task.shard][1], answer.reason)
+            elif not isinstance(answers[task.shard], str):
                 answers[task.shard].append((task, answer))
         return answers
+
+    def _answers(self, orders: list[str]) -> list[tuple[str, bytes] | Died]:
+        """``run_task`` of each order: on processes forked for them, or on the pool of an object store."""
+        if self.executor is None:
+            from repack.lifecycle.verify_pool import run_tasks
+
+            return run_tasks(orders, run_task, self.workers)
+        from concurrent.futures.process import BrokenProcessPool
+
+        found: list[tuple[str, bytes] | Died] = []
+        pending = []
+        for order in orders:
+            try:
+                pending.append(self.executor.submit(run_task, order))
+            except BrokenProcessPool as exc:
+                pending.append(Died(str(exc)))
+        for future in pending:
+            try:
+                found.append(future if isinstance(future, Died) else future.result())
+            except BrokenProcessPool as exc:
+                found.append(Died(str(exc)))
+        return found
 
 
 def _whole(answer: tuple[str, bytes]) -> Checked:
@@ -230,8 +259,8 @@ def _whole(answer: tuple[str, bytes]) -> Checked:
     return json.loads(answer[0]), answer[1]
 
 
-def _died(shard: dict, exc: BaseException) -> str:
-    return f"{shard['path']}: not checked: the process checking it died ({exc})"
+def _died(shard: dict, reason: str) -> str:
+    return f"{shard['path']}: not checked: the process checking it died ({reason})"
 
 
 _TASK = object()  # a shard's digest comes from its digest task
