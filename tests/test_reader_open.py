@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import pytest
 
-from pipelines import manifest_access, torch_webdataset
+from pipelines import index_process, manifest_access, torch_webdataset
 from pipelines.torch_webdataset import ImageShardDataset
 from repack.manifest import ManifestError, read_manifest
 from repack.manifest.shard_index import concat, parse_index
@@ -76,12 +76,16 @@ def _mapping_rss(mapping) -> int:
     raise AssertionError("the mapping is not in /proc/self/smaps")
 
 
-def test_a_large_index_is_parsed_by_a_helper_into_the_same_columns(datasets, monkeypatch):
+@pytest.mark.parametrize("forked", [True, False], ids=["forked-helper", "python-m-helper"])
+def test_a_large_index_is_parsed_by_a_helper_into_the_same_columns(datasets, monkeypatch, forked):
     root = datasets[40_000]
     manifest = read_manifest(root)
     here, mapping = manifest_access.read_shared_index(manifest)
     assert mapping is None  # 2.3 MB of index text: parsed in this process
     monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    assert index_process.can_fork()  # no other thread here
+    if not forked:
+        monkeypatch.setattr(index_process, "can_fork", lambda: False)
     helped, mapping = manifest_access.read_shared_index(manifest)
     assert mapping is not None
     for name in COLUMNS:
@@ -91,8 +95,11 @@ def test_a_large_index_is_parsed_by_a_helper_into_the_same_columns(datasets, mon
     assert (helped.exts, helped.suffixes, helped.key_width) == (here.exts, here.suffixes, here.key_width)
 
 
-def test_the_helper_names_the_index_it_refuses(tmp_path, monkeypatch):
+@pytest.mark.parametrize("forked", [True, False], ids=["forked-helper", "python-m-helper"])
+def test_the_helper_names_the_index_it_refuses(tmp_path, monkeypatch, forked):
     monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    if not forked:
+        monkeypatch.setattr(index_process, "can_fork", lambda: False)
     root = synthetic_dataset(tmp_path / "bad", 2 * 1_000, 1_000)
     index = root / "shard-000001.idx"
     index.unlink()  # a hard link to shard 0's index: write its own, with one line cut
@@ -133,7 +140,22 @@ def test_a_helper_parsed_reader_reads_through_spawned_workers(tmp_path, monkeypa
 def test_a_reader_parses_in_its_own_process_when_the_helper_cannot_run(datasets, monkeypatch):
     monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
     manifest = read_manifest(datasets[20_000])
+    monkeypatch.setattr(index_process, "can_fork", lambda: False)  # a thread runs here: python -m, which fails
     monkeypatch.setattr(sys, "executable", str(datasets[20_000] / "no-python-here"))
     with pytest.warns(UserWarning, match="did not start"):
         columns, mapping = manifest_access.read_shared_index(manifest)
     assert mapping is None and columns.samples == 20_000
+
+
+def test_the_helper_is_forked_only_while_no_other_thread_runs():
+    import threading
+
+    assert index_process.can_fork()
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait)
+    thread.start()
+    try:
+        assert not index_process.can_fork()  # a lock that thread holds could be copied held into a fork
+    finally:
+        release.set()
+        thread.join()
