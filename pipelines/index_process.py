@@ -141,10 +141,27 @@ def _tune_malloc() -> None:
 
 
 def drop_resident(mapping: mmap.mmap | None) -> None:
-    """Unmap this process's pages of ``mapping`` (a ``MAP_SHARED`` one: the data stays in the memfd, a
-    later read maps the page again): what a worker touched no longer counts in its RSS."""
+    """Unmap this process's pages of ``mapping`` (a ``MAP_SHARED`` one: the data stays in the memfd or
+    the shared anonymous memory, a later read maps the page again): what a worker touched no longer
+    counts in its RSS."""
     if mapping is not None and not mapping.closed:
         mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def shared_maps(columns: IndexColumns, mapping: mmap.mmap | None) -> tuple[mmap.mmap, ...]:
+    """The shared mappings that hold ``columns``, for ``drop_resident``: the helper's ``mapping``, else
+    the maps of an index parsed in this process (``shard_index.concat``'s default: each column in an
+    ``mmap.mmap(-1, n)``, which Python maps ``MAP_SHARED``), none for columns in ordinary arrays (e.g.
+    unpickled in a spawned worker)."""
+    if mapping is not None:
+        return (mapping,)
+    maps: dict[int, mmap.mmap] = {}
+    for name in COLUMNS:
+        base = getattr(columns, name).base
+        owner = base.obj if isinstance(base, memoryview) else None
+        if isinstance(owner, mmap.mmap):
+            maps[id(owner)] = owner
+    return tuple(maps.values())
 
 
 # The helper's malloc keeps its heap between pieces (this process exits, so nothing it keeps outlives

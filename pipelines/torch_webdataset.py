@@ -45,7 +45,7 @@ from pipelines.batch_read import BatchRules, read_batch
 from pipelines.batches import BufferRing, OneBuffer, PackedBytes, collate_column, new_board
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
                                        parse_label, read_checksums, read_shared_index, sample_at)
-from pipelines.index_process import drop_resident
+from pipelines.index_process import drop_resident, shared_maps
 from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
                                  plan_blocks, read_ahead, split_out)
@@ -446,7 +446,7 @@ class ImageShardDataset(IterableDataset):
         slot = self._stats[cursor.worker % _STAT_SLOTS]
         ready: dict[int, tuple] = {}
         fetched = fetch_blocks(self._blocks(cursor, windows, layout), self.prefetch)
-        pages = _IndexPages(self._index_mapping)
+        pages = _IndexPages(shared_maps(self.index, self._index_mapping))
         try:
             for w in range(first, len(windows)):
                 for position in windows[w][skip if w == first else 0:]:
@@ -531,7 +531,7 @@ class ImageShardDataset(IterableDataset):
             return chunk, batch, None, (taken[0] if batch is None and taken else None)
 
         attempts = read_ahead(rebatch(chunks, self.batch_size), attempt, self.prefetch)
-        pages = _IndexPages(self._index_mapping)
+        pages = _IndexPages(shared_maps(self.index, self._index_mapping))
         try:
             for chunk, batch, reads, reserved in attempts:
                 pages.used(len(chunk))
@@ -686,18 +686,20 @@ class ImageShardDataset(IterableDataset):
 
 
 class _IndexPages:
-    """Unmaps this process's pages of the shared index mapping (``index_process.drop_resident``) after
-    every ``INDEX_DROP_SAMPLES`` samples: a worker's samples are dealt in pieces spread over the whole
-    index, so without it each worker ends up mapping (and counting in its RSS) every page of it; with it,
-    about the pages of the last stretch (measured: see docs/benchmarks.md, "Reader memory per sample")."""
+    """Unmaps this process's pages of the shared maps that hold the index (``index_process.shared_maps``,
+    ``drop_resident``) after every ``INDEX_DROP_SAMPLES`` samples: a worker's samples are dealt in pieces
+    spread over the whole index, so without it each worker ends up mapping (and counting in its RSS)
+    every page of it; with it, about the pages of the last stretch (measured: see docs/benchmarks.md,
+    "Reader memory per sample")."""
 
-    def __init__(self, mapping) -> None:
-        self.mapping, self.count = mapping, 0
+    def __init__(self, maps: tuple) -> None:
+        self.maps, self.count = maps, 0
 
     def used(self, samples: int) -> None:
         self.count += samples
-        if self.mapping is not None and self.count >= INDEX_DROP_SAMPLES:
-            drop_resident(self.mapping)
+        if self.maps and self.count >= INDEX_DROP_SAMPLES:
+            for mapping in self.maps:
+                drop_resident(mapping)
             self.count = 0
 
 
