@@ -147,21 +147,53 @@ def read_index_columns(manifest: Manifest, shards: list[int] | None = None) -> I
 
 def read_shared_index(manifest: Manifest, shards: list[int] | None = None) -> tuple[IndexColumns, Any]:
     """(the index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``, the
-    shared mapping its columns view or None). Local index files of at least ``HELPER_MIN_INDEX_BYTES``
-    in all are parsed by a helper process into shared memory (``pipelines.index_process``: the parse
-    threads' heap never reaches this process, so DataLoader workers forked from it do not map it);
-    others here (``parse_index_files``), and all of them here, with a warning, when the helper cannot run."""
-    entries = manifest.data["shards"]
-    shards = list(range(len(entries))) if shards is None else shards
-    paths = [manifest.path(entries[s]["index"]) for s in shards]
-    counts = [int(entries[s]["samples"]) for s in shards]
-    if (paths and index_process.available() and not any(object_store.is_remote(p) for p in paths)
-            and sum(_local_size(p) or 0 for p in paths) >= HELPER_MIN_INDEX_BYTES):
-        try:
-            return index_process.parse_in_helper([str(p) for p in paths], counts)
-        except index_process.HelperUnavailable as exc:
-            warnings.warn(f"{manifest.where}: {exc}; parsing the index in this process", stacklevel=2)
-    return parse_index_files(paths, counts), None
+    shared mapping its columns view or None): ``SharedIndex(manifest, shards).get()``."""
+    return SharedIndex(manifest, shards).get()
+
+
+class SharedIndex:
+    """The index files of ``shards`` of a dataset (default: all, in manifest order) as one
+    ``IndexColumns``, for the readers. Local index files of at least ``HELPER_MIN_INDEX_BYTES`` in all
+    are parsed by a helper process into shared memory (``pipelines.index_process``: the parse threads'
+    heap never reaches this process, so DataLoader workers forked from it do not map it) that runs on
+    while this process goes on: ``get()`` waits for it, here or in a process forked from here (a
+    DataLoader worker), and raises what the parse found (a ``ManifestError`` naming the index file).
+    Others are parsed here, at once (``parse_index_files``), and all of them, with a warning, where the
+    helper cannot run. Pickled (a spawned worker), it holds the columns by value."""
+
+    def __init__(self, manifest: Manifest, shards: list[int] | None = None) -> None:
+        entries = manifest.data["shards"]
+        shards = list(range(len(entries))) if shards is None else shards
+        self.where = manifest.where
+        self._paths = [manifest.path(entries[s]["index"]) for s in shards]
+        self._counts = [int(entries[s]["samples"]) for s in shards]
+        self._pending: index_process.PendingIndex | None = None
+        self._done: tuple[IndexColumns, Any] | None = None
+        paths = self._paths
+        if (paths and index_process.available() and not any(object_store.is_remote(p) for p in paths)
+                and sum(_local_size(p) or 0 for p in paths) >= HELPER_MIN_INDEX_BYTES):
+            try:
+                self._pending = index_process.PendingIndex([str(p) for p in paths], self._counts)
+            except index_process.HelperUnavailable as exc:
+                warnings.warn(f"{self.where}: {exc}; parsing the index in this process", stacklevel=3)
+        self.in_helper = self._pending is not None  # known at once: nothing waits for the parse
+        if self._pending is None:
+            self._done = (parse_index_files(paths, self._counts), None)
+
+    def get(self) -> tuple[IndexColumns, Any]:
+        """(the columns, the shared mapping they view or None), waiting for the helper if it still parses."""
+        if self._done is None:
+            try:
+                self._done = self._pending.result()
+            except index_process.HelperUnavailable as exc:
+                warnings.warn(f"{self.where}: {exc}; parsing the index in this process", stacklevel=3)
+                self._done = (parse_index_files(self._paths, self._counts), None)
+            self._pending = None
+        return self._done
+
+    def __getstate__(self) -> dict:
+        columns, _ = self.get()  # by value: the mapping and the helper stay in this process
+        return {**self.__dict__, "_pending": None, "_done": (columns, None)}
 
 
 def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None = None) -> IndexColumns:

@@ -44,12 +44,13 @@ from pipelines import dataset_identity, object_store, sample_order
 from pipelines.batch_read import BatchRules, read_batch
 from pipelines.batches import BufferRing, OneBuffer, PackedBytes, collate_column, new_board
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
-                                       parse_label, read_checksums, read_shared_index, sample_at)
+                                       parse_label, read_checksums, sample_at, SharedIndex)
 from pipelines.index_process import drop_resident, shared_maps
 from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
                                  plan_blocks, read_ahead, split_out)
 from repack.manifest import ManifestError
+from repack.manifest.shard_index import IndexColumns
 
 if TYPE_CHECKING:
     import webdataset as wds
@@ -211,14 +212,20 @@ class ImageShardDataset(IterableDataset):
         self.labeled = is_labeled(self.manifest)
         self.counts = [s.samples for s in self.manifest.shards]
         self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
-        # every index as numpy columns, before the DataLoader forks: its workers share them (at scale in one
-        # shared mapping, whose pages a worker unmaps again as it goes: ``_drop_index_pages``)
-        self.index, self._index_mapping = read_shared_index(self.manifest)
+        # every index as numpy columns, shared by the DataLoader's workers (at scale parsed by a helper
+        # process into one shared mapping, while this process goes on and the workers start; a worker
+        # unmaps its pages again as it goes: ``_IndexPages``); a spawned worker gets them by value
+        self._shared_index = SharedIndex(self.manifest)
         self._checksum_cache: dict[int, Any] = {}
 
-    def __getstate__(self) -> dict:
-        # a spawned DataLoader worker gets the columns by value (as numpy pickles them), not the mapping
-        return {**self.__dict__, "_index_mapping": None}
+    @property
+    def index(self) -> IndexColumns:
+        """The dataset's index columns (waiting for the helper process that parses them, if it still does)."""
+        return self._shared_index.get()[0]
+
+    @property
+    def _index_mapping(self):
+        return self._shared_index.get()[1]
 
     @property
     def classes(self) -> dict[str, int]:

@@ -4,8 +4,11 @@ columns it keeps, not to the index text it parses."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import tracemalloc
+import warnings
 
 import numpy as np
 import torch
@@ -105,11 +108,56 @@ def test_the_helper_names_the_index_it_refuses(tmp_path, monkeypatch, forked):
     index.unlink()  # a hard link to shard 0's index: write its own, with one line cut
     lines = (root / "shard-000000.idx").read_text().splitlines(keepends=True)
     index.write_text("".join(lines[:-1]))
+    # opening does not wait for the parse: the index is refused where it is first used, in the training
+    # process or in a DataLoader worker (the loader raises it here)
     with pytest.raises(ManifestError, match="shard-000001.idx"):
-        ImageShardDataset(root, decode=False, batch_size=256)
+        ImageShardDataset(root, decode=False, batch_size=256).index
+    loader = torch.utils.data.DataLoader(ImageShardDataset(root, decode=False, batch_size=256), batch_size=None,
+                                         num_workers=2)
+    with pytest.raises(ManifestError, match="shard-000001.idx"):
+        next(iter(loader))
     index.unlink()
     with pytest.raises(FileNotFoundError, match="shard-000001.idx"):
         manifest_access.read_shared_index(read_manifest(root))
+
+
+def test_workers_wait_for_the_helper_that_the_training_process_never_waited_for(tmp_path, monkeypatch):
+    # the training process forks its workers right after opening; each worker waits for the helper's
+    # columns itself (a shared lock the helper holds until it answered), and every sample comes once
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    dataset = ImageShardDataset(synthetic_dataset(tmp_path / "w", 4 * 10_000, 10_000), decode=False, batch_size=256)
+    assert dataset._shared_index.in_helper and dataset._shared_index._done is None  # not waited for here
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    labels = np.concatenate([batch_labels.numpy() for _, batch_labels in loader])
+    assert dataset._shared_index._done is None  # the workers waited, the training process did not
+    assert np.array_equal(np.sort(labels), np.sort(np.tile(np.arange(10_000) % 10, 4)))
+    assert dataset.index.samples == 40_000
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["forked-helper", "python-m-helper"])
+def test_a_helper_that_dies_before_answering_is_reported_not_waited_for_forever(tmp_path, monkeypatch, forked):
+    if not forked:
+        monkeypatch.setattr(index_process, "can_fork", lambda: False)
+    fifo = tmp_path / "index.fifo"
+    os.mkfifo(fifo)  # opening it blocks the helper until a writer comes: it is killed there, deterministically
+    pending = index_process.PendingIndex([str(fifo)], [1])
+    helper = pending._pid if forked else pending._run.pid
+    os.kill(helper, signal.SIGKILL)
+    with pytest.raises(index_process.HelperUnavailable, match="ended without a reply .exit -9"):
+        pending.result()
+
+
+def test_a_reader_parses_itself_when_its_helper_died(datasets, monkeypatch):
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    manifest = read_manifest(datasets[20_000])
+    shared = manifest_access.SharedIndex(manifest)
+    os.kill(shared._pending._pid, signal.SIGKILL)  # killed mid-parse, or after it answered: the same columns
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        columns, _ = shared.get()
+    wanted = manifest_access.parse_index_files([manifest.path(s.index) for s in manifest.shards], [20_000])
+    for name in COLUMNS:
+        assert np.array_equal(getattr(columns, name), getattr(wanted, name)), name
 
 
 @pytest.mark.parametrize("helper", [True, False], ids=["helper", "parsed-here"])
