@@ -121,7 +121,11 @@ class PendingIndex:
         if os.getpid() != self.owner:
             return ""
         if self._pid is not None:
-            pid, status = os.waitpid(self._pid, 0 if block else os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self._pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else (a SIGCHLD handler that waits for any child)
+                self._pid = None
+                return ""
             if pid == 0:
                 return ""
             self._pid = None
