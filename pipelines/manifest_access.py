@@ -201,7 +201,7 @@ def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None 
     read by ``INDEX_THREADS`` threads (on s3://, concurrent GETs), their text cut into pieces of whole
     lines (``INDEX_PIECE_BYTES``) parsed on one thread per usable CPU (numpy parses with the GIL
     released: a dataset of few large shards still parses on every core), the pieces joined once (into
-    arrays from ``allocate``: ``shard_index.concat``)."""
+    arrays from ``allocate``: ``shard_index.concat``), each copied into place on those threads."""
 
     def pieces(path) -> tuple[int, list]:
         return index_pieces(index_bytes(path), str(path), INDEX_PIECE_BYTES)
@@ -218,17 +218,19 @@ def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None 
             raise ManifestError(f"{path}: {count} samples, the manifest says {want}")
     jobs = [(piece, str(path)) for (_, parts), path in zip(cut, paths) for piece in parts]
     threads = min(usable_cpus(), len(jobs))
-    if threads <= 1:
-        parsed = [parse(piece, where) for piece, where in jobs]
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix="repack-index") as pool:
-            parsed = list(pool.map(lambda job: parse(*job), jobs))
-    per_shard, at = [], 0
-    for _, parts in cut:
-        per_shard.append(parsed[at:at + len(parts)])
-        at += len(parts)
-    del jobs
-    columns = join_shards(per_shard, [count for count, _ in cut], [str(p) for p in paths], allocate)
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="repack-index") if threads > 1 else None
+    try:
+        parsed = list((pool.map if pool else map)(lambda job: parse(*job), jobs))
+        per_shard, at = [], 0
+        for _, parts in cut:
+            per_shard.append(parsed[at:at + len(parts)])
+            at += len(parts)
+        del jobs
+        columns = join_shards(per_shard, [count for count, _ in cut], [str(p) for p in paths], allocate,
+                              pool.map if pool else map)  # the pieces copied into place on the same threads
+    finally:
+        if pool is not None:
+            pool.shutdown()
     del cut, parsed, per_shard
     release_free_heap()
     return columns
