@@ -148,7 +148,9 @@ class PendingIndex:
                 os.close(self.fd)
                 self.fd = -1
             if self._pid is not None and os.getpid() == self.owner:
-                os.waitpid(self._pid, os.WNOHANG)  # not waited for: reaped if it ended (else init reaps it later)
+                # a helper that answered is exiting: reaped (its CPU then counts as this process's child's);
+                # one still parsing is reaped if it ended, else left to init once this process is gone
+                os.waitpid(self._pid, 0 if self._done is not None else os.WNOHANG)
         except (OSError, TypeError, AttributeError):  # interpreter shutdown: os may be gone
             pass
 
