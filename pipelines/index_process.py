@@ -183,6 +183,7 @@ def _fork(job: dict) -> int:
     if pid == 0:  # the helper
         status = 1
         try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the reader's to handle (it dies with it)
             _die_with_parent()
             _tune_malloc()
             status = run_job(job)
