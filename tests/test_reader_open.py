@@ -86,9 +86,7 @@ def test_a_large_index_is_parsed_by_a_helper_into_the_same_columns(datasets, mon
     here, mapping = manifest_access.read_shared_index(manifest)
     assert mapping is None  # 2.3 MB of index text: parsed in this process
     monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
-    assert index_process.can_fork()  # no other thread here
-    if not forked:
-        monkeypatch.setattr(index_process, "can_fork", lambda: False)
+    monkeypatch.setattr(index_process, "can_fork", lambda: forked)  # (a pytest-xdist worker runs a thread)
     helped, mapping = manifest_access.read_shared_index(manifest)
     assert mapping is not None
     for name in COLUMNS:
@@ -101,8 +99,7 @@ def test_a_large_index_is_parsed_by_a_helper_into_the_same_columns(datasets, mon
 @pytest.mark.parametrize("forked", [True, False], ids=["forked-helper", "python-m-helper"])
 def test_the_helper_names_the_index_it_refuses(tmp_path, monkeypatch, forked):
     monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
-    if not forked:
-        monkeypatch.setattr(index_process, "can_fork", lambda: False)
+    monkeypatch.setattr(index_process, "can_fork", lambda: forked)
     root = synthetic_dataset(tmp_path / "bad", 2 * 1_000, 1_000)
     index = root / "shard-000001.idx"
     index.unlink()  # a hard link to shard 0's index: write its own, with one line cut
@@ -136,8 +133,7 @@ def test_workers_wait_for_the_helper_that_the_training_process_never_waited_for(
 
 @pytest.mark.parametrize("forked", [True, False], ids=["forked-helper", "python-m-helper"])
 def test_a_helper_that_dies_before_answering_is_reported_not_waited_for_forever(tmp_path, monkeypatch, forked):
-    if not forked:
-        monkeypatch.setattr(index_process, "can_fork", lambda: False)
+    monkeypatch.setattr(index_process, "can_fork", lambda: forked)
     fifo = tmp_path / "index.fifo"
     os.mkfifo(fifo)  # opening it blocks the helper until a writer comes: it is killed there, deterministically
     pending = index_process.PendingIndex([str(fifo)], [1])
@@ -149,6 +145,7 @@ def test_a_helper_that_dies_before_answering_is_reported_not_waited_for_forever(
 
 def test_a_reader_parses_itself_when_its_helper_died(datasets, monkeypatch):
     monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    monkeypatch.setattr(index_process, "can_fork", lambda: True)
     manifest = read_manifest(datasets[20_000])
     shared = manifest_access.SharedIndex(manifest)
     os.kill(shared._pending._pid, signal.SIGKILL)  # killed mid-parse, or after it answered: the same columns
@@ -202,7 +199,7 @@ def test_a_reader_parses_in_its_own_process_when_the_helper_cannot_run(datasets,
 def test_the_helper_is_forked_only_while_no_other_thread_runs():
     import threading
 
-    assert index_process.can_fork()
+    assert index_process.can_fork() == (threading.active_count() == 1)  # (a pytest-xdist worker runs a thread)
     release = threading.Event()
     thread = threading.Thread(target=release.wait)
     thread.start()
