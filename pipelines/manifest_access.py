@@ -17,6 +17,7 @@ import ctypes
 import json
 import mmap
 import os
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -169,6 +170,7 @@ class SharedIndex:
         self._counts = [int(entries[s]["samples"]) for s in shards]
         self._pending: index_process.PendingIndex | None = None
         self._done: tuple[IndexColumns, Any] | None = None
+        self._lock = (os.getpid(), threading.Lock())  # one waiter per process resolves the helper's answer
         paths = self._paths
         if (paths and index_process.available() and not any(object_store.is_remote(p) for p in paths)
                 and sum(_local_size(p) or 0 for p in paths) >= HELPER_MIN_INDEX_BYTES):
@@ -183,17 +185,24 @@ class SharedIndex:
     def get(self) -> tuple[IndexColumns, Any]:
         """(the columns, the shared mapping they view or None), waiting for the helper if it still parses."""
         if self._done is None:
-            try:
-                self._done = self._pending.result()
-            except index_process.HelperUnavailable as exc:
-                warnings.warn(f"{self.where}: {exc}; parsing the index in this process", stacklevel=3)
-                self._done = (parse_index_files(self._paths, self._counts), None)
-            self._pending = None
+            if self._lock[0] != os.getpid():  # a forked process: the lock as copied may be held by a thread it lacks
+                self._lock = (os.getpid(), threading.Lock())
+            with self._lock[1]:
+                if self._done is None:
+                    try:
+                        self._done = self._pending.result()
+                    except index_process.HelperUnavailable as exc:
+                        warnings.warn(f"{self.where}: {exc}; parsing the index in this process", stacklevel=4)
+                        self._done = (parse_index_files(self._paths, self._counts), None)
+                    self._pending = None
         return self._done
 
     def __getstate__(self) -> dict:
         columns, _ = self.get()  # by value: the mapping and the helper stay in this process
-        return {**self.__dict__, "_pending": None, "_done": (columns, None)}
+        return {**self.__dict__, "_pending": None, "_done": (columns, None), "_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=(os.getpid(), threading.Lock()))
 
 
 def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None = None) -> IndexColumns:

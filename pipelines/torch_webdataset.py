@@ -452,8 +452,8 @@ class ImageShardDataset(IterableDataset):
         first, skip = divmod(cursor.position, self.shuffle_buffer)
         slot = self._stats[cursor.worker % _STAT_SLOTS]
         ready: dict[int, tuple] = {}
+        pages = _IndexPages(shared_maps(self.index, self._index_mapping))  # the index waited for before any thread
         fetched = fetch_blocks(self._blocks(cursor, windows, layout), self.prefetch)
-        pages = _IndexPages(shared_maps(self.index, self._index_mapping))
         try:
             for w in range(first, len(windows)):
                 for position in windows[w][skip if w == first else 0:]:
@@ -514,6 +514,7 @@ class ImageShardDataset(IterableDataset):
         chunks = sample_order.delivery_chunks(positions, self.shuffle_buffer, self._shuffle_seed(cursor),
                                               cursor.position)
         slot = self._stats[cursor.worker % _STAT_SLOTS]
+        pages = _IndexPages(shared_maps(self.index, self._index_mapping))  # the index waited for before any thread
         rules = None
         if self.output == "tuple":
             rules = BatchRules.of(self.index, self._image_order, self.labeled,
@@ -538,7 +539,6 @@ class ImageShardDataset(IterableDataset):
             return chunk, batch, None, (taken[0] if batch is None and taken else None)
 
         attempts = read_ahead(rebatch(chunks, self.batch_size), attempt, self.prefetch)
-        pages = _IndexPages(shared_maps(self.index, self._index_mapping))
         try:
             for chunk, batch, reads, reserved in attempts:
                 pages.used(len(chunk))
