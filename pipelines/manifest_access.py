@@ -17,6 +17,7 @@ import ctypes
 import json
 import mmap
 import os
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -147,21 +148,61 @@ def read_index_columns(manifest: Manifest, shards: list[int] | None = None) -> I
 
 def read_shared_index(manifest: Manifest, shards: list[int] | None = None) -> tuple[IndexColumns, Any]:
     """(the index files of ``shards`` (default: all, in manifest order) as one ``IndexColumns``, the
-    shared mapping its columns view or None). Local index files of at least ``HELPER_MIN_INDEX_BYTES``
-    in all are parsed by a helper process into shared memory (``pipelines.index_process``: the parse
-    threads' heap never reaches this process, so DataLoader workers forked from it do not map it);
-    others here (``parse_index_files``), and all of them here, with a warning, when the helper cannot run."""
-    entries = manifest.data["shards"]
-    shards = list(range(len(entries))) if shards is None else shards
-    paths = [manifest.path(entries[s]["index"]) for s in shards]
-    counts = [int(entries[s]["samples"]) for s in shards]
-    if (paths and index_process.available() and not any(object_store.is_remote(p) for p in paths)
-            and sum(_local_size(p) or 0 for p in paths) >= HELPER_MIN_INDEX_BYTES):
-        try:
-            return index_process.parse_in_helper([str(p) for p in paths], counts)
-        except index_process.HelperUnavailable as exc:
-            warnings.warn(f"{manifest.where}: {exc}; parsing the index in this process", stacklevel=2)
-    return parse_index_files(paths, counts), None
+    shared mapping its columns view or None): ``SharedIndex(manifest, shards).get()``."""
+    return SharedIndex(manifest, shards).get()
+
+
+class SharedIndex:
+    """The index files of ``shards`` of a dataset (default: all, in manifest order) as one
+    ``IndexColumns``, for the readers. Local index files of at least ``HELPER_MIN_INDEX_BYTES`` in all
+    are parsed by a helper process into shared memory (``pipelines.index_process``: the parse threads'
+    heap never reaches this process, so DataLoader workers forked from it do not map it) that runs on
+    while this process goes on: ``get()`` waits for it, here or in a process forked from here (a
+    DataLoader worker), and raises what the parse found (a ``ManifestError`` naming the index file).
+    Others are parsed here, at once (``parse_index_files``), and all of them, with a warning, where the
+    helper cannot run. Pickled (a spawned worker), it holds the columns by value."""
+
+    def __init__(self, manifest: Manifest, shards: list[int] | None = None) -> None:
+        entries = manifest.data["shards"]
+        shards = list(range(len(entries))) if shards is None else shards
+        self.where = manifest.where
+        self._paths = [manifest.path(entries[s]["index"]) for s in shards]
+        self._counts = [int(entries[s]["samples"]) for s in shards]
+        self._pending: index_process.PendingIndex | None = None
+        self._done: tuple[IndexColumns, Any] | None = None
+        self._lock = (os.getpid(), threading.Lock())  # one waiter per process resolves the helper's answer
+        paths = self._paths
+        if (paths and index_process.available() and not any(object_store.is_remote(p) for p in paths)
+                and sum(_local_size(p) or 0 for p in paths) >= HELPER_MIN_INDEX_BYTES):
+            try:
+                self._pending = index_process.PendingIndex([str(p) for p in paths], self._counts)
+            except index_process.HelperUnavailable as exc:
+                warnings.warn(f"{self.where}: {exc}; parsing the index in this process", stacklevel=3)
+        self.in_helper = self._pending is not None  # known at once: nothing waits for the parse
+        if self._pending is None:
+            self._done = (parse_index_files(paths, self._counts), None)
+
+    def get(self) -> tuple[IndexColumns, Any]:
+        """(the columns, the shared mapping they view or None), waiting for the helper if it still parses."""
+        if self._done is None:
+            if self._lock[0] != os.getpid():  # a forked process: the lock as copied may be held by a thread it lacks
+                self._lock = (os.getpid(), threading.Lock())
+            with self._lock[1]:
+                if self._done is None:
+                    try:
+                        self._done = self._pending.result()
+                    except index_process.HelperUnavailable as exc:
+                        warnings.warn(f"{self.where}: {exc}; parsing the index in this process", stacklevel=4)
+                        self._done = (parse_index_files(self._paths, self._counts), None)
+                    self._pending = None
+        return self._done
+
+    def __getstate__(self) -> dict:
+        columns, _ = self.get()  # by value: the mapping and the helper stay in this process
+        return {**self.__dict__, "_pending": None, "_done": (columns, None), "_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=(os.getpid(), threading.Lock()))
 
 
 def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None = None) -> IndexColumns:
@@ -169,7 +210,7 @@ def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None 
     read by ``INDEX_THREADS`` threads (on s3://, concurrent GETs), their text cut into pieces of whole
     lines (``INDEX_PIECE_BYTES``) parsed on one thread per usable CPU (numpy parses with the GIL
     released: a dataset of few large shards still parses on every core), the pieces joined once (into
-    arrays from ``allocate``: ``shard_index.concat``)."""
+    arrays from ``allocate``: ``shard_index.concat``), each copied into place on those threads."""
 
     def pieces(path) -> tuple[int, list]:
         return index_pieces(index_bytes(path), str(path), INDEX_PIECE_BYTES)
@@ -186,17 +227,19 @@ def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None 
             raise ManifestError(f"{path}: {count} samples, the manifest says {want}")
     jobs = [(piece, str(path)) for (_, parts), path in zip(cut, paths) for piece in parts]
     threads = min(usable_cpus(), len(jobs))
-    if threads <= 1:
-        parsed = [parse(piece, where) for piece, where in jobs]
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix="repack-index") as pool:
-            parsed = list(pool.map(lambda job: parse(*job), jobs))
-    per_shard, at = [], 0
-    for _, parts in cut:
-        per_shard.append(parsed[at:at + len(parts)])
-        at += len(parts)
-    del jobs
-    columns = join_shards(per_shard, [count for count, _ in cut], [str(p) for p in paths], allocate)
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="repack-index") if threads > 1 else None
+    try:
+        parsed = list((pool.map if pool else map)(lambda job: parse(*job), jobs))
+        per_shard, at = [], 0
+        for _, parts in cut:
+            per_shard.append(parsed[at:at + len(parts)])
+            at += len(parts)
+        del jobs
+        columns = join_shards(per_shard, [count for count, _ in cut], [str(p) for p in paths], allocate,
+                              pool.map if pool else map)  # the pieces copied into place on the same threads
+    finally:
+        if pool is not None:
+            pool.shutdown()
     del cut, parsed, per_shard
     release_free_heap()
     return columns

@@ -44,12 +44,13 @@ from pipelines import dataset_identity, object_store, sample_order
 from pipelines.batch_read import BatchRules, read_batch
 from pipelines.batches import BufferRing, OneBuffer, PackedBytes, collate_column, new_board
 from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
-                                       parse_label, read_checksums, read_shared_index, sample_at)
-from pipelines.index_process import drop_resident
+                                       parse_label, read_checksums, sample_at, SharedIndex)
+from pipelines.index_process import drop_resident, shared_maps
 from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
                                  plan_blocks, read_ahead, split_out)
 from repack.manifest import ManifestError
+from repack.manifest.shard_index import IndexColumns
 
 if TYPE_CHECKING:
     import webdataset as wds
@@ -211,14 +212,20 @@ class ImageShardDataset(IterableDataset):
         self.labeled = is_labeled(self.manifest)
         self.counts = [s.samples for s in self.manifest.shards]
         self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
-        # every index as numpy columns, before the DataLoader forks: its workers share them (at scale in one
-        # shared mapping, whose pages a worker unmaps again as it goes: ``_drop_index_pages``)
-        self.index, self._index_mapping = read_shared_index(self.manifest)
+        # every index as numpy columns, shared by the DataLoader's workers (at scale parsed by a helper
+        # process into one shared mapping, while this process goes on and the workers start; a worker
+        # unmaps its pages again as it goes: ``_IndexPages``); a spawned worker gets them by value
+        self._shared_index = SharedIndex(self.manifest)
         self._checksum_cache: dict[int, Any] = {}
 
-    def __getstate__(self) -> dict:
-        # a spawned DataLoader worker gets the columns by value (as numpy pickles them), not the mapping
-        return {**self.__dict__, "_index_mapping": None}
+    @property
+    def index(self) -> IndexColumns:
+        """The dataset's index columns (waiting for the helper process that parses them, if it still does)."""
+        return self._shared_index.get()[0]
+
+    @property
+    def _index_mapping(self):
+        return self._shared_index.get()[1]
 
     @property
     def classes(self) -> dict[str, int]:
@@ -445,8 +452,8 @@ class ImageShardDataset(IterableDataset):
         first, skip = divmod(cursor.position, self.shuffle_buffer)
         slot = self._stats[cursor.worker % _STAT_SLOTS]
         ready: dict[int, tuple] = {}
+        pages = _IndexPages(shared_maps(self.index, self._index_mapping))  # the index waited for before any thread
         fetched = fetch_blocks(self._blocks(cursor, windows, layout), self.prefetch)
-        pages = _IndexPages(self._index_mapping)
         try:
             for w in range(first, len(windows)):
                 for position in windows[w][skip if w == first else 0:]:
@@ -507,6 +514,7 @@ class ImageShardDataset(IterableDataset):
         chunks = sample_order.delivery_chunks(positions, self.shuffle_buffer, self._shuffle_seed(cursor),
                                               cursor.position)
         slot = self._stats[cursor.worker % _STAT_SLOTS]
+        pages = _IndexPages(shared_maps(self.index, self._index_mapping))  # the index waited for before any thread
         rules = None
         if self.output == "tuple":
             rules = BatchRules.of(self.index, self._image_order, self.labeled,
@@ -531,7 +539,6 @@ class ImageShardDataset(IterableDataset):
             return chunk, batch, None, (taken[0] if batch is None and taken else None)
 
         attempts = read_ahead(rebatch(chunks, self.batch_size), attempt, self.prefetch)
-        pages = _IndexPages(self._index_mapping)
         try:
             for chunk, batch, reads, reserved in attempts:
                 pages.used(len(chunk))
@@ -686,18 +693,20 @@ class ImageShardDataset(IterableDataset):
 
 
 class _IndexPages:
-    """Unmaps this process's pages of the shared index mapping (``index_process.drop_resident``) after
-    every ``INDEX_DROP_SAMPLES`` samples: a worker's samples are dealt in pieces spread over the whole
-    index, so without it each worker ends up mapping (and counting in its RSS) every page of it; with it,
-    about the pages of the last stretch (measured: see docs/benchmarks.md, "Reader memory per sample")."""
+    """Unmaps this process's pages of the shared maps that hold the index (``index_process.shared_maps``,
+    ``drop_resident``) after every ``INDEX_DROP_SAMPLES`` samples: a worker's samples are dealt in pieces
+    spread over the whole index, so without it each worker ends up mapping (and counting in its RSS)
+    every page of it; with it, about the pages of the last stretch (measured: see docs/benchmarks.md,
+    "Reader memory per sample")."""
 
-    def __init__(self, mapping) -> None:
-        self.mapping, self.count = mapping, 0
+    def __init__(self, maps: tuple) -> None:
+        self.maps, self.count = maps, 0
 
     def used(self, samples: int) -> None:
         self.count += samples
-        if self.mapping is not None and self.count >= INDEX_DROP_SAMPLES:
-            drop_resident(self.mapping)
+        if self.maps and self.count >= INDEX_DROP_SAMPLES:
+            for mapping in self.maps:
+                drop_resident(mapping)
             self.count = 0
 
 

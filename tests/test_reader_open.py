@@ -4,14 +4,17 @@ columns it keeps, not to the index text it parses."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import tracemalloc
+import warnings
 
 import numpy as np
 import torch
 import pytest
 
-from pipelines import manifest_access, torch_webdataset
+from pipelines import index_process, manifest_access, torch_webdataset
 from pipelines.torch_webdataset import ImageShardDataset
 from repack.manifest import ManifestError, read_manifest
 from repack.manifest.shard_index import concat, parse_index
@@ -76,12 +79,14 @@ def _mapping_rss(mapping) -> int:
     raise AssertionError("the mapping is not in /proc/self/smaps")
 
 
-def test_a_large_index_is_parsed_by_a_helper_into_the_same_columns(datasets, monkeypatch):
+@pytest.mark.parametrize("forked", [True, False], ids=["forked-helper", "python-m-helper"])
+def test_a_large_index_is_parsed_by_a_helper_into_the_same_columns(datasets, monkeypatch, forked):
     root = datasets[40_000]
     manifest = read_manifest(root)
     here, mapping = manifest_access.read_shared_index(manifest)
     assert mapping is None  # 2.3 MB of index text: parsed in this process
     monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    monkeypatch.setattr(index_process, "can_fork", lambda: forked)  # (a pytest-xdist worker runs a thread)
     helped, mapping = manifest_access.read_shared_index(manifest)
     assert mapping is not None
     for name in COLUMNS:
@@ -91,33 +96,84 @@ def test_a_large_index_is_parsed_by_a_helper_into_the_same_columns(datasets, mon
     assert (helped.exts, helped.suffixes, helped.key_width) == (here.exts, here.suffixes, here.key_width)
 
 
-def test_the_helper_names_the_index_it_refuses(tmp_path, monkeypatch):
+@pytest.mark.parametrize("forked", [True, False], ids=["forked-helper", "python-m-helper"])
+def test_the_helper_names_the_index_it_refuses(tmp_path, monkeypatch, forked):
     monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    monkeypatch.setattr(index_process, "can_fork", lambda: forked)
     root = synthetic_dataset(tmp_path / "bad", 2 * 1_000, 1_000)
     index = root / "shard-000001.idx"
     index.unlink()  # a hard link to shard 0's index: write its own, with one line cut
     lines = (root / "shard-000000.idx").read_text().splitlines(keepends=True)
     index.write_text("".join(lines[:-1]))
+    # opening does not wait for the parse: the index is refused where it is first used, in the training
+    # process or in a DataLoader worker (the loader raises it here)
     with pytest.raises(ManifestError, match="shard-000001.idx"):
-        ImageShardDataset(root, decode=False, batch_size=256)
+        ImageShardDataset(root, decode=False, batch_size=256).index
+    loader = torch.utils.data.DataLoader(ImageShardDataset(root, decode=False, batch_size=256), batch_size=None,
+                                         num_workers=2)
+    with pytest.raises(ManifestError, match="shard-000001.idx"):
+        next(iter(loader))
     index.unlink()
     with pytest.raises(FileNotFoundError, match="shard-000001.idx"):
         manifest_access.read_shared_index(read_manifest(root))
 
 
-def test_a_reader_unmaps_the_shared_index_as_it_goes(tmp_path, monkeypatch):
+def test_workers_wait_for_the_helper_that_the_training_process_never_waited_for(tmp_path, monkeypatch):
+    # the training process forks its workers right after opening; each worker waits for the helper's
+    # columns itself (a shared lock the helper holds until it answered), and every sample comes once
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    dataset = ImageShardDataset(synthetic_dataset(tmp_path / "w", 4 * 10_000, 10_000), decode=False, batch_size=256)
+    assert dataset._shared_index.in_helper and dataset._shared_index._done is None  # not waited for here
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    labels = np.concatenate([batch_labels.numpy() for _, batch_labels in loader])
+    assert dataset._shared_index._done is None  # the workers waited, the training process did not
+    assert np.array_equal(np.sort(labels), np.sort(np.tile(np.arange(10_000) % 10, 4)))
+    assert dataset.index.samples == 40_000
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["forked-helper", "python-m-helper"])
+def test_a_helper_that_dies_before_answering_is_reported_not_waited_for_forever(tmp_path, monkeypatch, forked):
+    monkeypatch.setattr(index_process, "can_fork", lambda: forked)
+    fifo = tmp_path / "index.fifo"
+    os.mkfifo(fifo)  # opening it blocks the helper until a writer comes: it is killed there, deterministically
+    pending = index_process.PendingIndex([str(fifo)], [1])
+    helper = pending._pid if forked else pending._run.pid
+    os.kill(helper, signal.SIGKILL)
+    with pytest.raises(index_process.HelperUnavailable, match="ended without a reply .exit -9"):
+        pending.result()
+
+
+def test_a_reader_parses_itself_when_its_helper_died(datasets, monkeypatch):
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    monkeypatch.setattr(index_process, "can_fork", lambda: True)
+    manifest = read_manifest(datasets[20_000])
+    shared = manifest_access.SharedIndex(manifest)
+    os.kill(shared._pending._pid, signal.SIGKILL)  # killed mid-parse, or after it answered: the same columns
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        columns, _ = shared.get()
+    wanted = manifest_access.parse_index_files([manifest.path(s.index) for s in manifest.shards], [20_000])
+    for name in COLUMNS:
+        assert np.array_equal(getattr(columns, name), getattr(wanted, name)), name
+
+
+@pytest.mark.parametrize("helper", [True, False], ids=["helper", "parsed-here"])
+def test_a_reader_unmaps_the_shared_index_as_it_goes(tmp_path, monkeypatch, helper):
     # bytes, not time: after an epoch the reader maps about the index pages of its last stretch of
     # samples (plus the kernel's fault-around, 64 KB a column), not all of them (~6.2 MB here; without
-    # the unmapping 5.5 MB stay mapped)
-    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
+    # the unmapping 5.5 MB stay mapped); the same for an index parsed in this process (its columns in
+    # shared anonymous maps of their own), as where the helper cannot run
+    monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0 if helper else 1 << 62)
     monkeypatch.setattr(torch_webdataset, "INDEX_DROP_SAMPLES", 2_048)
     dataset = ImageShardDataset(synthetic_dataset(tmp_path / "big", 200_000, 40_000), decode=False, batch_size=256)
-    mapping = dataset._index_mapping
+    maps = index_process.shared_maps(dataset.index, dataset._index_mapping)
+    assert len(maps) == (1 if helper else 7)  # in this process: one map per joined column
     columns = sum(getattr(dataset.index, name).nbytes for name in COLUMNS)
     assert columns > 6_000_000
     delivered = sum(len(labels) for _, labels in dataset)
     assert delivered == 200_000
-    assert _mapping_rss(mapping) <= 1_500_000, f"{_mapping_rss(mapping)} of {columns} bytes still mapped"
+    mapped = sum(_mapping_rss(mapping) for mapping in maps)
+    assert mapped <= 1_500_000, f"{mapped} of {columns} bytes still mapped"
 
 
 def test_a_helper_parsed_reader_reads_through_spawned_workers(tmp_path, monkeypatch):
@@ -133,7 +189,22 @@ def test_a_helper_parsed_reader_reads_through_spawned_workers(tmp_path, monkeypa
 def test_a_reader_parses_in_its_own_process_when_the_helper_cannot_run(datasets, monkeypatch):
     monkeypatch.setattr(manifest_access, "HELPER_MIN_INDEX_BYTES", 0)
     manifest = read_manifest(datasets[20_000])
+    monkeypatch.setattr(index_process, "can_fork", lambda: False)  # a thread runs here: python -m, which fails
     monkeypatch.setattr(sys, "executable", str(datasets[20_000] / "no-python-here"))
     with pytest.warns(UserWarning, match="did not start"):
         columns, mapping = manifest_access.read_shared_index(manifest)
     assert mapping is None and columns.samples == 20_000
+
+
+def test_the_helper_is_forked_only_while_no_other_thread_runs():
+    import threading
+
+    assert index_process.can_fork() == (threading.active_count() == 1)  # (a pytest-xdist worker runs a thread)
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait)
+    thread.start()
+    try:
+        assert not index_process.can_fork()  # a lock that thread holds could be copied held into a fork
+    finally:
+        release.set()
+        thread.join()

@@ -182,14 +182,14 @@ def _narrow(values: np.ndarray) -> np.ndarray:
 
 
 def join_shards(parts: list[list[IndexColumns]], counts: list[int], wheres: list[str],
-                allocate: Allocate | None = None) -> IndexColumns:
+                allocate: Allocate | None = None, map_parts: Callable = map) -> IndexColumns:
     """The parsed pieces of each shard (``parts[i]``: shard i's, in order) as one dataset index, each
     shard checked against the sample count its header declares (``counts[i]``), codes merged once
-    (the joined columns from ``allocate``, as in ``concat``)."""
+    (the joined columns from ``allocate``, the pieces copied by ``map_parts``, as in ``concat``)."""
     for pieces, count, where in zip(parts, counts, wheres, strict=True):
         if sum(p.samples for p in pieces) != count:
             raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
-    joined = concat([p for pieces in parts for p in pieces], allocate)
+    joined = concat([p for pieces in parts for p in pieces], allocate, map_parts)
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     return dataclasses.replace(joined, shard_starts=starts)
@@ -340,62 +340,59 @@ def narrowest(limit: int):
     return np.int64
 
 
-def concat(parts: list[IndexColumns], allocate: Allocate | None = None) -> IndexColumns:
+def concat(parts: list[IndexColumns], allocate: Allocate | None = None, map_parts: Callable = map) -> IndexColumns:
     """The one-shard indexes ``parts`` (in shard order) as one dataset index, codes merged; each joined
     per-sample or per-member column in an array from ``allocate(count, dtype)`` (default: a shared
-    anonymous memory map of its own)."""
+    anonymous memory map of its own). Each part is copied into its place by ``map_parts(function,
+    part numbers)`` (default ``map``; a thread pool's ``map`` copies parts at once: numpy copies with
+    the GIL released)."""
     exts = tuple(sorted({e for p in parts for e in p.exts}))
     suffixes = tuple(sorted({s for p in parts for s in p.suffixes}))
     ext_code, suffix_code = {e: i for i, e in enumerate(exts)}, {s: i for i, s in enumerate(suffixes)}
-    ext = [np.array([ext_code[e] for e in p.exts], dtype=np.int64)[p.ext] if len(p.ext) else p.ext for p in parts]
-    suffix = [np.array([suffix_code[s] for s in p.suffixes], dtype=np.int64)[p.suffix] if len(p.suffix) else p.suffix
-              for p in parts]
-    counts = [p.samples for p in parts]
-    members = [len(p.ext) for p in parts]
-    key_bytes = [len(p.keys) for p in parts]
-    first_member = _chain([p.first_member for p in parts], members)
-    key_ends = _chain([p.key_ends for p in parts], key_bytes)
-    offsets, sizes = [p.offset for p in parts], [p.size for p in parts]
+    counts = np.array([p.samples for p in parts], dtype=np.int64)
+    members = np.array([len(p.ext) for p in parts], dtype=np.int64)
+    key_bytes = np.array([len(p.keys) for p in parts], dtype=np.int64)
+    sample_at, member_at, key_at = (np.concatenate([[0], np.cumsum(a)]).astype(np.int64)
+                                    for a in (counts, members, key_bytes))
+    first_member = _allocated(int(sample_at[-1]) + 1, narrowest(int(member_at[-1]) + 1), allocate)
+    key_ends = _allocated(int(sample_at[-1]) + 1, narrowest(int(key_at[-1]) + 1), allocate)
+    keys = _allocated(int(key_at[-1]), np.uint8, allocate)
+    ext = _allocated(int(member_at[-1]), narrowest(len(exts)), allocate)
+    suffix = _allocated(int(member_at[-1]), narrowest(len(suffixes)), allocate)
+    offset = _allocated(int(member_at[-1]), narrowest(max([int(p.offset.max(initial=0)) for p in parts],
+                                                          default=0) + 1), allocate)
+    size = _allocated(int(member_at[-1]), narrowest(max([int(p.size.max(initial=0)) for p in parts],
+                                                        default=0) + 1), allocate)
+    first_member[:1] = 0
+    key_ends[:1] = 0
 
-    def _mapped(arrays: list[np.ndarray], dtype) -> np.ndarray:
-        return _joined(arrays, dtype, allocate)
-    return IndexColumns(
-        np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-        _mapped([first_member], narrowest(int(first_member[-1]) + 1)),
-        _mapped([key_ends], narrowest(int(key_ends[-1]) + 1)),
-        _mapped([p.keys for p in parts], np.uint8),
-        _mapped(ext, narrowest(len(exts))),
-        _mapped(suffix, narrowest(len(suffixes))),
-        _mapped(offsets, narrowest(max([int(o.max(initial=0)) for o in offsets], default=0) + 1)),
-        _mapped(sizes, narrowest(max([int(z.max(initial=0)) for z in sizes], default=0) + 1)),
-        exts, suffixes, _common_width([p.key_width for p in parts if p.samples]))
+    def place(i: int) -> None:
+        p, s0, s1, m0, m1 = parts[i], int(sample_at[i]), int(sample_at[i + 1]), int(member_at[i]), int(member_at[i + 1])
+        np.add(p.first_member[1:], first_member.dtype.type(m0), out=first_member[s0 + 1:s1 + 1],
+               dtype=first_member.dtype, casting="unsafe")
+        np.add(p.key_ends[1:], key_ends.dtype.type(key_at[i]), out=key_ends[s0 + 1:s1 + 1], dtype=key_ends.dtype,
+               casting="unsafe")
+        keys[int(key_at[i]):int(key_at[i + 1])] = p.keys
+        if m1 > m0:
+            ext[m0:m1] = np.array([ext_code[e] for e in p.exts], dtype=ext.dtype)[p.ext]
+            suffix[m0:m1] = np.array([suffix_code[t] for t in p.suffixes], dtype=suffix.dtype)[p.suffix]
+        offset[m0:m1] = p.offset
+        size[m0:m1] = p.size
+
+    for _ in map_parts(place, range(len(parts))):
+        pass
+    return IndexColumns(sample_at, first_member, key_ends, keys, ext, suffix, offset, size, exts, suffixes,
+                        _common_width([p.key_width for p in parts if p.samples]))
 
 
-def _joined(arrays: list[np.ndarray], dtype, allocate: Allocate | None = None) -> np.ndarray:
-    """``arrays`` joined and cast to ``dtype`` in an array from ``allocate``, by default in a memory
-    map of their own, not on the malloc heap: parsing's working arrays, once freed, leave no heap
-    behind for forked workers to map."""
-    total = sum(len(a) for a in arrays)
+def _allocated(count: int, dtype, allocate: Allocate | None = None) -> np.ndarray:
+    """An array of ``count`` items of ``dtype`` from ``allocate``, by default in a memory map of its own,
+    not on the malloc heap: parsing's working arrays, once freed, leave no heap behind for forked
+    workers to map."""
     if allocate is not None:
-        out = allocate(total, np.dtype(dtype))
-    else:
-        out = np.frombuffer(mmap.mmap(-1, max(1, total * np.dtype(dtype).itemsize)), dtype=dtype, count=total)
-    at = 0
-    for a in arrays:
-        out[at:at + len(a)] = a
-        at += len(a)
-    return out
+        return allocate(count, np.dtype(dtype))
+    return np.frombuffer(mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize)), dtype=dtype, count=count)
 
 
 def _common_width(widths: list[int]) -> int:
     return widths[0] if widths and all(w == widths[0] for w in widths) else (0 if not widths else -1)
-
-
-def _chain(ends: list[np.ndarray], totals: list[int]) -> np.ndarray:
-    """Cumulative ``(n + 1,)`` arrays of consecutive parts as one, each part shifted by the totals before it."""
-    out = [np.zeros(1, dtype=np.int64)]
-    base = 0
-    for part, total in zip(ends, totals):
-        out.append(part[1:].astype(np.int64) + base)
-        base += total
-    return np.concatenate(out)

@@ -175,7 +175,8 @@ started = time.perf_counter()
 if kind == "repack":
     from pipelines.torch_webdataset import ImageShardDataset
     dataset = ImageShardDataset(root, decode=False, batch_size=batch)
-    in_helper = getattr(dataset, "_index_mapping", None) is not None  # parsed by pipelines.index_process
+    shared = getattr(dataset, "_shared_index", None)  # parsed by pipelines.index_process (not waited for here)
+    in_helper = shared.in_helper if shared is not None else getattr(dataset, "_index_mapping", None) is not None
     loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True)
 else:
     in_helper = False
