@@ -33,3 +33,24 @@ def available_cpus() -> int:
     if quota is not None:
         count = min(count, max(1, math.ceil(quota)))
     return max(1, count)
+
+
+_worker_cpus: int | None = None  # this process's share of its pool's CPUs, once an executor set it
+
+
+def cpu_share(cpus: int, processes: int) -> int:
+    """The CPUs each of ``processes`` workers may keep busy so that together they use at most ``cpus``:
+    ``cpus // processes``, at least 1."""
+    return max(1, cpus // max(1, processes))
+
+
+def set_worker_cpus(cpus: int) -> None:
+    """Record this worker process's share of the pool's CPUs (the executor calls it as the worker starts)."""
+    global _worker_cpus
+    _worker_cpus = max(1, int(cpus))
+
+
+def worker_cpus() -> int:
+    """The CPUs this process may keep busy with threads of its own (a tokenizer's Rust threads): its share
+    of the pool it works in, as its executor set it; else (a task run in the driver) every usable CPU."""
+    return _worker_cpus if _worker_cpus is not None else available_cpus()

@@ -20,13 +20,20 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator
 
 from repack.exec.base import TaskFailure
-from repack.exec.cpus import available_cpus
+from repack.exec.cpus import available_cpus, cpu_share, set_worker_cpus
 
 
 def _call(call: tuple[str, str, str, str, bool]) -> str:
     from repack.jobs.engine import execute_task
 
     return execute_task(*call)
+
+
+def _start_worker(driver_pid: int, cpus: int) -> None:
+    """Pool initializer: record the worker's share of the pool's CPUs (``repack.exec.cpus.worker_cpus``: a
+    tokenizer sizes its threads by it) and tie the worker's life to the driver's (``_die_with_parent``)."""
+    set_worker_cpus(cpus)
+    _die_with_parent(driver_pid)
 
 
 def _die_with_parent(driver_pid: int) -> None:
@@ -120,10 +127,12 @@ def _stop_on_exit(pool: ProcessPoolExecutor):
 @contextlib.contextmanager
 def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     """A pool of ``workers`` processes started as the engine's are (fork where safe, each dies with the
-    driver, all killed at once when the driver is interrupted or fails); for work outside a job's plan
-    (`repack remove`'s shard rewrites). Pass JSON strings in and out."""
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=_die_with_parent,
-                             initargs=(os.getpid(),)) as pool, _stop_on_exit(pool):
+    driver, all killed at once when the driver is interrupted or fails, each told its share of the usable
+    CPUs: ``cpu_share``); for work outside a job's plan (`repack remove`'s shard rewrites) too. Pass JSON
+    strings in and out."""
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=_start_worker,
+                             initargs=(os.getpid(), cpu_share(available_cpus(), workers))) as pool, \
+            _stop_on_exit(pool):
         yield pool
 
 

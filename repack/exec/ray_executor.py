@@ -63,8 +63,10 @@ def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, sh
     on local storage), as pool workers do. One with a scratch of its own (object-store OUT, another
     node) first sweeps it of the temp files of attempts lost on this node, and once the task's
     outputs are in the store removes its local copies (``repack.jobs.scratch``)."""
+    from repack.exec.cpus import set_worker_cpus
     from repack.jobs.engine import execute_task
 
+    set_worker_cpus(1)  # a Ray task holds one CPU (num_cpus=1): a tokenizer runs one thread in it
     folder = job_folder(json.loads(spec_json)["out"])
     shares_folder = bool(driver_host) and driver_host == host_token(folder)
     own_scratch = share_pieces and not shares_folder

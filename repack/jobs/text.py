@@ -4,9 +4,9 @@ Plan: list the text files (sorted), load and identify the tokenizer (sha256 in t
 changed tokenizer is a changed plan), pick the token dtype from the largest id it can produce
 (uint16 if < 65536, else int32), and cut the corpus into about-equal chunks that never split
 a document (sources/text_docs.py). One task = one chunk = one part prefix, tokenized in a
-worker process with ``encode_batch_fast`` on 2 Rust threads (measured faster here than one
-thread per process or one process with threads: see README "Text"; TOKENIZERS_PARALLELISM
-and RAYON_NUM_THREADS in the environment override it) and written atomically.
+worker process with ``encode_batch_fast`` on the worker's share of the pool's CPUs in Rust threads
+(processes x threads <= cores: one thread each when the pool has a process per core; the settings
+that override it: ``repack.transforms.tokenizer_threads``) and written atomically.
 
 Finalize: quarantine lines are turned into file lines (1-based) from each segment's line
 count; then, unless ``--no-merge``, the parts are concatenated in input order into
@@ -32,7 +32,7 @@ import numpy as np
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
-from repack.exec.cpus import available_cpus
+from repack.exec.cpus import available_cpus, worker_cpus
 from repack.jobs.text_plan import chunk_bytes_of, pack_table, plan_chunk_columns, table_names, table_segments
 from repack.lifecycle.input_record import file_sha256, load_known, select_new_rows
 from repack.jobs.record_columns import digest_rows_name, pack_digest_rows, pack_ints, unpack_ints
@@ -52,13 +52,13 @@ from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BY
 from repack.sources.columns import name_ends
 from repack.store import is_remote
 from repack.transforms.tokenize import release_free_heap
+from repack.transforms.tokenizer_threads import TokenizerThreads, use_tokenizer_threads
 
 _FS = ("utf-8", "surrogateescape")
 
 BATCH_CHARS = 1 << 17  # characters handed to one encode_batch call, at most (a worker holds its Encodings:
 # ~24 KB per 750-character document, GPT-2; 128 documents cost the same CPU as 1,024 and 21 MB less)
 BATCH_DOCS = 128
-TOKENIZER_THREADS = 2  # Rust threads of encode_batch inside each worker process (unless set in the env)
 MERGED_MARKER = "merged.json"
 TOKENIZER_COPY = "tokenizer.json"
 FILES_LISTED = 20  # stats.files.largest: the files with the most tokens
@@ -276,6 +276,7 @@ class TextJob(Job):
             raise UsageError(f"source {spec.source!r} does not exist")
         if spec.list_file and not Path(spec.source).is_file():
             raise UsageError(f"--list: {spec.source!r} is not a file")
+        TokenizerThreads.choose(os.environ, 1)  # a bad REPACK_TOKENIZER_THREADS fails here, before any work
         self.tokenizer_info()
 
     def tokenizer_info(self):
@@ -333,9 +334,7 @@ class TextJob(Job):
     def run_task(self, task: Task) -> dict:
         from repack.transforms.tokenize import BatchEncoder, load_tokenizer
 
-        if "TOKENIZERS_PARALLELISM" not in os.environ:  # measured best: processes x 2 Rust threads (README "Text")
-            os.environ["TOKENIZERS_PARALLELISM"] = "true"
-            os.environ.setdefault("RAYON_NUM_THREADS", str(TOKENIZER_THREADS))
+        threads = use_tokenizer_threads(worker_cpus())  # before the first encode_batch of this process
         p = task.payload
         tokenizer, _ = load_tokenizer(p["tokenizer"], p["tokenizer_sha256"])
         encoder = BatchEncoder(tokenizer, special_tokens=self.spec.special_tokens, bos_id=p["bos_id"],
@@ -438,7 +437,8 @@ class TextJob(Job):
                                           {"path": rows_rel, "bytes": len(rows)}],
                 "segments": pack_ints(lines, seg_documents, seg_tokens),
                 "digest_rows": len(digests), "quarantine": quarantine, **counts,
-                "tokenize_seconds": round(tokenize_s, 4), "tokenize_batches": batches}
+                "tokenize_seconds": round(tokenize_s, 4), "tokenize_batches": batches,
+                "tokenizer_threads": threads.threads}
 
     # -- resume ---------------------------------------------------------------------------
     def _marker(self) -> dict | None:
@@ -544,7 +544,9 @@ class TextJob(Job):
                                 for r in records],
                       "files": _file_stats(segments)},
             "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3),
-                          "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records)},
+                          "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records),
+                          "tokenizer_threads": sorted({r["tokenizer_threads"] for r in records
+                                                       if r.get("tokenizer_threads") is not None})},
         }
 
     def _with_side_file(self, entry: dict, data: bytes) -> dict:
