@@ -64,7 +64,7 @@ def test_answers_come_back_in_task_order_and_no_process_is_left():
 def test_one_worker_runs_the_tasks_in_this_process():
     before = set(children(os.getpid()))
     assert run_tasks(["a", "b"], echo, 1) == [("A", b"aaa"), ("B", b"bbb")]
-    assert set(children(os.getpid())) == before
+    assert set(children(os.getpid())) - before == set()  # no process started (an older one may have ended)
 
 
 def test_a_task_that_raises_is_raised_in_the_driver_with_its_traceback():
@@ -149,5 +149,8 @@ def test_with_another_thread_running_the_shards_are_checked_on_a_pool_that_does_
         stop.set()
         other.join()
     assert checked.problems == ((),) * len(manifest.data["shards"])
-    with _Pool(2) as pool:
-        assert pool.executor is None  # no other thread: rounds on forked processes
+    from repack.exec.reap import only_thread
+
+    if only_thread():  # an earlier test in this process may have left a thread of its own running
+        with _Pool(2) as pool:
+            assert pool.executor is None  # no other thread: rounds on forked processes
