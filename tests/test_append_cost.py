@@ -244,7 +244,8 @@ def test_the_record_derived_in_a_child_process_equals_the_drivers_and_a_failure_
             assert np.array_equal(getattr(back, column), getattr(columns, column))
     assert unpack_columns(pack_columns(record)[:-1]) is None and unpack_columns(b"-\n") is None
     forked = can_fork()  # no other thread here (e.g. no xdist worker): the child path runs
-    child = ChildRecord(lambda: dataclasses.replace(record, has_sha256=np.zeros(len(record), bool)), lambda: record)
+    without_digests = dataclasses.replace(record, has_sha256=np.zeros(len(record), bool), digests_from=lambda: record)
+    child = ChildRecord(lambda: without_digests, lambda: record)  # derive() as dataset_record(digests=False) does
     got = child()
     assert child() is got and got.digests_from is not None and not got.has_sha256.any()
     assert decode_names(got.names) == names and np.array_equal(got.position, record.position)
