@@ -262,3 +262,49 @@ def test_the_record_derived_in_a_child_process_equals_the_drivers_and_a_failure_
     assert bool(waiting._pid) == forked
     waiting.close()  # the append failed before asking: the child is stopped and reaped
     assert not waiting._pid
+
+
+def test_version_ones_plan_decoded_in_parts_equals_one_process_and_a_failed_part_is_done_here(tmp_path):
+    """``plan_inputs(..., parts)``: the plan's tasks cut into runs of about equal inputs, decoded in forked
+    children (``forked_map``), give the columns of one process (odd names, several tasks); a child that
+    fails has its part done in this process; no child is left."""
+    from repack.jobs.base import read_plan
+    from repack.lifecycle.first_record import pack_part, plan_inputs, task_columns, task_runs, unpack_part
+    from repack.lifecycle.forked_parts import forked_map
+    from repack.lifecycle.record_child import MAX_PARTS, can_fork, record_parts
+
+    src, out = odd_tree(tmp_path / "src", folders=3), tmp_path / "out"
+    run_repack("images", src, out, "--chunk-size", "2", "--quiet")
+    plan = read_plan(open_store(str(out)))
+    assert len(plan.tasks) >= 8
+    one = plan_inputs(plan, 0)
+    assert decode_names(one.names) == sorted(packed_sources(out), key=os.fsencode)
+    for parts in (2, 3, 4, 50):
+        runs = task_runs(plan.tasks, parts)
+        assert 2 <= len(runs) <= parts and runs[0].start == 0 and runs[-1].stop == len(plan.tasks)
+        assert all(a.stop == b.start and a.stop > a.start for a, b in zip(runs, runs[1:]))
+        forks: list[int] = []
+        os.register_at_fork(after_in_parent=lambda: forks.append(1))
+        split = plan_inputs(plan, 5, parts)
+        if can_fork():
+            assert len(forks) >= len(runs) - 1  # a child per run after the first
+        assert split.names.dtype == one.names.dtype and split.next_position == one.next_position
+        for column in ("names", "size", "mtime_ns", "position"):
+            assert np.array_equal(getattr(split, column), getattr(one, column))
+    assert task_runs(plan.tasks, 1) == [slice(0, len(plan.tasks))] and task_runs(plan.tasks[:1], 4) == [slice(0, 1)]
+    empty = unpack_part(pack_part(task_columns(())))
+    assert [len(column) for column in empty] == [0, 0, 0, 0]
+    with pytest.raises(ValueError):
+        unpack_part(pack_part(task_columns(plan.tasks[:2]))[:-1])
+    assert [record_parts(cpus) for cpus in (1, 2, 4, 8, 16, 128)] == [1, 1, 1, 2, 4, MAX_PARTS]
+
+    parent = os.getpid()
+
+    def only_here(part: int) -> bytes:  # fails in any child: its part is done again in this process
+        if os.getpid() != parent:
+            raise RuntimeError("a child's failure")
+        return b"part %d" % part
+
+    assert forked_map(only_here, [0, 1, 2]) == [b"part 0", b"part 1", b"part 2"]
+    assert forked_map(lambda part: b"x" * part, [3, 70000, 1]) == [b"xxx", b"x" * 70000, b"x"]
+    assert not multiprocessing.active_children()
