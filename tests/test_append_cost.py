@@ -308,3 +308,22 @@ def test_version_ones_plan_decoded_in_parts_equals_one_process_and_a_failed_part
     assert forked_map(only_here, [0, 1, 2]) == [b"part 0", b"part 1", b"part 2"]
     assert forked_map(lambda part: b"x" * part, [3, 70000, 1]) == [b"xxx", b"x" * 70000, b"x"]
     assert not multiprocessing.active_children()
+
+
+def test_sorted_rows_are_searchsorteds_rows_for_any_names():
+    """``sorted_rows`` (most rows guessed from every 16th bisection) gives ``np.searchsorted``'s rows: a
+    sorted scan with new names between known ones, one with few known names, a shuffled one, other widths."""
+    from repack.lifecycle.input_columns import ANCHOR_EVERY, sorted_rows
+
+    rng = np.random.default_rng(7)
+    table = np.unique(np.array([b"c%03d/img%07d.jpg" % (i % 37, i) for i in range(5000)], dtype="S22"))
+    scans = [table, np.unique(np.concatenate([table, [b"c%03d/new%03d.jpg" % (i % 37, i) for i in range(300)]])),
+             np.unique(np.concatenate([table[::7], [b"a", b"zzz/last.jpg", b"c000/img0000000.jpg-"]])),
+             table[rng.permutation(len(table))], table[:ANCHOR_EVERY * 4 - 1], table[:1],
+             np.array([b"c001/img0000001.jpg", b"c001/img0000001.jp"] * 100, dtype="S30")]
+    for names in scans:
+        expected = np.searchsorted(table, names).clip(0, len(table) - 1)
+        got = sorted_rows(table, names)
+        found = table[expected] == names
+        assert np.array_equal(got[found], expected[found]) and np.array_equal(table[got] == names, found)
+        assert np.array_equal(got, expected)
