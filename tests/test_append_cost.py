@@ -327,3 +327,34 @@ def test_sorted_rows_are_searchsorteds_rows_for_any_names():
         found = table[expected] == names
         assert np.array_equal(got[found], expected[found]) and np.array_equal(table[got] == names, found)
         assert np.array_equal(got, expected)
+
+
+def test_the_childs_columns_are_read_into_one_buffer_and_a_partial_one_is_refused():
+    """``read_columns``: the pieces a child writes (``column_pieces``, the columns' own buffers) read back as
+    ``pack_columns``' record; a cut, overlong or failed child's bytes are no record (the driver derives)."""
+    import threading as _threading
+
+    from repack.lifecycle.record_child import column_pieces, pack_columns, read_columns, unpack_columns
+
+    names = sorted(ODD, key=os.fsencode)
+    record = build_columns(names, range(len(names)), [10**18 + i for i in range(len(names))],
+                           [7 * i for i in range(len(names))], {}, 99, removed=["gone/x.jpg", "é"])
+    whole = pack_columns(record)
+    assert whole == b"".join(bytes(memoryview(piece).cast("B")) for piece in column_pieces(record))
+
+    def through_a_pipe(raw: bytes):
+        read_end, write_end = os.pipe()
+        writer = _threading.Thread(target=lambda: (os.write(write_end, raw) if raw else 0, os.close(write_end)))
+        writer.start()
+        with os.fdopen(read_end, "rb") as pipe:
+            got = read_columns(pipe)
+        writer.join()
+        return got
+
+    back = through_a_pipe(whole)
+    assert decode_names(back.names) == names and decode_names(back.removed) == decode_names(record.removed)
+    for column in ("size", "mtime_ns", "position"):
+        assert np.array_equal(getattr(back, column), getattr(record, column))
+    assert back.next_position == 99 and unpack_columns(whole).next_position == 99
+    for broken in (whole[:-1], whole + b"x", b"-\n", b""):
+        assert through_a_pipe(broken) is None
