@@ -358,3 +358,15 @@ def test_the_childs_columns_are_read_into_one_buffer_and_a_partial_one_is_refuse
     assert back.next_position == 99 and unpack_columns(whole).next_position == 99
     for broken in (whole[:-1], whole + b"x", b"-\n", b""):
         assert through_a_pipe(broken) is None
+
+
+def test_names_of_one_length_are_cut_from_the_blob_as_any_names():
+    """``names_of_blob``: a blob of names all one length (numbered files: the blob reshaped) gives the ``S``
+    array the general cut gives; an empty name is still refused."""
+    same = [b"c%03d/img%07d.jpg" % (i % 7, i) for i in range(50)]
+    mixed = same + [b"c1/x.jpg"]
+    for names in (same, mixed, same[:1]):
+        got = names_of_blob(b"".join(name + b"\0" for name in names))
+        assert got.tolist() == names and got.dtype == np.dtype(f"S{max(map(len, names))}")
+    with pytest.raises(UsageError, match="empty name"):
+        names_of_blob(b"ab\0\0cd\0")

@@ -284,6 +284,8 @@ def _unblob(blob: np.ndarray, what: str) -> np.ndarray:
     if not lengths.min():
         raise ValueError(f"{what}: an empty name")
     width = int(lengths.max())
+    if int(lengths.min()) == width:  # names of one length (numbered files): the blob is the matrix and a NUL column
+        return np.ascontiguousarray(blob.reshape(len(ends), width + 1)[:, :width]).view(f"S{width}").reshape(-1)
     matrix = np.zeros((len(ends), width), np.uint8)
     matrix[np.arange(width) < lengths[:, None]] = blob[blob != 0]
     return matrix.view(f"S{width}").reshape(-1)
