@@ -262,3 +262,111 @@ def test_the_record_derived_in_a_child_process_equals_the_drivers_and_a_failure_
     assert bool(waiting._pid) == forked
     waiting.close()  # the append failed before asking: the child is stopped and reaped
     assert not waiting._pid
+
+
+def test_version_ones_plan_decoded_in_parts_equals_one_process_and_a_failed_part_is_done_here(tmp_path):
+    """``plan_inputs(..., parts)``: the plan's tasks cut into runs of about equal inputs, decoded in forked
+    children (``forked_map``), give the columns of one process (odd names, several tasks); a child that
+    fails has its part done in this process; no child is left."""
+    from repack.jobs.base import read_plan
+    from repack.lifecycle.first_record import pack_part, plan_inputs, task_columns, task_runs, unpack_part
+    from repack.lifecycle.forked_parts import forked_map
+    from repack.lifecycle.record_child import MAX_PARTS, can_fork, record_parts
+
+    src, out = odd_tree(tmp_path / "src", folders=3), tmp_path / "out"
+    run_repack("images", src, out, "--chunk-size", "2", "--quiet")
+    plan = read_plan(open_store(str(out)))
+    assert len(plan.tasks) >= 8
+    one = plan_inputs(plan, 0)
+    assert decode_names(one.names) == sorted(packed_sources(out), key=os.fsencode)
+    for parts in (2, 3, 4, 50):
+        runs = task_runs(plan.tasks, parts)
+        assert 2 <= len(runs) <= parts and runs[0].start == 0 and runs[-1].stop == len(plan.tasks)
+        assert all(a.stop == b.start and a.stop > a.start for a, b in zip(runs, runs[1:]))
+        forks: list[int] = []
+        os.register_at_fork(after_in_parent=lambda: forks.append(1))
+        split = plan_inputs(plan, 5, parts)
+        if can_fork():
+            assert len(forks) >= len(runs) - 1  # a child per run after the first
+        assert split.names.dtype == one.names.dtype and split.next_position == one.next_position
+        for column in ("names", "size", "mtime_ns", "position"):
+            assert np.array_equal(getattr(split, column), getattr(one, column))
+    assert task_runs(plan.tasks, 1) == [slice(0, len(plan.tasks))] and task_runs(plan.tasks[:1], 4) == [slice(0, 1)]
+    empty = unpack_part(pack_part(task_columns(())))
+    assert [len(column) for column in empty] == [0, 0, 0, 0]
+    with pytest.raises(ValueError):
+        unpack_part(pack_part(task_columns(plan.tasks[:2]))[:-1])
+    assert [record_parts(cpus) for cpus in (1, 2, 4, 8, 16, 128)] == [1, 1, 1, 2, 4, MAX_PARTS]
+
+    parent = os.getpid()
+
+    def only_here(part: int) -> bytes:  # fails in any child: its part is done again in this process
+        if os.getpid() != parent:
+            raise RuntimeError("a child's failure")
+        return b"part %d" % part
+
+    assert forked_map(only_here, [0, 1, 2]) == [b"part 0", b"part 1", b"part 2"]
+    assert forked_map(lambda part: b"x" * part, [3, 70000, 1]) == [b"xxx", b"x" * 70000, b"x"]
+    assert not multiprocessing.active_children()
+
+
+def test_sorted_rows_are_searchsorteds_rows_for_any_names():
+    """``sorted_rows`` (most rows guessed from every 16th bisection) gives ``np.searchsorted``'s rows: a
+    sorted scan with new names between known ones, one with few known names, a shuffled one, other widths."""
+    from repack.lifecycle.input_columns import ANCHOR_EVERY, sorted_rows
+
+    rng = np.random.default_rng(7)
+    table = np.unique(np.array([b"c%03d/img%07d.jpg" % (i % 37, i) for i in range(5000)], dtype="S22"))
+    scans = [table, np.unique(np.concatenate([table, [b"c%03d/new%03d.jpg" % (i % 37, i) for i in range(300)]])),
+             np.unique(np.concatenate([table[::7], [b"a", b"zzz/last.jpg", b"c000/img0000000.jpg-"]])),
+             table[rng.permutation(len(table))], table[:ANCHOR_EVERY * 4 - 1], table[:1],
+             np.array([b"c001/img0000001.jpg", b"c001/img0000001.jp"] * 100, dtype="S30")]
+    for names in scans:
+        expected = np.searchsorted(table, names).clip(0, len(table) - 1)
+        got = sorted_rows(table, names)
+        found = table[expected] == names
+        assert np.array_equal(got[found], expected[found]) and np.array_equal(table[got] == names, found)
+        assert np.array_equal(got, expected)
+
+
+def test_the_childs_columns_are_read_into_one_buffer_and_a_partial_one_is_refused():
+    """``read_columns``: the pieces a child writes (``column_pieces``, the columns' own buffers) read back as
+    ``pack_columns``' record; a cut, overlong or failed child's bytes are no record (the driver derives)."""
+    import threading as _threading
+
+    from repack.lifecycle.record_child import column_pieces, pack_columns, read_columns, unpack_columns
+
+    names = sorted(ODD, key=os.fsencode)
+    record = build_columns(names, range(len(names)), [10**18 + i for i in range(len(names))],
+                           [7 * i for i in range(len(names))], {}, 99, removed=["gone/x.jpg", "é"])
+    whole = pack_columns(record)
+    assert whole == b"".join(bytes(memoryview(piece).cast("B")) for piece in column_pieces(record))
+
+    def through_a_pipe(raw: bytes):
+        read_end, write_end = os.pipe()
+        writer = _threading.Thread(target=lambda: (os.write(write_end, raw) if raw else 0, os.close(write_end)))
+        writer.start()
+        with os.fdopen(read_end, "rb") as pipe:
+            got = read_columns(pipe)
+        writer.join()
+        return got
+
+    back = through_a_pipe(whole)
+    assert decode_names(back.names) == names and decode_names(back.removed) == decode_names(record.removed)
+    for column in ("size", "mtime_ns", "position"):
+        assert np.array_equal(getattr(back, column), getattr(record, column))
+    assert back.next_position == 99 and unpack_columns(whole).next_position == 99
+    for broken in (whole[:-1], whole + b"x", b"-\n", b""):
+        assert through_a_pipe(broken) is None
+
+
+def test_names_of_one_length_are_cut_from_the_blob_as_any_names():
+    """``names_of_blob``: a blob of names all one length (numbered files: the blob reshaped) gives the ``S``
+    array the general cut gives; an empty name is still refused."""
+    same = [b"c%03d/img%07d.jpg" % (i % 7, i) for i in range(50)]
+    mixed = same + [b"c1/x.jpg"]
+    for names in (same, mixed, same[:1]):
+        got = names_of_blob(b"".join(name + b"\0" for name in names))
+        assert got.tolist() == names and got.dtype == np.dtype(f"S{max(map(len, names))}")
+    with pytest.raises(UsageError, match="empty name"):
+        names_of_blob(b"ab\0\0cd\0")

@@ -38,9 +38,10 @@ from typing import Callable
 
 from repack.config import EngineOptions
 from repack.errors import NothingPackedError, UsageError
+from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_record import KnownInputs, append_delta, dataset_record, held_known
-from repack.lifecycle.record_child import ChildRecord
+from repack.lifecycle.record_child import ChildRecord, record_parts
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish, remove_prefix,
                                       warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
@@ -98,7 +99,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
         if refusal is not None:
             raise UsageError(f"--append: {store.url} {refusal}")
         # the record is derived in a forked child from here on, while the staged job is set up and SOURCE walked
-        record = ChildRecord(lambda: dataset_record(store, current, digests=False),
+        parts = record_parts(available_cpus())
+        record = ChildRecord(lambda: dataset_record(store, current, digests=False, parts=parts),
                              lambda: dataset_record(store, current))
         try:
             number = number_of(current) + 1

@@ -21,6 +21,7 @@ import numpy as np
 from repack.jobs.base import PLAN_NAME, STATE_DIR, Plan, planned_entries, read_plan
 from repack.jobs.record_columns import state_digest_columns
 from repack.jobs.task_inputs import fingerprint_rows, input_count, input_names_blob
+from repack.lifecycle.forked_parts import forked_map
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, build_columns, encode_names, names_of_blob,
                                             with_digests)
 from repack.sources.columns import join_names
@@ -31,27 +32,53 @@ def has_plan(store, state: str = STATE_DIR) -> bool:
     return store.size(f"{state}/{PLAN_NAME}") is not None or store.size(f"{state}/plan.json") is not None
 
 
-def version_one_record(store, digests: bool = True) -> InputColumns | None:
+def version_one_record(store, digests: bool = True, parts: int = 1) -> InputColumns | None:
     """The record of version 1 derived from the dataset's plan and task records (``plan_record``); None
-    without a readable plan. ``digests=False``: without the digests (``digests_from`` derives them)."""
+    without a readable plan. ``digests=False``: without the digests (``digests_from`` derives them), the
+    plan's columns decoded in ``parts`` processes (``plan_inputs``)."""
     plan = read_plan(store)
     if plan is None:
         return None
     if digests:
         return plan_record(store, plan)
-    return dataclasses.replace(plan_inputs(plan, 0), digests_from=lambda: plan_record(store, plan))
+    return dataclasses.replace(plan_inputs(plan, 0, parts), digests_from=lambda: plan_record(store, plan))
 
 
-def plan_inputs(plan: Plan, next_position: int) -> InputColumns:
+def plan_inputs(plan: Plan, next_position: int, parts: int = 1) -> InputColumns:
     """Every input planned in ``plan``: its fingerprint and sample position (no digests: ``with_digests``
     adds them); next_position past the plan's sample keys and ``next_position``. Read from the tasks'
     input columns (``repack.jobs.task_inputs``: the names blobs joined and cut as one byte matrix) without
-    an object per input; other payloads (entry lists, text segments and tables) entry by entry."""
+    an object per input; other payloads (entry lists, text segments and tables) entry by entry. ``parts``
+    > 1: the tasks are cut into that many runs of about equal inputs, decoded at once in forked children
+    (``repack.lifecycle.forked_parts``; the same columns)."""
+    runs = task_runs(plan.tasks, parts)
+    if len(runs) > 1:
+        columns = [unpack_part(raw) for raw in forked_map(lambda run: pack_part(task_columns(plan.tasks[run])), runs)]
+    else:
+        columns = [task_columns(plan.tasks)]
+    names = np.concatenate([c[0] for c in columns]) if len(columns) > 1 else columns[0][0]
+    size, mtime, position = (np.concatenate([c[k] for c in columns]) for k in (1, 2, 3))
+    last = int(position.max(initial=-1))
+    return build_columns(names, size, mtime, position, {}, max(next_position, last + 1))
+
+
+def task_runs(tasks, parts: int) -> list[slice]:
+    """``tasks`` cut into at most ``parts`` runs of about equal input counts (none empty)."""
+    if parts < 2 or len(tasks) < 2:
+        return [slice(0, len(tasks))]
+    ends = np.cumsum([input_count(task.payload) for task in tasks])
+    cuts = np.searchsorted(ends, ends[-1] * np.arange(1, parts) / parts, side="right")
+    bounds = sorted({0, *(int(cut) for cut in cuts if 0 < cut < len(tasks)), len(tasks)})
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def task_columns(tasks) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(names ``S`` array, size, mtime_ns, position) of the inputs of ``tasks``, in plan order."""
     blobs: list[bytes] = []
     sizes: list[np.ndarray] = []
     mtimes: list[np.ndarray] = []
     positions: list[np.ndarray] = []
-    for task in plan.tasks:
+    for task in tasks:
         fingerprints = fingerprint_rows(task.payload)
         if fingerprints is not None:
             blob = input_names_blob(task.payload)
@@ -69,14 +96,31 @@ def plan_inputs(plan: Plan, next_position: int) -> InputColumns:
                                 for entry in entries], np.int64))
         positions.append(np.array([int(entry["key"].partition("_")[0]) if "key" in entry else -1
                                    for entry in entries], np.int64))
-    position = np.concatenate(positions) if positions else np.zeros(0, np.int64)
-    last = int(position.max(initial=-1))
     blob = b"".join(blobs)
     names = names_of_blob(blob) if blob else np.array([], dtype="S1")
-    return build_columns(names, np.concatenate(sizes) if sizes else position, np.concatenate(mtimes) if mtimes else
-                         position, position, {}, max(next_position, last + 1))
+    empty = np.zeros(0, np.int64)
+    return (names, *(np.concatenate(column).astype(np.int64, copy=False) if column else empty
+                     for column in (sizes, mtimes, positions)))
 
 
+def pack_part(columns: tuple[np.ndarray, ...]) -> bytes:
+    """``task_columns``' columns as bytes: ``b"COUNT WIDTH\n"``, the names' byte matrix, then size, mtime_ns
+    and position (COUNT int64 each, native order)."""
+    names = np.ascontiguousarray(columns[0])
+    return b"".join([b"%d %d\n" % (len(names), names.dtype.itemsize), names.tobytes(),
+                     *(np.ascontiguousarray(column, np.int64).tobytes() for column in columns[1:])])
+
+
+def unpack_part(raw: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The columns of ``pack_part``'s bytes; ValueError when they are not whole."""
+    head = raw.index(b"\n")  # the body is not copied: the columns are views of ``raw``
+    count, width = (int(value) for value in raw[:head].split())
+    view = memoryview(raw)[head + 1:]
+    if len(view) != count * (width + 24):
+        raise ValueError("a part of the plan's input columns is not whole")
+    names = np.frombuffer(view[:count * width], f"S{width}") if count else np.array([], dtype="S1")
+    at = count * width
+    return (names, *(np.frombuffer(view[at + k * count * 8:at + (k + 1) * count * 8], np.int64) for k in range(3)))
 
 
 def task_digests(store, state: str = STATE_DIR, plan: Plan | None = None) -> tuple[list[str], bytes]:

@@ -37,23 +37,24 @@ REFUSED_SHOWN = 10  # names a refusal lists (then a count)
 HASH_THREADS = 8    # files hashed at once for a content comparison (reads release the GIL)
 
 
-def dataset_record(store, current: dict, digests: bool = True) -> InputColumns:
+def dataset_record(store, current: dict, digests: bool = True, parts: int = 1) -> InputColumns:
     """The record of the published version (version 1: derived from the job's plan and task records);
     UsageError naming what is missing or unreadable when it cannot be had (a remove by an older repack
     wrote none). ``digests=False``: a record that stands on version 1's derived one comes without its
-    digests (``InputColumns.digests_from``: the --append selection asks only when it compares contents)."""
+    digests (``InputColumns.digests_from``: the --append selection asks only when it compares contents),
+    version 1's plan decoded in ``parts`` processes (``repack.lifecycle.first_record.plan_inputs``)."""
     number = number_of(current)
     if number > 1:
-        record = read_inputs_record(store, number, digests)
+        record = read_inputs_record(store, number, digests, parts)
         if record is None:
             raise UsageError(f"{store.url}: the record of what version {number} holds (.repack/inputs-v{number}.npz) "
                              f"is missing (version {number} was published by an older repack), so new inputs cannot "
                              "be told apart from removed ones; repack from a SOURCE that leaves the removed sources "
                              "out")
         return record
-    record = read_inputs_record(store, 1, digests)
+    record = read_inputs_record(store, 1, digests, parts)
     if record is None:
-        record = version_one_record(store, digests)
+        record = version_one_record(store, digests, parts)
     if record is None:
         return known_inputs(store, current)  # raises, naming what is missing
     return record

@@ -49,11 +49,12 @@ def legacy_inputs_record(number: int) -> str:
     return f"{STATE_DIR}/inputs-v{number}.json"
 
 
-def read_inputs_record(store, number: int, digests: bool = True) -> InputColumns | None:
+def read_inputs_record(store, number: int, digests: bool = True, parts: int = 1) -> InputColumns | None:
     """Version ``number``'s record (a delta merged onto the chain of records it extends, which may end at
     version 1's record derived from the plan, ``repack.lifecycle.first_record``; an older repack's JSON
     converted), None when it has none; UsageError naming the file when it is unreadable or extends a record
-    that is missing. ``digests=False``: a derived version 1 is read without its digests (``digests_from``)."""
+    that is missing. ``digests=False``: a derived version 1 is read without its digests (``digests_from``),
+    decoded in ``parts`` processes (``repack.lifecycle.first_record.plan_inputs``)."""
     raw = store.read_bytes(inputs_record(number))
     if raw is not None:
         where = f"{store.url}/{inputs_record(number)}"
@@ -63,9 +64,9 @@ def read_inputs_record(store, number: int, digests: bool = True) -> InputColumns
         if not stored.base < number:
             raise UsageError(f"{where} extends version {stored.base}'s record, not an earlier one's; move it aside "
                              "and repack without --append")
-        base = read_inputs_record(store, stored.base, digests)
+        base = read_inputs_record(store, stored.base, digests, parts)
         if base is None and stored.base == 1:
-            base = version_one_record(store, digests)
+            base = version_one_record(store, digests, parts)
         if base is None:
             raise UsageError(f"{where} extends version {stored.base}'s record, which is missing; move it aside and "
                              "repack without --append")

@@ -272,7 +272,7 @@ def _drop_aliases(conf: Confinement, table: InputTable, devices: np.ndarray, kee
         return
     inodes, real_paths = table.inodes, table.real_paths
     if (devices == devices[0]).all():  # one file system (the usual case): no inode repeats, no alias
-        ordered = np.sort(inodes)
+        ordered = np.sort(inodes, kind="stable")  # timsort: files made in name order have ascending inodes
         if not (ordered[1:] == ordered[:-1]).any():
             return
         del ordered

@@ -1,0 +1,77 @@
+"""A function over a few parts of some work, each part after the first in a forked child, the results
+back as bytes over pipes (no pickle): the decode of version 1's record for `--append`
+(``repack.lifecycle.first_record.plan_inputs``) split over cores while SOURCE is walked.
+
+Only where a fork is safe (``repack.lifecycle.record_child.can_fork``: no other thread runs); else, and
+for a child that fails (its error is raised by doing its part here), every part runs in this process.
+A child dies with its parent (PR_SET_PDEATHSIG) and leaves by ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+_FAILED = b"-"  # what a child that failed sends (a part's bytes are never this short: see the callers)
+
+
+def forked_map(work: Callable[[T], bytes], parts: Sequence[T]) -> list[bytes]:
+    """``[work(part) for part in parts]``, the parts after the first each computed in a forked child while
+    this process computes the first (see the module docstring)."""
+    from repack.lifecycle.record_child import can_fork
+
+    if len(parts) < 2 or not can_fork():
+        return [work(part) for part in parts]
+    children: list[tuple[int, int]] = []
+    try:
+        children.extend(_start(work, part) for part in parts[1:])
+        results = [work(parts[0])]
+        for part in parts[1:]:
+            pid, read_end = children[0]
+            with os.fdopen(read_end, "rb") as pipe:
+                raw = pipe.read()
+            os.waitpid(pid, 0)
+            children.pop(0)
+            results.append(raw if raw != _FAILED else work(part))
+        return results
+    finally:
+        for pid, read_end in children:  # this process failed first: stop the children still running
+            _stop(pid, read_end)
+
+
+def _start(work: Callable[[T], bytes], part: T) -> tuple[int, int]:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_end)
+        status = 1
+        try:
+            from repack.exec.parent_death import die_with_parent
+
+            die_with_parent()
+            payload = work(part)
+            status = 0
+        except BaseException:
+            payload = _FAILED
+        try:
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(payload)
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    return pid, read_end
+
+
+def _stop(pid: int, read_end: int) -> None:
+    import signal
+
+    try:
+        os.close(read_end)
+    except OSError:
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
