@@ -103,6 +103,7 @@ def main() -> None:
         fail(f"{exc.strerror or exc}{where}", 2)
     if ProcessEnd.quick:
         _end_now(0)
+    leave_now()
 
 
 def _end_now(code) -> None:
@@ -113,6 +114,25 @@ def _end_now(code) -> None:
     except OSError:
         code = code or 1
     os._exit(code if isinstance(code, int) else 1)
+
+
+def leave_now() -> None:
+    """Exit 0 without the interpreter's teardown, once a command has finished: its outputs are closed and
+    final, and freeing every module is work for nothing (with Ray loaded, its gRPC and C++ core: 0.2-0.3
+    CPU-s, 0.3-1 s on 2 busy cores). The atexit handlers still run (Ray's driver shutdown, multiprocessing's
+    helpers, logging). Where a thread that the interpreter would wait for is alive (a pool's worker thread),
+    the usual exit waits for it instead."""
+    import atexit
+    import threading
+
+    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
