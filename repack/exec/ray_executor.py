@@ -183,7 +183,6 @@ class RayExecutor:
 
     def _init(self) -> bool:
         ray = self.ray
-        _left()
         if ray.is_initialized():
             return False
         kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
@@ -271,29 +270,8 @@ class RayExecutor:
             self._shutdown()
 
     def _shutdown(self) -> None:
-        """Leave Ray: a local instance started for the job is stopped here; a joined cluster is left on a thread,
-        while the driver finalizes (Ray's driver shutdown waits up to ~0.25 s for its threads' timers)."""
-        if not self._started_here:
-            return
-        self._started_here = False
-        if self._joins_a_cluster():
-            _leave_in_background(self.ray)
-        else:
+        """Leave Ray (a local instance started for the job stops with it). In place, not on a thread: an object
+        ref the driver frees while Ray's core worker shuts down ends the process (exit 1)."""
+        if self._started_here:
             self.ray.shutdown()
-
-
-_leaving: threading.Thread | None = None  # a driver's ray.shutdown() still running
-
-
-def _leave_in_background(ray) -> None:
-    """``ray.shutdown()`` on a thread that the process waits for at exit (and a next ``ray.init`` here first)."""
-    global _leaving
-    _leaving = threading.Thread(target=ray.shutdown, daemon=True, name="repack-ray-shutdown")
-    _leaving.start()
-    atexit.register(_leaving.join)
-
-
-def _left() -> None:
-    """Wait for a ``ray.shutdown()`` still running on its thread."""
-    if _leaving is not None:
-        _leaving.join()
+            self._started_here = False
