@@ -68,7 +68,7 @@ def main() -> None:
             stream.reconfigure(errors="backslashreplace")
     for signum in SIGNAL_EXIT:
         signal.signal(signum, _on_signal)
-    ProcessEnd.quick = False
+    ProcessEnd.quick = ProcessEnd.after_exit_handlers = False
     try:
         cli.main(standalone_mode=False)
     except SystemExit as exc:
@@ -103,7 +103,8 @@ def main() -> None:
         fail(f"{exc.strerror or exc}{where}", 2)
     if ProcessEnd.quick:
         _end_now(0)
-    leave_now()
+    if ProcessEnd.after_exit_handlers:
+        _end_after_exit_handlers()
 
 
 def _end_now(code) -> None:
@@ -116,24 +117,24 @@ def _end_now(code) -> None:
     os._exit(code if isinstance(code, int) else 1)
 
 
-def leave_now() -> None:
-    """Exit 0 without the interpreter's teardown, once a command has finished: its outputs are closed and
-    final, and freeing every module is work for nothing (with Ray loaded, its gRPC and C++ core: 0.2-0.3
-    CPU-s, 0.3-1 s on 2 busy cores). The atexit handlers still run (Ray's driver shutdown, multiprocessing's
-    helpers, logging). Where a thread that the interpreter would wait for is alive (a pool's worker thread),
-    the usual exit waits for it instead."""
+def _end_after_exit_handlers() -> None:
+    """End a finished command as the interpreter's exit would, less its module teardown
+    (``ProcessEnd.after_exit_handlers``): first what ``Py_FinalizeEx`` runs before the teardown, in its
+    order: ``threading._shutdown`` (joins every non-daemon thread, and runs the threads' exit hooks:
+    concurrent.futures' executors finish their queued work), then the atexit handlers (Ray's driver
+    shutdown, multiprocessing's children and finalizers, every ``weakref.finalize``, logging's flush);
+    then the flush of stdout/stderr and ``os._exit``. Skipped: the ``__del__`` of objects still alive and
+    the freeing of the modules (with Ray loaded, its gRPC and C++ core: 0.2-0.3 CPU-s, 0.3-1 s of wall on
+    2 busy cores), which is why only a command whose files are all closed sets it."""
     import atexit
     import threading
 
-    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is None:  # another interpreter: its usual exit
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
+    shutdown()
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
+    _end_now(0)
 
 if __name__ == "__main__":
     main()
