@@ -37,9 +37,15 @@ class ProcessEnd:
     """``quick``: set by a command that leaves nothing for the interpreter's exit to do (no pool, thread
     to join, temporary file or child it must wait for; `repack verify`): ``repack.cli.main`` then ends
     the process with ``os._exit`` once the output is flushed, without the teardown of numpy and the
-    other modules (~50-130 ms of wall at the very end on the 2-core VM)."""
+    other modules (~50-130 ms of wall at the very end on the 2-core VM).
+
+    ``after_exit_handlers``: set by a job command that ran on Ray, once it returns (its shards, indexes
+    and manifest written and closed, its summary printed): ``repack.cli.main`` then joins the threads
+    and runs the atexit handlers as the interpreter's exit does, and ends with ``os._exit`` without the
+    teardown of Ray's modules."""
 
     quick = False
+    after_exit_handlers = False
 
 
 def _remember_log_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
@@ -115,6 +121,8 @@ def run_job(job, options: EngineOptions) -> None:
 
     result = Engine(job, options).run()
     report(job, options, result)
+    if options.executor == "ray":  # every output is closed and published: skip the teardown of Ray's modules
+        ProcessEnd.after_exit_handlers = True
 
 
 def report(job, options: EngineOptions, result) -> None:

@@ -87,6 +87,7 @@ def _execute_batch(job_name: str, spec_json: str, task_jsons: list, plan_digest:
                    driver_host: str, run: str) -> list[str]:
     """A Ray task: ``_execute`` for each of ``task_jsons`` in turn; per call, "R" + its record's text or "F" +
     its error (a failed call is a value: the driver retries it as a Ray task of its own)."""
+    _warm_up(job_name)
     results = []
     for task_json in task_jsons:
         try:
@@ -106,15 +107,14 @@ def batch_size(calls: int, cpus: int) -> int:
     return max(1, min(BATCH_MAX, calls // (max(1, cpus) * BATCHES_PER_CPU)))
 
 
-def _warm_up(job_name: str) -> int:
-    """A Ray task: import what a task of ``job_name`` runs, so the worker's first real task does not."""
+def _warm_up(job_name: str) -> None:
+    """Import what a task of ``job_name`` runs (a no-op once imported)."""
     import importlib
 
     from repack.jobs import JOBS
     import repack.jobs.engine  # noqa: F401
 
     importlib.import_module(JOBS[job_name].partition(":")[0])
-    return os.getpid()
 
 
 def _same_job(calls: list, task_ids: list) -> Iterator[tuple[tuple, list]]:
@@ -139,7 +139,7 @@ class RayExecutor:
 
     def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None,
                  job: str | None = None, **_ignored) -> None:
-        self.ray = _import_ray()
+        self.ray = _import_ray()  # here, first: the sooner the driver joins, the sooner Ray starts its workers
         self.workers = workers
         self.retries = retries
         self.address = address
@@ -148,6 +148,7 @@ class RayExecutor:
         self._started_here = False
         self._init_error: BaseException | None = None
         self._warm: list = []
+        self._batch = None  # the Ray remote function of a batch (its warm-up tasks included)
         self._joining: threading.Thread | None = None
         if self._joins_a_cluster():  # a local instance starts in run(): Ray starts one from the main thread only
             self._joining = threading.Thread(target=self._join, daemon=True, name="repack-ray-init")
@@ -171,9 +172,12 @@ class RayExecutor:
     def _join(self) -> None:
         try:
             self._started_here = self._init()
+            # Ray retries a batch lost with its worker or node. Warm-ups are batches of no call: one remote
+            # function (one scheduling class) for them and the batches, so a worker's lease and the function's
+            # definition pass from its warm-up to its first batch
+            self._batch = self.ray.remote(num_cpus=1, max_retries=self.retries)(_execute_batch)
             if self.job:
-                warm = self.ray.remote(num_cpus=1, max_retries=0)(_warm_up)
-                self._warm = [warm.remote(self.job) for _ in range(self.workers or 1)]
+                self._warm = [self._batch.remote(self.job, "", [], "", False, "", "") for _ in range(self.workers or 1)]
         except BaseException as exc:  # noqa: BLE001 - raised by run(), in the driver's thread
             self._init_error = exc
 
@@ -212,9 +216,9 @@ class RayExecutor:
             return
         ray = self.ray
         try:
-            # Ray retries a batch lost with its worker or node; a call that raised is retried as a Ray task of
-            # its own (anywhere in the cluster, as before batches), its exceptions included
-            remote = ray.remote(num_cpus=1, max_retries=self.retries)(_execute_batch)
+            # a call that raised is retried as a Ray task of its own (anywhere in the cluster, as before batches),
+            # its exceptions included
+            remote = self._batch
             alone = ray.remote(num_cpus=1, max_retries=max(0, self.retries - 1), retry_exceptions=True)(_execute)
             hosts: dict[str, str] = {}  # spec JSON -> the driver's host token of its job folder (one spec per job)
             size = batch_size(len(calls), max(self.workers or 1, int(ray.cluster_resources().get("CPU", 0))))
@@ -266,6 +270,8 @@ class RayExecutor:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        """Leave Ray (a local instance started for the job stops with it). In place, not on a thread: an object
+        ref the driver frees while Ray's core worker shuts down ends the process (exit 1)."""
         if self._started_here:
             self.ray.shutdown()
             self._started_here = False
