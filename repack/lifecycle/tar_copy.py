@@ -3,8 +3,8 @@
 The kept samples' byte ranges (headers and data, untouched and in order) are copied from the old tar
 into ``<stem>.tar`` in the kernel (``os.copy_file_range``: no copy through this process; a reflink where
 the filesystem shares blocks), runs of adjacent samples one call each (per 64 MB), on a helper thread. The
-old tar is mapped once: the new sha256 is computed over the mapped ranges while they are copied (each
-byte read once by this process), and each kept member's header is checked to name its member before a
+old tar is mapped once: the new sha256 is computed over the mapped ranges on a second helper thread while
+they are copied and the new index is laid out (each byte read once by this process), and each kept member's header is checked to name its member before a
 byte is written. The new DALI index is the old index's kept lines with their offsets moved
 (``ShardIndex.shifted_text``: copied in runs, only the offset digits written anew), the new ``.crc``
 the old one's kept rows (else computed from the new tar); nothing is decoded or re-encoded.
@@ -36,9 +36,9 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
     when nothing is kept. ``checksums``: the old per-sample ``.crc`` values, when trusted.
 
     Once the headers check out, one helper thread copies the runs (``copy_file_range``, with a write-back
-    every SYNC_EVERY bytes, as the pack's assembler does, so the final fsync stays short) while this
-    thread hashes the same ranges from the mapping and lays out the new index: the kernel's copy, the
-    disk's write-back and the hashing overlap instead of following each other."""
+    every SYNC_EVERY bytes, as the pack's assembler does, so the final fsync stays short), another hashes
+    the same ranges from the mapping, and this thread lays out the new index: the kernel's copy, the
+    disk's write-back, the hashing and the index overlap instead of following each other."""
     kept = np.flatnonzero(keep)
     if not len(kept):
         return None
@@ -62,14 +62,14 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
             view = memoryview(mapped)
             try:
                 _check_headers(np.frombuffer(mapped, np.uint8), index, kept, shard)
-                with ThreadPoolExecutor(1, thread_name_prefix="repack-copy") as helper:
-                    copying = helper.submit(_copy_ranges, tar_fd, fd, view, ranges)
+                with ThreadPoolExecutor(2, thread_name_prefix="repack-copy") as helpers:
+                    copying = helpers.submit(_copy_ranges, tar_fd, fd, view, ranges)
+                    hashing = helpers.submit(_hash_ranges, sha, view, ranges)
                     try:
-                        for start, end, _ in ranges:
-                            sha.update(view[start:end])
                         text = index.shifted_text(kept, shift)
-                    finally:
-                        copying.result()  # waited for (and its error raised) before the mapping closes
+                    finally:  # both waited for (and an error raised) before the mapping closes
+                        copying.result()
+                        hashing.result()
             finally:
                 view.release()
         tail = end_of_archive(written)
@@ -91,6 +91,12 @@ def _runs(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.nd
     closes = np.ones(len(kept), bool)
     closes[:-1] = opens[1:]
     return kept[opens], kept[closes], np.cumsum(opens) - 1
+
+
+def _hash_ranges(sha, view: memoryview, ranges: list[tuple[int, int, int]]) -> None:
+    """``sha`` updated with each (start, end) range of ``view``, in order (the GIL released as it hashes)."""
+    for start, end, _ in ranges:
+        sha.update(view[start:end])
 
 
 def _copy_ranges(src: int, dst: int, view: memoryview, ranges: list[tuple[int, int, int]]) -> None:
