@@ -237,6 +237,32 @@ def test_the_index_of_kept_samples_copied_from_the_old_text_is_the_one_laid_out_
     assert padded.text_of(kept, shift).split(b"\n")[1].split(b" ")[2] == tokens[2].lstrip("0").encode()
 
 
+def test_an_index_of_many_pieces_parsed_on_threads_is_the_serial_parse(monkeypatch):
+    """A shard's index cut into many pieces (``CHUNK_BYTES`` made small) and parsed on threads gives the
+    columns of the one-thread parse, and the same layout of kept samples; a malformed piece is still
+    refused (None)."""
+    import dataclasses
+
+    from repack.exec import cpus
+    from repack.manifest import shard_index as columns_parser
+
+    lines = [" ".join(f"{ext} {512 + 4096 * n + 1024 * m} {100 + n % 97} {n:08d}_s{n % 13}.{ext}"
+                      for m, ext in enumerate(["jpg", "cls", "json"])) for n in range(2000)]
+    raw = (f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n").encode()
+    serial = columns_parser.parse_index(raw, "index")
+    monkeypatch.setattr(columns_parser, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(cpus, "_worker_cpus", 4)
+    assert len(columns_parser.index_pieces(raw, "index")[1]) > 20
+    threaded = parse_index(raw)
+    for field in dataclasses.fields(serial):
+        a, b = getattr(serial, field.name), getattr(threaded.columns, field.name)
+        assert (np.array_equal(a, b) and a.dtype == b.dtype) if isinstance(a, np.ndarray) else a == b, field.name
+    kept = np.arange(0, 2000, 3)
+    shift = np.zeros(2000, np.int64)
+    assert threaded.shifted_text(kept, shift) == threaded.text_of(kept, shift)
+    assert parse_index(raw.replace(b" 1536 ", b" 15x6 ", 1)) is None
+
+
 def test_deltas_chain_at_most_max_deltas_then_a_whole_record(tmp_path):
     """A record extended version after version: each a delta on the one before, read back as the whole
     record; after MAX_DELTAS deltas the next is whole again."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from repack.manifest import ManifestError
-from repack.exec.cpus import available_cpus
+from repack.exec.cpus import worker_cpus
 from repack.manifest.shard_index import NEWLINE, IndexColumns, index_pieces, join_shards, parse_piece, ragged_ranges
 from repack.sinks.tar_format import BLOCK, INDEX_VERSION
 
@@ -246,9 +246,10 @@ PARSE_THREADS = 8  # pieces of an index parsed at once (numpy releases the GIL o
 
 def _parsed(raw: bytes) -> IndexColumns:
     """``repack.manifest.shard_index.parse_index`` of ``raw``, its pieces parsed on threads (up to
-    PARSE_THREADS, the usable CPUs): a shard of ~140k samples is ~5 pieces."""
+    PARSE_THREADS and the CPUs this process may keep busy: ``worker_cpus``, its share in a pool): a
+    shard of ~140k samples is ~5 pieces."""
     count, pieces = index_pieces(raw, "index")
-    threads = min(len(pieces), PARSE_THREADS, available_cpus())
+    threads = min(len(pieces), PARSE_THREADS, worker_cpus())
     if threads <= 1:
         parts = [parse_piece(piece, "index") for piece in pieces]
     else:
