@@ -312,6 +312,7 @@ def test_a_shard_copy_is_its_kept_byte_ranges_written_back_as_it_goes(tmp_path, 
         real_fdatasync(fd)
 
     monkeypatch.setattr(tar_copy, "SYNC_EVERY", 4096)
+    monkeypatch.setattr(tar_copy, "HASH_PIECE", 1536)  # the hash thread's pieces cut runs mid-way
     monkeypatch.setattr(tar_copy.os, "fdatasync", counted)
     new_dir = tmp_path / "new"
     new_dir.mkdir()
@@ -325,6 +326,43 @@ def test_a_shard_copy_is_its_kept_byte_ranges_written_back_as_it_goes(tmp_path, 
     with open(new_dir / new["path"], "rb") as fh:
         assert (new_dir / new["index"]).read_text() == index_from_tar(fh)
     assert len(syncs) == len(body) // 4096  # one per 4096 bytes copied, runs cut where a write-back is due
+
+
+def test_a_shard_whose_header_disagrees_with_its_index_is_refused_before_a_byte_is_copied(tmp_path, monkeypatch):
+    """The hash thread starts before the header check, but no byte is copied until it passes: a kept
+    member whose header names another member is refused by name, the hashing stopped, no file left."""
+    import os
+
+    from repack.errors import UsageError
+    from repack.lifecycle import tar_copy
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    entry = read_manifest_json(out)["shards"][0]
+    index = parse_index((out / entry["index"]).read_bytes())
+    bad = bytearray((out / entry["path"]).read_bytes())
+    header = int(index.offset[int(index.first[2])]) - 512  # sample 2's first member: kept
+    bad[header] ^= 1
+    (tmp_path / "bad.tar").write_bytes(bytes(bad))
+    copied = []
+    monkeypatch.setattr(tar_copy, "_copy_ranges", lambda *args: copied.append(args))
+    keep = np.ones(index.samples, bool)
+    keep[0] = False
+    new_dir = tmp_path / "new"
+    new_dir.mkdir()
+    with open(tmp_path / "bad.tar", "rb") as tar:
+        with pytest.raises(UsageError, match="does not name the member"):
+            tar_copy.copy_kept(tar.fileno(), index, keep, new_dir, "shard-x", "bad.tar", None)
+    assert not copied and os.listdir(new_dir) == []
+    monkeypatch.undo()
+    key, members = tar_samples(out / entry["path"])[0]  # sample 0, named by its source through the command:
+    (tmp_path / "gone.txt").write_text(json.loads(dict(members)[f"{key}.json"])["path"] + "\n")
+    (out / entry["path"]).write_bytes(bytes(bad))  # refused by name, nothing published
+    before = (out / "manifest.json").read_bytes()
+    refused = run_repack("remove", out, "--sources", tmp_path / "gone.txt", check=False)
+    assert refused.returncode == 2 and "does not name the member" in refused.stderr
+    assert "Traceback" not in refused.stderr and (out / "manifest.json").read_bytes() == before
+    assert not list(out.glob("*-v2.*")) and not list(out.glob(".*tmp*"))
 
 
 def test_the_pool_takes_the_largest_shards_first():
