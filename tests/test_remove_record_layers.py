@@ -83,3 +83,27 @@ def test_remove_reads_no_task_record_and_merges_no_record(tmp_path, monkeypatch)
     (src / "cat" / "c2.jpg").touch()  # the removed source stays down on the next append
     run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
     assert "cat/c2.jpg" not in packed_sources(out)
+
+
+def test_an_older_json_record_is_merged_as_before_and_remove_still_finds_its_samples(tmp_path):
+    import json
+
+    from repack.lifecycle.input_columns import decode_names
+    from repack.lifecycle.publish import read_inputs_record
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    record = read_inputs_record(open_store(str(out)), 2)
+    (out / ".repack" / "inputs-v2.npz").unlink()  # what an older repack left: the same record as JSON
+    names = decode_names(record.names)
+    (out / ".repack" / "inputs-v2.json").write_text(json.dumps(
+        {"inputs": {n: [int(s), int(m)] for n, s, m in zip(names, record.size, record.mtime_ns)},
+         "next_position": record.next_position, "removed": [],
+         "sha256": {n: record.hex_digest(i) for i, n in enumerate(names)}}))
+    assert record_layers(open_store(str(out)), read_manifest_json(out)) is None
+    (tmp_path / "gone.txt").write_text("cat/new1.jpg\n")
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    assert "cat/new1.jpg" not in packed_sources(out) and len(packed_sources(out)) == 12
+    assert run_repack("verify", out).returncode == 0

@@ -68,7 +68,7 @@ def record_layers(store, current: dict) -> RecordLayers | None:
     ``dataset_record``, which also names what is missing). UsageError naming a record file that is not
     one."""
     from repack.lifecycle.input_record import dataset_record
-    from repack.lifecycle.publish import inputs_record
+    from repack.lifecycle.publish import inputs_record, legacy_inputs_record
 
     number = number_of(current)
     layers: list[Layer] = []
@@ -76,6 +76,8 @@ def record_layers(store, current: dict) -> RecordLayers | None:
     while True:
         raw = store.read_bytes(inputs_record(number))
         if raw is None:
+            if store.size(legacy_inputs_record(number)) is not None:
+                return None  # an older repack's JSON record: merged as before
             plan = _plan_layer(store) if number == 1 else None
             if plan is None:
                 return None
