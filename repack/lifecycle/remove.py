@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from repack.errors import UsageError
 from repack.lifecycle.input_record import dataset_record, remove_delta
-from repack.lifecycle.record_layers import RecordLayers, record_layers
 from repack.lifecycle.publish import current_version, locked_dataset, promote_pending, publish, write_inputs_record
+from repack.lifecycle.record_layers import RecordLayers, record_layers
 from repack.manifest.versions import number_of
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from repack.manifest import ManifestError
 from repack.exec.cpus import worker_cpus
+from repack.manifest import ManifestError
 from repack.manifest.shard_index import NEWLINE, IndexColumns, index_pieces, join_shards, parse_piece, ragged_ranges
 from repack.sinks.tar_format import BLOCK, INDEX_VERSION
 
