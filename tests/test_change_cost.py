@@ -237,6 +237,32 @@ def test_the_index_of_kept_samples_copied_from_the_old_text_is_the_one_laid_out_
     assert padded.text_of(kept, shift).split(b"\n")[1].split(b" ")[2] == tokens[2].lstrip("0").encode()
 
 
+def test_an_index_of_many_pieces_parsed_on_threads_is_the_serial_parse(monkeypatch):
+    """A shard's index cut into many pieces (``CHUNK_BYTES`` made small) and parsed on threads gives the
+    columns of the one-thread parse, and the same layout of kept samples; a malformed piece is still
+    refused (None)."""
+    import dataclasses
+
+    from repack.exec import cpus
+    from repack.manifest import shard_index as columns_parser
+
+    lines = [" ".join(f"{ext} {512 + 4096 * n + 1024 * m} {100 + n % 97} {n:08d}_s{n % 13}.{ext}"
+                      for m, ext in enumerate(["jpg", "cls", "json"])) for n in range(2000)]
+    raw = (f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n").encode()
+    serial = columns_parser.parse_index(raw, "index")
+    monkeypatch.setattr(columns_parser, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(cpus, "_worker_cpus", 4)
+    assert len(columns_parser.index_pieces(raw, "index")[1]) > 20
+    threaded = parse_index(raw)
+    for field in dataclasses.fields(serial):
+        a, b = getattr(serial, field.name), getattr(threaded.columns, field.name)
+        assert (np.array_equal(a, b) and a.dtype == b.dtype) if isinstance(a, np.ndarray) else a == b, field.name
+    kept = np.arange(0, 2000, 3)
+    shift = np.zeros(2000, np.int64)
+    assert threaded.shifted_text(kept, shift) == threaded.text_of(kept, shift)
+    assert parse_index(raw.replace(b" 1536 ", b" 15x6 ", 1)) is None
+
+
 def test_deltas_chain_at_most_max_deltas_then_a_whole_record(tmp_path):
     """A record extended version after version: each a delta on the one before, read back as the whole
     record; after MAX_DELTAS deltas the next is whole again."""
@@ -286,6 +312,7 @@ def test_a_shard_copy_is_its_kept_byte_ranges_written_back_as_it_goes(tmp_path, 
         real_fdatasync(fd)
 
     monkeypatch.setattr(tar_copy, "SYNC_EVERY", 4096)
+    monkeypatch.setattr(tar_copy, "HASH_PIECE", 1536)  # the hash thread's pieces cut runs mid-way
     monkeypatch.setattr(tar_copy.os, "fdatasync", counted)
     new_dir = tmp_path / "new"
     new_dir.mkdir()
@@ -299,6 +326,43 @@ def test_a_shard_copy_is_its_kept_byte_ranges_written_back_as_it_goes(tmp_path, 
     with open(new_dir / new["path"], "rb") as fh:
         assert (new_dir / new["index"]).read_text() == index_from_tar(fh)
     assert len(syncs) == len(body) // 4096  # one per 4096 bytes copied, runs cut where a write-back is due
+
+
+def test_a_shard_whose_header_disagrees_with_its_index_is_refused_before_a_byte_is_copied(tmp_path, monkeypatch):
+    """The hash thread starts before the header check, but no byte is copied until it passes: a kept
+    member whose header names another member is refused by name, the hashing stopped, no file left."""
+    import os
+
+    from repack.errors import UsageError
+    from repack.lifecycle import tar_copy
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    entry = read_manifest_json(out)["shards"][0]
+    index = parse_index((out / entry["index"]).read_bytes())
+    bad = bytearray((out / entry["path"]).read_bytes())
+    header = int(index.offset[int(index.first[2])]) - 512  # sample 2's first member: kept
+    bad[header] ^= 1
+    (tmp_path / "bad.tar").write_bytes(bytes(bad))
+    copied = []
+    monkeypatch.setattr(tar_copy, "_copy_ranges", lambda *args: copied.append(args))
+    keep = np.ones(index.samples, bool)
+    keep[0] = False
+    new_dir = tmp_path / "new"
+    new_dir.mkdir()
+    with open(tmp_path / "bad.tar", "rb") as tar:
+        with pytest.raises(UsageError, match="does not name the member"):
+            tar_copy.copy_kept(tar.fileno(), index, keep, new_dir, "shard-x", "bad.tar", None)
+    assert not copied and os.listdir(new_dir) == []
+    monkeypatch.undo()
+    key, members = tar_samples(out / entry["path"])[0]  # sample 0, named by its source through the command:
+    (tmp_path / "gone.txt").write_text(json.loads(dict(members)[f"{key}.json"])["path"] + "\n")
+    (out / entry["path"]).write_bytes(bytes(bad))  # refused by name, nothing published
+    before = (out / "manifest.json").read_bytes()
+    refused = run_repack("remove", out, "--sources", tmp_path / "gone.txt", check=False)
+    assert refused.returncode == 2 and "does not name the member" in refused.stderr
+    assert "Traceback" not in refused.stderr and (out / "manifest.json").read_bytes() == before
+    assert not list(out.glob("*-v2.*")) and not list(out.glob(".*tmp*"))
 
 
 def test_the_pool_takes_the_largest_shards_first():

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from repack.lifecycle.input_columns import InputColumns, encode_names
+from repack.lifecycle.input_columns import encode_names
+from repack.lifecycle.record_layers import RecordLayers
 from repack.manifest import ManifestError
 from repack.manifest.shard_index import parse_index
 from repack.sinks.tar_format import INDEX_VERSION
@@ -27,7 +28,7 @@ def key_position(key: str) -> int | None:
     return int(head) if sep and head.isdigit() else None
 
 
-def wanted_positions(by: str, names, known: InputColumns | None) -> np.ndarray | None:
+def wanted_positions(by: str, names, known: RecordLayers | None) -> np.ndarray | None:
     """The sorted positions of the named samples (``by``: "keys" or "sources"); names the record does not
     hold have no sample and are left out. None when some position cannot be had."""
     if by == "keys":
@@ -37,8 +38,8 @@ def wanted_positions(by: str, names, known: InputColumns | None) -> np.ndarray |
         return np.unique(np.array(positions, np.int64))
     if known is None:
         return None
-    rows, found = known.find(encode_names(sorted(set(names))))
-    positions = known.position[rows[found]]
+    positions, recorded = known.positions_of(np.unique(encode_names(sorted(set(names)))))
+    positions = positions[recorded]
     if (positions < 0).any():
         return None
     return np.unique(positions)

@@ -80,10 +80,12 @@ def read_inputs_record(store, number: int, digests: bool = True, parts: int = 1)
 MAX_DELTAS = 16  # deltas read on top of a whole record at most: the next version's record is whole again
 
 
-def write_inputs_record(store, number: int, known: InputColumns, delta: InputColumns) -> None:
-    """Write version ``number``'s record: ``known`` (version ``number - 1``'s) with ``delta`` (the rows it
-    adds or changes and the sources it removed). Stored as the delta on version ``number - 1``'s record
-    when it is a file with fewer than MAX_DELTAS deltas below it, or version 1's derived from its plan
+def write_inputs_record(store, number: int, known: InputColumns | Callable[[], InputColumns],
+                        delta: InputColumns) -> None:
+    """Write version ``number``'s record: ``known`` (version ``number - 1``'s, or a call that derives it:
+    called only when the record is written whole) with ``delta`` (the rows it adds or changes and the
+    sources it removed). Stored as the delta on version ``number - 1``'s record when it is a file with
+    fewer than MAX_DELTAS deltas below it, or version 1's derived from its plan
     (``repack.lifecycle.first_record``: version 2 writes only its own rows), else whole (``merged``)."""
     raw = store.read_bytes(inputs_record(number - 1)) if number > 1 else None
     depth = record_depth(raw, f"{store.url}/{inputs_record(number - 1)}") if raw is not None else None
@@ -92,7 +94,7 @@ def write_inputs_record(store, number: int, known: InputColumns, delta: InputCol
     if depth is not None and depth < MAX_DELTAS:
         store.put_bytes(inputs_record(number), to_bytes(delta, base=(number - 1, depth + 1)))
     else:
-        store.put_bytes(inputs_record(number), to_bytes(merged(known, delta)))
+        store.put_bytes(inputs_record(number), to_bytes(merged(known() if callable(known) else known, delta)))
 
 
 def make_record_whole(store, number: int) -> None:

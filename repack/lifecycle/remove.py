@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 
 from repack.errors import UsageError
-from repack.lifecycle.input_columns import InputColumns
 from repack.lifecycle.input_record import dataset_record, remove_delta
 from repack.lifecycle.publish import current_version, locked_dataset, promote_pending, publish, write_inputs_record
+from repack.lifecycle.record_layers import RecordLayers, record_layers
 from repack.manifest.versions import number_of
 
 
@@ -86,22 +86,27 @@ def read_names(path: str, limit: int = MAX_NAMES_BYTES) -> tuple[str, ...]:
     return names
 
 
-def published_record(store, current: dict) -> InputColumns | None:
-    """The published version's record of its inputs (``repack.lifecycle.input_record``), None when it has
-    none to extend (its datasets refuse --append and say why; a remove then reads every shard)."""
+def published_record(store, current: dict) -> RecordLayers | None:
+    """The published version's record of its inputs, as layers (``repack.lifecycle.record_layers``: the
+    named sources' positions found without merging a row per input), None when it has none to extend
+    (its datasets refuse --append and say why; a remove then reads every shard)."""
     try:
-        return dataset_record(store, current)
+        layers = record_layers(store, current)
+        if layers is None:  # not plain layers: merged as a whole (without digests), or its absence named
+            layers = RecordLayers.of(dataset_record(store, current, digests=False))
+        return layers
     except UsageError:
         return None
 
 
-def record_removed(store, known: InputColumns | None, number: int, sources) -> None:
+def record_removed(store, known: RecordLayers | None, number: int, sources) -> None:
     """Write version ``number``'s input record: the published one (``known``), plus the removed sources, so
-    that `--append` works after a remove and never packs them again. Before the version is published: a
-    crash in between leaves a record of an unpublished version, rewritten by the re-run. Nothing is
-    written without a published record."""
+    that `--append` works after a remove and never packs them again: a delta of the removed sources,
+    or, where the record is written whole, the merged record (derived only then). Before the version
+    is published: a crash in between leaves a record of an unpublished version, rewritten by the re-run.
+    Nothing is written without a published record."""
     if known is not None:
-        write_inputs_record(store, number, known, remove_delta(known, sources))
+        write_inputs_record(store, number, known.whole, remove_delta(known, sources))
 
 
 def _tar(store, out, current, spec, number, known):

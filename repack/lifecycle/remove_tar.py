@@ -26,6 +26,7 @@ import numpy as np
 from repack.errors import UsageError
 from repack.lifecycle.input_columns import InputColumns, decode_names
 from repack.lifecycle.locate import key_position, shard_spans, wanted_positions
+from repack.lifecycle.record_layers import RecordLayers
 from repack.lifecycle.rewrite import Rewrite
 from repack.lifecycle.shard_index import ShardIndex, parse_index
 from repack.lifecycle.tar_copy import copy_kept
@@ -35,7 +36,7 @@ from repack.sinks.tar_format import index_from_tar
 
 
 def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
-                       known: InputColumns | None = None) -> Rewrite:
+                       known: RecordLayers | None = None) -> Rewrite:
     """Webdataset: each shard holding a named sample rewritten as ``<stem>-vN.tar`` (+ index) without it
     (``known``: the record of the inputs, to find the shards of sources without reading the others). The
     shards are looked at and rewritten in parallel, one process each (``rewrite_shard``)."""
@@ -48,7 +49,8 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
         raise UsageError(f"{store.url}: its samples have no .json member (packed with --no-sample-json), so their "
                          "sources come from the record of the inputs (.repack/inputs-v*.npz), which is missing or "
                          "holds no positions; remove them by key (--keys) instead")
-    sources_at = {} if sample_json or positions is None else recorded_sources(known, positions)
+    sources_at = ({} if sample_json or positions is None or known is None else
+                  recorded_sources(known.whole(), positions))
     common = {"url": store.url, "by": spec.by, "wanted": sorted(wanted), "number": number,
               "sample_json": sample_json, "classes": {str(i): n for n, i in (current.get("classes") or {}).items()}}
     jobs: dict[int, dict] = {}

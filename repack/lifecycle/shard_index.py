@@ -1,20 +1,21 @@
 """A tar shard's DALI index (``repack.sinks.tar_format``) as ``repack remove`` uses it: one row per
 member, samples as ranges of rows. Parsed by the project's one ``.idx`` parser
-(``repack.manifest.shard_index``); this module adds the byte-layout questions remove asks, and lays out
-the index of the kept samples from the old index's own text (``shifted_text``: lines copied, only the
-offsets written anew) or, where that text is not exactly what repack writes, from its columns
-(``text_of``)."""
+(``repack.manifest.shard_index``, its pieces on threads); this module adds the byte-layout questions
+remove asks, and lays out the index of the kept samples from the old index's own text
+(``shifted_text``: lines copied, only the offsets written anew) or, where that text is not exactly what
+repack writes, from its columns (``text_of``)."""
 
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from repack.exec.cpus import worker_cpus
 from repack.manifest import ManifestError
-from repack.manifest.shard_index import NEWLINE, IndexColumns, ragged_ranges
-from repack.manifest.shard_index import parse_index as parse_columns
+from repack.manifest.shard_index import NEWLINE, IndexColumns, index_pieces, join_shards, parse_piece, ragged_ranges
 from repack.sinks.tar_format import BLOCK, INDEX_VERSION
 
 
@@ -240,6 +241,23 @@ def _decimal(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return digits, np.arange(width) >= (width - count)[:, None]
 
 
+PARSE_THREADS = 8  # pieces of an index parsed at once (numpy releases the GIL over a piece's arrays)
+
+
+def _parsed(raw: bytes) -> IndexColumns:
+    """``repack.manifest.shard_index.parse_index`` of ``raw``, its pieces parsed on threads (up to
+    PARSE_THREADS and the CPUs this process may keep busy: ``worker_cpus``, its share in a pool): a
+    shard of ~140k samples is ~5 pieces."""
+    count, pieces = index_pieces(raw, "index")
+    threads = min(len(pieces), PARSE_THREADS, worker_cpus())
+    if threads <= 1:
+        parts = [parse_piece(piece, "index") for piece in pieces]
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="repack-index") as pool:
+            parts = list(pool.map(parse_piece, pieces, ["index"] * len(pieces)))
+    return join_shards([parts], [count], ["index"])
+
+
 def parse_index(raw: bytes, recorded_sha256: str | None = None) -> ShardIndex | None:
     """The index in ``raw``; None when it is not the one the manifest records (``recorded_sha256``) or
     not a well-formed index (its last line unterminated, or a data offset inside the first header)."""
@@ -249,7 +267,7 @@ def parse_index(raw: bytes, recorded_sha256: str | None = None) -> ShardIndex | 
     if not raw.endswith(b"\n") or len(head) != 2 or head[0] != INDEX_VERSION.encode():
         return None
     try:
-        columns = parse_columns(raw, "index")
+        columns = _parsed(raw)
     except ManifestError:
         return None
     offset, size = columns.offset.astype(np.int64), columns.size.astype(np.int64)

@@ -3,11 +3,12 @@
 The kept samples' byte ranges (headers and data, untouched and in order) are copied from the old tar
 into ``<stem>.tar`` in the kernel (``os.copy_file_range``: no copy through this process; a reflink where
 the filesystem shares blocks), runs of adjacent samples one call each (per 64 MB), on a helper thread. The
-old tar is mapped once: the new sha256 is computed over the mapped ranges while they are copied (each
-byte read once by this process), and each kept member's header is checked to name its member before a
-byte is written. The new DALI index is the old index's kept lines with their offsets moved
-(``ShardIndex.shifted_text``: copied in runs, only the offset digits written anew), the new ``.crc``
-the old one's kept rows (else computed from the new tar); nothing is decoded or re-encoded.
+old tar is mapped once: the new sha256 is computed over the mapped ranges on a second helper thread,
+started first (each byte read once by this process), while each kept member's header is checked to name
+its member before a byte is written, then while the ranges are copied and the new index is laid out.
+The new DALI index is the old index's kept lines with their offsets moved (``ShardIndex.shifted_text``:
+copied in runs, only the offset digits written anew), the new ``.crc`` the old one's kept rows (else
+computed from the new tar); nothing is decoded or re-encoded.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from repack.sinks.sample_checksums import HEADER, MAGIC
 from repack.sinks.tar_format import BLOCK, end_of_archive
 from repack.sinks.webdataset import SYNC_EVERY, publish_shard
 
+HASH_PIECE = 16 << 20  # bytes hashed between looks at whether the copy was refused
 CHECK_ROWS = 1 << 16  # member headers compared at a time (a (rows, 101) byte matrix)
 
 
@@ -35,10 +38,11 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
     under ``out`` (temp file, renamed whole: ``repack.sinks.webdataset.publish_shard``); its entry, None
     when nothing is kept. ``checksums``: the old per-sample ``.crc`` values, when trusted.
 
-    Once the headers check out, one helper thread copies the runs (``copy_file_range``, with a write-back
-    every SYNC_EVERY bytes, as the pack's assembler does, so the final fsync stays short) while this
-    thread hashes the same ranges from the mapping and lays out the new index: the kernel's copy, the
-    disk's write-back and the hashing overlap instead of following each other."""
+    One helper thread hashes the kept ranges from the mapping from the start (it only reads: the sha256 of
+    the kept bytes is the longest step, so it starts first); once the headers check out, another copies
+    the runs (``copy_file_range``, with a write-back every SYNC_EVERY bytes, as the pack's assembler does,
+    so the final fsync stays short) and this thread lays out the new index: the hashing, the header check,
+    the kernel's copy, the disk's write-back and the index overlap instead of following each other."""
     kept = np.flatnonzero(keep)
     if not len(kept):
         return None
@@ -61,15 +65,23 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
                        prot=mmap.PROT_READ) as mapped:
             view = memoryview(mapped)
             try:
-                _check_headers(np.frombuffer(mapped, np.uint8), index, kept, shard)
-                with ThreadPoolExecutor(1, thread_name_prefix="repack-copy") as helper:
-                    copying = helper.submit(_copy_ranges, tar_fd, fd, view, ranges)
+                with ThreadPoolExecutor(2, thread_name_prefix="repack-copy") as helpers:
+                    stop = threading.Event()
+                    hashing = helpers.submit(_hash_ranges, sha, view, ranges, stop)  # reads only: before the check
                     try:
-                        for start, end, _ in ranges:
-                            sha.update(view[start:end])
-                        text = index.shifted_text(kept, shift)
+                        problem = _header_problem(np.frombuffer(mapped, np.uint8), index, kept, shard)
+                        if problem is not None:
+                            raise UsageError(problem)
+                        copying = helpers.submit(_copy_ranges, tar_fd, fd, view, ranges)
+                        try:
+                            text = index.shifted_text(kept, shift)
+                        finally:
+                            copying.result()  # waited for (and its error raised) before the mapping closes
+                    except BaseException:
+                        stop.set()
+                        raise
                     finally:
-                        copying.result()  # waited for (and its error raised) before the mapping closes
+                        hashing.result()  # likewise
             finally:
                 view.release()
         tail = end_of_archive(written)
@@ -91,6 +103,16 @@ def _runs(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.nd
     closes = np.ones(len(kept), bool)
     closes[:-1] = opens[1:]
     return kept[opens], kept[closes], np.cumsum(opens) - 1
+
+
+def _hash_ranges(sha, view: memoryview, ranges: list[tuple[int, int, int]], stop: threading.Event) -> None:
+    """``sha`` updated with each (start, end) range of ``view``, in order, HASH_PIECE bytes at a time (the
+    GIL released as it hashes); it gives up when ``stop`` is set (the copy was refused)."""
+    for start, end, _ in ranges:
+        while start < end and not stop.is_set():
+            piece = min(end, start + HASH_PIECE)
+            sha.update(view[start:piece])
+            start = piece
 
 
 def _copy_ranges(src: int, dst: int, view: memoryview, ranges: list[tuple[int, int, int]]) -> None:
@@ -120,20 +142,23 @@ def _copy_range(src: int, dst: int, view: memoryview, start: int, end: int, at: 
         start, at = start + done, at + done
 
 
-def _check_headers(data: np.ndarray, index: ShardIndex, kept: np.ndarray, shard: str) -> None:
-    """Each kept member's header in ``data`` (the old tar) names that member: the headers' name fields
-    taken as rows of the tar's 512-byte blocks (a header starts on a block), compared with the names
-    the index gives."""
+def _header_problem(data: np.ndarray, index: ShardIndex, kept: np.ndarray, shard: str) -> str | None:
+    """Why the kept members' headers in ``data`` (the old tar) are not the ones the index gives (None when
+    each names its member): the headers' name fields taken as rows of the tar's 512-byte blocks (a
+    header starts on a block), compared with the names the index gives. Said, not raised: an exception
+    raised here would keep ``data``, a view of the shard's mapping, alive in its traceback, and the
+    mapping could not close (``BufferError`` in place of the message)."""
     counts = np.diff(index.first)[kept]
     rows = np.repeat(index.first[kept] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
     headers = index.offset[rows] - BLOCK
     if np.any(headers % BLOCK):
-        raise UsageError(f"{shard}: its index puts a member off a tar block (run repack verify)")
+        return f"{shard}: its index puts a member off a tar block (run repack verify)"
     blocks = data[:len(data) // BLOCK * BLOCK].reshape(-1, BLOCK)[:, :100]
     for lo in range(0, len(rows), CHECK_ROWS):
         part = rows[lo:lo + CHECK_ROWS]
         fields = index.name_fields(part, 101)  # a byte in column 100: a name longer than a header holds
         if fields[:, 100].any():
-            raise UsageError(f"{shard}: a member name is longer than a ustar header holds (run repack verify)")
+            return f"{shard}: a member name is longer than a ustar header holds (run repack verify)"
         if not np.array_equal(blocks[headers[lo:lo + CHECK_ROWS] // BLOCK], fields[:, :100]):
-            raise UsageError(f"{shard}: a header does not name the member its index says (run repack verify)")
+            return f"{shard}: a header does not name the member its index says (run repack verify)"
+    return None

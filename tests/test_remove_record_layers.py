@@ -1,0 +1,109 @@
+"""`repack remove` reads the published record of the inputs as layers (``repack.lifecycle.record_layers``):
+the named sources' positions are those the merged record gives, found in each delta file and in version
+1's plan without a merged row per input and without a task record read; the whole record is derived only
+where it is written whole."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from repack.lifecycle.input_columns import encode_names
+from repack.lifecycle.input_record import dataset_record
+from repack.lifecycle.record_layers import record_layers
+from repack.store import open_store
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_dataset_versions import add_inputs, make_source
+from tests.test_images_job import jpeg_bytes
+from tests.test_takedowns import packed_sources
+
+
+def _agree(out) -> None:
+    """The layers give every recorded name (and names never recorded) the merged record's position."""
+    store = open_store(str(out))
+    current = read_manifest_json(out)
+    whole = dataset_record(store, current)
+    layers = record_layers(store, current)
+    assert layers is not None and layers.next_position == whole.next_position
+    names = np.unique(np.concatenate([whole.names, encode_names(["cat/none.jpg", "zzz/never.jpg"])]))
+    positions, recorded = layers.positions_of(names)
+    rows, held = whole.find(names)
+    assert recorded.tolist() == held.tolist()
+    assert positions[recorded].tolist() == whole.position[rows[held]].tolist()
+    assert (positions[~recorded] == -1).all()
+
+
+def test_the_layers_find_what_the_merged_record_holds_through_appends_and_removes(tmp_path):
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    _agree(out)  # version 1: the plan alone
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    _agree(out)  # a delta on the plan
+    (tmp_path / "gone.txt").write_text("cat/c1.jpg\ncat/new0.jpg\n")
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    _agree(out)  # a delta on a delta
+    (src / "dog" / "late.jpg").write_bytes(jpeg_bytes(seed=77))
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    _agree(out)
+    run_repack("gc", out, "--keep", "1")
+    _agree(out)  # a whole record
+
+
+def test_remove_reads_no_task_record_and_merges_no_record(tmp_path, monkeypatch):
+    """A remove after an append finds its samples from the layers: no ``.repack/tasks/`` file is read (the
+    digests a merged record derives from them) and no record is merged; what it writes is the delta of the
+    removed source, and the dataset verifies without the sample."""
+    from repack.lifecycle import input_columns, publish
+    from repack.lifecycle.remove import RemoveSpec, remove_samples
+    from repack.store.local import LocalStore
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    read: list[str] = []
+    original = LocalStore.read_bytes
+
+    def reading(self, rel):
+        read.append(rel)
+        return original(self, rel)
+
+    def merging(*args):
+        raise AssertionError("a record merged for a remove")
+
+    monkeypatch.setattr(LocalStore, "read_bytes", reading)
+    monkeypatch.setattr(input_columns, "merged", merging)
+    monkeypatch.setattr(publish, "merged", merging)
+    done = remove_samples(RemoveSpec(str(out), ("cat/c2.jpg",), "sources"))
+    monkeypatch.undo()
+    assert done.published and done.removed == 1 and not done.not_found
+    assert read and not [rel for rel in read if rel.startswith(".repack/tasks/")]
+    assert "cat/c2.jpg" not in packed_sources(out) and len(packed_sources(out)) == 12
+    assert run_repack("verify", out).returncode == 0
+    (src / "cat" / "c2.jpg").touch()  # the removed source stays down on the next append
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    assert "cat/c2.jpg" not in packed_sources(out)
+
+
+def test_an_older_json_record_is_merged_as_before_and_remove_still_finds_its_samples(tmp_path):
+    import json
+
+    from repack.lifecycle.input_columns import decode_names
+    from repack.lifecycle.publish import read_inputs_record
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    record = read_inputs_record(open_store(str(out)), 2)
+    (out / ".repack" / "inputs-v2.npz").unlink()  # what an older repack left: the same record as JSON
+    names = decode_names(record.names)
+    (out / ".repack" / "inputs-v2.json").write_text(json.dumps(
+        {"inputs": {n: [int(s), int(m)] for n, s, m in zip(names, record.size, record.mtime_ns)},
+         "next_position": record.next_position, "removed": [],
+         "sha256": {n: record.hex_digest(i) for i, n in enumerate(names)}}))
+    assert record_layers(open_store(str(out)), read_manifest_json(out)) is None
+    (tmp_path / "gone.txt").write_text("cat/new1.jpg\n")
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    assert "cat/new1.jpg" not in packed_sources(out) and len(packed_sources(out)) == 12
+    assert run_repack("verify", out).returncode == 0
