@@ -178,3 +178,15 @@ def test_chunks_that_miss_their_slots_give_the_same_shards(misfit_tree, misfits_
     assert short == {"shard-000000-c0001", "shard-000001-c0001"}
     assert not [p for p in out.rglob("*") if p.is_file() and (".tmp" in p.name or p.suffix == ".seg")]
     assert run_repack("verify", out).returncode == 0
+
+
+def test_chunk_tasks_sent_in_pairs_give_the_same_shards(photo_tree, whole, tmp_path):
+    """With at least PAIR_FROM tasks per worker the local pool sends them two by two (one call, one JSON
+    list back): the shards and the manifest are those one task per shard writes."""
+    from repack.exec.local import PAIR_FROM
+
+    out = tmp_path / "paired"
+    run_repack("images", photo_tree, out, *SHARDED, "--chunk-size", "1", "--workers", "2")
+    assert len(read_plan(open_store(str(out))).tasks) >= 2 * PAIR_FROM
+    assert outputs(out) == outputs(whole) and len(outputs(out)) == 9
+    assert comparable_manifest(out) == comparable_manifest(whole)

@@ -217,3 +217,22 @@ def test_ray_batches_many_small_tasks_and_a_failing_call_fails_alone(photo_tree,
     assert "1 task(s) run, 29 resumed" in resumed.stdout
     assert shard_bytes(ray_out) == shard_bytes(local)
     assert manifest_without_run(ray_out) == manifest_without_run(local)
+
+
+def test_failing_task_sent_in_a_pair_is_retried_alone_and_reported(photo_tree, tmp_path):
+    """Enough tasks that the local pool sends them in pairs (``PAIR_FROM`` per worker): the one that fails
+    is retried on its own, then reported by name; its partner and the rest are kept, and a re-run redoes it."""
+    from repack.exec.local import PAIR_FROM
+
+    args = ("--shard-size", "1", "--quiet", "--workers", "2")
+    out = tmp_path / "paired"
+    (out / "shard-000003.tar").mkdir(parents=True)  # the shard cannot be renamed into place
+    proc = run_repack("images", photo_tree, out, *args, "--retries", "1", "--overwrite", check=False)
+    assert proc.returncode == 4, proc.stderr
+    assert "1 task(s) failed" in proc.stderr and "shard-000003" in proc.stderr
+    records = len(list((out / ".repack" / "tasks").glob("*.json")))
+    assert records >= 2 * PAIR_FROM - 1
+    shutil.rmtree(out / "shard-000003.tar")
+    resumed = run_repack("images", photo_tree, out, *args)
+    assert f"1 task(s) run, {records} resumed" in resumed.stdout
+    assert run_repack("verify", out).returncode == 0

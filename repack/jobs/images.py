@@ -171,7 +171,7 @@ class CombinedRecord:
         self.chunks += 1
         self.digests += base64.b64decode(record["sha256"])
         for column, values in zip(self.times, unpack_times(record["timing"]["us"], 2)):
-            column.frombytes(values.astype(np.int64).tobytes())
+            column.frombytes(values.tobytes())  # int64 already
         for name, counts in self.profile.items():
             _add_counts(counts, record["profile"][name])
         if "normalize" in record:
@@ -243,6 +243,7 @@ class ShardAssembly:
     def __init__(self, job: "ImagesJob", group: str) -> None:
         self.job = job
         self.builder = job.sink.open_assembler(job.out, group, job.shared_shard(group))
+        self.pieces = job.out / SEGMENTS_DIR  # where a chunk's piece of its own lies
         self.combined = CombinedRecord()
         self.segments: dict[str, dict] = {}  # where each chunk went
 
@@ -250,7 +251,7 @@ class ShardAssembly:
         """Append the next chunk's segment and fold its record in; nothing of the record is kept beyond
         its summary (its index lines and checksums are in the builder's columns)."""
         piece = record["segment"]
-        self.builder.add_segment(self.job.out / SEGMENTS_DIR / piece["name"], piece)
+        self.builder.add_segment(self.pieces / piece["name"], piece)
         self.combined.add(record)
         self.segments[record["task_id"]] = {k: v for k, v in piece.items() if k in SEGMENT_SUMMARY}
 

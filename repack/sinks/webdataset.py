@@ -270,6 +270,7 @@ class ShardAssembler:
         self._helper: ThreadPoolExecutor | None = None
         self._jobs: list[Future] = []
         self._unsynced = 0  # the helper's alone
+        self._placed_unsynced = 0  # bytes of placed pieces since the last write-back (the caller's)
         self._buffer = memoryview(bytearray(ASSEMBLY_BLOCK))
 
     def add_segment(self, path: Path, piece: dict) -> None:
@@ -277,16 +278,18 @@ class ShardAssembler:
         ``path`` (its own file), or at ``piece["at"]`` of the shared file when it was placed."""
         if not piece["count"]:
             return
-        if self._helper is None:
-            self._helper = ThreadPoolExecutor(1, thread_name_prefix="repack-copy")
         size, at = piece["bytes"], piece.get("at")
         base = self._offset
         if at is not None and at == base and self._fd == self._shared_fd:
             if self._fd < 0:
                 self._fd = self._shared_fd = os.open(self._shared, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
             self._hash(self._fd, at, size, self._shared)
-            self._jobs.append(self._helper.submit(self._written, size))
+            self._placed_unsynced += size  # a write-back on the helper every SYNC_EVERY bytes, not a job per piece
+            if self._placed_unsynced >= SYNC_EVERY:
+                self._placed_unsynced = 0
+                self._jobs.append(self._start_helper().submit(os.fdatasync, self._fd))
         else:
+            self._start_helper()
             if self._fd < 0 or self._fd == self._shared_fd:
                 self._leave_shared()
             with open(self._shared if at is not None else path, "rb", buffering=0) as src:
@@ -303,6 +306,11 @@ class ShardAssembler:
         else:
             self._crcs = None  # a record of an older repack: read back at commit
         self._offset += size
+
+    def _start_helper(self) -> ThreadPoolExecutor:
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="repack-copy")
+        return self._helper
 
     def _hash(self, fd: int, start: int, size: int, path: Path) -> None:
         buffer, done = self._buffer, 0
