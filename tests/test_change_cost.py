@@ -278,7 +278,7 @@ def test_deltas_chain_at_most_max_deltas_then_a_whole_record(tmp_path):
         rel = f"a/{number}.jpg"
         delta = build_columns([rel], [number], [number], [number - 1], {}, number)
         if number % 3 == 0:
-            delta = remove_delta(known, [f"a/{number - 1}.jpg"])
+            delta = remove_delta(known.next_position, [f"a/{number - 1}.jpg"])
         write_inputs_record(store, number, known, delta)
         known = merged(known, delta)
         stored = parse_record((tmp_path / inputs_record(number)).read_bytes(), "x")

@@ -20,7 +20,7 @@ import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -31,9 +31,6 @@ from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, empty_column
                                             with_quarantined)
 from repack.lifecycle.publish import known_inputs, read_inputs_record
 from repack.manifest.versions import number_of
-
-if TYPE_CHECKING:
-    from repack.lifecycle.record_layers import RecordLayers
 
 T = TypeVar("T")
 REFUSED_SHOWN = 10  # names a refusal lists (then a count)
@@ -79,11 +76,11 @@ def append_delta(store, plan: Plan, known: InputColumns) -> InputColumns:
     return planned
 
 
-def remove_delta(known: InputColumns | RecordLayers, removed_sources: Iterable[str]) -> InputColumns:
-    """What version N+1's record adds to ``known`` after `repack remove`: the removed sources, no rows (of
-    ``known``, only its next_position is read)."""
+def remove_delta(next_position: int, removed_sources: Iterable[str]) -> InputColumns:
+    """What version N+1's record adds after `repack remove`: the removed sources, no rows (``next_position``:
+    the known record's)."""
     sources = sorted(set(removed_sources))
-    return dataclasses.replace(empty_columns(known.next_position),
+    return dataclasses.replace(empty_columns(next_position),
                                removed=np.unique(encode_names(sources)) if sources else np.array([], dtype="S1"))
 
 

@@ -106,7 +106,7 @@ def record_removed(store, known: RecordLayers | None, number: int, sources) -> N
     is published: a crash in between leaves a record of an unpublished version, rewritten by the re-run.
     Nothing is written without a published record."""
     if known is not None:
-        write_inputs_record(store, number, known.whole, remove_delta(known, sources))
+        write_inputs_record(store, number, known.whole, remove_delta(known.next_position, sources))
 
 
 def _tar(store, out, current, spec, number, known):
