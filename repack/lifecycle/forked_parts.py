@@ -37,10 +37,17 @@ def forked_map(work: Callable[[T], bytes], parts: Sequence[T]) -> list[bytes]:
         return results
     finally:
         for pid, read_end in children:  # this process failed first: stop the children still running
-            _stop(pid, read_end)
+            stop_child(pid, read_end)
 
 
 def _start(work: Callable[[T], bytes], part: T) -> tuple[int, int]:
+    return start_child(lambda: [work(part)], _FAILED)
+
+
+def start_child(produce: Callable[[], Sequence], failed: bytes) -> tuple[int, int]:
+    """Fork a child that writes ``produce()``'s pieces (bytes-like buffers, written as they are: no copy
+    joins them) to a pipe, or ``failed`` where ``produce`` raised, and leaves by ``os._exit``; it dies with
+    this process. Returns (the child's pid, the pipe's read end)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
@@ -50,20 +57,24 @@ def _start(work: Callable[[T], bytes], part: T) -> tuple[int, int]:
             from repack.exec.parent_death import die_with_parent
 
             die_with_parent()
-            payload = work(part)
+            pieces = produce()
             status = 0
         except BaseException:
-            payload = _FAILED
+            pieces = [failed]
         try:
-            with os.fdopen(write_end, "wb") as pipe:
-                pipe.write(payload)
+            with os.fdopen(write_end, "wb", buffering=0) as pipe:
+                for piece in pieces:
+                    view = memoryview(piece).cast("B")
+                    while len(view):
+                        view = view[pipe.write(view):]
         finally:
             os._exit(status)
     os.close(write_end)
     return pid, read_end
 
 
-def _stop(pid: int, read_end: int) -> None:
+def stop_child(pid: int, read_end: int) -> None:
+    """Stop a child of ``start_child`` not waited for, and reap it."""
     import signal
 
     try:

@@ -29,12 +29,12 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import signal
 import threading
 from typing import Callable
 
 import numpy as np
 
+from repack.lifecycle.forked_parts import start_child, stop_child
 from repack.lifecycle.input_columns import InputColumns
 
 _ERROR = b"-\n"  # what a child that failed sends
@@ -69,29 +69,7 @@ class ChildRecord:
             self._start()
 
     def _start(self) -> None:
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            os.close(read_end)
-            status = 1
-            try:
-                from repack.exec.parent_death import die_with_parent
-
-                die_with_parent()
-                pieces = column_pieces(self._derive())
-                status = 0
-            except BaseException:
-                pieces = [_ERROR]
-            try:
-                with os.fdopen(write_end, "wb", buffering=0) as pipe:
-                    for piece in pieces:  # the columns' own buffers: no copy joins them
-                        view = memoryview(piece).cast("B")
-                        while len(view):
-                            view = view[pipe.write(view):]
-            finally:
-                os._exit(status)
-        os.close(write_end)
-        self._pid, self._read_end = pid, read_end
+        self._pid, self._read_end = start_child(lambda: column_pieces(self._derive()), _ERROR)
 
     def __call__(self) -> InputColumns:
         if self._record is not None:
@@ -112,12 +90,7 @@ class ChildRecord:
     def close(self) -> None:
         """Stop the child when it was not waited for (the append failed first)."""
         if self._pid:
-            os.close(self._read_end)
-            try:
-                os.kill(self._pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(self._pid, 0)
+            stop_child(self._pid, self._read_end)
             self._pid = 0
 
 
