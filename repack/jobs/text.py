@@ -62,6 +62,7 @@ BATCH_DOCS = 128
 MERGED_MARKER = "merged.json"
 TOKENIZER_COPY = "tokenizer.json"
 FILES_LISTED = 20  # stats.files.largest: the files with the most tokens
+PART_REMOVERS = 8  # threads removing the merged parts (unlinks wait on the file system, not the CPU)
 
 
 @dataclass(frozen=True)
@@ -476,9 +477,6 @@ class TextJob(Job):
 
     # -- finalize -------------------------------------------------------------------------
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
-        spec = self.spec
-        info = plan.info
-        dtype = info["dtype"]
         quarantine = [dict(q) for q in plan.quarantine]
         segments = SegmentColumns.of(plan, records)
         lines_before = segments.before_in_file(segments.lines)  # a segment's first line within its file
@@ -489,11 +487,28 @@ class TextJob(Job):
                 rel = segments.rel(seg) if seg is not None else segments.rel(end - 1) if end > first else "?"
                 quarantine.append({"source": rel, "line": int(lines_before[seg]) + q["line"] if seg is not None
                                    else q["line"], "reason": q["reason"]})
+        removals: list = []  # the merged parts' removal, beside the rest of finalize
+        with ThreadPoolExecutor(PART_REMOVERS) as remover:
+            body = self._finalize_body(plan, records, quarantine, segments, lambda: removals.extend(
+                self._drop_parts(records, remover)))
+        for removal in removals:
+            removal.result()  # an unlink that failed fails the job, as before
+        if self.spec.merge:
+            shutil.rmtree(self.out / STATE_DIR / "parts", ignore_errors=True)
+        return body
+
+    def _finalize_body(self, plan: Plan, records: list[dict], quarantine: list[dict], segments: SegmentColumns,
+                       drop_parts) -> dict:
+        """The manifest's body (``finalize``); ``drop_parts()`` starts removing the parts once merged."""
+        spec = self.spec
+        info = plan.info
+        dtype = info["dtype"]
         parts = [r["part"] for r in records]
         if spec.merge:
             with ThreadPoolExecutor(1) as side:  # zlib and the part copies release the GIL: the two overlap
                 runs = side.submit(segments.merged_runs_bytes)
                 merged = self._merge(plan, records, dtype)
+                drop_parts()
                 entries = [self._with_side_file(merged, runs.result())]
             lengths = read_index(self.out / entries[0]["index"]).lengths
         else:
@@ -581,11 +596,18 @@ class TextJob(Job):
                 self.store.publish(rel, self.out / rel)
             self.store.put_bytes(f"{STATE_DIR}/{MERGED_MARKER}",
                                  dumps_canonical({"plan_digest": digest, "parts": wanted, "entry": entry}))
-        for r in records:
-            for key in ("bin", "idx"):
-                (self.out / r["part"][key]).unlink(missing_ok=True)
-        shutil.rmtree(self.out / STATE_DIR / "parts", ignore_errors=True)
         return entry
+
+    def _drop_parts(self, records: list[dict], remover: ThreadPoolExecutor) -> list:
+        """Remove the merged parts (after the marker) on ``remover``'s threads, beside the rest of finalize:
+        an unlink waits on the file system (freeing the part's blocks), hardly on the CPU; the futures."""
+        def drop(paths: list[Path]) -> None:
+            for path in paths:
+                path.unlink(missing_ok=True)
+
+        paths = [self.out / r["part"][key] for r in records for key in ("bin", "idx")]
+        step = max(1, -(-len(paths) // PART_REMOVERS))
+        return [remover.submit(drop, paths[i:i + step]) for i in range(0, len(paths), step)]
 
     def summary_lines(self, manifest: dict) -> list[str]:
         t = manifest["totals"]
