@@ -213,9 +213,10 @@ def _file_stats(segments: SegmentColumns) -> dict:
     """Tokens per input file: a half-octave histogram and the largest files (a file may span tasks)."""
     firsts, documents, tokens = segments.per_file()
     edges, counts = np.unique(bucket_edges(tokens), return_counts=True) if len(tokens) else ([], [])
-    top = np.argsort(-tokens, kind="stable")[:FILES_LISTED] if len(tokens) else np.zeros(0, np.int64)
-    if len(top):  # ties on the last place listed by name: every file with at least that many tokens
-        floor = tokens[top[-1]]
+    top = np.zeros(0, np.int64)
+    if len(tokens):  # ties on the last place listed by name: every file with at least that many tokens
+        listed = min(FILES_LISTED, len(tokens))
+        floor = np.partition(tokens, len(tokens) - listed)[len(tokens) - listed]  # O(n), not a sort of every file
         top = np.flatnonzero(tokens >= floor)
     largest = sorted(((-int(tokens[i]), segments.rel(int(firsts[i])), int(documents[i])) for i in top.tolist()))
     return {"count": len(firsts),

@@ -257,46 +257,56 @@ def write_merged_index(idx_paths: list[Path], code: int, out) -> tuple[int, int,
     return n, base, sha.hexdigest()
 
 
-def append_file(path: Path, out_fd: int, sha, buffer: bytearray) -> int:
-    """Append the file ``path`` to ``out_fd`` (at its position) and feed its bytes to ``sha``; its size.
-
-    The bytes are hashed from the page cache through ``buffer`` and copied in the kernel
-    (``os.copy_file_range``), never written through Python; a file system without it gets the
-    hashed blocks written instead."""
+def copy_file(path: Path, out_fd: int, buffer: bytearray) -> int:
+    """Append the file ``path`` to ``out_fd`` (at its position); its size. Copied in the kernel
+    (``os.copy_file_range``), never through Python; a file system without it gets ``buffer``-sized blocks
+    read and written instead."""
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as src:
-        size = 0
-        while n := src.readinto(buffer):
-            sha.update(view[:n])
-            size += n
+        size = os.fstat(src.fileno()).st_size
         copied = 0
         try:
             while copied < size:
                 done = os.copy_file_range(src.fileno(), out_fd, size - copied, copied)
                 if not done:
-                    raise MegatronFormatError(f"{path}: shorter than the {size} bytes just read")
+                    raise MegatronFormatError(f"{path}: shorter than its {size} bytes")
                 copied += done
             return size
         except (AttributeError, OSError) as exc:  # no copy_file_range here (an older kernel, another fs)
             if copied or (isinstance(exc, OSError) and exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL,
                                                                          errno.EOPNOTSUPP)):
                 raise
-        src.seek(0)
+        size = 0
         while n := src.readinto(buffer):
             _write_all(out_fd, view[:n])
+            size += n
         return size
+
+
+def hash_files(paths: list[Path]) -> tuple[str, int]:
+    """(sha256 hex, bytes) of the files' concatenation, read in blocks (from the page cache, just written)."""
+    sha = hashlib.sha256()
+    buffer = bytearray(COPY_BLOCK)
+    view = memoryview(buffer)
+    total = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as src:
+            while n := src.readinto(buffer):
+                sha.update(view[:n])
+                total += n
+    return sha.hexdigest(), total
 
 
 def merge_parts(parts: list[tuple[Path, Path]], code: int, out_bin: Path, out_idx: Path) -> dict:
     """Concatenate parts [(bin, idx)] in order into one prefix, atomically; returns its entry.
 
-    The merged .idx (write_merged_index) is written in a side thread while the .bin files are appended
-    (``append_file``: hashed, copied in the kernel); both land under their final names only when complete.
+    Three streams at once (hashing, kernel copies, writes and fsync release the GIL): the merged .idx
+    (write_merged_index) and the sha256 of the parts' .bin bytes (hash_files) in side threads while the .bin
+    files are appended (``copy_file``); both files land under their final names only when complete.
     """
     itemsize = DTYPE_CODES[code].itemsize
     idx_tmp = out_idx.parent / f".{out_idx.name}.tmp-{os.getpid()}"
     bin_tmp = out_bin.parent / f".{out_bin.name}.tmp-{os.getpid()}"
-    bin_sha = hashlib.sha256()
 
     def write_index() -> tuple[int, int, str]:
         with open(idx_tmp, "wb") as fh:
@@ -306,24 +316,27 @@ def merge_parts(parts: list[tuple[Path, Path]], code: int, out_bin: Path, out_id
         return written
 
     try:
-        with ThreadPoolExecutor(1) as side:  # the index beside the .bin copy (hashing, copies, fsync release the GIL)
+        with ThreadPoolExecutor(2) as side:  # a failure of the copy waits for both (the pool's exit)
             index = side.submit(write_index)
+            hashed = side.submit(hash_files, [bin_path for bin_path, _ in parts])
             total = 0
             buffer = bytearray(COPY_BLOCK)
             with open(bin_tmp, "wb", buffering=0) as out:
                 for bin_path, _ in parts:
-                    total += append_file(bin_path, out.fileno(), bin_sha, buffer)
+                    total += copy_file(bin_path, out.fileno(), buffer)
                 os.fsync(out.fileno())
-            n, expected, idx_sha = index.result()  # a failure of the copy waits for the index (the pool's exit)
-        if total != expected:
-            raise MegatronFormatError(f"parts hold {total} bytes of tokens; their indices say {expected}")
+            n, expected, idx_sha = index.result()
+            bin_sha, hashed_bytes = hashed.result()
+        if total != expected or hashed_bytes != expected:
+            raise MegatronFormatError(f"parts hold {total} bytes of tokens ({hashed_bytes} hashed); their indices "
+                                      f"say {expected}")
         os.replace(idx_tmp, out_idx)
         os.replace(bin_tmp, out_bin)
         fsync_dir(out_bin.parent)
     finally:
         idx_tmp.unlink(missing_ok=True)
         bin_tmp.unlink(missing_ok=True)
-    return {"documents": n, "tokens": total // itemsize, "bytes": total, "sha256": bin_sha.hexdigest(),
+    return {"documents": n, "tokens": total // itemsize, "bytes": total, "sha256": bin_sha,
             "index_bytes": index_size(n), "index_sha256": idx_sha}
 
 
