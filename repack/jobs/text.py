@@ -556,8 +556,9 @@ class TextJob(Job):
                       "characters": sum(r["characters"] for r in records),
                       "parts": [{"part": r["task_id"], "documents": r["part"]["documents"],
                                  "tokens": r["part"]["tokens"], "sha256": r["part"]["sha256"],
-                                 "index_sha256": r["part"]["index_sha256"], "lines": sum(segment_counts(r)[0])}
-                                for r in records],
+                                 "index_sha256": r["part"]["index_sha256"],
+                                 "lines": int(segments.lines[segments.starts[n]:segments.starts[n + 1]].sum())}
+                                for n, r in enumerate(records)],
                       "files": _file_stats(segments)},
             "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3),
                           "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records),
