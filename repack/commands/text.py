@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import (engine_options, job_command, location, run_job, source_options,
+from repack.commands.options import (ProcessEnd, engine_options, job_command, location, run_job, source_options,
                                      split_engine_options)
 from repack.config import parse_size
 
@@ -64,3 +64,7 @@ def text(source, out, tokenize, tokenizer, field, doc_per, list_file, append_eos
         run_append(spec, options)
         return
     run_job(TextJob(spec), options)
+    from repack.store import is_remote
+
+    if options.executor == "local" and not is_remote(spec.out):
+        ProcessEnd.quick = True  # the pool is joined, finalize's threads too: no interpreter teardown after the summary

@@ -62,6 +62,7 @@ BATCH_DOCS = 128
 MERGED_MARKER = "merged.json"
 TOKENIZER_COPY = "tokenizer.json"
 FILES_LISTED = 20  # stats.files.largest: the files with the most tokens
+PART_REMOVERS = 8  # threads removing the merged parts (unlinks wait on the file system, not the CPU)
 
 
 @dataclass(frozen=True)
@@ -212,9 +213,10 @@ def _file_stats(segments: SegmentColumns) -> dict:
     """Tokens per input file: a half-octave histogram and the largest files (a file may span tasks)."""
     firsts, documents, tokens = segments.per_file()
     edges, counts = np.unique(bucket_edges(tokens), return_counts=True) if len(tokens) else ([], [])
-    top = np.argsort(-tokens, kind="stable")[:FILES_LISTED] if len(tokens) else np.zeros(0, np.int64)
-    if len(top):  # ties on the last place listed by name: every file with at least that many tokens
-        floor = tokens[top[-1]]
+    top = np.zeros(0, np.int64)
+    if len(tokens):  # ties on the last place listed by name: every file with at least that many tokens
+        listed = min(FILES_LISTED, len(tokens))
+        floor = np.partition(tokens, len(tokens) - listed)[len(tokens) - listed]  # O(n), not a sort of every file
         top = np.flatnonzero(tokens >= floor)
     largest = sorted(((-int(tokens[i]), segments.rel(int(firsts[i])), int(documents[i])) for i in top.tolist()))
     return {"count": len(firsts),
@@ -476,9 +478,6 @@ class TextJob(Job):
 
     # -- finalize -------------------------------------------------------------------------
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
-        spec = self.spec
-        info = plan.info
-        dtype = info["dtype"]
         quarantine = [dict(q) for q in plan.quarantine]
         segments = SegmentColumns.of(plan, records)
         lines_before = segments.before_in_file(segments.lines)  # a segment's first line within its file
@@ -489,11 +488,28 @@ class TextJob(Job):
                 rel = segments.rel(seg) if seg is not None else segments.rel(end - 1) if end > first else "?"
                 quarantine.append({"source": rel, "line": int(lines_before[seg]) + q["line"] if seg is not None
                                    else q["line"], "reason": q["reason"]})
+        removals: list = []  # the merged parts' removal, beside the rest of finalize
+        with ThreadPoolExecutor(PART_REMOVERS) as remover:
+            body = self._finalize_body(plan, records, quarantine, segments, lambda: removals.extend(
+                self._drop_parts(records, remover)))
+        for removal in removals:
+            removal.result()  # an unlink that failed fails the job, as before
+        if self.spec.merge:
+            shutil.rmtree(self.out / STATE_DIR / "parts", ignore_errors=True)
+        return body
+
+    def _finalize_body(self, plan: Plan, records: list[dict], quarantine: list[dict], segments: SegmentColumns,
+                       drop_parts) -> dict:
+        """The manifest's body (``finalize``); ``drop_parts()`` starts removing the parts once merged."""
+        spec = self.spec
+        info = plan.info
+        dtype = info["dtype"]
         parts = [r["part"] for r in records]
         if spec.merge:
             with ThreadPoolExecutor(1) as side:  # zlib and the part copies release the GIL: the two overlap
                 runs = side.submit(segments.merged_runs_bytes)
                 merged = self._merge(plan, records, dtype)
+                drop_parts()
                 entries = [self._with_side_file(merged, runs.result())]
             lengths = read_index(self.out / entries[0]["index"]).lengths
         else:
@@ -540,8 +556,9 @@ class TextJob(Job):
                       "characters": sum(r["characters"] for r in records),
                       "parts": [{"part": r["task_id"], "documents": r["part"]["documents"],
                                  "tokens": r["part"]["tokens"], "sha256": r["part"]["sha256"],
-                                 "index_sha256": r["part"]["index_sha256"], "lines": sum(segment_counts(r)[0])}
-                                for r in records],
+                                 "index_sha256": r["part"]["index_sha256"],
+                                 "lines": int(segments.lines[segments.starts[n]:segments.starts[n + 1]].sum())}
+                                for n, r in enumerate(records)],
                       "files": _file_stats(segments)},
             "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3),
                           "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records),
@@ -581,11 +598,18 @@ class TextJob(Job):
                 self.store.publish(rel, self.out / rel)
             self.store.put_bytes(f"{STATE_DIR}/{MERGED_MARKER}",
                                  dumps_canonical({"plan_digest": digest, "parts": wanted, "entry": entry}))
-        for r in records:
-            for key in ("bin", "idx"):
-                (self.out / r["part"][key]).unlink(missing_ok=True)
-        shutil.rmtree(self.out / STATE_DIR / "parts", ignore_errors=True)
         return entry
+
+    def _drop_parts(self, records: list[dict], remover: ThreadPoolExecutor) -> list:
+        """Remove the merged parts (after the marker) on ``remover``'s threads, beside the rest of finalize:
+        an unlink waits on the file system (freeing the part's blocks), hardly on the CPU; the futures."""
+        def drop(paths: list[Path]) -> None:
+            for path in paths:
+                path.unlink(missing_ok=True)
+
+        paths = [self.out / r["part"][key] for r in records for key in ("bin", "idx")]
+        step = max(1, -(-len(paths) // PART_REMOVERS))
+        return [remover.submit(drop, paths[i:i + step]) for i in range(0, len(paths), step)]
 
     def summary_lines(self, manifest: dict) -> list[str]:
         t = manifest["totals"]

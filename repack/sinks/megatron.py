@@ -36,6 +36,7 @@ import errno
 import hashlib
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -223,99 +224,119 @@ def index_chunks(code: int, lengths: np.ndarray, base: int = 0) -> Iterable[byte
 def write_merged_index(idx_paths: list[Path], code: int, out) -> tuple[int, int, str]:
     """Write to the binary file ``out`` the .idx of the parts' concatenation; (N, .bin bytes, sha256).
 
-    Streams section by section, one part index at a time; pointers are re-based on an int64
-    running byte offset (exact past 2^32 tokens).
+    Each part index is read once (its lengths kept: 4 bytes per document); the sections are streamed,
+    pointers re-based on an int64 running byte offset (exact past 2^32 tokens).
     """
     itemsize = DTYPE_CODES[code].itemsize
     sha = hashlib.sha256()
-    counts = []
+    parts = []
     for idx in idx_paths:
         arrays = read_index(idx)
         if arrays.dtype != DTYPE_CODES[code]:
             raise MegatronFormatError(f"{idx}: dtype {arrays.dtype} differs from {DTYPE_CODES[code]}")
-        counts.append(len(arrays.lengths))
-    n = sum(counts)
+        parts.append(np.array(arrays.lengths, dtype="<i4"))  # a copy: the part's memmap is closed with it
+        del arrays
+    n = sum(len(lengths) for lengths in parts)
 
-    def emit(data: bytes) -> None:
+    def emit(data) -> None:
         out.write(data)
         sha.update(data)
 
     emit(HEADER.pack(MAGIC, VERSION, code, n, n + 1))
-    for idx in idx_paths:
-        emit(np.asarray(read_index(idx).lengths, dtype="<i4").tobytes())
+    for lengths in parts:
+        emit(memoryview(lengths).cast("B"))
     base = 0
-    for idx in idx_paths:
-        lengths = read_index(idx).lengths
-        emit(sequence_pointers(lengths, itemsize, base).astype("<i8").tobytes())
+    for lengths in parts:
+        emit(memoryview(sequence_pointers(lengths, itemsize, base).astype("<i8", copy=False)).cast("B"))
         base += int(lengths.sum(dtype=np.int64)) * itemsize
     start = 0
-    for count in counts:  # document indices 0..N, written per part to bound memory
-        emit(np.arange(start, start + count, dtype="<i8").tobytes())
-        start += count
+    for lengths in parts:  # document indices 0..N, written per part to bound memory
+        emit(memoryview(np.arange(start, start + len(lengths), dtype="<i8")).cast("B"))
+        start += len(lengths)
     emit(np.array([n], dtype="<i8").tobytes())
     return n, base, sha.hexdigest()
 
 
-def append_file(path: Path, out_fd: int, sha, buffer: bytearray) -> int:
-    """Append the file ``path`` to ``out_fd`` (at its position) and feed its bytes to ``sha``; its size.
-
-    The bytes are hashed from the page cache through ``buffer`` and copied in the kernel
-    (``os.copy_file_range``), never written through Python; a file system without it gets the
-    hashed blocks written instead."""
+def copy_file(path: Path, out_fd: int, buffer: bytearray) -> int:
+    """Append the file ``path`` to ``out_fd`` (at its position); its size. Copied in the kernel
+    (``os.copy_file_range``), never through Python; a file system without it gets ``buffer``-sized blocks
+    read and written instead."""
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as src:
-        size = 0
-        while n := src.readinto(buffer):
-            sha.update(view[:n])
-            size += n
+        size = os.fstat(src.fileno()).st_size
         copied = 0
         try:
             while copied < size:
                 done = os.copy_file_range(src.fileno(), out_fd, size - copied, copied)
                 if not done:
-                    raise MegatronFormatError(f"{path}: shorter than the {size} bytes just read")
+                    raise MegatronFormatError(f"{path}: shorter than its {size} bytes")
                 copied += done
             return size
         except (AttributeError, OSError) as exc:  # no copy_file_range here (an older kernel, another fs)
             if copied or (isinstance(exc, OSError) and exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL,
                                                                          errno.EOPNOTSUPP)):
                 raise
-        src.seek(0)
+        size = 0
         while n := src.readinto(buffer):
             _write_all(out_fd, view[:n])
+            size += n
         return size
+
+
+def hash_files(paths: list[Path]) -> tuple[str, int]:
+    """(sha256 hex, bytes) of the files' concatenation, read in blocks (from the page cache, just written)."""
+    sha = hashlib.sha256()
+    buffer = bytearray(COPY_BLOCK)
+    view = memoryview(buffer)
+    total = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as src:
+            while n := src.readinto(buffer):
+                sha.update(view[:n])
+                total += n
+    return sha.hexdigest(), total
 
 
 def merge_parts(parts: list[tuple[Path, Path]], code: int, out_bin: Path, out_idx: Path) -> dict:
     """Concatenate parts [(bin, idx)] in order into one prefix, atomically; returns its entry.
 
-    The merged .idx is written first (write_merged_index), then the .bin files are appended
-    (``append_file``: hashed, copied in the kernel); both land under their final names only when complete.
+    Three streams at once (hashing, kernel copies, writes and fsync release the GIL): the merged .idx
+    (write_merged_index) and the sha256 of the parts' .bin bytes (hash_files) in side threads while the .bin
+    files are appended (``copy_file``); both files land under their final names only when complete.
     """
     itemsize = DTYPE_CODES[code].itemsize
     idx_tmp = out_idx.parent / f".{out_idx.name}.tmp-{os.getpid()}"
     bin_tmp = out_bin.parent / f".{out_bin.name}.tmp-{os.getpid()}"
-    bin_sha = hashlib.sha256()
-    try:
+
+    def write_index() -> tuple[int, int, str]:
         with open(idx_tmp, "wb") as fh:
-            n, expected, idx_sha = write_merged_index([idx for _, idx in parts], code, fh)
+            written = write_merged_index([idx for _, idx in parts], code, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        total = 0
-        buffer = bytearray(COPY_BLOCK)
-        with open(bin_tmp, "wb", buffering=0) as out:
-            for bin_path, _ in parts:
-                total += append_file(bin_path, out.fileno(), bin_sha, buffer)
-            os.fsync(out.fileno())
-        if total != expected:
-            raise MegatronFormatError(f"parts hold {total} bytes of tokens; their indices say {expected}")
+        return written
+
+    try:
+        with ThreadPoolExecutor(2) as side:  # a failure of the copy waits for both (the pool's exit)
+            index = side.submit(write_index)
+            hashed = side.submit(hash_files, [bin_path for bin_path, _ in parts])
+            total = 0
+            buffer = bytearray(COPY_BLOCK)
+            with open(bin_tmp, "wb", buffering=0) as out:
+                for bin_path, _ in parts:
+                    total += copy_file(bin_path, out.fileno(), buffer)
+                os.fsync(out.fileno())
+            n, expected, idx_sha = index.result()
+            bin_sha, hashed_bytes = hashed.result()
+        if total != expected or hashed_bytes != expected:
+            raise MegatronFormatError(f"parts hold {total} bytes of tokens ({hashed_bytes} hashed); their indices "
+                                      f"say {expected}")
         os.replace(idx_tmp, out_idx)
         os.replace(bin_tmp, out_bin)
         fsync_dir(out_bin.parent)
     finally:
         idx_tmp.unlink(missing_ok=True)
         bin_tmp.unlink(missing_ok=True)
-    return {"documents": n, "tokens": total // itemsize, "bytes": total, "sha256": bin_sha.hexdigest(),
+    return {"documents": n, "tokens": total // itemsize, "bytes": total, "sha256": bin_sha,
             "index_bytes": index_size(n), "index_sha256": idx_sha}
 
 
