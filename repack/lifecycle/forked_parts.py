@@ -2,25 +2,30 @@
 back as bytes over pipes (no pickle): the decode of version 1's record for `--append`
 (``repack.lifecycle.first_record.plan_inputs``) split over cores while SOURCE is walked.
 
-Only where a fork is safe (``repack.lifecycle.record_child.can_fork``: no other thread runs); else, and
+Only where a fork is safe (``can_fork``: no other thread runs); else, and
 for a child that fails (its error is raised by doing its part here), every part runs in this process.
 A child dies with its parent (PR_SET_PDEATHSIG) and leaves by ``os._exit``.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import threading
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 _FAILED = b"-"  # what a child that failed sends (a part's bytes are never this short: see the callers)
 
 
+def can_fork() -> bool:
+    """Whether this process may fork a child that runs Python: fork exists, and no other thread runs."""
+    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+
+
 def forked_map(work: Callable[[T], bytes], parts: Sequence[T]) -> list[bytes]:
     """``[work(part) for part in parts]``, the parts after the first each computed in a forked child while
     this process computes the first (see the module docstring)."""
-    from repack.lifecycle.record_child import can_fork
-
     if len(parts) < 2 or not can_fork():
         return [work(part) for part in parts]
     children: list[tuple[int, int]] = []

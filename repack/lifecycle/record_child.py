@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
 import os
-import threading
 from typing import Callable
 
 import numpy as np
 
-from repack.lifecycle.forked_parts import start_child, stop_child
+from repack.lifecycle.forked_parts import can_fork, start_child, stop_child
 from repack.lifecycle.input_columns import InputColumns
 
 _ERROR = b"-\n"  # what a child that failed sends
@@ -48,11 +46,6 @@ def record_parts(cpus: int) -> int:
     one per 4 CPUs, at most MAX_PARTS, so the walk's pool (a process per CPU) keeps most of the cores. At
     1M inputs the decode is ~0.5 CPU-s (3.3x the 2-core VM's 0.16 s at 300k), about what the walk takes on 16."""
     return max(1, min(MAX_PARTS, cpus // 4))
-
-
-def can_fork() -> bool:
-    """Whether this process may fork a child that runs Python: fork exists, and no other thread runs."""
-    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
 
 
 class ChildRecord:
