@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import shutil
 import threading
 import tracemalloc
 from pathlib import Path
@@ -251,3 +252,38 @@ def test_scan_order_is_full_path_byte_order_without_a_sort(tmp_path):
     rels = [i.rel for i in one.items]
     assert rels == sorted(rels, key=os.fsencode) and rels == [i.rel for i in pool.items]
     assert len(rels) == CLASSES * 11 and not one.quarantine
+
+
+def test_a_plan_saved_in_parallel_gzip_members_reads_back_whole_and_the_same_bytes(tiny_tree, tmp_path,
+                                                                                   monkeypatch):
+    """A plan larger than PLAN_PIECE is saved as several gzip members compressed on threads: read back it
+    is the same plan (same digest, same canonical JSON), saving it again gives the same bytes, and an
+    --append derives the first version's record from it."""
+    import gzip
+    import zlib
+
+    from repack.jobs import base
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    shutil.copytree(tiny_tree, src)
+    run_repack("images", src, out, "--verify", "none", "--shard-size", "50")
+    store = open_store(str(out))
+    plan = read_plan(store)
+    whole = b"".join(plan.canonical_parts())
+    monkeypatch.setattr(base, "PLAN_PIECE", max(1, len(whole) // 7))
+    base.save_plan(store, plan)
+    raw = (out / STATE_DIR / PLAN_NAME).read_bytes()
+    members, rest = 0, raw
+    while rest:
+        member = zlib.decompressobj(31)  # one gzip member
+        member.decompress(rest)
+        rest, members = member.unused_data, members + 1
+    assert members >= 7
+    assert gzip.decompress(raw) == whole and read_plan(store).digest == plan.digest
+    base.save_plan(store, plan)
+    assert (out / STATE_DIR / PLAN_NAME).read_bytes() == raw
+    (src / "c00" / "new.jpg").write_bytes(_tiny_jpeg(9999))  # --append derives version 1's record from the plan
+    run_repack("images", src, out, "--verify", "none", "--shard-size", "50", "--append")
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["samples"] == 2401  # only the new file added: the known 2,400 read from the plan
+    assert (out / STATE_DIR / "inputs-v2.npz").is_file()
