@@ -22,7 +22,7 @@ from repack.store import open_store
 STATE_DIR = ".repack"  # OUT's job state: job.json, plan.json.gz, task records, locks, chunk pieces
 PLAN_NAME = "plan.json.gz"  # the plan's canonical JSON, gzip'd (an older repack wrote plan.json)
 PLAN_LEVEL = 1  # ~17 bytes per image input, 0.16 s per 100,000 (level 6: ~14 bytes, 16x the time)
-PLAN_PIECE = 4 << 20  # canonical JSON bytes per gzip member of the saved plan (compressed in parallel)
+PLAN_PIECE = 1 << 20  # canonical JSON bytes per gzip member of the saved plan (compressed in parallel)
 PLAN_THREADS = 8
 
 
