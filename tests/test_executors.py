@@ -236,3 +236,34 @@ def test_failing_task_sent_in_a_pair_is_retried_alone_and_reported(photo_tree, t
     resumed = run_repack("images", photo_tree, out, *args)
     assert f"1 task(s) run, {records} resumed" in resumed.stdout
     assert run_repack("verify", out).returncode == 0
+
+
+def _crash_once_call(call):
+    """A pool call whose worker is killed the first time it runs tasks 10, 40 and 70 (then it succeeds)."""
+    import signal
+    import time
+
+    index = int(call[0])
+    mark = Path(call[1]) / str(index)
+    if index in (10, 40, 70) and not mark.exists():
+        mark.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.002)
+    return json.dumps({"task": index}) + "\n"
+
+
+def test_workers_killed_three_times_charge_only_the_calls_in_flight(tmp_path, monkeypatch):
+    """A broken pool fails every future, also those still queued in the driver: only those a worker could
+    have been running count an attempt, so three kills in one job (each task succeeding when retried) fail
+    nothing, with the default retries, paired calls or not."""
+    from repack.exec import local
+    from repack.exec.base import TaskFailure
+
+    monkeypatch.setattr(local, "_call", _crash_once_call)
+    for n in (40 * 2 * local.PAIR_FROM, 100):  # paired calls, single calls
+        marks = tmp_path / str(n)
+        marks.mkdir()
+        calls = [(str(i), str(marks), "", "", False) for i in range(n)]
+        out = list(local.LocalExecutor(workers=2, retries=2).run(calls, [f"t{i}" for i in range(n)]))
+        assert not [r for r in out if isinstance(r, TaskFailure)]
+        assert sorted(r["task"] for r in out) == list(range(n))

@@ -7,6 +7,7 @@ of the data path is pickled). A single task, or ``workers=1``, runs in-process.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -187,11 +188,25 @@ class LocalExecutor:
             finished: queue.SimpleQueue = queue.SimpleQueue()
             pending: dict = {}  # future -> the indices of the calls it runs
 
-            def submit(indices: list[int]) -> None:
-                future = pool.submit(_call, calls[indices[0]]) if len(indices) == 1 else \
-                    pool.submit(_call_pair, tuple(calls[i] for i in indices))
-                pending[future] = indices
+            in_flight = 2 * self.workers + 2  # the most calls a pool holds running or queued to its workers
+            seq = itertools.count()
+
+            def submit(indices: list[int]) -> bool:
+                """Submit; False when the pool is already broken (a worker died meanwhile)."""
+                try:
+                    future = pool.submit(_call, calls[indices[0]]) if len(indices) == 1 else \
+                        pool.submit(_call_pair, tuple(calls[i] for i in indices))
+                except BrokenProcessPool:
+                    return False
+                pending[future] = (next(seq), indices)
                 future.add_done_callback(finished.put)
+                return True
+
+            def failed(i: int, error: str) -> Iterator[TaskFailure]:
+                attempts[i] += 1
+                if attempts[i] > self.retries:
+                    remaining.discard(i)
+                    yield TaskFailure(task_ids[i], error)
 
             order = sorted(remaining)
             step = 2 if len(order) >= PAIR_FROM * self.workers else 1
@@ -202,31 +217,37 @@ class LocalExecutor:
                 with contextlib.suppress(queue.Empty):
                     while True:
                         done.append(finished.get_nowait())
-                broken = False
+                broken: list[tuple[int, list[int], str]] = []
                 for future in done:
-                    indices = pending.pop(future, None)
-                    if indices is None:
+                    entry = pending.pop(future, None)
+                    if entry is None:
                         continue  # cancelled below, after a break
                     try:
                         text = future.result()
-                        outcomes = [json.loads(text)] if len(indices) == 1 else json.loads(text)
+                        outcomes = [json.loads(text)] if len(entry[1]) == 1 else json.loads(text)
+                    except BrokenProcessPool as exc:
+                        broken.append((*entry, f"{type(exc).__name__}: {exc}"))
+                        continue
                     except Exception as exc:  # noqa: BLE001 - a task failure is a value
-                        broken = broken or isinstance(exc, BrokenProcessPool)
-                        outcomes = [{_FAILED: f"{type(exc).__name__}: {exc}"}] * len(indices)
-                    for i, outcome in zip(indices, outcomes):
+                        outcomes = [{_FAILED: f"{type(exc).__name__}: {exc}"}] * len(entry[1])
+                    for i, outcome in zip(entry[1], outcomes):
                         if _FAILED in outcome:
-                            attempts[i] += 1
-                            if attempts[i] > self.retries:
-                                remaining.discard(i)
-                                yield TaskFailure(task_ids[i], outcome[_FAILED])
-                            elif not broken:
-                                submit([i])
+                            before = len(remaining)
+                            yield from failed(i, outcome[_FAILED])
+                            if len(remaining) == before and not (broken or submit([i])):
+                                broken.append((next(seq), [], ""))  # retried on the next pool (still remaining)
                             continue
                         remaining.discard(i)
                         yield outcome
                 if broken:
-                    for future in pending:  # every in-flight task of a broken pool counts one attempt
+                    # a broken pool fails every future, also those still queued in the driver: only the oldest
+                    # ones, those a worker could have been running, count an attempt; the rest run again uncharged
+                    for future, entry in pending.items():
                         future.cancel()
+                        broken.append((*entry, "BrokenProcessPool"))
+                    for _, indices, error in sorted(broken)[:in_flight]:
+                        for i in indices:
+                            yield from failed(i, error)
                     return
 
     def _run_inline(self, call, task_id) -> dict | TaskFailure:
