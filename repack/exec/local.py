@@ -186,13 +186,12 @@ class LocalExecutor:
         failed is retried on its own."""
         with process_pool(min(self.workers, len(remaining))) as pool:
             finished: queue.SimpleQueue = queue.SimpleQueue()
-            pending: dict = {}  # future -> the indices of the calls it runs
-
-            in_flight = 2 * self.workers + 2  # the most calls a pool holds running or queued to its workers
-            seq = itertools.count()
+            pending: dict = {}  # future -> (its submission number, the indices of the calls it runs)
+            in_flight = 2 * self.workers + 2  # futures that may be at the workers (the rest wait in the driver)
+            seq = itertools.count()  # submission order
 
             def submit(indices: list[int]) -> bool:
-                """Submit; False when the pool is already broken (a worker died meanwhile)."""
+                """Submit; False when the pool broke meanwhile (a worker died)."""
                 try:
                     future = pool.submit(_call, calls[indices[0]]) if len(indices) == 1 else \
                         pool.submit(_call_pair, tuple(calls[i] for i in indices))
@@ -202,53 +201,54 @@ class LocalExecutor:
                 future.add_done_callback(finished.put)
                 return True
 
-            def failed(i: int, error: str) -> Iterator[TaskFailure]:
+            def charge(i: int, error: str) -> TaskFailure | None:
+                """One failed attempt of call ``i``; its TaskFailure once past the retries."""
                 attempts[i] += 1
-                if attempts[i] > self.retries:
-                    remaining.discard(i)
-                    yield TaskFailure(task_ids[i], error)
+                if attempts[i] <= self.retries:
+                    return None
+                remaining.discard(i)
+                return TaskFailure(task_ids[i], error)
 
             order = sorted(remaining)
             step = 2 if len(order) >= PAIR_FROM * self.workers else 1
             for at in range(0, len(order), step):
                 submit(order[at:at + step])
-            while pending:
+            broken = False
+            while pending and not broken:
                 done = [finished.get()]
                 with contextlib.suppress(queue.Empty):
                     while True:
                         done.append(finished.get_nowait())
-                broken: list[tuple[int, list[int], str]] = []
+                lost: list[tuple[int, list[int], str]] = []  # (submission, calls, error) of the broken pool's futures
                 for future in done:
-                    entry = pending.pop(future, None)
-                    if entry is None:
-                        continue  # cancelled below, after a break
+                    seq_and_calls = pending.pop(future)
                     try:
                         text = future.result()
-                        outcomes = [json.loads(text)] if len(entry[1]) == 1 else json.loads(text)
+                        outcomes = [json.loads(text)] if len(seq_and_calls[1]) == 1 else json.loads(text)
                     except BrokenProcessPool as exc:
-                        broken.append((*entry, f"{type(exc).__name__}: {exc}"))
+                        broken = True
+                        lost.append((*seq_and_calls, f"{type(exc).__name__}: {exc}"))
                         continue
                     except Exception as exc:  # noqa: BLE001 - a task failure is a value
-                        outcomes = [{_FAILED: f"{type(exc).__name__}: {exc}"}] * len(entry[1])
-                    for i, outcome in zip(entry[1], outcomes):
-                        if _FAILED in outcome:
-                            before = len(remaining)
-                            yield from failed(i, outcome[_FAILED])
-                            if len(remaining) == before and not (broken or submit([i])):
-                                broken.append((next(seq), [], ""))  # retried on the next pool (still remaining)
-                            continue
-                        remaining.discard(i)
-                        yield outcome
-                if broken:
-                    # a broken pool fails every future, also those still queued in the driver: only the oldest
-                    # ones, those a worker could have been running, count an attempt; the rest run again uncharged
-                    for future, entry in pending.items():
-                        future.cancel()
-                        broken.append((*entry, "BrokenProcessPool"))
-                    for _, indices, error in sorted(broken)[:in_flight]:
-                        for i in indices:
-                            yield from failed(i, error)
-                    return
+                        outcomes = [{_FAILED: f"{type(exc).__name__}: {exc}"}] * len(seq_and_calls[1])
+                    for i, outcome in zip(seq_and_calls[1], outcomes):
+                        if _FAILED not in outcome:
+                            remaining.discard(i)
+                            yield outcome
+                        elif (failure := charge(i, outcome[_FAILED])) is not None:
+                            yield failure
+                        elif not broken:
+                            broken = not submit([i])  # else it stays in ``remaining``: the next pool runs it
+            if broken:
+                # a broken pool fails every future, also those still waiting in the driver: only the oldest,
+                # those a worker could have been running, count an attempt; the rest run again uncharged
+                for future, seq_and_calls in pending.items():
+                    future.cancel()
+                    lost.append((*seq_and_calls, "BrokenProcessPool"))
+                for _, indices, error in sorted(lost)[:in_flight]:
+                    for i in indices:
+                        if (failure := charge(i, error)) is not None:
+                            yield failure
 
     def _run_inline(self, call, task_id) -> dict | TaskFailure:
         error = ""

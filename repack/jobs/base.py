@@ -9,7 +9,6 @@ import io
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
 from pathlib import Path
 from typing import ClassVar, Iterable, Protocol
 
@@ -140,15 +139,26 @@ def save_plan(store, plan: Plan, state: str = STATE_DIR) -> None:
         waiting: deque = deque()
         piece: list[bytes] = []
         size = 0
-        for part in chain(plan.canonical_parts(), [b""]):  # b"": the end (no canonical part is empty)
+        for part in plan.canonical_parts():
             piece.append(part)
             size += len(part)
-            if size >= PLAN_PIECE or not part:
-                waiting.append(pool.submit(gzip.compress, b"".join(piece), PLAN_LEVEL, mtime=0))
+            if size >= PLAN_PIECE:
+                waiting.append(pool.submit(_gzip_member, b"".join(piece)))
                 piece, size = [], 0
-                while len(waiting) > 2 * threads or (waiting and not part):
+                while len(waiting) > 2 * threads:
                     packed.write(waiting.popleft().result())
+        if piece:
+            waiting.append(pool.submit(_gzip_member, b"".join(piece)))
+        for member in waiting:
+            packed.write(member.result())
     store.put_bytes(f"{state}/{PLAN_NAME}", packed.getvalue())
+
+
+def _gzip_member(data: bytes) -> bytes:
+    """One gzip member of ``data``: no timestamp, no name, the OS byte 255 ("unknown", as ``GzipFile`` writes;
+    ``gzip.compress`` takes zlib's, which differs by platform), so the bytes are the same everywhere."""
+    member = gzip.compress(data, PLAN_LEVEL, mtime=0)
+    return member[:9] + b"\xff" + member[10:]
 
 
 def read_plan(store, state: str = STATE_DIR) -> Plan | None:
