@@ -17,8 +17,15 @@ from tests.test_images_job import jpeg_bytes
 from tests.test_takedowns import packed_sources
 
 
-def _agree(out) -> None:
-    """The layers give every recorded name (and names never recorded) the merged record's position."""
+def _agree(out, monkeypatch=None) -> None:
+    """The layers give every recorded name (and names never recorded) the merged record's position; with
+    ``monkeypatch``, also when version 1's plan is looked up in forked parts of a few tasks each."""
+    if monkeypatch is not None:
+        with monkeypatch.context() as patched:
+            from repack.exec import cpus
+
+            patched.setattr(cpus, "available_cpus", lambda: 16)  # 8 parts
+            _agree(out)
     store = open_store(str(out))
     current = read_manifest_json(out)
     whole = dataset_record(store, current)
@@ -32,13 +39,17 @@ def _agree(out) -> None:
     assert (positions[~recorded] == -1).all()
 
 
-def test_the_layers_find_what_the_merged_record_holds_through_appends_and_removes(tmp_path):
+def test_the_layers_find_what_the_merged_record_holds_through_appends_and_removes(tmp_path, monkeypatch):
     src, out = make_source(tmp_path / "src"), tmp_path / "out"
     run_repack("images", src, out, "--shard-size", "4", "--quiet")
-    _agree(out)  # version 1: the plan alone
+    from repack.jobs.base import read_plan
+    from repack.lifecycle.first_record import task_runs
+
+    assert len(task_runs(read_plan(open_store(str(out))).tasks, 8)) >= 2  # forked parts
+    _agree(out, monkeypatch)  # version 1: the plan alone
     add_inputs(src)
     run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
-    _agree(out)  # a delta on the plan
+    _agree(out, monkeypatch)  # a delta on the plan
     (tmp_path / "gone.txt").write_text("cat/c1.jpg\ncat/new0.jpg\n")
     run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
     _agree(out)  # a delta on a delta

@@ -23,6 +23,7 @@ PLAN_NAME = "plan.json.gz"  # the plan's canonical JSON, gzip'd (an older repack
 PLAN_LEVEL = 1  # ~17 bytes per image input, 0.16 s per 100,000 (level 6: ~14 bytes, 16x the time)
 PLAN_PIECE = 1 << 20  # canonical JSON bytes per gzip member of the saved plan (compressed in parallel)
 PLAN_THREADS = 8
+MEMBER_EXTRA = (8).to_bytes(2, "little") + b"RP" + (4).to_bytes(2, "little")  # a plan member's gzip extra field: XLEN, SI1 SI2, LEN
 
 
 def is_piece(rel: str) -> bool:
@@ -156,16 +157,48 @@ def save_plan(store, plan: Plan, state: str = STATE_DIR) -> None:
 
 def _gzip_member(data: bytes) -> bytes:
     """One gzip member of ``data``: no timestamp, no name, the OS byte 255 ("unknown", as ``GzipFile`` writes;
-    ``gzip.compress`` takes zlib's, which differs by platform), so the bytes are the same everywhere."""
-    member = gzip.compress(data, PLAN_LEVEL, mtime=0)
-    return member[:9] + b"\xff" + member[10:]
+    ``gzip.compress`` takes zlib's, which differs by platform), so the bytes are the same everywhere; its
+    header's extra field holds the member's length (subfield ``RP``, uint32 LE, as BGZF's ``BC`` holds a
+    block's), so a reader finds every member without inflating the ones before it (``plan_members``)."""
+    body = gzip.compress(data, PLAN_LEVEL, mtime=0)[10:]
+    size = 10 + len(MEMBER_EXTRA) + 4 + len(body)
+    return bytes((0x1F, 0x8B, 8, 4, 0, 0, 0, 0, 0, 0xFF)) + MEMBER_EXTRA + size.to_bytes(4, "little") + body
+
+
+def plan_members(raw: bytes) -> list[memoryview] | None:
+    """The gzip members of a saved plan, found by the lengths their headers hold (``_gzip_member``); None
+    when a member has none (an older repack's plan: read as one stream)."""
+    members, at, view = [], 0, memoryview(raw)
+    while at < len(raw):
+        if raw[at:at + 4] != b"\x1f\x8b\x08\x04" or raw[at + 10:at + 16] != MEMBER_EXTRA:
+            return None
+        size = int.from_bytes(raw[at + 16:at + 20], "little")
+        if size < 20 or at + size > len(raw):
+            return None
+        members.append(view[at:at + size])
+        at += size
+    return members
+
+
+def _inflate(raw: bytes) -> bytes:
+    """A saved plan's JSON: its members inflated on threads when their headers say where they are (zlib
+    releases the GIL), else as one gzip stream."""
+    members = plan_members(raw)
+    if members is None or len(members) < 2:
+        return gzip.decompress(raw)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from repack.exec.cpus import available_cpus
+
+    with ThreadPoolExecutor(max(1, min(PLAN_THREADS, available_cpus(), len(members)))) as pool:
+        return b"".join(pool.map(gzip.decompress, members))
 
 
 def read_plan(store, state: str = STATE_DIR) -> Plan | None:
     """The plan a job state holds (``save_plan``, or an older plan.json); None when missing or unreadable."""
     raw = store.read_bytes(f"{state}/{PLAN_NAME}")
     try:
-        text = gzip.decompress(raw) if raw is not None else store.read_bytes(f"{state}/plan.json")
+        text = _inflate(raw) if raw is not None else store.read_bytes(f"{state}/plan.json")
         return Plan.from_json(json.loads(text)) if text is not None else None
     except (OSError, EOFError, ValueError, KeyError, TypeError):
         return None

@@ -103,45 +103,68 @@ def _columns_layer(columns: InputColumns) -> Layer:
     return find
 
 
+PLAN_PARTS = 8  # processes that look names up in version 1's plan at most (one per 2 CPUs)
+
+
 def _plan_layer(store) -> tuple[Layer, int] | None:
     """(version 1's layer: the plan's names and positions, the last position) when every task's inputs
-    are columns (``repack.jobs.task_inputs``), else None. The plan's names are looked up in the few named
-    ones (no sort of the plan's names); a name planned twice takes its last row, as ``plan_inputs``."""
+    are columns (``repack.jobs.task_inputs``), else None. Nothing is decoded until names are looked up;
+    then the tasks are cut into runs (one per 2 CPUs, at most PLAN_PARTS) that decode their names and look
+    up the few named ones at once, in forked children (``repack.lifecycle.forked_parts``), each sending back
+    only what it found (no sort of the plan's names). A name planned twice takes its last row, as
+    ``plan_inputs``."""
+    from repack.exec.cpus import available_cpus
     from repack.jobs.base import read_plan
-    from repack.jobs.task_inputs import input_count, input_names_blob
+    from repack.jobs.task_inputs import input_count
+    from repack.lifecycle.first_record import task_runs
+    from repack.lifecycle.forked_parts import forked_map
 
     plan = read_plan(store)
     if plan is None:
         return None
-    blobs, positions = [], []
+    last = -1
     for task in plan.tasks:
         inputs = task.payload.get("inputs")
         if not isinstance(inputs, dict) or "relz" not in inputs or "first" not in inputs:
             return None
-        blob, count = input_names_blob(task.payload), input_count(task.payload)
-        if blob.count(0) != count:
-            raise ValueError(f"task {task.task_id}: its input columns differ in length")
-        blobs.append(blob)
-        positions.append(int(inputs["first"]) + np.arange(count, dtype=np.int64))
-    blob = b"".join(blobs)
-    try:
-        planned = names_of_blob(blob) if blob else np.array([], dtype="S1")
-    except UsageError:
-        return None
-    position = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+        count = input_count(task.payload)
+        if count:
+            last = max(last, int(inputs["first"]) + count - 1)
+    runs = task_runs(plan.tasks, max(1, min(PLAN_PARTS, available_cpus() // 2)))
 
     def find(names: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         found_at, holds = np.full(len(names), -1, np.int64), np.zeros(len(names), bool)
-        if not len(names) or not len(planned):
+        if not len(names):
             return found_at, holds
-        at = np.searchsorted(names, planned).clip(0, len(names) - 1)
-        rows = np.flatnonzero(names[at] == planned)  # ascending: a later duplicate comes later
-        order = np.argsort(at[rows], kind="stable")
-        rows, named = rows[order], at[rows][order]
-        last = np.ones(len(rows), bool)
-        last[:-1] = named[1:] != named[:-1]
-        found_at[named[last]] = position[rows[last]]
-        holds[named[last]] = True
+        for raw in forked_map(lambda run: _found_in(plan.tasks[run], names), runs):
+            named, position = np.frombuffer(raw, np.int64).reshape(2, -1)
+            found_at[named] = position  # a later run's row wins, as a later row in a run
+            holds[named] = True
         return found_at, holds
 
-    return find, int(position.max(initial=-1))
+    return find, last
+
+
+def _found_in(tasks, names: np.ndarray) -> bytes:
+    """Which of ``names`` (sorted unique ``S``) the ``tasks`` plan, as bytes: int64 (the named one's row in
+    ``names``) for each, then int64 (its position); a name planned twice: its last row. ValueError naming a
+    task whose input columns differ in length; UsageError for an empty planned name."""
+    from repack.jobs.task_inputs import input_count, input_names_blob
+
+    blobs = [input_names_blob(task.payload) for task in tasks]
+    counts = np.array([input_count(task.payload) for task in tasks], np.int64)
+    blob = b"".join(blobs)
+    if blob.count(0) != int(counts.sum()):
+        bad = next(task for task, part, count in zip(tasks, blobs, counts) if part.count(0) != count)
+        raise ValueError(f"task {bad.task_id}: its input columns differ in length")
+    planned = names_of_blob(blob) if blob else np.array([], dtype="S1")
+    firsts = np.array([int(task.payload["inputs"]["first"]) for task in tasks], np.int64)
+    starts = np.cumsum(counts) - counts
+    position = np.repeat(firsts - starts, counts) + np.arange(len(planned), dtype=np.int64)
+    at = np.searchsorted(names, planned).clip(0, len(names) - 1) if len(planned) else np.zeros(0, np.int64)
+    rows = np.flatnonzero(names[at] == planned)  # ascending: a later duplicate comes later
+    order = np.argsort(at[rows], kind="stable")
+    rows, named = rows[order], at[rows][order]
+    keep = np.ones(len(rows), bool)
+    keep[:-1] = named[1:] != named[:-1]
+    return np.concatenate([named[keep], position[rows[keep]]]).astype(np.int64).tobytes()
