@@ -110,11 +110,17 @@ def encode_runs(runs: Iterable[tuple[str, int, int]] | Iterable[list]) -> bytes:
 
 def encode_columns(name_end, blob: bytes, run_name, run_first, run_count) -> bytes:
     """The side file's bytes from its columns (see the layout): ``name_end`` and the run columns as int64
-    sequences (``array("q")``, or numpy int64 arrays from a caller that has them), ``blob`` the UTF-8 names."""
-    columns = [_column(c) if isinstance(c, array) else memoryview(c).cast("B").tobytes() if sys.byteorder == "little"
-               else _column(c) for c in (name_end, run_name, run_first, run_count)]
-    body = b"".join((columns[0], blob, *columns[1:]))
-    return _HEADER.pack(MAGIC, len(name_end), len(run_name), len(blob)) + zlib.compress(body, LEVEL)
+    sequences (``array("q")``, or numpy int64 arrays from a caller that has them), ``blob`` the UTF-8 names.
+    The columns go to zlib one after the other, from their own buffers where they are little-endian
+    already: no joined copy of the body (at 500,000 files ~40 MB less at once)."""
+    packer = zlib.compressobj(LEVEL)
+    packed = [_HEADER.pack(MAGIC, len(name_end), len(run_name), len(blob))]
+    for part in (name_end, blob, run_name, run_first, run_count):
+        if part is not blob:
+            part = _column(part) if isinstance(part, array) or sys.byteorder != "little" else memoryview(part).cast("B")
+        packed.append(packer.compress(part))
+    packed.append(packer.flush())
+    return b"".join(packed)
 
 
 def decode_runs(data: bytes) -> SourceRuns:
