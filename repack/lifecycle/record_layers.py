@@ -20,7 +20,6 @@ from typing import Callable
 
 import numpy as np
 
-from repack.errors import UsageError
 from repack.lifecycle.input_columns import InputColumns, names_of_blob, parse_record
 from repack.manifest.versions import number_of
 

@@ -116,8 +116,8 @@ def encode_columns(name_end, blob: bytes, run_name, run_first, run_count) -> byt
     packer = zlib.compressobj(LEVEL)
     packed = [_HEADER.pack(MAGIC, len(name_end), len(run_name), len(blob))]
     for part in (name_end, blob, run_name, run_first, run_count):
-        if part is not blob:
-            part = _column(part) if isinstance(part, array) or sys.byteorder != "little" else memoryview(part).cast("B")
+        if part is not blob:  # int64 items: array("q") or numpy
+            part = memoryview(part).cast("B") if sys.byteorder == "little" else _column(part)
         packed.append(packer.compress(part))
     packed.append(packer.flush())
     return b"".join(packed)
