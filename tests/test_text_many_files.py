@@ -155,6 +155,21 @@ def test_ids_as_arrays_follow_the_per_document_bos_eos_rule(gpt2):
         assert flat.tolist() == [i for ids in expected for i in ids]
 
 
+def test_the_capped_bpe_cache_gives_the_default_caches_ids(gpt2):
+    """load_tokenizer caps a BPE model's word cache (``BPE_CACHE_WORDS``, memory per forked worker): more
+    distinct words than it holds, encoded twice, give the ids of a tokenizer with tokenizers' default cache."""
+    from tokenizers import Tokenizer
+
+    from repack.transforms import tokenize
+
+    capped, _ = tokenize.load_tokenizer(gpt2)
+    plain = Tokenizer.from_file(str(Path(gpt2) / "tokenizer.json") if Path(gpt2).is_dir() else str(gpt2))
+    texts = [" ".join(f"w{i}x{j}" for j in range(40)) for i in range(2 * tokenize.BPE_CACHE_WORDS // 40)]
+    texts += documents(50, seed=5)
+    for _ in range(2):  # the second pass reads what the first left in the caches
+        assert [e.ids for e in capped.encode_batch(texts)] == [e.ids for e in plain.encode_batch(texts)]
+
+
 def _planning_peak(src: Path, out: Path, tokenizer: Path) -> int:
     """tracemalloc's peak in this process while `repack text SRC --doc-per file` is planned, hashed and saved
     as the engine does (the tokenizer loaded before)."""
