@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from repack.errors import UsageError
 from repack.lifecycle.input_columns import encode_names
 from repack.lifecycle.input_record import dataset_record
 from repack.lifecycle.record_layers import record_layers
@@ -117,4 +118,26 @@ def test_an_older_json_record_is_merged_as_before_and_remove_still_finds_its_sam
     (tmp_path / "gone.txt").write_text("cat/new1.jpg\n")
     run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
     assert "cat/new1.jpg" not in packed_sources(out) and len(packed_sources(out)) == 12
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_a_plan_whose_names_cannot_be_decoded_makes_remove_read_every_shard(tmp_path, monkeypatch):
+    """Version 1's plan layer refuses a names column it cannot cut (an empty planned name): the positions
+    cannot be had, so the remove finds its sample by reading every shard's .json members, as before the
+    layers, and removes exactly it."""
+    from repack.lifecycle import record_layers
+    from repack.lifecycle.remove import RemoveSpec, remove_samples
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    before = len(packed_sources(out))
+
+    def undecodable(blob):
+        raise UsageError("an empty input name; it cannot be recorded")
+
+    monkeypatch.setattr(record_layers, "names_of_blob", undecodable)
+    done = remove_samples(RemoveSpec(str(out), ("cat/c2.jpg",), "sources"))
+    monkeypatch.undo()
+    assert done.published and done.removed == 1 and not done.not_found
+    assert "cat/c2.jpg" not in packed_sources(out) and len(packed_sources(out)) == before - 1
     assert run_repack("verify", out).returncode == 0

@@ -163,7 +163,7 @@ def test_the_capped_bpe_cache_gives_the_default_caches_ids(gpt2):
     from repack.transforms import tokenize
 
     capped, _ = tokenize.load_tokenizer(gpt2)
-    plain = Tokenizer.from_file(str(Path(gpt2) / "tokenizer.json") if Path(gpt2).is_dir() else str(gpt2))
+    plain = Tokenizer.from_file(str(gpt2))  # tokenizers' default cache
     texts = [" ".join(f"w{i}x{j}" for j in range(40)) for i in range(2 * tokenize.BPE_CACHE_WORDS // 40)]
     texts += documents(50, seed=5)
     for _ in range(2):  # the second pass reads what the first left in the caches

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from repack.errors import UsageError
 from repack.lifecycle.input_columns import encode_names
 from repack.lifecycle.record_layers import RecordLayers
 from repack.manifest import ManifestError
@@ -38,7 +39,10 @@ def wanted_positions(by: str, names, known: RecordLayers | None) -> np.ndarray |
         return np.unique(np.array(positions, np.int64))
     if known is None:
         return None
-    positions, recorded = known.positions_of(np.unique(encode_names(sorted(set(names)))))
+    try:
+        positions, recorded = known.positions_of(np.unique(encode_names(sorted(set(names)))))
+    except UsageError:  # a layer whose names cannot be decoded (an empty planned name): every shard is read
+        return None
     positions = positions[recorded]
     if (positions < 0).any():
         return None

@@ -87,9 +87,9 @@ def load_tokenizer(path: str | os.PathLike, expected_sha256: str | None = None):
     if sha not in _CACHE:
         try:
             _CACHE[sha] = Tokenizer.from_str(data.decode("utf-8"))
-            _smaller_cache(_CACHE[sha])
         except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception
             raise UsageError(f"{path}: not a loadable tokenizer.json ({exc})") from None
+        _smaller_cache(_CACHE[sha])
         del data
         release_free_heap()
     _SEEN[(str(path), st.st_size, st.st_mtime_ns, st.st_ino)] = sha

@@ -574,7 +574,10 @@ def part_text(data: Path, work: Path, n: int, cpus: int) -> list[dict]:
     shutil.rmtree(small_out, ignore_errors=True)
     commands = {"script": [sys.executable, "-c", TOKENIZE_SCRIPT, str(tokenizer), str(src), str(cpus)],
                 "repack": repack("text", src, out, "--doc-per", "file", "--tokenizer", tokenizer)}
-    fresh_out = lambda name: shutil.rmtree(out, ignore_errors=True) if name == "repack" else None  # noqa: E731
+    def fresh_out(name: str) -> None:  # repack packs into an empty OUT each round
+        if name == "repack":
+            shutil.rmtree(out, ignore_errors=True)
+
     runs = alternated_runs(commands, before=fresh_out)
     bare, packed = (min(runs[name], key=lambda r: r.wall) for name in commands)
     walls = {name: ", ".join(f"{r.wall:.2f}" for r in got) for name, got in runs.items()}
