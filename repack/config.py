@@ -44,6 +44,7 @@ class EngineOptions:
     workers: int | None = None
     executor: str = "local"
     ray_address: str | None = None
+    ray_driver_cpus: int | None = None  # Ray: the driver node's CPUs run by a local pool (None: what Ray can give)
     retries: int = 2
     num_nodes: int = 1
     node_rank: int = 0
@@ -60,6 +61,8 @@ class EngineOptions:
             raise UsageError(f"--workers must be at least 1, got {self.workers}")
         if self.num_nodes < 1 or not 0 <= self.node_rank < self.num_nodes:
             raise UsageError(f"--node-rank must be in [0, {self.num_nodes}), got {self.node_rank}")
+        if self.ray_driver_cpus is not None and self.ray_driver_cpus < 0:
+            raise UsageError(f"--ray-driver-cpus must be >= 0, got {self.ray_driver_cpus}")
         if self.retries < 0:
             raise UsageError("--retries must be >= 0")
         if not self.progress_every > 0:

@@ -30,7 +30,7 @@ def test_ray_on_the_drivers_host_writes_chunks_into_the_shard(photo_tree, tmp_pa
     args = ("--shard-size", "48", "--chunk-size", "8", "--quiet", "--workers", "2")
     outs = {name: tmp_path / name for name in ("local", "ray")}
     run_repack("images", photo_tree, outs["local"], *args)
-    run_repack("images", photo_tree, outs["ray"], *args, "--executor", "ray")
+    run_repack("images", photo_tree, outs["ray"], *args, "--executor", "ray", "--ray-driver-cpus", "0")
     assert_identical_outputs(outs)
     segments = {tid: segment for p in sorted((outs["ray"] / ".repack" / "tasks").glob("shard-??????.json"))
                 for tid, segment in json.loads(p.read_text())["segments"].items()}  # each shard's chunks
@@ -51,27 +51,34 @@ def test_static_partitions_and_merge_match_local_pool(photo_tree, reference, tmp
     assert run_repack("verify", out).returncode == 0
 
 
-@pytest.mark.parametrize("executor", ["local", "ray"])
+RAY_SIDES = {"local": ("--executor", "local"), "ray": ("--executor", "ray"),  # Ray: the driver's pool takes all
+             "ray-workers": ("--executor", "ray", "--ray-driver-cpus", "0")}  # every task a Ray task
+
+
+@pytest.mark.parametrize("executor", list(RAY_SIDES))
 def test_failing_task_is_reported_and_resumable(photo_tree, reference, tmp_path, executor):
     """A task that fails is reported by name, the rest kept; the re-run redoes only it, and the dataset
     equals the local pool's uninterrupted run whichever executor ran it (Ray's included: one Ray
-    instance proves both)."""
-    if executor == "ray":
+    instance proves both), on Ray whether the driver's pool or Ray's workers ran the tasks."""
+    if executor != "local":
         pytest.importorskip("ray")
     out = tmp_path / executor
     (out / "shard-000003.tar").mkdir(parents=True)  # the shard cannot be renamed into place
-    proc = run_repack("images", photo_tree, out, *ARGS, "--executor", executor, "--workers", "2",
+    proc = run_repack("images", photo_tree, out, *ARGS, *RAY_SIDES[executor], "--workers", "2",
                       "--retries", "1", "--overwrite", check=False)  # --overwrite: OUT holds no repack job yet
     assert proc.returncode == 4, proc.stderr
     assert "1 task(s) failed" in proc.stderr and "shard-000003" in proc.stderr
     assert not (out / "manifest.json").exists()
     assert len(list((out / ".repack" / "tasks").glob("*.json"))) == 7
     shutil.rmtree(out / "shard-000003.tar")
-    resumed = run_repack("images", photo_tree, out, *ARGS, "--executor", executor, "--workers", "2")
+    resumed = run_repack("images", photo_tree, out, *ARGS, *RAY_SIDES[executor], "--workers", "2")
     assert "1 task(s) run, 7 resumed" in resumed.stdout
     assert shard_bytes(out) == shard_bytes(reference)
     assert manifest_without_run(out) == manifest_without_run(reference)
-    assert read_manifest_json(out)["run"]["executor"] == executor
+    run = read_manifest_json(out)["run"]
+    assert run["executor"] == RAY_SIDES[executor][1]
+    if executor != "local":  # the re-run's one task ran where the options say
+        assert run["tasks_ran"] == {"driver_pool": int(executor == "ray"), "ray": int(executor == "ray-workers")}
 
 
 def test_ray_missing_is_a_clear_error(photo_tree, tmp_path):
@@ -91,7 +98,7 @@ def run_on_every_executor(command: str, source: Path, tmp_path: Path, *args) -> 
     """Run one job on the local pool, on a local Ray instance, and as 2 static partitions + merge."""
     outs = {name: tmp_path / name for name in ("local", "ray", "parts")}
     run_repack(command, source, outs["local"], *args)
-    run_repack(command, source, outs["ray"], *args, "--executor", "ray")
+    run_repack(command, source, outs["ray"], *args, "--executor", "ray", "--ray-driver-cpus", "0")  # Ray's workers
     for rank in (0, 1):
         run_repack(command, source, outs["parts"], *args, "--num-nodes", "2", "--node-rank", rank)
     run_repack("merge", outs["parts"], "--quiet")
@@ -207,8 +214,8 @@ def test_ray_batches_many_small_tasks_and_a_failing_call_fails_alone(photo_tree,
     local, ray_out = tmp_path / "local", tmp_path / "ray"
     run_repack("images", photo_tree, local, *args)
     (ray_out / "shard-000004.tar").mkdir(parents=True)  # the shard cannot be renamed into place
-    proc = run_repack("images", photo_tree, ray_out, *args, "--executor", "ray", "--retries", "1", "--overwrite",
-                      check=False)
+    proc = run_repack("images", photo_tree, ray_out, *args, "--executor", "ray", "--ray-driver-cpus", "0",
+                      "--retries", "1", "--overwrite", check=False)
     assert proc.returncode == 4, proc.stderr
     assert "1 task(s) failed" in proc.stderr and "shard-000004" in proc.stderr
     assert len(list((ray_out / ".repack" / "tasks").glob("*.json"))) == 29  # its batch's other calls included
@@ -267,3 +274,58 @@ def test_workers_killed_three_times_charge_only_the_calls_in_flight(tmp_path, mo
         out = list(local.LocalExecutor(workers=2, retries=2).run(calls, [f"t{i}" for i in range(n)]))
         assert not [r for r in out if isinstance(r, TaskFailure)]
         assert sorted(r["task"] for r in out) == list(range(n))
+
+
+def test_ray_shares_the_job_between_the_drivers_pool_and_ray_workers(photo_tree, tmp_path):
+    """On Ray the driver's node runs tasks in a local pool on the CPUs it holds from Ray (``--ray-driver-cpus``)
+    while Ray's workers run the rest: 30 tasks, 1 CPU each side, both ran some (the manifest's run section
+    says how many), and the output equals the local pool's."""
+    pytest.importorskip("ray")
+    args = ("--shard-size", "4", "--quiet", "--workers", "2")
+    outs = {name: tmp_path / name for name in ("local", "ray")}
+    run_repack("images", photo_tree, outs["local"], *args)
+    run_repack("images", photo_tree, outs["ray"], *args, "--executor", "ray", "--ray-driver-cpus", "1")
+    assert_identical_outputs(outs)
+    ran = read_manifest_json(outs["ray"])["run"]["tasks_ran"]
+    assert ran["driver_pool"] >= 1 and ran["ray"] >= 1 and sum(ran.values()) == 30, ran
+
+
+def test_killed_driver_pool_worker_under_ray_is_retried_on_a_new_pool(photo_tree, tmp_path):
+    """A worker of the driver's pool under --executor ray killed mid-job (as by the OOM killer) costs a retry:
+    a new pool takes over, the job ends with exit 0 and the local pool's bytes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    pytest.importorskip("ray")
+    reference = tmp_path / "ref"
+    run_repack("images", photo_tree, reference, "--shard-size", "2", "--workers", "1", "--quiet")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "repack", "images", str(photo_tree), str(out), "--shard-size", "2",
+                             "--workers", "2", "--quiet", "--executor", "ray"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    driver = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    killed = None
+    deadline = time.time() + 120
+    while killed is None and time.time() < deadline and proc.poll() is None:
+        records = list((out / ".repack" / "tasks").glob("*.json")) if (out / ".repack" / "tasks").exists() else []
+        pool = [pid for pid in child_pids(proc.pid) if _cmdline(pid) == driver]  # forked: Ray's daemons are not
+        if len(records) >= 2 and pool:
+            killed = pool[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.005)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert killed is not None, "the job finished before a worker could be killed"
+    assert proc.returncode == 0, stderr
+    assert shard_bytes(out) == shard_bytes(reference)
+    assert read_manifest_json(out)["run"]["tasks_ran"]["ray"] == 0  # all in the driver's pools
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

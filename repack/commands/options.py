@@ -69,6 +69,10 @@ def engine_options(fn=None, *, strict_also: str = ""):
         click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                      help="Where tasks run: a process pool on this machine, or a Ray cluster."),
         click.option("--ray-address", default=None, help="Ray cluster address (default: start or join a local one)."),
+        click.option("--ray-driver-cpus", type=int, default=None, metavar="N",
+                     help="Ray: CPUs of the driver's node that run tasks in a local process pool, held from Ray "
+                          "for the job (default: as many as Ray has free there, at most --workers; 0: every task "
+                          "is a Ray task)."),
         click.option("--retries", type=int, default=2, show_default=True, help="Retries of a failing task."),
         click.option("--num-nodes", type=int, default=1, show_default=True, help="Static partitions: total nodes."),
         click.option("--node-rank", type=int, default=0, show_default=True, help="Static partitions: this node."),
@@ -109,7 +113,7 @@ def source_options(fn):
 
 def split_engine_options(kwargs: dict) -> EngineOptions:
     """Pop the engine options out of a command's kwargs."""
-    names = ("workers", "executor", "ray_address", "retries", "num_nodes", "node_rank", "overwrite", "strict",
+    names = ("workers", "executor", "ray_address", "ray_driver_cpus", "retries", "num_nodes", "node_rank", "overwrite", "strict",
              "quiet", "json_summary", "progress_every", "log_json")
     values = {n: kwargs.pop(n) for n in names}
     return EngineOptions(**values, command=shlex.join(sys.argv))

@@ -126,30 +126,38 @@ def _pool_context():
     return ctx
 
 
+def kill_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and kill the workers now, instead of waiting for their tasks (the
+    engine then removes their temp files)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in multiprocessing.active_children():
+        worker.terminate()
+    for worker in multiprocessing.active_children():
+        worker.join(5)
+
+
 @contextlib.contextmanager
 def _stop_on_exit(pool: ProcessPoolExecutor):
-    """Interrupted (or any error) while the pool runs: cancel what has not started and kill the workers
-    now, instead of waiting for their tasks (the engine then removes their temp files)."""
+    """Interrupted (or any error) while the pool runs: ``kill_pool``."""
     try:
         yield
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        for worker in multiprocessing.active_children():
-            worker.terminate()
-        for worker in multiprocessing.active_children():
-            worker.join(5)
+        kill_pool(pool)
         raise
+
+
+def new_pool(workers: int) -> ProcessPoolExecutor:
+    """A pool of ``workers`` processes started as the engine's are (fork where safe, each dies with the
+    driver, each told its share of the usable CPUs: ``cpu_share``). Pass JSON strings in and out."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=_start_worker,
+                               initargs=(os.getpid(), cpu_share(available_cpus(), workers)))
 
 
 @contextlib.contextmanager
 def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
-    """A pool of ``workers`` processes started as the engine's are (fork where safe, each dies with the
-    driver, all killed at once when the driver is interrupted or fails, each told its share of the usable
-    CPUs: ``cpu_share``); for work outside a job's plan (`repack remove`'s shard rewrites) too. Pass JSON
-    strings in and out."""
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=_start_worker,
-                             initargs=(os.getpid(), cpu_share(available_cpus(), workers))) as pool, \
-            _stop_on_exit(pool):
+    """``new_pool``, all its workers killed at once when the driver is interrupted or fails; for work outside
+    a job's plan (`repack remove`'s shard rewrites) too."""
+    with new_pool(workers) as pool, _stop_on_exit(pool):
         yield pool
 
 

@@ -37,7 +37,10 @@ outputs once they are in the store (``repack.jobs.scratch``).
 from __future__ import annotations
 
 import atexit
+import collections
+import importlib.util
 import json
+import queue
 import os
 import socket
 import threading
@@ -45,6 +48,7 @@ from typing import Iterator
 
 from repack.errors import UsageError
 from repack.exec.base import TaskFailure
+from repack.exec.cpus import available_cpus
 from repack.exec.host import host_token, job_folder
 
 
@@ -138,14 +142,25 @@ class RayExecutor:
     same_host = False  # workers may be on other hosts: each decides per task (``host_token``)
 
     def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None,
-                 job: str | None = None, **_ignored) -> None:
-        self.ray = _import_ray()  # here, first: the sooner the driver joins, the sooner Ray starts its workers
+                 job: str | None = None, driver_cpus: int | None = None, **_ignored) -> None:
+        self._share = None  # the driver's node run by a local pool (``repack.exec.driver_share``)
+        if driver_cpus != 0 and importlib.util.find_spec("ray") is not None:
+            from repack.exec.driver_share import DriverShare
+
+            # forked first, while the driver runs one thread (Ray starts threads in it)
+            self._share = DriverShare(min(workers or available_cpus(), available_cpus(), driver_cpus or 1 << 30))
         self.workers = workers
         self.retries = retries
         self.address = address
         self.job = job
-        self._check_reachable()
         self._started_here = False
+        self.tasks_ran = {"driver_pool": 0, "ray": 0}  # calls that ran to a record, by where they ran
+        try:
+            self.ray = _import_ray()  # here: the sooner the driver joins, the sooner Ray starts its workers
+            self._check_reachable()
+        except BaseException:
+            self._end(failed=True)
+            raise
         self._init_error: BaseException | None = None
         self._warm: list = []
         self._batch = None  # the Ray remote function of a batch (its warm-up tasks included)
@@ -176,8 +191,12 @@ class RayExecutor:
             # function (one scheduling class) for them and the batches, so a worker's lease and the function's
             # definition pass from its warm-up to its first batch
             self._batch = self.ray.remote(num_cpus=1, max_retries=self.retries)(_execute_batch)
+            warm = self.workers or 1
+            if self._share is not None:
+                local = self._reserve()
+                warm = min(warm, int(self.ray.cluster_resources().get("CPU", 0)) - local)
             if self.job:
-                self._warm = [self._batch.remote(self.job, "", [], "", False, "", "") for _ in range(self.workers or 1)]
+                self._warm = [self._batch.remote(self.job, "", [], "", False, "", "") for _ in range(max(0, warm))]
         except BaseException as exc:  # noqa: BLE001 - raised by run(), in the driver's thread
             self._init_error = exc
 
@@ -208,66 +227,189 @@ class RayExecutor:
         if self._init_error is not None:
             raise self._init_error
 
+    def _reserve(self) -> int:
+        """The driver node's CPUs that its local pool runs tasks on (0: none, every task is a Ray task)."""
+        try:
+            return self._share.reserve(self.ray)
+        except Exception:  # noqa: BLE001 - Ray cannot hold them (an older head): its workers run every task
+            self._share.close(failed=True)
+            self._share.cpus = 0
+            return 0
+
     def run(self, calls: list[tuple[str, str, str, str, bool, bool, str]],
             task_ids: list[str]) -> Iterator[dict | TaskFailure]:
-        self._joined()
-        if not calls:
-            self._shutdown()
-            return
-        ray = self.ray
+        ended = False
         try:
-            # a call that raised is retried as a Ray task of its own (anywhere in the cluster, as before batches),
-            # its exceptions included
-            remote = self._batch
-            alone = ray.remote(num_cpus=1, max_retries=max(0, self.retries - 1), retry_exceptions=True)(_execute)
-            hosts: dict[str, str] = {}  # spec JSON -> the driver's host token of its job folder (one spec per job)
-            size = batch_size(len(calls), max(self.workers or 1, int(ray.cluster_resources().get("CPU", 0))))
-            batch_ids: dict = {}  # Ray task -> the task ids of its calls, in order
-            retried: set = set()  # Ray tasks of one call retried alone (they return the record's text)
-            args_of: dict = {}  # Ray task -> (job name, spec, digest, share_pieces, driver host, run) of its calls
-            for first in range(0, len(calls), size):
-                for (job_name, spec_json, digest, share_pieces, run), group in _same_job(calls[first:first + size],
-                                                                                        task_ids[first:first + size]):
-                    if spec_json not in hosts:
-                        hosts[spec_json] = host_token(job_folder(json.loads(spec_json)["out"]))
-                    tasks = [task_json for task_json, _ in group]
-                    ref = remote.remote(job_name, spec_json, tasks, digest, share_pieces, hosts[spec_json], run)
-                    batch_ids[ref] = [task_id for _, task_id in group]
-                    args_of[ref] = (job_name, spec_json, tasks, digest, share_pieces, hosts[spec_json], run)
-            pending = list(batch_ids)
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1)
-                if pending:  # and whatever else finished meanwhile
-                    more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-                    ready += more
-                for ref in ready:
-                    ids = batch_ids.pop(ref)
-                    job_name, spec_json, tasks, digest, share_pieces, host, run = args_of.pop(ref)
-                    alone_call = ref in retried
-                    retried.discard(ref)
-                    try:
-                        results = ray.get(ref)
-                    except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the task's exception
-                        cause = getattr(exc, "cause", None) or exc
-                        for task_id in ids:
-                            yield TaskFailure(task_id, f"{type(cause).__name__}: {cause}")
-                        continue
-                    if alone_call:
-                        yield json.loads(results)
-                        continue
-                    for task_id, task_json, result in zip(ids, tasks, results):
-                        if result[0] == "R":
-                            yield json.loads(result[1:])
-                        elif self.retries:
-                            again = alone.remote(job_name, spec_json, task_json, digest, share_pieces, host, run)
-                            batch_ids[again] = [task_id]
-                            retried.add(again)
-                            args_of[again] = (job_name, spec_json, [task_json], digest, share_pieces, host, run)
-                            pending.append(again)
-                        else:
-                            yield TaskFailure(task_id, result[1:])
+            self._joined()
+            if calls and self._share is not None and self._share.cpus:
+                yield from self._run_shared(calls, task_ids)
+            elif calls:
+                yield from self._run_on_ray(calls, task_ids)
+            ended = True
         finally:
+            self._end(failed=not ended)
+
+    def _end(self, failed: bool) -> None:
+        """Stop the driver's pool (``failed``: its workers killed), give its CPUs back, leave Ray."""
+        if self._share is not None:
+            self._share.close(failed=failed)
+            if hasattr(self, "ray"):
+                self._share.release(self.ray)
+        if self._started_here:
             self._shutdown()
+
+    def _run_shared(self, calls: list[tuple], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
+        """The driver's pool and Ray's workers take the calls in order as each has room (``2 x CPUs`` in flight:
+        the pool's in pairs when there are many, Ray's in batches); results as they finish. A call that fails is
+        charged an attempt and queued again for whichever side is free; past ``retries`` it fails by name. A
+        Ray batch that Ray could not finish (its node lost ``retries`` times) fails every call in it by name;
+        a pool whose worker died is replaced, the calls its workers may have run charged an attempt."""
+        from concurrent.futures.process import BrokenProcessPool
+
+        from repack.exec.local import PAIR_FROM, _FAILED, _call, _call_pair
+
+        ray, share = self.ray, self._share
+        others = max(0, int(ray.cluster_resources().get("CPU", 0)) - share.cpus)  # CPUs for Ray's workers
+        size = batch_size(len(calls), share.cpus + others)
+        pair = 2 if len(calls) >= PAIR_FROM * (share.cpus + others) else 1
+        host = host_token(job_folder(json.loads(calls[0][1])["out"]))
+        todo = collections.deque(range(len(calls)))
+        attempts = [0] * len(calls)
+        finished: queue.SimpleQueue = queue.SimpleQueue()
+        in_pool: dict = {}  # future -> (submission number, indices)
+        on_ray: dict = {}  # future of a Ray batch -> (its object ref, indices)
+        submitted = 0
+
+        def local_call(i: int) -> tuple:  # the pool shares the driver's folder: chunks write into the shard
+            job_name, spec_json, task_json, digest, share_pieces, _, run = calls[i]
+            return job_name, spec_json, task_json, digest, share_pieces, not share_pieces, run
+
+        def fill() -> None:
+            nonlocal submitted
+            while todo and share.pool is not None and len(in_pool) < 2 * share.cpus + 2:
+                indices = [todo.popleft() for _ in range(min(pair, len(todo)))]
+                future = share.pool.submit(_call, local_call(indices[0])) if len(indices) == 1 else \
+                    share.pool.submit(_call_pair, tuple(local_call(i) for i in indices))
+                in_pool[future] = (submitted, indices)
+                submitted += 1
+                future.add_done_callback(finished.put)
+            while todo and len(on_ray) < 2 * others:
+                indices = [todo.popleft() for _ in range(min(size, len(todo)))]
+                for (job_name, spec_json, digest, share_pieces, run), group in _same_job(
+                        [calls[i] for i in indices], indices):
+                    ref = self._batch.remote(job_name, spec_json, [calls[i][2] for _, i in group], digest,
+                                             share_pieces, host, run)
+                    future = ref.future()
+                    on_ray[future] = (ref, [i for _, i in group])  # the ref kept: Ray keeps its result for it
+                    future.add_done_callback(finished.put)
+
+        def failed(i: int, error: str) -> TaskFailure | None:
+            """One failed attempt of call ``i``: queued again, or its TaskFailure once past the retries."""
+            attempts[i] += 1
+            if attempts[i] <= self.retries:
+                todo.appendleft(i)
+                return None
+            return TaskFailure(task_ids[i], error)
+
+        fill()
+        while in_pool or on_ray:
+            future = finished.get()
+            if future in on_ray:
+                _, indices = on_ray.pop(future)
+                try:
+                    outcomes = future.result()
+                except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the task's exception
+                    cause = getattr(exc, "cause", None) or exc
+                    for i in indices:
+                        yield TaskFailure(task_ids[i], f"{type(cause).__name__}: {cause}")
+                    outcomes = []
+                for i, outcome in zip(indices, outcomes):
+                    if outcome[0] == "R":
+                        self.tasks_ran["ray"] += 1
+                        yield json.loads(outcome[1:])
+                    elif (failure := failed(i, outcome[1:])) is not None:
+                        yield failure
+            elif future in in_pool:
+                seq, indices = in_pool.pop(future)
+                try:
+                    text = future.result()
+                    records = [json.loads(text)] if len(indices) == 1 else json.loads(text)
+                except BrokenProcessPool as exc:  # the oldest in flight may have run: charged; the rest not
+                    lost = sorted([(seq, indices)] + list(in_pool.values()))
+                    in_pool.clear()  # their futures still arrive (broken too): ignored
+                    for rank, (_, lost_indices) in reversed(list(enumerate(lost))):
+                        for i in reversed(lost_indices):
+                            if rank > share.cpus:
+                                todo.appendleft(i)
+                            elif (failure := failed(i, f"{type(exc).__name__}: {exc}")) is not None:
+                                yield failure
+                    share.restart()
+                    records = []
+                except Exception as exc:  # noqa: BLE001 - a task failure is a value
+                    records = [{_FAILED: f"{type(exc).__name__}: {exc}"}] * len(indices)
+                for i, record in zip(indices, records):
+                    if _FAILED not in record:
+                        self.tasks_ran["driver_pool"] += 1
+                        yield record
+                    elif (failure := failed(i, record[_FAILED])) is not None:
+                        yield failure
+            fill()
+
+    def _run_on_ray(self, calls: list[tuple], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
+        """Every call a Ray task (in batches of consecutive calls); results as they finish."""
+        ray = self.ray
+        # a call that raised is retried as a Ray task of its own (anywhere in the cluster, as before batches),
+        # its exceptions included
+        remote = self._batch
+        alone = ray.remote(num_cpus=1, max_retries=max(0, self.retries - 1), retry_exceptions=True)(_execute)
+        hosts: dict[str, str] = {}  # spec JSON -> the driver's host token of its job folder (one spec per job)
+        size = batch_size(len(calls), max(self.workers or 1, int(ray.cluster_resources().get("CPU", 0))))
+        batch_ids: dict = {}  # Ray task -> the task ids of its calls, in order
+        retried: set = set()  # Ray tasks of one call retried alone (they return the record's text)
+        args_of: dict = {}  # Ray task -> (job name, spec, digest, share_pieces, driver host, run) of its calls
+        for first in range(0, len(calls), size):
+            for (job_name, spec_json, digest, share_pieces, run), group in _same_job(calls[first:first + size],
+                                                                                    task_ids[first:first + size]):
+                if spec_json not in hosts:
+                    hosts[spec_json] = host_token(job_folder(json.loads(spec_json)["out"]))
+                tasks = [task_json for task_json, _ in group]
+                ref = remote.remote(job_name, spec_json, tasks, digest, share_pieces, hosts[spec_json], run)
+                batch_ids[ref] = [task_id for _, task_id in group]
+                args_of[ref] = (job_name, spec_json, tasks, digest, share_pieces, hosts[spec_json], run)
+        pending = list(batch_ids)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            if pending:  # and whatever else finished meanwhile
+                more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+                ready += more
+            for ref in ready:
+                ids = batch_ids.pop(ref)
+                job_name, spec_json, tasks, digest, share_pieces, host, run = args_of.pop(ref)
+                alone_call = ref in retried
+                retried.discard(ref)
+                try:
+                    results = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the task's exception
+                    cause = getattr(exc, "cause", None) or exc
+                    for task_id in ids:
+                        yield TaskFailure(task_id, f"{type(cause).__name__}: {cause}")
+                    continue
+                if alone_call:
+                    self.tasks_ran["ray"] += 1
+                    yield json.loads(results)
+                    continue
+                for task_id, task_json, result in zip(ids, tasks, results):
+                    if result[0] == "R":
+                        self.tasks_ran["ray"] += 1
+                        yield json.loads(result[1:])
+                    elif self.retries:
+                        again = alone.remote(job_name, spec_json, task_json, digest, share_pieces, host, run)
+                        batch_ids[again] = [task_id]
+                        retried.add(again)
+                        args_of[again] = (job_name, spec_json, [task_json], digest, share_pieces, host, run)
+                        pending.append(again)
+                    else:
+                        yield TaskFailure(task_id, result[1:])
 
     def _shutdown(self) -> None:
         """Leave Ray (a local instance started for the job stops with it). In place, not on a thread: an object

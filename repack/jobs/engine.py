@@ -388,6 +388,7 @@ class Engine:
         self.out = job.out
         self.planned_quarantine = 0  # inputs the plan's scan refused (progress lines count them)
         self.run_id = ""  # this run's token once it holds the lock (run_guard.claim_run), checked by every writer
+        self.tasks_ran: dict[str, int] = {}  # the executor's count of tasks by where they ran, if it keeps one
 
     # -- state ---------------------------------------------------------------------------
     def _check_state(self, plan: Plan) -> None:
@@ -529,7 +530,8 @@ class Engine:
         refuse_out_inside_source(self.job.spec.source, self.out)
         opts = self.options
         executor = get_executor(opts.executor, workers=opts.workers or available_cpus(), retries=opts.retries,
-                                address=opts.ray_address, job=self.job.name)  # fails fast, e.g. Ray not installed
+                                address=opts.ray_address, job=self.job.name,
+                                driver_cpus=opts.ray_driver_cpus)  # fails fast, e.g. Ray not installed
         if opts.overwrite and opts.num_nodes > 1:
             raise UsageError("--overwrite cannot be combined with --num-nodes; clear OUT once, then start the nodes")
         store = self.job.store
@@ -573,6 +575,7 @@ class Engine:
                 texts = dict(zip((t.task_id for t in plan.tasks), plan.task_texts))  # encoded once, for the digest
                 failures = self._execute(executor, mine, todo, digest, records, chunk_records,
                                          [texts[t.task_id] for t in todo])
+                self.tasks_ran = dict(getattr(executor, "tasks_ran", {}))  # where they ran (Ray: pool or Ray)
                 del texts
             except Interrupted:
                 self._clean_temps(temps)  # the workers and assemblies are stopped: their temps go
@@ -754,6 +757,7 @@ class Engine:
                        "finished_unix": int(time.time()), "seconds": round(time.time() - started, 3),
                        "task_seconds": round(sum(r.get("seconds", 0.0) + r.get("chunk_seconds", 0.0)
                                                  for r in records), 3),
+                       **({"tasks_ran": self.tasks_ran} if self.tasks_ran else {}),
                        **body.pop("run_stats", {})}
         if self._strict_problem(body):
             return body  # not published: _check_outcome withholds it (exit 6)

@@ -1,0 +1,92 @@
+"""The driver's own node in a Ray job: its CPUs reserved from Ray and run by a local process pool.
+
+A Ray worker costs ~0.9 CPU-s before its first task (``import ray``, its connection, the job's modules),
+and Ray starts fresh ones for every job; a pool worker forked from the driver starts in milliseconds with
+the job's modules already imported. So the CPUs Ray can give on the driver's node run the job's tasks in
+a pool forked when the executor starts (before Ray's threads exist in the driver), held for the job as a
+placement group on that node, so that Ray schedules nothing else there meanwhile; Ray workers run the
+tasks on the other nodes. A head with no CPUs for tasks (``ray start --head --num-cpus 0``, as clusters are
+often set up), a node whose CPUs other work holds, or ``--ray-driver-cpus 0`` leaves every task to Ray.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+
+RESERVE_WAIT_S = 5  # how long the placement group may take to be granted before Ray runs every task
+
+
+class DriverShare:
+    """A process pool of up to ``cpus`` workers, forked now; ``reserve`` then sizes it to what Ray grants."""
+
+    def __init__(self, cpus: int) -> None:
+        from repack.exec.local import new_pool
+
+        self.cpus = cpus
+        self.group = None  # the placement group holding those CPUs on the driver's node
+        self.pool: ProcessPoolExecutor | None = new_pool(cpus)
+        self.pool.submit(int)  # under fork every worker starts at the first submit: now, while one thread runs
+
+    def reserve(self, ray) -> int:
+        """Hold this node's free CPUs (at most the pool's) for the job: the CPUs the pool may use (0: none,
+        the pool is closed)."""
+        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+        node = ray.get_runtime_context().get_node_id()
+        wanted = min(self.cpus, int(_free_cpus(ray, node)))
+        if wanted < 1:
+            self.close()
+            self.cpus = 0
+            return 0
+        group = placement_group([{"CPU": wanted}], strategy="STRICT_PACK", _soft_target_node_id=node)
+        if not group.wait(timeout_seconds=RESERVE_WAIT_S) or \
+                placement_group_table(group).get("bundles_to_node_id", {}).get(0) != node:
+            remove_placement_group(group)  # granted elsewhere (or not at all): Ray runs every task
+            self.close()
+            self.cpus = 0
+            return 0
+        self.group, self.cpus = group, wanted
+        return wanted
+
+    def restart(self) -> None:
+        """A new pool after a worker died (the driver runs Ray's threads now: forkserver, ``_pool_context``)."""
+        from repack.exec.local import new_pool
+
+        self.close(failed=True)
+        self.pool = new_pool(self.cpus)
+
+    def close(self, failed: bool = False) -> None:
+        """Stop the pool (``failed``: kill its workers now, dropping what they run; else let them finish)."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        if failed:
+            from repack.exec.local import kill_pool
+
+            kill_pool(pool)
+        else:
+            pool.shutdown(wait=True)
+
+    def release(self, ray) -> None:
+        """Give the CPUs back to Ray (the job's end also does, with the driver)."""
+        if self.group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self.group)
+            except Exception:  # noqa: BLE001 - Ray drops a job's groups when the driver leaves anyway
+                pass
+            self.group = None
+
+
+def _free_cpus(ray, node: str) -> float:
+    """CPUs not in use on ``node`` (Ray's per-node view; its total where that view is missing)."""
+    try:
+        from ray._private.state import available_resources_per_node
+
+        return available_resources_per_node().get(node, {}).get("CPU", 0.0)
+    except (ImportError, AttributeError):
+        for entry in ray.nodes():
+            if entry.get("NodeID") == node:
+                return entry.get("Resources", {}).get("CPU", 0.0)
+        return 0.0
