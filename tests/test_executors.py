@@ -82,16 +82,21 @@ def test_failing_task_is_reported_and_resumable(photo_tree, reference, tmp_path,
 
 
 def test_ray_missing_is_a_clear_error(photo_tree, tmp_path):
-    """Without Ray importable, --executor ray fails with an install hint, never a fallback."""
-    blocker = tmp_path / "noray"
-    blocker.mkdir()
-    (blocker / "ray.py").write_text("raise ImportError('ray is not installed here')\n")
-    import os
-
-    proc = run_repack("images", photo_tree, tmp_path / "o", "--executor", "ray", check=False,
-                      env={"PYTHONPATH": f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
-    assert proc.returncode == 2 and "pip install 'repack[ray]'" in proc.stderr
-    assert not (tmp_path / "o").exists()  # refused before any work
+    """Without Ray installed, --executor ray fails with an install hint before any work, never a fallback; a
+    Ray that is there but fails to import gives the hint and the import's error."""
+    hidden, broken = tmp_path / "noray", tmp_path / "broken"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None  # as if not installed\n")
+    broken.mkdir()
+    (broken / "ray.py").write_text("raise ImportError('a broken Ray')\n")
+    for blocker in (hidden, broken):
+        out = tmp_path / f"out-{blocker.name}"
+        proc = run_repack("images", photo_tree, out, "--executor", "ray", check=False,
+                          env={"PYTHONPATH": f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+        assert proc.returncode == 2 and "pip install 'repack[ray]'" in proc.stderr, proc.stderr
+        assert not (out / "manifest.json").exists()
+    assert not (tmp_path / "out-noray").exists()  # not installed: refused before any work
+    assert "a broken Ray" in proc.stderr
 
 
 def run_on_every_executor(command: str, source: Path, tmp_path: Path, *args) -> dict[str, Path]:

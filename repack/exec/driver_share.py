@@ -11,6 +11,7 @@ often set up), a node whose CPUs other work holds, or ``--ray-driver-cpus 0`` le
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ProcessPoolExecutor
 
 RESERVE_WAIT_S = 5  # how long the placement group may take to be granted before Ray runs every task
@@ -22,10 +23,26 @@ class DriverShare:
     def __init__(self, cpus: int) -> None:
         from repack.exec.local import new_pool
 
+        from repack.sources import scan_pool
+
         self.cpus = cpus
+        self.size = cpus  # the pool's processes
         self.group = None  # the placement group holding those CPUs on the driver's node
         self.pool: ProcessPoolExecutor | None = new_pool(cpus)
         self.pool.submit(int)  # under fork every worker starts at the first submit: now, while one thread runs
+        scan_pool.lend(self.pool)  # the driver's scan runs on it while Ray joins (no forkserver for it)
+
+    def in_flight(self) -> int:
+        """Calls the pool may hold at once: two per CPU (and two) when every worker may run, else one per CPU."""
+        return 2 * self.cpus + 2 if self.cpus == self.size else self.cpus
+
+    def settle(self) -> None:
+        """Planning is over: the scan's loan ends; the pool closes if Ray granted no CPU (``reserve``)."""
+        from repack.sources import scan_pool
+
+        scan_pool.lend(None)
+        if not self.cpus:
+            self.close()
 
     def reserve(self, ray) -> int:
         """Hold this node's free CPUs (at most the pool's) for the job: the CPUs the pool may use (0: none,
@@ -34,16 +51,13 @@ class DriverShare:
 
         node = ray.get_runtime_context().get_node_id()
         wanted = min(self.cpus, int(_free_cpus(ray, node)))
+        self.cpus = 0  # until granted; the pool itself closes in ``settle`` (a scan may be using it now)
         if wanted < 1:
-            self.close()
-            self.cpus = 0
             return 0
         group = placement_group([{"CPU": wanted}], strategy="STRICT_PACK", _soft_target_node_id=node)
         if not group.wait(timeout_seconds=RESERVE_WAIT_S) or \
                 placement_group_table(group).get("bundles_to_node_id", {}).get(0) != node:
             remove_placement_group(group)  # granted elsewhere (or not at all): Ray runs every task
-            self.close()
-            self.cpus = 0
             return 0
         self.group, self.cpus = group, wanted
         return wanted
@@ -54,12 +68,17 @@ class DriverShare:
 
         self.close(failed=True)
         self.pool = new_pool(self.cpus)
+        self.size = self.cpus
 
     def close(self, failed: bool = False) -> None:
         """Stop the pool (``failed``: kill its workers now, dropping what they run; else let them finish)."""
+        from repack.sources import scan_pool
+
         pool, self.pool = self.pool, None
         if pool is None:
             return
+        if scan_pool._lent is pool:
+            scan_pool.lend(None)
         if failed:
             from repack.exec.local import kill_pool
 
@@ -67,16 +86,21 @@ class DriverShare:
         else:
             pool.shutdown(wait=True)
 
-    def release(self, ray) -> None:
-        """Give the CPUs back to Ray (the job's end also does, with the driver)."""
-        if self.group is not None:
-            from ray.util.placement_group import remove_placement_group
+    def release(self) -> None:
+        """Give the CPUs back to Ray, on a daemon thread: Ray's call takes ~0.3 s, and a driver that exits
+        meanwhile ends its job, which drops the job's placement groups anyway."""
+        group, self.group = self.group, None
+        if group is not None:
+            threading.Thread(target=_remove_group, args=(group,), daemon=True, name="repack-ray-release").start()
 
-            try:
-                remove_placement_group(self.group)
-            except Exception:  # noqa: BLE001 - Ray drops a job's groups when the driver leaves anyway
-                pass
-            self.group = None
+
+def _remove_group(group) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    try:
+        remove_placement_group(group)
+    except Exception:  # noqa: BLE001 - Ray drops a job's groups when the driver leaves anyway
+        pass
 
 
 def _free_cpus(ray, node: str) -> float:

@@ -52,11 +52,14 @@ from repack.exec.cpus import available_cpus
 from repack.exec.host import host_token, job_folder
 
 
+INSTALL_HINT = "--executor ray needs Ray, which is not installed: pip install 'repack[ray]'"
+
+
 def _import_ray():
     try:
         import ray
-    except ImportError:
-        raise UsageError("--executor ray needs Ray, which is not installed: pip install 'repack[ray]'") from None
+    except ImportError as exc:
+        raise UsageError(f"{INSTALL_HINT} ({exc})") from None
     return ray
 
 
@@ -143,8 +146,10 @@ class RayExecutor:
 
     def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None,
                  job: str | None = None, driver_cpus: int | None = None, **_ignored) -> None:
+        if importlib.util.find_spec("ray") is None:
+            raise UsageError(INSTALL_HINT)  # before any work; Ray itself is imported on a thread (below)
         self._share = None  # the driver's node run by a local pool (``repack.exec.driver_share``)
-        if driver_cpus != 0 and importlib.util.find_spec("ray") is not None:
+        if driver_cpus != 0:
             from repack.exec.driver_share import DriverShare
 
             # forked first, while the driver runs one thread (Ray starts threads in it)
@@ -156,19 +161,29 @@ class RayExecutor:
         self._started_here = False
         self.tasks_ran = {"driver_pool": 0, "ray": 0}  # calls that ran to a record, by where they ran
         try:
-            self.ray = _import_ray()  # here: the sooner the driver joins, the sooner Ray starts its workers
             self._check_reachable()
         except BaseException:
             self._end(failed=True)
             raise
+        self.ray = None
         self._init_error: BaseException | None = None
         self._warm: list = []
         self._batch = None  # the Ray remote function of a batch (its warm-up tasks included)
-        self._joining: threading.Thread | None = None
-        if self._joins_a_cluster():  # a local instance starts in run(): Ray starts one from the main thread only
-            self._joining = threading.Thread(target=self._join, daemon=True, name="repack-ray-init")
-            self._joining.start()  # overlaps the driver's planning
-            atexit.register(self._joining.join)  # a job that ends before run(): never exit mid-ray.init
+        # `import ray` (~0.25 s), and joining a running cluster, overlap the driver's planning
+        self._joining = threading.Thread(target=self._start, daemon=True, name="repack-ray-init")
+        self._joining.start()
+        atexit.register(self._joining.join)  # a job that ends before run(): never exit mid-ray.init
+
+    def _start(self) -> None:
+        """The thread's work: import Ray, then join a running cluster (a local instance starts in ``run``: Ray
+        starts one from the main thread only)."""
+        try:
+            self.ray = _import_ray()
+        except BaseException as exc:  # noqa: BLE001 - raised by run(), in the driver's thread
+            self._init_error = exc
+            return
+        if self._joins_a_cluster():
+            self._join()
 
     def _check_reachable(self) -> None:
         """Fail fast on a host:port that does not answer (ray.init would retry for minutes)."""
@@ -220,10 +235,9 @@ class RayExecutor:
 
     def _joined(self) -> None:
         """Wait for the thread that joins the cluster (or start the local instance); re-raise its error here."""
-        if self._joining is None:
+        self._joining.join()
+        if self._init_error is None and not self._joins_a_cluster():
             self._join()
-        else:
-            self._joining.join()
         if self._init_error is not None:
             raise self._init_error
 
@@ -232,8 +246,7 @@ class RayExecutor:
         try:
             return self._share.reserve(self.ray)
         except Exception:  # noqa: BLE001 - Ray cannot hold them (an older head): its workers run every task
-            self._share.close(failed=True)
-            self._share.cpus = 0
+            self._share.cpus = 0  # the pool closes once planning is over (``settle``)
             return 0
 
     def run(self, calls: list[tuple[str, str, str, str, bool, bool, str]],
@@ -241,6 +254,8 @@ class RayExecutor:
         ended = False
         try:
             self._joined()
+            if self._share is not None:
+                self._share.settle()
             if calls and self._share is not None and self._share.cpus:
                 yield from self._run_shared(calls, task_ids)
             elif calls:
@@ -253,8 +268,8 @@ class RayExecutor:
         """Stop the driver's pool (``failed``: its workers killed), give its CPUs back, leave Ray."""
         if self._share is not None:
             self._share.close(failed=failed)
-            if hasattr(self, "ray"):
-                self._share.release(self.ray)
+            if not self._started_here:  # a local instance started for the job stops with it, groups and all
+                self._share.release()
         if self._started_here:
             self._shutdown()
 
@@ -286,7 +301,7 @@ class RayExecutor:
 
         def fill() -> None:
             nonlocal submitted
-            while todo and share.pool is not None and len(in_pool) < 2 * share.cpus + 2:
+            while todo and share.pool is not None and len(in_pool) < share.in_flight():
                 indices = [todo.popleft() for _ in range(min(pair, len(todo)))]
                 future = share.pool.submit(_call, local_call(indices[0])) if len(indices) == 1 else \
                     share.pool.submit(_call_pair, tuple(local_call(i) for i in indices))

@@ -26,12 +26,44 @@ def start_method(workers: int, tasks: int, min_tasks: int) -> str | None:
     return "forkserver" if "forkserver" in methods else None
 
 
+_lent: ProcessPoolExecutor | None = None  # a pool forked before the driver's threads started, lent to scans
+
+
+def lend(pool: ProcessPoolExecutor | None) -> None:
+    """Let scans run on ``pool`` (None: no more): ``--executor ray`` forks the driver's pool before Ray's threads
+    start (``repack.exec.driver_share``), so its scan needs no forkserver."""
+    global _lent
+    _lent = pool
+
+
+class _Borrowed:
+    """A lent pool as a scan uses its own: ``map``, and a ``shutdown``/``with`` that leave it running."""
+
+    def __init__(self, pool: ProcessPoolExecutor) -> None:
+        self.pool = pool
+
+    def map(self, fn, *iterables, chunksize: int = 1):
+        return self.pool.map(fn, *iterables, chunksize=chunksize)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+    def __enter__(self) -> "_Borrowed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 def scan_pool(workers: int, tasks: int, min_tasks: int, module: str) -> ProcessPoolExecutor | None:
     """A pool of ``min(workers, tasks)`` processes for ``tasks`` folder walks, or None (``start_method``).
-    ``module``: the module holding the pool's task function (a forkserver imports it once)."""
+    ``module``: the module holding the pool's task function (a forkserver imports it once). A lent pool
+    (``lend``) serves instead of starting one."""
     method = start_method(workers, tasks, min_tasks)
     if method is None:
         return None
+    if _lent is not None:
+        return _Borrowed(_lent)
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         context.set_forkserver_preload([module])  # a no-op once this process's server runs

@@ -1,7 +1,8 @@
 """Issue 6/29 benchmark: the same `repack images` job on the local process pool vs Ray.
 
-Ray is measured two ways: started by the job itself (cold, `--executor ray`) and joined by
-the job (`ray start --head` first, then `--ray-address`), which is how a cluster runs it.
+Ray is measured three ways: started by the job itself (cold, `--executor ray`), joined by the job
+(`ray start --head` first, then `--ray-address`), which is how a cluster runs it, and joined with
+`--ray-driver-cpus 0` (every task a Ray task: no pool on the driver's node, as before that option).
 Same worker count everywhere (the usable CPUs, or REPACK_BENCH_EXECUTOR_WORKERS); ratios are against the
 local pool measured in the same run, REPACK_BENCH_REPEATS times each (the median counts), the
 executors taking turns so that a noisy neighbour hits each alike; besides wall time, the CPU seconds
@@ -192,6 +193,8 @@ def main(out_dir: str | os.PathLike) -> dict:
         for _ in range(REPEATS):
             timed("local")
             timed("ray_joined_cluster", "--executor", "ray", "--ray-address", head.address, joined=head)
+            timed("ray_joined_workers_only", "--executor", "ray", "--ray-address", head.address,
+                  "--ray-driver-cpus", "0", joined=head)  # every task a Ray task, no pool on the driver's node
             if baseline:
                 timed("ray_joined_cluster_baseline", "--executor", "ray", "--ray-address", baseline.address,
                       joined=baseline, tree=BASELINE)
@@ -203,7 +206,7 @@ def main(out_dir: str | os.PathLike) -> dict:
     results = {name: statistics.median(times) for name, times in runs.items()}
     cpu = {name: statistics.median(times) for name, times in cpus.items()}
     cpu.pop("ray_started_by_job")  # not measured: the instance's daemons and workers are not all reaped by the driver
-    names = ("ray_started_by_job", "ray_joined_cluster") + (("ray_joined_cluster_baseline",) if baseline else ())
+    names = ("ray_started_by_job", "ray_joined_cluster", "ray_joined_workers_only") + (("ray_joined_cluster_baseline",) if baseline else ())
     same = all(_same_dataset(out_dir / "local", out_dir / n) for n in names)
     images = json.loads((out_dir / "local" / "manifest.json").read_text())["totals"]["samples"]
     print(f"\n## executors: {images} images from {src}, --verify decode, {WORKERS} workers, {os.cpu_count()} cores, "
