@@ -11,7 +11,6 @@ often set up), a node whose CPUs other work holds, or ``--ray-driver-cpus 0`` le
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ProcessPoolExecutor
 
 RESERVE_WAIT_S = 5  # how long the placement group may take to be granted before Ray runs every task
@@ -87,20 +86,15 @@ class DriverShare:
             pool.shutdown(wait=True)
 
     def release(self) -> None:
-        """Give the CPUs back to Ray, on a daemon thread: Ray's call takes ~0.3 s, and a driver that exits
-        meanwhile ends its job, which drops the job's placement groups anyway."""
+        """Give the CPUs back to Ray (~1 ms; a driver that leaves ends its job, which drops its groups too)."""
         group, self.group = self.group, None
         if group is not None:
-            threading.Thread(target=_remove_group, args=(group,), daemon=True, name="repack-ray-release").start()
+            from ray.util.placement_group import remove_placement_group
 
-
-def _remove_group(group) -> None:
-    from ray.util.placement_group import remove_placement_group
-
-    try:
-        remove_placement_group(group)
-    except Exception:  # noqa: BLE001 - Ray drops a job's groups when the driver leaves anyway
-        pass
+            try:
+                remove_placement_group(group)
+            except Exception:  # noqa: BLE001 - Ray drops a job's groups when the driver leaves anyway
+                pass
 
 
 def _free_cpus(ray, node: str) -> float:
