@@ -188,3 +188,20 @@ def test_driver_killed_mid_job_rerun_resumes(server, source, reference, cluster,
     assert f"{4 - len(done)} task(s) run, {len(done)} resumed" in rerun(server, cluster, source, "s3://driver/out",
                                                                           tmp_path)
     assert dataset(objects(s3, "driver", "out")) == reference
+
+
+def test_drivers_pool_and_ray_workers_share_an_object_store_job(server, source, tmp_path):
+    """SOURCE and OUT on s3:// with the driver's pool (1 CPU held from Ray) beside a Ray worker (a local
+    instance of 2 CPUs started by the job): both run tasks (20 shards), and the dataset equals the local
+    pool's byte for byte."""
+    s3 = client(server.endpoint)
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "driver")}
+    args = ("--shard-size", "2", "--quiet", "--workers", "2")
+    for bucket, extra in (("pool", ()), ("mixed", ("--executor", "ray", "--ray-driver-cpus", "1"))):
+        s3.create_bucket(Bucket=bucket)
+        proc = run_repack("images", source, f"s3://{bucket}/out", *args, *extra, env=env, check=False)
+        assert proc.returncode == 0, proc.stderr
+    mixed = objects(s3, "mixed", "out")
+    assert dataset(mixed) == dataset(objects(s3, "pool", "out"))
+    ran = json.loads(mixed["manifest.json"])["run"]["tasks_ran"]
+    assert ran["driver_pool"] >= 1 and ran["ray"] >= 1 and sum(ran.values()) == 20, ran

@@ -10,7 +10,12 @@ its worker or node is retried elsewhere up to ``retries`` times. Workers must be
 
 What keeps Ray's cost near the local pool's (``tests/benchmarks/bench_executors.py``):
 
-- Joining a running cluster happens on a thread from the executor's start, while the driver plans;
+- The driver's own node runs tasks in a local process pool on the CPUs Ray has free there, held for the
+  job as a placement group (``repack.exec.driver_share``; ``--ray-driver-cpus``): a fresh Ray worker costs
+  ~0.9 CPU-s before its first task, a forked pool worker milliseconds. Ray's workers run the tasks on the
+  other nodes; both take the calls in order as each has room (``_run_shared``). A head without CPUs for
+  tasks, or ``--ray-driver-cpus 0``, leaves every task to Ray (``_run_on_ray``).
+- `import ray` and joining a running cluster happen on a thread from the executor's start, while the driver plans;
   so does a warm-up task per worker that imports the job's modules (a fresh Ray worker imports them
   at its first task otherwise, where a pool worker forks with them already imported). A local
   instance for the job starts in ``run`` (Ray starts one from the main thread only).
