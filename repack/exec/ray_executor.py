@@ -270,12 +270,13 @@ class RayExecutor:
             self._end(failed=not ended)
 
     def _end(self, failed: bool) -> None:
-        """Stop the driver's pool (``failed``: its workers killed), give its CPUs back, leave Ray."""
+        """Stop the driver's pool (``failed``: its workers killed), give its CPUs back; stop a local instance
+        started for the job. A joined cluster is left as the process exits (``run_job``: without
+        ``ray.shutdown``, ~0.3 s), or by Ray's own exit hook; another job in this process reuses the connection."""
         if self._share is not None:
             self._share.close(failed=failed)
-            if not self._started_here:  # a local instance started for the job stops with it, groups and all
-                self._share.release()
-        if self._started_here:
+            self._share.release()
+        if self._started_here and not self._joins_a_cluster():
             self._shutdown()
 
     def _run_shared(self, calls: list[tuple], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
@@ -432,8 +433,8 @@ class RayExecutor:
                         yield TaskFailure(task_id, result[1:])
 
     def _shutdown(self) -> None:
-        """Leave Ray (a local instance started for the job stops with it). In place, not on a thread: an object
-        ref the driver frees while Ray's core worker shuts down ends the process (exit 1)."""
+        """Stop the local instance started for the job. In place, not on a thread: an object ref the driver
+        frees while Ray's core worker shuts down ends the process (exit 1)."""
         if self._started_here:
             self.ray.shutdown()
             self._started_here = False
