@@ -15,7 +15,7 @@ What keeps Ray's cost near the local pool's (``tests/benchmarks/bench_executors.
   ~0.9 CPU-s before its first task, a forked pool worker milliseconds. Ray's workers run the tasks on the
   other nodes; both take the calls in order as each has room (``_run_shared``). A head without CPUs for
   tasks, or ``--ray-driver-cpus 0``, leaves every task to Ray (``_run_on_ray``).
-- `import ray` and joining a running cluster happen on a thread from the executor's start, while the driver plans;
+- Joining a running cluster happens on a thread from the executor's start, while the driver plans;
   so does a warm-up task per worker that imports the job's modules (a fresh Ray worker imports them
   at its first task otherwise, where a pool worker forks with them already imported). A local
   instance for the job starts in ``run`` (Ray starts one from the main thread only).
@@ -152,7 +152,7 @@ class RayExecutor:
     def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None,
                  job: str | None = None, driver_cpus: int | None = None, **_ignored) -> None:
         if importlib.util.find_spec("ray") is None:
-            raise UsageError(INSTALL_HINT)  # before any work; Ray itself is imported on a thread (below)
+            raise UsageError(INSTALL_HINT)  # before any work, and before the driver's pool forks
         self._share = None  # the driver's node run by a local pool (``repack.exec.driver_share``)
         if driver_cpus != 0:
             from repack.exec.driver_share import DriverShare
@@ -166,29 +166,22 @@ class RayExecutor:
         self._started_here = False
         self.tasks_ran = {"driver_pool": 0, "ray": 0}  # calls that ran to a record, by where they ran
         try:
+            # on this thread, before planning: imported on the joining thread beside the planning, both took
+            # ~0.6 s longer on the device machine's 16 cores (`import ray` alone: 1.0-1.5 s there; the GIL handed
+            # back and forth between an importing thread and a busy one)
+            self.ray = _import_ray()
             self._check_reachable()
         except BaseException:
             self._end(failed=True)
             raise
-        self.ray = None
         self._init_error: BaseException | None = None
         self._warm: list = []
         self._batch = None  # the Ray remote function of a batch (its warm-up tasks included)
-        # `import ray` (~0.25 s), and joining a running cluster, overlap the driver's planning
-        self._joining = threading.Thread(target=self._start, daemon=True, name="repack-ray-init")
-        self._joining.start()
-        atexit.register(self._joining.join)  # a job that ends before run(): never exit mid-ray.init
-
-    def _start(self) -> None:
-        """The thread's work: import Ray, then join a running cluster (a local instance starts in ``run``: Ray
-        starts one from the main thread only)."""
-        try:
-            self.ray = _import_ray()
-        except BaseException as exc:  # noqa: BLE001 - raised by run(), in the driver's thread
-            self._init_error = exc
-            return
-        if self._joins_a_cluster():
-            self._join()
+        self._joining: threading.Thread | None = None
+        if self._joins_a_cluster():  # a local instance starts in run(): Ray starts one from the main thread only
+            self._joining = threading.Thread(target=self._join, daemon=True, name="repack-ray-init")
+            self._joining.start()  # overlaps the driver's planning
+            atexit.register(self._joining.join)  # a job that ends before run(): never exit mid-ray.init
 
     def _check_reachable(self) -> None:
         """Fail fast on a host:port that does not answer (ray.init would retry for minutes)."""
@@ -240,9 +233,10 @@ class RayExecutor:
 
     def _joined(self) -> None:
         """Wait for the thread that joins the cluster (or start the local instance); re-raise its error here."""
-        self._joining.join()
-        if self._init_error is None and not self._joins_a_cluster():
+        if self._joining is None:
             self._join()
+        else:
+            self._joining.join()
         if self._init_error is not None:
             raise self._init_error
 
