@@ -46,19 +46,19 @@ class DriverShare:
     def reserve(self, ray) -> int:
         """Hold this node's free CPUs (at most the pool's) for the job: the CPUs the pool may use (0: none,
         the pool is closed)."""
-        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+        from ray.util.placement_group import placement_group, placement_group_table
 
         node = ray.get_runtime_context().get_node_id()
         wanted = min(self.cpus, int(_free_cpus(ray, node)))
         self.cpus = 0  # until granted; the pool itself closes in ``settle`` (a scan may be using it now)
         if wanted < 1:
             return 0
-        group = placement_group([{"CPU": wanted}], strategy="STRICT_PACK", _soft_target_node_id=node)
-        if not group.wait(timeout_seconds=RESERVE_WAIT_S) or \
-                placement_group_table(group).get("bundles_to_node_id", {}).get(0) != node:
-            remove_placement_group(group)  # granted elsewhere (or not at all): Ray runs every task
+        self.group = placement_group([{"CPU": wanted}], strategy="STRICT_PACK", _soft_target_node_id=node)
+        if not self.group.wait(timeout_seconds=RESERVE_WAIT_S) or \
+                placement_group_table(self.group).get("bundles_to_node_id", {}).get(0) != node:
+            self.release()  # granted elsewhere (or not at all): Ray runs every task
             return 0
-        self.group, self.cpus = group, wanted
+        self.cpus = wanted
         return wanted
 
     def restart(self) -> None:

@@ -195,7 +195,8 @@ class RayExecutor:
             raise UsageError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
 
     def _joins_a_cluster(self) -> bool:
-        return bool(self.address or os.environ.get("RAY_ADDRESS"))
+        """A running cluster (an address, or RAY_ADDRESS), not a local instance started for the job ("local")."""
+        return (self.address or os.environ.get("RAY_ADDRESS") or "local") != "local"
 
     def _join(self) -> None:
         try:
@@ -220,12 +221,12 @@ class RayExecutor:
         kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                       configure_logging=True)
         try:
-            if self.address:
-                ray.init(address=self.address, **kwargs)
-            elif os.environ.get("RAY_ADDRESS"):
-                ray.init(**kwargs)
-            else:  # "local": a new instance for the job, never another local cluster found on this machine
+            if not self._joins_a_cluster():  # a new instance for the job, never another local cluster found here
                 ray.init(address="local", num_cpus=self.workers, **kwargs)
+            elif self.address:
+                ray.init(address=self.address, **kwargs)
+            else:
+                ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = self.address or os.environ.get("RAY_ADDRESS") or "a local instance"
             raise UsageError(f"cannot start or reach Ray ({where}): {exc}") from None
@@ -263,15 +264,25 @@ class RayExecutor:
         finally:
             self._end(failed=not ended)
 
+    def close(self) -> None:
+        """Release what the executor holds if ``run`` never ran to its end (the engine calls it last)."""
+        self._end(failed=False)
+
     def _end(self, failed: bool) -> None:
         """Stop the driver's pool (``failed``: its workers killed), give its CPUs back; stop a local instance
-        started for the job. A joined cluster is left as the process exits (``run_job``: without
-        ``ray.shutdown``, ~0.3 s), or by Ray's own exit hook; another job in this process reuses the connection."""
-        if self._share is not None:
-            self._share.close(failed=failed)
-            self._share.release()
-        if self._started_here and not self._joins_a_cluster():
-            self._shutdown()
+        started for the job. ``failed`` (interrupted, or an error): also leave a joined cluster now, which
+        ends the job's Ray tasks before the engine removes their temp files (as before the driver's pool). A
+        joined cluster that the job finished is left as the process exits (``run_job``: without
+        ``ray.shutdown``, ~0.3 s), or by Ray's own exit hook; another job in this process reuses the
+        connection. Idempotent."""
+        try:
+            if self._share is not None:
+                self._share.close(failed=failed)
+        finally:
+            if self._share is not None:
+                self._share.release()
+            if self._started_here and (failed or not self._joins_a_cluster()):
+                self._shutdown()
 
     def _run_shared(self, calls: list[tuple], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
         """The driver's pool and Ray's workers take the calls in order as each has room (``2 x CPUs`` in flight:
@@ -299,12 +310,25 @@ class RayExecutor:
             job_name, spec_json, task_json, digest, share_pieces, _, run = calls[i]
             return job_name, spec_json, task_json, digest, share_pieces, not share_pieces, run
 
+        broken = False  # the pool broke (a worker died): nothing more goes to it until it is replaced
+
         def fill() -> None:
-            nonlocal submitted
-            while todo and share.pool is not None and len(in_pool) < share.in_flight():
+            nonlocal submitted, broken
+            if broken and not in_pool:  # no future of the broken pool is left to report it: replace it now
+                share.restart()
+                broken = False
+            while todo and not broken and len(in_pool) < share.in_flight():
                 indices = [todo.popleft() for _ in range(min(pair, len(todo)))]
-                future = share.pool.submit(_call, local_call(indices[0])) if len(indices) == 1 else \
-                    share.pool.submit(_call_pair, tuple(local_call(i) for i in indices))
+                try:
+                    future = share.pool.submit(_call, local_call(indices[0])) if len(indices) == 1 else \
+                        share.pool.submit(_call_pair, tuple(local_call(i) for i in indices))
+                except BrokenProcessPool:  # a worker died before its futures were failed: they will come
+                    todo.extendleft(reversed(indices))
+                    broken = True
+                    if not in_pool:
+                        share.restart()
+                        broken = False
+                    continue
                 in_pool[future] = (submitted, indices)
                 submitted += 1
                 future.add_done_callback(finished.put)
@@ -327,7 +351,9 @@ class RayExecutor:
             return TaskFailure(task_ids[i], error)
 
         fill()
-        while in_pool or on_ray:
+        while todo or in_pool or on_ray:
+            if not in_pool and not on_ray:  # never expected: fill() always has a side that takes calls
+                raise RuntimeError(f"{len(todo)} task(s) left that neither the driver's pool nor Ray took")
             future = finished.get()
             if future in on_ray:
                 _, indices = on_ray.pop(future)
@@ -359,6 +385,7 @@ class RayExecutor:
                             elif (failure := failed(i, f"{type(exc).__name__}: {exc}")) is not None:
                                 yield failure
                     share.restart()
+                    broken = False
                     records = []
                 except Exception as exc:  # noqa: BLE001 - a task failure is a value
                     records = [{_FAILED: f"{type(exc).__name__}: {exc}"}] * len(indices)

@@ -532,6 +532,16 @@ class Engine:
         executor = get_executor(opts.executor, workers=opts.workers or available_cpus(), retries=opts.retries,
                                 address=opts.ray_address, job=self.job.name,
                                 driver_cpus=opts.ray_driver_cpus)  # fails fast, e.g. Ray not installed
+        try:
+            return self._run_on(executor, started)
+        finally:
+            close = getattr(executor, "close", None)  # what it holds (Ray: the driver's pool, CPUs held from Ray)
+            if close is not None:
+                close()
+
+    def _run_on(self, executor, started: float) -> RunResult:
+        """``run`` on ``executor``: lock, plan, resume, execute, finalize."""
+        opts = self.options
         if opts.overwrite and opts.num_nodes > 1:
             raise UsageError("--overwrite cannot be combined with --num-nodes; clear OUT once, then start the nodes")
         store = self.job.store

@@ -37,16 +37,24 @@ def lend(pool: ProcessPoolExecutor | None) -> None:
 
 
 class _Borrowed:
-    """A lent pool as a scan uses its own: ``map``, and a ``shutdown``/``with`` that leave it running."""
+    """A lent pool as a scan uses its own: ``map``, and a ``shutdown``/``with`` that leave it running (a
+    shutdown that cancels drops the walks not started yet; one that waits waits for them)."""
 
     def __init__(self, pool: ProcessPoolExecutor) -> None:
         self.pool = pool
+        self.futures: list = []
 
     def map(self, fn, *iterables, chunksize: int = 1):
-        return self.pool.map(fn, *iterables, chunksize=chunksize)
+        futures = [self.pool.submit(fn, *args) for args in zip(*iterables)]
+        self.futures += futures
+        return (future.result() for future in futures)
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        pass
+        for future in self.futures:
+            if cancel_futures:
+                future.cancel()
+            elif wait and not future.cancelled():
+                future.exception()  # waits; an error is the map's to raise
 
     def __enter__(self) -> "_Borrowed":
         return self
