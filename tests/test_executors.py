@@ -318,8 +318,11 @@ def test_killed_driver_pool_worker_under_ray_is_retried_on_a_new_pool(photo_tree
         records = list((out / ".repack" / "tasks").glob("*.json")) if (out / ".repack" / "tasks").exists() else []
         pool = [pid for pid in child_pids(proc.pid) if _cmdline(pid) == driver]  # forked: Ray's daemons are not
         if len(records) >= 2 and pool:
-            killed = pool[0]
-            os.kill(killed, signal.SIGKILL)
+            try:
+                os.kill(pool[0], signal.SIGKILL)
+                killed = pool[0]
+            except ProcessLookupError:  # gone meanwhile (the job's end): look again
+                pass
         time.sleep(0.005)
     stdout, stderr = proc.communicate(timeout=120)
     assert killed is not None, "the job finished before a worker could be killed"

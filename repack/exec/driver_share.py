@@ -98,13 +98,17 @@ class DriverShare:
 
 
 def _free_cpus(ray, node: str) -> float:
-    """CPUs not in use on ``node`` (Ray's per-node view; its total where that view is missing)."""
+    """CPUs not in use on ``node`` (Ray's per-node view); its total where that view does not list it yet (a
+    local instance just started: its first resource report may still be on the way)."""
     try:
         from ray._private.state import available_resources_per_node
 
-        return available_resources_per_node().get(node, {}).get("CPU", 0.0)
+        free = available_resources_per_node().get(node)
     except (ImportError, AttributeError):
-        for entry in ray.nodes():
-            if entry.get("NodeID") == node:
-                return entry.get("Resources", {}).get("CPU", 0.0)
-        return 0.0
+        free = None
+    if free is not None:
+        return free.get("CPU", 0.0)
+    for entry in ray.nodes():
+        if entry.get("NodeID") == node:
+            return entry.get("Resources", {}).get("CPU", 0.0)
+    return 0.0
