@@ -21,7 +21,6 @@ class DriverShare:
 
     def __init__(self, cpus: int) -> None:
         from repack.exec.local import new_pool
-
         from repack.sources import scan_pool
 
         self.cpus = cpus
@@ -76,8 +75,7 @@ class DriverShare:
         pool, self.pool = self.pool, None
         if pool is None:
             return
-        if scan_pool._lent is pool:
-            scan_pool.lend(None)
+        scan_pool.end_loan(pool)
         if failed:
             from repack.exec.local import kill_pool
 

@@ -36,6 +36,12 @@ def lend(pool: ProcessPoolExecutor | None) -> None:
     _lent = pool
 
 
+def end_loan(pool: ProcessPoolExecutor) -> None:
+    """Scans stop borrowing ``pool`` (if it is the one lent)."""
+    if _lent is pool:
+        lend(None)
+
+
 class _Borrowed:
     """A lent pool as a scan uses its own: ``map``, and a ``shutdown``/``with`` that leave it running (a
     shutdown that cancels drops the walks not started yet; one that waits waits for them)."""
