@@ -38,7 +38,7 @@ class DriverShare:
         """Planning is over: the scan's loan ends; the pool closes if Ray granted no CPU (``reserve``)."""
         from repack.sources import scan_pool
 
-        scan_pool.lend(None)
+        scan_pool.end_loan(self.pool)
         if not self.cpus:
             self.close()
 

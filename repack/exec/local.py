@@ -31,19 +31,37 @@ def _call(call: tuple[str, str, str, str, bool]) -> str:
 
 
 PAIR_FROM = 32  # calls per worker from which the local pool sends them in pairs (see LocalExecutor._run_pool)
-_FAILED = " failed"  # the key of a call's failure in ``_call_pair``'s list (no record has it)
+FAILED = " failed"  # the key of a call's failure in ``_call_pair``'s list (no record has it)
 
 
 def _call_pair(calls: tuple) -> str:
     """Run consecutive calls in one turn of a worker: a JSON list of each one's record, or of
-    ``{_FAILED: "<error type>: <message>"}`` where it raised (what the driver would have read from its future)."""
+    ``{FAILED: "<error type>: <message>"}`` where it raised (what the driver would have read from its future)."""
     texts = []
     for call in calls:
         try:
             texts.append(_call(call))
         except Exception as exc:  # noqa: BLE001 - the driver retries it on its own
-            texts.append(json.dumps({_FAILED: f"{type(exc).__name__}: {exc}"}))
+            texts.append(json.dumps({FAILED: f"{type(exc).__name__}: {exc}"}))
     return "[" + ",".join(text.rstrip() for text in texts) + "]"
+
+
+def submit_calls(pool: ProcessPoolExecutor, calls: list[tuple]):
+    """Submit one call, or consecutive calls that run in one turn of a worker (``_call_pair``); a broken pool's
+    BrokenProcessPool is raised."""
+    return pool.submit(_call, calls[0]) if len(calls) == 1 else pool.submit(_call_pair, tuple(calls))
+
+
+def call_outcomes(future, count: int) -> list[dict]:
+    """Each call's outcome from a finished ``submit_calls`` future of ``count`` calls: its record, or
+    ``{FAILED: "<error type>: <message>"}``. A broken pool's BrokenProcessPool is raised."""
+    try:
+        text = future.result()
+        return [json.loads(text)] if count == 1 else json.loads(text)
+    except BrokenProcessPool:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a task failure is a value
+        return [{FAILED: f"{type(exc).__name__}: {exc}"}] * count
 
 
 def _start_worker(driver_pid: int, cpus: int) -> None:
@@ -201,8 +219,7 @@ class LocalExecutor:
             def submit(indices: list[int]) -> bool:
                 """Submit; False when the pool broke meanwhile (a worker died)."""
                 try:
-                    future = pool.submit(_call, calls[indices[0]]) if len(indices) == 1 else \
-                        pool.submit(_call_pair, tuple(calls[i] for i in indices))
+                    future = submit_calls(pool, [calls[i] for i in indices])
                 except BrokenProcessPool:
                     return False
                 pending[future] = (next(seq), indices)
@@ -231,19 +248,16 @@ class LocalExecutor:
                 for future in done:
                     seq_and_calls = pending.pop(future)
                     try:
-                        text = future.result()
-                        outcomes = [json.loads(text)] if len(seq_and_calls[1]) == 1 else json.loads(text)
+                        outcomes = call_outcomes(future, len(seq_and_calls[1]))
                     except BrokenProcessPool as exc:
                         broken = True
                         lost.append((*seq_and_calls, f"{type(exc).__name__}: {exc}"))
                         continue
-                    except Exception as exc:  # noqa: BLE001 - a task failure is a value
-                        outcomes = [{_FAILED: f"{type(exc).__name__}: {exc}"}] * len(seq_and_calls[1])
                     for i, outcome in zip(seq_and_calls[1], outcomes):
-                        if _FAILED not in outcome:
+                        if FAILED not in outcome:
                             remaining.discard(i)
                             yield outcome
-                        elif (failure := charge(i, outcome[_FAILED])) is not None:
+                        elif (failure := charge(i, outcome[FAILED])) is not None:
                             yield failure
                         elif not broken:
                             broken = not submit([i])  # else it stays in ``remaining``: the next pool runs it

@@ -246,6 +246,7 @@ class RayExecutor:
         try:
             return self._share.reserve(self.ray)
         except Exception:  # noqa: BLE001 - Ray cannot hold them (an older head): its workers run every task
+            self._share.release()
             self._share.cpus = 0  # the pool closes once planning is over (``settle``)
             return 0
 
@@ -292,7 +293,7 @@ class RayExecutor:
         a pool whose worker died is replaced, the calls its workers may have run charged an attempt."""
         from concurrent.futures.process import BrokenProcessPool
 
-        from repack.exec.local import PAIR_FROM, _FAILED, _call, _call_pair
+        from repack.exec.local import FAILED, PAIR_FROM, call_outcomes, submit_calls
 
         ray, share = self.ray, self._share
         others = max(0, int(ray.cluster_resources().get("CPU", 0)) - share.cpus)  # CPUs for Ray's workers
@@ -320,8 +321,7 @@ class RayExecutor:
             while todo and not broken and len(in_pool) < share.in_flight():
                 indices = [todo.popleft() for _ in range(min(pair, len(todo)))]
                 try:
-                    future = share.pool.submit(_call, local_call(indices[0])) if len(indices) == 1 else \
-                        share.pool.submit(_call_pair, tuple(local_call(i) for i in indices))
+                    future = submit_calls(share.pool, [local_call(i) for i in indices])
                 except BrokenProcessPool:  # a worker died before its futures were failed: they will come
                     todo.extendleft(reversed(indices))
                     broken = True
@@ -373,8 +373,7 @@ class RayExecutor:
             elif future in in_pool:
                 seq, indices = in_pool.pop(future)
                 try:
-                    text = future.result()
-                    records = [json.loads(text)] if len(indices) == 1 else json.loads(text)
+                    records = call_outcomes(future, len(indices))
                 except BrokenProcessPool as exc:  # the oldest in flight may have run: charged; the rest not
                     lost = sorted([(seq, indices)] + list(in_pool.values()))
                     in_pool.clear()  # their futures still arrive (broken too): ignored
@@ -387,13 +386,11 @@ class RayExecutor:
                     share.restart()
                     broken = False
                     records = []
-                except Exception as exc:  # noqa: BLE001 - a task failure is a value
-                    records = [{_FAILED: f"{type(exc).__name__}: {exc}"}] * len(indices)
                 for i, record in zip(indices, records):
-                    if _FAILED not in record:
+                    if FAILED not in record:
                         self.tasks_ran["driver_pool"] += 1
                         yield record
-                    elif (failure := failed(i, record[_FAILED])) is not None:
+                    elif (failure := failed(i, record[FAILED])) is not None:
                         yield failure
             fill()
 
