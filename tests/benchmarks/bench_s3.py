@@ -44,7 +44,14 @@ the packing workers (and the processes measuring the server's GET rate).
 
 Absolute MB/s here say more about the loopback server than about S3 (moto especially); the ratios
 compare clients on the same server, which the table's first line names. REPACK_BENCH_S3_IMAGES sets the dataset size (default 2000);
-REPACK_BENCH_S3_PARTS=read measures the reading only (the shards uploaded with boto3's bulk upload).
+REPACK_BENCH_S3_PARTS=read measures the reading only (the shards uploaded with boto3's bulk upload);
+REPACK_BENCH_S3_PARTS=batched the batched reads, the GET paths and the server alone (no sample-by-sample
+epochs: at 20,000+ photos the decoded ones take minutes). REPACK_BENCH_S3_PACK_WORKERS (default
+REPACK_BENCH_S3_WORKERS) sets the workers of the reading part's local pack (a bigger dataset packed sooner;
+the loader keeps REPACK_BENCH_S3_WORKERS). In the ``--list`` part REPACK_BENCH_S3_SERVER_CPUS /
+REPACK_BENCH_S3_LOADER_CPUS pin rclone and the jobs (and the processes measuring the server's rate), and
+the table adds the job's listing alone (``scan_objects`` of the bucket, same pinning) and the GET phase's
+rate: objects / (job seconds - listing seconds), against the server's rate.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ from tests.tools.s3server import bench_server, client, s3_env
 
 IMAGES = int(os.environ.get("REPACK_BENCH_S3_IMAGES") or 2000)
 WORKERS = int(os.environ.get("REPACK_BENCH_S3_WORKERS") or 2)  # packing workers and server-rate processes
+PACK_WORKERS = int(os.environ.get("REPACK_BENCH_S3_PACK_WORKERS") or WORKERS)  # the reading part's local pack
 
 
 def _repack(env: dict, *args) -> float:
@@ -271,6 +279,16 @@ def _cpus(name: str) -> set[int] | None:
         lo, _, hi = part.partition("-")
         cpus.update(range(int(lo), int(hi or lo) + 1))
     return cpus
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` onto ``cpus`` (a Go server's threads are made before it is pinned;
+    the ones it makes later inherit the creating thread's CPUs)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except ProcessLookupError:
+            pass
 
 
 def _read_rates(local: str, remote: str, decode: bool, repeats: int) -> dict:
@@ -498,7 +516,8 @@ def _packing(rclone, work: Path, count: int, keys: list[str], repeats: int) -> d
                 if (out / tar.name).read_bytes() != tar.read_bytes():
                     raise RuntimeError(f"{out / tar.name} differs from the local source's {tar}")
     server_rate = statistics.median(rates)
-    packing = {"objects": count, "server_gets_per_s": round(server_rate, 1)}
+    listing_s = _list_seconds(rclone.endpoint, "pack", count, repeats)
+    packing = {"objects": count, "server_gets_per_s": round(server_rate, 1), "listing_s": round(listing_s, 3)}
     for name in sources:
         wall = statistics.median(w for w, _, _ in runs[name])
         packing[name] = {"s": round(wall, 2), "objects_per_s": round(count / wall, 1),
@@ -506,7 +525,25 @@ def _packing(rclone, work: Path, count: int, keys: list[str], repeats: int) -> d
                          "server_cpu_s": round(statistics.median(sc for _, _, sc in runs[name]), 2),
                          "vs_local": round(statistics.median(w for w, _, _ in runs["local"]) / wall, 3),
                          "vs_server_rate": round(count / wall / server_rate, 3)}
+        if name != "local":  # the job after its listing: planning, GETs, packing, finalize
+            packing[name]["after_listing_vs_server_rate"] = round(count / (wall - listing_s) / server_rate, 3)
     return packing
+
+
+def _list_seconds(endpoint: str, bucket: str, count: int, repeats: int) -> float:
+    """Median seconds of ``scan_objects`` listing ``bucket`` (``count`` objects), as a job's driver lists
+    its s3:// SOURCE, in this process (its client ready: a lower bound of the job's listing)."""
+    from repack.sources.s3 import scan_objects
+
+    os.environ.update(s3_env(endpoint))
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        listed = len(scan_objects(f"s3://{bucket}").objects)
+        times.append(time.perf_counter() - started)
+        if listed != count:
+            raise RuntimeError(f"listed {listed} objects of s3://{bucket}, expected {count}")
+    return statistics.median(times)
 
 
 def listing_main(out_dir: str | os.PathLike) -> dict:
@@ -533,6 +570,12 @@ def listing_main(out_dir: str | os.PathLike) -> dict:
     gets: dict = {}
     packing: dict = {}
     rclone = RcloneServer(work / "root")
+    server_cpus, loader_cpus = _cpus("REPACK_BENCH_S3_SERVER_CPUS"), _cpus("REPACK_BENCH_S3_LOADER_CPUS")
+    everything = os.sched_getaffinity(0)
+    if server_cpus:
+        _pin(rclone.proc.pid, server_cpus)
+    if loader_cpus:
+        os.sched_setaffinity(0, loader_cpus)  # the jobs and the server-rate processes inherit it
     try:
         if "list" in parts:
             rows[f"rclone serve s3, {count} objects"] = _listing_rates(rclone, "big", count, repeats)
@@ -542,6 +585,7 @@ def listing_main(out_dir: str | os.PathLike) -> dict:
             packing = _packing(rclone, work, pack_count, pack_keys, repeats)
     finally:
         rclone.stop()
+        os.sched_setaffinity(0, everything)
     if "list" in parts and moto_count:
         moto = MotoServer()
         try:
@@ -577,6 +621,13 @@ def listing_main(out_dir: str | os.PathLike) -> dict:
         lines += [f"| {names[name]} | {r['s']} | {r['objects_per_s']:,.0f} | {r['vs_local']:.2f}x | "
                   f"{r['vs_server_rate']:.2f}x | {r['cpu_s']} | {r['server_cpu_s']} |"
                   for name, r in packing.items() if isinstance(r, dict)]
+        lines += [f"| the listing alone (`scan_objects`, this process) | {packing['listing_s']} | | | | | |"]
+        lines += [f"| {names[name]} after its listing: (seconds - listing) | {r['s'] - packing['listing_s']:.2f} | "
+                  f"{pack_count / (r['s'] - packing['listing_s']):,.0f} | | {r['after_listing_vs_server_rate']:.2f}x | | |"
+                  for name, r in packing.items() if isinstance(r, dict) and name != "local"]
+        if server_cpus or loader_cpus:
+            lines += ["", f"server on CPUs {sorted(server_cpus or everything)}, jobs and server-rate processes on "
+                          f"{sorted(loader_cpus or everything)}"]
     table = "\n".join(lines)
     print(table)
     return {"listing": rows, "gets": gets, "packing": packing, "table": table}
@@ -596,10 +647,11 @@ def main(out_dir: str | os.PathLike) -> dict:
         s3.create_bucket(Bucket="bench")
         common = ["--shard-bytes", "32MB", "--workers", str(WORKERS), "--quiet"]
         local = work / "local"
-        local_s = _repack(env, "images", src, local, *common)
+        local_s = _repack(env, "images", src, local, *common[:2], "--workers", str(PACK_WORKERS), "--quiet")
         files = sorted(p for p in local.iterdir() if p.suffix in (".tar", ".idx"))
         total = sum(f.stat().st_size for f in files)
-        reads_only = os.environ.get("REPACK_BENCH_S3_PARTS") == "read"
+        parts = os.environ.get("REPACK_BENCH_S3_PARTS")
+        reads_only = parts in ("read", "batched")
         bulk_s = _bulk_upload(s3, [*files, local / "manifest.json"], local, "bench", "bulk")
         publish_s = bulk_s if reads_only else _publish_all(files, local, "s3://bench/publish")
         s3_s = local_s if reads_only else _repack(env, "images", src, "s3://bench/job", *common)
@@ -607,13 +659,13 @@ def main(out_dir: str | os.PathLike) -> dict:
         server_cpus, loader_cpus = _cpus("REPACK_BENCH_S3_SERVER_CPUS"), _cpus("REPACK_BENCH_S3_LOADER_CPUS")
         everything = os.sched_getaffinity(0)
         if server_cpus:
-            os.sched_setaffinity(server.proc.pid, server_cpus)
+            _pin(server.proc.pid, server_cpus)
         if loader_cpus:
             os.sched_setaffinity(0, loader_cpus)
         try:
             tars = [f for f in files if f.suffix == ".tar"]
             reads = {name: _read_rates(str(local), "s3://bench/bulk", decode, repeats)
-                     for name, decode in (("bytes", False), ("decoded", True))}
+                     for name, decode in (("bytes", False), ("decoded", True)) if parts != "batched"}
             batched = _batched_rates(str(local), "s3://bench/bulk", server, sum(t.stat().st_size for t in tars) / 1e9,
                                      repeats)
             gets = _get_paths(server, tars, repeats)
@@ -623,6 +675,7 @@ def main(out_dir: str | os.PathLike) -> dict:
     finally:
         server.stop()
     mb = total / 1e6
+    base_rate, base_note = (reads["bytes"]["local"], "") if reads else (batched["local"], " (in batches)")
     rows = [
         "| upload of the same shard files | seconds | MB/s | vs boto3 bulk |", "|---|---|---|---|",
         f"| boto3 bulk (TransferManager) | {bulk_s:.2f} | {mb / bulk_s:.1f} | 1.00x |",
@@ -637,7 +690,7 @@ def main(out_dir: str | os.PathLike) -> dict:
         *(f"| {name} | {r['local']:.0f} | {r['s3']:.0f} | {r['s3'] / r['local']:.2f}x | "
           f"{r['first_local'] * 1e3:.0f} / {r['first_s3'] * 1e3:.0f} ms |" for name, r in reads.items()),
         f"| the server alone (the shards fetched in 16 MiB ranged GETs by {WORKERS} processes, nothing else) | "
-        f"{reads['bytes']['local']:.0f} | {ceiling:.0f} | {ceiling / reads['bytes']['local']:.2f}x | |",
+        f"{base_rate:.0f}{base_note} | {ceiling:.0f} | {ceiling / base_rate:.2f}x | |",
         "", f"| ImageShardDataset(batch_size=64), raw bytes, {WORKERS} workers, median of {repeats} | local samples/s | "
         "s3:// samples/s | s3 / local | loader CPU s/GB local / s3:// | server CPU s/GB |", "|---|---|---|---|---|---|",
         f"| batches | {batched['local']:.0f} | {batched['s3']:.0f} | {batched['s3'] / batched['local']:.2f}x | "
