@@ -110,7 +110,7 @@ class ImagesSpec(JobSpec):
     list_file: bool = False
     shard_size: int | None = None
     shard_bytes: int | None = None
-    chunk_size: int = 128
+    chunk_size: int = 1024
     shuffle: bool = False
     seed: int = 0
     verify: str = "decode"

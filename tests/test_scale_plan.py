@@ -190,7 +190,7 @@ def _planning_peak(n: int, out: Path) -> int:
     tracemalloc.start()
     try:
         plan = ImagesJob(ImagesSpec(source="/synthetic/src", out=str(out), verify="none")).plan_scan(scan)
-        assert len(plan.tasks) == -(-n // 128) and plan.digest
+        assert len(plan.tasks) == -(-n // ImagesSpec.chunk_size) and plan.digest
         save_plan(open_store(str(out)), plan)
         return tracemalloc.get_traced_memory()[1]
     finally:
