@@ -645,9 +645,10 @@ def main(out_dir: str | os.PathLike) -> dict:
         os.environ.update(env)  # this process's boto3 clients (publish, reader) use the same server
         s3 = client(server.endpoint)
         s3.create_bucket(Bucket="bench")
-        common = ["--shard-bytes", "32MB", "--workers", str(WORKERS), "--quiet"]
+        shards = ["--shard-bytes", "32MB"]
+        common = [*shards, "--workers", str(WORKERS), "--quiet"]
         local = work / "local"
-        local_s = _repack(env, "images", src, local, *common[:2], "--workers", str(PACK_WORKERS), "--quiet")
+        local_s = _repack(env, "images", src, local, *shards, "--workers", str(PACK_WORKERS), "--quiet")
         files = sorted(p for p in local.iterdir() if p.suffix in (".tar", ".idx"))
         total = sum(f.stat().st_size for f in files)
         parts = os.environ.get("REPACK_BENCH_S3_PARTS")
