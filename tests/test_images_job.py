@@ -266,6 +266,9 @@ def test_changed_options_refused_unless_overwrite(photo_tree, tmp_path):
     run_repack("images", photo_tree, out, "--shard-size", "50", "--quiet")
     proc = run_repack("images", photo_tree, out, "--shard-size", "60", "--quiet", check=False)
     assert proc.returncode == 2 and "--overwrite" in proc.stderr
+    assert "(--shard-size: 50 -> 60)" in proc.stderr and "values it was started with" in proc.stderr
+    proc = run_repack("images", photo_tree, out, "--shard-size", "50", "--chunk-size", "16", "--quiet", check=False)
+    assert proc.returncode == 2 and "(--chunk-size: 1024 -> 16)" in proc.stderr, proc.stderr  # the default named
     run_repack("images", photo_tree, out, "--shard-size", "60", "--overwrite", "--quiet")
     m = read_manifest_json(out)
     assert [s["samples"] for s in m["shards"]] == [60, 60]

@@ -406,9 +406,11 @@ class Engine:
                 differ = [f"--{key.replace('_', '-')}: {_shown(old_spec.get(key))} -> {_shown(new_spec.get(key))}"
                           for key in sorted(set(old_spec) | set(new_spec))
                           if key != "out" and old_spec.get(key) != new_spec.get(key)]
+                resume = ("re-run with the values it was started with (left of each ->) to resume it, or "
+                          if differ else "")
                 raise UsageError(f"{store.url} holds a job run with other options ("
                                  f"{'; '.join(differ) or 'same values, older tool version'}); "
-                                 "use --overwrite to replace it")
+                                 f"{resume}use --overwrite to replace it")
             if old.get("plan_digest") != state["plan_digest"]:
                 raise UsageError(f"source changed since {store.url} was started: {self._changes(plan)}; "
                                  "use --overwrite to start over")
