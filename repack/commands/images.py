@@ -35,7 +35,7 @@ from repack.store import is_remote
                    "s3://: key and size) into new shards and publish them as its next version.")
 @click.option("--shard-size", type=int, default=None, help="At most N inputs per shard.")
 @click.option("--shard-bytes", default=None, help="At most SIZE per shard, e.g. 512MB (default when no --shard-size).")
-@click.option("--chunk-size", type=int, default=1024, show_default=True,
+@click.option("--chunk-size", type=int, default=ImagesSpec.chunk_size, show_default=True,
               help="At most N inputs per task (the work unit; shards are assembled from chunks: their bytes "
                    "do not depend on it).")
 @click.option("--shuffle", is_flag=True, help="Shuffle inputs across shards before cutting.")

@@ -29,6 +29,9 @@ class Executor(Protocol):
     def run(self, calls: list[tuple[str, str, str, str, bool, bool]],
             task_ids: list[str]) -> Iterator[dict | TaskFailure]: ...
 
+    def close(self) -> None:
+        """Release what the executor still holds (the engine calls it last, whether ``run`` ran or not)."""
+
 
 EXECUTORS: dict[str, str] = {
     "local": "repack.exec.local:LocalExecutor",

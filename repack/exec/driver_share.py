@@ -38,9 +38,10 @@ class DriverShare:
         """Planning is over: the scan's loan ends; the pool closes if Ray granted no CPU (``reserve``)."""
         from repack.sources import scan_pool
 
-        scan_pool.end_loan(self.pool)
         if not self.cpus:
-            self.close()
+            self.close()  # ends the loan too
+        elif self.pool is not None:
+            scan_pool.end_loan(self.pool)
 
     def reserve(self, ray) -> int:
         """Hold this node's free CPUs (at most the pool's) for the job: the CPUs the pool may use (0: none,

@@ -188,6 +188,9 @@ class LocalExecutor:
         self.workers = workers or available_cpus()
         self.retries = retries
 
+    def close(self) -> None:
+        """Nothing to release: each ``run`` starts and stops its own pool."""
+
     def run(self, calls: list[tuple[str, str, str, str, bool]], task_ids: list[str]) -> Iterator[dict | TaskFailure]:
         if not calls:
             return

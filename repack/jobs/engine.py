@@ -537,9 +537,7 @@ class Engine:
         try:
             return self._run_on(executor, started)
         finally:
-            close = getattr(executor, "close", None)  # what it holds (Ray: the driver's pool, CPUs held from Ray)
-            if close is not None:
-                close()
+            executor.close()  # what it holds (Ray: the driver's pool, CPUs held from Ray)
 
     def _run_on(self, executor, started: float) -> RunResult:
         """``run`` on ``executor``: lock, plan, resume, execute, finalize."""
