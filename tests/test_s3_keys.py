@@ -108,3 +108,41 @@ def test_text_and_converted_sources_quarantine_odd_keys_and_count_hidden_ones(se
     run_repack("images", "s3://wds-keys", converted, "--from", "webdataset", "--quiet", env=env)
     manifest = read_manifest_json(converted)
     assert [q["source"] for q in manifest["quarantine"]] == [f"/{first.name}"]
+
+
+def test_listing_columns_keep_the_folder_scans_byte_order_and_refusals(server, tmp_path):
+    """The columnar listing (``list_columns``) under a prefix: objects beside the class folders (sorted after
+    some of them: a merge), non-ASCII keys (byte order, not code points of another encoding), a page of
+    plain keys beside one with a hidden object; the job equals a local folder scan of the same tree."""
+    from repack.sources.confine import Confinement
+    from repack.sources.s3 import list_columns, scan_s3
+
+    objects = {"b-c/x.jpg": jpeg_bytes(seed=11), "b.jpg": jpeg_bytes(seed=12), "b/y.jpg": jpeg_bytes(seed=13),
+               "b/z.jpg": jpeg_bytes(seed=14), "a.jpg": jpeg_bytes(seed=15), "zz.jpg": jpeg_bytes(seed=16),
+               "é/w.jpg": jpeg_bytes(seed=17), "e/v.jpg": jpeg_bytes(seed=18), "b/.h.jpg": jpeg_bytes(seed=19),
+               **{f"m/{i:03d}.jpg": jpeg_bytes(seed=20 + i) for i in range(30)}}
+    put_all(server, "order", {f"pre/{rel}": data for rel, data in objects.items()})
+    folder = tmp_path / "src"
+    for rel, data in objects.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        listed = list_columns("s3://order/pre")
+        scan = scan_s3("s3://order/pre", Confinement(max_file_bytes=len(objects["m/000.jpg"]) - 1))
+    visible = sorted((rel for rel in objects if "/." not in rel), key=lambda rel: rel.encode())
+    assert listed.rels == visible and listed.root == "s3://order/pre" and listed.skipped == 1
+    assert listed.sizes.tolist() == [len(objects[rel]) for rel in visible]
+    refused = {q["source"]: q["reason"] for q in scan.quarantine}
+    assert {rel for rel in refused if "/" not in rel} == {"a.jpg", "b.jpg", "zz.jpg"}
+    assert "m/000.jpg" in refused and "over the size cap" in refused["m/000.jpg"]
+    assert [item.path for item in scan.items][:2] == ["s3://order/pre/b-c/x.jpg", "s3://order/pre/b/y.jpg"]
+    assert all(item.fingerprint == [len(objects[item.rel]), 0, 0] for item in scan.items)
+    run_repack("images", folder, tmp_path / "local", "--quiet")
+    run_repack("images", "s3://order/pre", tmp_path / "remote", "--quiet", env=env)
+    for name in ("shard-000000.tar", "shard-000000.idx"):
+        assert (tmp_path / "remote" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+    local, remote = read_manifest_json(tmp_path / "local"), read_manifest_json(tmp_path / "remote")
+    assert remote["quarantine"] == local["quarantine"] and remote["classes"] == local["classes"]

@@ -18,14 +18,19 @@ one; each GET is signed by ``repack.store.s3_get`` (~0.15 ms of client CPU where
 from __future__ import annotations
 
 import io
+import itertools
+import operator
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Iterator
 
+import numpy as np
+
 from repack.errors import UsageError
-from repack.sources.base import InputItem, Scan, quarantine_record, sort_key
+from repack.sources.base import Scan, quarantine_record, sort_key
+from repack.sources.columns import NO_LABEL, InputTable
 from repack.sources.confine import Confinement, SourceChanged
 from repack.sources.folder import JUNK_NAMES, is_junk
 from repack.store.s3_client import client, describe_error, fetcher, getter, is_missing, lister, parse_url
@@ -37,7 +42,11 @@ LIST_THREADS = 8       # folders listed at once
 LIST_PAGE = 1000       # keys per ListObjectsV2 page (S3's most)
 # a path part that is empty, hidden (``.``, ``@``) or junk: every key the slow rules of scan_objects
 # may skip or refuse matches (a superset); the others are plain paths
-_SUSPECT = re.compile(r"(?:^|/)(?:[./@]|$|(?:%s)(?:/|$))" % "|".join(map(re.escape, sorted(JUNK_NAMES))))
+_SUSPECT_PATTERN = r"(?:^|/)(?:[./@]|$|(?:%s)(?:/|$))" % "|".join(map(re.escape, sorted(JUNK_NAMES)))
+_SUSPECT = re.compile(_SUSPECT_PATTERN)
+# the same over a page's keys joined by newlines: a match in any one key is a match here (some keys
+# with a newline of their own may match here alone: that page is then read key by key)
+_SUSPECT_LINES = re.compile(_SUSPECT_PATTERN, re.M)
 
 
 @dataclass(frozen=True)
@@ -51,37 +60,72 @@ class Listing:
     skipped: int
 
 
+@dataclass(frozen=True)
+class ObjectColumns:
+    """An s3:// prefix's objects as two columns, sorted by byte path: ``rels`` (the keys below
+    ``root``, which is ``s3://bucket[/prefix]``) and ``sizes``; plus what ``Listing`` says besides."""
+
+    root: str
+    rels: list[str]
+    sizes: np.ndarray  # int64
+    quarantine: tuple[dict, ...]
+    skipped: int
+
+
 def scan_objects(url: str) -> Listing:
     """List every object under ``url`` (see ``Listing``). A key with an empty path part (a leading
     ``/`` under a bucket root, ``//``) is quarantined, never read: read as a URL it would name
     another object, and its class would be empty."""
+    found = list_columns(url)
+    return Listing(tuple((f"{found.root}/{rel}", rel, size) for rel, size in zip(found.rels, found.sizes.tolist())),
+                   found.quarantine, found.skipped)
+
+
+def list_columns(url: str) -> ObjectColumns:
+    """``scan_objects``' listing as columns: no Python object per object beyond its key. A page whose
+    keys are all plain paths (most pages) is taken whole; S3 lists keys in UTF-8 byte order and the
+    folders' pages come in folder order, so the rows are sorted unless objects sit beside the folders
+    (then they are sorted here)."""
     bucket, prefix = parse_url(url)
     base = f"{prefix}/" if prefix else ""
-    found, quarantine, junk = [], [], set()
+    cut = len(base)
+    rels: list[str] = []
+    sizes: list[int] = []
+    quarantine, junk = [], set()
     try:
-        for keys, sizes in list_pages(bucket, base):
-            for key, size in zip(keys, sizes):
-                rel = key[len(base):]
-                if _SUSPECT.search(rel) is None:  # most keys: a plain path, nothing to skip or refuse
-                    found.append((f"s3://{bucket}/{key}", rel, size))
+        for keys, page_sizes in list_pages(bucket, base):
+            page = [key[cut:] for key in keys]
+            if _SUSPECT_LINES.search("\n".join(page)) is None:  # a page of plain paths: nothing to skip or refuse
+                rels += page
+                sizes += page_sizes
+                continue
+            for rel, size in zip(page, page_sizes):
+                if _SUSPECT.search(rel) is None:
+                    rels.append(rel)
+                    sizes.append(size)
                     continue
                 if not rel or rel.endswith("/"):  # a "folder" marker: no data
                     continue
                 parts = rel.split("/")
                 hidden = next((i for i, part in enumerate(parts) if part and is_junk(part)), None)
                 if "" in parts[:hidden]:
-                    quarantine.append(quarantine_record(rel, f"object key {key!r} has an empty path part "
+                    quarantine.append(quarantine_record(rel, f"object key {base + rel!r} has an empty path part "
                                                              "(a leading '/' or '//'): it names no file, not read"))
                 elif hidden is not None:
                     junk.add("/".join(parts[:hidden + 1]))
                 else:
-                    found.append((f"s3://{bucket}/{key}", rel, size))
+                    rels.append(rel)
+                    sizes.append(size)
     except Exception as exc:  # noqa: BLE001 - auth, missing bucket, unreachable endpoint: exit 2
         raise describe_error(exc, url) from None
-    if not found and not quarantine:
+    if not rels and not quarantine:
         raise UsageError(f"source {url!r} holds no objects")
-    return Listing(tuple(sorted(found, key=lambda item: sort_key(item[1]))),
-                   tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), len(junk))
+    if not all(map(operator.le, rels, itertools.islice(rels, 1, None))):  # str order is UTF-8 byte order
+        order = sorted(range(len(rels)), key=lambda row: sort_key(rels[row]))
+        rels, sizes = [rels[row] for row in order], [sizes[row] for row in order]
+    return ObjectColumns(f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", rels,
+                         np.array(sizes, dtype=np.int64),
+                         tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), len(junk))
 
 
 def list_pages(bucket: str, base: str, threads: int = LIST_THREADS) -> Iterator[tuple[list[str], list[int]]]:
@@ -130,24 +174,32 @@ def check_source(url: str) -> None:
 
 
 def scan_s3(url: str, confinement: Confinement) -> Scan:
-    """Objects under ``url`` as image inputs: class = first level, a flat prefix is unlabeled; an
-    object over the confinement's size cap is quarantined, and so is a key that names no file."""
-    listing = scan_objects(url)
-    objects = listing.objects
-    labeled = any("/" in rel for _, rel, _ in objects)
-    items, quarantine = [], list(listing.quarantine)
-    for path, rel, size in objects:
-        label = rel.split("/", 1)[0] if labeled else None
-        if labeled and "/" not in rel:
-            quarantine.append(quarantine_record(rel, "file outside the class folders of a labeled tree"))
-            continue
-        too_big = confinement.size_refusal(size)
-        if too_big is not None:
-            quarantine.append(quarantine_record(rel, too_big))
-            continue
-        items.append(InputItem(path, rel, label, size))
-    return Scan(tuple(items), tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), labeled,
-                listing.skipped)
+    """Objects under ``url`` as image inputs, in columns (``repack.sources.columns.InputTable``): class =
+    first level, a flat prefix is unlabeled; an object over the confinement's size cap is quarantined,
+    and so is a key that names no file."""
+    listing = list_columns(url)
+    rels, sizes = listing.rels, listing.sizes
+    quarantine = list(listing.quarantine)
+    labels = [rel.partition("/") for rel in rels]
+    labeled = any(sep for _, sep, _ in labels)
+    refused: dict[int, str] = {}
+    if labeled:
+        for row, (_, sep, _) in enumerate(labels):
+            if not sep:
+                refused[row] = "file outside the class folders of a labeled tree"
+    for row in np.flatnonzero(sizes > confinement.max_file_bytes).tolist() if confinement.max_file_bytes is not None else ():
+        refused.setdefault(row, confinement.size_refusal(int(sizes[row])))
+    label_names = tuple(sorted({name for name, sep, _ in labels if sep})) if labeled else ()
+    index = {name: i for i, name in enumerate(label_names)}
+    label_ids = np.fromiter((index[name] if sep else NO_LABEL for name, sep, _ in labels), dtype=np.int32,
+                            count=len(labels)) if labeled else np.full(len(rels), NO_LABEL, dtype=np.int32)
+    del labels
+    zeros = np.zeros(len(rels), dtype=np.int64)  # an object's fingerprint is its size: [size, 0, 0]
+    table = InputTable.of_rels(listing.root, rels, label_ids, label_names, sizes, zeros, zeros)
+    if refused:
+        quarantine += [quarantine_record(rels[row], reason) for row, reason in refused.items()]
+        table = table.take([row for row in range(len(rels)) if row not in refused])
+    return Scan(table, tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), labeled, listing.skipped)
 
 
 class RemoteFile(io.RawIOBase):
