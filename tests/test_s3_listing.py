@@ -159,3 +159,18 @@ def test_a_page_read_by_pattern_gives_what_elementtree_reads():
     assert columns_by_pattern(page[:-40]) is None  # cut short
     assert columns_by_pattern(b"<Error><Code>InternalError</Code></Error>") is None
     assert columns_by_pattern(page.replace(b"plain/key", b"plain\r/key")) is None
+
+
+def test_objects_cut_out_of_a_page_by_splits_equal_the_pattern():
+    """``without_contents`` (C-speed splits) removes what the ``<Contents>...</Contents>`` pattern removes:
+    elements between the objects (a token between two of them stays), none at all, a page cut short."""
+    from repack.store.s3_listing import _CONTENTS, without_contents
+
+    one = b"<Contents><Key>k%d</Key><Size>%d</Size></Contents>"
+    pages = [b"<L><Name>b</Name>" + b"".join(one % (i, i) for i in range(50)) + b"<IsTruncated>true</IsTruncated></L>",
+             b"<L>" + one % (1, 1) + b"<NextContinuationToken>t</NextContinuationToken>" + one % (2, 2) + b"</L>",
+             b"<L><IsTruncated>false</IsTruncated></L>", b"<L>" + one % (1, 1) + b"<Contents><Key>cut",
+             b"<L>" + one % (1, 1) + b"\n  <CommonPrefixes><Prefix>d/</Prefix></CommonPrefixes></L>"]
+    for page in pages:
+        assert without_contents(page) == _CONTENTS.sub(b"", page)
+    assert b"<NextContinuationToken>t</NextContinuationToken>" in without_contents(pages[1])

@@ -51,8 +51,22 @@ def columns_by_pattern(body: bytes) -> tuple[list[str], list[int], bytes] | None
         return None
     names = [html.unescape(k.decode()) if b"&" in k else k.decode() for k in keys]
     if b"<EncodingType>url</EncodingType>" in body:  # botocore asked for it; keys come %-encoded
-        names = [unquote_plus(k) for k in names]
-    return names, [int(n) for n in sizes], _CONTENTS.sub(b"", body)
+        names = [unquote_plus(k) if "%" in k or "+" in k else k for k in names]
+    return names, [int(n) for n in sizes], without_contents(body)
+
+
+def without_contents(body: bytes) -> bytes:
+    """``body`` without its ``<Contents>...</Contents>`` elements (what ``_CONTENTS.sub`` removes), cut
+    with C-speed splits: each piece after a ``<Contents>`` loses what precedes its first ``</Contents>``
+    (a key holds no ``<``: XML escapes it); a piece without one is left to the pattern."""
+    pieces = body.split(b"<Contents>")
+    kept = [pieces[0]]
+    for piece in pieces[1:]:
+        end = piece.find(b"</Contents>")
+        if end < 0:
+            return _CONTENTS.sub(b"", body)
+        kept.append(piece[end + len(b"</Contents>"):])
+    return b"".join(kept)
 
 
 def columns_first(response_dict: dict, customized_response_dict: dict, **_) -> None:
