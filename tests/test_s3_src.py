@@ -55,6 +55,7 @@ def test_text_from_s3_equal_local_source(server, tmp_path):
     (src / "b" / "c.txt").write_text("".join(d.replace("\n", " ") + "\n" for d in documents(80, seed=2)))
     (src / "b" / "d.jsonl.gz").write_bytes(gzip.compress(
         "".join(json.dumps({"text": d}) + "\n" for d in documents(60, seed=3)).encode(), mtime=0))
+    (src / "b" / "scan.pdf").write_bytes(b"%PDF-1.4 not text")  # skipped by its name, counted alike
     s3 = client(server.endpoint)
     upload_tree(s3, src, "corpus", "text")
     env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
@@ -64,6 +65,7 @@ def test_text_from_s3_equal_local_source(server, tmp_path):
     local = json.loads((tmp_path / "local" / "manifest.json").read_text())
     remote = json.loads((tmp_path / "remote" / "manifest.json").read_text())
     assert local["totals"]["parts"] > 3 and remote["stats"]["parts"] == local["stats"]["parts"]
+    assert remote["totals"] == local["totals"] and remote["quarantine"] == local["quarantine"]
     assert tar_files(tmp_path / "remote") == tar_files(tmp_path / "local")
 
 

@@ -31,13 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, NamedTuple
 
+import numpy as np
+
 from repack.errors import UsageError, stable_reason
 from repack.sources.base import alias_reason, pick_real_paths
+from repack.sources.columns import NO_LABEL, InputTable
 from repack.sources.confine import Checked, Confinement
 from repack.sources.reading import open_input
-from repack.sources.s3 import scan_objects
+from repack.sources.s3 import list_columns
 from repack.sources.text_kinds import classify
-from repack.sources.text_scan import KIND_OF, TextInputs, scan_text_folder
+from repack.sources.text_scan import KIND_CODES, KIND_OF, TextInputs, scan_text_folder
 from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul, plain_text
 from repack.store import is_remote
 
@@ -165,15 +168,15 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
     ``workers`` processes (``repack.sources.text_scan``)."""
     if not is_remote(source) and not list_file and Path(source).is_dir():
         return scan_text_folder((confinement or Confinement()).rooted(str(source)), workers)
+    if is_remote(source):
+        return list_remote_text_files(source, list_file, confinement or Confinement())
     files, quarantine, skipped = list_text_file_rows(source, list_file, confinement)
     return TextInputs.of_files(files), quarantine, skipped
 
 
 def list_text_file_rows(source: str, list_file: bool = False, confinement: Confinement | None = None
                         ) -> tuple[list[TextFile], list[dict], int]:
-    """``list_text_files`` as one ``TextFile`` per input, for a list file, a single file or an s3:// prefix."""
-    if is_remote(source):
-        return list_remote_text_files(source, list_file, confinement or Confinement())
+    """``list_text_files`` as one ``TextFile`` per input, for a list file or a single file."""
     src = Path(source)
     rules = confinement or Confinement()
     quarantine: list[dict] = []
@@ -224,26 +227,32 @@ def list_text_file_rows(source: str, list_file: bool = False, confinement: Confi
     return files, quarantine, skipped
 
 
-def list_remote_text_files(url: str, list_file: bool, rules: Confinement) -> tuple[list[TextFile], list[dict], int]:
-    """``list_text_files`` for an s3:// prefix (paged listing, sorted by byte path); objects are
-    neither symlinks nor special files: of the confinement only the size cap applies."""
+NOT_TEXT = 255  # the code of a listed object that is no text input (no ``KIND_CODES`` value takes it)
+
+
+def list_remote_text_files(url: str, list_file: bool, rules: Confinement) -> tuple[TextInputs, list[dict], int]:
+    """``list_text_files`` for an s3:// prefix (paged listing, sorted by byte path), in columns from the
+    listing's (``repack.sources.s3.list_columns``: no object per input); objects are neither symlinks nor
+    special files: of the confinement only the size cap applies."""
     if list_file:
         raise UsageError("--list reads a local list file: SOURCE cannot be an s3:// URL with --list")
-    listing = scan_objects(url)  # keys that name no file are quarantined, hidden/junk ones counted
-    files: list[TextFile] = []
+    listing = list_columns(url)  # keys that name no file are quarantined, hidden/junk ones counted
     quarantine: list[dict] = [{**record, "line": None} for record in listing.quarantine]
-    skipped = listing.skipped
-    for path, rel, size in listing.objects:
-        kind = classify(rel.rsplit("/", 1)[-1])
-        if kind is None:
-            skipped += 1
-            continue
-        too_big = rules.size_refusal(size)
-        if too_big is not None:
-            quarantine.append({"source": rel, "line": None, "reason": too_big})
-            continue
-        files.append(TextFile(path, rel, kind[0], kind[1], size))
-    return files, quarantine, skipped
+    codes = np.fromiter((KIND_CODES[kind] if (kind := classify(rel.rpartition("/")[2])) is not None else NOT_TEXT
+                         for rel in listing.rels), dtype=np.uint8, count=len(listing.rels))
+    text = codes != NOT_TEXT
+    skipped = listing.skipped + int(len(codes) - text.sum())
+    if rules.max_file_bytes is not None:
+        for row in np.flatnonzero(text & (listing.sizes > rules.max_file_bytes)).tolist():
+            quarantine.append({"source": listing.rels[row], "line": None,
+                               "reason": rules.size_refusal(int(listing.sizes[row]))})
+            text[row] = False
+    zeros = np.zeros(len(codes), dtype=np.int64)  # an object's fingerprint is its size
+    table = InputTable.of_rels(listing.root, listing.rels, np.full(len(codes), NO_LABEL), (), listing.sizes,
+                               zeros, zeros)
+    keep = np.flatnonzero(text)
+    inputs = TextInputs(table, codes)
+    return (inputs if len(keep) == len(codes) else inputs.take(keep)), quarantine, skipped
 
 
 # -- planning ----------------------------------------------------------------------------------
