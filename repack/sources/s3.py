@@ -180,26 +180,43 @@ def scan_s3(url: str, confinement: Confinement) -> Scan:
     listing = list_columns(url)
     rels, sizes = listing.rels, listing.sizes
     quarantine = list(listing.quarantine)
-    labels = [rel.partition("/") for rel in rels]
-    labeled = any(sep for _, sep, _ in labels)
+    label_ids, label_names = _first_levels(rels)
+    labeled = bool(label_names)
     refused: dict[int, str] = {}
     if labeled:
-        for row, (_, sep, _) in enumerate(labels):
-            if not sep:
-                refused[row] = "file outside the class folders of a labeled tree"
+        for row in np.flatnonzero(label_ids == NO_LABEL).tolist():
+            refused[row] = "file outside the class folders of a labeled tree"
     for row in np.flatnonzero(sizes > confinement.max_file_bytes).tolist() if confinement.max_file_bytes is not None else ():
         refused.setdefault(row, confinement.size_refusal(int(sizes[row])))
-    label_names = tuple(sorted({name for name, sep, _ in labels if sep})) if labeled else ()
-    index = {name: i for i, name in enumerate(label_names)}
-    label_ids = np.fromiter((index[name] if sep else NO_LABEL for name, sep, _ in labels), dtype=np.int32,
-                            count=len(labels)) if labeled else np.full(len(rels), NO_LABEL, dtype=np.int32)
-    del labels
     zeros = np.zeros(len(rels), dtype=np.int64)  # an object's fingerprint is its size: [size, 0, 0]
     table = InputTable.of_rels(listing.root, rels, label_ids, label_names, sizes, zeros, zeros)
     if refused:
         quarantine += [quarantine_record(rels[row], reason) for row, reason in refused.items()]
         table = table.take([row for row in range(len(rels)) if row not in refused])
     return Scan(table, tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), labeled, listing.skipped)
+
+
+def _first_levels(rels: list[str]) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Each rel's first path part as a class id (int32, NO_LABEL for a rel with no ``/``) and the class names,
+    sorted; the rows are sorted, so a class's rows are one run and its name is sliced once per run."""
+    ids: list[int] = []
+    seen: dict[str, int] = {}
+    folder, at = "\0", NO_LABEL  # the current run's "<name>/" (no key holds a NUL) and its id
+    for rel in rels:
+        if rel.startswith(folder):
+            ids.append(at)
+            continue
+        cut = rel.find("/")
+        if cut < 0:
+            ids.append(NO_LABEL)
+            continue
+        folder = rel[:cut + 1]
+        at = seen.setdefault(folder[:-1], len(seen))
+        ids.append(at)
+    names = tuple(sorted(seen))
+    place = {name: i for i, name in enumerate(names)}
+    remap = np.array([place[name] for name in seen] + [NO_LABEL], dtype=np.int32)  # NO_LABEL (-1) indexes the last
+    return remap[np.array(ids, dtype=np.int64)], names
 
 
 class RemoteFile(io.RawIOBase):
