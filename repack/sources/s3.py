@@ -24,13 +24,14 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import BinaryIO, Iterable, Iterator
 
 import numpy as np
 
 from repack.errors import UsageError
 from repack.sources.base import Scan, quarantine_record, sort_key
-from repack.sources.columns import NO_LABEL, InputTable
+from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends, split_names
 from repack.sources.confine import Confinement, SourceChanged
 from repack.sources.folder import JUNK_NAMES, is_junk
 from repack.store.s3_client import client, describe_error, fetcher, getter, is_missing, lister, parse_url
@@ -60,16 +61,28 @@ class Listing:
     skipped: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ObjectColumns:
-    """An s3:// prefix's objects as two columns, sorted by byte path: ``rels`` (the keys below
-    ``root``, which is ``s3://bucket[/prefix]``) and ``sizes``; plus what ``Listing`` says besides."""
+    """An s3:// prefix's objects as columns, sorted by byte path: ``names`` (the keys below ``root``, which
+    is ``s3://bucket[/prefix]``, as a names blob: ``repack.sources.columns``), ``sizes``, and each key's
+    first path part (``folder_ids`` into ``folders``, sorted; NO_LABEL for a key with no ``/``); plus what
+    ``Listing`` says besides."""
 
     root: str
-    rels: list[str]
-    sizes: np.ndarray  # int64
+    names: bytes
+    sizes: np.ndarray       # int64
+    folder_ids: np.ndarray  # int32
+    folders: tuple[str, ...]
     quarantine: tuple[dict, ...]
     skipped: int
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @cached_property
+    def rels(self) -> list[str]:
+        """The keys below the root, decoded (callers that want a str per object: few objects, or text kinds)."""
+        return split_names(self.names)
 
 
 def scan_objects(url: str) -> Listing:
@@ -82,50 +95,103 @@ def scan_objects(url: str) -> Listing:
 
 
 def list_columns(url: str) -> ObjectColumns:
-    """``scan_objects``' listing as columns: no Python object per object beyond its key. A page whose
-    keys are all plain paths (most pages) is taken whole; S3 lists keys in UTF-8 byte order and the
-    folders' pages come in folder order, so the rows are sorted unless objects sit beside the folders
-    (then they are sorted here)."""
+    """``scan_objects``' listing as columns, made page by page: a key is a ``str`` only while its page is
+    read. A page whose keys are all plain paths (most pages) is taken whole. S3 lists keys in UTF-8 byte
+    order and the folders' pages come in folder order, so the rows are sorted unless objects sit beside
+    the folders (then they are sorted here, the one step that decodes every key)."""
     bucket, prefix = parse_url(url)
     base = f"{prefix}/" if prefix else ""
     cut = len(base)
-    rels: list[str] = []
-    sizes: list[int] = []
+    blobs: list[bytes] = []
+    size_parts: list[np.ndarray] = []
+    id_parts: list[np.ndarray] = []
+    runs = _FolderRuns()
     quarantine, junk = [], set()
+    ordered, last = True, None
     try:
         for keys, page_sizes in list_pages(bucket, base):
             page = [key[cut:] for key in keys]
-            if _SUSPECT_LINES.search("\n".join(page)) is None:  # a page of plain paths: nothing to skip or refuse
-                rels += page
-                sizes += page_sizes
+            if _SUSPECT_LINES.search("\n".join(page)) is not None:  # some key to skip or refuse: key by key
+                page, page_sizes = _plain_keys(base, page, page_sizes, quarantine, junk)
+            if not page:
                 continue
-            for rel, size in zip(page, page_sizes):
-                if _SUSPECT.search(rel) is None:
-                    rels.append(rel)
-                    sizes.append(size)
-                    continue
-                if not rel or rel.endswith("/"):  # a "folder" marker: no data
-                    continue
-                parts = rel.split("/")
-                hidden = next((i for i, part in enumerate(parts) if part and is_junk(part)), None)
-                if "" in parts[:hidden]:
-                    quarantine.append(quarantine_record(rel, f"object key {base + rel!r} has an empty path part "
-                                                             "(a leading '/' or '//'): it names no file, not read"))
-                elif hidden is not None:
-                    junk.add("/".join(parts[:hidden + 1]))
-                else:
-                    rels.append(rel)
-                    sizes.append(size)
+            ordered = ordered and (last is None or last <= page[0]) and \
+                all(map(operator.le, page, itertools.islice(page, 1, None)))  # str order is UTF-8 byte order
+            last = page[-1]
+            blobs.append(join_names(page))
+            size_parts.append(np.array(page_sizes, dtype=np.int64))
+            id_parts.append(runs.ids(page))
     except Exception as exc:  # noqa: BLE001 - auth, missing bucket, unreachable endpoint: exit 2
         raise describe_error(exc, url) from None
-    if not rels and not quarantine:
+    if not blobs and not quarantine:
         raise UsageError(f"source {url!r} holds no objects")
-    if not all(map(operator.le, rels, itertools.islice(rels, 1, None))):  # str order is UTF-8 byte order
+    names = b"".join(blobs)
+    del blobs
+    sizes = np.concatenate(size_parts) if size_parts else np.zeros(0, dtype=np.int64)
+    folder_ids, folders = runs.sorted_ids(np.concatenate(id_parts) if id_parts else np.zeros(0, dtype=np.int32))
+    if not ordered:
+        rels = split_names(names)
         order = sorted(range(len(rels)), key=lambda row: sort_key(rels[row]))
-        rels, sizes = [rels[row] for row in order], [sizes[row] for row in order]
-    return ObjectColumns(f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", rels,
-                         np.array(sizes, dtype=np.int64),
+        names = join_names([rels[row] for row in order])
+        sizes, folder_ids = sizes[order], folder_ids[order]
+    return ObjectColumns(f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", names, sizes, folder_ids, folders,
                          tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), len(junk))
+
+
+def _plain_keys(base: str, page: list[str], sizes: list[int], quarantine: list[dict],
+                junk: set[str]) -> tuple[list[str], list[int]]:
+    """The keys of ``page`` that name an input (and their sizes); a key with an empty path part quarantined,
+    a hidden or junk one counted in ``junk`` by its hidden part (a folder once), a folder marker dropped."""
+    kept, kept_sizes = [], []
+    for rel, size in zip(page, sizes):
+        if _SUSPECT.search(rel) is None:
+            kept.append(rel)
+            kept_sizes.append(size)
+            continue
+        if not rel or rel.endswith("/"):  # a "folder" marker: no data
+            continue
+        parts = rel.split("/")
+        hidden = next((i for i, part in enumerate(parts) if part and is_junk(part)), None)
+        if "" in parts[:hidden]:
+            quarantine.append(quarantine_record(rel, f"object key {base + rel!r} has an empty path part "
+                                                     "(a leading '/' or '//'): it names no file, not read"))
+        elif hidden is not None:
+            junk.add("/".join(parts[:hidden + 1]))
+        else:
+            kept.append(rel)
+            kept_sizes.append(size)
+    return kept, kept_sizes
+
+
+class _FolderRuns:
+    """Each key's first path part as an id, in the order first met; keys in order come in one run per
+    folder, so a folder's name is sliced once per run, not once per key."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+        self.folder, self.at = "\0", NO_LABEL  # the current run's "<name>/" (no key holds a NUL) and its id
+
+    def ids(self, rels: list[str]) -> np.ndarray:
+        out: list[int] = []
+        for rel in rels:
+            if rel.startswith(self.folder):
+                out.append(self.at)
+                continue
+            cut = rel.find("/")
+            if cut < 0:
+                out.append(NO_LABEL)
+                continue
+            self.folder = rel[:cut + 1]
+            self.at = self.seen.setdefault(self.folder[:-1], len(self.seen))
+            out.append(self.at)
+        return np.array(out, dtype=np.int32)
+
+    def sorted_ids(self, ids: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+        """``ids`` renumbered into the sorted folder names, and those names."""
+        names = tuple(sorted(self.seen, key=sort_key))
+        place = {name: i for i, name in enumerate(names)}
+        remap = np.array([place[name] for name in self.seen] + [NO_LABEL], dtype=np.int32)  # NO_LABEL indexes the last
+        return remap[ids], names
 
 
 def list_pages(bucket: str, base: str, threads: int = LIST_THREADS) -> Iterator[tuple[list[str], list[int]]]:
@@ -178,45 +244,23 @@ def scan_s3(url: str, confinement: Confinement) -> Scan:
     first level, a flat prefix is unlabeled; an object over the confinement's size cap is quarantined,
     and so is a key that names no file."""
     listing = list_columns(url)
-    rels, sizes = listing.rels, listing.sizes
-    quarantine = list(listing.quarantine)
-    label_ids, label_names = _first_levels(rels)
-    labeled = bool(label_names)
+    sizes = listing.sizes
+    labeled = bool(listing.folders)
     refused: dict[int, str] = {}
     if labeled:
-        for row in np.flatnonzero(label_ids == NO_LABEL).tolist():
+        for row in np.flatnonzero(listing.folder_ids == NO_LABEL).tolist():
             refused[row] = "file outside the class folders of a labeled tree"
     for row in np.flatnonzero(sizes > confinement.max_file_bytes).tolist() if confinement.max_file_bytes is not None else ():
         refused.setdefault(row, confinement.size_refusal(int(sizes[row])))
-    zeros = np.zeros(len(rels), dtype=np.int64)  # an object's fingerprint is its size: [size, 0, 0]
-    table = InputTable.of_rels(listing.root, rels, label_ids, label_names, sizes, zeros, zeros)
+    zeros = np.zeros(len(sizes), dtype=np.int64)  # an object's fingerprint is its size: [size, 0, 0]
+    label_ids = listing.folder_ids if labeled else np.full(len(sizes), NO_LABEL, dtype=np.int32)
+    table = InputTable(listing.root, listing.names, name_ends(listing.names), label_ids, listing.folders, sizes,
+                       zeros, zeros)
+    quarantine = list(listing.quarantine)
     if refused:
-        quarantine += [quarantine_record(rels[row], reason) for row, reason in refused.items()]
-        table = table.take([row for row in range(len(rels)) if row not in refused])
+        quarantine += [quarantine_record(table.rel(row), reason) for row, reason in refused.items()]
+        table = table.take(np.flatnonzero(~np.isin(np.arange(len(table)), list(refused))))
     return Scan(table, tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), labeled, listing.skipped)
-
-
-def _first_levels(rels: list[str]) -> tuple[np.ndarray, tuple[str, ...]]:
-    """Each rel's first path part as a class id (int32, NO_LABEL for a rel with no ``/``) and the class names,
-    sorted; the rows are sorted, so a class's rows are one run and its name is sliced once per run."""
-    ids: list[int] = []
-    seen: dict[str, int] = {}
-    folder, at = "\0", NO_LABEL  # the current run's "<name>/" (no key holds a NUL) and its id
-    for rel in rels:
-        if rel.startswith(folder):
-            ids.append(at)
-            continue
-        cut = rel.find("/")
-        if cut < 0:
-            ids.append(NO_LABEL)
-            continue
-        folder = rel[:cut + 1]
-        at = seen.setdefault(folder[:-1], len(seen))
-        ids.append(at)
-    names = tuple(sorted(seen))
-    place = {name: i for i, name in enumerate(names)}
-    remap = np.array([place[name] for name in seen] + [NO_LABEL], dtype=np.int32)  # NO_LABEL (-1) indexes the last
-    return remap[np.array(ids, dtype=np.int64)], names
 
 
 class RemoteFile(io.RawIOBase):

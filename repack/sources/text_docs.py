@@ -35,7 +35,7 @@ import numpy as np
 
 from repack.errors import UsageError, stable_reason
 from repack.sources.base import alias_reason, pick_real_paths
-from repack.sources.columns import NO_LABEL, InputTable
+from repack.sources.columns import NO_LABEL, InputTable, name_ends
 from repack.sources.confine import Checked, Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import list_columns
@@ -248,8 +248,8 @@ def list_remote_text_files(url: str, list_file: bool, rules: Confinement) -> tup
                                "reason": rules.size_refusal(int(listing.sizes[row]))})
             text[row] = False
     zeros = np.zeros(len(codes), dtype=np.int64)  # an object's fingerprint is its size
-    table = InputTable.of_rels(listing.root, listing.rels, np.full(len(codes), NO_LABEL), (), listing.sizes,
-                               zeros, zeros)
+    table = InputTable(listing.root, listing.names, name_ends(listing.names), np.full(len(codes), NO_LABEL, np.int32),
+                       (), listing.sizes, zeros, zeros)
     keep = np.flatnonzero(text)
     inputs = TextInputs(table, codes)
     return (inputs if len(keep) == len(codes) else inputs.take(keep)), quarantine, skipped
