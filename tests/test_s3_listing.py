@@ -186,3 +186,20 @@ def test_the_scan_scale_tool_plans_every_synthetic_object():
     found = measure(25_000, 10)
     assert found["objects"] == 25_000 and found["classes"] == 10 and found["peak_rss_mb"] > 0
     assert s3.list_pages is listed  # the real listing is back for whatever runs next in this process
+
+
+def test_a_listed_key_with_a_nul_is_quarantined_and_the_others_are_planned():
+    """A key holding a NUL (a ``%00`` in a URL-encoded listing) names no file: quarantined by name, never
+    read; the other keys of its page and of the other pages are listed in order, hidden ones counted."""
+    import repack.sources.s3 as s3
+
+    pages = [([], []), (["c/a.jpg", "c/b\0.jpg", "c/.x.jpg", "c/d.jpg"], [1, 2, 3, 4]), (["e/f.jpg"], [5])]
+    listed, parsed = s3.list_pages, s3.parse_url
+    s3.list_pages, s3.parse_url = (lambda bucket, base: iter(pages)), (lambda url: ("b", ""))
+    try:
+        found = s3.list_columns("s3://b")
+    finally:
+        s3.list_pages, s3.parse_url = listed, parsed
+    assert found.rels == ["c/a.jpg", "c/d.jpg", "e/f.jpg"] and found.sizes.tolist() == [1, 4, 5]
+    assert found.folders == ("c", "e") and found.folder_ids.tolist() == [0, 0, 1] and found.skipped == 1
+    assert [q["source"] for q in found.quarantine] == ["c/b\0.jpg"] and "NUL" in found.quarantine[0]["reason"]

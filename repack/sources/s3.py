@@ -111,7 +111,8 @@ def list_columns(url: str) -> ObjectColumns:
     try:
         for keys, page_sizes in list_pages(bucket, base):
             page = [key[cut:] for key in keys]
-            if _SUSPECT_LINES.search("\n".join(page)) is not None:  # some key to skip or refuse: key by key
+            joined = "\n".join(page)
+            if "\0" in joined or _SUSPECT_LINES.search(joined) is not None:  # some key to skip or refuse: one by one
                 page, page_sizes = _plain_keys(base, page, page_sizes, quarantine, junk)
             if not page:
                 continue
@@ -140,10 +141,15 @@ def list_columns(url: str) -> ObjectColumns:
 
 def _plain_keys(base: str, page: list[str], sizes: list[int], quarantine: list[dict],
                 junk: set[str]) -> tuple[list[str], list[int]]:
-    """The keys of ``page`` that name an input (and their sizes); a key with an empty path part quarantined,
-    a hidden or junk one counted in ``junk`` by its hidden part (a folder once), a folder marker dropped."""
+    """The keys of ``page`` that name an input (and their sizes); a key with an empty path part or a NUL
+    (a %00 in a URL-encoded listing) quarantined, a hidden or junk one counted in ``junk`` by its hidden part
+    (a folder once), a folder marker dropped."""
     kept, kept_sizes = [], []
     for rel, size in zip(page, sizes):
+        if "\0" in rel:
+            quarantine.append(quarantine_record(rel, f"object key {base + rel!r} holds a NUL byte: it names no file, "
+                                                     "not read"))
+            continue
         if _SUSPECT.search(rel) is None:
             kept.append(rel)
             kept_sizes.append(size)
