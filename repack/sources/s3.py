@@ -41,7 +41,7 @@ from repack.store.s3_listing import KEYS, SIZES
 READ_BLOCK = 8 << 20   # bytes per ranged GET of a sequential read
 LIST_THREADS = 8       # folders listed at once
 LIST_PAGE = 1000       # keys per ListObjectsV2 page (S3's most)
-# a path part that is empty, hidden (``.``, ``@``) or junk: every key the slow rules of scan_objects
+# a path part that is empty, hidden (``.``, ``@``) or junk: every key the rules of ``_plain_keys``
 # may skip or refuse matches (a superset); the others are plain paths
 _SUSPECT_PATTERN = r"(?:^|/)(?:[./@]|$|(?:%s)(?:/|$))" % "|".join(map(re.escape, sorted(JUNK_NAMES)))
 _SUSPECT = re.compile(_SUSPECT_PATTERN)
