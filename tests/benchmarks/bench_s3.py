@@ -28,7 +28,7 @@ server and this process (its workers inherit it) to CPUs of their own.
 Big sources (issue 29.7; ``python -m tests.benchmarks.bench_s3 OUT --list``): listing
 REPACK_BENCH_S3_LIST_OBJECTS (default 100,000) tiny objects in 100 class folders on ``rclone serve s3``
 (the objects are files of its folder, written directly) and REPACK_BENCH_S3_LIST_MOTO (default 20,000,
-PUT one by one) on moto: ``repack.sources.s3.scan_objects`` (columns, folders in parallel) against
+PUT one by one) on moto: ``repack.sources.s3.list_columns`` (a job's listing: columns, folders in parallel) against
 botocore's paginator (``list_objects_v2`` pages as botocore parses them, the way a user lists), objects
 per second and client CPU-seconds per 100k objects; the whole-object GET of those small JPEGs, client and
 server CPU per GET and GETs/s with 16 threads, by boto3, http.client, repack's ``s3_get`` and obstore
@@ -38,7 +38,7 @@ rate alone (WORKERS processes fetching them with repack's GETs in flight, nothin
 alternated rounds, with the CPU-seconds of each job's process tree and of the server;
 REPACK_BENCH_S3_BASELINE_TREE (another checkout of repack) adds that code's s3:// run beside.
 REPACK_BENCH_S3_LIST_PARTS (default ``list,gets,pack``) picks parts, REPACK_BENCH_S3_LISTERS (default
-``paginator,scan_objects``) the listers (the paginator lists ~1,000 objects/s: skip it at 1M) and
+``paginator,list_columns``; ``scan_objects``, its earlier name, still picks it) the listers (the paginator lists ~1,000 objects/s: skip it at 1M) and
 REPACK_BENCH_S3_LIST_MOTO=0 skips moto; REPACK_BENCH_S3_WORKERS (default 2) sets
 the packing workers (and the processes measuring the server's GET rate).
 
@@ -50,7 +50,7 @@ epochs: at 20,000+ photos the decoded ones take minutes). REPACK_BENCH_S3_PACK_W
 REPACK_BENCH_S3_WORKERS) sets the workers of the reading part's local pack (a bigger dataset packed sooner;
 the loader keeps REPACK_BENCH_S3_WORKERS). In the ``--list`` part REPACK_BENCH_S3_SERVER_CPUS /
 REPACK_BENCH_S3_LOADER_CPUS pin rclone and the jobs (and the processes measuring the server's rate), and
-the table adds the job's listing alone (``scan_objects`` of the bucket, same pinning) and the GET phase's
+the table adds the job's listing alone (``list_columns`` of the bucket, same pinning) and the GET phase's
 rate: objects / (job seconds - listing seconds), against the server's rate.
 """
 
@@ -336,9 +336,9 @@ def _server_ceiling(endpoint: str, tars: list[Path], images: int, repeats: int) 
 
 
 def _listing_rates(server, bucket: str, objects: int, repeats: int) -> dict:
-    """Objects/s and client CPU-seconds per 100k objects of scan_objects and of botocore's paginator
-    (best of ``repeats``), with the server's CPU-seconds per 100k."""
-    from repack.sources.s3 import scan_objects
+    """Objects/s and client CPU-seconds per 100k objects of a job's listing (``list_columns``) and of
+    botocore's paginator (best of ``repeats``), with the server's CPU-seconds per 100k."""
+    from repack.sources.s3 import list_columns
     from repack.store import s3_client
 
     os.environ.update(s3_env(server.endpoint))
@@ -351,8 +351,10 @@ def _listing_rates(server, bucket: str, objects: int, repeats: int) -> dict:
 
     out = {}
     listers = (("botocore paginator", botocore_pages),
-               ("scan_objects", lambda: len(scan_objects(f"s3://{bucket}").objects)))
-    chosen = (os.environ.get("REPACK_BENCH_S3_LISTERS") or "paginator,scan_objects").split(",")
+               ("list_columns", lambda: len(list_columns(f"s3://{bucket}"))))
+    chosen = set((os.environ.get("REPACK_BENCH_S3_LISTERS") or "paginator,list_columns").split(","))
+    if "scan_objects" in chosen:  # the earlier name of the same lister (commands in docs/benchmarks.md)
+        chosen.add("list_columns")
     for name, listing in (pair for pair in listers if pair[0].split()[-1] in chosen):
         best = None
         for _ in range(repeats):
@@ -531,15 +533,15 @@ def _packing(rclone, work: Path, count: int, keys: list[str], repeats: int) -> d
 
 
 def _list_seconds(endpoint: str, bucket: str, count: int, repeats: int) -> float:
-    """Median seconds of ``scan_objects`` listing ``bucket`` (``count`` objects), as a job's driver lists
+    """Median seconds of ``list_columns`` listing ``bucket`` (``count`` objects), as a job's driver lists
     its s3:// SOURCE, in this process (its client ready: a lower bound of the job's listing)."""
-    from repack.sources.s3 import scan_objects
+    from repack.sources.s3 import list_columns
 
     os.environ.update(s3_env(endpoint))
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        listed = len(scan_objects(f"s3://{bucket}").objects)
+        listed = len(list_columns(f"s3://{bucket}"))
         times.append(time.perf_counter() - started)
         if listed != count:
             raise RuntimeError(f"listed {listed} objects of s3://{bucket}, expected {count}")
@@ -621,7 +623,7 @@ def listing_main(out_dir: str | os.PathLike) -> dict:
         lines += [f"| {names[name]} | {r['s']} | {r['objects_per_s']:,.0f} | {r['vs_local']:.2f}x | "
                   f"{r['vs_server_rate']:.2f}x | {r['cpu_s']} | {r['server_cpu_s']} |"
                   for name, r in packing.items() if isinstance(r, dict)]
-        lines += [f"| the listing alone (`scan_objects`, this process) | {packing['listing_s']} | | | | | |"]
+        lines += [f"| the listing alone (`list_columns`, this process) | {packing['listing_s']} | | | | | |"]
         lines += [f"| {names[name]} after its listing: (seconds - listing) | {r['s'] - packing['listing_s']:.2f} | "
                   f"{pack_count / (r['s'] - packing['listing_s']):,.0f} | | {r['after_listing_vs_server_rate']:.2f}x | | |"
                   for name, r in packing.items() if isinstance(r, dict) and name != "local"]
