@@ -25,7 +25,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -75,6 +75,7 @@ class ObjectColumns:
     folders: tuple[str, ...]
     quarantine: tuple[dict, ...]
     skipped: int
+    codes: np.ndarray | None = None  # uint8 per row from ``list_columns``' ``page_codes``, when it was given
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -94,17 +95,19 @@ def scan_objects(url: str) -> Listing:
                    found.quarantine, found.skipped)
 
 
-def list_columns(url: str) -> ObjectColumns:
+def list_columns(url: str, page_codes: Callable[[list[str]], np.ndarray] | None = None) -> ObjectColumns:
     """``scan_objects``' listing as columns, made page by page: a key is a ``str`` only while its page is
-    read. A page whose keys are all plain paths (most pages) is taken whole. S3 lists keys in UTF-8 byte
-    order and the folders' pages come in folder order, so the rows are sorted unless objects sit beside
-    the folders (then they are sorted here, the one step that decodes every key)."""
+    read (``page_codes``: a uint8 code per key of a page, e.g. a text file's kind by its name, kept as the
+    ``codes`` column). A page whose keys are all plain paths (most pages) is taken whole. S3 lists keys in
+    UTF-8 byte order and the folders' pages come in folder order, so the rows are sorted unless objects sit
+    beside the folders (then they are sorted here, the one step that decodes every key)."""
     bucket, prefix = parse_url(url)
     base = f"{prefix}/" if prefix else ""
     cut = len(base)
     blobs: list[bytes] = []
     size_parts: list[np.ndarray] = []
     id_parts: list[np.ndarray] = []
+    code_parts: list[np.ndarray] = []
     runs = _FolderRuns()
     quarantine, junk = [], set()
     ordered, last = True, None
@@ -122,6 +125,8 @@ def list_columns(url: str) -> ObjectColumns:
             blobs.append(join_names(page))
             size_parts.append(np.array(page_sizes, dtype=np.int64))
             id_parts.append(runs.ids(page))
+            if page_codes is not None:
+                code_parts.append(page_codes(page))
     except Exception as exc:  # noqa: BLE001 - auth, missing bucket, unreachable endpoint: exit 2
         raise describe_error(exc, url) from None
     if not blobs and not quarantine:
@@ -130,13 +135,16 @@ def list_columns(url: str) -> ObjectColumns:
     del blobs
     sizes = np.concatenate(size_parts) if size_parts else np.zeros(0, dtype=np.int64)
     folder_ids, folders = runs.sorted_ids(np.concatenate(id_parts) if id_parts else np.zeros(0, dtype=np.int32))
+    codes = None if page_codes is None else \
+        np.concatenate(code_parts).astype(np.uint8) if code_parts else np.zeros(0, dtype=np.uint8)
     if not ordered:
         rels = split_names(names)
         order = sorted(range(len(rels)), key=lambda row: sort_key(rels[row]))
         names = join_names([rels[row] for row in order])
         sizes, folder_ids = sizes[order], folder_ids[order]
+        codes = None if codes is None else codes[order]
     return ObjectColumns(f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", names, sizes, folder_ids, folders,
-                         tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), len(junk))
+                         tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), len(junk), codes)
 
 
 def _plain_keys(base: str, page: list[str], sizes: list[int], quarantine: list[dict],

@@ -230,26 +230,31 @@ def list_text_file_rows(source: str, list_file: bool = False, confinement: Confi
 NOT_TEXT = 255  # the code of a listed object that is no text input (no ``KIND_CODES`` value takes it)
 
 
+def _kind_codes(rels: list[str]) -> np.ndarray:
+    """Each listed key's ``KIND_CODES`` value by its name, NOT_TEXT for a name no text kind takes."""
+    return np.fromiter((KIND_CODES[kind] if (kind := classify(rel.rpartition("/")[2])) is not None else NOT_TEXT
+                        for rel in rels), dtype=np.uint8, count=len(rels))
+
+
 def list_remote_text_files(url: str, list_file: bool, rules: Confinement) -> tuple[TextInputs, list[dict], int]:
     """``list_text_files`` for an s3:// prefix (paged listing, sorted by byte path), in columns from the
     listing's (``repack.sources.s3.list_columns``: no object per input); objects are neither symlinks nor
     special files: of the confinement only the size cap applies."""
     if list_file:
         raise UsageError("--list reads a local list file: SOURCE cannot be an s3:// URL with --list")
-    listing = list_columns(url)  # keys that name no file are quarantined, hidden/junk ones counted
+    listing = list_columns(url, _kind_codes)  # keys that name no file are quarantined, hidden/junk ones counted
     quarantine: list[dict] = [{**record, "line": None} for record in listing.quarantine]
-    codes = np.fromiter((KIND_CODES[kind] if (kind := classify(rel.rpartition("/")[2])) is not None else NOT_TEXT
-                         for rel in listing.rels), dtype=np.uint8, count=len(listing.rels))
+    codes = listing.codes
     text = codes != NOT_TEXT
     skipped = listing.skipped + int(len(codes) - text.sum())
-    if rules.max_file_bytes is not None:
-        for row in np.flatnonzero(text & (listing.sizes > rules.max_file_bytes)).tolist():
-            quarantine.append({"source": listing.rels[row], "line": None,
-                               "reason": rules.size_refusal(int(listing.sizes[row]))})
-            text[row] = False
     zeros = np.zeros(len(codes), dtype=np.int64)  # an object's fingerprint is its size
     table = InputTable(listing.root, listing.names, name_ends(listing.names), np.full(len(codes), NO_LABEL, np.int32),
                        (), listing.sizes, zeros, zeros)
+    if rules.max_file_bytes is not None:
+        for row in np.flatnonzero(text & (listing.sizes > rules.max_file_bytes)).tolist():
+            quarantine.append({"source": table.rel(row), "line": None,
+                               "reason": rules.size_refusal(int(listing.sizes[row]))})
+            text[row] = False
     keep = np.flatnonzero(text)
     inputs = TextInputs(table, codes)
     return (inputs if len(keep) == len(codes) else inputs.take(keep)), quarantine, skipped
