@@ -275,6 +275,24 @@ def test_changed_options_refused_unless_overwrite(photo_tree, tmp_path):
     assert sorted(p.name for p in out.glob("shard-*")) == [f"shard-00000{i}.{e}" for i in (0, 1) for e in ("crc", "idx", "tar")]
 
 
+def test_a_job_planned_otherwise_from_the_same_inputs_is_not_called_a_changed_source(photo_tree, tmp_path):
+    """A job whose recorded plan differs while no input does (left by a repack that laid its tasks out
+    otherwise, as the s3:// listing into columns did) is refused as such, not as "source changed"."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    shutil.copytree(photo_tree, src)
+    run_repack("images", src, out, "--shard-size", "50", "--quiet")
+    state = out / ".repack" / "job.json"
+    recorded = json.loads(state.read_text())
+    state.write_text(json.dumps({**recorded, "plan_digest": "0" * 64}))  # what another planner's layout leaves
+    proc = run_repack("images", src, out, "--shard-size", "50", "--quiet", check=False)
+    assert proc.returncode == 2 and "planned differently from the same inputs" in proc.stderr, proc.stderr
+    assert "source changed" not in proc.stderr and "--overwrite" in proc.stderr
+    first = sorted(src.rglob("*.jpg"))[0]
+    first.write_bytes(first.read_bytes() + b"\0")  # an input that did change is still named as such
+    proc = run_repack("images", src, out, "--shard-size", "50", "--quiet", check=False)
+    assert proc.returncode == 2 and "source changed" in proc.stderr and first.name in proc.stderr, proc.stderr
+
+
 def test_bad_jobs_fail_fast(tmp_path, photo_tree):
     (tmp_path / "emptysrc").mkdir()
     (tmp_path / "afile").write_text("x")

@@ -412,21 +412,25 @@ class Engine:
                                  f"{'; '.join(differ) or 'same values, older tool version'}); "
                                  f"{resume}use --overwrite to replace it")
             if old.get("plan_digest") != state["plan_digest"]:
-                raise UsageError(f"source changed since {store.url} was started: {self._changes(plan)}; "
+                changes = self._changes(plan)
+                if changes is None:  # e.g. a job left half-done by a repack that laid out its tasks otherwise
+                    raise UsageError(f"{store.url} holds a job planned differently from the same inputs (by another "
+                                     "repack version); use --overwrite to start over")
+                raise UsageError(f"source changed since {store.url} was started: {changes}; "
                                  "use --overwrite to start over")
         else:
             save_plan(store, plan)
             store.put_bytes(f"{STATE_DIR}/job.json", dumps_canonical(state))
 
-    def _changes(self, plan: Plan) -> str:
-        """Which inputs differ from the recorded plan (size, mtime_ns, inode), in words."""
+    def _changes(self, plan: Plan) -> str | None:
+        """Which inputs differ from the recorded plan (size, mtime_ns, inode), in words; None when none does."""
         old = read_plan(self.job.store)
         if old is None:
             return "the planned tasks differ"
         before, now = input_fingerprints(old), input_fingerprints(plan)
         changed = sorted(rel for rel in before.keys() | now.keys() if before.get(rel) != now.get(rel))
         if not changed:
-            return "the planned tasks differ"
+            return None
         return (f"{len(changed)} input(s) differ in size, mtime or inode, or were added or removed "
                 f"({', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''})")
 
