@@ -192,14 +192,11 @@ def test_a_listed_key_with_a_nul_is_quarantined_and_the_others_are_planned():
     """A key holding a NUL (a ``%00`` in a URL-encoded listing) names no file: quarantined by name, never
     read; the other keys of its page and of the other pages are listed in order, hidden ones counted."""
     import repack.sources.s3 as s3
+    from tests.tools.s3_scan_scale import listed_as
 
     pages = [([], []), (["c/a.jpg", "c/b\0.jpg", "c/.x.jpg", "c/d.jpg"], [1, 2, 3, 4]), (["e/f.jpg"], [5])]
-    listed, parsed = s3.list_pages, s3.parse_url
-    s3.list_pages, s3.parse_url = (lambda bucket, base: iter(pages)), (lambda url: ("b", ""))
-    try:
+    with listed_as(lambda bucket, base: iter(pages)):
         found = s3.list_columns("s3://b")
-    finally:
-        s3.list_pages, s3.parse_url = listed, parsed
     assert found.rels == ["c/a.jpg", "c/d.jpg", "e/f.jpg"] and found.sizes.tolist() == [1, 4, 5]
     assert found.folders == ("c", "e") and found.folder_ids.tolist() == [0, 0, 1] and found.skipped == 1
     assert [q["source"] for q in found.quarantine] == ["c/b\0.jpg"] and "NUL" in found.quarantine[0]["reason"]
@@ -211,14 +208,11 @@ def test_page_codes_follow_their_keys_when_the_rows_are_sorted_at_the_end():
     import numpy as np
 
     import repack.sources.s3 as s3
+    from tests.tools.s3_scan_scale import listed_as
 
     pages = [(["a.jpg", "zz.txt"], [1, 2]), (["b/.h", "b/x.jpg", "b/y.json"], [3, 4, 5]), (["c/w.txt"], [6])]
-    listed, parsed = s3.list_pages, s3.parse_url
-    s3.list_pages, s3.parse_url = (lambda bucket, base: iter(pages)), (lambda url: ("b", ""))
-    try:
+    with listed_as(lambda bucket, base: iter(pages)):
         found = s3.list_columns("s3://b", lambda page: np.array([len(rel) for rel in page], dtype=np.uint8))
-    finally:
-        s3.list_pages, s3.parse_url = listed, parsed
     assert found.rels == ["a.jpg", "b/x.jpg", "b/y.json", "c/w.txt", "zz.txt"]
     assert found.codes.tolist() == [len(rel) for rel in found.rels] and found.sizes.tolist() == [1, 4, 5, 6, 2]
     assert found.folder_ids.tolist() == [-1, 0, 0, 1, -1] and found.skipped == 1

@@ -82,8 +82,25 @@ class ObjectColumns:
 
     @cached_property
     def rels(self) -> list[str]:
-        """The keys below the root, decoded (callers that want a str per object: few objects, or text kinds)."""
+        """The keys below the root, decoded (callers that want a str per object: few objects)."""
         return split_names(self.names)
+
+    def input_table(self, label_ids: np.ndarray | None = None, label_names: tuple[str, ...] = ()) -> InputTable:
+        """The objects as input columns: path = root/rel, fingerprint [size, 0, 0] (an object's is its size);
+        unlabeled unless ``label_ids`` (into ``label_names``) are given."""
+        zeros = np.zeros(len(self), dtype=np.int64)
+        ids = label_ids if label_ids is not None else np.full(len(self), NO_LABEL, dtype=np.int32)
+        return InputTable(self.root, self.names, name_ends(self.names), ids, label_names, self.sizes, zeros, zeros)
+
+    def size_refusals(self, confinement: Confinement, among: np.ndarray | None = None) -> dict[int, str]:
+        """Row -> the quarantine reason of each object over the confinement's size cap (of the rows where
+        ``among`` holds, if given)."""
+        if confinement.max_file_bytes is None:
+            return {}
+        over = self.sizes > confinement.max_file_bytes
+        if among is not None:
+            over &= among
+        return {row: confinement.size_refusal(int(self.sizes[row])) for row in np.flatnonzero(over).tolist()}
 
 
 def scan_objects(url: str) -> Listing:
@@ -258,22 +275,19 @@ def scan_s3(url: str, confinement: Confinement) -> Scan:
     first level, a flat prefix is unlabeled; an object over the confinement's size cap is quarantined,
     and so is a key that names no file."""
     listing = list_columns(url)
-    sizes = listing.sizes
     labeled = bool(listing.folders)
     refused: dict[int, str] = {}
     if labeled:
-        for row in np.flatnonzero(listing.folder_ids == NO_LABEL).tolist():
-            refused[row] = "file outside the class folders of a labeled tree"
-    for row in np.flatnonzero(sizes > confinement.max_file_bytes).tolist() if confinement.max_file_bytes is not None else ():
-        refused.setdefault(row, confinement.size_refusal(int(sizes[row])))
-    zeros = np.zeros(len(sizes), dtype=np.int64)  # an object's fingerprint is its size: [size, 0, 0]
-    label_ids = listing.folder_ids if labeled else np.full(len(sizes), NO_LABEL, dtype=np.int32)
-    table = InputTable(listing.root, listing.names, name_ends(listing.names), label_ids, listing.folders, sizes,
-                       zeros, zeros)
+        refused = dict.fromkeys(np.flatnonzero(listing.folder_ids == NO_LABEL).tolist(),
+                                "file outside the class folders of a labeled tree")
+    refused = {**listing.size_refusals(confinement), **refused}  # outside the classes: said first
+    table = listing.input_table(listing.folder_ids, listing.folders) if labeled else listing.input_table()
     quarantine = list(listing.quarantine)
     if refused:
         quarantine += [quarantine_record(table.rel(row), reason) for row, reason in refused.items()]
-        table = table.take(np.flatnonzero(~np.isin(np.arange(len(table)), list(refused))))
+        kept = np.ones(len(table), dtype=bool)
+        kept[list(refused)] = False
+        table = table.take(np.flatnonzero(kept))
     return Scan(table, tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), labeled, listing.skipped)
 
 

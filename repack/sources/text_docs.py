@@ -35,7 +35,6 @@ import numpy as np
 
 from repack.errors import UsageError, stable_reason
 from repack.sources.base import alias_reason, pick_real_paths
-from repack.sources.columns import NO_LABEL, InputTable, name_ends
 from repack.sources.confine import Checked, Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import list_columns
@@ -247,14 +246,10 @@ def list_remote_text_files(url: str, list_file: bool, rules: Confinement) -> tup
     codes = listing.codes
     text = codes != NOT_TEXT
     skipped = listing.skipped + int(len(codes) - text.sum())
-    zeros = np.zeros(len(codes), dtype=np.int64)  # an object's fingerprint is its size
-    table = InputTable(listing.root, listing.names, name_ends(listing.names), np.full(len(codes), NO_LABEL, np.int32),
-                       (), listing.sizes, zeros, zeros)
-    if rules.max_file_bytes is not None:
-        for row in np.flatnonzero(text & (listing.sizes > rules.max_file_bytes)).tolist():
-            quarantine.append({"source": table.rel(row), "line": None,
-                               "reason": rules.size_refusal(int(listing.sizes[row]))})
-            text[row] = False
+    table = listing.input_table()
+    for row, reason in listing.size_refusals(rules, among=text).items():
+        quarantine.append({"source": table.rel(row), "line": None, "reason": reason})
+        text[row] = False
     keep = np.flatnonzero(text)
     inputs = TextInputs(table, codes)
     return (inputs if len(keep) == len(codes) else inputs.take(keep)), quarantine, skipped

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from contextlib import contextmanager
 
 
 def synthetic_pages(count: int, folders: int):
@@ -29,19 +30,29 @@ def synthetic_pages(count: int, folders: int):
     return pages
 
 
+@contextmanager
+def listed_as(pages):
+    """Within: ``repack.sources.s3`` lists any s3:// URL as the (keys, sizes) pages ``pages(bucket, base)``
+    yields, with no request made; the real listing is put back after."""
+    import repack.sources.s3 as s3
+
+    listed, parsed = s3.list_pages, s3.parse_url
+    s3.list_pages, s3.parse_url = (lambda bucket, base, threads=8: pages(bucket, base)), (lambda url: ("synthetic", ""))
+    try:
+        yield
+    finally:
+        s3.list_pages, s3.parse_url = listed, parsed
+
+
 def measure(count: int, folders: int) -> dict:
     """Seconds, CPU-seconds and peak RSS (MB) of scanning and laying out ``count`` synthetic objects."""
     import repack.sources.s3 as s3
     from repack.jobs.image_plan import InputColumns, sample_bounds
     from repack.sources.confine import Confinement
 
-    listed, parsed = s3.list_pages, s3.parse_url
-    s3.list_pages, s3.parse_url = synthetic_pages(count, folders), lambda url: ("synthetic", "")
     started, cpu = time.perf_counter(), time.process_time()
-    try:
+    with listed_as(synthetic_pages(count, folders)):
         scan = s3.scan_s3("s3://synthetic", Confinement())
-    finally:
-        s3.list_pages, s3.parse_url = listed, parsed
     items = scan.items if hasattr(scan.items, "take") else list(scan.items)
     columns = InputColumns.of(items, None)
     sample_bounds(columns)
