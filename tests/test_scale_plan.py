@@ -291,3 +291,31 @@ def test_a_plan_saved_in_parallel_gzip_members_reads_back_whole_and_the_same_byt
     manifest = read_manifest_json(out)
     assert manifest["totals"]["samples"] == 2401  # only the new file added: the known 2,400 read from the plan
     assert (out / STATE_DIR / "inputs-v2.npz").is_file()
+
+
+def test_default_shards_end_at_16384_tiny_inputs_or_512_mb(tmp_path):
+    """With neither --shard-size nor --shard-bytes, a shard ends at DEFAULT_SHARD_INPUTS inputs (tiny samples)
+    or DEFAULT_SHARD_BYTES (photos), whichever comes first; an explicit --shard-bytes sets bytes alone."""
+    from repack.config import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_INPUTS, ImagesSpec
+    from repack.jobs.images import ImagesJob
+    from repack.sources.base import Scan
+    from tests.benchmarks.plan_scale import synthetic_table
+
+    def shard_inputs(table, **options) -> list[int]:
+        spec = ImagesSpec(source="/synthetic/src", out=str(tmp_path / "out"), verify="none", **options)
+        plan = ImagesJob(spec).plan_scan(Scan(table, (), labeled=True))
+        counts: dict[str, int] = {}
+        for task in plan.tasks:
+            stem = task.group or task.task_id
+            counts[stem] = counts.get(stem, 0) + task.payload["inputs"]["count"]
+        return list(counts.values())
+
+    assert DEFAULT_SHARD_INPUTS == 16384 and DEFAULT_SHARD_BYTES == 512 * 10**6
+    tiny = synthetic_table(40_000)  # ~700 B inputs: ~146,000 of them would fit in 512 MB
+    assert shard_inputs(tiny) == [16384, 16384, 7232]
+    assert shard_inputs(tiny, shard_bytes=512 * 10**6) == [40_000]
+    assert shard_inputs(tiny, shard_size=30_000) == [30_000, 10_000]
+    photos = synthetic_table(12_000)
+    photos.sizes[:] = 100_000  # 100 KB photos: 512 MB comes first (~4,975 of them with their headers and json)
+    counts = shard_inputs(photos)
+    assert len(counts) == 3 and sum(counts) == 12_000 and 4900 < counts[0] < 5100, counts

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec, format_size
+from repack.config import ImagesSpec, format_size
 from repack.errors import UsageError, stable_reason
 from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
@@ -352,9 +352,9 @@ class ImagesJob(Job):
         bounds = sample_bounds(cols, spec.sample_json)
         slotted = self.collector is None and not spec.normalize
         expected = sample_expected(cols, spec.sample_json) if slotted else None
-        shard_bytes = DEFAULT_SHARD_BYTES if spec.shard_size is None and spec.shard_bytes is None else spec.shard_bytes
+        shard_inputs, shard_bytes = spec.shard_limits()
         payloads = PayloadWriter(cols, classes)
-        for index, (start, end) in enumerate(cut_runs(bounds, 0, len(cols), spec.shard_size, shard_bytes)):
+        for index, (start, end) in enumerate(cut_runs(bounds, 0, len(cols), shard_inputs, shard_bytes)):
             stem = f"shard-{index:06d}"
             chunks = cut_runs(bounds, start, end, spec.chunk_size, CHUNK_BYTES)
             at = 0

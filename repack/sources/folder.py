@@ -111,7 +111,21 @@ def _walk_order(entries: list[os.DirEntry]) -> list[os.DirEntry]:
 def _walk(conf: Confinement, folder: str, rel_folder: str, ancestors: frozenset, found: _Found) -> None:
     """Scan ``folder`` (a real path; ``rel_folder`` its path under the root) into ``found``."""
     try:
-        with os.scandir(folder) as it:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        found.quarantine.append(quarantine_record(rel_folder or ".", f"unreadable folder: {exc.strerror}"))
+        return
+    try:
+        _walk_open(conf, folder, fd, rel_folder, ancestors, found)
+    finally:
+        os.close(fd)
+
+
+def _walk_open(conf: Confinement, folder: str, fd: int, rel_folder: str, ancestors: frozenset, found: _Found) -> None:
+    """``_walk`` of the folder open at ``fd``: its entries are listed and stat'ed relative to the descriptor
+    (``fstatat``: no walk of the folder's path again per file)."""
+    try:
+        with os.scandir(fd) as it:
             children = _walk_order(list(it))
     except OSError as exc:
         found.quarantine.append(quarantine_record(rel_folder or ".", f"unreadable folder: {exc.strerror}"))
@@ -127,7 +141,7 @@ def _walk(conf: Confinement, folder: str, rel_folder: str, ancestors: frozenset,
         rel = f"{rel_folder}/{name}" if rel_folder else name
         try:
             plain_file = entry.is_file(follow_symlinks=False)  # d_type: no system call
-            st = entry.stat(follow_symlinks=False) if plain_file else None
+            st = entry.stat(follow_symlinks=False) if plain_file else None  # fstatat(fd, name)
         except OSError:
             plain_file = False
         if plain_file:  # a regular file in a real folder inside the root: its own real path
@@ -136,11 +150,11 @@ def _walk(conf: Confinement, folder: str, rel_folder: str, ancestors: frozenset,
                 found.quarantine.append(quarantine_record(rel, too_big))
                 continue
             if not canonical:
-                found.real_paths[len(rels)] = entry.path
+                found.real_paths[len(rels)] = f"{folder}/{name}"
             rels.append(rel)
             stats += (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
             continue
-        checked = conf.check(entry.path, parent_is_real=True)  # symlinks, folders, special files
+        checked = conf.check(f"{folder}/{name}", parent_is_real=True)  # symlinks, folders, special files
         if checked.reason is not None:
             found.quarantine.append(quarantine_record(rel, checked.reason))
         elif checked.is_dir:
