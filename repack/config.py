@@ -162,6 +162,19 @@ class ImagesSpec(JobSpec):
         if self.max_pixels < 1:
             raise UsageError(f"--max-pixels must be positive, got {self.max_pixels}")
 
+    def confinement(self):
+        """The source's ``repack.sources.confine.Confinement`` (its rules; the scan roots it)."""
+        from repack.sources.confine import Confinement
+
+        return Confinement(follow_symlinks=self.follow_symlinks, allow_outside=self.allow_outside_source,
+                           max_file_bytes=self.max_file_size)
+
+    def walks_folder(self) -> bool:
+        """Is SOURCE a local folder tree, walked by ``repack.sources.folder``?"""
+        from repack.store import is_remote
+
+        return self.source_format == "folder" and not self.list_file and not is_remote(self.source)
+
     def shard_limits(self) -> tuple[int | None, int | None]:
         """(inputs, bytes) a shard holds at most: the options given, else DEFAULT_SHARD_INPUTS and
         DEFAULT_SHARD_BYTES (whichever is reached first)."""

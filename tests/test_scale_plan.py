@@ -319,3 +319,35 @@ def test_default_shards_end_at_16384_tiny_inputs_or_512_mb(tmp_path):
     photos.sizes[:] = 100_000  # 100 KB photos: 512 MB comes first (~4,975 of them with their headers and json)
     counts = shard_inputs(photos)
     assert len(counts) == 3 and sum(counts) == 12_000 and 4900 < counts[0] < 5100, counts
+
+
+def test_a_walk_started_ahead_is_taken_by_the_scan_of_the_same_rules_else_stopped(hostile_tree):
+    """``walk_ahead`` (what `repack images` starts before importing the job): the scan of the same root, rules and
+    workers takes it and equals a scan from scratch; one with other rules walks on its own; a walk that no scan
+    took is stopped when the block ends, its pool's processes gone."""
+    import multiprocessing
+
+    from repack.sources import folder
+
+    rows = lambda scan: [(i.path, i.rel, i.label, i.fingerprint) for i in scan.items]  # noqa: E731
+    fresh = _scan(hostile_tree, 2)
+    rules = Confinement(max_file_bytes=4000)
+    with folder.walk_ahead(str(hostile_tree), rules, 2):
+        assert len(folder._AHEAD) == 1
+        ahead = _scan(hostile_tree, 2)
+        assert folder._AHEAD == []
+    assert rows(ahead) == rows(fresh) and ahead.quarantine == fresh.quarantine and ahead.skipped == fresh.skipped
+    before = {p.pid for p in multiprocessing.active_children()}
+    with folder.walk_ahead(str(hostile_tree), Confinement(max_file_bytes=10), 2):
+        other = _scan(hostile_tree, 2)  # other rules: not the walk started ahead
+        assert len(folder._AHEAD) == 1
+        started = {p.pid for p in multiprocessing.active_children()} - before
+        assert started
+    assert folder._AHEAD == []
+    assert not started & {p.pid for p in multiprocessing.active_children()}
+    assert rows(other) == rows(fresh)
+    with folder.walk_ahead(str(hostile_tree / "missing"), rules, 2), folder.walk_ahead(str(hostile_tree), rules, 1):
+        assert folder._AHEAD == []  # no folder / no pool: nothing started, the scan does it all
+    with pytest.raises(Exception, match="does not exist"):
+        with folder.walk_ahead(str(hostile_tree / "missing"), rules, 2):
+            _scan(hostile_tree / "missing", 2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from repack.commands.options import (engine_options, job_command, location, run_job, source_options,
@@ -60,8 +62,6 @@ from repack.store import is_remote
 def images(source, out, to, list_file, source_format, image_field, label_field, append, shard_size, shard_bytes, chunk_size, shuffle, seed, verify, no_follow, normalize,
            quality, max_side, dedup, sample_json, max_pixels, max_file_size, allow_outside, **kwargs):
     """Pack an ImageFolder tree (or a list file) SOURCE into shards under OUT."""
-    from repack.jobs.images import ImagesJob
-
     options = split_engine_options(kwargs)
     if is_remote(out) and to == "lmdb":
         raise UsageError("--to lmdb writes one local database file: OUT must be a local folder, not "
@@ -72,9 +72,22 @@ def images(source, out, to, list_file, source_format, image_field, label_field, 
                       allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, sample_json=sample_json, max_pixels=max_pixels,
                       source_format=source_format, image_field=image_field, label_field=label_field)
-    if append:
-        from repack.commands.versions import run_append
+    with walked_ahead(spec):  # the folder walk starts before the job's modules are imported
+        if append:
+            from repack.commands.versions import run_append
 
-        run_append(spec, options)
-        return
-    run_job(ImagesJob(spec), options)
+            run_append(spec, options)
+            return
+        from repack.jobs.images import ImagesJob
+
+        run_job(ImagesJob(spec), options)
+
+
+def walked_ahead(spec: ImagesSpec):
+    """The walk of a folder SOURCE started now, for the job's scan to take (``repack.sources.folder.walk_ahead``)."""
+    if not spec.walks_folder():
+        return contextlib.nullcontext()
+    from repack.exec.cpus import available_cpus
+    from repack.sources.folder import walk_ahead
+
+    return walk_ahead(spec.source, spec.confinement(), available_cpus())

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from repack.distinct import distinct
 from repack.errors import UsageError
 from repack.jobs.task_inputs import delta_columns, pack_column
 from repack.sinks.tar_format import BLOCK, RECORD
@@ -101,7 +102,7 @@ class InputColumns:
             for at in range(0, len(raw), _SCAN_BYTES):  # bounded temporaries
                 part = raw[at:at + _SCAN_BYTES]
                 escaped = (part >= 0x80) | ((part < 0x20) & (part != 0)) | (part == 0x22) | (part == 0x5C)
-                for row in np.unique(np.searchsorted(self.ends, at + np.flatnonzero(escaped))).tolist():
+                for row in distinct(np.searchsorted(self.ends, at + np.flatnonzero(escaped))).tolist():
                     lengths[row] = len(_JSON_STR(self.rel(row)))
         return lengths
 
@@ -214,7 +215,7 @@ class PayloadWriter:
         ids = cols.label_ids[start:end]
         low, high = (int(ids.min()), int(ids.max())) if len(ids) else (NO_LABEL, NO_LABEL)
         if high != NO_LABEL:
-            used = [low] if low == high else np.unique(ids[ids != NO_LABEL]).tolist()  # a task of one class: usual
+            used = [low] if low == high else distinct(ids[ids != NO_LABEL]).tolist()  # a task of one class: usual
             inputs["clsz"] = pack_column(self.class_of[np.where(ids == NO_LABEL, len(cols.label_names), ids)].tobytes())
             inputs["names"] = {str(int(self.class_of[i])): cols.label_names[i] for i in used}
         if cols.root is not None:

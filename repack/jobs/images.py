@@ -64,7 +64,7 @@ from repack.jobs.record_columns import pack_digests, pack_times, packed_rels, un
 from repack.jobs.stats import bucket_edges, histogram, merge_counts, merge_slowest, percentiles
 from repack.jobs.summary import quarantine_lines
 from repack.sinks import get_sink
-from repack.sources import Confinement, InputItem, scan_foreign, scan_source
+from repack.sources import InputItem, scan_foreign, scan_source
 from repack.sources.base import FieldChoice
 from repack.sources.reading import open_input, read_inputs, unreadable_reason
 from repack.store import is_remote
@@ -291,8 +291,7 @@ class ImagesJob(Job):
 
     def plan(self) -> Plan:
         spec = self.spec
-        confinement = Confinement(follow_symlinks=spec.follow_symlinks, allow_outside=spec.allow_outside_source,
-                                  max_file_bytes=spec.max_file_size)
+        confinement = spec.confinement()
         if spec.source_format == "folder":  # the driver's own work runs while the folders are walked on the pool
             scan = scan_source(spec.source, list_file=spec.list_file, confinement=confinement, workers=available_cpus(),
                                meanwhile=self._before_tasks)

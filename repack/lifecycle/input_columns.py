@@ -38,6 +38,7 @@ from typing import Callable
 
 import numpy as np
 
+from repack.distinct import distinct
 from repack.errors import UsageError
 
 FORMAT = 1
@@ -159,7 +160,7 @@ def _member_of(table: np.ndarray, names: np.ndarray) -> np.ndarray:
 
 def with_quarantined(record: InputColumns, sources) -> InputColumns:
     """``record`` carrying the sorted names ``sources`` as its ``quarantined``."""
-    return dataclasses.replace(record, quarantined=np.unique(encode_names(sorted(set(sources))))
+    return dataclasses.replace(record, quarantined=distinct(encode_names(sorted(set(sources))))
                                if sources else np.array([], dtype="S1"))
 
 
@@ -216,13 +217,13 @@ def hex_digests(digests: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sorted_last_wins(names, size, mtime, position, sha, has, removed, next_position) -> InputColumns:
-    removed = np.unique(removed) if len(removed) else np.array([], dtype="S1")
+    removed = distinct(removed) if len(removed) else np.array([], dtype="S1")
     if len(names) < 2 or bool(np.all(names[1:] > names[:-1])):  # already sorted and unique (a sorted scan)
         return InputColumns(names.astype(bytes), size, mtime, position, sha, has, removed, int(next_position))
     reverse = slice(None, None, -1)
     unique, first = np.unique(names[reverse], return_index=True)  # first of the reversed: the last given
     rows = (len(names) - 1 - first).astype(np.int64)
-    removed = np.unique(removed) if len(removed) else np.array([], dtype="S1")
+    removed = distinct(removed) if len(removed) else np.array([], dtype="S1")
     return InputColumns(unique.astype(bytes), size[rows], mtime[rows], position[rows], sha[rows], has[rows],
                         removed, int(next_position))
 

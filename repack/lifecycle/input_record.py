@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
+from repack.distinct import distinct
 from repack.errors import UsageError
 from repack.jobs.base import Plan
 from repack.lifecycle.first_record import plan_record, version_one_record
@@ -81,7 +82,7 @@ def remove_delta(next_position: int, removed_sources: Iterable[str]) -> InputCol
     the known record's)."""
     sources = sorted(set(removed_sources))
     return dataclasses.replace(empty_columns(next_position),
-                               removed=np.unique(encode_names(sources)) if sources else np.array([], dtype="S1"))
+                               removed=distinct(encode_names(sources)) if sources else np.array([], dtype="S1"))
 
 
 class KnownInputs:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from repack.distinct import distinct
 from repack.errors import UsageError
 from repack.lifecycle.input_columns import encode_names
 from repack.lifecycle.record_layers import RecordLayers
@@ -36,17 +37,17 @@ def wanted_positions(by: str, names, known: RecordLayers | None) -> np.ndarray |
         positions = [key_position(name) for name in names]
         if any(p is None for p in positions):
             return None
-        return np.unique(np.array(positions, np.int64))
+        return distinct(np.array(positions, np.int64))
     if known is None:
         return None
     try:
-        positions, recorded = known.positions_of(np.unique(encode_names(sorted(set(names)))))
+        positions, recorded = known.positions_of(distinct(encode_names(sorted(set(names)))))
     except UsageError:  # a layer whose names cannot be decoded (an empty planned name): every shard is read
         return None
     positions = positions[recorded]
     if (positions < 0).any():
         return None
-    return np.unique(positions)
+    return distinct(positions)
 
 
 def position_span(store, entry: dict) -> tuple[int, int] | None:

@@ -218,6 +218,7 @@ def check_unique_keys(files, manifest, key_hashes: list | None = None) -> list[s
     up again by name, so a report names real duplicates only."""
     import numpy as np
 
+    from repack.distinct import distinct
     from repack.sinks.keys import index_keys
     from repack.sinks.keys import key_hashes as key_hashes_of
 
@@ -236,7 +237,7 @@ def check_unique_keys(files, manifest, key_hashes: list | None = None) -> list[s
     held_again = ordered[1:][ordered[1:] == ordered[:-1]]  # hashes held more than once, sorted
     if not len(held_again):
         return []
-    suspects = held_again[np.concatenate([[True], held_again[1:] != held_again[:-1]])]  # not np.unique: numpy.ma
+    suspects = distinct(held_again)
     where: dict[str, list[str]] = {}
     for shard, found in zip(shards, key_hashes):
         if not np.isin(found, suspects).any():

@@ -33,6 +33,7 @@ import mmap
 
 import numpy as np
 
+from repack.distinct import distinct
 from repack.manifest import ManifestError
 
 SPACE, NEWLINE, DOT = 32, 10, 46
@@ -100,7 +101,7 @@ class IndexColumns:
         key_lo = self.key_ends[samples].astype(np.int64)
         key_len = np.minimum(np.where(keyed[code], self.key_ends[samples + 1].astype(np.int64) - key_lo, 0), width)
         out = np.zeros((len(members), width), dtype=np.uint8)
-        for n in np.unique(key_len).tolist():
+        for n in distinct(key_len).tolist():
             at = np.flatnonzero(key_len == n)
             if n:
                 out[at, :n] = self.keys[key_lo[at, None] + np.arange(n)]

@@ -21,14 +21,20 @@ name, a folder's name taken with its trailing "/" (``_walk_order``). A file name
 that is the byte order of the full paths ("c01/a.b" before "c01/sub/x"), and the concatenated
 walks of the top-level folders are the sorted listing. A worker sends its rels as one names blob
 and its stats as int64 bytes; the driver joins the blobs and never decodes a rel.
+
+Started ahead: `repack images` calls ``walk_ahead`` before it imports the job's modules (~0.2-0.4 s of a
+short command such as `--append`), so the pool forks from a small process and walks while the driver
+imports, locks OUT and reads its record; the job's ``scan_folder`` of the same root and rules takes the
+walks. Each file is listed and stat'ed relative to its open folder (``fstatat``: no path walk per file).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -214,26 +220,88 @@ def _top_level(conf: Confinement, root_ident: tuple) -> tuple[_Found, list[tuple
     return found, folders
 
 
-def _scan_folders(conf: Confinement, folders: list[tuple], workers: int,
-                  meanwhile: Callable[[], object] | None = None) -> list[_Part]:
-    """Walk each top-level folder; on a process pool when there are enough of them (see the module docstring),
-    running ``meanwhile`` in this process once the pool has the walks (serial: before them)."""
-    tasks = [(conf, *folder) for folder in folders]
-    pool = scan_pool(workers, len(tasks), PARALLEL_MIN_FOLDERS, __name__)
-    if pool is None:
-        if meanwhile is not None:
-            meanwhile()
-        return [_Part.unpack(_scan_top_folder(task)) for task in tasks]
+@dataclass
+class _Walks:
+    """The walks of a root's top-level folders, submitted to their pool (None: they run in this process)."""
+
+    conf: Confinement
+    workers: int
+    top: _Found
+    tasks: list[tuple]
+    pool: object = None
+    results: Iterator[bytes] | None = None
+
+    @classmethod
+    def start(cls, conf: Confinement, workers: int) -> "_Walks":
+        """List the root (``conf.root``), then submit the walks of its top-level folders when there are enough of
+        them for a pool (see the module docstring)."""
+        root_st = os.stat(conf.root)
+        top, folders = _top_level(conf, (root_st.st_dev, root_st.st_ino))
+        walks = cls(conf, workers, top, [(conf, *folder) for folder in folders])
+        walks.pool = scan_pool(workers, len(walks.tasks), PARALLEL_MIN_FOLDERS, __name__)
+        if walks.pool is not None:
+            try:
+                walks.results = walks.pool.map(_scan_top_folder, walks.tasks, chunksize=4)  # the workers are busy
+            except BaseException:
+                walks.stop()
+                raise
+        return walks
+
+    def parts(self, meanwhile: Callable[[], object] | None = None) -> list[_Part]:
+        """Every folder's walk, the root's own files first, running ``meanwhile`` in this process while the pool
+        walks (serial: before the walks)."""
+        if self.pool is None:
+            if meanwhile is not None:
+                meanwhile()
+            return [_Part.unpack(self.top.pack())] + [_Part.unpack(_scan_top_folder(task)) for task in self.tasks]
+        try:
+            if meanwhile is not None:
+                meanwhile()
+            parts = [_Part.unpack(self.top.pack())] + [_Part.unpack(raw) for raw in self.results]
+        except BaseException:
+            self.stop()
+            raise
+        self.pool.shutdown(wait=True)
+        return parts
+
+    def stop(self) -> None:
+        """Cancel the walks not started and wait for the pool's workers to end."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+_AHEAD: list[_Walks] = []  # walks started by walk_ahead that no scan took yet
+
+
+@contextlib.contextmanager
+def walk_ahead(root: str, confinement: Confinement, workers: int) -> Iterator[None]:
+    """Start the walk of folder ``root`` now, so that what the caller imports and checks next runs while the
+    pool walks (and the pool forks from a process that has imported little); ``scan_folder`` of the same root,
+    rules and workers inside the block takes it. A walk that no scan took (a resumed job, a refusal) is
+    cancelled on leaving the block. Nothing starts where the scan would not use a pool or ``root`` is no
+    readable folder: ``scan_folder`` then does it all, and says what is wrong."""
+    walks = None
+    if os.path.isdir(root):
+        try:
+            walks = _Walks.start(confinement.rooted(root), workers)
+        except OSError:
+            walks = None
+    if walks is not None and walks.pool is not None:
+        _AHEAD.append(walks)
     try:
-        walks = pool.map(_scan_top_folder, tasks, chunksize=4)  # submitted: the workers are started and busy
-        if meanwhile is not None:
-            meanwhile()
-        parts = [_Part.unpack(raw) for raw in walks]
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    return parts
+        yield
+    finally:
+        if walks is not None and walks in _AHEAD:
+            _AHEAD.remove(walks)
+            walks.stop()
+
+
+def _taken_ahead(conf: Confinement, workers: int) -> _Walks | None:
+    for walks in _AHEAD:
+        if walks.conf == conf and walks.workers == workers:
+            _AHEAD.remove(walks)
+            return walks
+    return None
 
 
 def scan_folder(root: str, confinement: Confinement | None = None, workers: int = 1,
@@ -246,9 +314,9 @@ def scan_folder(root: str, confinement: Confinement | None = None, workers: int 
     if not os.path.isdir(root):
         raise UsageError(f"source {root!r} is not a folder (use --list for a list file)")
     conf = (confinement or Confinement()).rooted(root)
-    root_st = os.stat(conf.root)
-    top, folders = _top_level(conf, (root_st.st_dev, root_st.st_ino))
-    parts = [_Part.unpack(top.pack())] + _scan_folders(conf, folders, workers, meanwhile)
+    walks = _taken_ahead(conf, workers) or _Walks.start(conf, workers)
+    parts = walks.parts(meanwhile)
+    top = walks.top
     labeled = bool(top.top_dirs)
     names = b"".join(part.names for part in parts)
     ends = name_ends(names)
