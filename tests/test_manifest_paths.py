@@ -168,3 +168,29 @@ def test_s3_gc_and_verify_refuse_a_version_naming_a_key_outside_the_prefix_or_th
     for rel in ("../victim", "/victim", "a/../../victim", "x\x00y", "a\\b"):
         with pytest.raises(ConfinementError, match="refused"):
             store.delete(rel)
+
+
+def test_safe_join_resolves_only_through_a_symlink_and_refuses_one_leaving_the_root(tmp_path):
+    """``safe_join``/``join_under_real``: lstat per component below the root, the whole path resolved only when
+    one is a link; the verdicts are realpath's (a link inside stays inside, one leaving is refused at any depth,
+    a missing component ends the check)."""
+    from repack.manifest.paths import PathEscapeError, join_under_real, safe_join
+
+    real_root = tmp_path / "data"
+    (real_root / "sub").mkdir(parents=True)
+    (real_root / "sub" / "a.tar").write_bytes(b"a")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "v").write_bytes(b"v")
+    (tmp_path / "root-link").symlink_to(real_root, target_is_directory=True)
+    (real_root / "inside-link").symlink_to(real_root / "sub", target_is_directory=True)
+    (real_root / "sub" / "file-out").symlink_to(tmp_path / "outside" / "v")
+    (real_root / "sub" / "dir-out").symlink_to(tmp_path / "outside", target_is_directory=True)
+    root = tmp_path / "root-link"  # the root itself through a link: resolved once
+    assert safe_join(root, "sub/a.tar") == real_root / "sub" / "a.tar"
+    assert safe_join(root, "inside-link/a.tar") == real_root / "inside-link" / "a.tar"
+    assert safe_join(root, "missing/deeper/x.tar") == real_root / "missing" / "deeper" / "x.tar"
+    for rel in ("sub/file-out", "sub/dir-out/v", "sub/dir-out/missing"):
+        with pytest.raises(PathEscapeError, match="resolves outside"):
+            safe_join(root, rel)
+        with pytest.raises(PathEscapeError, match="resolves outside"):
+            join_under_real(real_root, rel)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path, PurePosixPath
 
 STATE_FOLDER = ".repack"
@@ -47,12 +48,28 @@ def safe_join(root: str | os.PathLike, rel: str) -> Path:
     Refuses absolute paths, ``..`` components, NUL bytes, backslashes and symlinks that
     resolve outside the root.
     """
+    return join_under_real(Path(os.path.realpath(root)), rel)
+
+
+def join_under_real(root_real: Path, rel: str) -> Path:
+    """``safe_join`` under a root already resolved (``os.path.realpath``): many paths of one manifest are
+    checked against one resolution of its root. The components below the root are ``lstat``'ed in turn;
+    only when one is a symlink is the whole path resolved (``realpath`` costs an lstat per component of
+    the absolute path: on the device machine's sandboxed filesystem ~20 ms per manifest of 62 shards)."""
     pure = PurePosixPath(check_relative(rel))
-    root_real = Path(os.path.realpath(root))
     joined = root_real.joinpath(*pure.parts)
-    real = Path(os.path.realpath(joined))
-    if real != root_real and root_real not in real.parents:
-        raise PathEscapeError(f"path {rel!r} resolves outside the dataset root")
+    path = root_real
+    for part in pure.parts:
+        path = path / part
+        try:
+            linked = stat.S_ISLNK(os.lstat(path).st_mode)
+        except OSError:
+            return joined  # missing: nothing below it can be a link; realpath would end here too
+        if linked:
+            real = Path(os.path.realpath(joined))
+            if real != root_real and root_real not in real.parents:
+                raise PathEscapeError(f"path {rel!r} resolves outside the dataset root")
+            return joined
     return joined
 
 

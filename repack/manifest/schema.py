@@ -18,11 +18,12 @@ Top-level keys (the contract; fields may be added, never renamed)::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Iterator
 
-from repack.manifest.paths import PathEscapeError, check_dataset_path, safe_join
+from repack.manifest.paths import PathEscapeError, check_dataset_path, join_under_real, safe_join
 
 SCHEMA = "repack.manifest"
 VERSION = 1
@@ -89,8 +90,9 @@ class Manifest:
                 raise ManifestError(f"{self.where}: manifest {key} must be a {kind.__name__}")
         self._check_path_fields()
         seen: set[str] = set()
+        root_real = Path(os.path.realpath(self.root))
         for rel in self.relative_paths():
-            same = self._check_path(rel)
+            same = self._check_path(rel, root_real)
             if same in seen:  # a reader would yield its samples twice; a copy would race on one file
                 raise ManifestError(f"{self.where}: the manifest names {rel!r} twice (each shard, index and "
                                     "side file must be listed once)")
@@ -98,12 +100,12 @@ class Manifest:
         for rel in [v["path"] for v in self.data.get("videos", [])] + self.prefixes():
             self._check_path(rel)
 
-    def _check_path(self, rel: str) -> str:
+    def _check_path(self, rel: str, root_real: Path | None = None) -> str:
         """The one rule for a path the manifest names (``repack.manifest.paths``), normalized; ManifestError
-        naming the manifest and the path."""
+        naming the manifest and the path. ``root_real``: the root resolved, when the caller did it once."""
         try:
             same = check_dataset_path(rel)
-            safe_join(self.root, rel)
+            join_under_real(root_real or Path(os.path.realpath(self.root)), rel)
         except PathEscapeError as exc:
             raise ManifestError(f"{self.where}: version {self._number()}: {exc}") from None
         return same
