@@ -176,16 +176,11 @@ class ImagesSpec(JobSpec):
         return self.source_format == "folder" and not self.list_file and not is_remote(self.source)
 
     def shard_limits(self) -> tuple[int | None, int | None]:
-        """(inputs, bytes) a shard holds at most: the options given, else DEFAULT_SHARD_INPUTS and
-        DEFAULT_SHARD_BYTES (whichever is reached first)."""
+        """(inputs, bytes) a shard holds at most: the options given, else DEFAULT_SHARD_BYTES alone."""
         if self.shard_size is None and self.shard_bytes is None:
-            return DEFAULT_SHARD_INPUTS, DEFAULT_SHARD_BYTES
+            return None, DEFAULT_SHARD_BYTES
         return self.shard_size, self.shard_bytes
 
 
 DEFAULT_SHARD_BYTES = 512 * 10**6
-# with neither --shard-size nor --shard-bytes, a shard also ends at this many inputs: tiny samples
-# (~3.5 KB in the tar) would otherwise make shards of ~146,000, and `repack remove`/`--append`
-# rewrite or hash whole shards; photos (~100 KB) reach 512 MB first and are not affected
-DEFAULT_SHARD_INPUTS = 16384
 MIN_SHARD_BYTES = 64 * 2**10

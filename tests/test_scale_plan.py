@@ -293,10 +293,11 @@ def test_a_plan_saved_in_parallel_gzip_members_reads_back_whole_and_the_same_byt
     assert (out / STATE_DIR / "inputs-v2.npz").is_file()
 
 
-def test_default_shards_end_at_16384_tiny_inputs_or_512_mb(tmp_path):
-    """With neither --shard-size nor --shard-bytes, a shard ends at DEFAULT_SHARD_INPUTS inputs (tiny samples)
-    or DEFAULT_SHARD_BYTES (photos), whichever comes first; an explicit --shard-bytes sets bytes alone."""
-    from repack.config import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_INPUTS, ImagesSpec
+def test_default_shards_end_at_512_mb_and_shard_size_caps_the_inputs(tmp_path):
+    """With neither --shard-size nor --shard-bytes a shard ends at DEFAULT_SHARD_BYTES (tiny samples: ~146,000 of
+    them); --shard-size 16384 (the docs' advice for tiny samples that see removes) caps the inputs alone, and
+    photos of 100 KB fill 512 MB first."""
+    from repack.config import DEFAULT_SHARD_BYTES, ImagesSpec
     from repack.jobs.images import ImagesJob
     from repack.sources.base import Scan
     from tests.benchmarks.plan_scale import synthetic_table
@@ -310,15 +311,16 @@ def test_default_shards_end_at_16384_tiny_inputs_or_512_mb(tmp_path):
             counts[stem] = counts.get(stem, 0) + task.payload["inputs"]["count"]
         return list(counts.values())
 
-    assert DEFAULT_SHARD_INPUTS == 16384 and DEFAULT_SHARD_BYTES == 512 * 10**6
-    tiny = synthetic_table(40_000)  # ~700 B inputs: ~146,000 of them would fit in 512 MB
-    assert shard_inputs(tiny) == [16384, 16384, 7232]
-    assert shard_inputs(tiny, shard_bytes=512 * 10**6) == [40_000]
-    assert shard_inputs(tiny, shard_size=30_000) == [30_000, 10_000]
+    assert DEFAULT_SHARD_BYTES == 512 * 10**6
+    tiny = synthetic_table(40_000)  # ~700 B inputs, ~3.5 KB each in the tar
+    assert shard_inputs(tiny) == [40_000]
+    assert shard_inputs(tiny, shard_size=16384) == [16384, 16384, 7232]
+    assert shard_inputs(tiny, shard_bytes=64 * 10**6) == [17854, 17854, 4292]  # bytes alone
     photos = synthetic_table(12_000)
-    photos.sizes[:] = 100_000  # 100 KB photos: 512 MB comes first (~4,975 of them with their headers and json)
+    photos.sizes[:] = 100_000  # 100 KB photos: 512 MB holds ~4,975 of them with their headers and json
     counts = shard_inputs(photos)
     assert len(counts) == 3 and sum(counts) == 12_000 and 4900 < counts[0] < 5100, counts
+    assert shard_inputs(photos, shard_size=16384) == [12_000]
 
 
 def test_a_walk_started_ahead_is_taken_by_the_scan_of_the_same_rules_else_stopped(hostile_tree):
