@@ -72,19 +72,21 @@ def images(source, out, to, list_file, source_format, image_field, label_field, 
                       allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, sample_json=sample_json, max_pixels=max_pixels,
                       source_format=source_format, image_field=image_field, label_field=label_field)
-    with walked_ahead(spec):  # the folder walk starts before the job's modules are imported
-        if append:
-            from repack.commands.versions import run_append
+    if append:
+        from repack.commands.versions import run_append
 
-            run_append(spec, options)
-            return
+        run_append(spec, options)
+        return
+    with walked_ahead(spec):  # the folder walk starts before the job's modules are imported
         from repack.jobs.images import ImagesJob
 
         run_job(ImagesJob(spec), options)
 
 
 def walked_ahead(spec: ImagesSpec):
-    """The walk of a folder SOURCE started now, for the job's scan to take (``repack.sources.folder.walk_ahead``)."""
+    """The walk of a folder SOURCE started now, for the job's scan to take (``repack.sources.folder.walk_ahead``).
+    Not for ``--append``: it forks the child that reads the dataset's record before its walk, and that child,
+    started behind a running walk, became the append's longest step (1M tiny files, 16 cores: 1.94 -> 2.25 s)."""
     if not spec.walks_folder():
         return contextlib.nullcontext()
     from repack.exec.cpus import available_cpus
