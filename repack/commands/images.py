@@ -77,17 +77,19 @@ def images(source, out, to, list_file, source_format, image_field, label_field, 
 
         run_append(spec, options)
         return
-    with walked_ahead(spec):  # the folder walk starts before the job's modules are imported
+    with walked_ahead(spec, options.executor):  # the folder walk starts before the job's modules are imported
         from repack.jobs.images import ImagesJob
 
         run_job(ImagesJob(spec), options)
 
 
-def walked_ahead(spec: ImagesSpec):
-    """The walk of a folder SOURCE started now, for the job's scan to take (``repack.sources.folder.walk_ahead``).
-    Not for ``--append``: it forks the child that reads the dataset's record before its walk, and that child,
-    started behind a running walk, became the append's longest step (1M tiny files, 16 cores: 1.94 -> 2.25 s)."""
-    if not spec.walks_folder():
+def walked_ahead(spec: ImagesSpec, executor: str):
+    """The walk of a folder SOURCE started now, for the job's scan to take (``repack.sources.folder.walk_ahead``),
+    on the local executor. Not for ``--append``: it forks the child that reads the dataset's record before its
+    walk, and that child, started behind a running walk, became the append's longest step (1M tiny files, 16
+    cores: 1.94 -> 2.25 s). Not for ``--executor ray``: its driver's pool forks before Ray's threads start, and
+    the walk's pool (a thread of its own in this process) would turn that fork into a forkserver's start."""
+    if not spec.walks_folder() or executor != "local":
         return contextlib.nullcontext()
     from repack.exec.cpus import available_cpus
     from repack.sources.folder import walk_ahead

@@ -98,7 +98,7 @@ class Manifest:
                                     "side file must be listed once)")
             seen.add(same)
         for rel in [v["path"] for v in self.data.get("videos", [])] + self.prefixes():
-            self._check_path(rel)
+            self._check_path(rel, root_real)
 
     def _check_path(self, rel: str, root_real: Path | None = None) -> str:
         """The one rule for a path the manifest names (``repack.manifest.paths``), normalized; ManifestError

@@ -22,10 +22,10 @@ that is the byte order of the full paths ("c01/a.b" before "c01/sub/x"), and the
 walks of the top-level folders are the sorted listing. A worker sends its rels as one names blob
 and its stats as int64 bytes; the driver joins the blobs and never decodes a rel.
 
-Started ahead: `repack images` (not `--append`, see ``repack.commands.images.walked_ahead``) calls
-``walk_ahead`` before it imports the job's modules (0.2-0.4 s on the device machine), so the pool forks
-from a small process and walks while the driver imports, locks OUT and imports Ray (`--executor ray`);
-the job's ``scan_folder`` of the same root and rules takes the walks. Each file is listed and stat'ed relative to its open folder (``fstatat``: no path walk per file).
+Started ahead: `repack images` on the local executor (not `--append`, see
+``repack.commands.images.walked_ahead``) calls ``walk_ahead`` before it imports the job's modules (0.2-0.4
+s on the device machine), so the pool forks from a small process and walks while the driver imports and
+locks OUT; the job's ``scan_folder`` of the same root and rules takes the walks. Each file is listed and stat'ed relative to its open folder (``fstatat``: no path walk per file).
 """
 
 from __future__ import annotations
