@@ -277,7 +277,7 @@ _AHEAD: list[_Walks] = []  # walks started by walk_ahead that no scan took yet
 def walk_ahead(root: str, confinement: Confinement, workers: int) -> Iterator[None]:
     """Start the walk of folder ``root`` now, so that what the caller imports and checks next runs while the
     pool walks (and the pool forks from a process that has imported little); ``scan_folder`` of the same root,
-    rules and workers inside the block takes it. A walk that no scan took (a resumed job, a refusal) is
+    rules and workers inside the block takes it. A walk that no scan took (a refusal before the plan) is
     cancelled on leaving the block. Nothing starts where the scan would not use a pool or ``root`` is no
     readable folder: ``scan_folder`` then does it all, and says what is wrong."""
     walks = None
