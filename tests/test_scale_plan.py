@@ -348,8 +348,13 @@ def test_a_walk_started_ahead_is_taken_by_the_scan_of_the_same_rules_else_stoppe
     assert folder._AHEAD == []
     assert not started & {p.pid for p in multiprocessing.active_children()}
     assert rows(other) == rows(fresh)
-    with folder.walk_ahead(str(hostile_tree / "missing"), rules, 2), folder.walk_ahead(str(hostile_tree), rules, 1):
-        assert folder._AHEAD == []  # no folder / no pool: nothing started, the scan does it all
+    with folder.walk_ahead(str(hostile_tree / "missing"), rules, 2):
+        assert folder._AHEAD == []  # no folder: nothing started, the scan says what is wrong
+    with folder.walk_ahead(str(hostile_tree), rules, 1):  # no pool: the root listed now (a flat folder's files),
+        assert len(folder._AHEAD) == 1 and folder._AHEAD[0].pool is None  # not twice: the scan takes it
+        serial = _scan(hostile_tree, 1)
+        assert folder._AHEAD == []
+    assert rows(serial) == rows(fresh) and serial.quarantine == fresh.quarantine
     with pytest.raises(Exception, match="does not exist"):
         with folder.walk_ahead(str(hostile_tree / "missing"), rules, 2):
             _scan(hostile_tree / "missing", 2)

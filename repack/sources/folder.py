@@ -278,15 +278,16 @@ def walk_ahead(root: str, confinement: Confinement, workers: int) -> Iterator[No
     """Start the walk of folder ``root`` now, so that what the caller imports and checks next runs while the
     pool walks (and the pool forks from a process that has imported little); ``scan_folder`` of the same root,
     rules and workers inside the block takes it. A walk that no scan took (a refusal before the plan) is
-    cancelled on leaving the block. Nothing starts where the scan would not use a pool or ``root`` is no
-    readable folder: ``scan_folder`` then does it all, and says what is wrong."""
+    cancelled on leaving the block. Where the scan would not use a pool (one worker, few folders: a flat
+    folder of files) only the root's listing is done now, and the scan takes that. Nothing starts where
+    ``root`` is no readable folder: ``scan_folder`` then does it all, and says what is wrong."""
     walks = None
     if os.path.isdir(root):
         try:
             walks = _Walks.start(confinement.rooted(root), workers)
         except OSError:
             walks = None
-    if walks is not None and walks.pool is not None:
+    if walks is not None:
         _AHEAD.append(walks)
     try:
         yield
