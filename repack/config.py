@@ -6,9 +6,12 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from repack.errors import UsageError
+
+if TYPE_CHECKING:
+    from repack.sources.confine import Confinement
 
 _SIZE_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
                "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -162,7 +165,7 @@ class ImagesSpec(JobSpec):
         if self.max_pixels < 1:
             raise UsageError(f"--max-pixels must be positive, got {self.max_pixels}")
 
-    def confinement(self):
+    def confinement(self) -> Confinement:
         """The source's ``repack.sources.confine.Confinement`` (its rules; the scan roots it)."""
         from repack.sources.confine import Confinement
 

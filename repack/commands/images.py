@@ -36,7 +36,7 @@ from repack.store import is_remote
               help="OUT holds a dataset: pack only the inputs it does not hold yet (same path, size and mtime; "
                    "s3://: key and size) into new shards and publish them as its next version.")
 @click.option("--shard-size", type=int, default=None,
-              help="At most N inputs per shard (tiny samples: 16384 makes removes and appends cheap).")
+              help="At most N inputs per shard (tiny samples: 16384 makes a remove rewrite less).")
 @click.option("--shard-bytes", default=None, help="At most SIZE per shard, e.g. 512MB (default when no --shard-size).")
 @click.option("--chunk-size", type=int, default=ImagesSpec.chunk_size, show_default=True,
               help="At most N inputs per task (the work unit; shards are assembled from chunks: their bytes "

@@ -53,38 +53,39 @@ def safe_join(root: str | os.PathLike, rel: str) -> Path:
 
 def join_under_real(root_real: Path, rel: str) -> Path:
     """``safe_join`` under a root already resolved (``os.path.realpath``): many paths of one manifest are
-    checked against one resolution of its root. The components below the root are ``lstat``'ed in turn;
-    only when one is a symlink is the whole path resolved (``realpath`` costs an lstat per component of
-    the absolute path: on the device machine's sandboxed filesystem ~20 ms per manifest of 62 shards)."""
-    pure = PurePosixPath(check_relative(rel))
-    joined = root_real.joinpath(*pure.parts)
-    path = root_real
-    for part in pure.parts:
-        path = path / part
-        try:
-            linked = stat.S_ISLNK(os.lstat(path).st_mode)
-        except OSError:
-            return joined  # missing: nothing below it can be a link; realpath would end here too
-        if linked:
-            real = Path(os.path.realpath(joined))
-            if real != root_real and root_real not in real.parents:
-                raise PathEscapeError(f"path {rel!r} resolves outside the dataset root")
-            return joined
+    checked against one resolution of its root. The whole path is resolved only when a component below the
+    root is a symlink (``_first_link``; ``realpath`` costs an lstat per component of the absolute path: on
+    the device machine's sandboxed filesystem ~20 ms per manifest of 62 shards)."""
+    parts = PurePosixPath(check_relative(rel)).parts
+    joined = root_real.joinpath(*parts)
+    if _first_link(root_real, parts) is not None:
+        real = Path(os.path.realpath(joined))
+        if real != root_real and root_real not in real.parents:
+            raise PathEscapeError(f"path {rel!r} resolves outside the dataset root")
     return joined
 
 
 def no_links_below(root: str | os.PathLike, rel: str) -> Path:
     """``root/rel`` for a store about to write or delete it: ``rel`` passes ``check_relative`` and no
     component below ``root`` (the folders on the way, or the file itself) is a symbolic link (lstat:
-    nothing is followed, a link to a folder inside the root is refused too). A missing component ends
-    the walk: nothing below it can be a link yet."""
+    nothing is followed, a link to a folder inside the root is refused too)."""
     parts = PurePosixPath(check_relative(rel)).parts
-    path = Path(root)
+    link = _first_link(Path(root), parts)
+    if link is not None:
+        raise PathEscapeError(f"{link}: a symbolic link inside the dataset root; repack writes and "
+                              "deletes plain files only")
+    return Path(root).joinpath(*parts)
+
+
+def _first_link(root: Path, parts: tuple[str, ...]) -> Path | None:
+    """The first of ``root/parts[0]``, ``root/parts[0]/parts[1]``, ... that is a symbolic link (one ``lstat``
+    each), or None. A missing (or unreadable) component ends the walk: nothing below it can be a link yet."""
+    path = root
     for part in parts:
         path = path / part
-        if os.path.islink(path):
-            raise PathEscapeError(f"{path}: a symbolic link inside the dataset root; repack writes and "
-                                  "deletes plain files only")
-        if not os.path.lexists(path):
-            break
-    return Path(root).joinpath(*parts)
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return path
+        except OSError:
+            return None
+    return None

@@ -25,7 +25,8 @@ and its stats as int64 bytes; the driver joins the blobs and never decodes a rel
 Started ahead: `repack images` on the local executor (not `--append`, see
 ``repack.commands.images.walked_ahead``) calls ``walk_ahead`` before it imports the job's modules (0.2-0.4
 s on the device machine), so the pool forks from a small process and walks while the driver imports and
-locks OUT; the job's ``scan_folder`` of the same root and rules takes the walks. Each file is listed and stat'ed relative to its open folder (``fstatat``: no path walk per file).
+locks OUT; the job's ``scan_folder`` of the same root and rules takes the walks. Each file is listed and
+stat'ed relative to its open folder (``fstatat``: no path walk per file).
 """
 
 from __future__ import annotations
@@ -249,23 +250,17 @@ class _Walks:
 
     def parts(self, meanwhile: Callable[[], object] | None = None) -> list[_Part]:
         """Every folder's walk, the root's own files first, running ``meanwhile`` in this process while the pool
-        walks (serial: before the walks)."""
-        if self.pool is None:
-            if meanwhile is not None:
-                meanwhile()
-            return [_Part.unpack(self.top.pack())] + [_Part.unpack(_scan_top_folder(task)) for task in self.tasks]
+        walks (serial: before the walks); the pool ends with them."""
         try:
             if meanwhile is not None:
                 meanwhile()
-            parts = [_Part.unpack(self.top.pack())] + [_Part.unpack(raw) for raw in self.results]
-        except BaseException:
+            walked = self.results if self.pool is not None else map(_scan_top_folder, self.tasks)
+            return [_Part.unpack(self.top.pack())] + [_Part.unpack(raw) for raw in walked]
+        finally:
             self.stop()
-            raise
-        self.pool.shutdown(wait=True)
-        return parts
 
     def stop(self) -> None:
-        """Cancel the walks not started and wait for the pool's workers to end."""
+        """Cancel the walks not started (none once all were taken) and wait for the pool's workers to end."""
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
