@@ -136,6 +136,38 @@ def test_an_append_finds_files_added_to_old_and_new_folders_and_resumes_without_
     assert read_manifest_json(out)["dataset_version"]["number"] == 2, again.stdout
 
 
+def test_an_append_takes_the_walk_started_ahead_and_still_forks_its_records_child(tmp_path, monkeypatch):
+    """`repack images --append` starts SOURCE's walk before its imports (``walked_ahead``) in forked children that
+    leave no thread here, so the child that reads the dataset's record still forks (with a pool's thread it was
+    derived in the driver); the staged job's scan takes the walk; the new files are packed."""
+    from repack.cli import cli
+    from repack.exec.cpus import available_cpus
+    from repack.exec.forked import can_fork
+    from repack.lifecycle import record_child
+    from repack.sources import folder
+
+    if not can_fork() or available_cpus() < 2:
+        pytest.skip("walks in forked children with two CPUs or more, where no other thread runs")
+    src, out = odd_tree(tmp_path / "src", folders=PARALLEL_MIN_FOLDERS + 1), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    before = packed_sources(out)
+    (src / "c02" / "z-new.jpg").write_bytes(jpeg_bytes(seed=900))
+    taken, children = [], []
+    take = folder._taken_ahead
+    monkeypatch.setattr(folder, "_taken_ahead", lambda conf, workers: taken.append(take(conf, workers)) or taken[-1])
+    start = record_child.ChildRecord.__init__
+
+    def spied(self, *args):
+        start(self, *args)
+        children.append(self._pid)
+
+    monkeypatch.setattr(record_child.ChildRecord, "__init__", spied)
+    cli.main(["images", str(src), str(out), "--append", "--quiet"], standalone_mode=False)
+    assert len(taken) == 1 and taken[0] is not None and taken[0].children is not None
+    assert len(children) == 1 and children[0]  # forked: no thread ran beside the walk
+    assert packed_sources(out) == sorted(before + ["c02/z-new.jpg"])
+
+
 def test_the_first_record_lists_the_task_records_without_a_stat_per_lock(tmp_path, monkeypatch):
     from repack.store.local import LocalStore
 
@@ -270,7 +302,7 @@ def test_version_ones_plan_decoded_in_parts_equals_one_process_and_a_failed_part
     fails has its part done in this process; no child is left."""
     from repack.jobs.base import read_plan
     from repack.lifecycle.first_record import pack_part, plan_inputs, task_columns, task_runs, unpack_part
-    from repack.lifecycle.forked_parts import forked_map
+    from repack.exec.forked import forked_map
     from repack.lifecycle.record_child import MAX_PARTS, can_fork, record_parts
 
     src, out = odd_tree(tmp_path / "src", folders=3), tmp_path / "out"

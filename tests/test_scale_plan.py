@@ -327,26 +327,28 @@ def test_a_walk_started_ahead_is_taken_by_the_scan_of_the_same_rules_else_stoppe
     """``walk_ahead`` (what `repack images` starts before importing the job): the scan of the same root, rules and
     workers takes it and equals a scan from scratch; one with other rules walks on its own; a walk that no scan
     took is stopped when the block ends, its pool's processes gone."""
-    import multiprocessing
-
+    from repack.exec.local import _pool_context
     from repack.sources import folder
 
     rows = lambda scan: [(i.path, i.rel, i.label, i.fingerprint) for i in scan.items]  # noqa: E731
     fresh = _scan(hostile_tree, 2)
     rules = Confinement(max_file_bytes=4000)
     with folder.walk_ahead(str(hostile_tree), rules, 2):
-        assert len(folder._AHEAD) == 1
+        assert len(folder._AHEAD) == 1 and folder._AHEAD[0].children is not None
+        assert threading.active_count() == 1  # forked children, no pool thread: the next fork is still safe
+        assert _pool_context().get_start_method() == "fork"  # (--executor ray's driver pool forks meanwhile)
         ahead = _scan(hostile_tree, 2)
         assert folder._AHEAD == []
     assert rows(ahead) == rows(fresh) and ahead.quarantine == fresh.quarantine and ahead.skipped == fresh.skipped
-    before = {p.pid for p in multiprocessing.active_children()}
     with folder.walk_ahead(str(hostile_tree), Confinement(max_file_bytes=10), 2):
         other = _scan(hostile_tree, 2)  # other rules: not the walk started ahead
         assert len(folder._AHEAD) == 1
-        started = {p.pid for p in multiprocessing.active_children()} - before
+        started = [pid for pid, _ in folder._AHEAD[0].children._children]
         assert started
     assert folder._AHEAD == []
-    assert not started & {p.pid for p in multiprocessing.active_children()}
+    for pid in started:  # stopped and reaped
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
     assert rows(other) == rows(fresh)
     with folder.walk_ahead(str(hostile_tree / "missing"), rules, 2):
         assert folder._AHEAD == []  # no folder: nothing started, the scan says what is wrong

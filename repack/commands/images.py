@@ -72,24 +72,22 @@ def images(source, out, to, list_file, source_format, image_field, label_field, 
                       allow_outside_source=allow_outside, max_file_size=parse_size(max_file_size),
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, sample_json=sample_json, max_pixels=max_pixels,
                       source_format=source_format, image_field=image_field, label_field=label_field)
-    if append:
-        from repack.commands.versions import run_append
+    with walked_ahead(spec):  # the folder walk starts before the job's modules are imported
+        if append:
+            from repack.commands.versions import run_append
 
-        run_append(spec, options)
-        return
-    with walked_ahead(spec, options.executor):  # the folder walk starts before the job's modules are imported
+            run_append(spec, options)
+            return
         from repack.jobs.images import ImagesJob
 
         run_job(ImagesJob(spec), options)
 
 
-def walked_ahead(spec: ImagesSpec, executor: str):
-    """The walk of a folder SOURCE started now, for the job's scan to take (``repack.sources.folder.walk_ahead``),
-    on the local executor. Not for ``--append``: it forks the child that reads the dataset's record before its
-    walk, and that child, started behind a running walk, became the append's longest step (1M tiny files, 16
-    cores: 1.94 -> 2.25 s). Not for ``--executor ray``: its driver's pool forks before Ray's threads start, and
-    the walk's pool (a thread of its own in this process) would turn that fork into a forkserver's start."""
-    if not spec.walks_folder() or executor != "local":
+def walked_ahead(spec: ImagesSpec):
+    """The walk of a folder SOURCE started now, for the job's scan to take (``repack.sources.folder.walk_ahead``):
+    on forked children that leave no thread in this process, so the processes it forks next (--append's
+    record child, the local pool, ``--executor ray``'s driver pool) still fork rather than start a forkserver."""
+    if not spec.walks_folder():
         return contextlib.nullcontext()
     from repack.exec.cpus import available_cpus
     from repack.sources.folder import walk_ahead

@@ -21,7 +21,7 @@ import numpy as np
 from repack.jobs.base import PLAN_NAME, STATE_DIR, Plan, planned_entries, read_plan
 from repack.jobs.record_columns import state_digest_columns
 from repack.jobs.task_inputs import fingerprint_rows, input_count, input_names_blob
-from repack.lifecycle.forked_parts import forked_map
+from repack.exec.forked import forked_map
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, build_columns, encode_names, names_of_blob,
                                             with_digests)
 from repack.sources.columns import join_names
@@ -50,7 +50,7 @@ def plan_inputs(plan: Plan, next_position: int, parts: int = 1) -> InputColumns:
     input columns (``repack.jobs.task_inputs``: the names blobs joined and cut as one byte matrix) without
     an object per input; other payloads (entry lists, text segments and tables) entry by entry. ``parts``
     > 1: the tasks are cut into that many runs of about equal inputs, decoded at once in forked children
-    (``repack.lifecycle.forked_parts``; the same columns)."""
+    (``repack.exec.forked``; the same columns)."""
     runs = task_runs(plan.tasks, parts)
     if len(runs) > 1:
         columns = [unpack_part(raw) for raw in forked_map(lambda run: pack_part(task_columns(plan.tasks[run])), runs)]

@@ -8,7 +8,7 @@ of the two sets the append's time. ``ChildRecord`` forks at the append's start (
 job's imports and the scan's pool) and the child sends back the columns the selection needs, without
 the digests (``InputColumns.digests_from`` derives those in the driver, only to compare a known input
 whose mtime changed, or to write a whole record). Version 1's plan is decoded by a few processes at once
-(``record_parts``; ``repack.lifecycle.forked_parts``). Over the pipe, no pickle::
+(``record_parts``; ``repack.exec.forked``). Over the pipe, no pickle::
 
   b"%d\\n" % len(head) + head (JSON: count, width, next_position, removed, removed_width)
   + names (count x width bytes, the ``S`` array) + size, mtime_ns, position (count int64 each, native)
@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from repack.lifecycle.forked_parts import can_fork, start_child, stop_child
+from repack.exec.forked import can_fork, start_child, stop_child
 from repack.lifecycle.input_columns import InputColumns
 
 _ERROR = b"-\n"  # what a child that failed sends

@@ -109,14 +109,14 @@ def _plan_layer(store) -> tuple[Layer, int] | None:
     """(version 1's layer: the plan's names and positions, the last position) when every task's inputs
     are columns (``repack.jobs.task_inputs``), else None. Nothing is decoded until names are looked up;
     then the tasks are cut into runs (one per 2 CPUs, at most PLAN_PARTS) that decode their names and look
-    up the few named ones at once, in forked children (``repack.lifecycle.forked_parts``), each sending back
+    up the few named ones at once, in forked children (``repack.exec.forked``), each sending back
     only what it found (no sort of the plan's names). A name planned twice takes its last row, as
     ``plan_inputs``."""
     from repack.exec.cpus import available_cpus
     from repack.jobs.base import read_plan
     from repack.jobs.task_inputs import input_count
     from repack.lifecycle.first_record import task_runs
-    from repack.lifecycle.forked_parts import forked_map
+    from repack.exec.forked import forked_map
 
     plan = read_plan(store)
     if plan is None:

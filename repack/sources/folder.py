@@ -22,10 +22,13 @@ that is the byte order of the full paths ("c01/a.b" before "c01/sub/x"), and the
 walks of the top-level folders are the sorted listing. A worker sends its rels as one names blob
 and its stats as int64 bytes; the driver joins the blobs and never decodes a rel.
 
-Started ahead: `repack images` on the local executor (not `--append`, see
-``repack.commands.images.walked_ahead``) calls ``walk_ahead`` before it imports the job's modules (0.2-0.4
-s on the device machine), so the pool forks from a small process and walks while the driver imports and
-locks OUT; the job's ``scan_folder`` of the same root and rules takes the walks. Each file is listed and
+Started ahead: `repack images` calls ``walk_ahead`` before it imports the job's modules (0.2-0.4 s on
+the device machine; ``repack.commands.images.walked_ahead``), so the walks fork from a small process and
+run while the driver imports, locks OUT and (``--append``) forks the child that reads the dataset's
+record; the job's ``scan_folder`` of the same root and rules takes them. Those walks run in forked
+children (``repack.exec.forked.ForkedTasks``), not on a ``ProcessPoolExecutor``: its thread in the
+driver would make the next fork unsafe, and the record's child (``--append``) or ``--executor ray``'s
+driver pool would then be derived in the driver or start through a forkserver. Each file is listed and
 stat'ed relative to its open folder (``fstatat``: no path walk per file).
 """
 
@@ -43,7 +46,8 @@ from repack.errors import UsageError
 from repack.sources.base import Scan, alias_reason, quarantine_record, sort_key
 from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends
 from repack.sources.confine import Confinement
-from repack.sources.scan_pool import scan_pool
+from repack.exec.forked import ForkedTasks
+from repack.sources.scan_pool import scan_pool, start_method
 
 JUNK_NAMES = frozenset({"Thumbs.db", "thumbs.db", "desktop.ini", "Desktop.ini", "@eaDir", "__MACOSX",
                         "lost+found", "$RECYCLE.BIN", "System Volume Information"})
@@ -231,14 +235,19 @@ class _Walks:
     tasks: list[tuple]
     pool: object = None
     results: Iterator[bytes] | None = None
+    children: ForkedTasks | None = None  # the walks in forked children instead of a pool (``forked``)
 
     @classmethod
-    def start(cls, conf: Confinement, workers: int) -> "_Walks":
+    def start(cls, conf: Confinement, workers: int, forked: bool = False) -> "_Walks":
         """List the root (``conf.root``), then submit the walks of its top-level folders when there are enough of
-        them for a pool (see the module docstring)."""
+        them for a pool (see the module docstring). ``forked``: where the pool would fork, the walks run in
+        forked children that leave no thread in this process (``repack.exec.forked.ForkedTasks``) instead."""
         root_st = os.stat(conf.root)
         top, folders = _top_level(conf, (root_st.st_dev, root_st.st_ino))
         walks = cls(conf, workers, top, [(conf, *folder) for folder in folders])
+        if forked and start_method(workers, len(walks.tasks), PARALLEL_MIN_FOLDERS) == "fork":
+            walks.children = ForkedTasks(_scan_top_folder, walks.tasks, workers)
+            return walks
         walks.pool = scan_pool(workers, len(walks.tasks), PARALLEL_MIN_FOLDERS, __name__)
         if walks.pool is not None:
             try:
@@ -254,13 +263,20 @@ class _Walks:
         try:
             if meanwhile is not None:
                 meanwhile()
-            walked = self.results if self.pool is not None else map(_scan_top_folder, self.tasks)
+            walked = self.results if self.pool is not None else None
+            if self.children is not None:
+                walked = self.children.results()  # None: a child failed, and its error is raised below
+            if walked is None:
+                walked = map(_scan_top_folder, self.tasks)
             return [_Part.unpack(self.top.pack())] + [_Part.unpack(raw) for raw in walked]
         finally:
             self.stop()
 
     def stop(self) -> None:
-        """Cancel the walks not started (none once all were taken) and wait for the pool's workers to end."""
+        """Cancel the walks not started (none once all were taken) and wait for the pool's workers to end (end
+        the forked children not waited for)."""
+        if self.children is not None:
+            self.children.stop()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -279,7 +295,7 @@ def walk_ahead(root: str, confinement: Confinement, workers: int) -> Iterator[No
     walks = None
     if os.path.isdir(root):
         try:
-            walks = _Walks.start(confinement.rooted(root), workers)
+            walks = _Walks.start(confinement.rooted(root), workers, forked=True)
         except OSError:
             walks = None
     if walks is not None:
