@@ -19,7 +19,8 @@ from repack.lifecycle.input_columns import InputColumns, build_columns, decode_n
 from repack.lifecycle.input_record import (KnownInputs, dataset_record, file_sha256, held_known, load_known,
                                           select_new_rows)
 from repack.sources.columns import InputTable
-from repack.sources.folder import PARALLEL_MIN_FOLDERS, scan_folder
+from repack.sources.folder import scan_folder
+from repack.sources.walk import PARALLEL_MIN_FOLDERS
 from repack.store import open_store
 from tests.conftest import kill_after_records, read_manifest_json, run_repack
 from tests.test_images_job import jpeg_bytes

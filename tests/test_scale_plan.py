@@ -22,7 +22,7 @@ from repack.jobs.image_plan import ARCHIVE_TAIL_MAX, cut_runs
 from repack.jobs.record_columns import state_digests
 from repack.jobs.task_inputs import task_inputs
 from repack.sources import Confinement, scan_source
-from repack.sources.folder import PARALLEL_MIN_FOLDERS
+from repack.sources.walk import PARALLEL_MIN_FOLDERS
 from repack.sources.scan_pool import start_method
 from repack.store import open_store
 from tests.conftest import read_manifest_json, run_repack, thread_alive
@@ -328,35 +328,35 @@ def test_a_walk_started_ahead_is_taken_by_the_scan_of_the_same_rules_else_stoppe
     workers takes it and equals a scan from scratch; one with other rules walks on its own; a walk that no scan
     took is stopped when the block ends, its pool's processes gone."""
     from repack.exec.local import _pool_context
-    from repack.sources import folder
+    from repack.sources import walk
 
     rows = lambda scan: [(i.path, i.rel, i.label, i.fingerprint) for i in scan.items]  # noqa: E731
     fresh = _scan(hostile_tree, 2)
     rules = Confinement(max_file_bytes=4000)
-    with folder.walk_ahead(str(hostile_tree), rules, 2):
-        assert len(folder._AHEAD) == 1 and folder._AHEAD[0].children is not None
+    with walk.walk_ahead(str(hostile_tree), rules, 2):
+        assert len(walk._AHEAD) == 1 and walk._AHEAD[0].children is not None
         assert threading.active_count() == 1  # forked children, no pool thread: the next fork is still safe
         assert _pool_context().get_start_method() == "fork"  # (--executor ray's driver pool forks meanwhile)
         ahead = _scan(hostile_tree, 2)
-        assert folder._AHEAD == []
+        assert walk._AHEAD == []
     assert rows(ahead) == rows(fresh) and ahead.quarantine == fresh.quarantine and ahead.skipped == fresh.skipped
-    with folder.walk_ahead(str(hostile_tree), Confinement(max_file_bytes=10), 2):
+    with walk.walk_ahead(str(hostile_tree), Confinement(max_file_bytes=10), 2):
         other = _scan(hostile_tree, 2)  # other rules: not the walk started ahead
-        assert len(folder._AHEAD) == 1
-        started = [pid for pid, _ in folder._AHEAD[0].children._children]
+        assert len(walk._AHEAD) == 1
+        started = [pid for pid, _ in walk._AHEAD[0].children._children]
         assert started
-    assert folder._AHEAD == []
+    assert walk._AHEAD == []
     for pid in started:  # stopped and reaped
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
     assert rows(other) == rows(fresh)
-    with folder.walk_ahead(str(hostile_tree / "missing"), rules, 2):
-        assert folder._AHEAD == []  # no folder: nothing started, the scan says what is wrong
-    with folder.walk_ahead(str(hostile_tree), rules, 1):  # no pool: the root listed now (a flat folder's files),
-        assert len(folder._AHEAD) == 1 and folder._AHEAD[0].pool is None  # not twice: the scan takes it
+    with walk.walk_ahead(str(hostile_tree / "missing"), rules, 2):
+        assert walk._AHEAD == []  # no folder: nothing started, the scan says what is wrong
+    with walk.walk_ahead(str(hostile_tree), rules, 1):  # no pool: the root listed now (a flat folder's files),
+        assert len(walk._AHEAD) == 1 and walk._AHEAD[0].pool is None  # not twice: the scan takes it
         serial = _scan(hostile_tree, 1)
-        assert folder._AHEAD == []
+        assert walk._AHEAD == []
     assert rows(serial) == rows(fresh) and serial.quarantine == fresh.quarantine
     with pytest.raises(Exception, match="does not exist"):
-        with folder.walk_ahead(str(hostile_tree / "missing"), rules, 2):
+        with walk.walk_ahead(str(hostile_tree / "missing"), rules, 2):
             _scan(hostile_tree / "missing", 2)

@@ -84,12 +84,12 @@ def images(source, out, to, list_file, source_format, image_field, label_field, 
 
 
 def walked_ahead(spec: ImagesSpec):
-    """The walk of a folder SOURCE started now, for the job's scan to take (``repack.sources.folder.walk_ahead``):
+    """The walk of a folder SOURCE started now, for the job's scan to take (``repack.sources.walk.walk_ahead``):
     on forked children that leave no thread in this process, so the processes it forks next (--append's
     record child, the local pool, ``--executor ray``'s driver pool) still fork rather than start a forkserver."""
     if not spec.walks_folder():
         return contextlib.nullcontext()
     from repack.exec.cpus import available_cpus
-    from repack.sources.folder import walk_ahead
+    from repack.sources.walk import walk_ahead
 
     return walk_ahead(spec.source, spec.confinement(), available_cpus())

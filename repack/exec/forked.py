@@ -1,7 +1,7 @@
 """Work done in forked children, the results back as bytes over pipes (no pickle), with no thread in
 this process: ``forked_map`` (a few parts, each after the first in a child: the decode of version 1's
 record for `--append`, ``repack.lifecycle.first_record.plan_inputs``) and ``ForkedTasks`` (many tasks
-handed out as each child is ready: the folder walk started ahead, ``repack.sources.folder.walk_ahead``).
+handed out as each child is ready: the folder walk started ahead, ``repack.sources.walk.walk_ahead``).
 
 Only where a fork is safe (``can_fork``: no other thread runs); else, and for a child that fails (its
 error is raised by doing its work here), the work runs in this process. A child dies with its parent

@@ -5,11 +5,23 @@ from typing import Callable
 from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, clean_labels
 from repack.sources.confine import Confinement
-from repack.sources.folder import scan_folder
-from repack.sources.listfile import scan_list_file
 from repack.store import is_remote
 
 __all__ = ["Confinement", "InputItem", "Scan", "scan_folder", "scan_foreign", "scan_list_file", "scan_source"]
+
+
+def __getattr__(name: str):
+    """``scan_folder`` and ``scan_list_file``, imported when first asked for: they import numpy, and the folder
+    walk (``repack.sources.walk``, a module of this package) starts before numpy is imported."""
+    if name == "scan_folder":
+        from repack.sources.folder import scan_folder
+
+        return scan_folder
+    if name == "scan_list_file":
+        from repack.sources.listfile import scan_list_file
+
+        return scan_list_file
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 FOREIGN_FORMATS = ("webdataset", "parquet")  # --from: datasets written by other tools (repack.sources.tar_shards, ...)
@@ -47,6 +59,9 @@ def scan_source(source: str, *, list_file: bool, confinement: Confinement | None
         from repack.sources.s3 import scan_s3
 
         return clean_labels(scan_s3(source, confinement or Confinement()))
+    from repack.sources.folder import scan_folder
+    from repack.sources.listfile import scan_list_file
+
     root = os.path.dirname(os.path.abspath(source)) if list_file else source
     conf = (confinement or Confinement()).rooted(root)
     return clean_labels(scan_list_file(source, conf) if list_file else scan_folder(source, conf, workers, meanwhile))

@@ -162,3 +162,15 @@ def alias_reason(rel: str, real: str, kept: str, root: str) -> str:
     """Why ``rel`` is not read: the same file is read under ``kept``."""
     how = "symlink inside the source root" if real != os.path.join(root, rel) else "hard link or second path"
     return f"same file as {kept} ({how}): read once, under {kept}"
+
+
+def join_names(rels) -> bytes:
+    """``rels`` (str) as a names blob: each encoded and followed by one NUL; ValueError for a rel that holds a
+    NUL (no such path can exist)."""
+    blob = "\0".join(rels).encode("utf-8", "surrogateescape")
+    if not blob and not rels:
+        return b""
+    blob += b"\0"
+    if blob.count(0) != len(rels):
+        raise ValueError("an input path holds a NUL byte")
+    return blob

@@ -18,22 +18,12 @@ from functools import cached_property
 
 import numpy as np
 
-from repack.sources.base import InputItem, clean_label, quarantine_record
+from repack.sources.base import InputItem, clean_label, join_names, quarantine_record  # noqa: F401 (join_names: here too)
 
 NO_LABEL = -1
 _FS = ("utf-8", "surrogateescape")
 
 
-def join_names(rels) -> bytes:
-    """``rels`` (str) as a names blob: each encoded and followed by one NUL; ValueError for a rel that holds a
-    NUL (no such path can exist)."""
-    blob = "\0".join(rels).encode(*_FS)
-    if not blob and not rels:
-        return b""
-    blob += b"\0"
-    if blob.count(0) != len(rels):
-        raise ValueError("an input path holds a NUL byte")
-    return blob
 
 
 def name_ends(names: bytes) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import BinaryIO
 from repack.errors import UsageError
 from repack.sources.base import quarantine_record, sort_key
 from repack.sources.confine import Confinement
-from repack.sources.folder import is_junk
+from repack.sources.walk import is_junk
 from repack.store import is_remote
 
 

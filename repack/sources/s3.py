@@ -33,7 +33,7 @@ from repack.errors import UsageError
 from repack.sources.base import Scan, quarantine_record, sort_key
 from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends, split_names
 from repack.sources.confine import Confinement, SourceChanged
-from repack.sources.folder import JUNK_NAMES, is_junk
+from repack.sources.walk import JUNK_NAMES, is_junk
 from repack.store.s3_client import client, describe_error, fetcher, getter, is_missing, lister, parse_url
 from repack.store.s3_get import Unreadable
 from repack.store.s3_listing import KEYS, SIZES

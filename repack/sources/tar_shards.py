@@ -28,7 +28,7 @@ from repack.errors import UsageError
 from repack.sources.base import FieldChoice, MemberItem, Scan, quarantine_record
 from repack.sources.confine import Confinement
 from repack.sources.containers import Container, list_containers, open_container
-from repack.sources.folder import is_junk
+from repack.sources.walk import is_junk
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm")
 LABEL_EXTS = ("cls", "label", "class")
