@@ -137,10 +137,10 @@ def test_an_append_finds_files_added_to_old_and_new_folders_and_resumes_without_
     assert read_manifest_json(out)["dataset_version"]["number"] == 2, again.stdout
 
 
-def test_an_append_takes_the_walk_started_ahead_and_still_forks_its_records_child(tmp_path, monkeypatch):
-    """`repack images --append` starts SOURCE's walk before its imports (``walked_ahead``) in forked children that
-    leave no thread here, so the child that reads the dataset's record still forks (with a pool's thread it was
-    derived in the driver); the staged job's scan takes the walk; the new files are packed."""
+def test_a_pack_takes_the_walk_started_ahead_and_an_append_forks_its_records_child_first(tmp_path, monkeypatch):
+    """`repack images` starts SOURCE's walk before its imports (``walked_ahead``) in forked children that leave
+    no thread here, and its scan takes it; `--append` does not (the child that reads the dataset's record is its
+    critical path, and the walk would slow what comes before it): its record's child forks, its scan walks."""
     from repack.cli import cli
     from repack.exec.cpus import available_cpus
     from repack.exec.forked import can_fork
@@ -150,9 +150,6 @@ def test_an_append_takes_the_walk_started_ahead_and_still_forks_its_records_chil
     if not can_fork() or available_cpus() < 2:
         pytest.skip("walks in forked children with two CPUs or more, where no other thread runs")
     src, out = odd_tree(tmp_path / "src", folders=PARALLEL_MIN_FOLDERS + 1), tmp_path / "out"
-    run_repack("images", src, out, "--quiet")
-    before = packed_sources(out)
-    (src / "c02" / "z-new.jpg").write_bytes(jpeg_bytes(seed=900))
     taken, children = [], []
     take = folder._taken_ahead
     monkeypatch.setattr(folder, "_taken_ahead", lambda conf, workers: taken.append(take(conf, workers)) or taken[-1])
@@ -163,9 +160,13 @@ def test_an_append_takes_the_walk_started_ahead_and_still_forks_its_records_chil
         children.append(self._pid)
 
     monkeypatch.setattr(record_child.ChildRecord, "__init__", spied)
-    cli.main(["images", str(src), str(out), "--append", "--quiet"], standalone_mode=False)
+    cli.main(["images", str(src), str(out), "--quiet"], standalone_mode=False)
     assert len(taken) == 1 and taken[0] is not None and taken[0].children is not None
-    assert len(children) == 1 and children[0]  # forked: no thread ran beside the walk
+    before = packed_sources(out)
+    (src / "c02" / "z-new.jpg").write_bytes(jpeg_bytes(seed=900))
+    cli.main(["images", str(src), str(out), "--append", "--quiet"], standalone_mode=False)
+    assert len(taken) == 2 and taken[1] is None
+    assert len(children) == 1 and children[0]  # forked: no thread ran in the driver
     assert packed_sources(out) == sorted(before + ["c02/z-new.jpg"])
 
 
