@@ -150,7 +150,10 @@ class ForkedTasks:
             pid, read_end = self._children[0]
             with os.fdopen(read_end, "rb") as pipe:
                 raw = memoryview(pipe.read())
-            os.waitpid(pid, 0)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # read in a child of the process that forked them (a plan made ahead,
+                pass                   # ``repack.jobs.plan_ahead``): that process reaps them
             self._children.pop(0)
             if raw == _FAILED:
                 whole = False

@@ -68,6 +68,20 @@ def _import_ray():
     return ray
 
 
+def check_ray(address: str | None) -> None:
+    """Fail fast (UsageError) where Ray is not installed, or a host:port ``address`` does not answer (ray.init
+    would retry for minutes)."""
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError(INSTALL_HINT)
+    host, sep, port = (address or "").rpartition(":")
+    if not sep or "://" in (address or "") or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
+
+
 def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False,
              driver_host: str = "", run: str = "") -> str:
     """A Ray task: ``execute_task`` on this node. ``driver_host``: the driver's ``host_token`` of the job's
@@ -151,8 +165,7 @@ class RayExecutor:
 
     def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None,
                  job: str | None = None, driver_cpus: int | None = None, **_ignored) -> None:
-        if importlib.util.find_spec("ray") is None:
-            raise UsageError(INSTALL_HINT)  # before any work, and before the driver's pool forks
+        check_ray(address)  # before any work, and before the driver's pool forks
         self._share = None  # the driver's node run by a local pool (``repack.exec.driver_share``)
         if driver_cpus != 0:
             from repack.exec.driver_share import DriverShare
@@ -166,11 +179,10 @@ class RayExecutor:
         self._started_here = False
         self.tasks_ran = {"driver_pool": 0, "ray": 0}  # calls that ran to a record, by where they ran
         try:
-            # on this thread, before planning: imported on the joining thread beside the planning, both took
-            # ~0.6 s longer on the device machine's 16 cores (`import ray` alone: 1.0-1.5 s there; the GIL handed
-            # back and forth between an importing thread and a busy one)
+            # on this thread: imported on the joining thread beside the planning, both took ~0.6 s longer on the
+            # device machine's 16 cores (`import ray` alone: 0.8-1.5 s there; the GIL handed back and forth
+            # between an importing thread and a busy one); the engine plans in a forked child meanwhile
             self.ray = _import_ray()
-            self._check_reachable()
         except BaseException:
             self._end(failed=True)
             raise
@@ -182,17 +194,6 @@ class RayExecutor:
             self._joining = threading.Thread(target=self._join, daemon=True, name="repack-ray-init")
             self._joining.start()  # overlaps the driver's planning
             atexit.register(self._joining.join)  # a job that ends before run(): never exit mid-ray.init
-
-    def _check_reachable(self) -> None:
-        """Fail fast on a host:port that does not answer (ray.init would retry for minutes)."""
-        address = self.address or ""
-        host, sep, port = address.rpartition(":")
-        if not sep or "://" in address or not port.isdigit():
-            return
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except OSError as exc:
-            raise UsageError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
 
     def _joins_a_cluster(self) -> bool:
         """A running cluster (an address, or RAY_ADDRESS), not a local instance started for the job ("local")."""

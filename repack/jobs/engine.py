@@ -535,16 +535,30 @@ class Engine:
         self.job.check()
         refuse_out_inside_source(self.job.spec.source, self.out)
         opts = self.options
-        executor = get_executor(opts.executor, workers=opts.workers or available_cpus(), retries=opts.retries,
-                                address=opts.ray_address, job=self.job.name,
-                                driver_cpus=opts.ray_driver_cpus)  # fails fast, e.g. Ray not installed
+        self._plan_ahead = None
+        if opts.executor == "ray":  # Ray's start (`import ray`, its driver pool, joining) runs while a forked
+            from repack.exec.ray_executor import check_ray  # child plans (``repack.jobs.plan_ahead``)
+            from repack.jobs.plan_ahead import PlanAhead
+
+            check_ray(opts.ray_address)
+            self._plan_ahead = PlanAhead(self.job)
+        try:
+            executor = get_executor(opts.executor, workers=opts.workers or available_cpus(), retries=opts.retries,
+                                    address=opts.ray_address, job=self.job.name,
+                                    driver_cpus=opts.ray_driver_cpus)  # fails fast, e.g. Ray not installed
+        except BaseException:
+            if self._plan_ahead is not None:
+                self._plan_ahead.close()
+            raise
         try:
             return self._run_on(executor, started)
         finally:
             executor.close()  # what it holds (Ray: the driver's pool, CPUs held from Ray)
+            if self._plan_ahead is not None:
+                self._plan_ahead.close()
 
     def _run_on(self, executor, started: float) -> RunResult:
-        """``run`` on ``executor``: lock, plan, resume, execute, finalize."""
+        """``run`` on ``executor``: lock, plan (the one made ahead, if any), resume, execute, finalize."""
         opts = self.options
         if opts.overwrite and opts.num_nodes > 1:
             raise UsageError("--overwrite cannot be combined with --num-nodes; clear OUT once, then start the nodes")
@@ -561,7 +575,7 @@ class Engine:
             self.run_id = claim_run(store, part)
             if store.remote:
                 store.abort_uploads()  # left by a killed run: we hold the lock
-            plan = build_plan(self.job)
+            plan = self._plan_ahead.plan() if self._plan_ahead is not None else build_plan(self.job)
             self.planned_quarantine = len(plan.quarantine)
             if not plan.tasks and not plan.quarantine:
                 raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
