@@ -43,11 +43,9 @@ from __future__ import annotations
 
 import atexit
 import collections
-import importlib.util
 import json
 import queue
 import os
-import socket
 import threading
 from typing import Iterator
 
@@ -55,9 +53,9 @@ from repack.errors import UsageError
 from repack.exec.base import TaskFailure
 from repack.exec.cpus import available_cpus
 from repack.exec.host import host_token, job_folder
+from repack.exec.ray_check import INSTALL_HINT, check_ray
 
 
-INSTALL_HINT = "--executor ray needs Ray, which is not installed: pip install 'repack[ray]'"
 
 
 def _import_ray():
@@ -66,20 +64,6 @@ def _import_ray():
     except ImportError as exc:
         raise UsageError(f"{INSTALL_HINT} ({exc})") from None
     return ray
-
-
-def check_ray(address: str | None) -> None:
-    """Fail fast (UsageError) where Ray is not installed, or a host:port ``address`` does not answer (ray.init
-    would retry for minutes)."""
-    if importlib.util.find_spec("ray") is None:
-        raise UsageError(INSTALL_HINT)
-    host, sep, port = (address or "").rpartition(":")
-    if not sep or "://" in (address or "") or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as exc:
-        raise UsageError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
 
 
 def _execute(job_name: str, spec_json: str, task_json: str, plan_digest: str, share_pieces: bool = False,

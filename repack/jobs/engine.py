@@ -537,7 +537,7 @@ class Engine:
         opts = self.options
         self._plan_ahead = None
         if opts.executor == "ray":  # Ray's start (`import ray`, its driver pool, joining) runs while a forked
-            from repack.exec.ray_executor import check_ray  # child plans (``repack.jobs.plan_ahead``)
+            from repack.exec.ray_check import check_ray  # child plans (``repack.jobs.plan_ahead``)
             from repack.jobs.plan_ahead import PlanAhead
 
             check_ray(opts.ray_address)
