@@ -22,13 +22,13 @@ that is the byte order of the full paths ("c01/a.b" before "c01/sub/x"), and the
 walks of the top-level folders are the sorted listing. A worker sends its rels as one names blob
 and its stats as int64 bytes; the driver joins the blobs and never decodes a rel.
 
-Started ahead: `repack images` calls ``walk_ahead`` before it imports the job's modules (0.2-0.4 s on
-the device machine; ``repack.commands.images.walked_ahead``), so the walks fork from a small process and
-run while the driver imports, locks OUT and (``--append``) forks the child that reads the dataset's
-record; the job's ``scan_folder`` of the same root and rules takes them. Those walks run in forked
-children (``repack.exec.forked.ForkedTasks``), not on a ``ProcessPoolExecutor``: its thread in the
-driver would make the next fork unsafe, and the record's child (``--append``) or ``--executor ray``'s
-driver pool would then be derived in the driver or start through a forkserver. Each file is listed and
+The walk itself is ``repack.sources.walk`` (no numpy there). Started ahead: `repack images` calls
+``walk_ahead`` before it imports the job's modules (``repack.commands.images.walked_ahead``; not for
+``--append``), so the walks fork from a small process and run while the driver imports and locks OUT
+(``--executor ray``: while it imports Ray and a forked child plans, ``repack.jobs.plan_ahead``); the
+job's ``scan_folder`` of the same root and rules takes them. Those walks run in forked children
+(``repack.exec.forked.ForkedTasks``), not on a ``ProcessPoolExecutor``: its thread in the driver would
+make the next fork unsafe (Ray's driver pool would start through a forkserver). Each file is listed and
 stat'ed relative to its open folder (``fstatat``: no path walk per file).
 """
 

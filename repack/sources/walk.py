@@ -236,8 +236,9 @@ _AHEAD: list[_Walks] = []  # walks started by walk_ahead that no scan took yet
 
 @contextlib.contextmanager
 def walk_ahead(root: str, confinement: Confinement, workers: int) -> Iterator[None]:
-    """Start the walk of folder ``root`` now, so that what the caller imports and checks next runs while the
-    pool walks (and the pool forks from a process that has imported little); ``scan_folder`` of the same root,
+    """Start the walk of folder ``root`` now, so that what the caller imports and checks next runs while forked
+    children walk (``ForkedTasks``, forked from a process that has imported little, no thread left here; a pool
+    where a thread already runs); ``scan_folder`` of the same root,
     rules and workers inside the block takes it. A walk that no scan took (a refusal before the plan) is
     cancelled on leaving the block. Where the scan would not use a pool (one worker, few folders: a flat
     folder of files) only the root's listing is done now, and the scan takes that. Nothing starts where
