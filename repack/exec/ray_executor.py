@@ -56,8 +56,6 @@ from repack.exec.host import host_token, job_folder
 from repack.exec.ray_check import INSTALL_HINT, check_ray
 
 
-
-
 def _import_ray():
     try:
         import ray
