@@ -16,16 +16,18 @@ import fcntl
 import multiprocessing
 import os
 import struct
-import threading
 from typing import Callable, Sequence, TypeVar
+
+from repack.exec.reap import only_thread
 
 T = TypeVar("T")
 _FAILED = b"-"  # what a child that failed sends (a part's bytes are never this short: see the callers)
 
 
 def can_fork() -> bool:
-    """Whether this process may fork a child that runs Python: fork exists, and no other thread runs."""
-    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    """Whether this process may fork a child that runs Python: fork exists, and no other thread runs (but
+    reapers, ``repack.exec.reap.only_thread``)."""
+    return "fork" in multiprocessing.get_all_start_methods() and only_thread()
 
 
 def forked_map(work: Callable[[T], bytes], parts: Sequence[T]) -> list[bytes]:

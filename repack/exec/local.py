@@ -22,6 +22,7 @@ from typing import Iterator
 
 from repack.exec.base import TaskFailure
 from repack.exec.cpus import available_cpus, cpu_share, set_worker_cpus
+from repack.exec.reap import only_thread
 
 
 def _call(call: tuple[str, str, str, str, bool]) -> str:
@@ -136,7 +137,7 @@ def _pool_context():
     monitor thread off). With threads alive (a pool rebuilt while groups are assembled, an s3
     lock's heartbeat, upload threads) a fork could copy a lock held mid-operation: forkserver then."""
     methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods and threading.active_count() == 1:
+    if "fork" in methods and only_thread():
         return multiprocessing.get_context("fork")
     if "forkserver" in methods:
         return multiprocessing.get_context("forkserver")

@@ -11,8 +11,9 @@ cores, 50,000 tiny files planned in ~10 s under Ray against ~3 s on the local po
 from __future__ import annotations
 
 import multiprocessing
-import threading
 from concurrent.futures import ProcessPoolExecutor
+
+from repack.exec.reap import only_thread
 
 
 def start_method(workers: int, tasks: int, min_tasks: int) -> str | None:
@@ -21,7 +22,7 @@ def start_method(workers: int, tasks: int, min_tasks: int) -> str | None:
     methods = multiprocessing.get_all_start_methods()
     if workers <= 1 or tasks < min_tasks or "fork" not in methods:
         return None
-    if threading.active_count() == 1:
+    if only_thread():
         return "fork"
     return "forkserver" if "forkserver" in methods else None
 
