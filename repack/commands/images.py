@@ -88,8 +88,8 @@ def walked_ahead(spec: ImagesSpec):
     in forked children that leave no thread in this process: the processes forked next (the local pool,
     ``--executor ray``'s driver pool) still fork rather than start through a forkserver. Not for ``--append``:
     its critical path is the child that reads the dataset's record, forked after the append's imports,
-    which the walk's 16 processes slow down (1M tiny files, 16 cores, 4 alternated rounds twice: 1.66 and
-    1.46-1.69 s without the walk ahead, 1.75 and 1.62-1.71 s with it)."""
+    which the walk's 16 processes slow down (1M tiny files + 1%, 16 cores, 4 alternated rounds on two machines:
+    1.38-1.86 s without the walk ahead, 1.53-1.81 s with it; docs/benchmarks.md, stop 44)."""
     if not spec.walks_folder():
         return contextlib.nullcontext()
     from repack.exec.cpus import available_cpus

@@ -53,7 +53,7 @@ from repack.errors import UsageError
 from repack.exec.base import TaskFailure
 from repack.exec.cpus import available_cpus
 from repack.exec.host import host_token, job_folder
-from repack.exec.ray_check import INSTALL_HINT, check_ray
+from repack.exec.ray_check import INSTALL_HINT
 
 
 def _import_ray():
@@ -147,7 +147,7 @@ class RayExecutor:
 
     def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None,
                  job: str | None = None, driver_cpus: int | None = None, **_ignored) -> None:
-        check_ray(address)  # before any work, and before the driver's pool forks
+        # Ray installed and the address answering: checked by the engine before it planned (``check_ray``)
         self._share = None  # the driver's node run by a local pool (``repack.exec.driver_share``)
         if driver_cpus != 0:
             from repack.exec.driver_share import DriverShare

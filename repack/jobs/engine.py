@@ -536,26 +536,19 @@ class Engine:
         refuse_out_inside_source(self.job.spec.source, self.out)
         opts = self.options
         self._plan_ahead = None
-        if opts.executor == "ray":  # Ray's start (`import ray`, its driver pool, joining) runs while a forked
-            from repack.exec.ray_check import check_ray  # child plans (``repack.jobs.plan_ahead``)
-            from repack.jobs.plan_ahead import PlanAhead
+        with contextlib.ExitStack() as ahead:
+            if opts.executor == "ray":  # Ray's start (`import ray`, its driver pool, joining) runs while a forked
+                from repack.exec.ray_check import check_ray  # child plans (``repack.jobs.plan_ahead``)
+                from repack.jobs.plan_ahead import PlanAhead
 
-            check_ray(opts.ray_address)
-            self._plan_ahead = PlanAhead(self.job)
-        try:
+                check_ray(opts.ray_address)  # fails fast: Ray not installed, an address that does not answer
+                self._plan_ahead = ahead.enter_context(PlanAhead(self.job))
             executor = get_executor(opts.executor, workers=opts.workers or available_cpus(), retries=opts.retries,
-                                    address=opts.ray_address, job=self.job.name,
-                                    driver_cpus=opts.ray_driver_cpus)  # fails fast, e.g. Ray not installed
-        except BaseException:
-            if self._plan_ahead is not None:
-                self._plan_ahead.close()
-            raise
-        try:
-            return self._run_on(executor, started)
-        finally:
-            executor.close()  # what it holds (Ray: the driver's pool, CPUs held from Ray)
-            if self._plan_ahead is not None:
-                self._plan_ahead.close()
+                                    address=opts.ray_address, job=self.job.name, driver_cpus=opts.ray_driver_cpus)
+            try:
+                return self._run_on(executor, started)
+            finally:
+                executor.close()  # what it holds (Ray: the driver's pool, CPUs held from Ray)
 
     def _run_on(self, executor, started: float) -> RunResult:
         """``run`` on ``executor``: lock, plan (the one made ahead, if any), resume, execute, finalize."""
