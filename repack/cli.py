@@ -63,6 +63,10 @@ def main() -> None:
     """Entry point: run the CLI, turning RepackError into a one-line message and exit code."""
     from repack.manifest import ManifestError
 
+    # repack's own processes do no BLAS work, and numpy's bundled OpenBLAS starts a thread per CPU at import,
+    # which spin (on 16 CPUs ~2 CPU-s per import, beside the walk's processes): one, unless the user set it
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
     for stream in (sys.stdout, sys.stderr):  # non-UTF-8 file names must never crash a summary
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")

@@ -328,6 +328,74 @@ def test_a_shard_copy_is_its_kept_byte_ranges_written_back_as_it_goes(tmp_path, 
     assert len(syncs) == len(body) // 4096  # one per 4096 bytes copied, runs cut where a write-back is due
 
 
+def test_a_prefix_copied_and_hashed_while_the_index_is_parsed_gives_the_same_shard(tmp_path, monkeypatch):
+    """``CopiedPrefix``: the old tar's first bytes copied into the temp file and hashed from byte 0 (here
+    the whole tar, before ``copy_kept`` takes it: past every cut) give the shard, index and sha256 of a copy
+    without it, whether the first sample is kept (its run taken up to the cut), dropped (nothing taken:
+    written over) or the last samples are (the file cut back to its length); a prefix not taken leaves no
+    temp file."""
+    import os
+    import time
+
+    from repack.lifecycle import tar_copy
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    entry = read_manifest_json(out)["shards"][0]
+    index = parse_index((out / entry["index"]).read_bytes())
+    size = (out / entry["path"]).stat().st_size
+    monkeypatch.setattr(tar_copy, "SYNC_EVERY", 4096)
+    monkeypatch.setattr(tar_copy, "HASH_PIECE", 1536)
+    for dropped in ([3, 4], [0, 5], [index.samples - 2, index.samples - 1]):
+        keep = np.ones(index.samples, bool)
+        keep[dropped] = False
+        made = {}
+        for way in ("plain", "prefix"):
+            new_dir = tmp_path / f"{way}-{dropped[0]}"
+            new_dir.mkdir()
+            with open(out / entry["path"], "rb") as tar:
+                prefix = None
+                if way == "prefix":
+                    prefix = tar_copy.CopiedPrefix(tar.fileno(), tar_copy.temp_path(new_dir, "shard-x"))
+                    deadline = time.monotonic() + 30
+                    while (prefix._copied < size or prefix._states[-1][0] < size) and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    assert prefix._copied == size and prefix._states[-1][0] == size
+                try:
+                    new = tar_copy.copy_kept(tar.fileno(), index, keep, new_dir, "shard-x", entry["path"], None, prefix)
+                finally:
+                    if prefix is not None:
+                        prefix.close()
+            made[way] = ((new_dir / new["path"]).read_bytes(), (new_dir / new["index"]).read_text(), new["sha256"])
+            assert not [p.name for p in new_dir.iterdir() if ".tmp-" in p.name], way  # no temp file left
+        assert made["prefix"] == made["plain"], dropped
+        assert made["plain"][2] == hashlib.sha256(made["plain"][0]).hexdigest()
+    keep = np.ones(index.samples, bool)
+    keep[index.samples // 2] = False
+    starts, _ = index.spans()
+    cut = int(starts[index.samples // 2])
+    for limit in (cut // 2, cut + 3000):  # the caller's guess of the cut: short of it (the rest copied after), past it
+        new_dir = tmp_path / f"limit-{limit}"
+        new_dir.mkdir()
+        with open(out / entry["path"], "rb") as tar:
+            prefix = tar_copy.CopiedPrefix(tar.fileno(), tar_copy.temp_path(new_dir, "shard-x"), limit)
+            for thread in prefix._threads:
+                thread.join(30)
+            assert prefix._copied == limit and prefix._states[-1][0] == limit  # each stopped at the limit
+            new = tar_copy.copy_kept(tar.fileno(), index, keep, new_dir, "shard-x", entry["path"], None, prefix)
+            prefix.close()
+        data = (new_dir / new["path"]).read_bytes()
+        assert new["sha256"] == hashlib.sha256(data).hexdigest() and data[:cut] == (out / entry["path"]).read_bytes()[:cut]
+    idle = tmp_path / "idle"
+    idle.mkdir()
+    with open(out / entry["path"], "rb") as tar:
+        prefix = tar_copy.CopiedPrefix(tar.fileno(), tar_copy.temp_path(idle, "shard-x"))
+        assert tar_copy.copy_kept(tar.fileno(), index, np.zeros(index.samples, bool), idle, "shard-x", "x.tar", None,
+                                  prefix) is None  # nothing kept: the prefix is not taken
+        prefix.close()
+    assert os.listdir(idle) == []
+
+
 def test_a_shard_whose_header_disagrees_with_its_index_is_refused_before_a_byte_is_copied(tmp_path, monkeypatch):
     """The hash thread starts before the header check, but no byte is copied until it passes: a kept
     member whose header names another member is refused by name, the hashing stopped, no file left."""

@@ -4,13 +4,16 @@ differs, merge without engine options, video --probe --transcode as typed, bench
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 from repack.errors import (VERIFICATION_EXIT_CODE, IncompleteJobError, JobLockedError, NothingPackedError,
                            StrictModeError, UsageError)
-from tests.conftest import run_repack
+from tests.conftest import ROOT, run_repack
 
 JOBS = ("images", "video", "text")
 
@@ -89,3 +92,16 @@ def test_video_probe_with_transcode_is_the_full_job(tmp_path):
 def test_bench_sweeps_loader_workers():
     helptext = run_repack("bench", "--help").stdout
     assert "--loader-workers" in helptext and not re.search(r"^\s+--workers\b", helptext, re.M)
+
+
+def test_the_command_starts_numpys_openblas_with_one_thread_unless_the_user_set_it():
+    """repack's processes do no BLAS work; numpy's bundled OpenBLAS would start (and spin) a thread per CPU
+    at import: the entry point asks for one, and a user's own setting stands."""
+    code = ("import os, sys; sys.argv = ['repack', '--version']; from repack.cli import main; main(); "
+            "import numpy; print(os.environ.get('OPENBLAS_NUM_THREADS'))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    for given, expected in ((None, "1"), ("3", "3")):
+        run_env = env if given is None else {**env, "OPENBLAS_NUM_THREADS": given}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                             env=run_env).stdout
+        assert out.splitlines()[-1] == expected

@@ -15,11 +15,12 @@ first.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -29,10 +30,13 @@ from repack.lifecycle.locate import key_position, shard_spans, wanted_positions
 from repack.lifecycle.record_layers import RecordLayers
 from repack.lifecycle.rewrite import Rewrite
 from repack.lifecycle.shard_index import ShardIndex, parse_index
-from repack.lifecycle.tar_copy import copy_kept
+from repack.lifecycle.tar_copy import CopiedPrefix, copy_kept, temp_path
 from repack.manifest import Manifest
 from repack.sinks.sample_checksums import HEADER, MAGIC
 from repack.sinks.tar_format import index_from_tar
+
+
+PREFIX_SLACK = 1 << 20  # bytes a shard's prefix is copied past its expected first cut (sample sizes vary)
 
 
 def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
@@ -63,6 +67,7 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
                 continue
         jobs[at] = {**common, "entry": entry, "local": str(manifest.path(entry["path"])),
                     "wanted_at": None if span_positions is None else span_positions.tolist(),
+                    "first_cut": _first_cut(spans[at] if spans is not None else None, span_positions),
                     "sources_at": {str(p): sources_at[p] for p in ([] if span_positions is None else
                                                                     span_positions.tolist()) if p in sources_at}}
     done = dict(zip(jobs, _fan_out(list(jobs.values()))))
@@ -130,8 +135,9 @@ def rewrite_shard(call: str) -> str:
     out, entry, local = Path(store.scratch), job["entry"], Path(job["local"])
     if store.remote:
         store.fetch(entry["path"], local, entry["sha256"])
+    stem = entry["path"][:-len(".tar")] + f"-v{job['number']}"
     try:
-        with open(local, "rb", buffering=0) as tar:
+        with open(local, "rb", buffering=0) as tar, _prefix(tar.fileno(), out, stem, job["first_cut"]) as prefix:
             index = _shard_index(store, entry, tar)
             sources_at = {int(p): name for p, name in job["sources_at"].items()}
             source_of = _json_source if job["sample_json"] else (
@@ -150,8 +156,8 @@ def rewrite_shard(call: str) -> str:
                 result["removed_classes"][name] = result["removed_classes"].get(name, 0) + 1
             keep = np.ones(index.samples, bool)
             keep[list(hit)] = False
-            stem = entry["path"][:-len(".tar")] + f"-v{job['number']}"
-            new = copy_kept(tar.fileno(), index, keep, out, stem, entry["path"], _old_checksums(store, entry, index))
+            new = copy_kept(tar.fileno(), index, keep, out, stem, entry["path"], _old_checksums(store, entry, index),
+                            prefix)
     except UsageError as exc:
         return json.dumps({"error": str(exc)})
     finally:
@@ -163,6 +169,33 @@ def rewrite_shard(call: str) -> str:
         store.publish(new["checksums"], out / new["checksums"])
     result["entry"] = new
     return json.dumps(result)
+
+
+def _first_cut(span: tuple[int, int] | None, positions) -> float | None:
+    """Where in its shard the first named sample is expected, as a fraction of the shard (its position within
+    the shard's span of positions); None without a record of the inputs that puts one there."""
+    if span is None or positions is None or not len(positions):
+        return None
+    return max(0.0, min(1.0, (int(positions.min()) - span[0]) / max(1, span[1] - span[0] + 1)))
+
+
+@contextlib.contextmanager
+def _prefix(tar_fd: int, out: Path, stem: str, first_cut: float | None) -> Iterator[CopiedPrefix | None]:
+    """The shard's first bytes copied and hashed while its index is parsed and its named samples found
+    (``repack.lifecycle.tar_copy.CopiedPrefix``), up to a little past where the record of the inputs puts
+    the first named sample (``first_cut``, a fraction of the shard: bytes copied past the cut are written
+    again), where a second CPU can do it; stopped on leaving."""
+    from repack.exec.cpus import available_cpus
+
+    prefix = None
+    if first_cut is not None and available_cpus() > 1:
+        size = os.fstat(tar_fd).st_size
+        prefix = CopiedPrefix(tar_fd, temp_path(out, stem), int(size * min(1.0, first_cut * 1.02)) + PREFIX_SLACK)
+    try:
+        yield prefix
+    finally:
+        if prefix is not None:
+            prefix.close()
 
 
 def _shard_index(store, entry: dict, tar) -> ShardIndex:

@@ -8,7 +8,9 @@ started first (each byte read once by this process), while each kept member's he
 its member before a byte is written, then while the ranges are copied and the new index is laid out.
 The new DALI index is the old index's kept lines with their offsets moved (``ShardIndex.shifted_text``:
 copied in runs, only the offset digits written anew), the new ``.crc`` the old one's kept rows (else
-computed from the new tar); nothing is decoded or re-encoded.
+computed from the new tar); nothing is decoded or re-encoded. Where the caller knows the shard holds a
+sample to drop, the old tar's first bytes are copied into the temp file and hashed while it parses the
+index (``CopiedPrefix``): a copy refused by the header check then removes a temp file already written to.
 """
 
 from __future__ import annotations
@@ -32,11 +34,86 @@ HASH_PIECE = 16 << 20  # bytes hashed between looks at whether the copy was refu
 CHECK_ROWS = 1 << 16  # member headers compared at a time (a (rows, 101) byte matrix)
 
 
+def temp_path(out: Path, stem: str) -> Path:
+    """The temp file ``copy_kept`` writes shard ``stem`` into (renamed whole when done)."""
+    return out / f".{stem}.tar.tmp-{os.getpid()}"
+
+
+class CopiedPrefix:
+    """A shard's first bytes copied into the new shard's temp file and hashed, from byte 0, on two threads,
+    while the caller parses the shard's index and finds the samples to drop: the new shard starts with the
+    old one's bytes up to its first dropped sample, so ``copy_kept`` goes on from where each thread got to
+    before that cut (``take``) instead of copying and hashing that prefix after the parse. Both stop at
+    ``limit`` bytes (the caller's guess of the cut; default: the whole tar). Bytes copied past the cut are
+    written over (and the file cut to its length) by ``copy_kept``; a temp file ``copy_kept`` does not take
+    is removed by ``close``."""
+
+    def __init__(self, tar_fd: int, tmp: Path, limit: int | None = None) -> None:
+        self.tmp, self._src, self._stop, self._taken = tmp, tar_fd, threading.Event(), False
+        self.fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._states: list[tuple[int, object]] = [(0, hashlib.sha256())]  # (bytes hashed, the state there)
+        self._copied = 0
+        size = os.fstat(tar_fd).st_size
+        self._limit = size if limit is None else max(0, min(size, limit))  # where both threads stop
+        self._mapped = mmap.mmap(tar_fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) if size else None
+        self._threads = [threading.Thread(target=work, name=f"repack-prefix-{n}", daemon=True)
+                         for n, work in enumerate((self._hash, self._copy))]
+        for thread in self._threads:
+            thread.start()
+
+    def _hash(self) -> None:
+        at, sha = 0, hashlib.sha256()
+        if not self._limit:
+            return
+        view = memoryview(self._mapped)
+        try:
+            while at < self._limit and not self._stop.is_set():
+                piece = min(self._limit, at + HASH_PIECE)
+                sha.update(view[at:piece])  # the GIL released as it hashes
+                at = piece
+                self._states.append((at, sha.copy()))
+        finally:
+            view.release()  # before ``close`` unmaps
+
+    def _copy(self) -> None:
+        while self._copied < self._limit and not self._stop.is_set():
+            piece = min(self._limit, self._copied + SYNC_EVERY)
+            _copy_range(self._src, self.fd, None, self._copied, piece, self._copied)
+            os.fdatasync(self.fd)  # the disk's write-back started, as _copy_ranges does
+            self._copied = piece
+
+    def take(self, cut: int) -> tuple[int, int, object]:
+        """Stop both threads; hand the temp file over to the caller: (bytes copied, bytes hashed, a sha256 of
+        the bytes hashed), each as far as it got but at most ``cut``."""
+        self._halt()
+        self._taken = True
+        hashed, sha = max((state for state in self._states if state[0] <= cut), key=lambda state: state[0])
+        return min(self._copied, cut), hashed, sha
+
+    def _halt(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+        if self._mapped is not None:
+            self._mapped.close()
+            self._mapped = None
+
+    def close(self) -> None:
+        """Stop both threads and unmap; the temp file closed and removed unless ``take`` handed it over."""
+        self._halt()
+        if not self._taken and self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            self.tmp.unlink(missing_ok=True)
+
+
 def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem: str, shard: str,
-              checksums: np.ndarray | None) -> dict | None:
+              checksums: np.ndarray | None, prefix: CopiedPrefix | None = None) -> dict | None:
     """Write the samples ``keep`` marks (bool per sample) of the tar open at ``tar_fd`` as shard ``stem``
     under ``out`` (temp file, renamed whole: ``repack.sinks.webdataset.publish_shard``); its entry, None
-    when nothing is kept. ``checksums``: the old per-sample ``.crc`` values, when trusted.
+    when nothing is kept. ``checksums``: the old per-sample ``.crc`` values, when trusted. ``prefix``: the
+    tar's first bytes copied into the temp file and hashed already (``CopiedPrefix``), taken up to the
+    first dropped sample.
 
     One helper thread hashes the kept ranges from the mapping from the start (it only reads: the sha256 of
     the kept bytes is the longest step, so it starts first); once the headers check out, another copies
@@ -57,9 +134,12 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
     shift = np.zeros(index.samples, np.int64)  # new offset - old offset, per kept sample
     shift[kept] = (run_at - run_start)[run_of]
     ranges = list(zip(run_start.tolist(), run_end.tolist(), run_at.tolist()))
-    tmp = out / f".{stem}.tar.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    sha = hashlib.sha256()
+    if prefix is None:
+        tmp, copied, hashed, sha = temp_path(out, stem), 0, 0, hashlib.sha256()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    else:  # the first run is the prefix when the tar's first sample is kept
+        tmp, fd = prefix.tmp, prefix.fd
+        copied, hashed, sha = prefix.take(ranges[0][1] if ranges[0][0] == 0 else 0)
     try:
         with mmap.mmap(tar_fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                        prot=mmap.PROT_READ) as mapped:
@@ -67,12 +147,12 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
             try:
                 with ThreadPoolExecutor(2, thread_name_prefix="repack-copy") as helpers:
                     stop = threading.Event()
-                    hashing = helpers.submit(_hash_ranges, sha, view, ranges, stop)  # reads only: before the check
+                    hashing = helpers.submit(_hash_ranges, sha, view, _after(ranges, hashed), stop)  # reads only
                     try:
                         problem = _header_problem(np.frombuffer(mapped, np.uint8), index, kept, shard)
                         if problem is not None:
                             raise UsageError(problem)
-                        copying = helpers.submit(_copy_ranges, tar_fd, fd, view, ranges)
+                        copying = helpers.submit(_copy_ranges, tar_fd, fd, view, _after(ranges, copied))
                         try:
                             text = index.shifted_text(kept, shift)
                         finally:
@@ -86,6 +166,7 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
                 view.release()
         tail = end_of_archive(written)
         os.pwrite(fd, tail, written)
+        os.ftruncate(fd, written + len(tail))  # a prefix copied past the first cut may have made it longer
         sha.update(tail)
     except BaseException:
         os.close(fd)
@@ -93,6 +174,13 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
         raise
     sums = None if checksums is None else HEADER.pack(MAGIC, len(kept)) + checksums[kept].astype("<u4").tobytes()
     return publish_shard(out, stem, fd, tmp, written + len(tail), sha, text, len(kept), checksums=sums)
+
+
+def _after(ranges: list[tuple[int, int, int]], done: int) -> list[tuple[int, int, int]]:
+    """``ranges`` less the new tar's first ``done`` bytes (copied or hashed by ``CopiedPrefix``: at most the
+    first range, which starts the new tar)."""
+    return [(max(start, done), end, max(start, done) - start) if at == 0 else (start, end, at)
+            for start, end, at in ranges]
 
 
 def _runs(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -130,13 +218,14 @@ def _copy_ranges(src: int, dst: int, view: memoryview, ranges: list[tuple[int, i
                 unsynced = 0
 
 
-def _copy_range(src: int, dst: int, view: memoryview, start: int, end: int, at: int) -> None:
-    """Bytes ``start..end`` of ``src`` to ``dst`` at ``at``: in the kernel, else written from ``view``."""
+def _copy_range(src: int, dst: int, view: memoryview | None, start: int, end: int, at: int) -> None:
+    """Bytes ``start..end`` of ``src`` to ``dst`` at ``at``: in the kernel, else written from ``view`` (None:
+    read with ``pread``)."""
     while start < end:
         try:
             done = os.copy_file_range(src, dst, end - start, start, at)
         except OSError:  # no copy_file_range between these files (another filesystem, an old kernel)
-            done = os.pwrite(dst, view[start:end], at)
+            done = os.pwrite(dst, view[start:end] if view is not None else os.pread(src, end - start, start), at)
         if done <= 0:
             raise UsageError(f"cannot copy bytes {start}..{end} of a shard: the copy made no progress")
         start, at = start + done, at + done
