@@ -396,6 +396,45 @@ def test_a_prefix_copied_and_hashed_while_the_index_is_parsed_gives_the_same_sha
     assert os.listdir(idle) == []
 
 
+def test_remove_copies_a_shards_prefix_while_it_parses_and_publishes_the_same_bytes(tmp_path, monkeypatch):
+    """`repack remove` of a source in the middle of a shard starts its ``CopiedPrefix`` before the index is
+    parsed, up to a little past where the record of the inputs puts the source (here every shard's prefix
+    counts: PREFIX_MIN 0); the published shards equal a remove without it, byte for byte."""
+    import shutil
+
+    from repack.cli import cli
+    from repack.lifecycle import remove_tar
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    shutil.copytree(out, tmp_path / "plain")
+    sources = packed_sources(out)
+    (tmp_path / "gone.txt").write_text(sources[len(sources) // 2] + "\n")
+    limits = []
+    made = remove_tar.CopiedPrefix
+
+    def spied(tar_fd, tmp, limit=None):
+        limits.append(limit)
+        return made(tar_fd, tmp, limit)
+
+    monkeypatch.setattr(remove_tar, "CopiedPrefix", spied)
+    monkeypatch.setattr(remove_tar, "PREFIX_MIN", 0)
+    cli.main(["remove", str(out), "--sources", str(tmp_path / "gone.txt")], standalone_mode=False)
+    from repack.exec.cpus import available_cpus
+
+    size = (out / read_manifest_json(tmp_path / "plain")["shards"][0]["path"]).stat().st_size
+    assert len(limits) == (available_cpus() > 1)
+    assert all(size // 4 < limit - remove_tar.PREFIX_SLACK < 3 * size // 4 for limit in limits)  # ~the middle
+    monkeypatch.setattr(remove_tar, "PREFIX_MIN", 1 << 62)  # no prefix
+    cli.main(["remove", str(tmp_path / "plain"), "--sources", str(tmp_path / "gone.txt")], standalone_mode=False)
+    assert len(limits) == (available_cpus() > 1)
+    for name in ("manifest.json", *(s["path"] for s in read_manifest_json(out)["shards"])):
+        if name != "manifest.json":
+            assert (out / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+    assert sources[len(sources) // 2] not in packed_sources(out) and run_repack("verify", out).returncode == 0
+    assert not list(out.glob(".*tmp*"))
+
+
 def test_a_shard_whose_header_disagrees_with_its_index_is_refused_before_a_byte_is_copied(tmp_path, monkeypatch):
     """The hash thread starts before the header check, but no byte is copied until it passes: a kept
     member whose header names another member is refused by name, the hashing stopped, no file left."""
