@@ -335,6 +335,7 @@ def test_a_prefix_copied_and_hashed_while_the_index_is_parsed_gives_the_same_sha
     written over) or the last samples are (the file cut back to its length); a prefix not taken leaves no
     temp file."""
     import os
+    import threading
     import time
 
     from repack.lifecycle import tar_copy
@@ -386,6 +387,23 @@ def test_a_prefix_copied_and_hashed_while_the_index_is_parsed_gives_the_same_sha
             prefix.close()
         data = (new_dir / new["path"]).read_bytes()
         assert new["sha256"] == hashlib.sha256(data).hexdigest() and data[:cut] == (out / entry["path"]).read_bytes()[:cut]
+    real_copy_range = tar_copy._copy_range
+
+    def refused_in_the_prefix(src, dst, view, start, end, at):
+        if threading.current_thread().name.startswith("repack-prefix"):
+            raise OSError(28, "No space left on device")
+        real_copy_range(src, dst, view, start, end, at)
+
+    monkeypatch.setattr(tar_copy, "_copy_range", refused_in_the_prefix)  # the prefix's copy fails: copy_kept does it
+    failed_dir = tmp_path / "failed"
+    failed_dir.mkdir()
+    with open(out / entry["path"], "rb") as tar:
+        prefix = tar_copy.CopiedPrefix(tar.fileno(), tar_copy.temp_path(failed_dir, "shard-x"))
+        new = tar_copy.copy_kept(tar.fileno(), index, keep, failed_dir, "shard-x", entry["path"], None, prefix)
+        prefix.close()
+    data = (failed_dir / new["path"]).read_bytes()
+    assert new["sha256"] == hashlib.sha256(data).hexdigest() and data[:cut] == (out / entry["path"]).read_bytes()[:cut]
+    monkeypatch.setattr(tar_copy, "_copy_range", real_copy_range)
     idle = tmp_path / "idle"
     idle.mkdir()
     with open(out / entry["path"], "rb") as tar:

@@ -76,11 +76,14 @@ class CopiedPrefix:
             view.release()  # before ``close`` unmaps
 
     def _copy(self) -> None:
-        while self._copied < self._limit and not self._stop.is_set():
-            piece = min(self._limit, self._copied + SYNC_EVERY)
-            _copy_range(self._src, self.fd, None, self._copied, piece, self._copied)
-            os.fdatasync(self.fd)  # the disk's write-back started, as _copy_ranges does
-            self._copied = piece
+        try:
+            while self._copied < self._limit and not self._stop.is_set():
+                piece = min(self._limit, self._copied + SYNC_EVERY)
+                _copy_range(self._src, self.fd, None, self._copied, piece, self._copied)
+                os.fdatasync(self.fd)  # the disk's write-back started, as _copy_ranges does
+                self._copied = piece
+        except (OSError, UsageError):  # a full disk, say: copy_kept copies the rest and raises what it meets
+            return
 
     def take(self, cut: int) -> tuple[int, int, object]:
         """Stop both threads; hand the temp file over to the caller: (bytes copied, bytes hashed, a sha256 of
