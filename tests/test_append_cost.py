@@ -151,8 +151,8 @@ def test_a_pack_takes_the_walk_started_ahead_and_an_append_forks_its_records_chi
         pytest.skip("walks in forked children with two CPUs or more, where no other thread runs")
     src, out = odd_tree(tmp_path / "src", folders=PARALLEL_MIN_FOLDERS + 1), tmp_path / "out"
     taken, children = [], []
-    take = folder._taken_ahead
-    monkeypatch.setattr(folder, "_taken_ahead", lambda conf, workers: taken.append(take(conf, workers)) or taken[-1])
+    take = folder.taken_ahead
+    monkeypatch.setattr(folder, "taken_ahead", lambda conf, workers: taken.append(take(conf, workers)) or taken[-1])
     start = record_child.ChildRecord.__init__
 
     def spied(self, *args):

@@ -21,7 +21,7 @@ from typing import Callable, Sequence, TypeVar
 from repack.exec.reap import only_thread
 
 T = TypeVar("T")
-_FAILED = b"-"  # what a child that failed sends (a part's bytes are never this short: see the callers)
+FAILED = b"-"  # what a child that failed sends (a part's bytes are never this short: see the callers)
 
 
 def can_fork() -> bool:
@@ -45,7 +45,7 @@ def forked_map(work: Callable[[T], bytes], parts: Sequence[T]) -> list[bytes]:
                 raw = pipe.read()
             os.waitpid(pid, 0)
             children.pop(0)
-            results.append(raw if raw != _FAILED else work(part))
+            results.append(raw if raw != FAILED else work(part))
         return results
     finally:
         for pid, read_end in children:  # this process failed first: stop the children still running
@@ -53,7 +53,7 @@ def forked_map(work: Callable[[T], bytes], parts: Sequence[T]) -> list[bytes]:
 
 
 def _start(work: Callable[[T], bytes], part: T) -> tuple[int, int]:
-    return start_child(lambda: [work(part)], _FAILED)
+    return start_child(lambda: [work(part)], FAILED)
 
 
 def start_child(produce: Callable[[], Sequence], failed: bytes) -> tuple[int, int]:
@@ -124,7 +124,7 @@ class ForkedTasks:
             os.close(queue_write)
             queue_write = -1
             for _ in range(min(workers, -(-len(tasks) // self.batch))):
-                self._children.append(start_child(lambda: self._take(work, queue_read), _FAILED))
+                self._children.append(start_child(lambda: self._take(work, queue_read), FAILED))
         except BaseException:
             self.stop()
             raise
@@ -157,7 +157,7 @@ class ForkedTasks:
             except ChildProcessError:  # read in a child of the process that forked them (a plan made ahead,
                 pass                   # ``repack.jobs.plan_ahead``): that process reaps them
             self._children.pop(0)
-            if raw == _FAILED:
+            if raw == FAILED:
                 whole = False
             at = 0
             while whole and at + _FRAME.size <= len(raw):

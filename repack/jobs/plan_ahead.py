@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import os
 
-from repack.exec.forked import can_fork, start_child, stop_child
+from repack.exec.forked import FAILED, can_fork, start_child, stop_child
 from repack.jobs.base import Plan, build_plan
-
-_FAILED = b"-"  # a plan's JSON is never this short
 
 
 class PlanAhead:
@@ -28,7 +26,7 @@ class PlanAhead:
         self._job = job
         self._pid, self._read_end = 0, -1
         if can_fork():
-            self._pid, self._read_end = start_child(lambda: [_plan_json(job)], _FAILED)
+            self._pid, self._read_end = start_child(lambda: [_plan_json(job)], FAILED)
 
     def plan(self) -> Plan:
         """The child's plan, or one made here when there is no child or it failed."""
@@ -38,7 +36,7 @@ class PlanAhead:
                 raw = pipe.read()
             os.waitpid(self._pid, 0)
             self._pid = 0
-        if raw and raw != _FAILED:
+        if raw and raw != FAILED:
             try:
                 return Plan.from_json(json.loads(raw))
             except (ValueError, KeyError, TypeError):

@@ -18,12 +18,10 @@ from functools import cached_property
 
 import numpy as np
 
-from repack.sources.base import InputItem, clean_label, join_names, quarantine_record  # noqa: F401 (join_names: here too)
+from repack.sources.base import InputItem, clean_label, join_names, quarantine_record
 
 NO_LABEL = -1
 _FS = ("utf-8", "surrogateescape")
-
-
 
 
 def name_ends(names: bytes) -> np.ndarray:

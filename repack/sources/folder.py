@@ -45,7 +45,7 @@ from repack.errors import UsageError
 from repack.sources.base import Scan, alias_reason, quarantine_record, sort_key
 from repack.sources.columns import NO_LABEL, InputTable, name_ends
 from repack.sources.confine import Confinement
-from repack.sources.walk import _Walks, _taken_ahead
+from repack.sources.walk import Walks, taken_ahead
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def scan_folder(root: str, confinement: Confinement | None = None, workers: int 
     if not os.path.isdir(root):
         raise UsageError(f"source {root!r} is not a folder (use --list for a list file)")
     conf = (confinement or Confinement()).rooted(root)
-    walks = _taken_ahead(conf, workers) or _Walks.start(conf, workers)
+    walks = taken_ahead(conf, workers) or Walks.start(conf, workers)
     parts = [_Part.unpack(raw) for raw in walks.parts(meanwhile)]
     top = walks.top
     labeled = bool(top.top_dirs)

@@ -45,7 +45,7 @@ class _Found:
 
     def pack(self) -> bytes:
         """The result as bytes (what a scan worker sends back: no pickled objects): a JSON head, the names
-        blob (``repack.sources.columns.join_names``), the stats as int64."""
+        blob (``repack.sources.base.join_names``), the stats as int64."""
         head = json.dumps([self.real_paths, self.quarantine, self.skipped, self.top_dirs, len(self.rels)],
                           ensure_ascii=False).encode("utf-8", "surrogateescape")
         names = join_names(self.rels)
@@ -176,7 +176,7 @@ def _top_level(conf: Confinement, root_ident: tuple) -> tuple[_Found, list[tuple
 
 
 @dataclass
-class _Walks:
+class Walks:
     """The walks of a root's top-level folders, submitted to their pool (None: they run in this process)."""
 
     conf: Confinement
@@ -188,7 +188,7 @@ class _Walks:
     children: ForkedTasks | None = None  # the walks in forked children instead of a pool (``forked``)
 
     @classmethod
-    def start(cls, conf: Confinement, workers: int, forked: bool = False) -> "_Walks":
+    def start(cls, conf: Confinement, workers: int, forked: bool = False) -> "Walks":
         """List the root (``conf.root``), then submit the walks of its top-level folders when there are enough of
         them for a pool (see the module docstring). ``forked``: where the pool would fork, the walks run in
         forked children that leave no thread in this process (``repack.exec.forked.ForkedTasks``) instead."""
@@ -231,7 +231,7 @@ class _Walks:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-_AHEAD: list[_Walks] = []  # walks started by walk_ahead that no scan took yet
+_AHEAD: list[Walks] = []  # walks started by walk_ahead that no scan took yet
 
 
 @contextlib.contextmanager
@@ -246,7 +246,7 @@ def walk_ahead(root: str, confinement: Confinement, workers: int) -> Iterator[No
     walks = None
     if os.path.isdir(root):
         try:
-            walks = _Walks.start(confinement.rooted(root), workers, forked=True)
+            walks = Walks.start(confinement.rooted(root), workers, forked=True)
         except OSError:
             walks = None
     if walks is not None:
@@ -259,7 +259,7 @@ def walk_ahead(root: str, confinement: Confinement, workers: int) -> Iterator[No
             walks.stop()
 
 
-def _taken_ahead(conf: Confinement, workers: int) -> _Walks | None:
+def taken_ahead(conf: Confinement, workers: int) -> Walks | None:
     for walks in _AHEAD:
         if walks.conf == conf and walks.workers == workers:
             _AHEAD.remove(walks)
