@@ -134,7 +134,9 @@ def test_an_append_whose_new_inputs_are_all_quarantined_records_them_in_a_versio
     assert "nothing new: version 2" in again.stdout + again.stderr
     (src / "cat" / "broken.jpg").write_bytes(jpeg_bytes(seed=77))  # fixed: planned again, packed
     fixed = run_repack("images", src, out, "--shard-size", "4", "--append")
-    assert "published version 3" in fixed.stdout + fixed.stderr and read_manifest_json(out)["totals"]["samples"] == 10
+    assert "published version 3" in fixed.stdout + fixed.stderr
+    manifest = read_manifest_json(out)  # it has a sample now: no quarantine record left, counted once
+    assert manifest["totals"]["samples"] == 10 and manifest["totals"]["inputs"] == 10 and manifest["quarantine"] == []
 
 
 def test_append_killed_and_rerun_equals_an_uninterrupted_append(tmp_path):

@@ -162,8 +162,12 @@ class ForkedTasks:
             at = 0
             while whole and at + _FRAME.size <= len(raw):
                 task, length = _FRAME.unpack_from(raw, at)
-                found[task] = bytes(raw[at + _FRAME.size:at + _FRAME.size + length])
-                at += _FRAME.size + length
+                end = at + _FRAME.size + length
+                if task >= len(found) or end > len(raw):  # not a frame: the pipe was read from elsewhere
+                    whole = False
+                    break
+                found[task] = bytes(raw[at + _FRAME.size:end])
+                at = end
             whole = whole and at == len(raw)
         if not whole or any(result is None for result in found):
             return None

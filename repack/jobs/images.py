@@ -58,7 +58,7 @@ from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.image_plan import InputColumns, PayloadWriter, cut_runs, sample_bounds, sample_expected
 from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - sample_key: imported from here by the video job
-from repack.lifecycle.input_columns import names_of_blob
+from repack.lifecycle.input_columns import encode_names, names_of_blob
 from repack.lifecycle.input_record import load_known, select_new, select_new_rows
 from repack.jobs.record_columns import pack_digests, pack_times, packed_rels, unpack_times
 from repack.jobs.stats import bucket_edges, histogram, merge_counts, merge_slowest, percentiles
@@ -294,12 +294,16 @@ class ImagesJob(Job):
         confinement = spec.confinement()
         if spec.source_format == "folder":  # the driver's own work runs while the folders are walked on the pool
             scan = scan_source(spec.source, list_file=spec.list_file, confinement=confinement, workers=available_cpus(),
-                               meanwhile=self._before_tasks)
+                               meanwhile=self._before_tasks, prefer=self._holds_sample if spec.known_inputs else None)
         else:
             self._before_tasks()
             scan = scan_foreign(spec.source, spec.source_format, FieldChoice(spec.image_field, spec.label_field),
                                 confinement)
         return self.plan_scan(scan)
+
+    def _holds_sample(self, rels: list[str]) -> list[bool]:
+        """--append: which of ``rels`` (the paths of one file) the dataset holds a sample of."""
+        return load_known(self.spec.known_inputs).holds_sample(encode_names(rels)).tolist()
 
     def _before_tasks(self) -> None:
         """What the driver prepares before the tasks' pool forks: the imports the checks use (the workers
@@ -330,6 +334,11 @@ class ImagesJob(Job):
             order = list(range(len(items)))
             random.Random(spec.seed).shuffle(order)
             items = _taken(items, order)
+        if spec.known_inputs and scan.labeled != bool(spec.known_classes):
+            raise UsageError("--append: " + ("SOURCE has class folders now, and the dataset's samples have no class "
+                                             "(SOURCE was a flat folder when they were packed)" if scan.labeled else
+                                             "the dataset's samples have classes, and SOURCE has no class folders now")
+                             + ": repack without --append, or append from SOURCE laid out as the dataset was")
         classes = extend_classes(dict(spec.known_classes), scan) if spec.known_classes else scan.classes
         width = spec.cls_width or len(str(max(classes.values(), default=0)))
         if len(str(max(classes.values(), default=0))) > width:

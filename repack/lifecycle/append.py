@@ -78,7 +78,8 @@ class Appender:
     accepts: Callable[[dict, object], str | None]  # (current manifest, spec) -> why not, or None
     staged_job: Callable[[object, str, Path, dict], object]  # (spec, staged OUT, known-inputs key, current)
     rename: Callable[[str, object, int], str]  # (staged file name, spec, version) -> name in the dataset
-    merge: Callable[[dict, dict, list[dict]], dict]  # (current, staged, renamed shards) -> version N+1's body
+    # (current, staged, renamed shards, quarantined sources planned again) -> version N+1's body
+    merge: Callable[[dict, dict, list[dict], frozenset], dict]
     # (store, staged job's store, staged folder, current, staged, version) -> more of N+1's body (side files)
     side_files: Callable[[object, object, str, dict, dict, int], dict] | None = None
     change_note: Callable[[dict], dict] | None = None  # (current) -> more of the change record
@@ -135,7 +136,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
                       for shard in staged["shards"]]
             delta = append_delta(job.store, plan, known)
             write_inputs_record(store, number, known, delta)
-            body = appender.merge(current, staged, shards)
+            body = appender.merge(current, staged, shards,
+                                  planned_again(plan, [q["source"] for q in current["quarantine"]]))
             if appender.side_files is not None:
                 body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))
             change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
@@ -172,6 +174,20 @@ def move_shard(store, staged: str, shard: dict, rename: Callable[[str], str]) ->
     return renamed
 
 
+def planned_again(plan: Plan, quarantined: list[str]) -> frozenset:
+    """Which of ``quarantined`` (version N's quarantined sources) the staged job's ``plan`` planned again (a
+    fixed file): their old quarantine records go, the staged job counts and records them now."""
+    if not quarantined:
+        return frozenset()
+    import numpy as np
+
+    from repack.lifecycle.first_record import plan_inputs
+    from repack.lifecycle.input_columns import encode_names
+
+    planned = np.isin(encode_names(quarantined), plan_inputs(plan, 0).names)
+    return frozenset(source for source, again in zip(quarantined, planned.tolist()) if again)
+
+
 def merged_totals(current: dict, staged: dict, shards: list[dict], quarantine: list[dict], again: int) -> dict:
     """Every count of both versions summed; samples, shards and quarantined recounted."""
     totals = dict(current["totals"])
@@ -187,14 +203,18 @@ def merged_totals(current: dict, staged: dict, shards: list[dict], quarantine: l
     return totals
 
 
-def merged_manifest(current: dict, staged: dict, shards: list[dict]) -> dict:
+def merged_manifest(current: dict, staged: dict, shards: list[dict], replanned: frozenset = frozenset()) -> dict:
     """Version N+1: N's shards then the new ones; totals, quarantine and the simple statistics summed
-    (the new inputs' full statistics kept under stats.appended)."""
-    known_sources = {q["source"] for q in current["quarantine"]}
-    new_quarantine = [q for q in staged["quarantine"] if q["source"] not in known_sources]
-    again = len(staged["quarantine"]) - len(new_quarantine)  # quarantined before, planned again: counted once
+    (the new inputs' full statistics kept under stats.appended). ``replanned``: N's quarantined sources that
+    the staged job planned again; their records are the staged job's now (none where it packed them)."""
+    kept = [q for q in current["quarantine"] if q["source"] not in replanned]
+    kept_sources = {q["source"] for q in kept}
+    new_quarantine = [q for q in staged["quarantine"] if q["source"] not in kept_sources]
+    # inputs both versions counted: quarantined before and again, or planned again (packed or not)
+    again = len(({q["source"] for q in staged["quarantine"]} & {q["source"] for q in current["quarantine"]})
+                | replanned)
     all_shards = current["shards"] + shards
-    quarantine = current["quarantine"] + new_quarantine
+    quarantine = kept + new_quarantine
     body = {key: value for key, value in current.items() if key not in ("run", "dataset_version")}
     body.update(shards=all_shards, quarantine=quarantine,
                 fields=dict(sorted({**current.get("fields", {}), **staged.get("fields", {})}.items())),
@@ -214,13 +234,13 @@ def merged_manifest(current: dict, staged: dict, shards: list[dict]) -> dict:
     return body
 
 
-def merged_text_manifest(current: dict, staged: dict, shards: list[dict]) -> dict:
+def merged_text_manifest(current: dict, staged: dict, shards: list[dict], replanned: frozenset = frozenset()) -> dict:
     """A text version N+1: the shards' prefixes listed after N's, Megatron's weighted --data-path too."""
     if staged["tokenizer"].get("sha256") != current.get("tokenizer", {}).get("sha256") or \
             staged.get("dtype") != current.get("dtype"):
         raise UsageError("--append: the new inputs were tokenized with another tokenizer or token dtype than "
                          "the dataset's; append with the dataset's tokenizer")
-    body = merged_manifest(current, staged, shards)
+    body = merged_manifest(current, staged, shards, replanned)
     body["prefixes"] = [s["prefix"] for s in body["shards"]]
     body["data_path"] = " ".join(f"{s['tokens']} {s['prefix']}" for s in body["shards"])
     return body
@@ -276,10 +296,10 @@ def _video_job(spec, out: str, known_file: Path, current: dict):
         videos_dir=f"videos-v{number_of(current) + 1}"))
 
 
-def merged_video_manifest(current: dict, staged: dict, shards: list[dict]) -> dict:
+def merged_video_manifest(current: dict, staged: dict, shards: list[dict], replanned: frozenset = frozenset()) -> dict:
     """A video version N+1: N's entries then the new ones; the probe decisions, reasons and codecs summed;
     the dataset's one codec kept."""
-    body = merged_manifest(current, staged, shards)
+    body = merged_manifest(current, staged, shards, replanned)
     for key in ("decisions", "reasons", "codecs"):
         merged = dict(current["stats"].get(key, {}))
         for name, count in staged["stats"].get(key, {}).items():

@@ -112,6 +112,11 @@ class InputColumns:
         """Whether each of ``names`` is in ``quarantined`` (planned before, without a sample)."""
         return _member_of(self.quarantined, names)
 
+    def holds_sample(self, names: np.ndarray) -> np.ndarray:
+        """Whether each of ``names`` has a sample in the dataset: recorded, neither quarantined nor removed."""
+        _, recorded = self.find(names)
+        return recorded & ~self.is_quarantined(names) & ~self.is_removed(names)
+
     def digested(self) -> "InputColumns":
         """This record with its digests (itself when it has them; see ``digests_from``)."""
         if self.digests_from is None:

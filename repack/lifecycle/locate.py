@@ -25,9 +25,11 @@ EDGE_BYTES = 1 << 16  # read from each end of an index for its first and last sa
 
 
 def key_position(key: str) -> int | None:
-    """The position a sample key starts with (None when it has no numeric prefix)."""
-    head, sep, _ = key.partition("_")
-    return int(head) if sep and head.isdigit() else None
+    """The position a sample key starts with (None when it has no numeric prefix): its digits before the
+    first ``_``, or the whole key where it is only digits (a source name without an ASCII letter or digit
+    has no slug: ``repack.jobs.task_inputs.sample_key``)."""
+    head, _, _ = key.partition("_")
+    return int(head) if head.isdigit() and head.isascii() else None
 
 
 def wanted_positions(by: str, names, known: RecordLayers | None) -> np.ndarray | None:

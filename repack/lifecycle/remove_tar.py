@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -127,6 +128,16 @@ def largest_first(sizes: list[int]) -> list[int]:
     return sorted(range(len(sizes)), key=lambda at: (-sizes[at], at))
 
 
+REWRITE_SUFFIX = re.compile(r"(-v[0-9]+)+$")  # what earlier rewrites added to a shard's stem
+
+
+def rewritten_stem(path: str, number: int) -> str:
+    """The stem of shard ``path`` rewritten by version ``number``: its stem as packed (``shard-XXXXXX``, an
+    append's ``shard-vN-XXXXXX``), earlier rewrites' ``-vN`` dropped, then ``-v<number>``; one name per shard
+    and version, that does not grow with every remove."""
+    return REWRITE_SUFFIX.sub("", path[:-len(".tar")]) + f"-v{number}"
+
+
 def rewrite_shard(call: str) -> str:
     """One shard of ``rewrite_tar_shards`` (a JSON job: the store's url, the shard's entry and local path,
     what is named): its named samples found and, when there are any, the shard rewritten without them.
@@ -138,7 +149,7 @@ def rewrite_shard(call: str) -> str:
     out, entry, local = Path(store.scratch), job["entry"], Path(job["local"])
     if store.remote:
         store.fetch(entry["path"], local, entry["sha256"])
-    stem = entry["path"][:-len(".tar")] + f"-v{job['number']}"
+    stem = rewritten_stem(entry["path"], job["number"])
     try:
         with open(local, "rb", buffering=0) as tar, _prefix(tar.fileno(), out, stem, job["first_cut"]) as prefix:
             index = _shard_index(store, entry, tar)

@@ -75,7 +75,8 @@ class ShardIndex:
 
     def key_positions(self) -> np.ndarray:
         """Per sample: the position its key starts with (``repack.lifecycle.locate.key_position``: the
-        decimal digits before the key's first ``_``), -1 where it has none; vectorized over the keys."""
+        decimal digits before the key's first ``_``, or the whole key where it is only digits), -1 where it
+        has none; vectorized over the keys."""
         starts = self.columns.key_ends[:-1].astype(np.int64)
         lengths = np.diff(self.columns.key_ends).astype(np.int64)
         width = min(int(lengths.max(initial=0)), _POSITION_DIGITS + 1)
@@ -88,7 +89,7 @@ class ShardIndex:
         digit = live & (chars >= ord("0")) & (chars <= ord("9"))
         count = np.where(digit.all(axis=1), width, np.argmin(digit, axis=1))  # leading digits
         after = chars[np.arange(self.samples), np.minimum(count, width - 1)]
-        valid = (count > 0) & (count <= _POSITION_DIGITS) & (count < lengths) & (after == ord("_"))
+        valid = (count > 0) & (count <= _POSITION_DIGITS) & ((count == lengths) | (after == ord("_")))
         values = np.where(digit & (np.arange(width) < count[:, None]), chars - ord("0"), 0).astype(np.int64)
         scale = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
         positions = values @ scale // 10 ** (width - np.minimum(count, width))

@@ -53,9 +53,14 @@ class CopiedPrefix:
         self.fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._states: list[tuple[int, object]] = [(0, hashlib.sha256())]  # (bytes hashed, the state there)
         self._copied = 0
-        size = os.fstat(tar_fd).st_size
-        self._limit = size if limit is None else max(0, min(size, limit))  # where both threads stop
-        self._mapped = mmap.mmap(tar_fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) if size else None
+        try:
+            size = os.fstat(tar_fd).st_size
+            self._limit = size if limit is None else max(0, min(size, limit))  # where both threads stop
+            self._mapped = mmap.mmap(tar_fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) if size else None
+        except BaseException:  # no prefix then: its temp file goes
+            os.close(self.fd)
+            tmp.unlink(missing_ok=True)
+            raise
         self._threads = [threading.Thread(target=work, name=f"repack-prefix-{n}", daemon=True)
                          for n, work in enumerate((self._hash, self._copy))]
         for thread in self._threads:

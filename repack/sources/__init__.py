@@ -41,14 +41,16 @@ def scan_foreign(source: str, source_format: str, fields, confinement: Confineme
 
 
 def scan_source(source: str, *, list_file: bool, confinement: Confinement | None = None, workers: int = 1,
-                meanwhile: Callable[[], object] | None = None) -> Scan:
+                meanwhile: Callable[[], object] | None = None,
+                prefer: Callable[[list[str]], list[bool]] | None = None) -> Scan:
     """Enumerate a folder tree, a list file or an s3:// prefix into sorted inputs plus quarantined entries.
 
     The confinement's root is the folder, or the list file's folder; its rules apply to every input
     (an s3:// prefix: only its size cap, objects are neither symlinks nor special files). Labels
     follow one rule (``sources.base.clean_label``: surrounding whitespace stripped). ``workers``: processes
     a folder scan may use (``repack.sources.folder``). ``meanwhile``: the driver's own work, run once while a
-    folder's walk runs on the pool (other sources: before they are listed)."""
+    folder's walk runs on the pool (other sources: before they are listed). ``prefer``: which of a file's
+    several paths a folder scan keeps first (``repack.sources.folder.scan_folder``)."""
     import os
 
     if meanwhile is not None and (is_remote(source) or list_file):
@@ -64,4 +66,5 @@ def scan_source(source: str, *, list_file: bool, confinement: Confinement | None
 
     root = os.path.dirname(os.path.abspath(source)) if list_file else source
     conf = (confinement or Confinement()).rooted(root)
-    return clean_labels(scan_list_file(source, conf) if list_file else scan_folder(source, conf, workers, meanwhile))
+    return clean_labels(scan_list_file(source, conf) if list_file else scan_folder(source, conf, workers, meanwhile,
+                                                                                        prefer))

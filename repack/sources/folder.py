@@ -6,7 +6,8 @@ it is quarantined unless allowed), FIFOs, sockets and devices are quarantined, n
 and files over the size cap are quarantined from their size. A directory loop is never entered
 twice. A file reached through two paths is packed once under its real path (the path without
 a symlink), and the alias is quarantined naming it; of two real paths (hard links) the first in
-sorted order wins. With ``follow_symlinks=False`` every symlink is quarantined instead.
+sorted order wins; an --append keeps the path whose sample the dataset holds (``prefer``), so a hard link
+added later is the alias then. With ``follow_symlinks=False`` every symlink is quarantined instead.
 
 Confinement per folder: a folder reached without a symlink from the real root is real and inside
 the root, so an entry of it that ``os.scandir`` reports as a plain regular file (its d_type) needs
@@ -71,10 +72,13 @@ class _Part:
         return cls(names, stats, count, {int(k): v for k, v in real_paths.items()}, quarantine, skipped, top_dirs)
 
 def scan_folder(root: str, confinement: Confinement | None = None, workers: int = 1,
-                meanwhile: Callable[[], object] | None = None) -> Scan:
+                meanwhile: Callable[[], object] | None = None,
+                prefer: Callable[[list[str]], list[bool]] | None = None) -> Scan:
     """Enumerate ``root`` recursively into an ``InputTable``; see the module docstring for the rules.
     ``meanwhile``: the caller's own work, run once in this process while the walks run on the pool (an
-    --append reads the dataset's record then)."""
+    --append reads the dataset's record then). ``prefer``: of a file reached through several paths, which
+    of its rels to keep first (an --append: the one the dataset holds a sample of), asked only where a file
+    has several."""
     if not os.path.exists(root):
         raise UsageError(f"source {root!r} does not exist")
     if not os.path.isdir(root):
@@ -100,7 +104,7 @@ def scan_folder(root: str, confinement: Confinement | None = None, workers: int 
     del parts
     keep = np.ones(len(ends), dtype=bool)
     table = InputTable(conf.root, names, ends, label_ids, label_names, size, mtime, inode, real_paths)
-    _drop_aliases(conf, table, device, keep, quarantine)
+    _drop_aliases(conf, table, device, keep, quarantine, prefer)
     del device
     if labeled:
         for row in range(int(counts[0])):  # the root's own files
@@ -113,9 +117,11 @@ def scan_folder(root: str, confinement: Confinement | None = None, workers: int 
 
 
 def _drop_aliases(conf: Confinement, table: InputTable, devices: np.ndarray, keep: np.ndarray,
-                  quarantine: list[dict]) -> None:
+                  quarantine: list[dict], prefer: Callable[[list[str]], list[bool]] | None = None) -> None:
     """Files reached through several paths (equal device and inode; rows in sorted order): keep one, the
-    real path (no symlink on the way) before an alias, else the first; quarantine the others naming it."""
+    real path (no symlink on the way) before an alias, else the first, among the paths ``prefer`` picks
+    where it picks any (an --append: the path that already has its sample, so that a hard link added
+    later never gives one file a second sample); quarantine the others naming it."""
     if len(table) < 2:
         return
     inodes, real_paths = table.inodes, table.real_paths
@@ -136,7 +142,10 @@ def _drop_aliases(conf: Confinement, table: InputTable, devices: np.ndarray, kee
                 group.append(row)
     for group in groups.values():
         group.sort()
-        winner = next((row for row in group if row not in real_paths), group[0])
+        preferred = [row for row, chosen in zip(group, prefer([table.rel(row) for row in group]))
+                     if chosen] if prefer is not None else []
+        candidates = preferred or group
+        winner = next((row for row in candidates if row not in real_paths), candidates[0])
         for row in group:
             if row == winner:
                 continue

@@ -1,0 +1,49 @@
+"""`repack remove` finds every named source, whatever its name, and names the shards it rewrites the same way
+however often a shard is rewritten: a source whose name holds no ASCII letter or digit (its sample key is the
+position alone) is removed like any other; a shard rewritten by versions 2 and 3 is ``shard-XXXXXX-v3.tar``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_images_job import jpeg_bytes, write_jpegs
+
+NAMELESS = ["ü", "___", "日本"]  # no slug: keys 000000NN with no "_"
+
+
+def sample_paths(out: Path) -> list[str]:
+    import json
+    import tarfile
+
+    paths = []
+    for shard in read_manifest_json(out)["shards"]:
+        with tarfile.open(out / shard["path"]) as tar:
+            paths += [json.loads(tar.extractfile(m).read())["path"] for m in tar if m.name.endswith(".json")]
+    return paths
+
+
+def test_sources_without_a_slug_are_removed(tmp_path):
+    src, out = write_jpegs(tmp_path / "src" / "c", 12, "a").parent, tmp_path / "out"
+    for number, name in enumerate(NAMELESS):
+        (src / "c" / f"{name}.jpg").write_bytes(jpeg_bytes(seed=40 + number))
+    run_repack("images", src, out, "--shard-size", "5", "--quiet")
+    listing = tmp_path / "takedown.txt"
+    listing.write_text("".join(f"c/{name}.jpg\n" for name in NAMELESS) + "c/a3.jpg\n", encoding="utf-8")
+    done = run_repack("remove", out, "--sources", listing)
+    assert "4 sample(s) removed, 0 name(s) not found" in done.stdout + done.stderr
+    left = sample_paths(out)
+    assert len(left) == 11 and not {f"c/{name}.jpg" for name in NAMELESS} & set(left) and "c/a3.jpg" not in left
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_a_shard_rewritten_again_keeps_one_version_suffix(tmp_path):
+    src, out = write_jpegs(tmp_path / "src" / "c", 8, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    for version, name in ((2, "a1"), (3, "a5")):
+        listing = tmp_path / f"takedown{version}.txt"
+        listing.write_text(f"c/{name}.jpg\n")
+        run_repack("remove", out, "--sources", listing, "--quiet")
+        assert [s["path"] for s in read_manifest_json(out)["shards"]] == [f"shard-000000-v{version}.tar"]
+    assert sorted(sample_paths(out)) == sorted(f"c/a{i}.jpg" for i in range(8) if i not in (1, 5))
+    assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "2").returncode == 0
