@@ -32,7 +32,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataLoader
 
 from pipelines.sample_order import continued_epoch  # noqa: E402
 
-__all__ = ["StatefulDataLoader", "saved_epochs", "starts_another_epoch", "fresh_iteration_state"]
+__all__ = ["StatefulDataLoader", "saved_epochs", "starts_another_epoch", "fresh_iteration_state",
+           "continues_saved_epoch"]
 
 
 def saved_epochs(state: dict) -> set[int]:
@@ -65,9 +66,62 @@ def fresh_iteration_state(state: dict) -> dict:
     return state
 
 
+def _position(loader) -> Any:
+    """The ``OrderPosition`` of a map-style loader's resumable sampler (``pipelines.sampler_resume``), or None."""
+    for sampler in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
+        for candidate in (sampler, getattr(sampler, "sampler", None)):
+            if hasattr(candidate, "position") and hasattr(candidate.position, "chosen"):
+                return candidate.position
+    return None
+
+
+def continues_saved_epoch(loader, state: dict) -> bool | None:
+    """Whether iterating ``loader`` continues the epoch its loaded ``state`` was taken in (no ``set_epoch``,
+    or ``set_epoch`` of that epoch); None when its dataset and sampler are not the readers' (torchdata's rule
+    then)."""
+    if hasattr(loader.dataset, "chosen_epoch"):
+        return not starts_another_epoch(loader.dataset, state)
+    position = _position(loader)
+    if position is None:
+        return None
+    from pipelines.sampler_resume import find_state
+
+    try:
+        saved = int(find_state(state, position.kind)["epoch"])
+    except (LookupError, KeyError, TypeError, ValueError):
+        return None
+    return position.chosen is None or continued_epoch(saved, position.chosen)[1]
+
+
 class StatefulDataLoader(_TorchdataLoader):
     """torchdata's ``StatefulDataLoader``; a loaded state whose epoch the dataset does not continue
-    (``set_epoch`` chose another, before or after ``load_state_dict``) starts a new iteration."""
+    (``set_epoch`` chose another, before or after ``load_state_dict``) starts a new iteration. A loaded state
+    taken after its epoch's last batch (the loop ran to its end) ends that epoch: the first pass that
+    continues it yields nothing (torchdata would start the epoch again: every sample read twice); the state
+    stays for the next pass, which ``set_epoch`` moves to another epoch (a pass after that still in the
+    saved epoch starts it again, as a second pass of an uninterrupted loop does)."""
+
+    _ended_once: dict | None = None  # the finished state whose empty pass was given
+
+    def __iter__(self):
+        state = self.next_iter_state
+        if state is not None and state.get("_iterator_finished") and state is not self._ended_once \
+                and continues_saved_epoch(self, state):
+            self._ended_once = state  # kept in next_iter_state: set_epoch(e + 1) then starts from it
+            return iter(())
+        if state is not None and state is self._ended_once and continues_saved_epoch(self, state):
+            self.next_iter_state = None  # a second pass in the same epoch: torchdata's fresh iteration
+        self._ended_once = None
+        return super().__iter__()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._ended_once = None
+        super().load_state_dict(state_dict)
+
+    def state_dict(self) -> dict:
+        if self._ended_once is not None and self.next_iter_state is self._ended_once:
+            return copy.deepcopy(self._ended_once)  # still the end of the saved epoch
+        return super().state_dict()
 
     def _get_iterator(self):
         epochs = saved_epochs(self.next_iter_state) if self.next_iter_state else set()

@@ -270,7 +270,7 @@ class PackedTokenDataset(Dataset):
         """The epoch and what fixes the order (the loader's sampler holds the position)."""
         return {"kind": type(self).__name__, "version": STATE_VERSION, "dataset": dict(self.dataset),
                 "epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle, "windows": self.num_windows,
-                "rank": self.rank, "world_size": self.world_size}
+                "seq_len": self.seq_len, "rank": self.rank, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue on the state's dataset version (this one, or a kept older one, re-opened here) and
@@ -294,7 +294,9 @@ class PackedTokenDataset(Dataset):
                              f"{state['epoch']}; iterate the loader (it ends that epoch) before set_epoch, or "
                              "order the windows with ResumableSampler")
         mine = self.state_dict()
-        for key in ("seed", "shuffle", "windows", "rank", "world_size"):
+        for key in ("seed", "shuffle", "windows", "seq_len", "rank", "world_size"):
+            if key == "seq_len" and key not in state:  # a state of an older reader
+                continue
             if state[key] != mine[key]:
                 raise ValueError(f"{self.data.root}: PackedTokenDataset state has {key} {state[key]!r}, "
                                  f"this dataset {mine[key]!r}")

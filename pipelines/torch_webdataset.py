@@ -387,6 +387,8 @@ class ImageShardDataset(IterableDataset):
         expect = {"kind": type(self).__name__, "version": STATE_VERSION, "seed": self.seed,
                   "shuffle": self.shuffle, "window": self.shuffle_buffer, "samples": self.total_samples,
                   "rank": self.rank, "world_size": self.world_size}
+        if "drop_last" in state:  # a rank's share depends on it (states of older readers lack it)
+            expect["drop_last"] = self.drop_last
         wrong = {k: (state.get(k), v) for k, v in expect.items() if state.get(k) != v}
         if wrong:
             detail = ", ".join(f"{k}: state {got!r}, dataset {want!r}" for k, (got, want) in wrong.items())

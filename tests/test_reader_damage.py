@@ -1,7 +1,7 @@
-"""Never a silent drop: the LMDB, text and video readers refuse damage with an error naming the
+"""Never a silent drop: the LMDB, text, video and webdataset readers refuse damage with an error naming the
 dataset and the sample (a manifest counting more samples than the database holds, a missing
-LMDB key, a token file shorter than its index, a missing video), instead of a shorter epoch or a
-raw library traceback."""
+LMDB key, a token file shorter than its index, a missing video, a shard index with a line repeated or moved),
+instead of a shorter epoch, a sample read twice or a raw library traceback."""
 
 from __future__ import annotations
 
@@ -108,3 +108,21 @@ def test_missing_video_names_the_dataset_and_the_clip(data, tmp_path):
 def test_lmdb_reader_refuses_an_s3_root_with_what_to_do():
     with pytest.raises(ManifestError, match=r"s3://bucket/lmdb: an LMDB is read from a local file .*repack pull"):
         LmdbImageDataset("s3://bucket/lmdb")
+
+
+@pytest.mark.parametrize("damage", ["repeated", "swapped"])
+def test_a_shard_index_with_a_line_repeated_or_moved_names_the_shard(tmp_path, damage):
+    """The index's lines still name members the tar holds, so nothing else notices: a repeated line would read
+    one sample twice and another never."""
+    from pipelines.torch_webdataset import ImageShardDataset
+    from tests.conftest import run_repack
+    from tests.test_images_job import write_jpegs
+
+    src, out = write_jpegs(tmp_path / "src" / "c", 9, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    index = out / "shard-000001.idx"
+    head, *lines = index.read_bytes().split(b"\n")[:-1]
+    lines = [lines[0], lines[0], *lines[2:]] if damage == "repeated" else [lines[1], lines[0], *lines[2:]]
+    index.write_bytes(b"\n".join([head, *lines]) + b"\n")
+    with pytest.raises(ManifestError, match=r"shard-000001\.idx.*repeated or out of order"):
+        list(ImageShardDataset(out, output="dict", decode=False))

@@ -80,6 +80,8 @@ def test_state_is_small_json_and_refuses_another_dataset(packed_photos):
     other = ImageShardDataset(packed_photos, shuffle=True, seed=99)
     with pytest.raises(ValueError, match="seed"):
         other.load_state_dict(state)
+    with pytest.raises(ValueError, match="drop_last"):  # a rank's share depends on it
+        ImageShardDataset(packed_photos, shuffle=True, drop_last=not state["drop_last"]).load_state_dict(state)
     wrong_workers = ImageShardDataset(packed_photos, shuffle=True, output="dict", decode=False)
     wrong_workers.load_state_dict(state)
     with pytest.raises(ValueError, match="same num_workers"):

@@ -242,6 +242,35 @@ def test_a_state_at_an_epochs_end_resumes_into_the_next_epochs_order(versions, l
                 assert got == epochs[epoch + 1], f"{when}, k={k}: set_epoch({epoch + 1}) around the load"
 
 
+@pytest.mark.parametrize("reader", ["images", "lmdb", "mixture"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_after_the_epochs_loop_ended_reads_nothing_again(versions, lmdbs, reader, workers):
+    """The usual end-of-epoch checkpoint (the ``for`` loop ran to its end, then ``state_dict()``): loaded with
+    the same epoch (set_epoch of it before or after the load, or none), the pass yields nothing, saving
+    again gives the same state, and set_epoch(e + 1) then gives epoch e + 1 in its own order."""
+    make = {"images": lambda: image_reader(versions["images"], workers),
+            "lmdb": lambda: lmdb_reader(lmdbs[0], workers),
+            "mixture": lambda: mixture_reader(lmdbs, workers)}[reader]
+    target, loader = make()
+    target.set_epoch(1)
+    epoch1 = [keys(b) for b in loader]
+    state = json.dumps(loader.state_dict())
+    target.set_epoch(2)
+    epoch2 = [keys(b) for b in loader]
+    assert epoch1 and epoch2 and epoch1 != epoch2
+    for when in WHEN:
+        target, loader = make()
+        if when == "before":
+            target.set_epoch(1)
+        loader.load_state_dict(json.loads(state))
+        if when == "after":
+            target.set_epoch(1)
+        assert [keys(b) for b in loader] == [], f"{when}: epoch 1 was over"
+        assert json.loads(json.dumps(loader.state_dict())) == json.loads(state), when
+        target.set_epoch(2)
+        assert [keys(b) for b in loader] == epoch2, f"{when}: epoch 2 in its own order"
+
+
 # -- snapshots ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("batch_mode", [False, True])
 def test_states_between_snapshots_resume_exactly_and_elastically(versions, batch_mode):

@@ -141,3 +141,14 @@ def test_set_epoch_reaches_persistent_workers(corpus):
             assert np.array_equal(row, stream[w * SEQ: w * SEQ + SEQ + 1])
         orders.append(order)
     assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
+
+
+def test_a_packed_state_of_another_seq_len_is_refused(corpus):
+    """Two window lengths can give the same window count: the state names its seq_len."""
+    a = PackedTokenDataset(corpus["merged"], seq_len=100, shuffle=True, seed=1)
+    b = PackedTokenDataset(corpus["merged"], seq_len=101, shuffle=True, seed=1)
+    state = json.loads(json.dumps(a.state_dict()))
+    assert state["seq_len"] == 100
+    state["windows"] = b.num_windows  # the count alone would pass
+    with pytest.raises(ValueError, match="seq_len 100"):
+        b.load_state_dict(state)

@@ -193,7 +193,28 @@ def join_shards(parts: list[list[IndexColumns]], counts: list[int], wheres: list
     joined = concat([p for pieces in parts for p in pieces], allocate, map_parts)
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
-    return dataclasses.replace(joined, shard_starts=starts)
+    joined = dataclasses.replace(joined, shard_starts=starts)
+    _check_member_order(joined, wheres)
+    return joined
+
+
+def _check_member_order(index: IndexColumns, wheres: list[str]) -> None:
+    """ManifestError naming the shard whose index lists a member before the end of the one listed before it
+    (a line repeated or moved: its sample would be read twice and another never): a tar's members follow
+    each other, and so do an index's lines."""
+    if len(index.offset) < 2:
+        return
+    offset = index.offset.astype(np.int64, copy=False)
+    ends = offset[:-1] + index.size[:-1].astype(np.int64, copy=False)
+    bad = offset[1:] < ends
+    firsts = index.first_member[index.shard_starts[1:-1]].astype(np.int64)
+    bad[firsts[firsts > 0] - 1] = False  # a shard's first member follows another shard's last
+    if bad.any():
+        member = int(np.argmax(bad)) + 1
+        shard = int(np.searchsorted(index.first_member[index.shard_starts].astype(np.int64), member, side="right")) - 1
+        sample = int(np.searchsorted(index.first_member.astype(np.int64), member, side="right")) - 1
+        raise ManifestError(f"{wheres[shard]}: not a v1.2 index of its tar (sample {sample - int(index.shard_starts[shard])}'s "
+                            "member starts before the member listed before it ends: a line repeated or out of order)")
 
 
 def _parse_lines(body: np.ndarray, where: str) -> IndexColumns:
