@@ -42,8 +42,8 @@ from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_record import KnownInputs, append_delta, dataset_record, held_known
 from repack.lifecycle.record_child import ChildRecord, record_parts
-from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish, remove_prefix,
-                                      warner, write_inputs_record)
+from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish,
+                                      refuse_names_in_use, remove_prefix, warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
 from repack.manifest.versions import number_of
 
@@ -132,6 +132,9 @@ def append(spec, options: EngineOptions) -> AppendResult:
             known = known.record()
             staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
             plan = read_plan(job.store)
+            refuse_names_in_use(store, current, [appender.rename(shard[key], spec, number) for shard in staged["shards"]
+                                                 for key in ("path", "index", "checksums", "source_runs")
+                                                 if shard.get(key)], "--append")
             shards = [move_shard(store, f"{stage}/out", shard, lambda rel: appender.rename(rel, spec, number))
                       for shard in staged["shards"]]
             delta = append_delta(job.store, plan, known)

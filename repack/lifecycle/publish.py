@@ -118,7 +118,36 @@ def locked_dataset(location: str) -> Iterator[tuple[object, Path]]:
     current_version(store)
     prepare_out(out, store)
     with JobLock(out, "", store if store.remote else None):
+        if not store.remote:  # a manifest write killed mid-way: its temp file (no other writer runs now)
+            from repack.lifecycle.verify import MANIFEST_TEMP
+
+            for temp in out.glob(".manifest*.tmp"):
+                if MANIFEST_TEMP.fullmatch(temp.name) and temp.is_file() and not temp.is_symlink():
+                    temp.unlink(missing_ok=True)
         yield store, out
+
+
+def refuse_names_in_use(store, current: dict, names, what: str) -> None:
+    """UsageError naming those of ``names`` (the files a writer is about to put into the dataset) that a
+    published version names already (``manifest.json``, or a kept ``manifest.vN.json``): a dataset whose files
+    were renamed by hand to what repack would name a new one; writing would change a published version."""
+    from repack.manifest.versions import version_number
+
+    published = number_of(current)
+    taken = set(Manifest(store.scratch, current).named_files())
+    for rel in store.list_sizes("manifest.v"):
+        number = version_number(rel)
+        if number is None or number > published:
+            continue  # a pending version (settled before a writer runs) names no published file
+        try:
+            taken.update(Manifest(store.scratch, parse_manifest(store.read_bytes(rel), store.scratch, rel).data)
+                         .named_files())
+        except (TypeError, ManifestError):
+            continue  # gc and verify name a version file that is not a manifest
+    clash = sorted(set(names) & taken)
+    if clash:
+        raise UsageError(f"{store.url}: {what} would write {', '.join(clash)}, which a published version of the "
+                         "dataset names already (renamed by hand?); nothing was changed")
 
 
 def current_version(store) -> tuple[dict, bytes]:

@@ -28,6 +28,7 @@ import numpy as np
 from repack.errors import UsageError
 from repack.lifecycle.input_columns import InputColumns, decode_names
 from repack.lifecycle.locate import key_position, shard_spans, wanted_positions
+from repack.lifecycle.publish import refuse_names_in_use
 from repack.lifecycle.record_layers import RecordLayers
 from repack.lifecycle.rewrite import Rewrite
 from repack.lifecycle.shard_index import ShardIndex, parse_index
@@ -74,6 +75,8 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
                     "first_cut": _first_cut(spans[at] if spans is not None else None, span_positions),
                     "sources_at": {str(p): sources_at[p] for p in ([] if span_positions is None else
                                                                     span_positions.tolist()) if p in sources_at}}
+    refuse_names_in_use(store, current, [f"{rewritten_stem(job['entry']['path'], number)}.{ext}"
+                                         for job in jobs.values() for ext in ("tar", "idx", "crc")], "remove")
     done = dict(zip(jobs, _fan_out(list(jobs.values()))))
     found: set[str] = set()
     sources: set[str] = set()  # of the removed samples, also when named by key

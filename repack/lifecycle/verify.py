@@ -87,11 +87,16 @@ class Chain:
     pending_files: frozenset[str] = frozenset()
 
 
+MANIFEST_TEMP = re.compile(r"\.manifest(\.v[0-9]+)?\.json\..+\.tmp")  # a manifest's atomic write, unfinished
+
+
 def is_pending_name(rel: str, number: int) -> bool:
     """True when ``rel`` is named the way writers name the files they add for version ``number``
-    (``shard-vN-…``, ``…-vN.tar``, ``videos-vN/…``, and their hidden temp files): work of a run
-    killed before it published ``number``."""
-    return any(re.search(rf"-v{number}(?=[-./]|$)", part) for part in rel.split("/"))
+    (``shard-vN-…``, ``…-vN.tar``, ``videos-vN/…``, and their hidden temp files), or is the temp file of a
+    manifest being written (``repack.manifest.io.atomic_write_bytes``): work of a run killed before it
+    published ``number`` (the next writer removes a manifest's, ``publish.locked_dataset``)."""
+    return bool(MANIFEST_TEMP.fullmatch(rel)) or \
+        any(re.search(rf"-v{number}(?=[-./]|$)", part) for part in rel.split("/"))
 
 
 def check_versions(files, names: list[str], root: Path) -> Chain:

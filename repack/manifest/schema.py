@@ -19,6 +19,7 @@ Top-level keys (the contract; fields may be added, never renamed)::
 from __future__ import annotations
 
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -138,8 +139,11 @@ class Manifest:
 
     def named_files(self) -> list[str]:
         """Every file of the dataset the manifest names: ``relative_paths`` and the prepared videos
-        (``videos[].path``) a video WebDataset keeps beside its shards. What gc keeps or deletes."""
-        return list(self.relative_paths()) + [v["path"] for v in self.data.get("videos", [])]
+        (``videos[].path``) a video WebDataset keeps beside its shards, each in one spelling (``./a`` and
+        ``a//b`` are ``a`` and ``a/b``, as the path rule reads them). What gc keeps or deletes, and what verify
+        counts as named."""
+        return [posixpath.normpath(rel) for rel in
+                (*self.relative_paths(), *(v["path"] for v in self.data.get("videos", [])))]
 
     def relative_paths(self) -> Iterator[str]:
         """Every file path the manifest names (shards, index files, side files)."""

@@ -1,0 +1,73 @@
+"""What writers leave and what they may touch in a dataset: gc keeps a file a kept version names in another
+spelling (``./a``); the temp file of a manifest write killed mid-way is pending for verify and gone after the
+next writer; a remove or an append never writes over a file a published version names (a dataset renamed by
+hand), it refuses and changes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_images_job import write_jpegs
+
+
+def packed(tmp_path: Path) -> tuple[Path, Path]:
+    src = write_jpegs(tmp_path / "src" / "c", 8, "a").parent
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    return src, out
+
+
+def takedown(tmp_path: Path, *names: str) -> Path:
+    listing = tmp_path / "takedown.txt"
+    listing.write_text("".join(f"{n}\n" for n in names))
+    return listing
+
+
+def rename_everywhere(out: Path, old: str, new: str) -> None:
+    for manifest in [out / "manifest.json", *out.glob("manifest.v*.json")]:
+        data = json.loads(manifest.read_text())
+        for shard in data["shards"]:
+            for key in ("path", "index", "checksums"):
+                if shard.get(key, "").startswith(old):
+                    shard[key] = new + shard[key][len(old):]
+        manifest.write_text(json.dumps(data))
+
+
+def test_gc_keeps_a_file_the_kept_version_names_as_dot_slash(tmp_path):
+    _, out = packed(tmp_path)
+    run_repack("remove", out, "--sources", takedown(tmp_path, "c/a0.jpg"), "--quiet")  # shard-000001 shared by v1, v2
+    rename_everywhere(out, "shard-000001", "./shard-000001")
+    assert run_repack("verify", out).returncode == 0
+    run_repack("gc", out, "--keep", "1")
+    assert (out / "shard-000001.tar").exists() and not (out / "shard-000000.tar").exists()
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_a_manifest_temp_left_by_a_killed_write_is_pending_then_cleared(tmp_path):
+    src, out = packed(tmp_path)
+    temp = out / ".manifest.json.k1ll3d.tmp"
+    temp.write_bytes((out / "manifest.json").read_bytes()[:40])  # the write stopped here
+    checked = run_repack("verify", out)
+    assert checked.returncode == 0 and ".manifest.json.k1ll3d.tmp" in checked.stdout + checked.stderr
+    write_jpegs(src / "c", 10, "a")
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    assert not temp.exists() and run_repack("verify", out).returncode == 0
+
+
+def test_remove_and_append_refuse_to_write_over_a_published_file(tmp_path):
+    src, out = packed(tmp_path)
+    for ext in ("tar", "idx", "crc"):
+        (out / f"shard-000000.{ext}").rename(out / f"shard-000000-v2.{ext}")
+    rename_everywhere(out, "shard-000000", "shard-000000-v2")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    refused = run_repack("remove", out, "--sources", takedown(tmp_path, "c/a0.jpg"), check=False)
+    assert refused.returncode == 2 and "shard-000000-v2.tar" in refused.stderr and "published version" in refused.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    (out / "shard-000001.tar").rename(out / "shard-v2-000000.tar")
+    rename_everywhere(out, "shard-000001.tar", "shard-v2-000000.tar")
+    write_jpegs(src / "c", 10, "a")
+    refused = run_repack("images", src, out, "--shard-size", "4", "--append", check=False)
+    assert refused.returncode == 2 and "shard-v2-000000.tar" in refused.stderr
+    assert read_manifest_json(out)["totals"]["samples"] == 8 and run_repack("verify", out).returncode == 0
