@@ -71,3 +71,21 @@ def test_remove_and_append_refuse_to_write_over_a_published_file(tmp_path):
     refused = run_repack("images", src, out, "--shard-size", "4", "--append", check=False)
     assert refused.returncode == 2 and "shard-v2-000000.tar" in refused.stderr
     assert read_manifest_json(out)["totals"]["samples"] == 8 and run_repack("verify", out).returncode == 0
+
+
+def test_what_a_killed_writer_left_is_moved_aside_when_another_publishes_its_number(tmp_path):
+    """An append killed after moving its new shard in, then a remove takes version 2: the append's files
+    (named as version 2's, which the remove's version 2 does not name) go to .repack/rejected/; a file of the
+    user's own stays where it is."""
+    _, out = packed(tmp_path)
+    left = {f"shard-v2-000000.{ext}": (out / f"shard-000001.{ext}").read_bytes() for ext in ("tar", "idx", "crc")}
+    for name, data in left.items():
+        (out / name).write_bytes(data)
+    (out / "notes-v2.txt").write_text("mine\n")
+    assert run_repack("verify", out).returncode == 0  # version 2's pending work until then
+    run_repack("remove", out, "--sources", takedown(tmp_path, "c/a0.jpg"), "--quiet")
+    aside = out / ".repack" / "rejected" / "leftovers-v2"
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == left and not (out / "shard-v2-000000.tar").exists()
+    assert (out / "notes-v2.txt").read_text() == "mine\n"
+    (out / "notes-v2.txt").unlink()  # not the dataset's: verify would name it
+    assert run_repack("verify", out).returncode == 0

@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -244,7 +245,33 @@ def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, cha
     raw = dumps_canonical(data, indent=1)
     store.put_bytes(version_file(number_of(data)), raw)
     store.put_bytes(MANIFEST_NAME, raw)
+    clear_leftovers(store, number_of(data), set(Manifest(out, data).named_files()))
     return data
+
+
+def leftover_pattern(number: int) -> re.Pattern:
+    """The names repack's writers give the files they add to a dataset for version ``number`` (an append's
+    ``shard-vN-XXXXXX.tar``, a rewrite's ``<stem>-vN.tar``, a token prefix's ``<prefix>-vN.bin``, an LMDB's
+    ``data-vN.lmdb``, a video append's ``videos-vN/``, ``probe-vN.jsonl`` and ``file_list-vN.txt``, with
+    their side files and hidden temp files)."""
+    n = int(number)
+    return re.compile(rf"\.?(?:shard-v{n}-[0-9]+\.(?:tar|idx|crc)|[^/]+-v{n}(?:[-_][0-9]+)?\.(?:tar|idx|crc|lmdb|bin|sources)"
+                      rf"|probe-v{n}\.jsonl|file_list-v{n}\.txt|videos-v{n}/.+)(?:\.tmp-[0-9]+|\.[^/]+\.tmp)?")
+
+
+def clear_leftovers(store, number: int, named: set[str]) -> list[str]:
+    """Move the files of version ``number`` (``leftover_pattern``) that its published manifest does not name to
+    ``.repack/rejected/leftovers-vN/``: what a writer killed before it published ``number`` left, when another
+    command took the number (an append killed after moving its shards in, then a remove; the files of a
+    pending version that was rejected), which verify would otherwise report as named by no version for good.
+    Called by the writer that published ``number``; only files named as repack names that version's, so
+    nothing else in OUT is touched. The rels moved."""
+    pattern = leftover_pattern(number)
+    aside = [rel for rel in store.list_sizes("")
+             if not rel.startswith(f"{STATE_DIR}/") and rel not in named and pattern.fullmatch(rel)]
+    for rel in aside:
+        move(store, rel, f"{REJECTED_DIR}/leftovers-v{int(number)}/{rel}")
+    return aside
 
 
 def known_inputs(store, current: dict) -> InputColumns:
