@@ -424,7 +424,7 @@ class ImagesJob(Job):
                 digest = hashlib.sha256(data).digest()  # the content: --append (input_record), duplicates
                 try:
                     if norm is not None:
-                        result = normalize_image(data, norm, spec.verify)
+                        result = normalize_image(data, norm)
                         ext, img_w, img_h, data = result.ext, result.width, result.height, result.data
                         src_w, src_h = result.source_size
                         for reason in result.reasons:

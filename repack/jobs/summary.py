@@ -22,7 +22,7 @@ def quarantine_lines(quarantine: list[dict], reason_of: Callable[[str], str] = l
         lines += [f"  quarantined {n}: {reason}"
                   for reason, n in sorted(per_reason.items(), key=lambda kv: (-kv[1], kv[0]))[:REASONS_SHOWN]]
     for record in quarantine[:NAMED]:
-        line = f":{record['line']}" if "line" in record else ""
+        line = f":{record['line']}" if record.get("line") is not None else ""
         lines.append(f"  quarantined: {record.get('source', '?')}{line}: {record.get('reason', '?')}")
     if len(quarantine) > NAMED:
         lines.append(f"  ... and {len(quarantine) - NAMED} more (`repack inspect OUT --json` lists every one)")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from repack.errors import UsageError
-from repack.sources.base import quarantine_record, sort_key
+from repack.sources.base import alias_reason, quarantine_record, sort_key
 from repack.sources.confine import Confinement
 from repack.sources.walk import is_junk
 from repack.store import is_remote
@@ -81,24 +81,48 @@ def _local_files(source: str, confinement: Confinement, quarantine: list[dict]) 
     conf = confinement.rooted(root)
     found = []
 
-    def visit(path: str, rel: str) -> None:
+    def visit(path: str, rel: str, ancestors: frozenset) -> None:
         checked = conf.check(path)
         if checked.reason is not None:
             quarantine.append(quarantine_record(rel, checked.reason))
         elif checked.is_dir:
+            ident = (checked.st.st_dev, checked.st.st_ino)
+            if ident in ancestors:
+                quarantine.append(quarantine_record(rel, "symlink loop (folder already being scanned)"))
+                return
             with os.scandir(checked.real) as it:
                 for entry in sorted(it, key=lambda e: sort_key(e.name)):
                     if not is_junk(entry.name):
-                        visit(entry.path, f"{rel}/{entry.name}" if rel else entry.name)
+                        visit(entry.path, f"{rel}/{entry.name}" if rel else entry.name, ancestors | {ident})
         else:
             st = checked.st
-            found.append((checked.real, rel, (st.st_size, st.st_mtime_ns, st.st_ino)))
+            found.append((checked.real, rel, (st.st_size, st.st_mtime_ns, st.st_ino), st.st_dev))
 
     if names is None:
-        visit(root, "")
+        visit(root, "", frozenset())
     else:
-        visit(os.path.join(root, names[0]), names[0])
-    return sorted(found, key=lambda f: sort_key(f[1]))
+        visit(os.path.join(root, names[0]), names[0], frozenset())
+    return _read_once(sorted(found, key=lambda f: sort_key(f[1])), root, quarantine)
+
+
+def _read_once(found: list[tuple], root: str, quarantine: list[dict]) -> list[tuple[str, str, tuple]]:
+    """The containers of ``found`` (real path, rel, fingerprint, device; in rel order) read once each: a file
+    reached through several paths (a symlink inside the root, a hard link) is read under its real path, else
+    its first; the others are quarantined naming it, as a folder scan does."""
+    by_file: dict[tuple[int, int], list[int]] = {}
+    for at, (_, _, fingerprint, device) in enumerate(found):
+        by_file.setdefault((device, fingerprint[2]), []).append(at)
+    dropped = set()
+    for rows in by_file.values():
+        if len(rows) < 2:
+            continue
+        kept = next((at for at in rows if found[at][0] == os.path.join(root, found[at][1])), rows[0])
+        for at in rows:
+            if at != kept:
+                dropped.add(at)
+                real, rel = found[at][0], found[at][1]
+                quarantine.append(quarantine_record(rel, alias_reason(rel, real, found[kept][1], root)))
+    return [(real, rel, fingerprint) for at, (real, rel, fingerprint, _) in enumerate(found) if at not in dropped]
 
 
 def open_container(container: Container) -> BinaryIO:

@@ -16,7 +16,7 @@ import json
 import os
 
 from repack.errors import UsageError
-from repack.sources.base import InputItem, Scan, clean_label, quarantine_record, sort_key
+from repack.sources.base import InputItem, Scan, alias_reason, clean_label, quarantine_record, sort_key
 from repack.sources.confine import Confinement
 
 LABEL_COLUMNS = ("label", "class", "cls")
@@ -83,6 +83,7 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
     labeled = any(label is not None for _, _, label in rows)
     items: list[InputItem] = []
     seen: set[str] = set()
+    read_as: dict[tuple[int, int], str] = {}  # (device, inode) -> the rel it is read under: a hard link is one file
     for rel, lineno, label in rows:
         if labeled and label is None:
             quarantine.append(quarantine_record(rel, f"no label ({name}:{lineno}) in a labeled list"))
@@ -97,6 +98,12 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
         if checked.real in seen:
             quarantine.append(quarantine_record(rel, f"listed twice ({name}:{lineno})", label))
             continue
+        ident = (checked.st.st_dev, checked.st.st_ino)
+        if ident in read_as:
+            quarantine.append(quarantine_record(rel, f"{alias_reason(rel, checked.real, read_as[ident], base)} "
+                                                     f"({name}:{lineno})", label))
+            continue
         seen.add(checked.real)
+        read_as[ident] = rel
         items.append(InputItem.from_stat(checked.real, rel, label, checked.st))
     return Scan(tuple(items), tuple(quarantine), labeled)

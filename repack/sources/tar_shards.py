@@ -87,6 +87,8 @@ def _member_refusal(info: tarfile.TarInfo, shard_bytes: int | None) -> tuple[str
         return "sparse tar member (its bytes are not stored as they read): not read", False
     if not info.isreg():
         return "tar member is not a regular file (link or device): not read", False
+    if "\0" in info.name:
+        return "tar member name holds a NUL byte (no input path can): not read", False
     return None, False
 
 
@@ -114,15 +116,16 @@ def _samples(container: Container, quarantine: list[dict], counts: dict[str, int
             if info.isdir():
                 continue
             refusal, stop = _member_refusal(info, shard_bytes)
+            shown = f"{container.rel}/{info.name}".replace("\0", "\\x00")  # a NUL named as text
             if stop:
-                quarantine.append(quarantine_record(f"{container.rel}/{info.name}", refusal))
+                quarantine.append(quarantine_record(shown, refusal))
                 break
             base = info.name.rpartition("/")[2]
             if is_junk(base) or base.startswith("__"):
                 counts["(hidden)"] = counts.get("(hidden)", 0) + 1
                 continue
             if refusal is not None:
-                quarantine.append(quarantine_record(f"{container.rel}/{info.name}", refusal))
+                quarantine.append(quarantine_record(shown, refusal))
                 continue
             key, ext = split_name(info.name)
             sample = samples.setdefault(key, _Sample(key, {}, len(samples)))

@@ -342,11 +342,32 @@ def _walk_links(conf: Confinement, links: list, seen: dict, table: InputTable, c
     return out, all_codes, real_all, reason_all, all_stats, found.quarantine, found.skipped
 
 
+NOT_UTF8 = "file name is not valid UTF-8 (a token dataset names its source files in UTF-8): rename it"
+
+
+def _not_utf8_names(table: InputTable) -> dict[int, str]:
+    """{row: NOT_UTF8} of the files whose name is not UTF-8 (the names blob decoded once where all are)."""
+    try:
+        table.names.decode("utf-8")
+        return {}
+    except UnicodeDecodeError:
+        pass
+    starts, ends = table.starts, table.ends
+    bad = {}
+    for row in range(len(table)):
+        try:
+            table.names[int(starts[row]):int(ends[row])].decode("utf-8")
+        except UnicodeDecodeError:
+            bad[row] = NOT_UTF8
+    return bad
+
+
 def _checked_inputs(conf: Confinement, table: InputTable, codes: np.ndarray, real_paths: dict, reasons: dict,
                     stats: np.ndarray, quarantine: list[dict]) -> TextInputs:
     """``list_text_files``' last steps on columns: refused files quarantined (sorted order), aliases of one
     file (equal device and inode) read once under the real path, the others quarantined naming it."""
     keep = np.ones(len(table), dtype=bool)
+    reasons = {**reasons, **_not_utf8_names(table)}
     for row in sorted(reasons):
         quarantine.append({"source": table.rel(row), "line": None, "reason": reasons[row]})
         keep[row] = False

@@ -18,8 +18,8 @@ decoded and re-encoded:
 - written as baseline (non-progressive) JPEG, 4:2:0, at ``quality``; an RGB source's ICC
   profile is kept.
 
-Every input is first checked at the job's ``--verify`` level (``inspect_image``), so a corrupt
-input (a PNG with a corrupt IDAT, a truncated JPEG) is quarantined, never converted; decompression
+Every input is first checked by a full decode (``inspect_image``, whatever ``--verify`` says), so a corrupt
+input (a PNG with a corrupt IDAT, a truncated JPEG) is quarantined, never converted nor passed through; decompression
 bombs are refused before any pixel is decoded (the declared size against ``max_pixels``).
 
 Memory: a conversion decodes the whole image, so whatever ``--max-pixels`` allows, the decoded
@@ -206,9 +206,11 @@ def _check_budget(image: Image.Image, ext: str) -> None:
                        f"over the {NORMALIZE_MEMORY_CAP}-byte decode budget{hint}")
 
 
-def normalize_image(data: bytes, options: NormalizeOptions, verify: str = "decode") -> Normalized:
-    """Pass ``data`` through if it conforms (checked at ``verify``), else convert it; BadImage on bad input."""
-    info = inspect_image(data, verify, options.max_pixels)  # a corrupt input is never converted
+def normalize_image(data: bytes, options: NormalizeOptions) -> Normalized:
+    """Pass ``data`` through if it conforms, else convert it; BadImage on bad input. Checked by a full decode
+    whatever ``--verify`` says (docs/failure-model.md: a corrupt input is quarantined, never re-encoded or
+    passed through as normalized)."""
+    info = inspect_image(data, "decode", options.max_pixels)  # a corrupt input is never converted
     try:
         image = Image.open(io.BytesIO(data))
         if info.ext != "jpg":  # never passed through, so converted: and reading a PNG's EXIF decodes it whole
