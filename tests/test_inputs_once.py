@@ -6,7 +6,6 @@ name holds a NUL, a corrupt image under `--normalize --verify none`, a text file
 from __future__ import annotations
 
 import io
-import json
 import os
 import tarfile
 from pathlib import Path
