@@ -89,3 +89,51 @@ def test_what_a_killed_writer_left_is_moved_aside_when_another_publishes_its_num
     assert (out / "notes-v2.txt").read_text() == "mine\n"
     (out / "notes-v2.txt").unlink()  # not the dataset's: verify would name it
     assert run_repack("verify", out).returncode == 0
+
+
+def test_overwrite_leaves_no_version_of_the_replaced_dataset(tmp_path):
+    """Versions 1-3 (append, remove), then --overwrite from other content and an append: no version file or
+    versioned shard of the replaced dataset is left, so gc never publishes one over the new dataset."""
+    src, out = packed(tmp_path)
+    write_jpegs(src / "c", 10, "a")
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    run_repack("remove", out, "--sources", takedown(tmp_path, "c/a0.jpg"), "--quiet")
+    assert (out / "manifest.v3.json").exists()
+    other = write_jpegs(tmp_path / "other" / "d", 6, "b").parent
+    run_repack("images", other, out, "--shard-size", "4", "--overwrite", "--quiet")
+    assert not list(out.glob("manifest.v*.json")) and not list(out.glob("shard-*-v*"))
+    write_jpegs(other / "d", 8, "b")
+    run_repack("images", other, out, "--shard-size", "4", "--append", "--quiet")
+    run_repack("gc", out, "--keep", "1")
+    manifest = read_manifest_json(out)
+    assert manifest["dataset_version"]["number"] == 2 and manifest["totals"]["samples"] == 8
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_overwrite_after_a_kill_removes_the_killed_runs_unrecorded_shards(tmp_path):
+    """A kill between a shard's rename and its record's save leaves the shard without a record; the source
+    then shrinks, the re-run is refused (source changed) and --overwrite gives a clean dataset."""
+    src, out = packed(tmp_path)  # shards 0 and 1
+    (out / ".repack" / "tasks" / "shard-000001.json").unlink()
+    (out / "manifest.json").unlink()
+    (out / ".shard-000001.idx.tmp-4242").write_bytes(b"half")
+    for name in ("a4.jpg", "a5.jpg", "a6.jpg", "a7.jpg"):
+        (src / "c" / name).unlink()
+    refused = run_repack("images", src, out, "--shard-size", "4", check=False)
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr
+    run_repack("images", src, out, "--shard-size", "4", "--overwrite", "--quiet")
+    assert sorted(p.name for p in out.iterdir() if p.name != ".repack") == \
+        ["manifest.json", "shard-000000.crc", "shard-000000.idx", "shard-000000.tar"]
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_a_job_another_repack_started_is_not_resumed(tmp_path):
+    src, out = packed(tmp_path)
+    job = out / ".repack" / "job.json"
+    job.write_text(job.read_text().replace('"tool_version":"', '"tool_version":"0.0.1-other+'))
+    assert run_repack("images", src, out, "--shard-size", "4").returncode == 0  # finished: nothing to resume
+    (out / "manifest.json").unlink()  # unfinished
+    refused = run_repack("images", src, out, "--shard-size", "4", check=False)
+    assert refused.returncode == 2 and "started by repack 0.0.1-other+" in refused.stderr
+    run_repack("images", src, out, "--shard-size", "4", "--overwrite", "--quiet")
+    assert run_repack("verify", out).returncode == 0

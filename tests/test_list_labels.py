@@ -58,3 +58,12 @@ def test_text_list_rows_name_their_line(tmp_path):
     reasons = {q["source"]: q["reason"] for q in read_manifest_json(tmp_path / "out")["quarantine"]}
     assert reasons["missing.jsonl"].endswith("(list.txt:3)") and "unreadable" in reasons["missing.jsonl"]
     assert reasons["sub.jsonl"] == "not a regular file (folder) (list.txt:4)"
+
+
+def test_a_list_saved_with_a_byte_order_mark_reads_its_header(tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte order mark: the first column is still "path"."""
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes(seed=1))
+    (tmp_path / "list.csv").write_bytes(b"\xef\xbb\xbfpath,label\na.jpg,cat\n")
+    run_repack("images", tmp_path / "list.csv", tmp_path / "out", "--list", "--quiet")
+    manifest = read_manifest_json(tmp_path / "out")
+    assert manifest["totals"]["samples"] == 1 and manifest["classes"] == {"cat": 0}

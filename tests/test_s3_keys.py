@@ -52,15 +52,16 @@ def test_skipped_objects_are_counted_as_a_folder_scan_counts_them(server, tmp_pa
 
 def test_keys_that_name_no_file_are_quarantined_never_read_as_another_key(server, tmp_path):
     objects = {**tree(), "/cat/a.jpg": png_bytes(), "dog//d.jpg": jpeg_bytes(seed=7),
-               "dog/../e.jpg": jpeg_bytes(seed=8)}
+               "dog/../e.jpg": jpeg_bytes(seed=8), "cat/f/": jpeg_bytes(seed=9), "dog/": b""}
     put_all(server, "odd-keys", objects)
     env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
     out = tmp_path / "out"
     run_repack("images", "s3://odd-keys", out, "--quiet", env=env)
     manifest = read_manifest_json(out)
     reasons = {q["source"]: q["reason"] for q in manifest["quarantine"]}
-    assert set(reasons) == {"/cat/a.jpg", "dog//d.jpg"}
-    assert all("empty path part" in reason and "not read" in reason for reason in reasons.values())
+    assert set(reasons) == {"/cat/a.jpg", "dog//d.jpg", "cat/f/"}  # an empty folder marker ("dog/") is no input
+    assert all("empty path part" in reason and "not read" in reason for rel, reason in reasons.items() if rel != "cat/f/")
+    assert reasons["cat/f/"].startswith("object key 'cat/f/' ends in '/' and holds ")  # bytes under a marker
     assert manifest["classes"] == {"cat": 0, "dog": 1}  # no class "" from "dog//d.jpg"
     assert manifest["totals"]["samples"] == 3 and manifest["totals"]["skipped_junk"] == 3  # + "dog/.."
     assert manifest["fields"].get("png") is None  # the PNG under "/cat/a.jpg" was never packed as cat/a.jpg

@@ -39,8 +39,8 @@ from repack.store import is_remote
               help="At most N inputs per shard (tiny samples: 16384 makes a remove rewrite less).")
 @click.option("--shard-bytes", default=None, help="At most SIZE per shard, e.g. 512MB (default when no --shard-size).")
 @click.option("--chunk-size", type=int, default=ImagesSpec.chunk_size, show_default=True,
-              help="At most N inputs per task (the work unit; shards are assembled from chunks: their bytes "
-                   "do not depend on it).")
+              help="At most N inputs per task (the work unit; webdataset shards are assembled from chunks: their "
+                   "bytes do not depend on it; an LMDB's task records do).")
 @click.option("--shuffle", is_flag=True, help="Shuffle inputs across shards before cutting.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
 @click.option("--verify", type=click.Choice(["decode", "header", "none"]), default="decode", show_default=True,

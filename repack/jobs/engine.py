@@ -41,6 +41,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -379,6 +380,35 @@ def options_fingerprint(job: Job) -> str:
     return hashlib.sha256(dumps_canonical({"job": job.name, "options": job.spec.options()})).hexdigest()
 
 
+# a shard and its side files as repack names them in OUT (an append's, a rewrite's too), and their temp files
+OUTPUT_FILE = re.compile(r"\.?shard-(?:v[0-9]+-)?[0-9]{6}(?:-v[0-9]+)*\.(?:tar|idx|crc)(?:\.tmp-[0-9]+|\.[^/]+\.tmp)?")
+
+
+def _version_files(store, root: Path) -> set[str]:
+    """Every version file of the dataset in ``store`` (``manifest.json``, each ``manifest.vN.json``) and the files
+    each names (one that does not parse: itself alone)."""
+    from repack.manifest import ManifestError, parse_manifest
+    from repack.manifest.versions import version_number
+
+    found: set[str] = set()
+    for rel in [MANIFEST_NAME, *store.list_sizes("manifest.v")]:
+        if rel != MANIFEST_NAME and version_number(rel) is None:
+            continue
+        raw = store.read_bytes(rel)
+        if raw is None:
+            continue
+        found.add(rel)
+        try:
+            found.update(Manifest(root, parse_manifest(raw, root, rel).data).named_files())
+        except (TypeError, ValueError, ManifestError):
+            continue
+    return found
+
+
+class OtherToolVersion(UsageError):
+    """OUT holds an unfinished job another repack version started (its work is not resumed by this one)."""
+
+
 class Engine:
     """Runs one job: plan, resume, execute, finalize."""
 
@@ -398,6 +428,11 @@ class Engine:
                  "num_tasks": len(plan.tasks)}
         old = read_json(store, f"{STATE_DIR}/job.json")
         if old is not None:
+            if old.get("tool_version") not in (None, __version__) and store.size(MANIFEST_NAME) is None:
+                # an unfinished job: its shards and records so far are that repack's
+                raise OtherToolVersion(f"{store.url} holds a job started by repack {old['tool_version']} and not "
+                                       f"finished (this is repack {__version__}); finish it with repack "
+                                       f"{old['tool_version']}, or use --overwrite to start over")
             if old.get("job") != self.job.name:
                 raise UsageError(f"{store.url} holds {_kind_phrase(old.get('job'))} dataset; choose another OUT "
                                  f"(--overwrite deletes that dataset and packs this {self.job.name} job there)")
@@ -435,7 +470,9 @@ class Engine:
                 f"({', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''})")
 
     def _wipe(self) -> None:
-        """--overwrite: remove what an earlier job wrote (files its records and manifest name)."""
+        """--overwrite: remove what an earlier job wrote: the files its records name, and every version of the
+        dataset there (each ``manifest.vN.json``, published or pending, and the files it names), so that no
+        version of the replaced dataset is ever published over the new one."""
         store = self.job.store
         names: set[str] = set()
         for rel in store.list_sizes(f"{STATE_DIR}/tasks/"):
@@ -445,6 +482,8 @@ class Engine:
                 names.update(o["path"] for o in (read_json(store, rel) or {}).get("outputs", []))
             except (KeyError, TypeError):
                 continue
+        names |= _version_files(store, self.out)
+        names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)}  # a killed run's, unrecorded
         for rel in sorted(names | {MANIFEST_NAME}):
             try:
                 safe_join(self.out, rel)

@@ -87,7 +87,7 @@ class Appender:
 
 def append(spec, options: EngineOptions) -> AppendResult:
     """Append ``spec.source``'s new inputs to the dataset in ``spec.out`` (see the module docstring)."""
-    from repack.jobs.engine import Engine
+    from repack.jobs.engine import Engine, OtherToolVersion
 
     appender = APPENDERS[type(spec).__name__]
     started = time.time()
@@ -128,7 +128,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
                                         planned.info.get("removed_skipped", 0))
                 try:
                     staged_options = dataclasses.replace(options, overwrite=False, strict=False)
-                    Engine(planned_once(job, planned), staged_options).run()
+                    try:
+                        Engine(planned_once(job, planned), staged_options).run()
+                    except OtherToolVersion:  # staged by another repack and killed: its work is redone here
+                        Engine(planned_once(job, planned), dataclasses.replace(staged_options, overwrite=True)).run()
                 except NothingPackedError:  # every new input quarantined: the dataset is not empty, and version
                     pass                    # N+1 records them (same shards), as every version records its inputs
             known = known.record()

@@ -46,14 +46,14 @@ def collect_garbage(out: str, keep: int) -> GcResult:
         doomed_files = sorted(set().union(*(names[n] for n in doomed)) - keep_names
                               - {version_file(n) for n in doomed})
         sizes = {rel: store.size(rel) for rel in doomed_files}  # the store's confinement refuses before a delete
+        if doomed:  # the oldest kept record stands alone before the records it extends go, and before anything
+            make_record_whole(store, min(kept))  # is deleted: a record that cannot be made whole refuses the gc
         deleted, freed = [], 0
         for rel, size in sizes.items():
             if size is not None:
                 store.delete(rel)
                 deleted.append(rel)
                 freed += size
-        if doomed:  # the oldest kept record stands alone before the records it extends go
-            make_record_whole(store, min(kept))
         for number in doomed:  # the version files last: a gc killed before this re-finds what they name
             if store.size(version_file(number)) is not None:
                 store.delete(version_file(number))

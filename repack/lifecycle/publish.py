@@ -259,6 +259,23 @@ def leftover_pattern(number: int) -> re.Pattern:
                       rf"|probe-v{n}\.jsonl|file_list-v{n}\.txt|videos-v{n}/.+)(?:\.tmp-[0-9]+|\.[^/]+\.tmp)?")
 
 
+def _dataset_files(store) -> list[str]:
+    """The files of the dataset's folder outside ``.repack/`` (a local one: its top level, then each folder in it
+    but the job state's; no stat per file, nothing of the tasks' thousands of records listed)."""
+    if store.remote:
+        return [rel for rel in store.list_sizes("") if not rel.startswith(f"{STATE_DIR}/")]
+    found = []
+    with os.scandir(store.root) as entries:
+        for entry in entries:
+            if entry.name == STATE_DIR:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                found += store.list_names(f"{entry.name}/")
+            else:
+                found.append(entry.name)
+    return found
+
+
 def clear_leftovers(store, number: int, named: set[str]) -> list[str]:
     """Move the files of version ``number`` (``leftover_pattern``) that its published manifest does not name to
     ``.repack/rejected/leftovers-vN/``: what a writer killed before it published ``number`` left, when another
@@ -267,8 +284,7 @@ def clear_leftovers(store, number: int, named: set[str]) -> list[str]:
     Called by the writer that published ``number``; only files named as repack names that version's, so
     nothing else in OUT is touched. The rels moved."""
     pattern = leftover_pattern(number)
-    aside = [rel for rel in store.list_sizes("")
-             if not rel.startswith(f"{STATE_DIR}/") and rel not in named and pattern.fullmatch(rel)]
+    aside = [rel for rel in _dataset_files(store) if rel not in named and pattern.fullmatch(rel)]
     for rel in aside:
         move(store, rel, f"{REJECTED_DIR}/leftovers-v{int(number)}/{rel}")
     return aside

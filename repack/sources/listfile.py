@@ -24,7 +24,8 @@ LABEL_COLUMNS = ("label", "class", "cls")
 
 def _rows(list_path: str):
     ext = os.path.splitext(list_path)[1].lower()
-    with open(list_path, encoding="utf-8", newline="", errors="surrogateescape") as fh:
+    # utf-8-sig: a byte order mark at the start (Excel's "CSV UTF-8") is not part of the first column's name
+    with open(list_path, encoding="utf-8-sig", newline="", errors="surrogateescape") as fh:
         if ext == ".jsonl":
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():

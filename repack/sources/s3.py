@@ -179,7 +179,10 @@ def _plain_keys(base: str, page: list[str], sizes: list[int], quarantine: list[d
             kept.append(rel)
             kept_sizes.append(size)
             continue
-        if not rel or rel.endswith("/"):  # a "folder" marker: no data
+        if not rel or rel.endswith("/"):  # a "folder" marker: no data (one holding bytes names no file either)
+            if size:
+                quarantine.append(quarantine_record(rel, f"object key {base + rel!r} ends in '/' and holds {size} "
+                                                         "bytes: it names no file, not read"))
             continue
         parts = rel.split("/")
         hidden = next((i for i, part in enumerate(parts) if part and is_junk(part)), None)
