@@ -57,6 +57,29 @@ def output_names(root: str | os.PathLike, with_meta: bool = False, version: int 
     return names
 
 
+def check_index_files(manifest) -> None:
+    """Each shard's index file as its manifest entry records it (``index_bytes``, ``index_sha256``); else a
+    ManifestError naming it. DALI takes an index's offsets and sizes as they are: a line repeated, moved or
+    edited would give it another sample's image or label, or one sample fewer, without an error."""
+    import hashlib
+
+    from pipelines.manifest_access import index_bytes
+    from repack.manifest import ManifestError
+
+    for entry in manifest.data["shards"]:
+        want_sha, want_size = entry.get("index_sha256"), entry.get("index_bytes")
+        if not entry.get("index") or (want_sha is None and want_size is None):
+            continue
+        location = manifest.path(entry["index"])
+        raw = index_bytes(location)  # mapped: hashed without a copy
+        if want_size is not None and len(raw) != want_size:
+            raise ManifestError(f"{location}: {len(raw)} bytes, the manifest says {want_size}: the index changed "
+                                "since packing (repack verify names what else did)")
+        if want_sha is not None and hashlib.sha256(raw).hexdigest() != want_sha:
+            raise ManifestError(f"{location}: its sha256 is not the manifest's: the index changed since packing "
+                                "(repack verify names what else did)")
+
+
 def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: int = 4,
                          device_id: int | None = None, shard_id: int = 0, num_shards: int = 1,
                          size: int | None = 224, random_shuffle: bool = False, seed: int = 0,
@@ -82,6 +105,7 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
 
     manifest = open_webdataset(root, "images", version)
     paths, index_paths = shard_files(manifest)
+    check_index_files(manifest)
     labeled = is_labeled(manifest)
     image_exts = image_extensions(manifest)
     if set(image_exts) & DALI_UNDECODABLE:

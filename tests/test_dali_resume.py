@@ -243,3 +243,20 @@ def test_an_lmdb_state_continues_on_its_version_after_a_remove(tmp_path):
     run_repack("gc", root, "--keep", "1")
     with pytest.raises(ValueError, match=r"taken on version 1 .*reads version 2.*no longer kept"):
         make_loader("lmdb", str(root), options, state)
+
+
+def test_image_pipeline_refuses_an_index_changed_since_packing(packed_photos, tmp_path):
+    """DALI takes an index's offsets as they are: a line moved would give one sample another's image; the index
+    is checked against the manifest first, and the error names it."""
+    import shutil
+
+    from pipelines.dali_webdataset import build_image_pipeline
+    from repack.manifest import ManifestError
+
+    root = tmp_path / "copy"
+    shutil.copytree(packed_photos, root)
+    index = sorted(root.glob("shard-*.idx"))[0]
+    head, first, second, *rest = index.read_bytes().split(b"\n")
+    index.write_bytes(b"\n".join([head, second, first, *rest]))  # same bytes, two lines swapped
+    with pytest.raises(ManifestError, match=f"{index.name}: its sha256 is not the manifest's"):
+        build_image_pipeline(root, batch_size=8, num_threads=1, size=16)

@@ -137,3 +137,18 @@ def test_a_job_another_repack_started_is_not_resumed(tmp_path):
     assert refused.returncode == 2 and "started by repack 0.0.1-other+" in refused.stderr
     run_repack("images", src, out, "--shard-size", "4", "--overwrite", "--quiet")
     assert run_repack("verify", out).returncode == 0
+
+
+def test_merging_again_after_a_change_is_refused(tmp_path):
+    """Partitions merged, then a remove: a merge re-run (a Job retried) would publish version 1 again, the removed
+    sample back in it."""
+    src = write_jpegs(tmp_path / "src" / "c", 8, "a").parent
+    out = tmp_path / "out"
+    for rank in (0, 1):
+        run_repack("images", src, out, "--shard-size", "4", "--num-nodes", "2", "--node-rank", str(rank), "--quiet")
+    run_repack("merge", out)
+    assert run_repack("merge", out).returncode == 0  # nothing changed since: the same version 1
+    run_repack("remove", out, "--sources", takedown(tmp_path, "c/a0.jpg"), "--quiet")
+    refused = run_repack("merge", out, check=False)
+    assert refused.returncode == 2 and "holds version 2" in refused.stderr
+    assert read_manifest_json(out)["dataset_version"]["number"] == 2 and run_repack("verify", out).returncode == 0

@@ -110,3 +110,19 @@ def test_pull_and_verify_retry_503_answers_like_the_other_commands(server, three
     finally:
         proxy.stop()
     assert proxy.failed >= 20
+
+
+def test_a_pull_into_an_earlier_copy_leaves_only_what_it_pulled(server, three_versions, tmp_path):
+    """Every version pulled, then the latest alone into the same folder: the files only older versions name (the
+    taken-down sample's shard among them) and a killed download's temp file are gone, and the copy verifies."""
+    env = env_for(server.endpoint, tmp_path)
+    dest = tmp_path / "dest"
+    run_repack("pull", three_versions, dest, "--versions", "all", env=env)
+    older = set(p.name for p in dest.iterdir())
+    (dest / ".shard-000000.tar.tmp-4242").write_bytes(b"cut")  # a download killed mid-way
+    run_repack("pull", three_versions, dest, env=env)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    named = {name for s in manifest["shards"] for name in (s["path"], s["index"], s["checksums"])}
+    assert {p.name for p in dest.iterdir() if p.name != ".repack"} == named | {"manifest.json", "manifest.v3.json"}
+    assert older - named - {"manifest.json", "manifest.v1.json", "manifest.v2.json", "manifest.v3.json"}  # some went
+    assert run_repack("verify", dest).returncode == 0

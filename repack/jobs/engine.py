@@ -850,6 +850,20 @@ class Engine:
                 store.delete(rel)
 
 
+def _later_version(store) -> int | None:
+    """The highest dataset version after 1 that OUT holds (published or pending), None when it holds none."""
+    from repack.manifest.versions import load_number, version_number
+
+    numbers = [n for n in (version_number(rel) for rel in store.list_sizes("manifest.v")) if n is not None]
+    raw = store.read_bytes(MANIFEST_NAME)
+    if raw is not None:
+        try:
+            numbers.append(load_number(raw))
+        except (ValueError, TypeError, KeyError):
+            pass
+    return max((n for n in numbers if n > 1), default=None)
+
+
 def merge(out: str, options: EngineOptions) -> RunResult:
     """`repack merge`: check every planned task finished (all partitions) and write the manifest."""
     started = time.time()
@@ -866,6 +880,11 @@ def merge(out: str, options: EngineOptions) -> RunResult:
     engine = Engine(job, options)
     prepare_out(job.out, store)
     with JobLock(job.out, store=store if store.remote else None):
+        later = _later_version(store)
+        if later is not None:  # merged, then appended to or removed from: version 1 again would undo that
+            raise UsageError(f"{store.url} holds version {later} of its dataset (an --append or remove after the "
+                             "merge); merging again would publish version 1 over it (removed samples back): "
+                             "nothing to merge")
         wait_for_old_workers(state_dir(job.out))
         engine.run_id = claim_run(store)
         digest = state["plan_digest"]

@@ -16,6 +16,7 @@ symlink where a file goes is a UsageError. Requests are retried as every S3 call
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -133,6 +134,7 @@ def pull(spec: PullSpec) -> Manifest:
     root.mkdir(parents=True, exist_ok=True)
     items = {item.rel: item for version in reversed(pinned) for item in expected_objects(version.manifest)}
     targets = {rel: refuse_links(root, rel) for rel in items}
+    earlier = _named_by_copy(root)  # an earlier pull's files: those the versions pulled now do not name go
     for old in [root / MANIFEST_NAME, *root.glob("manifest.v*.json")]:  # a readable manifest = a complete copy
         refuse_links(root, old.name).unlink(missing_ok=True)
 
@@ -157,7 +159,40 @@ def pull(spec: PullSpec) -> Manifest:
         if version.number > 1 or len(pinned) > 1:
             atomic_write_bytes(refuse_links(root, version_file(version.number)), version.raw)
     atomic_write_bytes(refuse_links(root, MANIFEST_NAME), latest.raw)
+    _drop_stale(root, earlier - set(items))
     return Manifest(root, latest.manifest.data)
+
+
+_TEMP = re.compile(r"\.[^/]+\.tmp-[0-9]+(?:\.[^/]+)?")  # a download's temp file (``.NAME.tmp-PID``, boto3's ``.XXXX``)
+
+
+def _named_by_copy(root: Path) -> set[str]:
+    """The files the manifests already in ``root`` (an earlier pull's) name; one that does not parse names none."""
+    named: set[str] = set()
+    for path in [root / MANIFEST_NAME, *root.glob("manifest.v*.json")]:
+        if path.is_file() and not path.is_symlink():
+            try:
+                named.update(Manifest(root, parse_manifest(path.read_bytes(), root, str(path)).data).named_files())
+            except (TypeError, ValueError, ManifestError):
+                continue
+    return named
+
+
+def _drop_stale(root: Path, stale: set[str]) -> None:
+    """Delete from the copy the files an earlier pull left that no pulled version names, and the temp files of
+    downloads that were killed: ``repack verify`` of the copy would name them."""
+    doomed = set(stale)
+    for path in root.rglob(".*.tmp-*"):
+        rel = path.relative_to(root).as_posix()
+        if not rel.startswith(".repack/") and _TEMP.fullmatch(path.name):
+            doomed.add(rel)
+    for rel in sorted(doomed):
+        try:
+            path = safe_join(root, rel)
+        except (ValueError, ManifestError):
+            continue
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
 
 
 def fetch_retried(remote: RemoteFiles, item: Expected, local: Path) -> None:
