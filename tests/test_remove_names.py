@@ -47,3 +47,5 @@ def test_a_shard_rewritten_again_keeps_one_version_suffix(tmp_path):
         assert [s["path"] for s in read_manifest_json(out)["shards"]] == [f"shard-000000-v{version}.tar"]
     assert sorted(sample_paths(out)) == sorted(f"c/a{i}.jpg" for i in range(8) if i not in (1, 5))
     assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "2").returncode == 0
+    stats = read_manifest_json(out)["stats"]  # what inspect reports: the samples left, by format and class
+    assert stats["formats"] == {"jpg": 6} and stats["class_counts"] == {"c": 6}

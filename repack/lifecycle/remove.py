@@ -166,6 +166,9 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
                 counts[name] -= n
         if "class_counts" in stats:
             stats["class_counts"] = counts
+        if "formats" in stats and done.removed_formats:  # the samples' image formats, as inspect reports them
+            stats["formats"] = {name: n - done.removed_formats.get(name, 0) for name, n in stats["formats"].items()
+                                if n - done.removed_formats.get(name, 0) > 0}
         stats.update(extra.pop("stats", {}))
         body.update(shards=shards, totals=totals, stats=stats, **extra,
                     run={"command": "remove", "seconds": round(time.time() - started, 3)})

@@ -61,7 +61,8 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
     sources_at = ({} if sample_json or positions is None or known is None else
                   recorded_sources(known.whole(), positions))
     common = {"url": store.url, "by": spec.by, "wanted": sorted(wanted), "number": number,
-              "sample_json": sample_json, "classes": {str(i): n for n, i in (current.get("classes") or {}).items()}}
+              "sample_json": sample_json, "classes": {str(i): n for n, i in (current.get("classes") or {}).items()},
+              "image_exts": sorted(ext for ext, role in (current.get("fields") or {}).items() if role == "image")}
     jobs: dict[int, dict] = {}
     for at, entry in enumerate(current["shards"]):
         span_positions = None
@@ -83,6 +84,7 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
     shards: list[dict] = []
     rewritten: dict[str, str | None] = {}
     removed_classes: dict[str, int] = {}
+    removed_formats: dict[str, int] = {}
     for at, entry in enumerate(current["shards"]):
         result = done.get(at)
         if result is None or not result["found"]:
@@ -92,12 +94,15 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
         sources.update(result["sources"])
         for name, count in result["removed_classes"].items():
             removed_classes[name] = removed_classes.get(name, 0) + count
+        for name, count in result.get("removed_formats", {}).items():
+            removed_formats[name] = removed_formats.get(name, 0) + count
         new = result["entry"]
         rewritten[entry["path"]] = new["path"] if new else None
         if new:
             shards.append({**{k: v for k, v in entry.items() if k not in ("path", "index")}, **new})
     totals = {"bytes": sum(s["bytes"] for s in shards), "shards": len(shards)}
-    return Rewrite(shards, frozenset(found), rewritten, removed_classes, {"totals": totals}, frozenset(sources))
+    return Rewrite(shards, frozenset(found), rewritten, removed_classes, {"totals": totals}, frozenset(sources),
+                   removed_formats)
 
 
 def _fan_out(jobs: list[dict]) -> list[dict]:
@@ -144,7 +149,8 @@ def rewritten_stem(path: str, number: int) -> str:
 def rewrite_shard(call: str) -> str:
     """One shard of ``rewrite_tar_shards`` (a JSON job: the store's url, the shard's entry and local path,
     what is named): its named samples found and, when there are any, the shard rewritten without them.
-    JSON: {found, sources, removed_classes, entry (the new shard's, or None when left empty)}, or {error}."""
+    JSON: {found, sources, removed_classes, removed_formats, entry (the new shard's, or None when left empty)}, or
+    {error}."""
     from repack.store import open_store
 
     job = json.loads(call)
@@ -161,16 +167,20 @@ def rewrite_shard(call: str) -> str:
                 lambda tar, index, at: sources_at.get(key_position(index.key(at))))
             wanted_at = None if job["wanted_at"] is None else np.array(job["wanted_at"], np.int64)
             hit = _hits(tar, index, job["by"], set(job["wanted"]), wanted_at, source_of)
-            result = {"found": [], "sources": [], "removed_classes": {}, "entry": None}
+            result = {"found": [], "sources": [], "removed_classes": {}, "removed_formats": {}, "entry": None}
             if not hit:
                 return json.dumps(result)
             for at, source in hit.items():
                 result["found"].append(index.key(at) if job["by"] == "keys" else source)
                 if source is not None:
                     result["sources"].append(source)
-                cls = _member_bytes(tar, index.members(at), "cls")
+                members = index.members(at)
+                cls = _member_bytes(tar, members, "cls")
                 name = job["classes"].get(str(int(cls)), "") if cls is not None and cls.strip().isdigit() else ""
                 result["removed_classes"][name] = result["removed_classes"].get(name, 0) + 1
+                image = next((m[0] for m in members if m[0] in job.get("image_exts", ())), None)
+                if image is not None:
+                    result["removed_formats"][image] = result["removed_formats"].get(image, 0) + 1
             keep = np.ones(index.samples, bool)
             keep[list(hit)] = False
             new = copy_kept(tar.fileno(), index, keep, out, stem, entry["path"], _old_checksums(store, entry, index),

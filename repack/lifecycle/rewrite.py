@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -18,3 +18,4 @@ class Rewrite:
     removed_classes: dict[str, int]
     extra: dict
     removed_sources: frozenset[str] | None = None
+    removed_formats: dict[str, int] = field(default_factory=dict)  # removed samples per image format, where known
