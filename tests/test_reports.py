@@ -108,3 +108,26 @@ def test_dedup_into_lmdb(dup_tree, tmp_path):
     assert paths == sorted(paths, key=str.encode)
     image = Image.open(io.BytesIO(ds[0]["image"]))
     assert image.size[0] > 0
+
+
+def test_the_report_reads_no_folder_a_manifest_alone_names(tmp_path):
+    """The HTML report shows quarantined inputs read from the job's SOURCE only where the dataset's own job state
+    names that SOURCE: a manifest edited (or received) to name another folder never has its files read."""
+    from tests.test_images_job import jpeg_bytes
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    for i in range(3):
+        (src / f"a{i}.jpg").write_bytes(jpeg_bytes(seed=i))
+    (src / "bad.jpg").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    run_repack("images", src.parent, out, "--quiet")
+    private = tmp_path / "private" / "c"
+    private.mkdir(parents=True)
+    (private / "bad.jpg").write_bytes(jpeg_bytes(seed=9))  # a real image where the edited manifest points
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["created_by"]["options"]["source"] = str(private.parent)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    run_repack("inspect", out, "--html", tmp_path / "report.html")
+    quarantine = (tmp_path / "report.html").read_text().split("Quarantined inputs", 1)[1]
+    assert "source not available here" in quarantine and "data:image" not in quarantine.split("</div></div>")[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -194,19 +195,37 @@ def source_root(options: dict) -> str | None:
     return os.path.dirname(source) if options.get("list_file") else source
 
 
+def vouched_source_root(files: DatasetFiles) -> str | None:
+    """``source_root`` of the manifest's job options, only where the dataset's own job state (a local
+    ``.repack/job.json``, written by the run that packed it here) names the same source: a manifest alone (a
+    pulled or received copy, an s3:// dataset) never makes the report read files from a folder it names."""
+    options = files.manifest.data.get("created_by", {}).get("options", {})
+    root = source_root(options)
+    if root is None or not files.local:
+        return None
+    try:
+        state = json.loads((Path(files.manifest.root) / ".repack" / "job.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    spec = state.get("spec") if isinstance(state, dict) else None
+    if not isinstance(spec, dict) or spec.get("source") != options.get("source") or \
+            bool(spec.get("list_file")) != bool(options.get("list_file")):
+        return None
+    return root
+
+
 def quarantined_thumbnails(files: DatasetFiles) -> list[dict]:
     """[{source, reason, uri | note}] for the first MAX_QUARANTINED quarantined inputs, read from the
     job's source through the same confinement as the job (regular files inside its root, capped)."""
     from repack.sources.confine import Confinement, read_input
 
-    options = files.manifest.data.get("created_by", {}).get("options", {})
-    root = source_root(options)
+    root = vouched_source_root(files)
     shown = []
     for entry in files.manifest.quarantine[:MAX_QUARANTINED]:
         item = {"source": str(entry.get("source", "?")), "reason": str(entry.get("reason", "?"))}
         shown.append(item)
         if root is None or not os.path.isdir(root):
-            item["note"] = "source not available here"
+            item["note"] = "source not available here (read only where the dataset's own job state names it)"
             continue
         path = os.path.join(root, item["source"])
         checked = Confinement(max_file_bytes=MAX_SOURCE_BYTES).rooted(root).check(path)
@@ -255,7 +274,7 @@ def _frame(files: DatasetFiles, source: str, output: str | None) -> str:
             return _ffmpeg_frame(str(local))
     from repack.sources.confine import Confinement
 
-    root = source_root(files.manifest.data.get("created_by", {}).get("options", {}))
+    root = vouched_source_root(files)
     if root is None or not os.path.isdir(root):
         raise ThumbnailError("no output, and the source is not available here")
     checked = Confinement(max_file_bytes=MAX_VIDEO_BYTES).rooted(root).check(os.path.join(root, source))
