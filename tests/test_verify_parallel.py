@@ -146,6 +146,7 @@ def test_a_key_held_by_two_shards_is_reported_by_name(packed_photos, tmp_path):
         shutil.copy(out / f"shard-000000.{suffix}", out / copy[field])
     manifest["shards"].append(copy)  # the first shard's samples again, under other names
     manifest["totals"]["samples"] += copy["samples"]
+    manifest["totals"].update(shards=manifest["totals"]["shards"] + 1, bytes=manifest["totals"]["bytes"] + copy["bytes"])
     (out / "manifest.json").write_text(json.dumps(manifest))
     key = index_keys((out / "shard-000000.idx").read_bytes())[0]
     code, problems = verify_json(out, "--workers", "2")
@@ -369,3 +370,14 @@ def reads(pid: int, path: Path) -> bool:
         return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return False
+
+
+def test_totals_that_disagree_with_the_shards_are_reported(packed_photos, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(packed_photos, out)
+    manifest = read_manifest_json(out)
+    manifest["totals"].update(shards=manifest["totals"]["shards"] + 1, bytes=manifest["totals"]["bytes"] - 512)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    code, problems = verify_json(out)
+    assert code == 5 and any(p.startswith("totals.shards ") for p in problems) and \
+        any(p.startswith("totals.bytes ") for p in problems)
