@@ -32,6 +32,17 @@ def read_manifest_json(out: Path) -> dict:
     return json.loads((Path(out) / "manifest.json").read_text())
 
 
+def sample_paths(out) -> list[str]:
+    """The source path of every sample of the published version, from its shards' per-sample ``.json``."""
+    import tarfile
+
+    paths = []
+    for shard in read_manifest_json(out)["shards"]:
+        with tarfile.open(Path(out) / shard["path"]) as tar:
+            paths += [json.loads(tar.extractfile(m).read())["path"] for m in tar if m.name.endswith(".json")]
+    return paths
+
+
 @pytest.fixture(scope="session")
 def photo_tree(tmp_path_factory) -> Path:
     """A 10-class ImageFolder tree of 120 small real-photo crops (JPEG and PNG)."""

@@ -6,25 +6,12 @@ other way round)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from tests.conftest import read_manifest_json, run_repack
+from tests.conftest import read_manifest_json, run_repack, sample_paths
 from tests.test_dataset_versions import make_source
 from tests.test_images_job import jpeg_bytes, write_jpegs
 
 ARGS = ("--shard-size", "4")
-
-
-def sample_sources(out: Path) -> list[str]:
-    """The source of every sample of the published version, from the shards' per-sample JSON."""
-    import json
-    import tarfile
-
-    sources = []
-    for shard in read_manifest_json(out)["shards"]:
-        with tarfile.open(out / shard["path"]) as tar:
-            sources += [json.loads(tar.extractfile(m).read())["path"] for m in tar if m.name.endswith(".json")]
-    return sources
 
 
 def test_a_fixed_file_keeps_its_one_sample_through_later_appends(tmp_path):
@@ -41,7 +28,7 @@ def test_a_fixed_file_keeps_its_one_sample_through_later_appends(tmp_path):
     (src / "cat" / "broken.jpg").write_bytes(jpeg_bytes(seed=78))  # other content under the same name
     changed = run_repack("images", src, out, *ARGS, "--append", check=False)
     assert changed.returncode == 2 and "cat/broken.jpg" in changed.stderr and "changed since" in changed.stderr
-    assert sample_sources(out).count("cat/broken.jpg") == 1 and len(sample_sources(out)) == 10
+    assert sample_paths(out).count("cat/broken.jpg") == 1 and len(sample_paths(out)) == 10
 
 
 def test_a_hard_link_added_to_a_packed_file_is_the_alias(tmp_path):
@@ -54,7 +41,7 @@ def test_a_hard_link_added_to_a_packed_file_is_the_alias(tmp_path):
     manifest = read_manifest_json(out)
     assert [(q["source"], q["reason"].split(" (")[0]) for q in manifest["quarantine"]] == \
         [("dog/a-link.jpg", "same file as dog/d2.jpg")]
-    sources = sample_sources(out)
+    sources = sample_paths(out)
     assert sorted(sources) == sorted(set(sources)) and "dog/d2.jpg" in sources and "dog/a-link.jpg" not in sources
     assert manifest["totals"]["samples"] == 10
     assert run_repack("verify", out).returncode == 0
@@ -66,7 +53,7 @@ def test_a_new_pack_keeps_the_first_name_of_a_hard_linked_file(tmp_path):
     os.link(src / "dog" / "d2.jpg", src / "dog" / "a-link.jpg")
     run_repack("images", src, out, *ARGS, "--quiet")
     assert [q["source"] for q in read_manifest_json(out)["quarantine"]] == ["dog/d2.jpg"]
-    assert "dog/a-link.jpg" in sample_sources(out)
+    assert "dog/a-link.jpg" in sample_paths(out)
 
 
 def test_an_append_that_would_mix_labeled_and_unlabeled_samples_is_refused(tmp_path):

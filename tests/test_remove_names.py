@@ -4,23 +4,11 @@ position alone) is removed like any other; a shard rewritten by versions 2 and 3
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from tests.conftest import read_manifest_json, run_repack
+from tests.conftest import read_manifest_json, run_repack, sample_paths
 from tests.test_images_job import jpeg_bytes, write_jpegs
 
 NAMELESS = ["ü", "___", "日本"]  # no slug: keys 000000NN with no "_"
-
-
-def sample_paths(out: Path) -> list[str]:
-    import json
-    import tarfile
-
-    paths = []
-    for shard in read_manifest_json(out)["shards"]:
-        with tarfile.open(out / shard["path"]) as tar:
-            paths += [json.loads(tar.extractfile(m).read())["path"] for m in tar if m.name.endswith(".json")]
-    return paths
 
 
 def test_sources_without_a_slug_are_removed(tmp_path):
