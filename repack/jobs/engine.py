@@ -384,27 +384,6 @@ def options_fingerprint(job: Job) -> str:
 OUTPUT_FILE = re.compile(r"\.?shard-(?:v[0-9]+-)?[0-9]{6}(?:-v[0-9]+)*\.(?:tar|idx|crc)(?:\.tmp-[0-9]+|\.[^/]+\.tmp)?")
 
 
-def _version_files(store, root: Path) -> set[str]:
-    """Every version file of the dataset in ``store`` (``manifest.json``, each ``manifest.vN.json``) and the files
-    each names (one that does not parse: itself alone)."""
-    from repack.manifest import ManifestError, parse_manifest
-    from repack.manifest.versions import version_number
-
-    found: set[str] = set()
-    for rel in [MANIFEST_NAME, *store.list_sizes("manifest.v")]:
-        if rel != MANIFEST_NAME and version_number(rel) is None:
-            continue
-        raw = store.read_bytes(rel)
-        if raw is None:
-            continue
-        found.add(rel)
-        try:
-            found.update(Manifest(root, parse_manifest(raw, root, rel).data).named_files())
-        except (TypeError, ValueError, ManifestError):
-            continue
-    return found
-
-
 class OtherToolVersion(UsageError):
     """OUT holds an unfinished job another repack version started (its work is not resumed by this one)."""
 
@@ -473,6 +452,8 @@ class Engine:
         """--overwrite: remove what an earlier job wrote: the files its records name, and every version of the
         dataset there (each ``manifest.vN.json``, published or pending, and the files it names), so that no
         version of the replaced dataset is ever published over the new one."""
+        from repack.lifecycle.publish import version_names
+
         store = self.job.store
         names: set[str] = set()
         for rel in store.list_sizes(f"{STATE_DIR}/tasks/"):
@@ -482,7 +463,7 @@ class Engine:
                 names.update(o["path"] for o in (read_json(store, rel) or {}).get("outputs", []))
             except (KeyError, TypeError):
                 continue
-        names |= _version_files(store, self.out)
+        names |= version_names(store)  # every version of the dataset there, pending ones too
         names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)}  # a killed run's, unrecorded
         for rel in sorted(names | {MANIFEST_NAME}):
             try:

@@ -128,23 +128,32 @@ def locked_dataset(location: str) -> Iterator[tuple[object, Path]]:
         yield store, out
 
 
+def version_names(store, up_to: int | None = None) -> set[str]:
+    """The version files in ``store`` (``manifest.json``, each ``manifest.vN.json``, those up to version ``up_to``
+    where given) and every file each names; one that does not parse names only itself (gc and verify report it)."""
+    from repack.manifest.versions import version_number
+
+    found: set[str] = set()
+    for rel in [MANIFEST_NAME, *store.list_sizes("manifest.v")]:
+        number = version_number(rel)
+        if rel != MANIFEST_NAME and (number is None or (up_to is not None and number > up_to)):
+            continue
+        raw = store.read_bytes(rel)
+        if raw is None:
+            continue
+        found.add(rel)
+        try:
+            found.update(Manifest(store.scratch, parse_manifest(raw, store.scratch, rel).data).named_files())
+        except (TypeError, ValueError, ManifestError):
+            continue
+    return found
+
+
 def refuse_names_in_use(store, current: dict, names, what: str) -> None:
     """UsageError naming those of ``names`` (the files a writer is about to put into the dataset) that a
     published version names already (``manifest.json``, or a kept ``manifest.vN.json``): a dataset whose files
     were renamed by hand to what repack would name a new one; writing would change a published version."""
-    from repack.manifest.versions import version_number
-
-    published = number_of(current)
-    taken = set(Manifest(store.scratch, current).named_files())
-    for rel in store.list_sizes("manifest.v"):
-        number = version_number(rel)
-        if number is None or number > published:
-            continue  # a pending version (settled before a writer runs) names no published file
-        try:
-            taken.update(Manifest(store.scratch, parse_manifest(store.read_bytes(rel), store.scratch, rel).data)
-                         .named_files())
-        except (TypeError, ManifestError):
-            continue  # gc and verify name a version file that is not a manifest
+    taken = version_names(store, up_to=number_of(current))  # a pending version is settled before a writer runs
     clash = sorted(set(names) & taken)
     if clash:
         raise UsageError(f"{store.url}: {what} would write {', '.join(clash)}, which a published version of the "
