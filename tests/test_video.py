@@ -201,6 +201,12 @@ def test_webdataset_packing(video_clips, tmp_path):
                     assert meta["sha256"] and meta["frames"] >= 2
     assert [n.split(".", 1)[1] for n in names] == ["mp4", "cls", "json", "mp4", "cls", "json", "avi", "cls", "json"]
     assert run_repack("verify", out).returncode == 0
+    video = out / manifest["videos"][1]["path"]  # a prepared video beside the shards, as the reader takes it
+    data = bytearray(video.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    video.write_bytes(bytes(data))
+    damaged = run_repack("verify", out, check=False)
+    assert damaged.returncode == 5 and f"{manifest['videos'][1]['path']}: sha256 differs" in damaged.stdout + damaged.stderr
 
 
 def test_missing_ffmpeg_fails_fast(video_clips, tmp_path):

@@ -178,7 +178,25 @@ def check_all_contents(files, manifest, workers: int | None = None,
     with files.local(list(side.values())) as (root, fetch_problems):
         problems += fetch_problems
         check_side_files(side, manifest.data.get("tokenizer", {}).get("sha256"), root, problems)
+    videos = [v for v in manifest.data.get("videos", []) if isinstance(v, dict) and v.get("path")]
+    if videos:  # a video WebDataset's prepared videos beside its shards: as the manifest records them
+        with files.local([v["path"] for v in videos]) as (root, fetch_problems):
+            problems += fetch_problems
+            check_listed_videos(videos, root, problems)
     return problems, list(checked.key_hashes)
+
+
+def check_listed_videos(videos: list[dict], root, problems: list[str]) -> None:
+    """Each of a video WebDataset's ``videos`` entries exists under ``root`` with the bytes and sha256 it records
+    (a reader takes a clip's frames from the file the entry names)."""
+    for entry in videos:
+        path = safe_join(root, entry["path"])
+        if not path.is_file():
+            problems.append(f"{entry['path']}: missing (a prepared video the manifest lists)")
+        elif entry.get("bytes") is not None and path.stat().st_size != entry["bytes"]:
+            problems.append(f"{entry['path']}: {path.stat().st_size} bytes, the manifest says {entry['bytes']}")
+        elif entry.get("sha256") and sha256_file(path) != entry["sha256"]:
+            problems.append(f"{entry['path']}: sha256 differs from the manifest's")
 
 
 def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: list[str]) -> None:
