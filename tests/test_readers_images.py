@@ -4,6 +4,7 @@ with the right label and pixels (PIL decode of the original file as the referenc
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import shutil
 from collections import Counter
@@ -163,6 +164,12 @@ def test_missing_component_is_an_error(packed_photos, tmp_path):
     cls_at = tokens.index("cls")
     lines[2] = " ".join(tokens[:cls_at] + tokens[cls_at + 4:])
     idx.write_text("\n".join(lines) + "\n")
+    from repack.manifest import ManifestError
+    with pytest.raises(ManifestError, match="shard-000000.idx: .* the index changed since packing"):
+        build_image_pipeline(broken, batch_size=8, num_threads=1, size=None)  # checked against the manifest first
+    manifest = json.loads((broken / "manifest.json").read_text())  # an index the manifest vouches for, then
+    manifest["shards"][0].update(index_bytes=idx.stat().st_size, index_sha256=hashlib.sha256(idx.read_bytes()).hexdigest())
+    (broken / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(RuntimeError, match="Underful sample"):
         pipe = build_image_pipeline(broken, batch_size=8, num_threads=1, size=None)
         pipe.run()

@@ -452,7 +452,7 @@ class Engine:
         """--overwrite: remove what an earlier job wrote: the files its records name, and every version of the
         dataset there (each ``manifest.vN.json``, published or pending, and the files it names), so that no
         version of the replaced dataset is ever published over the new one."""
-        from repack.lifecycle.publish import version_names
+        from repack.lifecycle.version_names import version_names
 
         store = self.job.store
         names: set[str] = set()

@@ -35,6 +35,7 @@ from repack.jobs.base import STATE_DIR, read_plan
 from repack.lifecycle.first_record import has_plan, plan_inputs, version_one_record
 from repack.lifecycle.input_columns import InputColumns, from_json_record, merged, parse_record, record_depth, to_bytes
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
+from repack.lifecycle.version_names import version_names
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
 REJECTED_DIR = f"{STATE_DIR}/rejected"
@@ -126,27 +127,6 @@ def locked_dataset(location: str) -> Iterator[tuple[object, Path]]:
                 if MANIFEST_TEMP.fullmatch(temp.name) and temp.is_file() and not temp.is_symlink():
                     temp.unlink(missing_ok=True)
         yield store, out
-
-
-def version_names(store, up_to: int | None = None) -> set[str]:
-    """The version files in ``store`` (``manifest.json``, each ``manifest.vN.json``, those up to version ``up_to``
-    where given) and every file each names; one that does not parse names only itself (gc and verify report it)."""
-    from repack.manifest.versions import version_number
-
-    found: set[str] = set()
-    for rel in [MANIFEST_NAME, *store.list_sizes("manifest.v")]:
-        number = version_number(rel)
-        if rel != MANIFEST_NAME and (number is None or (up_to is not None and number > up_to)):
-            continue
-        raw = store.read_bytes(rel)
-        if raw is None:
-            continue
-        found.add(rel)
-        try:
-            found.update(Manifest(store.scratch, parse_manifest(raw, store.scratch, rel).data).named_files())
-        except (TypeError, ValueError, ManifestError):
-            continue
-    return found
 
 
 def refuse_names_in_use(store, current: dict, names, what: str) -> None:
