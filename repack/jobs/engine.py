@@ -836,12 +836,7 @@ def _later_version(store) -> int | None:
     from repack.manifest.versions import load_number, version_number
 
     numbers = [n for n in (version_number(rel) for rel in store.list_sizes("manifest.v")) if n is not None]
-    raw = store.read_bytes(MANIFEST_NAME)
-    if raw is not None:
-        try:
-            numbers.append(load_number(raw))
-        except (ValueError, TypeError, KeyError):
-            pass
+    numbers.append(load_number(store.read_bytes(MANIFEST_NAME)))  # 1 when none or unreadable
     return max((n for n in numbers if n > 1), default=None)
 
 
