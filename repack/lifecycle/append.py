@@ -115,7 +115,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
             known_key = out / stage / "known-inputs.npz"
             # the inputs without a sample: quarantined whole (a record of one line of a text file leaves the
             # file's other documents in the dataset: it is a packed file, compared as any other)
-            known = KnownInputs(record, [q["source"] for q in current["quarantine"] if q.get("line") is None])
+            unpacked = [q["source"] for q in current["quarantine"] if q.get("line") is None]
+            known = KnownInputs(record, unpacked)
             job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_key, current)
             if job.store.read_bytes(MANIFEST_NAME) is None:
                 from repack.jobs.base import build_plan
@@ -144,8 +145,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
                       for shard in staged["shards"]]
             delta = append_delta(job.store, plan, known)
             write_inputs_record(store, number, known, delta)
-            body = appender.merge(current, staged, shards, planned_again(
-                plan, [q["source"] for q in current["quarantine"] if q.get("line") is None]))
+            body = appender.merge(current, staged, shards, planned_again(plan, unpacked))
             if appender.side_files is not None:
                 body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))
             change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],

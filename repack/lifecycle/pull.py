@@ -27,6 +27,8 @@ from repack.lifecycle.verify import check_contents
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, atomic_write_bytes, parse_manifest, safe_join
 from repack.manifest.versions import check_number, number_of, version_file, version_number
 from repack.sinks.checks import sha256_file
+from repack.lifecycle.version_names import version_names
+from repack.store import LocalStore
 from repack.store.files import LocalFiles, RemoteFiles
 
 THREADS = 16
@@ -134,7 +136,7 @@ def pull(spec: PullSpec) -> Manifest:
     root.mkdir(parents=True, exist_ok=True)
     items = {item.rel: item for version in reversed(pinned) for item in expected_objects(version.manifest)}
     targets = {rel: refuse_links(root, rel) for rel in items}
-    earlier = _named_by_copy(root)  # an earlier pull's files: those the versions pulled now do not name go
+    earlier = version_names(LocalStore(str(root)))  # an earlier pull's files: those not pulled now go
     for old in [root / MANIFEST_NAME, *root.glob("manifest.v*.json")]:  # a readable manifest = a complete copy
         refuse_links(root, old.name).unlink(missing_ok=True)
 
@@ -159,23 +161,12 @@ def pull(spec: PullSpec) -> Manifest:
         if version.number > 1 or len(pinned) > 1:
             atomic_write_bytes(refuse_links(root, version_file(version.number)), version.raw)
     atomic_write_bytes(refuse_links(root, MANIFEST_NAME), latest.raw)
-    _drop_stale(root, earlier - set(items))
+    _drop_stale(root, {rel for rel in earlier - set(items)  # the version files were just written
+                       if rel != MANIFEST_NAME and version_number(rel) is None})
     return Manifest(root, latest.manifest.data)
 
 
 _TEMP = re.compile(r"\.[^/]+\.tmp-[0-9]+(?:\.[^/]+)?")  # a download's temp file (``.NAME.tmp-PID``, boto3's ``.XXXX``)
-
-
-def _named_by_copy(root: Path) -> set[str]:
-    """The files the manifests already in ``root`` (an earlier pull's) name; one that does not parse names none."""
-    named: set[str] = set()
-    for path in [root / MANIFEST_NAME, *root.glob("manifest.v*.json")]:
-        if path.is_file() and not path.is_symlink():
-            try:
-                named.update(Manifest(root, parse_manifest(path.read_bytes(), root, str(path)).data).named_files())
-            except (TypeError, ValueError, ManifestError):
-                continue
-    return named
 
 
 def _drop_stale(root: Path, stale: set[str]) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from repack.errors import UsageError
-from repack.sources.base import alias_reason, quarantine_record, sort_key
+from repack.sources.base import alias_reason, pick_real_paths, quarantine_record, sort_key
 from repack.sources.confine import Confinement
 from repack.sources.walk import is_junk
 from repack.store import is_remote
@@ -96,7 +96,7 @@ def _local_files(source: str, confinement: Confinement, quarantine: list[dict]) 
                         visit(entry.path, f"{rel}/{entry.name}" if rel else entry.name, ancestors | {ident})
         else:
             st = checked.st
-            found.append((checked.real, rel, (st.st_size, st.st_mtime_ns, st.st_ino), st.st_dev))
+            found.append((checked.real, rel, st))
 
     if names is None:
         visit(root, "", frozenset())
@@ -106,23 +106,13 @@ def _local_files(source: str, confinement: Confinement, quarantine: list[dict]) 
 
 
 def _read_once(found: list[tuple], root: str, quarantine: list[dict]) -> list[tuple[str, str, tuple]]:
-    """The containers of ``found`` (real path, rel, fingerprint, device; in rel order) read once each: a file
-    reached through several paths (a symlink inside the root, a hard link) is read under its real path, else
-    its first; the others are quarantined naming it, as a folder scan does."""
-    by_file: dict[tuple[int, int], list[int]] = {}
-    for at, (_, _, fingerprint, device) in enumerate(found):
-        by_file.setdefault((device, fingerprint[2]), []).append(at)
-    dropped = set()
-    for rows in by_file.values():
-        if len(rows) < 2:
-            continue
-        kept = next((at for at in rows if found[at][0] == os.path.join(root, found[at][1])), rows[0])
-        for at in rows:
-            if at != kept:
-                dropped.add(at)
-                real, rel = found[at][0], found[at][1]
-                quarantine.append(quarantine_record(rel, alias_reason(rel, real, found[kept][1], root)))
-    return [(real, rel, fingerprint) for at, (real, rel, fingerprint, _) in enumerate(found) if at not in dropped]
+    """The containers of ``found`` (real path, rel, stat; in rel order) as (real path, rel, fingerprint), each
+    file read once: of several paths to it the rule of ``pick_real_paths``, the others quarantined naming it."""
+    aliases = pick_real_paths([(rel, real, st) for real, rel, st in found], root)
+    for real, rel, _ in found:
+        if rel in aliases:
+            quarantine.append(quarantine_record(rel, alias_reason(rel, real, aliases[rel], root)))
+    return [(real, rel, (st.st_size, st.st_mtime_ns, st.st_ino)) for real, rel, st in found if rel not in aliases]
 
 
 def open_container(container: Container) -> BinaryIO:
