@@ -190,6 +190,32 @@ def test_verify_catches_corruption(tmp_path, jsonl_job):
     assert proc.returncode == 5 and "text_document.idx" in proc.stderr
 
 
+def test_verify_catches_document_boundaries_moved_with_their_hash_recorded(tmp_path, jsonl_job):
+    """An index whose boundaries moved (one document a token shorter, the next a token longer) and whose
+    new sha256 the manifest records: every document of the dataset ends with its EOS, so verify names it."""
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(jsonl_job["out"], out)
+    read = spec_read(out / "text_document")
+    n = read["n"]
+    lengths, pointers = list(read["lengths"]), list(read["pointers"])
+    lengths[3] -= 1
+    lengths[4] += 1
+    pointers[4] -= 2  # uint16 tokens
+    idx = bytearray((out / "text_document.idx").read_bytes())
+    struct.pack_into(f"<{n}i", idx, 34, *lengths)
+    struct.pack_into(f"<{n}q", idx, 34 + 4 * n, *pointers)
+    (out / "text_document.idx").write_bytes(bytes(idx))
+    manifest = read_manifest_json(out)
+    manifest["shards"][0]["index_sha256"] = hashlib.sha256(bytes(idx)).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_repack("verify", out, check=False)
+    assert proc.returncode == 5, proc.stdout
+    assert "text_document.idx: document 3 ends with token" in proc.stderr
+    assert "the index's boundaries do not match text_document.bin" in proc.stderr
+
+
 def test_byte_identical_for_any_workers_and_chunking(tmp_path, jsonl_job, gpt2_dir):
     ref = jsonl_job["out"]
     one = tmp_path / "one"

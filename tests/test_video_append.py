@@ -70,6 +70,16 @@ def test_video_append_reuses_the_dataset_codec_and_keeps_every_file(tmp_path):
     assert manifest["totals"]["videos"] == 4 and manifest["totals"]["transcoded"] == 1  # only the H.264 one
     assert manifest["stats"]["reasons"] == {"legacy_one_codec": 1}
     assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "1").returncode == 0
+    assert manifest["file_digests"]["file_list"]["bytes"] == (out / "file_list-v2.txt").stat().st_size
+    listing = (out / "file_list-v2.txt").read_bytes()
+    (out / "file_list-v2.txt").write_bytes(listing.replace(b"three.mp4 1", b"three.mp4 0"))  # a label changed
+    damaged = run_repack("verify", out, check=False)
+    assert damaged.returncode == 5 and "file_list-v2.txt: sha256 differs from the manifest's" in damaged.stderr
+    (out / "file_list-v2.txt").write_bytes(listing)
+    (out / "probe.jsonl").write_bytes((out / "probe.jsonl").read_bytes() + b"{}\n")  # version 1's probe grew
+    damaged = run_repack("verify", out, "--version", "1", check=False)
+    assert damaged.returncode == 5 and "probe.jsonl: " in damaged.stderr and "the manifest says" in damaged.stderr
+    (out / "probe.jsonl").write_bytes((out / "probe.jsonl").read_bytes()[:-3])
     from pipelines.torch_video import VideoClipDataset
 
     latest, pinned = VideoClipDataset(out, 4), VideoClipDataset(out, 4, version=1)  # the PyTorch reader pins too

@@ -62,7 +62,7 @@ from repack.lifecycle.input_record import file_sha256, load_known, select_new
 from repack.jobs.summary import quarantine_lines
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
-from repack.sinks.checks import file_and_index_outputs, sha256_file
+from repack.sinks.checks import bytes_digest, file_and_index_outputs, sha256_file
 from repack.sources import Confinement, scan_source
 from repack.sources.confine import InputRefused, open_input
 from repack.transforms.nvdec_rules import (DEFAULT_DALI_READER, ENCODABLE, LEGACY_CODEC, OK, REJECT, TRANSCODE,
@@ -452,10 +452,12 @@ class VideoJob(Job):
         lines = b"".join(json.dumps(p, sort_keys=True).encode() + b"\n" for p in probes)
         atomic_write_bytes(self.out / "probe.jsonl", lines)
         files = {"probe": "probe.jsonl"}
+        digests = {"probe": bytes_digest(lines)}
         if spec.transcode:
-            listing = "".join(f"{v['path']} {v['cls'] if v['cls'] is not None else 0}\n" for v in videos)
-            atomic_write_bytes(self.out / "file_list.txt", listing.encode("utf-8"))  # paths are dali_safe
+            listing = "".join(f"{v['path']} {v['cls'] if v['cls'] is not None else 0}\n" for v in videos).encode()
+            atomic_write_bytes(self.out / "file_list.txt", listing)  # paths are dali_safe (UTF-8)
             files["file_list"] = "file_list.txt"
+            digests["file_list"] = bytes_digest(listing)
         decisions = {OK: 0, TRANSCODE: 0, REJECT: 0}
         reasons: dict[str, int] = {}
         for p in probes:
@@ -481,6 +483,7 @@ class VideoJob(Job):
             "format": spec.to, "mode": spec.mode, "target": spec.target, "dali_reader": spec.dali_reader,
             "verify": spec.verify, "codec": plan.info.get("legacy_codec", LEGACY_CODEC),
             "fields": fields, "classes": plan.info["classes"], "shards": shards, "files": files,
+            "file_digests": digests,
             "totals": {"inputs": plan.info["inputs"], "samples": sum(s["samples"] for s in shards),
                        "quarantined": len(quarantine), "bytes": sum(s["bytes"] for s in shards),
                        "videos": len(videos), "frames": frames, "ok": decisions[OK],

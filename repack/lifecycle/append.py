@@ -46,6 +46,7 @@ from repack.lifecycle.publish import (current_version, locked_dataset, move, pro
                                       refuse_names_in_use, remove_prefix, warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
 from repack.manifest.versions import number_of
+from repack.sinks.checks import bytes_digest
 
 
 @dataclass(frozen=True)
@@ -319,13 +320,15 @@ def merged_video_manifest(current: dict, staged: dict, shards: list[dict], repla
 def _video_side_files(store, staged_store, staged: str, current: dict, new: dict, number: int) -> dict:
     """Version N's probe.jsonl and file_list.txt (N - 1's lines, then the new videos'), as new files; with
     --to webdataset the new video files too (moved under their own names) and the merged ``videos`` list."""
-    files = {}
+    files, digests = {}, {}
     for role, name in new["files"].items():
         stem, dot, ext = name.rpartition(".")
         files[role] = f"{stem}-v{number}{dot}{ext}"
         old = store.read_bytes(current["files"][role]) if role in current.get("files", {}) else b""
-        store.put_bytes(files[role], (old or b"") + staged_store.read_bytes(name))
-    body: dict = {"files": files}
+        data = (old or b"") + staged_store.read_bytes(name)
+        store.put_bytes(files[role], data)
+        digests[role] = bytes_digest(data)
+    body: dict = {"files": files, "file_digests": digests}
     if "videos" in new:
         body["videos"] = current.get("videos", []) + [move_shard(store, staged, v, lambda rel: rel)
                                                       for v in new["videos"]]

@@ -176,7 +176,8 @@ def check_all_contents(files, manifest, workers: int | None = None,
     side = manifest.data.get("files", {})
     with files.local(list(side.values())) as (root, fetch_problems):
         problems += fetch_problems
-        check_side_files(side, manifest.data.get("tokenizer", {}).get("sha256"), root, problems)
+        check_side_files(side, manifest.data.get("tokenizer", {}).get("sha256"), root, problems,
+                         manifest.data.get("file_digests") or {})
     videos = [v for v in manifest.data.get("videos", []) if isinstance(v, dict) and v.get("path")]
     if videos:  # a video WebDataset's prepared videos beside its shards: as the manifest records them
         with files.local([v["path"] for v in videos]) as (root, fetch_problems):
@@ -198,15 +199,22 @@ def check_listed_videos(videos: list[dict], root, problems: list[str]) -> None:
             problems.append(f"{entry['path']}: sha256 differs from the manifest's")
 
 
-def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: list[str]) -> None:
+def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: list[str],
+                     digests: dict | None = None) -> None:
     """The manifest's side files exist under ``root``; the tokenizer copy still has the sha256 the
-    manifest records."""
+    manifest records, and every side file with an entry in ``digests`` (the manifest's ``file_digests``:
+    a video dataset's probe.jsonl and DALI file_list.txt) its size and sha256."""
     for name, rel in side.items():
         path = safe_join(root, rel)
+        expected = (digests or {}).get(name)
         if not path.is_file():
             problems.append(f"{rel}: missing (the manifest's {name} file)")
         elif name == "tokenizer" and tokenizer_sha256 and sha256_file(path) != tokenizer_sha256:
             problems.append(f"{rel}: sha256 differs from the tokenizer the dataset was made with")
+        elif isinstance(expected, dict) and path.stat().st_size != expected.get("bytes"):
+            problems.append(f"{rel}: {path.stat().st_size} bytes, the manifest says {expected.get('bytes')}")
+        elif isinstance(expected, dict) and sha256_file(path) != expected.get("sha256"):
+            problems.append(f"{rel}: sha256 differs from the manifest's")
 
 
 # -- sample keys and the class map: each names one thing ---------------------------------------------

@@ -40,6 +40,7 @@ from repack.sinks import get_sink
 from repack.sinks.checks import sha256_file
 from repack.sinks.keys import index_key_hashes
 
+DATASET_FACTS = "dataset_facts"  # the key under which a shard entry carries its format's ``verify_facts``
 Checked = tuple[list[str], bytes]  # one shard's problems and its key hashes (uint64 bytes)
 
 
@@ -56,6 +57,10 @@ def check_shards(files, manifest, workers: int | None = None, early: EarlyDigest
     """Every shard of ``manifest`` checked through ``files`` (``LocalFiles`` or ``RemoteFiles``); ``early``:
     the tars already being hashed (``verify_digests``), whose digest tasks are not run again."""
     shards = manifest.data["shards"]
+    facts_of = getattr(get_sink(manifest.format), "verify_facts", None)
+    facts = facts_of(manifest.data) if facts_of is not None else None
+    if facts:  # what a shard's check needs to know of the whole dataset
+        shards = [{**shard, DATASET_FACTS: facts} for shard in shards]
     escaped = {}
     for i, shard in enumerate(shards):
         try:

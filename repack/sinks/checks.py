@@ -32,6 +32,11 @@ def check_file(root: Path, rel: str, size: int, sha256: str | None, check: Check
     return True
 
 
+def bytes_digest(data: bytes) -> dict:
+    """``{"bytes", "sha256"}`` of a side file's content, as the manifest's ``file_digests`` records it."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
 def file_and_index_outputs(shard: dict) -> list[dict]:
     """[{path, bytes}] of a shard entry with a side index (tar + .idx, .bin + .idx) and, where it has
     them, per-sample checksums (tar: .crc) and document sources (token prefix: .sources)."""

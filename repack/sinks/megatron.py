@@ -358,6 +358,32 @@ def file_sha256_and_max(path: Path, dtype: np.dtype) -> tuple[str, int, int]:
     return sha.hexdigest(), size, high
 
 
+def check_boundaries(bin_path: Path, arrays, shard: dict, check) -> None:
+    """Each document of the index starts with the BOS and ends with the EOS the dataset promises
+    (``MemmapSink.verify_facts``, carried in ``shard["dataset_facts"]``): an index whose boundaries were
+    moved, even with its sha256 recorded again, cuts documents where the tokens say they do not end."""
+    facts = shard.get("dataset_facts") or {}
+    if not facts:
+        return
+    lengths = arrays.lengths.astype(np.int64)
+    empty = np.flatnonzero(lengths == 0)
+    check(not len(empty), f"{shard['index']}: document {int(empty[0]) if len(empty) else 0} is empty, but every "
+                          "document of this dataset holds its BOS or EOS token")
+    firsts = arrays.pointers.astype(np.int64) // arrays.dtype.itemsize
+    tokens = np.memmap(bin_path, dtype=arrays.dtype, mode="r")
+    filled = lengths > 0
+    for name, where, what in (("starts_with", firsts, "starts"), ("ends_with", firsts + lengths - 1, "ends")):
+        if name not in facts:
+            continue
+        found = tokens[where[filled]]
+        wrong = np.flatnonzero(found != facts[name])
+        if len(wrong):
+            document = int(np.flatnonzero(filled)[wrong[0]])
+            check(False, f"{shard['index']}: document {document} {what} with token {int(found[wrong[0]])}, not "
+                         f"{facts[name]} as every document of this dataset does ({len(wrong)} of {len(found)} do not): "
+                         f"the index's boundaries do not match {shard['path']}")
+
+
 class MemmapSink:
     """The ``--tokenize memmap`` plugin: Megatron MMIDIDX prefixes, one manifest shard per prefix."""
 
@@ -366,8 +392,18 @@ class MemmapSink:
     outputs = staticmethod(file_and_index_outputs)
 
     @staticmethod
+    def verify_facts(data: dict) -> dict:
+        """What every document of the dataset starts and ends with (``verify_shard`` checks the index's
+        boundaries against them): the BOS id under ``--add-bos``, the EOS id under ``--append-eos``."""
+        tok = data.get("tokenizer") or {}
+        facts = {"starts_with": tok.get("bos_id") if tok.get("add_bos") else None,
+                 "ends_with": tok.get("eos_id") if tok.get("append_eos") else None}
+        return {name: token for name, token in facts.items() if isinstance(token, int)}
+
+    @staticmethod
     def verify_shard(root: Path, shard: dict, check) -> None:
-        """Re-read one prefix: sizes, sha256 of both files, the index against the .bin."""
+        """Re-read one prefix: sizes, sha256 of both files, the index against the .bin (each document's
+        first and last token where the dataset promises them: ``verify_facts``)."""
         bin_path, idx_path = Path(root) / shard["path"], Path(root) / shard["index"]
         try:
             idx_bytes = idx_path.read_bytes()
@@ -404,6 +440,8 @@ class MemmapSink:
         check(sha == shard["sha256"], f"{shard['path']}: sha256 mismatch")
         check(high == shard.get("max_token_id", high),
               f"{shard['path']}: largest token id {high}, manifest says {shard.get('max_token_id')}")
+        if size == tokens * arrays.dtype.itemsize and n:
+            check_boundaries(bin_path, arrays, shard, check)
         if shard.get("source_runs") and check_file(root, shard["source_runs"], shard.get("source_runs_bytes", -1),
                                                    shard.get("source_runs_sha256"), check):
             try:
