@@ -101,3 +101,20 @@ def test_remove_by_key_reads_a_shard_whose_index_edge_line_is_malformed(tmp_path
     assert "not found" not in done.stderr
     assert read_manifest_json(out)["totals"]["samples"] == before - 1
     assert key not in [k for k, _ in tar_samples(out / read_manifest_json(out)["shards"][0]["path"])]
+
+
+def test_a_version_file_numbered_past_the_next_is_named_by_verify_and_left_by_gc(tmp_path):
+    """Writers publish N + 1 only: a ``manifest.v7.json`` beside version 2 (copied in from elsewhere) is a
+    problem verify names, and gc neither parses it (it may be garbage) nor keeps what it names."""
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    (out / "manifest.v7.json").write_text("not a manifest")
+    found = run_repack("verify", out, check=False)
+    assert found.returncode == 5 and "manifest.v7.json: numbered past the next version (3)" in found.stderr
+    done = run_repack("gc", out, "--keep", "1")
+    assert done.returncode == 0 and (out / "manifest.v7.json").read_text() == "not a manifest"
+    assert not (out / "manifest.v1.json").exists()
+    (out / "manifest.v7.json").unlink()
+    assert run_repack("verify", out).returncode == 0

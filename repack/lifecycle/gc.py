@@ -37,8 +37,8 @@ def collect_garbage(out: str, keep: int) -> GcResult:
         if settle_pending(store, current).promoted is not None:
             current, _ = current_version(store)
         latest = number_of(current)
-        numbers = sorted({n for n in (version_number(rel) for rel in store.list_sizes("manifest.v")) if n is not None}
-                         | {latest})
+        numbers = sorted({n for n in (version_number(rel) for rel in store.list_sizes("manifest.v"))
+                          if n is not None and n <= latest} | {latest})  # one numbered past it: verify names it
         kept = tuple(n for n in numbers if n > latest - keep)
         names: dict[int, set[str]] = {n: _named(store, root, n, current if n == latest else None) for n in numbers}
         keep_names = set().union(*(names[n] for n in kept))

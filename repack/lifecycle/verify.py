@@ -109,8 +109,9 @@ def check_versions(files, names: list[str], root: Path) -> Chain:
     """Each published ``manifest.vN.json`` must say it is version N with parent N - 1 and pass the
     manifest's path rule, and ``manifest.json`` must be the newest published one, byte for byte.
     Files named by a version other than the one verified are not strays (verify that version with
-    ``--version N`` to check their contents). A version file newer than ``manifest.json`` is pending
-    (the next append, remove or gc publishes it or moves it aside): reported, not a problem. ``root``:
+    ``--version N`` to check their contents). The version file after ``manifest.json``'s is pending
+    (the next append, remove or gc publishes it or moves it aside): reported, not a problem; one numbered
+    past it is a problem (writers publish N + 1 only, and gc leaves it alone). ``root``:
     the folder the paths are confined to (the dataset's, or an object store's scratch)."""
     from repack.manifest.versions import VERSION_KEY, load_number, number_of, version_number
 
@@ -121,6 +122,10 @@ def check_versions(files, names: list[str], root: Path) -> Chain:
     pending_files: set[str] = set()
     for number in numbers:
         name = f"manifest.v{number}.json"
+        if number > published + 1:
+            problems.append(f"{name}: numbered past the next version ({published + 1}): no repack writer leaves "
+                            "it (a copy from elsewhere?); move it out of the dataset")
+            continue
         if number > published:
             pending_files.add(name)
             try:
