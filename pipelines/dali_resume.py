@@ -50,6 +50,7 @@ class OpenedVersion:
     options: dict
     build: Builder
     epoch_batches: int | None = None
+    diagnose: Callable[[BaseException], BaseException] | None = None  # a pipeline failure -> the error to raise
 
 
 Opener = Callable[["int | None"], OpenedVersion]  # version (None: the loader's own) -> that version opened
@@ -191,6 +192,10 @@ class ResumableDALILoader:
         except StopIteration:
             self.epoch, self.batch = self.epoch + 1, 0
             raise
+        except RuntimeError as exc:  # DALI's "Critical error in pipeline": what failed, named if it can be
+            if self._version.diagnose is None:
+                raise
+            raise self._version.diagnose(exc) from exc
         self._ended_early = False
         self.batch += 1
         return batch

@@ -162,6 +162,26 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     return pipe
 
 
+def failure_named(manifest, exc: BaseException) -> BaseException:
+    """The error to raise for the DALI pipeline's failure ``exc`` over ``manifest``'s dataset: the first
+    sample whose bytes are not the ones packed (``shard_damage``: the shard and the key), else a
+    ``RuntimeError`` saying that every sample is intact (the failure is DALI's with the packed bytes)."""
+    from pipelines.sample_errors import ShardIntegrityError
+    from pipelines.shard_damage import damaged_samples
+
+    said = " ".join(dict.fromkeys(line.strip() for line in str(exc).splitlines()
+                                  if "nvImageCodec" in line or "rror" in line))[:300]
+    found = damaged_samples(manifest)
+    if found:
+        path, key, problem = found[0]
+        more = f"; {len(found) - 1} more damaged" if len(found) > 1 else ""
+        return ShardIntegrityError(path, key, f"{problem} (the DALI pipeline failed: {said}{more}; "
+                                              "`repack verify` names every damaged file)")
+    return RuntimeError(f"{manifest.root}: the DALI pipeline failed ({said}), and every sample's bytes are the "
+                        "ones packed (crc32 per sample): an image DALI's decoder rejects as packed; "
+                        "pipelines.torch_webdataset.ImageShardDataset names it")
+
+
 def order_options(manifest, batch_size: int, shard_id: int, num_shards: int, random_shuffle: bool, seed: int,
                   initial_fill: int, pad_last_batch: bool) -> dict:
     """The options that shape the sample order, as a loader state records them."""
@@ -192,7 +212,7 @@ def dali_image_loader(root: str | os.PathLike, batch_size: int, num_threads: int
             return build_image_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards,
                                         checkpoint=saved, **{**pipeline_args, "version": version})
 
-        return OpenedVersion(identity(manifest), options, build)
+        return OpenedVersion(identity(manifest), options, build, diagnose=lambda exc: failure_named(manifest, exc))
 
     names = output_names(root, args["with_meta"], args["version"])
     return ResumableDALILoader(KIND, open_version, names, root=str(root), reader_name=READER, last_batch=last_batch,

@@ -126,3 +126,28 @@ def test_a_shard_index_with_a_line_repeated_or_moved_names_the_shard(tmp_path, d
     index.write_bytes(b"\n".join([head, *lines]) + b"\n")
     with pytest.raises(ManifestError, match=r"shard-000001\.idx.*repeated or out of order"):
         list(ImageShardDataset(out, output="dict", decode=False))
+
+
+def test_dali_decode_failure_names_the_damaged_sample_or_says_the_bytes_are_intact(tmp_path):
+    """DALI's decoder fails without naming a sample ("nvImageCodec failure"): the loader checks each sample
+    against its recorded crc32 and names the shard and key whose bytes changed; over intact bytes it says so."""
+    pytest.importorskip("nvidia.dali")
+    from pipelines.dali_webdataset import dali_image_loader, failure_named
+    from pipelines.manifest_access import open_webdataset
+    from pipelines.sample_errors import ShardIntegrityError
+    from tests.conftest import run_repack
+    from tests.test_images_job import write_jpegs
+
+    src, out = write_jpegs(tmp_path / "src" / "c", 8, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    intact = failure_named(open_webdataset(out, "images"), RuntimeError("Critical error in pipeline: x"))
+    assert type(intact) is RuntimeError and "every sample's bytes are the ones packed" in str(intact)
+    tar = out / "shard-000001.tar"
+    data = bytearray(tar.read_bytes())
+    second = [i for i in range(len(data) - 1) if data[i:i + 2] == b"\xff\xd8"][1]  # the shard's second JPEG
+    data[second + 2:second + 200] = bytes(198)
+    tar.write_bytes(bytes(data))
+    with pytest.raises(ShardIntegrityError, match=r"shard-000001\.tar: sample '[^']+': its bytes are not the ones "
+                                                  r"packed .*the DALI pipeline failed"):
+        for _ in dali_image_loader(out, batch_size=2, num_threads=1, device_id=None, size=None):
+            pass
