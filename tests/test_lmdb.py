@@ -90,6 +90,28 @@ def test_verify_finds_damage(packed, tmp_path):
     assert proc.returncode == 5 and "sha256 mismatch" in proc.stderr
 
 
+def test_verify_finds_a_labeled_sample_without_its_class_with_the_hash_recorded_again(packed, tmp_path):
+    """A class deleted from one sample and the database's new sha256 written into the manifest: every sample
+    of a labeled dataset holds a class, so verify names the database."""
+    import hashlib
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(packed, copy)
+    env = lmdb.open(str(copy / "data.lmdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        assert txn.delete(b"s/0000000003/cls")
+    env.close()
+    manifest = read_manifest_json(copy)
+    raw = (copy / "data.lmdb").read_bytes()
+    manifest["shards"][0].update(bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+    manifest["totals"]["bytes"] = len(raw)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_repack("verify", copy, check=False)
+    assert proc.returncode == 5 and "each with an image and a class (36 found in order, 1 out of place or " \
+        "without an image and a class)" in proc.stderr, proc.stderr
+
+
 def test_deterministic_across_workers_and_resume_after_kill(tree, packed, tmp_path):
     single = tmp_path / "single"
     run_repack("images", tree, single, *ARGS, "--workers", "1", "--quiet")

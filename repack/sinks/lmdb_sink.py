@@ -288,8 +288,14 @@ class LmdbSink:
         return LmdbCollector(out)
 
     @staticmethod
+    def verify_facts(data: dict) -> dict:
+        """Whether the dataset is labeled (its fields name ``cls``): then every sample holds a class."""
+        return {"labeled": "cls" in (data.get("fields") or {})}
+
+    @staticmethod
     def verify_shard(root: Path, shard: dict, check) -> None:
-        """Size, sha256, metadata count and the contiguous s/ keys of the database."""
+        """Size, sha256, metadata count and the contiguous s/ keys of the database, each sample with its
+        image (and its class, in a labeled dataset: ``verify_facts``)."""
         path = Path(root) / shard["path"]
         if not check_file(root, shard["path"], shard["bytes"], shard["sha256"], check):
             return
@@ -315,7 +321,13 @@ class LmdbSink:
                     meta = {}
                 check(meta.get("count") == shard["samples"],
                       f"{shard['path']}: metadata count {meta.get('count')}, manifest says {shard['samples']}")
-                expected, bad, has_img = 0, 0, False
+                labeled = (shard.get("dataset_facts") or {}).get("labeled")
+                if labeled is not None:
+                    check(meta.get("labeled", labeled) == labeled,
+                          f"{shard['path']}: its metadata says labeled={meta.get('labeled')}, the manifest's fields "
+                          f"{'name' if labeled else 'do not name'} cls")
+                needed = {b"img", b"cls"} if labeled else {b"img"}
+                expected, bad, has = 0, 0, set()
                 cursor = txn.cursor()
                 if cursor.set_range(b"s/"):
                     for key in cursor.iternext(keys=True, values=False):
@@ -323,16 +335,17 @@ class LmdbSink:
                             break
                         _, index, field = key.split(b"/")
                         if int(index) == expected:  # first key of the next sample
-                            if expected and not has_img:
+                            if expected and not needed <= has:
                                 bad += 1
-                            expected, has_img = expected + 1, False
+                            expected, has = expected + 1, set()
                         elif int(index) != expected - 1:
                             bad += 1
-                        has_img = has_img or field == b"img"
-                if expected and not has_img:
+                        has.add(field)
+                if expected and not needed <= has:
                     bad += 1
+                what = "an image and a class" if labeled else "an image"
                 check(bad == 0 and expected == shard["samples"],
-                      f"{shard['path']}: sample keys are not s/0..{shard['samples'] - 1} each with an image "
-                      f"({expected} found in order, {bad} out of place or without an image)")
+                      f"{shard['path']}: sample keys are not s/0..{shard['samples'] - 1} each with {what} "
+                      f"({expected} found in order, {bad} out of place or without {what})")
         finally:
             env.close()
