@@ -76,6 +76,12 @@ def test_video_append_reuses_the_dataset_codec_and_keeps_every_file(tmp_path):
     damaged = run_repack("verify", out, check=False)
     assert damaged.returncode == 5 and "file_list-v2.txt: sha256 differs from the manifest's" in damaged.stderr
     (out / "file_list-v2.txt").write_bytes(listing)
+    manifest_edited = dict(manifest, shards=[*manifest["shards"][:3], {**manifest["shards"][3], "cls": 0}])
+    (out / "manifest.json").write_text(json.dumps(manifest_edited))  # the entry's label edited, not the list's
+    damaged = run_repack("verify", out, check=False)
+    assert damaged.returncode == 5 and "file_list-v2.txt: line 4 is 'videos-v2/c/three.mp4 1', the manifest's " \
+        "entries give 'videos-v2/c/three.mp4 0'" in damaged.stderr
+    (out / "manifest.json").write_bytes((out / "manifest.v2.json").read_bytes())
     (out / "probe.jsonl").write_bytes((out / "probe.jsonl").read_bytes() + b"{}\n")  # version 1's probe grew
     damaged = run_repack("verify", out, "--version", "1", check=False)
     assert damaged.returncode == 5 and "probe.jsonl: " in damaged.stderr and "the manifest says" in damaged.stderr

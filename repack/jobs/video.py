@@ -63,6 +63,7 @@ from repack.jobs.summary import quarantine_lines
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
 from repack.sinks.checks import bytes_digest, file_and_index_outputs, sha256_file
+from repack.sinks.videos import dali_file_list
 from repack.sources import Confinement, scan_source
 from repack.sources.confine import InputRefused, open_input
 from repack.transforms.nvdec_rules import (DEFAULT_DALI_READER, ENCODABLE, LEGACY_CODEC, OK, REJECT, TRANSCODE,
@@ -454,7 +455,7 @@ class VideoJob(Job):
         files = {"probe": "probe.jsonl"}
         digests = {"probe": bytes_digest(lines)}
         if spec.transcode:
-            listing = "".join(f"{v['path']} {v['cls'] if v['cls'] is not None else 0}\n" for v in videos).encode()
+            listing = dali_file_list(videos)
             atomic_write_bytes(self.out / "file_list.txt", listing)  # paths are dali_safe (UTF-8)
             files["file_list"] = "file_list.txt"
             digests["file_list"] = bytes_digest(listing)

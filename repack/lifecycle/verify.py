@@ -183,6 +183,8 @@ def check_all_contents(files, manifest, workers: int | None = None,
         problems += fetch_problems
         check_side_files(side, manifest.data.get("tokenizer", {}).get("sha256"), root, problems,
                          manifest.data.get("file_digests") or {})
+        if manifest.modality == "video" and side.get("file_list"):
+            check_file_list(manifest.data, safe_join(root, side["file_list"]), side["file_list"], problems)
     videos = [v for v in manifest.data.get("videos", []) if isinstance(v, dict) and v.get("path")]
     if videos:  # a video WebDataset's prepared videos beside its shards: as the manifest records them
         with files.local([v["path"] for v in videos]) as (root, fetch_problems):
@@ -202,6 +204,18 @@ def check_listed_videos(videos: list[dict], root, problems: list[str]) -> None:
             problems.append(f"{entry['path']}: {path.stat().st_size} bytes, the manifest says {entry['bytes']}")
         elif entry.get("sha256") and sha256_file(path) != entry["sha256"]:
             problems.append(f"{entry['path']}: sha256 differs from the manifest's")
+
+
+def check_file_list(data: dict, path: Path, rel: str, problems: list[str]) -> None:
+    """A video dataset's DALI file_list holds the manifest's entries, path and label, in order."""
+    from repack.sinks.videos import file_list_problem
+
+    try:
+        problem = file_list_problem(data, path.read_bytes())
+    except OSError:
+        return  # missing: check_side_files named it
+    if problem:
+        problems.append(f"{rel}: {problem}")
 
 
 def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: list[str],

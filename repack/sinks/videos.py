@@ -11,6 +11,28 @@ from pathlib import Path
 from repack.sinks.checks import check_file
 
 
+def dali_file_list(videos: list[dict]) -> bytes:
+    """DALI's ``file_list`` of a video dataset's entries: "<path> <class index>" per video, in manifest order
+    (UTF-8; an unlabeled video gets 0, as DALI's file_list rejects negative labels)."""
+    return "".join(f"{v['path']} {v['cls'] if v.get('cls') is not None else 0}\n" for v in videos).encode("utf-8")
+
+
+def file_list_problem(data: dict, listing: bytes) -> str | None:
+    """What is wrong with ``listing`` (the bytes of the file_list a video manifest ``data`` names) against
+    the manifest's video entries: the readers take a clip's label from one and its frames from the other."""
+    videos = data.get("videos") if data.get("format") == "webdataset" else data.get("shards")
+    if not isinstance(videos, list) or not all(isinstance(v, dict) and "path" in v for v in videos):
+        return None  # the manifest's own checks name it
+    if listing == dali_file_list(videos):
+        return None
+    expected = dali_file_list(videos).decode("utf-8", "replace").splitlines()
+    found = listing.decode("utf-8", "replace").splitlines()
+    first = next((i for i, (a, b) in enumerate(zip(expected, found)) if a != b), min(len(expected), len(found)))
+    return (f"line {first + 1} is {found[first] if first < len(found) else 'missing'!r}, the manifest's entries "
+            f"give {expected[first] if first < len(expected) else 'no such line'!r} ({len(found)} lines for "
+            f"{len(expected)} videos)")
+
+
 class VideosSink:
     """The ``videos`` format: one file per sample."""
 
