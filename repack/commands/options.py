@@ -39,10 +39,10 @@ class ProcessEnd:
     the process with ``os._exit`` once the output is flushed, without the teardown of numpy and the
     other modules (~50-130 ms of wall at the very end on the 2-core VM).
 
-    ``after_exit_handlers``: set by a job command that ran on Ray, once it returns (its shards, indexes
-    and manifest written and closed, its summary printed): ``repack.cli.main`` then joins the threads
-    and runs the atexit handlers as the interpreter's exit does, and ends with ``os._exit`` without the
-    teardown of Ray's modules."""
+    ``after_exit_handlers``: set by a job command that ran on Ray, and by ``--append`` and ``remove``, once
+    they return (shards, indexes and manifest written and closed, the summary printed): ``repack.cli.main``
+    then joins the threads and runs the atexit handlers as the interpreter's exit does, and ends with
+    ``os._exit`` without the teardown of the modules (Ray's, numpy's)."""
 
     quick = False
     after_exit_handlers = False
