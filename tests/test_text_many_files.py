@@ -242,7 +242,7 @@ def test_the_folder_scan_on_a_pool_lists_in_byte_order_and_reads_each_file_once(
         assert start_method(4, PARALLEL_MIN_FOLDERS, PARALLEL_MIN_FOLDERS) == "forkserver"
         listings.append(list_text_files(str(src), False, Confinement(), 4))
     (inputs, quarantine, skipped), (inputs4, quarantine4, skipped4), threaded = listings
-    assert inputs.table.rels == inputs4.table.rels and quarantine == quarantine4 and skipped == skipped4 == 2
+    assert inputs.table.rels == inputs4.table.rels and quarantine == quarantine4 and skipped == skipped4 == 3
     assert threaded[0].table.rels == inputs.table.rels and threaded[1:] == (quarantine, skipped)
     assert inputs.table.rels == sorted(rels + ["vis/w.txt"], key=lambda rel: rel.encode())
     paths = {rel: inputs.table.path(row) for row, rel in enumerate(inputs.table.rels)}
@@ -254,6 +254,27 @@ def test_the_folder_scan_on_a_pool_lists_in_byte_order_and_reads_each_file_once(
         ("link", "folder already scanned as a (symlink loop or second link): skipped"),
         ("e/hard.txt", "same file as a.txt (hard link or second path): read once, under a.txt"),
         ("y-link.txt", "same file as a-b/y.txt (symlink inside the source root): read once, under a-b/y.txt")]
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_the_folder_scan_without_links_lists_in_byte_order_and_skips_what_an_s3_listing_skips(tmp_path, workers):
+    """Top-level folders "a", "a-b", "a.b" beside root files "a.txt", "a-c.txt": the same byte order of full
+    paths as an s3:// listing of the same keys (a folder's name taken with its "/"), and the same names skipped
+    ("@" names and OS droppings as well as hidden ones, a skipped folder counted once), so the same files give the
+    same tokens wherever they are read from."""
+    from repack.sources.confine import Confinement
+    from repack.sources.text_docs import list_text_files
+    from repack.sources.text_scan import PARALLEL_MIN_FOLDERS
+
+    src = tmp_path / "src"
+    rels = ["a/x.txt", "a-b/x.txt", "a.b/x.txt", "b/x.txt", "a.txt", "a-c.txt"] + \
+        [f"m{k}/n.txt" for k in range(PARALLEL_MIN_FOLDERS)]
+    junk = ["x/@s.txt", "@eaDir/q.txt", "__MACOSX/y.txt", "lost+found/z.txt", ".git/c.txt", "b/Thumbs.db"]
+    for rel in rels + junk:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(f"text of {rel}\n", encoding="utf-8")
+    inputs, quarantine, skipped = list_text_files(str(src), False, Confinement(), workers)
+    assert inputs.table.rels == sorted(rels, key=lambda rel: rel.encode()) and quarantine == [] and skipped == 6
 
 
 def test_side_file_names_cut_with_a_byte_mask_match_the_names_of_the_chosen_segments():

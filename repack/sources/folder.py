@@ -18,7 +18,7 @@ its own task, on a pool of ``workers`` processes (``repack.sources.scan_pool``) 
 ``repack.sources.columns``), the same whatever the worker count.
 
 Order without a sort of the whole listing: a folder's entries are walked in the byte order of their
-name, a folder's name taken with its trailing "/" (``_walk_order``). A file name never holds a "/", so
+name, a folder's name taken with its trailing "/" (``walk_order``). A file name never holds a "/", so
 that is the byte order of the full paths ("c01/a.b" before "c01/sub/x"), and the concatenated
 walks of the top-level folders are the sorted listing. A worker sends its rels as one names blob
 and its stats as int64 bytes; the driver joins the blobs and never decodes a rel.

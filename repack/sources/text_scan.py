@@ -30,6 +30,7 @@ from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends
 from repack.sources.confine import Confinement
 from repack.sources.scan_pool import scan_pool
 from repack.sources.text_kinds import classify
+from repack.sources.walk import is_junk, walk_order
 
 KINDS = ("jsonl", "txt", "parquet")
 COMPRESSION_CODES = ("", "gz", "zst")
@@ -140,7 +141,8 @@ def _scan(conf: Confinement, folder: str, rel: str, found: _Walk, visited: set, 
     """``walk_folder``'s scan of one folder into ``found`` (real sub-folders walked at once when ``descend``)."""
 
     try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        with os.scandir(folder) as listing:
+            entries = walk_order(list(listing))  # byte order, a folder's name with its "/": as images and s3://
     except OSError as exc:
         found.quarantine.append({"source": rel or ".", "line": None, "reason": f"unreadable folder: {exc.strerror}"})
         return
@@ -149,8 +151,8 @@ def _scan(conf: Confinement, folder: str, rel: str, found: _Walk, visited: set, 
     for entry in entries:
         name = entry.name
         child = f"{rel}/{name}" if rel else name
-        if name.startswith("."):
-            found.skipped += 0 if entry.is_dir() else 1
+        if is_junk(name):  # hidden, "@" and OS droppings: the rule of the image walk and of an s3:// listing
+            found.skipped += 1
             continue
         if entry.is_dir(follow_symlinks=False):
             if descend:
@@ -286,9 +288,16 @@ def _serial(conf: Confinement) -> tuple[TextInputs, list[dict], int]:
 
 
 def _root_ordered_quarantine(first: _Part, folders: list[str], by_name: dict) -> list[dict]:
-    """The root's records and each top-level folder's, in the order of the root's entries by name."""
-    records = [(q["source"].split("/", 1)[0], 0, n, q) for n, q in enumerate(first.quarantine)]
-    records += [(name, 1, n, q) for name in folders for n, q in enumerate(by_name[name].quarantine)]
+    """The root's records and each top-level folder's, in the walk's order of the root's entries (by bytes,
+    a folder's name with its "/")."""
+    named = set(folders)
+
+    def entry_key(source: str) -> bytes:
+        name = source.split("/", 1)[0]
+        return sort_key(name + "/" if name in named else name)
+
+    records = [(entry_key(q["source"]), 0, n, q) for n, q in enumerate(first.quarantine)]
+    records += [(sort_key(name + "/"), 1, n, q) for name in folders for n, q in enumerate(by_name[name].quarantine)]
     return [q for *_, q in sorted(records, key=lambda r: (r[0], r[1], r[2]))]
 
 

@@ -60,7 +60,7 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
-def _walk_order(entries: list[os.DirEntry]) -> list[os.DirEntry]:
+def walk_order(entries: list[os.DirEntry]) -> list[os.DirEntry]:
     """A folder's entries in walk order: by the bytes of their name, a folder's (a symlink to one too) with
     "/". All-ASCII names (the usual case) sort as str, in the same order."""
     keys = [entry.name + "/" if _is_dir(entry) else entry.name for entry in entries]
@@ -87,7 +87,7 @@ def _walk_open(conf: Confinement, folder: str, fd: int, rel_folder: str, ancesto
     (``fstatat``: no walk of the folder's path again per file)."""
     try:
         with os.scandir(fd) as it:
-            children = _walk_order(list(it))
+            children = walk_order(list(it))
     except OSError as exc:
         found.quarantine.append(quarantine_record(rel_folder or ".", f"unreadable folder: {exc.strerror}"))
         return
@@ -148,7 +148,7 @@ def _top_level(conf: Confinement, root_ident: tuple) -> tuple[_Found, list[tuple
     folders: list[tuple] = []
     try:
         with os.scandir(conf.root) as it:
-            children = _walk_order(list(it))
+            children = walk_order(list(it))
     except OSError as exc:
         found.quarantine.append(quarantine_record(".", f"unreadable folder: {exc.strerror}"))
         return found, folders
