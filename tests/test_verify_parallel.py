@@ -381,3 +381,25 @@ def test_totals_that_disagree_with_the_shards_are_reported(packed_photos, tmp_pa
     code, problems = verify_json(out)
     assert code == 5 and any(p.startswith("totals.shards ") for p in problems) and \
         any(p.startswith("totals.bytes ") for p in problems)
+
+
+def test_a_class_map_that_does_not_match_the_samples_cls_members_is_named(tmp_path):
+    """The labels a reader yields are the ``.cls`` members; the class map gives them names. A map edited (two
+    classes swapped) or naming too few classes is caught by counting the members' values per shard part."""
+    from tests.test_dataset_versions import make_source
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["classes"] == {"cat": 0, "dog": 1} and manifest["stats"]["class_counts"] == {"cat": 5, "dog": 4}
+    assert verify_json(out) == (0, [])
+    (out / "manifest.json").write_text(json.dumps({**manifest, "classes": {"cat": 1, "dog": 0}}))
+    code, problems = verify_json(out)
+    assert code == 5 and problems == [
+        "class 'dog' (index 0): 5 sample(s) hold it, stats.class_counts says 4: the class map does not match the "
+        "samples' .cls members",
+        "class 'cat' (index 1): 4 sample(s) hold it, stats.class_counts says 5: the class map does not match the "
+        "samples' .cls members"]
+    (out / "manifest.json").write_text(json.dumps({**manifest, "classes": {"cat": 0}}))
+    code, problems = verify_json(out)
+    assert code == 5 and "4 sample(s) hold class index 1, which the class map does not name" in problems

@@ -47,7 +47,9 @@ def verify_report(location, version: int | None = None, workers: int | None = No
         manifest = files.manifest(version)
     except ManifestError as exc:
         return Report((str(exc),))
-    problems, key_hashes = check_all_contents(files, manifest, workers, start_digests(files, manifest, workers))
+    problems, key_hashes, classes = check_all_contents(files, manifest, workers, start_digests(files, manifest, workers),
+                                                       with_classes=True)
+    problems += check_class_counts(manifest.data, classes)
     listed = set(manifest.named_files())
     names = files.names()
     chain = check_versions(files, names, manifest.root)
@@ -168,14 +170,17 @@ def start_digests(files, manifest, workers: int | None) -> EarlyDigests | None:
     return EarlyDigests.start(early_files(manifest), workers)
 
 
-def check_all_contents(files, manifest, workers: int | None = None,
-                       early: EarlyDigests | None = None) -> tuple[list[str], list]:
+def check_all_contents(files, manifest, workers: int | None = None, early: EarlyDigests | None = None,
+                       with_classes: bool = False) -> tuple:
     """(problems of every shard and side file in manifest order, each shard's sample key hashes), the
-    shards checked on ``workers`` processes (``verify_shards``; ``early``: tars already being hashed)."""
+    shards checked on ``workers`` processes (``verify_shards``; ``early``: tars already being hashed);
+    ``with_classes``: and each shard's samples per class index (``ShardsChecked.classes``; None for a shard
+    whose problems leave its classes uncounted)."""
     from repack.lifecycle.verify_shards import check_shards
 
     if manifest.format not in SINKS:
-        return [f"unknown format {manifest.format!r} in manifest"], []
+        return ([f"unknown format {manifest.format!r} in manifest"], [], []) if with_classes else \
+            ([f"unknown format {manifest.format!r} in manifest"], [])
     checked = check_shards(files, manifest, workers, early)
     problems = [problem for found in checked.problems for problem in found]
     side = manifest.data.get("files", {})
@@ -190,6 +195,9 @@ def check_all_contents(files, manifest, workers: int | None = None,
         with files.local([v["path"] for v in videos]) as (root, fetch_problems):
             problems += fetch_problems
             check_listed_videos(videos, root, problems)
+    if with_classes:
+        return problems, list(checked.key_hashes), [None if found else counted for found, counted in
+                                                    zip(checked.problems, checked.classes)]
     return problems, list(checked.key_hashes)
 
 
@@ -234,6 +242,31 @@ def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: l
             problems.append(f"{rel}: {path.stat().st_size} bytes, the manifest says {expected.get('bytes')}")
         elif isinstance(expected, dict) and sha256_file(path) != expected.get("sha256"):
             problems.append(f"{rel}: sha256 differs from the manifest's")
+
+
+def check_class_counts(data: dict, classes: list) -> list[str]:
+    """The samples' class indices (their ``.cls`` members, counted per shard by ``tar_check.class_counts``)
+    against the class map and ``stats.class_counts``: every index names a class, and as many samples hold
+    each class as the manifest counts (a class map edited or merged wrongly gives labels other names)."""
+    names = data.get("classes")
+    if data.get("format") != "webdataset" or not isinstance(names, dict) or not classes or \
+            any(counted is None for counted in classes):
+        return []
+    found = [0] * max([len(counted) for counted in classes] + [0])
+    for counted in classes:
+        for index, count in enumerate(counted):
+            found[index] += count
+    name_of = {index: name for name, index in names.items() if isinstance(index, int)}
+    problems = [f"{found[index]} sample(s) hold class index {index}, which the class map does not name"
+                for index in range(len(found)) if found[index] and index not in name_of]
+    expected = (data.get("stats") or {}).get("class_counts")
+    if isinstance(expected, dict):
+        for index, name in sorted(name_of.items()):
+            held = found[index] if index < len(found) else 0
+            if held != expected.get(name, 0):
+                problems.append(f"class {name!r} (index {index}): {held} sample(s) hold it, stats.class_counts says "
+                                f"{expected.get(name, 0)}: the class map does not match the samples' .cls members")
+    return problems[:DUPLICATES_SHOWN]
 
 
 # -- sample keys and the class map: each names one thing ---------------------------------------------

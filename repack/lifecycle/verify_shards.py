@@ -41,16 +41,20 @@ from repack.sinks.checks import sha256_file
 from repack.sinks.keys import index_key_hashes
 
 DATASET_FACTS = "dataset_facts"  # the key under which a shard entry carries its format's ``verify_facts``
-Checked = tuple[list[str], bytes]  # one shard's problems and its key hashes (uint64 bytes)
+# one shard's problems, its key hashes (uint64 bytes) and its samples per class index (a tar shard that passed
+# in parts, with .cls members; else None)
+Checked = tuple[list[str], bytes, "list[int] | None"]
 
 
 @dataclass(frozen=True)
 class ShardsChecked:
-    """Per shard, in manifest order: its problems and its sample keys' hashes (uint64, in no set order: a
-    split shard's are its parts' sorted runs; empty where the format keeps no webdataset index)."""
+    """Per shard, in manifest order: its problems, its sample keys' hashes (uint64, in no set order: a
+    split shard's are its parts' sorted runs; empty where the format keeps no webdataset index) and its
+    samples per class index (``tar_check.PartCheck.classes``; None where not counted)."""
 
     problems: tuple[tuple[str, ...], ...]
     key_hashes: tuple[np.ndarray, ...]
+    classes: tuple = ()
 
 
 def check_shards(files, manifest, workers: int | None = None, early: EarlyDigests | None = None) -> ShardsChecked:
@@ -66,7 +70,7 @@ def check_shards(files, manifest, workers: int | None = None, early: EarlyDigest
         try:
             manifest.path(shard["path"])
         except PathEscapeError as exc:
-            escaped[i] = ([str(exc)], b"")
+            escaped[i] = ([str(exc)], b"", None)
     todo = [i for i in range(len(shards)) if i not in escaped]
     if todo:
         get_sink(manifest.format)  # imported before the workers fork: they inherit it
@@ -82,8 +86,9 @@ def check_shards(files, manifest, workers: int | None = None, early: EarlyDigest
     found = dict(escaped)
     found.update(zip(todo, done if todo else []))
     results = [found[i] for i in range(len(shards))]
-    return ShardsChecked(tuple(tuple(problems) for problems, _ in results),
-                         tuple(np.frombuffer(raw, dtype=np.uint64) for _, raw in results))
+    return ShardsChecked(tuple(tuple(problems) for problems, _, _ in results),
+                         tuple(np.frombuffer(raw, dtype=np.uint64) for _, raw, _ in results),
+                         tuple(classes for _, _, classes in results))
 
 
 def check_one(root: Path, fmt: str, shard: dict, fetch_problems: list[str] | None = None) -> Checked:
@@ -96,7 +101,7 @@ def check_one(root: Path, fmt: str, shard: dict, fetch_problems: list[str] | Non
             hashes = index_key_hashes((Path(root) / shard["index"]).read_bytes()).tobytes()
         except OSError:
             pass  # a missing index: verify_shard reported it
-    return problems, hashes
+    return problems, hashes, None
 
 
 def default_workers() -> int:
@@ -150,7 +155,7 @@ def run_task(task: str) -> tuple[str, bytes]:
     if args["kind"] == "part":
         summary, hashes = get_sink(fmt).verify_split.check(root, shard, args["part"], args["parts"])
         return json.dumps(summary), hashes
-    problems, hashes = check_one(root, fmt, shard)
+    problems, hashes, _ = check_one(root, fmt, shard)
     return json.dumps(problems), hashes
 
 
@@ -204,20 +209,20 @@ class _Pool:
         for i, shard in enumerate(entries):
             got = answers[i]
             if isinstance(got, str):
-                results[i] = ([got], b"")
+                results[i] = ([got], b"", None)
             elif got and got[0][0].kind == "whole":
                 results[i] = _whole(got[0][1])
             elif isinstance(outside.get(i), Died):
                 results[i] = ([f"{shard['path']}: not checked: the process checking it died (its sha256: "
-                               f"{outside[i].reason})"], b"")
+                               f"{outside[i].reason})"], b"", None)
             else:
                 passed = _passed(fmt, shard, got, outside[i] if i in outside else _TASK)
                 if passed is None:
                     again.append(Task("whole", i))
                 else:
-                    results[i] = ([], passed)
+                    results[i] = ([], *passed)
         for i, got in self._run(fmt, shards, again).items():
-            results[i] = ([got], b"") if isinstance(got, str) else _whole(got[0][1])
+            results[i] = ([got], b"", None) if isinstance(got, str) else _whole(got[0][1])
         return [results[i] for i in range(len(entries))]
 
     def _run(self, fmt: str, shards: list[tuple[str, dict]], tasks: list[Task]) -> dict[int, list | str]:
@@ -261,7 +266,7 @@ class _Pool:
 
 def _whole(answer: tuple[str, bytes]) -> Checked:
     """A "whole" task's answer: its problems (JSON) and key hashes."""
-    return json.loads(answer[0]), answer[1]
+    return json.loads(answer[0]), answer[1], None
 
 
 def _died(shard: dict, reason: str) -> str:
@@ -271,16 +276,18 @@ def _died(shard: dict, reason: str) -> str:
 _TASK = object()  # a shard's digest comes from its digest task
 
 
-def _passed(fmt: str, shard: dict, got: list, digest: str | None | object = _TASK) -> bytes | None:
-    """The key hashes of a split shard whose digest (``digest``, else its digest task's) and parts pass
-    its format's ``verify_split``; None when it does not pass (no verdict: check it whole)."""
+def _passed(fmt: str, shard: dict, got: list, digest: str | None | object = _TASK) -> tuple | None:
+    """(the key hashes, the samples per class index or None) of a split shard whose digest (``digest``, else
+    its digest task's) and parts pass its format's ``verify_split``; None when it does not pass (no verdict:
+    check it whole)."""
     if digest is _TASK:
         digest = next(json.loads(answer[0]) for task, answer in got if task.kind == "digest")
     parts = [(json.loads(answer[0]), answer[1])
              for task, answer in sorted(got, key=lambda pair: pair[0].part) if task.kind == "part"]
-    if not get_sink(fmt).verify_split.passes(shard, parts, digest):
+    split = get_sink(fmt).verify_split
+    if not split.passes(shard, parts, digest):
         return None
-    return b"".join(hashes for _, hashes in parts)
+    return b"".join(hashes for _, hashes in parts), split.classes(parts)
 
 
 def _fetched_then_checked(pool: _Pool, files, fmt: str, shards: list[dict]) -> list[Checked]:
@@ -292,8 +299,8 @@ def _fetched_then_checked(pool: _Pool, files, fmt: str, shards: list[dict]) -> l
         rels = [shard["path"]] + [shard[side] for side in ("index", "checksums", "source_runs") if shard.get(side)]
         with files.fetched(rels) as (root, fetch_problems, digests):
             known = {0: digests[shard["path"]]} if shard["path"] in digests else {}
-            (problems, hashes), = pool.check(fmt, [(str(root), shard)], frozenset(known), lambda: known)
-            return fetch_problems + problems, hashes
+            (problems, hashes, classes), = pool.check(fmt, [(str(root), shard)], frozenset(known), lambda: known)
+            return fetch_problems + problems, hashes, classes
 
     with ThreadPoolExecutor(max(1, min(files.threads, len(shards)))) as threads:
         return list(threads.map(one, shards))

@@ -55,19 +55,23 @@ class PartCheck:
     key_hashes: np.ndarray
     offsets: np.ndarray | None = None
     keys: np.ndarray | None = None
+    classes: tuple[int, ...] | None = None  # samples per class index (the .cls members' values); None: no .cls
 
     def summary(self) -> dict:
         """The fields another process needs (``parts_agree``), as JSON-ready values; the key hashes
         travel as raw bytes beside it."""
         return {"count": self.count, "first_sample": self.first_sample, "samples": self.samples,
                 "start": self.start, "end": self.end, "per_sample": self.per_sample, "layout": list(self.layout),
-                "first_key": self.first_key.hex(), "last_key": self.last_key.hex()}
+                "first_key": self.first_key.hex(), "last_key": self.last_key.hex(),
+                "classes": None if self.classes is None else list(self.classes)}
 
     @classmethod
     def from_summary(cls, summary: dict, key_hashes: bytes) -> PartCheck:
+        classes = summary.get("classes")
         return cls(summary["count"], summary["first_sample"], summary["samples"], summary["start"], summary["end"],
                    summary["per_sample"], tuple(summary["layout"]), bytes.fromhex(summary["first_key"]),
-                   bytes.fromhex(summary["last_key"]), np.frombuffer(key_hashes, dtype=np.uint64))
+                   bytes.fromhex(summary["last_key"]), np.frombuffer(key_hashes, dtype=np.uint64),
+                   classes=None if classes is None else tuple(classes))
 
 
 @dataclass(frozen=True)
@@ -145,8 +149,40 @@ def check_part(tar, index: bytes, part: int, parts: int, checksums: bytes | None
     if checksums is not None and not _crcs_match(checksums, tar, offsets, sizes, per_sample, first_sample,
                                                  count, part == 0):
         return None
+    classes = class_counts(data, offsets, sizes, per_sample, layout)
+    if classes is False:
+        return None  # a .cls member that is not a class index: the walk names the shard
     return PartCheck(count, first_sample, samples, int(offsets[0]), end_of_part, per_sample, layout,
-                     keys[0].tobytes().rstrip(b"\0"), keys[-1].tobytes().rstrip(b"\0"), hashes, offsets, keys)
+                     keys[0].tobytes().rstrip(b"\0"), keys[-1].tobytes().rstrip(b"\0"), hashes, offsets, keys,
+                     classes)
+
+
+CLASS_EXT = "cls"  # the member holding a sample's class index, decimal digits
+
+
+def class_counts(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, per_sample: int,
+                 layout: tuple[str, ...]):
+    """Samples per class index (``np.bincount`` of the samples' ``.cls`` values, as a tuple) of the members at
+    ``offsets`` (sample-major, ``per_sample`` a sample, ``layout`` the exts after the first); None without a
+    ``.cls`` member; False when one is not 1 to 9 decimal digits without a leading zero."""
+    if CLASS_EXT not in layout:
+        return None
+    column = 1 + layout.index(CLASS_EXT)
+    at = offsets.reshape(-1, per_sample)[:, column]
+    size = sizes.reshape(-1, per_sample)[:, column]
+    if not len(at):
+        return ()
+    width = int(size.max())
+    if size.min() < 1 or width > 9:
+        return False
+    rows = data[at[:, None] + np.arange(width)]
+    live = np.arange(width) < size[:, None]
+    digits = rows - np.uint8(_ZERO)  # a byte that is not a digit wraps above 9
+    if (live & (digits > 9)).any() or ((rows[:, 0] == _ZERO) & (size > 1)).any():
+        return False
+    digits = np.where(live, digits, 0).astype(np.int64)
+    values = (digits @ 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)) // 10 ** (width - size)
+    return tuple(np.bincount(values).tolist())
 
 
 def parts_agree(parts: list[PartCheck]) -> bool:

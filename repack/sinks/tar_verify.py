@@ -69,6 +69,18 @@ class TarShardParts:
         return (None, b"") if found is None else (found.summary(), np.sort(found.key_hashes).tobytes())
 
     @staticmethod
+    def classes(found: list[tuple[dict | None, bytes]]) -> list[int] | None:
+        """Samples per class index over the parts of a shard that ``passes`` (None: no ``.cls`` member)."""
+        counted = [summary.get("classes") for summary, _ in found if summary and summary.get("samples")]
+        if not counted or any(part is None for part in counted):
+            return None
+        total = [0] * max(len(part) for part in counted)
+        for part in counted:
+            for index, count in enumerate(part):
+                total[index] += count
+        return total
+
+    @staticmethod
     def passes(shard: dict, found: list[tuple[dict | None, bytes]], sha256: str | None) -> bool:
         """True when every part passed, the parts agree and hold the manifest's sample count, and the tar's
         sha256 is the manifest's."""
