@@ -152,3 +152,86 @@ def test_merging_again_after_a_change_is_refused(tmp_path):
     refused = run_repack("merge", out, check=False)
     assert refused.returncode == 2 and "holds version 2" in refused.stderr
     assert read_manifest_json(out)["dataset_version"]["number"] == 2 and run_repack("verify", out).returncode == 0
+
+
+def test_the_first_job_run_again_after_a_remove_and_gc_is_refused(tmp_path):
+    """A remove, then gc deletes version 1's shard: the job's task looks unfinished, and running the job again
+    (a cron retry) would publish version 1 over version 2, the removed sample back in it."""
+    src, out = packed(tmp_path)
+    run_repack("remove", out, "--sources", takedown(tmp_path, "c/a0.jpg"), "--quiet")
+    run_repack("gc", out, "--keep", "1")
+    refused = run_repack("images", src, out, "--shard-size", "4", check=False)
+    assert refused.returncode == 2 and "holds version 2 of its dataset" in refused.stderr
+    manifest = read_manifest_json(out)
+    assert manifest["dataset_version"]["number"] == 2 and manifest["totals"]["samples"] == 7
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_a_folder_with_a_manifest_json_but_no_job_is_not_packed_into(tmp_path):
+    """Another tool's ``manifest.json`` is not a repack job; a repack dataset copied without ``.repack/`` (a pull,
+    an rsync) is not this job's: both refused without --overwrite, nothing touched."""
+    src = write_jpegs(tmp_path / "src" / "c", 4, "a").parent
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"my": "own"}')
+    refused = run_repack("images", src, foreign, check=False)
+    assert refused.returncode == 2 and "holds no repack job (manifest.json)" in refused.stderr
+    assert (foreign / "manifest.json").read_text() == '{"my": "own"}'
+    _, out = packed(tmp_path)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in out.iterdir():
+        if path.is_file():
+            (copy / path.name).write_bytes(path.read_bytes())
+    before = {p.name: p.read_bytes() for p in copy.iterdir()}
+    refused = run_repack("images", src, copy, check=False)
+    assert refused.returncode == 2 and "holds a repack images dataset (8 samples) without its job state" in refused.stderr
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.name != ".repack"} == before
+
+
+def test_overwrite_into_a_foreign_folder_replaces_only_the_names_it_writes(tmp_path):
+    """--overwrite into a folder repack never wrote to: another tool's ``shard-000005.tar`` (webdataset's own
+    ShardWriter pattern) is not a shard a killed repack run left, so it stays."""
+    src = write_jpegs(tmp_path / "src" / "c", 4, "a").parent
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("shard-000000.tar", "shard-000005.tar", "notes.txt"):
+        (out / name).write_bytes(b"theirs")
+    run_repack("images", src, out, "--overwrite", "--quiet")
+    assert (out / "shard-000005.tar").read_bytes() == (out / "notes.txt").read_bytes() == b"theirs"
+    assert (out / "shard-000000.tar").read_bytes() != b"theirs"
+
+
+def test_overwrite_keeps_the_lock_it_holds(tmp_path):
+    """--overwrite clears the job state but not its lock files: a second run while the first is stopped after its
+    wipe and plan (its new job.json written) is refused (exit 3), as it is without --overwrite."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    src = write_jpegs(tmp_path / "src" / "c", 400, "a").parent
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    job = out / ".repack" / "job.json"
+    before = job.stat().st_mtime_ns
+    first = subprocess.Popen([sys.executable, "-m", "repack", "images", str(src), str(out), "--shard-size", "4",
+                              "--overwrite", "--workers", "1", "--quiet"], cwd=ROOT, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while first.poll() is None:
+            try:
+                if job.stat().st_mtime_ns != before:
+                    break
+            except FileNotFoundError:
+                pass
+        os.killpg(first.pid, signal.SIGSTOP)
+        assert first.poll() is None, "the first run ended before it could be stopped"
+        second = run_repack("images", src, out, "--shard-size", "4", check=False)
+        assert second.returncode == 3 and "already running a job" in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
+        first.wait(120)
+    assert first.returncode == 0 and run_repack("verify", out).returncode == 0

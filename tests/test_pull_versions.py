@@ -49,7 +49,7 @@ def test_an_append_published_during_a_pull_never_yields_a_mixture(server, tmp_pa
     assert appended.is_set() and json.loads(objects(s3, "race", "ds")["manifest.json"])["dataset_version"]["number"] == 2
     assert (tmp_path / "copy" / "manifest.json").read_bytes() == v1  # exactly the version it checked
     assert run_repack("verify", tmp_path / "copy").returncode == 0
-    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == sorted(
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir() if p.name != ".repack") == sorted(
         [s[key] for s in json.loads(v1)["shards"] for key in ("path", "index", "checksums")] + ["manifest.json"])
 
 
@@ -125,4 +125,25 @@ def test_a_pull_into_an_earlier_copy_leaves_only_what_it_pulled(server, three_ve
     named = {name for s in manifest["shards"] for name in (s["path"], s["index"], s["checksums"])}
     assert {p.name for p in dest.iterdir() if p.name != ".repack"} == named | {"manifest.json", "manifest.v3.json"}
     assert older - named - {"manifest.json", "manifest.v1.json", "manifest.v2.json", "manifest.v3.json"}  # some went
+    assert run_repack("verify", dest).returncode == 0
+
+
+def test_a_pull_waits_its_turn_on_the_destination(server, three_versions, tmp_path):
+    """A pull holds DEST's job lock, as every writer of a dataset does: a pull started while another process
+    holds it (a second, slower pull of an older version would put DEST back to it after the first) is refused."""
+    import fcntl
+    import os
+
+    env = env_for(server.endpoint, tmp_path)
+    dest = tmp_path / "dest"
+    (dest / ".repack").mkdir(parents=True)
+    fd = os.open(dest / ".repack" / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        refused = run_repack("pull", three_versions, dest, env=env, check=False)
+        assert refused.returncode == 3 and "already running a job" in refused.stderr
+        assert not (dest / "manifest.json").exists()
+    finally:
+        os.close(fd)
+    run_repack("pull", three_versions, dest, env=env)
     assert run_repack("verify", dest).returncode == 0

@@ -42,7 +42,6 @@ import importlib
 import json
 import os
 import re
-import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -61,6 +60,7 @@ from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_w
                                    wait_for_old_workers)
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
 from repack.store import open_store
+from repack.store.local import clear_state_folder
 
 STRICT_MANIFEST = f"{STATE_DIR}/strict-manifest.json"  # what a --strict run that failed leaves instead (exit 6)
 ASSEMBLY_THREADS = 4  # driver threads that assemble groups (hashlib and file I/O release the GIL)
@@ -322,11 +322,33 @@ def prepare_out(out: Path, store=None) -> None:
         raise UsageError(f"output {str(out)!r} is not writable: {exc.strerror}") from None
 
 
+def holds_repack_job(store) -> bool:
+    """OUT holds repack's job state or a repack manifest (not a ``manifest.json`` of another tool)."""
+    if store.size(f"{STATE_DIR}/job.json") is not None:
+        return True
+    try:
+        data = json.loads(store.read_bytes(MANIFEST_NAME) or b"null")
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("schema") == "repack.manifest"
+
+
 def refuse_foreign_out(out: Path, store) -> None:
-    """A non-empty OUT that holds no repack job (no job state, no manifest) is someone else's folder:
-    UsageError naming a few of its files, before anything in it is written (``--overwrite`` skips this)."""
-    if store.size(f"{STATE_DIR}/job.json") is not None or store.size(MANIFEST_NAME) is not None:
+    """A non-empty OUT that holds no repack job state is someone else's folder, or a repack dataset copied
+    without its job (``repack pull``, an rsync of the data files): UsageError naming what it holds, before
+    anything in it is written (``--overwrite`` skips this). A ``manifest.json`` alone proves nothing."""
+    if store.size(f"{STATE_DIR}/job.json") is not None:
         return
+    if store.size(MANIFEST_NAME) is not None:
+        try:
+            data = json.loads(store.read_bytes(MANIFEST_NAME) or b"null")
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and data.get("schema") == "repack.manifest":
+            totals = data.get("totals") if isinstance(data.get("totals"), dict) else {}
+            raise UsageError(f"{store.url} holds a repack {data.get('modality', '?')} dataset ({totals.get('samples', '?')} "
+                             "samples) without its job state (.repack/job.json: a copy or a pull); packing into it "
+                             "would replace it: choose a new or empty OUT, or pass --overwrite to replace it")
     if store.remote:
         found = sorted(rel for rel in store.list_sizes("") if not rel.startswith(f"{STATE_DIR}/"))
     else:
@@ -464,7 +486,8 @@ class Engine:
             except (KeyError, TypeError):
                 continue
         names |= version_names(store)  # every version of the dataset there, pending ones too
-        names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)}  # a killed run's, unrecorded
+        if holds_repack_job(store):  # shards a killed run left unrecorded; in a folder repack never wrote to, a
+            names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)}  # shard-000005.tar is not ours
         for rel in sorted(names | {MANIFEST_NAME}):
             try:
                 safe_join(self.out, rel)
@@ -473,9 +496,9 @@ class Engine:
             store.delete(rel)
             if store.remote:
                 remove_local(self.out, rel)
-        store.clear_state(STATE_DIR)
+        store.clear_state(STATE_DIR)  # the lock files this run holds stay (a second run would lock new ones)
         if store.remote:
-            shutil.rmtree(state_dir(self.out), ignore_errors=True)
+            clear_state_folder(state_dir(self.out))
 
     def _clean_temps(self, task_ids: set[str]) -> None:
         """Remove temp files left by a killed run of these tasks (we hold their lock)."""
@@ -608,6 +631,11 @@ class Engine:
                 self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
                 return result
             if unfinished:
+                later = _later_version(store)
+                if later is not None:  # a later version's change (a remove, then gc) made a task of version 1 unfinished
+                    raise UsageError(f"{store.url} holds version {later} of its dataset (an --append or remove after "
+                                     "this job); running the job again would publish version 1 over it (removed "
+                                     "samples back): add inputs with --append, or pass --overwrite to start over")
                 store.delete(MANIFEST_NAME)
                 manifest_path.unlink(missing_ok=True)
             temps = {t.task_id for t in todo} | set(unfinished)  # chunks and unfinished assemblies

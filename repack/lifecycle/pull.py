@@ -133,7 +133,17 @@ def pull(spec: PullSpec) -> Manifest:
     root = Path(spec.dest)
     if root.exists() and not root.is_dir():
         raise UsageError(f"{str(root)!r} exists and is not a folder")
+    from repack.jobs.base import STATE_DIR
+    from repack.jobs.engine import JobLock
+
     root.mkdir(parents=True, exist_ok=True)
+    (root / STATE_DIR).mkdir(exist_ok=True)
+    with JobLock(root):  # as every writer of a dataset: a second pull, a gc or a remove on DEST waits its turn
+        return _pull_locked(spec, remote, pinned, root)
+
+
+def _pull_locked(spec: PullSpec, remote: RemoteFiles, pinned: list[Version], root: Path) -> Manifest:
+    """``pull`` with DEST's job lock held."""
     items = {item.rel: item for version in reversed(pinned) for item in expected_objects(version.manifest)}
     targets = {rel: refuse_links(root, rel) for rel in items}
     earlier = version_names(LocalStore(str(root)))  # an earlier pull's files: those not pulled now go

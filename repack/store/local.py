@@ -26,6 +26,28 @@ def copy_atomically(src: Path, dst: Path) -> None:
     fsync_dir(dst.parent)
 
 
+def is_lock_file(name: str) -> bool:
+    """A job state folder's lock files (``.repack/lock``, ``lock-<part>``, ``workers.lock``, ``workers-<part>.lock``):
+    held by flock while a run lives, so never removed under it (a second run would lock a new file beside it)."""
+    return name == "lock" or name.startswith("lock-") or (name.startswith("workers") and name.endswith(".lock"))
+
+
+def clear_state_folder(folder: Path) -> None:
+    """Everything in a job state folder removed but its lock files (``is_lock_file``)."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if is_lock_file(entry.name):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+
+
 class LocalStore:
     """Files under a local folder. Jobs write in place, so ``publish`` only checks the file.
 
@@ -117,8 +139,8 @@ class LocalStore:
         self.path(rel).unlink(missing_ok=True)
 
     def clear_state(self, state_dir: str) -> None:
-        """Remove the job state folder (``--overwrite``)."""
-        shutil.rmtree(self.path(state_dir), ignore_errors=True)
+        """Remove the job state (``--overwrite``), but not the lock files the run clearing it holds."""
+        clear_state_folder(self.path(state_dir))
 
     def fetch(self, rel: str, local: Path) -> None:
         """Copy ``rel`` to the local path (nothing to do when it is the same file)."""
