@@ -92,6 +92,9 @@ def _is_iterable(source) -> bool:
     return isinstance(source, IterableDataset)
 
 
+ORDER_OPTIONS = ("shuffle", "exhausted", "samples", "weights")  # what shapes the draws: a state of others is refused
+
+
 class _Cursor:
     """One source's place inside one (rank, worker) iterator."""
 
@@ -290,7 +293,8 @@ class Mixture(IterableDataset):
                 {"state": None} if _is_iterable(s) else {"dataset": dict(s.dataset)} if hasattr(s, "dataset")
                 else {})} for s in self.sources]
         return {"kind": "Mixture", "version": STATE_VERSION, "epoch": epoch, "seed": self.seed,
-                "slot": [self.rank, self.world_size, worker, workers], "drawn": drawn, "sources": sources}
+                "slot": [self.rank, self.world_size, worker, workers], "drawn": drawn, "sources": sources,
+                **{name: getattr(self, name) for name in ORDER_OPTIONS}}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next ``__iter__`` in this process continue from ``state``."""
@@ -298,6 +302,11 @@ class Mixture(IterableDataset):
         if state["seed"] != self.seed or len(state["sources"]) != len(self.sources):
             raise ValueError(f"Mixture state of seed {state['seed']} with {len(state['sources'])} sources loaded "
                              f"into a mixture of seed {self.seed} with {len(self.sources)}")
+        differs = [f"{name}: saved {state[name]!r}, now {getattr(self, name)!r}" for name in ORDER_OPTIONS
+                   if name in state and state[name] != getattr(self, name)]  # states of older readers lack them
+        if differs:
+            raise ValueError("Mixture state of another order loaded (" + "; ".join(differs) + "): it would read "
+                             "some samples twice and others never")
         for i, (saved, source) in enumerate(zip(state["sources"], self.sources)):
             if saved["kind"] != type(source).__name__:
                 raise ValueError(f"Mixture source {i} was a {saved['kind']}, is a {type(source).__name__}")
@@ -309,6 +318,9 @@ class Mixture(IterableDataset):
                     source.use_version(version)
         if not bool(self._epoch_chosen):
             self._epoch.fill_(int(state["epoch"]))
+            for source in self.sources:  # one not drawn yet when the state was taken reads the state's epoch too,
+                if _is_iterable(source) and hasattr(source, "set_epoch"):  # as ``set_epoch`` had given it then
+                    source.set_epoch(int(state["epoch"]))
         self._pending, self._live = dict(state), None
 
     def __iter__(self) -> Iterator[Any]:

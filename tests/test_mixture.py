@@ -148,3 +148,43 @@ def test_mixture_with_webdataset_shards_resumes_or_says_why_not(data, packed_pho
         return
     again.load_state_dict(state)
     assert [key(x) for x in again] == full[20:]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mixture_state_of_epoch_1_resumed_without_set_epoch_reads_an_undrawn_iterable_source_in_that_epoch(
+        packed_photos, workers):
+    """The state continues its epoch; an iterable source that no worker had drawn from yet when the state was
+    taken (its state None) reads that epoch's order too, not its own epoch 0: every sample once, as uninterrupted."""
+    from pipelines.stateful_loader import StatefulDataLoader
+
+    def loader(epoch):
+        mixture = Mixture([(ImageShardDataset(packed_photos, decode=False, output="dict", shuffle=True), 1)], seed=9)
+        if epoch is not None:
+            mixture.set_epoch(epoch)
+        return StatefulDataLoader(mixture, batch_size=8, num_workers=workers,
+                                  collate_fn=lambda batch: [sample["key"] for sample in batch])
+
+    full = [key for batch in loader(1) for key in batch]
+    first = loader(1)
+    it = iter(first)
+    head = next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    resumed = loader(None)
+    resumed.load_state_dict(state)
+    rest = [key for batch in resumed for key in batch]
+    assert head + rest == full and len(set(full)) == len(full) == 120
+
+
+def test_a_mixture_state_of_another_order_is_refused(data):
+    def mixture(shuffle):
+        return Mixture([(lmdb(data["lmdb_a"]), 1), (lmdb(data["lmdb_b"]), 1)], seed=3, shuffle=shuffle)
+
+    first = mixture(True)
+    it = iter(first)
+    [next(it) for _ in range(5)]
+    state = json.loads(json.dumps(first.state_dict()))
+    with pytest.raises(ValueError, match=r"another order loaded \(shuffle: saved True, now False\)"):
+        mixture(False).load_state_dict(state)
+    old_reader_state = {k: v for k, v in state.items() if k not in ("shuffle", "exhausted", "samples", "weights")}
+    mixture(True).load_state_dict(old_reader_state)  # a state of a reader that did not record them still loads
