@@ -210,6 +210,10 @@ class ResumableSampler(Sampler[int]):
 
     def __init__(self, size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
                  drop_last: bool = False, dataset=None) -> None:
+        if world_size > 1 and getattr(dataset, "world_size", 1) > 1:
+            raise ValueError(f"ResumableSampler of rank {rank} of {world_size} over a dataset that splits by rank "
+                             f"itself (world_size={dataset.world_size}): the split would apply twice and each rank "
+                             "read a fraction of its share; build the dataset with rank=0, world_size=1")
         self.shuffle = shuffle
         self.position = OrderPosition(type(self).__name__, int(size), seed, rank, world_size, drop_last, dataset)
         self._cached: tuple[tuple, np.ndarray] | None = None

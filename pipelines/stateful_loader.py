@@ -30,10 +30,24 @@ warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=
 
 from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataLoader  # noqa: E402 - after the filter
 
+from torch.utils.data import IterableDataset  # noqa: E402
+
 from pipelines.sample_order import continued_epoch  # noqa: E402
 
-__all__ = ["StatefulDataLoader", "saved_epochs", "starts_another_epoch", "fresh_iteration_state",
+__all__ = ["StatefulDataLoader", "saved_workers", "saved_epochs", "starts_another_epoch", "fresh_iteration_state",
            "continues_saved_epoch"]
+
+
+def saved_workers(state: dict) -> int | None:
+    """The ``num_workers`` of the loader a ``state`` was taken from (0: no workers; None: not a loader state)."""
+    if not isinstance(state, dict):
+        return None
+    if "_snapshot" in state:
+        try:
+            return int(state["_snapshot"]["_main_snapshot"]["_num_workers"])
+        except (KeyError, TypeError, ValueError):
+            return None
+    return 0 if "_sampler_iter_state" in state or "_num_yielded" in state else None
 
 
 def saved_epochs(state: dict) -> set[int]:
@@ -51,6 +65,19 @@ def starts_another_epoch(dataset: Any, state: dict) -> bool:
     chosen = getattr(dataset, "chosen_epoch", None)
     epochs = saved_epochs(state)
     return chosen is not None and bool(epochs) and all(not continued_epoch(e, chosen)[1] for e in epochs)
+
+
+def states_at_epoch(state: dict, epoch: int) -> dict:
+    """A copy of a loader ``state`` whose reader states say ``epoch`` (a finished state, the next epoch chosen)."""
+    state = copy.deepcopy(state)
+    if "_snapshot" in state:
+        found = [w.get("dataset_state") for w in state["_snapshot"]["_worker_snapshots"].values()]
+    else:
+        found = [state.get("_dataset_state")]
+    for reader_state in found:
+        if isinstance(reader_state, dict) and "epoch" in reader_state:
+            reader_state["epoch"] = int(epoch)
+    return state
 
 
 def fresh_iteration_state(state: dict) -> dict:
@@ -79,11 +106,9 @@ def continues_saved_epoch(loader, state: dict) -> bool | None:
     """Whether iterating ``loader`` continues the epoch its loaded ``state`` was taken in (no ``set_epoch``,
     or ``set_epoch`` of that epoch); None when its dataset and sampler are not the readers' (torchdata's rule
     then)."""
-    if hasattr(loader.dataset, "chosen_epoch"):
-        return not starts_another_epoch(loader.dataset, state)
     position = _position(loader)
-    if position is None:
-        return None
+    if position is None:  # the reader's own epoch (an iterable reader, or PackedTokenDataset's own order)
+        return not starts_another_epoch(loader.dataset, state) if hasattr(loader.dataset, "chosen_epoch") else None
     from pipelines.sampler_resume import find_state
 
     try:
@@ -111,10 +136,20 @@ class StatefulDataLoader(_TorchdataLoader):
             return iter(())
         if state is not None and state is self._ended_once and continues_saved_epoch(self, state):
             self.next_iter_state = None  # a second pass in the same epoch: torchdata's fresh iteration
+        elif state is not None and state.get("_iterator_finished") and continues_saved_epoch(self, state) is False \
+                and not isinstance(self.dataset, IterableDataset) and _position(self) is None:
+            # a map-style reader ordering its own epochs (PackedTokenDataset): torchdata starts a finished state's
+            # sampler over, so the epoch set_epoch chose runs from its start; its reader states say that epoch
+            self.next_iter_state = states_at_epoch(state, self.dataset.chosen_epoch)
         self._ended_once = None
         return super().__iter__()
 
     def load_state_dict(self, state_dict: dict) -> None:
+        saved = saved_workers(state_dict)
+        if saved is not None and saved != self.num_workers:  # torchdata would fail on a bare assertion, or not
+            raise ValueError(f"a loader state taken with num_workers={saved} loaded into a loader with "
+                             f"num_workers={self.num_workers}: each worker's position is its own; build the "
+                             f"loader with num_workers={saved} to continue")
         self._ended_once = None
         super().load_state_dict(state_dict)
 

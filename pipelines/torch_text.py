@@ -202,7 +202,8 @@ class PackedTokenDataset(Dataset):
     ``r`` taking every ``world_size``-th): use the loader's default sequential sampler; a
     ``StatefulDataLoader`` then resumes exactly (it skips indices, never bytes; the epoch is in this
     dataset's state). For elastic resume (another world size), build it with ``shuffle=False`` and
-    pass ``ResumableSampler(len(ds), seed=..., rank=..., world_size=...)``: the same permutation.
+    the default ``rank=0, world_size=1`` (the sampler splits by rank, not the dataset), and pass
+    ``ResumableSampler(len(ds), seed=..., rank=..., world_size=..., dataset=ds)``: the same permutation.
 
     Items are int64 by default; ``dtype=None``: the storage dtype (zero-copy views, see the module
     docstring). ``len(ds)`` is this rank's windows per epoch (equal on every rank).
@@ -253,6 +254,12 @@ class PackedTokenDataset(Dataset):
         also with ``persistent_workers=True``)."""
         self._epoch.fill_(int(epoch))
         self._epoch_chosen.fill_(True)
+
+    @property
+    def chosen_epoch(self) -> int | None:
+        """The epoch ``set_epoch`` chose (None: none yet): ``pipelines.stateful_loader`` ends a loaded state's
+        finished epoch with it, as for the iterable readers."""
+        return self.epoch if bool(self._epoch_chosen) else None
 
     def window_ids(self) -> np.ndarray:
         """The global window numbers this rank reads, in order, for the current epoch."""
