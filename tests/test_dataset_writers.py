@@ -235,3 +235,34 @@ def test_overwrite_keeps_the_lock_it_holds(tmp_path):
         os.killpg(first.pid, signal.SIGCONT)
         first.wait(120)
     assert first.returncode == 0 and run_repack("verify", out).returncode == 0
+
+
+def test_a_source_changed_while_the_job_ran_says_to_start_over(tmp_path):
+    """A file of the last shard grows after the plan: its task fails, and the message does not promise that a
+    plain re-run resumes (it is refused: the source changed); it says --overwrite."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    src = write_jpegs(tmp_path / "src" / "c", 400, "a").parent
+    out = tmp_path / "out"
+    job = out / ".repack" / "job.json"
+    run = subprocess.Popen([sys.executable, "-m", "repack", "images", str(src), str(out), "--shard-size", "4",
+                            "--workers", "1", "--quiet"], cwd=ROOT, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while run.poll() is None and not job.exists():
+            pass
+        os.killpg(run.pid, signal.SIGSTOP)
+        assert run.poll() is None, "the run ended before it could be stopped"
+        last = sorted((src / "c").iterdir(), key=lambda p: p.name.encode())[-1]
+        with open(last, "ab") as fh:
+            fh.write(b"\0" * 10)
+    finally:
+        os.killpg(run.pid, signal.SIGCONT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 4 and "the source changed while the job ran" in err and "--overwrite" in err, err
+    assert "a re-run resumes" not in err

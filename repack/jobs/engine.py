@@ -652,6 +652,10 @@ class Engine:
             if failures:
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
+                if all("SourceChanged" in f.error for f in failures):  # a re-run would be refused the same way
+                    raise IncompleteJobError(f"{len(failures)} task(s) failed: the source changed while the job ran "
+                                             f"(finished shards are kept; re-run with --overwrite to plan the "
+                                             f"source as it is now):\n{lines}")
                 raise IncompleteJobError(f"{len(failures)} task(s) failed; finished shards are kept and a "
                                          f"re-run resumes:\n{lines}")
             ran, skipped = len(unfinished), len(mine) - len(unfinished)
