@@ -405,3 +405,20 @@ def test_a_class_map_that_does_not_match_the_samples_cls_members_is_named(tmp_pa
     (out / "manifest.json").write_text(json.dumps({**manifest, "classes": {"cat": 0}}))
     code, problems = verify_json(out)
     assert code == 5 and "4 sample(s) hold class index 1, which the class map does not name" in problems
+
+
+def test_zero_padded_class_members_are_counted_without_walking_the_tar(tmp_path):
+    """With 11+ classes repack writes each ``.cls`` zero-padded to one width (DALI sums the digits): the cheap
+    check counts them as they are (a leading zero is no damage), so verify never falls back to the member walk."""
+    from repack.sinks.tar_verify import check_shard_part
+    from tests.test_images_job import write_jpegs
+
+    src = tmp_path / "src"
+    for k in range(12):
+        write_jpegs(src / f"c{k:02d}", 1 + k % 3, f"x{k}")
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    shard = read_manifest_json(out)["shards"][0]
+    found = check_shard_part(out, shard, 0, 1)
+    assert found is not None and found.classes == tuple(1 + k % 3 for k in range(12))
+    assert verify_json(out) == (0, [])

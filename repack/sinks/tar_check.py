@@ -150,8 +150,6 @@ def check_part(tar, index: bytes, part: int, parts: int, checksums: bytes | None
                                                  count, part == 0):
         return None
     classes = class_counts(data, offsets, sizes, per_sample, layout)
-    if classes is False:
-        return None  # a .cls member that is not a class index: the walk names the shard
     return PartCheck(count, first_sample, samples, int(offsets[0]), end_of_part, per_sample, layout,
                      keys[0].tobytes().rstrip(b"\0"), keys[-1].tobytes().rstrip(b"\0"), hashes, offsets, keys,
                      classes)
@@ -163,8 +161,9 @@ CLASS_EXT = "cls"  # the member holding a sample's class index, decimal digits
 def class_counts(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, per_sample: int,
                  layout: tuple[str, ...]):
     """Samples per class index (``np.bincount`` of the samples' ``.cls`` values, as a tuple) of the members at
-    ``offsets`` (sample-major, ``per_sample`` a sample, ``layout`` the exts after the first); None without a
-    ``.cls`` member; False when one is not 1 to 9 decimal digits without a leading zero."""
+    ``offsets`` (sample-major, ``per_sample`` a sample, ``layout`` the exts after the first; repack writes them
+    zero-padded to one width, as DALI's pipeline reads them); None without a ``.cls`` member, or when one is not
+    1 to 9 decimal digits (not counted: the readers refuse such a label by the sample's name)."""
     if CLASS_EXT not in layout:
         return None
     column = 1 + layout.index(CLASS_EXT)
@@ -174,12 +173,12 @@ def class_counts(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, per_s
         return ()
     width = int(size.max())
     if size.min() < 1 or width > 9:
-        return False
+        return None
     rows = data[at[:, None] + np.arange(width)]
     live = np.arange(width) < size[:, None]
     digits = rows - np.uint8(_ZERO)  # a byte that is not a digit wraps above 9
-    if (live & (digits > 9)).any() or ((rows[:, 0] == _ZERO) & (size > 1)).any():
-        return False
+    if (live & (digits > 9)).any():
+        return None
     digits = np.where(live, digits, 0).astype(np.int64)
     values = (digits @ 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)) // 10 ** (width - size)
     return tuple(np.bincount(values).tolist())
