@@ -25,7 +25,8 @@ import numpy as np
 
 from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, restore_bytes
 from pipelines.dataset_identity import identity
-from pipelines.manifest_access import image_extensions, is_labeled, open_webdataset, read_index, shard_files
+from pipelines.manifest_access import (image_extensions, is_labeled, open_webdataset, read_index, read_index_columns,
+                                       shard_files)
 from repack.manifest import ManifestError
 
 READER = "Reader"
@@ -106,6 +107,7 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     manifest = open_webdataset(root, "images", version)
     paths, index_paths = shard_files(manifest)
     check_index_files(manifest)
+    read_index_columns(manifest)  # every index laid out as its tar (the parser's checks): DALI trusts it blindly
     labeled = is_labeled(manifest)
     image_exts = image_extensions(manifest)
     if set(image_exts) & DALI_UNDECODABLE:

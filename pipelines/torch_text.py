@@ -129,6 +129,12 @@ class TokenMemmap:
         if len(lens) != p.documents or int(np.sum(lens, dtype=np.int64)) != p.tokens:
             raise ValueError(f"{self.root}: {p.idx_path} lists {len(lens)} documents of "
                              f"{int(np.sum(lens, dtype=np.int64))} tokens, the manifest {p.documents} of {p.tokens}")
+        starts = np.zeros(len(lens), dtype=np.int64)  # documents back to back, as repack writes them
+        np.cumsum(np.asarray(lens[:-1], dtype=np.int64), out=starts[1:])
+        if (np.asarray(lens) < 0).any() or not np.array_equal(np.asarray(ptrs, dtype=np.int64),
+                                                               starts * self.dtype.itemsize):
+            raise ValueError(f"{self.root}: {p.idx_path}: its sequence pointers are not its documents back to back "
+                             "(a document would read another's tokens, or none; run `repack verify`)")
         if not self.remote:
             held = os.path.getsize(p.bin_path) // self.dtype.itemsize
             if held != p.tokens:

@@ -28,4 +28,5 @@ def merge(out, quiet, json_summary):
     options = EngineOptions(quiet=quiet, json_summary=json_summary, command=shlex.join(sys.argv))
     result = engine.merge(location(out), options)
     state = engine.read_json(open_store(location(out)), ".repack/job.json")
-    report(engine.load_job(result.manifest["modality"], json.dumps(state["spec"])), options, result)
+    report(engine.load_job(result.manifest["modality"], json.dumps({**state["spec"], "out": location(out)})), options,
+           result)

@@ -56,7 +56,7 @@ from repack.jobs import JOBS
 from repack.jobs.base import (PLAN_NAME, STATE_DIR, Job, Plan, Task, build_plan, is_piece, planned_entries, read_plan,
                               save_plan)
 from repack.jobs.progress import progress_reporter
-from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, run_part,
+from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, open_lock_file, run_part,
                                    wait_for_old_workers)
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
 from repack.store import open_store
@@ -222,8 +222,9 @@ class RunResult:
 
 
 def _flock(path: Path, mode: int, what: str, out: Path) -> int:
-    """Open ``path`` and flock it without blocking; JobLockedError (naming the holder) if taken."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    """Open ``path`` and flock it without blocking; JobLockedError (naming the holder) if taken; UsageError
+    when it is a symbolic link (the pid written into it would land wherever the link points)."""
+    fd = open_lock_file(path, cloexec=False)
     try:
         fcntl.flock(fd, mode | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -313,6 +314,10 @@ def prepare_out(out: Path, store=None) -> None:
         store.check_writable()
     if out.exists() and not out.is_dir():
         raise UsageError(f"output {str(out)!r} exists and is not a folder")
+    for folder in (state_dir(out), state_dir(out) / "tasks"):  # the job state stays inside OUT
+        if folder.is_symlink():
+            raise UsageError(f"{str(folder)!r} is a symbolic link: repack writes its job state only inside OUT; "
+                             "remove the link")
     try:
         (state_dir(out) / "tasks").mkdir(parents=True, exist_ok=True)
         probe = state_dir(out) / f".write-probe-{os.getpid()}"
@@ -879,7 +884,9 @@ def merge(out: str, options: EngineOptions) -> RunResult:
     state = read_json(store, f"{STATE_DIR}/job.json")
     if state is None:
         raise UsageError(f"{out} holds no repack job state (.repack/job.json)")
-    job = load_job(state["job"], json.dumps(state["spec"]))
+    # the dataset is where merge was asked to write it: the job state's ``out`` is where the partitions ran (a
+    # folder since moved or copied, or a forged one), never a place to write to
+    job = load_job(state["job"], json.dumps({**state["spec"], "out": str(out)}))
     plan = read_plan(store)
     if plan is None:
         raise UsageError(f"{out} holds no repack job state (.repack/{PLAN_NAME})")

@@ -21,13 +21,14 @@ Three guards, each for a way a killed driver's workers could outlive it:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import secrets
 import time
 from pathlib import Path
 
-from repack.errors import JobLockedError
+from repack.errors import JobLockedError, UsageError
 from repack.jobs.base import STATE_DIR
 
 WORKERS_LOCK = "workers.lock"  # a partition's: workers-<part>.lock
@@ -87,6 +88,18 @@ def mark_pool_worker() -> None:
     driver_lock_fds.clear()
 
 
+def open_lock_file(path, cloexec: bool = True) -> int:
+    """A lock file of the job state opened for read and write (created when missing), never through a symbolic
+    link (UsageError): a lock file linked elsewhere would have a pid written over what it points to."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | (os.O_CLOEXEC if cloexec else 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"{str(path)!r} is a symbolic link: refused (repack's lock files stay inside OUT); "
+                             "remove the link") from None
+        raise
+
+
 def workers_lock(part: str = "") -> str:
     """The workers lock's file name for a full run (``part`` empty) or a static partition."""
     return f"workers-{part}.lock" if part else WORKERS_LOCK
@@ -104,7 +117,7 @@ def hold_workers_lock(state: Path, part: str = "") -> None:
     path = str(state / workers_lock(part))
     if path in _held:
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_lock_file(path)
     fcntl.flock(fd, fcntl.LOCK_SH)  # blocks only while a new run checks for old workers (an instant)
     _held[path] = fd
 
@@ -121,7 +134,7 @@ def wait_for_old_workers(state: Path, part: str = "", timeout: float = OLD_WORKE
 
 
 def _wait_free(path: Path, deadline: float, timeout: float) -> None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_lock_file(path)
     try:
         while True:
             try:

@@ -124,15 +124,17 @@ class Task:
     cost: int = 0
 
 
-def plan_tasks(fmt: str, shards: list[dict], digested: frozenset[int] = frozenset()) -> list[Task]:
+def plan_tasks(fmt: str, shards: list[dict], digested: frozenset[int] = frozenset(),
+               actual: list[int | None] | None = None) -> list[Task]:
     """The first round of tasks, biggest first: each shard whose format splits its check
     (``verify_split``) as a digest task (none for the shard numbers in ``digested``: their sha256 is
-    known) and its parts, any other shard whole."""
+    known) and its parts, any other shard whole. ``actual``: each shard's main file's real size, which
+    bounds its parts (a manifest declaring 10^30 samples plans no more parts than its file can hold)."""
     split = getattr(get_sink(fmt), "verify_split", None)
     tasks = []
     for i, shard in enumerate(shards):
         size = int(shard.get("bytes", 0)) + int(shard.get("index_bytes", 0))
-        parts = split.parts(shard) if split is not None else 0
+        parts = split.parts(shard, actual[i] if actual else None) if split is not None else 0
         if not parts:
             tasks.append(Task("whole", i, cost=size))
             continue
@@ -202,7 +204,7 @@ class _Pool:
         that did not pass. ``known``: the shard numbers whose main file's sha256 comes from elsewhere,
         ``digests()`` gives it once the first round is done (None: unreadable; ``Died``: its process died)."""
         entries = [shard for _, shard in shards]
-        answers = self._run(fmt, shards, plan_tasks(fmt, entries, known))
+        answers = self._run(fmt, shards, plan_tasks(fmt, entries, known, [_file_size(root, shard) for root, shard in shards]))
         outside = digests() if known else {}
         results: dict[int, Checked] = {}
         again = []
@@ -262,6 +264,14 @@ class _Pool:
             except BrokenProcessPool as exc:
                 found.append(Died(str(exc)))
         return found
+
+
+def _file_size(root: str, shard: dict) -> int | None:
+    """The real size of a shard's main file (None when missing or unreadable)."""
+    try:
+        return os.stat(Path(root) / shard["path"]).st_size
+    except (OSError, ValueError):
+        return None
 
 
 def _whole(answer: tuple[str, bytes]) -> Checked:

@@ -53,3 +53,8 @@ def check_declared_counts(data: dict, size_of: Callable[[str], int | None], wher
             raise ManifestError(f"{where}: {rel} declares {samples} samples, more than its {size} bytes can hold "
                                 f"(at least {least} bytes a sample): a damaged or forged manifest (run `repack "
                                 "verify`)")
+    totals = data.get("totals")
+    held = sum(shard.get("samples", 0) for shard in data.get("shards", ()))
+    if isinstance(totals, dict) and "samples" in totals and totals["samples"] != held:
+        raise ManifestError(f"{where}: totals.samples is {totals['samples']!r}, its shards hold {held}: a shard "
+                            "entry was dropped or edited (run `repack verify`)")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from repack.manifest.caps import check_manifest_size
+from repack.manifest.paths import PathEscapeError, safe_join
 from repack.manifest.schema import MANIFEST_NAME, Manifest, ManifestError
 from repack.manifest.versions import check_number, read_version
 
@@ -103,7 +104,11 @@ def read_manifest(root: str | os.PathLike, version: int | None = None) -> Manife
 
         def read(name: str) -> bytes | None:
             try:
-                return read_capped(folder / name)
+                target = safe_join(folder, name)  # a manifest linked to outside the root is not this dataset's
+            except PathEscapeError as exc:
+                raise ManifestError(f"{folder / name}: {exc}") from None
+            try:
+                return read_capped(target)
             except FileNotFoundError:
                 return None
 

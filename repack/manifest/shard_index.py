@@ -194,27 +194,58 @@ def join_shards(parts: list[list[IndexColumns]], counts: list[int], wheres: list
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     joined = dataclasses.replace(joined, shard_starts=starts)
-    _check_member_order(joined, wheres)
+    _check_member_layout(joined, wheres)
     return joined
 
 
-def _check_member_order(index: IndexColumns, wheres: list[str]) -> None:
-    """ManifestError naming the shard whose index lists a member before the end of the one listed before it
-    (a line repeated or moved: its sample would be read twice and another never): a tar's members follow
-    each other, and so do an index's lines."""
-    if len(index.offset) < 2:
+TAR_BLOCK = 512  # a ustar header, and the unit data is padded to
+
+
+def _check_member_layout(index: IndexColumns, wheres: list[str]) -> None:
+    """ManifestError naming the shard whose index does not list its tar's members as repack writes them, back
+    to back (the first member's data after one header block, each next one a header block after the previous
+    member's padded data: a line repeated, moved or dropped, or a member left out, would read a sample twice,
+    another never, or a sample without a member), or gives a sample two members of one extension (the reader
+    would keep one and drop the other)."""
+    if not len(index.offset):
         return
     offset = index.offset.astype(np.int64, copy=False)
-    ends = offset[:-1] + index.size[:-1].astype(np.int64, copy=False)
-    bad = offset[1:] < ends
-    firsts = index.first_member[index.shard_starts[1:-1]].astype(np.int64)
-    bad[firsts[firsts > 0] - 1] = False  # a shard's first member follows another shard's last
+    step = index.size[:-1].astype(np.int64)  # a member's padded data and the next member's header
+    step += 2 * TAR_BLOCK - 1
+    step &= ~(TAR_BLOCK - 1)
+    step += offset[:-1]
+    bad = np.empty(len(offset), dtype=bool)
+    np.not_equal(offset[1:], step, out=bad[1:])
+    firsts = index.first_member[index.shard_starts[:-1]].astype(np.int64)
+    firsts = firsts[firsts < len(offset)]
+    bad[firsts] = offset[firsts] != TAR_BLOCK  # each shard's first member: after its tar's first header
     if bad.any():
-        member = int(np.argmax(bad)) + 1
-        shard = int(np.searchsorted(index.first_member[index.shard_starts].astype(np.int64), member, side="right")) - 1
-        sample = int(np.searchsorted(index.first_member.astype(np.int64), member, side="right")) - 1
-        raise ManifestError(f"{wheres[shard]}: not a v1.2 index of its tar (sample {sample - int(index.shard_starts[shard])}'s "
-                            "member starts before the member listed before it ends: a line repeated or out of order)")
+        member = int(np.argmax(bad))
+        raise ManifestError(_where_member(index, wheres, member, "member is not where the member listed before it "
+                                          "ends in the tar: a line repeated, moved or dropped, or a member left out"))
+    per_sample = np.diff(index.first_member.astype(np.int64, copy=False))
+    if len(per_sample) and per_sample.min() == per_sample.max() > 1:  # the usual case: one layout, as a matrix
+        grid = index.ext.reshape(-1, int(per_sample[0]))
+        same = np.zeros(len(grid), dtype=bool)
+        for left in range(grid.shape[1] - 1):  # a few members a sample: every pair of columns
+            for right in range(left + 1, grid.shape[1]):
+                same |= grid[:, left] == grid[:, right]
+        twice = np.flatnonzero(same)
+        member = int(index.first_member[twice[0]]) if len(twice) else -1
+    else:
+        sample_of = np.repeat(np.arange(len(per_sample)), per_sample)
+        pairs = np.sort(sample_of * (len(index.exts) + 1) + index.ext.astype(np.int64))
+        again = np.flatnonzero(pairs[1:] == pairs[:-1])
+        member = int(index.first_member[pairs[again[0]] // (len(index.exts) + 1)]) if len(again) else -1
+    if member >= 0:
+        raise ManifestError(_where_member(index, wheres, member, "line gives two members one extension"))
+
+
+def _where_member(index: IndexColumns, wheres: list[str], member: int, problem: str) -> str:
+    """The message for ``member`` (a global member number) of a joined index: the shard and its sample."""
+    shard = int(np.searchsorted(index.first_member[index.shard_starts].astype(np.int64), member, side="right")) - 1
+    sample = int(np.searchsorted(index.first_member.astype(np.int64), member, side="right")) - 1
+    return f"{wheres[shard]}: not a v1.2 index of its tar (sample {sample - int(index.shard_starts[shard])}'s {problem})"
 
 
 def _parse_lines(body: np.ndarray, where: str) -> IndexColumns:

@@ -425,8 +425,9 @@ class MemmapSink:
         check(bool((arrays.lengths >= 0).all()), f"{shard['index']}: negative sequence length")
         check(np.array_equal(arrays.doc_idx, np.arange(n + 1)),
               f"{shard['index']}: document_indices are not 0..N (one sequence per document)")
-        check(np.array_equal(arrays.pointers, sequence_pointers(arrays.lengths, arrays.dtype.itemsize)),
-              f"{shard['index']}: sequence_pointers are not the byte offsets of the lengths")
+        laid_out = bool((arrays.lengths >= 0).all()) and \
+            np.array_equal(arrays.pointers, sequence_pointers(arrays.lengths, arrays.dtype.itemsize))
+        check(laid_out, f"{shard['index']}: sequence_pointers are not the byte offsets of the lengths")
         tokens = arrays.num_tokens
         check(tokens == shard["tokens"], f"{shard['index']}: {tokens} tokens, manifest says {shard['tokens']}")
         try:
@@ -440,7 +441,7 @@ class MemmapSink:
         check(sha == shard["sha256"], f"{shard['path']}: sha256 mismatch")
         check(high == shard.get("max_token_id", high),
               f"{shard['path']}: largest token id {high}, manifest says {shard.get('max_token_id')}")
-        if size == tokens * arrays.dtype.itemsize and n:
+        if size == tokens * arrays.dtype.itemsize and n and laid_out:  # pointers inside the .bin
             check_boundaries(bin_path, arrays, shard, check)
         if shard.get("source_runs") and check_file(root, shard["source_runs"], shard.get("source_runs_bytes", -1),
                                                    shard.get("source_runs_sha256"), check):

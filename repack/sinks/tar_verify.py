@@ -26,7 +26,7 @@ import numpy as np
 from repack.sinks.checks import check_file, sha256_file
 from repack.sinks.sample_checksums import sample_checksums
 from repack.sinks.tar_check import PartCheck, check_part, parts_agree
-from repack.sinks.tar_format import index_from_members, read_archive, split_key, tail_problem
+from repack.sinks.tar_format import BLOCK, index_from_members, read_archive, split_key, tail_problem
 
 
 def verify_tar_shard(root: Path, shard: dict, check) -> None:
@@ -53,12 +53,17 @@ class TarShardParts:
     whole (``verify_tar_shard``), which names its problems."""
 
     @staticmethod
-    def parts(shard: dict) -> int:
-        """How many parts the shard's check is cut into (0: not split; the shard has no index)."""
+    def parts(shard: dict, actual: int | None = None) -> int:
+        """How many parts the shard's check is cut into (0: not split; the shard has no index); ``actual``: the
+        tar's real size, which bounds what the declared samples and bytes may ask for (a sample takes at least
+        a header block)."""
         if not shard.get("index"):
             return 0
-        samples = max(1, int(shard.get("samples", 0)))
-        return min(samples, max(1, -(-samples // PART_SAMPLES), -(-int(shard.get("bytes", 0)) // PART_BYTES)))
+        samples, size = max(1, int(shard.get("samples", 0))), int(shard.get("bytes", 0))
+        if actual is not None:
+            size = min(size, actual)
+            samples = max(1, min(samples, actual // BLOCK))
+        return min(samples, max(1, -(-samples // PART_SAMPLES), -(-size // PART_BYTES)))
 
     @staticmethod
     def check(root: Path, shard: dict, part: int, parts: int) -> tuple[dict | None, bytes]:

@@ -1,0 +1,175 @@
+"""A dataset received from someone else, damaged or forged with its hashes recorded again: the readers refuse
+what they would read wrong by name (an index line giving a sample two members of one extension, a member left
+out of the index, a member before its tar's first header, a shard entry dropped, token pointers that are not
+the documents back to back, a manifest linked to outside the root), verify answers with problems instead of a
+traceback or unbounded memory, and no command writes outside OUT (lock files and job state linked elsewhere,
+a job state naming another folder)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.torch_text import DocumentDataset
+from pipelines.torch_webdataset import ImageShardDataset
+from repack.manifest import ManifestError
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_images_job import write_jpegs
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("received-src")
+    write_jpegs(src / "cat", 6, "c")
+    write_jpegs(src / "dog", 6, "d")
+    out = tmp_path_factory.mktemp("received") / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    return out
+
+
+def copy_of(packed: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(packed, out)
+    return out
+
+
+def forge(out: Path, change=None) -> None:
+    """The manifest's sizes and sha256 made to agree with the (edited) files, after ``change(manifest)``."""
+    manifest = read_manifest_json(out)
+    if change:
+        change(manifest)
+    for shard in manifest["shards"]:
+        for key, size, sha in (("path", "bytes", "sha256"), ("index", "index_bytes", "index_sha256"),
+                               ("checksums", "checksums_bytes", "checksums_sha256")):
+            if shard.get(key):
+                data = (out / shard[key]).read_bytes()
+                shard[size], shard[sha] = len(data), hashlib.sha256(data).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def index_lines(out: Path) -> list[str]:
+    return (out / "shard-000000.idx").read_text().splitlines()
+
+
+def read_all(out: Path) -> list[str]:
+    return [sample["key"] for sample in ImageShardDataset(out, output="dict", decode=False)]
+
+
+def test_an_index_line_with_two_members_of_one_extension_is_refused(packed, tmp_path):
+    out = copy_of(packed, tmp_path)
+    head, *lines = index_lines(out)
+    (out / "shard-000000.idx").write_text("\n".join(["v1.2 3", lines[0] + " " + lines[1], *lines[2:]]) + "\n")
+
+    def fewer(manifest):
+        manifest["shards"][0]["samples"] = 3
+        manifest["totals"]["samples"] -= 1
+    forge(out, fewer)
+    with pytest.raises(ManifestError, match=r"shard-000000\.idx: .*sample 0's line gives two members one extension"):
+        read_all(out)
+
+
+@pytest.mark.parametrize("damage", ["member left out", "offset before the first header"])
+def test_an_index_that_does_not_lay_out_its_tar_is_refused(packed, tmp_path, damage):
+    out = copy_of(packed, tmp_path)
+    head, *lines = index_lines(out)
+    if damage == "member left out":  # the second sample without its .json: read with meta None before
+        tokens = lines[1].split(" ")
+        lines[1] = " ".join(tokens[:8])
+    else:
+        tokens = lines[0].split(" ")
+        lines[0] = " ".join([tokens[0], "0", *tokens[2:]])
+    (out / "shard-000000.idx").write_text("\n".join([head, *lines]) + "\n")
+    forge(out)
+    with pytest.raises(ManifestError, match=r"shard-000000\.idx: not a v1\.2 index of its tar .*a member left out"):
+        read_all(out)
+
+
+def test_a_shard_entry_dropped_from_the_manifest_is_refused_by_the_readers(packed, tmp_path):
+    out = copy_of(packed, tmp_path)
+    forge(out, lambda manifest: manifest["shards"].pop(1))
+    with pytest.raises(ManifestError, match=r"totals\.samples is 12, its shards hold 8"):
+        read_all(out)
+
+
+def test_verify_of_a_shard_declaring_absurd_samples_ends_with_problems(packed, tmp_path):
+    out = copy_of(packed, tmp_path)
+    forge(out, lambda manifest: manifest["shards"][0].update(samples=10 ** 30))
+    started = time.monotonic()
+    proc = run_repack("verify", out, check=False, timeout=120)
+    assert proc.returncode == 5 and "manifest says 1000000000000000000000000000000" in proc.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_a_manifest_linked_to_outside_the_root_is_refused(packed, tmp_path):
+    out = copy_of(packed, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "manifest.json").write_bytes((out / "manifest.json").read_bytes())
+    (out / "manifest.json").unlink()
+    (out / "manifest.json").symlink_to(outside / "manifest.json")
+    with pytest.raises(ManifestError, match="resolves outside the dataset root"):
+        read_all(out)
+    proc = run_repack("verify", out, check=False)
+    assert proc.returncode == 5 and "resolves outside the dataset root" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_lock_files_and_job_state_linked_elsewhere_are_never_written_through(packed, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = copy_of(packed, tmp_path)
+    (out / ".repack" / "lock").unlink(missing_ok=True)
+    (out / ".repack" / "lock").symlink_to(victim)
+    (tmp_path / "takedown.txt").write_text("cat/c0.jpg\n")
+    for args in (("gc", out), ("remove", out, "--sources", tmp_path / "takedown.txt")):
+        proc = run_repack(*args, check=False)
+        assert proc.returncode == 2 and "is a symbolic link" in proc.stderr, args
+    assert victim.read_text() == "keep me"
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(out / ".repack", elsewhere)
+    (out / ".repack").symlink_to(elsewhere)
+    before = sorted(p.name for p in elsewhere.iterdir())
+    proc = run_repack("gc", out, check=False)
+    assert proc.returncode == 2 and "is a symbolic link" in proc.stderr
+    assert sorted(p.name for p in elsewhere.iterdir()) == before
+
+
+def test_merge_writes_into_the_folder_it_is_given_not_the_one_its_job_state_names(tmp_path):
+    src = write_jpegs(tmp_path / "src" / "c", 8, "a").parent
+    original = tmp_path / "original"
+    for rank in (0, 1):
+        run_repack("images", src, original, "--shard-size", "4", "--num-nodes", "2", "--node-rank", str(rank),
+                   "--quiet")
+    moved = tmp_path / "moved"
+    shutil.copytree(original, moved)
+    run_repack("merge", moved)
+    assert (moved / "manifest.json").exists() and not (original / "manifest.json").exists()
+    assert run_repack("verify", moved).returncode == 0
+
+
+def test_token_pointers_that_are_not_the_documents_back_to_back_are_refused(tmp_path):
+    from tests.tools.text import documents, train_bpe, write_tokenizer
+
+    tok = write_tokenizer(train_bpe(documents(30, seed=1)), tmp_path / "tok")
+    src = tmp_path / "corpus.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(30, seed=2)))
+    out = tmp_path / "out"
+    run_repack("text", src, out, "--tokenizer", tok.parent, "--quiet")
+    idx = bytearray((out / "text_document.idx").read_bytes())
+    n = struct.unpack_from("<Q", idx, 18)[0]
+    for where, value in ((1, 0), (2, 10 ** 9)):  # document 1 reads document 0's tokens; document 2 past the end
+        struct.pack_into("<q", idx, 34 + 4 * n + 8 * where, value)
+    (out / "text_document.idx").write_bytes(bytes(idx))
+    manifest = read_manifest_json(out)
+    manifest["shards"][0].update(index_sha256=hashlib.sha256(bytes(idx)).hexdigest())
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"sequence pointers are not its documents back to back"):
+        DocumentDataset(out)
+    proc = run_repack("verify", out, check=False)
+    assert proc.returncode == 5 and "sequence_pointers are not the byte offsets" in proc.stderr
+    assert "Traceback" not in proc.stderr
