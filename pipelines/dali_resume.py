@@ -50,7 +50,8 @@ class OpenedVersion:
     options: dict
     build: Builder
     epoch_batches: int | None = None
-    diagnose: Callable[[BaseException], BaseException] | None = None  # a pipeline failure -> the error to raise
+    # a pipeline failure -> the error to raise from it (None: re-raise it as it is)
+    diagnose: Callable[[BaseException], BaseException | None] | None = None
 
 
 Opener = Callable[["int | None"], OpenedVersion]  # version (None: the loader's own) -> that version opened
@@ -193,9 +194,10 @@ class ResumableDALILoader:
             self.epoch, self.batch = self.epoch + 1, 0
             raise
         except RuntimeError as exc:  # DALI's "Critical error in pipeline": what failed, named if it can be
-            if self._version.diagnose is None:
+            named = self._version.diagnose(exc) if self._version.diagnose is not None else None
+            if named is None:
                 raise
-            raise self._version.diagnose(exc) from exc
+            raise named from exc
         self._ended_early = False
         self.batch += 1
         return batch

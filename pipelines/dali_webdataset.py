@@ -164,24 +164,47 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     return pipe
 
 
-def failure_named(manifest, exc: BaseException) -> BaseException:
-    """The error to raise for the DALI pipeline's failure ``exc`` over ``manifest``'s dataset: the first
-    sample whose bytes are not the ones packed (``shard_damage``: the shard and the key), else a
-    ``RuntimeError`` saying that every sample is intact (the failure is DALI's with the packed bytes)."""
+DECODER_FAILURE = ("decoders", "nvImageCodec", "nvjpeg", "decode")  # words of a DALI decoder's error
+NOT_THE_DATA = ("out of memory", "allocation failed", "cuda error", "cudaerror", "cuda_error")  # the device's
+
+
+def failure_named(manifest, exc: BaseException, shard_id: int = 0, num_shards: int = 1) -> BaseException | None:
+    """The error to raise for a DALI decoder's failure ``exc`` over ``manifest``'s dataset (read as part
+    ``shard_id`` of ``num_shards``): the first sample of the shards that part reads whose bytes are not the ones
+    packed (``shard_damage``: the shard and the key), else a ``RuntimeError`` saying that they are intact; both
+    keep DALI's message. None for any other failure (out of memory, a CUDA error): re-raised as it is."""
     from pipelines.sample_errors import ShardIntegrityError
     from pipelines.shard_damage import damaged_samples
 
-    said = " ".join(dict.fromkeys(line.strip() for line in str(exc).splitlines()
-                                  if "nvImageCodec" in line or "rror" in line))[:300]
-    found = damaged_samples(manifest)
+    text = str(exc)
+    if not any(word in text for word in DECODER_FAILURE) or any(word in text.lower() for word in NOT_THE_DATA):
+        return None
+    said = " ".join(dict.fromkeys(line.strip() for line in text.splitlines()
+                                  if line.strip() and "no longer valid" not in line))[:1000]
+    found = damaged_samples(manifest, part_shards(manifest, shard_id, num_shards))
     if found:
         path, key, problem = found[0]
         more = f"; {len(found) - 1} more damaged" if len(found) > 1 else ""
-        return ShardIntegrityError(path, key, f"{problem} (the DALI pipeline failed: {said}{more}; "
-                                              "`repack verify` names every damaged file)")
-    return RuntimeError(f"{manifest.root}: the DALI pipeline failed ({said}), and every sample's bytes are the "
-                        "ones packed (crc32 per sample): an image DALI's decoder rejects as packed; "
-                        "pipelines.torch_webdataset.ImageShardDataset names it")
+        return ShardIntegrityError(path, key, f"{problem} (`repack verify` names every damaged file{more}); "
+                                              f"DALI said: {said}")
+    return RuntimeError(f"{manifest.root}: DALI's decoder failed, and the samples of the shards this reader reads "
+                        "are the bytes packed (crc32 per sample, where the shard has a .crc file): an image DALI's "
+                        f"decoder rejects as packed (pipelines.torch_webdataset.ImageShardDataset names it); "
+                        f"DALI said: {said}")
+
+
+def part_shards(manifest, shard_id: int, num_shards: int) -> list[int]:
+    """The shard numbers holding the samples DALI's reader gives part ``shard_id`` of ``num_shards`` (its
+    contiguous share of the dataset's samples)."""
+    counts = [int(entry["samples"]) for entry in manifest.data["shards"]]
+    total = sum(counts)
+    first, last = shard_id * total // num_shards, (shard_id + 1) * total // num_shards
+    found, at = [], 0
+    for number, count in enumerate(counts):
+        if at < last and at + count > first:
+            found.append(number)
+        at += count
+    return found
 
 
 def order_options(manifest, batch_size: int, shard_id: int, num_shards: int, random_shuffle: bool, seed: int,
@@ -214,7 +237,8 @@ def dali_image_loader(root: str | os.PathLike, batch_size: int, num_threads: int
             return build_image_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards,
                                         checkpoint=saved, **{**pipeline_args, "version": version})
 
-        return OpenedVersion(identity(manifest), options, build, diagnose=lambda exc: failure_named(manifest, exc))
+        return OpenedVersion(identity(manifest), options, build,
+                             diagnose=lambda exc: failure_named(manifest, exc, shard_id, num_shards))
 
     names = output_names(root, args["with_meta"], args["version"])
     return ResumableDALILoader(KIND, open_version, names, root=str(root), reader_name=READER, last_batch=last_batch,

@@ -14,7 +14,7 @@ class ShardIntegrityError(ValueError):
     (Built from its message alone, as a DataLoader re-raises a worker's error, it keeps the message.)"""
 
     def __init__(self, url: str, key: str = "", problem: str = "") -> None:
-        super().__init__(f"{url}: sample {key!r}: {problem}" if key else url)
+        super().__init__(f"{url}: sample {key!r}: {problem}" if key else f"{url}: {problem}" if problem else url)
         self.url, self.key, self.problem = url, key, problem
 
 

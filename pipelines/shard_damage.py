@@ -1,5 +1,5 @@
 """Which samples of a webdataset dataset are not the bytes repack packed, for a reader whose engine fails
-without naming one (DALI's decoders: "nvImageCodec failure"). Each sample's members, in index order, are
+without naming one (DALI's decoders: "nvImageCodec failure"), among the shards the failing reader reads. Each sample's members, in index order, are
 hashed and compared with the crc32 its shard's ``.crc`` file records (the check ``ImageShardDataset``'s
 ``verify_samples=True`` makes as it reads); one pass over the local shards, run only after a failure."""
 
@@ -13,13 +13,19 @@ from pipelines.manifest_access import read_checksums, read_index_columns
 from repack.manifest import ManifestError
 
 
-def damaged_samples(manifest, limit: int = 10) -> list[tuple[str, str, str]]:
-    """(shard path, sample key or "", what is wrong) for up to ``limit`` samples or shards of the local
-    dataset ``manifest`` whose bytes are not the ones packed; empty when every sample is intact."""
+def damaged_samples(manifest, shards: list[int] | None = None, limit: int = 10) -> list[tuple[str, str, str]]:
+    """(shard path, sample key or "", what is wrong) for up to ``limit`` samples or shards (of ``shards``,
+    default all: numbers in the manifest) of the local dataset ``manifest`` whose bytes are not the ones
+    packed; empty when every sample is intact. A shard without a ``.crc`` file (an older repack's) is skipped:
+    nothing says what its samples' bytes were."""
     found: list[tuple[str, str, str]] = []
-    for number, entry in enumerate(manifest.data["shards"]):
+    entries = manifest.data["shards"]
+    for number in range(len(entries)) if shards is None else shards:
+        entry = entries[number]
         if len(found) >= limit:
             break
+        if not entry.get("checksums"):
+            continue
         path = str(manifest.path(entry["path"]))
         try:
             crcs = read_checksums(manifest, number)

@@ -198,3 +198,9 @@ def test_text_append_adds_a_prefix_of_the_new_files_only(tmp_path):
     assert len(TokenMemmap(out).prefixes) == 2 and run_repack("verify", out).returncode == 0
     again = run_repack("text", corpus, out, "--tokenizer", tok, "--append")
     assert "nothing new" in again.stdout
+    (corpus / "c.jsonl").write_text(json.dumps({"text": docs[0]}) + "\n")  # every document ends alike in a dataset:
+    for flags, said in ((("--no-append-eos",), "--no-append-eos (the dataset: --append-eos)"),  # verify relies on it
+                        (("--add-bos",), "--add-bos (the dataset: no --add-bos)")):
+        refused = run_repack("text", corpus, out, "--tokenizer", tok, "--append", *flags, check=False)
+        assert refused.returncode == 2 and f"was tokenized with other options: {said}" in refused.stderr
+    assert read_manifest_json(out)["dataset_version"]["number"] == 2 and run_repack("verify", out).returncode == 0

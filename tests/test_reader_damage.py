@@ -140,14 +140,18 @@ def test_dali_decode_failure_names_the_damaged_sample_or_says_the_bytes_are_inta
 
     src, out = write_jpegs(tmp_path / "src" / "c", 8, "a").parent, tmp_path / "out"
     run_repack("images", src, out, "--shard-size", "4", "--quiet")
-    intact = failure_named(open_webdataset(out, "images"), RuntimeError("Critical error in pipeline: x"))
-    assert type(intact) is RuntimeError and "every sample's bytes are the ones packed" in str(intact)
+    manifest = open_webdataset(out, "images")
+    decoder = RuntimeError("Critical error in pipeline:\nError in CPU operator `nvidia.dali.fn.decoders.image`\n"
+                           "nvImageCodec failure: '#3'\nCurrent pipeline object is no longer valid.")
+    intact = failure_named(manifest, decoder)
+    assert type(intact) is RuntimeError and "are the bytes packed" in str(intact) and "nvImageCodec failure" in str(intact)
+    assert failure_named(manifest, RuntimeError("CUDA allocation failed: out of memory")) is None  # not a decoder's
     tar = out / "shard-000001.tar"
     data = bytearray(tar.read_bytes())
     second = [i for i in range(len(data) - 1) if data[i:i + 2] == b"\xff\xd8"][1]  # the shard's second JPEG
     data[second + 2:second + 200] = bytes(198)
     tar.write_bytes(bytes(data))
     with pytest.raises(ShardIntegrityError, match=r"shard-000001\.tar: sample '[^']+': its bytes are not the ones "
-                                                  r"packed .*the DALI pipeline failed"):
+                                                  r"packed .*DALI said: .*nvImageCodec"):
         for _ in dali_image_loader(out, batch_size=2, num_threads=1, device_id=None, size=None):
             pass

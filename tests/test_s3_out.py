@@ -111,9 +111,50 @@ def test_second_live_run_refused_and_stale_lock_taken_over(server, s3, photo_tre
     s3.put_object(Bucket="locks", Key="run/.repack/lock", Body=json.dumps(elsewhere).encode())
     proc = run_repack("images", photo_tree, "s3://locks/run", "--quiet", env=env, check=False)
     assert proc.returncode == 3 and "another-host" in proc.stderr  # alive elsewhere: refused
-    elsewhere["heartbeat"] = time.time() - 3600  # not refreshed for an hour: a dead run, taken over
+    elsewhere["heartbeat"] = time.time() - 3600  # its host's clock an hour behind: the server wrote it just now
     s3.put_object(Bucket="locks", Key="run/.repack/lock", Body=json.dumps(elsewhere).encode())
-    assert "nothing to do" in run_repack("images", photo_tree, "s3://locks/run", env=env).stdout
+    proc = run_repack("images", photo_tree, "s3://locks/run", "--quiet", env=env, check=False)
+    assert proc.returncode == 3 and "another-host" in proc.stderr  # staleness is the server's clock, not the holder's
+    same_name = {**holder, "pid": 1, "pidns": 1}  # this host's name, another pid namespace (a container): alive
+    s3.put_object(Bucket="locks", Key="run/.repack/lock", Body=json.dumps(same_name).encode())
+    proc = run_repack("images", photo_tree, "s3://locks/run", "--quiet", env=env, check=False)
+    assert proc.returncode == 3
+    s3.put_object(Bucket="locks", Key="run/.repack/lock", Body=json.dumps(elsewhere).encode())
+    time.sleep(3)  # not refreshed for 3 s by the server's clock, past a 2 s limit: a dead run, taken over
+    done = run_repack("images", photo_tree, "s3://locks/run", env={**env, "REPACK_S3_STALE_LOCK_S": "2"})
+    assert "nothing to do" in done.stdout
+
+
+def test_a_run_whose_lock_was_taken_over_publishes_nothing_and_leaves_the_new_lock(server, s3, monkeypatch):
+    """A holder whose heartbeat stalled past the limit loses its lock to another run: its next heartbeat is refused
+    (a PUT conditional on the ETag it wrote), it publishes nothing, and its exit does not delete the new lock."""
+    from repack.errors import JobLockedError
+    from repack.store.s3 import S3Store
+    from repack.store.s3_lock import ObjectLock
+
+    import repack.store.s3_lock as s3_lock
+
+    for name, value in s3_env(server.endpoint).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(s3_lock, "HEARTBEAT_S", 0.2)
+    s3.create_bucket(Bucket="lost")
+    store = S3Store("s3://lost/ds")
+    theirs = b'{"token": "another run", "host": "elsewhere"}'
+    with ObjectLock(store, ".repack/lock") as lock:
+        time.sleep(0.5)
+        store.check_lock()  # held, refreshed by its heartbeats
+        s3.put_object(Bucket="lost", Key="ds/.repack/lock", Body=theirs)  # taken over
+        deadline = time.time() + 10
+        while lock.lost is None and time.time() < deadline:  # the next heartbeat's conditional PUT is refused
+            time.sleep(0.05)
+        assert lock.lost and s3.get_object(Bucket="lost", Key="ds/.repack/lock")["Body"].read() == theirs
+        with pytest.raises(JobLockedError, match="taken over by another run"):
+            store.check_lock()
+    assert s3.get_object(Bucket="lost", Key="ds/.repack/lock")["Body"].read() == theirs  # not deleted at exit
+    with pytest.raises(JobLockedError, match="elsewhere"):  # the other run's lock: refused while it may live
+        with ObjectLock(store, ".repack/lock"):
+            pass
+
 
 
 def test_other_options_refused_unless_overwrite(server, s3, photo_tree, tmp_path):

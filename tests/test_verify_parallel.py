@@ -420,5 +420,5 @@ def test_zero_padded_class_members_are_counted_without_walking_the_tar(tmp_path)
     run_repack("images", src, out, "--quiet")
     shard = read_manifest_json(out)["shards"][0]
     found = check_shard_part(out, shard, 0, 1)
-    assert found is not None and found.classes == tuple(1 + k % 3 for k in range(12))
+    assert found is not None and found.classes == tuple((k, 1 + k % 3) for k in range(12))
     assert verify_json(out) == (0, [])

@@ -862,6 +862,7 @@ class Engine:
         for rel in Manifest(self.out, body).relative_paths():
             if rel not in published:
                 store.publish(rel, self.out / rel)
+        store.check_lock()  # the lock taken over by another run (a stalled heartbeat): publish nothing
         store.publish(MANIFEST_NAME, self.out / MANIFEST_NAME)
         for rel in sorted(published):
             if is_piece(rel) and not (self.out / rel).exists():

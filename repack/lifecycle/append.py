@@ -249,6 +249,12 @@ def merged_text_manifest(current: dict, staged: dict, shards: list[dict], replan
             staged.get("dtype") != current.get("dtype"):
         raise UsageError("--append: the new inputs were tokenized with another tokenizer or token dtype than "
                          "the dataset's; append with the dataset's tokenizer")
+    ends = {key: (current.get("tokenizer", {}).get(key), staged["tokenizer"].get(key))
+            for key in ("append_eos", "add_bos", "eos_id", "bos_id", "template_special_tokens")}
+    differ = [f"{key} {new!r} (the dataset: {old!r})" for key, (old, new) in ends.items() if old != new]
+    if differ:
+        raise UsageError(f"--append: the new documents would start or end otherwise than the dataset's: "
+                         f"{', '.join(differ)}; append with the dataset's --eos-token/--bos-token")
     body = merged_manifest(current, staged, shards, replanned)
     body["prefixes"] = [s["prefix"] for s in body["shards"]]
     body["data_path"] = " ".join(f"{s['tokens']} {s['prefix']}" for s in body["shards"])
@@ -275,7 +281,14 @@ def _images_job(spec, out: str, known_file: Path, current: dict):
 def _text_accepts(current: dict, spec) -> str | None:
     if current["modality"] != "text" or current["format"] != "memmap":
         return f"holds {current['modality']} in {current['format']}, not a text memmap dataset"
-    return None
+    held = (current.get("created_by") or {}).get("options") or {}
+    flags = {"append_eos": ("--append-eos", "--no-append-eos"), "add_bos": ("--add-bos", "no --add-bos"),
+             "special_tokens": ("the template's special tokens", "--no-special-tokens")}
+    differ = [f"{flags[name][0] if getattr(spec, name) else flags[name][1]} (the dataset: "
+              f"{flags[name][0] if held[name] else flags[name][1]})"
+              for name in flags if name in held and bool(held[name]) != bool(getattr(spec, name))]
+    # every document of a dataset starts and ends the same way (its readers and verify rely on it)
+    return f"was tokenized with other options: {', '.join(differ)}" if differ else None
 
 
 def _text_job(spec, out: str, known_file: Path, current: dict):

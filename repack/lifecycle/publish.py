@@ -229,6 +229,7 @@ def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, cha
     """Publish ``body`` as the version after ``current``, recording ``change``; returns its data."""
     data = stamp(body, current, change)
     Manifest(out, data).validate()
+    store.check_lock()  # an object store's lock taken over by another run: publish nothing
     if number_of(current) == 1 and store.read_bytes(version_file(1)) is None:
         store.put_bytes(version_file(1), current_raw)
     raw = dumps_canonical(data, indent=1)

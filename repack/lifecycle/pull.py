@@ -138,7 +138,7 @@ def pull(spec: PullSpec) -> Manifest:
 
     root.mkdir(parents=True, exist_ok=True)
     (root / STATE_DIR).mkdir(exist_ok=True)
-    with JobLock(root):  # as every writer of a dataset: a second pull, a gc or a remove on DEST waits its turn
+    with JobLock(root):  # as every writer of a dataset: a second pull, a gc or a remove on DEST exits 3
         return _pull_locked(spec, remote, pinned, root)
 
 

@@ -245,24 +245,25 @@ def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: l
 
 
 def check_class_counts(data: dict, classes: list) -> list[str]:
-    """The samples' class indices (their ``.cls`` members, counted per shard by ``tar_check.class_counts``)
+    """The samples' class indices (their ``.cls`` members, counted per shard by ``tar_check.class_counts``: sparse
+    [index, samples] pairs)
     against the class map and ``stats.class_counts``: every index names a class, and as many samples hold
     each class as the manifest counts (a class map edited or merged wrongly gives labels other names)."""
     names = data.get("classes")
     if data.get("format") != "webdataset" or not isinstance(names, dict) or not classes or \
             any(counted is None for counted in classes):
         return []
-    found = [0] * max([len(counted) for counted in classes] + [0])
-    for counted in classes:
-        for index, count in enumerate(counted):
-            found[index] += count
+    found: dict[int, int] = {}
+    for counted in classes:  # [class index, samples] pairs per shard
+        for index, count in counted:
+            found[index] = found.get(index, 0) + count
     name_of = {index: name for name, index in names.items() if isinstance(index, int)}
     problems = [f"{found[index]} sample(s) hold class index {index}, which the class map does not name"
-                for index in range(len(found)) if found[index] and index not in name_of]
+                for index in sorted(found) if index not in name_of]
     expected = (data.get("stats") or {}).get("class_counts")
     if isinstance(expected, dict):
         for index, name in sorted(name_of.items()):
-            held = found[index] if index < len(found) else 0
+            held = found.get(index, 0)
             if held != expected.get(name, 0):
                 problems.append(f"class {name!r} (index {index}): {held} sample(s) hold it, stats.class_counts says "
                                 f"{expected.get(name, 0)}: the class map does not match the samples' .cls members")

@@ -326,8 +326,7 @@ class LmdbSink:
                     check(meta.get("labeled", labeled) == labeled,
                           f"{shard['path']}: its metadata says labeled={meta.get('labeled')}, the manifest's fields "
                           f"{'name' if labeled else 'do not name'} cls")
-                needed = {b"img", b"cls"} if labeled else {b"img"}
-                expected, bad, has = 0, 0, set()
+                expected, bad, has_img, has_cls = 0, 0, False, not labeled  # an unlabeled sample needs no class
                 cursor = txn.cursor()
                 if cursor.set_range(b"s/"):
                     for key in cursor.iternext(keys=True, values=False):
@@ -335,13 +334,16 @@ class LmdbSink:
                             break
                         _, index, field = key.split(b"/")
                         if int(index) == expected:  # first key of the next sample
-                            if expected and not needed <= has:
+                            if expected and not (has_img and has_cls):
                                 bad += 1
-                            expected, has = expected + 1, set()
+                            expected, has_img, has_cls = expected + 1, False, not labeled
                         elif int(index) != expected - 1:
                             bad += 1
-                        has.add(field)
-                if expected and not needed <= has:
+                        if field == b"img":
+                            has_img = True
+                        elif field == b"cls":
+                            has_cls = True
+                if expected and not (has_img and has_cls):
                     bad += 1
                 what = "an image and a class" if labeled else "an image"
                 check(bad == 0 and expected == shard["samples"],

@@ -358,30 +358,41 @@ def file_sha256_and_max(path: Path, dtype: np.dtype) -> tuple[str, int, int]:
     return sha.hexdigest(), size, high
 
 
+BOUNDARY_CHUNK = 1 << 20  # documents checked at a time (``check_boundaries``): its memory stays flat
+
+
 def check_boundaries(bin_path: Path, arrays, shard: dict, check) -> None:
     """Each document of the index starts with the BOS and ends with the EOS the dataset promises
     (``MemmapSink.verify_facts``, carried in ``shard["dataset_facts"]``): an index whose boundaries were
-    moved, even with its sha256 recorded again, cuts documents where the tokens say they do not end."""
+    moved, even with its sha256 recorded again, cuts documents where the tokens say they do not end. The
+    pointers are known to be the documents back to back; read ``BOUNDARY_CHUNK`` documents at a time."""
     facts = shard.get("dataset_facts") or {}
     if not facts:
         return
-    lengths = arrays.lengths.astype(np.int64)
-    empty = np.flatnonzero(lengths == 0)
-    check(not len(empty), f"{shard['index']}: document {int(empty[0]) if len(empty) else 0} is empty, but every "
-                          "document of this dataset holds its BOS or EOS token")
-    firsts = arrays.pointers.astype(np.int64) // arrays.dtype.itemsize
     tokens = np.memmap(bin_path, dtype=arrays.dtype, mode="r")
-    filled = lengths > 0
-    for name, where, what in (("starts_with", firsts, "starts"), ("ends_with", firsts + lengths - 1, "ends")):
-        if name not in facts:
-            continue
-        found = tokens[where[filled]]
-        wrong = np.flatnonzero(found != facts[name])
-        if len(wrong):
-            document = int(np.flatnonzero(filled)[wrong[0]])
-            check(False, f"{shard['index']}: document {document} {what} with token {int(found[wrong[0]])}, not "
-                         f"{facts[name]} as every document of this dataset does ({len(wrong)} of {len(found)} do not): "
-                         f"the index's boundaries do not match {shard['path']}")
+    wrong = {name: [0, None] for name in facts}  # documents that do not, and the first of them
+    empty = None
+    for lo in range(0, len(arrays.lengths), BOUNDARY_CHUNK):
+        lengths = arrays.lengths[lo:lo + BOUNDARY_CHUNK]
+        firsts = arrays.pointers[lo:lo + BOUNDARY_CHUNK] // arrays.dtype.itemsize
+        filled = np.flatnonzero(lengths > 0)
+        if empty is None and len(filled) < len(lengths):
+            empty = lo + int(np.flatnonzero(lengths == 0)[0])
+        for name in facts:
+            where = firsts[filled] if name == "starts_with" else firsts[filled] + lengths[filled] - 1
+            found = tokens[where]
+            bad = np.flatnonzero(found != facts[name])
+            if len(bad) and wrong[name][1] is None:
+                wrong[name][1] = (lo + int(filled[bad[0]]), int(found[bad[0]]))
+            wrong[name][0] += len(bad)
+    check(empty is None, f"{shard['index']}: document {empty} is empty, but every document of this dataset holds "
+                         "its BOS or EOS token")
+    for name, (count, first) in wrong.items():
+        if count:
+            what = "starts" if name == "starts_with" else "ends"
+            check(False, f"{shard['index']}: document {first[0]} {what} with token {first[1]}, not {facts[name]} as "
+                         f"every document of this dataset does ({count} of {len(arrays.lengths)} do not): the "
+                         f"index's boundaries do not match {shard['path']}")
 
 
 class MemmapSink:

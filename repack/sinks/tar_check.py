@@ -55,7 +55,7 @@ class PartCheck:
     key_hashes: np.ndarray
     offsets: np.ndarray | None = None
     keys: np.ndarray | None = None
-    classes: tuple[int, ...] | None = None  # samples per class index (the .cls members' values); None: no .cls
+    classes: tuple[tuple[int, int], ...] | None = None  # (class index, samples) of the .cls values; None: no .cls
 
     def summary(self) -> dict:
         """The fields another process needs (``parts_agree``), as JSON-ready values; the key hashes
@@ -63,7 +63,7 @@ class PartCheck:
         return {"count": self.count, "first_sample": self.first_sample, "samples": self.samples,
                 "start": self.start, "end": self.end, "per_sample": self.per_sample, "layout": list(self.layout),
                 "first_key": self.first_key.hex(), "last_key": self.last_key.hex(),
-                "classes": None if self.classes is None else list(self.classes)}
+                "classes": None if self.classes is None else [list(pair) for pair in self.classes]}
 
     @classmethod
     def from_summary(cls, summary: dict, key_hashes: bytes) -> PartCheck:
@@ -71,7 +71,7 @@ class PartCheck:
         return cls(summary["count"], summary["first_sample"], summary["samples"], summary["start"], summary["end"],
                    summary["per_sample"], tuple(summary["layout"]), bytes.fromhex(summary["first_key"]),
                    bytes.fromhex(summary["last_key"]), np.frombuffer(key_hashes, dtype=np.uint64),
-                   classes=None if classes is None else tuple(classes))
+                   classes=None if classes is None else tuple((int(i), int(n)) for i, n in classes))
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,8 @@ CLASS_EXT = "cls"  # the member holding a sample's class index, decimal digits
 
 def class_counts(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, per_sample: int,
                  layout: tuple[str, ...]):
-    """Samples per class index (``np.bincount`` of the samples' ``.cls`` values, as a tuple) of the members at
+    """(class index, samples) pairs, by index, of the samples' ``.cls`` values (sparse: a dataset of ImageNet-21k's
+    or iNaturalist's ids holds few of them per part) of the members at
     ``offsets`` (sample-major, ``per_sample`` a sample, ``layout`` the exts after the first; repack writes them
     zero-padded to one width, as DALI's pipeline reads them); None without a ``.cls`` member, or when one is not
     1 to 9 decimal digits (not counted: the readers refuse such a label by the sample's name)."""
@@ -181,7 +182,12 @@ def class_counts(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, per_s
         return None
     digits = np.where(live, digits, 0).astype(np.int64)
     values = (digits @ 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)) // 10 ** (width - size)
-    return tuple(np.bincount(values).tolist())
+    if int(values.max()) < 4 * len(values) + 1024:  # dense enough: a count per index up to the largest
+        counts = np.bincount(values)
+        present = np.flatnonzero(counts)
+        return tuple(zip(present.tolist(), counts[present].tolist()))
+    present, counts = np.unique(values, return_counts=True)
+    return tuple(zip(present.tolist(), counts.tolist()))
 
 
 def parts_agree(parts: list[PartCheck]) -> bool:

@@ -74,16 +74,17 @@ class TarShardParts:
         return (None, b"") if found is None else (found.summary(), np.sort(found.key_hashes).tobytes())
 
     @staticmethod
-    def classes(found: list[tuple[dict | None, bytes]]) -> list[int] | None:
-        """Samples per class index over the parts of a shard that ``passes`` (None: no ``.cls`` member)."""
+    def classes(found: list[tuple[dict | None, bytes]]) -> list[list[int]] | None:
+        """[class index, samples] pairs, by index, over the parts of a shard that ``passes`` (None: a part
+        without a count: no ``.cls`` member, or one that is not a class index)."""
         counted = [summary.get("classes") for summary, _ in found if summary and summary.get("samples")]
         if not counted or any(part is None for part in counted):
             return None
-        total = [0] * max(len(part) for part in counted)
+        total: dict[int, int] = {}
         for part in counted:
-            for index, count in enumerate(part):
-                total[index] += count
-        return total
+            for index, count in part:
+                total[index] = total.get(index, 0) + count
+        return [[index, total[index]] for index in sorted(total)]
 
     @staticmethod
     def passes(shard: dict, found: list[tuple[dict | None, bytes]], sha256: str | None) -> bool:

@@ -150,3 +150,6 @@ class LocalStore:
     def lock(self, name: str):
         """Local runs are locked with flock on the folder itself (see the engine): nothing more."""
         return contextlib.nullcontext()
+
+    def check_lock(self) -> None:
+        """A flock is held until its process ends: nothing to check."""

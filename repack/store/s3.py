@@ -65,6 +65,7 @@ class S3Store:
         self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.scratch = scratch_folder(self.url)
         self._sizes: dict[str, int] | None = None
+        self.held_locks: list[ObjectLock] = []  # the lock objects this run holds (``check_lock``)
 
     def key(self, rel: str) -> str:
         """The object key of ``rel``, always under the prefix: ``rel`` is a relative path without ``..``,
@@ -284,3 +285,9 @@ class S3Store:
     def lock(self, name: str) -> ObjectLock:
         """A lock object ``.repack/<name>`` refusing a second live run (see ``s3_lock``)."""
         return ObjectLock(self, f".repack/{name}")
+
+    def check_lock(self) -> None:
+        """JobLockedError when a lock this run took was taken over since (``ObjectLock.check_held``): called
+        before a manifest is published, so a run that lost its lock never publishes over another's."""
+        for lock in list(self.held_locks):
+            lock.check_held()

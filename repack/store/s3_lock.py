@@ -1,25 +1,69 @@
-"""The lock of a run on an object store: an object created with a conditional PUT."""
+"""The lock of a run on an object store: an object created with a conditional PUT.
+
+Who holds it is judged without trusting another host's clock or pid: a lock is stale when the server's own
+clock (the ``Date`` of a HEAD of the lock) is more than ``STALE_LOCK_S`` past the lock's ``LastModified``
+(the holder's last heartbeat, stamped by the server); a holder's pid is looked up only when it runs on this
+host, under this boot and in this pid namespace (a container on the host's network shares the host name, not
+the pids). The holder refreshes the lock with a PUT conditional on the ETag it last wrote, so a run whose lock
+was taken over (its heartbeat stalled past ``STALE_LOCK_S``) learns it at its next beat, never overwrites the
+new holder's lock, publishes nothing (``check_held`` before a manifest is written) and leaves the lock alone
+at its exit. A server without conditional PUTs on existing objects is checked by reading the lock instead.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import threading
 import time
+from email.utils import parsedate_to_datetime
 
 from repack.errors import JobLockedError
 from repack.store.s3_client import client, describe_error
 
 HEARTBEAT_S = 15    # a live lock's holder refreshes it this often
-STALE_LOCK_S = 120  # a lock not refreshed this long belongs to a dead run
+STALE_LOCK_S = 120  # a lock not refreshed this long (by the server's clock) belongs to a dead run
 
 
-def _holder_is_dead(holder: dict) -> bool:
-    """A lock whose holder is a dead process on this host, or that was not refreshed in time."""
-    if time.time() - float(holder.get("heartbeat", 0)) > STALE_LOCK_S:
+def stale_after() -> float:
+    """Seconds without a heartbeat after which a lock is taken over (``REPACK_S3_STALE_LOCK_S``, default
+    ``STALE_LOCK_S``; keep it well above ``HEARTBEAT_S``)."""
+    try:
+        return max(1.0, float(os.environ.get("REPACK_S3_STALE_LOCK_S", STALE_LOCK_S)))
+    except ValueError:
+        return float(STALE_LOCK_S)
+_REFUSED = ("PreconditionFailed", "412", "ConditionalRequestConflict")
+_UNSUPPORTED = ("NotImplemented", "501", "InvalidArgument", "InvalidRequest")
+
+
+def process_identity() -> dict:
+    """This process as a lock records it: pid, host, the kernel's boot id and the pid namespace."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = ""
+    try:
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        pidns = 0
+    return {"pid": os.getpid(), "host": socket.gethostname(), "boot": boot, "pidns": pidns}
+
+
+def _holder_is_dead(holder: dict, age: float | None) -> bool:
+    """A lock whose heartbeat is ``age`` s old by the server's clock (None: unknown, then the holder's own
+    stamp against this host's clock) past ``STALE_LOCK_S``, or whose holder is a dead process of this host,
+    boot and pid namespace (a lock of an older repack, without boot and namespace: of this host). The age
+    limit: ``stale_after()``."""
+    if age is None:
+        age = time.time() - float(holder.get("heartbeat", 0))
+    if age > stale_after():
         return True
-    if holder.get("host") != socket.gethostname():
+    mine = process_identity()
+    if holder.get("host") != mine["host"] or any(key in holder and holder[key] != mine[key]
+                                                   for key in ("boot", "pidns")):
         return False
     try:
         os.kill(int(holder.get("pid", 0)), 0)
@@ -30,64 +74,130 @@ def _holder_is_dead(holder: dict) -> bool:
     return False
 
 
-class ObjectLock:
-    """A lock object created with a conditional PUT (``If-None-Match: *``): only one run creates it.
+def _code(exc) -> str:
+    return str(exc.response.get("Error", {}).get("Code"))
 
-    It holds {pid, host, started, heartbeat}; a thread refreshes the heartbeat. A lock left by a
-    killed run is taken over when its holder is a dead process on this host, or when its
-    heartbeat is older than STALE_LOCK_S (another host)."""
+
+class ObjectLock:
+    """A lock object created with a conditional PUT (``If-None-Match: *``): only one run creates it. It holds
+    the holder's identity, a random token and its heartbeat; a thread refreshes it (see the module docstring)."""
 
     def __init__(self, store, rel: str) -> None:
         self.store = store
         self.rel = rel
         self.started = time.time()
+        self.token = secrets.token_hex(16)
+        self.etag: str | None = None
+        self.lost: str | None = None  # why this run no longer holds the lock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _body(self) -> bytes:
-        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": self.started,
+        return json.dumps({**process_identity(), "token": self.token, "started": self.started,
                            "heartbeat": time.time()}).encode()
+
+    def _put(self, **condition) -> str:
+        answer = client().put_object(Bucket=self.store.bucket, Key=self.store.key(self.rel), Body=self._body(),
+                                     **condition)
+        return answer.get("ETag", "")
 
     def _create(self) -> bool:
         from botocore.exceptions import ClientError
 
         try:
-            client().put_object(Bucket=self.store.bucket, Key=self.store.key(self.rel), Body=self._body(),
-                                IfNoneMatch="*")
+            self.etag = self._put(IfNoneMatch="*")
             return True
         except ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code")) in ("PreconditionFailed", "412",
-                                                                  "ConditionalRequestConflict"):
+            if _code(exc) in _REFUSED:
                 return False
             raise describe_error(exc, self.store.where(self.rel)) from None
 
+    def _holder(self) -> tuple[dict | None, float | None]:
+        """(the lock's content, or None when there is none; its age by the server's clock, None if unknown)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            head = client().head_object(Bucket=self.store.bucket, Key=self.store.key(self.rel))
+        except ClientError as exc:
+            if _code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return None, None
+            raise describe_error(exc, self.store.where(self.rel)) from None
+        age = None
+        try:
+            now = parsedate_to_datetime(head["ResponseMetadata"]["HTTPHeaders"]["date"])
+            age = (now - head["LastModified"]).total_seconds()
+        except (KeyError, TypeError, ValueError):
+            pass
+        raw = self.store.read_bytes(self.rel)
+        if raw is None:
+            return None, None
+        try:
+            holder = json.loads(raw)
+        except ValueError:
+            holder = {}
+        return (holder if isinstance(holder, dict) else {}), age
+
     def __enter__(self) -> "ObjectLock":
         if not self._create():
-            raw = self.store.read_bytes(self.rel)
-            try:
-                holder = json.loads(raw) if raw else {}
-            except ValueError:
-                holder = {}
-            if not (raw is None or _holder_is_dead(holder)):
+            holder, age = self._holder()
+            if holder is not None and not _holder_is_dead(holder, age):
                 raise JobLockedError(f"another repack process (pid {holder.get('pid', '?')} on "
                                      f"{holder.get('host', '?')}) is already running on {self.store.url}; wait for "
-                                     f"it or stop it first (a lock not refreshed for {STALE_LOCK_S} s is taken over)")
+                                     f"it or stop it first (a lock not refreshed for {stale_after():g} s is taken over)")
             self.store.delete(self.rel)
             if not self._create():
                 raise JobLockedError(f"another repack process took the lock on {self.store.url} just now")
+        self.store.held_locks.append(self)
         self._thread = threading.Thread(target=self._beat, daemon=True, name="repack-s3-lock")
         self._thread.start()
         return self
 
+    def _still_mine(self) -> bool:
+        """The lock object still holds this run's token (read back)."""
+        raw = self.store.read_bytes(self.rel)
+        try:
+            return raw is not None and json.loads(raw).get("token") == self.token
+        except (ValueError, AttributeError):
+            return False
+
     def _beat(self) -> None:
+        from botocore.exceptions import ClientError
+
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                client().put_object(Bucket=self.store.bucket, Key=self.store.key(self.rel), Body=self._body())
+                self.etag = self._put(IfMatch=self.etag) if self.etag else self._put()
+            except ClientError as exc:
+                if _code(exc) in _REFUSED or (_code(exc) in _UNSUPPORTED and not self._still_mine()):
+                    self.lost = "its lock was taken over by another run (its heartbeat stalled)"
+                    return
+                if _code(exc) in _UNSUPPORTED and self._still_mine():
+                    self.etag = None  # a server without conditional PUTs: read back, then write
+                    continue
             except Exception:  # noqa: BLE001 - a missed heartbeat is retried at the next beat
                 continue
 
+    def check_held(self) -> None:
+        """JobLockedError unless this run still holds the lock: called before a manifest is written."""
+        if self.lost is None and not self._still_mine():
+            self.lost = "its lock was taken over by another run (its heartbeat stalled)"
+        if self.lost is not None:
+            raise JobLockedError(f"{self.store.url}: {self.lost}; nothing was published by this run")
+
     def __exit__(self, *exc) -> None:
+        from botocore.exceptions import ClientError
+
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.store.delete(self.rel)
+        if self in self.store.held_locks:
+            self.store.held_locks.remove(self)
+        if self.lost is not None:
+            return  # another run's lock now: never deleted by this one
+        try:
+            client().delete_object(Bucket=self.store.bucket, Key=self.store.key(self.rel),
+                                   **({"IfMatch": self.etag} if self.etag else {}))
+        except ClientError as exc:
+            if _code(exc) in _UNSUPPORTED and self._still_mine():
+                self.store.delete(self.rel)
+            elif _code(exc) not in _REFUSED and _code(exc) not in ("404", "NoSuchKey"):
+                raise describe_error(exc, self.store.where(self.rel)) from None
