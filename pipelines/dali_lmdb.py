@@ -28,9 +28,8 @@ import numpy as np
 
 from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, check_state
 from pipelines.dataset_identity import identity
-from pipelines.manifest_access import parse_label
 from pipelines.sample_errors import decode_error
-from pipelines.torch_lmdb import LmdbReader, open_lmdb_dataset, sample_key
+from pipelines.torch_lmdb import LmdbReader, checked_label, class_indices, open_lmdb_dataset, sample_key
 
 KIND = "dali_lmdb"
 
@@ -58,7 +57,8 @@ class LmdbBatchSource:
 
     def __init__(self, path: str, count: int, batch_size: int, shard_id: int = 0, num_shards: int = 1,
                  random_shuffle: bool = False, seed: int = 0, pad_last_batch: bool = False,
-                 drop_last: bool = False, epoch: int = 0, batch: int = 0, with_index: bool = False) -> None:
+                 drop_last: bool = False, epoch: int = 0, batch: int = 0, with_index: bool = False,
+                 class_indices: frozenset | None = None) -> None:
         if num_shards < 1 or not 0 <= shard_id < num_shards:
             raise ValueError(f"shard {shard_id} of {num_shards} is not valid")
         if pad_last_batch and drop_last:
@@ -67,6 +67,7 @@ class LmdbBatchSource:
         self.start, self.stop = shard_range(count, shard_id, num_shards)
         self.batch_size, self.random_shuffle, self.seed, self.pad = batch_size, random_shuffle, seed, pad_last_batch
         self.drop_last, self.with_index = drop_last, with_index
+        self.class_indices = class_indices  # a labeled dataset's class map's indices (``torch_lmdb.checked_label``)
         if epoch < 0 or batch < 0:
             raise ValueError(f"epoch {epoch} and batch {batch} must not be negative")
         self.epoch = epoch - 1
@@ -91,7 +92,7 @@ class LmdbBatchSource:
     def _label(self, index: int, cls: bytes | None) -> int:
         """A record's label (-1 without one); a bad value is a SampleDecodeError naming database and key."""
         try:
-            return parse_label(cls) if cls is not None else -1
+            return checked_label(cls, self.class_indices)
         except ValueError as exc:
             raise decode_error(self.reader.path, sample_key(index), "label", exc) from exc
 
@@ -143,7 +144,7 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
         state = check_state(checkpoint, KIND, options, identity(manifest))
         epoch, batch = state["epoch"], state["batch"]
     source = LmdbBatchSource(path, count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
-                             drop_last, epoch, batch, with_index)
+                             drop_last, epoch, batch, with_index, class_indices(manifest))
     gpu = device_id is not None
     pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                     prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True)

@@ -22,6 +22,7 @@ from pipelines.sample_errors import decode_error
 from pipelines.sampler_resume import MapDatasetState
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size
+from repack.manifest.lmdb_meta import lmdb_file_problem
 from repack.manifest.versions import version_file
 
 LAYOUT = "repack-lmdb/1"
@@ -52,7 +53,30 @@ def open_lmdb_dataset(root: str | os.PathLike, version: int | None = None) -> tu
         raise ManifestError(f"{path}: {size} bytes, the manifest says {entries[0]['bytes']} (truncated or "
                             "changed; run `repack verify`)")
     check_declared_counts(manifest.data, lambda rel: size, str(manifest.root))  # before sizing memory from it
+    problem = lmdb_file_problem(path)  # its meta pages name pages past its end: mapped reads there are SIGBUS
+    if problem:
+        raise ManifestError(f"{path}: not safe to open as LMDB ({problem}; run `repack verify`)")
     return manifest, str(path), int(entries[0]["samples"])
+
+
+def class_indices(manifest) -> frozenset | None:
+    """The class indices a labeled LMDB dataset's samples may hold (its class map's), None when unlabeled."""
+    if "cls" not in manifest.fields:
+        return None
+    return frozenset(index for index in (manifest.classes or {}).values() if isinstance(index, int))
+
+
+def checked_label(raw: bytes | None, indices: frozenset | None) -> int:
+    """A record's label: ``UNLABELED`` in an unlabeled dataset; in a labeled one (``indices``: its class map's)
+    its class, which must be there and be one the map names (ValueError: the caller names the key)."""
+    if indices is None:
+        return parse_label(raw) if raw is not None else UNLABELED
+    if raw is None:
+        raise ValueError("no class, in a labeled dataset")
+    label = parse_label(raw)
+    if label not in indices:
+        raise ValueError(f"class index {label} is not in the dataset's class map")
+    return label
 
 
 def sample_key(index: int) -> str:
@@ -153,6 +177,7 @@ class LmdbImageDataset(MapDatasetState, Dataset):
         self.reader = LmdbReader(path, count)
         self.reader.check_count()
         self.labeled = "cls" in self.manifest.fields
+        self.class_indices = class_indices(self.manifest)
 
     @property
     def classes(self) -> dict[str, int]:
@@ -168,7 +193,7 @@ class LmdbImageDataset(MapDatasetState, Dataset):
         raw = self.reader.get(index, fields)
         stage = "label"
         try:
-            label = parse_label(raw["cls"]) if raw["cls"] is not None else UNLABELED
+            label = checked_label(raw["cls"], self.class_indices)
             image: Any = raw["img"]
             if self.decode:
                 stage = "decode"

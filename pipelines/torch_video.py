@@ -19,10 +19,13 @@ frames are missing raises RuntimeError naming the file; one whose decode or tran
 from __future__ import annotations
 
 import io
+import os
 from fractions import Fraction
 
 from pipelines import object_store
 from pipelines.manifest_access import open_manifest
+from repack.manifest import ManifestError
+from repack.manifest.containers import SAFE_INPUT_OPTIONS
 from pipelines.sample_errors import decode_error
 from pipelines.dataset_identity import identity
 from pipelines.sampler_resume import MapDatasetState
@@ -37,7 +40,46 @@ def manifest_videos(root, version: int | None = None) -> tuple[list[dict], objec
     if manifest.modality != "video":
         raise ValueError(f"{manifest.root}: a {manifest.modality!r} dataset, not video")
     entries = manifest.data["videos"] if manifest.format == "webdataset" else manifest.data["shards"]
+    check_video_entries(manifest, entries)
     return list(entries), manifest
+
+
+def check_video_entries(manifest, entries: list[dict]) -> None:
+    """ManifestError naming the entry of a received manifest a reader would read wrong: a video listed twice
+    (in any spelling, or through a link: its clips read twice), a WebDataset's videos not one per sample, a
+    frame count that is not a count or that no file of its size holds, a class index that is not one of the
+    class map's or not its own label's."""
+    import posixpath
+
+    classes = manifest.classes or {}
+    indices = {index for index in classes.values() if isinstance(index, int)}
+    seen: dict[str, str] = {}
+    for entry in entries:
+        where = f"{manifest.root}: video {entry['path']!r}"
+        same = posixpath.normpath(entry["path"])
+        if not object_store.is_remote(manifest.root):
+            same = os.path.realpath(manifest.path(entry["path"]))
+        if same in seen:
+            raise ManifestError(f"{where} is listed twice (as {seen[same]!r}): its clips would be read twice")
+        seen[same] = entry["path"]
+        frames, size = entry.get("frames"), entry.get("bytes")
+        if not isinstance(frames, int) or isinstance(frames, bool) or frames < 0 or \
+                (isinstance(size, int) and frames > max(size, 0)):  # a frame takes at least a byte
+            raise ManifestError(f"{where}: frames {frames!r} is not a frame count its {size} bytes can hold")
+        cls = entry.get("cls")
+        if cls is None:
+            if isinstance(entry.get("label"), str) and entry["label"] in classes:
+                raise ManifestError(f"{where}: no class, but its label {entry['label']!r} is one of the class map's")
+            continue
+        if not isinstance(cls, int) or isinstance(cls, bool) or (indices and cls not in indices):
+            raise ManifestError(f"{where}: class {cls!r} is not an index of the dataset's class map")
+        if isinstance(entry.get("label"), str) and entry["label"] in classes and classes[entry["label"]] != cls:
+            raise ManifestError(f"{where}: class {cls} is not its label {entry['label']!r}'s "
+                                f"({classes[entry['label']]})")
+    if manifest.format == "webdataset":
+        samples = manifest.data["totals"].get("samples")
+        if samples is not None and samples != len(entries):
+            raise ManifestError(f"{manifest.root}: {len(entries)} videos listed for {samples} samples in the shards")
 
 
 def clip_starts(frames: int, sequence_length: int, stride: int = 1, step: int = -1) -> list[int]:
@@ -90,8 +132,11 @@ class VideoClipDataset(MapDatasetState):
             if object_store.is_remote(path):
                 from pipelines.ranged_file import RangedObjectFile
 
-                return av.open(io.BufferedReader(RangedObjectFile(path, self.sizes[video]), 1 << 16))
-            return av.open(path)
+                return av.open(io.BufferedReader(RangedObjectFile(path, self.sizes[video]), 1 << 16),
+                               options={"format_whitelist": SAFE_INPUT_OPTIONS["format_whitelist"]})
+            # this one file, as one of the single-file containers: never a concat script or a playlist that
+            # opens others (a symlink beside it, outside the root)
+            return av.open("file:" + os.path.abspath(path), options=dict(SAFE_INPUT_OPTIONS))
         except (FileNotFoundError, av.error.FileNotFoundError) as exc:
             raise RuntimeError(f"{self.root}: clip {clip} needs {path}, which is missing ({exc})") from None
 

@@ -246,7 +246,7 @@ def test_an_index_of_many_pieces_parsed_on_threads_is_the_serial_parse(monkeypat
     from repack.exec import cpus
     from repack.manifest import shard_index as columns_parser
 
-    lines = [" ".join(f"{ext} {512 + 4096 * n + 1024 * m} {100 + n % 97} {n:08d}_s{n % 13}.{ext}"
+    lines = [" ".join(f"{ext} {512 + 3072 * n + 1024 * m} {100 + n % 97} {n:08d}_s{n % 13}.{ext}"  # as in a tar
                       for m, ext in enumerate(["jpg", "cls", "json"])) for n in range(2000)]
     raw = (f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n").encode()
     serial = columns_parser.parse_index(raw, "index")

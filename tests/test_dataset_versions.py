@@ -204,3 +204,11 @@ def test_text_append_adds_a_prefix_of_the_new_files_only(tmp_path):
         refused = run_repack("text", corpus, out, "--tokenizer", tok, "--append", *flags, check=False)
         assert refused.returncode == 2 and f"was tokenized with other options: {said}" in refused.stderr
     assert read_manifest_json(out)["dataset_version"]["number"] == 2 and run_repack("verify", out).returncode == 0
+    from tests.tools.text import train_bpe
+
+    other = tmp_path / "other-tok"
+    write_tokenizer(train_bpe(docs), other)
+    refused = run_repack("text", corpus, out, "--tokenizer", other, "--append", check=False)  # found after tokenizing:
+    assert refused.returncode == 2 and "another tokenizer" in refused.stderr  # the staged job is discarded, so
+    done = run_repack("text", corpus, out, "--tokenizer", tok, "--append")  # the right one appends at once
+    assert "published version 3" in done.stdout and run_repack("verify", out).returncode == 0

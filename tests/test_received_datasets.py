@@ -173,3 +173,139 @@ def test_token_pointers_that_are_not_the_documents_back_to_back_are_refused(tmp_
     proc = run_repack("verify", out, check=False)
     assert proc.returncode == 5 and "sequence_pointers are not the byte offsets" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# -- video, LMDB and the report ---------------------------------------------------------------------------
+def ffmpeg_clip(path: Path, seed: int) -> None:
+    import subprocess
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"testsrc=duration=1:size=64x64:rate=10",
+                    "-vf", f"hue=h={seed * 40}", "-c:v", "libx264", "-pix_fmt", "yuv420p", str(path)], check=True)
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory) -> Path:
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("ffmpeg is not installed")
+    src = tmp_path_factory.mktemp("video-src")
+    for n, rel in enumerate(("cat/v1.mp4", "cat/v2.mp4", "dog/v3.mp4")):
+        ffmpeg_clip(src / rel, n)
+    out = tmp_path_factory.mktemp("video") / "out"
+    run_repack("video", src, out, "--transcode", "--quiet")
+    return out
+
+
+def video_entry(out: Path, change) -> None:
+    manifest = read_manifest_json(out)
+    change(manifest["shards"])
+    manifest["totals"]["samples"] = sum(s["samples"] for s in manifest["shards"])  # the totals made to agree
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("damage,said", [
+    ("a class the map lacks", "class 7 is not an index of the dataset's class map"),
+    ("another label's class", "class 1 is not its label 'cat''s"),
+    ("listed twice", "is listed twice"),
+    ("frames no file holds", "is not a frame count its"),
+])
+def test_a_video_entry_read_wrong_is_refused(videos, tmp_path, damage, said):
+    from pipelines.torch_video import VideoClipDataset
+
+    out = tmp_path / "copy"
+    shutil.copytree(videos, out)
+
+    def edit(shards):
+        if damage == "a class the map lacks":
+            shards[0]["cls"] = 7
+        elif damage == "another label's class":
+            shards[0]["cls"] = 1
+        elif damage == "listed twice":  # through a link beside it: another name, the same file
+            (out / shards[0]["path"]).parent.joinpath("alias.mp4").symlink_to(Path(shards[0]["path"]).name)
+            shards.append({**shards[0], "path": str(Path(shards[0]["path"]).parent / "alias.mp4")})
+        else:
+            shards[0]["frames"] = 10 ** 7
+    video_entry(out, edit)
+    with pytest.raises(ManifestError, match=said):
+        VideoClipDataset(out, sequence_length=4)
+
+
+def test_a_prepared_video_replaced_by_a_concat_script_never_opens_another_file(videos, tmp_path):
+    """An ffconcat script in place of a video, naming a symlink beside it to a video outside the root: the reader
+    opens that one file as one of the single-file containers, and FFmpeg's concat demuxer is not one."""
+    from pipelines.sample_errors import SampleDecodeError
+    from pipelines.torch_video import VideoClipDataset
+
+    out = tmp_path / "copy"
+    shutil.copytree(videos, out)
+    secret = tmp_path / "private" / "secret.mp4"
+    ffmpeg_clip(secret, 5)
+    first = read_manifest_json(out)["shards"][0]["path"]
+    (out / first).parent.joinpath("part.mp4").symlink_to(secret)
+    (out / first).write_text("ffconcat version 1.0\nfile part.mp4\n")
+    with pytest.raises(SampleDecodeError, match=r"decode failed"):
+        VideoClipDataset(out, sequence_length=4)[0]
+
+
+@pytest.fixture(scope="module")
+def lmdb_out(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("lmdb-src")
+    write_jpegs(src / "a", 3, "a")
+    write_jpegs(src / "b", 3, "b")
+    out = tmp_path_factory.mktemp("lmdb") / "out"
+    run_repack("images", src, out, "--to", "lmdb", "--quiet")
+    return out
+
+
+def test_a_cut_lmdb_with_its_size_recorded_again_is_refused_not_mapped(lmdb_out, tmp_path):
+    """Mapped reads past a file's end are SIGBUS: the readers and the report check LMDB's meta pages first (run in
+    a child process, so a regression kills it, not the tests)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "copy"
+    shutil.copytree(lmdb_out, out)
+    data = (out / "data.lmdb").read_bytes()
+    (out / "data.lmdb").write_bytes(data[:len(data) - 4096])
+    forge(out)
+    code = ("import sys\nfrom pipelines.torch_lmdb import LmdbImageDataset\nfrom repack.manifest import ManifestError\n"
+            "try:\n    list(LmdbImageDataset(sys.argv[1], decode=False))\nexcept ManifestError as exc:\n"
+            "    print('refused', exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "refused" in proc.stdout and "not safe to open as LMDB" in proc.stdout
+    report = run_repack("inspect", out, "--html", tmp_path / "r.html", check=False)
+    assert report.returncode == 0, report.stderr
+
+
+def test_a_labeled_lmdb_sample_without_a_class_of_the_map_is_named(lmdb_out, tmp_path):
+    import lmdb
+
+    from pipelines.sample_errors import SampleDecodeError
+    from pipelines.torch_lmdb import LmdbImageDataset
+
+    for value in (None, b"7"):
+        out = tmp_path / f"copy-{value}"
+        shutil.copytree(lmdb_out, out)
+        env = lmdb.open(str(out / "data.lmdb"), subdir=False, lock=False)
+        with env.begin(write=True) as txn:
+            if value is None:
+                txn.delete(b"s/0000000001/cls")
+            else:
+                txn.put(b"s/0000000001/cls", value)
+        env.close()
+        forge(out)
+        with pytest.raises(SampleDecodeError, match=r"s/0000000001.*(no class|class index 7 is not in)"):
+            list(LmdbImageDataset(out, decode=False))
+
+
+def test_the_report_escapes_a_received_class_map_and_refuses_sections_of_other_shapes(packed, tmp_path):
+    out = copy_of(packed, tmp_path)
+    manifest = read_manifest_json(out)
+    (out / "manifest.json").write_text(json.dumps({**manifest, "classes": {"cat": "<script>x()</script>", "dog": 1}}))
+    run_repack("inspect", out, "--html", tmp_path / "r.html")
+    assert "<script>x()</script>" not in (tmp_path / "r.html").read_text()
+    (out / "manifest.json").write_text(json.dumps({**manifest, "created_by": "a string"}))
+    proc = run_repack("inspect", out, check=False)
+    assert proc.returncode == 5 and "not what repack writes" in proc.stderr and "Traceback" not in proc.stderr

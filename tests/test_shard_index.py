@@ -46,11 +46,11 @@ def as_lines(columns) -> list[tuple[str, tuple, tuple]]:
     return [(s.key, s.members, s.names) for s in (sample_at(columns, i) for i in range(columns.samples))]
 
 
-ODD = ("v1.2 5\n"
-       "jpg 512 10 a.b.jpg cls 1024 2 a.b.cls\n"  # a key before the first dot only
-       "jpg 2048 3 plain\n"  # no dot: the whole name is the key
-       "png 3072 4 k2.png json 4096 5 other.json txt 5120 6 k2.txt\n"  # a name that does not start with the key
-       "jpg 6144 0 k3.jpg\n"
+ODD = ("v1.2 5\n"  # odd names, the members laid out as in a tar (a header block before each, data padded)
+       "jpg 512 10 a.b.jpg cls 1536 2 a.b.cls\n"  # a key before the first dot only
+       "jpg 2560 3 plain\n"  # no dot: the whole name is the key
+       "png 3584 4 k2.png json 4608 5 other.json txt 5632 6 k2.txt\n"  # a name that does not start with the key
+       "jpg 6656 0 k3.jpg\n"
        "webp 7168 123456789012 kk.webp\n")
 
 

@@ -78,16 +78,22 @@ def inspect(out, json_out, html_file):
     from repack.store.files import open_dataset
     from repack.report.inspect import inspect_lines
 
+    from repack.manifest import ManifestError
+
     require_dataset_folder(out)
     files = open_dataset(out)
-    if html_file:
-        from repack.report.html import dataset_page, write_page
-        from repack.report.samples import gather
+    try:
+        if html_file:
+            from repack.report.html import dataset_page, write_page
+            from repack.report.samples import gather
 
-        write_page(html_file, dataset_page(collect(files), gather(files)))
-    if json_out:
-        click.echo(json.dumps(collect(files), sort_keys=True))
-    else:
-        click.echo("\n".join(inspect_lines(files)))
+            write_page(html_file, dataset_page(collect(files), gather(files)))
+        if json_out:
+            click.echo(json.dumps(collect(files), sort_keys=True))
+        else:
+            click.echo("\n".join(inspect_lines(files)))
+    except (TypeError, AttributeError, KeyError) as exc:  # a section of another shape than repack writes
+        raise ManifestError(f"{out}: the manifest's sections are not what repack writes ({type(exc).__name__}: "
+                            f"{exc}); run `repack verify`") from None
     if html_file:
         click.echo(f"report: {html_file}", err=True)

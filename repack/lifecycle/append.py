@@ -84,6 +84,9 @@ class Appender:
     # (store, staged job's store, staged folder, current, staged, version) -> more of N+1's body (side files)
     side_files: Callable[[object, object, str, dict, dict, int], dict] | None = None
     change_note: Callable[[dict], dict] | None = None  # (current) -> more of the change record
+    # (current, staged manifest) -> why the staged inputs cannot join the dataset, or None; checked before anything
+    # staged is moved in (a refused staged job is discarded: the append run again with the right options restages)
+    staged_refusal: Callable[[dict, dict], str | None] | None = None
 
 
 def append(spec, options: EngineOptions) -> AppendResult:
@@ -138,6 +141,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
                     pass                    # N+1 records them (same shards), as every version records its inputs
             known = known.record()
             staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
+            refusal = appender.staged_refusal(current, staged) if appender.staged_refusal is not None else None
+            if refusal is not None:
+                remove_prefix(store, f"{stage}/")
+                raise UsageError(f"--append: {refusal}; nothing was changed")
             plan = read_plan(job.store)
             refuse_names_in_use(store, current, [appender.rename(shard[key], spec, number) for shard in staged["shards"]
                                                  for key in ("path", "index", "checksums", "source_runs")
@@ -243,18 +250,24 @@ def merged_manifest(current: dict, staged: dict, shards: list[dict], replanned: 
     return body
 
 
-def merged_text_manifest(current: dict, staged: dict, shards: list[dict], replanned: frozenset = frozenset()) -> dict:
-    """A text version N+1: the shards' prefixes listed after N's, Megatron's weighted --data-path too."""
+def text_staged_refusal(current: dict, staged: dict) -> str | None:
+    """Why staged tokens cannot join a text dataset: another tokenizer or token dtype, or documents that would
+    start or end otherwise (the EOS/BOS ids and flags: every document of a dataset ends alike)."""
     if staged["tokenizer"].get("sha256") != current.get("tokenizer", {}).get("sha256") or \
             staged.get("dtype") != current.get("dtype"):
-        raise UsageError("--append: the new inputs were tokenized with another tokenizer or token dtype than "
-                         "the dataset's; append with the dataset's tokenizer")
+        return ("the new inputs were tokenized with another tokenizer or token dtype than the dataset's; append "
+                "with the dataset's tokenizer")
     ends = {key: (current.get("tokenizer", {}).get(key), staged["tokenizer"].get(key))
             for key in ("append_eos", "add_bos", "eos_id", "bos_id", "template_special_tokens")}
     differ = [f"{key} {new!r} (the dataset: {old!r})" for key, (old, new) in ends.items() if old != new]
     if differ:
-        raise UsageError(f"--append: the new documents would start or end otherwise than the dataset's: "
-                         f"{', '.join(differ)}; append with the dataset's --eos-token/--bos-token")
+        return (f"the new documents would start or end otherwise than the dataset's: {', '.join(differ)}; append "
+                "with the dataset's --eos-token/--bos-token")
+    return None
+
+
+def merged_text_manifest(current: dict, staged: dict, shards: list[dict], replanned: frozenset = frozenset()) -> dict:
+    """A text version N+1: the shards' prefixes listed after N's, Megatron's weighted --data-path too."""
     body = merged_manifest(current, staged, shards, replanned)
     body["prefixes"] = [s["prefix"] for s in body["shards"]]
     body["data_path"] = " ".join(f"{s['tokens']} {s['prefix']}" for s in body["shards"])
@@ -356,7 +369,8 @@ APPENDERS = {
     "ImagesSpec": Appender(_images_accepts, _images_job,
                            lambda rel, spec, n: rel.replace("shard-", f"shard-v{n}-", 1), merged_manifest),
     "TextSpec": Appender(_text_accepts, _text_job,  # text_document.bin -> text_document-v2.bin (parts alike)
-                         lambda rel, spec, n: f"{spec.name}-v{n}{rel[len(spec.name):]}", merged_text_manifest),
+                         lambda rel, spec, n: f"{spec.name}-v{n}{rel[len(spec.name):]}", merged_text_manifest,
+                         staged_refusal=text_staged_refusal),
     "VideoSpec": Appender(_video_accepts, _video_job,  # the videos sit in videos-vN/ already; shards renamed
                           lambda rel, spec, n: rel.replace("shard-", f"shard-v{n}-", 1) if rel.startswith("shard-")
                           else rel, merged_video_manifest, _video_side_files, _video_note),

@@ -86,7 +86,8 @@ def position_span(store, entry: dict) -> tuple[int, int] | None:
 def _line_position(line: bytes) -> int | None:
     """The position of the sample on one index line (None when the line is not a well-formed one)."""
     try:
-        return key_position(parse_index(f"{INDEX_VERSION} 1\n".encode() + line + b"\n", "index line").key(0))
+        return key_position(parse_index(f"{INDEX_VERSION} 1\n".encode() + line + b"\n", "index line",
+                                        layout=False).key(0))
     except ManifestError:
         return None
 

@@ -135,11 +135,12 @@ _CUT_LOOKBACK = 4096  # bytes before a piece's end searched for its last newline
 CHUNK_BYTES = 4 << 20  # index text parsed at a time: its working arrays stay tens of MB, whatever the shard
 
 
-def parse_index(raw: bytes, where: str) -> IndexColumns:
+def parse_index(raw: bytes, where: str, layout: bool = True) -> IndexColumns:
     """One ``.idx`` file's bytes as the columns of a one-shard index (``ManifestError`` naming
-    ``where`` when it is not a well-formed v1.2 index). Parsed ``CHUNK_BYTES`` of lines at a time."""
+    ``where`` when it is not a well-formed v1.2 index). Parsed ``CHUNK_BYTES`` of lines at a time.
+    ``layout=False``: lines taken out of an index (its key read from one line), not checked as its tar's."""
     count, pieces = index_pieces(raw, where)
-    return join_shards([[parse_piece(piece, where) for piece in pieces]], [count], [where])
+    return join_shards([[parse_piece(piece, where) for piece in pieces]], [count], [where], layout=layout)
 
 
 def index_pieces(raw: bytes | mmap.mmap, where: str, chunk_bytes: int | None = None) -> tuple[int, list[np.ndarray]]:
@@ -183,10 +184,11 @@ def _narrow(values: np.ndarray) -> np.ndarray:
 
 
 def join_shards(parts: list[list[IndexColumns]], counts: list[int], wheres: list[str],
-                allocate: Allocate | None = None, map_parts: Callable = map) -> IndexColumns:
+                allocate: Allocate | None = None, map_parts: Callable = map, layout: bool = True) -> IndexColumns:
     """The parsed pieces of each shard (``parts[i]``: shard i's, in order) as one dataset index, each
-    shard checked against the sample count its header declares (``counts[i]``), codes merged once
-    (the joined columns from ``allocate``, the pieces copied by ``map_parts``, as in ``concat``)."""
+    shard checked against the sample count its header declares (``counts[i]``) and (``layout``) laid out as
+    its tar (``_check_member_layout``), codes merged once (the joined columns from ``allocate``, the pieces
+    copied by ``map_parts``, as in ``concat``)."""
     for pieces, count, where in zip(parts, counts, wheres, strict=True):
         if sum(p.samples for p in pieces) != count:
             raise ManifestError(f"{where}: not a v1.2 index with a matching sample count")
@@ -194,7 +196,8 @@ def join_shards(parts: list[list[IndexColumns]], counts: list[int], wheres: list
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     joined = dataclasses.replace(joined, shard_starts=starts)
-    _check_member_layout(joined, wheres)
+    if layout:
+        _check_member_layout(joined, wheres)
     return joined
 
 

@@ -122,7 +122,7 @@ def sample_sections(samples: dict) -> list[str]:
     """The sections that show the data: thumbnails per class, quarantined inputs, video frames, text."""
     body = [f'<p class="note">{escape(samples["note"])}</p>'] if samples.get("note") else []
     if samples.get("classes"):
-        grids = "".join(f"<h3>{escape(c['class'])} ({c['index']})</h3><div class=\"thumbs\">"
+        grids = "".join(f"<h3>{escape(c['class'])} ({escape(str(c['index']))})</h3><div class=\"thumbs\">"
                         + "".join(figure(t.get("uri"), t["key"], t.get("error", "")) for t in c["thumbnails"])
                         + (f'<p class="empty">{escape(c["note"])}</p>' if c.get("note") else "")
                         + "</div>" for c in samples["classes"])

@@ -76,7 +76,10 @@ def wanted_classes(manifest) -> dict[int, str]:
     if not classes:
         return {-1: "unlabeled"}
     counts = manifest.data.get("stats", {}).get("class_counts", {})
-    ranked = sorted(classes.items(), key=lambda kv: (-counts.get(kv[0], 1), kv[1]))
+    counts = {name: count for name, count in counts.items() if isinstance(count, int)} if isinstance(counts, dict) else {}
+    indexed = [(name, index) for name, index in classes.items()  # a class map of a received dataset: indices only
+               if isinstance(index, int) and not isinstance(index, bool) and index >= 0]
+    ranked = sorted(indexed, key=lambda kv: (-counts.get(kv[0], 1), kv[1]))
     return {index: name for name, index in ranked[:MAX_CLASSES] if counts.get(name, 1) > 0}
 
 
@@ -173,8 +176,10 @@ def _lmdb_samples(files: DatasetFiles):
 
     shard = files.manifest.data["shards"][0]
     path = files.manifest.path(shard["path"])
-    if not path.is_file() or path.stat().st_size != shard["bytes"]:
-        return  # `repack verify` reports it; never map a file whose size differs (SIGBUS)
+    from repack.manifest.lmdb_meta import lmdb_file_problem
+
+    if not path.is_file() or path.stat().st_size != shard["bytes"] or lmdb_file_problem(path):
+        return  # `repack verify` reports it; never map a file short of the pages it names (SIGBUS)
     env = lmdb.open(str(path), readonly=True, lock=False, subdir=False, readahead=False)
     try:
         with env.begin() as txn:
@@ -210,6 +215,9 @@ def vouched_source_root(files: DatasetFiles) -> str | None:
     spec = state.get("spec") if isinstance(state, dict) else None
     if not isinstance(spec, dict) or spec.get("source") != options.get("source") or \
             bool(spec.get("list_file")) != bool(options.get("list_file")):
+        return None
+    if not isinstance(spec.get("out"), str) or \
+            os.path.realpath(spec["out"]) != os.path.realpath(files.manifest.root):  # packed here, not copied here
         return None
     return root
 

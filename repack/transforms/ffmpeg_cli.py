@@ -27,10 +27,7 @@ from repack.exec.parent_death import die_with_parent
 
 # Demuxers that read exactly one file (no playlist, no references to other files). The image
 # pipes are here so a still image is recognised (and rejected as one) instead of refused.
-ALLOWED_FORMATS = ("mov", "mp4", "matroska", "webm", "avi", "mpegts", "mpeg", "flv", "asf", "ogg", "ivf", "nut",
-                   "mxf", "dv", "m4v", "h264", "hevc", "mpegvideo", "obu", "mjpeg", "gif", "jpeg_pipe", "png_pipe",
-                   "webp_pipe", "bmp_pipe", "gif_pipe")
-SAFE_INPUT_OPTIONS = {"protocol_whitelist": "file", "format_whitelist": ",".join(ALLOWED_FORMATS)}
+from repack.manifest.containers import ALLOWED_FORMATS, SAFE_INPUT_OPTIONS  # noqa: F401 - used here and re-exported
 _REFUSED = re.compile(r"\[([\w,]+) @ [^\]]*\] Format not on whitelist")
 _POINTER = re.compile(r" @ 0x[0-9a-f]+\]")
 
