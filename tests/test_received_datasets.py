@@ -23,14 +23,19 @@ from tests.conftest import read_manifest_json, run_repack
 from tests.test_images_job import write_jpegs
 
 
+def two_classes(factory, name: str, per_class: int, *args: str) -> Path:
+    """Two class folders of ``per_class`` JPEGs packed with ``args`` (read only)."""
+    src = factory.mktemp(f"{name}-src")
+    write_jpegs(src / "cat", per_class, "c")
+    write_jpegs(src / "dog", per_class, "d")
+    out = factory.mktemp(name) / "out"
+    run_repack("images", src, out, *args, "--quiet")
+    return out
+
+
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory) -> Path:
-    src = tmp_path_factory.mktemp("received-src")
-    write_jpegs(src / "cat", 6, "c")
-    write_jpegs(src / "dog", 6, "d")
-    out = tmp_path_factory.mktemp("received") / "out"
-    run_repack("images", src, out, "--shard-size", "4", "--quiet")
-    return out
+    return two_classes(tmp_path_factory, "received", 6, "--shard-size", "4")
 
 
 def copy_of(packed: Path, tmp_path: Path) -> Path:
@@ -249,12 +254,7 @@ def test_a_prepared_video_replaced_by_a_concat_script_never_opens_another_file(v
 
 @pytest.fixture(scope="module")
 def lmdb_out(tmp_path_factory) -> Path:
-    src = tmp_path_factory.mktemp("lmdb-src")
-    write_jpegs(src / "a", 3, "a")
-    write_jpegs(src / "b", 3, "b")
-    out = tmp_path_factory.mktemp("lmdb") / "out"
-    run_repack("images", src, out, "--to", "lmdb", "--quiet")
-    return out
+    return two_classes(tmp_path_factory, "lmdb", 3, "--to", "lmdb")
 
 
 def test_a_cut_lmdb_with_its_size_recorded_again_is_refused_not_mapped(lmdb_out, tmp_path):

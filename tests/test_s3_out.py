@@ -125,7 +125,7 @@ def test_second_live_run_refused_and_stale_lock_taken_over(server, s3, photo_tre
     assert "nothing to do" in done.stdout
 
 
-def test_a_run_whose_lock_was_taken_over_publishes_nothing_and_leaves_the_new_lock(server, s3, monkeypatch):
+def test_a_run_whose_lock_was_taken_over_publishes_nothing_and_leaves_the_new_lock(server, s3, monkeypatch, endpoint):
     """A holder whose heartbeat stalled past the limit loses its lock to another run: its next heartbeat is refused
     (a PUT conditional on the ETag it wrote), it publishes nothing, and its exit does not delete the new lock."""
     from repack.errors import JobLockedError
@@ -134,8 +134,7 @@ def test_a_run_whose_lock_was_taken_over_publishes_nothing_and_leaves_the_new_lo
 
     import repack.store.s3_lock as s3_lock
 
-    for name, value in s3_env(server.endpoint).items():
-        monkeypatch.setenv(name, value)
+    endpoint(server.endpoint)  # this process's clients for this server, forgotten after the test
     monkeypatch.setattr(s3_lock, "HEARTBEAT_S", 0.2)
     s3.create_bucket(Bucket="lost")
     store = S3Store("s3://lost/ds")

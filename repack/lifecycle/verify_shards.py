@@ -41,16 +41,16 @@ from repack.sinks.checks import sha256_file
 from repack.sinks.keys import index_key_hashes
 
 DATASET_FACTS = "dataset_facts"  # the key under which a shard entry carries its format's ``verify_facts``
-# one shard's problems, its key hashes (uint64 bytes) and its samples per class index (a tar shard that passed
-# in parts, with .cls members; else None)
-Checked = tuple[list[str], bytes, "list[int] | None"]
+# one shard's problems, its key hashes (uint64 bytes) and its [class index, samples] pairs (a tar shard that
+# passed in parts, with .cls members; else None)
+Checked = tuple[list[str], bytes, "list[list[int]] | None"]
 
 
 @dataclass(frozen=True)
 class ShardsChecked:
     """Per shard, in manifest order: its problems, its sample keys' hashes (uint64, in no set order: a
     split shard's are its parts' sorted runs; empty where the format keeps no webdataset index) and its
-    samples per class index (``tar_check.PartCheck.classes``; None where not counted)."""
+    [class index, samples] pairs (``tar_check.PartCheck.classes``; None where not counted)."""
 
     problems: tuple[tuple[str, ...], ...]
     key_hashes: tuple[np.ndarray, ...]
@@ -204,7 +204,8 @@ class _Pool:
         that did not pass. ``known``: the shard numbers whose main file's sha256 comes from elsewhere,
         ``digests()`` gives it once the first round is done (None: unreadable; ``Died``: its process died)."""
         entries = [shard for _, shard in shards]
-        answers = self._run(fmt, shards, plan_tasks(fmt, entries, known, [_file_size(root, shard) for root, shard in shards]))
+        sizes = [_file_size(root, shard) for root, shard in shards]
+        answers = self._run(fmt, shards, plan_tasks(fmt, entries, known, sizes))
         outside = digests() if known else {}
         results: dict[int, Checked] = {}
         again = []
