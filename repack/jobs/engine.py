@@ -327,15 +327,18 @@ def prepare_out(out: Path, store=None) -> None:
         raise UsageError(f"output {str(out)!r} is not writable: {exc.strerror}") from None
 
 
-def holds_repack_job(store) -> bool:
-    """OUT holds repack's job state or a repack manifest (not a ``manifest.json`` of another tool)."""
-    if store.size(f"{STATE_DIR}/job.json") is not None:
-        return True
+def repack_manifest(store) -> dict | None:
+    """OUT's ``manifest.json`` when it is repack's (its schema), else None (none, or another tool's)."""
     try:
         data = json.loads(store.read_bytes(MANIFEST_NAME) or b"null")
     except ValueError:
-        return False
-    return isinstance(data, dict) and data.get("schema") == "repack.manifest"
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == "repack.manifest" else None
+
+
+def holds_repack_job(store) -> bool:
+    """OUT holds repack's job state or a repack manifest (not a ``manifest.json`` of another tool)."""
+    return store.size(f"{STATE_DIR}/job.json") is not None or repack_manifest(store) is not None
 
 
 def refuse_foreign_out(out: Path, store) -> None:
@@ -344,16 +347,12 @@ def refuse_foreign_out(out: Path, store) -> None:
     anything in it is written (``--overwrite`` skips this). A ``manifest.json`` alone proves nothing."""
     if store.size(f"{STATE_DIR}/job.json") is not None:
         return
-    if store.size(MANIFEST_NAME) is not None:
-        try:
-            data = json.loads(store.read_bytes(MANIFEST_NAME) or b"null")
-        except ValueError:
-            data = None
-        if isinstance(data, dict) and data.get("schema") == "repack.manifest":
-            totals = data.get("totals") if isinstance(data.get("totals"), dict) else {}
-            raise UsageError(f"{store.url} holds a repack {data.get('modality', '?')} dataset ({totals.get('samples', '?')} "
-                             "samples) without its job state (.repack/job.json: a copy or a pull); packing into it "
-                             "would replace it: choose a new or empty OUT, or pass --overwrite to replace it")
+    data = repack_manifest(store)
+    if data is not None:
+        totals = data.get("totals") if isinstance(data.get("totals"), dict) else {}
+        raise UsageError(f"{store.url} holds a repack {data.get('modality', '?')} dataset ({totals.get('samples', '?')} "
+                         "samples) without its job state (.repack/job.json: a copy or a pull); packing into it would "
+                         "replace it: choose a new or empty OUT, or pass --overwrite to replace it")
     if store.remote:
         found = sorted(rel for rel in store.list_sizes("") if not rel.startswith(f"{STATE_DIR}/"))
     else:

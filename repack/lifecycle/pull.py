@@ -133,11 +133,9 @@ def pull(spec: PullSpec) -> Manifest:
     root = Path(spec.dest)
     if root.exists() and not root.is_dir():
         raise UsageError(f"{str(root)!r} exists and is not a folder")
-    from repack.jobs.base import STATE_DIR
-    from repack.jobs.engine import JobLock
+    from repack.jobs.engine import JobLock, prepare_out
 
-    root.mkdir(parents=True, exist_ok=True)
-    (root / STATE_DIR).mkdir(exist_ok=True)
+    prepare_out(root)  # as every writer's: the job state inside DEST (never through a link), DEST writable
     with JobLock(root):  # as every writer of a dataset: a second pull, a gc or a remove on DEST exits 3
         return _pull_locked(spec, remote, pinned, root)
 
