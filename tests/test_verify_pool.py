@@ -154,3 +154,19 @@ def test_with_another_thread_running_the_shards_are_checked_on_a_pool_that_does_
     if only_thread():  # an earlier test in this process may have left a thread of its own running
         with _Pool(2) as pool:
             assert pool.executor is None  # no other thread: rounds on forked processes
+
+
+def _die_of_sigbus(task: str):
+    if task == "mapped":
+        os.kill(os.getpid(), signal.SIGBUS)  # what a mapped read past a damaged LMDB page does
+    return str(os.getpid()), b""
+
+
+def test_a_single_task_runs_in_a_forked_process_so_a_sigbus_names_its_shard():
+    """One shard (an LMDB dataset's one database): its check still runs in a forked process, so a check that dies
+    of SIGBUS is a ``Died`` for its shard, not the end of verify; one worker asked: in this process."""
+    (answer,) = run_tasks(["plain"], _die_of_sigbus, 2)
+    assert answer[0] != str(os.getpid())
+    (died,) = run_tasks(["mapped"], _die_of_sigbus, 2)
+    assert isinstance(died, Died) and "signal 7" in died.reason
+    assert run_tasks(["plain"], _die_of_sigbus, 1)[0][0] == str(os.getpid())

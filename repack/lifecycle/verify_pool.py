@@ -42,10 +42,12 @@ class TaskError(RuntimeError):
 
 def run_tasks(tasks: list[str], work: Callable[[str], Answer], workers: int) -> list[Answer | Died]:
     """``work(task)`` of each of ``tasks``, in their order (each a ``Died`` when its process died), on
-    ``min(workers, len(tasks))`` forked processes that take them in list order; in this process for one."""
-    workers = min(workers, len(tasks))
-    if workers <= 1:
+    ``min(workers, len(tasks))`` forked processes that take them in list order; in this process for
+    ``workers`` 1 (a single task still runs in a forked process: a check that maps a damaged file, LMDB's,
+    can die of SIGBUS, which then names the shard instead of ending verify)."""
+    if workers <= 1 or not tasks:
         return [work(task) for task in tasks]
+    workers = min(workers, len(tasks))
     with _Round(tasks, work, workers) as round_:
         return round_.gather()
 
