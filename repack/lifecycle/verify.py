@@ -47,8 +47,7 @@ def verify_report(location, version: int | None = None, workers: int | None = No
         manifest = files.manifest(version)
     except ManifestError as exc:
         return Report((str(exc),))
-    problems, key_hashes, classes = check_all_contents(files, manifest, workers, start_digests(files, manifest, workers),
-                                                       with_classes=True)
+    problems, key_hashes, classes = check_all_contents(files, manifest, workers, start_digests(files, manifest, workers))
     problems += check_class_counts(manifest.data, classes)
     listed = set(manifest.named_files())
     names = files.names()
@@ -170,17 +169,16 @@ def start_digests(files, manifest, workers: int | None) -> EarlyDigests | None:
     return EarlyDigests.start(early_files(manifest), workers)
 
 
-def check_all_contents(files, manifest, workers: int | None = None, early: EarlyDigests | None = None,
-                       with_classes: bool = False) -> tuple:
-    """(problems of every shard and side file in manifest order, each shard's sample key hashes), the
-    shards checked on ``workers`` processes (``verify_shards``; ``early``: tars already being hashed);
-    ``with_classes``: and each shard's samples per class index (``ShardsChecked.classes``; None for a shard
-    whose problems leave its classes uncounted)."""
+def check_all_contents(files, manifest, workers: int | None = None,
+                       early: EarlyDigests | None = None) -> tuple[list[str], list, list]:
+    """(problems of every shard and side file in manifest order, each shard's sample key hashes, each shard's
+    [class index, samples] pairs: ``ShardsChecked.classes``, None for a shard whose problems leave its classes
+    uncounted), the shards checked on ``workers`` processes (``verify_shards``; ``early``: tars already being
+    hashed)."""
     from repack.lifecycle.verify_shards import check_shards
 
     if manifest.format not in SINKS:
-        return ([f"unknown format {manifest.format!r} in manifest"], [], []) if with_classes else \
-            ([f"unknown format {manifest.format!r} in manifest"], [])
+        return [f"unknown format {manifest.format!r} in manifest"], [], []
     checked = check_shards(files, manifest, workers, early)
     problems = [problem for found in checked.problems for problem in found]
     side = manifest.data.get("files", {})
@@ -195,10 +193,8 @@ def check_all_contents(files, manifest, workers: int | None = None, early: Early
         with files.local([v["path"] for v in videos]) as (root, fetch_problems):
             problems += fetch_problems
             check_listed_videos(videos, root, problems)
-    if with_classes:
-        return problems, list(checked.key_hashes), [None if found else counted for found, counted in
-                                                    zip(checked.problems, checked.classes)]
-    return problems, list(checked.key_hashes)
+    return problems, list(checked.key_hashes), [None if found else counted for found, counted in
+                                                zip(checked.problems, checked.classes)]
 
 
 def check_listed_videos(videos: list[dict], root, problems: list[str]) -> None:

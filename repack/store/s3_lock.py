@@ -21,7 +21,7 @@ import time
 from email.utils import parsedate_to_datetime
 
 from repack.errors import JobLockedError
-from repack.store.s3_client import client, describe_error
+from repack.store.s3_client import client, describe_error, is_missing
 
 HEARTBEAT_S = 15    # a live lock's holder refreshes it this often
 STALE_LOCK_S = 120  # a lock not refreshed this long (by the server's clock) belongs to a dead run
@@ -119,7 +119,7 @@ class ObjectLock:
         try:
             head = client().head_object(Bucket=self.store.bucket, Key=self.store.key(self.rel))
         except ClientError as exc:
-            if _code(exc) in ("404", "NoSuchKey", "NotFound"):
+            if is_missing(exc):
                 return None, None
             raise describe_error(exc, self.store.where(self.rel)) from None
         age = None
@@ -196,8 +196,8 @@ class ObjectLock:
         try:
             client().delete_object(Bucket=self.store.bucket, Key=self.store.key(self.rel),
                                    **({"IfMatch": self.etag} if self.etag else {}))
-        except ClientError as exc:
-            if _code(exc) in _UNSUPPORTED and self._still_mine():
+        except ClientError as error:
+            if _code(error) in _UNSUPPORTED and self._still_mine():
                 self.store.delete(self.rel)
-            elif _code(exc) not in _REFUSED and _code(exc) not in ("404", "NoSuchKey"):
-                raise describe_error(exc, self.store.where(self.rel)) from None
+            elif _code(error) not in _REFUSED and not is_missing(error):
+                raise describe_error(error, self.store.where(self.rel)) from None
