@@ -26,7 +26,7 @@ import random
 
 import numpy as np
 
-from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, check_state
+from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, check_state, shard_range
 from pipelines.dataset_identity import identity
 from pipelines.sample_errors import decode_error
 from pipelines.torch_lmdb import LmdbReader, checked_label, class_indices, open_lmdb_dataset, sample_key
@@ -35,11 +35,6 @@ KIND = "dali_lmdb"
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-
-
-def shard_range(count: int, shard_id: int, num_shards: int) -> tuple[int, int]:
-    """[start, stop) of the samples pipeline ``shard_id`` of ``num_shards`` reads."""
-    return count * shard_id // num_shards, count * (shard_id + 1) // num_shards
 
 
 def epoch_batches(samples: int, batch_size: int, drop_last: bool) -> int:

@@ -57,6 +57,12 @@ class OpenedVersion:
 Opener = Callable[["int | None"], OpenedVersion]  # version (None: the loader's own) -> that version opened
 
 
+def shard_range(count: int, shard_id: int, num_shards: int) -> tuple[int, int]:
+    """[start, stop) of the ``count`` samples pipeline ``shard_id`` of ``num_shards`` reads (DALI's readers'
+    contiguous share)."""
+    return count * shard_id // num_shards, count * (shard_id + 1) // num_shards
+
+
 def dali_checkpoint(state: dict | None) -> bytes | None:
     """The DALI checkpoint inside a loader ``state`` (None when there is none)."""
     if state is None or state.get("dali") is None:

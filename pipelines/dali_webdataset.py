@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, restore_bytes
+from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, restore_bytes, shard_range
 from pipelines.dataset_identity import identity
 from pipelines.manifest_access import (image_extensions, is_labeled, open_webdataset, read_index, read_index_columns,
                                        shard_files)
@@ -197,8 +197,7 @@ def part_shards(manifest, shard_id: int, num_shards: int) -> list[int]:
     """The shard numbers holding the samples DALI's reader gives part ``shard_id`` of ``num_shards`` (its
     contiguous share of the dataset's samples)."""
     counts = [int(entry["samples"]) for entry in manifest.data["shards"]]
-    total = sum(counts)
-    first, last = shard_id * total // num_shards, (shard_id + 1) * total // num_shards
+    first, last = shard_range(sum(counts), shard_id, num_shards)
     found, at = [], 0
     for number, count in enumerate(counts):
         if at < last and at + count > first:
