@@ -260,6 +260,52 @@ def test_the_first_append_writes_only_its_rows_and_derives_version_ones_digests_
     assert "c01/newer.jpg" in packed_sources(out) and len(read_inputs_record(store, 3)) == len(whole) + 1
 
 
+def test_re_dated_inputs_read_only_the_task_records_of_their_rows_and_their_digests_are_the_whole_records(
+        tmp_path, monkeypatch):
+    """A known input with a new mtime is compared by content with version 1's digest of its row alone: the
+    task records of units that plan none of the rows asked are not read, the plan's columns are not decoded
+    again, and the digests placed are the whole derivation's on those rows. The append then recognizes the
+    copies and refuses a same-size change by name."""
+    from repack.jobs.base import read_plan
+    from repack.lifecycle import first_record
+
+    src, out = odd_tree(tmp_path / "src", folders=4), tmp_path / "out"
+    run_repack("images", src, out, "--chunk-size", "2", "--shard-size", "4", "--quiet")
+    store = open_store(str(out))
+    plan = read_plan(store)
+    whole = first_record.plan_record(store, plan)
+    assert bool(whole.has_sha256.all())
+    inputs = first_record.plan_inputs(plan, 0)
+    read: list[str] = []
+    real_read = type(store).read_bytes
+    monkeypatch.setattr(type(store), "read_bytes", lambda self, rel: read.append(rel) or real_read(self, rel))
+    monkeypatch.setattr(first_record, "plan_inputs", lambda *a, **k: pytest.fail("the plan's columns decoded again"))
+    rng = np.random.default_rng(5)
+    for count in (1, 3, len(whole)):
+        rows = rng.choice(len(whole), count, replace=False)
+        read.clear()
+        part = first_record.plan_record(store, plan, inputs=inputs, wanted=rows)
+        assert np.array_equal(part.sha256[rows], whole.sha256[rows]) and bool(part.has_sha256[rows].all())
+        records = [rel for rel in read if rel.startswith(".repack/tasks/")]
+        assert len(records) <= count and (count < len(whole) or len(records) == len(plan.units or plan.tasks))
+    monkeypatch.undo()
+
+    touched = [src / "c01" / "a.jpg", src / "c02" / "sub" / "x.jpg"]
+    for path in touched:
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    (src / "c01" / "new.jpg").write_bytes(jpeg_bytes(seed=990))
+    run_repack("images", src, out, "--append", "--quiet")
+    assert "c01/new.jpg" in packed_sources(out) and len(packed_sources(out)) == len(whole) + 1
+    changed = src / "c00 é" / "Ä.jpg"
+    body = bytearray(changed.read_bytes())
+    body[-3] ^= 0xFF
+    changed.write_bytes(bytes(body))
+    (src / "c02" / "newer.jpg").write_bytes(jpeg_bytes(seed=991))
+    refused = run_repack("images", src, out, "--append", "--quiet", check=False)
+    assert refused.returncode != 0 and "1 source(s) changed since the dataset packed them" in refused.stderr
+    assert "c00 é/Ä.jpg" in refused.stderr and "newer.jpg" not in packed_sources(out)
+
+
 def test_the_record_derived_in_a_child_process_equals_the_drivers_and_a_failure_is_raised_by_name(tmp_path):
     """``ChildRecord``: the columns the child sends over the pipe are the driver's own derivation (odd
     names, removed sources), its digests are derived when asked; a child that fails leaves the error to the
@@ -278,8 +324,8 @@ def test_the_record_derived_in_a_child_process_equals_the_drivers_and_a_failure_
             assert np.array_equal(getattr(back, column), getattr(columns, column))
     assert unpack_columns(pack_columns(record)[:-1]) is None and unpack_columns(b"-\n") is None
     forked = can_fork()  # no other thread here (e.g. no xdist worker): the child path runs
-    without_digests = dataclasses.replace(record, has_sha256=np.zeros(len(record), bool), digests_from=lambda: record)
-    child = ChildRecord(lambda: without_digests, lambda: record)  # derive() as dataset_record(digests=False) does
+    without_digests = dataclasses.replace(record, has_sha256=np.zeros(len(record), bool), digests_from=lambda rows=None: record)
+    child = ChildRecord(lambda: without_digests, lambda columns, rows: record)  # derive() as dataset_record(digests=False) does
     got = child()
     assert child() is got and got.digests_from is not None and not got.has_sha256.any()
     assert decode_names(got.names) == names and np.array_equal(got.position, record.position)
@@ -291,8 +337,8 @@ def test_the_record_derived_in_a_child_process_equals_the_drivers_and_a_failure_
         raise UsageError(f"{tmp_path}/inputs-v3.npz extends version 2's record, which is missing")
 
     with pytest.raises(UsageError, match="inputs-v3.npz extends version 2"):
-        ChildRecord(refused, refused)()
-    waiting = ChildRecord(lambda: record, lambda: record)
+        ChildRecord(refused, lambda columns, rows: refused())()
+    waiting = ChildRecord(lambda: record, lambda columns, rows: record)
     assert bool(waiting._pid) == forked
     waiting.close()  # the append failed before asking: the child is stopped and reaped
     assert not waiting._pid

@@ -40,7 +40,8 @@ from repack.config import EngineOptions
 from repack.errors import NothingPackedError, UsageError
 from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Plan, read_plan
-from repack.lifecycle.input_record import KnownInputs, append_delta, dataset_record, held_known
+from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, held_known,
+                                            published_digests)
 from repack.lifecycle.record_child import ChildRecord, record_parts
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish,
                                       refuse_names_in_use, remove_prefix, warner, write_inputs_record)
@@ -106,7 +107,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
         # the record is derived in a forked child from here on, while the staged job is set up and SOURCE walked
         parts = record_parts(available_cpus())
         record = ChildRecord(lambda: dataset_record(store, current, digests=False, parts=parts),
-                             lambda: dataset_record(store, current))
+                             lambda columns, rows: published_digests(store, current, columns, rows))
         try:
             number = number_of(current) + 1
             stage = stage_folder(number)

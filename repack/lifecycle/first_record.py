@@ -41,7 +41,9 @@ def version_one_record(store, digests: bool = True, parts: int = 1) -> InputColu
         return None
     if digests:
         return plan_record(store, plan)
-    return dataclasses.replace(plan_inputs(plan, 0, parts), digests_from=lambda: plan_record(store, plan))
+    inputs = plan_inputs(plan, 0, parts)
+    return dataclasses.replace(inputs, digests_from=lambda rows=None: plan_record(store, plan, inputs=inputs,
+                                                                                 wanted=rows))
 
 
 def plan_inputs(plan: Plan, next_position: int, parts: int = 1) -> InputColumns:
@@ -129,21 +131,30 @@ def task_digests(store, state: str = STATE_DIR, plan: Plan | None = None) -> tup
     return state_digest_columns(store, state, plan)
 
 
-def plan_record(store, plan: Plan, next_position: int = 0, state: str = STATE_DIR) -> InputColumns:
+def plan_record(store, plan: Plan, next_position: int = 0, state: str = STATE_DIR,
+                inputs: InputColumns | None = None, wanted: np.ndarray | None = None) -> InputColumns:
     """The record of the inputs a job planned (``plan``, its state under ``state``): the plan's input
-    columns (``plan_inputs``) with the sha256 of each packed input from its task record. An image unit's
-    record holds its digests in plan order, one per planned input less the quarantined ones, so each
-    digest is placed by its input's sample position: no rel decoded or looked up. Any other record form
-    (text digest files, video ``digests`` pairs, entry-list payloads) is read by name (``task_digests``)."""
-    record = plan_inputs(plan, next_position)
-    by_position = np.argsort(record.position, kind="stable")
-    positions = record.position[by_position]
+    columns (``plan_inputs``, or ``inputs`` when decoded already) with the sha256 of each packed input from
+    its task record. An image unit's record holds its digests in plan order, one per planned input less
+    the quarantined ones, so each digest is placed by its input's sample position: no rel decoded or looked
+    up. ``wanted``: the rows whose digests are asked for; the records of units that plan none of them are
+    not read (their rows stay without a digest). Any other record form (text digest files, video
+    ``digests`` pairs, entry-list payloads) is read by name, whole (``task_digests``)."""
+    record = inputs if inputs is not None else plan_inputs(plan, next_position)
+    # the rows to place digests in, ordered by their sample positions (all rows, or the rows asked for)
+    order = np.argsort(record.position, kind="stable") if wanted is None else np.unique(np.asarray(wanted, np.int64))
+    if wanted is not None:
+        order = order[np.argsort(record.position[order], kind="stable")]
+    positions = record.position[order]
     units = dict(plan.units)
     units.update((task.task_id, (task,)) for task in plan.tasks)
-    sha, has = record.sha256.copy(), record.has_sha256.copy()
+    sha, has = np.zeros(record.sha256.shape, np.uint8), np.zeros(len(record), bool)  # calloc'd: untouched rows free
     for rel in store.list_names(f"{state}/tasks/"):  # names only: no stat per task lock
         if not rel.endswith(".json"):
             continue
+        tasks = units.get(rel.rsplit("/", 1)[-1][:-len(".json")])
+        if wanted is not None and tasks is not None and not any(_plans_any(task, positions) for task in tasks):
+            continue  # a job's task records share one form: a record read tells whether it is another
         raw = store.read_bytes(rel)
         try:
             saved = json.loads(raw) if raw is not None else None
@@ -151,7 +162,6 @@ def plan_record(store, plan: Plan, next_position: int = 0, state: str = STATE_DI
             continue
         if not isinstance(saved, dict):
             continue
-        tasks = units.get(rel.rsplit("/", 1)[-1][:-len(".json")])
         if saved.get("digest_rows") or "digests" in saved or (
                 "sha256" in saved and (tasks is None or not all(map(_column_payload, tasks)))):
             return with_digests(record, *task_digests(store, state, plan))  # a form placed by name
@@ -168,13 +178,24 @@ def plan_record(store, plan: Plan, next_position: int = 0, state: str = STATE_DI
         except (ValueError, TypeError):
             continue
         count = min(len(planned), len(digests) // 32)
-        at = np.searchsorted(positions, planned[:count])
-        if count and not np.array_equal(positions[at.clip(0, len(positions) - 1)], planned[:count]):
+        if not count or not len(positions):
+            continue
+        at = np.searchsorted(positions, planned[:count]).clip(0, len(positions) - 1)
+        hit = positions[at] == planned[:count]
+        if wanted is None and not hit.all():
             continue  # a record that does not match its plan: its inputs stay without a digest
-        rows = by_position[at]
-        sha[rows] = np.frombuffer(digests, np.uint8, 32 * count).reshape(count, 32)
+        rows = order[at[hit]]
+        sha[rows] = np.frombuffer(digests, np.uint8, 32 * count).reshape(count, 32)[hit]
         has[rows] = True
     return dataclasses.replace(record, sha256=sha, has_sha256=has)
+
+
+def _plans_any(task, positions: np.ndarray) -> bool:
+    """Whether ``task`` plans a sample at one of ``positions`` (sorted) (a task without input columns: True)."""
+    if not _column_payload(task):
+        return True
+    first = int(task.payload["inputs"]["first"])
+    return bool(np.searchsorted(positions, first + input_count(task.payload)) > np.searchsorted(positions, first))
 
 
 def _column_payload(task) -> bool:

@@ -90,9 +90,11 @@ class InputColumns:
     removed: np.ndarray
     next_position: int
     quarantined: np.ndarray = dataclasses.field(default_factory=lambda: np.array([], dtype="S1"))
-    # set on a record read without its digests (``sha256``/``has_sha256`` then hold none): the same record
-    # with them, derived when called (``repack.lifecycle.first_record``)
-    digests_from: Callable[[], "InputColumns"] | None = dataclasses.field(default=None, compare=False, repr=False)
+    # set on a record read without its digests (``sha256``/``has_sha256`` then hold none): called with the
+    # rows whose digests are wanted (None: all), the same record with at least those rows' digests, derived
+    # when called (``repack.lifecycle.first_record``)
+    digests_from: Callable[[np.ndarray | None], "InputColumns"] | None = dataclasses.field(default=None, compare=False,
+                                                                                           repr=False)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -117,14 +119,16 @@ class InputColumns:
         _, recorded = self.find(names)
         return recorded & ~self.is_quarantined(names) & ~self.is_removed(names)
 
-    def digested(self) -> "InputColumns":
-        """This record with its digests (itself when it has them; see ``digests_from``)."""
+    def digested(self, rows: np.ndarray | None = None) -> "InputColumns":
+        """This record with its digests (itself when it has them; see ``digests_from``); ``rows``: only
+        those rows' digests are wanted (the record's others may stay absent: it keeps ``digests_from``)."""
         if self.digests_from is None:
             return self
-        whole = self.digests_from()
+        whole = self.digests_from(rows)
         if not np.array_equal(whole.names, self.names):
             raise ValueError("a record's digests were derived for other inputs than its own")
-        return dataclasses.replace(self, sha256=whole.sha256, has_sha256=whole.has_sha256, digests_from=None)
+        return dataclasses.replace(self, sha256=whole.sha256, has_sha256=whole.has_sha256,
+                                   digests_from=None if rows is None else self.digests_from)
 
     def hex_digest(self, row: int) -> str | None:
         return bytes(self.sha256[row]).hex() if self.has_sha256[row] else None
@@ -241,7 +245,7 @@ def merged(old: InputColumns, new: InputColumns) -> InputColumns:
     if old.digests_from is not None or new.digests_from is not None:
         return dataclasses.replace(merged(dataclasses.replace(old, digests_from=None),
                                           dataclasses.replace(new, digests_from=None)),
-                                   digests_from=lambda: merged(old.digested(), new.digested()))
+                                   digests_from=lambda rows=None: merged(old.digested(), new.digested()))
     rows, known = old.find(new.names)
     sha, has = new.sha256.copy(), new.has_sha256.copy()
     inherit = known & ~has

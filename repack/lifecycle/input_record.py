@@ -26,11 +26,11 @@ import numpy as np
 
 from repack.distinct import distinct
 from repack.errors import UsageError
-from repack.jobs.base import Plan
+from repack.jobs.base import Plan, read_plan
 from repack.lifecycle.first_record import plan_record, version_one_record
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, empty_columns, encode_names, from_bytes, merged,
                                             with_quarantined)
-from repack.lifecycle.publish import known_inputs, read_inputs_record
+from repack.lifecycle.publish import has_inputs_record, known_inputs, read_inputs_record
 from repack.manifest.versions import number_of
 
 T = TypeVar("T")
@@ -59,6 +59,17 @@ def dataset_record(store, current: dict, digests: bool = True, parts: int = 1) -
     if record is None:
         return known_inputs(store, current)  # raises, naming what is missing
     return record
+
+
+def published_digests(store, current: dict, record: InputColumns, rows: np.ndarray | None) -> InputColumns:
+    """``record`` (the published version's, as ``dataset_record(..., digests=False)`` derives it) with the
+    digests of ``rows`` (None: all). Version 1's record derived from its plan reads only the task records of
+    those rows (``plan_record``'s ``wanted``); any other record is derived whole again."""
+    if rows is not None and number_of(current) == 1 and not has_inputs_record(store, 1):
+        plan = read_plan(store)
+        if plan is not None:
+            return plan_record(store, plan, inputs=record, wanted=rows)
+    return dataset_record(store, current)
 
 
 def append_delta(store, plan: Plan, known: InputColumns) -> InputColumns:
@@ -180,8 +191,8 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
     new_mask = ~removed & ((~recorded) | (again & ~same_print))
     held = recorded & ~again & ~removed & ~same_print  # a known input with a sample, another fingerprint
     changed_mask = held & (known.size[rows] != size)
-    if (held & ~changed_mask).any():  # contents to compare: the recorded digests (derived now if left out)
-        known = known.digested()
+    if (held & ~changed_mask).any():  # contents to compare: their recorded digests (derived now if left out)
+        known = known.digested(rows[held & ~changed_mask])
     unknown_mask = held & ~changed_mask & ~known.has_sha256[rows]
     compare = np.flatnonzero(held & ~changed_mask & known.has_sha256[rows]).tolist()
     changed = [rels[i] for i in np.flatnonzero(changed_mask).tolist()]

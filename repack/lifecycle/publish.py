@@ -51,6 +51,11 @@ def legacy_inputs_record(number: int) -> str:
     return f"{STATE_DIR}/inputs-v{number}.json"
 
 
+def has_inputs_record(store, number: int) -> bool:
+    """Whether version ``number``'s record is stored (not derived from the plan)."""
+    return store.size(inputs_record(number)) is not None or store.size(legacy_inputs_record(number)) is not None
+
+
 def read_inputs_record(store, number: int, digests: bool = True, parts: int = 1) -> InputColumns | None:
     """Version ``number``'s record (a delta merged onto the chain of records it extends, which may end at
     version 1's record derived from the plan, ``repack.lifecycle.first_record``; an older repack's JSON

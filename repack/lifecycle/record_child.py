@@ -50,12 +50,13 @@ def record_parts(cpus: int) -> int:
 
 class ChildRecord:
     """``derive()`` (a record without its digests) run in a forked child (see the module docstring):
-    calling it waits for the child's columns, once (``whole``: the same record with its digests, set as
-    ``digests_from``); ``close()`` stops a child not waited for. In this process when a fork is not safe;
-    a child's failure is raised by deriving here."""
+    calling it waits for the child's columns, once (``digests(record, rows)``: that record with the digests
+    of ``rows`` (None: all), set as its ``digests_from``); ``close()`` stops a child not waited for. In this
+    process when a fork is not safe; a child's failure is raised by deriving here."""
 
-    def __init__(self, derive: Callable[[], InputColumns], whole: Callable[[], InputColumns]) -> None:
-        self._derive, self._whole = derive, whole
+    def __init__(self, derive: Callable[[], InputColumns],
+                 digests: Callable[[InputColumns, np.ndarray | None], InputColumns]) -> None:
+        self._derive, self._digests = derive, digests
         self._record: InputColumns | None = None
         self._pid, self._read_end = 0, -1
         if can_fork():
@@ -76,9 +77,12 @@ class ChildRecord:
         if record is None:
             record = self._derive()  # raises what the child met, or derives what it could not send
         else:
-            record = dataclasses.replace(record, digests_from=self._whole)
+            record = dataclasses.replace(record, digests_from=self._digests_of(record))
         self._record = record
         return record
+
+    def _digests_of(self, record: InputColumns) -> Callable[[np.ndarray | None], InputColumns]:
+        return lambda rows=None: self._digests(record, rows)
 
     def close(self) -> None:
         """Stop the child when it was not waited for (the append failed first)."""
