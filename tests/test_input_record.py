@@ -75,6 +75,26 @@ def test_select_new_applies_the_rule_over_columns():
         select_new([("b.jpg", [21, 2], b"")], known, lambda i: i[0], lambda i: i[1], lambda i: None)
 
 
+def test_an_objects_etag_is_its_mtime_and_a_record_without_one_knows_it_by_its_size():
+    """s3:// rows: the fingerprint's second column holds the ETag value; a row recorded before (0 there) is
+    the same object at the same size whatever its ETag now, and refused by name at another size."""
+    from repack.sources.object_etag import etag_value
+
+    old, new = etag_value('"0123456789abcdef0123456789abcdef"'), etag_value('"fedcba9876543210fedcba9876543210"')
+    known = build_columns(["legacy.jpg", "tagged.jpg", "copied.jpg"], [10, 20, 30], [0, old, old], [0, 1, 2],
+                          {"copied.jpg": hashlib.sha256(b"C").hexdigest()}, 3)
+    items = [("legacy.jpg", [10, new], b"L"),   # recorded without an ETag, same size: known
+             ("tagged.jpg", [20, old], b"T"),   # the same ETag: known
+             ("copied.jpg", [30, new], b"C")]   # another ETag, the same bytes: known by content
+    picked = select_new(items, known, lambda i: i[0], lambda i: i[1], lambda i: hashlib.sha256(i[2]).hexdigest())
+    assert picked.new == [] and picked.same_content == {"copied.jpg": [30, new]}
+    with pytest.raises(UsageError, match="no recorded sha256 to compare.*: tagged.jpg"):
+        select_new([("tagged.jpg", [20, new], b"X")], known, lambda i: i[0], lambda i: i[1],
+                   lambda i: hashlib.sha256(i[2]).hexdigest())  # no digest recorded: refused, not taken as known
+    with pytest.raises(UsageError, match="legacy.jpg"):
+        select_new([("legacy.jpg", [11, new], b"")], known, lambda i: i[0], lambda i: i[1], lambda i: None)
+
+
 def test_an_older_json_record_still_loads():
     old = {"inputs": {"cat/a.jpg": [10, 5], "s3key.jpg": [7]}, "next_position": 9,
            "sha256": {"cat/a.jpg": "ab" * 32}, "removed": ["dog/x.jpg"]}

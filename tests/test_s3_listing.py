@@ -78,13 +78,15 @@ def test_listing_pages_class_folders_in_parallel_and_equals_the_folder_scan(serv
 
 def test_listing_order_does_not_depend_on_the_threads(served, endpoint):
     from repack.sources import s3
+    from repack.sources.object_etag import is_etag_value
 
     server, _ = served
     endpoint(server.endpoint)
     one = s3.scan_objects("s3://big/tree")
     pages = list(s3.list_pages("big", "tree/", threads=1))
-    assert [len(keys) for keys, _ in pages[:1]] == [0]  # the first level holds only folders here
-    assert sum(len(keys) for keys, _ in pages) == 2500 + 5  # with the junk the scan skips
+    assert [len(keys) for keys, _, _ in pages[:1]] == [0]  # the first level holds only folders here
+    assert sum(len(keys) for keys, _, _ in pages) == 2500 + 5  # with the junk the scan skips
+    assert all(len(etags) == len(keys) and all(map(is_etag_value, etags)) for keys, _, etags in pages)
     assert s3.scan_objects("s3://big/tree") == one
     assert s3.scan_objects("s3://big/tree/owls").objects == tuple(
         (f"s3://big/tree/owls/{rel[5:]}", rel[5:], size) for _, rel, size in one.objects if rel.startswith("owls/"))
@@ -128,7 +130,7 @@ def test_an_error_inside_a_200_or_a_page_cut_short_is_retried_as_botocore_does()
             b"<EncodingType>url</EncodingType><Contents><Key>a%2Bb+c</Key><Size>3</Size></Contents></ListBucketResult>")
     answer, extra = {"status_code": 200, "body": page}, {}
     columns_first(answer, extra)
-    assert answer["status_code"] == 200 and extra == {KEYS: ["a+b c"], "RepackSizes": [3]}
+    assert answer["status_code"] == 200 and extra == {KEYS: ["a+b c"], "RepackSizes": [3], "RepackETags": [0]}
     assert b"Contents" not in answer["body"] and b"IsTruncated" in answer["body"]
 
 
@@ -137,6 +139,7 @@ def test_a_page_read_by_pattern_gives_what_elementtree_reads():
     %-encoded keys, and shapes it must leave to the tree (cut short, an error, a carriage return)."""
     from xml.etree import ElementTree
 
+    from repack.sources.object_etag import ETAG_FLAG, etag_value, is_etag_value
     from repack.store.s3_listing import columns_by_pattern
 
     ns = "http://s3.amazonaws.com/doc/2006-03-01/"
@@ -147,9 +150,12 @@ def test_a_page_read_by_pattern_gives_what_elementtree_reads():
             f"<IsTruncated>true</IsTruncated>{contents}<CommonPrefixes><Prefix>d/</Prefix></CommonPrefixes>"
             "<NextContinuationToken>t&amp;1</NextContinuationToken></ListBucketResult>").encode()
     root = ElementTree.fromstring(page)
-    names, sizes, rest = columns_by_pattern(page)
+    names, sizes, etags, rest = columns_by_pattern(page)
     assert names == [c.findtext(f"{{{ns}}}Key") for c in root.findall(f"{{{ns}}}Contents")]
-    assert sizes == [0, 7, 14]
+    assert sizes == [0, 7, 14] and etags == [etag_value('"e"')] * 3 and is_etag_value(etags[0])
+    md5 = page.replace(b"&quot;e&quot;", b"&quot;0123456789abcdef0123456789abcdef&quot;")
+    assert columns_by_pattern(md5)[2] == [etag_value("0123456789abcdef0123456789abcdef")] * 3 == \
+        [ETAG_FLAG | 0x0123456789abcde] * 3  # the first 15 hex digits, read at once
     left = ElementTree.fromstring(rest)  # what botocore parses: everything but the objects
     assert left.findall(f"{{{ns}}}Contents") == [] and left.findtext(f"{{{ns}}}NextContinuationToken") == "t&1"
     assert left.findtext(f"{{{ns}}}CommonPrefixes/{{{ns}}}Prefix") == "d/"
@@ -210,9 +216,11 @@ def test_page_codes_follow_their_keys_when_the_rows_are_sorted_at_the_end():
     import repack.sources.s3 as s3
     from tests.tools.s3_scan_scale import listed_as
 
-    pages = [(["a.jpg", "zz.txt"], [1, 2]), (["b/.h", "b/x.jpg", "b/y.json"], [3, 4, 5]), (["c/w.txt"], [6])]
+    pages = [(["a.jpg", "zz.txt"], [1, 2], [11, 12]), (["b/.h", "b/x.jpg", "b/y.json"], [3, 4, 5], [13, 14, 15]),
+             (["c/w.txt"], [6], [16])]
     with listed_as(lambda bucket, base: iter(pages)):
         found = s3.list_columns("s3://b", lambda page: np.array([len(rel) for rel in page], dtype=np.uint8))
+    assert found.etags.tolist() == [11, 14, 15, 16, 12]  # the ETag values move with their keys too
     assert found.rels == ["a.jpg", "b/x.jpg", "b/y.json", "c/w.txt", "zz.txt"]
     assert found.codes.tolist() == [len(rel) for rel in found.rels] and found.sizes.tolist() == [1, 4, 5, 6, 2]
     assert found.folder_ids.tolist() == [-1, 0, 0, 1, -1] and found.skipped == 1

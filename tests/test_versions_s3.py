@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_repack
+from tests.conftest import read_manifest_json, run_repack
 from tests.test_dataset_versions import add_inputs, make_source
 from tests.tools.s3server import MotoServer, client, objects, s3_env
 
@@ -97,3 +97,58 @@ def test_text_append_remove_gc_and_video_append_on_s3_equal_local(server, tmp_pa
             clip(videos / "x/second.mp4", X264, seed=1)
         remote = same_step_same_files(step, tmp_path / "video", "s3://corpora/video", env, s3, number)
     assert "videos-v2/x/second.mp4" in remote and "shard-v2-000000.tar" in remote
+
+
+def upload(s3, bucket: str, root, prefix: str) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            s3.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(root).as_posix()}", Body=path.read_bytes())
+
+
+def test_an_object_rewritten_with_other_bytes_of_its_size_is_refused_by_append_and_one_uploaded_again_is_not(
+        server, tmp_path):
+    """An s3:// SOURCE's fingerprint holds each object's ETag (``repack.sources.object_etag``): an object
+    put again with its own bytes adds nothing; one rewritten with other bytes of the same size is refused
+    by name, for images and for text (its size alone let --append keep the old sample silently)."""
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+    from tests.test_images_job import jpeg_bytes
+
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="etags")
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    upload(s3, "etags", make_source(tmp_path / "src"), "img")
+    texts = tmp_path / "texts"
+    for i in range(4):
+        (texts / f"d{i}").mkdir(parents=True)
+        (texts / f"d{i}" / "doc.txt").write_text(f"document {i} says hello world.\n" * 3)
+    upload(s3, "etags", texts, "txt")
+    tokenizer = write_tokenizer(gpt2_tokenizer(), tmp_path / "gpt2")
+    images, text = tmp_path / "images", tmp_path / "text"
+    run_repack("images", "s3://etags/img", images, "--quiet", env=env)
+    run_repack("text", "s3://etags/txt", text, "--tokenizer", tokenizer, "--doc-per", "file", "--quiet", env=env)
+
+    def put(key: str, body: bytes) -> None:
+        s3.put_object(Bucket="etags", Key=key, Body=body)
+
+    put("img/cat/c0.jpg", (tmp_path / "src" / "cat" / "c0.jpg").read_bytes())  # the same bytes, put again
+    put("img/cat/late.jpg", jpeg_bytes(seed=77))
+    put("txt/d0/doc.txt", (texts / "d0" / "doc.txt").read_bytes())
+    put("txt/d9/doc.txt", b"a later document.\n")
+    run_repack("images", "s3://etags/img", images, "--append", "--quiet", env=env)
+    run_repack("text", "s3://etags/txt", text, "--tokenizer", tokenizer, "--doc-per", "file", "--append", "--quiet",
+               env=env)
+    assert read_manifest_json(images)["totals"]["samples"] == 9 + 1
+    assert read_manifest_json(text)["dataset_version"]["number"] == 2
+
+    cat = bytearray((tmp_path / "src" / "cat" / "c1.jpg").read_bytes())
+    cat[-3] ^= 0x5A  # other bytes, the same size
+    put("img/cat/c1.jpg", bytes(cat))
+    put("img/cat/later.jpg", jpeg_bytes(seed=78))
+    put("txt/d1/doc.txt", (texts / "d1" / "doc.txt").read_bytes().replace(b"hello", b"HELLO"))
+    refused = run_repack("images", "s3://etags/img", images, "--append", "--quiet", env=env, check=False)
+    assert refused.returncode != 0 and "changed since the dataset packed them" in refused.stderr
+    assert "cat/c1.jpg" in refused.stderr and read_manifest_json(images)["totals"]["samples"] == 10
+    refused = run_repack("text", "s3://etags/txt", text, "--tokenizer", tokenizer, "--doc-per", "file", "--append",
+                         "--quiet", env=env, check=False)
+    assert refused.returncode != 0 and "d1/doc.txt" in refused.stderr and "changed since" in refused.stderr
+    assert read_manifest_json(text)["dataset_version"]["number"] == 2

@@ -246,7 +246,8 @@ def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
 
 def whole_file_sha256(segment: Segment) -> bytes | None:
     """The raw sha256 of a local file a segment covers whole (its task just read it: page-cached), else
-    None (a file split over tasks, an s3:// object: compared by size alone)."""
+    None (a file split over tasks; an s3:// object over PRELOAD_MAX_BYTES, not fetched again: its ETag
+    changed alone, it is refused by name rather than compared)."""
     size = segment.fingerprint[0] if segment.fingerprint else None
     if is_remote(segment.path) or segment.start != 0 or (segment.unit == "bytes" and segment.end != size) or \
             segment.unit == "rowgroups":
@@ -404,7 +405,7 @@ class TextJob(Job):
                         if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
                             flush()
                     lines.append(count)
-                    digests.append(None if is_remote(segment.path) else hashlib.sha256(data).digest())
+                    digests.append(hashlib.sha256(data).digest())
                     continue
                 reader = SegmentReader(segment, self.spec.field, self.spec.doc_per, self.spec.max_doc_bytes, data)
                 for doc in reader:
@@ -423,7 +424,7 @@ class TextJob(Job):
                         flush()  # a batch spans files: one encode_batch call for many small documents
                 counts["blank_lines"] += reader.blank_lines
                 lines.append(reader.lines)
-                digests.append(hashlib.sha256(data).digest() if isinstance(data, bytes) and not is_remote(segment.path)
+                digests.append(hashlib.sha256(data).digest() if isinstance(data, bytes)
                                else None if data is not None else whole_file_sha256(segment))
             flush()
             part = writer.commit()

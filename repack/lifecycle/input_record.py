@@ -2,14 +2,17 @@
 (columns, ``repack.lifecycle.input_columns``) and the rule that picks the new inputs.
 
 The record holds every input planned in versions 1..N (packed, quarantined, removed) with its
-fingerprint [size, mtime_ns], its sample position, its content's sha256 where its task hashed it, the
-sources taken down by `repack remove` (never packed again), and the next free sample position.
+fingerprint [size, mtime_ns] (an s3:// object's: its size and ETag value, ``repack.sources.object_etag``;
+0 in a record written before listings gave ETags: the size alone), its sample position, its content's
+sha256 where its task hashed it, the sources taken down by `repack remove` (never packed again), and the
+next free sample position.
 
 An input of a later scan is *new* when its rel is not in the record. A known rel is skipped when its
 size and mtime are the recorded ones, or when only the mtime differs and its sha256 is the recorded one
-(a copy of SOURCE, ``cp -r``); a removed rel is always skipped (counted). A known rel whose content
-differs (or cannot be compared: no recorded sha256) and that has a sample in the dataset is refused by
-name: a file never gets two samples. A known rel that was quarantined is planned again.
+(a copy of SOURCE, ``cp -r``; an object uploaded again); a removed rel is always skipped (counted). A
+known rel whose content differs (or cannot be compared: no recorded sha256) and that has a sample in the
+dataset is refused by name: a file never gets two samples. A known rel that was quarantined is planned
+again.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, empty_column
                                             with_quarantined)
 from repack.lifecycle.publish import has_inputs_record, known_inputs, read_inputs_record
 from repack.manifest.versions import number_of
+from repack.sources.object_etag import ETAG_FLAG
+from repack.store import is_remote
 
 T = TypeVar("T")
 REFUSED_SHOWN = 10  # names a refusal lists (then a count)
@@ -186,7 +191,10 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
     rels = _RelsOf(names) if isinstance(rels, np.ndarray) else rels
     removed = known.is_removed(names)
     rows, recorded = known.find(names)
-    same_print = recorded & (known.size[rows] == size) & (known.mtime_ns[rows] == mtime)
+    known_mtime = known.mtime_ns[rows]
+    # an object recorded before listings gave ETags (0 there) is known by its size alone (repack.sources.object_etag)
+    same_print = recorded & (known.size[rows] == size) & ((known_mtime == mtime) |
+                                                          ((known_mtime == 0) & (mtime >= ETAG_FLAG)))
     again = recorded & known.is_quarantined(names) & ~removed
     new_mask = ~removed & ((~recorded) | (again & ~same_print))
     held = recorded & ~again & ~removed & ~same_print  # a known input with a sample, another fingerprint
@@ -208,8 +216,8 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
         raise UsageError("--append: " + "; ".join(
             part for part in (_listed(sorted(changed), "changed since the dataset packed them (same name, other "
                                                        "content)"),
-                              _listed(unknown, "have another mtime and no recorded sha256 to compare (packed by an "
-                                               "older repack)")) if part) +
+                              _listed(unknown, "have another mtime (or ETag) and no recorded sha256 to compare "
+                                               "(packed by an older repack, or a large s3:// text object)")) if part) +
             "; a file never gets two samples: put new content under a new name, or restore the packed file")
     return Selection(np.flatnonzero(new_mask).tolist(), int(removed.sum()), same)
 
@@ -233,8 +241,13 @@ def _listed(names: list[str], what: str) -> str:
 
 
 def file_sha256(path: str) -> str | None:
-    """sha256 of a local file (None when unreadable)."""
+    """sha256 of a local file or an s3:// object (None when unreadable)."""
     try:
+        if is_remote(path):
+            from repack.sources.reading import open_input  # the object-store stack, only for a remote input
+
+            with open_input(path) as fh:
+                return hashlib.file_digest(fh, "sha256").hexdigest()
         with open(path, "rb") as fh:
             return hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError:

@@ -33,10 +33,11 @@ from repack.errors import UsageError
 from repack.sources.base import Scan, quarantine_record, sort_key
 from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends, split_names
 from repack.sources.confine import Confinement, SourceChanged
+from repack.sources.object_etag import etag_value
 from repack.sources.walk import JUNK_NAMES, is_junk
 from repack.store.s3_client import client, describe_error, fetcher, getter, is_missing, lister, parse_url
 from repack.store.s3_get import Unreadable
-from repack.store.s3_listing import KEYS, SIZES
+from repack.store.s3_listing import ETAGS, KEYS, SIZES
 
 READ_BLOCK = 8 << 20   # bytes per ranged GET of a sequential read
 LIST_THREADS = 8       # folders listed at once
@@ -64,13 +65,14 @@ class Listing:
 @dataclass(frozen=True, eq=False)
 class ObjectColumns:
     """An s3:// prefix's objects as columns, sorted by byte path: ``names`` (the keys below ``root``, which
-    is ``s3://bucket[/prefix]``, as a names blob: ``repack.sources.columns``), ``sizes``, and each key's
-    first path part (``folder_ids`` into ``folders``, sorted; NO_LABEL for a key with no ``/``); plus what
-    ``Listing`` says besides."""
+    is ``s3://bucket[/prefix]``, as a names blob: ``repack.sources.columns``), ``sizes``, ``etags`` (their
+    fingerprint values: ``repack.sources.object_etag``), and each key's first path part (``folder_ids`` into
+    ``folders``, sorted; NO_LABEL for a key with no ``/``); plus what ``Listing`` says besides."""
 
     root: str
     names: bytes
     sizes: np.ndarray       # int64
+    etags: np.ndarray       # int64
     folder_ids: np.ndarray  # int32
     folders: tuple[str, ...]
     quarantine: tuple[dict, ...]
@@ -86,11 +88,12 @@ class ObjectColumns:
         return split_names(self.names)
 
     def input_table(self, label_ids: np.ndarray | None = None, label_names: tuple[str, ...] = ()) -> InputTable:
-        """The objects as input columns: path = root/rel, fingerprint [size, 0, 0] (an object's is its size);
-        unlabeled unless ``label_ids`` (into ``label_names``) are given."""
+        """The objects as input columns: path = root/rel, fingerprint [size, ETag value, 0] (an object's is its
+        size and ETag; a read checks the size); unlabeled unless ``label_ids`` (into ``label_names``) are given."""
         zeros = np.zeros(len(self), dtype=np.int64)
         ids = label_ids if label_ids is not None else np.full(len(self), NO_LABEL, dtype=np.int32)
-        return InputTable(self.root, self.names, name_ends(self.names), ids, label_names, self.sizes, zeros, zeros)
+        return InputTable(self.root, self.names, name_ends(self.names), ids, label_names, self.sizes, self.etags,
+                          zeros)
 
     def size_refusals(self, confinement: Confinement, among: np.ndarray | None = None) -> dict[int, str]:
         """Row -> the quarantine reason of each object over the confinement's size cap (of the rows where
@@ -123,17 +126,18 @@ def list_columns(url: str, page_codes: Callable[[list[str]], np.ndarray] | None 
     cut = len(base)
     blobs: list[bytes] = []
     size_parts: list[np.ndarray] = []
+    etag_parts: list[np.ndarray] = []
     id_parts: list[np.ndarray] = []
     code_parts: list[np.ndarray] = []
     runs = _FolderRuns()
     quarantine, junk = [], set()
     ordered, last = True, None
     try:
-        for keys, page_sizes in list_pages(bucket, base):
+        for keys, page_sizes, page_etags in list_pages(bucket, base):
             page = [key[cut:] for key in keys]
             joined = "\n".join(page)
             if "\0" in joined or _SUSPECT_LINES.search(joined) is not None:  # some key to skip or refuse: one by one
-                page, page_sizes = _plain_keys(base, page, page_sizes, quarantine, junk)
+                page, page_sizes, page_etags = _plain_keys(base, page, page_sizes, page_etags, quarantine, junk)
             if not page:
                 continue
             ordered = ordered and (last is None or last <= page[0]) and \
@@ -141,6 +145,7 @@ def list_columns(url: str, page_codes: Callable[[list[str]], np.ndarray] | None 
             last = page[-1]
             blobs.append(join_names(page))
             size_parts.append(np.array(page_sizes, dtype=np.int64))
+            etag_parts.append(np.array(page_etags, dtype=np.int64))
             id_parts.append(runs.ids(page))
             if page_codes is not None:
                 code_parts.append(page_codes(page))
@@ -151,6 +156,7 @@ def list_columns(url: str, page_codes: Callable[[list[str]], np.ndarray] | None 
     names = b"".join(blobs)
     del blobs
     sizes = np.concatenate(size_parts) if size_parts else np.zeros(0, dtype=np.int64)
+    etags = np.concatenate(etag_parts) if etag_parts else np.zeros(0, dtype=np.int64)
     folder_ids, folders = runs.sorted_ids(np.concatenate(id_parts) if id_parts else np.zeros(0, dtype=np.int32))
     codes = None if page_codes is None else \
         np.concatenate(code_parts).astype(np.uint8) if code_parts else np.zeros(0, dtype=np.uint8)
@@ -158,19 +164,19 @@ def list_columns(url: str, page_codes: Callable[[list[str]], np.ndarray] | None 
         rels = split_names(names)
         order = sorted(range(len(rels)), key=lambda row: sort_key(rels[row]))
         names = join_names([rels[row] for row in order])
-        sizes, folder_ids = sizes[order], folder_ids[order]
+        sizes, etags, folder_ids = sizes[order], etags[order], folder_ids[order]
         codes = None if codes is None else codes[order]
-    return ObjectColumns(f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", names, sizes, folder_ids, folders,
-                         tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), len(junk), codes)
+    return ObjectColumns(f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", names, sizes, etags, folder_ids,
+                         folders, tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), len(junk), codes)
 
 
-def _plain_keys(base: str, page: list[str], sizes: list[int], quarantine: list[dict],
-                junk: set[str]) -> tuple[list[str], list[int]]:
-    """The keys of ``page`` that name an input (and their sizes); a key with an empty path part or a NUL
+def _plain_keys(base: str, page: list[str], sizes: list[int], etags: list[int], quarantine: list[dict],
+                junk: set[str]) -> tuple[list[str], list[int], list[int]]:
+    """The keys of ``page`` that name an input (and their sizes and ETag values); a key with an empty path part or a NUL
     (a %00 in a URL-encoded listing) quarantined, a hidden or junk one counted in ``junk`` by its hidden part
     (a folder once), a folder marker dropped."""
-    kept, kept_sizes = [], []
-    for rel, size in zip(page, sizes):
+    kept, kept_sizes, kept_etags = [], [], []
+    for rel, size, etag in zip(page, sizes, etags):
         if "\0" in rel:
             quarantine.append(quarantine_record(rel, f"object key {base + rel!r} holds a NUL byte: it names no file, "
                                                      "not read"))
@@ -178,6 +184,7 @@ def _plain_keys(base: str, page: list[str], sizes: list[int], quarantine: list[d
         if _SUSPECT.search(rel) is None:
             kept.append(rel)
             kept_sizes.append(size)
+            kept_etags.append(etag)
             continue
         if not rel or rel.endswith("/"):  # a "folder" marker: no data (one holding bytes names no file either)
             if size:
@@ -194,7 +201,8 @@ def _plain_keys(base: str, page: list[str], sizes: list[int], quarantine: list[d
         else:
             kept.append(rel)
             kept_sizes.append(size)
-    return kept, kept_sizes
+            kept_etags.append(etag)
+    return kept, kept_sizes, kept_etags
 
 
 class _FolderRuns:
@@ -228,8 +236,9 @@ class _FolderRuns:
         return remap[ids], names
 
 
-def list_pages(bucket: str, base: str, threads: int = LIST_THREADS) -> Iterator[tuple[list[str], list[int]]]:
-    """Every object under ``base`` as pages of (keys, sizes), in no promised order: the first level is
+def list_pages(bucket: str, base: str,
+               threads: int = LIST_THREADS) -> Iterator[tuple[list[str], list[int], list[int]]]:
+    """Every object under ``base`` as pages of (keys, sizes, ETag values), in no promised order: the first level is
     listed with the ``/`` delimiter, and when it holds folders, each folder is listed on its own
     thread (``threads`` at a time, ListObjectsV2 pages of 1,000 keys, no per-object request), so a
     tree of class folders is listed in parallel; the objects directly under ``base`` come with the
@@ -254,11 +263,12 @@ def _pages(bucket: str, prefix: str, delimiter: str = ""):
     return paginator.paginate(Bucket=bucket, Prefix=prefix, **split, PaginationConfig={"PageSize": LIST_PAGE})
 
 
-def _columns(page: dict) -> tuple[list[str], list[int]]:
+def _columns(page: dict) -> tuple[list[str], list[int], list[int]]:
     if KEYS in page:
-        return page[KEYS], page[SIZES]
+        return page[KEYS], page[SIZES], page[ETAGS]
     contents = page.get("Contents", ())
-    return [obj["Key"] for obj in contents], [obj["Size"] for obj in contents]
+    return [obj["Key"] for obj in contents], [obj["Size"] for obj in contents], \
+        [etag_value(obj.get("ETag")) for obj in contents]
 
 
 def check_source(url: str) -> None:

@@ -30,14 +30,20 @@ def synthetic_pages(count: int, folders: int):
     return pages
 
 
+def with_etags(pages):
+    """``list_pages``' (keys, sizes, ETag values) of pages given with or without their ETag values."""
+    return (page if len(page) == 3 else (*page, [0] * len(page[0])) for page in pages)
+
+
 @contextmanager
 def listed_as(pages):
-    """Within: ``repack.sources.s3`` lists any s3:// URL as the (keys, sizes) pages ``pages(bucket, base)``
-    yields, with no request made; the real listing is put back after."""
+    """Within: ``repack.sources.s3`` lists any s3:// URL as the (keys, sizes[, ETag values]) pages
+    ``pages(bucket, base)`` yields (no ETag: 0), with no request made; the real listing is put back after."""
     import repack.sources.s3 as s3
 
     listed, parsed = s3.list_pages, s3.parse_url
-    s3.list_pages, s3.parse_url = (lambda bucket, base, threads=8: pages(bucket, base)), (lambda url: ("synthetic", ""))
+    s3.list_pages, s3.parse_url = (lambda bucket, base, threads=8: with_etags(pages(bucket, base))), \
+        (lambda url: ("synthetic", ""))
     try:
         yield
     finally:
