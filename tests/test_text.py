@@ -370,7 +370,7 @@ def test_txt_modes_compression_and_bos(tmp_path, bpe_dir, docs):
     parsed = spec_read(tmp_path / "perfile" / "text_document")
     assert [decode(bpe_dir, ids[:-1]) for ids in parsed["docs"]] == [paragraphs[i] + "\n" for i in (3, 1, 0)]
     m = read_manifest_json(tmp_path / "perfile")
-    assert m["quarantine"] == [{"source": "files/bad.txt", "line": 1,
+    assert m["quarantine"] == [{"source": "files/bad.txt", "line": 1, "no_documents": True,
                                 "reason": "undecodable UTF-8 at line 2 (invalid continuation byte)"}]
     assert m["totals"]["empty_documents"] == 1
 

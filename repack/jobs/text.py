@@ -171,6 +171,13 @@ class SegmentColumns:
         first = np.repeat(starts, np.diff(np.concatenate([starts, [len(self)]])))
         return totals[:-1] - totals[first]
 
+    def of_barren_files(self) -> np.ndarray:
+        """Per segment, whether its file gave no document (every line quarantined, empty, or a UTF-16 or
+        binary file): a quarantine record of such a file says so, and --append plans the file again once it
+        changes, as a file quarantined whole (``repack.lifecycle.append``)."""
+        starts, documents, _ = self.per_file()
+        return np.repeat(documents == 0, np.diff(np.concatenate([starts, [len(self)]])))
+
     def per_file(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(first segment, documents, tokens) of each file, in plan order."""
         starts = self.file_starts()
@@ -482,13 +489,15 @@ class TextJob(Job):
         quarantine = [dict(q) for q in plan.quarantine]
         segments = SegmentColumns.of(plan, records)
         lines_before = segments.before_in_file(segments.lines)  # a segment's first line within its file
+        barren = segments.of_barren_files()
         for number, record in enumerate(records):
             first, end = int(segments.starts[number]), int(segments.starts[number + 1])
             for q in sorted(record["quarantine"], key=lambda q: (q["seg"], q["line"])):
                 seg = first + q["seg"] if q["seg"] < end - first else None
                 rel = segments.rel(seg) if seg is not None else segments.rel(end - 1) if end > first else "?"
                 quarantine.append({"source": rel, "line": int(lines_before[seg]) + q["line"] if seg is not None
-                                   else q["line"], "reason": q["reason"]})
+                                   else q["line"], "reason": q["reason"],
+                                   **({"no_documents": True} if seg is not None and barren[seg] else {})})
         removals: list = []  # the merged parts' removal, beside the rest of finalize
         with ThreadPoolExecutor(PART_REMOVERS) as remover:
             body = self._finalize_body(plan, records, quarantine, segments, lambda: removals.extend(

@@ -119,8 +119,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
             # name of the file it once was, so a staged job killed under an older repack resumes with the same options
             known_key = out / stage / "known-inputs.npz"
             # the inputs without a sample: quarantined whole (a record of one line of a text file leaves the
-            # file's other documents in the dataset: it is a packed file, compared as any other)
-            unpacked = [q["source"] for q in current["quarantine"] if q.get("line") is None]
+            # file's other documents in the dataset: it is a packed file, compared as any other, unless the file
+            # gave no document: "no_documents", repack.jobs.text)
+            unpacked = list(dict.fromkeys(q["source"] for q in current["quarantine"]
+                                          if q.get("line") is None or q.get("no_documents")))
             known = KnownInputs(record, unpacked)
             job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_key, current)
             if job.store.read_bytes(MANIFEST_NAME) is None:

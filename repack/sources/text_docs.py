@@ -329,7 +329,7 @@ def file_document(data: bytes | OSError | None, max_doc_bytes: int) -> tuple[str
     """(text, lines) of a plain ``.txt`` file read whole already (``--doc-per file``: the many-small-files
     case) when it is good text under the cap, without a BOM; None otherwise (not read, too long, anything to
     report: ``SegmentReader``'s general path then says what)."""
-    if not isinstance(data, bytes) or len(data) > max_doc_bytes:
+    if not isinstance(data, bytes) or len(data.removeprefix(codecs.BOM_UTF8)) > max_doc_bytes:
         return None
     if len(data) <= SNIFF_BYTES:
         text = plain_text(data)
@@ -362,12 +362,49 @@ def _open_stream(segment: Segment, data: bytes | OSError | None = None) -> Itera
         elif segment.compression == "zst":
             import zstandard  # importable: checked before planning (require_decompressors)
 
-            with io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False), 1 << 20) as fh:
+            with io.BufferedReader(ZstdFrames(raw, zstandard), 1 << 20) as fh:
                 yield fh
         else:
             if segment.unit == "bytes":
                 raw.seek(segment.start)
             yield raw
+
+
+class ZstdFrames(io.RawIOBase):
+    """The bytes of a .zst file's frames, one after the other; EOFError where the file ends inside a frame
+    (a cut file: zstandard's ``stream_reader`` ends there as if the file were whole, and the lines read so far
+    would be taken for all of it; ``gzip`` raises EOFError the same way)."""
+
+    def __init__(self, raw: BinaryIO, zstandard) -> None:
+        self._raw, self._new = raw, zstandard.ZstdDecompressor().decompressobj
+        self._frame, self._in_frame = self._new(), False
+        self._out, self._at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self._at >= len(self._out):
+            chunk = self._raw.read(1 << 20)
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("zstd: the file ends inside a frame (cut short)")
+                return 0
+            self._out, self._at = self._decompress(chunk), 0
+        count = min(len(buffer), len(self._out) - self._at)
+        buffer[:count] = self._out[self._at:self._at + count]
+        self._at += count
+        return count
+
+    def _decompress(self, chunk: bytes) -> bytes:
+        pieces = []
+        while chunk:
+            if self._frame.eof:  # the frame before ended: the next one starts in what it did not use
+                self._frame = self._new()
+            pieces.append(self._frame.decompress(chunk))
+            self._in_frame = not self._frame.eof
+            chunk = self._frame.unused_data if self._frame.eof else b""
+        return b"".join(pieces)
 
 
 def require_decompressors(inputs: TextInputs) -> None:
@@ -392,24 +429,26 @@ def _skip_line(fh: BinaryIO, budget: int | None) -> int:
 
 def _lines(segment: Segment, cap: int, data: bytes | OSError | None = None) -> Iterator[bytes | None]:
     """Raw lines (with their newline) of a byte-range or whole-file segment (``data``: its bytes, read
-    already); a leading UTF-8 BOM of the file is dropped; a line longer than ``cap`` bytes yields None
-    and is skipped, never held."""
+    already); a leading UTF-8 BOM of the file is dropped; a line whose text (without its LF or CRLF, and
+    the BOM) is longer than ``cap`` bytes yields None and is skipped, never held."""
     with _open_stream(segment, data) as fh:
         remaining = segment.end - segment.start if segment.unit == "bytes" else None
         first = segment.unit != "bytes" or segment.start == 0
         while remaining is None or remaining > 0:
-            limit = cap + 1 if remaining is None else min(cap + 1, remaining)
-            raw = fh.readline(limit)
+            most = cap + 2 + (len(codecs.BOM_UTF8) if first else 0)  # the text, a CRLF, the file's BOM
+            raw = fh.readline(most if remaining is None else min(most, remaining))
             if not raw:
                 return
             if remaining is not None:
                 remaining -= len(raw)
+            goes_on = len(raw) == most and not raw.endswith(b"\n")  # more of this line is left to read
             if first:
                 raw, first = raw.removeprefix(codecs.BOM_UTF8), False
-            if len(raw) == cap + 1 and not raw.endswith(b"\n"):  # too long: skip the rest of it
-                skipped = _skip_line(fh, remaining)
-                if remaining is not None:
-                    remaining -= skipped
+            if goes_on or len(_strip_newline(raw)) > cap:  # too long: skip the rest of it
+                if goes_on:
+                    skipped = _skip_line(fh, remaining)
+                    if remaining is not None:
+                        remaining -= skipped
                 yield None
                 continue
             yield raw
@@ -447,8 +486,8 @@ class SegmentReader:
         self.lines = 0
         self.blank_lines = 0
 
-    def too_long(self, line: int) -> Doc:
-        return Doc(line, reason=f"document longer than the {self.max_doc_bytes}-byte cap (--max-doc-bytes): "
+    def too_long(self, line: int, what: str = "document") -> Doc:
+        return Doc(line, reason=f"{what} longer than the {self.max_doc_bytes}-byte cap (--max-doc-bytes): "
                                 "quarantined, not read whole")
 
     def __iter__(self) -> Iterator[Doc]:
@@ -503,7 +542,8 @@ class SegmentReader:
             if reason:
                 for _ in _lines(self.segment, self.max_doc_bytes, self.data):  # counted, so later segments' lines stay true
                     self.lines += 1
-                yield Doc(1, reason=f"{reason}: the whole segment (lines 1-{self.lines}) is quarantined")
+                yield Doc(1, reason=f"{reason}: the whole segment (this line and the {self.lines - 1} after it) "
+                                    "is quarantined")
                 return
             if kind == "jsonl":
                 yield from self._jsonl()
@@ -528,8 +568,8 @@ class SegmentReader:
         field = self.field
         for raw in _lines(self.segment, self.max_doc_bytes, self.data):
             self.lines += 1
-            if raw is None:
-                yield self.too_long(self.lines)
+            if raw is None:  # the cap bounds what is read of a line: its JSON, escapes and all
+                yield self.too_long(self.lines, "JSON line")
                 continue
             if not raw.strip():
                 self.blank_lines += 1
@@ -571,9 +611,9 @@ class SegmentReader:
 
     def _txt_file(self) -> Iterator[Doc]:
         with _open_stream(self.segment, self.data) as fh:
-            data = fh.read(self.max_doc_bytes + 1)
+            data = fh.read(self.max_doc_bytes + 1 + len(codecs.BOM_UTF8))
             newlines, last = data.count(b"\n"), data[-1:]
-            too_long = len(data) > self.max_doc_bytes
+            too_long = len(data.removeprefix(codecs.BOM_UTF8)) > self.max_doc_bytes
             for block in iter(lambda: fh.read(SNAP_READ), b"") if too_long else ():  # count lines, keep nothing
                 newlines, last = newlines + block.count(b"\n"), block[-1:]
         self.lines = newlines + (0 if last in (b"\n", b"") else 1)
@@ -589,23 +629,25 @@ class SegmentReader:
 
     def _txt_paragraphs(self) -> Iterator[Doc]:
         para: list[bytes] = []
-        size, first = 0, 0
+        size, first, over = 0, 0, False  # size: the paragraph's bytes so far, its last newline included
         for raw in _lines(self.segment, self.max_doc_bytes, self.data):
             self.lines += 1
             if raw is None or raw.strip():
-                if not para and not size:
+                if not para and not over:
                     first = self.lines
                 size += len(raw) if raw is not None else self.max_doc_bytes + 1
-                if size <= self.max_doc_bytes:
-                    para.append(raw)
-                else:
+                # the document's text: its lines less the newline after the last (``_paragraph``)
+                over = over or raw is None or size - (len(raw) - len(_strip_newline(raw))) > self.max_doc_bytes
+                if over:
                     para.clear()  # over the cap: drop what was kept, count the rest
+                else:
+                    para.append(raw)
                 continue
-            if size:
-                yield self._paragraph(para, first) if size <= self.max_doc_bytes else self.too_long(first)
-                para, size = [], 0
-        if size:
-            yield self._paragraph(para, first) if size <= self.max_doc_bytes else self.too_long(first)
+            if para or over:
+                yield self.too_long(first) if over else self._paragraph(para, first)
+                para, size, over = [], 0, False
+        if para or over:
+            yield self.too_long(first) if over else self._paragraph(para, first)
 
     @staticmethod
     def _paragraph(lines: list[bytes], first: int) -> Doc:

@@ -1,0 +1,107 @@
+"""`repack text` at the edges of a document: a cut .zst, a BOM before a long first line, a document of
+exactly --max-doc-bytes in each mode and line ending, and a file that gave no document planned again by
+--append once fixed. Real GPT-2, the real CLI, the tokens read back with the spec reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_text import spec_read
+from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+EOS = 50256
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gpt2")
+    write_tokenizer(gpt2_tokenizer(), folder)
+    from tokenizers import Tokenizer
+
+    return folder, Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+def pack(gpt2, src: Path, out: Path, *extra: str) -> dict:
+    """Tokenize ``src`` into ``out`` (exit 0 or 7); the manifest with its documents' ids (every prefix's)
+    under "ids"."""
+    done = run_repack("text", src, out, "--tokenizer", gpt2[0], "--quiet", *extra, check=False)
+    assert done.returncode in (0, 7), done.stderr
+    manifest = read_manifest_json(out)
+    manifest["ids"] = [ids for prefix in manifest["prefixes"] for ids in spec_read(out / prefix)["docs"]]
+    return manifest
+
+
+def expected(gpt2, *texts: str) -> list[list[int]]:
+    return [gpt2[1].encode(text).ids + [EOS] for text in texts]
+
+
+def test_a_cut_zst_keeps_the_lines_before_the_cut_and_quarantines_the_rest_by_name(gpt2, tmp_path):
+    """zstandard's stream reader ends a cut frame as if the file were whole: the lines read so far were
+    all of it, the last one cut mid-line, and nothing was quarantined. It reads as a cut .gz does now."""
+    zstandard = pytest.importorskip("zstandard")
+    lines = [f"line {i} of a file cut in two, {i * 7919 % 10007} padding" for i in range(20000)]  # blocks of 128 KB
+    whole = zstandard.ZstdCompressor().compress("".join(line + "\n" for line in lines).encode())
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "cut.txt.zst").write_bytes(whole[:len(whole) // 2])
+    (src / "whole.txt.zst").write_bytes(whole + zstandard.ZstdCompressor().compress(b"a second frame\n"))
+    manifest = pack(gpt2, src, tmp_path / "out", "--workers", "1")
+    (record,) = manifest["quarantine"]
+    kept = record["line"] - 1
+    assert record["source"] == "cut.txt.zst" and "cut short" in record["reason"] and 0 < kept < len(lines)
+    assert manifest["ids"] == expected(gpt2, *lines[:kept], *lines, "a second frame")
+
+
+def test_a_bom_before_a_first_line_near_the_cap_leaves_the_line_whole(gpt2, tmp_path):
+    """The BOM was stripped after the line was read to the cap, so a line cut by the cap no longer looked
+    too long: it became several documents. A first line over the cap is one quarantined document."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"\xef\xbb\xbf" + b"a" * 99 + b"\nsecond line\n")
+    (src / "b.txt").write_bytes(b"\xef\xbb\xbf" + b"b" * 101 + b"\nthird line\n")
+    manifest = pack(gpt2, src, tmp_path / "out", "--max-doc-bytes", "100", "--doc-per", "line")
+    assert manifest["ids"] == expected(gpt2, "a" * 99, "second line", "third line")
+    assert [(q["source"], q["line"]) for q in manifest["quarantine"]] == [("b.txt", 1)]
+    assert "longer than the 100-byte cap" in manifest["quarantine"][0]["reason"]
+
+
+@pytest.mark.parametrize("doc_per,body", [
+    ("line", b"%s\n"), ("line", b"%s\r\n"), ("line", b"%s"), ("blank-line", b"%s\n\nnext\n"),
+    ("blank-line", b"%s"), ("file", b"\xef\xbb\xbf%s"), ("file", b"%s")])
+def test_a_document_of_exactly_the_cap_is_kept_in_every_mode_and_one_byte_more_is_not(gpt2, tmp_path, doc_per, body):
+    """--max-doc-bytes counts a document's text: not its LF or CRLF, not the newline after a paragraph,
+    not a file's BOM (each was counted in one mode or another: the same document kept or quarantined)."""
+    for size, kept in ((100, True), (101, False)):
+        text = ("x" * (size - 5)) + " tail"
+        src = tmp_path / f"src{size}"
+        src.mkdir()
+        (src / "d.txt").write_bytes(body % text.encode())
+        manifest = pack(gpt2, src, tmp_path / f"out{size}", "--max-doc-bytes", "100", "--doc-per", doc_per)
+        assert (expected(gpt2, text)[0] in manifest["ids"]) == kept, (size, manifest["quarantine"])
+        assert bool(manifest["quarantine"]) != kept
+
+
+def test_a_file_that_gave_no_document_is_planned_again_by_append_once_fixed(gpt2, tmp_path):
+    """A UTF-16 file (quarantined whole with its line 1) and a file whose every line was quarantined have
+    no document in the dataset: their records say so (no_documents), and --append packs them once they
+    are fixed, dropping their old records. A file with a document and a bad line stays a packed file."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "good.txt").write_text("good one\ngood two\n")
+    (src / "utf16.txt").write_bytes("first\nsecond\n".encode("utf-16"))
+    (src / "bad.txt").write_bytes(b"\xff\xfe broken\n\xc3\x28 also broken\n")
+    (src / "mixed.txt").write_bytes(b"fine\n\xc3\x28 broken\n")
+    manifest = pack(gpt2, src, out, "--doc-per", "line")
+    marked = {q["source"]: q.get("no_documents", False) for q in manifest["quarantine"]}
+    assert marked == {"utf16.txt": True, "bad.txt": True, "mixed.txt": False}
+    (src / "utf16.txt").write_text("first\nsecond\n")
+    (src / "bad.txt").write_text("mended\n")
+    appended = run_repack("text", src, out, "--tokenizer", gpt2[0], "--doc-per", "line", "--append", "--quiet")
+    assert "3 new sample(s)" in appended.stdout
+    manifest = pack(gpt2, src, out, "--doc-per", "line", "--append")  # nothing new now: the same version
+    assert [q["source"] for q in manifest["quarantine"]] == ["mixed.txt"]
+    assert sorted(map(tuple, manifest["ids"])) == sorted(map(tuple, expected(
+        gpt2, "good one", "good two", "fine", "first", "second", "mended")))
