@@ -31,7 +31,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pipelines.dataset_identity import describe, resolve
+from pipelines.dataset_identity import describe, resolve, same
 
 STATE_VERSION = 1
 LAST_BATCH = ("partial", "drop", "fill")
@@ -116,7 +116,7 @@ def check_state(state: Any, kind: str, options: dict, dataset: dict | None = Non
         changes = ", ".join(f"{k}: saved {saved.get(k)!r}, now {options.get(k)!r}" for k in differ)
         raise ValueError(f"the {kind} state was saved by a loader with other options ({changes}); "
                          "build the loader with the saved options to resume")
-    if dataset is not None and state.get("dataset") != dataset:
+    if dataset is not None and not same(state.get("dataset"), dataset):
         raise ValueError(f"this {kind} state was taken on {describe(state.get('dataset'))}, this pipeline "
                          f"reads {describe(dataset)}: build it with the state's version= (a loader "
                          "re-opens that version itself)")

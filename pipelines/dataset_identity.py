@@ -1,8 +1,11 @@
 """What a reader's state was taken on: the dataset version and a digest of what that version holds.
 
 A position (epoch, samples consumed) means nothing without the order it indexes, and the order is a
-function of the version's shard list. Every reader state therefore carries
-``{"version": N, "digest": sha256 of the version's [path, samples] shard list}`` under ``"dataset"``.
+function of the version's shards. Every reader state therefore carries ``{"version": N, "digest": sha256
+of the version's [path, samples] shard list, "content": sha256 of its shards' sha256}`` under
+``"dataset"``: a dataset packed again into the same names and counts (--overwrite with --shuffle, a
+train and a val set of one size) holds other samples at the same positions, and its content differs. A
+state saved before states carried the content is matched on the shard list alone (``same``).
 Loading a state into a reader of another version (``resolve``) names the version to continue on: the
 state's, when its ``manifest.vN.json`` is still kept and holds the same shards (the reader re-opens
 it), else a ValueError naming both versions. Never a silent mix.
@@ -20,11 +23,20 @@ from repack.manifest.versions import number_of
 
 
 def identity(manifest: Manifest) -> dict:
-    """``{"version", "digest"}`` of ``manifest``: its version number and the sha256 of its shard list
-    (path and sample count of each shard, in order)."""
-    shards = [[s["path"], int(s["samples"])] for s in manifest.data["shards"]]
-    digest = hashlib.sha256(json.dumps(shards, separators=(",", ":")).encode()).hexdigest()
-    return {"version": number_of(manifest.data), "digest": digest}
+    """``{"version", "digest", "content"}`` of ``manifest``: its version number, the sha256 of its shard
+    list (path and sample count of each shard, in order) and the sha256 of its shards' sha256 (in order)."""
+    shards = manifest.data["shards"]
+    listed = [[s["path"], int(s["samples"])] for s in shards]
+    digest = hashlib.sha256(json.dumps(listed, separators=(",", ":")).encode()).hexdigest()
+    content = hashlib.sha256(json.dumps([s.get("sha256") for s in shards], separators=(",", ":")).encode())
+    return {"version": number_of(manifest.data), "digest": digest, "content": content.hexdigest()}
+
+
+def same(saved, mine: dict) -> bool:
+    """Whether a state's identity ``saved`` is ``mine``: the same version, shard list and content (a state
+    saved by an older repack has no content: its shard list decides)."""
+    return isinstance(saved, dict) and saved.get("version") == mine["version"] and \
+        saved.get("digest") == mine["digest"] and saved.get("content", mine.get("content")) == mine.get("content")
 
 
 def describe(ident: dict | None) -> str:
@@ -41,7 +53,7 @@ def resolve(saved: dict | None, mine: dict, root: str, what: str) -> int | None:
     if not isinstance(saved, dict) or "version" not in saved or "digest" not in saved:
         raise ValueError(f"{root}: this {what} state does not say which dataset version it was taken on "
                          f"(saved by an older repack?); the reader reads {describe(mine)}")
-    if saved["version"] == mine["version"] and saved["digest"] == mine["digest"]:
+    if same(saved, mine):
         return None
     from pipelines.manifest_access import open_manifest
 
@@ -51,7 +63,7 @@ def resolve(saved: dict | None, mine: dict, root: str, what: str) -> int | None:
         raise ValueError(f"{root}: this {what} state was taken on {describe(saved)}, the reader reads "
                          f"{describe(mine)}, and version {saved['version']} is no longer kept ({exc}); "
                          "it cannot continue: start the epoch over on the new version") from None
-    if kept != saved:
+    if not same(saved, kept):
         raise ValueError(f"{root}: this {what} state was taken on {describe(saved)}, but version "
                          f"{saved['version']} here holds other shards ({describe(kept)}); the reader reads "
                          f"{describe(mine)}: not this dataset's state")

@@ -145,10 +145,16 @@ class _Cursor:
         out = {"kind": type(self.source).__name__, "pass": self.pass_, "position": self.position}
         if not self.iterable and hasattr(self.source, "dataset"):
             out["dataset"] = dict(self.source.dataset)
-        if self.iterable:
-            saver = getattr(self.source, "state_dict", None)
-            out["state"] = saver() if saver is not None and self._iter is not None else self.restored
+        if self.iterable:  # a source not drawn yet: its fresh state, which names its dataset version
+            out["state"] = self.restored if self._iter is None and self.restored is not None else \
+                _fresh_state(self.source)
         return out
+
+
+def _fresh_state(source) -> dict | None:
+    """An iterable source's ``state_dict()`` (None without one)."""
+    saver = getattr(source, "state_dict", None)
+    return saver() if saver is not None else None
 
 
 class Mixture(IterableDataset):
@@ -290,8 +296,8 @@ class Mixture(IterableDataset):
             return dict(self._pending)
         else:
             drawn, sources = 0, [{"kind": type(s).__name__, "pass": 0, "position": 0, **(
-                {"state": None} if _is_iterable(s) else {"dataset": dict(s.dataset)} if hasattr(s, "dataset")
-                else {})} for s in self.sources]
+                {"state": _fresh_state(s)} if _is_iterable(s) else {"dataset": dict(s.dataset)}
+                if hasattr(s, "dataset") else {})} for s in self.sources]
         return {"kind": "Mixture", "version": STATE_VERSION, "epoch": epoch, "seed": self.seed,
                 "slot": [self.rank, self.world_size, worker, workers], "drawn": drawn, "sources": sources,
                 **{name: getattr(self, name) for name in ORDER_OPTIONS}}
@@ -316,6 +322,10 @@ class Mixture(IterableDataset):
                 version = resolve(saved.get("dataset"), source.dataset, str(source.root), f"Mixture source {i}")
                 if version is not None:
                     source.use_version(version)
+            elif _is_iterable(source) and saved.get("state") is not None:
+                # now, not when first drawn: it re-opens the state's dataset version, whose lengths the epoch's
+                # stop point (``slot_samples``) is computed from before any draw
+                source.load_state_dict(saved["state"])
         if not bool(self._epoch_chosen):
             self._epoch.fill_(int(state["epoch"]))
             for source in self.sources:  # one not drawn yet when the state was taken reads the state's epoch too,

@@ -21,7 +21,7 @@ is advanced by its steps since the snapshot (``loader_sampler_state``).
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -93,7 +93,7 @@ def elastic_state(states: Sequence[dict]) -> dict:
     if sorted(by_rank) != list(range(world)) or len(states) != world:
         raise ValueError(f"need one state per rank of {world}, got ranks {sorted(int(s['rank']) for s in states)}")
     for s in states:
-        for key in ("kind", "version", "dataset", "epoch", "seed", "size", "history", "world_size"):
+        for key in ("kind", "version", "dataset", "epoch", "seed", "size", "order", "history", "world_size"):
             if s.get(key) != first.get(key):
                 raise ValueError(f"rank {s['rank']}'s state differs from rank {first['rank']}'s in {key!r}")
     stage = {"world_size": world, "yielded": [int(by_rank[r]["yielded"]) for r in range(world)]}
@@ -104,14 +104,16 @@ class OrderPosition:
     """Where a rank is in its share of an epoch's global order: the bookkeeping that
     ``ResumableSampler`` and ``LengthGroupedBatchSampler`` share. ``dataset``: the reader whose
     positions these are (None: unknown); a state of another version of it re-opens that version
-    (``use_version``) or is refused."""
+    (``use_version``) or is refused. ``order()``: the sampler's options that make its order besides the
+    seed and size (shuffle, drop_last, batch size...), saved in the state and compared when one is loaded."""
 
     def __init__(self, kind: str, size: int, seed: int, rank: int, world_size: int, equal: bool,
-                 dataset=None) -> None:
+                 dataset=None, order: Callable[[], dict] = dict) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         self.kind, self.size, self.seed, self.rank, self.world_size, self.equal = kind, size, seed, rank, world_size, equal
         self.dataset = dataset
+        self.order = order
         self.epoch = 0
         self.chosen: int | None = None  # the epoch set_epoch chose, if any
         self.history: list[dict] = []
@@ -163,8 +165,9 @@ class OrderPosition:
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "version": STATE_VERSION, "dataset": self._identity(), "epoch": self.epoch,
-                "seed": self.seed, "size": self.size, "rank": self.rank, "world_size": self.world_size,
-                "history": [dict(s, yielded=list(s["yielded"])) for s in self.history], "yielded": self.yielded}
+                "seed": self.seed, "size": self.size, "order": self.order(), "rank": self.rank,
+                "world_size": self.world_size, "history": [dict(s, yielded=list(s["yielded"])) for s in self.history],
+                "yielded": self.yielded}
 
     def _identity(self) -> dict | None:
         return dict(self.dataset.dataset) if self.dataset is not None else None
@@ -183,6 +186,12 @@ class OrderPosition:
         for key, mine in (("seed", self.seed), ("size", self.size)):
             if int(state[key]) != mine:
                 raise ValueError(f"{self.kind} state was saved with {key} {state[key]}, this one has {mine}")
+        saved = state.get("order")  # (a state saved by an older repack has none: seed and size decide)
+        if isinstance(saved, dict):
+            for key, mine in self.order().items():
+                if saved.get(key) != mine:
+                    raise ValueError(f"{self.kind} state was saved with {key} {saved.get(key)!r}, this one has "
+                                     f"{mine!r}: build it with the saved options to resume")
         if state["world_size"] is not None and (state["rank"], state["world_size"]) != (self.rank, self.world_size):
             raise ValueError(f"{self.kind} state of rank {state['rank']} of {state['world_size']} loaded into rank "
                              f"{self.rank} of {self.world_size}: fold the ranks' states with elastic_state() first")
@@ -215,7 +224,8 @@ class ResumableSampler(Sampler[int]):
                              f"itself (world_size={dataset.world_size}): the split would apply twice and each rank "
                              "read a fraction of its share; build the dataset with rank=0, world_size=1")
         self.shuffle = shuffle
-        self.position = OrderPosition(type(self).__name__, int(size), seed, rank, world_size, drop_last, dataset)
+        self.position = OrderPosition(type(self).__name__, int(size), seed, rank, world_size, drop_last, dataset,
+                                      lambda: {"shuffle": bool(shuffle), "drop_last": bool(drop_last)})
         self._cached: tuple[tuple, np.ndarray] | None = None
 
     @property

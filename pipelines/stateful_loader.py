@@ -55,7 +55,7 @@ def saved_epochs(state: dict) -> set[int]:
     if "_snapshot" in state:  # workers: each worker's reader state
         saved = [w.get("dataset_state") for w in state["_snapshot"]["_worker_snapshots"].values()]
     else:
-        saved = [state.get("_dataset_state")]
+        saved = [state.get("dataset_state")]
     return {int(s["epoch"]) for s in saved if isinstance(s, dict) and "epoch" in s}
 
 
@@ -73,7 +73,7 @@ def states_at_epoch(state: dict, epoch: int) -> dict:
     if "_snapshot" in state:
         found = [w.get("dataset_state") for w in state["_snapshot"]["_worker_snapshots"].values()]
     else:
-        found = [state.get("_dataset_state")]
+        found = [state.get("dataset_state")]
     for reader_state in found:
         if isinstance(reader_state, dict) and "epoch" in reader_state:
             reader_state["epoch"] = int(epoch)

@@ -23,6 +23,7 @@ Imports ``repack.manifest`` and nothing else from repack; the ``.idx`` layout
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from dataclasses import dataclass
@@ -386,6 +387,11 @@ def collate_pad(batch: Sequence[torch.Tensor], pad_id: int = 0, pad_to_multiple_
     return {"input_ids": ids, "attention_mask": mask.to(torch.int64), "lengths": lengths}
 
 
+def lengths_sha256(lengths: np.ndarray) -> str:
+    """The sha256 of ``lengths`` as int64 (a length-grouped order's input, in its sampler's state)."""
+    return hashlib.sha256(np.ascontiguousarray(lengths, np.int64).tobytes()).hexdigest()
+
+
 class LengthGroupedBatchSampler(Sampler[list[int]]):
     """Batches of similar length: a seeded shuffle cut into mega-batches of ``mega`` batches,
     each sorted by length and cut into batches, then the batch order shuffled.
@@ -399,7 +405,9 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
                  drop_last: bool = False, rank: int = 0, world_size: int = 1, dataset=None) -> None:
         self.lengths = np.asarray(lengths)
         self.batch_size, self.seed, self.mega, self.drop_last = batch_size, seed, mega, drop_last
-        self.position = OrderPosition(type(self).__name__, 0, seed, rank, world_size, world_size > 1, dataset)
+        self._lengths_sha = lengths_sha256(self.lengths)
+        self.position = OrderPosition(type(self).__name__, 0, seed, rank, world_size, world_size > 1, dataset,
+                                      self._order)
         self._cached: tuple[int, list[list[int]]] | None = None
         self.position.size = len(self.global_batches())
 
@@ -462,9 +470,15 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         """Continue from ``state``; with ``dataset=``, on the state's dataset version (re-opened)."""
         self.position.load_state_dict(state, resize=self._relength)
 
+    def _order(self) -> dict:
+        """What makes the epoch's batches besides the seed: batch size, mega, drop_last and the lengths."""
+        return {"batch_size": int(self.batch_size), "mega": int(self.mega), "drop_last": bool(self.drop_last),
+                "lengths": self._lengths_sha}
+
     def _relength(self) -> int:
         """The batch count after ``dataset`` re-opened another version (its lengths)."""
         self.lengths, self._cached = np.asarray(self.position.dataset.lengths), None
+        self._lengths_sha = lengths_sha256(self.lengths)
         return len(self.global_batches())
 
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from pipelines.mixture import Mixture, block_counts
+from pipelines.mixture import BLOCK, Mixture, block_counts
 from pipelines.torch_lmdb import LmdbImageDataset
 from pipelines.torch_text import PackedTokenDataset
 from pipelines.torch_webdataset import ImageShardDataset
+from tests.conftest import run_repack
 from tests.tools.reader_data import reader_datasets
 from tests.tools.resume_check import resume_in_new_process, run
 
@@ -188,3 +189,44 @@ def test_a_mixture_state_of_another_order_is_refused(data):
         mixture(False).load_state_dict(state)
     old_reader_state = {k: v for k, v in state.items() if k not in ("shuffle", "exhausted", "samples", "weights")}
     mixture(True).load_state_dict(old_reader_state)  # a state of a reader that did not record them still loads
+
+
+def test_an_append_between_save_and_load_leaves_every_rank_on_the_saved_version_with_equal_steps(tmp_path):
+    """Two ranks mix an ImageShardDataset A (0.9) with B (0.1, 40 samples); the state is taken when rank 0
+    drew from B and rank 1 not yet, then B is appended to. Each rank resumes exactly as the uninterrupted
+    epoch went: rank 1's untouched B state names B's version (it was None: rank 1 read the new version),
+    and the stop point is computed on the saved version's lengths (it was the new one's: unequal steps)."""
+    from pipelines.stateful_loader import StatefulDataLoader
+    from pipelines.torch_webdataset import ImageShardDataset
+    from tests.benchmarks.tiny_files import jpeg_bytes, tiny_jpegs
+
+    def pack(src, out, *extra):
+        run_repack("images", src, out, "--verify", "none", "--quiet", "--shard-size", "5", *extra)
+
+    pack(tiny_jpegs(tmp_path / "srcA", 0, 400, workers=1), tmp_path / "A")
+    pack(tiny_jpegs(tmp_path / "srcB", 0, 40, workers=1), tmp_path / "B")
+
+    def loader(rank):
+        sources = [(ImageShardDataset(tmp_path / name, output="dict", decode=False, rank=rank, world_size=2), weight)
+                   for name, weight in (("A", 0.9), ("B", 0.1))]
+        mixture = Mixture(sources, seed=0, tag_source=True, rank=rank, world_size=2)
+        mixture.set_epoch(0)
+        return mixture, StatefulDataLoader(mixture, batch_size=1, num_workers=0,
+                                           collate_fn=lambda batch: [(i, s["key"]) for i, s in batch])
+
+    first = [loader(rank)[0]._draws(rank, 0, 0).tolist() for rank in (0, 1)]
+    cut = next(k for k in range(1, BLOCK) if 1 in first[0][:k] and 1 not in first[1][:k])
+    whole = {rank: [x for batch in loader(rank)[1] for x in batch] for rank in (0, 1)}
+    seen, states = {}, {}
+    for rank in (0, 1):
+        _, taken = loader(rank)
+        batches = iter(taken)
+        seen[rank] = [x for _ in range(cut) for x in next(batches)]
+        states[rank] = json.loads(json.dumps(taken.state_dict()))
+    for i in range(40):
+        (tmp_path / "srcB" / f"c{i:03d}" / f"new{i}.jpg").write_bytes(jpeg_bytes(10_000 + i))
+    pack(tmp_path / "srcB", tmp_path / "B", "--append")
+    for rank in (0, 1):
+        _, resumed = loader(rank)
+        resumed.load_state_dict(states[rank])
+        assert seen[rank] + [x for batch in resumed for x in batch] == whole[rank], rank

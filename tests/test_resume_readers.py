@@ -202,3 +202,77 @@ def test_a_rank_done_before_the_checkpoint_counts_its_whole_share():
         mine = list(sampler)
         rest += mine[:len(mine) - sampler.padding]  # less the repeat that evens out the ranks
     assert sorted(seen + rest) == list(range(size))
+
+
+def test_a_state_is_refused_by_a_dataset_packed_again_into_the_same_shard_names_and_counts(tmp_path):
+    """The state's dataset identity holds its shards' content: a dataset packed again into OUT with
+    --overwrite --shuffle (same names, same counts, other samples at each position) refuses a state of
+    the first, which it took silently (19 of 100 samples repeated, 19 never read). The same packing again
+    (deterministic: the same shards) still resumes exactly."""
+    from pipelines.stateful_loader import StatefulDataLoader
+    from pipelines.torch_webdataset import ImageShardDataset
+    from tests.benchmarks.tiny_files import tiny_jpegs
+    from tests.conftest import run_repack
+
+    src, out = tiny_jpegs(tmp_path / "src", 0, 100, workers=1), tmp_path / "out"
+
+    def pack(*extra: str) -> None:
+        run_repack("images", src, out, "--verify", "none", "--quiet", "--shard-size", "20", *extra)
+
+    def loader() -> StatefulDataLoader:
+        dataset = ImageShardDataset(out, output="dict", decode=False)
+        return StatefulDataLoader(dataset, batch_size=10, num_workers=0, collate_fn=lambda b: [s["key"] for s in b])
+
+    pack()
+    first = loader()
+    batches = iter(first)
+    seen = [key for _ in range(3) for key in next(batches)]
+    state = json.loads(json.dumps(first.state_dict()))
+    pack("--overwrite")  # the same inputs and options: the same shards
+    again = loader()
+    again.load_state_dict(state)
+    rest = [key for batch in again for key in batch]
+    assert sorted(seen + rest) == sorted(set(seen + rest)) and len(seen + rest) == 100
+    pack("--overwrite", "--shuffle", "--seed", "7")
+    other = loader()
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="holds other shards"):
+        next(iter(other))
+
+
+def test_a_sampler_state_is_refused_by_a_sampler_with_other_ordering_options():
+    """A sampler's state carries the options that make its order (shuffle and drop_last; batch size, mega
+    and the lengths of a length-grouped one): loaded into a sampler with others it is refused by name (it
+    was taken: 4 of 20 indices read twice, 52 of 200 never). A state without them (an older repack's)
+    still loads."""
+    from pipelines.torch_text import LengthGroupedBatchSampler
+
+    sampler = ResumableSampler(20, seed=0, shuffle=True)
+    sampler.set_epoch(0)
+    taken = iter(sampler)
+    [next(taken) for _ in range(8)]
+    state = json.loads(json.dumps(sampler.state_dict()))
+    for other in ({"shuffle": False}, {"drop_last": True}):
+        with pytest.raises(ValueError, match=f"saved with {next(iter(other))}"):
+            ResumableSampler(20, seed=0, **{"shuffle": True, **other}).load_state_dict(state)
+    same = ResumableSampler(20, seed=0, shuffle=True)
+    same.load_state_dict(state)
+    same.set_epoch(0)
+    assert len(list(same)) == 12
+    older = {key: value for key, value in state.items() if key != "order"}
+    ResumableSampler(20, seed=0, shuffle=False).load_state_dict(older)
+
+    lengths = [(i * 37) % 101 for i in range(200)]
+    grouped = LengthGroupedBatchSampler(lengths, 4, seed=0, mega=50)
+    grouped.set_epoch(0)
+    batches = iter(grouped)
+    [next(batches) for _ in range(20)]
+    state = json.loads(json.dumps(grouped.state_dict()))
+    for changed in ({"mega": 5}, {"drop_last": True}, {"batch_size": 5}):
+        options = {"batch_size": 4, "mega": 50, **changed}
+        batch_size = options.pop("batch_size")
+        with pytest.raises(ValueError, match=f"saved with {next(iter(changed))}|saved with size"):
+            LengthGroupedBatchSampler(lengths, batch_size, seed=0, **options).load_state_dict(state)
+    with pytest.raises(ValueError, match="saved with lengths"):
+        LengthGroupedBatchSampler(lengths[::-1], 4, seed=0, mega=50).load_state_dict(state)
+    LengthGroupedBatchSampler(lengths, 4, seed=0, mega=50).load_state_dict(state)
