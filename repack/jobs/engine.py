@@ -410,7 +410,11 @@ def options_fingerprint(job: Job) -> str:
 OUTPUT_FILE = re.compile(r"\.?shard-(?:v[0-9]+-)?[0-9]{6}(?:-v[0-9]+)*\.(?:tar|idx|crc)(?:\.tmp-[0-9]+|\.[^/]+\.tmp)?")
 
 
-class OtherToolVersion(UsageError):
+class UnresumableJob(UsageError):
+    """OUT holds a job this run cannot resume: planned from another SOURCE, or run with other options."""
+
+
+class OtherToolVersion(UnresumableJob):
     """OUT holds an unfinished job another repack version started (its work is not resumed by this one)."""
 
 
@@ -448,16 +452,16 @@ class Engine:
                           if key != "out" and old_spec.get(key) != new_spec.get(key)]
                 resume = ("re-run with the values it was started with (left of each ->) to resume it, or "
                           if differ else "")
-                raise UsageError(f"{store.url} holds a job run with other options ("
+                raise UnresumableJob(f"{store.url} holds a job run with other options ("
                                  f"{'; '.join(differ) or 'same values, older tool version'}); "
                                  f"{resume}use --overwrite to replace it")
             if old.get("plan_digest") != state["plan_digest"]:
                 changes = self._changes(plan)
                 if changes is None:  # e.g. a job left half-done by a repack that laid out its tasks otherwise
-                    raise UsageError(f"{store.url} holds a job planned differently from the same inputs (by another "
-                                     "repack version); use --overwrite to start over")
-                raise UsageError(f"source changed since {store.url} was started: {changes}; "
-                                 "use --overwrite to start over")
+                    raise UnresumableJob(f"{store.url} holds a job planned differently from the same inputs (by "
+                                         "another repack version); use --overwrite to start over")
+                raise UnresumableJob(f"source changed since {store.url} was started: {changes}; "
+                                     "use --overwrite to start over")
         else:
             save_plan(store, plan)
             store.put_bytes(f"{STATE_DIR}/job.json", dumps_canonical(state))

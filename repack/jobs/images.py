@@ -140,6 +140,34 @@ def find_duplicates(items: list[InputItem]) -> list[tuple[str, list[int]]]:
     return sorted(((d, g) for d, g in groups.items() if len(g) > 1), key=lambda dg: dg[1][0])
 
 
+def held_copies(items, known, skip: set[int]) -> dict[int, tuple[str, str]]:
+    """--append --dedup: position -> (sha256, the dataset's source of that content) of each of ``items`` (new
+    inputs; not ``skip``) whose content a sample of ``known`` (the dataset's record) holds. Only rows of the
+    record whose size a new input has are read for their digests (``InputColumns.digested``' rows)."""
+    from repack.lifecycle.input_columns import decode_names
+
+    sizes = items.sizes if hasattr(items, "sizes") else np.array([item.size for item in items], dtype=np.int64)
+    new = [p for p in range(len(items)) if p not in skip]
+    rows = np.flatnonzero(np.isin(known.size, sizes[new]) & known.holds_sample(known.names))
+    if not len(rows) or not new:
+        return {}
+    known = known.digested(rows)
+    rows = rows[known.has_sha256[rows]]
+    digests = np.ascontiguousarray(known.sha256[rows]).view("S32").ravel()
+    order = np.argsort(digests)
+    digests, rows = digests[order], rows[order]
+    with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
+        found = list(pool.map(lambda p: content_sha256(items[p]), new))
+    held: dict[int, tuple[str, str]] = {}
+    for position, digest in zip(new, found):
+        if digest is None:
+            continue
+        at = int(np.searchsorted(digests, np.frombuffer(bytes.fromhex(digest), "S32")[0]))
+        if at < len(digests) and bytes(digests[at]) == bytes.fromhex(digest).rstrip(b"\0"):
+            held[position] = (digest, decode_names(known.names[rows[at]:rows[at] + 1])[0])
+    return held
+
+
 def duplicate_report(groups: list[dict], dropped: int) -> dict:
     """The manifest's stats.duplicates: counts and every group's paths (first = kept)."""
     return {"groups": len(groups), "extra_copies": sum(len(g["paths"]) - 1 for g in groups), "dropped": dropped,
@@ -350,6 +378,10 @@ class ImagesJob(Job):
             groups = find_duplicates(items)
             dup_groups = [{"sha256": digest, "paths": [items[p].rel for p in g]} for digest, g in groups]
             drop = {p for _, g in groups for p in g[1:]}
+            if spec.known_inputs:  # --append: a copy of a sample the dataset holds is a duplicate too
+                held = held_copies(items, load_known(spec.known_inputs), drop)
+                dup_groups += [{"sha256": digest, "paths": [rel, items[p].rel]} for p, (digest, rel) in held.items()]
+                drop |= set(held)
             if drop:
                 items = _taken(items, [p for p in range(len(items)) if p not in drop])
         root = (None if spec.list_file or spec.source_format != "folder" or is_remote(spec.source)

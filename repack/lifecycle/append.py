@@ -92,7 +92,7 @@ class Appender:
 
 def append(spec, options: EngineOptions) -> AppendResult:
     """Append ``spec.source``'s new inputs to the dataset in ``spec.out`` (see the module docstring)."""
-    from repack.jobs.engine import Engine, OtherToolVersion
+    from repack.jobs.engine import Engine, UnresumableJob
 
     appender = APPENDERS[type(spec).__name__]
     started = time.time()
@@ -138,7 +138,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
                     staged_options = dataclasses.replace(options, overwrite=False, strict=False)
                     try:
                         Engine(planned_once(job, planned), staged_options).run()
-                    except OtherToolVersion:  # staged by another repack and killed: its work is redone here
+                    except UnresumableJob:  # staged by another repack, of another SOURCE or with other options, and
+                        # killed: it published nothing, so it is staged again from what SOURCE holds now
                         Engine(planned_once(job, planned), dataclasses.replace(staged_options, overwrite=True)).run()
                 except NothingPackedError:  # every new input quarantined: the dataset is not empty, and version
                     pass                    # N+1 records them (same shards), as every version records its inputs
@@ -281,7 +282,22 @@ def _images_accepts(current: dict, spec) -> str | None:
     if current["modality"] != "images" or current["format"] != "webdataset" or spec.to != "webdataset":
         return (f"holds {current['modality']} in {current['format']}; --append adds webdataset shards to a "
                 "webdataset images dataset")
-    return None
+    held = (current.get("created_by") or {}).get("options") or {}
+    # what a sample's bytes are (normalized or as found, their size and quality) and whether a content is packed
+    # once: the new samples are the dataset's kind (a mix of 16 px and 32 px images was published, the manifest
+    # saying 16); a dataset of older manifests without these options is not compared
+    compared = ["normalize", "dedup"] + (["max_side", "quality"] if spec.normalize or held.get("normalize") else [])
+    differ = [f"{_flag(name, getattr(spec, name))} (the dataset: {_flag(name, held[name])})"
+              for name in compared if name in held and held[name] != getattr(spec, name)]
+    return f"was packed with other options: {', '.join(differ)}; append with the dataset's" if differ else None
+
+
+def _flag(name: str, value) -> str:
+    """An images option's value as its flag reads."""
+    flag = f"--{name.replace('_', '-')}"
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    return f"{flag} {value}" if value is not None else f"no {flag}"
 
 
 def _images_job(spec, out: str, known_file: Path, current: dict):

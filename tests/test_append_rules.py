@@ -1,0 +1,73 @@
+"""`repack images --append` keeps what version 1 promised: --dedup holds across versions (a copy of a
+sample the dataset holds is never packed), the new samples are made with the dataset's transform options
+(other ones are refused by name), and an append killed mid-way is staged again when SOURCE or the
+options changed since (it was refused for good, pointing at a full --overwrite)."""
+
+from __future__ import annotations
+
+import shutil
+
+from tests.benchmarks.tiny_files import jpeg_bytes, tiny_jpegs
+from tests.conftest import kill_after_records, read_manifest_json, run_repack, sample_paths
+
+
+def test_dedup_holds_across_versions(tmp_path):
+    src, out = tiny_jpegs(tmp_path / "src", 0, 12, workers=1), tmp_path / "out"
+    shutil.copy(src / "c000" / "00000000.jpg", src / "c000" / "zz_copy.jpg")
+    run_repack("images", src, out, "--dedup", "--quiet")
+    assert len(sample_paths(out)) == 12  # the copy dropped
+    unchanged = run_repack("images", src, out, "--dedup", "--append")
+    assert "nothing new" in unchanged.stdout  # the dropped copy was packed here
+    shutil.copy(src / "c003" / "00000003.jpg", src / "c005" / "late_copy.jpg")  # a copy of a packed sample
+    tiny_jpegs(src, 100, 1, workers=1)
+    run_repack("images", src, out, "--dedup", "--append", "--quiet")
+    paths = sample_paths(out)
+    assert len(paths) == 13 and "c100/00000100.jpg" in paths
+    assert not {"c000/zz_copy.jpg", "c005/late_copy.jpg"} & set(paths)
+    appended = read_manifest_json(out)["stats"]["appended"][-1]["duplicates"]["list"]
+    assert {tuple(g["paths"]) for g in appended} == {("c000/00000000.jpg", "c000/zz_copy.jpg"),
+                                                     ("c003/00000003.jpg", "c005/late_copy.jpg")}
+
+
+def test_an_append_with_other_transform_options_is_refused_by_name(tmp_path):
+    src, out = tiny_jpegs(tmp_path / "src", 0, 6, workers=1), tmp_path / "out"
+    run_repack("images", src, out, "--normalize", "--max-side", "16", "--quiet")
+    tiny_jpegs(src, 6, 2, workers=1)
+    cases = [((), "no --normalize (the dataset: --normalize)"),
+             (("--normalize",), "no --max-side (the dataset: --max-side 16)"),
+             (("--normalize", "--max-side", "16", "--quality", "70"), "--quality 70 (the dataset: --quality 90)"),
+             (("--normalize", "--max-side", "16", "--dedup"), "--dedup (the dataset: no --dedup)")]
+    for extra, named in cases:
+        refused = run_repack("images", src, out, "--append", "--quiet", *extra, check=False)
+        assert refused.returncode == 2 and named in refused.stderr, (extra, refused.stderr)
+    assert len(sample_paths(out)) == 6
+    run_repack("images", src, out, "--append", "--normalize", "--max-side", "16", "--quiet")
+    assert len(sample_paths(out)) == 8
+
+
+def add(src, first: int, count: int) -> None:
+    """New JPEGs in the 20 class folders the dataset has."""
+    for i in range(first, first + count):
+        (src / f"c{i % 20:03d}" / f"new{i:05d}.jpg").write_bytes(jpeg_bytes(i))
+
+
+def test_a_killed_append_is_staged_again_when_source_or_options_changed(tmp_path):
+    src, out = tiny_jpegs(tmp_path / "src", 0, 20, workers=1), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "8", "--quiet")
+    add(src, 100, 600)
+    for number, change in ((2, "source"), (3, "options")):
+        staged = out / ".repack" / f"append-v{number}" / "out"
+        args = ["images", src, out, "--shard-size", "8", "--chunk-size", "4", "--workers", "1", "--append", "--quiet"]
+        kill_after_records(args, staged, 2)
+        assert staged.exists() and not (staged / "manifest.json").exists()
+        assert not (out / f"manifest.v{number}.json").exists()
+        if change == "source":
+            add(src, 5000, 1)
+            run_repack(*args)
+            assert len(sample_paths(out)) == 621 and "c000/new05000.jpg" in sample_paths(out)
+            add(src, 7000, 300)  # the next version's inputs, for the options round
+        else:
+            run_repack(*args[:-4], "--chunk-size", "16", "--append", "--quiet")  # another chunk size
+            assert len(sample_paths(out)) == 921
+        assert not staged.parent.exists()
+    assert run_repack("verify", out).returncode == 0
