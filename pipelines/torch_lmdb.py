@@ -84,12 +84,25 @@ def sample_key(index: int) -> str:
     return f"s/{index:010d}"
 
 
-_ENVS: dict[str, tuple[int, Any]] = {}  # path -> (pid, environment): LMDB allows one per file per process
+# (path, file identity) -> (pid, environment): LMDB allows one per file per process. The file's identity
+# is in the key: a database packed again at the same path (--overwrite) is another file, read through its
+# own environment (a cache by path alone read the old file's samples under the new manifest)
+_ENVS: dict[tuple[str, tuple | None], tuple[int, Any]] = {}
 
 
-def _environment(path: str):
-    """This process's read-only environment of ``path``; one inherited through fork is closed, not used."""
-    pid, env = _ENVS.get(path, (None, None))
+def file_identity(path: str) -> tuple | None:
+    """(device, inode, size, mtime_ns) of ``path``; None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _environment(path: str, identity: tuple | None = None):
+    """This process's read-only environment of the file ``path`` was when ``identity`` was taken (a
+    RuntimeError naming it when another file is there now); one inherited through fork is closed, not used."""
+    pid, env = _ENVS.get((path, identity), (None, None))
     if pid != os.getpid():
         import lmdb
 
@@ -97,7 +110,11 @@ def _environment(path: str):
             env.close()
         env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=True, max_readers=1024,
                         meminit=False)
-        _ENVS[path] = (os.getpid(), env)
+        if identity is not None and file_identity(path) != identity:
+            env.close()
+            raise RuntimeError(f"{path}: the database was replaced since this reader opened its dataset (another "
+                               "pack into the same folder?); open the dataset again")
+        _ENVS[(path, identity)] = (os.getpid(), env)
     return env
 
 
@@ -107,9 +124,10 @@ class LmdbReader:
     def __init__(self, path: str, count: int) -> None:
         self.path = path
         self.count = count
+        self.identity = file_identity(path)  # the file this reader reads, whatever replaces it at the path
 
     def _txn(self):
-        return _environment(self.path).begin(buffers=False)
+        return _environment(self.path, self.identity).begin(buffers=False)
 
     def get(self, index: int, fields: tuple[str, ...] = ("img", "cls")) -> dict[str, bytes | None]:
         """Raw values of sample ``index`` (None for a missing field other than ``img``); a missing

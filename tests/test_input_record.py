@@ -4,6 +4,7 @@ finds the shards holding the named samples from it without reading the others.""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -76,13 +77,17 @@ def test_select_new_applies_the_rule_over_columns():
 
 
 def test_an_objects_etag_is_its_mtime_and_a_record_without_one_knows_it_by_its_size():
-    """s3:// rows: the fingerprint's second column holds the ETag value; a row recorded before (0 there) is
-    the same object at the same size whatever its ETag now, and refused by name at another size."""
+    """s3:// rows: the fingerprint's second column holds the ETag value; in a dataset first packed from
+    s3://, a row recorded before (0 there) is the same object at the same size whatever its ETag now, and
+    refused by name at another size; elsewhere a row of mtime 0 is a local file's, compared by content."""
     from repack.sources.object_etag import etag_value
 
     old, new = etag_value('"0123456789abcdef0123456789abcdef"'), etag_value('"fedcba9876543210fedcba9876543210"')
-    known = build_columns(["legacy.jpg", "tagged.jpg", "copied.jpg"], [10, 20, 30], [0, old, old], [0, 1, 2],
+    local = build_columns(["legacy.jpg", "tagged.jpg", "copied.jpg"], [10, 20, 30], [0, old, old], [0, 1, 2],
                           {"copied.jpg": hashlib.sha256(b"C").hexdigest()}, 3)
+    with pytest.raises(UsageError, match="no recorded sha256.*: legacy.jpg"):  # a local file of mtime 0
+        select_new([("legacy.jpg", [10, new], b"L")], local, lambda i: i[0], lambda i: i[1], lambda i: None)
+    known = dataclasses.replace(local, pre_etag_objects=True)  # a dataset first packed from s3://
     items = [("legacy.jpg", [10, new], b"L"),   # recorded without an ETag, same size: known
              ("tagged.jpg", [20, old], b"T"),   # the same ETag: known
              ("copied.jpg", [30, new], b"C")]   # another ETag, the same bytes: known by content

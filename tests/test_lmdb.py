@@ -230,3 +230,31 @@ def test_torch_reader_transform_pickles_for_spawned_workers(packed):
     assert [tuple(images.shape) for images, _ in batches] == [(2, 3, 16, 16)] * 2
     expected = torch.stack([ds[i][0] for i in range(4)])
     assert torch.equal(torch.cat([images for images, _ in batches]), expected)
+
+
+def test_a_database_packed_again_at_the_same_path_is_read_as_itself_in_one_process(tmp_path):
+    """The readers' LMDB environments are kept per file, not per path: a dataset packed again into the
+    same OUT (--overwrite) and opened again in the same process reads its own samples (it read the old
+    file's under the new manifest); a reader of the old dataset whose file is not open says the file was
+    replaced instead of reading the new one."""
+    import hashlib
+
+    from pipelines import torch_lmdb
+    from pipelines.torch_lmdb import LmdbImageDataset
+    from tests.benchmarks.tiny_files import tiny_jpegs
+
+    first, second, out = tiny_jpegs(tmp_path / "a", 0, 6, workers=1), tiny_jpegs(tmp_path / "b", 100, 6, workers=1), \
+        tmp_path / "out"
+    run_repack("images", first, out, "--to", "lmdb", "--quiet")
+    old = LmdbImageDataset(out, decode=False, output="dict")
+    untouched = LmdbImageDataset(out, decode=False, output="dict")
+    before = old[0]["image"]
+    run_repack("images", second, out, "--to", "lmdb", "--overwrite", "--quiet")
+    again = LmdbImageDataset(out, decode=False, output="dict")
+    sample = again[0]
+    assert hashlib.sha256(sample["image"]).digest() == hashlib.sha256(
+        (second / sample["meta"]["path"]).read_bytes()).digest() != hashlib.sha256(before).digest()
+    assert old[0]["image"] == untouched[0]["image"] == before  # the old file, still open: the old dataset's
+    torch_lmdb._ENVS.clear()  # a reader of the old dataset whose file is not open in this process any more
+    with pytest.raises(RuntimeError, match="replaced since this reader opened"):
+        LmdbImageDataset.__getitem__(untouched, 1)

@@ -156,6 +156,11 @@ def test_a_page_read_by_pattern_gives_what_elementtree_reads():
     md5 = page.replace(b"&quot;e&quot;", b"&quot;0123456789abcdef0123456789abcdef&quot;")
     assert columns_by_pattern(md5)[2] == [etag_value("0123456789abcdef0123456789abcdef")] * 3 == \
         [ETAG_FLAG | 0x0123456789abcde] * 3  # the first 15 hex digits, read at once
+    odd = md5.replace(b"&quot;0123456789abcdef0123456789abcdef&quot;", b"&#x22;tag&amp;1&#x22;", 1)
+    odd = odd.replace(b"<ETag>&quot;0123456789abcdef0123456789abcdef&quot;</ETag>", b"", 1)  # the second: none
+    assert columns_by_pattern(odd)[2] == [etag_value('"tag&1"'), 0, ETAG_FLAG | 0x0123456789abcde]
+    tree = [etag_value(c.findtext(f"{{{ns}}}ETag")) for c in ElementTree.fromstring(odd).findall(f"{{{ns}}}Contents")]
+    assert columns_by_pattern(odd)[2] == tree  # one object's entities or missing ETag: the tree's values
     left = ElementTree.fromstring(rest)  # what botocore parses: everything but the objects
     assert left.findall(f"{{{ns}}}Contents") == [] and left.findtext(f"{{{ns}}}NextContinuationToken") == "t&1"
     assert left.findtext(f"{{{ns}}}CommonPrefixes/{{{ns}}}Prefix") == "d/"

@@ -152,3 +152,39 @@ def test_an_object_rewritten_with_other_bytes_of_its_size_is_refused_by_append_a
                          "--quiet", env=env, check=False)
     assert refused.returncode != 0 and "d1/doc.txt" in refused.stderr and "changed since" in refused.stderr
     assert read_manifest_json(text)["dataset_version"]["number"] == 2
+
+
+def test_a_webdataset_source_on_s3_rewritten_with_other_bytes_of_its_size_is_refused_by_append(server, tmp_path):
+    """`--from webdataset` from s3://: a tar shard's fingerprint holds its ETag too (it was its size alone:
+    a shard rewritten with another sample of the same size kept the old sample silently)."""
+    import io
+    import tarfile
+
+    from tests.benchmarks.tiny_files import jpeg_bytes
+
+    def shard(seeds) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for i, seed in enumerate(seeds):
+                for ext, data in (("jpg", jpeg_bytes(seed)), ("cls", str(i % 2).encode())):
+                    info = tarfile.TarInfo(f"{i:03d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    seeds = next((a, b) for a in range(40) for b in range(40) if a != b and len(jpeg_bytes(a)) == len(jpeg_bytes(b)))
+    old, new = shard([seeds[0], 101, 102]), shard([seeds[1], 101, 102])
+    assert len(old) == len(new) and old != new
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="wds")
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    s3.put_object(Bucket="wds", Key="src/train-000.tar", Body=old)
+    out = tmp_path / "out"
+    run_repack("images", "s3://wds/src", out, "--from", "webdataset", "--quiet", env=env)
+    s3.put_object(Bucket="wds", Key="src/train-000.tar", Body=old)  # the same bytes again: nothing new
+    assert "nothing new" in run_repack("images", "s3://wds/src", out, "--from", "webdataset", "--append",
+                                       env=env).stdout
+    s3.put_object(Bucket="wds", Key="src/train-000.tar", Body=new)
+    refused = run_repack("images", "s3://wds/src", out, "--from", "webdataset", "--append", "--quiet", env=env,
+                         check=False)
+    assert refused.returncode == 2 and "train-000.tar/000.jpg" in refused.stderr and "changed since" in refused.stderr

@@ -123,7 +123,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
             # gave no document: "no_documents", repack.jobs.text)
             unpacked = list(dict.fromkeys(q["source"] for q in current["quarantine"]
                                           if q.get("line") is None or q.get("no_documents")))
-            known = KnownInputs(record, unpacked)
+            first_source = str(((current.get("created_by") or {}).get("options") or {}).get("source") or "")
+            known = KnownInputs(record, unpacked, first_source.startswith("s3://"))
             job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_key, current)
             if job.store.read_bytes(MANIFEST_NAME) is None:
                 from repack.jobs.base import build_plan

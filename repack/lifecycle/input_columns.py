@@ -95,6 +95,9 @@ class InputColumns:
     # when called (``repack.lifecycle.first_record``)
     digests_from: Callable[[np.ndarray | None], "InputColumns"] | None = dataclasses.field(default=None, compare=False,
                                                                                            repr=False)
+    # set on the record of a dataset first packed from s3://: a row of mtime 0 there may be an object listed
+    # before fingerprints held ETags (``repack.sources.object_etag``), known by its size alone
+    pre_etag_objects: bool = dataclasses.field(default=False, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.names)

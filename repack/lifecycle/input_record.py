@@ -108,9 +108,11 @@ class KnownInputs:
     leave version 1's digests out (``dataset_record(..., digests=False)``): the selection derives them only
     to compare a known input whose mtime changed, and a whole record written from it gets them first."""
 
-    def __init__(self, derive: Callable[[], InputColumns], quarantined: Iterable[str]) -> None:
+    def __init__(self, derive: Callable[[], InputColumns], quarantined: Iterable[str],
+                 pre_etag_objects: bool = False) -> None:
         self._derive = derive
         self._quarantined = quarantined
+        self._pre_etag_objects = pre_etag_objects  # the dataset was first packed from s3:// (InputColumns')
         self._record: InputColumns | None = None
         self._staged: InputColumns | None = None
 
@@ -123,7 +125,8 @@ class KnownInputs:
     def staged_input(self) -> InputColumns:
         """The record with the rels without a sample as its ``quarantined`` (what ``load_known`` gives)."""
         if self._staged is None:
-            self._staged = with_quarantined(self.record(), list(self._quarantined))
+            self._staged = dataclasses.replace(with_quarantined(self.record(), list(self._quarantined)),
+                                               pre_etag_objects=self._pre_etag_objects)
         return self._staged
 
 
@@ -192,9 +195,12 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
     removed = known.is_removed(names)
     rows, recorded = known.find(names)
     known_mtime = known.mtime_ns[rows]
-    # an object recorded before listings gave ETags (0 there) is known by its size alone (repack.sources.object_etag)
-    same_print = recorded & (known.size[rows] == size) & ((known_mtime == mtime) |
-                                                          ((known_mtime == 0) & (mtime >= ETAG_FLAG)))
+    same_print = known_mtime == mtime
+    # an object recorded before listings gave ETags: known by its size alone (a container's had no second
+    # column, NO_MTIME; an object's 0, told from a local file of mtime 0 by the dataset's first SOURCE)
+    pre_etag = (known_mtime == NO_MTIME) | ((known_mtime == 0) if known.pre_etag_objects else False)
+    same_print |= pre_etag & (mtime >= ETAG_FLAG)
+    same_print &= recorded & (known.size[rows] == size)
     again = recorded & known.is_quarantined(names) & ~removed
     new_mask = ~removed & ((~recorded) | (again & ~same_print))
     held = recorded & ~again & ~removed & ~same_print  # a known input with a sample, another fingerprint

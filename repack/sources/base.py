@@ -47,7 +47,7 @@ class MemberItem(InputItem):
     """An input stored inside another file (a tar member, a parquet row): ``path`` is that file,
     ``size`` the member's bytes, and the fingerprint is the container's (checked before reading)."""
 
-    container: tuple[int, ...] = ()              # the container's fingerprint ([size, mtime_ns, inode]; s3: [size])
+    container: tuple[int, ...] = ()              # the container's fingerprint ([size, mtime_ns, inode]; s3: [size, ETag value])
     member: tuple[tuple[str, object], ...] = ()  # where inside: (offset, size) of a tar member, (row, column) of a row
     meta: tuple[tuple[str, str], ...] = ()       # kept in the sample's metadata: source_file, source_key, ...
 

@@ -25,7 +25,7 @@ class Container:
 
     path: str
     rel: str
-    fingerprint: tuple[int, ...]  # [size, mtime_ns, inode] (s3: [size]): checked again when a task reads it
+    fingerprint: tuple[int, ...]  # [size, mtime_ns, inode] (s3: [size, ETag value]): checked when a task reads it
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,14 @@ def list_containers(source: str, suffixes: tuple[str, ...], refused: dict[str, s
     quarantine: list[dict] = []
     skipped = 0
     if is_remote(source):
-        from repack.sources.s3 import scan_objects
+        from repack.sources.s3 import list_columns
 
-        listing = scan_objects(source)  # keys that name no file quarantined, hidden/junk ones counted
+        listing = list_columns(source)  # keys that name no file quarantined, hidden/junk ones counted
         quarantine += listing.quarantine
         skipped += listing.skipped
-        entries = [(url, rel, (size,)) for url, rel, size in listing.objects]
+        # an object's fingerprint: its size and ETag value (repack.sources.object_etag; a read checks the size)
+        entries = [(f"{listing.root}/{rel}", rel, (size, etag))
+                   for rel, size, etag in zip(listing.rels, listing.sizes.tolist(), listing.etags.tolist())]
     else:
         entries = _local_files(source, confinement, quarantine)
     for path, rel, fingerprint in entries:

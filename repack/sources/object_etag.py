@@ -20,11 +20,12 @@ _LOW = (1 << 60) - 1
 
 
 def etag_value(etag: str | bytes | None) -> int:
-    """The fingerprint value of an ETag as a listing or a GET gives it (quoted or not); 0 for none."""
+    """The fingerprint value of an ETag's text (XML entities decoded) as a listing or a GET gives it, quoted
+    or not; 0 for none."""
     if etag is None:
         return 0
     text = etag.decode("utf-8", "surrogateescape") if isinstance(etag, bytes) else etag
-    text = text.replace("&quot;", "").replace("&#34;", "").strip().strip('"')
+    text = text.strip().strip('"')
     if not text:
         return 0
     try:

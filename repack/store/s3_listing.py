@@ -63,12 +63,16 @@ def columns_by_pattern(body: bytes) -> tuple[list[str], list[int], list[int], by
 
 def etag_column(body: bytes, count: int) -> list[int]:
     """The ETag values of a page of ``count`` objects: by their hex digits at once where each has an MD5-like
-    ETag (``hex_etag_values``), else one by one; all 0 where the page does not give one per object."""
+    ETag (``hex_etag_values``), else object by object, entities decoded as ElementTree decodes them (0 for an
+    object without one): the same values whichever way a page is read."""
     hexes = _ETAG_HEX.findall(body)
     if len(hexes) == count:
         return hex_etag_values(hexes).tolist()
-    etags = _ETAG.findall(body)
-    return [etag_value(e) for e in etags] if len(etags) == count else [0] * count
+    values = []
+    for piece in body.split(b"<Contents>")[1:]:
+        found = _ETAG.search(piece, 0, max(piece.find(b"</Contents>"), 0))
+        values.append(etag_value(html.unescape(found.group(1).decode("utf-8", "surrogateescape"))) if found else 0)
+    return values if len(values) == count else [0] * count
 
 
 def without_contents(body: bytes) -> bytes:
