@@ -171,12 +171,19 @@ class VideoClipDataset(MapDatasetState):
             tb = Fraction(stream.time_base)
             origin = stream.start_time or 0
             first_pts = origin + int(Fraction(wanted[0]) / rate / tb)
-            container.seek(first_pts, stream=stream, backward=True, any_frame=False)
-            for frame in container.decode(stream):
-                number = round((Fraction(frame.pts - origin) * tb) * rate)
-                if number in wanted:
-                    got[number] = frame.to_ndarray(format="rgb24")
-                if number >= wanted[-1]:
+            # a container whose seek lands past the wanted frame or on nothing (MPEG-TS, FLV: the keyframe
+            # after it) is decoded again from its start
+            for target in (first_pts, origin):
+                container.seek(target, stream=stream, backward=True, any_frame=False)
+                landed = None
+                for frame in container.decode(stream):
+                    number = round((Fraction(frame.pts - origin) * tb) * rate)
+                    landed = number if landed is None else landed
+                    if number in wanted:
+                        got[number] = frame.to_ndarray(format="rgb24")
+                    if number >= wanted[-1]:
+                        break
+                if landed is not None and landed <= wanted[0] or target == origin:
                     break
         missing = [n for n in wanted if n not in got]
         if missing:

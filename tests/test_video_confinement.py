@@ -117,3 +117,17 @@ def test_only_ffmpeg_cli_starts_ffmpeg_or_ffprobe():
         if ("ffmpeg" in text or "ffprobe" in text) and ("subprocess" in imports or "Popen" in imports):
             starters.append(path.relative_to(ROOT).as_posix())
     assert starters == ["repack/transforms/ffmpeg_cli.py"]
+
+
+def test_every_input_has_output_names_no_other_input_can_take():
+    """``output_names``: an input's copied and transcoded names are no other input's, whichever of the two
+    each input ends up with (``a/clip``, with no extension and transcoded, was written over ``a/clip.mp4``,
+    copied, and the job failed at its end naming the path twice)."""
+    from repack.jobs.video import output_names
+
+    rels = ["a/clip", "a/clip.mp4", "a/x.mkv", "a/x.mp4", "a/x.mkv.mp4", "b/y.mov", "b/y.MOV", "b/y"]
+    names = output_names(rels)
+    for i, (copied, transcoded) in enumerate(names):
+        others = {name for j, pair in enumerate(names) if j != i for name in pair}
+        assert copied not in others and transcoded not in others, (rels[i], copied, transcoded)
+    assert names[1] == ("a/clip.mp4", "a/clip.mp4") and names[0][1].startswith("_renamed/00000000_clip")

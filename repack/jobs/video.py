@@ -164,10 +164,12 @@ def output_names(rels: list[str], first_position: int = 0) -> list[tuple[str, st
     taken = set(safe)
     names = []
     seen_mp4: set[str] = set()
-    for rel in safe:
+    for pos, rel in enumerate(safe, first_position):
         stem = str(PurePosixPath(rel).with_suffix(".mp4")) if PurePosixPath(rel).suffix else rel + ".mp4"
         if stem != rel and (stem in taken or stem in seen_mp4):
             stem = rel + ".mp4"
+        if stem != rel and (stem in taken or stem in seen_mp4):  # e.g. ``a/clip`` beside ``a/clip.mp4``: its position's
+            stem = f"_renamed/{pos:08d}_{_slug(PurePosixPath(rel).stem) or 'video'}.mp4"  # name, no other input's
         seen_mp4.add(stem)
         names.append((rel, stem))
     return names

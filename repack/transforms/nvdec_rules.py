@@ -196,7 +196,10 @@ def _reject(info: dict) -> list[dict]:
     nb, packets = info.get("nb_frames"), info.get("packets") or 0
     if info.get("packets_past_eof"):
         return [_r("truncated", f"truncated: {info['packets_past_eof']} packet(s) point past the end of the file")]
-    if nb and packets < nb:
+    if info.get("corrupt_packets"):
+        return [_r("truncated", f"truncated or damaged: {info['corrupt_packets']} packet(s) flagged corrupt by the "
+                                "demuxer (a cut fragment)")]
+    if nb and packets + (info.get("discarded_packets") or 0) < nb:
         return [_r("truncated", f"truncated: the container declares {nb} frames, only {packets} packets are readable")]
     declared, span = info.get("declared_duration_s"), info.get("span_s")
     if declared and span is not None:
@@ -277,6 +280,12 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
         reasons.append(_r("vfr", f"variable frame rate: {info['irregular_intervals']} of {info['packets'] - 1} "
                                  f"frame intervals differ from the median {info.get('frame_interval_s')} s "
                                  "(DALI's reader supports constant frame rate only)"))
+    measured, header = info.get("fps_measured"), info.get("avg_frame_rate") or info.get("r_frame_rate")
+    if measured and header and abs(measured - header) > 0.01 * measured and not info.get("irregular_intervals") \
+            and not info.get("missing_pts"):
+        reasons.append(_r("rate_header_wrong", f"the header's frame rate {header:g} is not the packets' {measured:g} "
+                                               "fps: a reader that places frames by the header's rate takes the "
+                                               "wrong ones"))
     if not info.get("first_packet_key"):
         reasons.append(_r("first_not_keyframe", "the first video packet is not a keyframe: DALI cannot seek to "
                                                 "the start"))
@@ -297,7 +306,8 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
         notes.append(_r("extra_streams", f"{info.get('audio_streams', 0)} audio and {info.get('other_streams', 0)} "
                                          "other stream(s), ignored by DALI"))
     r, avg = info.get("r_frame_rate"), info.get("avg_frame_rate")
-    if r and avg and abs(r - avg) > 0.01 * r and not info.get("irregular_intervals"):
+    if r and avg and abs(r - avg) > 0.01 * r and not info.get("irregular_intervals") and not any(
+            reason["code"] == "rate_header_wrong" for reason in reasons):
         notes.append(_r("rate_header_mismatch", f"r_frame_rate {r:g} != avg_frame_rate {avg:g}, but the packet "
                                                 "timestamps are regular"))
     return Decision(TRANSCODE if reasons else OK, tuple(reasons), tuple(notes))

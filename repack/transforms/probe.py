@@ -86,7 +86,18 @@ def rotation(stream: dict) -> int:
 
 
 def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> dict:
-    """GOP, B-frame, timestamp and truncation facts from one stream's packets (decode order)."""
+    """GOP, B-frame, timestamp and truncation facts from one stream's packets (decode order). A packet the
+    decoder drops (flag D: before an MP4 edit list's start) is no frame: left out of the frame and timestamp
+    counts (its keyframe still starts the GOP the kept frames decode from); a corrupt one (flag C: a cut
+    fragment) is counted as damage."""
+    truncated_packets = sum(1 for p in packets if p.get("pos") is not None and p.get("size") is not None
+                            and int(p["pos"]) + int(p["size"]) > file_size)
+    corrupt_packets = sum(1 for p in packets if "C" in (p.get("flags") or ""))
+    dropped = ["D" in (p.get("flags") or "") for p in packets]
+    all_keys = [i for i, p in enumerate(packets) if "K" in (p.get("flags") or "")]
+    first_key = all_keys[0] if all_keys else len(packets)
+    before_key = first_key - sum(dropped[:first_key])  # frames output before a keyframe: none decodes
+    all_packets, packets = packets, [p for p, gone in zip(packets, dropped) if not gone]
     n = len(packets)
     pts = [p.get("pts") for p in packets]
     missing_pts = sum(1 for v in pts if v is None)
@@ -100,10 +111,9 @@ def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> di
             reordered = True
             break
         highest = v if highest is None else max(highest, v)
-    truncated_packets = sum(1 for p in packets if p.get("pos") is not None and p.get("size") is not None
-                            and int(p["pos"]) + int(p["size"]) > file_size)
-    stats = {"packets": n, "keyframes": len(keys), "first_packet_key": bool(keys) and keys[0] == 0,
-             "packets_before_key": keys[0] if keys else n,
+    stats = {"packets": n, "discarded_packets": len(all_packets) - n, "corrupt_packets": corrupt_packets,
+             "keyframes": len(keys), "first_packet_key": first_key == 0 and bool(all_keys),
+             "packets_before_key": before_key,
              "missing_pts": missing_pts, "b_frames": reordered, "packets_past_eof": truncated_packets,
              "max_gop_frames": None, "max_gop_s": None, "frame_interval_s": None, "irregular_intervals": 0,
              "span_s": None, "fps_measured": None}

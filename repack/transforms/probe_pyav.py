@@ -88,8 +88,10 @@ def demux(path: str, timeout: float | None = None) -> dict | str:
             packets = []
             if main is not None:
                 streams[main.index]["side_data_list"] = _rotation_side_data(path, name, main)
+                # ffprobe's flags: K a keyframe, D a packet the decoder drops (an edit list), C a corrupt one
                 packets = [{"stream_index": main.index, "pts": p.pts, "dts": p.dts,
-                            "flags": "K_" if p.is_keyframe else "__", "pos": p.pos, "size": p.size}
+                            "flags": ("K" if p.is_keyframe else "_") + ("D" if p.is_discard else "_")
+                            + ("C" if p.is_corrupt else "_"), "pos": p.pos, "size": p.size}
                            for p in container.demux(main) if p.size]
             fmt = {"format_name": name, "duration": container.duration / 1e6 if container.duration else None,
                    "bit_rate": container.bit_rate or None}

@@ -1,0 +1,101 @@
+"""`repack video` and `VideoClipDataset` at the edges of what a container says: an MP4 edit list (packets
+the decoder drops), a fragmented MP4 cut short (a corrupt last packet), a Matroska header whose frame rate
+is not its packets', and MPEG-TS, whose seek lands after the wanted frame. Real ffmpeg-made clips; every
+clip the reader gives is compared with a full sequential decode of its file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import read_manifest_json, run_repack
+
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg")
+
+SOURCE = ["-f", "lavfi", "-i", "testsrc=duration={seconds}:size=64x64:rate=25", "-c:v", "libx264", "-pix_fmt",
+          "yuv420p", "-g", "25", "-bf", "0"]
+
+
+def ffmpeg(*args) -> None:
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", *map(str, args)], check=True)
+
+
+def encode(path: Path, seconds: int, *extra) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ffmpeg(*[a.format(seconds=seconds) for a in SOURCE], *extra, path)
+    return path
+
+
+def clips_match_a_full_decode(out: Path, length: int) -> int:
+    """Every clip of ``VideoClipDataset(out, length)`` equals the frames of a sequential decode; the clips."""
+    import av
+
+    from pipelines.torch_video import VideoClipDataset
+
+    dataset = VideoClipDataset(out, length, stride=1, step=1)
+    decoded: dict[str, list] = {}
+    for i in range(len(dataset)):
+        video, start = dataset.index[i]
+        path = dataset.paths[video]
+        if path not in decoded:
+            with av.open(path) as container:
+                decoded[path] = [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
+        clip, _ = dataset[i]
+        assert np.array_equal(clip.numpy(), np.stack(decoded[path][start:start + length])), (path, start)
+    return len(dataset)
+
+
+def test_an_edit_list_is_counted_in_the_frames_the_decoder_gives(tmp_path):
+    """`ffmpeg -ss 0.48 -c copy` keeps the GOP before the cut and hides its first 12 frames with an edit
+    list: the manifest counted 75 frames of 63 (clips past the end raised), and a transcode of the same
+    cut (4:4:4) was quarantined as frames_changed."""
+    src = tmp_path / "src"
+    for chroma in ("yuv420p", "yuv444p"):
+        whole = encode(tmp_path / f"whole-{chroma}.mp4", 3, "-pix_fmt", chroma)
+        (src / "e").mkdir(parents=True, exist_ok=True)
+        ffmpeg("-ss", "0.48", "-i", whole, "-c", "copy", src / "e" / f"cut-{chroma}.mp4")
+    out = tmp_path / "out"
+    run_repack("video", src, out, "--probe", "--transcode", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["quarantine"] == [] and [v["frames"] for v in manifest["shards"]] == [63, 63]
+    assert clips_match_a_full_decode(out, 16) == 2 * (63 - 16 + 1)
+
+
+def test_a_fragmented_mp4_cut_short_is_quarantined_as_truncated(tmp_path):
+    """Its last packet ends at the end of the file (no packet points past it) but is flagged corrupt: it
+    was copied (or resampled as vfr) with most of its frames gone and no record."""
+    full = encode(tmp_path / "full.mp4", 4, "-movflags", "frag_keyframe+empty_moov+default_base_moof")
+    src = tmp_path / "src" / "f"
+    src.mkdir(parents=True)
+    (src / "cut.mp4").write_bytes(full.read_bytes()[:full.stat().st_size // 2])
+    encode(src / "whole.mp4", 1)
+    out = tmp_path / "out"
+    run_repack("video", src.parent, out, "--probe", "--transcode", "--quiet")
+    (record,) = read_manifest_json(out)["quarantine"]
+    assert record["source"] == "f/cut.mp4" and record["codes"] == ["truncated"] and "corrupt" in record["reason"]
+
+
+def test_a_header_rate_that_is_not_the_packets_is_transcoded_and_ts_clips_are_read(tmp_path):
+    """A Matroska header saying 30 fps over 25 fps packets was copied: the reader placed frames by the
+    header's rate (every clip wrong or failing); it is transcoded now. An MPEG-TS copy's seek lands after
+    the wanted frame: its clips are decoded from the start instead of failing."""
+    src = tmp_path / "src" / "c"
+    mkv = encode(src / "rate.mkv", 2)
+    data = bytearray(mkv.read_bytes())
+    at = data.find(b"\x23\xe3\x83\x84")  # Matroska DefaultDuration, 4-byte value: 30 fps
+    assert at > 0
+    struct.pack_into(">I", data, at + 4, 33333333)
+    mkv.write_bytes(bytes(data))
+    encode(src / "v.ts", 2, "-f", "mpegts")
+    out = tmp_path / "out"
+    run_repack("video", src.parent, out, "--probe", "--transcode", "--quiet")
+    decisions = {json.loads(line)["source"]: json.loads(line) for line in (out / "probe.jsonl").read_text().splitlines()}
+    assert [r["code"] for r in decisions["c/rate.mkv"]["reasons"]] == ["rate_header_wrong"]
+    assert decisions["c/v.ts"]["decision"] == "ok"
+    assert clips_match_a_full_decode(out, 8) == 2 * (50 - 8 + 1)
