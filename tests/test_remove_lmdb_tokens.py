@@ -36,7 +36,7 @@ def test_lmdb_remove_rewrites_the_database_and_gc_deletes_the_removed_bytes(tmp_
     v2 = read_manifest_json(out)
     assert v2["dataset_version"]["change"]["rewritten"] == {"data.lmdb": "data-v2.lmdb"}
     assert [s["path"] for s in v2["shards"]] == ["data-v2.lmdb"] and v2["totals"]["samples"] == 7
-    assert v2["stats"]["class_counts"] == {"cat": 4, "dog": 3}
+    assert v2["stats"]["class_counts"] == {"cat": 4, "dog": 3} and sum(v2["stats"]["formats"].values()) == 7
     assert lmdb_samples(out) == [s for s in before if s[0] not in gone]  # the others, in order
     assert lmdb_samples(out, version=1) == before  # a reader pinned to version 1 still reads it
     from pipelines.dali_lmdb import dali_lmdb_loader

@@ -39,14 +39,17 @@ def rewrite_lmdb(store, out: Path, current: dict, spec, number: int):
     try:
         with env.begin(buffers=False) as txn:
             meta = json.loads(txn.get(META_KEY))
-            kept, found, removed_classes = [], set(), {}
+            kept, found, removed_classes, removed_formats = [], set(), {}, {}
             for index in range(meta["count"]):
                 raw = txn.get(sample_key(index, "json"))
-                source = json.loads(raw).get("path") if raw is not None else None
+                sample = json.loads(raw) if raw is not None else {}
+                source = sample.get("path")
                 if source not in wanted:
                     kept.append(index)
                     continue
                 found.add(source)
+                if isinstance(sample.get("format"), str):  # the samples' image formats (stats.formats)
+                    removed_formats[sample["format"]] = removed_formats.get(sample["format"], 0) + 1
                 cls = txn.get(sample_key(index, "cls"))
                 name = names_by_index.get(int(cls)) if cls is not None else ""
                 removed_classes[name] = removed_classes.get(name, 0) + 1
@@ -76,7 +79,8 @@ def rewrite_lmdb(store, out: Path, current: dict, spec, number: int):
     os.replace(tmp, target)
     shard = {**entry, "path": name, "samples": len(kept), "bytes": target.stat().st_size,
              "sha256": sha256_file(target)}
-    return Rewrite([shard], frozenset(found), {entry["path"]: name}, removed_classes, {"totals": {"bytes": shard["bytes"]}})
+    return Rewrite([shard], frozenset(found), {entry["path"]: name}, removed_classes, {"totals": {"bytes": shard["bytes"]}},
+                   removed_formats=removed_formats)
 
 
 def _kept_items(env, meta: dict, kept: list[int]):
