@@ -38,6 +38,10 @@ def _differences(by_ffprobe: dict, chosen: dict) -> dict:
     if "profile" in diffs and diffs["profile"][1] is None and str(diffs["profile"][0]).isdigit() \
             and chosen.get("codec") not in ("h264", "hevc"):
         del diffs["profile"]
+    # a packet read short at a cut is flagged corrupt by PyAV's demuxer, never in ffprobe's packet list (the
+    # decision is the same: the cut is seen first by the frames or the duration the container declares)
+    if diffs.get("corrupt_packets", (None,))[0] == 0:
+        del diffs["corrupt_packets"]
     return diffs
 
 

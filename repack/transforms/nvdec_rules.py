@@ -196,9 +196,6 @@ def _reject(info: dict) -> list[dict]:
     nb, packets = info.get("nb_frames"), info.get("packets") or 0
     if info.get("packets_past_eof"):
         return [_r("truncated", f"truncated: {info['packets_past_eof']} packet(s) point past the end of the file")]
-    if info.get("corrupt_packets"):
-        return [_r("truncated", f"truncated or damaged: {info['corrupt_packets']} packet(s) flagged corrupt by the "
-                                "demuxer (a cut fragment)")]
     if nb and packets + (info.get("discarded_packets") or 0) < nb:
         return [_r("truncated", f"truncated: the container declares {nb} frames, only {packets} packets are readable")]
     declared, span = info.get("declared_duration_s"), info.get("span_s")
@@ -207,6 +204,9 @@ def _reject(info: dict) -> list[dict]:
         if declared - span > tolerance + 1e-6:
             return [_r("truncated", f"truncated: the header declares {declared:.3f} s, the packets cover only "
                                     f"{span:.3f} s")]
+    if info.get("corrupt_packets"):  # (PyAV's scan flags it; ffprobe's packet list does not)
+        return [_r("truncated", f"truncated or damaged: {info['corrupt_packets']} packet(s) flagged corrupt by the "
+                                "demuxer (a cut fragment)")]
     if packets < 2:
         return [_r("too_few_frames", f"{packets} video packet(s): not a video")]
     return []

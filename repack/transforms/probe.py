@@ -92,6 +92,8 @@ def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> di
     fragment) is counted as damage."""
     truncated_packets = sum(1 for p in packets if p.get("pos") is not None and p.get("size") is not None
                             and int(p["pos"]) + int(p["size"]) > file_size)
+    # the evidence of a cut where no packet points past the end (a fragment's last one, read short: PyAV
+    # flags it, ffprobe's packet list does not)
     corrupt_packets = sum(1 for p in packets if "C" in (p.get("flags") or ""))
     dropped = ["D" in (p.get("flags") or "") for p in packets]
     all_keys = [i for i, p in enumerate(packets) if "K" in (p.get("flags") or "")]
