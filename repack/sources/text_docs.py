@@ -385,7 +385,7 @@ class ZstdFrames(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         while self._at >= len(self._out):
-            chunk = self._raw.read(1 << 20)
+            chunk = self._raw.read(1 << 16)  # a slice: what it decompresses to is held at once
             if not chunk:
                 if self._in_frame:
                     raise EOFError("zstd: the file ends inside a frame (cut short)")
