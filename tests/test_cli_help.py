@@ -72,9 +72,9 @@ def test_refused_rerun_names_the_differing_options(photo_tree, tmp_path):
 
 def test_merge_lists_only_what_it_uses():
     helptext = run_repack("merge", "--help").stdout.split("Options:")[1]
-    for meaningless in ("--workers", "--strict", "--num-nodes", "--overwrite", "--executor", "--retries"):
+    for meaningless in ("--workers", "--num-nodes", "--overwrite", "--executor", "--retries"):
         assert meaningless not in helptext
-    assert "--json" in helptext and "--quiet" in helptext
+    assert "--json" in helptext and "--quiet" in helptext and "--strict / --no-strict" in helptext
 
 
 def test_video_probe_with_transcode_is_the_full_job(tmp_path):

@@ -35,6 +35,7 @@ output (see ``_run_and_record``) and deleted from it once the group's record is 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import gc
 import hashlib
@@ -279,6 +280,42 @@ class JobLock:
             os.close(fd)
 
 
+STRICT_ASKED = f"{STATE_DIR}/strict-asked"  # a partition ran with --strict: `repack merge` applies it to the dataset
+
+
+@contextlib.contextmanager
+def partition_state_lock(out: Path, store):
+    """Static partitions started together (an indexed Job's pods) check and write the job state one at a time:
+    the first writes job.json and the plan, each later one compares its own with them, so a partition with other
+    options or of another SOURCE is refused instead of mixed in. A flock in OUT's folder (the local scratch of an
+    object store); on an object store the lock object ``.repack/lock-state`` too, waited for (a dead holder's is
+    taken over once stale, ``s3_lock``)."""
+    fd = open_lock_file(state_dir(out) / "lock-state")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not store.remote:
+            yield
+            return
+        from repack.store.s3_lock import stale_after
+
+        deadline = time.monotonic() + stale_after() + 30
+        while True:
+            lock = store.lock("lock-state")
+            try:
+                lock.__enter__()
+                break
+            except JobLockedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
+    finally:
+        os.close(fd)
+
+
 class TaskLock:
     """Exclusive flock on OUT/.repack/tasks/<id>.lock (OUT: the folder the writer writes into, an object
     store's local scratch) while one process writes that task there.
@@ -428,6 +465,7 @@ class Engine:
         self.planned_quarantine = 0  # inputs the plan's scan refused (progress lines count them)
         self.run_id = ""  # this run's token once it holds the lock (run_guard.claim_run), checked by every writer
         self.tasks_ran: dict[str, int] = {}  # the executor's count of tasks by where they ran, if it keeps one
+        self.rerun_unstrict = "re-run without --strict"  # how to publish what --strict refused (merge: --no-strict)
 
     # -- state ---------------------------------------------------------------------------
     def _check_state(self, plan: Plan) -> None:
@@ -623,7 +661,13 @@ class Engine:
             self.planned_quarantine = len(plan.quarantine)
             if not plan.tasks and not plan.quarantine:
                 raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
-            self._check_state(plan)
+            if part:
+                with partition_state_lock(self.out, store):
+                    self._check_state(plan)
+                if opts.strict and store.size(STRICT_ASKED) is None:
+                    store.put_bytes(STRICT_ASKED, b"--strict\n")
+            else:
+                self._check_state(plan)
             digest = plan.digest
             mine = [u for i, u in enumerate(plan.units) if i % opts.num_nodes == opts.node_rank]
             records, chunk_records = self.resume_state(mine, digest)
@@ -719,7 +763,7 @@ class Engine:
         if problem:
             raise StrictModeError(f"--strict: {problem}; no manifest.json was published, so {self.job.store.url} is "
                                   f"not a dataset (the would-be manifest: {manifest_path}; the shards stay for "
-                                  "inspection); re-run without --strict to publish it (nothing is redone)")
+                                  f"inspection); {self.rerun_unstrict} to publish it (nothing is redone)")
 
     def _execute(self, executor, units, todo: list[Task], digest: str, records: dict,
                  chunk_records: dict, texts: list[bytes]) -> list[TaskFailure]:
@@ -881,8 +925,9 @@ def _later_version(store) -> int | None:
     return max((n for n in numbers if n > 1), default=None)
 
 
-def merge(out: str, options: EngineOptions) -> RunResult:
-    """`repack merge`: check every planned task finished (all partitions) and write the manifest."""
+def merge(out: str, options: EngineOptions, strict: bool | None = None) -> RunResult:
+    """`repack merge`: check every planned task finished (all partitions) and write the manifest. ``strict``:
+    --strict or --no-strict; None: --strict when a partition was run with it (``STRICT_ASKED``)."""
     started = time.time()
     store = open_store(str(out))
     state = read_json(store, f"{STATE_DIR}/job.json")
@@ -896,7 +941,11 @@ def merge(out: str, options: EngineOptions) -> RunResult:
         raise UsageError(f"{out} holds no repack job state (.repack/{PLAN_NAME})")
     if plan.digest != state["plan_digest"]:
         raise RepackError(f"{out}: {PLAN_NAME} does not match job.json (plan digest differs)")
+    if strict is None:
+        strict = store.size(STRICT_ASKED) is not None  # a partition was run with --strict: the merged dataset obeys it
+    options = dataclasses.replace(options, strict=strict)
     engine = Engine(job, options)
+    engine.rerun_unstrict = "run `repack merge --no-strict`"
     prepare_out(job.out, store)
     with JobLock(job.out, store=store if store.remote else None):
         later = _later_version(store)

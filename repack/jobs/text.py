@@ -51,7 +51,7 @@ from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BY
                                       preloadable, require_decompressors)
 from repack.sources.columns import name_ends
 from repack.store import is_remote
-from repack.transforms.tokenize import release_free_heap
+from repack.transforms.tokenize import planned_tokenizer_bytes, release_free_heap
 from repack.transforms.tokenizer_threads import TokenizerThreads, use_tokenizer_threads
 
 _FS = ("utf-8", "surrogateescape")
@@ -539,7 +539,7 @@ class TextJob(Job):
         doc_stats, histogram = _token_stats(np.asarray(lengths))
         tok = dict(info["tokenizer"])
         tokenizer_src = Path(tok.pop("path"))
-        atomic_write_bytes(self.out / TOKENIZER_COPY, tokenizer_src.read_bytes())
+        atomic_write_bytes(self.out / TOKENIZER_COPY, planned_tokenizer_bytes(tokenizer_src, tok.get("sha256")))
         documents = sum(pt["documents"] for pt in parts)
         tokens = sum(pt["tokens"] for pt in parts)
         weights = " ".join(f"{e['tokens']} {e['prefix']}" for e in entries)

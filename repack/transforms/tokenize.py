@@ -96,6 +96,20 @@ def load_tokenizer(path: str | os.PathLike, expected_sha256: str | None = None):
     return _CACHE[sha], sha
 
 
+def planned_tokenizer_bytes(path: str | os.PathLike, expected_sha256: str | None) -> bytes:
+    """The tokenizer file's bytes, refused unless their sha256 is the planned one: the copy a dataset keeps beside
+    its tokens is the tokenizer they were made with (a merge may run long after, on another node)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--tokenizer {str(path)!r}: cannot read it ({exc.strerror})") from None
+    sha = hashlib.sha256(data).hexdigest()
+    if expected_sha256 and sha != expected_sha256:
+        raise UsageError(f"{path}: the tokenizer changed since the job was planned (sha256 {sha[:12]}..., planned "
+                         f"{expected_sha256[:12]}...); put the planned tokenizer back at that path to finish the job")
+    return data
+
+
 def _smaller_cache(tokenizer) -> None:
     """Cap a BPE model's cache of merged words at BPE_CACHE_WORDS (the same ids; other models: nothing). Each
     forked worker fills its own copy of the cache: on 16 cores, 500,000 files, the tree's summed PSS
