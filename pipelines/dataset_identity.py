@@ -15,8 +15,10 @@ Stdlib only; reads manifests through ``pipelines.manifest_access`` (folders and 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from typing import Callable, Iterator
 
 from repack.manifest import Manifest, ManifestError
 from repack.manifest.versions import number_of
@@ -68,3 +70,16 @@ def resolve(saved: dict | None, mine: dict, root: str, what: str) -> int | None:
                          f"{saved['version']} here holds other shards ({describe(kept)}); the reader reads "
                          f"{describe(mine)}: not this dataset's state")
     return int(saved["version"])
+
+
+@contextlib.contextmanager
+def kept_on_refusal(reopen: Callable[[int], None], mine: dict, switched: bool) -> Iterator[None]:
+    """Around a state's checks after its dataset version was re-opened (``switched``): a refused state (ValueError)
+    re-opens the version the reader was on (``mine``: its identity), so a caller that catches the refusal and
+    starts fresh reads the dataset it built, not the state's older version."""
+    try:
+        yield
+    except ValueError:
+        if switched and mine.get("version") is not None:
+            reopen(int(mine["version"]))
+        raise

@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-from pipelines.dataset_identity import resolve
+from pipelines.dataset_identity import kept_on_refusal, resolve
 from pipelines.sample_order import continued_epoch
 
 STATE_VERSION = 1
@@ -175,14 +175,32 @@ class OrderPosition:
     def load_state_dict(self, state: dict, resize=None) -> None:
         """Continue from ``state``; ``resize()`` gives the size after the dataset re-opened another version."""
         check_state(state, self.kind)
+        version, mine = None, {}
         if self.dataset is not None:
+            mine = dict(self.dataset.dataset)
             version = resolve(state.get("dataset"), self.dataset.dataset, self.dataset.root, self.kind)
-            if version is not None:
-                self.dataset.use_version(version)
-                self.size = resize() if resize is not None else len(self.dataset)
         elif state.get("dataset") is not None:
             raise ValueError(f"this {self.kind} state was taken on version {state['dataset']['version']} of its "
                              f"dataset; build the sampler with dataset= so it checks (and re-opens) that version")
+
+        def reopen(number: int) -> None:
+            self.dataset.use_version(number)
+            self.size = resize() if resize is not None else len(self.dataset)
+
+        if version is not None:
+            reopen(version)
+        with kept_on_refusal(reopen, mine, version is not None):
+            self._check_loaded(state)
+        self.epoch = int(state["epoch"])
+        self.history = [dict(s) for s in state["history"]]
+        self.yielded = self._resume_at = int(state["yielded"])
+        self._finished = False
+        self._loaded = True
+        if self.chosen is not None:  # set_epoch came first (a StatefulDataLoader loads when it starts)
+            self.set_epoch(self.chosen)
+
+    def _check_loaded(self, state: dict) -> None:
+        """ValueError unless ``state`` is of this sampler's seed, size, ordering options, rank and world size."""
         for key, mine in (("seed", self.seed), ("size", self.size)):
             if int(state[key]) != mine:
                 raise ValueError(f"{self.kind} state was saved with {key} {state[key]}, this one has {mine}")
@@ -195,13 +213,6 @@ class OrderPosition:
         if state["world_size"] is not None and (state["rank"], state["world_size"]) != (self.rank, self.world_size):
             raise ValueError(f"{self.kind} state of rank {state['rank']} of {state['world_size']} loaded into rank "
                              f"{self.rank} of {self.world_size}: fold the ranks' states with elastic_state() first")
-        self.epoch = int(state["epoch"])
-        self.history = [dict(s) for s in state["history"]]
-        self.yielded = self._resume_at = int(state["yielded"])
-        self._finished = False
-        self._loaded = True
-        if self.chosen is not None:  # set_epoch came first (a StatefulDataLoader loads when it starts)
-            self.set_epoch(self.chosen)
 
 
 class ResumableSampler(Sampler[int]):
@@ -316,9 +327,11 @@ class MapDatasetState:
         """Continue on the state's dataset version: this one, or a kept older one (re-opened here)."""
         check_state(state, type(self).__name__)
         version = resolve(state.get("dataset"), self.dataset, str(self.root), type(self).__name__)
+        mine = dict(self.dataset)
         if version is not None:
             self.use_version(version)
-        if int(state["samples"]) != len(self):
-            raise ValueError(f"{type(self).__name__} state of a dataset of {state['samples']} samples loaded "
-                             f"into one of {len(self)}")
+        with kept_on_refusal(self.use_version, mine, version is not None):
+            if int(state["samples"]) != len(self):
+                raise ValueError(f"{type(self).__name__} state of a dataset of {state['samples']} samples loaded "
+                                 f"into one of {len(self)}")
         self.epoch = int(state["epoch"])

@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from pipelines import object_store
-from pipelines.dataset_identity import identity, resolve
+from pipelines.dataset_identity import identity, kept_on_refusal, resolve
 from pipelines.manifest_access import open_manifest
 from pipelines.sample_order import continued_epoch
 from pipelines.sampler_resume import STATE_VERSION, MapDatasetState, OrderPosition, check_state, global_order
@@ -294,10 +294,18 @@ class PackedTokenDataset(Dataset):
         ``set_epoch``; a state whose epoch differs from the chosen one is refused here."""
         check_state(state, type(self).__name__)
         version = resolve(state.get("dataset"), self.dataset, self.root, type(self).__name__)
+        mine = dict(self.dataset)
+        with kept_on_refusal(self.use_version, mine, version is not None):
+            self._check_loaded(state, version)
+        self.set_epoch(int(state["epoch"]))
+
+    def _check_loaded(self, state: dict, version: int | None) -> None:
+        """Re-open ``version`` (the state's, when not this one); ValueError unless ``state`` is of this reader's
+        window count, epoch, options, rank and world size."""
         if version is not None:
             sized = self.per_rank
             self.use_version(version)
-            if self.shuffle and self.per_rank != sized:  # the loader's own sampler counted the other version
+            if self.per_rank != sized:  # the loader's sampler (its own, or one built on len()) counted the other
                 raise ValueError(f"{self.root}: this PackedTokenDataset state was taken on version {version} "
                                  f"({self.per_rank} windows per rank), the reader was built on version "
                                  f"{self.data_built_version} ({sized}); the loader's sampler was sized for that: "
@@ -314,7 +322,6 @@ class PackedTokenDataset(Dataset):
             if state[key] != mine[key]:
                 raise ValueError(f"{self.data.root}: PackedTokenDataset state has {key} {state[key]!r}, "
                                  f"this dataset {mine[key]!r}")
-        self.set_epoch(int(state["epoch"]))
 
     def __getitem__(self, index: int) -> torch.Tensor:
         if not 0 <= index < self.per_rank:

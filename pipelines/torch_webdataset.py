@@ -382,8 +382,18 @@ class ImageShardDataset(IterableDataset):
         reader re-opens it) while it is kept; else a ValueError names both. Sets the epoch to the
         state's unless ``set_epoch`` chose one (``sample_order.continued_epoch``)."""
         version = dataset_identity.resolve(state.get("dataset"), self.dataset, self.root, type(self).__name__)
+        mine = dict(self.dataset)
         if version is not None:
             self._open(version)
+        with dataset_identity.kept_on_refusal(self._open, mine, version is not None):
+            self._check_loaded(state)
+        self._pending = json.loads(json.dumps(state))
+        self._cursor = None
+        if not bool(self._epoch_chosen):
+            self._epoch.fill_(int(state["epoch"]))
+
+    def _check_loaded(self, state: dict) -> None:
+        """ValueError unless ``state`` is of this reader's options, size, rank and world size."""
         expect = {"kind": type(self).__name__, "version": STATE_VERSION, "seed": self.seed,
                   "shuffle": self.shuffle, "window": self.shuffle_buffer, "samples": self.total_samples,
                   "rank": self.rank, "world_size": self.world_size}
@@ -394,10 +404,6 @@ class ImageShardDataset(IterableDataset):
             detail = ", ".join(f"{k}: state {got!r}, dataset {want!r}" for k, (got, want) in wrong.items())
             raise ValueError(f"{self.root}: this state is not one of this dataset's ({detail}); "
                              "for another world size use pipelines.resume")
-        self._pending = json.loads(json.dumps(state))
-        self._cursor = None
-        if not bool(self._epoch_chosen):
-            self._epoch.fill_(int(state["epoch"]))
 
     def _start(self) -> _Cursor:
         """The cursor of a new iterator: from the loaded state when it is of the current epoch."""
