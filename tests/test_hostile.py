@@ -588,3 +588,24 @@ def test_png_filter_bytes_checked_on_every_row_of_a_tall_image(bad_row):
     else:
         with pytest.raises(BadImage, match="1 row\\(s\\) with an invalid filter type"):
             inspect_image(png, "decode")
+
+
+def test_cut_gifs_and_a_cut_jpeg_with_a_thumbnail_are_truncated_at_every_check_level():
+    """--verify header's trailer check: the file must end as a whole one does (a cut GIF almost always holds a
+    ';' byte, a cut small JPEG its thumbnail's end marker); --verify decode decodes every frame of an animation."""
+    rng = np.random.default_rng(3)
+    noise = lambda size: Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))  # noqa: E731
+    still, anim, jpeg, thumb = io.BytesIO(), io.BytesIO(), io.BytesIO(), io.BytesIO()
+    noise(64).save(still, format="GIF")
+    frames = [noise(64) for _ in range(4)]
+    frames[0].save(anim, format="GIF", save_all=True, append_images=frames[1:])
+    Image.new("RGB", (16, 16), (5, 5, 5)).save(thumb, "JPEG")
+    noise(48).save(jpeg, "JPEG", quality=90)
+    app1 = b"\xff\xe1" + (len(thumb.getvalue()) + 8).to_bytes(2, "big") + b"Exif\0\0" + thumb.getvalue()
+    with_thumb = jpeg.getvalue()[:2] + app1 + jpeg.getvalue()[2:]
+    for whole, cut_at in ((still.getvalue(), 0.6), (anim.getvalue(), 0.8), (with_thumb, 0.8)):
+        for level in ("header", "decode"):
+            assert inspect_image(whole, level).width in (48, 64)
+            with pytest.raises(BadImage):
+                inspect_image(whole[:int(len(whole) * cut_at)], level)
+    assert inspect_image(anim.getvalue() + b"\0\0", "header").ext == "gif"  # zero padding after the trailer

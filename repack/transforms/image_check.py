@@ -2,7 +2,7 @@
 
 Levels:
   none    detect the type from magic bytes and read the header (dimensions for metadata)
-  header  + a trailer check (JPEG EOI, PNG IEND, GIF trailer): catches truncation cheaply
+  header  + a trailer check (a JPEG EOI after its last scan, PNG IEND, a GIF ending with its trailer): catches truncation cheaply
   decode  + proof that the whole image decodes, in bounded memory whatever ``max_pixels``:
           JPEG: a full libjpeg-turbo decode (simplejpeg) in strict mode, so libjpeg's
           "corrupt data" warnings (a truncated stream given a fake end marker, a premature
@@ -94,13 +94,15 @@ def detect_type(data: bytes) -> str | None:
 
 
 def _has_trailer(ext: str, data: bytes) -> bool:
-    tail = data[-4096:]
+    """The file ends as a whole one does. JPEG: an end marker after the last start-of-scan (an EXIF thumbnail's
+    end marker comes before it; entropy-coded bytes never hold 0xFFDA nor 0xFFD9). PNG: an IEND chunk near the
+    end. GIF: its trailer byte last (zero padding after it allowed)."""
     if ext == "jpg":
-        return b"\xff\xd9" in tail
+        return data.rfind(b"\xff\xd9", len(data) - 4096 if len(data) > 4096 else 0) > data.rfind(b"\xff\xda")
     if ext == "png":
-        return b"IEND" in tail
+        return b"IEND" in data[-4096:]
     if ext == "gif":
-        return b";" in tail
+        return data.rstrip(b"\0").endswith(b";")
     return True
 
 
@@ -228,6 +230,11 @@ def verify_decodes(ext: str, data: bytes, image: PILImage.Image) -> None:
             raise BadImage(f"{ext.upper()} of {image.size[0]}x{image.size[1]} needs {need} bytes to decode, over "
                            f"the {DECODE_MEMORY_CAP}-byte decode cap (use --verify header)")
         image.load()
+        for frame in range(1, getattr(image, "n_frames", 1)):  # an animation: every frame (a cut one fails here)
+            image.seek(frame)
+            image.load()
+        if getattr(image, "n_frames", 1) > 1:
+            image.seek(0)
 
 
 def _verify_jpeg(data: bytes, width: int, height: int, mode: str) -> None:
