@@ -609,3 +609,33 @@ def test_cut_gifs_and_a_cut_jpeg_with_a_thumbnail_are_truncated_at_every_check_l
             with pytest.raises(BadImage):
                 inspect_image(whole[:int(len(whole) * cut_at)], level)
     assert inspect_image(anim.getvalue() + b"\0\0", "header").ext == "gif"  # zero padding after the trailer
+
+
+def test_a_folder_nested_deeper_than_the_walk_goes_is_quarantined_not_a_crash(tmp_path):
+    """600 levels (a 1,230-byte path, under PATH_MAX): the walk recursed per level and died with RecursionError
+    (exit 1, no manifest); the folder past MAX_DEPTH is quarantined by name and the rest packed."""
+    from repack.sources.walk import MAX_DEPTH
+
+    src = tmp_path / "src"
+    (src / "cls").mkdir(parents=True)
+    (src / "cls" / "shallow.jpg").write_bytes(jpeg_bytes(seed=1))
+    deep = src / "cls"
+    fd = os.open(deep, os.O_RDONLY)
+    try:
+        for _ in range(600):  # relative to an open folder: no path grows past PATH_MAX on the way
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        with open(os.open("deep.jpg", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as fh:
+            fh.write(jpeg_bytes(seed=2))
+    finally:
+        os.close(fd)
+    for workers in ("1", "2"):
+        out = tmp_path / f"out{workers}"
+        run_repack("images", src, out, "--workers", workers, "--quiet")
+        manifest = read_manifest_json(out)
+        assert manifest["totals"]["samples"] == 1
+        [record] = manifest["quarantine"]
+        assert record["source"] == "cls/" + "/".join(["d"] * MAX_DEPTH)
+        assert f"nested over {MAX_DEPTH} levels" in record["reason"]

@@ -25,6 +25,7 @@ from repack.sources.scan_pool import scan_pool, start_method
 JUNK_NAMES = frozenset({"Thumbs.db", "thumbs.db", "desktop.ini", "Desktop.ini", "@eaDir", "__MACOSX",
                         "lost+found", "$RECYCLE.BIN", "System Volume Information"})
 PARALLEL_MIN_FOLDERS = 8  # top-level folders from which the scan runs on a process pool
+MAX_DEPTH = 256  # folder levels below the root walked; a deeper folder is quarantined (the walk recurses per level)
 
 
 def is_junk(name: str) -> bool:
@@ -122,6 +123,10 @@ def _walk_open(conf: Confinement, folder: str, fd: int, rel_folder: str, ancesto
             ident = (checked.st.st_dev, checked.st.st_ino)
             if ident in ancestors:
                 found.quarantine.append(quarantine_record(rel, "symlink loop (folder already being scanned)"))
+                continue
+            if len(ancestors) > MAX_DEPTH:
+                found.quarantine.append(quarantine_record(rel, f"folder nested over {MAX_DEPTH} levels below SOURCE "
+                                                               "(not walked)"))
                 continue
             if not rel_folder:
                 found.top_dirs.append(name)
