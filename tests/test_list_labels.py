@@ -67,3 +67,38 @@ def test_a_list_saved_with_a_byte_order_mark_reads_its_header(tmp_path):
     run_repack("images", tmp_path / "list.csv", tmp_path / "out", "--list", "--quiet")
     manifest = read_manifest_json(tmp_path / "out")
     assert manifest["totals"]["samples"] == 1 and manifest["classes"] == {"cat": 0}
+
+
+def test_integer_list_labels_keep_their_values_and_non_scalar_labels_are_quarantined(tmp_path):
+    """JSON integers (and "2", "10" in a CSV) are class indices, as --from webdataset/parquet keep them: sorted as
+    text they became other indices ("10" < "2"); a list, object or boolean label is quarantined by name."""
+    import tarfile
+
+    (tmp_path / "imgs").mkdir()
+    labels = [0, 1, 2, 10, 11, 3]
+    for i in range(len(labels) + 3):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(jpeg_bytes(seed=i))
+    odd = [["x"], {"k": 1}, True]
+    for kind in ("csv", "jsonl"):
+        listing = tmp_path / f"list.{kind}"
+        if kind == "csv":
+            listing.write_text("path,label\n" + "".join(f"imgs/{i}.jpg,{label}\n" for i, label in enumerate(labels)))
+        else:
+            rows = [{"path": f"imgs/{i}.jpg", "label": label} for i, label in enumerate(labels + odd)]
+            listing.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        out = tmp_path / f"out-{kind}"
+        run_repack("images", listing, out, "--list", "--quiet")
+        m = read_manifest_json(out)
+        assert m["classes"] == {str(label): label for label in labels}
+        got = {}
+        for shard in m["shards"]:
+            with tarfile.open(out / shard["path"]) as tar:
+                for member in tar.getmembers():
+                    if member.name.endswith(".cls"):
+                        meta = json.loads(tar.extractfile(member.name[:-4] + ".json").read())
+                        got[meta["path"]] = int(tar.extractfile(member).read())
+        assert got == {f"imgs/{i}.jpg": label for i, label in enumerate(labels)}
+        reasons = {q["source"]: q["reason"] for q in m["quarantine"]}
+        if kind == "jsonl":
+            assert sorted(reasons) == [f"imgs/{i}.jpg" for i in range(6, 9)]
+            assert all("is not a string or an integer" in reason for reason in reasons.values())

@@ -17,6 +17,7 @@ import os
 
 from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, alias_reason, clean_label, quarantine_record, sort_key
+from repack.sources.tar_shards import bound_index_labels, numeric_class_index
 from repack.sources.confine import Confinement
 
 LABEL_COLUMNS = ("label", "class", "cls")
@@ -78,8 +79,12 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
         if not isinstance(rel, str) or not rel or "\x00" in rel:
             quarantine.append(quarantine_record(f"{name}:{lineno}", "row has no usable path"))
             continue
-        label = next((clean_label(row[c]) for c in LABEL_COLUMNS if clean_label(row.get(c)) is not None), None)
-        rows.append((rel, lineno, label))
+        raw = next((row[c] for c in LABEL_COLUMNS if clean_label(row.get(c)) is not None), None)
+        if raw is not None and (isinstance(raw, bool) or not isinstance(raw, (str, int))):  # a JSON list, object...
+            quarantine.append(quarantine_record(rel, f"label {json.dumps(raw)[:60]} is not a string or an integer "
+                                                     f"({name}:{lineno})"))
+            continue
+        rows.append((rel, lineno, clean_label(raw)))
     rows.sort(key=lambda r: (sort_key(r[0]), r[1]))
     labeled = any(label is not None for _, _, label in rows)
     items: list[InputItem] = []
@@ -107,4 +112,8 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
         seen.add(checked.real)
         read_as[ident] = rel
         items.append(InputItem.from_stat(checked.real, rel, label, checked.st))
-    return Scan(tuple(items), tuple(quarantine), labeled)
+    # labels that are all class indices (JSON integers, or "2" and "10" in a CSV) keep their values, as a converted
+    # source's do; else they are names, indexed in sorted order
+    items = bound_index_labels(items, quarantine)
+    labels = {item.label for item in items} | {q["label"] for q in quarantine if q.get("label") is not None}
+    return Scan(tuple(items), tuple(quarantine), labeled, class_index=numeric_class_index(labels - {None}))
