@@ -127,12 +127,16 @@ def content_sha256(item: InputItem) -> str | None:
         return None
 
 
-def find_duplicates(items: list[InputItem]) -> list[tuple[str, list[int]]]:
-    """(sha256, positions) of inputs with equal content, positions sorted; ordered by first position."""
+def find_duplicates(items: list[InputItem], hashed: dict[int, str | None] | None = None
+                    ) -> list[tuple[str, list[int]]]:
+    """(sha256, positions) of inputs with equal content, positions sorted; ordered by first position.
+    ``hashed``: filled with position -> sha256 (None: unreadable) of every input read here."""
     sizes = items.sizes if hasattr(items, "sizes") else np.array([item.size for item in items], dtype=np.int64)
     candidates = np.flatnonzero(size_collision_mask(sizes)).tolist()
     with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
         digests = list(pool.map(lambda p: content_sha256(items[p]), candidates))
+    if hashed is not None:
+        hashed.update(zip(candidates, digests))
     groups: dict[str, list[int]] = {}
     for position, digest in zip(candidates, digests):
         if digest is not None:
@@ -140,10 +144,12 @@ def find_duplicates(items: list[InputItem]) -> list[tuple[str, list[int]]]:
     return sorted(((d, g) for d, g in groups.items() if len(g) > 1), key=lambda dg: dg[1][0])
 
 
-def held_copies(items, known, skip: set[int]) -> dict[int, tuple[str, str]]:
+def held_copies(items, known, skip: set[int], hashed: dict[int, str | None] | None = None
+                ) -> dict[int, tuple[str, str]]:
     """--append --dedup: position -> (sha256, the dataset's source of that content) of each of ``items`` (new
     inputs; not ``skip``) whose content a sample of ``known`` (the dataset's record) holds. Only rows of the
-    record whose size a new input has are read for their digests (``InputColumns.digested``' rows)."""
+    record whose size a new input has are read for their digests (``InputColumns.digested``' rows), and only
+    new inputs of a size such a sample has are hashed (``hashed``: digests ``find_duplicates`` read already)."""
     from repack.lifecycle.input_columns import decode_names
 
     sizes = items.sizes if hasattr(items, "sizes") else np.array([item.size for item in items], dtype=np.int64)
@@ -156,8 +162,10 @@ def held_copies(items, known, skip: set[int]) -> dict[int, tuple[str, str]]:
     digests = np.ascontiguousarray(known.sha256[rows]).view("S32").ravel()
     order = np.argsort(digests)
     digests, rows = digests[order], rows[order]
+    new = [p for p, same_size in zip(new, np.isin(sizes[new], known.size[rows]).tolist()) if same_size]
+    hashed = hashed or {}
     with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
-        found = list(pool.map(lambda p: content_sha256(items[p]), new))
+        found = list(pool.map(lambda p: hashed[p] if p in hashed else content_sha256(items[p]), new))
     held: dict[int, tuple[str, str]] = {}
     for position, digest in zip(new, found):
         if digest is None:
@@ -375,11 +383,12 @@ class ImagesJob(Job):
         inputs_total = len(items) + len(scan.quarantine)
         dup_groups: list[dict] = []
         if spec.dedup:
-            groups = find_duplicates(items)
+            hashed: dict[int, str | None] = {}
+            groups = find_duplicates(items, hashed)
             dup_groups = [{"sha256": digest, "paths": [items[p].rel for p in g]} for digest, g in groups]
             drop = {p for _, g in groups for p in g[1:]}
             if spec.known_inputs:  # --append: a copy of a sample the dataset holds is a duplicate too
-                held = held_copies(items, load_known(spec.known_inputs), drop)
+                held = held_copies(items, load_known(spec.known_inputs), drop, hashed)
                 dup_groups += [{"sha256": digest, "paths": [rel, items[p].rel]} for p, (digest, rel) in held.items()]
                 drop |= set(held)
             if drop:
