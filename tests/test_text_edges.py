@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_manifest_json, run_repack
+from tests.conftest import ROOT, read_manifest_json, run_repack
 from tests.test_text import spec_read
 from tests.tools.text import gpt2_tokenizer, write_tokenizer
 
@@ -105,3 +105,54 @@ def test_a_file_that_gave_no_document_is_planned_again_by_append_once_fixed(gpt2
     assert [q["source"] for q in manifest["quarantine"]] == ["mixed.txt"]
     assert sorted(map(tuple, manifest["ids"])) == sorted(map(tuple, expected(
         gpt2, "good one", "good two", "fine", "first", "second", "mended")))
+
+
+def test_a_zst_cut_anywhere_raises_and_a_whole_one_reads_back():
+    """ZstdFrames follows the frame layout (skippable frames, checksums, RLE and raw blocks, frames without a
+    content size): every cut inside a frame is an EOFError, a cut between frames is a whole shorter file."""
+    import io
+    import os
+
+    import zstandard
+
+    from repack.sources.text_docs import ZstdFrames
+
+    compress = zstandard.ZstdCompressor
+    streamed = compress().compressobj()
+    noise = os.urandom(200_000)
+    contents = [b"a" * 300_000, b"", noise, b"line\n" * 50_000]
+    frames = [compress(write_checksum=True).compress(contents[0]),  # RLE blocks
+              b"\x50\x2a\x4d\x18" + (5).to_bytes(4, "little") + b"skip!",
+              compress().compress(noise),  # raw blocks
+              streamed.compress(contents[3]) + streamed.flush()]  # no content size
+    data = b"".join(frames)
+    ends = {sum(map(len, frames[:k])): b"".join(contents[:k]) for k in range(len(frames) + 1)}
+    for at in sorted(set(range(0, len(data), 997)) | set(ends) | {len(data) - 1, len(data) - 4}):
+        reader = io.BufferedReader(ZstdFrames(io.BytesIO(data[:at]), zstandard), 1 << 16)
+        if at in ends:
+            assert reader.read() == ends[at]
+        else:
+            with pytest.raises(EOFError):
+                reader.read()
+
+
+def test_a_zst_of_very_repetitive_text_is_read_in_bounded_memory(tmp_path):
+    """400 MB of text in a 0.2 MB .zst: read line by line, the process grows by a few MB (zstandard's stream
+    reader), not by what a compressed slice expands to (hundreds of MB at once before)."""
+    import subprocess
+    import sys
+
+    import zstandard
+
+    path = tmp_path / "same.zst"
+    path.write_bytes(zstandard.ZstdCompressor(level=3).compress(b"the same line again\n" * 20_000_000))
+    code = ("import io, re, zstandard\nfrom repack.sources.text_docs import ZstdFrames\n"
+            "peak = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+            "open('/proc/self/clear_refs', 'w').write('5')\n"  # the peak so far (a forked parent's) reset
+            "before = peak()\n"
+            f"lines = sum(1 for _ in io.BufferedReader(ZstdFrames(open({str(path)!r}, 'rb'), zstandard), 1 << 20))\n"
+            "print(lines, peak() - before)")
+    lines, grown_kb = map(int, subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                              check=True).stdout.split())
+    assert lines == 20_000_000
+    assert grown_kb < 64 * 1024, f"grew by {grown_kb} KB"

@@ -371,40 +371,113 @@ def _open_stream(segment: Segment, data: bytes | OSError | None = None) -> Itera
 
 
 class ZstdFrames(io.RawIOBase):
-    """The bytes of a .zst file's frames, one after the other; EOFError where the file ends inside a frame
-    (a cut file: zstandard's ``stream_reader`` ends there as if the file were whole, and the lines read so far
-    would be taken for all of it; ``gzip`` raises EOFError the same way)."""
+    """The bytes of a .zst file's frames, one after the other, decompressed a read at a time (zstandard's
+    ``stream_reader``: bounded memory however well the text compresses); EOFError where the file ends inside a
+    frame (a cut file: the stream reader ends there as if the file were whole, and the lines read so far would be
+    taken for all of it; ``gzip`` raises EOFError the same way). The compressed bytes' frame layout is followed
+    as they are read (``ZstdLayout``)."""
 
     def __init__(self, raw: BinaryIO, zstandard) -> None:
-        self._raw, self._new = raw, zstandard.ZstdDecompressor().decompressobj
-        self._frame, self._in_frame = self._new(), False
-        self._out, self._at = b"", 0
+        self._layout = ZstdLayout()
+        self._reader = zstandard.ZstdDecompressor().stream_reader(_Followed(raw, self._layout),
+                                                                   read_across_frames=True, closefd=False)
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while self._at >= len(self._out):
-            chunk = self._raw.read(1 << 16)  # a slice: what it decompresses to is held at once
-            if not chunk:
-                if self._in_frame:
-                    raise EOFError("zstd: the file ends inside a frame (cut short)")
-                return 0
-            self._out, self._at = self._decompress(chunk), 0
-        count = min(len(buffer), len(self._out) - self._at)
-        buffer[:count] = self._out[self._at:self._at + count]
-        self._at += count
+        count = self._reader.readinto(buffer)
+        if not count and not self._layout.whole():
+            raise EOFError("zstd: the file ends inside a frame (cut short)")
         return count
 
-    def _decompress(self, chunk: bytes) -> bytes:
-        pieces = []
-        while chunk:
-            if self._frame.eof:  # the frame before ended: the next one starts in what it did not use
-                self._frame = self._new()
-            pieces.append(self._frame.decompress(chunk))
-            self._in_frame = not self._frame.eof
-            chunk = self._frame.unused_data if self._frame.eof else b""
-        return b"".join(pieces)
+
+class _Followed:
+    """A binary file whose bytes, as read, are fed to a ``ZstdLayout``."""
+
+    def __init__(self, raw: BinaryIO, layout: "ZstdLayout") -> None:
+        self._raw, self._layout = raw, layout
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._raw.read(size)
+        self._layout.feed(chunk)
+        return chunk
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+_SKIPPABLE = range(0x184D2A50, 0x184D2A60)
+_DICT_ID_BYTES = (0, 1, 2, 4)
+
+
+class ZstdLayout:
+    """The zstd frame format (RFC 8878) followed over a stream of compressed bytes: frame and block headers
+    parsed, block bodies and skippable frames counted past, never held. ``whole()``: the bytes fed so far end
+    where a frame ends. A layout it cannot follow (not a frame's magic, a reserved block type) stops it: the
+    decompressor names that error."""
+
+    def __init__(self) -> None:
+        self._held, self._skip, self._need, self._step = b"", 0, 4, self._magic
+        self._checksum = False
+
+    def feed(self, chunk: bytes) -> None:
+        at, end = 0, len(chunk)
+        while at < end and self._step is not None:
+            if self._skip:
+                passed = min(self._skip, end - at)
+                self._skip -= passed
+                at += passed
+                continue
+            take = min(self._need - len(self._held), end - at)
+            self._held += chunk[at:at + take]
+            at += take
+            if len(self._held) == self._need:
+                held, self._held = self._held, b""
+                self._step(held)
+
+    def whole(self) -> bool:
+        return self._step is None or (self._step == self._magic and not self._held and not self._skip)
+
+    def _next(self, need: int, step) -> None:
+        self._need, self._step = need, step
+
+    def _magic(self, held: bytes) -> None:
+        magic = int.from_bytes(held, "little")
+        if magic == _ZSTD_MAGIC:
+            self._next(1, self._descriptor)
+        elif magic in _SKIPPABLE:
+            self._next(4, self._skippable)
+        else:
+            self._step = None
+
+    def _skippable(self, held: bytes) -> None:
+        self._skip = int.from_bytes(held, "little")
+        self._next(4, self._magic)
+
+    def _descriptor(self, held: bytes) -> None:
+        fhd = held[0]
+        single_segment = bool(fhd & 0x20)
+        self._checksum = bool(fhd & 0x04)
+        content_size = (1 if single_segment else 0, 2, 4, 8)[fhd >> 6]
+        rest = (0 if single_segment else 1) + _DICT_ID_BYTES[fhd & 3] + content_size
+        self._next(rest, self._header_rest) if rest else self._next(3, self._block)
+
+    def _header_rest(self, held: bytes) -> None:
+        self._next(3, self._block)
+
+    def _block(self, held: bytes) -> None:
+        header = int.from_bytes(held, "little")
+        kind, size = (header >> 1) & 3, header >> 3
+        if kind == 3:  # reserved
+            self._step = None
+            return
+        self._skip = 1 if kind == 1 else size  # an RLE block's body is its one byte
+        if not header & 1:
+            self._next(3, self._block)
+        else:
+            self._next(4, self._magic if not self._checksum else self._frame_checksum)
+
+    def _frame_checksum(self, held: bytes) -> None:
+        self._next(4, self._magic)
 
 
 def require_decompressors(inputs: TextInputs) -> None:
