@@ -13,6 +13,7 @@ would turn into a forkserver's start.
 from __future__ import annotations
 
 import fcntl
+import gc
 import multiprocessing
 import os
 import struct
@@ -63,6 +64,7 @@ def start_child(produce: Callable[[], Sequence], failed: bytes) -> tuple[int, in
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
+        gc.freeze()  # inherited objects are never collected here (a finalizer needing the parent's threads hangs)
         os.close(read_end)
         status = 1
         try:

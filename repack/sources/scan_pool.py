@@ -10,6 +10,7 @@ cores, 50,000 tiny files planned in ~10 s under Ray against ~3 s on the local po
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
@@ -82,4 +83,7 @@ def scan_pool(workers: int, tasks: int, min_tasks: int, module: str) -> ProcessP
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         context.set_forkserver_preload([module])  # a no-op once this process's server runs
-    return ProcessPoolExecutor(min(workers, tasks), mp_context=context)
+    # a forked worker never collects what it inherited: an object whose finalizer needs the parent's threads (a
+    # DALI pipeline left for the garbage collector by the caller) would hang the walk there
+    return ProcessPoolExecutor(min(workers, tasks), mp_context=context,
+                               initializer=gc.freeze if method == "fork" else None)
