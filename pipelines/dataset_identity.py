@@ -73,13 +73,15 @@ def resolve(saved: dict | None, mine: dict, root: str, what: str) -> int | None:
 
 
 @contextlib.contextmanager
-def kept_on_refusal(reopen: Callable[[int], None], mine: dict, switched: bool) -> Iterator[None]:
-    """Around a state's checks after its dataset version was re-opened (``switched``): a refused state (ValueError)
-    re-opens the version the reader was on (``mine``: its identity), so a caller that catches the refusal and
-    starts fresh reads the dataset it built, not the state's older version."""
+def on_version(reopen: Callable[[int], None], mine: dict, version: int | None) -> Iterator[None]:
+    """Around a state's checks: the reader re-opened at the state's ``version`` (``resolve``; None: it is on it
+    already), and, where a check refuses the state (ValueError), re-opened at the version it was on (``mine``:
+    its identity), so a caller that catches the refusal and starts fresh reads the dataset it built."""
+    if version is not None:
+        reopen(version)
     try:
         yield
     except ValueError:
-        if switched and mine.get("version") is not None:
+        if version is not None and mine.get("version") is not None:
             reopen(int(mine["version"]))
         raise

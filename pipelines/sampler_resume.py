@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-from pipelines.dataset_identity import kept_on_refusal, resolve
+from pipelines.dataset_identity import on_version, resolve
 from pipelines.sample_order import continued_epoch
 
 STATE_VERSION = 1
@@ -187,9 +187,7 @@ class OrderPosition:
             self.dataset.use_version(number)
             self.size = resize() if resize is not None else len(self.dataset)
 
-        if version is not None:
-            reopen(version)
-        with kept_on_refusal(reopen, mine, version is not None):
+        with on_version(reopen, mine, version):
             self._check_loaded(state)
         self.epoch = int(state["epoch"])
         self.history = [dict(s) for s in state["history"]]
@@ -327,10 +325,7 @@ class MapDatasetState:
         """Continue on the state's dataset version: this one, or a kept older one (re-opened here)."""
         check_state(state, type(self).__name__)
         version = resolve(state.get("dataset"), self.dataset, str(self.root), type(self).__name__)
-        mine = dict(self.dataset)
-        if version is not None:
-            self.use_version(version)
-        with kept_on_refusal(self.use_version, mine, version is not None):
+        with on_version(self.use_version, dict(self.dataset), version):
             if int(state["samples"]) != len(self):
                 raise ValueError(f"{type(self).__name__} state of a dataset of {state['samples']} samples loaded "
                                  f"into one of {len(self)}")

@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from pipelines import object_store
-from pipelines.dataset_identity import identity, kept_on_refusal, resolve
+from pipelines.dataset_identity import identity, on_version, resolve
 from pipelines.manifest_access import open_manifest
 from pipelines.sample_order import continued_epoch
 from pipelines.sampler_resume import STATE_VERSION, MapDatasetState, OrderPosition, check_state, global_order
@@ -294,22 +294,19 @@ class PackedTokenDataset(Dataset):
         ``set_epoch``; a state whose epoch differs from the chosen one is refused here."""
         check_state(state, type(self).__name__)
         version = resolve(state.get("dataset"), self.dataset, self.root, type(self).__name__)
-        mine = dict(self.dataset)
-        with kept_on_refusal(self.use_version, mine, version is not None):
-            self._check_loaded(state, version)
+        sized = self.per_rank
+        with on_version(self.use_version, dict(self.dataset), version):
+            self._check_loaded(state, version, sized)
         self.set_epoch(int(state["epoch"]))
 
-    def _check_loaded(self, state: dict, version: int | None) -> None:
-        """Re-open ``version`` (the state's, when not this one); ValueError unless ``state`` is of this reader's
-        window count, epoch, options, rank and world size."""
-        if version is not None:
-            sized = self.per_rank
-            self.use_version(version)
-            if self.per_rank != sized:  # the loader's sampler (its own, or one built on len()) counted the other
-                raise ValueError(f"{self.root}: this PackedTokenDataset state was taken on version {version} "
-                                 f"({self.per_rank} windows per rank), the reader was built on version "
-                                 f"{self.data_built_version} ({sized}); the loader's sampler was sized for that: "
-                                 f"build the reader with version={version} to continue")
+    def _check_loaded(self, state: dict, version: int | None, sized: int) -> None:
+        """ValueError unless ``state`` is of this reader's window count (``sized`` before the state's ``version``
+        was re-opened), epoch, options, rank and world size."""
+        if version is not None and self.per_rank != sized:  # the loader's sampler was sized on the other version
+            raise ValueError(f"{self.root}: this PackedTokenDataset state was taken on version {version} "
+                             f"({self.per_rank} windows per rank), the reader was built on version "
+                             f"{self.data_built_version} ({sized}); the loader's sampler was sized for that: "
+                             f"build the reader with version={version} to continue")
         if bool(self._epoch_chosen) and not continued_epoch(int(state["epoch"]), self.epoch)[1]:
             raise ValueError(f"{self.root}: a PackedTokenDataset state of epoch {state['epoch']} loaded after "
                              f"set_epoch({self.epoch}): the loader's sampler holds the position of epoch "

@@ -382,10 +382,7 @@ class ImageShardDataset(IterableDataset):
         reader re-opens it) while it is kept; else a ValueError names both. Sets the epoch to the
         state's unless ``set_epoch`` chose one (``sample_order.continued_epoch``)."""
         version = dataset_identity.resolve(state.get("dataset"), self.dataset, self.root, type(self).__name__)
-        mine = dict(self.dataset)
-        if version is not None:
-            self._open(version)
-        with dataset_identity.kept_on_refusal(self._open, mine, version is not None):
+        with dataset_identity.on_version(self._open, dict(self.dataset), version):
             self._check_loaded(state)
         self._pending = json.loads(json.dumps(state))
         self._cursor = None
