@@ -8,7 +8,11 @@ CPU backend.
 
 Each pipeline (``shard_id`` of ``num_shards``) reads a contiguous, balanced range of the
 samples; with ``random_shuffle`` the range is read in a fresh permutation every epoch (seed +
-epoch). An epoch ends with the range: the source raises StopIteration and ``pipe.reset()``
+epoch). Every rank reads as many samples per epoch, so every rank yields as many batches (DDP never
+waits on a rank with one step more), as the PyTorch readers do: a range one sample short of
+``ceil(samples / num_shards)`` ends with one repeat of its epoch's first sample (``padding``); with
+``drop_last`` every range is cut to ``samples // num_shards`` (its epoch's last sample is left out).
+An epoch ends with the range: the source raises StopIteration and ``pipe.reset()``
 (or the DALI iterator) starts the next one. The last batch is partial unless ``pad_last_batch``
 (it repeats the range's last sample) or ``drop_last`` (the epoch ends before a short batch: every
 batch holds exactly ``batch_size`` samples; a range smaller than one batch yields none).
@@ -42,6 +46,12 @@ def epoch_batches(samples: int, batch_size: int, drop_last: bool) -> int:
     return samples // batch_size if drop_last else -(-samples // batch_size)
 
 
+def rank_samples(count: int, num_shards: int, drop_last: bool) -> int:
+    """Samples every rank reads per epoch (equal steps): ``ceil(count / num_shards)``, a short range padded;
+    ``drop_last``: ``count // num_shards``, a long range cut."""
+    return count // num_shards if drop_last else -(-count // num_shards)
+
+
 class LmdbBatchSource:
     """A batch callable for ``fn.external_source``: ([encoded images], [labels]) per call, and
     [record indices] with ``with_index``.
@@ -60,6 +70,8 @@ class LmdbBatchSource:
             raise ValueError("pad_last_batch and drop_last exclude each other")
         self.reader = LmdbReader(path, count)
         self.start, self.stop = shard_range(count, shard_id, num_shards)
+        self.samples = rank_samples(count, num_shards, drop_last)  # per epoch: the range padded or cut to it
+        self.padding = max(0, self.samples - (self.stop - self.start))  # repeats of the epoch's first sample
         self.batch_size, self.random_shuffle, self.seed, self.pad = batch_size, random_shuffle, seed, pad_last_batch
         self.drop_last, self.with_index = drop_last, with_index
         self.class_indices = class_indices  # a labeled dataset's class map's indices (``torch_lmdb.checked_label``)
@@ -75,13 +87,15 @@ class LmdbBatchSource:
             self._pos = batch * batch_size
 
     def __len__(self) -> int:
-        return self.stop - self.start
+        """Samples per epoch (the same on every rank)."""
+        return self.samples
 
     def _new_epoch(self) -> None:
         self.epoch += 1
         self._order = list(range(self.start, self.stop))
         if self.random_shuffle:
             random.Random(self.seed * 1_000_003 + self.epoch).shuffle(self._order)
+        self._order = (self._order + self._order[:self.padding])[:self.samples]
         self._pos = 0
 
     def _label(self, index: int, cls: bytes | None) -> int:
@@ -183,14 +197,14 @@ def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int 
         manifest, _, count = open_lmdb_dataset(root, version)
         options = order_options(count, batch_size, shard_id, num_shards, args["random_shuffle"], args["seed"],
                                 args["pad_last_batch"], args["drop_last"])
-        start, stop = shard_range(count, shard_id, num_shards)
 
         def build(saved: dict | None):
             return build_lmdb_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards,
                                        checkpoint=saved, **{**pipeline_args, "version": version})
 
         return OpenedVersion(identity(manifest), options, build,
-                             epoch_batches(stop - start, batch_size, args["drop_last"]))
+                             epoch_batches(rank_samples(count, num_shards, args["drop_last"]), batch_size,
+                                           args["drop_last"]))
 
     names = ["images", "labels", "index"] if args["with_index"] else ["images", "labels"]
     return ResumableDALILoader(KIND, open_version, names, root=str(root), reader_name=None, auto_reset=auto_reset,

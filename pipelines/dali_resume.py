@@ -137,6 +137,14 @@ class ResumableDALILoader:
     checkpointing: ``state_dict`` and restoring refuse).
     Iterating yields what ``DALIGenericIterator`` yields: a list with one dict of torch tensors
     per batch.
+
+    Equal steps: with ``last_batch="partial"`` over a DALI reader that pads its shard
+    (``pad_last_batch=True``, the bundled builders' default) every rank yields as many batches per
+    epoch, the largest rank's share in batches, and none is empty: DALI's own PARTIAL policy would
+    hand a rank whose share is a whole number of batches a last batch of 0 samples (a NaN loss
+    under DDP). The iterator runs with FILL instead and each batch is cut to the rank's real samples
+    (its share this epoch: DALI moves every rank to the next shard each epoch), keeping one repeat of
+    the rank's last sample where the cut would leave none (``padding``: how many this epoch).
     """
 
     def __init__(self, kind: str, open_version: Opener, names: list[str], *, root: str,
@@ -179,6 +187,9 @@ class ResumableDALILoader:
         self.epoch, self.batch = (state["epoch"], state["batch"]) if state else (0, 0)
         policy = {"partial": LastBatchPolicy.PARTIAL, "drop": LastBatchPolicy.DROP,
                   "fill": LastBatchPolicy.FILL}[self._last_batch]
+        self._share = self._reader_share() if self._last_batch == "partial" else None
+        if self._share is not None:
+            policy = LastBatchPolicy.FILL  # cut to the real samples in __next__ (the class docstring)
         self._iterator = DALIGenericIterator([self.pipe], self.names, reader_name=self._reader_name,
                                              last_batch_policy=policy, auto_reset=self._auto_reset)
         # a state taken after the epoch's last batch restores to the next epoch's start (DALI's
@@ -205,8 +216,43 @@ class ResumableDALILoader:
                 raise
             raise named from exc
         self._ended_early = False
+        if self._share is not None:
+            batch = self._cut(batch)
         self.batch += 1
         return batch
+
+    def _reader_share(self):
+        """For the equal-steps cut: epoch -> the rank's real samples that epoch, from the reader's metadata;
+        None where DALI's own PARTIAL policy stays (no named reader, or one that does not pad its shard)."""
+        if self._reader_name is None:
+            return None
+        meta = self.pipe.reader_meta(self._reader_name)
+        if not meta.get("pad_last_batch"):
+            return None
+        size, shards, shard = int(meta["epoch_size"]), int(meta["number_of_shards"]), int(meta["shard_id"])
+        stick = bool(meta.get("stick_to_shard"))
+
+        def share(epoch: int) -> int:
+            start, stop = shard_range(size, shard if stick else (shard + epoch) % shards, shards)
+            return stop - start
+
+        return share
+
+    @property
+    def padding(self) -> int:
+        """Repeated samples this rank yields in the current epoch (0 or 1; see the class docstring)."""
+        if self._share is None:
+            return 0
+        return int(self._share(self.epoch) <= (len(self) - 1) * self.pipe.max_batch_size)
+
+    def _cut(self, batch: list) -> list:
+        """``batch`` (a FILL batch: the rank's real samples, then repeats of its last) cut to its real samples,
+        at least one."""
+        size = self.pipe.max_batch_size
+        keep = max(1, min(size, self._share(self.epoch) - self.batch * size))
+        if keep == size:
+            return batch
+        return [{name: value[:keep] for name, value in outputs.items()} for outputs in batch]
 
     def __len__(self) -> int:
         """Batches per epoch."""

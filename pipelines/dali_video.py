@@ -160,6 +160,11 @@ class DALIVideoLoader:
     def __len__(self) -> int:
         return len(self._loader)
 
+    @property
+    def padding(self) -> int:
+        """Repeated clips this rank yields in the current epoch (equal steps: ``ResumableDALILoader``)."""
+        return self._loader.padding
+
     def state_dict(self) -> dict:
         """The loader's position after the last batch taken, as JSON-safe data."""
         return self._loader.state_dict()
