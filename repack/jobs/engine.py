@@ -57,6 +57,7 @@ from repack.jobs import JOBS
 from repack.jobs.base import (PLAN_NAME, STATE_DIR, Job, Plan, Task, build_plan, is_piece, planned_entries, read_plan,
                               save_plan)
 from repack.jobs.progress import progress_reporter
+from repack.jobs.scratch import sweep_manifest_temps
 from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, open_lock_file, run_part,
                                    wait_for_old_workers)
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
@@ -547,10 +548,13 @@ class Engine:
             clear_state_folder(state_dir(self.out))
 
     def _clean_temps(self, task_ids: set[str]) -> None:
-        """Remove temp files left by a killed run of these tasks (we hold their lock)."""
+        """Remove temp files left by a killed run of these tasks (we hold their lock), and of a manifest write killed
+        mid-way (one machine: the job lock is this run's; partitions leave the merge's alone)."""
         for path in self.out.rglob(".*.tmp*"):
             if any(tid in path.name for tid in task_ids) and path.is_file():
                 path.unlink(missing_ok=True)
+        if self.options.num_nodes == 1:
+            sweep_manifest_temps(self.out)
 
     def load_record(self, task: Task, plan_digest: str) -> dict | None:
         """A finished task's (or group's) record, if it belongs to this plan and its outputs are intact."""

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from repack.config import EngineOptions
-from repack.errors import NothingPackedError, UsageError
+from repack.errors import ConfinementError, NothingPackedError, UsageError
 from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, held_known,
@@ -46,6 +46,7 @@ from repack.lifecycle.record_child import ChildRecord, record_parts
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish,
                                       refuse_names_in_use, remove_prefix, warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
+from repack.manifest.paths import PathEscapeError, no_links_below
 from repack.manifest.versions import number_of
 from repack.sinks.checks import bytes_digest
 
@@ -99,8 +100,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
     with locked_dataset(spec.out) as (store, out):
         current, current_raw = current_version(store)
         promoted = promote_pending(store, current, warner(options.log_json))
-        if promoted is not None:
-            return AppendResult(promoted, True, 0, time.time() - started)
+        if promoted is not None:  # a writer killed between its two writes (any writer: a remove too): its version
+            current, current_raw = current_version(store)  # is the latest now, and this append goes on from it
         refusal = appender.accepts(current, spec)
         if refusal is not None:
             raise UsageError(f"--append: {store.url} {refusal}")
@@ -125,15 +126,19 @@ def append(spec, options: EngineOptions) -> AppendResult:
                                           if q.get("line") is None or q.get("no_documents")))
             first_source = str(((current.get("created_by") or {}).get("options") or {}).get("source") or "")
             known = KnownInputs(record, unpacked, first_source.startswith("s3://"))
+            try:  # a link planted there would stage (and overwrite) outside OUT
+                no_links_below(out, f"{stage}/out")
+            except PathEscapeError as exc:
+                raise ConfinementError(f"{store.url}: refused {stage}/out: {exc}") from None
             job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_key, current)
             if job.store.read_bytes(MANIFEST_NAME) is None:
                 from repack.jobs.base import build_plan
 
                 with held_known(str(known_key), known):
                     planned = build_plan(job)
-                if not planned.tasks:
+                if not planned.tasks:  # nothing new (published: a pending version was, the re-run of a killed append)
                     remove_prefix(store, f"{stage}/")
-                    return AppendResult(current, False, 0, time.time() - started,
+                    return AppendResult(current, promoted is not None, 0, time.time() - started,
                                         planned.info.get("removed_skipped", 0))
                 try:
                     staged_options = dataclasses.replace(options, overwrite=False, strict=False)

@@ -126,11 +126,9 @@ def locked_dataset(location: str) -> Iterator[tuple[object, Path]]:
     prepare_out(out, store)
     with JobLock(out, "", store if store.remote else None):
         if not store.remote:  # a manifest write killed mid-way: its temp file (no other writer runs now)
-            from repack.lifecycle.verify import MANIFEST_TEMP
+            from repack.jobs.scratch import sweep_manifest_temps
 
-            for temp in out.glob(".manifest*.tmp"):
-                if MANIFEST_TEMP.fullmatch(temp.name) and temp.is_file() and not temp.is_symlink():
-                    temp.unlink(missing_ok=True)
+            sweep_manifest_temps(out)
         yield store, out
 
 

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from repack.jobs.scratch import MANIFEST_TEMP
 from repack.lifecycle.foreign import check_foreign, foreign_kind
 from repack.lifecycle.verify_digests import EarlyDigests, early_files
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
@@ -94,7 +95,6 @@ class Chain:
     pending_files: frozenset[str] = frozenset()
 
 
-MANIFEST_TEMP = re.compile(r"\.manifest(\.v[0-9]+)?\.json\..+\.tmp")  # a manifest's atomic write, unfinished
 
 
 def is_pending_name(rel: str, number: int) -> bool:
