@@ -18,6 +18,7 @@ from pathlib import Path
 
 from repack.jobs.scratch import MANIFEST_TEMP
 from repack.lifecycle.foreign import check_foreign, foreign_kind
+from repack.lifecycle.verify_declared import check_declared
 from repack.lifecycle.verify_digests import EarlyDigests, early_files
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
 from repack.sinks import SINKS
@@ -49,7 +50,7 @@ def verify_report(location, version: int | None = None, workers: int | None = No
     except ManifestError as exc:
         return Report((str(exc),))
     problems, key_hashes, classes = check_all_contents(files, manifest, workers, start_digests(files, manifest, workers))
-    problems += check_class_counts(manifest.data, classes)
+    problems += check_class_counts(manifest.data, classes) + check_declared(manifest.data)
     listed = set(manifest.named_files())
     names = files.names()
     chain = check_versions(files, names, manifest.root)
@@ -241,21 +242,26 @@ def check_side_files(side: dict, tokenizer_sha256: str | None, root, problems: l
 
 
 def check_class_counts(data: dict, classes: list) -> list[str]:
-    """The samples' class indices (their ``.cls`` members, counted per shard by ``tar_check.class_counts``: sparse
-    [index, samples] pairs)
-    against the class map and ``stats.class_counts``: every index names a class, and as many samples hold
-    each class as the manifest counts (a class map edited or merged wrongly gives labels other names)."""
+    """The samples' class indices (their ``.cls`` members, counted per shard by ``tar_check.counted``: sparse
+    [index, samples, name] triples) against the class map and ``stats.class_counts``: every index names a class,
+    the class its samples' ``.json`` names (``tar_check.named_classes``), and as many samples hold each class as
+    the manifest counts (a class map edited or merged wrongly gives labels other names)."""
     names = data.get("classes")
     if data.get("format") != "webdataset" or not isinstance(names, dict) or not classes or \
             any(counted is None for counted in classes):
         return []
     found: dict[int, int] = {}
-    for counted in classes:  # [class index, samples] pairs per shard
-        for index, count in counted:
+    named: dict[int, str] = {}  # the class a sample's .json names, per index
+    for counted in classes:  # [class index, samples, name or None] per shard
+        for index, count, *name in counted:
             found[index] = found.get(index, 0) + count
+            if name and name[0] is not None:
+                named.setdefault(index, name[0])
     name_of = {index: name for name, index in names.items() if isinstance(index, int)}
     problems = [f"{found[index]} sample(s) hold class index {index}, which the class map does not name"
                 for index in sorted(found) if index not in name_of]
+    problems += [f"class index {index}: its samples' .json names class {named[index]!r}, the class map {name_of[index]!r}"
+                 for index in sorted(named) if index in name_of and name_of[index] != named[index]]
     expected = (data.get("stats") or {}).get("class_counts")
     if isinstance(expected, dict):
         for index, name in sorted(name_of.items()):

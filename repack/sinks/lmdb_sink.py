@@ -261,8 +261,9 @@ class LmdbSink:
 
     @staticmethod
     def verify_facts(data: dict) -> dict:
-        """Whether the dataset is labeled (its fields name ``cls``): then every sample holds a class."""
-        return {"labeled": "cls" in (data.get("fields") or {})}
+        """Whether the dataset is labeled (its fields name ``cls``): then every sample holds a class; and its class
+        map, which the database's own metadata must hold."""
+        return {"labeled": "cls" in (data.get("fields") or {}), "classes": data.get("classes") or {}}
 
     @staticmethod
     def verify_shard(root: Path, shard: dict, check) -> None:
@@ -298,6 +299,11 @@ class LmdbSink:
                     check(meta.get("labeled", labeled) == labeled,
                           f"{shard['path']}: its metadata says labeled={meta.get('labeled')}, the manifest's fields "
                           f"{'name' if labeled else 'do not name'} cls")
+                facts = shard.get("dataset_facts") or {}
+                if "classes" in facts and isinstance(meta.get("classes"), dict):
+                    check(meta["classes"] == facts["classes"],
+                          f"{shard['path']}: its metadata's class map differs from the manifest's classes (a label "
+                          "would name another class)")
                 expected, bad, has_img, has_cls = 0, 0, False, not labeled  # an unlabeled sample needs no class
                 cursor = txn.cursor()
                 if cursor.set_range(b"s/"):

@@ -19,6 +19,7 @@ archive member by member (``tar_format.read_archive``) to name what is wrong.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,6 +57,8 @@ class PartCheck:
     offsets: np.ndarray | None = None
     keys: np.ndarray | None = None
     classes: tuple[tuple[int, int], ...] | None = None  # (class index, samples) of the .cls values; None: no .cls
+    # (class index, the class its first sample's .json member names) per index; None: no .json member
+    class_names: tuple[tuple[int, str | None], ...] | None = None
 
     def summary(self) -> dict:
         """The fields another process needs (``parts_agree``), as JSON-ready values; the key hashes
@@ -63,15 +66,17 @@ class PartCheck:
         return {"count": self.count, "first_sample": self.first_sample, "samples": self.samples,
                 "start": self.start, "end": self.end, "per_sample": self.per_sample, "layout": list(self.layout),
                 "first_key": self.first_key.hex(), "last_key": self.last_key.hex(),
-                "classes": None if self.classes is None else [list(pair) for pair in self.classes]}
+                "classes": None if self.classes is None else [list(pair) for pair in self.classes],
+                "class_names": None if self.class_names is None else [list(pair) for pair in self.class_names]}
 
     @classmethod
     def from_summary(cls, summary: dict, key_hashes: bytes) -> PartCheck:
-        classes = summary.get("classes")
+        classes, names = summary.get("classes"), summary.get("class_names")
         return cls(summary["count"], summary["first_sample"], summary["samples"], summary["start"], summary["end"],
                    summary["per_sample"], tuple(summary["layout"]), bytes.fromhex(summary["first_key"]),
                    bytes.fromhex(summary["last_key"]), np.frombuffer(key_hashes, dtype=np.uint64),
-                   classes=None if classes is None else tuple((int(i), int(n)) for i, n in classes))
+                   classes=None if classes is None else tuple((int(i), int(n)) for i, n in classes),
+                   class_names=None if names is None else tuple((int(i), name) for i, name in names))
 
 
 @dataclass(frozen=True)
@@ -149,19 +154,19 @@ def check_part(tar, index: bytes, part: int, parts: int, checksums: bytes | None
     if checksums is not None and not _crcs_match(checksums, tar, offsets, sizes, per_sample, first_sample,
                                                  count, part == 0):
         return None
-    classes = class_counts(data, offsets, sizes, per_sample, layout)
+    values = class_values(data, offsets, sizes, per_sample, layout)
     return PartCheck(count, first_sample, samples, int(offsets[0]), end_of_part, per_sample, layout,
                      keys[0].tobytes().rstrip(b"\0"), keys[-1].tobytes().rstrip(b"\0"), hashes, offsets, keys,
-                     classes)
+                     counted(values), named_classes(data, offsets, sizes, per_sample, layout, values))
 
 
 CLASS_EXT = "cls"  # the member holding a sample's class index, decimal digits
+JSON_EXT = "json"  # the member holding a sample's metadata (``class``: its class's name)
 
 
-def class_counts(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, per_sample: int,
-                 layout: tuple[str, ...]):
-    """(class index, samples) pairs, by index, of the samples' ``.cls`` values (sparse: a dataset of ImageNet-21k's
-    or iNaturalist's ids holds few of them per part) of the members at
+def class_values(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, per_sample: int,
+                 layout: tuple[str, ...]) -> np.ndarray | None:
+    """Each sample's ``.cls`` value (int64) of the members at
     ``offsets`` (sample-major, ``per_sample`` a sample, ``layout`` the exts after the first; repack writes them
     zero-padded to one width, as DALI's pipeline reads them); None without a ``.cls`` member, or when one is not
     1 to 9 decimal digits (not counted: the readers refuse such a label by the sample's name)."""
@@ -171,7 +176,7 @@ def class_counts(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, per_s
     at = offsets.reshape(-1, per_sample)[:, column]
     size = sizes.reshape(-1, per_sample)[:, column]
     if not len(at):
-        return ()
+        return np.zeros(0, np.int64)
     width = int(size.max())
     if size.min() < 1 or width > 9:
         return None
@@ -181,13 +186,43 @@ def class_counts(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, per_s
     if (live & (digits > 9)).any():
         return None
     digits = np.where(live, digits, 0).astype(np.int64)
-    values = (digits @ 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)) // 10 ** (width - size)
+    return (digits @ 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)) // 10 ** (width - size)
+
+
+def counted(values: np.ndarray | None):
+    """(class index, samples) pairs, by index (sparse: a dataset of ImageNet-21k's or iNaturalist's ids holds few
+    of them per part); None for None."""
+    if values is None:
+        return None
+    if not len(values):
+        return ()
     if int(values.max()) < 4 * len(values) + 1024:  # dense enough: a count per index up to the largest
         counts = np.bincount(values)
         present = np.flatnonzero(counts)
         return tuple(zip(present.tolist(), counts[present].tolist()))
     present, counts = np.unique(values, return_counts=True)
     return tuple(zip(present.tolist(), counts.tolist()))
+
+
+def named_classes(data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, per_sample: int,
+                  layout: tuple[str, ...], values: np.ndarray | None):
+    """(class index, the ``class`` its first sample's ``.json`` member names, None where it names none) per index
+    of ``values``: what ``repack verify`` holds the manifest's class map against (a swap of two names moves no
+    count); None without ``.json`` members or class values."""
+    if values is None or JSON_EXT not in layout or not len(values):
+        return None
+    column = 1 + layout.index(JSON_EXT)
+    at = offsets.reshape(-1, per_sample)[:, column]
+    size = sizes.reshape(-1, per_sample)[:, column]
+    present, first = np.unique(values, return_index=True)
+    names = []
+    for index, row in zip(present.tolist(), first.tolist()):
+        try:
+            name = json.loads(data[at[row]:at[row] + size[row]].tobytes()).get("class")
+        except (ValueError, AttributeError):
+            name = None
+        names.append((index, name if isinstance(name, str) else None))
+    return tuple(names)
 
 
 def parts_agree(parts: list[PartCheck]) -> bool:

@@ -74,17 +74,21 @@ class TarShardParts:
         return (None, b"") if found is None else (found.summary(), np.sort(found.key_hashes).tobytes())
 
     @staticmethod
-    def classes(found: list[tuple[dict | None, bytes]]) -> list[list[int]] | None:
-        """[class index, samples] pairs, by index, over the parts of a shard that ``passes`` (None: a part
-        without a count: no ``.cls`` member, or one that is not a class index)."""
-        counted = [summary.get("classes") for summary, _ in found if summary and summary.get("samples")]
-        if not counted or any(part is None for part in counted):
+    def classes(found: list[tuple[dict | None, bytes]]) -> list[list] | None:
+        """[class index, samples, the class its first sample's .json names (None: not named)], by index, over the
+        parts of a shard that ``passes`` (None: a part without a count: no ``.cls`` member, or one that is not
+        a class index)."""
+        parts = [summary for summary, _ in found if summary and summary.get("samples")]
+        if not parts or any(summary.get("classes") is None for summary in parts):
             return None
         total: dict[int, int] = {}
-        for part in counted:
-            for index, count in part:
+        names: dict[int, str | None] = {}
+        for summary in parts:
+            for index, count in summary["classes"]:
                 total[index] = total.get(index, 0) + count
-        return [[index, total[index]] for index in sorted(total)]
+            for index, name in summary.get("class_names") or ():
+                names.setdefault(index, name)
+        return [[index, total[index], names.get(index)] for index in sorted(total)]
 
     @staticmethod
     def passes(shard: dict, found: list[tuple[dict | None, bytes]], sha256: str | None) -> bool:
