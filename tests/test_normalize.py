@@ -208,3 +208,37 @@ def test_source_size_is_in_displayed_orientation():
     assert smaller.source_size == (90, 120) and (smaller.width, smaller.height) == (45, 60)
     plain = normalize_image(encode(PHOTO, "PNG"), NormalizeOptions())
     assert plain.source_size == (plain.width, plain.height) == (120, 90)
+
+
+@pytest.mark.parametrize("mode,key", [("L", 0), ("RGB", (0, 0, 0)), ("P", 0)])
+def test_png_transparent_colour_is_white_in_every_mode(mode, key):
+    """PNG's one transparent colour (tRNS) of a gray or RGB image is transparency as a palette's is: over white
+    (it came out black for L and RGB)."""
+    base = Image.new("RGB", (64, 64), (200, 30, 30))
+    base.paste((0, 0, 0), (0, 0, 32, 64))  # the left half: the key colour
+    image = base.convert(mode) if mode != "P" else base.quantize(2)
+    if mode == "P":
+        key = image.getpixel((0, 0))
+    data = encode(image, "PNG", transparency=key)
+    out = Image.open(io.BytesIO(normalize_image(data, NormalizeOptions()).data)).convert("RGB")
+    assert min(out.getpixel((8, 32))) > 245, out.getpixel((8, 32))
+    assert max(out.getpixel((56, 32))) < 250
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "P"])
+def test_icc_profile_of_rgb_colours_is_kept(mode):
+    from PIL import ImageCms
+
+    profile = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    image = PHOTO.convert(mode)
+    data = encode(image, "PNG", icc_profile=profile)
+    out = Image.open(io.BytesIO(normalize_image(data, NormalizeOptions()).data))
+    assert out.info.get("icc_profile") == profile
+
+
+def test_max_side_size_comes_from_the_source_not_the_draft():
+    """A 1000x333 JPEG drafted to 250x84 came out 100x34; the same picture as PNG 100x33 (333 * 0.1 = 33.3)."""
+    picture = load_photos()["astronaut"].resize((1000, 333))
+    for fmt in ("JPEG", "PNG"):
+        result = normalize_image(encode(picture, fmt), NormalizeOptions(max_side=100))
+        assert (result.width, result.height) == (100, 33), fmt

@@ -7,16 +7,18 @@ decoded and re-encoded:
 
 - mode: 16-bit (I;16*, I) is scaled to 8 bits by a fixed shift, never by the image's own range:
   I;16* (16-bit PNG/TIFF) ``>> 8``; 32-bit I (TIFF, older Pillow's 16-bit PNG) clamped to 0..65535
-  then ``>> 8``; transparency (RGBA, LA, P with a transparent colour) is composited over white;
+  then ``>> 8``; transparency (RGBA, LA, and P, L or RGB with a transparent colour: PNG's tRNS) is
+  composited over white;
   L, CMYK, YCbCr-less, palette -> RGB;
 - animation (GIF, WebP): the first frame;
 - EXIF orientation is applied to the pixels; EXIF is not copied (so the tag is gone); the source
   size is reported as displayed (after the orientation's transpose), like the output size;
 - ``max_side``: the longer side is reduced to ``max_side`` (aspect kept, never upscaled):
   JPEG DCT-domain draft to >= 2x the target, then Lanczos with an integer reduce() first when
-  the factor allows (reducing_gap 2, as Pillow's thumbnail);
-- written as baseline (non-progressive) JPEG, 4:2:0, at ``quality``; an RGB source's ICC
-  profile is kept.
+  the factor allows (reducing_gap 2, as Pillow's thumbnail); the size is computed from the source's,
+  so one picture as JPEG and as PNG comes out the same size;
+- written as baseline (non-progressive) JPEG, 4:2:0, at ``quality``; the ICC profile of a source
+  whose colours are RGB (RGB, RGBA, palette) is kept.
 
 Every input is first checked by a full decode (``inspect_image``, whatever ``--verify`` says), so a corrupt
 input (a PNG with a corrupt IDAT, a truncated JPEG) is quarantined, never converted nor passed through; decompression
@@ -139,6 +141,7 @@ def nonconformity(data: bytes, info: ImageInfo, image: Image.Image, max_side: in
 
 
 SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+RGB_PROFILED = ("RGB", "RGBA", "RGBa", "P")  # modes whose ICC profile describes RGB colours: kept in the JPEG
 TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
 
@@ -172,8 +175,11 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     if mode == "F":
         image = image.convert("L")
         mode = "L"
-    if mode == "P":
-        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+    if mode in ("P", "L", "RGB") and "transparency" in image.info:  # a palette entry's, or PNG's one transparent
+        image = image.convert("RGBA")                                 # gray or RGB colour (tRNS)
+        mode = image.mode
+    elif mode == "P":
+        image = image.convert("RGB")
         mode = image.mode
     if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
         rgba = image.convert("RGBA")
@@ -229,16 +235,16 @@ def normalize_image(data: bytes, options: NormalizeOptions) -> Normalized:
         if target is not None and info.ext == "jpg":
             image.draft(None, (target[0] * 2, target[1] * 2))
         _check_budget(image, info.ext)  # before any pixel is decoded
-        icc = image.info.get("icc_profile") if image.mode == "RGB" else None
+        icc = image.info.get("icc_profile") if image.mode in RGB_PROFILED else None
         image.load()
         source_size = (info.width, info.height)
         if "EXIF orientation" in reasons:
             source_size = _displayed_size(info.width, info.height, image)
             image = ImageOps.exif_transpose(image)
         rgb = _to_rgb(image)
-        if target is not None:
-            final = _target_size(*rgb.size, options.max_side)  # from the (drafted) decoded size
-            if final is not None:
+        if target is not None:  # the size from the source's (as displayed), not the drafted decode's: a JPEG and a
+            final = _target_size(*source_size, options.max_side)  # PNG of one picture come out alike
+            if final is not None and final != rgb.size:
                 rgb = rgb.resize(final, Image.LANCZOS, reducing_gap=2.0)  # as Image.thumbnail
         out = io.BytesIO()
         save = {"quality": options.quality, "subsampling": 2, "progressive": False, "optimize": False}
