@@ -398,6 +398,8 @@ def test_a_class_map_that_does_not_match_the_samples_cls_members_is_named(tmp_pa
     (out / "manifest.json").write_text(json.dumps({**manifest, "classes": {"cat": 1, "dog": 0}}))
     code, problems = verify_json(out)
     assert code == 5 and problems == [
+        "class index 0: its samples' .json names class 'cat', the class map 'dog'",
+        "class index 1: its samples' .json names class 'dog', the class map 'cat'",
         "class 'dog' (index 0): 5 sample(s) hold it, stats.class_counts says 4: the class map does not match the "
         "samples' .cls members",
         "class 'cat' (index 1): 4 sample(s) hold it, stats.class_counts says 5: the class map does not match the "

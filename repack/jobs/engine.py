@@ -57,10 +57,10 @@ from repack.jobs import JOBS
 from repack.jobs.base import (PLAN_NAME, STATE_DIR, Job, Plan, Task, build_plan, is_piece, planned_entries, read_plan,
                               save_plan)
 from repack.jobs.progress import progress_reporter
-from repack.jobs.scratch import sweep_manifest_temps
 from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, open_lock_file, run_part,
                                    wait_for_old_workers)
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
+from repack.manifest.io import sweep_manifest_temps
 from repack.store import open_store
 from repack.store.local import clear_state_folder
 

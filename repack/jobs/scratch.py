@@ -17,24 +17,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 from pathlib import Path
 
 from repack.jobs.base import STATE_DIR
 from repack.manifest import PathEscapeError, safe_join
 
 TEMP_MARK = ".tmp"
-MANIFEST_TEMP = re.compile(r"\.manifest(\.v[0-9]+)?\.json\..+\.tmp")  # a manifest's atomic write, unfinished
-
-
-def sweep_manifest_temps(out: Path) -> None:
-    """Remove the temp files of manifest writes killed mid-way from dataset folder ``out`` (its only writer holds
-    OUT's lock: no other write is under way)."""
-    for temp in Path(out).glob(".manifest*.tmp"):
-        if MANIFEST_TEMP.fullmatch(temp.name) and temp.is_file() and not temp.is_symlink():
-            temp.unlink(missing_ok=True)
-
-
 def _lock_free(path: Path) -> bool:
     """True when nobody holds the flock on ``path`` (taken and released at once)."""
     try:

@@ -126,7 +126,7 @@ def locked_dataset(location: str) -> Iterator[tuple[object, Path]]:
     prepare_out(out, store)
     with JobLock(out, "", store if store.remote else None):
         if not store.remote:  # a manifest write killed mid-way: its temp file (no other writer runs now)
-            from repack.jobs.scratch import sweep_manifest_temps
+            from repack.manifest.io import sweep_manifest_temps
 
             sweep_manifest_temps(out)
         yield store, out

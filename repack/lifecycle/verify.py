@@ -16,11 +16,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from repack.jobs.scratch import MANIFEST_TEMP
 from repack.lifecycle.foreign import check_foreign, foreign_kind
 from repack.lifecycle.verify_declared import check_declared
 from repack.lifecycle.verify_digests import EarlyDigests, early_files
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
+from repack.manifest.io import MANIFEST_TEMP
 from repack.sinks import SINKS
 from repack.sinks.checks import sha256_file
 from repack.store.files import open_files

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,17 @@ from repack.manifest.caps import check_manifest_size
 from repack.manifest.paths import PathEscapeError, safe_join
 from repack.manifest.schema import MANIFEST_NAME, Manifest, ManifestError
 from repack.manifest.versions import check_number, read_version
+
+
+MANIFEST_TEMP = re.compile(r"\.manifest(\.v[0-9]+)?\.json\..+\.tmp")  # a manifest's atomic write, unfinished
+
+
+def sweep_manifest_temps(out: str | os.PathLike) -> None:
+    """Remove the temp files of manifest writes killed mid-way (``atomic_write_bytes``) from dataset folder
+    ``out`` (its only writer holds OUT's lock: no other write is under way)."""
+    for temp in Path(out).glob(".manifest*.tmp"):
+        if MANIFEST_TEMP.fullmatch(temp.name) and temp.is_file() and not temp.is_symlink():
+            temp.unlink(missing_ok=True)
 
 
 def dumps_canonical(obj: Any, indent: int | None = None) -> bytes:
