@@ -145,9 +145,8 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
             raise UsageError(f"repack remove rewrites image (webdataset, lmdb) and token memmap datasets; "
                              f"{store.url} holds {current['modality']} in {current['format']}")
         number = number_of(current) + 1
-        for pattern in (f".*-v{number}.*.tmp-*", f".*-v{number}_[0-9]*.tmp-*"):  # a rewrite killed before its
-            for temp in out.glob(pattern):                                       # rename (a piece's too)
-                temp.unlink(missing_ok=True)
+        for temp in out.glob(f".*-v{number}.*.tmp-*"):  # a rewrite killed before its rename
+            temp.unlink(missing_ok=True)
         known = published_record(store, current)
         done = rewriter(store, out, current, spec, number, known)
         shards = done.shards

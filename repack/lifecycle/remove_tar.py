@@ -10,12 +10,7 @@ inputs, by the position its key starts with). The shards are looked at and rewri
 one process each; a shard is rewritten by copying the byte ranges of its kept samples into
 ``<stem>-vN.tar`` (``repack.lifecycle.tar_copy``: in the kernel, hashed as copied, with a new index
 and the kept samples' checksums); nothing is decoded or re-encoded. The pool takes the largest shards
-first. The new shard's sha256 is the rewrite's longest step (0.49 s for 488 MB on one core of the device
-machine; 0.12 s in 4 threads), so where fewer shards are rewritten than there are CPUs, a shard keeping
-more than ``PIECE_BYTES`` is written as up to ``CPUs / shards`` consecutive pieces ``<stem>-vN_K.tar``
-(its kept samples in order, cut at sample boundaries into near-equal bytes), copied and hashed on a
-thread each. A later rewrite of piece K names its pieces after ``<stem>_K``: every shard keeps a name of
-its own.
+first.
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -48,7 +42,6 @@ PREFIX_SLACK = 1 << 20  # bytes a shard's prefix is copied past its expected fir
 # a shorter prefix is copied after the parse: it saves little, and 1,000 random names in 7 shards of 512 MB
 # (their first cuts ~4 MB in) ran 0.01-0.33 s slower with one per shard (1M tiny files, 16 CPUs)
 PREFIX_MIN = 32 << 20
-PIECE_BYTES = 128 << 20  # a rewritten shard is cut into pieces of at least this many kept bytes (module docstring)
 
 
 def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
@@ -71,7 +64,6 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
               "sample_json": sample_json, "classes": {str(i): n for n, i in (current.get("classes") or {}).items()},
               "image_exts": sorted(ext for ext, role in (current.get("fields") or {}).items() if role == "image")}
     jobs: dict[int, dict] = {}
-    common["piece_bytes"] = piece_bytes()
     for at, entry in enumerate(current["shards"]):
         span_positions = None
         if spans is not None:
@@ -84,14 +76,8 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
                     "first_cut": _first_cut(spans[at] if spans is not None else None, span_positions),
                     "sources_at": {str(p): sources_at[p] for p in ([] if span_positions is None else
                                                                     span_positions.tolist()) if p in sources_at}}
-    from repack.exec.cpus import available_cpus
-
-    pieces = max(1, available_cpus() // max(1, len(jobs)))
-    for job in jobs.values():
-        job["pieces"] = pieces
-    refuse_names_in_use(store, current, [f"{name}.{ext}" for job in jobs.values()
-                                         for name in piece_stems(rewritten_stem(job["entry"]["path"], number), pieces)
-                                         for ext in ("tar", "idx", "crc")], "remove")
+    refuse_names_in_use(store, current, [f"{rewritten_stem(job['entry']['path'], number)}.{ext}"
+                                         for job in jobs.values() for ext in ("tar", "idx", "crc")], "remove")
     done = dict(zip(jobs, _fan_out(list(jobs.values()))))
     found: set[str] = set()
     sources: set[str] = set()  # of the removed samples, also when named by key
@@ -110,9 +96,10 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
             removed_classes[name] = removed_classes.get(name, 0) + count
         for name, count in result.get("removed_formats", {}).items():
             removed_formats[name] = removed_formats.get(name, 0) + count
-        new = result["entries"]
-        rewritten[entry["path"]] = (new[0]["path"] if len(new) == 1 else [piece["path"] for piece in new]) if new else None
-        shards += [{**{k: v for k, v in entry.items() if k not in ("path", "index")}, **piece} for piece in new]
+        new = result["entry"]
+        rewritten[entry["path"]] = new["path"] if new else None
+        if new:
+            shards.append({**{k: v for k, v in entry.items() if k not in ("path", "index")}, **new})
     totals = {"bytes": sum(s["bytes"] for s in shards), "shards": len(shards)}
     return Rewrite(shards, frozenset(found), rewritten, removed_classes, {"totals": totals}, frozenset(sources),
                    removed_formats)
@@ -149,47 +136,14 @@ def largest_first(sizes: list[int]) -> list[int]:
     return sorted(range(len(sizes)), key=lambda at: (-sizes[at], at))
 
 
-REWRITE_SUFFIX = re.compile(r"((?:-v[0-9]+)+)(_[0-9]+)?$")  # what earlier rewrites added to a shard's stem
+REWRITE_SUFFIX = re.compile(r"(-v[0-9]+)+$")  # what earlier rewrites added to a shard's stem
 
 
 def rewritten_stem(path: str, number: int) -> str:
     """The stem of shard ``path`` rewritten by version ``number``: its stem as packed (``shard-XXXXXX``, an
-    append's ``shard-vN-XXXXXX``), earlier rewrites' ``-vN`` dropped (a piece's ``-vN_K`` leaves ``_K``: pieces
-    of one shard stay apart), then ``-v<number>``; one name per shard and version, that grows only where a
-    rewrite cut the shard into pieces."""
-    stem = path[:-len(".tar")]
-    found = REWRITE_SUFFIX.search(stem)
-    base = stem if found is None else stem[:found.start()] + (found.group(2) or "")
-    return f"{base}-v{number}"
-
-
-def piece_stems(stem: str, pieces: int) -> list[str]:
-    """The names a rewrite into at most ``pieces`` pieces may give (``stem`` itself for one)."""
-    return [stem] + [f"{stem}_{k}" for k in range(pieces)] if pieces > 1 else [stem]
-
-
-def piece_bytes() -> int:
-    """``PIECE_BYTES``, or ``REPACK_REWRITE_PIECE_BYTES`` (the tests' small shards are cut with it)."""
-    return int(os.environ.get("REPACK_REWRITE_PIECE_BYTES") or PIECE_BYTES)
-
-
-def kept_pieces(index: ShardIndex, keep: np.ndarray, pieces: int, least: int) -> list[np.ndarray]:
-    """``keep`` cut into at most ``pieces`` masks of consecutive kept samples of near-equal bytes, each of at
-    least ``least`` bytes (one mask when the kept bytes make no two such pieces)."""
-    kept = np.flatnonzero(keep)
-    starts, ends = index.spans()
-    sizes = (ends - starts)[kept]
-    count = int(min(pieces, len(kept), int(sizes.sum()) // max(1, least)))
-    if count <= 1:
-        return [keep]
-    cuts = np.searchsorted(np.cumsum(sizes), sizes.sum() * np.arange(1, count) / count)
-    masks = []
-    for rows in np.split(kept, cuts):
-        if len(rows):
-            mask = np.zeros(len(keep), bool)
-            mask[rows] = True
-            masks.append(mask)
-    return masks
+    append's ``shard-vN-XXXXXX``), earlier rewrites' ``-vN`` dropped, then ``-v<number>``; one name per shard
+    and version, that does not grow with every remove."""
+    return REWRITE_SUFFIX.sub("", path[:-len(".tar")]) + f"-v{number}"
 
 
 def rewrite_shard(call: str) -> str:
@@ -213,7 +167,7 @@ def rewrite_shard(call: str) -> str:
                 lambda tar, index, at: sources_at.get(key_position(index.key(at))))
             wanted_at = None if job["wanted_at"] is None else np.array(job["wanted_at"], np.int64)
             hit = _hits(tar, index, job["by"], set(job["wanted"]), wanted_at, source_of)
-            result = {"found": [], "sources": [], "removed_classes": {}, "removed_formats": {}, "entries": []}
+            result = {"found": [], "sources": [], "removed_classes": {}, "removed_formats": {}, "entry": None}
             if not hit:
                 return json.dumps(result)
             for at, source in hit.items():
@@ -229,27 +183,18 @@ def rewrite_shard(call: str) -> str:
                     result["removed_formats"][image] = result["removed_formats"].get(image, 0) + 1
             keep = np.ones(index.samples, bool)
             keep[list(hit)] = False
-            masks = kept_pieces(index, keep, job.get("pieces", 1), job.get("piece_bytes", PIECE_BYTES))
-            checksums = _old_checksums(store, entry, index)
-            if len(masks) == 1:
-                new = [copy_kept(tar.fileno(), index, keep, out, stem, entry["path"], checksums, prefix)]
-            else:  # a thread per piece: the copies and the sha256s run side by side (the GIL released)
-                with ThreadPoolExecutor(len(masks), thread_name_prefix="repack-piece") as pool:
-                    new = list(pool.map(lambda k: copy_kept(tar.fileno(), index, masks[k], out, f"{stem}_{k}",
-                                                            entry["path"], checksums, prefix if k == 0 else None),
-                                        range(len(masks))))
+            new = copy_kept(tar.fileno(), index, keep, out, stem, entry["path"], _old_checksums(store, entry, index),
+                            prefix)
     except UsageError as exc:
         return json.dumps({"error": str(exc)})
     finally:
         if store.remote:
             local.unlink(missing_ok=True)
-    new = [piece for piece in new if piece]
-    if store.remote:
-        for piece in new:
-            store.publish(piece["path"], out / piece["path"], piece["sha256"])
-            store.publish(piece["index"], out / piece["index"])
-            store.publish(piece["checksums"], out / piece["checksums"])
-    result["entries"] = new
+    if new and store.remote:
+        store.publish(new["path"], out / new["path"], new["sha256"])
+        store.publish(new["index"], out / new["index"])
+        store.publish(new["checksums"], out / new["checksums"])
+    result["entry"] = new
     return json.dumps(result)
 
 
