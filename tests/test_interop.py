@@ -38,7 +38,8 @@ def test_verify_passes_on_a_prepared_dataset_locally_and_on_s3(server, prepared,
     proc = run_repack("verify", prepared, "--json")
     report = json.loads(proc.stdout)
     assert report["ok"] and any(u.startswith(".nv-meta/index.sqlite") for u in report["unchecked"])
-    assert not any("tar.idx" in u or ".info.json" in u or "shardindex" in u for u in report["unchecked"])
+    assert not any("tar.idx" in u or ".info.json" in u or "shardindex" in u or "split.yaml" in u
+                   for u in report["unchecked"])
     assert verify_json(upload(server, prepared, "interop", "prepared"), env) == (0, [])
 
 
@@ -59,6 +60,12 @@ def tamper_wids(out: Path) -> None:
     (out / "shardindex.json").write_text(json.dumps(index))
 
 
+def tamper_split(out: Path) -> None:
+    """energon's split: one shard listed twice, the others dropped (energon then trains on one shard twice)."""
+    (out / ".nv-meta" / "split.yaml").write_text("split_parts:\n  train:\n  - shard-000000.tar\n  - shard-000000.tar\n"
+                                                "  val: []\n  test: []\nexclude: []\n")
+
+
 def stray_in_nv_meta(out: Path) -> None:
     (out / ".nv-meta" / "run.sh").write_text("echo hi")
 
@@ -71,6 +78,7 @@ def stray_tar_idx(out: Path) -> None:
     (tamper_info, ".nv-meta/.info.json: energon's shard counts differ"),
     (tamper_tar_index, "shard-000001.tar.idx: energon's tar index does not give the sample offsets"),
     (tamper_wids, "shardindex.json: not the wids shard index of this manifest"),
+    (tamper_split, ".nv-meta/split.yaml: lists shard-000000.tar 2 times"),
     (stray_in_nv_meta, ".nv-meta/run.sh: a file the manifest does not name"),
     (stray_tar_idx, "shard-000099.tar.idx: a file the manifest does not name"),
 ], ids=lambda v: getattr(v, "__name__", ""))

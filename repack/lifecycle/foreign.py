@@ -7,9 +7,14 @@ megatron-energon (``energon prepare OUT``) writes, and reads from then on:
   <shard>.tar.idx            beside each tar: native uint64 byte offsets of each sample's first
                              header, then the end of the last member: checked against repack's
                              own index (``<shard>.idx``) of that tar
+  .nv-meta/split.yaml        which shards energon trains, validates and tests on: checked where PyYAML
+                             is installed (energon needs it) and every entry names shards (a name,
+                             or energon's brace range ``shard-{000000..000004}.tar``; a glob is not
+                             checked): each of the manifest's tars listed once, under one split part
+                             or ``exclude``, and nothing else
   .nv-meta/*.yaml|yml|json|sqlite|uuid|py
-                             split, dataset.yaml, the sample index (sqlite), its uuid, a sample
-                             loader: energon's own configuration, not checked (reported as such)
+                             dataset.yaml, the sample index (sqlite), its uuid, a sample loader:
+                             energon's own configuration, not checked (reported as such)
 
 wids (``wids.ShardListDataset``) reads a shard index a user writes from the manifest:
 
@@ -30,6 +35,7 @@ from repack.sinks.tar_format import BLOCK
 
 ENERGON_META = ".nv-meta/"
 ENERGON_INFO = ".nv-meta/.info.json"
+ENERGON_SPLIT = ".nv-meta/split.yaml"
 ENERGON_NAME = re.compile(r"\.?[A-Za-z0-9_-][A-Za-z0-9_.-]*\.(yaml|yml|json|sqlite|uuid|py)")
 ENERGON_INDEX_SUFFIX = ".tar.idx"
 
@@ -71,8 +77,55 @@ def check_foreign(files, manifest, rels: list[str]) -> tuple[list[str], list[str
                 problems += fetch_problems
                 problems += tar_index_problems(rel, (root / rel).read_bytes(), (root / shard["index"]).read_text())
         else:
-            unchecked.append(f"{rel} (megatron-energon's configuration, written by energon prepare)")
+            found = None
+            if rel == ENERGON_SPLIT:
+                with files.local([rel]) as (root, fetch_problems):
+                    found = None if fetch_problems else split_problems(rel, (root / rel).read_bytes(), manifest)
+            if found is None:
+                unchecked.append(f"{rel} (megatron-energon's configuration, written by energon prepare)")
+            else:
+                problems += found
     return problems, unchecked
+
+
+def split_problems(rel: str, raw: bytes, manifest) -> list[str] | None:
+    """energon's split must list each of the manifest's tars once (a part of ``split_parts``, or ``exclude``) and
+    nothing else; None where it cannot be checked (no PyYAML, or an entry that is a pattern)."""
+    try:
+        import yaml
+    except ImportError:
+        return None
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return [f"{rel}: not YAML"]
+    parts = data.get("split_parts") if isinstance(data, dict) else None
+    if not isinstance(parts, dict) or not all(isinstance(v, (list, type(None))) for v in parts.values()):
+        return [f"{rel}: no split_parts mapping of part names to shard lists"]
+    listed = [name for names in [*parts.values(), data.get("exclude") or []] for name in (names or [])]
+    if not all(isinstance(name, str) for name in listed):
+        return [f"{rel}: an entry is not a shard name"]
+    if any(mark in name for name in listed for mark in "{}"):  # energon's own ranges: shard-{000000..000004}.tar
+        try:
+            from braceexpand import braceexpand  # webdataset's, as energon expands them
+        except ImportError:
+            return None
+        listed = [name for entry in listed for name in braceexpand(entry)]
+    if any(mark in name for name in listed for mark in "*?["):
+        return None
+    counts: dict[str, int] = {}
+    for name in listed:
+        counts[name] = counts.get(name, 0) + 1
+    tars = list(_tars(manifest))
+    problems = [f"{rel}: lists {name} {count} times" for name, count in sorted(counts.items()) if count > 1]
+    missing = [name for name in tars if name not in counts]
+    unknown = sorted(set(counts) - set(tars))
+    if missing:
+        problems.append(f"{rel}: does not list {len(missing)} of the manifest's shards ({', '.join(missing[:3])}): "
+                        "energon would not read them (run energon prepare again)")
+    if unknown:
+        problems.append(f"{rel}: lists {len(unknown)} shard(s) the manifest does not hold ({', '.join(unknown[:3])})")
+    return problems
 
 
 def wids_problems(rel: str, raw: bytes, manifest) -> list[str]:
