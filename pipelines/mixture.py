@@ -15,7 +15,8 @@ Sources compose by the readers' shared protocol, not by format:
   its own ``slot::slots`` share: disjoint across ranks and workers;
 - an iterable source (``ImageShardDataset``) splits itself across ranks and workers (give it the
   same rank and world size); the mixture calls its ``set_epoch``, ``state_dict`` and
-  ``load_state_dict``.
+  ``load_state_dict``, and, for a source it has not drawn from yet in this pass, ``start_state`` where
+  the source has it (a reader's ``state_dict`` is its last iterator's place, also once that ended).
 
 When a source runs out (``exhausted``): ``"stop"`` (the default) ends the epoch at the first draw
 of an exhausted source, so the proportions hold to the end; ``"repeat"`` starts that source over
@@ -145,15 +146,19 @@ class _Cursor:
         out = {"kind": type(self.source).__name__, "pass": self.pass_, "position": self.position}
         if not self.iterable and hasattr(self.source, "dataset"):
             out["dataset"] = dict(self.source.dataset)
-        if self.iterable:  # a source not drawn yet: its fresh state, which names its dataset version
-            out["state"] = self.restored if self._iter is None and self.restored is not None else \
-                _fresh_state(self.source)
+        if self.iterable:  # a source not drawn yet in this pass: its fresh state, which names its dataset version
+            if self._iter is None:
+                out["state"] = self.restored if self.restored is not None else _fresh_state(self.source)
+            else:
+                out["state"] = self.source.state_dict()
         return out
 
 
 def _fresh_state(source) -> dict | None:
-    """An iterable source's ``state_dict()`` (None without one)."""
-    saver = getattr(source, "state_dict", None)
+    """The state of an iterable source not drawn from yet in this pass: its ``start_state()`` where it has one (a
+    reader's ``state_dict()`` is its last iterator's place, also once that ended), else its ``state_dict()``
+    (None without either)."""
+    saver = getattr(source, "start_state", None) or getattr(source, "state_dict", None)
     return saver() if saver is not None else None
 
 

@@ -375,6 +375,15 @@ class ImageShardDataset(IterableDataset):
         worker, workers = _worker()
         return self._state_of(self._fresh_cursor(int(self._epoch), worker, workers))
 
+    def start_state(self) -> dict:
+        """The state of an iterator this process has not started yet: the state loaded last, else the start of
+        the current epoch (``state_dict`` gives the last iterator's place, also once it ended: a ``Mixture``
+        saving a source it has not drawn from in this pass asks for this one)."""
+        if self._pending is not None:
+            return dict(self._pending)
+        worker, workers = _worker()
+        return self._state_of(self._fresh_cursor(int(self._epoch), worker, workers))
+
     def load_state_dict(self, state: dict) -> None:
         """Make the next iterator continue exactly where ``state`` stopped (skipping by index: consumed
         samples are never read). Also accepts a rank state from ``pipelines.resume`` (no worker: the

@@ -230,3 +230,31 @@ def test_an_append_between_save_and_load_leaves_every_rank_on_the_saved_version_
         _, resumed = loader(rank)
         resumed.load_state_dict(states[rank])
         assert seen[rank] + [x for batch in resumed for x in batch] == whole[rank], rank
+
+
+def test_a_second_pass_saves_an_undrawn_source_at_its_start_not_where_the_last_pass_ended(packed_photos):
+    """A second pass over the same epoch (no set_epoch), its state taken before the first draw from B: B's saved
+    state was B's last iterator's place, at its end, so the resumed pass took 3 samples where it takes 120+."""
+    def mixture():
+        return Mixture([(ImageShardDataset(packed_photos, output="dict", decode=False), w) for w in (0.9, 0.1)],
+                       seed=0, tag_source=True)
+
+    def draws(it, limit=None):
+        out = []
+        for pick, sample in it:
+            out.append((pick, sample["key"]))
+            if limit is not None and len(out) == limit:
+                break
+        return out
+
+    first = mixture()
+    whole = draws(iter(first))
+    before_b = [pick for pick, _ in whole].index(1)
+    assert before_b > 0
+    it = iter(first)  # the second pass
+    head = draws(it, before_b)
+    state = json.loads(json.dumps(first.state_dict()))
+    rest = draws(it)
+    resumed = mixture()
+    resumed.load_state_dict(state)
+    assert head + draws(iter(resumed)) == head + rest == whole
