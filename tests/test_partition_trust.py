@@ -37,6 +37,7 @@ def test_strict_partitions_are_strict_at_merge_and_no_strict_publishes(tmp_path)
     manifest = json.loads((out / "manifest.json").read_text())
     assert [q["source"] for q in manifest["quarantine"]] == ["c0/broken.jpg"]
     assert manifest["totals"]["samples"] == 60
+    assert manifest["run"]["executor"] == "partitions"  # not "local": the merge ran no task
 
 
 def test_merge_strict_applies_to_partitions_run_without_it(tmp_path):

@@ -28,7 +28,8 @@ def merge(out, quiet, json_summary, strict):
     from repack.jobs import engine
     from repack.store import open_store
 
-    options = EngineOptions(quiet=quiet, json_summary=json_summary, command=shlex.join(sys.argv))
+    options = EngineOptions(quiet=quiet, json_summary=json_summary, command=shlex.join(sys.argv),
+                            executor="partitions")  # the manifest's run.executor: the tasks ran in the partitions
     result = engine.merge(location(out), options, strict)
     state = engine.read_json(open_store(location(out)), ".repack/job.json")
     report(engine.load_job(result.manifest["modality"], json.dumps({**state["spec"], "out": location(out)})), options,
