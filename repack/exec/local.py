@@ -7,6 +7,7 @@ of the data path is pickled). A single task, or ``workers=1``, runs in-process.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import json
 import multiprocessing
@@ -67,7 +68,11 @@ def call_outcomes(future, count: int) -> list[dict]:
 
 def _start_worker(driver_pid: int, cpus: int) -> None:
     """Pool initializer: record the worker's share of the pool's CPUs (``repack.exec.cpus.worker_cpus``: a
-    tokenizer sizes its threads by it) and tie the worker's life to the driver's (``_die_with_parent``)."""
+    tokenizer sizes its threads by it) and tie the worker's life to the driver's (``_die_with_parent``). A
+    forked worker never collects what it inherited (``gc.freeze``: a finalizer of the driver's objects, a DALI
+    pipeline's say, may need threads the fork did not copy), as the walk's workers (``scan_pool``)."""
+    if os.getppid() == driver_pid:  # forked from the driver (a fork server's children inherit nothing of it)
+        gc.freeze()
     set_worker_cpus(cpus)
     _die_with_parent(driver_pid)
 
