@@ -55,5 +55,5 @@ def compile_dependencies(modules: tuple[str, ...] = IMPORTED_BY_COMMANDS) -> lis
     folders = json.loads(found.stdout.strip().splitlines()[-1]) if found.returncode == 0 and found.stdout else []
     for folder in folders:
         if Path(folder).is_dir():
-            compileall.compile_dir(folder, quiet=2)
+            compileall.compile_dir(folder, quiet=2, workers=0)  # on every CPU (torch holds thousands of modules)
     return folders
