@@ -36,7 +36,12 @@ def test_an_append_with_other_transform_options_is_refused_by_name(tmp_path):
     cases = [((), "no --normalize (the dataset: --normalize)"),
              (("--normalize",), "no --max-side (the dataset: --max-side 16)"),
              (("--normalize", "--max-side", "16", "--quality", "70"), "--quality 70 (the dataset: --quality 90)"),
-             (("--normalize", "--max-side", "16", "--dedup"), "--dedup (the dataset: no --dedup)")]
+             (("--normalize", "--max-side", "16", "--dedup"), "--dedup (the dataset: no --dedup)"),
+             # what an input must pass: an undecodable JPEG was packed by --verify none, the manifest saying decode
+             (("--normalize", "--max-side", "16", "--verify", "none"), "--verify none (the dataset: --verify decode)"),
+             (("--normalize", "--max-side", "16", "--max-pixels", "100"), "--max-pixels 100 (the dataset: "),
+             (("--normalize", "--max-side", "16", "--max-file-size", "1MB"), "--max-file-size 1000000B (the "
+                                                                              "dataset: --max-file-size 268435456B)")]
     for extra, named in cases:
         refused = run_repack("images", src, out, "--append", "--quiet", *extra, check=False)
         assert refused.returncode == 2 and named in refused.stderr, (extra, refused.stderr)

@@ -147,3 +147,74 @@ def test_a_pull_waits_its_turn_on_the_destination(server, three_versions, tmp_pa
         os.close(fd)
     run_repack("pull", three_versions, dest, env=env)
     assert run_repack("verify", dest).returncode == 0
+
+
+def test_pull_refuses_a_folder_it_must_not_replace(server, tmp_path):
+    """DEST holding a repack job's output, a copy of another dataset, or files of no dataset: refused, untouched
+    (a pull into a locally packed dataset deleted its shards and left its job state under the pulled manifest)."""
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="dest")
+    env = env_for(server.endpoint, tmp_path)
+    src = make_source(tmp_path / "src")
+    for name in ("a", "b"):
+        run_repack("images", src, f"s3://dest/{name}", "--shard-size", "4", "--quiet", env=env)
+    packed = tmp_path / "packed"
+    run_repack("images", src, packed, "--shard-size", "2", "--quiet")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine\n")
+    copy = tmp_path / "copy"
+    run_repack("pull", "s3://dest/a", copy, env=env)
+    for dest, said in ((packed, "holds the output of a repack job"), (copy, "holds a copy of s3://dest/a"),
+                       (notes, "holds no pulled dataset")):
+        before = {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
+        proc = run_repack("pull", "s3://dest/b", dest, env=env, check=False)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+        assert {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()} == before
+    run_repack("pull", "s3://dest/a", copy, env=env)  # the same dataset again: updated in place
+
+
+def test_a_pull_that_failed_leaves_nothing_of_the_older_copy_after_its_rerun(server, tmp_path):
+    """A pull of v2 over a copy of v1 that fails (here: an object damaged at the source) removed the copy's
+    manifests first; the re-run deleted only what the manifests left in DEST named, so v1's shard, holding a
+    removed sample, stayed (verify: a file the manifest does not name)."""
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="rerun")
+    env = env_for(server.endpoint, tmp_path)
+    src, url = make_source(tmp_path / "src"), "s3://rerun/ds"
+    run_repack("images", src, url, "--shard-size", "4", "--quiet", env=env)
+    copy = tmp_path / "copy"
+    run_repack("pull", url, copy, env=env)
+    first = json.loads((copy / "manifest.json").read_text())
+    gone = tmp_path / "gone.txt"
+    gone.write_text("cat/c0.jpg\n")
+    run_repack("remove", url, "--sources", gone, "--quiet", env=env)
+    run_repack("gc", url, "--keep", "1", env=env)
+    second = json.loads(objects(s3, "rerun", "ds")["manifest.json"])
+    new_shard = next(s["path"] for s in second["shards"] if s["path"] not in {t["path"] for t in first["shards"]})
+    good = objects(s3, "rerun", "ds")[new_shard]
+    s3.put_object(Bucket="rerun", Key=f"ds/{new_shard}", Body=good[:600] + bytes([good[600] ^ 1]) + good[601:])
+    assert run_repack("pull", url, copy, env=env, check=False).returncode == 5
+    s3.put_object(Bucket="rerun", Key=f"ds/{new_shard}", Body=good)
+    run_repack("pull", url, copy, env=env)
+    assert run_repack("verify", copy, check=False).returncode == 0
+    stale = {s["path"] for s in first["shards"]} - {s["path"] for s in second["shards"]}
+    assert stale and not any((copy / rel).exists() for rel in stale)
+
+
+def test_a_token_dataset_pulls_with_its_document_sources(server, tmp_path):
+    """A text dataset's parts carry ``source_runs`` (.sources): the pull left them behind and failed its own check
+    ("text_document.sources: missing") for every token dataset."""
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+    client(server.endpoint).create_bucket(Bucket="tokens")
+    env = env_for(server.endpoint, tmp_path)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"f{i}.txt").write_text("".join(f"document {i}-{j} of the corpus\n" for j in range(50)))
+    write_tokenizer(gpt2_tokenizer(), tmp_path / "tok")
+    run_repack("text", corpus, "s3://tokens/t", "--tokenizer", tmp_path / "tok", "--quiet", env=env)
+    run_repack("pull", "s3://tokens/t", tmp_path / "copy", env=env)
+    assert any(p.suffix == ".sources" for p in (tmp_path / "copy").iterdir())
+    assert run_repack("verify", tmp_path / "copy", check=False).returncode == 0

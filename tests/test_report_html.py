@@ -174,6 +174,11 @@ def test_video_report_renders(tmp_path):
     assert [k.split(":")[0] for k in frames] == ["ok", "transcode"] and all(max(f.size) <= 160 for f in frames.values())
     assert "ok: good/h264.mp4" in frames and "reject: junk/empty.mp4; empty" in html_lib.unescape(html)
     images_load(page, tmp_path, len(frames))
+    data = json.loads((tmp_path / "out" / "manifest.json").read_text())  # a received manifest's markup: escaped
+    data["created_by"]["options"]["max_gop"] = '<img src=x onerror="alert(1)">'
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(data))
+    run_repack("inspect", tmp_path / "out", "--html", page)
+    assert "<img src=x" not in page.read_text() and "&lt;img src=x" in page.read_text()
 
 
 def test_bench_report_renders(images_out, tmp_path):

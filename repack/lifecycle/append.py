@@ -289,10 +289,13 @@ def _images_accepts(current: dict, spec) -> str | None:
         return (f"holds {current['modality']} in {current['format']}; --append adds webdataset shards to a "
                 "webdataset images dataset")
     held = (current.get("created_by") or {}).get("options") or {}
-    # what a sample's bytes are (normalized or as found, their size and quality) and whether a content is packed
-    # once: the new samples are the dataset's kind (a mix of 16 px and 32 px images was published, the manifest
-    # saying 16); a dataset of older manifests without these options is not compared
-    compared = ["normalize", "dedup"] + (["max_side", "quality"] if spec.normalize or held.get("normalize") else [])
+    # what a sample's bytes are (normalized or as found, their size and quality), whether a content is packed
+    # once, and what an input must pass to be packed (the check, the size caps, where a link may point): the new
+    # samples are the dataset's kind (a mix of 16 px and 32 px images was published, the manifest saying 16; an
+    # undecodable JPEG was packed by --verify none into a dataset whose manifest says decode); a dataset of older
+    # manifests without these options is not compared
+    compared = ["normalize", "dedup", "verify", "max_pixels", "max_file_size", "allow_outside_source"] + (
+        ["max_side", "quality"] if spec.normalize or held.get("normalize") else [])
     differ = [f"{_flag(name, getattr(spec, name))} (the dataset: {_flag(name, held[name])})"
               for name in compared if name in held and held[name] != getattr(spec, name)]
     return f"was packed with other options: {', '.join(differ)}; append with the dataset's" if differ else None
@@ -301,6 +304,8 @@ def _images_accepts(current: dict, spec) -> str | None:
 def _flag(name: str, value) -> str:
     """An images option's value as its flag reads."""
     flag = f"--{name.replace('_', '-')}"
+    if name == "max_file_size" and isinstance(value, int):
+        return f"{flag} {value}B"
     if isinstance(value, bool):
         return flag if value else f"no {flag}"
     return f"{flag} {value}" if value is not None else f"no {flag}"

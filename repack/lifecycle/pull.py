@@ -10,12 +10,18 @@ intact file already in DEST is kept), then the copy is checked as ``repack verif
 (each shard's structure against its index, the side files' sha256), per version; only then are
 the version files written and ``manifest.json`` last: a readable manifest in DEST means a complete,
 checked copy. A file of the copy that fails raises VerificationError (exit 5); DEST holding a
-symlink where a file goes is a UsageError. Requests are retried as every S3 call of repack is
+symlink where a file goes is a UsageError. DEST is new, empty, or an earlier pull's copy of the same
+dataset (``.repack/pulled.json`` names its URL and every file a pull into it started to write, so the
+files of a pull that was killed are still known): a folder holding a repack job's output, a copy of
+another dataset, or files of no dataset is refused before anything in it changes. The files an earlier
+pull wrote that no pulled version names are deleted once the copy is checked. Requests are retried as every S3 call of repack is
 (``repack.store.s3_client``), and a whole-object download that still fails is tried again, as uploads are.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import RepackError, UsageError, VerificationError
+from repack.jobs.base import STATE_DIR
 from repack.lifecycle.verify import check_contents
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, atomic_write_bytes, parse_manifest, safe_join
 from repack.manifest.versions import check_number, number_of, version_file, version_number
@@ -74,6 +81,8 @@ def expected_objects(manifest: Manifest) -> list[Expected]:
             found.append(Expected(shard["index"], shard.get("index_bytes"), shard.get("index_sha256")))
         if shard.get("checksums"):
             found.append(Expected(shard["checksums"], shard.get("checksums_bytes"), shard.get("checksums_sha256")))
+        if shard.get("source_runs"):  # a token part's document sources (``repack.manifest.source_runs``)
+            found.append(Expected(shard["source_runs"], shard.get("source_runs_bytes"), shard.get("source_runs_sha256")))
     for video in manifest.data.get("videos", []):  # a video WebDataset's prepared videos, beside its shards
         found.append(Expected(video["path"], video.get("bytes"), video.get("sha256")))
     for name, rel in manifest.data.get("files", {}).items():
@@ -135,16 +144,59 @@ def pull(spec: PullSpec) -> Manifest:
         raise UsageError(f"{str(root)!r} exists and is not a folder")
     from repack.jobs.engine import JobLock, prepare_out
 
+    refuse_other_dest(root, remote.store.url)
     prepare_out(root)  # as every writer's: the job state inside DEST (never through a link), DEST writable
     with JobLock(root):  # as every writer of a dataset: a second pull, a gc or a remove on DEST exits 3
+        refuse_other_dest(root, remote.store.url)  # again, now that no other writer runs
         return _pull_locked(spec, remote, pinned, root)
+
+
+PULLED = ".repack/pulled.json"  # {"url": the dataset pulled, "files": every file a pull into DEST started to write}
+
+
+def pulled_record(root: Path) -> dict | None:
+    """DEST's record of its pulls (None: none, or not readable as one)."""
+    try:
+        data = json.loads(refuse_links(root, PULLED).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("url"), str) and \
+        isinstance(data.get("files"), list) else None
+
+
+def refuse_other_dest(root: Path, url: str) -> None:
+    """UsageError when DEST holds what a pull of ``url`` must not replace: a repack job's output (its
+    ``.repack/job.json``), a pull of another dataset, or files of no dataset (a repack manifest without a
+    record is an older repack's pull: taken as a copy to update)."""
+    if not root.is_dir():
+        return
+    if (root / STATE_DIR / "job.json").exists():
+        raise UsageError(f"{root} holds the output of a repack job (.repack/job.json): a pull would replace its "
+                         "files; pull into a new or empty folder")
+    record = pulled_record(root)
+    if record is not None:
+        if record["url"] != url:
+            raise UsageError(f"{root} holds a copy of {record['url']}, not of {url}: pull into a new or empty folder")
+        return
+    found = sorted(entry.name for entry in os.scandir(root) if entry.name != STATE_DIR)
+    if found and MANIFEST_NAME not in found:
+        shown = ", ".join(found[:3]) + (" ..." if len(found) > 3 else "")
+        raise UsageError(f"{root} is not empty and holds no pulled dataset ({shown}); pull into a new or empty "
+                         "folder")
+
+
+def _write_record(root: Path, url: str, files: set[str]) -> None:
+    atomic_write_bytes(refuse_links(root, PULLED), json.dumps({"url": url, "files": sorted(files)}).encode())
 
 
 def _pull_locked(spec: PullSpec, remote: RemoteFiles, pinned: list[Version], root: Path) -> Manifest:
     """``pull`` with DEST's job lock held."""
     items = {item.rel: item for version in reversed(pinned) for item in expected_objects(version.manifest)}
     targets = {rel: refuse_links(root, rel) for rel in items}
-    earlier = version_names(LocalStore(str(root)))  # an earlier pull's files: those not pulled now go
+    record = pulled_record(root)
+    # an earlier pull's files (its manifests', and every file a killed one started): those not pulled now go
+    earlier = version_names(LocalStore(str(root))) | set(record["files"] if record else ())
+    _write_record(root, remote.store.url, earlier | set(items))  # before any download: a kill leaves them known
     for old in [root / MANIFEST_NAME, *root.glob("manifest.v*.json")]:  # a readable manifest = a complete copy
         refuse_links(root, old.name).unlink(missing_ok=True)
 
@@ -171,6 +223,7 @@ def _pull_locked(spec: PullSpec, remote: RemoteFiles, pinned: list[Version], roo
     atomic_write_bytes(refuse_links(root, MANIFEST_NAME), latest.raw)
     _drop_stale(root, {rel for rel in earlier - set(items)  # the version files were just written
                        if rel != MANIFEST_NAME and version_number(rel) is None})
+    _write_record(root, remote.store.url, set(items))
     return Manifest(root, latest.manifest.data)
 
 

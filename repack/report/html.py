@@ -229,7 +229,8 @@ def _video(s: dict) -> list[str]:
                 ("codec profile", table(["codec profile", "videos"], [[k, n] for k, n in v["codecs"].items()], {1})),
                 ("resolution", table(["width x height", "videos"], [[k, n] for k, n in v["resolutions"].items()], {1})),
                 ("longest keyframe gap", table(["gap", "videos"], [[k, n] for k, n in v["gop"].items()], {1})
-                 + f'<p class="sub">longer than --max-gop {s["options"].get("max_gop", "?")} s: transcode</p>'),
+                 + f'<p class="sub">longer than --max-gop {escape(str(s["options"].get("max_gop", "?")))} s: '
+                 'transcode</p>'),
                 ("pixel format", table(["pixel format", "videos"], [[k, n] for k, n in v["pixel_formats"].items()], {1})),
                 ("frame rate", table(["frame rate", "videos"], [[k, n] for k, n in v["frame_rates"].items()], {1})))),
             section("Videos not decodable as is",
