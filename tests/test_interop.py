@@ -90,3 +90,18 @@ def test_other_loaders_files_are_checked_and_nothing_else_is_let_through(server,
     local = verify_json(out, env)
     assert local[0] == 5 and any(said in p for p in local[1]), local
     assert verify_json(upload(server, out, "interop", tamper.__name__), env) == local
+
+
+@pytest.mark.parametrize("split", [
+    "split_parts:\n  train:\n  - shard-{000000..000004}.tar\nexclude:\n- shard-000002.tar\n",  # a shard filtered out
+    "split_parts:\n  train:\n  - shard-{000000..000004}.tar\nexclude:\n- shard-000001.tar/0\n",  # one sample
+    "split_parts:\n  train:\n  - shard-{000000..000002}.tar\nexclude: []\n",  # shards held out (--split-parts)
+])
+def test_energon_splits_it_reads_itself_pass(prepared, tmp_path, split):
+    """``exclude`` is energon's filter and a shard no part lists is energon's choice: only a name that is no shard
+    of the manifest, or a shard listed twice, is a problem."""
+    out = tmp_path / "out"
+    shutil.copytree(prepared, out)
+    (out / ".nv-meta" / "split.yaml").write_text(split)
+    proc = run_repack("verify", out, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

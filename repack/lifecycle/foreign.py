@@ -10,8 +10,8 @@ megatron-energon (``energon prepare OUT``) writes, and reads from then on:
   .nv-meta/split.yaml        which shards energon trains, validates and tests on: checked where PyYAML
                              is installed (energon needs it) and every entry names shards (a name,
                              or energon's brace range ``shard-{000000..000004}.tar``; a glob is not
-                             checked): each of the manifest's tars listed once, under one split part
-                             or ``exclude``, and nothing else
+                             checked): only the manifest's tars, each in one split part at most
+                             (``exclude`` filters: tars, or ``<tar>/<sample>``)
   .nv-meta/*.yaml|yml|json|sqlite|uuid|py
                              dataset.yaml, the sample index (sqlite), its uuid, a sample loader:
                              energon's own configuration, not checked (reported as such)
@@ -89,8 +89,9 @@ def check_foreign(files, manifest, rels: list[str]) -> tuple[list[str], list[str
 
 
 def split_problems(rel: str, raw: bytes, manifest) -> list[str] | None:
-    """energon's split must list each of the manifest's tars once (a part of ``split_parts``, or ``exclude``) and
-    nothing else; None where it cannot be checked (no PyYAML, or an entry that is a pattern)."""
+    """energon's split must name only the manifest's tars, each in one split part at most (``exclude``, energon's
+    filter, may name tars and ``<tar>/<sample>``); None where it cannot be checked (no PyYAML, or a glob). A
+    tar no part lists is energon's choice (``energon prepare --split-parts`` holds shards out)."""
     try:
         import yaml
     except ImportError:
@@ -100,31 +101,34 @@ def split_problems(rel: str, raw: bytes, manifest) -> list[str] | None:
     except yaml.YAMLError:
         return [f"{rel}: not YAML"]
     parts = data.get("split_parts") if isinstance(data, dict) else None
-    if not isinstance(parts, dict) or not all(isinstance(v, (list, type(None))) for v in parts.values()):
+    exclude = data.get("exclude") if isinstance(data, dict) else None
+    if not isinstance(parts, dict) or not all(isinstance(v, (list, type(None))) for v in parts.values()) \
+            or not isinstance(exclude, (list, type(None))):
         return [f"{rel}: no split_parts mapping of part names to shard lists"]
-    listed = [name for names in [*parts.values(), data.get("exclude") or []] for name in (names or [])]
-    if not all(isinstance(name, str) for name in listed):
+    listed = [name for names in parts.values() for name in (names or [])]
+    excluded = list(exclude or [])
+    if not all(isinstance(name, str) for name in listed + excluded):
         return [f"{rel}: an entry is not a shard name"]
-    if any(mark in name for name in listed for mark in "{}"):  # energon's own ranges: shard-{000000..000004}.tar
+    if any(mark in name for name in listed + excluded for mark in "{}"):  # energon's ranges: shard-{000000..000004}.tar
         try:
             from braceexpand import braceexpand  # webdataset's, as energon expands them
         except ImportError:
             return None
         listed = [name for entry in listed for name in braceexpand(entry)]
-    if any(mark in name for name in listed for mark in "*?["):
+        excluded = [name for entry in excluded for name in braceexpand(entry)]
+    if any(mark in name for name in listed + excluded for mark in "*?["):
         return None
     counts: dict[str, int] = {}
     for name in listed:
         counts[name] = counts.get(name, 0) + 1
-    tars = list(_tars(manifest))
-    problems = [f"{rel}: lists {name} {count} times" for name, count in sorted(counts.items()) if count > 1]
-    missing = [name for name in tars if name not in counts]
-    unknown = sorted(set(counts) - set(tars))
-    if missing:
-        problems.append(f"{rel}: does not list {len(missing)} of the manifest's shards ({', '.join(missing[:3])}): "
-                        "energon would not read them (run energon prepare again)")
+    tars = set(_tars(manifest))
+    problems = [f"{rel}: lists {name} {count} times (energon would read it {count} times an epoch)"
+                for name, count in sorted(counts.items()) if count > 1]
+    unknown = sorted((set(counts) | {name.split("/")[0] if name.split("/")[-1].isdigit() and "/" in name else name
+                                     for name in excluded}) - tars)
     if unknown:
-        problems.append(f"{rel}: lists {len(unknown)} shard(s) the manifest does not hold ({', '.join(unknown[:3])})")
+        problems.append(f"{rel}: names {len(unknown)} shard(s) the manifest does not hold ({', '.join(unknown[:3])}): "
+                        "run energon prepare again")
     return problems
 
 
