@@ -1,22 +1,33 @@
 """A forked pool worker never collects what it inherited from the driver (``gc.freeze`` in the pool's
 initializer): a finalizer of an inherited object (a DALI pipeline's) may need the driver's threads, which the
-fork did not copy, and hung a worker (stop 50 saw it in the walk's workers; the rewrite pool forks the same way)."""
+fork did not copy, and hung a worker (stop 50 saw it in the walk's workers; the rewrite pool forks the same way).
+Run in a fresh process: the test runner's own threads would make the pool start through a fork server."""
 
 from __future__ import annotations
 
-import gc
+import json
+import subprocess
+import sys
 
-import pytest
+from tests.conftest import ROOT
 
+SCRIPT = """
+import gc, json
 from repack.exec.local import _pool_context, process_pool
 
-
-def frozen(_: int) -> int:
+def frozen(_):
     return gc.get_freeze_count()
 
-
-def test_forked_pool_workers_freeze_what_they_inherited():
-    if _pool_context().get_start_method() != "fork":
-        pytest.skip("the pool starts through a fork server here: its workers inherit nothing of the driver")
+if __name__ == "__main__":
     with process_pool(2) as pool:
-        assert all(count > 0 for count in pool.map(frozen, range(4)))
+        print(json.dumps([_pool_context().get_start_method(), list(pool.map(frozen, range(4)))]))
+"""
+
+
+def test_forked_pool_workers_freeze_what_they_inherited(tmp_path):
+    script = tmp_path / "pool.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    method, counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert method == "fork" and all(count > 0 for count in counts), (method, counts)
