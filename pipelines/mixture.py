@@ -142,6 +142,14 @@ class _Cursor:
     def restart(self) -> None:
         self.pass_, self.position, self._iter, self._order = self.pass_ + 1, 0, None, None
 
+    def settle(self) -> None:
+        """At the end of the pass: an iterable source's state that ``Mixture.load_state_dict`` loaded and this
+        pass never drew from is taken off the source (its next iterator would have continued from it)."""
+        if self.iterable and self.restored is not None:
+            self.source.load_state_dict(self.restored)
+            iter(self.source)  # an iterator takes the loaded state when it is made (reads nothing yet)
+            self.restored = None
+
     def state(self) -> dict:
         out = {"kind": type(self.source).__name__, "pass": self.pass_, "position": self.position}
         if not self.iterable and hasattr(self.source, "dataset"):
@@ -353,20 +361,24 @@ class Mixture(IterableDataset):
         limit = 1 << 62 if limit is None else limit
         self._live = [drawn, cursors, self.epoch]
         live, tag, stop = self._live, self.tag_source, self.exhausted == "stop"
-        while drawn < limit:
-            block_no, offset = divmod(drawn, BLOCK)
-            picks = self.draws(block_no)[offset:offset + min(BLOCK, limit - drawn)].tolist()
-            for pick in picks:
-                cursor = cursors[pick]
-                ok, sample = cursor.next()
-                if not ok:
-                    if stop:
-                        return
-                    cursor.restart()
+        try:
+            while drawn < limit:
+                block_no, offset = divmod(drawn, BLOCK)
+                picks = self.draws(block_no)[offset:offset + min(BLOCK, limit - drawn)].tolist()
+                for pick in picks:
+                    cursor = cursors[pick]
                     ok, sample = cursor.next()
                     if not ok:
-                        raise ValueError(f"Mixture source {cursor.index} ({type(cursor.source).__name__}) has no "
-                                         f"samples for rank {self.rank} worker {worker}: it cannot repeat")
-                drawn += 1
-                live[0] = drawn
-                yield (pick, sample) if tag else sample
+                        if stop:
+                            return
+                        cursor.restart()
+                        ok, sample = cursor.next()
+                        if not ok:
+                            raise ValueError(f"Mixture source {cursor.index} ({type(cursor.source).__name__}) has "
+                                             f"no samples for rank {self.rank} worker {worker}: it cannot repeat")
+                    drawn += 1
+                    live[0] = drawn
+                    yield (pick, sample) if tag else sample
+        finally:
+            for cursor in cursors:
+                cursor.settle()

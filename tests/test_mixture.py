@@ -258,3 +258,31 @@ def test_a_second_pass_saves_an_undrawn_source_at_its_start_not_where_the_last_p
     resumed = mixture()
     resumed.load_state_dict(state)
     assert head + draws(iter(resumed)) == head + rest == whole
+
+
+def test_a_resumed_pass_that_never_draws_a_source_again_leaves_it_fresh_for_the_next_pass(packed_photos):
+    """The state taken after a pass's last draw from B: B's loaded state stayed on B (the resumed pass never drew
+    from it), so the next pass continued B from there: 0 samples (stop) where an uninterrupted second pass reads
+    the epoch again."""
+    def mixture():
+        return Mixture([(ImageShardDataset(packed_photos, output="dict", decode=False), w) for w in (0.9, 0.1)],
+                       seed=5, tag_source=True)
+
+    def draws(it, limit=None):
+        out = []
+        for pick, sample in it:
+            out.append((pick, sample["key"]))
+            if limit is not None and len(out) == limit:
+                break
+        return out
+
+    first = mixture()
+    whole = [draws(iter(first)), draws(iter(first))]  # two passes of one epoch
+    cut = max(i for i, (pick, _) in enumerate(whole[0]) if pick == 1) + 1
+    assert cut < len(whole[0])
+    it = iter(mixture_a := mixture())
+    head = draws(it, cut)
+    state = json.loads(json.dumps(mixture_a.state_dict()))
+    resumed = mixture()
+    resumed.load_state_dict(state)
+    assert [head + draws(iter(resumed)), draws(iter(resumed))] == whole
