@@ -95,6 +95,7 @@ def test_other_loaders_files_are_checked_and_nothing_else_is_let_through(server,
 @pytest.mark.parametrize("split", [
     "split_parts:\n  train:\n  - shard-{000000..000004}.tar\nexclude:\n- shard-000002.tar\n",  # a shard filtered out
     "split_parts:\n  train:\n  - shard-{000000..000004}.tar\nexclude:\n- shard-000001.tar/0\n",  # one sample
+    "split_parts:\n  train:\n  - shard-{000000..000004}.tar\nexclude:\n- shard-000001.tar/00000031_chelsea_0007\n",
     "split_parts:\n  train:\n  - shard-{000000..000002}.tar\nexclude: []\n",  # shards held out (--split-parts)
 ])
 def test_energon_splits_it_reads_itself_pass(prepared, tmp_path, split):

@@ -5,6 +5,7 @@ retried as every repack command retries them. moto's S3 server on loopback, real
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 
 import pytest
@@ -163,10 +164,13 @@ def test_pull_refuses_a_folder_it_must_not_replace(server, tmp_path):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "todo.txt").write_text("mine\n")
+    (notes / "manifest.json").write_text('{"another": "tool"}\n')
+    synced = tmp_path / "synced"  # a local dataset copied without its .repack/ (an rsync that skips it)
+    shutil.copytree(packed, synced, ignore=shutil.ignore_patterns(".repack"))
     copy = tmp_path / "copy"
     run_repack("pull", "s3://dest/a", copy, env=env)
     for dest, said in ((packed, "holds the output of a repack job"), (copy, "holds a copy of s3://dest/a"),
-                       (notes, "holds no pulled dataset")):
+                       (notes, "holds no copy of s3://dest/b"), (synced, "holds no copy of s3://dest/b")):
         before = {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
         proc = run_repack("pull", "s3://dest/b", dest, env=env, check=False)
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr
@@ -218,3 +222,18 @@ def test_a_token_dataset_pulls_with_its_document_sources(server, tmp_path):
     run_repack("pull", "s3://tokens/t", tmp_path / "copy", env=env)
     assert any(p.suffix == ".sources" for p in (tmp_path / "copy").iterdir())
     assert run_repack("verify", tmp_path / "copy", check=False).returncode == 0
+
+
+def test_pulled_paths_are_spelled_as_the_manifest_names_them(tmp_path):
+    """A manifest may spell a path ``./shard-000000.tar``: the pull's list of objects is spelled as
+    ``Manifest.named_files`` spells it, or a re-pull took its own shards for an older copy's and deleted them."""
+    from repack.lifecycle.pull import expected_objects
+    from repack.manifest import Manifest
+
+    out = tmp_path / "out"
+    run_repack("images", make_source(tmp_path / "src"), out, "--shard-size", "4", "--quiet")
+    data = json.loads((out / "manifest.json").read_text())
+    for shard in data["shards"]:
+        shard["path"] = "./" + shard["path"]
+    manifest = Manifest(out, data)
+    assert {item.rel for item in expected_objects(manifest)} <= set(manifest.named_files())

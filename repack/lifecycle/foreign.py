@@ -124,8 +124,8 @@ def split_problems(rel: str, raw: bytes, manifest) -> list[str] | None:
     tars = set(_tars(manifest))
     problems = [f"{rel}: lists {name} {count} times (energon would read it {count} times an epoch)"
                 for name, count in sorted(counts.items()) if count > 1]
-    unknown = sorted((set(counts) | {name.split("/")[0] if name.split("/")[-1].isdigit() and "/" in name else name
-                                     for name in excluded}) - tars)
+    # an exclude naming a sample (energon: ``<shard>/<key>``, matched against the shard's samples' keys) names its shard
+    unknown = sorted((set(counts) | {name.split("/", 1)[0] if ".tar/" in name else name for name in excluded}) - tars)
     if unknown:
         problems.append(f"{rel}: names {len(unknown)} shard(s) the manifest does not hold ({', '.join(unknown[:3])}): "
                         "run energon prepare again")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -73,7 +74,11 @@ class Expected:
 
 def expected_objects(manifest: Manifest) -> list[Expected]:
     """Every object of the dataset: shards and their index files, then side files (the tokenizer
-    with the sha256 the manifest records for it)."""
+    with the sha256 the manifest records for it); paths as ``Manifest.named_files`` spells them (``./x`` is ``x``)."""
+    return [Expected(posixpath.normpath(item.rel), item.size, item.sha256) for item in _expected(manifest)]
+
+
+def _expected(manifest: Manifest) -> list[Expected]:
     found = []
     for shard in manifest.data["shards"]:
         found.append(Expected(shard["path"], shard.get("bytes"), shard.get("sha256")))
@@ -144,10 +149,10 @@ def pull(spec: PullSpec) -> Manifest:
         raise UsageError(f"{str(root)!r} exists and is not a folder")
     from repack.jobs.engine import JobLock, prepare_out
 
-    refuse_other_dest(root, remote.store.url)
+    refuse_other_dest(root, remote)
     prepare_out(root)  # as every writer's: the job state inside DEST (never through a link), DEST writable
     with JobLock(root):  # as every writer of a dataset: a second pull, a gc or a remove on DEST exits 3
-        refuse_other_dest(root, remote.store.url)  # again, now that no other writer runs
+        refuse_other_dest(root, remote)  # again, now that no other writer runs
         return _pull_locked(spec, remote, pinned, root)
 
 
@@ -164,12 +169,14 @@ def pulled_record(root: Path) -> dict | None:
         isinstance(data.get("files"), list) else None
 
 
-def refuse_other_dest(root: Path, url: str) -> None:
-    """UsageError when DEST holds what a pull of ``url`` must not replace: a repack job's output (its
-    ``.repack/job.json``), a pull of another dataset, or files of no dataset (a repack manifest without a
-    record is an older repack's pull: taken as a copy to update)."""
+def refuse_other_dest(root: Path, remote: RemoteFiles) -> None:
+    """UsageError when DEST holds what a pull of ``remote`` must not replace: a repack job's output (its
+    ``.repack/job.json``), a pull of another dataset, or anything else that is not a copy of this dataset (a
+    ``manifest.json`` without a record is an older repack's pull only when it is, byte for byte, one of this
+    dataset's versions: a manifest alone proves nothing)."""
     if not root.is_dir():
         return
+    url = remote.store.url
     if (root / STATE_DIR / "job.json").exists():
         raise UsageError(f"{root} holds the output of a repack job (.repack/job.json): a pull would replace its "
                          "files; pull into a new or empty folder")
@@ -179,10 +186,21 @@ def refuse_other_dest(root: Path, url: str) -> None:
             raise UsageError(f"{root} holds a copy of {record['url']}, not of {url}: pull into a new or empty folder")
         return
     found = sorted(entry.name for entry in os.scandir(root) if entry.name != STATE_DIR)
-    if found and MANIFEST_NAME not in found:
-        shown = ", ".join(found[:3]) + (" ..." if len(found) > 3 else "")
-        raise UsageError(f"{root} is not empty and holds no pulled dataset ({shown}); pull into a new or empty "
-                         "folder")
+    if not found:
+        return
+    shown = ", ".join(found[:3]) + (" ..." if len(found) > 3 else "")
+    if MANIFEST_NAME not in found or not _a_version_of(refuse_links(root, MANIFEST_NAME).read_bytes(), remote):
+        raise UsageError(f"{root} is not empty and holds no copy of {url} ({shown}); pull into a new or empty folder")
+
+
+def _a_version_of(raw: bytes, remote: RemoteFiles) -> bool:
+    """``raw`` (a local manifest) is, byte for byte, a version of the dataset at ``remote`` that it still keeps."""
+    try:
+        number = number_of(json.loads(raw))
+    except (ValueError, TypeError, AttributeError, ManifestError):
+        return False
+    candidates = [version_file(number)] + ([MANIFEST_NAME] if number >= 1 else [])
+    return any(remote.store.read_bytes(name) == raw for name in candidates)
 
 
 def _write_record(root: Path, url: str, files: set[str]) -> None:
