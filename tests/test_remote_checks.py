@@ -201,10 +201,17 @@ def test_pull_refuses_a_symlink_in_dest_and_writes_nothing_through_it(server, pa
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / "shard-000001.tar").symlink_to(outside)
+    proc = run_repack("pull", url, dest, env=env, check=False)  # a folder that holds no copy: refused as it is
+    assert proc.returncode == 2 and "holds no copy of" in proc.stderr and outside.read_text() == "keep me"
+    (dest / "shard-000001.tar").unlink()
+    run_repack("pull", url, dest, env=env)  # an earlier pull's copy, whose shard became a link
+    (dest / "shard-000001.tar").unlink()
+    (dest / "shard-000001.tar").symlink_to(outside)
+    manifest = (dest / "manifest.json").read_bytes()
     proc = run_repack("pull", url, dest, env=env, check=False)
     assert proc.returncode == 2 and "shard-000001.tar: a symbolic link in the destination" in proc.stderr
     assert "Traceback" not in proc.stderr and outside.read_text() == "keep me"
-    assert not (dest / "manifest.json").exists()
+    assert (dest / "manifest.json").read_bytes() == manifest  # refused before anything in DEST changed
 
 
 def test_a_link_to_a_folder_in_out_is_reported_not_skipped(packed_photos, tmp_path):
