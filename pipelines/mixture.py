@@ -143,12 +143,12 @@ class _Cursor:
         self.pass_, self.position, self._iter, self._order = self.pass_ + 1, 0, None, None
 
     def settle(self) -> None:
-        """At the end of the pass: an iterable source's state that ``Mixture.load_state_dict`` loaded and this
-        pass never drew from is taken off the source (its next iterator would have continued from it)."""
-        if self.iterable and self.restored is not None:
+        """At the end of the pass (or its iterator's close): an iterable source's state that
+        ``Mixture.load_state_dict`` loaded and this pass never drew from is taken off the source (its next
+        iterator would have continued from it); this cursor still reports it (``state``)."""
+        if self.iterable and self.restored is not None and self._iter is None:
             self.source.load_state_dict(self.restored)
             iter(self.source)  # an iterator takes the loaded state when it is made (reads nothing yet)
-            self.restored = None
 
     def state(self) -> dict:
         out = {"kind": type(self.source).__name__, "pass": self.pass_, "position": self.position}

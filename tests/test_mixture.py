@@ -232,57 +232,72 @@ def test_an_append_between_save_and_load_leaves_every_rank_on_the_saved_version_
         assert seen[rank] + [x for batch in resumed for x in batch] == whole[rank], rank
 
 
+def photos_mixture(root, seed: int) -> Mixture:
+    """Two readers of one dataset mixed 0.9 : 0.1, each draw tagged with its source."""
+    return Mixture([(ImageShardDataset(root, output="dict", decode=False), w) for w in (0.9, 0.1)], seed=seed,
+                   tag_source=True)
+
+
+def tagged_draws(it, limit: int | None = None) -> list[tuple[int, str]]:
+    """(source, key) of the draws of ``it``, at most ``limit``."""
+    out = []
+    for pick, sample in it:
+        out.append((pick, sample["key"]))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
 def test_a_second_pass_saves_an_undrawn_source_at_its_start_not_where_the_last_pass_ended(packed_photos):
     """A second pass over the same epoch (no set_epoch), its state taken before the first draw from B: B's saved
     state was B's last iterator's place, at its end, so the resumed pass took 3 samples where it takes 120+."""
-    def mixture():
-        return Mixture([(ImageShardDataset(packed_photos, output="dict", decode=False), w) for w in (0.9, 0.1)],
-                       seed=0, tag_source=True)
-
-    def draws(it, limit=None):
-        out = []
-        for pick, sample in it:
-            out.append((pick, sample["key"]))
-            if limit is not None and len(out) == limit:
-                break
-        return out
-
-    first = mixture()
-    whole = draws(iter(first))
+    first = photos_mixture(packed_photos, 0)
+    whole = tagged_draws(iter(first))
     before_b = [pick for pick, _ in whole].index(1)
     assert before_b > 0
     it = iter(first)  # the second pass
-    head = draws(it, before_b)
+    head = tagged_draws(it, before_b)
     state = json.loads(json.dumps(first.state_dict()))
-    rest = draws(it)
-    resumed = mixture()
+    rest = tagged_draws(it)
+    resumed = photos_mixture(packed_photos, 0)
     resumed.load_state_dict(state)
-    assert head + draws(iter(resumed)) == head + rest == whole
+    assert head + tagged_draws(iter(resumed)) == head + rest == whole
 
 
 def test_a_resumed_pass_that_never_draws_a_source_again_leaves_it_fresh_for_the_next_pass(packed_photos):
     """The state taken after a pass's last draw from B: B's loaded state stayed on B (the resumed pass never drew
     from it), so the next pass continued B from there: 0 samples (stop) where an uninterrupted second pass reads
     the epoch again."""
-    def mixture():
-        return Mixture([(ImageShardDataset(packed_photos, output="dict", decode=False), w) for w in (0.9, 0.1)],
-                       seed=5, tag_source=True)
-
-    def draws(it, limit=None):
-        out = []
-        for pick, sample in it:
-            out.append((pick, sample["key"]))
-            if limit is not None and len(out) == limit:
-                break
-        return out
-
-    first = mixture()
-    whole = [draws(iter(first)), draws(iter(first))]  # two passes of one epoch
+    first = photos_mixture(packed_photos, 5)
+    whole = [tagged_draws(iter(first)), tagged_draws(iter(first))]  # two passes of one epoch
     cut = max(i for i, (pick, _) in enumerate(whole[0]) if pick == 1) + 1
     assert cut < len(whole[0])
-    it = iter(mixture_a := mixture())
-    head = draws(it, cut)
-    state = json.loads(json.dumps(mixture_a.state_dict()))
-    resumed = mixture()
+    taken = photos_mixture(packed_photos, 5)
+    head = tagged_draws(iter(taken), cut)
+    state = json.loads(json.dumps(taken.state_dict()))
+    resumed = photos_mixture(packed_photos, 5)
     resumed.load_state_dict(state)
-    assert [head + draws(iter(resumed)), draws(iter(resumed))] == whole
+    assert [head + tagged_draws(iter(resumed)), tagged_draws(iter(resumed))] == whole
+
+
+def test_a_resumed_pass_closed_early_still_reports_an_undrawn_sources_loaded_place(packed_photos):
+    """The loaded state of a source the resumed pass has not drawn from yet is taken off the source when the pass's
+    iterator is closed, and the mixture's state still names it: a state taken then resumes exactly."""
+    first = photos_mixture(packed_photos, 0)
+    whole = tagged_draws(iter(first))
+    b_draws = [i for i, (pick, _) in enumerate(whole) if pick == 1]
+    cut = b_draws[1] + 1  # B drawn twice
+    taken = photos_mixture(packed_photos, 0)
+    head = tagged_draws(iter(taken), cut)
+    state = json.loads(json.dumps(taken.state_dict()))
+    resumed = photos_mixture(packed_photos, 0)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    more = tagged_draws(it, 1)  # A's next draw only (B's next is later): then the iterator is closed
+    assert more[0][0] == 0
+    it.close()
+    again = json.loads(json.dumps(resumed.state_dict()))
+    assert again["sources"][1] == state["sources"][1]
+    last = photos_mixture(packed_photos, 0)
+    last.load_state_dict(again)
+    assert head + more + tagged_draws(iter(last)) == whole
