@@ -14,7 +14,8 @@ symlink where a file goes is a UsageError. DEST is new, empty, or an earlier pul
 dataset (``.repack/pulled.json`` names its URL and every file a pull into it started to write, so the
 files of a pull that was killed are still known): a folder holding a repack job's output, a copy of
 another dataset, or files of no dataset is refused before anything in it changes. The files an earlier
-pull wrote that no pulled version names are deleted once the copy is checked. Requests are retried as every S3 call of repack is
+pull wrote that no pulled version names are deleted once the copy is checked. Requests are retried as
+every S3 call of repack is
 (``repack.store.s3_client``), and a whole-object download that still fails is tried again, as uploads are.
 """
 
@@ -189,18 +190,18 @@ def refuse_other_dest(root: Path, remote: RemoteFiles) -> None:
     if not found:
         return
     shown = ", ".join(found[:3]) + (" ..." if len(found) > 3 else "")
-    if MANIFEST_NAME not in found or not _a_version_of(refuse_links(root, MANIFEST_NAME).read_bytes(), remote):
+    if MANIFEST_NAME not in found or not _a_version_of(refuse_links(root, MANIFEST_NAME), remote):
         raise UsageError(f"{root} is not empty and holds no copy of {url} ({shown}); pull into a new or empty folder")
 
 
-def _a_version_of(raw: bytes, remote: RemoteFiles) -> bool:
-    """``raw`` (a local manifest) is, byte for byte, a version of the dataset at ``remote`` that it still keeps."""
+def _a_version_of(local: Path, remote: RemoteFiles) -> bool:
+    """The manifest at ``local`` is, byte for byte, a version of the dataset at ``remote`` that it still keeps."""
     try:
+        raw = local.read_bytes()
         number = number_of(json.loads(raw))
-    except (ValueError, TypeError, AttributeError, ManifestError):
+    except (OSError, ValueError, TypeError, AttributeError, ManifestError):
         return False
-    candidates = [version_file(number)] + ([MANIFEST_NAME] if number >= 1 else [])
-    return any(remote.store.read_bytes(name) == raw for name in candidates)
+    return any(remote.store.read_bytes(name) == raw for name in (version_file(number), MANIFEST_NAME))
 
 
 def _write_record(root: Path, url: str, files: set[str]) -> None:
