@@ -80,7 +80,7 @@ def check_foreign(files, manifest, rels: list[str]) -> tuple[list[str], list[str
             found = None
             if rel == ENERGON_SPLIT:
                 with files.local([rel]) as (root, fetch_problems):
-                    found = None if fetch_problems else split_problems(rel, (root / rel).read_bytes(), manifest)
+                    found = fetch_problems or split_problems(rel, (root / rel).read_bytes(), manifest)
             if found is None:
                 unchecked.append(f"{rel} (megatron-energon's configuration, written by energon prepare)")
             else:
