@@ -129,7 +129,11 @@ def run_and_lose(server, cluster, source: str, out: str, tmp_path: Path, *extra:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.time() + 120
         while not list(doomed_scratch.glob("*/.repack/tasks/*.lock")):
-            assert proc.poll() is None and time.time() < deadline, "no task started on the extra node"
+            if proc.poll() is not None or time.time() >= deadline:  # what the driver said, to tell a crash from
+                proc.kill()                                        # a schedule that left the extra node idle
+                out, err = proc.communicate()
+                raise AssertionError(f"no task started on the extra node (driver exit {proc.returncode}):\n"
+                                     f"{out[-2000:]}\n{err[-4000:]}")
             time.sleep(0.05)
         if lose == "driver":
             proc.send_signal(signal.SIGKILL)
@@ -170,7 +174,7 @@ def test_task_lost_with_its_node_fails_by_name_after_retries_then_resumes(server
     s3.create_bucket(Bucket="noretry")
     proc, lost, _ = run_and_lose(server, cluster, source, "s3://noretry/out", tmp_path, "--retries", "0")
     assert proc.returncode == 4, proc.stderr
-    assert len(lost) == 1 and f"1 task(s) failed" in proc.stderr and lost[0] in proc.stderr
+    assert len(lost) == 1 and "1 task(s) failed" in proc.stderr and lost[0] in proc.stderr
     assert "manifest.json" not in objects(s3, "noretry", "out")
     assert "1 task(s) run, 3 resumed" in rerun(server, cluster, source, "s3://noretry/out", tmp_path)
     assert dataset(objects(s3, "noretry", "out")) == reference
