@@ -202,9 +202,10 @@ def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int 
             return build_lmdb_pipeline(root, batch_size, num_threads, device_id, shard_id, num_shards,
                                        checkpoint=saved, **{**pipeline_args, "version": version})
 
-        return OpenedVersion(identity(manifest), options, build,
-                             epoch_batches(rank_samples(count, num_shards, args["drop_last"]), batch_size,
-                                           args["drop_last"]))
+        samples = rank_samples(count, num_shards, args["drop_last"])
+        start, stop = shard_range(count, shard_id, num_shards)
+        return OpenedVersion(identity(manifest), options, build, epoch_batches(samples, batch_size, args["drop_last"]),
+                             padding=max(0, samples - (stop - start)))
 
     names = ["images", "labels", "index"] if args["with_index"] else ["images", "labels"]
     return ResumableDALILoader(KIND, open_version, names, root=str(root), reader_name=None, auto_reset=auto_reset,

@@ -50,6 +50,7 @@ class OpenedVersion:
     options: dict
     build: Builder
     epoch_batches: int | None = None
+    padding: int = 0  # an external source's repeated samples per epoch (equal steps); a reader's: the loader's cut
     # a pipeline failure -> the error to raise from it (None: re-raise it as it is)
     diagnose: Callable[[BaseException], BaseException | None] | None = None
 
@@ -240,9 +241,10 @@ class ResumableDALILoader:
 
     @property
     def padding(self) -> int:
-        """Repeated samples this rank yields in the current epoch (0 or 1; see the class docstring)."""
+        """Repeated samples this rank yields in the current epoch (0 or 1; see the class docstring; an external
+        source's: its ``OpenedVersion.padding``)."""
         if self._share is None:
-            return 0
+            return self._version.padding
         return int(self._share(self.epoch) <= (len(self) - 1) * self.pipe.max_batch_size)
 
     def _cut(self, batch: list) -> list:

@@ -368,12 +368,7 @@ class ImageShardDataset(IterableDataset):
         """How far the iterator running in this process got (plain JSON): the epoch, this worker's
         share and how many samples of its delivery order it consumed. Before any iterator: the state
         loaded last, else the start of the current epoch."""
-        if self._cursor is not None:
-            return self._state_of(self._cursor)
-        if self._pending is not None:
-            return dict(self._pending)
-        worker, workers = _worker()
-        return self._state_of(self._fresh_cursor(int(self._epoch), worker, workers))
+        return self._state_of(self._cursor) if self._cursor is not None else self.start_state()
 
     def start_state(self) -> dict:
         """The state of an iterator this process has not started yet: the state loaded last, else the start of

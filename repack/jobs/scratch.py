@@ -23,6 +23,8 @@ from repack.jobs.base import STATE_DIR
 from repack.manifest import PathEscapeError, safe_join
 
 TEMP_MARK = ".tmp"
+
+
 def _lock_free(path: Path) -> bool:
     """True when nobody holds the flock on ``path`` (taken and released at once)."""
     try:

@@ -96,8 +96,6 @@ class Chain:
     pending_files: frozenset[str] = frozenset()
 
 
-
-
 def is_pending_name(rel: str, number: int) -> bool:
     """True when ``rel`` is named the way writers name the files they add for version ``number``
     (``shard-vN-…``, ``…-vN.tar``, ``videos-vN/…``, and their hidden temp files), or is the temp file of a
