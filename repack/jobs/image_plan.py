@@ -216,7 +216,13 @@ class PayloadWriter:
         low, high = (int(ids.min()), int(ids.max())) if len(ids) else (NO_LABEL, NO_LABEL)
         if high != NO_LABEL:
             used = [low] if low == high else distinct(ids[ids != NO_LABEL]).tolist()  # a task of one class: usual
-            inputs["clsz"] = pack_column(self.class_of[np.where(ids == NO_LABEL, len(cols.label_names), ids)].tobytes())
+            classes = self.class_of[np.where(ids == NO_LABEL, len(cols.label_names), ids)]
+            lost = np.flatnonzero((ids != NO_LABEL) & (classes == NO_LABEL))
+            if len(lost):  # a scan's rule let a label reach the plan without a class: never packed as "no label"
+                row = start + int(lost[0])
+                raise ValueError(f"input {cols.rel(row)!r}: its label {cols.label_names[int(ids[lost[0]])]!r} is not "
+                                 "in the class map")
+            inputs["clsz"] = pack_column(classes.tobytes())
             inputs["names"] = {str(int(self.class_of[i])): cols.label_names[i] for i in used}
         if cols.root is not None:
             inputs["root"] = cols.root

@@ -88,7 +88,7 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
     rows.sort(key=lambda r: (sort_key(r[0]), r[1]))
     labeled = any(label is not None for _, _, label in rows)
     items: list[InputItem] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # real path -> the rel it is packed under
     read_as: dict[tuple[int, int], str] = {}  # (device, inode) -> the rel it is read under: a hard link is one file
     for rel, lineno, label in rows:
         if labeled and label is None:
@@ -101,15 +101,18 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
         if checked.reason is not None:
             quarantine.append(quarantine_record(rel, f"{checked.reason} ({name}:{lineno})", label))
             continue
-        if checked.real in seen:
-            quarantine.append(quarantine_record(rel, f"listed twice ({name}:{lineno})", label))
+        if checked.real in seen:  # the same spelling as the packed row: named by its line (an --append plans a
+            # quarantined name again when its file changes: the packed file would be packed twice)
+            shown = f"{name}:{lineno}" if seen[checked.real] == rel else rel
+            quarantine.append(quarantine_record(shown, f"listed twice ({rel} at {name}:{lineno})" if shown != rel
+                                                else f"listed twice ({name}:{lineno})", label))
             continue
         ident = (checked.st.st_dev, checked.st.st_ino)
         if ident in read_as:
             quarantine.append(quarantine_record(rel, f"{alias_reason(rel, checked.real, read_as[ident], base)} "
                                                      f"({name}:{lineno})", label))
             continue
-        seen.add(checked.real)
+        seen[checked.real] = rel
         read_as[ident] = rel
         items.append(InputItem.from_stat(checked.real, rel, label, checked.st))
     # labels that are all class indices (JSON integers, or "2" and "10" in a CSV) keep their values, as a converted

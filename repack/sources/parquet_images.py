@@ -76,7 +76,8 @@ def _label_column(schema, metadata: dict, fields: FieldChoice, where: str) -> tu
             raise UsageError(f"{where}: no column {fields.label!r} (--label-field; columns: {', '.join(schema.names)})")
         column = fields.label
     else:
-        class_labels = [n for n, f in features.items() if isinstance(f, dict) and f.get("_type") == "ClassLabel"]
+        class_labels = [n for n, f in features.items()  # the metadata may name a column the file no longer has
+                        if isinstance(f, dict) and f.get("_type") == "ClassLabel" and n in schema.names]
         column = class_labels[0] if class_labels else next((c for c in LABEL_COLUMNS if c in schema.names), None)
     if column is not None and not _holds_labels(schema.field(column).type):
         raise UsageError(f"{where}: label column {column!r} is {schema.field(column).type}, not labels (integers "
@@ -103,12 +104,15 @@ def _label_name(value, names: list[str] | None) -> tuple[str | None, str | None]
         if 0 <= value < len(names):
             return names[value], None
         return None, f"label {value} is outside the ClassLabel's {len(names)} names (0..{len(names) - 1})"
+    if isinstance(value, int) and value < 0:  # the datasets convention for a row without a label
+        return None, f"label {value} (negative: no class index; datasets marks an unlabeled row -1)"
     text = str(value).strip()
     return text or None, None
 
 
 def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
     """(row, size, label, source path) of every row with embedded image bytes; (image column, names)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     with open_container(container) as fh:
@@ -122,27 +126,31 @@ def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
         label, names = _label_column(schema, _hf_metadata(schema), fields, container.rel)
         columns = [image] + ([label] if label else [])
         rows, row = [], 0
-        for batch in iter_group_batches(pf, columns):
-            values = batch.column(0)
-            paths = None
-            if hasattr(values.type, "get_field_index"):  # the Image feature's struct {bytes, path}
-                paths = values.field("path").to_pylist() if values.type.get_field_index("path") >= 0 else None
-                values = values.field("bytes")
-            sizes = pc.binary_length(values).to_pylist()
-            labels = batch.column(1).to_pylist() if label else [None] * len(sizes)
-            for i, size in enumerate(sizes):
-                source_path = paths[i] if paths else None
-                if size is None:
-                    reason = (f"image not embedded (only a path: {source_path})" if source_path
-                              else "no image bytes (null)")
-                    quarantine.append(quarantine_record(f"{container.rel}/{row}", reason))
-                else:
-                    name, refusal = _label_name(labels[i], names)
-                    if refusal is None:
-                        rows.append((row, size, name, source_path))
+        try:  # a damaged page: the rows before it are kept, the file is named
+            for batch in iter_group_batches(pf, columns):
+                values = batch.column(0)
+                paths = None
+                if hasattr(values.type, "get_field_index"):  # the Image feature's struct {bytes, path}
+                    paths = values.field("path").to_pylist() if values.type.get_field_index("path") >= 0 else None
+                    values = values.field("bytes")
+                sizes = pc.binary_length(values).to_pylist()
+                labels = batch.column(1).to_pylist() if label else [None] * len(sizes)
+                for i, size in enumerate(sizes):
+                    source_path = paths[i] if paths else None
+                    if size is None:
+                        reason = (f"image not embedded (only a path: {source_path})" if source_path
+                                  else "no image bytes (null)")
+                        quarantine.append(quarantine_record(f"{container.rel}/{row}", reason))
                     else:
-                        quarantine.append(quarantine_record(f"{container.rel}/{row}", refusal))
-                row += 1
+                        name, refusal = _label_name(labels[i], names)
+                        if refusal is None:
+                            rows.append((row, size, name, source_path))
+                        else:
+                            quarantine.append(quarantine_record(f"{container.rel}/{row}", refusal))
+                    row += 1
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            quarantine.append(quarantine_record(container.rel, f"parquet file damaged after {row} row(s): {exc}; "
+                                                               "the rest of the file is not read"))
         carried = set(columns)
         return rows, image, names, tuple(n for n in schema.names if n not in carried)
 
@@ -154,14 +162,25 @@ def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | No
     quarantine = list(listing.quarantine)
     items: list[MemberItem] = []
     not_carried: dict[str, int] = {}
-    class_names: list[str] | None = None
+    class_names: list[str] = []  # every file's ClassLabel names: the first file's order, then names new in later ones
+    named_files: list[bool] = []  # per container: whether its labels come from ClassLabel names
+    read = []
     for container in listing.containers:
         rows, image, names, others = _rows(container, fields, quarantine)
-        class_names = class_names or names
+        class_names += [name for name in names or () if name not in class_names]
+        named_files.append(names is not None)
+        read.append((container, rows, image))
         for column in others:
             not_carried[column] = not_carried.get(column, 0) + len(rows)
+    known_names = set(class_names)
+    for (container, rows, image), named in zip(read, named_files):
         for row, size, label, source_path in rows:
             rel = f"{container.rel}/{row}"
+            if class_names and not named and label is not None and label not in known_names:
+                quarantine.append(quarantine_record(  # its value cannot be told apart from another file's index
+                    rel, f"label {label!r} of a file without ClassLabel names, beside files whose ClassLabel names "
+                         f"do not hold it ({', '.join(class_names[:8])}{', ...' if len(class_names) > 8 else ''})"))
+                continue
             too_big = conf.size_refusal(size)
             if too_big is not None:
                 quarantine.append(quarantine_record(rel, too_big, label))

@@ -106,6 +106,7 @@ def _samples(container: Container, quarantine: list[dict], counts: dict[str, int
         return [], None, None
     samples: dict[str, _Sample] = {}
     members = 0
+    ended = False  # the listing ran to where tarfile stopped by itself (not a refusal's break)
     try:
         for info in tar:  # each refusal that ends the listing breaks before tarfile seeks past this member
             members += 1
@@ -129,14 +130,42 @@ def _samples(container: Container, quarantine: list[dict], counts: dict[str, int
                 continue
             key, ext = split_name(info.name)
             sample = samples.setdefault(key, _Sample(key, {}, len(samples)))
-            if ext in sample.members:
-                quarantine.append(quarantine_record(f"{container.rel}/{info.name}",
+            if ext in sample.members:  # named apart from the first, which is packed under the plain name (an
+                # --append plans a quarantined name again when its shard changes: the first would be packed twice)
+                quarantine.append(quarantine_record(f"{container.rel}/{info.name} (at byte {info.offset})",
                                                     f"second {ext!r} member of sample {key!r}: not read"))
                 continue
             sample.members[ext] = info
+        else:
+            ended = True
+        cut = _unclean_end(fh, tar.offset, shard_bytes) if ended and shard_bytes is not None else None
+        if cut is not None:
+            quarantine.append(quarantine_record(container.rel, f"tar shard {cut} (byte {tar.offset} of {shard_bytes}): "
+                                                               f"{len(samples)} sample(s) listed before it"))
     except (tarfile.TarError, OSError, ValueError, OverflowError) as exc:
         quarantine.append(quarantine_record(container.rel, f"tar shard damaged after {len(samples)} sample(s): {exc}"))
     return list(samples.values()), tar, fh
+
+
+def _unclean_end(fh, offset: int, shard_bytes: int) -> str | None:
+    """Why a shard's listing, which ``tarfile`` ended by itself at ``offset``, stopped before the shard's end,
+    or None at a clean end: zeros from there to the end (the end-of-archive blocks and the record's padding).
+    ``tarfile`` ends a listing silently at a damaged header, a cut one, or a missing end marker (a cut at a
+    member boundary) anywhere after the first member, and at the end marker of the first of two tars joined."""
+    if offset >= shard_bytes:
+        return "ends without the end-of-archive marker (cut short?)"
+    fh.seek(offset)
+    first = fh.read(512)
+    if len(first) < 512:
+        return "is cut inside a header"
+    if first.strip(b"\0"):
+        return "holds a damaged header"
+    while True:
+        block = fh.read(1 << 20)
+        if not block:
+            return None
+        if block.strip(b"\0"):
+            return "holds data after its end-of-archive marker (two tars joined?)"
 
 
 def _pick_image(sample: _Sample, fields: FieldChoice) -> tuple[str | None, str | None]:
@@ -172,22 +201,30 @@ def _read_label(tar: tarfile.TarFile, info: tarfile.TarInfo) -> tuple[str | None
 
 
 def is_index_label(label: str) -> bool:
-    """A label written as a class index: ASCII digits in canonical form ("0", "17"; not "01", "+1")."""
-    return label.isascii() and label.isdigit() and (label == "0" or not label.startswith("0"))
+    """A label written as a class index: ASCII digits ("0", "17", and zero-padded "017", as repack's own
+    ``.cls`` members are; not "+1", "1.0")."""
+    return label.isascii() and label.isdigit()
+
+
+def index_labels(labels: set[str]) -> bool:
+    """Whether ``labels`` are the source's class indices: every one an index label, no two of one value
+    ("01" beside "1" makes every label a name)."""
+    return bool(labels) and all(is_index_label(label) for label in labels) and \
+        len({label.lstrip("0") for label in labels}) == len(labels)
 
 
 def numeric_class_index(labels: set[str]) -> tuple[tuple[str, int], ...]:
-    """The source's own indices when every label is a canonical decimal integer (two labels never share an
-    index: "01" beside "1" makes every label a name), else () (sorted names). Indices over
-    MAX_CLASS_INDEX are the caller's to quarantine first (``index_refusal``)."""
-    if labels and all(is_index_label(label) for label in labels):
+    """The source's own indices when ``labels`` are class indices (``index_labels``), else () (sorted
+    names). Indices over MAX_CLASS_INDEX are the caller's to quarantine first (``index_refusal``)."""
+    if index_labels(labels):
         return tuple(sorted(((label, int(label)) for label in labels), key=lambda kv: kv[1]))
     return ()
 
 
 def index_refusal(label: str) -> str | None:
     """Why an index label cannot be a class index (over MAX_CLASS_INDEX), else None."""
-    if len(label) > len(str(MAX_CLASS_INDEX)) or int(label) > MAX_CLASS_INDEX:
+    digits = label.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_CLASS_INDEX)) or int(digits) > MAX_CLASS_INDEX:
         shown = label if len(label) <= 40 else f"{label[:20]}...({len(label)} digits)"
         return f"label {shown} is over the largest class index {MAX_CLASS_INDEX} (the readers' int32 labels)"
     return None
@@ -197,7 +234,7 @@ def bound_index_labels(items: list, quarantine: list[dict]) -> list:
     """``items`` whose labels can be the class indices: when every label is an index label, the items
     whose index is over the bound are quarantined (by name); otherwise labels are names: all kept."""
     labels = {item.label for item in items if item.label is not None}
-    if not labels or not all(is_index_label(label) for label in labels):
+    if not index_labels(labels):
         return items
     kept = []
     for item in items:

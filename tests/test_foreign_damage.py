@@ -1,0 +1,165 @@
+"""Converted sources damaged or disagreeing with themselves: nothing is dropped without a record naming it,
+no label is lost or renumbered, and an --append never packs a file twice."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_convert_foreign import packed_samples
+from tests.test_foreign_hostile import labeled, write_tar
+from tests.test_images_job import jpeg_bytes
+
+
+def six_samples(path: Path) -> dict[str, int]:
+    """A tar of six labeled samples at ``path``; each member's header offset by name."""
+    write_tar(path, [m for i in range(6) for m in labeled(f"s{i}", i, str(i))])
+    with tarfile.open(path) as tar:
+        return {info.name: info.offset for info in tar}
+
+
+@pytest.mark.parametrize("damage", ["bad checksum", "cut in a header", "cut at a member", "two tars joined"])
+def test_a_tar_whose_listing_stops_early_is_named(tmp_path, damage):
+    whole = tmp_path / "whole.tar"
+    offsets = six_samples(whole)
+    raw = bytearray(whole.read_bytes())
+    header = offsets["s3.jpg"]
+    if damage == "bad checksum":
+        raw[header + 148] ^= 0x11
+    elif damage == "cut in a header":
+        raw = raw[:header + 100]
+    elif damage == "cut at a member":
+        raw = raw[:header]
+    else:
+        raw += whole.read_bytes()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.tar").write_bytes(bytes(raw))
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--from", "webdataset", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["samples"] == (6 if damage == "two tars joined" else 3)
+    [record] = manifest["quarantine"]
+    assert record["source"] == "a.tar" and "sample(s) listed before it" in record["reason"]
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_a_whole_tar_with_its_padding_is_clean(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    six_samples(src / "a.tar")
+    with open(src / "a.tar", "ab") as fh:  # a record's padding past the end-of-archive blocks: zeros
+        fh.write(bytes(10240))
+    run_repack("images", src, tmp_path / "out", "--from", "webdataset", "--quiet")
+    manifest = read_manifest_json(tmp_path / "out")
+    assert manifest["totals"]["samples"] == 6 and manifest["quarantine"] == []
+
+
+def test_zero_padded_integer_labels_keep_their_values(tmp_path):
+    """As repack's own .cls members are written: a subset of a repacked dataset keeps its class indices."""
+    src = tmp_path / "src"
+    src.mkdir()
+    write_tar(src / "a.tar", labeled("s0", 1, "03") + labeled("s1", 2, "07") + labeled("s2", 3, "12")
+              + labeled("s3", 4, "0000000005"))
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--from", "webdataset", "--quiet")
+    assert read_manifest_json(out)["classes"] == {"0000000005": 5, "03": 3, "07": 7, "12": 12}
+    assert sorted(int(s["cls"]) for s in packed_samples(out)) == [3, 5, 7, 12]
+
+
+def parquet(path: Path, images: list[bytes], labels: list, names: list[str] | None, row_group_size=None,
+            metadata_label: str = "label") -> None:
+    """A datasets-style parquet file: the Image struct column, integer labels, ClassLabel ``names`` (or none)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    features = {"image": {"_type": "Image"}}
+    if names is not None:
+        features[metadata_label] = {"_type": "ClassLabel", "names": names}
+    column = pa.array([{"bytes": b, "path": None} for b in images],
+                      pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    columns = {"image": column, **({"label": pa.array(labels, pa.int64())} if labels is not None else {})}
+    table = pa.table(columns).replace_schema_metadata(
+        {b"huggingface": json.dumps({"info": {"features": features}}).encode()})
+    pq.write_table(table, path, row_group_size=row_group_size)
+
+
+def test_parquet_files_with_other_class_names_lose_no_label(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    parquet(src / "a.parquet", [jpeg_bytes(seed=1), jpeg_bytes(seed=2)], [0, 1], ["cat", "dog"])
+    parquet(src / "b.parquet", [jpeg_bytes(seed=3), jpeg_bytes(seed=4)], [0, 2], ["cat", "dog", "bird"])
+    parquet(src / "c.parquet", [jpeg_bytes(seed=5)], [1], None)  # no names: its 1 is no class of the others
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--from", "parquet", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["classes"] == {"cat": 0, "dog": 1, "bird": 2}
+    classes = [(json.loads(s["json"])["source_key"], json.loads(s["json"])["class"], int(s["cls"]))
+               for s in packed_samples(out)]
+    assert classes == [("0", "cat", 0), ("1", "dog", 1), ("0", "cat", 0), ("1", "bird", 2)]
+    [record] = manifest["quarantine"]
+    assert record["source"] == "c.parquet/0" and "without ClassLabel names" in record["reason"]
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_parquet_negative_labels_damage_and_stale_metadata(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    parquet(src / "a.parquet", [jpeg_bytes(seed=i) for i in range(4)], [2, 10, -1, 0], None)
+    parquet(src / "b.parquet", [jpeg_bytes(seed=i + 10, size=(64, 64)) for i in range(6)], [0, 1] * 3, ["x", "y"],
+            row_group_size=2)
+    parquet(src / "c.parquet", [jpeg_bytes(seed=30)], None, ["x", "y"])  # metadata names a column it lacks
+    import pyarrow.parquet as pq
+
+    raw = bytearray((src / "b.parquet").read_bytes())
+    page = pq.ParquetFile(src / "b.parquet").metadata.row_group(1).column(0).data_page_offset
+    raw[page:page + 40] = b"\xff" * 40  # the second row group's page header
+    (src / "b.parquet").write_bytes(bytes(raw))
+    out = tmp_path / "out"
+    done = run_repack("images", src / "a.parquet", out, "--from", "parquet", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["classes"] == {"0": 0, "10": 10, "2": 2}  # -1 is no class: the others keep their values
+    assert [q["source"] for q in manifest["quarantine"]] == ["a.parquet/2"]
+    assert "negative" in manifest["quarantine"][0]["reason"]
+    done = run_repack("images", src / "b.parquet", tmp_path / "damaged", "--from", "parquet", "--quiet")
+    manifest = read_manifest_json(tmp_path / "damaged")
+    assert manifest["totals"]["samples"] == 2 and "Traceback" not in done.stderr
+    [record] = manifest["quarantine"]
+    assert record["source"] == "b.parquet" and record["reason"].startswith("parquet file damaged after 2 row(s)")
+    done = run_repack("images", src / "c.parquet", tmp_path / "stale", "--from", "parquet", check=False)
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    assert read_manifest_json(tmp_path / "stale")["totals"]["samples"] == 1
+
+
+def test_a_duplicate_never_gets_a_second_sample_on_append(tmp_path):
+    """A quarantined second copy (a tar's second member of one name, a list's row listed twice) is named apart
+    from the packed first: an --append after its container or file changed mtime packs nothing new."""
+    src = tmp_path / "wds"
+    src.mkdir()
+    with tarfile.open(src / "a.tar", "w") as tar:
+        for name, data in (("k.jpg", jpeg_bytes(seed=1)), ("k.cls", b"0"), ("l.jpg", jpeg_bytes(seed=2)),
+                           ("l.cls", b"1"), ("l.jpg", jpeg_bytes(seed=3))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    listed = tmp_path / "files"
+    listed.mkdir()
+    for name in ("a", "b"):
+        (listed / f"{name}.jpg").write_bytes(jpeg_bytes(seed=ord(name)))
+    (listed / "list.csv").write_text("path,label\na.jpg,x\nb.jpg,y\na.jpg,x\n")
+    for source, flag, changed in ((src, "--from", src / "a.tar"), (listed / "list.csv", "--list", listed / "a.jpg")):
+        out = tmp_path / f"out-{flag}"
+        args = [flag, "webdataset"] if flag == "--from" else [flag]
+        run_repack("images", source, out, *args, "--quiet")
+        assert read_manifest_json(out)["totals"]["samples"] == 2
+        os.utime(changed, ns=(10**18, 10**18))  # the same bytes, another mtime (cp without -p)
+        run_repack("images", source, out, *args, "--append", "--quiet")
+        manifest = read_manifest_json(out)
+        assert manifest["totals"]["samples"] == 2, manifest["quarantine"]
+        assert len(packed_samples(out)) == 2
