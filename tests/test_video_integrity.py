@@ -156,3 +156,32 @@ def test_verify_decode_rejects_a_corrupt_middle(src, tmp_path):
     manifest = read_manifest_json(tmp_path / "a")
     assert manifest["verify"] == "decode"
     assert [q["codes"] for q in manifest["quarantine"]] == [["decode_errors"]]
+
+
+def test_a_stall_in_a_regular_capture_drops_no_frame(tmp_path):
+    """A 25 fps capture with 15 frames lost to a stall (mean rate 17.5): resampled on the grid of its median
+    interval, every source frame is in the output in order and only the gap is filled by repeats."""
+    import subprocess
+
+    import av
+    import numpy as np
+
+    src = tmp_path / "src"
+    src.mkdir()
+    subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i",
+                    "color=c=black:s=64x48:r=25:d=2,format=gray,geq=lum='16+4*N'", "-frames:v", "50",
+                    "-vf", r"select='not(between(n\,20\,34))',format=yuv420p", "-fps_mode", "vfr",
+                    "-c:v", "libx264", "-qp", "0", "-g", "25", "-bf", "0", str(src / "stall.mp4")], check=True)
+    out = tmp_path / "out"
+    run_repack("video", src, out, "--transcode", "--preset", "ultrafast", "--quiet")
+    [entry] = read_manifest_json(out)["shards"]
+    assert entry["frame_timing"] == "resample" and entry["fps"] == 25
+
+    def frame_numbers(path: Path) -> list[int]:  # frame N has luma 16 + 4N
+        with av.open(str(path)) as container:
+            return [int(round((float(np.median(f.to_ndarray(format="gray"))) - 16) / 4))
+                    for f in container.decode(video=0)]
+
+    source, output = frame_numbers(src / "stall.mp4"), frame_numbers(out / "videos" / "stall.mp4")
+    assert len(source) == 35 and list(dict.fromkeys(output)) == source
+    assert len(output) == entry["frames_out"] == 50

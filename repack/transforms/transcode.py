@@ -63,7 +63,7 @@ class Timing:
     rate: float
     rate_text: str
     mode: str                   # KEEP (setpts, every frame kept), RESAMPLE (fps filter, VFR) or COPY
-    rate_from: str              # "measured" or "declared"
+    rate_from: str              # "measured", "declared" or "median interval" (resampled)
     frames_in: int
     expected_frames: int
     expected_duration_s: float
@@ -101,6 +101,13 @@ def plan_timing(info: dict) -> Timing:
         rate, text = snap_rate(info.get("fps"))
         rate_from = "measured"
     if info.get("irregular_intervals") and not info.get("missing_pts"):
+        # the grid of the stream's usual spacing (its median interval), not its mean rate: a 25 fps capture with
+        # a stall has a mean rate of 17.5, whose grid drops real frames all along the regular stretches; on the
+        # median's grid every regularly spaced frame keeps its place and only a gap is filled by repeats
+        interval = float(info.get("frame_interval_s") or 0)
+        if interval > 0:
+            rate, text = snap_rate(1 / interval)
+            rate_from = "median interval"
         span = float(info.get("span_s") or info.get("duration_s") or frames / rate)
         return Timing(rate, text, RESAMPLE, rate_from, frames, max(1, round(span * rate)), round(span, 6))
     return Timing(rate, text, KEEP, rate_from, frames, frames, round(frames / rate, 6))
