@@ -7,6 +7,7 @@ real files. Real ffmpeg/ffprobe and PyAV throughout."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,41 @@ def test_mp4_rotation_from_track_header_matches_ffprobe(tmp_path, degrees):
     assert chosen["probe_tool"] == "pyav"
     assert chosen["rotation"] == by_ffprobe["rotation"] == (360 - degrees) % 360
     assert mp4_rotations(str(path)) == {1: (360 - degrees) % 360}
+
+
+@pytest.mark.parametrize("mirror", ["vflip", "hflip"])
+def test_a_mirroring_display_matrix_is_transcoded_as_players_show_it(tmp_path, mirror):
+    """A flip in the display matrix (a vertical one has rotation 0) is seen by both probes and transcoded with
+    the flip baked in: copied, DALI (which ignores the matrix) would read the picture unflipped."""
+    import subprocess
+
+    import numpy as np
+
+    from tests.conftest import read_manifest_json, run_repack
+
+    src = tmp_path / "src"
+    src.mkdir()
+    path = src / "m.mp4"
+    subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=25",
+                    "-t", "1", "-c:v", "libx264", "-preset", "ultrafast", "-qp", "0", "-g", "25", "-pix_fmt", "yuv420p",
+                    str(path)], check=True)
+
+    def first_frame(video: Path) -> np.ndarray:
+        with av.open(str(video)) as container:
+            return next(container.decode(video=0)).to_ndarray(format="gray").astype(np.int16)
+
+    stored = first_frame(path)
+    rotate_mp4(path, mirror)
+    chosen, by_ffprobe = probe_file(str(path)), ffprobe_probe(str(path))
+    assert chosen["probe_tool"] == "pyav" and chosen["mirrored"] is by_ffprobe["mirrored"] is True
+    assert "mirrored" in decide(chosen, "h100").codes
+    out = tmp_path / "out"
+    run_repack("video", src, out, "--transcode", "--preset", "ultrafast", "--quiet")
+    [entry] = read_manifest_json(out)["shards"]
+    assert entry["transcoded"] is True
+    shown = np.flipud(stored) if mirror == "vflip" else np.fliplr(stored)
+    output = first_frame(out / "videos" / "m.mp4")
+    assert np.abs(output - shown).mean() < 4 < np.abs(output - stored).mean()
 
 
 def _element(ident: bytes, payload: bytes) -> bytes:

@@ -84,6 +84,18 @@ def display_rotation(matrix: list[list[float]]) -> float:
 
 def mp4_rotations(path: str) -> dict[int, int] | None:
     """{track id: rotation degrees (0, 90, 180, 270)} from an MP4/MOV's ``moov``; None if it cannot be read."""
+    orientations = mp4_orientations(path)
+    return None if orientations is None else {track: degrees for track, (degrees, _) in orientations.items()}
+
+
+def is_mirror(matrix: list[list[float]]) -> bool:
+    """Whether a display matrix mirrors the picture (a negative determinant of its 2x2 part): a flip that
+    no rotation angle says (ffprobe's rotation of a vertical flip is 0)."""
+    return matrix[0][0] * matrix[1][1] - matrix[0][1] * matrix[1][0] < 0
+
+
+def mp4_orientations(path: str) -> dict[int, tuple[int, bool]] | None:
+    """{track id: (rotation degrees, mirrored)} from an MP4/MOV's ``moov``; None if it cannot be read."""
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         moov = next(((p, e) for kind, p, e in _boxes(fh, 0, size) if kind == b"moov"), None)
@@ -110,7 +122,7 @@ def mp4_rotations(path: str) -> dict[int, int] | None:
             if track is None:
                 return None
             product = [[sum(track[i][e] * movie[e][j] for e in range(3)) for j in range(3)] for i in range(3)]
-            rotations[track_id] = int(round(display_rotation(product))) % 360
+            rotations[track_id] = (int(round(display_rotation(product))) % 360, is_mirror(product))
     return rotations
 
 

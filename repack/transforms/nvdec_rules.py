@@ -267,6 +267,9 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
     if info.get("rotation"):
         reasons.append(_r("rotated", f"rotation {info['rotation']} degrees in the metadata: DALI ignores it "
                                      "and returns the frames unrotated"))
+    if info.get("mirrored"):
+        reasons.append(_r("mirrored", "the display matrix mirrors the picture: DALI ignores it and returns the "
+                                      "frames unflipped"))
     playable = [s for s in info.get("video_streams") or () if not s.get("attached_pic")]
     if len(playable) > 1:
         largest = max(playable, key=lambda s: (s.get("width") or 0) * (s.get("height") or 0))

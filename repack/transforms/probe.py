@@ -85,6 +85,20 @@ def rotation(stream: dict) -> int:
     return int(round(degrees)) % 360
 
 
+def mirrored(stream: dict) -> bool:
+    """Whether the stream's display matrix mirrors the picture (see ``container_facts.is_mirror``): from
+    ffprobe's printed matrix, or the flag the PyAV probe sets."""
+    for side in stream.get("side_data_list") or ():
+        if "mirrored" in side:
+            return bool(side["mirrored"])
+        text = side.get("displaymatrix")
+        if isinstance(text, str):
+            values = [int(v) for line in text.strip().splitlines() for v in line.split(":", 1)[-1].split()]
+            if len(values) == 9:
+                return values[0] * values[4] - values[1] * values[3] < 0
+    return False
+
+
 def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> dict:
     """GOP, B-frame, timestamp and truncation facts from one stream's packets (decode order). A packet the
     decoder drops (flag D: before an MP4 edit list's start) is no frame: left out of the frame and timestamp
@@ -166,7 +180,7 @@ def summarize(data: dict, path: str) -> dict:
         "pix_fmt": pix_fmt, "bit_depth": bit_depth(pix_fmt, main.get("bits_per_raw_sample")),
         "chroma": chroma(pix_fmt), "width": main.get("width"), "height": main.get("height"),
         "sar": main.get("sample_aspect_ratio"), "field_order": main.get("field_order") or "unknown",
-        "rotation": rotation(main), "r_frame_rate": _rate(main.get("r_frame_rate")),
+        "rotation": rotation(main), "mirrored": mirrored(main), "r_frame_rate": _rate(main.get("r_frame_rate")),
         "avg_frame_rate": _rate(main.get("avg_frame_rate")), "time_base": str(time_base),
         "nb_frames": _int(main.get("nb_frames")), "stream_duration_s": _float(main.get("duration")),
         "has_b_frames": _int(main.get("has_b_frames")),

@@ -52,10 +52,12 @@ def _rotation_side_data(path: str, container_name: str, stream) -> list[dict]:
     """ffprobe's ``side_data_list`` rotation entry for ``stream`` (empty when unrotated)."""
     families = container_name.split(",")
     if "mov" in families or "mp4" in families:
-        rotations = container_facts.mp4_rotations(path)
-        if rotations is None or stream.id not in rotations:
+        orientations = container_facts.mp4_orientations(path)
+        if orientations is None or stream.id not in orientations:
             raise Fallback("MP4/MOV track header not readable for the display rotation")
-        degrees = rotations[stream.id]
+        degrees, mirrored = orientations[stream.id]
+        if mirrored:
+            return [{"rotation": degrees, "mirrored": True}]
     elif "matroska" in families or "webm" in families:
         projection = container_facts.matroska_has_projection(path)
         if projection is not False:

@@ -151,13 +151,15 @@ def _ffmpeg(args: list[str]) -> None:
         raise RuntimeError(f"ffmpeg {' '.join(args)} failed: {proc.stderr.strip()[-400:]}")
 
 
-def rotate_mp4(path: Path, degrees: int = 90) -> None:
-    """Patch the first track header's display matrix (ffmpeg 5 cannot write it) to rotate."""
+def rotate_mp4(path: Path, degrees: int | str = 90) -> None:
+    """Patch the first track header's display matrix (ffmpeg 5 cannot write it) to rotate (90, 180) or mirror
+    ("vflip", "hflip": ffprobe's rotation of a vertical flip is 0, of a horizontal one 180)."""
     data = bytearray(path.read_bytes())
     i = data.find(b"tkhd")
     version = data[i + 4]
     offset = i + 8 + (20 if version == 0 else 32) + 8 + 8
-    matrix = {90: (0, 65536, 0, -65536, 0, 0, 0, 0, 1 << 30), 180: (-65536, 0, 0, 0, -65536, 0, 0, 0, 1 << 30)}
+    matrix = {90: (0, 65536, 0, -65536, 0, 0, 0, 0, 1 << 30), 180: (-65536, 0, 0, 0, -65536, 0, 0, 0, 1 << 30),
+              "vflip": (65536, 0, 0, 0, -65536, 0, 0, 0, 1 << 30), "hflip": (-65536, 0, 0, 0, 65536, 0, 0, 0, 1 << 30)}
     data[offset:offset + 36] = struct.pack(">9i", *matrix[degrees])
     path.write_bytes(bytes(data))
 
