@@ -164,17 +164,19 @@ class VideoClipDataset(MapDatasetState):
 
         wanted = self.frame_indices(i)
         got: dict[int, np.ndarray] = {}
-        with self._open(video, i) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            rate = Fraction(stream.average_rate or stream.guessed_rate)
-            tb = Fraction(stream.time_base)
-            origin = stream.start_time or 0
-            first_pts = origin + int(Fraction(wanted[0]) / rate / tb)
-            # a container whose seek lands past the wanted frame or on nothing (MPEG-TS, FLV: the keyframe
-            # after it) is decoded again from its start
-            for target in (first_pts, origin):
-                container.seek(target, stream=stream, backward=True, any_frame=False)
+        # a container whose seek lands past the wanted frame or on nothing (MPEG-TS, FLV: the keyframe after it;
+        # MPEG-TS with B-frames even for a seek to its first timestamp) is opened again and decoded from its
+        # start, with no seek
+        for seek in (True, False):
+            with self._open(video, i) as container:
+                stream = container.streams.video[0]
+                stream.thread_type = "AUTO"
+                rate = Fraction(stream.average_rate or stream.guessed_rate)
+                tb = Fraction(stream.time_base)
+                origin = stream.start_time or 0
+                if seek:
+                    first_pts = origin + int(Fraction(wanted[0]) / rate / tb)
+                    container.seek(first_pts, stream=stream, backward=True, any_frame=False)
                 landed = None
                 for frame in container.decode(stream):
                     number = round((Fraction(frame.pts - origin) * tb) * rate)
@@ -183,8 +185,8 @@ class VideoClipDataset(MapDatasetState):
                         got[number] = frame.to_ndarray(format="rgb24")
                     if number >= wanted[-1]:
                         break
-                if landed is not None and landed <= wanted[0] or target == origin:
-                    break
+            if landed is not None and landed <= wanted[0]:
+                break
         missing = [n for n in wanted if n not in got]
         if missing:
             # not IndexError: that would silently end a plain ``for clip in dataset`` loop

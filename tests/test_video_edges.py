@@ -93,9 +93,11 @@ def test_a_header_rate_that_is_not_the_packets_is_transcoded_and_ts_clips_are_re
     struct.pack_into(">I", data, at + 4, 33333333)
     mkv.write_bytes(bytes(data))
     encode(src / "v.ts", 2, "-f", "mpegts")
+    encode(src / "b.ts", 2, "-f", "mpegts", "-bf", "2")  # B-frames: even a seek to its first timestamp lands late
     out = tmp_path / "out"
     run_repack("video", src.parent, out, "--probe", "--transcode", "--quiet")
     decisions = {json.loads(line)["source"]: json.loads(line) for line in (out / "probe.jsonl").read_text().splitlines()}
     assert [r["code"] for r in decisions["c/rate.mkv"]["reasons"]] == ["rate_header_wrong"]
-    assert decisions["c/v.ts"]["decision"] == "ok"
-    assert clips_match_a_full_decode(out, 8) == 2 * (50 - 8 + 1)
+    assert decisions["c/v.ts"]["decision"] == decisions["c/b.ts"]["decision"] == "ok"
+    assert decisions["c/b.ts"]["b_frames"] is True
+    assert clips_match_a_full_decode(out, 8) == 3 * (50 - 8 + 1)
