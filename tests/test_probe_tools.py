@@ -119,6 +119,28 @@ def test_a_mirroring_display_matrix_is_transcoded_as_players_show_it(tmp_path, m
     assert np.abs(output - shown).mean() < 4 < np.abs(output - stored).mean()
 
 
+def test_non_square_pixels_are_transcoded_to_square_ones(tmp_path):
+    """An otherwise decodable clip stored 64x48 with 16:11 pixels displays 93x48: copied, DALI returned it 64 px
+    wide; it is transcoded to square pixels now, as a rotated one is."""
+    import subprocess
+
+    from tests.conftest import read_manifest_json, run_repack
+
+    src = tmp_path / "src"
+    src.mkdir()
+    subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=25",
+                    "-t", "1", "-vf", "setsar=16/11", "-c:v", "libx264", "-preset", "ultrafast", "-g", "25", "-bf", "0",
+                    "-pix_fmt", "yuv420p", str(src / "a.mp4")], check=True)
+    info = probe_file(str(src / "a.mp4"))
+    assert info["sar"] == "16:11" and decide(info, "h100").codes == ["non_square_pixels"]
+    out = tmp_path / "out"
+    run_repack("video", src, out, "--transcode", "--preset", "ultrafast", "--quiet")
+    [entry] = read_manifest_json(out)["shards"]
+    output = probe_file(str(out / entry["path"]))
+    assert entry["transcoded"] is True and output["sar"] in ("1:1", None)
+    assert (output["width"], output["height"]) == (92, 48)  # 93 px wide, made even
+
+
 def _element(ident: bytes, payload: bytes) -> bytes:
     assert len(payload) < 127
     return ident + bytes([0x80 | len(payload)]) + payload

@@ -50,6 +50,7 @@ Facts (NVDEC as measured on an H200; A100/H100/H200 share the NVDEC column; L4/L
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from repack.errors import UsageError
 
@@ -212,6 +213,15 @@ def _reject(info: dict) -> list[dict]:
     return []
 
 
+def sample_aspect(text: str | None) -> Fraction:
+    """ffprobe's ``sample_aspect_ratio`` ('16:9') as a Fraction; 1 when absent, 0:1 or unreadable."""
+    try:
+        num, den = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        return Fraction(1)
+    return Fraction(num, den) if num > 0 and den > 0 else Fraction(1)
+
+
 def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float = 1.0,
            max_height: int | None = None, reader: str = DEFAULT_DALI_READER,
            legacy_codec: str = LEGACY_CODEC) -> Decision:
@@ -302,9 +312,9 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
     if info.get("moov_after_mdat"):
         notes.append(_r("moov_at_end", "the MP4 index (moov) follows the media data: a copy is remuxed with "
                                        "+faststart (stream copy, no re-encode)"))
-    if info.get("sar") not in (None, "1:1", "0:1", "N/A"):
-        notes.append(_r("non_square_pixels", f"sample aspect ratio {info['sar']}: DALI returns the stored "
-                                              "pixels; a transcode scales to square pixels (SAR 1:1)"))
+    if sample_aspect(info.get("sar")) != 1:  # as rotation: what DALI returns is not what a player shows
+        reasons.append(_r("non_square_pixels", f"sample aspect ratio {info['sar']}: DALI returns the stored "
+                                               "pixels, distorted; a transcode scales to square pixels (SAR 1:1)"))
     if info.get("audio_streams") or info.get("other_streams"):
         notes.append(_r("extra_streams", f"{info.get('audio_streams', 0)} audio and {info.get('other_streams', 0)} "
                                          "other stream(s), ignored by DALI"))

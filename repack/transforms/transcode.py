@@ -29,10 +29,9 @@ off: the job quarantines the file with both numbers).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 
 from repack.transforms.ffmpeg_cli import compile_ffmpeg, run, safe_input
-from repack.transforms.nvdec_rules import H264, get_target
+from repack.transforms.nvdec_rules import H264, get_target, sample_aspect
 
 STANDARD_RATES = (8.0, 10.0, 12.0, 12.5, 15.0, 20.0, 24000 / 1001, 24.0, 25.0, 30000 / 1001, 30.0, 48.0, 50.0,
                   60000 / 1001, 60.0, 90.0, 100.0, 120000 / 1001, 120.0)
@@ -111,15 +110,6 @@ def plan_timing(info: dict) -> Timing:
         span = float(info.get("span_s") or info.get("duration_s") or frames / rate)
         return Timing(rate, text, RESAMPLE, rate_from, frames, max(1, round(span * rate)), round(span, 6))
     return Timing(rate, text, KEEP, rate_from, frames, frames, round(frames / rate, 6))
-
-
-def sample_aspect(text: str | None) -> Fraction:
-    """ffprobe's ``sample_aspect_ratio`` ('16:9') as a Fraction; 1 when absent, 0:1 or unreadable."""
-    try:
-        num, den = (int(x) for x in str(text).split(":"))
-    except ValueError:
-        return Fraction(1)
-    return Fraction(num, den) if num > 0 and den > 0 else Fraction(1)
 
 
 def output_geometry(info: dict, recipe: Recipe) -> tuple[int, int, int, int]:

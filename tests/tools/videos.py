@@ -73,7 +73,8 @@ CLIPS: tuple[Clip, ...] = (
          "transcode", _r("missing_timestamps"), size=(160, 120, "30000/1001", 4.004),
          legacy=("transcode", _r("missing_timestamps", "legacy_one_codec"))),
     # 24x32 with 4:3 pixels shows as 32x32: scaled to square pixels, padded to 48x32 (H.264's minimum width)
-    Clip("bad/sar_pad.mp4", ("-vf", "setsar=4/3") + X264 + ("-pix_fmt", "yuv420p"), "transcode", _r("too_small"),
+    Clip("bad/sar_pad.mp4", ("-vf", "setsar=4/3") + X264 + ("-pix_fmt", "yuv420p"), "transcode",
+         _r("too_small", "non_square_pixels"),
          size=(24, 32, 25, 1.0)),
     # garbage inside valid packets: the packet scan sees only the long GOP; --verify decode rejects it
     Clip("bad/corrupt_middle.mp4", ("-c:v", "libx264", "-preset", "ultrafast", "-g", "100", "-bf", "0",
