@@ -215,12 +215,13 @@ def test_report_size_is_bounded(tmp_path):
 
 
 def test_report_of_a_damaged_dataset_says_so(images_out, tmp_path):
-    """A shard gone missing: the page still renders, with a note where the thumbnails would be."""
+    """A shard gone missing: the page still renders, with a note where the thumbnails would be; exit 5."""
     damaged = tmp_path / "damaged"
     shutil.copytree(images_out, damaged)
     (damaged / "shard-000000.tar").unlink()
     page = tmp_path / "damaged.html"
-    run_repack("inspect", damaged, "--html", page)
+    done = run_repack("inspect", damaged, "--html", page, check=False)
+    assert done.returncode == 5 and "shard-000000.tar is missing" in done.stderr
     html = page.read_text()
     assert "samples not shown: FileNotFoundError" in html and "run `repack verify`" in html
     assert "Class balance (3 classes)" in html

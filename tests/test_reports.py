@@ -131,3 +131,39 @@ def test_the_report_reads_no_folder_a_manifest_alone_names(tmp_path):
     run_repack("inspect", out, "--html", tmp_path / "report.html")
     quarantine = (tmp_path / "report.html").read_text().split("Quarantined inputs", 1)[1]
     assert "source not available here" in quarantine and "data:image" not in quarantine.split("</div></div>")[0]
+
+
+def test_inspect_of_a_damaged_dataset_says_so(tmp_path):
+    """A shard deleted or cut, a token index cut: `repack inspect` says so first and exits 5 naming the file (it
+    printed the manifest's counts as facts with exit 0, or a traceback); the median of two shard sizes is their
+    mean."""
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+    src = tmp_path / "photos"
+    make_photo_tree(src, per_class=3, classes=2, seed=1, max_side=64, min_side=32)
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    sizes = sorted(s["bytes"] for s in read_manifest_json(out)["shards"])
+    assert len(sizes) == 2
+    assert json.loads(run_repack("inspect", out, "--json").stdout)["shards"]["median_bytes"] == sum(sizes) // 2
+    shard = out / read_manifest_json(out)["shards"][0]["path"]
+    with open(shard, "r+b") as fh:
+        fh.truncate(4096)
+    done = run_repack("inspect", out, check=False)
+    assert done.returncode == 5 and f"{shard.name} is 4096 bytes" in done.stderr
+    assert done.stdout.startswith(f"DAMAGED: {out} is damaged: {shard.name} is 4096 bytes")
+    shard.unlink()
+    done = run_repack("inspect", out, "--html", tmp_path / "r.html", check=False)
+    assert done.returncode == 5 and f"{shard.name} is missing" in done.stderr and "Traceback" not in done.stderr
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("one document of a few words\n" * 40)
+    text = tmp_path / "text"
+    run_repack("text", texts, text, "--tokenizer", write_tokenizer(gpt2_tokenizer(), tmp_path / "tok"), "--quiet")
+    index = text / read_manifest_json(text)["shards"][0]["index"]
+    with open(index, "r+b") as fh:
+        fh.truncate(40)
+    for extra in ((), ("--html", tmp_path / "t.html")):
+        done = run_repack("inspect", text, *extra, check=False)
+        assert done.returncode == 5 and "is damaged" in done.stderr and "Traceback" not in done.stderr

@@ -74,7 +74,8 @@ def verify(out, json_out, version, workers):
 def inspect(out, json_out, html_file):
     """Summarize the dataset in OUT (a folder or s3://bucket/prefix): counts, sizes, classes, quarantine,
     timing; --html draws it."""
-    from repack.report.collect import collect
+    from repack.errors import VerificationError
+    from repack.report.collect import collect, missing_files
     from repack.store.files import open_dataset
     from repack.report.inspect import inspect_lines
 
@@ -82,6 +83,10 @@ def inspect(out, json_out, html_file):
 
     require_dataset_folder(out)
     files = open_dataset(out)
+    missing = missing_files(files)
+    # the figures below are the manifest's claims about files that are not there: said first, and exit 5
+    damage = (f"{out} is damaged: {'; '.join(missing[:3])}{f' (and {len(missing) - 3} more)' if len(missing) > 3 else ''}"
+              "; run `repack verify`") if missing else None
     try:
         if html_file:
             from repack.report.html import dataset_page, write_page
@@ -89,11 +94,16 @@ def inspect(out, json_out, html_file):
 
             write_page(html_file, dataset_page(collect(files), gather(files)))
         if json_out:
-            click.echo(json.dumps(collect(files), sort_keys=True))
+            click.echo(json.dumps({**collect(files), **({"damaged": missing} if missing else {})}, sort_keys=True))
         else:
-            click.echo("\n".join(inspect_lines(files)))
+            click.echo("\n".join(([f"DAMAGED: {damage}"] if damage else []) + inspect_lines(files)))
     except (TypeError, AttributeError, KeyError) as exc:  # a section of another shape than repack writes
         raise ManifestError(f"{out}: the manifest's sections are not what repack writes ({type(exc).__name__}: "
                             f"{exc}); run `repack verify`") from None
+    except (ValueError, IndexError, OSError) as exc:  # a file of the right size and damaged content (a token index)
+        raise VerificationError(damage or f"{out} is damaged ({type(exc).__name__}: {exc}); run `repack verify`") \
+            from None
+    if damage:
+        raise VerificationError(damage)
     if html_file:
         click.echo(f"report: {html_file}", err=True)

@@ -4,6 +4,7 @@ video, the per-file probe records in OUT/probe.jsonl."""
 
 from __future__ import annotations
 
+import posixpath
 from collections import Counter
 from pathlib import Path
 
@@ -29,6 +30,14 @@ def file_unit(format_name: str) -> str:
     return "video" if format_name == "videos" else "shard"
 
 
+def _median(values: list[int]) -> int:
+    """The median of sorted ``values`` (the mean of the middle two of an even count), 0 when empty."""
+    if not values:
+        return 0
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) // 2
+
+
 def collect(root: str | Path | DatasetFiles) -> dict:
     """The report's data for the dataset in ``root``, a folder or s3:// URL (raises ManifestError
     when there is none)."""
@@ -43,7 +52,7 @@ def collect(root: str | Path | DatasetFiles) -> dict:
         "options": data.get("created_by", {}).get("options", {}),
         "samples": manifest.num_samples,
         "shards": {"count": len(sizes), "unit": file_unit(data["format"]), "bytes": sum(sizes), "min_bytes": sizes[0] if sizes else 0,
-                   "median_bytes": sizes[len(sizes) // 2] if sizes else 0, "max_bytes": sizes[-1] if sizes else 0},
+                   "median_bytes": _median(sizes), "max_bytes": sizes[-1] if sizes else 0},
         "fields": data.get("fields", {}), "classes": data.get("classes") or {}, "totals": data.get("totals", {}),
         "quarantine": {"count": len(manifest.quarantine),
                        "reasons": counted(q["reason"] for q in manifest.quarantine),
@@ -60,6 +69,30 @@ def collect(root: str | Path | DatasetFiles) -> dict:
         summary["text"] = {**{k: data.get(k) for k in ("tokenizer", "dtype", "prefixes", "data_path")},
                            "megatron_data_path": megatron_data_path(data, files.where)}
     return summary
+
+
+def missing_files(files: DatasetFiles) -> list[str]:
+    """The files the manifest names that are not there, or not of the size it records (a shard's ``bytes``):
+    what a report would otherwise print as facts about a dataset it cannot read. One stat per file (one
+    listing on s3://); no byte is read (``repack verify`` checks the bytes)."""
+    recorded = {posixpath.normpath(s["path"]): s.get("bytes") for s in files.manifest.data["shards"]}
+    if files.local:
+        def size_of(rel: str) -> int | None:
+            try:
+                return files.manifest.path(rel).stat().st_size
+            except OSError:
+                return None
+    else:
+        listed = dict(files.store.list_sizes())
+        size_of = listed.get
+    problems = []
+    for rel in dict.fromkeys(files.manifest.named_files()):
+        size, want = size_of(rel), recorded.get(rel)
+        if size is None:
+            problems.append(f"{rel} is missing")
+        elif want is not None and size != want:
+            problems.append(f"{rel} is {size} bytes, not the {want} the manifest records")
+    return problems
 
 
 def video_tables(files: DatasetFiles) -> dict:
