@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 
 from repack.errors import UsageError
@@ -12,10 +13,11 @@ INSTALL_HINT = "--executor ray needs Ray, which is not installed: pip install 'r
 
 
 def check_ray(address: str | None) -> None:
-    """Fail fast (UsageError) where Ray is not installed, or a host:port ``address`` does not answer (ray.init
-    would retry for minutes)."""
+    """Fail fast (UsageError) where Ray is not installed, or a host:port ``address`` (else ``RAY_ADDRESS``, which
+    the executor joins as well) does not answer (ray.init would retry for minutes)."""
     if importlib.util.find_spec("ray") is None:
         raise UsageError(INSTALL_HINT)
+    address = address or os.environ.get("RAY_ADDRESS")
     host, sep, port = (address or "").rpartition(":")
     if not sep or "://" in (address or "") or not port.isdigit():
         return

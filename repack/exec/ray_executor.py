@@ -140,6 +140,26 @@ def _same_job(calls: list, task_ids: list) -> Iterator[tuple[tuple, list]]:
         yield key, group
 
 
+def _messages_to_stderr() -> None:
+    """Ray's driver prints the cluster's messages ("(raylet) A worker died or was killed", a task's retries) on
+    stdout, from a thread; they are diagnostics: on stderr, stdout holds only what repack prints (``--json``:
+    one JSON document). Left as Ray has it where its printer is not where this Ray version keeps it."""
+    import ray._private.worker as ray_worker
+
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "repack_stderr", False):
+        return
+
+    def to_stderr(data, *args, **kwargs):
+        return printer({**data, "is_err": True}, *args, **kwargs)
+
+    to_stderr.repack_stderr = True
+    ray_worker.print_to_stdstream = to_stderr
+
+
+CAPACITY_CHECK_S = 5.0  # with nothing finished for this long, the driver's pool+Ray run checks the cluster's CPUs
+
+
 class RayExecutor:
     """Runs tasks on a Ray cluster (``address``) or on a local Ray instance started for the job."""
 
@@ -213,6 +233,7 @@ class RayExecutor:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = self.address or os.environ.get("RAY_ADDRESS") or "a local instance"
             raise UsageError(f"cannot start or reach Ray ({where}): {exc}") from None
+        _messages_to_stderr()
         return True
 
     def _joined(self) -> None:
@@ -279,7 +300,11 @@ class RayExecutor:
         from repack.exec.local import FAILED, PAIR_FROM, call_outcomes, submit_calls
 
         ray, share = self.ray, self._share
-        others = max(0, int(ray.cluster_resources().get("CPU", 0)) - share.cpus)  # CPUs for Ray's workers
+
+        def ray_cpus() -> int:  # the CPUs of the cluster's live nodes that Ray's workers may take
+            return max(0, int(ray.cluster_resources().get("CPU", 0)) - share.cpus)
+
+        others = ray_cpus()
         size = batch_size(len(calls), share.cpus + others)
         pair = 2 if len(calls) >= PAIR_FROM * (share.cpus + others) else 1
         host = host_token(job_folder(json.loads(calls[0][1])["out"]))
@@ -337,7 +362,17 @@ class RayExecutor:
         while todo or in_pool or on_ray:
             if not in_pool and not on_ray:  # never expected: fill() always has a side that takes calls
                 raise RuntimeError(f"{len(todo)} task(s) left that neither the driver's pool nor Ray took")
-            future = finished.get()
+            try:
+                future = finished.get(timeout=CAPACITY_CHECK_S)
+            except queue.Empty:
+                others = ray_cpus()  # nodes lost (or added): as many batches in flight as CPUs are left
+                if not others and on_ray:  # no CPU left for a batch: none can be scheduled, ever (Ray keeps them
+                    for ref, indices in on_ray.values():  # queued); the driver's pool takes their calls
+                        ray.cancel(ref)
+                        todo.extendleft(reversed(indices))
+                    on_ray.clear()  # their futures still arrive (cancelled): ignored
+                fill()
+                continue
             if future in on_ray:
                 _, indices = on_ray.pop(future)
                 try:
