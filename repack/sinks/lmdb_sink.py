@@ -9,8 +9,8 @@ How it is written (a single writer, fed by parallel workers)
      BUILD_BATCH keys or BUILD_BATCH_BYTES): ``__meta__``, then every part's samples in plan
      order, then the ``t/`` records. Sample indices are therefore contiguous ``0..N-1`` in plan
      order, whatever order the workers finished in and however many inputs were quarantined,
-     and the file is byte-identical for the same content whatever the history (resumes,
-     workers, executors, partitions). The map size comes from the parts' bytes and doubles on
+     and the file is byte-identical for the same content and options whatever the history (resumes,
+     workers, executors, partitions; ``--chunk-size`` sets the tasks, hence the ``t/`` records). The map size comes from the parts' bytes and doubles on
      MapFullError (the build restarts). The environment is reopened every BUILD_WINDOW bytes
      so memory stays flat; the copy is fsynced, renamed over ``data.lmdb``, then the parts go.
 
