@@ -167,3 +167,42 @@ def test_inspect_of_a_damaged_dataset_says_so(tmp_path):
     for extra in ((), ("--html", tmp_path / "t.html")):
         done = run_repack("inspect", text, *extra, check=False)
         assert done.returncode == 5 and "is damaged" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_inspect_counts_every_append_and_a_removal(tmp_path):
+    """After --append the histograms, duplicates and token tables are the version's (they were the first
+    pack's alone), the percentiles come from every prefix; after `remove` the per-file table drops the file."""
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+    src = tmp_path / "photos"
+    make_photo_tree(src, per_class=3, classes=2, seed=1, max_side=64, min_side=32)
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    (src / "new").mkdir()
+    for name in ("big.jpg", "big_copy.jpg"):
+        Image.new("RGB", (3000, 2000), (1, 2, 3)).save(src / "new" / name)
+    run_repack("images", src, out, "--append", "--quiet")
+    fresh = tmp_path / "fresh"
+    run_repack("images", src, fresh, "--quiet")
+    summary = json.loads(run_repack("inspect", out, "--json").stdout)["stats"]
+    expected = json.loads(run_repack("inspect", fresh, "--json").stdout)["stats"]
+    assert summary["histograms"] == expected["histograms"]
+    assert summary["duplicates"]["groups"] == expected["duplicates"]["groups"] == 1
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.jsonl").write_text('{"text": "one two three"}\n{"text": "four"}\n')
+    tok = write_tokenizer(gpt2_tokenizer(), tmp_path / "tok")
+    text = tmp_path / "text"
+    run_repack("text", texts, text, "--tokenizer", tok, "--quiet")
+    (texts / "b.jsonl").write_text("".join(json.dumps({"text": "word " * (20 * i)}) + "\n" for i in range(1, 51)))
+    run_repack("text", texts, text, "--tokenizer", tok, "--append", "--quiet")
+    lines = run_repack("inspect", text).stdout
+    assert "tokens per document: p50 482 p90 902 p99 1002 max 1002" in lines
+    assert "tokens per file (2 file(s))" in lines and "6 tokens, 2 documents  a.jsonl" in lines
+    (tmp_path / "gone.txt").write_text("a.jsonl\n")
+    run_repack("remove", text, "--sources", tmp_path / "gone.txt")
+    lines = run_repack("inspect", text).stdout
+    assert "tokens per file (1 file(s))" in lines and "a.jsonl" not in lines.split("tokens per file")[1]
+    files = read_manifest_json(text)["stats"]["files"]
+    assert files["largest"] == [{"source": "b.jsonl", "documents": 50, "tokens": 25600}]

@@ -26,6 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -219,14 +220,20 @@ class SegmentColumns:
 def _file_stats(segments: SegmentColumns) -> dict:
     """Tokens per input file: a half-octave histogram and the largest files (a file may span tasks)."""
     firsts, documents, tokens = segments.per_file()
+    return file_table(documents, tokens, lambda i: segments.rel(int(firsts[i])))
+
+
+def file_table(documents: np.ndarray, tokens: np.ndarray, name: Callable[[int], str]) -> dict:
+    """``stats.files`` of files with ``documents`` and ``tokens`` each (``name(i)``: file ``i``'s source): their
+    count, a half-octave histogram of their tokens and the largest files."""
     edges, counts = np.unique(bucket_edges(tokens), return_counts=True) if len(tokens) else ([], [])
     top = np.zeros(0, np.int64)
     if len(tokens):  # ties on the last place listed by name: every file with at least that many tokens
         listed = min(FILES_LISTED, len(tokens))
         floor = np.partition(tokens, len(tokens) - listed)[len(tokens) - listed]  # O(n), not a sort of every file
         top = np.flatnonzero(tokens >= floor)
-    largest = sorted(((-int(tokens[i]), segments.rel(int(firsts[i])), int(documents[i])) for i in top.tolist()))
-    return {"count": len(firsts),
+    largest = sorted(((-int(tokens[i]), name(i), int(documents[i])) for i in top.tolist()))
+    return {"count": len(tokens),
             "tokens_histogram": half_octave_histogram({str(int(e)): int(c) for e, c in zip(edges, counts)}),
             "largest": [{"source": rel, "documents": d, "tokens": -t} for t, rel, d in largest[:FILES_LISTED]]}
 

@@ -98,12 +98,35 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
         shards += _rewrite(store, out, manifest, entry, keep, kept_runs(runs, keep), number, rewritten)
     lengths = [np.asarray(_index(store, out, manifest, e).lengths) for e in shards]
     doc_stats, histogram = _token_stats(np.concatenate(lengths) if lengths else np.zeros(0, np.int32))
+    files = _files_table(store, manifest, shards, lengths)
     extra = {"prefixes": [s["prefix"] for s in shards],
              "data_path": " ".join(f"{s['tokens']} {s['prefix']}" for s in shards),
              "totals": {"documents": sum(s["samples"] for s in shards), "tokens": sum(s["tokens"] for s in shards),
                         "bytes": sum(s["bytes"] + s["index_bytes"] for s in shards), "parts": len(shards)},
-             "stats": {"document_tokens": doc_stats, "document_tokens_histogram": histogram}}
+             # the version's whole figures: no --append run's are left to add to them (``report.collect.merged_stats``)
+             "stats": {"document_tokens": doc_stats, "document_tokens_histogram": histogram, "files": files,
+                       "appended": []}}
     return Rewrite(shards, frozenset(found), rewritten, {}, extra)
+
+
+def _files_table(store, manifest: Manifest, shards: list[dict], lengths: list[np.ndarray]) -> dict:
+    """``stats.files`` of the prefixes ``shards`` (their documents' ``lengths``): tokens and documents per source
+    file, from each prefix's source runs (a file may span prefixes)."""
+    from repack.jobs.text import file_table
+
+    documents: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    for entry, doc_lengths in zip(shards, lengths):
+        runs = runs_of(entry, lambda rel: _local(store, manifest, rel).read_bytes()) or []
+        counts = np.array([count for _, _, count in runs], dtype=np.int64)
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else counts
+        sums = np.add.reduceat(doc_lengths.astype(np.int64), starts) if len(counts) and len(doc_lengths) else counts
+        for (name, _, count), total in zip(runs, sums.tolist()):
+            documents[name] = documents.get(name, 0) + count
+            tokens[name] = tokens.get(name, 0) + int(total)
+    names = list(documents)
+    return file_table(np.array([documents[n] for n in names], np.int64), np.array([tokens[n] for n in names], np.int64),
+                      names.__getitem__)
 
 
 def _local(store, manifest: Manifest, rel: str) -> Path:

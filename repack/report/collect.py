@@ -57,7 +57,7 @@ def collect(root: str | Path | DatasetFiles) -> dict:
         "quarantine": {"count": len(manifest.quarantine),
                        "reasons": counted(q["reason"] for q in manifest.quarantine),
                        "listed": manifest.quarantine[:QUARANTINE_LISTED]},
-        "stats": data.get("stats", {}),
+        "stats": merged_stats(data.get("stats", {})),
         "timing": run.get("timing", {}),
         "run": {k: v for k, v in run.items() if k != "timing"},
     }
@@ -69,6 +69,54 @@ def collect(root: str | Path | DatasetFiles) -> dict:
         summary["text"] = {**{k: data.get(k) for k in ("tokenizer", "dtype", "prefixes", "data_path")},
                            "megatron_data_path": megatron_data_path(data, files.where)}
     return summary
+
+
+DUPLICATES_LISTED = 20  # duplicate groups kept in merged statistics
+
+
+def _summed_rows(*tables: list[dict]) -> list[dict]:
+    """Histogram rows ({from, to, count or documents}) of several runs summed bucket by bucket (the buckets are
+    fixed edges: the same in every run)."""
+    merged: dict[tuple, dict] = {}
+    for rows in tables:
+        for row in rows or ():
+            key = (row["from"], row["to"])
+            if key not in merged:
+                merged[key] = dict(row)
+            else:
+                for name in ("count", "documents"):
+                    if name in row:
+                        merged[key][name] = merged[key].get(name, 0) + row[name]
+    return [merged[key] for key in sorted(merged)]
+
+
+def merged_stats(stats: dict) -> dict:
+    """A version's statistics with every ``--append``'s (``stats.appended``) folded in: the histograms summed,
+    the duplicate groups and the per-file token table merged (duplicates across two runs are not known: each
+    run found its own). Counts a version keeps up to date itself (class counts, formats) are left as they are."""
+    appended = stats.get("appended") or []
+    if not appended:
+        return stats
+    merged = dict(stats)
+    runs = [stats, *appended]
+    names = sorted({name for run in runs for name in (run.get("histograms") or {})})
+    if names:
+        merged["histograms"] = {name: _summed_rows(*((run.get("histograms") or {}).get(name) for run in runs))
+                                for name in names}
+    if any("document_tokens_histogram" in run for run in runs):
+        merged["document_tokens_histogram"] = _summed_rows(*(run.get("document_tokens_histogram") for run in runs))
+    dups = [run["duplicates"] for run in runs if run.get("duplicates")]
+    if dups:
+        merged["duplicates"] = {key: sum(d.get(key, 0) for d in dups) for key in ("groups", "extra_copies", "dropped")}
+        merged["duplicates"]["list"] = [g for d in dups for g in d.get("list", [])][:DUPLICATES_LISTED]
+    files = [run["files"] for run in runs if run.get("files")]
+    if files:
+        from repack.jobs.text import FILES_LISTED as listed
+        merged["files"] = {"count": sum(f.get("count", 0) for f in files),
+                           "tokens_histogram": _summed_rows(*(f.get("tokens_histogram") for f in files)),
+                           "largest": sorted((e for f in files for e in f.get("largest", [])),
+                                             key=lambda e: (-e["tokens"], e["source"]))[:listed]}
+    return merged
 
 
 def missing_files(files: DatasetFiles) -> list[str]:

@@ -470,6 +470,11 @@ class MemmapSink:
         stats = data.get("stats", {})
         tok = data.get("tokenizer", {})
         lengths = stats.get("document_tokens", {})
+        if stats.get("appended") and data["shards"]:  # an --append's documents are in no run's percentiles: the
+            from repack.jobs.text import _token_stats  # version's, from its indexes' lengths
+
+            lengths = _token_stats(np.concatenate([np.asarray(read_index(manifest.path(shard["index"])).lengths)
+                                                   for shard in data["shards"]]))[0]
         lines = [f"documents {data['totals'].get('documents')}, tokens {data['totals'].get('tokens')}, "
                  f"dtype {data.get('dtype')}, prefixes: {' '.join(data.get('prefixes', []))}",
                  f"tokenizer sha256 {tok.get('sha256', '?')[:16]}..., vocab {tok.get('vocab_size')}, "
