@@ -163,3 +163,16 @@ def test_a_duplicate_never_gets_a_second_sample_on_append(tmp_path):
         manifest = read_manifest_json(out)
         assert manifest["totals"]["samples"] == 2, manifest["quarantine"]
         assert len(packed_samples(out)) == 2
+
+
+def test_fields_name_members_whatever_their_case(tmp_path):
+    """Member extensions are read lower-cased: --image-field JPG / --label-field CLS name them too (every sample
+    was quarantined and the job exited 7)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    write_tar(src / "a.tar", [("k.JPG", jpeg_bytes(seed=1), {}), ("k.CLS", b"0", {}),
+                              ("l.JPG", jpeg_bytes(seed=2), {}), ("l.CLS", b"1", {})])
+    for field in (("--image-field", "JPG"), ("--label-field", "CLS")):
+        out = tmp_path / f"out{field[0]}"
+        run_repack("images", src, out, "--from", "webdataset", *field, "--quiet")
+        assert read_manifest_json(out)["totals"]["samples"] == 2

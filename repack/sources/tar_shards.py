@@ -21,6 +21,7 @@ and size (a task reads exactly those bytes), rel ``<shard rel>/<member name>`` a
 
 from __future__ import annotations
 
+import dataclasses
 import tarfile
 from dataclasses import dataclass
 
@@ -249,6 +250,9 @@ def bound_index_labels(items: list, quarantine: list[dict]) -> list:
 def scan_tar_shards(source: str, fields: FieldChoice, confinement: Confinement | None = None) -> Scan:
     """Samples of every ``.tar`` under ``source`` (shards in byte order, samples in tar order); see module doc."""
     conf = confinement or Confinement()
+    # member extensions are compared lower-cased (``split_name``): so are the fields naming them (--image-field JPG)
+    fields = dataclasses.replace(fields, image=fields.image.lower() if fields.image else fields.image,
+                                 label=fields.label.lower() if fields.label else fields.label)
     listing = list_containers(source, (".tar",), COMPRESSED, conf.without_size_cap())  # the cap is per member
     quarantine = list(listing.quarantine)
     counts: dict[str, int] = {}
