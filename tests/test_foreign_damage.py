@@ -176,3 +176,35 @@ def test_fields_name_members_whatever_their_case(tmp_path):
         out = tmp_path / f"out{field[0]}"
         run_repack("images", src, out, "--from", "webdataset", *field, "--quiet")
         assert read_manifest_json(out)["totals"]["samples"] == 2
+
+
+def test_a_list_written_again_in_another_spelling_packs_nothing_twice(tmp_path):
+    """A list regenerated with ./ paths or absolute ones (or the dataset made from such a list and the new one
+    plain): every file already held is known; only the new file is packed. A spelling that would name another
+    file through a symbolic link is not taken."""
+    data = tmp_path / "data"
+    (data / "real").mkdir(parents=True)
+    for name, seed in (("a", 1), ("b", 2), ("c", 3)):
+        (data / f"{name}.jpg").write_bytes(jpeg_bytes(seed=seed))
+    (data / "real" / "d.jpg").write_bytes(jpeg_bytes(seed=4))
+    listing = data / "list.csv"
+    for first, again in ((["a.jpg", "b.jpg"], ["./a.jpg", str(data / "b.jpg"), "c.jpg"]),
+                         (["./a.jpg", "./b.jpg"], ["a.jpg", "b.jpg", "c.jpg"])):
+        out = tmp_path / f"out-{first[0]}"
+        listing.write_text("path\n" + "".join(f"{p}\n" for p in first))
+        run_repack("images", listing, out, "--list", "--quiet")
+        listing.write_text("path\n" + "".join(f"{p}\n" for p in again))
+        run_repack("images", listing, out, "--list", "--append", "--quiet")
+        manifest = read_manifest_json(out)
+        assert manifest["totals"]["samples"] == 3 and manifest["quarantine"] == []
+        paths = sorted(json.loads(s["json"])["path"] for s in packed_samples(out))
+        assert paths == sorted(first + ["c.jpg"])
+    (data / "real" / "deep").mkdir()
+    (data / "d.jpg").write_bytes(jpeg_bytes(seed=5))
+    (data / "deep").symlink_to(data / "real" / "deep")  # deep/.. is data/real, not data
+    out = tmp_path / "out-link"
+    listing.write_text("path\nd.jpg\n")
+    run_repack("images", listing, out, "--list", "--quiet")
+    listing.write_text("path\ndeep/../d.jpg\n")  # lexically d.jpg; it opens data/real/d.jpg
+    run_repack("images", listing, out, "--list", "--append", "--quiet")
+    assert sorted(json.loads(s["json"])["path"] for s in packed_samples(out)) == ["d.jpg", "deep/../d.jpg"]

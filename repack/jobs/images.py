@@ -363,6 +363,10 @@ class ImagesJob(Job):
                 selection = select_new_rows(names_of_blob(items.names), items.sizes, items.mtimes, known,
                                             lambda row: content_sha256(items[row]))
             else:
+                if spec.list_file:  # a row spelled otherwise than the dataset holds it (./a.jpg for a.jpg): known
+                    from repack.sources.listfile import respell_held
+
+                    items = respell_held(items, known, os.path.dirname(os.path.abspath(spec.source)))
                 selection = select_new(range(len(items)), known, lambda row: items[row].rel,
                                        lambda row: items[row].fingerprint, lambda row: content_sha256(items[row]))
             items = _taken(items, selection.new)

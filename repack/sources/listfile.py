@@ -14,6 +14,7 @@ import csv
 import dataclasses
 import json
 import os
+import posixpath
 
 from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, alias_reason, clean_label, quarantine_record, sort_key
@@ -120,3 +121,47 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
     items = bound_index_labels(items, quarantine)
     labels = {item.label for item in items} | {q["label"] for q in quarantine if q.get("label") is not None}
     return Scan(tuple(items), tuple(quarantine), labeled, class_index=numeric_class_index(labels - {None}))
+
+
+def canonical_rel(rel: str, base: str) -> str:
+    """A list row's path in one spelling: ``./a.jpg``, ``a//b.jpg`` and an absolute path inside the list's folder
+    ``base`` are ``a.jpg``, ``a/b.jpg`` (lexically: ``respell_held`` checks that both name one file)."""
+    if os.path.isabs(rel):
+        inside = os.path.normpath(rel)
+        if inside == base or not inside.startswith(base.rstrip("/") + "/"):
+            return inside
+        rel = inside[len(base.rstrip("/")) + 1:]
+    return posixpath.normpath(rel)
+
+
+def respell_held(items: list, known, base: str) -> list:
+    """``items`` of a list file (an ``--append``'s scan), each one that the dataset ``known`` holds, took down or
+    quarantined under another spelling of the same path given that spelling (``canonical_rel``): the file is
+    known, not new (a list written again with ``./`` paths packed every file a second time). A spelling is taken
+    only where it opens the same file."""
+    import numpy as np
+
+    from repack.lifecycle.input_columns import encode_names
+
+    if not items:
+        return items
+    names = encode_names([item.rel for item in items])
+    _, recorded = known.find(names)
+    unknown = np.flatnonzero(~recorded & ~known.is_removed(names)).tolist()
+    if not unknown:
+        return items
+    spellings: dict[str, str] = {}  # canonical spelling -> the dataset's, for each name it knows
+    for column in (known.names, known.removed, known.quarantined):
+        for raw in column.tolist():
+            name = raw.decode("utf-8", "surrogateescape")
+            spellings.setdefault(canonical_rel(name, base), name)
+    items = list(items)
+    for i in unknown:
+        item = items[i]
+        held = spellings.get(canonical_rel(item.rel, base))
+        if held is None or held == item.rel:
+            continue
+        path = held if os.path.isabs(held) else os.path.join(base, held)
+        if os.path.realpath(path) == item.path:
+            items[i] = dataclasses.replace(item, rel=held)
+    return items
