@@ -76,3 +76,25 @@ def test_a_killed_append_is_staged_again_when_source_or_options_changed(tmp_path
             assert len(sample_paths(out)) == 921
         assert not staged.parent.exists()
     assert run_repack("verify", out).returncode == 0
+
+
+def test_a_hard_link_to_a_packed_file_added_alone_is_recorded(tmp_path):
+    """The only new input an alias of a packed file: version N+1 records its quarantine (as a fresh pack of the
+    same SOURCE does); it had said "nothing new" and no manifest named it. Once recorded, nothing is new."""
+    import os
+
+    src = tiny_jpegs(tmp_path / "src", 0, 6)
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    packed = sorted(p for p in src.rglob("*.jpg"))[0]
+    os.link(packed, packed.parent / "zz_link.jpg")
+    run_repack("images", src, out, "--append", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["dataset_version"]["number"] == 2 and manifest["totals"]["samples"] == 6
+    [record] = manifest["quarantine"]
+    assert record["source"] == f"{packed.parent.name}/zz_link.jpg" and "same file as" in record["reason"]
+    fresh = tmp_path / "fresh"
+    run_repack("images", src, fresh, "--quiet")
+    assert read_manifest_json(fresh)["quarantine"] == manifest["quarantine"]
+    again = run_repack("images", src, out, "--append")
+    assert "nothing new" in again.stdout and read_manifest_json(out)["dataset_version"]["number"] == 2

@@ -34,7 +34,8 @@ from repack.store import is_remote
                    "class, or the ClassLabel column).")
 @click.option("--append", is_flag=True,
               help="OUT holds a dataset: pack only the inputs it does not hold yet (same path, size and mtime; "
-                   "s3://: key and size) into new shards and publish them as its next version.")
+                   "s3://: key, size and ETag; an mtime or ETag alone changed: compared by content) into new shards and "
+                   "publish them as its next version.")
 @click.option("--shard-size", type=int, default=None,
               help="At most N inputs per shard (tiny samples: 16384 makes a remove rewrite less).")
 @click.option("--shard-bytes", default=None, help="At most SIZE per shard, e.g. 512MB (default when no --shard-size).")

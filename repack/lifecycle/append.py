@@ -2,7 +2,7 @@
 
 "Already in the dataset": an input with the same relative path and the same size and mtime as one
 planned in an earlier version, or the same content where only the mtime differs (an s3:// object: same
-key and size); a source `repack remove` took down is never packed again; a changed file with a sample is
+key, size and ETag, or the same content where only the ETag differs); a source `repack remove` took down is never packed again; a changed file with a sample is
 refused by name (``repack.lifecycle.input_record``).
 
 How (OUT's lock held throughout): an ordinary images job packs the new inputs into a staging
@@ -136,7 +136,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
 
                 with held_known(str(known_key), known):
                     planned = build_plan(job)
-                if not planned.tasks:  # nothing new (published: a pending version was, the re-run of a killed append)
+                held_records = {q["source"] for q in current["quarantine"]}
+                if not planned.tasks and all(q["source"] in held_records for q in planned.quarantine):
+                    # nothing new (published: a pending version was, the re-run of a killed append); a new input
+                    # quarantined while planning (a hard link to a packed file) is new: N+1 records it
                     remove_prefix(store, f"{stage}/")
                     return AppendResult(current, promoted is not None, 0, time.time() - started,
                                         planned.info.get("removed_skipped", 0))
