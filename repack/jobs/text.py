@@ -26,7 +26,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -37,9 +36,8 @@ from repack.exec.cpus import available_cpus, worker_cpus
 from repack.jobs.text_plan import chunk_bytes_of, pack_table, plan_chunk_columns, table_names, table_segments
 from repack.lifecycle.input_record import file_sha256, load_known, select_new_rows
 from repack.jobs.record_columns import digest_rows_name, pack_digest_rows, pack_ints, unpack_ints
-from repack.jobs.stats import bucket_edges
 from repack.jobs.summary import quarantine_lines
-from repack.jobs.stats import histogram as half_octave_histogram
+from repack.jobs.token_stats import file_table, token_stats
 from repack.manifest import atomic_write_bytes, dumps_canonical
 from repack.manifest.source_runs import SUFFIX as RUNS_SUFFIX
 from repack.manifest.source_runs import encode_columns, side_entry
@@ -62,7 +60,6 @@ BATCH_CHARS = 1 << 17  # characters handed to one encode_batch call, at most (a 
 BATCH_DOCS = 128
 MERGED_MARKER = "merged.json"
 TOKENIZER_COPY = "tokenizer.json"
-FILES_LISTED = 20  # stats.files.largest: the files with the most tokens
 PART_REMOVERS = 8  # threads removing the merged parts (unlinks wait on the file system, not the CPU)
 
 
@@ -221,41 +218,6 @@ def _file_stats(segments: SegmentColumns) -> dict:
     """Tokens per input file: a half-octave histogram and the largest files (a file may span tasks)."""
     firsts, documents, tokens = segments.per_file()
     return file_table(documents, tokens, lambda i: segments.rel(int(firsts[i])))
-
-
-def file_table(documents: np.ndarray, tokens: np.ndarray, name: Callable[[int], str]) -> dict:
-    """``stats.files`` of files with ``documents`` and ``tokens`` each (``name(i)``: file ``i``'s source): their
-    count, a half-octave histogram of their tokens and the largest files."""
-    edges, counts = np.unique(bucket_edges(tokens), return_counts=True) if len(tokens) else ([], [])
-    top = np.zeros(0, np.int64)
-    if len(tokens):  # ties on the last place listed by name: every file with at least that many tokens
-        listed = min(FILES_LISTED, len(tokens))
-        floor = np.partition(tokens, len(tokens) - listed)[len(tokens) - listed]  # O(n), not a sort of every file
-        top = np.flatnonzero(tokens >= floor)
-    largest = sorted(((-int(tokens[i]), name(i), int(documents[i])) for i in top.tolist()))
-    return {"count": len(tokens),
-            "tokens_histogram": half_octave_histogram({str(int(e)): int(c) for e, c in zip(edges, counts)}),
-            "largest": [{"source": rel, "documents": d, "tokens": -t} for t, rel, d in largest[:FILES_LISTED]]}
-
-
-def _token_stats(lengths: np.ndarray) -> tuple[dict, list[dict]]:
-    """Nearest-rank p50/p90/p99/max/mean of document lengths, and a power-of-two histogram."""
-    if not len(lengths):
-        return {}, []
-    n = len(lengths)
-    ranks = sorted({min(n - 1, max(0, int(np.ceil(q * n)) - 1)) for q in (0.5, 0.9, 0.99)})
-    part = np.partition(lengths, ranks)
-    value = {r: int(part[r]) for r in ranks}
-
-    def rank(q: float) -> int:
-        return value[min(n - 1, max(0, int(np.ceil(q * n)) - 1))]
-
-    stats = {"p50": rank(0.5), "p90": rank(0.9), "p99": rank(0.99), "max": int(lengths.max()),
-             "min": int(lengths.min()), "mean": round(float(lengths.mean(dtype=np.float64)), 3), "count": n}
-    buckets = np.bincount(np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64))
-    histogram = [{"from": 2**k, "to": 2 ** (k + 1) - 1, "documents": int(c)}
-                 for k, c in enumerate(buckets) if c]
-    return stats, histogram
 
 
 def whole_file_sha256(segment: Segment) -> bytes | None:
@@ -543,7 +505,7 @@ class TextJob(Job):
                         (self.out / pt[key]).unlink(missing_ok=True)
             arrays = [np.asarray(read_index(self.out / e["index"]).lengths) for e in entries]
             lengths = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
-        doc_stats, histogram = _token_stats(np.asarray(lengths))
+        doc_stats, histogram = token_stats(np.asarray(lengths))
         tok = dict(info["tokenizer"])
         tokenizer_src = Path(tok.pop("path"))
         atomic_write_bytes(self.out / TOKENIZER_COPY, planned_tokenizer_bytes(tokenizer_src, tok.get("sha256")))

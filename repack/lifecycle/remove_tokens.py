@@ -71,7 +71,7 @@ def kept_runs(runs: list[tuple[str, int, int]], keep: np.ndarray) -> list[list]:
 
 def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
     """The version's prefixes without the named documents (see the module docstring)."""
-    from repack.jobs.text import _token_stats
+    from repack.jobs.token_stats import token_stats
 
     manifest = Manifest(out, current)
     wanted = set(spec.names)
@@ -97,7 +97,7 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
         found |= hits
         shards += _rewrite(store, out, manifest, entry, keep, kept_runs(runs, keep), number, rewritten)
     lengths = [np.asarray(_index(store, out, manifest, e).lengths) for e in shards]
-    doc_stats, histogram = _token_stats(np.concatenate(lengths) if lengths else np.zeros(0, np.int32))
+    doc_stats, histogram = token_stats(np.concatenate(lengths) if lengths else np.zeros(0, np.int32))
     files = _files_table(store, manifest, shards, lengths)
     extra = {"prefixes": [s["prefix"] for s in shards],
              "data_path": " ".join(f"{s['tokens']} {s['prefix']}" for s in shards),
@@ -112,7 +112,7 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
 def _files_table(store, manifest: Manifest, shards: list[dict], lengths: list[np.ndarray]) -> dict:
     """``stats.files`` of the prefixes ``shards`` (their documents' ``lengths``): tokens and documents per source
     file, from each prefix's source runs (a file may span prefixes)."""
-    from repack.jobs.text import file_table
+    from repack.jobs.token_stats import file_table
 
     documents: dict[str, int] = {}
     tokens: dict[str, int] = {}

@@ -111,7 +111,7 @@ def merged_stats(stats: dict) -> dict:
         merged["duplicates"]["list"] = [g for d in dups for g in d.get("list", [])][:DUPLICATES_LISTED]
     files = [run["files"] for run in runs if run.get("files")]
     if files:
-        from repack.jobs.text import FILES_LISTED as listed
+        from repack.jobs.token_stats import FILES_LISTED as listed
         merged["files"] = {"count": sum(f.get("count", 0) for f in files),
                            "tokens_histogram": _summed_rows(*(f.get("tokens_histogram") for f in files)),
                            "largest": sorted((e for f in files for e in f.get("largest", [])),

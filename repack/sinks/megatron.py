@@ -471,9 +471,9 @@ class MemmapSink:
         tok = data.get("tokenizer", {})
         lengths = stats.get("document_tokens", {})
         if stats.get("appended") and data["shards"]:  # an --append's documents are in no run's percentiles: the
-            from repack.jobs.text import _token_stats  # version's, from its indexes' lengths
+            from repack.jobs.token_stats import token_stats  # version's, from its indexes' lengths
 
-            lengths = _token_stats(np.concatenate([np.asarray(read_index(manifest.path(shard["index"])).lengths)
+            lengths = token_stats(np.concatenate([np.asarray(read_index(manifest.path(shard["index"])).lengths)
                                                    for shard in data["shards"]]))[0]
         lines = [f"documents {data['totals'].get('documents')}, tokens {data['totals'].get('tokens')}, "
                  f"dtype {data.get('dtype')}, prefixes: {' '.join(data.get('prefixes', []))}",
