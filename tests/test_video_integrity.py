@@ -185,3 +185,13 @@ def test_a_stall_in_a_regular_capture_drops_no_frame(tmp_path):
     source, output = frame_numbers(src / "stall.mp4"), frame_numbers(out / "videos" / "stall.mp4")
     assert len(source) == 35 and list(dict.fromkeys(output)) == source
     assert len(output) == entry["frames_out"] == 50
+
+
+def test_frames_in_bursts_keep_the_mean_rate():
+    """Pairs of frames 2 ms apart every 80 ms have no grid: their median interval's 1000 fps would make 2,002
+    frames of 52 (and quarantine the output); past 120 fps or 4x the frames, the mean rate is kept."""
+    info = {"frames": 52, "fps": 25.974, "frame_interval_s": 0.001, "irregular_intervals": 25, "span_s": 2.002}
+    timing = plan_timing(info)
+    assert (timing.mode, timing.rate, timing.rate_from, timing.expected_frames) == ("resample", 25.974, "measured", 52)
+    stall = {"frames": 35, "fps": 17.5, "frame_interval_s": 0.04, "irregular_intervals": 1, "span_s": 2.0}
+    assert (plan_timing(stall).rate, plan_timing(stall).rate_from) == (25.0, "median interval")
