@@ -158,11 +158,31 @@ def test_a_duplicate_never_gets_a_second_sample_on_append(tmp_path):
         args = [flag, "webdataset"] if flag == "--from" else [flag]
         run_repack("images", source, out, *args, "--quiet")
         assert read_manifest_json(out)["totals"]["samples"] == 2
+        [record] = read_manifest_json(out)["quarantine"]
+        assert record["source"] == ("a.tar/l.jpg" if flag == "--from" else "a.jpg") + " (again, 2)"
         os.utime(changed, ns=(10**18, 10**18))  # the same bytes, another mtime (cp without -p)
         run_repack("images", source, out, *args, "--append", "--quiet")
         manifest = read_manifest_json(out)
         assert manifest["totals"]["samples"] == 2, manifest["quarantine"]
         assert len(packed_samples(out)) == 2
+
+
+def test_an_older_datasets_record_of_a_copy_under_the_packed_name_is_not_planned_again(tmp_path):
+    """A dataset of an older repack named a tar's second member of one name as the packed first: its record
+    names an input that holds a sample, which an --append after the shard changed packed a second time."""
+    src = tmp_path / "wds"
+    src.mkdir()
+    write_tar(src / "a.tar", [("k.jpg", jpeg_bytes(seed=1), {}), ("k.cls", b"0", {}), ("l.jpg", jpeg_bytes(seed=2), {}),
+                              ("l.cls", b"1", {}), ("l.jpg", jpeg_bytes(seed=3), {})])
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--from", "webdataset", "--quiet")
+    manifest = read_manifest_json(out)
+    manifest["quarantine"][0]["source"] = "a.tar/l.jpg"  # as the older repack wrote it
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert "nothing new" in run_repack("images", src, out, "--from", "webdataset", "--append").stdout
+    os.utime(src / "a.tar", ns=(10**18, 10**18))
+    run_repack("images", src, out, "--from", "webdataset", "--append", "--quiet")
+    assert read_manifest_json(out)["totals"]["samples"] == 2 and len(packed_samples(out)) == 2
 
 
 def test_fields_name_members_whatever_their_case(tmp_path):

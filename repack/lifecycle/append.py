@@ -62,6 +62,14 @@ class AppendResult:
     removed_skipped: int = 0  # sources `repack remove` took down, found in SOURCE again and left out
 
 
+def names_a_copy(record: dict) -> bool:
+    """A quarantine record of another copy of a packed input under the packed one's own name, as repack wrote it
+    before such copies were named apart (``tar_shards.again_name``): a tar's second member of one name, a list
+    row naming a listed file again. Its name holds a sample: never planned again as a quarantined input."""
+    reason = str(record.get("reason", ""))
+    return reason.startswith("listed twice (") or (reason.startswith("second '") and " member of sample " in reason)
+
+
 def planned_once(job, plan: Plan):
     """``job`` whose ``plan()`` returns ``plan``: the append planned it to see whether anything is new, and
     the engine would otherwise scan SOURCE and select the new inputs a second time."""
@@ -123,7 +131,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
             # file's other documents in the dataset: it is a packed file, compared as any other, unless the file
             # gave no document: "no_documents", repack.jobs.text)
             unpacked = list(dict.fromkeys(q["source"] for q in current["quarantine"]
-                                          if q.get("line") is None or q.get("no_documents")))
+                                          if (q.get("line") is None or q.get("no_documents")) and not names_a_copy(q)))
             first_source = str(((current.get("created_by") or {}).get("options") or {}).get("source") or "")
             known = KnownInputs(record, unpacked, first_source.startswith("s3://"))
             try:  # a link planted there would stage (and overwrite) outside OUT
@@ -137,7 +145,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
                 with held_known(str(known_key), known):
                     planned = build_plan(job)
                 held_records = {q["source"] for q in current["quarantine"]}
-                if not planned.tasks and all(q["source"] in held_records for q in planned.quarantine):
+                if not planned.tasks and all(q["source"] in held_records or names_a_copy(q) for q in planned.quarantine):
                     # nothing new (published: a pending version was, the re-run of a killed append); a new input
                     # quarantined while planning (a hard link to a packed file) is new: N+1 records it
                     remove_prefix(store, f"{stage}/")

@@ -18,7 +18,7 @@ import posixpath
 
 from repack.errors import UsageError
 from repack.sources.base import InputItem, Scan, alias_reason, clean_label, quarantine_record, sort_key
-from repack.sources.tar_shards import bound_index_labels, numeric_class_index
+from repack.sources.tar_shards import again_name, bound_index_labels, numeric_class_index
 from repack.sources.confine import Confinement
 
 LABEL_COLUMNS = ("label", "class", "cls")
@@ -90,6 +90,7 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
     labeled = any(label is not None for _, _, label in rows)
     items: list[InputItem] = []
     seen: dict[str, str] = {}  # real path -> the rel it is packed under
+    seen_again: dict[str, int] = {}
     read_as: dict[tuple[int, int], str] = {}  # (device, inode) -> the rel it is read under: a hard link is one file
     for rel, lineno, label in rows:
         if labeled and label is None:
@@ -102,11 +103,9 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
         if checked.reason is not None:
             quarantine.append(quarantine_record(rel, f"{checked.reason} ({name}:{lineno})", label))
             continue
-        if checked.real in seen:  # the same spelling as the packed row: named by its line (an --append plans a
-            # quarantined name again when its file changes: the packed file would be packed twice)
-            shown = f"{name}:{lineno}" if seen[checked.real] == rel else rel
-            quarantine.append(quarantine_record(shown, f"listed twice ({rel} at {name}:{lineno})" if shown != rel
-                                                else f"listed twice ({name}:{lineno})", label))
+        if checked.real in seen:  # the same spelling as the packed row: named apart from it (``again_name``)
+            shown = again_name(rel, seen_again) if seen[checked.real] == rel else rel
+            quarantine.append(quarantine_record(shown, f"listed twice ({name}:{lineno})", label))
             continue
         ident = (checked.st.st_dev, checked.st.st_ino)
         if ident in read_as:

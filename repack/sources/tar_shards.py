@@ -106,6 +106,7 @@ def _samples(container: Container, quarantine: list[dict], counts: dict[str, int
         quarantine.append(quarantine_record(container.rel, f"not a readable tar shard: {exc}"))
         return [], None, None
     samples: dict[str, _Sample] = {}
+    seen_again: dict[str, int] = {}
     members = 0
     ended = False  # the listing ran to where tarfile stopped by itself (not a refusal's break)
     try:
@@ -131,9 +132,8 @@ def _samples(container: Container, quarantine: list[dict], counts: dict[str, int
                 continue
             key, ext = split_name(info.name)
             sample = samples.setdefault(key, _Sample(key, {}, len(samples)))
-            if ext in sample.members:  # named apart from the first, which is packed under the plain name (an
-                # --append plans a quarantined name again when its shard changes: the first would be packed twice)
-                quarantine.append(quarantine_record(f"{container.rel}/{info.name} (at byte {info.offset})",
+            if ext in sample.members:
+                quarantine.append(quarantine_record(again_name(f"{container.rel}/{info.name}", seen_again),
                                                     f"second {ext!r} member of sample {key!r}: not read"))
                 continue
             sample.members[ext] = info
@@ -167,6 +167,15 @@ def _unclean_end(fh, offset: int, shard_bytes: int) -> str | None:
             return None
         if block.strip(b"\0"):
             return "holds data after its end-of-archive marker (two tars joined?)"
+
+
+def again_name(rel: str, seen_again: dict[str, int]) -> str:
+    """The name of another copy of ``rel`` (a tar's second member of one name, a list's row naming a listed file
+    again) set aside beside the packed one: ``rel (again, 2)``, ``(again, 3)``... Apart from the packed name (an
+    --append plans a quarantined name again when it changes: the packed copy would get a second sample), and
+    from where it lies (the same name when the list or shard is written again in another order)."""
+    seen_again[rel] = seen_again.get(rel, 1) + 1
+    return f"{rel} (again, {seen_again[rel]})"
 
 
 def _pick_image(sample: _Sample, fields: FieldChoice) -> tuple[str | None, str | None]:
