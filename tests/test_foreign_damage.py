@@ -219,6 +219,13 @@ def test_a_list_written_again_in_another_spelling_packs_nothing_twice(tmp_path):
         assert manifest["totals"]["samples"] == 3 and manifest["quarantine"] == []
         paths = sorted(json.loads(s["json"])["path"] for s in packed_samples(out))
         assert paths == sorted(first + ["c.jpg"])
+    (tmp_path / "via").symlink_to(data)  # the list read through a link; rows written with the real path
+    out = tmp_path / "out-via"
+    (data / "list.csv").write_text("path\na.jpg\n")
+    run_repack("images", tmp_path / "via" / "list.csv", out, "--list", "--quiet")
+    (data / "list.csv").write_text(f"path\n{data / 'a.jpg'}\nb.jpg\n")
+    run_repack("images", tmp_path / "via" / "list.csv", out, "--list", "--append", "--quiet")
+    assert sorted(json.loads(s["json"])["path"] for s in packed_samples(out)) == ["a.jpg", "b.jpg"]
     (data / "real" / "deep").mkdir()
     (data / "d.jpg").write_bytes(jpeg_bytes(seed=5))
     (data / "deep").symlink_to(data / "real" / "deep")  # deep/.. is data/real, not data

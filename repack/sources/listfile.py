@@ -124,12 +124,14 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
 
 def canonical_rel(rel: str, base: str) -> str:
     """A list row's path in one spelling: ``./a.jpg``, ``a//b.jpg`` and an absolute path inside the list's folder
-    ``base`` are ``a.jpg``, ``a/b.jpg`` (lexically: ``respell_held`` checks that both name one file)."""
+    ``base`` (as named, or its real path) are ``a.jpg``, ``a/b.jpg`` (lexically: ``respell_held`` checks that
+    both name one file)."""
     if os.path.isabs(rel):
-        inside = os.path.normpath(rel)
-        if inside == base or not inside.startswith(base.rstrip("/") + "/"):
-            return inside
-        rel = inside[len(base.rstrip("/")) + 1:]
+        path = os.path.normpath(rel)
+        for root in dict.fromkeys((base.rstrip("/"), os.path.realpath(base))):  # the folder as named, or real
+            if path.startswith(root + "/"):
+                return posixpath.normpath(path[len(root) + 1:])
+        return path
     return posixpath.normpath(rel)
 
 
