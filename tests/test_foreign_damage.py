@@ -235,3 +235,18 @@ def test_a_list_written_again_in_another_spelling_packs_nothing_twice(tmp_path):
     listing.write_text("path\ndeep/../d.jpg\n")  # lexically d.jpg; it opens data/real/d.jpg
     run_repack("images", listing, out, "--list", "--append", "--quiet")
     assert sorted(json.loads(s["json"])["path"] for s in packed_samples(out)) == ["d.jpg", "deep/../d.jpg"]
+
+
+def test_an_unnamed_files_integer_labels_are_not_names_of_digits(tmp_path):
+    """Beside a file whose ClassLabel names are "1", "2", "3", another file's integer label 1 (an index) is not
+    the class named "1": quarantined, where it was packed as that class."""
+    src = tmp_path / "src"
+    src.mkdir()
+    parquet(src / "a.parquet", [jpeg_bytes(seed=i) for i in range(3)], [0, 1, 2], ["1", "2", "3"])
+    parquet(src / "b.parquet", [jpeg_bytes(seed=i + 5) for i in range(3)], [0, 1, 2], None)
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--from", "parquet", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["samples"] == 3 and manifest["classes"] == {"1": 0, "2": 1, "3": 2}
+    assert sorted(q["source"] for q in manifest["quarantine"]) == ["b.parquet/0", "b.parquet/1", "b.parquet/2"]
+    assert all("an integer index" in q["reason"] for q in manifest["quarantine"])

@@ -111,7 +111,8 @@ def _label_name(value, names: list[str] | None) -> tuple[str | None, str | None]
 
 
 def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
-    """(row, size, label, source path) of every row with embedded image bytes; (image column, names)."""
+    """(row, size, label, source path) of every row with embedded image bytes; the image column, the ClassLabel
+    names, the columns not carried, and whether the labels are integers without names (class indices)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -120,7 +121,7 @@ def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
             pf = open_parquet(fh)
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
             quarantine.append(quarantine_record(container.rel, f"not a readable parquet file: {exc}"))
-            return [], None, None, ()
+            return [], None, None, (), False
         schema = pf.schema_arrow
         image = _image_column(schema, fields, container.rel)
         label, names = _label_column(schema, _hf_metadata(schema), fields, container.rel)
@@ -152,7 +153,8 @@ def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
             quarantine.append(quarantine_record(container.rel, f"parquet file damaged after {row} row(s): {exc}; "
                                                                "the rest of the file is not read"))
         carried = set(columns)
-        return rows, image, names, tuple(n for n in schema.names if n not in carried)
+        indices = bool(label) and names is None and pa.types.is_integer(schema.field(label).type)
+        return rows, image, names, tuple(n for n in schema.names if n not in carried), indices
 
 
 def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | None = None) -> Scan:
@@ -163,12 +165,12 @@ def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | No
     items: list[MemberItem] = []
     not_carried: dict[str, int] = {}
     class_names: list[str] = []  # every file's ClassLabel names: the first file's order, then names new in later ones
-    named_files: list[bool] = []  # per container: whether its labels come from ClassLabel names
+    named_files: list[bool | None] = []  # per container: whether its labels come from ClassLabel names
     read = []
     for container in listing.containers:
-        rows, image, names, others = _rows(container, fields, quarantine)
+        rows, image, names, others, indices = _rows(container, fields, quarantine)
         class_names += [name for name in names or () if name not in class_names]
-        named_files.append(names is not None)
+        named_files.append(None if indices else names is not None)  # None: integer labels, no names
         read.append((container, rows, image))
         for column in others:
             not_carried[column] = not_carried.get(column, 0) + len(rows)
@@ -176,10 +178,13 @@ def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | No
     for (container, rows, image), named in zip(read, named_files):
         for row, size, label, source_path in rows:
             rel = f"{container.rel}/{row}"
-            if class_names and not named and label is not None and label not in known_names:
-                quarantine.append(quarantine_record(  # its value cannot be told apart from another file's index
-                    rel, f"label {label!r} of a file without ClassLabel names, beside files whose ClassLabel names "
-                         f"do not hold it ({', '.join(class_names[:8])}{', ...' if len(class_names) > 8 else ''})"))
+            if class_names and not named and label is not None and (named is None or label not in known_names):
+                # an index without names, or a name the others' ClassLabel names do not hold: which class it is
+                # cannot be told (an index 1 is not the name "1")
+                quarantine.append(quarantine_record(
+                    rel, f"label {label!r} of a file without ClassLabel names ({'an integer index' if named is None else 'not one of theirs'}), "
+                         f"beside files with ClassLabel names ({', '.join(class_names[:8])}"
+                         f"{', ...' if len(class_names) > 8 else ''})"))
                 continue
             too_big = conf.size_refusal(size)
             if too_big is not None:
