@@ -199,6 +199,8 @@ def test_inspect_counts_every_append_and_a_removal(tmp_path):
     run_repack("text", texts, text, "--tokenizer", tok, "--append", "--quiet")
     lines = run_repack("inspect", text).stdout
     assert "tokens per document: p50 482 p90 902 p99 1002 max 1002" in lines
+    percentiles = json.loads(run_repack("inspect", text, "--json").stdout)["stats"]["document_tokens"]
+    assert (percentiles["count"], percentiles["p50"], percentiles["max"]) == (52, 482, 1002)  # --html draws these
     assert "tokens per file (2 file(s))" in lines and "6 tokens, 2 documents  a.jsonl" in lines
     (tmp_path / "gone.txt").write_text("a.jsonl\n")
     run_repack("remove", text, "--sources", tmp_path / "gone.txt")

@@ -64,7 +64,10 @@ def collect(root: str | Path | DatasetFiles) -> dict:
     if data["modality"] == "video":
         summary["video"] = video_tables(files)
     if data["modality"] == "text":
-        from repack.sinks.megatron import megatron_data_path
+        from repack.sinks.megatron import megatron_data_path, version_document_tokens
+
+        if files.local:
+            summary["stats"] = {**summary["stats"], "document_tokens": version_document_tokens(manifest)}
 
         summary["text"] = {**{k: data.get(k) for k in ("tokenizer", "dtype", "prefixes", "data_path")},
                            "megatron_data_path": megatron_data_path(data, files.where)}

@@ -395,6 +395,18 @@ def check_boundaries(bin_path: Path, arrays, shard: dict, check) -> None:
                          f"index's boundaries do not match {shard['path']}")
 
 
+def version_document_tokens(manifest) -> dict:
+    """The percentiles of a local token dataset's document lengths: the manifest's, or, after an ``--append``
+    (whose documents are in no run's figures), the version's, from every prefix's index."""
+    stats = manifest.data.get("stats", {})
+    if not stats.get("appended") or not manifest.data["shards"]:
+        return stats.get("document_tokens", {})
+    from repack.jobs.token_stats import token_stats
+
+    return token_stats(np.concatenate([np.asarray(read_index(manifest.path(shard["index"])).lengths)
+                                       for shard in manifest.data["shards"]]))[0]
+
+
 class MemmapSink:
     """The ``--tokenize memmap`` plugin: Megatron MMIDIDX prefixes, one manifest shard per prefix."""
 
@@ -467,14 +479,8 @@ class MemmapSink:
     def inspect_lines(manifest) -> list[str]:
         """Text statistics and the first document decoded back to text (tokenizer copy in OUT)."""
         data = manifest.data
-        stats = data.get("stats", {})
         tok = data.get("tokenizer", {})
-        lengths = stats.get("document_tokens", {})
-        if stats.get("appended") and data["shards"]:  # an --append's documents are in no run's percentiles: the
-            from repack.jobs.token_stats import token_stats  # version's, from its indexes' lengths
-
-            lengths = token_stats(np.concatenate([np.asarray(read_index(manifest.path(shard["index"])).lengths)
-                                                   for shard in data["shards"]]))[0]
+        lengths = version_document_tokens(manifest)
         lines = [f"documents {data['totals'].get('documents')}, tokens {data['totals'].get('tokens')}, "
                  f"dtype {data.get('dtype')}, prefixes: {' '.join(data.get('prefixes', []))}",
                  f"tokenizer sha256 {tok.get('sha256', '?')[:16]}..., vocab {tok.get('vocab_size')}, "
