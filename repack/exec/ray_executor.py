@@ -47,6 +47,7 @@ import json
 import queue
 import os
 import threading
+import time
 from typing import Iterator
 
 from repack.errors import UsageError
@@ -157,7 +158,7 @@ def _messages_to_stderr() -> None:
     ray_worker.print_to_stdstream = to_stderr
 
 
-CAPACITY_CHECK_S = 5.0  # with nothing finished for this long, the driver's pool+Ray run checks the cluster's CPUs
+CAPACITY_CHECK_S = 5.0  # how often the driver's pool+Ray run checks the cluster's CPUs (one call to its control store)
 
 
 class RayExecutor:
@@ -304,7 +305,7 @@ class RayExecutor:
         def ray_cpus() -> int:  # the CPUs of the cluster's live nodes that Ray's workers may take
             return max(0, int(ray.cluster_resources().get("CPU", 0)) - share.cpus)
 
-        others = ray_cpus()
+        others, checked = ray_cpus(), time.monotonic()
         size = batch_size(len(calls), share.cpus + others)
         pair = 2 if len(calls) >= PAIR_FROM * (share.cpus + others) else 1
         host = host_token(job_folder(json.loads(calls[0][1])["out"]))
@@ -362,16 +363,19 @@ class RayExecutor:
         while todo or in_pool or on_ray:
             if not in_pool and not on_ray:  # never expected: fill() always has a side that takes calls
                 raise RuntimeError(f"{len(todo)} task(s) left that neither the driver's pool nor Ray took")
-            try:
-                future = finished.get(timeout=CAPACITY_CHECK_S)
-            except queue.Empty:
-                others = ray_cpus()  # nodes lost (or added): as many batches in flight as CPUs are left
+            if time.monotonic() >= checked + CAPACITY_CHECK_S:  # nodes lost (or added): as many batches in flight
+                others, checked = ray_cpus(), time.monotonic()  # as CPUs are left
                 if not others and on_ray:  # no CPU left for a batch: none can be scheduled, ever (Ray keeps them
                     for ref, indices in on_ray.values():  # queued); the driver's pool takes their calls
                         ray.cancel(ref)
                         todo.extendleft(reversed(indices))
                     on_ray.clear()  # their futures still arrive (cancelled): ignored
                 fill()
+                if not in_pool and not on_ray:
+                    continue
+            try:
+                future = finished.get(timeout=CAPACITY_CHECK_S)
+            except queue.Empty:
                 continue
             if future in on_ray:
                 _, indices = on_ray.pop(future)
