@@ -66,8 +66,9 @@ def _parquet_rows(fh, path: str, run: list[dict]) -> Iterator[bytes | OSError]:
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors: the rows cannot be read
         yield from (OSError(5, f"parquet file unreadable: {exc}", path) for _ in run)
         return
+    direct: dict[str, RowCursor] = {}  # a row read where it comes (past the read-ahead): the in-order cursors stay
 
-    def read(entry: dict) -> bytes | OSError:
+    def read(entry: dict, cursors: dict[str, RowCursor] = cursors) -> bytes | OSError:
         row, column = entry["member"]["row"], entry["member"]["column"]
         try:
             cursor = cursors.get(column) or cursors.setdefault(column, RowCursor(pf, column))
@@ -93,7 +94,7 @@ def _parquet_rows(fh, path: str, run: list[dict]) -> Iterator[bytes | OSError]:
             held_bytes += len(held[ahead]) if isinstance(held[ahead], bytes) else 0
         data = held.pop(k, None)
         if data is None:
-            data = read(entry)
+            data = read(entry, direct)
         elif isinstance(data, bytes):
             held_bytes -= len(data)
         yield data
