@@ -427,13 +427,21 @@ class _ObjectRange(io.RawIOBase):
             return 0
         while True:
             if self.body is None:  # a request: botocore's attempts, then an error naming the URL
-                self.body = _get_object(self.url, Range=f"bytes={self.pos}-{self.end - 1}")["Body"]
+                response = _get_object(self.url, Range=f"bytes={self.pos}-{self.end - 1}")
+                self.body = response["Body"]
+                ranges = (response.get("ContentRange"), response.get("ContentLength"))
+            else:
+                ranges = None
             try:
+                if ranges is not None:  # the range that came is the one asked for (a server that ignored Range,
+                    # or sent another, gave another place's bytes): OSError naming the URL, asked again, raised
+                    _content_range(self.url, *ranges, self.pos)
                 data = self.body.read(want)
                 if data:
                     break
                 raise OSError(f"{self.url}: stream ended at byte {self.pos}, expected {self.end}")
             except (BotoCoreError, OSError):
+                self.body.close()
                 self.body = None
                 self.resumed += 1
                 if self.resumed > RESUME_ATTEMPTS:

@@ -343,10 +343,15 @@ class RemoteFile(io.RawIOBase):
             body = answer["Body"].read()
         except Exception as exc:  # noqa: BLE001
             raise _os_error(exc, self.url) from None
-        total = answer.get("ContentRange", "").rpartition("/")[2]
+        answered = answer.get("ContentRange") or ""
+        total = answered.rpartition("/")[2]
         if total.isdigit() and int(total) != self.size:  # "bytes a-b/total": the object was replaced
             raise SourceChanged(f"source changed: {self.url} is {total} bytes, {self.size} when planned; "
                                 "re-run with --overwrite to start over")
+        first = answered.removeprefix("bytes ").partition("-")[0]
+        if (first != str(self.pos) if answered else self.pos != 0) or len(body) > want:  # another place's bytes
+            raise OSError(5, f"the S3 endpoint answered bytes {self.pos}-{self.pos + want - 1} with "
+                             f"{answered or 'the object from its start'} ({len(body)} bytes)", self.url)
         buffer[:len(body)] = body
         self.pos += len(body)
         return len(body)

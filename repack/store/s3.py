@@ -162,7 +162,7 @@ class S3Store:
 
     def read_bytes(self, rel: str) -> bytes | None:
         try:
-            return self._call(rel, "get_object", Key=self.key(rel))["Body"].read()
+            return self._retried(rel, lambda: client().get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read())
         except FileNotFoundError:
             return None
 
@@ -170,7 +170,8 @@ class S3Store:
         """``length`` bytes of the object at ``start`` (one ranged GET; fewer at its end)."""
         if length <= 0:
             return b""
-        return self._call(rel, "get_object", Key=self.key(rel), Range=f"bytes={start}-{start + length - 1}")["Body"].read()
+        return self._retried(rel, lambda: client().get_object(Bucket=self.bucket, Key=self.key(rel),  # body read
+                                                              Range=f"bytes={start}-{start + length - 1}")["Body"].read())
 
     def cache_listing(self) -> None:
         """List the whole prefix once; ``size`` answers from it (kept current by this process's

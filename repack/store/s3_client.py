@@ -164,9 +164,13 @@ def transfer_config():
 def describe_error(exc: BaseException, where: str) -> RepackError:
     """A one-line, credential-free error for a failed S3 call (auth/missing bucket: UsageError, exit 2)."""
     from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError,
-                                     NoCredentialsError, ReadTimeoutError, ResponseStreamingError)
+                                     IncompleteReadError, NoCredentialsError, ReadTimeoutError,
+                                     ResponseStreamingError)
 
-    if isinstance(exc, (ReadTimeoutError, ConnectTimeoutError, ConnectionClosedError, ResponseStreamingError)):
+    if isinstance(exc, (ResponseStreamingError, IncompleteReadError)):
+        return RepackError(f"{where}: the S3 endpoint's answer was cut short ({type(exc).__name__}), every time it "
+                           "was asked")
+    if isinstance(exc, (ReadTimeoutError, ConnectTimeoutError, ConnectionClosedError)):
         return RepackError(f"{where}: the S3 endpoint did not answer ({type(exc).__name__}) after "
                            f"{limits().describe()}")
     if isinstance(exc, NoCredentialsError):
@@ -194,13 +198,14 @@ def is_transient(exc: BaseException) -> bool:
     """True for an answer worth asking again after botocore's own attempts are spent (throttling, a 5xx,
     a dropped connection); never for a missing key or refused access, nor for a timeout (an endpoint that
     does not answer keeps the bound S3Limits documents)."""
-    from botocore.exceptions import ClientError, ConnectionClosedError
+    from botocore.exceptions import ClientError, ConnectionClosedError, IncompleteReadError, ResponseStreamingError
 
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         return str(error.get("Code")) in TRANSIENT_CODES or (isinstance(status, int) and status >= 500)
-    return isinstance(exc, ConnectionClosedError)
+    # a body cut mid-way (a reset while it streams, fewer bytes than its length): the request is asked again
+    return isinstance(exc, (ConnectionClosedError, ResponseStreamingError, IncompleteReadError))
 
 
 def is_missing(exc: BaseException) -> bool:

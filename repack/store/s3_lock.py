@@ -88,6 +88,7 @@ class ObjectLock:
         self.started = time.time()
         self.token = secrets.token_hex(16)
         self.etag: str | None = None
+        self.seen_etag = ""  # the lock object's ETag at the last ``_holder``
         self.lost: str | None = None  # why this run no longer holds the lock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -122,6 +123,7 @@ class ObjectLock:
             if is_missing(exc):
                 return None, None
             raise describe_error(exc, self.store.where(self.rel)) from None
+        self.seen_etag = head.get("ETag", "")
         age = None
         try:
             now = parsedate_to_datetime(head["ResponseMetadata"]["HTTPHeaders"]["date"])
@@ -140,13 +142,16 @@ class ObjectLock:
     def __enter__(self) -> "ObjectLock":
         if not self._create():
             holder, age = self._holder()
-            if holder is not None and not _holder_is_dead(holder, age):
+            if holder is not None and holder.get("token") == self.token:  # this run's own create, applied, its
+                self.etag = self.seen_etag  # answer lost and the request sent again (refused: the object exists)
+            elif holder is not None and not _holder_is_dead(holder, age):
                 raise JobLockedError(f"another repack process (pid {holder.get('pid', '?')} on "
                                      f"{holder.get('host', '?')}) is already running on {self.store.url}; wait for "
                                      f"it or stop it first (a lock not refreshed for {stale_after():g} s is taken over)")
-            self.store.delete(self.rel)
-            if not self._create():
-                raise JobLockedError(f"another repack process took the lock on {self.store.url} just now")
+            else:
+                self.store.delete(self.rel)
+                if not self._create():
+                    raise JobLockedError(f"another repack process took the lock on {self.store.url} just now")
         self.store.held_locks.append(self)
         self._thread = threading.Thread(target=self._beat, daemon=True, name="repack-s3-lock")
         self._thread.start()
@@ -167,6 +172,10 @@ class ObjectLock:
             try:
                 self.etag = self._put(IfMatch=self.etag) if self.etag else self._put()
             except ClientError as exc:
+                if _code(exc) in _REFUSED and self._still_mine():  # this beat applied, its answer lost and the
+                    self._holder()  # request sent again against the old ETag: the lock is still this run's
+                    self.etag = self.seen_etag
+                    continue
                 if _code(exc) in _REFUSED or (_code(exc) in _UNSUPPORTED and not self._still_mine()):
                     self.lost = "its lock was taken over by another run (its heartbeat stalled)"
                     return

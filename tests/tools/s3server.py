@@ -177,13 +177,16 @@ class FaultProxy:
     ``requests`` records (method, path, Range header). ``on_answer(method, path)`` runs after the store
     answered a request and before the answer is passed on (a writer acting between a reader's request
     and its answer, deterministically). ``faults`` {path: [action, ...]}: each GET of that path takes the
-    next action, an HTTP status to answer instead (404 as S3's NoSuchKey) or "cut" (half the body, then
-    the connection dropped); once they are used up, the GETs are passed on. ``delay_gets``: seconds each
+    next action, an HTTP status to answer instead (404 as S3's NoSuchKey), "cut" (half the body, then
+    the connection dropped), "shift N" (the range N bytes earlier, answered with its own Content-Range),
+    "ignore range" (the whole object, 200) or None (passed on); once they are used up, the GETs are passed
+    on. ``put_faults`` likewise for PUTs: "applied 503" (the PUT done, answered 503 SlowDown). ``delay_gets``: seconds each
     object GET (no query) is held before it is passed on; ``max_in_flight`` counts the most object GETs
     held or passed on at once, ``peers`` the client connections (address, port) that sent requests."""
 
     def __init__(self, target_port: int, every: int = 0, cut_every: int = 0, on_answer=None,
-                 cut_first_get: bool = False, faults: dict[str, list] | None = None, delay_gets: float = 0.0) -> None:
+                 cut_first_get: bool = False, faults: dict[str, list] | None = None, delay_gets: float = 0.0,
+                 put_faults: dict[str, list] | None = None) -> None:
         self.failed = 0
         self.cut = 0
         self.cut_paths: set[str] = set()
@@ -191,6 +194,7 @@ class FaultProxy:
         self.count = 0
         self.requests: list[tuple[str, str, str | None]] = []
         self.faults = {path: list(actions) for path, actions in (faults or {}).items()}
+        self.put_faults = {path: list(actions) for path, actions in (put_faults or {}).items()}
         self.in_flight = self.max_in_flight = 0
         self.peers: set[tuple[str, int]] = set()
         lock = threading.Lock()
@@ -211,7 +215,7 @@ class FaultProxy:
                     proxy.peers.add(self.client_address[:2])
                     fail = every > 0 and proxy.count % every == 0
                     proxy.failed += fail
-                    actions = proxy.faults.get(self.path) if self.command == "GET" else None
+                    actions = {"GET": proxy.faults, "PUT": proxy.put_faults}.get(self.command, {}).get(self.path)
                     action = actions.pop(0) if actions else None
                     counted = self.command == "GET" and "?" not in self.path
                     if counted:
@@ -245,10 +249,26 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
+                headers = dict(self.headers.items())
+                if isinstance(action, str) and action.startswith("shift ") and headers.get("Range"):
+                    first, _, last = headers["Range"].removeprefix("bytes=").partition("-")
+                    by = int(action.split()[1])  # another range than asked, answered as what it is
+                    headers["Range"] = f"bytes={max(0, int(first) - by)}-{max(0, int(last) - by)}"
+                elif action == "ignore range":  # the whole object, status 200, as a server without ranges
+                    headers = {k: v for k, v in headers.items() if k.lower() != "range"}
                 conn = http.client.HTTPConnection("127.0.0.1", target_port, timeout=60)
-                conn.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+                conn.request(self.command, self.path, body=body, headers=headers)
                 answer = conn.getresponse()
                 data = answer.read()
+                if action == "applied 503":  # the request done, its answer lost: 503 instead
+                    conn.close()
+                    payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 if on_answer is not None:
                     on_answer(self.command, self.path)
                 self.send_response(answer.status)
