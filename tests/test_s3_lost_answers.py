@@ -115,3 +115,25 @@ def test_verify_asks_again_for_a_body_cut_once(moto, tmp_path):
         proxy.stop()
     assert done.returncode == 0 and "OK" in done.stdout, done.stderr
     assert proxy.cut == 1  # it said "the S3 endpoint did not answer" (exit 2), after that one GET
+
+
+def test_an_answer_shorter_than_the_range_is_resumed_without_waiting(moto):
+    """A ranged GET answered with half the range (its Content-Length saying so) on a kept-alive connection: the
+    wire reader read on past the answer and waited the read timeout (20 s) before it resumed; the rest is asked
+    for at once now."""
+    proxy = FaultProxy(moto.port, faults={"/tokens/tok.bin": [None, "short"]})
+    try:
+        done = python("import time\nfrom pipelines import object_store\n"
+                      "object_store.read_range('s3://tokens/tok.bin', 0, 1000)  # boto3's GET: the route learnt\n"
+                      "started = time.monotonic()\n"
+                      "data = object_store.read_range('s3://tokens/tok.bin', 20000, 60000)\n"
+                      "import numpy as np\n"
+                      "print(data == np.arange(50000, dtype='<u2').tobytes()[20000:60000], "
+                      "round(time.monotonic() - started))",
+                      proxy.endpoint)
+    finally:
+        proxy.stop()
+    assert done.returncode == 0, done.stderr
+    equal, seconds = done.stdout.split()
+    assert equal == "True" and int(seconds) < 10
+    assert sum(1 for r in proxy.requests if r[1] == "/tokens/tok.bin") == 3  # the half, then the rest

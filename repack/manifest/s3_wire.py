@@ -206,14 +206,15 @@ class Connection:
         return Head(status, headers, length, bytes(head[end + 4:end + 4 + length]))
 
     def receive_into(self, head: Head, view: memoryview, url: str) -> int:
-        """The answer's body into ``view`` (``len(view)`` <= ``head.length``; the early bytes first, then
-        the socket's straight in); how many bytes came. A body cut or stalled stops early (the
+        """The answer's body into ``view`` (at most ``head.length`` bytes; the early bytes first, then the
+        socket's straight in); how many bytes came. A body cut or stalled stops early (the
         connection is closed: what is left of the answer is unread); so does a short ``view``."""
-        got = min(len(head.early), len(view))
+        limit = min(len(view), head.length)  # an answer shorter than the range asked ends where it says
+        got = min(len(head.early), limit)  # (reading on would wait on a kept-alive socket for the read timeout)
         view[:got] = head.early[:got]
         try:
-            while got < len(view):
-                n = self.sock.recv_into(view[got:])
+            while got < limit:
+                n = self.sock.recv_into(view[got:limit])
                 if not n:
                     break
                 got += n

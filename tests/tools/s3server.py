@@ -179,7 +179,8 @@ class FaultProxy:
     and its answer, deterministically). ``faults`` {path: [action, ...]}: each GET of that path takes the
     next action, an HTTP status to answer instead (404 as S3's NoSuchKey), "cut" (half the body, then
     the connection dropped), "shift N" (the range N bytes earlier, answered with its own Content-Range),
-    "ignore range" (the whole object, 200) or None (passed on); once they are used up, the GETs are passed
+    "ignore range" (the whole object, 200), "short" (half the body, with a Content-Length that says so) or
+    None (passed on); once they are used up, the GETs are passed
     on. ``put_faults`` likewise for PUTs: "applied 503" (the PUT done, answered 503 SlowDown). ``delay_gets``: seconds each
     object GET (no query) is held before it is passed on; ``max_in_flight`` counts the most object GETs
     held or passed on at once, ``peers`` the client connections (address, port) that sent requests."""
@@ -260,6 +261,8 @@ class FaultProxy:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 answer = conn.getresponse()
                 data = answer.read()
+                if action == "short":  # a consistent lie: half the body, its Content-Length saying so
+                    data = data[:len(data) // 2]
                 if action == "applied 503":  # the request done, its answer lost: 503 instead
                     conn.close()
                     payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
