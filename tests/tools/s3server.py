@@ -229,26 +229,24 @@ class FaultProxy:
                         with lock:
                             proxy.in_flight -= 1
 
+            def _error(self, status: int, code: str) -> None:
+                """An S3 error answer of ``status`` with ``code``, as the store would send it."""
+                payload = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
             def _answer(self, fail: bool, action, counted: bool) -> None:
                 body = self._body
                 if counted and delay_gets:
                     time.sleep(delay_gets)
                 if isinstance(action, int):
-                    code = "NoSuchKey" if action == 404 else "InternalError"
-                    payload = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
-                    self.send_response(action)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
+                    self._error(action, "NoSuchKey" if action == 404 else "InternalError")
                     return
                 if fail:
-                    payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
-                    self.send_response(503)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
+                    self._error(503, "SlowDown")
                     return
                 headers = dict(self.headers.items())
                 if isinstance(action, str) and action.startswith("shift ") and headers.get("Range"):
@@ -265,12 +263,7 @@ class FaultProxy:
                     data = data[:len(data) // 2]
                 if action == "applied 503":  # the request done, its answer lost: 503 instead
                     conn.close()
-                    payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
-                    self.send_response(503)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
+                    self._error(503, "SlowDown")
                     return
                 if on_answer is not None:
                     on_answer(self.command, self.path)
