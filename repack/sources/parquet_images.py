@@ -165,16 +165,18 @@ def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | No
     items: list[MemberItem] = []
     not_carried: dict[str, int] = {}
     class_names: list[str] = []  # every file's ClassLabel names: the first file's order, then names new in later ones
+    known_names: set[str] = set()
     named_files: list[bool | None] = []  # per container: whether its labels come from ClassLabel names
     read = []
     for container in listing.containers:
         rows, image, names, others, indices = _rows(container, fields, quarantine)
-        class_names += [name for name in names or () if name not in class_names]
+        new = [name for name in dict.fromkeys(names or ()) if name not in known_names]  # a set: 21k names a file
+        class_names += new
+        known_names.update(new)
         named_files.append(None if indices else names is not None)  # None: integer labels, no names
         read.append((container, rows, image))
         for column in others:
             not_carried[column] = not_carried.get(column, 0) + len(rows)
-    known_names = set(class_names)
     for (container, rows, image), named in zip(read, named_files):
         for row, size, label, source_path in rows:
             rel = f"{container.rel}/{row}"
