@@ -161,7 +161,8 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
         inputs = fn.external_source(source=source, num_outputs=3 if with_index else 2, batch=True, parallel=False,
                                     dtype=[types.UINT8, types.INT32, types.INT64][:3 if with_index else 2])
         jpegs, labels = inputs[:2]
-        images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
+        images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB,
+                                   adjust_orientation=False)  # the stored pixels, as the PyTorch readers decode
         if size is not None:
             images = fn.resize(images, resize_shorter=size)
             if normalize:

@@ -137,7 +137,8 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
             pad_last_batch=pad_last_batch, seed=seed)
         outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         encoded = outputs.pop(0)
-        decoder_args = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB}
+        # the stored pixels, as the PyTorch readers decode them (EXIF orientation is --normalize's to apply)
+        decoder_args = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB, "adjust_orientation": False}
         if gpu and hw_decoder_load is not None:
             decoder_args["hw_decoder_load"] = hw_decoder_load
         if size is not None and train:

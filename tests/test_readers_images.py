@@ -224,3 +224,31 @@ def test_reader_refuses_bad_inputs(packed_photos, tmp_path):
         ImageShardDataset(moved)
     with pytest.raises(ManifestError):
         build_image_pipeline(moved, batch_size=2)
+
+
+def test_every_reader_decodes_the_stored_pixels_of_an_exif_rotated_image(tmp_path):
+    """A JPEG stored 64x48 with EXIF orientation 6 (shown 48x64), packed without --normalize: the PyTorch
+    readers gave the stored 64x48 picture and DALI's decoder the rotated one, for the same sample. Every reader
+    gives the stored pixels now (--normalize is what applies the orientation), WebDataset and LMDB alike."""
+    from pipelines.dali_lmdb import dali_lmdb_loader
+    from pipelines.torch_lmdb import LmdbImageDataset
+
+    stored = np.zeros((48, 64, 3), np.uint8)
+    stored[:24, :32] = (255, 0, 0)  # red in the stored top-left quarter
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    Image.fromarray(stored).save(tmp_path / "src" / "a" / "rot6.jpg", quality=95, exif=exif.tobytes())
+    pictures = []
+    for to in ("webdataset", "lmdb"):
+        out = tmp_path / to
+        run_repack("images", tmp_path / "src", out, "--to", to, "--quiet")
+        if to == "webdataset":
+            pictures.append(np.asarray(next(iter(ImageShardDataset(out, output="dict")))["image"]))
+            loader = dali_image_loader(out, batch_size=1, num_threads=1, device_id=None, size=None)
+        else:
+            pictures.append(np.asarray(LmdbImageDataset(out)[0][0]))
+            loader = dali_lmdb_loader(out, batch_size=1, num_threads=1, device_id=None, size=None)
+        pictures.append(next(iter(loader))[0]["images"][0].numpy())
+    for picture in pictures:
+        assert picture.shape == (48, 64, 3) and picture[0, 0, 0] > 200 and picture[0, -1, 0] < 60
