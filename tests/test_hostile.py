@@ -639,3 +639,24 @@ def test_a_folder_nested_deeper_than_the_walk_goes_is_quarantined_not_a_crash(tm
         [record] = manifest["quarantine"]
         assert record["source"] == "cls/" + "/".join(["d"] * MAX_DEPTH)
         assert f"nested over {MAX_DEPTH} levels" in record["reason"]
+
+
+def test_a_whole_image_with_data_after_its_end_is_packed(tmp_path):
+    """A Motion Photo is a JPEG with an MP4 after its end marker (an appended ZIP likewise): every decoder reads
+    it, and it was quarantined as "truncated (no end marker)" once more than 4 KiB followed. The image's own
+    end is found by walking its segments now; a JPEG cut inside its scan is still truncated."""
+    import random
+
+    from repack.transforms.image_check import BadImage, inspect_image
+
+    tail = b"\xff\xda\x00\x0c" + random.Random(0).randbytes(8192) + b"\xff\xd9mp4"
+    for fmt in ("JPEG", "PNG"):
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 48), (200, 30, 30)).save(buf, fmt)
+        for level in ("header", "decode"):
+            assert inspect_image(buf.getvalue() + tail, level).width == 64
+    whole = io.BytesIO()
+    Image.effect_noise((64, 48), 40).convert("RGB").save(whole, "JPEG", exif=Image.Exif().tobytes())
+    cut = whole.getvalue()[:len(whole.getvalue()) * 2 // 3]
+    with pytest.raises(BadImage, match="truncated"):
+        inspect_image(cut, "header")

@@ -19,6 +19,7 @@ Levels:
 from __future__ import annotations
 
 import io
+import re
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -94,16 +95,60 @@ def detect_type(data: bytes) -> str | None:
 
 
 def _has_trailer(ext: str, data: bytes) -> bool:
-    """The file ends as a whole one does. JPEG: an end marker after the last start-of-scan (an EXIF thumbnail's
-    end marker comes before it; entropy-coded bytes never hold 0xFFDA nor 0xFFD9). PNG: an IEND chunk near the
-    end. GIF: its trailer byte last (zero padding after it allowed)."""
+    """The image is whole: its own end is in the file, whatever follows it (a Motion Photo's MP4 after a JPEG).
+    JPEG: its segments walked to the end marker that follows its last scan (an EXIF thumbnail's end marker lies
+    inside its APP1 segment). PNG: its chunks walked to IEND. GIF: its trailer byte last (zero padding after it
+    allowed)."""
     if ext == "jpg":
-        return data.rfind(b"\xff\xd9", len(data) - 4096 if len(data) > 4096 else 0) > data.rfind(b"\xff\xda")
+        return _jpeg_ends(data)
     if ext == "png":
-        return b"IEND" in data[-4096:]
+        return _png_ends(data)
     if ext == "gif":
         return data.rstrip(b"\0").endswith(b";")
     return True
+
+
+_ENTROPY_END = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")  # the marker after a scan's data (not stuffing, RST, fill)
+
+
+def _jpeg_ends(data: bytes) -> bool:
+    """Whether a JPEG's markers, walked from its start (segments by their lengths, scans to the marker after
+    their entropy-coded data), reach its end-of-image marker within ``data``."""
+    pos, size = 2, len(data)
+    while pos + 2 <= size:
+        if data[pos] != 0xFF:
+            return False
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill
+            pos += 1
+        elif marker == 0xD9:
+            return True
+        elif 0xD0 <= marker <= 0xD7 or marker == 0x01:  # no length
+            pos += 2
+        else:
+            if pos + 4 > size:
+                return False
+            length = int.from_bytes(data[pos + 2:pos + 4], "big")
+            if length < 2:
+                return False
+            pos += 2 + length
+            if marker == 0xDA:
+                found = _ENTROPY_END.search(data, pos)
+                if found is None:
+                    return False
+                pos = found.start()
+    return False
+
+
+def _png_ends(data: bytes) -> bool:
+    """Whether a PNG's chunks, walked by their lengths from its signature, reach IEND within ``data``."""
+    pos, size = 8, len(data)
+    while pos + 12 <= size:
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        if data[pos + 4:pos + 8] == b"IEND":
+            return True
+        pos += 12 + length
+    return False
 
 
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
