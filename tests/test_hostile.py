@@ -660,3 +660,32 @@ def test_a_whole_image_with_data_after_its_end_is_packed(tmp_path):
     cut = whole.getvalue()[:len(whole.getvalue()) * 2 // 3]
     with pytest.raises(BadImage, match="truncated"):
         inspect_image(cut, "header")
+
+
+def test_a_later_tiff_page_over_the_cap_and_float_samples_are_quarantined(tmp_path):
+    """A multi-page TIFF's 8x8 first page then a 20000x20000 second one: only the first was measured, and the
+    second was decoded (~800 MB) and packed. A float (mode F) TIFF passed and read back as 0s and 1s."""
+    from repack.transforms.image_check import BadImage, inspect_image
+
+    import struct
+    import zlib
+
+    def ifd(width: int, height: int, compression: int, offset: int, count: int, following: int) -> bytes:
+        entries = [(256, 4, 1, width), (257, 4, 1, height), (258, 3, 1, 8), (259, 3, 1, compression), (262, 3, 1, 1),
+                   (273, 4, 1, offset), (277, 3, 1, 1), (278, 4, 1, height), (279, 4, 1, count)]
+        return struct.pack("<H", len(entries)) + b"".join(struct.pack("<HHII", *e) for e in entries) + \
+            struct.pack("<I", following)
+
+    strip = zlib.compress(bytes(100))  # page 2's data: never read, its size refuses it first
+    first_ifd = 8 + 64 + len(strip)
+    second_ifd = first_ifd + 2 + 12 * 9 + 4
+    pages = (b"II*\x00" + struct.pack("<I", first_ifd) + bytes(64) + strip + ifd(8, 8, 1, 8, 64, second_ifd)
+             + ifd(20000, 20000, 8, 72, len(strip), 0))
+    assert Image.open(io.BytesIO(pages)).n_frames == 2
+    with pytest.raises(BadImage, match="20000x20000 needs .* over the .*-byte decode cap"):
+        inspect_image(pages, "decode")
+    floats = io.BytesIO()
+    Image.fromarray(np.linspace(0.1, 1.0, 64, dtype=np.float32).reshape(8, 8), mode="F").save(floats, "TIFF")
+    for level in ("header", "decode"):
+        with pytest.raises(BadImage, match="floating-point samples"):
+            inspect_image(floats.getvalue(), level)

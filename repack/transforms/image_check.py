@@ -212,6 +212,9 @@ def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_
             if width * height > max_pixels:
                 raise BadImage(f"decompression bomb: {width}x{height} = {width * height} pixels exceeds "
                                f"--max-pixels {max_pixels}")
+            if image.mode == "F":  # readers and --normalize have no one 8-bit picture of float samples
+                raise BadImage(f"{ext.upper()} of floating-point samples (mode F): no 8-bit picture to train on; "
+                               "convert it to 8 or 16 bits first")
             info = ImageInfo(ext, width, height, image.mode, bool(image.info.get("progressive") or image.info.get("progression")))
             if level == "none":
                 return info
@@ -269,17 +272,24 @@ def verify_decodes(ext: str, data: bytes, image: PILImage.Image) -> None:
     elif ext == "png":
         _verify_png(data)
     else:
-        sample_bytes = 2 if image.mode.startswith("I;16") else 4 if image.mode in ("I", "F") else 1
-        need = image.size[0] * image.size[1] * len(image.getbands()) * sample_bytes
-        if need > DECODE_MEMORY_CAP:
-            raise BadImage(f"{ext.upper()} of {image.size[0]}x{image.size[1]} needs {need} bytes to decode, over "
-                           f"the {DECODE_MEMORY_CAP}-byte decode cap (use --verify header)")
+        _fits_the_cap(ext, image)
         image.load()
-        for frame in range(1, getattr(image, "n_frames", 1)):  # an animation: every frame (a cut one fails here)
-            image.seek(frame)
+        for frame in range(1, getattr(image, "n_frames", 1)):  # an animation or pages: every frame (a cut one
+            image.seek(frame)                                    # fails here), each measured before it is read
+            _fits_the_cap(ext, image)
             image.load()
         if getattr(image, "n_frames", 1) > 1:
             image.seek(0)
+
+
+def _fits_the_cap(ext: str, image: PILImage.Image) -> None:
+    """BadImage where decoding ``image``'s current frame needs more than DECODE_MEMORY_CAP bytes (a TIFF's
+    second page may declare 20000x20000 behind an 8x8 first one)."""
+    sample_bytes = 2 if image.mode.startswith("I;16") else 4 if image.mode in ("I", "F") else 1
+    need = image.size[0] * image.size[1] * len(image.getbands()) * sample_bytes
+    if need > DECODE_MEMORY_CAP:
+        raise BadImage(f"{ext.upper()} of {image.size[0]}x{image.size[1]} needs {need} bytes to decode, over "
+                       f"the {DECODE_MEMORY_CAP}-byte decode cap (use --verify header)")
 
 
 def _verify_jpeg(data: bytes, width: int, height: int, mode: str) -> None:
