@@ -189,9 +189,12 @@ def test_a_stall_in_a_regular_capture_drops_no_frame(tmp_path):
 
 def test_frames_in_bursts_keep_the_mean_rate():
     """Pairs of frames 2 ms apart every 80 ms have no grid: their median interval's 1000 fps would make 2,002
-    frames of 52 (and quarantine the output); past 120 fps or 4x the frames, the mean rate is kept."""
+    frames of 52 (and quarantine the output); past 240 fps the mean rate is kept. A long stall keeps its grid
+    (its mean rate, 2.5 fps, dropped 17 of 20 frames)."""
     info = {"frames": 52, "fps": 25.974, "frame_interval_s": 0.001, "irregular_intervals": 25, "span_s": 2.002}
     timing = plan_timing(info)
     assert (timing.mode, timing.rate, timing.rate_from, timing.expected_frames) == ("resample", 25.974, "measured", 52)
     stall = {"frames": 35, "fps": 17.5, "frame_interval_s": 0.04, "irregular_intervals": 1, "span_s": 2.0}
     assert (plan_timing(stall).rate, plan_timing(stall).rate_from) == (25.0, "median interval")
+    long_stall = {"frames": 20, "fps": 2.5, "frame_interval_s": 0.04, "irregular_intervals": 1, "span_s": 8.0}
+    assert (plan_timing(long_stall).rate, plan_timing(long_stall).expected_frames) == (25.0, 200)

@@ -68,8 +68,7 @@ class Timing:
     expected_duration_s: float
 
 
-MAX_GRID_RATE = 120.0  # a resampled source's rate from its median frame interval, at most (else its mean rate)
-MAX_GRID_GROWTH = 4  # and its frames at most this many times the source's
+MAX_GRID_RATE = 240.0  # a resampled source's rate from its median frame interval, at most (else its mean rate)
 
 
 def snap_rate(fps: float | None) -> tuple[float, str]:
@@ -108,12 +107,13 @@ def plan_timing(info: dict) -> Timing:
         # a stall has a mean rate of 17.5, whose grid drops real frames all along the regular stretches; on the
         # median's grid every regularly spaced frame keeps its place and only a gap is filled by repeats
         # frames that come in bursts (pairs 2 ms apart) have no such grid: their median's rate (500 fps) would
-        # multiply the frames; above MAX_GRID_RATE, or past MAX_GRID_GROWTH x the source's frames, the mean rate
+        # multiply the frames; above MAX_GRID_RATE, the mean rate (a long stall keeps the grid: its repeats are
+        # what keeps every frame at its time)
         interval = float(info.get("frame_interval_s") or 0)
         span = float(info.get("span_s") or info.get("duration_s") or frames / rate)
         if interval > 0:
             grid, grid_text = snap_rate(1 / interval)
-            if grid <= MAX_GRID_RATE and span * grid <= MAX_GRID_GROWTH * max(frames, 1):
+            if grid <= MAX_GRID_RATE:
                 rate, text, rate_from = grid, grid_text, "median interval"
         return Timing(rate, text, RESAMPLE, rate_from, frames, max(1, round(span * rate)), round(span, 6))
     return Timing(rate, text, KEEP, rate_from, frames, frames, round(frames / rate, 6))
