@@ -88,7 +88,6 @@ class ObjectLock:
         self.started = time.time()
         self.token = secrets.token_hex(16)
         self.etag: str | None = None
-        self.seen_etag = ""  # the lock object's ETag at the last ``_holder``
         self.lost: str | None = None  # why this run no longer holds the lock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -123,7 +122,6 @@ class ObjectLock:
             if is_missing(exc):
                 return None, None
             raise describe_error(exc, self.store.where(self.rel)) from None
-        self.seen_etag = head.get("ETag", "")
         age = None
         try:
             now = parsedate_to_datetime(head["ResponseMetadata"]["HTTPHeaders"]["date"])
@@ -140,10 +138,16 @@ class ObjectLock:
         return (holder if isinstance(holder, dict) else {}), age
 
     def __enter__(self) -> "ObjectLock":
+        from botocore.exceptions import ClientError
+
         if not self._create():
             holder, age = self._holder()
-            if holder is not None and holder.get("token") == self.token:  # this run's own create, applied, its
-                self.etag = self.seen_etag  # answer lost and the request sent again (refused: the object exists)
+            try:
+                mine = self._own_etag() if holder is not None and holder.get("token") == self.token else None
+            except ClientError as exc:
+                raise describe_error(exc, self.store.where(self.rel)) from None
+            if mine is not None:  # this run's own create, applied, its answer lost and the request sent again
+                self.etag = mine  # (refused: the object exists)
             elif holder is not None and not _holder_is_dead(holder, age):
                 raise JobLockedError(f"another repack process (pid {holder.get('pid', '?')} on "
                                      f"{holder.get('host', '?')}) is already running on {self.store.url}; wait for "
@@ -156,6 +160,24 @@ class ObjectLock:
         self._thread = threading.Thread(target=self._beat, daemon=True, name="repack-s3-lock")
         self._thread.start()
         return self
+
+    def _own_etag(self) -> str | None:
+        """The lock object's ETag where it holds this run's token, read from one answer (token and ETag of one
+        version of it: another run's lock, written between two reads, is never taken for this run's), else None."""
+        from botocore.exceptions import ClientError
+
+        try:
+            answer = client().get_object(Bucket=self.store.bucket, Key=self.store.key(self.rel))
+            body = answer["Body"].read()
+        except ClientError as exc:
+            if is_missing(exc):
+                return None
+            raise
+        try:
+            token = json.loads(body).get("token")
+        except (ValueError, AttributeError):
+            return None
+        return answer.get("ETag", "") if token == self.token else None
 
     def _still_mine(self) -> bool:
         """The lock object still holds this run's token (read back)."""
@@ -172,18 +194,29 @@ class ObjectLock:
             try:
                 self.etag = self._put(IfMatch=self.etag) if self.etag else self._put()
             except ClientError as exc:
-                if _code(exc) in _REFUSED and self._still_mine():  # this beat applied, its answer lost and the
-                    self._holder()  # request sent again against the old ETag: the lock is still this run's
-                    self.etag = self.seen_etag
-                    continue
-                if _code(exc) in _REFUSED or (_code(exc) in _UNSUPPORTED and not self._still_mine()):
-                    self.lost = "its lock was taken over by another run (its heartbeat stalled)"
-                    return
-                if _code(exc) in _UNSUPPORTED and self._still_mine():
-                    self.etag = None  # a server without conditional PUTs: read back, then write
+                try:
+                    if self._refused(_code(exc)):
+                        self.lost = "its lock was taken over by another run (its heartbeat stalled)"
+                        return
+                except Exception:  # noqa: BLE001 - the lock unreadable now: asked again at the next beat
                     continue
             except Exception:  # noqa: BLE001 - a missed heartbeat is retried at the next beat
                 continue
+
+    def _refused(self, code: str) -> bool:
+        """After a beat answered ``code``: whether the lock is another run's now (else this run goes on: its own
+        beat applied with the answer lost, or a server without conditional PUTs)."""
+        if code in _REFUSED:
+            mine = self._own_etag()  # this beat applied, its answer lost and the request sent again against the
+            if mine is None:         # old ETag: the lock is still this run's, at the ETag it has now
+                return True
+            self.etag = mine
+            return False
+        if code in _UNSUPPORTED:
+            if not self._still_mine():
+                return True
+            self.etag = None  # a server without conditional PUTs: read back, then write
+        return False
 
     def check_held(self) -> None:
         """JobLockedError unless this run still holds the lock: called before a manifest is written."""
