@@ -62,12 +62,16 @@ def test_another_range_than_asked_is_an_error_not_other_bytes(moto, fault):
     assert len(lines) == 2 and all(line.startswith("REFUSED") and "s3://tokens/tok.bin" in line for line in lines), lines
 
 
-def test_a_range_asked_again_after_one_wrong_answer_is_right(moto):
+@pytest.mark.parametrize("reader", ["tokens", "source"])
+def test_a_range_asked_again_after_one_wrong_answer_is_right(moto, reader):
     proxy = FaultProxy(moto.port, faults={"/tokens/tok.bin": ["shift 2000"]})
+    read = ("from pipelines.torch_text import RemoteTokens\n"
+            "print(RemoteTokens('s3://tokens/tok.bin', np.dtype('<u2'), 50000)[10000:10010].tolist())"
+            if reader == "tokens" else
+            "from repack.sources.s3 import open_object\nf = open_object('s3://tokens/tok.bin', 100000)\n"
+            "f.seek(20000)\nprint(np.frombuffer(f.read(20), '<u2').tolist())")
     try:
-        done = python("from pipelines.torch_text import RemoteTokens\nimport numpy as np\n"
-                      "print(RemoteTokens('s3://tokens/tok.bin', np.dtype('<u2'), 50000)[10000:10010].tolist())",
-                      proxy.endpoint)
+        done = python("import numpy as np\n" + read, proxy.endpoint)
     finally:
         proxy.stop()
     assert done.returncode == 0, done.stderr

@@ -366,10 +366,11 @@ class RayExecutor:
             if time.monotonic() >= checked + CAPACITY_CHECK_S:  # nodes lost (or added): as many batches in flight
                 others, checked = ray_cpus(), time.monotonic()  # as CPUs are left
                 if not others and on_ray:  # no CPU left for a batch: none can be scheduled, ever (Ray keeps them
-                    for ref, indices in on_ray.values():  # queued); the driver's pool takes their calls
-                        ray.cancel(ref)
-                        todo.extendleft(reversed(indices))
-                    on_ray.clear()  # their futures still arrive (cancelled): ignored
+                    for future, (ref, indices) in list(on_ray.items()):  # queued); the driver's pool takes their
+                        if not future.done():  # calls (a batch that finished meanwhile is taken as it came)
+                            ray.cancel(ref)
+                            todo.extendleft(reversed(indices))
+                            del on_ray[future]  # its future still arrives (cancelled): ignored
                 fill()
                 if not in_pool and not on_ray:
                     continue

@@ -122,13 +122,13 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
     return Scan(tuple(items), tuple(quarantine), labeled, class_index=numeric_class_index(labels - {None}))
 
 
-def canonical_rel(rel: str, base: str) -> str:
+def canonical_rel(rel: str, roots: tuple[str, ...]) -> str:
     """A list row's path in one spelling: ``./a.jpg``, ``a//b.jpg`` and an absolute path inside the list's folder
-    ``base`` (as named, or its real path) are ``a.jpg``, ``a/b.jpg`` (lexically: ``respell_held`` checks that
+    (``roots``: as named, and its real path) are ``a.jpg``, ``a/b.jpg`` (lexically: ``respell_held`` checks that
     both name one file)."""
     if os.path.isabs(rel):
         path = os.path.normpath(rel)
-        for root in dict.fromkeys((base.rstrip("/"), os.path.realpath(base))):  # the folder as named, or real
+        for root in roots:
             if path.startswith(root + "/"):
                 return posixpath.normpath(path[len(root) + 1:])
         return path
@@ -151,15 +151,16 @@ def respell_held(items: list, known, base: str) -> list:
     unknown = np.flatnonzero(~recorded & ~known.is_removed(names)).tolist()
     if not unknown:
         return items
+    roots = tuple(dict.fromkeys((base.rstrip("/"), os.path.realpath(base))))  # the folder as named, and real
     spellings: dict[str, str] = {}  # canonical spelling -> the dataset's, for each name it knows
     for column in (known.names, known.removed, known.quarantined):
         for raw in column.tolist():
             name = raw.decode("utf-8", "surrogateescape")
-            spellings.setdefault(canonical_rel(name, base), name)
+            spellings.setdefault(canonical_rel(name, roots), name)
     items = list(items)
     for i in unknown:
         item = items[i]
-        held = spellings.get(canonical_rel(item.rel, base))
+        held = spellings.get(canonical_rel(item.rel, roots))
         if held is None or held == item.rel:
             continue
         path = held if os.path.isabs(held) else os.path.join(base, held)

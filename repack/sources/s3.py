@@ -304,6 +304,13 @@ def scan_s3(url: str, confinement: Confinement) -> Scan:
     return Scan(table, tuple(sorted(quarantine, key=lambda q: sort_key(q["source"]))), labeled, listing.skipped)
 
 
+RANGE_ATTEMPTS = 3  # a ranged read answered with another range, asked again at most this many times
+
+
+class WrongRange(OSError):
+    """An answer for another range than the one asked for (its bytes are not taken)."""
+
+
 class RemoteFile(io.RawIOBase):
     """A read-only, seekable object: each read is one ranged GET (buffer it: ``open_object``); an
     object whose size is no longer ``size`` (the planned one) raises SourceChanged."""
@@ -334,6 +341,17 @@ class RemoteFile(io.RawIOBase):
         return self.pos
 
     def readinto(self, buffer) -> int:
+        """Bytes at the position into ``buffer``; an answer for another range is asked again (RANGE_ATTEMPTS),
+        then an OSError naming the object."""
+        for attempt in range(RANGE_ATTEMPTS):
+            try:
+                return self._read_into(buffer)
+            except WrongRange:
+                if attempt == RANGE_ATTEMPTS - 1:
+                    raise
+        return 0
+
+    def _read_into(self, buffer) -> int:
         want = min(len(buffer), self.size - self.pos)
         if want <= 0:
             return 0
@@ -350,7 +368,7 @@ class RemoteFile(io.RawIOBase):
                                 "re-run with --overwrite to start over")
         first = answered.removeprefix("bytes ").partition("-")[0]
         if (first != str(self.pos) if answered else self.pos != 0) or len(body) > want:  # another place's bytes
-            raise OSError(5, f"the S3 endpoint answered bytes {self.pos}-{self.pos + want - 1} with "
+            raise WrongRange(5, f"the S3 endpoint answered bytes {self.pos}-{self.pos + want - 1} with "
                              f"{answered or 'the object from its start'} ({len(body)} bytes)", self.url)
         buffer[:len(body)] = body
         self.pos += len(body)
