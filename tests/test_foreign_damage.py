@@ -181,8 +181,24 @@ def test_an_older_datasets_record_of_a_copy_under_the_packed_name_is_not_planned
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert "nothing new" in run_repack("images", src, out, "--from", "webdataset", "--append").stdout
     os.utime(src / "a.tar", ns=(10**18, 10**18))
+    write_tar(src / "b.tar", labeled("m", 4, "0"))
     run_repack("images", src, out, "--from", "webdataset", "--append", "--quiet")
-    assert read_manifest_json(out)["totals"]["samples"] == 2 and len(packed_samples(out)) == 2
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["samples"] == 3 and len(packed_samples(out)) == 3
+    assert [q["source"] for q in manifest["quarantine"]] == ["a.tar/l.jpg (again, 2)"]  # one record of the copy
+
+
+def test_a_copy_new_in_an_append_is_recorded(tmp_path):
+    """A list row naming a packed file again, added alone: version N+1 records it, as a fresh pack does."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jpg").write_bytes(jpeg_bytes(seed=1))
+    (data / "list.csv").write_text("path\na.jpg\n")
+    out = tmp_path / "out"
+    run_repack("images", data / "list.csv", out, "--list", "--quiet")
+    (data / "list.csv").write_text("path\na.jpg\na.jpg\n")
+    run_repack("images", data / "list.csv", out, "--list", "--append", "--quiet")
+    assert [q["source"] for q in read_manifest_json(out)["quarantine"]] == ["a.jpg (again, 2)"]
 
 
 def test_fields_name_members_whatever_their_case(tmp_path):

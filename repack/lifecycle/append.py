@@ -48,6 +48,7 @@ from repack.lifecycle.publish import (current_version, locked_dataset, move, pro
 from repack.manifest import MANIFEST_NAME
 from repack.manifest.paths import PathEscapeError, no_links_below
 from repack.manifest.versions import number_of
+from repack.sources.tar_shards import copy_base
 from repack.sinks.checks import bytes_digest
 
 
@@ -145,7 +146,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
                 with held_known(str(known_key), known):
                     planned = build_plan(job)
                 held_records = {q["source"] for q in current["quarantine"]}
-                if not planned.tasks and all(q["source"] in held_records or names_a_copy(q) for q in planned.quarantine):
+                # a copy named apart that an older repack recorded under the packed name is recorded already
+                older_copies = {q["source"] for q in current["quarantine"] if names_a_copy(q)}
+                if not planned.tasks and all(q["source"] in held_records or copy_base(q["source"]) in older_copies
+                                             for q in planned.quarantine):
                     # nothing new (published: a pending version was, the re-run of a killed append); a new input
                     # quarantined while planning (a hard link to a packed file) is new: N+1 records it
                     remove_prefix(store, f"{stage}/")
@@ -244,7 +248,9 @@ def merged_manifest(current: dict, staged: dict, shards: list[dict], replanned: 
     """Version N+1: N's shards then the new ones; totals, quarantine and the simple statistics summed
     (the new inputs' full statistics kept under stats.appended). ``replanned``: N's quarantined sources that
     the staged job planned again; their records are the staged job's now (none where it packed them)."""
-    kept = [q for q in current["quarantine"] if q["source"] not in replanned]
+    renamed = {copy_base(q["source"]) for q in staged["quarantine"]} - {None}  # copies named apart now: an
+    kept = [q for q in current["quarantine"] if q["source"] not in replanned  # older repack's record of one goes
+            and not (q["source"] in renamed and names_a_copy(q))]
     kept_sources = {q["source"] for q in kept}
     new_quarantine = [q for q in staged["quarantine"] if q["source"] not in kept_sources]
     # inputs both versions counted: quarantined before and again, or planned again (packed or not)

@@ -178,6 +178,12 @@ def again_name(rel: str, seen_again: dict[str, int]) -> str:
     return f"{rel} (again, {seen_again[rel]})"
 
 
+def copy_base(name: str) -> str | None:
+    """The packed name that ``again_name`` made ``name`` from, or None where ``name`` is no such copy's."""
+    base, sep, tail = name.rpartition(" (again, ")
+    return base if sep and tail.endswith(")") and tail[:-1].isdigit() else None
+
+
 def _pick_image(sample: _Sample, fields: FieldChoice) -> tuple[str | None, str | None]:
     """(extension, None) of the image member, or (None, reason)."""
     if fields.image is not None:
