@@ -131,10 +131,13 @@ def test_max_side_downscales_never_upscales():
     assert normalize_image(small, NormalizeOptions(max_side=512)).data is small
 
 
+def chunk(kind: bytes, body: bytes) -> bytes:
+    """A PNG chunk of ``kind`` holding ``body``, its CRC right."""
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
 def png_declaring(width: int, height: int) -> bytes:
     """A tiny, valid-looking PNG whose header declares width x height pixels."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
 
@@ -242,3 +245,28 @@ def test_max_side_size_comes_from_the_source_not_the_draft():
     for fmt in ("JPEG", "PNG"):
         result = normalize_image(encode(picture, fmt), NormalizeOptions(max_side=100))
         assert (result.width, result.height) == (100, 33), fmt
+
+
+def _png16(color_type: int, pixels, trns: bytes) -> bytes:
+    """A 16-bit PNG (gray: colour type 0, RGB: 2) of ``pixels`` (uint16) with the tRNS chunk ``trns``."""
+    height, width = pixels.shape[:2]
+    raw = b"".join(b"\x00" + row.astype(">u2").tobytes() for row in pixels)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 16, color_type, 0, 0, 0))
+            + chunk(b"tRNS", trns) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def test_sixteen_bit_transparent_colours():
+    """16-bit gray with a tRNS gray: its transparent pixels come out white (they were gray: the key was lost
+    with the >> 8). 16-bit RGB with a tRNS colour: Pillow holds 8-bit pixels and another reduction of the key,
+    which matched opaque bright red (it came out white); such a colour is not applied."""
+    gray = np.full((8, 16), 0x8000, np.uint16)
+    gray[:, :8] = 0x1234
+    out = np.asarray(Image.open(io.BytesIO(normalize_image(_png16(0, gray, struct.pack(">H", 0x1234)),
+                                                           NormalizeOptions()).data)))
+    assert out[4, 2].min() > 245 and abs(int(out[4, 13, 0]) - 128) < 8
+    rgb = np.zeros((8, 16, 3), np.uint16)
+    rgb[:, :8] = (0xFFFF, 0, 0)
+    rgb[:, 8:] = (0x00FF, 0, 0)
+    out = np.asarray(Image.open(io.BytesIO(normalize_image(_png16(2, rgb, struct.pack(">HHH", 0x00FF, 0, 0)),
+                                                           NormalizeOptions()).data)))
+    assert out[4, 2, 0] > 240 and out[4, 2, 1:].max() < 15

@@ -166,12 +166,21 @@ def _displayed_size(width: int, height: int, image: Image.Image) -> tuple[int, i
     return (height, width) if orientation in TRANSPOSING_ORIENTATIONS else (width, height)
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
-    """Any Pillow mode -> 8-bit RGB (16-bit scaled, transparency over white)."""
+def _to_rgb(image: Image.Image, depth16_rgb: bool = False) -> Image.Image:
+    """Any Pillow mode -> 8-bit RGB (16-bit scaled, transparency over white). ``depth16_rgb``: a 16-bit RGB PNG,
+    which Pillow holds as 8-bit RGB while its transparent colour (tRNS) keeps another reduction of the 16-bit
+    key: it matched opaque pixels (bright red came out white), so such a colour is not applied."""
     mode = image.mode
     if mode in SIXTEEN_BIT_MODES or mode == "I":
-        image = Image.fromarray(to_8bit(image), "L")
-        mode = "L"
+        key = image.info.get("transparency")
+        wide = np.asarray(image)
+        gray = Image.fromarray(to_8bit(image), "L")
+        if isinstance(key, int):  # the 16-bit transparent gray, matched before the values are reduced
+            alpha = Image.fromarray(np.where(wide == key, 0, 255).astype(np.uint8), "L")
+            gray = Image.merge("LA", (gray, alpha))
+        image, mode = gray, gray.mode
+    if depth16_rgb and mode == "RGB":
+        image.info.pop("transparency", None)
     if mode == "F":
         image = image.convert("L")
         mode = "L"
@@ -241,7 +250,7 @@ def normalize_image(data: bytes, options: NormalizeOptions) -> Normalized:
         if "EXIF orientation" in reasons:
             source_size = _displayed_size(info.width, info.height, image)
             image = ImageOps.exif_transpose(image)
-        rgb = _to_rgb(image)
+        rgb = _to_rgb(image, info.ext == "png" and data[24:26] == b"\x10\x02")  # IHDR: depth 16, colour type 2
         if target is not None:  # the size from the source's (as displayed), not the drafted decode's: a JPEG and a
             final = _target_size(*source_size, options.max_side)  # PNG of one picture come out alike
             if final is not None and final != rgb.size:
