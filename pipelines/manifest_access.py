@@ -340,3 +340,14 @@ def parse_label(data: bytes) -> int:
     if not data or not data.isdigit():
         raise ValueError(f"a .cls member must be ASCII digits, got {bytes(data[:20])!r}")
     return int(data)
+
+
+PILLOW_PIXELS = 89_478_485  # Pillow's default MAX_IMAGE_PIXELS (its bomb error at twice as many)
+
+
+def checked_pixels(manifest) -> int | None:
+    """The ``--max-pixels`` an images dataset was checked with where a reader's Pillow must be let decode more
+    than its default (``pil_images.allow_pixels``), else None."""
+    options = (manifest.data.get("created_by") or {}).get("options") or {}
+    checked = options.get("max_pixels")
+    return checked if isinstance(checked, int) and not isinstance(checked, bool) and checked > PILLOW_PIXELS else None

@@ -45,6 +45,14 @@ def check_draft(draft) -> tuple[int, int] | None:
     return width, height
 
 
+def allow_pixels(checked: int) -> None:
+    """Let this process's Pillow decode images of up to ``checked`` pixels, the ``--max-pixels`` a dataset's
+    check let in (``manifest_access.checked_pixels``): over Pillow's own bomb limit (~179 MP) a sample the check
+    had packed was refused. The limit only rises (a process may read several datasets)."""
+    if Image.MAX_IMAGE_PIXELS is not None and checked > Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = checked  # its warning at that many pixels, its error at twice as many
+
+
 def decode_image(data: bytes, mode: str | None, draft: tuple[int, int] | None = None) -> Image.Image:
     """Decode ``data``; convert to ``mode`` (None: the stored mode, except 16-bit gray becomes 8-bit L).
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from torch.utils.data import Dataset
 
 from pipelines.dataset_identity import identity
-from pipelines.manifest_access import parse_label
+from pipelines.manifest_access import checked_pixels, parse_label
 from pipelines.pil_images import decode_image
 from pipelines.sample_errors import decode_error
 from pipelines.sampler_resume import MapDatasetState
@@ -191,6 +191,10 @@ class LmdbImageDataset(MapDatasetState, Dataset):
     def use_version(self, version: int | None) -> None:
         """Read version ``version`` of the dataset (None: the latest)."""
         self.manifest, path, count = open_lmdb_dataset(self.root, version)
+        if checked_pixels(self.manifest) is not None:  # over Pillow's own limit: the check's
+            from pipelines.pil_images import allow_pixels
+
+            allow_pixels(checked_pixels(self.manifest))
         self.dataset = identity(self.manifest)
         self.reader = LmdbReader(path, count)
         self.reader.check_count()

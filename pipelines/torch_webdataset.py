@@ -43,8 +43,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from pipelines import dataset_identity, object_store, sample_order
 from pipelines.batch_read import BatchRules, read_batch
 from pipelines.batches import BufferRing, OneBuffer, PackedBytes, collate_column, new_board
-from pipelines.manifest_access import (Sample, image_extensions, is_labeled, missing_checksums, open_webdataset,
-                                       parse_label, read_checksums, sample_at, SharedIndex)
+from pipelines.manifest_access import (Sample, checked_pixels, image_extensions, is_labeled, missing_checksums,
+                                       open_webdataset, parse_label, read_checksums, sample_at, SharedIndex)
 from pipelines.index_process import drop_resident, shared_maps
 from pipelines.sample_errors import SampleDecodeError, decode_error
 from pipelines.tar_blocks import (Pieces, ShardFiles, ShardIntegrityError, cut_block, cut_blocks, fetch_blocks,
@@ -206,6 +206,10 @@ class ImageShardDataset(IterableDataset):
     def _open(self, version: int | None) -> None:
         """Read version ``version`` of the dataset (None: the latest): its shards and their order."""
         self.manifest = open_webdataset(self.root, "images", version)
+        if checked_pixels(self.manifest) is not None:  # over Pillow's own limit: the check's
+            from pipelines.pil_images import allow_pixels
+
+            allow_pixels(checked_pixels(self.manifest))
         self.dataset = dataset_identity.identity(self.manifest)
         self.image_exts = set(image_extensions(self.manifest))
         self._image_order = sorted(self.image_exts)

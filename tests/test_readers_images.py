@@ -252,3 +252,22 @@ def test_every_reader_decodes_the_stored_pixels_of_an_exif_rotated_image(tmp_pat
         pictures.append(next(iter(loader))[0]["images"][0].numpy())
     for picture in pictures:
         assert picture.shape == (48, 64, 3) and picture[0, 0, 0] > 200 and picture[0, -1, 0] < 60
+
+
+def test_a_reader_decodes_what_a_raised_max_pixels_let_in(tmp_path, monkeypatch):
+    """--max-pixels above Pillow's own bomb limit packed images the PyTorch readers then refused
+    (DecompressionBombError); a reader lets its Pillow decode what the dataset's check let in. (Pillow's limit
+    and the reader's idea of it are lowered here: the real one is ~179 MP.)"""
+    import pipelines.manifest_access as manifest_access
+    from pipelines.torch_lmdb import LmdbImageDataset
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    Image.new("RGB", (60, 60), (10, 200, 30)).save(tmp_path / "src" / "a" / "big.png")  # 3,600 pixels
+    monkeypatch.setattr(manifest_access, "PILLOW_PIXELS", 1000)
+    for to in ("webdataset", "lmdb"):
+        out = tmp_path / to
+        run_repack("images", tmp_path / "src", out, "--to", to, "--max-pixels", "5000", "--quiet")
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # its error from 2,000 pixels
+        reader = ImageShardDataset(out) if to == "webdataset" else LmdbImageDataset(out)
+        image, _ = next(iter(reader)) if to == "webdataset" else reader[0]
+        assert np.asarray(image).shape == (60, 60, 3) and Image.MAX_IMAGE_PIXELS == 5000
