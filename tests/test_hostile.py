@@ -689,3 +689,21 @@ def test_a_later_tiff_page_over_the_cap_and_float_samples_are_quarantined(tmp_pa
     for level in ("header", "decode"):
         with pytest.raises(BadImage, match="floating-point samples"):
             inspect_image(floats.getvalue(), level)
+
+
+def test_a_progressive_jpeg_over_the_cap_in_coefficients_is_quarantined():
+    """A progressive JPEG's decoder holds every coefficient of the image whatever the reduction asked for: a
+    9000x9000 4:4:4 one took ~500 MB (a 568-byte one declaring 13000x13000: 1 GB, before it failed) where the
+    check promises 256 MiB. Measured from its SOF first now; 4:2:0 (243 MB) still fits."""
+    from repack.transforms.image_check import BadImage, inspect_image, progressive_coefficient_bytes
+
+    for subsampling, fits in ((0, False), (2, True)):
+        buf = io.BytesIO()
+        Image.new("RGB", (9000, 9000), (120, 30, 200)).save(buf, "JPEG", progressive=True, subsampling=subsampling,
+                                                              quality=50)
+        assert progressive_coefficient_bytes(buf.getvalue()) == (243_432_192 if fits else 486_000_000)
+        if fits:
+            assert inspect_image(buf.getvalue(), "decode").progressive
+        else:
+            with pytest.raises(BadImage, match="holds 486000000 bytes of coefficients"):
+                inspect_image(buf.getvalue(), "decode")

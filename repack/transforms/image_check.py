@@ -156,8 +156,8 @@ _JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
 _PNG_MODES = {0: "L", 2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 
 
-def _jpeg_header(data: bytes) -> ImageInfo | None:
-    """Dimensions from the first SOF marker (no PIL): ~20x cheaper than Image.open."""
+def _jpeg_sof(data: bytes) -> tuple[int, int] | None:
+    """(marker, position) of a JPEG's first SOF segment within its first MiB, or None."""
     pos, end = 2, min(len(data), 1 << 20)
     while pos + 4 <= end:
         if data[pos] != 0xFF:
@@ -168,18 +168,46 @@ def _jpeg_header(data: bytes) -> ImageInfo | None:
             continue
         length = int.from_bytes(data[pos + 2:pos + 4], "big")
         if marker in _JPEG_SOF:
-            if pos + 10 > len(data):
-                return None
-            height = int.from_bytes(data[pos + 5:pos + 7], "big")
-            width = int.from_bytes(data[pos + 7:pos + 9], "big")
-            mode = _JPEG_MODES.get(data[pos + 9])
-            if not width or not height or mode is None:
-                return None
-            return ImageInfo("jpg", width, height, mode, marker in (0xC2, 0xC6, 0xCA, 0xCE))
+            return marker, pos
         if marker == 0xDA or length < 2:
             return None
         pos += 2 + length
     return None
+
+
+def progressive_coefficient_bytes(data: bytes) -> int:
+    """Bytes a progressive JPEG's decoder holds for the whole image's DCT coefficients (every block of every
+    component, 64 x 2 bytes, at the component's sampling: libjpeg keeps them all until the last scan, whatever
+    the output scale), 0 for a baseline one or where the SOF cannot be read."""
+    found = _jpeg_sof(data)
+    if found is None or found[0] not in (0xC2, 0xC6, 0xCA, 0xCE):
+        return 0
+    pos = found[1]
+    height, width = int.from_bytes(data[pos + 5:pos + 7], "big"), int.from_bytes(data[pos + 7:pos + 9], "big")
+    count = data[pos + 9] if pos + 10 <= len(data) else 0
+    factors = [(data[pos + 11 + 3 * c] >> 4, data[pos + 11 + 3 * c] & 15) for c in range(count)
+               if pos + 12 + 3 * c <= len(data)]
+    if not factors or not all(h and v for h, v in factors):
+        return 0
+    h_max, v_max = max(h for h, _ in factors), max(v for _, v in factors)
+    mcus = -(-width // (8 * h_max)) * -(-height // (8 * v_max))
+    return mcus * sum(h * v for h, v in factors) * 128
+
+
+def _jpeg_header(data: bytes) -> ImageInfo | None:
+    """Dimensions from the first SOF marker (no PIL): ~20x cheaper than Image.open."""
+    found = _jpeg_sof(data)
+    if found is None:
+        return None
+    marker, pos = found
+    if pos + 10 > len(data):
+        return None
+    height = int.from_bytes(data[pos + 5:pos + 7], "big")
+    width = int.from_bytes(data[pos + 7:pos + 9], "big")
+    mode = _JPEG_MODES.get(data[pos + 9])
+    if not width or not height or mode is None:
+        return None
+    return ImageInfo("jpg", width, height, mode, marker in (0xC2, 0xC6, 0xCA, 0xCE))
 
 
 def _png_header(data: bytes) -> ImageInfo | None:
@@ -295,6 +323,10 @@ def _fits_the_cap(ext: str, image: PILImage.Image) -> None:
 def _verify_jpeg(data: bytes, width: int, height: int, mode: str) -> None:
     import simplejpeg
 
+    coefficients = progressive_coefficient_bytes(data)
+    if coefficients > DECODE_MEMORY_CAP:  # held whatever the reduction a decode asks for
+        raise BadImage(f"progressive JPG of {width}x{height} holds {coefficients} bytes of coefficients to decode, "
+                       f"over the {DECODE_MEMORY_CAP}-byte decode cap (use --verify header)")
     factor = 1
     while width * height // (factor * factor) > DECODE_MEMORY_CAP and factor < 8:
         factor *= 2
