@@ -191,8 +191,11 @@ class ResumableDALILoader:
         self._share = self._reader_share() if self._last_batch == "partial" else None
         if self._share is not None:
             policy = LastBatchPolicy.FILL  # cut to the real samples in __next__ (the class docstring)
-        self._iterator = DALIGenericIterator([self.pipe], self.names, reader_name=self._reader_name,
-                                             last_batch_policy=policy, auto_reset=self._auto_reset)
+        try:  # the iterator runs the pipeline's first batches already: their failure, named as __next__'s is
+            self._iterator = DALIGenericIterator([self.pipe], self.names, reader_name=self._reader_name,
+                                                 last_batch_policy=policy, auto_reset=self._auto_reset)
+        except RuntimeError as exc:
+            self._raise_named(exc)
         # a state taken after the epoch's last batch restores to the next epoch's start (DALI's
         # checkpoint does so; a source builder must): the caller has yet to see this epoch end,
         # so the first next() ends it (and reset() then has nothing to reset)
@@ -201,6 +204,13 @@ class ResumableDALILoader:
 
     def __iter__(self):
         return self
+
+    def _raise_named(self, exc: RuntimeError):
+        """DALI's "Critical error in pipeline": what failed, named (the shard and sample) where it can be."""
+        named = self._version.diagnose(exc) if self._version.diagnose is not None else None
+        if named is None:
+            raise exc
+        raise named from exc
 
     def __next__(self):
         try:
@@ -211,11 +221,8 @@ class ResumableDALILoader:
         except StopIteration:
             self.epoch, self.batch = self.epoch + 1, 0
             raise
-        except RuntimeError as exc:  # DALI's "Critical error in pipeline": what failed, named if it can be
-            named = self._version.diagnose(exc) if self._version.diagnose is not None else None
-            if named is None:
-                raise
-            raise named from exc
+        except RuntimeError as exc:
+            self._raise_named(exc)
         self._ended_early = False
         if self._share is not None:
             batch = self._cut(batch)

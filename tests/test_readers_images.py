@@ -271,3 +271,18 @@ def test_a_reader_decodes_what_a_raised_max_pixels_let_in(tmp_path, monkeypatch)
         reader = ImageShardDataset(out) if to == "webdataset" else LmdbImageDataset(out)
         image, _ = next(iter(reader)) if to == "webdataset" else reader[0]
         assert np.asarray(image).shape == (60, 60, 3) and Image.MAX_IMAGE_PIXELS == 5000
+
+
+def test_a_sample_dalis_decoder_refuses_in_the_first_batches_is_named(tmp_path):
+    """A lossless WebP carrying EXIF passes the check and Pillow reads it; DALI's decoder refuses it. The first
+    batches run while the loader is built, where the failure came out as DALI's bare error; it is explained as
+    a later batch's is."""
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    exif = Image.Exif()
+    exif[0x0112] = 1
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "src" / "a" / "x.webp", lossless=True,
+                                                  exif=exif.tobytes())
+    out = tmp_path / "out"
+    run_repack("images", tmp_path / "src", out, "--quiet")
+    with pytest.raises(RuntimeError, match="ImageShardDataset names it"):
+        dali_image_loader(out, batch_size=1, num_threads=1, device_id=None, size=None)
