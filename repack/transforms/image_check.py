@@ -2,13 +2,15 @@
 
 Levels:
   none    detect the type from magic bytes and read the header (dimensions for metadata)
-  header  + a trailer check (a JPEG EOI after its last scan, PNG IEND, a GIF ending with its trailer): catches truncation cheaply
+  header  + a trailer check (a JPEG's segments walked to its EOI, a PNG's chunks to IEND, a GIF ending with its
+          trailer; data after the image's end allowed): catches truncation cheaply
   decode  + proof that the whole image decodes, in bounded memory whatever ``max_pixels``:
           JPEG: a full libjpeg-turbo decode (simplejpeg) in strict mode, so libjpeg's
           "corrupt data" warnings (a truncated stream given a fake end marker, a premature
-          end of a scan) are errors; decoded to one luma plane (no colour conversion), at
-          full size while that fits DECODE_MEMORY_CAP, else at the smallest DCT scale that
-          does (every coefficient is still entropy-decoded).
+          end of a scan) are errors; decoded to one luma plane (no colour conversion) at the
+          strongest DCT reduction libjpeg offers (1/8: every coefficient is still entropy-decoded,
+          and 800 random corruptions were judged alike at full size); a progressive JPEG, whose
+          coefficients are held whole, is refused beyond DECODE_MEMORY_CAP from its header.
           PNG: every chunk's CRC, the IHDR, and the whole zlib stream of the IDAT chunks
           inflated piece by piece (never the whole image in memory): it must end exactly at
           the image's size (height x (1 + row bytes), per Adam7 pass when interlaced), with a
