@@ -704,6 +704,23 @@ def test_a_progressive_jpeg_over_the_cap_in_coefficients_is_quarantined():
         assert progressive_coefficient_bytes(buf.getvalue()) == (243_432_192 if fits else 486_000_000)
         if fits:
             assert inspect_image(buf.getvalue(), "decode").progressive
-        else:
-            with pytest.raises(BadImage, match="holds 486000000 bytes of coefficients"):
-                inspect_image(buf.getvalue(), "decode")
+            continue
+        app = b"\xff\xe2" + (65535).to_bytes(2, "big") + bytes(65533)  # APP segments: the SOF past the first MiB
+        for data in (buf.getvalue(), buf.getvalue()[:2] + app * 17 + buf.getvalue()[2:]):
+            with pytest.raises(BadImage, match="multi-scan JPG of 9000x9000 holds 486000000 bytes of coefficients"):
+                inspect_image(data, "decode")
+
+
+def test_extraneous_bytes_between_jpeg_segments_are_no_truncation():
+    """Two stray bytes before a marker: libjpeg skips them (its decode warns, which the strict check refuses,
+    saying so); the end-marker walk skips them too, where it called the file truncated."""
+    from repack.transforms.image_check import BadImage, inspect_image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 24), (10, 120, 200)).save(buf, "JPEG")
+    data = buf.getvalue()
+    dqt = data.find(b"\xff\xdb")
+    stray = data[:dqt] + b"\x00\x00" + data[dqt:]
+    assert inspect_image(stray, "header").width == 32
+    with pytest.raises(BadImage, match="extraneous bytes"):
+        inspect_image(stray, "decode")

@@ -198,3 +198,5 @@ def test_frames_in_bursts_keep_the_mean_rate():
     assert (plan_timing(stall).rate, plan_timing(stall).rate_from) == (25.0, "median interval")
     long_stall = {"frames": 20, "fps": 2.5, "frame_interval_s": 0.04, "irregular_intervals": 1, "span_s": 8.0}
     assert (plan_timing(long_stall).rate, plan_timing(long_stall).expected_frames) == (25.0, 200)
+    idle = {"frames": 101, "fps": 0.028, "frame_interval_s": 1 / 240, "irregular_intervals": 1, "span_s": 3600.0}
+    assert plan_timing(idle).rate_from == "measured"  # 864,000 repeats at 240 fps: the mean rate

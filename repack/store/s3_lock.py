@@ -138,13 +138,11 @@ class ObjectLock:
         return (holder if isinstance(holder, dict) else {}), age
 
     def __enter__(self) -> "ObjectLock":
-        from botocore.exceptions import ClientError
-
         if not self._create():
             holder, age = self._holder()
             try:
                 mine = self._own_etag() if holder is not None and holder.get("token") == self.token else None
-            except ClientError as exc:
+            except Exception as exc:  # noqa: BLE001 - botocore's errors: one line naming the lock
                 raise describe_error(exc, self.store.where(self.rel)) from None
             if mine is not None:  # this run's own create, applied, its answer lost and the request sent again
                 self.etag = mine  # (refused: the object exists)

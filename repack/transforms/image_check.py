@@ -118,8 +118,11 @@ def _jpeg_ends(data: bytes) -> bool:
     their entropy-coded data), reach its end-of-image marker within ``data``."""
     pos, size = 2, len(data)
     while pos + 2 <= size:
-        if data[pos] != 0xFF:
-            return False
+        if data[pos] != 0xFF:  # extraneous bytes before a marker: skipped, as libjpeg does (its decode warns)
+            pos = data.find(b"\xff", pos)
+            if pos < 0:
+                return False
+            continue
         marker = data[pos + 1]
         if marker == 0xFF:  # fill
             pos += 1
@@ -158,9 +161,9 @@ _JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
 _PNG_MODES = {0: "L", 2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 
 
-def _jpeg_sof(data: bytes) -> tuple[int, int] | None:
-    """(marker, position) of a JPEG's first SOF segment within its first MiB, or None."""
-    pos, end = 2, min(len(data), 1 << 20)
+def _jpeg_sof(data: bytes, limit: int = 1 << 20) -> tuple[int, int] | None:
+    """(marker, position) of a JPEG's first SOF segment within its first ``limit`` bytes, or None."""
+    pos, end = 2, min(len(data), limit)
     while pos + 4 <= end:
         if data[pos] != 0xFF:
             return None
@@ -177,14 +180,32 @@ def _jpeg_sof(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def _first_scan(data: bytes, pos: int) -> int | None:
+    """The position of the first SOS segment after the segment at ``pos`` (walked by their lengths), or None."""
+    while pos + 5 <= len(data) and data[pos] == 0xFF:
+        if data[pos + 1] == 0xDA:
+            return pos
+        if data[pos + 1] == 0xFF:
+            pos += 1
+            continue
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+    return None
+
+
 def progressive_coefficient_bytes(data: bytes) -> int:
-    """Bytes a progressive JPEG's decoder holds for the whole image's DCT coefficients (every block of every
+    """Bytes a multi-scan JPEG's decoder holds for the whole image's DCT coefficients (every block of every
     component, 64 x 2 bytes, at the component's sampling: libjpeg keeps them all until the last scan, whatever
-    the output scale), 0 for a baseline one or where the SOF cannot be read."""
-    found = _jpeg_sof(data)
-    if found is None or found[0] not in (0xC2, 0xC6, 0xCA, 0xCE):
+    the output scale): a progressive one, or a sequential one whose first scan holds fewer components than the
+    frame; 0 for a single-scan one or where the SOF cannot be read (anywhere in the header: APP segments may
+    push it past the first MiB)."""
+    found = _jpeg_sof(data, len(data))
+    if found is None:
         return 0
     pos = found[1]
+    if found[0] not in (0xC2, 0xC6, 0xCA, 0xCE):
+        scan = _first_scan(data, pos)
+        if scan is None or pos + 10 > len(data) or data[scan + 4] >= data[pos + 9]:
+            return 0  # one interleaved scan: decoded row by row
     height, width = int.from_bytes(data[pos + 5:pos + 7], "big"), int.from_bytes(data[pos + 7:pos + 9], "big")
     count = data[pos + 9] if pos + 10 <= len(data) else 0
     factors = [(data[pos + 11 + 3 * c] >> 4, data[pos + 11 + 3 * c] & 15) for c in range(count)
@@ -327,7 +348,7 @@ def _verify_jpeg(data: bytes, width: int, height: int, mode: str) -> None:
 
     coefficients = progressive_coefficient_bytes(data)
     if coefficients > DECODE_MEMORY_CAP:  # held whatever the reduction a decode asks for
-        raise BadImage(f"progressive JPG of {width}x{height} holds {coefficients} bytes of coefficients to decode, "
+        raise BadImage(f"multi-scan JPG of {width}x{height} holds {coefficients} bytes of coefficients to decode, "
                        f"over the {DECODE_MEMORY_CAP}-byte decode cap (use --verify header)")
     factor = 1
     while width * height // (factor * factor) > DECODE_MEMORY_CAP and factor < 8:

@@ -69,6 +69,7 @@ class Timing:
 
 
 MAX_GRID_RATE = 240.0  # a resampled source's rate from its median frame interval, at most (else its mean rate)
+MAX_GRID_FRAMES = 30_000  # and its frames at most this many, or 4x the source's (else its mean rate)
 
 
 def snap_rate(fps: float | None) -> tuple[float, str]:
@@ -107,13 +108,14 @@ def plan_timing(info: dict) -> Timing:
         # a stall has a mean rate of 17.5, whose grid drops real frames all along the regular stretches; on the
         # median's grid every regularly spaced frame keeps its place and only a gap is filled by repeats
         # frames that come in bursts (pairs 2 ms apart) have no such grid: their median's rate (500 fps) would
-        # multiply the frames; above MAX_GRID_RATE, the mean rate (a long stall keeps the grid: its repeats are
-        # what keeps every frame at its time)
+        # multiply the frames; above MAX_GRID_RATE, the mean rate. A long stall keeps the grid (its repeats keep
+        # every frame at its time) unless its repeats would pass MAX_GRID_FRAMES beyond 4x the frames (an hour of
+        # a motion-triggered camera's idle at 240 fps: 864,000 frames to encode)
         interval = float(info.get("frame_interval_s") or 0)
         span = float(info.get("span_s") or info.get("duration_s") or frames / rate)
         if interval > 0:
             grid, grid_text = snap_rate(1 / interval)
-            if grid <= MAX_GRID_RATE:
+            if grid <= MAX_GRID_RATE and span * grid <= max(4 * frames, MAX_GRID_FRAMES):
                 rate, text, rate_from = grid, grid_text, "median interval"
         return Timing(rate, text, RESAMPLE, rate_from, frames, max(1, round(span * rate)), round(span, 6))
     return Timing(rate, text, KEEP, rate_from, frames, frames, round(frames / rate, 6))
