@@ -96,18 +96,23 @@ def detect_type(data: bytes) -> str | None:
     return None
 
 
-def _has_trailer(ext: str, data: bytes) -> bool:
-    """The image is whole: its own end is in the file, whatever follows it (a Motion Photo's MP4 after a JPEG).
-    JPEG: its segments walked to the end marker that follows its last scan (an EXIF thumbnail's end marker lies
-    inside its APP1 segment). PNG: its chunks walked to IEND. GIF: its trailer byte last (zero padding after it
-    allowed)."""
+def _trailer_problem(ext: str, data: bytes) -> str | None:
+    """Why the image is not whole (its own end is not in the file), else None; whatever follows its end is
+    allowed (a Motion Photo's MP4 after a JPEG). JPEG: its segments walked to the end marker that follows its
+    last scan (an EXIF thumbnail's end marker lies inside its APP1 segment). PNG: its chunks walked to IEND.
+    GIF: its trailer byte last (zero padding after it allowed)."""
     if ext == "jpg":
-        return _jpeg_ends(data)
-    if ext == "png":
-        return _png_ends(data)
-    if ext == "gif":
-        return data.rstrip(b"\0").endswith(b";")
-    return True
+        whole = _jpeg_ends(data)
+    elif ext == "png":
+        ended, cut = _png_walk(data)
+        if cut is not None:
+            return f"truncated PNG (chunk {cut!r} runs past the end of the file)"
+        whole = ended
+    elif ext == "gif":
+        whole = data.rstrip(b"\0").endswith(b";")
+    else:
+        whole = True
+    return None if whole else f"truncated {ext.upper()} (no end marker)"
 
 
 _ENTROPY_END = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")  # the marker after a scan's data (not stuffing, RST, fill)
@@ -145,15 +150,18 @@ def _jpeg_ends(data: bytes) -> bool:
     return False
 
 
-def _png_ends(data: bytes) -> bool:
-    """Whether a PNG's chunks, walked by their lengths from its signature, reach IEND within ``data``."""
+def _png_walk(data: bytes) -> tuple[bool, str | None]:
+    """A PNG's chunks walked by their lengths from its signature: (whether IEND is reached, the type of a chunk
+    whose declared length runs past the end of ``data`` first, or None)."""
     pos, size = 8, len(data)
     while pos + 12 <= size:
-        length = int.from_bytes(data[pos:pos + 4], "big")
-        if data[pos + 4:pos + 8] == b"IEND":
-            return True
-        pos += 12 + length
-    return False
+        kind = data[pos + 4:pos + 8]
+        if kind == b"IEND":
+            return True, None
+        pos += 12 + int.from_bytes(data[pos:pos + 4], "big")
+        if pos > size:
+            return False, kind.decode("latin-1")
+    return False, None
 
 
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -269,8 +277,9 @@ def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_
             info = ImageInfo(ext, width, height, image.mode, bool(image.info.get("progressive") or image.info.get("progression")))
             if level == "none":
                 return info
-            if not _has_trailer(ext, data):
-                raise BadImage(f"truncated {ext.upper()} (no end marker)")
+            problem = _trailer_problem(ext, data)
+            if problem is not None:
+                raise BadImage(problem)
             if level == "decode":
                 verify_decodes(ext, data, image)
             return info
@@ -294,7 +303,7 @@ def _passes_without_pil(ext: str, data: bytes, level: str, max_pixels: int) -> I
         return None
     if level == "none":
         return info
-    if not _has_trailer(ext, data):
+    if _trailer_problem(ext, data) is not None:
         return None
     try:
         if ext == "jpg":
