@@ -135,8 +135,10 @@ def _video(s: dict) -> list[str]:
 
 
 def _text(s: dict) -> list[str]:
-    files = s["stats"].get("files")
-    lines = _histogram_line("tokens per document", s["stats"].get("document_tokens_histogram", []))
+    files, lengths = s["stats"].get("files"), s["stats"].get("document_tokens")
+    lines = [f"tokens per document: p50 {lengths['p50']} p90 {lengths['p90']} p99 {lengths['p99']} "
+             f"max {lengths['max']} mean {lengths.get('mean')}"] if lengths else []
+    lines += _histogram_line("tokens per document", s["stats"].get("document_tokens_histogram", []))
     if files:
         lines.append(f"tokens per file ({files['count']} file(s)), largest:")
         lines += [f"  {e['tokens']} tokens, {e['documents']} documents  {e['source']}" for e in files["largest"][:5]]

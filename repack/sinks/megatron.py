@@ -477,18 +477,15 @@ class MemmapSink:
 
     @staticmethod
     def inspect_lines(manifest) -> list[str]:
-        """Text statistics and the first document decoded back to text (tokenizer copy in OUT)."""
+        """Text counts and the first document decoded back to text (tokenizer copy in OUT); the length
+        percentiles are the report's (``report.inspect``, from ``report.collect``: read once)."""
         data = manifest.data
         tok = data.get("tokenizer", {})
-        lengths = version_document_tokens(manifest)
         lines = [f"documents {data['totals'].get('documents')}, tokens {data['totals'].get('tokens')}, "
                  f"dtype {data.get('dtype')}, prefixes: {' '.join(data.get('prefixes', []))}",
                  f"tokenizer sha256 {tok.get('sha256', '?')[:16]}..., vocab {tok.get('vocab_size')}, "
                  f"eos {tok.get('eos_id')}, bos {tok.get('bos_id')}",
                  f"empty documents skipped: {data['totals'].get('empty_documents', 0)}"]
-        if lengths:
-            lines.append(f"tokens per document: p50 {lengths['p50']} p90 {lengths['p90']} p99 {lengths['p99']} "
-                         f"max {lengths['max']} mean {lengths.get('mean')}")
         shards = data["shards"]
         if not shards or not shards[0]["samples"]:
             return lines

@@ -135,11 +135,22 @@ def canonical_rel(rel: str, roots: tuple[str, ...]) -> str:
     return posixpath.normpath(rel)
 
 
+def _spelled_otherwise(names):
+    """Which of ``names`` (an ``S`` array of a record) ``canonical_rel`` may spell otherwise: absolute ones, and
+    those with ``./``, ``//`` or ``/.`` in them (a few, found without a str per name)."""
+    import numpy as np
+
+    if not len(names):
+        return np.zeros(0, bool)
+    return (np.char.startswith(names, b"/") | np.char.startswith(names, b"./") | (np.char.find(names, b"//") >= 0)
+            | (np.char.find(names, b"/.") >= 0))
+
+
 def respell_held(items: list, known, base: str) -> list:
     """``items`` of a list file (an ``--append``'s scan), each one that the dataset ``known`` holds, took down or
     quarantined under another spelling of the same path given that spelling (``canonical_rel``): the file is
     known, not new (a list written again with ``./`` paths packed every file a second time). A spelling is taken
-    only where it opens the same file."""
+    only where it opens the same file. The record's names stay columns: only those spelled otherwise are decoded."""
     import numpy as np
 
     from repack.lifecycle.input_columns import encode_names
@@ -152,15 +163,19 @@ def respell_held(items: list, known, base: str) -> list:
     if not unknown:
         return items
     roots = tuple(dict.fromkeys((base.rstrip("/"), os.path.realpath(base))))  # the folder as named, and real
-    spellings: dict[str, str] = {}  # canonical spelling -> the dataset's, for each name it knows
-    for column in (known.names, known.removed, known.quarantined):
-        for raw in column.tolist():
+    spellings: dict[str, str] = {}  # canonical spelling -> the dataset's, for the names it spells otherwise
+    for column in (known.names, known.removed, known.quarantined):  # those found in columns, decoded alone
+        for raw in column[_spelled_otherwise(column)].tolist():
             name = raw.decode("utf-8", "surrogateescape")
             spellings.setdefault(canonical_rel(name, roots), name)
+    canonical = [canonical_rel(items[i].rel, roots) for i in unknown]
+    encoded = encode_names(canonical)  # a canonical spelling the dataset holds as it is
+    _, as_is = known.find(encoded)
+    as_is |= known.is_removed(encoded) | known.is_quarantined(encoded)
     items = list(items)
-    for i in unknown:
+    for i, spelled, held_as_is in zip(unknown, canonical, as_is.tolist()):
         item = items[i]
-        held = spellings.get(canonical_rel(item.rel, roots))
+        held = spellings.get(spelled) or (spelled if held_as_is else None)
         if held is None or held == item.rel:
             continue
         path = held if os.path.isabs(held) else os.path.join(base, held)

@@ -169,35 +169,25 @@ _JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
 _PNG_MODES = {0: "L", 2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 
 
-def _jpeg_sof(data: bytes, limit: int = 1 << 20) -> tuple[int, int] | None:
-    """(marker, position) of a JPEG's first SOF segment within its first ``limit`` bytes, or None."""
-    pos, end = 2, min(len(data), limit)
-    while pos + 4 <= end:
-        if data[pos] != 0xFF:
-            return None
+def _header_segments(data: bytes, pos: int = 2, limit: int | None = None):
+    """(marker, position) of each marker segment of a JPEG's header from ``pos`` (fill bytes skipped, segments
+    walked by their lengths) within its first ``limit`` bytes, up to and including its first SOS."""
+    end = len(data) if limit is None else min(len(data), limit)
+    while pos + 4 <= end and data[pos] == 0xFF:
         marker = data[pos + 1]
         if marker == 0xFF:
             pos += 1
             continue
+        yield marker, pos
         length = int.from_bytes(data[pos + 2:pos + 4], "big")
-        if marker in _JPEG_SOF:
-            return marker, pos
         if marker == 0xDA or length < 2:
-            return None
+            return
         pos += 2 + length
-    return None
 
 
-def _first_scan(data: bytes, pos: int) -> int | None:
-    """The position of the first SOS segment after the segment at ``pos`` (walked by their lengths), or None."""
-    while pos + 5 <= len(data) and data[pos] == 0xFF:
-        if data[pos + 1] == 0xDA:
-            return pos
-        if data[pos + 1] == 0xFF:
-            pos += 1
-            continue
-        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
-    return None
+def _jpeg_sof(data: bytes, limit: int | None = 1 << 20) -> tuple[int, int] | None:
+    """(marker, position) of a JPEG's first SOF segment within its first ``limit`` bytes, or None."""
+    return next(((marker, pos) for marker, pos in _header_segments(data, limit=limit) if marker in _JPEG_SOF), None)
 
 
 def progressive_coefficient_bytes(data: bytes) -> int:
@@ -206,13 +196,13 @@ def progressive_coefficient_bytes(data: bytes) -> int:
     the output scale): a progressive one, or a sequential one whose first scan holds fewer components than the
     frame; 0 for a single-scan one or where the SOF cannot be read (anywhere in the header: APP segments may
     push it past the first MiB)."""
-    found = _jpeg_sof(data, len(data))
+    found = _jpeg_sof(data, None)
     if found is None:
         return 0
     pos = found[1]
     if found[0] not in (0xC2, 0xC6, 0xCA, 0xCE):
-        scan = _first_scan(data, pos)
-        if scan is None or pos + 10 > len(data) or data[scan + 4] >= data[pos + 9]:
+        scan = next((at for marker, at in _header_segments(data, pos) if marker == 0xDA), None)
+        if scan is None or pos + 10 > len(data) or scan + 5 > len(data) or data[scan + 4] >= data[pos + 9]:
             return 0  # one interleaved scan: decoded row by row
     height, width = int.from_bytes(data[pos + 5:pos + 7], "big"), int.from_bytes(data[pos + 7:pos + 9], "big")
     count = data[pos + 9] if pos + 10 <= len(data) else 0
