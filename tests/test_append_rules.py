@@ -6,6 +6,7 @@ options changed since (it was refused for good, pointing at a full --overwrite).
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from tests.benchmarks.tiny_files import jpeg_bytes, tiny_jpegs
 from tests.conftest import kill_after_records, read_manifest_json, run_repack, sample_paths
@@ -98,3 +99,41 @@ def test_a_hard_link_to_a_packed_file_added_alone_is_recorded(tmp_path):
     assert read_manifest_json(fresh)["quarantine"] == manifest["quarantine"]
     again = run_repack("images", src, out, "--append")
     assert "nothing new" in again.stdout and read_manifest_json(out)["dataset_version"]["number"] == 2
+
+
+def test_a_finished_stage_is_published_only_by_the_same_append(tmp_path):
+    """An append killed after its staged job finished (before its publish): a re-run with another SOURCE
+    packs that SOURCE's inputs (the stage of the first is discarded); a re-run of the same append publishes it."""
+    import subprocess
+    import sys
+
+    src, out = tiny_jpegs(tmp_path / "src", 0, 6, workers=1), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    first, other = tmp_path / "first", tmp_path / "other"
+    shutil.copytree(src, first)
+    shutil.copytree(src, other)
+    (first / "c000" / "first.jpg").write_bytes(jpeg_bytes(900))
+    (other / "c001" / "other.jpg").write_bytes(jpeg_bytes(901))
+    killed_before_publish = ("import os, sys\nimport repack.lifecycle.append as a\n"
+                             "a.refuse_names_in_use = lambda *args: os._exit(137)\n"
+                             "sys.argv = ['repack'] + sys.argv[1:]\nfrom repack.cli import main\nmain()\n")
+    for source in (first, other):
+        killed = subprocess.run([sys.executable, "-c", killed_before_publish, "images", str(first), str(out),
+                                 "--append", "--quiet"], cwd=Path(__file__).parent.parent)
+        assert killed.returncode == 137 and (out / ".repack" / "append-v2" / "out" / "manifest.json").exists()
+        run_repack("images", source, out, "--append", "--quiet")
+        manifest = read_manifest_json(out)
+        assert manifest["dataset_version"]["change"]["source"] == str(source)
+        added = {"c000/first.jpg"} if source == first else {"c001/other.jpg"}
+        assert set(sample_paths(out)) - {p for p in sample_paths(out) if "/0000" in p} == added, source
+        shutil.rmtree(out)
+        run_repack("images", src, out, "--quiet")
+
+
+def test_an_append_on_several_nodes_is_refused_before_any_work(tmp_path):
+    src, out = tiny_jpegs(tmp_path / "src", 0, 4, workers=1), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    tiny_jpegs(src, 4, 2, workers=1)
+    refused = run_repack("images", src, out, "--append", "--num-nodes", "2", "--node-rank", "0", check=False)
+    assert refused.returncode == 2 and "--append cannot be combined with --num-nodes" in refused.stderr
+    assert not (out / ".repack" / "append-v2").exists() and len(sample_paths(out)) == 4

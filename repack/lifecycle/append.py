@@ -78,6 +78,15 @@ def planned_once(job, plan: Plan):
     return job
 
 
+def staged_alike(job) -> bool:
+    """Whether the staged job in ``job``'s OUT was run with ``job``'s SOURCE and options (an append killed
+    after its stage finished is published by the re-run only when that re-run asks for the same append)."""
+    from repack.jobs.engine import options_fingerprint, read_json
+
+    state = read_json(job.store, f"{STATE_DIR}/job.json")
+    return state is not None and state.get("options_sha256") == options_fingerprint(job)
+
+
 def stage_folder(number: int) -> str:
     return f"{STATE_DIR}/append-v{number}"
 
@@ -104,6 +113,9 @@ def append(spec, options: EngineOptions) -> AppendResult:
     """Append ``spec.source``'s new inputs to the dataset in ``spec.out`` (see the module docstring)."""
     from repack.jobs.engine import Engine, UnresumableJob
 
+    if options.num_nodes > 1:  # the partitions would each stage and publish a version of their own
+        raise UsageError("--append cannot be combined with --num-nodes: an append runs on one node (with "
+                         "--executor ray for more machines)")
     appender = APPENDERS[type(spec).__name__]
     started = time.time()
     with locked_dataset(spec.out) as (store, out):
@@ -140,6 +152,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
             except PathEscapeError as exc:
                 raise ConfinementError(f"{store.url}: refused {stage}/out: {exc}") from None
             job = appender.staged_job(spec, f"{store.url}/{stage}/out", known_key, current)
+            if job.store.read_bytes(MANIFEST_NAME) is not None and not staged_alike(job):
+                remove_prefix(store, f"{stage}/")  # a finished stage of another SOURCE or options: not this append's
             if job.store.read_bytes(MANIFEST_NAME) is None:
                 from repack.jobs.base import build_plan
 
