@@ -455,6 +455,22 @@ def test_template_specials_config_eos_and_no_special_tokens(tmp_path, docs):
     assert all(ids[0] != 0 and ids[-1] == 1 for ids in parsed["docs"])
 
 
+def test_saved_truncation_and_padding_never_cut_or_pad_a_document(tmp_path, docs):
+    """A tokenizer.json saved with truncation (BERT's 512) or padding: every document is tokenized whole."""
+    tok = train_bpe(docs[:80], vocab_size=400)
+    whole = [tok.encode(d).ids + [1] for d in docs[:12]]
+    assert max(map(len, whole)) > 8 and min(map(len, whole)) < max(map(len, whole))
+    src = tmp_path / "in.jsonl"
+    write_jsonl(src, [{"text": d} for d in docs[:12]])
+    for name, setting in (("truncated", lambda t: t.enable_truncation(max_length=8)),
+                          ("padded", lambda t: t.enable_padding(pad_id=0, pad_token="<s>"))):
+        saved = train_bpe(docs[:80], vocab_size=400)
+        setting(saved)
+        folder = write_tokenizer(saved, tmp_path / name).parent
+        run_repack("text", src, tmp_path / f"out-{name}", "--tokenizer", folder)
+        assert spec_read(tmp_path / f"out-{name}" / "text_document")["docs"] == whole, name
+
+
 def test_truncated_gzip_keeps_what_was_read(tmp_path, gpt2_dir, docs):
     data = gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs[:100]).encode())
     (tmp_path / "cut.jsonl.gz").write_bytes(data[: len(data) // 2])

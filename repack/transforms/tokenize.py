@@ -89,6 +89,10 @@ def load_tokenizer(path: str | os.PathLike, expected_sha256: str | None = None):
             _CACHE[sha] = Tokenizer.from_str(data.decode("utf-8"))
         except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception
             raise UsageError(f"{path}: not a loadable tokenizer.json ({exc})") from None
+        # a document is tokenized whole: a saved truncation (BERT's 512) would cut it, saved padding would add
+        # pad ids that depend on the batch (transformers' fast tokenizers drop both on load too)
+        _CACHE[sha].no_truncation()
+        _CACHE[sha].no_padding()
         _smaller_cache(_CACHE[sha])
         del data
         release_free_heap()
