@@ -361,6 +361,15 @@ def _text_accepts(current: dict, spec) -> str | None:
     differ = [f"{flags[name][0] if getattr(spec, name) else flags[name][1]} (the dataset: "
               f"{flags[name][0] if held[name] else flags[name][1]})"
               for name in flags if name in held and bool(held[name]) != bool(getattr(spec, name))]
+    # what a document is and which files are read (a dataset of one document per file took each line of the new
+    # files as a document, its manifest still saying file)
+    shown = {"follow_symlinks": lambda on: "" if on else "--no-follow-symlinks",
+             "allow_outside_source": lambda on: "--allow-outside-source" if on else "",
+             "max_doc_bytes": lambda value: f"--max-doc-bytes {value}B"}
+    for name in ("doc_per", "field", "max_doc_bytes", "follow_symlinks", "allow_outside_source"):
+        if name in held and held[name] != getattr(spec, name):
+            show = shown.get(name, lambda value, name=name: f"--{name.replace('_', '-')} {value}")
+            differ.append(f"{show(getattr(spec, name)) or 'without it'} (the dataset: {show(held[name]) or 'without it'})")
     # every document of a dataset starts and ends the same way (its readers and verify rely on it)
     return f"was tokenized with other options: {', '.join(differ)}" if differ else None
 
