@@ -68,13 +68,15 @@ def apportion(targets: np.ndarray, total: int) -> np.ndarray:
 
 def block_counts(weights: Sequence[float], blocks: int, block: int = BLOCK) -> np.ndarray:
     """Draws of each source in each of the first ``blocks`` blocks (shape [blocks, sources]): the
-    running counts track ``weight * block * (b + 1)`` within one draw."""
-    share = np.asarray(weights, dtype=np.float64) / float(sum(weights)) * block
+    running counts track ``weight * block * (b + 1)`` within one draw. Shares are rounded to 1e-9 draws, so
+    that weights normalized another way (or summed in another order) give the same table: a tie of
+    remainders is a tie, broken by source order, not by the last bit of a float."""
+    share = np.round(np.asarray(weights, dtype=np.float64) / float(sum(weights)) * block, 9)
     out = np.zeros((blocks, len(share)), dtype=np.int64)
     carried = np.zeros(len(share))
     for b in range(blocks):
-        out[b] = apportion(share + carried, block)
-        carried += share - out[b]
+        out[b] = apportion(np.round(share + carried, 9), block)
+        carried = np.round(carried + share - out[b], 9)
     return out
 
 
@@ -201,7 +203,7 @@ class Mixture(IterableDataset):
                              "batch_size= and batch the mixture (DataLoader(mixture, batch_size=B))")
         self.sources = [s for s, _ in sources]
         self.weights = [w / sum(weights) for w in weights]
-        self._counts = block_counts(weights, 1)
+        self._counts = block_counts(self.weights, 1)  # as ``counts`` grows it: one table whatever the history
         self.seed, self.exhausted, self.samples, self.tag_source, self.shuffle = \
             seed, exhausted, samples, tag_source, shuffle
         self.rank, self.world_size = _resolve_rank(rank, world_size)

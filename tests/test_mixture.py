@@ -43,6 +43,24 @@ def test_block_counts_follow_the_weights_within_one_draw():
     assert np.abs(running - ideal).max() < 1
 
 
+def test_an_epochs_draws_do_not_depend_on_the_epochs_before_in_this_process():
+    """Weights whose shares tie on remainders (0.45 : 0.6 : 0.05 of 100 draws): the table grown past its first
+    block gives the first block the same counts as a fresh one (it was built from the raw weights first)."""
+    weights = [0.45, 0.6, 0.05]
+    assert block_counts(weights, 1)[0].tolist() == block_counts([w / sum(weights) for w in weights], 3)[0].tolist()
+
+    def mixture():
+        return Mixture([(list(range(i * 1000, i * 1000 + 500)), w) for i, w in enumerate(weights)], seed=0,
+                       exhausted="repeat", samples=300, tag_source=True)
+
+    after_epoch_0 = mixture()
+    list(after_epoch_0)
+    after_epoch_0.set_epoch(1)
+    fresh = mixture()
+    fresh.set_epoch(1)
+    assert list(after_epoch_0) == list(fresh)
+
+
 @pytest.mark.parametrize("weights", [(0.7, 0.3), (0.5, 0.3, 0.2)])
 def test_proportions_within_one_percent_over_10000_on_every_rank(data, weights):
     roots = [data["text_a"], data["text_b"], data["text_a"]][:len(weights)]
