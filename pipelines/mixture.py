@@ -95,6 +95,52 @@ def _is_iterable(source) -> bool:
     return isinstance(source, IterableDataset)
 
 
+def _meaning(source) -> tuple[str, object] | None:
+    """What a source's labels or ids mean: ("classes", its class map), ("tokenizer", its sha256), or None
+    (a source that is no repack reader, or an unlabeled one)."""
+    classes = getattr(source, "classes", None)
+    if isinstance(classes, dict) and classes:
+        return "classes", classes
+    tokenizer = getattr(getattr(source, "data", None), "tokenizer_sha256", None)
+    return ("tokenizer", tokenizer) if isinstance(tokenizer, str) else None
+
+
+def refuse_disagreeing(sources: Sequence, rank: int, world_size: int, per_source_labels: bool) -> None:
+    """Refuse sources that would mix silently wrong: an iterable source split for another rank or world size
+    than the mixture's (its samples read on every rank), and, unless each source's labels are its own
+    (``per_source_labels``), class maps that give one class two indices or one index two classes, or token
+    ids of other tokenizers."""
+    for i, source in enumerate(sources):
+        split = (getattr(source, "rank", None), getattr(source, "world_size", None))
+        if _is_iterable(source) and None not in split and split != (rank, world_size):
+            raise ValueError(f"Mixture source {i} ({type(source).__name__}) reads rank {split[0]} of {split[1]}, the "
+                             f"mixture rank {rank} of {world_size}: build it with rank={rank}, "
+                             f"world_size={world_size} (an iterable source splits itself)")
+    if per_source_labels:
+        return
+    meanings = [(i, _meaning(source)) for i, source in enumerate(sources)]
+    meanings = [(i, m) for i, m in meanings if m is not None]
+    names: dict[str, tuple[int, int]] = {}
+    indices: dict[int, tuple[int, str]] = {}
+    for i, (kind, meaning) in meanings:
+        if kind == "tokenizer":
+            first = next(((j, m) for j, (k, m) in meanings if k == "tokenizer"), None)
+            if first is not None and first[1] != meaning:
+                raise ValueError(f"Mixture sources {first[0]} and {i} were tokenized with other tokenizers (sha256 "
+                                 f"{first[1][:12]}... and {meaning[:12]}...): one id would mean two tokens; "
+                                 "pass per_source_labels=True and tag_source=True to map them per source")
+            continue
+        for name, index in meaning.items():
+            held_index, held_name = names.setdefault(name, (index, i)), indices.setdefault(index, (i, name))
+            if held_index[0] != index or held_name[1] != name:
+                j = held_index[1] if held_index[0] != index else held_name[0]
+                raise ValueError(f"Mixture sources {j} and {i} label otherwise: class {name!r} is {index} in "
+                                 f"source {i}, and in source {j} " + (f"is {held_index[0]}" if held_index[0] != index
+                                                                      else f"{index} is {held_name[1]!r}") +
+                                 "; pass per_source_labels=True and tag_source=True to map each source's labels "
+                                 "yourself")
+
+
 ORDER_OPTIONS = ("shuffle", "exhausted", "samples", "weights")  # what shapes the draws: a state of others is refused
 
 
@@ -183,11 +229,13 @@ class Mixture(IterableDataset):
         tag_source: yield ``(source index, sample)`` instead of the sample.
         shuffle: False reads map-style sources in index order (the draws stay seeded).
         rank, world_size: this process's share; default: torch.distributed, else 0 of 1.
+        per_source_labels: sources whose class maps or tokenizers disagree are mixed (each sample's label
+            or ids mean what its own dataset says; needs ``tag_source``); default: refused.
     """
 
     def __init__(self, sources: Sequence[tuple[Any, float]], *, seed: int = 0, exhausted: str = "stop",
                  samples: int | None = None, tag_source: bool = False, shuffle: bool = True,
-                 rank: int | None = None, world_size: int | None = None) -> None:
+                 rank: int | None = None, world_size: int | None = None, per_source_labels: bool = False) -> None:
         if not sources:
             raise ValueError("a Mixture needs at least one (dataset, weight) source")
         weights = [float(w) for _, w in sources]
@@ -202,11 +250,14 @@ class Mixture(IterableDataset):
             raise ValueError(f"a Mixture draws one sample at a time: build {', '.join(batching)} without "
                              "batch_size= and batch the mixture (DataLoader(mixture, batch_size=B))")
         self.sources = [s for s, _ in sources]
+        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        if per_source_labels and not tag_source:
+            raise ValueError("per_source_labels=True needs tag_source=True: a label means its source's class")
+        refuse_disagreeing(self.sources, self.rank, self.world_size, per_source_labels)
         self.weights = [w / sum(weights) for w in weights]
         self._counts = block_counts(self.weights, 1)  # as ``counts`` grows it: one table whatever the history
         self.seed, self.exhausted, self.samples, self.tag_source, self.shuffle = \
             seed, exhausted, samples, tag_source, shuffle
-        self.rank, self.world_size = _resolve_rank(rank, world_size)
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # reaches persistent workers
         self._epoch_chosen = torch.zeros((), dtype=torch.bool).share_memory_()
         self._pending: dict | None = None

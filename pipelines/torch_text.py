@@ -105,6 +105,7 @@ class TokenMemmap:
                                  int(s["tokens"])) for s in manifest.data["shards"]]
         self.dtype = np.dtype(manifest.data["dtype"])
         self.eos_id = manifest.data.get("tokenizer", {}).get("eos_id")
+        self.tokenizer_sha256 = manifest.data.get("tokenizer", {}).get("sha256")  # what an id means
         self.num_documents = sum(p.documents for p in self.prefixes)
         self.num_tokens = sum(p.tokens for p in self.prefixes)
         self.doc_starts = np.cumsum([0] + [p.documents for p in self.prefixes], dtype=np.int64)

@@ -19,6 +19,7 @@ from pipelines.torch_webdataset import ImageShardDataset
 from tests.conftest import run_repack
 from tests.tools.reader_data import reader_datasets
 from tests.tools.resume_check import resume_in_new_process, run
+from tests.tools.text import train_bpe, write_tokenizer
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
               pytest.mark.filterwarnings("ignore:.set_vital. is deprecated")]
@@ -114,11 +115,33 @@ def test_ranks_and_workers_get_disjoint_samples(data):
 
 def test_images_with_images_lmdb_and_webdataset_shards(data, packed_photos):
     shards = ImageShardDataset(packed_photos, decode=False, shuffle=True)
-    mix = Mixture([(LmdbImageDataset(data["lmdb_a"], decode=False), 1), (shards, 3)], seed=0, tag_source=True)
+    mix = Mixture([(LmdbImageDataset(data["lmdb_a"], decode=False), 1), (shards, 3)], seed=0, tag_source=True,
+                  per_source_labels=True)  # other class maps
     out = list(mix)
     by = Counter(s for s, _ in out)
     assert by[0] == 24 and 60 <= by[1] <= 80  # the LMDB ran out first: 24 of it, ~3x as many shard samples
     assert all(isinstance(image, bytes) and isinstance(label, int) for _, (image, label) in out)
+
+
+def test_sources_that_would_mix_silently_wrong_are_refused(data, packed_photos, tmp_path):
+    """Other class maps, other tokenizers, an iterable source split for another rank: refused by name."""
+    lmdb_a, photos = LmdbImageDataset(data["lmdb_a"], decode=False), ImageShardDataset(packed_photos, decode=False)
+    assert set(lmdb_a.classes) & set(photos.classes) or set(lmdb_a.classes.values()) & set(photos.classes.values())
+    with pytest.raises(ValueError, match="Mixture sources 0 and 1 label otherwise"):
+        Mixture([(lmdb_a, 1), (photos, 1)])
+    with pytest.raises(ValueError, match="needs tag_source=True"):
+        Mixture([(lmdb_a, 1), (photos, 1)], per_source_labels=True)
+    assert Mixture([(lmdb_a, 1), (LmdbImageDataset(data["lmdb_b"], decode=False), 1)]).sources  # one class map
+    with pytest.raises(ValueError, match="source 1 \\(ImageShardDataset\\) reads rank 0 of 1, the mixture rank 1 of 2"):
+        Mixture([(lmdb_a, 1), (photos, 1)], rank=1, world_size=2, tag_source=True, per_source_labels=True)
+    text_a = PackedTokenDataset(data["text_a"], 16, shuffle=False)
+    assert Mixture([(text_a, 1), (PackedTokenDataset(data["text_b"], 16, shuffle=False), 1)]).sources
+    texts = [f"document {i} of another corpus, its own tokenizer" for i in range(40)]
+    (tmp_path / "other.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    write_tokenizer(train_bpe(texts, vocab_size=300), tmp_path / "tok")
+    run_repack("text", tmp_path / "other.jsonl", tmp_path / "other", "--tokenizer", tmp_path / "tok", "--quiet")
+    with pytest.raises(ValueError, match="were tokenized with other tokenizers"):
+        Mixture([(text_a, 1), (PackedTokenDataset(tmp_path / "other", 16, shuffle=False), 1)])
 
 
 @pytest.mark.parametrize("reader,roots,extra", [
@@ -148,7 +171,8 @@ def test_mixture_with_webdataset_shards_resumes_or_says_why_not(data, packed_pho
     """An iterable source resumes through its own state_dict(); without one, loading says so."""
     def mixture():
         return Mixture([(lmdb(data["lmdb_a"]), 1), (ImageShardDataset(packed_photos, decode=False, output="dict",
-                                                                       shuffle=True), 2)], seed=1, tag_source=True)
+                                                                       shuffle=True), 2)], seed=1, tag_source=True,
+                       per_source_labels=True)
 
     def key(item):
         source, sample = item
