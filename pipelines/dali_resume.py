@@ -51,8 +51,8 @@ class OpenedVersion:
     build: Builder
     epoch_batches: int | None = None
     padding: int = 0  # an external source's repeated samples per epoch (equal steps); a reader's: the loader's cut
-    # a pipeline failure -> the error to raise from it (None: re-raise it as it is)
-    diagnose: Callable[[BaseException], BaseException | None] | None = None
+    # (a pipeline failure, the loader's epoch) -> the error to raise from it (None: re-raise it as it is)
+    diagnose: Callable[[BaseException, int], BaseException | None] | None = None
 
 
 Opener = Callable[["int | None"], OpenedVersion]  # version (None: the loader's own) -> that version opened
@@ -207,7 +207,7 @@ class ResumableDALILoader:
 
     def _raise_named(self, exc: RuntimeError):
         """DALI's "Critical error in pipeline": what failed, named (the shard and sample) where it can be."""
-        named = self._version.diagnose(exc) if self._version.diagnose is not None else None
+        named = self._version.diagnose(exc, self.epoch) if self._version.diagnose is not None else None
         if named is None:
             raise exc
         raise named from exc

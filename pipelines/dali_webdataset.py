@@ -169,11 +169,14 @@ DECODER_FAILURE = ("decoders", "nvImageCodec", "nvjpeg", "decode")  # words of a
 NOT_THE_DATA = ("out of memory", "allocation failed", "cuda error", "cudaerror", "cuda_error")  # the device's
 
 
-def failure_named(manifest, exc: BaseException, shard_id: int = 0, num_shards: int = 1) -> BaseException | None:
+def failure_named(manifest, exc: BaseException, shard_id: int = 0, num_shards: int = 1,
+                  epoch: int = 0) -> BaseException | None:
     """The error to raise for a DALI decoder's failure ``exc`` over ``manifest``'s dataset (read as part
-    ``shard_id`` of ``num_shards``): the first sample of the shards that part reads whose bytes are not the ones
-    packed (``shard_damage``: the shard and the key), else a ``RuntimeError`` saying that they are intact; both
-    keep DALI's message. None for any other failure (out of memory, a CUDA error): re-raised as it is."""
+    ``shard_id`` of ``num_shards`` in ``epoch``): the first sample of the shards that part reads whose bytes are
+    not the ones packed (``shard_damage``: the shard and the key), else a ``RuntimeError`` saying that they are
+    intact; both keep DALI's message. None for any other failure (out of memory, a CUDA error): re-raised as it
+    is. DALI's reader moves a pipeline to part ``(shard_id + epoch) % num_shards`` each epoch, and prefetches
+    into the next: the parts of ``epoch`` and ``epoch + 1`` are checked."""
     from pipelines.sample_errors import ShardIntegrityError
     from pipelines.shard_damage import damaged_samples
 
@@ -182,7 +185,9 @@ def failure_named(manifest, exc: BaseException, shard_id: int = 0, num_shards: i
         return None
     said = " ".join(dict.fromkeys(line.strip() for line in text.splitlines()
                                   if line.strip() and "no longer valid" not in line))[:1000]
-    found = damaged_samples(manifest, part_shards(manifest, shard_id, num_shards))
+    parts = [(shard_id + e) % num_shards for e in (epoch, epoch + 1)]
+    found = damaged_samples(manifest, sorted({n for part in dict.fromkeys(parts)
+                                              for n in part_shards(manifest, part, num_shards)}))
     if found:
         path, key, problem = found[0]
         more = f"; {len(found) - 1} more damaged" if len(found) > 1 else ""
@@ -238,7 +243,7 @@ def dali_image_loader(root: str | os.PathLike, batch_size: int, num_threads: int
                                         checkpoint=saved, **{**pipeline_args, "version": version})
 
         return OpenedVersion(identity(manifest), options, build,
-                             diagnose=lambda exc: failure_named(manifest, exc, shard_id, num_shards))
+                             diagnose=lambda exc, epoch: failure_named(manifest, exc, shard_id, num_shards, epoch))
 
     names = output_names(root, args["with_meta"], args["version"])
     return ResumableDALILoader(KIND, open_version, names, root=str(root), reader_name=READER, last_batch=last_batch,

@@ -155,3 +155,26 @@ def test_dali_decode_failure_names_the_damaged_sample_or_says_the_bytes_are_inta
                                                   r"packed .*DALI said: .*nvImageCodec"):
         for _ in dali_image_loader(out, batch_size=2, num_threads=1, device_id=None, size=None):
             pass
+
+
+def test_dali_decode_failure_in_a_later_epoch_names_the_shard_of_the_part_read_then(tmp_path):
+    """DALI moves a pipeline to part (shard_id + epoch) % num_shards each epoch: a damaged sample part 1 holds
+    is met by shard_id 0 in epoch 1, and named (the check looked at epoch 0's part and called the bytes intact)."""
+    pytest.importorskip("nvidia.dali")
+    from pipelines.dali_webdataset import dali_image_loader
+    from pipelines.sample_errors import ShardIntegrityError
+    from tests.conftest import run_repack
+    from tests.test_images_job import write_jpegs
+
+    src, out = write_jpegs(tmp_path / "src" / "c", 8, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    tar = out / "shard-000001.tar"  # part 1 of 2
+    data = bytearray(tar.read_bytes())
+    first = data.index(b"\xff\xd8")
+    data[first + 2:first + 200] = bytes(198)
+    tar.write_bytes(bytes(data))
+    loader = dali_image_loader(out, batch_size=2, num_threads=1, device_id=None, shard_id=0, num_shards=2, size=None)
+    assert sum(batch[0]["images"].shape[0] for batch in loader) == 4  # epoch 0: part 0, intact
+    with pytest.raises(ShardIntegrityError, match=r"shard-000001\.tar: sample '[^']+': its bytes are not the ones"):
+        for _ in loader:
+            pass
