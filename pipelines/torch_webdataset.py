@@ -306,7 +306,7 @@ class ImageShardDataset(IterableDataset):
 
     def worker_length(self, rank: int, worker: int, workers: int) -> int:
         """Samples worker ``worker`` of ``workers`` of rank ``rank`` delivers per epoch (for ``Mixture``)."""
-        return len(sample_order.worker_positions(self._rank_runs(rank), worker, workers))
+        return len(sample_order.WorkerPositions(self._rank_runs(rank), worker, workers))
 
     # -- the order -------------------------------------------------------------------------------
     def shard_order(self, epoch: int) -> list[int]:
@@ -344,9 +344,13 @@ class ImageShardDataset(IterableDataset):
             return None
         return f"{self.seed}:{cursor.epoch}:{cursor.rank}:{cursor.worker}"
 
-    def _windows(self, cursor: _Cursor) -> list[list[int]]:
-        positions = sample_order.worker_positions(cursor.runs, cursor.worker, cursor.workers)
-        return sample_order.delivery_windows(positions, self.shuffle_buffer, self._shuffle_seed(cursor))
+    def _windows(self, cursor: _Cursor) -> Iterator[list[int]]:
+        """The positions ``cursor``'s worker still delivers, a window at a time in delivery order (the first
+        window from the cursor's position now on), each made when it is reached: no list of the worker's share."""
+        positions = sample_order.WorkerPositions(cursor.runs, cursor.worker, cursor.workers)
+        chunks = sample_order.delivery_chunks(positions, self.shuffle_buffer, self._shuffle_seed(cursor),
+                                              cursor.position)  # bound now: the reads run ahead of delivery
+        return (chunk.tolist() for chunk in chunks)
 
     def worker_samples(self, worker: int = 0, workers: int = 1, epoch: int | None = None) -> list[Sample]:
         """The samples (index lines) worker ``worker`` of ``workers`` of this rank yields in ``epoch``, in order."""
@@ -430,17 +434,15 @@ class ImageShardDataset(IterableDataset):
                        state.get("skipped", 0))
 
     # -- reading ---------------------------------------------------------------------------------
-    def _blocks(self, cursor: _Cursor, windows: list[list[int]], layout) -> Iterator:
+    def _blocks(self, windows: Iterator[list[int]], layout) -> Iterator:
         """(window number, ReadBlock) for every sample still to deliver, window by window."""
-        first, skip = divmod(cursor.position, self.shuffle_buffer)
-        for w in range(first, len(windows)):
-            todo = windows[w][skip if w == first else 0:]
+        for w, todo in enumerate(windows):
             turn = {p: i for i, p in enumerate(todo)}  # when each position is handed out
             blocks = self._plan(layout, todo, self.read_bytes)
             # in the order their first sample is handed out: the consumer starts on the first block
             # read, not after most of a shuffled window (measured on s3://: 70-110 MB before the first sample)
             blocks.sort(key=lambda b: min(turn[p] for p in b.positions))
-            if w == first and blocks and object_store.is_remote(self.root):  # the first GET: one sample
+            if w == 0 and blocks and object_store.is_remote(self.root):  # the first GET: one sample
                 blocks[:1] = split_out(blocks[0], todo[0])
             for block in blocks:
                 yield w, block
@@ -460,16 +462,14 @@ class ImageShardDataset(IterableDataset):
     def _read(self, cursor: _Cursor) -> Iterator[dict]:
         """The samples of ``cursor``'s worker from its position on, as {"__key__", "__url__", ext: bytes}."""
         self._cursor = cursor
-        windows = self._windows(cursor)
         layout = self._layout(cursor.epoch)
-        first, skip = divmod(cursor.position, self.shuffle_buffer)
         slot = self._stats[cursor.worker % _STAT_SLOTS]
         ready: dict[int, tuple] = {}
         pages = _IndexPages(shared_maps(self.index, self._index_mapping))  # the index waited for before any thread
-        fetched = fetch_blocks(self._blocks(cursor, windows, layout), self.prefetch)
+        fetched = fetch_blocks(self._blocks(self._windows(cursor), layout), self.prefetch)
         try:
-            for w in range(first, len(windows)):
-                for position in windows[w][skip if w == first else 0:]:
+            for window in self._windows(cursor):
+                for position in window:
                     pages.used(1)
                     while position not in ready:
                         _, block, data = next(fetched)
