@@ -156,3 +156,27 @@ def test_a_zst_of_very_repetitive_text_is_read_in_bounded_memory(tmp_path):
                                               check=True).stdout.split())
     assert lines == 20_000_000
     assert grown_kb < 64 * 1024, f"grew by {grown_kb} KB"
+
+
+def test_a_text_input_under_a_compression_repack_does_not_read_is_quarantined_by_name(gpt2, tmp_path):
+    """A .jsonl.xz or .txt.bz2 was skipped like a README (3 files, 0 quarantined); it is named now, and the
+    files skipped are counted in the summary."""
+    import bz2
+    import lzma
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"text": "kept"}\n')
+    (src / "b.jsonl.xz").write_bytes(lzma.compress(b'{"text": "in xz"}\n'))
+    (src / "c.txt.bz2").write_bytes(bz2.compress(b"in bz2\n"))
+    (src / "d.parquet.gz").write_bytes(b"not read")
+    (src / "README.md").write_text("a corpus")
+    manifest = pack(gpt2, src, tmp_path / "out")
+    assert manifest["ids"] == expected(gpt2, "kept")
+    reasons = {q["source"]: q["reason"] for q in manifest["quarantine"]}
+    assert reasons["b.jsonl.xz"].startswith("a .jsonl file under .xz: repack reads .jsonl as it is or compressed")
+    assert reasons["c.txt.bz2"].startswith("a .txt file under .bz2") and set(reasons) == {"b.jsonl.xz", "c.txt.bz2",
+                                                                                        "d.parquet.gz"}
+    assert manifest["totals"]["skipped_files"] == 1  # README.md
+    said = run_repack("text", src, tmp_path / "again", "--tokenizer", gpt2[0])
+    assert "1 other file(s) of SOURCE not read" in said.stdout and "3 quarantined" in said.stdout

@@ -595,6 +595,9 @@ class TextJob(Job):
         stats = manifest["stats"].get("document_tokens", {})
         lines = [f"{t['documents']} documents, {t['tokens']} tokens ({manifest['dtype']}) from {t['files']} file(s) "
                  f"in {t['parts']} part(s); {t['empty_documents']} empty skipped; {t['quarantined']} quarantined"]
+        if t.get("skipped_files"):  # hidden files, and names no text input takes (a README, a .csv)
+            lines.append(f"{t['skipped_files']} other file(s) of SOURCE not read (hidden, or no .jsonl/.json/"
+                         ".ndjson/.txt/.parquet name, optionally .gz/.zst)")
         if stats:
             lines.append(f"tokens per document: p50 {stats['p50']} p90 {stats['p90']} p99 {stats['p99']} "
                          f"max {stats['max']}")

@@ -38,7 +38,7 @@ from repack.sources.base import alias_reason, pick_real_paths
 from repack.sources.confine import Checked, Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import list_columns
-from repack.sources.text_kinds import classify
+from repack.sources.text_kinds import classify, unread_reason
 from repack.sources.text_scan import KIND_CODES, KIND_OF, TextInputs, scan_text_folder
 from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul, plain_text
 from repack.store import is_remote
@@ -245,8 +245,14 @@ def list_remote_text_files(url: str, list_file: bool, rules: Confinement) -> tup
     quarantine: list[dict] = [{**record, "line": None} for record in listing.quarantine]
     codes = listing.codes
     text = codes != NOT_TEXT
-    skipped = listing.skipped + int(len(codes) - text.sum())
     table = listing.input_table()
+    skipped = listing.skipped
+    for row in np.flatnonzero(~text).tolist():  # a name that looks like a text input: named, never dropped silently
+        unread = unread_reason(table.rel(row).rpartition("/")[2])
+        if unread is None:
+            skipped += 1
+        else:
+            quarantine.append({"source": table.rel(row), "line": None, "reason": unread})
     for row, reason in listing.size_refusals(rules, among=text).items():
         quarantine.append({"source": table.rel(row), "line": None, "reason": reason})
         text[row] = False

@@ -23,3 +23,18 @@ def classify(name: str) -> tuple[str, str] | None:
     if kind is None or (kind == "parquet" and compression):
         return None
     return kind, compression
+
+
+def unread_reason(name: str) -> str | None:
+    """Why a file ``classify`` takes for no text input still looks like one, named so (its quarantine reason):
+    a text input's name under a compression repack does not read (``a.jsonl.xz``), or a compressed parquet
+    file. None for any other name (skipped, as a README or a .csv is)."""
+    stem, dot, ext = name.lower().rpartition(".")
+    inner, inner_dot, inner_ext = stem.rpartition(".")
+    if not dot or not inner_dot or not inner or f".{inner_ext}" not in _KINDS or f".{ext}" in _KINDS:
+        return None
+    if _KINDS[f".{inner_ext}"] == "parquet":
+        return f"a .parquet file under .{ext}: parquet is read as it is (it compresses inside), not compressed again"
+    return (f"a .{inner_ext} file under .{ext}: repack reads .{inner_ext} as it is or compressed as .gz or .zst; "
+            "decompress it or compress it as .zst")
+

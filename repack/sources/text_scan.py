@@ -29,7 +29,7 @@ from repack.sources.base import alias_reason, pick_real_paths, sort_key
 from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends
 from repack.sources.confine import Confinement
 from repack.sources.scan_pool import scan_pool
-from repack.sources.text_kinds import classify
+from repack.sources.text_kinds import classify, unread_reason
 from repack.sources.walk import is_junk, walk_order
 
 KINDS = ("jsonl", "txt", "parquet")
@@ -162,7 +162,11 @@ def _scan(conf: Confinement, folder: str, rel: str, found: _Walk, visited: set, 
             continue
         kind = classify(name)
         if kind is None and not entry.is_symlink():
-            found.skipped += 1  # not a text input: never stat'ed
+            unread = unread_reason(name)
+            if unread is not None:  # looks like a text input: named, never dropped without a word
+                found.quarantine.append({"source": child, "line": None, "reason": unread})
+            else:
+                found.skipped += 1  # not a text input: never stat'ed
             continue
         if kind is not None and entry.is_file(follow_symlinks=False):  # d_type: a regular file, no symlink
             try:
