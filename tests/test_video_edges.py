@@ -101,3 +101,19 @@ def test_a_header_rate_that_is_not_the_packets_is_transcoded_and_ts_clips_are_re
     assert decisions["c/v.ts"]["decision"] == decisions["c/b.ts"]["decision"] == "ok"
     assert decisions["c/b.ts"]["b_frames"] is True
     assert clips_match_a_full_decode(out, 8) == 3 * (50 - 8 + 1)
+
+
+def test_a_header_rate_under_one_percent_off_that_drifts_half_a_frame_is_transcoded(tmp_path):
+    """A 25 fps MP4 whose last sample lasts longer (phones, screen recorders) says 24.78 fps: 0.9 % off, so it
+    was copied, and the reader placed its frames by that rate: from frame ~56 on, the frame after."""
+    whole = encode(tmp_path / "whole.mp4", 4)
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    ffmpeg("-i", whole, "-c", "copy", "-bsf:v", r"setts=duration=if(eq(N\,99)\,DURATION*19/10\,DURATION)",
+           src / "last.mp4")
+    out = tmp_path / "out"
+    run_repack("video", src.parent, out, "--probe", "--transcode", "--quiet")
+    (decision,) = [json.loads(line) for line in (out / "probe.jsonl").read_text().splitlines()]
+    assert 0.99 * decision["fps_measured"] < decision["avg_frame_rate"] < decision["fps_measured"]
+    assert [r["code"] for r in decision["reasons"]] == ["rate_header_wrong"]
+    assert clips_match_a_full_decode(out, 8) == 100 - 8 + 1
