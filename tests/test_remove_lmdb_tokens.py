@@ -181,3 +181,24 @@ def test_token_keys_count_across_the_parts_of_one_file(tmp_path):
     assert v2["dataset_version"]["change"]["rewritten"] == {second: second.replace(".bin", "-v2.bin")}
     assert v2["shards"][0] == v1["shards"][0] and v2["shards"][2:] == v1["shards"][2:]
     assert token_documents(out) == before[:target] + before[target + 1:]
+
+
+def test_a_prefix_named_like_a_later_versions_file_stays_with_its_version(tmp_path):
+    """`--name notes-v2`: version 2's publish took version 1's own prefix for a leftover of a killed writer
+    and moved it aside (version 1 listed, unreadable, `verify --version 1` exit 5)."""
+    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+    docs = documents(6, seed=3)
+    corpus, tok, out = tmp_path / "corpus", tmp_path / "tok", tmp_path / "out"
+    corpus.mkdir()
+    write_tokenizer(gpt2_tokenizer(), tok)
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:4]))
+    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[4:]))
+    run_repack("text", corpus, out, "--tokenizer", tok, "--name", "notes-v2", "--quiet")
+    first = token_documents(out)
+    names = tmp_path / "names.txt"
+    names.write_text("b.jsonl\n")
+    run_repack("remove", out, "--sources", names)
+    assert token_documents(out, version=1) == first and len(token_documents(out)) == 4
+    assert run_repack("verify", out, "--version", "1").returncode == 0
+    assert not (out / ".repack" / "rejected").exists()

@@ -275,9 +275,13 @@ def clear_leftovers(store, number: int, named: set[str]) -> list[str]:
     command took the number (an append killed after moving its shards in, then a remove; the files of a
     pending version that was rejected), which verify would otherwise report as named by no version for good.
     Called by the writer that published ``number``; only files named as repack names that version's, so
-    nothing else in OUT is touched. The rels moved."""
+    nothing else in OUT is touched, nor a file an earlier version names (a token dataset packed with
+    ``--name notes-v2``: version 1's own prefix). The rels moved."""
     pattern = leftover_pattern(number)
     aside = [rel for rel in _dataset_files(store) if rel not in named and pattern.fullmatch(rel)]
+    if aside:  # rare (a writer killed before it published): only then are the older versions read
+        kept = version_names(store, up_to=int(number) - 1)
+        aside = [rel for rel in aside if rel not in kept]
     for rel in aside:
         move(store, rel, f"{REJECTED_DIR}/leftovers-v{int(number)}/{rel}")
     return aside
