@@ -106,3 +106,21 @@ def test_text_append_after_remove_by_source(tmp_path):
         os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     again = run_repack("text", copy, out, "--tokenizer", tok, "--append")
     assert "nothing new" in again.stdout
+
+
+def test_a_takedown_of_a_quarantined_input_stays_down_once_the_file_is_fixed(tmp_path):
+    """The name of an input the dataset quarantined was "not found" (exit 0, nothing recorded), and once the
+    file was fixed, `--append` packed it: the taken-down source was in the latest version."""
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    (src / "cat" / "bad.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    assert [q["source"] for q in read_manifest_json(out)["quarantine"]] == ["cat/bad.jpg"]
+    (tmp_path / "gone.txt").write_text("cat/bad.jpg\n")
+    said = run_repack("remove", out, "--sources", tmp_path / "gone.txt")
+    assert "1 quarantined input(s) taken down, 0 name(s) not found" in said.stdout
+    manifest = read_manifest_json(out)
+    assert manifest["quarantine"] == [] and manifest["dataset_version"]["change"]["removed_quarantined"] == ["cat/bad.jpg"]
+    (src / "cat" / "bad.jpg").write_bytes(jpeg_bytes(seed=91))  # fixed
+    again = run_repack("images", src, out, "--shard-size", "4", "--append")
+    assert "1 removed source(s) found again and left out" in again.stdout
+    assert "cat/bad.jpg" not in packed_sources(out) and run_repack("verify", out).returncode == 0

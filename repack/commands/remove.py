@@ -31,6 +31,14 @@ def remove(out, sources_file, keys_file, json_summary, quiet):
     if len(result.not_found) > 20:
         click.echo(f"... and {len(result.not_found) - 20} more not found", err=True)
     say_published(location(out), result.manifest, result.published,
-                  f"{result.removed} sample(s) removed, {len(result.not_found)} name(s) not found",
+                  f"{result.removed} sample(s) removed, "
+                  f"{_taken_down(result.manifest)}{len(result.not_found)} name(s) not found",
                   EngineOptions(quiet=quiet, json_summary=json_summary), result.seconds,
                   none_reason="no named sample found", command="remove")
+
+
+def _taken_down(manifest: dict) -> str:
+    """The quarantined inputs the published remove took down, in words (empty when none)."""
+    named = ((manifest.get("dataset_version") or {}).get("change") or {}).get("removed_quarantined") or ()
+    return f"{len(named)} quarantined input(s) taken down, " if named else ""
+

@@ -132,6 +132,18 @@ def _tokens(store, out, current, spec, number, known):  # finds its samples with
 REWRITERS = {"webdataset": _tar, "lmdb": _lmdb, "memmap": _tokens}
 
 
+def _whole_input(record: dict) -> bool:
+    """A quarantine record of a whole input (not of one line of a text file)."""
+    return record.get("line") is None or bool(record.get("no_documents"))
+
+
+def quarantined_named(current: dict, names) -> frozenset[str]:
+    """The names that are sources the dataset quarantined whole: a takedown of such an input is recorded, so
+    that an append never packs it once it is fixed."""
+    held = {q["source"] for q in current.get("quarantine", ()) if _whole_input(q)}
+    return frozenset(name for name in names if name in held)
+
+
 def remove_samples(spec: RemoveSpec) -> RemoveResult:
     """Publish the version without the named samples (see the module docstring)."""
     started = time.time()
@@ -150,8 +162,9 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         known = published_record(store, current)
         done = rewriter(store, out, current, spec, number, known)
         shards = done.shards
-        not_found = tuple(sorted(set(spec.names) - done.found))
-        if not done.found:
+        taken_down = quarantined_named(current, spec.names) if spec.by == "sources" else frozenset()
+        not_found = tuple(sorted(set(spec.names) - done.found - taken_down))
+        if not done.found and not taken_down:
             return RemoveResult(current, False, 0, not_found, time.time() - started)
         removed = sum(s["samples"] for s in current["shards"]) - sum(s["samples"] for s in shards)
         body = {key: value for key, value in current.items() if key not in ("run", "dataset_version")}
@@ -170,11 +183,16 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
             stats["formats"] = {name: n - done.removed_formats.get(name, 0) for name, n in stats["formats"].items()
                                 if n - done.removed_formats.get(name, 0) > 0}
         stats.update(extra.pop("stats", {}))
+        if taken_down:  # the version holds nothing of them, and no later append packs them once fixed
+            body["quarantine"] = [q for q in current["quarantine"] if not _whole_input(q) or q["source"] not in taken_down]
+            if "quarantined" in totals:
+                totals["quarantined"] = len(body["quarantine"])
         body.update(shards=shards, totals=totals, stats=stats, **extra,
                     run={"command": "remove", "seconds": round(time.time() - started, 3)})
         change = {"kind": "remove", "by": spec.by, "removed_samples": removed, "rewritten": done.rewritten,
-                  "not_found": list(not_found)}
-        record_removed(store, known, number, done.removed_sources if done.removed_sources is not None
-                       else (done.found if spec.by == "sources" else frozenset()))
+                  "not_found": list(not_found), **({"removed_quarantined": sorted(taken_down)} if taken_down else {})}
+        removed_sources = done.removed_sources if done.removed_sources is not None else \
+            (done.found if spec.by == "sources" else frozenset())
+        record_removed(store, known, number, removed_sources | taken_down)
         data = publish(store, out, current, raw, body, change)
         return RemoveResult(data, True, removed, not_found, time.time() - started)
