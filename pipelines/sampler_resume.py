@@ -317,13 +317,24 @@ class MapDatasetState:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
+    def order_options(self) -> dict:
+        """The reader's options that decide what index ``i`` is (a clip reader's length and stride): saved, and
+        a state of other ones refused."""
+        return {}
+
     def state_dict(self) -> dict:
         return {"kind": type(self).__name__, "version": STATE_VERSION, "dataset": dict(self.dataset),
-                "epoch": self.epoch, "samples": len(self)}
+                "epoch": self.epoch, "samples": len(self), **({"options": self.order_options()}
+                                                             if self.order_options() else {})}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue on the state's dataset version: this one, or a kept older one (re-opened here)."""
         check_state(state, type(self).__name__)
+        saved = state.get("options")  # states of older readers lack it
+        if saved is not None and saved != self.order_options():
+            differ = ", ".join(f"{k}: state {saved.get(k)!r}, reader {v!r}" for k, v in self.order_options().items()
+                               if saved.get(k) != v)
+            raise ValueError(f"{type(self).__name__} state of a reader with other options loaded ({differ})")
         version = resolve(state.get("dataset"), self.dataset, str(self.root), type(self).__name__)
         with on_version(self.use_version, dict(self.dataset), version):
             if int(state["samples"]) != len(self):

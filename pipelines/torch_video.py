@@ -97,6 +97,8 @@ class VideoClipDataset(MapDatasetState):
                  num_shards: int = 1, transform=None, version: int | None = None) -> None:
         if sequence_length < 1 or stride < 1:
             raise ValueError("sequence_length and stride must be >= 1")
+        if num_shards < 1 or not 0 <= shard_id < num_shards:
+            raise ValueError(f"shard_id must be in [0, num_shards) and num_shards >= 1, got {shard_id} of {num_shards}")
         self.root = str(root)
         self.sequence_length, self.stride, self.transform = sequence_length, stride, transform
         self._split = (step, shard_id, num_shards)
@@ -112,8 +114,18 @@ class VideoClipDataset(MapDatasetState):
         step, shard_id, num_shards = self._split
         index = [(v, s) for v, e in enumerate(entries)
                  for s in clip_starts(int(e["frames"]), self.sequence_length, self.stride, step)]
-        per = len(index) / num_shards
-        self.index = index[int(round(shard_id * per)):int(round((shard_id + 1) * per))]
+        self.index = index[len(index) * shard_id // num_shards:len(index) * (shard_id + 1) // num_shards]  # DALI's
+
+    @property
+    def world_size(self) -> int:
+        """The parts the clips are split into (``num_shards``): a sampler that splits by rank too refuses it."""
+        return self._split[2]
+
+    def order_options(self) -> dict:
+        """What decides which clips index ``i`` names: a state of other ones is refused."""
+        step, shard_id, num_shards = self._split
+        return {"sequence_length": self.sequence_length, "stride": self.stride, "step": step, "shard_id": shard_id,
+                "num_shards": num_shards}
 
     def __len__(self) -> int:
         return len(self.index)

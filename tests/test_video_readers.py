@@ -183,3 +183,28 @@ def test_manifest_records_the_reader_and_the_pipeline_reads_every_ok_file(tmp_pa
     frames, _ = pipe.run()
     for k in range(len(codecs)):
         assert frame_numbers(np.asarray(frames[k])) == pytest.approx(list(range(12)), abs=0.5)
+
+
+def test_clip_splits_follow_dali_and_refuse_what_would_read_wrong_clips(index_datasets):
+    """Parts start at size * k // num_shards as DALI's do (round() put a clip in another part); an out-of-range
+    part was an empty epoch; a sampler splitting by rank over a split reader read a fraction of the clips; a
+    state of a reader with another sequence length loaded when the clip counts happened to agree."""
+    from pipelines.sampler_resume import ResumableSampler
+
+    whole = VideoClipDataset(index_datasets[0], sequence_length=2, stride=1, step=1)
+    size = len(whole)
+    parts = [VideoClipDataset(index_datasets[0], 2, step=1, shard_id=k, num_shards=4).index for k in range(4)]
+    assert [len(p) for p in parts] == [size * (k + 1) // 4 - size * k // 4 for k in range(4)]
+    assert [c for p in parts for c in p] == whole.index
+    for shard_id, num_shards in ((2, 2), (-1, 2), (0, 0)):
+        with pytest.raises(ValueError, match="shard_id must be in"):
+            VideoClipDataset(index_datasets[0], 2, shard_id=shard_id, num_shards=num_shards)
+    with pytest.raises(ValueError, match="splits by rank itself"):
+        ResumableSampler(size, rank=0, world_size=2, dataset=VideoClipDataset(index_datasets[0], 2, step=1,
+                                                                              shard_id=0, num_shards=2))
+    four = VideoClipDataset(index_datasets[0], sequence_length=4, stride=1, step=4)
+    five = VideoClipDataset(index_datasets[0], sequence_length=5, stride=1, step=4)
+    assert len(four) == len(five)  # the counts agree: only the options tell the states apart
+    with pytest.raises(ValueError, match="other options loaded .*sequence_length: state 4, reader 5"):
+        five.load_state_dict(four.state_dict())
+    four.load_state_dict(VideoClipDataset(index_datasets[0], sequence_length=4, stride=1, step=4).state_dict())
