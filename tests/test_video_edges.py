@@ -117,3 +117,17 @@ def test_a_header_rate_under_one_percent_off_that_drifts_half_a_frame_is_transco
     assert 0.99 * decision["fps_measured"] < decision["avg_frame_rate"] < decision["fps_measured"]
     assert [r["code"] for r in decision["reasons"]] == ["rate_header_wrong"]
     assert clips_match_a_full_decode(out, 8) == 100 - 8 + 1
+
+
+def test_a_whole_matroska_file_starting_after_zero_is_kept_and_a_cut_one_is_not(tmp_path):
+    """The header's duration runs from time 0 and the packets' span from the first packet: a complete MKV whose
+    timestamps start at 1 s was quarantined as truncated ("declares 3.000 s, the packets cover only 2.000 s")."""
+    src = tmp_path / "src" / "c"
+    late = encode(src / "late.mkv", 2, "-output_ts_offset", "1.0")
+    cut = encode(tmp_path / "whole.mkv", 4, "-output_ts_offset", "1.0", "-g", "5")
+    (src / "cut.mkv").write_bytes(cut.read_bytes()[:cut.stat().st_size // 2])
+    out = tmp_path / "out"
+    run_repack("video", src.parent, out, "--probe", "--transcode", "--quiet")
+    (record,) = read_manifest_json(out)["quarantine"]
+    assert record["source"] == "c/cut.mkv" and record["codes"] == ["truncated"], record
+    assert late.exists() and clips_match_a_full_decode(out, 8) == 50 - 8 + 1

@@ -202,10 +202,12 @@ def _reject(info: dict) -> list[dict]:
         return [_r("truncated", f"truncated: the container declares {nb} frames, only {packets} packets are readable")]
     declared, span = info.get("declared_duration_s"), info.get("span_s")
     if declared and span is not None:
+        # the header's duration runs from time 0, the packets' span from the first one (a file starting at 1 s)
+        end = span + max(info.get("first_pts_s") or 0.0, 0.0)
         tolerance = max(info.get("frame_interval_s") or 0.0, 0.05 * declared)
-        if declared - span > tolerance + 1e-6:
-            return [_r("truncated", f"truncated: the header declares {declared:.3f} s, the packets cover only "
-                                    f"{span:.3f} s")]
+        if declared - end > tolerance + 1e-6:
+            return [_r("truncated", f"truncated: the header declares {declared:.3f} s, the packets end at "
+                                    f"{end:.3f} s")]
     if info.get("corrupt_packets"):  # (PyAV's scan flags it; ffprobe's packet list does not)
         return [_r("truncated", f"truncated or damaged: {info['corrupt_packets']} packet(s) flagged corrupt by the "
                                 "demuxer (a cut fragment)")]

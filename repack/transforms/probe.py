@@ -132,7 +132,7 @@ def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> di
              "packets_before_key": before_key,
              "missing_pts": missing_pts, "b_frames": reordered, "packets_past_eof": truncated_packets,
              "max_gop_frames": None, "max_gop_s": None, "frame_interval_s": None, "irregular_intervals": 0,
-             "span_s": None, "fps_measured": None}
+             "span_s": None, "fps_measured": None, "first_pts_s": None}
     present = sorted(int(v) for v in pts if v is not None)
     if len(present) >= 2:
         deltas = [b - a for a, b in zip(present, present[1:])]
@@ -142,6 +142,7 @@ def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> di
         stats["frame_interval_s"] = round(float(median * time_base), 6)
         span = (present[-1] - present[0] + median) * time_base
         stats["span_s"] = round(float(span), 6)
+        stats["first_pts_s"] = round(float(present[0] * time_base), 6)  # where the span starts (not always 0)
         stats["fps_measured"] = round(len(present) / float(span), 4) if span > 0 else None
         if keys:
             key_pts = sorted(int(packets[i]["pts"]) for i in keys if packets[i].get("pts") is not None)
