@@ -180,3 +180,23 @@ def test_a_text_input_under_a_compression_repack_does_not_read_is_quarantined_by
     assert manifest["totals"]["skipped_files"] == 1  # README.md
     said = run_repack("text", src, tmp_path / "again", "--tokenizer", gpt2[0])
     assert "1 other file(s) of SOURCE not read" in said.stdout and "3 quarantined" in said.stdout
+
+
+def test_one_verdict_per_file_whatever_the_chunking(gpt2, tmp_path):
+    """A piece of a file was judged binary by its own first 64 KiB: one NUL there lost the whole piece, so the
+    same file gave other datasets under other --chunk-bytes. A file's first bytes judge every piece of it;
+    a NUL further in costs its line."""
+    lines = [f"line {i} of a long text file" for i in range(12_000)]
+    late = list(lines)
+    late[9_000] = "a NUL \0 far into the file"
+    (tmp_path / "late").mkdir()
+    (tmp_path / "late" / "a.txt").write_text("\n".join(late) + "\n")
+    early = list(lines)
+    early[10] = "a NUL \0 near the start"
+    (tmp_path / "early").mkdir()
+    (tmp_path / "early" / "a.txt").write_text("\n".join(early) + "\n")
+    for chunk in ("100000", "150000", "1000000"):
+        kept = pack(gpt2, tmp_path / "late", tmp_path / f"late-{chunk}", "--chunk-bytes", chunk)
+        assert kept["totals"]["documents"] == 11_999 and [q["line"] for q in kept["quarantine"]] == [9_001], chunk
+        lost = pack(gpt2, tmp_path / "early", tmp_path / f"early-{chunk}", "--chunk-bytes", chunk)
+        assert lost["totals"]["documents"] == 0 and all("NUL" in q["reason"] for q in lost["quarantine"]), chunk

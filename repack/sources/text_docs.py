@@ -596,12 +596,18 @@ class SegmentReader:
         return Doc(1, text=text)
 
     def _sniff(self) -> str | None:
-        """Why the segment is not UTF-8 text (text_sniff.binary_reason of its first bytes), or None."""
-        if self.segment.kind == "parquet":
+        """Why the segment's file is not UTF-8 text (text_sniff.binary_reason of the file's first bytes), or None.
+        A piece of a file cut into several is judged by the file's first bytes, as the file's first piece is: one
+        verdict per file, whatever the chunking (damage further in is each line's to report)."""
+        segment = self.segment
+        if segment.kind == "parquet":
             return None
-        size = SNIFF_BYTES if self.segment.unit != "bytes" else min(SNIFF_BYTES, self.segment.end - self.segment.start)
-        if isinstance(self.data, bytes) and not self.segment.compression:
-            return binary_reason(self.data[:size])
+        if isinstance(self.data, bytes) and not segment.compression:
+            return binary_reason(self.data[:SNIFF_BYTES])
+        if segment.unit == "bytes" and not segment.compression:
+            with open_input(segment.path, list(segment.fingerprint) or None, segment.rel) as raw:
+                return binary_reason(raw.read(SNIFF_BYTES))
+        size = SNIFF_BYTES
         head = bytearray()
         with _open_stream(self.segment, self.data) as fh:
             try:
