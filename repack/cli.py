@@ -23,7 +23,7 @@ from repack.commands.remove import remove
 from repack.commands.text import text
 from repack.commands.verify import inspect, verify
 from repack.commands.video import video
-from repack.errors import VERIFICATION_EXIT_CODE, Interrupted, RepackError
+from repack.errors import VERIFICATION_EXIT_CODE, IncompleteJobError, Interrupted, RepackError
 
 
 @click.group(cls=RepackGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -105,6 +105,12 @@ def main() -> None:
     except OSError as exc:  # an unexpected I/O failure of the job itself (disk full, lost mount)
         where = f": {exc.filename}" if exc.filename else ""
         fail(f"{exc.strerror or exc}{where}", 2)
+    except RuntimeError as exc:  # a pool's worker killed (the OOM killer, a signal) outside the engine's retries
+        pools = sys.modules.get("concurrent.futures.process")  # imported by whatever ran a pool (not by --help)
+        if pools is None or not isinstance(exc, pools.BrokenProcessPool):
+            raise
+        fail("a worker process died (killed by a signal or out of memory); nothing half-done was published: re-run "
+             "the same command", IncompleteJobError.exit_code)
     if ProcessEnd.quick:
         _end_now(0)
     if ProcessEnd.after_exit_handlers:

@@ -37,3 +37,25 @@ def test_a_shard_rewritten_again_keeps_one_version_suffix(tmp_path):
     assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "2").returncode == 0
     stats = read_manifest_json(out)["stats"]  # what inspect reports: the samples left, by format and class
     assert stats["formats"] == {"jpg": 6} and stats["class_counts"] == {"c": 6}
+
+
+def test_a_rewrite_worker_killed_ends_in_one_line_and_exit_4_and_a_rerun_completes(tmp_path):
+    """A rewrite process killed (the OOM killer) ended the remove in a 45-line traceback, exit 1."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    src, out = write_jpegs(tmp_path / "src" / "c", 12, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    listing = tmp_path / "takedown.txt"
+    listing.write_text("c/a1.jpg\nc/a5.jpg\nc/a9.jpg\n")
+    killed_worker = ("import os, sys\nimport repack.lifecycle.remove_tar as r\n"
+                     "def dies(*args, **kwargs):\n    os._exit(137)\n"
+                     "r.copy_kept = dies\nsys.argv = ['repack'] + sys.argv[1:]\nfrom repack.cli import main\nmain()\n")
+    died = subprocess.run([sys.executable, "-c", killed_worker, "remove", str(out), "--sources", str(listing)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert died.returncode == 4 and died.stderr.count("\n") == 1 and "a worker process died" in died.stderr
+    assert not (out / "manifest.v2.json").exists() and len(sample_paths(out)) == 12
+    run_repack("remove", out, "--sources", listing)
+    assert len(sample_paths(out)) == 9 and run_repack("verify", out).returncode == 0
