@@ -69,6 +69,7 @@ class LmdbBatchSource:
         if pad_last_batch and drop_last:
             raise ValueError("pad_last_batch and drop_last exclude each other")
         self.reader = LmdbReader(path, count)
+        self.count = count
         self.start, self.stop = shard_range(count, shard_id, num_shards)
         self.samples = rank_samples(count, num_shards, drop_last)  # per epoch: the range padded or cut to it
         self.padding = max(0, self.samples - (self.stop - self.start))  # repeats of the epoch's first sample
@@ -95,7 +96,9 @@ class LmdbBatchSource:
         self._order = list(range(self.start, self.stop))
         if self.random_shuffle:
             random.Random(self.seed * 1_000_003 + self.epoch).shuffle(self._order)
-        self._order = (self._order + self._order[:self.padding])[:self.samples]
+        # an empty share (more ranks than samples) repeats a sample of the dataset, as the PyTorch readers pad
+        repeated = self._order or ([self.start % self.count] if self.count else [])
+        self._order = (self._order + repeated * self.padding)[:self.samples]
         self._pos = 0
 
     def _label(self, index: int, cls: bytes | None) -> int:

@@ -105,6 +105,10 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
     from nvidia.dali.pipeline import Pipeline
 
     manifest = open_webdataset(root, "images", version)
+    samples = int(manifest.data["totals"]["samples"])
+    if num_shards < 1 or not 0 <= shard_id < num_shards or num_shards > samples:
+        raise ValueError(f"{manifest.root}: part {shard_id} of {num_shards} of {samples} sample(s): DALI's reader "
+                         "needs 0 <= shard_id < num_shards <= samples (each part one sample at least)")
     paths, index_paths = shard_files(manifest)
     check_index_files(manifest)
     read_index_columns(manifest)  # every index laid out as its tar (the parser's checks): DALI trusts it blindly

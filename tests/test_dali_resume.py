@@ -260,3 +260,25 @@ def test_image_pipeline_refuses_an_index_changed_since_packing(packed_photos, tm
     index.write_bytes(b"\n".join([head, second, first, *rest]))  # same bytes, two lines swapped
     with pytest.raises(ManifestError, match=f"{index.name}: its sha256 is not the manifest's"):
         build_image_pipeline(root, batch_size=8, num_threads=1, size=16)
+
+
+def test_more_ranks_than_samples_pad_lmdb_and_are_refused_by_name_for_shards(tmp_path):
+    """A rank of an LMDB with no sample of its own failed at build ("no data in the pipeline") while len() said 1;
+    DALI's webdataset reader asserted `num_shards_ <= Size()` without a word on the dataset."""
+    pytest.importorskip("nvidia.dali")
+    from pipelines.dali_lmdb import dali_lmdb_loader
+    from pipelines.dali_webdataset import dali_image_loader
+
+    src = write_jpegs(tmp_path / "src" / "c", 3, "a").parent
+    run_repack("images", src, tmp_path / "lmdb", "--to", "lmdb", "--quiet")
+    run_repack("images", src, tmp_path / "shards", "--quiet")
+    seen = []
+    for rank in range(5):
+        loader = dali_lmdb_loader(tmp_path / "lmdb", batch_size=1, num_threads=1, device_id=None, shard_id=rank,
+                                  num_shards=5, size=None, with_index=True)
+        batches = list(loader)
+        assert len(batches) == len(loader) == 1, rank
+        seen += [int(i) for batch in batches for i in batch[0]["index"].flatten()]
+    assert set(seen) == {0, 1, 2} and len(seen) == 5
+    with pytest.raises(ValueError, match=r"part 0 of 5 of 3 sample\(s\): DALI's reader needs"):
+        dali_image_loader(tmp_path / "shards", batch_size=1, num_threads=1, device_id=None, num_shards=5, size=None)
