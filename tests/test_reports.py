@@ -208,3 +208,21 @@ def test_inspect_counts_every_append_and_a_removal(tmp_path):
     assert "tokens per file (1 file(s))" in lines and "a.jsonl" not in lines.split("tokens per file")[1]
     files = read_manifest_json(text)["stats"]["files"]
     assert files["largest"] == [{"source": "b.jsonl", "documents": 50, "tokens": 25600}]
+
+
+def test_histograms_say_they_count_what_was_packed_after_a_remove(tmp_path):
+    """A remove updates class counts and formats, not the size and dimension histograms (nothing says a removed
+    sample's source size or dimensions): they were shown as the version's."""
+    from tests.test_images_job import write_jpegs
+
+    src, out = write_jpegs(tmp_path / "src" / "c", 6, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    (tmp_path / "gone.txt").write_text("c/a0.jpg\nc/a1.jpg\n")
+    before = run_repack("inspect", out).stdout
+    assert "source file sizes: " in before and "as packed" not in before
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt")
+    after = run_repack("inspect", out).stdout
+    for name in ("source file sizes", "widths (px)", "heights (px)"):
+        assert f"{name} (as packed; 2 sample(s) removed since): " in after, after
+    run_repack("inspect", out, "--html", tmp_path / "report.html")
+    assert "Source file sizes (as packed; 2 sample(s) removed since)" in (tmp_path / "report.html").read_text()

@@ -172,8 +172,10 @@ def _images(s: dict) -> list[str]:
     body = []
     if s["classes"] or counts:
         body.append(section(f"Class balance ({len(s['classes']):,} classes)", *class_balance(s["classes"], counts)))
-    body.append(section("Source file sizes", histogram_bars(hist.get("source_bytes", []), format_size)))
-    body.append(section("Dimensions (px)", side_by_side(("width", histogram_bars(hist.get("width", []), width=440)),
+    removed = int(s["totals"].get("removed") or 0)  # the histograms count what was packed
+    since = f" (as packed; {removed:,} sample(s) removed since)" if removed else ""
+    body.append(section(f"Source file sizes{since}", histogram_bars(hist.get("source_bytes", []), format_size)))
+    body.append(section(f"Dimensions (px){since}", side_by_side(("width", histogram_bars(hist.get("width", []), width=440)),
                                                         ("height", histogram_bars(hist.get("height", []), width=440)))))
     pct = [[name, t["p50"], t["p90"], t["p99"], t["max"]] for name, t in
            (("read (ms)", timing.get("read_ms")), ("decode/check (ms)", timing.get("check_ms"))) if t]

@@ -83,9 +83,11 @@ def _histogram_line(name: str, rows: list[dict], text=str) -> list[str]:
 def _images(s: dict) -> list[str]:
     stats, timing = s["stats"], s["timing"]
     hist = stats.get("histograms", {})
-    lines = _histogram_line("source file sizes", hist.get("source_bytes", []), format_size)
-    lines += _histogram_line("widths (px)", hist.get("width", []))
-    lines += _histogram_line("heights (px)", hist.get("height", []))
+    removed = int(s["totals"].get("removed") or 0)  # the histograms count what was packed: a remove cannot un-count
+    since = f" (as packed; {removed} sample(s) removed since)" if removed else ""
+    lines = _histogram_line(f"source file sizes{since}", hist.get("source_bytes", []), format_size)
+    lines += _histogram_line(f"widths (px){since}", hist.get("width", []))
+    lines += _histogram_line(f"heights (px){since}", hist.get("height", []))
     labels = {"read_ms": "read", "check_ms": "decode/check (+normalize)"}
     for name in ("read_ms", "check_ms"):
         if timing.get(name):
