@@ -124,3 +124,20 @@ def test_a_takedown_of_a_quarantined_input_stays_down_once_the_file_is_fixed(tmp
     again = run_repack("images", src, out, "--shard-size", "4", "--append")
     assert "1 removed source(s) found again and left out" in again.stdout
     assert "cat/bad.jpg" not in packed_sources(out) and run_repack("verify", out).returncode == 0
+
+
+def test_a_takedown_names_a_list_datasets_source_in_either_spelling(tmp_path):
+    """A dataset packed from a list holds its rows as written (./cat/c0.jpg, an absolute path): a takedown of
+    cat/c0.jpg said "not found" (exit 0, nothing removed), though --append takes both spellings for one input."""
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    listing = src / "list.csv"
+    listing.write_text(f"path,label\n./cat/c0.jpg,cat\ncat/c1.jpg,cat\n{src / 'dog' / 'd0.jpg'},dog\ndog/d1.jpg,dog\n")
+    run_repack("images", listing, out, "--list", "--quiet")
+    (tmp_path / "gone.txt").write_text("cat/c0.jpg\ndog/d0.jpg\n./dog/d1.jpg\ncat/none.jpg\n")
+    said = run_repack("remove", out, "--sources", tmp_path / "gone.txt")
+    assert "3 sample(s) removed" in said.stdout and said.stderr == "not found in the dataset: cat/none.jpg\n"
+    assert packed_sources(out) == ["cat/c1.jpg"]
+    assert read_manifest_json(out)["dataset_version"]["change"]["not_found"] == ["cat/none.jpg"]
+    listing.write_text("path,label\ncat/c0.jpg,cat\ncat/c1.jpg,cat\n./dog/d0.jpg,dog\ndog/d1.jpg,dog\n")
+    again = run_repack("images", listing, out, "--list", "--append")
+    assert "nothing new" in again.stdout and packed_sources(out) == ["cat/c1.jpg"]

@@ -19,6 +19,7 @@ the version is published as ``repack.lifecycle.publish`` says.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import time
@@ -132,6 +133,33 @@ def _tokens(store, out, current, spec, number, known):  # finds its samples with
 REWRITERS = {"webdataset": _tar, "lmdb": _lmdb, "memmap": _tokens}
 
 
+def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) -> dict[str, str]:
+    """For a dataset packed from a list file (whose sources are its rows as written): each named source the
+    record does not hold that the record holds spelled otherwise (``./a.jpg``, ``a//b.jpg``, an absolute path
+    inside the list's folder: ``listfile.canonical_rel``), as {held spelling: the name given}; as --append
+    takes both spellings for one input, a takedown does."""
+    options = (current.get("created_by") or {}).get("options") or {}
+    if spec.by != "sources" or known is None or not options.get("list_file"):
+        return {}
+    from repack.lifecycle.input_columns import decode_names, encode_names
+    from repack.sources.listfile import _spelled_otherwise, canonical_rel
+
+    given = sorted(set(spec.names))
+    _, recorded = known.positions_of(encode_names(given))
+    missing = [name for name, held in zip(given, recorded.tolist()) if not held]
+    if not missing:
+        return {}
+    base = os.path.dirname(os.path.abspath(str(options.get("source") or "")))
+    roots = tuple(dict.fromkeys((base, os.path.realpath(base))))
+    wanted = {canonical_rel(name, roots): name for name in missing}
+    plain = sorted(rel for rel, name in wanted.items() if rel != name)  # given ./a.jpg, held a.jpg
+    found = {rel: wanted[rel] for rel, held in zip(plain, known.positions_of(encode_names(plain))[1].tolist()) if held}
+    names = known.whole().names  # given a.jpg, held ./a.jpg (or absolute): the few names spelled otherwise
+    others = decode_names(names[_spelled_otherwise(names)])
+    found.update({held: wanted[canonical_rel(held, roots)] for held in others if canonical_rel(held, roots) in wanted})
+    return found
+
+
 def _whole_input(record: dict) -> bool:
     """A quarantine record of a whole input (not of one line of a text file)."""
     return record.get("line") is None or bool(record.get("no_documents"))
@@ -160,10 +188,14 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         for temp in out.glob(f".*-v{number}.*.tmp-*"):  # a rewrite killed before its rename
             temp.unlink(missing_ok=True)
         known = published_record(store, current)
+        spelled = held_spellings(current, known, spec)  # held name -> the name as given, where they differ
+        if spelled:
+            spec = dataclasses.replace(spec, names=tuple(dict.fromkeys(
+                [name for name in spec.names if name not in spelled.values()] + list(spelled))))
         done = rewriter(store, out, current, spec, number, known)
         shards = done.shards
         taken_down = quarantined_named(current, spec.names) if spec.by == "sources" else frozenset()
-        not_found = tuple(sorted(set(spec.names) - done.found - taken_down))
+        not_found = tuple(sorted({spelled.get(name, name) for name in set(spec.names) - done.found - taken_down}))
         if not done.found and not taken_down:
             return RemoveResult(current, False, 0, not_found, time.time() - started)
         removed = sum(s["samples"] for s in current["shards"]) - sum(s["samples"] for s in shards)
