@@ -279,6 +279,22 @@ def test_ids_past_65535_use_int32(tmp_path):
     assert "OK" in run_repack("verify", tmp_path / "out").stdout
 
 
+def test_a_template_id_past_the_vocabulary_sets_the_dtype(tmp_path, docs):
+    """A template's <s> of id 70000 over a vocabulary below 65536: uint16 was chosen, and every run failed
+    ("token id 70000 does not fit uint16")."""
+    from tokenizers import processors
+
+    tok = train_bpe(docs[:40], vocab_size=300)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 70000)])
+    folder = tmp_path / "tok"
+    write_tokenizer(tok, folder)
+    write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs[:3]])
+    run_repack("text", tmp_path / "in.jsonl", tmp_path / "out", "--tokenizer", folder, "--quiet")
+    parsed = spec_read(tmp_path / "out" / "text_document")
+    assert read_manifest_json(tmp_path / "out")["dtype"] == "int32" and parsed["code"] == 4
+    assert all(ids[0] == 70000 for ids in parsed["docs"])
+
+
 def test_dtype_rule_and_writer_refuses_to_wrap(tmp_path):
     from repack.sinks.megatron import PartWriter, token_dtype
 

@@ -203,13 +203,39 @@ def describe_tokenizer(path: str, *, eos_token: str | None, bos_token: str | Non
         raise UsageError(f"{file}: no beginning-of-document token found ({', '.join(BOS_CANDIDATES[:4])}, ...); "
                          "name one with --bos-token")
     specials = {t.content: tid for tid, t in sorted(tokenizer.get_added_tokens_decoder().items()) if t.special}
-    max_id = max(vocab.values()) if vocab else 0
+    max_id = max([*vocab.values(), *template_ids(tokenizer)] or [0])
     size = len(vocab)
     del vocab
     release_free_heap()  # the vocabulary dict (GPT-2: ~5 MB)
     return TokenizerInfo(str(file), sha, size, max_id,
                          eos[0] if eos else None, eos[1] if eos else None,
                          bos[0] if bos else None, bos[1] if bos else None, specials)
+
+
+def template_ids(tokenizer) -> list[int]:
+    """The ids a post-processor's template adds (its special tokens'), which need not be in the vocabulary: the
+    token dtype must hold them too (a template's <s> of id 70000 over a vocabulary below 65536)."""
+    processor = tokenizer.post_processor
+    if processor is None or not hasattr(processor, "__getstate__"):
+        return []
+    found: list[int] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "ids" and isinstance(value, list):
+                    found.extend(v for v in value if isinstance(v, int))
+                elif key in ("sep", "cls") and isinstance(value, list) and len(value) == 2 and isinstance(value[1], int):
+                    found.append(value[1])  # BertProcessing, RobertaProcessing: [token, id]
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    state = processor.__getstate__()
+    walk(json.loads(state) if isinstance(state, (str, bytes)) else state)
+    return found
 
 
 class BatchEncoder:
