@@ -165,3 +165,26 @@ def test_matroska_projection_walk(tmp_path, clips):
     for name, (data, expected) in cases.items():
         (tmp_path / name).write_bytes(data)
         assert matroska_has_projection(str(tmp_path / name)) is expected, name
+
+
+def test_a_right_ntsc_header_over_hours_is_not_called_wrong_and_a_drifting_one_is():
+    """The header rule compares times: a rounded measured rate called a right 29.97 header wrong after ~3 h."""
+    from fractions import Fraction
+
+    from repack.transforms.nvdec_rules import decide
+    from repack.transforms.probe import packet_stats
+
+    def reasons(header: float, frames: int, ticks: int, time_base: Fraction, last_ticks: int | None = None) -> list:
+        packets = [{"pts": i * ticks, "flags": "K" if i % 30 == 0 else ""} for i in range(frames)]
+        stats = packet_stats(packets, time_base, 10**12)
+        if last_ticks is not None:  # a last sample that lasts longer: the header's average rate is lower
+            header = frames / float((frames - 1) * ticks * time_base + last_ticks * time_base)
+        info = {"codec": "h264", "profile": "High", "width": 1280, "height": 720, "pix_fmt": "yuv420p",
+                "bit_depth": 8, "chroma": "420", "field_order": "progressive", "sar": "1:1", "avg_frame_rate": header,
+                "r_frame_rate": header, "nb_frames": frames, "video_streams": [{}], "container": "mov,mp4", **stats}
+        return [r["code"] for r in decide(info, max_gop_s=2.0).reasons]
+
+    assert "rate_header_wrong" not in reasons(30000 / 1001, 5 * 3600 * 30, 1001, Fraction(1, 30000))
+    assert "rate_header_wrong" not in reasons(24000 / 1001, 6 * 3600 * 24, 1001, Fraction(1, 24000))
+    assert "rate_header_wrong" not in reasons(25.0, 100, 512, Fraction(1, 12800), last_ticks=512 * 13 // 10)
+    assert "rate_header_wrong" in reasons(25.0, 100, 512, Fraction(1, 12800), last_ticks=512 * 19 // 10)

@@ -171,15 +171,16 @@ def test_a_text_input_under_a_compression_repack_does_not_read_is_quarantined_by
     (src / "c.txt.bz2").write_bytes(bz2.compress(b"in bz2\n"))
     (src / "d.parquet.gz").write_bytes(b"not read")
     (src / "README.md").write_text("a corpus")
+    (src / "a.jsonl.sha256").write_text("0" * 64)  # a side file, no input: skipped as the README is
     manifest = pack(gpt2, src, tmp_path / "out")
     assert manifest["ids"] == expected(gpt2, "kept")
     reasons = {q["source"]: q["reason"] for q in manifest["quarantine"]}
     assert reasons["b.jsonl.xz"].startswith("a .jsonl file under .xz: repack reads .jsonl as it is or compressed")
     assert reasons["c.txt.bz2"].startswith("a .txt file under .bz2") and set(reasons) == {"b.jsonl.xz", "c.txt.bz2",
                                                                                         "d.parquet.gz"}
-    assert manifest["totals"]["skipped_files"] == 1  # README.md
+    assert manifest["totals"]["skipped_files"] == 2  # README.md, a.jsonl.sha256
     said = run_repack("text", src, tmp_path / "again", "--tokenizer", gpt2[0])
-    assert "1 other file(s) of SOURCE not read" in said.stdout and "3 quarantined" in said.stdout
+    assert "2 other file(s) of SOURCE not read" in said.stdout and "3 quarantined" in said.stdout
 
 
 def test_one_verdict_per_file_whatever_the_chunking(gpt2, tmp_path):

@@ -597,7 +597,7 @@ class TextJob(Job):
                  f"in {t['parts']} part(s); {t['empty_documents']} empty skipped; {t['quarantined']} quarantined"]
         if t.get("skipped_files"):  # hidden files, and names no text input takes (a README, a .csv)
             lines.append(f"{t['skipped_files']} other file(s) of SOURCE not read (hidden, or no .jsonl/.json/"
-                         ".ndjson/.txt/.parquet name, optionally .gz/.zst)")
+                         ".ndjson/.txt/.parquet name, optionally .gz/.zst/.zstd)")
         if stats:
             lines.append(f"tokens per document: p50 {stats['p50']} p90 {stats['p90']} p99 {stats['p99']} "
                          f"max {stats['max']}")

@@ -7,6 +7,9 @@ JSONL_EXTS = (".jsonl", ".ndjson", ".json")
 TXT_EXTS = (".txt",)
 PARQUET_EXTS = (".parquet",)
 COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
+# compressions repack does not read: a text input under one is quarantined by name, not skipped (``unread_reason``)
+OTHER_COMPRESSIONS = frozenset({".xz", ".bz2", ".lz4", ".lzma", ".br", ".zip", ".7z", ".z", ".lz", ".sz", ".snappy",
+                                ".tgz", ".tar"})
 
 _KINDS = {**{ext: "jsonl" for ext in JSONL_EXTS}, **{ext: "txt" for ext in TXT_EXTS},
           **{ext: "parquet" for ext in PARQUET_EXTS}}
@@ -31,7 +34,8 @@ def unread_reason(name: str) -> str | None:
     file. None for any other name (skipped, as a README or a .csv is)."""
     stem, dot, ext = name.lower().rpartition(".")
     inner, inner_dot, inner_ext = stem.rpartition(".")
-    if not dot or not inner_dot or not inner or f".{inner_ext}" not in _KINDS or f".{ext}" in _KINDS:
+    if not dot or not inner_dot or not inner or f".{inner_ext}" not in _KINDS or f".{ext}" not in OTHER_COMPRESSIONS \
+            and f".{ext}" not in COMPRESSIONS:  # a side file (a.jsonl.sha256, a.txt.bak) is no input
         return None
     if _KINDS[f".{inner_ext}"] == "parquet":
         return f"a .parquet file under .{ext}: parquet is read as it is (it compresses inside), not compressed again"

@@ -298,10 +298,12 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
                                  "(DALI's reader supports constant frame rate only)"))
     measured, header = info.get("fps_measured"), info.get("avg_frame_rate") or info.get("r_frame_rate")
     # wrong once frames placed by the header's rate drift half a frame by the file's end (a 25 fps MP4 whose last
-    # sample lasts 5 frames says 24.8: 0.8 % off, and from frame ~60 on a reader took the frame 1-4 after)
-    frames = max(int(info.get("packets") or 0), 1)
-    if measured and header and abs(measured - header) * frames >= HEADER_DRIFT_FRAMES * measured \
-            and not info.get("irregular_intervals") and not info.get("missing_pts"):
+    # sample lasts 5 frames says 24.8: 0.8 % off, and from frame ~60 on a reader took the frame 1-4 after);
+    # compared in time, from the packets' span (fps_measured is rounded: an NTSC rate over hours would drift)
+    frames, span = int(info.get("packets") or 0), info.get("span_s")
+    drift = abs(frames / header - span) * header if header and span and frames else 0.0
+    if measured and drift >= HEADER_DRIFT_FRAMES and not info.get("irregular_intervals") \
+            and not info.get("missing_pts"):
         reasons.append(_r("rate_header_wrong", f"the header's frame rate {header:g} is not the packets' {measured:g} "
                                                "fps: a reader that places frames by the header's rate takes the "
                                                "wrong ones"))
