@@ -108,6 +108,7 @@ class VideoClipDataset(MapDatasetState):
         """Read version ``version`` of the dataset (None: the latest): its videos and clips."""
         entries, manifest = manifest_videos(self.root, version)
         self.dataset = identity(manifest)
+        self._classes = dict(manifest.data.get("classes") or {})
         self.paths = [str(manifest.path(e["path"])) for e in entries]
         self.sizes = [int(e.get("bytes", 0)) for e in entries]
         self.labels = [int(e["cls"]) if e.get("cls") is not None else UNLABELED for e in entries]
@@ -115,6 +116,11 @@ class VideoClipDataset(MapDatasetState):
         index = [(v, s) for v, e in enumerate(entries)
                  for s in clip_starts(int(e["frames"]), self.sequence_length, self.stride, step)]
         self.index = index[len(index) * shard_id // num_shards:len(index) * (shard_id + 1) // num_shards]  # DALI's
+
+    @property
+    def classes(self) -> dict[str, int]:
+        """The dataset's class map (name -> label)."""
+        return self._classes
 
     @property
     def world_size(self) -> int:

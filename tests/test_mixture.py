@@ -134,6 +134,8 @@ def test_sources_that_would_mix_silently_wrong_are_refused(data, packed_photos, 
     assert Mixture([(lmdb_a, 1), (LmdbImageDataset(data["lmdb_b"], decode=False), 1)]).sources  # one class map
     with pytest.raises(ValueError, match="source 1 \\(ImageShardDataset\\) reads rank 0 of 1, the mixture rank 1 of 2"):
         Mixture([(lmdb_a, 1), (photos, 1)], rank=1, world_size=2, tag_source=True, per_source_labels=True)
+    with pytest.raises(ValueError, match=r"source 0 \(PackedTokenDataset\) splits itself into 2 parts"):
+        Mixture([(PackedTokenDataset(data["text_a"], 16, rank=1, world_size=2), 1)], rank=1, world_size=2)
     text_a = PackedTokenDataset(data["text_a"], 16, shuffle=False)
     assert Mixture([(text_a, 1), (PackedTokenDataset(data["text_b"], 16, shuffle=False), 1)]).sources
     texts = [f"document {i} of another corpus, its own tokenizer" for i in range(40)]

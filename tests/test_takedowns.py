@@ -120,6 +120,8 @@ def test_a_takedown_of_a_quarantined_input_stays_down_once_the_file_is_fixed(tmp
     assert "1 quarantined input(s) taken down, 0 name(s) not found" in said.stdout
     manifest = read_manifest_json(out)
     assert manifest["quarantine"] == [] and manifest["dataset_version"]["change"]["removed_quarantined"] == ["cat/bad.jpg"]
+    totals = manifest["totals"]
+    assert totals["inputs"] == totals["samples"] + totals["quarantined"] + totals["removed"] + totals["taken_down"]
     (src / "cat" / "bad.jpg").write_bytes(jpeg_bytes(seed=91))  # fixed
     again = run_repack("images", src, out, "--shard-size", "4", "--append")
     assert "1 removed source(s) found again and left out" in again.stdout

@@ -219,6 +219,7 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
             body["quarantine"] = [q for q in current["quarantine"] if not _whole_input(q) or q["source"] not in taken_down]
             if "quarantined" in totals:
                 totals["quarantined"] = len(body["quarantine"])
+            totals["taken_down"] = totals.get("taken_down", 0) + len(taken_down)  # inputs = samples + those
         body.update(shards=shards, totals=totals, stats=stats, **extra,
                     run={"command": "remove", "seconds": round(time.time() - started, 3)})
         change = {"kind": "remove", "by": spec.by, "removed_samples": removed, "rewritten": done.rewritten,
