@@ -201,3 +201,20 @@ def test_one_verdict_per_file_whatever_the_chunking(gpt2, tmp_path):
         assert kept["totals"]["documents"] == 11_999 and [q["line"] for q in kept["quarantine"]] == [9_001], chunk
         lost = pack(gpt2, tmp_path / "early", tmp_path / f"early-{chunk}", "--chunk-bytes", chunk)
         assert lost["totals"]["documents"] == 0 and all("NUL" in q["reason"] for q in lost["quarantine"]), chunk
+
+
+def test_a_damaged_stretch_inside_a_file_is_one_record_per_piece_and_none_of_it_packed(gpt2, tmp_path):
+    """Random bytes between two runs of text: each piece's lines of it were a record apiece (30,000 records for
+    8 MB), and short lines of random bytes that happen to decode were packed as documents."""
+    import random
+
+    text = "".join(f"line {i} of some ordinary text\n" for i in range(6_000)).encode()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_bytes(text + random.Random(0).randbytes(300_000) + text)
+    for chunk in ("100000", "1000000"):
+        manifest = pack(gpt2, tmp_path / "src", tmp_path / f"out-{chunk}", "--chunk-bytes", chunk)
+        # every line of text but the one the random bytes run into
+        assert manifest["totals"]["documents"] == 11_999, chunk
+        assert len(manifest["quarantine"]) <= 8 and "(a damaged stretch)" in manifest["quarantine"][0]["reason"]
+        kept = {gpt2[1].decode(ids[:-1]) for ids in manifest["ids"]}
+        assert kept == {f"line {i} of some ordinary text" for i in range(6_000)}, chunk

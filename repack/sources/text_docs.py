@@ -40,7 +40,7 @@ from repack.sources.reading import open_input
 from repack.sources.s3 import list_columns
 from repack.sources.text_kinds import classify, unread_reason
 from repack.sources.text_scan import KIND_CODES, KIND_OF, TextInputs, scan_text_folder
-from repack.sources.text_sniff import SNIFF_BYTES, binary_reason, has_nul, plain_text
+from repack.sources.text_sniff import SNIFF_BYTES, binary_document, binary_reason, has_nul, plain_text
 from repack.store import is_remote
 
 SNIP_BYTES = 4096  # the sniff reads a damaged compressed stream in pieces, keeping what decompressed
@@ -548,6 +548,21 @@ def _strip_newline(raw: bytes) -> bytes:
     return raw
 
 
+DAMAGED_PREFIXES = ("binary data, not text", "undecodable UTF-8")  # a document's reasons a stretch shares
+STRETCH_FRAGMENT = 16  # characters: a shorter document between damaged ones is part of the damaged stretch
+STRETCH_FRAGMENTS = 4  # at most this many in a row (a longer run of good documents ends the stretch)
+
+
+def _one_record(run: list[Doc]) -> Iterator[Doc]:
+    """A run of consecutive damaged documents as one record: the first's line and reason, and how far it goes
+    (a binary stretch in the middle of a file gave a record per line: 30,000 of them)."""
+    if len(run) == 1:
+        yield run[0]
+    elif run:
+        yield Doc(run[0].line, reason=f"{run[0].reason}; so are the {len(run) - 1} document(s) after it, over the "
+                                      f"next {run[-1].line - run[0].line} line(s) (a damaged stretch)")
+
+
 class SegmentReader:
     """Iterates one segment's documents; ``lines`` holds how many lines (rows) it consumed."""
 
@@ -576,11 +591,26 @@ class SegmentReader:
         if whole is not None:
             yield whole
             return
+        run: list[Doc] = []  # consecutive documents of a damaged stretch: one record for them all
+        held: list[Doc] = []  # short documents inside a stretch (random bytes that happen to decode), kept if it ends
         for doc in self._documents():
-            if doc.text is not None and has_nul(doc.text):
-                yield Doc(doc.line, reason="binary data, not text: the document holds NUL (U+0000) characters")
-            else:
-                yield doc
+            binary = binary_document(doc.text) if doc.text is not None else None
+            if binary is not None:
+                doc = Doc(doc.line, reason=binary)
+            if doc.reason is not None and doc.reason.startswith(DAMAGED_PREFIXES):
+                run += held + [doc]  # damage on both sides: part of the stretch
+                held.clear()
+                continue
+            if run and doc.text is not None and len(doc.text) < STRETCH_FRAGMENT and len(held) < STRETCH_FRAGMENTS:
+                held.append(doc)
+                continue
+            yield from _one_record(run)
+            run.clear()
+            yield from held
+            held.clear()
+            yield doc
+        yield from _one_record(run)
+        yield from held
 
     def _read_file_document(self) -> Doc | None:
         """The one document of a plain .txt file read whole already (``--doc-per file``, the many-small-files

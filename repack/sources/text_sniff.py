@@ -91,3 +91,20 @@ _REPLACEMENT = "\ufffd".encode()
 def has_nul(text: str) -> bool:
     """True if a document holds U+0000 (binary data)."""
     return "\x00" in text
+
+
+MIN_CONTROLS = 4  # a document is binary by its control characters only with at least this many (a lone ESC is text)
+
+
+def binary_document(text: str) -> str | None:
+    """Why a decoded document is binary data rather than text (its own check, whatever the segment's first bytes
+    said: a damaged stretch in the middle of a file), or None: U+0000, or more than ``MAX_NON_TEXT`` of its
+    characters (``MIN_CONTROLS`` at least) C0 control characters, ANSI escape sequences not counted."""
+    if has_nul(text):
+        return "binary data, not text: the document holds NUL (U+0000) characters"
+    if _NON_TEXT.search(text) is None:  # the common case: one scan in C
+        return None
+    bad = len(_NON_TEXT.findall(ANSI_SEQUENCE.sub("", text) if "\x1b" in text else text))
+    if bad >= MIN_CONTROLS and bad > MAX_NON_TEXT * len(text):
+        return f"binary data, not text: {bad} of its {len(text)} characters are control characters"
+    return None
