@@ -112,7 +112,7 @@ def refuse_disagreeing(sources: Sequence, rank: int, world_size: int, per_source
     ids of other tokenizers."""
     for i, source in enumerate(sources):
         split = (getattr(source, "rank", None), getattr(source, "world_size", None))
-        if not _is_iterable(source) and (split[1] or 1) > 1:
+        if not _is_iterable(source) and isinstance(split[1], int) and split[1] > 1:
             raise ValueError(f"Mixture source {i} ({type(source).__name__}) splits itself into {split[1]} parts: the "
                              "mixture splits a map-style source by rank and worker itself (each rank would draw from a "
                              "fraction of its share); build it with rank=0, world_size=1 (shard_id=0, num_shards=1)")

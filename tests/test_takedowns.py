@@ -135,7 +135,7 @@ def test_a_takedown_names_a_list_datasets_source_in_either_spelling(tmp_path):
     listing = src / "list.csv"
     listing.write_text(f"path,label\n./cat/c0.jpg,cat\ncat/c1.jpg,cat\n{src / 'dog' / 'd0.jpg'},dog\ndog/d1.jpg,dog\n")
     run_repack("images", listing, out, "--list", "--quiet")
-    (tmp_path / "gone.txt").write_text("cat/c0.jpg\ndog/d0.jpg\n./dog/d1.jpg\ncat/none.jpg\n")
+    (tmp_path / "gone.txt").write_text("cat/c0.jpg\ndog/d0.jpg\n./dog/d0.jpg\n./dog/d1.jpg\ncat/none.jpg\n")
     said = run_repack("remove", out, "--sources", tmp_path / "gone.txt")
     assert "3 sample(s) removed" in said.stdout and said.stderr == "not found in the dataset: cat/none.jpg\n"
     assert packed_sources(out) == ["cat/c1.jpg"]

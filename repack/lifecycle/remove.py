@@ -133,10 +133,10 @@ def _tokens(store, out, current, spec, number, known):  # finds its samples with
 REWRITERS = {"webdataset": _tar, "lmdb": _lmdb, "memmap": _tokens}
 
 
-def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) -> dict[str, str]:
+def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) -> dict[str, tuple[str, ...]]:
     """For a dataset packed from a list file (whose sources are its rows as written): each named source the
     record does not hold that the record holds spelled otherwise (``./a.jpg``, ``a//b.jpg``, an absolute path
-    inside the list's folder: ``listfile.canonical_rel``), as {held spelling: the name given}; as --append
+    inside the list's folder: ``listfile.canonical_rel``), as {held spelling: the names given}; as --append
     takes both spellings for one input, a takedown does."""
     options = (current.get("created_by") or {}).get("options") or {}
     if spec.by != "sources" or known is None or not options.get("list_file"):
@@ -151,8 +151,10 @@ def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) 
         return {}
     base = os.path.dirname(os.path.abspath(str(options.get("source") or "")))
     roots = tuple(dict.fromkeys((base, os.path.realpath(base))))
-    wanted = {canonical_rel(name, roots): name for name in missing}
-    plain = sorted(rel for rel, name in wanted.items() if rel != name)  # given ./a.jpg, held a.jpg
+    wanted: dict[str, tuple[str, ...]] = {}
+    for name in missing:
+        wanted[canonical_rel(name, roots)] = wanted.get(canonical_rel(name, roots), ()) + (name,)
+    plain = sorted(rel for rel, names in wanted.items() if names != (rel,))  # given ./a.jpg, held a.jpg
     found = {rel: wanted[rel] for rel, held in zip(plain, known.positions_of(encode_names(plain))[1].tolist()) if held}
     names = known.whole().names  # given a.jpg, held ./a.jpg (or absolute): the few names spelled otherwise
     others = decode_names(names[_spelled_otherwise(names)])
@@ -190,12 +192,14 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         known = published_record(store, current)
         spelled = held_spellings(current, known, spec)  # held name -> the name as given, where they differ
         if spelled:
+            given = {name for names in spelled.values() for name in names}
             spec = dataclasses.replace(spec, names=tuple(dict.fromkeys(
-                [name for name in spec.names if name not in spelled.values()] + list(spelled))))
+                [name for name in spec.names if name not in given] + list(spelled))))
         done = rewriter(store, out, current, spec, number, known)
         shards = done.shards
         taken_down = quarantined_named(current, spec.names) if spec.by == "sources" else frozenset()
-        not_found = tuple(sorted({spelled.get(name, name) for name in set(spec.names) - done.found - taken_down}))
+        not_found = tuple(sorted({given for name in set(spec.names) - done.found - taken_down
+                                  for given in spelled.get(name, (name,))}))
         if not done.found and not taken_down:
             return RemoveResult(current, False, 0, not_found, time.time() - started)
         removed = sum(s["samples"] for s in current["shards"]) - sum(s["samples"] for s in shards)

@@ -549,8 +549,6 @@ def _strip_newline(raw: bytes) -> bytes:
 
 
 DAMAGED_PREFIXES = ("binary data, not text", "undecodable UTF-8")  # a document's reasons a stretch shares
-STRETCH_FRAGMENT = 16  # characters: a shorter document between damaged ones is part of the damaged stretch
-STRETCH_FRAGMENTS = 4  # at most this many in a row (a longer run of good documents ends the stretch)
 
 
 def _one_record(run: list[Doc]) -> Iterator[Doc]:
@@ -559,8 +557,8 @@ def _one_record(run: list[Doc]) -> Iterator[Doc]:
     if len(run) == 1:
         yield run[0]
     elif run:
-        yield Doc(run[0].line, reason=f"{run[0].reason}; so are the {len(run) - 1} document(s) after it, over the "
-                                      f"next {run[-1].line - run[0].line} line(s) (a damaged stretch)")
+        yield Doc(run[0].line, reason=f"{run[0].reason}; so are the {len(run) - 1} document(s) after it, the last "
+                                      f"starting {run[-1].line - run[0].line} line(s) on (a damaged stretch)")
 
 
 class SegmentReader:
@@ -591,26 +589,18 @@ class SegmentReader:
         if whole is not None:
             yield whole
             return
-        run: list[Doc] = []  # consecutive documents of a damaged stretch: one record for them all
-        held: list[Doc] = []  # short documents inside a stretch (random bytes that happen to decode), kept if it ends
-        for doc in self._documents():
+        run: list[Doc] = []  # consecutive damaged documents: one record for them all (what is packed stays each
+        for doc in self._documents():  # document's own verdict, the same whatever the chunking)
             binary = binary_document(doc.text) if doc.text is not None else None
             if binary is not None:
                 doc = Doc(doc.line, reason=binary)
             if doc.reason is not None and doc.reason.startswith(DAMAGED_PREFIXES):
-                run += held + [doc]  # damage on both sides: part of the stretch
-                held.clear()
-                continue
-            if run and doc.text is not None and len(doc.text) < STRETCH_FRAGMENT and len(held) < STRETCH_FRAGMENTS:
-                held.append(doc)
+                run.append(doc)
                 continue
             yield from _one_record(run)
             run.clear()
-            yield from held
-            held.clear()
             yield doc
         yield from _one_record(run)
-        yield from held
 
     def _read_file_document(self) -> Doc | None:
         """The one document of a plain .txt file read whole already (``--doc-per file``, the many-small-files

@@ -8,8 +8,8 @@ TXT_EXTS = (".txt",)
 PARQUET_EXTS = (".parquet",)
 COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
 # compressions repack does not read: a text input under one is quarantined by name, not skipped (``unread_reason``)
-OTHER_COMPRESSIONS = frozenset({".xz", ".bz2", ".lz4", ".lzma", ".br", ".zip", ".7z", ".z", ".lz", ".sz", ".snappy",
-                                ".tgz", ".tar"})
+OTHER_COMPRESSIONS = frozenset({".xz", ".bz2", ".bzip2", ".gzip", ".lz4", ".lzma", ".lzo", ".br", ".zip", ".7z", ".z",
+                                ".lz", ".sz", ".snappy", ".zlib", ".tgz", ".tar"})
 
 _KINDS = {**{ext: "jsonl" for ext in JSONL_EXTS}, **{ext: "txt" for ext in TXT_EXTS},
           **{ext: "parquet" for ext in PARQUET_EXTS}}

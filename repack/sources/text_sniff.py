@@ -6,7 +6,7 @@ means the whole segment is quarantined with it:
 
 - a UTF-16 or UTF-32 byte-order mark; or NUL bytes in every other position (UTF-16 without
   one): "UTF-16 text ...", with the iconv command that converts it;
-- any other NUL byte: binary data;
+- NUL bytes count with the control characters below (a stray one costs its document, not the file);
 - more than ``MAX_NON_TEXT`` (10 %) of the characters undecodable as UTF-8 or C0 control
   characters other than tab, newline, carriage return, form feed and vertical tab: binary
   data. ANSI escape sequences (``ESC [ 1;31 m``, colours in a log) are text: not counted. A UTF-8 file with a few bad lines stays below it (those lines are quarantined one by
@@ -52,7 +52,6 @@ def binary_reason(head: bytes) -> str | None:
         if max(even, odd) >= 0.3 * half and min(even, odd) <= 0.05 * half:
             return _utf16("UTF-16LE" if odd > even else "UTF-16BE", "no byte-order mark, a NUL byte in every other "
                                                                      "position")
-        return f"binary data, not text: {nuls} NUL byte(s) in the first {size} bytes"
     if head.isascii() and b"\x1b" not in head:  # the common case, counted on the bytes in C
         bad = len(head.translate(None, _TEXT_BYTES))
         return None if bad <= MAX_NON_TEXT * size else (
@@ -93,18 +92,17 @@ def has_nul(text: str) -> bool:
     return "\x00" in text
 
 
-MIN_CONTROLS = 4  # a document is binary by its control characters only with at least this many (a lone ESC is text)
+FRAGMENT_CHARS = 16  # a document this short holding a C0 control character (not ESC) is a fragment of binary data
+_FRAGMENT_CONTROLS = re.compile("[" + "".join(sorted(_CONTROLS - {"\x1b"})) + "]")
 
 
 def binary_document(text: str) -> str | None:
-    """Why a decoded document is binary data rather than text (its own check, whatever the segment's first bytes
-    said: a damaged stretch in the middle of a file), or None: U+0000, or more than ``MAX_NON_TEXT`` of its
-    characters (``MIN_CONTROLS`` at least) C0 control characters, ANSI escape sequences not counted."""
+    """Why a decoded document is binary data rather than text (its own check, whatever its file's first bytes
+    said: a damaged stretch in the middle of a file), or None: U+0000, or a short document holding a C0 control
+    character other than tab, form feed, vertical tab and ESC (random bytes that happen to decode as UTF-8 come
+    as such short lines). Decided by the document alone: the same whatever the chunking."""
     if has_nul(text):
         return "binary data, not text: the document holds NUL (U+0000) characters"
-    if _NON_TEXT.search(text) is None:  # the common case: one scan in C
-        return None
-    bad = len(_NON_TEXT.findall(ANSI_SEQUENCE.sub("", text) if "\x1b" in text else text))
-    if bad >= MIN_CONTROLS and bad > MAX_NON_TEXT * len(text):
-        return f"binary data, not text: {bad} of its {len(text)} characters are control characters"
+    if len(text) < FRAGMENT_CHARS and _FRAGMENT_CONTROLS.search(text) is not None:
+        return f"binary data, not text: a {len(text)}-character fragment holding control characters"
     return None
