@@ -142,7 +142,7 @@ def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) 
     if spec.by != "sources" or known is None or not options.get("list_file"):
         return {}
     from repack.lifecycle.input_columns import decode_names, encode_names
-    from repack.sources.listfile import _spelled_otherwise, canonical_rel
+    from repack.sources.listfile import spelled_otherwise, canonical_rel
 
     given = sorted(set(spec.names))
     _, recorded = known.positions_of(encode_names(given))
@@ -157,7 +157,7 @@ def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) 
     plain = sorted(rel for rel, names in wanted.items() if names != (rel,))  # given ./a.jpg, held a.jpg
     found = {rel: wanted[rel] for rel, held in zip(plain, known.positions_of(encode_names(plain))[1].tolist()) if held}
     names = known.whole().names  # given a.jpg, held ./a.jpg (or absolute): the few names spelled otherwise
-    others = decode_names(names[_spelled_otherwise(names)])
+    others = decode_names(names[spelled_otherwise(names)])
     found.update({held: wanted[canonical_rel(held, roots)] for held in others if canonical_rel(held, roots) in wanted})
     return found
 

@@ -135,7 +135,7 @@ def canonical_rel(rel: str, roots: tuple[str, ...]) -> str:
     return posixpath.normpath(rel)
 
 
-def _spelled_otherwise(names):
+def spelled_otherwise(names):
     """Which of ``names`` (an ``S`` array of a record) ``canonical_rel`` may spell otherwise: absolute ones, and
     those with ``./``, ``//`` or ``/.`` in them (a few, found without a str per name)."""
     import numpy as np
@@ -165,7 +165,7 @@ def respell_held(items: list, known, base: str) -> list:
     roots = tuple(dict.fromkeys((base.rstrip("/"), os.path.realpath(base))))  # the folder as named, and real
     spellings: dict[str, str] = {}  # canonical spelling -> the dataset's, for the names it spells otherwise
     for column in (known.names, known.removed, known.quarantined):  # those found in columns, decoded alone
-        for raw in column[_spelled_otherwise(column)].tolist():
+        for raw in column[spelled_otherwise(column)].tolist():
             name = raw.decode("utf-8", "surrogateescape")
             spellings.setdefault(canonical_rel(name, roots), name)
     canonical = [canonical_rel(items[i].rel, roots) for i in unknown]
