@@ -16,6 +16,7 @@ dataset as Python ints would cost 36 bytes each).
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Iterable, Iterator, Sequence
 
@@ -189,12 +190,16 @@ def delivery_chunks(positions: "np.ndarray | WorkerPositions", window: int, seed
         yield chunk[start - lo:] if lo < start else chunk
 
 
-def window_permutation(size: int, seed: str | None) -> list[int]:
-    """The delivery order of a window of ``size`` positions: identity, or a seeded shuffle."""
+@functools.lru_cache(maxsize=16)
+def window_permutation(size: int, seed: str | None) -> np.ndarray:
+    """The delivery order of a window of ``size`` positions: identity, or a seeded shuffle (read-only; kept for
+    the few windows a reader's read-ahead and its delivery both walk, so each is shuffled once)."""
     order = list(range(size))
     if seed is not None:
         random.Random(seed).shuffle(order)
-    return order
+    permutation = np.array(order, dtype=np.int64)
+    permutation.flags.writeable = False
+    return permutation
 
 
 def delivery_windows(positions: Sequence[int], window: int, seed: str | None) -> list[list[int]]:

@@ -41,6 +41,8 @@ def test_an_append_with_other_transform_options_is_refused_by_name(tmp_path):
              # what an input must pass: an undecodable JPEG was packed by --verify none, the manifest saying decode
              (("--normalize", "--max-side", "16", "--verify", "none"), "--verify none (the dataset: --verify decode)"),
              (("--normalize", "--max-side", "16", "--max-pixels", "100"), "--max-pixels 100 (the dataset: "),
+             (("--normalize", "--max-side", "16", "--no-follow-symlinks"), "--no-follow-symlinks (the dataset: "
+                                                                           "without --no-follow-symlinks)"),
              (("--normalize", "--max-side", "16", "--max-file-size", "1MB"), "--max-file-size 1000000B (the "
                                                                               "dataset: --max-file-size 268435456B)")]
     for extra, named in cases:

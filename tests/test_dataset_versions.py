@@ -204,7 +204,7 @@ def test_text_append_adds_a_prefix_of_the_new_files_only(tmp_path):
                         (("--doc-per", "file"), "--doc-per file (the dataset: --doc-per line)"),  # what a document is
                         (("--field", "body"), "--field body (the dataset: --field text)"),
                         (("--max-doc-bytes", "1KiB"), "--max-doc-bytes 1024B (the dataset: --max-doc-bytes 8388608B)"),
-                        (("--no-follow-symlinks",), "--no-follow-symlinks (the dataset: without it)")):
+                        (("--no-follow-symlinks",), "--no-follow-symlinks (the dataset: without --no-follow-symlinks)")):
         refused = run_repack("text", corpus, out, "--tokenizer", tok, "--append", *flags, check=False)
         assert refused.returncode == 2 and f"was tokenized with other options: {said}" in refused.stderr
     assert read_manifest_json(out)["dataset_version"]["number"] == 2 and run_repack("verify", out).returncode == 0

@@ -41,4 +41,3 @@ def _taken_down(manifest: dict) -> str:
     """The quarantined inputs the published remove took down, in words (empty when none)."""
     named = ((manifest.get("dataset_version") or {}).get("change") or {}).get("removed_quarantined") or ()
     return f"{len(named)} quarantined input(s) taken down, " if named else ""
-

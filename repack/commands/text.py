@@ -25,8 +25,9 @@ from repack.config import parse_size
 @click.option("--field", default="text", show_default=True, help="JSON-lines key / parquet column of the text.")
 @click.option("--doc-per", type=click.Choice(["line", "file", "blank-line"]), default="line", show_default=True,
               help=".txt inputs: one document per line, per file, or per blank-line-separated paragraph.")
-@click.option("--list", "list_file", is_flag=True, help="SOURCE is a file naming the inputs, one per line (surrounding whitespace stripped; "
-                                                  "blank lines and lines starting with # skipped).")
+@click.option("--list", "list_file", is_flag=True,
+              help="SOURCE is a file naming the inputs, one per line (surrounding whitespace stripped; blank lines "
+                   "and lines starting with # skipped).")
 @click.option("--append-eos/--no-append-eos", default=True, show_default=True,
               help="End every document with the EOS token.")
 @click.option("--eos-token", default=None, help="EOS token (default: found among the special tokens).")

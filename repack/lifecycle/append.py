@@ -325,21 +325,32 @@ def _images_accepts(current: dict, spec) -> str | None:
     # samples are the dataset's kind (a mix of 16 px and 32 px images was published, the manifest saying 16; an
     # undecodable JPEG was packed by --verify none into a dataset whose manifest says decode); a dataset of older
     # manifests without these options is not compared
-    compared = ["normalize", "dedup", "verify", "max_pixels", "max_file_size", "allow_outside_source"] + (
-        ["max_side", "quality"] if spec.normalize or held.get("normalize") else [])
-    differ = [f"{_flag(name, getattr(spec, name))} (the dataset: {_flag(name, held[name])})"
-              for name in compared if name in held and held[name] != getattr(spec, name)]
+    compared = ["normalize", "dedup", "verify", "max_pixels", "max_file_size", "allow_outside_source",
+                "follow_symlinks"] + (["max_side", "quality"] if spec.normalize or held.get("normalize") else [])
+    differ = _options_differ(held, spec, compared)
     return f"was packed with other options: {', '.join(differ)}; append with the dataset's" if differ else None
 
 
+SIZE_OPTIONS = ("max_file_size", "max_doc_bytes")  # options given as sizes: shown in bytes
+
+
 def _flag(name: str, value) -> str:
-    """An images option's value as its flag reads."""
+    """An option's value as its flag reads."""
+    if name == "follow_symlinks":  # its flag is the negation
+        return "without --no-follow-symlinks" if value else "--no-follow-symlinks"
     flag = f"--{name.replace('_', '-')}"
-    if name == "max_file_size" and isinstance(value, int):
+    if name in SIZE_OPTIONS and isinstance(value, int):
         return f"{flag} {value}B"
     if isinstance(value, bool):
         return flag if value else f"no {flag}"
     return f"{flag} {value}" if value is not None else f"no {flag}"
+
+
+def _options_differ(held: dict, spec, names: list[str]) -> list[str]:
+    """Each of ``names`` whose value in ``spec`` is not the dataset's (``held``, its first run's options), in words;
+    an option an older manifest does not record is not compared."""
+    return [f"{_flag(name, getattr(spec, name))} (the dataset: {_flag(name, held[name])})"
+            for name in names if name in held and held[name] != getattr(spec, name)]
 
 
 def _images_job(spec, out: str, known_file: Path, current: dict):
@@ -363,13 +374,8 @@ def _text_accepts(current: dict, spec) -> str | None:
               for name in flags if name in held and bool(held[name]) != bool(getattr(spec, name))]
     # what a document is and which files are read (a dataset of one document per file took each line of the new
     # files as a document, its manifest still saying file)
-    shown = {"follow_symlinks": lambda on: "" if on else "--no-follow-symlinks",
-             "allow_outside_source": lambda on: "--allow-outside-source" if on else "",
-             "max_doc_bytes": lambda value: f"--max-doc-bytes {value}B"}
-    for name in ("doc_per", "field", "max_doc_bytes", "follow_symlinks", "allow_outside_source"):
-        if name in held and held[name] != getattr(spec, name):
-            show = shown.get(name, lambda value, name=name: f"--{name.replace('_', '-')} {value}")
-            differ.append(f"{show(getattr(spec, name)) or 'without it'} (the dataset: {show(held[name]) or 'without it'})")
+    differ += _options_differ(held, spec, ["doc_per", "field", "max_doc_bytes", "follow_symlinks",
+                                           "allow_outside_source"])
     # every document of a dataset starts and ends the same way (its readers and verify rely on it)
     return f"was tokenized with other options: {', '.join(differ)}" if differ else None
 

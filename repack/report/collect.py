@@ -182,3 +182,11 @@ def probe_records(files: DatasetFiles) -> list[dict]:
         return files.read_json_lines(rel)
     except OSError:
         return []
+
+
+def as_packed(summary: dict) -> str:
+    """What a title of the size and dimension histograms adds once samples were removed: they count what was
+    packed (a remove cannot un-count a sample's source size or dimensions); empty before any remove."""
+    removed = int(summary["totals"].get("removed") or 0)
+    return f" (as packed; {removed:,} sample(s) removed since)" if removed else ""
+

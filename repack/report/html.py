@@ -11,7 +11,7 @@ from pathlib import Path
 
 from repack.config import format_size
 from repack.report import svg
-from repack.report.collect import bar_count
+from repack.report.collect import as_packed, bar_count
 
 BALANCE_ROWS = 40  # classes drawn in "Class balance"; more are summed up in one line
 EXCEPTION_NAME = re.compile(r"\b(?:[A-Z][A-Za-z]*\.)*[A-Z][A-Za-z]*(?:Error|Exception|Warning): ")
@@ -172,8 +172,7 @@ def _images(s: dict) -> list[str]:
     body = []
     if s["classes"] or counts:
         body.append(section(f"Class balance ({len(s['classes']):,} classes)", *class_balance(s["classes"], counts)))
-    removed = int(s["totals"].get("removed") or 0)  # the histograms count what was packed
-    since = f" (as packed; {removed:,} sample(s) removed since)" if removed else ""
+    since = as_packed(s)
     body.append(section(f"Source file sizes{since}", histogram_bars(hist.get("source_bytes", []), format_size)))
     body.append(section(f"Dimensions (px){since}", side_by_side(("width", histogram_bars(hist.get("width", []), width=440)),
                                                         ("height", histogram_bars(hist.get("height", []), width=440)))))

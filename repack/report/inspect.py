@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from repack.config import format_size
-from repack.report.collect import bar_count, collect
+from repack.report.collect import as_packed, bar_count, collect
 from repack.report.overhead import overhead_lines
 from repack.store.files import DatasetFiles, open_dataset
 from repack.sinks import SINKS, get_sink
@@ -83,8 +83,7 @@ def _histogram_line(name: str, rows: list[dict], text=str) -> list[str]:
 def _images(s: dict) -> list[str]:
     stats, timing = s["stats"], s["timing"]
     hist = stats.get("histograms", {})
-    removed = int(s["totals"].get("removed") or 0)  # the histograms count what was packed: a remove cannot un-count
-    since = f" (as packed; {removed} sample(s) removed since)" if removed else ""
+    since = as_packed(s)
     lines = _histogram_line(f"source file sizes{since}", hist.get("source_bytes", []), format_size)
     lines += _histogram_line(f"widths (px){since}", hist.get("width", []))
     lines += _histogram_line(f"heights (px){since}", hist.get("height", []))

@@ -627,12 +627,11 @@ class SegmentReader:
         if segment.unit == "bytes" and not segment.compression:
             with open_input(segment.path, list(segment.fingerprint) or None, segment.rel) as raw:
                 return binary_reason(raw.read(SNIFF_BYTES))
-        size = SNIFF_BYTES
         head = bytearray()
-        with _open_stream(self.segment, self.data) as fh:
+        with _open_stream(segment, self.data) as fh:  # compressed: the file's first bytes, decompressed
             try:
-                while len(head) < size:
-                    piece = fh.read(min(SNIP_BYTES, size - len(head)))
+                while len(head) < SNIFF_BYTES:
+                    piece = fh.read(min(SNIP_BYTES, SNIFF_BYTES - len(head)))
                     if not piece:
                         break
                     head += piece

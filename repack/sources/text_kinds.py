@@ -34,11 +34,10 @@ def unread_reason(name: str) -> str | None:
     file. None for any other name (skipped, as a README or a .csv is)."""
     stem, dot, ext = name.lower().rpartition(".")
     inner, inner_dot, inner_ext = stem.rpartition(".")
-    if not dot or not inner_dot or not inner or f".{inner_ext}" not in _KINDS or f".{ext}" not in OTHER_COMPRESSIONS \
-            and f".{ext}" not in COMPRESSIONS:  # a side file (a.jsonl.sha256, a.txt.bak) is no input
+    compressed = f".{ext}" in OTHER_COMPRESSIONS or f".{ext}" in COMPRESSIONS  # a.jsonl.sha256, a.txt.bak: side files
+    if not (dot and inner_dot and inner and compressed) or f".{inner_ext}" not in _KINDS:
         return None
     if _KINDS[f".{inner_ext}"] == "parquet":
         return f"a .parquet file under .{ext}: parquet is read as it is (it compresses inside), not compressed again"
     return (f"a .{inner_ext} file under .{ext}: repack reads .{inner_ext} as it is or compressed as .gz or .zst; "
             "decompress it or compress it as .zst")
-
