@@ -107,6 +107,38 @@ def test_a_file_that_gave_no_document_is_planned_again_by_append_once_fixed(gpt2
         gpt2, "good one", "good two", "fine", "first", "second", "mended")))
 
 
+COUNTED = ("inputs", "files", "input_bytes", "documents", "quarantined")
+
+
+def test_a_file_of_blank_lines_is_packed_by_append_once_it_has_text_and_counted_once(gpt2, tmp_path):
+    """A file of blank lines gives no document and no quarantine record: once it holds text, --append packs it
+    (it was refused as a changed file with a sample). That version, and one where a quarantined file was fixed,
+    count each file once, as a fresh pack of the same files does; a later change to the packed file is refused."""
+    import os
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "a.txt").write_text("alpha one\nalpha two\n")
+    (src / "blank.txt").write_text("\n\n\n")
+    (src / "utf16.txt").write_bytes("first\nsecond\n".encode("utf-16"))
+    pack(gpt2, src, out, "--doc-per", "line")
+    (src / "blank.txt").write_text("now some text\n")
+    (src / "utf16.txt").write_text("first\n")
+    appended = run_repack("text", src, out, "--tokenizer", gpt2[0], "--doc-per", "line", "--append", "--quiet")
+    assert "2 new sample(s)" in appended.stdout, appended.stdout
+    manifest = pack(gpt2, src, out, "--doc-per", "line", "--append")  # nothing new now: the same version
+    assert manifest["dataset_version"]["number"] == 2
+    assert sorted(map(tuple, manifest["ids"])) == sorted(map(tuple, expected(
+        gpt2, "alpha one", "alpha two", "now some text", "first")))
+    fresh = pack(gpt2, src, tmp_path / "fresh", "--doc-per", "line")
+    assert {k: manifest["totals"][k] for k in COUNTED} == {k: fresh["totals"][k] for k in COUNTED}
+    (src / "blank.txt").write_text("other text\n")
+    os.utime(src / "blank.txt", ns=(1, 1))
+    refused = run_repack("text", src, out, "--tokenizer", gpt2[0], "--doc-per", "line", "--append", check=False)
+    assert refused.returncode == 2 and "changed since the dataset packed them" in refused.stderr
+    assert "blank.txt" in refused.stderr
+
+
 def test_a_zst_cut_anywhere_raises_and_a_whole_one_reads_back():
     """ZstdFrames follows the frame layout (skippable frames, checksums, RLE and raw blocks, frames without a
     content size): every cut inside a frame is an EOFError, a cut between frames is a whole shorter file."""

@@ -40,6 +40,7 @@ from repack.config import EngineOptions
 from repack.errors import ConfinementError, NothingPackedError, UsageError
 from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Plan, read_plan
+from repack.lifecycle.input_columns import InputColumns
 from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, held_known,
                                             published_digests)
 from repack.lifecycle.record_child import ChildRecord, record_parts
@@ -107,6 +108,9 @@ class Appender:
     # (current, staged manifest) -> why the staged inputs cannot join the dataset, or None; checked before anything
     # staged is moved in (a refused staged job is discarded: the append run again with the right options restages)
     staged_refusal: Callable[[dict, dict], str | None] | None = None
+    # (store, OUT, current) -> of some recorded rels, those without a sample and without a quarantine record (a
+    # text file that gave no document): a changed one is packed, not refused (``InputColumns.sampleless_of``)
+    sampleless: Callable[[object, Path, dict], Callable[[list[str]], set[str]]] | None = None
 
 
 def append(spec, options: EngineOptions) -> AppendResult:
@@ -146,7 +150,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
             unpacked = list(dict.fromkeys(q["source"] for q in current["quarantine"]
                                           if (q.get("line") is None or q.get("no_documents")) and not names_a_copy(q)))
             first_source = str(((current.get("created_by") or {}).get("options") or {}).get("source") or "")
-            known = KnownInputs(record, unpacked, first_source.startswith("s3://"))
+            known = KnownInputs(record, unpacked, first_source.startswith("s3://"),
+                                appender.sampleless(store, out, current) if appender.sampleless else None)
             try:  # a link planted there would stage (and overwrite) outside OUT
                 no_links_below(out, f"{stage}/out")
             except PathEscapeError as exc:
@@ -192,7 +197,9 @@ def append(spec, options: EngineOptions) -> AppendResult:
                       for shard in staged["shards"]]
             delta = append_delta(job.store, plan, known)
             write_inputs_record(store, number, known, delta)
-            body = appender.merge(current, staged, shards, planned_again(plan, unpacked))
+            replanned = planned_again(plan, known)
+            body = appender.merge(current, staged, shards, replanned)
+            body["totals"] = counted_once(body["totals"], known, replanned)
             if appender.side_files is not None:
                 body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))
             change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
@@ -229,18 +236,35 @@ def move_shard(store, staged: str, shard: dict, rename: Callable[[str], str]) ->
     return renamed
 
 
-def planned_again(plan: Plan, quarantined: list[str]) -> frozenset:
-    """Which of ``quarantined`` (version N's quarantined sources) the staged job's ``plan`` planned again (a
-    fixed file): their old quarantine records go, the staged job counts and records them now."""
-    if not quarantined:
-        return frozenset()
-    import numpy as np
-
+def planned_again(plan: Plan, record: InputColumns) -> frozenset:
+    """The inputs of version N (``record``) that the staged job's ``plan`` planned again: inputs without a sample
+    that changed (a fixed file; the selection refuses any other known input), quarantined or a text file that
+    gave no document. Their old quarantine records go; the staged job counts and records them now."""
     from repack.lifecycle.first_record import plan_inputs
+    from repack.lifecycle.input_columns import decode_names
+
+    names = plan_inputs(plan, 0).names
+    if not len(names) or not len(record):
+        return frozenset()
+    _, found = record.find(names)
+    return frozenset(decode_names(names[found]))
+
+
+def counted_once(totals: dict, record: InputColumns, replanned: frozenset) -> dict:
+    """``totals`` of version N+1 without version N's count of the inputs the staged job planned again: a text
+    dataset's ``files`` and ``input_bytes`` (their recorded sizes) count each file once, as a fresh pack's do
+    (``inputs``: ``merged_totals``)."""
+    if not replanned:
+        return totals
     from repack.lifecycle.input_columns import encode_names
 
-    planned = np.isin(encode_names(quarantined), plan_inputs(plan, 0).names)
-    return frozenset(source for source, again in zip(quarantined, planned.tolist()) if again)
+    rows, _ = record.find(encode_names(sorted(replanned)))
+    counted = dict(totals)
+    if "files" in counted:
+        counted["files"] -= len(replanned)
+    if "input_bytes" in counted:
+        counted["input_bytes"] -= int(record.size[rows].sum())
+    return counted
 
 
 def merged_totals(current: dict, staged: dict, shards: list[dict], quarantine: list[dict], again: int) -> dict:
@@ -380,6 +404,13 @@ def _text_accepts(current: dict, spec) -> str | None:
     return f"was tokenized with other options: {', '.join(differ)}" if differ else None
 
 
+def _text_sampleless(store, out: Path, current: dict) -> Callable[[list[str]], set[str]]:
+    """Which of some recorded files gave the text dataset no document (read from its source runs when asked)."""
+    from repack.lifecycle.remove_tokens import files_without_documents
+
+    return lambda rels: files_without_documents(store, out, current, rels)
+
+
 def _text_job(spec, out: str, known_file: Path, current: dict):
     from repack.jobs.text import TextJob
 
@@ -446,7 +477,7 @@ APPENDERS = {
                            lambda rel, spec, n: rel.replace("shard-", f"shard-v{n}-", 1), merged_manifest),
     "TextSpec": Appender(_text_accepts, _text_job,  # text_document.bin -> text_document-v2.bin (parts alike)
                          lambda rel, spec, n: f"{spec.name}-v{n}{rel[len(spec.name):]}", merged_text_manifest,
-                         staged_refusal=text_staged_refusal),
+                         staged_refusal=text_staged_refusal, sampleless=_text_sampleless),
     "VideoSpec": Appender(_video_accepts, _video_job,  # the videos sit in videos-vN/ already; shards renamed
                           lambda rel, spec, n: rel.replace("shard-", f"shard-v{n}-", 1) if rel.startswith("shard-")
                           else rel, merged_video_manifest, _video_side_files, _video_note),

@@ -98,6 +98,11 @@ class InputColumns:
     # set on the record of a dataset first packed from s3://: a row of mtime 0 there may be an object listed
     # before fingerprints held ETags (``repack.sources.object_etag``), known by its size alone
     pre_etag_objects: bool = dataclasses.field(default=False, compare=False, repr=False)
+    # set on the staged --append job's input where a recorded input may hold no sample without a quarantine
+    # record (a text file that gave no document: blank lines only): of the rels it is called with, those that
+    # hold none (a changed one is then packed, not refused)
+    sampleless_of: Callable[[list[str]], set[str]] | None = dataclasses.field(default=None, compare=False,
+                                                                             repr=False)
 
     def __len__(self) -> int:
         return len(self.names)

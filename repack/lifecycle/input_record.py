@@ -11,8 +11,8 @@ An input of a later scan is *new* when its rel is not in the record. A known rel
 size and mtime are the recorded ones, or when only the mtime differs and its sha256 is the recorded one
 (a copy of SOURCE, ``cp -r``; an object uploaded again); a removed rel is always skipped (counted). A
 known rel whose content differs (or cannot be compared: no recorded sha256) and that has a sample in the
-dataset is refused by name: a file never gets two samples. A known rel that was quarantined is planned
-again.
+dataset is refused by name: a file never gets two samples. A known rel without a sample that changed is
+planned again: quarantined, or a text file that gave no document (blank lines only, ``sampleless_of``).
 """
 
 from __future__ import annotations
@@ -109,10 +109,12 @@ class KnownInputs:
     to compare a known input whose mtime changed, and a whole record written from it gets them first."""
 
     def __init__(self, derive: Callable[[], InputColumns], quarantined: Iterable[str],
-                 pre_etag_objects: bool = False) -> None:
+                 pre_etag_objects: bool = False,
+                 sampleless_of: Callable[[list[str]], set[str]] | None = None) -> None:
         self._derive = derive
         self._quarantined = quarantined
         self._pre_etag_objects = pre_etag_objects  # the dataset was first packed from s3:// (InputColumns')
+        self._sampleless_of = sampleless_of  # (InputColumns')
         self._record: InputColumns | None = None
         self._staged: InputColumns | None = None
 
@@ -126,7 +128,8 @@ class KnownInputs:
         """The record with the rels without a sample as its ``quarantined`` (what ``load_known`` gives)."""
         if self._staged is None:
             self._staged = dataclasses.replace(with_quarantined(self.record(), list(self._quarantined)),
-                                               pre_etag_objects=self._pre_etag_objects)
+                                               pre_etag_objects=self._pre_etag_objects,
+                                               sampleless_of=self._sampleless_of)
         return self._staged
 
 
@@ -209,15 +212,21 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
         known = known.digested(rows[held & ~changed_mask])
     unknown_mask = held & ~changed_mask & ~known.has_sha256[rows]
     compare = np.flatnonzero(held & ~changed_mask & known.has_sha256[rows]).tolist()
-    changed = [rels[i] for i in np.flatnonzero(changed_mask).tolist()]
-    unknown = [rels[i] for i in np.flatnonzero(unknown_mask).tolist()]
+    changed = np.flatnonzero(changed_mask).tolist()  # rows, then their rels
+    unknown = np.flatnonzero(unknown_mask).tolist()
     same: dict[str, list] = {}
     with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
         for i, found in zip(compare, pool.map(digest, compare)):
             if found == known.hex_digest(int(rows[i])):
                 same[rels[i]] = [int(size[i]), int(mtime[i])] if mtime[i] != NO_MTIME else [int(size[i])]
             else:
-                changed.append(rels[i])
+                changed.append(i)
+    if (changed or unknown) and known.sampleless_of is not None:  # no sample to hold twice: packed now
+        sampleless = known.sampleless_of([rels[i] for i in changed + unknown])
+        again_rows = [i for i in changed + unknown if rels[i] in sampleless]
+        new_mask[again_rows] = True
+        changed, unknown = ([i for i in rows_ if rels[i] not in sampleless] for rows_ in (changed, unknown))
+    changed, unknown = [rels[i] for i in changed], [rels[i] for i in unknown]
     if changed or unknown:
         raise UsageError("--append: " + "; ".join(
             part for part in (_listed(sorted(changed), "changed since the dataset packed them (same name, other "

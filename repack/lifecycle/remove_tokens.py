@@ -109,6 +109,22 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
     return Rewrite(shards, frozenset(found), rewritten, {}, extra)
 
 
+def files_without_documents(store, out: Path, current: dict, rels: list[str]) -> set[str]:
+    """Of ``rels`` (inputs the dataset recorded), the files that gave it no document (blank lines only): no
+    prefix's source runs name them. None found where a prefix does not record its runs (an older repack)."""
+    manifest, wanted = Manifest(out, current), set(rels)
+    named: set[str] = set()
+    for entry in current["shards"]:
+        try:
+            runs = runs_of(entry, lambda rel: _local(store, manifest, rel).read_bytes())
+        except SourceRunsError as exc:
+            raise UsageError(f"{store.url}: prefix {entry['prefix']}: {exc}") from None
+        if runs is None:
+            return set()
+        named.update(source for source, _, count in runs if count and source in wanted)
+    return wanted - named
+
+
 def _files_table(store, manifest: Manifest, shards: list[dict], lengths: list[np.ndarray]) -> dict:
     """``stats.files`` of the prefixes ``shards`` (their documents' ``lengths``): tokens and documents per source
     file, from each prefix's source runs (a file may span prefixes)."""
