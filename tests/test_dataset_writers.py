@@ -266,3 +266,31 @@ def test_a_source_changed_while_the_job_ran_says_to_start_over(tmp_path):
     _, err = run.communicate(timeout=120)
     assert run.returncode == 4 and "the source changed while the job ran" in err and "--overwrite" in err, err
     assert "a re-run resumes" not in err
+
+
+def test_verify_beside_a_gc_or_a_publish_reports_no_damage(tmp_path, monkeypatch):
+    """A `gc` that deletes old versions right after verify listed the folder, and a `remove` that publishes
+    between verify's reads of manifest.json, left a healthy dataset reported damaged (a vanished version
+    "not readable", its files strays, "manifest.json is not the newest version"): verify looks again when
+    the folder moved while it looked. The writers are the real CLI, run inside verify's own steps."""
+    from repack.lifecycle.verify import verify_report
+    from repack.store import files as store_files
+
+    src, out = packed(tmp_path)
+    for name in ("c/a0.jpg", "c/a1.jpg", "c/a2.jpg"):  # versions 2-4
+        assert run_repack("remove", out, "--sources", takedown(tmp_path, name)).returncode == 0
+    listing = store_files.LocalFiles.names
+    writers = iter([["gc", out, "--keep", "1"], ["remove", out, "--sources", takedown(tmp_path, "c/a4.jpg")]])
+
+    def names_then_a_writer(self):
+        found = listing(self)
+        command = next(writers, None)
+        if command is not None:
+            assert run_repack(*command).returncode == 0
+        return found
+
+    monkeypatch.setattr(store_files.LocalFiles, "names", names_then_a_writer)
+    for _ in range(2):
+        assert verify_report(out).problems == ()
+    assert next(writers, None) is None  # both writers ran inside a verify
+    assert read_manifest_json(out)["dataset_version"]["number"] == 5

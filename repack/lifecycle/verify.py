@@ -36,6 +36,9 @@ class Report:
     pending: tuple[str, ...] = ()  # work of a writer not yet published (repack.lifecycle.publish): not a problem
 
 
+SETTLE_TRIES = 5  # looks at the folder's versions when a writer changed them while verify looked
+
+
 def verify_dataset(location) -> list[str]:
     """Every problem found in the dataset at ``location`` (a folder or s3://bucket/prefix)."""
     return list(verify_report(location).problems)
@@ -52,20 +55,13 @@ def verify_report(location, version: int | None = None, workers: int | None = No
     problems, key_hashes, classes = check_all_contents(files, manifest, workers, start_digests(files, manifest, workers))
     problems += check_class_counts(manifest.data, classes) + check_declared(manifest.data)
     listed = set(manifest.named_files())
-    names = files.names()
-    chain = check_versions(files, names, manifest.root)
-    problems += chain.problems
-    pending = []
-    foreign = []
-    for rel in names:
-        if rel in listed or rel in chain.kept:
-            continue
-        if rel in chain.pending_files or is_pending_name(rel, chain.published + 1):
-            pending.append(rel)
-        elif foreign_kind(rel, manifest) is None:
-            problems.append(f"{rel}: a file the manifest does not name (added after the job, or left by another tool)")
-        else:
-            foreign.append(rel)
+    for _ in range(SETTLE_TRIES):  # the folder as one moment saw it: a writer or gc beside verify is no damage
+        published = files.read(MANIFEST_NAME)
+        names = files.names()
+        chain_problems, pending, foreign = folder_problems(files, manifest, listed, names, published)
+        if not chain_problems or (files.read(MANIFEST_NAME) == published and files.names() == names):
+            break  # nothing found, or nothing moved while it was looked at: what it found is so
+    problems += chain_problems
     foreign_problems, unchecked = check_foreign(files, manifest, foreign)
     problems += foreign_problems
     problems += check_identities(files, manifest, key_hashes)
@@ -82,6 +78,25 @@ def verify_report(location, version: int | None = None, workers: int | None = No
             totals["bytes"] != sum(int(s.get("bytes", 0)) for s in shards):
         problems.append(f"totals.bytes {totals['bytes']} != the shards' {sum(int(s.get('bytes', 0)) for s in shards)}")
     return Report(tuple(problems), tuple(unchecked), tuple(pending))
+
+
+def folder_problems(files, manifest, listed: set[str], names: list[str],
+                    published: bytes | None) -> tuple[list[str], list[str], list[str]]:
+    """(problems, pending files, files of another tool's kind) of the dataset's folder listing ``names`` with
+    ``published`` (``manifest.json``'s bytes as read with it): the version chain (``check_versions``) and every
+    file neither the verified version (``listed``) nor another kept version names."""
+    chain = check_versions(files, names, manifest.root, published)
+    problems, pending, foreign = list(chain.problems), [], []
+    for rel in names:
+        if rel in listed or rel in chain.kept:
+            continue
+        if rel in chain.pending_files or is_pending_name(rel, chain.published + 1):
+            pending.append(rel)
+        elif foreign_kind(rel, manifest) is None:
+            problems.append(f"{rel}: a file the manifest does not name (added after the job, or left by another tool)")
+        else:
+            foreign.append(rel)
+    return problems, pending, foreign
 
 
 @dataclass(frozen=True)
@@ -105,19 +120,22 @@ def is_pending_name(rel: str, number: int) -> bool:
         any(re.search(rf"-v{number}(?=[-./]|$)", part) for part in rel.split("/"))
 
 
-def check_versions(files, names: list[str], root: Path) -> Chain:
+def check_versions(files, names: list[str], root: Path, published_bytes: bytes | None = None) -> Chain:
     """Each published ``manifest.vN.json`` must say it is version N with parent N - 1 and pass the
     manifest's path rule, and ``manifest.json`` must be the newest published one, byte for byte.
     Files named by a version other than the one verified are not strays (verify that version with
     ``--version N`` to check their contents). The version file after ``manifest.json``'s is pending
     (the next append, remove or gc publishes it or moves it aside): reported, not a problem; one numbered
     past it is a problem (writers publish N + 1 only, and gc leaves it alone). ``root``:
-    the folder the paths are confined to (the dataset's, or an object store's scratch)."""
+    the folder the paths are confined to (the dataset's, or an object store's scratch); ``published_bytes``:
+    ``manifest.json`` as read with the listing (read once: a publish between two reads is no mismatch)."""
     from repack.manifest.versions import VERSION_KEY, load_number, number_of, version_number
 
     problems: list[str] = []
     kept: set[str] = set()
-    published = load_number(files.read(MANIFEST_NAME))
+    if published_bytes is None:
+        published_bytes = files.read(MANIFEST_NAME)
+    published = load_number(published_bytes)
     numbers = sorted(n for n in (version_number(rel) for rel in names) if n is not None)
     pending_files: set[str] = set()
     for number in numbers:
@@ -147,7 +165,7 @@ def check_versions(files, names: list[str], root: Path) -> Chain:
     published_files = [n for n in numbers if n <= published]
     if published_files:
         latest = f"manifest.v{published_files[-1]}.json"
-        if files.read(MANIFEST_NAME) != files.read(latest) and published_files[-1] > 1:
+        if published_bytes != files.read(latest) and published_files[-1] > 1:
             problems.append(f"{MANIFEST_NAME} is not the newest version ({latest}), byte for byte")
     return Chain(problems, kept, published, frozenset(pending_files) - kept)
 
