@@ -5,6 +5,7 @@ options changed since (it was refused for good, pointing at a full --overwrite).
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -25,9 +26,39 @@ def test_dedup_holds_across_versions(tmp_path):
     paths = sample_paths(out)
     assert len(paths) == 13 and "c100/00000100.jpg" in paths
     assert not {"c000/zz_copy.jpg", "c005/late_copy.jpg"} & set(paths)
-    appended = read_manifest_json(out)["stats"]["appended"][-1]["duplicates"]["list"]
-    assert {tuple(g["paths"]) for g in appended} == {("c000/00000000.jpg", "c000/zz_copy.jpg"),
-                                                     ("c003/00000003.jpg", "c005/late_copy.jpg")}
+    manifest = read_manifest_json(out)
+    appended = manifest["stats"]["appended"][-1]["duplicates"]["list"]  # the copy version 1 dropped is known
+    assert {tuple(g["paths"]) for g in appended} == {("c003/00000003.jpg", "c005/late_copy.jpg")}
+    fresh = tmp_path / "fresh"
+    run_repack("images", src, fresh, "--dedup", "--quiet")
+    counted = ("inputs", "samples", "duplicates_dropped")  # each input counted once, as a fresh pack counts it
+    assert {k: manifest["totals"][k] for k in counted} == {k: read_manifest_json(fresh)["totals"][k] for k in counted}
+
+
+def test_a_copy_dedup_dropped_stays_out_when_taken_down_or_its_kept_copy_is(tmp_path):
+    """A copy --dedup left out has no sample: `remove --sources` naming it records its takedown (it said "not
+    found", and a later append packed it), and removing the kept copy does not let an append pack the dropped
+    one; changed content is a new input."""
+    src, out = tiny_jpegs(tmp_path / "src", 0, 6, workers=1), tmp_path / "out"
+    shutil.copy(src / "c000" / "00000000.jpg", src / "c001" / "zz_copy.jpg")
+    shutil.copy(src / "c002" / "00000002.jpg", src / "c003" / "zz_copy.jpg")
+    run_repack("images", src, out, "--dedup", "--quiet")
+    takedown = tmp_path / "takedown.txt"
+    takedown.write_text("c001/zz_copy.jpg\nc002/00000002.jpg\n")
+    removed = run_repack("remove", out, "--sources", takedown, "--json", "--quiet")
+    assert json.loads(removed.stdout)["published"]
+    change = read_manifest_json(out)["dataset_version"]["change"]
+    assert change["removed_dropped_copies"] == ["c001/zz_copy.jpg"] and change["not_found"] == []
+    assert read_manifest_json(out)["totals"]["taken_down"] == 1
+    again = run_repack("remove", out, "--sources", takedown)  # nothing left of either
+    assert "not found in the dataset: c001/zz_copy.jpg" in again.stderr
+    assert read_manifest_json(out)["totals"]["duplicates_dropped"] == 1
+    unchanged = run_repack("images", src, out, "--dedup", "--append")
+    assert "nothing new" in unchanged.stdout, unchanged.stdout
+    assert not {"c001/zz_copy.jpg", "c003/zz_copy.jpg"} & set(sample_paths(out))
+    (src / "c003" / "zz_copy.jpg").write_bytes(jpeg_bytes(999))  # other content: a new input
+    run_repack("images", src, out, "--dedup", "--append", "--quiet")
+    assert "c003/zz_copy.jpg" in sample_paths(out) and "c001/zz_copy.jpg" not in sample_paths(out)
 
 
 def test_an_append_with_other_transform_options_is_refused_by_name(tmp_path):
@@ -44,7 +75,8 @@ def test_an_append_with_other_transform_options_is_refused_by_name(tmp_path):
              (("--normalize", "--max-side", "16", "--no-follow-symlinks"), "--no-follow-symlinks (the dataset: "
                                                                            "without --no-follow-symlinks)"),
              (("--normalize", "--max-side", "16", "--max-file-size", "1MB"), "--max-file-size 1000000B (the "
-                                                                              "dataset: --max-file-size 268435456B)")]
+                                                                              "dataset: --max-file-size 268435456B)"),
+             (("--normalize", "--max-side", "16", "--shuffle"), "--shuffle (the dataset: no --shuffle)")]
     for extra, named in cases:
         refused = run_repack("images", src, out, "--append", "--quiet", *extra, check=False)
         assert refused.returncode == 2 and named in refused.stderr, (extra, refused.stderr)

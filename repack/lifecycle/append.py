@@ -41,7 +41,7 @@ from repack.errors import ConfinementError, NothingPackedError, UsageError
 from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_columns import InputColumns
-from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, held_known,
+from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, dropped_copies, held_known,
                                             published_digests)
 from repack.lifecycle.record_child import ChildRecord, record_parts
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish,
@@ -151,7 +151,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
                                           if (q.get("line") is None or q.get("no_documents")) and not names_a_copy(q)))
             first_source = str(((current.get("created_by") or {}).get("options") or {}).get("source") or "")
             known = KnownInputs(record, unpacked, first_source.startswith("s3://"),
-                                appender.sampleless(store, out, current) if appender.sampleless else None)
+                                appender.sampleless(store, out, current) if appender.sampleless else None,
+                                dropped_copies(current))
             try:  # a link planted there would stage (and overwrite) outside OUT
                 no_links_below(out, f"{stage}/out")
             except PathEscapeError as exc:
@@ -347,10 +348,13 @@ def _images_accepts(current: dict, spec) -> str | None:
     # what a sample's bytes are (normalized or as found, their size and quality), whether a content is packed
     # once, and what an input must pass to be packed (the check, the size caps, where a link may point): the new
     # samples are the dataset's kind (a mix of 16 px and 32 px images was published, the manifest saying 16; an
-    # undecodable JPEG was packed by --verify none into a dataset whose manifest says decode); a dataset of older
+    # undecodable JPEG was packed by --verify none into a dataset whose manifest says decode), and how the new
+    # samples are ordered (--shuffle, --seed: the manifest names the dataset's); a dataset of older
     # manifests without these options is not compared
     compared = ["normalize", "dedup", "verify", "max_pixels", "max_file_size", "allow_outside_source",
-                "follow_symlinks"] + (["max_side", "quality"] if spec.normalize or held.get("normalize") else [])
+                "follow_symlinks", "shuffle"] + (["max_side", "quality"] if spec.normalize or held.get("normalize") else [])
+    if spec.shuffle and held.get("shuffle"):  # the order of the new samples (the manifest says the dataset's seed)
+        compared.append("seed")
     differ = _options_differ(held, spec, compared)
     return f"was packed with other options: {', '.join(differ)}; append with the dataset's" if differ else None
 

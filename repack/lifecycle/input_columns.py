@@ -103,6 +103,9 @@ class InputColumns:
     # hold none (a changed one is then packed, not refused)
     sampleless_of: Callable[[list[str]], set[str]] | None = dataclasses.field(default=None, compare=False,
                                                                              repr=False)
+    # set on the staged --append job's input of a --dedup dataset: the sources it left out as copies of a packed
+    # sample (rel -> that content's sha256, hex): one whose content is still that is known, not new
+    dropped_copies: dict[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -116,11 +119,11 @@ class InputColumns:
 
     def is_removed(self, names: np.ndarray) -> np.ndarray:
         """Whether each of ``names`` was taken down by `repack remove`."""
-        return _member_of(self.removed, names)
+        return member_of(self.removed, names)
 
     def is_quarantined(self, names: np.ndarray) -> np.ndarray:
         """Whether each of ``names`` is in ``quarantined`` (planned before, without a sample)."""
-        return _member_of(self.quarantined, names)
+        return member_of(self.quarantined, names)
 
     def holds_sample(self, names: np.ndarray) -> np.ndarray:
         """Whether each of ``names`` has a sample in the dataset: recorded, neither quarantined nor removed."""
@@ -168,7 +171,8 @@ def sorted_rows(table: np.ndarray, names: np.ndarray) -> np.ndarray:
     return rows
 
 
-def _member_of(table: np.ndarray, names: np.ndarray) -> np.ndarray:
+def member_of(table: np.ndarray, names: np.ndarray) -> np.ndarray:
+    """Whether each of ``names`` is in ``table`` (a sorted unique ``S`` array)."""
     if not len(table):
         return np.zeros(len(names), bool)
     rows = np.searchsorted(table, names).clip(0, len(table) - 1)

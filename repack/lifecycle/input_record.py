@@ -31,8 +31,8 @@ from repack.distinct import distinct
 from repack.errors import UsageError
 from repack.jobs.base import Plan, read_plan
 from repack.lifecycle.first_record import plan_record, version_one_record
-from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, empty_columns, encode_names, from_bytes, merged,
-                                            with_quarantined)
+from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, member_of, empty_columns, encode_names,
+                                            from_bytes, merged, with_quarantined)
 from repack.lifecycle.publish import has_inputs_record, known_inputs, read_inputs_record
 from repack.manifest.versions import number_of
 from repack.sources.object_etag import ETAG_FLAG
@@ -110,11 +110,13 @@ class KnownInputs:
 
     def __init__(self, derive: Callable[[], InputColumns], quarantined: Iterable[str],
                  pre_etag_objects: bool = False,
-                 sampleless_of: Callable[[list[str]], set[str]] | None = None) -> None:
+                 sampleless_of: Callable[[list[str]], set[str]] | None = None,
+                 dropped: dict[str, str] | None = None) -> None:
         self._derive = derive
         self._quarantined = quarantined
         self._pre_etag_objects = pre_etag_objects  # the dataset was first packed from s3:// (InputColumns')
         self._sampleless_of = sampleless_of  # (InputColumns')
+        self._dropped = dropped or {}  # the copies --dedup left out (``dropped_copies``)
         self._record: InputColumns | None = None
         self._staged: InputColumns | None = None
 
@@ -129,8 +131,18 @@ class KnownInputs:
         if self._staged is None:
             self._staged = dataclasses.replace(with_quarantined(self.record(), list(self._quarantined)),
                                                pre_etag_objects=self._pre_etag_objects,
-                                               sampleless_of=self._sampleless_of)
+                                               sampleless_of=self._sampleless_of, dropped_copies=self._dropped)
         return self._staged
+
+
+def dropped_copies(manifest: dict) -> dict[str, str]:
+    """The sources a --dedup dataset left out as copies of a packed sample, in any of its versions (the groups of
+    its ``stats.duplicates`` and of each append's; a report that dropped nothing lists packed copies): rel -> the
+    content's sha256 (hex). They are inputs without a sample that the record of the inputs does not hold."""
+    stats = manifest.get("stats") or {}
+    reports = [stats.get("duplicates") or {}, *((a or {}).get("duplicates") or {} for a in stats.get("appended", ()))]
+    return {rel: group.get("sha256") for report in reports if report.get("dropped")
+            for group in report.get("list", ()) for rel in group.get("paths", ())[1:]}
 
 
 @contextlib.contextmanager
@@ -206,6 +218,13 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
     same_print &= recorded & (known.size[rows] == size)
     again = recorded & known.is_quarantined(names) & ~removed
     new_mask = ~removed & ((~recorded) | (again & ~same_print))
+    if known.dropped_copies:  # a copy --dedup left out, its content unchanged: known, not new
+        copies = distinct(encode_names(list(known.dropped_copies)))
+        rows_ = np.flatnonzero(new_mask & ~recorded & member_of(copies, names)).tolist()
+        with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+            for i, found in zip(rows_, pool.map(digest, rows_)):
+                if found is not None and found == known.dropped_copies.get(rels[i]):
+                    new_mask[i] = False
     held = recorded & ~again & ~removed & ~same_print  # a known input with a sample, another fingerprint
     changed_mask = held & (known.size[rows] != size)
     if (held & ~changed_mask).any():  # contents to compare: their recorded digests (derived now if left out)

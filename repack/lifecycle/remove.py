@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from repack.errors import UsageError
-from repack.lifecycle.input_record import dataset_record, remove_delta
+from repack.lifecycle.input_record import dataset_record, dropped_copies, remove_delta
 from repack.lifecycle.publish import current_version, locked_dataset, promote_pending, publish, write_inputs_record
 from repack.lifecycle.record_layers import RecordLayers, record_layers
 from repack.manifest.versions import number_of
@@ -198,9 +198,19 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         done = rewriter(store, out, current, spec, number, known)
         shards = done.shards
         taken_down = quarantined_named(current, spec.names) if spec.by == "sources" else frozenset()
-        not_found = tuple(sorted({given for name in set(spec.names) - done.found - taken_down
+        # copies --dedup left out: no sample, and none packed once their kept copy is gone
+        copies_down = frozenset(set(spec.names) & set(dropped_copies(current)) - done.found) if spec.by == "sources" \
+            else frozenset()
+        if copies_down:  # not those an earlier remove took down
+            from repack.lifecycle.input_columns import encode_names
+
+            record = known.whole() if known is not None else dataset_record(store, current, digests=False)
+            names = sorted(copies_down)
+            copies_down = frozenset(n for n, gone in zip(names, record.is_removed(encode_names(names)).tolist())
+                                    if not gone)
+        not_found = tuple(sorted({given for name in set(spec.names) - done.found - taken_down - copies_down
                                   for given in spelled.get(name, (name,))}))
-        if not done.found and not taken_down:
+        if not done.found and not taken_down and not copies_down:
             return RemoveResult(current, False, 0, not_found, time.time() - started)
         removed = sum(s["samples"] for s in current["shards"]) - sum(s["samples"] for s in shards)
         body = {key: value for key, value in current.items() if key not in ("run", "dataset_version")}
@@ -224,12 +234,17 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
             if "quarantined" in totals:
                 totals["quarantined"] = len(body["quarantine"])
             totals["taken_down"] = totals.get("taken_down", 0) + len(taken_down)  # inputs = samples + those
+        if copies_down:  # counted as taken down, no longer as dropped duplicates
+            totals["taken_down"] = totals.get("taken_down", 0) + len(copies_down)
+            if "duplicates_dropped" in totals:
+                totals["duplicates_dropped"] -= len(copies_down)
         body.update(shards=shards, totals=totals, stats=stats, **extra,
                     run={"command": "remove", "seconds": round(time.time() - started, 3)})
         change = {"kind": "remove", "by": spec.by, "removed_samples": removed, "rewritten": done.rewritten,
-                  "not_found": list(not_found), **({"removed_quarantined": sorted(taken_down)} if taken_down else {})}
+                  "not_found": list(not_found), **({"removed_quarantined": sorted(taken_down)} if taken_down else {}),
+                  **({"removed_dropped_copies": sorted(copies_down)} if copies_down else {})}
         removed_sources = done.removed_sources if done.removed_sources is not None else \
             (done.found if spec.by == "sources" else frozenset())
-        record_removed(store, known, number, removed_sources | taken_down)
+        record_removed(store, known, number, removed_sources | taken_down | copies_down)
         data = publish(store, out, current, raw, body, change)
         return RemoveResult(data, True, removed, not_found, time.time() - started)
