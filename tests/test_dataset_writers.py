@@ -294,3 +294,61 @@ def test_verify_beside_a_gc_or_a_publish_reports_no_damage(tmp_path, monkeypatch
         assert verify_report(out).problems == ()
     assert next(writers, None) is None  # both writers ran inside a verify
     assert read_manifest_json(out)["dataset_version"]["number"] == 5
+
+
+def test_a_side_file_write_killed_before_the_manifest_leaves_no_temp_after_the_rerun(tmp_path):
+    """A text job killed while it renamed ``tokenizer.json`` or its ``.sources`` into OUT (after its tasks,
+    before the manifest) left the temp of that write; the re-run resumed every task and published, but the temp
+    stayed, and verify failed on it for good. The re-run's job now removes every killed write's temp."""
+    from tests.tools.text import documents, train_bpe, write_tokenizer
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    for n, text in enumerate(documents(6)):
+        (src / f"d{n}.txt").write_text(text + "\n")
+    tokenizer = write_tokenizer(train_bpe(documents(40)), tmp_path / "tok")
+    command = ["text", src, out, "--tokenizer", tokenizer, "--quiet"]
+    run_repack(*command)
+    reference = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "manifest.json"}
+    temps = [out / ".tokenizer.json.k1ll3d0x.tmp", out / ".text_document.sources.k1ll3d0y.tmp"]
+    for temp in temps:  # what the killed writes left, then no manifest yet
+        temp.write_bytes(b"partial")
+    (out / "manifest.json").unlink()
+    run_repack(*command)
+    assert not any(temp.exists() for temp in temps)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "manifest.json"} == reference
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_an_overwrite_killed_while_it_deletes_never_leaves_a_manifest_naming_a_deleted_file(tmp_path, monkeypatch):
+    """--overwrite deleted the old dataset's files in name order: data.lmdb before manifest.json, so a kill in
+    between left a readable manifest naming a missing database. The manifests go first now: a kill at the
+    manifest's deletion leaves the old dataset whole. (The kill: the delete of manifest.json raises.)"""
+    from repack.cli import cli
+    from repack.store.local import LocalStore
+
+    src = write_jpegs(tmp_path / "src" / "c", 6, "a").parent
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--to", "lmdb", "--quiet")
+
+    class Killed(BaseException):
+        pass
+
+    deleted: list[str] = []
+    delete = LocalStore.delete
+
+    def delete_until_the_manifest(self, rel):
+        if rel == "manifest.json":
+            raise Killed
+        deleted.append(rel)
+        delete(self, rel)
+
+    monkeypatch.setattr(LocalStore, "delete", delete_until_the_manifest)
+    try:
+        cli.main(["images", str(src), str(out), "--to", "lmdb", "--shuffle", "--overwrite", "--quiet"],
+                 standalone_mode=False)
+    except Killed:
+        pass
+    assert deleted == [] and (out / "data.lmdb").exists()
+    monkeypatch.undo()
+    assert run_repack("verify", out).returncode == 0

@@ -60,7 +60,7 @@ from repack.jobs.progress import progress_reporter
 from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, open_lock_file, run_part,
                                    wait_for_old_workers)
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
-from repack.manifest.io import sweep_manifest_temps
+from repack.manifest.io import sweep_write_temps
 from repack.store import open_store
 from repack.store.local import clear_state_folder
 
@@ -522,6 +522,7 @@ class Engine:
         dataset there (each ``manifest.vN.json``, published or pending, and the files it names), so that no
         version of the replaced dataset is ever published over the new one."""
         from repack.lifecycle.version_names import version_names
+        from repack.manifest.versions import version_number
 
         store = self.job.store
         names: set[str] = set()
@@ -535,7 +536,9 @@ class Engine:
         names |= version_names(store)  # every version of the dataset there, pending ones too
         if holds_repack_job(store):  # shards a killed run left unrecorded; in a folder repack never wrote to, a
             names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)}  # shard-000005.tar is not ours
-        for rel in sorted(names | {MANIFEST_NAME}):
+        # the manifests first: a wipe killed mid-way never leaves one naming a file it deleted (data.lmdb sorts first)
+        for rel in sorted(names | {MANIFEST_NAME}, key=lambda rel: (rel != MANIFEST_NAME, version_number(rel) is None,
+                                                                    rel)):
             try:
                 safe_join(self.out, rel)
             except PathEscapeError:
@@ -553,8 +556,8 @@ class Engine:
         for path in self.out.rglob(".*.tmp*"):
             if any(tid in path.name for tid in task_ids) and path.is_file():
                 path.unlink(missing_ok=True)
-        if self.options.num_nodes == 1:
-            sweep_manifest_temps(self.out)
+        if self.options.num_nodes == 1:  # a job's side files and manifests: a killed write leaves no stray
+            sweep_write_temps(self.out)
 
     def load_record(self, task: Task, plan_digest: str) -> dict | None:
         """A finished task's (or group's) record, if it belongs to this plan and its outputs are intact."""
