@@ -35,6 +35,20 @@ def test_dedup_holds_across_versions(tmp_path):
     assert {k: manifest["totals"][k] for k in counted} == {k: read_manifest_json(fresh)["totals"][k] for k in counted}
 
 
+def test_an_input_quarantined_while_planning_and_fixed_is_counted_once(tmp_path):
+    """A file over --max-file-size is quarantined while planning (it never reaches a task, nor the record of the
+    inputs): once it is small enough --append packs it, its quarantine record goes and it is counted once."""
+    src, out = tiny_jpegs(tmp_path / "src", 0, 3, workers=1), tmp_path / "out"
+    big = src / "c000" / "zz_big.jpg"
+    big.write_bytes(jpeg_bytes(7) + b"\0" * 4096)
+    run_repack("images", src, out, "--max-file-size", "3KB", "--quiet")
+    assert [q["source"] for q in read_manifest_json(out)["quarantine"]] == ["c000/zz_big.jpg"]
+    big.write_bytes(jpeg_bytes(7))
+    run_repack("images", src, out, "--max-file-size", "3KB", "--append", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["quarantine"] == [] and manifest["totals"]["inputs"] == manifest["totals"]["samples"] == 4
+
+
 def test_a_copy_dedup_dropped_stays_out_when_taken_down_or_its_kept_copy_is(tmp_path):
     """A copy --dedup left out has no sample: `remove --sources` naming it records its takedown (it said "not
     found", and a later append packed it), and removing the kept copy does not let an append pack the dropped
@@ -42,6 +56,7 @@ def test_a_copy_dedup_dropped_stays_out_when_taken_down_or_its_kept_copy_is(tmp_
     src, out = tiny_jpegs(tmp_path / "src", 0, 6, workers=1), tmp_path / "out"
     shutil.copy(src / "c000" / "00000000.jpg", src / "c001" / "zz_copy.jpg")
     shutil.copy(src / "c002" / "00000002.jpg", src / "c003" / "zz_copy.jpg")
+    shutil.copy(src / "c004" / "00000004.jpg", src / "c005" / "zz_copy.jpg")
     run_repack("images", src, out, "--dedup", "--quiet")
     takedown = tmp_path / "takedown.txt"
     takedown.write_text("c001/zz_copy.jpg\nc002/00000002.jpg\n")
@@ -52,13 +67,21 @@ def test_a_copy_dedup_dropped_stays_out_when_taken_down_or_its_kept_copy_is(tmp_
     assert read_manifest_json(out)["totals"]["taken_down"] == 1
     again = run_repack("remove", out, "--sources", takedown)  # nothing left of either
     assert "not found in the dataset: c001/zz_copy.jpg" in again.stderr
-    assert read_manifest_json(out)["totals"]["duplicates_dropped"] == 1
+    assert read_manifest_json(out)["totals"]["duplicates_dropped"] == 2
     unchanged = run_repack("images", src, out, "--dedup", "--append")
     assert "nothing new" in unchanged.stdout, unchanged.stdout
-    assert not {"c001/zz_copy.jpg", "c003/zz_copy.jpg"} & set(sample_paths(out))
+    assert not {"c001/zz_copy.jpg", "c003/zz_copy.jpg", "c005/zz_copy.jpg"} & set(sample_paths(out))
     (src / "c003" / "zz_copy.jpg").write_bytes(jpeg_bytes(999))  # other content: a new input
     run_repack("images", src, out, "--dedup", "--append", "--quiet")
     assert "c003/zz_copy.jpg" in sample_paths(out) and "c001/zz_copy.jpg" not in sample_paths(out)
+    # a dropped copy quarantined since (garbage now), then taken down: counted once
+    (src / "c005" / "zz_copy.jpg").write_bytes(b"garbage")
+    run_repack("images", src, out, "--dedup", "--append", "--quiet")
+    before = read_manifest_json(out)["totals"]
+    takedown.write_text("c005/zz_copy.jpg\n")
+    run_repack("remove", out, "--sources", takedown, "--quiet")
+    after = read_manifest_json(out)["totals"]
+    assert after["taken_down"] == before["taken_down"] + 1
 
 
 def test_an_append_with_other_transform_options_is_refused_by_name(tmp_path):

@@ -313,9 +313,11 @@ def test_a_side_file_write_killed_before_the_manifest_leaves_no_temp_after_the_r
     temps = [out / ".tokenizer.json.k1ll3d0x.tmp", out / ".text_document.sources.k1ll3d0y.tmp"]
     for temp in temps:  # what the killed writes left, then no manifest yet
         temp.write_bytes(b"partial")
+    (out / ".notes.20240101.tmp").write_bytes(b"a user's, not a write of repack's: left alone")
     (out / "manifest.json").unlink()
     run_repack(*command)
-    assert not any(temp.exists() for temp in temps)
+    assert not any(temp.exists() for temp in temps) and (out / ".notes.20240101.tmp").exists()
+    (out / ".notes.20240101.tmp").unlink()
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "manifest.json"} == reference
     assert run_repack("verify", out).returncode == 0
 

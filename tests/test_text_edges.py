@@ -137,6 +137,15 @@ def test_a_file_of_blank_lines_is_packed_by_append_once_it_has_text_and_counted_
     refused = run_repack("text", src, out, "--tokenizer", gpt2[0], "--doc-per", "line", "--append", check=False)
     assert refused.returncode == 2 and "changed since the dataset packed them" in refused.stderr
     assert "blank.txt" in refused.stderr
+    # a file whose every document `remove --keys` took out is named by no source run either: never packed again
+    (src / "blank.txt").write_text("now some text\n")
+    os.utime(src / "blank.txt", ns=(1, 1))
+    (tmp_path / "keys.txt").write_text("a.txt#0\na.txt#1\n")
+    run_repack("remove", out, "--keys", tmp_path / "keys.txt", "--quiet")
+    with open(src / "a.txt", "a") as grown:
+        grown.write("alpha three\n")
+    refused = run_repack("text", src, out, "--tokenizer", gpt2[0], "--doc-per", "line", "--append", check=False)
+    assert refused.returncode == 2 and "a.txt" in refused.stderr
 
 
 def test_a_zst_cut_anywhere_raises_and_a_whole_one_reads_back():

@@ -198,7 +198,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
                       for shard in staged["shards"]]
             delta = append_delta(job.store, plan, known)
             write_inputs_record(store, number, known, delta)
-            replanned = planned_again(plan, known)
+            replanned = planned_again(plan, known, unpacked)
             body = appender.merge(current, staged, shards, replanned)
             body["totals"] = counted_once(body["totals"], known, replanned)
             if appender.side_files is not None:
@@ -237,34 +237,39 @@ def move_shard(store, staged: str, shard: dict, rename: Callable[[str], str]) ->
     return renamed
 
 
-def planned_again(plan: Plan, record: InputColumns) -> frozenset:
-    """The inputs of version N (``record``) that the staged job's ``plan`` planned again: inputs without a sample
-    that changed (a fixed file; the selection refuses any other known input), quarantined or a text file that
-    gave no document. Their old quarantine records go; the staged job counts and records them now."""
+def planned_again(plan: Plan, record: InputColumns, quarantined: list[str]) -> frozenset:
+    """The inputs of version N that the staged job's ``plan`` planned again: inputs without a sample that changed
+    (a fixed file; the selection refuses any other known input), ``quarantined`` (quarantined while planning
+    too: never in ``record``) or in the record (a text file that gave no document). Their old quarantine
+    records go; the staged job counts and records them now."""
     from repack.lifecycle.first_record import plan_inputs
-    from repack.lifecycle.input_columns import decode_names
+    import numpy as np
+
+    from repack.lifecycle.input_columns import decode_names, encode_names
 
     names = plan_inputs(plan, 0).names
-    if not len(names) or not len(record):
+    if not len(names):
         return frozenset()
-    _, found = record.find(names)
+    found = record.find(names)[1] if len(record) else np.zeros(len(names), bool)
+    if quarantined:
+        found |= np.isin(names, encode_names(quarantined))
     return frozenset(decode_names(names[found]))
 
 
 def counted_once(totals: dict, record: InputColumns, replanned: frozenset) -> dict:
     """``totals`` of version N+1 without version N's count of the inputs the staged job planned again: a text
-    dataset's ``files`` and ``input_bytes`` (their recorded sizes) count each file once, as a fresh pack's do
-    (``inputs``: ``merged_totals``)."""
+    dataset's ``files`` and ``input_bytes`` (their recorded sizes; none recorded for one quarantined while
+    planning) count each file once, as a fresh pack's do (``inputs``: ``merged_totals``)."""
     if not replanned:
         return totals
     from repack.lifecycle.input_columns import encode_names
 
-    rows, _ = record.find(encode_names(sorted(replanned)))
+    rows, found = record.find(encode_names(sorted(replanned)))  # one quarantined while planning has no row
     counted = dict(totals)
     if "files" in counted:
         counted["files"] -= len(replanned)
     if "input_bytes" in counted:
-        counted["input_bytes"] -= int(record.size[rows].sum())
+        counted["input_bytes"] -= int(record.size[rows[found]].sum()) if len(record) else 0
     return counted
 
 

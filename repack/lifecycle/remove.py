@@ -199,8 +199,8 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         shards = done.shards
         taken_down = quarantined_named(current, spec.names) if spec.by == "sources" else frozenset()
         # copies --dedup left out: no sample, and none packed once their kept copy is gone
-        copies_down = frozenset(set(spec.names) & set(dropped_copies(current)) - done.found) if spec.by == "sources" \
-            else frozenset()
+        copies_down = frozenset(set(spec.names) & set(dropped_copies(current)) - done.found - taken_down) \
+            if spec.by == "sources" else frozenset()
         if copies_down:  # not those an earlier remove took down
             from repack.lifecycle.input_columns import encode_names
 

@@ -111,7 +111,11 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
 
 def files_without_documents(store, out: Path, current: dict, rels: list[str]) -> set[str]:
     """Of ``rels`` (inputs the dataset recorded), the files that gave it no document (blank lines only): no
-    prefix's source runs name them. None found where a prefix does not record its runs (an older repack)."""
+    prefix's source runs name them. None found where a prefix does not record its runs (an older repack), or
+    where `repack remove` took documents out (a file whose documents were removed by key is named by no run
+    either: it is refused as changed, never packed again)."""
+    if current.get("totals", {}).get("removed"):
+        return set()
     manifest, wanted = Manifest(out, current), set(rels)
     named: set[str] = set()
     for entry in current["shards"]:
