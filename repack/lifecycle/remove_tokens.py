@@ -79,10 +79,7 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
     shards: list[dict] = []
     rewritten: dict[str, str | None] = {}
     for entry in current["shards"]:
-        try:
-            runs = runs_of(entry, lambda rel: _local(store, manifest, rel).read_bytes())
-        except SourceRunsError as exc:
-            raise UsageError(f"{store.url}: prefix {entry['prefix']}: {exc}") from None
+        runs = prefix_runs(store, manifest, entry)
         if runs is None:
             raise UsageError(f"{store.url}: prefix {entry['prefix']} does not record which source each document "
                              "came from (packed by an older repack): tokenize the corpus again to remove from it")
@@ -109,6 +106,15 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
     return Rewrite(shards, frozenset(found), rewritten, {}, extra)
 
 
+def prefix_runs(store, manifest: Manifest, entry: dict) -> list[tuple[str, int, int]] | None:
+    """A prefix's source runs (``runs_of``; None: it records none), a side file that does not match its entry
+    a UsageError naming the prefix."""
+    try:
+        return runs_of(entry, lambda rel: _local(store, manifest, rel).read_bytes())
+    except SourceRunsError as exc:
+        raise UsageError(f"{store.url}: prefix {entry['prefix']}: {exc}") from None
+
+
 def files_without_documents(store, out: Path, current: dict, rels: list[str]) -> set[str]:
     """Of ``rels`` (inputs the dataset recorded), the files that gave it no document (blank lines only): no
     prefix's source runs name them. None found where a prefix does not record its runs (an older repack), or
@@ -119,10 +125,7 @@ def files_without_documents(store, out: Path, current: dict, rels: list[str]) ->
     manifest, wanted = Manifest(out, current), set(rels)
     named: set[str] = set()
     for entry in current["shards"]:
-        try:
-            runs = runs_of(entry, lambda rel: _local(store, manifest, rel).read_bytes())
-        except SourceRunsError as exc:
-            raise UsageError(f"{store.url}: prefix {entry['prefix']}: {exc}") from None
+        runs = prefix_runs(store, manifest, entry)
         if runs is None:
             return set()
         named.update(source for source, _, count in runs if count and source in wanted)
