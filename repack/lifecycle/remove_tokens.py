@@ -140,7 +140,7 @@ def _files_table(store, manifest: Manifest, shards: list[dict], lengths: list[np
     documents: dict[str, int] = {}
     tokens: dict[str, int] = {}
     for entry, doc_lengths in zip(shards, lengths):
-        runs = runs_of(entry, lambda rel: _local(store, manifest, rel).read_bytes()) or []
+        runs = prefix_runs(store, manifest, entry) or []
         counts = np.array([count for _, _, count in runs], dtype=np.int64)
         starts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else counts
         sums = np.add.reduceat(doc_lengths.astype(np.int64), starts) if len(counts) and len(doc_lengths) else counts
