@@ -242,9 +242,9 @@ def planned_again(plan: Plan, record: InputColumns, quarantined: list[str]) -> f
     (a fixed file; the selection refuses any other known input), ``quarantined`` (quarantined while planning
     too: never in ``record``) or in the record (a text file that gave no document). Their old quarantine
     records go; the staged job counts and records them now."""
-    from repack.lifecycle.first_record import plan_inputs
     import numpy as np
 
+    from repack.lifecycle.first_record import plan_inputs
     from repack.lifecycle.input_columns import decode_names, encode_names
 
     names = plan_inputs(plan, 0).names

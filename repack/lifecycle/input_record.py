@@ -220,9 +220,9 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
     new_mask = ~removed & ((~recorded) | (again & ~same_print))
     if known.dropped_copies:  # a copy --dedup left out, its content unchanged: known, not new
         copies = distinct(encode_names(list(known.dropped_copies)))
-        rows_ = np.flatnonzero(new_mask & ~recorded & member_of(copies, names)).tolist()
+        copy_rows = np.flatnonzero(new_mask & ~recorded & member_of(copies, names)).tolist()
         with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
-            for i, found in zip(rows_, pool.map(digest, rows_)):
+            for i, found in zip(copy_rows, pool.map(digest, copy_rows)):
                 if found is not None and found == known.dropped_copies.get(rels[i]):
                     new_mask[i] = False
     held = recorded & ~again & ~removed & ~same_print  # a known input with a sample, another fingerprint
@@ -242,9 +242,9 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
                 changed.append(i)
     if (changed or unknown) and known.sampleless_of is not None:  # no sample to hold twice: packed now
         sampleless = known.sampleless_of([rels[i] for i in changed + unknown])
-        again_rows = [i for i in changed + unknown if rels[i] in sampleless]
-        new_mask[again_rows] = True
-        changed, unknown = ([i for i in rows_ if rels[i] not in sampleless] for rows_ in (changed, unknown))
+        new_mask[[i for i in changed + unknown if rels[i] in sampleless]] = True
+        changed = [i for i in changed if rels[i] not in sampleless]
+        unknown = [i for i in unknown if rels[i] not in sampleless]
     changed, unknown = [rels[i] for i in changed], [rels[i] for i in unknown]
     if changed or unknown:
         raise UsageError("--append: " + "; ".join(

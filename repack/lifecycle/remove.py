@@ -174,6 +174,18 @@ def quarantined_named(current: dict, names) -> frozenset[str]:
     return frozenset(name for name in names if name in held)
 
 
+def dropped_copies_named(store, current: dict, known: RecordLayers | None, names: set[str]) -> frozenset[str]:
+    """The names that are copies the --dedup dataset left out and no remove took down yet: a takedown of one is
+    recorded, so that no append packs it once its kept copy is gone."""
+    named = sorted(names & set(dropped_copies(current)))
+    if not named:
+        return frozenset()
+    from repack.lifecycle.input_columns import encode_names
+
+    record = known.whole() if known is not None else dataset_record(store, current, digests=False)
+    return frozenset(name for name, gone in zip(named, record.is_removed(encode_names(named)).tolist()) if not gone)
+
+
 def remove_samples(spec: RemoveSpec) -> RemoveResult:
     """Publish the version without the named samples (see the module docstring)."""
     started = time.time()
@@ -198,16 +210,8 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         done = rewriter(store, out, current, spec, number, known)
         shards = done.shards
         taken_down = quarantined_named(current, spec.names) if spec.by == "sources" else frozenset()
-        # copies --dedup left out: no sample, and none packed once their kept copy is gone
-        copies_down = frozenset(set(spec.names) & set(dropped_copies(current)) - done.found - taken_down) \
+        copies_down = dropped_copies_named(store, current, known, set(spec.names) - done.found - taken_down) \
             if spec.by == "sources" else frozenset()
-        if copies_down:  # not those an earlier remove took down
-            from repack.lifecycle.input_columns import encode_names
-
-            record = known.whole() if known is not None else dataset_record(store, current, digests=False)
-            names = sorted(copies_down)
-            copies_down = frozenset(n for n, gone in zip(names, record.is_removed(encode_names(names)).tolist())
-                                    if not gone)
         not_found = tuple(sorted({given for name in set(spec.names) - done.found - taken_down - copies_down
                                   for given in spelled.get(name, (name,))}))
         if not done.found and not taken_down and not copies_down:
