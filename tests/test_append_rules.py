@@ -194,3 +194,22 @@ def test_an_append_on_several_nodes_is_refused_before_any_work(tmp_path):
     refused = run_repack("images", src, out, "--append", "--num-nodes", "2", "--node-rank", "0", check=False)
     assert refused.returncode == 2 and "--append cannot be combined with --num-nodes" in refused.stderr
     assert not (out / ".repack" / "append-v2").exists() and len(sample_paths(out)) == 4
+
+
+def test_a_dropped_copy_that_changed_is_counted_once(tmp_path):
+    """A copy --dedup left out whose content changed is a new input: packed (other content) or dropped again
+    (now a copy of another sample), each version's counts are a fresh --dedup pack's of the same SOURCE."""
+    src, out = tiny_jpegs(tmp_path / "src", 0, 6, workers=1), tmp_path / "out"
+    copy = src / "c001" / "zz_copy.jpg"
+    shutil.copy(src / "c000" / "00000000.jpg", copy)
+    run_repack("images", src, out, "--dedup", "--quiet")
+    counted = ("inputs", "samples", "duplicates_dropped")
+    for content in (src / "c002" / "00000002.jpg", None):  # a copy of another sample, then content of its own
+        copy.write_bytes(content.read_bytes() if content else jpeg_bytes(999))
+        tiny_jpegs(src, 10 if content else 11, 1, workers=1)  # and a new input: the append publishes
+        run_repack("images", src, out, "--dedup", "--append", "--quiet")
+        fresh = tmp_path / f"fresh-{content is None}"
+        run_repack("images", src, fresh, "--dedup", "--quiet")
+        assert ("c001/zz_copy.jpg" in sample_paths(out)) == (content is None)
+        assert {k: read_manifest_json(out)["totals"][k] for k in counted} == \
+            {k: read_manifest_json(fresh)["totals"][k] for k in counted}, content

@@ -34,7 +34,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from repack.config import EngineOptions
 from repack.errors import ConfinementError, NothingPackedError, UsageError
@@ -198,9 +198,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
                       for shard in staged["shards"]]
             delta = append_delta(job.store, plan, known)
             write_inputs_record(store, number, known, delta)
-            replanned = planned_again(plan, known, unpacked)
+            copies = dropped_copies(current)
+            replanned = planned_again(plan, known, unpacked, copies)
             body = appender.merge(current, staged, shards, replanned)
-            body["totals"] = counted_once(body["totals"], known, replanned)
+            body["totals"] = counted_once(body["totals"], known, replanned, copies)
             if appender.side_files is not None:
                 body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))
             change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
@@ -237,35 +238,41 @@ def move_shard(store, staged: str, shard: dict, rename: Callable[[str], str]) ->
     return renamed
 
 
-def planned_again(plan: Plan, record: InputColumns, quarantined: list[str]) -> frozenset:
+def planned_again(plan: Plan, record: InputColumns, quarantined: list[str], dropped: Iterable[str] = ()) -> frozenset:
     """The inputs of version N that the staged job's ``plan`` planned again: inputs without a sample that changed
     (a fixed file; the selection refuses any other known input), ``quarantined`` (quarantined while planning
-    too: never in ``record``) or in the record (a text file that gave no document). Their old quarantine
-    records go; the staged job counts and records them now."""
+    too: never in ``record``) or in the record (a text file that gave no document), and ``dropped`` copies
+    (--dedup) whose content changed, packed now or left out again as a copy of another sample. Their old
+    quarantine records go; the staged job counts and records them now."""
     import numpy as np
 
     from repack.lifecycle.first_record import plan_inputs
     from repack.lifecycle.input_columns import decode_names, encode_names
 
     names = plan_inputs(plan, 0).names
+    dropped = set(dropped)
+    dropped_again = {rel for group in plan.info.get("dedup", ()) for rel in group["paths"][1:] if rel in dropped}
     if not len(names):
-        return frozenset()
+        return frozenset(dropped_again)
     found = record.find(names)[1] if len(record) else np.zeros(len(names), bool)
-    if quarantined:
-        found |= np.isin(names, encode_names(quarantined))
-    return frozenset(decode_names(names[found]))
+    if quarantined or dropped:
+        found |= np.isin(names, encode_names([*quarantined, *dropped]))
+    return frozenset(decode_names(names[found])) | dropped_again
 
 
-def counted_once(totals: dict, record: InputColumns, replanned: frozenset) -> dict:
+def counted_once(totals: dict, record: InputColumns, replanned: frozenset, dropped: Iterable[str] = ()) -> dict:
     """``totals`` of version N+1 without version N's count of the inputs the staged job planned again: a text
     dataset's ``files`` and ``input_bytes`` (their recorded sizes; none recorded for one quarantined while
-    planning) count each file once, as a fresh pack's do (``inputs``: ``merged_totals``)."""
+    planning) and the ``dropped`` copies among them in ``duplicates_dropped`` count each file once, as a fresh
+    pack's do (``inputs``: ``merged_totals``)."""
     if not replanned:
         return totals
     from repack.lifecycle.input_columns import encode_names
 
     rows, found = record.find(encode_names(sorted(replanned)))  # one quarantined while planning has no row
     counted = dict(totals)
+    if "duplicates_dropped" in counted:
+        counted["duplicates_dropped"] -= len(replanned & set(dropped))
     if "files" in counted:
         counted["files"] -= len(replanned)
     if "input_bytes" in counted:
