@@ -268,3 +268,26 @@ def test_a_damaged_stretch_inside_a_file_keeps_every_text_line_the_same_way_unde
         assert lines <= set(kept) and not any(c < " " and c not in "\t\f\v\x1b" for doc in kept for c in doc)
         packed.append(kept)
     assert packed[0] == packed[1]
+
+
+def test_a_parquet_quarantined_while_planning_is_one_input_and_no_file_read_until_fixed(gpt2, tmp_path):
+    """A parquet file repack cannot open is quarantined while planning: one input, not a file read (it counted
+    twice in ``inputs`` and once in ``files``); fixed, --append packs it and each file counts once, as in a
+    fresh pack."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "a.txt").write_text("alpha one\nalpha two\n")
+    (src / "b.parquet").write_bytes(b"not a parquet file")
+    manifest = pack(gpt2, src, out, "--doc-per", "line")
+    assert [q["source"] for q in manifest["quarantine"]] == ["b.parquet"]
+    assert {k: manifest["totals"][k] for k in ("inputs", "files", "input_bytes")} == \
+        {"inputs": 2, "files": 1, "input_bytes": (src / "a.txt").stat().st_size}
+    pq.write_table(pa.table({"text": ["beta one", "beta two"]}), src / "b.parquet")
+    run_repack("text", src, out, "--tokenizer", gpt2[0], "--doc-per", "line", "--append", "--quiet")
+    manifest = read_manifest_json(out)
+    fresh = pack(gpt2, src, tmp_path / "fresh", "--doc-per", "line")
+    assert manifest["quarantine"] == [] and manifest["totals"]["documents"] == 4
+    assert {k: manifest["totals"][k] for k in COUNTED} == {k: fresh["totals"][k] for k in COUNTED}

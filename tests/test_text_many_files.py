@@ -131,7 +131,7 @@ def test_planning_opens_only_the_files_a_cut_falls_in(tmp_path, monkeypatch):
     real_open = text_docs.open_input
     monkeypatch.setattr(text_docs, "open_input", lambda path, *args, **kw: opened.append(path) or
                         real_open(path, *args, **kw))
-    chunks, _ = plan_chunk_columns(inputs, 20_000, "line", "text")
+    chunks, _, _ = plan_chunk_columns(inputs, 20_000, "line", "text")
     assert len(inputs) == 300 and not quarantine and len(chunks) > 10
     assert len(opened) < len(chunks), f"{len(opened)} files opened to cut {len(inputs)} files into {len(chunks)} chunks"
     firsts = chunks.rows[chunks.starts == 0]

@@ -281,8 +281,8 @@ class TextJob(Job):
                                         lambda row: file_sha256(table.path(row)))
             inputs = inputs.take(selection.new)
         require_decompressors(inputs)
-        chunks, more = plan_chunk_columns(inputs, spec.chunk_bytes, spec.doc_per, spec.field)
-        quarantine += more
+        chunks, unreadable, unread = plan_chunk_columns(inputs, spec.chunk_bytes, spec.doc_per, spec.field)
+        quarantine += unreadable  # inputs, as the listing's quarantined files are, but no file read
         dtype = token_dtype(info.max_token_id)
         common = {"tokenizer": info.path, "tokenizer_sha256": info.sha256, "dtype": dtype,
                   "eos_id": info.eos_id if spec.append_eos else None,
@@ -290,8 +290,9 @@ class TextJob(Job):
         tasks = [Task(f"part-{index:06d}", {"index": index, **common, "bytes": chunk_bytes_of(chunks, index),
                                             "table": pack_table(inputs, chunks, index)})
                  for index in range(len(chunks))]
-        plan_info = {"tokenizer": info.to_json(), "dtype": dtype, "inputs": len(inputs) + len(quarantine),
-                     "files": len(inputs), "skipped_files": skipped, "input_bytes": int(inputs.table.sizes.sum())}
+        plan_info = {"tokenizer": info.to_json(), "dtype": dtype, "inputs": len(inputs) + len(quarantine) - len(unread),
+                     "files": len(inputs) - len(unread), "skipped_files": skipped,
+                     "input_bytes": int(inputs.table.sizes.sum() - inputs.table.sizes[unread].sum())}
         if selection is not None:
             plan_info.update(removed_skipped=selection.removed, same_content=selection.same_content)
         release_free_heap()  # the scan's and the cut's transients, before the workers fork

@@ -90,9 +90,9 @@ class _Segments:
 
 
 def plan_chunk_columns(inputs: TextInputs, chunk_bytes: int | None, doc_per: str, field: str
-                       ) -> tuple[ChunkColumns, list[dict]]:
-    """``text_docs.plan_chunks`` on columns (see the module docstring): the chunks and quarantine records of
-    parquet files that cannot be read."""
+                       ) -> tuple[ChunkColumns, list[dict], np.ndarray]:
+    """``text_docs.plan_chunks`` on columns (see the module docstring): the chunks, and the quarantine records
+    and rows of ``inputs`` of the parquet files that cannot be read (in no chunk)."""
     table = inputs.table
     kinds, compressed = inputs.codes // 3, inputs.codes % 3 != 0
     units = np.where(kinds == _PARQUET, ROWGROUPS, np.where(compressed | ((kinds == _TXT) & (doc_per == "file")),
@@ -131,7 +131,7 @@ def plan_chunk_columns(inputs: TextInputs, chunk_bytes: int | None, doc_per: str
         ci = _cut_one(out, inputs, int(atoms[stop]), int(unit[stop]), int(ends[stop] - size[stop]), cuts, ci,
                       doc_per, groups)
         i = stop + 1
-    return out.columns(), quarantine
+    return out.columns(), quarantine, np.flatnonzero(~keep)
 
 
 def _whole(out: _Segments, rows: np.ndarray, size: np.ndarray, unit: np.ndarray, groups: dict) -> None:

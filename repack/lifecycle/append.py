@@ -273,8 +273,8 @@ def counted_once(totals: dict, record: InputColumns, replanned: frozenset, dropp
     counted = dict(totals)
     if "duplicates_dropped" in counted:
         counted["duplicates_dropped"] -= len(replanned & set(dropped))
-    if "files" in counted:
-        counted["files"] -= len(replanned)
+    if "files" in counted:  # a file read for documents has a row; one quarantined unread was not a file read
+        counted["files"] -= int(found.sum()) if len(record) else 0
     if "input_bytes" in counted:
         counted["input_bytes"] -= int(record.size[rows[found]].sum()) if len(record) else 0
     return counted
