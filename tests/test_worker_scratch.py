@@ -70,3 +70,26 @@ def test_a_finished_tasks_published_outputs_leave_the_node(tmp_path):
     drop_published(scratch, record)
     assert sorted(p.name for p in scratch.rglob("*") if p.is_file()) == ["shard-000009.tar"]  # another task's
     assert outside.read_bytes() == b"not the node's scratch"  # a path leaving the scratch is never followed
+
+
+def test_a_task_lock_whose_pid_cannot_be_written_is_let_go(tmp_path):
+    """Writing the holder's pid into a task lock fails on a full disk (here: a file size limit of 0 bytes, EFBIG):
+    the task fails with that error and its lock goes with it, so the same process's retry of the task meets the
+    disk's error again, not its own lock reported as another live repack process (pid ?)."""
+    script = """
+import resource, signal, sys
+from pathlib import Path
+from repack.jobs.engine import TaskLock
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+for attempt in range(2):
+    try:
+        with TaskLock(Path(sys.argv[1]), "part-000001"):
+            pass
+    except Exception as exc:
+        print(type(exc).__name__)
+"""
+    (tmp_path / ".repack" / "tasks").mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    assert done.stdout.split() == ["OSError", "OSError"], done.stdout + done.stderr

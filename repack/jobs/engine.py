@@ -235,8 +235,12 @@ def _flock(path: Path, mode: int, what: str, out: Path) -> int:
         raise JobLockedError(f"another repack process (pid {holder}) is already running {what} on {out}; "
                              "wait for it or stop it first") from None
     if mode == fcntl.LOCK_EX:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError:  # a full disk: the lock goes with the fd, or this process's retry finds it "held"
+            os.close(fd)
+            raise
     return fd
 
 
