@@ -70,8 +70,9 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # non-UTF-8 file names must never crash a summary
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    for signum in SIGNAL_EXIT:
-        signal.signal(signum, _on_signal)
+    for signum in SIGNAL_EXIT:  # a signal ignored when repack started (`repack ... &` in a script, nohup) stays so
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _on_signal)
     ProcessEnd.quick = ProcessEnd.after_exit_handlers = False
     try:
         cli.main(standalone_mode=False)

@@ -463,6 +463,20 @@ def test_signals_stop_workers_remove_temps_and_resume(photo_tree, normalized, tm
     assert shard_bytes(out) == shard_bytes(ref)
 
 
+def test_a_signal_ignored_at_start_stays_ignored(photo_tree, normalized, tmp_path):
+    """A job started with SIGINT ignored (`repack ... &` in a script) runs to its end through Ctrl-Cs, as a
+    tool that respects an inherited ignore does (it installed its handler anyway and stopped with 130)."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "repack", "images", photo_tree, out, "--shard-size", "5",
+                             "--quiet", "--normalize", "--workers", "2"], cwd=ROOT, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    while proc.poll() is None:
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.01)
+    assert proc.returncode == 0, proc.stderr.read()
+    assert shard_bytes(out) == shard_bytes(normalized)
+
+
 # ---- 12. one-line failures ------------------------------------------------------------------------
 
 def test_unreadable_tokenizer_is_one_line_exit_2(gpt2_dir):
