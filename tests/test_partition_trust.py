@@ -101,3 +101,81 @@ def test_a_text_merge_refuses_a_tokenizer_that_changed_since_the_plan(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest() == manifest["tokenizer"]["sha256"]
     assert run_repack("verify", out, check=False).returncode == 0
+
+
+def _text_partitions(tmp_path: Path) -> Path:
+    from tests.tools.text import documents, train_bpe, write_tokenizer
+
+    docs = documents(80, seed=5)
+    tokenizer = write_tokenizer(train_bpe(docs[:40]), tmp_path / "tok")
+    src, out = tmp_path / "corpus", tmp_path / "out"
+    src.mkdir()
+    for part in range(4):
+        (src / f"part{part}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[part::4]))
+    for rank in (0, 1):
+        run_repack("text", src, out, "--tokenizer", tokenizer, "--chunk-bytes", "2KiB", "--num-nodes", "2",
+                   "--node-rank", str(rank), "--quiet")
+    return out
+
+
+def test_a_merge_reads_and_removes_nothing_a_task_record_names_outside_out(tmp_path):
+    """A task record naming its part by a path outside OUT (a forged or damaged record on the shared volume) is a
+    damaged task (exit 4): the merge read that file into the dataset and then deleted it. An lmdb part alike."""
+    out = _text_partitions(tmp_path)
+    records = sorted((out / ".repack" / "tasks").glob("part-*.json"))
+    victim = tmp_path / "victim.bin"
+    record = json.loads(records[0].read_text())
+    victim.write_bytes((out / record["part"]["bin"]).read_bytes())
+    record["part"]["bin"] = str(victim)
+    records[0].write_text(json.dumps(record))
+    merged = run_repack("merge", out, check=False)
+    assert merged.returncode == 4 and f"missing or damaged: {records[0].stem}" in merged.stderr, merged.stderr
+    assert victim.exists() and not (out / "manifest.json").exists()
+
+    src, lmdb_out = tree(tmp_path / "src", 24), tmp_path / "lmdb"
+    for rank in (0, 1):
+        run_repack("images", src, lmdb_out, "--to", "lmdb", "--shard-size", "6", "--num-nodes", "2", "--node-rank",
+                   str(rank), "--quiet")
+    first = sorted((lmdb_out / ".repack" / "tasks").glob("shard-*.json"))[0]
+    record = json.loads(first.read_text())
+    outside = tmp_path / "outside.seg"
+    outside.write_bytes((lmdb_out / record["part"]["path"]).read_bytes())
+    record["part"]["path"] = str(outside)
+    first.write_text(json.dumps(record))
+    merged = run_repack("merge", lmdb_out, check=False)
+    assert merged.returncode == 4 and first.stem in merged.stderr, merged.stderr
+
+
+def test_a_merge_removes_what_a_killed_merge_left_and_checks_the_job_state(tmp_path):
+    """A merge killed while it wrote the manifest, the tokenizer copy or the source runs left their temps, which
+    the next merge kept (verify then failed for good); partitions of another repack version, or a job.json
+    that is not a job state, are refused in one line (a traceback, or a merge stamped with this version)."""
+    out = _text_partitions(tmp_path)
+    left = [".manifest.json.k1l2m3n4.tmp", ".tokenizer.json.a1b2c3d4.tmp", ".text_document.sources.q9w8e7r6.tmp"]
+    for name in left:
+        (out / name).write_bytes(b"half written")
+    state_file = out / ".repack" / "job.json"
+    state = json.loads(state_file.read_text())
+    for forged, said in (({**state, "tool_version": "0.0.1"}, "partitions run by repack 0.0.1"),
+                         ({**state, "job": "nope"}, "is not a repack job state"),
+                         ({k: v for k, v in state.items() if k != "plan_digest"}, "is not a repack job state")):
+        state_file.write_text(json.dumps(forged))
+        refused = run_repack("merge", out, check=False)
+        assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    state_file.write_text(json.dumps(state))
+    run_repack("merge", out, "--quiet")
+    assert not [name for name in left if (out / name).exists()]
+    assert run_repack("verify", out, check=False).returncode == 0
+
+
+def test_a_tokenizer_is_copied_only_against_its_planned_digest(tmp_path):
+    import pytest
+
+    from repack.errors import UsageError
+    from repack.transforms.tokenize import planned_tokenizer_bytes
+
+    secret = tmp_path / "credentials"
+    secret.write_text("key=1")
+    for digest in (None, ""):  # a plan that names none (damaged or forged) copies nothing
+        with pytest.raises(UsageError, match="names no tokenizer sha256"):
+            planned_tokenizer_bytes(secret, digest)

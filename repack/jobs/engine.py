@@ -46,7 +46,7 @@ import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from repack import __version__
 from repack.config import EngineOptions
@@ -61,6 +61,7 @@ from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_w
                                    wait_for_old_workers)
 from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
 from repack.manifest.io import sweep_write_temps
+from repack.manifest.paths import check_relative
 from repack.store import open_store
 from repack.store.local import clear_state_folder
 
@@ -554,14 +555,15 @@ class Engine:
         if store.remote:
             clear_state_folder(state_dir(self.out))
 
-    def _clean_temps(self, task_ids: set[str]) -> None:
+    def _clean_temps(self, task_ids: set[str], every_node: bool = False) -> None:
         """Remove temp files left by a killed run of these tasks (we hold their lock), and of a manifest write killed
-        mid-way (one machine: the job lock is this run's; partitions leave the merge's alone)."""
+        mid-way (one machine, or ``every_node``: the merge; the job lock is this run's, and partitions leave the
+        merge's alone)."""
         for path in self.out.rglob(".*.tmp*"):
             if any(tid in path.name for tid in task_ids) and path.is_file():
                 path.unlink(missing_ok=True)
-        if self.options.num_nodes == 1:  # a job's side files and manifests: a killed write leaves no stray
-            sweep_write_temps(self.out)
+        if self.options.num_nodes == 1 or every_node:  # a job's side files and manifests: a killed write leaves
+            sweep_write_temps(self.out)                 # no stray
 
     def load_record(self, task: Task, plan_digest: str) -> dict | None:
         """A finished task's (or group's) record, if it belongs to this plan and its outputs are intact."""
@@ -577,7 +579,14 @@ class Engine:
         try:
             for output in record.get("outputs", []):
                 safe_join(self.out, output["path"])
-        except (PathEscapeError, KeyError, TypeError):
+            part = record.get("part") or {}  # a text part's .bin/.idx, an lmdb part: read, merged, then removed
+            for key in ("bin", "idx", "path"):
+                if key in part:
+                    safe_join(self.out, part[key])
+            segment = record.get("segment") or {}  # a chunk's piece: a file name in the job's segments folder
+            if "name" in segment and PurePosixPath(check_relative(segment["name"])).name != segment["name"]:
+                return False
+        except (PathEscapeError, KeyError, TypeError, AttributeError):
             return False
         return True
 
@@ -944,6 +953,14 @@ def merge(out: str, options: EngineOptions, strict: bool | None = None) -> RunRe
     state = read_json(store, f"{STATE_DIR}/job.json")
     if state is None:
         raise UsageError(f"{out} holds no repack job state (.repack/job.json)")
+    if not isinstance(state, dict) or state.get("job") not in JOBS or not isinstance(state.get("spec"), dict) \
+            or not isinstance(state.get("plan_digest"), str):
+        raise UsageError(f"{out}/.repack/job.json is not a repack job state (a job name, spec and plan digest); "
+                         "re-run the partitions")
+    if state.get("tool_version") not in (None, __version__) and store.size(MANIFEST_NAME) is None:
+        # unmerged partitions: their shards and records are that repack's
+        raise OtherToolVersion(f"{out} holds partitions run by repack {state['tool_version']} (this is repack "
+                               f"{__version__}); merge them with repack {state['tool_version']}")
     # the dataset is where merge was asked to write it: the job state's ``out`` is where the partitions ran (a
     # folder since moved or copied, or a forged one), never a place to write to
     job = load_job(state["job"], json.dumps({**state["spec"], "out": str(out)}))
@@ -976,6 +993,10 @@ def merge(out: str, options: EngineOptions, strict: bool | None = None) -> RunRe
         if missing:
             shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
             raise IncompleteJobError(f"{len(missing)} of {len(plan.units)} task(s) are missing or damaged: {shown}")
+        # every partition has ended (their records are whole): a killed merge's or assembly's temps go, as a
+        # one-machine run's re-run removes them
+        engine._clean_temps({uid for uid, _ in plan.units} | {t.task_id for _, tasks in plan.units for t in tasks},
+                            every_node=True)
         manifest = engine.finalize(plan, [records[uid] for uid, _ in plan.units], started)
     engine._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
     return RunResult(manifest, 0, len(plan.units), time.time() - started)

@@ -108,7 +108,10 @@ def planned_tokenizer_bytes(path: str | os.PathLike, expected_sha256: str | None
     except OSError as exc:
         raise UsageError(f"--tokenizer {str(path)!r}: cannot read it ({exc.strerror})") from None
     sha = hashlib.sha256(data).hexdigest()
-    if expected_sha256 and sha != expected_sha256:
+    if not isinstance(expected_sha256, str) or not expected_sha256:  # a plan names the digest it was made with:
+        raise UsageError(f"{path}: the job's plan names no tokenizer sha256; nothing is copied into the dataset "
+                         "unchecked: re-run the job")  # never a file copied on a damaged plan's word
+    if sha != expected_sha256:
         raise UsageError(f"{path}: the tokenizer changed since the job was planned (sha256 {sha[:12]}..., planned "
                          f"{expected_sha256[:12]}...); put the planned tokenizer back at that path to finish the job")
     return data
