@@ -58,16 +58,28 @@ def output_names(root: str | os.PathLike, with_meta: bool = False, version: int 
     return names
 
 
-def check_index_files(manifest) -> None:
-    """Each shard's index file as its manifest entry records it (``index_bytes``, ``index_sha256``); else a
-    ManifestError naming it. DALI takes an index's offsets and sizes as they are: a line repeated, moved or
-    edited would give it another sample's image or label, or one sample fewer, without an error."""
+def check_shard_files(manifest) -> None:
+    """Each shard's tar of the size its manifest entry records (``bytes``; a local file: a stat) and its index
+    file as recorded (``index_bytes``, ``index_sha256``); else a ManifestError naming the file. DALI takes an
+    index's offsets and sizes as they are: a line repeated, moved or edited would give it another sample's image
+    or label, or one sample fewer, without an error, and a tar cut short crashed its reader (SIGSEGV) or was
+    named as a "malformed index"."""
     import hashlib
 
+    from pipelines import object_store
     from pipelines.manifest_access import index_bytes
     from repack.manifest import ManifestError
 
     for entry in manifest.data["shards"]:
+        tar = manifest.path(entry["path"])
+        if entry.get("bytes") is not None and not object_store.is_remote(tar):
+            try:
+                found = os.stat(tar).st_size
+            except OSError as exc:
+                raise ManifestError(f"{tar}: cannot read the shard ({exc.strerror})") from None
+            if found != entry["bytes"]:
+                raise ManifestError(f"{tar}: {found} bytes, the manifest says {entry['bytes']}: the shard changed "
+                                    "since packing (repack verify names what else did)")
         want_sha, want_size = entry.get("index_sha256"), entry.get("index_bytes")
         if not entry.get("index") or (want_sha is None and want_size is None):
             continue
@@ -110,7 +122,7 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
         raise ValueError(f"{manifest.root}: part {shard_id} of {num_shards} of {samples} sample(s): DALI's reader "
                          "needs 0 <= shard_id < num_shards <= samples (each part one sample at least)")
     paths, index_paths = shard_files(manifest)
-    check_index_files(manifest)
+    check_shard_files(manifest)
     read_index_columns(manifest)  # every index laid out as its tar (the parser's checks): DALI trusts it blindly
     labeled = is_labeled(manifest)
     image_exts = image_extensions(manifest)

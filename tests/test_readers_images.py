@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -152,6 +153,19 @@ def test_dali_loader_resized_normalized_epochs(packed_photos):
         pixels = images * torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1) * 255 + \
             torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1) * 255
         assert pixels.min() > -0.5 and pixels.max() < 255.5 and pixels.std() > 10
+
+
+def test_a_shard_cut_short_is_named_before_dali_reads_it(packed_photos, tmp_path):
+    """A tar shorter than its manifest entry (a copy cut off) is named by the DALI pipeline before DALI reads
+    it: with with_meta its reader crashed the process (SIGSEGV), else it blamed a "malformed index"."""
+    from repack.manifest import ManifestError
+
+    broken = tmp_path / "cut"
+    shutil.copytree(packed_photos, broken)
+    tar = broken / "shard-000001.tar"
+    os.truncate(tar, tar.stat().st_size - 700)
+    with pytest.raises(ManifestError, match=r"shard-000001\.tar: \d+ bytes, the manifest says \d+: the shard changed"):
+        build_image_pipeline(broken, batch_size=8, num_threads=1, size=16, with_meta=True)
 
 
 def test_missing_component_is_an_error(packed_photos, tmp_path):
