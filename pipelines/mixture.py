@@ -204,14 +204,20 @@ class _Cursor:
 
     def state(self) -> dict:
         out = {"kind": type(self.source).__name__, "pass": self.pass_, "position": self.position}
-        if not self.iterable and hasattr(self.source, "dataset"):
-            out["dataset"] = dict(self.source.dataset)
+        if not self.iterable:
+            out.update(_map_identity(self.source))
         if self.iterable:  # a source not drawn yet in this pass: its fresh state, which names its dataset version
             if self._iter is None:
                 out["state"] = self.restored if self.restored is not None else _fresh_state(self.source)
             else:
                 out["state"] = self.source.state_dict()
         return out
+
+
+def _map_identity(source) -> dict:
+    """What a map-style source's saved position means: its length (its order is a permutation of it) and, for a
+    repack reader, its dataset's identity and version."""
+    return {"length": len(source), **({"dataset": dict(source.dataset)} if hasattr(source, "dataset") else {})}
 
 
 def _fresh_state(source) -> dict | None:
@@ -366,8 +372,7 @@ class Mixture(IterableDataset):
             return dict(self._pending)
         else:
             drawn, sources = 0, [{"kind": type(s).__name__, "pass": 0, "position": 0, **(
-                {"state": _fresh_state(s)} if _is_iterable(s) else {"dataset": dict(s.dataset)}
-                if hasattr(s, "dataset") else {})} for s in self.sources]
+                {"state": _fresh_state(s)} if _is_iterable(s) else _map_identity(s))} for s in self.sources]
         return {"kind": "Mixture", "version": STATE_VERSION, "epoch": epoch, "seed": self.seed,
                 "slot": [self.rank, self.world_size, worker, workers], "drawn": drawn, "sources": sources,
                 **{name: getattr(self, name) for name in ORDER_OPTIONS}}
@@ -388,10 +393,16 @@ class Mixture(IterableDataset):
                 raise ValueError(f"Mixture source {i} was a {saved['kind']}, is a {type(source).__name__}")
             if _is_iterable(source) and saved["position"] and saved.get("state") is None:
                 raise ValueError(f"Mixture source {i} ({saved['kind']}) has no state_dict(): it cannot resume exactly")
-            if not _is_iterable(source) and hasattr(source, "dataset"):
-                version = resolve(saved.get("dataset"), source.dataset, str(source.root), f"Mixture source {i}")
-                if version is not None:
-                    source.use_version(version)
+            if not _is_iterable(source):
+                if hasattr(source, "dataset"):
+                    version = resolve(saved.get("dataset"), source.dataset, str(source.root), f"Mixture source {i}")
+                    if version is not None:
+                        source.use_version(version)
+                if saved.get("length") is not None and saved["length"] != len(source):  # states of older readers
+                    raise ValueError(f"Mixture source {i} ({saved['kind']}) had {saved['length']} samples when the "
+                                     f"state was saved and has {len(source)} now (built with other options, e.g. "
+                                     "seq_len, or another dataset): its order differs, so resuming would read some "
+                                     "samples twice and others never")
             elif _is_iterable(source) and saved.get("state") is not None:
                 # now, not when first drawn: it re-opens the state's dataset version, whose lengths the epoch's
                 # stop point (``slot_samples``) is computed from before any draw

@@ -235,6 +235,26 @@ def test_a_mixture_state_of_another_order_is_refused(data):
     mixture(True).load_state_dict(old_reader_state)  # a state of a reader that did not record them still loads
 
 
+def test_a_mixture_state_of_a_map_source_of_another_length_is_refused(data):
+    """A token source built with another seq_len has another number of windows, so the saved position indexes
+    another permutation: refused, as the reader alone refuses it (it resumed and read consumed tokens again)."""
+    def mixture(seq_len):
+        return Mixture([(PackedTokenDataset(data["text_a"], seq_len), 1), (PackedTokenDataset(data["text_b"], 16), 1)],
+                       seed=3)
+
+    first = mixture(16)
+    it = iter(first)
+    [next(it) for _ in range(5)]
+    state = json.loads(json.dumps(first.state_dict()))
+    with pytest.raises(ValueError, match=r"Mixture source 0 \(PackedTokenDataset\) had \d+ samples when the state was "
+                                         r"saved and has \d+ now"):
+        mixture(32).load_state_dict(state)
+    mixture(16).load_state_dict(state)
+    untouched = json.loads(json.dumps(mixture(16).state_dict()))  # a fresh mixture's state names the lengths too
+    with pytest.raises(ValueError, match="had .* samples when the state was saved"):
+        mixture(32).load_state_dict(untouched)
+
+
 def test_an_append_between_save_and_load_leaves_every_rank_on_the_saved_version_with_equal_steps(tmp_path):
     """Two ranks mix an ImageShardDataset A (0.9) with B (0.1, 40 samples); the state is taken when rank 0
     drew from B and rank 1 not yet, then B is appended to. Each rank resumes exactly as the uninterrupted
