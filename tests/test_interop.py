@@ -106,3 +106,35 @@ def test_energon_splits_it_reads_itself_pass(prepared, tmp_path, split):
     (out / ".nv-meta" / "split.yaml").write_text(split)
     proc = run_repack("verify", out, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_new_version_rewrites_the_wids_index_and_names_a_stale_energon_preparation(prepared, tmp_path):
+    """After `repack remove` the wids shard index is the new version's (wids read the removed samples and missed
+    none of them silently), energon's preparation is named as stale (energon still reads the removed samples);
+    gc then takes energon's index of the deleted tar with it, and once prepared again the dataset verifies."""
+    import wids
+
+    out = tmp_path / "out"
+    shutil.copytree(prepared, out)
+    first = json.loads(next(data for name, data in tarfile_members(out / "shard-000000.tar") if name.endswith(".json")))
+    (tmp_path / "takedown.txt").write_text(first["path"] + "\n")
+    removed = run_repack("remove", out, "--sources", tmp_path / "takedown.txt")
+    assert "(megatron-energon) was prepared for another version" in removed.stderr, removed.stderr
+    manifest = read_manifest(out)
+    assert json.loads((out / "shardindex.json").read_text()) == wids_shard_index(manifest)
+    dataset = wids.ShardListDataset(str(out / "shardindex.json"), cache_dir=str(tmp_path / "wids"),
+                                    transformations=[])
+    paths = [json.loads(dataset[i][".json"].read())["path"] for i in range(len(dataset))]
+    assert len(paths) == manifest.num_samples and first["path"] not in paths
+    run_repack("gc", out, "--keep", "1")
+    assert not (out / "shard-000000.tar.idx").exists()
+    subprocess.run([ENERGON, "prepare", str(out), "--non-interactive", "--split-ratio", "1,0,0", "--force-overwrite",
+                    "--sample-type", "CrudeWebdataset", "--no-progress"], check=True, capture_output=True)
+    assert run_repack("verify", out, check=False).returncode == 0
+
+
+def tarfile_members(path: Path) -> list[tuple[str, bytes]]:
+    import tarfile
+
+    with tarfile.open(path) as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers() if m.isfile()]

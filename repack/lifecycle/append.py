@@ -209,7 +209,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
                       "quarantined": len(body["quarantine"]) - len(current["quarantine"]),
                       "removed_skipped": plan.info.get("removed_skipped", 0),
                       **(appender.change_note(current) if appender.change_note is not None else {})}
-            data = publish(store, out, current, current_raw, body, change)
+            data = publish(store, out, current, current_raw, body, change, warner(options.log_json))
             remove_prefix(store, f"{stage}/")
             if store.remote:
                 shutil.rmtree(job.store.scratch, ignore_errors=True)  # the staged job's local scratch

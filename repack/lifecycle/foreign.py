@@ -174,3 +174,19 @@ def tar_index_problems(rel: str, raw: bytes, dali_index: str) -> list[str]:
         return [f"{rel}: energon's tar index does not give the sample offsets of the tar "
                 f"({len(raw) // 8} entries, {len(expected)} expected)"]
     return []
+
+
+def refresh_views(store, manifest) -> list[str]:
+    """After a version is published: the wids shard index, where the dataset has one, rewritten for it (it is the
+    manifest's, nothing else); an energon preparation that lists other shard counts named in the returned
+    warnings (energon would still read the samples this version removed, and miss the new ones)."""
+    warnings = []
+    if manifest.format == "webdataset" and store.size(WIDS_INDEX_NAME) is not None:
+        store.put_bytes(WIDS_INDEX_NAME, json.dumps(wids_shard_index(manifest), indent=1).encode())
+    info = store.read_bytes(ENERGON_INFO)
+    if info is not None and info_problems(ENERGON_INFO, info, manifest):
+        warnings.append(f"{store.url}/{ENERGON_META} (megatron-energon) was prepared for another version: energon "
+                        "still reads the shards it listed (samples removed since included, samples added missing); "
+                        f"run `repack gc {store.url} --keep 1` (energon prepares every tar of the folder), then "
+                        "`energon prepare` again")
+    return warnings

@@ -2,7 +2,8 @@
 
 Kept: the K newest versions (``manifest.json`` and their ``manifest.vN.json``) and every file they
 name. Deleted: the ``manifest.vN.json`` of every other version and each file such a version names
-that no kept version names, and their job-state records (``.repack/inputs-vN.npz``, an older repack's ``inputs-vN.json``). A file no
+that no kept version names (with megatron-energon's ``<tar>.idx`` beside such a tar), and their job-state
+records (``.repack/inputs-vN.npz``, an older repack's ``inputs-vN.json``). A file no
 version names at all is never touched (``repack verify`` reports it): gc deletes only what repack
 published. Readers pinned to a deleted version lose it: keep as many versions as readers may pin.
 Each deletion is one unlink; a gc killed half-way leaves kept versions whole, and a re-run finishes.
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import UsageError
+from repack.lifecycle.foreign import ENERGON_INDEX_SUFFIX
 from repack.lifecycle.publish import (current_version, inputs_record, legacy_inputs_record, locked_dataset,
                                       make_record_whole, settle_pending)
 from repack.manifest import Manifest, ManifestError, parse_manifest
@@ -45,6 +47,10 @@ def collect_garbage(out: str, keep: int) -> GcResult:
         doomed = tuple(n for n in numbers if n not in kept)
         doomed_files = sorted(set().union(*(names[n] for n in doomed)) - keep_names
                               - {version_file(n) for n in doomed})
+        # megatron-energon's index beside a deleted tar (energon prepare writes <tar>.idx) goes with it: it indexes
+        # nothing any more, and verify would name it as a stray file
+        doomed_files += sorted({rel + ENERGON_INDEX_SUFFIX[len(".tar"):] for rel in doomed_files if rel.endswith(".tar")}
+                               - keep_names)
         sizes = {rel: store.size(rel) for rel in doomed_files}  # the store's confinement refuses before a delete
         if doomed:  # the oldest kept record stands alone before the records it extends go, and before anything
             make_record_whole(store, min(kept))  # is deleted: a record that cannot be made whole refuses the gc

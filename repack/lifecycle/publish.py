@@ -177,7 +177,9 @@ def settle_pending(store, current: dict, say: Callable[[str], None] | None = Non
     problem = pending_problem(store, raw, number)
     if problem is None:
         store.put_bytes(MANIFEST_NAME, raw)
-        return Settled(promoted=json.loads(raw))
+        promoted = json.loads(raw)
+        _refresh_views(store, Manifest(Path(store.scratch), promoted), say)
+        return Settled(promoted=promoted)
     aside = f"{REJECTED_DIR}/{name}.{hashlib.sha256(raw).hexdigest()[:12]}"
     move(store, name, aside)
     message = (f"{store.url}/{name}: not published ({problem}); moved to {store.url}/{aside}; version "
@@ -228,8 +230,10 @@ def promote_pending(store, current: dict, say: Callable[[str], None] | None = No
     return settle_pending(store, current, say).promoted
 
 
-def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, change: dict) -> dict:
-    """Publish ``body`` as the version after ``current``, recording ``change``; returns its data."""
+def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, change: dict,
+            say: Callable[[str], None] | None = None) -> dict:
+    """Publish ``body`` as the version after ``current``, recording ``change``; returns its data. Other loaders'
+    views of the dataset follow it (``foreign.refresh_views``: ``say`` warns of one repack cannot rewrite)."""
     data = stamp(body, current, change)
     Manifest(out, data).validate()
     store.check_lock()  # an object store's lock taken over by another run: publish nothing
@@ -239,7 +243,15 @@ def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, cha
     store.put_bytes(version_file(number_of(data)), raw)
     store.put_bytes(MANIFEST_NAME, raw)
     clear_leftovers(store, number_of(data), set(Manifest(out, data).named_files()))
+    _refresh_views(store, Manifest(out, data), say)
     return data
+
+
+def _refresh_views(store, manifest: Manifest, say: Callable[[str], None] | None) -> None:
+    from repack.lifecycle.foreign import refresh_views
+
+    for warning in refresh_views(store, manifest):
+        (say or warner(False))(warning)
 
 
 def leftover_pattern(number: int) -> re.Pattern:
