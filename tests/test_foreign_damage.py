@@ -266,3 +266,45 @@ def test_an_unnamed_files_integer_labels_are_not_names_of_digits(tmp_path):
     assert manifest["totals"]["samples"] == 3 and manifest["classes"] == {"1": 0, "2": 1, "3": 2}
     assert sorted(q["source"] for q in manifest["quarantine"]) == ["b.parquet/0", "b.parquet/1", "b.parquet/2"]
     assert all("an integer index" in q["reason"] for q in manifest["quarantine"])
+
+
+def test_rows_listed_twice_in_another_spelling_are_named_apart_each(tmp_path):
+    """An image list naming a file as ``./a.jpg`` and twice as ``a.jpg``: the rows set aside have a name each (two
+    records had the same source)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jpg").write_bytes(jpeg_bytes(seed=1))
+    (data / "list.csv").write_text("path\na.jpg\n./a.jpg\na.jpg\n")
+    out = tmp_path / "out"
+    run_repack("images", data / "list.csv", out, "--list", "--quiet")
+    sources = [q["source"] for q in read_manifest_json(out)["quarantine"]]
+    assert sorted(sources) == ["a.jpg", "a.jpg (again, 2)"] and len(packed_samples(out)) == 1
+
+
+def test_a_text_list_row_repeated_is_named_apart_with_its_line_and_never_packed_twice(tmp_path):
+    """A text list naming a file twice quarantined the repeat under the packed file's own name, with no line:
+    an --append then took that file for one without a sample and, once it changed, packed it a second time.
+    The repeat is ``a.jsonl (again, 2)`` with its row's line; another spelling is a second path, not a symlink.
+    An older repack's record under the packed name is known for what it is."""
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+    tok = write_tokenizer(gpt2_tokenizer(), tmp_path / "tok")
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("a", "b"):
+        (data / f"{name}.jsonl").write_text(json.dumps({"text": f"doc {name}"}) + "\n")
+    (data / "list.txt").write_text("a.jsonl\nb.jsonl\na.jsonl\n./b.jsonl\n")
+    out = tmp_path / "out"
+    run_repack("text", data / "list.txt", out, "--list", "--tokenizer", tok, "--quiet")
+    records = {q["source"]: q["reason"] for q in read_manifest_json(out)["quarantine"]}
+    assert records == {"a.jsonl (again, 2)": "listed twice (list.txt:3): read once",
+                       "./b.jsonl": "same file as b.jsonl (hard link or second path): read once, under b.jsonl "
+                                    "(list.txt:4)"}
+    manifest = read_manifest_json(out)
+    manifest["quarantine"] = [{"source": "a.jsonl", "line": None, "reason": "listed twice: read once"}
+                              if q["source"] == "a.jsonl (again, 2)" else q for q in manifest["quarantine"]]
+    (out / "manifest.json").write_text(json.dumps(manifest))  # as an older repack wrote it
+    with open(data / "a.jsonl", "a") as grown:
+        grown.write(json.dumps({"text": "doc a again"}) + "\n")
+    refused = run_repack("text", data / "list.txt", out, "--list", "--tokenizer", tok, "--append", check=False)
+    assert refused.returncode == 2 and "changed since the dataset packed them" in refused.stderr, refused.stdout

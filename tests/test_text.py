@@ -521,7 +521,7 @@ def test_folder_symlink_loop_and_repeats_are_read_once(tmp_path, gpt2_dir, docs)
     run_repack("text", listing, tmp_path / "listed", "--list", "--tokenizer", gpt2_dir)
     m = read_manifest_json(tmp_path / "listed")
     assert m["totals"]["documents"] == 8
-    assert [(q["source"], "read once" in q["reason"]) for q in m["quarantine"]] == [("src/a/one.jsonl", True)]
+    assert [(q["source"], "read once" in q["reason"]) for q in m["quarantine"]] == [("src/a/one.jsonl (again, 2)", True)]
 
 
 def test_no_merge_removes_empty_parts(tmp_path, gpt2_dir, docs):

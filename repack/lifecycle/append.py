@@ -49,7 +49,7 @@ from repack.lifecycle.publish import (current_version, locked_dataset, move, pro
 from repack.manifest import MANIFEST_NAME
 from repack.manifest.paths import PathEscapeError, no_links_below
 from repack.manifest.versions import number_of
-from repack.sources.tar_shards import copy_base
+from repack.sources.base import copy_base
 from repack.sinks.checks import bytes_digest
 
 
@@ -68,8 +68,8 @@ def names_a_copy(record: dict) -> bool:
     """A quarantine record of another copy of a packed input under the packed one's own name, as repack wrote it
     before such copies were named apart (``tar_shards.again_name``): a tar's second member of one name, a list
     row naming a listed file again. Its name holds a sample: never planned again as a quarantined input."""
-    reason = str(record.get("reason", ""))
-    return reason.startswith("listed twice (") or (reason.startswith("second '") and " member of sample " in reason)
+    reason = str(record.get("reason", ""))  # a text list's repeated row: "listed twice: read once" (older repack)
+    return reason.startswith("listed twice") or (reason.startswith("second '") and " member of sample " in reason)
 
 
 def planned_once(job, plan: Plan):

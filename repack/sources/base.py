@@ -153,14 +153,15 @@ def pick_real_paths(entries: list[tuple[str, str, os.stat_result]], root: str) -
             groups.setdefault(ident, [seen]).append((rel, real))
     aliases: dict[str, str] = {}
     for group in groups.values():
-        winner = next((rel for rel, real in group if real == os.path.join(root, rel)), group[0][0])
+        winner = next((rel for rel, real in group if real == os.path.normpath(os.path.join(root, rel))), group[0][0])
         aliases.update((rel, winner) for rel, _ in group if rel != winner)
     return aliases
 
 
 def alias_reason(rel: str, real: str, kept: str, root: str) -> str:
     """Why ``rel`` is not read: the same file is read under ``kept``."""
-    how = "symlink inside the source root" if real != os.path.join(root, rel) else "hard link or second path"
+    how = ("symlink inside the source root" if real != os.path.normpath(os.path.join(root, rel))
+           else "hard link or second path")
     return f"same file as {kept} ({how}): read once, under {kept}"
 
 
@@ -174,3 +175,18 @@ def join_names(rels) -> bytes:
     if blob.count(0) != len(rels):
         raise ValueError("an input path holds a NUL byte")
     return blob
+
+
+def again_name(rel: str, seen_again: dict[str, int]) -> str:
+    """The name of another copy of ``rel`` (a tar's second member of one name, a list's row naming a listed file
+    again) set aside beside the packed one: ``rel (again, 2)``, ``(again, 3)``... Apart from the packed name (an
+    --append plans a quarantined name again when it changes: the packed copy would get a second sample), and
+    from where it lies (the same name when the list or shard is written again in another order)."""
+    seen_again[rel] = seen_again.get(rel, 1) + 1
+    return f"{rel} (again, {seen_again[rel]})"
+
+
+def copy_base(name: str) -> str | None:
+    """The packed name that ``again_name`` made ``name`` from, or None where ``name`` is no such copy's."""
+    base, sep, tail = name.rpartition(" (again, ")
+    return base if sep and tail.endswith(")") and tail[:-1].isdigit() else None

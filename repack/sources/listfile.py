@@ -17,8 +17,8 @@ import os
 import posixpath
 
 from repack.errors import UsageError
-from repack.sources.base import InputItem, Scan, alias_reason, clean_label, quarantine_record, sort_key
-from repack.sources.tar_shards import again_name, bound_index_labels, numeric_class_index
+from repack.sources.base import InputItem, Scan, again_name, alias_reason, clean_label, quarantine_record, sort_key
+from repack.sources.tar_shards import bound_index_labels, numeric_class_index
 from repack.sources.confine import Confinement
 
 LABEL_COLUMNS = ("label", "class", "cls")
@@ -91,6 +91,7 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
     items: list[InputItem] = []
     seen: dict[str, str] = {}  # real path -> the rel it is packed under
     seen_again: dict[str, int] = {}
+    set_aside: set[str] = set()  # the names of rows listed twice: each its own
     read_as: dict[tuple[int, int], str] = {}  # (device, inode) -> the rel it is read under: a hard link is one file
     for rel, lineno, label in rows:
         if labeled and label is None:
@@ -103,8 +104,9 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
         if checked.reason is not None:
             quarantine.append(quarantine_record(rel, f"{checked.reason} ({name}:{lineno})", label))
             continue
-        if checked.real in seen:  # the same spelling as the packed row: named apart from it (``again_name``)
-            shown = again_name(rel, seen_again) if seen[checked.real] == rel else rel
+        if checked.real in seen:  # the packed row's spelling, or one set aside already: named apart (``again_name``)
+            shown = again_name(rel, seen_again) if seen[checked.real] == rel or rel in set_aside else rel
+            set_aside.add(shown)
             quarantine.append(quarantine_record(shown, f"listed twice ({name}:{lineno})", label))
             continue
         ident = (checked.st.st_dev, checked.st.st_ino)

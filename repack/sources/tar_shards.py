@@ -26,7 +26,7 @@ import tarfile
 from dataclasses import dataclass
 
 from repack.errors import UsageError
-from repack.sources.base import FieldChoice, MemberItem, Scan, quarantine_record
+from repack.sources.base import FieldChoice, MemberItem, Scan, again_name, quarantine_record
 from repack.sources.confine import Confinement
 from repack.sources.containers import Container, list_containers, open_container
 from repack.sources.walk import is_junk
@@ -167,21 +167,6 @@ def _unclean_end(fh, offset: int, shard_bytes: int) -> str | None:
             return None
         if block.strip(b"\0"):
             return "holds data after its end-of-archive marker (two tars joined?)"
-
-
-def again_name(rel: str, seen_again: dict[str, int]) -> str:
-    """The name of another copy of ``rel`` (a tar's second member of one name, a list's row naming a listed file
-    again) set aside beside the packed one: ``rel (again, 2)``, ``(again, 3)``... Apart from the packed name (an
-    --append plans a quarantined name again when it changes: the packed copy would get a second sample), and
-    from where it lies (the same name when the list or shard is written again in another order)."""
-    seen_again[rel] = seen_again.get(rel, 1) + 1
-    return f"{rel} (again, {seen_again[rel]})"
-
-
-def copy_base(name: str) -> str | None:
-    """The packed name that ``again_name`` made ``name`` from, or None where ``name`` is no such copy's."""
-    base, sep, tail = name.rpartition(" (again, ")
-    return base if sep and tail.endswith(")") and tail[:-1].isdigit() else None
 
 
 def _pick_image(sample: _Sample, fields: FieldChoice) -> tuple[str | None, str | None]:

@@ -34,7 +34,7 @@ from typing import BinaryIO, Iterator, NamedTuple
 import numpy as np
 
 from repack.errors import UsageError, stable_reason
-from repack.sources.base import alias_reason, pick_real_paths
+from repack.sources.base import again_name, alias_reason, pick_real_paths
 from repack.sources.confine import Checked, Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import list_columns
@@ -153,11 +153,6 @@ def checked_found(path: str, rel: str, checked: Checked) -> Found:
     return Found(path, rel, checked.real, checked.reason, checked.st)
 
 
-def _where(listed_at: dict[str, str], rel: str) -> str:
-    """`` (<list file>:<line>)`` for an entry of a list file, else empty."""
-    return f" ({listed_at[rel]})" if rel in listed_at else ""
-
-
 def list_text_files(source: str, list_file: bool = False, confinement: Confinement | None = None,
                     workers: int = 1) -> tuple[TextInputs, list[dict], int]:
     """The input files in deterministic order (columns), quarantine records, and the count of skipped files.
@@ -180,9 +175,8 @@ def list_text_file_rows(source: str, list_file: bool = False, confinement: Confi
     rules = confinement or Confinement()
     quarantine: list[dict] = []
     skipped = 0
-    candidates: list[tuple[str, str]] = []  # (path, rel)
-    scanned: list[Found] = []  # a folder scan's files, checked already
-    listed_at: dict[str, str] = {}  # rel -> "<list file>:<line>" of its first row (--list)
+    candidates: list[tuple[str, str, str]] = []  # (path, rel, " (<list file>:<line>)" of its row or "")
+    scanned: list[tuple[Found, str]] = []  # each file checked, with where it was listed
     if list_file:
         conf = rules.rooted(str(src.absolute().parent))
         base = src.parent
@@ -191,34 +185,38 @@ def list_text_file_rows(source: str, list_file: bool = False, confinement: Confi
             if not entry or entry.startswith("#"):
                 continue
             path = Path(entry) if os.path.isabs(entry) else base / entry
-            candidates.append((str(path), entry))
-            listed_at.setdefault(entry, f"{src.name}:{number}")
+            candidates.append((str(path), entry, f" ({src.name}:{number})"))
     else:
         conf = rules.rooted(os.path.dirname(os.path.realpath(src)))  # the file named on the command line
-        candidates = [(str(src), src.name)]
-    checked_files: list[tuple[str, str, os.stat_result]] = []
-    for path, rel in candidates:
+        candidates = [(str(src), src.name, "")]
+    checked_files: list[tuple[str, str, os.stat_result, str]] = []
+    for path, rel, where in candidates:
         kind = classify(os.path.basename(path))
         if kind is None:
             quarantine.append({"source": rel, "line": None, "reason": "not a .jsonl/.txt/.parquet file "
-                               "(optionally .gz/.zst)" + _where(listed_at, rel)})
+                               "(optionally .gz/.zst)" + where})
             continue
-        scanned.append(checked_found(path, rel, conf.check(path)))
-    for _, rel, real, reason, st in scanned:
+        scanned.append((checked_found(path, rel, conf.check(path)), where))
+    for (_, rel, real, reason, st), where in scanned:
         if reason is None and stat_mod.S_ISDIR(st.st_mode):
             reason = "not a regular file (folder)"
         if reason is not None:
-            quarantine.append({"source": rel, "line": None, "reason": reason + _where(listed_at, rel)})
+            quarantine.append({"source": rel, "line": None, "reason": reason + where})
             continue
-        checked_files.append((rel, real, st))
-    aliases = pick_real_paths(checked_files, conf.root)
+        checked_files.append((rel, real, st, where))
+    aliases = pick_real_paths([(rel, real, st) for rel, real, st, _ in checked_files], conf.root)
     files: list[TextFile] = []
     read: set[str] = set()
-    for rel, real, st in checked_files:
+    set_aside: set[str] = set()  # names of the rows not read: each its own, never a packed file's
+    seen_again: dict[str, int] = {}
+    for rel, real, st, where in checked_files:
         if rel in aliases or rel in read:  # a file reached twice (link, hard link, list repeat) is read once
             first = aliases.get(rel, rel)
-            reason = alias_reason(rel, real, first, conf.root) if first != rel else "listed twice: read once"
-            quarantine.append({"source": rel, "line": None, "reason": reason})
+            reason = (alias_reason(rel, real, first, conf.root) + where if first != rel
+                      else f"listed twice{where}: read once")
+            shown = again_name(rel, seen_again) if rel in read or rel in set_aside else rel
+            set_aside.add(shown)
+            quarantine.append({"source": shown, "line": None, "reason": reason})
             continue
         read.add(rel)
         kind, compression = classify(rel.rpartition("/")[2])
