@@ -513,3 +513,15 @@ def test_more_bad_jobs_fail_fast(photo_tree, tmp_path):
         proc = run_repack("images", photo_tree, tmp_path / "o", *args, check=False)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert not (tmp_path / "o").exists()
+
+
+def test_a_ring_of_symlinks_is_named_for_what_it_is(tmp_path):
+    """Two links naming each other are no "broken symlink": the reason keeps the system's words."""
+    src = tmp_path / "src" / "dog"
+    src.mkdir(parents=True)
+    (src / "ok.jpg").write_bytes(jpeg_bytes(seed=1))
+    (src / "ring_a.jpg").symlink_to(src / "ring_b.jpg")
+    (src / "ring_b.jpg").symlink_to(src / "ring_a.jpg")
+    run_repack("images", src.parent, tmp_path / "out", "--quiet")
+    reasons = {q["source"]: q["reason"] for q in read_manifest_json(tmp_path / "out")["quarantine"]}
+    assert reasons == {f"dog/ring_{x}.jpg": "symlink: Too many levels of symbolic links" for x in "ab"}

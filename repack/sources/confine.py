@@ -20,6 +20,7 @@ inode), else ``SourceChanged``.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import stat as stat_mod
 from dataclasses import dataclass
@@ -117,7 +118,9 @@ class Confinement:
         try:
             st = lst if real is path else os.stat(real)
         except OSError as exc:
-            return Checked(reason="broken symlink" if is_link else f"unreadable: {exc.strerror}", is_link=is_link)
+            reason = (("broken symlink" if exc.errno == errno.ENOENT else f"symlink: {exc.strerror}") if is_link
+                      else f"unreadable: {exc.strerror}")  # a loop of links: "Too many levels of symbolic links"
+            return Checked(reason=reason, is_link=is_link)
         if stat_mod.S_ISDIR(st.st_mode):
             return Checked(real, st, is_link=is_link)
         if not stat_mod.S_ISREG(st.st_mode):
