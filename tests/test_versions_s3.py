@@ -188,3 +188,69 @@ def test_a_webdataset_source_on_s3_rewritten_with_other_bytes_of_its_size_is_ref
     refused = run_repack("images", "s3://wds/src", out, "--from", "webdataset", "--append", "--quiet", env=env,
                          check=False)
     assert refused.returncode == 2 and "train-000.tar/000.jpg" in refused.stderr and "changed since" in refused.stderr
+
+
+def test_an_append_after_a_killed_remove_on_s3_publishes_both_and_leaves_no_probe(server, tmp_path):
+    """A remove killed between manifest.v3.json and manifest.json leaves version 3 pending: the next --append
+    publishes it, then version 4 (on s3:// the check of the pending version listed the prefix first, and the
+    staged shards, written by another store object, were "gone"). A command killed between its write probe's
+    PUT and DELETE leaves the probe, which the next command removes."""
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="pending")
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    src, url = make_source(tmp_path / "src"), "s3://pending/ds"
+    (tmp_path / "takedown.txt").write_text("cat/c1.jpg\n")
+    run_repack("images", src, url, "--shard-size", "4", "--quiet", env=env)
+    run_repack("remove", url, "--sources", tmp_path / "takedown.txt", "--quiet", env=env)
+    s3.copy_object(Bucket="pending", Key="ds/manifest.json", CopySource={"Bucket": "pending", "Key": "ds/manifest.v1.json"})
+    s3.put_object(Bucket="pending", Key="ds/.repack/.write-probe-elsewhere-1", Body=b"")
+    add_inputs(src)
+    run_repack("images", src, url, "--shard-size", "4", "--append", "--quiet", env=env)
+    manifest = json.loads(objects(s3, "pending", "ds")["manifest.json"])
+    assert manifest["dataset_version"]["number"] == 3 and manifest["dataset_version"]["change"]["kind"] == "append"
+    assert "cat/c1.jpg" not in json.dumps(manifest["shards"]) and run_repack("verify", url, env=env).returncode == 0
+    assert not [key for key in objects(s3, "pending", "ds") if ".write-probe-" in key]
+
+
+def test_a_move_above_the_single_copy_limit_goes_in_parts_with_its_digest(server, tmp_path, endpoint, monkeypatch):
+    """S3 copies at most 5 GiB in one CopyObject: a larger file an --append moves into place is copied in parts
+    (here the limit is lowered to 1 MiB), with its bytes and its sha256 metadata, and the source deleted."""
+    import hashlib
+
+    from repack.store import s3 as s3_store
+    from repack.store import s3_client
+
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="moves")
+    endpoint(server.endpoint)
+    monkeypatch.setattr(s3_store, "SINGLE_COPY_BYTES", 1 << 20)
+    monkeypatch.setattr(s3_client, "MULTIPART_BYTES", 5 << 20)  # S3's smallest part
+    store = s3_store.S3Store("s3://moves/ds")
+    data = bytes(range(256)) * (6 << 12)  # 6 MiB: two parts
+    (tmp_path / "big").write_bytes(data)
+    store.publish("staged/big.bin", tmp_path / "big")
+    store.move("staged/big.bin", "big-v2.bin")
+    head = s3.head_object(Bucket="moves", Key="ds/big-v2.bin")
+    assert head["ETag"].strip('"').endswith("-2")  # a copy in two parts
+    assert head["Metadata"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert objects(s3, "moves", "ds") == {"big-v2.bin": data}
+
+
+def test_a_move_asks_again_through_failing_answers(server, tmp_path, endpoint):
+    """The server-side copy that moves a file into place rides out 5xx answers as every other request of the store
+    does (it was one bare request: a traceback, exit 1, after botocore's own attempts)."""
+    from repack.lifecycle.publish import move
+    from repack.store.s3 import S3Store
+    from tests.tools.s3server import FaultProxy
+
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="flaky")
+    proxy = FaultProxy(server.port, put_faults={"/flaky/ds/moved.bin": [500] * 4})
+    try:
+        endpoint(proxy.endpoint)
+        store = S3Store("s3://flaky/ds")
+        store.put_bytes("staged.bin", b"payload")
+        move(store, "staged.bin", "moved.bin")
+    finally:
+        proxy.stop()
+    assert objects(s3, "flaky", "ds") == {"moved.bin": b"payload"} and not proxy.put_faults["/flaky/ds/moved.bin"]

@@ -185,6 +185,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
                 except NothingPackedError:  # every new input quarantined: the dataset is not empty, and version
                     pass                    # N+1 records them (same shards), as every version records its inputs
             known = known.record()
+            if store.remote:  # the staged job wrote its shards through a store object of its own
+                store.forget_listing()
             staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
             refusal = appender.staged_refusal(current, staged) if appender.staged_refusal is not None else None
             if refusal is not None:

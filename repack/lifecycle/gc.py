@@ -60,11 +60,11 @@ def collect_garbage(out: str, keep: int) -> GcResult:
                 store.delete(rel)
                 deleted.append(rel)
                 freed += size
-        for number in doomed:  # the version files last: a gc killed before this re-finds what they name
+        for number in doomed:  # the version files last: a gc killed before this re-finds what they name, and
+            store.delete(inputs_record(number))  # its records go before it (nothing re-finds them after it)
+            store.delete(legacy_inputs_record(number))  # an older repack's record
             if store.size(version_file(number)) is not None:
                 store.delete(version_file(number))
-            store.delete(inputs_record(number))
-            store.delete(legacy_inputs_record(number))  # an older repack's record
         return GcResult(kept, doomed, tuple(deleted), freed)
 
 

@@ -319,11 +319,7 @@ def move(store, src: str, dst: str) -> None:
         store.path(dst).parent.mkdir(parents=True, exist_ok=True)  # e.g. a video's videos-vN/<class>/
         os.replace(store.path(src), store.path(dst))
         return
-    from repack.store.s3_client import client
-
-    client().copy_object(Bucket=store.bucket, Key=store.key(dst),
-                         CopySource={"Bucket": store.bucket, "Key": store.key(src)})
-    store.delete(src)
+    store.move(src, dst)
 
 
 def remove_prefix(store, prefix: str) -> None:

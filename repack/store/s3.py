@@ -32,6 +32,8 @@ from repack.store.s3_lock import ObjectLock
 
 SHA_META = "sha256"   # object metadata x-amz-meta-sha256: the content's sha256, set at upload
 UPLOAD_ATTEMPTS = 4   # whole-file attempts on top of botocore's per-request retries
+SINGLE_COPY_BYTES = 5 << 30  # the largest object one CopyObject may copy (S3's limit); larger: copied in parts
+PROBE_PREFIX = ".repack/.write-probe-"
 PART_BYTES = 8 << 20  # ranged GETs of download_parts
 
 
@@ -102,9 +104,30 @@ class S3Store:
     # -- the store operations ----------------------------------------------------------------
     def check_writable(self) -> None:
         """Fail fast (exit 2) on wrong credentials, a missing bucket or a read-only prefix."""
-        rel = f".repack/.write-probe-{socket.gethostname()}-{os.getpid()}"
+        rel = f"{PROBE_PREFIX}{socket.gethostname()}-{os.getpid()}"
         self._call(rel, "put_object", Key=self.key(rel), Body=b"")
         self._call(rel, "delete_object", Key=self.key(rel))
+        for left in self.list_sizes(PROBE_PREFIX):  # probes of commands killed between their PUT and DELETE (a
+            self.delete(left)                       # live command's own DELETE then finds nothing: S3 allows it)
+
+    def move(self, src: str, dst: str) -> None:
+        """Rename ``src`` to ``dst``: a server-side copy with the object's metadata (its sha256), in parts above
+        SINGLE_COPY_BYTES, each request asked again as every request of the store is; then ``src`` deleted."""
+        head = self._call(src, "head_object", Key=self.key(src))
+        if head["ContentLength"] <= SINGLE_COPY_BYTES:
+            self._call(dst, "copy_object", Key=self.key(dst), CopySource={"Bucket": self.bucket, "Key": self.key(src)})
+        else:
+            extra = {"Metadata": head.get("Metadata") or {}, "MetadataDirective": "REPLACE"}
+            self._retried(dst, lambda: client().copy({"Bucket": self.bucket, "Key": self.key(src)}, self.bucket,
+                                                     self.key(dst), ExtraArgs=extra, Config=transfer_config()))
+        if self._sizes is not None:
+            self._sizes[dst] = head["ContentLength"]
+        self.delete(src)
+
+    def forget_listing(self) -> None:
+        """Drop the cached listing: another store object wrote under this prefix since it was made (an --append's
+        staged job); the next ``size`` lists again."""
+        self._sizes = None
 
     def publish(self, rel: str, local: Path, sha256: str | None = None) -> None:
         """Upload a finished local file (multipart when large), then check size and sha256 by HEAD.
