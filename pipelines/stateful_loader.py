@@ -152,6 +152,12 @@ class StatefulDataLoader(_TorchdataLoader):
                              f"loader with num_workers={saved} to continue")
         self._ended_once = None
         super().load_state_dict(state_dict)
+        follow = getattr(self.dataset, "follow_state", None)
+        if follow is not None and "_snapshot" in state_dict:  # the workers read the state's dataset version: this
+            for worker in state_dict["_snapshot"]["_worker_snapshots"].values():  # process counts its samples too
+                if isinstance(worker.get("dataset_state"), dict) and "dataset" in worker["dataset_state"]:
+                    follow(worker["dataset_state"])
+                    break
 
     def state_dict(self) -> dict:
         if self._ended_once is not None and self.next_iter_state is self._ended_once:

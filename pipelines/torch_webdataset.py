@@ -401,6 +401,15 @@ class ImageShardDataset(IterableDataset):
         if not bool(self._epoch_chosen):
             self._epoch.fill_(int(state["epoch"]))
 
+    def follow_state(self, state: dict) -> None:
+        """Open the dataset version ``state`` was taken on, as the DataLoader's workers do when they load it: a
+        loader with workers loads its readers' states in the workers only, so this process's ``len()`` and
+        ``steps()`` counted the latest version's samples (``pipelines.stateful_loader`` calls this). A ValueError
+        names a version that is no longer kept, as the workers would."""
+        version = dataset_identity.resolve(state.get("dataset"), self.dataset, self.root, type(self).__name__)
+        if version is not None:
+            self._open(version)
+
     def _check_loaded(self, state: dict) -> None:
         """ValueError unless ``state`` is of this reader's options, size, rank and world size."""
         expect = {"kind": type(self).__name__, "version": STATE_VERSION, "seed": self.seed,

@@ -86,6 +86,21 @@ def test_image_state_continues_on_its_version_or_refuses_naming_both(versions, i
         dataset.load_state_dict(ImageShardDataset(root, version=1).state_dict())
 
 
+def test_a_loader_with_workers_counts_the_loaded_states_version(versions):
+    """A loader with workers loads its readers' states in the workers: the training process's dataset stayed on
+    the latest version (300 samples) while the workers read version 2's 340, so len() and the steps per epoch
+    a schedule is built from were another version's."""
+    root = versions["images"]
+    _, saved = image_loader(root, 2, False, version=2)
+    before, state = take(saved, 3)
+    dataset, latest = image_loader(root, 2, False)
+    assert len(dataset) == 300
+    latest.load_state_dict(state)
+    assert len(dataset) == 340 and dataset.dataset["version"] == 2
+    after, _ = take(latest, None)
+    assert len(before) + len(after) == 340 == len(set(before + after))
+
+
 def token_fingerprints(rows) -> list[str]:
     return [",".join(map(str, row.tolist())) for row in rows]
 
