@@ -291,3 +291,19 @@ def test_a_parquet_quarantined_while_planning_is_one_input_and_no_file_read_unti
     fresh = pack(gpt2, src, tmp_path / "fresh", "--doc-per", "line")
     assert manifest["quarantine"] == [] and manifest["totals"]["documents"] == 4
     assert {k: manifest["totals"][k] for k in COUNTED} == {k: fresh["totals"][k] for k in COUNTED}
+
+
+def test_a_short_whole_file_fragment_is_quarantined_on_every_path(gpt2, tmp_path):
+    """--doc-per file: a small plain .txt took a fast path that checked only for NUL, so a 13-character document
+    holding a control character was packed from a.txt and quarantined from the same bytes gzipped."""
+    import gzip
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"short text\x01ok")
+    (src / "b.txt.gz").write_bytes(gzip.compress(b"short text\x01ok"))
+    (src / "c.txt").write_bytes(b"a fine document\n")
+    manifest = pack(gpt2, src, tmp_path / "out", "--doc-per", "file")
+    reasons = {q["source"]: q["reason"] for q in manifest["quarantine"]}
+    assert set(reasons) == {"a.txt", "b.txt.gz"} and reasons["a.txt"] == reasons["b.txt.gz"]
+    assert manifest["ids"] == expected(gpt2, "a fine document\n")

@@ -40,7 +40,8 @@ from repack.sources.reading import open_input
 from repack.sources.s3 import list_columns
 from repack.sources.text_kinds import classify, unread_reason
 from repack.sources.text_scan import KIND_CODES, KIND_OF, TextInputs, scan_text_folder
-from repack.sources.text_sniff import SNIFF_BYTES, binary_document, binary_reason, has_nul, plain_text
+from repack.sources.text_sniff import (SNIFF_BYTES, binary_document, binary_reason, has_nul, may_hold_a_fragment,
+                                      plain_text)
 from repack.store import is_remote
 
 SNIP_BYTES = 4096  # the sniff reads a damaged compressed stream in pieces, keeping what decompressed
@@ -349,6 +350,8 @@ def file_document(data: bytes | OSError | None, max_doc_bytes: int) -> tuple[str
             return None
         if has_nul(text):
             return None
+    if may_hold_a_fragment(text):  # a short file with a control character: the general path checks its document
+        return None
     return text, data.count(b"\n") + (0 if data[-1:] in (b"\n", b"") else 1)
 
 

@@ -96,6 +96,13 @@ FRAGMENT_CHARS = 16  # a document this short holding a C0 control character (not
 _FRAGMENT_CONTROLS = re.compile("[" + "".join(sorted(_CONTROLS - {"\x1b"})) + "]")
 
 
+def may_hold_a_fragment(text: str) -> bool:
+    """Whether ``text`` (a whole file, its line ends included) is short enough and holds a control character, so
+    that one of its documents may be a binary fragment (``binary_document``): a fast path leaves it to the
+    general one, which checks document by document."""
+    return len(text) < FRAGMENT_CHARS + 2 and _FRAGMENT_CONTROLS.search(text) is not None
+
+
 def binary_document(text: str) -> str | None:
     """Why a decoded document is binary data rather than text (its own check, whatever its file's first bytes
     said: a damaged stretch in the middle of a file), or None: U+0000, or a short document holding a C0 control
