@@ -155,6 +155,27 @@ def test_ids_as_arrays_follow_the_per_document_bos_eos_rule(gpt2):
         assert flat.tolist() == [i for ids in expected for i in ids]
 
 
+def test_every_document_gets_one_eos_whatever_its_text_ends_with(gpt2):
+    """A document whose own text ends with the EOS token (or starts with BOS) still gets repack's EOS (BOS), as
+    Megatron's --append-eod gives it; only a template that adds them is not doubled."""
+    from tokenizers import processors
+
+    from repack.transforms.tokenize import BatchEncoder, load_tokenizer
+
+    tokenizer, _ = load_tokenizer(gpt2)
+    eot = tokenizer.token_to_id("<|endoftext|>")
+    texts = ["ends here<|endoftext|>", "<|endoftext|>starts", "plain"]
+    bare = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+    encoder = BatchEncoder(tokenizer, special_tokens=True, bos_id=eot, eos_id=eot)
+    assert encoder.encode(texts) == [[eot, *ids, eot] for ids in bare]
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>",
+                                                             special_tokens=[("<|endoftext|>", eot)])
+    templated = BatchEncoder(tokenizer, special_tokens=True, bos_id=None, eos_id=eot)
+    assert templated.encode(texts) == [[*ids, eot] for ids in bare]
+    flat, lengths, _ = templated.encode_arrays(texts)
+    assert flat.tolist() == [i for ids in bare for i in [*ids, eot]] and lengths.tolist() == [len(b) + 1 for b in bare]
+
+
 def test_the_capped_bpe_cache_gives_the_default_caches_ids(gpt2):
     """load_tokenizer caps a BPE model's word cache (``BPE_CACHE_WORDS``, memory per forked worker): more
     distinct words than it holds, encoded twice, give the ids of a tokenizer with tokenizers' default cache."""

@@ -241,20 +241,35 @@ def template_ids(tokenizer) -> list[int]:
     return found
 
 
+def template_adds(tokenizer, special_tokens: bool, bos_id: int | None, eos_id: int | None) -> tuple[bool, bool]:
+    """Whether the tokenizer's post-processor template puts ``bos_id`` in front of / ``eos_id`` after every document
+    it encodes with ``special_tokens`` (probed on one short text, with and without the template)."""
+    if not special_tokens or (bos_id is None and eos_id is None):
+        return False, False
+    framed = tokenizer.encode("a", add_special_tokens=True).ids
+    bare = tokenizer.encode("a", add_special_tokens=False).ids
+    adds_bos = bos_id is not None and framed[:1] == [bos_id] and bare[:1] != [bos_id]
+    adds_eos = eos_id is not None and framed[-1:] == [eos_id] and bare[-1:] != [eos_id]
+    return adds_bos, adds_eos
+
+
 class BatchEncoder:
-    """Encodes lists of documents into lists of ids, with the job's BOS/EOS rules."""
+    """Encodes lists of documents into lists of ids, with the job's BOS/EOS rules: each document gets one BOS in
+    front and one EOS after it, the template's where it adds them, else repack's (also after a document whose
+    own text ends with the EOS token, as Megatron's --append-eod does)."""
 
     def __init__(self, tokenizer, *, special_tokens: bool, bos_id: int | None, eos_id: int | None) -> None:
         self.tokenizer = tokenizer
         self.special_tokens = special_tokens
-        self.bos_id = bos_id
-        self.eos_id = eos_id
+        adds_bos, adds_eos = template_adds(tokenizer, special_tokens, bos_id, eos_id)
+        self.bos_id = None if adds_bos else bos_id  # the ids repack itself adds
+        self.eos_id = None if adds_eos else eos_id
         self._fast = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
 
     def _finish(self, ids: list[int]) -> list[int]:
-        if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+        if self.bos_id is not None:
             ids.insert(0, self.bos_id)
-        if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
+        if self.eos_id is not None:
             ids.append(self.eos_id)
         return ids
 
@@ -296,29 +311,19 @@ class BatchEncoder:
 
 
 def with_bos_eos(flat, lengths, bos_id: int | None, eos_id: int | None):
-    """(ids, lengths) of documents given back to back with BOS put in front of each that does not start
-    with it and EOS appended to each that does not end with it (``BatchEncoder._finish``, vectorized)."""
+    """(ids, lengths) of documents given back to back with ``bos_id`` put in front of each and ``eos_id`` appended
+    to each (None: not added) (``BatchEncoder._finish``, vectorized)."""
     import numpy as np
 
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    filled = lengths > 0
-    last_at = np.maximum(ends - 1, 0)
-    add_bos = np.zeros(len(lengths), bool)
-    if bos_id is not None:
-        add_bos = ~filled | (flat[np.minimum(starts, max(len(flat) - 1, 0))] != bos_id if len(flat) else True)
-    add_eos = np.zeros(len(lengths), bool)
-    if eos_id is not None:
-        last = np.where(filled, flat[last_at] if len(flat) else 0, bos_id if bos_id is not None else -1)
-        add_eos = ~(filled | add_bos) | (last != eos_id)
+    add_bos, add_eos = int(bos_id is not None), int(eos_id is not None)
     new_lengths = lengths + add_bos + add_eos
     new_ends = np.cumsum(new_lengths)
     new_starts = new_ends - new_lengths
     out = np.empty(int(new_ends[-1]) if len(new_ends) else 0, dtype=np.int64)
-    shift = np.repeat(new_starts - starts + add_bos, lengths)
+    shift = np.repeat(new_starts - (np.cumsum(lengths) - lengths) + add_bos, lengths)
     out[np.arange(len(flat)) + shift] = flat
-    if bos_id is not None:
-        out[new_starts[add_bos]] = bos_id
-    if eos_id is not None:
-        out[new_ends[add_eos] - 1] = eos_id
+    if add_bos:
+        out[new_starts] = bos_id
+    if add_eos:
+        out[new_ends - 1] = eos_id
     return out, new_lengths
