@@ -188,14 +188,21 @@ def test_an_older_datasets_record_of_a_copy_under_the_packed_name_is_not_planned
     assert [q["source"] for q in manifest["quarantine"]] == ["a.tar/l.jpg (again, 2)"]  # one record of the copy
 
 
-def test_a_copy_new_in_an_append_is_recorded(tmp_path):
-    """A list row naming a packed file again, added alone: version N+1 records it, as a fresh pack does."""
+def listed_jpeg(tmp_path: Path, rows: str) -> tuple[Path, Path]:
+    """``data/a.jpg`` and ``data/list.csv`` (``rows`` after its header) packed into ``out``: (the list, OUT)."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "a.jpg").write_bytes(jpeg_bytes(seed=1))
-    (data / "list.csv").write_text("path\na.jpg\n")
+    (data / "list.csv").write_text("path\n" + rows)
     out = tmp_path / "out"
     run_repack("images", data / "list.csv", out, "--list", "--quiet")
+    return data / "list.csv", out
+
+
+def test_a_copy_new_in_an_append_is_recorded(tmp_path):
+    """A list row naming a packed file again, added alone: version N+1 records it, as a fresh pack does."""
+    listing, out = listed_jpeg(tmp_path, "a.jpg\n")
+    data = listing.parent
     (data / "list.csv").write_text("path\na.jpg\na.jpg\n")
     run_repack("images", data / "list.csv", out, "--list", "--append", "--quiet")
     assert [q["source"] for q in read_manifest_json(out)["quarantine"]] == ["a.jpg (again, 2)"]
@@ -271,12 +278,7 @@ def test_an_unnamed_files_integer_labels_are_not_names_of_digits(tmp_path):
 def test_rows_listed_twice_in_another_spelling_are_named_apart_each(tmp_path):
     """An image list naming a file as ``./a.jpg`` and twice as ``a.jpg``: the rows set aside have a name each (two
     records had the same source)."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "a.jpg").write_bytes(jpeg_bytes(seed=1))
-    (data / "list.csv").write_text("path\na.jpg\n./a.jpg\na.jpg\n")
-    out = tmp_path / "out"
-    run_repack("images", data / "list.csv", out, "--list", "--quiet")
+    _, out = listed_jpeg(tmp_path, "a.jpg\n./a.jpg\na.jpg\n")
     sources = [q["source"] for q in read_manifest_json(out)["quarantine"]]
     assert sorted(sources) == ["a.jpg", "a.jpg (again, 2)"] and len(packed_samples(out)) == 1
 

@@ -74,17 +74,24 @@ def test_partitions_started_together_with_other_options_never_mix(tmp_path):
             assert run_repack("verify", out, check=False).returncode == 0
 
 
-def test_a_text_merge_refuses_a_tokenizer_that_changed_since_the_plan(tmp_path):
+def _text_partitions(tmp_path: Path, count: int, files: int, *extra: str) -> tuple[Path, Path]:
+    """Both partitions of a text job over ``count`` documents in ``files`` files, not merged: (OUT, tokenizer)."""
     from tests.tools.text import documents, train_bpe, write_tokenizer
 
-    docs = documents(120, seed=3)
-    tokenizer = write_tokenizer(train_bpe(docs[:60]), tmp_path / "tok")
+    docs = documents(count, seed=3)
+    tokenizer = write_tokenizer(train_bpe(docs[:count // 2]), tmp_path / "tok")
     src, out = tmp_path / "corpus", tmp_path / "out"
     src.mkdir()
-    for part in range(2):
-        (src / f"part{part}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[part::2]))
+    for part in range(files):
+        (src / f"part{part}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[part::files]))
     for rank in (0, 1):
-        run_repack("text", src, out, "--tokenizer", tokenizer, "--num-nodes", "2", "--node-rank", str(rank), "--quiet")
+        run_repack("text", src, out, "--tokenizer", tokenizer, *extra, "--num-nodes", "2", "--node-rank", str(rank),
+                   "--quiet")
+    return out, tokenizer
+
+
+def test_a_text_merge_refuses_a_tokenizer_that_changed_since_the_plan(tmp_path):
+    out, tokenizer = _text_partitions(tmp_path, 120, 2)
     planned = Path(tokenizer, "tokenizer.json") if Path(tokenizer).is_dir() else Path(tokenizer)
     original = planned.read_bytes()
     changed = json.loads(original)
@@ -103,25 +110,10 @@ def test_a_text_merge_refuses_a_tokenizer_that_changed_since_the_plan(tmp_path):
     assert run_repack("verify", out, check=False).returncode == 0
 
 
-def _text_partitions(tmp_path: Path) -> Path:
-    from tests.tools.text import documents, train_bpe, write_tokenizer
-
-    docs = documents(80, seed=5)
-    tokenizer = write_tokenizer(train_bpe(docs[:40]), tmp_path / "tok")
-    src, out = tmp_path / "corpus", tmp_path / "out"
-    src.mkdir()
-    for part in range(4):
-        (src / f"part{part}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[part::4]))
-    for rank in (0, 1):
-        run_repack("text", src, out, "--tokenizer", tokenizer, "--chunk-bytes", "2KiB", "--num-nodes", "2",
-                   "--node-rank", str(rank), "--quiet")
-    return out
-
-
 def test_a_merge_reads_and_removes_nothing_a_task_record_names_outside_out(tmp_path):
     """A task record naming its part by a path outside OUT (a forged or damaged record on the shared volume) is a
     damaged task (exit 4): the merge read that file into the dataset and then deleted it. An lmdb part alike."""
-    out = _text_partitions(tmp_path)
+    out = _text_partitions(tmp_path, 80, 4, "--chunk-bytes", "2KiB")[0]
     records = sorted((out / ".repack" / "tasks").glob("part-*.json"))
     victim = tmp_path / "victim.bin"
     record = json.loads(records[0].read_text())
@@ -150,7 +142,7 @@ def test_a_merge_removes_what_a_killed_merge_left_and_checks_the_job_state(tmp_p
     """A merge killed while it wrote the manifest, the tokenizer copy or the source runs left their temps, which
     the next merge kept (verify then failed for good); partitions of another repack version, or a job.json
     that is not a job state, are refused in one line (a traceback, or a merge stamped with this version)."""
-    out = _text_partitions(tmp_path)
+    out = _text_partitions(tmp_path, 80, 4, "--chunk-bytes", "2KiB")[0]
     left = [".manifest.json.k1l2m3n4.tmp", ".tokenizer.json.a1b2c3d4.tmp", ".text_document.sources.q9w8e7r6.tmp"]
     for name in left:
         (out / name).write_bytes(b"half written")
