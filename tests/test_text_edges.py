@@ -307,3 +307,17 @@ def test_a_short_whole_file_fragment_is_quarantined_on_every_path(gpt2, tmp_path
     reasons = {q["source"]: q["reason"] for q in manifest["quarantine"]}
     assert set(reasons) == {"a.txt", "b.txt.gz"} and reasons["a.txt"] == reasons["b.txt.gz"]
     assert manifest["ids"] == expected(gpt2, "a fine document\n")
+
+
+def test_a_line_of_unicode_whitespace_separates_paragraphs_under_any_chunking(gpt2, tmp_path):
+    """--doc-per blank-line: a line of only a no-break or an ideographic space is blank, as a document of only
+    those is empty (it joined the paragraphs around it); the same documents however the file is cut."""
+    src = tmp_path / "src"
+    src.mkdir()
+    body = "first para\n\u00a0\nsecond para\n\n\u3000\n\nthird para\n\n"
+    (src / "p.txt").write_text(body * 40)
+    want = expected(gpt2, *["first para", "second para", "third para"] * 40)
+    for chunk in ("auto", "64B"):
+        extra = () if chunk == "auto" else ("--chunk-bytes", chunk)
+        manifest = pack(gpt2, src, tmp_path / f"out-{chunk}", "--doc-per", "blank-line", *extra)
+        assert manifest["ids"] == want, chunk

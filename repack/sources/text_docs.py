@@ -278,6 +278,20 @@ def snap_line(fh: BinaryIO, pos: int, size: int) -> int:
         skipped += len(block)
 
 
+def is_blank(line: bytes) -> bool:
+    """A whitespace-only line, a paragraph separator of ``--doc-per blank-line``: ASCII whitespace, or Unicode
+    whitespace such as a no-break or an ideographic space (a document of only those is empty: the same rule)."""
+    rest = line.strip()
+    if not rest:
+        return True
+    if rest[0] < 0x80 or not rest[:4].decode("utf-8", "ignore")[:1].isspace():  # decoded only where it may be
+        return False
+    try:
+        return rest.decode("utf-8").isspace()
+    except UnicodeDecodeError:
+        return False
+
+
 def snap_paragraph(fh: BinaryIO, pos: int, size: int) -> int:
     """The first position at or after ``pos`` that follows a blank (whitespace-only) line."""
     start = snap_line(fh, pos, size)
@@ -287,7 +301,7 @@ def snap_paragraph(fh: BinaryIO, pos: int, size: int) -> int:
     offset = start
     for line in fh:
         offset += len(line)
-        if not line.strip():
+        if is_blank(line):
             return offset
     return size
 
@@ -737,7 +751,7 @@ class SegmentReader:
         size, first, over = 0, 0, False  # size: the paragraph's bytes so far, its last newline included
         for raw in _lines(self.segment, self.max_doc_bytes, self.data):
             self.lines += 1
-            if raw is None or raw.strip():
+            if raw is None or not is_blank(raw):
                 if not para and not over:
                     first = self.lines
                 size += len(raw) if raw is not None else self.max_doc_bytes + 1
