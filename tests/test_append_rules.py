@@ -213,3 +213,32 @@ def test_a_dropped_copy_that_changed_is_counted_once(tmp_path):
         assert ("c001/zz_copy.jpg" in sample_paths(out)) == (content is None)
         assert {k: read_manifest_json(out)["totals"][k] for k in counted} == \
             {k: read_manifest_json(fresh)["totals"][k] for k in counted}, content
+
+
+def test_a_killed_job_resumed_after_a_derived_change_names_it(tmp_path):
+    """A job killed, then re-run after a --dedup copy was added (it is in no task) or the tokenizer file changed in
+    place: refused (the plan differs), naming that change, not "planned differently by another repack version"."""
+    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+    src, out = tiny_jpegs(tmp_path / "src", 0, 40, workers=1), tmp_path / "out"
+    args = ["images", src, out, "--dedup", "--chunk-size", "2", "--workers", "1", "--shard-size", "4", "--quiet"]
+    kill_after_records(args, out, 2)
+    shutil.copy(src / "c000" / "00000000.jpg", src / "c001" / "zz_copy.jpg")
+    refused = run_repack(*args, check=False)
+    assert refused.returncode == 2 and "--dedup's groups of copies (c000/00000000.jpg, c001/zz_copy.jpg)" in \
+        refused.stderr, refused.stderr
+
+    corpus, tok, text_out = tmp_path / "corpus", tmp_path / "tok", tmp_path / "text"
+    corpus.mkdir()
+    tokenizer = write_tokenizer(gpt2_tokenizer(), tok)
+    for i in range(6):
+        (corpus / f"{i}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(30, seed=i)))
+    args = ["text", corpus, text_out, "--tokenizer", tokenizer, "--chunk-bytes", "1KiB", "--workers", "1", "--quiet"]
+    kill_after_records(args, text_out, 2)
+    planned = Path(tokenizer, "tokenizer.json") if Path(tokenizer).is_dir() else Path(tokenizer)
+    changed = json.loads(planned.read_text())
+    changed["added_tokens"].append({"id": len(changed["model"]["vocab"]) + 5, "content": "<|x|>", "single_word": False,
+                                    "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+    planned.write_text(json.dumps(changed))
+    refused = run_repack(*args, check=False)
+    assert refused.returncode == 2 and "the tokenizer file (sha256 " in refused.stderr, refused.stderr

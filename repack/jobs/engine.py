@@ -434,6 +434,20 @@ def input_fingerprints(plan: Plan) -> dict[str, list]:
     return found
 
 
+def _derived_changes(before: dict, now: dict) -> str | None:
+    """What a plan drew from SOURCE beside its inputs that differs, in words (None: nothing): --dedup's groups (a
+    copy added, changed or removed: the copy is in no task), the tokenizer file (changed in place)."""
+    said = []
+    if before.get("dedup") != now.get("dedup"):
+        groups = {tuple(g["paths"]) for g in before.get("dedup") or ()} ^ {tuple(g["paths"]) for g in now.get("dedup") or ()}
+        paths = sorted({p for group in groups for p in group})
+        said.append(f"--dedup's groups of copies ({', '.join(paths[:5])}{' ...' if len(paths) > 5 else ''})")
+    old_tok, new_tok = (before.get("tokenizer") or {}).get("sha256"), (now.get("tokenizer") or {}).get("sha256")
+    if old_tok != new_tok:
+        said.append(f"the tokenizer file (sha256 {str(old_tok)[:12]}... -> {str(new_tok)[:12]}...)")
+    return "; ".join(said) or None
+
+
 def _kind_phrase(job_name) -> str:
     """'an images' / 'a text' / 'a video': the dataset kind a recorded job name stands for."""
     name = str(job_name or "unknown")
@@ -518,7 +532,7 @@ class Engine:
         before, now = input_fingerprints(old), input_fingerprints(plan)
         changed = sorted(rel for rel in before.keys() | now.keys() if before.get(rel) != now.get(rel))
         if not changed:
-            return None
+            return _derived_changes(old.info, plan.info)
         return (f"{len(changed)} input(s) differ in size, mtime or inode, or were added or removed "
                 f"({', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''})")
 
