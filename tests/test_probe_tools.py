@@ -141,6 +141,26 @@ def test_non_square_pixels_are_transcoded_to_square_ones(tmp_path):
     assert (output["width"], output["height"]) == (92, 48)  # 93 px wide, made even
 
 
+def test_a_raw_h264_stream_keeps_its_declared_frame_rate(tmp_path):
+    """A raw .h264 stream (no container timestamps) of 25 fps: PyAV's base rate is its field rate (50), so it was
+    transcoded at 50 fps, half its duration. Its rate is ffprobe's now (the probe falls back, naming why)."""
+    import subprocess
+
+    from tests.conftest import read_manifest_json, run_repack
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc2=s=160x120:r=25:d=2",
+                    "-c:v", "libx264", "-preset", "ultrafast", "-g", "25", "-bf", "0", "-pix_fmt", "yuv420p", "-f",
+                    "h264", str(src / "clip.h264")], check=True)
+    info = probe_file(str(src / "clip.h264"))
+    assert info["probe_tool"] == "ffprobe" and "raw 'h264' stream" in info["probe_fallback"]
+    out = tmp_path / "out"
+    run_repack("video", src.parent, out, "--probe", "--transcode", "--preset", "ultrafast", "--quiet")
+    [entry] = read_manifest_json(out)["shards"]
+    assert (entry["fps"], entry["frames_in"], entry["frames_out"], entry["duration_s"]) == (25.0, 50, 50, 2.0)
+
+
 def _element(ident: bytes, payload: bytes) -> bytes:
     assert len(payload) < 127
     return ident + bytes([0x80 | len(payload)]) + payload

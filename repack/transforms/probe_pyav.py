@@ -27,6 +27,9 @@ from repack.transforms.ffmpeg_cli import SAFE_INPUT_OPTIONS, file_url
 
 FIELD_ORDERS = {0: "unknown", 1: "progressive", 2: "tt", 3: "bb", 4: "tb", 5: "bt"}  # AVFieldOrder
 FALLBACK_CONTAINERS = ("avi",)
+# elementary streams without a container's timestamps: PyAV's base rate of a raw H.264 stream is its field rate
+# (50 for 25 fps), where ffprobe declares the frame rate; their rate and frame count are ffprobe's
+RAW_STREAMS = ("h264", "hevc", "mpegvideo", "m4v", "vc1", "obu", "cavsvideo", "dirac")
 
 
 class Fallback(Exception):
@@ -78,6 +81,8 @@ def demux(path: str, timeout: float | None = None) -> dict | str:
             name = container.format.name
             if any(family in FALLBACK_CONTAINERS for family in name.split(",")):
                 return f"container {name!r}: timestamps derived differently from ffprobe"
+            if any(family in RAW_STREAMS for family in name.split(",")):
+                return f"raw {name!r} stream: no container timestamps, the declared rate is ffprobe's"
             streams = []
             for s in container.streams:
                 entry = {"index": s.index, "codec_type": s.type, "time_base": str(s.time_base or "1/1"),
