@@ -80,6 +80,21 @@ def test_mixed_codecs_become_h264(hevc_tree, tmp_path):
     assert {c for e in manifest["shards"] for c in video_codecs(out / e["path"])} == {"h264"}
 
 
+def test_a_picture_among_hevc_videos_leaves_the_dataset_hevc(hevc_tree, tmp_path):
+    """A JPEG named .mp4 (and a GIF) is no video: quarantined as a still, it chose H.264 for the whole dataset,
+    so every HEVC video was re-encoded."""
+    from tests.benchmarks.tiny_files import jpeg_bytes
+
+    src = tmp_path / "src"
+    shutil.copytree(hevc_tree / "a", src / "a")
+    (src / "a/photo.mp4").write_bytes(jpeg_bytes(3))
+    out = tmp_path / "out"
+    run_repack("video", src, out, "--probe", "--transcode", "--preset", "ultrafast", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["codec"] == "hevc" and manifest["totals"]["transcoded"] == 0
+    assert [q["source"] for q in manifest["quarantine"]] == ["a/photo.mp4"]
+
+
 def test_probe_alone_is_probe_only(hevc_tree, tmp_path):
     out = tmp_path / "out"
     proc = run_repack("video", hevc_tree, out, "--probe", "--json", "--quiet")

@@ -303,7 +303,7 @@ def probe_codec(path: str, ffprobe: str = "ffprobe", timeout: float | None = 60.
         header_codec = None
     codec = header_codec(path) if header_codec and os.path.isfile(path) and os.path.getsize(path) else None
     if codec is not None:
-        return codec
+        return codec or None  # "": a picture, no video
     import json
 
     from repack.transforms.ffmpeg_cli import ffprobe_args, run

@@ -109,13 +109,24 @@ def demux(path: str, timeout: float | None = None) -> dict | str:
     return {"format": fmt, "streams": streams, "packets": packets}
 
 
+IMAGE_CONTAINERS = ("image2", "gif", "apng")  # and every "*_pipe" demuxer: a picture (or a GIF), not a video
+
+
+def is_image_container(name: str) -> bool:
+    """Whether a libavformat demuxer name (``container.format.name``) is a picture's (a JPEG named .mp4)."""
+    return any(family in IMAGE_CONTAINERS or family.endswith("_pipe") for family in name.split(","))
+
+
 def header_codec(path: str) -> str | None:
     """The codec of the main video stream (the one the probe judges) from the container header
-    only, no packets read; None when PyAV cannot open the file or it has no such stream."""
+    only, no packets read; None when PyAV cannot open the file or it has no such stream; "" for a picture
+    or a GIF (``is_image_container``): no video of the dataset, whose one codec it must not choose."""
     import av
 
     try:
         with av.open(file_url(path), options=dict(SAFE_INPUT_OPTIONS), metadata_errors="ignore") as container:
+            if is_image_container(container.format.name):
+                return ""
             main = next((s for s in container.streams.video
                          if not s.disposition & av.stream.Disposition.attached_pic), None)
             return getattr(main.codec_context.codec, "canonical_name", main.codec_context.name) if main else None
