@@ -165,6 +165,19 @@ def test_a_raw_h264_stream_keeps_its_declared_frame_rate(tmp_path):
     assert (entry["fps"], entry["frames_in"], entry["frames_out"], entry["duration_s"]) == (25.0, 50, 50, 2.0)
 
 
+def test_a_clip_slower_than_one_frame_per_max_gop_with_every_frame_a_keyframe_is_no_long_gop(tmp_path):
+    """0.5 fps, every frame a keyframe: the 2 s gap costs no seek (it was transcoded for nothing, then quarantined
+    as "still not GPU-decodable"); the same rate with a frame between keyframes is a long GOP."""
+    import subprocess
+
+    for gop, long in ((1, False), (2, True)):
+        path = tmp_path / f"slow{gop}.mp4"
+        subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=s=64x48:r=0.5:d=8",
+                        "-c:v", "libx264", "-preset", "ultrafast", "-g", str(gop), "-bf", "0", "-pix_fmt", "yuv420p",
+                        str(path)], check=True)
+        assert ("long_gop" in decide(probe_file(str(path)), "h100").codes) is long, gop
+
+
 def _element(ident: bytes, payload: bytes) -> bytes:
     assert len(payload) < 127
     return ident + bytes([0x80 | len(payload)]) + payload

@@ -310,8 +310,8 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
     if not info.get("first_packet_key"):
         reasons.append(_r("first_not_keyframe", "the first video packet is not a keyframe: DALI cannot seek to "
                                                 "the start"))
-    gop = info.get("max_gop_s")
-    if gop is not None and gop > max_gop_s + 1e-6:
+    gop = info.get("max_gop_s")  # a gap of one frame (every frame a keyframe, a clip slower than 1/--max-gop fps)
+    if gop is not None and gop > max_gop_s + 1e-6 and (info.get("max_gop_frames") or 2) > 1:  # costs no seek
         reasons.append(_r("long_gop", f"keyframe gap up to {gop:.2f} s ({info.get('max_gop_frames')} frames) > "
                                       f"--max-gop {max_gop_s:g} s: every random clip decodes from the previous "
                                       "keyframe, so seeking cost grows with the gap"))
