@@ -168,9 +168,12 @@ def test_every_document_gets_one_eos_whatever_its_text_ends_with(gpt2):
     bare = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
     encoder = BatchEncoder(tokenizer, special_tokens=True, bos_id=eot, eos_id=eot)
     assert encoder.encode(texts) == [[eot, *ids, eot] for ids in bare]
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>",
-                                                             special_tokens=[("<|endoftext|>", eot)])
-    templated = BatchEncoder(tokenizer, special_tokens=True, bos_id=None, eos_id=eot)
+    from tokenizers import Tokenizer
+
+    framed = Tokenizer.from_file(str(gpt2))  # load_tokenizer's is shared (cached): never changed here
+    framed.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>",
+                                                          special_tokens=[("<|endoftext|>", eot)])
+    templated = BatchEncoder(framed, special_tokens=True, bos_id=None, eos_id=eot)
     assert templated.encode(texts) == [[*ids, eot] for ids in bare]
     flat, lengths, _ = templated.encode_arrays(texts)
     assert flat.tolist() == [i for ids in bare for i in [*ids, eot]] and lengths.tolist() == [len(b) + 1 for b in bare]
