@@ -47,14 +47,22 @@ def verify_dataset(location) -> list[str]:
 def verify_report(location, version: int | None = None, workers: int | None = None) -> Report:
     """The full ``Report`` for the dataset at ``location`` (its latest version, or ``version``), its
     shards checked on ``workers`` processes (default: the usable CPUs)."""
+    from repack.manifest.versions import version_number
+
     files = open_files(location)
-    try:
-        manifest = files.manifest(version)
-    except ManifestError as exc:
-        return Report((str(exc),))
+    names = [] if files.remote else files.names()
+    odd = [] if files.remote else files.irregular([MANIFEST_NAME, *(n for n in names if version_number(n) is not None)])
+    if not odd:
+        try:
+            manifest = files.manifest(version)
+        except ManifestError as exc:
+            return Report((str(exc),))
+        listed = set(manifest.named_files())
+        odd = [] if files.remote else files.irregular(sorted(listed | {n for n in names if foreign_kind(n, manifest)}))
+    if odd:  # what verify reads: a FIFO blocks every read, a folder fails it; the other checks wait for files
+        return Report((*odd, "the other checks were not run: each file the dataset names must be a regular file"))
     problems, key_hashes, classes = check_all_contents(files, manifest, workers, start_digests(files, manifest, workers))
     problems += check_class_counts(manifest.data, classes) + check_declared(manifest.data)
-    listed = set(manifest.named_files())
     for _ in range(SETTLE_TRIES):  # the folder as one moment saw it: a writer or gc beside verify is no damage
         published = files.read(MANIFEST_NAME)
         names = files.names()
@@ -160,13 +168,19 @@ def check_versions(files, names: list[str], root: Path, published_bytes: bytes |
             if number_of(data) != number or (number > 1 and info.get("parent") != number - 1):
                 problems.append(f"{name}: says version {number_of(data)} with parent {info.get('parent')!r}")
             kept.update(other.named_files())
-        except (ValueError, ManifestError) as exc:
+        except (ValueError, OSError, ManifestError) as exc:
             problems.append(f"{name}: not a readable version manifest ({exc})")
-    published_files = [n for n in numbers if n <= published]
-    if published_files:
-        latest = f"manifest.v{published_files[-1]}.json"
-        if published_bytes != files.read(latest) and published_files[-1] > 1:
-            problems.append(f"{MANIFEST_NAME} is not the newest version ({latest}), byte for byte")
+    own = f"manifest.v{published}.json"  # the published version's own file: written before manifest.json names it,
+    if published > 1 and not any(p.startswith(f"{own}:") for p in problems):  # and kept by every gc
+        try:
+            raw = files.read(own)
+        except (ValueError, OSError) as exc:
+            raw, problems = b"", problems + [f"{own}: not readable ({exc})"]
+        if raw is None:
+            problems.append(f"{own}: missing ({MANIFEST_NAME} is version {published}, and each version keeps its own "
+                            "file)")
+        elif raw and published_bytes != raw:
+            problems.append(f"{MANIFEST_NAME} is not the newest version ({own}), byte for byte")
     return Chain(problems, kept, published, frozenset(pending_files) - kept)
 
 

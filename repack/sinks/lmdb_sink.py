@@ -305,6 +305,9 @@ class LmdbSink:
                           f"{shard['path']}: its metadata's class map differs from the manifest's classes (a label "
                           "would name another class)")
                 expected, bad, has_img, has_cls = 0, 0, False, not labeled  # an unlabeled sample needs no class
+                known = set(facts["classes"].values()) if isinstance(facts.get("classes"), dict) \
+                    else None  # a class must be one the map names: the readers refuse any other
+                unknown: list[bytes] = []
                 cursor = txn.cursor()
                 if cursor.set_range(b"s/"):
                     for key in cursor.iternext(keys=True, values=False):
@@ -321,8 +324,14 @@ class LmdbSink:
                             has_img = True
                         elif field == b"cls":
                             has_cls = True
+                            if labeled and known is not None:
+                                value = cursor.value()  # ASCII digits, as the readers parse them
+                                if not (value.isdigit() and int(value) in known):
+                                    unknown.append(key)
                 if expected and not (has_img and has_cls):
                     bad += 1
+                check(not unknown, f"{shard['path']}: {len(unknown)} sample(s) hold a class the class map does not name "
+                                   f"(first: {b', '.join(unknown[:3]).decode(errors='replace')})")
                 what = "an image and a class" if labeled else "an image"
                 check(bad == 0 and expected == shard["samples"],
                       f"{shard['path']}: sample keys are not s/0..{shard['samples'] - 1} each with {what} "

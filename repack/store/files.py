@@ -65,6 +65,23 @@ class LocalFiles:
                     found.append(rel)
         return sorted(found)
 
+    def irregular(self, rels: list[str]) -> list[str]:
+        """A problem for each of ``rels`` that is there but no regular file (a FIFO would block every read of it,
+        a folder fail it), links followed; what is missing is left to the checks that name it."""
+        import stat
+
+        from repack.sources.confine import kind_of
+
+        found = []
+        for rel in rels:
+            try:
+                mode = os.stat(self.root / rel).st_mode
+            except (OSError, ValueError):
+                continue
+            if not stat.S_ISREG(mode):
+                found.append(f"{rel}: not a regular file ({kind_of(mode)})")
+        return found
+
     @contextlib.contextmanager
     def local(self, rels: list[str]) -> Iterator[tuple[Path, list[str]]]:
         del rels
