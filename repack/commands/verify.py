@@ -39,7 +39,8 @@ def require_dataset_folder(out: str) -> None:
 def verify(out, json_out, version, workers):
     """Re-read every file of the dataset in OUT (a folder or s3://bucket/prefix) and check it against its
     manifest: sizes, sha256, each tar's structure against its index, sample counts, the tokenizer,
-    and no file the manifest does not name (energon's files are known)."""
+    and no file the manifest does not name (energon's files are known). The latest version's files;
+    a file only an older kept version names is checked by --version N."""
     from repack.commands.options import ProcessEnd
     from repack.lifecycle.verify import verify_report
 
