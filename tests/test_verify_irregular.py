@@ -81,3 +81,18 @@ def test_an_lmdb_sample_of_a_class_the_map_does_not_name_is_named(tmp_path):
     code, problems = verify(out)
     assert code == 5 and any("1 sample(s) hold a class the class map does not name (first: s/0000000001/cls)" in p
                              for p in problems), problems
+
+
+def test_a_stray_named_like_a_next_versions_file_is_named_unless_a_writer_makes_such_names(two_versions, tmp_path):
+    """Only what a writer of this dataset names for version 3 (its files' stems: shard-v3-..., ...-v3.tar) is a
+    pending file; ``backup-v3.tar`` and ``old-v3/x.bin`` passed as pending too."""
+    out = tmp_path / "out"
+    shutil.copytree(two_versions, out)
+    (out / "shard-v3-000000.tar").write_bytes(b"a killed append's shard")
+    (out / "backup-v3.tar").write_bytes(b"mine")
+    (out / "old-v3").mkdir()
+    (out / "old-v3" / "x.bin").write_bytes(b"mine")
+    proc = run_repack("verify", out, "--json", check=False)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 5 and sorted(p.split(":")[0] for p in report["problems"]) == ["backup-v3.tar", "old-v3/x.bin"]
+    assert report["pending"] == ["shard-v3-000000.tar"], report

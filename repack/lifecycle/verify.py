@@ -95,10 +95,11 @@ def folder_problems(files, manifest, listed: set[str], names: list[str],
     file neither the verified version (``listed``) nor another kept version names."""
     chain = check_versions(files, names, manifest.root, published)
     problems, pending, foreign = list(chain.problems), [], []
+    stems = {file_stem(rel) for rel in listed | chain.kept}
     for rel in names:
         if rel in listed or rel in chain.kept:
             continue
-        if rel in chain.pending_files or is_pending_name(rel, chain.published + 1):
+        if rel in chain.pending_files or is_pending_name(rel, chain.published + 1, stems):
             pending.append(rel)
         elif foreign_kind(rel, manifest) is None:
             problems.append(f"{rel}: a file the manifest does not name (added after the job, or left by another tool)")
@@ -119,13 +120,23 @@ class Chain:
     pending_files: frozenset[str] = frozenset()
 
 
-def is_pending_name(rel: str, number: int) -> bool:
+def file_stem(rel: str) -> str:
+    """The name a dataset file's writer gives all its versions (``shard`` of ``shard-v2-000001.tar``,
+    ``text_document`` of ``.text_document-v3.bin.x1.tmp``, ``videos`` of ``videos-v2/a/b.mp4``)."""
+    first = rel.split("/", 1)[0].lstrip(".").split(".", 1)[0]
+    return re.sub(r"-(?:v[0-9]+|[0-9]{6})(?=-|$)", "", first)
+
+
+def is_pending_name(rel: str, number: int, stems: set[str] | None = None) -> bool:
     """True when ``rel`` is named the way writers name the files they add for version ``number``
-    (``shard-vN-…``, ``…-vN.tar``, ``videos-vN/…``, and their hidden temp files), or is the temp file of a
-    manifest being written (``repack.manifest.io.atomic_write_bytes``): work of a run killed before it
-    published ``number`` (the next writer removes a manifest's, ``publish.locked_dataset``)."""
-    return bool(MANIFEST_TEMP.fullmatch(rel)) or \
-        any(re.search(rf"-v{number}(?=[-./]|$)", part) for part in rel.split("/"))
+    (``shard-vN-…``, ``…-vN.tar``, ``videos-vN/…``, and their hidden temp files) after a file the dataset holds
+    (``stems``: ``file_stem`` of its files; None: any), or is the temp file of a manifest being written
+    (``repack.manifest.io.atomic_write_bytes``): work of a run killed before it published ``number`` (the next
+    writer removes a manifest's, ``publish.locked_dataset``). ``notes-v2.txt`` is none: a stray."""
+    if MANIFEST_TEMP.fullmatch(rel):
+        return True
+    first = rel.split("/", 1)[0]
+    return bool(re.search(rf"-v{number}(?=[-./]|$)", first)) and (stems is None or file_stem(rel) in stems)
 
 
 def check_versions(files, names: list[str], root: Path, published_bytes: bytes | None = None) -> Chain:
