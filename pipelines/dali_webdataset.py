@@ -59,8 +59,8 @@ def output_names(root: str | os.PathLike, with_meta: bool = False, version: int 
 
 
 def check_shard_files(manifest) -> None:
-    """Each shard's tar of the size its manifest entry records (``bytes``; a local file: a stat) and its index
-    file as recorded (``index_bytes``, ``index_sha256``); else a ManifestError naming the file. DALI takes an
+    """Each shard's tar of the size its manifest entry records (``bytes``: a stat, or a HEAD on s3://) and its
+    index file as recorded (``index_bytes``, ``index_sha256``); else a ManifestError naming the file. DALI takes an
     index's offsets and sizes as they are: a line repeated, moved or edited would give it another sample's image
     or label, or one sample fewer, without an error, and a tar cut short crashed its reader (SIGSEGV) or was
     named as a "malformed index"."""
@@ -70,16 +70,15 @@ def check_shard_files(manifest) -> None:
     from pipelines.manifest_access import index_bytes
     from repack.manifest import ManifestError
 
+    entries = [e for e in manifest.data["shards"] if e.get("bytes") is not None]
+    tars = [str(manifest.path(e["path"])) for e in entries]
+    for tar, entry, found in zip(tars, entries, object_store.sizes(tars)):
+        if found is None:
+            raise ManifestError(f"{tar}: the shard is missing (repack verify names what else is)")
+        if found != entry["bytes"]:
+            raise ManifestError(f"{tar}: {found} bytes, the manifest says {entry['bytes']}: the shard changed "
+                                "since packing (repack verify names what else did)")
     for entry in manifest.data["shards"]:
-        tar = manifest.path(entry["path"])
-        if entry.get("bytes") is not None and not object_store.is_remote(tar):
-            try:
-                found = os.stat(tar).st_size
-            except OSError as exc:
-                raise ManifestError(f"{tar}: cannot read the shard ({exc.strerror})") from None
-            if found != entry["bytes"]:
-                raise ManifestError(f"{tar}: {found} bytes, the manifest says {entry['bytes']}: the shard changed "
-                                    "since packing (repack verify names what else did)")
         want_sha, want_size = entry.get("index_sha256"), entry.get("index_bytes")
         if not entry.get("index") or (want_sha is None and want_size is None):
             continue

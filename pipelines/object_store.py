@@ -113,6 +113,30 @@ def _get_object(url: str, **params):
                               "check AWS_ENDPOINT_URL") from exc
 
 
+def sizes(locations: list[str]) -> list[int | None]:
+    """The size of each file or object (None where it does not exist): a stat each, or a HEAD each on 16
+    threads."""
+    if not any(is_remote(loc) for loc in locations):
+        return [os.stat(loc).st_size if os.path.exists(loc) else None for loc in locations]
+    from concurrent.futures import ThreadPoolExecutor
+
+    from botocore.exceptions import ClientError
+
+    def size(location: str) -> int | None:
+        if not is_remote(location):
+            return os.stat(location).st_size if os.path.exists(location) else None
+        bucket, key = split_url(location)
+        try:
+            return int(_client().head_object(Bucket=bucket, Key=key)["ContentLength"])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(size, locations))
+
+
 def read_bytes(location: str | os.PathLike) -> bytes:
     """The whole file or object (FileNotFoundError when it does not exist)."""
     if not is_remote(location):

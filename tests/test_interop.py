@@ -126,6 +126,9 @@ def test_a_new_version_rewrites_the_wids_index_and_names_a_stale_energon_prepara
                                     transformations=[])
     paths = [json.loads(dataset[i][".json"].read())["path"] for i in range(len(dataset))]
     assert len(paths) == manifest.num_samples and first["path"] not in paths
+    (out / "shardindex.json").write_text(json.dumps(wids_shard_index(read_manifest(out, 1))))  # killed before it
+    run_repack("gc", out, "--keep", "2")  # was rewritten: the next command that takes the dataset's lock does it
+    assert json.loads((out / "shardindex.json").read_text()) == wids_shard_index(manifest)
     run_repack("gc", out, "--keep", "1")
     assert not (out / "shard-000000.tar.idx").exists()
     subprocess.run([ENERGON, "prepare", str(out), "--non-interactive", "--split-ratio", "1,0,0", "--force-overwrite",
@@ -138,3 +141,17 @@ def tarfile_members(path: Path) -> list[tuple[str, bytes]]:
 
     with tarfile.open(path) as tar:
         return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers() if m.isfile()]
+
+
+def test_other_loaders_files_that_cannot_be_rewritten_leave_the_published_version_standing(prepared, tmp_path):
+    """An energon folder that is a link leaving the dataset: the version is published (exit 0, as before the views
+    were kept), and the warning says why its files were not brought up to it."""
+    out = tmp_path / "out"
+    shutil.copytree(prepared, out)
+    shutil.move(out / ".nv-meta", tmp_path / "nv-meta")
+    (out / ".nv-meta").symlink_to(tmp_path / "nv-meta")
+    first = json.loads(next(data for name, data in tarfile_members(out / "shard-000000.tar") if name.endswith(".json")))
+    (tmp_path / "takedown.txt").write_text(first["path"] + "\n")
+    removed = run_repack("remove", out, "--sources", tmp_path / "takedown.txt")
+    assert "other loaders' files not brought up to version 2" in removed.stderr, removed.stderr
+    assert json.loads((out / "manifest.json").read_text())["dataset_version"]["number"] == 2

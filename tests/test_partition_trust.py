@@ -150,6 +150,7 @@ def test_a_merge_removes_what_a_killed_merge_left_and_checks_the_job_state(tmp_p
     state = json.loads(state_file.read_text())
     for forged, said in (({**state, "tool_version": "0.0.1"}, "partitions run by repack 0.0.1"),
                          ({**state, "job": "nope"}, "is not a repack job state"),
+                         ({**state, "job": ["images"]}, "is not a repack job state"),
                          ({k: v for k, v in state.items() if k != "plan_digest"}, "is not a repack job state")):
         state_file.write_text(json.dumps(forged))
         refused = run_repack("merge", out, check=False)

@@ -109,6 +109,18 @@ def test_stream_cut_mid_shard_is_resumed(s3_environment, packed_photos, monkeypa
     assert got == {s["key"]: s["image"] for s in ImageShardDataset(packed_photos, output="dict", decode=False)}
 
 
+def test_dali_names_an_s3_shard_cut_short_before_reading_it(s3_environment, photo_tree, tmp_path):
+    """An object replaced by a shorter one (its manifest entry says more bytes): named before DALI reads it, as on
+    local files (DALI's reader crashed on a short tar)."""
+    s3 = client(s3_environment.server_endpoint)
+    run_repack("images", photo_tree, "s3://readers/cut", "--shard-size", "25", "--quiet",
+               env={**s3_env(s3_environment.server_endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")})
+    body = s3.get_object(Bucket="readers", Key="cut/shard-000001.tar")["Body"].read()
+    s3.put_object(Bucket="readers", Key="cut/shard-000001.tar", Body=body[:-1024])
+    with pytest.raises(ManifestError, match=r"s3://readers/cut/shard-000001\.tar: \d+ bytes, the manifest says"):
+        build_image_pipeline("s3://readers/cut", batch_size=8, num_threads=1, size=16)
+
+
 def test_missing_remote_dataset_is_a_manifest_error(s3_environment):
     with pytest.raises(ManifestError, match="no manifest"):
         ImageShardDataset("s3://readers/nothing-here")

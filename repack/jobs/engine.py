@@ -967,7 +967,8 @@ def merge(out: str, options: EngineOptions, strict: bool | None = None) -> RunRe
     state = read_json(store, f"{STATE_DIR}/job.json")
     if state is None:
         raise UsageError(f"{out} holds no repack job state (.repack/job.json)")
-    if not isinstance(state, dict) or state.get("job") not in JOBS or not isinstance(state.get("spec"), dict) \
+    if not isinstance(state, dict) or not isinstance(state.get("job"), str) or state["job"] not in JOBS \
+            or not isinstance(state.get("spec"), dict) \
             or not isinstance(state.get("plan_digest"), str):
         raise UsageError(f"{out}/.repack/job.json is not a repack job state (a job name, spec and plan digest); "
                          "re-run the partitions")

@@ -181,7 +181,8 @@ def refresh_views(store, manifest) -> list[str]:
     manifest's, nothing else); an energon preparation that lists other shard counts named in the returned
     warnings (energon would still read the samples this version removed, and miss the new ones)."""
     warnings = []
-    if manifest.format == "webdataset" and store.size(WIDS_INDEX_NAME) is not None:
+    held = store.read_bytes(WIDS_INDEX_NAME) if manifest.format == "webdataset" else None
+    if held is not None and wids_problems(WIDS_INDEX_NAME, held, manifest):  # another version's: rewritten
         store.put_bytes(WIDS_INDEX_NAME, json.dumps(wids_shard_index(manifest), indent=1).encode())
     info = store.read_bytes(ENERGON_INFO)
     if info is not None and info_problems(ENERGON_INFO, info, manifest):

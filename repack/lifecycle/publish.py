@@ -172,7 +172,8 @@ def settle_pending(store, current: dict, say: Callable[[str], None] | None = Non
     number = number_of(current) + 1
     name = version_file(number)
     raw = store.read_bytes(name)
-    if raw is None:
+    if raw is None:  # nothing pending: other loaders' files brought up to the published version (a command
+        _refresh_views(store, Manifest(Path(store.scratch), current), say)  # killed before it did)
         return Settled()
     problem = pending_problem(store, raw, number)
     if problem is None:
@@ -248,9 +249,17 @@ def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, cha
 
 
 def _refresh_views(store, manifest: Manifest, say: Callable[[str], None] | None) -> None:
+    """``foreign.refresh_views`` of the published version: after it is published, so a failure here is a
+    warning (the version stands; the next command that takes the dataset's lock tries again)."""
+    from repack.errors import RepackError
     from repack.lifecycle.foreign import refresh_views
 
-    for warning in refresh_views(store, manifest):
+    try:
+        warnings = refresh_views(store, manifest)
+    except (RepackError, OSError, ValueError) as exc:
+        warnings = [f"{store.url}: other loaders' files not brought up to version {number_of(manifest.data)} "
+                    f"({exc}); `repack verify` names them"]
+    for warning in warnings:
         (say or warner(False))(warning)
 
 

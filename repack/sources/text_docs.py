@@ -284,8 +284,8 @@ def is_blank(line: bytes) -> bool:
     rest = line.strip()
     if not rest:
         return True
-    if rest[0] < 0x80 or not rest[:4].decode("utf-8", "ignore")[:1].isspace():  # decoded only where it may be
-        return False
+    if (rest[0] < 0x80 and not 0x1c <= rest[0] <= 0x1f) or not rest[:4].decode("utf-8", "ignore")[:1].isspace():
+        return False  # decoded only where it may be blank (str.isspace: also the separators U+001C-U+001F)
     try:
         return rest.decode("utf-8").isspace()
     except UnicodeDecodeError:
