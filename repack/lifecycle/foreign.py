@@ -177,9 +177,10 @@ def tar_index_problems(rel: str, raw: bytes, dali_index: str) -> list[str]:
 
 
 def refresh_views(store, manifest) -> list[str]:
-    """After a version is published: the wids shard index, where the dataset has one, rewritten for it (it is the
-    manifest's, nothing else); an energon preparation that lists other shard counts named in the returned
-    warnings (energon would still read the samples this version removed, and miss the new ones)."""
+    """Other loaders' files brought up to the published version ``manifest`` (after a publish, and by each command
+    that takes the dataset's lock): the wids shard index, where the dataset has one, rewritten when it is another
+    version's (it is the manifest's, nothing else); an energon preparation that lists other shard counts named in
+    the returned warnings (energon would still read the samples this version removed, and miss the new ones)."""
     warnings = []
     held = store.read_bytes(WIDS_INDEX_NAME) if manifest.format == "webdataset" else None
     if held is not None and wids_problems(WIDS_INDEX_NAME, held, manifest):  # another version's: rewritten
