@@ -40,7 +40,9 @@ def test_temps_of_a_killed_attempt_are_swept_not_a_live_ones(tmp_path):
     piece = scratch / ".repack" / "segments" / ".shard-000002-c0001.seg.tmp-77"
     live = scratch / ".shard-000003.tar.tmp-99"
     foreign = scratch / ".notes.txt.tmp-1"  # names no task this node locked
-    writers = [start_writer(scratch, "shard-000001", lost), start_writer(scratch, "shard-000002-c0001", piece)]
+    renamed = scratch / "shard-000004.tar"  # whole, not yet uploaded when its attempt was lost: it stayed for good
+    writers = [start_writer(scratch, "shard-000001", lost), start_writer(scratch, "shard-000002-c0001", piece),
+               start_writer(scratch, "shard-000004", renamed)]
     alive = start_writer(scratch, "shard-000003", live)
     foreign.write_bytes(b"not ours")
     try:
@@ -48,9 +50,9 @@ def test_temps_of_a_killed_attempt_are_swept_not_a_live_ones(tmp_path):
         for proc in writers:
             proc.send_signal(signal.SIGKILL)  # the attempts are lost (kill -9: no clean-up of their own)
             proc.wait()
-        assert lost.exists() and piece.exists()
-        assert sorted(sweep_stale_temps(scratch)) == sorted([lost.name, piece.name])
-        assert not lost.exists() and not piece.exists()
+        assert lost.exists() and piece.exists() and renamed.exists()
+        assert sorted(sweep_stale_temps(scratch)) == sorted([lost.name, piece.name, renamed.name])
+        assert not lost.exists() and not piece.exists() and not renamed.exists()
         assert live.exists() and foreign.exists()
     finally:
         alive.kill()

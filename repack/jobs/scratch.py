@@ -5,12 +5,14 @@ serve nobody (the driver assembles from the store, a resume checks the store), s
 removes them (``drop_published``), and a node's disk holds only the tasks running on it.
 
 A task attempt writes temp files (``.<name>.tmp-<pid or task id>``) into the scratch of the node it
-runs on, and renames them when whole. An attempt killed on that node (its worker process, an OOM
-kill) leaves them there; the driver's own clean-up (``Engine._clean_temps``) reaches only the
-driver's scratch. So each attempt on a node first sweeps that node's scratch: a temp file is stale
-when every task whose id its name holds has its task lock free on this node (``TaskLock``: an
-flock, released by the kernel when its holder dies, kill -9 included). A temp naming no task the
-node has locked is left alone.
+runs on, and renames them when whole, then uploads them. An attempt killed on that node (its worker
+process, an OOM kill) leaves its temps there, or its whole outputs not yet uploaded or not yet dropped;
+the driver's own clean-up (``Engine._clean_temps``) reaches only the driver's scratch. So each attempt on
+a node (never the driver's: ``ray_executor._execute``) first sweeps that node's scratch: a temp file or an
+output is stale when every task whose id its name holds has its task lock free on this node
+(``TaskLock``: an flock, released by the kernel when its holder dies, kill -9 included; a finished
+task's outputs are in the store, a lost one's are written again). A file naming no task the node has
+locked is left alone.
 """
 
 from __future__ import annotations
@@ -41,19 +43,21 @@ def _lock_free(path: Path) -> bool:
         os.close(fd)
 
 
-def _temps(folder: Path) -> list[Path]:
+def _files(folder: Path) -> list[Path]:
+    """The files of ``folder`` a task may have left: its temps and its outputs (not the folders)."""
     try:
         with os.scandir(folder) as entries:
-            return [Path(e.path) for e in entries if e.name.startswith(".") and TEMP_MARK in e.name and e.is_file()]
+            return [Path(e.path) for e in entries if e.is_file(follow_symlinks=False)
+                    and (not e.name.startswith(".") or TEMP_MARK in e.name)]
     except OSError:
         return []
 
 
 def sweep_stale_temps(scratch: Path) -> list[str]:
-    """Remove the temp files in ``scratch`` (its top folder and the job state's folders) of tasks
-    that no live process on this node writes; returns their names."""
+    """Remove the temp files and outputs in ``scratch`` (its top folder and the job state's folders) of
+    tasks that no live process on this node writes; returns their names."""
     tasks = Path(scratch) / STATE_DIR / "tasks"
-    temps = [p for folder in (Path(scratch), *_state_folders(Path(scratch))) for p in _temps(folder)]
+    temps = [p for folder in (Path(scratch), *_state_folders(Path(scratch))) for p in _files(folder)]
     if not temps:
         return []
     locks = {p.name[:-len(".lock")]: p for p in tasks.glob("*.lock")} if tasks.is_dir() else {}
