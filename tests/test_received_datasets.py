@@ -309,3 +309,79 @@ def test_the_report_escapes_a_received_class_map_and_refuses_sections_of_other_s
     (out / "manifest.json").write_text(json.dumps({**manifest, "created_by": "a string"}))
     proc = run_repack("inspect", out, check=False)
     assert proc.returncode == 5 and "not what repack writes" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_links_planted_in_the_job_state_are_refused_before_anything_is_written(packed, tmp_path):
+    """A received dataset's ``.repack`` holding links (a write probe's name for every pid, a link deep in the
+    task folder): every command that writes there refuses, naming the link; the files they point to stay."""
+    victim = tmp_path / "important.conf"
+    victim.write_text("keep me")
+    out = copy_of(packed, tmp_path)
+    for pid in range(1, 200):
+        (out / ".repack" / f".write-probe-{pid}").symlink_to(victim)
+    (tmp_path / "takedown.txt").write_text("cat/c0.jpg\n")
+    for args in (("gc", out, "--keep", "1"), ("remove", out, "--sources", tmp_path / "takedown.txt")):
+        proc = run_repack(*args, check=False)
+        assert proc.returncode == 2 and "is a symbolic link" in proc.stderr and ".write-probe-" in proc.stderr, args
+    for probe in (out / ".repack").glob(".write-probe-*"):
+        probe.unlink()
+    (out / ".repack" / "tasks" / "deep").mkdir()
+    (out / ".repack" / "tasks" / "deep" / "shard-000000.lock").symlink_to(victim)
+    proc = run_repack("gc", out, check=False)
+    assert proc.returncode == 2 and "deep/shard-000000.lock" in proc.stderr
+    assert victim.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("folder, args", [("segments", ("--chunk-size", "2")), ("parts", ("--to", "lmdb"))])
+def test_a_job_state_folder_linked_elsewhere_is_never_written_through(tmp_path, folder, args):
+    src = write_jpegs(tmp_path / "src" / "c", 6, "a").parent
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    kept = {name: f"precious {name}".encode() for name in (".shard-000000.tar.tmp-shared", "part-000000.bin")}
+    for name, data in kept.items():
+        (elsewhere / name).write_bytes(data)
+    out = tmp_path / "out"
+    (out / ".repack").mkdir(parents=True)
+    (out / ".repack" / folder).symlink_to(elsewhere)
+    proc = run_repack("images", src, out, "--shard-size", "4", *args, "--quiet", check=False)
+    assert proc.returncode == 2 and f".repack/{folder}" in proc.stderr and "is a symbolic link" in proc.stderr
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == kept
+
+
+def test_merge_refuses_a_plan_whose_task_names_a_path(tmp_path):
+    """A forged plan (its digest written into job.json) naming a task ``../../victim/pwn``: merge refuses it
+    before any file is written, never a shard outside OUT."""
+    from repack.jobs.base import Plan, Task, read_plan, save_plan
+    from repack.store import open_store
+
+    src = write_jpegs(tmp_path / "src" / "c", 8, "a").parent
+    out = tmp_path / "parts" / "out"
+    for rank in (0, 1):
+        run_repack("images", src, out, "--shard-size", "4", "--num-nodes", "2", "--node-rank", str(rank), "--quiet")
+    store = open_store(str(out))
+    plan = read_plan(store)
+    forged = Plan(tuple(Task("../../victim/pwn" if n == 0 else t.task_id, t.payload, t.group)
+                        for n, t in enumerate(plan.tasks)), plan.quarantine, plan.info)
+    save_plan(store, forged)
+    state = json.loads((out / ".repack" / "job.json").read_text())
+    (out / ".repack" / "job.json").write_text(json.dumps({**state, "plan_digest": forged.digest}))
+    proc = run_repack("merge", out, check=False)
+    assert proc.returncode == 2 and "plan.json.gz is missing or damaged" in proc.stderr
+    assert not (tmp_path / "victim").exists() and not (out / "manifest.json").exists()
+
+
+def test_a_dangling_link_at_a_video_temp_name_is_removed_not_written_through(tmp_path):
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("ffmpeg is not installed")
+    src = tmp_path / "src"
+    ffmpeg_clip(src / "a" / "v1.mp4", 0)
+    target = tmp_path / "elsewhere" / "new.mp4"
+    target.parent.mkdir()
+    out = tmp_path / "out"
+    (out / "videos" / "a").mkdir(parents=True)
+    for task in ("shard-000000", "shard-000000-c0000"):
+        (out / "videos" / "a" / f".v1.mp4.tmp-{task}").symlink_to(target)
+    run_repack("video", src, out, "--transcode", "--overwrite", "--quiet")
+    assert not target.exists()
+    assert (out / "videos" / "a" / "v1.mp4").is_file() and not (out / "videos" / "a" / "v1.mp4").is_symlink()
+    assert run_repack("verify", out).returncode == 0

@@ -95,3 +95,16 @@ for attempt in range(2):
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
     assert done.stdout.split() == ["OSError", "OSError"], done.stdout + done.stderr
+
+
+def test_a_state_folder_linked_elsewhere_is_not_swept_through(tmp_path):
+    """A link in the node's job state (``.repack/segments -> elsewhere``) is no folder of the scratch: files
+    elsewhere named after a task whose lock is free stay."""
+    scratch, elsewhere = tmp_path / "node1", tmp_path / "elsewhere"
+    (scratch / ".repack" / "tasks").mkdir(parents=True)
+    (scratch / ".repack" / "tasks" / "shard-000000.lock").touch()  # no live holder
+    elsewhere.mkdir()
+    (elsewhere / "shard-000000-report.txt").write_text("keep me")
+    (scratch / ".repack" / "segments").symlink_to(elsewhere)
+    assert sweep_stale_temps(scratch) == []
+    assert (elsewhere / "shard-000000-report.txt").read_text() == "keep me"

@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +25,7 @@ PLAN_LEVEL = 1  # ~17 bytes per image input, 0.16 s per 100,000 (level 6: ~14 by
 PLAN_PIECE = 1 << 20  # canonical JSON bytes per gzip member of the saved plan (compressed in parallel)
 PLAN_THREADS = 8
 MEMBER_EXTRA = (8).to_bytes(2, "little") + b"RP" + (4).to_bytes(2, "little")  # a plan member's gzip extra field: XLEN, SI1 SI2, LEN
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a task id or group: one plain file-name stem, never a path
 
 
 def is_piece(rel: str) -> bool:
@@ -52,7 +54,13 @@ class Task:
 
     @classmethod
     def from_json(cls, data: dict) -> "Task":
-        return cls(data["task_id"], data["payload"], data.get("group", ""))
+        """A task read back from a saved plan; ValueError when its id or group is no plain name (the names
+        become file names in OUT: a forged plan must not name a file elsewhere)."""
+        task = cls(data["task_id"], data["payload"], data.get("group", ""))
+        for name in (task.task_id, task.group or task.task_id):
+            if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
+                raise ValueError(f"task name {name!r} is no plain name")
+        return task
 
 
 def planned_entries(payload: dict) -> Iterable[dict]:

@@ -43,6 +43,7 @@ import importlib
 import json
 import os
 import re
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -357,17 +358,33 @@ def prepare_out(out: Path, store=None) -> None:
         store.check_writable()
     if out.exists() and not out.is_dir():
         raise UsageError(f"output {str(out)!r} exists and is not a folder")
-    for folder in (state_dir(out), state_dir(out) / "tasks"):  # the job state stays inside OUT
-        if folder.is_symlink():
-            raise UsageError(f"{str(folder)!r} is a symbolic link: repack writes its job state only inside OUT; "
-                             "remove the link")
+    link = state_dir(out) if state_dir(out).is_symlink() else first_link(state_dir(out))
+    if link is not None:  # the job state stays inside OUT: nothing is ever written through a link found there
+        raise UsageError(f"{str(link)!r} is a symbolic link: repack writes its job state only inside OUT; "
+                         "remove the link")
     try:
         (state_dir(out) / "tasks").mkdir(parents=True, exist_ok=True)
-        probe = state_dir(out) / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=state_dir(out))  # a new file (O_EXCL), never a link
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise UsageError(f"output {str(out)!r} is not writable: {exc.strerror}") from None
+
+
+def first_link(folder: Path) -> Path | None:
+    """The first symbolic link found anywhere under ``folder`` (links are not followed), or None."""
+    pending = [folder]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    if entry.is_symlink():
+                        return Path(entry.path)
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(Path(entry.path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return None
 
 
 def repack_manifest(store) -> dict | None:
@@ -574,7 +591,7 @@ class Engine:
         mid-way (one machine, or ``every_node``: the merge; the job lock is this run's, and partitions leave the
         merge's alone)."""
         for path in self.out.rglob(".*.tmp*"):
-            if any(tid in path.name for tid in task_ids) and path.is_file():
+            if any(tid in path.name for tid in task_ids) and (path.is_symlink() or path.is_file()):  # a link too
                 path.unlink(missing_ok=True)
         if self.options.num_nodes == 1 or every_node:  # a job's side files and manifests: a killed write leaves
             sweep_write_temps(self.out)                 # no stray
@@ -981,7 +998,7 @@ def merge(out: str, options: EngineOptions, strict: bool | None = None) -> RunRe
     job = load_job(state["job"], json.dumps({**state["spec"], "out": str(out)}))
     plan = read_plan(store)
     if plan is None:
-        raise UsageError(f"{out} holds no repack job state (.repack/{PLAN_NAME})")
+        raise UsageError(f"{out}: .repack/{PLAN_NAME} is missing or damaged; re-run the partitions")
     if plan.digest != state["plan_digest"]:
         raise RepackError(f"{out}: {PLAN_NAME} does not match job.json (plan digest differs)")
     if strict is None:

@@ -74,7 +74,7 @@ def _state_folders(scratch: Path) -> list[Path]:
     state = scratch / STATE_DIR
     try:
         with os.scandir(state) as entries:
-            return [Path(e.path) for e in entries if e.is_dir() and e.name != "tasks"]
+            return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False) and e.name != "tasks"]
     except OSError:
         return []
 

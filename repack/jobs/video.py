@@ -379,6 +379,7 @@ class VideoJob(Job):
             return {"reason": f"output path refused: {exc}"}
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{final.name}.tmp-{task.task_id}"
+        tmp.unlink(missing_ok=True)  # a killed attempt's, or a link planted there: ffmpeg would write through it
         try:
             if transcoded:
                 recipe = Recipe(crf=spec.crf, preset=spec.preset, gop=spec.gop, max_gop_s=spec.max_gop,

@@ -50,7 +50,7 @@ class CopiedPrefix:
 
     def __init__(self, tar_fd: int, tmp: Path, limit: int | None = None) -> None:
         self.tmp, self._src, self._stop, self._taken = tmp, tar_fd, threading.Event(), False
-        self.fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_TRUNC, 0o644)
         self._states: list[tuple[int, object]] = [(0, hashlib.sha256())]  # (bytes hashed, the state there)
         self._copied = 0
         try:
@@ -144,7 +144,7 @@ def copy_kept(tar_fd: int, index: ShardIndex, keep: np.ndarray, out: Path, stem:
     ranges = list(zip(run_start.tolist(), run_end.tolist(), run_at.tolist()))
     if prefix is None:
         tmp, copied, hashed, sha = temp_path(out, stem), 0, 0, hashlib.sha256()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_TRUNC, 0o644)
     else:  # the first run is the prefix when the tar's first sample is kept
         tmp, fd = prefix.tmp, prefix.fd
         copied, hashed, sha = prefix.take(ranges[0][1] if ranges[0][0] == 0 else 0)

@@ -155,7 +155,7 @@ class PartWriter:
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.code = CODE_OF[dtype]
         self._tmp = self.folder / f".{stem}.bin.tmp-{os.getpid()}"
-        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_TRUNC, 0o644)
         self._sha = hashlib.sha256()
         self._lengths: list[np.ndarray] = []
         self.documents = 0

@@ -44,7 +44,7 @@ class TarMemberWriter:
 
     def __init__(self, tmp: Path, hashed: bool, fd: int | None = None) -> None:
         self._tmp = tmp
-        self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if fd is None else fd
+        self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_TRUNC, 0o644) if fd is None else fd
         self._sha = hashlib.sha256() if hashed else None
         self._offset = 0
         self._index_base = 0  # added to the offsets the index lines give (a placed segment: where it lies)
@@ -168,7 +168,7 @@ class TarSegmentWriter(TarMemberWriter):
         if place is None:
             super().__init__(own, hashed=False)
         else:
-            fd = os.open(place[0], os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = os.open(place[0], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
             super().__init__(own, hashed=False, fd=fd)
             self._index_base = place[1]
             self._placed = 0  # bytes written into the slot so far
@@ -187,7 +187,7 @@ class TarSegmentWriter(TarMemberWriter):
     def _spill(self) -> None:
         """The members outgrew the slot: continue in a file of our own, starting with what was placed."""
         shared, at, _ = self._place
-        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_TRUNC, 0o644)
         try:
             with open(shared, "rb", buffering=0) as src:
                 if _copy_by_blocks(src.fileno(), fd, at, self._placed, 0) != self._placed:
@@ -282,7 +282,8 @@ class ShardAssembler:
         base = self._offset
         if at is not None and at == base and self._fd == self._shared_fd:
             if self._fd < 0:
-                self._fd = self._shared_fd = os.open(self._shared, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+                self._fd = self._shared_fd = os.open(self._shared,
+                                                     os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
             self._hash(self._fd, at, size, self._shared)
             self._placed_unsynced += size  # a write-back on the helper every SYNC_EVERY bytes, not a job per piece
             if self._placed_unsynced >= SYNC_EVERY:
@@ -323,7 +324,7 @@ class ShardAssembler:
 
     def _leave_shared(self) -> None:
         """From here on the shard is a file of its own: it starts as a copy of the shared file so far."""
-        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_TRUNC, 0o644)
         if self._shared_fd >= 0:
             self._jobs.append(self._helper.submit(self._copy, self._shared, 0, self._offset, 0))
 
