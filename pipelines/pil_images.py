@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageChops
 
 WIDE_GRAY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 
@@ -30,6 +30,15 @@ def to_8bit_gray(image: Image.Image) -> Image.Image:
     if image.mode == "I":
         values = np.clip(values, 0, 65535)
     return Image.fromarray((values.astype(np.uint32) >> 8).astype(np.uint8), "L")
+
+
+def cmyk_as_stored(image: Image.Image) -> Image.Image:
+    """A CMYK JPEG as its bytes say. Pillow reads every CMYK JPEG as Adobe's inverted CMYK; one without
+    Adobe's APP14 marker holds plain CMYK (as libjpeg and DALI read it), so Pillow's values are inverted back
+    (its picture came out near black). Other images unchanged."""
+    if image.mode == "CMYK" and image.format == "JPEG" and "adobe" not in image.info:
+        return ImageChops.invert(image)
+    return image
 
 
 def check_draft(draft) -> tuple[int, int] | None:
@@ -62,7 +71,7 @@ def decode_image(data: bytes, mode: str | None, draft: tuple[int, int] | None = 
     image = Image.open(io.BytesIO(data))
     if size is not None and image.format == "JPEG":
         image.draft(None, size)
-    image = to_8bit_gray(image)
+    image = to_8bit_gray(cmyk_as_stored(image))
     if mode is not None and image.mode != mode:
         return image.convert(mode)
     image.load()

@@ -270,3 +270,53 @@ def test_sixteen_bit_transparent_colours():
     out = np.asarray(Image.open(io.BytesIO(normalize_image(_png16(2, rgb, struct.pack(">HHH", 0x00FF, 0, 0)),
                                                            NormalizeOptions()).data)))
     assert out[4, 2, 0] > 240 and out[4, 2, 1:].max() < 15
+
+
+def plain_cmyk_jpeg() -> tuple[bytes, np.ndarray]:
+    """A CMYK JPEG without Adobe's APP14 marker (plain, not inverted CMYK: as libjpeg and DALI read it), and
+    the RGB picture it holds: a red and a blue block on gray 200."""
+    from PIL import ImageChops
+
+    picture = np.full((48, 64, 3), 200, np.uint8)
+    picture[:12, :16] = (255, 0, 0)
+    picture[-12:, -16:] = (0, 0, 255)
+    data = encode(ImageChops.invert(Image.fromarray(picture).convert("CMYK")), "JPEG", quality=95)
+    at = data.find(b"\xff\xee")  # Pillow writes APP14 for CMYK: cut it out
+    return data[:at] + data[at + 2 + struct.unpack(">H", data[at + 2:at + 4])[0]:], picture
+
+
+def test_a_cmyk_jpeg_without_adobe_marker_keeps_its_colours(tmp_path):
+    """Pillow reads every CMYK JPEG as Adobe's inverted CMYK: one without the marker came out near black from
+    --normalize and from the PyTorch reader, while DALI decoded its colours."""
+    from pipelines.pil_images import decode_image
+
+    data, picture = plain_cmyk_jpeg()
+    normalized = normalize_image(data, NormalizeOptions())
+    assert np.abs(np.asarray(Image.open(io.BytesIO(normalized.data)), np.int16) - picture).mean() < 6
+    assert np.abs(np.asarray(decode_image(data, "RGB"), np.int16) - picture).mean() < 6
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def decode():
+        encoded = fn.external_source(source=lambda: [np.frombuffer(data, np.uint8)], batch=True, dtype=types.UINT8)
+        return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+
+    pipe = decode()
+    pipe.build()
+    dali = np.array(pipe.run()[0].at(0))
+    assert np.abs(dali.astype(np.int16) - np.asarray(decode_image(data, "RGB"), np.int16)).mean() < 2
+
+
+def test_a_picture_wider_than_a_jpeg_holds_is_named_so():
+    wide = encode(Image.new("RGB", (70000, 1), (10, 20, 30)), "PNG")
+    with pytest.raises(BadImage, match="at most 65500 pixels a side; --max-side"):
+        normalize_image(wide, NormalizeOptions())
+    assert normalize_image(wide, NormalizeOptions(max_side=4096)).width == 4096
+
+
+def test_an_avif_or_heic_is_named_not_unrecognized():
+    from repack.transforms.image_check import inspect_image
+
+    for brand, said in ((b"avif", "AVIF image"), (b"heic", "HEIC image")):
+        with pytest.raises(BadImage, match=f"{said}: not a format repack packs"):
+            inspect_image(struct.pack(">I", 24) + b"ftyp" + brand + b"\0\0\0\0mif1" + b"\0" * 64)

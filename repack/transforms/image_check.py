@@ -86,6 +86,10 @@ class ImageInfo:
     progressive: bool = False
 
 
+HEIF_BRANDS = {b"avif": "AVIF", b"avis": "AVIF", b"heic": "HEIC", b"heix": "HEIC", b"heim": "HEIC", b"heis": "HEIC",
+               b"mif1": "HEIF", b"msf1": "HEIF"}  # an ISO media file's major brand (bytes 8-12 after "ftyp")
+
+
 def detect_type(data: bytes) -> str | None:
     """Canonical extension of an image from its first bytes, or None."""
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
@@ -247,6 +251,10 @@ def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_
         raise BadImage("empty file (0 bytes)")
     ext = detect_type(data)
     if ext is None:
+        brand = data[8:12] if data[4:8] == b"ftyp" else b""
+        if brand in HEIF_BRANDS:  # ISO media: AVIF, HEIC
+            raise BadImage(f"{HEIF_BRANDS[brand]} image: not a format repack packs (its readers and DALI decode "
+                           "JPEG, PNG, WebP, BMP, TIFF, PNM, JPEG 2000); convert it to one of those first")
         raise BadImage("not a recognized image format (checked the content, not the name)")
     if ext in ("jpg", "png") and level in ("none", "decode"):
         info = _passes_without_pil(ext, data, level, max_pixels)

@@ -39,12 +39,14 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
+from pipelines.pil_images import cmyk_as_stored  # the readers' decode: one CMYK picture for both
 from repack.transforms.image_check import (DECODE_MEMORY_CAP, BadImage, ImageInfo, decode_failure, inspect_image,
                                            pil)
 
 pil()  # the project's Pillow settings (pixel limit, no truncated loads) before any use here
 
 ORIENTATION_TAG = 0x0112
+JPEG_MAX_SIDE = 65500  # libjpeg's largest side: a wider picture fails inside the encoder
 NORMALIZE_MEMORY_CAP = DECODE_MEMORY_CAP  # bytes the decoded image of a conversion may take (module docstring)
 _SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
@@ -246,6 +248,7 @@ def normalize_image(data: bytes, options: NormalizeOptions) -> Normalized:
         _check_budget(image, info.ext)  # before any pixel is decoded
         icc = image.info.get("icc_profile") if image.mode in RGB_PROFILED else None
         image.load()
+        image = cmyk_as_stored(image)
         source_size = (info.width, info.height)
         if "EXIF orientation" in reasons:
             source_size = _displayed_size(info.width, info.height, image)
@@ -255,6 +258,9 @@ def normalize_image(data: bytes, options: NormalizeOptions) -> Normalized:
             final = _target_size(*source_size, options.max_side)  # PNG of one picture come out alike
             if final is not None and final != rgb.size:
                 rgb = rgb.resize(final, Image.LANCZOS, reducing_gap=2.0)  # as Image.thumbnail
+        if max(rgb.size) > JPEG_MAX_SIDE:
+            raise BadImage(f"{info.ext.upper()} of {rgb.size[0]}x{rgb.size[1]}: a JPEG holds at most {JPEG_MAX_SIDE} "
+                           "pixels a side; --max-side makes it fit")
         out = io.BytesIO()
         save = {"quality": options.quality, "subsampling": 2, "progressive": False, "optimize": False}
         if icc:
