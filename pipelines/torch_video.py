@@ -26,6 +26,7 @@ from pipelines import object_store
 from pipelines.manifest_access import open_manifest
 from repack.manifest import ManifestError
 from repack.manifest.containers import SAFE_INPUT_OPTIONS
+from repack.manifest.video_entries import entry_problem
 from pipelines.sample_errors import decode_error
 from pipelines.dataset_identity import identity
 from pipelines.sampler_resume import MapDatasetState
@@ -52,7 +53,6 @@ def check_video_entries(manifest, entries: list[dict]) -> None:
     import posixpath
 
     classes = manifest.classes or {}
-    indices = {index for index in classes.values() if isinstance(index, int)}
     seen: dict[str, str] = {}
     for entry in entries:
         where = f"{manifest.root}: video {entry['path']!r}"
@@ -62,20 +62,9 @@ def check_video_entries(manifest, entries: list[dict]) -> None:
         if same in seen:
             raise ManifestError(f"{where} is listed twice (as {seen[same]!r}): its clips would be read twice")
         seen[same] = entry["path"]
-        frames, size = entry.get("frames"), entry.get("bytes")
-        if not isinstance(frames, int) or isinstance(frames, bool) or frames < 0 or \
-                (isinstance(size, int) and frames > max(size, 0)):  # a frame takes at least a byte
-            raise ManifestError(f"{where}: frames {frames!r} is not a frame count its {size} bytes can hold")
-        cls = entry.get("cls")
-        if cls is None:
-            if isinstance(entry.get("label"), str) and entry["label"] in classes:
-                raise ManifestError(f"{where}: no class, but its label {entry['label']!r} is one of the class map's")
-            continue
-        if not isinstance(cls, int) or isinstance(cls, bool) or (indices and cls not in indices):
-            raise ManifestError(f"{where}: class {cls!r} is not an index of the dataset's class map")
-        if isinstance(entry.get("label"), str) and entry["label"] in classes and classes[entry["label"]] != cls:
-            raise ManifestError(f"{where}: class {cls} is not its label {entry['label']!r}'s "
-                                f"({classes[entry['label']]})")
+        problem = entry_problem(classes, entry)
+        if problem:
+            raise ManifestError(f"{where}: {problem}")
     if manifest.format == "webdataset":
         samples = manifest.data["totals"].get("samples")
         if samples is not None and samples != len(entries):

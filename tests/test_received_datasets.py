@@ -233,6 +233,72 @@ def test_a_video_entry_read_wrong_is_refused(videos, tmp_path, damage, said):
     video_entry(out, edit)
     with pytest.raises(ManifestError, match=said):
         VideoClipDataset(out, sequence_length=4)
+    proc = run_repack("verify", out, check=False)  # verify names what the reader refuses
+    assert proc.returncode == 5 and (damage == "listed twice" or said in proc.stderr), proc.stderr
+
+
+def test_verify_names_a_frame_count_edited_within_the_files_size(videos, tmp_path):
+    """Fewer frames than the file holds: the reader cuts fewer clips, silently; verify counts the packets."""
+    from pipelines.torch_video import VideoClipDataset
+
+    out = tmp_path / "copy"
+    shutil.copytree(videos, out)
+    frames = read_manifest_json(out)["shards"][0]["frames"]
+    clips = len(VideoClipDataset(out, sequence_length=1))
+
+    def edit(shards):
+        shards[0]["frames"] = frames - 4
+    video_entry(out, edit)
+    assert len(VideoClipDataset(out, sequence_length=1)) == clips - 4
+    proc = run_repack("verify", out, check=False)
+    assert proc.returncode == 5 and f"{frames} frames, manifest says {frames - 4}" in proc.stderr
+
+
+def test_verify_names_an_index_whose_size_or_sha256_the_manifest_records_otherwise(packed, tmp_path):
+    """The DALI loader checks each .idx against the manifest's index_bytes and index_sha256: so does verify."""
+    for field, edit in (("index_sha256", lambda v: ("1" if v[0] != "1" else "2") + v[1:]),
+                        ("index_bytes", lambda v: v + 1)):
+        out = copy_of(packed, tmp_path / field)
+        manifest = read_manifest_json(out)
+        manifest["shards"][1][field] = edit(manifest["shards"][1][field])
+        (out / "manifest.json").write_text(json.dumps(manifest))
+        proc = run_repack("verify", out, check=False)
+        assert proc.returncode == 5 and "shard-000001.idx" in proc.stderr and "not the manifest's" in proc.stderr
+
+
+def test_verify_names_an_image_type_that_no_field_names(tmp_path):
+    from PIL import Image
+
+    src = write_jpegs(tmp_path / "src" / "c", 3, "a").parent
+    Image.new("RGB", (16, 16), (1, 2, 3)).save(src / "c" / "p.png")
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["fields"]["png"] == "image"
+    del manifest["fields"]["png"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_repack("verify", out, check=False)
+    assert proc.returncode == 5 and "hold png images (stats.formats) that no 'image' field names" in proc.stderr
+
+
+def test_verify_of_an_lmdb_with_damaged_pages_names_it_never_a_traceback(lmdb_out, tmp_path):
+    """A flipped byte in a page LMDB's cursor walks: verify names data.lmdb (its sha256, its records), whatever
+    the flip makes the cursor raise."""
+    from repack.sinks.lmdb_sink import LmdbSink
+
+    out = copy_of(lmdb_out, tmp_path)
+    shard = read_manifest_json(out)["shards"][0]
+    data = (out / "data.lmdb").read_bytes()
+    unreadable = 0
+    for offset in range(2 * 4096, len(data), 7):
+        damaged = bytearray(data)
+        damaged[offset] ^= 1
+        (out / "data.lmdb").write_bytes(damaged)
+        problems = []
+        LmdbSink.verify_shard(out, shard, lambda ok, problem: ok or problems.append(problem))
+        assert problems and all(p.startswith("data.lmdb: ") for p in problems), offset
+        unreadable += any("its records cannot be read" in p for p in problems)
+    assert unreadable  # some flips break the walk itself (before: a traceback, exit 1)
 
 
 def test_a_prepared_video_replaced_by_a_concat_script_never_opens_another_file(videos, tmp_path):

@@ -21,8 +21,10 @@ from repack.lifecycle.verify_declared import check_declared
 from repack.lifecycle.verify_digests import EarlyDigests, early_files
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
 from repack.manifest.io import MANIFEST_TEMP
+from repack.manifest.video_entries import entry_problem, video_entries
 from repack.sinks import SINKS
 from repack.sinks.checks import sha256_file
+from repack.sinks.videos import check_frames
 from repack.store.files import open_files
 
 
@@ -230,6 +232,10 @@ def check_all_contents(files, manifest, workers: int | None = None,
                          manifest.data.get("file_digests") or {})
         if manifest.modality == "video" and side.get("file_list"):
             check_file_list(manifest.data, safe_join(root, side["file_list"]), side["file_list"], problems)
+    if manifest.modality == "video":  # what the readers refuse: every entry's class and frame count
+        classes = manifest.data.get("classes") if isinstance(manifest.data.get("classes"), dict) else {}
+        problems += [f"video {entry['path']}: {problem}" for entry in video_entries(manifest.data)
+                     for problem in [entry_problem(classes, entry)] if problem]
     videos = [v for v in manifest.data.get("videos", []) if isinstance(v, dict) and v.get("path")]
     if videos:  # a video WebDataset's prepared videos beside its shards: as the manifest records them
         with files.local([v["path"] for v in videos]) as (root, fetch_problems):
@@ -250,6 +256,8 @@ def check_listed_videos(videos: list[dict], root, problems: list[str]) -> None:
             problems.append(f"{entry['path']}: {path.stat().st_size} bytes, the manifest says {entry['bytes']}")
         elif entry.get("sha256") and sha256_file(path) != entry["sha256"]:
             problems.append(f"{entry['path']}: sha256 differs from the manifest's")
+        else:
+            check_frames(path, entry, lambda ok, problem: ok or problems.append(problem))
 
 
 def check_file_list(data: dict, path: Path, rel: str, problems: list[str]) -> None:

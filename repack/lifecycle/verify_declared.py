@@ -64,6 +64,12 @@ def _images(data: dict) -> list[str]:
             problems.append(f"fields: {ext!r} is {role!r}, an image dataset's {ext!r} member is {wanted!r}")
     if not any(role == "image" for role in fields.values()):
         problems.append(f"fields {sorted(fields)}: no image member")
+    formats = (data.get("stats") or {}).get("formats")
+    if not lmdb and isinstance(formats, dict):  # each image type the shards hold is a member the readers take
+        missing = sorted(ext for ext, count in formats.items() if count and fields.get(ext) != "image")
+        if missing:
+            problems.append(f"fields {sorted(fields)}: the shards hold {', '.join(missing)} images "
+                            "(stats.formats) that no 'image' field names (the readers would find no image member)")
     if data.get("classes") and "cls" not in fields:
         problems.append("fields name no 'cls' member while the dataset has a class map (its labels would be dropped)")
     return problems

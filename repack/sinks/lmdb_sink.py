@@ -336,5 +336,7 @@ class LmdbSink:
                 check(bad == 0 and expected == shard["samples"],
                       f"{shard['path']}: sample keys are not s/0..{shard['samples'] - 1} each with {what} "
                       f"({expected} found in order, {bad} out of place or without {what})")
+        except Exception as exc:  # noqa: BLE001 - lmdb.Error (a damaged page), a key of another shape: named
+            check(False, f"{shard['path']}: its records cannot be read ({type(exc).__name__}: {exc})")
         finally:
             env.close()

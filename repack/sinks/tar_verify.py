@@ -106,13 +106,10 @@ def check_shard_part(root: Path, shard: dict, part: int, parts: int) -> PartChec
     those); None is no verdict."""
     try:
         index = (root / shard["index"]).read_bytes()
-        checksums = None
-        if shard.get("checksums"):
-            checksums = (root / shard["checksums"]).read_bytes()
-            expected = shard.get("checksums_sha256")
-            if part == 0 and (len(checksums) != shard.get("checksums_bytes", -1) or
-                              expected is not None and hashlib.sha256(checksums).hexdigest() != expected):
-                return None
+        checksums = (root / shard["checksums"]).read_bytes() if shard.get("checksums") else None
+        if part == 0 and not (as_recorded(index, shard, "index") and
+                              (checksums is None or as_recorded(checksums, shard, "checksums"))):
+            return None
         with open(root / shard["path"], "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             if size != shard["bytes"]:
@@ -122,6 +119,15 @@ def check_shard_part(root: Path, shard: dict, part: int, parts: int) -> PartChec
                 return None if found is None else dataclasses.replace(found, offsets=None, keys=None)
     except (OSError, ValueError, IndexError, BufferError):  # unreadable, or shapes no canonical shard has:
         return None  # the walk names it
+
+
+def as_recorded(data: bytes, shard: dict, side: str) -> bool:
+    """A side file's bytes (``side``: "index", "checksums") are the size and sha256 the shard entry records
+    for it (``<side>_bytes``, ``<side>_sha256``; a value the entry lacks is not compared)."""
+    size, sha256 = shard.get(f"{side}_bytes"), shard.get(f"{side}_sha256")
+    if side == "checksums" and size is None:
+        return False  # every entry with a checksums file records its size
+    return (size is None or len(data) == size) and (sha256 is None or hashlib.sha256(data).hexdigest() == sha256)
 
 
 def matches_by_index(root: Path, shard: dict) -> bool:
@@ -170,11 +176,14 @@ def verify_by_walk(root: Path, shard: dict, check) -> None:
                              f"({sorted(layouts)[:3]}): some sample lacks a field")
     if shard.get("index"):
         try:
-            on_disk = (root / shard["index"]).read_text()
+            on_disk = (root / shard["index"]).read_bytes()
         except OSError as exc:
             check(False, f"{shard['index']}: missing ({exc.strerror})")
             return
-        check(on_disk == rebuilt, f"{shard['index']}: does not match the tar's members")
+        check(on_disk == rebuilt.encode(), f"{shard['index']}: does not match the tar's members")
+        check(as_recorded(on_disk, shard, "index"), f"{shard['index']}: {len(on_disk)} bytes, sha256 "
+              f"{hashlib.sha256(on_disk).hexdigest()[:12]}..., not the manifest's (index_bytes "
+              f"{shard.get('index_bytes')}, index_sha256 {str(shard.get('index_sha256'))[:12]}...)")
     if shard.get("checksums") and check_file(root, shard["checksums"], shard.get("checksums_bytes", -1),
                                              shard.get("checksums_sha256"), check):
         check((root / shard["checksums"]).read_bytes() == sample_checksums(tar_path, rebuilt),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from repack.manifest.video_entries import video_entries
 from repack.sinks.checks import check_file
 
 
@@ -21,7 +22,7 @@ def file_list_problem(data: dict, listing: bytes) -> str | None:
     """What is wrong with ``listing`` (the bytes of the file_list a video manifest ``data`` names) against
     the manifest's video entries: the readers take a clip's label from one and its frames from the other."""
     videos = data.get("videos") if data.get("format") == "webdataset" else data.get("shards")
-    if not isinstance(videos, list) or not all(isinstance(v, dict) and "path" in v for v in videos):
+    if not isinstance(videos, list) or video_entries(data) != videos:
         return None  # the manifest's own checks name it
     if listing == dali_file_list(videos):
         return None
@@ -44,5 +45,15 @@ class VideosSink:
 
     @staticmethod
     def verify_shard(root: Path, shard: dict, check) -> None:
-        """Check one video file against its manifest entry (size, sha256)."""
-        check_file(root, shard["path"], shard["bytes"], shard["sha256"], check)
+        """Check one video file against its manifest entry (size, sha256, frames)."""
+        if check_file(root, shard["path"], shard["bytes"], shard["sha256"], check):
+            check_frames(Path(root) / shard["path"], shard, check)
+
+
+def check_frames(path: Path, entry: dict, check) -> None:
+    """The video's frame count (its video packets, as ``repack video`` counted them) is its entry's ``frames``:
+    the readers cut clips by it (fewer: clips silently lost; more: a decode error mid-epoch)."""
+    from repack.transforms.probe import probe_file
+
+    counted = probe_file(str(path)).get("frames")
+    check(counted == entry.get("frames"), f"{entry['path']}: {counted} frames, manifest says {entry.get('frames')}")
