@@ -200,3 +200,56 @@ def test_frames_in_bursts_keep_the_mean_rate():
     assert (plan_timing(long_stall).rate, plan_timing(long_stall).expected_frames) == (25.0, 200)
     idle = {"frames": 101, "fps": 0.028, "frame_interval_s": 1 / 240, "irregular_intervals": 1, "span_s": 3600.0}
     assert plan_timing(idle).rate_from == "measured"  # 864,000 repeats at 240 fps: the mean rate
+
+
+def ffmpeg(*args) -> None:
+    import subprocess
+
+    subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-y", *map(str, args)], check=True)
+
+
+def reason_codes(out: Path) -> set[str]:
+    """The decision reasons of a one-video dataset's probe record."""
+    record, = map(json.loads, (out / "probe.jsonl").read_text().splitlines())
+    return {reason["code"] for reason in record["reasons"]}
+
+
+def test_a_rate_change_within_a_fifth_is_variable_frame_rate(tmp_path):
+    """1 s at 25 fps then 1 s at 30 fps: no interval differs from the median by 20 %, but the frames stray 2.5
+    frames from the average rate, where a reader places them: resampled, never copied with the average rate."""
+    parts = []
+    for rate in (25, 30):
+        parts.append(tmp_path / f"{rate}.mp4")
+        ffmpeg("-f", "lavfi", "-i", f"testsrc=size=64x48:rate={rate}:duration=1", "-c:v", "libx264", "-preset",
+               "ultrafast", "-bf", "0", "-pix_fmt", "yuv420p", "-video_track_timescale", "30000", parts[-1])
+    (tmp_path / "list.txt").write_text("".join(f"file '{p}'\n" for p in parts))
+    src = tmp_path / "src"
+    src.mkdir()
+    ffmpeg("-f", "concat", "-safe", "0", "-i", tmp_path / "list.txt", "-c", "copy", src / "v25_30.mp4")
+    info = probe_file(str(src / "v25_30.mp4"))
+    assert not info["irregular_intervals"] and info["grid_drift_frames"] > 2
+    out = tmp_path / "out"
+    run_repack("video", src, out, "--transcode", "--preset", "ultrafast", "--quiet")
+    entry = read_manifest_json(out)["shards"][0]
+    assert reason_codes(out) == {"vfr"} and entry["frame_timing"] == "resample" and entry["fps"] == 30
+    assert decoded_frames(out / entry["path"]) == entry["frames"] == 60
+
+
+def test_an_open_gop_cut_at_its_start_counts_the_frames_a_decoder_outputs(tmp_path):
+    """An H.264 stream cut with -c copy at an open GOP's keyframe: its two leading B-frames reference the GOP
+    before the cut, so no decoder outputs them. It was copied with 2 frames more than it decodes to (the
+    readers failed on the last clips); now transcoded, and the entry counts what decodes."""
+    ffmpeg("-f", "lavfi", "-i", "testsrc=size=64x48:rate=25:duration=3", "-c:v", "libx264", "-preset", "medium",
+           "-g", "12", "-keyint_min", "12", "-sc_threshold", "0", "-bf", "2", "-pix_fmt", "yuv420p",
+           "-x264-params", "open-gop=1:b-pyramid=0:b-adapt=0", tmp_path / "full.ts")
+    src = tmp_path / "src"
+    src.mkdir()
+    ffmpeg("-ss", "1.0", "-i", tmp_path / "full.ts", "-c", "copy", src / "cut.ts")
+    decodable = decoded_frames(src / "cut.ts")
+    info = probe_file(str(src / "cut.ts"))
+    assert info["first_packet_key"] and info["leading_packets"] == info["packets"] - decodable > 0
+    out = tmp_path / "out"
+    run_repack("video", src, out, "--transcode", "--preset", "ultrafast", "--quiet")
+    entry = read_manifest_json(out)["shards"][0]
+    assert reason_codes(out) == {"open_gop_start"}
+    assert entry["frames_in"] == entry["frames"] == decodable == decoded_frames(out / entry["path"])

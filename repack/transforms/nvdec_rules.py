@@ -103,6 +103,20 @@ TARGETS: dict[str, Target] = {
 }
 DEFAULT_TARGET = "h100"
 HEADER_DRIFT_FRAMES = 0.5  # a header rate whose frame times drift this far from the packets' by the end is wrong
+VFR_DRIFT_FRAMES = 0.45  # frames this far off one constant rate: a reader placing frames by it takes another one
+
+
+def is_vfr(info: dict) -> bool:
+    """The stream has no one frame rate: some intervals differ from the usual one, or its frames stray from
+    the constant rate of its span (a 25 fps stretch then a 30 fps one: each interval within 20 % of the median)."""
+    return bool(info.get("irregular_intervals")) or (info.get("grid_drift_frames") or 0) >= VFR_DRIFT_FRAMES
+
+
+def undecodable_leading(info: dict) -> int:
+    """Packets of an H.264 stream's first GOP shown before its keyframe (an open GOP cut at its start): they
+    reference pictures the file does not hold, so no decoder outputs them. Another codec's may decode (HEVC's
+    RADL pictures do): not counted."""
+    return int(info.get("leading_packets") or 0) if info.get("codec") == "h264" else 0
 # The DALI video readers the rule knows; the manifest records which one the decisions were made
 # for, and pipelines.dali_video reads with that one by default (legacy for manifests without it).
 DALI_READERS = {"legacy": "fn.readers.video", "experimental": "fn.experimental.readers.video"}
@@ -296,13 +310,21 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
         reasons.append(_r("vfr", f"variable frame rate: {info['irregular_intervals']} of {info['packets'] - 1} "
                                  f"frame intervals differ from the median {info.get('frame_interval_s')} s "
                                  "(DALI's reader supports constant frame rate only)"))
+    elif is_vfr(info):
+        reasons.append(_r("vfr", f"variable frame rate: the frames stray up to {info['grid_drift_frames']:g} frame(s) "
+                                 "from one constant rate (the rate changes within the stream; DALI's reader supports "
+                                 "constant frame rate only)"))
+    if undecodable_leading(info):
+        reasons.append(_r("open_gop_start", f"the first GOP is open: {undecodable_leading(info)} frame(s) shown before "
+                                            "its keyframe reference pictures before the file's start; no decoder "
+                                            "outputs them"))
     measured, header = info.get("fps_measured"), info.get("avg_frame_rate") or info.get("r_frame_rate")
     # wrong once frames placed by the header's rate drift half a frame by the file's end (a 25 fps MP4 whose last
     # sample lasts 5 frames says 24.8: 0.8 % off, and from frame ~60 on a reader took the frame 1-4 after);
     # compared in time, from the packets' span (fps_measured is rounded: an NTSC rate over hours would drift)
     frames, span = int(info.get("packets") or 0), info.get("span_s")
     drift = abs(frames / header - span) * header if header and span and frames else 0.0
-    if measured and drift >= HEADER_DRIFT_FRAMES and not info.get("irregular_intervals") \
+    if measured and drift >= HEADER_DRIFT_FRAMES and not is_vfr(info) \
             and not info.get("missing_pts"):
         reasons.append(_r("rate_header_wrong", f"the header's frame rate {header:g} is not the packets' {measured:g} "
                                                "fps: a reader that places frames by the header's rate takes the "
@@ -327,7 +349,7 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
         notes.append(_r("extra_streams", f"{info.get('audio_streams', 0)} audio and {info.get('other_streams', 0)} "
                                          "other stream(s), ignored by DALI"))
     r, avg = info.get("r_frame_rate"), info.get("avg_frame_rate")
-    if r and avg and abs(r - avg) > 0.01 * r and not info.get("irregular_intervals") and not any(
+    if r and avg and abs(r - avg) > 0.01 * r and not is_vfr(info) and not any(
             reason["code"] == "rate_header_wrong" for reason in reasons):
         notes.append(_r("rate_header_mismatch", f"r_frame_rate {r:g} != avg_frame_rate {avg:g}, but the packet "
                                                 "timestamps are regular"))

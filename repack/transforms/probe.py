@@ -113,6 +113,12 @@ def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> di
     all_keys = [i for i, p in enumerate(packets) if "K" in (p.get("flags") or "")]
     first_key = all_keys[0] if all_keys else len(packets)
     before_key = first_key - sum(dropped[:first_key])  # frames output before a keyframe: none decodes
+    leading = 0  # after the first keyframe in decode order, shown before it: an open GOP's leading pictures
+    if all_keys and packets[first_key].get("pts") is not None:
+        key_pts = int(packets[first_key]["pts"])
+        leading = sum(1 for p, gone in zip(packets[first_key + 1:all_keys[1] if len(all_keys) > 1 else None],
+                                           dropped[first_key + 1:])
+                      if not gone and p.get("pts") is not None and int(p["pts"]) < key_pts)
     all_packets, packets = packets, [p for p, gone in zip(packets, dropped) if not gone]
     n = len(packets)
     pts = [p.get("pts") for p in packets]
@@ -129,10 +135,10 @@ def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> di
         highest = v if highest is None else max(highest, v)
     stats = {"packets": n, "discarded_packets": len(all_packets) - n, "corrupt_packets": corrupt_packets,
              "keyframes": len(keys), "first_packet_key": first_key == 0 and bool(all_keys),
-             "packets_before_key": before_key,
+             "packets_before_key": before_key, "leading_packets": leading,
              "missing_pts": missing_pts, "b_frames": reordered, "packets_past_eof": truncated_packets,
              "max_gop_frames": None, "max_gop_s": None, "frame_interval_s": None, "irregular_intervals": 0,
-             "span_s": None, "fps_measured": None, "first_pts_s": None}
+             "span_s": None, "fps_measured": None, "first_pts_s": None, "grid_drift_frames": 0.0}
     present = sorted(int(v) for v in pts if v is not None)
     if len(present) >= 2:
         deltas = [b - a for a, b in zip(present, present[1:])]
@@ -144,6 +150,10 @@ def packet_stats(packets: list[dict], time_base: Fraction, file_size: int) -> di
         stats["span_s"] = round(float(span), 6)
         stats["first_pts_s"] = round(float(present[0] * time_base), 6)  # where the span starts (not always 0)
         stats["fps_measured"] = round(len(present) / float(span), 4) if span > 0 else None
+        if median > 0 and len(present) > 2:  # how far the frames stray from one constant rate over the stream
+            step = (present[-1] - present[0]) / (len(present) - 1)  # (a rate change within 20%: no odd interval)
+            stray = max(abs(v - present[0] - i * step) for i, v in enumerate(present))
+            stats["grid_drift_frames"] = round(stray / step, 3) if step > 0 else 0.0
         if keys:
             key_pts = sorted(int(packets[i]["pts"]) for i in keys if packets[i].get("pts") is not None)
             bounds = key_pts + [present[-1] + median]

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from repack.transforms.ffmpeg_cli import compile_ffmpeg, run, safe_input
-from repack.transforms.nvdec_rules import H264, get_target, sample_aspect
+from repack.transforms.nvdec_rules import H264, get_target, is_vfr, sample_aspect, undecodable_leading
 
 STANDARD_RATES = (8.0, 10.0, 12.0, 12.5, 15.0, 20.0, 24000 / 1001, 24.0, 25.0, 30000 / 1001, 30.0, 48.0, 50.0,
                   60000 / 1001, 60.0, 90.0, 100.0, 120000 / 1001, 120.0)
@@ -90,7 +90,7 @@ def source_frames(info: dict) -> int:
     decoded = info.get("decoded_frames")
     if decoded:
         return int(decoded)
-    return int(info.get("frames") or 0) - int(info.get("packets_before_key") or 0)
+    return int(info.get("frames") or 0) - int(info.get("packets_before_key") or 0) - undecodable_leading(info)
 
 
 def plan_timing(info: dict) -> Timing:
@@ -103,7 +103,7 @@ def plan_timing(info: dict) -> Timing:
     else:
         rate, text = snap_rate(info.get("fps"))
         rate_from = "measured"
-    if info.get("irregular_intervals") and not info.get("missing_pts"):
+    if is_vfr(info) and not info.get("missing_pts"):
         # the grid of the stream's usual spacing (its median interval), not its mean rate: a 25 fps capture with
         # a stall has a mean rate of 17.5, whose grid drops real frames all along the regular stretches; on the
         # median's grid every regularly spaced frame keeps its place and only a gap is filled by repeats
