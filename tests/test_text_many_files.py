@@ -179,6 +179,27 @@ def test_every_document_gets_one_eos_whatever_its_text_ends_with(gpt2):
     assert flat.tolist() == [i for ids in bare for i in [*ids, eot]] and lengths.tolist() == [len(b) + 1 for b in bare]
 
 
+def test_a_text_the_tokenizer_makes_nothing_of_is_an_empty_document(tmp_path):
+    """A normalizer that strips accents leaves no ids of a text of combining marks: no document of a lone EOS
+    (Megatron's preprocess appends its EOD only to a document with ids), counted as an empty document."""
+    from tokenizers import normalizers
+
+    from tests.tools.text import train_bpe
+
+    tokenizer = train_bpe(documents(40, seed=2), vocab_size=400)
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()])
+    write_tokenizer(tokenizer, tmp_path / "tok")
+    texts = ["hello", "\u0301\u0301", "world"]
+    assert tokenizer.encode(texts[1]).ids == []
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    run_repack("text", tmp_path / "src", tmp_path / "out", "--tokenizer", tmp_path / "tok", "--quiet")
+    totals = read_manifest_json(tmp_path / "out")["totals"]
+    assert (totals["documents"], totals["empty_documents"]) == (2, 1)
+    eos = tokenizer.token_to_id("</s>")
+    assert token_documents(tmp_path / "out") == [[*tokenizer.encode(t).ids, eos] for t in (texts[0], texts[2])]
+
+
 def test_the_capped_bpe_cache_gives_the_default_caches_ids(gpt2):
     """load_tokenizer caps a BPE model's word cache (``BPE_CACHE_WORDS``, memory per forked worker): more
     distinct words than it holds, encoded twice, give the ids of a tokenizer with tokenizers' default cache."""

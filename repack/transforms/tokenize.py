@@ -267,6 +267,8 @@ class BatchEncoder:
         self._fast = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
 
     def _finish(self, ids: list[int]) -> list[int]:
+        if not ids:  # a text the tokenizer makes nothing of is an empty document (Megatron: no EOD alone)
+            return ids
         if self.bos_id is not None:
             ids.insert(0, self.bos_id)
         if self.eos_id is not None:
@@ -312,18 +314,20 @@ class BatchEncoder:
 
 def with_bos_eos(flat, lengths, bos_id: int | None, eos_id: int | None):
     """(ids, lengths) of documents given back to back with ``bos_id`` put in front of each and ``eos_id`` appended
-    to each (None: not added) (``BatchEncoder._finish``, vectorized)."""
+    to each (None: not added) (``BatchEncoder._finish``, vectorized). A document of no ids stays empty: Megatron
+    writes no document of an EOD alone."""
     import numpy as np
 
-    add_bos, add_eos = int(bos_id is not None), int(eos_id is not None)
-    new_lengths = lengths + add_bos + add_eos
+    has = (lengths > 0).astype(np.int64)
+    bos, eos = has * int(bos_id is not None), has * int(eos_id is not None)
+    new_lengths = lengths + bos + eos
     new_ends = np.cumsum(new_lengths)
     new_starts = new_ends - new_lengths
     out = np.empty(int(new_ends[-1]) if len(new_ends) else 0, dtype=np.int64)
-    shift = np.repeat(new_starts - (np.cumsum(lengths) - lengths) + add_bos, lengths)
+    shift = np.repeat(new_starts - (np.cumsum(lengths) - lengths) + bos, lengths)
     out[np.arange(len(flat)) + shift] = flat
-    if add_bos:
-        out[new_starts] = bos_id
-    if add_eos:
-        out[new_ends - 1] = eos_id
+    if bos_id is not None:
+        out[new_starts[has > 0]] = bos_id
+    if eos_id is not None:
+        out[new_ends[has > 0] - 1] = eos_id
     return out, new_lengths
