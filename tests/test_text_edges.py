@@ -321,3 +321,13 @@ def test_a_line_of_unicode_whitespace_separates_paragraphs_under_any_chunking(gp
         extra = () if chunk == "auto" else ("--chunk-bytes", chunk)
         manifest = pack(gpt2, src, tmp_path / f"out-{chunk}", "--doc-per", "blank-line", *extra)
         assert manifest["ids"] == want, chunk
+
+
+def test_a_damaged_stretch_names_every_kind_of_damage_it_holds():
+    """Bad UTF-8 then a line holding a NUL: one record, which no longer says the second is bad UTF-8 too."""
+    from repack.sources.text_docs import Doc, _one_record
+
+    run = [Doc(9, reason="undecodable UTF-8 at byte 14 of the line"), Doc(10, reason="binary data, not text (NUL)")]
+    record, = _one_record(run)
+    assert record.line == 9 and record.reason.startswith("undecodable UTF-8 at byte 14")
+    assert "the 1 document(s) after it are damaged too (binary data, not text)" in record.reason

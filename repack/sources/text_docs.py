@@ -572,8 +572,10 @@ def _one_record(run: list[Doc]) -> Iterator[Doc]:
     if len(run) == 1:
         yield run[0]
     elif run:
-        yield Doc(run[0].line, reason=f"{run[0].reason}; so are the {len(run) - 1} document(s) after it, the last "
-                                      f"starting {run[-1].line - run[0].line} line(s) on (a damaged stretch)")
+        kinds = " or ".join(p for p in DAMAGED_PREFIXES if any(d.reason.startswith(p) for d in run[1:]))
+        yield Doc(run[0].line, reason=f"{run[0].reason}; the {len(run) - 1} document(s) after it are damaged too "
+                                      f"({kinds}), the last starting {run[-1].line - run[0].line} line(s) on "
+                                      "(a damaged stretch)")
 
 
 class SegmentReader:
