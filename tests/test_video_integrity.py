@@ -253,3 +253,16 @@ def test_an_open_gop_cut_at_its_start_counts_the_frames_a_decoder_outputs(tmp_pa
     entry = read_manifest_json(out)["shards"][0]
     assert reason_codes(out) == {"open_gop_start"}
     assert entry["frames_in"] == entry["frames"] == decodable == decoded_frames(out / entry["path"])
+
+
+def test_the_entry_duration_is_the_videos_not_the_files(tmp_path):
+    """2 s of video beside 5 s of audio: the entry says 2 s (it said the file's 5 s)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    ffmpeg("-f", "lavfi", "-i", "testsrc=size=64x48:rate=25:duration=2", "-f", "lavfi", "-i", "sine=duration=5",
+           "-map", "0:v", "-map", "1:a", "-c:v", "libx264", "-preset", "ultrafast", "-bf", "0", "-g", "12", "-pix_fmt", "yuv420p",
+           "-c:a", "aac", "-movflags", "+faststart", src / "long_audio.mp4")  # copied as is, its audio too
+    out = tmp_path / "out"
+    run_repack("video", src, out, "--transcode", "--quiet")
+    entry = read_manifest_json(out)["shards"][0]
+    assert entry["frames"] == 50 and entry["duration_s"] == pytest.approx(2.0, abs=0.01)

@@ -422,7 +422,7 @@ class VideoJob(Job):
                 "label": entry["label"], "cls": entry["cls"], "key": entry["key"], "transcoded": transcoded,
                 "remuxed": remuxed, "frames": after["frames"], "frames_in": plan.frames_in,
                 "frames_out": after["frames"], "frame_timing": plan.mode, "fps": after["fps"],
-                "duration_s": after["duration_s"],
+                "duration_s": after["span_s"] or after["duration_s"],  # the video's, not the file's (longer audio)
                 "width": after["width"], "height": after["height"], "codec": after["codec"],
                 "pix_fmt": after["pix_fmt"], "max_gop_s": after["max_gop_s"]}
 
