@@ -260,8 +260,8 @@ def test_the_entry_duration_is_the_videos_not_the_files(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     ffmpeg("-f", "lavfi", "-i", "testsrc=size=64x48:rate=25:duration=2", "-f", "lavfi", "-i", "sine=duration=5",
-           "-map", "0:v", "-map", "1:a", "-c:v", "libx264", "-preset", "ultrafast", "-bf", "0", "-g", "12", "-pix_fmt", "yuv420p",
-           "-c:a", "aac", "-movflags", "+faststart", src / "long_audio.mp4")  # copied as is, its audio too
+           "-map", "0:v", "-map", "1:a", "-c:v", "libx264", "-preset", "ultrafast", "-bf", "0", "-g", "12",
+           "-pix_fmt", "yuv420p", "-c:a", "aac", "-movflags", "+faststart", src / "long_audio.mp4")  # copied as is, its audio too
     out = tmp_path / "out"
     run_repack("video", src, out, "--transcode", "--quiet")
     entry = read_manifest_json(out)["shards"][0]
