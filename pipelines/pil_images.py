@@ -32,6 +32,44 @@ def to_8bit_gray(image: Image.Image) -> Image.Image:
     return Image.fromarray((values.astype(np.uint32) >> 8).astype(np.uint8), "L")
 
 
+ORIENTATION_TAG = 274
+_UNDO_ORIENTATION = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+                     4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_90,
+                     7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_270}  # each orientation's inverse
+
+
+def tiff_orientation(image: Image.Image) -> int:
+    """The orientation tag of a TIFF as opened, before it is loaded (1 for any other image). Pillow applies a
+    TIFF's orientation itself as it loads it (no other format's): every reader here, and DALI, decodes the
+    stored pixels; the orientation is ``--normalize``'s to apply."""
+    if image.format != "TIFF":
+        return 1
+    value = image.tag_v2.get(ORIENTATION_TAG, 1)
+    return value if value in _UNDO_ORIENTATION else 1
+
+
+def stored_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) of the pixels as stored (Pillow gives a TIFF of orientation 5-8 its sides swapped)."""
+    width, height = image.size
+    return (height, width) if tiff_orientation(image) in (5, 6, 7, 8) else (width, height)
+
+
+def pixels_as_stored(image: Image.Image) -> Image.Image:
+    """``image`` (just opened) loaded with its pixels as stored: a TIFF's orientation, which Pillow applied while
+    loading, undone."""
+    undo = _UNDO_ORIENTATION.get(tiff_orientation(image))
+    image.load()
+    return image.transpose(undo) if undo is not None else image
+
+
+def first_shown_frame(image: Image.Image) -> Image.Image:
+    """An animated PNG whose default image is no frame of its animation (``default_image``): seeked to the
+    animation's first frame, the picture DALI decodes; any other image unchanged."""
+    if image.format == "PNG" and image.info.get("default_image") and getattr(image, "n_frames", 1) > 1:
+        image.seek(1)
+    return image
+
+
 def cmyk_as_stored(image: Image.Image) -> Image.Image:
     """A CMYK JPEG as its bytes say. Pillow reads every CMYK JPEG as Adobe's inverted CMYK; one without
     Adobe's APP14 marker holds plain CMYK (as libjpeg and DALI read it), so Pillow's values are inverted back
@@ -71,7 +109,9 @@ def decode_image(data: bytes, mode: str | None, draft: tuple[int, int] | None = 
     image = Image.open(io.BytesIO(data))
     if size is not None and image.format == "JPEG":
         image.draft(None, size)
-    image = to_8bit_gray(cmyk_as_stored(image))
+    if tiff_orientation(image) != 1:
+        image = pixels_as_stored(image)
+    image = to_8bit_gray(cmyk_as_stored(first_shown_frame(image)))
     if mode is not None and image.mode != mode:
         return image.convert(mode)
     image.load()

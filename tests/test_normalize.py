@@ -294,17 +294,58 @@ def test_a_cmyk_jpeg_without_adobe_marker_keeps_its_colours(tmp_path):
     normalized = normalize_image(data, NormalizeOptions())
     assert np.abs(np.asarray(Image.open(io.BytesIO(normalized.data)), np.int16) - picture).mean() < 6
     assert np.abs(np.asarray(decode_image(data, "RGB"), np.int16) - picture).mean() < 6
+    assert np.abs(dali_decode(data) - np.asarray(decode_image(data, "RGB"), np.int16)).mean() < 2
+
+
+def dali_decode(data: bytes) -> np.ndarray:
+    """``data`` decoded by DALI's image decoder (CPU) as the image pipeline runs it (no orientation applied)."""
     from nvidia.dali import fn, pipeline_def, types
 
     @pipeline_def(batch_size=1, num_threads=1, device_id=None)
     def decode():
         encoded = fn.external_source(source=lambda: [np.frombuffer(data, np.uint8)], batch=True, dtype=types.UINT8)
-        return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+        return fn.decoders.image(encoded, device="cpu", output_type=types.RGB, adjust_orientation=False)
 
     pipe = decode()
     pipe.build()
-    dali = np.array(pipe.run()[0].at(0))
-    assert np.abs(dali.astype(np.int16) - np.asarray(decode_image(data, "RGB"), np.int16)).mean() < 2
+    return np.array(pipe.run()[0].at(0)).astype(np.int16)
+
+
+def test_a_rotated_tiff_is_read_as_stored_by_every_reader_and_turned_by_normalize():
+    """Pillow applies a TIFF's orientation as it loads it (DALI does not): the check sizes the stored pixels,
+    the PyTorch readers decode them as DALI does, and --normalize turns the picture as displayed."""
+    from pipelines.pil_images import decode_image
+    from repack.transforms.image_check import inspect_image
+
+    stored = np.full((48, 64, 3), 200, np.uint8)
+    stored[:12, :16] = (255, 0, 0)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    data = encode(Image.fromarray(stored), "TIFF", exif=exif.tobytes())
+    info = inspect_image(data)
+    assert (info.width, info.height) == (64, 48)
+    assert np.array_equal(np.asarray(decode_image(data, "RGB")), stored)
+    assert np.array_equal(dali_decode(data), stored)
+    normalized = normalize_image(data, NormalizeOptions(max_side=32))
+    assert (normalized.width, normalized.height) == (24, 32) and normalized.source_size == (48, 64)
+    shown = np.asarray(Image.fromarray(stored).transpose(Image.Transpose.ROTATE_270).resize((24, 32)), np.int16)
+    assert np.abs(np.asarray(Image.open(io.BytesIO(normalized.data)), np.int16) - shown).mean() < 8
+
+
+def test_an_animated_png_whose_default_image_is_no_frame_reads_its_first_frame():
+    """APNG's default image outside the animation: DALI decodes the animation's first frame, and so do the
+    PyTorch readers and --normalize (they took the default image)."""
+    from pipelines.pil_images import decode_image
+
+    frames = [Image.new("RGB", (32, 24), colour) for colour in ((0, 255, 0), (255, 0, 0), (0, 0, 255))]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "PNG", save_all=True, append_images=frames[1:], default_image=True)
+    data = buffer.getvalue()
+    red = np.zeros((24, 32, 3), np.int16) + (255, 0, 0)
+    assert np.array_equal(dali_decode(data), red)
+    assert np.array_equal(np.asarray(decode_image(data, "RGB"), np.int16), red)
+    normalized = normalize_image(data, NormalizeOptions())
+    assert np.abs(np.asarray(Image.open(io.BytesIO(normalized.data)), np.int16) - red).mean() < 4
 
 
 def test_a_picture_wider_than_a_jpeg_holds_is_named_so():

@@ -261,11 +261,13 @@ def inspect_image(data: bytes, level: str = "decode", max_pixels: int = 178_956_
         if info is not None:
             return info  # otherwise PIL below gives the precise reason
     Image = pil()
+    from pipelines.pil_images import stored_size
+
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
             image = Image.open(io.BytesIO(data))
-            width, height = image.size
+            width, height = stored_size(image)  # as the readers decode it
             if width * height > max_pixels:
                 raise BadImage(f"decompression bomb: {width}x{height} = {width * height} pixels exceeds "
                                f"--max-pixels {max_pixels}")

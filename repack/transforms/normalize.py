@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from pipelines.pil_images import cmyk_as_stored  # the readers' decode: one CMYK picture for both
+from pipelines.pil_images import cmyk_as_stored, first_shown_frame  # the readers' decode: one picture for all
 from repack.transforms.image_check import (DECODE_MEMORY_CAP, BadImage, ImageInfo, decode_failure, inspect_image,
                                            pil)
 
@@ -229,7 +229,7 @@ def normalize_image(data: bytes, options: NormalizeOptions) -> Normalized:
     passed through as normalized)."""
     info = inspect_image(data, "decode", options.max_pixels)  # a corrupt input is never converted
     try:
-        image = Image.open(io.BytesIO(data))
+        image = first_shown_frame(Image.open(io.BytesIO(data)))
         if info.ext != "jpg":  # never passed through, so converted: and reading a PNG's EXIF decodes it whole
             _check_budget(image, info.ext)
         reasons = nonconformity(data, info, image, options.max_side)
@@ -247,12 +247,12 @@ def normalize_image(data: bytes, options: NormalizeOptions) -> Normalized:
             image.draft(None, (target[0] * 2, target[1] * 2))
         _check_budget(image, info.ext)  # before any pixel is decoded
         icc = image.info.get("icc_profile") if image.mode in RGB_PROFILED else None
-        image.load()
+        rotated = "EXIF orientation" in reasons  # the displayed size read before loading: Pillow applies a TIFF's
+        source_size = _displayed_size(info.width, info.height, image) if rotated else (info.width, info.height)
+        image.load()                                          # orientation as it loads it, and drops the tag
         image = cmyk_as_stored(image)
-        source_size = (info.width, info.height)
-        if "EXIF orientation" in reasons:
-            source_size = _displayed_size(info.width, info.height, image)
-            image = ImageOps.exif_transpose(image)
+        if rotated:
+            image = ImageOps.exif_transpose(image)  # a TIFF's is done: no tag is left
         rgb = _to_rgb(image, info.ext == "png" and data[24:26] == b"\x10\x02")  # IHDR: depth 16, colour type 2
         if target is not None:  # the size from the source's (as displayed), not the drafted decode's: a JPEG and a
             final = _target_size(*source_size, options.max_side)  # PNG of one picture come out alike
