@@ -216,8 +216,11 @@ class _Cursor:
 
 def _map_identity(source) -> dict:
     """What a map-style source's saved position means: its length (its order is a permutation of it) and, for a
-    repack reader, its dataset's identity and version."""
-    return {"length": len(source), **({"dataset": dict(source.dataset)} if hasattr(source, "dataset") else {})}
+    repack reader, its dataset's identity and version and what decides the item an index names
+    (``order_options()``: a token reader's ``seq_len``, a clip reader's clip length and step)."""
+    options = getattr(source, "order_options", None)
+    return {"length": len(source), **({"dataset": dict(source.dataset)} if hasattr(source, "dataset") else {}),
+            **({"options": options()} if options is not None else {})}
 
 
 def _fresh_state(source) -> dict | None:
@@ -388,31 +391,54 @@ class Mixture(IterableDataset):
         if differs:
             raise ValueError("Mixture state of another order loaded (" + "; ".join(differs) + "): it would read "
                              "some samples twice and others never")
-        for i, (saved, source) in enumerate(zip(state["sources"], self.sources)):
+        for i, (saved, source) in enumerate(zip(state["sources"], self.sources)):  # checks that change nothing
             if saved["kind"] != type(source).__name__:
                 raise ValueError(f"Mixture source {i} was a {saved['kind']}, is a {type(source).__name__}")
             if _is_iterable(source) and saved["position"] and saved.get("state") is None:
                 raise ValueError(f"Mixture source {i} ({saved['kind']}) has no state_dict(): it cannot resume exactly")
-            if not _is_iterable(source):
-                if hasattr(source, "dataset"):
-                    version = resolve(saved.get("dataset"), source.dataset, str(source.root), f"Mixture source {i}")
-                    if version is not None:
-                        source.use_version(version)
-                if saved.get("length") is not None and saved["length"] != len(source):  # states of older readers
-                    raise ValueError(f"Mixture source {i} ({saved['kind']}) had {saved['length']} samples when the "
-                                     f"state was saved and has {len(source)} now (built with other options, e.g. "
-                                     "seq_len, or another dataset): its order differs, so resuming would read some "
-                                     "samples twice and others never")
-            elif _is_iterable(source) and saved.get("state") is not None:
-                # now, not when first drawn: it re-opens the state's dataset version, whose lengths the epoch's
-                # stop point (``slot_samples``) is computed from before any draw
-                source.load_state_dict(saved["state"])
+            options = None if _is_iterable(source) else _map_identity(source).get("options")
+            if saved.get("options") is not None and options is not None and saved["options"] != options:
+                raise ValueError(f"Mixture source {i} ({saved['kind']}) was read with {saved['options']}, is built "
+                                 f"with {options}: index i names another item, so resuming would read some "
+                                 "samples twice and others never")
+        undo: list = []  # a refused state leaves every source as it was (a caller that starts fresh reads that)
+        try:
+            for i, (saved, source) in enumerate(zip(state["sources"], self.sources)):
+                self._load_source(i, saved, source, undo)
+        except ValueError:
+            for step in reversed(undo):
+                step()
+            raise
         if not bool(self._epoch_chosen):
             self._epoch.fill_(int(state["epoch"]))
             for source in self.sources:  # one not drawn yet when the state was taken reads the state's epoch too,
                 if _is_iterable(source) and hasattr(source, "set_epoch"):  # as ``set_epoch`` had given it then
                     source.set_epoch(int(state["epoch"]))
         self._pending, self._live = dict(state), None
+
+    @staticmethod
+    def _load_source(i: int, saved: dict, source, undo: list) -> None:
+        """Source ``i`` put where ``saved`` (its part of a Mixture state) says, and how to put it back on ``undo``:
+        a map-style one re-opened on the state's dataset version (its length checked there), an iterable one
+        given its state now, not when first drawn: that re-opens the state's version, whose lengths the epoch's
+        stop point (``slot_samples``) is computed from before any draw."""
+        if not _is_iterable(source):
+            if hasattr(source, "dataset"):
+                version = resolve(saved.get("dataset"), source.dataset, str(source.root), f"Mixture source {i}")
+                if version is not None:
+                    built = source.dataset.get("version")
+                    source.use_version(version)
+                    undo.append(lambda: source.use_version(built))
+            if saved.get("length") is not None and saved["length"] != len(source):  # states of older readers
+                raise ValueError(f"Mixture source {i} ({saved['kind']}) had {saved['length']} samples when the "
+                                 f"state was saved and has {len(source)} now (built with other options, e.g. "
+                                 "seq_len, or another dataset): its order differs, so resuming would read some "
+                                 "samples twice and others never")
+        elif saved.get("state") is not None:
+            fresh = _fresh_state(source)
+            source.load_state_dict(saved["state"])
+            if fresh is not None:
+                undo.append(lambda: source.load_state_dict(fresh))
 
     def __iter__(self) -> Iterator[Any]:
         state, self._pending = self._pending, None

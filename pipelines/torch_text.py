@@ -234,6 +234,10 @@ class PackedTokenDataset(Dataset):
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self._epoch_chosen = torch.zeros((), dtype=torch.bool).share_memory_()
 
+    def order_options(self) -> dict:
+        """What decides which tokens window ``i`` holds (a Mixture refuses a state of another)."""
+        return {"seq_len": self.seq_len}
+
     def use_version(self, version: int | None) -> None:
         """Read version ``version`` of the dataset (None: the latest): its tokens and windows."""
         self.data = TokenMemmap(self.data.root, version)

@@ -246,13 +246,53 @@ def test_a_mixture_state_of_a_map_source_of_another_length_is_refused(data):
     it = iter(first)
     [next(it) for _ in range(5)]
     state = json.loads(json.dumps(first.state_dict()))
-    with pytest.raises(ValueError, match=r"Mixture source 0 \(PackedTokenDataset\) had \d+ samples when the state was "
-                                         r"saved and has \d+ now"):
+    with pytest.raises(ValueError, match=r"Mixture source 0 \(PackedTokenDataset\) was read with \{'seq_len': 16\}, "
+                                         r"is built with \{'seq_len': 32\}"):
         mixture(32).load_state_dict(state)
     mixture(16).load_state_dict(state)
-    untouched = json.loads(json.dumps(mixture(16).state_dict()))  # a fresh mixture's state names the lengths too
-    with pytest.raises(ValueError, match="had .* samples when the state was saved"):
+    untouched = json.loads(json.dumps(mixture(16).state_dict()))  # a fresh mixture's state names the options too
+    with pytest.raises(ValueError, match="was read with"):
         mixture(32).load_state_dict(untouched)
+    without_options = json.loads(json.dumps(state))  # a state of an older reader: its length still decides
+    del without_options["sources"][0]["options"]
+    with pytest.raises(ValueError, match=r"had \d+ samples when the state was saved and has \d+ now"):
+        mixture(32).load_state_dict(without_options)
+
+
+def test_a_mixture_state_of_a_map_source_of_another_seq_len_but_as_many_windows_is_refused(data):
+    """seq_len a and a + 1 can cut a stream into as many windows: the length matched, so the state loaded and
+    window i named other tokens (tokens read twice in one epoch); the reader alone refused it."""
+    tokens = PackedTokenDataset(data["text_a"], 16).data.num_tokens
+    a = next(a for a in range(8, tokens) if (tokens - 1) // a == (tokens - 1) // (a + 1) >= 4)
+
+    def mixture(seq_len):
+        return Mixture([(PackedTokenDataset(data["text_a"], seq_len), 1), (PackedTokenDataset(data["text_b"], 16), 1)],
+                       seed=3)
+
+    first = mixture(a)
+    it = iter(first)
+    [next(it) for _ in range(3)]
+    state = json.loads(json.dumps(first.state_dict()))
+    assert len(mixture(a + 1).sources[0]) == len(first.sources[0])
+    with pytest.raises(ValueError, match=f"was read with {{'seq_len': {a}}}, is built with {{'seq_len': {a + 1}}}"):
+        mixture(a + 1).load_state_dict(state)
+
+
+def test_a_refused_mixture_state_leaves_every_source_as_it_was(packed_photos):
+    """Source 1 refuses the state (another seed) after source 0 took its part: source 0 is put back, so a caller
+    that starts fresh reads a fresh epoch (source 0 resumed at the state's place: 14 samples never came)."""
+    def mixture(second_seed):
+        return Mixture([(ImageShardDataset(packed_photos, output="dict", decode=False, seed=seed), 0.5)
+                        for seed in (0, second_seed)], seed=0, tag_source=True)
+
+    first = mixture(0)
+    it = iter(first)
+    tagged_draws(it, 30)
+    state = json.loads(json.dumps(first.state_dict()))
+    refused = mixture(1)
+    with pytest.raises(ValueError, match="seed: state 0, dataset 1"):
+        refused.load_state_dict(state)
+    assert tagged_draws(iter(refused)) == tagged_draws(iter(mixture(1)))
 
 
 def test_an_append_between_save_and_load_leaves_every_rank_on_the_saved_version_with_equal_steps(tmp_path):
