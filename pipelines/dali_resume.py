@@ -199,6 +199,9 @@ class ResumableDALILoader:
         # a state taken after the epoch's last batch restores to the next epoch's start (DALI's
         # checkpoint does so; a source builder must): the caller has yet to see this epoch end,
         # so the first next() ends it (and reset() then has nothing to reset)
+        if state and len(self) and state["batch"] > len(self):  # a hand edit: DALI's checkpoint is elsewhere
+            raise ValueError(f"the {self.kind} state's batch {state['batch']} is past the epoch's {len(self)} "
+                             "batches: the state was edited, or is not this loader's")
         self._end_pending = bool(state and 0 < len(self) <= state["batch"])
         self._ended_early = False
 

@@ -51,7 +51,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipelines.dataset_identity import resolve
-from pipelines.sample_order import continued_epoch
+from pipelines.sample_order import checked_count, continued_epoch
 from pipelines.sampler_resume import STATE_VERSION, check_state
 
 BLOCK = 100
@@ -391,7 +391,12 @@ class Mixture(IterableDataset):
         if differs:
             raise ValueError("Mixture state of another order loaded (" + "; ".join(differs) + "): it would read "
                              "some samples twice and others never")
+        checked_count(state.get("drawn"), "Mixture state's drawn")
+        checked_count(state.get("epoch"), "Mixture state's epoch")
         for i, (saved, source) in enumerate(zip(state["sources"], self.sources)):  # checks that change nothing
+            checked_count(saved.get("pass"), f"Mixture source {i}'s pass")
+            checked_count(saved.get("position"), f"Mixture source {i}'s position",
+                          None if _is_iterable(source) else len(source))
             if saved["kind"] != type(source).__name__:
                 raise ValueError(f"Mixture source {i} was a {saved['kind']}, is a {type(source).__name__}")
             if _is_iterable(source) and saved["position"] and saved.get("state") is None:

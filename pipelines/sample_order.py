@@ -79,6 +79,28 @@ def continued_epoch(saved_epoch: int, chosen: int | None) -> tuple[int, bool]:
     return chosen, False
 
 
+def checked_count(value, what: str, high: int | None = None) -> int:
+    """``value`` when it is an int from 0 to ``high`` (None: no bound); else a ValueError naming ``what``. A
+    state's counts pass here: a hand-edited negative or oversized one skipped or repeated samples silently."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (high is not None and value > high):
+        raise ValueError(f"{what} {value!r} is not a count from 0 to {'any' if high is None else high}: the state "
+                         "was edited, or is not this reader's")
+    return value
+
+
+def checked_runs(runs, what: str, high: int) -> Runs:
+    """``runs`` when it is a list of [start, stop) position pairs, ascending and disjoint, within 0..``high``;
+    else a ValueError naming ``what``."""
+    if not isinstance(runs, list) or not all(isinstance(run, list) and len(run) == 2 for run in runs):
+        raise ValueError(f"{what} {runs!r} is not a list of [start, stop] pairs")
+    end = 0
+    for start, stop in runs:
+        if checked_count(start, f"{what} start", high) < end or checked_count(stop, f"{what} stop", high) <= start:
+            raise ValueError(f"{what} {runs!r} are not ascending, disjoint and non-empty")
+        end = stop
+    return runs
+
+
 def runs_length(runs: Runs) -> int:
     return sum(stop - start for start, stop in runs)
 

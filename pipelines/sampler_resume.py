@@ -27,7 +27,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from pipelines.dataset_identity import on_version, resolve
-from pipelines.sample_order import continued_epoch
+from pipelines.sample_order import checked_count, continued_epoch
 
 STATE_VERSION = 1
 
@@ -211,6 +211,26 @@ class OrderPosition:
         if state["world_size"] is not None and (state["rank"], state["world_size"]) != (self.rank, self.world_size):
             raise ValueError(f"{self.kind} state of rank {state['rank']} of {state['world_size']} loaded into rank "
                              f"{self.rank} of {self.world_size}: fold the ranks' states with elastic_state() first")
+        self._check_counts(state)
+
+    def _check_counts(self, state: dict) -> None:
+        """ValueError naming a count of ``state`` that no run of this sampler gives (a hand edit): the epoch, the
+        history's stages (a world size, then what each rank took: at most its share) and what this rank took."""
+        where = f"{self.kind} state's"
+        checked_count(state.get("epoch"), f"{where} epoch")
+        history = state.get("history")
+        if not isinstance(history, list) or not all(isinstance(stage, dict) for stage in history):
+            raise ValueError(f"{where} history {history!r} is not a list of stages")
+        for stage in history:
+            world = checked_count(stage.get("world_size"), f"{where} history world_size")
+            taken = stage.get("yielded")
+            if world < 1 or not isinstance(taken, list) or len(taken) != world:
+                raise ValueError(f"{where} history stage {stage!r} is not a world size and one count per rank")
+            for count in taken:
+                checked_count(count, f"{where} history count")
+        left = remaining(np.arange(self.size), history, self.equal)  # a rank claiming more than its share: refused
+        mine = len(rank_share(left, self.rank, self.world_size, self.equal)) if state["world_size"] is not None else 0
+        checked_count(state.get("yielded"), f"{where} yielded", mine)
 
 
 class ResumableSampler(Sampler[int]):

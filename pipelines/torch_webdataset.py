@@ -422,6 +422,17 @@ class ImageShardDataset(IterableDataset):
             detail = ", ".join(f"{k}: state {got!r}, dataset {want!r}" for k, (got, want) in wrong.items())
             raise ValueError(f"{self.root}: this state is not one of this dataset's ({detail}); "
                              "for another world size use pipelines.resume")
+        where = f"{self.root}: the state's"  # positions past the samples are an equal-count rank's repeats
+        sample_order.checked_count(state.get("epoch"), f"{where} epoch")
+        runs = sample_order.checked_runs(state.get("runs"), f"{where} runs", self.total_samples + self.world_size)
+        if state.get("worker") is None:  # a rank's share from pipelines.resume: not started
+            sample_order.checked_count(state.get("position"), f"{where} position", 0)
+        else:
+            workers = sample_order.checked_count(state.get("num_workers"), f"{where} num_workers")
+            worker = sample_order.checked_count(state["worker"], f"{where} worker", max(0, workers - 1))
+            sample_order.checked_count(state.get("position"), f"{where} position",
+                                       len(sample_order.WorkerPositions(runs, worker, workers)))
+        sample_order.checked_count(state.get("skipped", 0), f"{where} skipped")
 
     def _start(self) -> _Cursor:
         """The cursor of a new iterator: from the loaded state when it is of the current epoch."""
