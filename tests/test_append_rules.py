@@ -242,3 +242,23 @@ def test_a_killed_job_resumed_after_a_derived_change_names_it(tmp_path):
     planned.write_text(json.dumps(changed))
     refused = run_repack(*args, check=False)
     assert refused.returncode == 2 and "the tokenizer file (sha256 " in refused.stderr, refused.stderr
+
+
+def test_append_with_overwrite_is_refused_and_lifecycle_commands_name_a_missing_folder(tmp_path):
+    """--append --overwrite published an append and ignored --overwrite; gc/remove of a path that is not there
+    said to run the job 'without --append'."""
+    src = tiny_jpegs(tmp_path / "src", 0, 6, workers=1)
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    before = (out / "manifest.json").read_bytes()
+    tiny_jpegs(src, 6, 2, workers=1)
+    proc = run_repack("images", src, out, "--append", "--overwrite", check=False)
+    assert proc.returncode == 2 and "--append adds to the dataset in OUT and --overwrite replaces it" in proc.stderr
+    assert (out / "manifest.json").read_bytes() == before
+    (tmp_path / "names.txt").write_text("c000/00000000.jpg\n")
+    for args in (("gc", tmp_path / "nope"), ("remove", tmp_path / "nope", "--sources", tmp_path / "names.txt")):
+        proc = run_repack(*args, check=False)
+        assert proc.returncode == 2 and "nope: no such folder" in proc.stderr and not (tmp_path / "nope").exists()
+    (tmp_path / "empty").mkdir()
+    proc = run_repack("gc", tmp_path / "empty", check=False)
+    assert proc.returncode == 2 and "holds no published dataset" in proc.stderr and "pack one there first" in proc.stderr

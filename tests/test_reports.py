@@ -155,6 +155,11 @@ def test_inspect_of_a_damaged_dataset_says_so(tmp_path):
     shard.unlink()
     done = run_repack("inspect", out, "--html", tmp_path / "r.html", check=False)
     assert done.returncode == 5 and f"{shard.name} is missing" in done.stderr and "Traceback" not in done.stderr
+    assert f"{shard.name} is missing" in (tmp_path / "r.html").read_text().split("<h2>DAMAGED</h2>")[1][:400]
+    index = out / read_manifest_json(out)["shards"][1]["index"]
+    index.unlink()  # the summary cannot be read without it: DAMAGED is said anyway, first
+    done = run_repack("inspect", out, check=False)
+    assert done.returncode == 5 and done.stdout.startswith(f"DAMAGED: {out} is damaged: ") and index.name in done.stdout
 
     texts = tmp_path / "texts"
     texts.mkdir()

@@ -88,16 +88,19 @@ def inspect(out, json_out, html_file):
     # the figures below are the manifest's claims about files that are not there: said first, and exit 5
     damage = (f"{out} is damaged: {'; '.join(missing[:3])}{f' (and {len(missing) - 3} more)' if len(missing) > 3 else ''}"
               "; run `repack verify`") if missing else None
+    if damage and not json_out:
+        click.echo(f"DAMAGED: {damage}")  # first, also when the rest cannot be read (a missing index)
     try:
         if html_file:
             from repack.report.html import dataset_page, write_page
             from repack.report.samples import gather
 
-            write_page(html_file, dataset_page(collect(files), gather(files)))
+            write_page(html_file, dataset_page({**collect(files), **({"damaged": damage} if damage else {})},
+                                               gather(files)))
         if json_out:
             click.echo(json.dumps({**collect(files), **({"damaged": missing} if missing else {})}, sort_keys=True))
         else:
-            click.echo("\n".join(([f"DAMAGED: {damage}"] if damage else []) + inspect_lines(files)))
+            click.echo("\n".join(inspect_lines(files)))
     except (TypeError, AttributeError, KeyError) as exc:  # a section of another shape than repack writes
         raise ManifestError(f"{out}: the manifest's sections are not what repack writes ({type(exc).__name__}: "
                             f"{exc}); run `repack verify`") from None

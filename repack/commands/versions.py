@@ -50,8 +50,11 @@ def only_quarantined(manifest: dict) -> bool:
 
 def run_append(spec, options: EngineOptions, note: str = "") -> None:
     """`repack images|text|video --append` (``note``: said after the counts)."""
+    from repack.errors import UsageError
     from repack.lifecycle.append import append
 
+    if options.overwrite:  # one keeps the dataset, the other replaces it: neither is what both ask
+        raise UsageError("--append adds to the dataset in OUT and --overwrite replaces it: pass one of them")
     result = append(spec, options)
     left_out = (f"; {result.removed_skipped} removed source(s) found again and left out"
                 if result.removed_skipped else "")

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 
 def _cgroup_quota() -> float | None:
     try:  # cgroup v2
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
         if quota != "max":
             return int(quota) / int(period)
     except (OSError, ValueError):
         pass
     try:  # cgroup v1
-        quota = int(open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read())
-        period = int(open("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read())
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
         if quota > 0 and period > 0:
             return quota / period
     except (OSError, ValueError):

@@ -147,8 +147,10 @@ def current_version(store) -> tuple[dict, bytes]:
     """(data, bytes) of the published ``manifest.json``; UsageError when there is none."""
     raw = store.read_bytes(MANIFEST_NAME)
     if raw is None:
-        raise UsageError(f"{store.url} holds no published dataset (no {MANIFEST_NAME}): run the job without "
-                         "--append first")
+        if not store.remote and not Path(store.url).is_dir():
+            raise UsageError(f"{store.url}: no such folder (a dataset's folder, OUT of a job)")
+        raise UsageError(f"{store.url} holds no published dataset (no {MANIFEST_NAME}): pack one there first "
+                         "(a job without --append)")
     try:
         data = parse_manifest(raw, store.url, f"{store.url}/{MANIFEST_NAME}").data
     except ManifestError as exc:

@@ -95,7 +95,8 @@ def dataset_page(s: dict, samples: dict | None = None) -> str:
     shards = s["shards"]
     figures = [("samples", f"{s['samples']:,}"), (f"{shards['unit']}s", str(shards["count"])),
                ("size", format_size(shards["bytes"])), ("quarantined", str(s["quarantine"]["count"]))]
-    body = sample_sections(samples or {})
+    body = [section("DAMAGED", f"<p>{escape(s['damaged'])}</p>")] if s.get("damaged") else []
+    body += sample_sections(samples or {})
     body += {"images": _images, "text": _text, "video": _video}.get(s["modality"], lambda _: [])(s)
     quarantine = s["quarantine"]
     body.append(section(f"Quarantine ({quarantine['count']})",
