@@ -143,7 +143,7 @@ def _table(rows: list[tuple[str, str, str]]) -> str:
 
 
 def main(out_dir, probe_only: bool = False) -> dict:
-    out = Path(out_dir) / "video"
+    out = Path(out_dir).resolve() / "video"  # the commands run in the repo root: a relative OUT is the caller's
     n = int(os.environ.get("REPACK_BENCH_VIDEO_FILES") or 24)
     rows, result = probe_part(out, _probe_clips(out / "src", n))
     if probe_only:
