@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipelines.dataset_identity import describe, resolve, same
+from pipelines.sample_order import checked_count
 
 STATE_VERSION = 1
 LAST_BATCH = ("partial", "drop", "fill")
@@ -107,8 +108,7 @@ def check_state(state: Any, kind: str, options: dict, dataset: dict | None = Non
         raise ValueError(f"{kind} state version {state.get('version')!r} is not supported (this reader: "
                          f"{STATE_VERSION})")
     for field in ("epoch", "batch"):
-        if not isinstance(state.get(field), int) or isinstance(state.get(field), bool) or state[field] < 0:
-            raise ValueError(f"{kind} state: {field!r} must be a non-negative int, got {state.get(field)!r}")
+        checked_count(state.get(field), f"{kind} state's {field!r}")
     saved = state.get("options")
     if not isinstance(saved, dict):
         raise ValueError(f"{kind} state: 'options' must be a dict, got {type(saved).__name__}")

@@ -395,8 +395,7 @@ class Mixture(IterableDataset):
         checked_count(state.get("epoch"), "Mixture state's epoch")
         for i, (saved, source) in enumerate(zip(state["sources"], self.sources)):  # checks that change nothing
             checked_count(saved.get("pass"), f"Mixture source {i}'s pass")
-            checked_count(saved.get("position"), f"Mixture source {i}'s position",
-                          None if _is_iterable(source) else len(source))
+            checked_count(saved.get("position"), f"Mixture source {i}'s position")  # bounded on the state's version
             if saved["kind"] != type(source).__name__:
                 raise ValueError(f"Mixture source {i} was a {saved['kind']}, is a {type(source).__name__}")
             if _is_iterable(source) and saved["position"] and saved.get("state") is None:
@@ -439,6 +438,7 @@ class Mixture(IterableDataset):
                                  f"state was saved and has {len(source)} now (built with other options, e.g. "
                                  "seq_len, or another dataset): its order differs, so resuming would read some "
                                  "samples twice and others never")
+            checked_count(saved["position"], f"Mixture source {i}'s position", len(source))
         elif saved.get("state") is not None:
             fresh = _fresh_state(source)
             source.load_state_dict(saved["state"])

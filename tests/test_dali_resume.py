@@ -124,7 +124,7 @@ def test_bad_states_are_refused_with_the_reason(kind, datasets):
     good = loader.state_dict()
     bad = [({**good, "kind": "torch_webdataset"}, "'torch_webdataset' loader"),
            ({**good, "version": 2}, "version 2 is not supported"),
-           ({**good, "batch": -1}, "'batch' must be a non-negative int"),
+           ({**good, "batch": -1}, "'batch' -1 is not a count"),
            ({**good, "batch": 999}, "batch 999 is past the epoch's"),
            ({**good, "options": {**good["options"], "seed": 6}}, r"seed: saved 6, now 5"),
            ("not a dict", "must be a dict")]

@@ -405,3 +405,28 @@ def test_a_resumed_pass_closed_early_still_reports_an_undrawn_sources_loaded_pla
     last = photos_mixture(packed_photos, 0)
     last.load_state_dict(again)
     assert head + more + tagged_draws(iter(last)) == whole
+
+
+def test_a_mixture_state_taken_before_a_remove_resumes_on_its_version(tmp_path):
+    """25 of 30 LMDB samples drawn, then `repack remove` of 10: the state resumes on its own (kept) version and
+    draws the last 5 (its position was checked against the new version's 20 samples and refused as edited)."""
+    from tests.test_images_job import write_jpegs
+
+    write_jpegs(tmp_path / "src" / "c0", 30, "c0_")
+    out = tmp_path / "lmdb"
+    run_repack("images", tmp_path / "src", out, "--to", "lmdb", "--quiet")
+
+    def mixture():
+        return Mixture([(LmdbImageDataset(out, decode=False, output="dict"), 1)], seed=0)
+
+    first = mixture()
+    it = iter(first)
+    drawn = [next(it)["image"] for _ in range(25)]
+    state = json.loads(json.dumps(first.state_dict()))
+    rest = [sample["image"] for sample in it]
+    (tmp_path / "gone.txt").write_text("".join(f"c0/c0_{i}.jpg\n" for i in range(10)))
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt")
+    resumed = mixture()
+    assert len(resumed.sources[0]) == 20
+    resumed.load_state_dict(state)
+    assert [sample["image"] for sample in resumed] == rest and len(set(drawn + rest)) == 30

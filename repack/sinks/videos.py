@@ -54,6 +54,9 @@ def check_frames(path: Path, entry: dict, check) -> None:
     """The video's frame count (its video packets, as ``repack video`` counted them) is its entry's ``frames``:
     the readers cut clips by it (fewer: clips silently lost; more: a decode error mid-epoch)."""
     from repack.transforms.probe import probe_file
+    from repack.transforms.probe_pyav import count_frames
 
-    counted = probe_file(str(path)).get("frames")
+    counted = count_frames(str(path))
+    if counted is None:  # a container the probe reads with ffprobe
+        counted = probe_file(str(path)).get("frames")
     check(counted == entry.get("frames"), f"{entry['path']}: {counted} frames, manifest says {entry.get('frames')}")

@@ -310,7 +310,7 @@ def decide(info: dict, target: str | Target = DEFAULT_TARGET, max_gop_s: float =
         reasons.append(_r("vfr", f"variable frame rate: {info['irregular_intervals']} of {info['packets'] - 1} "
                                  f"frame intervals differ from the median {info.get('frame_interval_s')} s "
                                  "(DALI's reader supports constant frame rate only)"))
-    elif is_vfr(info):
+    elif is_vfr(info) and not info.get("missing_pts"):  # the spacing of some frames only: no rate to stray from
         reasons.append(_r("vfr", f"variable frame rate: the frames stray up to {info['grid_drift_frames']:g} frame(s) "
                                  "from one constant rate (the rate changes within the stream; DALI's reader supports "
                                  "constant frame rate only)"))

@@ -109,6 +109,24 @@ def demux(path: str, timeout: float | None = None) -> dict | str:
     return {"format": fmt, "streams": streams, "packets": packets}
 
 
+def count_frames(path: str) -> int | None:
+    """The frames ``probe``'s record counts for ``path`` (its main video stream's packets the decoder keeps),
+    counted without a record per packet (``repack verify``); None where the probe would not trust PyAV (the
+    caller probes then) or PyAV cannot open the file."""
+    import av
+
+    try:
+        with av.open(file_url(path), options=dict(SAFE_INPUT_OPTIONS), metadata_errors="ignore") as container:
+            families = container.format.name.split(",")
+            if any(family in FALLBACK_CONTAINERS or family in RAW_STREAMS for family in families):
+                return None
+            main = next((s for s in container.streams.video
+                         if not s.disposition & av.stream.Disposition.attached_pic), None)
+            return 0 if main is None else sum(1 for p in container.demux(main) if p.size and not p.is_discard)
+    except (av.error.FFmpegError, OSError, ValueError):
+        return None
+
+
 IMAGE_CONTAINERS = ("image2", "gif", "apng")  # and every "*_pipe" demuxer: a picture (or a GIF), not a video
 
 
