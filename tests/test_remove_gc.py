@@ -81,7 +81,7 @@ def test_remove_and_gc_refuse_bad_input_by_name(tmp_path):
     both = run_repack("remove", out, check=False)
     assert both.returncode == 2 and "--sources" in both.stderr
     empty = run_repack("gc", tmp_path / "nowhere", check=False)
-    assert empty.returncode == 2 and "no published dataset" in empty.stderr
+    assert empty.returncode == 2 and "nowhere: no such folder" in empty.stderr
 
 
 def test_remove_by_key_reads_a_shard_whose_index_edge_line_is_malformed(tmp_path):
