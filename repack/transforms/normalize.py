@@ -39,13 +39,12 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from pipelines.pil_images import cmyk_as_stored, first_shown_frame  # the readers' decode: one picture for all
+from pipelines.pil_images import ORIENTATION_TAG, cmyk_as_stored, first_shown_frame  # the readers' decode: alike
 from repack.transforms.image_check import (DECODE_MEMORY_CAP, BadImage, ImageInfo, decode_failure, inspect_image,
                                            pil)
 
 pil()  # the project's Pillow settings (pixel limit, no truncated loads) before any use here
 
-ORIENTATION_TAG = 0x0112
 JPEG_MAX_SIDE = 65500  # libjpeg's largest side: a wider picture fails inside the encoder
 NORMALIZE_MEMORY_CAP = DECODE_MEMORY_CAP  # bytes the decoded image of a conversion may take (module docstring)
 _SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
