@@ -440,10 +440,14 @@ class Mixture(IterableDataset):
                                  "samples twice and others never")
             checked_count(saved["position"], f"Mixture source {i}'s position", len(source))
         elif saved.get("state") is not None:
-            fresh = _fresh_state(source)
+            restorer = getattr(source, "restorer", None)  # a repack reader puts itself back exactly
+            if restorer is not None:
+                restore = restorer()
+            else:  # another iterable: its fresh state loaded again
+                fresh = _fresh_state(source)
+                restore = (lambda: source.load_state_dict(fresh)) if fresh is not None else (lambda: None)
             source.load_state_dict(saved["state"])
-            if fresh is not None:
-                undo.append(lambda: source.load_state_dict(fresh))
+            undo.append(restore)
 
     def __iter__(self) -> Iterator[Any]:
         state, self._pending = self._pending, None

@@ -401,6 +401,18 @@ class ImageShardDataset(IterableDataset):
         if not bool(self._epoch_chosen):
             self._epoch.fill_(int(state["epoch"]))
 
+    def restorer(self) -> Callable[[], None]:
+        """A function that puts this reader back as it is now (its dataset version, loaded state, cursor and
+        epoch): what a caller loading several readers' states undoes when a later one is refused (``Mixture``)."""
+        version, pending, cursor, epoch = self.dataset.get("version"), self._pending, self._cursor, int(self._epoch)
+
+        def restore() -> None:
+            if self.dataset.get("version") != version:
+                self._open(version)
+            self._pending, self._cursor = pending, cursor
+            self._epoch.fill_(epoch)
+        return restore
+
     def follow_state(self, state: dict) -> None:
         """Open the dataset version ``state`` was taken on, as the DataLoader's workers do when they load it: a
         loader with workers loads its readers' states in the workers only, so this process's ``len()`` and

@@ -293,6 +293,14 @@ def test_a_refused_mixture_state_leaves_every_source_as_it_was(packed_photos):
     with pytest.raises(ValueError, match="seed: state 0, dataset 1"):
         refused.load_state_dict(state)
     assert tagged_draws(iter(refused)) == tagged_draws(iter(mixture(1)))
+    again = mixture(1)  # and no state is left pending in this process's slot: DataLoader workers start fresh
+    with pytest.raises(ValueError, match="seed: state 0, dataset 1"):
+        again.load_state_dict(state)
+    collate = lambda batch: batch  # noqa: E731 - (source, sample) pairs as they are
+    assert sorted(key for _, key in tagged_draws(DataLoader(again, batch_size=None, num_workers=2,
+                                                            collate_fn=collate))) == \
+        sorted(key for _, key in tagged_draws(DataLoader(mixture(1), batch_size=None, num_workers=2,
+                                                         collate_fn=collate)))
 
 
 def test_an_append_between_save_and_load_leaves_every_rank_on_the_saved_version_with_equal_steps(tmp_path):
