@@ -218,9 +218,15 @@ def _map_identity(source) -> dict:
     """What a map-style source's saved position means: its length (its order is a permutation of it) and, for a
     repack reader, its dataset's identity and version and what decides the item an index names
     (``order_options()``: a token reader's ``seq_len``, a clip reader's clip length and step)."""
-    options = getattr(source, "order_options", None)
+    options = _order_options(source)
     return {"length": len(source), **({"dataset": dict(source.dataset)} if hasattr(source, "dataset") else {}),
-            **({"options": options()} if options is not None else {})}
+            **({"options": options} if options is not None else {})}
+
+
+def _order_options(source) -> dict | None:
+    """A map-style source's ``order_options()`` (what decides the item index i names), None without one."""
+    options = getattr(source, "order_options", None)
+    return options() if options is not None else None
 
 
 def _fresh_state(source) -> dict | None:
@@ -400,7 +406,7 @@ class Mixture(IterableDataset):
                 raise ValueError(f"Mixture source {i} was a {saved['kind']}, is a {type(source).__name__}")
             if _is_iterable(source) and saved["position"] and saved.get("state") is None:
                 raise ValueError(f"Mixture source {i} ({saved['kind']}) has no state_dict(): it cannot resume exactly")
-            options = None if _is_iterable(source) else _map_identity(source).get("options")
+            options = None if _is_iterable(source) else _order_options(source)
             if saved.get("options") is not None and options is not None and saved["options"] != options:
                 raise ValueError(f"Mixture source {i} ({saved['kind']}) was read with {saved['options']}, is built "
                                  f"with {options}: index i names another item, so resuming would read some "

@@ -441,7 +441,9 @@ class ImageShardDataset(IterableDataset):
             sample_order.checked_count(state.get("position"), f"{where} position", 0)
         else:
             workers = sample_order.checked_count(state.get("num_workers"), f"{where} num_workers")
-            worker = sample_order.checked_count(state["worker"], f"{where} worker", max(0, workers - 1))
+            if workers < 1:
+                raise ValueError(f"{where} num_workers 0 is no worker count (a loader without workers saves 1)")
+            worker = sample_order.checked_count(state["worker"], f"{where} worker", workers - 1)
             sample_order.checked_count(state.get("position"), f"{where} position",
                                        len(sample_order.WorkerPositions(runs, worker, workers)))
         sample_order.checked_count(state.get("skipped", 0), f"{where} skipped")

@@ -451,3 +451,19 @@ def test_a_dangling_link_at_a_video_temp_name_is_removed_not_written_through(tmp
     assert not target.exists()
     assert (out / "videos" / "a" / "v1.mp4").is_file() and not (out / "videos" / "a" / "v1.mp4").is_symlink()
     assert run_repack("verify", out).returncode == 0
+
+
+def test_a_damaged_video_is_named_by_its_digest_alone_its_frames_not_counted(videos, tmp_path):
+    """A video whose bytes changed is one problem (its sha256); its frames are counted only in a file that
+    matches, where a count differing from the entry's is the manifest's edit."""
+    from repack.sinks.videos import VideosSink
+
+    out = tmp_path / "copy"
+    shutil.copytree(videos, out)
+    shard = read_manifest_json(out)["shards"][0]
+    data = bytearray((out / shard["path"]).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (out / shard["path"]).write_bytes(bytes(data))
+    problems = []
+    VideosSink.verify_shard(out, {**shard, "frames": shard["frames"] + 3}, lambda ok, p: ok or problems.append(p))
+    assert problems == [f"{shard['path']}: sha256 mismatch"]

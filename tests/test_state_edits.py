@@ -31,7 +31,8 @@ def test_an_image_reader_state_with_counts_out_of_range_is_refused(packed_photos
                          (dict(skipped=-5), "skipped -5 is not a count"),
                          (dict(runs=[[0, share + 100]]), "runs stop"),
                          (dict(runs=[[5, 3]]), "not ascending, disjoint and non-empty"),
-                         (dict(worker=None), "position 5 is not a count from 0 to 0")):
+                         (dict(worker=None), "position 5 is not a count from 0 to 0"),
+                         (dict(num_workers=0), "num_workers 0 is no worker count")):
         with pytest.raises(ValueError, match=said):
             ImageShardDataset(packed_photos, output="dict", decode=False).load_state_dict(edited(state, **change))
     resumed = ImageShardDataset(packed_photos, output="dict", decode=False)

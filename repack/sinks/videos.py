@@ -45,8 +45,10 @@ class VideosSink:
 
     @staticmethod
     def verify_shard(root: Path, shard: dict, check) -> None:
-        """Check one video file against its manifest entry (size, sha256, frames)."""
-        if check_file(root, shard["path"], shard["bytes"], shard["sha256"], check):
+        """Check one video file against its manifest entry (size, sha256, and the frames of one that matches)."""
+        matched: list[bool] = []
+        if check_file(root, shard["path"], shard["bytes"], shard["sha256"],
+                      lambda ok, problem: matched.append(bool(ok)) or check(ok, problem)) and all(matched):
             check_frames(Path(root) / shard["path"], shard, check)
 
 
