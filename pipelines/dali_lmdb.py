@@ -32,6 +32,7 @@ import numpy as np
 
 from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, check_state, shard_range
 from pipelines.dataset_identity import identity
+from pipelines.manifest_access import dali_misread_refusal
 from pipelines.sample_errors import decode_error
 from pipelines.torch_lmdb import LmdbReader, checked_label, class_indices, open_lmdb_dataset, sample_key
 
@@ -149,6 +150,9 @@ def build_lmdb_pipeline(root: str | os.PathLike, batch_size: int, num_threads: i
     from nvidia.dali.pipeline import Pipeline
 
     manifest, path, count = open_lmdb_dataset(root, version)
+    misread = dali_misread_refusal(manifest)
+    if misread is not None:
+        raise ValueError(misread)
     epoch = batch = 0
     if checkpoint is not None:
         options = order_options(count, batch_size, shard_id, num_shards, random_shuffle, seed, pad_last_batch,

@@ -25,8 +25,8 @@ import numpy as np
 
 from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, restore_bytes, shard_range
 from pipelines.dataset_identity import identity
-from pipelines.manifest_access import (image_extensions, is_labeled, open_webdataset, read_index, read_index_columns,
-                                       shard_files)
+from pipelines.manifest_access import (dali_misread_refusal, image_extensions, is_labeled, open_webdataset, read_index,
+                                       read_index_columns, shard_files)
 from repack.manifest import ManifestError
 
 READER = "Reader"
@@ -129,6 +129,9 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
         raise ValueError(f"{manifest.root}: DALI's image decoder cannot read {sorted(set(image_exts) & DALI_UNDECODABLE)} "
                          "members; repack with --normalize (every image becomes a baseline JPEG) or use the "
                          "PyTorch reader")
+    misread = dali_misread_refusal(manifest)
+    if misread is not None:
+        raise ValueError(misread)
     exts = [";".join(image_exts)]
     if labeled:
         exts.append("cls")

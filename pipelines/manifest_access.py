@@ -129,6 +129,21 @@ def image_extensions(manifest: Manifest) -> list[str]:
     return exts
 
 
+def dali_misread_refusal(manifest: Manifest) -> str | None:
+    """Why DALI must not read this image dataset: it holds images DALI's decoder reads without an error but
+    with other pixels than the PyTorch readers (the producer counts them in ``stats.dali_misreads``:
+    ``repack.transforms.image_check.dali_misread``). None where there are none."""
+    misreads = (manifest.data.get("stats") or {}).get("dali_misreads") or {}
+    counted = {str(kind): n for kind, n in misreads.items() if isinstance(n, int) and n > 0} \
+        if isinstance(misreads, dict) else {}
+    if not counted:
+        return None
+    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counted.items()))
+    return (f"{manifest.root}: holds images DALI's decoder reads with other pixels than the PyTorch readers ({kinds}: "
+            "DALI puts a gray+alpha TIFF's alpha in the green channel); repack with --normalize (every image becomes "
+            "a baseline JPEG) or use the PyTorch reader")
+
+
 def is_labeled(manifest: Manifest) -> bool:
     """True when samples carry a ``.cls`` member."""
     return "cls" in manifest.fields

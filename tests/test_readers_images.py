@@ -268,6 +268,37 @@ def test_every_reader_decodes_the_stored_pixels_of_an_exif_rotated_image(tmp_pat
         assert picture.shape == (48, 64, 3) and picture[0, 0, 0] > 200 and picture[0, -1, 0] < 60
 
 
+def test_dali_refuses_a_dataset_with_a_gray_alpha_tiff_it_would_read_with_other_pixels(tmp_path):
+    """DALI's decoder reads a gray+alpha TIFF without an error, with the alpha in the green channel, where the
+    PyTorch readers give the gray picture: the same sample trained on other pixels. The pack counts such images
+    (stats.dali_misreads, summed by --append) and DALI's loaders refuse the dataset naming them; --normalize
+    makes them JPEGs both read alike."""
+    from pipelines.dali_lmdb import dali_lmdb_loader
+
+    gray = np.full((8, 8), 200, np.uint8)
+    alpha = np.full((8, 8), 255, np.uint8)  # opaque: DALI gives green 255, the PyTorch readers 200
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    Image.fromarray(np.dstack([gray, alpha]), "LA").save(tmp_path / "src" / "a" / "ga.tiff")
+    Image.fromarray(np.dstack([gray] * 3)).save(tmp_path / "src" / "a" / "rgb.tiff")
+    for to, loader in (("webdataset", dali_image_loader), ("lmdb", dali_lmdb_loader)):
+        out = tmp_path / to
+        run_repack("images", tmp_path / "src", out, "--to", to, "--quiet")
+        assert read_manifest_json(out)["stats"]["dali_misreads"] == {"gray+alpha TIFF": 1}
+        with pytest.raises(ValueError, match=r"1 gray\+alpha TIFF.*--normalize"):
+            loader(out, batch_size=1, num_threads=1, device_id=None, size=None)
+    (tmp_path / "more" / "b").mkdir(parents=True)
+    shutil.copytree(tmp_path / "src" / "a", tmp_path / "more" / "a")
+    shutil.copy(tmp_path / "src" / "a" / "ga.tiff", tmp_path / "more" / "b" / "ga2.tiff")
+    run_repack("images", tmp_path / "more", tmp_path / "webdataset", "--append", "--quiet")
+    assert read_manifest_json(tmp_path / "webdataset")["stats"]["dali_misreads"] == {"gray+alpha TIFF": 2}
+    out = tmp_path / "normalized"
+    run_repack("images", tmp_path / "src", out, "--normalize", "--quiet")
+    assert "dali_misreads" not in read_manifest_json(out)["stats"]
+    greens = [int(batch[0]["images"][0].numpy()[0, 0, 1])
+              for batch in dali_image_loader(out, batch_size=1, num_threads=1, device_id=None, size=None)]
+    assert len(greens) == 2 and all(abs(green - 200) < 8 for green in greens), greens
+
+
 def test_a_reader_decodes_what_a_raised_max_pixels_let_in(tmp_path, monkeypatch):
     """--max-pixels above Pillow's own bomb limit packed images the PyTorch readers then refused
     (DecompressionBombError); a reader lets its Pillow decode what the dataset's check let in. (Pillow's limit

@@ -68,7 +68,7 @@ from repack.sources import InputItem, scan_foreign, scan_source
 from repack.sources.base import FieldChoice
 from repack.sources.reading import open_input, read_inputs, unreadable_reason
 from repack.store import is_remote
-from repack.transforms.image_check import BadImage, inspect_image, preload
+from repack.transforms.image_check import BadImage, dali_misread, inspect_image, preload
 
 SLOWEST_N = 10
 CHUNK_BYTES = 16 * 10**6  # a chunk task's inputs: at most --chunk-size inputs and about this many bytes
@@ -197,6 +197,7 @@ class CombinedRecord:
         self.times = (array("q"), array("q"))  # read and check microseconds
         self.profile: dict[str, dict[str, int]] = {name: {} for name in PROFILE_COUNTS}
         self.normalize: dict | None = None
+        self.dali_misreads: dict[str, int] = {}
 
     def add(self, record: dict) -> None:
         """Fold one chunk record in (the next in plan order)."""
@@ -215,6 +216,7 @@ class CombinedRecord:
                 self.normalize = {"converted": 0, "reasons": {}}
             self.normalize["converted"] += record["normalize"]["converted"]
             _add_counts(self.normalize["reasons"], record["normalize"]["reasons"])
+        _add_counts(self.dali_misreads, record.get("dali_misreads", {}))
 
     def record(self, shard: dict | None, outputs: list[dict]) -> dict:
         """The shard's record: the chunk records' fields joined (columns), summed (counts) or merged."""
@@ -225,6 +227,8 @@ class CombinedRecord:
                     "chunks": self.chunks}
         if self.normalize is not None:
             combined["normalize"] = self.normalize
+        if self.dali_misreads:
+            combined["dali_misreads"] = self.dali_misreads
         return combined
 
 
@@ -447,6 +451,7 @@ class ImagesJob(Job):
         classes: dict[str, int] = {}
         digests: list[bytes] = []  # sha256 of every packed input, in plan order
         converted: dict[str, int] = {}
+        misreads: dict[str, int] = {}  # images DALI decodes otherwise than Pillow (stats.dali_misreads)
         normalized = 0
         norm = None
         if spec.normalize:  # imported here: numpy and the encoder cost ~0.1 s of start-up otherwise
@@ -479,6 +484,9 @@ class ImagesJob(Job):
                         info = inspect_image(data, spec.verify, spec.max_pixels)
                         ext, img_w, img_h = info.ext, info.width, info.height
                         src_w, src_h = img_w, img_h
+                        misread = dali_misread(info)
+                        if misread is not None:
+                            misreads[misread] = misreads.get(misread, 0) + 1
                 except Exception as exc:  # noqa: BLE001 - one bad record never fails the task
                     reason = str(exc) if isinstance(exc, BadImage) else stable_reason(exc, "cannot check: ")
                     quarantine.append({"source": entry["rel"], "reason": reason})
@@ -517,6 +525,8 @@ class ImagesJob(Job):
             record["outputs"] = self.sink.outputs(shard) if shard else []
         if norm is not None:
             record["normalize"] = {"converted": normalized, "reasons": converted}
+        if misreads:
+            record["dali_misreads"] = misreads
         if self.collector is not None:  # the part is imported by the driver; no shard of its own
             record["part"], record["shard"] = shard, None
         return record
@@ -557,6 +567,11 @@ class ImagesJob(Job):
             shards = [r["shard"] for r in records if r["shard"]]
         samples = sum(s["samples"] for s in shards)
         stats: dict = {"formats": formats, **_profile_stats([r.get("profile", {}) for r in records])}
+        misreads: dict[str, int] = {}
+        for r in records:
+            _add_counts(misreads, r.get("dali_misreads", {}))
+        if misreads:  # what DALI's loaders refuse (pipelines.manifest_access.dali_misread_refusal)
+            stats["dali_misreads"] = dict(sorted(misreads.items()))
         if "not_carried" in plan.info:  # --from: the source's other members/columns, not packed
             stats["source_not_carried"] = plan.info["not_carried"]
         if self.spec.normalize:

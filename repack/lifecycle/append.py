@@ -318,7 +318,7 @@ def merged_manifest(current: dict, staged: dict, shards: list[dict], replanned: 
     if "classes" in staged:
         body["classes"] = staged["classes"]
     stats = dict(current.get("stats", {}))
-    for key in ("formats", "class_counts"):
+    for key in ("formats", "class_counts", "dali_misreads"):
         if key in stats or key in staged.get("stats", {}):
             merged = dict(stats.get(key, {}))
             for name, count in staged.get("stats", {}).get(key, {}).items():

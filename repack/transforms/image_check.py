@@ -86,6 +86,16 @@ class ImageInfo:
     progressive: bool = False
 
 
+def dali_misread(info: ImageInfo) -> str | None:
+    """How DALI's image decoder reads this image otherwise than Pillow (and so the PyTorch readers), where it
+    decodes it without an error: a gray+alpha TIFF comes out with its alpha in the green channel. None where
+    both read the same pixels. Counted in the manifest's ``stats.dali_misreads``; DALI's loaders refuse such a
+    dataset (``pipelines.manifest_access.dali_misread_refusal``); ``--normalize`` makes them baseline JPEGs."""
+    if info.ext == "tiff" and info.mode in ("LA", "La", "LA;16"):
+        return "gray+alpha TIFF"
+    return None
+
+
 HEIF_BRANDS = {b"avif": "AVIF", b"avis": "AVIF", b"heic": "HEIC", b"heix": "HEIC", b"heim": "HEIC", b"heis": "HEIC",
                b"mif1": "HEIF", b"msf1": "HEIF"}  # an ISO media file's major brand (bytes 8-12 after "ftyp")
 
