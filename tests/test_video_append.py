@@ -7,6 +7,7 @@ independent ffprobe checks the codecs."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -123,3 +124,52 @@ def test_video_append_killed_and_rerun_equals_an_uninterrupted_append(tmp_path):
     keys = [v["key"] for v in manifest["videos"]]
     assert len(set(keys)) == 5
     assert run_repack("verify", a).returncode == 0
+
+
+def test_video_append_refuses_another_layout_or_link_rule_that_would_pack_a_video_twice(tmp_path):
+    """A flat (unlabeled) video dataset appended from SOURCE with a class folder recorded its packed videos as
+    quarantined ("outside the class folders") beside their samples, and a later append packed them again (two
+    samples of one file); so did an append without the dataset's --allow-outside-source for a linked video. Both
+    are refused now, as for images; so is a packed input the staged plan would quarantine."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    clip(src / "x.mp4", X264)
+    outside = tmp_path / "elsewhere" / "cam.mp4"
+    clip(outside, X264, seed=1)
+    (src / "cam.mp4").symlink_to(outside)
+    run_repack("video", src, out, *PREPARE, "--allow-outside-source", "--quiet")
+    clip(src / "a/z.mp4", X264, seed=2)
+    done = run_repack("video", src, out, *PREPARE, "--allow-outside-source", "--append", check=False)
+    assert done.returncode == 2 and "SOURCE has class folders now" in done.stderr
+    shutil.rmtree(src / "a")
+    done = run_repack("video", src, out, *PREPARE, "--append", check=False)
+    assert done.returncode == 2 and "no --allow-outside-source (the dataset: --allow-outside-source)" in done.stderr
+    (src / "cam.mp4").unlink()
+    os.mkfifo(src / "cam.mp4")  # the packed video replaced by a FIFO: quarantined by the plan, and it has a sample
+    done = run_repack("video", src, out, *PREPARE, "--allow-outside-source", "--append", check=False)
+    assert done.returncode == 2 and "cam.mp4 (" in done.stderr and "never gets two samples" in done.stderr
+    assert not (out / "manifest.v2.json").exists() and read_manifest_json(out)["totals"]["samples"] == 2
+
+
+def test_a_video_named_like_another_member_or_a_folder_gets_names_of_its_own(tmp_path):
+    """--to webdataset: a video named ``x.cls`` (or ``y.json``) made a sample of two ``.cls`` members (verify said
+    OK; plain webdataset refused the shard), one with a non-ASCII extension failed its whole shard; a transcoded
+    ``a.avi`` -> ``a.mp4`` beside a folder ``a.mp4/`` failed the job for good. Each gets a name of its own now."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    clip(src / "c/ok.mp4", X264)
+    for name in ("x.cls", "y.json", "z.vidéo"):
+        shutil.copy(src / "c/ok.mp4", src / "c" / name)
+    clip(src / "c/a.avi", ("-c:v", "mpeg4", "-q:v", "5"), seed=1)  # transcoded to a .mp4
+    clip(src / "c/a.mp4/inner.mp4", X264, seed=2)
+    run_repack("video", src, out, *PREPARE, "--to", "webdataset", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["samples"] == 6 and not manifest["quarantine"]
+    paths = [e["path"] for e in manifest["videos"]]
+    assert len(set(paths)) == 6 and "videos/c/a.mp4/inner.mp4" in paths
+    import webdataset as wds
+
+    samples = list(wds.WebDataset([str(out / s["path"]) for s in manifest["shards"]], shardshuffle=False))
+    assert len(samples) == 6
+    for sample in samples:
+        assert sample["cls"] == b"0" and json.loads(sample["json"])["source"].startswith("c/")
+        assert sum(key not in ("__key__", "__url__", "__local_path__", "cls", "json") for key in sample) == 1
+    assert run_repack("verify", out).returncode == 0

@@ -89,6 +89,19 @@ def source_root(source: str) -> str:
     return os.path.abspath(source) + "/"
 
 
+def job_classes(known: tuple[tuple[str, int], ...], scan, appending: bool) -> dict[str, int]:
+    """A job's class map: the scan's; an --append's (``appending``): the dataset's ``known`` classes plus the scan's
+    new ones (``extend_classes``), refused where SOURCE is laid out otherwise than when the dataset was packed (class
+    folders now and none then, or the reverse: its samples would be quarantined as outside the class folders, or
+    packed without a class beside classed ones)."""
+    if appending and scan.labeled != bool(known):
+        raise UsageError("--append: " + ("SOURCE has class folders now, and the dataset's samples have no class "
+                                         "(SOURCE was a flat folder when they were packed)" if scan.labeled else
+                                         "the dataset's samples have classes, and SOURCE has no class folders now")
+                         + ": repack without --append, or append from SOURCE laid out as the dataset was")
+    return extend_classes(dict(known), scan) if known else scan.classes
+
+
 def extend_classes(known: dict[str, int], scan) -> dict[str, int]:
     """The dataset's class map plus the scan's new classes, in sorted order, at the next indices (a source
     with its own indices, e.g. integer labels: a new class keeps its own where no class holds it)."""
@@ -378,12 +391,7 @@ class ImagesJob(Job):
             order = list(range(len(items)))
             random.Random(spec.seed).shuffle(order)
             items = _taken(items, order)
-        if spec.known_inputs and scan.labeled != bool(spec.known_classes):
-            raise UsageError("--append: " + ("SOURCE has class folders now, and the dataset's samples have no class "
-                                             "(SOURCE was a flat folder when they were packed)" if scan.labeled else
-                                             "the dataset's samples have classes, and SOURCE has no class folders now")
-                             + ": repack without --append, or append from SOURCE laid out as the dataset was")
-        classes = extend_classes(dict(spec.known_classes), scan) if spec.known_classes else scan.classes
+        classes = job_classes(spec.known_classes, scan, bool(spec.known_inputs))
         width = spec.cls_width or len(str(max(classes.values(), default=0)))
         if len(str(max(classes.values(), default=0))) > width:
             raise UsageError(f"class index {max(classes.values())} needs more digits than the dataset's cls members "

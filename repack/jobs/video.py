@@ -57,7 +57,7 @@ from pathlib import PurePosixPath
 from repack.config import JobSpec
 from repack.errors import UsageError
 from repack.jobs.base import Job, Plan, Task
-from repack.jobs.images import extend_classes, sample_key
+from repack.jobs.images import job_classes, sample_key
 from repack.lifecycle.input_record import file_sha256, load_known, select_new
 from repack.jobs.summary import quarantine_lines
 from repack.manifest import atomic_write_bytes
@@ -144,6 +144,14 @@ def _slug(text: str, limit: int = 40) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", text.encode("ascii", "ignore").decode())[:limit].strip("_")
 
 
+def video_member(path: str) -> str:
+    """The tar member extension of a video at ``path`` (under OUT): its own, lower-cased, where that is a plain
+    ASCII word and not another member's (``cls``, ``json``: a video named ``x.cls`` made a sample of two ``.cls``
+    members), else ``bin``."""
+    ext = PurePosixPath(path).suffix.lstrip(".").lower()
+    return ext if re.fullmatch(r"[a-z0-9]{1,16}", ext) and ext not in ("cls", "json") else "bin"
+
+
 def output_names(rels: list[str], first_position: int = 0) -> list[tuple[str, str]]:
     """Per input: (name when copied, name when transcoded), relative to OUT/videos, unique and
     confined (absolute or ``..`` list-file paths are flattened to ``_outside/NNNNNNNN_name``) and
@@ -161,7 +169,9 @@ def output_names(rels: list[str], first_position: int = 0) -> list[tuple[str, st
             stem = _slug(pure.stem) or "video"
             rel = f"_renamed/{pos:08d}_{stem}" + (f".{ext}" if ext else "")
         safe.append(rel)
-    taken = set(safe)
+    # a transcoded name must not be a folder of another input's name either (``a.avi`` -> ``a.mp4`` beside a folder
+    # ``a.mp4/``): the output could not be written, nor the other input beneath it
+    taken = set(safe) | {str(parent) for rel in safe for parent in PurePosixPath(rel).parents}
     names = []
     seen_mp4: set[str] = set()
     for pos, rel in enumerate(safe, first_position):
@@ -243,7 +253,7 @@ class VideoJob(Job):
             selection = select_new(items, known, lambda item: item.rel, lambda item: item.fingerprint,
                                    lambda item: file_sha256(item.path))
             items = selection.new
-        classes = extend_classes(dict(spec.known_classes), scan) if spec.known_classes else scan.classes
+        classes = job_classes(spec.known_classes, scan, bool(spec.known_inputs))
         names = output_names([i.rel for i in items], first)
         legacy_codec = spec.known_codec or self._dataset_codec(items)  # an append keeps the dataset's codec
         tasks = []
@@ -436,7 +446,7 @@ class VideoJob(Job):
         try:
             for e in entries:
                 data = safe_join(self.out, e["path"]).read_bytes()
-                ext = PurePosixPath(e["path"]).suffix.lstrip(".").lower() or "bin"
+                ext = video_member(e["path"])
                 members = [(ext, data)]
                 if e["cls"] is not None:
                     members.append(("cls", b"%0*d" % (width, e["cls"])))

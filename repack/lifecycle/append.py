@@ -165,6 +165,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
 
                 with held_known(str(known_key), known):
                     planned = build_plan(job)
+                refuse_held_quarantined(planned.quarantine, known.staged_input())
                 held_records = {q["source"] for q in current["quarantine"]}
                 # a copy named apart that an older repack recorded under the packed name is recorded already
                 older_copies = {q["source"] for q in current["quarantine"] if names_a_copy(q)}
@@ -219,6 +220,24 @@ def append(spec, options: EngineOptions) -> AppendResult:
                                 plan.info.get("removed_skipped", 0))
         finally:
             record.close()
+
+
+def refuse_held_quarantined(quarantine: list[dict], known: InputColumns) -> None:
+    """UsageError naming the inputs the staged plan quarantined that hold a sample in the dataset (a packed file
+    replaced by a link leaving SOURCE, or by a FIFO): recorded as quarantined beside its sample, the next append
+    would take it for an input without one and pack it a second time once it changed."""
+    from repack.lifecycle.input_columns import encode_names
+
+    if not quarantine:
+        return
+    sources = [q["source"] for q in quarantine]
+    held = [q for q, has in zip(quarantine, known.holds_sample(encode_names(sources)).tolist()) if has]
+    if held:
+        named = "; ".join(f"{q['source']} ({q['reason']})" for q in held[:5]) + \
+            (f"; and {len(held) - 5} more" if len(held) > 5 else "")
+        raise UsageError(f"--append: {len(held)} input(s) the dataset holds a sample of would be quarantined now: "
+                         f"{named}; a file never gets two samples: restore it as it was packed, or take its sample "
+                         "down first (repack remove --sources)")
 
 
 def move_shard(store, staged: str, shard: dict, rename: Callable[[str], str]) -> dict:
@@ -443,6 +462,10 @@ def _video_accepts(current: dict, spec) -> str | None:
     held = {"--to": current["format"], "--target": current["target"], "--dali-reader": current["dali_reader"],
             "--transcode": current["mode"]}
     differ = [f"{flag} {asked[flag]} (the dataset: {held[flag]})" for flag in asked if asked[flag] != held[flag]]
+    # where a link may point: a video packed through a link the append may not follow would be quarantined while
+    # it holds a sample, and packed a second time by a later append
+    differ += _options_differ((current.get("created_by") or {}).get("options") or {}, spec,
+                              ["allow_outside_source", "follow_symlinks"])
     return f"was prepared with other options: {', '.join(differ)}" if differ else None
 
 
