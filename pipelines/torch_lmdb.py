@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from pipelines.dataset_identity import identity
 from pipelines.manifest_access import checked_pixels, parse_label
 from pipelines.pil_images import decode_image
-from pipelines.sample_errors import decode_error
+from pipelines.sample_errors import ShardIntegrityError, decode_error
 from pipelines.sampler_resume import MapDatasetState
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size
@@ -126,27 +126,42 @@ class LmdbReader:
         self.count = count
         self.identity = file_identity(path)  # the file this reader reads, whatever replaces it at the path
 
-    def _txn(self):
-        return _environment(self.path, self.identity).begin(buffers=False)
+    def _read(self, keys: list[bytes], what: str) -> list[bytes | None]:
+        """The values of ``keys`` (None where absent), in one read transaction. Damage the size and meta-page
+        checks at open cannot see (a page overwritten in place) is a ``ShardIntegrityError`` naming the database
+        and ``what`` (the sample's key), not LMDB's bare error. (A node's value length overwritten in place can
+        still crash the process inside LMDB's own read: `repack verify` names that damage.)"""
+        import lmdb
+
+        try:
+            with _environment(self.path, self.identity).begin(buffers=False) as txn:
+                return [txn.get(key) for key in keys]
+        except lmdb.Error as exc:
+            raise ShardIntegrityError(self.path, what, f"the database cannot be read: {type(exc).__name__}: {exc} "
+                                      "(run `repack verify`)") from exc
 
     def get(self, index: int, fields: tuple[str, ...] = ("img", "cls")) -> dict[str, bytes | None]:
         """Raw values of sample ``index`` (None for a missing field other than ``img``); a missing
         image is damage: a RuntimeError naming the database, the sample and its key."""
         if not 0 <= index < self.count:
             raise IndexError(f"sample {index} out of range 0..{self.count - 1}")
-        with self._txn() as txn:
-            raw = {f: txn.get(b"s/%010d/%s" % (index, f.encode())) for f in fields}
+        raw = dict(zip(fields, self._read([b"s/%010d/%s" % (index, f.encode()) for f in fields], sample_key(index))))
         if "img" in raw and raw["img"] is None:
             raise RuntimeError(f"{self.path}: sample {index} has no image (key s/{index:010d}/img missing; "
                                "run `repack verify`)")
         return raw
 
     def meta(self) -> dict:
-        with self._txn() as txn:
-            data = txn.get(b"__meta__")
+        data, = self._read([b"__meta__"], "__meta__")
         if data is None:
             raise ManifestError(f"{self.path}: no __meta__ record (not a repack LMDB)")
-        return json.loads(data)
+        try:
+            meta = json.loads(data)
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict):
+            raise ManifestError(f"{self.path}: its __meta__ record is not a JSON object (run `repack verify`)")
+        return meta
 
     def check_count(self) -> None:
         """Refuse a database that holds another number of samples than the manifest lists."""
@@ -154,11 +169,9 @@ class LmdbReader:
         if held != self.count:
             raise ManifestError(f"{self.path}: the manifest lists {self.count} samples, the database holds "
                                 f"{held} (run `repack verify`)")
-        if self.count:
-            with self._txn() as txn:
-                if txn.get(b"s/%010d/img" % (self.count - 1)) is None:
-                    raise ManifestError(f"{self.path}: the manifest lists {self.count} samples, the database "
-                                        f"lacks sample {self.count - 1} (run `repack verify`)")
+        if self.count and self._read([b"s/%010d/img" % (self.count - 1)], sample_key(self.count - 1))[0] is None:
+            raise ManifestError(f"{self.path}: the manifest lists {self.count} samples, the database "
+                                f"lacks sample {self.count - 1} (run `repack verify`)")
 
 
 class LmdbImageDataset(MapDatasetState, Dataset):

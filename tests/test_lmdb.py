@@ -258,3 +258,51 @@ def test_a_database_packed_again_at_the_same_path_is_read_as_itself_in_one_proce
     torch_lmdb._ENVS.clear()  # a reader of the old dataset whose file is not open in this process any more
     with pytest.raises(RuntimeError, match="replaced since this reader opened"):
         LmdbImageDataset.__getitem__(untouched, 1)
+
+
+def test_overwrite_replaces_a_data_lmdb_no_job_state_names(tmp_path):
+    """OUT holding an earlier database but no job state or manifest (deleted by hand): --overwrite promises to
+    replace files of the same names, yet the job took the old data.lmdb's task records for its own and published
+    the old samples (10 of 18 inputs "packed", none quarantined; verify OK). --overwrite deletes it now, and a
+    database is trusted only where its task records match this job's (ids, sample ranges, part sizes)."""
+    from PIL import Image
+
+    from pipelines.torch_lmdb import LmdbImageDataset
+
+    for name, count, colour in (("a", 5, (255, 0, 0)), ("b", 9, (0, 0, 255))):
+        for cls in ("cat", "dog"):
+            (tmp_path / name / cls).mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", (32, 32), colour).save(tmp_path / name / cls / f"{name}{i}.png")
+    out = tmp_path / "out"
+    run_repack("images", tmp_path / "a", out, "--to", "lmdb", "--quiet")
+    (out / "manifest.json").unlink()
+    for path in sorted((out / ".repack").rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    (out / ".repack").rmdir()
+    run_repack("images", tmp_path / "b", out, "--to", "lmdb", "--overwrite", "--quiet")
+    dataset = LmdbImageDataset(out)
+    assert len(dataset) == 18 and read_manifest_json(out)["totals"]["samples"] == 18
+    assert all(dataset[i][0].getpixel((0, 0)) == (0, 0, 255) for i in range(18))
+
+
+def test_a_page_damaged_in_place_is_named_by_the_readers_and_the_report(packed, tmp_path):
+    """A page of data.lmdb overwritten in place (same size: the open checks pass) surfaced as LMDB's bare
+    CorruptedError from the readers, naming neither the database nor the sample, and `repack inspect --html`
+    crashed with a traceback. The readers raise a ShardIntegrityError naming both now; the report leaves the
+    probes out (verify names the damage)."""
+    import shutil
+
+    from pipelines.sample_errors import ShardIntegrityError
+    from pipelines.torch_lmdb import LmdbImageDataset
+
+    out = tmp_path / "damaged"
+    shutil.copytree(packed, out)
+    with open(out / "data.lmdb", "r+b") as fh:  # page 2: the tree's first page (__meta__, the first samples)
+        fh.seek(2 * 4096)
+        fh.write(bytes(4096))
+    with pytest.raises(ShardIntegrityError, match=r"data\.lmdb: sample '__meta__': the database cannot be read"):
+        LmdbImageDataset(out)
+    report = run_repack("inspect", out, "--html", tmp_path / "r.html", check=False)
+    assert report.returncode == 0 and "Traceback" not in report.stderr and (tmp_path / "r.html").exists()
+    assert run_repack("verify", out, check=False).returncode == 5

@@ -259,6 +259,11 @@ class Job:
         """[{path, bytes}] the task produced: a resumed run trusts a record only if these hold."""
         return [{"path": o["path"], "bytes": o["bytes"]} for o in record.get("outputs", [])]
 
+    def fixed_outputs(self) -> set[str]:
+        """Files this job writes under fixed names whatever its tasks (an LMDB's ``data.lmdb``): --overwrite deletes
+        them even where no job state names them, so that none written by another job is taken for this one's."""
+        return set()
+
     def record_kept(self, record: dict) -> bool:
         """Whether a finished task's record is saved in the job state: False for one that a resumed run
         could never trust anyway (its outputs are redone unless its group finished), which then only

@@ -570,6 +570,7 @@ class Engine:
             except (KeyError, TypeError):
                 continue
         names |= version_names(store)  # every version of the dataset there, pending ones too
+        names |= self.job.fixed_outputs()  # a data.lmdb left there by another job (finish would trust its records)
         if holds_repack_job(store):  # shards a killed run left unrecorded; in a folder repack never wrote to, a
             names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)}  # shard-000005.tar is not ours
         # the manifests first: a wipe killed mid-way never leaves one naming a file it deleted (data.lmdb sorts first)

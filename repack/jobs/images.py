@@ -333,6 +333,9 @@ class ImagesJob(Job):
         make_collector = getattr(self.sink, "collector", None)  # single-writer sinks (lmdb)
         self.collector = make_collector(self.out) if make_collector else None
 
+    def fixed_outputs(self) -> set[str]:
+        return self.collector.fixed_outputs() if self.collector is not None else set()
+
     def check(self) -> None:
         src = Path(self.spec.source)
         if is_remote(self.spec.source):

@@ -183,11 +183,20 @@ def _lmdb_samples(files: DatasetFiles):
     env = lmdb.open(str(path), readonly=True, lock=False, subdir=False, readahead=False)
     try:
         with env.begin() as txn:
+            def image(key: bytes) -> bytes:  # called before the scan goes on
+                try:
+                    return bytes(txn.get(key) or b"")
+                except lmdb.Error as exc:  # a page damaged in place: that thumbnail's error
+                    raise ValueError(f"{shard['path']}: its records cannot be read ({exc}); run `repack verify`") \
+                        from None
+
             for index in spread(shard.get("samples", 0), MAX_PROBES * PER_CLASS):
                 key = f"s/{index:010d}/img".encode()
-                label = txn.get(f"s/{index:010d}/cls".encode())
-                yield (_label(label) if label is not None else -1, f"{index:010d}",
-                       lambda key=key: bytes(txn.get(key) or b""))  # called before the scan goes on
+                try:
+                    label = txn.get(f"s/{index:010d}/cls".encode())
+                except lmdb.Error:  # a page damaged in place (`repack verify` names it): no more probes
+                    return
+                yield (_label(label) if label is not None else -1, f"{index:010d}", lambda key=key: image(key))
     finally:
         env.close()
 

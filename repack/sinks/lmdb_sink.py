@@ -110,6 +110,21 @@ def _open_for_write(path: Path, map_size: int):
                      meminit=True, sync=False)
 
 
+BUILD_TMP = f".{DB_NAME}.tmp-build"  # the database while it is built (renamed over DB_NAME when whole)
+
+
+def _task_entries(records: list[dict]) -> dict[str, dict]:
+    """task id -> the ``t/`` record a database built from ``records`` holds (``LmdbCollector._items``)."""
+    entries, start = {}, 0
+    for record in records:
+        part = record.get("part")
+        samples = len(part["samples"]) if part else 0
+        entries[record["task_id"]] = {"task_id": record["task_id"], "start": start, "samples": samples,
+                                      "part_bytes": part["bytes"] if part else None}
+        start += samples
+    return entries
+
+
 class LmdbCollector:
     """Driver-side single writer: builds the database from the parts, in plan order, at finalize."""
 
@@ -151,10 +166,15 @@ class LmdbCollector:
         except OSError:
             return False
 
+    def fixed_outputs(self) -> set[str]:
+        """The database and its build temp (``Job.fixed_outputs``)."""
+        return {DB_NAME, BUILD_TMP}
+
     def finish(self, records: list[dict], meta: dict) -> dict:
-        """Write the database (unless a finished one already holds exactly these tasks); its manifest entry."""
+        """Write the database (unless a finished one already holds exactly these tasks: their ids, sample ranges
+        and part sizes); its manifest entry."""
         built = self.built()
-        if not (built and len(built) == len(records) and all(r["task_id"] in built for r in records)):
+        if not built or built != _task_entries(records):
             missing = [r["task_id"] for r in records
                        if r.get("part") and not (self.out / r["part"]["path"]).exists()]
             if missing:
@@ -197,7 +217,7 @@ class LmdbCollector:
         """
         import lmdb
 
-        tmp = self.out / f".{DB_NAME}.tmp-build"
+        tmp = self.out / BUILD_TMP
         content = sum(r["part"]["bytes"] + 4096 * 3 * len(r["part"]["samples"]) for r in records if r.get("part"))
         map_size = self.initial_map or max(INITIAL_MAP, 1 << (2 * content).bit_length())
         while True:
