@@ -32,6 +32,7 @@ import numpy as np
 
 from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, check_state, shard_range
 from pipelines.dataset_identity import identity
+from repack.manifest.versions import number_of
 from pipelines.manifest_access import dali_misread_refusal
 from pipelines.sample_errors import decode_error
 from pipelines.torch_lmdb import LmdbReader, checked_label, class_indices, open_lmdb_dataset, sample_key
@@ -203,6 +204,7 @@ def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int 
     def open_version(version: int | None) -> OpenedVersion:
         version = args["version"] if version is None else version
         manifest, _, count = open_lmdb_dataset(root, version)
+        version = number_of(manifest.data)  # pinned: a build (a state loaded later) reads this version, not the latest
         options = order_options(count, batch_size, shard_id, num_shards, args["random_shuffle"], args["seed"],
                                 args["pad_last_batch"], args["drop_last"])
 

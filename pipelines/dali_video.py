@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, restore_bytes
 from pipelines.dataset_identity import identity
+from repack.manifest.versions import number_of
 from pipelines.torch_video import UNLABELED, manifest_videos
 
 READER_NAME = "VideoReader"
@@ -135,6 +136,7 @@ class DALIVideoLoader:
         def open_version(chosen: int | None) -> OpenedVersion:
             chosen = version if chosen is None else chosen
             _, manifest = manifest_videos(root, chosen)
+            chosen = number_of(manifest.data)  # pinned: the files and every build (a state loaded later) read it
             files, _ = video_inputs(root, chosen)
             options = order_options(files, batch_size, sequence_length, reader, args)
 

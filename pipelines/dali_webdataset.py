@@ -25,6 +25,7 @@ import numpy as np
 
 from pipelines.dali_resume import OpenedVersion, ResumableDALILoader, builder_args, restore_bytes, shard_range
 from pipelines.dataset_identity import identity
+from repack.manifest.versions import number_of
 from pipelines.manifest_access import (dali_misread_refusal, image_extensions, is_labeled, open_webdataset, read_index,
                                        read_index_columns, shard_files)
 from repack.manifest import ManifestError
@@ -253,6 +254,7 @@ def dali_image_loader(root: str | os.PathLike, batch_size: int, num_threads: int
     def open_version(version: int | None) -> OpenedVersion:
         version = args["version"] if version is None else version
         manifest = open_webdataset(root, "images", version)
+        version = number_of(manifest.data)  # pinned: a build (a state loaded later) reads this version, not the latest
         options = order_options(manifest, batch_size, shard_id, num_shards, args["random_shuffle"], args["seed"],
                                 args["initial_fill"], args["pad_last_batch"])
 

@@ -246,6 +246,28 @@ def test_an_lmdb_state_continues_on_its_version_after_a_remove(tmp_path):
         make_loader("lmdb", str(root), options, state)
 
 
+@pytest.mark.parametrize("kind", ["images", "lmdb"])
+def test_a_loader_opened_on_the_latest_keeps_its_version_when_a_remove_publishes(kind, tmp_path):
+    """A loader built without version= read the latest manifest at each build: a `repack remove` between its
+    state and load_state_dict (or between its open and its pipeline's build) made it refuse its own state
+    ("other options") or rebuild on the new version under the old one's identity (a sample twice, one never).
+    It reads the version it opened, at every build, while that version is kept."""
+    src, root = tmp_path / "src", tmp_path / kind
+    for c in range(2):
+        write_jpegs(src / f"c{c}", 30, f"c{c}_")
+    run_repack("images", src, root, "--to", "lmdb" if kind == "lmdb" else "webdataset", "--quiet")
+    options = OPTIONS[kind]
+    reference = take(kind, make_loader(kind, str(root), options), 5)
+    assert reference[4] == "END" and len(keys_of(reference)) == 60
+    loader = make_loader(kind, str(root), options)
+    before = take(kind, loader, 2)
+    state = json.loads(json.dumps(loader.state_dict()))
+    (tmp_path / "gone.txt").write_text("".join(f"c1/c1_{i}.jpg\n" for i in range(20)))
+    run_repack("remove", root, "--sources", tmp_path / "gone.txt", "--quiet")
+    loader.load_state_dict(state)  # in place: the loader's own version (1), still kept
+    assert before + take(kind, loader, 3) == reference
+
+
 def test_image_pipeline_refuses_an_index_changed_since_packing(packed_photos, tmp_path):
     """DALI takes an index's offsets as they are: a line moved would give one sample another's image; the index
     is checked against the manifest first, and the error names it."""
