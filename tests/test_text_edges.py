@@ -331,3 +331,29 @@ def test_a_damaged_stretch_names_every_kind_of_damage_it_holds():
     record, = _one_record(run)
     assert record.line == 9 and record.reason.startswith("undecodable UTF-8 at byte 14")
     assert "the 1 document(s) after it are damaged too (binary data, not text)" in record.reason
+
+
+def test_no_document_gives_no_prefix_in_a_pack_or_an_append(gpt2, tmp_path):
+    """A merged job that gave no document (every input quarantined; an --append whose new file holds only a bad
+    and an empty line) wrote a 0-document prefix and published it in prefixes/data_path: Megatron maps every
+    prefix's .bin, and an empty file cannot be mapped. Such a job names no prefix now (as with --no-merge)."""
+    import numpy as np
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"text": "hello world one"}\n{"text": "hello world two"}\n')
+    pack(gpt2, src, out)
+    (src / "b.jsonl").write_text('{"text": ""}\nnot json\n')
+    appended = run_repack("text", src, out, "--tokenizer", gpt2[0], "--append", "--quiet")
+    assert "0 new samples" in appended.stdout
+    manifest = read_manifest_json(out)
+    assert manifest["dataset_version"]["number"] == 2 and len(manifest["prefixes"]) == 1
+    for prefix in manifest["prefixes"]:
+        assert len(np.memmap(out / f"{prefix}.bin", dtype=np.uint16, mode="r"))  # as Megatron maps it
+    assert len(manifest["data_path"].split()) == 2
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.txt").write_bytes("first\n".encode("utf-16"))
+    empty = pack(gpt2, bad, tmp_path / "empty")  # exit 7: nothing packed
+    assert empty["prefixes"] == [] and not list((tmp_path / "empty").glob("*.bin"))
+    assert run_repack("verify", out).returncode == 0

@@ -492,6 +492,11 @@ class TextJob(Job):
                 drop_parts()
                 entries = [self._with_side_file(merged, runs.result())]
             lengths = read_index(self.out / entries[0]["index"]).lengths
+            if not entries[0]["samples"]:  # no document (every input quarantined or empty): no prefix, as without
+                for key in ("path", "index", "source_runs"):  # --merge (Megatron cannot map an empty .bin)
+                    if entries[0].get(key):
+                        (self.out / entries[0][key]).unlink(missing_ok=True)
+                entries = []
         else:
             entries = [{"path": pt["bin"], "index": pt["idx"], "prefix": pt["bin"][:-4], "samples": pt["documents"],
                         "tokens": pt["tokens"], "bytes": pt["bytes"], "sha256": pt["sha256"],
