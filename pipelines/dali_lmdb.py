@@ -213,6 +213,9 @@ def dali_lmdb_loader(root: str | os.PathLike, batch_size: int, num_threads: int 
                                        checkpoint=saved, **{**pipeline_args, "version": version})
 
         samples = rank_samples(count, num_shards, args["drop_last"])
+        if not epoch_batches(samples, batch_size, args["drop_last"]):
+            raise ValueError(f"{manifest.root}: batch_size {batch_size} is more than a rank's {samples} sample(s) "
+                             f"({count} over {num_shards} rank(s)) with drop_last: every epoch would be empty")
         start, stop = shard_range(count, shard_id, num_shards)
         return OpenedVersion(identity(manifest), options, build, epoch_batches(samples, batch_size, args["drop_last"]),
                              padding=max(0, samples - (stop - start)))

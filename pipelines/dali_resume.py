@@ -188,9 +188,16 @@ class ResumableDALILoader:
         self.epoch, self.batch = (state["epoch"], state["batch"]) if state else (0, 0)
         policy = {"partial": LastBatchPolicy.PARTIAL, "drop": LastBatchPolicy.DROP,
                   "fill": LastBatchPolicy.FILL}[self._last_batch]
-        self._share = self._reader_share() if self._last_batch == "partial" else None
+        self._share = self._reader_share() if self._last_batch in ("partial", "drop") else None
+        self._drop_batches = None
         if self._share is not None:
             policy = LastBatchPolicy.FILL  # cut to the real samples in __next__ (the class docstring)
+            if self._last_batch == "drop":  # every rank's full batches of the smallest share; the rest drained
+                self._drop_batches = self._share.smallest // self.pipe.max_batch_size
+                self._share = None
+                if not self._drop_batches:
+                    raise ValueError(f"{self.root}: batch_size {self.pipe.max_batch_size} is more than a rank's "
+                                     "samples with last_batch='drop': every epoch would be empty")
         try:  # the iterator runs the pipeline's first batches already: their failure, named as __next__'s is
             self._iterator = DALIGenericIterator([self.pipe], self.names, reader_name=self._reader_name,
                                                  last_batch_policy=policy, auto_reset=self._auto_reset)
@@ -202,7 +209,10 @@ class ResumableDALILoader:
         if state and len(self) and state["batch"] > len(self):  # a hand edit: DALI's checkpoint is elsewhere
             raise ValueError(f"the {self.kind} state's batch {state['batch']} is past the epoch's {len(self)} "
                              "batches: the state was edited, or is not this loader's")
-        self._end_pending = bool(state and 0 < len(self) <= state["batch"])
+        # (with "drop" DALI's checkpoint is at the epoch's end only where no padded batch is left: else __next__
+        # drains them)
+        self._end_pending = bool(state and 0 < len(self) <= state["batch"]) and \
+            (self._drop_batches is None or self._drop_batches == len(self._iterator))
         self._ended_early = False
 
     def __iter__(self):
@@ -220,6 +230,9 @@ class ResumableDALILoader:
             if self._end_pending:
                 self._end_pending, self._ended_early = False, True
                 raise StopIteration
+            if self._drop_batches is not None and self.batch >= self._drop_batches:
+                while True:  # the padded batches past every rank's full ones: never handed out, and never the
+                    next(self._iterator)  # next epoch's first (DALI's DROP left them there); ends in StopIteration
             batch = next(self._iterator)
         except StopIteration:
             self.epoch, self.batch = self.epoch + 1, 0
@@ -247,12 +260,16 @@ class ResumableDALILoader:
             start, stop = shard_range(size, shard if stick else (shard + epoch) % shards, shards)
             return stop - start
 
+        share.smallest = min(stop - start for start, stop in (shard_range(size, part, shards)
+                                                              for part in range(shards)))  # any rank's, any epoch
         return share
 
     @property
     def padding(self) -> int:
         """Repeated samples this rank yields in the current epoch (0 or 1; see the class docstring; an external
         source's: its ``OpenedVersion.padding``)."""
+        if self._drop_batches is not None:
+            return 0
         if self._share is None:
             return self._version.padding
         return int(self._share(self.epoch) <= (len(self) - 1) * self.pipe.max_batch_size)
@@ -268,6 +285,8 @@ class ResumableDALILoader:
 
     def __len__(self) -> int:
         """Batches per epoch."""
+        if self._drop_batches is not None:
+            return self._drop_batches
         batches = self._version.epoch_batches
         return len(self._iterator) if batches is None else batches
 

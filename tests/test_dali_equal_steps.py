@@ -87,3 +87,39 @@ def test_lmdb_ranks_take_equal_steps(roots, ranks, batch_size, drop_last):
                 assert len(flat) - len(set(flat)) == loader.padding  # the repeat the loader reports
                 if loader.padding:
                     assert flat[-1] == flat[0]
+
+
+@pytest.mark.parametrize("ranks,batch_size", [(5, 2), (3, 4)])
+def test_webdataset_drop_gives_every_epoch_full_batches_of_distinct_samples(roots, ranks, batch_size):
+    """last_batch="drop" over a padding reader with several ranks: DALI's DROP left the padded batch in the
+    pipeline, so from the second epoch a rank began with one image repeated batch_size times and samples were
+    never delivered. Every epoch now yields every rank the full batches of the smallest share, each sample once;
+    a loader resumed from a state taken at the epoch's end goes on exactly."""
+    smallest = SAMPLES // ranks
+    options = dict(batch_size=batch_size, num_threads=1, device_id=None, size=None, num_shards=ranks,
+                   with_meta=True, last_batch="drop")
+    loaders = [dali_image_loader(roots["wds"], shard_id=rank, **options) for rank in range(ranks)]
+    epochs = []
+    for _ in range(3):
+        per_rank = [epoch_rows(loader, "meta") for loader in loaders]
+        assert all(len(rows) == smallest // batch_size and all(len(b) == batch_size for b in rows)
+                   for rows in per_rank), per_rank
+        seen = Counter(s for rows in per_rank for b in rows for s in b)
+        assert set(seen.values()) == {1}, seen
+        epochs.append(per_rank[0])
+    with pytest.raises(ValueError, match="every epoch would be empty"):
+        dali_image_loader(roots["wds"], shard_id=0, **{**options, "batch_size": smallest + 1})
+    loader = dali_image_loader(roots["wds"], shard_id=0, **options)
+    for _ in range(len(loader)):  # the epoch's last batch taken, its end not seen yet
+        next(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = dali_image_loader(roots["wds"], shard_id=0, state=state, **options)
+    assert epoch_rows(resumed, "meta") == [] and epoch_rows(resumed, "meta") == epochs[1]
+
+
+def test_lmdb_drop_last_with_a_batch_larger_than_a_rank_share_is_refused_by_name(roots):
+    """DALI's own traceback said "last_batch_policy is set to PARTIAL" for a drop_last loader whose batch exceeds a
+    rank's samples; the loader names the dataset and the sizes now."""
+    with pytest.raises(ValueError, match=r"batch_size 16 is more than a rank's 12 sample\(s\) \(37 over 3"):
+        dali_lmdb_loader(roots["lmdb"], batch_size=16, num_threads=1, device_id=None, size=None, shard_id=0,
+                         num_shards=3, drop_last=True)
