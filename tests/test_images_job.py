@@ -525,3 +525,21 @@ def test_a_ring_of_symlinks_is_named_for_what_it_is(tmp_path):
     run_repack("images", src.parent, tmp_path / "out", "--quiet")
     reasons = {q["source"]: q["reason"] for q in read_manifest_json(tmp_path / "out")["quarantine"]}
     assert reasons == {f"dog/ring_{x}.jpg": "symlink: Too many levels of symbolic links" for x in "ab"}
+
+
+def test_names_that_merely_start_with_an_at_sign_are_packed_and_nas_droppings_skipped(tmp_path):
+    """Every name starting with "@" was skipped as junk, unnamed ("0 quarantined"): an "@2x" icon, and a whole
+    "@home" class folder. Only the NAS droppings by name are skipped now (Synology's @eaDir and #recycle, QNAP's
+    @Recycle), counted in skipped_junk."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    (src / "cat" / "@2x.jpg").parent.mkdir(parents=True)
+    (src / "cat" / "@2x.jpg").write_bytes(jpeg_bytes(seed=1))
+    (src / "@home").mkdir()
+    (src / "@home" / "a.jpg").write_bytes(jpeg_bytes(seed=2))
+    for junk in ("@eaDir", "#recycle", "@Recycle"):
+        (src / "cat" / junk).mkdir()
+        (src / "cat" / junk / "t.jpg").write_bytes(jpeg_bytes(seed=3))
+    run_repack("images", src, out, "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["classes"] == {"@home": 0, "cat": 1} and manifest["totals"]["samples"] == 2
+    assert manifest["totals"]["skipped_junk"] == 3 and manifest["quarantine"] == []

@@ -357,3 +357,21 @@ def test_no_document_gives_no_prefix_in_a_pack_or_an_append(gpt2, tmp_path):
     empty = pack(gpt2, bad, tmp_path / "empty")  # exit 7: nothing packed
     assert empty["prefixes"] == [] and not list((tmp_path / "empty").glob("*.bin"))
     assert run_repack("verify", out).returncode == 0
+
+
+def test_a_list_row_ends_at_a_newline_only(gpt2, tmp_path):
+    """`repack text --list` split its rows with str.splitlines(): a file name holding U+2028, U+0085 or a form feed
+    became two names (both quarantined as missing, or another file packed in its place), and the real file was never
+    named. Rows end at "\\n" now (a "\\r" before it dropped)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    names = ["Chapter 1\u2028Intro.txt", "page\u0085break.txt", "a\x0cb.txt", "plain.txt"]
+    for n, name in enumerate(names):
+        (src / name).write_text(f"document number {n}\n")
+    (src / "Intro.txt").write_text("not listed\n")
+    listing = src / "list.txt"
+    listing.write_bytes("\r\n".join(names).encode() + b"\r\n")
+    manifest = pack(gpt2, listing, tmp_path / "out", "--list")
+    assert manifest["quarantine"] == []
+    assert sorted(map(tuple, manifest["ids"])) == sorted(map(tuple, expected(
+        gpt2, *(f"document number {n}" for n in range(4)))))

@@ -305,16 +305,16 @@ def test_the_folder_scan_on_a_pool_lists_in_byte_order_and_reads_each_file_once(
 def test_the_folder_scan_without_links_lists_in_byte_order_and_skips_what_an_s3_listing_skips(tmp_path, workers):
     """Top-level folders "a", "a-b", "a.b" beside root files "a.txt", "a-c.txt": the same byte order of full
     paths as an s3:// listing of the same keys (a folder's name taken with its "/"), and the same names skipped
-    ("@" names and OS droppings as well as hidden ones, a skipped folder counted once), so the same files give the
-    same tokens wherever they are read from."""
+    (OS and NAS droppings by name as well as hidden ones, a skipped folder counted once; a name merely starting with
+    "@" is a file), so the same files give the same tokens wherever they are read from."""
     from repack.sources.confine import Confinement
     from repack.sources.text_docs import list_text_files
     from repack.sources.text_scan import PARALLEL_MIN_FOLDERS
 
     src = tmp_path / "src"
     rels = ["a/x.txt", "a-b/x.txt", "a.b/x.txt", "b/x.txt", "a.txt", "a-c.txt"] + \
-        [f"m{k}/n.txt" for k in range(PARALLEL_MIN_FOLDERS)]
-    junk = ["x/@s.txt", "@eaDir/q.txt", "__MACOSX/y.txt", "lost+found/z.txt", ".git/c.txt", "b/Thumbs.db"]
+        [f"m{k}/n.txt" for k in range(PARALLEL_MIN_FOLDERS)] + ["x/@s.txt"]
+    junk = ["#recycle/r.txt", "@eaDir/q.txt", "__MACOSX/y.txt", "lost+found/z.txt", ".git/c.txt", "b/Thumbs.db"]
     for rel in rels + junk:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text(f"text of {rel}\n", encoding="utf-8")

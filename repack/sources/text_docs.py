@@ -181,7 +181,11 @@ def list_text_file_rows(source: str, list_file: bool = False, confinement: Confi
     if list_file:
         conf = rules.rooted(str(src.absolute().parent))
         base = src.parent
-        for number, line in enumerate(src.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        # rows end at "\n" only (a "\r" before it is stripped): a file name may hold U+2028, U+0085 or a form
+        # feed, which str.splitlines() took for line ends (and packed or named the pieces); bytes that are not
+        # UTF-8 stay the name's own (surrogateescape), as the folder walk reads names
+        rows = src.read_bytes().decode("utf-8", "surrogateescape").split("\n")
+        for number, line in enumerate(rows[:-1] if rows and not rows[-1] else rows, 1):
             entry = line.strip().lstrip("\ufeff")
             if not entry or entry.startswith("#"):
                 continue

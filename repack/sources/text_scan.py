@@ -151,7 +151,7 @@ def _scan(conf: Confinement, folder: str, rel: str, found: _Walk, visited: set, 
     for entry in entries:
         name = entry.name
         child = f"{rel}/{name}" if rel else name
-        if is_junk(name):  # hidden, "@" and OS droppings: the rule of the image walk and of an s3:// listing
+        if is_junk(name):  # hidden names and OS droppings: the rule of the image walk and of an s3:// listing
             found.skipped += 1
             continue
         if entry.is_dir(follow_symlinks=False):

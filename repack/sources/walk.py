@@ -22,15 +22,18 @@ from repack.sources.base import join_names, quarantine_record, sort_key
 from repack.sources.confine import Confinement
 from repack.sources.scan_pool import scan_pool, start_method
 
+# OS and NAS droppings by name (Synology's @eaDir and #recycle, QNAP's @Recycle and @Recently-Snapshot); a name
+# merely starting with "@" (an "@2x" icon, an "@user" class) is a file like any other
 JUNK_NAMES = frozenset({"Thumbs.db", "thumbs.db", "desktop.ini", "Desktop.ini", "@eaDir", "__MACOSX",
-                        "lost+found", "$RECYCLE.BIN", "System Volume Information"})
+                        "lost+found", "$RECYCLE.BIN", "System Volume Information", "@Recycle", "@Recently-Snapshot",
+                        "#recycle", "#snapshot", "@SynoResource"})
 PARALLEL_MIN_FOLDERS = 8  # top-level folders from which the scan runs on a process pool
 MAX_DEPTH = 256  # folder levels below the root walked; a deeper folder is quarantined (the walk recurses per level)
 
 
 def is_junk(name: str) -> bool:
-    """Hidden files, macOS resource forks and the usual NAS/OS droppings."""
-    return name.startswith(".") or name in JUNK_NAMES or name.startswith("@")
+    """Hidden files (macOS resource forks among them) and the usual NAS/OS droppings (``JUNK_NAMES``)."""
+    return name.startswith(".") or name in JUNK_NAMES
 
 
 @dataclass
@@ -97,7 +100,7 @@ def _walk_open(conf: Confinement, folder: str, fd: int, rel_folder: str, ancesto
     junk = JUNK_NAMES
     for entry in children:
         name = entry.name
-        if name[0] in ".@" or name in junk:  # is_junk, inlined: it runs for every entry
+        if name[0] == "." or name in junk:  # is_junk, inlined: it runs for every entry
             found.skipped += 1
             continue
         rel = f"{rel_folder}/{name}" if rel_folder else name
