@@ -11,10 +11,9 @@
 
 Types: both readers yield int64 token ids by default (what ``nn.Embedding`` and ``cross_entropy``
 take). ``dtype=None`` yields the storage dtype instead (``uint16`` when every id of the tokenizer is
-below 65536, else ``int32``; the manifest's ``dtype``): zero-copy views of the ``.bin`` memmap
-(opened copy-on-write, so torch accepts the buffer without a copy, and the file is never written),
-the only copy being the batch ``torch.stack``; cast on the GPU with ``.long()``, which also moves
-2-4x fewer bytes. Any other ``dtype=`` (a torch dtype) casts each item. The memmaps are opened
+below 65536, else ``int32``; the manifest's ``dtype``): each item a copy of its window in that dtype
+(never a view of the ``.bin`` memmap, whose pages an in-place edit would change for later epochs; the file
+is never written); cast on the GPU with ``.long()``, which moves 2-4x fewer bytes. Any other ``dtype=`` (a torch dtype) casts each item. The memmaps are opened
 lazily in each process (DataLoader workers included) and never pickled: only paths travel.
 
 Imports ``repack.manifest`` and nothing else from repack; the ``.idx`` layout
@@ -198,9 +197,11 @@ TOKEN_DTYPE = torch.int64  # what the token readers yield unless told otherwise
 
 
 def _as_tensor(array: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:
-    """Tokens as a tensor of ``dtype``; None: the storage dtype, sharing the copy-on-write memmap pages."""
+    """Tokens as a tensor of ``dtype`` (None: the storage dtype), always a copy of its own: a view of the memmap's
+    copy-on-write pages, edited in place (a loss mask: ``w[w == pad] = -100``), changed that window for every later
+    epoch of the process."""
     tensor = torch.from_numpy(array)
-    return tensor if dtype is None else tensor.to(dtype)
+    return tensor.clone() if dtype is None else tensor.to(dtype)
 
 
 class PackedTokenDataset(Dataset):
@@ -213,8 +214,7 @@ class PackedTokenDataset(Dataset):
     the default ``rank=0, world_size=1`` (the sampler splits by rank, not the dataset), and pass
     ``ResumableSampler(len(ds), seed=..., rank=..., world_size=..., dataset=ds)``: the same permutation.
 
-    Items are int64 by default; ``dtype=None``: the storage dtype (zero-copy views, see the module
-    docstring). ``len(ds)`` is this rank's windows per epoch (equal on every rank).
+    Items are int64 by default; ``dtype=None``: the storage dtype (see the module docstring). ``len(ds)`` is this rank's windows per epoch (equal on every rank).
     """
 
     def __init__(self, root: str | os.PathLike, seq_len: int, *, shuffle: bool = True, seed: int = 0,
@@ -341,7 +341,7 @@ def split_inputs_targets(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 class DocumentDataset(MapDatasetState, Dataset):
     """One document per item (a 1-D tensor), truncated to ``max_len`` tokens when given; int64 by
-    default, ``dtype=None``: the storage dtype (zero-copy views). Order and resume come from the
+    default, ``dtype=None``: the storage dtype. Order and resume come from the
     sampler: ``ResumableSampler`` or ``LengthGroupedBatchSampler`` (both stateful)."""
 
     def __init__(self, root: str | os.PathLike, max_len: int | None = None,
