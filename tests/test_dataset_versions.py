@@ -216,3 +216,22 @@ def test_text_append_adds_a_prefix_of_the_new_files_only(tmp_path):
     assert refused.returncode == 2 and "another tokenizer" in refused.stderr  # the staged job is discarded, so
     done = run_repack("text", corpus, out, "--tokenizer", tok, "--append")  # the right one appends at once
     assert "published version 3" in done.stdout and run_repack("verify", out).returncode == 0
+
+
+def test_a_change_beside_a_first_pack_still_running_names_that_pack(tmp_path):
+    """An --append, remove or gc started while the first pack of OUT runs (no manifest yet) said "holds no
+    published dataset: pack one there first" of a folder being packed; it names the running process now (exit 3)."""
+    import fcntl
+
+    out = tmp_path / "out"
+    (out / ".repack").mkdir(parents=True)
+    with open(out / ".repack" / "lock", "w") as lock:  # what a running pack holds
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write("4242")
+        lock.flush()
+        (tmp_path / "names.txt").write_text("a.jpg\n")
+        for args in (("remove", out, "--sources", tmp_path / "names.txt"), ("gc", out)):
+            done = run_repack(*args, check=False)
+            assert done.returncode == 3 and "pid 4242" in done.stderr and "already running" in done.stderr, done.stderr
+    done = run_repack("gc", out, check=False)  # a killed pack's lock: nothing to name
+    assert done.returncode == 2 and "pack one there first" in done.stderr

@@ -117,12 +117,18 @@ def locked_dataset(location: str) -> Iterator[tuple[object, Path]]:
     """(store, local folder: the dataset's own, or an object store's scratch) of the published dataset at
     ``location``, with OUT's job lock held (an object store: its lock object too). UsageError before
     anything is created when there is no dataset."""
-    from repack.jobs.engine import JobLock, prepare_out
+    from repack.jobs.engine import JobLock, prepare_out, state_dir
     from repack.store import open_store
 
     store = open_store(location)
     out = Path(store.scratch)
-    current_version(store)
+    try:
+        current_version(store)
+    except UsageError:
+        if not store.remote and (state_dir(out) / "lock").is_file():  # a first pack running there: name it
+            with JobLock(out, ""):  # JobLockedError naming its process where one holds the lock
+                pass
+        raise
     prepare_out(out, store)
     with JobLock(out, "", store if store.remote else None):
         if not store.remote:  # a manifest write killed mid-way: its temp file (no other writer runs now)
