@@ -323,6 +323,27 @@ def test_a_line_of_unicode_whitespace_separates_paragraphs_under_any_chunking(gp
         assert manifest["ids"] == want, chunk
 
 
+def test_a_blank_line_longer_than_the_document_cap_still_separates_paragraphs(gpt2, tmp_path):
+    """--doc-per blank-line, a whitespace-only line over --max-doc-bytes: the reader took it for an over-long text
+    line (the paragraphs around it joined, a short one lost in a "longer than the cap" record) while the planner cut
+    chunks after it as a blank line, so the documents depended on --chunk-bytes. It separates them under any
+    chunking now, ASCII or Unicode spaces, across the reader's 64 KiB reads too."""
+    from repack.sources.text_docs import SNAP_READ
+
+    src = tmp_path / "src"
+    src.mkdir()
+    long_blank = " " * 150 + "\n"
+    wide_blank = " " + "\u3000" * (SNAP_READ // 3 + 7) + "\n"  # 3-byte spaces over several reads, cut mid-character
+    (src / "p.txt").write_text("first paragraph here\n" + long_blank + "second paragraph here\n" + wide_blank +
+                               "third paragraph here\n\nfourth\n")
+    want = expected(gpt2, "first paragraph here", "second paragraph here", "third paragraph here", "fourth")
+    for chunk in ("auto", "10B"):
+        extra = () if chunk == "auto" else ("--chunk-bytes", chunk)
+        manifest = pack(gpt2, src, tmp_path / f"out-{chunk}", "--doc-per", "blank-line", "--max-doc-bytes", "100",
+                        *extra)
+        assert manifest["ids"] == want and manifest["quarantine"] == [], chunk
+
+
 def test_a_damaged_stretch_names_every_kind_of_damage_it_holds():
     """Bad UTF-8 then a line holding a NUL: one record, which no longer says the second is bad UTF-8 too."""
     from repack.sources.text_docs import Doc, _one_record

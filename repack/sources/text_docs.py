@@ -514,21 +514,36 @@ def require_decompressors(inputs: TextInputs) -> None:
             raise UsageError("reading .zst needs zstandard: pip install zstandard (or the 'text' extra)") from None
 
 
-def _skip_line(fh: BinaryIO, budget: int | None) -> int:
-    """Read past the end of the current line without keeping it; the bytes read."""
+def _blank_so_far(data: bytes) -> bytes | None:
+    """None where the whole characters of ``data`` (a piece of a line) are not all whitespace (``is_blank``), else
+    its last character's bytes where that may go on in the next piece (b"" where none)."""
+    cut = len(data)
+    while cut and len(data) - cut < 3 and data[cut - 1] & 0xC0 == 0x80:  # UTF-8 continuation bytes
+        cut -= 1
+    cut = cut - 1 if cut and data[cut - 1] >= 0xC0 else len(data)  # its lead byte: the character may go on
+    return data[cut:] if is_blank(data[:cut]) else None
+
+
+def _skip_line(fh: BinaryIO, budget: int | None, carry: bytes | None = None) -> tuple[int, bool]:
+    """Read past the end of the current line without keeping it: (the bytes read, whether the line is blank given
+    ``carry``, ``_blank_so_far`` of its bytes read before; None: not blank, or not asked)."""
     read = 0
     while budget is None or read < budget:
         more = fh.readline(SNAP_READ if budget is None else min(SNAP_READ, budget - read))
         read += len(more)
+        if carry is not None:
+            carry = _blank_so_far(carry + more)
         if not more or more.endswith(b"\n"):
             break
-    return read
+    return read, carry is not None and is_blank(carry)
 
 
-def _lines(segment: Segment, cap: int, data: bytes | OSError | None = None) -> Iterator[bytes | None]:
+def _lines(segment: Segment, cap: int, data: bytes | OSError | None = None,
+           blanks: bool = False) -> Iterator[bytes | None]:
     """Raw lines (with their newline) of a byte-range or whole-file segment (``data``: its bytes, read
     already); a leading UTF-8 BOM of the file is dropped; a line whose text (without its LF or CRLF, and
-    the BOM) is longer than ``cap`` bytes yields None and is skipped, never held."""
+    the BOM) is longer than ``cap`` bytes yields None and is skipped, never held; with ``blanks`` such a line
+    of whitespace only (``is_blank``) yields b"\n": a paragraph separator, as ``snap_paragraph`` cuts there."""
     with _open_stream(segment, data) as fh:
         remaining = segment.end - segment.start if segment.unit == "bytes" else None
         first = segment.unit != "bytes" or segment.start == 0
@@ -543,11 +558,12 @@ def _lines(segment: Segment, cap: int, data: bytes | OSError | None = None) -> I
             if first:
                 raw, first = raw.removeprefix(codecs.BOM_UTF8), False
             if goes_on or len(_strip_newline(raw)) > cap:  # too long: skip the rest of it
+                blank = blanks and is_blank(raw)
                 if goes_on:
-                    skipped = _skip_line(fh, remaining)
+                    skipped, blank = _skip_line(fh, remaining, _blank_so_far(raw) if blanks else None)
                     if remaining is not None:
                         remaining -= skipped
-                yield None
+                yield b"\n" if blank else None
                 continue
             yield raw
 
@@ -755,7 +771,7 @@ class SegmentReader:
     def _txt_paragraphs(self) -> Iterator[Doc]:
         para: list[bytes] = []
         size, first, over = 0, 0, False  # size: the paragraph's bytes so far, its last newline included
-        for raw in _lines(self.segment, self.max_doc_bytes, self.data):
+        for raw in _lines(self.segment, self.max_doc_bytes, self.data, blanks=True):
             self.lines += 1
             if raw is None or not is_blank(raw):
                 if not para and not over:
