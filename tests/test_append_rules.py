@@ -262,3 +262,21 @@ def test_append_with_overwrite_is_refused_and_lifecycle_commands_name_a_missing_
     (tmp_path / "empty").mkdir()
     proc = run_repack("gc", tmp_path / "empty", check=False)
     assert proc.returncode == 2 and "holds no published dataset" in proc.stderr and "pack one there first" in proc.stderr
+
+
+def test_an_append_counts_its_own_quarantine_records(tmp_path):
+    """change.quarantined was the difference of the two versions' record counts: an append that packed a fixed
+    input (its record dropped) and quarantined a new one said 0."""
+    from tests.test_images_job import jpeg_bytes
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    (src / "cat").mkdir(parents=True)
+    (src / "cat" / "a.jpg").write_bytes(jpeg_bytes(1))
+    (src / "cat" / "bad.jpg").write_bytes(b"not a jpeg")
+    run_repack("images", src, out, "--quiet")
+    (src / "cat" / "bad.jpg").write_bytes(jpeg_bytes(2))  # fixed: packed now, its record goes
+    (src / "cat" / "new-bad.jpg").write_bytes(b"not one either")
+    run_repack("images", src, out, "--append", "--quiet")
+    manifest = read_manifest_json(out)
+    assert [q["source"] for q in manifest["quarantine"]] == ["cat/new-bad.jpg"]
+    assert manifest["dataset_version"]["change"]["quarantined"] == 1

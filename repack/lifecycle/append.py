@@ -209,7 +209,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
                 body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))
             change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
                       "added_shards": [s["path"] for s in shards],
-                      "quarantined": len(body["quarantine"]) - len(current["quarantine"]),
+                      "quarantined": new_records(current["quarantine"], body["quarantine"]),
                       "removed_skipped": plan.info.get("removed_skipped", 0),
                       **(appender.change_note(current) if appender.change_note is not None else {})}
             data = publish(store, out, current, current_raw, body, change, warner(options.log_json))
@@ -220,6 +220,13 @@ def append(spec, options: EngineOptions) -> AppendResult:
                                 plan.info.get("removed_skipped", 0))
         finally:
             record.close()
+
+
+def new_records(held: list[dict], records: list[dict]) -> int:
+    """How many of ``records`` (version N+1's quarantine) version N's ``held`` records do not hold (by source and
+    line): the append's own, whatever N's records it dropped (inputs packed now)."""
+    known = {(q["source"], q.get("line")) for q in held}
+    return sum((q["source"], q.get("line")) not in known for q in records)
 
 
 def refuse_held_quarantined(quarantine: list[dict], known: InputColumns) -> None:
