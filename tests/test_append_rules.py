@@ -271,10 +271,10 @@ def test_an_append_counts_its_own_quarantine_records(tmp_path):
 
     src, out = tmp_path / "src", tmp_path / "out"
     (src / "cat").mkdir(parents=True)
-    (src / "cat" / "a.jpg").write_bytes(jpeg_bytes(1))
+    (src / "cat" / "a.jpg").write_bytes(jpeg_bytes(seed=1))
     (src / "cat" / "bad.jpg").write_bytes(b"not a jpeg")
     run_repack("images", src, out, "--quiet")
-    (src / "cat" / "bad.jpg").write_bytes(jpeg_bytes(2))  # fixed: packed now, its record goes
+    (src / "cat" / "bad.jpg").write_bytes(jpeg_bytes(seed=2))  # fixed: packed now, its record goes
     (src / "cat" / "new-bad.jpg").write_bytes(b"not one either")
     run_repack("images", src, out, "--append", "--quiet")
     manifest = read_manifest_json(out)
