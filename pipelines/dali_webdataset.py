@@ -122,6 +122,9 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
         raise ValueError(f"{manifest.root}: part {shard_id} of {num_shards} of {samples} sample(s): DALI's reader "
                          "needs 0 <= shard_id < num_shards <= samples (each part one sample at least)")
     paths, index_paths = shard_files(manifest)
+    if not all(path.isascii() or _utf8(path) for path in paths + index_paths):  # DALI takes its paths as UTF-8
+        raise ValueError(f"{str(manifest.root)!r}: a shard's path is not UTF-8 (a folder named in another encoding); DALI "
+                         "cannot open it: read it with the PyTorch reader, or move the dataset to a UTF-8 path")
     check_shard_files(manifest)
     read_index_columns(manifest)  # every index laid out as its tar (the parser's checks): DALI trusts it blindly
     labeled = is_labeled(manifest)
@@ -237,6 +240,14 @@ def order_options(manifest, batch_size: int, shard_id: int, num_shards: int, ran
     return {"samples": manifest.data["totals"]["samples"], "batch_size": batch_size, "shard_id": shard_id,
             "num_shards": num_shards, "random_shuffle": random_shuffle, "seed": seed,
             "initial_fill": initial_fill if random_shuffle else None, "pad_last_batch": pad_last_batch}
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def dali_image_loader(root: str | os.PathLike, batch_size: int, num_threads: int = 4, device_id: int | None = None,

@@ -331,3 +331,12 @@ def test_a_sample_dalis_decoder_refuses_in_the_first_batches_is_named(tmp_path):
     run_repack("images", tmp_path / "src", out, "--quiet")
     with pytest.raises(RuntimeError, match="ImageShardDataset names it"):
         dali_image_loader(out, batch_size=1, num_threads=1, device_id=None, size=None)
+
+
+def test_dali_names_a_dataset_folder_whose_name_is_not_utf8(packed_photos, tmp_path):
+    """A dataset under a folder named in another encoding packed and verified, then DALI's pipeline failed with its
+    own traceback ("Unsupported argument type with name paths"); the loader names the problem now."""
+    moved = tmp_path / os.fsdecode(b"out\xff")
+    shutil.copytree(packed_photos, moved)
+    with pytest.raises(ValueError, match="path is not UTF-8"):
+        build_image_pipeline(moved, batch_size=2)
