@@ -267,16 +267,38 @@ def test_append_with_overwrite_is_refused_and_lifecycle_commands_name_a_missing_
 def test_an_append_counts_its_own_quarantine_records(tmp_path):
     """change.quarantined was the difference of the two versions' record counts: an append that packed a fixed
     input (its record dropped) and quarantined a new one said 0."""
-    from tests.test_images_job import jpeg_bytes
-
     src, out = tmp_path / "src", tmp_path / "out"
     (src / "cat").mkdir(parents=True)
-    (src / "cat" / "a.jpg").write_bytes(jpeg_bytes(seed=1))
+    (src / "cat" / "a.jpg").write_bytes(jpeg_bytes(1))
     (src / "cat" / "bad.jpg").write_bytes(b"not a jpeg")
     run_repack("images", src, out, "--quiet")
-    (src / "cat" / "bad.jpg").write_bytes(jpeg_bytes(seed=2))  # fixed: packed now, its record goes
+    (src / "cat" / "bad.jpg").write_bytes(jpeg_bytes(2))  # fixed: packed now, its record goes
     (src / "cat" / "new-bad.jpg").write_bytes(b"not one either")
     run_repack("images", src, out, "--append", "--quiet")
     manifest = read_manifest_json(out)
     assert [q["source"] for q in manifest["quarantine"]] == ["cat/new-bad.jpg"]
     assert manifest["dataset_version"]["change"]["quarantined"] == 1
+
+
+def test_an_append_of_copies_alone_records_them(tmp_path):
+    """--append --dedup whose only new inputs are copies of held samples said "nothing new" and recorded nothing:
+    once the kept copy was removed, the next append packed the copy (removed content back). It publishes a version
+    naming the copies now (stats.appended, duplicates_dropped), which keeps them out; a new group whose first file
+    copies a held sample is one group, the held sample first."""
+    src, out = tiny_jpegs(tmp_path / "src", 0, 4, workers=1), tmp_path / "out"
+    run_repack("images", src, out, "--dedup", "--quiet")
+    shutil.copy(src / "c000" / "00000000.jpg", src / "c001" / "zz_a.jpg")
+    shutil.copy(src / "c000" / "00000000.jpg", src / "c001" / "zz_b.jpg")
+    done = run_repack("images", src, out, "--dedup", "--append")
+    assert "published version 2" in done.stdout, done.stdout
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["duplicates_dropped"] == 2 and manifest["totals"]["samples"] == 4
+    assert manifest["stats"]["appended"][-1]["duplicates"]["list"] == [
+        {"paths": ["c000/00000000.jpg", "c001/zz_a.jpg", "c001/zz_b.jpg"],
+         "sha256": manifest["stats"]["appended"][-1]["duplicates"]["list"][0]["sha256"]}]
+    takedown = tmp_path / "takedown.txt"
+    takedown.write_text("c000/00000000.jpg\n")
+    run_repack("remove", out, "--sources", takedown, "--quiet")
+    again = run_repack("images", src, out, "--dedup", "--append")
+    assert "nothing new" in again.stdout
+    assert not {"c000/00000000.jpg", "c001/zz_a.jpg", "c001/zz_b.jpg"} & set(sample_paths(out))

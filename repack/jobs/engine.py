@@ -711,7 +711,7 @@ class Engine:
                 store.abort_uploads()  # left by a killed run: we hold the lock
             plan = self._plan_ahead.plan() if self._plan_ahead is not None else build_plan(self.job)
             self.planned_quarantine = len(plan.quarantine)
-            if not plan.tasks and not plan.quarantine:
+            if not plan.tasks and not plan.quarantine and not plan.info.get("dedup"):  # (an --append's copies: inputs)
                 raise UsageError(f"source {self.job.spec.source!r} holds no inputs")
             if part:
                 with partition_state_lock(self.out, store):

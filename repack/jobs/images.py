@@ -408,7 +408,12 @@ class ImagesJob(Job):
             drop = {p for _, g in groups for p in g[1:]}
             if spec.known_inputs:  # --append: a copy of a sample the dataset holds is a duplicate too
                 held = held_copies(items, load_known(spec.known_inputs), drop, hashed)
-                dup_groups += [{"sha256": digest, "paths": [rel, items[p].rel]} for p, (digest, rel) in held.items()]
+                firsts = {g[0]: n for n, (_, g) in enumerate(groups)}
+                for p, (digest, rel) in held.items():  # the held sample first: the kept one of its group
+                    if p in firsts:
+                        dup_groups[firsts[p]]["paths"].insert(0, rel)
+                    else:
+                        dup_groups.append({"sha256": digest, "paths": [rel, items[p].rel]})
                 drop |= set(held)
             if drop:
                 items = _taken(items, [p for p in range(len(items)) if p not in drop])

@@ -169,10 +169,12 @@ def append(spec, options: EngineOptions) -> AppendResult:
                 held_records = {q["source"] for q in current["quarantine"]}
                 # a copy named apart that an older repack recorded under the packed name is recorded already
                 older_copies = {q["source"] for q in current["quarantine"] if names_a_copy(q)}
-                if not planned.tasks and all(q["source"] in held_records or copy_base(q["source"]) in older_copies
-                                             for q in planned.quarantine):
+                if not planned.tasks and not planned.info.get("dedup") and \
+                        all(q["source"] in held_records or copy_base(q["source"]) in older_copies
+                            for q in planned.quarantine):
                     # nothing new (published: a pending version was, the re-run of a killed append); a new input
-                    # quarantined while planning (a hard link to a packed file) is new: N+1 records it
+                    # quarantined while planning (a hard link to a packed file) is new, and so is a new copy --dedup
+                    # leaves out: N+1 records them
                     remove_prefix(store, f"{stage}/")
                     return AppendResult(current, promoted is not None, 0, time.time() - started,
                                         planned.info.get("removed_skipped", 0))
