@@ -302,3 +302,21 @@ def test_an_append_of_copies_alone_records_them(tmp_path):
     again = run_repack("images", src, out, "--dedup", "--append")
     assert "nothing new" in again.stdout
     assert not {"c000/00000000.jpg", "c001/zz_a.jpg", "c001/zz_b.jpg"} & set(sample_paths(out))
+
+
+def test_append_strict_publishes_nothing_when_a_new_input_is_quarantined(tmp_path):
+    """--append --strict published a version quarantining a new input, exit 0 (the staged job ran without --strict);
+    it exits 6 now with the dataset unchanged, and a re-run without --strict publishes the staged work."""
+    src, out = tiny_jpegs(tmp_path / "src", 0, 3, workers=1), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    before = (out / "manifest.json").read_bytes()
+    tiny_jpegs(src, 3, 2, workers=1)
+    (src / "c000" / "zz_bad.jpg").write_bytes(b"not a jpeg")
+    strict = run_repack("images", src, out, "--append", "--strict", check=False)
+    assert strict.returncode == 6 and "c000/zz_bad.jpg" in strict.stderr and "re-run without --strict" in strict.stderr
+    assert (out / "manifest.json").read_bytes() == before and not (out / "manifest.v2.json").exists()
+    run_repack("images", src, out, "--append", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["samples"] == 5 and [q["source"] for q in manifest["quarantine"]] == ["c000/zz_bad.jpg"]
+    clean = run_repack("images", src, out, "--append", "--strict")  # nothing new: nothing to refuse
+    assert "nothing new" in clean.stdout

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from repack.config import EngineOptions
-from repack.errors import ConfinementError, NothingPackedError, UsageError
+from repack.errors import ConfinementError, NothingPackedError, StrictModeError, UsageError
 from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_columns import InputColumns
@@ -214,6 +214,14 @@ def append(spec, options: EngineOptions) -> AppendResult:
                       "quarantined": new_records(current["quarantine"], body["quarantine"]),
                       "removed_skipped": plan.info.get("removed_skipped", 0),
                       **(appender.change_note(current) if appender.change_note is not None else {})}
+            if options.strict and change["quarantined"]:  # the staged job ran without it: its stage is kept
+                added = [q for q in body["quarantine"] if (q["source"], q.get("line")) not in
+                         {(h["source"], h.get("line")) for h in current["quarantine"]}]
+                named = "; ".join(f"{q['source']}: {q['reason']}" for q in added[:3]) + \
+                    (f"; and {len(added) - 3} more" if len(added) > 3 else "")
+                raise StrictModeError(f"--strict: the append quarantined {len(added)} new input(s) ({named}); "
+                                      f"version {number} was not published, {store.url} is unchanged; re-run without "
+                                      "--strict to publish it (nothing is redone)")
             data = publish(store, out, current, current_raw, body, change, warner(options.log_json))
             remove_prefix(store, f"{stage}/")
             if store.remote:
