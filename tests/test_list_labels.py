@@ -102,3 +102,21 @@ def test_integer_list_labels_keep_their_values_and_non_scalar_labels_are_quarant
         if kind == "jsonl":
             assert sorted(reasons) == [f"imgs/{i}.jpg" for i in range(6, 9)]
             assert all("is not a string or an integer" in reason for reason in reasons.values())
+
+
+def test_a_csv_header_spelled_with_case_or_spaces_still_names_its_columns(tmp_path):
+    """A header "path, label" (a space after the comma), "Path,Label" or "path,label " packed the dataset unlabeled,
+    silently (only the exact "label" was read); a column named twice that way is refused."""
+    (tmp_path / "imgs").mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        (tmp_path / "imgs" / name).write_bytes(jpeg_bytes(seed=len(name)))
+    for n, header in enumerate(("path, label", "Path,Label", "path,label ", "PATH\tClass")):
+        sep = "\t" if "\t" in header else ","
+        listing = tmp_path / f"list{n}.{'tsv' if sep == chr(9) else 'csv'}"
+        listing.write_text(f"{header}\nimgs/a.jpg{sep}cat\nimgs/b.jpg{sep}dog\n")
+        run_repack("images", listing, tmp_path / f"out{n}", "--list", "--quiet")
+        assert read_manifest_json(tmp_path / f"out{n}")["classes"] == {"cat": 0, "dog": 1}, header
+    listing = tmp_path / "twice.csv"
+    listing.write_text("path,label,Label\nimgs/a.jpg,cat,dog\n")
+    done = run_repack("images", listing, tmp_path / "twice", "--list", check=False)
+    assert done.returncode == 2 and "'label' column twice" in done.stderr

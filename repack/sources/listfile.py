@@ -43,6 +43,14 @@ def _rows(list_path: str):
                 yield lineno, row if isinstance(row, dict) else None, "JSON line is not an object"
         elif ext in (".csv", ".tsv"):
             reader = csv.DictReader(fh, delimiter="\t" if ext == ".tsv" else ",")
+            if reader.fieldnames:  # "Path", " label", "Label ": the columns as a spreadsheet shows them
+                names = [name.strip().lower() if name.strip().lower() in ("path", *LABEL_COLUMNS) else name
+                         for name in reader.fieldnames]
+                twice = sorted({name for name in names if names.count(name) > 1} & {"path", *LABEL_COLUMNS})
+                if twice:
+                    raise UsageError(f"list file {list_path!r}: its header names the {twice[0]!r} column twice "
+                                     "(spelled otherwise in case or spaces)")
+                reader.fieldnames = names
             if not reader.fieldnames or "path" not in reader.fieldnames:
                 raise UsageError(f"list file {list_path!r} needs a header row with a 'path' column")
             while True:
