@@ -152,3 +152,10 @@ def test_a_manifest_over_the_size_cap_is_refused_unread(tmp_path, monkeypatch):
     for args in (("verify", out), ("inspect", out), ("gc", out, "--keep", "1")):
         proc = run_repack(*args, check=False, env={"REPACK_MAX_MANIFEST_BYTES": str(size - 1)})
         assert proc.returncode != 0 and f"over the {size - 1}-byte cap" in proc.stderr, (args, proc.stderr)
+    # a size with a unit is read as one ("1KB" was ignored in silence: the 256 MiB default); a bad one is named
+    monkeypatch.setenv("REPACK_MAX_MANIFEST_BYTES", " 1KB ")
+    with pytest.raises(ManifestError, match="over the 1000-byte cap"):
+        open_manifest(out)
+    monkeypatch.setenv("REPACK_MAX_MANIFEST_BYTES", "1e3")
+    with pytest.raises(ManifestError, match="REPACK_MAX_MANIFEST_BYTES='1e3': bad size"):
+        open_manifest(out)

@@ -231,3 +231,14 @@ def test_histograms_say_they_count_what_was_packed_after_a_remove(tmp_path):
         assert f"{name} (as packed; 2 sample(s) removed since): " in after, after
     run_repack("inspect", out, "--html", tmp_path / "report.html")
     assert "Source file sizes (as packed; 2 sample(s) removed since)" in (tmp_path / "report.html").read_text()
+
+
+def test_a_report_path_that_cannot_be_written_is_named_not_the_dataset(packed_photos, tmp_path):
+    """`inspect --html` to a folder, or under a file, said the healthy dataset was damaged (exit 5); it names the
+    report's path now (exit 2), and makes no folders for it."""
+    (tmp_path / "afile").write_text("x")
+    for target, words in ((tmp_path, "Is a directory"), (tmp_path / "afile" / "r.html", "Not a directory"),
+                          (tmp_path / "missing" / "r.html", "No such file")):
+        done = run_repack("inspect", packed_photos, "--html", target, check=False)
+        assert done.returncode == 2 and "cannot write the report" in done.stderr and words in done.stderr, done.stderr
+    assert not (tmp_path / "missing").exists()

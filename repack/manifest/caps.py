@@ -23,7 +23,15 @@ COUNTED_FILE = {"memmap": "index"}  # the shard entry key naming the file whose 
 def manifest_cap() -> int:
     """The manifest size cap in bytes (``REPACK_MAX_MANIFEST_BYTES``, else MAX_MANIFEST_BYTES)."""
     raw = os.environ.get("REPACK_MAX_MANIFEST_BYTES", "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else MAX_MANIFEST_BYTES
+    if not raw.strip():
+        return MAX_MANIFEST_BYTES
+    from repack.config import parse_size
+    from repack.errors import UsageError
+
+    try:
+        return parse_size(raw)
+    except UsageError as exc:  # never the default in silence: the user meant to raise it
+        raise ManifestError(f"REPACK_MAX_MANIFEST_BYTES={raw!r}: {exc}") from None
 
 
 def check_manifest_size(size: int | None, where: str) -> None:

@@ -4,6 +4,7 @@ view time. `dataset_page` draws what `collect` gathered for a dataset (per modal
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from html import escape
@@ -45,12 +46,17 @@ def page(title: str, subtitle: str, body: list[str]) -> str:
 def write_page(path: str | os.PathLike, html: str) -> None:
     """Write the page atomically (a temp file beside it, then rename); a name that is not UTF-8 (a lone
     surrogate, as Python reads such a byte) is written escaped, never an error."""
+    from repack.errors import UsageError
+
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(html, encoding="utf-8", errors="backslashreplace")  # a non-UTF-8 name: \udcff
         os.replace(tmp, target)
+    except OSError as exc:  # the page's path, not the dataset (no folder made for it: a typo is named)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write the report {str(target)!r}: {exc.strerror or exc}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
