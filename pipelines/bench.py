@@ -74,7 +74,7 @@ class BenchOptions:
             raise BenchError("--batch-size must be >= 1")
         if min(self.workers, default=0) < 0 or min(self.threads, default=1) < 1:
             raise BenchError("--loader-workers must be >= 0 and --threads >= 1")
-        if self.prefetch_factor < 1 or self.compute_ms < 0:
+        if self.prefetch_factor < 1 or not 0 <= self.compute_ms < float("inf"):  # a NaN is neither
             raise BenchError("--prefetch-factor must be >= 1 and --compute-ms >= 0")
         if self.compute_mode not in ("sleep", "busy") or self.device not in ("auto", "cpu", "gpu"):
             raise BenchError("--compute-mode is sleep|busy and --device auto|cpu|gpu")

@@ -66,6 +66,9 @@ class EngineOptions:
             raise UsageError(f"--node-rank must be in [0, {self.num_nodes}), got {self.node_rank}")
         if self.ray_driver_cpus is not None and self.ray_driver_cpus < 0:
             raise UsageError(f"--ray-driver-cpus must be >= 0, got {self.ray_driver_cpus}")
+        if self.executor != "ray" and (self.ray_address is not None or self.ray_driver_cpus is not None):
+            raise UsageError(f"--ray-address and --ray-driver-cpus apply to --executor ray (this run: --executor "
+                             f"{self.executor}, which would ignore them)")
         if self.retries < 0:
             raise UsageError("--retries must be >= 0")
         if not self.progress_every > 0:

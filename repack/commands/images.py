@@ -43,7 +43,8 @@ from repack.store import is_remote
               help="At most N inputs per task (the work unit; webdataset shards are assembled from chunks: their "
                    "bytes do not depend on it; an LMDB's task records do).")
 @click.option("--shuffle", is_flag=True, help="Shuffle inputs across shards before cutting.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed for --shuffle (>= 0: Python's shuffle seeds with |seed|, so -1 would be seed 1's order).")
 @click.option("--verify", type=click.Choice(["decode", "header", "none"]), default="decode", show_default=True,
               help="How hard each image is checked before it is packed.")
 @click.option("--normalize", is_flag=True, help="Re-encode non-conforming images as baseline 4:2:0 RGB JPEG.")

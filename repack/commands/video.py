@@ -54,7 +54,7 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
 @click.option("--max-height", type=int, default=None,
               help="Scale taller videos down to this height (a taller compatible video is transcoded too: too_tall).")
 @click.option("--bframes", type=int, default=0, show_default=True, help="B-frames in transcoded output.")
-@click.option("--threads", type=int, default=1, show_default=True,
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="ffmpeg threads per transcode (fixed: the output depends on it); the default pool is CPUs/threads.")
 @click.option("--shard-size", type=int, default=8, show_default=True,
               help="Videos per tar shard (--to webdataset); every video is a task of its own.")

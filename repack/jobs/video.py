@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -117,8 +118,8 @@ class VideoSpec(JobSpec):
         if self.preset not in ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower",
                                "veryslow", "placebo"):
             raise UsageError(f"--preset {self.preset!r} is not an x264 preset")
-        if self.max_gop <= 0:
-            raise UsageError("--max-gop must be positive (seconds)")
+        if not (self.max_gop > 0 and math.isfinite(self.max_gop)):  # a NaN passed "<= 0", then failed every transcode
+            raise UsageError(f"--max-gop must be a positive number of seconds, got {self.max_gop}")
         if self.gop is not None and self.gop < 1:
             raise UsageError("--gop must be at least 1 frame")
         if self.max_height is not None and self.max_height < 16:

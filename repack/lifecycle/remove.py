@@ -80,7 +80,9 @@ def read_names(path: str, limit: int = MAX_NAMES_BYTES) -> tuple[str, ...]:
         os.close(fd)
     if len(raw) > limit:
         raise UsageError(f"{path!r} grew past the {limit}-byte cap on a names file while being read")
-    text = raw.decode("utf-8", "surrogateescape").replace("\r\n", "\n").replace("\r", "\n")  # as universal newlines
+    # a byte order mark (Excel's and Notepad's "UTF-8") is no part of the first name, as the list readers drop it
+    text = raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "surrogateescape")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # as universal newlines
     names = tuple(line for line in text.split("\n") if line.strip())
     if not names:
         raise UsageError(f"{path!r} names nothing (one source path or key per line)")
