@@ -123,8 +123,8 @@ def build_image_pipeline(root: str | os.PathLike, batch_size: int, num_threads: 
                          "needs 0 <= shard_id < num_shards <= samples (each part one sample at least)")
     paths, index_paths = shard_files(manifest)
     if not all(path.isascii() or _utf8(path) for path in paths + index_paths):  # DALI takes its paths as UTF-8
-        raise ValueError(f"{str(manifest.root)!r}: a shard's path is not UTF-8 (a folder named in another encoding); DALI "
-                         "cannot open it: read it with the PyTorch reader, or move the dataset to a UTF-8 path")
+        raise ValueError(f"{str(manifest.root)!r}: a shard's path is not UTF-8 (a folder named in another encoding); "
+                         "DALI cannot open it: read it with the PyTorch reader, or move the dataset to a UTF-8 path")
     check_shard_files(manifest)
     read_index_columns(manifest)  # every index laid out as its tar (the parser's checks): DALI trusts it blindly
     labeled = is_labeled(manifest)

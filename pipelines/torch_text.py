@@ -13,7 +13,8 @@ Types: both readers yield int64 token ids by default (what ``nn.Embedding`` and 
 take). ``dtype=None`` yields the storage dtype instead (``uint16`` when every id of the tokenizer is
 below 65536, else ``int32``; the manifest's ``dtype``): each item a copy of its window in that dtype
 (never a view of the ``.bin`` memmap, whose pages an in-place edit would change for later epochs; the file
-is never written); cast on the GPU with ``.long()``, which moves 2-4x fewer bytes. Any other ``dtype=`` (a torch dtype) casts each item. The memmaps are opened
+is never written); cast on the GPU with ``.long()``, which moves 2-4x fewer bytes.
+Any other ``dtype=`` (a torch dtype) casts each item. The memmaps are opened
 lazily in each process (DataLoader workers included) and never pickled: only paths travel.
 
 Imports ``repack.manifest`` and nothing else from repack; the ``.idx`` layout
@@ -214,7 +215,8 @@ class PackedTokenDataset(Dataset):
     the default ``rank=0, world_size=1`` (the sampler splits by rank, not the dataset), and pass
     ``ResumableSampler(len(ds), seed=..., rank=..., world_size=..., dataset=ds)``: the same permutation.
 
-    Items are int64 by default; ``dtype=None``: the storage dtype (see the module docstring). ``len(ds)`` is this rank's windows per epoch (equal on every rank).
+    Items are int64 by default; ``dtype=None``: the storage dtype (see the module docstring). ``len(ds)`` is
+    this rank's windows per epoch (equal on every rank).
     """
 
     def __init__(self, root: str | os.PathLike, seq_len: int, *, shuffle: bool = True, seed: int = 0,

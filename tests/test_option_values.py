@@ -30,3 +30,38 @@ def test_a_names_file_with_a_byte_order_mark_removes_its_first_name(tmp_path):
     done = run_repack("remove", out, "--sources", names)
     assert "2 sample(s) removed, 0 name(s) not found" in done.stdout + done.stderr
     assert sorted(sample_paths(out)) == ["c/2.jpg", "c/3.jpg"] and read_manifest_json(out)["totals"]["samples"] == 2
+
+
+def test_an_empty_path_is_refused_not_taken_for_the_current_folder(tmp_path):
+    """`repack images SRC "$OUT"` with OUT unset wrote the dataset into the current folder; gc and remove worked on
+    it. Every path argument refuses an empty one now."""
+    src = write_jpegs(tmp_path / "src" / "c", 2).parent
+    (tmp_path / "names.txt").write_text("c/0.jpg\n")
+    for args in (("images", src, ""), ("images", " ", tmp_path / "o"), ("gc", ""), ("verify", ""),
+                 ("remove", "", "--sources", tmp_path / "names.txt"), ("pull", "", tmp_path / "d")):
+        done = run_repack(*args, check=False)
+        assert done.returncode == 2 and "is empty (an unset shell variable?)" in done.stderr, (args, done.stderr)
+
+
+def test_numbers_in_environment_variables_are_named_when_bad(tmp_path, monkeypatch):
+    """REPACK_S3_STALE_LOCK_S="abc" was the default and "nan" one second (below the heartbeat), in silence; an
+    S3 limit of inf overflowed later with a traceback; `pull --versions ²` raised int()'s ValueError."""
+    import pytest
+
+    from repack.commands.pull import parse_versions
+    from repack.errors import UsageError
+    from repack.manifest.s3_waits import _number
+    from repack.store.s3_lock import stale_after
+
+    for raw in ("abc", "nan", "inf", "0"):
+        monkeypatch.setenv("REPACK_S3_STALE_LOCK_S", raw)
+        with pytest.raises(UsageError, match="REPACK_S3_STALE_LOCK_S"):
+            stale_after()
+    monkeypatch.setenv("REPACK_S3_STALE_LOCK_S", "2")
+    assert stale_after() == 2.0
+    for raw in ("inf", "nan"):
+        monkeypatch.setenv("REPACK_S3_ATTEMPTS", raw)
+        with pytest.raises(ValueError, match="REPACK_S3_ATTEMPTS"):
+            _number("REPACK_S3_ATTEMPTS", 5, 1)
+    with pytest.raises(UsageError, match="--versions '²'"):
+        parse_versions("²")

@@ -13,6 +13,7 @@ import sys
 import click
 
 from repack.errors import UsageError
+from repack.commands.options import LOCATION
 
 
 def _ints(text: str, name: str) -> tuple[int, ...]:
@@ -26,7 +27,7 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 
 
 @click.command("bench")
-@click.argument("out")
+@click.argument("out", type=LOCATION)
 @click.option("--source", default=None, help="Also measure the original small-file layout (an image folder tree).")
 @click.option("--steps", type=int, default=50, show_default=True, help="Measured steps per setting.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Unmeasured steps first (workers start).")

@@ -7,10 +7,11 @@ import json
 import click
 
 from repack.config import format_size
+from repack.commands.options import LOCATION
 
 
 @click.command("gc")
-@click.argument("out")
+@click.argument("out", type=LOCATION)
 @click.option("--keep", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
               help="Keep the K newest versions (and every file they name).")
 @click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout.")

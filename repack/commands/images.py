@@ -6,7 +6,7 @@ import contextlib
 
 import click
 
-from repack.commands.options import (engine_options, job_command, location, run_job, source_options,
+from repack.commands.options import (LOCATION, engine_options, job_command, location, run_job, source_options,
                                      split_engine_options)
 from repack.config import ImagesSpec, parse_size
 from repack.errors import UsageError
@@ -17,8 +17,8 @@ from repack.store import is_remote
              output=("to", "shard_size", "shard_bytes", "shuffle", "seed", "normalize", "quality", "max_side",
                      "dedup", "sample_json"),
              checking=("verify", "max_pixels", "max_file_size"))
-@click.argument("source")
-@click.argument("out")
+@click.argument("source", type=LOCATION)
+@click.argument("out", type=LOCATION)
 @click.option("--to", "to", type=click.Choice(["webdataset", "lmdb"]), default="webdataset", show_default=True,
               help="Output format: WebDataset tar shards (+ DALI .idx) or one LMDB file.")
 @click.option("--list", "list_file", is_flag=True, help="SOURCE is a .csv/.tsv/.jsonl list file (path[,label]).")

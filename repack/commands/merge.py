@@ -8,12 +8,12 @@ import sys
 
 import click
 
-from repack.commands.options import location, report
+from repack.commands.options import LOCATION, location, report
 from repack.config import EngineOptions
 
 
 @click.command("merge")
-@click.argument("out")
+@click.argument("out", type=LOCATION)
 @click.option("--quiet", "-q", is_flag=True, help="With --json: no summary on stderr.")
 @click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--strict/--no-strict", default=None, help="Exit 6 and publish no manifest.json if any input was "

@@ -95,6 +95,22 @@ def engine_options(fn=None, *, strict_also: str = ""):
     return fn
 
 
+class _Location(click.ParamType):
+    """A SOURCE, OUT, DEST or URL argument: any string but an empty one (an unset shell variable, ``"$OUT"``, was
+    taken for the current folder: a job wrote its shards there, a gc or remove worked on it)."""
+
+    name = "path"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail(f"{value!r} is empty (an unset shell variable?): name a folder, a file or an s3:// URL",
+                      param, ctx)
+        return value
+
+
+LOCATION = _Location()
+
+
 def location(path_or_url: str) -> str:
     """A job's SOURCE/OUT as the spec holds it: an s3:// URL as given, a local path made absolute."""
     from repack.store import is_remote

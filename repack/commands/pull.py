@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from repack.errors import UsageError
+from repack.commands.options import LOCATION
 
 
 def parse_versions(value: str) -> int | None:
@@ -13,14 +14,14 @@ def parse_versions(value: str) -> int | None:
         return 1
     if value == "all":
         return None
-    if value.isdigit() and int(value) >= 1:
+    if value.isascii() and value.isdigit() and int(value) >= 1:  # "²" is a digit int() refuses
         return int(value)
     raise UsageError(f"--versions {value!r}: expected latest, all or a positive number of versions")
 
 
 @click.command("pull")
-@click.argument("url")
-@click.argument("dest")
+@click.argument("url", type=LOCATION)
+@click.argument("dest", type=LOCATION)
 @click.option("--versions", "versions", default="latest", show_default=True, metavar="latest|all|K",
               help="Which versions to copy: the latest, every kept one, or the K newest (readers pinned to "
                    "version=N need N copied).")

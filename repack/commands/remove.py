@@ -7,10 +7,11 @@ import click
 from repack.commands.versions import say_published
 from repack.config import EngineOptions
 from repack.errors import UsageError
+from repack.commands.options import LOCATION
 
 
 @click.command("remove")
-@click.argument("out")
+@click.argument("out", type=LOCATION)
 @click.option("--sources", "sources_file", default=None, metavar="FILE",
               help="Remove the samples of these source paths (one per line, as in each sample's json 'path').")
 @click.option("--keys", "keys_file", default=None, metavar="FILE", help="Remove the samples of these keys (one per line).")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import (ProcessEnd, engine_options, job_command, location, run_job, source_options,
-                                     split_engine_options)
+from repack.commands.options import (LOCATION, ProcessEnd, engine_options, job_command, location, run_job,
+                                     source_options, split_engine_options)
 from repack.config import parse_size
 
 
@@ -15,8 +15,8 @@ from repack.config import parse_size
              output=("tokenize", "tokenizer", "append_eos", "eos_token", "add_bos", "bos_token",
                      "no_special_tokens", "name", "chunk_bytes", "append", "no_merge"),
              checking=("max_doc_bytes",))
-@click.argument("source")
-@click.argument("out")
+@click.argument("source", type=LOCATION)
+@click.argument("out", type=LOCATION)
 @click.option("--tokenize", default="memmap", show_default=True, type=click.Choice(["memmap"]),
               help="Output: Megatron-LM .bin/.idx token memmap.")
 @click.option("--tokenizer", "tokenizer", required=True,

@@ -8,6 +8,7 @@ import sys
 import click
 
 from repack.errors import VERIFICATION_EXIT_CODE, UsageError
+from repack.commands.options import LOCATION
 
 
 def require_dataset_folder(out: str) -> None:
@@ -29,7 +30,7 @@ def require_dataset_folder(out: str) -> None:
 
 
 @click.command("verify")
-@click.argument("out")
+@click.argument("out", type=LOCATION)
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 @click.option("--version", "version", type=click.IntRange(min=1), default=None, metavar="N",
               help="Check dataset version N (its manifest.vN.json) instead of the latest.")
@@ -68,7 +69,7 @@ def verify(out, json_out, version, workers):
 
 
 @click.command("inspect")
-@click.argument("out")
+@click.argument("out", type=LOCATION)
 @click.option("--json", "json_out", is_flag=True, help="Print the summary as JSON (the data the HTML report shows).")
 @click.option("--html", "html_file", default=None, metavar="FILE",
               help="Also write a self-contained HTML report (charts inline, no network) to FILE.")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from repack.commands.options import (engine_options, job_command, location, report, source_options,
+from repack.commands.options import (LOCATION, engine_options, job_command, location, report, source_options,
                                      split_engine_options)
 from repack.errors import UsageError
 from repack.store import is_remote
@@ -18,8 +18,8 @@ from repack.transforms.nvdec_rules import DALI_READERS, DEFAULT_DALI_READER, DEF
 @job_command("video", input=("list_file", "append"),
              output=("transcode", "to", "link", "crf", "preset", "gop", "max_height", "bframes", "shard_size"),
              checking=("target", "dali_reader", "verify", "max_gop"))
-@click.argument("source")
-@click.argument("out")
+@click.argument("source", type=LOCATION)
+@click.argument("out", type=LOCATION)
 @click.option("--probe", is_flag=True,
               help="Probe every video and decide per file (every run does). Alone: probe only, report to "
                    "OUT/probe.jsonl and the manifest, write no videos. With --transcode: also prepare them.")

@@ -17,6 +17,7 @@ terminal or not) whenever one call has waited NOTICE seconds, and again every 30
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -34,8 +35,8 @@ def _number(name: str, default: float, minimum: float) -> float:
         value = float(raw)
     except ValueError:
         value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"{name}={raw!r}: expected a number >= {minimum:g}")
+    if not (value >= minimum and math.isfinite(value)):  # inf overflowed, nan failed, later and unnamed
+        raise ValueError(f"{name}={raw!r}: expected a finite number >= {minimum:g}")
     return value
 
 

@@ -13,6 +13,7 @@ at its exit. A server without conditional PUTs on existing objects is checked by
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import socket
@@ -20,7 +21,7 @@ import threading
 import time
 from email.utils import parsedate_to_datetime
 
-from repack.errors import JobLockedError
+from repack.errors import JobLockedError, UsageError
 from repack.store.s3_client import client, describe_error, is_missing
 
 HEARTBEAT_S = 15    # a live lock's holder refreshes it this often
@@ -30,10 +31,16 @@ STALE_LOCK_S = 120  # a lock not refreshed this long (by the server's clock) bel
 def stale_after() -> float:
     """Seconds without a heartbeat after which a lock is taken over (``REPACK_S3_STALE_LOCK_S``, default
     ``STALE_LOCK_S``; keep it well above ``HEARTBEAT_S``)."""
-    try:
-        return max(1.0, float(os.environ.get("REPACK_S3_STALE_LOCK_S", STALE_LOCK_S)))
-    except ValueError:
+    raw = os.environ.get("REPACK_S3_STALE_LOCK_S", "")
+    if not raw.strip():
         return float(STALE_LOCK_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):  # "abc" was the default and nan 1 s, in silence
+        raise UsageError(f"REPACK_S3_STALE_LOCK_S={raw!r}: expected a positive number of seconds")
+    return max(1.0, value)
 _REFUSED = ("PreconditionFailed", "412", "ConditionalRequestConflict")
 _UNSUPPORTED = ("NotImplemented", "501", "InvalidArgument", "InvalidRequest")
 
