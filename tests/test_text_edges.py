@@ -396,3 +396,22 @@ def test_a_list_row_ends_at_a_newline_only(gpt2, tmp_path):
     assert manifest["quarantine"] == []
     assert sorted(map(tuple, manifest["ids"])) == sorted(map(tuple, expected(
         gpt2, *(f"document number {n}" for n in range(4)))))
+
+
+def test_overwrite_after_a_kill_in_the_finish_step_leaves_none_of_its_files(gpt2, tmp_path):
+    """A text job killed after its merged prefix and tokenizer copy were written, before its manifest: --overwrite
+    with other options (or another command) left them in OUT, a dataset `repack verify` then refused (files the
+    manifest does not name). --overwrite deletes what the replaced job writes under fixed names."""
+    from tests.test_images_job import write_jpegs
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "a.txt").write_text("one line\nanother line\n")
+    run_repack("text", src, out, "--tokenizer", gpt2[0], "--quiet")
+    (out / "manifest.json").unlink()  # as a kill -9 between the finish step's files and the manifest leaves it
+    run_repack("text", src, out, "--tokenizer", gpt2[0], "--no-merge", "--overwrite", "--quiet")
+    assert run_repack("verify", out).returncode == 0 and not (out / "text_document.bin").exists()
+    (out / "manifest.json").unlink()
+    images = write_jpegs(tmp_path / "imgs" / "c", 2).parent
+    run_repack("images", images, out, "--overwrite", "--quiet")
+    assert run_repack("verify", out).returncode == 0 and not (out / "tokenizer.json").exists()

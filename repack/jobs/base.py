@@ -259,9 +259,18 @@ class Job:
         """[{path, bytes}] the task produced: a resumed run trusts a record only if these hold."""
         return [{"path": o["path"], "bytes": o["bytes"]} for o in record.get("outputs", [])]
 
-    def fixed_outputs(self) -> set[str]:
-        """Files this job writes under fixed names whatever its tasks (an LMDB's ``data.lmdb``): --overwrite deletes
-        them even where no job state names them, so that none written by another job is taken for this one's."""
+    @classmethod
+    def fixed_outputs(cls, spec: dict) -> set[str]:
+        """Files a job of this kind with ``spec`` (its JSON form) writes under fixed names, beside what its task
+        records list (an LMDB's ``data.lmdb``; a text job's merged prefix and tokenizer copy; a video job's
+        ``probe.jsonl``): --overwrite deletes those of the job it replaces (its ``job.json``) and its own, even
+        before a manifest names them (a run killed in its finish step), so that none is left or taken for its own."""
+        return set()
+
+    @classmethod
+    def written_beside(cls, output: str) -> set[str]:
+        """Files a job of this kind writes in its finish step beside ``output``, a file a task record lists (a
+        --no-merge text part's ``.sources``): --overwrite deletes them with it."""
         return set()
 
     def record_kept(self, record: dict) -> bool:

@@ -114,6 +114,16 @@ def release_memory() -> None:
         pass
 
 
+def replaced_job_class(store) -> tuple[type, dict] | None:
+    """The job class and spec (JSON form) of the job OUT's ``job.json`` names; None where there is no readable
+    one."""
+    old = read_json(store, f"{STATE_DIR}/job.json")
+    if not isinstance(old, dict) or old.get("job") not in JOBS or not isinstance(old.get("spec"), dict):
+        return None
+    module_name, _, cls_name = JOBS[old["job"]].partition(":")
+    return getattr(importlib.import_module(module_name), cls_name), old["spec"]
+
+
 def load_job(name: str, spec_json: str) -> Job:
     """Instantiate the registered job ``name`` from its spec's JSON."""
     module_name, _, cls_name = JOBS[name].partition(":")
@@ -561,16 +571,22 @@ class Engine:
         from repack.manifest.versions import version_number
 
         store = self.job.store
+        replaced = replaced_job_class(store)
         names: set[str] = set()
         for rel in store.list_sizes(f"{STATE_DIR}/tasks/"):
             if not rel.endswith(".json"):
                 continue
             try:
-                names.update(o["path"] for o in (read_json(store, rel) or {}).get("outputs", []))
+                outputs = [o["path"] for o in (read_json(store, rel) or {}).get("outputs", [])]
             except (KeyError, TypeError):
                 continue
+            names.update(outputs)
+            if replaced is not None:  # written beside them in the finish step (a --no-merge part's side file)
+                names.update(name for output in outputs for name in replaced[0].written_beside(str(output)))
         names |= version_names(store)  # every version of the dataset there, pending ones too
-        names |= self.job.fixed_outputs()  # a data.lmdb left there by another job (finish would trust its records)
+        if replaced is not None:  # what the replaced job wrote in its finish step, before a manifest named it
+            names |= replaced[0].fixed_outputs(replaced[1])
+        names |= self.job.fixed_outputs(json.loads(self.job.spec.to_json()))  # a data.lmdb left there by another job
         if holds_repack_job(store):  # shards a killed run left unrecorded; in a folder repack never wrote to, a
             names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)}  # shard-000005.tar is not ours
         # the manifests first: a wipe killed mid-way never leaves one naming a file it deleted (data.lmdb sorts first)

@@ -333,8 +333,11 @@ class ImagesJob(Job):
         make_collector = getattr(self.sink, "collector", None)  # single-writer sinks (lmdb)
         self.collector = make_collector(self.out) if make_collector else None
 
-    def fixed_outputs(self) -> set[str]:
-        return self.collector.fixed_outputs() if self.collector is not None else set()
+    @classmethod
+    def fixed_outputs(cls, spec: dict) -> set[str]:
+        from repack.sinks.lmdb_sink import BUILD_TMP, DB_NAME
+
+        return {DB_NAME, BUILD_TMP} if spec.get("to") == "lmdb" else set()
 
     def check(self) -> None:
         src = Path(self.spec.source)

@@ -242,7 +242,18 @@ class TextJob(Job):
     spec_type = TextSpec
     progress_unit = "B"
 
+    @classmethod
+    def fixed_outputs(cls, spec: dict) -> set[str]:
+        name = str(spec.get("name") or "")
+        prefix = {f"{name}.bin", f"{name}.idx", f"{name}{RUNS_SUFFIX}"} if name and "/" not in name else set()
+        return prefix | {TOKENIZER_COPY}
+
+    @classmethod
+    def written_beside(cls, output: str) -> set[str]:
+        return {output[:-len(".bin")] + RUNS_SUFFIX} if output.endswith(".bin") else set()
+
     # -- planning ------------------------------------------------------------------------
+
     def check(self) -> None:
         spec = self.spec
         if spec.tokenize not in ("memmap",):

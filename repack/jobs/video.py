@@ -232,6 +232,11 @@ class VideoJob(Job):
     spec_type = VideoSpec
     progress_unit = "video"
 
+
+    @classmethod
+    def fixed_outputs(cls, spec: dict) -> set[str]:
+        return {"probe.jsonl", "file_list.txt"}
+
     def check(self) -> None:
         if not os.path.exists(self.spec.source):
             raise UsageError(f"source {self.spec.source!r} does not exist")

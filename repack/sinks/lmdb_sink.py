@@ -166,10 +166,6 @@ class LmdbCollector:
         except OSError:
             return False
 
-    def fixed_outputs(self) -> set[str]:
-        """The database and its build temp (``Job.fixed_outputs``)."""
-        return {DB_NAME, BUILD_TMP}
-
     def finish(self, records: list[dict], meta: dict) -> dict:
         """Write the database (unless a finished one already holds exactly these tasks: their ids, sample ranges
         and part sizes); its manifest entry."""
