@@ -159,3 +159,13 @@ def test_a_manifest_over_the_size_cap_is_refused_unread(tmp_path, monkeypatch):
     monkeypatch.setenv("REPACK_MAX_MANIFEST_BYTES", "1e3")
     with pytest.raises(ManifestError, match="REPACK_MAX_MANIFEST_BYTES='1e3': bad size"):
         open_manifest(out)
+
+
+def test_a_sample_never_gets_two_members_of_one_extension(tmp_path):
+    """The writer refuses it (a video named x.cls made a sample of two .cls members, which verify passed)."""
+    import pytest
+
+    writer = TarShardWriter(tmp_path, "shard-000000")
+    with pytest.raises(ValueError, match=r"two members of one extension \(cls, cls\)"):
+        writer.add_sample("k", [("cls", b"1"), ("cls", b"2")])
+    writer.abort()

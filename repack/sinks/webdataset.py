@@ -58,7 +58,10 @@ class TarMemberWriter:
         return len(self._crcs)
 
     def add_sample(self, key: str, members: list[tuple[str, bytes]]) -> None:
-        """Write one sample: members [(extension, data)], in the given order."""
+        """Write one sample: members [(extension, data)], in the given order; ValueError for two members of one
+        extension (a reader would take one for the other: webdataset refuses the shard, DALI reads either)."""
+        if len(members) > 1 and len({ext for ext, _ in members}) < len(members):
+            raise ValueError(f"sample {key}: two members of one extension ({', '.join(e for e, _ in members)})")
         fields = []
         pending = self._pending
         offset = self._offset
