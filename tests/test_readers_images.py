@@ -291,6 +291,11 @@ def test_dali_refuses_a_dataset_with_a_gray_alpha_tiff_it_would_read_with_other_
     shutil.copy(tmp_path / "src" / "a" / "ga.tiff", tmp_path / "more" / "b" / "ga2.tiff")
     run_repack("images", tmp_path / "more", tmp_path / "webdataset", "--append", "--quiet")
     assert read_manifest_json(tmp_path / "webdataset")["stats"]["dali_misreads"] == {"gray+alpha TIFF": 2}
+    (tmp_path / "gone.txt").write_text("a/ga.tiff\nb/ga2.tiff\n")  # taken down: the count goes with them
+    for to, loader in (("webdataset", dali_image_loader), ("lmdb", dali_lmdb_loader)):
+        run_repack("remove", tmp_path / to, "--sources", tmp_path / "gone.txt", "--quiet")
+        assert "dali_misreads" not in read_manifest_json(tmp_path / to)["stats"]
+        assert len(list(loader(tmp_path / to, batch_size=1, num_threads=1, device_id=None, size=None))) == 1
     out = tmp_path / "normalized"
     run_repack("images", tmp_path / "src", out, "--normalize", "--quiet")
     assert "dali_misreads" not in read_manifest_json(out)["stats"]

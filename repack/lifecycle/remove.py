@@ -234,6 +234,11 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         if "formats" in stats and done.removed_formats:  # the samples' image formats, as inspect reports them
             stats["formats"] = {name: n - done.removed_formats.get(name, 0) for name, n in stats["formats"].items()
                                 if n - done.removed_formats.get(name, 0) > 0}
+        if stats.get("dali_misreads") and done.removed_misreads:  # what DALI's loaders refuse (image_check)
+            left = {kind: n - done.removed_misreads.get(kind, 0) for kind, n in stats["dali_misreads"].items()}
+            stats["dali_misreads"] = {kind: n for kind, n in left.items() if n > 0}
+            if not stats["dali_misreads"]:
+                del stats["dali_misreads"]
         stats.update(extra.pop("stats", {}))
         if taken_down:  # the version holds nothing of them, and no later append packs them once fixed
             body["quarantine"] = [q for q in current["quarantine"] if not _whole_input(q) or q["source"] not in taken_down]

@@ -21,6 +21,7 @@ from repack.lifecycle.rewrite import Rewrite
 from repack.manifest import Manifest
 from repack.sinks.checks import sha256_file
 from repack.sinks.lmdb_sink import INITIAL_MAP, META_KEY, LmdbCollector, _json, _open, sample_key
+from repack.transforms.image_check import dali_misread_of
 
 
 def rewrite_lmdb(store, out: Path, current: dict, spec, number: int):
@@ -39,7 +40,8 @@ def rewrite_lmdb(store, out: Path, current: dict, spec, number: int):
     try:
         with env.begin(buffers=False) as txn:
             meta = json.loads(txn.get(META_KEY))
-            kept, found, removed_classes, removed_formats = [], set(), {}, {}
+            kept, found, removed_classes, removed_formats, removed_misreads = [], set(), {}, {}, {}
+            misreads = bool((current.get("stats") or {}).get("dali_misreads"))
             for index in range(meta["count"]):
                 raw = txn.get(sample_key(index, "json"))
                 sample = json.loads(raw) if raw is not None else {}
@@ -50,6 +52,10 @@ def rewrite_lmdb(store, out: Path, current: dict, spec, number: int):
                 found.add(source)
                 if isinstance(sample.get("format"), str):  # the samples' image formats (stats.formats)
                     removed_formats[sample["format"]] = removed_formats.get(sample["format"], 0) + 1
+                    kind = dali_misread_of(txn.get(sample_key(index, "img")) or b"") \
+                        if misreads and sample["format"] == "tiff" else None
+                    if kind is not None:  # stats.dali_misreads goes down with it
+                        removed_misreads[kind] = removed_misreads.get(kind, 0) + 1
                 cls = txn.get(sample_key(index, "cls"))
                 name = names_by_index.get(int(cls)) if cls is not None else ""
                 removed_classes[name] = removed_classes.get(name, 0) + 1
@@ -80,7 +86,7 @@ def rewrite_lmdb(store, out: Path, current: dict, spec, number: int):
     shard = {**entry, "path": name, "samples": len(kept), "bytes": target.stat().st_size,
              "sha256": sha256_file(target)}
     return Rewrite([shard], frozenset(found), {entry["path"]: name}, removed_classes, {"totals": {"bytes": shard["bytes"]}},
-                   removed_formats=removed_formats)
+                   removed_formats=removed_formats, removed_misreads=removed_misreads)
 
 
 def _kept_items(env, meta: dict, kept: list[int]):

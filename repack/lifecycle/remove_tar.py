@@ -36,6 +36,7 @@ from repack.lifecycle.tar_copy import CopiedPrefix, copy_kept, temp_path
 from repack.manifest import Manifest
 from repack.sinks.sample_checksums import HEADER, MAGIC
 from repack.sinks.tar_format import index_from_tar
+from repack.transforms.image_check import dali_misread_of
 
 
 PREFIX_SLACK = 1 << 20  # bytes a shard's prefix is copied past its expected first cut (sample sizes vary)
@@ -62,7 +63,8 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
                   recorded_sources(known.whole(), positions))
     common = {"url": store.url, "by": spec.by, "wanted": sorted(wanted), "number": number,
               "sample_json": sample_json, "classes": {str(i): n for n, i in (current.get("classes") or {}).items()},
-              "image_exts": sorted(ext for ext, role in (current.get("fields") or {}).items() if role == "image")}
+              "image_exts": sorted(ext for ext, role in (current.get("fields") or {}).items() if role == "image"),
+              "misreads": bool((current.get("stats") or {}).get("dali_misreads"))}
     jobs: dict[int, dict] = {}
     for at, entry in enumerate(current["shards"]):
         span_positions = None
@@ -85,6 +87,7 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
     rewritten: dict[str, str | None] = {}
     removed_classes: dict[str, int] = {}
     removed_formats: dict[str, int] = {}
+    removed_misreads: dict[str, int] = {}
     for at, entry in enumerate(current["shards"]):
         result = done.get(at)
         if result is None or not result["found"]:
@@ -96,13 +99,15 @@ def rewrite_tar_shards(store, out: Path, current: dict, spec, number: int,
             removed_classes[name] = removed_classes.get(name, 0) + count
         for name, count in result.get("removed_formats", {}).items():
             removed_formats[name] = removed_formats.get(name, 0) + count
+        for name, count in result.get("removed_misreads", {}).items():
+            removed_misreads[name] = removed_misreads.get(name, 0) + count
         new = result["entry"]
         rewritten[entry["path"]] = new["path"] if new else None
         if new:
             shards.append({**{k: v for k, v in entry.items() if k not in ("path", "index")}, **new})
     totals = {"bytes": sum(s["bytes"] for s in shards), "shards": len(shards)}
     return Rewrite(shards, frozenset(found), rewritten, removed_classes, {"totals": totals}, frozenset(sources),
-                   removed_formats)
+                   removed_formats, removed_misreads)
 
 
 def _fan_out(jobs: list[dict]) -> list[dict]:
@@ -181,6 +186,11 @@ def rewrite_shard(call: str) -> str:
                 image = next((m[0] for m in members if m[0] in job.get("image_exts", ())), None)
                 if image is not None:
                     result["removed_formats"][image] = result["removed_formats"].get(image, 0) + 1
+                    kind = dali_misread_of(_member_bytes(tar, members, image) or b"") \
+                        if job.get("misreads") and image == "tiff" else None
+                    if kind is not None:  # stats.dali_misreads goes down with it
+                        result.setdefault("removed_misreads", {})[kind] = \
+                            result.get("removed_misreads", {}).get(kind, 0) + 1
             keep = np.ones(index.samples, bool)
             keep[list(hit)] = False
             new = copy_kept(tar.fileno(), index, keep, out, stem, entry["path"], _old_checksums(store, entry, index),

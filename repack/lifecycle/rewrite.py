@@ -19,3 +19,4 @@ class Rewrite:
     extra: dict
     removed_sources: frozenset[str] | None = None
     removed_formats: dict[str, int] = field(default_factory=dict)  # removed samples per image format, where known
+    removed_misreads: dict[str, int] = field(default_factory=dict)  # of them, those stats.dali_misreads counts

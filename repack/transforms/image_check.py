@@ -96,6 +96,16 @@ def dali_misread(info: ImageInfo) -> str | None:
     return None
 
 
+def dali_misread_of(data: bytes) -> str | None:
+    """``dali_misread`` of an image's bytes (a TIFF's mode, read from its header); None for anything else."""
+    if detect_type(data) != "tiff":
+        return None
+    try:
+        return dali_misread(inspect_image(data, "none", max_pixels=1 << 62))
+    except BadImage:
+        return None
+
+
 HEIF_BRANDS = {b"avif": "AVIF", b"avis": "AVIF", b"heic": "HEIC", b"heix": "HEIC", b"heim": "HEIC", b"heis": "HEIC",
                b"mif1": "HEIF", b"msf1": "HEIF"}  # an ISO media file's major brand (bytes 8-12 after "ftyp")
 
