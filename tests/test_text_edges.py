@@ -415,3 +415,21 @@ def test_overwrite_after_a_kill_in_the_finish_step_leaves_none_of_its_files(gpt2
     images = write_jpegs(tmp_path / "imgs" / "c", 2).parent
     run_repack("images", images, out, "--overwrite", "--quiet")
     assert run_repack("verify", out).returncode == 0 and not (out / "tokenizer.json").exists()
+
+
+def test_overwrite_keeps_the_files_it_reads_and_a_folder_repack_never_wrote(gpt2, tmp_path):
+    """--overwrite deletes the fixed names a job writes only where OUT holds repack's work, and never a file the job
+    reads: a user's OUT holding the tokenizer passed as --tokenizer OUT/tokenizer.json (and a probe.jsonl of theirs)
+    lost both, and the job then failed on the missing tokenizer."""
+    import shutil
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    (src / "a.txt").write_text("hello world\n")
+    shutil.copy(gpt2[0] / "tokenizer.json", out / "tokenizer.json")
+    (out / "probe.jsonl").write_text("my notes\n")
+    run_repack("text", src, out, "--tokenizer", out / "tokenizer.json", "--overwrite", "--quiet")
+    assert (out / "probe.jsonl").read_text() == "my notes\n"
+    run_repack("text", src, out, "--tokenizer", out / "tokenizer.json", "--no-merge", "--overwrite", "--quiet")
+    assert (out / "tokenizer.json").exists() and read_manifest_json(out)["totals"]["documents"] == 1

@@ -586,9 +586,13 @@ class Engine:
         names |= version_names(store)  # every version of the dataset there, pending ones too
         if replaced is not None:  # what the replaced job wrote in its finish step, before a manifest named it
             names |= replaced[0].fixed_outputs(replaced[1])
-        names |= self.job.fixed_outputs(json.loads(self.job.spec.to_json()))  # a data.lmdb left there by another job
+        spec = json.loads(self.job.spec.to_json())
         if holds_repack_job(store):  # shards a killed run left unrecorded; in a folder repack never wrote to, a
             names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)}  # shard-000005.tar is not ours
+            names |= self.job.fixed_outputs(spec)  # (nor is a tokenizer.json there: a user's own)
+        # never a file this job reads (--tokenizer OUT/tokenizer.json, the copy an earlier text job left there)
+        inputs = {os.path.realpath(value) for value in spec.values() if isinstance(value, str) and os.path.isabs(value)}
+        names = {rel for rel in names if store.remote or os.path.realpath(self.out / rel) not in inputs}
         # the manifests first: a wipe killed mid-way never leaves one naming a file it deleted (data.lmdb sorts first)
         for rel in sorted(names | {MANIFEST_NAME}, key=lambda rel: (rel != MANIFEST_NAME, version_number(rel) is None,
                                                                     rel)):
