@@ -6,6 +6,7 @@ options changed since (it was refused for good, pointing at a full --overwrite).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -320,3 +321,26 @@ def test_append_strict_publishes_nothing_when_a_new_input_is_quarantined(tmp_pat
     assert manifest["totals"]["samples"] == 5 and [q["source"] for q in manifest["quarantine"]] == ["c000/zz_bad.jpg"]
     clean = run_repack("images", src, out, "--append", "--strict")  # nothing new: nothing to refuse
     assert "nothing new" in clean.stdout
+
+
+def test_an_input_with_a_sample_that_a_staged_plan_sets_aside_keeps_it_unrecorded(tmp_path):
+    """A packed file deleted from a list file's folder, or replaced by a hard link to a packed copy of the same
+    bytes: the append's plan sets it aside, and its record beside the sample made a later append pack it again (or,
+    refused, blocked the append). The dataset keeps the sample and records nothing of it; the new rows are packed."""
+    src, out = tiny_jpegs(tmp_path / "src", 0, 4, workers=1), tmp_path / "out"
+    shutil.copy(src / "c000" / "00000000.jpg", src / "c000" / "copy.jpg")
+    listing = tmp_path / "list.csv"
+    rows = sorted(p.relative_to(tmp_path).as_posix() for p in src.rglob("*.jpg"))
+    listing.write_text("path\n" + "".join(f"{row}\n" for row in rows))
+    run_repack("images", listing, out, "--list", "--quiet")
+    (src / "c001" / "00000001.jpg").unlink()  # gone from disk, still listed
+    (src / "c000" / "copy.jpg").unlink()
+    os.link(src / "c000" / "00000000.jpg", src / "c000" / "copy.jpg")  # a hard link now, same bytes
+    tiny_jpegs(src, 4, 2, workers=1)
+    listing.write_text(listing.read_text() + "".join(f"src/c{i:03d}/{i:08d}.jpg\n" for i in (4, 5)))
+    done = run_repack("images", listing, out, "--list", "--append")
+    assert "2 new sample(s)" in done.stdout, done.stdout
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["samples"] == 7 and manifest["quarantine"] == []
+    again = run_repack("images", listing, out, "--list", "--append")
+    assert "nothing new" in again.stdout

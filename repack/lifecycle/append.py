@@ -165,7 +165,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
 
                 with held_known(str(known_key), known):
                     planned = build_plan(job)
-                refuse_held_quarantined(planned.quarantine, known.staged_input())
+                planned = without_held(planned, known.staged_input())
                 held_records = {q["source"] for q in current["quarantine"]}
                 # a copy named apart that an older repack recorded under the packed name is recorded already
                 older_copies = {q["source"] for q in current["quarantine"] if names_a_copy(q)}
@@ -239,22 +239,21 @@ def new_records(held: list[dict], records: list[dict]) -> int:
     return sum((q["source"], q.get("line")) not in known for q in records)
 
 
-def refuse_held_quarantined(quarantine: list[dict], known: InputColumns) -> None:
-    """UsageError naming the inputs the staged plan quarantined that hold a sample in the dataset (a packed file
-    replaced by a link leaving SOURCE, or by a FIFO): recorded as quarantined beside its sample, the next append
-    would take it for an input without one and pack it a second time once it changed."""
+def without_held(plan: Plan, known: InputColumns) -> Plan:
+    """``plan`` less the quarantine records of inputs the dataset holds a sample of (a packed file gone from a list
+    file's folder, a hard link made to a packed copy of the same bytes, a packed file replaced by a FIFO): the
+    dataset keeps its sample, and such a record beside it would make the next append take the input for one without
+    a sample and pack it a second time. A held input's later content is compared as any other's."""
     from repack.lifecycle.input_columns import encode_names
 
-    if not quarantine:
-        return
-    sources = [q["source"] for q in quarantine]
-    held = [q for q, has in zip(quarantine, known.holds_sample(encode_names(sources)).tolist()) if has]
-    if held:
-        named = "; ".join(f"{q['source']} ({q['reason']})" for q in held[:5]) + \
-            (f"; and {len(held) - 5} more" if len(held) > 5 else "")
-        raise UsageError(f"--append: {len(held)} input(s) the dataset holds a sample of would be quarantined now: "
-                         f"{named}; a file never gets two samples: restore it as it was packed, or take its sample "
-                         "down first (repack remove --sources)")
+    if not plan.quarantine:
+        return plan
+    held = known.holds_sample(encode_names([q["source"] for q in plan.quarantine])).tolist()
+    if not any(held):
+        return plan
+    kept = tuple(q for q, has in zip(plan.quarantine, held) if not has)
+    info = {**plan.info, "inputs": plan.info["inputs"] - sum(held)} if "inputs" in plan.info else plan.info
+    return dataclasses.replace(plan, quarantine=kept, info=info)
 
 
 def move_shard(store, staged: str, shard: dict, rename: Callable[[str], str]) -> dict:
