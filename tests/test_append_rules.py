@@ -307,7 +307,7 @@ def test_an_append_of_copies_alone_records_them(tmp_path):
 
 def test_append_strict_publishes_nothing_when_a_new_input_is_quarantined(tmp_path):
     """--append --strict published a version quarantining a new input, exit 0 (the staged job ran without --strict);
-    it exits 6 now with the dataset unchanged, and a re-run without --strict publishes the staged work."""
+    it exits 6 now before anything is moved into the dataset, and the next append plans SOURCE as it is then."""
     src, out = tiny_jpegs(tmp_path / "src", 0, 3, workers=1), tmp_path / "out"
     run_repack("images", src, out, "--quiet")
     before = (out / "manifest.json").read_bytes()
@@ -316,11 +316,15 @@ def test_append_strict_publishes_nothing_when_a_new_input_is_quarantined(tmp_pat
     strict = run_repack("images", src, out, "--append", "--strict", check=False)
     assert strict.returncode == 6 and "c000/zz_bad.jpg" in strict.stderr and "re-run without --strict" in strict.stderr
     assert (out / "manifest.json").read_bytes() == before and not (out / "manifest.v2.json").exists()
-    run_repack("images", src, out, "--append", "--quiet")
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
+        ["manifest.json", "shard-000000.tar", "shard-000000.idx", "shard-000000.crc"])  # nothing moved in
+    (src / "c000" / "zz_bad.jpg").unlink()  # mended: the next --strict append plans SOURCE as it is now
+    run_repack("images", src, out, "--append", "--strict", "--quiet")
     manifest = read_manifest_json(out)
-    assert manifest["totals"]["samples"] == 5 and [q["source"] for q in manifest["quarantine"]] == ["c000/zz_bad.jpg"]
-    clean = run_repack("images", src, out, "--append", "--strict")  # nothing new: nothing to refuse
-    assert "nothing new" in clean.stdout
+    assert manifest["totals"]["samples"] == 5 and manifest["quarantine"] == []
+    (src / "c000" / "zz_bad.jpg").write_bytes(b"not a jpeg")
+    run_repack("images", src, out, "--append", "--quiet")  # without --strict: published as quarantined
+    assert [q["source"] for q in read_manifest_json(out)["quarantine"]] == ["c000/zz_bad.jpg"]
 
 
 def test_an_input_with_a_sample_that_a_staged_plan_sets_aside_keeps_it_unrecorded(tmp_path):

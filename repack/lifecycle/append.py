@@ -195,6 +195,14 @@ def append(spec, options: EngineOptions) -> AppendResult:
             if refusal is not None:
                 remove_prefix(store, f"{stage}/")
                 raise UsageError(f"--append: {refusal}; nothing was changed")
+            added = added_records(current["quarantine"], staged["quarantine"])
+            if options.strict and added:  # the staged job ran without --strict: refused before anything moves
+                remove_prefix(store, f"{stage}/")  # (SOURCE may be mended before the next try: planned again then)
+                named = "; ".join(f"{q['source']}: {q['reason']}" for q in added[:3]) + \
+                    (f"; and {len(added) - 3} more" if len(added) > 3 else "")
+                raise StrictModeError(f"--strict: the append would quarantine {len(added)} new input(s) ({named}); "
+                                      f"nothing was published or moved, {store.url} is unchanged; mend them, or "
+                                      "re-run without --strict to publish them as quarantined")
             plan = read_plan(job.store)
             refuse_names_in_use(store, current, [appender.rename(shard[key], spec, number) for shard in staged["shards"]
                                                  for key in ("path", "index", "checksums", "source_runs")
@@ -211,17 +219,9 @@ def append(spec, options: EngineOptions) -> AppendResult:
                 body.update(appender.side_files(store, job.store, f"{stage}/out", current, staged, number))
             change = {"kind": "append", "source": spec.source, "added_samples": staged["totals"]["samples"],
                       "added_shards": [s["path"] for s in shards],
-                      "quarantined": new_records(current["quarantine"], body["quarantine"]),
+                      "quarantined": len(added_records(current["quarantine"], body["quarantine"])),
                       "removed_skipped": plan.info.get("removed_skipped", 0),
                       **(appender.change_note(current) if appender.change_note is not None else {})}
-            if options.strict and change["quarantined"]:  # the staged job ran without it: its stage is kept
-                added = [q for q in body["quarantine"] if (q["source"], q.get("line")) not in
-                         {(h["source"], h.get("line")) for h in current["quarantine"]}]
-                named = "; ".join(f"{q['source']}: {q['reason']}" for q in added[:3]) + \
-                    (f"; and {len(added) - 3} more" if len(added) > 3 else "")
-                raise StrictModeError(f"--strict: the append quarantined {len(added)} new input(s) ({named}); "
-                                      f"version {number} was not published, {store.url} is unchanged; re-run without "
-                                      "--strict to publish it (nothing is redone)")
             data = publish(store, out, current, current_raw, body, change, warner(options.log_json))
             remove_prefix(store, f"{stage}/")
             if store.remote:
@@ -232,11 +232,11 @@ def append(spec, options: EngineOptions) -> AppendResult:
             record.close()
 
 
-def new_records(held: list[dict], records: list[dict]) -> int:
-    """How many of ``records`` (version N+1's quarantine) version N's ``held`` records do not hold (by source and
-    line): the append's own, whatever N's records it dropped (inputs packed now)."""
+def added_records(held: list[dict], records: list[dict]) -> list[dict]:
+    """Those of ``records`` (a staged job's quarantine, or version N+1's) that version N's ``held`` records do not
+    hold (by source and line): the append's own, whatever N's records it dropped (inputs packed now)."""
     known = {(q["source"], q.get("line")) for q in held}
-    return sum((q["source"], q.get("line")) not in known for q in records)
+    return [q for q in records if (q["source"], q.get("line")) not in known]
 
 
 def without_held(plan: Plan, known: InputColumns) -> Plan:
