@@ -65,3 +65,18 @@ def test_numbers_in_environment_variables_are_named_when_bad(tmp_path, monkeypat
             _number("REPACK_S3_ATTEMPTS", 5, 1)
     with pytest.raises(UsageError, match="--versions '²'"):
         parse_versions("²")
+
+
+def test_a_dataset_packed_with_a_negative_seed_appends_with_its_absolute_value(tmp_path):
+    """--seed below 0 is refused now; a dataset an older repack packed with --seed -1 (shuffled as seed 1) takes
+    --append --shuffle --seed 1, where the comparison asked for the -1 the CLI no longer accepts."""
+    import json
+
+    src, out = write_jpegs(tmp_path / "src" / "c", 4).parent, tmp_path / "out"
+    run_repack("images", src, out, "--shuffle", "--seed", "1", "--quiet")
+    manifest = read_manifest_json(out)
+    manifest["created_by"]["options"]["seed"] = -1  # as the older repack recorded it
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    write_jpegs(src / "d", 2, "n")
+    done = run_repack("images", src, out, "--append", "--shuffle", "--seed", "1")
+    assert "2 new sample(s)" in done.stdout, done.stdout + done.stderr

@@ -426,8 +426,9 @@ def _flag(name: str, value) -> str:
 def _options_differ(held: dict, spec, names: list[str]) -> list[str]:
     """Each of ``names`` whose value in ``spec`` is not the dataset's (``held``, its first run's options), in words;
     an option an older manifest does not record is not compared."""
-    return [f"{_flag(name, getattr(spec, name))} (the dataset: {_flag(name, held[name])})"
-            for name in names if name in held and held[name] != getattr(spec, name)]
+    held = {**held, "seed": abs(held["seed"])} if isinstance(held.get("seed"), int) else held  # Python's shuffle
+    return [f"{_flag(name, getattr(spec, name))} (the dataset: {_flag(name, held[name])})"  # seeds with |seed|:
+            for name in names if name in held and held[name] != getattr(spec, name)]  # -1 packed as 1 (--seed >= 0)
 
 
 def _images_job(spec, out: str, known_file: Path, current: dict):
