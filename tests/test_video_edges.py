@@ -131,3 +131,22 @@ def test_a_whole_matroska_file_starting_after_zero_is_kept_and_a_cut_one_is_not(
     (record,) = read_manifest_json(out)["quarantine"]
     assert record["source"] == "c/cut.mkv" and record["codes"] == ["truncated"], record
     assert late.exists() and clips_match_a_full_decode(out, 8) == 50 - 8 + 1
+
+
+def test_a_video_larger_than_a_tar_member_is_quarantined_for_webdataset(tmp_path, monkeypatch):
+    """--to webdataset: a prepared video over the ustar member limit (8 GiB) failed its shard on every re-run
+    ("exceeds the ustar limit"), the other videos of the shard with it; it is quarantined by name now (the limit
+    lowered here: a real one would take 8 GiB)."""
+    import repack.jobs.video as video
+    from repack.jobs.video import VideoJob, VideoSpec
+    from tests.tools.videos import make_index_clip
+
+    make_index_clip(tmp_path / "src" / "a" / "v.mp4", 10, ("-c:v", "libx264", "-pix_fmt", "yuv444p"))
+    (tmp_path / "out").mkdir()
+    job = VideoJob(VideoSpec(source=str(tmp_path / "src"), out=str(tmp_path / "out"), to="webdataset",
+                             transcode=True, preset="ultrafast"))
+    plan = job.plan()
+    monkeypatch.setattr(video, "MAX_MEMBER_SIZE", 1000)
+    record = job.run_task(plan.tasks[0])
+    assert record["videos"] == [] and record["quarantine"][0]["codes"] == ["too_big_for_tar"]
+    assert "--to videos" in record["quarantine"][0]["reason"]

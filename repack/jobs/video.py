@@ -64,6 +64,7 @@ from repack.jobs.summary import quarantine_lines
 from repack.manifest import atomic_write_bytes
 from repack.manifest.paths import PathEscapeError, safe_join
 from repack.sinks.checks import bytes_digest, file_and_index_outputs, sha256_file
+from repack.sinks.tar_format import MAX_MEMBER_SIZE
 from repack.sinks.videos import dali_file_list
 from repack.sources import Confinement, scan_source
 from repack.sources.confine import InputRefused, open_input
@@ -428,6 +429,9 @@ class VideoJob(Job):
             if problem:
                 return {"reason": problem, "codes": ["frames_changed"], "frames_in": plan.frames_in,
                         "frames_out": after["frames"]}
+            if spec.to == "webdataset" and os.path.getsize(tmp) > MAX_MEMBER_SIZE:  # its shard would fail for good
+                return {"reason": f"{os.path.getsize(tmp)} bytes: more than a tar member holds (8 GiB, ustar); pack "
+                                  "such videos with --to videos", "codes": ["too_big_for_tar"]}
             if transcoded:
                 timing["frames_transcoded"] += after["frames"]
             digest = sha256_file(str(tmp))
