@@ -191,3 +191,74 @@ def test_parquet_rows_in_any_order_are_read_in_file_order(tmp_path, monkeypatch)
         if budget == 1 << 30:
             assert restarts == 1
     assert 1 < restarts < 60
+
+
+def test_a_key_again_after_other_samples_never_joins_the_first_and_compressed_shards_are_named(tmp_path):
+    """WebDataset reads a sample as a run of members of one key: a key again after another sample gave its label to
+    the first run's image (a red image trained as the blue one's class). The later run is set aside by name, and the
+    first run, left without a label, too. A .tar.xz/.tar.bz2/.tar.zst shard was skipped as junk, unnamed. A label
+    member with a byte order mark made a class of its own."""
+    src = tmp_path / "wds"
+    src.mkdir()
+    write_tar(src / "a.tar", [("k1.jpg", jpeg_bytes(seed=1), {}), *labeled("k2", 2, "cat"),
+                              ("k1.jpg", jpeg_bytes(seed=3), {}), ("k1.cls", b"dog", {}),
+                              ("k3.jpg", jpeg_bytes(seed=4), {}), ("k3.cls", b"\xef\xbb\xbfcat", {})])
+    for suffix in (".tar.xz", ".tar.bz2", ".tar.zst"):
+        (src / f"b{suffix}").write_bytes(b"whatever")
+    run_repack("images", src, tmp_path / "out", "--from", "webdataset", "--quiet")
+    manifest = read_manifest_json(tmp_path / "out")
+    reasons = {q["source"]: q["reason"] for q in manifest["quarantine"]}
+    assert "again after other samples" in reasons["a.tar/k1.jpg (again, 2)"]
+    assert "again after other samples" in reasons["a.tar/k1.cls (again, 2)"]
+    assert reasons["a.tar/k1.jpg"].startswith("no label member")
+    assert all(reasons[f"b{suffix}"].startswith(f"compressed tar shard ({suffix})")
+               for suffix in (".tar.xz", ".tar.bz2", ".tar.zst"))
+    assert manifest["classes"] == {"cat": 0} and manifest["totals"]["samples"] == 2
+
+
+def test_a_shard_repaired_or_grown_appends_its_new_samples(tmp_path):
+    """A shard cut short packed its first samples; re-downloaded whole, the --append said those (byte-identical)
+    samples had changed: the container's size stood for each member's. A held member's content is compared now."""
+    src = tmp_path / "wds"
+    src.mkdir()
+    members = [m for i in range(4) for m in labeled(f"s{i}", i, str(i % 2))]
+    write_tar(tmp_path / "full.tar", members)
+    whole = (tmp_path / "full.tar").read_bytes()
+    with tarfile.open(tmp_path / "full.tar") as tar:
+        cut = [info.offset for info in tar][4]  # after s0 and s1: a download cut at a member boundary
+    (src / "a.tar").write_bytes(whole[:cut])
+    run_repack("images", src, tmp_path / "out", "--from", "webdataset", "--quiet")
+    assert read_manifest_json(tmp_path / "out")["totals"]["samples"] == 2
+    (src / "a.tar").write_bytes(whole)
+    done = run_repack("images", src, tmp_path / "out", "--from", "webdataset", "--append")
+    assert "2 new sample(s), 4 in all" in done.stdout, done.stdout + done.stderr
+
+
+def test_parquet_metadata_of_another_shape_is_refused_or_ignored_by_name(tmp_path):
+    """ClassLabel names that are not distinct strings (ints, lists, a string: indexed letter by letter into wrong
+    labels, names equal once stripped) and two columns named "label" gave tracebacks or wrong labels; metadata
+    whose info or features are not objects gave a traceback."""
+    import pyarrow as pa
+
+    images = pa.array([jpeg_bytes(seed=i) for i in range(2)], pa.binary())
+    labels = pa.array([0, 1], pa.int64())
+    table = pa.table({"image": images, "label": labels})
+    cases = {"ints": {"info": {"features": {"label": {"_type": "ClassLabel", "names": [10, 20]}}}},
+             "string": {"info": {"features": {"label": {"_type": "ClassLabel", "names": "notalist"}}}},
+             "stripped": {"info": {"features": {"label": {"_type": "ClassLabel", "names": [" cat", "cat"]}}}},
+             "info-list": {"info": []}, "features-list": {"info": {"features": []}}}
+    for name, metadata in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        write_parquet(folder / "a.parquet", table.replace_schema_metadata({"huggingface": json.dumps(metadata)}))
+        done = run_repack("images", folder, tmp_path / f"out-{name}", "--from", "parquet", check=False)
+        assert "Traceback" not in done.stderr, (name, done.stderr)
+        if name.endswith("list"):
+            assert done.returncode == 0 and read_manifest_json(tmp_path / f"out-{name}")["classes"] == {"0": 0, "1": 1}
+        else:
+            assert done.returncode == 2 and "are not distinct non-empty strings" in done.stderr, (name, done.stderr)
+    folder = tmp_path / "twice"
+    folder.mkdir()
+    write_parquet(folder / "a.parquet", pa.Table.from_arrays([images, labels, labels], ["image", "label", "label"]))
+    done = run_repack("images", folder, tmp_path / "out-twice", "--from", "parquet", check=False)
+    assert done.returncode == 2 and "2 columns are named 'label'" in done.stderr

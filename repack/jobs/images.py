@@ -391,7 +391,8 @@ class ImagesJob(Job):
 
                     items = respell_held(items, known, os.path.dirname(os.path.abspath(spec.source)))
                 selection = select_new(range(len(items)), known, lambda row: items[row].rel,
-                                       lambda row: items[row].fingerprint, lambda row: content_sha256(items[row]))
+                                       lambda row: items[row].fingerprint, lambda row: content_sha256(items[row]),
+                                       size_is_content=spec.source_format == "folder")
             items = _taken(items, selection.new)
         if spec.shuffle:  # the permutation shuffle() makes of len(items) items (the same RNG calls)
             order = list(range(len(items)))

@@ -185,24 +185,28 @@ class Selection:
 
 
 def select_new(items: Sequence[T] | Iterable[T], known: InputColumns, rel: Callable[[T], str],
-               fingerprint: Callable[[T], list], digest: Callable[[T], str | None]) -> Selection:
+               fingerprint: Callable[[T], list], digest: Callable[[T], str | None],
+               size_is_content: bool = True) -> Selection:
     """Apply the module's rule to ``items`` (``known``: the record, with ``quarantined``: the rels without
     a sample): ``select_new_rows`` over their rels and fingerprints. UsageError naming the changed files."""
     items = items if isinstance(items, list) else list(items)
     prints = [fingerprint(item) for item in items]
     size = np.fromiter((p[0] for p in prints), np.int64, len(prints))
     mtime = np.fromiter((p[1] if len(p) > 1 else NO_MTIME for p in prints), np.int64, len(prints))
-    chosen = select_new_rows([rel(item) for item in items], size, mtime, known, lambda row: digest(items[row]))
+    chosen = select_new_rows([rel(item) for item in items], size, mtime, known, lambda row: digest(items[row]),
+                             size_is_content)
     return dataclasses.replace(chosen, new=[items[row] for row in chosen.new])
 
 
 def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.ndarray, known: InputColumns,
-                    digest: Callable[[int], str | None]) -> Selection:
+                    digest: Callable[[int], str | None], size_is_content: bool = True) -> Selection:
     """The module's rule over scanned inputs given as columns (``rels``: str, or their ``S`` array, e.g.
     ``names_of_blob`` of a scan's names blob: no str per input; int64 ``size`` and ``mtime``, NO_MTIME where
     a fingerprint has none), vectorized over the record's columns: ``new`` holds the row numbers of the new
     inputs, ascending. The candidates for a content comparison (``digest(row)``) are hashed on a thread
-    pool; only their rels and the refused ones are decoded. UsageError naming the changed files."""
+    pool; only their rels and the refused ones are decoded. UsageError naming the changed files.
+    ``size_is_content``: False where the fingerprint's size is a container's (a tar member's, a parquet row's): a
+    container grown or repaired says nothing of its members' bytes, so a held one's content is compared."""
     if not len(rels):
         return Selection([])
     names = rels if isinstance(rels, np.ndarray) else encode_names(rels)
@@ -226,7 +230,7 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
                 if found is not None and found == known.dropped_copies.get(rels[i]):
                     new_mask[i] = False
     held = recorded & ~again & ~removed & ~same_print  # a known input with a sample, another fingerprint
-    changed_mask = held & (known.size[rows] != size)
+    changed_mask = held & (known.size[rows] != size) if size_is_content else np.zeros_like(held)
     if (held & ~changed_mask).any():  # contents to compare: their recorded digests (derived now if left out)
         known = known.digested(rows[held & ~changed_mask])
     unknown_mask = held & ~changed_mask & ~known.has_sha256[rows]

@@ -70,7 +70,9 @@ def _image_column(schema, fields: FieldChoice, where: str) -> str:
 
 def _label_column(schema, metadata: dict, fields: FieldChoice, where: str) -> tuple[str | None, list[str] | None]:
     """(label column or None, ClassLabel names or None)."""
-    features = ((metadata.get("info") or {}).get("features") or {}) if isinstance(metadata, dict) else {}
+    info = metadata.get("info") if isinstance(metadata, dict) else None
+    features = info.get("features") if isinstance(info, dict) else None
+    features = features if isinstance(features, dict) else {}  # metadata of another shape names no ClassLabel
     if fields.label is not None:
         if fields.label not in schema.names:
             raise UsageError(f"{where}: no column {fields.label!r} (--label-field; columns: {', '.join(schema.names)})")
@@ -79,20 +81,31 @@ def _label_column(schema, metadata: dict, fields: FieldChoice, where: str) -> tu
         class_labels = [n for n, f in features.items()  # the metadata may name a column the file no longer has
                         if isinstance(f, dict) and f.get("_type") == "ClassLabel" and n in schema.names]
         column = class_labels[0] if class_labels else next((c for c in LABEL_COLUMNS if c in schema.names), None)
+    if column is not None and schema.names.count(column) > 1:
+        raise UsageError(f"{where}: {schema.names.count(column)} columns are named {column!r}: which holds the labels "
+                         "is not known")
     if column is not None and not _holds_labels(schema.field(column).type):
         raise UsageError(f"{where}: label column {column!r} is {schema.field(column).type}, not labels (integers "
                          "or strings; name another with --label-field)")
     feature = features.get(column) if column else None
     names = feature.get("names") if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" else None
+    if names is not None:  # the class map: one distinct name per index, stripped as every label is
+        cleaned = [n.strip() for n in names if isinstance(n, str)] if isinstance(names, list) else []
+        if len(cleaned) != len(names) or not all(cleaned) or len(set(cleaned)) != len(cleaned):
+            raise UsageError(f"{where}: the ClassLabel names of column {column!r} are not distinct non-empty "
+                             f"strings ({str(names)[:200]}); fix the metadata, or name the labels with --label-field "
+                             "of a string column")
+        names = cleaned
     return column, names
 
 
 def _hf_metadata(schema) -> dict:
     raw = (schema.metadata or {}).get(b"huggingface")
     try:
-        return json.loads(raw) if raw else {}
+        metadata = json.loads(raw) if raw else {}
     except ValueError:
         return {}
+    return metadata if isinstance(metadata, dict) else {}
 
 
 def _label_name(value, names: list[str] | None) -> tuple[str | None, str | None]:

@@ -37,8 +37,9 @@ MAX_LABEL_BYTES = 1024
 MAX_HEADER_BYTES = 1 << 20   # a pax or GNU long-name header; a larger one ends the shard's listing
 MAX_MEMBERS = 1_000_000      # members listed per shard (tarfile keeps each one's TarInfo while listing)
 MAX_CLASS_INDEX = 999_999_999  # an integer label kept as the class index: 9 digits (DALI's int32 label sum)
-COMPRESSED = {".tar.gz": "compressed tar shard (.tar.gz): members cannot be read at an offset; decompress it",
-              ".tgz": "compressed tar shard (.tgz): members cannot be read at an offset; decompress it"}
+COMPRESSED = {suffix: f"compressed tar shard ({suffix}): members cannot be read at an offset; decompress it"
+              for suffix in (".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz", ".tar.zst", ".tzst",
+                             ".tar.lz4", ".tar.lzma", ".tar.br")}  # (webdataset reads some: never skipped unnamed)
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -106,6 +107,7 @@ def _samples(container: Container, quarantine: list[dict], counts: dict[str, int
         quarantine.append(quarantine_record(container.rel, f"not a readable tar shard: {exc}"))
         return [], None, None
     samples: dict[str, _Sample] = {}
+    last_key = None
     seen_again: dict[str, int] = {}
     members = 0
     ended = False  # the listing ran to where tarfile stopped by itself (not a refusal's break)
@@ -131,6 +133,14 @@ def _samples(container: Container, quarantine: list[dict], counts: dict[str, int
                 quarantine.append(quarantine_record(shown, refusal))
                 continue
             key, ext = split_name(info.name)
+            if key in samples and key != last_key:  # WebDataset's rule: a sample is a run of members of one key; a
+                # key again after another is another sample (its members never join the first: a label of the later
+                # image given to the earlier one)
+                quarantine.append(quarantine_record(again_name(f"{container.rel}/{info.name}", seen_again),
+                                                    f"sample {key!r} again after other samples (WebDataset reads it "
+                                                    "as another sample of the same key): not read"))
+                continue
+            last_key = key
             sample = samples.setdefault(key, _Sample(key, {}, len(samples)))
             if ext in sample.members:
                 quarantine.append(quarantine_record(again_name(f"{container.rel}/{info.name}", seen_again),
@@ -193,7 +203,7 @@ def _read_label(tar: tarfile.TarFile, info: tarfile.TarInfo) -> tuple[str | None
     """(class name, None) from a label member's text, or (None, reason)."""
     if info.size > MAX_LABEL_BYTES:
         return None, f"label member {info.name!r} is {info.size} bytes (over {MAX_LABEL_BYTES}): not a label"
-    raw = tar.extractfile(info).read()
+    raw = tar.extractfile(info).read().removeprefix(b"\xef\xbb\xbf")  # a byte order mark is no part of the name
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
