@@ -4,31 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from repack.errors import UsageError
+from repack.sizes import parse_size  # noqa: F401 - the options' sizes (re-exported)
 
 if TYPE_CHECKING:
     from repack.sources.confine import Confinement
-
-_SIZE_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
-               "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_size(text: str | int | None) -> int | None:
-    """Parse '512MB', '1GiB', '100000' into bytes; None stays None."""
-    if text is None or isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not match or match.group(2).upper() not in _SIZE_UNITS:
-        raise UsageError(f"bad size {text!r}: use a number with an optional unit, e.g. 512MB or 1GiB")
-    value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
-    if value <= 0:
-        raise UsageError(f"bad size {text!r}: must be positive")
-    return value
-
 
 def format_size(num_bytes: int | float) -> str:
     """Bytes for people: '512 B', '3.4 KB', '118.0 MB', '1.2 GB' (decimal units, as parse_size reads)."""

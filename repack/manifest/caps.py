@@ -25,7 +25,7 @@ def manifest_cap() -> int:
     raw = os.environ.get("REPACK_MAX_MANIFEST_BYTES", "")
     if not raw.strip():
         return MAX_MANIFEST_BYTES
-    from repack.config import parse_size
+    from repack.sizes import parse_size
     from repack.errors import UsageError
 
     try:

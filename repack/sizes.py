@@ -1,0 +1,28 @@
+"""Sizes as people write them ('512MB', '1GiB', '100000'), read into bytes; a leaf module (repack.errors only), so
+that the manifest readers and the options parse sizes alike."""
+
+from __future__ import annotations
+
+import re
+
+from repack.errors import UsageError
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+               "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+               "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str | int | None) -> int | None:
+    """Parse '512MB', '1GiB', '100000' into bytes; None stays None."""
+    if text is None or isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not match or match.group(2).upper() not in _SIZE_UNITS:
+        raise UsageError(f"bad size {text!r}: use a number with an optional unit, e.g. 512MB or 1GiB")
+    value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+    if value <= 0:
+        raise UsageError(f"bad size {text!r}: must be positive")
+    return value
