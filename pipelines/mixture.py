@@ -426,6 +426,21 @@ class Mixture(IterableDataset):
                     source.set_epoch(int(state["epoch"]))
         self._pending, self._live = dict(state), None
 
+    def follow_state(self, state: dict) -> None:
+        """Open each source's dataset version its part of ``state`` was taken on, as the DataLoader's workers do when
+        they load it: the workers the next epoch starts (without persistent workers) are copies of this process's
+        sources, which would read the latest versions (``pipelines.stateful_loader`` calls this)."""
+        for i, (saved, source) in enumerate(zip(state.get("sources") or [], self.sources)):
+            if not isinstance(saved, dict):
+                continue
+            if not _is_iterable(source):
+                if hasattr(source, "dataset") and hasattr(source, "use_version"):
+                    version = resolve(saved.get("dataset"), source.dataset, str(source.root), f"Mixture source {i}")
+                    if version is not None:
+                        source.use_version(version)
+            elif isinstance(saved.get("state"), dict) and hasattr(source, "follow_state"):
+                source.follow_state(saved["state"])
+
     @staticmethod
     def _load_source(i: int, saved: dict, source, undo: list) -> None:
         """Source ``i`` put where ``saved`` (its part of a Mixture state) says, and how to put it back on ``undo``:

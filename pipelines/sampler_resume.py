@@ -347,6 +347,14 @@ class MapDatasetState:
                 "epoch": self.epoch, "samples": len(self), **({"options": self.order_options()}
                                                              if self.order_options() else {})}
 
+    def follow_state(self, state: dict) -> None:
+        """Open the dataset version ``state`` was taken on, as the DataLoader's workers do when they load it: the
+        workers that the next epoch starts (without persistent workers) are copies of this process's reader, which
+        would read the latest version (``pipelines.stateful_loader`` calls this)."""
+        version = resolve(state.get("dataset"), self.dataset, str(self.root), type(self).__name__)
+        if version is not None:
+            self.use_version(version)
+
     def load_state_dict(self, state: dict) -> None:
         """Continue on the state's dataset version: this one, or a kept older one (re-opened here)."""
         check_state(state, type(self).__name__)

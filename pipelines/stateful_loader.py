@@ -154,9 +154,12 @@ class StatefulDataLoader(_TorchdataLoader):
         super().load_state_dict(state_dict)
         follow = getattr(self.dataset, "follow_state", None)
         if follow is not None and "_snapshot" in state_dict:  # the workers read the state's dataset version: this
-            for worker in state_dict["_snapshot"]["_worker_snapshots"].values():  # process counts its samples too
-                if isinstance(worker.get("dataset_state"), dict) and "dataset" in worker["dataset_state"]:
-                    follow(worker["dataset_state"])
+            # process counts its samples too, and the workers a later epoch forks from it read it (a reader's
+            # state names its version under "dataset", a Mixture's its sources' under "sources")
+            for worker in state_dict["_snapshot"]["_worker_snapshots"].values():
+                worker_state = worker.get("dataset_state")
+                if isinstance(worker_state, dict) and ("dataset" in worker_state or "sources" in worker_state):
+                    follow(worker_state)
                     break
 
     def state_dict(self) -> dict:

@@ -438,3 +438,64 @@ def test_a_mixture_state_taken_before_a_remove_resumes_on_its_version(tmp_path):
     assert len(resumed.sources[0]) == 20
     resumed.load_state_dict(state)
     assert [sample["image"] for sample in resumed] == rest and len(set(drawn + rest)) == 30
+
+
+def test_the_epoch_after_a_resume_stays_on_the_state_version_without_persistent_workers(tmp_path):
+    """A Mixture resumed from a state of version 1 (an --append published version 2 since) finished that epoch on
+    version 1, then read version 2 in the next one without persistent workers (their copies come from this
+    process's Mixture, whose sources were the latest), and version 1 with them: the loader's options decided the
+    data. Its sources follow the state's versions in this process too now (Mixture.follow_state)."""
+    from pipelines.mixture import Mixture
+    from pipelines.stateful_loader import StatefulDataLoader
+    from pipelines.torch_lmdb import LmdbImageDataset
+    from pipelines.torch_webdataset import ImageShardDataset
+    from tests.conftest import run_repack
+    from tests.test_images_job import write_jpegs
+
+    src, out, lmdb = tmp_path / "src", tmp_path / "wds", tmp_path / "lmdb"
+    write_jpegs(src / "cat", 24, "a")
+    run_repack("images", src, out, "--shard-size", "8", "--quiet")
+    run_repack("images", src, lmdb, "--to", "lmdb", "--quiet")
+
+    def loader(persistent: bool):
+        wds = ImageShardDataset(out, output="dict", decode=False, shuffle=True, seed=0)
+        mixture = Mixture([(wds, 1), (LmdbImageDataset(lmdb, decode=False, output="dict"), 1)], seed=0)
+        return mixture, StatefulDataLoader(mixture, batch_size=4, num_workers=2, persistent_workers=persistent,
+                                           collate_fn=lambda batch: [s["meta"]["path"] for s in batch])
+
+    mixture, run = loader(False)
+    mixture.set_epoch(0)
+    it = iter(run)
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(run.state_dict()))
+    del it, run
+    write_jpegs(src / "new", 10, "n")
+    run_repack("images", src, out, "--append", "--quiet")
+    for persistent in (False, True):
+        mixture, run = loader(persistent)
+        mixture.set_epoch(0)
+        run.load_state_dict(state)
+        rest = [path for batch in run for path in batch]
+        mixture.set_epoch(1)
+        following = [path for batch in run for path in batch]
+        assert rest and following and not [p for p in rest + following if p.startswith("new/")], persistent
+
+
+def test_a_map_style_reader_follows_the_version_of_a_state(tmp_path):
+    """What the StatefulDataLoader calls in the training process (MapDatasetState.follow_state): the reader reads
+    the state's version from then on, so the workers a later epoch forks from it read that version too."""
+    from pipelines.torch_lmdb import LmdbImageDataset
+    from tests.conftest import run_repack
+    from tests.test_images_job import write_jpegs
+
+    src, out = tmp_path / "src", tmp_path / "lmdb"
+    write_jpegs(src / "cat", 6, "a")
+    run_repack("images", src, out, "--to", "lmdb", "--quiet")
+    state = LmdbImageDataset(out).state_dict()
+    (tmp_path / "gone.txt").write_text("cat/a0.jpg\n")
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    reader = LmdbImageDataset(out)
+    assert len(reader) == 5
+    reader.follow_state(state)
+    assert len(reader) == 6 and reader.dataset["version"] == 1
