@@ -232,11 +232,9 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         if "class_counts" in stats:
             stats["class_counts"] = counts
         if "formats" in stats and done.removed_formats:  # the samples' image formats, as inspect reports them
-            stats["formats"] = {name: n - done.removed_formats.get(name, 0) for name, n in stats["formats"].items()
-                                if n - done.removed_formats.get(name, 0) > 0}
+            stats["formats"] = _less(stats["formats"], done.removed_formats)
         if stats.get("dali_misreads") and done.removed_misreads:  # what DALI's loaders refuse (image_check)
-            left = {kind: n - done.removed_misreads.get(kind, 0) for kind, n in stats["dali_misreads"].items()}
-            stats["dali_misreads"] = {kind: n for kind, n in left.items() if n > 0}
+            stats["dali_misreads"] = _less(stats["dali_misreads"], done.removed_misreads)
             if not stats["dali_misreads"]:
                 del stats["dali_misreads"]
         stats.update(extra.pop("stats", {}))
@@ -259,3 +257,8 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         record_removed(store, known, number, removed_sources | taken_down | copies_down)
         data = publish(store, out, current, raw, body, change)
         return RemoveResult(data, True, removed, not_found, time.time() - started)
+
+
+def _less(counts: dict[str, int], removed: dict[str, int]) -> dict[str, int]:
+    """``counts`` less the ``removed`` ones, those left at 0 dropped."""
+    return {name: n - removed.get(name, 0) for name, n in counts.items() if n - removed.get(name, 0) > 0}

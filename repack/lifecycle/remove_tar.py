@@ -172,7 +172,8 @@ def rewrite_shard(call: str) -> str:
                 lambda tar, index, at: sources_at.get(key_position(index.key(at))))
             wanted_at = None if job["wanted_at"] is None else np.array(job["wanted_at"], np.int64)
             hit = _hits(tar, index, job["by"], set(job["wanted"]), wanted_at, source_of)
-            result = {"found": [], "sources": [], "removed_classes": {}, "removed_formats": {}, "entry": None}
+            result = {"found": [], "sources": [], "removed_classes": {}, "removed_formats": {},
+                      "removed_misreads": {}, "entry": None}
             if not hit:
                 return json.dumps(result)
             for at, source in hit.items():
@@ -189,8 +190,7 @@ def rewrite_shard(call: str) -> str:
                     kind = dali_misread_of(_member_bytes(tar, members, image) or b"") \
                         if job.get("misreads") and image == "tiff" else None
                     if kind is not None:  # stats.dali_misreads goes down with it
-                        result.setdefault("removed_misreads", {})[kind] = \
-                            result.get("removed_misreads", {}).get(kind, 0) + 1
+                        result["removed_misreads"][kind] = result["removed_misreads"].get(kind, 0) + 1
             keep = np.ones(index.samples, bool)
             keep[list(hit)] = False
             new = copy_kept(tar.fileno(), index, keep, out, stem, entry["path"], _old_checksums(store, entry, index),
