@@ -59,3 +59,20 @@ def test_a_rewrite_worker_killed_ends_in_one_line_and_exit_4_and_a_rerun_complet
     assert not (out / "manifest.v2.json").exists() and len(sample_paths(out)) == 12
     run_repack("remove", out, "--sources", listing)
     assert len(sample_paths(out)) == 9 and run_repack("verify", out).returncode == 0
+
+
+def test_sources_given_as_paths_inside_a_folder_source_are_removed(tmp_path):
+    """A takedown list of full paths (``/data/src/c/a1.jpg`` for ``c/a1.jpg``), as `find SOURCE` prints them, said
+    "no named sample found" with exit 0 and removed nothing; a path outside SOURCE is still not found."""
+    src, out = write_jpegs(tmp_path / "src" / "c", 6, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    listing = tmp_path / "takedown.txt"
+    listing.write_text(f"{src}/c/a1.jpg\n{src.resolve()}/c//a2.jpg\nc//a3.jpg\n{tmp_path}/elsewhere/c/a4.jpg\n")
+    done = run_repack("remove", out, "--sources", listing)
+    assert "3 sample(s) removed, 1 name(s) not found" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert f"not found in the dataset: {tmp_path}/elsewhere/c/a4.jpg" in done.stderr
+    assert sorted(sample_paths(out)) == ["c/a0.jpg", "c/a4.jpg", "c/a5.jpg"]
+    assert read_manifest_json(out)["dataset_version"]["change"]["not_found"] == [f"{tmp_path}/elsewhere/c/a4.jpg"]
+    (src / "c" / "a1.jpg").touch()  # the taken-down source stays out of later appends, however it was named
+    assert "nothing new" in (lambda r: r.stdout + r.stderr)(run_repack("images", src, out, "--append"))
+    assert run_repack("verify", out).returncode == 0

@@ -254,3 +254,32 @@ def test_a_move_asks_again_through_failing_answers(server, tmp_path, endpoint):
     finally:
         proxy.stop()
     assert objects(s3, "flaky", "ds") == {"moved.bin": b"payload"} and not proxy.put_faults["/flaky/ds/moved.bin"]
+
+
+def test_sources_named_by_whole_paths_are_removed_from_s3_and_text_datasets(server, tmp_path):
+    """`repack remove --sources` takes a source's whole path: ``s3://bucket/prefix/cat/c1.jpg`` for an s3://
+    SOURCE's ``cat/c1.jpg``, and a text dataset's ``/path/to/texts/d1/doc.txt`` for ``d1/doc.txt``."""
+    from tests.conftest import sample_paths
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="whole")
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    upload(s3, "whole", make_source(tmp_path / "src"), "img")
+    images = tmp_path / "images"
+    run_repack("images", "s3://whole/img", images, "--quiet", env=env)
+    before = sorted(sample_paths(images))
+    (tmp_path / "takedown.txt").write_text(f"s3://whole/img/{before[0]}\ns3://other/img/{before[1]}\n")
+    done = run_repack("remove", images, "--sources", tmp_path / "takedown.txt", env=env)
+    assert "1 sample(s) removed, 1 name(s) not found" in done.stdout + done.stderr
+    assert sorted(sample_paths(images)) == before[1:]
+    texts, text = tmp_path / "texts", tmp_path / "text"
+    for i in range(3):
+        (texts / f"d{i}").mkdir(parents=True)
+        (texts / f"d{i}" / "doc.txt").write_text(f"document {i} says hello world.\n" * 3)
+    tokenizer = write_tokenizer(gpt2_tokenizer(), tmp_path / "gpt2")
+    run_repack("text", texts, text, "--tokenizer", tokenizer, "--doc-per", "file", "--quiet")
+    (tmp_path / "docs.txt").write_text(f"{texts}/d1/doc.txt\n")
+    done = run_repack("remove", text, "--sources", tmp_path / "docs.txt")
+    assert "1 sample(s) removed, 0 name(s) not found" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert run_repack("verify", text).returncode == 0

@@ -13,7 +13,8 @@ from repack.commands.options import LOCATION
 @click.command("remove")
 @click.argument("out", type=LOCATION)
 @click.option("--sources", "sources_file", default=None, metavar="FILE",
-              help="Remove the samples of these source paths (one per line, as in each sample's json 'path').")
+              help="Remove the samples of these source paths (one per line, as in each sample's json 'path', or "
+                   "whole paths inside SOURCE).")
 @click.option("--keys", "keys_file", default=None, metavar="FILE", help="Remove the samples of these keys (one per line).")
 @click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="With --json: only the JSON summary.")

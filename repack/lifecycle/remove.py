@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import posixpath
 import stat
 import time
 from dataclasses import dataclass
@@ -136,12 +137,13 @@ REWRITERS = {"webdataset": _tar, "lmdb": _lmdb, "memmap": _tokens}
 
 
 def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) -> dict[str, tuple[str, ...]]:
-    """For a dataset packed from a list file (whose sources are its rows as written): each named source the
-    record does not hold that the record holds spelled otherwise (``./a.jpg``, ``a//b.jpg``, an absolute path
-    inside the list's folder: ``listfile.canonical_rel``), as {held spelling: the names given}; as --append
-    takes both spellings for one input, a takedown does."""
+    """Each named source the record does not hold that the record holds spelled otherwise, as {held spelling:
+    the names given}. A dataset packed from a folder: a path given whole (``/data/src/cat/a.jpg`` or
+    ``s3://bucket/src/cat/a.jpg`` for ``cat/a.jpg``, ``cat//a.jpg``). From a list file (whose sources are its
+    rows as written): ``./a.jpg``, ``a//b.jpg``, an absolute path inside the list's folder
+    (``listfile.canonical_rel``); as --append takes both spellings for one input, a takedown does."""
     options = (current.get("created_by") or {}).get("options") or {}
-    if spec.by != "sources" or known is None or not options.get("list_file"):
+    if spec.by != "sources" or known is None:
         return {}
     from repack.lifecycle.input_columns import decode_names, encode_names
     from repack.sources.listfile import spelled_otherwise, canonical_rel
@@ -149,9 +151,12 @@ def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) 
     given = sorted(set(spec.names))
     _, recorded = known.positions_of(encode_names(given))
     missing = [name for name, held in zip(given, recorded.tolist()) if not held]
-    if not missing:
+    source = str(options.get("source") or "")
+    if not missing or not source:
         return {}
-    base = os.path.dirname(os.path.abspath(str(options.get("source") or "")))
+    if not options.get("list_file"):
+        return _folder_spellings(known, missing, source)
+    base = os.path.dirname(os.path.abspath(source))
     roots = tuple(dict.fromkeys((base, os.path.realpath(base))))
     wanted: dict[str, tuple[str, ...]] = {}
     for name in missing:
@@ -162,6 +167,33 @@ def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) 
     others = decode_names(names[spelled_otherwise(names)])
     found.update({held: wanted[canonical_rel(held, roots)] for held in others if canonical_rel(held, roots) in wanted})
     return found
+
+
+def _folder_spellings(known: RecordLayers, missing: list[str], source: str) -> dict[str, tuple[str, ...]]:
+    """``held_spellings`` of a dataset packed from folder (or prefix) ``source``: a name given as a path inside it."""
+    from repack.lifecycle.input_columns import encode_names
+    from repack.sources.listfile import canonical_rel
+
+    if source.startswith("s3://"):
+        prefix = source.rstrip("/") + "/"
+        wanted: dict[str, tuple[str, ...]] = {}
+        for name in missing:
+            if name.startswith(prefix):
+                wanted.setdefault(posixpath.normpath(name[len(prefix):]), ())
+                wanted[posixpath.normpath(name[len(prefix):])] += (name,)
+    else:
+        root = os.path.abspath(source)
+        roots = tuple(dict.fromkeys((root, os.path.realpath(root))))
+        wanted = {}
+        for name in missing:
+            rel = canonical_rel(name, roots)
+            if rel != name and not os.path.isabs(rel) and not rel.startswith("../") and rel not in (".", ".."):
+                wanted[rel] = wanted.get(rel, ()) + (name,)
+    rels = sorted(wanted)
+    if not rels:
+        return {}
+    held = known.positions_of(encode_names(rels))[1].tolist()
+    return {rel: wanted[rel] for rel, found in zip(rels, held) if found}
 
 
 def _whole_input(record: dict) -> bool:
