@@ -23,7 +23,8 @@ from repack.commands.remove import remove
 from repack.commands.text import text
 from repack.commands.verify import inspect, verify
 from repack.commands.video import video
-from repack.errors import VERIFICATION_EXIT_CODE, IncompleteJobError, Interrupted, RepackError
+from repack.errors import (VERIFICATION_EXIT_CODE, IncompleteJobError, Interrupted, RepackError, interrupt_received,
+                           note_interrupt)
 
 
 @click.group(cls=RepackGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -45,7 +46,7 @@ def _on_signal(signum: int, _frame) -> None:
     a second signal gets the default behaviour (kill, KeyboardInterrupt)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    raise Interrupted(*SIGNAL_EXIT[signum])
+    raise note_interrupt(Interrupted(*SIGNAL_EXIT[signum]))  # noted: a raise inside C code may be swallowed
 
 
 def fail(message: str, exit_code: int) -> None:
@@ -59,9 +60,26 @@ def fail(message: str, exit_code: int) -> None:
     sys.exit(exit_code)
 
 
+UTF8_REEXEC = "REPACK_UTF8_MODE_STARTED"  # set on the process started again in UTF-8 mode: it never starts a third
+
+
+def _names_in_utf8() -> None:
+    """Start this command again in Python's UTF-8 mode where the locale gives file names another encoding (a
+    Latin-1 or ASCII locale): names are read, recorded and opened as UTF-8 (undecodable bytes escaped), whatever
+    the locale, so one SOURCE gives one dataset on every machine."""
+    if sys.getfilesystemencoding().replace("-", "").lower() == "utf8" or os.environ.get(UTF8_REEXEC):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, list(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
+              {**os.environ, "PYTHONUTF8": "1", UTF8_REEXEC: "1"})
+
+
 def main() -> None:
     """Entry point: run the CLI, turning RepackError into a one-line message and exit code."""
     from repack.manifest import ManifestError
+
+    _names_in_utf8()
 
     # repack's own processes do no BLAS work, and numpy's bundled OpenBLAS starts a thread per CPU at import,
     # which spin (on 16 CPUs ~2 CPU-s per import, beside the walk's processes): one, unless the user set it
@@ -76,18 +94,14 @@ def main() -> None:
     ProcessEnd.quick = ProcessEnd.after_exit_handlers = False
     try:
         cli.main(standalone_mode=False)
+        _end_if_interrupted()
     except SystemExit as exc:
+        _end_if_interrupted()
         if not ProcessEnd.quick:
             raise
         _end_now(exc.code)
     except Interrupted as exc:  # workers stopped and temps removed on the way here
-        if LogMode.json:
-            click.echo(json.dumps({"event": "error", "exit_code": exc.exit_code, "message": str(exc)}), err=True)
-        else:
-            click.echo(f"repack: {exc}", err=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exc.exit_code)  # never wait at exit on a pool's helper threads that a killed worker left waiting
+        _end_interrupted(exc)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
@@ -118,6 +132,25 @@ def main() -> None:
         _end_after_exit_handlers()
 
 
+def _end_interrupted(exc: Interrupted) -> None:
+    """Say that a signal stopped the command, and exit with its code (143, 130)."""
+    if LogMode.json:
+        click.echo(json.dumps({"event": "error", "exit_code": exc.exit_code, "message": str(exc)}), err=True)
+    else:
+        click.echo(f"repack: {exc}", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exc.exit_code)  # never wait at exit on a pool's helper threads that a killed worker left waiting
+
+
+def _end_if_interrupted() -> None:
+    """A command that ran on after its signal's raise was swallowed (``repack.errors.note_interrupt``) and got past
+    every checkpoint still ends with the signal's exit code."""
+    received = interrupt_received()
+    if received is not None:
+        _end_interrupted(received)
+
+
 def _end_now(code) -> None:
     """Flush the output and end the process without the interpreter's teardown (``ProcessEnd.quick``)."""
     try:
@@ -144,7 +177,8 @@ def _end_after_exit_handlers() -> None:
     if shutdown is None:  # another interpreter: its usual exit
         return
     shutdown()
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()  # a signal's raise inside an exit handler is printed and ignored
+    _end_if_interrupted()
     _end_now(0)
 
 if __name__ == "__main__":

@@ -67,7 +67,31 @@ class Interrupted(BaseException):
     def __init__(self, signal_name: str, exit_code: int) -> None:
         super().__init__(f"interrupted by {signal_name}: workers stopped, temp files removed; finished shards "
                          "are kept, re-run the same command to resume")
+        self.signal_name = signal_name
         self.exit_code = exit_code
+
+
+_RECEIVED: list[Interrupted] = []  # the signal the handler raised for, kept in case its raise was swallowed
+
+
+def note_interrupt(interrupt: Interrupted) -> Interrupted:
+    """Remember ``interrupt`` (the signal handler's, before it raises it): a handler runs wherever the main thread
+    is, and a raise inside C code that clears errors (an import, a C library calling back into Python) is lost;
+    ``raise_if_interrupted`` raises it again at the next checkpoint."""
+    _RECEIVED[:] = [interrupt]
+    return interrupt
+
+
+def raise_if_interrupted() -> None:
+    """A checkpoint where work goes on (the engine's loop, before a version is published): raise the signal's
+    Interrupted again when one came whose raise did not end the command."""
+    if _RECEIVED:
+        raise Interrupted(_RECEIVED[0].signal_name, _RECEIVED[0].exit_code)
+
+
+def interrupt_received() -> Interrupted | None:
+    """The signal's Interrupted, where one came (see ``note_interrupt``)."""
+    return _RECEIVED[0] if _RECEIVED else None
 
 
 class StrictModeError(RepackError):

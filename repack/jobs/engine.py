@@ -52,6 +52,7 @@ from pathlib import Path, PurePosixPath
 from repack import __version__
 from repack.config import EngineOptions
 from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, NothingPackedError, RepackError,
+                           raise_if_interrupted,
                            StrictModeError, UsageError)
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
@@ -786,6 +787,7 @@ class Engine:
             self._clean_temps(every_unit)  # temps of workers killed and retried (crash, OOM): never left beside the data
             if opts.num_nodes > 1:
                 return RunResult(None, ran, skipped, time.time() - started)
+            raise_if_interrupted()  # nothing is published after a signal
             manifest = self.finalize(plan, [records[uid] for uid, _ in plan.units], started)
             result = RunResult(manifest, ran, skipped, time.time() - started)
         self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
@@ -912,6 +914,7 @@ class Engine:
         try:
             with bar, contextlib.closing(results):  # closed at once when interrupted: the executor stops its workers
                 for item in results:
+                    raise_if_interrupted()  # a signal whose raise was swallowed (repack.errors.note_interrupt)
                     while resumed:
                         feed(resumed.pop())
                     if isinstance(item, TaskFailure):

@@ -63,7 +63,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, durable: bool = Tru
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o644 & ~process_umask())  # as the data files' os.open(..., 0o644) gets it: the umask holds
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -73,6 +73,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, durable: bool = Tru
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def process_umask() -> int:
+    """This process's umask (Linux: read from /proc, leaving it untouched; elsewhere set and set back)."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:
