@@ -93,10 +93,15 @@ def main() -> None:
             signal.signal(signum, _on_signal)
     ProcessEnd.quick = ProcessEnd.after_exit_handlers = False
     try:
-        cli.main(standalone_mode=False)
+        try:
+            cli.main(standalone_mode=False)
+        except BaseException as exc:  # after a signal, whatever C code made of the handler's raise (an ImportError)
+            received = interrupt_received()
+            if received is not None and not isinstance(exc, Interrupted):
+                raise received from exc
+            raise
         _end_if_interrupted()
     except SystemExit as exc:
-        _end_if_interrupted()
         if not ProcessEnd.quick:
             raise
         _end_now(exc.code)

@@ -87,3 +87,19 @@ def test_a_signal_whose_raise_is_swallowed_still_stops_the_job_with_its_exit_cod
     assert not (out / "manifest.json").exists()
     run_repack("images", src, out, "--quiet")
     assert len(sample_paths(out)) == 5 and run_repack("verify", out).returncode == 0
+
+
+CONVERTING = SWALLOWING.replace("""    except BaseException:
+        pass
+    release()""", """    except BaseException as exc:
+        raise ImportError('PyCapsule_Import could not import module "datetime"') from exc""")
+
+
+def test_a_signal_whose_raise_became_another_error_still_ends_with_the_signals_exit_code(tmp_path):
+    """The handler's raise inside numpy's import came out as an ImportError (its C code's), which ended the
+    command in a traceback, exit 1."""
+    src = _odd_names_source(tmp_path / "src")
+    stopped = subprocess.run([sys.executable, "-c", CONVERTING, "images", str(src), str(tmp_path / "out")],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert stopped.returncode == 143 and stopped.stderr.startswith("repack: interrupted by SIGTERM"), stopped.stderr
+    assert "Traceback" not in stopped.stderr
