@@ -34,6 +34,7 @@ from repack.lifecycle.rewrite import Rewrite
 from repack.lifecycle.shard_index import ShardIndex, parse_index
 from repack.lifecycle.tar_copy import CopiedPrefix, copy_kept, temp_path
 from repack.manifest import Manifest
+from repack.read_at import read_at
 from repack.sinks.sample_checksums import HEADER, MAGIC
 from repack.sinks.tar_format import index_from_tar
 from repack.transforms.image_check import dali_misread_of
@@ -290,7 +291,7 @@ def _hits(tar, index: ShardIndex, by: str, wanted: set[str], wanted_at: np.ndarr
 def _member_bytes(tar, members, ext: str) -> bytes | None:
     for member_ext, offset, size, name in members:
         if member_ext == ext:
-            data = os.pread(tar.fileno(), size, offset)
+            data = read_at(tar.fileno(), size, offset)
             if len(data) != size:
                 raise UsageError(f"{tar.name}: ends inside member {name} (run repack verify)")
             return data

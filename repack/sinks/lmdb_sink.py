@@ -38,6 +38,7 @@ from pathlib import Path
 from repack.errors import RepackError
 from repack.manifest.io import fsync_dir
 from repack.manifest.lmdb_meta import lmdb_file_problem
+from repack.read_at import read_at
 from repack.sinks.checks import check_file, sha256_file
 from repack.sinks.webdataset import TarSegmentWriter
 
@@ -99,7 +100,15 @@ def _read_part(root: Path, part: dict):
     """Yield each sample of a part as [(field, bytes)] in key order (cls, img, json)."""
     with open(root / part["path"], "rb") as fh:
         for _, members in part["samples"]:
-            yield sorted((ext, os.pread(fh.fileno(), size, off)) for ext, off, size in members)
+            yield sorted((ext, _whole(fh, size, off, part)) for ext, off, size in members)
+
+
+def _whole(fh, size: int, offset: int, part: dict) -> bytes:
+    """A member's bytes in a part file (a short read fails the task: never a cut value in the database)."""
+    data = read_at(fh.fileno(), size, offset)
+    if len(data) != size:
+        raise OSError(f"{part['path']}: ends inside a member (bytes {offset}..{offset + size})")
+    return data
 
 
 def _open_for_write(path: Path, map_size: int):

@@ -19,13 +19,14 @@ The shard writers build it from the bytes they write (``checksums_header`` + ``c
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 import zlib
 from array import array
 from pathlib import Path
 
 import numpy as np
+
+from repack.read_at import read_at
 
 MAGIC = b"RPKCRC1\n"
 HEADER = struct.Struct("<8sQ")
@@ -62,7 +63,7 @@ def sample_checksums(tar: str | Path, index: str) -> bytes:
             crc = 0
             for i in range(0, len(tokens), 4):
                 offset, size = int(tokens[i + 1]), int(tokens[i + 2])
-                data = os.pread(fd, size, offset)
+                data = read_at(fd, size, offset)
                 if len(data) != size:
                     raise OSError(f"{tar}: ends before member {tokens[i + 3]} (bytes {offset}..{offset + size})")
                 crc = zlib.crc32(data, crc)
