@@ -16,6 +16,7 @@ def test_values_refused_in_one_line(tmp_path):
         (("images", src, tmp_path / "o3", "--ray-driver-cpus", "2"), "apply to --executor ray"),
         (("video", src, tmp_path / "o4", "--probe", "--max-gop", "nan"), "--max-gop must be a positive number"),
         (("video", src, tmp_path / "o5", "--transcode", "--threads", "0"), "--threads"),  # ZeroDivisionError
+        (("images", src, tmp_path / "o6", "--shard-bytes", "9223372036854775807"), "at most 1 EiB"),  # OverflowError
     ]
     for args, words in cases:
         done = run_repack(*args, check=False)
