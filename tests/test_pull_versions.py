@@ -237,3 +237,29 @@ def test_pulled_paths_are_spelled_as_the_manifest_names_them(tmp_path):
         shard["path"] = "./" + shard["path"]
     manifest = Manifest(out, data)
     assert {item.rel for item in expected_objects(manifest)} <= set(manifest.named_files())
+
+
+def test_a_pull_brings_the_copys_wids_index_to_the_pulled_version_and_drops_energons_stale_indexes(
+        server, three_versions, tmp_path):
+    """A wids shard index written in an earlier copy stayed that version's after a pull of a later one: wids read
+    the sample taken down since (exit 0, verify then exit 5); energon's index of a tar no pulled version names
+    stayed behind."""
+    from repack.manifest import Manifest
+    from repack.lifecycle.foreign import wids_shard_index
+
+    env = env_for(server.endpoint, tmp_path)
+    dest = tmp_path / "dest"
+    run_repack("pull", three_versions, dest, "--versions", "all", env=env)
+    version1 = json.loads((dest / "manifest.v1.json").read_text())
+    (dest / "shardindex.json").write_text(json.dumps(wids_shard_index(Manifest(dest, version1))))  # as a user did
+    only_v1 = sorted({s["path"] for s in version1["shards"]} - {s["path"] for s in json.loads(
+        (dest / "manifest.json").read_text())["shards"]})
+    assert only_v1
+    (dest / (only_v1[0] + ".idx")).write_bytes(b"\0" * 16)  # energon prepare's <tar>.idx
+    run_repack("pull", three_versions, dest, env=env)
+    index = json.loads((dest / "shardindex.json").read_text())
+    latest = json.loads((dest / "manifest.json").read_text())
+    assert [s["url"] for s in index["shardlist"]] == [s["path"] for s in latest["shards"]]
+    assert sum(s["nsamples"] for s in index["shardlist"]) == latest["totals"]["samples"] == 12
+    assert not (dest / (only_v1[0] + ".idx")).exists()
+    assert run_repack("verify", dest).returncode == 0

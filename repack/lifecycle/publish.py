@@ -181,13 +181,13 @@ def settle_pending(store, current: dict, say: Callable[[str], None] | None = Non
     name = version_file(number)
     raw = store.read_bytes(name)
     if raw is None:  # nothing pending: other loaders' files brought up to the published version (a command
-        _refresh_views(store, Manifest(Path(store.scratch), current), say)  # killed before it did)
+        refresh_other_views(store, Manifest(Path(store.scratch), current), say)  # killed before it did)
         return Settled()
     problem = pending_problem(store, raw, number)
     if problem is None:
         store.put_bytes(MANIFEST_NAME, raw)
         promoted = json.loads(raw)
-        _refresh_views(store, Manifest(Path(store.scratch), promoted), say)
+        refresh_other_views(store, Manifest(Path(store.scratch), promoted), say)
         return Settled(promoted=promoted)
     aside = f"{REJECTED_DIR}/{name}.{hashlib.sha256(raw).hexdigest()[:12]}"
     move(store, name, aside)
@@ -252,12 +252,12 @@ def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, cha
     store.put_bytes(version_file(number_of(data)), raw)
     store.put_bytes(MANIFEST_NAME, raw)
     clear_leftovers(store, number_of(data), set(Manifest(out, data).named_files()))
-    _refresh_views(store, Manifest(out, data), say)
+    refresh_other_views(store, Manifest(out, data), say)
     return data
 
 
-def _refresh_views(store, manifest: Manifest, say: Callable[[str], None] | None) -> None:
-    """``foreign.refresh_views`` of the published version: after it is published, so a failure here is a
+def refresh_other_views(store, manifest: Manifest, say: Callable[[str], None] | None = None) -> None:
+    """``foreign.refresh_views`` of the published (or pulled) version: after it is published, so a failure here is a
     warning (the version stands; the next command that takes the dataset's lock tries again)."""
     from repack.errors import RepackError
     from repack.lifecycle.foreign import refresh_views

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from repack.errors import RepackError, UsageError, VerificationError
 from repack.jobs.base import STATE_DIR
+from repack.lifecycle.foreign import ENERGON_INDEX_SUFFIX
+from repack.lifecycle.publish import refresh_other_views
 from repack.lifecycle.verify import check_contents
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, atomic_write_bytes, parse_manifest, safe_join
 from repack.manifest.versions import check_number, number_of, version_file, version_number
@@ -240,10 +242,15 @@ def _pull_locked(spec: PullSpec, remote: RemoteFiles, pinned: list[Version], roo
         if version.number > 1 or len(pinned) > 1:
             atomic_write_bytes(refuse_links(root, version_file(version.number)), version.raw)
     atomic_write_bytes(refuse_links(root, MANIFEST_NAME), latest.raw)
-    _drop_stale(root, {rel for rel in earlier - set(items)  # the version files were just written
-                       if rel != MANIFEST_NAME and version_number(rel) is None})
+    stale = {rel for rel in earlier - set(items)  # the version files were just written
+             if rel != MANIFEST_NAME and version_number(rel) is None}
+    # megatron-energon's index beside a tar no pulled version names goes with it, as gc deletes it
+    stale |= {rel[:-len(".tar")] + ENERGON_INDEX_SUFFIX for rel in stale if rel.endswith(".tar")} - set(items)
+    _drop_stale(root, stale)
     _write_record(root, remote.store.url, set(items))
-    return Manifest(root, latest.manifest.data)
+    pulled = Manifest(root, latest.manifest.data)
+    refresh_other_views(LocalStore(str(root)), pulled)  # a wids index of DEST follows; a stale energon prep is named
+    return pulled
 
 
 _TEMP = re.compile(r"\.[^/]+\.tmp-[0-9]+(?:\.[^/]+)?")  # a download's temp file (``.NAME.tmp-PID``, boto3's ``.XXXX``)
