@@ -186,9 +186,11 @@ def test_text_append_adds_a_prefix_of_the_new_files_only(tmp_path):
     before = dataset_files(out)
     for folder in (corpus, only_new):
         (folder / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[25:]))
-    run_repack("text", corpus, out, "--tokenizer", tok, "--append", "--quiet")
+    appended = run_repack("text", corpus, out, "--tokenizer", tok, "--append")
     run_repack("text", only_new, fresh, "--tokenizer", tok, "--quiet")
     after = dataset_files(out)
+    tokens = [s["tokens"] for s in read_manifest_json(out)["shards"]]  # the version's --data-path is said
+    assert f"Megatron --data-path {tokens[0]} {out}/text_document {tokens[1]} {out}/text_document-v2" in appended.stdout
     assert all(after[name] == data for name, data in before.items() if name != "manifest.json")
     assert after["text_document-v2.bin"] == (fresh / "text_document.bin").read_bytes()  # the new file only
     assert after["text_document-v2.idx"] == (fresh / "text_document.idx").read_bytes()

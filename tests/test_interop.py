@@ -66,6 +66,12 @@ def tamper_split(out: Path) -> None:
                                                 "  val: []\n  test: []\nexclude: []\n")
 
 
+def split_of_a_superseded_shard(out: Path) -> None:
+    """A split naming a tar no version holds now (energon prepares every tar of the folder, a superseded one too)."""
+    (out / ".nv-meta" / "split.yaml").write_text("split_parts:\n  train:\n  - shard-{000000..000004}.tar\n"
+                                                "  - shard-000007.tar\nexclude: []\n")
+
+
 def stray_in_nv_meta(out: Path) -> None:
     (out / ".nv-meta" / "run.sh").write_text("echo hi")
 
@@ -79,6 +85,7 @@ def stray_tar_idx(out: Path) -> None:
     (tamper_tar_index, "shard-000001.tar.idx: energon's tar index does not give the sample offsets"),
     (tamper_wids, "shardindex.json: not the wids shard index of this manifest"),
     (tamper_split, ".nv-meta/split.yaml: lists shard-000000.tar 2 times"),
+    (split_of_a_superseded_shard, "does not hold (shard-000007.tar): run `repack gc OUT --keep 1`"),
     (stray_in_nv_meta, ".nv-meta/run.sh: a file the manifest does not name"),
     (stray_tar_idx, "shard-000099.tar.idx: a file the manifest does not name"),
 ], ids=lambda v: getattr(v, "__name__", ""))

@@ -20,7 +20,7 @@ def say_published(out: str, manifest: dict, published: bool, what: str, options:
     if published:
         counted = f"; {len(quarantined)} quarantined" if command == "append" else ""
         message = "\n".join([f"published version {number} of {out}: {what}{counted} ({seconds:.1f} s)"]
-                            + quarantine_lines(quarantined))
+                            + quarantine_lines(quarantined) + _data_path_line(out, manifest))
     else:
         message = f"{none_reason}: version {number} of {out} unchanged, nothing published"
     summary = {"out": out, "version": number, "published": published, "totals": manifest["totals"],
@@ -29,6 +29,15 @@ def say_published(out: str, manifest: dict, published: bool, what: str, options:
     # the version is published (or not) and every file the change wrote is closed: its threads are joined and
     # atexit handlers run at exit, the teardown of numpy's and the other modules skipped (~30 ms, 2-core VM)
     ProcessEnd.after_exit_handlers = True
+
+
+def _data_path_line(out: str, manifest: dict) -> list[str]:
+    """A token dataset's new Megatron --data-path (the version's prefixes: OUT/text_document alone no longer is)."""
+    if manifest.get("format") != "memmap" or not manifest.get("shards"):
+        return []
+    from repack.sinks.megatron import megatron_data_path
+
+    return [f"Megatron --data-path {megatron_data_path(manifest, out)}"]
 
 
 def new_quarantine(manifest: dict) -> list[dict]:

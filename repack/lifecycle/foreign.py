@@ -128,7 +128,8 @@ def split_problems(rel: str, raw: bytes, manifest) -> list[str] | None:
     unknown = sorted((set(counts) | {name.split("/", 1)[0] if ".tar/" in name else name for name in excluded}) - tars)
     if unknown:
         problems.append(f"{rel}: names {len(unknown)} shard(s) the manifest does not hold ({', '.join(unknown[:3])}): "
-                        "run energon prepare again")
+                        "run `repack gc OUT --keep 1` (energon prepares every tar of the folder, superseded ones "
+                        "too), then energon prepare again")
     return problems
 
 
