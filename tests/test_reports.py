@@ -157,6 +157,13 @@ def test_inspect_of_a_damaged_dataset_says_so(tmp_path):
     assert done.returncode == 5 and f"{shard.name} is missing" in done.stderr and "Traceback" not in done.stderr
     assert f"{shard.name} is missing" in (tmp_path / "r.html").read_text().split("<h2>DAMAGED</h2>")[1][:400]
     index = out / read_manifest_json(out)["shards"][1]["index"]
+    with open(index, "r+b") as fh:  # an index cut short: --json said nothing of it, exit 0
+        fh.truncate(100)
+    for extra in ((), ("--json",)):
+        done = run_repack("inspect", out, *extra, check=False)
+        assert done.returncode == 5 and f"{index.name} is 100 bytes" in done.stdout + done.stderr, done.stdout
+    assert any(f"{index.name} is 100 bytes" in p for p in json.loads(run_repack("inspect", out, "--json",
+                                                                              check=False).stdout)["damaged"])
     index.unlink()  # the summary cannot be read without it: DAMAGED is said anyway, first
     done = run_repack("inspect", out, check=False)
     assert done.returncode == 5 and done.stdout.startswith(f"DAMAGED: {out} is damaged: ") and index.name in done.stdout

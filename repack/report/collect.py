@@ -123,10 +123,13 @@ def merged_stats(stats: dict) -> dict:
 
 
 def missing_files(files: DatasetFiles) -> list[str]:
-    """The files the manifest names that are not there, or not of the size it records (a shard's ``bytes``):
+    """The files the manifest names that are not there, or not of the size it records (a shard's ``bytes``, its
+    index's and checksums' ``index_bytes``, ``checksums_bytes``):
     what a report would otherwise print as facts about a dataset it cannot read. One stat per file (one
     listing on s3://); no byte is read (``repack verify`` checks the bytes)."""
-    recorded = {posixpath.normpath(s["path"]): s.get("bytes") for s in files.manifest.data["shards"]}
+    recorded = {posixpath.normpath(shard[name]): shard.get(size) for shard in files.manifest.data["shards"]
+                for name, size in (("path", "bytes"), ("index", "index_bytes"), ("checksums", "checksums_bytes"))
+                if isinstance(shard.get(name), str)}  # a shard, its DALI index and its checksums
     if files.local:
         def size_of(rel: str) -> int | None:
             try:
