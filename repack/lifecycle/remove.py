@@ -149,10 +149,17 @@ def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) 
     from repack.sources.listfile import spelled_otherwise, canonical_rel
 
     given = sorted(set(spec.names))
-    _, recorded = known.positions_of(encode_names(given))
-    missing = [name for name, held in zip(given, recorded.tolist()) if not held]
     source = str(options.get("source") or "")
-    if not missing or not source:
+    if not options.get("list_file"):  # only a name that may be spelled otherwise: the rest is looked up as given
+        given = [name for name in given if name.startswith(("/", "./", "s3://")) or "//" in name or "/./" in name]
+    if not given or not source:
+        return {}
+    try:
+        _, recorded = known.positions_of(encode_names(given))
+    except UsageError:  # a record whose names cannot be cut: the remove reads every shard instead
+        return {}
+    missing = [name for name, held in zip(given, recorded.tolist()) if not held]
+    if not missing:
         return {}
     if not options.get("list_file"):
         return _folder_spellings(known, missing, source)

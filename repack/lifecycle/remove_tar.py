@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from repack.errors import UsageError
+from repack.errors import UsageError, VerificationError
 from repack.lifecycle.input_columns import InputColumns, decode_names
 from repack.lifecycle.locate import key_position, shard_spans, wanted_positions
 from repack.lifecycle.publish import refuse_names_in_use
@@ -251,17 +251,20 @@ def _shard_index(store, entry: dict, tar) -> ShardIndex:
 
 
 def _old_checksums(store, entry: dict, index: ShardIndex) -> np.ndarray | None:
-    """The per-sample checksums of the shard (uint32 per sample), when its ``.crc`` is the one the
-    manifest records and counts its samples; else None (they are computed again)."""
+    """The per-sample checksums of the shard (uint32 per sample) from its ``.crc``; None for a shard packed
+    without one (they are computed again). A ``.crc`` the manifest records that is not the recorded one, or does
+    not count the shard's samples, is damage (VerificationError): the kept samples' bytes are checked against
+    it as they are copied, and checksums computed again from damaged bytes would vouch for them."""
     if not entry.get("checksums") or not entry.get("checksums_sha256"):
         return None
     raw = store.read_bytes(entry["checksums"])
-    if raw is None or hashlib.sha256(raw).hexdigest() != entry["checksums_sha256"] or len(raw) < HEADER.size:
-        return None
-    magic, count = HEADER.unpack_from(raw)
-    if magic != MAGIC or count != index.samples or len(raw) != HEADER.size + 4 * count:
-        return None
-    return np.frombuffer(raw, "<u4", count, HEADER.size)
+    if raw is not None and hashlib.sha256(raw).hexdigest() == entry["checksums_sha256"] and len(raw) >= HEADER.size:
+        magic, count = HEADER.unpack_from(raw)
+        if magic == MAGIC and count == index.samples and len(raw) == HEADER.size + 4 * count:
+            return np.frombuffer(raw, "<u4", count, HEADER.size)
+    raise VerificationError(f"{store.url}/{entry['checksums']}: not the checksums file the manifest records for "
+                            f"{entry['path']} (missing, changed or not counting its samples): run `repack verify`; "
+                            "nothing removed")
 
 
 def _hits(tar, index: ShardIndex, by: str, wanted: set[str], wanted_at: np.ndarray | None,

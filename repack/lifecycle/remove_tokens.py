@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from repack.errors import UsageError
+from repack.errors import UsageError, VerificationError
 from repack.lifecycle.rewrite import Rewrite
 from repack.manifest import Manifest, atomic_write_bytes
 from repack.manifest.source_runs import SUFFIX as RUNS_SUFFIX
 from repack.manifest.source_runs import SourceRunsError, encode_runs, runs_of, side_entry
+from repack.sinks.checks import sha256_file
 from repack.sinks.megatron import PartWriter, read_index
 
 
@@ -160,14 +161,32 @@ def _local(store, manifest: Manifest, rel: str) -> Path:
     return local
 
 
-def _index(store, out: Path, manifest: Manifest, entry: dict):
-    return read_index(_local(store, manifest, entry["index"]))
+def _index(store, out: Path, manifest: Manifest, entry: dict, rewritten: bool = False):
+    """The prefix's index (VerificationError naming it where it cannot be read); ``rewritten``: read once both its
+    files are the ones the manifest records, as a rewrite would carry damaged tokens into a version that verify
+    then vouches for."""
+    checked = [(entry["index"], entry.get("index_sha256"))] if rewritten else []
+    if rewritten and not store.remote:  # an object's tokens are checked as they are fetched (``_rewrite``)
+        checked.append((entry["path"], entry.get("sha256")))
+    for rel, digest in checked:
+        local = _local(store, manifest, rel)
+        try:
+            same = local.is_file() and not local.is_symlink() and sha256_file(local) == digest
+        except OSError:
+            same = False
+        if not same:
+            raise VerificationError(f"{store.url}/{rel}: not the file the manifest records (missing, or its sha256 "
+                                    "differs): run `repack verify`; nothing removed")
+    try:
+        return read_index(_local(store, manifest, entry["index"]))
+    except ValueError as exc:  # MegatronFormatError among them
+        raise VerificationError(f"{store.url}/{entry['index']}: {exc}: run `repack verify`; nothing removed") from None
 
 
 def _rewrite(store, out: Path, manifest: Manifest, entry: dict, keep: np.ndarray, runs: list[list], number: int,
              rewritten: dict) -> list[dict]:
     """Copy the kept documents of one prefix into ``<prefix>-vN``; its manifest entry ([] when empty)."""
-    index = _index(store, out, manifest, entry)
+    index = _index(store, out, manifest, entry, rewritten=True)
     data_path = manifest.path(entry["path"])
     if store.remote:
         store.fetch(entry["path"], data_path, entry["sha256"])

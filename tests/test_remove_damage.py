@@ -1,0 +1,77 @@
+"""`repack remove` refuses a dataset whose files it would rewrite are not the ones the manifest records: it read
+damaged bytes, hashed them into the new version, and `repack verify` then said OK (the damage laundered; a later
+gc deleted the last file that showed it). Each case: exit 5 naming the file, nothing published."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_images_job import write_jpegs
+
+
+def _flip(path, at: int, count: int = 16) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        data = fh.read(count)
+        fh.seek(at)
+        fh.write(bytes(b ^ 0xFF for b in data))
+
+
+def _refused(out, names, *, by="--sources") -> str:
+    done = run_repack("remove", out, by, names, check=False)
+    assert done.returncode == 5 and "nothing removed" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (out / "manifest.v2.json").exists()
+    return done.stderr
+
+
+def test_a_shard_and_its_checksums_damaged_together_are_refused(tmp_path):
+    src, out = write_jpegs(tmp_path / "src" / "c", 6, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    shard = read_manifest_json(out)["shards"][0]
+    _flip(out / shard["path"], 512 + 200)  # inside the first sample's image, kept by the remove
+    _flip(out / shard["checksums"], 16)
+    (tmp_path / "names").write_text("c/a5.jpg\n")
+    assert shard["checksums"] in _refused(out, tmp_path / "names")
+
+
+def test_a_damaged_lmdb_or_one_whose_count_was_edited_is_refused(tmp_path):
+    src, out = write_jpegs(tmp_path / "src" / "c", 6, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--to", "lmdb", "--quiet")
+    (tmp_path / "names").write_text("c/a5.jpg\n")
+    data = out / "data.lmdb"
+    image = (src / "c" / "a1.jpg").read_bytes()
+    _flip(data, data.read_bytes().index(image) + 100)
+    assert "data.lmdb: its sha256 does not match the manifest" in _refused(out, tmp_path / "names")
+
+    import lmdb  # the metadata's count edited, the manifest's size and sha256 recorded again: a sample dropped
+
+    run_repack("images", src, tmp_path / "again", "--to", "lmdb", "--quiet")
+    out = tmp_path / "again"
+    env = lmdb.open(str(out / "data.lmdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        meta = json.loads(txn.get(b"__meta__"))
+        txn.put(b"__meta__", json.dumps({**meta, "count": meta["count"] - 1}).encode())
+    env.close()
+    manifest = read_manifest_json(out)
+    raw = (out / "data.lmdb").read_bytes()
+    manifest["shards"][0].update(bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert "metadata counts 5 samples, the manifest 6" in _refused(out, tmp_path / "names")
+
+
+def test_damaged_tokens_are_refused(tmp_path):
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+    texts, out = tmp_path / "texts", tmp_path / "out"
+    texts.mkdir()
+    for i in range(3):
+        (texts / f"{i}.txt").write_text(f"document {i} says a few words of its own.\n" * 30)
+    run_repack("text", texts, out, "--tokenizer", write_tokenizer(gpt2_tokenizer(), tmp_path / "tok"), "--quiet")
+    (tmp_path / "names").write_text("2.txt\n")
+    _flip(out / "text_document.bin", 40)
+    assert "text_document.bin: not the file the manifest records" in _refused(out, tmp_path / "names")
+    with open(out / "text_document.bin", "r+b") as fh:
+        fh.truncate(101)  # plainly damaged: a traceback before
+    _refused(out, tmp_path / "names")
