@@ -32,6 +32,7 @@ from pipelines.sample_order import balanced as split_range  # noqa: F401  (the r
 from repack.manifest.shard_index import Allocate, IndexColumns, index_pieces, join_shards, parse_piece
 from repack.manifest import Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size, manifest_cap
+from repack.manifest.io import open_regular
 from repack.manifest.versions import check_number, read_version
 
 INDEX_THREADS = 8  # index files read at once
@@ -281,7 +282,7 @@ def index_bytes(path) -> bytes | mmap.mmap:
     threads' heaps, which forked DataLoader workers map), an s3:// object read whole."""
     if object_store.is_remote(path):
         return object_store.read_bytes(path)
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:  # a FIFO in its place is refused, never waited on
         size = os.fstat(fh.fileno()).st_size
         return mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) if size else b""
 

@@ -140,7 +140,9 @@ def sizes(locations: list[str]) -> list[int | None]:
 def read_bytes(location: str | os.PathLike) -> bytes:
     """The whole file or object (FileNotFoundError when it does not exist)."""
     if not is_remote(location):
-        with open(location, "rb") as fh:
+        from repack.manifest.io import open_regular
+
+        with open_regular(location) as fh:  # a FIFO in a dataset's place is refused, never waited on
             return fh.read()
     from botocore.exceptions import ClientError
 

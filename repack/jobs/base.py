@@ -208,7 +208,7 @@ def read_plan(store, state: str = STATE_DIR) -> Plan | None:
     try:
         text = _inflate(raw) if raw is not None else store.read_bytes(f"{state}/plan.json")
         return Plan.from_json(json.loads(text)) if text is not None else None
-    except (OSError, EOFError, ValueError, KeyError, TypeError):
+    except (OSError, EOFError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

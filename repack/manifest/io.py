@@ -124,6 +124,8 @@ def parse_manifest(raw: bytes, root: str | os.PathLike, where: str, url: str = "
         data = json.loads(raw)
     except ValueError as exc:
         raise ManifestError(f"{where}: not valid JSON ({exc})") from None
+    except RecursionError:  # arrays nested thousands deep: no manifest repack writes
+        raise ManifestError(f"{where}: not valid JSON (nested too deep)") from None
     manifest = Manifest(Path(root), data, url)
     manifest.validate()
     return manifest
@@ -131,9 +133,25 @@ def parse_manifest(raw: bytes, root: str | os.PathLike, where: str, url: str = "
 
 def read_capped(path: Path) -> bytes:
     """A manifest file's bytes, refused unread when it is over the cap (``repack.manifest.caps``)."""
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         check_manifest_size(os.fstat(fh.fileno()).st_size, str(path))
         return fh.read()
+
+
+def open_regular(path: str | os.PathLike):
+    """``path`` opened for reading where it is a regular file; OSError (EINVAL) naming it otherwise. Opened with
+    O_NONBLOCK, so a FIFO put in a dataset's place (a tar can carry one) is refused, never waited on."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(22, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_manifest(root: str | os.PathLike, version: int | None = None) -> Manifest:

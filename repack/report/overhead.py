@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from repack.manifest import safe_join
+from repack.manifest.io import open_regular
 from repack.manifest.shard_index import parse_index
 
 HINT_RATIO = 2.0  # over this, the per-member cost dominates the shards
@@ -26,7 +27,8 @@ def overhead_lines(root: Path, data: dict) -> list[str]:
     ``data`` rooted at ``root``; [] when no shard has samples."""
     samples = members = payload = shard_bytes = 0
     for shard in data["shards"]:
-        n, m, size = payload_of_index(safe_join(root, shard["index"]).read_bytes(), shard["index"])
+        with open_regular(safe_join(root, shard["index"])) as fh:  # a FIFO in its place: refused, not waited on
+            n, m, size = payload_of_index(fh.read(), shard["index"])
         samples, members, payload = samples + n, members + m, payload + size
         shard_bytes += shard["bytes"]
     if not samples or not payload:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from repack.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manifest, safe_join
+from repack.manifest.io import open_regular
 from repack.manifest.versions import check_number, read_version
 
 STATE_PREFIX = ".repack/"  # the job state (task records, plan, locks): not dataset files
@@ -176,7 +177,7 @@ class DatasetFiles:
                     raise FileNotFoundError(f"{self.where}/{rel}")
                 return data[start:]
             return self.store.read_range(rel, start, length)
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO in its place is refused, never waited on
             f.seek(start)
             return f.read() if length is None else f.read(length)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from repack.errors import ConfinementError
 from repack.manifest import atomic_write_bytes
-from repack.manifest.io import fsync_dir
+from repack.manifest.io import fsync_dir, open_regular
 from repack.manifest.paths import PathEscapeError, no_links_below
 
 
@@ -82,7 +82,8 @@ class LocalStore:
     def read_bytes(self, rel: str) -> bytes | None:
         """The file's bytes, None when it does not exist."""
         try:
-            return self.path(rel).read_bytes()
+            with open_regular(self.path(rel)) as fh:  # a FIFO in its place is refused, never waited on
+                return fh.read()
         except (FileNotFoundError, NotADirectoryError):
             return None
 
