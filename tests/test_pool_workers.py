@@ -31,3 +31,31 @@ def test_forked_pool_workers_freeze_what_they_inherited(tmp_path):
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     method, counts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert method == "fork" and all(count > 0 for count in counts), (method, counts)
+
+
+DEAF = """
+import json, multiprocessing, signal, time
+from repack.exec.local import kill_pool, new_pool
+
+def deaf(_):  # as a worker forked before its initializer reset SIGTERM, whose handler's raise was lost
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(600)
+
+if __name__ == "__main__":
+    pool = new_pool(1)
+    pool.submit(deaf, 0)
+    time.sleep(1)
+    started = time.monotonic()
+    kill_pool(pool)
+    print(json.dumps([round(time.monotonic() - started), len(multiprocessing.active_children())]))
+"""
+
+
+def test_a_worker_that_survives_sigterm_is_killed_not_joined_forever(tmp_path):
+    """A worker that lived through SIGTERM was left for the interpreter's exit, which joined it forever: the driver
+    hung after its one-line error (seen under `ulimit -n 20`)."""
+    script = tmp_path / "deaf.py"
+    script.write_text(DEAF)
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    seconds, alive = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0 and seconds <= 11 and alive == 0, proc.stderr

@@ -158,6 +158,9 @@ def kill_pool(pool: ProcessPoolExecutor) -> None:
         worker.terminate()
     for worker in multiprocessing.active_children():
         worker.join(5)
+        if worker.is_alive():  # forked before its initializer set SIGTERM's default (the driver's handler ran in it,
+            worker.kill()      # and its raise was lost): never left for the interpreter's exit to join forever
+            worker.join(5)
 
 
 @contextlib.contextmanager
