@@ -403,13 +403,13 @@ class VideoJob(Job):
                                 max_height=spec.max_height, bframes=spec.bframes, threads=spec.threads,
                                 target=spec.target, codec=task.payload.get("legacy_codec", LEGACY_CODEC))
                 t0 = time.perf_counter()
-                error = run_ffmpeg(build_command(entry["path"], str(tmp), info, recipe), entry["path"])
+                error = run_ffmpeg(build_command(entry["path"], str(tmp), info, recipe), entry["path"], output=rel)
                 timing["transcode_s"] += time.perf_counter() - t0
                 if error:
                     return {"reason": f"transcode failed: {error}", "codes": ["transcode_failed"]}
             elif remuxed:
                 container = "mov" if final.suffix.lower() == ".mov" else "mp4"
-                error = run_ffmpeg(remux_command(entry["path"], str(tmp), container), entry["path"])
+                error = run_ffmpeg(remux_command(entry["path"], str(tmp), container), entry["path"], output=rel)
                 if error:
                     return {"reason": f"faststart remux failed: {error}", "codes": ["remux_failed"]}
             elif spec.link:

@@ -28,6 +28,8 @@ off: the job quarantines the file with both numbers).
 
 from __future__ import annotations
 
+import errno
+import signal
 from dataclasses import dataclass
 
 from repack.transforms.ffmpeg_cli import compile_ffmpeg, run, safe_input
@@ -217,7 +219,26 @@ def frames_problem(timing: Timing, output: dict) -> str | None:
             f"frames ({seconds:.3f} s)")
 
 
-def run_ffmpeg(cmd: list[str], src: str, timeout: float | None = None) -> str | None:
-    """Run an ffmpeg argument list reading ``src``; None on success, else its last error line."""
+# what ffmpeg prints (strerror) when its output cannot be written: the job's storage, not the input
+JOB_WRITE_ERRORS = {"No space left on device": errno.ENOSPC, "File too large": errno.EFBIG,
+                    "Disk quota exceeded": errno.EDQUOT}
+# signals that end ffmpeg for the job's reasons: the file-size limit (SIGXFSZ), a stop of the job
+JOB_SIGNALS = {signal.SIGXFSZ: errno.EFBIG, signal.SIGTERM: errno.EINTR, signal.SIGINT: errno.EINTR,
+               signal.SIGHUP: errno.EINTR}
+
+
+def run_ffmpeg(cmd: list[str], src: str, timeout: float | None = None, output: str | None = None) -> str | None:
+    """Run an ffmpeg argument list reading ``src``; None on success, else its last error line (the input's
+    quarantine reason). OSError where the output could not be written (disk full, a file-size limit or quota,
+    also when ffmpeg exits 0 after saying so) or ffmpeg was stopped by such a signal: the task fails and a re-run
+    does it again, where a quarantine would keep a good input out of the dataset for good."""
     result = run(cmd, timeout)
+    where = f"{output or 'the output'} (from {src})"
+    for text, code in JOB_WRITE_ERRORS.items():
+        if text in result.stderr:
+            raise OSError(code, f"ffmpeg could not write {where}: {text}")
+    if result.returncode < 0 and -result.returncode in JOB_SIGNALS:
+        stopped = signal.Signals(-result.returncode).name
+        raise OSError(JOB_SIGNALS[-result.returncode], f"ffmpeg was stopped by {stopped} writing {where}: "
+                                                       f"{'File too large' if stopped == 'SIGXFSZ' else 'stopped'}")
     return None if result.returncode == 0 else result.error_line(src)
