@@ -263,3 +263,19 @@ def test_a_pull_brings_the_copys_wids_index_to_the_pulled_version_and_drops_ener
     assert sum(s["nsamples"] for s in index["shardlist"]) == latest["totals"]["samples"] == 12
     assert not (dest / (only_v1[0] + ".idx")).exists()
     assert run_repack("verify", dest).returncode == 0
+
+
+def test_a_pull_checks_what_the_manifest_declares_as_verify_does(server, tmp_path):
+    """A manifest whose totals or class counts its shards do not hold (verify: exit 5, the readers refuse it) was
+    pulled with exit 0, "checked"."""
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="declared")
+    env = env_for(server.endpoint, tmp_path)
+    run_repack("images", make_source(tmp_path / "src"), "s3://declared/ds", "--quiet", env=env)
+    manifest = json.loads(objects(s3, "declared", "ds")["manifest.json"])
+    manifest["totals"]["samples"] += 1
+    s3.put_object(Bucket="declared", Key="ds/manifest.json", Body=json.dumps(manifest).encode())
+    assert run_repack("verify", "s3://declared/ds", env=env, check=False).returncode == 5
+    done = run_repack("pull", "s3://declared/ds", tmp_path / "copy", env=env, check=False)
+    assert done.returncode == 5 and "totals.samples" in done.stderr, done.stderr
+    assert not (tmp_path / "copy" / "manifest.json").exists()

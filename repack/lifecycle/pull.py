@@ -34,7 +34,7 @@ from repack.errors import RepackError, UsageError, VerificationError
 from repack.jobs.base import STATE_DIR
 from repack.lifecycle.foreign import ENERGON_INDEX_SUFFIX
 from repack.lifecycle.publish import refresh_other_views
-from repack.lifecycle.verify import check_contents
+from repack.lifecycle.verify import check_identities, dataset_problems, totals_problems
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, atomic_write_bytes, parse_manifest, safe_join
 from repack.manifest.versions import check_number, number_of, version_file, version_number
 from repack.sinks.checks import sha256_file
@@ -233,7 +233,10 @@ def _pull_locked(spec: PullSpec, remote: RemoteFiles, pinned: list[Version], roo
     problems = []
     for version in pinned:
         copied = Manifest(root, version.manifest.data)
-        problems += [f"version {version.number}: {p}" for p in check_contents(LocalFiles(root, copied), copied)]
+        files = LocalFiles(root, copied)
+        found, key_hashes = dataset_problems(files, copied)  # as verify checks a folder, less the folder's own checks
+        found += check_identities(files, copied, key_hashes) + totals_problems(copied)
+        problems += [f"version {version.number}: {p}" for p in found]
     if problems:
         raise VerificationError(f"{spec.url}: the copy in {spec.dest} fails {len(problems)} check(s), no manifest "
                                 "written: " + "; ".join(problems[:5]))

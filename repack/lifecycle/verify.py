@@ -63,8 +63,7 @@ def verify_report(location, version: int | None = None, workers: int | None = No
         odd = [] if files.remote else files.irregular(sorted(listed | {n for n in names if foreign_kind(n, manifest)}))
     if odd:  # what verify reads: a FIFO blocks every read, a folder fails it; the other checks wait for files
         return Report((*odd, "the other checks were not run: each file the dataset names must be a regular file"))
-    problems, key_hashes, classes = check_all_contents(files, manifest, workers, start_digests(files, manifest, workers))
-    problems += check_class_counts(manifest.data, classes) + check_declared(manifest.data)
+    problems, key_hashes = dataset_problems(files, manifest, workers, start_digests(files, manifest, workers))
     for _ in range(SETTLE_TRIES):  # the folder as one moment saw it: a writer or gc beside verify is no damage
         published = files.read(MANIFEST_NAME)
         names = files.names()
@@ -74,7 +73,22 @@ def verify_report(location, version: int | None = None, workers: int | None = No
     problems += chain_problems
     foreign_problems, unchecked = check_foreign(files, manifest, foreign)
     problems += foreign_problems
-    problems += check_identities(files, manifest, key_hashes)
+    problems += check_identities(files, manifest, key_hashes) + totals_problems(manifest)
+    return Report(tuple(problems), tuple(unchecked), tuple(pending))
+
+
+def dataset_problems(files, manifest, workers: int | None = None,
+                     early: EarlyDigests | None = None) -> tuple[list[str], list]:
+    """(every problem of the version's files and of what its manifest declares about them: contents, class counts,
+    the declared sections; each shard's sample key hashes): verify's checks less the folder's (other versions,
+    stray files, other loaders' files), which ``repack pull`` runs on its copy too."""
+    problems, key_hashes, classes = check_all_contents(files, manifest, workers, early)
+    return problems + check_class_counts(manifest.data, classes) + check_declared(manifest.data), key_hashes
+
+
+def totals_problems(manifest) -> list[str]:
+    """The manifest's totals that its shards and quarantine records do not add up to."""
+    problems = []
     totals = manifest.totals
     if totals.get("samples") != manifest.num_samples:
         problems.append(f"totals.samples {totals.get('samples')} != sum over shards {manifest.num_samples}")
@@ -87,7 +101,7 @@ def verify_report(location, version: int | None = None, workers: int | None = No
     if manifest.data.get("format") == "webdataset" and "bytes" in totals and \
             totals["bytes"] != sum(int(s.get("bytes", 0)) for s in shards):
         problems.append(f"totals.bytes {totals['bytes']} != the shards' {sum(int(s.get('bytes', 0)) for s in shards)}")
-    return Report(tuple(problems), tuple(unchecked), tuple(pending))
+    return problems
 
 
 def folder_problems(files, manifest, listed: set[str], names: list[str],
@@ -195,11 +209,6 @@ def check_versions(files, names: list[str], root: Path, published_bytes: bytes |
         elif raw and published_bytes != raw:
             problems.append(f"{MANIFEST_NAME} is not the newest version ({own}), byte for byte")
     return Chain(problems, kept, published, frozenset(pending_files) - kept)
-
-
-def check_contents(files, manifest, workers: int | None = None) -> list[str]:
-    """Problems of every shard and side file (in manifest order), fetched through ``files``."""
-    return check_all_contents(files, manifest, workers)[0]
 
 
 def start_digests(files, manifest, workers: int | None) -> EarlyDigests | None:
@@ -369,7 +378,7 @@ def check_unique_keys(files, manifest, key_hashes: list | None = None) -> list[s
 
     def shard_keys(shard: dict) -> list[str]:
         raw = files.read(shard["index"]) if shard.get("index") else None
-        return index_keys(raw) if raw is not None else []  # a missing index is check_contents' to report
+        return index_keys(raw) if raw is not None else []  # a missing index is check_all_contents' to report
 
     if key_hashes is None:
         key_hashes = [key_hashes_of(shard_keys(shard)) for shard in shards]
