@@ -372,9 +372,17 @@ def test_the_report_escapes_a_received_class_map_and_refuses_sections_of_other_s
     (out / "manifest.json").write_text(json.dumps({**manifest, "classes": {"cat": "<script>x()</script>", "dog": 1}}))
     run_repack("inspect", out, "--html", tmp_path / "r.html")
     assert "<script>x()</script>" not in (tmp_path / "r.html").read_text()
-    (out / "manifest.json").write_text(json.dumps({**manifest, "created_by": "a string"}))
-    proc = run_repack("inspect", out, check=False)
-    assert proc.returncode == 5 and "not what repack writes" in proc.stderr and "Traceback" not in proc.stderr
+    # sections of another JSON type: verify crashed (format a list, stats a string) or said OK (created_by a
+    # string, dataset_version.number a string) while the other commands and the readers refused them
+    for key, value, said in (("created_by", "a string", "created_by must be a dict"),
+                             ("format", ["webdataset"], "format must be a str"),
+                             ("stats", "x", "stats must be a dict"),
+                             ("dataset_version", {"number": "1"}, "dataset_version.number must be a whole number")):
+        (out / "manifest.json").write_text(json.dumps({**manifest, key: value}))
+        for command in ("inspect", "verify"):
+            proc = run_repack(command, out, check=False)
+            assert proc.returncode == 5 and said in proc.stdout + proc.stderr, (command, key, proc.stderr)
+            assert "Traceback" not in proc.stderr
 
 
 def test_links_planted_in_the_job_state_are_refused_before_anything_is_written(packed, tmp_path):

@@ -86,9 +86,14 @@ class Manifest:
                 and isinstance(s.get("bytes"), int) and isinstance(s.get("sha256"), str) for s in shards):
             raise ManifestError(f"{self.where}: manifest shards must be a list of {{path, samples, bytes, sha256}}")
         for key, kind in (("totals", dict), ("quarantine", list), ("classes", dict), ("fields", dict),
-                          ("files", dict)):
+                          ("files", dict), ("format", str), ("modality", str), ("stats", dict), ("created_by", dict),
+                          ("dataset_version", dict), ("tokenizer", dict)):
             if key in data and not isinstance(data[key], kind):
                 raise ManifestError(f"{self.where}: manifest {key} must be a {kind.__name__}")
+        number = data.get("dataset_version", {}).get("number", 1)
+        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+            raise ManifestError(f"{self.where}: manifest dataset_version.number must be a whole number from 1, "
+                                f"not {number!r}")
         self._check_path_fields()
         seen: set[str] = set()
         root_real = Path(os.path.realpath(self.root))
