@@ -75,3 +75,23 @@ def test_damaged_tokens_are_refused(tmp_path):
     with open(out / "text_document.bin", "r+b") as fh:
         fh.truncate(101)  # plainly damaged: a traceback before
     _refused(out, tmp_path / "names")
+
+
+def test_counts_the_shards_do_not_hold_are_refused_before_a_change(tmp_path):
+    """A shard's declared count edited (-1; or 9 and 11 for two shards of 10, totals unchanged): --append published
+    "3 new sample(s), 52 in all" for 63, remove said "-10 sample(s) removed", or "0 removed" after removing one."""
+    src, out = write_jpegs(tmp_path / "src" / "c", 8, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    good = read_manifest_json(out)
+    (tmp_path / "names").write_text("c/a1.jpg\n")
+    negative = json.loads(json.dumps(good))
+    negative["shards"][0]["samples"] = -1
+    (out / "manifest.json").write_text(json.dumps(negative))
+    write_jpegs(src / "c", 2, "new")
+    for args in (("images", src, out, "--append"), ("remove", out, "--sources", tmp_path / "names")):
+        done = run_repack(*args, check=False)
+        assert done.returncode == 2 and "declares -1 samples" in done.stderr and "Traceback" not in done.stderr, args
+    swapped = json.loads(json.dumps(good))
+    swapped["shards"][0]["samples"], swapped["shards"][1]["samples"] = 3, 5
+    (out / "manifest.json").write_text(json.dumps(swapped))
+    assert "holds 4 samples, the manifest says 3" in _refused(out, tmp_path / "names")

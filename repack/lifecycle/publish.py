@@ -35,6 +35,7 @@ from repack.jobs.base import STATE_DIR, read_plan
 from repack.lifecycle.first_record import has_plan, plan_inputs, version_one_record
 from repack.lifecycle.input_columns import InputColumns, from_json_record, merged, parse_record, record_depth, to_bytes
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
+from repack.manifest.caps import check_declared_counts
 from repack.lifecycle.version_names import version_names
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
@@ -159,6 +160,10 @@ def current_version(store) -> tuple[dict, bytes]:
                          "(a job without --append)")
     try:
         data = parse_manifest(raw, store.url, f"{store.url}/{MANIFEST_NAME}").data
+        # the counts the readers check before they read: a change must not publish from counts they refuse (an
+        # object store's sizes are not asked for: a request per shard; its counts and totals are checked)
+        check_declared_counts(data, (lambda rel: sys.maxsize) if store.remote else store.size,
+                              f"{store.url}/{MANIFEST_NAME}")
     except ManifestError as exc:
         raise UsageError(f"{store.url}/{MANIFEST_NAME} is not a valid manifest: {exc}") from None
     return data, raw

@@ -247,6 +247,9 @@ def _shard_index(store, entry: dict, tar) -> ShardIndex:
     if index is None or not index.adjacent():
         raise UsageError(f"{store.url}/{entry['path']}: its samples are not laid out as repack writes them (run "
                          "repack verify)")
+    if index.samples != entry["samples"]:  # the version's counts (and what a remove says it removed) come from these
+        raise VerificationError(f"{store.url}/{entry['path']}: holds {index.samples} samples, the manifest says "
+                                f"{entry['samples']}: run `repack verify`; nothing removed")
     return index
 
 
