@@ -95,3 +95,37 @@ def test_counts_the_shards_do_not_hold_are_refused_before_a_change(tmp_path):
     swapped["shards"][0]["samples"], swapped["shards"][1]["samples"] = 3, 5
     (out / "manifest.json").write_text(json.dumps(swapped))
     assert "holds 4 samples, the manifest says 3" in _refused(out, tmp_path / "names")
+
+
+INTERRUPTED_REWRITE = """
+import os, signal, sys, time
+import repack.lifecycle.remove as remove
+def stopped(store, out, current, spec, number, known):  # a SIGTERM while the rewrites write their temp files
+    (out / f".shard-000000-v{number}.tar.tmp-99999").write_bytes(b"part of a shard")
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+remove.REWRITERS["webdataset"] = stopped
+sys.argv = ['repack'] + sys.argv[1:]
+from repack.cli import main
+main()
+"""
+
+
+def test_an_interrupted_remove_leaves_no_temp_file_and_gc_clears_a_killed_ones(tmp_path):
+    """An interrupted remove said "temp files removed" and left its rewrites' temp files (a shard's worth each);
+    neither gc nor --append ever deleted those of a remove killed with -9."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    src, out = write_jpegs(tmp_path / "src" / "c", 6, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    (tmp_path / "names").write_text("c/a1.jpg\n")
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_REWRITE, "remove", str(out), "--sources",
+                           str(tmp_path / "names")], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 143 and "temp files removed" in done.stderr, done.stderr
+    assert not list(out.glob(".*.tmp-*"))
+    (out / ".shard-000000-v2.tar.tmp-4242").write_bytes(b"a killed remove's")
+    run_repack("gc", out)
+    assert not list(out.glob(".*.tmp-*")) and run_repack("verify", out).returncode == 0

@@ -39,6 +39,10 @@ def collect_garbage(out: str, keep: int) -> GcResult:
         if settle_pending(store, current).promoted is not None:
             current, _ = current_version(store)
         latest = number_of(current)
+        if not store.remote:  # a rewrite of the next version killed before its rename: its temp files go
+            from repack.lifecycle.remove import drop_rewrite_temps
+
+            drop_rewrite_temps(root, latest + 1)
         numbers = sorted({n for n in (version_number(rel) for rel in store.list_sizes("manifest.v"))
                           if n is not None and n <= latest} | {latest})  # one numbered past it: verify names it
         kept = tuple(n for n in numbers if n > latest - keep)

@@ -25,6 +25,7 @@ import posixpath
 import stat
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from repack.errors import UsageError
 from repack.lifecycle.input_record import dataset_record, dropped_copies, remove_delta
@@ -240,15 +241,18 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
             raise UsageError(f"repack remove rewrites image (webdataset, lmdb) and token memmap datasets; "
                              f"{store.url} holds {current['modality']} in {current['format']}")
         number = number_of(current) + 1
-        for temp in out.glob(f".*-v{number}.*.tmp-*"):  # a rewrite killed before its rename
-            temp.unlink(missing_ok=True)
+        drop_rewrite_temps(out, number)  # a rewrite killed before its rename
         known = published_record(store, current)
         spelled = held_spellings(current, known, spec)  # held name -> the name as given, where they differ
         if spelled:
             given = {name for names in spelled.values() for name in names}
             spec = dataclasses.replace(spec, names=tuple(dict.fromkeys(
                 [name for name in spec.names if name not in given] + list(spelled))))
-        done = rewriter(store, out, current, spec, number, known)
+        try:
+            done = rewriter(store, out, current, spec, number, known)
+        except BaseException:  # interrupted or failed: its workers are stopped, their temp files go
+            drop_rewrite_temps(out, number)
+            raise
         shards = done.shards
         taken_down = quarantined_named(current, spec.names) if spec.by == "sources" else frozenset()
         copies_down = dropped_copies_named(store, current, known, set(spec.names) - done.found - taken_down) \
@@ -296,6 +300,13 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         record_removed(store, known, number, removed_sources | taken_down | copies_down)
         data = publish(store, out, current, raw, body, change)
         return RemoveResult(data, True, removed, not_found, time.time() - started)
+
+
+def drop_rewrite_temps(out: Path, number: int) -> None:
+    """Delete the temp files of version ``number``'s rewrites (``.<stem>-vN.tar.tmp-PID``, an LMDB's
+    ``.data-vN.lmdb.tmp-remove``): called under the dataset's lock, where no writer of that version runs."""
+    for temp in Path(out).glob(f".*-v{int(number)}.*.tmp-*"):
+        temp.unlink(missing_ok=True)
 
 
 def _less(counts: dict[str, int], removed: dict[str, int]) -> dict[str, int]:
