@@ -1,3 +1,3 @@
-from repack.cli import main
+from repack.entry import main
 
 main()

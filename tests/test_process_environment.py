@@ -103,3 +103,25 @@ def test_a_signal_whose_raise_became_another_error_still_ends_with_the_signals_e
                              capture_output=True, text=True, cwd=ROOT)
     assert stopped.returncode == 143 and stopped.stderr.startswith("repack: interrupted by SIGTERM"), stopped.stderr
     assert "Traceback" not in stopped.stderr
+
+
+EARLY_SIGINT = """
+import builtins, os, signal, sys
+real_import = builtins.__import__
+def importing(name, *args, **kwargs):  # Ctrl-C while the command's modules are still being imported
+    if name == "repack.commands.images" and not getattr(importing, "sent", False):
+        importing.sent = True
+        os.kill(os.getpid(), signal.SIGINT)
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = importing
+sys.argv = ["repack", "--help"]
+from repack.entry import main
+main()
+"""
+
+
+def test_ctrl_c_while_the_command_starts_ends_in_one_line():
+    """A Ctrl-C in the first fraction of a second (the imports) printed a KeyboardInterrupt traceback."""
+    done = subprocess.run([sys.executable, "-c", EARLY_SIGINT], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 130 and done.stderr == "repack: interrupted by SIGINT while starting; nothing was done\n", \
+        done.stderr
