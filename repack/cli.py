@@ -3,6 +3,7 @@ This is the one place where exceptions become messages and exit codes."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -124,6 +125,9 @@ def main() -> None:
         sys.exit(130)
     except OSError as exc:  # an unexpected I/O failure of the job itself (disk full, lost mount)
         where = f": {exc.filename}" if exc.filename else ""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # no bad job: room, then the same command
+            fail(f"{exc.strerror or exc}{where}: make room (or raise the limit) and re-run the same command; "
+                 "nothing half-done was published", IncompleteJobError.exit_code)
         fail(f"{exc.strerror or exc}{where}", 2)
     except RuntimeError as exc:  # a pool's worker killed (the OOM killer, a signal) outside the engine's retries
         pools = sys.modules.get("concurrent.futures.process")  # imported by whatever ran a pool (not by --help)

@@ -118,3 +118,61 @@ def test_a_version_file_numbered_past_the_next_is_named_by_verify_and_left_by_gc
     assert not (out / "manifest.v1.json").exists()
     (out / "manifest.v7.json").unlink()
     assert run_repack("verify", out).returncode == 0
+
+
+def test_gc_on_a_full_disk_deletes_the_old_files_before_it_writes_the_kept_record(tmp_path, monkeypatch):
+    """gc first rewrote the oldest kept record whole (~54 bytes an input): on a full disk it failed with "No space
+    left on device" and deleted nothing, though freeing space is what it is for. The record's write failing for
+    want of space (simulated: the first write of it) now lets the old versions' files go first."""
+    import errno
+
+    from repack.lifecycle import gc, publish
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    (tmp_path / "takedown.txt").write_text("cat/c1.jpg\n")
+    run_repack("remove", out, "--sources", tmp_path / "takedown.txt", "--quiet")
+    v1_only = {s["path"] for s in json.loads((out / "manifest.v1.json").read_text())["shards"]} - \
+        {s["path"] for s in read_manifest_json(out)["shards"]}
+    assert v1_only and all((out / rel).exists() for rel in v1_only)
+    whole, calls = publish.make_record_whole, []
+
+    def full_disk_once(store, number):
+        calls.append(all(not (out / rel).exists() for rel in v1_only))  # were the old files gone when it ran?
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        whole(store, number)
+
+    monkeypatch.setattr(gc, "make_record_whole", full_disk_once)
+    done = gc.collect_garbage(str(out), keep=1)
+    assert calls == [False, True] and done.deleted_versions == (1, 2)
+    assert not any((out / rel).exists() for rel in v1_only)
+    assert run_repack("verify", out).returncode == 0
+    from tests.test_images_job import jpeg_bytes
+
+    (src / "cat" / "late.jpg").write_bytes(jpeg_bytes(seed=77))  # the record the next change reads is whole and right
+    assert "1 new sample(s)" in run_repack("images", src, out, "--shard-size", "4", "--append").stdout
+
+
+def test_a_full_disk_while_a_change_publishes_says_so_and_that_a_rerun_resumes(tmp_path):
+    """A disk that filled while a version was published ended in a bare "No space left on device", exit 2 (a bad
+    job), naming no file and not saying that the same command resumes."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    (tmp_path / "takedown.txt").write_text("cat/c1.jpg\n")
+    full = ("import errno, sys\nimport repack.lifecycle.remove as r\n"
+            "def full(*a, **k):\n    raise OSError(errno.ENOSPC, 'No space left on device')\n"
+            "r.publish = full\nsys.argv = ['repack'] + sys.argv[1:]\nfrom repack.entry import main\nmain()\n")
+    done = subprocess.run([sys.executable, "-c", full, "remove", str(out), "--sources", str(tmp_path / "takedown.txt")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 4 and "No space left on device" in done.stderr and "re-run the same command" in done.stderr
+    assert "Traceback" not in done.stderr
+    run_repack("remove", out, "--sources", tmp_path / "takedown.txt")
+    assert run_repack("verify", out).returncode == 0

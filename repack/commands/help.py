@@ -20,7 +20,7 @@ EXIT_CODES: tuple[tuple[str, str], ...] = (
     (str(UsageError.exit_code), "bad job: missing source, unwritable OUT, bad option, OUT holds another job "
                                 "or files of no repack job"),
     (str(JobLockedError.exit_code), "OUT is locked by a live run of the same job"),
-    (str(IncompleteJobError.exit_code), "tasks failed: finished shards are kept, a re-run resumes"),
+    (str(IncompleteJobError.exit_code), "tasks failed, or the disk filled: finished shards are kept, a re-run resumes"),
     (str(VERIFICATION_EXIT_CODE), "verification failed: a file does not match the manifest"),
     (str(StrictModeError.exit_code), "--strict and --strict's condition held (see --strict)"),
     (str(NothingPackedError.exit_code), "inputs were found but nothing was packed (every one quarantined; an "

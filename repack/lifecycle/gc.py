@@ -11,6 +11,7 @@ Each deletion is one unlink; a gc killed half-way leaves kept versions whole, an
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,14 +57,25 @@ def collect_garbage(out: str, keep: int) -> GcResult:
         doomed_files += sorted({rel + ENERGON_INDEX_SUFFIX[len(".tar"):] for rel in doomed_files if rel.endswith(".tar")}
                                - keep_names)
         sizes = {rel: store.size(rel) for rel in doomed_files}  # the store's confinement refuses before a delete
-        if doomed:  # the oldest kept record stands alone before the records it extends go, and before anything
-            make_record_whole(store, min(kept))  # is deleted: a record that cannot be made whole refuses the gc
         deleted, freed = [], 0
-        for rel, size in sizes.items():
-            if size is not None:
-                store.delete(rel)
-                deleted.append(rel)
-                freed += size
+
+        def delete_files() -> None:
+            nonlocal freed
+            for rel, size in sizes.items():
+                if size is not None and rel not in deleted:
+                    store.delete(rel)
+                    deleted.append(rel)
+                    freed += size
+
+        if doomed:  # the oldest kept record stands alone before the records it extends go, and before anything
+            try:    # is deleted: a record that cannot be made whole refuses the gc
+                make_record_whole(store, min(kept))
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                delete_files()  # a full disk: the old versions' files go first (the records they extend stay, so
+                make_record_whole(store, min(kept))  # the chain is whole until the record is), then the record
+        delete_files()
         for number in doomed:  # the version files last: a gc killed before this re-finds what they name, and
             store.delete(inputs_record(number))  # its records go before it (nothing re-finds them after it)
             store.delete(legacy_inputs_record(number))  # an older repack's record
