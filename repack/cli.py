@@ -24,8 +24,8 @@ from repack.commands.remove import remove
 from repack.commands.text import text
 from repack.commands.verify import inspect, verify
 from repack.commands.video import video
-from repack.errors import (VERIFICATION_EXIT_CODE, IncompleteJobError, Interrupted, RepackError, interrupt_received,
-                           note_interrupt)
+from repack.errors import (VERIFICATION_EXIT_CODE, IncompleteJobError, Interrupted, RepackError, UsageError,
+                           interrupt_received, note_interrupt)
 
 
 @click.group(cls=RepackGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -68,19 +68,28 @@ def _names_in_utf8() -> None:
     """Start this command again in Python's UTF-8 mode where the locale gives file names another encoding (a
     Latin-1 or ASCII locale): names are read, recorded and opened as UTF-8 (undecodable bytes escaped), whatever
     the locale, so one SOURCE gives one dataset on every machine."""
-    if sys.getfilesystemencoding().replace("-", "").lower() == "utf8" or os.environ.get(UTF8_REEXEC):
+    encoding = sys.getfilesystemencoding()
+    if encoding.replace("-", "").lower() == "utf8" or os.environ.get(UTF8_REEXEC):
         return
+    argv = list(getattr(sys, "orig_argv", ()))  # the interpreter's own command line: what is started again
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
+    itself = module == "repack" or (len(argv) > 1 and os.path.basename(argv[1]) == "repack")  # console script
+    if not itself:  # called from another program (a script on stdin, a wrapper): starting it again would run it twice
+        raise UsageError(f"the locale gives file names the encoding {encoding}, not UTF-8, so names would be "
+                         "recorded garbled: run with PYTHONUTF8=1 (or a UTF-8 locale)")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, list(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
-              {**os.environ, "PYTHONUTF8": "1", UTF8_REEXEC: "1"})
+    os.execve(sys.executable, argv, {**os.environ, "PYTHONUTF8": "1", UTF8_REEXEC: "1"})
 
 
 def main() -> None:
     """Entry point: run the CLI, turning RepackError into a one-line message and exit code."""
     from repack.manifest import ManifestError
 
-    _names_in_utf8()
+    try:
+        _names_in_utf8()
+    except UsageError as exc:
+        fail(str(exc), exc.exit_code)
 
     # repack's own processes do no BLAS work, and numpy's bundled OpenBLAS starts a thread per CPU at import,
     # which spin (on 16 CPUs ~2 CPU-s per import, beside the walk's processes): one, unless the user set it

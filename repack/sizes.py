@@ -4,6 +4,7 @@ that the manifest readers and the options parse sizes alike."""
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from repack.errors import UsageError
 
@@ -20,7 +21,7 @@ def parse_size(text: str | int | None) -> int | None:
     if not match or match.group(2).upper() not in _SIZE_UNITS:
         raise UsageError(f"bad size {text!r}: use a number with an optional unit, e.g. 512MB or 1GiB")
     number, unit = match.group(1), _SIZE_UNITS[match.group(2).upper()]
-    value = int(number) * unit if "." not in number else int(float(number) * unit)
+    value = int(Decimal(number) * unit)  # exact: '2.01MB' is 2,010,000 bytes (a float gave 2,009,999)
     if value <= 0:
         raise UsageError(f"bad size {text!r}: must be positive")
     if value > MAX_SIZE:

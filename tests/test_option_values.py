@@ -81,3 +81,10 @@ def test_a_dataset_packed_with_a_negative_seed_appends_with_its_absolute_value(t
     write_jpegs(src / "d", 2, "n")
     done = run_repack("images", src, out, "--append", "--shuffle", "--seed", "1")
     assert "2 new sample(s)" in done.stdout, done.stdout + done.stderr
+
+
+def test_decimal_sizes_are_exact():
+    """'2.01MB' went through a float: 2,009,999 bytes."""
+    from repack.sizes import parse_size
+
+    assert parse_size("2.01MB") == 2_010_000 and parse_size("0.1GB") == 100_000_000 and parse_size(" 512 MB ") == 512 * 10**6

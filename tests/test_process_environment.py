@@ -125,3 +125,13 @@ def test_ctrl_c_while_the_command_starts_ends_in_one_line():
     done = subprocess.run([sys.executable, "-c", EARLY_SIGINT], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 130 and done.stderr == "repack: interrupted by SIGINT while starting; nothing was done\n", \
         done.stderr
+
+
+def test_repack_called_from_another_program_under_an_ascii_locale_is_refused_not_started_twice(tmp_path):
+    """Started again in UTF-8 mode, the host program ran twice (a wrapper's own work done again), and a script on
+    stdin found stdin empty the second time: exit 0, the command never run."""
+    wrapper = "print('host work'); import sys; sys.argv = ['repack', 'verify', '/nonexistent']\n" \
+              "from repack.cli import main\nmain()\n"
+    done = subprocess.run([sys.executable, "-"], input=wrapper, capture_output=True, text=True, cwd=ROOT,
+                          env={**__import__("os").environ, **ASCII_NAMES})
+    assert done.returncode == 2 and done.stdout == "host work\n" and "PYTHONUTF8=1" in done.stderr, done

@@ -129,3 +129,46 @@ def test_an_interrupted_remove_leaves_no_temp_file_and_gc_clears_a_killed_ones(t
     (out / ".shard-000000-v2.tar.tmp-4242").write_bytes(b"a killed remove's")
     run_repack("gc", out)
     assert not list(out.glob(".*.tmp-*")) and run_repack("verify", out).returncode == 0
+
+
+SWALLOWED_BEFORE_PUBLISH = """
+import os, signal, sys, time
+import repack.lifecycle.remove as remove
+found = remove.published_record
+def swallowing(*args, **kwargs):  # the handler's raise swallowed by C code (an import, a callback)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+    except BaseException:
+        pass
+    return found(*args, **kwargs)
+remove.published_record = swallowing
+sys.argv = ['repack'] + sys.argv[1:]
+from repack.entry import main
+main()
+"""
+
+
+def test_a_change_publishes_nothing_after_a_swallowed_signal_and_gc_frees_space_beside_a_missing_shard(tmp_path):
+    """remove published version 2 after a SIGTERM whose raise was swallowed, then said it was interrupted (143);
+    gc refused a dataset one of whose shards is missing ("not a valid manifest"), freeing nothing."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    src, out = write_jpegs(tmp_path / "src" / "c", 8, "a").parent, tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    (tmp_path / "names").write_text("c/a1.jpg\n")
+    done = subprocess.run([sys.executable, "-c", SWALLOWED_BEFORE_PUBLISH, "remove", str(out), "--sources",
+                           str(tmp_path / "names")], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 143 and "published" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert not (out / "manifest.v2.json").exists()
+    run_repack("remove", out, "--sources", tmp_path / "names", "--quiet")
+    kept = [s["path"] for s in read_manifest_json(out)["shards"]]
+    (out / kept[-1]).unlink()  # a shard of the latest version lost
+    freed = run_repack("gc", out)
+    assert "deleted 1 older version(s)" in freed.stdout + freed.stderr
+    write_jpegs(src / "c", 1, "late")
+    refused = run_repack("images", src, out, "--append", check=False)
+    assert refused.returncode == 2 and f"{kept[-1]!r} is missing" in refused.stderr and "nothing changed" in refused.stderr

@@ -5,7 +5,7 @@ position alone) is removed like any other; a shard rewritten by versions 2 and 3
 from __future__ import annotations
 
 
-from tests.conftest import read_manifest_json, run_repack, sample_paths
+from tests.conftest import ROOT, read_manifest_json, run_repack, sample_paths
 from tests.test_images_job import jpeg_bytes, write_jpegs
 
 NAMELESS = ["ü", "___", "日本"]  # no slug: keys 000000NN with no "_"
@@ -73,6 +73,15 @@ def test_sources_given_as_paths_inside_a_folder_source_are_removed(tmp_path):
     assert f"not found in the dataset: {tmp_path}/elsewhere/c/a4.jpg" in done.stderr
     assert sorted(sample_paths(out)) == ["c/a0.jpg", "c/a4.jpg", "c/a5.jpg"]
     assert read_manifest_json(out)["dataset_version"]["change"]["not_found"] == [f"{tmp_path}/elsewhere/c/a4.jpg"]
+    import subprocess  # as `find src` prints it beside SOURCE: from the current folder
+    import sys
+
+    (tmp_path / "found.txt").write_text("src/c/a4.jpg\n")
+    beside = subprocess.run([sys.executable, "-m", "repack", "remove", "out", "--sources", "found.txt"], cwd=tmp_path,
+                            capture_output=True, text=True, env={**__import__("os").environ,
+                                                                 "PYTHONPATH": str(ROOT)})
+    assert "1 sample(s) removed, 0 name(s) not found" in beside.stdout + beside.stderr, beside.stderr
+    assert sorted(sample_paths(out)) == ["c/a0.jpg", "c/a5.jpg"]
     (src / "c" / "a1.jpg").touch()  # the taken-down source stays out of later appends, however it was named
     assert "nothing new" in (lambda r: r.stdout + r.stderr)(run_repack("images", src, out, "--append"))
     assert run_repack("verify", out).returncode == 0

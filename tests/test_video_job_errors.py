@@ -32,3 +32,18 @@ def test_a_file_size_limit_fails_the_tasks_and_a_rerun_packs_every_video(tmp_pat
     assert done["quarantine"] == wanted["quarantine"] == []
     assert [v["sha256"] for v in done["shards"]] == [v["sha256"] for v in wanted["shards"]]
     assert run_repack("verify", out).returncode == 0
+
+
+def test_an_input_named_like_a_full_disk_is_still_the_inputs_fault(tmp_path):
+    """ffmpeg quotes the input's path (and the output's temp name, made from it): a bad file named
+    "Disk quota exceeded.mp4" failed its task on every run instead of being quarantined."""
+    import os
+
+    from repack.transforms.transcode import remux_command, run_ffmpeg
+
+    for name in ("other.mp4", "Disk quota exceeded.mp4", "No space left on device.mp4"):
+        src = tmp_path / name
+        src.write_bytes(os.urandom(5000))  # not a video
+        reason = run_ffmpeg(remux_command(str(src), str(tmp_path / f".{name}.tmp-1"), "mp4"), str(src),
+                            output=f"videos/{name}")
+        assert reason and "Invalid data" in reason, (name, reason)

@@ -15,7 +15,7 @@ import errno
 from dataclasses import dataclass
 from pathlib import Path
 
-from repack.errors import UsageError
+from repack.errors import UsageError, raise_if_interrupted
 from repack.lifecycle.foreign import ENERGON_INDEX_SUFFIX
 from repack.lifecycle.publish import (current_version, inputs_record, legacy_inputs_record, locked_dataset,
                                       make_record_whole, settle_pending)
@@ -36,9 +36,9 @@ def collect_garbage(out: str, keep: int) -> GcResult:
     if keep < 1:
         raise UsageError(f"--keep must be at least 1 (the latest version), got {keep}")
     with locked_dataset(out) as (store, root):
-        current, _ = current_version(store)
+        current, _ = current_version(store, counts=False)  # a missing shard of the latest: gc frees space anyway
         if settle_pending(store, current).promoted is not None:
-            current, _ = current_version(store)
+            current, _ = current_version(store, counts=False)
         latest = number_of(current)
         if not store.remote:  # a rewrite of the next version killed before its rename: its temp files go
             from repack.lifecycle.remove import drop_rewrite_temps
@@ -58,6 +58,7 @@ def collect_garbage(out: str, keep: int) -> GcResult:
                                - keep_names)
         sizes = {rel: store.size(rel) for rel in doomed_files}  # the store's confinement refuses before a delete
         deleted, freed = [], 0
+        raise_if_interrupted()  # a signal whose raise was swallowed: nothing is deleted after it
 
         def delete_files() -> None:
             nonlocal freed

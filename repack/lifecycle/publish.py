@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from repack.errors import ConfinementError, UsageError
+from repack.errors import ConfinementError, UsageError, raise_if_interrupted
 from repack.jobs.base import STATE_DIR, read_plan
 from repack.lifecycle.first_record import has_plan, plan_inputs, version_one_record
 from repack.lifecycle.input_columns import InputColumns, from_json_record, merged, parse_record, record_depth, to_bytes
@@ -124,7 +124,7 @@ def locked_dataset(location: str) -> Iterator[tuple[object, Path]]:
     store = open_store(location)
     out = Path(store.scratch)
     try:
-        current_version(store)
+        current_version(store, counts=False)  # there is a dataset (each command checks what it needs of it)
     except UsageError:
         if not store.remote and (state_dir(out) / "lock").is_file():  # a first pack running there: name it
             with JobLock(out, ""):  # JobLockedError naming its process where one holds the lock
@@ -150,8 +150,10 @@ def refuse_names_in_use(store, current: dict, names, what: str) -> None:
                          "dataset names already (renamed by hand?); nothing was changed")
 
 
-def current_version(store) -> tuple[dict, bytes]:
-    """(data, bytes) of the published ``manifest.json``; UsageError when there is none."""
+def current_version(store, counts: bool = True) -> tuple[dict, bytes]:
+    """(data, bytes) of the published ``manifest.json``; UsageError when there is none. ``counts``: its declared
+    sample counts are checked as the readers check them (a change must not publish from counts they refuse;
+    gc, which deletes only what no kept version names, does without)."""
     raw = store.read_bytes(MANIFEST_NAME)
     if raw is None:
         if not store.remote and not Path(store.url).is_dir():
@@ -160,12 +162,14 @@ def current_version(store) -> tuple[dict, bytes]:
                          "(a job without --append)")
     try:
         data = parse_manifest(raw, store.url, f"{store.url}/{MANIFEST_NAME}").data
-        # the counts the readers check before they read: a change must not publish from counts they refuse (an
-        # object store's sizes are not asked for: a request per shard; its counts and totals are checked)
-        check_declared_counts(data, (lambda rel: sys.maxsize) if store.remote else store.size,
-                              f"{store.url}/{MANIFEST_NAME}")
     except ManifestError as exc:
         raise UsageError(f"{store.url}/{MANIFEST_NAME} is not a valid manifest: {exc}") from None
+    if counts:  # an object store's sizes are not asked for (a request per shard): its counts and totals are checked
+        try:
+            check_declared_counts(data, (lambda rel: sys.maxsize) if store.remote else store.size,
+                                  f"{store.url}/{MANIFEST_NAME}")
+        except ManifestError as exc:
+            raise UsageError(f"{exc}; nothing changed") from None
     return data, raw
 
 
@@ -248,6 +252,7 @@ def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, cha
             say: Callable[[str], None] | None = None) -> dict:
     """Publish ``body`` as the version after ``current``, recording ``change``; returns its data. Other loaders'
     views of the dataset follow it (``foreign.refresh_views``: ``say`` warns of one repack cannot rewrite)."""
+    raise_if_interrupted()  # a signal whose raise was swallowed: nothing is published after it
     data = stamp(body, current, change)
     Manifest(out, data).validate()
     store.check_lock()  # an object store's lock taken over by another run: publish nothing

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from repack.errors import RepackError, UsageError, VerificationError
+from repack.errors import RepackError, UsageError, VerificationError, raise_if_interrupted
 from repack.jobs.base import STATE_DIR
 from repack.lifecycle.foreign import ENERGON_INDEX_SUFFIX
 from repack.lifecycle.publish import refresh_other_views
@@ -241,6 +241,7 @@ def _pull_locked(spec: PullSpec, remote: RemoteFiles, pinned: list[Version], roo
         raise VerificationError(f"{spec.url}: the copy in {spec.dest} fails {len(problems)} check(s), no manifest "
                                 "written: " + "; ".join(problems[:5]))
     latest = pinned[0]
+    raise_if_interrupted()  # a signal whose raise was swallowed: no manifest is written after it
     for version in reversed(pinned):
         if version.number > 1 or len(pinned) > 1:
             atomic_write_bytes(refuse_links(root, version_file(version.number)), version.raw)

@@ -140,7 +140,7 @@ REWRITERS = {"webdataset": _tar, "lmdb": _lmdb, "memmap": _tokens}
 def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) -> dict[str, tuple[str, ...]]:
     """Each named source the record does not hold that the record holds spelled otherwise, as {held spelling:
     the names given}. A dataset packed from a folder: a path given whole (``/data/src/cat/a.jpg`` or
-    ``s3://bucket/src/cat/a.jpg`` for ``cat/a.jpg``, ``cat//a.jpg``). From a list file (whose sources are its
+    ``s3://bucket/src/cat/a.jpg`` for ``cat/a.jpg``, ``cat//a.jpg``) or from the current folder (``src/cat/a.jpg``). From a list file (whose sources are its
     rows as written): ``./a.jpg``, ``a//b.jpg``, an absolute path inside the list's folder
     (``listfile.canonical_rel``); as --append takes both spellings for one input, a takedown does."""
     options = (current.get("created_by") or {}).get("options") or {}
@@ -151,8 +151,6 @@ def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) 
 
     given = sorted(set(spec.names))
     source = str(options.get("source") or "")
-    if not options.get("list_file"):  # only a name that may be spelled otherwise: the rest is looked up as given
-        given = [name for name in given if name.startswith(("/", "./", "s3://")) or "//" in name or "/./" in name]
     if not given or not source:
         return {}
     try:
@@ -189,14 +187,16 @@ def _folder_spellings(known: RecordLayers, missing: list[str], source: str) -> d
             if name.startswith(prefix):
                 wanted.setdefault(posixpath.normpath(name[len(prefix):]), ())
                 wanted[posixpath.normpath(name[len(prefix):])] += (name,)
-    else:
+    else:  # a whole path, or one relative to the current folder (``find src`` run beside SOURCE ``src``)
         root = os.path.abspath(source)
         roots = tuple(dict.fromkeys((root, os.path.realpath(root))))
         wanted = {}
         for name in missing:
-            rel = canonical_rel(name, roots)
-            if rel != name and not os.path.isabs(rel) and not rel.startswith("../") and rel not in (".", ".."):
-                wanted[rel] = wanted.get(rel, ()) + (name,)
+            for spelled in (name, os.path.abspath(name)):
+                rel = canonical_rel(spelled, roots)
+                if rel != name and not os.path.isabs(rel) and not rel.startswith("../") and rel not in (".", ".."):
+                    wanted[rel] = wanted.get(rel, ()) + (name,)
+                    break
     rels = sorted(wanted)
     if not rels:
         return {}

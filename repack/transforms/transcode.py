@@ -234,8 +234,11 @@ def run_ffmpeg(cmd: list[str], src: str, timeout: float | None = None, output: s
     does it again, where a quarantine would keep a good input out of the dataset for good."""
     result = run(cmd, timeout)
     where = f"{output or 'the output'} (from {src})"
+    said = "\n".join(result.lines(src))  # the input's path left out: a name holding those words is no full disk
+    for arg in cmd:  # nor is one the output's temp name carries
+        said = said.replace(arg, "<arg>") if "/" in arg else said
     for text, code in JOB_WRITE_ERRORS.items():
-        if text in result.stderr:
+        if text in said:
             raise OSError(code, f"ffmpeg could not write {where}: {text}")
     if result.returncode < 0 and -result.returncode in JOB_SIGNALS:
         stopped = signal.Signals(-result.returncode).name
