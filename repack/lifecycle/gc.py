@@ -36,9 +36,9 @@ def collect_garbage(out: str, keep: int) -> GcResult:
     if keep < 1:
         raise UsageError(f"--keep must be at least 1 (the latest version), got {keep}")
     with locked_dataset(out) as (store, root):
-        current, _ = current_version(store, counts=False)  # a missing shard of the latest: gc frees space anyway
+        current, _ = current_version(store)
         if settle_pending(store, current).promoted is not None:
-            current, _ = current_version(store, counts=False)
+            current, _ = current_version(store)
         latest = number_of(current)
         if not store.remote:  # a rewrite of the next version killed before its rename: its temp files go
             from repack.lifecycle.remove import drop_rewrite_temps

@@ -124,7 +124,7 @@ def locked_dataset(location: str) -> Iterator[tuple[object, Path]]:
     store = open_store(location)
     out = Path(store.scratch)
     try:
-        current_version(store, counts=False)  # there is a dataset (each command checks what it needs of it)
+        current_version(store)
     except UsageError:
         if not store.remote and (state_dir(out) / "lock").is_file():  # a first pack running there: name it
             with JobLock(out, ""):  # JobLockedError naming its process where one holds the lock
@@ -150,10 +150,9 @@ def refuse_names_in_use(store, current: dict, names, what: str) -> None:
                          "dataset names already (renamed by hand?); nothing was changed")
 
 
-def current_version(store, counts: bool = True) -> tuple[dict, bytes]:
-    """(data, bytes) of the published ``manifest.json``; UsageError when there is none. ``counts``: its declared
-    sample counts are checked as the readers check them (a change must not publish from counts they refuse;
-    gc, which deletes only what no kept version names, does without)."""
+def current_version(store) -> tuple[dict, bytes]:
+    """(data, bytes) of the published ``manifest.json``; UsageError when there is none, or when its declared
+    sample counts are ones the readers refuse (a change must not publish from them)."""
     raw = store.read_bytes(MANIFEST_NAME)
     if raw is None:
         if not store.remote and not Path(store.url).is_dir():
@@ -164,12 +163,10 @@ def current_version(store, counts: bool = True) -> tuple[dict, bytes]:
         data = parse_manifest(raw, store.url, f"{store.url}/{MANIFEST_NAME}").data
     except ManifestError as exc:
         raise UsageError(f"{store.url}/{MANIFEST_NAME} is not a valid manifest: {exc}") from None
-    if counts:  # an object store's sizes are not asked for (a request per shard): its counts and totals are checked
-        try:
-            check_declared_counts(data, (lambda rel: sys.maxsize) if store.remote else store.size,
-                                  f"{store.url}/{MANIFEST_NAME}")
-        except ManifestError as exc:
-            raise UsageError(f"{exc}; nothing changed") from None
+    try:  # the counts and totals, not the files' sizes: a shard no change reads is never opened (nor stat'ed)
+        check_declared_counts(data, lambda rel: sys.maxsize, f"{store.url}/{MANIFEST_NAME}")
+    except ManifestError as exc:
+        raise UsageError(f"{exc}; nothing changed") from None
     return data, raw
 
 
