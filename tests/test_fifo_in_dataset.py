@@ -53,3 +53,29 @@ def test_json_nested_thousands_deep_is_not_valid_json(dataset):
         done = run_repack(command, dataset, check=False, timeout=60)
         assert done.returncode in (2, 5) and "nested too deep" in done.stderr + done.stdout, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_an_over_cap_manifest_is_refused_unread_and_a_linked_folder_is_not_walked(dataset, tmp_path):
+    """gc, remove and --append read a 1 GB manifest.json whole (1.09 GB resident) before the cap refused it; a link
+    named manifest.v9.json to a folder made gc walk everything below it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    with open(dataset / "manifest.json", "r+b") as fh:
+        fh.truncate(2**30)  # sparse: a gigabyte that costs no disk
+    measure = ("import resource, subprocess, sys\n"
+               "done = subprocess.run([sys.executable, '-m', 'repack'] + sys.argv[1:], capture_output=True, text=True)\n"
+               "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
+               "sys.stderr.write(done.stderr)\n")
+    for args in (("gc", dataset), ("remove", dataset, "--sources", tmp_path / "names")):
+        done = subprocess.run([sys.executable, "-c", measure, *map(str, args)], capture_output=True, text=True,
+                              cwd=ROOT, timeout=120)
+        code, peak_mb = map(int, done.stdout.split())
+        assert code == 2 and "over the" in done.stderr and peak_mb < 400, (args, code, peak_mb, done.stderr)
+    other = tmp_path / "other"
+    run_repack("images", write_jpegs(tmp_path / "src2" / "c", 2, "b").parent, other, "--quiet")
+    (other / "manifest.v9.json").symlink_to("/")  # walked, it hit /proc: exit 2 (Invalid argument)
+    done = run_repack("gc", other, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr

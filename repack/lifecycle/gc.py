@@ -18,7 +18,7 @@ from pathlib import Path
 from repack.errors import UsageError, raise_if_interrupted
 from repack.lifecycle.foreign import ENERGON_INDEX_SUFFIX
 from repack.lifecycle.publish import (current_version, inputs_record, legacy_inputs_record, locked_dataset,
-                                      make_record_whole, settle_pending)
+                                      make_record_whole, read_manifest_file, settle_pending)
 from repack.manifest import Manifest, ManifestError, parse_manifest
 from repack.manifest.versions import number_of, version_file, version_number
 
@@ -88,8 +88,8 @@ def collect_garbage(out: str, keep: int) -> GcResult:
 def _named(store, root: Path, number: int, data: dict | None) -> set[str]:
     """Every file version ``number`` names (its manifest files included)."""
     if data is None:
-        raw = store.read_bytes(version_file(number))
         try:
+            raw = read_manifest_file(store, version_file(number))
             data = parse_manifest(raw, root, f"{store.url}/{version_file(number)}").data
         except (TypeError, ManifestError) as exc:
             raise UsageError(f"{store.url}/{version_file(number)} (version {number}) is not a valid manifest "

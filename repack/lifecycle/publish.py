@@ -35,7 +35,7 @@ from repack.jobs.base import STATE_DIR, read_plan
 from repack.lifecycle.first_record import has_plan, plan_inputs, version_one_record
 from repack.lifecycle.input_columns import InputColumns, from_json_record, merged, parse_record, record_depth, to_bytes
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
-from repack.manifest.caps import check_declared_counts
+from repack.manifest.caps import check_declared_counts, check_manifest_size
 from repack.lifecycle.version_names import version_names
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
@@ -150,10 +150,20 @@ def refuse_names_in_use(store, current: dict, names, what: str) -> None:
                          "dataset names already (renamed by hand?); nothing was changed")
 
 
+def read_manifest_file(store, rel: str) -> bytes | None:
+    """A manifest file's bytes (None when absent), refused unread (ManifestError) when it is over the cap: a
+    1 GB manifest.json was read whole before the cap refused it."""
+    check_manifest_size(store.size(rel), f"{store.url}/{rel}")
+    return store.read_bytes(rel)
+
+
 def current_version(store) -> tuple[dict, bytes]:
     """(data, bytes) of the published ``manifest.json``; UsageError when there is none, or when its declared
     sample counts are ones the readers refuse (a change must not publish from them)."""
-    raw = store.read_bytes(MANIFEST_NAME)
+    try:
+        raw = read_manifest_file(store, MANIFEST_NAME)
+    except ManifestError as exc:
+        raise UsageError(f"{exc}; nothing changed") from None
     if raw is None:
         if not store.remote and not Path(store.url).is_dir():
             raise UsageError(f"{store.url}: no such folder (a dataset's folder, OUT of a job)")

@@ -103,7 +103,10 @@ class LocalStore:
         for entry in sorted(folder.iterdir()):  # only the entries the prefix names are walked
             if not entry.name.startswith(head):
                 continue
-            for path in (entry, *(entry.rglob("*") if entry.is_dir() else ())):
+            # a link to a folder is not walked (one named manifest.v9.json to / made gc walk the whole disk;
+            # rglob itself follows no link below)
+            below = entry.rglob("*") if entry.is_dir() and not entry.is_symlink() else ()
+            for path in (entry, *below):
                 if path.is_file():
                     found[path.relative_to(self.root).as_posix()] = path.stat().st_size
         return found
