@@ -19,7 +19,7 @@ from repack.sinks.sample_checksums import sample_checksums
 from repack.sinks.tar_format import index_from_tar
 from repack.store import open_store
 from tests.conftest import read_manifest_json, run_repack
-from tests.test_dataset_versions import add_inputs, make_source
+from tests.test_dataset_versions import add_inputs, make_source, three_versions
 from tests.test_images_job import jpeg_bytes
 from tests.test_remove_gc import tar_samples
 from tests.test_takedowns import packed_sources
@@ -78,12 +78,7 @@ def test_a_later_version_stores_only_what_it_changed_and_reads_back_whole(tmp_pa
 
 
 def test_a_delta_on_a_missing_record_is_refused_by_name(tmp_path):
-    src, out = make_source(tmp_path / "src"), tmp_path / "out"
-    run_repack("images", src, out, "--shard-size", "4", "--quiet")
-    add_inputs(src)
-    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
-    (tmp_path / "gone.txt").write_text("cat/c1.jpg\n")
-    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    src, out = three_versions(tmp_path)
     (out / ".repack" / "inputs-v2.npz").unlink()
     (src / "dog" / "late.jpg").write_bytes(jpeg_bytes(seed=77))
     refused = run_repack("images", src, out, "--shard-size", "4", "--append", check=False)

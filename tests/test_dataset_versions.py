@@ -32,6 +32,18 @@ def add_inputs(root: Path, count: int = 3) -> None:
     (root / "emu" / "e0.jpg").write_bytes(jpeg_bytes(seed=90))
 
 
+def three_versions(tmp_path: Path) -> tuple[Path, Path]:
+    """(SOURCE, OUT) of a dataset in three versions: packed in shards of 4, ``add_inputs`` appended, then
+    ``cat/c1.jpg`` removed (named in ``tmp_path/gone.txt``)."""
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    (tmp_path / "gone.txt").write_text("cat/c1.jpg\n")
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    return src, out
+
+
 def labels_read(out: Path, version: int | None = None) -> list[int]:
     """Every sample's label as the readers find it: the version's manifest, its shards' DALI index, the
     cls member's bytes."""

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import read_manifest_json, run_repack
-from tests.test_dataset_versions import add_inputs, labels_read, make_source
+from tests.test_dataset_versions import add_inputs, labels_read, make_source, three_versions
 
 
 def tar_samples(path: Path) -> list[tuple[str, list]]:
@@ -128,12 +128,7 @@ def test_gc_on_a_full_disk_deletes_the_old_files_before_it_writes_the_kept_recor
 
     from repack.lifecycle import gc, publish
 
-    src, out = make_source(tmp_path / "src"), tmp_path / "out"
-    run_repack("images", src, out, "--shard-size", "4", "--quiet")
-    add_inputs(src)
-    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
-    (tmp_path / "takedown.txt").write_text("cat/c1.jpg\n")
-    run_repack("remove", out, "--sources", tmp_path / "takedown.txt", "--quiet")
+    src, out = three_versions(tmp_path)
     v1_only = {s["path"] for s in json.loads((out / "manifest.v1.json").read_text())["shards"]} - \
         {s["path"] for s in read_manifest_json(out)["shards"]}
     assert v1_only and all((out / rel).exists() for rel in v1_only)
