@@ -181,18 +181,9 @@ def read_file_ranges(path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
 
 
 def _pread(fd: int, start: int, end: int) -> bytes:
-    data = os.pread(fd, end - start, start) if end > start else b""
-    if len(data) == end - start or not data:
-        return data
-    parts = [data]  # a regular file reads short only at its end; keep reading to be sure
-    got = len(data)
-    while got < end - start:
-        more = os.pread(fd, end - start - got, start + got)
-        if not more:
-            break
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
+    from repack.read_at import read_at  # a regular file reads short only at its end, or past 2 GiB a call
+
+    return read_at(fd, end - start, start) if end > start else b""
 
 
 def _read_object_range(url: str, start: int, end: int) -> bytes:

@@ -52,8 +52,7 @@ from pathlib import Path, PurePosixPath
 from repack import __version__
 from repack.config import EngineOptions
 from repack.errors import (IncompleteJobError, Interrupted, JobLockedError, NothingPackedError, RepackError,
-                           raise_if_interrupted,
-                           StrictModeError, UsageError)
+                           StrictModeError, UsageError, raise_if_interrupted)
 from repack.exec import TaskFailure, available_cpus, get_executor
 from repack.jobs import JOBS
 from repack.jobs.base import (PLAN_NAME, STATE_DIR, Job, Plan, Task, build_plan, is_piece, planned_entries, read_plan,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from repack.errors import UsageError, raise_if_interrupted
 from repack.lifecycle.foreign import ENERGON_INDEX_SUFFIX
-from repack.lifecycle.publish import (current_version, inputs_record, legacy_inputs_record, locked_dataset,
-                                      make_record_whole, read_manifest_file, settle_pending)
+from repack.lifecycle.publish import (current_version, drop_rewrite_temps, inputs_record, legacy_inputs_record,
+                                      locked_dataset, make_record_whole, read_manifest_file, settle_pending)
 from repack.manifest import Manifest, ManifestError, parse_manifest
 from repack.manifest.versions import number_of, version_file, version_number
 
@@ -41,8 +41,6 @@ def collect_garbage(out: str, keep: int) -> GcResult:
             current, _ = current_version(store)
         latest = number_of(current)
         if not store.remote:  # a rewrite of the next version killed before its rename: its temp files go
-            from repack.lifecycle.remove import drop_rewrite_temps
-
             drop_rewrite_temps(root, latest + 1)
         numbers = sorted({n for n in (version_number(rel) for rel in store.list_sizes("manifest.v"))
                           if n is not None and n <= latest} | {latest})  # one numbered past it: verify names it
@@ -60,10 +58,11 @@ def collect_garbage(out: str, keep: int) -> GcResult:
         deleted, freed = [], 0
         raise_if_interrupted()  # a signal whose raise was swallowed: nothing is deleted after it
 
-        def delete_files() -> None:
+        def delete_files() -> None:  # each file once: the ones deleted leave ``sizes``
             nonlocal freed
-            for rel, size in sizes.items():
-                if size is not None and rel not in deleted:
+            while sizes:
+                rel, size = sizes.popitem()
+                if size is not None:
                     store.delete(rel)
                     deleted.append(rel)
                     freed += size

@@ -315,6 +315,13 @@ def _dataset_files(store) -> list[str]:
     return found
 
 
+def drop_rewrite_temps(out: Path, number: int) -> None:
+    """Delete the temp files of version ``number``'s rewrites (``.<stem>-vN.tar.tmp-PID``, an LMDB's
+    ``.data-vN.lmdb.tmp-remove``): called under the dataset's lock, where no writer of that version runs."""
+    for temp in Path(out).glob(f".*-v{int(number)}.*.tmp-*"):
+        temp.unlink(missing_ok=True)
+
+
 def clear_leftovers(store, number: int, named: set[str]) -> list[str]:
     """Move the files of version ``number`` (``leftover_pattern``) that its published manifest does not name to
     ``.repack/rejected/leftovers-vN/``: what a writer killed before it published ``number`` left, when another

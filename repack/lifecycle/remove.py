@@ -25,11 +25,11 @@ import posixpath
 import stat
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from repack.errors import UsageError
 from repack.lifecycle.input_record import dataset_record, dropped_copies, remove_delta
-from repack.lifecycle.publish import current_version, locked_dataset, promote_pending, publish, write_inputs_record
+from repack.lifecycle.publish import (current_version, drop_rewrite_temps, locked_dataset, promote_pending, publish,
+                                      write_inputs_record)
 from repack.lifecycle.record_layers import RecordLayers, record_layers
 from repack.manifest.versions import number_of
 
@@ -140,9 +140,10 @@ REWRITERS = {"webdataset": _tar, "lmdb": _lmdb, "memmap": _tokens}
 def held_spellings(current: dict, known: RecordLayers | None, spec: RemoveSpec) -> dict[str, tuple[str, ...]]:
     """Each named source the record does not hold that the record holds spelled otherwise, as {held spelling:
     the names given}. A dataset packed from a folder: a path given whole (``/data/src/cat/a.jpg`` or
-    ``s3://bucket/src/cat/a.jpg`` for ``cat/a.jpg``, ``cat//a.jpg``) or from the current folder (``src/cat/a.jpg``). From a list file (whose sources are its
-    rows as written): ``./a.jpg``, ``a//b.jpg``, an absolute path inside the list's folder
-    (``listfile.canonical_rel``); as --append takes both spellings for one input, a takedown does."""
+    ``s3://bucket/src/cat/a.jpg`` for ``cat/a.jpg``, ``cat//a.jpg``) or from the current folder
+    (``src/cat/a.jpg``). From a list file (whose sources are its rows as written): ``./a.jpg``, ``a//b.jpg``, an
+    absolute path inside the list's folder (``listfile.canonical_rel``); as --append takes both spellings for one
+    input, a takedown does."""
     options = (current.get("created_by") or {}).get("options") or {}
     if spec.by != "sources" or known is None:
         return {}
@@ -185,8 +186,8 @@ def _folder_spellings(known: RecordLayers, missing: list[str], source: str) -> d
         wanted: dict[str, tuple[str, ...]] = {}
         for name in missing:
             if name.startswith(prefix):
-                wanted.setdefault(posixpath.normpath(name[len(prefix):]), ())
-                wanted[posixpath.normpath(name[len(prefix):])] += (name,)
+                rel = posixpath.normpath(name[len(prefix):])
+                wanted[rel] = wanted.get(rel, ()) + (name,)
     else:  # a whole path, or one relative to the current folder (``find src`` run beside SOURCE ``src``)
         root = os.path.abspath(source)
         roots = tuple(dict.fromkeys((root, os.path.realpath(root))))
@@ -300,13 +301,6 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         record_removed(store, known, number, removed_sources | taken_down | copies_down)
         data = publish(store, out, current, raw, body, change)
         return RemoveResult(data, True, removed, not_found, time.time() - started)
-
-
-def drop_rewrite_temps(out: Path, number: int) -> None:
-    """Delete the temp files of version ``number``'s rewrites (``.<stem>-vN.tar.tmp-PID``, an LMDB's
-    ``.data-vN.lmdb.tmp-remove``): called under the dataset's lock, where no writer of that version runs."""
-    for temp in Path(out).glob(f".*-v{int(number)}.*.tmp-*"):
-        temp.unlink(missing_ok=True)
 
 
 def _less(counts: dict[str, int], removed: dict[str, int]) -> dict[str, int]:

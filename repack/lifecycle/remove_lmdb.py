@@ -17,30 +17,12 @@ import re
 from pathlib import Path
 
 from repack.errors import UsageError, VerificationError
-from repack.lifecycle.rewrite import Rewrite
+from repack.lifecycle.rewrite import Rewrite, refuse_unrecorded
 from repack.manifest import Manifest
 from repack.manifest.lmdb_meta import lmdb_file_problem
 from repack.sinks.checks import sha256_file
 from repack.sinks.lmdb_sink import INITIAL_MAP, META_KEY, LmdbCollector, _json, _open, sample_key
 from repack.transforms.image_check import dali_misread_of
-
-
-def refuse_damaged(path: Path, entry: dict) -> None:
-    """VerificationError naming the database where it is not the file the manifest records (its size, its
-    sha256, its pages): a rewrite would carry damaged bytes into a version that verify then vouches for."""
-    problem = None
-    try:
-        if path.is_symlink() or not path.is_file():
-            problem = "not a regular file"
-        elif path.stat().st_size != entry.get("bytes"):
-            problem = f"{path.stat().st_size} bytes, the manifest records {entry.get('bytes')}"
-        else:
-            problem = lmdb_file_problem(path) or (
-                "its sha256 does not match the manifest" if sha256_file(path) != entry.get("sha256") else None)
-    except OSError as exc:
-        problem = exc.strerror or str(exc)
-    if problem is not None:
-        raise VerificationError(f"{path}: {problem}: run `repack verify`; nothing removed")
 
 
 def rewrite_lmdb(store, out: Path, current: dict, spec, number: int):
@@ -55,15 +37,18 @@ def rewrite_lmdb(store, out: Path, current: dict, spec, number: int):
     path = Manifest(out, current).path(entry["path"])
     wanted = set(spec.names)
     names_by_index = {index: name for name, index in (current.get("classes") or {}).items()}
-    refuse_damaged(path, entry)
+    refuse_unrecorded(out, entry["path"], entry["bytes"], entry["sha256"])
+    pages = lmdb_file_problem(path)  # a manifest whose size and sha256 were recorded again: never mapped past its end
+    if pages is not None:
+        raise VerificationError(f"{path}: {pages}: run `repack verify`; nothing removed")
     env = _open(path)
     try:
         with env.begin(buffers=False) as txn:
             meta = json.loads(txn.get(META_KEY) or b"null")
-            if not isinstance(meta, dict) or meta.get("count") != entry["samples"]:
-                raise VerificationError(f"{path}: the database's metadata counts {(meta or {}).get('count')!r} "
-                                        f"samples, the manifest {entry['samples']}: run `repack verify`; nothing "
-                                        "removed")
+            count = meta.get("count") if isinstance(meta, dict) else None
+            if count != entry["samples"]:
+                raise VerificationError(f"{path}: the database's metadata counts {count!r} samples, the manifest "
+                                        f"{entry['samples']}: run `repack verify`; nothing removed")
             kept, found, removed_classes, removed_formats, removed_misreads = [], set(), {}, {}, {}
             misreads = bool((current.get("stats") or {}).get("dali_misreads"))
             for index in range(meta["count"]):

@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from repack.errors import UsageError, VerificationError
-from repack.lifecycle.rewrite import Rewrite
+from repack.lifecycle.rewrite import Rewrite, refuse_unrecorded
 from repack.manifest import Manifest, atomic_write_bytes
 from repack.manifest.source_runs import SUFFIX as RUNS_SUFFIX
 from repack.manifest.source_runs import SourceRunsError, encode_runs, runs_of, side_entry
-from repack.sinks.checks import sha256_file
 from repack.sinks.megatron import PartWriter, read_index
 
 
@@ -161,22 +160,8 @@ def _local(store, manifest: Manifest, rel: str) -> Path:
     return local
 
 
-def _index(store, out: Path, manifest: Manifest, entry: dict, rewritten: bool = False):
-    """The prefix's index (VerificationError naming it where it cannot be read); ``rewritten``: read once both its
-    files are the ones the manifest records, as a rewrite would carry damaged tokens into a version that verify
-    then vouches for."""
-    checked = [(entry["index"], entry.get("index_sha256"))] if rewritten else []
-    if rewritten and not store.remote:  # an object's tokens are checked as they are fetched (``_rewrite``)
-        checked.append((entry["path"], entry.get("sha256")))
-    for rel, digest in checked:
-        local = _local(store, manifest, rel)
-        try:
-            same = local.is_file() and not local.is_symlink() and sha256_file(local) == digest
-        except OSError:
-            same = False
-        if not same:
-            raise VerificationError(f"{store.url}/{rel}: not the file the manifest records (missing, or its sha256 "
-                                    "differs): run `repack verify`; nothing removed")
+def _index(store, out: Path, manifest: Manifest, entry: dict):
+    """The prefix's index (VerificationError naming it where it cannot be read)."""
     try:
         return read_index(_local(store, manifest, entry["index"]))
     except ValueError as exc:  # MegatronFormatError among them
@@ -186,7 +171,12 @@ def _index(store, out: Path, manifest: Manifest, entry: dict, rewritten: bool = 
 def _rewrite(store, out: Path, manifest: Manifest, entry: dict, keep: np.ndarray, runs: list[list], number: int,
              rewritten: dict) -> list[dict]:
     """Copy the kept documents of one prefix into ``<prefix>-vN``; its manifest entry ([] when empty)."""
-    index = _index(store, out, manifest, entry, rewritten=True)
+    # both files the manifest's, or nothing is rewritten from them (an object's tokens: checked as fetched, below)
+    _local(store, manifest, entry["index"])
+    refuse_unrecorded(manifest.root, entry["index"], entry.get("index_bytes"), entry.get("index_sha256"))
+    if not store.remote:
+        refuse_unrecorded(manifest.root, entry["path"], entry.get("bytes"), entry.get("sha256"))
+    index = _index(store, out, manifest, entry)
     data_path = manifest.path(entry["path"])
     if store.remote:
         store.fetch(entry["path"], data_path, entry["sha256"])

@@ -3,6 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from repack.errors import VerificationError
+from repack.sinks.checks import check_file
+
+
+def refuse_unrecorded(root: Path, rel: str, size: int | None, sha256: str | None) -> None:
+    """VerificationError naming ``rel`` (under ``root``) where it is not the file the manifest records (missing, its
+    size, its sha256: ``sinks.checks.check_file``, as verify checks it): a rewrite would carry damaged bytes
+    into a version that verify then vouches for."""
+    problems: list[str] = []
+    check_file(root, rel, size, sha256, lambda ok, problem: ok or problems.append(problem))
+    if problems:
+        raise VerificationError(f"{Path(root) / rel}: {problems[0]}: run `repack verify`; nothing removed")
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,18 @@ def sha256_file(path: str | Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def check_file(root: Path, rel: str, size: int, sha256: str | None, check: Check,
+def check_file(root: Path, rel: str, size: int | None, sha256: str | None, check: Check,
                digest: Callable[[Path], str] | None = None) -> bool:
-    """Report a missing file, a size or a sha256 mismatch; False when the file is missing. ``digest``:
-    how the file's sha256 is had (default ``sha256_file``; e.g. a hash already under way)."""
+    """Report a missing file, a size or a sha256 mismatch (None: not recorded, not checked); False when the file
+    is missing. ``digest``: how the file's sha256 is had (default ``sha256_file``; e.g. a hash already under way)."""
     path = Path(root) / rel
     try:
         actual = path.stat().st_size
     except OSError as exc:
         check(False, f"{rel}: missing ({exc.strerror})")
         return False
-    check(actual == size, f"{rel}: {actual} bytes, manifest says {size}")
+    if size is not None:
+        check(actual == size, f"{rel}: {actual} bytes, manifest says {size}")
     if sha256 is not None:
         check((digest or sha256_file)(path) == sha256, f"{rel}: sha256 mismatch")
     return True
