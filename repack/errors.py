@@ -36,6 +36,15 @@ class IncompleteJobError(RepackError):
     exit_code = 4
 
 
+class SourceUnavailable(RepackError):
+    """An input in object storage that its endpoint did not serve after every attempt (connections refused or
+    cut, timeouts, throttling, 5xx, credentials that stopped working): a fault of the server, not of the
+    input, so its task fails and a re-run asks again; never a quarantine record, which would leave it out of
+    the dataset for good."""
+
+    exit_code = 4
+
+
 # A dataset that does not match its manifest, or a manifest that cannot be trusted.
 VERIFICATION_EXIT_CODE = 5
 

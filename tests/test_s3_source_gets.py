@@ -1,9 +1,9 @@
 """Packing from an s3:// SOURCE with many GETs in flight (issue 29, item 7), against ``rclone serve s3`` on
 loopback behind ``FaultProxy`` (which holds each object GET a while, counts the GETs it holds at once and
 the connections they came on, and fails chosen objects): a worker keeps ``s3_fetch.DEPTH`` GETs in flight on
-as many kept-alive connections; an object answered 500, cut mid-body or missing is retried within
-REPACK_S3_ATTEMPTS, then quarantined by name with its reason, and every other object packs as from local
-disk; the listing leaves no thread behind, so the job's pool forks from the driver."""
+as many kept-alive connections; an object answered 500 or cut mid-body is retried within REPACK_S3_ATTEMPTS,
+then fails its task by name (a re-run reads it), a missing one is quarantined with its reason, and every other
+object packs as from local disk; the listing leaves no thread behind, so the job's pool forks from the driver."""
 
 from __future__ import annotations
 
@@ -26,13 +26,18 @@ if not RcloneServer.available():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, photo_tree):
-    """rclone serving bucket ``photos`` (photo_tree under ``tree/``) and bucket ``blobs`` (100 objects of 1-5 KB)."""
+    """rclone serving bucket ``photos`` (photo_tree under ``tree/``) and bucket ``blobs`` (100 objects of 1-5 KB
+    under ``set/``, 1,005 of one byte under ``many/``)."""
     root = tmp_path_factory.mktemp("rclone")
     shutil.copytree(photo_tree, root / "photos" / "tree")
     blobs = root / "blobs" / "set"
     blobs.mkdir(parents=True)
     for i in range(100):
         (blobs / f"b{i:03d}.bin").write_bytes(bytes([i]) * (1000 + 41 * i))
+    many = root / "blobs" / "many"  # two listing pages of 1,000 (rclone lists what was there when it started)
+    many.mkdir()
+    for i in range(1005):
+        (many / f"o{i:04d}").write_bytes(b"x")
     server = RcloneServer(root)
     yield server, root
     server.stop()
@@ -63,37 +68,59 @@ def test_a_worker_keeps_depth_gets_in_flight_on_kept_alive_connections(served, e
     assert len(proxy.peers) <= DEPTH + 1
 
 
-def test_failing_objects_are_retried_then_quarantined_and_the_rest_packs_as_from_local_disk(served, photo_tree,
+def test_an_object_the_endpoint_does_not_serve_fails_its_task_a_missing_one_is_quarantined(served, photo_tree,
                                                                                           tmp_path):
+    """An object answered 500 or cut mid-body on every attempt is the server's fault, not the input's: its task
+    fails by name (exit 4) and a re-run reads it; quarantined, it would stay out of the dataset for good (a
+    re-run finds the job complete, ``--append`` finds nothing new). A missing object is quarantined."""
     server, root = served
     rels = sorted(p.relative_to(photo_tree).as_posix() for p in photo_tree.rglob("*") if p.is_file())
     # none first in a task of 25 (a worker's first object of the bucket is read by boto3, learning its route)
     broken, cut, missing, flaky, cut_once = rels[7], rels[33], rels[58], rels[84], rels[101]
-    faults = {f"/photos/tree/{broken}": [500] * 9, f"/photos/tree/{cut}": ["cut"] * 9,
-              f"/photos/tree/{missing}": [404] * 9, f"/photos/tree/{flaky}": [503], f"/photos/tree/{cut_once}": ["cut"]}
+    faults = {f"/photos/tree/{broken}": [500] * 2, f"/photos/tree/{cut}": ["cut"] * 2,
+              f"/photos/tree/{missing}": [404] * 99, f"/photos/tree/{flaky}": [503], f"/photos/tree/{cut_once}": ["cut"]}
     proxy = FaultProxy(server.port, faults=faults)
+    env = {**s3_env(proxy.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch"), "REPACK_S3_ATTEMPTS": "2"}
     try:
-        env = {**s3_env(proxy.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch"), "REPACK_S3_ATTEMPTS": "2"}
-        run_repack("images", "s3://photos/tree", tmp_path / "out", "--shard-size", "25", "--quiet", env=env)
+        failed = run_repack("images", "s3://photos/tree", tmp_path / "out", "--shard-size", "25", "--quiet",
+                            "--retries", "0", env=env, check=False)
+        published_after_failure = (tmp_path / "out" / "manifest.json").exists()
+        gets = [path for method, path, _ in proxy.requests if method == "GET" and "?" not in path]
+        assert gets.count(f"/photos/tree/{broken}") == gets.count(f"/photos/tree/{cut}") == 2  # REPACK_S3_ATTEMPTS
+        assert gets.count(f"/photos/tree/{flaky}") == gets.count(f"/photos/tree/{cut_once}") == 2  # then packed
+        again = run_repack("images", "s3://photos/tree", tmp_path / "out", "--shard-size", "25", "--quiet", env=env)
     finally:
         proxy.stop()
+    assert failed.returncode == 4, failed.stderr
+    assert not published_after_failure and again.returncode == 0
+    assert f"s3://photos/tree/{broken}: the S3 endpoint answered 500; gave up after 2 attempt(s)" in failed.stderr
+    assert f"s3://photos/tree/{cut}: " in failed.stderr and "cut at byte " in failed.stderr
+    assert "a re-run resumes" in failed.stderr
     quarantine = {q["source"]: q["reason"] for q in json.loads((tmp_path / "out" / "manifest.json").read_text())["quarantine"]}
-    assert sorted(quarantine) == sorted([broken, cut, missing])
-    assert quarantine[missing] == "unreadable: no such object"
-    assert quarantine[broken].startswith(f"unreadable: s3://photos/tree/{broken}: the S3 endpoint answered 500; "
-                                         "gave up after 2 attempt(s)")
-    assert quarantine[cut].startswith(f"unreadable: s3://photos/tree/{cut}: ") and "cut at byte " in quarantine[cut]
-    assert "gave up after 2 attempt(s)" in quarantine[cut]
-    gets = [path for method, path, _ in proxy.requests if method == "GET" and "?" not in path]
-    assert gets.count(f"/photos/tree/{broken}") == gets.count(f"/photos/tree/{cut}") == 2  # REPACK_S3_ATTEMPTS
-    assert gets.count(f"/photos/tree/{flaky}") == gets.count(f"/photos/tree/{cut_once}") == 2  # then packed
-    # the same tree on local disk, the three failing files replaced by bytes that are no image: same plan
+    assert quarantine == {missing: "unreadable: no such object"}
+    # the same tree on local disk, the missing file replaced by bytes that are no image: same plan, same bytes
     local = tmp_path / "local"
     shutil.copytree(photo_tree, local)
-    for rel in (broken, cut, missing):
-        (local / rel).write_bytes(b"\0" * (photo_tree / rel).stat().st_size)
+    (local / missing).write_bytes(b"\0" * (photo_tree / missing).stat().st_size)
     run_repack("images", local, tmp_path / "out-local", "--shard-size", "25", "--quiet")
     assert tar_files(tmp_path / "out") == tar_files(tmp_path / "out-local")
+
+
+def test_a_listing_page_that_outlasts_botocores_attempts_is_asked_again(served, endpoint, monkeypatch):
+    """A throttled or failing listing page is asked again as every S3 request of repack is (``retried``): 5
+    answers of 503 to the second page, with 2 attempts per request in botocore, still list every object."""
+    from repack.sources.s3 import list_pages
+
+    server, _ = served
+    proxy = FaultProxy(server.port, page_faults=[503] * 5)
+    try:
+        monkeypatch.setenv("REPACK_S3_ATTEMPTS", "2")
+        endpoint(proxy.endpoint)
+        keys = [key for page_keys, _, _ in list_pages("blobs", "many/") for key in page_keys]
+    finally:
+        proxy.stop()
+    assert sorted(keys) == [f"many/o{i:04d}" for i in range(1005)]
+    assert not proxy.page_faults  # every injected answer was met
 
 
 def test_the_listing_leaves_no_thread_behind_so_the_pool_forks(served, endpoint):

@@ -288,9 +288,14 @@ class JobLock:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.store_lock is not None:
-            self.store_lock.__exit__(*exc)
+        try:
+            if self.store_lock is not None:
+                self.store_lock.__exit__(*exc)
+        finally:
             self.store_lock = None
+            self._release_fds()
+
+    def _release_fds(self) -> None:
         while self.fds:
             fd = self.fds.pop()
             driver_lock_fds.discard(fd)

@@ -29,13 +29,14 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 
-from repack.errors import UsageError
+from repack.errors import SourceUnavailable, UsageError
 from repack.sources.base import Scan, quarantine_record, sort_key
 from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends, split_names
 from repack.sources.confine import Confinement, SourceChanged
 from repack.sources.object_etag import etag_value
 from repack.sources.walk import JUNK_NAMES, is_junk
-from repack.store.s3_client import client, describe_error, fetcher, getter, is_missing, lister, parse_url
+from repack.store.s3_client import (client, describe_error, fetcher, getter, is_missing, is_object_fault, lister,
+                                    parse_url, retried)
 from repack.store.s3_get import Unreadable
 from repack.store.s3_listing import ETAGS, KEYS, SIZES
 
@@ -257,10 +258,17 @@ def list_pages(bucket: str, base: str,
             yield from pages
 
 
-def _pages(bucket: str, prefix: str, delimiter: str = ""):
-    paginator = lister().get_paginator("list_objects_v2")
-    split = {"Delimiter": delimiter} if delimiter else {}
-    return paginator.paginate(Bucket=bucket, Prefix=prefix, **split, PaginationConfig={"PageSize": LIST_PAGE})
+def _pages(bucket: str, prefix: str, delimiter: str = "") -> Iterator[dict]:
+    """ListObjectsV2 pages under ``prefix``, each request asked again as every S3 request is
+    (``s3_client.retried``: a throttled or failing page does not end the listing after botocore's attempts)."""
+    asked = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": LIST_PAGE, **({"Delimiter": delimiter} if delimiter else {})}
+    while True:
+        page = retried(lambda: lister().list_objects_v2(**asked), f"s3://{bucket}/{prefix}")
+        yield page
+        token = page.get("NextContinuationToken")
+        if not page.get("IsTruncated") or not token:
+            return
+        asked["ContinuationToken"] = token
 
 
 def _columns(page: dict) -> tuple[list[str], list[int], list[int]]:
@@ -275,10 +283,8 @@ def check_source(url: str) -> None:
     """Fail fast (UsageError naming ``url``) when the prefix cannot be listed or holds nothing, before
     a job creates any state in OUT."""
     bucket, prefix = parse_url(url)
-    try:
-        answer = client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "", MaxKeys=1)
-    except Exception as exc:  # noqa: BLE001
-        raise describe_error(exc, url) from None
+    answer = retried(lambda: client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "", MaxKeys=1),
+                     url)
     if not answer.get("KeyCount"):
         raise UsageError(f"source {url!r} holds no objects")
 
@@ -375,11 +381,15 @@ class RemoteFile(io.RawIOBase):
         return len(body)
 
 
-def _os_error(exc: BaseException, url: str) -> OSError:
-    """A read failure as OSError (a bad input is quarantined with the reason)."""
+def _os_error(exc: BaseException, url: str) -> OSError | SourceUnavailable:
+    """A read failure: an OSError where the answer was about the object (missing, refused, archived: the input
+    is quarantined with the reason), SourceUnavailable where the endpoint did not serve it (the task fails,
+    a re-run asks again)."""
     if is_missing(exc):
         return FileNotFoundError(2, "no such object", url)
-    return OSError(5, str(describe_error(exc, url)), url)
+    if is_object_fault(exc):
+        return OSError(5, str(describe_error(exc, url)), url)
+    return SourceUnavailable(str(describe_error(exc, url)))
 
 
 def open_object(url: str, size: int | None = None) -> BinaryIO:
@@ -393,7 +403,7 @@ def read_object(url: str) -> bytes:
     bucket, key = parse_url(url)
     try:
         return getter().get(bucket, key)
-    except Unreadable:
+    except (Unreadable, SourceUnavailable):
         raise
     except Exception as exc:  # noqa: BLE001 - boto3's errors for answers that are not the object
         raise _os_error(exc, url) from None
@@ -404,7 +414,7 @@ def _read_after(bucket: str, key: str, spent: int, why: str, delegate: bool) -> 
     answers); OSError naming the URL when it cannot be read."""
     try:
         return getter().get_after(bucket, key, spent, why, delegate)
-    except Unreadable:
+    except (Unreadable, SourceUnavailable):
         raise
     except Exception as exc:  # noqa: BLE001 - boto3's errors for answers that are not the object
         raise _os_error(exc, f"s3://{bucket}/{key}") from None
@@ -416,4 +426,6 @@ def prefetched(urls: Iterable[str], sizes: list[int | None] | None = None) -> It
     of ``sizes`` (the planned sizes) asked for ahead of the object handed out."""
     objects = [parse_url(url) for url in urls]
     for result in fetcher(_read_after).fetch(objects, sizes):
+        if isinstance(result, SourceUnavailable):
+            raise result  # the endpoint's fault, not the object's: the task fails (a re-run asks again)
         yield result if isinstance(result, (bytes, OSError)) else OSError(5, f"{type(result).__name__}: {result}")

@@ -26,12 +26,12 @@ from pathlib import Path
 
 from repack.errors import ConfinementError, RepackError, VerificationError
 from repack.manifest.paths import PathEscapeError, check_relative
-from repack.store.s3_client import (AUTH_CODES, client, describe_error, is_missing, is_transient, limits,
-                                    parse_url, transfer_config)
+from repack.store.s3_client import (ASK_AGAIN, AUTH_CODES, client, describe_error, is_missing, limits, parse_url,
+                                    retried, transfer_config)
 from repack.store.s3_lock import ObjectLock
 
 SHA_META = "sha256"   # object metadata x-amz-meta-sha256: the content's sha256, set at upload
-UPLOAD_ATTEMPTS = 4   # whole-file attempts on top of botocore's per-request retries
+UPLOAD_ATTEMPTS = ASK_AGAIN  # whole-file attempts on top of botocore's per-request retries
 SINGLE_COPY_BYTES = 5 << 30  # the largest object one CopyObject may copy (S3's limit); larger: copied in parts
 PROBE_PREFIX = ".repack/.write-probe-"
 PART_BYTES = 8 << 20  # ranged GETs of download_parts
@@ -86,20 +86,8 @@ class S3Store:
         return self._retried(rel, lambda: getattr(client(), method)(Bucket=self.bucket, **kwargs))
 
     def _retried(self, rel: str, request):
-        """``request()``; a transient failure that outlasts botocore's attempts (throttling, 5xx, a dropped
-        connection) is asked again, as a whole upload is (UPLOAD_ATTEMPTS, within the retry budget), so
-        that every command, reading or writing, rides out the same faults. A missing key:
-        FileNotFoundError; anything else: a one-line RepackError naming the URL."""
-        deadline = time.monotonic() + limits().retry_budget
-        for attempt in range(UPLOAD_ATTEMPTS):
-            try:
-                return request()
-            except Exception as exc:  # noqa: BLE001 - botocore's errors become one-line RepackErrors
-                if is_missing(exc):
-                    raise FileNotFoundError(self.where(rel)) from None
-                if not is_transient(exc) or attempt == UPLOAD_ATTEMPTS - 1 or time.monotonic() >= deadline:
-                    raise describe_error(exc, self.where(rel)) from None
-            time.sleep(min(8.0, 0.5 * 2**attempt, max(0.0, deadline - time.monotonic())))
+        """``request()`` asked again as every S3 request is (``s3_client.retried``), errors naming the URL."""
+        return retried(request, self.where(rel))
 
     # -- the store operations ----------------------------------------------------------------
     def check_writable(self) -> None:

@@ -208,6 +208,39 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionClosedError, ResponseStreamingError, IncompleteReadError))
 
 
+ASK_AGAIN = 4  # a request's attempts on top of botocore's own, for a transient failure (``retried``)
+
+# answers about one object, not about the endpoint: an input answered so is quarantined with the reason
+OBJECT_CODES = {"NoSuchKey", "404", "NotFound", "AccessDenied", "403", "InvalidObjectState", "InvalidRange"}
+
+
+def retried(request, where: str):
+    """``request()``; a transient failure that outlasts botocore's attempts (throttling, 5xx, a dropped
+    connection) is asked again (``ASK_AGAIN`` times in all, within the retry budget), so that every command,
+    reading or writing, rides out the same faults. A missing key: FileNotFoundError; anything else: a one-line
+    RepackError naming ``where``."""
+    import time
+
+    deadline = time.monotonic() + limits().retry_budget
+    for attempt in range(ASK_AGAIN):
+        try:
+            return request()
+        except Exception as exc:  # noqa: BLE001 - botocore's errors become one-line RepackErrors
+            if is_missing(exc):
+                raise FileNotFoundError(where) from None
+            if not is_transient(exc) or attempt == ASK_AGAIN - 1 or time.monotonic() >= deadline:
+                raise describe_error(exc, where) from None
+        time.sleep(min(8.0, 0.5 * 2**attempt, max(0.0, deadline - time.monotonic())))
+
+
+def is_object_fault(exc: BaseException) -> bool:
+    """True for an answer about the object itself (missing, access refused to it, archived): the input is
+    quarantined; False for a fault of the endpoint (``repack.errors.SourceUnavailable``)."""
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code")) in OBJECT_CODES
+
+
 def is_missing(exc: BaseException) -> bool:
     from botocore.exceptions import ClientError
 

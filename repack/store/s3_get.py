@@ -23,7 +23,8 @@ Bounds (``repack.manifest.s3_waits``): a connection attempt waits ``REPACK_S3_CO
 silent socket ``REPACK_S3_READ_TIMEOUT``; a dropped connection, a cut body, a timeout or a
 5xx/throttling answer is tried again on a new connection, ``REPACK_S3_ATTEMPTS`` attempts in all
 (with botocore's jittered backoff) and none started after ``REPACK_S3_RETRY_BUDGET`` seconds;
-then ``Unreadable`` (an OSError) naming the URL. A wait longer than ``REPACK_S3_NOTICE`` is
+then ``repack.errors.SourceUnavailable`` naming the URL (the endpoint's fault: the task fails, a re-run asks
+again), or ``Unreadable`` (an OSError: the input is quarantined) where every answer failed its checksum. A wait longer than ``REPACK_S3_NOTICE`` is
 reported on stderr.
 
 Connections: an idle list per process (after a fork, a process opens its own), one request at a
@@ -40,6 +41,7 @@ import threading
 import time
 import zlib
 
+from repack.errors import SourceUnavailable
 from repack.manifest.s3_waits import WaitWatch
 from repack.manifest.s3_wire import (HEADER_LIMIT, RECV_BYTES, BucketRoute, Connection, Signer, Transient,  # noqa: F401
                                      open_socket, parse_head, route_of)
@@ -47,6 +49,7 @@ from repack.manifest.s3_wire import Delegate as _Delegate
 from repack.manifest.s3_wire import IdleConnections
 
 RETRY_STATUS = frozenset({500, 502, 503, 504})
+CHECKSUM_FAULT = "checksum mismatch"  # how ``checksum_mismatch`` starts: a fault of the object, not the endpoint
 
 
 class Unreadable(OSError):
@@ -65,7 +68,7 @@ def checksum_mismatch(headers: dict[str, str], body) -> str | None:
         if want and "-" not in want:
             got = base64.b64encode(digest(body)).decode()
             if got != want:
-                return f"checksum mismatch ({name} {want}, the body's {got})"
+                return f"{CHECKSUM_FAULT} ({name} {want}, the body's {got})"
     return None
 
 
@@ -215,13 +218,17 @@ class ObjectGetter:
             self.watch.stop(wait)
 
     def _backoff(self, attempt: int, started: float, why, url: str) -> None:
-        """Sleep before attempt ``attempt`` + 1 (botocore's standard jitter), or raise OSError naming
-        ``url`` when the attempts or the retry budget are spent."""
+        """Sleep before attempt ``attempt`` + 1 (botocore's standard jitter), or, when the attempts or the retry
+        budget are spent, raise naming ``url``: Unreadable (an OSError: the input is quarantined) where every
+        answer was a body that failed its checksum, SourceUnavailable (the task fails, a re-run asks again)
+        where the endpoint did not serve it (refused, cut, timed out, 5xx)."""
         bounds = self.limits
         if attempt >= bounds.attempts or time.monotonic() - started >= bounds.retry_budget:
-            raise Unreadable(5, f"{why}; gave up after {attempt} attempt(s) (REPACK_S3_ATTEMPTS={bounds.attempts}, "
-                          f"REPACK_S3_READ_TIMEOUT={bounds.read_timeout:g} s, "
-                          f"REPACK_S3_RETRY_BUDGET={bounds.retry_budget:g} s)", url)
+            text = (f"{why}; gave up after {attempt} attempt(s) (REPACK_S3_ATTEMPTS={bounds.attempts}, "
+                    f"REPACK_S3_READ_TIMEOUT={bounds.read_timeout:g} s, REPACK_S3_RETRY_BUDGET={bounds.retry_budget:g} s)")
+            if CHECKSUM_FAULT in str(why):
+                raise Unreadable(5, text, url)
+            raise SourceUnavailable(f"{url}: {text}" if url not in str(why) else text)
         time.sleep(random.random() * min(20.0, 2.0 ** (attempt - 1)))
 
     def _connection(self, route: BucketRoute) -> Connection:

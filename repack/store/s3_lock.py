@@ -231,7 +231,9 @@ class ObjectLock:
             raise JobLockedError(f"{self.store.url}: {self.lost}; nothing was published by this run")
 
     def __exit__(self, *exc) -> None:
-        from botocore.exceptions import ClientError
+        """Stop the heartbeat and delete the lock. A delete the endpoint does not answer never hides the error
+        that ends the run (the lock is then left to go stale, and a later run takes it over)."""
+        from botocore.exceptions import BotoCoreError, ClientError
 
         self._stop.set()
         if self._thread is not None:
@@ -246,5 +248,8 @@ class ObjectLock:
         except ClientError as error:
             if _code(error) in _UNSUPPORTED and self._still_mine():
                 self.store.delete(self.rel)
-            elif _code(error) not in _REFUSED and not is_missing(error):
+            elif _code(error) not in _REFUSED and not is_missing(error) and exc[0] is None:
+                raise describe_error(error, self.store.where(self.rel)) from None
+        except BotoCoreError as error:  # the endpoint unreachable: the run's own error, if any, is the one to tell
+            if exc[0] is None:
                 raise describe_error(error, self.store.where(self.rel)) from None

@@ -181,14 +181,16 @@ class FaultProxy:
     the connection dropped), "shift N" (the range N bytes earlier, answered with its own Content-Range),
     "ignore range" (the whole object, 200), "short" (half the body, with a Content-Length that says so) or
     None (passed on); once they are used up, the GETs are passed
-    on. ``put_faults`` likewise for PUTs: "applied 503" (the PUT done, answered 503 SlowDown). ``delay_gets``: seconds each
+    on. ``page_faults``: HTTP statuses answered, in turn, to the listing requests that ask for a next page
+    (a ``continuation-token``). ``put_faults`` likewise for PUTs: "applied 503" (the PUT done, answered 503 SlowDown). ``delay_gets``: seconds each
     object GET (no query) is held before it is passed on; ``max_in_flight`` counts the most object GETs
     held or passed on at once, ``peers`` the client connections (address, port) that sent requests."""
 
     def __init__(self, target_port: int, every: int = 0, cut_every: int = 0, on_answer=None,
                  cut_first_get: bool = False, faults: dict[str, list] | None = None, delay_gets: float = 0.0,
-                 put_faults: dict[str, list] | None = None) -> None:
+                 put_faults: dict[str, list] | None = None, page_faults: list[int] | None = None) -> None:
         self.failed = 0
+        self.page_faults = list(page_faults or ())
         self.cut = 0
         self.cut_paths: set[str] = set()
         self.ranged = 0
@@ -218,6 +220,8 @@ class FaultProxy:
                     proxy.failed += fail
                     actions = {"GET": proxy.faults, "PUT": proxy.put_faults}.get(self.command, {}).get(self.path)
                     action = actions.pop(0) if actions else None
+                    if self.command == "GET" and "continuation-token=" in self.path and proxy.page_faults:
+                        action = proxy.page_faults.pop(0)
                     counted = self.command == "GET" and "?" not in self.path
                     if counted:
                         proxy.in_flight += 1
