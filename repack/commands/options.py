@@ -154,7 +154,7 @@ def _leave_ray_at_exit() -> None:
     import atexit
 
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    if ray is not None and getattr(ray, "is_initialized", bool)():
         atexit.unregister(ray.shutdown)
 
 

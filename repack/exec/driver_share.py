@@ -32,6 +32,8 @@ class DriverShare:
 
     def in_flight(self) -> int:
         """Calls the pool may hold at once: two per CPU (and two) when every worker may run, else one per CPU."""
+        if not self.cpus or self.pool is None:
+            return 0
         return 2 * self.cpus + 2 if self.cpus == self.size else self.cpus
 
     def settle(self) -> None:
@@ -49,17 +51,17 @@ class DriverShare:
         from ray.util.placement_group import placement_group, placement_group_table
 
         node = ray.get_runtime_context().get_node_id()
-        wanted = min(self.cpus, int(_free_cpus(ray, node)))
-        self.cpus = 0  # until granted; the pool itself closes in ``settle`` (a scan may be using it now)
-        if wanted < 1:
-            return 0
-        self.group = placement_group([{"CPU": wanted}], strategy="STRICT_PACK", _soft_target_node_id=node)
-        if not self.group.wait(timeout_seconds=RESERVE_WAIT_S) or \
-                placement_group_table(self.group).get("bundles_to_node_id", {}).get(0) != node:
-            self.release()  # granted elsewhere (or not at all): Ray runs every task
-            return 0
-        self.cpus = wanted
-        return wanted
+        wanted = min(self.size, int(_free_cpus(ray, node)))
+        granted = 0  # the pool may be running calls meanwhile (``RayExecutor._run_shared``): ``cpus`` set once
+        if wanted >= 1:
+            self.group = placement_group([{"CPU": wanted}], strategy="STRICT_PACK", _soft_target_node_id=node)
+            if self.group.wait(timeout_seconds=RESERVE_WAIT_S) and \
+                    placement_group_table(self.group).get("bundles_to_node_id", {}).get(0) == node:
+                granted = wanted
+            else:
+                self.release()  # granted elsewhere (or not at all): Ray runs every task
+        self.cpus = granted
+        return granted
 
     def restart(self) -> None:
         """A new pool after a worker died (the driver runs Ray's threads now: forkserver, ``_pool_context``)."""

@@ -15,10 +15,16 @@ What keeps Ray's cost near the local pool's (``tests/benchmarks/bench_executors.
   ~0.9 CPU-s before its first task, a forked pool worker milliseconds. Ray's workers run the tasks on the
   other nodes; both take the calls in order as each has room (``_run_shared``). A head without CPUs for
   tasks, or ``--ray-driver-cpus 0``, leaves every task to Ray (``_run_on_ray``).
-- Joining a running cluster happens on a thread from the executor's start, while the driver plans;
-  so does a warm-up task per worker that imports the job's modules (a fresh Ray worker imports them
-  at its first task otherwise, where a pool worker forks with them already imported). A local
-  instance for the job starts in ``run`` (Ray starts one from the main thread only).
+- Joining a running cluster (``import ray`` included: 0.25 s on 2 cores, 0.8-1.5 s on the device
+  machine's 16) happens on a thread from the executor's start, while a forked child plans; so does a
+  warm-up task per worker that imports the job's modules (a fresh Ray worker imports them at its first
+  task otherwise, where a pool worker forks with them already imported). Where the cluster's raylet on
+  the driver's host offers CPUs (``repack.exec.ray_node``: its command line, read before Ray answers),
+  the driver's pool does not wait for it: it starts on the plan's first calls with as many CPUs, and
+  once Ray answers it keeps the CPUs Ray grants on that node (none: it takes no more calls, those it
+  runs finish) while Ray's workers take calls too. A head started with ``--num-cpus 0`` runs no task.
+  A local instance for the job starts in ``run`` (Ray starts one from the main thread only), before
+  any call.
 - A chunk whose worker runs on the driver's host and sees OUT as the same folder (``host_token``)
   writes its samples straight into the shard's shared file, as pool workers do; on another host it
   writes a piece that the driver copies in. The record says which, so a job may mix both.
@@ -126,6 +132,9 @@ def _warm_up(job_name: str) -> None:
     importlib.import_module(JOBS[job_name].partition(":")[0])
 
 
+JOINED = "joined"  # the joining thread's last word on the executor's queue of events
+
+
 def _same_job(calls: list, task_ids: list) -> Iterator[tuple[tuple, list]]:
     """Runs of consecutive calls that differ in their task only: (job name, spec, digest, share_pieces, run) and
     [(task JSON, task id)] of each run (one run for every call of a job)."""
@@ -169,34 +178,43 @@ class RayExecutor:
     def __init__(self, workers: int | None = None, retries: int = 2, address: str | None = None,
                  job: str | None = None, driver_cpus: int | None = None, **_ignored) -> None:
         # Ray installed and the address answering: checked by the engine before it planned (``check_ray``)
-        self._share = None  # the driver's node run by a local pool (``repack.exec.driver_share``)
-        if driver_cpus != 0:
-            from repack.exec.driver_share import DriverShare
-
-            # forked first, while the driver runs one thread (Ray starts threads in it)
-            self._share = DriverShare(min(workers or available_cpus(), available_cpus(), driver_cpus or 1 << 30))
         self.workers = workers
         self.retries = retries
         self.address = address
         self.job = job
+        self._share = None  # the driver's node run by a local pool (``repack.exec.driver_share``)
+        self._early = False  # the pool may start before Ray answers (``run``)
+        if driver_cpus != 0:
+            from repack.exec.driver_share import DriverShare
+            from repack.exec.ray_node import local_node_cpus
+
+            # forked first, while the driver runs one thread (Ray starts threads in it)
+            self._share = DriverShare(min(workers or available_cpus(), available_cpus(), driver_cpus or 1 << 30))
+            offered = local_node_cpus(address) if self._joins_a_cluster() else 0
+            if offered:
+                self._share.cpus = min(self._share.size, offered)  # until Ray grants them (``reserve``)
+                self._early = True
         self._started_here = False
         self.tasks_ran = {"driver_pool": 0, "ray": 0}  # calls that ran to a record, by where they ran
-        try:
-            # on this thread: imported on the joining thread beside the planning, both took ~0.6 s longer on the
-            # device machine's 16 cores (`import ray` alone: 0.8-1.5 s there; the GIL handed back and forth
-            # between an importing thread and a busy one); the engine plans in a forked child meanwhile
-            self.ray = _import_ray()
-        except BaseException:
-            self._end(failed=True)
-            raise
+        self.ray = None  # the module: imported by the joining thread, or here for a local instance (``_join``)
         self._init_error: BaseException | None = None
+        self._local_started = False  # ``_joined`` started the local instance (once)
         self._warm: list = []
         self._batch = None  # the Ray remote function of a batch (its warm-up tasks included)
         self._joining: threading.Thread | None = None
+        self._events: queue.SimpleQueue = queue.SimpleQueue()  # finished futures, and JOINED (``_run_shared``)
         if self._joins_a_cluster():  # a local instance starts in run(): Ray starts one from the main thread only
+            # `import ray` too: the engine plans in a forked child meanwhile, and the driver's pool starts on the
+            # plan's calls without waiting for Ray (``_run_shared``)
             self._joining = threading.Thread(target=self._join, daemon=True, name="repack-ray-init")
-            self._joining.start()  # overlaps the driver's planning
+            self._joining.start()
             atexit.register(self._joining.join)  # a job that ends before run(): never exit mid-ray.init
+        else:
+            try:  # a Ray that fails to import fails the job before any work
+                self.ray = _import_ray()
+            except BaseException:
+                self._end(failed=True)
+                raise
 
     def _joins_a_cluster(self) -> bool:
         """A running cluster (an address, or RAY_ADDRESS), not a local instance started for the job ("local")."""
@@ -204,6 +222,7 @@ class RayExecutor:
 
     def _join(self) -> None:
         try:
+            self.ray = self.ray or _import_ray()
             self._started_here = self._init()
             # Ray retries a batch lost with its worker or node. Warm-ups are batches of no call: one remote
             # function (one scheduling class) for them and the batches, so a worker's lease and the function's
@@ -217,6 +236,8 @@ class RayExecutor:
                 self._warm = [self._batch.remote(self.job, "", [], "", False, "", "") for _ in range(max(0, warm))]
         except BaseException as exc:  # noqa: BLE001 - raised by run(), in the driver's thread
             self._init_error = exc
+        finally:
+            self._events.put(JOINED)  # wakes a ``_run_shared`` already running on the driver's pool alone
 
     def _init(self) -> bool:
         ray = self.ray
@@ -238,13 +259,19 @@ class RayExecutor:
         return True
 
     def _joined(self) -> None:
-        """Wait for the thread that joins the cluster (or start the local instance); re-raise its error here."""
+        """Wait for the thread that joins the cluster (or start the local instance, once); re-raise its error here."""
         if self._joining is None:
-            self._join()
+            if not self._local_started:
+                self._local_started = True
+                self._join()
         else:
             self._joining.join()
         if self._init_error is not None:
             raise self._init_error
+
+    def _joining_now(self) -> bool:
+        """Whether the thread that joins the cluster is still at it."""
+        return self._joining is not None and self._joining.is_alive()
 
     def _reserve(self) -> int:
         """The driver node's CPUs that its local pool runs tasks on (0: none, every task is a Ray task)."""
@@ -252,19 +279,23 @@ class RayExecutor:
             return self._share.reserve(self.ray)
         except Exception:  # noqa: BLE001 - Ray cannot hold them (an older head): its workers run every task
             self._share.release()
-            self._share.cpus = 0  # the pool closes once planning is over (``settle``)
+            self._share.cpus = 0  # the pool takes no more calls
             return 0
 
     def run(self, calls: list[tuple[str, str, str, str, bool, bool, str]],
             task_ids: list[str]) -> Iterator[dict | TaskFailure]:
         ended = False
         try:
-            self._joined()
+            if not self._early:
+                self._joined()  # a local instance starts here, before any call; no pool: Ray runs every call
             if self._share is not None:
-                self._share.settle()
-            if calls and self._share is not None and self._share.cpus:
-                yield from self._run_shared(calls, task_ids)
+                self._share.settle()  # planning is over; a pool Ray granted no CPU closes
+            if calls and self._share is not None and (self._share.cpus or self._joining_now()):
+                yield from self._run_shared(calls, task_ids)  # joins the cluster on the way
             elif calls:
+                self._joined()
+                if self._share is not None:
+                    self._share.settle()  # Ray granted no CPU since the first look
                 yield from self._run_on_ray(calls, task_ids)
             ended = True
         finally:
@@ -281,6 +312,8 @@ class RayExecutor:
         joined cluster that the job finished is left as the process exits (``run_job``: without
         ``ray.shutdown``, ~0.3 s), or by Ray's own exit hook; another job in this process reuses the
         connection. Idempotent."""
+        if self._joining_now():  # the pool ran every call before Ray answered: Ray is left once it has (never
+            self._joining.join()  # mid-import or mid-ray.init), as a job that waited for it would have
         try:
             if self._share is not None:
                 self._share.close(failed=failed)
@@ -300,18 +333,27 @@ class RayExecutor:
 
         from repack.exec.local import FAILED, PAIR_FROM, call_outcomes, submit_calls
 
-        ray, share = self.ray, self._share
+        share = self._share
+        joining = self._early and self._joining_now()  # the pool starts alone; Ray's workers join once Ray answers
 
         def ray_cpus() -> int:  # the CPUs of the cluster's live nodes that Ray's workers may take
-            return max(0, int(ray.cluster_resources().get("CPU", 0)) - share.cpus)
+            return max(0, int(self.ray.cluster_resources().get("CPU", 0)) - share.cpus)
 
-        others, checked = ray_cpus(), time.monotonic()
-        size = batch_size(len(calls), share.cpus + others)
-        pair = 2 if len(calls) >= PAIR_FROM * (share.cpus + others) else 1
+        def shapes() -> tuple[int, int]:  # calls per Ray batch, per pool submission
+            return (batch_size(len(calls), share.cpus + others),
+                    2 if len(calls) >= PAIR_FROM * (share.cpus + others) else 1)
+
+        if joining:
+            others = 0
+        else:
+            self._joined()
+            others = ray_cpus()
+        checked = time.monotonic()
+        size, pair = shapes()
         host = host_token(job_folder(json.loads(calls[0][1])["out"]))
         todo = collections.deque(range(len(calls)))
         attempts = [0] * len(calls)
-        finished: queue.SimpleQueue = queue.SimpleQueue()
+        finished = self._events
         in_pool: dict = {}  # future -> (submission number, indices)
         on_ray: dict = {}  # future of a Ray batch -> (its object ref, indices)
         submitted = 0
@@ -324,7 +366,7 @@ class RayExecutor:
 
         def fill() -> None:
             nonlocal submitted, broken
-            if broken and not in_pool:  # no future of the broken pool is left to report it: replace it now
+            if broken and not in_pool and share.cpus:  # no future of the broken pool is left to report it: replace it
                 share.restart()
                 broken = False
             while todo and not broken and len(in_pool) < share.in_flight():
@@ -361,14 +403,14 @@ class RayExecutor:
 
         fill()
         while todo or in_pool or on_ray:
-            if not in_pool and not on_ray:  # never expected: fill() always has a side that takes calls
-                raise RuntimeError(f"{len(todo)} task(s) left that neither the driver's pool nor Ray took")
-            if time.monotonic() >= checked + CAPACITY_CHECK_S:  # nodes lost (or added): as many batches in flight
-                others, checked = ray_cpus(), time.monotonic()  # as CPUs are left
+            if not in_pool and not on_ray and not joining:  # never expected: fill() always has a side that takes
+                raise RuntimeError(f"{len(todo)} task(s) left that neither the driver's pool nor Ray took")  # calls
+            if not joining and time.monotonic() >= checked + CAPACITY_CHECK_S:  # nodes lost (or added): as many
+                others, checked = ray_cpus(), time.monotonic()  # batches in flight as CPUs are left
                 if not others and on_ray:  # no CPU left for a batch: none can be scheduled, ever (Ray keeps them
                     for future, (ref, indices) in list(on_ray.items()):  # queued); the driver's pool takes their
                         if not future.done():  # calls (a batch that finished meanwhile is taken as it came)
-                            ray.cancel(ref)
+                            self.ray.cancel(ref)
                             todo.extendleft(reversed(indices))
                             del on_ray[future]  # its future still arrives (cancelled): ignored
                 fill()
@@ -378,7 +420,13 @@ class RayExecutor:
                 future = finished.get(timeout=CAPACITY_CHECK_S)
             except queue.Empty:
                 continue
-            if future in on_ray:
+            if future is JOINED:
+                if joining:  # Ray answered (or failed: raised here): the pool keeps what Ray granted on this node
+                    joining = False
+                    self._joined()  # (a pool granted no CPU takes no more calls; it closes once its calls are in)
+                    others, checked = ray_cpus(), time.monotonic()
+                    size, pair = shapes()
+            elif future in on_ray:
                 _, indices = on_ray.pop(future)
                 try:
                     outcomes = future.result()
@@ -406,7 +454,10 @@ class RayExecutor:
                                 todo.appendleft(i)
                             elif (failure := failed(i, f"{type(exc).__name__}: {exc}")) is not None:
                                 yield failure
-                    share.restart()
+                    if share.cpus:
+                        share.restart()
+                    else:
+                        share.close(failed=True)
                     broken = False
                     records = []
                 for i, record in zip(indices, records):
@@ -415,6 +466,8 @@ class RayExecutor:
                         yield record
                     elif (failure := failed(i, record[FAILED])) is not None:
                         yield failure
+            if not share.cpus and not in_pool and share.pool is not None:
+                share.close()  # Ray granted this node no CPU, and the calls the pool began before are in
             fill()
 
     def _run_on_ray(self, calls: list[tuple], task_ids: list[str]) -> Iterator[dict | TaskFailure]:

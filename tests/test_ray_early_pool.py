@@ -1,0 +1,86 @@
+"""`--executor ray` joining a running cluster: the driver's pool starts on the plan's first calls before Ray
+answers where the cluster's raylet on this host offers CPUs (``repack.exec.ray_node``, read from the real
+raylets' command lines), and never where it offers none (a head started with ``--num-cpus 0``). ``import
+ray`` is held 6 s in the driver (an import hook): the first task's record is written well before it ends, and
+the dataset equals the local pool's byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_repack
+
+pytest.importorskip("ray")
+
+from tests.benchmarks.bench_executors import RAY_ENV, RayHead  # noqa: E402
+
+IMPORT_HOLD_S = 6.0
+SLOW_RAY = f'''import importlib.machinery, sys, time
+
+
+class _HoldRay:
+    """Holds the execution of package `ray` {IMPORT_HOLD_S} s (finding it is not held: `check_ray` finds it)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "ray":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def held(module):
+            time.sleep({IMPORT_HOLD_S})
+            run(module)
+
+        spec.loader.exec_module = held
+        return spec
+
+
+sys.meta_path.insert(0, _HoldRay())
+'''
+
+
+@pytest.fixture(scope="module")
+def heads():
+    """Two heads on this host: one offering 2 CPUs to tasks, one offering none."""
+    with_cpus, without = RayHead("2"), RayHead("0")
+    yield with_cpus, without
+    with_cpus.stop()
+    without.stop()
+
+
+def test_the_local_raylets_cpus_are_read_per_cluster(heads):
+    from repack.exec.ray_node import local_node_cpus
+
+    with_cpus, without = heads
+    assert local_node_cpus(with_cpus.address) == 2
+    assert local_node_cpus(without.address) == 0  # its raylet lists no CPU: the pool waits for Ray's grant
+    assert local_node_cpus("127.0.0.1:1") == 0  # no raylet of that cluster here
+    assert local_node_cpus("ray://127.0.0.1:10001") == 0  # Ray Client: the driver is no node
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix in (".tar", ".idx")}
+
+
+def test_the_drivers_pool_starts_before_ray_answers(heads, photo_tree, tmp_path):
+    with_cpus, _ = heads
+    reference = tmp_path / "local"
+    run_repack("images", photo_tree, reference, "--shard-size", "10", "--workers", "2", "--quiet")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_RAY)
+    out = tmp_path / "ray"
+    started = time.time()
+    run_repack("images", photo_tree, out, "--shard-size", "10", "--workers", "2", "--quiet", "--executor", "ray",
+               "--ray-address", with_cpus.address,
+               env={**RAY_ENV, "PYTHONPATH": f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    first = min(p.stat().st_mtime for p in (out / ".repack" / "tasks").glob("*.json"))
+    assert first - started < IMPORT_HOLD_S - 1, first - started  # a task ran while `import ray` was still held
+    assert shard_bytes(out) == shard_bytes(reference)
+    ran = json.loads((out / "manifest.json").read_text())["run"]["tasks_ran"]
+    assert ran["driver_pool"] >= 12 and not ran["ray"], ran  # the head's 2 CPUs: the pool's, held from Ray
