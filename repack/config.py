@@ -45,7 +45,9 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
             raise UsageError(f"--workers must be at least 1, got {self.workers}")
-        if self.num_nodes < 1 or not 0 <= self.node_rank < self.num_nodes:
+        if self.num_nodes < 1:
+            raise UsageError(f"--num-nodes must be at least 1, got {self.num_nodes}")
+        if not 0 <= self.node_rank < self.num_nodes:
             raise UsageError(f"--node-rank must be in [0, {self.num_nodes}), got {self.node_rank}")
         if self.ray_driver_cpus is not None and self.ray_driver_cpus < 0:
             raise UsageError(f"--ray-driver-cpus must be >= 0, got {self.ray_driver_cpus}")

@@ -17,6 +17,7 @@ def test_values_refused_in_one_line(tmp_path):
         (("video", src, tmp_path / "o4", "--probe", "--max-gop", "nan"), "--max-gop must be a positive number"),
         (("video", src, tmp_path / "o5", "--transcode", "--threads", "0"), "--threads"),  # ZeroDivisionError
         (("images", src, tmp_path / "o6", "--shard-bytes", "9223372036854775807"), "at most 1 EiB"),  # OverflowError
+        (("images", src, tmp_path / "o7", "--num-nodes", "0"), "--num-nodes must be at least 1"),  # named --node-rank
     ]
     for args, words in cases:
         done = run_repack(*args, check=False)
