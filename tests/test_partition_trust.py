@@ -172,3 +172,29 @@ def test_a_tokenizer_is_copied_only_against_its_planned_digest(tmp_path):
     for digest in (None, ""):  # a plan that names none (damaged or forged) copies nothing
         with pytest.raises(UsageError, match="names no tokenizer sha256"):
             planned_tokenizer_bytes(secret, digest)
+
+
+def test_a_merge_beside_a_running_partition_names_it(tmp_path):
+    """A partition still running holds OUT's main lock shared (no pid there) and its own exclusively: a merge
+    meanwhile exits 3 naming that partition and its pid, not "pid ?"."""
+    import fcntl
+    import os
+
+    src, out = tree(tmp_path / "src", 30), tmp_path / "out"
+    for rank in (0, 1):
+        run_repack("images", src, out, "--shard-size", "10", "--num-nodes", "2", "--node-rank", str(rank), "--quiet")
+    main = os.open(out / ".repack" / "lock", os.O_RDWR)
+    mine = os.open(out / ".repack" / "lock-1-of-2", os.O_RDWR)
+    try:  # as partition 1 running holds them
+        fcntl.flock(main, fcntl.LOCK_SH)
+        fcntl.flock(mine, fcntl.LOCK_EX)
+        os.ftruncate(mine, 0)
+        os.pwrite(mine, str(os.getpid()).encode(), 0)
+        merged = run_repack("merge", out, check=False)
+    finally:
+        os.close(mine)
+        os.close(main)
+    assert merged.returncode == 3, merged.stderr
+    assert f"partition 1-of-2 (pid {os.getpid()}) of a job run as static partitions" in merged.stderr
+    assert "pid ?" not in merged.stderr
+    assert run_repack("merge", out, "--quiet").returncode == 0

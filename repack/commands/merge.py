@@ -22,8 +22,8 @@ def merge(out, quiet, json_summary, strict):
     """Write the manifest of a job run as static partitions (--num-nodes/--node-rank), once all finished.
 
     Runs no task: it checks that every planned task of every partition finished, then writes
-    OUT/manifest.json. Exit codes: 0 done, 2 no job in OUT, 4 tasks missing (listed), 6 --strict refused the
-    dataset (given here or to any partition).
+    OUT/manifest.json. Exit codes: 0 done, 2 no job in OUT, 3 a partition is still running (named), 4 tasks
+    missing (listed), 6 --strict refused the dataset (given here or to any partition).
     """
     from repack.jobs import engine
     from repack.store import open_store

@@ -242,10 +242,11 @@ def _flock(path: Path, mode: int, what: str, out: Path) -> int:
     try:
         fcntl.flock(fd, mode | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
         os.close(fd)
-        raise JobLockedError(f"another repack process (pid {holder}) is already running {what} on {out}; "
-                             "wait for it or stop it first") from None
+        who = f"another repack process (pid {holder})" if holder else \
+            f"{_partitions_running(path.parent) or 'a static partition'} of a job run as static partitions"
+        raise JobLockedError(f"{who} is already running {what} on {out}; wait for it or stop it first") from None
     if mode == fcntl.LOCK_EX:
         try:
             os.ftruncate(fd, 0)
@@ -254,6 +255,25 @@ def _flock(path: Path, mode: int, what: str, out: Path) -> int:
             os.close(fd)
             raise
     return fd
+
+
+def _partitions_running(state: Path) -> str:
+    """The static partitions that hold their locks in ``state`` now, with their pids ("partition 0-of-2 (pid
+    123)"), in words; empty where none is seen (each holds OUT's main lock shared, which records no pid)."""
+    running = []
+    for lock in sorted(state.glob("lock-*")):
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # held exclusively: that partition runs
+            pid = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            running.append(f"partition {lock.name.removeprefix('lock-')} (pid {pid})")
+        finally:
+            os.close(fd)
+    return ", ".join(running)
 
 
 class JobLock:
