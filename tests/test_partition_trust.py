@@ -198,3 +198,18 @@ def test_a_merge_beside_a_running_partition_names_it(tmp_path):
     assert f"partition 1-of-2 (pid {os.getpid()}) of a job run as static partitions" in merged.stderr
     assert "pid ?" not in merged.stderr
     assert run_repack("merge", out, "--quiet").returncode == 0
+
+
+def test_a_partition_started_with_another_num_nodes_is_refused_by_name(tmp_path):
+    """Partition 2 of 3 among partitions of 4 would leave tasks of the others unrun (the merge then only said a
+    shard was missing): refused by name before any work; the same count resumes as before."""
+    src, out = tree(tmp_path / "src", 80), tmp_path / "out"
+    for rank in (0, 1, 3):
+        run_repack("images", src, out, "--shard-size", "10", "--num-nodes", "4", "--node-rank", str(rank), "--quiet")
+    odd = run_repack("images", src, out, "--shard-size", "10", "--num-nodes", "3", "--node-rank", "2", "--quiet",
+                     check=False)
+    assert odd.returncode == 2, odd.stderr
+    assert "run as 4 static partitions (--num-nodes 4)" in odd.stderr and "--num-nodes 3" in odd.stderr
+    run_repack("images", src, out, "--shard-size", "10", "--num-nodes", "4", "--node-rank", "2", "--quiet")
+    run_repack("merge", out, "--quiet")
+    assert json.loads((out / "manifest.json").read_text())["totals"]["samples"] == 80

@@ -545,8 +545,16 @@ class Engine:
         state = {"job": self.job.name, "spec": json.loads(self.job.spec.to_json()), "tool_version": __version__,
                  "options_sha256": options_fingerprint(self.job), "plan_digest": plan.digest,
                  "num_tasks": len(plan.tasks)}
+        if self.options.num_nodes > 1:  # the partition scheme: every partition's share is counted from it
+            state["num_nodes"] = self.options.num_nodes
         old = read_json(store, f"{STATE_DIR}/job.json")
         if old is not None:
+            scheme = old.get("num_nodes")
+            if self.options.num_nodes > 1 and isinstance(scheme, int) and scheme != self.options.num_nodes:
+                raise UsageError(f"{store.url} holds a job run as {scheme} static partitions (--num-nodes {scheme}); "
+                                 f"this partition was started with --num-nodes {self.options.num_nodes}, which "
+                                 f"would leave tasks of the others unrun: start it with --num-nodes {scheme}, or "
+                                 "use --overwrite to start over")
             if old.get("tool_version") not in (None, __version__) and store.size(MANIFEST_NAME) is None:
                 # an unfinished job: its shards and records so far are that repack's
                 raise OtherToolVersion(f"{store.url} holds a job started by repack {old['tool_version']} and not "
