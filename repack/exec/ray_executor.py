@@ -196,25 +196,26 @@ class RayExecutor:
                 self._early = True
         self._started_here = False
         self.tasks_ran = {"driver_pool": 0, "ray": 0}  # calls that ran to a record, by where they ran
-        self.ray = None  # the module: imported by the joining thread, or here for a local instance (``_join``)
+        self.ray = None  # the module: imported below, or by the joining thread where the pool starts early
         self._init_error: BaseException | None = None
         self._local_started = False  # ``_joined`` started the local instance (once)
         self._warm: list = []
         self._batch = None  # the Ray remote function of a batch (its warm-up tasks included)
         self._joining: threading.Thread | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()  # finished futures, and JOINED (``_run_shared``)
-        if self._joins_a_cluster():  # a local instance starts in run(): Ray starts one from the main thread only
-            # `import ray` too: the engine plans in a forked child meanwhile, and the driver's pool starts on the
-            # plan's calls without waiting for Ray (``_run_shared``)
-            self._joining = threading.Thread(target=self._join, daemon=True, name="repack-ray-init")
-            self._joining.start()
-            atexit.register(self._joining.join)  # a job that ends before run(): never exit mid-ray.init
-        else:
-            try:  # a Ray that fails to import fails the job before any work
+        if not self._early:
+            try:  # on this thread, as the job waits for Ray anyway (a Ray that fails to import: before any work);
+                # on the joining thread beside a planning driver, both took ~0.6 s longer on the device machine's
+                # 16 cores (the GIL handed back and forth); the engine plans in a forked child where it can
                 self.ray = _import_ray()
             except BaseException:
                 self._end(failed=True)
                 raise
+        if self._joins_a_cluster():  # a local instance starts in run(): Ray starts one from the main thread only
+            # (``import ray`` too where the pool starts without waiting for Ray: ``_run_shared``)
+            self._joining = threading.Thread(target=self._join, daemon=True, name="repack-ray-init")
+            self._joining.start()
+            atexit.register(self._joining.join)  # a job that ends before run(): never exit mid-ray.init
 
     def _joins_a_cluster(self) -> bool:
         """A running cluster (an address, or RAY_ADDRESS), not a local instance started for the job ("local")."""
