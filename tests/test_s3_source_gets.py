@@ -123,6 +123,19 @@ def test_a_listing_page_that_outlasts_botocores_attempts_is_asked_again(served, 
     assert not proxy.page_faults  # every injected answer was met
 
 
+
+def test_a_listing_page_that_keeps_failing_ends_the_job_in_one_line(served, tmp_path):
+    server, _ = served
+    proxy = FaultProxy(server.port, page_faults=[503] * 99)
+    try:
+        env = {**s3_env(proxy.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch"), "REPACK_S3_ATTEMPTS": "2"}
+        done = run_repack("images", "s3://blobs/many", tmp_path / "out", "--quiet", env=env, check=False)
+    finally:
+        proxy.stop()
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "repack: error: s3://blobs/many/: S3 error InternalError", done.stderr
+
+
 def test_the_listing_leaves_no_thread_behind_so_the_pool_forks(served, endpoint):
     """The engine forks its pool only from a driver without threads (else forkserver: every worker imports
     the job's modules again)."""
@@ -153,3 +166,49 @@ def test_a_wait_watch_reports_after_its_thread_ended_and_started_again(capsys):
     time.sleep(0.6)
     watch.stop(token)
     assert "for GetObject s3://b/slow: the S3 endpoint is slow" in capsys.readouterr().err
+
+
+def test_a_parquet_source_the_endpoint_does_not_serve_fails_by_name_while_planning_and_in_tasks(tmp_path):
+    """`--from parquet` on s3:// (and text's .parquet): pyarrow hands the read's error back, and a broad
+    catch there made the endpoint's fault a quarantine record (a whole file left out at planning, its rows in
+    the tasks, exit 0). Now both fail by name (exit 4), and a re-run on a healthy endpoint packs every row."""
+    import io
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from PIL import Image
+
+    def jpg(i: int) -> bytes:
+        out = io.BytesIO()
+        Image.new("RGB", (24, 24), (i * 7 % 255, 40, 90)).save(out, "JPEG")
+        return out.getvalue()
+
+    (tmp_path / "root" / "src" / "pq").mkdir(parents=True)
+    table = pa.table({"image": [{"bytes": jpg(i), "path": f"{i}.jpg"} for i in range(40)],
+                      "label": [i % 3 for i in range(40)]})
+    for name in ("a", "b"):
+        pq.write_table(table, tmp_path / "root" / "src" / "pq" / f"{name}.parquet", row_group_size=10)
+    server = RcloneServer(tmp_path / "root")
+    down = [503] * 50  # every attempt, in every retry
+
+    def pack(faults: dict, out: str):
+        proxy = FaultProxy(server.port, faults=faults)
+        try:
+            env = {**s3_env(proxy.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch"), "REPACK_S3_ATTEMPTS": "2"}
+            return run_repack("images", "s3://src/pq", tmp_path / out, "--from", "parquet", "--shard-size", "20",
+                              "--workers", "1", "--quiet", "--retries", "0", env=env, check=False)
+        finally:
+            proxy.stop()
+
+    try:
+        planning = pack({"/src/pq/b.parquet": down}, "o1")
+        tasks = pack({"/src/pq/b.parquet": [None] * 2 + down}, "o2")  # the plan reads it, the tasks do not
+        again = pack({}, "o2")
+    finally:
+        server.stop()
+    assert planning.returncode == 4 and "s3://src/pq/b.parquet" in planning.stderr, planning.stderr
+    assert not (tmp_path / "o1" / "manifest.json").exists()
+    assert tasks.returncode == 4 and "SourceUnavailable: s3://src/pq/b.parquet" in tasks.stderr, tasks.stderr
+    assert again.returncode == 0, again.stderr
+    manifest = json.loads((tmp_path / "o2" / "manifest.json").read_text())
+    assert manifest["totals"]["samples"] == 80 and not manifest["quarantine"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Iterator
 
+from repack.errors import SourceUnavailable
 from repack.sources.confine import open_input as open_local
 from repack.store import is_remote
 
@@ -63,6 +64,8 @@ def _parquet_rows(fh, path: str, run: list[dict]) -> Iterator[bytes | OSError]:
     try:
         pf = open_parquet(fh)
         cursors: dict[str, RowCursor] = {}
+    except SourceUnavailable:  # the endpoint's fault, not the file's: the task fails (a re-run reads it)
+        raise
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors: the rows cannot be read
         yield from (OSError(5, f"parquet file unreadable: {exc}", path) for _ in run)
         return
@@ -73,6 +76,8 @@ def _parquet_rows(fh, path: str, run: list[dict]) -> Iterator[bytes | OSError]:
         try:
             cursor = cursors.get(column) or cursors.setdefault(column, RowCursor(pf, column))
             data = cursor.value(row)
+        except SourceUnavailable:
+            raise
         except Exception as exc:  # noqa: BLE001
             return OSError(5, f"parquet row {row} unreadable: {exc}", path)
         return data if data is not None else OSError(5, f"parquet row {row} has no image bytes", path)

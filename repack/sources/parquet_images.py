@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from repack.errors import UsageError
+from repack.errors import SourceUnavailable, UsageError
 from repack.sources.base import FieldChoice, MemberItem, Scan, quarantine_record
 from repack.sources.confine import Confinement
 from repack.sources.containers import Container, list_containers, open_container
@@ -132,6 +132,8 @@ def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
     with open_container(container) as fh:
         try:
             pf = open_parquet(fh)
+        except SourceUnavailable:  # the endpoint's fault, not the file's: the plan fails (a re-run reads it)
+            raise
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
             quarantine.append(quarantine_record(container.rel, f"not a readable parquet file: {exc}"))
             return [], None, None, (), False

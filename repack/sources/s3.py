@@ -29,7 +29,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 
-from repack.errors import SourceUnavailable, UsageError
+from repack.errors import RepackError, SourceUnavailable, UsageError
 from repack.sources.base import Scan, quarantine_record, sort_key
 from repack.sources.columns import NO_LABEL, InputTable, join_names, name_ends, split_names
 from repack.sources.confine import Confinement, SourceChanged
@@ -150,6 +150,8 @@ def list_columns(url: str, page_codes: Callable[[list[str]], np.ndarray] | None 
             id_parts.append(runs.ids(page))
             if page_codes is not None:
                 code_parts.append(page_codes(page))
+    except RepackError:  # a listing page's own error, already in words (``retried``)
+        raise
     except Exception as exc:  # noqa: BLE001 - auth, missing bucket, unreachable endpoint: exit 2
         raise describe_error(exc, url) from None
     if not blobs and not quarantine:

@@ -33,7 +33,7 @@ from typing import BinaryIO, Iterator, NamedTuple
 
 import numpy as np
 
-from repack.errors import UsageError, stable_reason
+from repack.errors import SourceUnavailable, UsageError, stable_reason
 from repack.sources.base import again_name, alias_reason, pick_real_paths
 from repack.sources.confine import Checked, Confinement
 from repack.sources.reading import open_input
@@ -320,6 +320,8 @@ def parquet_row_groups(path: str, field: str) -> tuple[list[int], str | None]:
         with open_input(path) as fh:
             meta = pq.ParquetFile(fh)
             schema, md = meta.schema_arrow, meta.metadata
+    except SourceUnavailable:  # the endpoint's fault, not the file's: the plan fails (a re-run reads it)
+        raise
     except Exception as exc:  # noqa: BLE001 - a bad file is a quarantine record
         return [], stable_reason(exc, "unreadable parquet: ")
     if field not in schema.names:
