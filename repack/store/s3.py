@@ -26,8 +26,8 @@ from pathlib import Path
 
 from repack.errors import ConfinementError, RepackError, VerificationError
 from repack.manifest.paths import PathEscapeError, check_relative
-from repack.store.s3_client import (ASK_AGAIN, AUTH_CODES, client, describe_error, is_missing, limits, parse_url,
-                                    retried, transfer_config)
+from repack.store.s3_client import (ASK_AGAIN, AUTH_CODES, client, describe_error, error_code, is_missing, limits,
+                                    parse_url, retried, transfer_config)
 from repack.store.s3_lock import ObjectLock
 
 SHA_META = "sha256"   # object metadata x-amz-meta-sha256: the content's sha256, set at upload
@@ -141,7 +141,7 @@ class S3Store:
                 head = client().head_object(Bucket=self.bucket, Key=self.key(rel))
             except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
                 last = exc
-                if isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code")) in AUTH_CODES:
+                if error_code(exc) in AUTH_CODES:
                     raise describe_error(exc, self.where(rel)) from None
                 time.sleep(min(8.0, 0.5 * 2**attempt, max(0.0, deadline - time.monotonic())))
                 continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from repack.errors import RepackError, UsageError
 from repack.manifest.s3_waits import S3Limits, WaitWatch, watch_client
@@ -219,8 +220,6 @@ def retried(request, where: str):
     connection) is asked again (``ASK_AGAIN`` times in all, within the retry budget), so that every command,
     reading or writing, rides out the same faults. A missing key: FileNotFoundError; anything else: a one-line
     RepackError naming ``where``."""
-    import time
-
     deadline = time.monotonic() + limits().retry_budget
     for attempt in range(ASK_AGAIN):
         try:
@@ -236,13 +235,15 @@ def retried(request, where: str):
 def is_object_fault(exc: BaseException) -> bool:
     """True for an answer about the object itself (missing, access refused to it, archived): the input is
     quarantined; False for a fault of the endpoint (``repack.errors.SourceUnavailable``)."""
+    return error_code(exc) in OBJECT_CODES
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The S3 error code of a ClientError ("NoSuchKey", "503", ...); None for any other exception."""
     from botocore.exceptions import ClientError
 
-    return isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code")) in OBJECT_CODES
+    return str(exc.response.get("Error", {}).get("Code")) if isinstance(exc, ClientError) else None
 
 
 def is_missing(exc: BaseException) -> bool:
-    from botocore.exceptions import ClientError
-
-    return isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code")) in (
-        "NoSuchKey", "404", "NotFound")
+    return error_code(exc) in ("NoSuchKey", "404", "NotFound")

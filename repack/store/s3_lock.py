@@ -22,7 +22,7 @@ import time
 from email.utils import parsedate_to_datetime
 
 from repack.errors import JobLockedError, UsageError
-from repack.store.s3_client import client, describe_error, is_missing
+from repack.store.s3_client import client, describe_error, error_code, is_missing
 
 HEARTBEAT_S = 15    # a live lock's holder refreshes it this often
 STALE_LOCK_S = 120  # a lock not refreshed this long (by the server's clock) belongs to a dead run
@@ -82,7 +82,7 @@ def _holder_is_dead(holder: dict, age: float | None) -> bool:
 
 
 def _code(exc) -> str:
-    return str(exc.response.get("Error", {}).get("Code"))
+    return str(error_code(exc))
 
 
 class ObjectLock:
