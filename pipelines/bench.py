@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 from pipelines.cpus import usable_cpus
 from pipelines.manifest_access import open_manifest
 from repack.manifest import Manifest
+from repack.manifest.versions import number_of
 
 DATA_BOUND_SHARE = 0.10  # below this wait share the data path is not the bottleneck
 NOISY_SPREAD = 0.15  # rounds of one setting further apart than this (of their median): the figure is unreliable
@@ -481,6 +482,9 @@ def run_bench(root: str | os.PathLike, opts: BenchOptions, progress: Callable[[s
     opts.validate()
     manifest = open_manifest(root)  # a folder or s3://bucket/prefix
     location = getattr(manifest, "url", "") or str(manifest.root)  # what the readers are given
+    if not manifest.num_samples:  # every sample removed, or all quarantined: no batch size would help
+        raise BenchError(f"{location}: the dataset holds no samples (version {number_of(manifest.data)}): nothing to "
+                         "read")
     requested = opts.device
     if opts.device == "auto":
         opts = replace(opts, device="gpu" if _cuda_visible() else "cpu")

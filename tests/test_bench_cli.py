@@ -219,3 +219,16 @@ def test_noise_and_a_busy_machine_are_flagged():
     found = noise_warnings([steady, noisy], load_before=3.9, cpus=2)
     assert len(found) == 2 and found[0].startswith(BUSY) and "load average 3.9 on 2" in found[0]
     assert "1 setting(s) varied by more than 15% between rounds (up to 60%" in found[1]
+
+
+def test_bench_of_a_dataset_without_samples_says_so(tmp_path):
+    """Every source removed (a valid version of 0 samples): bench said "lower --batch-size", even at 1."""
+    from tests.tools.photos import make_photo_tree
+
+    src, out = tmp_path / "photos", tmp_path / "out"
+    make_photo_tree(src, per_class=1, classes=2, seed=5, max_side=48, min_side=32)
+    run_repack("images", src, out, "--quiet")
+    (tmp_path / "all.txt").write_text("".join(f"{p.relative_to(src).as_posix()}\n" for p in sorted(src.rglob("*.*"))))
+    run_repack("remove", out, "--sources", tmp_path / "all.txt", "--quiet")
+    done = run_repack("bench", out, *FAST[:-4], "--batch-size", "1", check=False)
+    assert done.returncode == 2 and "holds no samples" in done.stderr and "batch-size" not in done.stderr, done.stderr

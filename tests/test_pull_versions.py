@@ -279,3 +279,56 @@ def test_a_pull_checks_what_the_manifest_declares_as_verify_does(server, tmp_pat
     done = run_repack("pull", "s3://declared/ds", tmp_path / "copy", env=env, check=False)
     assert done.returncode == 5 and "totals.samples" in done.stderr, done.stderr
     assert not (tmp_path / "copy" / "manifest.json").exists()
+
+
+def test_a_dataset_file_named_like_a_download_temp_file_is_pulled_and_kept(server, tmp_path):
+    """The sweep of killed downloads' temp files (``.NAME.tmp-PID``) never deletes a file a pulled version names:
+    it ran after the manifest was written, so the copy looked complete with a shard gone."""
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="tmpnames")
+    local = tmp_path / "ds"
+    run_repack("images", make_source(tmp_path / "src"), local, "--shard-size", "4", "--quiet")
+    manifest = json.loads((local / "manifest.json").read_text())
+    shard = manifest["shards"][1]
+    hidden = f".{shard['path']}.tmp-1"
+    (local / shard["path"]).rename(local / hidden)
+    shard["path"] = hidden
+    (local / "manifest.json").write_text(json.dumps(manifest))
+    assert run_repack("verify", local).returncode == 0
+    for path in local.rglob("*"):
+        if path.is_file() and ".repack" not in path.relative_to(local).parts:
+            s3.put_object(Bucket="tmpnames", Key=f"ds/{path.relative_to(local).as_posix()}", Body=path.read_bytes())
+    dest = tmp_path / "dest"
+    run_repack("pull", "s3://tmpnames/ds", dest, env=env_for(server.endpoint, tmp_path))
+    assert (dest / hidden).read_bytes() == (local / hidden).read_bytes()
+    assert run_repack("verify", dest).returncode == 0
+
+
+def test_pull_into_an_s3_location_is_refused(server, three_versions, tmp_path):
+    """DEST is a local folder: an s3:// DEST was written to a local folder named "s3:" with exit 0."""
+    done = run_repack("pull", three_versions, "s3://kept/copy", env=env_for(server.endpoint, tmp_path), check=False)
+    assert done.returncode == 2 and "DEST must be a local folder" in done.stderr
+    assert not objects(client(server.endpoint), "kept", "copy")
+
+
+def test_a_manifest_naming_a_file_below_a_folder_named_manifest_json_is_refused_before_any_download(server,
+                                                                                                    tmp_path):
+    """``manifest.json/x.tar`` passed the rule that refuses ``manifest.json``: the pull made a folder of that
+    name in DEST, failed on "Is a directory" (exit 2), and every later pull of a mended bucket failed on it."""
+    from repack.manifest.paths import PathEscapeError, check_dataset_path
+
+    for rel in ("manifest.json/x.tar", "manifest.v2.json/a", ".repack/x"):
+        with pytest.raises(PathEscapeError, match="names a manifest"):
+            check_dataset_path(rel)
+    assert check_dataset_path("sub/manifest.json") == "sub/manifest.json"
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="blocked")
+    local = tmp_path / "ds"
+    run_repack("images", make_source(tmp_path / "src"), local, "--shard-size", "4", "--quiet")
+    manifest = json.loads((local / "manifest.json").read_text())
+    manifest["shards"][0]["path"] = "manifest.json/x.tar"
+    s3.put_object(Bucket="blocked", Key="ds/manifest.json", Body=json.dumps(manifest).encode())
+    dest = tmp_path / "dest"
+    done = run_repack("pull", "s3://blocked/ds", dest, env=env_for(server.endpoint, tmp_path), check=False)
+    assert done.returncode == 5 and "manifest.json/x.tar" in done.stderr
+    assert not (dest / "manifest.json").exists()

@@ -133,6 +133,20 @@ def test_the_report_reads_no_folder_a_manifest_alone_names(tmp_path):
     assert "source not available here" in quarantine and "data:image" not in quarantine.split("</div></div>")[0]
 
 
+def test_inspect_json_of_an_index_damaged_at_its_own_size_exits_5_as_the_text_does(tmp_path):
+    """An index overwritten with other bytes of its size: `inspect` said damaged (exit 5), `--json` exit 0."""
+    src = tmp_path / "photos"
+    make_photo_tree(src, per_class=2, classes=2, seed=3, max_side=48, min_side=32)
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    index = out / read_manifest_json(out)["shards"][0]["index"]
+    size = index.stat().st_size
+    index.write_bytes(bytes(range(256)) * (size // 256) + bytes(size % 256))
+    for extra in ((), ("--json",)):
+        done = run_repack("inspect", out, *extra, check=False)
+        assert done.returncode == 5 and f"{index.name}: not a" in done.stderr, (extra, done.stdout, done.stderr)
+
+
 def test_inspect_of_a_damaged_dataset_says_so(tmp_path):
     """A shard deleted or cut, a token index cut: `repack inspect` says so first and exits 5 naming the file (it
     printed the manifest's counts as facts with exit 0, or a traceback); the median of two shard sizes is their

@@ -41,6 +41,8 @@ def pull(url, dest, versions):
 
     if not is_remote(url):
         raise UsageError(f"URL must be an s3:// location, not {url!r}")
+    if is_remote(dest):  # Path() of it would be a local folder named "s3:"
+        raise UsageError(f"DEST must be a local folder, not {dest!r}: pull copies a dataset out of object storage")
     manifest = pull_dataset(PullSpec(url, dest, parse_versions(versions)))
     click.echo(f"{url} -> {dest}: version {number_of(manifest.data)}, {pulled_files(manifest)}")
 

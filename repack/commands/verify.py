@@ -99,6 +99,8 @@ def inspect(out, json_out, html_file):
             write_page(html_file, dataset_page({**collect(files), **({"damaged": damage} if damage else {})},
                                                gather(files)))
         if json_out:
+            if not missing:  # the summary reads each index: content damaged at the right size fails --json alike
+                inspect_lines(files)
             click.echo(json.dumps({**collect(files), **({"damaged": missing} if missing else {})}, sort_keys=True))
         else:
             click.echo("\n".join(inspect_lines(files)))

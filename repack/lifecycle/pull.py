@@ -250,7 +250,7 @@ def _pull_locked(spec: PullSpec, remote: RemoteFiles, pinned: list[Version], roo
              if rel != MANIFEST_NAME and version_number(rel) is None}
     # megatron-energon's index beside a tar no pulled version names goes with it, as gc deletes it
     stale |= {rel[:-len(".tar")] + ENERGON_INDEX_SUFFIX for rel in stale if rel.endswith(".tar")} - set(items)
-    _drop_stale(root, stale)
+    _drop_stale(root, stale, set(items))
     _write_record(root, remote.store.url, set(items))
     pulled = Manifest(root, latest.manifest.data)
     refresh_other_views(LocalStore(str(root)), pulled)  # a wids index of DEST follows; a stale energon prep is named
@@ -260,15 +260,16 @@ def _pull_locked(spec: PullSpec, remote: RemoteFiles, pinned: list[Version], roo
 _TEMP = re.compile(r"\.[^/]+\.tmp-[0-9]+(?:\.[^/]+)?")  # a download's temp file (``.NAME.tmp-PID``, boto3's ``.XXXX``)
 
 
-def _drop_stale(root: Path, stale: set[str]) -> None:
+def _drop_stale(root: Path, stale: set[str], pulled: set[str]) -> None:
     """Delete from the copy the files an earlier pull left that no pulled version names, and the temp files of
-    downloads that were killed: ``repack verify`` of the copy would name them."""
+    downloads that were killed: ``repack verify`` of the copy would name them. A file of ``pulled`` is never
+    deleted, whatever its name (a dataset may name a file ``.NAME.tmp-1``)."""
     doomed = set(stale)
     for path in root.rglob(".*.tmp-*"):
         rel = path.relative_to(root).as_posix()
         if not rel.startswith(".repack/") and _TEMP.fullmatch(path.name):
             doomed.add(rel)
-    for rel in sorted(doomed):
+    for rel in sorted(doomed - pulled):
         try:
             path = safe_join(root, rel)
         except (ValueError, ManifestError):

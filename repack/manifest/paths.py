@@ -37,7 +37,8 @@ def check_relative(rel: object) -> str:
 def check_dataset_path(rel: object) -> str:
     """``check_relative``, and not a manifest file nor job state: what a manifest may name."""
     same = check_relative(rel)
-    if _MANIFEST_FILE.fullmatch(same) or same.split("/", 1)[0] == STATE_FOLDER:
+    head = same.split("/", 1)[0]  # a file below a folder named manifest.json is no file either (the folder blocks it)
+    if _MANIFEST_FILE.fullmatch(head) or head == STATE_FOLDER:
         raise PathEscapeError(f"path {rel!r} names a manifest or the job state (.repack/), not a dataset file")
     return same
 
