@@ -72,6 +72,19 @@ def resolve(saved: dict | None, mine: dict, root: str, what: str) -> int | None:
     return int(saved["version"])
 
 
+def follow_version(saved: dict | None, mine: dict, root: str, what: str,
+                   reopen: Callable[[int], None]) -> Callable[[], None] | None:
+    """A reader (identity ``mine``) re-opened at the version a state of it was taken on (``saved``; ``resolve``
+    refuses one no longer kept), as a DataLoader's workers re-open it when they load the state. Returns what
+    re-opens the version it was on, or None where it is on the state's already."""
+    version = resolve(saved, mine, root, what)
+    if version is None:
+        return None
+    before = mine.get("version")
+    reopen(version)
+    return lambda: reopen(before)
+
+
 @contextlib.contextmanager
 def on_version(reopen: Callable[[int], None], mine: dict, version: int | None) -> Iterator[None]:
     """Around a state's checks: the reader re-opened at the state's ``version`` (``resolve``; None: it is on it

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from pipelines.dataset_identity import resolve
+from pipelines.dataset_identity import follow_version, resolve
 from pipelines.sample_order import checked_count, continued_epoch
 from pipelines.sampler_resume import STATE_VERSION, check_state
 
@@ -407,6 +407,8 @@ class Mixture(IterableDataset):
             if _is_iterable(source) and saved["position"] and saved.get("state") is None:
                 raise ValueError(f"Mixture source {i} ({saved['kind']}) has no state_dict(): it cannot resume exactly")
             options = None if _is_iterable(source) else _order_options(source)
+            if isinstance(saved.get("options"), dict) and options is not None:  # a state of an older reader names
+                options = {key: options.get(key) for key in saved["options"]}  # fewer: those are compared
             if saved.get("options") is not None and options is not None and saved["options"] != options:
                 raise ValueError(f"Mixture source {i} ({saved['kind']}) was read with {saved['options']}, is built "
                                  f"with {options}: index i names another item, so resuming would read some "
@@ -426,20 +428,34 @@ class Mixture(IterableDataset):
                     source.set_epoch(int(state["epoch"]))
         self._pending, self._live = dict(state), None
 
-    def follow_state(self, state: dict) -> None:
+    def follow_state(self, state: dict):
         """Open each source's dataset version its part of ``state`` was taken on, as the DataLoader's workers do when
         they load it: the workers the next epoch starts (without persistent workers) are copies of this process's
-        sources, which would read the latest versions (``pipelines.stateful_loader`` calls this)."""
-        for i, (saved, source) in enumerate(zip(state.get("sources") or [], self.sources)):
-            if not isinstance(saved, dict):
-                continue
-            if not _is_iterable(source):
-                if hasattr(source, "dataset") and hasattr(source, "use_version"):
-                    version = resolve(saved.get("dataset"), source.dataset, str(source.root), f"Mixture source {i}")
-                    if version is not None:
-                        source.use_version(version)
-            elif isinstance(saved.get("state"), dict) and hasattr(source, "follow_state"):
-                source.follow_state(saved["state"])
+        sources, which would read the latest versions (``pipelines.stateful_loader`` calls this). Returns what
+        re-opens the versions they were on (a source refusing its version puts the others back first)."""
+        undo: list = []
+
+        def restore() -> None:
+            for step in reversed(undo):
+                step()
+
+        try:
+            for i, (saved, source) in enumerate(zip(state.get("sources") or [], self.sources)):
+                if not isinstance(saved, dict):
+                    continue
+                step = None
+                if not _is_iterable(source):
+                    if hasattr(source, "dataset") and hasattr(source, "use_version"):
+                        step = follow_version(saved.get("dataset"), source.dataset, str(source.root),
+                                              f"Mixture source {i}", source.use_version)
+                elif isinstance(saved.get("state"), dict) and hasattr(source, "follow_state"):
+                    step = source.follow_state(saved["state"])
+                if callable(step):
+                    undo.append(step)
+        except ValueError:
+            restore()
+            raise
+        return restore if undo else None
 
     @staticmethod
     def _load_source(i: int, saved: dict, source, undo: list) -> None:

@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-from pipelines.dataset_identity import on_version, resolve
+from pipelines.dataset_identity import follow_version, on_version, resolve
 from pipelines.sample_order import checked_count, continued_epoch
 
 STATE_VERSION = 1
@@ -113,6 +113,7 @@ class OrderPosition:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         self.kind, self.size, self.seed, self.rank, self.world_size, self.equal = kind, size, seed, rank, world_size, equal
         self.dataset = dataset
+        self._sized_on = self._identity()  # the dataset version ``size`` counts
         self.order = order
         self.epoch = 0
         self.chosen: int | None = None  # the epoch set_epoch chose, if any
@@ -183,12 +184,24 @@ class OrderPosition:
             raise ValueError(f"this {self.kind} state was taken on version {state['dataset']['version']} of its "
                              f"dataset; build the sampler with dataset= so it checks (and re-opens) that version")
 
+        def resized() -> None:
+            self.size = resize() if resize is not None else len(self.dataset)
+            self._sized_on = self._identity()
+
         def reopen(number: int) -> None:
             self.dataset.use_version(number)
-            self.size = resize() if resize is not None else len(self.dataset)
+            resized()
 
-        with on_version(reopen, mine, version):
-            self._check_loaded(state)
+        sized = self.size, self._sized_on
+        if version is None and self.dataset is not None and mine != self._sized_on:
+            resized()  # the reader is on the state's version already, moved there after this sampler counted it (a
+            # loader with workers re-opens it in this process when it loads the state: ``follow_state``)
+        try:
+            with on_version(reopen, mine, version):
+                self._check_loaded(state)
+        except ValueError:
+            self.size, self._sized_on = sized  # refused: the count of the version the loader puts the reader back on
+            raise
         self.epoch = int(state["epoch"])
         self.history = [dict(s) for s in state["history"]]
         self.yielded = self._resume_at = int(state["yielded"])
@@ -347,13 +360,12 @@ class MapDatasetState:
                 "epoch": self.epoch, "samples": len(self), **({"options": self.order_options()}
                                                              if self.order_options() else {})}
 
-    def follow_state(self, state: dict) -> None:
+    def follow_state(self, state: dict):
         """Open the dataset version ``state`` was taken on, as the DataLoader's workers do when they load it: the
         workers that the next epoch starts (without persistent workers) are copies of this process's reader, which
-        would read the latest version (``pipelines.stateful_loader`` calls this)."""
-        version = resolve(state.get("dataset"), self.dataset, str(self.root), type(self).__name__)
-        if version is not None:
-            self.use_version(version)
+        would read the latest version (``pipelines.stateful_loader`` calls this). Returns what re-opens the version
+        it was on (None: it is on the state's already)."""
+        return follow_version(state.get("dataset"), self.dataset, str(self.root), type(self).__name__, self.use_version)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue on the state's dataset version: this one, or a kept older one (re-opened here)."""

@@ -118,6 +118,36 @@ def continues_saved_epoch(loader, state: dict) -> bool | None:
     return position.chosen is None or continued_epoch(saved, position.chosen)[1]
 
 
+class _UndoneOnRefusal:
+    """The first iterator after a loaded state moved this process's reader to the state's dataset version (the
+    workers check the state when they start): a ValueError out of it (a worker refused the state) moves the reader
+    back first (``undo``, what ``follow_state`` returned), so a caller that starts fresh reads the version it built."""
+
+    def __init__(self, iterator, undo) -> None:
+        self._iterator, self._undo = iterator, undo
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._undo = None
+            raise
+        except ValueError:
+            undo, self._undo = self._undo, None
+            if undo is not None:
+                undo()
+            raise
+
+    def __len__(self) -> int:
+        return len(self._iterator)
+
+    def __getattr__(self, name: str):
+        return getattr(self._iterator, name)
+
+
 class StatefulDataLoader(_TorchdataLoader):
     """torchdata's ``StatefulDataLoader``; a loaded state whose epoch the dataset does not continue
     (``set_epoch`` chose another, before or after ``load_state_dict``) starts a new iteration. A loaded state
@@ -127,6 +157,7 @@ class StatefulDataLoader(_TorchdataLoader):
     saved epoch starts it again, as a second pass of an uninterrupted loop does)."""
 
     _ended_once: dict | None = None  # the finished state whose empty pass was given
+    _unfollow = None  # puts the reader back on its version where the workers refuse the state just loaded
 
     def __iter__(self):
         state = self.next_iter_state
@@ -142,7 +173,14 @@ class StatefulDataLoader(_TorchdataLoader):
             # sampler over, so the epoch set_epoch chose runs from its start; its reader states say that epoch
             self.next_iter_state = states_at_epoch(state, self.dataset.chosen_epoch)
         self._ended_once = None
-        return super().__iter__()
+        unfollow, self._unfollow = self._unfollow, None
+        try:
+            iterator = super().__iter__()  # the workers start here, and load (or refuse) their states
+        except ValueError:
+            if unfollow is not None:
+                unfollow()
+            raise
+        return _UndoneOnRefusal(iterator, unfollow) if unfollow is not None else iterator
 
     def load_state_dict(self, state_dict: dict) -> None:
         saved = saved_workers(state_dict)
@@ -151,6 +189,7 @@ class StatefulDataLoader(_TorchdataLoader):
                              f"num_workers={self.num_workers}: each worker's position is its own; build the "
                              f"loader with num_workers={saved} to continue")
         self._ended_once = None
+        self._unfollow = None
         super().load_state_dict(state_dict)
         follow = getattr(self.dataset, "follow_state", None)
         if follow is not None and "_snapshot" in state_dict:  # the workers read the state's dataset version: this
@@ -159,7 +198,7 @@ class StatefulDataLoader(_TorchdataLoader):
             for worker in state_dict["_snapshot"]["_worker_snapshots"].values():
                 worker_state = worker.get("dataset_state")
                 if isinstance(worker_state, dict) and ("dataset" in worker_state or "sources" in worker_state):
-                    follow(worker_state)
+                    self._unfollow = follow(worker_state)
                     break
 
     def state_dict(self) -> dict:

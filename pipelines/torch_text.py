@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from pipelines import object_store
-from pipelines.dataset_identity import identity, on_version, resolve
+from pipelines.dataset_identity import follow_version, identity, on_version, resolve
 from pipelines.manifest_access import open_manifest
 from pipelines.sample_order import continued_epoch
 from pipelines.sampler_resume import STATE_VERSION, MapDatasetState, OrderPosition, check_state, global_order
@@ -237,13 +237,22 @@ class PackedTokenDataset(Dataset):
         self._epoch_chosen = torch.zeros((), dtype=torch.bool).share_memory_()
 
     def order_options(self) -> dict:
-        """What decides which tokens window ``i`` holds (a Mixture refuses a state of another)."""
-        return {"seq_len": self.seq_len}
+        """What decides which tokens window ``i`` holds (a Mixture refuses a state of another): the window length, the
+        order this dataset gives its windows (shuffled: the seed and the epoch ``set_epoch`` chose) and this rank's
+        share of them."""
+        return {"seq_len": self.seq_len, "shuffle": self.shuffle, "seed": self.seed if self.shuffle else None,
+                "epoch": self.epoch if self.shuffle else None, "rank": self.rank, "world_size": self.world_size}
 
     def use_version(self, version: int | None) -> None:
         """Read version ``version`` of the dataset (None: the latest): its tokens and windows."""
         self.data = TokenMemmap(self.data.root, version)
         self._count_windows()
+
+    def follow_state(self, state: dict):
+        """Open the dataset version ``state`` was taken on, as the DataLoader's workers do when they load it: the
+        workers start as copies of this process's reader, and one built on another version refused the state
+        (``pipelines.stateful_loader`` calls this). Returns what re-opens the version it was on."""
+        return follow_version(state.get("dataset"), self.dataset, self.root, type(self).__name__, self.use_version)
 
     def _count_windows(self) -> None:
         self.num_windows = max(0, (self.data.num_tokens - 1) // self.seq_len)

@@ -413,14 +413,14 @@ class ImageShardDataset(IterableDataset):
             self._epoch.fill_(epoch)
         return restore
 
-    def follow_state(self, state: dict) -> None:
+    def follow_state(self, state: dict):
         """Open the dataset version ``state`` was taken on, as the DataLoader's workers do when they load it: a
         loader with workers loads its readers' states in the workers only, so this process's ``len()`` and
         ``steps()`` counted the latest version's samples (``pipelines.stateful_loader`` calls this). A ValueError
-        names a version that is no longer kept, as the workers would."""
-        version = dataset_identity.resolve(state.get("dataset"), self.dataset, self.root, type(self).__name__)
-        if version is not None:
-            self._open(version)
+        names a version that is no longer kept, as the workers would. Returns what re-opens the version it was
+        on (None: it is on the state's already)."""
+        return dataset_identity.follow_version(state.get("dataset"), self.dataset, self.root, type(self).__name__,
+                                               self._open)
 
     def _check_loaded(self, state: dict) -> None:
         """ValueError unless ``state`` is of this reader's options, size, rank and world size."""

@@ -274,8 +274,35 @@ def test_a_mixture_state_of_a_map_source_of_another_seq_len_but_as_many_windows_
     [next(it) for _ in range(3)]
     state = json.loads(json.dumps(first.state_dict()))
     assert len(mixture(a + 1).sources[0]) == len(first.sources[0])
-    with pytest.raises(ValueError, match=f"was read with {{'seq_len': {a}}}, is built with {{'seq_len': {a + 1}}}"):
+    with pytest.raises(ValueError, match=f"was read with {{'seq_len': {a}, .*is built with {{'seq_len': {a + 1}, "):
         mixture(a + 1).load_state_dict(state)
+
+
+def test_a_mixture_state_of_a_shuffled_token_source_of_another_seed_order_or_epoch_is_refused(data):
+    """A PackedTokenDataset shuffling its own windows: its seed, its shuffle and the epoch set_epoch gave it decide
+    what window i holds. Only seq_len was compared, so a state loaded beside another seed read 23 windows twice and
+    23 never in the pass; a state of an older reader (seq_len alone) is compared on what it holds."""
+    def mixture(**options):
+        return Mixture([(PackedTokenDataset(data["text_a"], 16, **options), 1),
+                        (PackedTokenDataset(data["text_b"], 16), 1)], seed=3)
+
+    first = mixture(seed=0)
+    it = iter(first)
+    [next(it) for _ in range(5)]
+    state = json.loads(json.dumps(first.state_dict()))
+    for options, named in (({"seed": 1}, "'seed': 1"), ({"shuffle": False}, "'shuffle': False")):
+        with pytest.raises(ValueError, match=f"is built with {{.*{named}"):
+            mixture(**options).load_state_dict(state)
+    later = mixture(seed=0)
+    later.sources[0].set_epoch(1)
+    with pytest.raises(ValueError, match="'epoch': 1"):
+        later.load_state_dict(state)
+    older = json.loads(json.dumps(state))
+    older["sources"][0]["options"] = {"seq_len": 16}
+    resumed = mixture(seed=0)
+    resumed.load_state_dict(state)
+    mixture(seed=1).load_state_dict(older)  # what an older reader saved: nothing more to compare
+    assert [t.tolist() for t in resumed] == [t.tolist() for t in it]
 
 
 def test_a_refused_mixture_state_leaves_every_source_as_it_was(packed_photos):
@@ -499,3 +526,32 @@ def test_a_map_style_reader_follows_the_version_of_a_state(tmp_path):
     assert len(reader) == 5
     reader.follow_state(state)
     assert len(reader) == 6 and reader.dataset["version"] == 1
+
+
+def test_a_mixture_state_refused_in_the_workers_leaves_every_source_on_its_version(tmp_path):
+    """A state of version 1 refused by the DataLoader's workers (other weights): the loader had re-opened version 1
+    in this process before the workers checked it, and left it there, so a caller starting fresh read a sample
+    `repack remove` had taken down."""
+    from pipelines.stateful_loader import StatefulDataLoader
+    from tests.test_images_job import write_jpegs
+
+    write_jpegs(tmp_path / "src" / "c0", 20, "c0_")
+    out = tmp_path / "lmdb"
+    run_repack("images", tmp_path / "src", out, "--to", "lmdb", "--quiet")
+
+    def loader(weight):
+        mix = Mixture([(LmdbImageDataset(out, decode=False, output="dict"), 1),
+                       (LmdbImageDataset(out, decode=False, output="dict"), weight)], seed=0, exhausted="repeat",
+                      samples=60)
+        return mix, StatefulDataLoader(mix, batch_size=4, num_workers=2, collate_fn=list)
+
+    _, first = loader(1)
+    next(iter(first))
+    state = json.loads(json.dumps(first.state_dict()))
+    (tmp_path / "gone.txt").write_text("c0/c0_3.jpg\n")
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    mix, refused = loader(2)
+    refused.load_state_dict(state)
+    with pytest.raises(ValueError, match="Mixture state of another order"):
+        next(iter(refused))
+    assert [(s.dataset["version"], len(s)) for s in mix.sources] == [(2, 19), (2, 19)]

@@ -377,3 +377,49 @@ def test_a_loader_state_of_another_worker_count_is_refused_by_name(versions, sav
     _, other = image_reader(versions["images"], now)
     with pytest.raises(ValueError, match=rf"taken with num_workers={saved} loaded into a loader with num_workers={now}"):
         other.load_state_dict(state)
+
+
+def sampled_documents(dataset, workers: int, seed: int = 2):
+    return StatefulDataLoader(dataset, batch_size=BATCH, sampler=ResumableSampler(len(dataset), seed=seed,
+                                                                                  dataset=dataset),
+                              collate_fn=list, num_workers=workers)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_state_of_a_version_of_another_size_resumes_on_it(versions, workers):
+    """A ``ResumableSampler(dataset=...)`` state of version 2 (140 documents) loaded beside a reader built on the
+    latest (120): with workers, the loader re-opened version 2 before the sampler loaded its state, and the
+    sampler refused it ("saved with size 140, this one has 120"); ``PackedTokenDataset(shuffle=False)`` with the
+    sampler (the elastic setup) was refused in the workers, built on the latest."""
+    root = versions["tokens"]
+    for build in (lambda version: DocumentDataset(root, version=version),
+                  lambda version: PackedTokenDataset(root, 16, shuffle=False, version=version)):
+        v2 = build(2)
+        everything = Counter(token_fingerprints(v2[i] for i in range(len(v2))))
+        loader = sampled_documents(v2, workers)
+        head = [f for _, batch in zip(range(3), loader) for f in token_fingerprints(batch)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        latest = build(None)
+        assert len(latest) != len(v2)
+        resumed = sampled_documents(latest, workers)
+        resumed.load_state_dict(state)
+        rest = [f for batch in resumed for f in token_fingerprints(batch)]
+        assert Counter(head + rest) == everything and latest.dataset["version"] == 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_refused_sampler_state_leaves_the_reader_on_the_version_it_was_built_on(versions, workers):
+    """A state of version 2 refused (another sampler seed): with workers the reader stayed on version 2, where the
+    loader had re-opened it, so a caller starting fresh read a version it never asked for."""
+    root = versions["tokens"]
+    v2 = DocumentDataset(root, version=2)
+    loader = sampled_documents(v2, workers)
+    next(iter(loader))
+    state = json.loads(json.dumps(loader.state_dict()))
+    latest = DocumentDataset(root)
+    refused = sampled_documents(latest, workers, seed=5)
+    refused.load_state_dict(state)
+    with pytest.raises(ValueError, match="seed 2, this one has 5"):
+        next(iter(refused))
+    assert latest.dataset["version"] == 3 and len(latest) == 120
+    assert sum(len(batch) for batch in sampled_documents(latest, workers, seed=5)) == 120
