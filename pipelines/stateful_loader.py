@@ -118,6 +118,22 @@ def continues_saved_epoch(loader, state: dict) -> bool | None:
     return position.chosen is None or continued_epoch(saved, position.chosen)[1]
 
 
+def _counts_at_iteration(loader) -> bool:
+    """Whether a map-style ``loader``'s sampler takes the reader's length when an iteration starts (torch's
+    sequential or random sampler over it), or re-counts it when its state is loaded (the readers' resumable
+    samplers holding it): only then may the reader be moved to a loaded state's version under it."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+    position = _position(loader)
+    if position is not None:
+        return getattr(position, "dataset", None) is loader.dataset
+    batches = getattr(loader, "batch_sampler", None)
+    sampler = batches.sampler if isinstance(batches, BatchSampler) else batches if batches is not None else loader.sampler
+    if isinstance(sampler, SequentialSampler):
+        return sampler.data_source is loader.dataset
+    return isinstance(sampler, RandomSampler) and sampler.data_source is loader.dataset and sampler._num_samples is None
+
+
 class _UndoneOnRefusal:
     """The first iterator after a loaded state moved this process's reader to the state's dataset version (the
     workers check the state when they start): a ValueError out of it (a worker refused the state) moves the reader
@@ -192,14 +208,19 @@ class StatefulDataLoader(_TorchdataLoader):
         self._unfollow = None
         super().load_state_dict(state_dict)
         follow = getattr(self.dataset, "follow_state", None)
-        if follow is not None and "_snapshot" in state_dict:  # the workers read the state's dataset version: this
-            # process counts its samples too, and the workers a later epoch forks from it read it (a reader's
-            # state names its version under "dataset", a Mixture's its sources' under "sources")
-            for worker in state_dict["_snapshot"]["_worker_snapshots"].values():
-                worker_state = worker.get("dataset_state")
-                if isinstance(worker_state, dict) and ("dataset" in worker_state or "sources" in worker_state):
-                    self._unfollow = follow(worker_state)
-                    break
+        if not isinstance(self.dataset, IterableDataset) and not _counts_at_iteration(self):
+            follow = None  # a sampler that counted the reader when it was built would hand out the built version's
+            # indices over the state's version: the workers' own checks refuse such a state instead
+        if "_snapshot" in state_dict:  # the workers read the state's dataset version: this process counts its
+            # samples too, and the workers a later epoch forks from it read it (a reader's state names its version
+            # under "dataset", a Mixture's its sources' under "sources")
+            saved = [worker.get("dataset_state") for worker in state_dict["_snapshot"]["_worker_snapshots"].values()]
+        else:  # no workers: a map-style reader is moved before its own state loads, under a sampler that counts it
+            saved = [state_dict.get("dataset_state")] if not isinstance(self.dataset, IterableDataset) else []
+        for reader_state in saved if follow is not None else ():
+            if isinstance(reader_state, dict) and ("dataset" in reader_state or "sources" in reader_state):
+                self._unfollow = follow(reader_state)
+                break
 
     def state_dict(self) -> dict:
         if self._ended_once is not None and self.next_iter_state is self._ended_once:

@@ -139,11 +139,17 @@ def test_token_states_continue_on_their_version(versions, workers):
     pinned_loader.load_state_dict(state)
     assert Counter(head + [f for b in pinned_loader for f in token_fingerprints(b)]) == windows
     latest = PackedTokenDataset(root, 16, seed=1)
-    assert latest.per_rank != packed_v1.per_rank  # its sampler counts v3's windows: refused, naming both
+    assert latest.per_rank != packed_v1.per_rank
     latest_loader = StatefulDataLoader(latest, batch_size=4, num_workers=workers)
-    latest_loader.load_state_dict(state)
+    latest_loader.load_state_dict(state)  # the loader's sampler counts the reader as the iteration starts: the
+    rest = [f for b in latest_loader for f in token_fingerprints(b)]  # reader is moved to version 1 before it
+    assert Counter(head + rest) == windows and latest.dataset["version"] == 1
+    counted = PackedTokenDataset(root, 16, seed=1)  # a sampler that counted version 3's windows: refused, naming both
+    counted_loader = StatefulDataLoader(counted, batch_size=4, num_workers=workers, sampler=list(range(len(counted))))
+    counted_loader.load_state_dict(state)
     with pytest.raises(Exception, match=r"taken on version 1 .*built on version 3"):
-        list(latest_loader)
+        list(counted_loader)
+    assert counted.dataset["version"] == 3
 
 
 def test_state_of_a_gone_version_is_refused_by_samplers_and_mixtures(versions, tmp_path):
