@@ -145,9 +145,9 @@ class ForkedTasks:
                 pieces += [_FRAME.pack(task, len(raw)), raw]
         return pieces
 
-    def results(self) -> list[bytes] | None:
-        """Every task's bytes in task order, once every child ended; None when a child failed or a task's
-        result is missing (its work is then for this process to do again)."""
+    def results(self) -> list[memoryview] | None:
+        """Every task's bytes in task order (views of what its child sent: not copied), once every child ended;
+        None when a child failed or a task's result is missing (its work is then for this process to do again)."""
         found: list = [None] * len(self.tasks)
         whole = True
         while self._children:
@@ -168,7 +168,7 @@ class ForkedTasks:
                 if task >= len(found) or end > len(raw):  # not a frame: the pipe was read from elsewhere
                     whole = False
                     break
-                found[task] = bytes(raw[at + _FRAME.size:end])
+                found[task] = raw[at + _FRAME.size:end]
                 at = end
             whole = whole and at == len(raw)
         if not whole or any(result is None for result in found):

@@ -53,7 +53,7 @@ from repack.sources.walk import Walks, taken_ahead
 class _Part:
     """A walk's result as the driver keeps it: columns (names blob, stats (N, 4)), no object per file."""
 
-    names: bytes
+    names: bytes | memoryview
     stats: np.ndarray
     count: int
     real_paths: dict[int, str]
@@ -62,13 +62,18 @@ class _Part:
     top_dirs: list[str]
 
     @classmethod
-    def unpack(cls, raw: bytes) -> "_Part":
-        line, _, rest = raw.partition(b"\n")
-        head_len, names_len = map(int, line.split())
-        real_paths, quarantine, skipped, top_dirs, count = json.loads(rest[:head_len].decode("utf-8",
-                                                                                             "surrogateescape"))
-        names = rest[head_len:head_len + names_len]
-        stats = np.frombuffer(rest[head_len + names_len:], dtype=np.int64).reshape(-1, 4)
+    def unpack(cls, raw: bytes | memoryview) -> "_Part":
+        """A walk's bytes (``repack.sources.walk._Found.pack``) as columns: views of ``raw``, nothing copied."""
+        view = memoryview(raw)
+        line_end = bytes(view[:48]).index(b"\n")
+        head_len, names_len = map(int, bytes(view[:line_end]).split())
+        at = line_end + 1
+        names = view[at + head_len:at + head_len + names_len]
+        stats = np.frombuffer(view[at + head_len + names_len:], dtype=np.int64).reshape(-1, 4)
+        if not head_len:  # plain files only (the usual folder): no parse
+            return cls(names, stats, len(stats), {}, [], 0, [])
+        real_paths, quarantine, skipped, top_dirs, count = json.loads(
+            bytes(view[at:at + head_len]).decode("utf-8", "surrogateescape"))
         return cls(names, stats, count, {int(k): v for k, v in real_paths.items()}, quarantine, skipped, top_dirs)
 
 def scan_folder(root: str, confinement: Confinement | None = None, workers: int = 1,
@@ -90,7 +95,9 @@ def scan_folder(root: str, confinement: Confinement | None = None, workers: int 
     labeled = bool(top.top_dirs)
     names = b"".join(part.names for part in parts)
     ends = name_ends(names)
-    size, mtime, inode, device = (np.concatenate([part.stats[:, k] for part in parts]) for k in range(4))
+    stats = np.concatenate([part.stats for part in parts])  # one call for all parts, then the columns
+    size, mtime, inode, device = (np.ascontiguousarray(stats[:, k]) for k in range(4))
+    del stats
     counts = np.array([part.count for part in parts], dtype=np.int64)
     firsts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     real_paths = {int(first) + row: path for part, first in zip(parts, firsts) for row, path in part.real_paths.items()}

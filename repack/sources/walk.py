@@ -48,10 +48,12 @@ class _Found:
     top_dirs: list[str] = field(default_factory=list)
 
     def pack(self) -> bytes:
-        """The result as bytes (what a scan worker sends back: no pickled objects): a JSON head, the names
-        blob (``repack.sources.base.join_names``), the stats as int64."""
+        """The result as bytes (what a scan worker sends back: no pickled objects): a head, the names blob
+        (``repack.sources.base.join_names``), the stats as int64. The head is JSON, or empty for a folder of
+        plain files only (no refusal, no junk, no link, no subfolder): the usual one, read without a parse."""
+        extras = self.real_paths or self.quarantine or self.skipped or self.top_dirs
         head = json.dumps([self.real_paths, self.quarantine, self.skipped, self.top_dirs, len(self.rels)],
-                          ensure_ascii=False).encode("utf-8", "surrogateescape")
+                          ensure_ascii=False).encode("utf-8", "surrogateescape") if extras else b""
         names = join_names(self.rels)
         ints = array.array("q", self.stats).tobytes()
         return b"%d %d\n" % (len(head), len(names)) + head + names + ints
