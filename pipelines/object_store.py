@@ -96,21 +96,51 @@ def limits() -> S3Limits:
     return S3Limits.from_env()
 
 
+class WrongRange(OSError):
+    """A ranged GET answered with other bytes than asked (another start, or the object from its start): asked
+    again, then raised naming the object."""
+
+
 def _get_object(url: str, **params):
     """``GetObject`` of ``url`` (``params``: Range, ChecksumMode); an endpoint that never answered
-    within the bounds is a TimeoutError naming the URL, one that cannot be reached a ConnectionError."""
-    from botocore.exceptions import (ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError,
-                                     ReadTimeoutError)
+    within the bounds is a TimeoutError naming the URL, one that cannot be reached a ConnectionError; an
+    error answer an OSError naming it (PermissionError for refused access), but a missing key and a range
+    past the object's end, which the callers read as such (botocore's ClientError)."""
+    from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError,
+                                     EndpointConnectionError, ReadTimeoutError)
 
     bucket, key = split_url(url)
     try:
-        return _client().get_object(Bucket=bucket, Key=key, **params)
+        try:
+            return _client().get_object(Bucket=bucket, Key=key, **params)
+        except ConnectionClosedError:  # each attempt took a kept-alive connection the endpoint had dropped while
+            _drop_idle_connections()   # idle (a NAT gateway or load balancer resets it when it is used again):
+            return _client().get_object(Bucket=bucket, Key=key, **params)  # asked again on new connections
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code, status = str(error.get("Code")), exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in ("NoSuchKey", "404", "InvalidRange"):
+            raise
+        message = error.get("Message")
+        said = f"{code} ({message})" if message else code
+        if code in ("AccessDenied", "403") or status == 403:
+            raise PermissionError(f"{url}: the S3 endpoint refused access ({said})") from None
+        raise OSError(f"{url}: the S3 endpoint answered {said}, HTTP {status}, after "
+                      f"{limits().describe()}") from None
     except (ReadTimeoutError, ConnectTimeoutError, ConnectionClosedError) as exc:
         raise TimeoutError(f"{url}: the S3 endpoint did not answer ({type(exc).__name__}) after "
                            f"{limits().describe()}") from exc
     except EndpointConnectionError as exc:
         raise ConnectionError(f"{url}: cannot reach the S3 endpoint ({exc.kwargs.get('endpoint_url', '?')}); "
                               "check AWS_ENDPOINT_URL") from exc
+
+
+def _drop_idle_connections() -> None:
+    """Close the S3 client's pooled idle connections (botocore's session: urllib3's pool manager)."""
+    session = getattr(getattr(_client(), "_endpoint", None), "http_session", None)
+    close = getattr(session, "close", None)
+    if close is not None:
+        close()
 
 
 def sizes(locations: list[str]) -> list[int | None]:
@@ -240,7 +270,14 @@ def _read_object(url: str, start: int, end: int, claim: Callable[[int], memoryvi
     view, got, resumed, stop = None, 0, 0, end
     while start + got < stop:
         at = start + got
-        answer = _ranged_get(url, at, end)
+        try:
+            answer = _ranged_get(url, at, end)
+        except WrongRange:  # another range than asked came: asked again (a proxy's fault seldom repeats)
+            resumed += 1
+            if resumed > RESUME_ATTEMPTS:
+                raise
+            time.sleep(0.1 * 2**resumed)
+            continue
         if answer is None:  # the object ends before at
             break
         stop = min(end, answer.size)
@@ -364,9 +401,9 @@ def _content_range(url: str, text: str | None, length: int | None, at: int) -> t
     if not (first.isdigit() and size.isdigit()):
         if at == 0 and length is not None:
             return 0, int(length)
-        raise OSError(f"{url}: the S3 endpoint answered a ranged GET without its Content-Range")
+        raise WrongRange(f"{url}: the S3 endpoint answered a ranged GET without its Content-Range")
     if int(first) != at:
-        raise OSError(f"{url}: asked for bytes from {at}, the S3 endpoint sent them from {first}")
+        raise WrongRange(f"{url}: asked for bytes from {at}, the S3 endpoint sent them from {first}")
     return int(first), int(size)
 
 
@@ -437,14 +474,21 @@ class _ObjectRange(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
-        from botocore.exceptions import BotoCoreError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         want = min(len(buffer), self.end - self.pos)
         if want <= 0:
             return 0
         while True:
             if self.body is None:  # a request: botocore's attempts, then an error naming the URL
-                response = _get_object(self.url, Range=f"bytes={self.pos}-{self.end - 1}")
+                try:
+                    response = _get_object(self.url, Range=f"bytes={self.pos}-{self.end - 1}")
+                except ClientError as exc:
+                    if exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                        return 0  # the object ends before pos: the caller sees a short read, and says so
+                    if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                        raise FileNotFoundError(self.url) from None
+                    raise
                 self.body = response["Body"]
                 ranges = (response.get("ContentRange"), response.get("ContentLength"))
             else:

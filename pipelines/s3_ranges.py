@@ -121,6 +121,9 @@ class RangeGetter:
             self.watch.stop(wait)
 
     def _gave_up(self, url: str, route: BucketRoute, exc: OSError, connected: bool) -> OSError:
+        if connected and isinstance(exc, Transient) and not exc.timed_out:  # answered with a dropped connection
+            return ConnectionError(f"{url}: the S3 endpoint dropped the connection after {self.limits.describe()} "
+                                   f"(last: {exc})")
         if connected or isinstance(exc, TimeoutError):
             return TimeoutError(f"{url}: the S3 endpoint did not answer ({type(exc).__name__}) after "
                                 f"{self.limits.describe()}")

@@ -50,11 +50,12 @@ class BucketRoute:
 
 class Transient(OSError):
     """A failed attempt worth another: the connection dropped or stalled, the body was cut.
-    ``before_answer``: the connection closed before any byte of an answer."""
+    ``before_answer``: the connection closed (or was reset) before any byte of an answer."""
 
-    def __init__(self, message: str, before_answer: bool = False) -> None:
+    def __init__(self, message: str, before_answer: bool = False, timed_out: bool = False) -> None:
         super().__init__(message)
         self.before_answer = before_answer
+        self.timed_out = timed_out  # the endpoint stalled (no answer within the read timeout)
 
 
 class Delegate(Exception):
@@ -190,9 +191,9 @@ class Connection:
     def ask(self, request: bytes, url: str) -> Head:
         """Send ``request`` and read its answer's head. Transient when the connection drops or stalls
         before the head came; Delegate when the answer's length is not given."""
+        head = bytearray()
         try:
             self.sock.sendall(request)
-            head = bytearray()
             while (end := head.find(b"\r\n\r\n")) < 0:
                 if len(head) > HEADER_LIMIT:
                     raise Transient(f"{url}: the S3 endpoint sent a header block over {HEADER_LIMIT} bytes")
@@ -201,7 +202,11 @@ class Connection:
                     raise Transient(f"{url}: the connection closed before an answer", before_answer=not head)
                 head += chunk
         except (TimeoutError, ConnectionError, ssl.SSLError) as exc:
-            raise Transient(f"{url}: {type(exc).__name__}: {exc}") from None
+            # a reset or a broken pipe before any byte of the answer: a kept-alive socket the endpoint (or a load
+            # balancer's idle timeout) dropped meanwhile, as a close is; a stall is no such thing
+            dropped = isinstance(exc, ConnectionError) and not head
+            raise Transient(f"{url}: {type(exc).__name__}: {exc}", before_answer=dropped,
+                            timed_out=isinstance(exc, TimeoutError)) from None
         status, headers, length = parse_head(bytes(head[:end + 2]), url)
         return Head(status, headers, length, bytes(head[end + 4:end + 4 + length]))
 

@@ -10,6 +10,7 @@ import http.client
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -181,15 +182,19 @@ class FaultProxy:
     the connection dropped), "shift N" (the range N bytes earlier, answered with its own Content-Range),
     "ignore range" (the whole object, 200), "short" (half the body, with a Content-Length that says so) or
     None (passed on); once they are used up, the GETs are passed
-    on. ``page_faults``: HTTP statuses answered, in turn, to the listing requests that ask for a next page
+    on. ``reset_idle``: a kept-alive connection that waited over that many seconds for its next request is reset
+    (RST) when that request comes, unanswered (a load balancer's idle timeout; counted in ``resets``).
+    ``page_faults``: HTTP statuses answered, in turn, to the listing requests that ask for a next page
     (a ``continuation-token``). ``put_faults`` likewise for PUTs: "applied 503" (the PUT done, answered 503 SlowDown). ``delay_gets``: seconds each
     object GET (no query) is held before it is passed on; ``max_in_flight`` counts the most object GETs
     held or passed on at once, ``peers`` the client connections (address, port) that sent requests."""
 
     def __init__(self, target_port: int, every: int = 0, cut_every: int = 0, on_answer=None,
                  cut_first_get: bool = False, faults: dict[str, list] | None = None, delay_gets: float = 0.0,
-                 put_faults: dict[str, list] | None = None, page_faults: list[int] | None = None) -> None:
+                 put_faults: dict[str, list] | None = None, page_faults: list[int] | None = None,
+                 reset_idle: float = 0.0) -> None:
         self.failed = 0
+        self.resets = 0
         self.page_faults = list(page_faults or ())
         self.cut = 0
         self.cut_paths: set[str] = set()
@@ -210,6 +215,20 @@ class FaultProxy:
                 pass
 
             def _handle(self) -> None:
+                answered = getattr(self, "_answered", None)  # when this connection's last answer went
+                if reset_idle and answered is not None and time.monotonic() - answered > reset_idle:
+                    with lock:
+                        proxy.resets += 1
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    self.connection.close()  # linger 0: a reset, not a close
+                    return
+                try:
+                    self._handle_request()
+                finally:
+                    self._answered = time.monotonic()
+
+            def _handle_request(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 self._body = self.rfile.read(length) if length else None
                 with lock:
@@ -253,10 +272,11 @@ class FaultProxy:
                     self._error(503, "SlowDown")
                     return
                 headers = dict(self.headers.items())
-                if isinstance(action, str) and action.startswith("shift ") and headers.get("Range"):
-                    first, _, last = headers["Range"].removeprefix("bytes=").partition("-")
+                range_name = next((name for name in headers if name.lower() == "range"), None)  # boto3 sends
+                if isinstance(action, str) and action.startswith("shift ") and range_name:  # Range, the wire range
+                    first, _, last = headers[range_name].removeprefix("bytes=").partition("-")
                     by = int(action.split()[1])  # another range than asked, answered as what it is
-                    headers["Range"] = f"bytes={max(0, int(first) - by)}-{max(0, int(last) - by)}"
+                    headers[range_name] = f"bytes={max(0, int(first) - by)}-{max(0, int(last) - by)}"
                 elif action == "ignore range":  # the whole object, status 200, as a server without ranges
                     headers = {k: v for k, v in headers.items() if k.lower() != "range"}
                 conn = http.client.HTTPConnection("127.0.0.1", target_port, timeout=60)
