@@ -356,3 +356,43 @@ def test_an_overwrite_killed_while_it_deletes_never_leaves_a_manifest_naming_a_d
     assert deleted == [] and (out / "data.lmdb").exists()
     monkeypatch.undo()
     assert run_repack("verify", out).returncode == 0
+
+
+def files_of(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*")
+            if p.is_file() and ".repack" not in p.relative_to(out).parts}
+
+
+def test_lmdb_and_token_removes_refuse_to_write_over_a_published_file(tmp_path):
+    """The LMDB and token rewriters never checked: an LMDB renamed to data-v2.lmdb was rewritten in place (exit 0,
+    version 1 lost), and a token prefix renamed to the next remove's name for another prefix was overwritten
+    before the remove failed (exit 2, the latest version broken). Both now refuse by name and change nothing."""
+    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+    src = write_jpegs(tmp_path / "src" / "c", 6, "a").parent
+    lmdb = tmp_path / "lmdb"
+    run_repack("images", src, lmdb, "--to", "lmdb", "--quiet")
+    (lmdb / "data.lmdb").rename(lmdb / "data-v2.lmdb")
+    rename_everywhere(lmdb, "data.lmdb", "data-v2.lmdb")
+    corpus, tok, text = tmp_path / "corpus", tmp_path / "tok", tmp_path / "text"
+    corpus.mkdir()
+    write_tokenizer(gpt2_tokenizer(), tok)
+    docs = documents(200, seed=3)
+    for name, part in (("a", docs[:100]), ("b", docs[100:])):
+        (corpus / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in part))
+    run_repack("text", corpus, text, "--tokenizer", tok, "--chunk-bytes", "4KB", "--no-merge", "--quiet")
+    manifest = read_manifest_json(text)
+    first, last = manifest["shards"][0]["prefix"], manifest["shards"][-1]["prefix"]
+    for suffix in (".bin", ".idx", ".sources"):
+        (text / f"{last}{suffix}").rename(text / f"{first}-v2{suffix}")
+    raw = (text / "manifest.json").read_text().replace(f'"{last}', f'"{first}-v2').replace(f" {last}", f" {first}-v2")
+    (text / "manifest.json").write_text(raw)
+    assert run_repack("verify", lmdb).returncode == 0 and run_repack("verify", text).returncode == 0
+    for out, args, named in ((lmdb, ("--sources", "c/a0.jpg"), "data-v2.lmdb"),
+                             (text, ("--keys", "a.jsonl#0"), f"{first}-v2.bin")):
+        args = (args[0], takedown(tmp_path, args[1]))
+        before = files_of(out)
+        refused = run_repack("remove", out, *args, check=False)
+        assert refused.returncode == 2 and named in refused.stderr and "published version" in refused.stderr, \
+            refused.stderr
+        assert files_of(out) == before and run_repack("verify", out).returncode == 0

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from repack.errors import UsageError, VerificationError
+from repack.lifecycle.publish import refuse_names_in_use
 from repack.lifecycle.rewrite import Rewrite, refuse_unrecorded
 from repack.manifest import Manifest
 from repack.manifest.lmdb_meta import lmdb_file_problem
@@ -73,6 +74,7 @@ def rewrite_lmdb(store, out: Path, current: dict, spec, number: int):
     if not found:
         return Rewrite(current["shards"], frozenset(), {}, {}, {})
     name = re.sub(r"(-v\d+)?\.lmdb$", f"-v{number}.lmdb", entry["path"])
+    refuse_names_in_use(store, current, [name], "remove")  # a database renamed by hand: its own name, or another's
     target = Manifest(out, current).path(name)
     tmp = target.parent / f".{target.name}.tmp-remove"
     map_size = max(INITIAL_MAP, 1 << (2 * path.stat().st_size).bit_length())

@@ -73,11 +73,14 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
     """The version's prefixes without the named documents (see the module docstring)."""
     from repack.jobs.token_stats import token_stats
 
+    from repack.lifecycle.publish import refuse_names_in_use
+
     manifest = Manifest(out, current)
     wanted = set(spec.names)
     found: set[str] = set()
     shards: list[dict] = []
     rewritten: dict[str, str | None] = {}
+    planned: list[tuple[dict, np.ndarray | None, list]] = []  # (entry, documents kept or None: kept whole, runs)
     for entry in current["shards"]:
         runs = prefix_runs(store, manifest, entry)
         if runs is None:
@@ -88,11 +91,14 @@ def rewrite_token_prefixes(store, out: Path, current: dict, spec, number: int):
             raise UsageError(f"{store.url}: prefix {entry['prefix']} lists {listed} documents in its sources, "
                              f"{entry['samples']} in the manifest: run `repack verify`")
         keep, hits = named_documents(runs, wanted, spec.by)
-        if keep.all():
-            shards.append(entry)
-            continue
         found |= hits
-        shards += _rewrite(store, out, manifest, entry, keep, kept_runs(runs, keep), number, rewritten)
+        planned.append((entry, None if keep.all() else keep, runs))
+    # every name the rewrites will write, refused before the first is written where a published version names it
+    refuse_names_in_use(store, current, [f"{rewritten_prefix(entry, number)}{suffix}" for entry, keep, _ in planned
+                                         if keep is not None for suffix in (".bin", ".idx", RUNS_SUFFIX)], "remove")
+    for entry, keep, runs in planned:
+        shards += [entry] if keep is None else \
+            _rewrite(store, out, manifest, entry, keep, kept_runs(runs, keep), number, rewritten)
     lengths = [np.asarray(_index(store, out, manifest, e).lengths) for e in shards]
     doc_stats, histogram = token_stats(np.concatenate(lengths) if lengths else np.zeros(0, np.int32))
     files = _files_table(store, manifest, shards, lengths)
@@ -168,6 +174,12 @@ def _index(store, out: Path, manifest: Manifest, entry: dict):
         raise VerificationError(f"{store.url}/{entry['index']}: {exc}: run `repack verify`; nothing removed") from None
 
 
+def rewritten_prefix(entry: dict, number: int) -> str:
+    """The prefix a remove publishing version ``number`` writes a rewrite of ``entry``'s under (``NAME-vN``)."""
+    stem = f"{Path(entry['prefix']).name}-v{number}"
+    return str(Path(entry["prefix"]).parent / stem) if "/" in entry["prefix"] else stem
+
+
 def _rewrite(store, out: Path, manifest: Manifest, entry: dict, keep: np.ndarray, runs: list[list], number: int,
              rewritten: dict) -> list[dict]:
     """Copy the kept documents of one prefix into ``<prefix>-vN``; its manifest entry ([] when empty)."""
@@ -184,8 +196,8 @@ def _rewrite(store, out: Path, manifest: Manifest, entry: dict, keep: np.ndarray
         np.zeros(0, index.dtype)
     lengths = np.asarray(index.lengths, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
-    stem = f"{entry['prefix']}-v{number}"
-    writer = PartWriter(manifest.path(entry["path"]).parent, stem, entry["dtype"])
+    prefix = rewritten_prefix(entry, number)
+    writer = PartWriter(manifest.path(entry["path"]).parent, prefix.rpartition("/")[2], entry["dtype"])
     try:
         position = 0
         while position < len(keep):  # one contiguous slice per run of kept documents
@@ -211,7 +223,6 @@ def _rewrite(store, out: Path, manifest: Manifest, entry: dict, keep: np.ndarray
             (folder / part[key]).unlink(missing_ok=True)
         rewritten[entry["path"]] = None
         return []
-    prefix = str(Path(entry["prefix"]).parent / stem) if "/" in entry["prefix"] else stem
     runs_data = encode_runs(runs)
     runs_rel = prefix + RUNS_SUFFIX
     atomic_write_bytes(manifest.path(runs_rel), runs_data)
