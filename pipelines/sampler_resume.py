@@ -376,8 +376,15 @@ class MapDatasetState:
                                if saved.get(k) != v)
             raise ValueError(f"{type(self).__name__} state of a reader with other options loaded ({differ})")
         version = resolve(state.get("dataset"), self.dataset, str(self.root), type(self).__name__)
+        built, sized = self.dataset.get("version"), len(self)
         with on_version(self.use_version, dict(self.dataset), version):
             if int(state["samples"]) != len(self):
                 raise ValueError(f"{type(self).__name__} state of a dataset of {state['samples']} samples loaded "
                                  f"into one of {len(self)}")
+            if version is not None and len(self) != sized:  # re-opened here, under a sampler that counted the
+                # version the reader was built on (a loader whose sampler re-counts it moves it before: no re-open)
+                raise ValueError(f"{self.root}: this {type(self).__name__} state was taken on version {version} "
+                                 f"({len(self)} samples), the reader was built on version {built} ({sized}); the "
+                                 "loader's sampler was sized for that: build the reader with "
+                                 f"version={version}, or pass ResumableSampler(len(ds), dataset=ds), to continue")
         self.epoch = int(state["epoch"])

@@ -123,15 +123,20 @@ def _counts_at_iteration(loader) -> bool:
     sequential or random sampler over it), or re-counts it when its state is loaded (the readers' resumable
     samplers holding it): only then may the reader be moved to a loaded state's version under it."""
     from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+    from torchdata.stateful_dataloader.sampler import BatchSampler as StatefulBatchSampler
+    from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
     position = _position(loader)
     if position is not None:
         return getattr(position, "dataset", None) is loader.dataset
     batches = getattr(loader, "batch_sampler", None)
-    sampler = batches.sampler if isinstance(batches, BatchSampler) else batches if batches is not None else loader.sampler
+    sampler = batches.sampler if isinstance(batches, (BatchSampler, StatefulBatchSampler)) else \
+        batches if batches is not None else loader.sampler
     if isinstance(sampler, SequentialSampler):
         return sampler.data_source is loader.dataset
-    return isinstance(sampler, RandomSampler) and sampler.data_source is loader.dataset and sampler._num_samples is None
+    # shuffle=True: torchdata's own RandomSampler (no subclass of torch's)
+    return isinstance(sampler, (RandomSampler, StatefulRandomSampler)) and sampler.data_source is loader.dataset \
+        and getattr(sampler, "_num_samples", None) is None
 
 
 class _UndoneOnRefusal:
@@ -205,7 +210,9 @@ class StatefulDataLoader(_TorchdataLoader):
                              f"num_workers={self.num_workers}: each worker's position is its own; build the "
                              f"loader with num_workers={saved} to continue")
         self._ended_once = None
-        self._unfollow = None
+        if self._unfollow is not None:  # a state loaded before and not iterated: its reader back first
+            unfollow, self._unfollow = self._unfollow, None
+            unfollow()
         super().load_state_dict(state_dict)
         follow = getattr(self.dataset, "follow_state", None)
         if not isinstance(self.dataset, IterableDataset) and not _counts_at_iteration(self):

@@ -238,10 +238,10 @@ class PackedTokenDataset(Dataset):
 
     def order_options(self) -> dict:
         """What decides which tokens window ``i`` holds (a Mixture refuses a state of another): the window length, the
-        order this dataset gives its windows (shuffled: the seed and the epoch ``set_epoch`` chose) and this rank's
-        share of them."""
+        order this dataset gives its windows (shuffled: its seed) and this rank's share of them. The epoch is not
+        among them: the loop moves it with the mixture's (``set_epoch(e + 1)`` after a state of epoch e's end)."""
         return {"seq_len": self.seq_len, "shuffle": self.shuffle, "seed": self.seed if self.shuffle else None,
-                "epoch": self.epoch if self.shuffle else None, "rank": self.rank, "world_size": self.world_size}
+                "rank": self.rank, "world_size": self.world_size}
 
     def use_version(self, version: int | None) -> None:
         """Read version ``version`` of the dataset (None: the latest): its tokens and windows."""
@@ -487,8 +487,14 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         return self.position.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state``; with ``dataset=``, on the state's dataset version (re-opened)."""
-        self.position.load_state_dict(state, resize=self._relength)
+        """Continue from ``state``; with ``dataset=``, on the state's dataset version (re-opened). A refused state
+        leaves the lengths this sampler had (re-counted for the state's version on the way)."""
+        counted = self.lengths, self._cached, self._lengths_sha
+        try:
+            self.position.load_state_dict(state, resize=self._relength)
+        except ValueError:
+            self.lengths, self._cached, self._lengths_sha = counted
+            raise
 
     def _order(self) -> dict:
         """What makes the epoch's batches besides the seed: batch size, mega, drop_last and the lengths."""

@@ -7,6 +7,7 @@ and at seeded random batches, 0 and 2 workers."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import shutil
@@ -429,3 +430,67 @@ def test_a_refused_sampler_state_leaves_the_reader_on_the_version_it_was_built_o
         next(iter(refused))
     assert latest.dataset["version"] == 3 and len(latest) == 120
     assert sum(len(batch) for batch in sampled_documents(latest, workers, seed=5)) == 120
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_shuffling_a_map_reader_resumes_on_the_state_version_and_fixed_samplers_are_refused(versions,
+                                                                                                      workers):
+    """``StatefulDataLoader(shuffle=True)`` (torchdata's own RandomSampler, which counts the reader as the iteration
+    starts) resumes a state of version 2 on it; a sampler that counted version 3 when it was built (a list,
+    ``DistributedSampler``) is refused naming both versions: it resumed silently wrong (15 documents twice, 35
+    never) or failed on a bare AssertionError."""
+    from torch.utils.data import DistributedSampler
+
+    root = versions["tokens"]
+    v2 = DocumentDataset(root, version=2)
+    everything = Counter(token_fingerprints(v2[i] for i in range(len(v2))))
+    loader = StatefulDataLoader(v2, batch_size=BATCH, shuffle=True, collate_fn=list, num_workers=workers)
+    head = [f for _, batch in zip(range(3), loader) for f in token_fingerprints(batch)]
+    state = copy.deepcopy(loader.state_dict())  # torchdata's RandomSampler keeps its generator as a tensor
+    latest = DocumentDataset(root)
+    resumed = StatefulDataLoader(latest, batch_size=BATCH, shuffle=True, collate_fn=list, num_workers=workers)
+    resumed.load_state_dict(state)
+    assert Counter(head + [f for batch in resumed for f in token_fingerprints(batch)]) == everything
+    for fixed in (lambda ds: list(range(len(ds))), lambda ds: DistributedSampler(ds, num_replicas=1, rank=0, seed=3)):
+        v2 = DocumentDataset(root, version=2)
+        taken = StatefulDataLoader(v2, batch_size=BATCH, sampler=fixed(v2), collate_fn=list, num_workers=workers)
+        next(iter(taken))
+        fixed_state = copy.deepcopy(taken.state_dict())
+        latest = DocumentDataset(root)
+        refused = StatefulDataLoader(latest, batch_size=BATCH, sampler=fixed(latest), collate_fn=list,
+                                     num_workers=workers)
+        refused.load_state_dict(fixed_state)
+        with pytest.raises(Exception, match=r"taken on version 2 \(140 samples\), the reader was built on version 3"):
+            list(refused)
+        assert latest.dataset["version"] == 3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_refused_length_grouped_state_or_a_state_loaded_twice_changes_nothing(versions, workers):
+    """A refused ``LengthGroupedBatchSampler(dataset=...)`` state left the sampler with the state version's lengths
+    (a fresh epoch read 120 of 140 documents, or an IndexError), and a state loaded twice before its refusal left the
+    reader on the state's version."""
+    from pipelines.torch_text import LengthGroupedBatchSampler
+
+    root = versions["tokens"]
+    v1 = DocumentDataset(root, version=1)
+    grouped = LengthGroupedBatchSampler(v1.lengths, 4, seed=3, dataset=v1)
+    loader = StatefulDataLoader(v1, batch_sampler=grouped, collate_fn=list, num_workers=workers)
+    next(iter(loader))
+    state = json.loads(json.dumps(loader.state_dict()))
+    v2 = DocumentDataset(root, version=2)
+    other = LengthGroupedBatchSampler(v2.lengths, 4, seed=5, dataset=v2)
+    refused = StatefulDataLoader(v2, batch_sampler=other, collate_fn=list, num_workers=workers)
+    refused.load_state_dict(state)
+    with pytest.raises(ValueError, match="seed 3, this one has 5"):
+        list(refused)
+    assert v2.dataset["version"] == 2 and len(other.lengths) == 140
+    assert sum(len(b) for b in StatefulDataLoader(v2, batch_sampler=other, collate_fn=list)) == 140
+    v2_state = json.loads(json.dumps(sampled_documents(v2, workers).state_dict()))
+    latest = DocumentDataset(root)
+    twice = sampled_documents(latest, workers, seed=5)
+    twice.load_state_dict(v2_state)
+    twice.load_state_dict(v2_state)
+    with pytest.raises(ValueError, match="seed 2, this one has 5"):
+        list(twice)
+    assert latest.dataset["version"] == 3 and len(latest) == 120
