@@ -162,3 +162,30 @@ def test_other_loaders_files_that_cannot_be_rewritten_leave_the_published_versio
     removed = run_repack("remove", out, "--sources", tmp_path / "takedown.txt")
     assert "other loaders' files not brought up to version 2" in removed.stderr, removed.stderr
     assert json.loads((out / "manifest.json").read_text())["dataset_version"]["number"] == 2
+
+
+def test_an_older_kept_version_verifies_beside_other_loaders_files_kept_at_the_latest(prepared, tmp_path):
+    """repack keeps the wids index at the published version: `verify --version 1` checked it (and energon's
+    preparation of the latest) against version 1 and exited 5 on a sound dataset. wids' own `widsindex create` adds a name and
+    each shard's md5sum: an index with them passed nothing either; its counts are what is compared."""
+    out = tmp_path / "out"
+    shutil.copytree(prepared, out)
+    first = json.loads(next(data for name, data in tarfile_members(out / "shard-000000.tar") if name.endswith(".json")))
+    (tmp_path / "takedown.txt").write_text(first["path"] + "\n")
+    shutil.rmtree(out / ".nv-meta")  # wids alone: energon prepares every tar of the folder, superseded ones too
+    for index in out.glob("*.tar.idx"):
+        index.unlink()
+    run_repack("remove", out, "--sources", tmp_path / "takedown.txt")
+    for args in ((), ("--version", "1"), ("--version", "2")):
+        done = run_repack("verify", out, *args, check=False)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+    index = json.loads((out / "shardindex.json").read_text())
+    index["name"] = "shard"
+    for shard in index["shardlist"]:
+        shard["md5sum"] = "0" * 32
+    (out / "shardindex.json").write_text(json.dumps(index))
+    assert run_repack("verify", out, check=False).returncode == 0
+    index["shardlist"][0]["nsamples"] += 1
+    (out / "shardindex.json").write_text(json.dumps(index))
+    done = run_repack("verify", out, check=False)
+    assert done.returncode == 5 and "shardindex.json: not the wids shard index" in done.stdout + done.stderr

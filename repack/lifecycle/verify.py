@@ -60,18 +60,19 @@ def verify_report(location, version: int | None = None, workers: int | None = No
         except ManifestError as exc:
             return Report((str(exc),))
         listed = set(manifest.named_files())
-        odd = [] if files.remote else files.irregular(sorted(listed | {n for n in names if foreign_kind(n, manifest)}))
+        views = _views_manifest(files, manifest, version)
+        odd = [] if files.remote else files.irregular(sorted(listed | {n for n in names if foreign_kind(n, views)}))
     if odd:  # what verify reads: a FIFO blocks every read, a folder fails it; the other checks wait for files
         return Report((*odd, "the other checks were not run: each file the dataset names must be a regular file"))
     problems, key_hashes = dataset_problems(files, manifest, workers, start_digests(files, manifest, workers))
     for _ in range(SETTLE_TRIES):  # the folder as one moment saw it: a writer or gc beside verify is no damage
         published = files.read(MANIFEST_NAME)
         names = files.names()
-        chain_problems, pending, foreign = folder_problems(files, manifest, listed, names, published)
+        chain_problems, pending, foreign = folder_problems(files, manifest, listed, names, published, views)
         if not chain_problems or (files.read(MANIFEST_NAME) == published and files.names() == names):
             break  # nothing found, or nothing moved while it was looked at: what it found is so
     problems += chain_problems
-    foreign_problems, unchecked = check_foreign(files, manifest, foreign)
+    foreign_problems, unchecked = check_foreign(files, views, foreign)
     problems += foreign_problems
     problems += check_identities(files, manifest, key_hashes) + totals_problems(manifest)
     return Report(tuple(problems), tuple(unchecked), tuple(pending))
@@ -104,11 +105,24 @@ def totals_problems(manifest) -> list[str]:
     return problems
 
 
+def _views_manifest(files, manifest, version: int | None):
+    """The version other tools' files in the folder (a wids shard index, energon's prep) are checked against: the
+    published one, which repack keeps them at, also when an older kept ``version`` is verified (``manifest``
+    where the published one cannot be read: its own problems are said by the chain's checks)."""
+    if version is None:
+        return manifest
+    try:
+        return files.manifest(None)
+    except ManifestError:
+        return manifest
+
+
 def folder_problems(files, manifest, listed: set[str], names: list[str],
-                    published: bytes | None) -> tuple[list[str], list[str], list[str]]:
+                    published: bytes | None, views=None) -> tuple[list[str], list[str], list[str]]:
     """(problems, pending files, files of another tool's kind) of the dataset's folder listing ``names`` with
     ``published`` (``manifest.json``'s bytes as read with it): the version chain (``check_versions``) and every
-    file neither the verified version (``listed``) nor another kept version names."""
+    file neither the verified version (``listed``) nor another kept version names; another tool's files are
+    known by the version ``views`` (default: ``manifest``)."""
     chain = check_versions(files, names, manifest.root, published)
     problems, pending, foreign = list(chain.problems), [], []
     stems = {file_stem(rel) for rel in listed | chain.kept}
@@ -117,7 +131,7 @@ def folder_problems(files, manifest, listed: set[str], names: list[str],
             continue
         if rel in chain.pending_files or is_pending_name(rel, chain.published + 1, stems):
             pending.append(rel)
-        elif foreign_kind(rel, manifest) is None:
+        elif foreign_kind(rel, views or manifest) is None:
             problems.append(f"{rel}: a file the manifest does not name (added after the job, or left by another tool)")
         else:
             foreign.append(rel)
