@@ -384,7 +384,8 @@ class MapDatasetState:
             if version is not None and len(self) != sized:  # re-opened here, under a sampler that counted the
                 # version the reader was built on (a loader whose sampler re-counts it moves it before: no re-open)
                 raise ValueError(f"{self.root}: this {type(self).__name__} state was taken on version {version} "
-                                 f"({len(self)} samples), the reader was built on version {built} ({sized}); the "
-                                 "loader's sampler was sized for that: build the reader with "
-                                 f"version={version}, or pass ResumableSampler(len(ds), dataset=ds), to continue")
+                                 f"({len(self)} samples), the reader was built on version {built} ({sized}), which "
+                                 "the loader's sampler counted: build the reader with version="
+                                 f"{version}, or order it with ResumableSampler(len(ds), dataset=ds) (its state, "
+                                 "loaded first, re-opens the version), to continue")
         self.epoch = int(state["epoch"])

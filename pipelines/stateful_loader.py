@@ -118,17 +118,27 @@ def continues_saved_epoch(loader, state: dict) -> bool | None:
     return position.chosen is None or continued_epoch(saved, position.chosen)[1]
 
 
-def _counts_at_iteration(loader) -> bool:
+def _counts_at_iteration(loader, state: dict) -> bool:
     """Whether a map-style ``loader``'s sampler takes the reader's length when an iteration starts (torch's
     sequential or random sampler over it), or re-counts it when its state is loaded (the readers' resumable
-    samplers holding it): only then may the reader be moved to a loaded state's version under it."""
+    samplers holding it, where the loaded ``state`` holds theirs: torch's own BatchSampler around one is only
+    fast-forwarded, its sampler never loads a state): only then may the reader be moved to a loaded state's
+    version under it."""
     from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
     from torchdata.stateful_dataloader.sampler import BatchSampler as StatefulBatchSampler
     from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
+    from pipelines.sampler_resume import find_state
+
     position = _position(loader)
     if position is not None:
-        return getattr(position, "dataset", None) is loader.dataset
+        if getattr(position, "dataset", None) is not loader.dataset:
+            return False
+        try:
+            find_state(state, position.kind)
+        except (LookupError, KeyError, TypeError):
+            return False
+        return True
     batches = getattr(loader, "batch_sampler", None)
     sampler = batches.sampler if isinstance(batches, (BatchSampler, StatefulBatchSampler)) else \
         batches if batches is not None else loader.sampler
@@ -141,8 +151,9 @@ def _counts_at_iteration(loader) -> bool:
 
 class _UndoneOnRefusal:
     """The first iterator after a loaded state moved this process's reader to the state's dataset version (the
-    workers check the state when they start): a ValueError out of it (a worker refused the state) moves the reader
-    back first (``undo``, what ``follow_state`` returned), so a caller that starts fresh reads the version it built."""
+    readers check their states as it starts): a ValueError before its first batch (a refused state) moves the reader
+    back first (``undo``, what ``follow_state`` returned), so a caller that starts fresh reads the version it built.
+    Once a batch came the state was taken: a later ValueError (a batch the loop skips) changes no version."""
 
     def __init__(self, iterator, undo) -> None:
         self._iterator, self._undo = iterator, undo
@@ -152,7 +163,7 @@ class _UndoneOnRefusal:
 
     def __next__(self):
         try:
-            return next(self._iterator)
+            batch = next(self._iterator)
         except StopIteration:
             self._undo = None
             raise
@@ -161,6 +172,8 @@ class _UndoneOnRefusal:
             if undo is not None:
                 undo()
             raise
+        self._undo = None
+        return batch
 
     def __len__(self) -> int:
         return len(self._iterator)
@@ -215,7 +228,7 @@ class StatefulDataLoader(_TorchdataLoader):
             unfollow()
         super().load_state_dict(state_dict)
         follow = getattr(self.dataset, "follow_state", None)
-        if not isinstance(self.dataset, IterableDataset) and not _counts_at_iteration(self):
+        if not isinstance(self.dataset, IterableDataset) and not _counts_at_iteration(self, state_dict):
             follow = None  # a sampler that counted the reader when it was built would hand out the built version's
             # indices over the state's version: the workers' own checks refuse such a state instead
         if "_snapshot" in state_dict:  # the workers read the state's dataset version: this process counts its

@@ -494,3 +494,55 @@ def test_a_refused_length_grouped_state_or_a_state_loaded_twice_changes_nothing(
     with pytest.raises(ValueError, match="seed 2, this one has 5"):
         list(twice)
     assert latest.dataset["version"] == 3 and len(latest) == 120
+
+
+def test_a_wrapped_sampler_that_loads_no_state_and_a_skipped_batch_keep_the_resume_exact(versions):
+    """torch's own BatchSampler around ``ResumableSampler(dataset=...)`` is only fast-forwarded (its sampler loads no
+    state): the reader was moved to the state's version under a sampler counting the built one (17 documents
+    twice, 37 never), and is refused by name now. A ValueError the loop skips after the resumed epoch began
+    moved the reader back to the version it was built on (v2 indices read from v3, then an IndexError)."""
+    from torch.utils.data import BatchSampler
+
+    root = versions["tokens"]
+
+    def wrapped(dataset):
+        return StatefulDataLoader(dataset, batch_sampler=BatchSampler(ResumableSampler(len(dataset), seed=3,
+                                                                                       dataset=dataset), BATCH, False),
+                                  collate_fn=list)
+
+    taken = wrapped(DocumentDataset(root, version=2))
+    next(iter(taken))
+    state = copy.deepcopy(taken.state_dict())
+    latest = DocumentDataset(root)
+    refused = wrapped(latest)
+    refused.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"taken on version 2 \(140 samples\), the reader was built on version 3"):
+        list(refused)
+    assert latest.dataset["version"] == 3
+    v2 = DocumentDataset(root, version=2)
+    everything = Counter(token_fingerprints(v2[i] for i in range(len(v2))))
+    loader = sampled_documents(v2, 0)
+    head = [f for _, batch in zip(range(3), loader) for f in token_fingerprints(batch)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    latest = DocumentDataset(root)
+    calls = []
+
+    def skipping(batch):  # the sixth batch fails once; the loop skips it and reads on
+        calls.append(len(batch))
+        if len(calls) == 3:
+            raise ValueError("a bad batch")
+        return batch
+
+    resumed = StatefulDataLoader(latest, batch_size=BATCH, sampler=ResumableSampler(len(latest), seed=2,
+                                                                                  dataset=latest), collate_fn=skipping)
+    resumed.load_state_dict(state)
+    rest, it = [], iter(resumed)
+    while True:
+        try:
+            rest += token_fingerprints(next(it))
+        except ValueError:
+            continue
+        except StopIteration:
+            break
+    assert latest.dataset["version"] == 2 and len(head) + len(rest) + BATCH == 140
+    assert not Counter(head + rest) - everything
