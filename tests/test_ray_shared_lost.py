@@ -27,6 +27,9 @@ def test_the_only_worker_node_lost_beside_the_drivers_pool_finishes(server, sour
     cluster = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={  # its CPU: the driver's pool
         "num_cpus": 1, "include_dashboard": False, "env_vars": {**env, "REPACK_SCRATCH": str(scratch / "head")}})
     proxy = LatencyProxy(server.port, delay_s=1.0)  # the worker node's GETs: its batch is surely mid-way
+    # the driver's too: its pool starts before Ray answers where the head offers CPUs, and on a fast run it took
+    # all 4 tasks before Ray handed the worker node one (the test then failed on "no task started")
+    driver_proxy = LatencyProxy(server.port, delay_s=0.2)
     try:
         doomed = cluster.add_node(num_cpus=1, env_vars={**s3_env(proxy.endpoint), "PYTHONPATH": str(ROOT),
                                                         "REPACK_SCRATCH": str(scratch / "doomed")})
@@ -35,7 +38,8 @@ def test_the_only_worker_node_lost_beside_the_drivers_pool_finishes(server, sour
         s3.create_bucket(Bucket="shared-lost")
         proc = subprocess.Popen([sys.executable, "-m", "repack", "images", source, "s3://shared-lost/out", *ARGS,
                                  "--json", "--executor", "ray", "--ray-address", cluster.address], cwd=ROOT, text=True,
-                                env={**os.environ, **s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "d")},
+                                env={**os.environ, **s3_env(driver_proxy.endpoint),
+                                     "REPACK_SCRATCH": str(tmp_path / "d")},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.time() + 120
         while not list((scratch / "doomed").glob("*/.repack/tasks/*.lock")):
@@ -49,6 +53,7 @@ def test_the_only_worker_node_lost_beside_the_drivers_pool_finishes(server, sour
         if "proc" in locals() and proc.poll() is None:
             proc.kill()
         proxy.stop()
+        driver_proxy.stop()
         cluster.shutdown()
     assert proc.returncode == 0, stderr
     assert dataset(objects(s3, "shared-lost", "out")) == reference
