@@ -42,9 +42,18 @@ bind_envvars(cli)  # REPACK_<COMMAND>_<OPTION> for every option, shown in --help
 SIGNAL_EXIT = {signal.SIGTERM: ("SIGTERM", 143), signal.SIGINT: ("SIGINT", 130)}
 
 
+_HANDLER_PID = [0]  # the process that installed ``_on_signal`` (a forked child inherits the handler)
+
+
 def _on_signal(signum: int, _frame) -> None:
     """SIGTERM/SIGINT: raise Interrupted (the engine stops workers and removes temps on its way out);
-    a second signal gets the default behaviour (kill, KeyboardInterrupt)."""
+    a second signal gets the default behaviour (kill, KeyboardInterrupt). In a child forked before it set handlers of
+    its own (a pool worker starting as the signal came to the process group) the signal ends it as the default
+    action does: a raise there printed multiprocessing's traceback of the worker's start."""
+    if os.getpid() != _HANDLER_PID[0]:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     raise note_interrupt(Interrupted(*SIGNAL_EXIT[signum]))  # noted: a raise inside C code may be swallowed
@@ -98,6 +107,7 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # non-UTF-8 file names must never crash a summary
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    _HANDLER_PID[0] = os.getpid()
     for signum in SIGNAL_EXIT:  # a signal ignored when repack started (`repack ... &` in a script, nohup) stays so
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _on_signal)

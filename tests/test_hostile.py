@@ -738,3 +738,29 @@ def test_extraneous_bytes_between_jpeg_segments_are_no_truncation():
     assert inspect_image(stray, "header").width == 32
     with pytest.raises(BadImage, match="extraneous bytes"):
         inspect_image(stray, "decode")
+
+
+def test_a_signal_in_a_child_forked_before_its_own_handlers_ends_it_quietly():
+    """A pool worker forked as SIGTERM came to the process group still ran the driver's handler: its raise during
+    the worker's start printed multiprocessing's traceback (the signals test saw it once in a full run). In a child
+    the handler ends it as the default action does; in the driver it still raises Interrupted."""
+    code = (
+        "import os, signal, sys, time\n"
+        "import repack.cli as cli\n"
+        "cli._HANDLER_PID[0] = os.getpid()\n"
+        "signal.signal(signal.SIGTERM, cli._on_signal)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(30)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.3)\n"
+        "os.kill(pid, signal.SIGTERM)\n"
+        "print('child', os.waitpid(pid, 0)[1] & 0x7f)\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(5)\n"
+        "except BaseException as exc:\n"
+        "    print('driver', type(exc).__name__)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["child", str(int(signal.SIGTERM)), "driver", "Interrupted"], done
+    assert "Traceback" not in done.stderr, done.stderr
