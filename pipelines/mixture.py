@@ -58,14 +58,6 @@ BLOCK = 100
 EXHAUSTED_RULES = ("stop", "repeat")
 
 
-def apportion(targets: np.ndarray, total: int) -> np.ndarray:
-    """Integers summing to ``total``, each the floor or ceiling of its target (largest remainder)."""
-    counts = np.floor(targets).astype(np.int64)
-    for i in np.argsort(-(targets - counts), kind="stable")[:total - int(counts.sum())]:
-        counts[i] += 1
-    return counts
-
-
 def _round9(value: float) -> float:
     """``np.round(value, 9)`` of one float, bit for bit (numpy scales, rounds half to even, scales back)."""
     return round(value * 1e9) / 1e9
@@ -384,8 +376,7 @@ class Mixture(IterableDataset):
         # block b is within one draw of weight * BLOCK * (b + 1): the first guess is at most a block short)
         blocks = max(1, len(self._counts.table), int(np.min((lengths + 1) / (np.asarray(self.weights) * BLOCK))) + 2)
         while True:
-            self.counts(blocks - 1)
-            table = self._counts.table
+            table = self._counts.grow(blocks)
             over = np.flatnonzero((np.cumsum(table, axis=0) > lengths).any(axis=1))
             if len(over):
                 break

@@ -103,9 +103,9 @@ class WrongRange(OSError):
 
 def _get_object(url: str, **params):
     """``GetObject`` of ``url`` (``params``: Range, ChecksumMode); an endpoint that never answered
-    within the bounds is a TimeoutError naming the URL, one that cannot be reached a ConnectionError; an
-    error answer an OSError naming it (PermissionError for refused access), but a missing key and a range
-    past the object's end, which the callers read as such (botocore's ClientError)."""
+    within the bounds is a TimeoutError naming the URL, one that cannot be reached a ConnectionError, a missing
+    key a FileNotFoundError; an error answer an OSError naming it (PermissionError for refused access), but a
+    range past the object's end, which the callers read as such (botocore's ClientError InvalidRange)."""
     from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError,
                                      EndpointConnectionError, ReadTimeoutError)
 
@@ -119,7 +119,9 @@ def _get_object(url: str, **params):
     except ClientError as exc:
         error = exc.response.get("Error", {})
         code, status = str(error.get("Code")), exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in ("NoSuchKey", "404", "InvalidRange"):
+        if code in ("NoSuchKey", "404"):
+            raise FileNotFoundError(url) from None
+        if code == "InvalidRange":
             raise
         message = error.get("Message")
         said = f"{code} ({message})" if message else code
@@ -174,15 +176,8 @@ def read_bytes(location: str | os.PathLike) -> bytes:
 
         with open_regular(location) as fh:  # a FIFO in a dataset's place is refused, never waited on
             return fh.read()
-    from botocore.exceptions import ClientError
-
-    try:
-        # ChecksumMode: the whole object's checksum (where the server stored one) is checked on it
-        return _get_object(str(location), ChecksumMode="ENABLED")["Body"].read()
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-            raise FileNotFoundError(str(location)) from None
-        raise
+    # ChecksumMode: the whole object's checksum (where the server stored one) is checked on it
+    return _get_object(str(location), ChecksumMode="ENABLED")["Body"].read()
 
 
 def read_range(location: str, start: int, end: int) -> bytes:
@@ -326,10 +321,7 @@ def _boto3_ranged_get(url: str, at: int, end: int, learn: bool):
     try:
         response = _get_object(url, Range=f"bytes={at}-{end - 1}")
     except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code")
-        if code in ("NoSuchKey", "404"):
-            raise FileNotFoundError(url) from None
-        if code == "InvalidRange":  # the object ends before at
+        if exc.response.get("Error", {}).get("Code") == "InvalidRange":  # the object ends before at
             _learn(url, sent)
             return None
         raise
@@ -486,8 +478,6 @@ class _ObjectRange(io.RawIOBase):
                 except ClientError as exc:
                     if exc.response.get("Error", {}).get("Code") == "InvalidRange":
                         return 0  # the object ends before pos: the caller sees a short read, and says so
-                    if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                        raise FileNotFoundError(self.url) from None
                     raise
                 self.body = response["Body"]
                 ranges = (response.get("ContentRange"), response.get("ContentLength"))

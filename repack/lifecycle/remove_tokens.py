@@ -13,7 +13,7 @@ renamed whole): a re-run after kill -9 writes the same bytes.
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -176,8 +176,8 @@ def _index(store, out: Path, manifest: Manifest, entry: dict):
 
 def rewritten_prefix(entry: dict, number: int) -> str:
     """The prefix a remove publishing version ``number`` writes a rewrite of ``entry``'s under (``NAME-vN``)."""
-    stem = f"{Path(entry['prefix']).name}-v{number}"
-    return str(Path(entry["prefix"]).parent / stem) if "/" in entry["prefix"] else stem
+    prefix = PurePosixPath(entry["prefix"])
+    return prefix.with_name(f"{prefix.name}-v{number}").as_posix()
 
 
 def _rewrite(store, out: Path, manifest: Manifest, entry: dict, keep: np.ndarray, runs: list[list], number: int,
