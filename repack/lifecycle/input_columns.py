@@ -62,11 +62,12 @@ def encode_names(names) -> np.ndarray:
     return names_of_blob(blob)
 
 
-def names_of_blob(blob: bytes) -> np.ndarray:
+def names_of_blob(blob: bytes, ends: np.ndarray | None = None) -> np.ndarray:
     """The ``S`` array of a names blob (each name followed by one NUL, as a scan's ``InputTable.names`` and
-    a plan's ``relz`` hold them); UsageError for an empty name."""
+    a plan's ``relz`` hold them; ``ends``: the position of each NUL, where the caller has them, e.g.
+    ``InputTable.ends``: the blob is not searched again); UsageError for an empty name."""
     try:
-        return _unblob(np.frombuffer(blob, np.uint8), "an input name")
+        return _unblob(np.frombuffer(blob, np.uint8), "an input name", ends)
     except ValueError as exc:
         raise UsageError(f"{exc}; it cannot be recorded") from None
 
@@ -114,8 +115,7 @@ class InputColumns:
         """(row of each of ``names`` (an ``S`` array), whether it is recorded); a row is 0 where not."""
         if not len(self.names):
             return np.zeros(len(names), np.int64), np.zeros(len(names), bool)
-        rows = sorted_rows(self.names, names)
-        return rows, self.names[rows] == names
+        return sorted_rows(self.names, names)
 
     def is_removed(self, names: np.ndarray) -> np.ndarray:
         """Whether each of ``names`` was taken down by `repack remove`."""
@@ -153,22 +153,26 @@ class InputColumns:
 ANCHOR_EVERY = 16  # ``sorted_rows``: one name in this many is looked up by bisection, the others guessed
 
 
-def sorted_rows(table: np.ndarray, names: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(table, names)`` clipped to ``table``'s rows (``table``: a sorted unique ``S`` array,
-    not empty), the same rows, at a fraction of the bisections when ``names`` is sorted too and mostly in
-    ``table`` (a scan against the record: every 16th name bisected; a name between two of them is guessed
-    at the same distance from its anchor's row, and kept where ``table`` holds it there: the row of a
-    unique name; a wrong guess, e.g. past a new name, is bisected)."""
+def sorted_rows(table: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``np.searchsorted(table, names)`` clipped to ``table``'s rows, whether ``table`` holds each name there)
+    (``table``: a sorted unique ``S`` array, not empty): the same rows, at a fraction of the bisections when
+    ``names`` is sorted too and mostly in ``table`` (a scan against the record: every 16th name bisected; a name
+    between two of them is guessed at the same distance from its anchor's row, and kept where ``table`` holds it
+    there: the row of a unique name; a wrong guess, e.g. past a new name, is bisected). The names are compared
+    with the table once: the comparison that checks the guesses is the answer."""
     last = len(table) - 1
     if len(names) < 4 * ANCHOR_EVERY:
-        return np.searchsorted(table, names).clip(0, last)
+        rows = np.searchsorted(table, names).clip(0, last)
+        return rows, table[rows] == names
     anchors = np.arange(0, len(names), ANCHOR_EVERY)
     shift = np.searchsorted(table, names[anchors]) - anchors
     rows = (np.repeat(shift, ANCHOR_EVERY)[:len(names)] + np.arange(len(names))).clip(0, last)
-    missed = np.flatnonzero(table[rows] != names)
+    found = table[rows] == names
+    missed = np.flatnonzero(~found)
     if len(missed):
         rows[missed] = np.searchsorted(table, names[missed]).clip(0, last)
-    return rows
+        found[missed] = table[rows[missed]] == names[missed]
+    return rows, found
 
 
 def member_of(table: np.ndarray, names: np.ndarray) -> np.ndarray:
@@ -294,11 +298,13 @@ def _blob(names: np.ndarray) -> np.ndarray:
     return matrix[np.arange(width + 1) <= lengths[:, None]]
 
 
-def _unblob(blob: np.ndarray, what: str) -> np.ndarray:
-    """The ``S`` array of the NUL-terminated names in ``blob`` (``_blob``), built as a byte matrix."""
+def _unblob(blob: np.ndarray, what: str, ends: np.ndarray | None = None) -> np.ndarray:
+    """The ``S`` array of the NUL-terminated names in ``blob`` (``_blob``), built as a byte matrix (``ends``: the
+    position of each NUL, when known)."""
     if not len(blob):
         return np.array([], dtype="S1")
-    ends = np.flatnonzero(blob == 0)
+    if ends is None:
+        ends = np.flatnonzero(blob == 0)
     if not len(ends) or ends[-1] != len(blob) - 1:
         raise ValueError(f"{what}: the last name is not NUL-terminated")
     starts = np.concatenate([[0], ends[:-1] + 1])
