@@ -180,7 +180,7 @@ class _Cursor:
         self.iterable = _is_iterable(self.source)
         self.restored = state.get("state") if state else None
         self._iter: Iterator | None = None
-        self._order: list[int] | None = None
+        self._order: np.ndarray | None = None  # this worker's share of the pass, a column
 
     def _start(self) -> None:
         if self.iterable:
@@ -193,7 +193,7 @@ class _Cursor:
             n = len(self.source)
             order = (np.random.default_rng([m.seed, m.epoch, self.index, self.pass_]).permutation(n)
                      if m.shuffle else np.arange(n))
-            self._order = order[m.slot_id::m.slots].tolist()
+            self._order = order[m.slot_id::m.slots].copy()  # the share alone: the whole order is freed
 
     def next(self) -> tuple[bool, Any]:
         """(True, sample), or (False, None) when this pass is over."""
@@ -201,7 +201,7 @@ class _Cursor:
         if order is not None:
             if self.position < len(order):
                 self.position += 1
-                return True, self.source[order[self.position - 1]]
+                return True, self.source[int(order[self.position - 1])]
             return False, None
         if self._iter is None:
             self._start()

@@ -30,6 +30,7 @@ from pipelines.dataset_identity import follow_version, on_version, resolve
 from pipelines.sample_order import checked_count, continued_epoch
 
 STATE_VERSION = 1
+ITERATE_BLOCK = 4096  # positions turned into Python ints at a time while a sampler hands them out
 
 
 def global_order(size: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
@@ -159,9 +160,10 @@ class OrderPosition:
     def iterate(self, share: np.ndarray, start: int) -> Iterator[int]:
         """The positions of ``share`` from ``start`` on, counting each one handed out. A finished pass
         keeps its count (a rank done before a checkpoint consumed its whole share)."""
-        for position in share[start:].tolist():
-            self.yielded += 1
-            yield position
+        for block in range(start, len(share), ITERATE_BLOCK):  # a block of Python ints at a time, not the share
+            for position in share[block:block + ITERATE_BLOCK].tolist():
+                self.yielded += 1
+                yield position
         self._finished = True
 
     def state_dict(self) -> dict:

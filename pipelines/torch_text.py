@@ -290,7 +290,8 @@ class PackedTokenDataset(Dataset):
         if self._order is None or self._order_epoch != epoch:
             total = self.per_rank * self.world_size
             order = global_order(self.num_windows, self.seed, epoch, self.shuffle)[:total]
-            self._order, self._order_epoch = order[self.rank::self.world_size], epoch
+            # this rank's share alone (a view would keep the whole epoch's order in every worker)
+            self._order, self._order_epoch = order[self.rank::self.world_size].copy(), epoch
         return self._order
 
     def __len__(self) -> int:

@@ -561,3 +561,31 @@ def test_a_mixture_state_refused_in_the_workers_leaves_every_source_on_its_versi
     with pytest.raises(ValueError, match="Mixture state of another order"):
         next(iter(refused))
     assert [(s.dataset["version"], len(s)) for s in mix.sources] == [(2, 19), (2, 19)]
+
+
+def test_a_map_sources_share_of_a_pass_is_a_column_of_its_own(data):
+    """A map-style source's share of a pass is an int64 column of this worker's slots alone (not a Python int
+    per sample, not a view that keeps the whole pass's order alive), and it reads the same samples."""
+    from pipelines.mixture import _Cursor
+
+    mix = Mixture([(lmdb(data["lmdb_a"]), 2), (lmdb(data["lmdb_b"]), 1)], seed=5, shuffle=True)
+    cursor = _Cursor(mix, 0, None)
+    cursor._start()
+    order = np.random.default_rng([mix.seed, mix.epoch, 0, 0]).permutation(len(mix.sources[0]))
+    assert isinstance(cursor._order, np.ndarray) and cursor._order.base is None
+    assert cursor._order.tolist() == order.tolist()  # one slot (no workers, one rank): the whole pass
+    read = [cursor.next() for _ in range(len(order) + 1)]
+    assert [x["index"] for ok, x in read[:-1]] == [mix.sources[0][i]["index"] for i in order.tolist()]
+    assert read[-1] == (False, None)
+
+
+def test_a_token_readers_windows_are_its_ranks_share_alone(data):
+    """``PackedTokenDataset.window_ids`` holds this rank's windows as a column of their own: not a view that keeps
+    the whole epoch's order alive in every worker; the windows are the global order's every world_size-th."""
+    from pipelines.sampler_resume import global_order
+
+    ranks = [PackedTokenDataset(data["text_a"], 4, rank=r, world_size=2, seed=9) for r in (0, 1)]
+    for rank, reader in enumerate(ranks):
+        windows = reader.window_ids()
+        whole = global_order(reader.num_windows, 9, reader.epoch, True)[:reader.per_rank * 2]
+        assert windows.base is None and windows.tolist() == whole[rank::2].tolist()

@@ -13,6 +13,7 @@ import random
 import shutil
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from pipelines.resume import elastic_states
@@ -546,3 +547,19 @@ def test_a_wrapped_sampler_that_loads_no_state_and_a_skipped_batch_keep_the_resu
             break
     assert latest.dataset["version"] == 2 and len(head) + len(rest) + BATCH == 140
     assert not Counter(head + rest) - everything
+
+
+def test_a_sampler_hands_out_its_share_in_blocks_from_any_start():
+    """``OrderPosition.iterate`` turns its share into Python ints a block at a time (not the whole share at
+    once): the same positions from any start, across block edges, counted as handed out."""
+    from pipelines.sampler_resume import ITERATE_BLOCK, ResumableSampler
+
+    size = 2 * ITERATE_BLOCK + 17
+    sampler = ResumableSampler(size, seed=3)
+    whole = list(sampler)
+    assert sorted(whole) == list(range(size))
+    for start in (0, 1, ITERATE_BLOCK - 1, ITERATE_BLOCK, size - 1, size):
+        share = np.random.default_rng(start).permutation(size)
+        position = sampler.position
+        got = list(position.iterate(share, start))
+        assert got == share[start:].tolist()

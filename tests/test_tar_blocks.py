@@ -1,6 +1,7 @@
 """The local read path of pipelines.tar_blocks: members read into their own bytes (DIRECT_BYTES) or cut
 from the runs between them deliver the same samples and catch the same damage."""
 
+import os
 import shutil
 
 import pytest
@@ -36,3 +37,20 @@ def test_damage_is_caught_whichever_way_members_are_read(packed_photos, tmp_path
     assert caught.value.url == f"{folder}/{SHARD}" and caught.value.key == key
     skipping = ImageShardDataset(folder, decode=False, on_error="skip")
     assert len(list(skipping)) == 120 - lost and skipping.skipped == lost
+
+
+def test_shard_files_close_at_interpreter_exit(tmp_path, monkeypatch):
+    """``ShardFiles.close`` run by a batch iterator's ``finally`` while the interpreter tears down (the module's
+    ``os`` already None) still closes its files, without 'Exception ignored ... NoneType' on stderr."""
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"x" * 64)
+    files = tar_blocks.ShardFiles()
+    buffer = memoryview(bytearray(8))
+    assert files.read_into(str(path), 0, buffer) == 8
+    fd = next(iter(files._fds.values()))
+    monkeypatch.setattr(tar_blocks, "os", None)
+    files.close()
+    monkeypatch.undo()
+    assert not files._fds
+    with pytest.raises(OSError):
+        os.fstat(fd)

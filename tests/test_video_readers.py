@@ -65,7 +65,7 @@ def test_torch_dataloader_workers(index_datasets):
     labels = torch.cat([lab for _, lab in loader]).tolist()
     assert labels == [ds[i][1] for i in range(len(ds))]
     halves = [VideoClipDataset(index_datasets[1], 3, 1, 7, shard_id=k, num_shards=2) for k in (0, 1)]
-    assert halves[0].index + halves[1].index == ds.index
+    assert list(halves[0].index) + list(halves[1].index) == list(ds.index) and ds.index == list(ds.index)
 
 
 def test_dali_pipeline_matches_torch_sampling(index_datasets):
@@ -208,3 +208,23 @@ def test_clip_splits_follow_dali_and_refuse_what_would_read_wrong_clips(index_da
     with pytest.raises(ValueError, match="other options loaded .*sequence_length: state 4, reader 5"):
         five.load_state_dict(four.state_dict())
     four.load_state_dict(VideoClipDataset(index_datasets[0], sequence_length=4, stride=1, step=4).state_dict())
+
+
+def test_clip_columns_are_clip_starts_video_after_video():
+    """The clip index is two int64 columns (no tuple per clip), the same clips in the same order as
+    ``clip_starts`` of each video, for any stride and step, videos too short for a clip included."""
+    from pipelines.torch_video import ClipIndex, clip_columns
+
+    rng = np.random.default_rng(3)
+    frames = [int(f) for f in rng.integers(0, 60, 40)] + [0, 7, 6]
+    for length, stride, step in [(4, 2, 5), (4, 2, -1), (1, 1, 1), (3, 1, 2), (8, 3, 0)]:
+        videos, starts = clip_columns(frames, length, stride, step)
+        expected = [(v, s) for v, f in enumerate(frames) for s in clip_starts(f, length, stride, step)]
+        assert videos.dtype == starts.dtype == np.int64
+        assert list(zip(videos.tolist(), starts.tolist())) == expected
+        index = ClipIndex(videos, starts)
+        assert len(index) == len(expected) and [index[i] for i in range(len(index))] == expected
+        with pytest.raises(IndexError):
+            index[len(expected)]
+    videos, starts = clip_columns([], 4)
+    assert len(videos) == len(starts) == 0
