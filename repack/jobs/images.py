@@ -383,7 +383,7 @@ class ImagesJob(Job):
             known = load_known(spec.known_inputs)
             key_offset = known.next_position
             if hasattr(items, "take"):  # columns: rels and fingerprints without an object per input
-                selection = select_new_rows(names_of_blob(items.names), items.sizes, items.mtimes, known,
+                selection = select_new_rows(names_of_blob(items.names, items.ends), items.sizes, items.mtimes, known,
                                             lambda row: content_sha256(items[row]))
             else:
                 if spec.list_file:  # a row spelled otherwise than the dataset holds it (./a.jpg for a.jpg): known
