@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_right
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
 from pipelines.manifest_access import Sample
+from repack.exec.ahead import read_ahead  # noqa: F401 - the readers' prefetch (pipelines.torch_webdataset)
 from pipelines.object_store import is_remote, pread_into, read_file_ranges, read_range, read_range_into
 from pipelines.sample_errors import ShardIntegrityError
 
@@ -250,32 +249,6 @@ class ShardFiles:
         for fd in self._fds.values():
             _close(fd)
         self._fds.clear()
-
-
-def read_ahead(items: Iterable, work: Callable[[Any], Any], threads: int, depth: int | None = None) -> Iterator:
-    """``work(item)`` for each of ``items``, in order, computed by ``threads`` threads up to ``depth``
-    items (default: ``threads``) ahead of the one consumed (0 threads: in the caller's thread, nothing
-    ahead). No thread outlives the iterator: closing it cancels what has not started and waits for the
-    rest (a DataLoader forking workers next must not copy a thread's held locks)."""
-    if threads <= 0:
-        for item in items:
-            yield work(item)
-        return
-    prefetch = max(threads, depth or 0)
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="repack-prefetch")
-    ahead: deque = deque()
-    try:
-        for item in items:
-            ahead.append(pool.submit(work, item))
-            if len(ahead) > prefetch:
-                yield ahead.popleft().result()
-        while ahead:
-            yield ahead.popleft().result()
-    finally:
-        # seen without it: a forked worker's import failed with KeyError in importlib
-        for future in ahead:
-            future.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def fetch_blocks(blocks: Iterable, threads: int, depth: int | None = None) -> Iterator[tuple[object, ReadBlock, bytes | Pieces]]:

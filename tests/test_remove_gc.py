@@ -171,3 +171,20 @@ def test_a_full_disk_while_a_change_publishes_says_so_and_that_a_rerun_resumes(t
     assert "Traceback" not in done.stderr
     run_repack("remove", out, "--sources", tmp_path / "takedown.txt")
     assert run_repack("verify", out).returncode == 0
+
+
+def test_a_remove_of_many_unknown_names_keeps_a_few_in_the_change_record(tmp_path):
+    """A takedown list of thousands of names the dataset never held: the published change record keeps the
+    first NOT_FOUND_KEPT of them and their count (it listed every one: 3.3 MB of manifest.json for 100,000), and
+    the command still says how many were not found."""
+    from repack.lifecycle.remove import NOT_FOUND_KEPT
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    unknown = [f"none/{i:05d}.jpg" for i in range(3 * NOT_FOUND_KEPT)]
+    (tmp_path / "takedown.txt").write_text("\n".join(["cat/c1.jpg", *unknown]) + "\n")
+    done = run_repack("remove", out, "--sources", tmp_path / "takedown.txt")
+    assert f"{len(unknown)} name(s) not found" in done.stdout + done.stderr
+    change = read_manifest_json(out)["dataset_version"]["change"]
+    assert change["removed_samples"] == 1 and change["not_found"] == unknown[:NOT_FOUND_KEPT]
+    assert change["not_found_count"] == len(unknown)

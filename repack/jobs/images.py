@@ -47,13 +47,13 @@ import os
 import random
 import time
 from array import array
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from repack.config import ImagesSpec, format_size
 from repack.errors import UsageError, stable_reason
+from repack.exec.ahead import read_ahead
 from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.image_plan import InputColumns, PayloadWriter, cut_runs, sample_bounds, sample_expected
@@ -140,14 +140,19 @@ def content_sha256(item: InputItem) -> str | None:
         return None
 
 
+def hash_threads() -> int:
+    """Threads that hash inputs for --dedup (reading is most of it: more than the CPUs)."""
+    return min(32, 4 * (os.cpu_count() or 1))
+
+
 def find_duplicates(items: list[InputItem], hashed: dict[int, str | None] | None = None
                     ) -> list[tuple[str, list[int]]]:
     """(sha256, positions) of inputs with equal content, positions sorted; ordered by first position.
     ``hashed``: filled with position -> sha256 (None: unreadable) of every input read here."""
     sizes = items.sizes if hasattr(items, "sizes") else np.array([item.size for item in items], dtype=np.int64)
     candidates = np.flatnonzero(size_collision_mask(sizes)).tolist()
-    with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
-        digests = list(pool.map(lambda p: content_sha256(items[p]), candidates))
+    threads = hash_threads()
+    digests = list(read_ahead(candidates, lambda p: content_sha256(items[p]), threads, 4 * threads))
     if hashed is not None:
         hashed.update(zip(candidates, digests))
     groups: dict[str, list[int]] = {}
@@ -177,8 +182,9 @@ def held_copies(items, known, skip: set[int], hashed: dict[int, str | None] | No
     digests, rows = digests[order], rows[order]
     new = [p for p, same_size in zip(new, np.isin(sizes[new], known.size[rows]).tolist()) if same_size]
     hashed = hashed or {}
-    with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
-        found = list(pool.map(lambda p: hashed[p] if p in hashed else content_sha256(items[p]), new))
+    threads = hash_threads()
+    found = list(read_ahead(new, lambda p: hashed[p] if p in hashed else content_sha256(items[p]), threads,
+                            4 * threads))
     held: dict[int, tuple[str, str]] = {}
     for position, digest in zip(new, found):
         if digest is None:

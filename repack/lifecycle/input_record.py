@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
@@ -29,6 +28,7 @@ import numpy as np
 
 from repack.distinct import distinct
 from repack.errors import UsageError
+from repack.exec.ahead import read_ahead
 from repack.jobs.base import Plan, read_plan
 from repack.lifecycle.first_record import plan_record, version_one_record
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, member_of, empty_columns, encode_names,
@@ -225,10 +225,9 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
     if known.dropped_copies:  # a copy --dedup left out, its content unchanged: known, not new
         copies = distinct(encode_names(list(known.dropped_copies)))
         copy_rows = np.flatnonzero(new_mask & ~recorded & member_of(copies, names)).tolist()
-        with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
-            for i, found in zip(copy_rows, pool.map(digest, copy_rows)):
-                if found is not None and found == known.dropped_copies.get(rels[i]):
-                    new_mask[i] = False
+        for i, found in zip(copy_rows, read_ahead(copy_rows, digest, HASH_THREADS, 4 * HASH_THREADS)):
+            if found is not None and found == known.dropped_copies.get(rels[i]):
+                new_mask[i] = False
     held = recorded & ~again & ~removed & ~same_print  # a known input with a sample, another fingerprint
     changed_mask = held & (known.size[rows] != size) if size_is_content else np.zeros_like(held)
     if (held & ~changed_mask).any():  # contents to compare: their recorded digests (derived now if left out)
@@ -238,12 +237,11 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
     changed = np.flatnonzero(changed_mask).tolist()  # rows, then their rels
     unknown = np.flatnonzero(unknown_mask).tolist()
     same: dict[str, list] = {}
-    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
-        for i, found in zip(compare, pool.map(digest, compare)):
-            if found == known.hex_digest(int(rows[i])):
-                same[rels[i]] = [int(size[i]), int(mtime[i])] if mtime[i] != NO_MTIME else [int(size[i])]
-            else:
-                changed.append(i)
+    for i, found in zip(compare, read_ahead(compare, digest, HASH_THREADS, 4 * HASH_THREADS)):
+        if found == known.hex_digest(int(rows[i])):
+            same[rels[i]] = [int(size[i]), int(mtime[i])] if mtime[i] != NO_MTIME else [int(size[i])]
+        else:
+            changed.append(i)
     if (changed or unknown) and known.sampleless_of is not None:  # no sample to hold twice: packed now
         sampleless = known.sampleless_of([rels[i] for i in changed + unknown])
         new_mask[[i for i in changed + unknown if rels[i] in sampleless]] = True

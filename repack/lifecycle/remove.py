@@ -34,6 +34,8 @@ from repack.lifecycle.record_layers import RecordLayers, record_layers
 from repack.manifest.versions import number_of
 
 
+NOT_FOUND_KEPT = 100  # names a remove's change record keeps of those it did not find (all: 'not_found_count')
+
 @dataclass(frozen=True)
 class RemoveSpec:
     """What to remove: source paths or sample keys (one kind per run)."""
@@ -294,7 +296,9 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
         body.update(shards=shards, totals=totals, stats=stats, **extra,
                     run={"command": "remove", "seconds": round(time.time() - started, 3)})
         change = {"kind": "remove", "by": spec.by, "removed_samples": removed, "rewritten": done.rewritten,
-                  "not_found": list(not_found), **({"removed_quarantined": sorted(taken_down)} if taken_down else {}),
+                  "not_found": list(not_found[:NOT_FOUND_KEPT]),
+                  **({"not_found_count": len(not_found)} if len(not_found) > NOT_FOUND_KEPT else {}),
+                  **({"removed_quarantined": sorted(taken_down)} if taken_down else {}),
                   **({"removed_dropped_copies": sorted(copies_down)} if copies_down else {})}
         removed_sources = done.removed_sources if done.removed_sources is not None else \
             (done.found if spec.by == "sources" else frozenset())
