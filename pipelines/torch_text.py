@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from collections import abc
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -429,7 +430,7 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         self._lengths_sha = lengths_sha256(self.lengths)
         self.position = OrderPosition(type(self).__name__, 0, seed, rank, world_size, world_size > 1, dataset,
                                       self._order)
-        self._cached: tuple[int, list[list[int]]] | None = None
+        self._cached: tuple[int, BatchTable] | None = None
         self.position.size = len(self.global_batches())
 
     @property
@@ -453,21 +454,28 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         self.position.set_epoch(epoch)
 
-    def global_batches(self) -> list[list[int]]:
-        """Every batch of the epoch, in order, before the split among ranks (computed once per epoch)."""
+    def global_batches(self) -> "BatchTable":
+        """Every batch of the epoch, in order, before the split among ranks (computed once per epoch), as columns:
+        ``[i]`` is batch i's list of indices."""
         if self._cached is not None and self._cached[0] == self.epoch:
             return self._cached[1]
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.lengths))
         span = self.batch_size * self.mega
-        out: list[list[int]] = []
-        for start in range(0, len(order), span):
+        flat = np.empty_like(order)
+        firsts = []
+        for start in range(0, len(order), span):  # each mega-batch sorted by length, longest first (stable)
             chunk = order[start:start + span]
-            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
-            out += [chunk[i:i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
+            flat[start:start + len(chunk)] = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+            firsts.append(np.arange(start, start + len(chunk), self.batch_size))
+        starts = np.concatenate(firsts) if firsts else np.zeros(0, np.int64)
+        ends = np.minimum(starts + self.batch_size,  # a mega-batch's last batch ends with it
+                          (starts // span + 1) * span).clip(max=len(order))
         if self.drop_last:
-            out = [b for b in out if len(b) == self.batch_size]
-        self._cached = self.epoch, [out[i] for i in rng.permutation(len(out))]
+            full = ends - starts == self.batch_size
+            starts, ends = starts[full], ends[full]
+        shuffled = rng.permutation(len(starts))
+        self._cached = self.epoch, BatchTable(flat, starts[shuffled], ends[shuffled])
         return self._cached[1]
 
     def batches(self) -> list[list[int]]:
@@ -481,7 +489,7 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         return (every[i] for i in self.position.iterate(self.position.share(np.arange(len(every))), start))
 
     def __len__(self) -> int:
-        return len(self.batches())
+        return len(self.position.share(np.arange(len(self.global_batches()))))
 
     def state_dict(self) -> dict:
         """Epoch, history and how many of this rank's batches were handed out."""
@@ -507,6 +515,22 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         self.lengths, self._cached = np.asarray(self.position.dataset.lengths), None
         self._lengths_sha = lengths_sha256(self.lengths)
         return len(self.global_batches())
+
+
+class BatchTable(abc.Sequence):
+    """An epoch's batches as columns: the indices of every batch one after the other in ``flat``, batch i being
+    ``flat[starts[i]:ends[i]]``; ``[i]`` gives it as a list (a batch sampler's yield), made when asked."""
+
+    def __init__(self, flat: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.flat, self.starts, self.ends = flat, starts, ends
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> list[int]:
+        if not -len(self.starts) <= i < len(self.starts):
+            raise IndexError(f"batch {i} of {len(self.starts)}")
+        return self.flat[self.starts[i]:self.ends[i]].tolist()
 
 
 def random_batches(n: int, batch_size: int, seed: int = 0) -> list[list[int]]:

@@ -158,3 +158,34 @@ def test_a_packed_state_of_another_seq_len_is_refused(corpus):
     state["windows"] = b.num_windows  # the count alone would pass
     with pytest.raises(ValueError, match="seq_len 100"):
         b.load_state_dict(state)
+
+
+def _batches_as_lists(lengths, batch_size, seed, epoch, mega, drop_last):
+    """The epoch's batches as LengthGroupedBatchSampler built them as lists of lists (the reference)."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    span, out = batch_size * mega, []
+    for start in range(0, len(order), span):
+        chunk = order[start:start + span]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        out += [chunk[i:i + batch_size].tolist() for i in range(0, len(chunk), batch_size)]
+    if drop_last:
+        out = [b for b in out if len(b) == batch_size]
+    return [out[i] for i in rng.permutation(len(out))]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_grouped_batches_are_columns_with_the_same_batches(drop_last):
+    """The epoch's batches are held as columns (one int64 per index, not a Python int in a list per index), the
+    same batches in the same order as the lists they were, for any batch size, mega and epoch; len() counts them
+    without building them."""
+    from pipelines.torch_text import BatchTable
+
+    lengths = np.random.default_rng(1).integers(1, 500, 1003)
+    for batch_size, mega, epoch in [(8, 5, 0), (7, 3, 2), (32, 50, 1), (1, 1, 0), (2000, 2, 0)]:
+        sampler = LengthGroupedBatchSampler(lengths, batch_size, seed=4, mega=mega, drop_last=drop_last)
+        sampler.set_epoch(epoch)
+        table = sampler.global_batches()
+        assert isinstance(table, BatchTable) and table.flat.dtype == np.int64
+        assert list(table) == _batches_as_lists(lengths, batch_size, 4, epoch, mega, drop_last)
+        assert len(sampler) == len(sampler.batches()) == len(list(iter(sampler)))
