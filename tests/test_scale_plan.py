@@ -360,3 +360,37 @@ def test_a_walk_started_ahead_is_taken_by_the_scan_of_the_same_rules_else_stoppe
     with pytest.raises(Exception, match="does not exist"):
         with walk.walk_ahead(str(hostile_tree / "missing"), rules, 2):
             _scan(hostile_tree / "missing", 2)
+
+
+def test_lmdb_job_state_is_a_few_bytes_per_input_and_an_older_record_still_builds(tiny_tree, tmp_path):
+    """--to lmdb: a task's record names its part and the part's index file (a line per sample, deleted with the
+    part once the database is built), not a list per sample (136 B per input of job state and ~1 KB per input
+    of driver memory at finalize); the database holds every sample. A record of an older repack (each sample's
+    members listed in it) still reads the same samples from its part."""
+    from repack.sinks.lmdb_sink import PARTS_DIR, PartWriter, _read_part
+
+    out = tmp_path / "out"
+    run_repack("images", tiny_tree, out, "--to", "lmdb", "--chunk-size", "200", "--workers", "2", "--quiet")
+    manifest = read_manifest_json(out)
+    inputs = manifest["totals"]["inputs"]
+    assert inputs == manifest["totals"]["samples"] == 2400
+    records = [json.loads(p.read_text()) for p in (out / STATE_DIR / "tasks").glob("*.json")]
+    assert len(records) == 12 and all("samples" not in r["part"] and r["part"]["count"] == 200 for r in records)
+    assert not (out / PARTS_DIR).exists()
+    state = [p for p in out.rglob("*") if p.is_file() and p.name != "data.lmdb" and not p.name.startswith("manifest")]
+    assert sum(p.stat().st_size for p in state) <= 64 * inputs
+    from pipelines.torch_lmdb import LmdbImageDataset
+
+    assert len(LmdbImageDataset(out, decode=False)) == 2400
+
+    writer = PartWriter(tmp_path / "parts-test", "t0")  # parts under parts-test/.repack/parts
+    for key in ("a", "b"):
+        writer.add_sample(key, [("cls", b"1"), ("jpg", key.encode() * 700), ("json", b"{}")])
+    part = writer.commit()
+    root = tmp_path / "parts-test"
+    lines = (root / part["idx"]).read_text().split("\n")[:-1]
+    older = {"path": part["path"], "bytes": part["bytes"],
+             "samples": [[f[3].split(".")[0], [[e, int(o), int(n)] for e, o, n in zip(f[::4], f[1::4], f[2::4])]]
+                         for f in (line.split(" ") for line in lines)]}
+    now, then = list(_read_part(root, part)), list(_read_part(root, older))
+    assert now == then and [dict(s)["jpg"] for s in now] == [b"a" * 700, b"b" * 700]

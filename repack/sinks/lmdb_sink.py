@@ -2,8 +2,11 @@
 
 How it is written (a single writer, fed by parallel workers)
   1. Each task (worker) writes its samples to a *part*: tar members (``tar_format`` layout, no
-     end-of-archive) under ``OUT/.repack/parts/<task>.seg``, renamed into place whole; the
-     task's record lists each sample's members (offsets and sizes).
+     end-of-archive) under ``OUT/.repack/parts/<task>.seg``, renamed into place whole, and beside it
+     ``<task>.seg.idx``, the part's index (a DALI index line per sample: each member's extension, offset,
+     size and name), renamed into place whole too; the task's record names both (their sizes and the
+     sample count: nothing per sample, so neither the job state nor the driver holds an object per
+     sample; a record of an older repack listed each sample's members, and is read as it is).
   2. Finalize (the driver; ``repack merge`` for static partitions) writes the database ONCE,
      into a fresh environment, in key order (append mode, fixed batches of at most
      BUILD_BATCH keys or BUILD_BATCH_BYTES): ``__meta__``, then every part's samples in plan
@@ -85,21 +88,43 @@ class PartWriter(TarSegmentWriter):
 
     def commit(self) -> dict | None:
         piece = super().commit()
-        samples = []  # what the collector reads back: [key, [[ext, offset, size], ...]]
-        for line in piece["index"].split("\n") if piece["count"] else ():
-            fields = line.split(" ")
-            members = zip(fields[::4], fields[1::4], fields[2::4])
-            samples.append([fields[3].split(".", 1)[0], [[ext, int(off), int(size)] for ext, off, size in members]])
-        if not samples:
+        if not piece["count"]:
             (self.folder / piece["name"]).unlink()
             return None
-        return {"path": f"{PARTS_DIR}/{piece['name']}", "bytes": piece["bytes"], "samples": samples}
+        index = piece["index"].encode("ascii") + b"\n"  # what the collector reads back: a line per sample
+        name = f"{piece['name']}.idx"
+        tmp = self.folder / f".{name}.tmp-{os.getpid()}"
+        tmp.write_bytes(index)
+        os.replace(tmp, self.folder / name)
+        return {"path": f"{PARTS_DIR}/{piece['name']}", "bytes": piece["bytes"], "count": piece["count"],
+                "idx": f"{PARTS_DIR}/{name}", "idx_bytes": len(index)}
+
+
+def part_samples(part: dict) -> int:
+    """The samples of a task's part (a record of an older repack lists them)."""
+    return int(part["count"]) if "count" in part else len(part["samples"])
+
+
+def _members(root: Path, part: dict):
+    """Each sample of a part as its members' [(ext, offset, size)]: from the part's index file, a line at a time
+    (an older repack's record lists them); a line of another shape is a damaged part, named."""
+    if "samples" in part:
+        for _, members in part["samples"]:
+            yield members
+        return
+    with open(root / part["idx"], "rb") as fh:
+        for line in fh:
+            fields = line.split()
+            if not fields or len(fields) % 4:
+                raise OSError(f"{part['idx']}: not an index line: {line[:80]!r}")
+            yield [(ext.decode("ascii"), int(off), int(size)) for ext, off, size in
+                   zip(fields[::4], fields[1::4], fields[2::4])]
 
 
 def _read_part(root: Path, part: dict):
     """Yield each sample of a part as [(field, bytes)] in key order (cls, img, json)."""
     with open(root / part["path"], "rb") as fh:
-        for _, members in part["samples"]:
+        for members in _members(root, part):
             yield sorted((ext, _whole(fh, size, off, part)) for ext, off, size in members)
 
 
@@ -127,7 +152,7 @@ def _task_entries(records: list[dict]) -> dict[str, dict]:
     entries, start = {}, 0
     for record in records:
         part = record.get("part")
-        samples = len(part["samples"]) if part else 0
+        samples = part_samples(part) if part else 0
         entries[record["task_id"]] = {"task_id": record["task_id"], "start": start, "samples": samples,
                                       "part_bytes": part["bytes"] if part else None}
         start += samples
@@ -171,8 +196,9 @@ class LmdbCollector:
         if part is None:
             return True
         try:
-            return os.path.getsize(self.out / part["path"]) == part["bytes"]
-        except OSError:
+            return os.path.getsize(self.out / part["path"]) == part["bytes"] and \
+                ("idx" not in part or os.path.getsize(self.out / part["idx"]) == part["idx_bytes"])
+        except (OSError, KeyError):
             return False
 
     def finish(self, records: list[dict], meta: dict) -> dict:
@@ -180,8 +206,8 @@ class LmdbCollector:
         and part sizes); its manifest entry."""
         built = self.built()
         if not built or built != _task_entries(records):
-            missing = [r["task_id"] for r in records
-                       if r.get("part") and not (self.out / r["part"]["path"]).exists()]
+            missing = [r["task_id"] for r in records if r.get("part") and
+                       not all((self.out / r["part"][key]).exists() for key in ("path", "idx") if key in r["part"])]
             if missing:
                 raise RepackError(f"lmdb: the part of task {missing[0]} is missing; re-run the job "
                                   "(--overwrite if OUT was changed by hand)")
@@ -198,7 +224,7 @@ class LmdbCollector:
 
     def _items(self, records: list[dict], meta: dict):
         """Every (key, value) of the database, in key order."""
-        count = sum(len(r["part"]["samples"]) for r in records if r.get("part"))
+        count = sum(part_samples(r["part"]) for r in records if r.get("part"))
         yield META_KEY, _json({**meta, "layout": LAYOUT, "count": count, "key_width": KEY_WIDTH})
         tasks = []
         index = 0
@@ -223,7 +249,7 @@ class LmdbCollector:
         import lmdb
 
         tmp = self.out / BUILD_TMP
-        content = sum(r["part"]["bytes"] + 4096 * 3 * len(r["part"]["samples"]) for r in records if r.get("part"))
+        content = sum(r["part"]["bytes"] + 4096 * 3 * part_samples(r["part"]) for r in records if r.get("part"))
         map_size = self.initial_map or max(INITIAL_MAP, 1 << (2 * content).bit_length())
         while True:
             tmp.unlink(missing_ok=True)
@@ -278,7 +304,9 @@ class LmdbSink:
     @staticmethod
     def outputs(part: dict) -> list[dict]:
         """Files a task's record stands for (``--overwrite`` removes them); data.lmdb is shared."""
-        return [{"path": part["path"], "bytes": part["bytes"]}, {"path": DB_NAME, "bytes": -1}]
+        return [{"path": part["path"], "bytes": part["bytes"]},
+                *([{"path": part["idx"], "bytes": part["idx_bytes"]}] if "idx" in part else []),
+                {"path": DB_NAME, "bytes": -1}]
 
     @staticmethod
     def collector(out: Path) -> LmdbCollector:
