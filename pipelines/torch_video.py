@@ -19,6 +19,7 @@ frames are missing raises RuntimeError naming the file; one whose decode or tran
 from __future__ import annotations
 
 import io
+import operator
 import os
 from collections.abc import Sequence
 from fractions import Fraction
@@ -105,10 +106,16 @@ class ClipIndex(Sequence):
     def __len__(self) -> int:
         return len(self.videos)
 
-    def __getitem__(self, i: int) -> tuple[int, int]:
+    def __getitem__(self, i):
+        if isinstance(i, slice):  # a slice of the index, as a list's
+            return ClipIndex(self.videos[i], self.starts[i])
+        i = operator.index(i)  # an int (a float is a TypeError, as for a list)
         if not -len(self.videos) <= i < len(self.videos):
             raise IndexError(f"clip {i} of {len(self.videos)}")
         return int(self.videos[i]), int(self.starts[i])
+
+    def __add__(self, other) -> list:
+        return list(self) + list(other)
 
     def __eq__(self, other) -> bool:
         if isinstance(other, ClipIndex):

@@ -226,5 +226,8 @@ def test_clip_columns_are_clip_starts_video_after_video():
         assert len(index) == len(expected) and [index[i] for i in range(len(index))] == expected
         with pytest.raises(IndexError):
             index[len(expected)]
+        with pytest.raises(TypeError):
+            index[1.0]
+        assert list(index[1:4]) == expected[1:4] and index + index[:2] == expected + expected[:2]
     videos, starts = clip_columns([], 4)
     assert len(videos) == len(starts) == 0
