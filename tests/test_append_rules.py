@@ -294,8 +294,9 @@ def test_an_append_of_copies_alone_records_them(tmp_path):
     assert "published version 2" in done.stdout, done.stdout
     manifest = read_manifest_json(out)
     assert manifest["totals"]["duplicates_dropped"] == 2 and manifest["totals"]["samples"] == 4
+    prints = [[(src / rel).stat().st_size, (src / rel).stat().st_mtime_ns] for rel in ("c001/zz_a.jpg", "c001/zz_b.jpg")]
     assert manifest["stats"]["appended"][-1]["duplicates"]["list"] == [
-        {"paths": ["c000/00000000.jpg", "c001/zz_a.jpg", "c001/zz_b.jpg"],
+        {"paths": ["c000/00000000.jpg", "c001/zz_a.jpg", "c001/zz_b.jpg"], "prints": prints,
          "sha256": manifest["stats"]["appended"][-1]["duplicates"]["list"][0]["sha256"]}]
     takedown = tmp_path / "takedown.txt"
     takedown.write_text("c000/00000000.jpg\n")
@@ -348,3 +349,29 @@ def test_an_input_with_a_sample_that_a_staged_plan_sets_aside_keeps_it_unrecorde
     assert manifest["totals"]["samples"] == 7 and manifest["quarantine"] == []
     again = run_repack("images", listing, out, "--list", "--append")
     assert "nothing new" in again.stdout
+
+
+def test_an_append_compares_a_dropped_copy_by_its_fingerprint_before_reading_it(tmp_path):
+    """--dedup records each dropped copy's fingerprint in its group (``prints``): an --append takes a copy of the
+    same size and mtime as the same content without reading it (as it takes any input: it read and hashed every
+    dropped copy at every append, 2.6-3.3x a plain full pack at 200,000 copies); one of another mtime is read and
+    compared with the group's sha256."""
+    src, out = tiny_jpegs(tmp_path / "src", 0, 6, workers=1), tmp_path / "out"
+    copy = src / "c001" / "zz_copy.jpg"
+    shutil.copy(src / "c000" / "00000000.jpg", copy)
+    run_repack("images", src, out, "--dedup", "--quiet")
+    stat = copy.stat()
+    group = read_manifest_json(out)["stats"]["duplicates"]["list"][0]
+    assert group["paths"] == ["c000/00000000.jpg", "c001/zz_copy.jpg"]
+    assert group["prints"] == [[stat.st_size, stat.st_mtime_ns]]
+    other = bytearray(copy.read_bytes())  # other bytes of the same size and mtime: taken by the fingerprint, unread
+    other[len(other) // 2] ^= 0xFF
+    copy.write_bytes(bytes(other))
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    tiny_jpegs(src, 6, 1, workers=1)
+    done = json.loads(run_repack("images", src, out, "--dedup", "--append", "--json", "--quiet").stdout)
+    assert done["published"] and read_manifest_json(out)["totals"]["samples"] == 7
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # another mtime: read, other content: packed
+    run_repack("images", src, out, "--dedup", "--append", "--quiet")
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["samples"] == 8 and "c001/zz_copy.jpg" in sample_paths(out)

@@ -195,6 +195,14 @@ def held_copies(items, known, skip: set[int], hashed: dict[int, str | None] | No
     return held
 
 
+def copy_print(item: InputItem) -> list[int]:
+    """What a dropped copy's group records of it (``prints``, one per path after the first): its size and mtime
+    (s3://: ETag value), as the selection compares any input's; a later --append takes a copy of the same print
+    for the same content without reading it."""
+    fingerprint = item.fingerprint
+    return [int(fingerprint[0]), int(fingerprint[1])] if len(fingerprint) > 1 else [int(fingerprint[0])]
+
+
 def duplicate_report(groups: list[dict], dropped: int) -> dict:
     """The manifest's stats.duplicates: counts and every group's paths (first = kept)."""
     return {"groups": len(groups), "extra_copies": sum(len(g["paths"]) - 1 for g in groups), "dropped": dropped,
@@ -414,16 +422,20 @@ class ImagesJob(Job):
         if spec.dedup:
             hashed: dict[int, str | None] = {}
             groups = find_duplicates(items, hashed)
-            dup_groups = [{"sha256": digest, "paths": [items[p].rel for p in g]} for digest, g in groups]
+            dup_groups = [{"sha256": digest, "paths": [items[p].rel for p in g],
+                           "prints": [copy_print(items[p]) for p in g[1:]]} for digest, g in groups]
             drop = {p for _, g in groups for p in g[1:]}
             if spec.known_inputs:  # --append: a copy of a sample the dataset holds is a duplicate too
                 held = held_copies(items, load_known(spec.known_inputs), drop, hashed)
                 firsts = {g[0]: n for n, (_, g) in enumerate(groups)}
                 for p, (digest, rel) in held.items():  # the held sample first: the kept one of its group
-                    if p in firsts:
-                        dup_groups[firsts[p]]["paths"].insert(0, rel)
+                    if p in firsts:  # the group's first scanned copy is dropped now too
+                        group = dup_groups[firsts[p]]
+                        group["paths"].insert(0, rel)
+                        group["prints"].insert(0, copy_print(items[p]))
                     else:
-                        dup_groups.append({"sha256": digest, "paths": [rel, items[p].rel]})
+                        dup_groups.append({"sha256": digest, "paths": [rel, items[p].rel],
+                                           "prints": [copy_print(items[p])]})
                 drop |= set(held)
             if drop:
                 items = _taken(items, [p for p in range(len(items)) if p not in drop])

@@ -41,8 +41,8 @@ from repack.errors import ConfinementError, NothingPackedError, StrictModeError,
 from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_columns import InputColumns
-from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, dropped_copies, held_known,
-                                            published_digests)
+from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, dropped_copies, dropped_prints,
+                                            held_known, published_digests)
 from repack.lifecycle.record_child import ChildRecord, record_parts
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish,
                                       refuse_names_in_use, remove_prefix, warner, write_inputs_record)
@@ -152,7 +152,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
             first_source = str(((current.get("created_by") or {}).get("options") or {}).get("source") or "")
             known = KnownInputs(record, unpacked, first_source.startswith("s3://"),
                                 appender.sampleless(store, out, current) if appender.sampleless else None,
-                                dropped_copies(current))
+                                dropped_copies(current), dropped_prints(current))
             try:  # a link planted there would stage (and overwrite) outside OUT
                 no_links_below(out, f"{stage}/out")
             except PathEscapeError as exc:

@@ -107,6 +107,9 @@ class InputColumns:
     # set on the staged --append job's input of a --dedup dataset: the sources it left out as copies of a packed
     # sample (rel -> that content's sha256, hex): one whose content is still that is known, not new
     dropped_copies: dict[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # of those, the fingerprint each had when it was left out (rel -> [size, mtime_ns]): one that still has it is
+    # known without a read (a copy of another print is hashed and compared with its sha256)
+    dropped_prints: dict[str, list[int]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.names)

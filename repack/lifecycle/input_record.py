@@ -111,12 +111,13 @@ class KnownInputs:
     def __init__(self, derive: Callable[[], InputColumns], quarantined: Iterable[str],
                  pre_etag_objects: bool = False,
                  sampleless_of: Callable[[list[str]], set[str]] | None = None,
-                 dropped: dict[str, str] | None = None) -> None:
+                 dropped: dict[str, str] | None = None, dropped_prints: dict[str, list[int]] | None = None) -> None:
         self._derive = derive
         self._quarantined = quarantined
         self._pre_etag_objects = pre_etag_objects  # the dataset was first packed from s3:// (InputColumns')
         self._sampleless_of = sampleless_of  # (InputColumns')
         self._dropped = dropped or {}  # the copies --dedup left out (``dropped_copies``)
+        self._dropped_prints = dropped_prints or {}  # their fingerprints then (``dropped_prints``)
         self._record: InputColumns | None = None
         self._staged: InputColumns | None = None
 
@@ -131,7 +132,8 @@ class KnownInputs:
         if self._staged is None:
             self._staged = dataclasses.replace(with_quarantined(self.record(), list(self._quarantined)),
                                                pre_etag_objects=self._pre_etag_objects,
-                                               sampleless_of=self._sampleless_of, dropped_copies=self._dropped)
+                                               sampleless_of=self._sampleless_of, dropped_copies=self._dropped,
+                                               dropped_prints=self._dropped_prints)
         return self._staged
 
 
@@ -143,6 +145,16 @@ def dropped_copies(manifest: dict) -> dict[str, str]:
     reports = [stats.get("duplicates") or {}, *((a or {}).get("duplicates") or {} for a in stats.get("appended", ()))]
     return {rel: group.get("sha256") for report in reports if report.get("dropped")
             for group in report.get("list", ()) for rel in group.get("paths", ())[1:]}
+
+
+def dropped_prints(manifest: dict) -> dict[str, list[int]]:
+    """Of ``dropped_copies``, the fingerprint each had when it was left out (its group's ``prints``; a report of an
+    older repack has none: those copies are hashed to be compared)."""
+    stats = manifest.get("stats") or {}
+    reports = [stats.get("duplicates") or {}, *((a or {}).get("duplicates") or {} for a in stats.get("appended", ()))]
+    return {rel: list(found) for report in reports if report.get("dropped") for group in report.get("list", ())
+            if isinstance(group.get("prints"), list) and len(group["prints"]) == len(group.get("paths", ())) - 1
+            for rel, found in zip(group["paths"][1:], group["prints"]) if isinstance(found, list) and found}
 
 
 @contextlib.contextmanager
@@ -225,6 +237,11 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
     if known.dropped_copies:  # a copy --dedup left out, its content unchanged: known, not new
         copies = distinct(encode_names(list(known.dropped_copies)))
         copy_rows = np.flatnonzero(new_mask & ~recorded & member_of(copies, names)).tolist()
+        if known.dropped_prints:  # the fingerprint it was dropped with: the same content, known without a read
+            same = [i for i in copy_rows if known.dropped_prints.get(rels[i]) ==
+                    ([int(size[i]), int(mtime[i])] if mtime[i] != NO_MTIME else [int(size[i])])]
+            new_mask[same] = False
+            copy_rows = [i for i in copy_rows if new_mask[i]]
         for i, found in zip(copy_rows, read_ahead(copy_rows, digest, HASH_THREADS, 4 * HASH_THREADS)):
             if found is not None and found == known.dropped_copies.get(rels[i]):
                 new_mask[i] = False
