@@ -37,6 +37,14 @@ DEAF = """
 import json, multiprocessing, signal, time
 from repack.exec.local import kill_pool, new_pool
 
+
+def running(process) -> bool:  # the process itself, not multiprocessing's bookkeeping: the pool's manager thread
+    try:                       # may reap a killed worker first, and then Process.is_alive() stays True (ECHILD)
+        with open(f"/proc/{process.pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, not yet reaped
+    except FileNotFoundError:
+        return False
+
 def deaf(_):  # as a worker forked before its initializer reset SIGTERM, whose handler's raise was lost
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(600)
@@ -47,7 +55,7 @@ if __name__ == "__main__":
     time.sleep(1)
     started = time.monotonic()
     kill_pool(pool)
-    print(json.dumps([round(time.monotonic() - started), len(multiprocessing.active_children())]))
+    print(json.dumps([round(time.monotonic() - started), sum(map(running, multiprocessing.active_children()))]))
 """
 
 

@@ -141,20 +141,25 @@ def dropped_copies(manifest: dict) -> dict[str, str]:
     """The sources a --dedup dataset left out as copies of a packed sample, in any of its versions (the groups of
     its ``stats.duplicates`` and of each append's; a report that dropped nothing lists packed copies): rel -> the
     content's sha256 (hex). They are inputs without a sample that the record of the inputs does not hold."""
-    stats = manifest.get("stats") or {}
-    reports = [stats.get("duplicates") or {}, *((a or {}).get("duplicates") or {} for a in stats.get("appended", ()))]
-    return {rel: group.get("sha256") for report in reports if report.get("dropped")
-            for group in report.get("list", ()) for rel in group.get("paths", ())[1:]}
+    return {rel: group.get("sha256") for group in _dropping_groups(manifest) for rel in group.get("paths", ())[1:]}
 
 
 def dropped_prints(manifest: dict) -> dict[str, list[int]]:
     """Of ``dropped_copies``, the fingerprint each had when it was left out (its group's ``prints``; a report of an
     older repack has none: those copies are hashed to be compared)."""
-    stats = manifest.get("stats") or {}
-    reports = [stats.get("duplicates") or {}, *((a or {}).get("duplicates") or {} for a in stats.get("appended", ()))]
-    return {rel: list(found) for report in reports if report.get("dropped") for group in report.get("list", ())
+    return {rel: list(found) for group in _dropping_groups(manifest)
             if isinstance(group.get("prints"), list) and len(group["prints"]) == len(group.get("paths", ())) - 1
             for rel, found in zip(group["paths"][1:], group["prints"]) if isinstance(found, list) and found}
+
+
+def _dropping_groups(manifest: dict) -> Iterator[dict]:
+    """The duplicate groups of every version's report that dropped its copies (``stats.duplicates``, then each
+    append's)."""
+    stats = manifest.get("stats") or {}
+    appended = ((a or {}).get("duplicates") or {} for a in stats.get("appended", ()))
+    for report in [stats.get("duplicates") or {}, *appended]:
+        if report.get("dropped"):
+            yield from report.get("list", ())
 
 
 @contextlib.contextmanager
@@ -223,6 +228,9 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
         return Selection([])
     names = rels if isinstance(rels, np.ndarray) else encode_names(rels)
     rels = _RelsOf(names) if isinstance(rels, np.ndarray) else rels
+
+    def print_of(row: int) -> list[int]:  # a scanned input's fingerprint as a record or a group keeps it
+        return [int(size[row]), int(mtime[row])] if mtime[row] != NO_MTIME else [int(size[row])]
     removed = known.is_removed(names)
     rows, recorded = known.find(names)
     known_mtime = known.mtime_ns[rows]
@@ -238,8 +246,7 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
         copies = distinct(encode_names(list(known.dropped_copies)))
         copy_rows = np.flatnonzero(new_mask & ~recorded & member_of(copies, names)).tolist()
         if known.dropped_prints:  # the fingerprint it was dropped with: the same content, known without a read
-            same = [i for i in copy_rows if known.dropped_prints.get(rels[i]) ==
-                    ([int(size[i]), int(mtime[i])] if mtime[i] != NO_MTIME else [int(size[i])])]
+            same = [i for i in copy_rows if known.dropped_prints.get(rels[i]) == print_of(i)]
             new_mask[same] = False
             copy_rows = [i for i in copy_rows if new_mask[i]]
         for i, found in zip(copy_rows, read_ahead(copy_rows, digest, HASH_THREADS, 4 * HASH_THREADS)):
@@ -256,7 +263,7 @@ def select_new_rows(rels: list[str] | np.ndarray, size: np.ndarray, mtime: np.nd
     same: dict[str, list] = {}
     for i, found in zip(compare, read_ahead(compare, digest, HASH_THREADS, 4 * HASH_THREADS)):
         if found == known.hex_digest(int(rows[i])):
-            same[rels[i]] = [int(size[i]), int(mtime[i])] if mtime[i] != NO_MTIME else [int(size[i])]
+            same[rels[i]] = print_of(i)
         else:
             changed.append(i)
     if (changed or unknown) and known.sampleless_of is not None:  # no sample to hold twice: packed now

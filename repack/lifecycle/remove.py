@@ -36,6 +36,7 @@ from repack.manifest.versions import number_of
 
 NOT_FOUND_KEPT = 100  # names a remove's change record keeps of those it did not find (all: 'not_found_count')
 
+
 @dataclass(frozen=True)
 class RemoveSpec:
     """What to remove: source paths or sample keys (one kind per run)."""
