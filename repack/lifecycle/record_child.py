@@ -34,8 +34,7 @@ import numpy as np
 
 from repack.exec.forked import can_fork, start_child, stop_child
 from repack.lifecycle.input_columns import InputColumns
-
-_ERROR = b"-\n"  # what a child that failed sends
+from repack.lifecycle.record_ahead import FAILED as _ERROR  # what a child that failed sends
 
 
 MAX_PARTS = 4  # processes that decode version 1's plan at most (``record_parts``)
@@ -52,14 +51,17 @@ class ChildRecord:
     """``derive()`` (a record without its digests) run in a forked child (see the module docstring):
     calling it waits for the child's columns, once (``digests(record, rows)``: that record with the digests
     of ``rows`` (None: all), set as its ``digests_from``); ``close()`` stops a child not waited for. In this
-    process when a fork is not safe; a child's failure is raised by deriving here."""
+    process when a fork is not safe; a child's failure is raised by deriving here. ``child``: the (pid, pipe) of
+    one forked already (``repack.lifecycle.record_ahead``), its columns taken only when they carry ``tag``."""
 
     def __init__(self, derive: Callable[[], InputColumns],
-                 digests: Callable[[InputColumns, np.ndarray | None], InputColumns]) -> None:
+                 digests: Callable[[InputColumns, np.ndarray | None], InputColumns],
+                 child: tuple[int, int] | None = None, tag: str = "") -> None:
         self._derive, self._digests = derive, digests
+        self._tag = tag if child is not None else ""  # a child forked here derives what ``derive`` does: no tag
         self._record: InputColumns | None = None
-        self._pid, self._read_end = 0, -1
-        if can_fork():
+        self._pid, self._read_end = child or (0, -1)
+        if child is None and can_fork():
             self._start()
 
     def _start(self) -> None:
@@ -71,7 +73,9 @@ class ChildRecord:
         record = None
         if self._pid:
             with os.fdopen(self._read_end, "rb") as pipe:
-                record = read_columns(pipe)
+                record, tag = read_tagged(pipe)
+            if tag != self._tag:  # a child forked ahead that read another version than the one locked
+                record = None
             os.waitpid(self._pid, 0)
             self._pid = 0
         if record is None:
@@ -91,12 +95,14 @@ class ChildRecord:
             self._pid = 0
 
 
-def column_pieces(record: InputColumns) -> list:
+def column_pieces(record: InputColumns, tag: str = "") -> list:
     """The pipe's bytes of ``record``'s names, fingerprints, positions and removed sources (see the module
-    docstring), as the buffers to write one after the other (the columns themselves where contiguous)."""
+    docstring), as the buffers to write one after the other (the columns themselves where contiguous); ``tag``:
+    what the record was derived from (``repack.lifecycle.record_ahead``), in the head."""
     names, removed = np.ascontiguousarray(record.names), np.ascontiguousarray(record.removed)
     head = json.dumps({"count": len(names), "width": names.dtype.itemsize, "next_position": record.next_position,
-                       "removed": len(removed), "removed_width": removed.dtype.itemsize}).encode()
+                       "removed": len(removed), "removed_width": removed.dtype.itemsize,
+                       **({"tag": tag} if tag else {})}).encode()
     return [b"%d\n" % len(head) + head, names, *(np.ascontiguousarray(column, np.int64)
                                                  for column in (record.size, record.mtime_ns, record.position)),
             removed]
@@ -110,22 +116,28 @@ def pack_columns(record: InputColumns) -> bytes:
 def read_columns(pipe) -> InputColumns | None:
     """The record a child writes to ``pipe`` (``column_pieces``), read into one buffer sized from its head,
     the columns views of it; None when it is not whole (a child that failed)."""
+    return read_tagged(pipe)[0]
+
+
+def read_tagged(pipe) -> tuple[InputColumns | None, str]:
+    """``read_columns`` and the record's ``tag`` ("" where none)."""
     line = pipe.readline()
     try:
         head = pipe.read(int(line))
-        size = _body_size(json.loads(head))
-    except (ValueError, KeyError, TypeError):
-        return None
+        parsed = json.loads(head)
+        size, tag = _body_size(parsed), str(parsed.get("tag", ""))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, ""
     body = bytearray(size)
     view, at = memoryview(body), 0
     while at < size:
         got = pipe.readinto(view[at:])
         if not got:
-            return None
+            return None, tag
         at += got
     if pipe.read(1):
-        return None
-    return unpack_columns(b"%d\n" % len(head) + head, body)
+        return None, tag
+    return unpack_columns(b"%d\n" % len(head) + head, body), tag
 
 
 def _body_size(head: dict) -> int:

@@ -133,7 +133,9 @@ def _drop_aliases(conf: Confinement, table: InputTable, devices: np.ndarray, kee
         return
     inodes, real_paths = table.inodes, table.real_paths
     if (devices == devices[0]).all():  # one file system (the usual case): no inode repeats, no alias
-        ordered = np.sort(inodes, kind="stable")  # timsort: files made in name order have ascending inodes
+        if (inodes[1:] > inodes[:-1]).all():  # files made in name order: ascending inodes, none twice
+            return
+        ordered = np.sort(inodes)  # else any order (files made by many processes): a quicksort, not a timsort
         if not (ordered[1:] == ordered[:-1]).any():
             return
         del ordered
