@@ -120,3 +120,51 @@ def test_a_csv_header_spelled_with_case_or_spaces_still_names_its_columns(tmp_pa
     listing.write_text("path,label,Label\nimgs/a.jpg,cat,dog\n")
     done = run_repack("images", listing, tmp_path / "twice", "--list", check=False)
     assert done.returncode == 2 and "'label' column twice" in done.stderr
+
+
+def test_a_list_row_is_checked_as_check_would_with_its_folder_resolved_once(tmp_path, monkeypatch):
+    """``Confinement.check_listed`` (a list's rows: the folder's real path cached, the entry lstat'ed) gives
+    ``check``'s answer for every kind of row: symlinked folders inside and outside the root, a link as the
+    last component, ``..`` and ``.`` in the path, a missing folder, a file used as a folder, a folder loop,
+    a FIFO, a file over the size cap; and a list scan calls ``realpath`` once per folder, not per row."""
+    import os
+
+    from repack.sources import confine
+    from repack.sources.confine import Confinement
+    from repack.sources.listfile import scan_list_file
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "a" / "b").mkdir(parents=True)
+    outside.mkdir()
+    for folder in (root / "a", root / "a" / "b", outside):
+        (folder / "x.jpg").write_bytes(jpeg_bytes(seed=len(str(folder))))
+    (root / "a" / "big.jpg").write_bytes(b"\xff" * 5000)
+    (root / "in-link").symlink_to(root / "a")
+    (root / "out-link").symlink_to(outside)
+    (root / "a" / "file-link.jpg").symlink_to(root / "a" / "b" / "x.jpg")
+    (root / "a" / "escape.jpg").symlink_to(outside / "x.jpg")
+    (root / "a" / "broken.jpg").symlink_to(root / "nowhere.jpg")
+    (root / "loop1").symlink_to(root / "loop2")
+    (root / "loop2").symlink_to(root / "loop1")
+    os.mkfifo(root / "a" / "pipe")
+    rows = ["a/x.jpg", "a/b/x.jpg", "in-link/x.jpg", "in-link/b/x.jpg", "out-link/x.jpg", "a/file-link.jpg",
+            "a/escape.jpg", "a/broken.jpg", "a/../a/./b/x.jpg", "a/b/../x.jpg", "../outside/x.jpg", "none/x.jpg",
+            "a/x.jpg/y.jpg", "loop1/x.jpg", "a/pipe", "a/big.jpg", "a", "a/b/", "a/.", "a/..", "in-link/../a/x.jpg",
+            str(root / "a" / "x.jpg"), str(outside / "x.jpg"), "x.jpg"]
+    for rules in (Confinement(max_file_bytes=4000), Confinement(follow_symlinks=False),
+                  Confinement(allow_outside=True)):
+        conf, cache = rules.rooted(str(root)), {}
+        for row in rows:
+            path = row if os.path.isabs(row) else os.path.join(str(root), row)
+            assert conf.check_listed(path, cache) == conf.check(path), row
+    (root / "list.csv").write_text("path\n" + "".join(f"a/b/{n}.jpg\n" for n in range(50)) +
+                                   "".join(f"a/{n}.jpg\n" for n in range(50)))
+    for n in range(50):
+        for folder in (root / "a", root / "a" / "b"):
+            (folder / f"{n}.jpg").write_bytes(jpeg_bytes(seed=n))
+    resolved = []
+    realpath = os.path.realpath
+    monkeypatch.setattr(confine.os.path, "realpath", lambda p, **kw: resolved.append(p) or realpath(p, **kw))
+    scan = scan_list_file(str(root / "list.csv"))
+    assert len(scan.items) == 100 and not scan.quarantine
+    assert len(resolved) <= 3, resolved  # the list's folder and the rows' two folders

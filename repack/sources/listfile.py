@@ -101,12 +101,13 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
     seen_again: dict[str, int] = {}
     set_aside: set[str] = set()  # the names of rows listed twice: each its own
     read_as: dict[tuple[int, int], str] = {}  # (device, inode) -> the rel it is read under: a hard link is one file
+    real_folders: dict[str, str] = {}  # each row's folder as written -> its real path (``Confinement.check_listed``)
     for rel, lineno, label in rows:
         if labeled and label is None:
             quarantine.append(quarantine_record(rel, f"no label ({name}:{lineno}) in a labeled list"))
             continue
         path = rel if os.path.isabs(rel) else os.path.join(base, rel)
-        checked = conf.check(path)
+        checked = conf.check_listed(path, real_folders)
         if checked.reason is None and checked.is_dir:
             checked = dataclasses.replace(checked, reason="not a regular file (folder)")
         if checked.reason is not None:

@@ -195,13 +195,14 @@ def list_text_file_rows(source: str, list_file: bool = False, confinement: Confi
         conf = rules.rooted(os.path.dirname(os.path.realpath(src)))  # the file named on the command line
         candidates = [(str(src), src.name, "")]
     checked_files: list[tuple[str, str, os.stat_result, str]] = []
+    real_folders: dict[str, str] = {}  # each row's folder -> its real path (``Confinement.check_listed``)
     for path, rel, where in candidates:
         kind = classify(os.path.basename(path))
         if kind is None:
             quarantine.append({"source": rel, "line": None, "reason": "not a .jsonl/.txt/.parquet file "
                                "(optionally .gz/.zst)" + where})
             continue
-        scanned.append((checked_found(path, rel, conf.check(path)), where))
+        scanned.append((checked_found(path, rel, conf.check_listed(path, real_folders)), where))
     for (_, rel, real, reason, st), where in scanned:
         if reason is None and stat_mod.S_ISDIR(st.st_mode):
             reason = "not a regular file (folder)"
