@@ -138,7 +138,7 @@ def test_gc_on_a_full_disk_deletes_the_old_files_before_it_writes_the_kept_recor
         calls.append(all(not (out / rel).exists() for rel in v1_only))  # were the old files gone when it ran?
         if len(calls) == 1:
             raise OSError(errno.ENOSPC, "No space left on device")
-        whole(store, number)
+        return whole(store, number)
 
     monkeypatch.setattr(gc, "make_record_whole", full_disk_once)
     done = gc.collect_garbage(str(out), keep=1)
@@ -188,3 +188,133 @@ def test_a_remove_of_many_unknown_names_keeps_a_few_in_the_change_record(tmp_pat
     change = read_manifest_json(out)["dataset_version"]["change"]
     assert change["removed_samples"] == 1 and change["not_found"] == unknown[:NOT_FOUND_KEPT]
     assert change["not_found_count"] == len(unknown)
+
+
+def state_files(out: Path) -> dict[str, int]:
+    """{path under OUT/.repack: bytes} of every file of the job state."""
+    return {str(p.relative_to(out / ".repack")): p.stat().st_size for p in (out / ".repack").rglob("*") if p.is_file()}
+
+
+KEPT_STATE = ["inputs-v2.npz", "job.json", "lock", "run", "workers.lock"]  # after gc --keep 1 at version 2
+
+
+def test_gc_deletes_version_1s_job_state_and_every_change_and_check_works_without_it(tmp_path):
+    """Version 1's record is derived from its job's plan and task records (~53 B an input); gc kept them beside the
+    oldest kept record it writes whole (~42 B an input), so the job state stayed over 64 B an input for good. Once
+    version 1 is gone they go too; a re-run of the first job, appends, removes, verify and inspect work without
+    them, and the whole record carries version 1's digests (a known input touched is recognized by content)."""
+    import os
+
+    from tests.benchmarks.tiny_files import file_path, tiny_jpegs
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    tiny_jpegs(src, 0, 300)
+    run_repack("images", src, out, "--quiet")
+    tiny_jpegs(src, 300, 4)
+    run_repack("images", src, out, "--append", "--quiet")
+    assert "plan.json.gz" in state_files(out) and sum(state_files(out).values()) / 304 > 64
+    first_job = {rel: (out / ".repack" / rel).read_bytes() for rel in state_files(out)
+                 if rel == "plan.json.gz" or rel.startswith("tasks/")}
+    run_repack("gc", out, "--keep", "1")
+    assert sorted(state_files(out)) == KEPT_STATE
+    assert sum(state_files(out).values()) / 304 <= 64
+    for rel, data in first_job.items():  # as an older repack's gc left them: the next gc deletes them
+        (out / ".repack" / rel).parent.mkdir(exist_ok=True)
+        (out / ".repack" / rel).write_bytes(data)
+    assert run_repack("gc", out, "--keep", "1").returncode == 0 and sorted(state_files(out)) == KEPT_STATE
+    assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "2").returncode == 0
+    assert "samples 304" in run_repack("inspect", out).stdout
+
+    again = run_repack("images", src, out, check=False)  # the first job again, SOURCE grown since
+    assert again.returncode == 2 and "holds version 2 of its dataset" in again.stderr and "--append" in again.stderr
+    assert "Traceback" not in again.stderr and read_manifest_json(out)["dataset_version"]["number"] == 2
+    tiny_jpegs(src, 304, 2)
+    touched = file_path(src, 7, ".jpg")
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))  # same bytes
+    assert "2 new sample(s), 306 in all" in run_repack("images", src, out, "--append").stdout
+    (tmp_path / "gone.txt").write_text(f"{touched.relative_to(src)}\n")
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
+    key = tar_samples(out / read_manifest_json(out)["shards"][-1]["path"])[0][0]
+    (tmp_path / "keys.txt").write_text(f"{key}\n")
+    run_repack("remove", out, "--keys", tmp_path / "keys.txt", "--quiet")
+    assert read_manifest_json(out)["totals"]["samples"] == 304
+    assert run_repack("verify", out).returncode == 0 and run_repack("verify", out, "--version", "3").returncode == 0
+    assert "nothing new" in run_repack("images", src, out, "--append").stdout  # the removed input stays out
+
+
+def test_a_gc_killed_while_it_deletes_version_1s_job_state_leaves_a_dataset_that_works_and_a_rerun_finishes(
+        tmp_path):
+    """The plan goes first (nothing derives version 1's record from task records half deleted), version 1's
+    manifest last: a gc killed between the plan and the task records is found with version 1 to delete again."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    add_inputs(src)
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    killed = ("import os, signal, sys\nimport repack.lifecycle.gc as gc\n"
+              "gc.remove_prefix = lambda store, prefix: os.kill(os.getpid(), signal.SIGKILL)\n"
+              "sys.argv = ['repack'] + sys.argv[1:]\nfrom repack.entry import main\nmain()\n")
+    done = subprocess.run([sys.executable, "-c", killed, "gc", str(out), "--keep", "1"], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert done.returncode == -9
+    left = state_files(out)
+    assert "plan.json.gz" not in left and any(rel.startswith("tasks/") for rel in left)
+    assert (out / "manifest.v1.json").exists() and run_repack("verify", out).returncode == 0
+    again = run_repack("images", src, out, "--shard-size", "4", check=False)
+    assert again.returncode == 2 and "holds version 2" in again.stderr and "Traceback" not in again.stderr
+    run_repack("gc", out, "--keep", "1")
+    assert sorted(state_files(out)) == KEPT_STATE and not (out / "manifest.v1.json").exists()
+    from tests.test_images_job import jpeg_bytes
+
+    (src / "emu" / "e1.jpg").write_bytes(jpeg_bytes(seed=91))
+    assert "1 new sample(s)" in run_repack("images", src, out, "--shard-size", "4", "--append").stdout
+    assert run_repack("verify", out).returncode == 0
+
+
+def test_gc_deletes_the_first_jobs_state_of_text_lmdb_and_merged_datasets(tmp_path):
+    """A text dataset's task digest files and merge marker, an LMDB dataset's records, a merged dataset's plan: gone
+    with version 1; an append, a remove and a merge run again after it refuse or work as before."""
+    from tests.test_dataset_writers import takedown
+    from tests.test_images_job import write_jpegs
+    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+
+    docs = documents(30, seed=5)
+    corpus, tok, text = tmp_path / "corpus", tmp_path / "tok", tmp_path / "text"
+    corpus.mkdir()
+    write_tokenizer(gpt2_tokenizer(), tok)
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:20]))
+    run_repack("text", corpus, text, "--tokenizer", tok, "--quiet")
+    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[20:25]))
+    run_repack("text", corpus, text, "--tokenizer", tok, "--append", "--quiet")
+    assert "merged.json" in state_files(text)
+    run_repack("gc", text, "--keep", "1")
+    assert sorted(state_files(text)) == KEPT_STATE
+    (corpus / "c.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[25:]))
+    assert "published version 3" in run_repack("text", corpus, text, "--tokenizer", tok, "--append").stdout
+    run_repack("remove", text, "--sources", takedown(tmp_path, "a.jsonl"), "--quiet")
+    assert read_manifest_json(text)["totals"]["samples"] == 10 and run_repack("verify", text).returncode == 0
+
+    src, lmdb = make_source(tmp_path / "src"), tmp_path / "lmdb"
+    run_repack("images", src, lmdb, "--to", "lmdb", "--quiet")
+    run_repack("remove", lmdb, "--sources", takedown(tmp_path, "cat/c1.jpg"), "--quiet")
+    run_repack("gc", lmdb, "--keep", "1")
+    assert sorted(state_files(lmdb)) == KEPT_STATE
+    run_repack("remove", lmdb, "--sources", takedown(tmp_path, "dog/d1.jpg"), "--quiet")
+    assert read_manifest_json(lmdb)["totals"]["samples"] == 7 and run_repack("verify", lmdb).returncode == 0
+
+    parts = write_jpegs(tmp_path / "parts_src" / "c", 8, "a").parent
+    merged = tmp_path / "merged"
+    for rank in (0, 1):
+        run_repack("images", parts, merged, "--shard-size", "4", "--num-nodes", "2", "--node-rank", str(rank),
+                   "--quiet")
+    run_repack("merge", merged)
+    run_repack("remove", merged, "--sources", takedown(tmp_path, "c/a0.jpg"), "--quiet")
+    run_repack("gc", merged, "--keep", "1")
+    assert not any(rel == "plan.json.gz" or rel.startswith("tasks/") for rel in state_files(merged))
+    refused = run_repack("merge", merged, check=False)
+    assert refused.returncode == 2 and "holds version 2" in refused.stderr and "Traceback" not in refused.stderr
+    assert run_repack("verify", merged).returncode == 0

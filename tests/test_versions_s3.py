@@ -62,6 +62,9 @@ def test_append_remove_gc_on_s3_equal_local(server, tmp_path):
     assert json.loads(remote["manifest.json"])["dataset_version"]["number"] == 3
     every = objects(s3, "nightly", "ds")
     assert not any(removed in blob or removed_new in blob for blob in every.values())
+    state = sorted(key for key in every if key.startswith(".repack/"))  # version 1's plan and task records gone too
+    assert ".repack/inputs-v3.npz" in state and not any(key.startswith((".repack/plan", ".repack/tasks/"))
+                                                        for key in state), state
 
 
 def test_text_append_remove_gc_and_video_append_on_s3_equal_local(server, tmp_path):

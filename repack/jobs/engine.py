@@ -5,6 +5,7 @@ State lives under ``OUT/.repack/``::
   job.json           job name, spec, options fingerprint, plan digest (refuses changed options)
   plan.json.gz       the planned tasks, canonical JSON gzip'd (read by `repack merge`, --append)
   tasks/<id>.json    one record per finished task, written atomically after its outputs
+                     (the plan and the records go with version 1: ``repack.lifecycle.gc.drop_first_job_state``)
   lock[-<part>]      flock held while a run (or partition) is alive
 
 All of it, the outputs and the manifest go through the job's store (``repack.store``): a local
@@ -574,6 +575,7 @@ class Engine:
                                  f"{'; '.join(differ) or 'same values, older tool version'}); "
                                  f"{resume}use --overwrite to replace it")
             if old.get("plan_digest") != state["plan_digest"]:
+                refuse_over_later_version(store)  # appended to since (and version 1's plan gone with gc, maybe)
                 changes = self._changes(plan)
                 if changes is None:  # e.g. a job left half-done by a repack that laid out its tasks otherwise
                     raise UnresumableJob(f"{store.url} holds a job planned differently from the same inputs (by "
@@ -787,12 +789,8 @@ class Engine:
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
                 self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
                 return result
-            if unfinished:
-                later = _later_version(store)
-                if later is not None:  # a later version's change (a remove, then gc) made a task of version 1 unfinished
-                    raise UsageError(f"{store.url} holds version {later} of its dataset (an --append or remove after "
-                                     "this job); running the job again would publish version 1 over it (removed "
-                                     "samples back): add inputs with --append, or pass --overwrite to start over")
+            if unfinished:  # a later version's change (a remove, then gc) made a task of version 1 unfinished
+                refuse_over_later_version(store)
                 store.delete(MANIFEST_NAME)
                 manifest_path.unlink(missing_ok=True)
             temps = {t.task_id for t in todo} | set(unfinished)  # chunks and unfinished assemblies
@@ -1023,6 +1021,15 @@ class Engine:
                 store.delete(rel)
 
 
+def refuse_over_later_version(store) -> None:
+    """UsageError when OUT holds a version after 1: running the first job again would publish version 1 over it."""
+    later = _later_version(store)
+    if later is not None:
+        raise UsageError(f"{store.url} holds version {later} of its dataset (an --append or remove after this job); "
+                         "running the job again would publish version 1 over it (removed samples back): add inputs "
+                         "with --append, or pass --overwrite to start over")
+
+
 def _later_version(store) -> int | None:
     """The highest dataset version after 1 that OUT holds (published or pending), None when it holds none."""
     from repack.manifest.versions import load_number, version_number
@@ -1052,11 +1059,6 @@ def merge(out: str, options: EngineOptions, strict: bool | None = None) -> RunRe
     # the dataset is where merge was asked to write it: the job state's ``out`` is where the partitions ran (a
     # folder since moved or copied, or a forged one), never a place to write to
     job = load_job(state["job"], json.dumps({**state["spec"], "out": str(out)}))
-    plan = read_plan(store)
-    if plan is None:
-        raise UsageError(f"{out}: .repack/{PLAN_NAME} is missing or damaged; re-run the partitions")
-    if plan.digest != state["plan_digest"]:
-        raise RepackError(f"{out}: {PLAN_NAME} does not match job.json (plan digest differs)")
     if strict is None:
         strict = store.size(STRICT_ASKED) is not None  # a partition was run with --strict: the merged dataset obeys it
     options = dataclasses.replace(options, strict=strict)
@@ -1069,6 +1071,11 @@ def merge(out: str, options: EngineOptions, strict: bool | None = None) -> RunRe
             raise UsageError(f"{store.url} holds version {later} of its dataset (an --append or remove after the "
                              "merge); merging again would publish version 1 over it (removed samples back): "
                              "nothing to merge")
+        plan = read_plan(store)  # after that check: gc deletes the plan with version 1
+        if plan is None:
+            raise UsageError(f"{out}: .repack/{PLAN_NAME} is missing or damaged; re-run the partitions")
+        if plan.digest != state["plan_digest"]:
+            raise RepackError(f"{out}: {PLAN_NAME} does not match job.json (plan digest differs)")
         wait_for_old_workers(state_dir(job.out))
         engine.run_id = claim_run(store)
         digest = state["plan_digest"]

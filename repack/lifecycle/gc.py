@@ -3,10 +3,12 @@
 Kept: the K newest versions (``manifest.json`` and their ``manifest.vN.json``) and every file they
 name. Deleted: the ``manifest.vN.json`` of every other version and each file such a version names
 that no kept version names (with megatron-energon's ``<tar>.idx`` beside such a tar), and their job-state
-records (``.repack/inputs-vN.npz``, an older repack's ``inputs-vN.json``). A file no
-version names at all is never touched (``repack verify`` reports it): gc deletes only what repack
-published. Readers pinned to a deleted version lose it: keep as many versions as readers may pin.
-Each deletion is one unlink; a gc killed half-way leaves kept versions whole, and a re-run finishes.
+records (``.repack/inputs-vN.npz``, an older repack's ``inputs-vN.json``). Once version 1 is gone and the
+oldest kept record is whole, the first job's state that version 1's record was derived from goes too
+(``drop_first_job_state``). A file no version names at all is never touched (``repack verify`` reports it):
+gc deletes only what repack published. Readers pinned to a deleted version lose it: keep as many versions as
+readers may pin. Each deletion is one unlink; a gc killed half-way leaves kept versions whole, and a re-run
+finishes.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repack.errors import UsageError, raise_if_interrupted
+from repack.jobs.base import PLAN_NAME, STATE_DIR
+from repack.lifecycle.first_record import has_plan
 from repack.lifecycle.foreign import ENERGON_INDEX_SUFFIX
 from repack.lifecycle.publish import (current_version, drop_rewrite_temps, inputs_record, legacy_inputs_record,
-                                      locked_dataset, make_record_whole, read_manifest_file, settle_pending)
+                                      locked_dataset, make_record_whole, read_manifest_file, remove_prefix,
+                                      settle_pending)
 from repack.manifest import Manifest, ManifestError, parse_manifest
 from repack.manifest.versions import number_of, version_file, version_number
 
@@ -67,21 +72,39 @@ def collect_garbage(out: str, keep: int) -> GcResult:
                     deleted.append(rel)
                     freed += size
 
-        if doomed:  # the oldest kept record stands alone before the records it extends go, and before anything
-            try:    # is deleted: a record that cannot be made whole refuses the gc
-                make_record_whole(store, min(kept))
+        stands_alone = False
+        # the oldest kept record stands alone before the records it extends go, and before anything is deleted: a
+        # record that cannot be made whole refuses the gc (nothing doomed: only for the job state an older gc left)
+        if doomed or (min(kept) > 1 and has_plan(store)):
+            try:
+                stands_alone = make_record_whole(store, min(kept))
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
                 delete_files()  # a full disk: the old versions' files go first (the records they extend stay, so
-                make_record_whole(store, min(kept))  # the chain is whole until the record is), then the record
+                stands_alone = make_record_whole(store, min(kept))  # the chain is whole until the record is)
         delete_files()
+        if stands_alone:  # before version 1's file: a gc killed in between finds version 1 doomed again
+            drop_first_job_state(store)
         for number in doomed:  # the version files last: a gc killed before this re-finds what they name, and
             store.delete(inputs_record(number))  # its records go before it (nothing re-finds them after it)
             store.delete(legacy_inputs_record(number))  # an older repack's record
             if store.size(version_file(number)) is not None:
                 store.delete(version_file(number))
         return GcResult(kept, doomed, tuple(deleted), freed)
+
+
+def drop_first_job_state(store) -> None:
+    """Delete the state of the job that packed version 1, which version 1's record is derived from
+    (``repack.lifecycle.first_record``; no record extends it once the oldest kept one is whole): its plan first,
+    so that nothing derives a record from task records half deleted, then text's merge marker, the task records
+    (with their digest files and task locks), chunk pieces and parts. ``job.json``, the run token and the job's
+    lock files stay (a few hundred bytes): OUT is still that job's output, as a re-run of it (refused: a later
+    version is there), `repack merge`, `repack pull` and `repack inspect` read in ``job.json``."""
+    for name in (PLAN_NAME, "plan.json", "merged.json"):  # an older repack's plan; text's MERGED_MARKER
+        store.delete(f"{STATE_DIR}/{name}")
+    for folder in ("tasks", "segments", "parts"):
+        remove_prefix(store, f"{STATE_DIR}/{folder}/")
 
 
 def _named(store, root: Path, number: int, data: dict | None) -> set[str]:

@@ -105,12 +105,15 @@ def write_inputs_record(store, number: int, known: InputColumns | Callable[[], I
         store.put_bytes(inputs_record(number), to_bytes(merged(known() if callable(known) else known, delta)))
 
 
-def make_record_whole(store, number: int) -> None:
+def make_record_whole(store, number: int) -> bool:
     """Rewrite version ``number``'s record as a whole record when it is a delta (before `repack gc` deletes
-    the records it extends)."""
+    the records it extends); whether it is stored whole now (False: it has none)."""
     raw = store.read_bytes(inputs_record(number))
-    if raw is not None and record_depth(raw, f"{store.url}/{inputs_record(number)}"):
+    if raw is None:
+        return store.size(legacy_inputs_record(number)) is not None  # an older repack's JSON record is whole
+    if record_depth(raw, f"{store.url}/{inputs_record(number)}"):
         store.put_bytes(inputs_record(number), to_bytes(read_inputs_record(store, number)))
+    return True
 
 
 @contextlib.contextmanager
