@@ -271,7 +271,8 @@ def test_workers_killed_three_times_charge_only_the_calls_in_flight(tmp_path, mo
     from repack.exec.base import TaskFailure
 
     monkeypatch.setattr(local, "_call", _crash_once_call)
-    for n in (40 * 2 * local.PAIR_FROM, 100):  # paired calls, single calls
+    # paired calls (every pool paired: over PAIR_FROM per worker still left after the third kill), single calls
+    for n in (8 * 2 * local.PAIR_FROM, 100):
         marks = tmp_path / str(n)
         marks.mkdir()
         calls = [(str(i), str(marks), "", "", False) for i in range(n)]

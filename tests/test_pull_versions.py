@@ -99,15 +99,22 @@ def test_pull_versions_all_or_k_serves_readers_pinned_to_older_versions(server, 
 
 
 def test_pull_and_verify_retry_503_answers_like_the_other_commands(server, three_versions, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
     url = three_versions
     proxy = FaultProxy(server.port, every=3)
-    try:
-        env = env_for(proxy.endpoint, tmp_path)
-        for attempt in range(3):
-            copy = tmp_path / f"copy{attempt}"
-            run_repack("pull", url, copy, env=env)
-            assert run_repack("verify", copy).returncode == 0
-            assert run_repack("verify", url, env=env).returncode == 0
+
+    def attempt(number: int) -> None:
+        copy = tmp_path / f"copy{number}"
+        env = env_for(proxy.endpoint, tmp_path / f"attempt{number}")  # each its own scratch
+        run_repack("pull", url, copy, env=env)
+        assert run_repack("verify", copy).returncode == 0
+        assert run_repack("verify", url, env=env).returncode == 0
+
+    try:  # the three attempts side by side: their time is mostly botocore's backoff sleeps
+        with ThreadPoolExecutor(3) as pool:
+            for done in [pool.submit(attempt, number) for number in range(3)]:
+                done.result()  # an attempt's failure raised here
     finally:
         proxy.stop()
     assert proxy.failed >= 20
