@@ -17,6 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from pipelines.batches import RING, PackedBytes
 from pipelines.mixture import Mixture
 from pipelines.torch_webdataset import ImageShardDataset
+from tests.tools.loaders import failing_loader
 from tests.test_reader_integrity import flip_header_byte, s3, upload  # noqa: F401  (s3: a fixture)
 from tests.tools.s3server import s3_env
 
@@ -135,9 +136,9 @@ def test_damaged_sample_leaves_its_batch_or_raises_naming_it(packed_photos, tmp_
         for name, value in s3_env(s3.endpoint).items():
             monkeypatch.setenv(name, value)
         root = upload(s3, folder, "batched-flip")
-    with pytest.raises(Exception, match=key):
-        list(DataLoader(ImageShardDataset(root, decode=False, batch_size=BATCH), batch_size=None, num_workers=2))
-    gc.collect()
+    with pytest.raises(Exception, match=key), failing_loader(
+            DataLoader(ImageShardDataset(root, decode=False, batch_size=BATCH), batch_size=None, num_workers=2)) as failing:
+        list(failing)
     skipping = ImageShardDataset(root, decode=False, output="dict", on_error="skip", batch_size=BATCH)
     got = list(DataLoader(skipping, batch_size=None, num_workers=2))
     keys = [k for batch in got for k in batch["key"]]

@@ -5,7 +5,6 @@ counted where the user reads them (``dataset.skipped``, across DataLoader worker
 
 from __future__ import annotations
 
-import gc
 import io
 import shutil
 import tarfile
@@ -17,6 +16,7 @@ from torch.utils.data import DataLoader
 from pipelines.manifest_access import read_index
 from pipelines.tar_blocks import ShardIntegrityError
 from pipelines.torch_webdataset import ImageShardDataset
+from tests.tools.loaders import failing_loader
 from tests.tools.s3server import MotoServer, client, s3_env
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create", "ignore:skipped:UserWarning")
@@ -100,15 +100,9 @@ def test_damage_raises_naming_shard_and_key_or_is_skipped_and_counted(packed_pho
         list(ImageShardDataset(root, decode=False))
     assert caught.value.url == shard and caught.value.key == key
     assert shard in str(caught.value) and repr(key) in str(caught.value)
-    failing = iter(DataLoader(ImageShardDataset(root, decode=False), batch_size=None, num_workers=2))
-    with pytest.raises(ShardIntegrityError, match=key):  # through DataLoader workers alike
-        list(failing)
-    # the failed loader's workers and queue threads end here, before the next loader forks: shut down explicitly,
-    # as left to the garbage collector (the raised error's traceback holds the iterator in a cycle) the workers
-    # missed the end and were joined only after torch's 5 s poll timed out (~10 s a test)
-    failing._shutdown_workers()
-    del failing
-    gc.collect()
+    with pytest.raises(ShardIntegrityError, match=key), \
+            failing_loader(DataLoader(ImageShardDataset(root, decode=False), batch_size=None, num_workers=2)) as failing:
+        list(failing)  # through DataLoader workers alike
 
     skipping = ImageShardDataset(root, decode=False, on_error="skip", output="dict")
     got = list(DataLoader(skipping, batch_size=None, num_workers=2))

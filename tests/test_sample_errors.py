@@ -6,7 +6,6 @@ counted like other damage."""
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from pipelines.sample_errors import SampleDecodeError, ShardIntegrityError
 from pipelines.torch_lmdb import LmdbImageDataset
 from pipelines.torch_video import VideoClipDataset
 from pipelines.torch_webdataset import ImageShardDataset
+from tests.tools.loaders import failing_loader
 from tests.tools.reader_data import reader_datasets
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create", "ignore:skipped:UserWarning")
@@ -52,9 +52,9 @@ def test_undecodable_image_names_shard_and_key(damaged):
     assert caught.value.url == str(root / SHARD) and caught.value.key == key
     assert f"{root / SHARD}: sample {key!r}: decode failed" in str(caught.value)
     assert isinstance(caught.value.__cause__, OSError)  # PIL's own error, chained
-    with pytest.raises(ShardIntegrityError, match=f"{SHARD}: sample '{key}': decode failed"):  # through workers
-        list(DataLoader(ImageShardDataset(root), batch_size=None, num_workers=2))
-    gc.collect()
+    with pytest.raises(ShardIntegrityError, match=f"{SHARD}: sample '{key}': decode failed"), \
+            failing_loader(DataLoader(ImageShardDataset(root), batch_size=None, num_workers=2)) as failing:
+        list(failing)  # through workers
 
 
 @pytest.mark.parametrize("batch_size", [None, 8])

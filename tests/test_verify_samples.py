@@ -6,7 +6,6 @@ instead of wrong bytes delivered silently."""
 
 from __future__ import annotations
 
-import gc
 import json
 import shutil
 import struct
@@ -21,6 +20,7 @@ from pipelines.manifest_access import read_index
 from pipelines.tar_blocks import ShardIntegrityError
 from pipelines.torch_webdataset import ImageShardDataset
 from repack.manifest import ManifestError
+from tests.tools.loaders import failing_loader
 from tests.conftest import run_repack
 from tests.tools.s3server import MotoServer, client, s3_env
 
@@ -77,10 +77,11 @@ def test_a_flipped_payload_byte_is_caught_naming_shard_and_key(flipped, packed_p
     assert caught.value.url == str(root / SHARD) and caught.value.key == key
     assert "payload checksum mismatch" in str(caught.value)
     for batch_size in (None, 8):  # one at a time and in batches, through DataLoader workers
-        with pytest.raises(ShardIntegrityError, match=f"{SHARD}: sample '{key}': payload checksum mismatch"):
-            list(DataLoader(ImageShardDataset(root, decode=False, verify_samples=True, batch_size=batch_size),
-                            batch_size=None, num_workers=2))
-        gc.collect()
+        with pytest.raises(ShardIntegrityError, match=f"{SHARD}: sample '{key}': payload checksum mismatch"), \
+                failing_loader(DataLoader(ImageShardDataset(root, decode=False, verify_samples=True,
+                                                            batch_size=batch_size), batch_size=None,
+                                          num_workers=2)) as failing:
+            list(failing)
         skipping = ImageShardDataset(root, decode=False, verify_samples=True, on_error="skip", output="dict",
                                      batch_size=batch_size)
         got = list(DataLoader(skipping, batch_size=None, num_workers=2))
