@@ -126,7 +126,9 @@ def test_a_list_row_is_checked_as_check_would_with_its_folder_resolved_once(tmp_
     """``Confinement.check_listed`` (a list's rows: the folder's real path cached, the entry lstat'ed) gives
     ``check``'s answer for every kind of row: symlinked folders inside and outside the root, a link as the
     last component, ``..`` and ``.`` in the path, a missing folder, a file used as a folder, a folder loop,
-    a FIFO, a file over the size cap; and a list scan calls ``realpath`` once per folder, not per row."""
+    a FIFO, a file over the size cap, ``..`` after a missing folder, a file or a link leaving the root (realpath
+    would cancel them by their spelling: checked as ``check`` does); and a list scan calls ``realpath`` once per
+    folder, not per row."""
     import os
 
     from repack.sources import confine
@@ -150,7 +152,8 @@ def test_a_list_row_is_checked_as_check_would_with_its_folder_resolved_once(tmp_
     rows = ["a/x.jpg", "a/b/x.jpg", "in-link/x.jpg", "in-link/b/x.jpg", "out-link/x.jpg", "a/file-link.jpg",
             "a/escape.jpg", "a/broken.jpg", "a/../a/./b/x.jpg", "a/b/../x.jpg", "../outside/x.jpg", "none/x.jpg",
             "a/x.jpg/y.jpg", "loop1/x.jpg", "a/pipe", "a/big.jpg", "a", "a/b/", "a/.", "a/..", "in-link/../a/x.jpg",
-            str(root / "a" / "x.jpg"), str(outside / "x.jpg"), "x.jpg"]
+            str(root / "a" / "x.jpg"), str(outside / "x.jpg"), "x.jpg", "none/../a/x.jpg", "a/x.jpg/../b/x.jpg",
+            "out-link/../outside/x.jpg", "in-link/../../outside/x.jpg"]
     for rules in (Confinement(max_file_bytes=4000), Confinement(follow_symlinks=False),
                   Confinement(allow_outside=True)):
         conf, cache = rules.rooted(str(root)), {}
