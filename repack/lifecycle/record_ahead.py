@@ -19,9 +19,7 @@ import contextlib
 import os
 from typing import Iterator
 
-from repack.exec.forked import can_fork, start_child, stop_child
-
-FAILED = b"-\n"  # what a child that failed sends (``repack.lifecycle.record_child``'s own)
+from repack.exec.forked import FAILED_LINE, can_fork, start_child, stop_child
 
 _AHEAD: dict[str, tuple[int, int]] = {}  # dataset folder -> (pid, pipe) of a child no append took yet
 
@@ -34,7 +32,7 @@ def record_ahead(location: str) -> Iterator[None]:
     key = _key(location)
     mine = key is not None and key not in _AHEAD and can_fork() and os.path.isfile(os.path.join(key, "manifest.json"))
     if mine:
-        _AHEAD[key] = start_child(lambda: _tagged_pieces(key), FAILED)
+        _AHEAD[key] = start_child(lambda: _tagged_pieces(key), FAILED_LINE)
     try:
         yield
     finally:

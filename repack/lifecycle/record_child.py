@@ -32,9 +32,8 @@ from typing import Callable
 
 import numpy as np
 
-from repack.exec.forked import can_fork, start_child, stop_child
+from repack.exec.forked import FAILED_LINE as _ERROR, can_fork, start_child, stop_child
 from repack.lifecycle.input_columns import InputColumns
-from repack.lifecycle.record_ahead import FAILED as _ERROR  # what a child that failed sends
 
 
 MAX_PARTS = 4  # processes that decode version 1's plan at most (``record_parts``)
