@@ -25,6 +25,21 @@ def tar_samples(path: Path) -> list[tuple[str, list]]:
     return samples
 
 
+def text_in_two_versions(tmp_path: Path, docs: list[str], cut: int, end: int) -> tuple[Path, Path, Path]:
+    """(corpus, tokenizer, OUT) of a token dataset under ``tmp_path``: a.jsonl's ``docs[:cut]`` packed (version 1),
+    then b.jsonl's ``docs[cut:end]`` appended (version 2)."""
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+    corpus, tok, out = tmp_path / "corpus", tmp_path / "tok", tmp_path / "out"
+    corpus.mkdir()
+    write_tokenizer(gpt2_tokenizer(), tok)
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:cut]))
+    run_repack("text", corpus, out, "--tokenizer", tok, "--quiet")
+    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[cut:end]))
+    run_repack("text", corpus, out, "--tokenizer", tok, "--append", "--quiet")
+    return corpus, tok, out
+
+
 def every_file_bytes(out: Path) -> list[tuple[str, bytes]]:
     return [(str(p.relative_to(out)), p.read_bytes()) for p in sorted(out.rglob("*")) if p.is_file()]
 
@@ -280,16 +295,10 @@ def test_gc_deletes_the_first_jobs_state_of_text_lmdb_and_merged_datasets(tmp_pa
     with version 1; an append, a remove and a merge run again after it refuse or work as before."""
     from tests.test_dataset_writers import takedown
     from tests.test_images_job import write_jpegs
-    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+    from tests.tools.text import documents
 
     docs = documents(30, seed=5)
-    corpus, tok, text = tmp_path / "corpus", tmp_path / "tok", tmp_path / "text"
-    corpus.mkdir()
-    write_tokenizer(gpt2_tokenizer(), tok)
-    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:20]))
-    run_repack("text", corpus, text, "--tokenizer", tok, "--quiet")
-    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[20:25]))
-    run_repack("text", corpus, text, "--tokenizer", tok, "--append", "--quiet")
+    corpus, tok, text = text_in_two_versions(tmp_path, docs, 20, 25)
     assert "merged.json" in state_files(text)
     run_repack("gc", text, "--keep", "1")
     assert sorted(state_files(text)) == KEPT_STATE

@@ -13,7 +13,7 @@ import numpy as np
 
 from tests.conftest import read_manifest_json, run_repack
 from tests.test_dataset_versions import make_source
-from tests.test_remove_gc import every_file_bytes
+from tests.test_remove_gc import every_file_bytes, text_in_two_versions
 
 
 def lmdb_samples(out: Path, version: int | None = None) -> list[tuple[str, bytes, int]]:
@@ -78,16 +78,10 @@ def token_documents(out: Path, version: int | None = None) -> list[list[int]]:
 
 
 def test_token_remove_by_key_and_source_then_gc_deletes_the_removed_token_ids(tmp_path):
-    from tests.tools.text import documents, gpt2_tokenizer, write_tokenizer
+    from tests.tools.text import documents
 
     docs = documents(24, seed=7)
-    corpus, tok, out = tmp_path / "corpus", tmp_path / "tok", tmp_path / "out"
-    corpus.mkdir()
-    write_tokenizer(gpt2_tokenizer(), tok)
-    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:14]))
-    run_repack("text", corpus, out, "--tokenizer", tok, "--quiet")
-    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[14:]))
-    run_repack("text", corpus, out, "--tokenizer", tok, "--append", "--quiet")  # prefix text_document-v2: b.jsonl
+    corpus, tok, out = text_in_two_versions(tmp_path, docs, 14, 24)  # prefix text_document-v2: b.jsonl
     v2 = read_manifest_json(out)
     assert [shard_runs(out, s) for s in v2["shards"]] == [[["a.jsonl", 0, 14]], [["b.jsonl", 0, 10]]]
     before = token_documents(out)
