@@ -5,7 +5,8 @@ Deriving the published version's record (``repack.lifecycle.input_record.dataset
 from its plan, a task at a time, plus the deltas on it) is serial decoding of every existing input's
 name and fingerprint; the walk of SOURCE runs on a process pool meanwhile. Done in the driver, the longer
 of the two sets the append's time. ``ChildRecord`` forks at the append's start (before the staged
-job's imports and the scan's pool) and the child sends back the columns the selection needs, without
+job's imports and the scan's pool), or takes the child ``repack.lifecycle.record_ahead`` forked at the
+command's start (before the append's imports and the walk), and the child sends back the columns the selection needs, without
 the digests (``InputColumns.digests_from`` derives those in the driver, only to compare a known input
 whose mtime changed, or to write a whole record). Version 1's plan is decoded by a few processes at once
 (``record_parts``; ``repack.exec.forked``). Over the pipe, no pickle::
