@@ -137,39 +137,36 @@ def test_an_append_finds_files_added_to_old_and_new_folders_and_resumes_without_
     assert read_manifest_json(out)["dataset_version"]["number"] == 2, again.stdout
 
 
-def test_a_pack_and_an_append_take_the_walk_started_ahead_and_the_append_its_records_child_forked_first(
-        tmp_path, monkeypatch):
+def test_a_pack_takes_the_walk_started_ahead_and_an_append_forks_its_records_child_first(tmp_path, monkeypatch):
     """`repack images` starts SOURCE's walk before its imports (``walked_ahead``) in forked children that leave
-    no thread here, and its scan takes it; `--append` first forks the child that derives the dataset's record
-    (``record_ahead``, its critical path beside the walk), then starts the walk, and takes both."""
+    no thread here, and its scan takes it; `--append` does not (the child that reads the dataset's record is its
+    critical path, and the walk would slow what comes before it): its record's child forks, its scan walks."""
     from repack.cli import cli
     from repack.exec.cpus import available_cpus
     from repack.exec.forked import can_fork
-    from repack.lifecycle import record_ahead, record_child
+    from repack.lifecycle import record_child
     from repack.sources import folder
 
     if not can_fork() or available_cpus() < 2:
         pytest.skip("walks in forked children with two CPUs or more, where no other thread runs")
     src, out = odd_tree(tmp_path / "src", folders=PARALLEL_MIN_FOLDERS + 1), tmp_path / "out"
-    taken, forked, children = [], [], []
+    taken, children = [], []
     take = folder.taken_ahead
     monkeypatch.setattr(folder, "taken_ahead", lambda conf, workers: taken.append(take(conf, workers)) or taken[-1])
-    start, fork = record_child.ChildRecord.__init__, record_ahead.start_child
+    start = record_child.ChildRecord.__init__
 
     def spied(self, *args):
         start(self, *args)
-        children.append((self._pid, args[2]))
+        children.append(self._pid)
 
     monkeypatch.setattr(record_child.ChildRecord, "__init__", spied)
-    monkeypatch.setattr(record_ahead, "start_child", lambda *args: forked.append(fork(*args)) or forked[-1])
     cli.main(["images", str(src), str(out), "--quiet"], standalone_mode=False)
     assert len(taken) == 1 and taken[0] is not None and taken[0].children is not None
-    assert not forked  # a pack has no record to derive
     before = packed_sources(out)
     (src / "c02" / "z-new.jpg").write_bytes(jpeg_bytes(seed=900))
     cli.main(["images", str(src), str(out), "--append", "--quiet"], standalone_mode=False)
-    assert len(taken) == 2 and taken[1] is not None and taken[1].children is not None
-    assert len(forked) == 1 and children == [(forked[0][0], forked[0])]  # the child forked ahead, taken
+    assert len(taken) == 2 and taken[1] is None
+    assert len(children) == 1 and children[0]  # forked: no thread ran in the driver
     assert packed_sources(out) == sorted(before + ["c02/z-new.jpg"])
 
 
@@ -454,52 +451,3 @@ def test_names_of_one_length_are_cut_from_the_blob_as_any_names():
         assert got.tolist() == names and got.dtype == np.dtype(f"S{max(map(len, names))}")
     with pytest.raises(UsageError, match="empty name"):
         names_of_blob(b"ab\0\0cd\0")
-
-
-def test_an_append_derives_its_record_again_when_another_version_was_published_after_its_child_forked_ahead(
-        tmp_path):
-    """The record's child forked ahead reads the published manifest without the lock: when another writer
-    publishes a version before the append locks OUT, the child's record (tagged with the manifest it read) is
-    not taken, and the append derives the record of the version it locked. With the older record, the other
-    append's inputs would be new again: packed twice."""
-    import select
-
-    from repack.cli import cli
-    from repack.exec.forked import can_fork
-    from repack.lifecycle import record_ahead
-
-    if not can_fork():
-        pytest.skip("the record's child is forked ahead only where a fork is safe")
-    src, out = odd_tree(tmp_path / "src", folders=3), tmp_path / "out"
-    run_repack("images", src, out, "--quiet")
-    before = packed_sources(out)
-    with record_ahead.record_ahead(str(out)):
-        _, pipe = record_ahead._AHEAD[os.path.realpath(out)]
-        assert select.select([pipe], [], [], 60)[0]  # the child has read version 1 and sent its record
-        (src / "c01" / "x-other.jpg").write_bytes(jpeg_bytes(seed=901))
-        run_repack("images", src, out, "--append", "--quiet")  # another process publishes version 2
-        (src / "c02" / "y-mine.jpg").write_bytes(jpeg_bytes(seed=902))
-        cli.main(["images", str(src), str(out), "--append", "--quiet"], standalone_mode=False)
-        assert os.path.realpath(out) not in record_ahead._AHEAD  # taken (and refused), not left running
-    assert packed_sources(out) == sorted(before + ["c01/x-other.jpg", "c02/y-mine.jpg"])
-    assert read_manifest_json(out)["dataset_version"]["number"] == 3
-
-
-def test_a_record_forked_ahead_is_stopped_when_no_append_takes_it_and_none_starts_without_a_local_dataset(
-        tmp_path):
-    from repack.exec.forked import can_fork
-    from repack.lifecycle import record_ahead
-
-    if not can_fork():
-        pytest.skip("the record's child is forked ahead only where a fork is safe")
-    with record_ahead.record_ahead(str(tmp_path)):  # no manifest: nothing to derive
-        assert not record_ahead._AHEAD
-    with record_ahead.record_ahead("s3://bucket/data"):
-        assert not record_ahead._AHEAD
-    src, out = odd_tree(tmp_path / "src", folders=2), tmp_path / "out"
-    run_repack("images", src, out, "--quiet")
-    with record_ahead.record_ahead(str(out)):
-        pid, _ = record_ahead._AHEAD[os.path.realpath(out)]
-    assert not record_ahead._AHEAD
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reaped

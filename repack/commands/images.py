@@ -75,10 +75,9 @@ def images(source, out, to, list_file, source_format, image_field, label_field, 
                       normalize=normalize, quality=quality, max_side=max_side, dedup=dedup, sample_json=sample_json, max_pixels=max_pixels,
                       source_format=source_format, image_field=image_field, label_field=label_field)
     if append:
-        with appended_ahead(spec):  # the record's child and the folder walk start before the append's imports
-            from repack.commands.versions import run_append
+        from repack.commands.versions import run_append
 
-            run_append(spec, options)
+        run_append(spec, options)
         return
     with walked_ahead(spec):  # the folder walk starts before the job's modules are imported
         from repack.jobs.images import ImagesJob
@@ -86,22 +85,13 @@ def images(source, out, to, list_file, source_format, image_field, label_field, 
         run_job(ImagesJob(spec), options)
 
 
-@contextlib.contextmanager
-def appended_ahead(spec: ImagesSpec):
-    """For ``--append``: the child that derives the dataset's record forked now (``repack.lifecycle.record_ahead``),
-    then the walk of a folder SOURCE started (``walked_ahead``). The record's child goes first: it is the append's
-    other critical path, and forked after the append's imports, under the walk's processes, it ended after the
-    walk (1M tiny files + 1%, 16 cores: docs/benchmarks.md, stops 44 and 61)."""
-    from repack.lifecycle.record_ahead import record_ahead
-
-    with record_ahead(spec.out), walked_ahead(spec):
-        yield
-
-
 def walked_ahead(spec: ImagesSpec):
     """The walk of a folder SOURCE started now, for the job's scan to take (``repack.sources.walk.walk_ahead``),
     in forked children that leave no thread in this process: the processes forked next (the local pool,
-    ``--executor ray``'s driver pool) still fork rather than start through a forkserver."""
+    ``--executor ray``'s driver pool) still fork rather than start through a forkserver. Not for ``--append``:
+    its critical path is the child that reads the dataset's record, forked after the append's imports,
+    which the walk's 16 processes slow down (1M tiny files + 1%, 16 cores, 4 alternated rounds on two machines:
+    1.38-1.86 s without the walk ahead, 1.53-1.81 s with it; docs/benchmarks.md, stop 44)."""
     if not spec.walks_folder():
         return contextlib.nullcontext()
     from repack.exec.cpus import available_cpus

@@ -58,18 +58,13 @@ def only_quarantined(manifest: dict) -> bool:
 
 
 def run_append(spec, options: EngineOptions, note: str = "") -> None:
-    """`repack images|text|video --append` (``note``: said after the counts). The child that derives the dataset's
-    record forks before the append's imports (``repack.lifecycle.record_ahead``; `repack images` forked it already,
-    before its walk)."""
+    """`repack images|text|video --append` (``note``: said after the counts)."""
     from repack.errors import UsageError
-    from repack.lifecycle.record_ahead import record_ahead
+    from repack.lifecycle.append import append
 
     if options.overwrite:  # one keeps the dataset, the other replaces it: neither is what both ask
         raise UsageError("--append adds to the dataset in OUT and --overwrite replaces it: pass one of them")
-    with record_ahead(spec.out):
-        from repack.lifecycle.append import append
-
-        result = append(spec, options)
+    result = append(spec, options)
     left_out = (f"; {result.removed_skipped} removed source(s) found again and left out"
                 if result.removed_skipped else "")
     packed = ("0 new samples (nothing new was packed: every new input was quarantined)"

@@ -23,7 +23,6 @@ from repack.exec.reap import only_thread
 
 T = TypeVar("T")
 FAILED = b"-"  # what a child that failed sends (a part's bytes are never this short: see the callers)
-FAILED_LINE = b"-\n"  # the same, where the reader reads a line first (the record's child, repack.lifecycle.record_child)
 
 
 def can_fork() -> bool:

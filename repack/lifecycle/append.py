@@ -43,7 +43,6 @@ from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_columns import InputColumns
 from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, dropped_copies, dropped_prints,
                                             held_known, published_digests)
-from repack.lifecycle.record_ahead import taken_record
 from repack.lifecycle.record_child import ChildRecord, record_parts
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish,
                                       refuse_names_in_use, remove_prefix, warner, write_inputs_record)
@@ -131,12 +130,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
         refusal = appender.accepts(current, spec)
         if refusal is not None:
             raise UsageError(f"--append: {store.url} {refusal}")
-        # the record is derived in a forked child from here on (or since the command started: record_ahead), while
-        # the staged job is set up and SOURCE walked
+        # the record is derived in a forked child from here on, while the staged job is set up and SOURCE walked
         parts = record_parts(available_cpus())
         record = ChildRecord(lambda: dataset_record(store, current, digests=False, parts=parts),
-                             lambda columns, rows: published_digests(store, current, columns, rows),
-                             taken_record(spec.out), bytes_digest(current_raw)["sha256"])
+                             lambda columns, rows: published_digests(store, current, columns, rows))
         try:
             number = number_of(current) + 1
             stage = stage_folder(number)

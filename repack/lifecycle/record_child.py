@@ -5,8 +5,7 @@ Deriving the published version's record (``repack.lifecycle.input_record.dataset
 from its plan, a task at a time, plus the deltas on it) is serial decoding of every existing input's
 name and fingerprint; the walk of SOURCE runs on a process pool meanwhile. Done in the driver, the longer
 of the two sets the append's time. ``ChildRecord`` forks at the append's start (before the staged
-job's imports and the scan's pool), or takes the child ``repack.lifecycle.record_ahead`` forked at the
-command's start (before the append's imports and the walk), and the child sends back the columns the selection needs, without
+job's imports and the scan's pool) and the child sends back the columns the selection needs, without
 the digests (``InputColumns.digests_from`` derives those in the driver, only to compare a known input
 whose mtime changed, or to write a whole record). Version 1's plan is decoded by a few processes at once
 (``record_parts``; ``repack.exec.forked``). Over the pipe, no pickle::
@@ -33,8 +32,10 @@ from typing import Callable
 
 import numpy as np
 
-from repack.exec.forked import FAILED_LINE as _ERROR, can_fork, start_child, stop_child
+from repack.exec.forked import can_fork, start_child, stop_child
 from repack.lifecycle.input_columns import InputColumns
+
+_ERROR = b"-\n"  # what a child that failed sends
 
 
 MAX_PARTS = 4  # processes that decode version 1's plan at most (``record_parts``)
@@ -51,17 +52,14 @@ class ChildRecord:
     """``derive()`` (a record without its digests) run in a forked child (see the module docstring):
     calling it waits for the child's columns, once (``digests(record, rows)``: that record with the digests
     of ``rows`` (None: all), set as its ``digests_from``); ``close()`` stops a child not waited for. In this
-    process when a fork is not safe; a child's failure is raised by deriving here. ``child``: the (pid, pipe) of
-    one forked already (``repack.lifecycle.record_ahead``), its columns taken only when they carry ``tag``."""
+    process when a fork is not safe; a child's failure is raised by deriving here."""
 
     def __init__(self, derive: Callable[[], InputColumns],
-                 digests: Callable[[InputColumns, np.ndarray | None], InputColumns],
-                 child: tuple[int, int] | None = None, tag: str = "") -> None:
+                 digests: Callable[[InputColumns, np.ndarray | None], InputColumns]) -> None:
         self._derive, self._digests = derive, digests
-        self._tag = tag if child is not None else ""  # a child forked here derives what ``derive`` does: no tag
         self._record: InputColumns | None = None
-        self._pid, self._read_end = child or (0, -1)
-        if child is None and can_fork():
+        self._pid, self._read_end = 0, -1
+        if can_fork():
             self._start()
 
     def _start(self) -> None:
@@ -73,9 +71,7 @@ class ChildRecord:
         record = None
         if self._pid:
             with os.fdopen(self._read_end, "rb") as pipe:
-                record, tag = read_tagged(pipe)
-            if tag != self._tag:  # a child forked ahead that read another version than the one locked
-                record = None
+                record = read_columns(pipe)
             os.waitpid(self._pid, 0)
             self._pid = 0
         if record is None:
@@ -95,14 +91,12 @@ class ChildRecord:
             self._pid = 0
 
 
-def column_pieces(record: InputColumns, tag: str = "") -> list:
+def column_pieces(record: InputColumns) -> list:
     """The pipe's bytes of ``record``'s names, fingerprints, positions and removed sources (see the module
-    docstring), as the buffers to write one after the other (the columns themselves where contiguous); ``tag``:
-    what the record was derived from (``repack.lifecycle.record_ahead``), in the head."""
+    docstring), as the buffers to write one after the other (the columns themselves where contiguous)."""
     names, removed = np.ascontiguousarray(record.names), np.ascontiguousarray(record.removed)
     head = json.dumps({"count": len(names), "width": names.dtype.itemsize, "next_position": record.next_position,
-                       "removed": len(removed), "removed_width": removed.dtype.itemsize,
-                       **({"tag": tag} if tag else {})}).encode()
+                       "removed": len(removed), "removed_width": removed.dtype.itemsize}).encode()
     return [b"%d\n" % len(head) + head, names, *(np.ascontiguousarray(column, np.int64)
                                                  for column in (record.size, record.mtime_ns, record.position)),
             removed]
@@ -116,28 +110,22 @@ def pack_columns(record: InputColumns) -> bytes:
 def read_columns(pipe) -> InputColumns | None:
     """The record a child writes to ``pipe`` (``column_pieces``), read into one buffer sized from its head,
     the columns views of it; None when it is not whole (a child that failed)."""
-    return read_tagged(pipe)[0]
-
-
-def read_tagged(pipe) -> tuple[InputColumns | None, str]:
-    """``read_columns`` and the record's ``tag`` ("" where none)."""
     line = pipe.readline()
     try:
         head = pipe.read(int(line))
-        parsed = json.loads(head)
-        size, tag = _body_size(parsed), str(parsed.get("tag", ""))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None, ""
+        size = _body_size(json.loads(head))
+    except (ValueError, KeyError, TypeError):
+        return None
     body = bytearray(size)
     view, at = memoryview(body), 0
     while at < size:
         got = pipe.readinto(view[at:])
         if not got:
-            return None, tag
+            return None
         at += got
     if pipe.read(1):
-        return None, tag
-    return unpack_columns(b"%d\n" % len(head) + head, body), tag
+        return None
+    return unpack_columns(b"%d\n" % len(head) + head, body)
 
 
 def _body_size(head: dict) -> int:

@@ -24,9 +24,8 @@ walks of the top-level folders are the sorted listing. A worker sends its rels a
 and its stats as int64 bytes; the driver joins the blobs and never decodes a rel.
 
 The walk itself is ``repack.sources.walk`` (no numpy there). Started ahead: `repack images` calls
-``walk_ahead`` before it imports the job's modules (``repack.commands.images.walked_ahead``; for ``--append``
-after the record's child forked, ``appended_ahead``), so the walks fork from a small process and run while the
-driver imports and locks OUT
+``walk_ahead`` before it imports the job's modules (``repack.commands.images.walked_ahead``; not for
+``--append``), so the walks fork from a small process and run while the driver imports and locks OUT
 (``--executor ray``: while it imports Ray and a forked child plans, ``repack.jobs.plan_ahead``); the
 job's ``scan_folder`` of the same root and rules takes them. Those walks run in forked children
 (``repack.exec.forked.ForkedTasks``), not on a ``ProcessPoolExecutor``: its thread in the driver would
