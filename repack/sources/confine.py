@@ -134,7 +134,7 @@ class Confinement:
         """``check(path)`` of one of many paths a list names: the real path of its folder is resolved once per
         folder (``real_folders``: the caller's cache, folder as written -> real path), then the entry is checked as
         a folder scan checks its own (one lstat; a symlink resolved). The same answer as ``check(path)``, without
-        ``realpath``'s lstat per path component for every row (7.3 s -> 2.2 s for a list of 202,000 files)."""
+        ``realpath``'s lstat per path component for every row (a scan of 202,000 rows: 7.5 s -> 3.2 s)."""
         folder, name = os.path.split(path)
         if not folder or name in ("", ".", "..") or "\0" in path or "/.." in folder:
             return self.check(path)  # "..": realpath cancels "missing/.." by its spelling, where the kernel refuses it
