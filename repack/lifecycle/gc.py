@@ -101,10 +101,13 @@ def drop_first_job_state(store) -> None:
     (with their digest files and task locks), chunk pieces and parts. ``job.json``, the run token and the job's
     lock files stay (a few hundred bytes): OUT is still that job's output, as a re-run of it (refused: a later
     version is there), `repack merge`, `repack pull` and `repack inspect` read in ``job.json``."""
-    for name in (PLAN_NAME, "plan.json", "merged.json"):  # an older repack's plan; text's MERGED_MARKER
+    from repack.jobs.images import SEGMENTS_DIR
+    from repack.jobs.text import MERGED_MARKER
+
+    for name in (PLAN_NAME, "plan.json", MERGED_MARKER):  # "plan.json": an older repack's plan
         store.delete(f"{STATE_DIR}/{name}")
-    for folder in ("tasks", "segments", "parts"):
-        remove_prefix(store, f"{STATE_DIR}/{folder}/")
+    for folder in (f"{STATE_DIR}/tasks", SEGMENTS_DIR, f"{STATE_DIR}/parts"):
+        remove_prefix(store, f"{folder}/")
 
 
 def _named(store, root: Path, number: int, data: dict | None) -> set[str]:
