@@ -171,3 +171,64 @@ def test_a_list_row_is_checked_as_check_would_with_its_folder_resolved_once(tmp_
     scan = scan_list_file(str(root / "list.csv"))
     assert len(scan.items) == 100 and not scan.quarantine
     assert len(resolved) <= 3, resolved  # the list's folder and the rows' two folders
+
+
+def test_a_list_scan_is_columns_with_the_rows_check_gives(tmp_path):
+    """A list's scan is an ``InputTable`` (no object per row): its rows in path order, whatever the list's; each
+    row's fingerprint and real path as ``Confinement.check`` gives them (a real path apart only where it is not
+    root/rel); a file listed twice, under a symlinked folder or as a hard link is one input, the others named
+    apart; label names only those a kept row carries; and the scan of 20,000 rows allocates under 300 bytes a
+    row at its peak (an ``InputItem`` and its dict entries per row took ~800)."""
+    import os
+    import tracemalloc
+
+    from repack.sources.confine import Confinement
+    from repack.sources.listfile import scan_list_file
+
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    for n in range(4):
+        (root / "a" / f"{n}.jpg").write_bytes(jpeg_bytes(seed=n))
+    os.link(root / "a" / "0.jpg", root / "a" / "hard.jpg")
+    (root / "alink").symlink_to(root / "a")
+    rows = [("a/3.jpg", "dog"), ("alink/1.jpg", "cat"), ("a/hard.jpg", "cat"), ("./a/2.jpg", "cat"),
+            ("a/2.jpg", "cat"), ("a/2.jpg", "bird"), (str(root / "a" / "1.jpg"), "cat"), ("a/0.jpg", "cat"),
+            ("a/missing.jpg", "eel")]
+    (root / "list.csv").write_text("path,label\n" + "".join(f"{p},{label}\n" for p, label in rows))
+    scan = scan_list_file(str(root / "list.csv"))
+    table = scan.items
+    assert hasattr(table, "label_ids") and hasattr(table, "names")
+    real_root = os.path.realpath(root)
+    assert [table.rel(r) for r in range(len(table))] == ["./a/2.jpg", str(root / "a" / "1.jpg"), "a/0.jpg",
+                                                         "a/3.jpg"]  # byte order: "." before "/" before "a"
+    conf = Confinement().rooted(str(root))
+    for r in range(len(table)):
+        rel = table.rel(r)
+        checked = conf.check(rel if os.path.isabs(rel) else str(root / rel))
+        assert table.path(r) == checked.real and table.fingerprint(r) == [checked.st.st_size,
+                                                                          checked.st.st_mtime_ns, checked.st.st_ino]
+    assert set(table.real_paths) == {0, 1}  # ./a/2.jpg and the absolute row; a/0.jpg and a/3.jpg are root/rel
+    assert table.label_names == ("cat", "dog") and [table.label(r) for r in range(4)] == ["cat", "cat", "cat", "dog"]
+    reasons = {q["source"]: q["reason"] for q in scan.quarantine}
+    assert reasons == {
+        "a/2.jpg": "listed twice (list.csv:6)", "a/2.jpg (again, 2)": "listed twice (list.csv:7)",
+        "a/hard.jpg": "same file as a/0.jpg (hard link or second path): read once, under a/0.jpg (list.csv:4)",
+        "alink/1.jpg": "listed twice (list.csv:3)",
+        "a/missing.jpg": "unreadable: No such file or directory (list.csv:10)"}, reasons
+    assert real_root == conf.root
+
+    many = tmp_path / "many"
+    for c in range(20):
+        (many / f"c{c:02d}").mkdir(parents=True)
+        for n in range(1000):
+            (many / f"c{c:02d}" / f"{n:05d}.jpg").write_bytes(b"x")
+    (many / "list.csv").write_text("path,label\n" + "".join(f"c{n % 20:02d}/{n // 20:05d}.jpg,c{n % 20:02d}\n"
+                                                            for n in range(20000)))
+    tracemalloc.start()
+    try:
+        scan = scan_list_file(str(many / "list.csv"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(scan.items) == 20000 and not scan.quarantine
+    assert peak < 300 * 20000, peak / 20000

@@ -397,13 +397,13 @@ class ImagesJob(Job):
             known = load_known(spec.known_inputs)
             key_offset = known.next_position
             if hasattr(items, "take"):  # columns: rels and fingerprints without an object per input
-                selection = select_new_rows(names_of_blob(items.names, items.ends), items.sizes, items.mtimes, known,
-                                            lambda row: content_sha256(items[row]))
-            else:
                 if spec.list_file:  # a row spelled otherwise than the dataset holds it (./a.jpg for a.jpg): known
                     from repack.sources.listfile import respell_held
 
                     items = respell_held(items, known, os.path.dirname(os.path.abspath(spec.source)))
+                selection = select_new_rows(names_of_blob(items.names, items.ends), items.sizes, items.mtimes, known,
+                                            lambda row: content_sha256(items[row]))
+            else:
                 selection = select_new(range(len(items)), known, lambda row: items[row].rel,
                                        lambda row: items[row].fingerprint, lambda row: content_sha256(items[row]),
                                        size_is_content=spec.source_format == "folder")

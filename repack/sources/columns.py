@@ -123,6 +123,20 @@ class InputTable(Sequence):
         return InputTable(self.root, names, name_ends(names), self.label_ids[index], self.label_names,
                           self.sizes[index], self.mtimes[index], self.inodes[index], moved)
 
+    def renamed(self, rels: dict[int, str]) -> "InputTable":
+        """This table with the rels of some rows (``rels``: row -> rel) spelled otherwise; each row opens the same
+        path as before."""
+        spelled = self.rels.copy()
+        real_paths = dict(self.real_paths)
+        for row, rel in rels.items():
+            real_paths[row] = self.path(row)
+            spelled[row] = rel
+            if real_paths[row] == f"{self.root}/{rel}":
+                del real_paths[row]
+        names = join_names(spelled)
+        return InputTable(self.root, names, name_ends(names), self.label_ids, self.label_names, self.sizes,
+                          self.mtimes, self.inodes, real_paths)
+
     def clean_labels(self) -> tuple["InputTable", list[dict]]:
         """``clean_label`` applied to the label names (names equal once cleaned become one); rows whose
         label is only whitespace are dropped, with their quarantine records."""
@@ -140,3 +154,26 @@ class InputTable(Sequence):
         if len(bad):
             relabeled = relabeled.take(np.flatnonzero(ids != -2))
         return relabeled, quarantine
+
+
+def same_files(inodes: np.ndarray, devices: np.ndarray) -> list[list[int]]:
+    """The groups of rows that are one file (equal device and inode), each in row order, in the order of their
+    first rows; [] when every row is its own file (one sort)."""
+    if len(inodes) < 2:
+        return []
+    if (devices == devices[0]).all():  # one file system (the usual case): no inode repeats, no alias
+        if (inodes[1:] > inodes[:-1]).all():  # files made in name order: ascending inodes, none twice
+            return []
+        ordered = np.sort(inodes)  # else any order (files made by many processes): a quicksort, not a timsort
+        if not (ordered[1:] == ordered[:-1]).any():
+            return []
+        del ordered
+    order = np.lexsort((np.arange(len(inodes)), inodes, devices))  # by device, inode, then row
+    same = (inodes[order][1:] == inodes[order][:-1]) & (devices[order][1:] == devices[order][:-1])
+    groups: dict[tuple[int, int], list[int]] = {}
+    for at in np.flatnonzero(same).tolist():
+        for row in (int(order[at]), int(order[at + 1])):
+            group = groups.setdefault((int(devices[row]), int(inodes[row])), [])
+            if not group or group[-1] != row:  # rows ascend within a group (the lexsort's last key)
+                group.append(row)
+    return sorted(groups.values())

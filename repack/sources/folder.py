@@ -44,7 +44,7 @@ import numpy as np
 
 from repack.errors import UsageError
 from repack.sources.base import Scan, alias_reason, quarantine_record, sort_key
-from repack.sources.columns import NO_LABEL, InputTable, name_ends
+from repack.sources.columns import NO_LABEL, InputTable, name_ends, same_files
 from repack.sources.confine import Confinement
 from repack.sources.walk import Walks, taken_ahead
 
@@ -131,26 +131,9 @@ def _drop_aliases(conf: Confinement, table: InputTable, devices: np.ndarray, kee
     later never gives one file a second sample); quarantine the others naming it."""
     if len(table) < 2:
         return
-    inodes, real_paths = table.inodes, table.real_paths
-    if (devices == devices[0]).all():  # one file system (the usual case): no inode repeats, no alias
-        if (inodes[1:] > inodes[:-1]).all():  # files made in name order: ascending inodes, none twice
-            return
-        ordered = np.sort(inodes)  # else any order (files made by many processes): a quicksort, not a timsort
-        if not (ordered[1:] == ordered[:-1]).any():
-            return
-        del ordered
-    order = np.lexsort((np.arange(len(table)), inodes, devices))  # by device, inode, then row
-    same = (inodes[order][1:] == inodes[order][:-1]) & (devices[order][1:] == devices[order][:-1])
-    if not same.any():
-        return
-    groups: dict[tuple[int, int], list[int]] = {}
-    for at in np.flatnonzero(same).tolist():
-        for row in (int(order[at]), int(order[at + 1])):
-            group = groups.setdefault((int(devices[row]), int(inodes[row])), [])
-            if row not in group:
-                group.append(row)
-    for group in groups.values():
-        group.sort()
+    real_paths = table.real_paths
+    groups = same_files(table.inodes, devices)
+    for group in groups:
         preferred = [row for row, chosen in zip(group, prefer([table.rel(row) for row in group]))
                      if chosen] if prefer is not None else []
         candidates = preferred or group

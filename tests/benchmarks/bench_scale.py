@@ -17,7 +17,8 @@ change, repack's figure / the budget or the full pack, <= 1 / <= 0.15 meets the 
             hand-written webdataset ShardWriter script (one process per core, each a contiguous slice
             of the sorted file list, its own shards of 1,000 samples of jpg + cls); the default
             `repack images SRC OUT` (decode check) vs the same script with a PIL decode check
-  memory    peak summed PSS of the repack process tree (the larger of both packs) vs 120 MB + 0.5 KB per input
+  memory    peak summed PSS of the repack process tree (the larger of both packs) vs 120 MB + 0.5 KB per input;
+            the same for `repack images LIST OUT --list --verify none` of the same files (a CSV beside SRC)
   state     bytes under OUT that no manifest names and are no manifest (the job state), per input, vs 64 B
   verify    `repack verify OUT` vs `sha256sum` of the same files (the manifests name) with `xargs -P W -n 4`
   change    `repack images SRC OUT --append` after adding N/100 new files, and `repack remove OUT --sources`
@@ -395,6 +396,25 @@ def memory_row(what: str, runs: tuple[Run, ...], inputs: int) -> dict:
                peak_rss_mb=round(rss / 1e6, 1), peak_largest_mb=round(largest / 1e6, 1))
 
 
+def list_memory_row(src: Path, work: Path, n: int) -> dict:
+    """``repack images LIST OUT --list`` of the same files (a CSV of path,label beside SRC, in the order
+    ``tiny_jpegs`` made them: not sorted): the peak memory of its process tree, as ``memory_row``."""
+    listing = src.parent / f"{src.name}.csv"
+    if not listing.exists():
+        part = listing.with_suffix(".part")
+        with open(part, "w") as fh:
+            fh.write("path,label\n")
+            for index in range(n):
+                rel = file_path(Path(src.name), index, ".jpg")
+                fh.write(f"{rel},{rel.parent.name}\n")
+        part.rename(listing)
+    out = work / "out-list"
+    shutil.rmtree(out, ignore_errors=True)
+    listed = run_tree(repack("images", listing, out, "--list", "--verify", "none"))
+    shutil.rmtree(out, ignore_errors=True)
+    return memory_row(f"repack images --list --verify none ({listed.wall:.2f} s)", (listed,), n)
+
+
 PACK_REPEATS = 2  # rounds of the pack and the text commands (REPACK_BENCH_REPEATS), alternated; the best wall of each
 
 
@@ -457,6 +477,7 @@ def part_pack(src: Path, work: Path, n: int, cpus: int) -> tuple[list[dict], dic
             walls_repack=[r.wall for r in runs["full"]], walls_script=[r.wall for r in runs["checked"]]),
     ]
     rows.append(memory_row("repack images", (*runs["none"], *runs["full"]), n))
+    rows.append(list_memory_row(src, work, n))
     state = state_bytes(out_full)
     rows.append(row("job state under OUT, per input", state / n, "B", "budget: 64 B/input", 64, state / n / 64,
                     "<= 1", state_bytes=state))
