@@ -48,6 +48,9 @@ class InputColumns:
     @classmethod
     def of(cls, items: Sequence, root: str | None) -> "InputColumns":
         """Columns of ``items``: an ``InputTable`` (read column-wise) or any sequence of ``InputItem``."""
+        if hasattr(items, "shard_ids"):  # repack.sources.member_table.MemberTable: tar members
+            return cls(items.names, items.ends, items.label_ids, tuple(items.label_names), items.sizes,
+                       MemberFields(items), {}, {}, None)
         if hasattr(items, "label_ids"):  # repack.sources.columns.InputTable
             return cls(items.names, items.ends, items.label_ids, tuple(items.label_names), items.sizes,
                        Fingerprints((items.sizes, items.mtimes, items.inodes), None), dict(items.real_paths), {},
@@ -121,6 +124,28 @@ class Fingerprints:
         if self.columns is not None:
             return {"fpz": pack_column(delta_columns([column[start:end] for column in self.columns]))}
         return {"fp": self.lists[start:end]}
+
+
+@dataclass(frozen=True)
+class MemberFields:
+    """Where tar members lie (a ``MemberTable``'s shards, offsets and sizes) and their sample keys, as a task
+    payload's columns (``repack.jobs.task_inputs``): the fingerprint checked is the shard's."""
+
+    table: "MemberTable"  # noqa: F821 - repack.sources.member_table
+
+    def payload(self, start: int, end: int) -> dict:
+        """Rows [start, end): "shards" ([path, fingerprint, rel] of each shard they lie in), "memz" (the packed
+        columns: index into "shards", data offset, size) and "keyz" (their sample keys, a names blob)."""
+        table = self.table
+        ids = table.shard_ids[start:end]
+        used, local = np.unique(ids, return_inverse=True) if len(ids) else (ids, ids)
+        shards = [table.shards[int(i)] for i in used.tolist()]
+        first = int(table.key_ends[start - 1]) + 1 if start else 0
+        keys = table.keys[first:int(table.key_ends[end - 1]) + 1] if end > start else b""
+        return {"shards": [[shard.path, list(shard.fingerprint), shard.rel] for shard in shards],
+                "memz": pack_column(delta_columns([local.astype(np.int64), table.offsets[start:end],
+                                                   table.sizes[start:end]])),
+                "keyz": pack_column(keys)}
 
 
 def _digits(values: np.ndarray) -> np.ndarray:

@@ -59,7 +59,7 @@ from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.jobs.image_plan import InputColumns, PayloadWriter, cut_runs, sample_bounds, sample_expected
 from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - sample_key: imported from here by the video job
 from repack.lifecycle.input_columns import encode_names, names_of_blob
-from repack.lifecycle.input_record import load_known, select_new, select_new_rows
+from repack.lifecycle.input_record import NO_MTIME, load_known, select_new, select_new_rows
 from repack.jobs.record_columns import pack_digests, pack_times, packed_rels, unpack_times
 from repack.jobs.stats import bucket_edges, histogram, merge_counts, merge_slowest, percentiles
 from repack.jobs.summary import quarantine_lines
@@ -396,13 +396,17 @@ class ImagesJob(Job):
         if spec.known_inputs:  # --append: only what the dataset does not hold yet (repack.lifecycle.input_record)
             known = load_known(spec.known_inputs)
             key_offset = known.next_position
-            if hasattr(items, "take"):  # columns: rels and fingerprints without an object per input
+            if hasattr(items, "mtimes"):  # a scan's InputTable: rels and fingerprints without an object per input
                 if spec.list_file:  # a row spelled otherwise than the dataset holds it (./a.jpg for a.jpg): known
                     from repack.sources.listfile import respell_held
 
                     items = respell_held(items, known, os.path.dirname(os.path.abspath(spec.source)))
                 selection = select_new_rows(names_of_blob(items.names, items.ends), items.sizes, items.mtimes, known,
                                             lambda row: content_sha256(items[row]))
+            elif hasattr(items, "shard_ids"):  # tar members as columns: the fingerprint is the shard's
+                size, mtime = items.shard_prints(NO_MTIME)
+                selection = select_new_rows(names_of_blob(items.names, items.ends), size, mtime, known,
+                                            lambda row: content_sha256(items[row]), size_is_content=False)
             else:
                 selection = select_new(range(len(items)), known, lambda row: items[row].rel,
                                        lambda row: items[row].fingerprint, lambda row: content_sha256(items[row]),

@@ -11,6 +11,10 @@ plan.json.gz stores); the per-input columns are bytes, zlib'd and base64'd into 
                             then mtime_ns, then inode, each as its first value then differences
                             (``delta_columns``; a folder scan's)
    "fp":    [[fingerprint], ...]   or one list per input (other sources: their own length)
+   "shards": [[path, fingerprint, rel], ...]   or, for tar members (a ``MemberTable``), the shards they lie in,
+   "memz":  "<packed>",     and int64 columns of the index into "shards", the member's data offset and size
+                            (``delta_columns``): path and fingerprint are the shard's, "member" and "meta" from them
+   "keyz":  "<packed>",     the members' sample keys (``meta``'s source_key), each followed by a NUL
    "clsz":  "<packed>",     class index per input, little-endian int32, -1 for none (absent when unlabeled)
    "names": {index: name},  the class names of those indices
    "root":  "/src/",        path = root + rel, except the inputs in "path"
@@ -117,7 +121,14 @@ def task_inputs(payload: dict) -> list[dict]:
     if not isinstance(inputs, dict):
         return list(inputs)
     rels, first = input_rels(payload), inputs["first"]
-    if "fpz" in inputs:
+    members = None
+    if "memz" in inputs:  # tar members: the fingerprint is their shard's
+        members = undelta_columns(unpack_column(inputs["memz"]), len(rels)).tolist() if rels else []
+        shards, keys = inputs["shards"], split_names(unpack_column(inputs["keyz"]))
+        fps = [shards[shard][1] for shard, _, _ in members]
+        if len(keys) != len(rels):
+            raise ValueError("a task's input columns differ in length")
+    elif "fpz" in inputs:
         fps = undelta_columns(unpack_column(inputs["fpz"]), len(rels)).tolist()
     elif "fp3" in inputs:
         flat = inputs["fp3"]
@@ -141,6 +152,11 @@ def task_inputs(payload: dict) -> list[dict]:
             entry["path"] = path
         elif root is not None:
             entry["path"] = root + rel
+        if members is not None:
+            shard, offset, size = members[i]
+            entry["path"] = shards[shard][0]
+            entry["member"] = {"offset": offset, "size": size}
+            entry["meta"] = {"source_file": shards[shard][2], "source_key": keys[i]}
         if extra and str(i) in extra:
             entry.update(extra[str(i)])
         entries.append(entry)

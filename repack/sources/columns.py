@@ -34,6 +34,23 @@ def split_names(names: bytes) -> list[str]:
     return names.decode(*_FS).split("\0")[:-1] if names else []
 
 
+def blob_rows(names: bytes, ends: np.ndarray, index: np.ndarray) -> bytes:
+    """The names blob of the rows ``index`` (int64 row numbers, in that order) of the blob ``names``."""
+    if len(index) == len(ends) and (index == np.arange(len(ends))).all():
+        return names
+    if len(index) * 8 < len(ends):  # a few rows (an --append's new inputs): sliced out one by one
+        starts = np.concatenate(([0], ends[:-1] + 1)) if len(ends) else np.zeros(0, dtype=np.int64)
+        return b"".join([names[start:end + 1] for start, end in zip(starts[index].tolist(), ends[index].tolist())])
+    parts = names.split(b"\0")
+    return b"".join([parts[i] + b"\0" for i in index.tolist()])
+
+
+def name_at(names: bytes, ends: np.ndarray, row: int) -> str:
+    """Row ``row`` of a names blob, decoded."""
+    start = int(ends[row - 1]) + 1 if row else 0
+    return names[start:int(ends[row])].decode(*_FS)
+
+
 @dataclass(frozen=True, eq=False)
 class InputTable(Sequence):
     """Inputs in plan order as columns (see the module docstring)."""
@@ -75,9 +92,7 @@ class InputTable(Sequence):
         return np.concatenate(([0], self.ends[:-1] + 1)) if len(self.ends) else np.zeros(0, dtype=np.int64)
 
     def rel(self, row: int) -> str:
-        end = int(self.ends[row])
-        start = int(self.ends[row - 1]) + 1 if row else 0
-        return self.names[start:end].decode(*_FS)
+        return name_at(self.names, self.ends, row)
 
     @cached_property
     def rels(self) -> list[str]:
@@ -110,16 +125,7 @@ class InputTable(Sequence):
             index = np.zeros(0, dtype=np.int64)
         moved = {new: self.real_paths[old] for new, old in enumerate(index.tolist()) if old in self.real_paths} \
             if self.real_paths else {}
-        if len(index) == len(self) and (index == np.arange(len(self))).all():
-            names = self.names
-        elif len(index) * 8 < len(self):  # a few rows (an --append's new inputs): sliced out one by one
-            blob = self.names
-            names = b"".join([blob[start:end + 1] for start, end in
-                              zip(self.starts[index].tolist(), self.ends[index].tolist())])
-        else:
-            parts = self.names.split(b"\0")
-            names = b"".join([parts[i] + b"\0" for i in index.tolist()])
-            del parts
+        names = blob_rows(self.names, self.ends, index)
         return InputTable(self.root, names, name_ends(names), self.label_ids[index], self.label_names,
                           self.sizes[index], self.mtimes[index], self.inodes[index], moved)
 

@@ -31,7 +31,7 @@ from repack.errors import UsageError
 from repack.sources.base import Scan, again_name, alias_reason, clean_label, quarantine_record, sort_key
 from repack.sources.columns import _FS, NO_LABEL, InputTable, name_ends, same_files
 from repack.sources.confine import Confinement
-from repack.sources.tar_shards import index_labels, index_refusal, numeric_class_index
+from repack.sources.class_index import bound_table_labels, numeric_class_index, sorted_labels
 
 LABEL_COLUMNS = ("label", "class", "cls")
 
@@ -96,8 +96,8 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None) -> Sc
     found = _check_rows(rows, labels, conf, base, name)
     del rows
     table, refused = found.without_aliases(base, name)
-    table, over = _bound_index_labels(table)
-    table = _label_order(table)
+    table, over = bound_table_labels(table)
+    table = sorted_labels(table)
     quarantine += [record for _, record in sorted(found.refused + refused, key=lambda pr: pr[0])] + over
     named = table.label_set() | {q["label"] for q in quarantine if q.get("label") is not None}
     return Scan(table, tuple(quarantine), found.labeled, class_index=numeric_class_index(named))
@@ -225,32 +225,6 @@ def _check_rows(rows: list[bytes], labels: list[str], conf: Confinement, base: s
         line.append(lineno)
         pos.append(at)
     return found
-
-
-def _label_order(table: InputTable) -> InputTable:
-    """``table`` with the label names its rows carry, in sorted order (as a planner of items indexes them: a
-    label only a set-aside row had is no class of the plan's)."""
-    names = tuple(sorted(table.label_set()))
-    if names == table.label_names:
-        return table
-    index = {label: at for at, label in enumerate(names)}
-    remap = np.array([index.get(label, NO_LABEL) for label in table.label_names] + [NO_LABEL], dtype=np.int32)
-    return dataclasses.replace(table, label_ids=remap[table.label_ids], label_names=names)
-
-
-def _bound_index_labels(table: InputTable) -> tuple[InputTable, list[dict]]:
-    """``bound_index_labels`` of a table: when its labels are class indices, the rows whose index is over the
-    bound are quarantined, in row order."""
-    used = table.label_set()
-    if not index_labels(used):
-        return table, []
-    refused = np.array([index_refusal(label) is not None for label in table.label_names] + [False])
-    rows = np.flatnonzero(refused[table.label_ids])
-    if not len(rows):
-        return table, []
-    over = [quarantine_record(table.rel(row), index_refusal(table.label(row)), table.label(row))
-            for row in rows.tolist()]
-    return table.take(np.flatnonzero(~refused[table.label_ids])), over
 
 
 def canonical_rel(rel: str, roots: tuple[str, ...]) -> str:

@@ -26,7 +26,7 @@ from repack.sources.base import FieldChoice, MemberItem, Scan, quarantine_record
 from repack.sources.confine import Confinement
 from repack.sources.containers import Container, list_containers, open_container
 from repack.sources.parquet_batches import iter_group_batches, open_parquet
-from repack.sources.tar_shards import bound_index_labels, numeric_class_index
+from repack.sources.class_index import bound_index_labels, numeric_class_index
 
 LABEL_COLUMNS = ("label", "labels", "class", "cls")
 

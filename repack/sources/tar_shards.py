@@ -14,9 +14,11 @@ is the class name; when every label is a decimal integer its value is the class 
 indices of the original dataset are kept). Compressed shards (``.tar.gz``) are quarantined:
 their members cannot be read at an offset.
 
-Each input is a ``MemberItem``: the shard's path and fingerprint, the image member's data offset
-and size (a task reads exactly those bytes), rel ``<shard rel>/<member name>`` and the metadata
-``source_file`` (shard rel) and ``source_key`` (sample key).
+The inputs are a ``MemberTable`` (``repack.sources.member_table``: columns, no object per sample): per input
+the shard (its path and fingerprint), the image member's data offset and size (a task reads exactly those
+bytes), rel ``<shard rel>/<member name>`` and the metadata ``source_file`` (shard rel) and ``source_key``
+(sample key). A plain shard's headers are read by ``repack.sources.tar_headers`` (``tarfile``'s answer,
+~10x faster), any other by ``tarfile``.
 """
 
 from __future__ import annotations
@@ -25,10 +27,17 @@ import dataclasses
 import tarfile
 from dataclasses import dataclass
 
+import numpy as np
+
 from repack.errors import UsageError
-from repack.sources.base import FieldChoice, MemberItem, Scan, again_name, quarantine_record
+from repack.sources.base import FieldChoice, Scan, again_name, quarantine_record
 from repack.sources.confine import Confinement
 from repack.sources.containers import Container, list_containers, open_container
+from repack.sources.class_index import (MAX_CLASS_INDEX, bound_table_labels, index_labels,  # noqa: F401
+                                        index_refusal, is_index_label, numeric_class_index, sorted_labels)
+from repack.sources.columns import NO_LABEL
+from repack.sources.member_table import MemberRows
+from repack.sources.tar_headers import NotPlain, PlainMembers
 from repack.sources.walk import is_junk
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm")
@@ -36,7 +45,6 @@ LABEL_EXTS = ("cls", "label", "class")
 MAX_LABEL_BYTES = 1024
 MAX_HEADER_BYTES = 1 << 20   # a pax or GNU long-name header; a larger one ends the shard's listing
 MAX_MEMBERS = 1_000_000      # members listed per shard (tarfile keeps each one's TarInfo while listing)
-MAX_CLASS_INDEX = 999_999_999  # an integer label kept as the class index: 9 digits (DALI's int32 label sum)
 COMPRESSED = {suffix: f"compressed tar shard ({suffix}): members cannot be read at an offset; decompress it"
               for suffix in (".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz", ".tar.zst", ".tzst",
                              ".tar.lz4", ".tar.lzma", ".tar.br")}  # (webdataset reads some: never skipped unnamed)
@@ -94,27 +102,52 @@ def _member_refusal(info: tarfile.TarInfo, shard_bytes: int | None) -> tuple[str
     return None, False
 
 
-def _samples(container: Container, quarantine: list[dict], counts: dict[str, int]):
-    """(samples in tar order, open tar) of one shard; members that are not regular files quarantined, a
-    member whose size points outside the shard, a header over the cap or more than MAX_MEMBERS
-    members end the shard's listing (quarantined by name); ``tarfile``'s errors quarantine the shard."""
+def _read_shard(container: Container, fields: FieldChoice, rows: MemberRows, quarantine: list[dict],
+                counts: dict[str, int]) -> None:
+    """Add one shard's samples to ``rows`` (in tar order), quarantining what is not read: members that are not
+    regular files; a member whose size points outside the shard, a header over the cap or more than MAX_MEMBERS
+    members end the shard's listing (quarantined by name); ``tarfile``'s errors quarantine the shard. A plain
+    tar is listed by ``tar_headers.PlainMembers`` (``tarfile``'s answer), any other by ``tarfile``."""
     fh = open_container(container)
     shard_bytes = container.fingerprint[0] if container.fingerprint else None
     try:
-        tar = tarfile.open(fileobj=_BoundedReads(fh), mode="r:")
-    except (tarfile.TarError, OSError, ValueError, OverflowError) as exc:
+        if shard_bytes is not None:
+            before = (rows.mark(), len(quarantine), dict(counts))
+            try:
+                return _list_samples(container, fh, PlainMembers(fh, shard_bytes, MAX_MEMBERS), fields, rows,
+                                     quarantine, counts)
+            except NotPlain:  # listed again by tarfile, from the start: what the members before made is undone
+                rows.undo(before[0])
+                del quarantine[before[1]:]
+                counts.clear()
+                counts.update(before[2])
+                fh.seek(0)
+        try:
+            tar = tarfile.open(fileobj=_BoundedReads(fh), mode="r:")
+        except (tarfile.TarError, OSError, ValueError, OverflowError) as exc:
+            quarantine.append(quarantine_record(container.rel, f"not a readable tar shard: {exc}"))
+            return None
+        return _list_samples(container, fh, tar, fields, rows, quarantine, counts)
+    finally:
         fh.close()
-        quarantine.append(quarantine_record(container.rel, f"not a readable tar shard: {exc}"))
-        return [], None, None
-    samples: dict[str, _Sample] = {}
-    last_key = None
+
+
+def _list_samples(container: Container, fh, members, fields: FieldChoice, rows: MemberRows,
+                  quarantine: list[dict], counts: dict[str, int]) -> None:
+    """``_read_shard`` of the shard open as ``fh``, its members listed by ``members`` (a ``PlainMembers``, or a
+    ``tarfile.TarFile``). A sample (a run of members of one key) is taken when its run ends; the members'
+    quarantine records come first, then the samples' (as when every sample was taken after the listing)."""
+    shard_bytes = container.fingerprint[0] if container.fingerprint else None
+    seen: set[str] = set()  # the keys of the samples listed so far
+    sample: _Sample | None = None
+    later: list[dict] = []  # the samples' quarantine records
     seen_again: dict[str, int] = {}
-    members = 0
+    listed = 0
     ended = False  # the listing ran to where tarfile stopped by itself (not a refusal's break)
     try:
-        for info in tar:  # each refusal that ends the listing breaks before tarfile seeks past this member
-            members += 1
-            if members > MAX_MEMBERS:
+        for info in members:  # each refusal that ends the listing breaks before tarfile seeks past this member
+            listed += 1
+            if listed > MAX_MEMBERS:
                 quarantine.append(quarantine_record(container.rel, f"tar shard holds more than {MAX_MEMBERS} "
                                                                    "members: the rest are not read"))
                 break
@@ -133,15 +166,18 @@ def _samples(container: Container, quarantine: list[dict], counts: dict[str, int
                 quarantine.append(quarantine_record(shown, refusal))
                 continue
             key, ext = split_name(info.name)
-            if key in samples and key != last_key:  # WebDataset's rule: a sample is a run of members of one key; a
-                # key again after another is another sample (its members never join the first: a label of the later
-                # image given to the earlier one)
-                quarantine.append(quarantine_record(again_name(f"{container.rel}/{info.name}", seen_again),
-                                                    f"sample {key!r} again after other samples (WebDataset reads it "
-                                                    "as another sample of the same key): not read"))
-                continue
-            last_key = key
-            sample = samples.setdefault(key, _Sample(key, {}, len(samples)))
+            if sample is None or key != sample.key:
+                if key in seen:  # WebDataset's rule: a sample is a run of members of one key; a key again after
+                    # another is another sample (its members never join the first: a label of the later image given
+                    # to the earlier one)
+                    quarantine.append(quarantine_record(again_name(f"{container.rel}/{info.name}", seen_again),
+                                                        f"sample {key!r} again after other samples (WebDataset reads "
+                                                        "it as another sample of the same key): not read"))
+                    continue
+                if sample is not None:
+                    _take_sample(container, fh, sample, fields, rows, later, counts)
+                sample = _Sample(key, {}, len(seen))
+                seen.add(key)
             if ext in sample.members:
                 quarantine.append(quarantine_record(again_name(f"{container.rel}/{info.name}", seen_again),
                                                     f"second {ext!r} member of sample {key!r}: not read"))
@@ -149,13 +185,37 @@ def _samples(container: Container, quarantine: list[dict], counts: dict[str, int
             sample.members[ext] = info
         else:
             ended = True
-        cut = _unclean_end(fh, tar.offset, shard_bytes) if ended and shard_bytes is not None else None
+        end = members.end if isinstance(members, PlainMembers) else members.offset
+        cut = _unclean_end(fh, end, shard_bytes) if ended and shard_bytes is not None else None
         if cut is not None:
-            quarantine.append(quarantine_record(container.rel, f"tar shard {cut} (byte {tar.offset} of {shard_bytes}): "
-                                                               f"{len(samples)} sample(s) listed before it"))
+            quarantine.append(quarantine_record(container.rel, f"tar shard {cut} (byte {end} of {shard_bytes}): "
+                                                               f"{len(seen)} sample(s) listed before it"))
     except (tarfile.TarError, OSError, ValueError, OverflowError) as exc:
-        quarantine.append(quarantine_record(container.rel, f"tar shard damaged after {len(samples)} sample(s): {exc}"))
-    return list(samples.values()), tar, fh
+        quarantine.append(quarantine_record(container.rel, f"tar shard damaged after {len(seen)} sample(s): {exc}"))
+    if sample is not None:
+        _take_sample(container, fh, sample, fields, rows, later, counts)
+    quarantine += later
+
+
+def _take_sample(container: Container, fh, sample: _Sample, fields: FieldChoice, rows: MemberRows,
+                 quarantine: list[dict], counts: dict[str, int]) -> None:
+    """Add ``sample`` to ``rows`` (its image member and label), or quarantine it with the reason."""
+    ext, reason = _pick_image(sample, fields)
+    if ext is None:
+        quarantine.append(quarantine_record(f"{container.rel}/{sample.key}", reason))
+        return
+    image = sample.members[ext]
+    label_ext = _pick_label(sample, fields)
+    label = None
+    if label_ext is not None:
+        label, reason = _read_label(fh, sample.members[label_ext])
+        if reason is not None:
+            quarantine.append(quarantine_record(f"{container.rel}/{image.name}", reason))
+            return
+    for other in sample.members:
+        if other not in (ext, label_ext):
+            counts[other] = counts.get(other, 0) + 1
+    rows.add(container, f"{container.rel}/{image.name}", sample.key, label, image.offset_data, image.size)
 
 
 def _unclean_end(fh, offset: int, shard_bytes: int) -> str | None:
@@ -199,62 +259,21 @@ def _pick_label(sample: _Sample, fields: FieldChoice) -> str | None:
     return next((ext for ext in LABEL_EXTS if ext in sample.members), None)
 
 
-def _read_label(tar: tarfile.TarFile, info: tarfile.TarInfo) -> tuple[str | None, str | None]:
-    """(class name, None) from a label member's text, or (None, reason)."""
+def _read_label(fh, info) -> tuple[str | None, str | None]:
+    """(class name, None) from a label member's text (a regular member: its bytes lie at its data offset), or
+    (None, reason)."""
     if info.size > MAX_LABEL_BYTES:
         return None, f"label member {info.name!r} is {info.size} bytes (over {MAX_LABEL_BYTES}): not a label"
-    raw = tar.extractfile(info).read().removeprefix(b"\xef\xbb\xbf")  # a byte order mark is no part of the name
+    fh.seek(info.offset_data)
+    raw = fh.read(info.size)
+    if len(raw) != info.size:
+        return None, f"label member {info.name!r} is cut short ({len(raw)} of {info.size} bytes)"
+    raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte order mark is no part of the name
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
         return None, f"label member {info.name!r} is not UTF-8 text"
     return (text, None) if text else (None, f"label member {info.name!r} is empty")
-
-
-def is_index_label(label: str) -> bool:
-    """A label written as a class index: ASCII digits ("0", "17", and zero-padded "017", as repack's own
-    ``.cls`` members are; not "+1", "1.0")."""
-    return label.isascii() and label.isdigit()
-
-
-def index_labels(labels: set[str]) -> bool:
-    """Whether ``labels`` are the source's class indices: every one an index label, no two of one value
-    ("01" beside "1" makes every label a name)."""
-    return bool(labels) and all(is_index_label(label) for label in labels) and \
-        len({label.lstrip("0") for label in labels}) == len(labels)
-
-
-def numeric_class_index(labels: set[str]) -> tuple[tuple[str, int], ...]:
-    """The source's own indices when ``labels`` are class indices (``index_labels``), else () (sorted
-    names). Indices over MAX_CLASS_INDEX are the caller's to quarantine first (``index_refusal``)."""
-    if index_labels(labels):
-        return tuple(sorted(((label, int(label)) for label in labels), key=lambda kv: kv[1]))
-    return ()
-
-
-def index_refusal(label: str) -> str | None:
-    """Why an index label cannot be a class index (over MAX_CLASS_INDEX), else None."""
-    digits = label.lstrip("0") or "0"
-    if len(digits) > len(str(MAX_CLASS_INDEX)) or int(digits) > MAX_CLASS_INDEX:
-        shown = label if len(label) <= 40 else f"{label[:20]}...({len(label)} digits)"
-        return f"label {shown} is over the largest class index {MAX_CLASS_INDEX} (the readers' int32 labels)"
-    return None
-
-
-def bound_index_labels(items: list, quarantine: list[dict]) -> list:
-    """``items`` whose labels can be the class indices: when every label is an index label, the items
-    whose index is over the bound are quarantined (by name); otherwise labels are names: all kept."""
-    labels = {item.label for item in items if item.label is not None}
-    if not index_labels(labels):
-        return items
-    kept = []
-    for item in items:
-        reason = index_refusal(item.label) if item.label is not None else None
-        if reason is None:
-            kept.append(item)
-        else:
-            quarantine.append(quarantine_record(item.rel, reason, item.label))
-    return kept
 
 
 def scan_tar_shards(source: str, fields: FieldChoice, confinement: Confinement | None = None) -> Scan:
@@ -266,49 +285,28 @@ def scan_tar_shards(source: str, fields: FieldChoice, confinement: Confinement |
     listing = list_containers(source, (".tar",), COMPRESSED, conf.without_size_cap())  # the cap is per member
     quarantine = list(listing.quarantine)
     counts: dict[str, int] = {}
-    picked: list[tuple[Container, _Sample, str, str | None]] = []  # container, sample, image ext, label
+    rows = MemberRows()  # the samples taken, as columns, a shard at a time
     for container in listing.containers:
-        samples, tar, fh = _samples(container, quarantine, counts)
-        try:
-            for sample in samples:
-                rel_key = f"{container.rel}/{sample.key}"
-                ext, reason = _pick_image(sample, fields)
-                if ext is None:
-                    quarantine.append(quarantine_record(rel_key, reason))
-                    continue
-                label_ext = _pick_label(sample, fields)
-                label = None
-                if label_ext is not None:
-                    label, reason = _read_label(tar, sample.members[label_ext])
-                    if reason is not None:
-                        quarantine.append(quarantine_record(f"{container.rel}/{sample.members[ext].name}", reason))
-                        continue
-                for other in sample.members:
-                    if other not in (ext, label_ext):
-                        counts[other] = counts.get(other, 0) + 1
-                picked.append((container, sample, ext, label))
-        finally:
-            if fh is not None:
-                fh.close()
-    labeled = fields.label is not None or any(label is not None for *_, label in picked)
-    items: list[MemberItem] = []
-    for container, sample, ext, label in picked:
-        info = sample.members[ext]
-        rel = f"{container.rel}/{info.name}"
-        if labeled and label is None:
-            quarantine.append(quarantine_record(rel, f"no label member{f' {fields.label!r}' if fields.label else ''} "
-                                                     "in a labeled dataset"))
-            continue
-        too_big = conf.size_refusal(info.size)
-        if too_big is not None:
-            quarantine.append(quarantine_record(rel, too_big, label))
-            continue
-        items.append(MemberItem(container.path, rel, label, info.size, container=container.fingerprint,
-                                member=(("offset", info.offset_data), ("size", info.size)),
-                                meta=(("source_file", container.rel), ("source_key", sample.key))))
-    items = bound_index_labels(items, quarantine)
-    if not items and not quarantine:
+        _read_shard(container, fields, rows, quarantine, counts)
+    labeled = fields.label is not None or bool(rows.labels)
+    table = rows.table()
+    del rows
+    unlabeled = (table.label_ids == NO_LABEL) if labeled else np.zeros(len(table), dtype=bool)
+    too_big = table.sizes > conf.max_file_bytes if conf.max_file_bytes is not None else np.zeros(len(table), bool)
+    refused = unlabeled | too_big
+    for row in np.flatnonzero(refused).tolist():
+        if unlabeled[row]:
+            quarantine.append(quarantine_record(table.rel(row), f"no label member"
+                                                f"{f' {fields.label!r}' if fields.label else ''} in a labeled dataset"))
+        else:
+            quarantine.append(quarantine_record(table.rel(row), conf.size_refusal(int(table.sizes[row])),
+                                                table.label(row)))
+    if refused.any():
+        table = table.take(np.flatnonzero(~refused))
+    table, over = bound_table_labels(table)
+    quarantine += over
+    if not len(table) and not quarantine:
         raise UsageError(f"source {source!r}: its tar shards hold no samples")
-    labels = {item.label for item in items if item.label is not None}
-    return Scan(tuple(items), tuple(quarantine), labeled, listing.skipped,
-                class_index=numeric_class_index(labels), not_carried=tuple(sorted(counts.items())))
+    table = sorted_labels(table)
+    return Scan(table, tuple(quarantine), labeled, listing.skipped,
+                class_index=numeric_class_index(table.label_set()), not_carried=tuple(sorted(counts.items())))

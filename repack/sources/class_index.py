@@ -1,0 +1,90 @@
+"""Labels that are class indices: the rule, and its bound.
+
+A source's labels (a list's column, a tar shard's ``.cls`` member, a parquet column) that are all written as
+class indices ("0", "17", "017") keep those values as the dataset's class indices, as a converted dataset's
+should; otherwise labels are names, indexed in sorted order. An index over ``MAX_CLASS_INDEX`` cannot be a
+class (the readers' int32 labels): its input is quarantined. The ``*_table`` helpers apply the rules to columns
+(an ``InputTable`` or a ``MemberTable``: label ids into label names)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from repack.sources.base import quarantine_record
+from repack.sources.columns import NO_LABEL
+
+MAX_CLASS_INDEX = 999_999_999  # an integer label kept as the class index: 9 digits (DALI's int32 label sum)
+
+
+def is_index_label(label: str) -> bool:
+    """A label written as a class index: ASCII digits ("0", "17", and zero-padded "017", as repack's own
+    ``.cls`` members are; not "+1", "1.0")."""
+    return label.isascii() and label.isdigit()
+
+
+def index_labels(labels: set[str]) -> bool:
+    """Whether ``labels`` are the source's class indices: every one an index label, no two of one value
+    ("01" beside "1" makes every label a name)."""
+    return bool(labels) and all(is_index_label(label) for label in labels) and \
+        len({label.lstrip("0") for label in labels}) == len(labels)
+
+
+def numeric_class_index(labels: set[str]) -> tuple[tuple[str, int], ...]:
+    """The source's own indices when ``labels`` are class indices (``index_labels``), else () (sorted
+    names). Indices over MAX_CLASS_INDEX are the caller's to quarantine first (``index_refusal``)."""
+    if index_labels(labels):
+        return tuple(sorted(((label, int(label)) for label in labels), key=lambda kv: kv[1]))
+    return ()
+
+
+def index_refusal(label: str) -> str | None:
+    """Why an index label cannot be a class index (over MAX_CLASS_INDEX), else None."""
+    digits = label.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_CLASS_INDEX)) or int(digits) > MAX_CLASS_INDEX:
+        shown = label if len(label) <= 40 else f"{label[:20]}...({len(label)} digits)"
+        return f"label {shown} is over the largest class index {MAX_CLASS_INDEX} (the readers' int32 labels)"
+    return None
+
+
+def bound_index_labels(items: list, quarantine: list[dict]) -> list:
+    """``items`` whose labels can be the class indices: when every label is an index label, the items
+    whose index is over the bound are quarantined (by name); otherwise labels are names: all kept."""
+    labels = {item.label for item in items if item.label is not None}
+    if not index_labels(labels):
+        return items
+    kept = []
+    for item in items:
+        reason = index_refusal(item.label) if item.label is not None else None
+        if reason is None:
+            kept.append(item)
+        else:
+            quarantine.append(quarantine_record(item.rel, reason, item.label))
+    return kept
+
+
+def sorted_labels(table):
+    """``table`` with the label names its rows carry, in sorted order (as a planner of items indexes them: a
+    label only a set-aside row had is no class of the plan's)."""
+    names = tuple(sorted(table.label_set()))
+    if names == table.label_names:
+        return table
+    index = {label: at for at, label in enumerate(names)}
+    remap = np.array([index.get(label, NO_LABEL) for label in table.label_names] + [NO_LABEL], dtype=np.int32)
+    return dataclasses.replace(table, label_ids=remap[table.label_ids], label_names=names)
+
+
+def bound_table_labels(table) -> tuple[object, list[dict]]:
+    """``bound_index_labels`` of a table: when its labels are class indices, the rows whose index is over the
+    bound are quarantined, in row order."""
+    used = table.label_set()
+    if not index_labels(used):
+        return table, []
+    refused = np.array([index_refusal(label) is not None for label in table.label_names] + [False])
+    rows = np.flatnonzero(refused[table.label_ids])
+    if not len(rows):
+        return table, []
+    over = [quarantine_record(table.rel(row), index_refusal(table.label(row)), table.label(row))
+            for row in rows.tolist()]
+    return table.take(np.flatnonzero(~refused[table.label_ids])), over

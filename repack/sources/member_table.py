@@ -1,0 +1,127 @@
+"""Inputs stored inside tar shards, as columns: a ``--from webdataset`` scan without an object per sample.
+
+A ``MemberTable`` holds, per input, its rel (``<shard rel>/<member name>``, a names blob as
+``repack.sources.columns`` has them), a label id, the shard it lies in (an index into ``shards``), the
+member's data offset and size, and its sample key (``source_key``, a second names blob). It is a
+``Sequence[MemberItem]``: code that wants objects (--append's selection, --dedup) indexes it and gets a
+``MemberItem`` built on demand; the image planner reads the columns (``repack.jobs.image_plan``).
+``MemberRows`` builds one, a shard at a time.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from repack.sources.base import MemberItem
+from repack.sources.columns import _FS, NO_LABEL, blob_rows, name_at, name_ends
+from repack.sources.containers import Container
+
+
+@dataclass(frozen=True, eq=False)
+class MemberTable(Sequence):
+    """Tar members in plan order as columns (see the module docstring)."""
+
+    names: bytes                   # the rels, each followed by a NUL
+    ends: np.ndarray               # int64: where each rel's NUL is in ``names``
+    label_ids: np.ndarray          # int32 into ``label_names``, NO_LABEL for none
+    label_names: tuple[str, ...]
+    shards: tuple[Container, ...]  # the shards the members lie in
+    shard_ids: np.ndarray          # int32 into ``shards``
+    offsets: np.ndarray            # int64: the member's data offset in its shard
+    sizes: np.ndarray              # int64: the member's bytes
+    keys: bytes                    # each input's sample key (``source_key``), each followed by a NUL
+    key_ends: np.ndarray           # int64
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def __getitem__(self, row):
+        if isinstance(row, slice):
+            return self.take(range(*row.indices(len(self))))
+        shard = self.shards[int(self.shard_ids[row])]
+        offset, size = int(self.offsets[row]), int(self.sizes[row])
+        return MemberItem(shard.path, self.rel(row), self.label(row), size, container=shard.fingerprint,
+                          member=(("offset", offset), ("size", size)),
+                          meta=(("source_file", shard.rel), ("source_key", self.key(row))))
+
+    def __iter__(self):
+        return (self[row] for row in range(len(self)))
+
+    def rel(self, row: int) -> str:
+        return name_at(self.names, self.ends, row)
+
+    def key(self, row: int) -> str:
+        return name_at(self.keys, self.key_ends, row)
+
+    def label(self, row: int) -> str | None:
+        lid = int(self.label_ids[row])
+        return None if lid == NO_LABEL else self.label_names[lid]
+
+    def label_set(self) -> set[str]:
+        """The labels some input carries."""
+        if not len(self.label_ids):
+            return set()
+        counts = np.bincount(self.label_ids + 1, minlength=len(self.label_names) + 1)  # NO_LABEL counted at 0
+        return {self.label_names[i] for i in np.flatnonzero(counts[1:]).tolist()}
+
+    def shard_prints(self, no_mtime: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each input's fingerprint as an --append compares it (its shard's): size, and mtime_ns (s3://: the ETag
+        value; ``no_mtime`` where the fingerprint has no second value), int64."""
+        prints = [shard.fingerprint for shard in self.shards]
+        size = np.array([p[0] for p in prints], dtype=np.int64)
+        mtime = np.array([p[1] if len(p) > 1 else no_mtime for p in prints], dtype=np.int64)
+        return size[self.shard_ids], mtime[self.shard_ids]
+
+    def take(self, rows) -> "MemberTable":
+        """The rows ``rows`` (any sequence of row numbers), in that order."""
+        index = np.asarray(rows, dtype=np.int64).reshape(-1)
+        names, keys = blob_rows(self.names, self.ends, index), blob_rows(self.keys, self.key_ends, index)
+        return MemberTable(names, name_ends(names), self.label_ids[index], self.label_names, self.shards,
+                           self.shard_ids[index], self.offsets[index], self.sizes[index], keys, name_ends(keys))
+
+
+class MemberRows:
+    """A ``MemberTable`` built a row at a time (``add``), the shards' members in order."""
+
+    def __init__(self) -> None:
+        self.names, self.keys = bytearray(), bytearray()
+        self.labels: dict[str, int] = {}
+        self.shards: list[Container] = []
+        self.label_ids, self.shard_ids = array("i"), array("i")
+        self.offsets, self.sizes = array("q"), array("q")
+
+    def add(self, shard: Container, rel: str, key: str, label: str | None, offset: int, size: int) -> None:
+        if not self.shards or self.shards[-1] is not shard:
+            self.shards.append(shard)
+        self.names += rel.encode(*_FS) + b"\0"
+        self.keys += key.encode(*_FS) + b"\0"
+        self.label_ids.append(NO_LABEL if label is None else self.labels.setdefault(label, len(self.labels)))
+        self.shard_ids.append(len(self.shards) - 1)
+        self.offsets.append(offset)
+        self.sizes.append(size)
+
+    def mark(self) -> tuple[int, ...]:
+        """Where the rows end now (``undo`` takes back what was added since)."""
+        return len(self.names), len(self.keys), len(self.shards), len(self.sizes), len(self.labels)
+
+    def undo(self, mark: tuple[int, ...]) -> None:
+        """Take back the rows added since ``mark``."""
+        names, keys, shards, count, labels = mark
+        del self.names[names:], self.keys[keys:], self.shards[shards:]
+        for column in (self.label_ids, self.shard_ids, self.offsets, self.sizes):
+            del column[count:]
+        for label in list(self.labels)[labels:]:
+            del self.labels[label]
+
+    def table(self) -> MemberTable:
+        names, keys = bytes(self.names), bytes(self.keys)
+
+        def column(values: array, dtype) -> np.ndarray:
+            return np.frombuffer(values, dtype=dtype).copy() if len(values) else np.zeros(0, dtype=dtype)
+        return MemberTable(names, name_ends(names), column(self.label_ids, np.int32), tuple(self.labels),
+                           tuple(self.shards), column(self.shard_ids, np.int32), column(self.offsets, np.int64),
+                           column(self.sizes, np.int64), keys, name_ends(keys))
