@@ -1,6 +1,5 @@
 """A foreign shard's members listed without ``tarfile`` (``repack.sources.tar_headers.PlainMembers``) are
-``tarfile``'s members, or the shard is left to ``tarfile`` (``NotPlain``); the scan's inputs are columns
-(``MemberTable``) whose items, task payloads and entries say what the members are."""
+``tarfile``'s members, or the shard is left to ``tarfile`` (``NotPlain``)."""
 
 from __future__ import annotations
 
@@ -96,45 +95,3 @@ def test_plain_members_are_tarfiles_members_or_left_to_tarfile():
                 assert listed[0] and not isinstance(reference, type), what
     with pytest.raises(NotPlain):  # more members than the limit: tarfile's path quarantines the rest
         list(PlainMembers(io.BytesIO(ustar), len(ustar), 3))
-
-
-def test_a_foreign_scan_is_columns_and_its_payload_says_what_each_member_is(tmp_path):
-    """``--from webdataset``'s scan: a ``MemberTable``, whose items, task payloads (shards, offsets and sizes as
-    columns) and task entries name each member's shard, fingerprint, offset, size and sample key; a scan of
-    20,000 samples allocates under 400 bytes a sample at its peak (a ``MemberItem`` per sample and the
-    listing's ``TarInfo``s took ~2.8 KB)."""
-    import tracemalloc
-
-    from repack.jobs.image_plan import InputColumns, PayloadWriter
-    from repack.jobs.task_inputs import task_inputs
-    from repack.sources import scan_foreign
-    from repack.sources.base import FieldChoice
-
-    src = tmp_path / "src"
-    src.mkdir()
-    for shard in range(2):
-        (src / f"s{shard}.tar").write_bytes(_tar(tarfile.USTAR_FORMAT, [
-            (f"k{shard}{n:05d}.{ext}", data, tarfile.REGTYPE) for n in range(10_000)
-            for ext, data in (("jpg", b"\xff\xd8" + bytes([n % 251]) * (n % 700)), ("cls", str(n % 7).encode()))]))
-    tracemalloc.start()
-    try:
-        scan = scan_foreign(str(src), "webdataset", FieldChoice())
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    table = scan.items
-    assert hasattr(table, "shard_ids") and len(table) == 20_000 and not scan.quarantine
-    assert peak < 400 * 20_000, peak / 20_000
-    cols = InputColumns.of(table, None)
-    writer = PayloadWriter(cols, scan.classes)
-    for start, end in ((0, 3), (9_998, 10_003), (19_990, 20_000)):
-        entries = task_inputs({"inputs": writer.inputs(start, end, start)})
-        for row, entry in zip(range(start, end), entries):
-            item = table[row]
-            assert (entry["rel"], entry["path"], entry["fingerprint"], entry["label"]) == \
-                (item.rel, item.path, item.fingerprint, item.label)
-            assert entry["member"] == dict(item.member) and entry["meta"] == dict(item.meta)
-            with open(item.path, "rb") as fh:
-                fh.seek(entry["member"]["offset"])
-                assert fh.read(entry["member"]["size"]) == b"\xff\xd8" + bytes([row % 10_000 % 251]) * (row % 10_000 % 700)
-            assert item.label == str(row % 10_000 % 7) and entry["meta"]["source_key"] == f"k{row // 10_000}{row % 10_000:05d}"

@@ -128,24 +128,32 @@ class Fingerprints:
 
 @dataclass(frozen=True)
 class MemberFields:
-    """Where tar members lie (a ``MemberTable``'s shards, offsets and sizes) and their sample keys, as a task
-    payload's columns (``repack.jobs.task_inputs``): the fingerprint checked is the shard's."""
+    """Where tar members or parquet rows lie (a ``MemberTable``'s files, offsets or rows, and sizes) and their
+    sample keys, as a task payload's columns (``repack.jobs.task_inputs``): the fingerprint checked is the file's."""
 
     table: "MemberTable"  # noqa: F821 - repack.sources.member_table
 
     def payload(self, start: int, end: int) -> dict:
-        """Rows [start, end): "shards" ([path, fingerprint, rel] of each shard they lie in), "memz" (the packed
-        columns: index into "shards", data offset, size) and "keyz" (their sample keys, a names blob)."""
+        """Rows [start, end): "shards" ([path, fingerprint, rel] of each shard they lie in; parquet: and its image
+        column), "memz" (the packed columns: index into "shards", data offset or row number, size), "keyz" (their
+        sample keys, a names blob) and, for parquet rows, "spathz" (their Image paths, a names blob)."""
         table = self.table
         ids = table.shard_ids[start:end]
         used, local = np.unique(ids, return_inverse=True) if len(ids) else (ids, ids)
         shards = [table.shards[int(i)] for i in used.tolist()]
         first = int(table.key_ends[start - 1]) + 1 if start else 0
         keys = table.keys[first:int(table.key_ends[end - 1]) + 1] if end > start else b""
-        return {"shards": [[shard.path, list(shard.fingerprint), shard.rel] for shard in shards],
-                "memz": pack_column(delta_columns([local.astype(np.int64), table.offsets[start:end],
-                                                   table.sizes[start:end]])),
-                "keyz": pack_column(keys)}
+        payload = {"shards": [[shard.path, list(shard.fingerprint), shard.rel] for shard in shards],
+                   "memz": pack_column(delta_columns([local.astype(np.int64), table.offsets[start:end],
+                                                      table.sizes[start:end]])),
+                   "keyz": pack_column(keys)}
+        if table.columns:  # parquet rows: each file's image column, and the rows' Image paths
+            for shard, at in zip(payload["shards"], used.tolist()):
+                shard.append(table.columns[at])
+            ends = table.source_path_ends
+            first = int(ends[start - 1]) + 1 if start else 0
+            payload["spathz"] = pack_column(table.source_paths[first:int(ends[end - 1]) + 1] if end > start else b"")
+        return payload
 
 
 def _digits(values: np.ndarray) -> np.ndarray:

@@ -11,10 +11,13 @@ plan.json.gz stores); the per-input columns are bytes, zlib'd and base64'd into 
                             then mtime_ns, then inode, each as its first value then differences
                             (``delta_columns``; a folder scan's)
    "fp":    [[fingerprint], ...]   or one list per input (other sources: their own length)
-   "shards": [[path, fingerprint, rel], ...]   or, for tar members (a ``MemberTable``), the shards they lie in,
-   "memz":  "<packed>",     and int64 columns of the index into "shards", the member's data offset and size
-                            (``delta_columns``): path and fingerprint are the shard's, "member" and "meta" from them
-   "keyz":  "<packed>",     the members' sample keys (``meta``'s source_key), each followed by a NUL
+   "shards": [[path, fingerprint, rel], ...]   or, for tar members or parquet rows (a ``MemberTable``), the files
+                            they lie in (parquet: [path, fingerprint, rel, image column]),
+   "memz":  "<packed>",     and int64 columns of the index into "shards", the member's data offset (parquet: the
+                            row) and size (``delta_columns``): path and fingerprint are the file's, "member" and
+                            "meta" from them
+   "keyz":  "<packed>",     the inputs' sample keys (``meta``'s source_key), each followed by a NUL
+   "spathz": "<packed>",    parquet: each row's Image path (``meta``'s source_path; "" for none), likewise
    "clsz":  "<packed>",     class index per input, little-endian int32, -1 for none (absent when unlabeled)
    "names": {index: name},  the class names of those indices
    "root":  "/src/",        path = root + rel, except the inputs in "path"
@@ -125,8 +128,9 @@ def task_inputs(payload: dict) -> list[dict]:
     if "memz" in inputs:  # tar members: the fingerprint is their shard's
         members = undelta_columns(unpack_column(inputs["memz"]), len(rels)).tolist() if rels else []
         shards, keys = inputs["shards"], split_names(unpack_column(inputs["keyz"]))
+        source_paths = split_names(unpack_column(inputs["spathz"])) if "spathz" in inputs else None
         fps = [shards[shard][1] for shard, _, _ in members]
-        if len(keys) != len(rels):
+        if len(keys) != len(rels) or (source_paths is not None and len(source_paths) != len(rels)):
             raise ValueError("a task's input columns differ in length")
     elif "fpz" in inputs:
         fps = undelta_columns(unpack_column(inputs["fpz"]), len(rels)).tolist()
@@ -155,8 +159,13 @@ def task_inputs(payload: dict) -> list[dict]:
         if members is not None:
             shard, offset, size = members[i]
             entry["path"] = shards[shard][0]
-            entry["member"] = {"offset": offset, "size": size}
             entry["meta"] = {"source_file": shards[shard][2], "source_key": keys[i]}
+            if source_paths is None:
+                entry["member"] = {"offset": offset, "size": size}
+            else:  # a parquet row: its number, its file's image column
+                entry["member"] = {"row": offset, "column": shards[shard][3]}
+                if source_paths[i]:
+                    entry["meta"]["source_path"] = source_paths[i]
         if extra and str(i) in extra:
             entry.update(extra[str(i)])
         entries.append(entry)

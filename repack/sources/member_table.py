@@ -1,8 +1,10 @@
-"""Inputs stored inside tar shards, as columns: a ``--from webdataset`` scan without an object per sample.
+"""Inputs stored inside other files, as columns: a ``--from webdataset|parquet`` scan without an object per sample.
 
-A ``MemberTable`` holds, per input, its rel (``<shard rel>/<member name>``, a names blob as
-``repack.sources.columns`` has them), a label id, the shard it lies in (an index into ``shards``), the
-member's data offset and size, and its sample key (``source_key``, a second names blob). It is a
+A ``MemberTable`` holds, per input, its rel (``<shard rel>/<member name>``, or ``<file rel>/<row>``: a names
+blob as ``repack.sources.columns`` has them), a label id, the file it lies in (an index into ``shards``), where
+in it (a tar member's data offset and size; a parquet row: its number, its image column the file's, and its
+size), its sample key (``source_key``, a second names blob) and, for parquet rows, the ``datasets`` Image
+feature's path where it has one (``source_path``, a third; empty for none). It is a
 ``Sequence[MemberItem]``: code that wants objects (--append's selection, --dedup) indexes it and gets a
 ``MemberItem`` built on demand; the image planner reads the columns (``repack.jobs.image_plan``).
 ``MemberRows`` builds one, a shard at a time.
@@ -35,6 +37,9 @@ class MemberTable(Sequence):
     sizes: np.ndarray              # int64: the member's bytes
     keys: bytes                    # each input's sample key (``source_key``), each followed by a NUL
     key_ends: np.ndarray           # int64
+    columns: tuple[str | None, ...] = ()  # parquet: each file's image column ("offsets" are row numbers); tar: ()
+    source_paths: bytes = b""      # parquet: each row's Image path ("" for none), each followed by a NUL
+    source_path_ends: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -42,11 +47,17 @@ class MemberTable(Sequence):
     def __getitem__(self, row):
         if isinstance(row, slice):
             return self.take(range(*row.indices(len(self))))
-        shard = self.shards[int(self.shard_ids[row])]
+        at = int(self.shard_ids[row])
+        shard = self.shards[at]
         offset, size = int(self.offsets[row]), int(self.sizes[row])
+        meta = (("source_file", shard.rel), ("source_key", self.key(row)))
+        if not self.columns:
+            return MemberItem(shard.path, self.rel(row), self.label(row), size, container=shard.fingerprint,
+                              member=(("offset", offset), ("size", size)), meta=meta)
+        source_path = self.source_path(row)
         return MemberItem(shard.path, self.rel(row), self.label(row), size, container=shard.fingerprint,
-                          member=(("offset", offset), ("size", size)),
-                          meta=(("source_file", shard.rel), ("source_key", self.key(row))))
+                          member=(("row", offset), ("column", self.columns[at])),
+                          meta=meta + ((("source_path", source_path),) if source_path else ()))
 
     def __iter__(self):
         return (self[row] for row in range(len(self)))
@@ -56,6 +67,10 @@ class MemberTable(Sequence):
 
     def key(self, row: int) -> str:
         return name_at(self.keys, self.key_ends, row)
+
+    def source_path(self, row: int) -> str:
+        """A parquet row's Image path ("" for none, and for a tar member)."""
+        return name_at(self.source_paths, self.source_path_ends, row) if self.source_path_ends is not None else ""
 
     def label(self, row: int) -> str | None:
         lid = int(self.label_ids[row])
@@ -80,25 +95,37 @@ class MemberTable(Sequence):
         """The rows ``rows`` (any sequence of row numbers), in that order."""
         index = np.asarray(rows, dtype=np.int64).reshape(-1)
         names, keys = blob_rows(self.names, self.ends, index), blob_rows(self.keys, self.key_ends, index)
+        paths = blob_rows(self.source_paths, self.source_path_ends, index) if self.source_path_ends is not None \
+            else b""
         return MemberTable(names, name_ends(names), self.label_ids[index], self.label_names, self.shards,
-                           self.shard_ids[index], self.offsets[index], self.sizes[index], keys, name_ends(keys))
+                           self.shard_ids[index], self.offsets[index], self.sizes[index], keys, name_ends(keys),
+                           self.columns, paths, name_ends(paths) if self.source_path_ends is not None else None)
 
 
 class MemberRows:
     """A ``MemberTable`` built a row at a time (``add``), the shards' members in order."""
 
-    def __init__(self) -> None:
-        self.names, self.keys = bytearray(), bytearray()
+    def __init__(self, rows_of_files: bool = False) -> None:
+        """``rows_of_files``: parquet rows (each file's image column, a row number and an Image path per input)."""
+        self.names, self.keys, self.source_paths = bytearray(), bytearray(), bytearray()
+        self.rows_of_files = rows_of_files
         self.labels: dict[str, int] = {}
         self.shards: list[Container] = []
+        self.columns: list[str | None] = []
         self.label_ids, self.shard_ids = array("i"), array("i")
         self.offsets, self.sizes = array("q"), array("q")
 
-    def add(self, shard: Container, rel: str, key: str, label: str | None, offset: int, size: int) -> None:
+    def add(self, shard: Container, rel: str, key: str, label: str | None, offset: int, size: int,
+            column: str | None = None, source_path: str = "") -> None:
+        """One input: a tar member (its data ``offset`` and ``size``), or a parquet row (``offset``: its number;
+        ``column``: its file's image column; ``source_path``: its Image path, "" for none)."""
         if not self.shards or self.shards[-1] is not shard:
             self.shards.append(shard)
+            self.columns.append(column)
         self.names += rel.encode(*_FS) + b"\0"
         self.keys += key.encode(*_FS) + b"\0"
+        if self.rows_of_files:
+            self.source_paths += source_path.encode(*_FS) + b"\0"
         self.label_ids.append(NO_LABEL if label is None else self.labels.setdefault(label, len(self.labels)))
         self.shard_ids.append(len(self.shards) - 1)
         self.offsets.append(offset)
@@ -106,12 +133,14 @@ class MemberRows:
 
     def mark(self) -> tuple[int, ...]:
         """Where the rows end now (``undo`` takes back what was added since)."""
-        return len(self.names), len(self.keys), len(self.shards), len(self.sizes), len(self.labels)
+        return (len(self.names), len(self.keys), len(self.source_paths), len(self.shards), len(self.sizes),
+                len(self.labels))
 
     def undo(self, mark: tuple[int, ...]) -> None:
         """Take back the rows added since ``mark``."""
-        names, keys, shards, count, labels = mark
-        del self.names[names:], self.keys[keys:], self.shards[shards:]
+        names, keys, paths, shards, count, labels = mark
+        del self.names[names:], self.keys[keys:], self.source_paths[paths:], self.shards[shards:]
+        del self.columns[shards:]
         for column in (self.label_ids, self.shard_ids, self.offsets, self.sizes):
             del column[count:]
         for label in list(self.labels)[labels:]:
@@ -122,6 +151,9 @@ class MemberRows:
 
         def column(values: array, dtype) -> np.ndarray:
             return np.frombuffer(values, dtype=dtype).copy() if len(values) else np.zeros(0, dtype=dtype)
+        paths = bytes(self.source_paths)
         return MemberTable(names, name_ends(names), column(self.label_ids, np.int32), tuple(self.labels),
                            tuple(self.shards), column(self.shard_ids, np.int32), column(self.offsets, np.int64),
-                           column(self.sizes, np.int64), keys, name_ends(keys))
+                           column(self.sizes, np.int64), keys, name_ends(keys),
+                           tuple(self.columns) if self.rows_of_files else (), paths,
+                           name_ends(paths) if self.rows_of_files else None)

@@ -12,21 +12,26 @@ bounded record batches (``repack.sources.parquet_batches``: a large file or row 
 never read whole); tasks read their rows the same way. A ClassLabel value outside its names is
 quarantined; string labels are stripped. An ``--image-field`` or label column of another type (a
 nested list, a struct without ``bytes``) is refused with one line. A row whose image is null, or only a path (not
-embedded), is quarantined. Each input is a ``MemberItem``: the file's path and fingerprint, the
-row number and column; rel ``<file rel>/<row>``; metadata ``source_file``, ``source_key`` (the
-row) and ``source_path`` (the Image feature's path, when set).
+embedded), is quarantined. The inputs are a ``MemberTable`` (columns, no object per row; its items are
+``MemberItem``\ s): the file's path and fingerprint, the row number and column; rel ``<file rel>/<row>``;
+metadata ``source_file``, ``source_key`` (the row) and ``source_path`` (the Image feature's path, when set).
 """
 
 from __future__ import annotations
 
 import json
+from array import array
+
+import numpy as np
 
 from repack.errors import SourceUnavailable, UsageError
-from repack.sources.base import FieldChoice, MemberItem, Scan, quarantine_record
+from repack.sources.base import FieldChoice, Scan, quarantine_record
 from repack.sources.confine import Confinement
 from repack.sources.containers import Container, list_containers, open_container
 from repack.sources.parquet_batches import iter_group_batches, open_parquet
-from repack.sources.class_index import bound_index_labels, numeric_class_index
+from repack.sources.class_index import bound_table_labels, numeric_class_index, sorted_labels
+from repack.sources.columns import NO_LABEL
+from repack.sources.member_table import MemberRows
 
 LABEL_COLUMNS = ("label", "labels", "class", "cls")
 
@@ -123,7 +128,32 @@ def _label_name(value, names: list[str] | None) -> tuple[str | None, str | None]
     return text or None, None
 
 
-def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
+class _RowColumns:
+    """A file's rows with embedded image bytes as columns (row, size, label id, Image path): no tuple per row;
+    iterated as (row, size, label, source path) tuples, made one at a time."""
+
+    def __init__(self, labels: dict[str, int]) -> None:
+        self.labels = labels  # label name -> id, shared by the files of a scan
+        self.rows, self.sizes, self.label_ids = array("q"), array("q"), array("i")
+        self.paths = bytearray()  # each row's Image path ("" for none), each followed by a NUL
+
+    def append(self, row: int, size: int, label: str | None, source_path: str | None) -> None:
+        self.rows.append(row)
+        self.sizes.append(size)
+        self.label_ids.append(-1 if label is None else self.labels.setdefault(label, len(self.labels)))
+        self.paths += (source_path or "").encode("utf-8", "surrogateescape") + b"\0"
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self):
+        names = list(self.labels)
+        paths = self.paths.decode("utf-8", "surrogateescape").split("\0")
+        for row, size, lid, path in zip(self.rows, self.sizes, self.label_ids, paths):
+            yield row, size, (names[lid] if lid >= 0 else None), path or None
+
+
+def _rows(container: Container, fields: FieldChoice, quarantine: list[dict], labels: dict[str, int]):
     """(row, size, label, source path) of every row with embedded image bytes; the image column, the ClassLabel
     names, the columns not carried, and whether the labels are integers without names (class indices)."""
     import pyarrow as pa
@@ -136,12 +166,12 @@ def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
             raise
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
             quarantine.append(quarantine_record(container.rel, f"not a readable parquet file: {exc}"))
-            return [], None, None, (), False
+            return _RowColumns(labels), None, None, (), False
         schema = pf.schema_arrow
         image = _image_column(schema, fields, container.rel)
         label, names = _label_column(schema, _hf_metadata(schema), fields, container.rel)
         columns = [image] + ([label] if label else [])
-        rows, row = [], 0
+        rows, row = _RowColumns(labels), 0
         try:  # a damaged page: the rows before it are kept, the file is named
             for batch in iter_group_batches(pf, columns):
                 values = batch.column(0)
@@ -160,7 +190,7 @@ def _rows(container: Container, fields: FieldChoice, quarantine: list[dict]):
                     else:
                         name, refusal = _label_name(labels[i], names)
                         if refusal is None:
-                            rows.append((row, size, name, source_path))
+                            rows.append(row, size, name, source_path)
                         else:
                             quarantine.append(quarantine_record(f"{container.rel}/{row}", refusal))
                     row += 1
@@ -177,14 +207,15 @@ def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | No
     conf = confinement or Confinement()
     listing = list_containers(source, (".parquet",), {}, conf.without_size_cap())  # the cap is per row
     quarantine = list(listing.quarantine)
-    items: list[MemberItem] = []
+    taken = MemberRows(rows_of_files=True)  # the rows taken, as columns
+    labels: dict[str, int] = {}  # every label read, name -> id (the files' row columns share it)
     not_carried: dict[str, int] = {}
     class_names: list[str] = []  # every file's ClassLabel names: the first file's order, then names new in later ones
     known_names: set[str] = set()
     named_files: list[bool | None] = []  # per container: whether its labels come from ClassLabel names
     read = []
     for container in listing.containers:
-        rows, image, names, others, indices = _rows(container, fields, quarantine)
+        rows, image, names, others, indices = _rows(container, fields, quarantine, labels)
         new = [name for name in dict.fromkeys(names or ()) if name not in known_names]  # a set: 21k names a file
         class_names += new
         known_names.update(new)
@@ -192,7 +223,9 @@ def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | No
         read.append((container, rows, image))
         for column in others:
             not_carried[column] = not_carried.get(column, 0) + len(rows)
-    for (container, rows, image), named in zip(read, named_files):
+    for at, named in enumerate(named_files):
+        container, rows, image = read[at]
+        read[at] = None  # a file's row columns go once its rows are taken
         for row, size, label, source_path in rows:
             rel = f"{container.rel}/{row}"
             if class_names and not named and label is not None and (named is None or label not in known_names):
@@ -207,24 +240,24 @@ def scan_parquet(source: str, fields: FieldChoice, confinement: Confinement | No
             if too_big is not None:
                 quarantine.append(quarantine_record(rel, too_big, label))
                 continue
-            meta = [("source_file", container.rel), ("source_key", str(row))]
-            if source_path:
-                meta.append(("source_path", source_path))
-            items.append(MemberItem(container.path, rel, label, size, container=container.fingerprint,
-                                    member=(("row", row), ("column", image)), meta=tuple(meta)))
-    labeled = any(item.label is not None for item in items)
+            taken.add(container, rel, str(row), label, row, size, image, source_path or "")
+    table = taken.table()
+    del taken
+    labeled = bool(len(table)) and bool((table.label_ids != NO_LABEL).any())
     if labeled:
-        unlabeled = [item for item in items if item.label is None]
-        quarantine += [quarantine_record(item.rel, "no label in a labeled dataset") for item in unlabeled]
-        items = [item for item in items if item.label is not None]
+        unlabeled = np.flatnonzero(table.label_ids == NO_LABEL)
+        quarantine += [quarantine_record(table.rel(row), "no label in a labeled dataset") for row in unlabeled.tolist()]
+        if len(unlabeled):
+            table = table.take(np.flatnonzero(table.label_ids != NO_LABEL))
     if not class_names:
-        items = bound_index_labels(items, quarantine)
-    labels = {item.label for item in items if item.label is not None}
+        table, over = bound_table_labels(table)
+        quarantine += over
+    table = sorted_labels(table)
     if class_names:
         index = tuple((name, i) for i, name in enumerate(class_names))
     else:
-        index = numeric_class_index(labels)
-    if not items and not quarantine:
+        index = numeric_class_index(table.label_set())
+    if not len(table) and not quarantine:
         raise UsageError(f"source {source!r}: its parquet files hold no rows")
-    return Scan(tuple(items), tuple(quarantine), labeled, listing.skipped, class_index=index,
+    return Scan(table, tuple(quarantine), labeled, listing.skipped, class_index=index,
                 not_carried=tuple(sorted(not_carried.items())))
