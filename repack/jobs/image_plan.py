@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from repack.errors import UsageError
 from repack.jobs.task_inputs import delta_columns, pack_column
 from repack.sinks.tar_format import BLOCK, RECORD
 from repack.sources.columns import NO_LABEL, join_names, name_ends
+
+if TYPE_CHECKING:
+    from repack.sources.member_table import MemberTable
 
 ARCHIVE_TAIL_MAX = 2 * BLOCK + RECORD  # end-of-archive blocks + padding to the record size
 _JSON_STR = json.encoder.encode_basestring_ascii
@@ -131,7 +134,7 @@ class MemberFields:
     """Where tar members or parquet rows lie (a ``MemberTable``'s files, offsets or rows, and sizes) and their
     sample keys, as a task payload's columns (``repack.jobs.task_inputs``): the fingerprint checked is the file's."""
 
-    table: "MemberTable"  # noqa: F821 - repack.sources.member_table
+    table: MemberTable
 
     def payload(self, start: int, end: int) -> dict:
         """Rows [start, end): "shards" ([path, fingerprint, rel] of each shard they lie in; parquet: and its image

@@ -33,8 +33,7 @@ from repack.errors import UsageError
 from repack.sources.base import FieldChoice, Scan, again_name, quarantine_record
 from repack.sources.confine import Confinement
 from repack.sources.containers import Container, list_containers, open_container
-from repack.sources.class_index import (MAX_CLASS_INDEX, bound_table_labels, index_labels,  # noqa: F401
-                                        index_refusal, is_index_label, numeric_class_index, sorted_labels)
+from repack.sources.class_index import bound_table_labels, numeric_class_index, sorted_labels
 from repack.sources.columns import NO_LABEL
 from repack.sources.member_table import MemberRows
 from repack.sources.tar_headers import NotPlain, PlainMembers
