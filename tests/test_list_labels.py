@@ -282,3 +282,36 @@ def test_a_text_list_is_columns_and_a_row_ending_in_a_slash_is_quarantined(tmp_p
         tracemalloc.stop()
     assert len(inputs) == 20_000 and not quarantine
     assert peak < 300 * 20_000, peak / 20_000
+
+
+def test_a_long_list_is_checked_on_a_pool_with_the_same_answer(tmp_path, monkeypatch):
+    """A list of ``PARALLEL_MIN_ROWS`` rows or more is checked in chunks on a pool: the same table (rows, real
+    paths, fingerprints, labels) and the same quarantine as one process gives, rows listed twice, aliases and
+    refusals falling in different chunks."""
+    import os
+
+    import numpy as np
+
+    from repack.sources import listfile
+
+    (tmp_path / "a").mkdir()
+    for n in range(12):
+        (tmp_path / "a" / f"{n}.jpg").write_bytes(jpeg_bytes(seed=n))
+    os.link(tmp_path / "a" / "0.jpg", tmp_path / "a" / "hard.jpg")
+    (tmp_path / "alink").symlink_to(tmp_path / "a")
+    rows = [f"a/{n}.jpg,{n % 3}" for n in range(12)] + ["a/hard.jpg,1", "alink/4.jpg,1", "./a/5.jpg,2", "a/5.jpg,2",
+                                                       "a/missing.jpg,1", "a,2", f"{tmp_path}/a/7.jpg,1",
+                                                       "a/9.jpg,1000000000", "a/3.jpg,"]
+    (tmp_path / "list.csv").write_text("path,label\n" + "\n".join(reversed(rows)) + "\n")
+    alone = listfile.scan_list_file(str(tmp_path / "list.csv"))
+    monkeypatch.setattr(listfile, "PARALLEL_MIN_ROWS", 1)
+    monkeypatch.setattr(listfile, "_CHUNK_ROWS", 3)
+    pooled = listfile.scan_list_file(str(tmp_path / "list.csv"), workers=2)
+    a, b = alone.items, pooled.items
+    assert a.names == b.names and a.real_paths == b.real_paths and a.label_names == b.label_names
+    for column in ("label_ids", "sizes", "mtimes", "inodes"):
+        assert np.array_equal(getattr(a, column), getattr(b, column)), column
+    assert alone.quarantine == pooled.quarantine and alone.class_index == pooled.class_index
+    assert len(a) == 11 and len(alone.quarantine) == 10, alone.quarantine
+    # the over-bound label of a row set aside (a/9.jpg listed twice) is no class
+    assert alone.class_index == (("0", 0), ("1", 1), ("2", 2))

@@ -66,5 +66,5 @@ def scan_source(source: str, *, list_file: bool, confinement: Confinement | None
 
     root = os.path.dirname(os.path.abspath(source)) if list_file else source
     conf = (confinement or Confinement()).rooted(root)
-    return clean_labels(scan_list_file(source, conf) if list_file else scan_folder(source, conf, workers, meanwhile,
-                                                                                        prefer))
+    return clean_labels(scan_list_file(source, conf, workers) if list_file else
+                        scan_folder(source, conf, workers, meanwhile, prefer))

@@ -33,9 +33,12 @@ def index_labels(labels: set[str]) -> bool:
 
 def numeric_class_index(labels: set[str]) -> tuple[tuple[str, int], ...]:
     """The source's own indices when ``labels`` are class indices (``index_labels``), else () (sorted
-    names). Indices over MAX_CLASS_INDEX are the caller's to quarantine first (``index_refusal``)."""
+    names). Indices over MAX_CLASS_INDEX are the caller's to quarantine first (``index_refusal``), and no class:
+    a set-aside input's label (a row listed twice, a file gone) over the bound made the class map hold a class
+    1,000,000,000 (and the ``cls`` members 10 digits wide) though no sample had it."""
     if index_labels(labels):
-        return tuple(sorted(((label, int(label)) for label in labels), key=lambda kv: kv[1]))
+        return tuple(sorted(((label, int(label)) for label in labels if index_refusal(label) is None),
+                            key=lambda kv: kv[1]))
     return ()
 
 
