@@ -100,3 +100,31 @@ def test_parquet_rows_are_columns_with_their_image_paths(tmp_path):
             column = open_parquet(fh).read(columns=["image"]).column(0).to_pylist()
         assert column[int(row)]["bytes"] == b"\xff\xd8" + bytes([int(row)]) * (int(row) + 1)
     assert {entry["meta"]["source_file"] for _, entry in pairs} == {"p0.parquet", "p1.parquet"}
+
+
+def test_tar_shards_read_on_a_pool_give_what_one_process_gives(tmp_path):
+    """Local shards are read a shard a task on the scan pool: the same table (rows, shards, offsets, sizes,
+    keys, labels) and the same quarantine and counts as one process reads, with a cut shard, a pax shard
+    (read by tarfile) and shards whose labels first appear in different orders."""
+    import numpy as np
+
+    from repack.sources import scan_foreign
+    from repack.sources.base import FieldChoice
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for shard in range(6):
+        members = [(f"s{shard}k{n:03d}.{ext}", data, tarfile.REGTYPE) for n in range(40)
+                   for ext, data in (("jpg", b"\xff\xd8" + bytes([n]) * (n + shard)), ("cls", b"%d" % ((n + shard) % 5)),
+                                     ("txt", b"caption"))]
+        raw = _tar(tarfile.PAX_FORMAT if shard == 4 else tarfile.USTAR_FORMAT, members)
+        (src / f"{shard:02d}.tar").write_bytes(raw[:len(raw) // 2] if shard == 2 else raw)
+    alone = scan_foreign(str(src), "webdataset", FieldChoice(), None, 1)
+    pooled = scan_foreign(str(src), "webdataset", FieldChoice(), None, 2)
+    a, b = alone.items, pooled.items
+    assert len(a) == len(b) > 200 and a.names == b.names and a.keys == b.keys and a.label_names == b.label_names
+    assert [s.rel for s in a.shards] == [s.rel for s in b.shards]
+    for column in ("label_ids", "shard_ids", "offsets", "sizes"):
+        assert np.array_equal(getattr(a, column), getattr(b, column)), column
+    assert alone.quarantine == pooled.quarantine and any("02.tar" in q["source"] for q in alone.quarantine)
+    assert alone.not_carried == pooled.not_carried and alone.not_carried[0][0] == "txt"

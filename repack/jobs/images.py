@@ -371,7 +371,7 @@ class ImagesJob(Job):
         else:
             self._before_tasks()
             scan = scan_foreign(spec.source, spec.source_format, FieldChoice(spec.image_field, spec.label_field),
-                                confinement)
+                                confinement, available_cpus())
         return self.plan_scan(scan)
 
     def _holds_sample(self, rels: list[str]) -> list[bool]:

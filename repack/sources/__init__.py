@@ -27,12 +27,14 @@ def __getattr__(name: str):
 FOREIGN_FORMATS = ("webdataset", "parquet")  # --from: datasets written by other tools (repack.sources.tar_shards, ...)
 
 
-def scan_foreign(source: str, source_format: str, fields, confinement: Confinement | None = None) -> Scan:
-    """Enumerate another tool's dataset (``--from webdataset|parquet``; ``fields``: a ``FieldChoice``)."""
+def scan_foreign(source: str, source_format: str, fields, confinement: Confinement | None = None,
+                 workers: int = 1) -> Scan:
+    """Enumerate another tool's dataset (``--from webdataset|parquet``; ``fields``: a ``FieldChoice``;
+    ``workers``: processes that read local tar shards)."""
     if source_format == "webdataset":
         from repack.sources.tar_shards import scan_tar_shards
 
-        return scan_tar_shards(source, fields, confinement)
+        return scan_tar_shards(source, fields, confinement, workers)
     if source_format == "parquet":
         from repack.sources.parquet_images import scan_parquet
 

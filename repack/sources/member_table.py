@@ -12,6 +12,7 @@ feature's path where it has one (``source_path``, a third; empty for none). It i
 
 from __future__ import annotations
 
+import json
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -145,6 +146,37 @@ class MemberRows:
             del column[count:]
         for label in list(self.labels)[labels:]:
             del self.labels[label]
+
+    def pack(self, quarantine: list[dict], counts: dict[str, int]) -> bytes:
+        """The rows of one shard (a pool task's), with its quarantine records and counts, as bytes (``absorb``): a
+        JSON head, the names and keys, then the label ids, offsets and sizes."""
+        head = json.dumps([list(self.labels), quarantine, counts]).encode("utf-8", "surrogateescape")
+        return b"".join([b"%d %d %d %d\n" % (len(head), len(self.names), len(self.keys), len(self.sizes)), head,
+                         bytes(self.names), bytes(self.keys), self.label_ids.tobytes(), self.offsets.tobytes(),
+                         self.sizes.tobytes()])
+
+    def absorb(self, raw: bytes, shard: Container) -> tuple[list[dict], dict[str, int]]:
+        """Add the rows ``pack`` packed of ``shard`` (tar members); its (quarantine records, counts)."""
+        line_end = raw.index(b"\n")
+        head_len, names_len, keys_len, count = map(int, raw[:line_end].split())
+        at = line_end + 1
+        labels, quarantine, counts = json.loads(raw[at:at + head_len].decode("utf-8", "surrogateescape"))
+        at += head_len
+        if count:
+            self.shards.append(shard)
+            self.columns.append(None)
+            self.names += raw[at:at + names_len]
+            self.keys += raw[at + names_len:at + names_len + keys_len]
+            at += names_len + keys_len
+            local = array("i")
+            local.frombytes(raw[at:at + 4 * count])
+            ids = [self.labels.setdefault(label, len(self.labels)) for label in labels]
+            self.label_ids.extend(ids[lid] if lid != NO_LABEL else NO_LABEL for lid in local)
+            at += 4 * count
+            self.offsets.frombytes(raw[at:at + 8 * count])
+            self.sizes.frombytes(raw[at + 8 * count:at + 16 * count])
+            self.shard_ids.extend([len(self.shards) - 1] * count)
+        return quarantine, counts
 
     def table(self) -> MemberTable:
         names, keys = bytes(self.names), bytes(self.keys)

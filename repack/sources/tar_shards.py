@@ -30,12 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from repack.errors import UsageError
+from repack.store import is_remote
 from repack.sources.base import FieldChoice, Scan, again_name, quarantine_record
 from repack.sources.confine import Confinement
 from repack.sources.containers import Container, list_containers, open_container
 from repack.sources.class_index import bound_table_labels, numeric_class_index, sorted_labels
 from repack.sources.columns import NO_LABEL
 from repack.sources.member_table import MemberRows
+from repack.sources.scan_pool import scan_pool
 from repack.sources.tar_headers import NotPlain, PlainMembers
 from repack.sources.walk import is_junk
 
@@ -99,6 +101,14 @@ def _member_refusal(info: tarfile.TarInfo, shard_bytes: int | None) -> tuple[str
     if "\0" in info.name:
         return "tar member name holds a NUL byte (no input path can): not read", False
     return None, False
+
+
+def _shard_task(container: Container, fields: FieldChoice) -> bytes:
+    """A pool task: ``_read_shard`` of one shard, its rows, quarantine records and counts packed
+    (``MemberRows.pack``)."""
+    rows, quarantine, counts = MemberRows(), [], {}
+    _read_shard(container, fields, rows, quarantine, counts)
+    return rows.pack(quarantine, counts)
 
 
 def _read_shard(container: Container, fields: FieldChoice, rows: MemberRows, quarantine: list[dict],
@@ -275,8 +285,10 @@ def _read_label(fh, info) -> tuple[str | None, str | None]:
     return (text, None) if text else (None, f"label member {info.name!r} is empty")
 
 
-def scan_tar_shards(source: str, fields: FieldChoice, confinement: Confinement | None = None) -> Scan:
-    """Samples of every ``.tar`` under ``source`` (shards in byte order, samples in tar order); see module doc."""
+def scan_tar_shards(source: str, fields: FieldChoice, confinement: Confinement | None = None, workers: int = 1
+                    ) -> Scan:
+    """Samples of every ``.tar`` under ``source`` (shards in byte order, samples in tar order); see module doc.
+    ``workers``: processes that read local shards, a shard a task (``repack.sources.scan_pool``)."""
     conf = confinement or Confinement()
     # member extensions are compared lower-cased (``split_name``): so are the fields naming them (--image-field JPG)
     fields = dataclasses.replace(fields, image=fields.image.lower() if fields.image else fields.image,
@@ -285,8 +297,18 @@ def scan_tar_shards(source: str, fields: FieldChoice, confinement: Confinement |
     quarantine = list(listing.quarantine)
     counts: dict[str, int] = {}
     rows = MemberRows()  # the samples taken, as columns, a shard at a time
-    for container in listing.containers:
-        _read_shard(container, fields, rows, quarantine, counts)
+    pool = scan_pool(workers, len(listing.containers), 2, __name__) if not is_remote(source) else None
+    if pool is None:
+        for container in listing.containers:
+            _read_shard(container, fields, rows, quarantine, counts)
+    else:
+        with pool:
+            read = pool.map(_shard_task, listing.containers, [fields] * len(listing.containers))
+            for container, raw in zip(listing.containers, read):
+                records, found = rows.absorb(raw, container)
+                quarantine += records
+                for what, count in found.items():
+                    counts[what] = counts.get(what, 0) + count
     labeled = fields.label is not None or bool(rows.labels)
     table = rows.table()
     del rows
