@@ -315,3 +315,29 @@ def test_a_long_list_is_checked_on_a_pool_with_the_same_answer(tmp_path, monkeyp
     assert len(a) == 11 and len(alone.quarantine) == 10, alone.quarantine
     # the over-bound label of a row set aside (a/9.jpg listed twice) is no class
     assert alone.class_index == (("0", 0), ("1", 1), ("2", 2))
+
+
+def test_a_set_aside_rows_name_label_beside_index_labels_is_no_crash(tmp_path):
+    """Kept rows labeled 0 and 1, a missing file labeled "cat" and a second header row (two CSVs joined): the
+    kept rows are packed with their indices, the others quarantined (the bound check read "cat" as an index and
+    the job crashed with a ValueError)."""
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes(seed=1))
+    (tmp_path / "b.jpg").write_bytes(jpeg_bytes(seed=2))
+    (tmp_path / "all.csv").write_text("path,label\na.jpg,0\nmissing.jpg,cat\npath,label\nb.jpg,1\n")
+    run_repack("images", tmp_path / "all.csv", tmp_path / "out", "--list", "--quiet")
+    m = read_manifest_json(tmp_path / "out")
+    assert m["totals"]["samples"] == 2 and {q["source"] for q in m["quarantine"]} == {"missing.jpg", "path"}
+
+
+def test_a_text_list_row_whose_name_is_not_utf8_is_quarantined(tmp_path):
+    """A text list naming a file whose name is not UTF-8: quarantined as the folder scan quarantines it (the
+    job crashed with a UnicodeDecodeError and left a token file without a manifest)."""
+    (tmp_path / "a.txt").write_text("hello there\n")
+    (tmp_path / b"caf\xe9.txt".decode("utf-8", "surrogateescape")).write_text("x y\n")
+    (tmp_path / "list.txt").write_bytes(b"a.txt\ncaf\xe9.txt\n")
+    tok = write_tokenizer(gpt2_tokenizer(), tmp_path / "tok")
+    run_repack("text", tmp_path / "list.txt", tmp_path / "out", "--list", "--tokenizer", tok, "--quiet")
+    m = read_manifest_json(tmp_path / "out")
+    assert m["totals"]["files"] == 1
+    assert [q["reason"].split(":")[0] for q in m["quarantine"]] == ["file name is not valid UTF-8 (a token dataset "
+                                                                    "names its source files in UTF-8)"]

@@ -76,6 +76,7 @@ def test_parquet_rows_are_columns_with_their_image_paths(tmp_path):
 
     images = [{"bytes": b"\xff\xd8" + bytes([n]) * (n + 1) if n != 5 else None, "path": f"orig/{n}.jpg" if n % 2 else None}
               for n in range(40)]
+    images[33]["path"] = "orig/\x0033.jpg"  # a path is data: a NUL in it shifted every later row's path
     table = pa.table({"image": pa.array(images, type=pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
                       "label": pa.array([n % 3 if n != 7 else None for n in range(40)], pa.int64())})
     meta = {"info": {"features": {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": ["a", "b", "c"]}}}}
@@ -94,7 +95,8 @@ def test_parquet_rows_are_columns_with_their_image_paths(tmp_path):
         _same(item, entry)
         file, row = entry["rel"].split("/")
         assert entry["member"] == {"row": int(row), "column": "image"} and entry["meta"]["source_key"] == row
-        assert entry["meta"].get("source_path") == (f"orig/{row}.jpg" if int(row) % 2 else None)
+        assert entry["meta"].get("source_path") == (f"orig/{row}.jpg".replace("/33", "/\x0033") if int(row) % 2 else
+                                                    None)
         assert entry["label"] == "abc"[int(row) % 3]
         with open(entry["path"], "rb") as fh:
             column = open_parquet(fh).read(columns=["image"]).column(0).to_pylist()
@@ -128,3 +130,20 @@ def test_tar_shards_read_on_a_pool_give_what_one_process_gives(tmp_path):
         assert np.array_equal(getattr(a, column), getattr(b, column)), column
     assert alone.quarantine == pooled.quarantine and any("02.tar" in q["source"] for q in alone.quarantine)
     assert alone.not_carried == pooled.not_carried and alone.not_carried[0][0] == "txt"
+
+
+def test_a_set_aside_samples_name_label_beside_index_labels_is_no_crash(tmp_path):
+    """Shards whose kept samples are labeled 3 and a sample over the size cap labeled "cat": the kept ones
+    packed, the big one quarantined (the bound check read "cat" as an index: ValueError)."""
+    from tests.conftest import read_manifest_json, run_repack
+    from tests.test_images_job import jpeg_bytes
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "s.tar").write_bytes(_tar(tarfile.USTAR_FORMAT, [
+        ("a.jpg", jpeg_bytes(seed=1), tarfile.REGTYPE), ("a.cls", b"3", tarfile.REGTYPE),
+        ("b.jpg", jpeg_bytes(seed=2) + bytes(3000), tarfile.REGTYPE), ("b.cls", b"cat", tarfile.REGTYPE)]))
+    done = run_repack("images", tmp_path / "src", tmp_path / "out", "--from", "webdataset", "--verify", "none",
+                      "--max-file-size", "2KB", "--quiet")
+    assert done.returncode == 0
+    m = read_manifest_json(tmp_path / "out")
+    assert m["totals"]["samples"] == 1 and [q["source"] for q in m["quarantine"]] == ["s.tar/b.jpg"]

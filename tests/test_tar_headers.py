@@ -69,6 +69,7 @@ def test_plain_members_are_tarfiles_members_or_left_to_tarfile():
         "cut inside the second member's data": (ustar[:second + 512 + 100], False),
         "cut at a member boundary (no end marker)": (ustar[:second + 512 + 1024], True),
         "cut inside a header": (ustar[:second + 200], False),
+        "cut inside the last member's padding": (ustar[:5120 + 700], False),  # tarfile: "unexpected end of data"
         "empty file": (b"", False),
         "only zeros": (bytes(10240), False),
         "data after the end marker": (ustar + b"junk", True),

@@ -139,7 +139,8 @@ class MemberFields:
     def payload(self, start: int, end: int) -> dict:
         """Rows [start, end): "shards" ([path, fingerprint, rel] of each shard they lie in; parquet: and its image
         column), "memz" (the packed columns: index into "shards", data offset or row number, size), "keyz" (their
-        sample keys, a names blob) and, for parquet rows, "spathz" (their Image paths, a names blob)."""
+        sample keys, a names blob) and, for parquet rows, "spathz" (their Image paths' lengths, int64, then the
+        paths one after the other: a path may hold a NUL)."""
         table = self.table
         ids = table.shard_ids[start:end]
         used, local = np.unique(ids, return_inverse=True) if len(ids) else (ids, ids)
@@ -153,9 +154,11 @@ class MemberFields:
         if table.columns:  # parquet rows: each file's image column, and the rows' Image paths
             for shard, at in zip(payload["shards"], used.tolist()):
                 shard.append(table.columns[at])
-            ends = table.source_path_ends
-            first = int(ends[start - 1]) + 1 if start else 0
-            payload["spathz"] = pack_column(table.source_paths[first:int(ends[end - 1]) + 1] if end > start else b"")
+            ends = table.source_path_ends[start:end]
+            first = int(table.source_path_ends[start - 1]) if start else 0
+            lengths = np.diff(ends, prepend=first).astype("<i8")
+            payload["spathz"] = pack_column(lengths.tobytes() + table.source_paths[first:int(ends[-1]) if len(ends)
+                                                                                    else first])
         return payload
 
 

@@ -17,7 +17,8 @@ plan.json.gz stores); the per-input columns are bytes, zlib'd and base64'd into 
                             row) and size (``delta_columns``): path and fingerprint are the file's, "member" and
                             "meta" from them
    "keyz":  "<packed>",     the inputs' sample keys (``meta``'s source_key), each followed by a NUL
-   "spathz": "<packed>",    parquet: each row's Image path (``meta``'s source_path; "" for none), likewise
+   "spathz": "<packed>",    parquet: each row's Image path (``meta``'s source_path; "" for none): the lengths
+                            (little-endian int64), then the paths one after the other (a path may hold a NUL)
    "clsz":  "<packed>",     class index per input, little-endian int32, -1 for none (absent when unlabeled)
    "names": {index: name},  the class names of those indices
    "root":  "/src/",        path = root + rel, except the inputs in "path"
@@ -118,6 +119,16 @@ def fingerprint_rows(payload: dict) -> np.ndarray | None:
     return None
 
 
+def _spans(raw: bytes, count: int) -> list[str]:
+    """``count`` values packed as their lengths (little-endian int64) then their bytes one after the other."""
+    lengths = np.frombuffer(raw[:8 * count], "<i8")
+    ends = np.cumsum(lengths).tolist()
+    blob = raw[8 * count:]
+    if len(lengths) != count or (ends and ends[-1] != len(blob)):
+        raise ValueError("a task's input columns differ in length")
+    return [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip([0] + ends[:-1], ends)]
+
+
 def task_inputs(payload: dict) -> list[dict]:
     """The entry dicts of a task's inputs (see the module docstring); [] when it has none."""
     inputs = payload.get("inputs", ())
@@ -128,7 +139,7 @@ def task_inputs(payload: dict) -> list[dict]:
     if "memz" in inputs:  # tar members: the fingerprint is their shard's
         members = undelta_columns(unpack_column(inputs["memz"]), len(rels)).tolist() if rels else []
         shards, keys = inputs["shards"], split_names(unpack_column(inputs["keyz"]))
-        source_paths = split_names(unpack_column(inputs["spathz"])) if "spathz" in inputs else None
+        source_paths = _spans(unpack_column(inputs["spathz"]), len(rels)) if "spathz" in inputs else None
         fps = [shards[shard][1] for shard, _, _ in members]
         if len(keys) != len(rels) or (source_paths is not None and len(source_paths) != len(rels)):
             raise ValueError("a task's input columns differ in length")

@@ -79,12 +79,13 @@ def sorted_labels(table):
 
 
 def bound_table_labels(table) -> tuple[object, list[dict]]:
-    """``bound_index_labels`` of a table: when its labels are class indices, the rows whose index is over the
-    bound are quarantined, in row order."""
+    """``bound_index_labels`` of a table: when its rows' labels are class indices, the rows whose index is over the
+    bound are quarantined, in row order (a label name only a row set aside earlier had is not looked at: "cat"
+    of a missing file beside kept rows of "0" and "1")."""
     used = table.label_set()
     if not index_labels(used):
         return table, []
-    refused = np.array([index_refusal(label) is not None for label in table.label_names] + [False])
+    refused = np.array([label in used and index_refusal(label) is not None for label in table.label_names] + [False])
     rows = np.flatnonzero(refused[table.label_ids])
     if not len(rows):
         return table, []

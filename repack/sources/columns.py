@@ -45,6 +45,14 @@ def blob_rows(names: bytes, ends: np.ndarray, index: np.ndarray) -> bytes:
     return b"".join([parts[i] + b"\0" for i in index.tolist()])
 
 
+def span_rows(blob: bytes, ends: np.ndarray, index: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The spans ``index`` of ``blob`` (values one after the other, each ending at its ``ends``: no separator, so
+    a value may hold any byte), in that order: their blob and ends."""
+    starts = np.concatenate(([0], ends[:-1])).astype(np.int64) if len(ends) else np.zeros(0, np.int64)
+    picked = b"".join([blob[a:b] for a, b in zip(starts[index].tolist(), ends[index].tolist())])
+    return picked, np.cumsum(ends[index] - starts[index]).astype(np.int64)
+
+
 def name_at(names: bytes, ends: np.ndarray, row: int) -> str:
     """Row ``row`` of a names blob, decoded."""
     start = int(ends[row - 1]) + 1 if row else 0

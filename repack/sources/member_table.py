@@ -4,7 +4,8 @@ A ``MemberTable`` holds, per input, its rel (``<shard rel>/<member name>``, or `
 blob as ``repack.sources.columns`` has them), a label id, the file it lies in (an index into ``shards``), where
 in it (a tar member's data offset and size; a parquet row: its number, its image column the file's, and its
 size), its sample key (``source_key``, a second names blob) and, for parquet rows, the ``datasets`` Image
-feature's path where it has one (``source_path``, a third; empty for none). It is a
+feature's path where it has one (``source_path``: spans of one blob with their ends, not a names blob: such a
+path is data, and may hold a NUL; empty for none). It is a
 ``Sequence[MemberItem]``: code that wants objects (--append's selection, --dedup) indexes it and gets a
 ``MemberItem`` built on demand; the image planner reads the columns (``repack.jobs.image_plan``).
 ``MemberRows`` builds one, a shard at a time.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from repack.sources.base import MemberItem
-from repack.sources.columns import _FS, NO_LABEL, blob_rows, name_at, name_ends
+from repack.sources.columns import _FS, NO_LABEL, blob_rows, name_at, name_ends, span_rows
 from repack.sources.containers import Container
 
 
@@ -39,8 +40,8 @@ class MemberTable(Sequence):
     keys: bytes                    # each input's sample key (``source_key``), each followed by a NUL
     key_ends: np.ndarray           # int64
     columns: tuple[str | None, ...] = ()  # parquet: each file's image column ("offsets" are row numbers); tar: ()
-    source_paths: bytes = b""      # parquet: each row's Image path ("" for none), each followed by a NUL
-    source_path_ends: np.ndarray | None = None
+    source_paths: bytes = b""      # parquet: each row's Image path ("" for none), one after the other
+    source_path_ends: np.ndarray | None = None  # int64: where each row's path ends in ``source_paths``
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -71,7 +72,10 @@ class MemberTable(Sequence):
 
     def source_path(self, row: int) -> str:
         """A parquet row's Image path ("" for none, and for a tar member)."""
-        return name_at(self.source_paths, self.source_path_ends, row) if self.source_path_ends is not None else ""
+        if self.source_path_ends is None:
+            return ""
+        start = int(self.source_path_ends[row - 1]) if row else 0
+        return self.source_paths[start:int(self.source_path_ends[row])].decode(*_FS)
 
     def label(self, row: int) -> str | None:
         lid = int(self.label_ids[row])
@@ -96,11 +100,11 @@ class MemberTable(Sequence):
         """The rows ``rows`` (any sequence of row numbers), in that order."""
         index = np.asarray(rows, dtype=np.int64).reshape(-1)
         names, keys = blob_rows(self.names, self.ends, index), blob_rows(self.keys, self.key_ends, index)
-        paths = blob_rows(self.source_paths, self.source_path_ends, index) if self.source_path_ends is not None \
-            else b""
+        paths, path_ends = span_rows(self.source_paths, self.source_path_ends, index) \
+            if self.source_path_ends is not None else (b"", None)
         return MemberTable(names, name_ends(names), self.label_ids[index], self.label_names, self.shards,
                            self.shard_ids[index], self.offsets[index], self.sizes[index], keys, name_ends(keys),
-                           self.columns, paths, name_ends(paths) if self.source_path_ends is not None else None)
+                           self.columns, paths, path_ends)
 
 
 class MemberRows:
@@ -109,6 +113,7 @@ class MemberRows:
     def __init__(self, rows_of_files: bool = False) -> None:
         """``rows_of_files``: parquet rows (each file's image column, a row number and an Image path per input)."""
         self.names, self.keys, self.source_paths = bytearray(), bytearray(), bytearray()
+        self.source_path_ends = array("q")
         self.rows_of_files = rows_of_files
         self.labels: dict[str, int] = {}
         self.shards: list[Container] = []
@@ -126,7 +131,8 @@ class MemberRows:
         self.names += rel.encode(*_FS) + b"\0"
         self.keys += key.encode(*_FS) + b"\0"
         if self.rows_of_files:
-            self.source_paths += source_path.encode(*_FS) + b"\0"
+            self.source_paths += source_path.encode(*_FS)
+            self.source_path_ends.append(len(self.source_paths))
         self.label_ids.append(NO_LABEL if label is None else self.labels.setdefault(label, len(self.labels)))
         self.shard_ids.append(len(self.shards) - 1)
         self.offsets.append(offset)
@@ -141,6 +147,7 @@ class MemberRows:
         """Take back the rows added since ``mark``."""
         names, keys, paths, shards, count, labels = mark
         del self.names[names:], self.keys[keys:], self.source_paths[paths:], self.shards[shards:]
+        del self.source_path_ends[count if self.rows_of_files else 0:]
         del self.columns[shards:]
         for column in (self.label_ids, self.shard_ids, self.offsets, self.sizes):
             del column[count:]
@@ -188,4 +195,4 @@ class MemberRows:
                            tuple(self.shards), column(self.shard_ids, np.int32), column(self.offsets, np.int64),
                            column(self.sizes, np.int64), keys, name_ends(keys),
                            tuple(self.columns) if self.rows_of_files else (), paths,
-                           name_ends(paths) if self.rows_of_files else None)
+                           column(self.source_path_ends, np.int64) if self.rows_of_files else None)

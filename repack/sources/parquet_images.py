@@ -135,21 +135,24 @@ class _RowColumns:
     def __init__(self, labels: dict[str, int]) -> None:
         self.labels = labels  # label name -> id, shared by the files of a scan
         self.rows, self.sizes, self.label_ids = array("q"), array("q"), array("i")
-        self.paths = bytearray()  # each row's Image path ("" for none), each followed by a NUL
+        self.paths, self.path_ends = bytearray(), array("q")  # each row's Image path ("" for none), and its end
 
     def append(self, row: int, size: int, label: str | None, source_path: str | None) -> None:
         self.rows.append(row)
         self.sizes.append(size)
         self.label_ids.append(-1 if label is None else self.labels.setdefault(label, len(self.labels)))
-        self.paths += (source_path or "").encode("utf-8", "surrogateescape") + b"\0"
+        self.paths += (source_path or "").encode("utf-8", "surrogateescape")  # a path may hold a NUL: no separator
+        self.path_ends.append(len(self.paths))
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __iter__(self):
         names = list(self.labels)
-        paths = self.paths.decode("utf-8", "surrogateescape").split("\0")
-        for row, size, lid, path in zip(self.rows, self.sizes, self.label_ids, paths):
+        start = 0
+        for row, size, lid, end in zip(self.rows, self.sizes, self.label_ids, self.path_ends):
+            path = self.paths[start:end].decode("utf-8", "surrogateescape")
+            start = end
             yield row, size, (names[lid] if lid >= 0 else None), path or None
 
 

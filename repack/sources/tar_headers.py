@@ -86,8 +86,8 @@ class PlainMembers:
                 window, window_at, at = fh.read(WINDOW_BYTES), offset, 0
             buf = window[at:at + _BLOCK]
             if not buf or buf == _ZEROS:  # the end-of-archive block, or the file's end at a member boundary
-                if not offset:
-                    raise NotPlain("empty")  # tarfile: "empty file"
+                if not offset or (not buf and offset != shard_bytes):  # tarfile: "empty file"; a member's padding
+                    raise NotPlain("end")  # cut off: "unexpected end of data"
                 self.end = offset
                 return
             kind = buf[156:157]

@@ -41,7 +41,7 @@ from repack.sources.confine import Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import list_columns
 from repack.sources.text_kinds import classify, unread_reason
-from repack.sources.text_scan import KIND_CODES, KIND_OF, TextInputs, scan_text_folder
+from repack.sources.text_scan import KIND_CODES, KIND_OF, NOT_UTF8, TextInputs, scan_text_folder
 from repack.sources.text_sniff import (SNIFF_BYTES, binary_document, binary_reason, has_nul, may_hold_a_fragment,
                                       plain_text)
 from repack.store import is_remote
@@ -158,6 +158,15 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
     return TextInputs.of_files(files), quarantine, skipped
 
 
+def _is_utf8(name: str) -> bool:
+    """Whether ``name`` (read with surrogate escapes) is UTF-8 text."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class _FileIdent(NamedTuple):
     """What ``pick_real_paths`` reads of a row's stat."""
 
@@ -205,6 +214,8 @@ def list_text_rows(source: str, rules: Confinement) -> tuple[TextInputs, list[di
         reason = checked.reason
         if reason is None and stat_mod.S_ISDIR(checked.st.st_mode):
             reason = "not a regular file (folder)"
+        if reason is None and not _is_utf8(entry):  # as the folder scan refuses it (the job crashed on it)
+            reason = NOT_UTF8
         if reason is not None:
             refused.append({"source": entry, "line": None, "reason": reason + where})
             continue
