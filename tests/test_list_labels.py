@@ -317,16 +317,31 @@ def test_a_long_list_is_checked_on_a_pool_with_the_same_answer(tmp_path, monkeyp
     assert alone.class_index == (("0", 0), ("1", 1), ("2", 2))
 
 
-def test_a_set_aside_rows_name_label_beside_index_labels_is_no_crash(tmp_path):
-    """Kept rows labeled 0 and 1, a missing file labeled "cat" and a second header row (two CSVs joined): the
-    kept rows are packed with their indices, the others quarantined (the bound check read "cat" as an index and
-    the job crashed with a ValueError)."""
-    (tmp_path / "a.jpg").write_bytes(jpeg_bytes(seed=1))
-    (tmp_path / "b.jpg").write_bytes(jpeg_bytes(seed=2))
-    (tmp_path / "all.csv").write_text("path,label\na.jpg,0\nmissing.jpg,cat\npath,label\nb.jpg,1\n")
+def test_a_set_aside_rows_name_label_makes_every_label_a_name(tmp_path):
+    """Whether a list's labels are class indices is decided once, by every label read: kept rows labeled 0, 10
+    and 1000000000 beside a missing file labeled "cat" (or a second header row: two CSVs joined) are names,
+    packed in sorted name order, none refused as over the index bound (the bound check read "cat" as an index
+    and crashed; then it took the kept labels for indices while the class map took them for names). Without
+    the name, they are indices: 10 keeps 10, 1000000000 is over the bound. A JSONL label of 5,000 digits is a
+    malformed line, not a crash."""
+    for name, seed in (("a", 1), ("b", 2), ("c", 3)):
+        (tmp_path / f"{name}.jpg").write_bytes(jpeg_bytes(seed=seed))
+    (tmp_path / "all.csv").write_text("path,label\na.jpg,0\nmissing.jpg,cat\npath,label\nb.jpg,10\n"
+                                      "c.jpg,1000000000\n")
     run_repack("images", tmp_path / "all.csv", tmp_path / "out", "--list", "--quiet")
     m = read_manifest_json(tmp_path / "out")
-    assert m["totals"]["samples"] == 2 and {q["source"] for q in m["quarantine"]} == {"missing.jpg", "path"}
+    assert m["totals"]["samples"] == 3 and {q["source"] for q in m["quarantine"]} == {"missing.jpg", "path"}
+    assert m["classes"] == {"0": 0, "10": 1, "1000000000": 2, "cat": 3, "label": 4}
+    (tmp_path / "indices.csv").write_text("path,label\na.jpg,0\nb.jpg,10\nc.jpg,1000000000\nmissing.jpg,4\n")
+    run_repack("images", tmp_path / "indices.csv", tmp_path / "out2", "--list", "--quiet")
+    m = read_manifest_json(tmp_path / "out2")
+    assert m["totals"]["samples"] == 2 and m["classes"] == {"0": 0, "10": 10, "4": 4}
+    assert {q["source"]: q["reason"][:25] for q in m["quarantine"]} == {
+        "c.jpg": "label 1000000000 is over ", "missing.jpg": "unreadable: No such file "}
+    (tmp_path / "big.jsonl").write_text('{"path": "a.jpg", "label": 1}\n{"path": "b.jpg", "label": 1%s}\n' % ("0" * 5000))
+    run_repack("images", tmp_path / "big.jsonl", tmp_path / "out3", "--list", "--quiet")
+    m = read_manifest_json(tmp_path / "out3")
+    assert m["totals"]["samples"] == 1 and m["quarantine"][0]["reason"].startswith("malformed JSON line: ")
 
 
 def test_a_text_list_row_whose_name_is_not_utf8_is_quarantined(tmp_path):

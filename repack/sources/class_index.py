@@ -78,12 +78,13 @@ def sorted_labels(table):
     return dataclasses.replace(table, label_ids=remap[table.label_ids], label_names=names)
 
 
-def bound_table_labels(table) -> tuple[object, list[dict]]:
+def bound_table_labels(table, indices: bool | None = None) -> tuple[object, list[dict]]:
     """``bound_index_labels`` of a table: when its rows' labels are class indices, the rows whose index is over the
     bound are quarantined, in row order (a label name only a row set aside earlier had is not looked at: "cat"
-    of a missing file beside kept rows of "0" and "1")."""
+    of a missing file beside kept rows of "0" and "1"). ``indices``: whether the labels are indices, where the
+    caller decided it from more labels than the rows' (a list: the set-aside rows' too); else from the rows'."""
     used = table.label_set()
-    if not index_labels(used):
+    if not (index_labels(used) if indices is None else indices and used):
         return table, []
     refused = np.array([label in used and index_refusal(label) is not None for label in table.label_names] + [False])
     rows = np.flatnonzero(refused[table.label_ids])

@@ -32,7 +32,7 @@ from repack.sources.base import Scan, again_name, alias_reason, clean_label, qua
 from repack.sources.columns import _FS, NO_LABEL, InputTable, name_ends, same_files
 from repack.sources.confine import Confinement
 from repack.sources.scan_pool import scan_pool
-from repack.sources.class_index import bound_table_labels, numeric_class_index, sorted_labels
+from repack.sources.class_index import bound_table_labels, index_labels, numeric_class_index, sorted_labels
 
 LABEL_COLUMNS = ("label", "class", "cls")
 
@@ -48,7 +48,7 @@ def _rows(list_path: str):
                 try:
                     row = json.loads(line)
                 except ValueError as exc:
-                    yield lineno, None, f"malformed JSON line: {exc.msg}"
+                    yield lineno, None, f"malformed JSON line: {getattr(exc, 'msg', exc)}"  # an int over 4,300 digits
                     continue
                 except RecursionError:
                     yield lineno, None, "malformed JSON line: nested too deeply"
@@ -97,10 +97,13 @@ def scan_list_file(list_path: str, confinement: Confinement | None = None, worke
     found = _checked(rows, labels, conf, base, name, workers)
     del rows
     table, refused = found.without_aliases(base, name)
-    table, over = bound_table_labels(table)
-    table = sorted_labels(table)
-    quarantine += [record for _, record in sorted(found.refused + refused, key=lambda pr: pr[0])] + over
+    quarantine += [record for _, record in sorted(found.refused + refused, key=lambda pr: pr[0])]
+    # whether labels are class indices is decided once, by every label read (a set-aside row's too), for the bound
+    # check and the class map alike: a missing file labeled "cat" makes 0, 10 and 2 names, not indices
     named = table.label_set() | {q["label"] for q in quarantine if q.get("label") is not None}
+    table, over = bound_table_labels(table, index_labels(named))
+    table = sorted_labels(table)
+    quarantine += over
     return Scan(table, tuple(quarantine), found.labeled, class_index=numeric_class_index(named))
 
 
