@@ -158,15 +158,6 @@ def list_text_files(source: str, list_file: bool = False, confinement: Confineme
     return TextInputs.of_files(files), quarantine, skipped
 
 
-def _is_utf8(name: str) -> bool:
-    """Whether ``name`` (read with surrogate escapes) is UTF-8 text."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 class _FileIdent(NamedTuple):
     """What ``pick_real_paths`` reads of a row's stat."""
 
@@ -214,8 +205,8 @@ def list_text_rows(source: str, rules: Confinement) -> tuple[TextInputs, list[di
         reason = checked.reason
         if reason is None and stat_mod.S_ISDIR(checked.st.st_mode):
             reason = "not a regular file (folder)"
-        if reason is None and not _is_utf8(entry):  # as the folder scan refuses it (the job crashed on it)
-            reason = NOT_UTF8
+        if reason is None and max(entry) >= "\udc80" and any("\udc80" <= c <= "\udcff" for c in entry):
+            reason = NOT_UTF8  # a byte that is not UTF-8 (a surrogate escape): as the folder scan refuses it
         if reason is not None:
             refused.append({"source": entry, "line": None, "reason": reason + where})
             continue
