@@ -24,6 +24,7 @@ from pipelines.torch_text import DocumentDataset, PackedTokenDataset
 from pipelines.torch_webdataset import ImageShardDataset
 from tests.conftest import run_repack
 from tests.tools.image_resume import keys_and_labels
+from tests.tools.loaders import failing_loader
 from tests.tools.versioned import versioned_images, versioned_tokens
 
 BATCH = 8
@@ -149,8 +150,9 @@ def test_token_states_continue_on_their_version(versions, workers):
     counted = PackedTokenDataset(root, 16, seed=1)  # a sampler that counted version 3's windows: refused, naming both
     counted_loader = StatefulDataLoader(counted, batch_size=4, num_workers=workers, sampler=list(range(len(counted))))
     counted_loader.load_state_dict(state)
-    with pytest.raises(Exception, match=r"taken on version 1 .*built on version 3"):
-        list(counted_loader)
+    with pytest.raises(Exception, match=r"taken on version 1 .*built on version 3"), \
+            failing_loader(counted_loader) as failing:
+        list(failing)
     assert counted.dataset["version"] == 3
 
 
@@ -427,8 +429,8 @@ def test_a_refused_sampler_state_leaves_the_reader_on_the_version_it_was_built_o
     latest = DocumentDataset(root)
     refused = sampled_documents(latest, workers, seed=5)
     refused.load_state_dict(state)
-    with pytest.raises(ValueError, match="seed 2, this one has 5"):
-        next(iter(refused))
+    with pytest.raises(ValueError, match="seed 2, this one has 5"), failing_loader(refused) as failing:
+        next(failing)
     assert latest.dataset["version"] == 3 and len(latest) == 120
     assert sum(len(batch) for batch in sampled_documents(latest, workers, seed=5)) == 120
 
@@ -461,8 +463,9 @@ def test_a_loader_shuffling_a_map_reader_resumes_on_the_state_version_and_fixed_
         refused = StatefulDataLoader(latest, batch_size=BATCH, sampler=fixed(latest), collate_fn=list,
                                      num_workers=workers)
         refused.load_state_dict(fixed_state)
-        with pytest.raises(Exception, match=r"taken on version 2 \(140 samples\), the reader was built on version 3"):
-            list(refused)
+        with pytest.raises(Exception, match=r"taken on version 2 \(140 samples\), the reader was built on version 3"), \
+                failing_loader(refused) as failing:
+            list(failing)
         assert latest.dataset["version"] == 3
 
 
@@ -483,8 +486,8 @@ def test_a_refused_length_grouped_state_or_a_state_loaded_twice_changes_nothing(
     other = LengthGroupedBatchSampler(v2.lengths, 4, seed=5, dataset=v2)
     refused = StatefulDataLoader(v2, batch_sampler=other, collate_fn=list, num_workers=workers)
     refused.load_state_dict(state)
-    with pytest.raises(ValueError, match="seed 3, this one has 5"):
-        list(refused)
+    with pytest.raises(ValueError, match="seed 3, this one has 5"), failing_loader(refused) as failing:
+        list(failing)
     assert v2.dataset["version"] == 2 and len(other.lengths) == 140
     assert sum(len(b) for b in StatefulDataLoader(v2, batch_sampler=other, collate_fn=list)) == 140
     v2_state = json.loads(json.dumps(sampled_documents(v2, workers).state_dict()))
@@ -492,8 +495,8 @@ def test_a_refused_length_grouped_state_or_a_state_loaded_twice_changes_nothing(
     twice = sampled_documents(latest, workers, seed=5)
     twice.load_state_dict(v2_state)
     twice.load_state_dict(v2_state)
-    with pytest.raises(ValueError, match="seed 2, this one has 5"):
-        list(twice)
+    with pytest.raises(ValueError, match="seed 2, this one has 5"), failing_loader(twice) as failing:
+        list(failing)
     assert latest.dataset["version"] == 3 and len(latest) == 120
 
 
