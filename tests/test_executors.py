@@ -23,14 +23,31 @@ def reference(photo_tree, tmp_path_factory) -> Path:
     return out
 
 
-def test_ray_on_the_drivers_host_writes_chunks_into_the_shard(photo_tree, tmp_path):
+@pytest.fixture(scope="module")
+def ray_cluster() -> str:
+    """The address of one local Ray instance of 2 CPUs on this host (a head node) that the module's Ray jobs
+    join with --ray-address, where starting one is not what a test checks: a Ray instance started by each job
+    took ~5 s of its ~6 s on the 2-core VM (the jobs that start their own: the batching test, on 1 CPU, and the
+    shared-job test, whose driver's pool must wait for Ray as it does with an instance of its own)."""
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    from tests.conftest import ROOT
+
+    made = cluster_utils.Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "include_dashboard": False, "env_vars": {"PYTHONPATH": str(ROOT)}})
+    made.wait_for_nodes()
+    yield made.address
+    made.shutdown()
+
+
+def test_ray_on_the_drivers_host_writes_chunks_into_the_shard(photo_tree, tmp_path, ray_cluster):
     """Ray workers on the driver's host that see OUT as the same folder write their chunks straight
     into the shard's shared file, as pool workers do (no piece for the driver to copy in)."""
     pytest.importorskip("ray")
     args = ("--shard-size", "48", "--chunk-size", "8", "--quiet", "--workers", "2")
     outs = {name: tmp_path / name for name in ("local", "ray")}
     run_repack("images", photo_tree, outs["local"], *args)
-    run_repack("images", photo_tree, outs["ray"], *args, "--executor", "ray", "--ray-driver-cpus", "0")
+    run_repack("images", photo_tree, outs["ray"], *args, "--executor", "ray", "--ray-driver-cpus", "0",
+               "--ray-address", ray_cluster)
     assert_identical_outputs(outs)
     segments = {tid: segment for p in sorted((outs["ray"] / ".repack" / "tasks").glob("shard-??????.json"))
                 for tid, segment in json.loads(p.read_text())["segments"].items()}  # each shard's chunks
@@ -56,22 +73,24 @@ RAY_SIDES = {"local": ("--executor", "local"), "ray": ("--executor", "ray"),  # 
 
 
 @pytest.mark.parametrize("executor", list(RAY_SIDES))
-def test_failing_task_is_reported_and_resumable(photo_tree, reference, tmp_path, executor):
+def test_failing_task_is_reported_and_resumable(photo_tree, reference, tmp_path, executor, request):
     """A task that fails is reported by name, the rest kept; the re-run redoes only it, and the dataset
     equals the local pool's uninterrupted run whichever executor ran it (Ray's included: one Ray
     instance proves both), on Ray whether the driver's pool or Ray's workers ran the tasks."""
+    side = RAY_SIDES[executor]
     if executor != "local":
         pytest.importorskip("ray")
+        side += ("--ray-address", request.getfixturevalue("ray_cluster"))
     out = tmp_path / executor
     (out / "shard-000003.tar").mkdir(parents=True)  # the shard cannot be renamed into place
-    proc = run_repack("images", photo_tree, out, *ARGS, *RAY_SIDES[executor], "--workers", "2",
+    proc = run_repack("images", photo_tree, out, *ARGS, *side, "--workers", "2",
                       "--retries", "1", "--overwrite", check=False)  # --overwrite: OUT holds no repack job yet
     assert proc.returncode == 4, proc.stderr
     assert "1 task(s) failed" in proc.stderr and "shard-000003" in proc.stderr
     assert not (out / "manifest.json").exists()
     assert len(list((out / ".repack" / "tasks").glob("*.json"))) == 7
     shutil.rmtree(out / "shard-000003.tar")
-    resumed = run_repack("images", photo_tree, out, *ARGS, *RAY_SIDES[executor], "--workers", "2")
+    resumed = run_repack("images", photo_tree, out, *ARGS, *side, "--workers", "2")
     assert "1 task(s) run, 7 resumed" in resumed.stdout
     assert shard_bytes(out) == shard_bytes(reference)
     assert manifest_without_run(out) == manifest_without_run(reference)
@@ -98,11 +117,13 @@ def test_ray_missing_is_a_clear_error(photo_tree, tmp_path):
     assert "a broken Ray" in proc.stderr
 
 
-def run_on_every_executor(command: str, source: Path, tmp_path: Path, *args) -> dict[str, Path]:
-    """Run one job on the local pool, on a local Ray instance, and as 2 static partitions + merge."""
+def run_on_every_executor(command: str, source: Path, tmp_path: Path, ray_address: str, *args) -> dict[str, Path]:
+    """Run one job on the local pool, on the local Ray instance at ``ray_address``, and as 2 static partitions
+    + merge."""
     outs = {name: tmp_path / name for name in ("local", "ray", "parts")}
     run_repack(command, source, outs["local"], *args)
-    run_repack(command, source, outs["ray"], *args, "--executor", "ray", "--ray-driver-cpus", "0")  # Ray's workers
+    run_repack(command, source, outs["ray"], *args, "--executor", "ray", "--ray-driver-cpus", "0",  # Ray's workers
+               "--ray-address", ray_address)
     for rank in (0, 1):
         run_repack(command, source, outs["parts"], *args, "--num-nodes", "2", "--node-rank", rank)
     run_repack("merge", outs["parts"], "--quiet")
@@ -135,10 +156,10 @@ def video_tree(tmp_path_factory) -> Path:
     return root
 
 
-def test_video_job_is_identical_across_executors(video_tree, tmp_path):
+def test_video_job_is_identical_across_executors(video_tree, tmp_path, ray_cluster):
     """Every modality runs on every executor: video through local pool, Ray, and 2 partitions + merge."""
     pytest.importorskip("ray")
-    outs = run_on_every_executor("video", video_tree, tmp_path, "--transcode", "--quiet", "--workers", "2")
+    outs = run_on_every_executor("video", video_tree, tmp_path, ray_cluster, "--transcode", "--quiet", "--workers", "2")
     assert any(name.startswith("videos/") for name in output_files(outs["local"]))
     assert_identical_outputs(outs)
 
@@ -185,7 +206,7 @@ def test_killed_worker_is_retried_on_a_new_pool(photo_tree, tmp_path):
     assert shard_bytes(out) == shard_bytes(reference)
 
 
-def test_text_job_is_identical_across_executors(tmp_path):
+def test_text_job_is_identical_across_executors(tmp_path, ray_cluster):
     """Text too: local pool, Ray and 2 partitions + merge give the same .bin/.idx and manifest."""
     import json
 
@@ -198,8 +219,8 @@ def test_text_job_is_identical_across_executors(tmp_path):
     src.mkdir()
     for part in range(3):
         (src / f"part{part}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[part::3]))
-    outs = run_on_every_executor("text", src, tmp_path, "--tokenizer", tokenizer, "--chunk-bytes", "20KB", "--quiet",
-                                 "--workers", "2")
+    outs = run_on_every_executor("text", src, tmp_path, ray_cluster, "--tokenizer", tokenizer, "--chunk-bytes", "20KB",
+                                 "--quiet", "--workers", "2")
     assert read_manifest_json(outs["local"])["totals"]["documents"] == 300
     assert len(list((outs["parts"] / ".repack" / "tasks").glob("*.json"))) >= 4  # several tasks per node
     assert any(name.endswith(".bin") for name in output_files(outs["local"]))
@@ -249,14 +270,17 @@ def test_failing_task_sent_in_a_pair_is_retried_alone_and_reported(photo_tree, t
     assert run_repack("verify", out).returncode == 0
 
 
+KILLED_AT = (10, 30, 50)  # the tasks whose worker is killed (once each): three kills within 2 x PAIR_FROM - 1 calls
+
+
 def _crash_once_call(call):
-    """A pool call whose worker is killed the first time it runs tasks 10, 40 and 70 (then it succeeds)."""
+    """A pool call whose worker is killed the first time it runs a task of KILLED_AT (then it succeeds)."""
     import signal
     import time
 
     index = int(call[0])
     mark = Path(call[1]) / str(index)
-    if index in (10, 40, 70) and not mark.exists():
+    if index in KILLED_AT and not mark.exists():
         mark.touch()
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.002)
@@ -271,14 +295,22 @@ def test_workers_killed_three_times_charge_only_the_calls_in_flight(tmp_path, mo
     from repack.exec.base import TaskFailure
 
     monkeypatch.setattr(local, "_call", _crash_once_call)
-    # paired calls (every pool paired: over PAIR_FROM per worker still left after the third kill), single calls
-    for n in (8 * 2 * local.PAIR_FROM, 100):
+    submitted = []  # the calls of each submission: 2 where the pool pairs them
+    submit_calls = local.submit_calls
+    monkeypatch.setattr(local, "submit_calls", lambda pool, calls: submitted.append(len(calls)) or
+                        submit_calls(pool, calls))
+    # paired calls (every pool paired: over PAIR_FROM per worker still left after the third kill), and single
+    # calls (under PAIR_FROM per worker from the start: 100 calls on 2 workers were paired too)
+    for n, paired in ((8 * 2 * local.PAIR_FROM, True), (2 * local.PAIR_FROM - 1, False)):
         marks = tmp_path / str(n)
         marks.mkdir()
+        submitted.clear()
         calls = [(str(i), str(marks), "", "", False) for i in range(n)]
         out = list(local.LocalExecutor(workers=2, retries=2).run(calls, [f"t{i}" for i in range(n)]))
         assert not [r for r in out if isinstance(r, TaskFailure)]
         assert sorted(r["task"] for r in out) == list(range(n))
+        assert sorted(int(p.name) for p in marks.iterdir()) == list(KILLED_AT)  # three kills
+        assert max(submitted) == (2 if paired else 1), submitted
 
 
 def test_ray_shares_the_job_between_the_drivers_pool_and_ray_workers(photo_tree, tmp_path):
@@ -295,7 +327,7 @@ def test_ray_shares_the_job_between_the_drivers_pool_and_ray_workers(photo_tree,
     assert ran["driver_pool"] >= 1 and ran["ray"] >= 1 and sum(ran.values()) == 30, ran
 
 
-def test_killed_driver_pool_worker_under_ray_is_retried_on_a_new_pool(photo_tree, tmp_path):
+def test_killed_driver_pool_worker_under_ray_is_retried_on_a_new_pool(photo_tree, tmp_path, ray_cluster):
     """A worker of the driver's pool under --executor ray killed mid-job (as by the OOM killer) costs a retry:
     a new pool takes over, the job ends with exit 0 and the local pool's bytes."""
     import signal
@@ -310,7 +342,8 @@ def test_killed_driver_pool_worker_under_ray_is_retried_on_a_new_pool(photo_tree
     run_repack("images", photo_tree, reference, "--shard-size", "2", "--workers", "1", "--quiet")
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "repack", "images", str(photo_tree), str(out), "--shard-size", "2",
-                             "--workers", "2", "--quiet", "--executor", "ray"], cwd=ROOT, stdout=subprocess.PIPE,
+                             "--workers", "2", "--quiet", "--executor", "ray", "--ray-address", ray_cluster],
+                            cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     driver = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
     killed = None
