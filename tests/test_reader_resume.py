@@ -18,6 +18,7 @@ from pipelines.tar_blocks import sample_span
 from pipelines.torch_webdataset import ImageShardDataset
 from tests.conftest import ROOT
 from tests.tools.image_resume import BATCH, keys_and_labels, make
+from tests.tools.loaders import failing_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -84,8 +85,9 @@ def test_state_is_small_json_and_refuses_another_dataset(packed_photos):
         ImageShardDataset(packed_photos, shuffle=True, drop_last=not state["drop_last"]).load_state_dict(state)
     wrong_workers = ImageShardDataset(packed_photos, shuffle=True, output="dict", decode=False)
     wrong_workers.load_state_dict(state)
-    with pytest.raises(ValueError, match="same num_workers"):
-        list(StatefulDataLoader(wrong_workers, batch_size=BATCH, num_workers=2, collate_fn=keys_and_labels))
+    with pytest.raises(ValueError, match="same num_workers"), failing_loader(
+            StatefulDataLoader(wrong_workers, batch_size=BATCH, num_workers=2, collate_fn=keys_and_labels)) as failing:
+        list(failing)
 
 
 def run_ranks(root, world: int, batches: list[int], workers: int, states: list | None = None,
