@@ -17,6 +17,7 @@ from pipelines.torch_lmdb import LmdbImageDataset
 from pipelines.torch_text import PackedTokenDataset
 from pipelines.torch_webdataset import ImageShardDataset
 from tests.conftest import run_repack
+from tests.tools.loaders import failing_loader
 from tests.tools.reader_data import reader_datasets
 from tests.tools.resume_check import resume_in_new_process, run
 from tests.tools.text import train_bpe, write_tokenizer
@@ -558,8 +559,8 @@ def test_a_mixture_state_refused_in_the_workers_leaves_every_source_on_its_versi
     run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet")
     mix, refused = loader(2)
     refused.load_state_dict(state)
-    with pytest.raises(ValueError, match="Mixture state of another order"):
-        next(iter(refused))
+    with pytest.raises(ValueError, match="Mixture state of another order"), failing_loader(refused) as failing:
+        next(failing)
     assert [(s.dataset["version"], len(s)) for s in mix.sources] == [(2, 19), (2, 19)]
 
 

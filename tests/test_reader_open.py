@@ -18,6 +18,7 @@ from pipelines import index_process, manifest_access, torch_webdataset
 from pipelines.torch_webdataset import ImageShardDataset
 from repack.manifest import ManifestError, read_manifest
 from repack.manifest.shard_index import concat, parse_index
+from tests.tools.loaders import failing_loader
 from tests.tools.synthetic_shards import synthetic_dataset
 
 COLUMNS = ("shard_starts", "first_member", "key_ends", "keys", "ext", "suffix", "offset", "size")
@@ -111,8 +112,8 @@ def test_the_helper_names_the_index_it_refuses(tmp_path, monkeypatch, forked):
         ImageShardDataset(root, decode=False, batch_size=256).index
     loader = torch.utils.data.DataLoader(ImageShardDataset(root, decode=False, batch_size=256), batch_size=None,
                                          num_workers=2)
-    with pytest.raises(ManifestError, match="shard-000001.idx"):
-        next(iter(loader))
+    with pytest.raises(ManifestError, match="shard-000001.idx"), failing_loader(loader) as failing:
+        next(failing)
     index.unlink()
     with pytest.raises(FileNotFoundError, match="shard-000001.idx"):
         manifest_access.read_shared_index(read_manifest(root))
