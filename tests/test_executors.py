@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,20 +25,39 @@ def reference(photo_tree, tmp_path_factory) -> Path:
     return out
 
 
+RAY_HEAD = """
+import sys
+from ray.cluster_utils import Cluster
+
+made = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+made.wait_for_nodes()
+print(made.address, flush=True)
+sys.stdin.read()  # until the test module is done with it
+made.shutdown()
+"""
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> str:
     """The address of one local Ray instance of 2 CPUs on this host (a head node) that the module's Ray jobs
     join with --ray-address, where starting one is not what a test checks: a Ray instance started by each job
-    took ~5 s of its ~6 s on the 2-core VM (the jobs that start their own: the batching test, on 1 CPU, and the
-    shared-job test, whose driver's pool must wait for Ray as it does with an instance of its own)."""
-    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    took ~5 s of its ~6 s on the 2-core VM (the jobs that start their own: the batching test's first, on 1 CPU,
+    and the shared-job test, whose driver's pool must wait for Ray as it does with an instance of its own).
+    Started by a process of its own: Ray's client threads in this one would be forked with the process pools
+    that tests here start (a pool worker hung on a lock, and one's SIGTERM stopped the node)."""
+    pytest.importorskip("ray.cluster_utils")
     from tests.conftest import ROOT
 
-    made = cluster_utils.Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": False, "env_vars": {"PYTHONPATH": str(ROOT)}})
-    made.wait_for_nodes()
-    yield made.address
-    made.shutdown()
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], cwd=ROOT, env={**os.environ, "PYTHONPATH": path},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        address = head.stdout.readline().strip()
+        assert address, f"the Ray head did not start (exit {head.poll()})"
+        yield address
+    finally:
+        head.stdin.close()  # the head shuts its node down
+        head.wait(timeout=120)
 
 
 def test_ray_on_the_drivers_host_writes_chunks_into_the_shard(photo_tree, tmp_path, ray_cluster):
@@ -227,7 +248,7 @@ def test_text_job_is_identical_across_executors(tmp_path, ray_cluster):
     assert_identical_outputs(outs)
 
 
-def test_ray_batches_many_small_tasks_and_a_failing_call_fails_alone(photo_tree, tmp_path):
+def test_ray_batches_many_small_tasks_and_a_failing_call_fails_alone(photo_tree, tmp_path, ray_cluster):
     """30 shards on one CPU go to Ray in batches of 3 calls: the output equals the local pool's; a call that
     keeps failing is retried as a Ray task of its own and reported by its own name while the calls beside it
     finish."""
@@ -245,8 +266,8 @@ def test_ray_batches_many_small_tasks_and_a_failing_call_fails_alone(photo_tree,
     assert "1 task(s) failed" in proc.stderr and "shard-000004" in proc.stderr
     assert len(list((ray_out / ".repack" / "tasks").glob("*.json"))) == 29  # its batch's other calls included
     shutil.rmtree(ray_out / "shard-000004.tar")
-    resumed = run_repack("images", photo_tree, ray_out, *args, "--executor", "ray")
-    assert "1 task(s) run, 29 resumed" in resumed.stdout
+    resumed = run_repack("images", photo_tree, ray_out, *args, "--executor", "ray", "--ray-address", ray_cluster)
+    assert "1 task(s) run, 29 resumed" in resumed.stdout  # (one task: no batch; the module's instance runs it)
     assert shard_bytes(ray_out) == shard_bytes(local)
     assert manifest_without_run(ray_out) == manifest_without_run(local)
 
