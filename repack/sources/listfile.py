@@ -160,7 +160,7 @@ class _Found:
     refused: list[tuple[int, dict]] = dataclasses.field(default_factory=list)
 
     def pack(self) -> bytes:
-        """As bytes for the pool's answer: a JSON head (real paths, refused rows, counts), the names, the label ids
+        """As bytes for the pool's answer: a JSON head (real paths, refused rows), then the names, the label ids
         and the stat columns (``unpack``)."""
         head = json.dumps([self.real_paths, self.refused]).encode("utf-8", "surrogateescape")
         columns = [self.stats[k].tobytes() for k in _STAT_COLUMNS]
