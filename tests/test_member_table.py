@@ -3,7 +3,6 @@ rows, whose items, task payloads and task entries say what each input is and whe
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 
