@@ -6,7 +6,7 @@ matches its sha256."""
 
 from __future__ import annotations
 
-from repack.sources.tar_shards import IMAGE_EXTS
+from repack.sources.member_kinds import IMAGE_EXTS
 
 ROLES = {"cls": "int", "json": "metadata"}  # an image dataset's members other than its image(s)
 LMDB_IMAGE = "img"

@@ -36,13 +36,12 @@ from repack.sources.confine import Confinement
 from repack.sources.containers import Container, list_containers, open_container
 from repack.sources.class_index import bound_table_labels, numeric_class_index, sorted_labels
 from repack.sources.columns import NO_LABEL
+from repack.sources.member_kinds import IMAGE_EXTS, LABEL_EXTS
 from repack.sources.member_table import MemberRows
 from repack.sources.scan_pool import scan_pool
 from repack.sources.tar_headers import NotPlain, PlainMembers
 from repack.sources.walk import is_junk
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm")
-LABEL_EXTS = ("cls", "label", "class")
 MAX_LABEL_BYTES = 1024
 MAX_HEADER_BYTES = 1 << 20   # a pax or GNU long-name header; a larger one ends the shard's listing
 MAX_MEMBERS = 1_000_000      # members listed per shard (tarfile keeps each one's TarInfo while listing)
