@@ -41,7 +41,7 @@ from repack.sources.confine import Confinement
 from repack.sources.reading import open_input
 from repack.sources.s3 import list_columns
 from repack.sources.text_kinds import classify, unread_reason
-from repack.sources.text_scan import KIND_CODES, KIND_OF, NOT_UTF8, TextInputs, scan_text_folder
+from repack.sources.text_scan import KIND_CODES, KIND_OF, TextInputs, not_utf8_names, scan_text_folder
 from repack.sources.text_sniff import (SNIFF_BYTES, binary_document, binary_reason, has_nul, may_hold_a_fragment,
                                       plain_text)
 from repack.store import is_remote
@@ -205,8 +205,6 @@ def list_text_rows(source: str, rules: Confinement) -> tuple[TextInputs, list[di
         reason = checked.reason
         if reason is None and stat_mod.S_ISDIR(checked.st.st_mode):
             reason = "not a regular file (folder)"
-        if reason is None and max(entry) >= "\udc80" and any("\udc80" <= c <= "\udcff" for c in entry):
-            reason = NOT_UTF8  # a byte that is not UTF-8 (a surrogate escape): as the folder scan refuses it
         if reason is not None:
             refused.append({"source": entry, "line": None, "reason": reason + where})
             continue
@@ -224,8 +222,15 @@ def list_text_rows(source: str, rules: Confinement) -> tuple[TextInputs, list[di
     names = bytes(names)
     table = InputTable(conf.root, names, name_ends(names), np.full(len(codes), NO_LABEL, dtype=np.int32), (),
                        column["size"], column["mtime"], column["inode"], real_paths)
-    keep, twice = _read_once(table, column["device"], column["line"], conf.root, src.name)
     inputs = TextInputs(table, np.frombuffer(codes, dtype=np.uint8).copy() if len(codes) else np.zeros(0, np.uint8))
+    bad = not_utf8_names(table)  # refused as the folder scan refuses them, before a file's paths are weighed
+    if bad:
+        refused += [{"source": table.rel(row), "line": None, "reason": f"{reason} ({src.name}:{column['line'][row]})"}
+                    for row, reason in sorted(bad.items())]
+        kept = np.flatnonzero(~np.isin(np.arange(len(table)), list(bad)))
+        inputs, column = inputs.take(kept), {k: v[kept] for k, v in column.items()}
+        table = inputs.table
+    keep, twice = _read_once(table, column["device"], column["line"], conf.root, src.name)
     if not keep.all():
         inputs = inputs.take(np.flatnonzero(keep))
     return inputs, not_text + refused + twice, 0

@@ -358,7 +358,7 @@ def _walk_links(conf: Confinement, links: list, seen: dict, table: InputTable, c
 NOT_UTF8 = "file name is not valid UTF-8 (a token dataset names its source files in UTF-8): rename it"
 
 
-def _not_utf8_names(table: InputTable) -> dict[int, str]:
+def not_utf8_names(table: InputTable) -> dict[int, str]:
     """{row: NOT_UTF8} of the files whose name is not UTF-8 (the names blob decoded once where all are)."""
     try:
         table.names.decode("utf-8")
@@ -380,7 +380,7 @@ def _checked_inputs(conf: Confinement, table: InputTable, codes: np.ndarray, rea
     """``list_text_files``' last steps on columns: refused files quarantined (sorted order), aliases of one
     file (equal device and inode) read once under the real path, the others quarantined naming it."""
     keep = np.ones(len(table), dtype=bool)
-    reasons = {**reasons, **_not_utf8_names(table)}
+    reasons = {**reasons, **not_utf8_names(table)}
     for row in sorted(reasons):
         quarantine.append({"source": table.rel(row), "line": None, "reason": reasons[row]})
         keep[row] = False
