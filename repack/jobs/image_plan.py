@@ -21,7 +21,7 @@ from repack.distinct import distinct
 from repack.errors import UsageError
 from repack.jobs.task_inputs import delta_columns, pack_column
 from repack.sinks.tar_format import BLOCK, RECORD
-from repack.sources.columns import NO_LABEL, join_names, name_ends
+from repack.sources.columns import NO_LABEL, blob_range, join_names, name_ends
 
 if TYPE_CHECKING:
     from repack.sources.member_table import MemberTable
@@ -88,10 +88,7 @@ class InputColumns:
 
     def name_bytes(self, start: int, end: int) -> bytes:
         """The names blob of rows [start, end)."""
-        if start >= end:
-            return b""
-        first = int(self.ends[start - 1]) + 1 if start else 0
-        return self.names[first:int(self.ends[end - 1]) + 1]
+        return blob_range(self.names, self.ends, start, end)
 
     def per_label(self, length, none: int = 0) -> np.ndarray:
         """length(label name) per input, computed once per label (``none`` for unlabeled inputs)."""
@@ -145,8 +142,7 @@ class MemberFields:
         ids = table.shard_ids[start:end]
         used, local = np.unique(ids, return_inverse=True) if len(ids) else (ids, ids)
         shards = [table.shards[int(i)] for i in used.tolist()]
-        first = int(table.key_ends[start - 1]) + 1 if start else 0
-        keys = table.keys[first:int(table.key_ends[end - 1]) + 1] if end > start else b""
+        keys = blob_range(table.keys, table.key_ends, start, end)
         payload = {"shards": [[shard.path, list(shard.fingerprint), shard.rel] for shard in shards],
                    "memz": pack_column(delta_columns([local.astype(np.int64), table.offsets[start:end],
                                                       table.sizes[start:end]])),

@@ -51,22 +51,6 @@ def index_refusal(label: str) -> str | None:
     return None
 
 
-def bound_index_labels(items: list, quarantine: list[dict]) -> list:
-    """``items`` whose labels can be the class indices: when every label is an index label, the items
-    whose index is over the bound are quarantined (by name); otherwise labels are names: all kept."""
-    labels = {item.label for item in items if item.label is not None}
-    if not index_labels(labels):
-        return items
-    kept = []
-    for item in items:
-        reason = index_refusal(item.label) if item.label is not None else None
-        if reason is None:
-            kept.append(item)
-        else:
-            quarantine.append(quarantine_record(item.rel, reason, item.label))
-    return kept
-
-
 def sorted_labels(table):
     """``table`` with the label names its rows carry, in sorted order (as a planner of items indexes them: a
     label only a set-aside row had is no class of the plan's)."""
@@ -79,8 +63,8 @@ def sorted_labels(table):
 
 
 def bound_table_labels(table, indices: bool | None = None) -> tuple[object, list[dict]]:
-    """``bound_index_labels`` of a table: when its rows' labels are class indices, the rows whose index is over the
-    bound are quarantined, in row order (a label name only a row set aside earlier had is not looked at: "cat"
+    """``table`` (an ``InputTable`` or a ``MemberTable``) with the rows whose label is an index over the bound taken
+    out, when its rows' labels are class indices, and their quarantine records, in row order (a label name only a row set aside earlier had is not looked at: "cat"
     of a missing file beside kept rows of "0" and "1"). ``indices``: whether the labels are indices, where the
     caller decided it from more labels than the rows' (a list: the set-aside rows' too); else from the rows'."""
     used = table.label_set()

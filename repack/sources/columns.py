@@ -59,8 +59,46 @@ def name_at(names: bytes, ends: np.ndarray, row: int) -> str:
     return names[start:int(ends[row])].decode(*_FS)
 
 
+def blob_range(names: bytes, ends: np.ndarray, start: int, end: int) -> bytes:
+    """The names blob of rows [start, end) of the blob ``names`` (each row followed by its NUL)."""
+    if start >= end:
+        return b""
+    first = int(ends[start - 1]) + 1 if start else 0
+    return names[first:int(ends[end - 1]) + 1]
+
+
+class LabeledRows(Sequence):
+    """What a table of inputs as columns (``names``, ``ends``, ``label_ids``, ``label_names``) answers of its
+    rows, shared by ``InputTable`` and ``repack.sources.member_table.MemberTable``; ``self[row]`` is the class's."""
+
+    names: bytes
+    ends: np.ndarray
+    label_ids: np.ndarray
+    label_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def __iter__(self):
+        return (self[row] for row in range(len(self)))
+
+    def rel(self, row: int) -> str:
+        return name_at(self.names, self.ends, row)
+
+    def label(self, row: int) -> str | None:
+        lid = int(self.label_ids[row])
+        return None if lid == NO_LABEL else self.label_names[lid]
+
+    def label_set(self) -> set[str]:
+        """The labels some input carries."""
+        if not len(self.label_ids):
+            return set()
+        counts = np.bincount(self.label_ids + 1, minlength=len(self.label_names) + 1)  # NO_LABEL counted at 0
+        return {self.label_names[i] for i in np.flatnonzero(counts[1:]).tolist()}
+
+
 @dataclass(frozen=True, eq=False)
-class InputTable(Sequence):
+class InputTable(LabeledRows):
     """Inputs in plan order as columns (see the module docstring)."""
 
     root: str                                 # real root folder; an input's path is root/rel unless in real_paths
@@ -82,25 +120,16 @@ class InputTable(Sequence):
                    np.asarray(sizes, dtype=np.int64), np.asarray(mtimes, dtype=np.int64),
                    np.asarray(inodes, dtype=np.int64), dict(real_paths or {}))
 
-    def __len__(self) -> int:
-        return len(self.ends)
-
     def __getitem__(self, row):
         if isinstance(row, slice):
             return self.take(range(*row.indices(len(self))))
         return InputItem(self.path(row), self.rel(row), self.label(row), int(self.sizes[row]),
                          int(self.mtimes[row]), int(self.inodes[row]))
 
-    def __iter__(self):
-        return (self[row] for row in range(len(self)))
-
     @property
     def starts(self) -> np.ndarray:
         """Where each rel begins in ``names``."""
         return np.concatenate(([0], self.ends[:-1] + 1)) if len(self.ends) else np.zeros(0, dtype=np.int64)
-
-    def rel(self, row: int) -> str:
-        return name_at(self.names, self.ends, row)
 
     @cached_property
     def rels(self) -> list[str]:
@@ -112,19 +141,8 @@ class InputTable(Sequence):
         found = self.real_paths.get(row)
         return found if found is not None else f"{self.root}/{self.rel(row)}"
 
-    def label(self, row: int) -> str | None:
-        lid = int(self.label_ids[row])
-        return None if lid == NO_LABEL else self.label_names[lid]
-
     def fingerprint(self, row: int) -> list[int]:
         return [int(self.sizes[row]), int(self.mtimes[row]), int(self.inodes[row])]
-
-    def label_set(self) -> set[str]:
-        """The labels some input carries."""
-        if not len(self.label_ids):
-            return set()
-        counts = np.bincount(self.label_ids + 1, minlength=len(self.label_names) + 1)  # NO_LABEL counted at 0
-        return {self.label_names[i] for i in np.flatnonzero(counts[1:]).tolist()}
 
     def take(self, rows) -> "InputTable":
         """The rows ``rows`` (any sequence of row numbers), in that order."""

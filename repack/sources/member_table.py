@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from repack.sources.base import MemberItem
-from repack.sources.columns import _FS, NO_LABEL, blob_rows, name_at, name_ends, span_rows
+from repack.sources.columns import _FS, NO_LABEL, LabeledRows, blob_rows, name_at, name_ends, span_rows
 from repack.sources.containers import Container
 
 
 @dataclass(frozen=True, eq=False)
-class MemberTable(Sequence):
+class MemberTable(LabeledRows):
     """Tar members in plan order as columns (see the module docstring)."""
 
     names: bytes                   # the rels, each followed by a NUL
@@ -43,9 +42,6 @@ class MemberTable(Sequence):
     source_paths: bytes = b""      # parquet: each row's Image path ("" for none), one after the other
     source_path_ends: np.ndarray | None = None  # int64: where each row's path ends in ``source_paths``
 
-    def __len__(self) -> int:
-        return len(self.ends)
-
     def __getitem__(self, row):
         if isinstance(row, slice):
             return self.take(range(*row.indices(len(self))))
@@ -61,12 +57,6 @@ class MemberTable(Sequence):
                           member=(("row", offset), ("column", self.columns[at])),
                           meta=meta + ((("source_path", source_path),) if source_path else ()))
 
-    def __iter__(self):
-        return (self[row] for row in range(len(self)))
-
-    def rel(self, row: int) -> str:
-        return name_at(self.names, self.ends, row)
-
     def key(self, row: int) -> str:
         return name_at(self.keys, self.key_ends, row)
 
@@ -76,17 +66,6 @@ class MemberTable(Sequence):
             return ""
         start = int(self.source_path_ends[row - 1]) if row else 0
         return self.source_paths[start:int(self.source_path_ends[row])].decode(*_FS)
-
-    def label(self, row: int) -> str | None:
-        lid = int(self.label_ids[row])
-        return None if lid == NO_LABEL else self.label_names[lid]
-
-    def label_set(self) -> set[str]:
-        """The labels some input carries."""
-        if not len(self.label_ids):
-            return set()
-        counts = np.bincount(self.label_ids + 1, minlength=len(self.label_names) + 1)  # NO_LABEL counted at 0
-        return {self.label_names[i] for i in np.flatnonzero(counts[1:]).tolist()}
 
     def shard_prints(self, no_mtime: int) -> tuple[np.ndarray, np.ndarray]:
         """Each input's fingerprint as an --append compares it (its shard's): size, and mtime_ns (s3://: the ETag
