@@ -25,6 +25,8 @@ class PathEscapeError(ValueError):
 def check_relative(rel: object) -> str:
     """``rel`` normalized (``./a`` -> ``a``) when it is a relative POSIX path confined to its root;
     PathEscapeError naming it otherwise (absolute, ``..``, NUL, backslash, empty, not a string)."""
+    if isinstance(rel, str) and _plain_relative(rel):
+        return rel  # already normal: what PurePosixPath would give back (a manifest's shards: 3 a shard)
     if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
         raise PathEscapeError(f"invalid relative path {rel!r}")
     pure = PurePosixPath(rel)
@@ -32,6 +34,12 @@ def check_relative(rel: object) -> str:
             or not pure.parts:
         raise PathEscapeError(f"path {rel!r} escapes the dataset root")
     return pure.as_posix()
+
+
+def _plain_relative(rel: str) -> bool:
+    """Whether ``rel`` is a relative path in normal form: names of one or more characters, none ``.`` nor
+    ``..``, no NUL nor backslash, joined by single slashes (``check_relative``'s fast case)."""
+    return "\x00" not in rel and "\\" not in rel and all(part and part != "." and part != ".." for part in rel.split("/"))
 
 
 def check_dataset_path(rel: object) -> str:
@@ -57,13 +65,15 @@ def join_under_real(root_real: Path, rel: str) -> Path:
     checked against one resolution of its root. The whole path is resolved only when a component below the
     root is a symlink (``_first_link``; ``realpath`` costs an lstat per component of the absolute path: on
     the device machine's sandboxed filesystem ~20 ms per manifest of 62 shards)."""
-    parts = PurePosixPath(check_relative(rel)).parts
-    joined = root_real.joinpath(*parts)
-    if _first_link(root_real, parts) is not None:
-        real = Path(os.path.realpath(joined))
-        if real != root_real and root_real not in real.parents:
+    same = check_relative(rel)
+    parts = same.split("/")
+    joined = os.path.join(root_real, same)
+    if _first_link(os.fspath(root_real), parts) is not None:
+        real = os.path.realpath(joined)
+        base = os.fspath(root_real)
+        if real != base and not real.startswith(base.rstrip("/") + "/"):
             raise PathEscapeError(f"path {rel!r} resolves outside the dataset root")
-    return joined
+    return Path(joined)
 
 
 def no_links_below(root: str | os.PathLike, rel: str) -> Path:
@@ -78,15 +88,15 @@ def no_links_below(root: str | os.PathLike, rel: str) -> Path:
     return Path(root).joinpath(*parts)
 
 
-def _first_link(root: Path, parts: tuple[str, ...]) -> Path | None:
+def _first_link(root: str | os.PathLike, parts: list[str] | tuple[str, ...]) -> Path | None:
     """The first of ``root/parts[0]``, ``root/parts[0]/parts[1]``, ... that is a symbolic link (one ``lstat``
     each), or None. A missing (or unreadable) component ends the walk: nothing below it can be a link yet."""
-    path = root
+    path = os.fspath(root)
     for part in parts:
-        path = path / part
+        path = os.path.join(path, part)
         try:
             if stat.S_ISLNK(os.lstat(path).st_mode):
-                return path
+                return Path(path)
         except OSError:
             return None
     return None

@@ -18,13 +18,14 @@ Top-level keys (the contract; fields may be added, never renamed)::
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from repack.manifest.paths import PathEscapeError, check_dataset_path, join_under_real, safe_join
+from repack.manifest.paths import PathEscapeError, check_dataset_path, join_under_real
 
 SCHEMA = "repack.manifest"
 VERSION = 1
@@ -96,22 +97,21 @@ class Manifest:
                                 f"not {number!r}")
         self._check_path_fields()
         seen: set[str] = set()
-        root_real = Path(os.path.realpath(self.root))
         for rel in self.relative_paths():
-            same = self._check_path(rel, root_real)
+            same = self._check_path(rel)
             if same in seen:  # a reader would yield its samples twice; a copy would race on one file
                 raise ManifestError(f"{self.where}: the manifest names {rel!r} twice (each shard, index and "
                                     "side file must be listed once)")
             seen.add(same)
         for rel in [v["path"] for v in self.data.get("videos", [])] + self.prefixes():
-            self._check_path(rel, root_real)
+            self._check_path(rel)
 
-    def _check_path(self, rel: str, root_real: Path | None = None) -> str:
+    def _check_path(self, rel: str) -> str:
         """The one rule for a path the manifest names (``repack.manifest.paths``), normalized; ManifestError
-        naming the manifest and the path. ``root_real``: the root resolved, when the caller did it once."""
+        naming the manifest and the path."""
         try:
             same = check_dataset_path(rel)
-            join_under_real(root_real or Path(os.path.realpath(self.root)), rel)
+            self.path(rel)
         except PathEscapeError as exc:
             raise ManifestError(f"{self.where}: version {self._number()}: {exc}") from None
         return same
@@ -164,8 +164,21 @@ class Manifest:
             yield rel
 
     def path(self, rel: str) -> Path:
-        """Absolute path of a manifest-relative path, confined to the root."""
-        return safe_join(self.root, rel)
+        """Absolute path of a manifest-relative path, confined to the root (each path joined and checked
+        once per manifest object: a reader asks for a shard's paths several times while it opens)."""
+        joined = self._joined.get(rel)
+        if joined is None:
+            joined = self._joined[rel] = join_under_real(self.root_real, rel)
+        return joined
+
+    @functools.cached_property
+    def _joined(self) -> dict[str, Path]:
+        return {}
+
+    @functools.cached_property
+    def root_real(self) -> Path:
+        """The root resolved once (``os.path.realpath``): every path the manifest names is joined under it."""
+        return Path(os.path.realpath(self.root))
 
     @property
     def modality(self) -> str:
