@@ -20,7 +20,7 @@ import os
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,14 @@ import numpy as np
 from pipelines import index_process, object_store
 from pipelines.cpus import usable_cpus
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
-from repack.manifest.shard_index import Allocate, IndexColumns, index_pieces, join_shards, parse_piece
+from repack.manifest.shard_index import Allocate, IndexColumns, IndexJob, index_jobs, index_pieces, join_jobs, parse_job
 from repack.manifest import Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size, manifest_cap
 from repack.manifest.io import open_regular
 from repack.manifest.versions import check_number, read_version
 
 INDEX_THREADS = 8  # index files read at once
+INDEX_FILES_AT_ONCE = 256  # index files mapped at a time (each mapping holds a file descriptor)
 HELPER_MIN_INDEX_BYTES = 16 << 20  # index text parsed in a helper process from this size on (~160,000 samples)
 INDEX_PIECE_BYTES = 1 << 20  # index text parsed per task: pieces of every shard spread over all cores (a piece parses at ~13x its size: threads x piece bounds the transient; 256 KB ones cost 1.4x the CPU at 1M samples)
 
@@ -224,41 +225,49 @@ class SharedIndex:
 def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None = None) -> IndexColumns:
     """The index files ``paths`` (each to hold ``counts[i]`` samples) as one ``IndexColumns``: the files
     read by ``INDEX_THREADS`` threads (on s3://, concurrent GETs), their text cut into pieces of whole
-    lines (``INDEX_PIECE_BYTES``) parsed on one thread per usable CPU (numpy parses with the GIL
-    released: a dataset of few large shards still parses on every core), the pieces joined once (into
-    arrays from ``allocate``: ``shard_index.concat``), each copied into place on those threads."""
-
-    def pieces(path) -> tuple[int, list]:
-        return index_pieces(index_bytes(path), str(path), INDEX_PIECE_BYTES)
-
-    def parse(piece: np.ndarray, where: str) -> IndexColumns:
-        parsed = parse_piece(piece, where)
-        _unmap_text(piece)
-        return parsed
-
-    with ThreadPoolExecutor(max(1, min(INDEX_THREADS, len(paths))), thread_name_prefix="repack-index") as pool:
-        cut = list(pool.map(pieces, paths))
-    for (count, _), want, path in zip(cut, counts, paths):
-        if count != want:
-            raise ManifestError(f"{path}: {count} samples, the manifest says {want}")
-    jobs = [(piece, str(path)) for (_, parts), path in zip(cut, paths) for piece in parts]
-    threads = min(usable_cpus(), len(jobs))
+    lines (``INDEX_PIECE_BYTES``; small files joined into pieces of that size: ``shard_index.index_jobs``)
+    parsed on one thread per usable CPU (numpy parses with the GIL released: a dataset of few large
+    shards still parses on every core), the pieces joined once (into arrays from ``allocate``:
+    ``shard_index.concat``), each copied into place on those threads. ``INDEX_FILES_AT_ONCE`` files are
+    read and parsed at a time: a mapped file holds a descriptor, and a dataset of more shards than the
+    process may open files (``ulimit -n``, 1,024 by default) must still open."""
+    wheres = [str(p) for p in paths]
+    threads = min(usable_cpus(), max(1, len(paths)))
     pool = ThreadPoolExecutor(threads, thread_name_prefix="repack-index") if threads > 1 else None
+    readers = ThreadPoolExecutor(max(1, min(INDEX_THREADS, len(paths))), thread_name_prefix="repack-index-read")
+    jobs: list[IndexJob] = []
+    parsed: list[IndexColumns] = []
+    declared: list[int] = []
     try:
-        parsed = list((pool.map if pool else map)(lambda job: parse(*job), jobs))
-        per_shard, at = [], 0
-        for _, parts in cut:
-            per_shard.append(parsed[at:at + len(parts)])
-            at += len(parts)
-        del jobs
-        columns = join_shards(per_shard, [count for count, _ in cut], [str(p) for p in paths], allocate,
-                              pool.map if pool else map)  # the pieces copied into place on the same threads
+        for lo in range(0, len(paths), INDEX_FILES_AT_ONCE):
+            batch = range(lo, min(lo + INDEX_FILES_AT_ONCE, len(paths)))
+            cut = list(readers.map(lambda i: index_pieces(index_bytes(paths[i]), wheres[i], INDEX_PIECE_BYTES), batch))
+            for i, (count, _) in zip(batch, cut):
+                if count != counts[i]:
+                    raise ManifestError(f"{paths[i]}: {count} samples, the manifest says {counts[i]}")
+            batch_jobs = index_jobs(cut, wheres[lo:batch.stop], INDEX_PIECE_BYTES, first_shard=lo)
+            del cut  # what is left of the files' text is in the jobs: each file's mapping ends with its last job
+            parsed.extend((pool.map if pool else map)(_parse_and_unmap, batch_jobs))
+            jobs.extend(replace(job, text=None, bodies=()) for job in batch_jobs)
+            declared.extend(counts[i] for i in batch)
+            del batch_jobs
+        columns = join_jobs(jobs, parsed, declared, wheres, allocate,
+                            pool.map if pool else map)  # the pieces copied into place on the same threads
     finally:
+        readers.shutdown()
         if pool is not None:
             pool.shutdown()
-    del cut, parsed, per_shard
+    del parsed, jobs
     release_free_heap()
     return columns
+
+
+def _parse_and_unmap(job: IndexJob) -> IndexColumns:
+    parsed = parse_job(job)
+    _unmap_text(job.text)
+    for body in job.bodies:  # copied into the job's text
+        _unmap_text(body)
+    return parsed
 
 
 def _unmap_text(piece: np.ndarray) -> None:

@@ -19,7 +19,9 @@ blocks are in flight or waiting besides the one being consumed, so memory stays 
 from __future__ import annotations
 
 import os
+import threading
 from bisect import bisect_right
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -29,6 +31,8 @@ from pipelines.manifest_access import Sample
 from repack.exec.ahead import read_ahead  # noqa: F401 - the readers' prefetch (pipelines.torch_webdataset)
 from pipelines.object_store import is_remote, pread_into, read_file_ranges, read_range, read_range_into
 from pipelines.sample_errors import ShardIntegrityError
+
+OPEN_SHARDS = 128  # shard files a reader keeps open at most (per DataLoader worker)
 
 TAR_BLOCK = 512
 _NAME, _SIZE, _CHECKSUM = slice(0, 100), slice(124, 136), slice(148, 156)
@@ -225,11 +229,15 @@ def read_block(block: ReadBlock, direct_bytes: int | None = None) -> bytes | Pie
 
 
 class ShardFiles:
-    """The shard files a reader reads, by path: local files kept open (``close`` closes them all),
-    s3:// objects read with ranged GETs."""
+    """The shard files a reader reads, by path: local files kept open, at most ``limit`` at a time (the
+    least recently read one closed first, once no thread is reading it: a shuffled epoch over 10,000
+    shards must not hold 10,000 descriptors, over ``ulimit -n``'s 1,024 by default); ``close`` closes
+    them all. s3:// objects are read with ranged GETs."""
 
-    def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
+    def __init__(self, limit: int = OPEN_SHARDS) -> None:
+        self._open: OrderedDict[str, list[int]] = OrderedDict()  # path -> [fd, readers now]
+        self._lock = threading.Lock()
+        self._limit = max(1, limit)
 
     def read_into(self, path: str, start: int, buffer: memoryview) -> int:
         """Read the file's (or object's) bytes from ``start`` into ``buffer`` (straight in: one copy, from
@@ -237,18 +245,50 @@ class ShardFiles:
         file ends first."""
         if is_remote(path):
             return read_range_into(path, start, buffer)
-        fd = self._fds.get(path)
-        if fd is None:
-            opened = os.open(path, os.O_RDONLY)
-            fd = self._fds.setdefault(path, opened)  # a prefetch thread may have opened it meanwhile
-            if fd != opened:
-                os.close(opened)
-        return pread_into(fd, buffer, start)
+        entry = self._acquire(path)
+        try:
+            return pread_into(entry[0], buffer, start)
+        finally:
+            with self._lock:
+                entry[1] -= 1
+
+    def _acquire(self, path: str) -> list[int]:
+        with self._lock:
+            entry = self._open.get(path)
+            if entry is not None:
+                self._open.move_to_end(path)
+                entry[1] += 1
+                return entry
+        opened = os.open(path, os.O_RDONLY)
+        with self._lock:
+            entry = self._open.get(path)
+            if entry is None:
+                entry = self._open[path] = [opened, 1]
+                self._close_idle()
+                return entry
+            os.close(opened)  # another thread opened it meanwhile
+            self._open.move_to_end(path)
+            entry[1] += 1
+            return entry
+
+    def _close_idle(self) -> None:
+        """Close the least recently read files no thread is reading, down to the limit (under the lock)."""
+        surplus = len(self._open) - self._limit
+        if surplus <= 0:
+            return
+        for path in [path for path, (_, readers) in self._open.items() if not readers][:surplus]:
+            os.close(self._open.pop(path)[0])
+
+    @property
+    def open_files(self) -> int:
+        """How many shard files are open now."""
+        return len(self._open)
 
     def close(self, _close=os.close) -> None:  # bound now: a generator closed at interpreter exit finds os gone
-        for fd in self._fds.values():
-            _close(fd)
-        self._fds.clear()
+        with self._lock:
+            for fd, _ in self._open.values():
+                _close(fd)
+            self._open.clear()
 
 
 def fetch_blocks(blocks: Iterable, threads: int, depth: int | None = None) -> Iterator[tuple[object, ReadBlock, bytes | Pieces]]:

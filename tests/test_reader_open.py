@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import tracemalloc
 import warnings
@@ -19,7 +20,7 @@ from pipelines.torch_webdataset import ImageShardDataset
 from repack.manifest import ManifestError, read_manifest
 from repack.manifest.shard_index import concat, parse_index
 from tests.tools.loaders import failing_loader
-from tests.tools.synthetic_shards import synthetic_dataset
+from tests.tools.synthetic_shards import synthetic_dataset, varied_dataset
 
 COLUMNS = ("shard_starts", "first_member", "key_ends", "keys", "ext", "suffix", "offset", "size")
 
@@ -63,6 +64,82 @@ def test_pieces_parsed_on_threads_join_into_the_shard_by_shard_index(datasets, t
         assert np.array_equal(getattr(got, name), getattr(wanted, name)), name
     assert (got.exts, got.suffixes, got.key_width) == (wanted.exts, wanted.suffixes, wanted.key_width)
     assert got.shard_starts.tolist() == [0, 4_000, 8_000, 12_000]
+
+
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory):
+    """300 distinct small shards of 1-9 samples (shard i's images are i % 50 + 1 bytes)."""
+    sizes = [1 + (i * 5) % 9 for i in range(300)]
+    return varied_dataset(tmp_path_factory.mktemp("many") / "ds", sizes, [i % 50 + 1 for i in range(300)])
+
+
+def test_small_indexes_parsed_together_join_into_the_shard_by_shard_index(many_shards, monkeypatch):
+    manifest = read_manifest(many_shards)
+    wanted = concat([parse_index((many_shards / s["index"]).read_bytes(), s["index"])
+                     for s in manifest.data["shards"]])
+    monkeypatch.setattr(manifest_access, "INDEX_PIECE_BYTES", 4_000)  # ~10 small files a piece
+    monkeypatch.setattr(manifest_access, "INDEX_FILES_AT_ONCE", 37)  # groups end at batch ends too
+    monkeypatch.setattr(manifest_access, "usable_cpus", lambda: 4)
+    got = manifest_access.read_index_columns(manifest)
+    for name in COLUMNS:
+        assert np.array_equal(getattr(got, name), getattr(wanted, name)), name
+    assert (got.exts, got.suffixes, got.key_width) == (wanted.exts, wanted.suffixes, wanted.key_width)
+    assert got.shard_starts.tolist() == np.cumsum([0] + [s["samples"] for s in manifest.data["shards"]]).tolist()
+
+
+@pytest.mark.parametrize("damage", ["malformed line", "line dropped"])
+def test_a_damaged_small_index_is_named_though_parsed_with_its_neighbours(many_shards, tmp_path, monkeypatch,
+                                                                           damage):
+    root = tmp_path / "ds"
+    root.mkdir()
+    for path in many_shards.iterdir():
+        os.link(path, root / path.name)
+    idx = root / "shard-000151.idx"
+    head, *lines = idx.read_text().splitlines(keepends=True)
+    assert len(lines) > 1
+    os.unlink(idx)  # a file of its own, not the fixture's
+    if damage == "malformed line":
+        lines[1] = lines[1].replace(" ", "  ", 1)
+    else:
+        del lines[1]
+    idx.write_text(head + "".join(lines))
+    monkeypatch.setattr(manifest_access, "INDEX_PIECE_BYTES", 4_000)
+    with pytest.raises(ManifestError) as caught:
+        manifest_access.read_index_columns(read_manifest(root))
+    message = str(caught.value)
+    assert message.startswith(f"{idx}:") and "shard-000150" not in message and "shard-000152" not in message
+    assert ("malformed index line" if damage == "malformed line" else "matching sample count") in message
+
+
+_EPOCH_UNDER_A_FILE_LIMIT = """
+import resource, sys
+from collections import Counter
+from torch.utils.data import DataLoader
+from pipelines.torch_webdataset import ImageShardDataset
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[2])))
+sizes = Counter()
+dataset = ImageShardDataset(sys.argv[1], decode=False, batch_size=16, shuffle=True, seed=5)
+for images, labels in DataLoader(dataset, batch_size=None, num_workers=2):
+    sizes.update(len(image) for image in images)
+print(sorted(sizes.items()))
+"""
+
+
+def test_a_dataset_of_more_shards_than_the_process_may_open_files_reads_every_sample_once(tmp_path):
+    # 1,200 shards against a limit of 512 open files: the index files are mapped a batch at a time and a
+    # worker keeps at most OPEN_SHARDS shards open (every index file mapped at once, and every shard the
+    # epoch had read kept open, failed with "Too many open files")
+    sizes = [1 + i % 3 for i in range(1_200)]
+    payloads = [i % 50 + 1 for i in range(1_200)]
+    root = varied_dataset(tmp_path / "ds", sizes, payloads)
+    wanted = {}
+    for count, payload in zip(sizes, payloads):
+        wanted[payload] = wanted.get(payload, 0) + count
+    done = subprocess.run([sys.executable, "-c", _EPOCH_UNDER_A_FILE_LIMIT, str(root), "512"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == str(sorted(wanted.items()))
 
 
 def _mapping_rss(mapping) -> int:

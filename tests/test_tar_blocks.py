@@ -3,11 +3,12 @@ from the runs between them deliver the same samples and catch the same damage.""
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from pipelines import tar_blocks
-from pipelines.tar_blocks import ShardIntegrityError
+from pipelines.tar_blocks import ShardFiles, ShardIntegrityError
 from pipelines.torch_webdataset import ImageShardDataset
 from tests.test_reader_integrity import SHARD, flip_header_byte, truncate
 
@@ -47,10 +48,34 @@ def test_shard_files_close_at_interpreter_exit(tmp_path, monkeypatch):
     files = tar_blocks.ShardFiles()
     buffer = memoryview(bytearray(8))
     assert files.read_into(str(path), 0, buffer) == 8
-    fd = next(iter(files._fds.values()))
+    fd = next(iter(files._open.values()))[0]
     monkeypatch.setattr(tar_blocks, "os", None)
     files.close()
     monkeypatch.undo()
-    assert not files._fds
+    assert not files.open_files
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+def test_shard_files_keep_at_most_their_limit_open_and_never_close_one_being_read(tmp_path):
+    paths = []
+    for n in range(6):
+        path = tmp_path / f"f{n}"
+        path.write_bytes(bytes([n]) * 4096 + bytes(range(256)) * 16)
+        paths.append(str(path))
+    files = ShardFiles(limit=2)
+
+    def read(step: int) -> bool:
+        path = paths[(step * 7) % 6]
+        start = (step * 131) % 8000
+        buffer = bytearray(64)
+        got = files.read_into(path, start, memoryview(buffer))
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            return bytes(buffer[:got]) == fh.read(64)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(read, range(2_000)))
+    assert files.open_files <= 2
+    files.close()
+    assert files.open_files == 0

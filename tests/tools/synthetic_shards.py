@@ -79,11 +79,32 @@ def synthetic_dataset(root: str | os.PathLike, samples: int, per_shard: int, pay
                     os.link(root / f"shard-000000.{ext}", link)
         shards.append({"path": f"{name}.tar", "samples": per_shard, "bytes": size, "sha256": tar_sha,
                        "index": f"{name}.idx", "index_bytes": idx_bytes, "index_sha256": idx_sha})
+    _write_manifest(root, shards, meta)
+    return root
+
+
+def varied_dataset(root: str | os.PathLike, samples: list[int], payloads: list[int]) -> Path:
+    """An image WebDataset of ``len(samples)`` distinct shards under ``root``: shard i holds ``samples[i]``
+    samples whose ``.jpg`` members are ``payloads[i]`` bytes each (so a sample's shard shows in its size).
+    Returns ``root``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for n, (count, payload) in enumerate(zip(samples, payloads, strict=True)):
+        tar, idx = root / f"shard-{n:06d}.tar", root / f"shard-{n:06d}.idx"
+        size = write_shard(tar, idx, count, payload)
+        shards.append({"path": tar.name, "samples": count, "bytes": size, "sha256": _sha256(tar),
+                       "index": idx.name, "index_bytes": idx.stat().st_size, "index_sha256": _sha256(idx)})
+    _write_manifest(root, shards, False)
+    return root
+
+
+def _write_manifest(root: Path, shards: list[dict], meta: bool) -> None:
+    samples = sum(s["samples"] for s in shards)
     write_manifest(root, {
         "schema": "repack.manifest", "version": 1, "modality": "images", "format": "webdataset",
         "created_by": {"tool": "tests.tools.synthetic_shards", "version": "0", "options": {}},
         "fields": {"jpg": "image", "cls": "int", **({"json": "metadata"} if meta else {})}, "classes": {f"c{c}": c for c in range(CLASSES)},
         "shards": shards, "quarantine": [],
-        "totals": {"inputs": samples, "samples": samples, "quarantined": 0, "bytes": size * len(shards),
+        "totals": {"inputs": samples, "samples": samples, "quarantined": 0, "bytes": sum(s["bytes"] for s in shards),
                    "shards": len(shards)}})
-    return root
