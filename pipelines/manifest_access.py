@@ -28,6 +28,7 @@ import numpy as np
 
 from pipelines import index_process, object_store
 from pipelines.cpus import usable_cpus
+from pipelines.file_limit import files_allowed
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
 from repack.manifest.shard_index import Allocate, IndexColumns, IndexJob, index_jobs, index_pieces, join_jobs, parse_job
 from repack.manifest import Manifest, ManifestError, read_manifest
@@ -232,6 +233,7 @@ def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None 
     read and parsed at a time: a mapped file holds a descriptor, and a dataset of more shards than the
     process may open files (``ulimit -n``, 1,024 by default) must still open."""
     wheres = [str(p) for p in paths]
+    small = INDEX_PIECE_BYTES // 4  # what index_jobs joins: read, not mapped
     threads = min(usable_cpus(), max(1, len(paths)))
     pool = ThreadPoolExecutor(threads, thread_name_prefix="repack-index") if threads > 1 else None
     readers = ThreadPoolExecutor(max(1, min(INDEX_THREADS, len(paths))), thread_name_prefix="repack-index-read")
@@ -239,9 +241,11 @@ def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None 
     parsed: list[IndexColumns] = []
     declared: list[int] = []
     try:
-        for lo in range(0, len(paths), INDEX_FILES_AT_ONCE):
-            batch = range(lo, min(lo + INDEX_FILES_AT_ONCE, len(paths)))
-            cut = list(readers.map(lambda i: index_pieces(index_bytes(paths[i]), wheres[i], INDEX_PIECE_BYTES), batch))
+        at_once = files_allowed(INDEX_FILES_AT_ONCE)
+        for lo in range(0, len(paths), at_once):
+            batch = range(lo, min(lo + at_once, len(paths)))
+            cut = list(readers.map(lambda i: index_pieces(index_bytes(paths[i], small), wheres[i], INDEX_PIECE_BYTES),
+                                   batch))
             for i, (count, _) in zip(batch, cut):
                 if count != counts[i]:
                     raise ManifestError(f"{paths[i]}: {count} samples, the manifest says {counts[i]}")
@@ -285,15 +289,19 @@ def _unmap_text(piece: np.ndarray) -> None:
     text.madvise(mmap.MADV_DONTNEED, lo, start + len(piece) - lo)
 
 
-def index_bytes(path) -> bytes | mmap.mmap:
+def index_bytes(path, read_below: int = 0) -> bytes | mmap.mmap:
     """An index file's bytes: a local file memory-mapped (page cache, not the heap: a large ``bytes``
     freed raises glibc's mmap threshold, and the parse's working arrays then stay resident in the
-    threads' heaps, which forked DataLoader workers map), an s3:// object read whole."""
+    threads' heaps, which forked DataLoader workers map), or read when under ``read_below`` bytes (a
+    mapping holds a file descriptor while it lives); an s3:// object read whole."""
     if object_store.is_remote(path):
         return object_store.read_bytes(path)
     with open_regular(path) as fh:  # a FIFO in its place is refused, never waited on
         size = os.fstat(fh.fileno()).st_size
+        if size < read_below:
+            return fh.read()
         return mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+
 
 
 def release_free_heap() -> None:

@@ -27,6 +27,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from pipelines.file_limit import files_allowed
 from pipelines.manifest_access import Sample
 from repack.exec.ahead import read_ahead  # noqa: F401 - the readers' prefetch (pipelines.torch_webdataset)
 from pipelines.object_store import is_remote, pread_into, read_file_ranges, read_range, read_range_into
@@ -229,15 +230,15 @@ def read_block(block: ReadBlock, direct_bytes: int | None = None) -> bytes | Pie
 
 
 class ShardFiles:
-    """The shard files a reader reads, by path: local files kept open, at most ``limit`` at a time (the
-    least recently read one closed first, once no thread is reading it: a shuffled epoch over 10,000
-    shards must not hold 10,000 descriptors, over ``ulimit -n``'s 1,024 by default); ``close`` closes
-    them all. s3:// objects are read with ranged GETs."""
+    """The shard files a reader reads, by path: local files kept open, at most ``limit`` at a time (default
+    ``files_allowed(OPEN_SHARDS)``; the least recently read one closed first, once no thread is reading
+    it: a shuffled epoch over 10,000 shards must not hold 10,000 descriptors, over ``ulimit -n``'s 1,024
+    by default); ``close`` closes them all. s3:// objects are read with ranged GETs."""
 
-    def __init__(self, limit: int = OPEN_SHARDS) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self._open: OrderedDict[str, list[int]] = OrderedDict()  # path -> [fd, readers now]
         self._lock = threading.Lock()
-        self._limit = max(1, limit)
+        self._limit = max(1, limit or files_allowed(OPEN_SHARDS))
 
     def read_into(self, path: str, start: int, buffer: memoryview) -> int:
         """Read the file's (or object's) bytes from ``start`` into ``buffer`` (straight in: one copy, from
