@@ -20,7 +20,7 @@ import os
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from pipelines import index_process, object_store
 from pipelines.cpus import usable_cpus
 from pipelines.file_limit import files_allowed
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
-from repack.manifest.shard_index import Allocate, IndexColumns, IndexJob, index_jobs, index_pieces, join_jobs, parse_job
+from repack.manifest.shard_index import Allocate, IndexColumns, IndexJob, join_jobs, parse_job, parsed_batches
 from repack.manifest import Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size, manifest_cap
 from repack.manifest.io import open_regular
@@ -229,9 +229,10 @@ def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None 
     lines (``INDEX_PIECE_BYTES``; small files joined into pieces of that size: ``shard_index.index_jobs``)
     parsed on one thread per usable CPU (numpy parses with the GIL released: a dataset of few large
     shards still parses on every core), the pieces joined once (into arrays from ``allocate``:
-    ``shard_index.concat``), each copied into place on those threads. ``INDEX_FILES_AT_ONCE`` files are
-    read and parsed at a time: a mapped file holds a descriptor, and a dataset of more shards than the
-    process may open files (``ulimit -n``, 1,024 by default) must still open."""
+    ``shard_index.concat``), each copied into place on those threads. ``files_allowed(INDEX_FILES_AT_ONCE)``
+    files are read and parsed at a time (``shard_index.parsed_batches``), the small ones read rather than
+    mapped: a mapped file holds a descriptor, and a dataset of more shards than the process may open
+    files (``ulimit -n``, 1,024 by default) must still open."""
     wheres = [str(p) for p in paths]
     small = INDEX_PIECE_BYTES // 4  # what index_jobs joins: read, not mapped
     threads = min(usable_cpus(), max(1, len(paths)))
@@ -239,23 +240,13 @@ def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None 
     readers = ThreadPoolExecutor(max(1, min(INDEX_THREADS, len(paths))), thread_name_prefix="repack-index-read")
     jobs: list[IndexJob] = []
     parsed: list[IndexColumns] = []
-    declared: list[int] = []
     try:
-        at_once = files_allowed(INDEX_FILES_AT_ONCE)
-        for lo in range(0, len(paths), at_once):
-            batch = range(lo, min(lo + at_once, len(paths)))
-            cut = list(readers.map(lambda i: index_pieces(index_bytes(paths[i], small), wheres[i], INDEX_PIECE_BYTES),
-                                   batch))
-            for i, (count, _) in zip(batch, cut):
-                if count != counts[i]:
-                    raise ManifestError(f"{paths[i]}: {count} samples, the manifest says {counts[i]}")
-            batch_jobs = index_jobs(cut, wheres[lo:batch.stop], INDEX_PIECE_BYTES, first_shard=lo)
-            del cut  # what is left of the files' text is in the jobs: each file's mapping ends with its last job
-            parsed.extend((pool.map if pool else map)(_parse_and_unmap, batch_jobs))
-            jobs.extend(replace(job, text=None, bodies=()) for job in batch_jobs)
-            declared.extend(counts[i] for i in batch)
-            del batch_jobs
-        columns = join_jobs(jobs, parsed, declared, wheres, allocate,
+        for batch_jobs, batch_parsed in parsed_batches(lambda i: index_bytes(paths[i], small), wheres, counts,
+                                                       INDEX_PIECE_BYTES, files_allowed(INDEX_FILES_AT_ONCE),
+                                                       readers.map, _parse_and_unmap, pool.map if pool else map):
+            jobs += batch_jobs
+            parsed += batch_parsed
+        columns = join_jobs(jobs, parsed, counts, wheres, allocate,
                             pool.map if pool else map)  # the pieces copied into place on the same threads
     finally:
         readers.shutdown()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Iterator
 
 import dataclasses
 import mmap
@@ -267,6 +267,27 @@ def parse_job(job: IndexJob) -> IndexColumns:
         for body, where in zip(job.bodies, job.wheres):
             parse_piece(body, where)
         raise
+
+
+def parsed_batches(read: Callable[[int], bytes | mmap.mmap], wheres: list[str], expected: list[int],
+                   piece_bytes: int, at_once: int, map_read: Callable = map,
+                   parse: Callable[[IndexJob], IndexColumns] | None = None,
+                   map_parse: Callable = map) -> Iterator[tuple[list[IndexJob], list[IndexColumns]]]:
+    """The index files ``0 .. len(wheres) - 1`` (``read(i)``: file i's bytes; ``expected[i]``: the samples
+    its manifest entry declares) parsed ``at_once`` files at a time (a mapped file holds a descriptor):
+    per batch, its ``index_jobs`` (their text dropped) and their columns (``parse``, default
+    ``parse_job``, mapped over the jobs by ``map_parse``; the files read by ``map_read``). For
+    ``join_jobs``; a file whose header declares another count than ``expected`` raises, naming it."""
+    for lo in range(0, len(wheres), at_once):
+        batch = range(lo, min(lo + at_once, len(wheres)))
+        cut = list(map_read(lambda i: index_pieces(read(i), wheres[i], piece_bytes), batch))
+        for i, (count, _) in zip(batch, cut):
+            if count != expected[i]:
+                raise ManifestError(f"{wheres[i]}: {count} samples, the manifest says {expected[i]}")
+        jobs = index_jobs(cut, wheres[lo:batch.stop], piece_bytes, first_shard=lo)
+        del cut  # what is left of the files' text is in the jobs: each file's mapping ends with its last job
+        parsed = list(map_parse(parse or parse_job, jobs))
+        yield [dataclasses.replace(job, text=None, bodies=()) for job in jobs], parsed
 
 
 def join_jobs(jobs: list[IndexJob], parsed: list[IndexColumns], counts: list[int], wheres: list[str],

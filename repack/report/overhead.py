@@ -7,30 +7,34 @@ weigh several times their data."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from repack.manifest import safe_join
 from repack.manifest.io import open_regular
-from repack.manifest.shard_index import parse_index
+from repack.manifest.paths import join_under_real
+from repack.manifest.shard_index import CHUNK_BYTES, parsed_batches
 
 HINT_RATIO = 2.0  # over this, the per-member cost dominates the shards
-
-
-def payload_of_index(raw: bytes, where: str) -> tuple[int, int, int]:
-    """(samples, members, data bytes) of a DALI index's bytes (through the one ``.idx`` parser)."""
-    columns = parse_index(raw, where)
-    return len(columns.first_member) - 1, len(columns.size), int(columns.size.sum())
+FILES_AT_ONCE = 256  # index files read, then parsed, at a time (small ones together: shard_index.index_jobs)
 
 
 def overhead_lines(root: Path, data: dict) -> list[str]:
     """The ratio line (and a hint when the ratio is over ``HINT_RATIO``) of a local webdataset's manifest
     ``data`` rooted at ``root``; [] when no shard has samples."""
-    samples = members = payload = shard_bytes = 0
-    for shard in data["shards"]:
-        with open_regular(safe_join(root, shard["index"])) as fh:  # a FIFO in its place: refused, not waited on
-            n, m, size = payload_of_index(fh.read(), shard["index"])
-        samples, members, payload = samples + n, members + m, payload + size
-        shard_bytes += shard["bytes"]
+    shards = data["shards"]
+    root_real = Path(os.path.realpath(root))
+
+    def read(i: int) -> bytes:
+        with open_regular(join_under_real(root_real, shards[i]["index"])) as fh:  # a FIFO in its place: refused
+            return fh.read()
+
+    samples = members = payload = 0
+    for _, parsed in parsed_batches(read, [s["index"] for s in shards], [s["samples"] for s in shards],
+                                    CHUNK_BYTES, FILES_AT_ONCE):
+        samples += sum(part.samples for part in parsed)
+        members += sum(len(part.size) for part in parsed)
+        payload += sum(int(part.size.sum()) for part in parsed)
+    shard_bytes = sum(shard["bytes"] for shard in shards)
     if not samples or not payload:
         return []
     ratio = shard_bytes / payload
