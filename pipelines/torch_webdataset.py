@@ -214,8 +214,9 @@ class ImageShardDataset(IterableDataset):
         self.image_exts = set(image_extensions(self.manifest))
         self._image_order = sorted(self.image_exts)
         self.labeled = is_labeled(self.manifest)
-        self.counts = [s.samples for s in self.manifest.shards]
-        self.paths = [str(self.manifest.path(s.path)) for s in self.manifest.shards]
+        shards = self.manifest.shards
+        self.counts = [s.samples for s in shards]
+        self.paths = [str(self.manifest.path(s.path)) for s in shards]
         # every index as numpy columns, shared by the DataLoader's workers (at scale parsed by a helper
         # process into one shared mapping, while this process goes on and the workers start; a worker
         # unmaps its pages again as it goes: ``_IndexPages``); a spawned worker gets them by value
