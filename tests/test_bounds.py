@@ -169,3 +169,36 @@ def test_a_sample_never_gets_two_members_of_one_extension(tmp_path):
     with pytest.raises(ValueError, match=r"two members of one extension \(cls, cls\)"):
         writer.add_sample("k", [("cls", b"1"), ("cls", b"2")])
     writer.abort()
+
+
+def test_a_manifest_over_the_size_cap_is_never_published(tmp_path):
+    # a --dedup run lists every duplicate group in the manifest: past the cap, the job used to publish a
+    # manifest every reader (and repack itself) refuses, and exit 0
+    import shutil
+
+    src = make_source(tmp_path / "src")
+    for i in range(30):
+        shutil.copy(src / "cat" / "c0.jpg", src / "cat" / f"copy{i:02d}.jpg")
+    full = tmp_path / "full"
+    run_repack("images", src, full, "--dedup", "--quiet")
+    size = (full / "manifest.json").stat().st_size
+    assert len(json.dumps(read_manifest_json(full)["stats"]["duplicates"])) > 1_000
+    cap = size - 1_000  # under the manifest by less than its duplicate groups (timings vary a few bytes)
+    out = tmp_path / "out"
+    proc = run_repack("images", src, out, "--dedup", "--quiet", check=False,
+                      env={"REPACK_MAX_MANIFEST_BYTES": str(cap)})
+    assert proc.returncode != 0
+    assert f"over the {cap:,}-byte cap" in proc.stderr and "stats.duplicates" in proc.stderr, proc.stderr
+    assert "nothing is published" in proc.stderr and not (out / "manifest.json").exists()
+    size += 100
+    run_repack("images", src, out, "--dedup", "--quiet", env={"REPACK_MAX_MANIFEST_BYTES": str(size)})
+    assert read_manifest_json(out)["shards"] == read_manifest_json(full)["shards"]
+    # an append's new version is refused the same way; the published version stays
+    for i in range(30):
+        shutil.copy(src / "dog" / "d0.jpg", src / "dog" / f"copy{i:02d}.jpg")
+    before = (out / "manifest.json").read_bytes()
+    proc = run_repack("images", src, out, "--append", "--dedup", "--quiet", check=False,
+                      env={"REPACK_MAX_MANIFEST_BYTES": str(size)})
+    assert proc.returncode != 0 and "nothing is published" in proc.stderr, proc.stderr
+    assert (out / "manifest.json").read_bytes() == before
+    assert not list(out.glob("manifest.v2.json"))

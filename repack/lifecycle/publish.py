@@ -35,7 +35,7 @@ from repack.jobs.base import STATE_DIR, read_plan
 from repack.lifecycle.first_record import has_plan, plan_inputs, version_one_record
 from repack.lifecycle.input_columns import InputColumns, from_json_record, merged, parse_record, record_depth, to_bytes
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
-from repack.manifest.caps import check_declared_counts, check_manifest_size
+from repack.manifest.caps import check_declared_counts, check_manifest_size, check_written_size
 from repack.lifecycle.version_names import version_names
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
@@ -269,6 +269,7 @@ def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, cha
     if number_of(current) == 1 and store.read_bytes(version_file(1)) is None:
         store.put_bytes(version_file(1), current_raw)
     raw = dumps_canonical(data, indent=1)
+    check_written_size(raw, data, f"{store.url}/{version_file(number_of(data))}")
     store.put_bytes(version_file(number_of(data)), raw)
     store.put_bytes(MANIFEST_NAME, raw)
     clear_leftovers(store, number_of(data), set(Manifest(out, data).named_files()))

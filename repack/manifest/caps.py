@@ -42,6 +42,25 @@ def check_manifest_size(size: int | None, where: str) -> None:
                             "raises it)")
 
 
+def check_written_size(raw: bytes, data: dict, where: str) -> None:
+    """ManifestError before a manifest of ``raw`` bytes (``data`` parsed) is written over the cap that every
+    reader refuses it at: a dataset published so would be unreadable. Names the largest parts (a ``--dedup``
+    run's duplicate groups and the quarantine list hold an entry per input)."""
+    cap = manifest_cap()
+    if len(raw) <= cap:
+        return
+    from repack.manifest.io import dumps_canonical
+
+    parts = {key: len(dumps_canonical(value)) for key, value in data.items()}
+    parts.update({f"stats.{key}": len(dumps_canonical(value))
+                  for key, value in (data.get("stats") or {}).items()})
+    parts.pop("stats", None)
+    largest = ", ".join(f"{key} {size:,} B" for key, size in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
+    raise ManifestError(f"{where}: the manifest would be {len(raw):,} bytes, over the {cap:,}-byte cap every "
+                        f"reader refuses (largest: {largest}); nothing is published. Raise "
+                        "REPACK_MAX_MANIFEST_BYTES here and where the dataset is read, and run again")
+
+
 def check_declared_counts(data: dict, size_of: Callable[[str], int | None], where: str) -> None:
     """ManifestError naming the shard whose declared sample count its file cannot hold (``size_of(rel)``:
     the file's actual bytes, None when missing), or whose count is not a non-negative integer."""

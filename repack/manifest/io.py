@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from repack.manifest.caps import check_manifest_size
+from repack.manifest.caps import check_manifest_size, check_written_size
 from repack.manifest.paths import PathEscapeError, safe_join
 from repack.manifest.schema import MANIFEST_NAME, Manifest, ManifestError
 from repack.manifest.versions import check_number, read_version
@@ -112,7 +112,9 @@ def write_manifest(root: str | os.PathLike, data: dict) -> Path:
     """Validate and atomically write ``root/manifest.json``; returns its path."""
     Manifest(Path(root), data).validate()
     path = Path(root) / MANIFEST_NAME
-    atomic_write_json(path, data, indent=1)
+    raw = dumps_canonical(data, indent=1)
+    check_written_size(raw, data, str(path))
+    atomic_write_bytes(path, raw)
     return path
 
 
