@@ -111,6 +111,19 @@ def test_a_damaged_small_index_is_named_though_parsed_with_its_neighbours(many_s
     assert ("malformed index line" if damage == "malformed line" else "matching sample count") in message
 
 
+@pytest.mark.parametrize("size", [100, 300_000], ids=["read", "mapped"])
+def test_an_index_without_a_newline_is_refused_by_name(many_shards, tmp_path, size):
+    root = tmp_path / "ds"
+    root.mkdir()
+    for path in many_shards.iterdir():
+        os.link(path, root / path.name)
+    idx = root / "shard-000001.idx"
+    os.unlink(idx)
+    idx.write_bytes(b"v1.2 6" + b" " * size)  # a header and no line end (a mapped one crashed: no .split)
+    with pytest.raises(ManifestError, match=f"^{idx}: not a v1.2 index with a matching sample count"):
+        manifest_access.read_index_columns(read_manifest(root))
+
+
 _EPOCH_UNDER_A_FILE_LIMIT = """
 import resource, sys
 from collections import Counter

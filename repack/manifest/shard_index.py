@@ -148,7 +148,7 @@ def index_pieces(raw: bytes | mmap.mmap, where: str, chunk_bytes: int | None = N
     ``chunk_bytes`` (default ``CHUNK_BYTES``) each): what ``parse_piece`` takes, one piece at a time or
     several at once on threads (numpy parses with the GIL released)."""
     end = raw.find(b"\n")
-    head = (raw if end < 0 else raw[:end]).split()
+    head = (raw[:] if end < 0 else raw[:end]).split()  # a slice: bytes, also of a mapping
     if not head and not bytes(raw).strip():  # a copy: only when the first line is blank
         raise ManifestError(f"{where}: empty index file")
     if len(head) != 2 or head[0] != b"v1.2" or not head[1].isdigit():
