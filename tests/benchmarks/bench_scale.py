@@ -580,7 +580,38 @@ def part_readers(src: Path, packed: Path, data: Path, work: Path, n: int, worker
             growth_per_sample=round(growth["repack"], 1), folder_growth_per_sample=round(growth["folder"], 1)),
         row("reader open + first batch", first, "s", "budget: 1 s", 1.0, first / 1.0, "<= 1",
             note=f"folder Dataset: {result['folder']['first_batch_s']:.2f} s"),
+        many_shards_row(work, n, workers, first),
     ]
+
+
+MANY_SHARDS_SAMPLES = 100  # samples per shard of the many-shards row's dataset
+DEFAULT_OPEN_FILES = 1024  # Linux's default soft `ulimit -n`, which the many-shards row runs under
+
+
+def many_shards_row(work: Path, n: int, workers: int, packed_first: float) -> dict:
+    """Open + first batch of ``n`` samples (rounded down to whole shards) in shards of 100 (synthetic, shaped as
+    repack packs tiny JPEGs: ``tests.tools.synthetic_shards``), under the default limit of 1,024 open files,
+    against the packed dataset's figure of the same run (few large shards)."""
+    from tests.tools.synthetic_shards import synthetic_dataset
+
+    samples = max(MANY_SHARDS_SAMPLES, n - n % MANY_SHARDS_SAMPLES)
+    root = work / "many-shards"
+    shutil.rmtree(root, ignore_errors=True)
+    synthetic_dataset(root, samples, MANY_SHARDS_SAMPLES, meta=True)
+
+    def limited() -> None:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        soft = DEFAULT_OPEN_FILES if hard == resource.RLIM_INFINITY else min(DEFAULT_OPEN_FILES, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    done = subprocess.run([sys.executable, "-m", "tests.tools.reader_open_parts", str(root), str(workers)], cwd=ROOT,
+                          capture_output=True, text=True, preexec_fn=limited, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    shards = samples // MANY_SHARDS_SAMPLES
+    first = got["open_and_first_batch_s"]
+    return row(f"reader open + first batch, {shards} shards of {MANY_SHARDS_SAMPLES} (synthetic), ulimit -n "
+               f"{DEFAULT_OPEN_FILES}", first, "s", "the packed dataset's, same run", packed_first, first / packed_first,
+               note=f"open {got['open_s']:.2f} s, first batch {got['first_batch_s']:.2f} s; {samples} samples")
 
 
 def part_text(data: Path, work: Path, n: int, cpus: int) -> list[dict]:
