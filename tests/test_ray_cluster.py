@@ -28,6 +28,10 @@ ray_cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 ARGS = ("--shard-size", "10", "--quiet")
 WORKER_NODES = 3
+# The head's control store declares a node dead after 3 failed health checks 1 s apart (Ray's defaults: 5, 3 s
+# apart: a node whose processes were killed was lost ~15 s later); a check's timeout stays Ray's 10 s, so a live
+# node slowed by a loaded machine is not taken for dead
+NODE_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +84,7 @@ def cluster(server, tmp_path_factory):
     scratch = tmp_path_factory.mktemp("nodes")
     env = {**s3_env(server.endpoint), "PYTHONPATH": str(ROOT)}
     made = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": False, "env_vars": {**env, "REPACK_SCRATCH": str(scratch / "head")}})
+        "num_cpus": 0, "include_dashboard": False, "_system_config": NODE_DEATH, "env_vars": {**env, "REPACK_SCRATCH": str(scratch / "head")}})
     nodes = [made.add_node(num_cpus=1, env_vars={**env, "REPACK_SCRATCH": str(scratch / f"node{i}")})
              for i in range(WORKER_NODES)]
     made.wait_for_nodes()

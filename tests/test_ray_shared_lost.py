@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_ray_cluster import ARGS, dataset, photos, reference, server, source  # noqa: F401 - fixtures
+from tests.test_ray_cluster import ARGS, NODE_DEATH, dataset, photos, reference, server, source  # noqa: F401 - fixtures
 from tests.tools.latency_proxy import LatencyProxy
 from tests.tools.s3server import client, objects, s3_env
 
@@ -25,7 +25,7 @@ def test_the_only_worker_node_lost_beside_the_drivers_pool_finishes(server, sour
     scratch = tmp_path / "nodes"
     env = {**s3_env(server.endpoint), "PYTHONPATH": str(ROOT)}
     cluster = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={  # its CPU: the driver's pool
-        "num_cpus": 1, "include_dashboard": False, "env_vars": {**env, "REPACK_SCRATCH": str(scratch / "head")}})
+        "num_cpus": 1, "include_dashboard": False, "_system_config": NODE_DEATH, "env_vars": {**env, "REPACK_SCRATCH": str(scratch / "head")}})
     proxy = LatencyProxy(server.port, delay_s=1.0)  # the worker node's GETs: its batch is surely mid-way
     # the driver's too: its pool starts before Ray answers where the head offers CPUs, and on a fast run it took
     # all 4 tasks before Ray handed the worker node one (the test then failed on "no task started")
