@@ -152,7 +152,7 @@ def s3_sandbox(cwd: Path, server: MotoServer) -> dict[str, str]:
                       Body="".join(json.dumps({"text": d}) + "\n" for d in docs[i::2]).encode())
     write_tokenizer(gpt2_tokenizer(), cwd / "tok")
     make_clips(cwd / "VIDEOS", [c for c in CLIPS if c.rel == "good/h264.mp4"], workers=1)
-    return {**s3_env(server.endpoint), "REPACK_SCRATCH": str(cwd / "scratch")}
+    return {**s3_env(server.endpoint), "REPACK_SCRATCH": str(cwd / "scratch"), "REPACK_BENCH_ROUNDS": "1"}  # as report_sandbox
 
 
 SANDBOXES = {"images": images_sandbox, "report": report_sandbox, "text": text_sandbox, "video": video_sandbox,
