@@ -49,13 +49,15 @@ def python(code: str, endpoint: str, *args: str) -> subprocess.CompletedProcess:
                           env={**__import__("os").environ, **s3_env(endpoint), "REPACK_S3_ATTEMPTS": "2"})
 
 
+@pytest.fixture(scope="module")
 def samples(moto) -> list[str]:
+    """The first epoch read straight from moto, no proxy: read once for the module (a process of its own)."""
     done = python(READ_ALL, moto.endpoint, "0")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)[0]
 
 
-def test_kept_alive_connections_reset_while_idle_cost_no_attempt(moto):
+def test_kept_alive_connections_reset_while_idle_cost_no_attempt(moto, samples):
     """After a pause longer than the endpoint's idle timeout every kept-alive socket is reset when it is used:
     with 2 attempts the second epoch failed ("the S3 endpoint did not answer ... after 2 attempt(s)")."""
     proxy = FaultProxy(moto.port, reset_idle=0.5)
@@ -65,11 +67,11 @@ def test_kept_alive_connections_reset_while_idle_cost_no_attempt(moto):
         proxy.stop()
     assert done.returncode == 0, done.stderr
     first, again, batches = json.loads(done.stdout)
-    assert first == again == sorted(batches, key=first.index) == samples(moto) and proxy.resets >= 1
+    assert first == again == sorted(batches, key=first.index) == samples and proxy.resets >= 1
 
 
 @pytest.mark.parametrize("fault", ["shift 512", "ignore range"])
-def test_a_shard_range_answered_with_other_bytes_once_is_asked_again(moto, fault):
+def test_a_shard_range_answered_with_other_bytes_once_is_asked_again(moto, samples, fault):
     """One ranged GET of a shard answered from another place (a proxy's fault): the epoch ended on an OSError at
     once, where the docs say the range is asked for again first."""
     shard = "/faults/ds/shard-000001.tar"
@@ -79,7 +81,7 @@ def test_a_shard_range_answered_with_other_bytes_once_is_asked_again(moto, fault
     finally:
         proxy.stop()
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)[0] == samples(moto)
+    assert json.loads(done.stdout)[0] == samples
     assert len([r for r in proxy.requests if r[1] == shard]) >= 3
 
 
