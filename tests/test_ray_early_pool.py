@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -49,8 +50,10 @@ def heads():
     """Two heads on this host: one offering 2 CPUs to tasks, one offering none."""
     with_cpus, without = RayHead("2"), RayHead("0")
     yield with_cpus, without
-    with_cpus.stop()
-    without.stop()
+    for head in (with_cpus, without):  # its `ray start --block` ends its node's processes on SIGTERM, as on ^C
+        head.proc.send_signal(signal.SIGTERM)  # (each process signalled at once: up to 10 s of a head's stop)
+    for head in (with_cpus, without):
+        head.stop()  # what is left, if anything
 
 
 def test_the_local_raylets_cpus_are_read_per_cluster(heads):
