@@ -126,7 +126,9 @@ class IgnoresRange(BaseHTTPRequestHandler):
         pass
 
 
-def test_an_answer_for_another_range_is_refused_not_taken_as_the_range(endpoint):
+def test_an_answer_for_another_range_is_refused_not_taken_as_the_range(endpoint, monkeypatch):
+    # one range asked again, not 5: each asked again after a doubling pause (0.2 s .. 3.2 s: 6.2 s a read)
+    monkeypatch.setattr(object_store, "RESUME_ATTEMPTS", 1)
     server = ThreadingHTTPServer(("127.0.0.1", 0), IgnoresRange)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
