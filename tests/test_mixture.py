@@ -149,7 +149,10 @@ def test_sources_that_would_mix_silently_wrong_are_refused(data, packed_photos, 
 
 @pytest.mark.parametrize("reader,roots,extra", [
     ("mixture-images", ["lmdb_a", "lmdb_b"], {"weights": [2, 1]}),
-    ("mixture-tokens", ["text_a", "text_b"], {"weights": [0.6, 0.4], "exhausted": "repeat", "samples": 3000}),
+    # windows of 64 tokens (329 and 167): 768 samples (a multiple of 2 and 4 workers) repeat both sources, as 3,000
+    # of 16 tokens (1,318 and 668) did
+    ("mixture-tokens", ["text_a", "text_b"], {"weights": [0.6, 0.4], "exhausted": "repeat", "samples": 768,
+                                              "seq_len": 64}),
 ])
 def test_mixture_resumes_exactly_in_a_new_process(data, reader, roots, extra):
     jobs, expected = [], []

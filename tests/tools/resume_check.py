@@ -95,7 +95,7 @@ def build(spec: dict):
         if reader == "mixture-images":
             parts = [LmdbImageDataset(r, decode=False, output="dict") for r in roots]
         else:
-            parts = [PackedTokenDataset(r, 16, shuffle=False) for r in roots]
+            parts = [PackedTokenDataset(r, spec.get("seq_len", 16), shuffle=False) for r in roots]
         ds = Mixture(list(zip(parts, spec["weights"])), seed=seed, exhausted=spec.get("exhausted", "stop"),
                      samples=spec.get("samples"), tag_source=True, rank=rank, world_size=world)
         loader = StatefulDataLoader(ds, batch_size=batch, collate_fn=list, **common)
