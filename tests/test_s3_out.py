@@ -203,14 +203,14 @@ def test_kill_during_upload_then_resume_is_identical(server, s3, photo_tree, tmp
     env = env_for(server.endpoint, tmp_path)
     s3.create_bucket(Bucket="kill")
     args = ["images", photo_tree, "--shard-size", "6", "--workers", "2", "--quiet"]
-    run_repack(*args[:2], "s3://kill/ref", *args[2:], env=env)
+    run_repack(*args[:2], tmp_path / "ref", *args[2:])  # the same options' local run (its files equal an s3:// run's)
     kill_after_objects([*args[:2], "s3://kill/run", *args[2:]], env, s3, "kill", "run", 4)
     assert "manifest.json" not in objects(s3, "kill", "run")
     resumed = run_repack(*args[:2], "s3://kill/run", *args[2:], env=env).stdout
     assert int(re.search(r"(\d+) resumed", resumed).group(1)) >= 4  # only the missing tasks are redone
-    ref, run = objects(s3, "kill", "ref"), objects(s3, "kill", "run")
-    assert dataset_files(run) == dataset_files(ref) and len(dataset_files(ref)) == 60  # 20 x .tar, .idx, .crc
-    assert stable(json.loads(run["manifest.json"])) == stable(json.loads(ref["manifest.json"]))
+    ref, run = local_files(tmp_path / "ref"), objects(s3, "kill", "run")
+    assert dataset_files(run) == ref and len(ref) == 60  # 20 x .tar, .idx, .crc
+    assert stable(json.loads(run["manifest.json"])) == stable(read_manifest_json(tmp_path / "ref"))
     assert not s3.list_multipart_uploads(Bucket="kill").get("Uploads")
 
 
