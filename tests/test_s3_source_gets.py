@@ -127,8 +127,9 @@ def test_a_listing_page_that_outlasts_botocores_attempts_is_asked_again(served, 
 def test_a_listing_page_that_keeps_failing_ends_the_job_in_one_line(served, tmp_path):
     server, _ = served
     proxy = FaultProxy(server.port, page_faults=[503] * 99)
-    try:
-        env = {**s3_env(proxy.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch"), "REPACK_S3_ATTEMPTS": "2"}
+    try:  # a retry budget of 1 s: the page asked again after 0.5 s and 0.5 s, not 0.5 s, 1 s and 2 s
+        env = {**s3_env(proxy.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch"), "REPACK_S3_ATTEMPTS": "2",
+               "REPACK_S3_RETRY_BUDGET": "1"}
         done = run_repack("images", "s3://blobs/many", tmp_path / "out", "--quiet", env=env, check=False)
     finally:
         proxy.stop()
