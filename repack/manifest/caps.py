@@ -49,11 +49,13 @@ def check_written_size(raw: bytes, data: dict, where: str) -> None:
     cap = manifest_cap()
     if len(raw) <= cap:
         return
-    from repack.manifest.io import dumps_canonical
+    import json
 
-    parts = {key: len(dumps_canonical(value)) for key, value in data.items()}
-    parts.update({f"stats.{key}": len(dumps_canonical(value))
-                  for key, value in (data.get("stats") or {}).items()})
+    def size(value) -> int:
+        return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+    parts = {key: size(value) for key, value in data.items()}
+    parts.update({f"stats.{key}": size(value) for key, value in (data.get("stats") or {}).items()})
     parts.pop("stats", None)
     largest = ", ".join(f"{key} {size:,} B" for key, size in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
     raise ManifestError(f"{where}: the manifest would be {len(raw):,} bytes, over the {cap:,}-byte cap every "
