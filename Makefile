@@ -6,7 +6,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT    := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600  # waits for another apt
-PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile   # whole files per worker (pytest-xdist): module fixtures built once
+PYTEST_ARGS ?= -n 4 --dist loadfile   # whole files per worker (pytest-xdist): module fixtures built once; 4 workers
+# whatever the cores: on 2, two workers left ~20% of the CPU idle while tests wait on subprocesses and servers
 
 .PHONY: setup system-deps demo test bench lint clean
 

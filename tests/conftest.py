@@ -106,6 +106,21 @@ def _start_progress(config, nodeids) -> None:
         _file_progress.append(FileProgress(reporter, nodeids))
 
 
+# the files of 30 s or more in a full run (junit, 2-core VM, stop 64), slowest first: handed out first, so
+# that no long file starts near the end and finishes alone (xdist's --dist loadfile hands files out in
+# the order collected); every other file keeps its place after them
+SLOW_FILES = ("test_readme.py", "test_s3_out.py", "test_ray_cluster.py", "test_executors.py",
+              "test_pull_versions.py", "test_reader_states.py", "test_versions_s3.py", "test_text_edges.py",
+              "test_hostile.py", "test_readme_long_pages.py", "test_append_rules.py", "test_images_job.py",
+              "test_remote_checks.py", "test_s3_reader_faults.py", "test_dali_resume.py", "test_ray_shared_lost.py",
+              "test_s3_source_gets.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
+
+
 def pytest_collection_finish(session):
     if not hasattr(session.config, "workerinput"):  # an xdist worker reports to the controller instead
         _start_progress(session.config, [item.nodeid for item in session.items])
