@@ -33,7 +33,7 @@ import time
 from typing import BinaryIO, Callable
 
 from pipelines import s3_ranges
-from repack.manifest.s3_waits import S3Limits, WaitWatch, watch_client
+from repack.manifest.s3_waits import S3Limits, WaitWatch, resume_pause, watch_client
 
 RESUME_ATTEMPTS = 5   # re-opened ranged GETs after a stream broke mid-way (each request bounded as above)
 _clients: dict[tuple[int, str], object] = {}
@@ -271,7 +271,7 @@ def _read_object(url: str, start: int, end: int, claim: Callable[[int], memoryvi
             resumed += 1
             if resumed > RESUME_ATTEMPTS:
                 raise
-            time.sleep(0.1 * 2**resumed)
+            time.sleep(resume_pause(resumed))
             continue
         if answer is None:  # the object ends before at
             break
@@ -284,7 +284,7 @@ def _read_object(url: str, start: int, end: int, claim: Callable[[int], memoryvi
         resumed += 1  # the stream broke: resume at the first byte not yet read
         if resumed > RESUME_ATTEMPTS:
             raise OSError(f"{url}: stream ended at byte {start + got}, expected {stop}")
-        time.sleep(0.1 * 2**resumed)
+        time.sleep(resume_pause(resumed))
     return got
 
 
@@ -497,7 +497,7 @@ class _ObjectRange(io.RawIOBase):
                 self.resumed += 1
                 if self.resumed > RESUME_ATTEMPTS:
                     raise
-                time.sleep(0.1 * 2**self.resumed)
+                time.sleep(resume_pause(self.resumed))
         buffer[:len(data)] = data
         self.pos += len(data)
         return len(data)

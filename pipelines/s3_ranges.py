@@ -25,12 +25,11 @@ mid-way is the caller's to resume (``object_store``: from the byte where it stop
 from __future__ import annotations
 
 import os
-import random
 import ssl
 import threading
 import time
 
-from repack.manifest.s3_waits import S3Limits, WaitWatch
+from repack.manifest.s3_waits import S3Limits, WaitWatch, retry_pause
 from repack.manifest.s3_wire import (BucketRoute, Connection, Delegate, Head, IdleConnections, Signer, Transient,
                                      route_of)
 
@@ -106,7 +105,7 @@ class RangeGetter:
                     attempt += 1
                     if attempt >= self.limits.attempts:
                         raise self._gave_up(url, route, exc, connected=conn is not None) from None
-                    time.sleep(random.random() * min(20.0, 2.0 ** (attempt - 1)))
+                    time.sleep(retry_pause(attempt, self.limits))
                     continue
                 if head.status not in (200, 206):
                     conn.close()  # its body unread: not reusable

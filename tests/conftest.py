@@ -17,6 +17,10 @@ from tests.tools.photos import make_photo_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 compile_package(("repack", "pipelines", "tests"))  # the CLI is started many hundred times (tests/tools/bytecode.py)
+# every S3 server of the tests is on loopback: repack's own pauses before asking again are a tenth of what
+# they are by default (still taken, still growing: the fault tests check what is asked, not how long it
+# waited); inherited by every process a test starts
+os.environ.setdefault("REPACK_S3_BACKOFF", "0.1")
 
 
 def run_repack(*args: str, check: bool = True, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

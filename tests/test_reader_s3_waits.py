@@ -83,3 +83,27 @@ def test_the_readers_and_the_commands_read_the_bounds_through_one_module(monkeyp
     readers = [p.relative_to(root).as_posix() for package in ("repack", "pipelines")
                for p in sorted((root / package).rglob("*.py")) if "REPACK_S3_READ_TIMEOUT\"" in p.read_text()]
     assert readers == ["repack/manifest/s3_waits.py"], readers
+
+
+def test_every_pause_before_asking_again_is_scaled_by_one_variable(monkeypatch):
+    from repack.manifest.s3_waits import S3Limits, bounded_pause, resume_pause, retry_pause
+
+    for name in VARIABLES + ("REPACK_S3_BACKOFF",):
+        monkeypatch.delenv(name, raising=False)
+    assert S3Limits.from_env().backoff == 1
+    assert all(0 <= retry_pause(attempt) <= min(20.0, 2.0 ** (attempt - 1)) for attempt in range(1, 9))
+    assert resume_pause(3) == 0.8 and bounded_pause(2, time.monotonic() + 60) == 2.0
+    assert bounded_pause(9, time.monotonic() + 60) == 8.0 and bounded_pause(2, time.monotonic() - 1) == 0
+    monkeypatch.setenv("REPACK_S3_BACKOFF", "0.1")
+    assert abs(resume_pause(3) - 0.08) < 1e-12 and abs(bounded_pause(2, time.monotonic() + 60) - 0.2) < 1e-12
+    assert all(retry_pause(attempt) <= 0.1 * min(20.0, 2.0 ** (attempt - 1)) for attempt in range(1, 9))
+    monkeypatch.setenv("REPACK_S3_BACKOFF", "0")
+    assert retry_pause(5) == resume_pause(5) == bounded_pause(5, time.monotonic() + 60) == 0
+    monkeypatch.setenv("REPACK_S3_BACKOFF", "-1")
+    with pytest.raises(ValueError, match="REPACK_S3_BACKOFF='-1'"):
+        retry_pause(1)
+    # no pause of its own anywhere else: every S3 retry sleeps one of these
+    root = Path(__file__).resolve().parents[1]
+    own = [p.relative_to(root).as_posix() for package in ("repack", "pipelines") for p in sorted((root / package).rglob("*.py"))
+           if any(pattern in p.read_text() for pattern in ("random.random() * min(", "0.5 * 2**attempt", "0.1 * 2**"))]
+    assert own == ["repack/manifest/s3_waits.py"], own

@@ -8,6 +8,9 @@ only ``repack.manifest``). Stdlib only.
   REPACK_S3_RETRY_BUDGET     seconds after which an operation that repack itself retries (a whole
                              upload) starts no new attempt (default 120; a reader uploads nothing)
   REPACK_S3_NOTICE           seconds after which a wait is reported on stderr (default 10)
+  REPACK_S3_BACKOFF          scales every pause before a request is asked again (default 1: botocore's
+                             standard backoff, a random part of 1, 2, 4 ... s up to 20 s; 0.1 for a
+                             server on the same network, 0 for none)
 
 An endpoint that accepts connections and never answers thus ends a request after about
 ATTEMPTS x (CONNECT + READ) seconds, an upload after about RETRY_BUDGET (2 min), each with a one-line
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import sys
 import threading
 import time
@@ -49,6 +53,7 @@ class S3Limits:
     attempts: int = 3
     retry_budget: float = 120.0
     notice_after: float = 10.0
+    backoff: float = 1.0
 
     @classmethod
     def from_env(cls) -> "S3Limits":
@@ -58,7 +63,8 @@ class S3Limits:
                    _number("REPACK_S3_READ_TIMEOUT", d.read_timeout, 0.1),
                    int(_number("REPACK_S3_ATTEMPTS", d.attempts, 1)),
                    _number("REPACK_S3_RETRY_BUDGET", d.retry_budget, 0),
-                   _number("REPACK_S3_NOTICE", d.notice_after, 0.1))
+                   _number("REPACK_S3_NOTICE", d.notice_after, 0.1),
+                   _number("REPACK_S3_BACKOFF", d.backoff, 0))
 
     @property
     def request_limit_s(self) -> float:
@@ -69,6 +75,26 @@ class S3Limits:
         """How long a request waits before it fails, and which variables set that (for error messages)."""
         return (f"{self.attempts} attempt(s) of {self.read_timeout:g} s each; REPACK_S3_READ_TIMEOUT and "
                 "REPACK_S3_ATTEMPTS set these")
+
+
+def retry_pause(attempt: int, limits: S3Limits | None = None) -> float:
+    """Seconds to sleep after failed attempt ``attempt`` (from 1) before the next: botocore's standard
+    backoff (a random part of 2^(attempt - 1) s, at most 20 s), times ``REPACK_S3_BACKOFF``."""
+    scale = (limits or S3Limits.from_env()).backoff
+    return scale * random.random() * min(20.0, 2.0 ** (attempt - 1))
+
+
+def bounded_pause(attempt: int, deadline: float, limits: S3Limits | None = None) -> float:
+    """Seconds to sleep before asking again an operation repack retries itself until ``deadline``
+    (``time.monotonic()``): 0.5 x 2^attempt s, at most 8, times ``REPACK_S3_BACKOFF``, never past it."""
+    scale = (limits or S3Limits.from_env()).backoff
+    return min(scale * min(8.0, 0.5 * 2**attempt), max(0.0, deadline - time.monotonic()))
+
+
+def resume_pause(resumed: int, limits: S3Limits | None = None) -> float:
+    """Seconds to sleep before resuming a ranged read the ``resumed``-th time (a stream that broke, an answer
+    for another range): 0.1 x 2^resumed s, times ``REPACK_S3_BACKOFF``."""
+    return (limits or S3Limits.from_env()).backoff * 0.1 * 2**resumed
 
 
 class WaitWatch:

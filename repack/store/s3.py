@@ -26,6 +26,7 @@ from pathlib import Path
 
 from repack.errors import ConfinementError, RepackError, VerificationError
 from repack.manifest.paths import PathEscapeError, check_relative
+from repack.manifest.s3_waits import bounded_pause
 from repack.store.s3_client import (ASK_AGAIN, AUTH_CODES, client, describe_error, error_code, is_missing, limits,
                                     parse_url, retried, transfer_config)
 from repack.store.s3_lock import ObjectLock
@@ -143,7 +144,7 @@ class S3Store:
                 last = exc
                 if error_code(exc) in AUTH_CODES:
                     raise describe_error(exc, self.where(rel)) from None
-                time.sleep(min(8.0, 0.5 * 2**attempt, max(0.0, deadline - time.monotonic())))
+                time.sleep(bounded_pause(attempt, deadline))
                 continue
             if head["ContentLength"] == size and stored_sha256(head) == digest:
                 if self._sizes is not None:

@@ -13,7 +13,7 @@ import threading
 import time
 
 from repack.errors import RepackError, UsageError
-from repack.manifest.s3_waits import S3Limits, WaitWatch, watch_client
+from repack.manifest.s3_waits import S3Limits, WaitWatch, bounded_pause, watch_client
 
 MULTIPART_BYTES = 64 << 20   # files larger than this are uploaded in parts of this size
 TRANSFER_THREADS = 8
@@ -229,7 +229,7 @@ def retried(request, where: str):
                 raise FileNotFoundError(where) from None
             if not is_transient(exc) or attempt == ASK_AGAIN - 1 or time.monotonic() >= deadline:
                 raise describe_error(exc, where) from None
-        time.sleep(min(8.0, 0.5 * 2**attempt, max(0.0, deadline - time.monotonic())))
+        time.sleep(bounded_pause(attempt, deadline))
 
 
 def is_object_fault(exc: BaseException) -> bool:

@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import random
 import ssl
 import threading
 import time
 import zlib
 
 from repack.errors import SourceUnavailable
-from repack.manifest.s3_waits import WaitWatch
+from repack.manifest.s3_waits import WaitWatch, retry_pause
 from repack.manifest.s3_wire import (HEADER_LIMIT, RECV_BYTES, BucketRoute, Connection, Signer, Transient,  # noqa: F401
                                      open_socket, parse_head, route_of)
 from repack.manifest.s3_wire import Delegate as _Delegate
@@ -148,7 +147,7 @@ class ObjectGetter:
                 body.close()
                 if attempt >= self.limits.attempts:
                     raise
-                time.sleep(random.random() * min(20.0, 2.0 ** (attempt - 1)))
+                time.sleep(retry_pause(attempt, self.limits))
 
     def _discover(self, bucket: str, key: str) -> bytes:
         """A boto3 GET of ``key`` whose last sent request gives the bucket's route (kept unless the
@@ -229,7 +228,7 @@ class ObjectGetter:
             if CHECKSUM_FAULT in str(why):
                 raise Unreadable(5, text, url)
             raise SourceUnavailable(f"{url}: {text}" if url not in str(why) else text)
-        time.sleep(random.random() * min(20.0, 2.0 ** (attempt - 1)))
+        time.sleep(retry_pause(attempt, self.limits))
 
     def _connection(self, route: BucketRoute) -> Connection:
         idle = self._idle.take(route)
