@@ -333,3 +333,12 @@ def test_ray_executor_to_s3_equals_local(server, s3, photo_tree, packed_photos, 
     assert len(json.loads(objs[".repack/tasks/shard-000000.json"])["segments"]) == 7  # assembled from 7 chunks
     assert not [k for k in objs if k.startswith(".repack/segments/")]
     assert json.loads(objs["manifest.json"])["run"]["executor"] == "ray"
+
+
+def test_a_manifest_over_the_cap_is_named_by_its_url_and_not_published(server, s3, photo_tree, tmp_path):
+    s3.create_bucket(Bucket="capped")
+    env = {**env_for(server.endpoint, tmp_path), "REPACK_MAX_MANIFEST_BYTES": "1000"}
+    proc = run_repack("images", photo_tree, "s3://capped/ds", "--shard-size", "60", "--quiet", env=env, check=False)
+    assert proc.returncode == 5, proc.stderr
+    assert proc.stderr.startswith("repack: error: s3://capped/ds/manifest.json: the manifest would be "), proc.stderr
+    assert "manifest.json" not in objects(s3, "capped", "ds")

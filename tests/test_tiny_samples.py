@@ -117,3 +117,16 @@ def test_no_sample_json_is_read_by_every_reader_removed_by_source_verified_and_k
 def test_no_sample_json_applies_to_webdataset_only(tiny, tmp_path):
     done = run_repack("images", tiny, tmp_path / "db", "--to", "lmdb", "--no-sample-json", check=False)
     assert done.returncode != 0 and "--no-sample-json" in done.stderr and "--to lmdb" in done.stderr
+
+
+def test_inspect_refuses_an_index_whose_lines_are_out_of_its_tars_order(tiny, tmp_path):
+    # the shards' small indexes are parsed together; each is still laid out against its tar
+    out = tmp_path / "out"
+    run_repack("images", tiny, out, "--shard-size", "5", "--quiet")
+    idx = out / "shard-000001.idx"
+    head, *lines = idx.read_text().splitlines(keepends=True)
+    lines[0], lines[1] = lines[1], lines[0]  # the same bytes, in another order than the tar's members
+    idx.write_text(head + "".join(lines))
+    proc = run_repack("inspect", out, check=False)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "shard-000001.idx: not a v1.2 index of its tar" in proc.stderr and "repack verify" in proc.stderr

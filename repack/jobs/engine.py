@@ -991,7 +991,7 @@ class Engine:
                        **body.pop("run_stats", {})}
         if self._strict_problem(body):
             return body  # not published: _check_outcome withholds it (exit 6)
-        write_manifest(self.out, body)
+        write_manifest(self.out, body, f"{self.job.store.url}/{MANIFEST_NAME}" if self.job.store.remote else None)
         if self.job.store.remote:
             self._publish_dataset(body, records)
         return body

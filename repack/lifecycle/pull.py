@@ -22,6 +22,7 @@ every S3 call of repack is
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 import re
@@ -35,6 +36,7 @@ from repack.jobs.base import STATE_DIR
 from repack.lifecycle.foreign import ENERGON_INDEX_SUFFIX
 from repack.lifecycle.publish import refresh_other_views
 from repack.lifecycle.verify import check_identities, dataset_problems, totals_problems
+from repack.manifest.s3_waits import bounded_pause
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, atomic_write_bytes, parse_manifest, safe_join
 from repack.manifest.versions import check_number, number_of, version_file, version_number
 from repack.sinks.checks import sha256_file
@@ -290,7 +292,7 @@ def fetch_retried(remote: RemoteFiles, item: Expected, local: Path) -> None:
         except RepackError:
             if attempt == FETCH_ATTEMPTS - 1:
                 raise
-            time.sleep(0.5 * 2 ** attempt)
+            time.sleep(bounded_pause(attempt, math.inf))
     if item.size is not None and local.stat().st_size != item.size:
         raise VerificationError(f"{remote.store.where(item.rel)}: {local.stat().st_size} bytes, "
                                 f"manifest says {item.size}")

@@ -108,12 +108,13 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, durable: bool = True, i
     atomic_write_bytes(path, dumps_canonical(obj, indent), durable)
 
 
-def write_manifest(root: str | os.PathLike, data: dict) -> Path:
-    """Validate and atomically write ``root/manifest.json``; returns its path."""
+def write_manifest(root: str | os.PathLike, data: dict, where: str | None = None) -> Path:
+    """Validate and atomically write ``root/manifest.json``; returns its path. ``where``: the manifest's
+    location as the user named the dataset (an object store's URL where ``root`` is its local scratch)."""
     Manifest(Path(root), data).validate()
     path = Path(root) / MANIFEST_NAME
     raw = dumps_canonical(data, indent=1)
-    check_written_size(raw, data, str(path))
+    check_written_size(raw, data, where or str(path))
     atomic_write_bytes(path, raw)
     return path
 
