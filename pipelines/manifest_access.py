@@ -30,7 +30,7 @@ from pipelines import index_process, object_store
 from pipelines.cpus import usable_cpus
 from pipelines.file_limit import files_allowed
 from pipelines.sample_order import balanced as split_range  # noqa: F401  (the readers' one split rule)
-from repack.manifest.shard_index import Allocate, IndexColumns, IndexJob, join_jobs, parse_job, parsed_batches
+from repack.manifest.shard_index import Allocate, IndexColumns, IndexJob, parse_index_set, parse_job, small_index_bytes
 from repack.manifest import Manifest, ManifestError, read_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size, manifest_cap
 from repack.manifest.io import open_regular
@@ -230,29 +230,21 @@ def parse_index_files(paths: list, counts: list[int], allocate: Allocate | None 
     parsed on one thread per usable CPU (numpy parses with the GIL released: a dataset of few large
     shards still parses on every core), the pieces joined once (into arrays from ``allocate``:
     ``shard_index.concat``), each copied into place on those threads. ``files_allowed(INDEX_FILES_AT_ONCE)``
-    files are read and parsed at a time (``shard_index.parsed_batches``), the small ones read rather than
+    files are read and parsed at a time (``shard_index.parse_index_set``), the small ones read rather than
     mapped: a mapped file holds a descriptor, and a dataset of more shards than the process may open
     files (``ulimit -n``, 1,024 by default) must still open."""
-    wheres = [str(p) for p in paths]
-    small = INDEX_PIECE_BYTES // 4  # what index_jobs joins: read, not mapped
+    small = small_index_bytes(INDEX_PIECE_BYTES)  # joined with their neighbours: read, not mapped
     threads = min(usable_cpus(), max(1, len(paths)))
     pool = ThreadPoolExecutor(threads, thread_name_prefix="repack-index") if threads > 1 else None
     readers = ThreadPoolExecutor(max(1, min(INDEX_THREADS, len(paths))), thread_name_prefix="repack-index-read")
-    jobs: list[IndexJob] = []
-    parsed: list[IndexColumns] = []
-    try:
-        for batch_jobs, batch_parsed in parsed_batches(lambda i: index_bytes(paths[i], small), wheres, counts,
-                                                       INDEX_PIECE_BYTES, files_allowed(INDEX_FILES_AT_ONCE),
-                                                       readers.map, _parse_and_unmap, pool.map if pool else map):
-            jobs += batch_jobs
-            parsed += batch_parsed
-        columns = join_jobs(jobs, parsed, counts, wheres, allocate,
-                            pool.map if pool else map)  # the pieces copied into place on the same threads
+    try:  # parsed, and the pieces copied into place, on the same threads
+        columns = parse_index_set(lambda i: index_bytes(paths[i], small), [str(p) for p in paths], counts,
+                                  INDEX_PIECE_BYTES, files_allowed(INDEX_FILES_AT_ONCE), readers.map, _parse_and_unmap,
+                                  pool.map if pool else map, allocate)
     finally:
         readers.shutdown()
         if pool is not None:
             pool.shutdown()
-    del parsed, jobs
     release_free_heap()
     return columns
 
@@ -292,7 +284,6 @@ def index_bytes(path, read_below: int = 0) -> bytes | mmap.mmap:
         if size < read_below:
             return fh.read()
         return mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) if size else b""
-
 
 
 def release_free_heap() -> None:

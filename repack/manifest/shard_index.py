@@ -219,13 +219,19 @@ class IndexJob:
     wheres: tuple = ()
 
 
+def small_index_bytes(piece_bytes: int) -> int:
+    """The size under which ``index_jobs`` joins an index with its neighbours (a reader reads such a file
+    rather than mapping it)."""
+    return piece_bytes // 4
+
+
 def index_jobs(cut: list[tuple[int, list[np.ndarray]]], wheres: list[str], piece_bytes: int,
                first_shard: int = 0) -> list[IndexJob]:
     """The pieces of every shard's index (``cut[i]``: shard ``first_shard + i``'s ``index_pieces``, named
-    ``wheres[i]``) as parse jobs of about
-    ``piece_bytes`` each: a large index's pieces one by one, small indexes (under a quarter of that) joined
-    with their neighbours (a dataset of many small shards: a parse per shard costs ~1 ms of numpy calls
-    whatever its size). A joined index's line count is checked against its header here."""
+    ``wheres[i]``) as parse jobs of about ``piece_bytes`` each: a large index's pieces one by one, small
+    indexes (``small_index_bytes``) joined with their neighbours (a dataset of many small shards: a parse
+    per shard costs ~1 ms of numpy calls whatever its size). A joined index's line count is checked
+    against its header here."""
     jobs: list[IndexJob] = []
     group: list[int] = []
     size = 0
@@ -245,7 +251,7 @@ def index_jobs(cut: list[tuple[int, list[np.ndarray]]], wheres: list[str], piece
         return range(first_shard + first, first_shard + last + 1)
 
     for shard, (count, pieces) in enumerate(cut):
-        if len(pieces) == 1 and len(pieces[0]) < piece_bytes // 4:
+        if len(pieces) == 1 and len(pieces[0]) < small_index_bytes(piece_bytes):
             if int(np.count_nonzero(pieces[0] == NEWLINE)) != count:
                 raise ManifestError(f"{wheres[shard]}: not a v1.2 index with a matching sample count")
             group.append(shard)
@@ -269,15 +275,29 @@ def parse_job(job: IndexJob) -> IndexColumns:
         raise
 
 
-def parsed_batches(read: Callable[[int], bytes | mmap.mmap], wheres: list[str], expected: list[int],
-                   piece_bytes: int, at_once: int, map_read: Callable = map,
-                   parse: Callable[[IndexJob], IndexColumns] | None = None,
-                   map_parse: Callable = map) -> Iterator[tuple[list[IndexJob], list[IndexColumns]]]:
-    """The index files ``0 .. len(wheres) - 1`` (``read(i)``: file i's bytes; ``expected[i]``: the samples
-    its manifest entry declares) parsed ``at_once`` files at a time (a mapped file holds a descriptor):
-    per batch, its ``index_jobs`` (their text dropped) and their columns (``parse``, default
-    ``parse_job``, mapped over the jobs by ``map_parse``; the files read by ``map_read``). For
-    ``join_jobs``; a file whose header declares another count than ``expected`` raises, naming it."""
+def parse_index_set(read: Callable[[int], bytes | mmap.mmap], wheres: list[str], expected: list[int],
+                    piece_bytes: int, at_once: int, map_read: Callable = map,
+                    parse: Callable[[IndexJob], IndexColumns] | None = None, map_parse: Callable = map,
+                    allocate: Allocate | None = None) -> IndexColumns:
+    """The index files ``0 .. len(wheres) - 1`` of a dataset (``read(i)``: file i's bytes, named
+    ``wheres[i]``; ``expected[i]``: the samples its manifest entry declares) as one ``IndexColumns``, each
+    file's lines counted and laid out as its tar: read ``at_once`` files at a time (a mapped file holds a
+    descriptor) by ``map_read``, parsed in ``index_jobs`` by ``parse`` (default ``parse_job``) over
+    ``map_parse``, joined once (into arrays from ``allocate``, copied by ``map_parse``). A file whose header
+    declares another count than ``expected`` raises, naming it."""
+    jobs: list[IndexJob] = []
+    parsed: list[IndexColumns] = []
+    for batch_jobs, batch_parsed in _parsed_batches(read, wheres, expected, piece_bytes, at_once, map_read,
+                                                    parse or parse_job, map_parse):
+        jobs += batch_jobs
+        parsed += batch_parsed
+    return join_jobs(jobs, parsed, expected, wheres, allocate, map_parse)
+
+
+def _parsed_batches(read: Callable[[int], bytes | mmap.mmap], wheres: list[str], expected: list[int],
+                    piece_bytes: int, at_once: int, map_read: Callable, parse: Callable[[IndexJob], IndexColumns],
+                    map_parse: Callable) -> Iterator[tuple[list[IndexJob], list[IndexColumns]]]:
+    """``parse_index_set``'s batches: per ``at_once`` files, their jobs (text dropped) and columns."""
     for lo in range(0, len(wheres), at_once):
         batch = range(lo, min(lo + at_once, len(wheres)))
         cut = list(map_read(lambda i: index_pieces(read(i), wheres[i], piece_bytes), batch))
@@ -286,7 +306,7 @@ def parsed_batches(read: Callable[[int], bytes | mmap.mmap], wheres: list[str], 
                 raise ManifestError(f"{wheres[i]}: {count} samples, the manifest says {expected[i]}")
         jobs = index_jobs(cut, wheres[lo:batch.stop], piece_bytes, first_shard=lo)
         del cut  # what is left of the files' text is in the jobs: each file's mapping ends with its last job
-        parsed = list(map_parse(parse or parse_job, jobs))
+        parsed = list(map_parse(parse, jobs))
         yield [dataclasses.replace(job, text=None, bodies=()) for job in jobs], parsed
 
 

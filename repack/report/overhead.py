@@ -12,7 +12,7 @@ from pathlib import Path
 
 from repack.manifest.io import open_regular
 from repack.manifest.paths import join_under_real
-from repack.manifest.shard_index import CHUNK_BYTES, join_jobs, parsed_batches
+from repack.manifest.shard_index import CHUNK_BYTES, parse_index_set
 
 HINT_RATIO = 2.0  # over this, the per-member cost dominates the shards
 FILES_AT_ONCE = 256  # index files read, then parsed, at a time (small ones together: shard_index.index_jobs)
@@ -28,12 +28,8 @@ def overhead_lines(root: Path, data: dict) -> list[str]:
         with open_regular(join_under_real(root_real, shards[i]["index"])) as fh:  # a FIFO in its place: refused
             return fh.read()
 
-    wheres, counts = [s["index"] for s in shards], [s["samples"] for s in shards]
-    jobs, parsed = [], []
-    for batch_jobs, batch_parsed in parsed_batches(read, wheres, counts, CHUNK_BYTES, FILES_AT_ONCE):
-        jobs += batch_jobs
-        parsed += batch_parsed
-    columns = join_jobs(jobs, parsed, counts, wheres)  # each index's lines counted and laid out as its tar
+    columns = parse_index_set(read, [s["index"] for s in shards], [s["samples"] for s in shards], CHUNK_BYTES,
+                              FILES_AT_ONCE)  # each index's lines counted and laid out as its tar
     samples, members, payload = columns.samples, len(columns.size), int(columns.size.sum())
     shard_bytes = sum(shard["bytes"] for shard in shards)
     if not samples or not payload:
