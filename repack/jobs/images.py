@@ -692,23 +692,15 @@ def _packed_duplicates(plan: Plan, records: list[dict]) -> list[dict]:
     del prefixes, values, counts                        # the repeated prefixes once per shard)
     starts = np.cumsum([0] + [len(raw) // 32 for raw in raws])
     unit_of = np.searchsorted(starts, hits, side="right") - 1
+    units, firsts = np.unique(unit_of, return_index=True)  # unit_of is sorted: each unit's hits are a run
+    lasts = np.append(firsts[1:], len(unit_of))
     groups: dict[bytes, list[str]] = {}
-    for unit, first, last in zip(*_runs(unit_of)):
+    for unit, first, last in zip(units.tolist(), firsts.tolist(), lasts.tolist()):
         (_, tasks), record, raw = plan.units[unit], records[unit], raws[unit]
         rels = packed_rels(tasks, record)
         for at in (hits[first:last] - starts[unit]).tolist():
             groups.setdefault(raw[at * 32:(at + 1) * 32], []).append(rels[at])
     return [{"sha256": digest.hex(), "paths": paths} for digest, paths in groups.items() if len(paths) > 1]
-
-
-def _runs(values: np.ndarray) -> tuple[list[int], list[int], list[int]]:
-    """(value, start, end) of each run of equal ``values`` (sorted), as three lists."""
-    if not len(values):
-        return [], [], []
-    cuts = np.flatnonzero(values[1:] != values[:-1]) + 1
-    starts = np.concatenate([[0], cuts])
-    ends = np.concatenate([cuts, [len(values)]])
-    return values[starts].tolist(), starts.tolist(), ends.tolist()
 
 
 DIGEST_WORDS = 4  # uint64 words per sha256 digest

@@ -26,7 +26,7 @@ def check_relative(rel: object) -> str:
     """``rel`` normalized (``./a`` -> ``a``) when it is a relative POSIX path confined to its root;
     PathEscapeError naming it otherwise (absolute, ``..``, NUL, backslash, empty, not a string)."""
     if isinstance(rel, str) and _plain_relative(rel):
-        return rel  # already normal: what PurePosixPath would give back (a manifest's shards: 3 a shard)
+        return rel  # already in normal form (every path repack writes): no PurePosixPath to build
     if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
         raise PathEscapeError(f"invalid relative path {rel!r}")
     pure = PurePosixPath(rel)
