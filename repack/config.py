@@ -121,6 +121,7 @@ class ImagesSpec(JobSpec):
     known_inputs: str | None = None   # the record of the inputs held (repack.lifecycle.input_columns): skipped
     known_classes: tuple[tuple[str, int], ...] = ()  # the dataset's classes (kept; a new class: the next index)
     cls_width: int | None = None      # the dataset's cls member width (kept)
+    duplicates_file: str = "duplicates.groups"  # the side file of duplicate groups (an append's: duplicates-vN.groups)
 
     def __post_init__(self) -> None:
         if self.source_format not in ("folder", "webdataset", "parquet"):

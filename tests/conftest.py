@@ -36,6 +36,18 @@ def read_manifest_json(out: Path) -> dict:
     return json.loads((Path(out) / "manifest.json").read_text())
 
 
+def duplicate_groups(out, report: dict) -> list[dict]:
+    """Every group of a ``stats.duplicates`` report of the dataset in ``out``: its ``list``, or the side file it
+    names when the manifest lists fewer (``repack.manifest.duplicate_groups``)."""
+    from repack.manifest.duplicate_groups import report_groups
+
+    def read(rel: str) -> bytes | None:
+        path = Path(out) / rel
+        return path.read_bytes() if path.is_file() else None
+
+    return list(report_groups(report, read, str(out)))
+
+
 def sample_paths(out) -> list[str]:
     """The source path of every sample of the published version, from its shards' per-sample ``.json``."""
     import tarfile

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from tests.benchmarks.tiny_files import jpeg_bytes, tiny_jpegs
-from tests.conftest import kill_after_records, read_manifest_json, run_repack, sample_paths
+from tests.conftest import duplicate_groups, kill_after_records, read_manifest_json, run_repack, sample_paths
 
 
 def test_dedup_holds_across_versions(tmp_path):
@@ -28,7 +28,7 @@ def test_dedup_holds_across_versions(tmp_path):
     assert len(paths) == 13 and "c100/00000100.jpg" in paths
     assert not {"c000/zz_copy.jpg", "c005/late_copy.jpg"} & set(paths)
     manifest = read_manifest_json(out)
-    appended = manifest["stats"]["appended"][-1]["duplicates"]["list"]  # the copy version 1 dropped is known
+    appended = duplicate_groups(out, manifest["stats"]["appended"][-1]["duplicates"])  # version 1's copy is known
     assert {tuple(g["paths"]) for g in appended} == {("c003/00000003.jpg", "c005/late_copy.jpg")}
     fresh = tmp_path / "fresh"
     run_repack("images", src, fresh, "--dedup", "--quiet")
@@ -295,9 +295,9 @@ def test_an_append_of_copies_alone_records_them(tmp_path):
     manifest = read_manifest_json(out)
     assert manifest["totals"]["duplicates_dropped"] == 2 and manifest["totals"]["samples"] == 4
     prints = [[(src / rel).stat().st_size, (src / rel).stat().st_mtime_ns] for rel in ("c001/zz_a.jpg", "c001/zz_b.jpg")]
-    assert manifest["stats"]["appended"][-1]["duplicates"]["list"] == [
-        {"paths": ["c000/00000000.jpg", "c001/zz_a.jpg", "c001/zz_b.jpg"], "prints": prints,
-         "sha256": manifest["stats"]["appended"][-1]["duplicates"]["list"][0]["sha256"]}]
+    groups = duplicate_groups(out, manifest["stats"]["appended"][-1]["duplicates"])
+    assert groups == [{"paths": ["c000/00000000.jpg", "c001/zz_a.jpg", "c001/zz_b.jpg"], "prints": prints,
+                       "sha256": groups[0]["sha256"]}]
     takedown = tmp_path / "takedown.txt"
     takedown.write_text("c000/00000000.jpg\n")
     run_repack("remove", out, "--sources", takedown, "--quiet")
@@ -361,7 +361,7 @@ def test_an_append_compares_a_dropped_copy_by_its_fingerprint_before_reading_it(
     shutil.copy(src / "c000" / "00000000.jpg", copy)
     run_repack("images", src, out, "--dedup", "--quiet")
     stat = copy.stat()
-    group = read_manifest_json(out)["stats"]["duplicates"]["list"][0]
+    group = duplicate_groups(out, read_manifest_json(out)["stats"]["duplicates"])[0]
     assert group["paths"] == ["c000/00000000.jpg", "c001/zz_copy.jpg"]
     assert group["prints"] == [[stat.st_size, stat.st_mtime_ns]]
     other = bytearray(copy.read_bytes())  # other bytes of the same size and mtime: taken by the fingerprint, unread

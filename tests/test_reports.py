@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import read_manifest_json, run_repack
+from tests.conftest import duplicate_groups, read_manifest_json, run_repack
 from tests.tools.photos import make_photo_tree
 
 
@@ -90,7 +90,7 @@ def test_dedup_keeps_first_in_plan_order_deterministically(dup_tree, tmp_path):
     c = tmp_path / "c"
     run_repack("images", dup_tree, c, "--shard-size", "5", "--dedup", "--shuffle", "--seed", "7", "--quiet")
     order = tar_paths(c)
-    groups = read_manifest_json(c)["stats"]["duplicates"]["list"]
+    groups = duplicate_groups(c, read_manifest_json(c)["stats"]["duplicates"])
     for group in groups:
         assert group["paths"][0] in order and not set(group["paths"][1:]) & set(order)
 

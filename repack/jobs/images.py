@@ -60,10 +60,13 @@ from repack.jobs.image_plan import InputColumns, PayloadWriter, cut_runs, sample
 from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - sample_key: imported from here by the video job
 from repack.lifecycle.input_columns import encode_names, names_of_blob
 from repack.lifecycle.input_record import NO_MTIME, load_known, select_new, select_new_rows
+from repack.manifest.duplicate_groups import encode as encode_groups, listed_groups, role_of
+from repack.manifest.io import atomic_write_bytes
 from repack.jobs.record_columns import pack_digests, pack_times, packed_rels, unpack_times
 from repack.jobs.stats import bucket_edges, histogram, merge_counts, merge_slowest, percentiles
 from repack.jobs.summary import quarantine_lines
 from repack.sinks import get_sink
+from repack.sinks.checks import bytes_digest
 from repack.sources import InputItem, scan_foreign, scan_source
 from repack.sources.base import FieldChoice
 from repack.sources.reading import open_input, read_inputs, unreadable_reason
@@ -203,10 +206,19 @@ def copy_print(item: InputItem) -> list[int]:
     return [int(fingerprint[0]), int(fingerprint[1])] if len(fingerprint) > 1 else [int(fingerprint[0])]
 
 
-def duplicate_report(groups: list[dict], dropped: int) -> dict:
-    """The manifest's stats.duplicates: counts and every group's paths (first = kept)."""
-    return {"groups": len(groups), "extra_copies": sum(len(g["paths"]) - 1 for g in groups), "dropped": dropped,
-            "list": groups}
+def duplicate_report(groups: list[dict], dropped: int, out: Path, name: str) -> tuple[dict, dict]:
+    """The manifest's stats.duplicates: counts and the first ``listed_groups()`` groups' paths (first = kept); and
+    where that is not all of them, the side file of every group (``repack.manifest.duplicate_groups``, written to
+    ``out/name`` and named in ``file``) as the manifest's ``files`` and ``file_digests`` entries."""
+    report = {"groups": len(groups), "extra_copies": sum(len(g["paths"]) - 1 for g in groups), "dropped": dropped}
+    listed = listed_groups()
+    if len(groups) <= listed:
+        return {**report, "list": groups}, {}
+    data = encode_groups(groups)
+    atomic_write_bytes(out / name, data)
+    role = role_of(name)
+    return {**report, "list": groups[:listed], "file": name}, {"files": {role: name},
+                                                               "file_digests": {role: bytes_digest(data)}}
 
 
 class CombinedRecord:
@@ -351,7 +363,8 @@ class ImagesJob(Job):
     def fixed_outputs(cls, spec: dict) -> set[str]:
         from repack.sinks.lmdb_sink import BUILD_TMP, DB_NAME
 
-        return {DB_NAME, BUILD_TMP} if spec.get("to") == "lmdb" else set()
+        groups = {spec.get("duplicates_file") or "duplicates.groups"}  # when it lists more groups than the manifest
+        return groups | ({DB_NAME, BUILD_TMP} if spec.get("to") == "lmdb" else set())
 
     def check(self) -> None:
         src = Path(self.spec.source)
@@ -624,11 +637,11 @@ class ImagesJob(Job):
             converted = sum(r.get("normalize", {}).get("converted", 0) for r in records)
             stats["normalize"] = {"converted": converted, "passed_through": samples - converted,
                                   "reasons": dict(sorted(reasons.items()))}
-        if self.spec.dedup:
-            stats["duplicates"] = duplicate_report(plan.info.get("dedup", []),
-                                                   sum(len(g["paths"]) - 1 for g in plan.info.get("dedup", [])))
-        else:
-            stats["duplicates"] = duplicate_report(_packed_duplicates(plan, records), 0)
+        groups = plan.info.get("dedup", []) if self.spec.dedup else _packed_duplicates(plan, records)
+        stats["duplicates"], side_files = duplicate_report(
+            groups, sum(len(g["paths"]) - 1 for g in groups) if self.spec.dedup else 0, self.out,
+            self.spec.duplicates_file)
+        del groups
         times = [unpack_times(r["timing"]["us"], 2) for r in records]
         read_us = np.concatenate([t[0] for t in times] or [np.zeros(0, dtype=np.int64)])
         check_us = np.concatenate([t[1] for t in times] or [np.zeros(0, dtype=np.int64)])
@@ -647,6 +660,7 @@ class ImagesJob(Job):
                        **({"duplicates_dropped": stats["duplicates"]["dropped"]} if self.spec.dedup else {})},
             "quarantine": quarantine,
             "stats": stats,
+            **side_files,
             "run_stats": {"timing": {"read_ms": percentiles(read_us, 1e-3), "check_ms": percentiles(check_us, 1e-3),
                                      "sample_us_histogram": _time_histogram(read_us, check_us),
                                      "slowest": slowest}},

@@ -42,11 +42,12 @@ from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_columns import InputColumns
 from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, dropped_copies, dropped_prints,
-                                            held_known, published_digests)
+                                            dropping_groups, held_known, published_digests)
 from repack.lifecycle.record_child import ChildRecord, record_parts
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish,
                                       refuse_names_in_use, remove_prefix, warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
+from repack.manifest.duplicate_groups import file_name as groups_file_name
 from repack.manifest.paths import PathEscapeError, no_links_below
 from repack.manifest.versions import number_of
 from repack.sources.base import copy_base
@@ -150,9 +151,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
             unpacked = list(dict.fromkeys(q["source"] for q in current["quarantine"]
                                           if (q.get("line") is None or q.get("no_documents")) and not names_a_copy(q)))
             first_source = str(((current.get("created_by") or {}).get("options") or {}).get("source") or "")
+            groups = dropping_groups(current, store)
             known = KnownInputs(record, unpacked, first_source.startswith("s3://"),
                                 appender.sampleless(store, out, current) if appender.sampleless else None,
-                                dropped_copies(current), dropped_prints(current))
+                                dropped_copies(groups), dropped_prints(groups))
             try:  # a link planted there would stage (and overwrite) outside OUT
                 no_links_below(out, f"{stage}/out")
             except PathEscapeError as exc:
@@ -211,7 +213,7 @@ def append(spec, options: EngineOptions) -> AppendResult:
                       for shard in staged["shards"]]
             delta = append_delta(job.store, plan, known)
             write_inputs_record(store, number, known, delta)
-            copies = dropped_copies(current)
+            copies = dropped_copies(groups)
             replanned = planned_again(plan, known, unpacked, copies)
             body = appender.merge(current, staged, shards, replanned)
             body["totals"] = counted_once(body["totals"], known, replanned, copies)
@@ -438,7 +440,22 @@ def _images_job(spec, out: str, known_file: Path, current: dict):
     return ImagesJob(dataclasses.replace(
         spec, out=out, known_inputs=str(known_file), known_classes=tuple(sorted(classes.items(), key=lambda kv: kv[1])),
         cls_width=len(str(max(classes.values(), default=0))) if classes else None,
-        sample_json="json" in current.get("fields", {})))
+        sample_json="json" in current.get("fields", {}), duplicates_file=groups_file_name(number_of(current) + 1)))
+
+
+def _images_side_files(store, staged_store, staged: str, current: dict, new: dict, number: int) -> dict:
+    """The staged job's file of duplicate groups (``duplicates-vN.groups``, when its report lists fewer groups
+    than it found) moved into the dataset beside N's; the manifest's ``files`` and ``file_digests`` name both."""
+    if not new.get("files"):
+        return {}
+    for name in new["files"].values():
+        if store.size(f"{staged}/{name}") is not None:
+            move(store, f"{staged}/{name}", name)
+        elif store.size(name) is None:  # moved by a run killed before it published, else lost
+            raise UsageError(f"staged {staged}/{name} is gone and {name} is not in {store.url}: remove "
+                             f"{store.url}/{staged.rpartition('/')[0]} and append again")
+    return {"files": {**current.get("files", {}), **new["files"]},
+            "file_digests": {**current.get("file_digests", {}), **new.get("file_digests", {})}}
 
 
 def _text_accepts(current: dict, spec) -> str | None:
@@ -532,7 +549,8 @@ def _video_note(current: dict) -> dict:
 
 APPENDERS = {
     "ImagesSpec": Appender(_images_accepts, _images_job,
-                           lambda rel, spec, n: rel.replace("shard-", f"shard-v{n}-", 1), merged_manifest),
+                           lambda rel, spec, n: rel.replace("shard-", f"shard-v{n}-", 1), merged_manifest,
+                           side_files=_images_side_files),
     "TextSpec": Appender(_text_accepts, _text_job,  # text_document.bin -> text_document-v2.bin (parts alike)
                          lambda rel, spec, n: f"{spec.name}-v{n}{rel[len(spec.name):]}", merged_text_manifest,
                          staged_refusal=text_staged_refusal, sampleless=_text_sampleless),

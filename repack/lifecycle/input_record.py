@@ -34,6 +34,7 @@ from repack.lifecycle.first_record import plan_record, version_one_record
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, member_of, empty_columns, encode_names,
                                             from_bytes, merged, with_quarantined)
 from repack.lifecycle.publish import has_inputs_record, known_inputs, read_inputs_record
+from repack.manifest.duplicate_groups import report_groups
 from repack.manifest.versions import number_of
 from repack.sources.object_etag import ETAG_FLAG
 from repack.store import is_remote
@@ -137,29 +138,29 @@ class KnownInputs:
         return self._staged
 
 
-def dropped_copies(manifest: dict) -> dict[str, str]:
-    """The sources a --dedup dataset left out as copies of a packed sample, in any of its versions (the groups of
-    its ``stats.duplicates`` and of each append's; a report that dropped nothing lists packed copies): rel -> the
-    content's sha256 (hex). They are inputs without a sample that the record of the inputs does not hold."""
-    return {rel: group.get("sha256") for group in _dropping_groups(manifest) for rel in group.get("paths", ())[1:]}
-
-
-def dropped_prints(manifest: dict) -> dict[str, list[int]]:
-    """Of ``dropped_copies``, the fingerprint each had when it was left out (its group's ``prints``; a report of an
-    older repack has none: those copies are hashed to be compared)."""
-    return {rel: list(found) for group in _dropping_groups(manifest)
-            if isinstance(group.get("prints"), list) and len(group["prints"]) == len(group.get("paths", ())) - 1
-            for rel, found in zip(group["paths"][1:], group["prints"]) if isinstance(found, list) and found}
-
-
-def _dropping_groups(manifest: dict) -> Iterator[dict]:
+def dropping_groups(manifest: dict, store) -> list[dict]:
     """The duplicate groups of every version's report that dropped its copies (``stats.duplicates``, then each
-    append's)."""
+    append's; a report that dropped nothing lists packed copies), from the manifest or the side file a report
+    names (``repack.manifest.duplicate_groups``, read from ``store``)."""
     stats = manifest.get("stats") or {}
     appended = ((a or {}).get("duplicates") or {} for a in stats.get("appended", ()))
-    for report in [stats.get("duplicates") or {}, *appended]:
-        if report.get("dropped"):
-            yield from report.get("list", ())
+    return [group for report in [stats.get("duplicates") or {}, *appended] if report.get("dropped")
+            for group in report_groups(report, store.read_bytes, store.url)]
+
+
+def dropped_copies(groups: list[dict]) -> dict[str, str]:
+    """The sources a --dedup dataset left out as copies of a packed sample, in any of its versions (of
+    ``dropping_groups``): rel -> the content's sha256 (hex). They are inputs without a sample that the record of
+    the inputs does not hold."""
+    return {rel: group.get("sha256") for group in groups for rel in group.get("paths", ())[1:]}
+
+
+def dropped_prints(groups: list[dict]) -> dict[str, list[int]]:
+    """Of ``dropped_copies``, the fingerprint each had when it was left out (its group's ``prints``; a report of an
+    older repack has none: those copies are hashed to be compared)."""
+    return {rel: list(found) for group in groups
+            if isinstance(group.get("prints"), list) and len(group["prints"]) == len(group.get("paths", ())) - 1
+            for rel, found in zip(group["paths"][1:], group["prints"]) if isinstance(found, list) and found}
 
 
 @contextlib.contextmanager
