@@ -252,6 +252,8 @@ class ShardFiles:
         finally:
             with self._lock:
                 entry[1] -= 1
+                if not entry[1] and len(self._open) > self._limit:  # opened over the limit while all were read
+                    self._close_idle()
 
     def _acquire(self, path: str) -> list[int]:
         with self._lock:
