@@ -123,6 +123,13 @@ class ImagesSpec(JobSpec):
     cls_width: int | None = None      # the dataset's cls member width (kept)
     duplicates_file: str = "duplicates.groups"  # the side file of duplicate groups (an append's: duplicates-vN.groups)
 
+    def options(self) -> dict[str, Any]:
+        """As ``JobSpec.options``, without the name of the duplicate-groups file: it names an output, determines
+        none (and a job.json of a repack before it has none: its options fingerprint stays the same)."""
+        data = super().options()
+        data.pop("duplicates_file")
+        return data
+
     def __post_init__(self) -> None:
         if self.source_format not in ("folder", "webdataset", "parquet"):
             raise UsageError(f"--from must be folder, webdataset or parquet, got {self.source_format!r}")

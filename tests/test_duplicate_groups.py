@@ -4,11 +4,14 @@ dropped copies, a remove's takedown of one, verify, gc, s3:// publish and pull) 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
 import pytest
 
+from repack.config import ImagesSpec
+from repack.errors import UsageError
 from repack.jobs.images import duplicate_report
 from repack.manifest.duplicate_groups import GroupsFileError, decode, encode
 from tests import test_append_rules
@@ -28,7 +31,9 @@ def test_groups_file_round_trip_and_damage_named():
     assert list(decode(raw, "OUT/duplicates.groups")) == GROUPS
     assert list(decode(encode([]), "empty")) == []
     damaged = [raw[:-1], raw + b"\0", b"x" + raw[1:], raw.replace(b'"paths": 7', b'"paths": 8'),
-               raw[:raw.index(b"\n") + 1] + b"{}\n" + raw[raw.index(b"}\n") + 2:]]
+               raw[:raw.index(b"\n") + 1] + b"{}\n" + raw[raw.index(b"}\n") + 2:],
+               raw.replace(b'"groups": 3', b'"groups": 1e999'), raw.replace(b'"groups": 3', b'"groups": 3.0'),
+               raw[:raw.index(b"\n") + 1] + b"[" * 100_000 + b"\n" + raw[raw.index(b"}\n") + 2:]]
     for bad in damaged:
         with pytest.raises(GroupsFileError, match="OUT/duplicates.groups: not a duplicate-groups file"):
             list(decode(bad, "OUT/duplicates.groups"))
@@ -47,8 +52,16 @@ def test_a_report_lists_what_the_manifest_holds_and_files_the_rest(tmp_path, mon
     report, side = duplicate_report(groups, 20_000, tmp_path / "none", "duplicates.groups")
     assert report["list"] == groups and "file" not in report and side == {}
     monkeypatch.setenv("REPACK_DUPLICATES_LISTED", "-1")
-    with pytest.raises(ValueError, match="REPACK_DUPLICATES_LISTED='-1'"):
+    with pytest.raises(UsageError, match="REPACK_DUPLICATES_LISTED='-1'"):
         duplicate_report(groups, 20_000, tmp_path, "duplicates.groups")
+
+
+def test_the_groups_file_name_is_no_option_of_the_job():
+    """It names an output: a job.json written before it existed keeps its options fingerprint (a resume or re-run
+    of such a job was refused as "run with other options (--duplicates-file ...)")."""
+    spec = ImagesSpec(source="SRC", out="OUT")
+    assert "duplicates_file" not in spec.options()
+    assert dataclasses.replace(spec, duplicates_file="duplicates-v3.groups").options() == spec.options()
 
 
 @pytest.mark.parametrize("case", [test_append_rules.test_dedup_holds_across_versions,
@@ -104,6 +117,34 @@ def test_verify_gc_and_readers_with_a_groups_file(tmp_path, monkeypatch):
     assert bad.returncode == 5 and "duplicates.groups: missing" in bad.stderr + bad.stdout
     refused = run_repack("images", src, out, "--dedup", "--append", check=False)
     assert refused.returncode != 0 and "duplicates.groups: missing" in refused.stderr
+
+
+def test_a_groups_file_a_killed_run_left_goes_when_the_rerun_lists_every_group(tmp_path, monkeypatch):
+    src, out = copies_tree(tmp_path / "src", 3), tmp_path / "out"
+    monkeypatch.setenv("REPACK_DUPLICATES_LISTED", "1")
+    run_repack("images", src, out, "--dedup", "--quiet")
+    assert (out / "duplicates.groups").is_file()
+    for manifest in out.glob("manifest*.json"):  # as a run killed between the side file and its manifest
+        manifest.unlink()
+    monkeypatch.setenv("REPACK_DUPLICATES_LISTED", "1000")
+    run_repack("images", src, out, "--dedup", "--quiet")
+    assert not (out / "duplicates.groups").exists() and "files" not in read_manifest_json(out)
+    assert len(read_manifest_json(out)["stats"]["duplicates"]["list"]) == 3
+    assert run_repack("verify", out).returncode == 0
+    monkeypatch.setenv("REPACK_DUPLICATES_LISTED", "many")
+    bad = run_repack("images", src, tmp_path / "other", "--dedup", check=False)
+    assert bad.returncode == 2 and "REPACK_DUPLICATES_LISTED='many'" in bad.stderr and "Traceback" not in bad.stderr
+    assert not list((tmp_path / "other").glob("*.tar"))  # refused before any task
+
+
+def test_inspect_names_every_versions_groups_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPACK_DUPLICATES_LISTED", "0")
+    src, out = copies_tree(tmp_path / "src", 2), tmp_path / "out"
+    run_repack("images", src, out, "--dedup", "--quiet")
+    shutil.copy(src / "c004" / "00000004.jpg", src / "c999" / "late.jpg")
+    run_repack("images", src, out, "--dedup", "--append", "--quiet")
+    shown = run_repack("inspect", out).stdout
+    assert "3 group(s)" in shown and "every group: duplicates.groups, duplicates-v2.groups" in shown, shown
 
 
 def test_groups_files_published_and_pulled_on_s3(tmp_path, monkeypatch):

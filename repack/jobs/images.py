@@ -367,6 +367,7 @@ class ImagesJob(Job):
         return groups | ({DB_NAME, BUILD_TMP} if spec.get("to") == "lmdb" else set())
 
     def check(self) -> None:
+        listed_groups()  # REPACK_DUPLICATES_LISTED refused now, not after the last task
         src = Path(self.spec.source)
         if is_remote(self.spec.source):
             from repack.sources.s3 import check_source
@@ -642,6 +643,8 @@ class ImagesJob(Job):
             groups, sum(len(g["paths"]) - 1 for g in groups) if self.spec.dedup else 0, self.out,
             self.spec.duplicates_file)
         del groups
+        if not side_files and self.store.size(self.spec.duplicates_file) is not None:
+            self.store.delete(self.spec.duplicates_file)  # a run killed before its manifest, re-run with a higher limit
         times = [unpack_times(r["timing"]["us"], 2) for r in records]
         read_us = np.concatenate([t[0] for t in times] or [np.zeros(0, dtype=np.int64)])
         check_us = np.concatenate([t[1] for t in times] or [np.zeros(0, dtype=np.int64)])

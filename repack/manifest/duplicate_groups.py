@@ -28,6 +28,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from repack.errors import UsageError
 from repack.manifest.schema import ManifestError
 
 MAGIC = b"repack-duplicate-groups 1\n"
@@ -40,7 +41,8 @@ class GroupsFileError(ManifestError):
 
 
 def listed_groups() -> int:
-    """How many groups a manifest lists itself (``REPACK_DUPLICATES_LISTED``, default 1,000; 0 or more)."""
+    """How many groups a manifest lists itself (``REPACK_DUPLICATES_LISTED``, default 1,000; 0 or more); UsageError
+    for another value (an images job asks before its first task: ``ImagesJob.check``)."""
     raw = os.environ.get("REPACK_DUPLICATES_LISTED", "").strip()
     if not raw:
         return LISTED_DEFAULT
@@ -49,7 +51,7 @@ def listed_groups() -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"REPACK_DUPLICATES_LISTED={raw!r}: a whole number of groups, 0 or more")
+        raise UsageError(f"REPACK_DUPLICATES_LISTED={raw!r}: a whole number of groups, 0 or more")
     return value
 
 
@@ -98,9 +100,11 @@ def decode(raw: bytes, where: str) -> Iterator[dict]:
     end = raw.find(b"\n", len(MAGIC))
     try:
         header = json.loads(raw[len(MAGIC):end]) if end > 0 else None
-        groups, count, name_bytes = (int(header[key]) for key in ("groups", "paths", "name_bytes"))
-    except (ValueError, TypeError, KeyError):
+        groups, count, name_bytes = (header[key] for key in ("groups", "paths", "name_bytes"))
+    except (ValueError, TypeError, KeyError, RecursionError):
         raise refuse("its counts line is damaged") from None
+    if not all(type(n) is int for n in (groups, count, name_bytes)):
+        raise refuse("its counts are not whole numbers")
     if min(groups, count, name_bytes) < 0 or 40 * groups + 25 * count + name_bytes != len(raw) - end - 1:
         raise refuse(f"{len(raw)} bytes, not what {groups} groups of {count} paths take")
     at = end + 1

@@ -112,6 +112,8 @@ def merged_stats(stats: dict) -> dict:
     if dups:
         merged["duplicates"] = {key: sum(d.get(key, 0) for d in dups) for key in ("groups", "extra_copies", "dropped")}
         merged["duplicates"]["list"] = [g for d in dups for g in d.get("list", [])][:DUPLICATES_LISTED]
+        if any(d.get("file") for d in dups):  # every group of those versions: their side files
+            merged["duplicates"]["files"] = [d["file"] for d in dups if d.get("file")]
     files = [run["files"] for run in runs if run.get("files")]
     if files:
         from repack.jobs.token_stats import FILES_LISTED as listed

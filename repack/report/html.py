@@ -195,7 +195,7 @@ def _images(s: dict) -> list[str]:
     dups = stats.get("duplicates") or {}
     body.append(section(f"Exact duplicates ({dups.get('groups', 0)} groups, {dups.get('extra_copies', 0)} extra copies"
                         f"{', ' + str(dups['dropped']) + ' dropped by --dedup' if dups.get('dropped') else ''}"
-                        f"{'; the first ' + str(len(dups['list'])) + ', every group in ' + dups['file'] if dups.get('file') else ''})",
+                        f"{'; every group in ' + ', '.join(dups.get('files') or [dups['file']]) if dups.get('files') or dups.get('file') else ''})",
                         table(["sha256", "paths"], [[g["sha256"][:16], " = ".join(g["paths"])]
                                                     for g in dups.get("list", [])])))
     norm = stats.get("normalize")

@@ -109,8 +109,9 @@ def _images(s: dict) -> list[str]:
         dropped = f", {dups['dropped']} dropped by --dedup" if dups.get("dropped") else " (--dedup drops them)"
         lines.append(f"exact duplicates: {dups['groups']} group(s), {dups['extra_copies']} extra cop(ies){dropped}")
         lines += [f"  {' = '.join(g['paths'][:4])}{' ...' if len(g['paths']) > 4 else ''}" for g in dups["list"][:5]]
-        if dups.get("file"):
-            lines.append(f"  every group: {dups['file']} (the manifest lists the first {len(dups['list'])})")
+        files = dups.get("files") or ([dups["file"]] if dups.get("file") else [])
+        if files:
+            lines.append(f"  every group: {', '.join(files)} (the manifest lists the first of each version's)")
     return lines
 
 
