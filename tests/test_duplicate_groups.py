@@ -112,6 +112,9 @@ def test_verify_gc_and_readers_with_a_groups_file(tmp_path, monkeypatch):
     groups.write_bytes(bytes(data))
     bad = run_repack("verify", out, check=False)
     assert bad.returncode == 5 and "duplicates.groups: sha256 differs" in bad.stderr + bad.stdout
+    refused = run_repack("images", src, out, "--dedup", "--append", check=False)  # never read as the groups
+    assert refused.returncode == 5 and "duplicates.groups: not the duplicate groups the manifest records" in \
+        refused.stderr, refused.stderr
     groups.unlink()
     bad = run_repack("verify", out, check=False)
     assert bad.returncode == 5 and "duplicates.groups: missing" in bad.stderr + bad.stdout

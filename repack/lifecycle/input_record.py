@@ -145,7 +145,7 @@ def dropping_groups(manifest: dict, store) -> list[dict]:
     stats = manifest.get("stats") or {}
     appended = ((a or {}).get("duplicates") or {} for a in stats.get("appended", ()))
     return [group for report in [stats.get("duplicates") or {}, *appended] if report.get("dropped")
-            for group in report_groups(report, store.read_bytes, store.url)]
+            for group in report_groups(report, store.read_bytes, store.url, manifest.get("file_digests") or {})]
 
 
 def dropped_copies(groups: list[dict]) -> dict[str, str]:

@@ -22,6 +22,7 @@ Layout (integers little-endian; no pickle):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Callable, Iterator
@@ -139,9 +140,12 @@ def decode(raw: bytes, where: str) -> Iterator[dict]:
         first = end_path
 
 
-def report_groups(report: dict, read: Callable[[str], bytes | None], where: str) -> Iterator[dict]:
+def report_groups(report: dict, read: Callable[[str], bytes | None], where: str,
+                  digests: dict | None = None) -> Iterator[dict]:
     """Every group of a ``stats.duplicates`` report: its side file's (``file``, read with ``read``; ``where``
-    names the dataset in errors) when it names one, else its ``list``."""
+    names the dataset in errors) when it names one, else its ``list``. With ``digests`` (the manifest's
+    ``file_digests``) the file must have the size and sha256 recorded there: a damaged file would make an append
+    take a new input for a dropped copy and leave it out."""
     name = report.get("file")
     if not name:
         yield from report.get("list") or ()
@@ -149,4 +153,11 @@ def report_groups(report: dict, read: Callable[[str], bytes | None], where: str)
     raw = read(name)
     if raw is None:
         raise GroupsFileError(f"{where}/{name}: missing (the duplicate groups its manifest's stats.duplicates names)")
+    if digests is not None:
+        expected = digests.get(role_of(name))
+        if not isinstance(expected, dict) or expected.get("bytes") != len(raw) or \
+                expected.get("sha256") != hashlib.sha256(raw).hexdigest():
+            raise GroupsFileError(f"{where}/{name}: not the duplicate groups the manifest records (its size or sha256 "
+                                  "differs, or file_digests has no entry for it); `repack verify` names what else "
+                                  "changed")
     yield from decode(raw, f"{where}/{name}")
