@@ -60,6 +60,7 @@ BATCH_CHARS = 1 << 17  # characters handed to one encode_batch call, at most (a 
 BATCH_DOCS = 128
 MERGED_MARKER = "merged.json"
 TOKENIZER_COPY = "tokenizer.json"
+PACK_THREADS = 8  # threads compressing the tasks' tables (0.24 s of zlib in one thread at 500,000 files)
 PART_REMOVERS = 8  # threads removing the merged parts (unlinks wait on the file system, not the CPU)
 
 
@@ -298,9 +299,12 @@ class TextJob(Job):
         common = {"tokenizer": info.path, "tokenizer_sha256": info.sha256, "dtype": dtype,
                   "eos_id": info.eos_id if spec.append_eos else None,
                   "bos_id": info.bos_id if spec.add_bos else None}
+        with ThreadPoolExecutor(min(PACK_THREADS, available_cpus())) as pool:  # zlib runs without the GIL
+            tables = list(pool.map(lambda index: pack_table(inputs, chunks, index), range(len(chunks))))
         tasks = [Task(f"part-{index:06d}", {"index": index, **common, "bytes": chunk_bytes_of(chunks, index),
-                                            "table": pack_table(inputs, chunks, index)})
-                 for index in range(len(chunks))]
+                                            "table": table})
+                 for index, table in enumerate(tables)]
+        del tables
         plan_info = {"tokenizer": info.to_json(), "dtype": dtype, "inputs": len(inputs) + len(quarantine) - len(unread),
                      "files": len(inputs) - len(unread), "skipped_files": skipped,
                      "input_bytes": int(inputs.table.sizes.sum() - inputs.table.sizes[unread].sum())}
