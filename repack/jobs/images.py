@@ -60,7 +60,8 @@ from repack.jobs.image_plan import InputColumns, PayloadWriter, cut_runs, sample
 from repack.jobs.task_inputs import sample_key, task_inputs  # noqa: F401 - sample_key: imported from here by the video job
 from repack.lifecycle.input_columns import encode_names, names_of_blob
 from repack.lifecycle.input_record import NO_MTIME, load_known, select_new, select_new_rows
-from repack.manifest.duplicate_groups import encode as encode_groups, listed_groups, role_of
+from repack.manifest.duplicate_groups import (encode as encode_groups, file_name as groups_file_name, listed_groups,
+                                             role_of)
 from repack.manifest.io import atomic_write_bytes
 from repack.jobs.record_columns import pack_digests, pack_times, packed_rels, unpack_times
 from repack.jobs.stats import bucket_edges, histogram, merge_counts, merge_slowest, percentiles
@@ -363,7 +364,7 @@ class ImagesJob(Job):
     def fixed_outputs(cls, spec: dict) -> set[str]:
         from repack.sinks.lmdb_sink import BUILD_TMP, DB_NAME
 
-        groups = {spec.get("duplicates_file") or "duplicates.groups"}  # when it lists more groups than the manifest
+        groups = {spec.get("duplicates_file") or groups_file_name()}  # when it lists more groups than the manifest
         return groups | ({DB_NAME, BUILD_TMP} if spec.get("to") == "lmdb" else set())
 
     def check(self) -> None:

@@ -296,8 +296,7 @@ def leftover_pattern(number: int) -> re.Pattern:
     """The names repack's writers give the files they add to a dataset for version ``number`` (an append's
     ``shard-vN-XXXXXX.tar``, a rewrite's ``<stem>-vN.tar``, a token prefix's ``<prefix>-vN.bin``, an LMDB's
     ``data-vN.lmdb``, a video append's ``videos-vN/``, ``probe-vN.jsonl`` and ``file_list-vN.txt``, an image
-    append's ``duplicates-vN.groups``, with
-    their side files and hidden temp files)."""
+    append's ``duplicates-vN.groups``, with their side files and hidden temp files)."""
     n = int(number)
     return re.compile(rf"\.?(?:shard-v{n}-[0-9]+\.(?:tar|idx|crc)|[^/]+-v{n}(?:[-_][0-9]+)?\.(?:tar|idx|crc|lmdb|bin|sources)"
                       rf"|probe-v{n}\.jsonl|file_list-v{n}\.txt|duplicates-v{n}\.groups|videos-v{n}/.+)(?:\.tmp-[0-9]+|\.[^/]+\.tmp)?")

@@ -34,7 +34,6 @@ from repack.manifest.schema import ManifestError
 
 MAGIC = b"repack-duplicate-groups 1\n"
 LISTED_DEFAULT = 1000
-ROLE = "duplicates"  # the manifest's ``files`` role of version 1's file; an append's: duplicates-vN
 
 
 class GroupsFileError(ManifestError):
