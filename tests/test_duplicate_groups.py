@@ -13,7 +13,7 @@ import pytest
 from repack.config import ImagesSpec
 from repack.errors import UsageError
 from repack.jobs.images import duplicate_report
-from repack.manifest.duplicate_groups import GroupsFileError, decode, encode
+from repack.manifest.duplicate_groups import GroupsFileError, decode, encode, report_dropped
 from tests import test_append_rules
 from tests.benchmarks.tiny_files import tiny_jpegs
 from tests.conftest import duplicate_groups, read_manifest_json, run_repack, sample_paths
@@ -30,6 +30,10 @@ def test_groups_file_round_trip_and_damage_named():
     raw = encode(GROUPS)
     assert list(decode(raw, "OUT/duplicates.groups")) == GROUPS
     assert list(decode(encode([]), "empty")) == []
+    dropped = report_dropped({"file": "duplicates.groups"}, lambda name: raw, "OUT")  # as columns, no dict per group
+    assert dropped == report_dropped({"list": GROUPS}, None, "OUT") == (
+        ["b/copy.jpg", "c/\udcff-not-utf8.jpg", "y.jpg", "q.jpg"], ["ab" * 32, "ab" * 32, "cd" * 32, "ef" * 32],
+        [[10, 99], [7], [], [5, -1]])
     damaged = [raw[:-1], raw + b"\0", b"x" + raw[1:], raw.replace(b'"paths": 7', b'"paths": 8'),
                raw[:raw.index(b"\n") + 1] + b"{}\n" + raw[raw.index(b"}\n") + 2:],
                raw.replace(b'"groups": 3', b'"groups": 1e999'), raw.replace(b'"groups": 3', b'"groups": 3.0'),

@@ -41,8 +41,8 @@ from repack.errors import ConfinementError, NothingPackedError, StrictModeError,
 from repack.exec.cpus import available_cpus
 from repack.jobs.base import STATE_DIR, Plan, read_plan
 from repack.lifecycle.input_columns import InputColumns
-from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, dropped_copies, dropped_prints,
-                                            dropping_groups, held_known, published_digests)
+from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, dropped_copies, held_known,
+                                            published_digests)
 from repack.lifecycle.record_child import ChildRecord, record_parts
 from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish,
                                       refuse_names_in_use, remove_prefix, warner, write_inputs_record)
@@ -151,10 +151,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
             unpacked = list(dict.fromkeys(q["source"] for q in current["quarantine"]
                                           if (q.get("line") is None or q.get("no_documents")) and not names_a_copy(q)))
             first_source = str(((current.get("created_by") or {}).get("options") or {}).get("source") or "")
-            groups = dropping_groups(current, store)
+            copies, copy_prints = dropped_copies(current, store)
             known = KnownInputs(record, unpacked, first_source.startswith("s3://"),
                                 appender.sampleless(store, out, current) if appender.sampleless else None,
-                                dropped_copies(groups), dropped_prints(groups))
+                                copies, copy_prints)
             try:  # a link planted there would stage (and overwrite) outside OUT
                 no_links_below(out, f"{stage}/out")
             except PathEscapeError as exc:
@@ -213,7 +213,6 @@ def append(spec, options: EngineOptions) -> AppendResult:
                       for shard in staged["shards"]]
             delta = append_delta(job.store, plan, known)
             write_inputs_record(store, number, known, delta)
-            copies = dropped_copies(groups)
             replanned = planned_again(plan, known, unpacked, copies)
             body = appender.merge(current, staged, shards, replanned)
             body["totals"] = counted_once(body["totals"], known, replanned, copies)

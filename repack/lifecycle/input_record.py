@@ -34,7 +34,7 @@ from repack.lifecycle.first_record import plan_record, version_one_record
 from repack.lifecycle.input_columns import (NO_MTIME, InputColumns, member_of, empty_columns, encode_names,
                                             from_bytes, merged, with_quarantined)
 from repack.lifecycle.publish import has_inputs_record, known_inputs, read_inputs_record
-from repack.manifest.duplicate_groups import report_groups
+from repack.manifest.duplicate_groups import report_dropped
 from repack.manifest.versions import number_of
 from repack.sources.object_etag import ETAG_FLAG
 from repack.store import is_remote
@@ -138,29 +138,23 @@ class KnownInputs:
         return self._staged
 
 
-def dropping_groups(manifest: dict, store) -> list[dict]:
-    """The duplicate groups of every version's report that dropped its copies (``stats.duplicates``, then each
-    append's; a report that dropped nothing lists packed copies), from the manifest or the side file a report
-    names (``repack.manifest.duplicate_groups``, read from ``store``)."""
+def dropped_copies(manifest: dict, store) -> tuple[dict[str, str], dict[str, list[int]]]:
+    """The sources a --dedup dataset left out as copies of a packed sample, in any of its versions (the groups of
+    its ``stats.duplicates`` and of each append's, from the manifest or the side file a report names, read from
+    ``store``; a report that dropped nothing lists packed copies): rel -> the content's sha256 (hex), and rel -> the
+    fingerprint each had when it was left out (where its group recorded one: a report of an older repack has
+    none, and those copies are hashed to be compared). They are inputs without a sample that the record of the
+    inputs does not hold."""
     stats = manifest.get("stats") or {}
     appended = ((a or {}).get("duplicates") or {} for a in stats.get("appended", ()))
-    return [group for report in [stats.get("duplicates") or {}, *appended] if report.get("dropped")
-            for group in report_groups(report, store.read_bytes, store.url, manifest.get("file_digests") or {})]
-
-
-def dropped_copies(groups: list[dict]) -> dict[str, str]:
-    """The sources a --dedup dataset left out as copies of a packed sample, in any of its versions (of
-    ``dropping_groups``): rel -> the content's sha256 (hex). They are inputs without a sample that the record of
-    the inputs does not hold."""
-    return {rel: group.get("sha256") for group in groups for rel in group.get("paths", ())[1:]}
-
-
-def dropped_prints(groups: list[dict]) -> dict[str, list[int]]:
-    """Of ``dropped_copies``, the fingerprint each had when it was left out (its group's ``prints``; a report of an
-    older repack has none: those copies are hashed to be compared)."""
-    return {rel: list(found) for group in groups
-            if isinstance(group.get("prints"), list) and len(group["prints"]) == len(group.get("paths", ())) - 1
-            for rel, found in zip(group["paths"][1:], group["prints"]) if isinstance(found, list) and found}
+    copies: dict[str, str] = {}
+    prints: dict[str, list[int]] = {}
+    for report in [stats.get("duplicates") or {}, *appended]:
+        if report.get("dropped"):
+            rels, shas, found = report_dropped(report, store.read_bytes, store.url, manifest.get("file_digests") or {})
+            copies.update(zip(rels, shas))
+            prints.update((rel, fingerprint) for rel, fingerprint in zip(rels, found) if fingerprint)
+    return copies, prints
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from repack.errors import UsageError
-from repack.lifecycle.input_record import dataset_record, dropped_copies, dropping_groups, remove_delta
+from repack.lifecycle.input_record import dataset_record, dropped_copies, remove_delta
 from repack.lifecycle.publish import (current_version, drop_rewrite_temps, locked_dataset, promote_pending, publish,
                                       write_inputs_record)
 from repack.lifecycle.record_layers import RecordLayers, record_layers
@@ -223,7 +223,7 @@ def quarantined_named(current: dict, names) -> frozenset[str]:
 def dropped_copies_named(store, current: dict, known: RecordLayers | None, names: set[str]) -> frozenset[str]:
     """The names that are copies the --dedup dataset left out and no remove took down yet: a takedown of one is
     recorded, so that no append packs it once its kept copy is gone."""
-    named = sorted(names & set(dropped_copies(dropping_groups(current, store))))
+    named = sorted(names & set(dropped_copies(current, store)[0]))
     if not named:
         return frozenset()
     from repack.lifecycle.input_columns import encode_names
