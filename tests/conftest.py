@@ -39,13 +39,11 @@ def read_manifest_json(out: Path) -> dict:
 def duplicate_groups(out, report: dict) -> list[dict]:
     """Every group of a ``stats.duplicates`` report of the dataset in ``out``: its ``list``, or the side file it
     names when the manifest lists fewer (``repack.manifest.duplicate_groups``)."""
-    from repack.manifest.duplicate_groups import report_groups
+    from repack.manifest.duplicate_groups import decode
 
-    def read(rel: str) -> bytes | None:
-        path = Path(out) / rel
-        return path.read_bytes() if path.is_file() else None
-
-    return list(report_groups(report, read, str(out)))
+    if not report.get("file"):
+        return list(report.get("list") or ())
+    return list(decode((Path(out) / report["file"]).read_bytes(), f"{out}/{report['file']}"))
 
 
 def sample_paths(out) -> list[str]:

@@ -6,7 +6,7 @@ reader that opened a smaller one parsed them all. Now the manifest lists at most
 (``REPACK_DUPLICATES_LISTED``, default 1,000: what reports show); beyond that the report names a side file
 (``file``) that holds every group, and the manifest's ``files``/``file_digests`` name it with its size and sha256
 (``repack verify`` checks them; gc, pull and s3:// publish move it with the version). Those that need every
-group (an --append's dropped copies, a remove's takedown of one) read it through ``report_groups``.
+group (an --append's dropped copies, a remove's takedown of one) read them through ``report_dropped``.
 
 Layout (integers little-endian; no pickle):
   b"repack-duplicate-groups 1\\n"
@@ -179,21 +179,13 @@ def _checked_file(report: dict, read: Callable[[str], bytes | None], where: str,
     return raw
 
 
-def report_groups(report: dict, read: Callable[[str], bytes | None], where: str,
-                  digests: dict | None = None) -> Iterator[dict]:
-    """Every group of a ``stats.duplicates`` report: its side file's (``file``, read with ``read``; ``where``
-    names the dataset in errors; checked against ``digests`` where given) when it names one, else its ``list``."""
-    if not report.get("file"):
-        yield from report.get("list") or ()
-        return
-    yield from decode(_checked_file(report, read, where, digests), f"{where}/{report['file']}")
-
-
 def report_dropped(report: dict, read: Callable[[str], bytes | None], where: str,
                    digests: dict | None = None) -> tuple[list[str], list[str], list[list[int]]]:
-    """Of a report's groups (as ``report_groups`` finds them): every path after its group's first (a dropped copy,
-    where the report dropped them), its group's sha256 (hex) and the fingerprint recorded for it ([] when none), in
-    order; from a side file as columns (a dict per group cost ~7 s at a million groups)."""
+    """Of a ``stats.duplicates`` report's groups (its side file's, ``file``, read with ``read`` and checked against
+    ``digests`` where given; ``where`` names the dataset in errors; else its ``list``): every path after its group's
+    first (a dropped copy, where the report dropped them), its group's sha256 (hex) and the fingerprint recorded
+    for it ([] when none), in order; from a side file as columns (a dict per group cost ~7 s at a million
+    groups)."""
     if not report.get("file"):
         rels, shas, found = [], [], []
         for group in report.get("list") or ():
@@ -206,11 +198,10 @@ def report_dropped(report: dict, read: Callable[[str], bytes | None], where: str
                 found.append(list(fingerprint) if isinstance(fingerprint, list) else [])
         return rels, shas, found
     cols = columns(_checked_file(report, read, where, digests), f"{where}/{report['file']}")
-    count = len(cols.name_ends)
-    first = np.zeros(count, bool)
-    first[np.concatenate([np.zeros(1, np.int64), cols.group_ends[:-1]])[:len(cols.group_ends)]] = True
-    rows = np.flatnonzero(~first)
-    group_of = np.repeat(np.arange(len(cols.group_ends)), np.diff(cols.group_ends, prepend=0))[rows]
+    sizes = np.diff(cols.group_ends, prepend=0)
+    group_of = np.repeat(np.arange(len(sizes)), sizes)  # each path's group
+    rows = np.flatnonzero(np.arange(len(group_of)) != (cols.group_ends - sizes)[group_of])  # all but the first
+    group_of = group_of[rows]
     hexed = cols.digests.tobytes().hex()
     shas = [hexed[64 * g:64 * g + 64] for g in group_of.tolist()]
     lens, prints = cols.lens[rows], cols.prints[rows]
