@@ -141,3 +141,30 @@ def test_a_plan_whose_names_cannot_be_decoded_makes_remove_read_every_shard(tmp_
     assert done.published and done.removed == 1 and not done.not_found
     assert "cat/c2.jpg" not in packed_sources(out) and len(packed_sources(out)) == before - 1
     assert run_repack("verify", out).returncode == 0
+
+
+def test_names_looked_up_once_are_answered_again_without_the_layers():
+    """A remove asks for its names twice (held as given? then where?): the second time, and for a subset or a
+    mix with new names, the layers see only names never asked for, and the answers stay the merged record's."""
+    from repack.lifecycle.record_layers import RecordLayers
+
+    asked: list[list[bytes]] = []
+
+    def layer(held: dict[bytes, int]):
+        def find(names: np.ndarray):
+            asked.append(names.tolist())
+            found = [held.get(name, -1) for name in names.tolist()]
+            return np.array(found, np.int64), np.array([name in held for name in names.tolist()], bool)
+        return find
+
+    newer, older = layer({b"a": 5, b"c": -1}), layer({b"a": 1, b"b": 2, b"c": 3})
+    layers = RecordLayers((newer, older), 6, lambda: None)
+    names = np.array([b"a", b"b", b"c", b"zz"])
+    first = layers.positions_of(names)
+    assert first[0].tolist() == [5, 2, 3, -1] and first[1].tolist() == [True, True, True, False]
+    assert len(asked) == 2
+    again = layers.positions_of(names)
+    assert [column.tolist() for column in again] == [column.tolist() for column in first] and len(asked) == 2
+    mixed = layers.positions_of(np.array([b"b", b"d", b"zz"]))
+    assert mixed[0].tolist() == [2, -1, -1] and mixed[1].tolist() == [True, False, False]
+    assert asked[2:] == [[b"d"], [b"d"]]  # only the new name, in each layer

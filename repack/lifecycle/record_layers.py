@@ -36,6 +36,7 @@ class RecordLayers:
     next_position: int
     derive_whole: Callable[[], InputColumns] = field(repr=False, compare=False)
     _whole: list = field(default_factory=list, repr=False, compare=False)
+    _seen: list = field(default_factory=list, repr=False, compare=False)  # [(names, positions, recorded)] looked up
 
     @classmethod
     def of(cls, whole: InputColumns) -> "RecordLayers":
@@ -44,14 +45,28 @@ class RecordLayers:
 
     def positions_of(self, names: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the position the merged record gives each of ``names`` (sorted unique ``S`` array), -1 where
-        it gives none; whether the record holds it)."""
+        it gives none; whether the record holds it). Names looked up before are answered from what was
+        found then: a remove asks for the same names twice (which are held as given, then where they are),
+        and a lookup in version 1's plan decodes every planned name."""
         position = np.full(len(names), -1, np.int64)
         recorded = np.zeros(len(names), bool)
+        seen = self._seen[0] if self._seen else (np.zeros(0, "S1"), position[:0], recorded[:0])
+        at = np.searchsorted(seen[0], names).clip(0, max(0, len(seen[0]) - 1))
+        known = seen[0][at] == names if len(seen[0]) else np.zeros(len(names), bool)
+        position[known], recorded[known] = seen[1][at[known]], seen[2][at[known]]
+        new = np.flatnonzero(~known)
+        if not len(new):
+            return position, recorded
+        asked = names[new]
         for layer in self.layers:
-            found_at, holds = layer(names)
-            take = holds & (position < 0)
-            position[take] = found_at[take]
-            recorded |= holds
+            found_at, holds = layer(asked)
+            take = holds & (position[new] < 0)
+            position[new[take]] = found_at[take]
+            recorded[new] |= holds
+        merged = np.concatenate([seen[0], asked])
+        order = np.argsort(merged, kind="stable")
+        self._seen[:] = [(merged[order], np.concatenate([seen[1], position[new]])[order],
+                          np.concatenate([seen[2], recorded[new]])[order])]
         return position, recorded
 
     def whole(self) -> InputColumns:
