@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu/device_env.sh
 W=${W:-/tmp/rmw}; N=${N:-1000000}; ROUNDS=${ROUNDS:-3}
-mkdir -p "$W/old" && tar -x -C "$W/old" -f old-repack.tar
+mkdir -p "$W/old" && tar -x -C "$W/old" -f old-repack.tar && python3 -m compileall -q -j 0 "$W/old" >/dev/null
 echo "nproc $(nproc); $(python3 -V); load $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$W" "$N" <<'PY'
 import sys, time, random
@@ -18,7 +18,7 @@ w, n = Path(sys.argv[1]), int(sys.argv[2])
 if not (w / "jpg.complete").exists():
     t = time.perf_counter(); tiny_jpegs(w / "jpg", 0, n); (w / "jpg.complete").write_text("ok")
     print(f"generated {n} in {time.perf_counter() - t:.1f} s", flush=True)
-for folder in range(100, 120):
+for folder in range(100, 130):
     (w / f"names{folder}.txt").write_text("".join(f"{file_path(Path(''), i, '.jpg').as_posix()}\n" for i in range(folder, n, CLASSES)))
 chosen = sorted(random.Random(0).sample(range(n), 1000))
 for k in range(4):
@@ -47,7 +47,11 @@ for r in $(seq 1 "$ROUNDS"); do
   for tree in old new; do
     sync
     pp=$([ $tree = old ] && echo "$W/old:$PYTHONPATH" || echo "$PYTHONPATH")
-    echo "== $tree class folder $folder"
+    echo "== $tree class folder $folder, the command"
+    PYTHONPATH=$pp timed python3 -m repack remove "$W/out" --sources "$W/names$folder.txt" --quiet
+    folder=$((folder + 1))
+    sync
+    echo "== $tree class folder $folder, its steps"
     PYTHONPATH=$pp timed python3 -m tests.tools.remove_timeline "$W/out" "$W/names$folder.txt"
     folder=$((folder + 1))
   done
@@ -55,7 +59,7 @@ done
 k=0
 for tree in old new; do
   sync; pp=$([ $tree = old ] && echo "$W/old:$PYTHONPATH" || echo "$PYTHONPATH")
-  echo "== $tree random 1000 names ($k)"
-  PYTHONPATH=$pp timed python3 -m tests.tools.remove_timeline "$W/out" "$W/random$k.txt"
+  echo "== $tree random 1000 names ($k), the command"
+  PYTHONPATH=$pp timed python3 -m repack remove "$W/out" --sources "$W/random$k.txt" --quiet
   k=$((k + 1))
 done

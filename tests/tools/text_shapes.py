@@ -34,8 +34,8 @@ def parse_shape(text: str) -> tuple[int, int] | None:
         return None
     processes, _, threads = text.partition("x")
     shape = int(processes), int(threads)
-    if min(shape) < 1:
-        raise ValueError(f"shape {text!r}: processes and threads must be >= 1")
+    if shape[0] < 1 or shape[1] < 0:
+        raise ValueError(f"shape {text!r}: processes must be >= 1, threads >= 0 (0: no Rust pool)")
     return shape
 
 
