@@ -58,3 +58,23 @@ def test_state_bytes_is_what_the_manifest_does_not_name(tmp_path):
     state = [p for p in out.rglob("*") if p.is_file() and p not in manifests | named]
     assert state and all(".repack" in p.relative_to(out).parts for p in state)
     assert state_bytes(out) == sum(p.stat().st_size for p in state) > 0
+
+
+def test_the_text_part_is_sized_apart_and_shapes_may_run_without_a_rust_pool(monkeypatch):
+    """REPACK_BENCH_SCALE_TEXT_FILES sizes the text part (issue 26 item 7 names 1M files), else N/2; a
+    text_shapes shape of 0 threads is a worker without tokenizers' Rust pool, and a pool of 0 processes is refused."""
+    import pytest
+
+    from tests.benchmarks.bench_scale import text_files
+    from tests.tools.text_shapes import parse_shape
+
+    monkeypatch.delenv("REPACK_BENCH_SCALE_TEXT_FILES", raising=False)
+    assert text_files(1_000_000) == 500_000 and text_files(1) == 1
+    monkeypatch.setenv("REPACK_BENCH_SCALE_TEXT_FILES", "1000000")
+    assert text_files(200_000) == 1_000_000
+    monkeypatch.setenv("REPACK_BENCH_SCALE_TEXT_FILES", "0")
+    with pytest.raises(ValueError, match="at least 1"):
+        text_files(200_000)
+    assert parse_shape("16x0") == (16, 0) and parse_shape("8x2") == (8, 2) and parse_shape("auto") is None
+    with pytest.raises(ValueError, match="processes must be >= 1"):
+        parse_shape("0x1")

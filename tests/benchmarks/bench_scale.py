@@ -1,8 +1,8 @@
 """Benchmark of issue 26: repack at many tiny files, against baselines measured in the same run.
 
 Data: N = REPACK_BENCH_SCALE_FILES (default 200,000) tiny JPEGs (32x32, ~700 B, 1,000 class folders)
-and N/2 text files of ~770 B (tests/benchmarks/tiny_files.py), generated once into OUT/scale-data and
-reused; page cache warm. W = the usable CPUs (sched_getaffinity). Every command runs as users run it
+and N/2 text files of ~770 B (REPACK_BENCH_SCALE_TEXT_FILES sizes them apart; tests/benchmarks/tiny_files.py),
+generated once into OUT/scale-data and reused; page cache warm. W = the usable CPUs (sched_getaffinity). Every command runs as users run it
 (`python -m repack ...`, default options), in its own process, once (the pack part's two scripts and two
 repack packs, and the text part's script and `repack text`: REPACK_BENCH_REPEATS rounds, default 2,
 alternated, best wall); wall seconds; the peak memory of a
@@ -28,7 +28,8 @@ change, repack's figure / the budget or the full pack, <= 1 / <= 0.15 meets the 
             workers), each in a fresh process: samples/s over the epoch from opening the dataset; the
             workers' peak RSS (VmHWM, largest worker) growth per sample, against the same reader over
             min(1,000, N/10) samples; open + first batch seconds
-  text      `repack text SRC OUT --doc-per file --tokenizer GPT-2` on N/2 .txt files vs a bare script,
+  text      `repack text SRC OUT --doc-per file --tokenizer GPT-2` on N/2 (or REPACK_BENCH_SCALE_TEXT_FILES)
+            .txt files vs a bare script,
             one process per core, each reading a contiguous slice of the sorted files and calling
             tokenizers' encode_batch_fast; its manifest bytes (vs the same on min(1,000, N/20) files), its
             state and RSS as for images
@@ -614,10 +615,19 @@ def many_shards_row(work: Path, n: int, workers: int, packed_first: float) -> di
                note=f"open {got['open_s']:.2f} s, first batch {got['first_batch_s']:.2f} s; {samples} samples")
 
 
+def text_files(n: int) -> int:
+    """The text part's file count: REPACK_BENCH_SCALE_TEXT_FILES, else N/2 (issue 26 item 7 names 1M files:
+    ``REPACK_BENCH_SCALE_PARTS=text REPACK_BENCH_SCALE_TEXT_FILES=1000000``)."""
+    count = int(os.environ.get("REPACK_BENCH_SCALE_TEXT_FILES") or max(1, n // 2))
+    if count < 1:
+        raise ValueError(f"REPACK_BENCH_SCALE_TEXT_FILES={count}: at least 1 file")
+    return count
+
+
 def part_text(data: Path, work: Path, n: int, cpus: int) -> list[dict]:
     from tests.tools.text import gpt2_tokenizer, write_tokenizer
 
-    count = max(1, n // 2)
+    count = text_files(n)
     src = dataset(data, "txt", count)
     small_src = dataset(data, "txt", small_count(count))
     warm(src)
@@ -692,7 +702,7 @@ def main(out_dir: str | os.PathLike = "bench-out") -> dict:
         print(table(got, f"[scale] {name}: {seconds[name]:.0f} s"), file=sys.stderr, flush=True)
         rows += got
     inputs = [f"{n} tiny JPEGs ({payload / n:.0f} B mean, {min(n, CLASSES)} folders)"] if images else []
-    inputs += [f"{max(1, n // 2)} .txt files"] if "text" in parts else []
+    inputs += [f"{text_files(n)} .txt files"] if "text" in parts else []
     header = (f"scale: {' and '.join(inputs)}, {cpus} usable CPUs, warm page cache, load average "
               f"{os.getloadavg()[0]:.1f}; seconds per part: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
     text = table(rows, header)
