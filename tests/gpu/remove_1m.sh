@@ -20,7 +20,6 @@ if not (w / "jpg.complete").exists():
     print(f"generated {n} in {time.perf_counter() - t:.1f} s", flush=True)
 for folder in range(100, 130):
     (w / f"names{folder}.txt").write_text("".join(f"{file_path(Path(''), i, '.jpg').as_posix()}\n" for i in range(folder, n, CLASSES)))
-chosen = sorted(random.Random(0).sample(range(n), 1000))
 for k in range(4):
     chosen = sorted(random.Random(k).sample(range(n), 1000))
     (w / f"random{k}.txt").write_text("".join(f"{file_path(Path(''), i, '.jpg').as_posix()}\n" for i in chosen))

@@ -3,8 +3,8 @@
     python -m tests.tools.remove_timeline OUT NAMES_FILE
 
 Runs ``remove_samples`` in this process with its main steps wrapped, and prints one JSON line per step
-(``{"step", "start", "end"}``) to stderr and a last JSON line with the whole wall time, the samples removed
-and the Python start-up before the first import of repack. Whatever ``repack`` is first on PYTHONPATH runs (an
+(``{"step", "start", "end"}``) to stderr, then one to stdout: the samples removed, the seconds importing
+repack's remove (numpy with it) and the seconds of the remove itself. Whatever ``repack`` is first on PYTHONPATH runs (an
 older tree exported with `git archive <commit> repack` and put first compares two versions); steps an older
 tree lacks are left out.
 """
