@@ -168,3 +168,25 @@ def test_names_looked_up_once_are_answered_again_without_the_layers():
     mixed = layers.positions_of(np.array([b"b", b"d", b"zz"]))
     assert mixed[0].tolist() == [2, -1, -1] and mixed[1].tolist() == [True, False, False]
     assert asked[2:] == [[b"d"], [b"d"]]  # only the new name, in each layer
+
+
+def test_the_remove_timeline_tool_times_a_real_remove_step_by_step(tmp_path, capsys):
+    """tests/tools/remove_timeline.py (the device's step-by-step figures) runs a real remove: the dog
+    folder's samples are gone, and each step it names ends after it starts, inside the remove."""
+    import json
+
+    from tests.tools.remove_timeline import main
+
+    src, out = make_source(tmp_path / "src"), tmp_path / "out"
+    run_repack("images", src, out, "--quiet")
+    names = tmp_path / "dogs.txt"
+    names.write_text("".join(f"dog/d{i}.jpg\n" for i in range(4)))
+    summary = main([str(out), str(names)])
+    assert summary["removed"] == 4 and read_manifest_json(out)["totals"]["samples"] == 5
+    steps = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    named = {step["step"] for step in steps}
+    assert {"published_record", "held_spellings", "copy_kept", "publish"} <= named
+    assert all(0 <= step["start"] <= step["end"] for step in steps)
+    import repack.lifecycle.remove as remove
+
+    assert not any(hasattr(getattr(remove, name), "__wrapped__") for name in ("publish", "held_spellings"))  # unwrapped
