@@ -2,8 +2,8 @@
 
 Data: N = REPACK_BENCH_SCALE_FILES (default 200,000) tiny JPEGs (32x32, ~700 B, 1,000 class folders)
 and N/2 text files of ~770 B (REPACK_BENCH_SCALE_TEXT_FILES sizes them apart; tests/benchmarks/tiny_files.py),
-generated once into OUT/scale-data and reused; page cache warm. W = the usable CPUs (sched_getaffinity). Every command runs as users run it
-(`python -m repack ...`, default options), in its own process, once (the pack part's two scripts and two
+generated once into OUT/scale-data and reused; page cache warm. W = the usable CPUs (sched_getaffinity).
+Every command runs as users run it (`python -m repack ...`, default options), in its own process, once (the pack part's two scripts and two
 repack packs, and the text part's script and `repack text`: REPACK_BENCH_REPEATS rounds, default 2,
 alternated, best wall); wall seconds; the peak memory of a
 process tree is the largest sum of its processes' PSS (proportional set size: a page shared by forked
