@@ -4,8 +4,8 @@
 
 WORK holds the data (N .txt files of ~700 B from ``tests.benchmarks.tiny_files``, made once, and GPT-2's
 tokenizer.json) and the outputs. A shape ``PxT`` runs ``repack text SRC OUT --doc-per file --tokenizer TOK
---workers P`` with ``REPACK_TOKENIZER_THREADS=T`` (``repack.transforms.tokenizer_threads``); ``auto`` runs it with
-neither (the default rule). Each round runs the bare script of the scale bench (``bench_scale.TOKENIZE_SCRIPT``,
+--workers P`` with ``REPACK_TOKENIZER_THREADS=T`` (``repack.transforms.tokenizer_threads``; T = 0: no Rust pool,
+each worker encodes on its own thread); ``auto`` runs it with neither (the default rule). Each round runs the bare script of the scale bench (``bench_scale.TOKENIZE_SCRIPT``,
 one single-thread process per usable CPU) and then every shape of every TREE (a checkout run as
 ``python -m repack`` with that PYTHONPATH; default: this one), one at a time, so a paired comparison
 shares the machine's state. Per run one JSON line; at the end per (tree, shape) the best wall and CPU
