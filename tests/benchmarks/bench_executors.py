@@ -104,6 +104,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _comm(pid: int) -> str:
+    """A process's name, "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 class RayHead:
     """`ray start --head --block` in a session of its own (its raylet, GCS and workers with it); its Ray
     workers import repack from ``tree``."""
@@ -126,12 +134,13 @@ class RayHead:
         time.sleep(2.0)  # its idle workers prestarted, as on a cluster that has been up a while
 
     def _ready(self) -> bool:
+        """Its GCS answers and its raylet runs (on a loaded host the raylet starts seconds after the GCS)."""
         host, port = self.address.split(":")
         try:
             socket.create_connection((host, int(port)), timeout=1).close()
-            return True
         except OSError:
             return False
+        return any(_comm(pid) == "raylet" for pid in self.session())
 
     def cpu_by_pid(self) -> dict[int, int]:
         """{pid: CPU ticks so far} of the head's processes (an exited one's are in its stat until reaped)."""
