@@ -292,7 +292,13 @@ class FolderImageDataset:
 
 
 def torch_files(root, manifest: Manifest, setting: Setting, opts: BenchOptions) -> Run:
-    exclude = {str(q.get("source")) for q in manifest.quarantine}
+    from repack.manifest.quarantine_records import every_record
+
+    def read(rel: str) -> bytes | None:
+        path = manifest.path(rel)
+        return path.read_bytes() if path.is_file() else None
+
+    exclude = {str(q.get("source")) for q in every_record(manifest.data, read, str(manifest.root))}
     dataset = FolderImageDataset(opts.source, manifest.classes, exclude, _image_transform(opts))
     return _dataloader(dataset, setting, opts, shuffle=True)
 

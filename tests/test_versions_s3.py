@@ -286,3 +286,28 @@ def test_sources_named_by_whole_paths_are_removed_from_s3_and_text_datasets(serv
     done = run_repack("remove", text, "--sources", tmp_path / "docs.txt")
     assert "1 sample(s) removed, 0 name(s) not found" in done.stdout + done.stderr, done.stdout + done.stderr
     assert run_repack("verify", text).returncode == 0
+
+
+def test_quarantine_side_files_on_s3_equal_local(server, tmp_path, monkeypatch):
+    """Quarantine records beyond the listed one (``REPACK_QUARANTINE_LISTED=1``) in each version's side file: the
+    same files on s3:// as on a folder through a pack, an append and a remove; inspect reads every record there."""
+    from tests.test_quarantine_records import bad_inputs
+
+    s3 = client(server.endpoint)
+    s3.create_bucket(Bucket="crawl")
+    monkeypatch.setenv("REPACK_QUARANTINE_LISTED", "1")  # both runs of each step
+    env = {**s3_env(server.endpoint), "REPACK_SCRATCH": str(tmp_path / "scratch")}
+    src, local, url = make_source(tmp_path / "src"), tmp_path / "local", "s3://crawl/ds"
+    bad_inputs(src / "cat", 3)
+    (tmp_path / "takedown.txt").write_text("cat/bad1.jpg\n")
+    steps = [lambda out: ("images", src, out, "--quiet"),
+             lambda out: ("images", src, out, "--append", "--quiet"),
+             lambda out: ("remove", out, "--sources", tmp_path / "takedown.txt", "--quiet")]
+    for number, step in enumerate(steps):
+        if number == 1:
+            bad_inputs(src / "emu", 2, "e")
+        remote = same_step_same_files(step, local, url, env, s3, number)
+    assert {name for name in remote if name.endswith(".records")} == \
+        {"quarantine.records", "quarantine-v2.records", "quarantine-v3.records"}
+    listed = [json.loads(line) for line in run_repack("inspect", url, "--quarantine", env=env).stdout.splitlines()]
+    assert [r["source"] for r in listed] == ["cat/bad0.jpg", "cat/bad2.jpg", "emu/e0.jpg", "emu/e1.jpg"]

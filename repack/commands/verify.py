@@ -68,12 +68,25 @@ def verify(out, json_out, version, workers):
         sys.exit(VERIFICATION_EXIT_CODE)
 
 
+def print_quarantine(files) -> None:
+    """Every quarantine record of the dataset, a JSON line each (from the side file where the manifest names one)."""
+    from repack.manifest.quarantine_records import every_record
+
+    out = click.get_text_stream("stdout")
+    for record in every_record(files.manifest.data, files.read_if_present, files.where):
+        out.write(json.dumps(record, sort_keys=True) + "\n")
+    out.flush()
+
+
 @click.command("inspect")
 @click.argument("out", type=LOCATION)
 @click.option("--json", "json_out", is_flag=True, help="Print the summary as JSON (the data the HTML report shows).")
 @click.option("--html", "html_file", default=None, metavar="FILE",
               help="Also write a self-contained HTML report (charts inline, no network) to FILE.")
-def inspect(out, json_out, html_file):
+@click.option("--quarantine", "every_quarantined", is_flag=True,
+              help="Print every quarantine record instead, one JSON object per line (the manifest lists the first "
+                   "1,000, REPACK_QUARANTINE_LISTED; the rest are in its side file quarantine.records).")
+def inspect(out, json_out, html_file, every_quarantined):
     """Summarize the dataset in OUT (a folder or s3://bucket/prefix): counts, sizes, classes, quarantine,
     timing; --html draws it."""
     from repack.errors import VerificationError
@@ -85,6 +98,9 @@ def inspect(out, json_out, html_file):
 
     require_dataset_folder(out)
     files = open_dataset(out)
+    if every_quarantined:
+        print_quarantine(files)
+        return
     missing = missing_files(files)
     # the figures below are the manifest's claims about files that are not there: said first, and exit 5
     damage = (f"{out} is damaged: {'; '.join(missing[:3])}{f' (and {len(missing) - 3} more)' if len(missing) > 3 else ''}"

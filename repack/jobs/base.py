@@ -264,8 +264,11 @@ class Job:
         """Files a job of this kind with ``spec`` (its JSON form) writes under fixed names, beside what its task
         records list (an LMDB's ``data.lmdb``; a text job's merged prefix and tokenizer copy; a video job's
         ``probe.jsonl``): --overwrite deletes those of the job it replaces (its ``job.json``) and its own, even
-        before a manifest names them (a run killed in its finish step), so that none is left or taken for its own."""
-        return set()
+        before a manifest names them (a run killed in its finish step), so that none is left or taken for its own.
+        Every job: the quarantine side file (``repack.manifest.quarantine_records``)."""
+        from repack.manifest.quarantine_records import file_name
+
+        return {file_name(1)}
 
     @classmethod
     def written_beside(cls, output: str) -> set[str]:

@@ -61,8 +61,11 @@ from repack.jobs.base import (PLAN_NAME, STATE_DIR, Job, Plan, Task, build_plan,
 from repack.jobs.progress import progress_reporter
 from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_workers_lock, open_lock_file, run_part,
                                    wait_for_old_workers)
-from repack.manifest import MANIFEST_NAME, Manifest, PathEscapeError, dumps_canonical, safe_join, write_manifest
-from repack.manifest.io import sweep_write_temps
+from repack.manifest import (MANIFEST_NAME, Manifest, ManifestError, PathEscapeError, dumps_canonical, safe_join,
+                             write_manifest)
+from repack.manifest.io import atomic_write_bytes, sweep_write_temps
+from repack.manifest.quarantine_records import compact as compact_quarantine, file_name as quarantine_file_name, \
+    expand as expand_quarantine, listed_records, side_file as quarantine_side_file
 from repack.manifest.paths import check_relative
 from repack.store import open_store
 from repack.store.local import clear_state_folder
@@ -729,6 +732,7 @@ class Engine:
     def run(self) -> RunResult:
         started = time.time()
         self.job.check()
+        listed_records()  # REPACK_QUARANTINE_LISTED refused now, not after the last task
         refuse_out_inside_source(self.job.spec.source, self.out)
         opts = self.options
         self._plan_ahead = None
@@ -786,6 +790,10 @@ class Engine:
             every_unit = {t.task_id for _, tasks in mine for t in tasks} | {uid for uid, _ in mine}
             if manifest is not None:
                 self._clean_temps(every_unit)  # a worker killed and retried may have left one
+                try:  # every quarantine record, as a run that finished it reports them
+                    manifest = expand_quarantine(manifest, store.read_bytes, store.url)
+                except ManifestError:
+                    pass  # a damaged side file: its listed records (`repack verify` names the file)
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
                 self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
                 return result
@@ -991,10 +999,23 @@ class Engine:
                        **body.pop("run_stats", {})}
         if self._strict_problem(body):
             return body  # not published: _check_outcome withholds it (exit 6)
-        write_manifest(self.out, body, f"{self.job.store.url}/{MANIFEST_NAME}" if self.job.store.remote else None)
+        published = self._compact_quarantine(body)
+        write_manifest(self.out, published, f"{self.job.store.url}/{MANIFEST_NAME}" if self.job.store.remote else None)
         if self.job.store.remote:
-            self._publish_dataset(body, records)
-        return body
+            self._publish_dataset(published, records)
+        return body  # every quarantine record: the summary counts their reasons
+
+    def _compact_quarantine(self, body: dict) -> dict:
+        """``body`` as published: beyond the records a manifest lists, every quarantine record in its side file
+        (``repack.manifest.quarantine_records``), written beside the shards; a side file an earlier run left that
+        this manifest does not name is deleted (a run killed before its manifest, re-run with a higher limit)."""
+        name = quarantine_file_name(1)
+        published = compact_quarantine(body, lambda rel, raw: atomic_write_bytes(self.out / rel, raw), 1)
+        if quarantine_side_file(published) is None:
+            (self.out / name).unlink(missing_ok=True)
+            if self.job.store.remote and self.job.store.size(name) is not None:
+                self.job.store.delete(name)
+        return published
 
     def _hydrate(self, records: list[dict]) -> None:
         """Object store: download intermediate outputs (under .repack/, e.g. text parts) that the

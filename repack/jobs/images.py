@@ -365,7 +365,7 @@ class ImagesJob(Job):
         from repack.sinks.lmdb_sink import BUILD_TMP, DB_NAME
 
         groups = {spec.get("duplicates_file") or groups_file_name()}  # when it lists more groups than the manifest
-        return groups | ({DB_NAME, BUILD_TMP} if spec.get("to") == "lmdb" else set())
+        return groups | ({DB_NAME, BUILD_TMP} if spec.get("to") == "lmdb" else set()) | super().fixed_outputs(spec)
 
     def check(self) -> None:
         listed_groups()  # REPACK_DUPLICATES_LISTED refused now, not after the last task

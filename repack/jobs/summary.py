@@ -25,5 +25,5 @@ def quarantine_lines(quarantine: list[dict], reason_of: Callable[[str], str] = l
         line = f":{record['line']}" if record.get("line") is not None else ""
         lines.append(f"  quarantined: {record.get('source', '?')}{line}: {record.get('reason', '?')}")
     if len(quarantine) > NAMED:
-        lines.append(f"  ... and {len(quarantine) - NAMED} more (`repack inspect OUT --json` lists every one)")
+        lines.append(f"  ... and {len(quarantine) - NAMED} more (`repack inspect OUT --quarantine` lists every one)")
     return lines

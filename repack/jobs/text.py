@@ -247,7 +247,7 @@ class TextJob(Job):
     def fixed_outputs(cls, spec: dict) -> set[str]:
         name = str(spec.get("name") or "")
         prefix = {f"{name}.bin", f"{name}.idx", f"{name}{RUNS_SUFFIX}"} if name and "/" not in name else set()
-        return prefix | {TOKENIZER_COPY}
+        return prefix | {TOKENIZER_COPY} | super().fixed_outputs(spec)
 
     @classmethod
     def written_beside(cls, output: str) -> set[str]:

@@ -236,7 +236,7 @@ class VideoJob(Job):
 
     @classmethod
     def fixed_outputs(cls, spec: dict) -> set[str]:
-        return {"probe.jsonl", "file_list.txt"}
+        return {"probe.jsonl", "file_list.txt"} | super().fixed_outputs(spec)
 
     def check(self) -> None:
         if not os.path.exists(self.spec.source):

@@ -44,10 +44,11 @@ from repack.lifecycle.input_columns import InputColumns
 from repack.lifecycle.input_record import (KnownInputs, append_delta, dataset_record, dropped_copies, held_known,
                                             published_digests)
 from repack.lifecycle.record_child import ChildRecord, record_parts
-from repack.lifecycle.publish import (current_version, locked_dataset, move, promote_pending, publish,
+from repack.lifecycle.publish import (changeable_version, locked_dataset, move, promote_pending, publish,
                                       refuse_names_in_use, remove_prefix, warner, write_inputs_record)
 from repack.manifest import MANIFEST_NAME
 from repack.manifest.duplicate_groups import file_name as groups_file_name
+from repack.manifest.quarantine_records import expand as expand_quarantine
 from repack.manifest.paths import PathEscapeError, no_links_below
 from repack.manifest.versions import number_of
 from repack.sources.base import copy_base
@@ -124,10 +125,10 @@ def append(spec, options: EngineOptions) -> AppendResult:
     appender = APPENDERS[type(spec).__name__]
     started = time.time()
     with locked_dataset(spec.out) as (store, out):
-        current, current_raw = current_version(store)
+        current, current_raw = changeable_version(store)
         promoted = promote_pending(store, current, warner(options.log_json))
         if promoted is not None:  # a writer killed between its two writes (any writer: a remove too): its version
-            current, current_raw = current_version(store)  # is the latest now, and this append goes on from it
+            current, current_raw = changeable_version(store)  # is the latest now, and this append goes on from it
         refusal = appender.accepts(current, spec)
         if refusal is not None:
             raise UsageError(f"--append: {store.url} {refusal}")
@@ -192,7 +193,8 @@ def append(spec, options: EngineOptions) -> AppendResult:
             known = known.record()
             if store.remote:  # the staged job wrote its shards through a store object of its own
                 store.forget_listing()
-            staged = json.loads(job.store.read_bytes(MANIFEST_NAME))
+            staged = expand_quarantine(json.loads(job.store.read_bytes(MANIFEST_NAME)), job.store.read_bytes,
+                                       job.store.url)
             refusal = appender.staged_refusal(current, staged) if appender.staged_refusal is not None else None
             if refusal is not None:
                 remove_prefix(store, f"{stage}/")

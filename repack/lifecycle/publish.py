@@ -36,6 +36,8 @@ from repack.lifecycle.first_record import has_plan, plan_inputs, version_one_rec
 from repack.lifecycle.input_columns import InputColumns, from_json_record, merged, parse_record, record_depth, to_bytes
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
 from repack.manifest.caps import check_declared_counts, check_manifest_size, check_written_size
+from repack.manifest.quarantine_records import (compact as compact_quarantine, expand as expand_quarantine,
+                                               listed_records)
 from repack.lifecycle.version_names import version_names
 from repack.manifest.versions import VERSION_KEY, number_of, stamp, version_file
 
@@ -183,6 +185,17 @@ def current_version(store) -> tuple[dict, bytes]:
     return data, raw
 
 
+def changeable_version(store) -> tuple[dict, bytes]:
+    """``current_version`` with every quarantine record listed (from the side file the manifest names, checked
+    against its digest), the form a change derives the next version from."""
+    listed_records()  # REPACK_QUARANTINE_LISTED refused before anything changes
+    data, raw = current_version(store)
+    try:
+        return expand_quarantine(data, store.read_bytes, store.url), raw
+    except ManifestError as exc:
+        raise UsageError(f"{exc}; nothing changed") from None
+
+
 @dataclass(frozen=True)
 class Settled:
     """What ``settle_pending`` did: ``promoted`` (the pending version's data, now the latest) or
@@ -260,10 +273,13 @@ def promote_pending(store, current: dict, say: Callable[[str], None] | None = No
 
 def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, change: dict,
             say: Callable[[str], None] | None = None) -> dict:
-    """Publish ``body`` as the version after ``current``, recording ``change``; returns its data. Other loaders'
-    views of the dataset follow it (``foreign.refresh_views``: ``say`` warns of one repack cannot rewrite)."""
+    """Publish ``body`` (every quarantine record listed) as the version after ``current``, recording ``change``;
+    returns its data with every record (what is written lists a few, the rest in the version's side file:
+    ``repack.manifest.quarantine_records``). Other loaders' views of the dataset follow it
+    (``foreign.refresh_views``: ``say`` warns of one repack cannot rewrite)."""
     raise_if_interrupted()  # a signal whose raise was swallowed: nothing is published after it
-    data = stamp(body, current, change)
+    full = stamp(body, current, change)
+    data = compact_quarantine(full, store.put_bytes, number_of(full))
     Manifest(out, data).validate()
     store.check_lock()  # an object store's lock taken over by another run: publish nothing
     if number_of(current) == 1 and store.read_bytes(version_file(1)) is None:
@@ -274,7 +290,7 @@ def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, cha
     store.put_bytes(MANIFEST_NAME, raw)
     clear_leftovers(store, number_of(data), set(Manifest(out, data).named_files()))
     refresh_other_views(store, Manifest(out, data), say)
-    return data
+    return full
 
 
 def refresh_other_views(store, manifest: Manifest, say: Callable[[str], None] | None = None) -> None:
@@ -296,10 +312,11 @@ def leftover_pattern(number: int) -> re.Pattern:
     """The names repack's writers give the files they add to a dataset for version ``number`` (an append's
     ``shard-vN-XXXXXX.tar``, a rewrite's ``<stem>-vN.tar``, a token prefix's ``<prefix>-vN.bin``, an LMDB's
     ``data-vN.lmdb``, a video append's ``videos-vN/``, ``probe-vN.jsonl`` and ``file_list-vN.txt``, an image
-    append's ``duplicates-vN.groups``, with their side files and hidden temp files)."""
+    append's ``duplicates-vN.groups``, a version's ``quarantine-vN.records``, with their side files and hidden temp
+    files)."""
     n = int(number)
     return re.compile(rf"\.?(?:shard-v{n}-[0-9]+\.(?:tar|idx|crc)|[^/]+-v{n}(?:[-_][0-9]+)?\.(?:tar|idx|crc|lmdb|bin|sources)"
-                      rf"|probe-v{n}\.jsonl|file_list-v{n}\.txt|duplicates-v{n}\.groups|videos-v{n}/.+)(?:\.tmp-[0-9]+|\.[^/]+\.tmp)?")
+                      rf"|probe-v{n}\.jsonl|file_list-v{n}\.txt|duplicates-v{n}\.groups|quarantine-v{n}\.records|videos-v{n}/.+)(?:\.tmp-[0-9]+|\.[^/]+\.tmp)?")
 
 
 def _dataset_files(store) -> list[str]:

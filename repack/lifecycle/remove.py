@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from repack.errors import UsageError
 from repack.lifecycle.input_record import dataset_record, dropped_copies, remove_delta
-from repack.lifecycle.publish import (current_version, drop_rewrite_temps, locked_dataset, promote_pending, publish,
+from repack.lifecycle.publish import (changeable_version, drop_rewrite_temps, locked_dataset, promote_pending, publish,
                                       write_inputs_record)
 from repack.lifecycle.record_layers import RecordLayers, record_layers
 from repack.manifest.versions import number_of
@@ -236,10 +236,10 @@ def remove_samples(spec: RemoveSpec) -> RemoveResult:
     """Publish the version without the named samples (see the module docstring)."""
     started = time.time()
     with locked_dataset(spec.out) as (store, out):  # out: an object store's scratch holds a shard per rewriting process
-        current, raw = current_version(store)
+        current, raw = changeable_version(store)
         promoted = promote_pending(store, current)
         if promoted is not None:
-            current, raw = current_version(store)
+            current, raw = changeable_version(store)
         rewriter = REWRITERS.get(current["format"])
         if rewriter is None or current["modality"] == "video":
             raise UsageError(f"repack remove rewrites image (webdataset, lmdb) and token memmap datasets; "

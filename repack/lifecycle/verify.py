@@ -21,6 +21,7 @@ from repack.lifecycle.verify_declared import check_declared
 from repack.lifecycle.verify_digests import EarlyDigests, early_files
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, safe_join
 from repack.manifest.io import MANIFEST_TEMP
+from repack.manifest.quarantine_records import ROLE as QUARANTINE_ROLE, side_file as quarantine_side_file
 from repack.manifest.video_entries import entry_problem, video_entries
 from repack.sinks import SINKS
 from repack.sinks.checks import sha256_file
@@ -93,7 +94,11 @@ def totals_problems(manifest) -> list[str]:
     totals = manifest.totals
     if totals.get("samples") != manifest.num_samples:
         problems.append(f"totals.samples {totals.get('samples')} != sum over shards {manifest.num_samples}")
-    if totals.get("quarantined") != len(manifest.quarantine):
+    if quarantine_side_file(manifest.data) is not None:  # the side file's count: quarantine_file_problems
+        if not isinstance(totals.get("quarantined"), int) or totals["quarantined"] < len(manifest.quarantine):
+            problems.append(f"totals.quarantined {totals.get('quarantined')} < the {len(manifest.quarantine)} "
+                            "quarantine records the manifest lists")
+    elif totals.get("quarantined") != len(manifest.quarantine):
         problems.append(f"totals.quarantined {totals.get('quarantined')} != {len(manifest.quarantine)} "
                         "quarantine records")
     shards = manifest.data["shards"]
@@ -255,6 +260,8 @@ def check_all_contents(files, manifest, workers: int | None = None,
                          manifest.data.get("file_digests") or {})
         if manifest.modality == "video" and side.get("file_list"):
             check_file_list(manifest.data, safe_join(root, side["file_list"]), side["file_list"], problems)
+        if isinstance(side.get(QUARANTINE_ROLE), str):
+            problems += quarantine_file_problems(manifest.data, safe_join(root, side[QUARANTINE_ROLE]))
     if manifest.modality == "video":  # what the readers refuse: every entry's class and frame count
         classes = manifest.data.get("classes") if isinstance(manifest.data.get("classes"), dict) else {}
         problems += [f"video {entry['path']}: {problem}" for entry in video_entries(manifest.data)
@@ -266,6 +273,27 @@ def check_all_contents(files, manifest, workers: int | None = None,
             check_listed_videos(videos, root, problems)
     return problems, list(checked.key_hashes), [None if found else counted for found, counted in
                                                 zip(checked.problems, checked.classes)]
+
+
+def quarantine_file_problems(data: dict, path: Path) -> list[str]:
+    """The quarantine side file (``repack.manifest.quarantine_records``) holds ``totals.quarantined`` records and
+    begins with the ones the manifest lists (its size and sha256: ``check_side_files``)."""
+    from repack.manifest.quarantine_records import decode
+
+    rel = quarantine_side_file(data)
+    try:
+        records = decode(path.read_bytes(), rel)
+    except OSError:
+        return []  # missing: check_side_files named it
+    except ManifestError as exc:
+        return [str(exc)]
+    problems = []
+    if len(records) != data["totals"].get("quarantined"):
+        problems.append(f"{rel}: {len(records)} quarantine records, totals.quarantined says "
+                        f"{data['totals'].get('quarantined')}")
+    if records[:len(data["quarantine"])] != data["quarantine"]:
+        problems.append(f"{rel}: its first records are not the ones the manifest lists")
+    return problems
 
 
 def check_listed_videos(videos: list[dict], root, problems: list[str]) -> None:

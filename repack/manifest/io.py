@@ -20,14 +20,15 @@ MANIFEST_TEMP = re.compile(r"\.manifest(\.v[0-9]+)?\.json\..+\.tmp")  # a manife
 
 # a side file's atomic write (``atomic_write_bytes``), unfinished: the names repack writes at a dataset's top
 WRITE_TEMP = re.compile(r"\.(tokenizer\.json|probe(-v[0-9]+)?\.jsonl|file_list(-v[0-9]+)?\.txt|[^/]+\.sources"
-                        r"|duplicates(-v[0-9]+)?\.groups)"
+                        r"|duplicates(-v[0-9]+)?\.groups|quarantine(-v[0-9]+)?\.records)"
                         r"\.[a-z0-9_]{8}\.tmp")
 
 
 def sweep_write_temps(out: str | os.PathLike) -> None:
     """Remove the temp files of a job's atomic writes killed mid-way (``atomic_write_bytes``: its side files
-    ``tokenizer.json``, ``*.sources``, ``probe.jsonl``, ``file_list.txt``, ``duplicates.groups``, and manifests) from
-    the top of dataset folder ``out`` (its only writer holds OUT's lock: no other write is under way)."""
+    ``tokenizer.json``, ``*.sources``, ``probe.jsonl``, ``file_list.txt``, ``duplicates.groups``,
+    ``quarantine.records``, and manifests) from the top of dataset folder ``out`` (its only writer holds OUT's lock:
+    no other write is under way)."""
     for temp in Path(out).glob(".*.tmp"):
         if (WRITE_TEMP.fullmatch(temp.name) or MANIFEST_TEMP.fullmatch(temp.name)) and temp.is_file() and \
                 not temp.is_symlink():

@@ -54,9 +54,7 @@ def collect(root: str | Path | DatasetFiles) -> dict:
         "shards": {"count": len(sizes), "unit": file_unit(data["format"]), "bytes": sum(sizes), "min_bytes": sizes[0] if sizes else 0,
                    "median_bytes": _median(sizes), "max_bytes": sizes[-1] if sizes else 0},
         "fields": data.get("fields", {}), "classes": data.get("classes") or {}, "totals": data.get("totals", {}),
-        "quarantine": {"count": len(manifest.quarantine),
-                       "reasons": counted(q["reason"] for q in manifest.quarantine),
-                       "listed": manifest.quarantine[:QUARANTINE_LISTED]},
+        "quarantine": quarantine_summary(files),
         "stats": merged_stats(data.get("stats", {})),
         "timing": run.get("timing", {}),
         "run": {k: v for k, v in run.items() if k != "timing"},
@@ -176,6 +174,16 @@ def video_tables(files: DatasetFiles) -> dict:
                    for p in probes if p.get("decision") != "ok"][:VIDEO_LISTED],
         "probed": len(probes),
     }
+
+
+def quarantine_summary(files: DatasetFiles) -> dict:
+    """The quarantine's count, its reasons counted and the first records: every record counted, from the side file
+    where the manifest lists only the first (``repack.manifest.quarantine_records``)."""
+    from repack.manifest.quarantine_records import summary
+
+    count, reasons, listed = summary(files.manifest.data, files.read_if_present, files.where, QUARANTINE_LISTED)
+    return {"count": count, "reasons": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "listed": listed}
 
 
 def probe_records(files: DatasetFiles) -> list[dict]:

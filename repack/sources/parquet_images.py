@@ -13,7 +13,7 @@ never read whole); tasks read their rows the same way. A ClassLabel value outsid
 quarantined; string labels are stripped. An ``--image-field`` or label column of another type (a
 nested list, a struct without ``bytes``) is refused with one line. A row whose image is null, or only a path (not
 embedded), is quarantined. The inputs are a ``MemberTable`` (columns, no object per row; its items are
-``MemberItem``\ s): the file's path and fingerprint, the row number and column; rel ``<file rel>/<row>``;
+``MemberItem`` items): the file's path and fingerprint, the row number and column; rel ``<file rel>/<row>``;
 metadata ``source_file``, ``source_key`` (the row) and ``source_path`` (the Image feature's path, when set).
 """
 

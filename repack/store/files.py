@@ -181,6 +181,13 @@ class DatasetFiles:
             f.seek(start)
             return f.read() if length is None else f.read(length)
 
+    def read_if_present(self, rel: str) -> bytes | None:
+        """All bytes of the manifest-relative file ``rel``; None when it is missing."""
+        try:
+            return self.read(rel)
+        except FileNotFoundError:
+            return None
+
     def size(self, rel: str) -> int:
         """Bytes of the manifest-relative file ``rel`` (FileNotFoundError when it is missing)."""
         path = self.manifest.path(rel)

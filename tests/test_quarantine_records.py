@@ -1,0 +1,127 @@
+"""Quarantine records beyond the first few in a columnar side file (``repack.manifest.quarantine_records``): the
+manifest lists ``REPACK_QUARANTINE_LISTED`` of them, ``quarantine.records`` holds every one; verify, inspect, an
+--append, a remove and gc read and carry them, a damaged file is named, and a job with more bad inputs than a
+manifest can list is published under the manifest cap that refused it before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from repack.manifest.quarantine_records import QuarantineFileError, decode, encode, reason_counts, record_count
+from tests.conftest import read_manifest_json, run_repack
+from tests.test_images_job import jpeg_bytes, write_jpegs
+
+RECORDS = [
+    {"source": "cat/a.jpg", "reason": "truncated JPEG"},
+    {"source": "cat/b.jpg", "reason": "not a recognized image format"},
+    {"source": "docs/x.txt", "line": None, "reason": "not UTF-8"},
+    {"source": "docs/y.jsonl", "line": 7, "reason": "no text field", "no_documents": True},
+    {"seg": 3, "line": 4, "reason": "empty"},  # a text task's record before its source is named
+    {"source": "v/clip.mp4", "reason": "transcode failed: x", "codes": ["transcode_failed"], "frames_in": 12},
+    {"source": "caf\u00e9/\udcff.jpg", "reason": "truncated JPEG"},  # a name that is not UTF-8 on disk
+    {"source": "cat/c.jpg"},
+]
+
+
+def test_records_come_back_as_they_were_written():
+    raw = encode(RECORDS)
+    assert decode(raw, "f") == RECORDS and record_count(raw, "f") == len(RECORDS)
+    assert decode(raw, "f", 2) == RECORDS[:2]
+    assert reason_counts(raw, "f") == {"truncated JPEG": 2, "not a recognized image format": 1, "not UTF-8": 1,
+                                       "no text field": 1, "empty": 1, "transcode failed: x": 1, "?": 1}
+    assert decode(encode([]), "f") == []
+
+
+@pytest.mark.parametrize("damage", [lambda raw: raw[:-1], lambda raw: b"x" + raw[1:],
+                                    lambda raw: raw.replace(b'"records": 8', b'"records": 9')])
+def test_a_damaged_file_is_refused_by_name(damage):
+    with pytest.raises(QuarantineFileError, match="OUT/quarantine.records: not a quarantine file"):
+        decode(damage(encode(RECORDS)), "OUT/quarantine.records")
+
+
+def bad_inputs(folder: Path, count: int, stem: str = "bad") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        (folder / f"{stem}{i}.jpg").write_bytes(b"not a jpeg %d" % i)
+
+
+def every_record(out: Path) -> list[dict]:
+    lines = run_repack("inspect", out, "--quarantine").stdout.splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_a_dataset_keeps_every_record_through_its_versions(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_jpegs(src / "cat", 4, "c")
+    bad_inputs(src / "cat", 6)
+    bad_inputs(src / "dog", 4, "d")
+    env = {"REPACK_QUARANTINE_LISTED": "3"}
+    run_repack("images", src, out, "--quiet", env=env)
+    manifest = read_manifest_json(out)
+    assert manifest["files"] == {"quarantine": "quarantine.records"} and manifest["totals"]["quarantined"] == 10
+    records = every_record(out)
+    assert len(records) == 10 and manifest["quarantine"] == records[:3]
+    assert sorted(r["source"] for r in records) == sorted([f"cat/bad{i}.jpg" for i in range(6)] +
+                                                          [f"dog/d{i}.jpg" for i in range(4)])
+    summary = json.loads(run_repack("inspect", out, "--json").stdout)["quarantine"]
+    assert summary["count"] == 10 and sum(summary["reasons"].values()) == 10 and len(summary["listed"]) == 10
+    assert run_repack("verify", out).returncode == 0
+
+    bad_inputs(src / "emu", 2, "e")  # appended: two more bad inputs and one sample
+    (src / "emu" / "e.jpg").write_bytes(jpeg_bytes(seed=7))
+    run_repack("images", src, out, "--append", "--quiet", env=env)
+    manifest = read_manifest_json(out)
+    assert manifest["files"] == {"quarantine": "quarantine-v2.records"} and manifest["totals"]["quarantined"] == 12
+    assert every_record(out) == records + [{"reason": records[0]["reason"], "source": f"emu/e{i}.jpg"}
+                                           for i in range(2)]
+    again = run_repack("images", src, out, "--append", "--quiet", env=env)  # nothing new: every record known
+    assert again.returncode == 0 and read_manifest_json(out)["dataset_version"]["number"] == 2
+
+    (tmp_path / "gone.txt").write_text("cat/bad0.jpg\ncat/c0.jpg\n")  # a quarantined input taken down, a sample
+    run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet", env={"REPACK_QUARANTINE_LISTED": "20"})
+    manifest = read_manifest_json(out)
+    assert "files" not in manifest and manifest["totals"]["quarantined"] == 11  # listed whole again: no side file
+    assert [r["source"] for r in manifest["quarantine"]] == [r["source"] for r in every_record(out)] and \
+        "cat/bad0.jpg" not in {r["source"] for r in manifest["quarantine"]}
+    run_repack("gc", out, "--keep", "1")
+    assert not list(out.glob("quarantine*.records")) and run_repack("verify", out).returncode == 0
+
+
+def test_a_damaged_side_file_is_named_and_nothing_changes(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_jpegs(src / "cat", 3, "c")
+    bad_inputs(src / "cat", 3)
+    run_repack("images", src, out, "--quiet", env={"REPACK_QUARANTINE_LISTED": "1"})
+    side = out / "quarantine.records"
+    side.write_bytes(side.read_bytes().replace(b"bad2.jpg", b"bad9.jpg"))  # same size, other content
+    verified = run_repack("verify", out, check=False)
+    assert verified.returncode != 0 and "quarantine.records" in verified.stdout + verified.stderr
+    (tmp_path / "gone.txt").write_text("cat/c0.jpg\n")
+    removed = run_repack("remove", out, "--sources", tmp_path / "gone.txt", check=False)
+    assert removed.returncode != 0 and "quarantine.records: not the quarantine records the manifest records" in \
+        removed.stderr
+    assert read_manifest_json(out).get("dataset_version") is None  # still version 1
+
+
+def test_more_bad_inputs_than_a_manifest_holds_are_published(tmp_path):
+    """3,000 bad inputs under a 200 KiB manifest cap: listed whole they are refused at publish (what a crawl with
+    millions of broken files met at the default 256 MiB cap); in the side file the dataset is published and read."""
+    src = tmp_path / "src"
+    write_jpegs(src / "cat", 2, "c")
+    bad_inputs(src / "cat", 3000)
+    cap = {"REPACK_MAX_MANIFEST_BYTES": str(200 << 10)}
+    listed = run_repack("images", src, tmp_path / "listed", "--quiet", check=False,
+                        env={**cap, "REPACK_QUARANTINE_LISTED": "100000"})
+    assert listed.returncode != 0 and "cap" in listed.stderr and not (tmp_path / "listed" / "manifest.json").exists()
+    out = tmp_path / "out"
+    run_repack("images", src, out, "--quiet", env=cap)
+    manifest = read_manifest_json(out)
+    assert manifest["totals"]["quarantined"] == 3000 and len(manifest["quarantine"]) == 1000
+    assert (out / "manifest.json").stat().st_size < 200 << 10
+    assert run_repack("verify", out, env=cap).returncode == 0
+    from pipelines.torch_webdataset import ImageShardDataset
+
+    assert len(list(ImageShardDataset(out, decode=False))) == 2
