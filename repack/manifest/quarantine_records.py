@@ -84,39 +84,44 @@ def encode(records: list[dict]) -> bytes:
     import numpy as np
 
     count = len(records)
-    has_source = np.zeros(count, np.uint8)
-    line_kind = np.zeros(count, np.uint8)
-    lines = np.zeros(count, "<i8")
-    codes = np.full(count, -1, "<i4")
+    has_source, line_kind, lines, codes = bytearray(count), bytearray(count), [0] * count, [-1] * count
     table: dict[str, int] = {}
-    sources, extras = [], []
+    sources, extras = [b""] * count, [b""] * count
     for row, record in enumerate(records):
+        in_columns = 0
         source = record.get("source")
-        if isinstance(source, str):
+        if type(source) is str:
             has_source[row] = 1
-            sources.append(source.encode("utf-8", "surrogateescape"))
-        else:
-            sources.append(b"")
-        line = record.get("line", ...)
-        if line is None:
-            line_kind[row] = _NULL_LINE
-        elif type(line) is int:
-            line_kind[row], lines[row] = _INT_LINE, line
+            sources[row] = source.encode("utf-8", "surrogateescape")
+            in_columns += 1
+        if "line" in record:
+            line = record["line"]
+            if line is None:
+                line_kind[row] = _NULL_LINE
+                in_columns += 1
+            elif type(line) is int:
+                line_kind[row], lines[row] = _INT_LINE, line
+                in_columns += 1
         reason = record.get("reason")
-        if isinstance(reason, str):
-            codes[row] = table.setdefault(reason, len(table))
-        in_columns = {"source": has_source[row], "line": line_kind[row], "reason": codes[row] >= 0}
-        rest = {k: v for k, v in record.items() if not in_columns.get(k)}
-        extras.append(json.dumps(rest, sort_keys=True, ensure_ascii=True, separators=(",", ":")).encode()
-                      if rest else b"")
+        if type(reason) is str:
+            code = table.get(reason)
+            if code is None:
+                code = table[reason] = len(table)
+            codes[row] = code
+            in_columns += 1
+        if len(record) > in_columns:  # keys beyond the three columns (a video's codes, text's no_documents)
+            taken = {"source": has_source[row], "line": line_kind[row], "reason": codes[row] >= 0}
+            rest = {k: v for k, v in record.items() if not taken.get(k)}
+            extras[row] = json.dumps(rest, sort_keys=True, ensure_ascii=True, separators=(",", ":")).encode()
     source_bytes, source_ends = _joined(sources)
     reason_bytes, reason_ends = _joined([r.encode("utf-8", "surrogateescape") for r in table])
     extra_bytes, extra_ends = _joined(extras)
     header = {"records": count, "reasons": len(table), "source_bytes": len(source_bytes),
               "reason_bytes": len(reason_bytes), "extra_bytes": len(extra_bytes)}
     return b"".join([MAGIC, json.dumps(header, sort_keys=True).encode() + b"\n", source_ends.tobytes(),
-                     has_source.tobytes(), line_kind.tobytes(), lines.tobytes(), codes.tobytes(),
-                     reason_ends.tobytes(), extra_ends.tobytes(), source_bytes, reason_bytes, extra_bytes])
+                     bytes(has_source), bytes(line_kind), np.array(lines, "<i8").tobytes(),
+                     np.array(codes, "<i4").tobytes(), reason_ends.tobytes(), extra_ends.tobytes(), source_bytes,
+                     reason_bytes, extra_bytes])
 
 
 def _header(raw: bytes, where: str) -> tuple[dict, int]:

@@ -1,6 +1,11 @@
 """A dataset with many quarantined inputs, packed and read by each tree: the manifest's size and what it costs.
 
     python -m tests.tools.quarantine_scale WORK [--files N] [--bad B] [--tree DIR ...] [--rounds R]
+    python -m tests.tools.quarantine_scale --synthetic N
+
+``--synthetic N``: N records as a crawl's (``cNNN/NNNNNNNN.jpg``, three reasons) in memory only: the side file's
+bytes, ``encode``, ``decode`` and the report's ``summary`` (reason counts and the first 50 records) in seconds,
+beside the bytes and ``json.dumps`` seconds of the same records listed in a manifest.
 
 WORK holds SOURCE (N tiny JPEGs from ``tests.benchmarks.tiny_files`` plus B files of 12 bytes that are no image,
 spread over the same 1,000 class folders; made once) and each tree's OUT. Per tree (a checkout run as ``python -m
@@ -61,14 +66,50 @@ def measure(tree: Path, src: Path, out: Path) -> dict:
             "reader_process_s": round(read.wall, 3), "reader_peak_rss_mb": round(read.peak_rss / 1e6, 1)}
 
 
+def synthetic(count: int) -> dict:
+    """The side file's costs for ``count`` records made in memory (see the module docstring)."""
+    import time
+
+    from repack.manifest.quarantine_records import decode, encode, summary
+
+    reasons = ["not a recognized image format (checked the content, not the name)", "truncated JPEG",
+               "image file is empty"]
+    records = [{"source": f"c{i % 1000:03d}/{i:08d}.jpg", "reason": reasons[i % 7 % 3]} for i in range(count)]
+    started = time.perf_counter()
+    listed = json.dumps(records, sort_keys=True, separators=(",", ":"))
+    as_json = time.perf_counter() - started
+    started = time.perf_counter()
+    raw = encode(records)
+    encoded = time.perf_counter() - started
+    started = time.perf_counter()
+    back = decode(raw, "synthetic")
+    decoded = time.perf_counter() - started
+    assert back == records
+    del back
+    started = time.perf_counter()
+    summary({"quarantine": [], "files": {"quarantine": "q"}, "file_digests": {"quarantine": {
+        "bytes": len(raw), "sha256": __import__("hashlib").sha256(raw).hexdigest()}}}, lambda rel: raw, "synthetic", 50)
+    summarized = time.perf_counter() - started
+    return {"records": count, "side_file_bytes": len(raw), "bytes_per_record": round(len(raw) / count, 1),
+            "listed_json_bytes": len(listed), "json_dumps_s": round(as_json, 3), "encode_s": round(encoded, 3),
+            "decode_s": round(decoded, 3), "summary_s": round(summarized, 3)}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("work", type=Path)
+    parser.add_argument("work", type=Path, nargs="?")
+    parser.add_argument("--synthetic", type=int, help="N records in memory only (no WORK)")
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--bad", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tree", action="append", type=Path, help="a checkout to run (repeatable); default: this")
     args = parser.parse_args(argv)
+    if args.synthetic:
+        found = synthetic(args.synthetic)
+        print(json.dumps(found))
+        return [found]
+    if args.work is None:
+        parser.error("WORK is needed without --synthetic")
     args.work.mkdir(parents=True, exist_ok=True)
     src = prepare(args.work, args.files, args.bad)
     trees = [t.resolve() for t in args.tree or [ROOT]]
