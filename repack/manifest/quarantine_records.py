@@ -157,8 +157,8 @@ def decode(raw: bytes, where: str, limit: int | None = None) -> list[dict]:
     records = []
     rows = slice(0, limit)
     for source, has, kind, line, code, extra in zip(
-            columns["sources"][rows], columns["has_source"][rows].tolist(), columns["line_kind"][rows].tolist(),
-            columns["lines"][rows].tolist(), columns["codes"][rows].tolist(), columns["extras"][rows]):
+            columns["sources"](limit), columns["has_source"][rows].tolist(), columns["line_kind"][rows].tolist(),
+            columns["lines"][rows].tolist(), columns["codes"][rows].tolist(), columns["extras"](limit)):
         record = json.loads(extra) if extra else {}
         if has:
             record["source"] = source
@@ -184,7 +184,8 @@ def reason_counts(raw: bytes, where: str) -> dict[str, int]:
 
 
 def _columns(raw: bytes, where: str) -> dict:
-    """The side file's columns: numpy views of its bytes, the texts as lists of str."""
+    """The side file's columns: numpy views of its bytes, the reasons as str, the sources and extras as functions
+    of a row limit (None: all) that decode that many (a report decodes 50 of millions)."""
     import numpy as np
 
     header, at = _header(raw, where)
@@ -209,14 +210,15 @@ def _columns(raw: bytes, where: str) -> dict:
             raise QuarantineFileError(f"{where}: not a quarantine file repack reads (its offsets do not add up)")
     if np.any(codes < -1) or np.any(codes >= kinds) or np.any(line_kind > _INT_LINE):
         raise QuarantineFileError(f"{where}: not a quarantine file repack reads (a reason or line out of range)")
-    return {"sources": _texts(sources, source_ends.tolist()), "has_source": has_source, "line_kind": line_kind,
-            "lines": lines, "codes": codes, "reasons": _texts(reason_blob, reason_ends.tolist()),
-            "extras": _texts(extras, extra_ends.tolist())}
+    return {"sources": lambda limit: _texts(sources, source_ends[:limit].tolist()), "has_source": has_source,
+            "line_kind": line_kind, "lines": lines, "codes": codes, "reasons": _texts(reason_blob, reason_ends.tolist()),
+            "extras": lambda limit: _texts(extras, extra_ends[:limit].tolist())}
 
 
 def _texts(blob: bytes, ends: list[int]) -> list[str]:
-    """The strings of ``blob`` cut at ``ends`` (one decode, then str slices where it is ASCII)."""
+    """The strings of ``blob`` cut at ``ends`` (one decode of what they span, then str slices where it is ASCII)."""
     starts = [0, *ends[:-1]]
+    blob = blob[:ends[-1]] if ends else b""
     if blob.isascii():
         text = blob.decode("ascii")
         return [text[a:b] for a, b in zip(starts, ends)]
