@@ -7,6 +7,7 @@ import functools
 import gzip
 import hashlib
 import json
+import re
 import signal
 import struct
 import subprocess
@@ -532,7 +533,10 @@ def test_no_merge_removes_empty_parts(tmp_path, gpt2_dir, docs):
     out = tmp_path / "out"
     run_repack("text", src, out, "--tokenizer", gpt2_dir, "--no-merge", "--chunk-bytes", "4KB")
     m = read_manifest_json(out)
-    assert m["totals"]["parts"] > len(m["prefixes"]) >= 1 and m["totals"]["quarantined"] == 400
+    # a chunk's run of broken lines is one record (its first line, how many after it)
+    covered = [1 + int(re.search(r"the (\d+) document\(s\) after it too", q["reason"]).group(1)) for q in m["quarantine"]]
+    assert m["totals"]["parts"] > len(m["prefixes"]) >= 1 and m["totals"]["quarantined"] == len(covered) < 400
+    assert sum(covered) == 400 and all(q["reason"].startswith("malformed JSON") for q in m["quarantine"])
     listed = {s[k] for s in m["shards"] for k in ("path", "index")}
     on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.suffix in (".bin", ".idx")
                and ".repack" not in p.parts}
@@ -554,3 +558,22 @@ def test_eos_is_never_a_plain_vocabulary_entry(tmp_path, docs):
     assert proc.returncode == 2 and "--eos-token" in proc.stderr and "special tokens" in proc.stderr
     run_repack("text", src, tmp_path / "named", "--tokenizer", folder, "--eos-token", "</s>")
     assert spec_read(tmp_path / "named" / "text_document")["docs"] == [[2, 2, 1]]
+
+
+def test_a_run_of_lines_with_one_reason_is_one_record(tmp_path, gpt2_dir, docs):
+    """Consecutive lines quarantined for the same reason are one record (first line, how many after it, how far):
+    a corpus packed with the wrong --field is a record per run, not per line; other reasons between split it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = [{"content": d} for d in docs[:6]] + [{"text": docs[6]}] + [{"content": docs[7]}] + \
+        [b"{broken\n", b"[1, 2]\n", b"{also broken\n", b"{broken again\n"] + [{"text": d} for d in docs[8:10]]
+    write_jsonl(src / "a.jsonl", rows)
+    out = tmp_path / "out"
+    run_repack("text", src, out, "--tokenizer", gpt2_dir)
+    records = [(q["line"], q["reason"].split(":")[0].split(";")[0], q["reason"].partition("; ")[2])
+               for q in read_manifest_json(out)["quarantine"]]
+    assert records == [(1, "missing field 'text'", "the 5 document(s) after it too, the last starting 5 line(s) on"),
+                       (8, "missing field 'text'", ""), (9, "malformed JSON", ""),
+                       (10, "JSON line is a list, not an object", ""),
+                       (11, "malformed JSON", "the 1 document(s) after it too, the last starting 1 line(s) on")]
+    assert read_manifest_json(out)["totals"]["documents"] == 3

@@ -311,3 +311,7 @@ def test_quarantine_side_files_on_s3_equal_local(server, tmp_path, monkeypatch):
         {"quarantine.records", "quarantine-v2.records", "quarantine-v3.records"}
     listed = [json.loads(line) for line in run_repack("inspect", url, "--quarantine", env=env).stdout.splitlines()]
     assert [r["source"] for r in listed] == ["cat/bad0.jpg", "cat/bad2.jpg", "emu/e0.jpg", "emu/e1.jpg"]
+    pulled = tmp_path / "pulled"
+    run_repack("pull", url, pulled, env=env)
+    assert (pulled / "quarantine-v3.records").read_bytes() == remote["quarantine-v3.records"]
+    assert run_repack("verify", pulled).returncode == 0

@@ -625,4 +625,4 @@ class TextJob(Job):
         if manifest["prefixes"]:
             root = self.store.url if self.store.remote else str(Path(self.store.url).absolute())  # as reports show it
             lines.append(f"Megatron --data-path {megatron_data_path(manifest, root)}")
-        return lines + quarantine_lines(manifest["quarantine"], lambda reason: reason.split(":")[0])
+        return lines + quarantine_lines(manifest["quarantine"], lambda reason: reason.split(":")[0].split(";")[0])

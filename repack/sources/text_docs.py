@@ -645,16 +645,28 @@ def _strip_newline(raw: bytes) -> bytes:
 DAMAGED_PREFIXES = ("binary data, not text", "undecodable UTF-8")  # a document's reasons a stretch shares
 
 
+def _run_kind(reason: str) -> str:
+    """What consecutive quarantined documents must share to be one record: damaged content (binary or undecodable),
+    malformed JSON (its parser's detail differs line by line), else the very reason (``missing field 'text'``)."""
+    if reason.startswith(DAMAGED_PREFIXES):
+        return "damaged"
+    return "malformed JSON" if reason.startswith("malformed JSON") else reason
+
+
 def _one_record(run: list[Doc]) -> Iterator[Doc]:
-    """A run of consecutive damaged documents as one record: the first's line and reason, and how far it goes
-    (a binary stretch in the middle of a file gave a record per line: 30,000 of them)."""
+    """A run of consecutive quarantined documents of one kind (``_run_kind``) as one record: the first's line and
+    reason, and how far it goes (a binary stretch in the middle of a file gave a record per line: 30,000 of them;
+    a file of a million lines without the ``--field`` key, a million records, ~1 KB each in the driver)."""
     if len(run) == 1:
         yield run[0]
-    elif run:
+    elif run and run[0].reason.startswith(DAMAGED_PREFIXES):
         kinds = " or ".join(p for p in DAMAGED_PREFIXES if any(d.reason.startswith(p) for d in run[1:]))
         yield Doc(run[0].line, reason=f"{run[0].reason}; the {len(run) - 1} document(s) after it are damaged too "
                                       f"({kinds}), the last starting {run[-1].line - run[0].line} line(s) on "
                                       "(a damaged stretch)")
+    elif run:
+        yield Doc(run[0].line, reason=f"{run[0].reason}; the {len(run) - 1} document(s) after it too, the last "
+                                      f"starting {run[-1].line - run[0].line} line(s) on")
 
 
 class SegmentReader:
@@ -685,16 +697,23 @@ class SegmentReader:
         if whole is not None:
             yield whole
             return
-        run: list[Doc] = []  # consecutive damaged documents: one record for them all (what is packed stays each
-        for doc in self._documents():  # document's own verdict, the same whatever the chunking)
+        run: list[Doc] = []  # consecutive quarantined documents of one kind: one record for them all (what is
+        kind = None          # packed stays each document's own verdict, the same whatever the chunking)
+        for doc in self._documents():
             binary = binary_document(doc.text) if doc.text is not None else None
             if binary is not None:
                 doc = Doc(doc.line, reason=binary)
-            if doc.reason is not None and doc.reason.startswith(DAMAGED_PREFIXES):
+            if doc.reason is not None:
+                doc_kind = _run_kind(doc.reason)
+                if doc_kind != kind:
+                    yield from _one_record(run)
+                    run.clear()
+                    kind = doc_kind
                 run.append(doc)
                 continue
             yield from _one_record(run)
             run.clear()
+            kind = None
             yield doc
         yield from _one_record(run)
 
