@@ -34,6 +34,23 @@ def manifest_cap() -> int:
         raise ManifestError(f"REPACK_MAX_MANIFEST_BYTES={raw!r}: {exc}") from None
 
 
+def listed_limit(variable: str, default: int, unit: str) -> int:
+    """How many entries of a kind a manifest lists itself, the rest in a side file: ``variable`` (a whole number,
+    0 or more), else ``default``; UsageError naming the variable and ``unit`` for another value."""
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        from repack.errors import UsageError
+
+        raise UsageError(f"{variable}={raw!r}: a whole number of {unit}, 0 or more")
+    return value
+
+
 def check_manifest_size(size: int | None, where: str) -> None:
     """ManifestError when a manifest of ``size`` bytes is over the cap (None: absent, the reader says so)."""
     cap = manifest_cap()

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 
-from repack.errors import UsageError
+from repack.manifest.caps import listed_limit
 from repack.manifest.schema import ManifestError
 
 MAGIC = b"repack-duplicate-groups 1\n"
@@ -44,16 +43,7 @@ class GroupsFileError(ManifestError):
 def listed_groups() -> int:
     """How many groups a manifest lists itself (``REPACK_DUPLICATES_LISTED``, default 1,000; 0 or more); UsageError
     for another value (an images job asks before its first task: ``ImagesJob.check``)."""
-    raw = os.environ.get("REPACK_DUPLICATES_LISTED", "").strip()
-    if not raw:
-        return LISTED_DEFAULT
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise UsageError(f"REPACK_DUPLICATES_LISTED={raw!r}: a whole number of groups, 0 or more")
-    return value
+    return listed_limit("REPACK_DUPLICATES_LISTED", LISTED_DEFAULT, "groups")
 
 
 def file_name(version: int = 1) -> str:

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import TYPE_CHECKING, Callable
 
-from repack.errors import UsageError
+from repack.manifest.caps import listed_limit
 from repack.manifest.schema import ManifestError
 
 if TYPE_CHECKING:
@@ -50,16 +49,7 @@ class QuarantineFileError(ManifestError):
 
 def listed_records() -> int:
     """How many records a manifest lists itself (``REPACK_QUARANTINE_LISTED``, default 1,000; 0 or more)."""
-    raw = os.environ.get("REPACK_QUARANTINE_LISTED", "").strip()
-    if not raw:
-        return LISTED_DEFAULT
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise UsageError(f"REPACK_QUARANTINE_LISTED={raw!r}: a whole number of records, 0 or more")
-    return value
+    return listed_limit("REPACK_QUARANTINE_LISTED", LISTED_DEFAULT, "records")
 
 
 def file_name(version: int = 1) -> str:
