@@ -333,10 +333,10 @@ def test_readers_refuse_escaping_paths_and_unknown_versions(packed_photos, tmp_p
     proc = run_repack("verify", out, check=False)
     assert proc.returncode == 5 and "escapes" in proc.stderr
     manifest["shards"][0]["path"] = "shard-000000.tar"
-    manifest["version"] = 2
+    manifest["version"] = 3
     (out / "manifest.json").write_text(json.dumps(manifest))
     proc = run_repack("inspect", out, check=False)
-    assert proc.returncode == 5 and "version 2 is not supported" in proc.stderr
+    assert proc.returncode == 5 and "version 3 is not supported" in proc.stderr
 
 
 def test_inspect_summary(packed_photos):

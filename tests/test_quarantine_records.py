@@ -36,7 +36,9 @@ def test_records_come_back_as_they_were_written():
 
 
 @pytest.mark.parametrize("damage", [lambda raw: raw[:-1], lambda raw: b"x" + raw[1:],
-                                    lambda raw: raw.replace(b'"records": 8', b'"records": 9')])
+                                    lambda raw: raw.replace(b'"records": 8', b'"records": 9'),
+                                    lambda raw: raw.replace(b'{"codes"', b'x"codes"'),  # a record's other keys
+                                    lambda raw: raw.replace(b'{"no_documents":true}', b'[1,2,3,4,5,6,7,8,9,10]')])
 def test_a_damaged_file_is_refused_by_name(damage):
     with pytest.raises(QuarantineFileError, match="OUT/quarantine.records: not a quarantine file"):
         decode(damage(encode(RECORDS)), "OUT/quarantine.records")
@@ -62,6 +64,8 @@ def test_a_dataset_keeps_every_record_through_its_versions(tmp_path):
     run_repack("images", src, out, "--quiet", env=env)
     manifest = read_manifest_json(out)
     assert manifest["files"] == {"quarantine": "quarantine.records"} and manifest["totals"]["quarantined"] == 10
+    assert manifest["version"] == 2  # a partial list: a repack that knows only version 1 refuses it, never
+    # carries the listed records into a next version and loses the rest
     records = every_record(out)
     assert len(records) == 10 and manifest["quarantine"] == records[:3]
     assert sorted(r["source"] for r in records) == sorted([f"cat/bad{i}.jpg" for i in range(6)] +
@@ -84,6 +88,7 @@ def test_a_dataset_keeps_every_record_through_its_versions(tmp_path):
     run_repack("remove", out, "--sources", tmp_path / "gone.txt", "--quiet", env={"REPACK_QUARANTINE_LISTED": "20"})
     manifest = read_manifest_json(out)
     assert "files" not in manifest and manifest["totals"]["quarantined"] == 11  # listed whole again: no side file
+    assert manifest["version"] == 1
     assert [r["source"] for r in manifest["quarantine"]] == [r["source"] for r in every_record(out)] and \
         "cat/bad0.jpg" not in {r["source"] for r in manifest["quarantine"]}
     run_repack("gc", out, "--keep", "1")
@@ -125,3 +130,28 @@ def test_more_bad_inputs_than_a_manifest_holds_are_published(tmp_path):
     from pipelines.torch_webdataset import ImageShardDataset
 
     assert len(list(ImageShardDataset(out, decode=False))) == 2
+
+
+def test_a_refused_or_killed_version_leaves_nothing_verify_calls_a_stray(tmp_path):
+    """A version refused at publish (over the manifest cap) writes no side file; one a kill left before its manifest
+    is pending for verify, and --overwrite removes it; a finished job re-run without its side file says so."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_jpegs(src / "cat", 3, "c")
+    env = {"REPACK_QUARANTINE_LISTED": "1"}
+    run_repack("images", src, out, "--shard-size", "1", "--quiet", env=env)
+    write_jpegs(src / "dog", 6, "d")
+    bad_inputs(src / "dog", 3)
+    cap = {**env, "REPACK_MAX_MANIFEST_BYTES": "8000"}
+    refused = run_repack("images", src, out, "--shard-size", "1", "--append", "--quiet", check=False, env=cap)
+    assert refused.returncode != 0 and "nothing is published" in refused.stderr
+    assert not list(out.glob("quarantine*")) and run_repack("verify", out, env=cap).returncode == 0
+    (out / "quarantine-v2.records").write_bytes(encode(RECORDS))  # as a run killed before its manifest leaves it
+    verified = run_repack("verify", out, env=cap)
+    assert verified.returncode == 0 and "quarantine-v2.records" in verified.stdout + verified.stderr
+    run_repack("images", src, out, "--shard-size", "1", "--overwrite", "--quiet")
+    assert not list(out.glob("quarantine*")) and run_repack("verify", out).returncode == 0
+
+    run_repack("images", src, tmp_path / "again", "--quiet", env=env)
+    (tmp_path / "again" / "quarantine.records").unlink()
+    rerun = run_repack("images", src, tmp_path / "again", "--quiet", env=env)
+    assert "quarantine.records: missing" in rerun.stderr and "repack verify" in rerun.stderr

@@ -44,6 +44,7 @@ import importlib
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,8 +65,9 @@ from repack.jobs.run_guard import (check_run, claim_run, driver_lock_fds, hold_w
 from repack.manifest import (MANIFEST_NAME, Manifest, ManifestError, PathEscapeError, dumps_canonical, safe_join,
                              write_manifest)
 from repack.manifest.io import atomic_write_bytes, sweep_write_temps
+from repack.manifest.schema import format_version
 from repack.manifest.quarantine_records import compact as compact_quarantine, file_name as quarantine_file_name, \
-    expand as expand_quarantine, listed_records, side_file as quarantine_side_file
+    FILE_NAME as QUARANTINE_FILE, expand as expand_quarantine, listed_records
 from repack.manifest.paths import check_relative
 from repack.store import open_store
 from repack.store.local import clear_state_folder
@@ -626,7 +628,8 @@ class Engine:
             names |= replaced[0].fixed_outputs(replaced[1])
         spec = json.loads(self.job.spec.to_json())
         if holds_repack_job(store):  # shards a killed run left unrecorded; in a folder repack never wrote to, a
-            names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)}  # shard-000005.tar is not ours
+            names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)  # shard-000005.tar is not ours
+                      or QUARANTINE_FILE.fullmatch(rel)}  # a refused version's, no manifest names
             names |= self.job.fixed_outputs(spec)  # (nor is a tokenizer.json there: a user's own)
         # never a file this job reads (--tokenizer OUT/tokenizer.json, the copy an earlier text job left there)
         inputs = {os.path.realpath(value) for value in spec.values() if isinstance(value, str) and os.path.isabs(value)}
@@ -792,8 +795,9 @@ class Engine:
                 self._clean_temps(every_unit)  # a worker killed and retried may have left one
                 try:  # every quarantine record, as a run that finished it reports them
                     manifest = expand_quarantine(manifest, store.read_bytes, store.url)
-                except ManifestError:
-                    pass  # a damaged side file: its listed records (`repack verify` names the file)
+                except ManifestError as exc:  # the summary lists what the manifest does; the damage is said
+                    sys.stderr.write(f"repack: warning: {exc}; the summary names only the quarantine records "
+                                     "the manifest lists (`repack verify OUT` checks the dataset)\n")
                 result = RunResult(manifest, 0, len(mine), time.time() - started, nothing_to_do=True)
                 self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
                 return result
@@ -1010,8 +1014,11 @@ class Engine:
         (``repack.manifest.quarantine_records``), written beside the shards; a side file an earlier run left that
         this manifest does not name is deleted (a run killed before its manifest, re-run with a higher limit)."""
         name = quarantine_file_name(1)
-        published = compact_quarantine(body, lambda rel, raw: atomic_write_bytes(self.out / rel, raw), 1)
-        if quarantine_side_file(published) is None:
+        published, side = compact_quarantine(body, 1)
+        published["version"] = body["version"] = format_version(published)
+        if side is not None:
+            atomic_write_bytes(self.out / side[0], side[1])
+        else:
             (self.out / name).unlink(missing_ok=True)
             if self.job.store.remote and self.job.store.size(name) is not None:
                 self.job.store.delete(name)

@@ -35,6 +35,7 @@ from repack.jobs.base import STATE_DIR, read_plan
 from repack.lifecycle.first_record import has_plan, plan_inputs, version_one_record
 from repack.lifecycle.input_columns import InputColumns, from_json_record, merged, parse_record, record_depth, to_bytes
 from repack.manifest import MANIFEST_NAME, Manifest, ManifestError, dumps_canonical, parse_manifest
+from repack.manifest.schema import format_version
 from repack.manifest.caps import check_declared_counts, check_manifest_size, check_written_size
 from repack.manifest.quarantine_records import (compact as compact_quarantine, expand as expand_quarantine,
                                                listed_records)
@@ -279,13 +280,16 @@ def publish(store, out: Path, current: dict, current_raw: bytes, body: dict, cha
     (``foreign.refresh_views``: ``say`` warns of one repack cannot rewrite)."""
     raise_if_interrupted()  # a signal whose raise was swallowed: nothing is published after it
     full = stamp(body, current, change)
-    data = compact_quarantine(full, store.put_bytes, number_of(full))
+    data, side = compact_quarantine(full, number_of(full))
+    data["version"] = full["version"] = format_version(data)
     Manifest(out, data).validate()
+    raw = dumps_canonical(data, indent=1)
+    check_written_size(raw, data, f"{store.url}/{version_file(number_of(data))}")
     store.check_lock()  # an object store's lock taken over by another run: publish nothing
     if number_of(current) == 1 and store.read_bytes(version_file(1)) is None:
         store.put_bytes(version_file(1), current_raw)
-    raw = dumps_canonical(data, indent=1)
-    check_written_size(raw, data, f"{store.url}/{version_file(number_of(data))}")
+    if side is not None:  # the version's quarantine side file, before the manifest that names it
+        store.put_bytes(*side)
     store.put_bytes(version_file(number_of(data)), raw)
     store.put_bytes(MANIFEST_NAME, raw)
     clear_leftovers(store, number_of(data), set(Manifest(out, data).named_files()))

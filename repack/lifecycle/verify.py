@@ -130,7 +130,9 @@ def folder_problems(files, manifest, listed: set[str], names: list[str],
     known by the version ``views`` (default: ``manifest``)."""
     chain = check_versions(files, names, manifest.root, published)
     problems, pending, foreign = list(chain.problems), [], []
-    stems = {file_stem(rel) for rel in listed | chain.kept}
+    # a version's side files whose first one may come with the next version (its quarantine beyond the listed,
+    # an append's duplicate groups), written before its manifest
+    stems = {file_stem(rel) for rel in listed | chain.kept} | {QUARANTINE_ROLE, "duplicates"}
     for rel in names:
         if rel in listed or rel in chain.kept:
             continue

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import TYPE_CHECKING, Callable
 
 from repack.manifest.caps import listed_limit
@@ -50,6 +51,9 @@ class QuarantineFileError(ManifestError):
 def listed_records() -> int:
     """How many records a manifest lists itself (``REPACK_QUARANTINE_LISTED``, default 1,000; 0 or more)."""
     return listed_limit("REPACK_QUARANTINE_LISTED", LISTED_DEFAULT, "records")
+
+
+FILE_NAME = re.compile(r"quarantine(?:-v[0-9]+)?\.records")  # any version's side file
 
 
 def file_name(version: int = 1) -> str:
@@ -149,7 +153,13 @@ def decode(raw: bytes, where: str, limit: int | None = None) -> list[dict]:
     for source, has, kind, line, code, extra in zip(
             columns["sources"](limit), columns["has_source"][rows].tolist(), columns["line_kind"][rows].tolist(),
             columns["lines"][rows].tolist(), columns["codes"][rows].tolist(), columns["extras"](limit)):
-        record = json.loads(extra) if extra else {}
+        try:
+            record = json.loads(extra) if extra else {}
+        except (ValueError, RecursionError):
+            record = None
+        if not isinstance(record, dict):
+            raise QuarantineFileError(f"{where}: not a quarantine file repack reads (a record's other keys are not a "
+                                      "JSON object)")
         if has:
             record["source"] = source
         if kind:
@@ -215,10 +225,11 @@ def _texts(blob: bytes, ends: list[int]) -> list[str]:
     return [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends)]
 
 
-def compact(data: dict, put: Callable[[str, bytes], None], version: int) -> dict:
-    """``data`` (a manifest with every quarantine record) in its published form: where it holds more than
-    ``listed_records()``, every record written with ``put`` to the version's side file, the first of them listed, and
-    the file named in ``files``/``file_digests``; no quarantine role otherwise (a record set that shrank)."""
+def compact(data: dict, version: int) -> tuple[dict, tuple[str, bytes] | None]:
+    """(``data`` (a manifest with every quarantine record) in its published form, the side file to write first as
+    (name, bytes) or None): where it holds more than ``listed_records()``, every record goes to the version's side
+    file, the first of them listed, and the file named in ``files``/``file_digests``; no quarantine role otherwise
+    (a record set that shrank). The caller writes the file once nothing can refuse the version any more."""
     from repack.sinks.checks import bytes_digest
 
     files = {k: v for k, v in (data.get("files") or {}).items() if k != ROLE}
@@ -226,17 +237,16 @@ def compact(data: dict, put: Callable[[str, bytes], None], version: int) -> dict
     records = data["quarantine"]
     listed = listed_records()
     out = {key: value for key, value in data.items() if key not in ("files", "file_digests")}
+    side = None
     if len(records) > listed:
-        name = file_name(version)
-        raw = encode(records)
-        put(name, raw)
+        side = file_name(version), encode(records)
         out["quarantine"] = records[:listed]
-        files[ROLE], digests[ROLE] = name, bytes_digest(raw)
+        files[ROLE], digests[ROLE] = side[0], bytes_digest(side[1])
     if files:
         out["files"] = files
     if digests:
         out["file_digests"] = digests
-    return out
+    return out, side
 
 
 def checked_file(data: dict, read: Callable[[str], bytes | None], where: str) -> bytes | None:

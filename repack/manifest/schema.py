@@ -28,7 +28,12 @@ from typing import Any, Iterator
 from repack.manifest.paths import PathEscapeError, check_dataset_path, join_under_real
 
 SCHEMA = "repack.manifest"
-VERSION = 1
+VERSION = 1  # every list whole in the manifest
+# a list beyond its first entries in a side file the manifest names (quarantine records, duplicate groups): a
+# repack that knows only VERSION would carry the listed entries into its next version and lose the rest, so it
+# refuses the dataset by its version number instead
+PARTIAL_VERSION = 2
+VERSIONS = (VERSION, PARTIAL_VERSION)
 MANIFEST_NAME = "manifest.json"
 REQUIRED_KEYS = ("schema", "version", "modality", "format", "shards", "totals", "quarantine")
 
@@ -55,6 +60,14 @@ class Shard:
                    tuple(sorted((k, v) for k, v in entry.items() if k not in known and isinstance(v, (str, int, float)))))
 
 
+def format_version(data: dict) -> int:
+    """The manifest version ``data`` is written as: PARTIAL_VERSION where its ``files`` name a list's side file
+    (role ``quarantine``, ``duplicates``, ``duplicates-vN``), else VERSION."""
+    roles = data.get("files") or {}
+    return PARTIAL_VERSION if any(role == "quarantine" or role.startswith("duplicates") for role in roles) \
+        else VERSION
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A validated manifest bound to the folder it lives in (``url``: where it was read from when that
@@ -76,8 +89,9 @@ class Manifest:
             found = data.get("schema") if isinstance(data, dict) else type(data).__name__
             raise ManifestError(f"{self.where}: not a repack manifest (schema {found!r})")
         version = data.get("version")
-        if not isinstance(version, int) or version != VERSION:
-            raise ManifestError(f"{self.where}: manifest version {version!r} is not supported (this reader knows {VERSION})")
+        if not isinstance(version, int) or version not in VERSIONS:
+            raise ManifestError(f"{self.where}: manifest version {version!r} is not supported (this reader knows "
+                                f"{', '.join(map(str, VERSIONS))})")
         missing = [k for k in REQUIRED_KEYS if k not in data]
         if missing:
             raise ManifestError(f"{self.where}: manifest lacks {', '.join(missing)}")
