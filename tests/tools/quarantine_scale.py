@@ -61,6 +61,7 @@ def measure(tree: Path, src: Path, out: Path) -> dict:
             "manifest_bytes": (out / "manifest.json").stat().st_size,
             "side_file_bytes": side.stat().st_size if side.exists() else 0,
             "pack_s": round(pack.wall, 3), "pack_peak_rss_mb": round(pack.peak_rss / 1e6, 1),
+            "pack_peak_pss_mb": round(pack.peak_pss / 1e6, 1),
             "verify_s": round(verify.wall, 3), "inspect_json_s": round(inspect.wall, 3),
             "open_first_batch_s": float(read.stdout.strip().splitlines()[-1]),
             "reader_process_s": round(read.wall, 3), "reader_peak_rss_mb": round(read.peak_rss / 1e6, 1)}
