@@ -8,7 +8,9 @@ train and a val set of one size) holds other samples at the same positions, and 
 state saved before states carried the content is matched on the shard list alone (``same``).
 Loading a state into a reader of another version (``resolve``) names the version to continue on: the
 state's, when its ``manifest.vN.json`` is still kept and holds the same shards (the reader re-opens
-it), else a ValueError naming both versions. Never a silent mix.
+it), else a ValueError naming both versions. Never a silent mix. A reader that continues on an older version than
+the one it was built on says so (``OlderVersionWarning``): it reads that version while it lives, also in later epochs
+(samples removed since included), until a reader is built again without the state.
 
 Stdlib only; reads manifests through ``pipelines.manifest_access`` (folders and s3://).
 """
@@ -18,10 +20,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import warnings
 from typing import Callable, Iterator
 
 from repack.manifest import Manifest, ManifestError
 from repack.manifest.versions import number_of
+
+
+class OlderVersionWarning(UserWarning):
+    """A loaded state makes a reader continue on an older dataset version than the one it was built on."""
 
 
 def identity(manifest: Manifest) -> dict:
@@ -69,6 +76,12 @@ def resolve(saved: dict | None, mine: dict, root: str, what: str) -> int | None:
         raise ValueError(f"{root}: this {what} state was taken on {describe(saved)}, but version "
                          f"{saved['version']} here holds other shards ({describe(kept)}); the reader reads "
                          f"{describe(mine)}: not this dataset's state")
+    if isinstance(mine.get("version"), int) and int(saved["version"]) < mine["version"]:
+        warnings.warn(f"{root}: this {what} continues on version {saved['version']}, the version its loaded state "
+                      f"was taken on, not version {mine['version']} that it was built on (published since: samples "
+                      f"a remove took down are still read); it reads version {saved['version']} while it lives, "
+                      "also in later epochs: build the reader again without this state, at an epoch's start, to "
+                      f"read version {mine['version']}", OlderVersionWarning, stacklevel=3)
     return int(saved["version"])
 
 

@@ -566,3 +566,21 @@ def test_a_sampler_hands_out_its_share_in_blocks_from_any_start():
         position = sampler.position
         got = list(position.iterate(share, start))
         assert got == share[start:].tolist()
+
+
+def test_a_reader_continuing_on_an_older_version_says_so(versions):
+    """A state of version 1 loaded into a reader built on the latest (3): it continues on 1 and warns that it
+    keeps reading 1, samples taken down since included, until it is built again without the state."""
+    from pipelines.dataset_identity import OlderVersionWarning
+
+    root = versions["images"]
+    state = ImageShardDataset(root, version=1).state_dict()
+    latest = ImageShardDataset(root)
+    with pytest.warns(OlderVersionWarning, match=r"continues on version 1.*not version 3.*build the reader again"):
+        latest.load_state_dict(state)
+    assert latest.dataset["version"] == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the state's own version: nothing to say
+        ImageShardDataset(root, version=1).load_state_dict(state)
