@@ -577,3 +577,5 @@ def test_a_run_of_lines_with_one_reason_is_one_record(tmp_path, gpt2_dir, docs):
                        (10, "JSON line is a list, not an object", ""),
                        (11, "malformed JSON", "the 1 document(s) after it too, the last starting 1 line(s) on")]
     assert read_manifest_json(out)["totals"]["documents"] == 3
+    reasons = json.loads(run_repack("inspect", out, "--json").stdout)["quarantine"]["reasons"]
+    assert reasons["missing field 'text'"] == 2 and len(reasons) == 3  # a run counted under its first's reason

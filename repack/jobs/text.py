@@ -45,9 +45,9 @@ from repack.sinks.megatron import CODE_OF, PartWriter, megatron_data_path, merge
 from repack.sources import Confinement
 from repack.sources.confine import open_input
 from repack.sources.reading import read_inputs
-from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, TEXT_WORKER_BUDGET,
-                                      TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader, file_document, list_text_files,
-                                      preloadable, require_decompressors)
+from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, RUN_SUFFIX,
+                                      TEXT_WORKER_BUDGET, TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader,
+                                      file_document, list_text_files, preloadable, require_decompressors)
 from repack.sources.columns import name_ends
 from repack.store import is_remote
 from repack.transforms.tokenize import planned_tokenizer_bytes, release_free_heap
@@ -625,4 +625,5 @@ class TextJob(Job):
         if manifest["prefixes"]:
             root = self.store.url if self.store.remote else str(Path(self.store.url).absolute())  # as reports show it
             lines.append(f"Megatron --data-path {megatron_data_path(manifest, root)}")
-        return lines + quarantine_lines(manifest["quarantine"], lambda reason: reason.split(":")[0].split(";")[0])
+        return lines + quarantine_lines(manifest["quarantine"],
+                                        lambda reason: reason.split(RUN_SUFFIX, 1)[0].split(":")[0])

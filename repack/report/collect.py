@@ -180,9 +180,14 @@ def quarantine_summary(files: DatasetFiles) -> dict:
     """The quarantine's count, its reasons counted and the first records: every record counted, from the side file
     where the manifest lists only the first (``repack.manifest.quarantine_records``)."""
     from repack.manifest.quarantine_records import summary
+    from repack.sources.text_docs import RUN_SUFFIX
 
     count, reasons, listed = summary(files.manifest.data, files.read_if_present, files.where, QUARANTINE_LISTED)
-    return {"count": count, "reasons": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+    grouped: dict[str, int] = {}
+    for reason, n in reasons.items():  # a text run's record: its reason without how far the run goes
+        key = reason.split(RUN_SUFFIX, 1)[0]
+        grouped[key] = grouped.get(key, 0) + n
+    return {"count": count, "reasons": dict(sorted(grouped.items(), key=lambda kv: (-kv[1], kv[0]))),
             "listed": listed}
 
 

@@ -643,6 +643,7 @@ def _strip_newline(raw: bytes) -> bytes:
 
 
 DAMAGED_PREFIXES = ("binary data, not text", "undecodable UTF-8")  # a document's reasons a stretch shares
+RUN_SUFFIX = "; the "  # what a run's record adds to its first document's reason: how many after it, how far
 
 
 def _run_kind(reason: str) -> str:
@@ -661,11 +662,11 @@ def _one_record(run: list[Doc]) -> Iterator[Doc]:
         yield run[0]
     elif run and run[0].reason.startswith(DAMAGED_PREFIXES):
         kinds = " or ".join(p for p in DAMAGED_PREFIXES if any(d.reason.startswith(p) for d in run[1:]))
-        yield Doc(run[0].line, reason=f"{run[0].reason}; the {len(run) - 1} document(s) after it are damaged too "
-                                      f"({kinds}), the last starting {run[-1].line - run[0].line} line(s) on "
+        yield Doc(run[0].line, reason=f"{run[0].reason}{RUN_SUFFIX}{len(run) - 1} document(s) after it are damaged "
+                                      f"too ({kinds}), the last starting {run[-1].line - run[0].line} line(s) on "
                                       "(a damaged stretch)")
     elif run:
-        yield Doc(run[0].line, reason=f"{run[0].reason}; the {len(run) - 1} document(s) after it too, the last "
+        yield Doc(run[0].line, reason=f"{run[0].reason}{RUN_SUFFIX}{len(run) - 1} document(s) after it too, the last "
                                       f"starting {run[-1].line - run[0].line} line(s) on")
 
 
