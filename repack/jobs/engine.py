@@ -68,6 +68,7 @@ from repack.manifest.io import atomic_write_bytes, sweep_write_temps
 from repack.manifest.schema import format_version
 from repack.manifest.quarantine_records import compact as compact_quarantine, file_name as quarantine_file_name, \
     FILE_NAME as QUARANTINE_FILE, expand as expand_quarantine, listed_records
+from repack.manifest.duplicate_groups import FILE_NAME as GROUPS_FILE
 from repack.manifest.paths import check_relative
 from repack.store import open_store
 from repack.store.local import clear_state_folder
@@ -629,7 +630,7 @@ class Engine:
         spec = json.loads(self.job.spec.to_json())
         if holds_repack_job(store):  # shards a killed run left unrecorded; in a folder repack never wrote to, a
             names |= {rel for rel in store.list_names("") if OUTPUT_FILE.fullmatch(rel)  # shard-000005.tar is not ours
-                      or QUARANTINE_FILE.fullmatch(rel)}  # a refused version's, no manifest names
+                      or QUARANTINE_FILE.fullmatch(rel) or GROUPS_FILE.fullmatch(rel)}  # a refused version's
             names |= self.job.fixed_outputs(spec)  # (nor is a tokenizer.json there: a user's own)
         # never a file this job reads (--tokenizer OUT/tokenizer.json, the copy an earlier text job left there)
         inputs = {os.path.realpath(value) for value in spec.values() if isinstance(value, str) and os.path.isabs(value)}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -44,6 +45,9 @@ def listed_groups() -> int:
     """How many groups a manifest lists itself (``REPACK_DUPLICATES_LISTED``, default 1,000; 0 or more); UsageError
     for another value (an images job asks before its first task: ``ImagesJob.check``)."""
     return listed_limit("REPACK_DUPLICATES_LISTED", LISTED_DEFAULT, "groups")
+
+
+FILE_NAME = re.compile(r"duplicates(?:-v[0-9]+)?\.groups")  # any version's groups file
 
 
 def file_name(version: int = 1) -> str:
