@@ -110,6 +110,16 @@ def test_a_damaged_side_file_is_named_and_nothing_changes(tmp_path):
         removed.stderr
     assert read_manifest_json(out).get("dataset_version") is None  # still version 1
 
+    import hashlib  # a well-formed file whose digest the manifest was edited to: other records, another count
+    forged = encode(RECORDS)
+    side.write_bytes(forged)
+    manifest = read_manifest_json(out)
+    manifest["file_digests"]["quarantine"] = {"bytes": len(forged), "sha256": hashlib.sha256(forged).hexdigest()}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    problems = run_repack("verify", out, check=False).stderr
+    assert "quarantine.records: 8 quarantine records, totals.quarantined says 3" in problems
+    assert "quarantine.records: its first records are not the ones the manifest lists" in problems
+
 
 def test_more_bad_inputs_than_a_manifest_holds_are_published(tmp_path):
     """3,000 bad inputs under a 200 KiB manifest cap: listed whole they are refused at publish (what a crawl with

@@ -280,20 +280,21 @@ def check_all_contents(files, manifest, workers: int | None = None,
 def quarantine_file_problems(data: dict, path: Path) -> list[str]:
     """The quarantine side file (``repack.manifest.quarantine_records``) holds ``totals.quarantined`` records and
     begins with the ones the manifest lists (its size and sha256: ``check_side_files``)."""
-    from repack.manifest.quarantine_records import decode
+    from repack.manifest.quarantine_records import decode, record_count
 
     rel = quarantine_side_file(data)
     try:
-        records = decode(path.read_bytes(), rel)
+        raw = path.read_bytes()
+        count, first = record_count(raw, rel), decode(raw, rel, len(data["quarantine"]))  # the rest: columns only
     except OSError:
         return []  # missing: check_side_files named it
     except ManifestError as exc:
         return [str(exc)]
     problems = []
-    if len(records) != data["totals"].get("quarantined"):
-        problems.append(f"{rel}: {len(records)} quarantine records, totals.quarantined says "
+    if count != data["totals"].get("quarantined"):
+        problems.append(f"{rel}: {count} quarantine records, totals.quarantined says "
                         f"{data['totals'].get('quarantined')}")
-    if records[:len(data["quarantine"])] != data["quarantine"]:
+    if first != data["quarantine"]:
         problems.append(f"{rel}: its first records are not the ones the manifest lists")
     return problems
 
