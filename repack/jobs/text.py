@@ -45,9 +45,10 @@ from repack.sinks.megatron import CODE_OF, PartWriter, megatron_data_path, merge
 from repack.sources import Confinement
 from repack.sources.confine import open_input
 from repack.sources.reading import read_inputs
-from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, RUN_SUFFIX,
-                                      TEXT_WORKER_BUDGET, TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader,
-                                      file_document, list_text_files, preloadable, require_decompressors)
+from repack.sources.text_docs import (DEFAULT_MAX_DOC_BYTES, DOC_PER, MAX_DOC_BYTES_LIMIT, TEXT_WORKER_BUDGET,
+                                      TOKENIZE_BYTES_PER_BYTE, Segment, SegmentReader, file_document, list_text_files,
+                                      preloadable, require_decompressors)
+from repack.manifest.quarantine_records import RUN_SUFFIX
 from repack.sources.columns import name_ends
 from repack.store import is_remote
 from repack.transforms.tokenize import planned_tokenizer_bytes, release_free_heap

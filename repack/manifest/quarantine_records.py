@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 MAGIC = b"repack-quarantine 1\n"
 ROLE = "quarantine"
 LISTED_DEFAULT = 1000
+RUN_SUFFIX = "; the "  # what a record of a run of text lines adds to its first line's reason: how many after it
 _NO_LINE, _NULL_LINE, _INT_LINE = 0, 1, 2
 
 

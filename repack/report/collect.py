@@ -179,8 +179,7 @@ def video_tables(files: DatasetFiles) -> dict:
 def quarantine_summary(files: DatasetFiles) -> dict:
     """The quarantine's count, its reasons counted and the first records: every record counted, from the side file
     where the manifest lists only the first (``repack.manifest.quarantine_records``)."""
-    from repack.manifest.quarantine_records import summary
-    from repack.sources.text_docs import RUN_SUFFIX
+    from repack.manifest.quarantine_records import RUN_SUFFIX, summary
 
     count, reasons, listed = summary(files.manifest.data, files.read_if_present, files.where, QUARANTINE_LISTED)
     grouped: dict[str, int] = {}

@@ -35,6 +35,7 @@ from typing import BinaryIO, Iterator, NamedTuple
 import numpy as np
 
 from repack.errors import SourceUnavailable, UsageError, stable_reason
+from repack.manifest.quarantine_records import RUN_SUFFIX
 from repack.sources.base import again_name, alias_reason, pick_real_paths
 from repack.sources.columns import NO_LABEL, InputTable, name_ends, same_files
 from repack.sources.confine import Confinement
@@ -643,7 +644,6 @@ def _strip_newline(raw: bytes) -> bytes:
 
 
 DAMAGED_PREFIXES = ("binary data, not text", "undecodable UTF-8")  # a document's reasons a stretch shares
-RUN_SUFFIX = "; the "  # what a run's record adds to its first document's reason: how many after it, how far
 
 
 def _run_kind(reason: str) -> str:
