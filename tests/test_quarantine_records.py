@@ -167,3 +167,13 @@ def test_a_refused_or_killed_version_leaves_nothing_verify_calls_a_stray(tmp_pat
     (tmp_path / "again" / "quarantine.records").unlink()
     rerun = run_repack("images", src, tmp_path / "again", "--quiet", env=env)
     assert "quarantine.records: missing" in rerun.stderr and "repack verify" in rerun.stderr
+
+
+def test_records_are_read_in_batches_as_written():
+    from repack.manifest.quarantine_records import iter_records
+
+    many = [dict(r, n=i) if i % 3 else r for i in range(7) for r in RECORDS]  # 56 records, some with extra keys
+    raw = encode(many)
+    for batch in (1, 5, 56, 100):
+        assert list(iter_records(raw, "f", batch)) == many == decode(raw, "f")
+    assert decode(raw, "f", 9) == many[:9] and decode(raw, "f", 0) == [] and decode(raw, "f", 1000) == many

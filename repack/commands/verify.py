@@ -70,10 +70,13 @@ def verify(out, json_out, version, workers):
 
 def print_quarantine(files) -> None:
     """Every quarantine record of the dataset, a JSON line each (from the side file where the manifest names one)."""
-    from repack.manifest.quarantine_records import every_record
+    from repack.manifest.quarantine_records import checked_file, iter_records, side_file
 
+    data = files.manifest.data
+    raw = checked_file(data, files.read_if_present, files.where)
+    records = data["quarantine"] if raw is None else iter_records(raw, f"{files.where}/{side_file(data)}")
     out = click.get_text_stream("stdout")
-    for record in every_record(files.manifest.data, files.read_if_present, files.where):
+    for record in records:
         out.write(json.dumps(record, sort_keys=True) + "\n")
     out.flush()
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from repack.manifest.caps import listed_limit
 from repack.manifest.schema import ManifestError
@@ -148,12 +148,26 @@ def decode(raw: bytes, where: str, limit: int | None = None) -> list[dict]:
     """The records a side file holds, in order (equal to those ``encode`` took; the first ``limit`` where given);
     QuarantineFileError naming ``where`` when the file is not one ``encode`` writes."""
     columns = _columns(raw, where)
+    return _records(columns, where, 0, len(columns["codes"]) if limit is None else min(limit, len(columns["codes"])))
+
+
+def iter_records(raw: bytes, where: str, batch: int = 1 << 16) -> Iterator[dict]:
+    """The records of a side file one by one, decoded ``batch`` at a time (``repack inspect --quarantine`` of
+    millions holds one batch of dicts, not all of them)."""
+    columns = _columns(raw, where)
+    count = len(columns["codes"])
+    for start in range(0, count, batch):
+        yield from _records(columns, where, start, min(start + batch, count))
+
+
+def _records(columns: dict, where: str, start: int, stop: int) -> list[dict]:
+    """Rows ``start`` to ``stop`` of ``_columns`` as records."""
     reasons = columns["reasons"]
     records = []
-    rows = slice(0, limit)
+    rows = slice(start, stop)
     for source, has, kind, line, code, extra in zip(
-            columns["sources"](limit), columns["has_source"][rows].tolist(), columns["line_kind"][rows].tolist(),
-            columns["lines"][rows].tolist(), columns["codes"][rows].tolist(), columns["extras"](limit)):
+            columns["sources"](start, stop), columns["has_source"][rows].tolist(), columns["line_kind"][rows].tolist(),
+            columns["lines"][rows].tolist(), columns["codes"][rows].tolist(), columns["extras"](start, stop)):
         try:
             record = json.loads(extra) if extra else {}
         except (ValueError, RecursionError):
@@ -186,7 +200,7 @@ def reason_counts(raw: bytes, where: str) -> dict[str, int]:
 
 def _columns(raw: bytes, where: str) -> dict:
     """The side file's columns: numpy views of its bytes, the reasons as str, the sources and extras as functions
-    of a row limit (None: all) that decode that many (a report decodes 50 of millions)."""
+    of a row range (start, stop) that decode those rows only (a report decodes 50 of millions)."""
     import numpy as np
 
     header, at = _header(raw, where)
@@ -211,19 +225,25 @@ def _columns(raw: bytes, where: str) -> dict:
             raise QuarantineFileError(f"{where}: not a quarantine file repack reads (its offsets do not add up)")
     if np.any(codes < -1) or np.any(codes >= kinds) or np.any(line_kind > _INT_LINE):
         raise QuarantineFileError(f"{where}: not a quarantine file repack reads (a reason or line out of range)")
-    return {"sources": lambda limit: _texts(sources, source_ends[:limit].tolist()), "has_source": has_source,
-            "line_kind": line_kind, "lines": lines, "codes": codes, "reasons": _texts(reason_blob, reason_ends.tolist()),
-            "extras": lambda limit: _texts(extras, extra_ends[:limit].tolist())}
+    return {"sources": lambda start, stop: _texts(sources, source_ends, start, stop), "has_source": has_source,
+            "line_kind": line_kind, "lines": lines, "codes": codes,
+            "reasons": _texts(reason_blob, reason_ends, 0, len(reason_ends)),
+            "extras": lambda start, stop: _texts(extras, extra_ends, start, stop)}
 
 
-def _texts(blob: bytes, ends: list[int]) -> list[str]:
-    """The strings of ``blob`` cut at ``ends`` (one decode of what they span, then str slices where it is ASCII)."""
-    starts = [0, *ends[:-1]]
-    blob = blob[:ends[-1]] if ends else b""
+def _texts(blob: bytes, ends, start: int, stop: int) -> list[str]:
+    """Strings ``start`` to ``stop`` of ``blob`` cut at ``ends`` (an int64 column: each string's end): one decode of
+    what they span, then str slices where it is ASCII."""
+    if stop <= start:
+        return []
+    first = int(ends[start - 1]) if start else 0
+    cut = (ends[start:stop] - first).tolist()
+    starts = [0, *cut[:-1]]
+    blob = blob[first:first + cut[-1]]
     if blob.isascii():
         text = blob.decode("ascii")
-        return [text[a:b] for a, b in zip(starts, ends)]
-    return [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends)]
+        return [text[a:b] for a, b in zip(starts, cut)]
+    return [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, cut)]
 
 
 def compact(data: dict, version: int) -> tuple[dict, tuple[str, bytes] | None]:
