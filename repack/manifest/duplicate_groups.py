@@ -32,6 +32,7 @@ import numpy as np
 
 from repack.manifest.caps import listed_limit
 from repack.manifest.schema import ManifestError
+from repack.manifest.side_columns import counts_line, cut_texts
 
 MAGIC = b"repack-duplicate-groups 1\n"
 LISTED_DEFAULT = 1000
@@ -98,11 +99,7 @@ class GroupColumns:
     def paths(self, rows: np.ndarray) -> list[str]:
         """The paths of ``rows`` (path numbers), as str."""
         starts = np.concatenate([np.zeros(1, np.int64), self.name_ends[:-1]])[rows].tolist()
-        ends = self.name_ends[rows].tolist()
-        if self.names.isascii():  # one decode, then str slices at the byte offsets
-            text = self.names.decode("ascii")
-            return [text[a:b] for a, b in zip(starts, ends)]
-        return [self.names[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends)]
+        return cut_texts(self.names, starts, self.name_ends[rows].tolist())
 
 
 def columns(raw: bytes, where: str) -> GroupColumns:
@@ -110,19 +107,9 @@ def columns(raw: bytes, where: str) -> GroupColumns:
     def refuse(why: str) -> GroupsFileError:
         return GroupsFileError(f"{where}: not a duplicate-groups file repack reads ({why})")
 
-    if not raw.startswith(MAGIC):
-        raise refuse("no repack-duplicate-groups 1 header")
-    end = raw.find(b"\n", len(MAGIC))
-    try:
-        header = json.loads(raw[len(MAGIC):end]) if end > 0 else None
-        groups, count, name_bytes = (header[key] for key in ("groups", "paths", "name_bytes"))
-    except (ValueError, TypeError, KeyError, RecursionError):
-        raise refuse("its counts line is damaged") from None
-    if not all(type(n) is int for n in (groups, count, name_bytes)):
-        raise refuse("its counts are not whole numbers")
-    if min(groups, count, name_bytes) < 0 or 40 * groups + 25 * count + name_bytes != len(raw) - end - 1:
+    (groups, count, name_bytes), at = counts_line(raw, MAGIC, ("groups", "paths", "name_bytes"), refuse)
+    if 40 * groups + 25 * count + name_bytes != len(raw) - at:
         raise refuse(f"{len(raw)} bytes, not what {groups} groups of {count} paths take")
-    at = end + 1
 
     def take(size: int, dtype: str) -> np.ndarray:
         nonlocal at

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from repack.manifest.caps import listed_limit
 from repack.manifest.schema import ManifestError
+from repack.manifest.side_columns import counts_line, cut_texts
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: `repack verify` forks its hashing processes before numpy is imported
@@ -42,7 +43,7 @@ MAGIC = b"repack-quarantine 1\n"
 ROLE = "quarantine"
 LISTED_DEFAULT = 1000
 RUN_SUFFIX = "; the "  # what a record of a run of text lines adds to its first line's reason: how many after it
-_NO_LINE, _NULL_LINE, _INT_LINE = 0, 1, 2
+_NULL_LINE, _INT_LINE = 1, 2  # line_kind (0: the record has no line key)
 
 
 class QuarantineFileError(ManifestError):
@@ -123,20 +124,12 @@ def _header(raw: bytes, where: str) -> tuple[dict, int]:
     def refuse(why: str) -> QuarantineFileError:
         return QuarantineFileError(f"{where}: not a quarantine file repack reads ({why})")
 
-    if not raw.startswith(MAGIC):
-        raise refuse("no repack-quarantine 1 header")
-    end = raw.find(b"\n", len(MAGIC))
-    try:
-        header = json.loads(raw[len(MAGIC):end]) if end > 0 else None
-        counts = [header[key] for key in ("records", "reasons", "source_bytes", "reason_bytes", "extra_bytes")]
-    except (ValueError, TypeError, KeyError, RecursionError):
-        raise refuse("its counts line is damaged") from None
-    if not all(type(n) is int and n >= 0 for n in counts):
-        raise refuse("its counts are not whole numbers")
+    keys = ("records", "reasons", "source_bytes", "reason_bytes", "extra_bytes")
+    counts, at = counts_line(raw, MAGIC, keys, refuse)
     records, reasons, *blobs = counts
-    if 30 * records + 8 * reasons + sum(blobs) != len(raw) - end - 1:
+    if 30 * records + 8 * reasons + sum(blobs) != len(raw) - at:
         raise refuse(f"{len(raw)} bytes, not what {records} records take")
-    return header, end + 1
+    return dict(zip(keys, counts)), at
 
 
 def record_count(raw: bytes, where: str) -> int:
@@ -238,12 +231,7 @@ def _texts(blob: bytes, ends, start: int, stop: int) -> list[str]:
         return []
     first = int(ends[start - 1]) if start else 0
     cut = (ends[start:stop] - first).tolist()
-    starts = [0, *cut[:-1]]
-    blob = blob[first:first + cut[-1]]
-    if blob.isascii():
-        text = blob.decode("ascii")
-        return [text[a:b] for a, b in zip(starts, cut)]
-    return [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, cut)]
+    return cut_texts(blob[first:first + cut[-1]], [0, *cut[:-1]], cut)
 
 
 def compact(data: dict, version: int) -> tuple[dict, tuple[str, bytes] | None]:
