@@ -5,7 +5,8 @@
 Runs CMD, reads every ``--every`` seconds (default 0.05) the CPU ticks of each process of its tree
 (``/proc/PID/stat``: user and system apart) and prints one JSON line: wall seconds, the tree's user and
 system CPU-seconds, minor faults and context switches (``RUSAGE_CHILDREN``), the root process's own CPU
-(a job's driver) and its children's, and a timeline: per ``--bucket`` seconds (default 0.5) the CPUs in
+(a job's driver) and its children's, the seconds its threads waited runnable for a CPU (``schedstat``: more
+runnable threads than CPUs), and a timeline: per ``--bucket`` seconds (default 0.5) the CPUs in
 use (CPU-seconds over the bucket's seconds), the root's share of them, and the processes alive. A
 process's ticks after its last sample are not in the timeline (the totals from rusage hold them).
 
@@ -62,6 +63,23 @@ def _ticks(pid: int) -> tuple[int, int] | None:
     return int(fields[11]), int(fields[12])
 
 
+def _thread_waits(pid: int) -> dict[int, tuple[int, int]]:
+    """{thread id: (ns on a CPU, ns runnable but waiting for one)} of one process (``/proc/PID/task/TID/schedstat``)."""
+    got: dict[int, tuple[int, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return got
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                on_cpu, waiting = fh.read().split()[:2]
+        except (OSError, ValueError):
+            continue
+        got[int(tid)] = (int(on_cpu), int(waiting))
+    return got
+
+
 def run(cmd: list[str], every: float = 0.05, bucket: float = 0.5) -> dict:
     """Run ``cmd`` and measure it (see the module docstring)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -70,6 +88,7 @@ def run(cmd: list[str], every: float = 0.05, bucket: float = 0.5) -> dict:
     last: dict[int, int] = {}
     timeline: dict[int, list[float]] = {}  # bucket -> [cpu ticks, root's ticks, processes seen]
     root = [0, 0]
+    threads: dict[int, tuple[int, int]] = {}  # thread id -> its last (on CPU, waiting) ns
     done = threading.Event()
 
     def sample() -> None:
@@ -87,6 +106,7 @@ def run(cmd: list[str], every: float = 0.05, bucket: float = 0.5) -> dict:
                     slot[1] += total - last.get(pid, 0)
                     root[:] = got
                 last[pid] = total
+                threads.update(_thread_waits(pid))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -100,6 +120,7 @@ def run(cmd: list[str], every: float = 0.05, bucket: float = 0.5) -> dict:
             "user_s": round(user, 2), "sys_s": round(system, 2),
             "root_user_s": round(root[0] / TICK, 2), "root_sys_s": round(root[1] / TICK, 2),
             "children_cpu_s": round(user + system - (root[0] + root[1]) / TICK, 2),
+            "threads_seen": len(threads), "runqueue_wait_s": round(sum(w for _, w in threads.values()) / 1e9, 2),
             "minflt": after.ru_minflt - before.ru_minflt,
             "vol_switches": after.ru_nvcsw - before.ru_nvcsw, "invol_switches": after.ru_nivcsw - before.ru_nivcsw,
             "timeline": [[round(b * bucket, 2), round(t / TICK / bucket, 1), round(r / TICK / bucket, 2), int(n)]
