@@ -61,13 +61,53 @@ def test_applied_settings_size_the_rust_pool_and_stay_ours():
     env: dict[str, str] = {}
     TokenizerThreads(0, ENV_THREADS).apply(env)
     assert env == {"TOKENIZERS_PARALLELISM": "false"}
-    TokenizerThreads(1, "pool share").apply(env)
-    assert env == {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "1"}
+    TokenizerThreads(1, "pool share").apply(env)  # one thread: the task's own, no Rust pool
+    assert env == {"TOKENIZERS_PARALLELISM": "false"} and TokenizerThreads(1, "pool share").own_thread
+    assert tokenizer_threads._pool_pid is None
     assert TokenizerThreads.choose(env, 4) == TokenizerThreads(4, "pool share")  # what we set is not the user's
     TokenizerThreads(4, "pool share").apply(env)
     assert env == {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "4"}
     env["RAYON_NUM_THREADS"] = "3"  # changed since: the user's
     assert TokenizerThreads.choose(env, 4).threads is None
+
+
+def test_a_share_of_one_thread_runs_the_task_on_a_thread_of_its_own(tmp_path, gpt2, monkeypatch):
+    import threading
+
+    from repack.jobs.text import TextJob, TextSpec
+
+    src = tmp_path / "src"
+    small_files(src, 40)
+    job = TextJob(TextSpec(source=str(src), out=str(tmp_path / "out"), tokenizer=str(gpt2), doc_per="file"))
+    task = job.plan().tasks[0]
+    (job.out / ".repack" / "tasks").mkdir(parents=True)
+    seen = []
+    real = TextJob._tokenize_task
+
+    def spy(self, task, threads):
+        seen.append((threading.current_thread() is threading.main_thread(), threads.threads,
+                     os.environ["TOKENIZERS_PARALLELISM"]))
+        return real(self, task, threads)
+
+    monkeypatch.setattr(TextJob, "_tokenize_task", spy)
+    monkeypatch.setattr("repack.jobs.text.worker_cpus", lambda: 1)
+    for name in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS"):  # run_task sets them in this process: put back
+        monkeypatch.setenv(name, "")  # (delenv alone records nothing to undo for a variable that is not set)
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(ENV_THREADS, "")
+    record = job.run_task(task)
+    assert seen == [(False, 1, "false")] and record["tokenizer_threads"] == 1 and record["part"]["documents"] == 40
+    monkeypatch.setenv(ENV_THREADS, "0")  # the worker's main thread
+    assert job.run_task(task)["part"]["sha256"] == record["part"]["sha256"]
+    assert seen[1] == (True, 0, "false")
+
+    def broken(self, task, threads):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TextJob, "_tokenize_task", broken)
+    monkeypatch.setenv(ENV_THREADS, "1")
+    with pytest.raises(OSError, match="No space left"):  # the thread's error is the task's
+        job.run_task(task)
 
 
 def test_a_process_forked_after_the_rust_pool_started_runs_one_thread(monkeypatch):
