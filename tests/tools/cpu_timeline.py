@@ -1,6 +1,6 @@
 """Where a command's CPU goes over time: its process tree sampled from /proc, beside the bare tokenizer script.
 
-    python -m tests.tools.cpu_timeline [--every S] [--bucket S] [--label L] -- CMD ...
+    python -m tests.tools.cpu_timeline [--every S] [--bucket S] [--label L] [--cwd DIR] -- CMD ...
 
 Runs CMD, reads every ``--every`` seconds (default 0.05) the CPU ticks of each process of its tree
 (``/proc/PID/stat``: user and system apart) and prints one JSON line: wall seconds, the tree's user and
@@ -80,11 +80,12 @@ def _thread_waits(pid: int) -> dict[int, tuple[int, int]]:
     return got
 
 
-def run(cmd: list[str], every: float = 0.05, bucket: float = 0.5) -> dict:
-    """Run ``cmd`` and measure it (see the module docstring)."""
+def run(cmd: list[str], every: float = 0.05, bucket: float = 0.5, cwd: str | None = None) -> dict:
+    """Run ``cmd`` (from ``cwd``: a tree's ``python -m repack`` is the one in its working directory) and measure
+    it (see the module docstring)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=cwd)
     last: dict[int, int] = {}
     timeline: dict[int, list[float]] = {}  # bucket -> [cpu ticks, root's ticks, processes seen]
     root = [0, 0]
@@ -133,10 +134,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--every", type=float, default=0.05)
     parser.add_argument("--bucket", type=float, default=0.5)
     parser.add_argument("--label", default="")
+    parser.add_argument("--cwd", default=None, help="run CMD from this folder")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    got = {"label": args.label, **run(cmd, args.every, args.bucket)}
+    got = {"label": args.label, **run(cmd, args.every, args.bucket, args.cwd)}
     print(json.dumps(got), flush=True)
     return got
 
