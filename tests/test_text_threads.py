@@ -61,13 +61,65 @@ def test_applied_settings_size_the_rust_pool_and_stay_ours():
     env: dict[str, str] = {}
     TokenizerThreads(0, ENV_THREADS).apply(env)
     assert env == {"TOKENIZERS_PARALLELISM": "false"}
-    TokenizerThreads(1, "pool share").apply(env)
+    TokenizerThreads(1, "pool share", own_thread=True).apply(env)  # a pool worker's one thread: no Rust pool
+    assert env == {"TOKENIZERS_PARALLELISM": "false"} and tokenizer_threads._pool_pid is None
+    assert TokenizerThreads.choose({}, 1, own_thread_ok=True) == TokenizerThreads(1, "pool share", True)
+    assert not TokenizerThreads.choose({}, 2, own_thread_ok=True).own_thread
+    assert TokenizerThreads.choose({ENV_THREADS: "1"}, 4, own_thread_ok=True).own_thread
+    TokenizerThreads(1, "pool share").apply(env)  # elsewhere (the driver, a Ray worker): one Rust pool thread
     assert env == {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "1"}
     assert TokenizerThreads.choose(env, 4) == TokenizerThreads(4, "pool share")  # what we set is not the user's
     TokenizerThreads(4, "pool share").apply(env)
     assert env == {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "4"}
     env["RAYON_NUM_THREADS"] = "3"  # changed since: the user's
     assert TokenizerThreads.choose(env, 4).threads is None
+
+
+def test_a_share_of_one_thread_runs_the_task_on_a_thread_of_its_own(tmp_path, gpt2, monkeypatch):
+    import threading
+
+    from repack.jobs.text import TextJob, TextSpec
+
+    src = tmp_path / "src"
+    small_files(src, 40)
+    job = TextJob(TextSpec(source=str(src), out=str(tmp_path / "out"), tokenizer=str(gpt2), doc_per="file"))
+    task = job.plan().tasks[0]
+    (job.out / ".repack" / "tasks").mkdir(parents=True)
+    seen = []
+    real = TextJob._tokenize_task
+
+    def spy(self, task, threads):
+        seen.append((threading.current_thread() is threading.main_thread(), threads.threads,
+                     os.environ["TOKENIZERS_PARALLELISM"]))
+        return real(self, task, threads)
+
+    monkeypatch.setattr(TextJob, "_tokenize_task", spy)
+    monkeypatch.setattr("repack.jobs.text.worker_cpus", lambda: 1)
+    monkeypatch.setattr("repack.jobs.text.in_pool_worker", lambda: True)
+    for name in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS"):  # run_task sets them in this process: put back
+        monkeypatch.setenv(name, "")  # (delenv alone records nothing to undo for a variable that is not set)
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(ENV_THREADS, "")
+    record = job.run_task(task)
+    assert seen == [(False, 1, "false")] and record["tokenizer_threads"] == 1 and record["part"]["documents"] == 40
+    monkeypatch.setenv(ENV_THREADS, "0")  # the worker's main thread
+    assert job.run_task(task)["part"]["sha256"] == record["part"]["sha256"]
+    assert seen[1] == (True, 0, "false")
+
+    monkeypatch.setattr("repack.jobs.text.in_pool_worker", lambda: False)  # the driver, a Ray worker: a Rust thread
+    monkeypatch.setenv(ENV_THREADS, "")
+    assert job.run_task(task)["part"]["sha256"] == record["part"]["sha256"]
+    assert seen[2] == (True, 1, "true")
+
+    def broken(self, task, threads):
+        seen.append(threading.current_thread().name)
+        raise KeyboardInterrupt  # any BaseException of the task's thread is the task's
+
+    monkeypatch.setattr(TextJob, "_tokenize_task", broken)
+    monkeypatch.setattr("repack.jobs.text.in_pool_worker", lambda: True)
+    with pytest.raises(KeyboardInterrupt):
+        job.run_task(task)
+    assert seen[3] == "repack-task"
 
 
 def test_a_process_forked_after_the_rust_pool_started_runs_one_thread(monkeypatch):
@@ -96,14 +148,14 @@ def test_every_shape_writes_the_same_bytes_and_the_manifest_says_which_ran(tmp_p
     src = tmp_path / "src"
     small_files(src, 400)
     digests, threads = set(), []
-    for workers, env in ((1, {}), (2, {}), (2, {ENV_THREADS: "2"}), (3, {ENV_THREADS: "0"})):
+    for workers, env in ((1, {}), (2, {}), (2, {ENV_THREADS: "2"}), (3, {ENV_THREADS: "0"}), (2, {ENV_THREADS: "1"})):
         out = tmp_path / f"out-{workers}-{env.get(ENV_THREADS, 'auto')}"
         run_repack("text", src, out, "--tokenizer", gpt2, "--doc-per", "file", "--chunk-bytes", "20000",
                    "--workers", workers, "--quiet", env={ENV_THREADS: "", **env})
         digests.add(_parts_digest(out))
         threads.append(read_manifest_json(out)["run"]["tokenizer_threads"])
     assert len(digests) == 1
-    assert threads == [[available_cpus()], [cpu_share(available_cpus(), 2)], [2], [0]]
+    assert threads == [[available_cpus()], [cpu_share(available_cpus(), 2)], [2], [0], [1]]
 
 
 def test_a_bad_thread_setting_fails_before_any_work(tmp_path, gpt2):

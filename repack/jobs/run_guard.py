@@ -75,6 +75,12 @@ def check_run(store, run: str) -> None:
                             f"this writer's run {run_id}): this writer of an earlier run publishes nothing")
 
 
+def in_pool_worker() -> bool:
+    """Whether this process is a local pool's worker (``mark_pool_worker``): SIGINT ignored, SIGTERM ends it at
+    once, its tasks never stopped half-way by an exception."""
+    return _pool_worker
+
+
 def mark_pool_worker() -> None:
     """In a local pool worker, at start: close the job lock's fds inherited through fork (so the
     lock dies with the driver, not with the last worker) and make ``hold_workers_lock`` effective."""

@@ -35,6 +35,7 @@ from repack.jobs.base import STATE_DIR, Job, Plan, Task
 from repack.exec.cpus import available_cpus, worker_cpus
 from repack.jobs.text_plan import chunk_bytes_of, pack_table, plan_chunk_columns, table_names, table_segments
 from repack.lifecycle.input_record import file_sha256, load_known, select_new_rows
+from repack.jobs.run_guard import in_pool_worker
 from repack.jobs.record_columns import digest_rows_name, pack_digest_rows, pack_ints, unpack_ints
 from repack.jobs.summary import quarantine_lines
 from repack.jobs.token_stats import file_table, token_stats
@@ -52,7 +53,7 @@ from repack.manifest.quarantine_records import RUN_SUFFIX
 from repack.sources.columns import name_ends
 from repack.store import is_remote
 from repack.transforms.tokenize import planned_tokenizer_bytes, release_free_heap
-from repack.transforms.tokenizer_threads import TokenizerThreads, use_tokenizer_threads
+from repack.transforms.tokenizer_threads import TokenizerThreads, run_on_own_thread, use_tokenizer_threads
 
 _FS = ("utf-8", "surrogateescape")
 
@@ -328,9 +329,15 @@ class TextJob(Job):
         return f"part-{index:06d}" if self.spec.merge else f"{self.spec.name}_part-{index:06d}"
 
     def run_task(self, task: Task) -> dict:
+        threads = use_tokenizer_threads(worker_cpus(), own_thread_ok=in_pool_worker())  # before the first encode
+        if threads.own_thread:  # a pool worker's share of one thread: the task on a thread of its own
+            return run_on_own_thread(lambda: self._tokenize_task(task, threads))
+        return self._tokenize_task(task, threads)
+
+    def _tokenize_task(self, task: Task, threads: TokenizerThreads) -> dict:
+        """One task's documents tokenized into its part (``run_task``)."""
         from repack.transforms.tokenize import BatchEncoder, load_tokenizer
 
-        threads = use_tokenizer_threads(worker_cpus())  # before the first encode_batch of this process
         p = task.payload
         tokenizer, _ = load_tokenizer(p["tokenizer"], p["tokenizer_sha256"])
         encoder = BatchEncoder(tokenizer, special_tokens=self.spec.special_tokens, bos_id=p["bos_id"],

@@ -1,19 +1,24 @@
-"""How many Rust threads a tokenizer's ``encode_batch`` runs in one worker process.
+"""How many threads a tokenizer's ``encode_batch`` runs on in one worker process.
 
 The rule: a worker's share of the CPUs its pool may use (``repack.exec.cpus.worker_cpus``: usable CPUs //
 pool processes, at least 1; a Ray task: 1; a task run in the driver: every usable CPU), so that processes
-x threads <= cores. Even one thread runs in tokenizers' Rust pool (the worker's own thread waits): the
-same ``encode_batch`` on the process's main thread (``TOKENIZERS_PARALLELISM=false``) cost 1.2-1.3x the
-CPU per document on the 2-core VM (batches interleaved in one process; the 100k-file job: 44.9 CPU-s off,
-34.8 with one pool thread, 37.8 with two).
+x threads <= cores. In a local pool's worker a share of one thread is a thread of the task's own
+(``run_on_own_thread``: the whole task, reading and writing too, runs there and encodes on it,
+``TOKENIZERS_PARALLELISM=false``), neither the process's main thread nor tokenizers' Rust pool (elsewhere, in
+the driver or a Ray worker, where an exception may stop a task half-way, one Rust pool thread): on the 2-core VM, 20 tasks of 645 tiny files on one CPU,
+alternated in one process (``tests/tools/text_threads_ab.py``), a task's own thread cost 0.88-0.92x the CPU
+of one Rust pool thread (each batch handed to the pool thread and back, the pool thread spinning before it
+sleeps) and the main thread 1.1-1.3x (encoding there is slower by itself: the same batches on a plain
+Python thread cost 0.80-0.85x). More threads than one are tokenizers' Rust pool.
 
 Settings, first match wins:
 
 - a process forked from one where tokenizers' Rust thread pool may have started runs no pool: the
   pool's threads do not survive a fork, and with ``TOKENIZERS_PARALLELISM`` set tokenizers does not turn
   parallelism off in the child by itself, so its first ``encode_batch`` would wait forever;
-- ``REPACK_TOKENIZER_THREADS=N``: N pool threads in every worker (0: no pool, on the worker's own thread), whatever the pool (``--workers P``
-  with it runs P x N; ``tests/tools/text_shapes.py`` compares shapes);
+- ``REPACK_TOKENIZER_THREADS=N``: N threads in every worker (0: on the worker's main thread; 1: on a thread of
+  the task's own, as above; more: a Rust pool of N), whatever the pool (``--workers P`` with it runs P x N;
+  ``tests/tools/text_shapes.py`` compares shapes);
 - ``TOKENIZERS_PARALLELISM`` or ``RAYON_NUM_THREADS`` set by the user: tokenizers' own settings, left as
   they are;
 - else the rule above.
@@ -22,12 +27,14 @@ Settings, first match wins:
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
-from typing import MutableMapping
+from typing import Callable, MutableMapping, TypeVar
 
 from repack.errors import UsageError
 
 ENV_THREADS = "REPACK_TOKENIZER_THREADS"
+T = TypeVar("T")
 _OFF = ("", "off", "false", "f", "no", "n", "0")  # TOKENIZERS_PARALLELISM values tokenizers reads as off
 _applied: str | None = None  # what ``apply`` last put into the environment (not a user's setting)
 _pool_pid: int | None = None  # the process in which ``apply`` let tokenizers start its Rust thread pool
@@ -35,15 +42,19 @@ _pool_pid: int | None = None  # the process in which ``apply`` let tokenizers st
 
 @dataclass(frozen=True)
 class TokenizerThreads:
-    """Rust pool threads per worker process (``threads``; 0: no pool, on the worker's own thread; None:
-    tokenizers' own settings decide) and what chose them (``reason``)."""
+    """Threads encoding in one worker process (``threads``; 0: the worker's main thread; 1: a thread of the
+    task's own where ``own_thread``, else one Rust pool thread; more: a Rust pool of that many; None: tokenizers'
+    own settings decide) and what chose them (``reason``)."""
 
     threads: int | None
     reason: str
+    own_thread: bool = False
 
     @classmethod
-    def choose(cls, environ: MutableMapping[str, str], worker_cpus: int) -> "TokenizerThreads":
-        """The setting that applies in a process with ``environ`` whose share of the pool is ``worker_cpus``."""
+    def choose(cls, environ: MutableMapping[str, str], worker_cpus: int,
+               own_thread_ok: bool = False) -> "TokenizerThreads":
+        """The setting that applies in a process with ``environ`` whose share of the pool is ``worker_cpus``;
+        ``own_thread_ok``: one thread may be a thread of the task's own (a local pool's worker)."""
         raw = environ.get(ENV_THREADS, "").strip()
         threads = -1
         if raw:
@@ -52,24 +63,26 @@ class TokenizerThreads:
             except ValueError:
                 pass
             if threads < 0:
-                raise UsageError(f"{ENV_THREADS}={raw!r}: must be a whole number of threads (0: none, on the "
-                                 "worker's own thread)")
+                raise UsageError(f"{ENV_THREADS}={raw!r}: must be a whole number of threads (0: the worker's "
+                                 "main thread)")
         if _pool_pid is not None and _pool_pid != os.getpid():
             return cls(0, "forked after the Rust thread pool started")
         if threads >= 0:
-            return cls(threads, ENV_THREADS)
+            return cls(threads, ENV_THREADS, own_thread_ok and threads == 1)
         for name in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS"):
             if name in environ and _mark(environ) != _applied:
                 return cls(None, name)
-        return cls(max(1, int(worker_cpus)), "pool share")
+        share = max(1, int(worker_cpus))
+        return cls(share, "pool share", own_thread_ok and share == 1)
 
     def apply(self, environ: MutableMapping[str, str]) -> None:
         """Put the setting into ``environ`` (the process's own, before its first ``encode_batch``: the Rust
         thread pool reads ``RAYON_NUM_THREADS`` once, when it starts)."""
         global _applied, _pool_pid
         if self.threads is not None:
-            environ["TOKENIZERS_PARALLELISM"] = "true" if self.threads > 0 else "false"
-            if self.threads > 0:
+            pool = self.threads > 0 and not self.own_thread
+            environ["TOKENIZERS_PARALLELISM"] = "true" if pool else "false"
+            if pool:
                 environ["RAYON_NUM_THREADS"] = str(self.threads)
             _applied = _mark(environ)
         if environ.get("TOKENIZERS_PARALLELISM", "true").strip().lower() not in _OFF and _pool_pid is None:
@@ -80,10 +93,38 @@ def _mark(environ: MutableMapping[str, str]) -> str:
     return f"{environ.get('TOKENIZERS_PARALLELISM', '')}/{environ.get('RAYON_NUM_THREADS', '')}"
 
 
-def use_tokenizer_threads(worker_cpus: int, environ: MutableMapping[str, str] | None = None) -> TokenizerThreads:
+def use_tokenizer_threads(worker_cpus: int, environ: MutableMapping[str, str] | None = None,
+                          own_thread_ok: bool = False) -> TokenizerThreads:
     """Choose (``TokenizerThreads.choose``) and apply the setting for this process, before it encodes;
     returns it."""
     environ = os.environ if environ is None else environ
-    setting = TokenizerThreads.choose(environ, worker_cpus)
+    setting = TokenizerThreads.choose(environ, worker_cpus, own_thread_ok)
     setting.apply(environ)
     return setting
+
+
+def run_on_own_thread(work: Callable[[], T]) -> T:
+    """``work()`` run on a new thread while this one waits: its result, or its exception raised here. Only
+    where nothing raises in the waiting thread meanwhile (a local pool's worker: SIGINT ignored, SIGTERM ends
+    the process): the thread would go on alone. A daemon thread, so that a worker ending never waits for it;
+    what it leaves behind is a temp file, as after kill -9."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append((True, work()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, raised there
+            box.append((False, exc))
+
+    thread = threading.Thread(target=run, name="repack-task", daemon=True)
+    thread.start()
+    thread.join()
+    if not box:
+        raise RuntimeError("the task's thread ended without a result or an error")
+    ok, value = box.pop()
+    if ok:
+        return value
+    try:
+        raise value
+    finally:
+        del value  # no cycle through this frame: a failed task's data is freed now, not at the next collection
