@@ -4,12 +4,13 @@ The rule: a worker's share of the CPUs its pool may use (``repack.exec.cpus.work
 pool processes, at least 1; a Ray task: 1; a task run in the driver: every usable CPU), so that processes
 x threads <= cores. In a local pool's worker a share of one thread is a thread of the task's own
 (``run_on_own_thread``: the whole task, reading and writing too, runs there and encodes on it,
-``TOKENIZERS_PARALLELISM=false``), neither the process's main thread nor tokenizers' Rust pool (elsewhere, in
-the driver or a Ray worker, where an exception may stop a task half-way, one Rust pool thread): on the 2-core VM, 20 tasks of 645 tiny files on one CPU,
-alternated in one process (``tests/tools/text_threads_ab.py``), a task's own thread cost 0.88-0.92x the CPU
-of one Rust pool thread (each batch handed to the pool thread and back, the pool thread spinning before it
-sleeps) and the main thread 1.1-1.3x (encoding there is slower by itself: the same batches on a plain
-Python thread cost 0.80-0.85x). More threads than one are tokenizers' Rust pool.
+``TOKENIZERS_PARALLELISM=false``), neither the process's main thread nor one Rust pool thread. Elsewhere (the
+driver, a Ray worker: an exception there may stop a task half-way, and the thread would go on) one Rust pool
+thread. Measured at 1,000,000 tiny files on 16 cores (``bash tests/gpu/text_cpu.sh``, three rounds on one
+device host): the task's own thread 0.4-6.4% less wall than one pool thread per worker, 1.2-4.6% less CPU,
+and its threads waited runnable for a CPU 5-6 s in all instead of 46-52 s (each batch handed to the pool
+thread and back); encoding on the main thread costs ~20% more CPU per document than on any other thread
+(2-core VM, the same batches alternated in one process). More threads than one are tokenizers' Rust pool.
 
 Settings, first match wins:
 
