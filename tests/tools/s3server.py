@@ -74,7 +74,7 @@ class RcloneServer:
     """``rclone serve s3`` on a free loopback port, serving ``root`` (default: a fresh temporary folder,
     removed by ``stop``); buckets are its top-level folders. Signature V4 auth with the test credentials
     of ``s3_env``. Same interface as MotoServer (``endpoint``, ``port``, ``stop``). Bounded: it listens on
-    127.0.0.1 only and exits by itself after ``lifetime_s`` (default 30 minutes) if ``stop`` was never
+    127.0.0.1 only and exits by itself ``lifetime_s`` (default 30 minutes) after it answered if ``stop`` was never
     called. RuntimeError (with how to install it) when rclone is missing: callers skip on ``available()``."""
 
     name = "rclone serve s3"
@@ -95,15 +95,16 @@ class RcloneServer:
         self._log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty server never blocks on it
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=self._log, start_new_session=True)
-        self._timer = threading.Timer(lifetime_s, self.stop)
-        self._timer.daemon = True
-        self._timer.start()
+        self._timer = threading.Timer(lifetime_s, self.stop)  # counted from when it answers: a start slower than
+        self._timer.daemon = True                             # the lifetime (a loaded host) is no failed start
         deadline = time.time() + 30
         while True:
             try:
                 urllib.request.urlopen(f"{self.endpoint}/", timeout=1).read()
+                self._timer.start()
                 return
             except urllib.error.HTTPError:
+                self._timer.start()
                 return  # it answers (403 to an unsigned request): up
             except OSError:
                 if time.time() > deadline or self.proc.poll() is not None:
