@@ -1,7 +1,7 @@
-"""Rust threads per `repack text` worker: processes x threads <= cores (``repack.exec.cpus.cpu_share``), the
-settings that override it (``repack.transforms.tokenizer_threads``), the pool telling each worker its share,
-the same tokens in every shape, and no deadlock in a worker forked after the Rust thread pool ran. Real
-GPT-2, real process pools, the real CLI."""
+"""Tokenizer threads per `repack text` worker (a pool worker's one thread: the task's own): processes x threads
+<= cores (``repack.exec.cpus.cpu_share``), the settings that override it (``repack.transforms.tokenizer_threads``),
+the pool telling each worker its share, the same tokens in every shape, and no deadlock in a worker forked after
+the Rust thread pool ran. Real GPT-2, real process pools, the real CLI."""
 
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def test_a_share_of_one_thread_runs_the_task_on_a_thread_of_its_own(tmp_path, gp
         monkeypatch.delenv(name)
     monkeypatch.setenv(ENV_THREADS, "")
     record = job.run_task(task)
-    assert seen == [(False, 1, "false")] and record["tokenizer_threads"] == 1 and record["part"]["documents"] == 40
+    assert seen == [(False, 1, "false")] and record["tokenizer_threads"] == 1 and record["tokenizer_own_thread"]
+    assert record["part"]["documents"] == 40
     monkeypatch.setenv(ENV_THREADS, "0")  # the worker's main thread
     assert job.run_task(task)["part"]["sha256"] == record["part"]["sha256"]
     assert seen[1] == (True, 0, "false")
@@ -147,15 +148,18 @@ def _parts_digest(out: Path) -> str:
 def test_every_shape_writes_the_same_bytes_and_the_manifest_says_which_ran(tmp_path, gpt2):
     src = tmp_path / "src"
     small_files(src, 400)
-    digests, threads = set(), []
+    digests, threads, own = set(), [], []
     for workers, env in ((1, {}), (2, {}), (2, {ENV_THREADS: "2"}), (3, {ENV_THREADS: "0"}), (2, {ENV_THREADS: "1"})):
         out = tmp_path / f"out-{workers}-{env.get(ENV_THREADS, 'auto')}"
         run_repack("text", src, out, "--tokenizer", gpt2, "--doc-per", "file", "--chunk-bytes", "20000",
                    "--workers", workers, "--quiet", env={ENV_THREADS: "", **env})
         digests.add(_parts_digest(out))
         threads.append(read_manifest_json(out)["run"]["tokenizer_threads"])
+        own.append(read_manifest_json(out)["run"]["tokenizer_own_thread"])
     assert len(digests) == 1
     assert threads == [[available_cpus()], [cpu_share(available_cpus(), 2)], [2], [0], [1]]
+    # a pool worker's one thread is the task's own; the driver's inline run and bigger shares are Rust pools
+    assert own == [False, cpu_share(available_cpus(), 2) == 1, False, False, True]
 
 
 def test_a_bad_thread_setting_fails_before_any_work(tmp_path, gpt2):

@@ -441,7 +441,7 @@ class TextJob(Job):
                 "segments": pack_ints(lines, seg_documents, seg_tokens),
                 "digest_rows": len(digests), "quarantine": quarantine, **counts,
                 "tokenize_seconds": round(tokenize_s, 4), "tokenize_batches": batches,
-                "tokenizer_threads": threads.threads}
+                "tokenizer_threads": threads.threads, "tokenizer_own_thread": threads.own_thread}
 
     # -- resume ---------------------------------------------------------------------------
     def _marker(self) -> dict | None:
@@ -571,7 +571,8 @@ class TextJob(Job):
             "run_stats": {"tokenize_seconds": round(sum(r.get("tokenize_seconds", 0.0) for r in records), 3),
                           "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records),
                           "tokenizer_threads": sorted({r["tokenizer_threads"] for r in records
-                                                       if r.get("tokenizer_threads") is not None})},
+                                                       if r.get("tokenizer_threads") is not None}),
+                          "tokenizer_own_thread": any(r.get("tokenizer_own_thread") for r in records)},
         }
 
     def _with_side_file(self, entry: dict, data: bytes) -> dict:
