@@ -226,6 +226,9 @@ def test_byte_identical_for_any_workers_and_chunking(tmp_path, jsonl_job, gpt2_d
     for name in ("text_document.bin", "text_document.idx"):
         assert (one / name).read_bytes() == (ref / name).read_bytes() == (big / name).read_bytes()
     a, b = read_manifest_json(ref), read_manifest_json(one)
+    # the parts were merged while the tasks ran (the driver's merge ahead), with nothing left beside the prefix
+    assert a["run"]["parts_merged_ahead"] == b["run"]["parts_merged_ahead"] == a["totals"]["parts"] > 1
+    assert not [p.name for out in (ref, one, big) for p in out.iterdir() if ".tmp" in p.name]
     for m in (a, b):
         m.pop("run")
     assert a == b

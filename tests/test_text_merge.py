@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from repack.sinks.megatron import CODE_OF, MegatronFormatError, PartWriter, merge_parts
+from repack.sinks.token_append import BinAppender
 
 
 def _documents(seed: int, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -47,3 +48,27 @@ def test_part_shorter_than_its_index_fails_and_leaves_nothing(tmp_path):
     with pytest.raises(MegatronFormatError, match="bytes of tokens"):
         merge_parts(parts, CODE_OF["uint16"], tmp_path / "m.bin", tmp_path / "m.idx")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"part-{i}.{e}" for i in range(3) for e in ("bin", "idx"))
+
+
+def test_a_merge_that_takes_over_an_appender_equals_the_merge_from_the_first_part(tmp_path):
+    (tmp_path / "parts").mkdir()
+    batches = [_documents(seed, count) for seed, count in ((5, 200), (6, 0), (7, 900), (8, 40))]
+    parts = [_write(tmp_path / "parts", f"part-{i}", [b]) for i, b in enumerate(batches)]
+    plain = merge_parts(parts, CODE_OF["uint16"], tmp_path / "p.bin", tmp_path / "p.idx")
+    ahead = BinAppender(tmp_path / "a.bin", write_back=True)
+    ahead.extend([parts[0][0]])
+    ahead.extend([parts[1][0], parts[2][0]])
+    assert ahead.parts == 3 and ahead.tmp.exists() and not (tmp_path / "a.bin").exists()  # nothing visible as done
+    taken = merge_parts(parts, CODE_OF["uint16"], tmp_path / "a.bin", tmp_path / "a.idx", ahead)
+    assert taken == plain
+    assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "p.bin").read_bytes()
+    assert not ahead.tmp.exists()
+
+
+def test_an_appender_given_up_leaves_no_file(tmp_path):
+    part = _write(tmp_path, "part-0", [_documents(1, 30)])
+    ahead = BinAppender(tmp_path / "m.bin")
+    ahead.extend([part[0]])
+    ahead.abort()
+    ahead.abort()  # twice: nothing left to do
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part-0.bin", "part-0.idx"]

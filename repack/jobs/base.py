@@ -222,6 +222,14 @@ class Assembly(Protocol):
     def abort(self) -> None: ...
 
 
+class TaskWatcher(Protocol):
+    """Told of each finished task while a run goes on (see ``Job.watch_tasks``)."""
+
+    def finished(self, task_id: str, record: dict) -> None: ...
+
+    def abort(self) -> None: ...
+
+
 class Job:
     """Base class of a modality's job. Subclasses set ``name``/``spec_type`` and implement
     check, plan, run_task and finalize."""
@@ -297,6 +305,12 @@ class Job:
         whole group in ``finalize`` and on resume; files the chunk records list under ``outputs``
         that it does not list are pieces, removed once it is saved."""
         raise NotImplementedError(f"{self.name} plans grouped tasks but cannot assemble them")
+
+    def watch_tasks(self, plan: Plan, records: dict[str, dict | None]) -> "TaskWatcher | None":
+        """Something the engine tells, in the driver, of each ungrouped task's record as it lands (``records``:
+        those resumed, by unit id), before ``finalize``; None (the default): nothing. A text job merges its
+        parts ahead (``repack.jobs.text_merge_ahead``)."""
+        return None
 
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
         """Build the manifest body (without created_by/run) from the plan and the records of its

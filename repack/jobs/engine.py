@@ -808,15 +808,20 @@ class Engine:
                 manifest_path.unlink(missing_ok=True)
             temps = {t.task_id for t in todo} | set(unfinished)  # chunks and unfinished assemblies
             self._clean_temps(temps)
+            watcher = self.job.watch_tasks(plan, records) if opts.num_nodes == 1 and todo else None
             try:
                 texts = dict(zip((t.task_id for t in plan.tasks), plan.task_texts))  # encoded once, for the digest
                 failures = self._execute(executor, mine, todo, digest, records, chunk_records,
-                                         [texts[t.task_id] for t in todo])
+                                         [texts[t.task_id] for t in todo], watcher)
                 self.tasks_ran = dict(getattr(executor, "tasks_ran", {}))  # where they ran (Ray: pool or Ray)
                 del texts
-            except Interrupted:
+            except BaseException:
+                if watcher is not None:
+                    watcher.abort()
                 self._clean_temps(temps)  # the workers and assemblies are stopped: their temps go
                 raise
+            if failures and watcher is not None:
+                watcher.abort()
             if failures:
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
@@ -830,8 +835,12 @@ class Engine:
             self._clean_temps(every_unit)  # temps of workers killed and retried (crash, OOM): never left beside the data
             if opts.num_nodes > 1:
                 return RunResult(None, ran, skipped, time.time() - started)
-            raise_if_interrupted()  # nothing is published after a signal
-            manifest = self.finalize(plan, [records[uid] for uid, _ in plan.units], started)
+            try:
+                raise_if_interrupted()  # nothing is published after a signal
+                manifest = self.finalize(plan, [records[uid] for uid, _ in plan.units], started)
+            finally:
+                if watcher is not None:
+                    watcher.abort()  # what finalize did not take
             result = RunResult(manifest, ran, skipped, time.time() - started)
         self._check_outcome(manifest, f"{store.url}/{MANIFEST_NAME}")
         return result
@@ -883,9 +892,10 @@ class Engine:
                                   f"inspection); {self.rerun_unstrict} to publish it (nothing is redone)")
 
     def _execute(self, executor, units, todo: list[Task], digest: str, records: dict,
-                 chunk_records: dict, texts: list[bytes]) -> list[TaskFailure]:
+                 chunk_records: dict, texts: list[bytes], watcher=None) -> list[TaskFailure]:
         """Run ``todo`` on the executor; assemble each group of ``units`` as soon as its chunks are done.
-        ``texts``: each todo task's canonical JSON (``Plan.task_texts``), what a worker is sent.
+        ``texts``: each todo task's canonical JSON (``Plan.task_texts``), what a worker is sent; ``watcher``
+        (``Job.watch_tasks``) is told of each ungrouped task's record as it lands.
 
         Fills ``records`` (unit id -> record); returns the failures."""
         opts = self.options
@@ -941,6 +951,8 @@ class Engine:
             uid = group_of.get(task_id)
             if uid is None:
                 records[task_id] = record
+                if watcher is not None:
+                    watcher.finished(task_id, record)
                 return
             chunk_records[task_id] = record
             feed(uid)

@@ -477,6 +477,27 @@ class TextJob(Job):
         return (self.store.size(entry["path"]) == entry["bytes"]
                 and self.store.size(entry["index"]) == entry["index_bytes"])
 
+    def watch_tasks(self, plan: Plan, records: dict[str, dict | None]):
+        """A merge ahead of finalize (``repack.jobs.text_merge_ahead``) for a merged prefix in a local OUT, unless
+        the parts were merged already (the marker of a run stopped after its merge)."""
+        from repack.jobs.text_merge_ahead import MergeAhead
+
+        self._ahead, self.merged_ahead = None, 0
+        if not self.spec.merge or self.store.remote or len(plan.tasks) < 2:
+            return None
+        marker = self._marker()
+        if marker and marker.get("plan_digest") == plan.digest:
+            return None
+        self._sweep_merge_temps()
+        self._ahead = MergeAhead(self.out, self.out / f"{self.spec.name}.bin", [t.task_id for t in plan.tasks],
+                                 records)
+        return self._ahead
+
+    def _sweep_merge_temps(self) -> None:
+        """The merged prefix's temp files left by a killed run (this run holds OUT's lock)."""
+        for stale in self.out.glob(f".{self.spec.name}.*.tmp-*"):
+            stale.unlink(missing_ok=True)
+
     # -- finalize -------------------------------------------------------------------------
     def finalize(self, plan: Plan, records: list[dict]) -> dict:
         quarantine = [dict(q) for q in plan.quarantine]
@@ -572,7 +593,8 @@ class TextJob(Job):
                           "tokenize_batches": sum(r.get("tokenize_batches", 0) for r in records),
                           "tokenizer_threads": sorted({r["tokenizer_threads"] for r in records
                                                        if r.get("tokenizer_threads") is not None}),
-                          "tokenizer_own_thread": any(r.get("tokenizer_own_thread") for r in records)},
+                          "tokenizer_own_thread": any(r.get("tokenizer_own_thread") for r in records),
+                          "parts_merged_ahead": getattr(self, "merged_ahead", 0)},
         }
 
     def _with_side_file(self, entry: dict, data: bytes) -> dict:
@@ -595,10 +617,13 @@ class TextJob(Job):
                 if not (self.out / rel).is_file():
                     self.store.fetch(rel, self.out / rel)
         else:
-            for stale in self.out.glob(f".{name}.*.tmp-*"):
-                stale.unlink(missing_ok=True)
+            ahead = getattr(self, "_ahead", None)
+            appended = ahead.take(records) if ahead is not None else None  # the parts merged while tasks ran
+            self.merged_ahead = appended.parts if appended is not None else 0
+            if appended is None:
+                self._sweep_merge_temps()
             merged = merge_parts([(self.out / r["part"]["bin"], self.out / r["part"]["idx"]) for r in records],
-                                 CODE_OF[dtype], self.out / f"{name}.bin", self.out / f"{name}.idx")
+                                 CODE_OF[dtype], self.out / f"{name}.bin", self.out / f"{name}.idx", appended)
             entry = {"path": f"{name}.bin", "index": f"{name}.idx", "prefix": name, "samples": merged["documents"],
                      "tokens": merged["tokens"], "bytes": merged["bytes"], "sha256": merged["sha256"],
                      "index_bytes": merged["index_bytes"], "index_sha256": merged["index_sha256"], "dtype": dtype,

@@ -39,13 +39,16 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from repack.manifest.io import fsync_dir
 from repack.manifest.source_runs import SourceRunsError, decode_runs
 from repack.sinks.checks import check_file, file_and_index_outputs
+
+if TYPE_CHECKING:
+    from repack.sinks.token_append import BinAppender
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -283,30 +286,20 @@ def copy_file(path: Path, out_fd: int, buffer: bytearray) -> int:
         return size
 
 
-def hash_files(paths: list[Path]) -> tuple[str, int]:
-    """(sha256 hex, bytes) of the files' concatenation, read in blocks (from the page cache, just written)."""
-    sha = hashlib.sha256()
-    buffer = bytearray(COPY_BLOCK)
-    view = memoryview(buffer)
-    total = 0
-    for path in paths:
-        with open(path, "rb", buffering=0) as src:
-            while n := src.readinto(buffer):
-                sha.update(view[:n])
-                total += n
-    return sha.hexdigest(), total
-
-
-def merge_parts(parts: list[tuple[Path, Path]], code: int, out_bin: Path, out_idx: Path) -> dict:
+def merge_parts(parts: list[tuple[Path, Path]], code: int, out_bin: Path, out_idx: Path,
+                appended: "BinAppender | None" = None) -> dict:
     """Concatenate parts [(bin, idx)] in order into one prefix, atomically; returns its entry.
 
     Three streams at once (hashing, kernel copies, writes and fsync release the GIL): the merged .idx
-    (write_merged_index) and the sha256 of the parts' .bin bytes (hash_files) in side threads while the .bin
-    files are appended (``copy_file``); both files land under their final names only when complete.
+    (write_merged_index) in a side thread while the .bin files are appended and hashed
+    (``repack.sinks.token_append.BinAppender``); both files land under their final names only when complete.
+    ``appended``: an appender that holds the first ``appended.parts`` parts already (a text job's merge ahead);
+    it is taken over (renamed or removed here).
     """
+    from repack.sinks.token_append import BinAppender
+
     itemsize = DTYPE_CODES[code].itemsize
     idx_tmp = out_idx.parent / f".{out_idx.name}.tmp-{os.getpid()}"
-    bin_tmp = out_bin.parent / f".{out_bin.name}.tmp-{os.getpid()}"
 
     def write_index() -> tuple[int, int, str]:
         with open(idx_tmp, "wb") as fh:
@@ -315,28 +308,27 @@ def merge_parts(parts: list[tuple[Path, Path]], code: int, out_bin: Path, out_id
             os.fsync(fh.fileno())
         return written
 
+    appender = appended
     try:
-        with ThreadPoolExecutor(2) as side:  # a failure of the copy waits for both (the pool's exit)
+        with ThreadPoolExecutor(1) as side:  # a failure of the copy waits for the index (the pool's exit)
             index = side.submit(write_index)
-            hashed = side.submit(hash_files, [bin_path for bin_path, _ in parts])
-            total = 0
-            buffer = bytearray(COPY_BLOCK)
-            with open(bin_tmp, "wb", buffering=0) as out:
-                for bin_path, _ in parts:
-                    total += copy_file(bin_path, out.fileno(), buffer)
-                os.fsync(out.fileno())
+            if appender is None:
+                appender = BinAppender(out_bin)
+            appender.extend([bin_path for bin_path, _ in parts[appender.parts:]])
+            appender.sync()
             n, expected, idx_sha = index.result()
-            bin_sha, hashed_bytes = hashed.result()
-        if total != expected or hashed_bytes != expected:
-            raise MegatronFormatError(f"parts hold {total} bytes of tokens ({hashed_bytes} hashed); their indices "
-                                      f"say {expected}")
+        total = appender.bytes
+        if total != expected:
+            raise MegatronFormatError(f"parts hold {total} bytes of tokens; their indices say {expected}")
+        appender.close()
         os.replace(idx_tmp, out_idx)
-        os.replace(bin_tmp, out_bin)
+        os.replace(appender.tmp, out_bin)
         fsync_dir(out_bin.parent)
     finally:
         idx_tmp.unlink(missing_ok=True)
-        bin_tmp.unlink(missing_ok=True)
-    return {"documents": n, "tokens": total // itemsize, "bytes": total, "sha256": bin_sha,
+        if appender is not None:
+            appender.abort()  # closed, its temp gone (a no-op once renamed)
+    return {"documents": n, "tokens": total // itemsize, "bytes": total, "sha256": appender.sha.hexdigest(),
             "index_bytes": index_size(n), "index_sha256": idx_sha}
 
 
