@@ -200,9 +200,9 @@ def test_a_text_the_tokenizer_makes_nothing_of_is_an_empty_document(tmp_path):
     assert token_documents(tmp_path / "out") == [[*tokenizer.encode(t).ids, eos] for t in (texts[0], texts[2])]
 
 
-def test_the_capped_bpe_cache_gives_the_default_caches_ids(gpt2):
-    """load_tokenizer caps a BPE model's word cache (``BPE_CACHE_WORDS``, memory per forked worker): more
-    distinct words than it holds, encoded twice, give the ids of a tokenizer with tokenizers' default cache."""
+def test_the_bpe_cache_repack_sets_gives_the_ids_of_a_plain_load(gpt2):
+    """load_tokenizer sets a BPE model's word cache (``BPE_CACHE_WORDS``, memory per forked worker) and more
+    distinct words than it holds, encoded twice, give the ids of a tokenizer as tokenizers loads it."""
     from tokenizers import Tokenizer
 
     from repack.transforms import tokenize

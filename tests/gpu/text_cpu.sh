@@ -4,7 +4,8 @@
 # tests/tools/cpu_timeline.py (user/system CPU, faults, switches, the driver's CPU, CPUs in use over time) and
 # each repack run's manifest `run` (its workers' seconds in encode_batch); shapes in SHAPES (PxT as
 # tests/tools/text_shapes.py, auto: the default), ROUNDS rounds alternated; TARS: tars of other trees' repack/
-# folders beside the checkout (`git archive REV repack > NAME.tar` here), each run too, after this tree.
+# folders beside the checkout (`git archive REV repack > NAME.tar` here), each run too; the trees' order turns
+# each round (round 1: this tree first).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu/device_env.sh
@@ -28,7 +29,9 @@ done
 for r in $(seq 1 "$ROUNDS"); do
   sync
   python3 -m tests.tools.cpu_timeline --label "bare r$r" -- python3 "$W/bare_timed.py" "$TOK" "$SRC" "$(nproc)"
-  for tree in "${TREES[@]}"; do
+  n=${#TREES[@]}; order=()  # the trees' order turns each round: no tree always runs right after the bare script
+  for i in $(seq 0 $((n - 1))); do order+=("${TREES[$(( (i + r - 1) % n ))]}"); done
+  for tree in "${order[@]}"; do
   for shape in ${SHAPES//,/ }; do
     rm -rf "$W/out"; sync
     if [ "$shape" = auto ]; then env=(); else env=(REPACK_TOKENIZER_THREADS="${shape#*x}"); fi

@@ -7,7 +7,7 @@ tokenizer.json) and the outputs. A shape ``PxT`` runs ``repack text SRC OUT --do
 --workers P`` with ``REPACK_TOKENIZER_THREADS=T`` (``repack.transforms.tokenizer_threads``; T = 0: no Rust pool,
 each worker encodes on its own thread); ``auto`` runs it with neither (the default rule). Each round runs the bare script of the scale bench (``bench_scale.TOKENIZE_SCRIPT``,
 one single-thread process per usable CPU) and then every shape of every TREE (a checkout run as
-``python -m repack`` with that PYTHONPATH; default: this one), one at a time, so a paired comparison
+``python -m repack`` with that PYTHONPATH; default: this one), one at a time (their order turns each round), so a paired comparison
 shares the machine's state. Per run one JSON line; at the end per (tree, shape) the best wall and CPU
 seconds over the rounds, CPU microseconds per file, the largest summed RSS / PSS of the process tree
 (``bench_scale.run_tree``'s 50 ms sampler) and the bare script's best wall over the shape's (>= 0.9 is
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         bare.append({"wall_s": round(b.wall, 3), "cpu_s": round(b.cpu, 3), "rss_mb": round(b.peak_rss / 1e6, 1),
                      "pss_mb": round(b.peak_pss / 1e6, 1), "tokens": json.loads(b.stdout)["tokens"]})
         print(json.dumps({"round": round_number, "run": "bare", **bare[-1]}), flush=True)
-        for tree in trees:
+        for tree in trees[round_number % len(trees):] + trees[:round_number % len(trees)]:  # the order turns
             for name, shape in shapes:
                 got = run_shape(tree, src, work / "out", tokenizer, shape)
                 if got["tokens"] != bare[-1]["tokens"]:
