@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from repack.sinks.megatron import CODE_OF, MegatronFormatError, PartWriter, merge_parts
-from repack.sinks.token_append import BinAppender
+from repack.sinks.megatron import BinAppender
 
 
 def _documents(seed: int, count: int) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ import queue
 import threading
 from pathlib import Path
 
-from repack.sinks.token_append import BinAppender
+from repack.sinks.megatron import BinAppender
 
 _STOP = object()
 
