@@ -83,3 +83,41 @@ def test_a_part_that_cannot_be_read_gives_up_the_merge_ahead(tmp_path):
     ahead.finished(order[0], records[0])
     assert ahead.take(records) is None and isinstance(ahead.error, FileNotFoundError)
     assert not list(tmp_path.glob(".m.bin.tmp-*"))
+
+
+def test_a_run_whose_task_fails_leaves_no_merge_ahead_file_and_the_re_run_resumes(tmp_path, monkeypatch):
+    from repack.config import EngineOptions
+    from repack.errors import IncompleteJobError
+    from repack.jobs.engine import Engine
+    from repack.jobs.text import TextJob, TextSpec
+    from tests.test_text_many_files import small_files
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+    tokenizer = write_tokenizer(gpt2_tokenizer(), tmp_path / "gpt2")
+    src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
+    small_files(src, 120)
+    spec = dict(tokenizer=str(tokenizer), doc_per="file", chunk_bytes=4000)
+    seen_ahead: list[list[str]] = []
+    real = TextJob._tokenize_task
+
+    def fails_on_the_third(self, task, threads):
+        if task.payload["index"] == 2:
+            seen_ahead.append([p.name for p in out.glob(".text_document.bin.tmp-*")])
+            raise OSError("the disk went away")
+        return real(self, task, threads)
+
+    monkeypatch.setattr(TextJob, "_tokenize_task", fails_on_the_third)
+    options = EngineOptions(workers=1, quiet=True, retries=0)  # inline: the tasks run in this process, in order
+    try:
+        Engine(TextJob(TextSpec(source=str(src), out=str(out), **spec)), options).run()
+        raise AssertionError("the failed task did not fail the job")
+    except IncompleteJobError:
+        pass
+    assert seen_ahead and len(seen_ahead[0]) == 1  # the merge ahead was under way when the task failed
+    assert not [p.name for p in out.iterdir() if ".tmp" in p.name]  # ... and left nothing
+    monkeypatch.setattr(TextJob, "_tokenize_task", real)
+    resumed = Engine(TextJob(TextSpec(source=str(src), out=str(out), **spec)), options).run()
+    assert resumed.skipped >= 2 and resumed.manifest["run"]["parts_merged_ahead"] == resumed.manifest["totals"]["parts"]
+    Engine(TextJob(TextSpec(source=str(src), out=str(ref), **spec)), EngineOptions(workers=2, quiet=True)).run()
+    for name in ("text_document.bin", "text_document.idx"):
+        assert (out / name).read_bytes() == (ref / name).read_bytes()

@@ -815,10 +815,11 @@ class Engine:
                                          [texts[t.task_id] for t in todo], watcher)
                 self.tasks_ran = dict(getattr(executor, "tasks_ran", {}))  # where they ran (Ray: pool or Ray)
                 del texts
-            except BaseException:
+            except BaseException as exc:
                 if watcher is not None:
                     watcher.abort()
-                self._clean_temps(temps)  # the workers and assemblies are stopped: their temps go
+                if isinstance(exc, Interrupted):
+                    self._clean_temps(temps)  # the workers and assemblies are stopped: their temps go
                 raise
             if failures and watcher is not None:
                 watcher.abort()
