@@ -244,6 +244,8 @@ class TextJob(Job):
     name = "text"
     spec_type = TextSpec
     progress_unit = "B"
+    _ahead = None  # this run's MergeAhead (``watch_tasks``), taken over by ``_merge``
+    merged_ahead = 0  # parts ``_merge`` took from it: the manifest's run.parts_merged_ahead
 
     @classmethod
     def fixed_outputs(cls, spec: dict) -> set[str]:
@@ -594,7 +596,7 @@ class TextJob(Job):
                           "tokenizer_threads": sorted({r["tokenizer_threads"] for r in records
                                                        if r.get("tokenizer_threads") is not None}),
                           "tokenizer_own_thread": any(r.get("tokenizer_own_thread") for r in records),
-                          "parts_merged_ahead": getattr(self, "merged_ahead", 0)},
+                          "parts_merged_ahead": self.merged_ahead},
         }
 
     def _with_side_file(self, entry: dict, data: bytes) -> dict:
@@ -617,8 +619,7 @@ class TextJob(Job):
                 if not (self.out / rel).is_file():
                     self.store.fetch(rel, self.out / rel)
         else:
-            ahead = getattr(self, "_ahead", None)
-            appended = ahead.take(records) if ahead is not None else None  # the parts merged while tasks ran
+            appended = self._ahead.take(records) if self._ahead is not None else None  # the parts merged while tasks ran
             self.merged_ahead = appended.parts if appended is not None else 0
             if appended is None:
                 self._sweep_merge_temps()
