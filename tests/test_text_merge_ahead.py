@@ -121,3 +121,78 @@ def test_a_run_whose_task_fails_leaves_no_merge_ahead_file_and_the_re_run_resume
     Engine(TextJob(TextSpec(source=str(src), out=str(ref), **spec)), EngineOptions(workers=2, quiet=True)).run()
     for name in ("text_document.bin", "text_document.idx"):
         assert (out / name).read_bytes() == (ref / name).read_bytes()
+
+
+def _text_run(tmp_path, out, name: str, **options):
+    from repack.config import EngineOptions
+    from repack.jobs.engine import Engine
+    from repack.jobs.text import TextJob, TextSpec
+    from tests.test_text_many_files import small_files
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+    tokenizer = tmp_path / "gpt2" / "tokenizer.json"
+    if not tokenizer.exists():
+        write_tokenizer(gpt2_tokenizer(), tmp_path / "gpt2")
+    src = tmp_path / "src"
+    if not src.exists():
+        small_files(src, 60)
+    spec = TextSpec(source=str(src), out=str(out), tokenizer=str(tokenizer), doc_per="file", chunk_bytes=4000,
+                    name=name)
+    return Engine(TextJob(spec), EngineOptions(quiet=True, **options)).run()
+
+
+def test_a_name_holding_a_task_id_keeps_its_merge_ahead_until_the_merge(tmp_path):
+    """The engine's sweep of killed tasks' temps (any temp whose name holds a task id) ran before finalize and
+    removed the live merge-ahead file of `--name books_part-000001`: the merge failed and left a lone .idx."""
+    reference = _text_run(tmp_path, tmp_path / "ref", "text_document", workers=1)
+    run = _text_run(tmp_path, tmp_path / "out", "books_part-000001", workers=1)
+    assert reference.manifest["totals"]["parts"] > 2
+    assert run.manifest["run"]["parts_merged_ahead"] == run.manifest["totals"]["parts"]
+    for ext in ("bin", "idx"):
+        assert (tmp_path / "out" / f"books_part-000001.{ext}").read_bytes() == \
+            (tmp_path / "ref" / f"text_document.{ext}").read_bytes()
+    assert not [p.name for p in (tmp_path / "out").iterdir() if ".tmp" in p.name]
+
+
+def test_a_name_with_glob_characters_has_its_killed_runs_temps_swept(tmp_path, monkeypatch):
+    from repack.errors import IncompleteJobError
+    from repack.jobs.text import TextJob
+    from repack.lifecycle.verify import verify_dataset
+
+    out = tmp_path / "out"
+    real = TextJob._tokenize_task
+
+    def fails_on_the_second(self, task, threads):
+        if task.payload["index"] == 1:
+            raise OSError("the disk went away")
+        return real(self, task, threads)
+
+    monkeypatch.setattr(TextJob, "_tokenize_task", fails_on_the_second)
+    try:
+        _text_run(tmp_path, out, "d[1]", workers=1, retries=0)
+        raise AssertionError("the failed task did not fail the job")
+    except IncompleteJobError:
+        pass
+    monkeypatch.setattr(TextJob, "_tokenize_task", real)
+    stale = out / ".d[1].bin.tmp-99999"  # what a run killed during its merge ahead leaves
+    stale.write_bytes(b"\0" * 100)
+    run = _text_run(tmp_path, out, "d[1]", workers=1)
+    assert run.manifest["run"]["parts_merged_ahead"] == run.manifest["totals"]["parts"]
+    assert not stale.exists()
+    assert verify_dataset(str(out)) == []  # no file the manifest does not name
+
+
+def test_a_merge_whose_appender_lost_its_file_lands_nothing(tmp_path):
+    records = _parts(tmp_path, 2)
+    order = [r["task_id"] for r in records]
+    ahead = MergeAhead(tmp_path, tmp_path / "m.bin", order, {})
+    ahead.finished(order[0], records[0])
+    appended = ahead.take(records)
+    appended.tmp.unlink()  # a sweep that took it for a dead run's temp
+    try:
+        _merged(tmp_path, records, appended)
+        raise AssertionError("a merge into a removed file succeeded")
+    except FileNotFoundError:
+        pass
+    assert not (tmp_path / "m.bin").exists() and not (tmp_path / "m.idx").exists()  # no lone index either
+    assert not list(tmp_path.glob(".m.*.tmp-*"))

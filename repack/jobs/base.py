@@ -227,6 +227,10 @@ class TaskWatcher(Protocol):
 
     def finished(self, task_id: str, record: dict) -> None: ...
 
+    def owned_temps(self) -> set[Path]:
+        """The temp files it has open under OUT: the engine's sweeps of killed tasks' temps leave them."""
+        ...
+
     def abort(self) -> None: ...
 
 

@@ -649,11 +649,13 @@ class Engine:
         if store.remote:
             clear_state_folder(state_dir(self.out))
 
-    def _clean_temps(self, task_ids: set[str], every_node: bool = False) -> None:
+    def _clean_temps(self, task_ids: set[str], every_node: bool = False, keep: set[Path] = frozenset()) -> None:
         """Remove temp files left by a killed run of these tasks (we hold their lock), and of a manifest write killed
         mid-way (one machine, or ``every_node``: the merge; the job lock is this run's, and partitions leave the
-        merge's alone)."""
+        merge's alone). ``keep``: temps this run has open (a task id can be part of any name: text's --name)."""
         for path in self.out.rglob(".*.tmp*"):
+            if path in keep:
+                continue
             if any(tid in path.name for tid in task_ids) and (path.is_symlink() or path.is_file()):  # a link too
                 path.unlink(missing_ok=True)
         if self.options.num_nodes == 1 or every_node:  # a job's side files and manifests: a killed write leaves
@@ -833,7 +835,8 @@ class Engine:
                 raise IncompleteJobError(f"{len(failures)} task(s) failed; finished shards are kept and a "
                                          f"re-run resumes:\n{lines}")
             ran, skipped = len(unfinished), len(mine) - len(unfinished)
-            self._clean_temps(every_unit)  # temps of workers killed and retried (crash, OOM): never left beside the data
+            self._clean_temps(every_unit, keep=watcher.owned_temps() if watcher is not None else set())
+            # (temps of workers killed and retried, crash or OOM: never left beside the data; the watcher's are live)
             if opts.num_nodes > 1:
                 return RunResult(None, ran, skipped, time.time() - started)
             try:

@@ -18,6 +18,7 @@ Megatron's weighted ``--data-path`` list. The tokenizer is copied to ``OUT/token
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -497,7 +498,7 @@ class TextJob(Job):
 
     def _sweep_merge_temps(self) -> None:
         """The merged prefix's temp files left by a killed run (this run holds OUT's lock)."""
-        for stale in self.out.glob(f".{self.spec.name}.*.tmp-*"):
+        for stale in self.out.glob(f".{glob.escape(self.spec.name)}.*.tmp-*"):  # a name may hold [ ] * ?
             stale.unlink(missing_ok=True)
 
     # -- finalize -------------------------------------------------------------------------

@@ -81,6 +81,10 @@ class MergeAhead:
             return None
         return self.appender
 
+    def owned_temps(self) -> set[Path]:
+        """The merged .bin's temp file (open until ``take`` hands it over or ``abort`` removes it)."""
+        return {self.appender.tmp}
+
     def abort(self) -> None:
         """Stop and remove the temp file (a failed or interrupted run; idempotent)."""
         self._halt()

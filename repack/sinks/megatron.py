@@ -399,8 +399,8 @@ def merge_parts(parts: list[tuple[Path, Path]], code: int, out_bin: Path, out_id
         if total != expected:
             raise MegatronFormatError(f"parts hold {total} bytes of tokens; their indices say {expected}")
         appender.close()
+        os.replace(appender.tmp, out_bin)  # the .bin first: an appender's temp gone from under it lands nothing
         os.replace(idx_tmp, out_idx)
-        os.replace(appender.tmp, out_bin)
         fsync_dir(out_bin.parent)
     finally:
         idx_tmp.unlink(missing_ok=True)
