@@ -201,3 +201,36 @@ def test_a_manifest_over_the_size_cap_is_never_published(tmp_path):
     assert proc.returncode != 0 and "nothing is published" in proc.stderr, proc.stderr
     assert (out / "manifest.json").read_bytes() == before
     assert not list(out.glob("manifest.v2.json"))
+
+
+def test_a_name_holding_a_carriage_return_removes_that_sample_and_only_it(tmp_path):
+    """A names file's lines end at LF (or CRLF): a CR inside a line is part of the name, which a file name may
+    hold. It was read as a line end: `a\\rb.jpg` removed the samples `a` and `b.jpg` and kept itself, and the
+    output said all was well. --null takes NUL-separated names exactly (a name ending with a CR, or starting
+    with U+FEFF, which a line drops as Notepad's byte order mark)."""
+    from PIL import Image
+
+    src, out = tmp_path / "flat", tmp_path / "out"
+    src.mkdir()
+    names = ["a\rb.jpg", "b.jpg", "c.jpg", "a", "\ufeffx.jpg", "x.jpg", "y.jpg\r"]
+    for number, name in enumerate(names):
+        Image.new("RGB", (8, 8), (number * 30, 0, 0)).save(src / name, format="JPEG")
+    run_repack("images", src, out, "--quiet")
+
+    def held() -> set[str]:
+        from pipelines.torch_webdataset import ImageShardDataset
+
+        return {sample["meta"]["path"] for sample in ImageShardDataset(str(out), decode=False, output="dict")}
+
+    assert held() == set(names)
+    (tmp_path / "cr.txt").write_bytes("a\rb.jpg\n".encode())
+    done = run_repack("remove", out, "--sources", tmp_path / "cr.txt")
+    assert "1 sample(s) removed, 0 name(s) not found" in done.stdout
+    assert held() == set(names) - {"a\rb.jpg"}
+    (tmp_path / "bom.txt").write_bytes("\ufeffx.jpg\r\n".encode())  # Notepad's: the mark and CRLF go
+    run_repack("remove", out, "--sources", tmp_path / "bom.txt")
+    assert held() == set(names) - {"a\rb.jpg", "x.jpg"}
+    (tmp_path / "exact.bin").write_bytes("\ufeffx.jpg\0y.jpg\r\0".encode())
+    done = run_repack("remove", out, "--sources", tmp_path / "exact.bin", "--null")
+    assert "2 sample(s) removed, 0 name(s) not found" in done.stdout
+    assert held() == {"b.jpg", "c.jpg", "a"}

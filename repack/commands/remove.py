@@ -16,9 +16,12 @@ from repack.commands.options import LOCATION
               help="Remove the samples of these source paths (one per line, as in each sample's json 'path', or "
                    "whole paths inside SOURCE).")
 @click.option("--keys", "keys_file", default=None, metavar="FILE", help="Remove the samples of these keys (one per line).")
+@click.option("--null", "-0", "null", is_flag=True,
+              help="FILE's names end at NUL bytes (find -print0), taken exactly: for names holding a newline, "
+                   "ending with a carriage return or starting with a byte order mark, which a line drops.")
 @click.option("--json", "json_summary", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="With --json: only the JSON summary.")
-def remove(out, sources_file, keys_file, json_summary, quiet):
+def remove(out, sources_file, keys_file, null, json_summary, quiet):
     """Publish the next version of the dataset in OUT without some samples: only the shards holding them
     are rewritten (under new names); `repack gc` then deletes the old files."""
     from repack.commands.options import location
@@ -27,7 +30,7 @@ def remove(out, sources_file, keys_file, json_summary, quiet):
     if (sources_file is None) == (keys_file is None):
         raise UsageError("name what to remove with exactly one of --sources FILE or --keys FILE")
     by, path = ("sources", sources_file) if sources_file else ("keys", keys_file)
-    result = remove_samples(RemoveSpec(location(out), read_names(path), by))
+    result = remove_samples(RemoveSpec(location(out), read_names(path, null=null), by))
     for name in result.not_found[:20]:
         click.echo(f"not found in the dataset: {name}", err=True)
     if len(result.not_found) > 20:

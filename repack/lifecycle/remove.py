@@ -58,9 +58,12 @@ class RemoveResult:
 MAX_NAMES_BYTES = 256 * 2**20  # a names file (--sources/--keys); larger ones are refused unread
 
 
-def read_names(path: str, limit: int = MAX_NAMES_BYTES) -> tuple[str, ...]:
+def read_names(path: str, limit: int = MAX_NAMES_BYTES, null: bool = False) -> tuple[str, ...]:
     """Non-empty lines of a names file (UsageError naming it when unreadable, not a regular file, over
-    ``limit`` bytes, or empty). Opened with O_NONBLOCK: a FIFO or device is refused, never waited on."""
+    ``limit`` bytes, or empty). Opened with O_NONBLOCK: a FIFO or device is refused, never waited on.
+    A line ends at LF (CRLF too: the CR goes); a CR anywhere else is part of the name, which a file name may
+    hold. ``null``: names end at NUL bytes instead and are taken exactly (``find -print0``: a name may hold
+    LF, end with CR or start with U+FEFF)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
@@ -85,12 +88,14 @@ def read_names(path: str, limit: int = MAX_NAMES_BYTES) -> tuple[str, ...]:
         os.close(fd)
     if len(raw) > limit:
         raise UsageError(f"{path!r} grew past the {limit}-byte cap on a names file while being read")
-    # a byte order mark (Excel's and Notepad's "UTF-8") is no part of the first name, as the list readers drop it
-    text = raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "surrogateescape")
-    text = text.replace("\r\n", "\n").replace("\r", "\n")  # as universal newlines
-    names = tuple(line for line in text.split("\n") if line.strip())
+    if null:
+        names = tuple(name for name in raw.decode("utf-8", "surrogateescape").split("\0") if name)
+    else:  # a byte order mark (Excel's and Notepad's "UTF-8") is no part of the first name, as the list readers drop it
+        text = raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "surrogateescape")
+        names = tuple(line.removesuffix("\r") for line in text.split("\n") if line.strip())
+        # (a CR alone is no line end: "a\rb.jpg" names that file, never "a" and "b.jpg")
     if not names:
-        raise UsageError(f"{path!r} names nothing (one source path or key per line)")
+        raise UsageError(f"{path!r} names nothing ({'NUL-separated names' if null else 'one source path or key per line'})")
     return names
 
 
