@@ -110,3 +110,22 @@ def test_verify_of_the_published_version_passes_after_an_interrupted_append_or_r
     (out / "evil.tar").write_bytes(b"not ours")  # a stray is still a problem
     proc = run_repack("verify", out, check=False)
     assert proc.returncode == 5 and "evil.tar: a file the manifest does not name" in proc.stderr
+
+
+def test_a_link_named_as_the_new_versions_files_is_said_not_failed_once_published(tmp_path):
+    """A symbolic link in OUT named as version 2's files are (a shard that version does not rewrite) made a
+    remove that had published version 2 exit 5 and leave an empty leftovers folder: a script running
+    `remove && gc` read a takedown that was live as failed. Now it is a warning; the link and what it
+    points to are left alone."""
+    src, out, outside = make_source(tmp_path / "src"), tmp_path / "out", tmp_path / "outside"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    outside.mkdir()
+    (outside / "x").write_bytes(b"not repack's")
+    (out / "shard-000002-v2.tar").symlink_to(outside / "x")  # shard-000002 keeps its samples: no -v2 of it
+    (tmp_path / "names.txt").write_text("cat/c0.jpg\n")
+    done = run_repack("remove", out, "--sources", tmp_path / "names.txt", check=False)
+    assert done.returncode == 0, done.stderr
+    assert "1 sample(s) removed" in done.stdout and "was left in place" in done.stderr
+    assert read_manifest_json(out)["dataset_version"]["number"] == 2
+    assert (out / "shard-000002-v2.tar").is_symlink() and (outside / "x").read_bytes() == b"not repack's"
+    assert not (out / ".repack" / "rejected" / "leftovers-v2").exists()

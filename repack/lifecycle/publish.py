@@ -360,9 +360,16 @@ def clear_leftovers(store, number: int, named: set[str]) -> list[str]:
     if aside:  # rare (a writer killed before it published): only then are the older versions read
         kept = version_names(store, up_to=int(number) - 1)
         aside = [rel for rel in aside if rel not in kept]
-    for rel in aside:
-        move(store, rel, f"{REJECTED_DIR}/leftovers-v{int(number)}/{rel}")
-    return aside
+    moved = []
+    for rel in aside:  # the version is published by now: a file that cannot be moved is said, not raised
+        try:
+            move(store, rel, f"{REJECTED_DIR}/leftovers-v{int(number)}/{rel}")
+        except (ConfinementError, OSError) as exc:  # a symbolic link in its place, say: left as it is
+            sys.stderr.write(f"repack: warning: version {int(number)} is published; {rel}, named as its files are "
+                             f"but not by its manifest, was left in place: {exc}\n")
+            continue
+        moved.append(rel)
+    return moved
 
 
 def known_inputs(store, current: dict) -> InputColumns:
@@ -382,8 +389,9 @@ def move(store, src: str, dst: str) -> None:
     """Rename ``src`` to ``dst`` inside the dataset (an object store: a server-side copy, then a delete;
     the sha256 metadata travels with the object)."""
     if not store.remote:
+        source = store.path(src)  # refused (a link) before a folder is made for it
         store.path(dst).parent.mkdir(parents=True, exist_ok=True)  # e.g. a video's videos-vN/<class>/
-        os.replace(store.path(src), store.path(dst))
+        os.replace(source, store.path(dst))
         return
     store.move(src, dst)
 
