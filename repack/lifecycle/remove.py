@@ -95,7 +95,8 @@ def read_names(path: str, limit: int = MAX_NAMES_BYTES, null: bool = False) -> t
         names = tuple(line.removesuffix("\r") for line in text.split("\n") if line.strip())
         # (a CR alone is no line end: "a\rb.jpg" names that file, never "a" and "b.jpg")
     if not names:
-        raise UsageError(f"{path!r} names nothing ({'NUL-separated names' if null else 'one source path or key per line'})")
+        shape = "NUL-separated names" if null else "one source path or key per line"
+        raise UsageError(f"{path!r} names nothing ({shape})")
     return names
 
 
