@@ -150,3 +150,48 @@ def test_a_video_larger_than_a_tar_member_is_quarantined_for_webdataset(tmp_path
     record = job.run_task(plan.tasks[0])
     assert record["videos"] == [] and record["quarantine"][0]["codes"] == ["too_big_for_tar"]
     assert "--to videos" in record["quarantine"][0]["reason"]
+
+
+def test_a_long_or_non_utf8_name_that_needs_a_transcode_is_renamed_and_packed(tmp_path):
+    """Both failed the whole job on every run (exit 4, no manifest): a name over ~230 bytes, whose temp file
+    name (``.NAME.mp4.tmp-<task id>``) passed 255 bytes; a non-UTF-8 name, which ffmpeg-python could not hash
+    when the file had to go through ffmpeg. Both are packed under ``_renamed/`` now, their sources kept."""
+    import os
+
+    src = tmp_path / "src" / "c"
+    long_name = "a" * 240 + ".mp4"
+    encode(src / long_name, 1, "-pix_fmt", "yuv444p")  # 4:4:4: NVDEC cannot, so it is transcoded
+    made = encode(tmp_path / "bad.mp4", 1, "-pix_fmt", "yuv444p")
+    os.rename(made, os.fsencode(src) + b"/bad\xff.mp4")
+    encode(src / "plain.mp4", 1)
+    out = tmp_path / "out"
+    run_repack("video", src.parent, out, "--probe", "--transcode", "--quiet")
+    records = [json.loads(line) for line in (out / "probe.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and not read_manifest_json(out)["quarantine"]
+    by_source = {r["source"]: r for r in records}
+    assert by_source[f"c/{long_name}"]["decision"] == "transcode"
+    assert by_source["c/bad\udcff.mp4"]["decision"] == "transcode"
+    renamed = sorted(p.name for p in (out / "videos" / "_renamed").iterdir())
+    assert len(renamed) == 2 and all(name.endswith(".mp4") and len(name) < 64 for name in renamed)
+    assert run_repack("verify", out, check=False).returncode == 0
+
+
+def test_a_decode_check_counts_no_null_muxer_line_as_a_decoder_error(tmp_path):
+    """Two rates joined as one file (10 then 30 fps) hand the null muxer non-monotonic timestamps; every frame
+    decodes. Its 20 muxer lines were counted as decoder errors, and `--verify decode` quarantined a good file."""
+    parts = []
+    for rate in (10, 30):
+        part = tmp_path / f"r{rate}.ts"
+        ffmpeg("-f", "lavfi", "-i", f"testsrc=duration=1:size=64x64:rate={rate}", "-c:v", "libx264", "-pix_fmt",
+               "yuv420p", "-f", "mpegts", part)
+        parts.append(str(part))
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    ffmpeg("-i", "concat:" + "|".join(parts), "-c", "copy", src / "joined.mp4")
+    from repack.transforms.decode_check import decode_check
+
+    checked = decode_check(str(src / "joined.mp4"))
+    assert checked["decoded_frames"] == 40 and checked["decode_errors"] == 0, checked
+    out = tmp_path / "out"
+    run_repack("video", src.parent, out, "--probe", "--transcode", "--verify", "decode", "--quiet")
+    assert not read_manifest_json(out)["quarantine"]

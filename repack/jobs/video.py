@@ -154,10 +154,13 @@ def video_member(path: str) -> str:
     return ext if re.fullmatch(r"[a-z0-9]{1,16}", ext) and ext not in ("cls", "json") else "bin"
 
 
+NAME_BYTES = 220  # a longer file name is renamed: its temp file (``.NAME.mp4.tmp-<task id>``) must fit 255 bytes
+
+
 def output_names(rels: list[str], first_position: int = 0) -> list[tuple[str, str]]:
     """Per input: (name when copied, name when transcoded), relative to OUT/videos, unique and
     confined (absolute or ``..`` list-file paths are flattened to ``_outside/NNNNNNNN_name``) and
-    DALI-safe: a path with whitespace, control characters or non-UTF-8 bytes becomes
+    DALI-safe: a path with whitespace, control characters or non-UTF-8 bytes, or a file name over NAME_BYTES, becomes
     ``_renamed/NNNNNNNN_<slug>.<ext>`` (NNNNNNNN = input position; the manifest's ``source``
     keeps the original path; ``first_position``: the position of ``rels[0]``, for appends)."""
     safe = []
@@ -166,7 +169,8 @@ def output_names(rels: list[str], first_position: int = 0) -> list[tuple[str, st
         if pure.is_absolute() or ".." in pure.parts or not rel or "\\" in rel:
             rel = f"_outside/{pos:08d}_{pure.name or 'video'}"
             pure = PurePosixPath(rel)
-        if not dali_safe(rel) or pure.parts[0] in ("_renamed", "_outside") and not rel.startswith(f"_outside/{pos:08d}_"):
+        if not dali_safe(rel) or len(pure.name.encode("utf-8")) > NAME_BYTES or \
+                pure.parts[0] in ("_renamed", "_outside") and not rel.startswith(f"_outside/{pos:08d}_"):
             ext = _slug(pure.suffix.lstrip("."), 10).lower()
             stem = _slug(pure.stem) or "video"
             rel = f"_renamed/{pos:08d}_{stem}" + (f".{ext}" if ext else "")

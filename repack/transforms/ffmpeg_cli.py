@@ -37,11 +37,21 @@ def file_url(path: str) -> str:
     return "file:" + os.path.abspath(path)
 
 
+STAND_IN = "file:repack-path-"  # + the hex of a path's bytes: a non-UTF-8 path in an ffmpeg-python graph
+
+
 def safe_input(path: str, **options):
-    """``ffmpeg.input`` of ``path`` confined to that one file (see the module docstring)."""
+    """``ffmpeg.input`` of ``path`` confined to that one file (see the module docstring). A path that is not
+    UTF-8 goes into the graph as a stand-in (ffmpeg-python hashes its nodes as UTF-8 text, and raised on the
+    name's escaped bytes), put back by ``compile_ffmpeg``: ffmpeg is given the file's own bytes."""
     import ffmpeg
 
-    return ffmpeg.input(file_url(path), **SAFE_INPUT_OPTIONS, **options)
+    url = file_url(path)
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:
+        url = STAND_IN + os.fsencode(url).hex()
+    return ffmpeg.input(url, **SAFE_INPUT_OPTIONS, **options)
 
 
 def ffprobe_args(path: str, ffprobe: str = "ffprobe", **options) -> list[str]:
@@ -54,8 +64,9 @@ def ffprobe_args(path: str, ffprobe: str = "ffprobe", **options) -> list[str]:
 
 def compile_ffmpeg(stream, ffmpeg_cmd: str = "ffmpeg") -> list[str]:
     """An ffmpeg-python output graph as an argument list, quiet, overwriting, stdin unused."""
-    return stream.global_args("-nostdin", "-hide_banner", "-loglevel", "error").compile(
+    args = stream.global_args("-nostdin", "-hide_banner", "-loglevel", "error").compile(
         cmd=ffmpeg_cmd, overwrite_output=True)
+    return [os.fsdecode(bytes.fromhex(arg[len(STAND_IN):])) if arg.startswith(STAND_IN) else arg for arg in args]
 
 
 @dataclass(frozen=True)
