@@ -195,3 +195,17 @@ def test_a_decode_check_counts_no_null_muxer_line_as_a_decoder_error(tmp_path):
     out = tmp_path / "out"
     run_repack("video", src.parent, out, "--probe", "--transcode", "--verify", "decode", "--quiet")
     assert not read_manifest_json(out)["quarantine"]
+
+
+def test_hidden_files_and_os_junk_are_counted_as_skipped(tmp_path):
+    """The scan skips them by name, as for images; a video job said nowhere that it had (25 inputs of 27)."""
+    src = tmp_path / "src" / "c"
+    encode(src / "a.mp4", 1)
+    shutil.copy(src / "a.mp4", src / ".hidden.mp4")
+    (tmp_path / "src" / ".hid").mkdir()
+    shutil.copy(src / "a.mp4", tmp_path / "src" / ".hid" / "b.mp4")
+    (src / ".DS_Store").write_bytes(b"\0")
+    out = tmp_path / "out"
+    run_repack("video", src.parent, out, "--probe", "--quiet")
+    totals = read_manifest_json(out)["totals"]
+    assert totals["inputs"] == 1 and totals["skipped_junk"] == 3, totals  # .hidden.mp4, .DS_Store, the folder .hid

@@ -287,7 +287,7 @@ class VideoJob(Job):
                     tasks.append(Task(f"{stem}-c{number:04d}", {**payload, "chunk": number},
                                       group=stem if spec.to == "webdataset" else ""))
         info = {"classes": classes, "labeled": scan.labeled, "inputs": len(items) + len(scan.quarantine),
-                "legacy_codec": legacy_codec}
+                "legacy_codec": legacy_codec, "skipped_junk": scan.skipped}
         if selection is not None:
             info.update(removed_skipped=selection.removed, same_content=selection.same_content)
         return Plan(tuple(tasks), scan.quarantine, info)
@@ -514,6 +514,7 @@ class VideoJob(Job):
             "file_digests": digests,
             "totals": {"inputs": plan.info["inputs"], "samples": sum(s["samples"] for s in shards),
                        "quarantined": len(quarantine), "bytes": sum(s["bytes"] for s in shards),
+                       "skipped_junk": plan.info.get("skipped_junk", 0),  # hidden files, OS junk (as images')
                        "videos": len(videos), "frames": frames, "ok": decisions[OK],
                        "needs_transcode": decisions[TRANSCODE], "rejected": decisions[REJECT],
                        "transcoded": sum(1 for v in videos if v["transcoded"]),
