@@ -96,3 +96,28 @@ def test_a_stray_named_like_a_next_versions_file_is_named_unless_a_writer_makes_
     report = json.loads(proc.stdout)
     assert proc.returncode == 5 and sorted(p.split(":")[0] for p in report["problems"]) == ["backup-v3.tar", "old-v3/x.bin"]
     assert report["pending"] == ["shard-v3-000000.tar"], report
+
+
+def test_a_version_one_file_that_is_not_the_published_manifest_is_reported_and_refused(tmp_path):
+    """At version 1 a manifest.v1.json beside manifest.json was trusted unread: the files it named were no
+    strays for verify (exit 0 with an extra shard), and a later --append kept it as version 1's record (a
+    sha256 it had changed then failed `verify --version 1` for a shard nothing had touched)."""
+    src, out = tree(tmp_path / "src", 8), tmp_path / "out"
+    run_repack("images", src, out, "--shard-size", "4", "--quiet")
+    published = json.loads((out / "manifest.json").read_bytes())
+    shutil.copy(out / "shard-000000.tar", out / "extra.tar")
+    stray = {**published, "shards": published["shards"] + [{**published["shards"][0], "path": "extra.tar"}]}
+    (out / "manifest.v1.json").write_text(json.dumps(stray, indent=1))
+    code, problems = verify(out)
+    assert code == 5 and any("manifest.v1.json" in p for p in problems), problems
+    assert any(p.startswith("extra.tar") for p in problems), problems  # a stray again
+    tree(tmp_path / "more" / "c9", 2)
+    shutil.copytree(tmp_path / "more" / "c9", src / "c9")
+    refused = run_repack("images", src, out, "--shard-size", "4", "--append", check=False)
+    assert refused.returncode == 2 and "manifest.v1.json" in refused.stderr, refused.stderr
+    assert json.loads((out / "manifest.json").read_bytes()) == published  # nothing changed
+    (out / "manifest.v1.json").unlink()
+    (out / "extra.tar").unlink()
+    run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
+    assert json.loads((out / "manifest.v1.json").read_bytes()) == published
+    assert read_manifest_json(out)["dataset_version"]["number"] == 2 and verify(out)[0] == 0

@@ -191,6 +191,12 @@ def changeable_version(store) -> tuple[dict, bytes]:
     against its digest), the form a change derives the next version from."""
     listed_records()  # REPACK_QUARANTINE_LISTED refused before anything changes
     data, raw = current_version(store)
+    if number_of(data) == 1:  # the first change keeps version 1's file as it finds it: it must be manifest.json's
+        first = store.read_bytes(version_file(1))
+        if first is not None and first != raw:
+            raise UsageError(f"{store.url}/{version_file(1)} is not {MANIFEST_NAME} (version 1) byte for byte: no "
+                             "repack writer leaves it so (a copy from elsewhere?); move it out of the dataset "
+                             "(repack verify reports it); nothing changed")
     try:
         return expand_quarantine(data, store.read_bytes, store.url), raw
     except ManifestError as exc:

@@ -209,17 +209,20 @@ def check_versions(files, names: list[str], root: Path, published_bytes: bytes |
             continue
         kept.add(name)
         try:
-            data = json.loads(files.read(name) or b"null")
+            raw_version = files.read(name)
+            data = json.loads(raw_version or b"null")
             other = Manifest(root, data)
             other.validate()
             info = data.get(VERSION_KEY) or {}
             if number_of(data) != number or (number > 1 and info.get("parent") != number - 1):
                 problems.append(f"{name}: says version {number_of(data)} with parent {info.get('parent')!r}")
-            kept.update(other.named_files())
+            if number != published or raw_version == published_bytes:  # (the published one: below)
+                kept.update(other.named_files())
         except (ValueError, OSError, ManifestError) as exc:
             problems.append(f"{name}: not a readable version manifest ({exc})")
     own = f"manifest.v{published}.json"  # the published version's own file: written before manifest.json names it,
-    if published > 1 and not any(p.startswith(f"{own}:") for p in problems):  # and kept by every gc
+    # and kept by every gc; version 1's is written by the first change (before it, one there is no writer's)
+    if (published > 1 or own in names) and not any(p.startswith(f"{own}:") for p in problems):
         try:
             raw = files.read(own)
         except (ValueError, OSError) as exc:
@@ -227,6 +230,9 @@ def check_versions(files, names: list[str], root: Path, published_bytes: bytes |
         if raw is None:
             problems.append(f"{own}: missing ({MANIFEST_NAME} is version {published}, and each version keeps its own "
                             "file)")
+        elif raw and published_bytes != raw and published == 1:
+            problems.append(f"{own}: not the published {MANIFEST_NAME} (version 1) byte for byte: no repack writer "
+                            "leaves it so (a copy from elsewhere?); move it out of the dataset")
         elif raw and published_bytes != raw:
             problems.append(f"{MANIFEST_NAME} is not the newest version ({own}), byte for byte")
     return Chain(problems, kept, published, frozenset(pending_files) - kept)
