@@ -121,3 +121,35 @@ def test_a_version_one_file_that_is_not_the_published_manifest_is_reported_and_r
     run_repack("images", src, out, "--shard-size", "4", "--append", "--quiet")
     assert json.loads((out / "manifest.v1.json").read_bytes()) == published
     assert read_manifest_json(out)["dataset_version"]["number"] == 2 and verify(out)[0] == 0
+
+
+def _edited(out: Path, key: str, by: int) -> Path:
+    """``out`` with manifest.json's ``totals[key]`` moved by ``by`` (the file rewritten as a writer writes it)."""
+    data = json.loads((out / "manifest.json").read_bytes())
+    data["totals"][key] += by
+    (out / "manifest.json").write_text(json.dumps(data, indent=1))
+    return out
+
+
+@pytest.mark.parametrize("key", ["tokens", "documents", "bytes"])
+def test_a_token_datasets_totals_that_its_prefixes_do_not_add_up_to_are_reported(tmp_path, key):
+    """Checked for webdataset only: a token dataset's totals.tokens, .documents or .bytes moved by one passed."""
+    from tests.test_text_many_files import small_files
+    from tests.tools.text import gpt2_tokenizer, write_tokenizer
+
+    small_files(tmp_path / "src", 30)
+    tokenizer = write_tokenizer(gpt2_tokenizer(), tmp_path / "gpt2")
+    out = tmp_path / "out"
+    run_repack("text", tmp_path / "src", out, "--tokenizer", tokenizer, "--doc-per", "file", "--no-merge",
+               "--chunk-bytes", "2000", "--quiet")
+    assert verify(out)[0] == 0
+    code, problems = verify(_edited(out, key, 1))
+    assert code == 5 and any(p.startswith(f"totals.{key} ") for p in problems), problems
+
+
+def test_an_lmdb_datasets_total_bytes_that_its_files_do_not_add_up_to_are_reported(tmp_path):
+    src, out = tree(tmp_path / "src", 8), tmp_path / "out"
+    run_repack("images", src, out, "--to", "lmdb", "--quiet")
+    assert verify(out)[0] == 0
+    code, problems = verify(_edited(out, "bytes", 1))
+    assert code == 5 and any(p.startswith("totals.bytes ") for p in problems), problems

@@ -104,9 +104,16 @@ def totals_problems(manifest) -> list[str]:
     shards = manifest.data["shards"]
     if "shards" in totals and totals["shards"] != len(shards):
         problems.append(f"totals.shards {totals['shards']} != {len(shards)} entries in shards")
-    if manifest.data.get("format") == "webdataset" and "bytes" in totals and \
+    form = manifest.data.get("format")
+    if form in ("webdataset", "lmdb") and "bytes" in totals and \
             totals["bytes"] != sum(int(s.get("bytes", 0)) for s in shards):
         problems.append(f"totals.bytes {totals['bytes']} != the shards' {sum(int(s.get('bytes', 0)) for s in shards)}")
+    if form == "memmap":  # a token dataset's prefixes: their tokens, documents and bytes (.bin + .idx)
+        for key, total in (("tokens", sum(int(s.get("tokens", 0)) for s in shards)),
+                           ("documents", manifest.num_samples),
+                           ("bytes", sum(int(s.get("bytes", 0)) + int(s.get("index_bytes", 0)) for s in shards))):
+            if key in totals and totals[key] != total:
+                problems.append(f"totals.{key} {totals[key]} != the prefixes' {total}")
     return problems
 
 
