@@ -823,9 +823,9 @@ class Engine:
                 if isinstance(exc, Interrupted):
                     self._clean_temps(temps)  # the workers and assemblies are stopped: their temps go
                 raise
-            if failures and watcher is not None:
-                watcher.abort()
             if failures:
+                if watcher is not None:
+                    watcher.abort()
                 lines = "\n".join(f"  {f.task_id}: {f.error.strip().splitlines()[-1] if f.error.strip() else '?'}"
                                   for f in failures)
                 if all("SourceChanged" in f.error for f in failures):  # a re-run would be refused the same way

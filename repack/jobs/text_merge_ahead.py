@@ -54,11 +54,12 @@ class MergeAhead:
             while (item := self._queue.get()) is not _STOP:
                 task_id, record = item
                 self._ready[task_id] = record["part"]
-                paths = []
-                while len(self._appended) + len(paths) < len(self._order) and \
-                        self._order[len(self._appended) + len(paths)] in self._ready:
-                    part = self._ready.pop(self._order[len(self._appended) + len(paths)])
+                paths = []  # the parts now ready from the first not appended on, in order
+                at = len(self._appended)
+                while at < len(self._order) and self._order[at] in self._ready:
+                    part = self._ready.pop(self._order[at])
                     paths.append((part["bin"], int(part["bytes"])))
+                    at += 1
                 if paths:
                     self.appender.extend([self._out / rel for rel, _ in paths])
                     self._appended.extend(paths)
